@@ -1,0 +1,1 @@
+/* bootstrap.c - placeholder */

@@ -1,0 +1,1 @@
+/* config.c - placeholder, being written. */

@@ -1,0 +1,1 @@
+/* gpu.c - placeholder, being written. */

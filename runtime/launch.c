@@ -1,0 +1,1 @@
+/* launch.c - placeholder, being written. */

@@ -1,0 +1,1 @@
+/* nodelist.c - placeholder, being written. */

@@ -1,0 +1,137 @@
+/*
+ * wf_config.h - the validated job configuration.
+ *
+ * Sources, lowest to highest precedence: built-in defaults, model preset, YAML file
+ * (--config FILE), WEFT_* environment variables (WEFT_TRAIN_STEPS=100 sets
+ * train.steps), then key=value arguments on the command line (dotted keys).
+ * Every key remembers which source set it, so `worker --print-config` can say so.
+ *
+ * Validation is a pure function of the config and the world size, so every rank
+ * computes the same verdict and the same message; main() prints it on rank 0 and
+ * every rank exits non-zero.
+ *
+ * Strings are fixed-size arrays so a wf_config can be copied and broadcast as bytes.
+ */
+#ifndef WF_CONFIG_H
+#define WF_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "wf_runtime.h"
+
+#define WF_PATH_MAX 512
+#define WF_MAX_STAGES 64
+#define WF_CONFIG_MAX_KEYS 128
+
+typedef enum wf_precision { WF_PREC_NO = 0, WF_PREC_FP16, WF_PREC_BF16 } wf_precision;
+typedef enum wf_schedule_kind {
+  WF_SCHED_1F1B = 0,
+  WF_SCHED_GPIPE,
+  WF_SCHED_INTERLEAVED
+} wf_schedule_kind;
+typedef enum wf_device_pref { WF_DEV_AUTO = 0, WF_DEV_CPU, WF_DEV_CUDA } wf_device_pref;
+typedef enum wf_config_source {
+  WF_SRC_DEFAULT = 0,
+  WF_SRC_PRESET,
+  WF_SRC_FILE,
+  WF_SRC_ENV,
+  WF_SRC_CLI
+} wf_config_source;
+
+typedef struct wf_config {
+  struct {
+    int world_size;     /* 0 = take from the launcher */
+    int num_nodes;      /* 0 = unknown */
+    int procs_per_node; /* 0 = unknown */
+    int rank;           /* -1 = take from the launcher */
+    int local_rank;     /* -1 = take from the launcher */
+    char master_addr[256]; /* "" = rank 0's host (or first Slurm host) */
+    int master_port;       /* 0 = 29500 or derived from SLURM_JOB_ID */
+  } dist;
+  struct {
+    int dp, tp, pp;      /* dp 0 = derived as world / (tp * pp) */
+    char axis_names[3][8]; /* order of mesh_shape axes as given, e.g. dp,tp,pp */
+  } mesh;
+  struct {
+    char preset[32];  /* gpt2-tiny, gpt2-small, ... */
+    int layers, heads, d_model, seq_len; /* seq_len = context length (maxT) */
+    int vocab;        /* real vocabulary size V */
+    int padded_vocab; /* Vp, V rounded up to a multiple of 128 (derived) */
+    char init[WF_PATH_MAX]; /* llm.c checkpoint to start from; "" = random init */
+  } model;
+  struct {
+    int steps;
+    int batch_size;   /* global, in sequences */
+    int microbatches; /* per step and per dp rank (gradient accumulation) */
+    int seq_len;      /* tokens per sequence in training; 0 = model.seq_len */
+    double lr, min_lr;
+    int warmup;       /* warm-up steps, then cosine decay to min_lr */
+    uint64_t seed;
+    wf_schedule_kind schedule;
+    int eval_every, eval_batches;
+    char metrics[WF_PATH_MAX];
+    char trace[WF_PATH_MAX];
+    int trace_steps[2]; /* first and last step traced */
+    char checkpoint_dir[WF_PATH_MAX];
+    int checkpoint_every, keep;
+    char resume[WF_PATH_MAX]; /* "", "auto" or a path */
+    double peak_tflops; /* for MFU; 0 = measure/unknown */
+  } train;
+  struct {
+    char path[WF_PATH_MAX]; /* text file, glob of llm.c shards, or "" = synthetic */
+    double val_fraction;
+  } data;
+  struct {
+    int zero; /* 0 or 1 */
+    double weight_decay, clip, beta1, beta2, eps;
+    int bucket_mb; /* data-parallel gradient bucket size */
+  } optim;
+  struct {
+    bool sequence;
+    int pp_layers[WF_MAX_STAGES];
+    int n_pp_layers; /* 0 = balanced automatically */
+    int virtual_stages;
+    bool activation_checkpointing;
+  } parallel;
+  wf_precision precision;
+  struct {
+    bool bind;
+    double hang_timeout; /* seconds */
+    int metrics_port;    /* 0 = off */
+    int log_level;
+    wf_device_pref device;
+  } runtime;
+
+  /* Which source set each key, indexed by the key's position in the key table. */
+  uint8_t source[WF_CONFIG_MAX_KEYS];
+} wf_config;
+
+/* Defaults for every key (source WF_SRC_DEFAULT) and the default preset. */
+void wf_config_init(wf_config *cfg);
+
+/* Load a YAML file. On error writes "FILE:LINE: key: what was wrong; how to fix". */
+wf_status wf_config_load_file(wf_config *cfg, const char *path, char *err, size_t err_len);
+
+/* Set one dotted key from text (as from the command line or environment). Unknown
+ * keys get a "did you mean" suggestion. */
+wf_status wf_config_set(wf_config *cfg, const char *key, const char *value,
+                        wf_config_source src, char *err, size_t err_len);
+
+/* Apply WEFT_<SECTION>_<KEY> variables from `envp` (NULL-terminated, like environ).
+ * Variables that are not config keys (WEFT_LOG_LEVEL, WEFT_MODULE_PATH...) are
+ * listed in the implementation and skipped. */
+wf_status wf_config_load_env(wf_config *cfg, char *const *envp, char *err, size_t err_len);
+
+/* Check every rule against the world size (0 = do not check world-dependent rules)
+ * and fill derived values (mesh.dp, model.padded_vocab, train.seq_len). */
+wf_status wf_config_validate(wf_config *cfg, int world_size, char *err, size_t err_len);
+
+/* Print "key = value   (source)" for every key. */
+void wf_config_print(const wf_config *cfg, FILE *out);
+
+/* Name of a source, e.g. "default", "file", "env", "cli". */
+const char *wf_config_source_str(wf_config_source s);
+
+#endif /* WF_CONFIG_H */

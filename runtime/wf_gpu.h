@@ -1,0 +1,46 @@
+/*
+ * wf_gpu.h - the GPU backend as seen from host code.
+ *
+ * The CUDA runtime, cuBLAS and the CUDA kernels live in a shared module
+ * (libweft_cuda.so, built from kernels/cuda/) that is dlopen()ed here, so one
+ * worker binary runs with or without CUDA. wf_gpu_open() says in one line why
+ * there is no GPU: the module or the CUDA libraries are missing, there is no
+ * driver, or there is no device. Public headers carry no CUDA types: streams and
+ * device pointers are plain void pointers.
+ */
+#ifndef WF_GPU_H
+#define WF_GPU_H
+
+#include <stddef.h>
+
+#include "wf_runtime.h"
+
+typedef struct wf_gpu wf_gpu;
+
+/* Load the module and count devices. On failure *out is NULL, the status is
+ * WF_ENODEV and `why` holds the reason for the "falling back to CPU" log line. */
+wf_status wf_gpu_open(wf_gpu **out, char *why, size_t why_len);
+void wf_gpu_close(wf_gpu *g); /* accepts NULL */
+
+int wf_gpu_device_count(const wf_gpu *g);
+wf_status wf_gpu_set_device(wf_gpu *g, int device);
+/* Name (e.g. "NVIDIA H100 80GB HBM3") and PCI bus id ("0000:19:00.0") of a device. */
+wf_status wf_gpu_device_name(wf_gpu *g, int device, char *name, size_t len);
+wf_status wf_gpu_pci_bus_id(wf_gpu *g, int device, char *bus_id, size_t len);
+
+/* Device memory, accounted in wf_mem_get_stats(). */
+wf_status wf_gpu_malloc(wf_gpu *g, void **ptr, size_t bytes);
+void wf_gpu_free(wf_gpu *g, void *ptr); /* accepts NULL */
+wf_status wf_gpu_memcpy_h2d(wf_gpu *g, void *dst, const void *src, size_t bytes);
+wf_status wf_gpu_memcpy_d2h(wf_gpu *g, void *dst, const void *src, size_t bytes);
+wf_status wf_gpu_memset(wf_gpu *g, void *dst, int value, size_t bytes);
+wf_status wf_gpu_stream_create(wf_gpu *g, void **stream);
+void wf_gpu_stream_destroy(wf_gpu *g, void *stream);
+wf_status wf_gpu_stream_sync(wf_gpu *g, void *stream);
+/* True when `ptr` is device (or managed) memory: how collectives choose NCCL vs MPI. */
+int wf_gpu_is_device_ptr(wf_gpu *g, const void *ptr);
+
+/* The module's raw symbol table, for modules layered on it (kernels, NCCL). */
+void *wf_gpu_module_handle(wf_gpu *g);
+
+#endif /* WF_GPU_H */
