@@ -1,0 +1,110 @@
+/*
+ * wf_model.h - GPT-2 on one rank: parameters, activations, forward, backward, AdamW.
+ *
+ * Pre-LayerNorm GPT-2 with learned positions and a tied input/output embedding.
+ * All parameters live in one allocation and all gradients in another with the same
+ * layout: the llm.c checkpoint order (wte, wpe, ln1w, ln1b, qkvw, qkvb, attprojw,
+ * attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb, lnfw, lnfb; all layers of a kind
+ * together). Later issues shard this layout across tensor and pipeline ranks, so
+ * parameter tensors are addressed by (kind, layer) through wf_gpt_param().
+ *
+ * Initialisation is GPT-2's (normal std 0.02; residual projections attprojw and
+ * fcprojw std 0.02/sqrt(2L); layernorm weights 1; biases 0), each element drawn
+ * from wf_rng_normal(seed, stream = parameter kind * 4096 + layer, index = element
+ * index in the full tensor), so any slice can be produced alone.
+ *
+ * Shapes: B batch, T time, C d_model, L layers, NH heads, V vocab, Vp padded vocab.
+ */
+#ifndef WF_MODEL_H
+#define WF_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wf_config.h"
+#include "wf_runtime.h"
+
+#define WF_GPT_NUM_KINDS 16
+
+typedef enum wf_param_kind {
+  WF_P_WTE = 0, /* (Vp, C) */
+  WF_P_WPE,     /* (maxT, C) */
+  WF_P_LN1W,    /* (L, C) */
+  WF_P_LN1B,    /* (L, C) */
+  WF_P_QKVW,    /* (L, 3C, C) */
+  WF_P_QKVB,    /* (L, 3C) */
+  WF_P_ATTPROJW, /* (L, C, C) */
+  WF_P_ATTPROJB, /* (L, C) */
+  WF_P_LN2W,    /* (L, C) */
+  WF_P_LN2B,    /* (L, C) */
+  WF_P_FCW,     /* (L, 4C, C) */
+  WF_P_FCB,     /* (L, 4C) */
+  WF_P_FCPROJW, /* (L, C, 4C) */
+  WF_P_FCPROJB, /* (L, C) */
+  WF_P_LNFW,    /* (C) */
+  WF_P_LNFB,    /* (C) */
+} wf_param_kind;
+
+typedef struct wf_gpt_dims {
+  int L, NH, C, maxT, V, Vp;
+} wf_gpt_dims;
+
+typedef struct wf_gpt wf_gpt;
+
+/* Dimensions from a validated config. */
+wf_gpt_dims wf_gpt_dims_from_config(const wf_config *cfg);
+/* Number of elements of each parameter kind (all layers together) and in total. */
+size_t wf_gpt_kind_numel(const wf_gpt_dims *d, wf_param_kind k);
+size_t wf_gpt_num_params(const wf_gpt_dims *d);
+
+/* Allocate parameters, gradients, AdamW state and activations for micro-batches of
+ * at most B x T tokens. Parameters are zero until initialised or loaded. */
+wf_status wf_gpt_create(wf_gpt **out, const wf_gpt_dims *d, int B, int T);
+void wf_gpt_destroy(wf_gpt *m); /* accepts NULL */
+
+const wf_gpt_dims *wf_gpt_get_dims(const wf_gpt *m);
+float *wf_gpt_params(wf_gpt *m); /* one allocation, llm.c layout */
+float *wf_gpt_grads(wf_gpt *m);  /* same layout */
+/* Pointer to parameter (or gradient, grads != 0) tensor `k` of layer `layer`
+ * (layer ignored for WTE, WPE, LNFW, LNFB). */
+float *wf_gpt_param(wf_gpt *m, wf_param_kind k, int layer, int grads);
+
+void wf_gpt_init(wf_gpt *m, uint64_t seed);
+
+/* Forward one micro-batch. inputs, targets (B, T) int32 token ids. Returns the mean
+ * cross-entropy loss over the B*T positions when targets != NULL (else 0). */
+float wf_gpt_forward(wf_gpt *m, const int *inputs, const int *targets, int B, int T);
+/* Logits of the last forward (B, T, Vp); valid until the next forward/backward. */
+const float *wf_gpt_logits(const wf_gpt *m);
+
+void wf_gpt_zero_grad(wf_gpt *m);
+/* Backward of the last forward, ADDING into the gradients. The loss gradient of
+ * each position is dloss_scale / (B*T): pass 1 for one micro-batch, 1/M when
+ * accumulating M micro-batches. */
+void wf_gpt_backward(wf_gpt *m, float dloss_scale);
+
+/* Global L2 norm of the gradients. */
+float wf_gpt_grad_norm(wf_gpt *m);
+/* AdamW step t (1-based) with gradients scaled by grad_scale (clipping). Weight
+ * decay applies to the 2-D weights only (not biases, layernorms). */
+void wf_gpt_update(wf_gpt *m, float lr, float beta1, float beta2, float eps,
+                   float weight_decay, float grad_scale, int t);
+
+/* llm.c GPT-2 checkpoint (magic 20240326, version 3). Errors name the file and
+ * what was expected. Load requires matching dims (a message names the field). */
+wf_status wf_gpt_load_llmc(wf_gpt *m, const char *path, char *err, size_t err_len);
+wf_status wf_gpt_save_llmc(wf_gpt *m, const char *path, char *err, size_t err_len);
+/* Read just the header dims of an llm.c checkpoint (to size a model from it). */
+wf_status wf_gpt_peek_llmc(const char *path, wf_gpt_dims *d, char *err, size_t err_len);
+
+/* llm.c debug state (magic 20240327, version 2) for one batch: inputs, targets,
+ * logits (B,T,V unpadded), loss, and gradients in checkpoint layout. Runs a
+ * forward and backward on a fresh gradient buffer. */
+wf_status wf_gpt_dump_state(wf_gpt *m, const char *path, const int *inputs,
+                            const int *targets, int B, int T, char *err, size_t err_len);
+
+/* FLOPs of one training step on B*T tokens: 6 * params * tokens plus attention
+ * (forward 4*L*T*C per token... see implementation comment). */
+double wf_gpt_flops_per_step(const wf_gpt_dims *d, int B, int T);
+
+#endif /* WF_MODEL_H */
