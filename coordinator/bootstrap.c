@@ -1,1 +1,173 @@
-/* bootstrap.c - placeholder */
+/*
+ * bootstrap.c - building the job: facts, job id, mesh communicators.
+ *
+ * Collective over MPI_COMM_WORLD. Each mesh axis gets a communicator from
+ * MPI_Comm_split with colour = the group's first world rank and key = world rank,
+ * so group rank order equals the order wf_mesh_group() lists. After the split the
+ * communicators are checked against the pure mesh arithmetic (size and members),
+ * so a mistake in either shows up at start-up rather than as a wrong gradient.
+ */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "wf_check.h"
+#include "wf_coordinator.h"
+
+struct wf_job {
+  int rank, world;
+  wf_mesh mesh;
+  MPI_Comm comms[WF_NUM_AXES];
+  wf_rank_facts *facts; /* rank 0 only */
+  char id[96];
+};
+
+int wf_job_rank(const wf_job *job) { return job->rank; }
+int wf_job_world(const wf_job *job) { return job->world; }
+const wf_mesh *wf_job_mesh(const wf_job *job) { return &job->mesh; }
+const wf_rank_facts *wf_job_facts(const wf_job *job) { return job->facts; }
+const char *wf_job_id(const wf_job *job) { return job->id; }
+
+static void fill_facts(wf_rank_facts *f, const wf_job *job, const wf_job_opts *o)
+{
+  memset(f, 0, sizeof *f);
+  f->rank = job->rank;
+  f->local_rank = o->launch->local_rank;
+  f->local_size = o->launch->local_size;
+  f->pid = (int)getpid();
+  wf_strlcpy(f->host, wf_rt_host(), sizeof f->host);
+  wf_strlcpy(f->device, o->device ? o->device : "cpu", sizeof f->device);
+  wf_strlcpy(f->binding, o->binding ? o->binding->desc : "none", sizeof f->binding);
+  f->threads = o->binding ? o->binding->threads : 1;
+  f->coords = wf_mesh_coords(&job->mesh, job->rank);
+}
+
+/* Check one axis communicator against the mesh arithmetic. */
+static wf_status verify_axis(wf_job *job, wf_axis axis)
+{
+  wf_status st = WF_OK;
+  int members[WF_MAX_STAGES * 64], n, size;
+  n = wf_mesh_group(&job->mesh, axis, job->rank, members, (int)WF_ARRAY_LEN(members));
+  MPI_Comm c = job->comms[axis];
+  WF_CHECK((n == 0) == (c == MPI_COMM_NULL), WF_EMPI, "%s group: membership disagrees",
+           wf_axis_name(axis));
+  if (n == 0)
+    return WF_OK;
+  WF_CHECK_MPI(MPI_Comm_size(c, &size));
+  WF_CHECK(size == n, WF_EMPI, "%s group: MPI size %d, mesh says %d", wf_axis_name(axis),
+           size, n);
+  MPI_Group wg, g;
+  WF_CHECK_MPI(MPI_Comm_group(MPI_COMM_WORLD, &wg));
+  WF_CHECK_MPI(MPI_Comm_group(c, &g));
+  for (int i = 0; i < n && st == WF_OK; i++) {
+    int world_rank;
+    MPI_Group_translate_ranks(g, 1, &i, wg, &world_rank);
+    if (world_rank != members[i]) {
+      WF_ERROR("%s group: member %d is world rank %d, mesh says %d", wf_axis_name(axis), i,
+               world_rank, members[i]);
+      st = WF_EMPI;
+    }
+  }
+  MPI_Group_free(&g);
+  MPI_Group_free(&wg);
+  return st;
+fail:
+  return st;
+}
+
+static wf_status make_id(wf_job *job, const wf_launch *l)
+{
+  wf_status st = WF_OK;
+  if (job->rank == 0) {
+    if (l->slurm_job_id[0])
+      snprintf(job->id, sizeof job->id, "slurm-%s", l->slurm_job_id);
+    else
+      snprintf(job->id, sizeof job->id, "%.40s-%d-%ld", wf_rt_host(), (int)getpid(),
+               (long)wf_wall_time());
+  }
+  WF_CHECK_MPI(MPI_Bcast(job->id, sizeof job->id, MPI_CHAR, 0, MPI_COMM_WORLD));
+fail:
+  return st;
+}
+
+wf_status wf_job_bootstrap(wf_job **out, const wf_job_opts *o)
+{
+  wf_status st = WF_OK;
+  wf_job *job = calloc(1, sizeof *job);
+  WF_CHECK_ALLOC(job);
+  for (int a = 0; a < WF_NUM_AXES; a++)
+    job->comms[a] = MPI_COMM_NULL;
+  WF_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &job->rank));
+  WF_CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &job->world));
+  job->mesh = (wf_mesh){o->cfg->mesh.dp, o->cfg->mesh.tp, o->cfg->mesh.pp};
+  WF_CHECK(wf_mesh_size(&job->mesh) == job->world, WF_ECONFIG,
+           "mesh %dx%dx%d does not cover %d ranks", job->mesh.dp, job->mesh.tp, job->mesh.pp,
+           job->world);
+  WF_TRY(make_id(job, o->launch));
+
+  wf_rank_facts mine;
+  fill_facts(&mine, job, o);
+  if (job->rank == 0)
+    WF_CHECK_ALLOC(job->facts = calloc((size_t)job->world, sizeof *job->facts));
+  WF_CHECK_MPI(MPI_Gather(&mine, sizeof mine, MPI_BYTE, job->facts, sizeof mine, MPI_BYTE, 0,
+                          MPI_COMM_WORLD));
+  for (int a = 0; a < WF_NUM_AXES; a++) {
+    int color = wf_mesh_group_color(&job->mesh, (wf_axis)a, job->rank);
+    WF_CHECK_MPI(MPI_Comm_split(MPI_COMM_WORLD, color < 0 ? MPI_UNDEFINED : color, job->rank,
+                                &job->comms[a]));
+    WF_TRY(verify_axis(job, (wf_axis)a));
+  }
+  *out = job;
+  return WF_OK;
+fail:
+  wf_job_destroy(job);
+  *out = NULL;
+  return st;
+}
+
+void wf_job_destroy(wf_job *job)
+{
+  if (!job)
+    return;
+  for (int a = 0; a < WF_NUM_AXES; a++)
+    if (job->comms[a] != MPI_COMM_NULL)
+      MPI_Comm_free(&job->comms[a]);
+  free(job->facts);
+  free(job);
+}
+
+static void group_str(const wf_mesh *m, wf_axis axis, int rank, char *out, size_t len)
+{
+  int members[256];
+  int n = wf_mesh_group(m, axis, rank, members, (int)WF_ARRAY_LEN(members));
+  size_t used = 0;
+  out[0] = '\0';
+  if (n == 0)
+    snprintf(out, len, "-");
+  for (int i = 0; i < n && used + 1 < len; i++)
+    used += (size_t)snprintf(out + used, len - used, "%s%d", i ? "," : "", members[i]);
+}
+
+void wf_job_print_table(const wf_job *job, FILE *out)
+{
+  if (!job->facts)
+    return;
+  const wf_mesh *m = &job->mesh;
+  fprintf(out, "weft job %s: %d ranks, mesh dp=%d x tp=%d x pp=%d (rank = tp + %d*(dp + %d*pp))\n",
+          job->id, job->world, m->dp, m->tp, m->pp, m->tp, m->dp);
+  fprintf(out, "%4s  %-16s %8s %5s  %-10s %-18s %3s  %-10s %-11s %-11s %-11s %s\n", "rank",
+          "host", "pid", "local", "device", "binding", "thr", "(pp,dp,tp)", "tp group",
+          "dp group", "pp group", "emb group");
+  for (int r = 0; r < job->world; r++) {
+    const wf_rank_facts *f = &job->facts[r];
+    char coords[32], g[WF_NUM_AXES][64];
+    snprintf(coords, sizeof coords, "(%d,%d,%d)", f->coords.pp, f->coords.dp, f->coords.tp);
+    for (int a = 0; a < WF_NUM_AXES; a++)
+      group_str(m, (wf_axis)a, r, g[a], sizeof g[a]);
+    fprintf(out, "%4d  %-16.16s %8d %2d/%-2d  %-10.10s %-18.18s %3d  %-10s %-11s %-11s %-11s %s\n",
+            r, f->host, f->pid, f->local_rank, f->local_size, f->device, f->binding, f->threads,
+            coords, g[WF_AXIS_TP], g[WF_AXIS_DP], g[WF_AXIS_PP], g[WF_AXIS_EMB]);
+  }
+}

@@ -1,0 +1,86 @@
+/*
+ * wf_coordinator.h - job bootstrap and the 3-D mesh.
+ *
+ * Mesh layout (DESIGN.md): tp varies fastest, then dp, then pp, so tensor-parallel
+ * peers are adjacent ranks on one node:
+ *
+ *     rank = tp + TP * (dp + DP * pp)
+ *
+ * Groups: tp (same pp, dp), dp (same pp, tp), pp (same dp, tp), and the embedding
+ * group (first and last pp stage with the same dp, tp) that holds the tied
+ * embedding. The mesh math is pure; wf_job_bootstrap() builds MPI communicators
+ * for each group and gathers every rank's facts on rank 0.
+ */
+#ifndef WF_COORDINATOR_H
+#define WF_COORDINATOR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include "wf_bind.h"
+#include "wf_config.h"
+#include "wf_launch.h"
+#include "wf_runtime.h"
+
+/* ---- the mesh (pure) ------------------------------------------------------- */
+
+typedef struct wf_mesh {
+  int dp, tp, pp;
+} wf_mesh;
+
+typedef struct wf_coords {
+  int pp, dp, tp;
+} wf_coords;
+
+typedef enum wf_axis { WF_AXIS_TP = 0, WF_AXIS_DP, WF_AXIS_PP, WF_AXIS_EMB, WF_NUM_AXES } wf_axis;
+
+int wf_mesh_size(const wf_mesh *m);
+wf_coords wf_mesh_coords(const wf_mesh *m, int rank);
+int wf_mesh_rank(const wf_mesh *m, wf_coords c);
+const char *wf_axis_name(wf_axis a);
+/* Members (world ranks, in group-rank order) of `rank`'s group along `axis`.
+ * Returns the count; 0 for the embedding group of a middle pipeline stage. */
+int wf_mesh_group(const wf_mesh *m, wf_axis axis, int rank, int *members, int max);
+/* A colour identifying `rank`'s group along `axis` (equal colours = same group);
+ * -1 when the rank is in no group of that axis. */
+int wf_mesh_group_color(const wf_mesh *m, wf_axis axis, int rank);
+
+/* ---- the job ------------------------------------------------------------------ */
+
+/* Facts each rank reports at start-up (fixed size: gathered with MPI as bytes). */
+typedef struct wf_rank_facts {
+  int rank, local_rank, local_size, pid;
+  char host[64];
+  char device[64];  /* "cpu" or "cuda:0 (NVIDIA H100 ...)" */
+  char binding[64]; /* from wf_binding.desc */
+  int threads;
+  wf_coords coords;
+} wf_rank_facts;
+
+typedef struct wf_job wf_job;
+
+typedef struct wf_job_opts {
+  const wf_config *cfg; /* validated */
+  wf_launch *launch;    /* cross-checked */
+  const char *device;   /* this rank's device description */
+  const wf_binding *binding;
+} wf_job_opts;
+
+/* Gather facts, build the mesh communicators and verify them against MPI. Every
+ * rank calls it after MPI_Init_thread; it is collective over MPI_COMM_WORLD. */
+wf_status wf_job_bootstrap(wf_job **out, const wf_job_opts *opts);
+void wf_job_destroy(wf_job *job); /* accepts NULL; frees communicators */
+
+int wf_job_rank(const wf_job *job);
+int wf_job_world(const wf_job *job);
+const wf_mesh *wf_job_mesh(const wf_job *job);
+/* All ranks' facts: valid on rank 0 only (NULL elsewhere). */
+const wf_rank_facts *wf_job_facts(const wf_job *job);
+/* The job id (same on every rank) e.g. "weft-host-12345-1732240000". */
+const char *wf_job_id(const wf_job *job);
+
+/* Rank 0: print the mesh table, one row per rank. */
+void wf_job_print_table(const wf_job *job, FILE *out);
+
+#endif /* WF_COORDINATOR_H */

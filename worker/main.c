@@ -1,0 +1,259 @@
+/*
+ * main.c - the worker: one process per rank.
+ *
+ * Start-up order (DESIGN.md): MPI_Init_thread; read the config (file, WEFT_*
+ * environment, key=value arguments); read the launch environment and cross-check
+ * it with MPI; validate the config against the world size; pick the device and
+ * bind with hwloc; bootstrap the mesh; then print (--dry-run, --print-config) or
+ * train.
+ *
+ * Failure policy: every check that can fail on one rank is agreed on with an
+ * MPI_Allreduce before anyone acts on it, so either all ranks go on or all exit
+ * non-zero together; user errors are printed once (by rank 0, or by the rank that
+ * found them when only it knows) and never turn into a hang.
+ */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "wf_bind.h"
+#include "wf_build_config.h"
+#include "wf_config.h"
+#include "wf_coordinator.h"
+#include "wf_gpu.h"
+#include "wf_kernels.h"
+#include "wf_launch.h"
+#include "wf_runtime.h"
+#if __has_include("wf_train.h")
+#include "wf_train.h"
+#define HAVE_TRAIN 1
+#endif
+
+extern char **environ;
+
+typedef struct args {
+  const char *config_file;
+  bool dry_run, print_config, help, version;
+  const char *dump_state;
+  int n_overrides;
+  char **overrides; /* "key=value" */
+} args;
+
+static const char usage[] =
+    "usage: worker [options] [key=value ...]\n"
+    "  --config FILE      YAML config (keys as in `--print-config`)\n"
+    "  --dry-run          set up the mesh, print one row per rank, exit\n"
+    "  --print-config     print the effective config and where each value came from\n"
+    "  --dump-state FILE  write llm.c's debug state for the first batch and exit\n"
+    "  --version, --help\n"
+    "  key=value          override a config key, e.g. mesh.tp=2 train.steps=100\n"
+    "Launch with mpirun -np N, srun --mpi=pmix -n N, or alone for one rank.\n";
+
+static int parse_args(int argc, char **argv, args *a, char *err, size_t len)
+{
+  memset(a, 0, sizeof *a);
+  a->overrides = calloc((size_t)argc, sizeof *a->overrides);
+  for (int i = 1; i < argc; i++) {
+    const char *s = argv[i];
+    if (!strcmp(s, "--config") || !strcmp(s, "--dump-state")) {
+      if (i + 1 >= argc) {
+        snprintf(err, len, "%s needs a file argument", s);
+        return -1;
+      }
+      *(s[2] == 'c' ? &a->config_file : &a->dump_state) = argv[++i];
+    } else if (!strncmp(s, "--config=", 9)) {
+      a->config_file = s + 9;
+    } else if (!strcmp(s, "--dry-run")) {
+      a->dry_run = true;
+    } else if (!strcmp(s, "--print-config")) {
+      a->print_config = true;
+    } else if (!strcmp(s, "--help") || !strcmp(s, "-h")) {
+      a->help = true;
+    } else if (!strcmp(s, "--version")) {
+      a->version = true;
+    } else if (s[0] != '-' && strchr(s, '=')) {
+      a->overrides[a->n_overrides++] = argv[i];
+    } else {
+      snprintf(err, len, "unknown argument '%s' (see worker --help)", s);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* All ranks learn whether every rank succeeded. */
+static bool all_ok(bool ok)
+{
+  int mine = ok ? 1 : 0, all = 0;
+  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all == 1;
+}
+
+static wf_status load_config(wf_config *cfg, const args *a, char *err, size_t len)
+{
+  wf_config_init(cfg);
+  if (a->config_file) {
+    wf_status st = wf_config_load_file(cfg, a->config_file, err, len);
+    if (st != WF_OK)
+      return st;
+  }
+  wf_status st = wf_config_load_env(cfg, environ, err, len);
+  for (int i = 0; st == WF_OK && i < a->n_overrides; i++) {
+    char key[256];
+    const char *eq = strchr(a->overrides[i], '=');
+    snprintf(key, sizeof key, "%.*s", (int)(eq - a->overrides[i]), a->overrides[i]);
+    st = wf_config_set(cfg, key, eq + 1, WF_SRC_CLI, err, len);
+  }
+  return st;
+}
+
+static wf_status read_launch(wf_launch *l, const wf_config *cfg, int rank, int size,
+                             char *err, size_t len)
+{
+  MPI_Comm node;
+  int lrank = 0, lsize = 1;
+  if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node) ==
+      MPI_SUCCESS) {
+    MPI_Comm_rank(node, &lrank);
+    MPI_Comm_size(node, &lsize);
+    MPI_Comm_free(&node);
+  }
+  wf_status st = wf_launch_detect(l, cfg->dist.rank, cfg->dist.world_size, wf_launch_getenv,
+                                  NULL, err, len);
+  if (st == WF_OK)
+    st = wf_launch_crosscheck(l, rank, size, lrank, lsize, err, len);
+  return st;
+}
+
+/* Choose the device; *gpu stays NULL on the CPU. Writes a description. */
+static wf_status pick_device(const wf_config *cfg, const wf_launch *l, wf_gpu **gpu,
+                             char *desc, size_t len, char *bus, size_t bus_len, char *err,
+                             size_t err_len)
+{
+  char why[512] = "disabled by runtime.device=cpu";
+  *gpu = NULL;
+  snprintf(desc, len, "cpu");
+  bus[0] = '\0';
+  if (cfg->runtime.device != WF_DEV_CPU && wf_gpu_open(gpu, why, sizeof why) == WF_OK) {
+    int n = wf_gpu_device_count(*gpu);
+    int dev = n == 1 ? 0 : l->local_rank % n;
+    if (wf_gpu_set_device(*gpu, dev) == WF_OK) {
+      char name[128] = "";
+      wf_gpu_device_name(*gpu, dev, name, sizeof name);
+      wf_gpu_pci_bus_id(*gpu, dev, bus, bus_len);
+      snprintf(desc, len, "cuda:%d", dev);
+      WF_INFO("using GPU %d of %d (%s)", dev, n, name);
+      return WF_OK;
+    }
+    wf_gpu_close(*gpu);
+    *gpu = NULL;
+    snprintf(why, sizeof why, "could not select CUDA device %d", dev);
+  }
+  if (cfg->runtime.device == WF_DEV_CUDA) {
+    snprintf(err, err_len, "runtime.device=cuda but no GPU is usable: %s", why);
+    return WF_ENODEV;
+  }
+  if (l->local_rank == 0 && cfg->runtime.device == WF_DEV_AUTO)
+    WF_INFO("no GPU: %s; falling back to the CPU", why);
+  return WF_OK;
+}
+
+/* Print a user error once: by rank 0 when it has it (every rank validates the
+ * same config, so they agree), else by each rank that found it. */
+static int fail_all(bool mine_failed, const char *msg, int rank)
+{
+  int rank0_failed = mine_failed;
+  MPI_Bcast(&rank0_failed, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  if (mine_failed && (rank == 0 || !rank0_failed))
+    fprintf(stderr, "weft: error: %s\n", msg);
+  return 1;
+}
+
+static int run(const args *a, int rank, int size)
+{
+  char err[2048] = "";
+  wf_config cfg;
+  wf_launch launch;
+  bool ok = load_config(&cfg, a, err, sizeof err) == WF_OK;
+  ok = ok && read_launch(&launch, &cfg, rank, size, err, sizeof err) == WF_OK;
+  ok = ok && wf_config_validate(&cfg, size, err, sizeof err) == WF_OK;
+  if (!all_ok(ok))
+    return fail_all(!ok, err, rank);
+  wf_log_set_level(cfg.runtime.log_level);
+  if (rank == 0)
+    WF_INFO("launch: rank/size from %s; %d ranks", wf_launch_source_str(launch.source), size);
+  if (a->print_config) {
+    if (rank == 0)
+      wf_config_print(&cfg, stdout);
+    return 0;
+  }
+
+  wf_gpu *gpu = NULL;
+  char device[64], bus[64];
+  ok = pick_device(&cfg, &launch, &gpu, device, sizeof device, bus, sizeof bus, err,
+                   sizeof err) == WF_OK;
+  if (!all_ok(ok))
+    return fail_all(!ok, err, rank);
+  wf_binding binding;
+  wf_bind_apply(&binding, cfg.runtime.bind, launch.local_rank, launch.local_size,
+                bus[0] ? bus : NULL);
+  if (binding.shared && launch.local_rank == 0)
+    WF_INFO("%d ranks share %d cores on %s: one compute thread each", launch.local_size,
+            binding.node_cores, wf_rt_host());
+  wf_kernels_set_threads(binding.threads);
+
+  wf_job *job = NULL;
+  wf_job_opts jo = {&cfg, &launch, device, &binding};
+  ok = wf_job_bootstrap(&job, &jo) == WF_OK;
+  if (!all_ok(ok)) {
+    wf_gpu_close(gpu);
+    return fail_all(!ok, "mesh bootstrap failed (see the log above)", rank);
+  }
+  int rc = 0;
+  if (a->dry_run) {
+    if (rank == 0) {
+      wf_job_print_table(job, stdout);
+      printf("groups verified against MPI: tp, dp, pp and embedding communicators match the "
+             "mesh\n");
+    }
+  } else {
+#ifdef HAVE_TRAIN
+    rc = wf_train_run(&cfg, NULL) == WF_OK ? 0 : 1;
+#else
+    if (rank == 0)
+      fprintf(stderr, "weft: training is not built yet; use --dry-run\n");
+    rc = 1;
+#endif
+  }
+  wf_job_destroy(job);
+  wf_gpu_close(gpu);
+  return rc;
+}
+
+int main(int argc, char **argv)
+{
+  args a;
+  char err[512];
+  int provided, rank = 0, size = 1;
+  if (parse_args(argc, argv, &a, err, sizeof err) < 0) {
+    fprintf(stderr, "weft: error: %s\n%s", err, usage);
+    return 2;
+  }
+  if (a.help || a.version) {
+    printf(a.help ? usage : "weft " WF_VERSION "\n");
+    return 0;
+  }
+  if (MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
+    fprintf(stderr, "weft: error: MPI_Init_thread failed\n");
+    return 1;
+  }
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  wf_rt_set_rank(rank);
+  int rc = run(&a, rank, size);
+  free(a.overrides);
+  MPI_Finalize();
+  return rc;
+}
