@@ -56,8 +56,7 @@ static wf_status verify_axis(wf_job *job, wf_axis axis)
   if (n == 0)
     return WF_OK;
   WF_CHECK_MPI(MPI_Comm_size(c, &size));
-  WF_CHECK(size == n, WF_EMPI, "%s group: MPI size %d, mesh says %d", wf_axis_name(axis),
-           size, n);
+  WF_CHECK(size == n, WF_EMPI, "%s group: MPI size %d, mesh says %d", wf_axis_name(axis), size, n);
   MPI_Group wg, g;
   WF_CHECK_MPI(MPI_Comm_group(MPI_COMM_WORLD, &wg));
   WF_CHECK_MPI(MPI_Comm_group(c, &g));
@@ -157,9 +156,9 @@ void wf_job_print_table(const wf_job *job, FILE *out)
   const wf_mesh *m = &job->mesh;
   fprintf(out, "weft job %s: %d ranks, mesh dp=%d x tp=%d x pp=%d (rank = tp + %d*(dp + %d*pp))\n",
           job->id, job->world, m->dp, m->tp, m->pp, m->tp, m->dp);
-  fprintf(out, "%4s  %-16s %8s %5s  %-10s %-18s %3s  %-10s %-11s %-11s %-11s %s\n", "rank",
-          "host", "pid", "local", "device", "binding", "thr", "(pp,dp,tp)", "tp group",
-          "dp group", "pp group", "emb group");
+  fprintf(out, "%4s  %-16s %8s %5s  %-10s %-18s %3s  %-10s %-11s %-11s %-11s %s\n", "rank", "host",
+          "pid", "local", "device", "binding", "thr", "(pp,dp,tp)", "tp group", "dp group",
+          "pp group", "emb group");
   for (int r = 0; r < job->world; r++) {
     const wf_rank_facts *f = &job->facts[r];
     char coords[32], g[WF_NUM_AXES][64];

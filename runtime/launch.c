@@ -59,8 +59,8 @@ static int env_int(env_reader *r, const char *name)
   long x = strtol(v, &end, 10);
   if (errno || *end != '\0' || x < 0 || x > INT_MAX) {
     if (!r->bad)
-      snprintf(r->err, r->err_len,
-               "%s='%s' is not a non-negative integer; fix or unset it", name, v);
+      snprintf(r->err, r->err_len, "%s='%s' is not a non-negative integer; fix or unset it", name,
+               v);
     r->bad = true;
     return -1;
   }
@@ -75,8 +75,8 @@ typedef struct source_vars {
 
 static const source_vars sources[] = {
     {WF_LAUNCH_TORCHRUN, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
-    {WF_LAUNCH_OMPI, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-     "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
+    {WF_LAUNCH_OMPI, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"},
     {WF_LAUNCH_PMI, "PMI_RANK", "PMI_SIZE", NULL, NULL},
     {WF_LAUNCH_SLURM, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", NULL},
 };
@@ -160,8 +160,8 @@ static void read_master(env_reader *r, wf_launch *out)
   }
 }
 
-wf_status wf_launch_detect(wf_launch *out, int flag_rank, int flag_world,
-                           wf_getenv_fn getenv_fn, void *ctx, char *err, size_t err_len)
+wf_status wf_launch_detect(wf_launch *out, int flag_rank, int flag_world, wf_getenv_fn getenv_fn,
+                           void *ctx, char *err, size_t err_len)
 {
   memset(out, 0, sizeof *out);
   out->rank = out->world_size = out->local_rank = out->local_size = -1;
@@ -186,8 +186,8 @@ wf_status wf_launch_detect(wf_launch *out, int flag_rank, int flag_world,
     return WF_ELAUNCH;
   }
   if (out->local_rank >= 0 && out->local_size > 0 && out->local_rank >= out->local_size) {
-    snprintf(err, err_len, "local rank %d is not below local size %d (from %s)",
-             out->local_rank, out->local_size, wf_launch_source_str(out->source));
+    snprintf(err, err_len, "local rank %d is not below local size %d (from %s)", out->local_rank,
+             out->local_size, wf_launch_source_str(out->source));
     return WF_ELAUNCH;
   }
   return WF_OK;

@@ -79,8 +79,7 @@ void wf_vlog(int level, const char *file, int line, const char *fmt, va_list ap)
   int rank = atomic_load(&rt.rank);
   int n;
   if (rank >= 0)
-    n = snprintf(buf, sizeof buf, "[weft %c %s:%d:r%d] ", tag[level & 3], rt.host, rt.pid,
-                 rank);
+    n = snprintf(buf, sizeof buf, "[weft %c %s:%d:r%d] ", tag[level & 3], rt.host, rt.pid, rank);
   else
     n = snprintf(buf, sizeof buf, "[weft %c %s:%d] ", tag[level & 3], rt.host, rt.pid);
   if (n < 0 || (size_t)n >= sizeof buf)

@@ -101,8 +101,7 @@ static int expand_item(expand_ctx *x, const char *prefix, const char *rest)
   if (close == open + 1)
     return fail(x, "empty brackets", open);
   char head[512];
-  if (snprintf(head, sizeof head, "%s%.*s", prefix, (int)(open - rest), rest) >=
-      (int)sizeof head)
+  if (snprintf(head, sizeof head, "%s%.*s", prefix, (int)(open - rest), rest) >= (int)sizeof head)
     return fail(x, "host name too long", rest);
   for (const char *r = open + 1; r < close;) {
     const char *comma = memchr(r, ',', (size_t)(close - r));

@@ -16,11 +16,11 @@
 #include "wf_runtime.h"
 
 typedef struct wf_binding {
-  bool bound;      /* false when runtime.bind=false or binding failed */
-  bool shared;     /* more local ranks than cores: cores are shared */
-  int node_cores;  /* physical cores on this node */
-  int threads;     /* compute threads this rank should use */
-  char desc[128];  /* e.g. "cores 0-1", "core 1 (shared)", "none" */
+  bool bound;     /* false when runtime.bind=false or binding failed */
+  bool shared;    /* more local ranks than cores: cores are shared */
+  int node_cores; /* physical cores on this node */
+  int threads;    /* compute threads this rank should use */
+  char desc[128]; /* e.g. "cores 0-1", "core 1 (shared)", "none" */
 } wf_binding;
 
 /* gpu_bus_id: PCI bus id of this rank's GPU ("0000:19:00.0"), or NULL on CPU. */

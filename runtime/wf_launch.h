@@ -28,8 +28,8 @@ typedef enum wf_launch_source {
 } wf_launch_source;
 
 typedef struct wf_launch {
-  wf_launch_source source; /* where rank and world size came from */
-  int rank, world_size;    /* -1 when no source gave them */
+  wf_launch_source source;    /* where rank and world size came from */
+  int rank, world_size;       /* -1 when no source gave them */
   int local_rank, local_size; /* -1 when unknown (MPI's shared-memory split decides) */
   int num_nodes;              /* -1 when unknown */
   char master_addr[256];
@@ -50,8 +50,8 @@ const char *wf_launch_getenv(void *ctx, const char *name);
 /* Fill `out` from flags (flag_rank/flag_world < 0 when not given) and the
  * environment. Returns WF_ELAUNCH with a message when the environment contradicts
  * itself (e.g. RANK >= WORLD_SIZE, a number that does not parse). */
-wf_status wf_launch_detect(wf_launch *out, int flag_rank, int flag_world,
-                           wf_getenv_fn getenv_fn, void *ctx, char *err, size_t err_len);
+wf_status wf_launch_detect(wf_launch *out, int flag_rank, int flag_world, wf_getenv_fn getenv_fn,
+                           void *ctx, char *err, size_t err_len);
 
 /* Compare with MPI's view. mpi_local_rank/size come from
  * MPI_Comm_split_type(MPI_COMM_TYPE_SHARED). Fills unknown fields from MPI.

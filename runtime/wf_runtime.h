@@ -62,8 +62,8 @@ int wf_log_level(void);
 int wf_log_level_parse(const char *s);
 
 #define WF_ERROR(...) wf_log(WF_LOG_ERROR, __FILE__, __LINE__, __VA_ARGS__)
-#define WF_WARN(...) wf_log(WF_LOG_WARN, __FILE__, __LINE__, __VA_ARGS__)
-#define WF_INFO(...) wf_log(WF_LOG_INFO, __FILE__, __LINE__, __VA_ARGS__)
+#define WF_WARN(...)  wf_log(WF_LOG_WARN, __FILE__, __LINE__, __VA_ARGS__)
+#define WF_INFO(...)  wf_log(WF_LOG_INFO, __FILE__, __LINE__, __VA_ARGS__)
 #define WF_DEBUG(...) wf_log(WF_LOG_DEBUG, __FILE__, __LINE__, __VA_ARGS__)
 
 /* ---- runtime context (the one global) --------------------------------------- */
@@ -110,8 +110,8 @@ uint64_t wf_rng_u64(uint64_t seed, uint64_t stream, uint64_t index);
 
 /* ---- clocks ------------------------------------------------------------------ */
 
-double wf_now(void);      /* monotonic seconds */
-uint64_t wf_now_ns(void); /* monotonic nanoseconds */
+double wf_now(void);       /* monotonic seconds */
+uint64_t wf_now_ns(void);  /* monotonic nanoseconds */
 double wf_wall_time(void); /* seconds since the epoch */
 
 /* ---- run-time modules ----------------------------------------------------------
@@ -130,7 +130,7 @@ void wf_module_close(void *module);
 char *wf_strlcpy(char *dst, const char *src, size_t dst_len);
 
 #define WF_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
-#define WF_MIN(a, b) ((a) < (b) ? (a) : (b))
-#define WF_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define WF_MIN(a, b)    ((a) < (b) ? (a) : (b))
+#define WF_MAX(a, b)    ((a) > (b) ? (a) : (b))
 
 #endif /* WF_RUNTIME_H */

@@ -109,8 +109,8 @@ static wf_status load_config(wf_config *cfg, const args *a, char *err, size_t le
   return st;
 }
 
-static wf_status read_launch(wf_launch *l, const wf_config *cfg, int rank, int size,
-                             char *err, size_t len)
+static wf_status read_launch(wf_launch *l, const wf_config *cfg, int rank, int size, char *err,
+                             size_t len)
 {
   MPI_Comm node;
   int lrank = 0, lsize = 1;
@@ -120,17 +120,16 @@ static wf_status read_launch(wf_launch *l, const wf_config *cfg, int rank, int s
     MPI_Comm_size(node, &lsize);
     MPI_Comm_free(&node);
   }
-  wf_status st = wf_launch_detect(l, cfg->dist.rank, cfg->dist.world_size, wf_launch_getenv,
-                                  NULL, err, len);
+  wf_status st =
+      wf_launch_detect(l, cfg->dist.rank, cfg->dist.world_size, wf_launch_getenv, NULL, err, len);
   if (st == WF_OK)
     st = wf_launch_crosscheck(l, rank, size, lrank, lsize, err, len);
   return st;
 }
 
 /* Choose the device; *gpu stays NULL on the CPU. Writes a description. */
-static wf_status pick_device(const wf_config *cfg, const wf_launch *l, wf_gpu **gpu,
-                             char *desc, size_t len, char *bus, size_t bus_len, char *err,
-                             size_t err_len)
+static wf_status pick_device(const wf_config *cfg, const wf_launch *l, wf_gpu **gpu, char *desc,
+                             size_t len, char *bus, size_t bus_len, char *err, size_t err_len)
 {
   char why[512] = "disabled by runtime.device=cpu";
   *gpu = NULL;
@@ -192,8 +191,8 @@ static int run(const args *a, int rank, int size)
 
   wf_gpu *gpu = NULL;
   char device[64], bus[64];
-  ok = pick_device(&cfg, &launch, &gpu, device, sizeof device, bus, sizeof bus, err,
-                   sizeof err) == WF_OK;
+  ok = pick_device(&cfg, &launch, &gpu, device, sizeof device, bus, sizeof bus, err, sizeof err) ==
+       WF_OK;
   if (!all_ok(ok))
     return fail_all(!ok, err, rank);
   wf_binding binding;

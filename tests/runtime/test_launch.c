@@ -44,8 +44,13 @@ static void test_singleton(void **state)
 
 static void test_torchrun(void **state)
 {
-  const char *env[] = {"RANK=3", "WORLD_SIZE=4", "LOCAL_RANK=1", "LOCAL_WORLD_SIZE=2",
-                       "MASTER_ADDR=10.0.0.5", "MASTER_PORT=1234", NULL};
+  const char *env[] = {"RANK=3",
+                       "WORLD_SIZE=4",
+                       "LOCAL_RANK=1",
+                       "LOCAL_WORLD_SIZE=2",
+                       "MASTER_ADDR=10.0.0.5",
+                       "MASTER_PORT=1234",
+                       NULL};
   wf_launch l;
   char err[512];
   assert_int_equal(detect(&l, env, err), WF_OK);
@@ -60,9 +65,12 @@ static void test_torchrun(void **state)
 
 static void test_ompi(void **state)
 {
-  const char *env[] = {"OMPI_COMM_WORLD_RANK=5", "OMPI_COMM_WORLD_SIZE=8",
-                       "OMPI_COMM_WORLD_LOCAL_RANK=1", "OMPI_COMM_WORLD_LOCAL_SIZE=4",
-                       "PMIX_RANK=5", NULL};
+  const char *env[] = {"OMPI_COMM_WORLD_RANK=5",
+                       "OMPI_COMM_WORLD_SIZE=8",
+                       "OMPI_COMM_WORLD_LOCAL_RANK=1",
+                       "OMPI_COMM_WORLD_LOCAL_SIZE=4",
+                       "PMIX_RANK=5",
+                       NULL};
   wf_launch l;
   char err[512];
   assert_int_equal(detect(&l, env, err), WF_OK);
@@ -91,9 +99,14 @@ static void test_pmi_and_pmix(void **state)
 
 static void test_slurm(void **state)
 {
-  const char *env[] = {"SLURM_PROCID=1", "SLURM_NTASKS=4", "SLURM_LOCALID=1",
-                       "SLURM_NNODES=2", "SLURM_JOB_NODELIST=gpu[07-08]", "SLURM_JOB_ID=4242",
-                       "PMIX_RANK=1", NULL};
+  const char *env[] = {"SLURM_PROCID=1",
+                       "SLURM_NTASKS=4",
+                       "SLURM_LOCALID=1",
+                       "SLURM_NNODES=2",
+                       "SLURM_JOB_NODELIST=gpu[07-08]",
+                       "SLURM_JOB_ID=4242",
+                       "PMIX_RANK=1",
+                       NULL};
   wf_launch l;
   char err[512];
   assert_int_equal(detect(&l, env, err), WF_OK);
@@ -122,8 +135,13 @@ static void test_slurm_only(void **state)
 static void test_precedence(void **state)
 {
   /* torchrun > OMPI > PMI > Slurm; flags beat them all. */
-  const char *env[] = {"RANK=1",         "WORLD_SIZE=2",   "OMPI_COMM_WORLD_RANK=0",
-                       "OMPI_COMM_WORLD_SIZE=2", "SLURM_PROCID=0", "SLURM_NTASKS=2", NULL};
+  const char *env[] = {"RANK=1",
+                       "WORLD_SIZE=2",
+                       "OMPI_COMM_WORLD_RANK=0",
+                       "OMPI_COMM_WORLD_SIZE=2",
+                       "SLURM_PROCID=0",
+                       "SLURM_NTASKS=2",
+                       NULL};
   wf_launch l;
   char err[512];
   assert_int_equal(detect(&l, env, err), WF_OK);
@@ -164,8 +182,7 @@ static void test_bad_environment(void **state)
   expect_detect_error(e6, "local rank 3 is not below local size 2");
 }
 
-static void expect_cross_error(const char **env, int r, int n, int lr, int ln,
-                               const char *needle)
+static void expect_cross_error(const char **env, int r, int n, int lr, int ln, const char *needle)
 {
   wf_launch l;
   char err[512];

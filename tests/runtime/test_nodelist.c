@@ -61,7 +61,6 @@ static void test_errors(void **state)
 
 int main(void)
 {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_forms),
-                                     cmocka_unit_test(test_errors)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_forms), cmocka_unit_test(test_errors)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
