@@ -1,10 +1,12 @@
 /*
  * module.c - finding and loading run-time modules (the GPU backends).
  *
- * Search order: $WEFT_MODULE_PATH entries, the executable's directory, its
+ * Search order: when $WEFT_MODULE_PATH is set, its entries and nothing else;
+ * otherwise the executable's directory, its ../kernels/cuda, ../collectives/nccl,
  * ../kernels and ../collectives (the meson build tree), its ../lib/weft (an
- * install), then the dynamic linker's own path. The reason for the last failure is
- * kept because it is what users need to read ("libcudart.so.13: cannot open ...").
+ * install), then the dynamic linker's own path. A module that exists but fails to
+ * load gives the most useful reason ("libcudart.so.13: cannot open ..."), so that
+ * one is kept.
  */
 #include <dlfcn.h>
 #include <limits.h>
@@ -45,11 +47,15 @@ void *wf_module_open(const char *name, char *why, size_t why_len)
   snprintf(file, sizeof file, "lib%s.so", name);
   const char *env = getenv("WEFT_MODULE_PATH");
   if (env && *env) {
+    /* An explicit path is the whole search: tests and users who set it mean it. */
     char list[PATH_MAX];
     wf_strlcpy(list, env, sizeof list);
     for (char *save = NULL, *d = strtok_r(list, ":", &save); d && !h;
          d = strtok_r(NULL, ":", &save))
       h = try_open(d, file, why, why_len, &have_reason);
+    if (!h && !have_reason && why && why_len)
+      snprintf(why, why_len, "%s not found in WEFT_MODULE_PATH=%s", file, env);
+    return h;
   }
   ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
   if (!h && n > 0) {
@@ -57,7 +63,8 @@ void *wf_module_open(const char *name, char *why, size_t why_len)
     char *slash = strrchr(exe, '/');
     if (slash)
       *slash = '\0';
-    static const char *rel[] = {"", "/../kernels", "/../collectives", "/../lib/weft"};
+    static const char *rel[] = {"",           "/../kernels/cuda", "/../collectives/nccl",
+                                "/../kernels", "/../collectives",   "/../lib/weft"};
     for (size_t i = 0; i < WF_ARRAY_LEN(rel) && !h; i++) {
       snprintf(dir, sizeof dir, "%s%s", exe, rel[i]);
       h = try_open(dir, file, why, why_len, &have_reason);
@@ -65,6 +72,8 @@ void *wf_module_open(const char *name, char *why, size_t why_len)
   }
   if (!h)
     h = try_open(NULL, file, why, why_len, &have_reason);
+  if (!h && !have_reason && why && why_len)
+    snprintf(why, why_len, "%s not built or not found (set WEFT_MODULE_PATH)", file);
   return h;
 }
 
