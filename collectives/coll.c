@@ -1,0 +1,245 @@
+/*
+ * coll.c - the collective operations: argument checks, backend choice, recording.
+ *
+ * Each public call fills an op_desc and goes through run(): validate (cheap, local),
+ * pick the backend from where the buffer lives, optionally check agreement across
+ * ranks, take a sequence number, then hand over to the MPI or NCCL poster. Blocking
+ * MPI calls go straight to the blocking MPI function (MPI_Allreduce, not
+ * Iallreduce + Wait), so the host path costs one MPI call plus a few stores.
+ */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm_int.h"
+#include "wf_check.h"
+
+size_t wf__dtype_size(wf_comm_dtype dt) { return dt == WF_COMM_BF16 ? 2 : 4; }
+
+/* [a, a+an) and [b, b+bn) share a byte. */
+static bool overlaps(const void *a, size_t an, const void *b, size_t bn)
+{
+  const char *x = a, *y = b;
+  return an && bn && x < y + bn && y < x + an;
+}
+
+/* The in-place layouts and the overlaps that are errors (see wf_collectives.h). */
+static wf_status check_layout(const wf_comm *c, const wf__op *d)
+{
+  size_t es = wf__dtype_size(d->dt), blk = d->count * es, full = blk * (size_t)c->size;
+  const char *s = d->send, *r = d->recv;
+  if (d->op == WF_OP_REDUCE_SCATTER && s + blk * (size_t)c->rank != r &&
+      overlaps(s, full, r, blk)) {
+    WF_ERROR("comm '%s': reduce_scatter buffers overlap but recv != send + rank * recv_count "
+             "(rank %d); pass that exact pointer for in place, or disjoint buffers",
+             c->name, c->rank);
+    return WF_EINVAL;
+  }
+  if (d->op == WF_OP_ALLGATHER && r + blk * (size_t)c->rank != s && overlaps(r, full, s, blk)) {
+    WF_ERROR("comm '%s': allgather buffers overlap but send != recv + rank * send_count "
+             "(rank %d); pass that exact pointer for in place, or disjoint buffers",
+             c->name, c->rank);
+    return WF_EINVAL;
+  }
+  if (d->op == WF_OP_ALLREDUCE && s != r && overlaps(s, blk, r, blk)) {
+    WF_ERROR("comm '%s': allreduce buffers partly overlap; use send == recv for in place", c->name);
+    return WF_EINVAL;
+  }
+  return WF_OK;
+}
+
+static wf_status validate(const wf_comm *c, const wf__op *d)
+{
+  const char *name = wf_comm_op_name(d->op);
+  if (!c) {
+    WF_ERROR("%s: communicator is NULL", name);
+    return WF_EINVAL;
+  }
+  if ((unsigned)d->dt > WF_COMM_BF16 || (unsigned)d->redop > WF_COMM_AVG) {
+    WF_ERROR("comm '%s' %s: unknown dtype %d or reduction %d", c->name, name, (int)d->dt,
+             (int)d->redop);
+    return WF_EINVAL;
+  }
+  size_t limit = (size_t)INT_MAX /
+                 (d->op == WF_OP_ALLGATHER || d->op == WF_OP_REDUCE_SCATTER ? (size_t)c->size : 1u);
+  if (d->count > limit) {
+    WF_ERROR("comm '%s' %s: count %zu exceeds the MPI int limit (%zu); split the buffer", c->name,
+             name, d->count, limit);
+    return WF_EINVAL;
+  }
+  if (d->count && ((!d->send && d->op != WF_OP_RECV) || (!d->recv && d->op != WF_OP_SEND))) {
+    WF_ERROR("comm '%s' %s: NULL buffer with count %zu", c->name, name, d->count);
+    return WF_EINVAL;
+  }
+  if (d->has_peer && (d->peer < 0 || d->peer >= c->size)) {
+    WF_ERROR("comm '%s' %s: %s %d out of range (size %d)", c->name, name,
+             d->op == WF_OP_BCAST ? "root" : "peer", d->peer, c->size);
+    return WF_EINVAL;
+  }
+  if (c->group_depth > 0 && d->op != WF_OP_SEND && d->op != WF_OP_RECV) {
+    WF_ERROR("comm '%s': %s inside a group; only send and recv may be grouped", c->name, name);
+    return WF_EINVAL;
+  }
+  return check_layout(c, d);
+}
+
+/* Every rank learns the min and max of each field with one small MPI_Allreduce, so
+ * a mismatch fails on every rank alike instead of hanging or corrupting memory. */
+static wf_status agree(wf_comm *c, const wf__op *d)
+{
+  wf_status st = WF_OK;
+  static const char *what[] = {"operation", "dtype", "reduction", "count", "root"};
+  int64_t mine[5] = {d->op, d->dt, d->redop, (int64_t)d->count, d->peer}, v[10];
+  for (int i = 0; i < 5; i++) {
+    v[i] = mine[i];
+    v[5 + i] = -mine[i];
+  }
+  WF_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, v, 10, MPI_INT64_T, MPI_MAX, c->mpi));
+  for (int i = 0; i < 5; i++)
+    WF_CHECK(v[i] == -v[5 + i], WF_EINVAL,
+             "comm '%s' seq %llu: %s %s differs across ranks (min %lld, max %lld, this rank "
+             "%lld); every rank must call the same collective with the same arguments",
+             c->name, (unsigned long long)wf_comm_next_seq(c), wf_comm_op_name(d->op), what[i],
+             (long long)-v[5 + i], (long long)v[i], (long long)mine[i]);
+fail:
+  return st;
+}
+
+static size_t trace_bytes(const wf_comm *c, const wf__op *d)
+{
+  size_t b = d->count * wf__dtype_size(d->dt);
+  return d->op == WF_OP_REDUCE_SCATTER ? b * (size_t)c->size : b;
+}
+
+wf_status wf__run(wf_comm *c, const wf__op *d, wf_req **req)
+{
+  wf_status st = WF_OK;
+  if (req)
+    *req = NULL;
+  WF_TRY(validate(c, d));
+  bool dev = wf__on_device(c, d->op == WF_OP_SEND ? d->send : d->recv);
+  if (!dev && d->dt != WF_COMM_F32) {
+    WF_ERROR("comm '%s' %s: bf16 needs device buffers (NCCL); host buffers are float32 only",
+             c->name, wf_comm_op_name(d->op));
+    return WF_EUNSUPPORTED;
+  }
+  if (c->group_depth > 0)
+    return wf__group_add(c, d, dev);
+  if (c->check && d->op != WF_OP_SEND && d->op != WF_OP_RECV)
+    WF_TRY(agree(c, d));
+  uint64_t seq =
+      wf__trace_begin(c, d->op, d->count, d->dt, trace_bytes(c, d), d->peer, dev, WF_STATE_RUNNING);
+  st = dev ? wf__nccl_post(c, d, seq, req) : wf__mpi_post(c, d, seq, req);
+  if (st != WF_OK || !req)
+    wf__trace_end(c, seq, st);
+fail:
+  return st;
+}
+
+static wf__op mk(wf_comm_op op, const void *send, void *recv, size_t count, wf_comm_dtype dt,
+                 wf_comm_redop redop, int peer)
+{
+  bool has_peer = op == WF_OP_BCAST || op == WF_OP_SEND || op == WF_OP_RECV;
+  wf__op d = {op, send, recv, count, dt, redop, has_peer ? peer : -1, has_peer};
+  return d;
+}
+
+wf_status wf_comm_allreduce(wf_comm *c, const void *send, void *recv, size_t count,
+                            wf_comm_dtype dt, wf_comm_redop op)
+{
+  wf__op d = mk(WF_OP_ALLREDUCE, send, recv, count, dt, op, -1);
+  return wf__run(c, &d, NULL);
+}
+
+wf_status wf_comm_iallreduce(wf_comm *c, const void *send, void *recv, size_t count,
+                             wf_comm_dtype dt, wf_comm_redop op, wf_req **req)
+{
+  wf__op d = mk(WF_OP_ALLREDUCE, send, recv, count, dt, op, -1);
+  return req ? wf__run(c, &d, req) : WF_EINVAL;
+}
+
+wf_status wf_comm_reduce_scatter(wf_comm *c, const void *send, void *recv, size_t recv_count,
+                                 wf_comm_dtype dt, wf_comm_redop op)
+{
+  wf__op d = mk(WF_OP_REDUCE_SCATTER, send, recv, recv_count, dt, op, -1);
+  return wf__run(c, &d, NULL);
+}
+
+wf_status wf_comm_ireduce_scatter(wf_comm *c, const void *send, void *recv, size_t recv_count,
+                                  wf_comm_dtype dt, wf_comm_redop op, wf_req **req)
+{
+  wf__op d = mk(WF_OP_REDUCE_SCATTER, send, recv, recv_count, dt, op, -1);
+  return req ? wf__run(c, &d, req) : WF_EINVAL;
+}
+
+wf_status wf_comm_allgather(wf_comm *c, const void *send, void *recv, size_t send_count,
+                            wf_comm_dtype dt)
+{
+  wf__op d = mk(WF_OP_ALLGATHER, send, recv, send_count, dt, WF_COMM_SUM, -1);
+  return wf__run(c, &d, NULL);
+}
+
+wf_status wf_comm_iallgather(wf_comm *c, const void *send, void *recv, size_t send_count,
+                             wf_comm_dtype dt, wf_req **req)
+{
+  wf__op d = mk(WF_OP_ALLGATHER, send, recv, send_count, dt, WF_COMM_SUM, -1);
+  return req ? wf__run(c, &d, req) : WF_EINVAL;
+}
+
+wf_status wf_comm_bcast(wf_comm *c, void *buf, size_t count, wf_comm_dtype dt, int root)
+{
+  wf__op d = mk(WF_OP_BCAST, buf, buf, count, dt, WF_COMM_SUM, root);
+  return wf__run(c, &d, NULL);
+}
+
+wf_status wf_comm_ibcast(wf_comm *c, void *buf, size_t count, wf_comm_dtype dt, int root,
+                         wf_req **req)
+{
+  wf__op d = mk(WF_OP_BCAST, buf, buf, count, dt, WF_COMM_SUM, root);
+  return req ? wf__run(c, &d, req) : WF_EINVAL;
+}
+
+wf_status wf_comm_barrier(wf_comm *c)
+{
+  wf__op d = mk(WF_OP_BARRIER, NULL, NULL, 0, WF_COMM_F32, WF_COMM_SUM, -1);
+  return wf__run(c, &d, NULL);
+}
+
+wf_status wf_comm_send(wf_comm *c, const void *buf, size_t count, wf_comm_dtype dt, int peer)
+{
+  wf__op d = mk(WF_OP_SEND, buf, NULL, count, dt, WF_COMM_SUM, peer);
+  return wf__run(c, &d, NULL);
+}
+
+wf_status wf_comm_recv(wf_comm *c, void *buf, size_t count, wf_comm_dtype dt, int peer)
+{
+  wf__op d = mk(WF_OP_RECV, NULL, buf, count, dt, WF_COMM_SUM, peer);
+  return wf__run(c, &d, NULL);
+}
+
+wf_status wf_comm_isend(wf_comm *c, const void *buf, size_t count, wf_comm_dtype dt, int peer,
+                        wf_req **req)
+{
+  wf__op d = mk(WF_OP_SEND, buf, NULL, count, dt, WF_COMM_SUM, peer);
+  if (req)
+    *req = NULL;
+  if (c && c->group_depth > 0) {
+    WF_ERROR("comm '%s': isend inside a group; use wf_comm_send there", c->name);
+    return WF_EINVAL;
+  }
+  return req ? wf__run(c, &d, req) : WF_EINVAL;
+}
+
+wf_status wf_comm_irecv(wf_comm *c, void *buf, size_t count, wf_comm_dtype dt, int peer,
+                        wf_req **req)
+{
+  wf__op d = mk(WF_OP_RECV, NULL, buf, count, dt, WF_COMM_SUM, peer);
+  if (req)
+    *req = NULL;
+  if (c && c->group_depth > 0) {
+    WF_ERROR("comm '%s': irecv inside a group; use wf_comm_recv there", c->name);
+    return WF_EINVAL;
+  }
+  return req ? wf__run(c, &d, req) : WF_EINVAL;
+}

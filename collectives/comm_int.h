@@ -1,0 +1,118 @@
+/*
+ * comm_int.h - private structures of the collectives module.
+ *
+ * Flight recorder: each communicator owns a ring of WF_COMM_TRACE_LEN slots.
+ * `next_seq` is the single atomic index: an operation takes seq = next_seq and
+ * writes slot seq % WF_COMM_TRACE_LEN. Each slot is a seqlock: its `version` is odd
+ * while the driving thread writes it and even when it is stable, so a reader on
+ * another thread (the watchdog) copies a slot, re-reads the version and retries on a
+ * change. Fields are relaxed atomics, so the C11 memory model has no data race and
+ * x86 pays nothing for them. Only the thread driving the communicator writes.
+ */
+#ifndef WF_COMM_INT_H
+#define WF_COMM_INT_H
+
+#include <mpi.h>
+#include <stdatomic.h>
+
+#include "nccl_int.h"
+#include "wf_collectives.h"
+
+typedef struct wf__trace_slot {
+  atomic_uint_fast64_t version;
+  atomic_uint_fast64_t seq, count, bytes, start_ns, end_ns;
+  atomic_int op, state, dtype, peer, device;
+} wf__trace_slot;
+
+/* One queued send or receive of an open group. */
+typedef struct wf__p2p {
+  void *buf;
+  int count; /* elements */
+  int peer;
+  wf_comm_dtype dt;
+  bool is_send;
+  bool device;
+  uint64_t seq;
+} wf__p2p;
+
+struct wf_comm {
+  MPI_Comm mpi;
+  int rank, size;
+  char name[32];
+  bool check; /* cross-rank agreement check before each collective */
+
+  /* NCCL side, set by wf_comm_enable_nccl. */
+  void *nccl_module;
+  const wf__nccl_ops *nccl;
+  void *nc;
+
+  /* Open group of point-to-point operations (MPI path). */
+  int group_depth;
+  wf__p2p *group;
+  int group_len, group_cap;
+
+  atomic_uint_fast64_t next_seq;
+  wf__trace_slot ring[WF_COMM_TRACE_LEN];
+};
+
+/* What a request finishes with after its transfers complete. */
+struct wf_req {
+  wf_comm *c;
+  uint64_t seq_first; /* trace entries seq_first .. seq_first + nseq - 1 */
+  int nseq;
+  /* MPI path: n requests, inline for the usual one or two. */
+  int n;
+  MPI_Request *mreq;
+  MPI_Request inline_req[2];
+  int *expect; /* per request: expected receive bytes, or -1 when not a receive */
+  int inline_expect[2];
+  /* Post-processing of the MPI path: scale (avg), then move (in-place RS). */
+  float *scale_buf;
+  size_t scale_count;
+  float scale;
+  void *move_dst;
+  const void *move_src;
+  size_t move_bytes;
+  /* NCCL path: an event on the communication stream. */
+  void *event;
+};
+
+/* One operation as the public call described it. `count` is per the public API
+ * (recv_count for reduce-scatter, send_count for allgather); `peer` is the root,
+ * destination or source as the caller passed it when has_peer, else -1. */
+typedef struct wf__op {
+  wf_comm_op op;
+  const void *send;
+  void *recv;
+  size_t count;
+  wf_comm_dtype dt;
+  wf_comm_redop redop;
+  int peer;
+  bool has_peer;
+} wf__op;
+
+/* coll.c: validate, record and dispatch; req == NULL means blocking. */
+wf_status wf__run(wf_comm *c, const wf__op *d, wf_req **req);
+
+/* mpi.c: post on MPI; blocking when req == NULL. */
+wf_status wf__mpi_post(wf_comm *c, const wf__op *d, uint64_t seq, wf_req **req);
+wf_status wf__req_new(wf_comm *c, int n, wf_req **out);
+
+/* group.c */
+wf_status wf__group_add(wf_comm *c, const wf__op *d, bool device);
+
+/* trace.c */
+uint64_t wf__trace_begin(wf_comm *c, wf_comm_op op, size_t count, wf_comm_dtype dt, size_t bytes,
+                         int peer, bool device, wf_comm_state state);
+void wf__trace_set_state(wf_comm *c, uint64_t seq, wf_comm_state state);
+void wf__trace_end(wf_comm *c, uint64_t seq, wf_status st);
+
+/* nccl.c */
+bool wf__on_device(const wf_comm *c, const void *ptr);
+wf_status wf__nccl_post(wf_comm *c, const wf__op *d, uint64_t seq, wf_req **req);
+void wf__nccl_fini(wf_comm *c);
+
+/* coll.c */
+size_t wf__dtype_size(wf_comm_dtype dt);
+
+#endif /* WF_COMM_INT_H */

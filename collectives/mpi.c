@@ -1,0 +1,257 @@
+/*
+ * mpi.c - the MPI backend (host buffers) and request completion.
+ *
+ * The caller's buffers go to MPI untouched: no staging copies. Two operations need
+ * work after the transfer, done in finish() after the blocking call or at wait/test:
+ *  - WF_COMM_AVG: MPI has no average, so the sum is scaled by 1/size in place;
+ *  - in-place reduce-scatter on rank r > 0: MPI_IN_PLACE leaves the result at the
+ *    start of the buffer, and weft's layout wants it at block r (one block copied).
+ * A receive checks the size of the message it got, so a count mismatch between
+ * sender and receiver is an error and not silent garbage.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm_int.h"
+#include "wf_check.h"
+
+#define TAG 0x77ef
+
+static wf_status finish_post(wf_req *r)
+{
+  if (r->move_bytes)
+    memcpy(r->move_dst, r->move_src, r->move_bytes);
+  for (size_t i = 0; i < r->scale_count; i++)
+    r->scale_buf[i] *= r->scale;
+  return WF_OK;
+}
+
+wf_status wf__req_new(wf_comm *c, int n, wf_req **out)
+{
+  wf_req *r = calloc(1, sizeof *r);
+  if (!r)
+    return WF_ENOMEM;
+  r->c = c;
+  r->n = n;
+  r->mreq = r->inline_req;
+  r->expect = r->inline_expect;
+  if (n > 2) {
+    r->mreq = malloc((size_t)n * sizeof *r->mreq);
+    r->expect = malloc((size_t)n * sizeof *r->expect);
+    if (!r->mreq || !r->expect) {
+      free(r->mreq);
+      free(r->expect);
+      free(r);
+      return WF_ENOMEM;
+    }
+  }
+  for (int i = 0; i < n; i++) {
+    r->mreq[i] = MPI_REQUEST_NULL;
+    r->expect[i] = -1;
+  }
+  *out = r;
+  return WF_OK;
+}
+
+static void req_free(wf_req *r)
+{
+  if (r->mreq != r->inline_req)
+    free(r->mreq);
+  if (r->expect != r->inline_expect)
+    free(r->expect);
+  free(r);
+}
+
+/* Fill in the post-processing of `d` (average, in-place move) into `r`. */
+static void plan_finish(wf_comm *c, const wf__op *d, wf_req *r)
+{
+  bool rs_in_place = d->op == WF_OP_REDUCE_SCATTER && c->rank > 0 &&
+                     (const float *)d->send + d->count * (size_t)c->rank == d->recv;
+  if (rs_in_place) {
+    r->move_dst = d->recv;
+    r->move_src = d->send;
+    r->move_bytes = d->count * sizeof(float);
+  }
+  if (d->redop == WF_COMM_AVG && c->size > 1 &&
+      (d->op == WF_OP_ALLREDUCE || d->op == WF_OP_REDUCE_SCATTER)) {
+    r->scale_buf = d->recv;
+    r->scale_count = d->count;
+    r->scale = 1.0f / (float)c->size;
+  }
+}
+
+static wf_status check_recv(wf_comm *c, const MPI_Status *s, int expect, int peer)
+{
+  int got = 0;
+  if (MPI_Get_count(s, MPI_BYTE, &got) != MPI_SUCCESS || got == expect)
+    return WF_OK;
+  WF_ERROR("comm '%s': recv from rank %d expected %d bytes but the message has %d; sender and "
+           "receiver must pass the same count",
+           c->name, peer, expect, got);
+  return WF_EINVAL;
+}
+
+/* Start the MPI operation; `r` receives the request (non-blocking) or is NULL. */
+static wf_status post(wf_comm *c, const wf__op *d, wf_req *r)
+{
+  wf_status st = WF_OK;
+  MPI_Request *q = r ? &r->mreq[0] : NULL;
+  int n = (int)d->count, p = d->peer;
+  const void *s = d->send == d->recv ? MPI_IN_PLACE : d->send;
+  MPI_Status status;
+  switch (d->op) {
+  case WF_OP_ALLREDUCE:
+    WF_CHECK_MPI(q ? MPI_Iallreduce(s, d->recv, n, MPI_FLOAT, MPI_SUM, c->mpi, q)
+                   : MPI_Allreduce(s, d->recv, n, MPI_FLOAT, MPI_SUM, c->mpi));
+    break;
+  case WF_OP_REDUCE_SCATTER: {
+    bool inplace = (const float *)d->send + d->count * (size_t)c->rank == d->recv;
+    const void *sb = inplace ? MPI_IN_PLACE : d->send;
+    void *rb = inplace ? (void *)d->send : d->recv;
+    WF_CHECK_MPI(q ? MPI_Ireduce_scatter_block(sb, rb, n, MPI_FLOAT, MPI_SUM, c->mpi, q)
+                   : MPI_Reduce_scatter_block(sb, rb, n, MPI_FLOAT, MPI_SUM, c->mpi));
+    break;
+  }
+  case WF_OP_ALLGATHER: {
+    bool inplace = (const float *)d->recv + d->count * (size_t)c->rank == d->send;
+    const void *sb = inplace ? MPI_IN_PLACE : d->send;
+    WF_CHECK_MPI(q ? MPI_Iallgather(sb, n, MPI_FLOAT, d->recv, n, MPI_FLOAT, c->mpi, q)
+                   : MPI_Allgather(sb, n, MPI_FLOAT, d->recv, n, MPI_FLOAT, c->mpi));
+    break;
+  }
+  case WF_OP_BCAST:
+    WF_CHECK_MPI(q ? MPI_Ibcast(d->recv, n, MPI_FLOAT, p, c->mpi, q)
+                   : MPI_Bcast(d->recv, n, MPI_FLOAT, p, c->mpi));
+    break;
+  case WF_OP_SEND:
+    WF_CHECK_MPI(q ? MPI_Isend(d->send, n, MPI_FLOAT, p, TAG, c->mpi, q)
+                   : MPI_Send(d->send, n, MPI_FLOAT, p, TAG, c->mpi));
+    break;
+  case WF_OP_RECV:
+    if (q)
+      r->expect[0] = n * (int)sizeof(float);
+    WF_CHECK_MPI(q ? MPI_Irecv(d->recv, n, MPI_FLOAT, p, TAG, c->mpi, q)
+                   : MPI_Recv(d->recv, n, MPI_FLOAT, p, TAG, c->mpi, &status));
+    if (!q)
+      WF_TRY(check_recv(c, &status, n * (int)sizeof(float), p));
+    break;
+  case WF_OP_BARRIER: WF_CHECK_MPI(q ? MPI_Ibarrier(c->mpi, q) : MPI_Barrier(c->mpi)); break;
+  default: return WF_EINVAL;
+  }
+fail:
+  return st;
+}
+
+wf_status wf__mpi_post(wf_comm *c, const wf__op *d, uint64_t seq, wf_req **req)
+{
+  wf_status st = WF_OK;
+  wf_req *r = NULL, plan = {0};
+  if (!req) {
+    WF_TRY(post(c, d, NULL));
+    plan_finish(c, d, &plan);
+    return finish_post(&plan);
+  }
+  WF_TRY(wf__req_new(c, 1, &r));
+  r->seq_first = seq;
+  r->nseq = 1;
+  plan_finish(c, d, r);
+  WF_TRY(post(c, d, r));
+  *req = r;
+  return WF_OK;
+fail:
+  if (r)
+    req_free(r);
+  return st;
+}
+
+/* ---- completion ---------------------------------------------------------------- */
+
+/* After the MPI requests completed: check receive sizes, post-process, record. */
+static wf_status complete(wf_req *r, MPI_Status *statuses, wf_status st)
+{
+  for (int i = 0; st == WF_OK && i < r->n; i++)
+    if (r->expect[i] >= 0)
+      st = check_recv(r->c, &statuses[i], r->expect[i], statuses[i].MPI_SOURCE);
+  if (st == WF_OK && r->event)
+    st = r->c->nccl->event_wait(r->event);
+  if (st == WF_OK)
+    st = finish_post(r);
+  for (int i = 0; i < r->nseq; i++)
+    wf__trace_end(r->c, r->seq_first + (uint64_t)i, st);
+  if (r->event)
+    r->c->nccl->event_destroy(r->event);
+  req_free(r);
+  return st;
+}
+
+static MPI_Status *statuses_for(wf_req *r, MPI_Status *small, int small_len)
+{
+  return r->n <= small_len ? small : malloc((size_t)r->n * sizeof(MPI_Status));
+}
+
+wf_status wf_req_wait(wf_req **req)
+{
+  wf_status st = WF_OK;
+  MPI_Status small[4], *stat = NULL;
+  if (!req || !*req)
+    return WF_OK;
+  wf_req *r = *req;
+  *req = NULL;
+  stat = statuses_for(r, small, 4);
+  WF_CHECK_ALLOC(stat);
+  if (r->n)
+    WF_CHECK_MPI(MPI_Waitall(r->n, r->mreq, stat));
+exit:
+  st = complete(r, stat, st);
+  if (stat != small)
+    free(stat);
+  return st;
+fail:
+  goto exit;
+}
+
+wf_status wf_req_test(wf_req **req, bool *done)
+{
+  wf_status st = WF_OK;
+  MPI_Status small[4], *stat = NULL;
+  int flag = 1;
+  bool ev_done = true;
+  if (!done)
+    return WF_EINVAL;
+  *done = true;
+  if (!req || !*req)
+    return WF_OK;
+  wf_req *r = *req;
+  *done = false;
+  stat = statuses_for(r, small, 4);
+  WF_CHECK_ALLOC(stat);
+  if (r->n)
+    WF_CHECK_MPI(MPI_Testall(r->n, r->mreq, &flag, stat));
+  if (flag && r->event)
+    WF_TRY(r->c->nccl->event_query(r->event, &ev_done));
+  if (flag && ev_done) {
+    *done = true;
+    *req = NULL;
+    st = complete(r, stat, WF_OK);
+  }
+exit:
+  if (stat != small)
+    free(stat);
+  return st;
+fail: /* the request ends here, failed, so that nobody waits on it forever */
+  *done = true;
+  *req = NULL;
+  st = complete(r, stat, st);
+  goto exit;
+}
+
+wf_status wf_req_waitall(wf_req **reqs, int n)
+{
+  wf_status first = WF_OK;
+  for (int i = 0; reqs && i < n; i++) {
+    wf_status st = wf_req_wait(&reqs[i]);
+    if (first == WF_OK)
+      first = st;
+  }
+  return first;
+}

@@ -1,0 +1,184 @@
+/*
+ * nccl.c - the device (NCCL) side of a communicator, as seen from the static library.
+ *
+ * NCCL and the CUDA runtime live in the weft_nccl module (collectives/nccl/), loaded
+ * with dlopen so that this library, and the worker, start on machines without CUDA.
+ * Bootstrap is the usual one over MPI: rank 0 of the communicator calls
+ * ncclGetUniqueId, MPI_Bcast carries the id, every rank calls ncclCommInitRank.
+ * Before that, all ranks agree (one MPI_Allreduce) that each of them can go on, so a
+ * rank without a GPU makes every rank return WF_ENODEV instead of leaving the others
+ * blocked in NCCL's bootstrap.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "comm_int.h"
+#include "wf_check.h"
+
+static wf_status load_module(wf_gpu *gpu, void **mod, const wf__nccl_ops **ops, char *why,
+                             size_t len)
+{
+  int devices = 0;
+  if (!gpu) {
+    snprintf(why, len, "no GPU backend is loaded (CPU run); collectives use MPI");
+    return WF_ENODEV;
+  }
+  char reason[512] = "";
+  *mod = wf_module_open("weft_nccl", reason, sizeof reason);
+  if (!*mod) {
+    snprintf(why, len, "cannot load the NCCL module libweft_nccl.so: %s", reason);
+    return WF_ENODEV;
+  }
+  wf__nccl_entry_fn entry;
+  void *sym = wf_module_sym(*mod, WF__NCCL_ENTRY);
+  memcpy(&entry, &sym, sizeof entry); /* object to function pointer, as dlsym intends */
+  *ops = entry ? entry() : NULL;
+  if (!*ops || (*ops)->abi != WF__NCCL_ABI) {
+    snprintf(why, len, "libweft_nccl.so is from another build (ABI %d, want %d); rebuild",
+             *ops ? (*ops)->abi : -1, WF__NCCL_ABI);
+    return WF_ENODEV;
+  }
+  wf_status st = (*ops)->init(wf_vlog, &devices, reason, sizeof reason);
+  if (st != WF_OK || devices <= 0) {
+    snprintf(why, len, "no CUDA device: %s", reason[0] ? reason : "device count is 0");
+    return WF_ENODEV;
+  }
+  return WF_OK;
+}
+
+/* Rank 0's unique id, with its status, so a failure there does not hang the others. */
+static wf_status bcast_id(wf_comm *c, const wf__nccl_ops *o, unsigned char *id)
+{
+  wf_status st = WF_OK;
+  struct {
+    int st;
+    unsigned char id[WF__NCCL_ID_BYTES];
+  } msg = {0};
+  if (c->rank == 0)
+    msg.st = o->get_unique_id(msg.id);
+  WF_CHECK_MPI(MPI_Bcast(&msg, (int)sizeof msg, MPI_BYTE, 0, c->mpi));
+  WF_CHECK(msg.st == WF_OK, WF_ENCCL, "comm '%s': ncclGetUniqueId failed on rank 0", c->name);
+  memcpy(id, msg.id, sizeof msg.id);
+fail:
+  return st;
+}
+
+/* True on every rank when `ok` is true on every rank. */
+static wf_status all_ok(wf_comm *c, bool ok, bool *all)
+{
+  wf_status st = WF_OK;
+  int mine = ok, min = 0;
+  WF_CHECK_MPI(MPI_Allreduce(&mine, &min, 1, MPI_INT, MPI_MIN, c->mpi));
+  *all = min != 0;
+fail:
+  return st;
+}
+
+wf_status wf_comm_enable_nccl(wf_comm *c, wf_gpu *gpu, char *why, size_t why_len)
+{
+  wf_status st = WF_OK;
+  char local[512] = "";
+  void *mod = NULL, *nc = NULL;
+  const wf__nccl_ops *o = NULL;
+  unsigned char id[WF__NCCL_ID_BYTES];
+  bool all = false;
+  if (!c)
+    return WF_EINVAL;
+  if (c->nc)
+    return WF_OK;
+  wf_status local_st = load_module(gpu, &mod, &o, local, sizeof local);
+  WF_TRY(all_ok(c, local_st == WF_OK, &all));
+  if (!all) {
+    st = WF_ENODEV;
+    if (local_st == WF_OK)
+      snprintf(local, sizeof local, "another rank of comm '%s' has no usable GPU", c->name);
+    goto fail;
+  }
+  WF_TRY(bcast_id(c, o, id));
+  local_st = o->comm_create(&nc, id, c->size, c->rank);
+  WF_TRY(all_ok(c, local_st == WF_OK, &all));
+  WF_CHECK(all, WF_ENCCL, "comm '%s': ncclCommInitRank failed on %s", c->name,
+           local_st == WF_OK ? "another rank" : "this rank");
+  c->nccl_module = mod;
+  c->nccl = o;
+  c->nc = nc;
+  WF_DEBUG("comm '%s': NCCL enabled (%d ranks)", c->name, c->size);
+  return WF_OK;
+fail:
+  if (nc)
+    o->comm_destroy(nc);
+  wf_module_close(mod);
+  if (why && why_len)
+    snprintf(why, why_len, "%s", local[0] ? local : wf_status_str(st));
+  return st;
+}
+
+bool wf_comm_has_nccl(const wf_comm *c) { return c && c->nc; }
+
+void wf_comm_set_compute_stream(wf_comm *c, void *stream)
+{
+  if (c && c->nc)
+    c->nccl->set_dep_stream(c->nc, stream);
+}
+
+wf_status wf_comm_abort(wf_comm *c)
+{
+  if (!c)
+    return WF_EINVAL;
+  if (!c->nc)
+    return WF_EUNSUPPORTED;
+  return c->nccl->comm_abort(c->nc);
+}
+
+void wf__nccl_fini(wf_comm *c)
+{
+  if (c->nc)
+    c->nccl->comm_destroy(c->nc);
+  wf_module_close(c->nccl_module);
+  c->nc = NULL;
+  c->nccl = NULL;
+  c->nccl_module = NULL;
+}
+
+bool wf__on_device(const wf_comm *c, const void *ptr)
+{
+  return c->nc && ptr && c->nccl->is_device_ptr(ptr);
+}
+
+static wf_status enqueue(wf_comm *c, const wf__op *d)
+{
+  const wf__nccl_ops *o = c->nccl;
+  switch (d->op) {
+  case WF_OP_ALLREDUCE: return o->allreduce(c->nc, d->send, d->recv, d->count, d->dt, d->redop);
+  case WF_OP_REDUCE_SCATTER:
+    return o->reduce_scatter(c->nc, d->send, d->recv, d->count, d->dt, d->redop);
+  case WF_OP_ALLGATHER: return o->allgather(c->nc, d->send, d->recv, d->count, d->dt);
+  case WF_OP_BCAST: return o->bcast(c->nc, d->recv, d->count, d->dt, d->peer);
+  case WF_OP_SEND: return o->send(c->nc, d->send, d->count, d->dt, d->peer);
+  case WF_OP_RECV: return o->recv(c->nc, d->recv, d->count, d->dt, d->peer);
+  default: return WF_EINVAL;
+  }
+}
+
+/* Blocking: enqueue, then wait for the communication stream. Non-blocking: an event
+ * after the operation, waited for by wf_req_wait. */
+wf_status wf__nccl_post(wf_comm *c, const wf__op *d, uint64_t seq, wf_req **req)
+{
+  wf_status st = WF_OK;
+  wf_req *r = NULL;
+  WF_TRY(enqueue(c, d));
+  if (!req)
+    return c->nccl->stream_sync(c->nc);
+  WF_TRY(wf__req_new(c, 0, &r));
+  r->seq_first = seq;
+  r->nseq = 1;
+  st = c->nccl->event_record(c->nc, &r->event);
+  if (st != WF_OK) {
+    r->nseq = 0;
+    wf_req_wait(&r);
+    return st;
+  }
+  *req = r;
+fail:
+  return st;
+}

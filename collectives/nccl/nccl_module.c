@@ -1,0 +1,295 @@
+/*
+ * nccl_module.c - libweft_nccl.so: NCCL and the CUDA runtime behind the table of
+ * collectives/nccl_int.h.
+ *
+ * This is the only file of the collectives module that links libnccl and
+ * libcudart; the static library dlopen()s it. Each communicator gets its own
+ * communication stream, created on the current device (the one the GPU backend
+ * selected: both modules share the process's libcudart), so communication overlaps
+ * compute. An optional dependency stream (the compute stream) is waited on through
+ * an event before each operation. Aborting (the watchdog) only calls ncclCommAbort
+ * and marks the communicator, which destroy then skips freeing twice.
+ *
+ * The module does not link the runtime library: logging goes through the function
+ * the static side hands to init(), reached by a local wf_log.
+ */
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "nccl_int.h"
+#include "wf_check.h"
+
+_Static_assert(sizeof(ncclUniqueId) == WF__NCCL_ID_BYTES, "ncclUniqueId size changed");
+
+typedef struct ncomm {
+  ncclComm_t comm;
+  cudaStream_t stream;
+  cudaStream_t dep; /* borrowed; may be NULL */
+  cudaEvent_t dep_event;
+  atomic_int aborted;
+} ncomm;
+
+static wf__vlog_fn host_vlog;
+
+/* The check macros call wf_log; here it forwards to the process's logger. */
+__attribute__((visibility("hidden"))) void wf_log(int level, const char *file, int line,
+                                                  const char *fmt, ...)
+{
+  va_list ap;
+  va_start(ap, fmt);
+  if (host_vlog)
+    host_vlog(level, file, line, fmt, ap);
+  else
+    vfprintf(stderr, fmt, ap);
+  va_end(ap);
+}
+
+static wf_status init(wf__vlog_fn vlog, int *devices, char *why, size_t why_len)
+{
+  host_vlog = vlog;
+  *devices = 0;
+  cudaError_t e = cudaGetDeviceCount(devices);
+  if (e != cudaSuccess) {
+    *devices = 0;
+    snprintf(why, why_len, "cudaGetDeviceCount: %s", cudaGetErrorString(e));
+    return WF_ENODEV;
+  }
+  return WF_OK;
+}
+
+static wf_status get_unique_id(void *id)
+{
+  wf_status st = WF_OK;
+  WF_CHECK_NCCL(ncclGetUniqueId((ncclUniqueId *)id));
+fail:
+  return st;
+}
+
+static wf_status comm_create(void **out, const void *id, int nranks, int rank)
+{
+  wf_status st = WF_OK;
+  ncclUniqueId uid;
+  ncomm *n = calloc(1, sizeof *n);
+  WF_CHECK_ALLOC(n);
+  memcpy(&uid, id, sizeof uid);
+  WF_CHECK_CUDA(cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking));
+  WF_CHECK_CUDA(cudaEventCreateWithFlags(&n->dep_event, cudaEventDisableTiming));
+  WF_CHECK_NCCL(ncclCommInitRank(&n->comm, nranks, uid, rank));
+  *out = n;
+  return WF_OK;
+fail:
+  if (n && n->dep_event)
+    cudaEventDestroy(n->dep_event);
+  if (n && n->stream)
+    cudaStreamDestroy(n->stream);
+  free(n);
+  return st;
+}
+
+static void comm_destroy(void *p)
+{
+  ncomm *n = p;
+  if (!n)
+    return;
+  if (!atomic_load(&n->aborted)) {
+    cudaStreamSynchronize(n->stream);
+    ncclCommDestroy(n->comm);
+  }
+  cudaEventDestroy(n->dep_event);
+  cudaStreamDestroy(n->stream);
+  free(n);
+}
+
+static wf_status comm_abort(void *p)
+{
+  wf_status st = WF_OK;
+  ncomm *n = p;
+  if (atomic_exchange(&n->aborted, 1))
+    return WF_OK;
+  WF_CHECK_NCCL(ncclCommAbort(n->comm));
+fail:
+  return st;
+}
+
+static void set_dep_stream(void *p, void *stream) { ((ncomm *)p)->dep = stream; }
+
+/* The communication stream waits for the work already on the dependency stream. */
+static wf_status order_after_dep(ncomm *n)
+{
+  wf_status st = WF_OK;
+  if (!n->dep)
+    return WF_OK;
+  WF_CHECK_CUDA(cudaEventRecord(n->dep_event, n->dep));
+  WF_CHECK_CUDA(cudaStreamWaitEvent(n->stream, n->dep_event, 0));
+fail:
+  return st;
+}
+
+static ncclDataType_t nt(wf_comm_dtype dt)
+{
+  return dt == WF_COMM_BF16 ? ncclBfloat16 : ncclFloat32;
+}
+static ncclRedOp_t nop(wf_comm_redop op) { return op == WF_COMM_AVG ? ncclAvg : ncclSum; }
+
+static wf_status allreduce(void *p, const void *send, void *recv, size_t count, wf_comm_dtype dt,
+                           wf_comm_redop op)
+{
+  wf_status st = WF_OK;
+  ncomm *n = p;
+  WF_TRY(order_after_dep(n));
+  WF_CHECK_NCCL(ncclAllReduce(send, recv, count, nt(dt), nop(op), n->comm, n->stream));
+fail:
+  return st;
+}
+
+static wf_status reduce_scatter(void *p, const void *send, void *recv, size_t recv_count,
+                                wf_comm_dtype dt, wf_comm_redop op)
+{
+  wf_status st = WF_OK;
+  ncomm *n = p;
+  WF_TRY(order_after_dep(n));
+  WF_CHECK_NCCL(ncclReduceScatter(send, recv, recv_count, nt(dt), nop(op), n->comm, n->stream));
+fail:
+  return st;
+}
+
+static wf_status allgather(void *p, const void *send, void *recv, size_t send_count,
+                           wf_comm_dtype dt)
+{
+  wf_status st = WF_OK;
+  ncomm *n = p;
+  WF_TRY(order_after_dep(n));
+  WF_CHECK_NCCL(ncclAllGather(send, recv, send_count, nt(dt), n->comm, n->stream));
+fail:
+  return st;
+}
+
+static wf_status bcast(void *p, void *buf, size_t count, wf_comm_dtype dt, int root)
+{
+  wf_status st = WF_OK;
+  ncomm *n = p;
+  WF_TRY(order_after_dep(n));
+  WF_CHECK_NCCL(ncclBroadcast(buf, buf, count, nt(dt), root, n->comm, n->stream));
+fail:
+  return st;
+}
+
+static wf_status p2p_send(void *p, const void *buf, size_t count, wf_comm_dtype dt, int peer)
+{
+  wf_status st = WF_OK;
+  ncomm *n = p;
+  WF_TRY(order_after_dep(n));
+  WF_CHECK_NCCL(ncclSend(buf, count, nt(dt), peer, n->comm, n->stream));
+fail:
+  return st;
+}
+
+static wf_status p2p_recv(void *p, void *buf, size_t count, wf_comm_dtype dt, int peer)
+{
+  wf_status st = WF_OK;
+  ncomm *n = p;
+  WF_TRY(order_after_dep(n));
+  WF_CHECK_NCCL(ncclRecv(buf, count, nt(dt), peer, n->comm, n->stream));
+fail:
+  return st;
+}
+
+static wf_status group_start(void)
+{
+  wf_status st = WF_OK;
+  WF_CHECK_NCCL(ncclGroupStart());
+fail:
+  return st;
+}
+
+static wf_status group_end(void)
+{
+  wf_status st = WF_OK;
+  WF_CHECK_NCCL(ncclGroupEnd());
+fail:
+  return st;
+}
+
+static wf_status event_record(void *p, void **out)
+{
+  wf_status st = WF_OK;
+  ncomm *n = p;
+  cudaEvent_t ev = NULL;
+  WF_CHECK_CUDA(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  WF_CHECK_CUDA(cudaEventRecord(ev, n->stream));
+  *out = ev;
+  return WF_OK;
+fail:
+  if (ev)
+    cudaEventDestroy(ev);
+  return st;
+}
+
+static wf_status event_query(void *ev, bool *done)
+{
+  wf_status st = WF_OK;
+  cudaError_t e = cudaEventQuery((cudaEvent_t)ev);
+  *done = e == cudaSuccess;
+  if (e == cudaErrorNotReady)
+    return WF_OK;
+  WF_CHECK_CUDA(e);
+fail:
+  return st;
+}
+
+static wf_status event_wait(void *ev)
+{
+  wf_status st = WF_OK;
+  WF_CHECK_CUDA(cudaEventSynchronize((cudaEvent_t)ev));
+fail:
+  return st;
+}
+
+static void event_destroy(void *ev) { cudaEventDestroy((cudaEvent_t)ev); }
+
+static wf_status stream_sync(void *p)
+{
+  wf_status st = WF_OK;
+  WF_CHECK_CUDA(cudaStreamSynchronize(((ncomm *)p)->stream));
+fail:
+  return st;
+}
+
+static bool is_device_ptr(const void *ptr)
+{
+  struct cudaPointerAttributes a;
+  if (cudaPointerGetAttributes(&a, ptr) != cudaSuccess) {
+    cudaGetLastError(); /* clear the sticky-free error of a plain host pointer */
+    return false;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+static const wf__nccl_ops ops = {
+    .abi = WF__NCCL_ABI,
+    .init = init,
+    .get_unique_id = get_unique_id,
+    .comm_create = comm_create,
+    .comm_destroy = comm_destroy,
+    .comm_abort = comm_abort,
+    .set_dep_stream = set_dep_stream,
+    .allreduce = allreduce,
+    .reduce_scatter = reduce_scatter,
+    .allgather = allgather,
+    .bcast = bcast,
+    .send = p2p_send,
+    .recv = p2p_recv,
+    .group_start = group_start,
+    .group_end = group_end,
+    .event_record = event_record,
+    .event_query = event_query,
+    .event_wait = event_wait,
+    .event_destroy = event_destroy,
+    .stream_sync = stream_sync,
+    .is_device_ptr = is_device_ptr,
+};
+
+__attribute__((visibility("default"))) const wf__nccl_ops *wf__nccl_ops_v1(void) { return &ops; }

@@ -1,0 +1,218 @@
+/*
+ * wf_collectives.h - one communicator type over a group of ranks.
+ *
+ * A wf_comm wraps an MPI communicator (always) and, once wf_comm_enable_nccl()
+ * succeeded, an NCCL communicator over the same ranks. Every operation picks its
+ * backend from where the buffer lives: device memory goes to NCCL, host memory to
+ * MPI. The public API carries no MPI, NCCL or CUDA types.
+ *
+ * Invariants and rules:
+ *  - Functions return WF_OK or a negative wf_status; they never exit or abort.
+ *  - Collectives must be called by every rank of the communicator in the same order
+ *    with the same counts, as in MPI and NCCL. Set WEFT_COMM_CHECK=1 (or call
+ *    wf_comm_set_check) to have each collective first verify that counts, dtype,
+ *    operation and root agree on all ranks; a mismatch fails with WF_EINVAL on every
+ *    rank, with a message naming the communicator and sequence number.
+ *  - One thread drives a communicator at a time. Another thread may read its
+ *    flight recorder (wf_comm_trace_snapshot, wf_comm_last_op) at any time: that read
+ *    takes no lock and never blocks the driving thread.
+ *  - Counts are in elements and must fit in an int (the MPI limit).
+ *  - Host (MPI) path: float32 only; bf16 fails with WF_EUNSUPPORTED. Device (NCCL)
+ *    path: float32 and bf16. On the host path weft adds no copies: the MPI call gets
+ *    the caller's buffers (the only exception is the in-place reduce-scatter of a
+ *    rank > 0, which moves its 1/size result block into place; see below).
+ *
+ * Buffer layouts (n = wf_comm_size, r = wf_comm_rank):
+ *  - allreduce(send, recv, count): recv[i] = op over ranks of send[i], i < count.
+ *    In place when send == recv.
+ *  - reduce_scatter(send, recv, recv_count): send holds n * recv_count elements,
+ *    block b = send[b*recv_count .. (b+1)*recv_count). Rank r receives the reduction
+ *    of block r. In place when recv == send + r * recv_count (elements): the reduced
+ *    block lands where it lives in the full buffer (NCCL's convention, what ZeRO
+ *    wants). Any other overlap of send and recv is WF_EINVAL.
+ *  - allgather(send, recv, send_count): recv holds n * send_count elements; block b
+ *    comes from rank b. In place when send == recv + r * send_count.
+ *  - bcast(buf, count, root): buf of every rank becomes root's buf.
+ *  - WF_COMM_AVG divides the sum by n (after summing, in float32).
+ *
+ * Non-blocking calls return a wf_req. The buffers belong to the operation until
+ * wf_req_wait() returns, or wf_req_test() reports it done; both free the request and
+ * set the caller's handle to NULL. A request must be completed before its
+ * communicator is destroyed.
+ *
+ * Grouped point-to-point: between wf_comm_group_start() and wf_comm_group_end() only
+ * wf_comm_send and wf_comm_recv may be called; they only queue. group_end posts all
+ * of them together (so a ring exchange cannot deadlock) and waits for all of them;
+ * wf_comm_group_end_async() instead returns one request for the whole group.
+ */
+#ifndef WF_COLLECTIVES_H
+#define WF_COLLECTIVES_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wf_gpu.h"
+#include "wf_runtime.h"
+
+typedef struct wf_comm wf_comm;
+typedef struct wf_req wf_req;
+
+typedef enum wf_comm_dtype { WF_COMM_F32 = 0, WF_COMM_BF16 = 1 } wf_comm_dtype;
+
+typedef enum wf_comm_redop { WF_COMM_SUM = 0, WF_COMM_AVG = 1 } wf_comm_redop;
+
+/* Operation kinds, as recorded in the flight recorder. */
+typedef enum wf_comm_op {
+  WF_OP_ALLREDUCE = 0,
+  WF_OP_REDUCE_SCATTER,
+  WF_OP_ALLGATHER,
+  WF_OP_BCAST,
+  WF_OP_SEND,
+  WF_OP_RECV,
+  WF_OP_BARRIER,
+  WF_OP_COUNT_
+} wf_comm_op;
+
+/* The life of a recorded operation: queued (in an open group, not yet posted),
+ * running (posted to MPI or enqueued on the NCCL stream), done, failed. */
+typedef enum wf_comm_state {
+  WF_STATE_QUEUED = 0,
+  WF_STATE_RUNNING,
+  WF_STATE_DONE,
+  WF_STATE_FAILED
+} wf_comm_state;
+
+/* Number of entries each communicator's flight-recorder ring holds. */
+#define WF_COMM_TRACE_LEN 64
+
+/* One flight-recorder entry. Times are wf_now_ns() values; end_ns is 0 until the
+ * operation completed. `peer` is the destination (send), source (recv) or root
+ * (bcast) as a rank of the communicator, and -1 for the other operations. `bytes` is
+ * what this rank contributes: count * dtype size (for reduce-scatter, the full input,
+ * n * recv_count; for allgather, this rank's block). */
+typedef struct wf_trace_entry {
+  uint64_t seq;
+  uint64_t count;
+  uint64_t bytes;
+  uint64_t start_ns;
+  uint64_t end_ns;
+  wf_comm_op op;
+  wf_comm_state state;
+  wf_comm_dtype dtype;
+  int peer;
+  bool device; /* true when it ran on NCCL */
+} wf_trace_entry;
+
+/* ---- communicators ---------------------------------------------------------- */
+
+/* A communicator over all ranks of the job (a duplicate of MPI_COMM_WORLD, so weft's
+ * traffic never matches the caller's). MPI must already be initialised. Collective. */
+wf_status wf_comm_world_create(wf_comm **out);
+
+/* Split `parent` as MPI_Comm_split does: ranks with the same color form one
+ * communicator, ordered by key (ties by parent rank). A negative color means "not in
+ * any": *out is set to NULL and WF_OK returned. Collective over `parent`. The child
+ * inherits the parent's check setting. `name` (e.g. "tp", "dp") labels logs and the
+ * console; it is copied. The NCCL side is not inherited: enable it per child. */
+wf_status wf_comm_split(wf_comm *parent, int color, int key, const char *name, wf_comm **out);
+
+/* A communicator over ranks[0..n) of `parent`, in that order (ranks[i] becomes rank
+ * i). Only the listed ranks communicate; a rank not in the list gets *out = NULL and
+ * WF_OK without communicating. Every listed rank must pass the same list. */
+wf_status wf_comm_create_group(wf_comm *parent, const int *ranks, int n, const char *name,
+                               wf_comm **out);
+
+void wf_comm_destroy(wf_comm *c); /* accepts NULL; collective when NCCL is enabled */
+
+int wf_comm_rank(const wf_comm *c);
+int wf_comm_size(const wf_comm *c);
+const char *wf_comm_name(const wf_comm *c);
+/* The rank in the world communicator of rank `r` of `c`, or -1. */
+int wf_comm_world_rank(const wf_comm *c, int r);
+/* Turn the cross-rank agreement check on or off (default: $WEFT_COMM_CHECK). */
+void wf_comm_set_check(wf_comm *c, bool on);
+
+/* ---- NCCL ------------------------------------------------------------------- */
+
+/* Bootstrap NCCL over this communicator's MPI group: rank 0 calls ncclGetUniqueId,
+ * MPI_Bcast sends the id, every rank calls ncclCommInitRank on the current CUDA
+ * device (the one wf_gpu_set_device selected). Collective. On a machine without a GPU
+ * (gpu == NULL, the weft_nccl module or CUDA libraries missing, no device on some
+ * rank) every rank returns WF_ENODEV and writes the reason into `why`; the
+ * communicator stays usable for host buffers. */
+wf_status wf_comm_enable_nccl(wf_comm *c, wf_gpu *gpu, char *why, size_t why_len);
+bool wf_comm_has_nccl(const wf_comm *c);
+/* Make the communication stream wait for work already queued on `stream` (a
+ * cudaStream_t, e.g. the compute stream) before each device operation. NULL: none. */
+void wf_comm_set_compute_stream(wf_comm *c, void *stream);
+/* Abort the NCCL communicator so that a rank stuck in a device collective returns.
+ * Safe from another thread (the watchdog). The communicator is unusable afterwards;
+ * destroy it. WF_EUNSUPPORTED when NCCL is not enabled (a stuck MPI call is ended
+ * by MPI_Abort from main). */
+wf_status wf_comm_abort(wf_comm *c);
+
+/* ---- blocking operations ---------------------------------------------------- */
+
+wf_status wf_comm_allreduce(wf_comm *c, const void *send, void *recv, size_t count,
+                            wf_comm_dtype dt, wf_comm_redop op);
+wf_status wf_comm_reduce_scatter(wf_comm *c, const void *send, void *recv, size_t recv_count,
+                                 wf_comm_dtype dt, wf_comm_redop op);
+wf_status wf_comm_allgather(wf_comm *c, const void *send, void *recv, size_t send_count,
+                            wf_comm_dtype dt);
+wf_status wf_comm_bcast(wf_comm *c, void *buf, size_t count, wf_comm_dtype dt, int root);
+/* Inside a group these only queue; see wf_comm_group_start. A recv whose message has
+ * a different size than `count` fails with WF_EINVAL. */
+wf_status wf_comm_send(wf_comm *c, const void *buf, size_t count, wf_comm_dtype dt, int peer);
+wf_status wf_comm_recv(wf_comm *c, void *buf, size_t count, wf_comm_dtype dt, int peer);
+wf_status wf_comm_barrier(wf_comm *c);
+
+/* ---- non-blocking operations ------------------------------------------------
+ * On success *req is a request to complete with wf_req_wait/test. On failure *req
+ * is NULL and nothing is in flight. */
+
+wf_status wf_comm_iallreduce(wf_comm *c, const void *send, void *recv, size_t count,
+                             wf_comm_dtype dt, wf_comm_redop op, wf_req **req);
+wf_status wf_comm_ireduce_scatter(wf_comm *c, const void *send, void *recv, size_t recv_count,
+                                  wf_comm_dtype dt, wf_comm_redop op, wf_req **req);
+wf_status wf_comm_iallgather(wf_comm *c, const void *send, void *recv, size_t send_count,
+                             wf_comm_dtype dt, wf_req **req);
+wf_status wf_comm_ibcast(wf_comm *c, void *buf, size_t count, wf_comm_dtype dt, int root,
+                         wf_req **req);
+wf_status wf_comm_isend(wf_comm *c, const void *buf, size_t count, wf_comm_dtype dt, int peer,
+                        wf_req **req);
+wf_status wf_comm_irecv(wf_comm *c, void *buf, size_t count, wf_comm_dtype dt, int peer,
+                        wf_req **req);
+
+/* Wait for *req, free it and set *req = NULL. A NULL *req is already complete. */
+wf_status wf_req_wait(wf_req **req);
+/* Set *done; when the operation completed, free it and set *req = NULL. */
+wf_status wf_req_test(wf_req **req, bool *done);
+/* Wait for all n requests (NULL entries allowed); returns the first error. */
+wf_status wf_req_waitall(wf_req **reqs, int n);
+
+/* ---- grouped point-to-point -------------------------------------------------- */
+
+wf_status wf_comm_group_start(wf_comm *c);
+wf_status wf_comm_group_end(wf_comm *c);
+wf_status wf_comm_group_end_async(wf_comm *c, wf_req **req);
+
+/* ---- flight recorder ----------------------------------------------------------
+ * Every operation gets the communicator's next sequence number (0, 1, 2, ...). The
+ * last WF_COMM_TRACE_LEN operations stay in a ring. Safe from any thread. */
+
+/* Copy up to `max` of the most recent entries into out, oldest first. Returns the
+ * number copied. */
+int wf_comm_trace_snapshot(const wf_comm *c, wf_trace_entry *out, int max);
+/* The most recent operation; false when the communicator has done none yet. */
+bool wf_comm_last_op(const wf_comm *c, wf_trace_entry *out);
+/* The sequence number the next operation will get (= operations so far). */
+uint64_t wf_comm_next_seq(const wf_comm *c);
+
+const char *wf_comm_op_name(wf_comm_op op);       /* "allreduce", "send", ... */
+const char *wf_comm_state_name(wf_comm_state st); /* "queued", "running", ... */
+/* One line for logs and the console, e.g.
+ * "dp#17 allreduce 1031 x f32 (4124 B) running for 12.3 ms". Returns buf. */
+char *wf_trace_entry_format(const wf_comm *c, const wf_trace_entry *e, char *buf, size_t len);
+
+#endif /* WF_COLLECTIVES_H */

@@ -1,0 +1,471 @@
+/*
+ * test_collectives.c - every collective against a serial reference, under mpirun.
+ *
+ * Run at 1, 2, 3, 4 and 8 ranks. Each rank's input is a pure function of (rank in
+ * the communicator, element index, salt), small integers, so every rank computes
+ * the exact expected sum locally: float sums of integers below 2^24 are exact in any
+ * order, which makes "equal" the right check for SUM. AVG is checked to 1e-6
+ * relative: weft scales the float sum by 1/n, the reference divides in double.
+ *
+ * Covered: counts 0, 1, odd (1031) and large; in place and out of place; blocking and
+ * non-blocking (wait and test); the world, a split with reversed keys and an
+ * explicit group in reversed order; grouped ring exchange; send/recv; the errors a
+ * caller can cause (mismatched counts across ranks with the check on, a recv size
+ * mismatch, bad overlaps, bf16 on host, calls inside a group); the flight recorder
+ * (sequence numbers, ops, bytes, states, wrap-around, a concurrent reader thread).
+ * A failed check on any rank calls MPI_Abort, so the test fails instead of hanging.
+ */
+#include <math.h>
+#include <mpi.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "wf_collectives.h"
+
+static int world_rank = -1;
+
+static void fail_at(const char *file, int line, const char *what)
+{
+  fprintf(stderr, "[rank %d] %s:%d: check failed: %s\n", world_rank, file, line, what);
+  fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+#define CHECK(cond)                                                                                \
+  do {                                                                                             \
+    if (!(cond))                                                                                   \
+      fail_at(__FILE__, __LINE__, #cond);                                                          \
+  } while (0)
+#define OK(call) CHECK((call) == WF_OK)
+
+/* Small integers in [-11, 11]: sums over up to 8 ranks stay exact in float. */
+static float val(int r, size_t i, int salt)
+{
+  return (float)((int)(((size_t)r * 131u + i * 7u + (size_t)salt * 13u) % 23u) - 11);
+}
+
+static float *alloc_f(size_t n) { return calloc(n ? n : 1, sizeof(float)); }
+
+static void fill(float *x, size_t n, int r, size_t first, int salt)
+{
+  for (size_t i = 0; i < n; i++)
+    x[i] = val(r, first + i, salt);
+}
+
+/* Expected reduction of element i over all n ranks. */
+static double ref_sum(int n, size_t i, int salt)
+{
+  double s = 0;
+  for (int r = 0; r < n; r++)
+    s += val(r, i, salt);
+  return s;
+}
+
+static void check_reduced(const float *x, size_t n_el, size_t first, int n, int salt,
+                          wf_comm_redop op)
+{
+  for (size_t i = 0; i < n_el; i++) {
+    double want = ref_sum(n, first + i, salt);
+    if (op == WF_COMM_AVG) {
+      want /= n;
+      CHECK(fabs(x[i] - want) <= 1e-6 * fabs(want) + 1e-7);
+    } else {
+      CHECK(x[i] == (float)want);
+    }
+  }
+}
+
+/* ---- collectives -------------------------------------------------------------- */
+
+/* mode 0: blocking; 1: non-blocking + wait; 2: non-blocking + test loop. */
+static void finish(wf_req *req, int mode)
+{
+  if (mode == 1) {
+    OK(wf_req_wait(&req));
+  } else if (mode == 2) {
+    bool done = false;
+    while (!done)
+      OK(wf_req_test(&req, &done));
+  }
+  CHECK(req == NULL);
+}
+
+static void test_allreduce(wf_comm *c, size_t count, bool in_place, wf_comm_redop op, int mode)
+{
+  int n = wf_comm_size(c), r = wf_comm_rank(c), salt = (int)count + op;
+  float *x = alloc_f(count), *y = in_place ? x : alloc_f(count);
+  wf_req *req = NULL;
+  fill(x, count, r, 0, salt);
+  if (mode == 0)
+    OK(wf_comm_allreduce(c, x, y, count, WF_COMM_F32, op));
+  else
+    OK(wf_comm_iallreduce(c, x, y, count, WF_COMM_F32, op, &req));
+  finish(req, mode);
+  check_reduced(y, count, 0, n, salt, op);
+  if (!in_place) /* the input is left alone */
+    for (size_t i = 0; i < count; i++)
+      CHECK(x[i] == val(r, i, salt));
+  if (y != x)
+    free(y);
+  free(x);
+}
+
+static void test_reduce_scatter(wf_comm *c, size_t count, bool in_place, wf_comm_redop op, int mode)
+{
+  int n = wf_comm_size(c), r = wf_comm_rank(c), salt = 3 + (int)count + op;
+  float *x = alloc_f(count * (size_t)n), *y = in_place ? x + count * (size_t)r : alloc_f(count);
+  wf_req *req = NULL;
+  fill(x, count * (size_t)n, r, 0, salt);
+  if (mode == 0)
+    OK(wf_comm_reduce_scatter(c, x, y, count, WF_COMM_F32, op));
+  else
+    OK(wf_comm_ireduce_scatter(c, x, y, count, WF_COMM_F32, op, &req));
+  finish(req, mode);
+  check_reduced(y, count, count * (size_t)r, n, salt, op);
+  if (!in_place)
+    free(y);
+  free(x);
+}
+
+static void test_allgather(wf_comm *c, size_t count, bool in_place, int mode)
+{
+  int n = wf_comm_size(c), r = wf_comm_rank(c), salt = 5 + (int)count;
+  float *y = alloc_f(count * (size_t)n), *x = in_place ? y + count * (size_t)r : alloc_f(count);
+  wf_req *req = NULL;
+  fill(x, count, r, 0, salt);
+  if (mode == 0)
+    OK(wf_comm_allgather(c, x, y, count, WF_COMM_F32));
+  else
+    OK(wf_comm_iallgather(c, x, y, count, WF_COMM_F32, &req));
+  finish(req, mode);
+  for (int b = 0; b < n; b++)
+    for (size_t i = 0; i < count; i++)
+      CHECK(y[(size_t)b * count + i] == val(b, i, salt));
+  if (!in_place)
+    free(x);
+  free(y);
+}
+
+static void test_bcast(wf_comm *c, size_t count, int root, int mode)
+{
+  int r = wf_comm_rank(c), salt = 7 + (int)count;
+  float *x = alloc_f(count);
+  wf_req *req = NULL;
+  fill(x, count, r, 0, salt);
+  if (mode == 0)
+    OK(wf_comm_bcast(c, x, count, WF_COMM_F32, root));
+  else
+    OK(wf_comm_ibcast(c, x, count, WF_COMM_F32, root, &req));
+  finish(req, mode);
+  for (size_t i = 0; i < count; i++)
+    CHECK(x[i] == val(root, i, salt));
+  free(x);
+}
+
+static void test_collectives_on(wf_comm *c, size_t large)
+{
+  size_t counts[] = {0, 1, 1031, large};
+  for (size_t k = 0; k < WF_ARRAY_LEN(counts); k++) {
+    size_t n = counts[k];
+    for (int ip = 0; ip < 2; ip++) {
+      for (int op = WF_COMM_SUM; op <= WF_COMM_AVG; op++) {
+        test_allreduce(c, n, ip, (wf_comm_redop)op, 0);
+        test_reduce_scatter(c, n, ip, (wf_comm_redop)op, 0);
+      }
+      test_allreduce(c, n, ip, WF_COMM_SUM, 1 + ip);
+      test_allreduce(c, n, ip, WF_COMM_AVG, 2 - ip);
+      test_reduce_scatter(c, n, ip, WF_COMM_AVG, 1 + ip);
+      test_allgather(c, n, ip, 0);
+      test_allgather(c, n, ip, 1 + ip);
+    }
+    test_bcast(c, n, 0, 0);
+    test_bcast(c, n, wf_comm_size(c) - 1, 0);
+    test_bcast(c, n, wf_comm_size(c) / 2, 2);
+  }
+  OK(wf_comm_barrier(c));
+}
+
+/* ---- point-to-point ------------------------------------------------------------- */
+
+/* Everyone sends to both neighbours and receives from both, in one group. */
+static void test_ring(wf_comm *c, size_t count, bool async)
+{
+  int n = wf_comm_size(c), r = wf_comm_rank(c);
+  int right = (r + 1) % n, left = (r + n - 1) % n;
+  float *sr = alloc_f(count), *sl = alloc_f(count), *fl = alloc_f(count), *fr = alloc_f(count);
+  fill(sr, count, r, 0, 11);
+  fill(sl, count, r, 0, 12);
+  OK(wf_comm_group_start(c));
+  OK(wf_comm_recv(c, fl, count, WF_COMM_F32, left)); /* receives first: order must not matter */
+  OK(wf_comm_recv(c, fr, count, WF_COMM_F32, right));
+  OK(wf_comm_send(c, sr, count, WF_COMM_F32, right));
+  OK(wf_comm_send(c, sl, count, WF_COMM_F32, left));
+  wf_trace_entry e;
+  CHECK(wf_comm_last_op(c, &e) && e.state == WF_STATE_QUEUED && e.op == WF_OP_SEND &&
+        e.peer == left);
+  if (async) {
+    wf_req *req = NULL;
+    OK(wf_comm_group_end_async(c, &req));
+    finish(req, 2);
+  } else {
+    OK(wf_comm_group_end(c));
+  }
+  CHECK(wf_comm_last_op(c, &e) && e.state == WF_STATE_DONE);
+  for (size_t i = 0; i < count; i++) {
+    CHECK(fl[i] == val(left, i, 11));
+    CHECK(fr[i] == val(right, i, 12));
+  }
+  free(sr);
+  free(sl);
+  free(fl);
+  free(fr);
+}
+
+/* Pairs (0,1), (2,3), ...: blocking one way, non-blocking the other. */
+static void test_pairs(wf_comm *c, size_t count)
+{
+  int n = wf_comm_size(c), r = wf_comm_rank(c), peer = r ^ 1;
+  if (peer >= n)
+    return;
+  float *x = alloc_f(count), *y = alloc_f(count);
+  fill(x, count, r, 0, 21);
+  wf_req *rq[2] = {NULL, NULL};
+  if (r % 2 == 0) {
+    OK(wf_comm_send(c, x, count, WF_COMM_F32, peer));
+    OK(wf_comm_irecv(c, y, count, WF_COMM_F32, peer, &rq[0]));
+  } else {
+    OK(wf_comm_recv(c, y, count, WF_COMM_F32, peer));
+    for (size_t i = 0; i < count; i++)
+      CHECK(y[i] == val(peer, i, 21));
+    OK(wf_comm_isend(c, x, count, WF_COMM_F32, peer, &rq[1]));
+  }
+  OK(wf_req_waitall(rq, 2));
+  CHECK(rq[0] == NULL && rq[1] == NULL);
+  for (size_t i = 0; r % 2 == 0 && i < count; i++)
+    CHECK(y[i] == val(peer, i, 21));
+  free(x);
+  free(y);
+}
+
+/* ---- errors ----------------------------------------------------------------------- */
+
+static void test_local_errors(wf_comm *c)
+{
+  int n = wf_comm_size(c), r = wf_comm_rank(c);
+  float buf[64] = {0};
+  wf_req *req = (wf_req *)buf; /* must come back NULL on failure */
+  CHECK(wf_comm_allreduce(c, buf, buf, 4, WF_COMM_BF16, WF_COMM_SUM) == WF_EUNSUPPORTED);
+  CHECK(wf_comm_iallreduce(c, buf, buf, 4, WF_COMM_BF16, WF_COMM_SUM, &req) == WF_EUNSUPPORTED);
+  CHECK(req == NULL);
+  CHECK(wf_comm_allreduce(c, buf, buf + 1, 4, WF_COMM_F32, WF_COMM_SUM) == WF_EINVAL);
+  CHECK(wf_comm_allreduce(c, buf, buf, (size_t)1 << 40, WF_COMM_F32, WF_COMM_SUM) == WF_EINVAL);
+  CHECK(wf_comm_allreduce(c, NULL, buf, 4, WF_COMM_F32, WF_COMM_SUM) == WF_EINVAL);
+  CHECK(wf_comm_allreduce(NULL, buf, buf, 4, WF_COMM_F32, WF_COMM_SUM) == WF_EINVAL);
+  CHECK(wf_comm_allreduce(c, buf, buf, 4, (wf_comm_dtype)7, WF_COMM_SUM) == WF_EINVAL);
+  CHECK(wf_comm_bcast(c, buf, 4, WF_COMM_F32, n) == WF_EINVAL);
+  CHECK(wf_comm_send(c, buf, 4, WF_COMM_F32, -1) == WF_EINVAL);
+  /* Reduce-scatter: recv inside send but not at block `rank`. */
+  if (n > 1) {
+    float *wrong = buf + 4 * ((r + 1) % n);
+    CHECK(wf_comm_reduce_scatter(c, buf, wrong, 4, WF_COMM_F32, WF_COMM_SUM) == WF_EINVAL);
+    CHECK(wf_comm_allgather(c, wrong, buf, 4, WF_COMM_F32) == WF_EINVAL);
+  }
+  /* Only send and recv may be grouped; group_end needs a start. */
+  CHECK(wf_comm_group_end(c) == WF_EINVAL);
+  OK(wf_comm_group_start(c));
+  CHECK(wf_comm_barrier(c) == WF_EINVAL);
+  CHECK(wf_comm_isend(c, buf, 1, WF_COMM_F32, 0, &req) == WF_EINVAL);
+  OK(wf_comm_group_end(c)); /* empty group */
+  char why[256] = "";
+  CHECK(wf_comm_enable_nccl(c, NULL, why, sizeof why) == WF_ENODEV);
+  CHECK(why[0] != '\0' && !wf_comm_has_nccl(c));
+  CHECK(wf_comm_abort(c) == WF_EUNSUPPORTED);
+}
+
+/* Errors that need the other ranks: every rank must see the same failure. */
+static void test_mismatch_errors(wf_comm *c)
+{
+  int n = wf_comm_size(c), r = wf_comm_rank(c);
+  float buf[64] = {0};
+  if (n < 2)
+    return;
+  wf_comm_set_check(c, true);
+  uint64_t seq = wf_comm_next_seq(c);
+  CHECK(wf_comm_allreduce(c, buf, buf, 10 + (r == 0), WF_COMM_F32, WF_COMM_SUM) == WF_EINVAL);
+  CHECK(wf_comm_bcast(c, buf, 10, WF_COMM_F32, r == n - 1) == WF_EINVAL);
+  CHECK(wf_comm_reduce_scatter(c, buf, buf + 32, 3 + (r == 1), WF_COMM_F32, WF_COMM_AVG) ==
+        WF_EINVAL);
+  CHECK(wf_comm_next_seq(c) == seq); /* a refused operation never started */
+  OK(wf_comm_allreduce(c, buf, buf, 10, WF_COMM_F32, WF_COMM_SUM)); /* still usable */
+  wf_comm_set_check(c, false);
+  /* A receive of the wrong size: rank 1 expects 6 floats, rank 0 sends 5. */
+  if (r == 0)
+    OK(wf_comm_send(c, buf, 5, WF_COMM_F32, 1));
+  if (r == 1)
+    CHECK(wf_comm_recv(c, buf, 6, WF_COMM_F32, 0) == WF_EINVAL);
+  OK(wf_comm_barrier(c));
+}
+
+/* ---- flight recorder ------------------------------------------------------------ */
+
+/* Operation k of the recorder test, and the bytes it records. */
+static wf_comm_op pattern_op(uint64_t k)
+{
+  return (wf_comm_op[]){WF_OP_ALLREDUCE, WF_OP_BCAST, WF_OP_ALLGATHER, WF_OP_BARRIER,
+                        WF_OP_REDUCE_SCATTER}[k % 5];
+}
+static size_t pattern_count(uint64_t k) { return pattern_op(k) == WF_OP_BARRIER ? 0 : k % 7 + 1; }
+
+static void run_pattern(wf_comm *c, uint64_t k, float *a, float *b)
+{
+  size_t cnt = pattern_count(k);
+  switch (pattern_op(k)) {
+  case WF_OP_ALLREDUCE: OK(wf_comm_allreduce(c, a, b, cnt, WF_COMM_F32, WF_COMM_SUM)); break;
+  case WF_OP_BCAST: OK(wf_comm_bcast(c, a, cnt, WF_COMM_F32, 0)); break;
+  case WF_OP_ALLGATHER: OK(wf_comm_allgather(c, a, b, cnt, WF_COMM_F32)); break;
+  case WF_OP_BARRIER: OK(wf_comm_barrier(c)); break;
+  default: OK(wf_comm_reduce_scatter(c, b, a, cnt, WF_COMM_F32, WF_COMM_SUM)); break;
+  }
+}
+
+static void check_entry(const wf_comm *c, const wf_trace_entry *e, uint64_t seq)
+{
+  size_t cnt = pattern_count(seq);
+  size_t bytes = cnt * 4 * (pattern_op(seq) == WF_OP_REDUCE_SCATTER ? wf_comm_size(c) : 1);
+  CHECK(e->seq == seq && e->op == pattern_op(seq) && e->count == cnt && e->bytes == bytes);
+  CHECK(e->state == WF_STATE_DONE && e->start_ns > 0 && e->end_ns >= e->start_ns);
+  CHECK(e->peer == (e->op == WF_OP_BCAST ? 0 : -1) && !e->device && e->dtype == WF_COMM_F32);
+}
+
+typedef struct reader_arg {
+  wf_comm *c;
+  atomic_int stop;
+  atomic_int snapshots;
+} reader_arg;
+
+/* Snapshots taken while the main thread runs operations must be consistent. */
+static void *reader(void *p)
+{
+  reader_arg *a = p;
+  wf_trace_entry e[WF_COMM_TRACE_LEN];
+  while (!atomic_load(&a->stop)) {
+    int got = wf_comm_trace_snapshot(a->c, e, WF_COMM_TRACE_LEN);
+    for (int i = 0; i < got; i++) {
+      CHECK(e[i].op == pattern_op(e[i].seq) && e[i].count == pattern_count(e[i].seq));
+      CHECK(i == 0 || e[i].seq > e[i - 1].seq);
+    }
+    atomic_fetch_add(&a->snapshots, 1);
+  }
+  return NULL;
+}
+
+static void test_recorder(wf_comm *world)
+{
+  wf_comm *c = NULL;
+  float a[64] = {0}, b[64 * 8] = {0};
+  wf_trace_entry e[2 * WF_COMM_TRACE_LEN];
+  OK(wf_comm_split(world, 0, wf_comm_rank(world), "fr", &c));
+  CHECK(wf_comm_trace_snapshot(c, e, 8) == 0 && !wf_comm_last_op(c, e));
+  for (uint64_t k = 0; k < 5; k++)
+    run_pattern(c, k, a, b);
+  int got = wf_comm_trace_snapshot(c, e, 2 * WF_COMM_TRACE_LEN);
+  CHECK(got == 5);
+  for (int i = 0; i < got; i++)
+    check_entry(c, &e[i], (uint64_t)i);
+  /* Wrap the ring twice and a bit, with a reader thread polling all along. */
+  const uint64_t total = 2 * WF_COMM_TRACE_LEN + 7;
+  reader_arg ra = {.c = c};
+  pthread_t th;
+  CHECK(pthread_create(&th, NULL, reader, &ra) == 0);
+  for (uint64_t k = 5; k < total; k++)
+    run_pattern(c, k, a, b);
+  while (atomic_load(&ra.snapshots) < 3) /* one rank alone may finish before it starts */
+    sched_yield();
+  atomic_store(&ra.stop, 1);
+  CHECK(pthread_join(th, NULL) == 0);
+  CHECK(wf_comm_next_seq(c) == total);
+  got = wf_comm_trace_snapshot(c, e, 2 * WF_COMM_TRACE_LEN);
+  CHECK(got == WF_COMM_TRACE_LEN);
+  for (int i = 0; i < got; i++)
+    check_entry(c, &e[i], total - WF_COMM_TRACE_LEN + (uint64_t)i);
+  got = wf_comm_trace_snapshot(c, e, 3); /* the 3 most recent, oldest first */
+  CHECK(got == 3 && e[0].seq == total - 3 && e[2].seq == total - 1);
+  CHECK(wf_comm_last_op(c, e) && e[0].seq == total - 1);
+  /* A non-blocking operation is running until waited for. */
+  wf_req *req = NULL;
+  OK(wf_comm_iallreduce(c, a, a, 5, WF_COMM_F32, WF_COMM_SUM, &req));
+  CHECK(wf_comm_last_op(c, e) && e[0].seq == total && e[0].state == WF_STATE_RUNNING &&
+        e[0].end_ns == 0);
+  OK(wf_req_wait(&req));
+  CHECK(wf_comm_last_op(c, e) && e[0].state == WF_STATE_DONE && e[0].bytes == 20);
+  char line[160];
+  wf_trace_entry_format(c, &e[0], line, sizeof line);
+  CHECK(strstr(line, "fr#") == line && strstr(line, "allreduce 5 x f32 (20 B)") != NULL);
+  wf_comm_destroy(c);
+}
+
+/* ---- main --------------------------------------------------------------------- */
+
+static void run_all(wf_comm *world, size_t large)
+{
+  int n = wf_comm_size(world), r = wf_comm_rank(world);
+  wf_comm *half = NULL, *pair = NULL, *none = NULL;
+  test_collectives_on(world, large);
+  /* Two halves by parity, each ordered by descending world rank. */
+  OK(wf_comm_split(world, r % 2, -r, "half", &half));
+  CHECK(half && wf_comm_size(half) == (n + 1 - r % 2) / 2);
+  CHECK(wf_comm_world_rank(half, wf_comm_rank(half)) == r);
+  test_collectives_on(half, large / 4);
+  /* Explicit group {n-1, 0} in that order; other ranks get NULL. */
+  int ranks[2] = {n - 1, 0};
+  OK(wf_comm_create_group(world, ranks, n > 1 ? 2 : 1, "ends", &pair));
+  CHECK((pair != NULL) == (r == 0 || r == n - 1));
+  if (pair) {
+    CHECK(wf_comm_rank(pair) == (r == n - 1 ? 0 : 1) && !strcmp(wf_comm_name(pair), "ends"));
+    test_collectives_on(pair, 4099);
+    test_ring(pair, 1031, false);
+  }
+  OK(wf_comm_split(world, -1, 0, "none", &none));
+  CHECK(none == NULL);
+  for (int async = 0; async < 2; async++) {
+    test_ring(world, 0, async);
+    test_ring(world, 1031, async);
+    test_ring(half, 4096, async);
+  }
+  test_pairs(world, 1031);
+  test_pairs(world, 1);
+  /* The expected errors are logged; rank 0's lines show what users would read. */
+  int level = wf_log_level();
+  wf_log_set_level(r == 0 ? WF_LOG_ERROR : -1);
+  test_local_errors(world);
+  test_mismatch_errors(world);
+  wf_log_set_level(level);
+  test_recorder(world);
+  wf_comm_destroy(pair);
+  wf_comm_destroy(half);
+}
+
+int main(int argc, char **argv)
+{
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  wf_rt_set_rank(world_rank);
+  wf_comm *world = NULL;
+  OK(wf_comm_world_create(&world));
+  CHECK(wf_comm_rank(world) == world_rank && !strcmp(wf_comm_name(world), "world"));
+  /* 4 MiB per buffer on few ranks; less at 8 ranks sharing 2 cores. */
+  size_t large = wf_comm_size(world) <= 4 ? (size_t)1 << 20 : (size_t)1 << 18;
+  double t0 = MPI_Wtime();
+  int n = wf_comm_size(world);
+  run_all(world, large);
+  wf_comm_destroy(world);
+  if (world_rank == 0)
+    printf("collectives: all checks passed on %d ranks in %.2f s\n", n, MPI_Wtime() - t0);
+  MPI_Finalize();
+  return 0;
+}
