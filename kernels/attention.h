@@ -1,0 +1,23 @@
+/*
+ * attention.h - causal multi-head self-attention.
+ * Part of the kernels module; include wf_kernels.h, which states the conventions
+ * (outputs first, backward adds into gradients, shape legend). The CPU code is
+ * kernels/cpu/attention.c; the CUDA twin has the same arguments plus a stream.
+ */
+#ifndef WF_KERNELS_ATTENTION_H
+#define WF_KERNELS_ATTENTION_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Causal multi-head self-attention.
+ * out (B,T,C), att (B,NH,T,T) softmax probabilities kept for backward,
+ * qkv (B,T,3C): q = qkv[..., 0:C], k = [C:2C], v = [2C:3C], head h owns columns
+ * [h*hs, (h+1)*hs) of each. Scale 1/sqrt(hs); NH divides C. att entries above the
+ * diagonal are written as 0. */
+void wf_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
+/* dqkv (B,T,3C) accumulated; scratch (B,NH,T,T) is overwritten. */
+void wf_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                           const float *att, int B, int T, int C, int NH);
+
+#endif /* WF_KERNELS_ATTENTION_H */

@@ -1,0 +1,143 @@
+/*
+ * attention.c - causal multi-head self-attention.
+ *
+ * Legend: B batch, T time, C channels, NH heads, hs = C / NH head size.
+ * qkv (B,T,3C) holds q, k, v side by side; head h owns columns [h*hs, (h+1)*hs) of
+ * each, so a head's Q, K and V are strided (ld 3C) matrices used in place by sgemm.
+ *
+ * Work is split over the B*NH (batch, head) pairs; each pair runs single-threaded
+ * OpenBLAS calls. Causality is exploited by row blocks of BLK queries: block
+ * [i0, i1) only needs keys [0, i1), so the GEMMs do about half of the full T x T
+ * work at long T. Entries above the diagonal of att are written as 0, so att is a
+ * full (T,T) softmax matrix per head, as the CUDA twin and the backward expect.
+ */
+#include <math.h>
+#include <omp.h>
+
+#include "cpu_int.h"
+#include "wf_kernels.h"
+
+#define BLK 128
+
+/* att rows [i0, i1) of one head: scaled scores in, causal softmax out. */
+static void softmax_rows(float *A, int T, int i0, int i1)
+{
+  for (int i = i0; i < i1; i++) {
+    float *a = A + (size_t)i * T;
+    float mx = a[0];
+#pragma omp simd reduction(max : mx)
+    for (int j = 1; j <= i; j++)
+      mx = a[j] > mx ? a[j] : mx;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int j = 0; j <= i; j++) {
+      a[j] = wf__expf(a[j] - mx);
+      s += a[j];
+    }
+    float inv = 1.0f / s;
+#pragma omp simd
+    for (int j = 0; j <= i; j++)
+      a[j] *= inv;
+    memset(a + i + 1, 0, (size_t)(T - i - 1) * sizeof(float));
+  }
+}
+
+static void head_forward(float *out, float *A, const float *q, const float *k, const float *v,
+                         int T, int C, int hs)
+{
+  const int ld = 3 * C;
+  const float scale = 1.0f / sqrtf((float)hs);
+  for (int i0 = 0; i0 < T; i0 += BLK) {
+    int i1 = i0 + BLK < T ? i0 + BLK : T, m = i1 - i0;
+    float *Ab = A + (size_t)i0 * T;
+    /* scores (m, i1) = Q[i0:i1] . K[0:i1]^T * scale */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, i1, hs, scale, q + (size_t)i0 * ld, ld,
+                k, ld, 0.0f, Ab, T);
+    softmax_rows(A, T, i0, i1);
+    /* out[i0:i1] (m, hs) = att[i0:i1, 0:i1] . V[0:i1] */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hs, i1, 1.0f, Ab, T, v, ld, 0.0f,
+                out + (size_t)i0 * C, C);
+  }
+}
+
+void wf_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH)
+{
+  const int hs = C / NH;
+  int nt = wf__threads_for((size_t)B * NH * T * T * hs / 64);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int bh = 0; bh < B * NH; bh++) {
+    int b = bh / NH, h = bh % NH;
+    const float *base = qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
+    head_forward(out + (size_t)b * T * C + (size_t)h * hs, att + (size_t)bh * T * T, base, base + C,
+                 base + 2 * C, T, C, hs);
+  }
+}
+
+/* Rows [i0, i1) of one head: dS = att * (dA - rowsum(att * dA)), in place in D. */
+static void softmax_backward_rows(float *D, const float *A, int T, int i0, int i1)
+{
+  for (int i = i0; i < i1; i++) {
+    float *d = D + (size_t)i * T;
+    const float *a = A + (size_t)i * T;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int j = 0; j <= i; j++)
+      s += a[j] * d[j];
+#pragma omp simd
+    for (int j = 0; j <= i; j++)
+      d[j] = a[j] * (d[j] - s);
+    /* keys i < j < i1 were computed by the block GEMM but are masked */
+    for (int j = i + 1; j < i1; j++)
+      d[j] = 0.0f;
+  }
+}
+
+struct head_grad {
+  float *dq, *dk, *dv;
+  const float *q, *k, *v, *dout;
+};
+
+static void head_backward(const struct head_grad *g, float *D, const float *A, int T, int C, int hs)
+{
+  const int ld = 3 * C;
+  const float scale = 1.0f / sqrtf((float)hs);
+  for (int i0 = 0; i0 < T; i0 += BLK) {
+    int i1 = i0 + BLK < T ? i0 + BLK : T, m = i1 - i0;
+    const float *Ab = A + (size_t)i0 * T, *dO = g->dout + (size_t)i0 * C;
+    float *Db = D + (size_t)i0 * T;
+    /* dV[0:i1] += att[i0:i1, 0:i1]^T . dout[i0:i1] */
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i1, hs, m, 1.0f, Ab, T, dO, C, 1.0f, g->dv,
+                ld);
+    /* datt[i0:i1, 0:i1] = dout[i0:i1] . V[0:i1]^T */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, i1, hs, 1.0f, dO, C, g->v, ld, 0.0f, Db,
+                T);
+    softmax_backward_rows(D, A, T, i0, i1);
+    /* dQ[i0:i1] += scale dS . K[0:i1];  dK[0:i1] += scale dS^T . Q[i0:i1] */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hs, i1, scale, Db, T, g->k, ld, 1.0f,
+                g->dq + (size_t)i0 * ld, ld);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i1, hs, m, scale, Db, T,
+                g->q + (size_t)i0 * ld, ld, 1.0f, g->dk, ld);
+  }
+}
+
+void wf_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                           const float *att, int B, int T, int C, int NH)
+{
+  const int hs = C / NH;
+  int nt = wf__threads_for((size_t)B * NH * T * T * hs / 32);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int bh = 0; bh < B * NH; bh++) {
+    int b = bh / NH, h = bh % NH;
+    size_t off = (size_t)b * T * 3 * C + (size_t)h * hs;
+    struct head_grad g = {
+        .dq = dqkv + off,
+        .dk = dqkv + off + C,
+        .dv = dqkv + off + 2 * C,
+        .q = qkv + off,
+        .k = qkv + off + C,
+        .v = qkv + off + 2 * C,
+        .dout = dout + (size_t)b * T * C + (size_t)h * hs,
+    };
+    head_backward(&g, scratch + (size_t)bh * T * T, att + (size_t)bh * T * T, T, C, hs);
+  }
+}

@@ -1,0 +1,84 @@
+/*
+ * cpu_int.h - helpers shared by the CPU kernels; private to kernels/cpu.
+ *
+ * Threading model (why it is this way): one thread pool, OpenMP's, runs everything.
+ * OpenBLAS is pinned to one thread and every large GEMM is split by wf__sgemm into
+ * one single-threaded OpenBLAS call per OpenMP thread. OpenBLAS's own pthreads keep
+ * spinning after each call; measured on the 2-core machine, alternating a 2-thread
+ * OpenBLAS GEMM with a 2-thread OpenMP loop cost ~1.5-2x the sum of the two alone,
+ * while the single pool costs the sum. So no two pools ever compete for the cores.
+ *
+ * Invariants: the work split depends only on the sizes and the thread budget, and
+ * reductions combine per-thread partials in thread order, so a kernel gives
+ * bit-identical results for the same inputs and the same wf_kernels_set_threads().
+ */
+#ifndef WF_KERNELS_CPU_INT_H
+#define WF_KERNELS_CPU_INT_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cblas.h>
+
+/* Below this many elements (or multiply-adds for GEMMs) a loop runs on one thread:
+ * waking the pool costs a few microseconds. */
+#define WF__PAR_MIN 16384
+
+/* The thread budget (>= 1); the first call pins OpenBLAS to one thread. */
+int wf__threads(void);
+
+/* Threads to use for `work` units: 1 when the work is too small to pay. */
+static inline int wf__threads_for(size_t work) { return work < WF__PAR_MIN ? 1 : wf__threads(); }
+
+/* [*lo, *hi): the share of thread `tid` of `nt` in n items; boundaries are
+ * multiples of `align` so that threads do not share cache lines. */
+static inline void wf__split(size_t n, int tid, int nt, size_t align, size_t *lo, size_t *hi)
+{
+  size_t per = (n + (size_t)nt - 1) / (size_t)nt;
+  per = (per + align - 1) / align * align;
+  size_t a = (size_t)tid * per;
+  *lo = a < n ? a : n;
+  *hi = a + per < n ? a + per : n;
+}
+
+/* Row-major C (M,N) = alpha op(A) op(B) + beta C, split over the larger of M and N
+ * across the thread budget (single-threaded OpenBLAS inside each share). */
+void wf__sgemm(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha,
+               const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
+
+/* exp(x) in float, vectorisable (no libm call): n = round(x log2 e), r = x - n ln2 in
+ * two parts (Cody-Waite), exp(r) by Cephes' degree-6 polynomial (~1 ulp on
+ * |r| <= ln2/2), times 2^n built in the exponent bits. x < -87.3 gives 0, x > 88
+ * saturates at e^88; NaN stays NaN. Used where a loop does millions of exps
+ * (softmax, cross-entropy, GELU), since glibc's expf/tanhf do not vectorise. */
+static inline float wf__expf(float x)
+{
+  float xc = x < -87.3f ? -87.3f : (x > 88.0f ? 88.0f : x);
+  float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
+  float z = r * r;
+  float p = (((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r +
+               4.1665795894e-2f) *
+                  r +
+              1.6666665459e-1f) *
+                 r +
+             5.0000001201e-1f) *
+                z +
+            r + 1.0f;
+  int32_t bits = ((int32_t)n + 127) << 23;
+  float scale;
+  memcpy(&scale, &bits, sizeof scale);
+  float y = p * scale;
+  return x < -87.3f ? 0.0f : y;
+}
+
+/* tanh(x) = sign(x) (1 - e) / (1 + e) with e = exp(-2|x|): absolute error ~1e-7. */
+static inline float wf__tanhf(float x)
+{
+  float e = wf__expf(-2.0f * fabsf(x));
+  return copysignf((1.0f - e) / (1.0f + e), x);
+}
+
+#endif /* WF_KERNELS_CPU_INT_H */

@@ -1,0 +1,73 @@
+/*
+ * xent.c - softmax cross-entropy in two passes, so that vocabulary-parallel ranks
+ * can reduce between them (see wf_kernels.h for the combination formula).
+ *
+ * Legend: N rows (B*T), V vocabulary columns held here, ld the row stride of logits
+ * (>= V; columns [V, ld) are padding), v_offset the global index of column 0.
+ * Rows are independent and split over threads. Sums of exponentials accumulate in
+ * double: a row has up to ~50k terms.
+ */
+#include <math.h>
+#include <omp.h>
+
+#include "cpu_int.h"
+#include "wf_kernels.h"
+
+static void stats_row(float *mx_out, float *se_out, float *tl_out, const float *l, int target,
+                      int V, int v_offset)
+{
+  float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+  for (int j = 0; j < V; j++)
+    mx = l[j] > mx ? l[j] : mx;
+  double s = 0.0;
+#pragma omp simd reduction(+ : s)
+  for (int j = 0; j < V; j++)
+    s += wf__expf(l[j] - mx);
+  int local = target - v_offset;
+  *mx_out = mx;
+  *se_out = (float)s;
+  *tl_out = local >= 0 && local < V ? l[local] : 0.0f;
+}
+
+void wf_xent_stats(float *row_max, float *row_sumexp, float *target_logit, const float *logits,
+                   const int *targets, int N, int V, int ld, int v_offset)
+{
+  int nt = wf__threads_for((size_t)N * V);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int i = 0; i < N; i++)
+    stats_row(row_max + i, row_sumexp + i, target_logit + i, logits + (size_t)i * ld, targets[i], V,
+              v_offset);
+}
+
+void wf_xent_loss(float *losses, const float *row_max, const float *row_sumexp,
+                  const float *target_logit, int N)
+{
+  for (int i = 0; i < N; i++)
+    losses[i] = logf(row_sumexp[i]) + row_max[i] - target_logit[i];
+}
+
+static void backward_row(float *d, const float *l, float mx, float se, int target, float dloss,
+                         int V, int ld, int v_offset)
+{
+  float scale = dloss / se;
+#pragma omp simd
+  for (int j = 0; j < V; j++)
+    d[j] = wf__expf(l[j] - mx) * scale;
+  int local = target - v_offset;
+  if (local >= 0 && local < V)
+    d[local] -= dloss;
+  for (int j = V; j < ld; j++)
+    d[j] = 0.0f;
+}
+
+void wf_xent_backward(float *dlogits, const float *logits, const float *row_max,
+                      const float *row_sumexp, const int *targets, float dloss, int N, int V,
+                      int ld, int v_offset)
+{
+  int nt = wf__threads_for((size_t)N * V);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int i = 0; i < N; i++)
+    backward_row(dlogits + (size_t)i * ld, logits + (size_t)i * ld, row_max[i], row_sumexp[i],
+                 targets[i], dloss, V, ld, v_offset);
+}

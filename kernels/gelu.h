@@ -1,0 +1,18 @@
+/*
+ * gelu.h - GELU (tanh form).
+ * Part of the kernels module; include wf_kernels.h, which states the conventions
+ * (outputs first, backward adds into gradients, shape legend). The CPU code is
+ * kernels/cpu/gelu.c; the CUDA twin has the same arguments plus a stream.
+ */
+#ifndef WF_KERNELS_GELU_H
+#define WF_KERNELS_GELU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* GELU, tanh approximation. out (N), inp (N). out may alias inp. */
+void wf_gelu_forward(float *out, const float *inp, size_t N);
+/* dinp (N) += gelu'(inp) * dout; dinp must not alias inp or dout. */
+void wf_gelu_backward(float *dinp, const float *inp, const float *dout, size_t N);
+
+#endif /* WF_KERNELS_GELU_H */

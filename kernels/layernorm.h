@@ -1,0 +1,22 @@
+/*
+ * layernorm.h - layer normalisation.
+ * Part of the kernels module; include wf_kernels.h, which states the conventions
+ * (outputs first, backward adds into gradients, shape legend). The CPU code is
+ * kernels/cpu/layernorm.c; the CUDA twin has the same arguments plus a stream.
+ */
+#ifndef WF_KERNELS_LAYERNORM_H
+#define WF_KERNELS_LAYERNORM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* out (N,C), mean (N), rstd (N), inp (N,C), weight (C), bias (C); eps 1e-5.
+ * mean and rstd may be NULL in the forward when no backward follows. */
+void wf_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                          const float *weight, const float *bias, int N, int C);
+/* dinp, dweight or dbias may be NULL (not wanted). */
+void wf_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                           const float *inp, const float *weight, const float *mean,
+                           const float *rstd, int N, int C);
+
+#endif /* WF_KERNELS_LAYERNORM_H */

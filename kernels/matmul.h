@@ -1,0 +1,21 @@
+/*
+ * matmul.h - linear layer on sgemm.
+ * Part of the kernels module; include wf_kernels.h, which states the conventions
+ * (outputs first, backward adds into gradients, shape legend). The CPU code is
+ * kernels/cpu/matmul.c; the CUDA twin has the same arguments plus a stream.
+ */
+#ifndef WF_KERNELS_MATMUL_H
+#define WF_KERNELS_MATMUL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* out = inp . weight^T + bias
+ * out (N,OC), inp (N,C), weight (OC,C), bias (OC) or NULL */
+void wf_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,
+                       int C, int OC);
+/* dinp (N,C) may be NULL (first layer); dbias may be NULL (and dweight, if frozen). */
+void wf_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                        const float *inp, const float *weight, int N, int C, int OC);
+
+#endif /* WF_KERNELS_MATMUL_H */

@@ -1,0 +1,19 @@
+/*
+ * norm.h - gradient-norm helpers: sum of squares and scaling.
+ * Part of the kernels module; include wf_kernels.h, which states the conventions
+ * (outputs first, backward adds into gradients, shape legend). The CPU code is
+ * kernels/cpu/norm.c; the CUDA twin has the same arguments plus a stream.
+ */
+#ifndef WF_KERNELS_NORM_H
+#define WF_KERNELS_NORM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Sum of squares in double (for the global gradient norm; reduce across ranks
+ * before taking the square root). */
+double wf_sumsq(const float *x, size_t n);
+/* x *= s */
+void wf_scale(float *x, float s, size_t n);
+
+#endif /* WF_KERNELS_NORM_H */

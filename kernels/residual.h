@@ -1,0 +1,17 @@
+/*
+ * residual.h - residual add.
+ * Part of the kernels module; include wf_kernels.h, which states the conventions
+ * (outputs first, backward adds into gradients, shape legend). The CPU code is
+ * kernels/cpu/residual.c; the CUDA twin has the same arguments plus a stream.
+ */
+#ifndef WF_KERNELS_RESIDUAL_H
+#define WF_KERNELS_RESIDUAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* out = a + b; backward adds dout into da and db. */
+void wf_residual_forward(float *out, const float *a, const float *b, size_t N);
+void wf_residual_backward(float *da, float *db, const float *dout, size_t N);
+
+#endif /* WF_KERNELS_RESIDUAL_H */

@@ -1,0 +1,33 @@
+/*
+ * xent.h - softmax cross-entropy, in two passes for vocabulary parallelism.
+ * Part of the kernels module; include wf_kernels.h, which states the conventions
+ * (outputs first, backward adds into gradients, shape legend). The CPU code is
+ * kernels/cpu/xent.c; the CUDA twin has the same arguments plus a stream.
+ */
+#ifndef WF_KERNELS_XENT_H
+#define WF_KERNELS_XENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Softmax + cross-entropy, split so vocabulary-parallel ranks can reduce between
+ * the passes. logits (N, ld) hold V real columns of the vocabulary starting at
+ * global column v_offset; columns >= V (padding) are ignored.
+ *
+ * Pass 1, per row: row_max = max over the V columns; row_sumexp = sum exp(l - row_max);
+ * target_logit = logits[target - v_offset] if the target is in this slice, else 0.
+ * (Across ranks: M = max row_max; S = sum row_sumexp * exp(row_max - M);
+ *  target_logit summed; loss = log S + M - target_logit.) */
+void wf_xent_stats(float *row_max, float *row_sumexp, float *target_logit, const float *logits,
+                   const int *targets, int N, int V, int ld, int v_offset);
+/* loss[i] = log(sumexp[i]) + max[i] - target_logit[i] */
+void wf_xent_loss(float *losses, const float *row_max, const float *row_sumexp,
+                  const float *target_logit, int N);
+/* Pass 2: dlogits = dloss * (softmax - onehot(target)) using the global row_max and
+ * row_sumexp; padding columns [V, ld) are set to 0. dlogits may alias logits
+ * (it is written, not accumulated, because logits are consumed here). */
+void wf_xent_backward(float *dlogits, const float *logits, const float *row_max,
+                      const float *row_sumexp, const int *targets, float dloss, int N, int V,
+                      int ld, int v_offset);
+
+#endif /* WF_KERNELS_XENT_H */
