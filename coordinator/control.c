@@ -1,0 +1,613 @@
+/*
+ * control.c - the worker's control client: a libuv thread in every rank.
+ *
+ * It registers the rank (Hello -> Welcome), sends a heartbeat every interval from
+ * its own timer, so liveness never depends on training progress, forwards step
+ * reports and errors posted by the training loop, and receives Abort and console
+ * commands. When the coordinator aborts the job, or the connection to it drops
+ * without an orderly SHUTDOWN, it logs why and calls the caller's on_abort.
+ *
+ * Threads: the training loop only takes `lock` to post state and wakes the loop
+ * with `async`; everything with a libuv handle happens on the control thread.
+ */
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "control_int.h"
+
+struct wf_control {
+  char endpoint[600], token[WF_TOKEN_HEX + 1], job_id[128], stage[64];
+  wf_rank_facts facts;
+  wf_control_abort_fn on_abort;
+  void *user;
+  bool is_unix;
+  struct sockaddr_storage addr;
+  double deadline; /* ms: give up connecting */
+
+  uv_loop_t loop;
+  uv_thread_t thread;
+  union {
+    uv_handle_t h;
+    uv_stream_t s;
+    uv_tcp_t tcp;
+    uv_pipe_t pipe;
+  } sock;
+  bool sock_open;
+  uv_connect_t connect_req;
+  uv_timer_t timer, close_timer;
+  uv_async_t async;
+  wf_proto_reader rd;
+  int heartbeat_ms;
+  bool welcomed, shutdown_seen, closed;
+
+  pthread_mutex_t lock; /* locked: */
+  pthread_cond_t cond;
+  int start; /* 0 pending, 1 registered, < 0 failed */
+  char start_err[1024];
+  int64_t step;
+  char phase[32], coll_op[64];
+  uint64_t coll_seq, mem_bytes;
+  bool coll_active;
+  wf_control_collective_fn coll_fn;
+  void *coll_user;
+  bool report_pending, error_pending, error_sent, closing;
+  Weft__StepReport report;
+  int err_code;
+  char err_msg[512];
+
+  atomic_bool stop_req, ckpt_req, aborted;
+};
+
+static void start_done(wf_control *c, int result, const char *err)
+{
+  pthread_mutex_lock(&c->lock);
+  if (c->start == 0) {
+    c->start = result;
+    if (err)
+      wf_strlcpy(c->start_err, err, sizeof c->start_err);
+    pthread_cond_broadcast(&c->cond);
+  }
+  pthread_mutex_unlock(&c->lock);
+}
+
+static void close_all(wf_control *c)
+{
+  if (c->closed)
+    return;
+  c->closed = true;
+  if (c->sock_open && !uv_is_closing(&c->sock.h))
+    uv_close(&c->sock.h, NULL);
+  uv_close((uv_handle_t *)&c->timer, NULL);
+  uv_close((uv_handle_t *)&c->close_timer, NULL);
+  uv_close((uv_handle_t *)&c->async, NULL);
+}
+
+static void do_abort(wf_control *c, const char *reason)
+{
+  if (atomic_exchange(&c->aborted, true))
+    return;
+  WF_ERROR("job aborted: %s", reason);
+  if (c->on_abort)
+    c->on_abort(c->user, reason);
+}
+
+static void on_abort_msg(wf_control *c, const Weft__Abort *a)
+{
+  char reason[2300], clean[2048];
+  wf__sanitize(clean, sizeof clean, a->reason);
+  snprintf(reason, sizeof reason, "the coordinator aborted the job: %s", clean);
+  do_abort(c, reason);
+}
+
+static void on_command(wf_control *c, const Weft__Command *cmd)
+{
+  switch (cmd->kind) {
+  case WEFT__COMMAND__KIND__STOP:
+    WF_INFO("control: the console asked to stop at the next step boundary");
+    atomic_store(&c->stop_req, true);
+    break;
+  case WEFT__COMMAND__KIND__CHECKPOINT: atomic_store(&c->ckpt_req, true); break;
+  case WEFT__COMMAND__KIND__SHUTDOWN: c->shutdown_seen = true; break;
+  default: break;
+  }
+}
+
+static void send_heartbeat(wf_control *c)
+{
+  Weft__Envelope env = WEFT__ENVELOPE__INIT;
+  Weft__Heartbeat hb = WEFT__HEARTBEAT__INIT;
+  char phase[32], op[64];
+  pthread_mutex_lock(&c->lock);
+  hb.step = c->step;
+  hb.coll_seq = c->coll_seq;
+  hb.coll_active = c->coll_active;
+  hb.mem_bytes = c->mem_bytes;
+  wf_strlcpy(phase, c->phase, sizeof phase);
+  wf_strlcpy(op, c->coll_op, sizeof op);
+  wf_control_collective_fn fn = c->coll_fn;
+  void *user = c->coll_user;
+  pthread_mutex_unlock(&c->lock);
+  if (fn) {
+    bool active = hb.coll_active;
+    fn(user, &hb.coll_seq, op, sizeof op, &active);
+    hb.coll_active = active;
+  }
+  hb.phase = phase;
+  hb.coll_op = op;
+  env.msg_case = WEFT__ENVELOPE__MSG_HEARTBEAT;
+  env.heartbeat = &hb;
+  wf__send(&c->sock.s, &env);
+}
+
+static void on_heartbeat_timer(uv_timer_t *t) { send_heartbeat(t->data); }
+
+static void on_message(wf_control *c, const Weft__Envelope *env)
+{
+  char msg[600];
+  switch (env->msg_case) {
+  case WEFT__ENVELOPE__MSG_WELCOME:
+    c->welcomed = true;
+    if (env->welcome->heartbeat_ms >= 10 && env->welcome->heartbeat_ms <= 60000)
+      c->heartbeat_ms = (int)env->welcome->heartbeat_ms;
+    send_heartbeat(c);
+    uv_timer_start(&c->timer, on_heartbeat_timer, (uint64_t)c->heartbeat_ms,
+                   (uint64_t)c->heartbeat_ms);
+    start_done(c, 1, NULL);
+    break;
+  case WEFT__ENVELOPE__MSG_ERROR:
+    wf__sanitize(msg, sizeof msg, env->error->message);
+    if (!c->welcomed)
+      start_done(c, WF_EPROTO, msg);
+    else
+      WF_WARN("control: the coordinator says: %s", msg);
+    break;
+  case WEFT__ENVELOPE__MSG_ABORT: on_abort_msg(c, env->abort); break;
+  case WEFT__ENVELOPE__MSG_COMMAND: on_command(c, env->command); break;
+  default: break;
+  }
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+  static _Thread_local char slab[64 << 10];
+  buf->base = slab;
+  buf->len = sizeof slab;
+}
+
+static void connection_lost(wf_control *c, const char *why)
+{
+  char reason[1024];
+  if (!c->welcomed) {
+    start_done(c, WF_EPROTO, why);
+    return;
+  }
+  pthread_mutex_lock(&c->lock);
+  bool closing = c->closing;
+  pthread_mutex_unlock(&c->lock);
+  if (closing || c->shutdown_seen || atomic_load(&c->aborted))
+    return;
+  snprintf(reason, sizeof reason,
+           "lost the connection to the coordinator at %s (%s): rank 0 died or was killed, so "
+           "this rank stops too",
+           c->endpoint, why);
+  do_abort(c, reason);
+}
+
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+  wf_control *c = s->data;
+  char err[256];
+  if (n < 0) {
+    uv_read_stop(s);
+    connection_lost(c, n == UV_EOF ? "connection closed" : uv_strerror((int)n));
+    return;
+  }
+  if (wf_proto_reader_feed(&c->rd, buf->base, (size_t)n, err, sizeof err) != WF_OK) {
+    uv_read_stop(s);
+    connection_lost(c, err);
+    return;
+  }
+  for (;;) {
+    Weft__Envelope *env = NULL;
+    if (wf_proto_reader_next(&c->rd, &env, err, sizeof err) != WF_OK) {
+      uv_read_stop(s);
+      connection_lost(c, err);
+      return;
+    }
+    if (!env)
+      return;
+    on_message(c, env);
+    wf_proto_free(env);
+  }
+}
+
+static void send_hello(wf_control *c)
+{
+  Weft__Envelope env = WEFT__ENVELOPE__INIT;
+  Weft__Hello h = WEFT__HELLO__INIT;
+  h.role = WEFT__HELLO__ROLE__WORKER;
+  h.token = c->token;
+  h.job_id = c->job_id;
+  h.rank = c->facts.rank;
+  h.local_rank = c->facts.local_rank;
+  h.pid = c->facts.pid;
+  h.host = c->facts.host;
+  h.device = c->facts.device;
+  h.binding = c->facts.binding;
+  h.pp = c->facts.coords.pp;
+  h.dp = c->facts.coords.dp;
+  h.tp = c->facts.coords.tp;
+  h.threads = c->facts.threads;
+  h.stage = c->stage;
+  env.msg_case = WEFT__ENVELOPE__MSG_HELLO;
+  env.hello = &h;
+  wf__send(&c->sock.s, &env);
+}
+
+static void try_connect(wf_control *c);
+
+static void on_retry_timer(uv_timer_t *t) { try_connect(t->data); }
+
+static void on_sock_closed_retry(uv_handle_t *h)
+{
+  wf_control *c = h->data;
+  c->sock_open = false;
+  uv_timer_start(&c->timer, on_retry_timer, 200, 0);
+}
+
+static void on_connect(uv_connect_t *req, int status)
+{
+  wf_control *c = req->data;
+  if (status == 0) {
+    uv_read_start(&c->sock.s, on_alloc, on_read);
+    send_hello(c);
+    return;
+  }
+  if (c->closed)
+    return;
+  if (wf__now_ms() > c->deadline) {
+    char msg[1024];
+    snprintf(msg, sizeof msg,
+             "cannot reach the coordinator at %s: %s (is rank 0 running, and is "
+             "MASTER_ADDR:MASTER_PORT reachable from this host?)",
+             c->endpoint, uv_strerror(status));
+    start_done(c, WF_ETIMEOUT, msg);
+    return;
+  }
+  uv_close(&c->sock.h, on_sock_closed_retry);
+}
+
+static void try_connect(wf_control *c)
+{
+  int rc;
+  c->sock.h.data = c;
+  c->connect_req.data = c;
+  c->sock_open = true;
+  if (c->is_unix) {
+    uv_pipe_init(&c->loop, &c->sock.pipe, 0);
+    c->sock.h.data = c;
+    uv_pipe_connect(&c->connect_req, &c->sock.pipe, c->endpoint + 5, on_connect);
+    return;
+  }
+  uv_tcp_init(&c->loop, &c->sock.tcp);
+  c->sock.h.data = c;
+  uv_tcp_nodelay(&c->sock.tcp, 1);
+  rc = uv_tcp_connect(&c->connect_req, &c->sock.tcp, (const struct sockaddr *)&c->addr, on_connect);
+  if (rc < 0) {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "cannot connect to the coordinator at %s: %s", c->endpoint,
+             uv_strerror(rc));
+    start_done(c, WF_EUV, msg);
+  }
+}
+
+/* ---- posted work (async) ------------------------------------------------------------ */
+
+typedef struct sent_req {
+  uv_write_t req;
+  uint8_t *frame;
+  wf_control *c;
+  bool is_error, is_bye;
+} sent_req;
+
+static void on_posted_sent(uv_write_t *req, int status)
+{
+  sent_req *r = (sent_req *)req;
+  wf_control *c = r->c;
+  if (r->is_error) {
+    pthread_mutex_lock(&c->lock);
+    c->error_sent = true;
+    pthread_cond_broadcast(&c->cond);
+    pthread_mutex_unlock(&c->lock);
+  }
+  if (r->is_bye)
+    close_all(c);
+  free(r->frame);
+  free(r);
+}
+
+/* Send with a completion callback; false when it could not be queued. */
+static bool send_tracked(wf_control *c, Weft__Envelope *env, bool is_error, bool is_bye)
+{
+  size_t len;
+  sent_req *r = calloc(1, sizeof *r);
+  if (!r || !c->welcomed || uv_is_closing(&c->sock.h) ||
+      wf_proto_encode(env, &r->frame, &len) != WF_OK)
+    goto fail;
+  r->c = c;
+  r->is_error = is_error;
+  r->is_bye = is_bye;
+  uv_buf_t buf = uv_buf_init((char *)r->frame, (unsigned)len);
+  if (uv_write(&r->req, &c->sock.s, &buf, 1, on_posted_sent) == 0)
+    return true;
+fail:
+  if (r)
+    free(r->frame);
+  free(r);
+  return false;
+}
+
+static void on_close_timer(uv_timer_t *t) { close_all(t->data); }
+
+static void on_async(uv_async_t *a)
+{
+  wf_control *c = a->data;
+  Weft__Envelope env = WEFT__ENVELOPE__INIT;
+  Weft__StepReport sr;
+  Weft__Error err = WEFT__ERROR__INIT;
+  char msg[512];
+  pthread_mutex_lock(&c->lock);
+  bool report = c->report_pending, error = c->error_pending, closing = c->closing;
+  sr = c->report;
+  err.code = c->err_code;
+  wf_strlcpy(msg, c->err_msg, sizeof msg);
+  c->report_pending = c->error_pending = false;
+  pthread_mutex_unlock(&c->lock);
+  if (c->closed)
+    return;
+  if (report) {
+    env.msg_case = WEFT__ENVELOPE__MSG_STEP_REPORT;
+    env.step_report = &sr;
+    send_tracked(c, &env, false, false);
+  }
+  if (error) {
+    err.message = msg;
+    env.msg_case = WEFT__ENVELOPE__MSG_ERROR;
+    env.error = &err;
+    if (!send_tracked(c, &env, true, false)) {
+      pthread_mutex_lock(&c->lock);
+      c->error_sent = true; /* nothing will be sent: do not make the caller wait */
+      pthread_cond_broadcast(&c->cond);
+      pthread_mutex_unlock(&c->lock);
+    }
+  }
+  if (closing) {
+    Weft__Bye bye = WEFT__BYE__INIT;
+    env.msg_case = WEFT__ENVELOPE__MSG_BYE;
+    env.bye = &bye;
+    uv_timer_stop(&c->timer);
+    if (!send_tracked(c, &env, false, true))
+      close_all(c);
+    else
+      uv_timer_start(&c->close_timer, on_close_timer, 1000, 0);
+  }
+}
+
+static void control_thread(void *arg)
+{
+  wf_control *c = arg;
+  try_connect(c);
+  uv_run(&c->loop, UV_RUN_DEFAULT);
+}
+
+/* ---- public API ----------------------------------------------------------------------- */
+
+static wf_status resolve(wf_control *c)
+{
+  char host[300];
+  int port;
+  if (strncmp(c->endpoint, "unix:", 5) == 0) {
+    c->is_unix = true;
+    return WF_OK;
+  }
+  if (wf__split_endpoint(c->endpoint, host, sizeof host, &port) != WF_OK) {
+    WF_ERROR("control: bad coordinator endpoint '%s': expected host:port or unix:/path",
+             c->endpoint);
+    return WF_EINVAL;
+  }
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
+  char ports[16];
+  snprintf(ports, sizeof ports, "%d", port);
+  int rc = getaddrinfo(host, ports, &hints, &res);
+  if (rc != 0 || !res) {
+    WF_ERROR("control: cannot resolve the coordinator host '%s' (MASTER_ADDR): %s", host,
+             gai_strerror(rc));
+    return WF_EINVAL;
+  }
+  memcpy(&c->addr, res->ai_addr, res->ai_addrlen);
+  freeaddrinfo(res);
+  return WF_OK;
+}
+
+static wf_control *control_new(const wf_control_opts *o)
+{
+  wf_control *c = calloc(1, sizeof *c);
+  if (!c)
+    return NULL;
+  wf_strlcpy(c->endpoint, o->endpoint, sizeof c->endpoint);
+  wf_strlcpy(c->token, o->token ? o->token : "", sizeof c->token);
+  wf_strlcpy(c->job_id, o->job_id ? o->job_id : "", sizeof c->job_id);
+  wf_strlcpy(c->stage, o->stage_desc ? o->stage_desc : "", sizeof c->stage);
+  c->facts = o->facts;
+  c->on_abort = o->on_abort;
+  c->user = o->user;
+  c->heartbeat_ms = 1000;
+  c->step = -1;
+  wf_strlcpy(c->phase, "init", sizeof c->phase);
+  int timeout = o->connect_timeout_ms > 0 ? o->connect_timeout_ms : 30000;
+  c->deadline = wf__now_ms() + timeout;
+  pthread_mutex_init(&c->lock, NULL);
+  pthread_cond_init(&c->cond, NULL);
+  wf_proto_reader_init(&c->rd, 0);
+  return c;
+}
+
+static void control_free(wf_control *c)
+{
+  wf_proto_reader_fini(&c->rd);
+  pthread_mutex_destroy(&c->lock);
+  pthread_cond_destroy(&c->cond);
+  free(c);
+}
+
+/* Wait for registration (or its failure) a little past the connect deadline. */
+static int wait_started(wf_control *c)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  double wait_ms = c->deadline - wf__now_ms() + 5000;
+  ts.tv_sec += (time_t)(wait_ms / 1000);
+  ts.tv_nsec += (long)((wait_ms - (double)(long)(wait_ms / 1000) * 1000) * 1e6);
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  pthread_mutex_lock(&c->lock);
+  while (c->start == 0)
+    if (pthread_cond_timedwait(&c->cond, &c->lock, &ts) != 0)
+      break;
+  if (c->start == 0) {
+    c->start = WF_ETIMEOUT;
+    snprintf(c->start_err, sizeof c->start_err, "the coordinator at %s did not answer Hello",
+             c->endpoint);
+  }
+  int r = c->start;
+  pthread_mutex_unlock(&c->lock);
+  return r;
+}
+
+static void stop_thread(wf_control *c)
+{
+  pthread_mutex_lock(&c->lock);
+  c->closing = true;
+  pthread_mutex_unlock(&c->lock);
+  uv_async_send(&c->async);
+  uv_thread_join(&c->thread);
+  uv_run(&c->loop, UV_RUN_DEFAULT);
+  uv_loop_close(&c->loop);
+}
+
+wf_status wf_control_start(wf_control **out, const wf_control_opts *o)
+{
+  *out = NULL;
+  if (!o || !o->endpoint || !o->endpoint[0])
+    return WF_EINVAL;
+  wf_control *c = control_new(o);
+  if (!c)
+    return WF_ENOMEM;
+  if (resolve(c) != WF_OK || uv_loop_init(&c->loop) < 0) {
+    control_free(c);
+    return WF_EINVAL;
+  }
+  uv_timer_init(&c->loop, &c->timer);
+  uv_timer_init(&c->loop, &c->close_timer);
+  uv_async_init(&c->loop, &c->async, on_async);
+  c->timer.data = c->close_timer.data = c->async.data = c;
+  if (uv_thread_create(&c->thread, control_thread, c) < 0) {
+    close_all(c);
+    uv_run(&c->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&c->loop);
+    control_free(c);
+    return WF_EUV;
+  }
+  int r = wait_started(c);
+  if (r != 1) {
+    WF_ERROR("control: rank %d could not register with the coordinator: %s", c->facts.rank,
+             c->start_err);
+    stop_thread(c);
+    control_free(c);
+    return r < 0 ? (wf_status)r : WF_EPROTO;
+  }
+  *out = c;
+  return WF_OK;
+}
+
+void wf_control_destroy(wf_control *c)
+{
+  if (!c)
+    return;
+  stop_thread(c);
+  control_free(c);
+}
+
+void wf_control_report_step(wf_control *c, int64_t step, double loss, double tokens_per_s,
+                            double step_ms, uint64_t mem_bytes)
+{
+  Weft__StepReport sr = WEFT__STEP_REPORT__INIT;
+  sr.step = step;
+  sr.loss = loss;
+  sr.tokens_per_s = tokens_per_s;
+  sr.step_ms = step_ms;
+  sr.mem_bytes = mem_bytes;
+  pthread_mutex_lock(&c->lock);
+  c->report = sr; /* a report not yet sent is replaced by the newer one */
+  c->report_pending = true;
+  c->step = step;
+  c->mem_bytes = mem_bytes;
+  pthread_mutex_unlock(&c->lock);
+  uv_async_send(&c->async);
+}
+
+void wf_control_set_phase(wf_control *c, const char *phase)
+{
+  pthread_mutex_lock(&c->lock);
+  wf_strlcpy(c->phase, phase ? phase : "", sizeof c->phase);
+  pthread_mutex_unlock(&c->lock);
+}
+
+void wf_control_set_collective(wf_control *c, uint64_t seq, const char *op, bool active)
+{
+  pthread_mutex_lock(&c->lock);
+  c->coll_seq = seq;
+  wf_strlcpy(c->coll_op, op ? op : "", sizeof c->coll_op);
+  c->coll_active = active;
+  pthread_mutex_unlock(&c->lock);
+}
+
+void wf_control_set_collective_fn(wf_control *c, wf_control_collective_fn fn, void *user)
+{
+  pthread_mutex_lock(&c->lock);
+  c->coll_fn = fn;
+  c->coll_user = user;
+  pthread_mutex_unlock(&c->lock);
+}
+
+void wf_control_report_error(wf_control *c, wf_status code, const char *message, int wait_ms)
+{
+  struct timespec ts;
+  pthread_mutex_lock(&c->lock);
+  c->err_code = (int)code;
+  wf_strlcpy(c->err_msg, message ? message : wf_status_str(code), sizeof c->err_msg);
+  c->error_pending = true;
+  c->error_sent = false;
+  pthread_mutex_unlock(&c->lock);
+  uv_async_send(&c->async);
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_sec += wait_ms / 1000;
+  ts.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  pthread_mutex_lock(&c->lock);
+  while (!c->error_sent && wait_ms > 0)
+    if (pthread_cond_timedwait(&c->cond, &c->lock, &ts) != 0)
+      break;
+  pthread_mutex_unlock(&c->lock);
+}
+
+bool wf_control_stop_requested(wf_control *c) { return atomic_load(&c->stop_req); }
+bool wf_control_checkpoint_requested(wf_control *c) { return atomic_exchange(&c->ckpt_req, false); }
+bool wf_control_aborted(wf_control *c) { return atomic_load(&c->aborted); }

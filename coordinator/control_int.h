@@ -1,0 +1,146 @@
+/*
+ * control_int.h - private to the control-plane files of coordinator/.
+ *
+ * The service's state lives on its loop thread only: every field below except the
+ * ones marked "locked" is touched by that thread alone, so handlers need no locks.
+ * Other threads reach the service through `lock` (abort reason) and `stop_async`.
+ */
+#ifndef WF_CONTROL_INT_H
+#define WF_CONTROL_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <uv.h>
+
+#include "wf_control.h"
+#include "wf_proto.h"
+
+#define WF__HANDSHAKE_MS    2000        /* a new connection must say Hello within this */
+#define WF__PARTIAL_MS      5000        /* a started frame must complete within this */
+#define WF__CONSOLE_IDLE_MS 30000       /* an idle console connection is closed */
+#define WF__MAX_QUEUED      (16u << 20) /* unsent bytes before a slow reader is dropped */
+#define WF__CONSOLE_MAX_IN  (64u << 10) /* largest frame accepted from any peer */
+#define WF__WATCHDOG_MS     100
+
+/* ---- shared helpers (util.c) ------------------------------------------------------ */
+
+/* Constant-time comparison of two NUL-terminated strings (time depends on lengths). */
+bool wf__ct_streq(const char *a, const char *b);
+/* 32 bytes from /dev/urandom as 64 hex characters. */
+wf_status wf__random_token(char out[WF_TOKEN_HEX + 1]);
+/* Copy `src` keeping printable ASCII only (anything else becomes '?'), so strings
+ * from the wire are safe for logs, terminals and JSON. */
+void wf__sanitize(char *dst, size_t dst_len, const char *src);
+/* Split "host:port" (or "[v6]:port"). */
+wf_status wf__split_endpoint(const char *ep, char *host, size_t host_len, int *port);
+/* Encode and queue one envelope on a stream; the buffer is freed when written. */
+int wf__send(uv_stream_t *s, Weft__Envelope *env);
+double wf__now_ms(void);
+
+/* ---- service ------------------------------------------------------------------------ */
+
+typedef enum conn_role {
+  WF__CONN_NEW = 0,
+  WF__CONN_WORKER,
+  WF__CONN_CONSOLE,
+  WF__CONN_HTTP
+} conn_role;
+
+typedef struct wf__conn {
+  union {
+    uv_handle_t h;
+    uv_stream_t s;
+    uv_tcp_t tcp;
+    uv_pipe_t pipe;
+  } u;
+  struct wf_service *svc;
+  bool is_unix, closing;
+  conn_role role;
+  int rank; /* WF__CONN_WORKER */
+  wf_proto_reader rd;
+  double t_open, t_last; /* ms, monotonic */
+  char http[1024];       /* WF__CONN_HTTP: the request so far */
+  size_t http_len;
+  struct wf__conn *next, *prev;
+} wf__conn;
+
+typedef enum rank_state {
+  WF__RANK_WAITING = 0, /* no Hello yet */
+  WF__RANK_ALIVE,
+  WF__RANK_DEAD,
+  WF__RANK_EXITED, /* said Bye */
+} rank_state;
+
+typedef struct wf__rank {
+  wf_rank_facts facts;
+  char stage[64];
+  rank_state state;
+  wf__conn *conn;
+  double t_hello, t_heartbeat, t_change; /* ms */
+  int64_t step;
+  char phase[32];
+  uint64_t coll_seq;
+  char coll_op[64];
+  bool coll_active;
+  uint64_t mem_bytes;
+  double loss, tokens_per_s, step_ms;
+  int64_t reports;
+  char error[256]; /* last Error message from this rank */
+} wf__rank;
+
+struct wf_service {
+  /* configuration (copied) */
+  char job_id[128];
+  int world;
+  wf_mesh mesh;
+  char model[256];
+  int64_t total_steps;
+  double hang_timeout_ms;
+  int heartbeat_ms, dead_after_ms, register_timeout_ms;
+  char job_dir[512], job_file[700], unix_path[700], endpoint[300], bind_addr[64];
+  char token[WF_TOKEN_HEX + 1];
+  int port, metrics_port;
+  double start_wall;
+
+  /* loop thread */
+  uv_loop_t loop;
+  uv_tcp_t tcp;
+  uv_pipe_t pipe;
+  uv_tcp_t http;
+  bool have_http;
+  uv_timer_t watchdog;
+  uv_async_t stop_async;
+  uv_thread_t thread;
+  wf__conn *conns;
+  wf__rank *ranks;
+  double t_start, t_progress; /* ms */
+  int registered;
+  bool shutting_down;
+  /* latest job-level numbers, from step reports */
+  int64_t step;
+  double loss, tokens_per_s, step_ms;
+
+  pthread_mutex_t lock; /* locked: */
+  bool aborted;
+  char abort_reason[2048];
+};
+
+/* service.c */
+void wf__service_on_connection(uv_stream_t *server, int status);
+void wf__conn_close(wf__conn *c);
+void wf__conn_close_flushed(wf__conn *c);
+void wf__broadcast(wf_service *svc, Weft__Envelope *env);
+/* watchdog.c */
+void wf__watchdog_tick(uv_timer_t *t);
+void wf__rank_lost(wf_service *svc, int rank, const char *why);
+void wf__abort_job(wf_service *svc, int rank, const char *reason);
+/* query.c: the JSON answer to a console query; NULL with `msg` when unavailable. */
+char *wf__query_json(wf_service *svc, int kind, char *msg, size_t msg_len);
+/* jobfile.c */
+wf_status wf__job_dir_prepare(const char *dir);
+wf_status wf__job_file_write(wf_service *svc);
+/* metrics.c */
+wf_status wf__metrics_start(wf_service *svc);
+void wf__metrics_read(wf__conn *c, const char *data, size_t len);
+
+#endif /* WF_CONTROL_INT_H */

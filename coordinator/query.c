@@ -1,0 +1,175 @@
+/*
+ * query.c - console queries answered from the registry, as JSON (jansson).
+ *
+ * The service answers in JSON only; the console renders text from the same
+ * document, so `--json` and the text view can never disagree. Numbers that are not
+ * known yet (no step finished, no loss on this rank) are JSON null.
+ */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "control_int.h"
+
+static const char *state_name(rank_state s)
+{
+  switch (s) {
+  case WF__RANK_WAITING: return "waiting";
+  case WF__RANK_ALIVE: return "alive";
+  case WF__RANK_DEAD: return "dead";
+  case WF__RANK_EXITED: return "exited";
+  }
+  return "?";
+}
+
+static json_t *num_or_null(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+
+static const char *job_state(wf_service *svc, char *reason, size_t len)
+{
+  if (wf_service_aborted(svc, reason, len))
+    return "aborted";
+  return svc->registered < svc->world ? "starting" : "running";
+}
+
+static json_t *query_status(wf_service *svc, double now)
+{
+  char reason[2048] = "";
+  const char *state = job_state(svc, reason, sizeof reason);
+  double eta = NAN;
+  if (svc->total_steps > 0 && svc->step >= 0 && isfinite(svc->step_ms))
+    eta = (double)(svc->total_steps - 1 - svc->step) * svc->step_ms / 1000.0;
+  int alive = 0;
+  for (int i = 0; i < svc->world; i++)
+    alive += svc->ranks[i].state == WF__RANK_ALIVE;
+  json_t *j = json_pack(
+      "{s:s, s:s, s:s, s:i, s:{s:i, s:i, s:i}, s:I, s:I, s:o, s:o, s:o, s:o, "
+      "s:i, s:i, s:f, s:s}",
+      "job", svc->job_id, "model", svc->model, "state", state, "world_size", svc->world, "mesh",
+      "dp", svc->mesh.dp, "tp", svc->mesh.tp, "pp", svc->mesh.pp, "step", (json_int_t)svc->step,
+      "total_steps", (json_int_t)svc->total_steps, "loss", num_or_null(svc->loss), "tokens_per_s",
+      num_or_null(svc->tokens_per_s), "step_ms", num_or_null(svc->step_ms), "eta_s",
+      num_or_null(eta), "registered", svc->registered, "alive", alive, "uptime_s",
+      (now - svc->t_start) / 1000.0, "endpoint", svc->endpoint);
+  if (j && reason[0])
+    json_object_set_new(j, "abort_reason", json_string(reason));
+  return j;
+}
+
+static json_t *rank_json(const wf__rank *r, double now)
+{
+  const wf_rank_facts *f = &r->facts;
+  json_t *age =
+      r->state == WF__RANK_WAITING ? json_null() : json_real((now - r->t_heartbeat) / 1000.0);
+  return json_pack(
+      "{s:i, s:s, s:i, s:i, s:s, s:s, s:{s:i, s:i, s:i}, s:s, s:s, s:o, s:I, s:s, "
+      "s:I, s:o, s:o, s:{s:I, s:s, s:b}, s:s}",
+      "rank", f->rank, "host", f->host, "pid", f->pid, "local_rank", f->local_rank, "device",
+      f->device, "binding", f->binding, "coords", "pp", f->coords.pp, "dp", f->coords.dp, "tp",
+      f->coords.tp, "stage", r->stage, "state", state_name(r->state), "heartbeat_age_s", age,
+      "step", (json_int_t)r->step, "phase", r->phase, "mem_bytes", (json_int_t)r->mem_bytes, "loss",
+      num_or_null(r->loss), "step_ms", num_or_null(r->step_ms), "collective", "seq",
+      (json_int_t)r->coll_seq, "op", r->coll_op, "active", r->coll_active, "error", r->error);
+}
+
+static json_t *query_ranks(wf_service *svc, double now)
+{
+  json_t *arr = json_array();
+  for (int i = 0; arr && i < svc->world; i++)
+    json_array_append_new(arr, rank_json(&svc->ranks[i], now));
+  return json_pack("{s:s, s:i, s:o}", "job", svc->job_id, "world_size", svc->world, "ranks", arr);
+}
+
+/* The rank at mesh coordinates, from the registry (what the ranks reported), so the
+ * drawing shows the real placement rather than the formula. -1 when none. */
+static int rank_at(const wf_service *svc, int pp, int dp, int tp)
+{
+  for (int i = 0; i < svc->world; i++) {
+    const wf_coords *c = &svc->ranks[i].facts.coords;
+    if (c->pp == pp && c->dp == dp && c->tp == tp)
+      return i;
+  }
+  return -1;
+}
+
+/* Groups along one axis: all ranks that share the other two coordinates. */
+static json_t *groups_json(const wf_service *svc, char axis)
+{
+  const wf_mesh *m = &svc->mesh;
+  json_t *all = json_array();
+  int na = axis == 't' ? m->tp : axis == 'd' ? m->dp : m->pp;
+  int nb = axis == 'p' ? m->dp : m->pp, nc = axis == 't' ? m->dp : m->tp;
+  for (int b = 0; b < nb; b++) {
+    for (int c = 0; c < nc; c++) {
+      json_t *g = json_array();
+      for (int a = 0; a < na; a++) {
+        int pp = axis == 'p' ? a : b, dp = axis == 'd' ? a : axis == 't' ? c : b;
+        int tp = axis == 't' ? a : c;
+        json_array_append_new(g, json_integer(rank_at(svc, pp, dp, tp)));
+      }
+      json_array_append_new(all, g);
+    }
+  }
+  return all;
+}
+
+static json_t *embedding_groups(const wf_service *svc)
+{
+  const wf_mesh *m = &svc->mesh;
+  json_t *all = json_array();
+  for (int dp = 0; m->pp > 1 && dp < m->dp; dp++)
+    for (int tp = 0; tp < m->tp; tp++)
+      json_array_append_new(
+          all, json_pack("[i, i]", rank_at(svc, 0, dp, tp), rank_at(svc, m->pp - 1, dp, tp)));
+  return all;
+}
+
+static json_t *query_mesh(wf_service *svc)
+{
+  const wf_mesh *m = &svc->mesh;
+  json_t *stages = json_array();
+  for (int pp = 0; pp < m->pp; pp++) {
+    json_t *grid = json_array();
+    for (int dp = 0; dp < m->dp; dp++) {
+      json_t *row = json_array();
+      for (int tp = 0; tp < m->tp; tp++)
+        json_array_append_new(row, json_integer(rank_at(svc, pp, dp, tp)));
+      json_array_append_new(grid, row);
+    }
+    json_array_append_new(stages, json_pack("{s:i, s:o}", "pp", pp, "grid", grid));
+  }
+  return json_pack("{s:s, s:i, s:i, s:i, s:i, s:o, s:{s:o, s:o, s:o, s:o}}", "job", svc->job_id,
+                   "world_size", svc->world, "dp", m->dp, "tp", m->tp, "pp", m->pp, "stages",
+                   stages, "groups", "tp", groups_json(svc, 't'), "dp", groups_json(svc, 'd'), "pp",
+                   groups_json(svc, 'p'), "emb", embedding_groups(svc));
+}
+
+char *wf__query_json(wf_service *svc, int kind, char *msg, size_t msg_len)
+{
+  double now = wf__now_ms();
+  json_t *j = NULL;
+  switch (kind) {
+  case WEFT__QUERY__KIND__STATUS: j = query_status(svc, now); break;
+  case WEFT__QUERY__KIND__RANKS: j = query_ranks(svc, now); break;
+  case WEFT__QUERY__KIND__MESH: j = query_mesh(svc); break;
+  case WEFT__QUERY__KIND__SCHEDULE:
+    snprintf(msg, msg_len,
+             "schedule: not available yet (pipeline schedules are not reported "
+             "to the coordinator)");
+    return NULL;
+  case WEFT__QUERY__KIND__TRACE:
+    snprintf(msg, msg_len,
+             "trace: not available yet (collective flight recorders are not "
+             "reported to the coordinator)");
+    return NULL;
+  default: snprintf(msg, msg_len, "unknown query"); return NULL;
+  }
+  if (!j) {
+    snprintf(msg, msg_len, "out of memory building the reply");
+    return NULL;
+  }
+  char *s = json_dumps(j, JSON_COMPACT);
+  json_decref(j);
+  return s;
+}

@@ -1,0 +1,163 @@
+/*
+ * render.c - the console's text views of the service's JSON replies.
+ *
+ * Pure functions of the JSON document: the same reply gives the same text, and
+ * `--json` prints the document itself. A field the service did not send (an older
+ * or newer build) shows as "-" rather than failing.
+ */
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "control_int.h"
+
+static const char *str(json_t *o, const char *key)
+{
+  const char *s = json_string_value(json_object_get(o, key));
+  return s && s[0] ? s : "-";
+}
+
+static json_int_t num_i(json_t *o, const char *key)
+{
+  return json_integer_value(json_object_get(o, key));
+}
+
+/* A number as text with `fmt`, or "-" when null. */
+static const char *num_s(char *buf, size_t len, json_t *o, const char *key, const char *fmt)
+{
+  json_t *v = json_object_get(o, key);
+  if (!json_is_number(v))
+    return "-";
+  snprintf(buf, len, fmt, json_number_value(v));
+  return buf;
+}
+
+static const char *bytes_s(char *buf, size_t len, double b)
+{
+  if (b >= 1 << 30)
+    snprintf(buf, len, "%.1f GiB", b / (1 << 30));
+  else if (b >= 1 << 20)
+    snprintf(buf, len, "%.1f MiB", b / (1 << 20));
+  else
+    snprintf(buf, len, "%.0f KiB", b / 1024);
+  return buf;
+}
+
+static void render_status(json_t *j, FILE *out)
+{
+  char a[64], b[64], c[64], d[64];
+  json_t *mesh = json_object_get(j, "mesh");
+  double eta = json_number_value(json_object_get(j, "eta_s"));
+  fprintf(out, "job      %s (%s)\n", str(j, "job"), str(j, "state"));
+  fprintf(out, "model    %s\n", str(j, "model"));
+  fprintf(out, "mesh     dp %d x tp %d x pp %d = %d ranks (%d registered, %d alive)\n",
+          (int)num_i(mesh, "dp"), (int)num_i(mesh, "tp"), (int)num_i(mesh, "pp"),
+          (int)num_i(j, "world_size"), (int)num_i(j, "registered"), (int)num_i(j, "alive"));
+  json_int_t step = num_i(j, "step"), total = num_i(j, "total_steps");
+  if (step < 0)
+    fprintf(out, "step     - (no step finished yet)\n");
+  else if (total > 0)
+    fprintf(out, "step     %" JSON_INTEGER_FORMAT " / %" JSON_INTEGER_FORMAT "\n", step, total);
+  else
+    fprintf(out, "step     %" JSON_INTEGER_FORMAT "\n", step);
+  fprintf(out, "loss     %s\n", num_s(a, sizeof a, j, "loss", "%.4f"));
+  fprintf(out, "speed    %s tokens/s, %s ms/step\n", num_s(b, sizeof b, j, "tokens_per_s", "%.0f"),
+          num_s(c, sizeof c, j, "step_ms", "%.1f"));
+  if (json_is_number(json_object_get(j, "eta_s")))
+    snprintf(d, sizeof d, "%dh%02dm%02ds", (int)(eta / 3600), (int)fmod(eta / 60, 60),
+             (int)fmod(eta, 60));
+  fprintf(out, "eta      %s\n", json_is_number(json_object_get(j, "eta_s")) ? d : "-");
+  fprintf(out, "uptime   %s s\n", num_s(a, sizeof a, j, "uptime_s", "%.0f"));
+  if (json_object_get(j, "abort_reason"))
+    fprintf(out, "aborted  %s\n", str(j, "abort_reason"));
+}
+
+static void render_ranks(json_t *j, FILE *out)
+{
+  size_t i;
+  json_t *r;
+  char age[32], mem[32], coll[96];
+  fprintf(out, "%4s %-16s %7s %-12s %-14s %-10s %-7s %-8s %6s %6s %-10s %s\n", "rank", "host",
+          "pid", "device", "binding", "pp/dp/tp", "stage", "state", "hb", "step", "memory",
+          "last collective");
+  json_array_foreach(json_object_get(j, "ranks"), i, r)
+  {
+    json_t *c = json_object_get(r, "coords"), *k = json_object_get(r, "collective");
+    char coords[32];
+    snprintf(coords, sizeof coords, "%d/%d/%d", (int)num_i(c, "pp"), (int)num_i(c, "dp"),
+             (int)num_i(c, "tp"));
+    if (num_i(k, "seq") > 0 || json_string_length(json_object_get(k, "op")) > 0)
+      snprintf(coll, sizeof coll, "#%" JSON_INTEGER_FORMAT " %s%s", num_i(k, "seq"), str(k, "op"),
+               json_is_true(json_object_get(k, "active")) ? " (inside)" : "");
+    else
+      snprintf(coll, sizeof coll, "-");
+    json_int_t step = num_i(r, "step");
+    char steps[32];
+    snprintf(steps, sizeof steps, step < 0 ? "-" : "%" JSON_INTEGER_FORMAT, step);
+    fprintf(out, "%4d %-16.16s %7d %-12.12s %-14.14s %-10s %-7.7s %-8s %6s %6s %-10s %s\n",
+            (int)num_i(r, "rank"), str(r, "host"), (int)num_i(r, "pid"), str(r, "device"),
+            str(r, "binding"), coords, str(r, "stage"), str(r, "state"),
+            num_s(age, sizeof age, r, "heartbeat_age_s", "%.1fs"), steps,
+            bytes_s(mem, sizeof mem, (double)num_i(r, "mem_bytes")), coll);
+  }
+}
+
+static void print_groups(json_t *groups, const char *axis, FILE *out)
+{
+  size_t i, k;
+  json_t *g, *m;
+  fprintf(out, "  %-4s groups:", axis);
+  json_array_foreach(json_object_get(groups, axis), i, g)
+  {
+    fprintf(out, " [");
+    json_array_foreach(g, k, m) fprintf(out, "%s%d", k ? " " : "", (int)json_integer_value(m));
+    fprintf(out, "]");
+  }
+  fprintf(out, json_array_size(json_object_get(groups, axis)) ? "\n" : " none\n");
+}
+
+static void render_mesh(json_t *j, FILE *out)
+{
+  size_t s, row, col;
+  json_t *stage, *r, *cell;
+  int tp = (int)num_i(j, "tp");
+  fprintf(out, "mesh dp %d x tp %d x pp %d (rank = tp + TP*(dp + DP*pp))\n", (int)num_i(j, "dp"),
+          tp, (int)num_i(j, "pp"));
+  json_array_foreach(json_object_get(j, "stages"), s, stage)
+  {
+    fprintf(out, "\npipeline stage pp=%d\n       ", (int)num_i(stage, "pp"));
+    for (int t = 0; t < tp; t++)
+      fprintf(out, " tp=%-3d", t);
+    fprintf(out, "\n");
+    json_array_foreach(json_object_get(stage, "grid"), row, r)
+    {
+      fprintf(out, "  dp=%-2d", (int)row);
+      json_array_foreach(r, col, cell) fprintf(out, " [%4d]", (int)json_integer_value(cell));
+      fprintf(out, "\n");
+    }
+  }
+  json_t *groups = json_object_get(j, "groups");
+  fprintf(out, "\ngroups (world ranks):\n");
+  print_groups(groups, "tp", out);
+  print_groups(groups, "dp", out);
+  print_groups(groups, "pp", out);
+  print_groups(groups, "emb", out);
+}
+
+wf_status wf_console_render(wf_console_cmd cmd, const char *json, FILE *out)
+{
+  json_error_t je;
+  json_t *j = json_loads(json, 0, &je);
+  if (!j)
+    return WF_EFORMAT;
+  switch (cmd) {
+  case WF_CONSOLE_STATUS: render_status(j, out); break;
+  case WF_CONSOLE_RANKS: render_ranks(j, out); break;
+  case WF_CONSOLE_MESH: render_mesh(j, out); break;
+  default: fprintf(out, "%s\n", json); break;
+  }
+  json_decref(j);
+  return WF_OK;
+}

@@ -1,0 +1,681 @@
+/*
+ * service.c - the coordinator service: a libuv loop thread inside world rank 0.
+ *
+ * It listens on TCP (MASTER_ADDR:MASTER_PORT) and on a Unix socket in the job
+ * directory, authenticates every connection (the token in Hello on TCP, the peer's
+ * uid on the Unix socket), keeps the registry of ranks from Hello, heartbeats and
+ * step reports, answers console queries and forwards console commands.
+ *
+ * Invariants:
+ *  - Only the loop thread touches connections and the registry (see control_int.h).
+ *  - A connection that is not authenticated gets nothing but an Error and a close.
+ *  - Whatever a peer sends, the worst outcome is that its own connection is closed;
+ *    only a worker's death or its Error ends the job.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "control_int.h"
+#include "wf_check.h"
+
+/* ---- connections ------------------------------------------------------------------ */
+
+static void on_conn_closed(uv_handle_t *h)
+{
+  wf__conn *c = (wf__conn *)h;
+  wf_service *svc = c->svc;
+  if (c->prev)
+    c->prev->next = c->next;
+  else
+    svc->conns = c->next;
+  if (c->next)
+    c->next->prev = c->prev;
+  wf_proto_reader_fini(&c->rd);
+  free(c);
+}
+
+/* Logical close: no more messages are processed, and a worker that had not said
+ * Bye is lost. The handle itself is closed by the callers below. */
+static void conn_retire(wf__conn *c)
+{
+  if (c->closing)
+    return;
+  c->closing = true;
+  c->t_last = wf__now_ms();
+  if (c->role == WF__CONN_WORKER && c->rank >= 0 && c->svc->ranks[c->rank].conn == c) {
+    wf__rank *r = &c->svc->ranks[c->rank];
+    r->conn = NULL;
+    if (r->state == WF__RANK_ALIVE && !c->svc->shutting_down)
+      wf__rank_lost(c->svc, c->rank,
+                    "its connection to the coordinator closed (the process exited or was "
+                    "killed)");
+  }
+}
+
+void wf__conn_close(wf__conn *c)
+{
+  conn_retire(c);
+  if (!uv_is_closing(&c->u.h))
+    uv_close(&c->u.h, on_conn_closed);
+}
+
+static void on_shutdown(uv_shutdown_t *req, int status)
+{
+  wf__conn *c = req->data;
+  free(req);
+  wf__conn_close(c);
+}
+
+/* Close after what was queued has been written (uv_close would discard it). The
+ * watchdog force-closes a connection whose peer does not take the bytes. */
+void wf__conn_close_flushed(wf__conn *c)
+{
+  if (uv_is_closing(&c->u.h))
+    return;
+  bool was_closing = c->closing;
+  conn_retire(c);
+  if (was_closing)
+    return; /* a shutdown is already under way */
+  uv_read_stop(&c->u.s);
+  uv_shutdown_t *req = malloc(sizeof *req);
+  if (!req) {
+    wf__conn_close(c);
+    return;
+  }
+  req->data = c;
+  if (uv_shutdown(req, &c->u.s, on_shutdown) < 0) {
+    free(req);
+    wf__conn_close(c);
+  }
+}
+
+/* Queue an envelope; drop a peer that does not read what it is sent. */
+static void conn_send(wf__conn *c, Weft__Envelope *env)
+{
+  if (uv_is_closing(&c->u.h))
+    return;
+  if (wf__send(&c->u.s, env) < 0 || uv_stream_get_write_queue_size(&c->u.s) > WF__MAX_QUEUED) {
+    WF_WARN("control: dropping a %s connection that does not read what it is sent",
+            c->role == WF__CONN_WORKER ? "worker" : "console");
+    wf__conn_close(c);
+  }
+}
+
+/* Tell the peer what was wrong, then close. */
+static void conn_reject(wf__conn *c, const char *msg)
+{
+  Weft__Envelope env = WEFT__ENVELOPE__INIT;
+  Weft__Error e = WEFT__ERROR__INIT;
+  e.code = WF_EPROTO;
+  e.message = (char *)msg;
+  env.msg_case = WEFT__ENVELOPE__MSG_ERROR;
+  env.error = &e;
+  conn_send(c, &env);
+  wf__conn_close_flushed(c);
+}
+
+void wf__broadcast(wf_service *svc, Weft__Envelope *env)
+{
+  for (wf__conn *c = svc->conns, *next; c; c = next) {
+    next = c->next;
+    if (c->role == WF__CONN_WORKER && !c->closing)
+      conn_send(c, env);
+  }
+}
+static void send_welcome(wf__conn *c)
+{
+  Weft__Envelope env = WEFT__ENVELOPE__INIT;
+  Weft__Welcome w = WEFT__WELCOME__INIT;
+  w.job_id = c->svc->job_id;
+  w.world_size = c->svc->world;
+  w.heartbeat_ms = (uint32_t)c->svc->heartbeat_ms;
+  env.msg_case = WEFT__ENVELOPE__MSG_WELCOME;
+  env.welcome = &w;
+  conn_send(c, &env);
+}
+
+static void facts_from_hello(wf__rank *r, const Weft__Hello *h)
+{
+  wf_rank_facts *f = &r->facts;
+  f->rank = h->rank;
+  f->local_rank = h->local_rank;
+  f->pid = h->pid;
+  f->threads = h->threads;
+  f->coords.pp = h->pp;
+  f->coords.dp = h->dp;
+  f->coords.tp = h->tp;
+  wf__sanitize(f->host, sizeof f->host, h->host);
+  wf__sanitize(f->device, sizeof f->device, h->device);
+  wf__sanitize(f->binding, sizeof f->binding, h->binding);
+  wf__sanitize(r->stage, sizeof r->stage, h->stage);
+}
+
+static void register_worker(wf__conn *c, const Weft__Hello *h)
+{
+  wf_service *svc = c->svc;
+  char msg[256];
+  if (h->rank < 0 || h->rank >= svc->world) {
+    snprintf(msg, sizeof msg, "rank %d is outside this job of %d ranks", h->rank, svc->world);
+    conn_reject(c, msg);
+    return;
+  }
+  wf__rank *r = &svc->ranks[h->rank];
+  if (r->state != WF__RANK_WAITING) {
+    snprintf(msg, sizeof msg, "rank %d has already registered with this job", h->rank);
+    conn_reject(c, msg);
+    return;
+  }
+  facts_from_hello(r, h);
+  r->state = WF__RANK_ALIVE;
+  r->conn = c;
+  r->t_hello = r->t_heartbeat = r->t_change = wf__now_ms();
+  c->role = WF__CONN_WORKER;
+  c->rank = h->rank;
+  send_welcome(c);
+  if (++svc->registered == svc->world) {
+    svc->t_progress = wf__now_ms();
+    WF_INFO("control: all %d ranks registered with job %s", svc->world, svc->job_id);
+  }
+}
+
+static void on_hello(wf__conn *c, const Weft__Hello *h)
+{
+  wf_service *svc = c->svc;
+  /* On TCP the token is the only credential; on the Unix socket the kernel already
+   * vouched for the peer's uid, and a token, when sent, must still be right. */
+  bool token_ok = wf__ct_streq(h->token, svc->token);
+  if (!token_ok && (!c->is_unix || h->token[0])) {
+    WF_WARN("control: rejected a connection with a %s token", h->token[0] ? "wrong" : "missing");
+    conn_reject(c, "access denied: missing or wrong job token (see the job file)");
+    return;
+  }
+  if (h->job_id[0] && strcmp(h->job_id, svc->job_id) != 0) {
+    conn_reject(c, "this coordinator serves another job");
+    return;
+  }
+  if (h->role == WEFT__HELLO__ROLE__WORKER) {
+    register_worker(c, h);
+  } else if (h->role == WEFT__HELLO__ROLE__CONSOLE) {
+    c->role = WF__CONN_CONSOLE;
+    send_welcome(c);
+  } else {
+    conn_reject(c, "unknown peer role");
+  }
+}
+
+static void on_heartbeat(wf__conn *c, const Weft__Heartbeat *hb)
+{
+  wf__rank *r = &c->svc->ranks[c->rank];
+  double now = wf__now_ms();
+  r->t_heartbeat = now;
+  /* Progress is any change of step, phase or collective, not the heartbeat itself. */
+  if (hb->step != r->step || hb->coll_seq != r->coll_seq || strcmp(hb->phase, r->phase) != 0 ||
+      hb->coll_active != r->coll_active) {
+    r->t_change = now;
+    c->svc->t_progress = now;
+  }
+  r->step = hb->step;
+  r->coll_seq = hb->coll_seq;
+  r->coll_active = hb->coll_active;
+  r->mem_bytes = hb->mem_bytes;
+  wf__sanitize(r->phase, sizeof r->phase, hb->phase);
+  wf__sanitize(r->coll_op, sizeof r->coll_op, hb->coll_op);
+}
+
+static void on_step_report(wf__conn *c, const Weft__StepReport *sr)
+{
+  wf_service *svc = c->svc;
+  wf__rank *r = &svc->ranks[c->rank];
+  double now = wf__now_ms();
+  r->t_heartbeat = r->t_change = svc->t_progress = now;
+  r->step = sr->step;
+  r->loss = sr->loss;
+  r->tokens_per_s = sr->tokens_per_s;
+  r->step_ms = sr->step_ms;
+  r->mem_bytes = sr->mem_bytes;
+  r->reports++;
+  if (sr->step >= svc->step) {
+    svc->step = sr->step;
+    if (sr->loss == sr->loss) /* NaN on ranks without the loss */
+      svc->loss = sr->loss;
+    if (sr->tokens_per_s > 0)
+      svc->tokens_per_s = sr->tokens_per_s;
+    if (sr->step_ms > 0)
+      svc->step_ms = sr->step_ms;
+  }
+}
+
+static void on_worker_error(wf__conn *c, const Weft__Error *e)
+{
+  wf__rank *r = &c->svc->ranks[c->rank];
+  char reason[512];
+  wf__sanitize(r->error, sizeof r->error, e->message);
+  snprintf(reason, sizeof reason, "it reported an error: %s", r->error);
+  wf__rank_lost(c->svc, c->rank, reason);
+}
+
+static void on_worker_msg(wf__conn *c, const Weft__Envelope *env)
+{
+  switch (env->msg_case) {
+  case WEFT__ENVELOPE__MSG_HEARTBEAT: on_heartbeat(c, env->heartbeat); break;
+  case WEFT__ENVELOPE__MSG_STEP_REPORT: on_step_report(c, env->step_report); break;
+  case WEFT__ENVELOPE__MSG_ERROR: on_worker_error(c, env->error); break;
+  case WEFT__ENVELOPE__MSG_BYE:
+    c->svc->ranks[c->rank].state = WF__RANK_EXITED;
+    c->svc->t_progress = wf__now_ms();
+    break;
+  default: conn_reject(c, "unexpected message from a worker"); break;
+  }
+}
+
+static void reply(wf__conn *c, bool ok, const char *json, const char *msg)
+{
+  Weft__Envelope env = WEFT__ENVELOPE__INIT;
+  Weft__Reply r = WEFT__REPLY__INIT;
+  r.ok = ok;
+  r.json = (char *)(json ? json : "");
+  r.message = (char *)(msg ? msg : "");
+  env.msg_case = WEFT__ENVELOPE__MSG_REPLY;
+  env.reply = &r;
+  conn_send(c, &env);
+}
+
+static void on_command(wf__conn *c, const Weft__Command *cmd)
+{
+  if (cmd->kind != WEFT__COMMAND__KIND__STOP && cmd->kind != WEFT__COMMAND__KIND__CHECKPOINT) {
+    reply(c, false, NULL, "unknown command");
+    return;
+  }
+  Weft__Envelope env = WEFT__ENVELOPE__INIT;
+  Weft__Command fwd = WEFT__COMMAND__INIT;
+  fwd.kind = cmd->kind;
+  env.msg_case = WEFT__ENVELOPE__MSG_COMMAND;
+  env.command = &fwd;
+  wf__broadcast(c->svc, &env);
+  bool stop = cmd->kind == WEFT__COMMAND__KIND__STOP;
+  WF_INFO("control: console requested %s", stop ? "stop" : "a checkpoint");
+  reply(c, true, stop ? "{\"requested\":\"stop\"}" : "{\"requested\":\"checkpoint\"}",
+        stop ? "stop requested: the job stops at the next step boundary"
+             : "checkpoint requested: it is written at the next step boundary");
+}
+
+static void on_console_msg(wf__conn *c, const Weft__Envelope *env)
+{
+  char msg[256] = "";
+  if (env->msg_case == WEFT__ENVELOPE__MSG_COMMAND) {
+    on_command(c, env->command);
+  } else if (env->msg_case == WEFT__ENVELOPE__MSG_QUERY) {
+    char *json = wf__query_json(c->svc, env->query->kind, msg, sizeof msg);
+    reply(c, json != NULL, json, msg);
+    free(json);
+  } else {
+    conn_reject(c, "unexpected message from a console");
+  }
+}
+
+static void dispatch(wf__conn *c, const Weft__Envelope *env)
+{
+  if (c->role == WF__CONN_NEW) {
+    if (env->msg_case == WEFT__ENVELOPE__MSG_HELLO)
+      on_hello(c, env->hello);
+    else
+      conn_reject(c, "the first message must be Hello");
+  } else if (c->role == WF__CONN_WORKER) {
+    on_worker_msg(c, env);
+  } else {
+    on_console_msg(c, env);
+  }
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+  static _Thread_local char slab[64 << 10];
+  buf->base = slab;
+  buf->len = sizeof slab;
+}
+
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+{
+  wf__conn *c = (wf__conn *)s;
+  char err[256];
+  if (n < 0) {
+    wf__conn_close(c);
+    return;
+  }
+  if (n == 0 || c->closing)
+    return;
+  c->t_last = wf__now_ms();
+  if (c->role == WF__CONN_HTTP) {
+    wf__metrics_read(c, buf->base, (size_t)n);
+    return;
+  }
+  if (wf_proto_reader_feed(&c->rd, buf->base, (size_t)n, err, sizeof err) != WF_OK) {
+    WF_WARN("control: dropping a peer that sent a bad frame: %s", err);
+    conn_reject(c, err);
+    return;
+  }
+  for (;;) {
+    Weft__Envelope *env = NULL;
+    if (wf_proto_reader_next(&c->rd, &env, err, sizeof err) != WF_OK) {
+      WF_WARN("control: dropping a peer that sent a bad frame: %s", err);
+      conn_reject(c, err);
+      return;
+    }
+    if (!env)
+      return;
+    dispatch(c, env);
+    wf_proto_free(env);
+    if (c->closing)
+      return;
+  }
+}
+
+static wf__conn *conn_new(wf_service *svc, bool is_unix)
+{
+  wf__conn *c = calloc(1, sizeof *c);
+  if (!c)
+    return NULL;
+  c->svc = svc;
+  c->is_unix = is_unix;
+  c->rank = -1;
+  c->t_open = c->t_last = wf__now_ms();
+  /* Workers and consoles send small frames; only replies are large. */
+  wf_proto_reader_init(&c->rd, WF__CONSOLE_MAX_IN);
+  if (is_unix)
+    uv_pipe_init(&svc->loop, &c->u.pipe, 0);
+  else
+    uv_tcp_init(&svc->loop, &c->u.tcp);
+  c->next = svc->conns;
+  if (svc->conns)
+    svc->conns->prev = c;
+  svc->conns = c;
+  return c;
+}
+
+/* The Unix socket lives in a 0700 directory, and the peer must also be us. */
+static bool peer_is_same_user(wf__conn *c)
+{
+  uv_os_fd_t fd;
+  struct ucred cred;
+  socklen_t len = sizeof cred;
+  if (uv_fileno(&c->u.h, &fd) < 0 || getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0)
+    return false;
+  return cred.uid == getuid();
+}
+
+void wf__service_on_connection(uv_stream_t *server, int status)
+{
+  wf_service *svc = server->data;
+  bool is_unix = server == (uv_stream_t *)&svc->pipe;
+  if (status < 0)
+    return;
+  wf__conn *c = conn_new(svc, is_unix);
+  if (!c)
+    return;
+  if (server == (uv_stream_t *)&svc->http)
+    c->role = WF__CONN_HTTP;
+  if (uv_accept(server, &c->u.s) < 0) {
+    wf__conn_close(c);
+    return;
+  }
+  if (is_unix && !peer_is_same_user(c)) {
+    WF_WARN("control: rejected a Unix-socket peer of another user");
+    wf__conn_close(c);
+    return;
+  }
+  if (!is_unix)
+    uv_tcp_nodelay(&c->u.tcp, 1);
+  if (svc->shutting_down || uv_read_start(&c->u.s, on_alloc, on_read) < 0)
+    wf__conn_close(c);
+}
+
+/* ---- start and stop ----------------------------------------------------------------- */
+
+static wf_status listen_tcp(wf_service *svc)
+{
+  struct sockaddr_storage addr;
+  int rc = strchr(svc->bind_addr, ':')
+               ? uv_ip6_addr(svc->bind_addr, svc->port, (struct sockaddr_in6 *)&addr)
+               : uv_ip4_addr(svc->bind_addr, svc->port, (struct sockaddr_in *)&addr);
+  if (rc < 0) {
+    WF_ERROR("control: cannot listen on '%s': not an IP address", svc->bind_addr);
+    return WF_EINVAL;
+  }
+  uv_tcp_init(&svc->loop, &svc->tcp);
+  svc->tcp.data = svc;
+  rc = uv_tcp_bind(&svc->tcp, (const struct sockaddr *)&addr, 0);
+  if (rc == 0)
+    rc = uv_listen((uv_stream_t *)&svc->tcp, 128, wf__service_on_connection);
+  if (rc == UV_EADDRINUSE) {
+    WF_ERROR("control: port %d (MASTER_PORT) is already in use on this host, perhaps by another "
+             "job; choose another with MASTER_PORT=%d or dist.master_port=%d",
+             svc->port, svc->port + 1, svc->port + 1);
+    return WF_EUV;
+  }
+  if (rc < 0) {
+    WF_ERROR("control: cannot listen on %s:%d: %s", svc->bind_addr, svc->port, uv_strerror(rc));
+    return WF_EUV;
+  }
+  int len = sizeof addr;
+  uv_tcp_getsockname(&svc->tcp, (struct sockaddr *)&addr, &len);
+  svc->port = ntohs(((struct sockaddr_in *)&addr)->sin_port);
+  return WF_OK;
+}
+
+static wf_status listen_unix(wf_service *svc)
+{
+  uv_pipe_init(&svc->loop, &svc->pipe, 0);
+  svc->pipe.data = svc;
+  unlink(svc->unix_path);
+  int rc = uv_pipe_bind(&svc->pipe, svc->unix_path);
+  if (rc == 0) {
+    chmod(svc->unix_path, 0600);
+    rc = uv_listen((uv_stream_t *)&svc->pipe, 128, wf__service_on_connection);
+  }
+  if (rc < 0) {
+    WF_WARN("control: no Unix socket at %s (%s); consoles use TCP", svc->unix_path,
+            uv_strerror(rc));
+    svc->unix_path[0] = '\0';
+  }
+  return WF_OK;
+}
+
+static void close_handle(uv_handle_t *h, void *arg)
+{
+  if (!uv_is_closing(h))
+    uv_close(h, NULL);
+}
+
+/* Close whatever is still open and let the loop finish. Loop thread, or after it. */
+static void loop_teardown(wf_service *svc)
+{
+  uv_walk(&svc->loop, close_handle, svc);
+  uv_run(&svc->loop, UV_RUN_DEFAULT);
+  uv_loop_close(&svc->loop);
+}
+
+static void on_stop(uv_async_t *a)
+{
+  wf_service *svc = a->data;
+  svc->shutting_down = true;
+  svc->t_progress = wf__now_ms(); /* the watchdog uses it as the stop time */
+  Weft__Envelope env = WEFT__ENVELOPE__INIT;
+  Weft__Command cmd = WEFT__COMMAND__INIT;
+  cmd.kind = WEFT__COMMAND__KIND__SHUTDOWN;
+  env.msg_case = WEFT__ENVELOPE__MSG_COMMAND;
+  env.command = &cmd;
+  wf__broadcast(svc, &env);
+  uv_close((uv_handle_t *)&svc->tcp, NULL);
+  if (svc->unix_path[0])
+    uv_close((uv_handle_t *)&svc->pipe, NULL);
+  if (svc->have_http)
+    uv_close((uv_handle_t *)&svc->http, NULL);
+  uv_close((uv_handle_t *)&svc->stop_async, NULL);
+  for (wf__conn *c = svc->conns, *next; c; c = next) {
+    next = c->next;
+    wf__conn_close_flushed(c);
+  }
+}
+
+static void service_thread(void *arg)
+{
+  wf_service *svc = arg;
+  uv_run(&svc->loop, UV_RUN_DEFAULT);
+}
+
+static wf_status service_paths(wf_service *svc, const wf_service_opts *o)
+{
+  char host[256];
+  if (o->job_dir && o->job_dir[0])
+    wf_strlcpy(svc->job_dir, o->job_dir, sizeof svc->job_dir);
+  else
+    wf_job_dir_default(svc->job_dir, sizeof svc->job_dir);
+  wf_status st = wf__job_dir_prepare(svc->job_dir);
+  if (st != WF_OK)
+    return st;
+  snprintf(svc->job_file, sizeof svc->job_file, "%s/%s.json", svc->job_dir, svc->job_id);
+  snprintf(svc->unix_path, sizeof svc->unix_path, "%s/%s.sock", svc->job_dir, svc->job_id);
+  if (strlen(svc->unix_path) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
+    WF_WARN("control: job directory path too long for a Unix socket; consoles use TCP");
+    svc->unix_path[0] = '\0';
+  }
+  wf_strlcpy(host, o->master_addr && o->master_addr[0] ? o->master_addr : wf_rt_host(),
+             sizeof host);
+  wf_strlcpy(svc->bind_addr, o->bind_addr && o->bind_addr[0] ? o->bind_addr : "0.0.0.0",
+             sizeof svc->bind_addr);
+  snprintf(svc->endpoint, sizeof svc->endpoint, strchr(host, ':') ? "[%s]" : "%s", host);
+  return WF_OK;
+}
+
+static wf_status service_config(wf_service *svc, const wf_service_opts *o)
+{
+  if (!o->job_id || !o->job_id[0] || o->world_size <= 0 || strlen(o->job_id) >= 100 ||
+      strpbrk(o->job_id, "/ \t\n")) {
+    WF_ERROR("control: the service needs a job id (no '/' or spaces) and a world size");
+    return WF_EINVAL;
+  }
+  wf_strlcpy(svc->job_id, o->job_id, sizeof svc->job_id);
+  svc->world = o->world_size;
+  svc->mesh = o->mesh;
+  if (svc->mesh.dp * svc->mesh.tp * svc->mesh.pp != svc->world)
+    svc->mesh = (wf_mesh){.dp = svc->world, .tp = 1, .pp = 1};
+  wf_strlcpy(svc->model, o->model_desc ? o->model_desc : "", sizeof svc->model);
+  svc->total_steps = o->total_steps;
+  svc->hang_timeout_ms = o->hang_timeout_s * 1000.0;
+  svc->heartbeat_ms = o->heartbeat_ms > 0 ? o->heartbeat_ms : 1000;
+  svc->dead_after_ms = o->dead_after_ms > 0 ? o->dead_after_ms : 2000;
+  svc->register_timeout_ms = o->register_timeout_ms > 0 ? o->register_timeout_ms : 120000;
+  svc->port = o->port;
+  svc->metrics_port = o->metrics_port;
+  svc->start_wall = wf_wall_time();
+  svc->step = -1;
+  svc->loss = svc->tokens_per_s = svc->step_ms = NAN;
+  svc->ranks = calloc((size_t)svc->world, sizeof *svc->ranks);
+  if (!svc->ranks)
+    return WF_ENOMEM;
+  for (int i = 0; i < svc->world; i++) {
+    wf__rank *r = &svc->ranks[i];
+    if (o->facts)
+      r->facts = o->facts[i];
+    else /* rank = tp + TP * (dp + DP * pp), as wf_mesh_coords() */
+      r->facts.coords = (wf_coords){.pp = i / (svc->mesh.tp * svc->mesh.dp),
+                                    .dp = (i / svc->mesh.tp) % svc->mesh.dp,
+                                    .tp = i % svc->mesh.tp};
+    r->facts.rank = i;
+    r->step = -1;
+    r->loss = r->tokens_per_s = r->step_ms = NAN;
+  }
+  return WF_OK;
+}
+
+static wf_status service_handles(wf_service *svc)
+{
+  wf_status st = listen_tcp(svc);
+  if (st != WF_OK)
+    return st;
+  if (svc->unix_path[0])
+    listen_unix(svc);
+  if (svc->metrics_port > 0 && wf__metrics_start(svc) != WF_OK)
+    WF_WARN("control: Prometheus metrics are off (runtime.metrics_port=%d)", svc->metrics_port);
+  uv_timer_init(&svc->loop, &svc->watchdog);
+  svc->watchdog.data = svc;
+  uv_timer_start(&svc->watchdog, wf__watchdog_tick, WF__WATCHDOG_MS, WF__WATCHDOG_MS);
+  uv_async_init(&svc->loop, &svc->stop_async, on_stop);
+  svc->stop_async.data = svc;
+  size_t n = strlen(svc->endpoint);
+  snprintf(svc->endpoint + n, sizeof svc->endpoint - n, ":%d", svc->port);
+  return WF_OK;
+}
+
+wf_status wf_service_start(wf_service **out, const wf_service_opts *o)
+{
+  wf_status st = WF_OK;
+  bool loop_ok = false;
+  *out = NULL;
+  wf_service *svc = calloc(1, sizeof *svc);
+  WF_CHECK_ALLOC(svc);
+  pthread_mutex_init(&svc->lock, NULL);
+  WF_TRY(service_config(svc, o));
+  WF_TRY(wf__random_token(svc->token));
+  WF_TRY(service_paths(svc, o));
+  WF_CHECK_UV(uv_loop_init(&svc->loop));
+  loop_ok = true;
+  svc->t_start = svc->t_progress = wf__now_ms();
+  WF_TRY(service_handles(svc));
+  WF_TRY(wf__job_file_write(svc));
+  WF_CHECK_UV(uv_thread_create(&svc->thread, service_thread, svc));
+  WF_INFO("control: coordinator for job %s listening on %s%s%s", svc->job_id, svc->endpoint,
+          svc->unix_path[0] ? " and " : "", svc->unix_path);
+  *out = svc;
+  return WF_OK;
+fail:
+  if (svc) {
+    if (svc->job_file[0])
+      unlink(svc->job_file);
+    if (svc->unix_path[0])
+      unlink(svc->unix_path);
+    if (loop_ok)
+      loop_teardown(svc);
+    pthread_mutex_destroy(&svc->lock);
+    free(svc->ranks);
+    free(svc);
+  }
+  return st;
+}
+
+void wf_service_destroy(wf_service *svc)
+{
+  if (!svc)
+    return;
+  uv_async_send(&svc->stop_async);
+  uv_thread_join(&svc->thread);
+  loop_teardown(svc);
+  unlink(svc->job_file);
+  if (svc->unix_path[0])
+    unlink(svc->unix_path);
+  pthread_mutex_destroy(&svc->lock);
+  free(svc->ranks);
+  free(svc);
+}
+
+const char *wf_service_endpoint(const wf_service *svc) { return svc->endpoint; }
+const char *wf_service_unix_path(const wf_service *svc) { return svc->unix_path; }
+const char *wf_service_job_file(const wf_service *svc) { return svc->job_file; }
+const char *wf_service_token(const wf_service *svc) { return svc->token; }
+int wf_service_port(const wf_service *svc) { return svc->port; }
+
+bool wf_service_aborted(wf_service *svc, char *reason, size_t reason_len)
+{
+  pthread_mutex_lock(&svc->lock);
+  bool aborted = svc->aborted;
+  if (aborted && reason && reason_len)
+    wf_strlcpy(reason, svc->abort_reason, reason_len);
+  pthread_mutex_unlock(&svc->lock);
+  return aborted;
+}

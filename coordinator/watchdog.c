@@ -1,0 +1,226 @@
+/*
+ * watchdog.c - the service's timer: dead workers, hangs, stalled connections.
+ *
+ * Liveness and progress are judged apart. A worker is alive while its control
+ * thread's heartbeats arrive (they do not depend on training), so a rank that has
+ * been silent for dead_after_ms is frozen or gone. Progress is any change of a
+ * rank's step, phase or collective; none for runtime.hang_timeout means the job is
+ * stuck, and the diagnosis compares every rank's last collective to point at the
+ * rank or ranks that fell behind. Either way the whole job is aborted: every worker
+ * gets Abort and exits, so nothing waits for a 30-minute NCCL timeout.
+ *
+ * The first cause wins: once aborted, later losses (the other ranks exiting) are
+ * only recorded.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "control_int.h"
+
+/* Append "0-2,5" style runs of the ranks with sel[i] set. */
+static void append_ranks(char *buf, size_t len, const bool *sel, int n)
+{
+  size_t at = strlen(buf);
+  bool first = true;
+  for (int i = 0; i < n && at < len; i++) {
+    if (!sel[i])
+      continue;
+    int j = i;
+    while (j + 1 < n && sel[j + 1])
+      j++;
+    int w = j > i ? snprintf(buf + at, len - at, "%s%d-%d", first ? "" : ",", i, j)
+                  : snprintf(buf + at, len - at, "%s%d", first ? "" : ",", i);
+    at += w > 0 ? (size_t)w : 0;
+    first = false;
+    i = j;
+  }
+}
+
+/* "#12 allreduce(dp) (in progress): ranks 0-2; #11 ...": ranks grouped by their last
+ * collective, oldest first, then which ranks are behind the others. */
+static void collective_summary(wf_service *svc, char *buf, size_t len)
+{
+  int n = svc->world;
+  bool *done = calloc((size_t)n, 1), *sel = calloc((size_t)n, 1);
+  size_t at;
+  uint64_t min_seq = UINT64_MAX, max_seq = 0;
+  buf[0] = '\0';
+  if (!done || !sel)
+    goto out;
+  for (int i = 0; i < n; i++) {
+    min_seq = WF_MIN(min_seq, svc->ranks[i].coll_seq);
+    max_seq = WF_MAX(max_seq, svc->ranks[i].coll_seq);
+  }
+  for (int i = 0; i < n; i++) {
+    if (done[i])
+      continue;
+    const wf__rank *r = &svc->ranks[i];
+    memset(sel, 0, (size_t)n);
+    for (int j = i; j < n; j++) {
+      const wf__rank *q = &svc->ranks[j];
+      if (!done[j] && q->coll_seq == r->coll_seq && q->coll_active == r->coll_active &&
+          strcmp(q->coll_op, r->coll_op) == 0)
+        sel[j] = done[j] = true;
+    }
+    at = strlen(buf);
+    snprintf(buf + at, len - at, "%s#%" PRIu64 " %s (%s): ranks ", at ? "; " : "", r->coll_seq,
+             r->coll_op[0] ? r->coll_op : "none", r->coll_active ? "inside" : "done");
+    append_ranks(buf, len, sel, n);
+  }
+  if (min_seq != max_seq) {
+    for (int i = 0; i < n; i++)
+      sel[i] = svc->ranks[i].coll_seq == min_seq;
+    at = strlen(buf);
+    snprintf(buf + at, len - at, "; behind the others: ranks ");
+    append_ranks(buf, len, sel, n);
+  }
+out:
+  free(done);
+  free(sel);
+}
+
+void wf__abort_job(wf_service *svc, int rank, const char *reason)
+{
+  pthread_mutex_lock(&svc->lock);
+  bool first = !svc->aborted;
+  if (first) {
+    svc->aborted = true;
+    wf_strlcpy(svc->abort_reason, reason, sizeof svc->abort_reason);
+  }
+  pthread_mutex_unlock(&svc->lock);
+  if (!first)
+    return;
+  WF_ERROR("control: aborting job %s: %s", svc->job_id, reason);
+  Weft__Envelope env = WEFT__ENVELOPE__INIT;
+  Weft__Abort a = WEFT__ABORT__INIT;
+  a.reason = (char *)reason;
+  a.dead_rank = rank;
+  if (rank >= 0) {
+    const wf__rank *r = &svc->ranks[rank];
+    a.host = (char *)r->facts.host;
+    a.pid = r->facts.pid;
+    a.device = (char *)r->facts.device;
+    a.step = r->step;
+  } else {
+    a.step = svc->step;
+  }
+  env.msg_case = WEFT__ENVELOPE__MSG_ABORT;
+  env.abort = &a;
+  wf__broadcast(svc, &env);
+}
+
+void wf__rank_lost(wf_service *svc, int rank, const char *why)
+{
+  wf__rank *r = &svc->ranks[rank];
+  char reason[2048], colls[1200];
+  r->state = WF__RANK_DEAD;
+  collective_summary(svc, colls, sizeof colls);
+  snprintf(reason, sizeof reason,
+           "rank %d (host %s, pid %d, device %s, pp %d dp %d tp %d) died at step %" PRId64
+           ": %s. Last collectives: %s",
+           rank, r->facts.host[0] ? r->facts.host : "?", r->facts.pid,
+           r->facts.device[0] ? r->facts.device : "?", r->facts.coords.pp, r->facts.coords.dp,
+           r->facts.coords.tp, r->step, why, colls);
+  wf__abort_job(svc, rank, reason);
+}
+
+static void check_conns(wf_service *svc, double now)
+{
+  for (wf__conn *c = svc->conns, *next; c; c = next) {
+    next = c->next;
+    if (uv_is_closing(&c->u.h))
+      continue;
+    if (c->closing) {
+      if (now - c->t_last > 1000) /* a peer that does not take our last bytes */
+        wf__conn_close(c);
+    } else if (c->role == WF__CONN_NEW && now - c->t_open > WF__HANDSHAKE_MS) {
+      WF_WARN("control: dropping a connection that did not say Hello within %d ms",
+              WF__HANDSHAKE_MS);
+      wf__conn_close(c);
+    } else if (wf_proto_reader_partial(&c->rd) && now - c->t_last > WF__PARTIAL_MS) {
+      WF_WARN("control: dropping a peer that stalled in the middle of a frame");
+      wf__conn_close(c);
+    } else if ((c->role == WF__CONN_CONSOLE || c->role == WF__CONN_HTTP) &&
+               now - c->t_last > WF__CONSOLE_IDLE_MS) {
+      wf__conn_close(c);
+    }
+  }
+}
+
+static void check_heartbeats(wf_service *svc, double now)
+{
+  for (int i = 0; i < svc->world; i++) {
+    wf__rank *r = &svc->ranks[i];
+    if (r->state != WF__RANK_ALIVE || now - r->t_heartbeat <= svc->dead_after_ms)
+      continue;
+    char why[256];
+    snprintf(why, sizeof why,
+             "no heartbeat for %.1f s: the process is frozen (SIGSTOP?) or its control thread "
+             "cannot run",
+             (now - r->t_heartbeat) / 1000.0);
+    /* Its connection stays open: a frozen process may still be sent the Abort. */
+    wf__rank_lost(svc, i, why);
+  }
+}
+
+static void check_registration(wf_service *svc, double now)
+{
+  if (svc->registered == svc->world || now - svc->t_start <= svc->register_timeout_ms)
+    return;
+  bool *sel = calloc((size_t)svc->world, 1);
+  char reason[1024];
+  if (!sel)
+    return;
+  for (int i = 0; i < svc->world; i++)
+    sel[i] = svc->ranks[i].state == WF__RANK_WAITING;
+  snprintf(reason, sizeof reason, "%d of %d ranks did not register within %.0f s: ranks ",
+           svc->world - svc->registered, svc->world, svc->register_timeout_ms / 1000.0);
+  append_ranks(reason, sizeof reason, sel, svc->world);
+  free(sel);
+  wf__abort_job(svc, -1, reason);
+}
+
+static void check_progress(wf_service *svc, double now)
+{
+  if (svc->hang_timeout_ms <= 0 || svc->registered < svc->world ||
+      now - svc->t_progress <= svc->hang_timeout_ms)
+    return;
+  char reason[2048], colls[1600];
+  collective_summary(svc, colls, sizeof colls);
+  snprintf(reason, sizeof reason,
+           "no progress for %.0f s (runtime.hang_timeout) at step %" PRId64
+           ": the job is stuck. Last collectives: %s",
+           (now - svc->t_progress) / 1000.0, svc->step, colls);
+  wf__abort_job(svc, -1, reason);
+}
+
+static void finish_stop(wf_service *svc, double now)
+{
+  if (now - svc->t_progress > 1000) /* peers that will not take SHUTDOWN */
+    for (wf__conn *c = svc->conns; c; c = c->next)
+      if (!uv_is_closing(&c->u.h))
+        wf__conn_close(c);
+  if (!svc->conns)
+    uv_close((uv_handle_t *)&svc->watchdog, NULL);
+}
+
+void wf__watchdog_tick(uv_timer_t *t)
+{
+  wf_service *svc = t->data;
+  double now = wf__now_ms();
+  if (svc->shutting_down) {
+    finish_stop(svc, now);
+    return;
+  }
+  check_conns(svc, now);
+  pthread_mutex_lock(&svc->lock);
+  bool aborted = svc->aborted;
+  pthread_mutex_unlock(&svc->lock);
+  if (aborted)
+    return;
+  check_heartbeats(svc, now);
+  check_registration(svc, now);
+  check_progress(svc, now);
+}

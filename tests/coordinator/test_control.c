@@ -1,0 +1,472 @@
+/*
+ * test_control.c - the coordinator service, control clients and console in one process.
+ *
+ * The service listens on a free port of 127.0.0.1; control clients run as their own
+ * threads (no MPI); raw sockets play misbehaving peers. Timings asserted here are
+ * the watchdog's contract: a dropped worker is noticed and every other rank told
+ * within 2 s.
+ */
+#include <arpa/inet.h>
+#include <math.h>
+#include <poll.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "wf_control.h"
+#include "wf_proto.h"
+
+#define MAXR 8
+
+typedef struct fixture {
+  char dir[64];
+  wf_service *svc;
+  wf_control *ctl[MAXR];
+  int n;
+  atomic_int aborts;
+  double abort_at[MAXR]; /* wf_now() when each rank's on_abort ran */
+  char abort_reason[MAXR][2048];
+  int idx[MAXR];
+  wf_console_job job;
+} fixture;
+
+static fixture *g_fx;
+
+static void on_abort(void *user, const char *reason)
+{
+  int i = *(int *)user;
+  g_fx->abort_at[i] = wf_now();
+  wf_strlcpy(g_fx->abort_reason[i], reason, sizeof g_fx->abort_reason[i]);
+  atomic_fetch_add(&g_fx->aborts, 1);
+}
+
+static wf_rank_facts facts_for(int rank, const wf_mesh *m)
+{
+  wf_rank_facts f;
+  memset(&f, 0, sizeof f);
+  f.rank = rank;
+  f.local_rank = rank;
+  f.pid = 1000 + rank;
+  snprintf(f.host, sizeof f.host, "host%d", rank / 2);
+  snprintf(f.device, sizeof f.device, "cpu");
+  snprintf(f.binding, sizeof f.binding, "core %d", rank);
+  f.threads = 1;
+  /* rank = tp + TP * (dp + DP * pp) (DESIGN.md) */
+  f.coords =
+      (wf_coords){.pp = rank / (m->tp * m->dp), .dp = (rank / m->tp) % m->dp, .tp = rank % m->tp};
+  return f;
+}
+
+/* Start a service for `world` ranks and `nctl` control clients (ranks 0..nctl-1). */
+static fixture *fx_start(int world, int nctl, double hang_s)
+{
+  fixture *fx = calloc(1, sizeof *fx);
+  g_fx = fx;
+  snprintf(fx->dir, sizeof fx->dir, "/tmp/weft-test-XXXXXX");
+  assert_non_null(mkdtemp(fx->dir));
+  wf_mesh mesh = {.dp = world / 2, .tp = 2, .pp = 1};
+  if (world == 8)
+    mesh = (wf_mesh){.dp = 2, .tp = 2, .pp = 2};
+  wf_rank_facts facts[MAXR];
+  for (int i = 0; i < world; i++)
+    facts[i] = facts_for(i, &mesh);
+  char id[64];
+  snprintf(id, sizeof id, "test-%d", (int)getpid());
+  wf_service_opts so = {.job_id = id,
+                        .world_size = world,
+                        .mesh = mesh,
+                        .facts = facts,
+                        .master_addr = "127.0.0.1",
+                        .bind_addr = "127.0.0.1",
+                        .job_dir = fx->dir,
+                        .model_desc = "gpt2-tiny (test)",
+                        .total_steps = 100,
+                        .hang_timeout_s = hang_s};
+  assert_int_equal(wf_service_start(&fx->svc, &so), WF_OK);
+  char err[256];
+  assert_int_equal(wf_console_job_load(wf_service_job_file(fx->svc), &fx->job, err, sizeof err),
+                   WF_OK);
+  for (int i = 0; i < nctl; i++) {
+    fx->idx[i] = i;
+    wf_control_opts co = {.endpoint = wf_service_endpoint(fx->svc),
+                          .token = wf_service_token(fx->svc),
+                          .job_id = id,
+                          .facts = facts[i],
+                          .stage_desc = "layers 0-3",
+                          .on_abort = on_abort,
+                          .user = &fx->idx[i],
+                          .connect_timeout_ms = 3000};
+    assert_int_equal(wf_control_start(&fx->ctl[i], &co), WF_OK);
+  }
+  fx->n = nctl;
+  return fx;
+}
+
+static void fx_stop(fixture *fx)
+{
+  for (int i = 0; i < fx->n; i++)
+    wf_control_destroy(fx->ctl[i]);
+  char file[700];
+  wf_strlcpy(file, wf_service_job_file(fx->svc), sizeof file);
+  wf_service_destroy(fx->svc);
+  assert_int_equal(access(file, F_OK), -1); /* the job file is removed at exit */
+  rmdir(fx->dir);
+  free(fx);
+  g_fx = NULL;
+}
+
+static json_t *query(fixture *fx, wf_console_cmd cmd)
+{
+  char *js = NULL, err[512];
+  wf_status st = wf_console_request(&fx->job, cmd, 3000, &js, err, sizeof err);
+  if (st != WF_OK)
+    fprintf(stderr, "query %s: %s\n", wf_console_cmd_name(cmd), err);
+  assert_int_equal(st, WF_OK);
+  json_error_t je;
+  json_t *j = json_loads(js, 0, &je);
+  assert_non_null(j);
+  free(js);
+  return j;
+}
+
+/* ---- raw peers ------------------------------------------------------------------- */
+
+static int raw_connect(fixture *fx)
+{
+  struct sockaddr_in sa = {.sin_family = AF_INET,
+                           .sin_port = htons((uint16_t)wf_service_port(fx->svc))};
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  assert_true(fd >= 0);
+  assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  return fd;
+}
+
+static void raw_send(int fd, Weft__Envelope *env)
+{
+  uint8_t *frame;
+  size_t len;
+  assert_int_equal(wf_proto_encode(env, &frame, &len), WF_OK);
+  assert_int_equal(send(fd, frame, len, MSG_NOSIGNAL), (ssize_t)len);
+  free(frame);
+}
+
+static void raw_hello(int fd, const char *token, int rank)
+{
+  Weft__Envelope env = WEFT__ENVELOPE__INIT;
+  Weft__Hello h = WEFT__HELLO__INIT;
+  h.role = WEFT__HELLO__ROLE__WORKER;
+  h.token = (char *)token;
+  h.rank = rank;
+  h.host = "rawhost";
+  h.pid = 4321;
+  h.device = "cpu";
+  env.msg_case = WEFT__ENVELOPE__MSG_HELLO;
+  env.hello = &h;
+  raw_send(fd, &env);
+}
+
+/* Read one envelope, or NULL when the peer closed or nothing came in `ms`. */
+static Weft__Envelope *raw_recv(int fd, int ms)
+{
+  wf_proto_reader r;
+  char err[256], buf[4096];
+  Weft__Envelope *env = NULL;
+  wf_proto_reader_init(&r, 0);
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  while (!env && poll(&p, 1, ms) > 0) {
+    ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n <= 0 || wf_proto_reader_feed(&r, buf, (size_t)n, err, sizeof err) != WF_OK ||
+        wf_proto_reader_next(&r, &env, err, sizeof err) != WF_OK)
+      break;
+  }
+  wf_proto_reader_fini(&r);
+  return env;
+}
+
+/* True when the server closes the connection within `ms` (reading past any Error). */
+static bool raw_closed_within(int fd, int ms)
+{
+  char buf[4096];
+  double end = wf_now() + ms / 1000.0;
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  while (wf_now() < end) {
+    if (poll(&p, 1, 50) > 0) {
+      ssize_t n = recv(fd, buf, sizeof buf, 0);
+      if (n <= 0)
+        return true;
+    }
+  }
+  return false;
+}
+
+static void wait_for(atomic_int *v, int want, double seconds)
+{
+  double end = wf_now() + seconds;
+  while (atomic_load(v) < want && wf_now() < end)
+    usleep(5000);
+}
+
+/* ---- tests ----------------------------------------------------------------------- */
+
+static void test_registry_and_queries(void **state)
+{
+  fixture *fx = fx_start(4, 4, 0);
+  for (int i = 0; i < 4; i++) {
+    wf_control_set_phase(fx->ctl[i], "forward");
+    wf_control_set_collective(fx->ctl[i], 7, "allreduce(tp)", false);
+    wf_control_report_step(fx->ctl[i], 4, i == 3 ? 2.5 : NAN, 1234.0, 50.0, 1u << 20);
+  }
+  usleep(1300 * 1000); /* one heartbeat carries phase and collective */
+
+  json_t *st = query(fx, WF_CONSOLE_STATUS);
+  assert_string_equal(json_string_value(json_object_get(st, "state")), "running");
+  assert_int_equal(json_integer_value(json_object_get(st, "step")), 4);
+  assert_true(json_real_value(json_object_get(st, "loss")) == 2.5); /* rank 3's loss */
+  assert_int_equal(json_integer_value(json_object_get(st, "alive")), 4);
+  /* ETA: (100 - 1 - 4) steps x 50 ms = 4.75 s */
+  assert_true(fabs(json_real_value(json_object_get(st, "eta_s")) - 4.75) < 1e-9);
+  json_decref(st);
+
+  json_t *rk = query(fx, WF_CONSOLE_RANKS);
+  json_t *ranks = json_object_get(rk, "ranks");
+  assert_int_equal(json_array_size(ranks), 4);
+  for (int i = 0; i < 4; i++) {
+    json_t *r = json_array_get(ranks, (size_t)i);
+    assert_int_equal(json_integer_value(json_object_get(r, "pid")), 1000 + i);
+    assert_string_equal(json_string_value(json_object_get(r, "state")), "alive");
+    assert_string_equal(json_string_value(json_object_get(r, "phase")), "forward");
+    json_t *c = json_object_get(r, "collective");
+    assert_int_equal(json_integer_value(json_object_get(c, "seq")), 7);
+    assert_true(json_real_value(json_object_get(r, "heartbeat_age_s")) < 1.5);
+    /* rank = tp + 2 * dp on a dp 2 x tp 2 mesh */
+    json_t *co = json_object_get(r, "coords");
+    assert_int_equal(json_integer_value(json_object_get(co, "tp")), i % 2);
+    assert_int_equal(json_integer_value(json_object_get(co, "dp")), i / 2);
+  }
+  char *text = NULL;
+  size_t len = 0;
+  FILE *out = open_memstream(&text, &len);
+  char *js = json_dumps(rk, 0);
+  assert_int_equal(wf_console_render(WF_CONSOLE_RANKS, js, out), WF_OK);
+  fclose(out);
+  assert_non_null(strstr(text, "#7 allreduce(tp)"));
+  assert_non_null(strstr(text, "host1"));
+  free(text);
+  free(js);
+  json_decref(rk);
+
+  json_t *mesh = query(fx, WF_CONSOLE_MESH);
+  /* tp groups on dp 2 x tp 2: {0,1}, {2,3}; dp groups: {0,2}, {1,3} */
+  js = json_dumps(json_object_get(json_object_get(mesh, "groups"), "tp"), JSON_COMPACT);
+  assert_string_equal(js, "[[0,1],[2,3]]");
+  free(js);
+  js = json_dumps(json_object_get(json_object_get(mesh, "groups"), "dp"), JSON_COMPACT);
+  assert_string_equal(js, "[[0,2],[1,3]]");
+  free(js);
+  js = json_dumps(mesh, 0);
+  out = open_memstream(&text, &len);
+  wf_console_render(WF_CONSOLE_MESH, js, out);
+  fclose(out);
+  assert_non_null(strstr(text, "pipeline stage pp=0"));
+  free(text);
+  free(js);
+  json_decref(mesh);
+
+  /* schedule and trace say so rather than failing silently */
+  char err[512];
+  assert_int_equal(wf_console_request(&fx->job, WF_CONSOLE_TRACE, 2000, &js, err, sizeof err),
+                   WF_EUNSUPPORTED);
+  assert_non_null(strstr(err, "not available"));
+
+  /* console commands reach every worker */
+  assert_int_equal(wf_console_request(&fx->job, WF_CONSOLE_CHECKPOINT, 2000, &js, err, sizeof err),
+                   WF_OK);
+  free(js);
+  assert_int_equal(wf_console_request(&fx->job, WF_CONSOLE_STOP, 2000, &js, err, sizeof err),
+                   WF_OK);
+  free(js);
+  usleep(200 * 1000);
+  for (int i = 0; i < 4; i++) {
+    assert_true(wf_control_stop_requested(fx->ctl[i]));
+    assert_true(wf_control_checkpoint_requested(fx->ctl[i]));
+    assert_false(wf_control_checkpoint_requested(fx->ctl[i])); /* consumed */
+  }
+  /* The job is listed in its directory. */
+  wf_console_job jobs[4];
+  assert_int_equal(wf_console_find_jobs(fx->dir, jobs, 4), 1);
+  assert_string_equal(jobs[0].id, fx->job.id);
+  assert_int_equal(atomic_load(&fx->aborts), 0);
+  fx_stop(fx);
+}
+
+static void test_dropped_worker(void **state)
+{
+  fixture *fx = fx_start(4, 3, 0);
+  int fd = raw_connect(fx);
+  raw_hello(fd, fx->job.token, 3);
+  Weft__Envelope *w = raw_recv(fd, 2000);
+  assert_non_null(w);
+  assert_int_equal(w->msg_case, WEFT__ENVELOPE__MSG_WELCOME);
+  wf_proto_free(w);
+  double t0 = wf_now();
+  close(fd); /* rank 3 "dies": no Bye */
+  wait_for(&fx->aborts, 3, 5.0);
+  assert_int_equal(atomic_load(&fx->aborts), 3);
+  double worst = 0;
+  for (int i = 0; i < 3; i++) {
+    worst = WF_MAX(worst, fx->abort_at[i] - t0);
+    assert_non_null(strstr(fx->abort_reason[i], "rank 3 (host rawhost, pid 4321"));
+    assert_true(wf_control_aborted(fx->ctl[i]));
+  }
+  fprintf(stderr, "dropped worker: all 3 survivors told in %.3f s\n", worst);
+  assert_true(worst < 2.0);
+  json_t *st = query(fx, WF_CONSOLE_STATUS);
+  assert_string_equal(json_string_value(json_object_get(st, "state")), "aborted");
+  json_decref(st);
+  fx_stop(fx);
+}
+
+static void test_silent_worker(void **state)
+{
+  fixture *fx = fx_start(2, 1, 0);
+  int fd = raw_connect(fx);
+  raw_hello(fd, fx->job.token, 1);
+  Weft__Envelope *w = raw_recv(fd, 2000);
+  assert_non_null(w);
+  wf_proto_free(w);
+  double t0 = wf_now(); /* registered; now no heartbeat ever comes (a frozen rank) */
+  wait_for(&fx->aborts, 1, 5.0);
+  double dt = fx->abort_at[0] - t0;
+  fprintf(stderr, "silent worker: declared dead and rank 0 told after %.3f s\n", dt);
+  assert_int_equal(atomic_load(&fx->aborts), 1);
+  assert_true(dt > 1.9 && dt < 2.6); /* dead_after 2 s + the 100 ms watchdog tick */
+  assert_non_null(strstr(fx->abort_reason[0], "no heartbeat"));
+  close(fd);
+  fx_stop(fx);
+}
+
+static void test_hang_diagnosis(void **state)
+{
+  fixture *fx = fx_start(2, 2, 1.0);
+  wf_control_set_collective(fx->ctl[0], 12, "allreduce(dp)", true);
+  wf_control_set_collective(fx->ctl[1], 11, "allreduce(dp)", false);
+  wait_for(&fx->aborts, 2, 6.0);
+  assert_int_equal(atomic_load(&fx->aborts), 2);
+  const char *r = fx->abort_reason[0];
+  assert_non_null(strstr(r, "no progress"));
+  assert_non_null(strstr(r, "#12 allreduce(dp) (inside): ranks 0"));
+  assert_non_null(strstr(r, "behind the others: ranks 1"));
+  fx_stop(fx);
+}
+
+static void test_bad_peers(void **state)
+{
+  fixture *fx = fx_start(2, 2, 0);
+  /* garbage */
+  int fd = raw_connect(fx);
+  assert_int_equal(send(fd, "\0\0\0\x05hello", 9, MSG_NOSIGNAL), 9);
+  assert_true(raw_closed_within(fd, 1000));
+  close(fd);
+  /* oversized frame header */
+  fd = raw_connect(fx);
+  assert_int_equal(send(fd, "\x7f\xff\xff\xff", 4, MSG_NOSIGNAL), 4);
+  assert_true(raw_closed_within(fd, 1000));
+  close(fd);
+  /* wrong token, then missing token: an Error and a close */
+  const char *tokens[] = {"00112233", ""};
+  for (int i = 0; i < 2; i++) {
+    fd = raw_connect(fx);
+    raw_hello(fd, tokens[i], 1);
+    Weft__Envelope *e = raw_recv(fd, 1000);
+    assert_non_null(e);
+    assert_int_equal(e->msg_case, WEFT__ENVELOPE__MSG_ERROR);
+    assert_non_null(strstr(e->error->message, "token"));
+    wf_proto_free(e);
+    assert_true(raw_closed_within(fd, 1000));
+    close(fd);
+  }
+  /* a console over TCP with a wrong token gets nothing */
+  wf_console_job bad = fx->job;
+  bad.unix_path[0] = '\0';
+  bad.token[0] ^= 1;
+  char *js = NULL, err[512];
+  assert_int_not_equal(wf_console_request(&bad, WF_CONSOLE_RANKS, 2000, &js, err, sizeof err),
+                       WF_OK);
+  assert_null(js);
+  /* a peer that connects and says nothing is dropped after the handshake timeout */
+  fd = raw_connect(fx);
+  double t0 = wf_now();
+  assert_true(raw_closed_within(fd, 4000));
+  fprintf(stderr, "stalled peer dropped after %.2f s\n", wf_now() - t0);
+  close(fd);
+  /* a duplicate rank is refused */
+  fd = raw_connect(fx);
+  raw_hello(fd, fx->job.token, 1);
+  Weft__Envelope *e = raw_recv(fd, 1000);
+  assert_non_null(e);
+  assert_int_equal(e->msg_case, WEFT__ENVELOPE__MSG_ERROR);
+  wf_proto_free(e);
+  close(fd);
+  /* none of it touched the job */
+  assert_int_equal(atomic_load(&fx->aborts), 0);
+  json_t *st = query(fx, WF_CONSOLE_STATUS);
+  assert_string_equal(json_string_value(json_object_get(st, "state")), "running");
+  assert_int_equal(json_integer_value(json_object_get(st, "alive")), 2);
+  json_decref(st);
+  /* TCP with the right token works too */
+  bad.token[0] ^= 1;
+  assert_int_equal(wf_console_request(&bad, WF_CONSOLE_RANKS, 2000, &js, err, sizeof err), WF_OK);
+  free(js);
+  fx_stop(fx);
+}
+
+static void test_polling_load(void **state)
+{
+  fixture *fx = fx_start(8, 8, 0);
+  double end = wf_now() + 3.0, worst = 0;
+  int n = 0;
+  while (wf_now() < end) {
+    double t = wf_now();
+    char *js = NULL, err[512];
+    assert_int_equal(wf_console_request(&fx->job, WF_CONSOLE_RANKS, 2000, &js, err, sizeof err),
+                     WF_OK);
+    free(js);
+    worst = WF_MAX(worst, wf_now() - t);
+    n++;
+    double next = t + 0.01; /* 100 queries a second */
+    if (wf_now() < next)
+      usleep((useconds_t)((next - wf_now()) * 1e6));
+  }
+  fprintf(stderr, "polling: %d ranks queries in 3 s, slowest %.1f ms\n", n, worst * 1e3);
+  assert_true(n >= 250);
+  assert_int_equal(atomic_load(&fx->aborts), 0);
+  json_t *st = query(fx, WF_CONSOLE_STATUS);
+  assert_int_equal(json_integer_value(json_object_get(st, "alive")), 8);
+  json_decref(st);
+  fx_stop(fx);
+}
+
+int main(void)
+{
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_registry_and_queries),
+      cmocka_unit_test(test_dropped_worker),
+      cmocka_unit_test(test_silent_worker),
+      cmocka_unit_test(test_hang_diagnosis),
+      cmocka_unit_test(test_bad_peers),
+      cmocka_unit_test(test_polling_load),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
