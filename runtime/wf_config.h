@@ -21,8 +21,8 @@
 
 #include "wf_runtime.h"
 
-#define WF_PATH_MAX 512
-#define WF_MAX_STAGES 64
+#define WF_PATH_MAX        512
+#define WF_MAX_STAGES      64
 #define WF_CONFIG_MAX_KEYS 128
 
 typedef enum wf_precision { WF_PREC_NO = 0, WF_PREC_FP16, WF_PREC_BF16 } wf_precision;
@@ -37,29 +37,31 @@ typedef enum wf_config_source {
   WF_SRC_PRESET,
   WF_SRC_FILE,
   WF_SRC_ENV,
-  WF_SRC_CLI
+  WF_SRC_CLI,
+  WF_SRC_DERIVED /* filled in by wf_config_validate; ranks below every source */
 } wf_config_source;
 
 typedef struct wf_config {
   struct {
-    int world_size;     /* 0 = take from the launcher */
-    int num_nodes;      /* 0 = unknown */
-    int procs_per_node; /* 0 = unknown */
-    int rank;           /* -1 = take from the launcher */
-    int local_rank;     /* -1 = take from the launcher */
+    int world_size;        /* 0 = take from the launcher */
+    int num_nodes;         /* 0 = unknown */
+    int procs_per_node;    /* 0 = unknown */
+    int rank;              /* -1 = take from the launcher */
+    int local_rank;        /* -1 = take from the launcher */
     char master_addr[256]; /* "" = rank 0's host (or first Slurm host) */
     int master_port;       /* 0 = 29500 or derived from SLURM_JOB_ID */
   } dist;
   struct {
-    int dp, tp, pp;      /* dp 0 = derived as world / (tp * pp) */
-    char axis_names[3][8]; /* order of mesh_shape axes as given, e.g. dp,tp,pp */
+    int dp, tp, pp;        /* dp 0 = derived as world / (tp * pp) */
+    char axis_names[3][8]; /* order of mesh_shape axes as given, e.g. dp,tp,pp; always a
+                              permutation of "dp","tp","pp" (axes not given follow) */
   } mesh;
   struct {
-    char preset[32];  /* gpt2-tiny, gpt2-small, ... */
+    char preset[32];                     /* gpt2-tiny, gpt2-small, ... */
     int layers, heads, d_model, seq_len; /* seq_len = context length (maxT) */
-    int vocab;        /* real vocabulary size V */
-    int padded_vocab; /* Vp, V rounded up to a multiple of 128 (derived) */
-    char init[WF_PATH_MAX]; /* llm.c checkpoint to start from; "" = random init */
+    int vocab;                           /* real vocabulary size V */
+    int padded_vocab;                    /* Vp, V rounded up to a multiple of 128 (derived) */
+    char init[WF_PATH_MAX];              /* llm.c checkpoint to start from; "" = random init */
   } model;
   struct {
     int steps;
@@ -67,7 +69,7 @@ typedef struct wf_config {
     int microbatches; /* per step and per dp rank (gradient accumulation) */
     int seq_len;      /* tokens per sequence in training; 0 = model.seq_len */
     double lr, min_lr;
-    int warmup;       /* warm-up steps, then cosine decay to min_lr */
+    int warmup; /* warm-up steps, then cosine decay to min_lr */
     uint64_t seed;
     wf_schedule_kind schedule;
     int eval_every, eval_batches;
@@ -77,7 +79,7 @@ typedef struct wf_config {
     char checkpoint_dir[WF_PATH_MAX];
     int checkpoint_every, keep;
     char resume[WF_PATH_MAX]; /* "", "auto" or a path */
-    double peak_tflops; /* for MFU; 0 = measure/unknown */
+    double peak_tflops;       /* for MFU; 0 = measure/unknown */
   } train;
   struct {
     char path[WF_PATH_MAX]; /* text file, glob of llm.c shards, or "" = synthetic */
@@ -116,8 +118,8 @@ wf_status wf_config_load_file(wf_config *cfg, const char *path, char *err, size_
 
 /* Set one dotted key from text (as from the command line or environment). Unknown
  * keys get a "did you mean" suggestion. */
-wf_status wf_config_set(wf_config *cfg, const char *key, const char *value,
-                        wf_config_source src, char *err, size_t err_len);
+wf_status wf_config_set(wf_config *cfg, const char *key, const char *value, wf_config_source src,
+                        char *err, size_t err_len);
 
 /* Apply WEFT_<SECTION>_<KEY> variables from `envp` (NULL-terminated, like environ).
  * Variables that are not config keys (WEFT_LOG_LEVEL, WEFT_MODULE_PATH...) are
@@ -133,5 +135,11 @@ void wf_config_print(const wf_config *cfg, FILE *out);
 
 /* Name of a source, e.g. "default", "file", "env", "cli". */
 const char *wf_config_source_str(wf_config_source s);
+
+/* The key table: keys are numbered 0..count-1 in print order, which is also the
+ * index into cfg->source. wf_config_key_find returns -1 for an unknown key. */
+int wf_config_key_count(void);
+const char *wf_config_key_name(int index);
+int wf_config_key_find(const char *key);
 
 #endif /* WF_CONFIG_H */

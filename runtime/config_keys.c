@@ -1,0 +1,383 @@
+/*
+ * config_keys.c - the key table, aliases, presets, the environment skip list and
+ * "did you mean" suggestions.
+ *
+ * Everything the config knows about a key is in its one row of wf__cfg_keys:
+ * adding a key is adding a row (and a field to struct wf_config). The table order
+ * is the print order and the index of cfg->source[]. Defaults are text in the
+ * key's own syntax so they go through the same parser as user input.
+ *
+ * Nothing here is mutable: the tables are const and the functions are pure.
+ */
+#include <ctype.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "config_int.h"
+
+#define OFF(f) offsetof(wf_config, f)
+#define BIG    1e300
+
+#define K_INT(n, f, d, lo, hi, dc)                                                                 \
+  {                                                                                                \
+    .name = n, .type = WF__CT_INT, .off = OFF(f), .def = d, .min = lo, .max = hi, .doc = dc        \
+  }
+#define K_DBL(n, f, d, lo, hi, fl, dc)                                                             \
+  {                                                                                                \
+    .name = n, .type = WF__CT_DOUBLE, .off = OFF(f), .def = d, .min = lo, .max = hi, .flags = fl,  \
+    .doc = dc                                                                                      \
+  }
+#define K_BOOL(n, f, d, dc)                                                                        \
+  {                                                                                                \
+    .name = n, .type = WF__CT_BOOL, .off = OFF(f), .def = d, .doc = dc                             \
+  }
+#define K_STR(n, f, d, dc)                                                                         \
+  {                                                                                                \
+    .name = n, .type = WF__CT_STRING, .off = OFF(f), .cap = sizeof(((wf_config *)0)->f), .def = d, \
+    .doc = dc                                                                                      \
+  }
+#define K_ENUM(n, f, d, e, dc)                                                                     \
+  {                                                                                                \
+    .name = n, .type = WF__CT_ENUM, .off = OFF(f), .def = d, .enums = e, .doc = dc                 \
+  }
+
+/* Enum-typed fields are stored through an int pointer. */
+_Static_assert(sizeof(wf_precision) == sizeof(int), "enum storage");
+_Static_assert(sizeof(wf_schedule_kind) == sizeof(int), "enum storage");
+_Static_assert(sizeof(wf_device_pref) == sizeof(int), "enum storage");
+
+static const wf__cfg_enum schedules[] = {{"1f1b", WF_SCHED_1F1B},
+                                         {"gpipe", WF_SCHED_GPIPE},
+                                         {"interleaved", WF_SCHED_INTERLEAVED},
+                                         {NULL, 0}};
+static const wf__cfg_enum precisions[] = {{"no", WF_PREC_NO},     {"fp16", WF_PREC_FP16},
+                                          {"bf16", WF_PREC_BF16}, {"none", WF_PREC_NO},
+                                          {"fp32", WF_PREC_NO},   {NULL, 0}};
+static const wf__cfg_enum log_levels[] = {{"error", WF_LOG_ERROR},  {"warn", WF_LOG_WARN},
+                                          {"info", WF_LOG_INFO},    {"debug", WF_LOG_DEBUG},
+                                          {"warning", WF_LOG_WARN}, {NULL, 0}};
+static const wf__cfg_enum devices[] = {{"auto", WF_DEV_AUTO},
+                                       {"cpu", WF_DEV_CPU},
+                                       {"cuda", WF_DEV_CUDA},
+                                       {"gpu", WF_DEV_CUDA},
+                                       {NULL, 0}};
+
+const wf__cfg_key wf__cfg_keys[] = {
+    K_INT("dist.world_size", dist.world_size, "0", 0, 1 << 24,
+          "number of ranks; 0 = take it from the launcher"),
+    K_INT("dist.num_nodes", dist.num_nodes, "0", 0, 1 << 20, "number of nodes; 0 = unknown"),
+    K_INT("dist.procs_per_node", dist.procs_per_node, "0", 0, 1 << 16,
+          "processes per node; 0 = unknown"),
+    K_INT("dist.rank", dist.rank, "-1", -1, 1 << 24, "this process's rank; -1 = launcher"),
+    K_INT("dist.local_rank", dist.local_rank, "-1", -1, 1 << 16,
+          "rank on this node; -1 = launcher"),
+    K_STR("dist.master_addr", dist.master_addr, "", "rank 0's host; \"\" = detect"),
+    K_INT("dist.master_port", dist.master_port, "0", 0, 65535,
+          "rendezvous port; 0 = 29500 or from SLURM_JOB_ID"),
+    K_INT("mesh.dp", mesh.dp, "0", 0, 1 << 24, "data-parallel size; 0 = world / (tp * pp)"),
+    K_INT("mesh.tp", mesh.tp, "1", 1, 1 << 16, "tensor-parallel size"),
+    K_INT("mesh.pp", mesh.pp, "1", 1, WF_MAX_STAGES, "pipeline-parallel size (stages)"),
+    {.name = "mesh.axis_names",
+     .type = WF__CT_AXES,
+     .off = OFF(mesh.axis_names),
+     .def = "[dp, tp, pp]",
+     .doc = "order of the mesh_shape axes as given"},
+    K_STR("model.preset", model.preset, "gpt2-tiny",
+          "gpt2-tiny, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl"),
+    K_INT("model.layers", model.layers, "4", 1, 4096, "transformer blocks (L)"),
+    K_INT("model.heads", model.heads, "4", 1, 4096, "attention heads (NH)"),
+    K_INT("model.d_model", model.d_model, "64", 1, 1 << 20, "channels (C)"),
+    K_INT("model.seq_len", model.seq_len, "64", 1, 1 << 24, "context length (maxT)"),
+    K_INT("model.vocab", model.vocab, "256", 1, 1 << 26, "vocabulary size (V)"),
+    {.name = "model.padded_vocab",
+     .type = WF__CT_INT,
+     .off = OFF(model.padded_vocab),
+     .min = 0,
+     .max = INT_MAX,
+     .flags = WF__KF_DERIVED,
+     .doc = "V rounded up to a multiple of 128 (Vp); derived"},
+    K_STR("model.init", model.init, "", "llm.c checkpoint to start from; \"\" = random"),
+    K_INT("train.steps", train.steps, "300", 1, INT_MAX, "optimizer steps"),
+    K_INT("train.batch_size", train.batch_size, "8", 1, 1 << 24, "global batch, in sequences"),
+    K_INT("train.microbatches", train.microbatches, "1", 1, 1 << 20,
+          "microbatches per step and dp rank"),
+    K_INT("train.seq_len", train.seq_len, "0", 0, 1 << 24,
+          "tokens per training sequence; 0 = model.seq_len"),
+    K_DBL("train.lr", train.lr, "3e-3", 0, 10, WF__KF_MIN_OPEN, "peak learning rate"),
+    K_DBL("train.min_lr", train.min_lr, "3e-4", 0, 10, 0, "learning rate at the end"),
+    K_INT("train.warmup", train.warmup, "20", 0, INT_MAX, "linear warm-up steps"),
+    {.name = "train.seed",
+     .type = WF__CT_U64,
+     .off = OFF(train.seed),
+     .def = "1337",
+     .doc = "seed of weights and data order"},
+    K_ENUM("train.schedule", train.schedule, "1f1b", schedules,
+           "pipeline schedule: 1f1b, gpipe, interleaved"),
+    K_INT("train.eval_every", train.eval_every, "50", 0, INT_MAX,
+          "steps between evaluations; 0 = never"),
+    K_INT("train.eval_batches", train.eval_batches, "4", 0, 1 << 20, "batches per evaluation"),
+    K_STR("train.metrics", train.metrics, "", "JSON-lines metrics file; \"\" = none"),
+    K_STR("train.trace", train.trace, "", "Chrome trace file; \"\" = none"),
+    {.name = "train.trace_steps",
+     .type = WF__CT_INTLIST,
+     .off = OFF(train.trace_steps),
+     .cap = 2,
+     .def = "[2, 3]",
+     .min = 0,
+     .max = INT_MAX,
+     .flags = WF__KF_FIXED_LEN,
+     .doc = "[first, last] step traced"},
+    K_STR("train.checkpoint_dir", train.checkpoint_dir, "", "checkpoint directory"),
+    K_INT("train.checkpoint_every", train.checkpoint_every, "0", 0, INT_MAX,
+          "steps between checkpoints; 0 = only at the end"),
+    K_INT("train.keep", train.keep, "3", 0, 1 << 20, "checkpoints kept; 0 = all"),
+    K_STR("train.resume", train.resume, "", "\"\", \"auto\" or a checkpoint path"),
+    K_DBL("train.peak_tflops", train.peak_tflops, "0", 0, 1e9, 0,
+          "device peak for MFU; 0 = unknown"),
+    K_STR("data.path", data.path, "", "text file or glob of llm.c shards; \"\" = synthetic"),
+    K_DBL("data.val_fraction", data.val_fraction, "0.1", 0, 0.99, 0,
+          "share of the data held out for evaluation"),
+    K_INT("optim.zero", optim.zero, "0", 0, 1, "1 = shard optimizer state over dp (ZeRO-1)"),
+    K_DBL("optim.weight_decay", optim.weight_decay, "0.1", 0, 10, 0, "AdamW weight decay"),
+    K_DBL("optim.clip", optim.clip, "1.0", 0, BIG, 0, "global grad-norm clip; 0 = off"),
+    K_DBL("optim.beta1", optim.beta1, "0.9", 0, 0.999999, 0, "AdamW beta1"),
+    K_DBL("optim.beta2", optim.beta2, "0.95", 0, 0.999999, 0, "AdamW beta2"),
+    K_DBL("optim.eps", optim.eps, "1e-8", 0, 1, WF__KF_MIN_OPEN, "AdamW epsilon"),
+    K_INT("optim.bucket_mb", optim.bucket_mb, "4", 1, 1 << 16, "dp gradient bucket size, MiB"),
+    K_BOOL("parallel.sequence", parallel.sequence, "false", "Megatron sequence parallelism"),
+    {.name = "parallel.pp_layers",
+     .type = WF__CT_INTLIST,
+     .off = OFF(parallel.pp_layers),
+     .cap = WF_MAX_STAGES,
+     .count_off = OFF(parallel.n_pp_layers),
+     .def = "[]",
+     .min = 1,
+     .max = 4096,
+     .doc = "layers per pipeline stage; [] = balanced"},
+    K_INT("parallel.virtual_stages", parallel.virtual_stages, "1", 1, WF_MAX_STAGES,
+          "model chunks per stage (interleaved)"),
+    K_BOOL("parallel.activation_checkpointing", parallel.activation_checkpointing, "false",
+           "recompute activations in backward"),
+    K_ENUM("precision", precision, "no", precisions, "mixed precision: no, fp16, bf16"),
+    K_BOOL("runtime.bind", runtime.bind, "true", "bind ranks to cores with hwloc"),
+    K_DBL("runtime.hang_timeout", runtime.hang_timeout, "300", 0, 1e7, 0,
+          "seconds without progress before abort; 0 = off"),
+    K_INT("runtime.metrics_port", runtime.metrics_port, "0", 0, 65535, "Prometheus port; 0 = off"),
+    K_ENUM("runtime.log_level", runtime.log_level, "info", log_levels, "error, warn, info, debug"),
+    K_ENUM("runtime.device", runtime.device, "auto", devices, "auto, cpu, cuda"),
+};
+const int wf__cfg_nkeys = (int)WF_ARRAY_LEN(wf__cfg_keys);
+_Static_assert(WF_ARRAY_LEN(wf__cfg_keys) <= WF_CONFIG_MAX_KEYS, "cfg->source is too small");
+
+const wf__cfg_preset wf__cfg_presets[] = {
+    /* name, layers, heads, d_model, seq_len, vocab; GPT-2 sizes as in llm.c */
+    {"gpt2-tiny", 4, 4, 64, 64, 256},           {"gpt2-small", 12, 12, 768, 1024, 50257},
+    {"gpt2-medium", 24, 16, 1024, 1024, 50257}, {"gpt2-large", 36, 20, 1280, 1024, 50257},
+    {"gpt2-xl", 48, 25, 1600, 1024, 50257},
+};
+const int wf__cfg_npresets = (int)WF_ARRAY_LEN(wf__cfg_presets);
+
+/* The seeds' names (a DistributedConfig) and other spellings users bring along. */
+typedef struct alias {
+  const char *name;
+  const char *key; /* NULL for a special */
+  wf__cfg_special special;
+} alias;
+
+static const alias aliases[] = {
+    {"world_size", "dist.world_size", WF__SP_NONE},
+    {"num_nodes", "dist.num_nodes", WF__SP_NONE},
+    {"num_processes_per_node", "dist.procs_per_node", WF__SP_NONE},
+    {"rank", "dist.rank", WF__SP_NONE},
+    {"local_rank", "dist.local_rank", WF__SP_NONE},
+    {"master_addr", "dist.master_addr", WF__SP_NONE},
+    {"master_port", "dist.master_port", WF__SP_NONE},
+    {"tensor_parallel_size", "mesh.tp", WF__SP_NONE},
+    {"pipeline_parallel_size", "mesh.pp", WF__SP_NONE},
+    {"data_parallel_size", "mesh.dp", WF__SP_NONE},
+    {"mixed_precision", "precision", WF__SP_NONE},
+    {"mesh_axis_names", "mesh.axis_names", WF__SP_NONE},
+    {"mesh_shape", NULL, WF__SP_MESH_SHAPE},
+    {"model.mesh_shape", NULL, WF__SP_MESH_SHAPE},
+};
+
+/* WEFT_ variables that other parts of weft read; never config keys. A name ending
+ * in '_' is a prefix. */
+static const char *const env_skip[] = {
+    "WEFT_LOG_LEVEL",   /* runtime/log.c, before any config exists */
+    "WEFT_MODULE_PATH", /* runtime/module.c */
+    "WEFT_JOB_DIR",     /* coordinator job files */
+    "WEFT_COMM_CHECK",  /* collectives debugging */
+    "WEFT_TEST_",       /* test harnesses */
+    "WEFT_BENCH_",      /* benchmarks */
+};
+
+int wf__cfg_key_index(const char *name)
+{
+  for (int i = 0; i < wf__cfg_nkeys; i++)
+    if (strcmp(wf__cfg_keys[i].name, name) == 0)
+      return i;
+  return -1;
+}
+
+static bool target_of(const alias *a, wf__cfg_target *out)
+{
+  out->special = a->special;
+  out->key = a->key ? wf__cfg_key_index(a->key) : -1;
+  return true;
+}
+
+static const alias *alias_find(const char *name)
+{
+  for (size_t i = 0; i < WF_ARRAY_LEN(aliases); i++)
+    if (strcmp(aliases[i].name, name) == 0)
+      return &aliases[i];
+  return NULL;
+}
+
+bool wf__cfg_resolve(const char *name, wf__cfg_target *out)
+{
+  static const char nested[] = "distributed.";
+  int k = wf__cfg_key_index(name);
+  if (k >= 0) {
+    *out = (wf__cfg_target){k, WF__SP_NONE};
+    return true;
+  }
+  const alias *a = alias_find(name);
+  /* The seeds' names also live under a `distributed:` block. */
+  if (!a && strncmp(name, nested, sizeof nested - 1) == 0 && !strchr(name + sizeof nested - 1, '.'))
+    a = alias_find(name + sizeof nested - 1);
+  return a ? target_of(a, out) : false;
+}
+
+bool wf__cfg_target_is_list(wf__cfg_target t)
+{
+  if (t.key < 0)
+    return true;
+  wf__cfg_type ty = wf__cfg_keys[t.key].type;
+  return ty == WF__CT_INTLIST || ty == WF__CT_AXES;
+}
+
+/* "train.d_model" -> "WEFT_TRAIN_D_MODEL". */
+static void env_name(const char *key, char *out, size_t len)
+{
+  size_t n = (size_t)snprintf(out, len, "WEFT_%s", key);
+  for (size_t i = 5; i < n && i < len; i++)
+    out[i] = out[i] == '.' ? '_' : (char)toupper((unsigned char)out[i]);
+}
+
+bool wf__cfg_resolve_env(const char *var, wf__cfg_target *out, const char **name)
+{
+  char buf[128];
+  for (int i = 0; i < wf__cfg_nkeys; i++) {
+    env_name(wf__cfg_keys[i].name, buf, sizeof buf);
+    if (strcmp(buf, var) == 0) {
+      *name = wf__cfg_keys[i].name;
+      *out = (wf__cfg_target){i, WF__SP_NONE};
+      return true;
+    }
+  }
+  for (size_t i = 0; i < WF_ARRAY_LEN(aliases); i++) {
+    env_name(aliases[i].name, buf, sizeof buf);
+    if (strcmp(buf, var) == 0) {
+      *name = aliases[i].name;
+      return target_of(&aliases[i], out);
+    }
+  }
+  return false;
+}
+
+bool wf__cfg_env_skipped(const char *var)
+{
+  for (size_t i = 0; i < WF_ARRAY_LEN(env_skip); i++) {
+    size_t n = strlen(env_skip[i]);
+    bool prefix = env_skip[i][n - 1] == '_';
+    if (prefix ? strncmp(var, env_skip[i], n) == 0 : strcmp(var, env_skip[i]) == 0)
+      return true;
+  }
+  return false;
+}
+
+const wf__cfg_preset *wf__cfg_preset_find(const char *name)
+{
+  for (int i = 0; i < wf__cfg_npresets; i++)
+    if (strcasecmp(wf__cfg_presets[i].name, name) == 0)
+      return &wf__cfg_presets[i];
+  return NULL;
+}
+
+int wf__cfg_pad_vocab(int vocab) { return (vocab + 127) / 128 * 128; }
+
+/* Optimal-string-alignment distance (Levenshtein plus adjacent transpositions),
+ * case-insensitive; strings longer than 63 characters are "far". */
+static int osa_distance(const char *a, const char *b)
+{
+  enum { N = 64 };
+  size_t la = strlen(a), lb = strlen(b);
+  if (la >= N || lb >= N)
+    return INT_MAX / 2;
+  int d[N][N];
+  for (size_t i = 0; i <= la; i++)
+    d[i][0] = (int)i;
+  for (size_t j = 0; j <= lb; j++)
+    d[0][j] = (int)j;
+  for (size_t i = 1; i <= la; i++) {
+    for (size_t j = 1; j <= lb; j++) {
+      int cost = tolower((unsigned char)a[i - 1]) != tolower((unsigned char)b[j - 1]);
+      int best = WF_MIN(d[i - 1][j] + 1, d[i][j - 1] + 1);
+      best = WF_MIN(best, d[i - 1][j - 1] + cost);
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        best = WF_MIN(best, d[i - 2][j - 2] + 1);
+      d[i][j] = best;
+    }
+  }
+  return d[la][lb];
+}
+
+/* Distance from what the user typed to a candidate: the whole name, or the part
+ * after the section (so a bare "steps" finds "train.steps"). */
+static int name_distance(const char *typed, const char *cand)
+{
+  int d = osa_distance(typed, cand);
+  const char *dot = strchr(cand, '.');
+  if (dot && !strchr(typed, '.'))
+    d = WF_MIN(d, osa_distance(typed, dot + 1) + 1);
+  return d;
+}
+
+typedef struct best_match {
+  const char *typed;
+  int dist;
+  char name[128];
+} best_match;
+
+static void consider(best_match *b, const char *cand, bool env)
+{
+  char buf[128];
+  if (env)
+    env_name(cand, buf, sizeof buf);
+  else
+    wf_strlcpy(buf, cand, sizeof buf);
+  int d = name_distance(b->typed, buf);
+  if (d < b->dist) {
+    b->dist = d;
+    wf_strlcpy(b->name, buf, sizeof b->name);
+  }
+}
+
+/* Writes the closest key (or WEFT_ variable) to `name`, or "" when none is close. */
+void wf__cfg_suggest(const char *name, bool env, char *out, size_t out_len)
+{
+  best_match b = {.typed = name, .dist = INT_MAX};
+  for (int i = 0; i < wf__cfg_nkeys; i++)
+    if (!(wf__cfg_keys[i].flags & WF__KF_DERIVED))
+      consider(&b, wf__cfg_keys[i].name, env);
+  for (size_t i = 0; i < WF_ARRAY_LEN(aliases); i++)
+    consider(&b, aliases[i].name, env);
+  size_t len = strlen(name) - (env ? 5 : 0);
+  int limit = WF_MAX(2, (int)len / 3);
+  wf_strlcpy(out, b.dist <= limit ? b.name : "", out_len);
+}

@@ -1,0 +1,341 @@
+/*
+ * config_validate.c - the rules a config must satisfy before a job starts.
+ *
+ * wf_config_validate is a pure function of (config, world size): no I/O, no clock,
+ * no environment, so every rank reaches the same verdict and the same message and
+ * main() can print it once. Rules run in a fixed order and the first failure wins;
+ * each message names the keys, their values, and what to change.
+ *
+ * Derived values (mesh.dp when 0, model.padded_vocab, train.seq_len when 0) are
+ * computed on a copy and written back only when every rule passes. A value
+ * derived earlier (source WF_SRC_DERIVED) is derived again, so validating twice,
+ * or after changing mesh.tp, gives the same answer as validating once.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "config_int.h"
+
+typedef struct vctx {
+  wf_config *c; /* the working copy */
+  int world;    /* the real world size, or dist.world_size, or 0 = unknown */
+  char *err;
+  size_t err_len;
+} vctx;
+
+typedef wf_status (*rule_fn)(vctx *v);
+
+static wf_status fail(vctx *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static wf_status fail(vctx *v, const char *fmt, ...)
+{
+  if (v->err && v->err_len) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(v->err, v->err_len, fmt, ap);
+    va_end(ap);
+  }
+  return WF_ECONFIG;
+}
+
+static bool is_derived(const wf_config *c, const char *key)
+{
+  return c->source[wf_config_key_find(key)] == WF_SRC_DERIVED;
+}
+
+/* ---- ranges (the key table's, for configs not built through wf_config_set) ------ */
+
+static wf_status check_number(vctx *v, const wf__cfg_key *k, double x, const char *suffix)
+{
+  char range[96];
+  if (wf__cfg_in_range(k, x))
+    return WF_OK;
+  wf__cfg_range_str(k, range, sizeof range);
+  return fail(v, "%s%s=%.15g is out of range; it must be %s", k->name, suffix, x, range);
+}
+
+static wf_status check_key(vctx *v, const wf__cfg_key *k)
+{
+  const char *p = (const char *)v->c + k->off;
+  char names[128], idx[16];
+  switch (k->type) {
+  case WF__CT_INT: return check_number(v, k, *(const int *)p, "");
+  case WF__CT_DOUBLE: return check_number(v, k, *(const double *)p, "");
+  case WF__CT_ENUM:
+    for (int i = 0; k->enums[i].name; i++)
+      if (k->enums[i].value == *(const int *)p)
+        return WF_OK;
+    wf__cfg_enum_names(k->enums, names, sizeof names);
+    return fail(v, "%s=%d is not one of %s", k->name, *(const int *)p, names);
+  case WF__CT_INTLIST: {
+    int n = (k->flags & WF__KF_FIXED_LEN) ? (int)k->cap
+                                          : *(const int *)((const char *)v->c + k->count_off);
+    if (n < 0 || n > (int)k->cap)
+      return fail(v, "%s has %d entries; at most %zu are allowed", k->name, n, k->cap);
+    for (int i = 0; i < n; i++) {
+      snprintf(idx, sizeof idx, "[%d]", i);
+      if (check_number(v, k, ((const int *)p)[i], idx) != WF_OK)
+        return WF_ECONFIG;
+    }
+    return WF_OK;
+  }
+  default: return WF_OK;
+  }
+}
+
+static wf_status rule_ranges(vctx *v)
+{
+  for (int i = 0; i < wf__cfg_nkeys; i++)
+    if (!(wf__cfg_keys[i].flags & WF__KF_DERIVED) && check_key(v, &wf__cfg_keys[i]) != WF_OK)
+      return WF_ECONFIG;
+  return WF_OK;
+}
+
+/* ---- the distributed job ------------------------------------------------------------- */
+
+static wf_status rule_nodes(vctx *v)
+{
+  const wf_config *c = v->c;
+  int nn = c->dist.num_nodes, ppn = c->dist.procs_per_node;
+  if (nn == 0 || ppn == 0)
+    return WF_OK;
+  if (c->dist.world_size && c->dist.world_size != nn * ppn)
+    return fail(v,
+                "dist.world_size=%d but dist.num_nodes=%d x dist.procs_per_node=%d = %d; "
+                "make them agree, or leave dist.world_size unset (0)",
+                c->dist.world_size, nn, ppn, nn * ppn);
+  if (v->world && v->world != nn * ppn)
+    return fail(v,
+                "dist.num_nodes=%d x dist.procs_per_node=%d = %d processes, but the job "
+                "has %d ranks; fix the node counts or launch %d ranks",
+                nn, ppn, nn * ppn, v->world, nn * ppn);
+  if (c->dist.local_rank >= ppn)
+    return fail(v,
+                "dist.local_rank=%d is not below dist.procs_per_node=%d; local ranks run "
+                "from 0 to %d",
+                c->dist.local_rank, ppn, ppn - 1);
+  return WF_OK;
+}
+
+static wf_status rule_world(vctx *v)
+{
+  const wf_config *c = v->c;
+  if (c->dist.world_size && v->world && c->dist.world_size != v->world)
+    return fail(v,
+                "dist.world_size=%d but the job has %d ranks; launch %d ranks, or set "
+                "dist.world_size=%d (or 0 to take it from the launcher)",
+                c->dist.world_size, v->world, c->dist.world_size, v->world);
+  if (!v->world)
+    v->world = c->dist.world_size;
+  if (v->world && c->dist.rank >= v->world)
+    return fail(v, "dist.rank=%d is not below the world size %d; ranks run from 0 to %d",
+                c->dist.rank, v->world, v->world - 1);
+  return WF_OK;
+}
+
+static wf_status rule_mesh(vctx *v)
+{
+  wf_config *c = v->c;
+  int tp = c->mesh.tp, pp = c->mesh.pp;
+  if (is_derived(c, "mesh.dp"))
+    c->mesh.dp = 0;
+  if (!v->world)
+    return WF_OK;
+  if (c->mesh.dp == 0) {
+    if (v->world % (tp * pp) != 0)
+      return fail(v,
+                  "mesh.tp=%d x mesh.pp=%d = %d does not divide the world size %d, so "
+                  "mesh.dp cannot be derived; choose mesh.tp and mesh.pp whose product "
+                  "divides %d",
+                  tp, pp, tp * pp, v->world, v->world);
+    c->mesh.dp = v->world / (tp * pp);
+    return WF_OK;
+  }
+  long long prod = (long long)c->mesh.dp * tp * pp;
+  if (prod != v->world)
+    return fail(v,
+                "mesh.dp=%d x mesh.tp=%d x mesh.pp=%d = %lld, but the world size is %d; "
+                "make the product %d, or leave mesh.dp unset (0) to derive it",
+                c->mesh.dp, tp, pp, prod, v->world, v->world);
+  return WF_OK;
+}
+
+/* ---- the model and its partition ----------------------------------------------------- */
+
+static wf_status rule_model(vctx *v)
+{
+  wf_config *c = v->c;
+  int tp = c->mesh.tp, vp = wf__cfg_pad_vocab(c->model.vocab);
+  c->model.padded_vocab = vp;
+  if (c->model.d_model % c->model.heads != 0)
+    return fail(v,
+                "model.d_model=%d is not divisible by model.heads=%d; choose d_model as a "
+                "multiple of the head count",
+                c->model.d_model, c->model.heads);
+  if (c->model.heads % tp != 0)
+    return fail(v,
+                "mesh.tp=%d does not divide model.heads=%d; tensor parallelism gives each "
+                "rank whole heads, so choose a tp that divides %d",
+                tp, c->model.heads, c->model.heads);
+  if (c->model.d_model % tp != 0)
+    return fail(v, "mesh.tp=%d does not divide model.d_model=%d; choose a tp that divides %d", tp,
+                c->model.d_model, c->model.d_model);
+  if (vp % tp != 0)
+    return fail(v,
+                "mesh.tp=%d does not divide the padded vocabulary %d (model.vocab=%d "
+                "rounded up to a multiple of 128); choose a tp that divides %d",
+                tp, vp, c->model.vocab, vp);
+  return WF_OK;
+}
+
+static wf_status rule_pp_layers(vctx *v)
+{
+  const wf_config *c = v->c;
+  int n = c->parallel.n_pp_layers, sum = 0;
+  if (n == 0)
+    return WF_OK;
+  if (n != c->mesh.pp)
+    return fail(v,
+                "parallel.pp_layers has %d entries but mesh.pp=%d; give one layer count "
+                "per pipeline stage, or [] to balance automatically",
+                n, c->mesh.pp);
+  for (int i = 0; i < n; i++)
+    sum += c->parallel.pp_layers[i];
+  if (sum != c->model.layers)
+    return fail(v,
+                "parallel.pp_layers adds up to %d layers but model.layers=%d; the counts "
+                "must add up to %d",
+                sum, c->model.layers, c->model.layers);
+  return WF_OK;
+}
+
+static wf_status rule_pipeline(vctx *v)
+{
+  const wf_config *c = v->c;
+  int pp = c->mesh.pp, vs = c->parallel.virtual_stages, L = c->model.layers;
+  if (pp > L)
+    return fail(v,
+                "mesh.pp=%d is more than model.layers=%d; every pipeline stage needs at "
+                "least one layer, so use mesh.pp <= %d",
+                pp, L, L);
+  if (c->train.schedule != WF_SCHED_INTERLEAVED) {
+    if (vs != 1)
+      return fail(v,
+                  "parallel.virtual_stages=%d only applies to train.schedule=interleaved; "
+                  "set train.schedule=interleaved or parallel.virtual_stages=1",
+                  vs);
+    return rule_pp_layers(v);
+  }
+  if (vs < 2)
+    return fail(v,
+                "train.schedule=interleaved needs parallel.virtual_stages >= 2 (it is %d); "
+                "set parallel.virtual_stages=2 or use train.schedule=1f1b",
+                vs);
+  if (L % (pp * vs) != 0)
+    return fail(v,
+                "model.layers=%d is not divisible by mesh.pp=%d x parallel.virtual_stages=%d "
+                "= %d; the interleaved schedule gives every model chunk the same number "
+                "of layers",
+                L, pp, vs, pp * vs);
+  if (c->train.microbatches % pp != 0)
+    return fail(v,
+                "train.microbatches=%d is not a multiple of mesh.pp=%d; the interleaved "
+                "schedule needs whole rounds of microbatches",
+                c->train.microbatches, pp);
+  return rule_pp_layers(v);
+}
+
+/* ---- training ------------------------------------------------------------------------- */
+
+static wf_status rule_batch(vctx *v)
+{
+  const wf_config *c = v->c;
+  int B = c->train.batch_size, dp = c->mesh.dp, mb = c->train.microbatches;
+  if (dp == 0) /* world unknown: check what does not need dp */
+    dp = 1;
+  if (B % dp != 0)
+    return fail(v, "train.batch_size=%d is not divisible by mesh.dp=%d; use a multiple of %d", B,
+                dp, dp);
+  if ((B / dp) % mb != 0)
+    return fail(v,
+                "train.microbatches=%d does not divide the per-dp batch %d "
+                "(train.batch_size=%d / mesh.dp=%d); choose microbatches that divide %d",
+                mb, B / dp, B, dp, B / dp);
+  return WF_OK;
+}
+
+static wf_status rule_seq(vctx *v)
+{
+  wf_config *c = v->c;
+  if (c->train.seq_len == 0 || is_derived(c, "train.seq_len"))
+    c->train.seq_len = c->model.seq_len;
+  if (c->train.seq_len > c->model.seq_len)
+    return fail(v,
+                "train.seq_len=%d is more than model.seq_len=%d (the context length); lower "
+                "train.seq_len or raise model.seq_len",
+                c->train.seq_len, c->model.seq_len);
+  if (c->parallel.sequence && c->train.seq_len % c->mesh.tp != 0)
+    return fail(v,
+                "parallel.sequence splits the sequence over mesh.tp=%d, but train.seq_len=%d "
+                "is not divisible by it; use a seq_len divisible by %d",
+                c->mesh.tp, c->train.seq_len, c->mesh.tp);
+  return WF_OK;
+}
+
+static wf_status rule_train(vctx *v)
+{
+  const wf_config *c = v->c;
+  if (c->train.min_lr > c->train.lr)
+    return fail(v,
+                "train.min_lr=%g is above train.lr=%g; the schedule decays from lr down to "
+                "min_lr, so use min_lr <= lr",
+                c->train.min_lr, c->train.lr);
+  if (c->train.trace_steps[0] > c->train.trace_steps[1])
+    return fail(v,
+                "train.trace_steps=[%d, %d] ends before it starts; write [first, last] "
+                "with first <= last",
+                c->train.trace_steps[0], c->train.trace_steps[1]);
+  if (c->train.eval_every > 0 && c->train.eval_batches == 0)
+    return fail(v,
+                "train.eval_every=%d but train.eval_batches=0; set eval_batches >= 1, or "
+                "train.eval_every=0 to turn evaluation off",
+                c->train.eval_every);
+  if (c->dist.master_port && c->dist.master_port == c->runtime.metrics_port)
+    return fail(v,
+                "dist.master_port and runtime.metrics_port are both %d; use two different "
+                "ports",
+                c->dist.master_port);
+  return WF_OK;
+}
+
+static const rule_fn rules[] = {rule_ranges,   rule_nodes, rule_world, rule_mesh, rule_model,
+                                rule_pipeline, rule_batch, rule_seq,   rule_train};
+
+/* A derived value is marked as such; a key that was derived before but is not now
+ * (the world became unknown) goes back to its default's standing. */
+static void set_derived(wf_config *cfg, const char *key, bool derived)
+{
+  uint8_t *s = &cfg->source[wf_config_key_find(key)];
+  if (derived)
+    *s = WF_SRC_DERIVED;
+  else if (*s == WF_SRC_DERIVED)
+    *s = WF_SRC_DEFAULT;
+}
+
+wf_status wf_config_validate(wf_config *cfg, int world_size, char *err, size_t err_len)
+{
+  if (!cfg || world_size < 0)
+    return WF_EINVAL;
+  wf_config work = *cfg;
+  vctx v = {&work, world_size, err, err_len};
+  for (size_t i = 0; i < WF_ARRAY_LEN(rules); i++)
+    if (rules[i](&v) != WF_OK)
+      return WF_ECONFIG;
+  bool dp_derived = work.mesh.dp != 0 && (cfg->mesh.dp == 0 || is_derived(cfg, "mesh.dp"));
+  bool seq_derived = cfg->train.seq_len == 0 || is_derived(cfg, "train.seq_len");
+  *cfg = work;
+  set_derived(cfg, "mesh.dp", dp_derived);
+  set_derived(cfg, "train.seq_len", seq_derived);
+  set_derived(cfg, "model.padded_vocab", true);
+  return WF_OK;
+}

@@ -1,0 +1,334 @@
+/*
+ * test_validate.c - every rule of wf_config_validate, once where it holds and once
+ * where it is broken, asserting that the message names the keys and the values.
+ *
+ * Configs are built with wf_config_set (source cli) from the gpt2-tiny defaults:
+ * layers 4, heads 4, d_model 64, seq_len 64, vocab 256, batch 8, microbatches 1.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "wf_config.h"
+
+typedef struct case_ {
+  wf_config cfg;
+  char err[1024];
+} case_;
+
+/* Defaults plus "key=value" settings, NULL-terminated. */
+static void build(case_ *t, const char *const *kv)
+{
+  wf_config_init(&t->cfg);
+  for (; kv && *kv; kv++) {
+    char key[128];
+    const char *eq = strchr(*kv, '=');
+    assert_non_null(eq);
+    snprintf(key, sizeof key, "%.*s", (int)(eq - *kv), *kv);
+    if (wf_config_set(&t->cfg, key, eq + 1, WF_SRC_CLI, t->err, sizeof t->err) != WF_OK)
+      fail_msg("set %s: %s", *kv, t->err);
+  }
+}
+
+static wf_status check(case_ *t, int world)
+{
+  t->err[0] = '\0';
+  return wf_config_validate(&t->cfg, world, t->err, sizeof t->err);
+}
+
+/* The config must validate against `world`. */
+#define GOOD(world, ...)                                                                           \
+  do {                                                                                             \
+    case_ t;                                                                                       \
+    const char *kv[] = {__VA_ARGS__, NULL};                                                        \
+    build(&t, kv);                                                                                 \
+    if (check(&t, world) != WF_OK)                                                                 \
+      fail_msg("expected OK, got: %s", t.err);                                                     \
+  } while (0)
+
+/* The config must fail against `world` with a message containing `sub`. */
+#define BAD(world, sub, ...)                                                                       \
+  do {                                                                                             \
+    case_ t;                                                                                       \
+    const char *kv[] = {__VA_ARGS__, NULL};                                                        \
+    build(&t, kv);                                                                                 \
+    assert_int_equal(check(&t, world), WF_ECONFIG);                                                \
+    if (!strstr(t.err, sub))                                                                       \
+      fail_msg("error '%s' lacks '%s'", t.err, sub);                                               \
+  } while (0)
+
+static void test_defaults_are_valid(void **state)
+{
+  case_ t;
+  build(&t, NULL);
+  assert_int_equal(check(&t, 0), WF_OK);
+  assert_int_equal(check(&t, 1), WF_OK);
+  assert_int_equal(check(&t, 8), WF_OK); /* dp = 8, batch 8 splits as 1 per rank */
+}
+
+static void test_nodes_times_procs(void **state)
+{
+  GOOD(8, "dist.num_nodes=2", "dist.procs_per_node=4");
+  GOOD(0, "dist.num_nodes=2", "dist.procs_per_node=4", "dist.world_size=8");
+  BAD(8, "dist.num_nodes=2 x dist.procs_per_node=3 = 6 processes, but the job has 8 ranks",
+      "dist.num_nodes=2", "dist.procs_per_node=3");
+  BAD(0, "dist.world_size=8 but dist.num_nodes=2 x dist.procs_per_node=3 = 6", "dist.num_nodes=2",
+      "dist.procs_per_node=3", "dist.world_size=8");
+  /* Only one of the two given: nothing to check. */
+  GOOD(8, "dist.num_nodes=3");
+}
+
+static void test_world_size_matches_launcher(void **state)
+{
+  GOOD(4, "dist.world_size=4");
+  BAD(8, "dist.world_size=4 but the job has 8 ranks", "dist.world_size=4");
+}
+
+static void test_rank_below_world(void **state)
+{
+  GOOD(8, "dist.rank=7");
+  BAD(8, "dist.rank=8 is not below the world size 8; ranks run from 0 to 7", "dist.rank=8");
+  /* Without a launcher world, dist.world_size is the world. */
+  BAD(0, "dist.rank=4 is not below the world size 4", "dist.rank=4", "dist.world_size=4");
+  GOOD(8, "dist.local_rank=3", "dist.num_nodes=2", "dist.procs_per_node=4");
+  BAD(8, "dist.local_rank=4 is not below dist.procs_per_node=4", "dist.local_rank=4",
+      "dist.num_nodes=2", "dist.procs_per_node=4");
+}
+
+static void test_mesh_product(void **state)
+{
+  GOOD(8, "mesh.dp=2", "mesh.tp=2", "mesh.pp=2");
+  BAD(8, "mesh.dp=2 x mesh.tp=2 x mesh.pp=3 = 12, but the world size is 8", "mesh.dp=2",
+      "mesh.tp=2", "mesh.pp=3");
+  BAD(8, "leave mesh.dp unset (0) to derive it", "mesh.dp=1", "mesh.tp=2", "mesh.pp=2");
+}
+
+static void test_dp_derived(void **state)
+{
+  case_ t;
+  const char *kv[] = {"mesh.tp=2", "mesh.pp=2", NULL};
+  build(&t, kv);
+  assert_int_equal(check(&t, 8), WF_OK);
+  assert_int_equal(t.cfg.mesh.dp, 2); /* 8 / (2 * 2) */
+  assert_int_equal(t.cfg.source[wf_config_key_find("mesh.dp")], WF_SRC_DERIVED);
+  /* Validating again derives again: a changed tp gives a new dp, not a conflict. */
+  assert_int_equal(wf_config_set(&t.cfg, "mesh.tp", "4", WF_SRC_CLI, t.err, sizeof t.err), WF_OK);
+  assert_int_equal(check(&t, 8), WF_OK);
+  assert_int_equal(t.cfg.mesh.dp, 1);
+  BAD(8,
+      "mesh.tp=3 x mesh.pp=1 = 3 does not divide the world size 8, so mesh.dp cannot be "
+      "derived",
+      "model.heads=3", "model.d_model=96", "mesh.tp=3");
+}
+
+static void test_world_zero_skips_world_rules(void **state)
+{
+  case_ t;
+  const char *kv[] = {"mesh.tp=2", "mesh.pp=2", NULL};
+  build(&t, kv);
+  assert_int_equal(check(&t, 0), WF_OK);
+  assert_int_equal(t.cfg.mesh.dp, 0); /* not derived: the world is unknown */
+  GOOD(0, "mesh.dp=3", "mesh.tp=2", "train.batch_size=6");
+}
+
+static void test_padded_vocab_and_seq_len_derived(void **state)
+{
+  case_ t;
+  const char *kv[] = {"model.vocab=50257", "model.seq_len=128", NULL};
+  build(&t, kv);
+  assert_int_equal(check(&t, 1), WF_OK);
+  assert_int_equal(t.cfg.model.padded_vocab, 50304); /* ceil(50257 / 128) * 128 */
+  assert_int_equal(t.cfg.train.seq_len, 128);        /* 0 means model.seq_len */
+  assert_int_equal(t.cfg.source[wf_config_key_find("train.seq_len")], WF_SRC_DERIVED);
+}
+
+static void test_d_model_divisible_by_heads(void **state)
+{
+  GOOD(1, "model.heads=8", "model.d_model=64");
+  BAD(1, "model.d_model=64 is not divisible by model.heads=3", "model.heads=3");
+}
+
+static void test_tp_divides_heads_d_model_vocab(void **state)
+{
+  GOOD(2, "mesh.tp=2");
+  /* heads 4 are not divisible by tp 8 although d_model 64 is. */
+  BAD(8, "mesh.tp=8 does not divide model.heads=4", "mesh.tp=8");
+  /* tp 3 divides heads 6 and d_model 96 but not the padded vocabulary 256. */
+  BAD(3, "mesh.tp=3 does not divide the padded vocabulary 256 (model.vocab=256", "model.heads=6",
+      "model.d_model=96", "mesh.tp=3");
+  /* tp | heads and heads | d_model imply tp | d_model, so the d_model rule is a guard
+   * that no config passing the two rules before it can reach. */
+}
+
+static void test_pp_at_most_layers(void **state)
+{
+  GOOD(4, "mesh.pp=4");
+  BAD(8, "mesh.pp=8 is more than model.layers=4", "mesh.pp=8");
+}
+
+static void test_pp_layers(void **state)
+{
+  GOOD(2, "mesh.pp=2", "parallel.pp_layers=[1,3]");
+  BAD(2, "parallel.pp_layers has 3 entries but mesh.pp=2", "mesh.pp=2",
+      "parallel.pp_layers=[1,1,2]");
+  BAD(2, "parallel.pp_layers adds up to 3 layers but model.layers=4", "mesh.pp=2",
+      "parallel.pp_layers=[1,2]");
+  /* Entries below 1 are refused when set, and by validation when built directly. */
+  case_ t;
+  build(&t, NULL);
+  assert_int_equal(
+      wf_config_set(&t.cfg, "parallel.pp_layers", "[0,4]", WF_SRC_CLI, t.err, sizeof t.err),
+      WF_ECONFIG);
+  assert_non_null(strstr(t.err, "parallel.pp_layers: 0 is out of range; it must be >= 1"));
+  t.cfg.mesh.pp = 2;
+  t.cfg.parallel.n_pp_layers = 2;
+  t.cfg.parallel.pp_layers[0] = 0;
+  t.cfg.parallel.pp_layers[1] = 4;
+  assert_int_equal(check(&t, 2), WF_ECONFIG);
+  assert_non_null(strstr(t.err, "parallel.pp_layers[0]=0 is out of range"));
+}
+
+static void test_interleaved(void **state)
+{
+  GOOD(2, "train.schedule=interleaved", "mesh.pp=2", "parallel.virtual_stages=2",
+       "train.microbatches=2");
+  BAD(2, "train.schedule=interleaved needs parallel.virtual_stages >= 2 (it is 1)",
+      "train.schedule=interleaved", "mesh.pp=2", "train.microbatches=2");
+  BAD(2, "model.layers=6 is not divisible by mesh.pp=2 x parallel.virtual_stages=2 = 4",
+      "train.schedule=interleaved", "model.layers=6", "mesh.pp=2", "parallel.virtual_stages=2",
+      "train.microbatches=2");
+  BAD(2, "train.microbatches=1 is not a multiple of mesh.pp=2", "train.schedule=interleaved",
+      "mesh.pp=2", "parallel.virtual_stages=2");
+  BAD(1, "parallel.virtual_stages=2 only applies to train.schedule=interleaved",
+      "parallel.virtual_stages=2");
+}
+
+static void test_batch_and_microbatches(void **state)
+{
+  GOOD(4, "train.batch_size=8", "train.microbatches=2"); /* 2 per dp rank, 2 mb of 1 */
+  BAD(4, "train.batch_size=10 is not divisible by mesh.dp=4; use a multiple of 4",
+      "train.batch_size=10");
+  BAD(2,
+      "train.microbatches=3 does not divide the per-dp batch 4 (train.batch_size=8 / "
+      "mesh.dp=2)",
+      "train.microbatches=3");
+  /* Unknown world: the per-rank batch is the whole batch. */
+  BAD(0, "train.microbatches=3 does not divide the per-dp batch 8", "train.microbatches=3");
+}
+
+static void test_seq_len(void **state)
+{
+  GOOD(1, "train.seq_len=32");
+  BAD(1, "train.seq_len=128 is more than model.seq_len=64", "train.seq_len=128");
+  GOOD(2, "parallel.sequence=true", "mesh.tp=2");
+  BAD(4, "train.seq_len=62 is not divisible by it", "parallel.sequence=true", "mesh.tp=4",
+      "train.seq_len=62");
+}
+
+static void test_positive_values(void **state)
+{
+  /* Values assembled without wf_config_set (e.g. received as bytes) get the table's
+   * ranges from validation. */
+  static const struct {
+    const char *msg;
+    size_t off;
+  } cases[] = {
+      {"train.steps=0 is out of range; it must be >= 1", offsetof(wf_config, train.steps)},
+      {"model.heads=0 is out of range", offsetof(wf_config, model.heads)},
+      {"model.layers=0 is out of range", offsetof(wf_config, model.layers)},
+      {"train.batch_size=0 is out of range", offsetof(wf_config, train.batch_size)},
+      {"train.microbatches=0 is out of range", offsetof(wf_config, train.microbatches)},
+      {"mesh.tp=0 is out of range", offsetof(wf_config, mesh.tp)},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    case_ t;
+    build(&t, NULL);
+    *(int *)((char *)&t.cfg + cases[i].off) = 0;
+    assert_int_equal(check(&t, 0), WF_ECONFIG);
+    if (!strstr(t.err, cases[i].msg))
+      fail_msg("error '%s' lacks '%s'", t.err, cases[i].msg);
+  }
+  case_ t;
+  build(&t, NULL);
+  t.cfg.train.lr = 0;
+  assert_int_equal(check(&t, 0), WF_ECONFIG);
+  assert_non_null(strstr(t.err, "train.lr=0 is out of range; it must be > 0"));
+  BAD(1, "train.min_lr=0.1 is above train.lr=0.01", "train.lr=0.01", "train.min_lr=0.1");
+  BAD(1, "train.trace_steps=[5, 3] ends before it starts", "train.trace_steps=[5,3]");
+  BAD(1, "train.eval_every=50 but train.eval_batches=0", "train.eval_batches=0");
+  GOOD(1, "train.eval_batches=0", "train.eval_every=0");
+}
+
+static void test_ports(void **state)
+{
+  GOOD(1, "dist.master_port=29500", "runtime.metrics_port=9100");
+  case_ t;
+  build(&t, NULL);
+  assert_int_equal(
+      wf_config_set(&t.cfg, "runtime.metrics_port", "65536", WF_SRC_CLI, t.err, sizeof t.err),
+      WF_ECONFIG);
+  assert_non_null(strstr(t.err, "runtime.metrics_port: 65536 is out of range"));
+  t.cfg.dist.master_port = -5;
+  assert_int_equal(check(&t, 0), WF_ECONFIG);
+  assert_non_null(strstr(t.err, "dist.master_port=-5 is out of range; it must be >= 0 and "
+                                "<= 65535"));
+  BAD(1, "dist.master_port and runtime.metrics_port are both 9000", "dist.master_port=9000",
+      "runtime.metrics_port=9000");
+}
+
+static void test_zero_is_0_or_1(void **state)
+{
+  GOOD(2, "optim.zero=1");
+  case_ t;
+  build(&t, NULL);
+  t.cfg.optim.zero = 2;
+  assert_int_equal(check(&t, 0), WF_ECONFIG);
+  assert_non_null(strstr(t.err, "optim.zero=2 is out of range; it must be >= 0 and <= 1"));
+  build(&t, NULL);
+  t.cfg.precision = (wf_precision)7;
+  assert_int_equal(check(&t, 0), WF_ECONFIG);
+  assert_non_null(strstr(t.err, "precision=7 is not one of no|fp16|bf16"));
+}
+
+static void test_deterministic_and_untouched_on_failure(void **state)
+{
+  case_ a, b;
+  const char *kv[] = {"mesh.tp=3", "model.heads=6", "model.d_model=96", NULL};
+  build(&a, kv);
+  build(&b, kv);
+  wf_config before = a.cfg;
+  assert_int_equal(check(&a, 8), WF_ECONFIG);
+  assert_int_equal(check(&b, 8), WF_ECONFIG);
+  assert_string_equal(a.err, b.err);
+  assert_memory_equal(&a.cfg, &before, sizeof before);
+}
+
+int main(void)
+{
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_defaults_are_valid),
+      cmocka_unit_test(test_nodes_times_procs),
+      cmocka_unit_test(test_world_size_matches_launcher),
+      cmocka_unit_test(test_rank_below_world),
+      cmocka_unit_test(test_mesh_product),
+      cmocka_unit_test(test_dp_derived),
+      cmocka_unit_test(test_world_zero_skips_world_rules),
+      cmocka_unit_test(test_padded_vocab_and_seq_len_derived),
+      cmocka_unit_test(test_d_model_divisible_by_heads),
+      cmocka_unit_test(test_tp_divides_heads_d_model_vocab),
+      cmocka_unit_test(test_pp_at_most_layers),
+      cmocka_unit_test(test_pp_layers),
+      cmocka_unit_test(test_interleaved),
+      cmocka_unit_test(test_batch_and_microbatches),
+      cmocka_unit_test(test_seq_len),
+      cmocka_unit_test(test_positive_values),
+      cmocka_unit_test(test_ports),
+      cmocka_unit_test(test_zero_is_0_or_1),
+      cmocka_unit_test(test_deterministic_and_untouched_on_failure),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
