@@ -18,6 +18,7 @@
 #ifndef WF_MODEL_H
 #define WF_MODEL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -27,22 +28,22 @@
 #define WF_GPT_NUM_KINDS 16
 
 typedef enum wf_param_kind {
-  WF_P_WTE = 0, /* (Vp, C) */
-  WF_P_WPE,     /* (maxT, C) */
-  WF_P_LN1W,    /* (L, C) */
-  WF_P_LN1B,    /* (L, C) */
-  WF_P_QKVW,    /* (L, 3C, C) */
-  WF_P_QKVB,    /* (L, 3C) */
+  WF_P_WTE = 0,  /* (Vp, C) */
+  WF_P_WPE,      /* (maxT, C) */
+  WF_P_LN1W,     /* (L, C) */
+  WF_P_LN1B,     /* (L, C) */
+  WF_P_QKVW,     /* (L, 3C, C) */
+  WF_P_QKVB,     /* (L, 3C) */
   WF_P_ATTPROJW, /* (L, C, C) */
   WF_P_ATTPROJB, /* (L, C) */
-  WF_P_LN2W,    /* (L, C) */
-  WF_P_LN2B,    /* (L, C) */
-  WF_P_FCW,     /* (L, 4C, C) */
-  WF_P_FCB,     /* (L, 4C) */
-  WF_P_FCPROJW, /* (L, C, 4C) */
-  WF_P_FCPROJB, /* (L, C) */
-  WF_P_LNFW,    /* (C) */
-  WF_P_LNFB,    /* (C) */
+  WF_P_LN2W,     /* (L, C) */
+  WF_P_LN2B,     /* (L, C) */
+  WF_P_FCW,      /* (L, 4C, C) */
+  WF_P_FCB,      /* (L, 4C) */
+  WF_P_FCPROJW,  /* (L, C, 4C) */
+  WF_P_FCPROJB,  /* (L, C) */
+  WF_P_LNFW,     /* (C) */
+  WF_P_LNFB,     /* (C) */
 } wf_param_kind;
 
 typedef struct wf_gpt_dims {
@@ -56,6 +57,17 @@ wf_gpt_dims wf_gpt_dims_from_config(const wf_config *cfg);
 /* Number of elements of each parameter kind (all layers together) and in total. */
 size_t wf_gpt_kind_numel(const wf_gpt_dims *d, wf_param_kind k);
 size_t wf_gpt_num_params(const wf_gpt_dims *d);
+/* Elements of one layer's tensor of kind k (the whole tensor for WTE, WPE, LNFW,
+ * LNFB), and the offset of kind k (layer 0) in the parameter layout. */
+size_t wf_gpt_layer_numel(const wf_gpt_dims *d, wf_param_kind k);
+size_t wf_gpt_kind_offset(const wf_gpt_dims *d, wf_param_kind k);
+/* Whether kind k has one tensor per layer; whether AdamW decays it (2-D weights). */
+bool wf_gpt_kind_is_layered(wf_param_kind k);
+bool wf_gpt_kind_decays(wf_param_kind k);
+/* "wte", "wpe", "ln1w", ... (the llm.c names). */
+const char *wf_gpt_kind_name(wf_param_kind k);
+/* NULL when the dims are usable, else what is wrong with them. */
+const char *wf_gpt_dims_check(const wf_gpt_dims *d);
 
 /* Allocate parameters, gradients, AdamW state and activations for micro-batches of
  * at most B x T tokens. Parameters are zero until initialised or loaded. */
@@ -69,7 +81,12 @@ float *wf_gpt_grads(wf_gpt *m);  /* same layout */
  * (layer ignored for WTE, WPE, LNFW, LNFB). */
 float *wf_gpt_param(wf_gpt *m, wf_param_kind k, int layer, int grads);
 
+/* GPT-2 initialisation of every parameter (see above); AdamW state zeroed. */
 void wf_gpt_init(wf_gpt *m, uint64_t seed);
+/* Elements [first, first + n) of the initial value of tensor (k, layer), as laid out
+ * in the full tensor; equal to the same range of wf_gpt_init's result. */
+void wf_gpt_init_slice(float *dst, wf_param_kind k, int layer, const wf_gpt_dims *d, uint64_t seed,
+                       size_t first, size_t n);
 
 /* Forward one micro-batch. inputs, targets (B, T) int32 token ids. Returns the mean
  * cross-entropy loss over the B*T positions when targets != NULL (else 0). */
@@ -87,8 +104,8 @@ void wf_gpt_backward(wf_gpt *m, float dloss_scale);
 float wf_gpt_grad_norm(wf_gpt *m);
 /* AdamW step t (1-based) with gradients scaled by grad_scale (clipping). Weight
  * decay applies to the 2-D weights only (not biases, layernorms). */
-void wf_gpt_update(wf_gpt *m, float lr, float beta1, float beta2, float eps,
-                   float weight_decay, float grad_scale, int t);
+void wf_gpt_update(wf_gpt *m, float lr, float beta1, float beta2, float eps, float weight_decay,
+                   float grad_scale, int t);
 
 /* llm.c GPT-2 checkpoint (magic 20240326, version 3). Errors name the file and
  * what was expected. Load requires matching dims (a message names the field). */
@@ -99,9 +116,10 @@ wf_status wf_gpt_peek_llmc(const char *path, wf_gpt_dims *d, char *err, size_t e
 
 /* llm.c debug state (magic 20240327, version 2) for one batch: inputs, targets,
  * logits (B,T,V unpadded), loss, and gradients in checkpoint layout. Runs a
- * forward and backward on a fresh gradient buffer. */
-wf_status wf_gpt_dump_state(wf_gpt *m, const char *path, const int *inputs,
-                            const int *targets, int B, int T, char *err, size_t err_len);
+ * forward and backward on a fresh gradient buffer: the model's gradients are
+ * zeroed first and hold this batch's gradients afterwards. */
+wf_status wf_gpt_dump_state(wf_gpt *m, const char *path, const int *inputs, const int *targets,
+                            int B, int T, char *err, size_t err_len);
 
 /* FLOPs of one training step on B*T tokens: 6 * params * tokens plus attention
  * (forward 4*L*T*C per token... see implementation comment). */
