@@ -13,6 +13,9 @@
  *    config_int.h), so the order in which sources are applied does not matter.
  *  - A preset only overwrites model.* keys whose source is default or preset:
  *    explicit model keys win over a preset from any source.
+ *  - A mesh_shape describes the whole mesh: it sets mesh.dp, mesh.tp and mesh.pp
+ *    together. An axis it leaves out is 1 for tp and pp, and 0 (derived from the
+ *    world size, as everywhere) for dp.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -398,7 +401,7 @@ wf_status wf__cfg_set_mesh_shape(wf_config *cfg, const char *name, const char *c
                                  int n_sizes, const char *const *axes, int n_axes, wf__cfg_ctx *ctx)
 {
   static const wf__cfg_key size_key = {.name = "mesh_shape", .min = 1, .max = 1 << 24};
-  int order[3], dims[3] = {1, 1, 1};
+  int order[3], dims[3] = {0, 1, 1}; /* an axis left out: dp derived, tp and pp 1 */
   if (n_sizes < 1 || n_sizes > 3)
     return wf__cfg_fail(ctx, name,
                         "expected 1 to 3 axis sizes, got %d; write it like "
@@ -443,6 +446,9 @@ void wf_config_init(wf_config *cfg)
 wf_status wf__cfg_unknown_key(const char *key, const wf__cfg_ctx *ctx)
 {
   char hint[128];
+  const char *why = wf__cfg_unsupported(key);
+  if (why)
+    return wf__cfg_fail(ctx, NULL, "key '%s' is not used by weft: %s", key, why);
   wf__cfg_suggest(key, false, hint, sizeof hint);
   if (hint[0])
     return wf__cfg_fail(ctx, NULL, "unknown key '%s'; did you mean '%s'?", key, hint);

@@ -94,6 +94,7 @@ int wf__cfg_key_index(const char *name);
 bool wf__cfg_resolve(const char *name, wf__cfg_target *out);
 bool wf__cfg_resolve_env(const char *var, wf__cfg_target *out, const char **name);
 bool wf__cfg_env_skipped(const char *var);
+const char *wf__cfg_unsupported(const char *name); /* why a seed name is refused, or NULL */
 void wf__cfg_suggest(const char *name, bool env, char *out, size_t out_len);
 const wf__cfg_preset *wf__cfg_preset_find(const char *name);
 bool wf__cfg_target_is_list(wf__cfg_target t);

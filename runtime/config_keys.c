@@ -204,6 +204,17 @@ static const alias aliases[] = {
     {"model.mesh_shape", NULL, WF__SP_MESH_SHAPE},
 };
 
+/* Seed names weft deliberately does not take, with the reason, so a config copied
+ * from a DistributedConfig gets an explanation instead of a bare "unknown key". */
+static const struct {
+  const char *name;
+  const char *why;
+} unsupported[] = {
+    {"enabled", "weft always runs distributed, one rank per process; remove it"},
+    {"backend", "weft picks the transport itself (NCCL for GPU buffers, MPI for host "
+                "buffers); remove it"},
+};
+
 /* WEFT_ variables that other parts of weft read; never config keys. A name ending
  * in '_' is a prefix. */
 static const char *const env_skip[] = {
@@ -251,6 +262,17 @@ bool wf__cfg_resolve(const char *name, wf__cfg_target *out)
   if (!a && strncmp(name, nested, sizeof nested - 1) == 0 && !strchr(name + sizeof nested - 1, '.'))
     a = alias_find(name + sizeof nested - 1);
   return a ? target_of(a, out) : false;
+}
+
+const char *wf__cfg_unsupported(const char *name)
+{
+  static const char nested[] = "distributed.";
+  if (strncmp(name, nested, sizeof nested - 1) == 0)
+    name += sizeof nested - 1;
+  for (size_t i = 0; i < WF_ARRAY_LEN(unsupported); i++)
+    if (strcmp(unsupported[i].name, name) == 0)
+      return unsupported[i].why;
+  return NULL;
 }
 
 bool wf__cfg_target_is_list(wf__cfg_target t)

@@ -263,6 +263,8 @@ static void test_unknown_key_suggests(void **state)
   assert_int_equal(load(f, "qqqqqqqq: 1\n"), WF_ECONFIG);
   assert_err_at(f, 1, "unknown key 'qqqqqqqq'; run `worker --print-config`");
   assert_null(strstr(f->err, "did you mean"));
+  assert_int_equal(load(f, "distributed:\n  backend: nccl\n"), WF_ECONFIG);
+  assert_err_at(f, 2, "key 'distributed.backend' is not used by weft");
   assert_int_equal(set(f, "train.batchsize", "8", WF_SRC_CLI), WF_ECONFIG);
   assert_err_has(f->err, "command line: unknown key 'train.batchsize'; "
                          "did you mean 'train.batch_size'?");
@@ -455,9 +457,12 @@ static void test_mesh_shape_yaml(void **state)
   /* Axes in another order, with long names; the given order is recorded. */
   assert_int_equal(load(f, "mesh_shape:\n  - [2, 4]\n  - [pipeline, data]\n"), WF_OK);
   assert_mesh(&f->cfg, 4, 1, 2, "pp", "dp", "tp");
-  /* One axis. */
+  /* One axis; a dp left out is derived from the world size (DESIGN.md, "The mesh"). */
   assert_int_equal(load(f, "mesh_shape: [[8], [tensor]]\n"), WF_OK);
-  assert_mesh(&f->cfg, 1, 8, 1, "tp", "dp", "pp");
+  assert_mesh(&f->cfg, 0, 8, 1, "tp", "dp", "pp");
+  assert_int_equal(wf_config_set(&f->cfg, "model.heads", "8", WF_SRC_CLI, f->err, 64), WF_OK);
+  assert_int_equal(wf_config_validate(&f->cfg, 16, f->err, sizeof f->err), WF_OK);
+  assert_int_equal(f->cfg.mesh.dp, 2); /* 16 / 8 */
   /* Seed 000's form: a flat shape with mesh_axis_names given after it. */
   assert_int_equal(load(f, "mesh_shape: [2, 4]\nmesh_axis_names: [data, model]\n"), WF_OK);
   assert_mesh(&f->cfg, 2, 4, 1, "dp", "tp", "pp");
@@ -489,6 +494,8 @@ static void test_mesh_shape_cli(void **state)
   assert_int_equal(source_of(&f->cfg, "mesh.pp"), WF_SRC_CLI);
   assert_int_equal(set(f, "model.mesh_shape", "[[1,4],[\"fsdp\",\"tp\"]]", WF_SRC_CLI), WF_OK);
   assert_mesh(&f->cfg, 1, 4, 1, "dp", "tp", "pp");
+  assert_int_equal(set(f, "mesh_shape", "[[2,2],[tp,pp]]", WF_SRC_CLI), WF_OK);
+  assert_mesh(&f->cfg, 0, 2, 2, "tp", "pp", "dp");
   assert_int_equal(set(f, "mesh_shape", "[[2,2],[dp,tp]", WF_SRC_CLI), WF_ECONFIG);
   assert_err_has(f->err, "command line: mesh_shape: cannot parse");
   /* A later explicit mesh.tp overrides one axis. */
