@@ -26,12 +26,35 @@
 #include "wf_kernels.h"
 #include "wf_launch.h"
 #include "wf_runtime.h"
-#if __has_include("wf_train.h")
 #include "wf_train.h"
-#define HAVE_TRAIN 1
-#endif
 
 extern char **environ;
+
+/* The environment as the launcher gave it. Open MPI's singleton start-up adds
+ * PMIX_* variables to the process environment inside MPI_Init, so the launch
+ * environment is read from this copy, taken before MPI_Init_thread. */
+static char **launch_env;
+
+static char **copy_environ(void)
+{
+  size_t n = 0;
+  while (environ[n])
+    n++;
+  char **copy = calloc(n + 1, sizeof *copy);
+  for (size_t i = 0; copy && i < n; i++)
+    copy[i] = strdup(environ[i]);
+  return copy;
+}
+
+static const char *launch_getenv(void *ctx, const char *name)
+{
+  char **env = ctx;
+  size_t n = strlen(name);
+  for (; env && *env; env++)
+    if (!strncmp(*env, name, n) && (*env)[n] == '=')
+      return *env + n + 1;
+  return NULL;
+}
 
 typedef struct args {
   const char *config_file;
@@ -99,7 +122,7 @@ static wf_status load_config(wf_config *cfg, const args *a, char *err, size_t le
     if (st != WF_OK)
       return st;
   }
-  wf_status st = wf_config_load_env(cfg, environ, err, len);
+  wf_status st = wf_config_load_env(cfg, launch_env, err, len);
   for (int i = 0; st == WF_OK && i < a->n_overrides; i++) {
     char key[256];
     const char *eq = strchr(a->overrides[i], '=');
@@ -120,8 +143,8 @@ static wf_status read_launch(wf_launch *l, const wf_config *cfg, int rank, int s
     MPI_Comm_size(node, &lsize);
     MPI_Comm_free(&node);
   }
-  wf_status st =
-      wf_launch_detect(l, cfg->dist.rank, cfg->dist.world_size, wf_launch_getenv, NULL, err, len);
+  wf_status st = wf_launch_detect(l, cfg->dist.rank, cfg->dist.world_size, launch_getenv,
+                                  launch_env, err, len);
   if (st == WF_OK)
     st = wf_launch_crosscheck(l, rank, size, lrank, lsize, err, len);
   return st;
@@ -168,6 +191,23 @@ static int fail_all(bool mine_failed, const char *msg, int rank)
   if (mine_failed && (rank == 0 || !rank0_failed))
     fprintf(stderr, "weft: error: %s\n", msg);
   return 1;
+}
+
+/* Train (or dump llm.c's debug state) on this rank's share of the mesh. */
+static int train(const wf_config *cfg, const char *dump_state, int rank, int size)
+{
+  if (size > 1) {
+    if (rank == 0)
+      fprintf(stderr,
+              "weft: error: training on %d ranks needs the data/tensor/pipeline "
+              "engine, which is not built yet; run one rank, or --dry-run\n",
+              size);
+    return 1;
+  }
+  wf_status st = dump_state ? wf_train_dump_state(cfg, dump_state) : wf_train_run(cfg, NULL);
+  if (st != WF_OK)
+    fprintf(stderr, "weft: error: %s (see the log above)\n", wf_status_str(st));
+  return st == WF_OK ? 0 : 1;
 }
 
 static int run(const args *a, int rank, int size)
@@ -218,13 +258,7 @@ static int run(const args *a, int rank, int size)
              "mesh\n");
     }
   } else {
-#ifdef HAVE_TRAIN
-    rc = wf_train_run(&cfg, NULL) == WF_OK ? 0 : 1;
-#else
-    if (rank == 0)
-      fprintf(stderr, "weft: training is not built yet; use --dry-run\n");
-    rc = 1;
-#endif
+    rc = train(&cfg, a->dump_state, rank, size);
   }
   wf_job_destroy(job);
   wf_gpu_close(gpu);
@@ -244,6 +278,7 @@ int main(int argc, char **argv)
     printf(a.help ? usage : "weft " WF_VERSION "\n");
     return 0;
   }
+  launch_env = copy_environ();
   if (MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
     fprintf(stderr, "weft: error: MPI_Init_thread failed\n");
     return 1;
@@ -253,6 +288,9 @@ int main(int argc, char **argv)
   wf_rt_set_rank(rank);
   int rc = run(&a, rank, size);
   free(a.overrides);
+  for (char **e = launch_env; e && *e; e++)
+    free(*e);
+  free(launch_env);
   MPI_Finalize();
   return rc;
 }
