@@ -61,11 +61,11 @@ static wf_status validate(const wf_comm *c, const wf__op *d)
              (int)d->redop);
     return WF_EINVAL;
   }
-  size_t limit = (size_t)INT_MAX /
-                 (d->op == WF_OP_ALLGATHER || d->op == WF_OP_REDUCE_SCATTER ? (size_t)c->size : 1u);
-  if (d->count > limit) {
-    WF_ERROR("comm '%s' %s: count %zu exceeds the MPI int limit (%zu); split the buffer", c->name,
-             name, d->count, limit);
+  size_t blocks = d->op == WF_OP_ALLGATHER || d->op == WF_OP_REDUCE_SCATTER ? (size_t)c->size : 1;
+  if (d->count > (size_t)INT_MAX || d->count * blocks > (size_t)INT_MAX) {
+    WF_ERROR("comm '%s' %s: count %zu x %zu blocks exceeds the MPI int limit (%d); split the "
+             "buffer",
+             c->name, name, d->count, blocks, INT_MAX);
     return WF_EINVAL;
   }
   if (d->count && ((!d->send && d->op != WF_OP_RECV) || (!d->recv && d->op != WF_OP_SEND))) {

@@ -120,6 +120,7 @@ void wf_comm_destroy(wf_comm *c)
     return;
   wf__nccl_fini(c);
   free(c->group);
+  free(c->spare);
   MPI_Comm_free(&c->mpi);
   free(c);
 }

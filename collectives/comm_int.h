@@ -51,6 +51,9 @@ struct wf_comm {
   wf__p2p *group;
   int group_len, group_cap;
 
+  /* One finished request kept for reuse: most calls then never reach malloc. */
+  wf_req *spare;
+
   atomic_uint_fast64_t next_seq;
   wf__trace_slot ring[WF_COMM_TRACE_LEN];
 };
@@ -97,6 +100,7 @@ wf_status wf__run(wf_comm *c, const wf__op *d, wf_req **req);
 /* mpi.c: post on MPI; blocking when req == NULL. */
 wf_status wf__mpi_post(wf_comm *c, const wf__op *d, uint64_t seq, wf_req **req);
 wf_status wf__req_new(wf_comm *c, int n, wf_req **out);
+void wf__req_free(wf_req *r);
 
 /* group.c */
 wf_status wf__group_add(wf_comm *c, const wf__op *d, bool device);
@@ -104,7 +108,9 @@ wf_status wf__group_add(wf_comm *c, const wf__op *d, bool device);
 /* trace.c */
 uint64_t wf__trace_begin(wf_comm *c, wf_comm_op op, size_t count, wf_comm_dtype dt, size_t bytes,
                          int peer, bool device, wf_comm_state state);
-void wf__trace_set_state(wf_comm *c, uint64_t seq, wf_comm_state state);
+/* `now` (wf_now_ns) is the start time for RUNNING and the end time for DONE/FAILED,
+ * so that a group of operations costs one clock read. */
+void wf__trace_set_state(wf_comm *c, uint64_t seq, wf_comm_state state, uint64_t now);
 void wf__trace_end(wf_comm *c, uint64_t seq, wf_status st);
 
 /* nccl.c */

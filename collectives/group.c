@@ -98,8 +98,9 @@ static wf_status group_post(wf_comm *c, wf_req **out)
   WF_TRY(wf__req_new(c, n_host, &r));
   r->seq_first = c->group[0].seq;
   r->nseq = c->group_len;
+  uint64_t now = wf_now_ns();
   for (int i = 0; i < c->group_len; i++)
-    wf__trace_set_state(c, c->group[i].seq, WF_STATE_RUNNING);
+    wf__trace_set_state(c, c->group[i].seq, WF_STATE_RUNNING, now);
   if (n_dev)
     WF_TRY(post_device(c, r));
   WF_TRY(post_host(c, r));
@@ -113,8 +114,9 @@ fail:
     r->nseq = 0;
     wf_req_wait(&r);
   }
+  uint64_t end = wf_now_ns();
   for (int i = 0; i < c->group_len; i++)
-    wf__trace_end(c, c->group[i].seq, st);
+    wf__trace_set_state(c, c->group[i].seq, WF_STATE_FAILED, end);
   c->group_len = 0;
   return st;
 }

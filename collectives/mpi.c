@@ -28,9 +28,14 @@ static wf_status finish_post(wf_req *r)
 
 wf_status wf__req_new(wf_comm *c, int n, wf_req **out)
 {
-  wf_req *r = calloc(1, sizeof *r);
+  wf_req *r = c->spare;
+  if (r && n <= 2)
+    c->spare = NULL;
+  else
+    r = malloc(sizeof *r);
   if (!r)
     return WF_ENOMEM;
+  memset(r, 0, sizeof *r);
   r->c = c;
   r->n = n;
   r->mreq = r->inline_req;
@@ -53,13 +58,16 @@ wf_status wf__req_new(wf_comm *c, int n, wf_req **out)
   return WF_OK;
 }
 
-static void req_free(wf_req *r)
+void wf__req_free(wf_req *r)
 {
   if (r->mreq != r->inline_req)
     free(r->mreq);
   if (r->expect != r->inline_expect)
     free(r->expect);
-  free(r);
+  if (!r->c->spare)
+    r->c->spare = r;
+  else
+    free(r);
 }
 
 /* Fill in the post-processing of `d` (average, in-place move) into `r`. */
@@ -160,7 +168,7 @@ wf_status wf__mpi_post(wf_comm *c, const wf__op *d, uint64_t seq, wf_req **req)
   return WF_OK;
 fail:
   if (r)
-    req_free(r);
+    wf__req_free(r);
   return st;
 }
 
@@ -176,11 +184,13 @@ static wf_status complete(wf_req *r, MPI_Status *statuses, wf_status st)
     st = r->c->nccl->event_wait(r->event);
   if (st == WF_OK)
     st = finish_post(r);
+  uint64_t now = wf_now_ns();
+  wf_comm_state state = st == WF_OK ? WF_STATE_DONE : WF_STATE_FAILED;
   for (int i = 0; i < r->nseq; i++)
-    wf__trace_end(r->c, r->seq_first + (uint64_t)i, st);
+    wf__trace_set_state(r->c, r->seq_first + (uint64_t)i, state, now);
   if (r->event)
     r->c->nccl->event_destroy(r->event);
-  req_free(r);
+  wf__req_free(r);
   return st;
 }
 

@@ -29,7 +29,9 @@
  *    block b = send[b*recv_count .. (b+1)*recv_count). Rank r receives the reduction
  *    of block r. In place when recv == send + r * recv_count (elements): the reduced
  *    block lands where it lives in the full buffer (NCCL's convention, what ZeRO
- *    wants). Any other overlap of send and recv is WF_EINVAL.
+ *    wants), and the other blocks are left unspecified. Any other overlap of send
+ *    and recv is WF_EINVAL. A total that does not divide by n must be padded by the
+ *    caller (recv_count = ceil(total / n)).
  *  - allgather(send, recv, send_count): recv holds n * send_count elements; block b
  *    comes from rank b. In place when send == recv + r * send_count.
  *  - bcast(buf, count, root): buf of every rank becomes root's buf.
@@ -38,7 +40,9 @@
  * Non-blocking calls return a wf_req. The buffers belong to the operation until
  * wf_req_wait() returns, or wf_req_test() reports it done; both free the request and
  * set the caller's handle to NULL. A request must be completed before its
- * communicator is destroyed.
+ * communicator is destroyed. MPI moves a host operation along only while some MPI
+ * call runs on that rank: to overlap communication with compute, call wf_req_test
+ * now and then (e.g. between layers), as for MPI_Iallreduce itself.
  *
  * Grouped point-to-point: between wf_comm_group_start() and wf_comm_group_end() only
  * wf_comm_send and wf_comm_recv may be called; they only queue. group_end posts all
