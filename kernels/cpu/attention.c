@@ -24,10 +24,7 @@ static void softmax_rows(float *A, int T, int i0, int i1)
 {
   for (int i = i0; i < i1; i++) {
     float *a = A + (size_t)i * T;
-    float mx = a[0];
-#pragma omp simd reduction(max : mx)
-    for (int j = 1; j <= i; j++)
-      mx = a[j] > mx ? a[j] : mx;
+    float mx = wf__maxf(a, i + 1);
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
     for (int j = 0; j <= i; j++) {

@@ -74,6 +74,25 @@ static inline float wf__expf(float x)
   return x < -87.3f ? 0.0f : y;
 }
 
+/* max of x[0..n), n >= 1. Eight running maxima that compilers turn into vector
+ * max instructions (an `omp simd reduction(max)` does not vectorise in clang). A NaN
+ * element is skipped here, but it still poisons the exp sums that follow. */
+static inline float wf__maxf(const float *x, int n)
+{
+  float m[8];
+  for (int l = 0; l < 8; l++)
+    m[l] = x[0];
+  int j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int l = 0; l < 8; l++)
+      m[l] = x[j + l] > m[l] ? x[j + l] : m[l];
+  for (; j < n; j++)
+    m[0] = x[j] > m[0] ? x[j] : m[0];
+  for (int l = 1; l < 8; l++)
+    m[0] = m[l] > m[0] ? m[l] : m[0];
+  return m[0];
+}
+
 /* tanh(x) = sign(x) (1 - e) / (1 + e) with e = exp(-2|x|): absolute error ~1e-7. */
 static inline float wf__tanhf(float x)
 {

@@ -16,10 +16,7 @@
 static void stats_row(float *mx_out, float *se_out, float *tl_out, const float *l, int target,
                       int V, int v_offset)
 {
-  float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-  for (int j = 0; j < V; j++)
-    mx = l[j] > mx ? l[j] : mx;
+  float mx = wf__maxf(l, V);
   double s = 0.0;
 #pragma omp simd reduction(+ : s)
   for (int j = 0; j < V; j++)
