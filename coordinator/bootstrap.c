@@ -14,13 +14,15 @@
 #include <unistd.h>
 
 #include "wf_check.h"
+#include "wf_collectives.h"
 #include "wf_coordinator.h"
 
 struct wf_job {
   int rank, world;
   wf_mesh mesh;
-  MPI_Comm comms[WF_NUM_AXES];
-  wf_rank_facts *facts; /* rank 0 only */
+  wf_comm *world_comm;
+  wf_comm *comms[WF_NUM_AXES]; /* NULL where the rank is in no group of that axis */
+  wf_rank_facts *facts;        /* rank 0 only */
   char id[96];
 };
 
@@ -29,6 +31,8 @@ int wf_job_world(const wf_job *job) { return job->world; }
 const wf_mesh *wf_job_mesh(const wf_job *job) { return &job->mesh; }
 const wf_rank_facts *wf_job_facts(const wf_job *job) { return job->facts; }
 const char *wf_job_id(const wf_job *job) { return job->id; }
+wf_comm *wf_job_comm(const wf_job *job, wf_axis axis) { return job->comms[axis]; }
+wf_comm *wf_job_world_comm(const wf_job *job) { return job->world_comm; }
 
 static void fill_facts(wf_rank_facts *f, const wf_job *job, const wf_job_opts *o)
 {
@@ -48,30 +52,18 @@ static void fill_facts(wf_rank_facts *f, const wf_job *job, const wf_job_opts *o
 static wf_status verify_axis(wf_job *job, wf_axis axis)
 {
   wf_status st = WF_OK;
-  int members[WF_MAX_STAGES * 64], n, size;
-  n = wf_mesh_group(&job->mesh, axis, job->rank, members, (int)WF_ARRAY_LEN(members));
-  MPI_Comm c = job->comms[axis];
-  WF_CHECK((n == 0) == (c == MPI_COMM_NULL), WF_EMPI, "%s group: membership disagrees",
-           wf_axis_name(axis));
+  int members[WF_MAX_STAGES * 64];
+  int n = wf_mesh_group(&job->mesh, axis, job->rank, members, (int)WF_ARRAY_LEN(members));
+  wf_comm *c = job->comms[axis];
+  WF_CHECK((n == 0) == (c == NULL), WF_EMPI, "%s group: membership disagrees", wf_axis_name(axis));
   if (n == 0)
     return WF_OK;
-  WF_CHECK_MPI(MPI_Comm_size(c, &size));
-  WF_CHECK(size == n, WF_EMPI, "%s group: MPI size %d, mesh says %d", wf_axis_name(axis), size, n);
-  MPI_Group wg, g;
-  WF_CHECK_MPI(MPI_Comm_group(MPI_COMM_WORLD, &wg));
-  WF_CHECK_MPI(MPI_Comm_group(c, &g));
-  for (int i = 0; i < n && st == WF_OK; i++) {
-    int world_rank;
-    MPI_Group_translate_ranks(g, 1, &i, wg, &world_rank);
-    if (world_rank != members[i]) {
-      WF_ERROR("%s group: member %d is world rank %d, mesh says %d", wf_axis_name(axis), i,
-               world_rank, members[i]);
-      st = WF_EMPI;
-    }
-  }
-  MPI_Group_free(&g);
-  MPI_Group_free(&wg);
-  return st;
+  WF_CHECK(wf_comm_size(c) == n, WF_EMPI, "%s group: MPI size %d, mesh says %d", wf_axis_name(axis),
+           wf_comm_size(c), n);
+  for (int i = 0; i < n; i++)
+    WF_CHECK(wf_comm_world_rank(c, i) == members[i], WF_EMPI,
+             "%s group: member %d is world rank %d, mesh says %d", wf_axis_name(axis), i,
+             wf_comm_world_rank(c, i), members[i]);
 fail:
   return st;
 }
@@ -96,8 +88,6 @@ wf_status wf_job_bootstrap(wf_job **out, const wf_job_opts *o)
   wf_status st = WF_OK;
   wf_job *job = calloc(1, sizeof *job);
   WF_CHECK_ALLOC(job);
-  for (int a = 0; a < WF_NUM_AXES; a++)
-    job->comms[a] = MPI_COMM_NULL;
   WF_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &job->rank));
   WF_CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &job->world));
   job->mesh = (wf_mesh){o->cfg->mesh.dp, o->cfg->mesh.tp, o->cfg->mesh.pp};
@@ -112,10 +102,11 @@ wf_status wf_job_bootstrap(wf_job **out, const wf_job_opts *o)
     WF_CHECK_ALLOC(job->facts = calloc((size_t)job->world, sizeof *job->facts));
   WF_CHECK_MPI(MPI_Gather(&mine, sizeof mine, MPI_BYTE, job->facts, sizeof mine, MPI_BYTE, 0,
                           MPI_COMM_WORLD));
+  WF_TRY(wf_comm_world_create(&job->world_comm));
   for (int a = 0; a < WF_NUM_AXES; a++) {
     int color = wf_mesh_group_color(&job->mesh, (wf_axis)a, job->rank);
-    WF_CHECK_MPI(MPI_Comm_split(MPI_COMM_WORLD, color < 0 ? MPI_UNDEFINED : color, job->rank,
-                                &job->comms[a]));
+    WF_TRY(
+        wf_comm_split(job->world_comm, color, job->rank, wf_axis_name((wf_axis)a), &job->comms[a]));
     WF_TRY(verify_axis(job, (wf_axis)a));
   }
   *out = job;
@@ -131,8 +122,8 @@ void wf_job_destroy(wf_job *job)
   if (!job)
     return;
   for (int a = 0; a < WF_NUM_AXES; a++)
-    if (job->comms[a] != MPI_COMM_NULL)
-      MPI_Comm_free(&job->comms[a]);
+    wf_comm_destroy(job->comms[a]);
+  wf_comm_destroy(job->world_comm);
   free(job->facts);
   free(job);
 }

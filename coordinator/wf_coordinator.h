@@ -80,6 +80,12 @@ const wf_rank_facts *wf_job_facts(const wf_job *job);
 /* The job id (same on every rank) e.g. "weft-host-12345-1732240000". */
 const char *wf_job_id(const wf_job *job);
 
+/* The communicator of this rank's group along `axis` (NULL for the embedding group
+ * of a middle pipeline stage), and of the whole world. Owned by the job. */
+typedef struct wf_comm wf_comm;
+wf_comm *wf_job_comm(const wf_job *job, wf_axis axis);
+wf_comm *wf_job_world_comm(const wf_job *job);
+
 /* Rank 0: print the mesh table, one row per rank. */
 void wf_job_print_table(const wf_job *job, FILE *out);
 
