@@ -293,6 +293,8 @@ float *wf_gpt_param(wf_gpt *m, wf_param_kind k, int layer, int grads)
 
 /* ---- initialisation -------------------------------------------------------------- */
 
+static void zero_floats(float *p, size_t n);
+
 void wf_gpt_init_slice(float *dst, wf_param_kind k, int layer, const wf_gpt_dims *d, uint64_t seed,
                        size_t first, size_t n)
 {
@@ -347,8 +349,8 @@ void wf_gpt_init(wf_gpt *m, uint64_t seed)
     for (int l = 0; l < layers; l++)
       init_tensor(wf_gpt_param(m, (wf_param_kind)k, l, 0), (wf_param_kind)k, l, &m->d, seed, n);
   }
-  memset(m->m, 0, m->num_params * sizeof(float));
-  memset(m->v, 0, m->num_params * sizeof(float));
+  zero_floats(m->m, m->num_params);
+  zero_floats(m->v, m->num_params);
 }
 
 /* ---- forward ------------------------------------------------------------------- */
@@ -446,7 +448,20 @@ const float *wf_gpt_logits(const wf_gpt *m) { return m->a.logits; }
 
 /* ---- backward ------------------------------------------------------------------ */
 
-void wf_gpt_zero_grad(wf_gpt *m) { memset(m->grads, 0, m->num_params * sizeof(float)); }
+/* memset over the kernels' thread budget: these buffers are the size of the model,
+ * and one core alone does not reach the memory bandwidth. */
+#define ZERO_CHUNK (1L << 20)
+static void zero_floats(float *p, size_t n)
+{
+  long chunks = (long)((n + ZERO_CHUNK - 1) / ZERO_CHUNK);
+#pragma omp parallel for schedule(static) num_threads(wf_kernels_threads()) if (chunks > 1)
+  for (long c = 0; c < chunks; c++) {
+    size_t first = (size_t)c * ZERO_CHUNK;
+    memset(p + first, 0, WF_MIN((size_t)ZERO_CHUNK, n - first) * sizeof *p);
+  }
+}
+
+void wf_gpt_zero_grad(wf_gpt *m) { zero_floats(m->grads, m->num_params); }
 
 /* One transformer block backward. On entry da.dres holds d residual3[l]; on exit it
  * holds d(residual input of block l). Parameter gradients are added to. */

@@ -50,6 +50,22 @@ static void test_num_params(void **state)
   assert_false(wf_gpt_kind_decays(WF_P_QKVB));
 }
 
+static void test_dims_from_config(void **state)
+{
+  (void)state;
+  wf_config cfg;
+  char err[512];
+  wf_config_init(&cfg);
+  assert_int_equal(wf_config_set(&cfg, "model.preset", "gpt2-small", WF_SRC_CLI, err, sizeof err),
+                   WF_OK);
+  assert_int_equal(wf_config_validate(&cfg, 1, err, sizeof err), WF_OK);
+  wf_gpt_dims d = wf_gpt_dims_from_config(&cfg);
+  /* GPT-2 124M (the gpt2-small), vocab 50257 padded to 50304 = 393 * 128. */
+  wf_gpt_dims want = {.L = 12, .NH = 12, .C = 768, .maxT = 1024, .V = 50257, .Vp = 50304};
+  assert_memory_equal(&d, &want, sizeof d);
+  assert_null(wf_gpt_dims_check(&d));
+}
+
 static void test_flops(void **state)
 {
   (void)state;
@@ -331,6 +347,7 @@ int main(void)
   wf_kernels_set_threads(1);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_num_params),
+      cmocka_unit_test(test_dims_from_config),
       cmocka_unit_test(test_flops),
       cmocka_unit_test(test_create_rejects_bad_dims),
       cmocka_unit_test(test_init_slice),
