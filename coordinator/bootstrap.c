@@ -23,6 +23,7 @@ struct wf_job {
   wf_comm *world_comm;
   wf_comm *comms[WF_NUM_AXES]; /* NULL where the rank is in no group of that axis */
   wf_rank_facts *facts;        /* rank 0 only */
+  wf_rank_facts mine;
   char id[96];
 };
 
@@ -30,6 +31,7 @@ int wf_job_rank(const wf_job *job) { return job->rank; }
 int wf_job_world(const wf_job *job) { return job->world; }
 const wf_mesh *wf_job_mesh(const wf_job *job) { return &job->mesh; }
 const wf_rank_facts *wf_job_facts(const wf_job *job) { return job->facts; }
+const wf_rank_facts *wf_job_my_facts(const wf_job *job) { return &job->mine; }
 const char *wf_job_id(const wf_job *job) { return job->id; }
 wf_comm *wf_job_comm(const wf_job *job, wf_axis axis) { return job->comms[axis]; }
 wf_comm *wf_job_world_comm(const wf_job *job) { return job->world_comm; }
@@ -96,12 +98,11 @@ wf_status wf_job_bootstrap(wf_job **out, const wf_job_opts *o)
            job->world);
   WF_TRY(make_id(job, o->launch));
 
-  wf_rank_facts mine;
-  fill_facts(&mine, job, o);
+  fill_facts(&job->mine, job, o);
   if (job->rank == 0)
     WF_CHECK_ALLOC(job->facts = calloc((size_t)job->world, sizeof *job->facts));
-  WF_CHECK_MPI(MPI_Gather(&mine, sizeof mine, MPI_BYTE, job->facts, sizeof mine, MPI_BYTE, 0,
-                          MPI_COMM_WORLD));
+  WF_CHECK_MPI(MPI_Gather(&job->mine, sizeof job->mine, MPI_BYTE, job->facts, sizeof job->mine,
+                          MPI_BYTE, 0, MPI_COMM_WORLD));
   WF_TRY(wf_comm_world_create(&job->world_comm));
   for (int a = 0; a < WF_NUM_AXES; a++) {
     int color = wf_mesh_group_color(&job->mesh, (wf_axis)a, job->rank);

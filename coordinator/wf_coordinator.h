@@ -77,6 +77,8 @@ int wf_job_world(const wf_job *job);
 const wf_mesh *wf_job_mesh(const wf_job *job);
 /* All ranks' facts: valid on rank 0 only (NULL elsewhere). */
 const wf_rank_facts *wf_job_facts(const wf_job *job);
+/* This rank's facts (every rank). */
+const wf_rank_facts *wf_job_my_facts(const wf_job *job);
 /* The job id (same on every rank) e.g. "weft-host-12345-1732240000". */
 const char *wf_job_id(const wf_job *job);
 

@@ -24,7 +24,9 @@
 #include "wf_coordinator.h"
 #include "wf_gpu.h"
 #include "wf_kernels.h"
+#include "wf_control.h"
 #include "wf_launch.h"
+#include "wf_plane.h"
 #include "wf_runtime.h"
 #include "wf_train.h"
 
@@ -193,9 +195,20 @@ static int fail_all(bool mine_failed, const char *msg, int rank)
   return 1;
 }
 
-/* Train (or dump llm.c's debug state) on this rank's share of the mesh. */
-static int train(const wf_config *cfg, const char *dump_state, int rank, int size)
+/* After every step: tell the coordinator, and stop when the console asked. */
+static bool on_step(void *user, const wf_train_step_info *info)
 {
+  wf_control *ctl = user;
+  wf_control_report_step(ctl, info->step, info->loss, info->tokens_per_s, info->step_ms,
+                         (uint64_t)info->mem_bytes);
+  return !wf_control_stop_requested(ctl);
+}
+
+/* Train (or dump llm.c's debug state) on this rank's share of the mesh, with the
+ * control plane up so the console can attach and the watchdog can act. */
+static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, const char *dump_state)
+{
+  int rank = wf_job_rank(job), size = wf_job_world(job);
   if (size > 1) {
     if (rank == 0)
       fprintf(stderr,
@@ -204,9 +217,24 @@ static int train(const wf_config *cfg, const char *dump_state, int rank, int siz
               size);
     return 1;
   }
-  wf_status st = dump_state ? wf_train_dump_state(cfg, dump_state) : wf_train_run(cfg, NULL);
+  if (dump_state) {
+    wf_status st = wf_train_dump_state(cfg, dump_state);
+    return st == WF_OK ? 0 : 1;
+  }
+  char err[1024];
+  wf_plane plane;
+  wf_launch_default_master(launch, wf_rt_host());
+  wf_plane_opts po = {cfg, launch, job};
+  if (wf_plane_start(&plane, &po, err, sizeof err) != WF_OK) {
+    if (rank == 0)
+      fprintf(stderr, "weft: error: %s\n", err);
+    return 1;
+  }
+  wf_train_hooks hooks = {.user = plane.ctl, .on_step = on_step};
+  wf_status st = wf_train_run(cfg, &hooks);
   if (st != WF_OK)
-    fprintf(stderr, "weft: error: %s (see the log above)\n", wf_status_str(st));
+    fprintf(stderr, "weft: error: training failed: %s (see the log above)\n", wf_status_str(st));
+  wf_plane_stop(&plane);
   return st == WF_OK ? 0 : 1;
 }
 
@@ -258,7 +286,7 @@ static int run(const args *a, int rank, int size)
              "mesh\n");
     }
   } else {
-    rc = train(&cfg, a->dump_state, rank, size);
+    rc = train(&cfg, &launch, job, a->dump_state);
   }
   wf_job_destroy(job);
   wf_gpu_close(gpu);

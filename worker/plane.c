@@ -1,0 +1,110 @@
+/*
+ * plane.c - joining the control plane from the worker.
+ *
+ * World rank 0 starts the coordinator service (a libuv thread), then tells every
+ * rank over MPI where it listens and the job's access token. Every rank, rank 0
+ * included, then starts its control thread, which registers and heartbeats once a
+ * second independently of training. If the coordinator declares the job dead (a
+ * rank died or hung) or the coordinator itself disappears, the control thread calls
+ * on_abort, which ends this process with a non-zero status: mpirun or srun then
+ * take the rest down, and nothing waits for a 30-minute NCCL or MPI timeout.
+ *
+ * Failure to start the service (a port in use, say) is agreed on with MPI, so every
+ * rank exits with rank 0's message rather than waiting to connect.
+ */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "wf_control.h"
+#include "wf_plane.h"
+
+typedef struct plane_facts {
+  int ok;
+  char endpoint[300];
+  char token[WF_TOKEN_HEX + 1];
+  char err[512];
+} plane_facts;
+
+static void on_abort(void *user, const char *reason)
+{
+  (void)user;
+  /* Called on the control thread: the main thread may be stuck inside MPI, so the
+   * only safe way out is to end the process here. */
+  fprintf(stderr, "weft: error: job aborted by the coordinator: %s\n", reason);
+  fflush(stderr);
+  _exit(3);
+}
+
+static void start_service(wf_plane *p, const wf_plane_opts *o, plane_facts *pf)
+{
+  const wf_config *cfg = o->cfg;
+  char model[160];
+  snprintf(model, sizeof model, "%s (%d layers, d_model %d, %d heads, vocab %d)", cfg->model.preset,
+           cfg->model.layers, cfg->model.d_model, cfg->model.heads, cfg->model.vocab);
+  wf_service_opts so = {
+      .job_id = wf_job_id(o->job),
+      .world_size = wf_job_world(o->job),
+      .mesh = *wf_job_mesh(o->job),
+      .facts = wf_job_facts(o->job),
+      .master_addr = o->launch->master_addr,
+      .port = o->launch->master_port,
+      .model_desc = model,
+      .total_steps = cfg->train.steps,
+      .hang_timeout_s = cfg->runtime.hang_timeout,
+      .metrics_port = cfg->runtime.metrics_port,
+  };
+  if (wf_service_start(&p->svc, &so) != WF_OK) {
+    snprintf(pf->err, sizeof pf->err,
+             "could not start the coordinator on %s:%d (see the log above); choose another "
+             "port with MASTER_PORT=... or dist.master_port=...",
+             o->launch->master_addr, o->launch->master_port);
+    return;
+  }
+  pf->ok = 1;
+  wf_strlcpy(pf->endpoint, wf_service_endpoint(p->svc), sizeof pf->endpoint);
+  wf_strlcpy(pf->token, wf_service_token(p->svc), sizeof pf->token);
+}
+
+wf_status wf_plane_start(wf_plane *p, const wf_plane_opts *o, char *err, size_t err_len)
+{
+  plane_facts pf;
+  memset(p, 0, sizeof *p);
+  memset(&pf, 0, sizeof pf);
+  if (wf_job_rank(o->job) == 0)
+    start_service(p, o, &pf);
+  MPI_Bcast(&pf, sizeof pf, MPI_BYTE, 0, MPI_COMM_WORLD);
+  if (!pf.ok) {
+    snprintf(err, err_len, "%s", pf.err);
+    return WF_EUV;
+  }
+  wf_control_opts co = {
+      .endpoint = pf.endpoint,
+      .token = pf.token,
+      .job_id = wf_job_id(o->job),
+      .facts = *wf_job_my_facts(o->job),
+      .on_abort = on_abort,
+  };
+  wf_status st = wf_control_start(&p->ctl, &co);
+  int mine = st == WF_OK, all = 0;
+  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!all) {
+    snprintf(err, err_len, "a rank could not register with the coordinator at %s", pf.endpoint);
+    wf_plane_stop(p);
+    return WF_EUV;
+  }
+  return WF_OK;
+}
+
+void wf_plane_stop(wf_plane *p)
+{
+  /* Every rank says Bye before rank 0 stops the service, so no rank's departure is
+   * taken for a death. */
+  wf_control_destroy(p->ctl);
+  p->ctl = NULL;
+  MPI_Barrier(MPI_COMM_WORLD);
+  wf_service_destroy(p->svc);
+  p->svc = NULL;
+}

@@ -1,0 +1,33 @@
+/*
+ * wf_plane.h - the worker's side of the control plane: start the coordinator service
+ * on rank 0, connect every rank's control thread, and stop both in order.
+ */
+#ifndef WF_PLANE_H
+#define WF_PLANE_H
+
+#include <stddef.h>
+
+#include "wf_config.h"
+#include "wf_coordinator.h"
+#include "wf_runtime.h"
+
+struct wf_service;
+struct wf_control;
+
+typedef struct wf_plane {
+  struct wf_service *svc; /* rank 0 only */
+  struct wf_control *ctl; /* every rank */
+} wf_plane;
+
+typedef struct wf_plane_opts {
+  const wf_config *cfg;
+  const wf_launch *launch; /* master_addr/master_port resolved */
+  const wf_job *job;
+} wf_plane_opts;
+
+/* Collective over MPI_COMM_WORLD. On failure every rank gets the same message. */
+wf_status wf_plane_start(wf_plane *p, const wf_plane_opts *o, char *err, size_t err_len);
+/* Collective: every rank says Bye, then rank 0 stops the service. */
+void wf_plane_stop(wf_plane *p);
+
+#endif /* WF_PLANE_H */
