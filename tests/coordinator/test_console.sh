@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# test_console.sh FAKE_JOB COORDINATOR - the console binary against a running (fake)
+# 8-rank job on a dp 2 x tp 2 x pp 2 mesh: status, ranks, mesh in text and JSON
+# checked against the mesh formula rank = tp + TP*(dp + DP*pp), job discovery, top,
+# attach, and stop.
+set -euo pipefail
+fake=$1
+con=$2
+export WEFT_JOB_DIR=$(mktemp -d /tmp/weft-console-XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  rm -rf "$WEFT_JOB_DIR"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+PY=/usr/bin/python3
+
+start_job() { # start_job OUTFILE: runs a fake job for 30 s, waits for its id
+  "$fake" 8 2 2 2 30 >"$1" 2>>"$WEFT_JOB_DIR/log" &
+  pids+=($!)
+  for _ in $(seq 100); do [ -s "$1" ] && return 0; sleep 0.1; done
+  fail "fake job did not start"
+}
+
+start_job "$WEFT_JOB_DIR/a.out"
+job=$(cat "$WEFT_JOB_DIR/a.out")
+sleep 1.5 # a heartbeat and a few steps
+
+out=$("$con" status)
+echo "$out"
+grep -q "job      $job (running)" <<<"$out" || fail "status: job line"
+grep -q "dp 2 x tp 2 x pp 2 = 8 ranks (8 registered, 8 alive)" <<<"$out" || fail "status: mesh"
+"$con" --json status | $PY -c '
+import json, sys
+d = json.load(sys.stdin)
+assert d["world_size"] == 8 and d["mesh"] == {"dp": 2, "tp": 2, "pp": 2}, d
+assert d["step"] >= 1 and d["loss"] is not None and d["eta_s"] > 0, d
+'
+
+out=$("$con" ranks "$job")
+echo "$out"
+[ "$(grep -c ' alive ' <<<"$out")" = 8 ] || fail "ranks: 8 alive rows"
+"$con" --json ranks | $PY -c '
+import json, sys
+d = json.load(sys.stdin)
+assert len(d["ranks"]) == 8
+for r in d["ranks"]:
+    c = r["coords"]
+    assert r["rank"] == c["tp"] + 2 * (c["dp"] + 2 * c["pp"]), r
+    assert r["state"] == "alive" and r["heartbeat_age_s"] < 1.5, r
+    assert r["collective"]["op"] == "allreduce(dp)", r
+'
+
+out=$("$con" mesh)
+echo "$out"
+grep -q "pipeline stage pp=1" <<<"$out" || fail "mesh: stage 1"
+"$con" --json mesh | $PY -c '
+import json, sys
+d = json.load(sys.stdin)
+g = d["groups"]
+assert g["tp"] == [[0, 1], [2, 3], [4, 5], [6, 7]], g
+assert g["dp"] == [[0, 2], [1, 3], [4, 6], [5, 7]], g
+assert g["pp"] == [[0, 4], [1, 5], [2, 6], [3, 7]], g
+assert g["emb"] == [[0, 4], [1, 5], [2, 6], [3, 7]], g
+assert d["stages"][1]["grid"] == [[4, 5], [6, 7]], d
+'
+
+out=$("$con" schedule); grep -q "not available" <<<"$out" || fail "schedule"
+"$con" --json trace | $PY -c 'import json,sys; assert json.load(sys.stdin)["available"] is False'
+out=$("$con" --count 2 top); grep -q "last collective" <<<"$out" || fail "top"
+out=$("$con" list); grep -q "$job" <<<"$out" || fail "list"
+out=$(printf 'status\nmesh\nquit\n' | "$con" attach "$job")
+grep -q "pipeline stage pp=0" <<<"$out" || fail "attach"
+
+# Two jobs and no JOB: the console lists them and asks.
+start_job "$WEFT_JOB_DIR/b.out"
+job2=$(cat "$WEFT_JOB_DIR/b.out")
+if "$con" status 2>"$WEFT_JOB_DIR/err"; then fail "ambiguous job accepted"; fi
+grep -q "$job2" "$WEFT_JOB_DIR/err" || fail "ambiguous: not listed"
+"$con" status "$job2" >/dev/null || fail "status JOB"
+
+# stop: both fake jobs end cleanly and remove their job files.
+out=$("$con" stop "$job"); grep -q "stop requested" <<<"$out" || fail "stop"
+"$con" stop "$job2" >/dev/null
+for p in "${pids[@]}"; do wait "$p" || fail "fake job exit status $?"; done
+pids=()
+[ -z "$(ls "$WEFT_JOB_DIR"/*.json 2>/dev/null)" ] || fail "job files left behind"
+echo "console: all checks passed"
