@@ -15,8 +15,8 @@ struct adamw_consts {
   float lr, b1, b2, one_m_b1, one_m_b2, eps, wd, ibc1, ibc2, gs;
 };
 
-static void adamw_range(float *p, float *m, float *v, const float *g, size_t lo, size_t hi,
-                        const struct adamw_consts *k)
+WF__CLONES static void adamw_range(float *p, float *m, float *v, const float *g, size_t lo,
+                                   size_t hi, const struct adamw_consts *k)
 {
   const struct adamw_consts c = *k;
 #pragma omp simd

@@ -20,7 +20,7 @@
 #define BLK 128
 
 /* att rows [i0, i1) of one head: scaled scores in, causal softmax out. */
-static void softmax_rows(float *A, int T, int i0, int i1)
+WF__CLONES static void softmax_rows(float *A, int T, int i0, int i1)
 {
   for (int i = i0; i < i1; i++) {
     float *a = A + (size_t)i * T;
@@ -71,7 +71,7 @@ void wf_attention_forward(float *out, float *att, const float *qkv, int B, int T
 }
 
 /* Rows [i0, i1) of one head: dS = att * (dA - rowsum(att * dA)), in place in D. */
-static void softmax_backward_rows(float *D, const float *A, int T, int i0, int i1)
+WF__CLONES static void softmax_backward_rows(float *D, const float *A, int T, int i0, int i1)
 {
   for (int i = i0; i < i1; i++) {
     float *d = D + (size_t)i * T;

@@ -14,6 +14,16 @@
 #define GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
 #define GELU_A 0.044715f
 
+WF__CLONES static void forward_range(float *out, const float *inp, size_t lo, size_t hi)
+{
+#pragma omp simd
+  for (size_t i = lo; i < hi; i++) {
+    float x = inp[i];
+    float t = wf__tanhf(GELU_K * (x + GELU_A * x * x * x));
+    out[i] = 0.5f * x * (1.0f + t);
+  }
+}
+
 void wf_gelu_forward(float *out, const float *inp, size_t N)
 {
   int nt = wf__threads_for(N);
@@ -21,16 +31,24 @@ void wf_gelu_forward(float *out, const float *inp, size_t N)
   {
     size_t lo, hi;
     wf__split(N, omp_get_thread_num(), omp_get_num_threads(), 16, &lo, &hi);
-#pragma omp simd
-    for (size_t i = lo; i < hi; i++) {
-      float x = inp[i];
-      float t = wf__tanhf(GELU_K * (x + GELU_A * x * x * x));
-      out[i] = 0.5f * x * (1.0f + t);
-    }
+    forward_range(out, inp, lo, hi);
   }
 }
 
 /* d gelu / dx = 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 a x^2) */
+WF__CLONES static void backward_range(float *dinp, const float *inp, const float *dout, size_t lo,
+                                      size_t hi)
+{
+#pragma omp simd
+  for (size_t i = lo; i < hi; i++) {
+    float x = inp[i];
+    float t = wf__tanhf(GELU_K * (x + GELU_A * x * x * x));
+    float g =
+        0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_A * x * x);
+    dinp[i] += g * dout[i];
+  }
+}
+
 void wf_gelu_backward(float *dinp, const float *inp, const float *dout, size_t N)
 {
   int nt = wf__threads_for(N);
@@ -38,13 +56,6 @@ void wf_gelu_backward(float *dinp, const float *inp, const float *dout, size_t N
   {
     size_t lo, hi;
     wf__split(N, omp_get_thread_num(), omp_get_num_threads(), 16, &lo, &hi);
-#pragma omp simd
-    for (size_t i = lo; i < hi; i++) {
-      float x = inp[i];
-      float t = wf__tanhf(GELU_K * (x + GELU_A * x * x * x));
-      float g =
-          0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_A * x * x);
-      dinp[i] += g * dout[i];
-    }
+    backward_range(dinp, inp, dout, lo, hi);
   }
 }

@@ -11,6 +11,15 @@
 
 #define MAX_PARTIALS 256
 
+WF__CLONES static double sumsq_range(const float *x, size_t lo, size_t hi)
+{
+  double s = 0.0;
+#pragma omp simd reduction(+ : s)
+  for (size_t i = lo; i < hi; i++)
+    s += (double)x[i] * x[i];
+  return s;
+}
+
 double wf_sumsq(const float *x, size_t n)
 {
   double part[MAX_PARTIALS] = {0};
@@ -21,11 +30,7 @@ double wf_sumsq(const float *x, size_t n)
     size_t lo, hi;
     int tid = omp_get_thread_num();
     wf__split(n, tid, omp_get_num_threads(), 16, &lo, &hi);
-    double s = 0.0;
-#pragma omp simd reduction(+ : s)
-    for (size_t i = lo; i < hi; i++)
-      s += (double)x[i] * x[i];
-    part[tid] = s;
+    part[tid] = sumsq_range(x, lo, hi);
   }
   double total = 0.0;
   for (int i = 0; i < nt; i++)

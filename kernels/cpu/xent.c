@@ -13,8 +13,8 @@
 #include "cpu_int.h"
 #include "wf_kernels.h"
 
-static void stats_row(float *mx_out, float *se_out, float *tl_out, const float *l, int target,
-                      int V, int v_offset)
+WF__CLONES static void stats_row(float *mx_out, float *se_out, float *tl_out, const float *l,
+                                 int target, int V, int v_offset)
 {
   float mx = wf__maxf(l, V);
   double s = 0.0;
@@ -44,8 +44,8 @@ void wf_xent_loss(float *losses, const float *row_max, const float *row_sumexp,
     losses[i] = logf(row_sumexp[i]) + row_max[i] - target_logit[i];
 }
 
-static void backward_row(float *d, const float *l, float mx, float se, int target, float dloss,
-                         int V, int ld, int v_offset)
+WF__CLONES static void backward_row(float *d, const float *l, float mx, float se, int target,
+                                    float dloss, int V, int ld, int v_offset)
 {
   float scale = dloss / se;
 #pragma omp simd
