@@ -40,7 +40,11 @@ wf_status wf_gpu_stream_sync(wf_gpu *g, void *stream);
 /* True when `ptr` is device (or managed) memory: how collectives choose NCCL vs MPI. */
 int wf_gpu_is_device_ptr(wf_gpu *g, const void *ptr);
 
-/* The module's raw symbol table, for modules layered on it (kernels, NCCL). */
+/* The module's raw symbol table, for modules layered on it (kernels, NCCL): the
+ * dlopen() handle, for wf_module_sym(). */
 void *wf_gpu_module_handle(wf_gpu *g);
+/* The module's kernel launchers, untyped so that runtime/ does not depend on
+ * kernels/: use wf_gpu_kernels_get() from kernels/wf_kernels_gpu.h instead. */
+const void *wf_gpu_kernel_table(wf_gpu *g);
 
 #endif /* WF_GPU_H */

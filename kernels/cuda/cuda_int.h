@@ -1,0 +1,171 @@
+/*
+ * cuda_int.h - private to the weft_cuda module (kernels/cuda/): the launchers'
+ * declarations, the launch and cuBLAS checks, and the device-side reductions.
+ *
+ * Invariants:
+ *  - Launchers are `extern "C" wf_cuda_<op>` with the CPU kernel's arguments plus a
+ *    trailing `void *stream` (a cudaStream_t). They return nothing, like the CPU
+ *    kernels: each launch is checked with wf__cuda_check_launch(), which logs a
+ *    failure with file and line and keeps the first one for last_error().
+ *  - A launcher with nothing to do (a zero size) launches nothing: a grid of 0
+ *    blocks is itself an error.
+ *  - Reductions assume blockDim.x is a multiple of 32 (full warps) and at most 1024.
+ *  - Indices that can pass 2^31 (N*C, N*V, B*NH*T*T) are computed in size_t.
+ */
+#ifndef WF_CUDA_INT_H
+#define WF_CUDA_INT_H
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "wf_gpu_module.h"
+#include "wf_kernels_gpu.h"
+#include "wf_runtime.h"
+}
+
+#define WF_EXPORT __attribute__((visibility("default")))
+
+/* ---- checks (backend.cu) ------------------------------------------------------- */
+
+/* Record `err` as the module's first error unless one is already kept. */
+void wf__cuda_record(int err);
+/* cudaGetLastError after a launch; logs and records a failure. Returns true when
+ * the launch is fine. */
+bool wf__cuda_check_launch(const char *file, int line, const char *what);
+/* Logs and records a failed CUDA runtime call; true when `e` is cudaSuccess. */
+bool wf__cuda_check(cudaError_t e, const char *file, int line, const char *what);
+#define WF_CUDA_LAUNCHED(what) wf__cuda_check_launch(__FILE__, __LINE__, (what))
+#define WF_CUDA_OK(call)       wf__cuda_check((call), __FILE__, __LINE__, #call)
+
+/* The module's cuBLAS handle for the current device, bound to `stream`, with the
+ * module's cuBLAS lock held; NULL (error logged, lock released) on failure. Every
+ * successful begin is paired with one end, which releases the lock and checks the
+ * status of the cuBLAS call made in between. */
+cublasHandle_t wf__cublas_begin(cudaStream_t stream, const char *file, int line);
+void wf__cublas_end(cublasStatus_t st, const char *file, int line, const char *what);
+
+wf_status wf_cuda_last_error(void);
+
+/* ---- launch geometry ---------------------------------------------------------- */
+
+/* Blocks for a grid-stride loop over n elements: enough to fill the GPU, capped so
+ * that huge n loop inside the kernel instead. n must be > 0. */
+static inline unsigned wf__grid_1d(size_t n, unsigned block)
+{
+  size_t g = (n + block - 1) / block;
+  return (unsigned)(g < 65536 ? g : 65536);
+}
+
+#define WF_GRID_STRIDE(i, n)                                                                       \
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                          \
+       i += (size_t)gridDim.x * blockDim.x)
+
+/* ---- reductions ----------------------------------------------------------------- */
+
+template <typename T> __device__ __forceinline__ T wf__warp_sum(T v)
+{
+  for (int o = 16; o > 0; o >>= 1)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float wf__warp_max(float v)
+{
+  for (int o = 16; o > 0; o >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+/* Sum over the block, returned to every thread. `shared` holds 32 T. Ends with a
+ * barrier so `shared` can be reused at once. */
+template <typename T> __device__ T wf__block_sum(T v, T *shared)
+{
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int warps = (blockDim.x + 31) / 32;
+  v = wf__warp_sum(v);
+  if (lane == 0)
+    shared[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < warps ? shared[lane] : (T)0;
+    v = wf__warp_sum(v);
+    if (lane == 0)
+      shared[0] = v;
+  }
+  __syncthreads();
+  T r = shared[0];
+  __syncthreads();
+  return r;
+}
+
+/* Max over the block, returned to every thread; same contract as wf__block_sum. */
+__device__ __forceinline__ float wf__block_max(float v, float *shared)
+{
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int warps = (blockDim.x + 31) / 32;
+  v = wf__warp_max(v);
+  if (lane == 0)
+    shared[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < warps ? shared[lane] : -INFINITY;
+    v = wf__warp_max(v);
+    if (lane == 0)
+      shared[0] = v;
+  }
+  __syncthreads();
+  float r = shared[0];
+  __syncthreads();
+  return r;
+}
+
+/* ---- launchers (one .cu per op) ----------------------------------------------- */
+
+extern "C" {
+void wf_cuda_encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B,
+                             int T, int C, void *stream);
+void wf_cuda_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B,
+                              int T, int C, void *stream);
+void wf_cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                               const float *weight, const float *bias, int N, int C, void *stream);
+void wf_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                const float *inp, const float *weight, const float *mean,
+                                const float *rstd, int N, int C, void *stream);
+void wf_cuda_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+                            int N, int C, int OC, void *stream);
+void wf_cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                             const float *inp, const float *weight, int N, int C, int OC,
+                             void *stream);
+void wf_cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
+                               int NH, void *stream);
+void wf_cuda_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                                const float *att, int B, int T, int C, int NH, void *stream);
+void wf_cuda_gelu_forward(float *out, const float *inp, size_t N, void *stream);
+void wf_cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t N,
+                           void *stream);
+void wf_cuda_residual_forward(float *out, const float *a, const float *b, size_t N, void *stream);
+void wf_cuda_residual_backward(float *da, float *db, const float *dout, size_t N, void *stream);
+void wf_cuda_xent_stats(float *row_max, float *row_sumexp, float *target_logit, const float *logits,
+                        const int *targets, int N, int V, int ld, int v_offset, void *stream);
+void wf_cuda_xent_loss(float *losses, const float *row_max, const float *row_sumexp,
+                       const float *target_logit, int N, void *stream);
+void wf_cuda_xent_backward(float *dlogits, const float *logits, const float *row_max,
+                           const float *row_sumexp, const int *targets, float dloss, int N, int V,
+                           int ld, int v_offset, void *stream);
+void wf_cuda_adamw_update(float *params, float *m, float *v, const float *grads, size_t n, float lr,
+                          float beta1, float beta2, float eps, float weight_decay, int t,
+                          float grad_scale, void *stream);
+double wf_cuda_sumsq(const float *x, size_t n, void *stream);
+void wf_cuda_scale(float *x, float s, size_t n, void *stream);
+}
+
+#endif /* WF_CUDA_INT_H */

@@ -1,0 +1,139 @@
+/*
+ * layernorm.cu - layer normalisation on the GPU (twin of wf_layernorm_*).
+ *
+ * Forward and the dinp part of backward: one warp per row, reductions with warp
+ * shuffles, 4 rows per 128-thread block. The dweight/dbias part of backward sums
+ * over rows, so it runs as a column reduction: a block of 32 x 8 threads owns 32
+ * columns, its 8 thread rows stride over the N rows, and the 8 partial sums are
+ * combined in shared memory. No atomics, so the result is deterministic.
+ * Legend: N rows (B*T), C channels. eps = 1e-5.
+ */
+#include "cuda_int.h"
+
+#define LN_EPS         1e-5f
+#define ROWS_PER_BLOCK 4 /* warps per 128-thread block */
+#define COL_TILE       32
+#define ROW_LANES      8
+
+/* out (N,C), mean (N) or NULL, rstd (N) or NULL, inp (N,C), weight (C), bias (C) */
+__global__ static void layernorm_forward_kernel(float *out, float *mean, float *rstd,
+                                                const float *inp, const float *weight,
+                                                const float *bias, int N, int C)
+{
+  int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+  int lane = threadIdx.x % 32;
+  if (row >= N) /* uniform over the warp, so the shuffles below stay full */
+    return;
+  const float *x = inp + (size_t)row * C;
+  float s = 0.0f;
+  for (int c = lane; c < C; c += 32)
+    s += x[c];
+  float m = wf__warp_sum(s) / C;
+  float v = 0.0f;
+  for (int c = lane; c < C; c += 32) {
+    float d = x[c] - m;
+    v += d * d;
+  }
+  float rs = rsqrtf(wf__warp_sum(v) / C + LN_EPS);
+  float *o = out + (size_t)row * C;
+  for (int c = lane; c < C; c += 32)
+    o[c] = (x[c] - m) * rs * weight[c] + bias[c];
+  if (lane == 0 && mean)
+    mean[row] = m;
+  if (lane == 0 && rstd)
+    rstd[row] = rs;
+}
+
+/* dinp (N,C) += rstd (w dout - mean(w dout) - norm mean(w dout norm)) */
+__global__ static void layernorm_backward_dinp_kernel(float *dinp, const float *dout,
+                                                      const float *inp, const float *weight,
+                                                      const float *mean, const float *rstd, int N,
+                                                      int C)
+{
+  int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+  int lane = threadIdx.x % 32;
+  if (row >= N)
+    return;
+  const float *x = inp + (size_t)row * C;
+  const float *dy = dout + (size_t)row * C;
+  float m = mean[row], rs = rstd[row];
+  float a = 0.0f, b = 0.0f;
+  for (int c = lane; c < C; c += 32) {
+    float wdy = weight[c] * dy[c];
+    a += wdy;
+    b += wdy * (x[c] - m) * rs;
+  }
+  float mean_wdy = wf__warp_sum(a) / C;
+  float mean_wdy_norm = wf__warp_sum(b) / C;
+  float *dx = dinp + (size_t)row * C;
+  for (int c = lane; c < C; c += 32) {
+    float norm = (x[c] - m) * rs;
+    dx[c] += (weight[c] * dy[c] - mean_wdy - norm * mean_wdy_norm) * rs;
+  }
+}
+
+/* dweight (C) += sum_n norm * dout; dbias (C) += sum_n dout. Block (32, 8). */
+__global__ static void layernorm_backward_params_kernel(float *dweight, float *dbias,
+                                                        const float *dout, const float *inp,
+                                                        const float *mean, const float *rstd, int N,
+                                                        int C)
+{
+  __shared__ float sw[ROW_LANES][COL_TILE + 1], sb[ROW_LANES][COL_TILE + 1];
+  int c = blockIdx.x * COL_TILE + threadIdx.x;
+  float w = 0.0f, b = 0.0f;
+  if (c < C) {
+    for (int n = threadIdx.y; n < N; n += ROW_LANES) {
+      size_t i = (size_t)n * C + c;
+      w += (inp[i] - mean[n]) * rstd[n] * dout[i];
+      b += dout[i];
+    }
+  }
+  sw[threadIdx.y][threadIdx.x] = w;
+  sb[threadIdx.y][threadIdx.x] = b;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= C)
+    return;
+  for (int r = 1; r < ROW_LANES; r++) {
+    w += sw[r][threadIdx.x];
+    b += sb[r][threadIdx.x];
+  }
+  if (dweight)
+    dweight[c] += w;
+  if (dbias)
+    dbias[c] += b;
+}
+
+extern "C" void wf_cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                                          const float *weight, const float *bias, int N, int C,
+                                          void *stream)
+{
+  if (N <= 0 || C <= 0)
+    return;
+  unsigned grid = (unsigned)((N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK);
+  layernorm_forward_kernel<<<grid, 32 * ROWS_PER_BLOCK, 0, (cudaStream_t)stream>>>(
+      out, mean, rstd, inp, weight, bias, N, C);
+  WF_CUDA_LAUNCHED("layernorm_forward_kernel");
+}
+
+extern "C" void wf_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias,
+                                           const float *dout, const float *inp, const float *weight,
+                                           const float *mean, const float *rstd, int N, int C,
+                                           void *stream)
+{
+  cudaStream_t s = (cudaStream_t)stream;
+  if (N <= 0 || C <= 0)
+    return;
+  if (dinp) {
+    unsigned grid = (unsigned)((N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK);
+    layernorm_backward_dinp_kernel<<<grid, 32 * ROWS_PER_BLOCK, 0, s>>>(dinp, dout, inp, weight,
+                                                                        mean, rstd, N, C);
+    if (!WF_CUDA_LAUNCHED("layernorm_backward_dinp_kernel"))
+      return;
+  }
+  if (dweight || dbias) {
+    unsigned grid = (unsigned)((C + COL_TILE - 1) / COL_TILE);
+    layernorm_backward_params_kernel<<<grid, dim3(COL_TILE, ROW_LANES), 0, s>>>(
+        dweight, dbias, dout, inp, mean, rstd, N, C);
+    WF_CUDA_LAUNCHED("layernorm_backward_params_kernel");
+  }
+}

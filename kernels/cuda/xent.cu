@@ -1,0 +1,96 @@
+/*
+ * xent.cu - fused softmax + cross-entropy on the GPU (twin of wf_xent_*), in the
+ * same three pieces as the CPU so vocabulary-parallel ranks can reduce between
+ * them. One block per row for the row passes.
+ *
+ * Legend: N rows (B*T), V vocabulary columns present, ld row stride (>= V),
+ * v_offset the global column of local column 0. Columns [V, ld) are padding:
+ * ignored by the statistics and set to 0 in dlogits.
+ */
+#include "cuda_int.h"
+
+#define XENT_THREADS 256
+
+/* row_max, row_sumexp, target_logit (N); logits (N,ld); targets (N) */
+__global__ static void xent_stats_kernel(float *row_max, float *row_sumexp, float *target_logit,
+                                         const float *logits, const int *targets, int V, int ld,
+                                         int v_offset)
+{
+  __shared__ float red[32];
+  const float *l = logits + (size_t)blockIdx.x * ld;
+  float mx = -INFINITY;
+  for (int c = threadIdx.x; c < V; c += blockDim.x)
+    mx = fmaxf(mx, l[c]);
+  mx = wf__block_max(mx, red);
+  float s = 0.0f;
+  for (int c = threadIdx.x; c < V; c += blockDim.x)
+    s += expf(l[c] - mx);
+  s = wf__block_sum(s, red);
+  if (threadIdx.x != 0)
+    return;
+  int tg = targets[blockIdx.x] - v_offset;
+  row_max[blockIdx.x] = mx;
+  row_sumexp[blockIdx.x] = s;
+  target_logit[blockIdx.x] = tg >= 0 && tg < V ? l[tg] : 0.0f;
+}
+
+/* losses (N) */
+__global__ static void xent_loss_kernel(float *losses, const float *row_max,
+                                        const float *row_sumexp, const float *target_logit,
+                                        size_t n)
+{
+  WF_GRID_STRIDE(i, n) { losses[i] = logf(row_sumexp[i]) + row_max[i] - target_logit[i]; }
+}
+
+/* dlogits (N,ld) = dloss (softmax - onehot). dlogits may alias logits: every
+ * element is read and then written by the same thread, hence no __restrict__. */
+__global__ static void xent_backward_kernel(float *dlogits, const float *logits,
+                                            const float *row_max, const float *row_sumexp,
+                                            const int *targets, float dloss, int V, int ld,
+                                            int v_offset)
+{
+  size_t row = blockIdx.x;
+  const float *l = logits + row * ld;
+  float *d = dlogits + row * ld;
+  float mx = row_max[row];
+  float inv = 1.0f / row_sumexp[row];
+  int tg = targets[row] - v_offset;
+  for (int c = threadIdx.x; c < ld; c += blockDim.x) {
+    float g = 0.0f;
+    if (c < V)
+      g = dloss * (expf(l[c] - mx) * inv - (c == tg ? 1.0f : 0.0f));
+    d[c] = g;
+  }
+}
+
+extern "C" void wf_cuda_xent_stats(float *row_max, float *row_sumexp, float *target_logit,
+                                   const float *logits, const int *targets, int N, int V, int ld,
+                                   int v_offset, void *stream)
+{
+  if (N <= 0)
+    return;
+  xent_stats_kernel<<<(unsigned)N, XENT_THREADS, 0, (cudaStream_t)stream>>>(
+      row_max, row_sumexp, target_logit, logits, targets, V, ld, v_offset);
+  WF_CUDA_LAUNCHED("xent_stats_kernel");
+}
+
+extern "C" void wf_cuda_xent_loss(float *losses, const float *row_max, const float *row_sumexp,
+                                  const float *target_logit, int N, void *stream)
+{
+  if (N <= 0)
+    return;
+  xent_loss_kernel<<<wf__grid_1d((size_t)N, 256), 256, 0, (cudaStream_t)stream>>>(
+      losses, row_max, row_sumexp, target_logit, (size_t)N);
+  WF_CUDA_LAUNCHED("xent_loss_kernel");
+}
+
+extern "C" void wf_cuda_xent_backward(float *dlogits, const float *logits, const float *row_max,
+                                      const float *row_sumexp, const int *targets, float dloss,
+                                      int N, int V, int ld, int v_offset, void *stream)
+{
+  if (N <= 0 || ld <= 0)
+    return;
+  xent_backward_kernel<<<(unsigned)N, XENT_THREADS, 0, (cudaStream_t)stream>>>(
+      dlogits, logits, row_max, row_sumexp, targets, dloss, V, ld, v_offset);
+  WF_CUDA_LAUNCHED("xent_backward_kernel");
+}

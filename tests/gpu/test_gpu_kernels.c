@@ -1,0 +1,369 @@
+/*
+ * test_gpu_kernels.c - every CUDA kernel against its CPU twin.
+ *
+ * Each case draws random inputs (Philox, fixed seed) with odd sizes, so that no
+ * size is a multiple of a warp, tile or block, runs the CPU kernel
+ * (kernels/cpu, the reference) and the CUDA launcher from the module's table on
+ * copies of the same buffers, and compares every output element:
+ *     |gpu - cpu| <= atol + rtol * |cpu|
+ * Backward cases start the gradient buffers from random values, not zeros, so
+ * that "adds into" is checked as well as the value added.
+ *
+ * Tolerances, and why:
+ *  - TOL_EXACT (1e-6): one or two float operations per element (residual,
+ *    scale, encoder forward): any difference is an indexing bug.
+ *  - TOL_ELEM (2e-5): elementwise with exp/tanh/sqrt (GELU, AdamW, the loss):
+ *    CUDA's expf/tanhf are within 2 ulp and the CPU twin's vectorised ones within
+ *    a few ulp, i.e. ~1e-6 relative; 2e-5 leaves margin, a wrong formula is off
+ *    by far more.
+ *  - TOL_SUM (1e-4): reductions over up to a few hundred terms in a different
+ *    order (GEMMs, layernorm, attention, softmax, atomics): float32 rounding
+ *    grows like (terms x 6e-8 x magnitude), about 1e-5 for these sizes.
+ *  - sumsq is accumulated in double on both sides: relative 1e-9.
+ *
+ * Exits 77 (meson: skipped) when wf_gpu_open() fails, after printing why.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "wf_gpu.h"
+#include "wf_kernels.h"
+#include "wf_kernels_gpu.h"
+
+#define SEED      20241122u
+#define TOL_EXACT 1e-6f
+#define TOL_ELEM  2e-5f
+#define TOL_SUM   1e-4f
+#define MAX_BUFS  64
+
+typedef struct ctx {
+  wf_gpu *g;
+  const wf_gpu_kernels *k;
+  void *stream;
+  void *dev[MAX_BUFS]; /* device buffers of the current case */
+  void *host[MAX_BUFS];
+  int n_dev, n_host;
+  uint64_t draw; /* RNG stream of the next random buffer */
+  int failures;
+} ctx;
+
+/* ---- buffers (all released by end_case) ----------------------------------------- */
+
+static void *keep_host(ctx *c, void *p)
+{
+  if (!p || c->n_host == MAX_BUFS) {
+    fprintf(stderr, "out of host buffers\n");
+    exit(1);
+  }
+  c->host[c->n_host++] = p;
+  return p;
+}
+
+static float *hzero(ctx *c, size_t n) { return keep_host(c, calloc(n ? n : 1, sizeof(float))); }
+
+/* Uniform in [lo, hi), a fresh RNG stream per buffer. */
+static float *hrand(ctx *c, size_t n, float lo, float hi)
+{
+  float *p = hzero(c, n);
+  uint64_t s = c->draw++;
+  for (size_t i = 0; i < n; i++)
+    p[i] = lo + (hi - lo) * wf_rng_uniform(SEED, s, i);
+  return p;
+}
+
+static int *hints(ctx *c, size_t n, int lo, int hi)
+{
+  int *p = keep_host(c, calloc(n ? n : 1, sizeof(int)));
+  uint64_t s = c->draw++;
+  for (size_t i = 0; i < n; i++)
+    p[i] = lo + (int)(wf_rng_u64(SEED, s, i) % (uint64_t)(hi - lo));
+  return p;
+}
+
+/* A device copy of `bytes` from host `h`. */
+static void *dcopy(ctx *c, const void *h, size_t bytes)
+{
+  void *d = NULL;
+  if (c->n_dev == MAX_BUFS || wf_gpu_malloc(c->g, &d, bytes) != WF_OK ||
+      wf_gpu_memcpy_h2d(c->g, d, h, bytes) != WF_OK) {
+    fprintf(stderr, "device buffer of %zu bytes failed\n", bytes);
+    exit(1);
+  }
+  c->dev[c->n_dev++] = d;
+  return d;
+}
+
+static float *df(ctx *c, const float *h, size_t n) { return dcopy(c, h, n * sizeof(float)); }
+static int *di(ctx *c, const int *h, size_t n) { return dcopy(c, h, n * sizeof(int)); }
+
+static void end_case(ctx *c)
+{
+  while (c->n_dev)
+    wf_gpu_free(c->g, c->dev[--c->n_dev]);
+  while (c->n_host)
+    free(c->host[--c->n_host]);
+}
+
+/* ---- comparison ------------------------------------------------------------------- */
+
+/* Compare the CPU result `ref` with device buffer `d`; prints one line. */
+static void expect_close(ctx *c, const char *what, const float *ref, const float *d, size_t n,
+                         float atol, float rtol)
+{
+  float *got = hzero(c, n);
+  size_t bad = n, worst_i = 0;
+  double worst = 0.0;
+  if (wf_gpu_stream_sync(c->g, c->stream) != WF_OK ||
+      wf_gpu_memcpy_d2h(c->g, got, d, n * sizeof(float)) != WF_OK)
+    bad = 0;
+  for (size_t i = 0; i < n && bad == n; i++) {
+    double err = fabs((double)got[i] - ref[i]);
+    if (!(err <= atol + rtol * fabs(ref[i])))
+      bad = i;
+    if (err > worst) {
+      worst = err;
+      worst_i = i;
+    }
+  }
+  if (bad == n) {
+    printf("  ok   %-28s n=%-7zu max |err| %.3g at %zu\n", what, n, worst, worst_i);
+    return;
+  }
+  printf("  FAIL %-28s n=%-7zu at %zu: cpu %.9g gpu %.9g\n", what, n, bad, ref[bad], got[bad]);
+  c->failures++;
+}
+
+/* ---- the cases --------------------------------------------------------------------- */
+
+static void test_encoder(ctx *c)
+{
+  const int B = 3, T = 7, C = 13, V = 11, maxT = 9;
+  const size_t BTC = (size_t)B * T * C;
+  int *inp = hints(c, (size_t)B * T, 0, V);
+  float *wte = hrand(c, (size_t)V * C, -1, 1), *wpe = hrand(c, (size_t)maxT * C, -1, 1);
+  float *out = hzero(c, BTC), *d_out = df(c, out, BTC);
+  int *d_inp = di(c, inp, (size_t)B * T);
+  wf_encoder_forward(out, inp, wte, wpe, B, T, C);
+  c->k->encoder_forward(d_out, d_inp, df(c, wte, (size_t)V * C), df(c, wpe, (size_t)maxT * C), B, T,
+                        C, c->stream);
+  expect_close(c, "encoder_forward out", out, d_out, BTC, TOL_EXACT, TOL_EXACT);
+
+  float *dout = hrand(c, BTC, -1, 1);
+  float *dwte = hrand(c, (size_t)V * C, -1, 1), *dwpe = hrand(c, (size_t)maxT * C, -1, 1);
+  float *d_dwte = df(c, dwte, (size_t)V * C), *d_dwpe = df(c, dwpe, (size_t)maxT * C);
+  wf_encoder_backward(dwte, dwpe, dout, inp, B, T, C);
+  c->k->encoder_backward(d_dwte, d_dwpe, df(c, dout, BTC), d_inp, B, T, C, c->stream);
+  expect_close(c, "encoder_backward dwte", dwte, d_dwte, (size_t)V * C, TOL_SUM, TOL_SUM);
+  expect_close(c, "encoder_backward dwpe", dwpe, d_dwpe, (size_t)maxT * C, TOL_SUM, TOL_SUM);
+}
+
+static void test_layernorm(ctx *c)
+{
+  const int N = 37, C = 45;
+  const size_t NC = (size_t)N * C;
+  float *inp = hrand(c, NC, -2, 2), *w = hrand(c, C, 0.5f, 1.5f), *b = hrand(c, C, -1, 1);
+  float *out = hzero(c, NC), *mean = hzero(c, N), *rstd = hzero(c, N);
+  float *d_out = df(c, out, NC), *d_mean = df(c, mean, N), *d_rstd = df(c, rstd, N);
+  float *d_inp = df(c, inp, NC), *d_w = df(c, w, C);
+  wf_layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+  c->k->layernorm_forward(d_out, d_mean, d_rstd, d_inp, d_w, df(c, b, C), N, C, c->stream);
+  expect_close(c, "layernorm_forward out", out, d_out, NC, TOL_SUM, TOL_SUM);
+  expect_close(c, "layernorm_forward mean", mean, d_mean, N, TOL_SUM, TOL_SUM);
+  expect_close(c, "layernorm_forward rstd", rstd, d_rstd, N, TOL_SUM, TOL_SUM);
+
+  float *dout = hrand(c, NC, -1, 1), *dinp = hrand(c, NC, -1, 1);
+  float *dw = hrand(c, C, -1, 1), *db = hrand(c, C, -1, 1);
+  float *d_dinp = df(c, dinp, NC), *d_dw = df(c, dw, C), *d_db = df(c, db, C);
+  /* Both sides use the CPU's mean and rstd, so only the backward is compared. */
+  wf_layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+  c->k->layernorm_backward(d_dinp, d_dw, d_db, df(c, dout, NC), d_inp, d_w, df(c, mean, N),
+                           df(c, rstd, N), N, C, c->stream);
+  expect_close(c, "layernorm_backward dinp", dinp, d_dinp, NC, TOL_SUM, TOL_SUM);
+  expect_close(c, "layernorm_backward dweight", dw, d_dw, C, TOL_SUM, TOL_SUM);
+  expect_close(c, "layernorm_backward dbias", db, d_db, C, TOL_SUM, TOL_SUM);
+}
+
+/* One forward + backward; with_bias and with_dinp cover the NULL cases. */
+static void matmul_case(ctx *c, int N, int C, int OC, bool with_bias, bool with_dinp)
+{
+  const size_t NC = (size_t)N * C, NO = (size_t)N * OC, OCC = (size_t)OC * C;
+  float *inp = hrand(c, NC, -1, 1), *w = hrand(c, OCC, -1, 1), *b = hrand(c, OC, -1, 1);
+  float *out = hzero(c, NO), *d_out = df(c, out, NO);
+  float *d_inp = df(c, inp, NC), *d_w = df(c, w, OCC);
+  wf_matmul_forward(out, inp, w, with_bias ? b : NULL, N, C, OC);
+  c->k->matmul_forward(d_out, d_inp, d_w, with_bias ? df(c, b, OC) : NULL, N, C, OC, c->stream);
+  expect_close(c, with_bias ? "matmul_forward out" : "matmul_forward out (no bias)", out, d_out, NO,
+               TOL_SUM, TOL_SUM);
+
+  float *dout = hrand(c, NO, -1, 1), *dinp = hrand(c, NC, -1, 1);
+  float *dw = hrand(c, OCC, -1, 1), *db = hrand(c, OC, -1, 1);
+  float *d_dinp = df(c, dinp, NC), *d_dw = df(c, dw, OCC), *d_db = df(c, db, OC);
+  wf_matmul_backward(with_dinp ? dinp : NULL, dw, with_bias ? db : NULL, dout, inp, w, N, C, OC);
+  c->k->matmul_backward(with_dinp ? d_dinp : NULL, d_dw, with_bias ? d_db : NULL, df(c, dout, NO),
+                        d_inp, d_w, N, C, OC, c->stream);
+  expect_close(c, "matmul_backward dinp", dinp, d_dinp, NC, TOL_SUM, TOL_SUM);
+  expect_close(c, "matmul_backward dweight", dw, d_dw, OCC, TOL_SUM, TOL_SUM);
+  expect_close(c, "matmul_backward dbias", db, d_db, OC, TOL_SUM, TOL_SUM);
+}
+
+static void test_matmul(ctx *c)
+{
+  matmul_case(c, 37, 45, 29, true, true);
+  end_case(c);
+  matmul_case(c, 5, 3, 67, false, false); /* untouched dinp and dbias must stay equal */
+}
+
+static void test_attention(ctx *c)
+{
+  const int B = 2, T = 9, NH = 3, C = NH * 5; /* hs = 5 */
+  const size_t BTC = (size_t)B * T * C, QKV = 3 * BTC, ATT = (size_t)B * NH * T * T;
+  float *qkv = hrand(c, QKV, -1, 1);
+  /* att starts at zero on both sides, so the masked half compares too. */
+  float *out = hzero(c, BTC), *att = hzero(c, ATT);
+  float *d_out = df(c, out, BTC), *d_att = df(c, att, ATT), *d_qkv = df(c, qkv, QKV);
+  wf_attention_forward(out, att, qkv, B, T, C, NH);
+  c->k->attention_forward(d_out, d_att, d_qkv, B, T, C, NH, c->stream);
+  expect_close(c, "attention_forward out", out, d_out, BTC, TOL_SUM, TOL_SUM);
+  expect_close(c, "attention_forward att", att, d_att, ATT, TOL_SUM, TOL_SUM);
+
+  float *dout = hrand(c, BTC, -1, 1), *dqkv = hrand(c, QKV, -1, 1);
+  float *scratch = hzero(c, ATT), *d_dqkv = df(c, dqkv, QKV);
+  /* Both backward passes read the CPU's att. */
+  wf_attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH);
+  c->k->attention_backward(d_dqkv, df(c, scratch, ATT), df(c, dout, BTC), d_qkv, df(c, att, ATT), B,
+                           T, C, NH, c->stream);
+  expect_close(c, "attention_backward dqkv", dqkv, d_dqkv, QKV, TOL_SUM, TOL_SUM);
+}
+
+static void test_gelu_residual(ctx *c)
+{
+  const size_t N = 1001;
+  float *x = hrand(c, N, -4, 4), *y = hrand(c, N, -1, 1), *out = hzero(c, N);
+  float *d_x = df(c, x, N), *d_y = df(c, y, N), *d_out = df(c, out, N);
+  wf_gelu_forward(out, x, N);
+  c->k->gelu_forward(d_out, d_x, N, c->stream);
+  expect_close(c, "gelu_forward out", out, d_out, N, TOL_ELEM, TOL_ELEM);
+  float *dinp = hrand(c, N, -1, 1), *d_dinp = df(c, dinp, N);
+  wf_gelu_backward(dinp, x, y, N);
+  c->k->gelu_backward(d_dinp, d_x, d_y, N, c->stream);
+  expect_close(c, "gelu_backward dinp", dinp, d_dinp, N, TOL_ELEM, TOL_ELEM);
+
+  wf_residual_forward(out, x, y, N);
+  c->k->residual_forward(d_out, d_x, d_y, N, c->stream);
+  expect_close(c, "residual_forward out", out, d_out, N, TOL_EXACT, TOL_EXACT);
+  float *da = hrand(c, N, -1, 1), *db = hrand(c, N, -1, 1);
+  float *d_da = df(c, da, N), *d_db = df(c, db, N);
+  wf_residual_backward(da, db, y, N);
+  c->k->residual_backward(d_da, d_db, d_y, N, c->stream);
+  expect_close(c, "residual_backward da", da, d_da, N, TOL_EXACT, TOL_EXACT);
+  expect_close(c, "residual_backward db", db, d_db, N, TOL_EXACT, TOL_EXACT);
+}
+
+/* A vocabulary slice [v_offset, v_offset + V) with padding to ld; targets drawn
+ * from a wider range so some rows have their target in another slice. */
+static void test_xent(ctx *c)
+{
+  const int N = 13, V = 37, ld = 40, v_offset = 5;
+  const size_t NL = (size_t)N * ld;
+  float *logits = hrand(c, NL, -4, 4);
+  int *targets = hints(c, N, 0, v_offset + V + 8);
+  float *mx = hzero(c, N), *se = hzero(c, N), *tl = hzero(c, N), *loss = hzero(c, N);
+  float *d_logits = df(c, logits, NL), *d_mx = df(c, mx, N), *d_se = df(c, se, N);
+  float *d_tl = df(c, tl, N), *d_loss = df(c, loss, N);
+  int *d_targets = di(c, targets, N);
+  wf_xent_stats(mx, se, tl, logits, targets, N, V, ld, v_offset);
+  c->k->xent_stats(d_mx, d_se, d_tl, d_logits, d_targets, N, V, ld, v_offset, c->stream);
+  expect_close(c, "xent_stats row_max", mx, d_mx, N, TOL_EXACT, TOL_EXACT);
+  expect_close(c, "xent_stats row_sumexp", se, d_se, N, TOL_SUM, TOL_SUM);
+  expect_close(c, "xent_stats target_logit", tl, d_tl, N, TOL_EXACT, TOL_EXACT);
+  /* From here both sides use the CPU statistics. */
+  float *dm = df(c, mx, N), *ds = df(c, se, N);
+  wf_xent_loss(loss, mx, se, tl, N);
+  c->k->xent_loss(d_loss, dm, ds, df(c, tl, N), N, c->stream);
+  expect_close(c, "xent_loss", loss, d_loss, N, TOL_ELEM, TOL_ELEM);
+  float *dl = hrand(c, NL, -1, 1), *d_dl = df(c, dl, NL); /* padding must become 0 */
+  wf_xent_backward(dl, logits, mx, se, targets, 1.0f / N, N, V, ld, v_offset);
+  c->k->xent_backward(d_dl, d_logits, dm, ds, d_targets, 1.0f / N, N, V, ld, v_offset, c->stream);
+  expect_close(c, "xent_backward dlogits", dl, d_dl, NL, TOL_ELEM, TOL_ELEM);
+  /* In place, as the trainer calls it: dlogits aliases logits. */
+  wf_xent_backward(logits, logits, mx, se, targets, 0.5f, N, V, ld, v_offset);
+  c->k->xent_backward(d_logits, d_logits, dm, ds, d_targets, 0.5f, N, V, ld, v_offset, c->stream);
+  expect_close(c, "xent_backward in place", logits, d_logits, NL, TOL_ELEM, TOL_ELEM);
+}
+
+static void test_adamw(ctx *c)
+{
+  const size_t n = 1001;
+  float *p = hrand(c, n, -1, 1), *m = hrand(c, n, -0.1f, 0.1f), *v = hrand(c, n, 0, 0.01f);
+  float *g = hrand(c, n, -1, 1);
+  float *d_p = df(c, p, n), *d_m = df(c, m, n), *d_v = df(c, v, n);
+  wf_adamw_update(p, m, v, g, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 3, 0.5f);
+  c->k->adamw_update(d_p, d_m, d_v, df(c, g, n), n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 3, 0.5f,
+                     c->stream);
+  expect_close(c, "adamw params", p, d_p, n, TOL_ELEM, TOL_ELEM);
+  expect_close(c, "adamw m", m, d_m, n, TOL_ELEM, TOL_ELEM);
+  expect_close(c, "adamw v", v, d_v, n, TOL_ELEM, TOL_ELEM);
+}
+
+static void test_sumsq_scale(ctx *c)
+{
+  const size_t n = 300007; /* more than one grid's worth: exercises both passes */
+  float *x = hrand(c, n, -1, 1), *d_x = df(c, x, n);
+  double want = wf_sumsq(x, n), got = c->k->sumsq(d_x, n, c->stream);
+  bool ok = fabs(got - want) <= 1e-9 * fabs(want);
+  printf("  %-4s %-28s n=%-7zu cpu %.12g gpu %.12g\n", ok ? "ok" : "FAIL", "sumsq", n, want, got);
+  c->failures += !ok;
+  ok = c->k->sumsq(d_x, 0, c->stream) == 0.0;
+  printf("  %-4s %-28s n=0\n", ok ? "ok" : "FAIL", "sumsq empty");
+  c->failures += !ok;
+  wf_scale(x, -0.37f, n);
+  c->k->scale(d_x, -0.37f, n, c->stream);
+  expect_close(c, "scale", x, d_x, n, TOL_EXACT, TOL_EXACT);
+}
+
+static const struct {
+  const char *name;
+  void (*fn)(ctx *c);
+} cases[] = {
+    {"encoder", test_encoder},     {"layernorm", test_layernorm},         {"matmul", test_matmul},
+    {"attention", test_attention}, {"gelu+residual", test_gelu_residual}, {"xent", test_xent},
+    {"adamw", test_adamw},         {"sumsq+scale", test_sumsq_scale},
+};
+
+int main(void)
+{
+  char why[512] = "";
+  ctx c = {0};
+  if (wf_gpu_open(&c.g, why, sizeof why) != WF_OK) {
+    printf("skip: no GPU: %s\n", why);
+    return 77;
+  }
+  c.k = wf_gpu_kernels_get(c.g);
+  if (!c.k || wf_gpu_set_device(c.g, 0) != WF_OK || wf_gpu_stream_create(c.g, &c.stream) != WF_OK) {
+    fprintf(stderr, "GPU present but the kernel table or a stream is unusable\n");
+    return 1;
+  }
+  wf_mem_stats before, after;
+  wf_mem_get_stats(&before);
+  for (size_t i = 0; i < WF_ARRAY_LEN(cases); i++) {
+    printf("%s\n", cases[i].name);
+    cases[i].fn(&c);
+    end_case(&c);
+  }
+  if (c.k->last_error() != WF_OK) {
+    printf("FAIL a launch reported an error (logged above)\n");
+    c.failures++;
+  }
+  wf_mem_get_stats(&after);
+  if (after.current[WF_MEM_DEVICE] != before.current[WF_MEM_DEVICE]) {
+    printf("FAIL device memory accounting: %lld bytes before, %lld after\n",
+           (long long)before.current[WF_MEM_DEVICE], (long long)after.current[WF_MEM_DEVICE]);
+    c.failures++;
+  }
+  wf_gpu_stream_destroy(c.g, c.stream);
+  wf_gpu_close(c.g);
+  printf("%d failure(s)\n", c.failures);
+  return c.failures ? 1 : 0;
+}
