@@ -28,9 +28,9 @@
 
 /* Hot elementwise loops are compiled for AVX-512, AVX2 and baseline x86-64 and the
  * best one is picked at load time (ifunc): the build stays portable, and the exp/tanh
- * loops run ~3x faster on this project's machines than with SSE2 alone. Elementwise
- * results are bit-identical across the clones; sums may round differently on
- * machines with different vector widths (but identically from run to run). */
+ * loops run ~3x faster on this project's machines than with SSE2 alone. With gcc
+ * (ISO C: no FMA contraction) elementwise results are the same in every clone; sums
+ * may round differently on machines with other vector widths, never between runs. */
 #if defined(__x86_64__) && defined(__has_attribute)
 #if __has_attribute(target_clones)
 #define WF__CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
