@@ -90,7 +90,9 @@ static wf_status open_module(wf_gpu *g, char *why, size_t len)
   if (g->module)
     return WF_OK;
   size_t n = strlen(MODULE_FILE);
-  if (err[0] == '\0' || (strncmp(err, MODULE_FILE, n) == 0 && (err[n] == ' ' || err[n] == ':')))
+  bool nowhere = err[0] == '\0' || strstr(err, " not found") != NULL ||
+                 (strncmp(err, MODULE_FILE, n) == 0 && (err[n] == ' ' || err[n] == ':'));
+  if (nowhere)
     say(why, len,
         "GPU module not found: %s; build weft with -Dcuda=enabled (needs nvcc) or point "
         "WEFT_MODULE_PATH at the folder holding " MODULE_FILE,
