@@ -30,8 +30,9 @@ static bool env_check_default(void)
 static wf_status comm_wrap(MPI_Comm mpi, const char *name, bool check, wf_comm **out)
 {
   wf_status st = WF_OK;
-  wf_comm *c = calloc(1, sizeof *c);
+  wf_comm *c = aligned_alloc(_Alignof(wf_comm), sizeof *c); /* sizeof is a multiple */
   WF_CHECK_ALLOC(c);
+  memset(c, 0, sizeof *c);
   c->mpi = mpi;
   c->check = check;
   wf_strlcpy(c->name, name ? name : "comm", sizeof c->name);

@@ -18,10 +18,12 @@
 #include "nccl_int.h"
 #include "wf_collectives.h"
 
+/* One slot fills one cache line, so recording an operation touches a single line. */
 typedef struct wf__trace_slot {
-  atomic_uint_fast64_t version;
+  _Alignas(64) atomic_uint_fast64_t version;
   atomic_uint_fast64_t seq, count, bytes, start_ns, end_ns;
-  atomic_int op, state, dtype, peer, device;
+  atomic_int peer;
+  atomic_uchar op, state, dtype, device;
 } wf__trace_slot;
 
 /* One queued send or receive of an open group. */
@@ -35,26 +37,23 @@ typedef struct wf__p2p {
   uint64_t seq;
 } wf__p2p;
 
+/* Hot fields (read by every operation) first; the ring is cache-line aligned, so
+ * the struct is allocated with aligned_alloc. */
 struct wf_comm {
   MPI_Comm mpi;
   int rank, size;
-  char name[32];
-  bool check; /* cross-rank agreement check before each collective */
-
-  /* NCCL side, set by wf_comm_enable_nccl. */
-  void *nccl_module;
+  bool check;      /* cross-rank agreement check before each collective */
+  int group_depth; /* open wf_comm_group_start calls */
+  void *nc;        /* NCCL communicator (module-side), NULL when not enabled */
   const wf__nccl_ops *nccl;
-  void *nc;
+  wf_req *spare; /* one finished request kept for reuse: most calls never malloc */
+  atomic_uint_fast64_t next_seq;
 
-  /* Open group of point-to-point operations (MPI path). */
-  int group_depth;
-  wf__p2p *group;
+  char name[32];
+  void *nccl_module;
+  wf__p2p *group; /* queued operations of the open group */
   int group_len, group_cap;
 
-  /* One finished request kept for reuse: most calls then never reach malloc. */
-  wf_req *spare;
-
-  atomic_uint_fast64_t next_seq;
   wf__trace_slot ring[WF_COMM_TRACE_LEN];
 };
 

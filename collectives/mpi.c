@@ -153,9 +153,13 @@ fail:
 wf_status wf__mpi_post(wf_comm *c, const wf__op *d, uint64_t seq, wf_req **req)
 {
   wf_status st = WF_OK;
-  wf_req *r = NULL, plan = {0};
+  wf_req *r = NULL;
   if (!req) {
     WF_TRY(post(c, d, NULL));
+    if (d->redop == WF_COMM_SUM && d->op != WF_OP_REDUCE_SCATTER)
+      return WF_OK; /* the common case: nothing to finish */
+    wf_req plan;
+    plan.move_bytes = plan.scale_count = 0;
     plan_finish(c, d, &plan);
     return finish_post(&plan);
   }

@@ -48,9 +48,9 @@ uint64_t wf__trace_begin(wf_comm *c, wf_comm_op op, size_t count, wf_comm_dtype 
   /* A queued operation starts when its group is posted; no clock read until then. */
   atomic_store_explicit(&s->start_ns, state == WF_STATE_QUEUED ? 0 : wf_now_ns(), RLX);
   atomic_store_explicit(&s->end_ns, 0, RLX);
-  atomic_store_explicit(&s->op, (int)op, RLX);
-  atomic_store_explicit(&s->state, (int)state, RLX);
-  atomic_store_explicit(&s->dtype, (int)dt, RLX);
+  atomic_store_explicit(&s->op, (unsigned char)op, RLX);
+  atomic_store_explicit(&s->state, (unsigned char)state, RLX);
+  atomic_store_explicit(&s->dtype, (unsigned char)dt, RLX);
   atomic_store_explicit(&s->peer, peer, RLX);
   atomic_store_explicit(&s->device, device, RLX);
   write_close(s, v);
@@ -65,7 +65,7 @@ void wf__trace_set_state(wf_comm *c, uint64_t seq, wf_comm_state state, uint64_t
   if (atomic_load_explicit(&s->seq, RLX) != seq)
     return;
   uint64_t v = write_open(s);
-  atomic_store_explicit(&s->state, (int)state, RLX);
+  atomic_store_explicit(&s->state, (unsigned char)state, RLX);
   if (state == WF_STATE_RUNNING)
     atomic_store_explicit(&s->start_ns, now, RLX);
   if (state == WF_STATE_DONE || state == WF_STATE_FAILED)
