@@ -1,0 +1,63 @@
+/*
+ * wf_train.h - the training loop: model, data, schedule, logging and metrics.
+ *
+ * One step is: gather the micro-batches of this rank's slice of the global batch ->
+ * forward and backward of each with loss gradient 1/M (gradient accumulation) -> global
+ * gradient norm -> clip to optim.clip -> AdamW with the scheduled learning rate. The
+ * data-, tensor- and pipeline-parallel issues hook their reductions in between these
+ * phases; the mathematics of a step never depends on the mesh.
+ *
+ * Rank 0 prints one line per step, in a stable key=value form:
+ *   step 12/300 loss=3.1234 lr=1.20e-03 grad_norm=0.812 tok/s=5123 tflops=0.041
+ *   mfu=23.1% step_ms=99.8 mem=45.2MiB eta=28s
+ * and after an evaluation
+ *   eval 12/300 val_loss=3.2011 floor=1.5021 gap=1.6990 eval_ms=31.0
+ * (floor and gap only for the synthetic source). Every step is also appended to
+ * train.metrics as one JSON object (step, loss, lr, grad_norm, tokens_per_s, step_ms,
+ * tflops, mfu, mem_mib; val_loss when evaluated).
+ */
+#ifndef WF_TRAIN_H
+#define WF_TRAIN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "wf_config.h"
+#include "wf_runtime.h"
+
+typedef struct wf_train_step_info {
+  int step, steps;      /* step is 1-based */
+  double loss;          /* mean cross-entropy over the global batch, nats per token */
+  double lr;            /* learning rate used by this step's update */
+  double grad_norm;     /* global gradient norm before clipping */
+  double step_ms;       /* wall time of the step (not of the evaluation) */
+  double tokens_per_s;  /* global batch tokens / step time */
+  double tflops;        /* achieved, from wf_gpt_flops_per_step */
+  double mfu;           /* tflops / peak, in [0, 1]; 0 when no peak is known */
+  double val_loss;      /* NAN unless an evaluation ran after this step */
+  double entropy_floor; /* synthetic source: its entropy rate in nats; else NAN */
+  int64_t mem_bytes;    /* memory this rank holds (host + device) */
+} wf_train_step_info;
+
+typedef struct wf_train_hooks {
+  void *user;
+  /* Called after every step (and its evaluation, if any); return false to stop. */
+  bool (*on_step)(void *user, const wf_train_step_info *info);
+  FILE *out;  /* banner and per-step lines; NULL = stdout */
+  bool quiet; /* print nothing but errors (tests) */
+} wf_train_hooks;
+
+/* Build the model (random init from train.seed, or model.init), open the data and run
+ * train.steps steps. hooks may be NULL. Errors are logged; returns the first one. */
+wf_status wf_train_run(const wf_config *cfg, const wf_train_hooks *hooks);
+
+/* Write llm.c's debug state (wf_gpt_dump_state) for the first global batch of the
+ * config's data source and model, then return. */
+wf_status wf_train_dump_state(const wf_config *cfg, const char *path);
+
+/* Learning rate of step (1-based): linear warm-up over train.warmup steps, then cosine
+ * decay from train.lr to train.min_lr, reached at the last step. */
+double wf_train_lr(const wf_config *cfg, int step);
+
+#endif /* WF_TRAIN_H */
