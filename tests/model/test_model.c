@@ -277,6 +277,43 @@ static void test_backward_accumulates(void **state)
   wf_gpt_destroy(m);
 }
 
+/* Loss normalisation: two micro-batches of 2 sequences with dloss_scale 1/2 give the
+ * gradient (and mean loss) of the 4-sequence batch, up to summation order. */
+static void test_microbatches_match_batch(void **state)
+{
+  (void)state;
+  enum { B = 4, T = 6 };
+  int in[B * T], tg[B * T];
+  wf_gpt *m;
+  assert_int_equal(wf_gpt_create(&m, &tiny, B, T), WF_OK);
+  wf_gpt_init(m, 5);
+  perturb(m, 6);
+  make_batch(in, tg, B, T, tiny.V, 3);
+  size_t n = wf_gpt_num_params(&tiny);
+  float *full = malloc(n * sizeof(float));
+  assert_non_null(full);
+  wf_gpt_zero_grad(m);
+  float loss = wf_gpt_forward(m, in, tg, B, T);
+  wf_gpt_backward(m, 1.0f);
+  memcpy(full, wf_gpt_grads(m), n * sizeof(float));
+  wf_gpt_zero_grad(m);
+  float l0 = wf_gpt_forward(m, in, tg, B / 2, T);
+  wf_gpt_backward(m, 0.5f);
+  float l1 = wf_gpt_forward(m, in + B * T / 2, tg + B * T / 2, B / 2, T);
+  wf_gpt_backward(m, 0.5f);
+  /* float32 means of 24 vs 2 x 12 terms: a few ulps of a loss of about 2.5. */
+  assert_true(fabsf(0.5f * (l0 + l1) - loss) < 1e-5f);
+  const float *g = wf_gpt_grads(m);
+  float gmax = 0.0f;
+  for (size_t i = 0; i < n; i++)
+    gmax = fmaxf(gmax, fabsf(full[i]));
+  /* Same terms, summed in another order: bounded as in test_backward_accumulates. */
+  for (size_t i = 0; i < n; i++)
+    assert_true(fabsf(g[i] - full[i]) <= 1e-5f * gmax);
+  free(full);
+  wf_gpt_destroy(m);
+}
+
 /* Out-of-vocabulary tokens are an error (NaN loss), never an out-of-bounds read. */
 static void test_forward_rejects_bad_tokens(void **state)
 {
@@ -353,6 +390,7 @@ int main(void)
       cmocka_unit_test(test_init_slice),
       cmocka_unit_test(test_gradcheck),
       cmocka_unit_test(test_backward_accumulates),
+      cmocka_unit_test(test_microbatches_match_batch),
       cmocka_unit_test(test_forward_rejects_bad_tokens),
       cmocka_unit_test(test_train_tiny),
   };
