@@ -39,7 +39,8 @@ struct wf_control {
   uv_timer_t timer, close_timer;
   uv_async_t async;
   wf_proto_reader rd;
-  int heartbeat_ms;
+  int heartbeat_ms, silence_ms;
+  double t_rx, t_timer; /* ms: last message from the coordinator, last timer run */
   bool welcomed, shutdown_seen, closed;
 
   pthread_mutex_t lock; /* locked: */
@@ -141,7 +142,32 @@ static void send_heartbeat(wf_control *c)
   wf__send(&c->sock.s, &env);
 }
 
-static void on_heartbeat_timer(uv_timer_t *t) { send_heartbeat(t->data); }
+/* A coordinator that stopped talking (rank 0 frozen, its host gone without a reset)
+ * leaves the connection open: only its silence tells. */
+static void check_coordinator(wf_control *c)
+{
+  double now = wf__now_ms();
+  bool stalled = c->t_timer > 0 && now - c->t_timer > 2.0 * c->heartbeat_ms;
+  c->t_timer = now;
+  if (stalled) { /* our own thread was held up: judge after reading what arrived */
+    c->t_rx = WF_MAX(c->t_rx, now - c->heartbeat_ms);
+    return;
+  }
+  if (c->shutdown_seen || atomic_load(&c->aborted) || now - c->t_rx <= c->silence_ms)
+    return;
+  char reason[1024];
+  snprintf(reason, sizeof reason,
+           "the coordinator at %s has been silent for %.1f s: rank 0 is frozen (SIGSTOP?) or "
+           "unreachable, so this rank stops",
+           c->endpoint, (now - c->t_rx) / 1000.0);
+  do_abort(c, reason);
+}
+
+static void on_heartbeat_timer(uv_timer_t *t)
+{
+  send_heartbeat(t->data);
+  check_coordinator(t->data);
+}
 
 static void on_message(wf_control *c, const Weft__Envelope *env)
 {
@@ -151,6 +177,8 @@ static void on_message(wf_control *c, const Weft__Envelope *env)
     c->welcomed = true;
     if (env->welcome->heartbeat_ms >= 10 && env->welcome->heartbeat_ms <= 60000)
       c->heartbeat_ms = (int)env->welcome->heartbeat_ms;
+    /* 0 from an older coordinator that does not heartbeat: never judge silence */
+    c->silence_ms = env->welcome->silence_ms > 0 ? (int)env->welcome->silence_ms : 1 << 30;
     send_heartbeat(c);
     uv_timer_start(&c->timer, on_heartbeat_timer, (uint64_t)c->heartbeat_ms,
                    (uint64_t)c->heartbeat_ms);
@@ -218,6 +246,7 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     }
     if (!env)
       return;
+    c->t_rx = wf__now_ms();
     on_message(c, env);
     wf_proto_free(env);
   }

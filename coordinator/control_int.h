@@ -114,6 +114,7 @@ struct wf_service {
   wf__conn *conns;
   wf__rank *ranks;
   double t_start, t_progress; /* ms */
+  double t_tick, t_ping;      /* ms: last watchdog tick, last heartbeat sent to workers */
   int registered;
   bool shutting_down;
   /* latest job-level numbers, from step reports */

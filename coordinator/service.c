@@ -135,6 +135,7 @@ static void send_welcome(wf__conn *c)
   w.job_id = c->svc->job_id;
   w.world_size = c->svc->world;
   w.heartbeat_ms = (uint32_t)c->svc->heartbeat_ms;
+  w.silence_ms = (uint32_t)(c->svc->dead_after_ms + c->svc->heartbeat_ms);
   env.msg_case = WEFT__ENVELOPE__MSG_WELCOME;
   env.welcome = &w;
   conn_send(c, &env);

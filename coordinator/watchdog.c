@@ -215,10 +215,23 @@ void wf__watchdog_tick(uv_timer_t *t)
     return;
   }
   check_conns(svc, now);
+  if (now - svc->t_ping >= svc->heartbeat_ms) {
+    Weft__Envelope env = WEFT__ENVELOPE__INIT;
+    Weft__Heartbeat hb = WEFT__HEARTBEAT__INIT;
+    env.msg_case = WEFT__ENVELOPE__MSG_HEARTBEAT;
+    env.heartbeat = &hb;
+    wf__broadcast(svc, &env);
+    svc->t_ping = now;
+  }
+  /* Timers run before I/O in a loop iteration: after this thread itself was held up
+   * (rank 0 starved or stopped), heartbeats that did arrive are still unread. Judge
+   * liveness on the next tick, once they have been. */
+  bool stalled = svc->t_tick > 0 && now - svc->t_tick > 5 * WF__WATCHDOG_MS;
+  svc->t_tick = now;
   pthread_mutex_lock(&svc->lock);
   bool aborted = svc->aborted;
   pthread_mutex_unlock(&svc->lock);
-  if (aborted)
+  if (aborted || stalled)
     return;
   check_heartbeats(svc, now);
   check_registration(svc, now);

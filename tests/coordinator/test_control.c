@@ -496,10 +496,12 @@ static void test_orderly_shutdown(void **state)
 
 typedef struct fake_coord {
   int lfd, port;
+  bool freeze; /* go silent with the connection open, instead of closing it */
   pthread_t thread;
 } fake_coord;
 
-/* A coordinator that welcomes one worker, then dies (its socket closes). */
+/* A coordinator that welcomes one worker, then dies (its socket closes) or freezes
+ * (says nothing more, as under SIGSTOP). */
 static void *fake_coord_main(void *arg)
 {
   fake_coord *fc = arg;
@@ -509,20 +511,22 @@ static void *fake_coord_main(void *arg)
   wf_proto_free(h);
   Weft__Envelope env = WEFT__ENVELOPE__INIT;
   Weft__Welcome w = WEFT__WELCOME__INIT;
+  w.heartbeat_ms = 100;
+  w.silence_ms = 500;
   env.msg_case = WEFT__ENVELOPE__MSG_WELCOME;
   env.welcome = &w;
   raw_send(fd, &env);
-  usleep(300 * 1000);
+  usleep((fc->freeze ? 2000 : 300) * 1000);
   close(fd);
   return NULL;
 }
 
-static void test_coordinator_death(void **state)
+static void coordinator_fault(bool freeze)
 {
   fixture fx0;
   memset(&fx0, 0, sizeof fx0);
   g_fx = &fx0;
-  fake_coord fc;
+  fake_coord fc = {.freeze = freeze};
   struct sockaddr_in sa = {.sin_family = AF_INET};
   socklen_t len = sizeof sa;
   inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
@@ -543,17 +547,27 @@ static void test_coordinator_death(void **state)
                         .connect_timeout_ms = 2000};
   wf_control *ctl;
   assert_int_equal(wf_control_start(&ctl, &co), WF_OK);
-  pthread_join(fc.thread, NULL);
-  double t0 = wf_now();
+  double t0 = wf_now() + (freeze ? 0.0 : 0.3); /* the fake dies 0.3 s after Welcome */
   wait_for(&fx0.aborts, 1, 3.0);
+  pthread_join(fc.thread, NULL);
   assert_int_equal(atomic_load(&fx0.aborts), 1);
-  fprintf(stderr, "coordinator death: worker told after %.3f s\n", fx0.abort_at[0] - t0);
-  assert_true(fx0.abort_at[0] - t0 < 1.0);
-  assert_non_null(strstr(fx0.abort_reason[0], "lost the connection to the coordinator"));
+  double dt = fx0.abort_at[0] - t0;
+  fprintf(stderr, "coordinator %s: worker aborted after %.3f s\n", freeze ? "frozen" : "killed",
+          dt);
+  if (freeze) { /* silence_ms 500 plus up to one 100 ms heartbeat tick */
+    assert_true(dt > 0.45 && dt < 1.0);
+    assert_non_null(strstr(fx0.abort_reason[0], "has been silent"));
+  } else {
+    assert_true(dt < 0.5);
+    assert_non_null(strstr(fx0.abort_reason[0], "lost the connection to the coordinator"));
+  }
   wf_control_destroy(ctl);
   close(fc.lfd);
   g_fx = NULL;
 }
+
+static void test_coordinator_death(void **state) { coordinator_fault(false); }
+static void test_coordinator_frozen(void **state) { coordinator_fault(true); }
 
 static void test_unix_worker_and_files(void **state)
 {
@@ -672,6 +686,7 @@ int main(int argc, char **argv)
       cmocka_unit_test(test_error_report),
       cmocka_unit_test(test_orderly_shutdown),
       cmocka_unit_test(test_coordinator_death),
+      cmocka_unit_test(test_coordinator_frozen),
       cmocka_unit_test(test_port_in_use_and_unreachable),
       cmocka_unit_test(test_metrics),
       cmocka_unit_test(test_unix_worker_and_files),
