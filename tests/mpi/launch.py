@@ -180,6 +180,14 @@ def cpu_fallback():
     rc, out, err, dt = run([WORKER, "--dry-run"], env={"WEFT_MODULE_PATH": "/nonexistent"})
     check(rc == 0, "dry-run exit without module", out, err)
     check("libweft_cuda.so not found" in err, "reason names the module", out, err)
+    # A module whose CUDA libraries are absent (tests/gpu/absent_fake needs a library
+    # that is not installed): the worker still starts and names the missing library.
+    fake = os.environ.get("WEFT_TEST_ABSENT_FAKE", "")
+    if fake and os.path.isdir(fake):
+        rc, out, err, dt = run([WORKER, "--dry-run"], env={"WEFT_MODULE_PATH": fake})
+        check(rc == 0, "dry-run exit with CUDA libraries absent", out, err)
+        check("libweft_test_absent.so: cannot open" in err, "reason names the library", out,
+              err)
     print(lines[0])
 
 
