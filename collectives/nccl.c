@@ -15,15 +15,13 @@
 #include "comm_int.h"
 #include "wf_check.h"
 
-static wf_status load_module(wf_gpu *gpu, void **mod, const wf__nccl_ops **ops, char *why,
+/* dlopen the module, check its ABI, count devices. On failure `why` says which step. */
+static wf_status load_module(void **mod, const wf__nccl_ops **ops, int *version, char *why,
                              size_t len)
 {
   int devices = 0;
-  if (!gpu) {
-    snprintf(why, len, "no GPU backend is loaded (CPU run); collectives use MPI");
-    return WF_ENODEV;
-  }
   char reason[512] = "";
+  *ops = NULL;
   *mod = wf_module_open("weft_nccl", reason, sizeof reason);
   if (!*mod) {
     snprintf(why, len, "cannot load the NCCL module libweft_nccl.so: %s", reason);
@@ -38,12 +36,40 @@ static wf_status load_module(wf_gpu *gpu, void **mod, const wf__nccl_ops **ops, 
              *ops ? (*ops)->abi : -1, WF__NCCL_ABI);
     return WF_ENODEV;
   }
-  wf_status st = (*ops)->init(wf_vlog, &devices, reason, sizeof reason);
+  wf_status st = (*ops)->init(wf_vlog, version, &devices, reason, sizeof reason);
   if (st != WF_OK || devices <= 0) {
-    snprintf(why, len, "no CUDA device: %s", reason[0] ? reason : "device count is 0");
+    snprintf(why, len, "NCCL %d loaded, but no CUDA device: %s", *version,
+             reason[0] ? reason : "device count is 0");
     return WF_ENODEV;
   }
   return WF_OK;
+}
+
+wf_status wf_comm_nccl_probe(int *nccl_version, char *why, size_t why_len)
+{
+  void *mod = NULL;
+  const wf__nccl_ops *o = NULL;
+  int version = 0;
+  char local[512] = "";
+  wf_status st = load_module(&mod, &o, &version, local, sizeof local);
+  wf_module_close(mod);
+  if (nccl_version)
+    *nccl_version = version;
+  if (why && why_len)
+    snprintf(why, why_len, "%s",
+             st == WF_OK ? "NCCL module loaded and a CUDA device is visible" : local);
+  return st;
+}
+
+static wf_status load_usable(wf_gpu *gpu, void **mod, const wf__nccl_ops **ops, char *why,
+                             size_t len)
+{
+  int version = 0;
+  if (!gpu) {
+    snprintf(why, len, "no GPU backend is loaded (CPU run); collectives use MPI");
+    return WF_ENODEV;
+  }
+  return load_module(mod, ops, &version, why, len);
 }
 
 /* Rank 0's unique id, with its status, so a failure there does not hang the others. */
@@ -86,7 +112,7 @@ wf_status wf_comm_enable_nccl(wf_comm *c, wf_gpu *gpu, char *why, size_t why_len
     return WF_EINVAL;
   if (c->nc)
     return WF_OK;
-  wf_status local_st = load_module(gpu, &mod, &o, local, sizeof local);
+  wf_status local_st = load_usable(gpu, &mod, &o, local, sizeof local);
   WF_TRY(all_ok(c, local_st == WF_OK, &all));
   if (!all) {
     st = WF_ENODEV;

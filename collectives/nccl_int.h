@@ -31,8 +31,9 @@ typedef void (*wf__vlog_fn)(int level, const char *file, int line, const char *f
 
 typedef struct wf__nccl_ops {
   int abi;
-  /* Hand the module the process's logger; count visible devices (0 when none). */
-  wf_status (*init)(wf__vlog_fn vlog, int *devices, char *why, size_t why_len);
+  /* Hand the module the process's logger; report NCCL's version (ncclGetVersion,
+   * e.g. 22809) and count visible devices (0 when none, with the reason in why). */
+  wf_status (*init)(wf__vlog_fn vlog, int *nccl_version, int *devices, char *why, size_t why_len);
   wf_status (*get_unique_id)(void *id);
   /* ncclCommInitRank on the current device, plus a communication stream. */
   wf_status (*comm_create)(void **nc, const void *id, int nranks, int rank);

@@ -147,6 +147,11 @@ void wf_comm_set_check(wf_comm *c, bool on);
  * communicator stays usable for host buffers. */
 wf_status wf_comm_enable_nccl(wf_comm *c, wf_gpu *gpu, char *why, size_t why_len);
 bool wf_comm_has_nccl(const wf_comm *c);
+/* Local, no communication: load the weft_nccl module and count CUDA devices. WF_OK
+ * when NCCL could be used here; otherwise WF_ENODEV and `why` says what is missing
+ * (module not built, CUDA libraries absent, no driver or device). *nccl_version is
+ * NCCL's code (e.g. 22809 for 2.28.9) once the module loaded, else 0. */
+wf_status wf_comm_nccl_probe(int *nccl_version, char *why, size_t why_len);
 /* Make the communication stream wait for work already queued on `stream` (a
  * cudaStream_t, e.g. the compute stream) before each device operation. NULL: none. */
 void wf_comm_set_compute_stream(wf_comm *c, void *stream);

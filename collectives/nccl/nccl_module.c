@@ -47,10 +47,12 @@ __attribute__((visibility("hidden"))) void wf_log(int level, const char *file, i
   va_end(ap);
 }
 
-static wf_status init(wf__vlog_fn vlog, int *devices, char *why, size_t why_len)
+static wf_status init(wf__vlog_fn vlog, int *nccl_version, int *devices, char *why, size_t why_len)
 {
   host_vlog = vlog;
   *devices = 0;
+  if (ncclGetVersion(nccl_version) != ncclSuccess)
+    *nccl_version = 0;
   cudaError_t e = cudaGetDeviceCount(devices);
   if (e != cudaSuccess) {
     *devices = 0;
