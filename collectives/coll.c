@@ -1,7 +1,7 @@
 /*
  * coll.c - the collective operations: argument checks, backend choice, recording.
  *
- * Each public call fills an op_desc and goes through run(): validate (cheap, local),
+ * Each public call fills a wf__op and goes through wf__run(): validate (cheap, local),
  * pick the backend from where the buffer lives, optionally check agreement across
  * ranks, take a sequence number, then hand over to the MPI or NCCL poster. Blocking
  * MPI calls go straight to the blocking MPI function (MPI_Allreduce, not
