@@ -12,7 +12,8 @@
  * explicit group in reversed order; grouped ring exchange; send/recv; the errors a
  * caller can cause (mismatched counts across ranks with the check on, a recv size
  * mismatch, bad overlaps, bf16 on host, calls inside a group); the flight recorder
- * (sequence numbers, ops, bytes, states, wrap-around, a concurrent reader thread).
+ * (sequence numbers, ops, bytes, states, wrap-around, a concurrent reader thread, and
+ * a second thread seeing an allreduce "running" while the main thread waits in MPI).
  * A failed check on any rank calls MPI_Abort, so the test fails instead of hanging.
  */
 #include <math.h>
@@ -23,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "wf_collectives.h"
 
@@ -363,6 +365,53 @@ static void *reader(void *p)
   return NULL;
 }
 
+typedef struct watch_arg {
+  wf_comm *c;
+  uint64_t seq;
+  atomic_int seen; /* 1 once the operation was seen running */
+} watch_arg;
+
+/* The watchdog's view: poll last_op until operation `seq` shows as running. */
+static void *watcher(void *p)
+{
+  watch_arg *a = p;
+  wf_trace_entry e;
+  double t0 = MPI_Wtime();
+  while (!atomic_load(&a->seen) && MPI_Wtime() - t0 < 10.0) {
+    if (wf_comm_last_op(a->c, &e) && e.seq == a->seq && e.state == WF_STATE_RUNNING &&
+        e.op == WF_OP_ALLREDUCE && e.end_ns == 0)
+      atomic_store(&a->seen, 1);
+    sched_yield();
+  }
+  return NULL;
+}
+
+/* Rank 0 sits in an allreduce while the last rank is late; a second thread on rank 0
+ * must see it there, as the watchdog would while the main thread is stuck in MPI. */
+static void test_stuck_visible(wf_comm *c)
+{
+  int n = wf_comm_size(c), r = wf_comm_rank(c);
+  float x[4] = {1, 2, 3, 4};
+  if (n < 2)
+    return;
+  watch_arg wa = {.c = c, .seq = wf_comm_next_seq(c)};
+  pthread_t th;
+  if (r == 0)
+    CHECK(pthread_create(&th, NULL, watcher, &wa) == 0);
+  if (r == n - 1) {
+    struct timespec ts = {0, 200 * 1000 * 1000}; /* late by 0.2 s */
+    nanosleep(&ts, NULL);
+  }
+  OK(wf_comm_allreduce(c, x, x, 4, WF_COMM_F32, WF_COMM_SUM));
+  if (r == 0) {
+    CHECK(pthread_join(th, NULL) == 0);
+    CHECK(atomic_load(&wa.seen) == 1);
+    wf_trace_entry e;
+    CHECK(wf_comm_last_op(c, &e) && e.seq == wa.seq && e.state == WF_STATE_DONE &&
+          e.end_ns - e.start_ns > 50 * 1000 * 1000); /* it did wait for the late rank */
+  }
+}
+
 static void test_recorder(wf_comm *world)
 {
   wf_comm *c = NULL;
@@ -405,6 +454,7 @@ static void test_recorder(wf_comm *world)
   char line[160];
   wf_trace_entry_format(c, &e[0], line, sizeof line);
   CHECK(strstr(line, "fr#") == line && strstr(line, "allreduce 5 x f32 (20 B)") != NULL);
+  test_stuck_visible(c);
   wf_comm_destroy(c);
 }
 
