@@ -399,7 +399,8 @@ static void on_async(uv_async_t *a)
   if (report) {
     env.msg_case = WEFT__ENVELOPE__MSG_STEP_REPORT;
     env.step_report = &sr;
-    send_tracked(c, &env, false, false);
+    if (send_tracked(c, &env, false, false))
+      send_heartbeat(c); /* so the registry's phase and collective are as fresh as the step */
   }
   if (error) {
     err.message = msg;

@@ -15,12 +15,13 @@
 #include "wf_control.h"
 #include "wf_proto.h"
 
-#define WF__HANDSHAKE_MS    2000        /* a new connection must say Hello within this */
-#define WF__PARTIAL_MS      5000        /* a started frame must complete within this */
-#define WF__CONSOLE_IDLE_MS 30000       /* an idle console connection is closed */
-#define WF__MAX_QUEUED      (16u << 20) /* unsent bytes before a slow reader is dropped */
-#define WF__CONSOLE_MAX_IN  (64u << 10) /* largest frame accepted from any peer */
-#define WF__WATCHDOG_MS     100
+#define WF__HANDSHAKE_MS         2000        /* a new connection must say Hello within this */
+#define WF__PARTIAL_MS           5000        /* a started frame must complete within this */
+#define WF__CONSOLE_IDLE_MS      30000       /* an idle console connection is closed */
+#define WF__MAX_QUEUED           (16u << 20) /* unsent bytes before a slow reader is dropped */
+#define WF__CONSOLE_MAX_IN       (64u << 10) /* largest frame accepted from any peer */
+#define WF__WATCHDOG_MS          100
+#define WF__RANK0_ABORT_DELAY_MS 300 /* see wf__abort_job() */
 
 /* ---- shared helpers (util.c) ------------------------------------------------------ */
 
@@ -123,7 +124,9 @@ struct wf_service {
 
   pthread_mutex_t lock; /* locked: */
   bool aborted;
-  char abort_reason[2048];
+  char abort_reason[2048]; /* written once, by the loop thread */
+  int abort_rank;          /* loop thread only */
+  uv_timer_t abort_timer;
 };
 
 /* service.c */
@@ -131,6 +134,7 @@ void wf__service_on_connection(uv_stream_t *server, int status);
 void wf__conn_close(wf__conn *c);
 void wf__conn_close_flushed(wf__conn *c);
 void wf__broadcast(wf_service *svc, Weft__Envelope *env);
+void wf__conn_send(wf__conn *c, Weft__Envelope *env);
 /* watchdog.c */
 void wf__watchdog_tick(uv_timer_t *t);
 void wf__rank_lost(wf_service *svc, int rank, const char *why);

@@ -96,7 +96,7 @@ void wf__conn_close_flushed(wf__conn *c)
 }
 
 /* Queue an envelope; drop a peer that does not read what it is sent. */
-static void conn_send(wf__conn *c, Weft__Envelope *env)
+void wf__conn_send(wf__conn *c, Weft__Envelope *env)
 {
   if (uv_is_closing(&c->u.h))
     return;
@@ -116,7 +116,7 @@ static void conn_reject(wf__conn *c, const char *msg)
   e.message = (char *)msg;
   env.msg_case = WEFT__ENVELOPE__MSG_ERROR;
   env.error = &e;
-  conn_send(c, &env);
+  wf__conn_send(c, &env);
   wf__conn_close_flushed(c);
 }
 
@@ -125,7 +125,7 @@ void wf__broadcast(wf_service *svc, Weft__Envelope *env)
   for (wf__conn *c = svc->conns, *next; c; c = next) {
     next = c->next;
     if (c->role == WF__CONN_WORKER && !c->closing)
-      conn_send(c, env);
+      wf__conn_send(c, env);
   }
 }
 static void send_welcome(wf__conn *c)
@@ -138,7 +138,7 @@ static void send_welcome(wf__conn *c)
   w.silence_ms = (uint32_t)(c->svc->dead_after_ms + c->svc->heartbeat_ms);
   env.msg_case = WEFT__ENVELOPE__MSG_WELCOME;
   env.welcome = &w;
-  conn_send(c, &env);
+  wf__conn_send(c, &env);
 }
 
 static void facts_from_hello(wf__rank *r, const Weft__Hello *h)
@@ -284,7 +284,7 @@ static void reply(wf__conn *c, bool ok, const char *json, const char *msg)
   r.message = (char *)(msg ? msg : "");
   env.msg_case = WEFT__ENVELOPE__MSG_REPLY;
   env.reply = &r;
-  conn_send(c, &env);
+  wf__conn_send(c, &env);
 }
 
 static void on_command(wf__conn *c, const Weft__Command *cmd)
@@ -518,6 +518,7 @@ static void on_stop(uv_async_t *a)
   if (svc->have_http)
     uv_close((uv_handle_t *)&svc->http, NULL);
   uv_close((uv_handle_t *)&svc->stop_async, NULL);
+  uv_close((uv_handle_t *)&svc->abort_timer, NULL);
   for (wf__conn *c = svc->conns, *next; c; c = next) {
     next = c->next;
     wf__conn_close_flushed(c);
@@ -607,6 +608,8 @@ static wf_status service_handles(wf_service *svc)
   uv_timer_init(&svc->loop, &svc->watchdog);
   svc->watchdog.data = svc;
   uv_timer_start(&svc->watchdog, wf__watchdog_tick, WF__WATCHDOG_MS, WF__WATCHDOG_MS);
+  uv_timer_init(&svc->loop, &svc->abort_timer);
+  svc->abort_timer.data = svc;
   uv_async_init(&svc->loop, &svc->stop_async, on_stop);
   svc->stop_async.data = svc;
   size_t n = strlen(svc->endpoint);

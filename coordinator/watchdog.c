@@ -81,6 +81,36 @@ out:
   free(sel);
 }
 
+/* Send the recorded Abort to every worker connection, or to rank 0's only. */
+static void send_abort(wf_service *svc, bool rank0)
+{
+  Weft__Envelope env = WEFT__ENVELOPE__INIT;
+  Weft__Abort a = WEFT__ABORT__INIT;
+  int rank = svc->abort_rank;
+  a.reason = svc->abort_reason; /* written once, before this thread's first send */
+  a.dead_rank = rank;
+  a.step = svc->step;
+  if (rank >= 0) {
+    const wf__rank *r = &svc->ranks[rank];
+    a.host = (char *)r->facts.host;
+    a.pid = r->facts.pid;
+    a.device = (char *)r->facts.device;
+    a.step = r->step;
+  }
+  env.msg_case = WEFT__ENVELOPE__MSG_ABORT;
+  env.abort = &a;
+  for (wf__conn *c = svc->conns, *next; c; c = next) {
+    next = c->next;
+    if (c->role == WF__CONN_WORKER && !c->closing && (c->rank == 0) == rank0)
+      wf__conn_send(c, &env);
+  }
+}
+
+static void on_abort_rank0(uv_timer_t *t) { send_abort(t->data, true); }
+
+/* Rank 0's worker shares this process, and its abort handler ends the process: tell
+ * it last, once the others have had time to read their Abort, or they would only
+ * see the connection drop and not learn why. */
 void wf__abort_job(wf_service *svc, int rank, const char *reason)
 {
   pthread_mutex_lock(&svc->lock);
@@ -93,22 +123,9 @@ void wf__abort_job(wf_service *svc, int rank, const char *reason)
   if (!first)
     return;
   WF_ERROR("control: aborting job %s: %s", svc->job_id, reason);
-  Weft__Envelope env = WEFT__ENVELOPE__INIT;
-  Weft__Abort a = WEFT__ABORT__INIT;
-  a.reason = (char *)reason;
-  a.dead_rank = rank;
-  if (rank >= 0) {
-    const wf__rank *r = &svc->ranks[rank];
-    a.host = (char *)r->facts.host;
-    a.pid = r->facts.pid;
-    a.device = (char *)r->facts.device;
-    a.step = r->step;
-  } else {
-    a.step = svc->step;
-  }
-  env.msg_case = WEFT__ENVELOPE__MSG_ABORT;
-  env.abort = &a;
-  wf__broadcast(svc, &env);
+  svc->abort_rank = rank;
+  send_abort(svc, false);
+  uv_timer_start(&svc->abort_timer, on_abort_rank0, WF__RANK0_ABORT_DELAY_MS, 0);
 }
 
 void wf__rank_lost(wf_service *svc, int rank, const char *why)
