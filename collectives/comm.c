@@ -119,10 +119,13 @@ void wf_comm_destroy(wf_comm *c)
 {
   if (!c)
     return;
+  int finalized = 0;
   wf__nccl_fini(c);
   free(c->group);
   free(c->spare);
-  MPI_Comm_free(&c->mpi);
+  MPI_Finalized(&finalized);
+  if (!finalized) /* after MPI_Finalize the communicator is gone already */
+    MPI_Comm_free(&c->mpi);
   free(c);
 }
 
