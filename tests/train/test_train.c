@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include "wf_kernels.h"
+#include "wf_model.h"
 #include "wf_train.h"
 
 enum { MAX_STEPS = 1000 };
@@ -237,12 +238,71 @@ static void test_file_sources(void **state)
   rmdir(dir);
 }
 
+/* ---- llm.c checkpoints ---------------------------------------------------------------------- */
+
+/* model.init: the checkpoint's dimensions win over the config's, and training from a
+ * checkpoint of the seed's own initial weights is the same run, bit for bit. */
+static void test_init_from_checkpoint(void **state)
+{
+  char path[] = "/tmp/weft_init_XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  wf_config c;
+  tiny_config(&c, 4, 11);
+  wf_gpt_dims d = wf_gpt_dims_from_config(&c);
+  wf_gpt *m = NULL;
+  char err[512];
+  assert_int_equal(wf_gpt_create(&m, &d, 1, 8), WF_OK);
+  wf_gpt_init(m, 11);
+  assert_int_equal(wf_gpt_save_llmc(m, path, err, sizeof err), WF_OK);
+  wf_gpt_destroy(m);
+  static record a, b;
+  run(&c, &a);
+  c.model.layers = 5; /* ignored: the checkpoint says 2 */
+  snprintf(c.model.init, sizeof c.model.init, "%s", path);
+  run(&c, &b);
+  assert_memory_equal(a.loss, b.loss, sizeof(double) * 4);
+  /* A missing checkpoint is an error before step 1. */
+  unlink(path);
+  wf_train_hooks h = {.quiet = true};
+  assert_int_not_equal(wf_train_run(&c, &h), WF_OK);
+}
+
+/* --dump-state: llm.c's debug state for the first global batch, B x T from the config. */
+static void test_dump_state(void **state)
+{
+  char path[] = "/tmp/weft_state_XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  wf_config c;
+  tiny_config(&c, 4, 11);
+  c.train.microbatches = 4; /* the dump covers the whole global batch at once */
+  assert_int_equal(wf_train_dump_state(&c, path), WF_OK);
+  FILE *f = fopen(path, "rb");
+  assert_non_null(f);
+  int32_t h[256];
+  assert_int_equal(fread(h, sizeof h, 1, f), 1);
+  fclose(f);
+  assert_int_equal(h[0], 20240327); /* llm.c's debug-state magic and version */
+  assert_int_equal(h[1], 2);
+  assert_int_equal(h[2], 16);
+  assert_int_equal(h[3], 64);
+  unlink(path);
+}
+
 int main(int argc, char **argv)
 {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_lr_schedule),   cmocka_unit_test(test_converges),
-      cmocka_unit_test(test_deterministic), cmocka_unit_test(test_microbatches),
-      cmocka_unit_test(test_metrics),       cmocka_unit_test(test_file_sources),
+      cmocka_unit_test(test_lr_schedule),
+      cmocka_unit_test(test_converges),
+      cmocka_unit_test(test_deterministic),
+      cmocka_unit_test(test_microbatches),
+      cmocka_unit_test(test_metrics),
+      cmocka_unit_test(test_file_sources),
+      cmocka_unit_test(test_init_from_checkpoint),
+      cmocka_unit_test(test_dump_state),
   };
   wf_kernels_set_threads(2);
   if (argc > 1)
