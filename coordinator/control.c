@@ -575,6 +575,8 @@ void wf_control_destroy(wf_control *c)
 void wf_control_report_step(wf_control *c, int64_t step, double loss, double tokens_per_s,
                             double step_ms, uint64_t mem_bytes)
 {
+  if (!c)
+    return;
   Weft__StepReport sr = WEFT__STEP_REPORT__INIT;
   sr.step = step;
   sr.loss = loss;
@@ -592,6 +594,8 @@ void wf_control_report_step(wf_control *c, int64_t step, double loss, double tok
 
 void wf_control_set_phase(wf_control *c, const char *phase)
 {
+  if (!c)
+    return;
   pthread_mutex_lock(&c->lock);
   wf_strlcpy(c->phase, phase ? phase : "", sizeof c->phase);
   pthread_mutex_unlock(&c->lock);
@@ -599,6 +603,8 @@ void wf_control_set_phase(wf_control *c, const char *phase)
 
 void wf_control_set_collective(wf_control *c, uint64_t seq, const char *op, bool active)
 {
+  if (!c)
+    return;
   pthread_mutex_lock(&c->lock);
   c->coll_seq = seq;
   wf_strlcpy(c->coll_op, op ? op : "", sizeof c->coll_op);
@@ -608,6 +614,8 @@ void wf_control_set_collective(wf_control *c, uint64_t seq, const char *op, bool
 
 void wf_control_set_collective_fn(wf_control *c, wf_control_collective_fn fn, void *user)
 {
+  if (!c)
+    return;
   pthread_mutex_lock(&c->lock);
   c->coll_fn = fn;
   c->coll_user = user;
@@ -616,6 +624,8 @@ void wf_control_set_collective_fn(wf_control *c, wf_control_collective_fn fn, vo
 
 void wf_control_report_error(wf_control *c, wf_status code, const char *message, int wait_ms)
 {
+  if (!c)
+    return;
   struct timespec ts;
   pthread_mutex_lock(&c->lock);
   c->err_code = (int)code;
@@ -638,6 +648,9 @@ void wf_control_report_error(wf_control *c, wf_status code, const char *message,
   pthread_mutex_unlock(&c->lock);
 }
 
-bool wf_control_stop_requested(wf_control *c) { return atomic_load(&c->stop_req); }
-bool wf_control_checkpoint_requested(wf_control *c) { return atomic_exchange(&c->ckpt_req, false); }
-bool wf_control_aborted(wf_control *c) { return atomic_load(&c->aborted); }
+bool wf_control_stop_requested(wf_control *c) { return c && atomic_load(&c->stop_req); }
+bool wf_control_checkpoint_requested(wf_control *c)
+{
+  return c && atomic_exchange(&c->ckpt_req, false);
+}
+bool wf_control_aborted(wf_control *c) { return c && atomic_load(&c->aborted); }

@@ -676,6 +676,8 @@ int wf_service_port(const wf_service *svc) { return svc->port; }
 
 bool wf_service_aborted(wf_service *svc, char *reason, size_t reason_len)
 {
+  if (!svc)
+    return false;
   pthread_mutex_lock(&svc->lock);
   bool aborted = svc->aborted;
   if (aborted && reason && reason_len)

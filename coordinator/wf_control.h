@@ -98,7 +98,8 @@ wf_status wf_control_start(wf_control **out, const wf_control_opts *opts);
 /* Say Bye, close and join the thread. Accepts NULL. */
 void wf_control_destroy(wf_control *ctl);
 
-/* Non-blocking calls for the training loop (any thread). Strings are copied. */
+/* Non-blocking calls for the training loop (any thread). Strings are copied. A NULL
+ * `ctl` (no control plane) makes them no-ops and the predicates false. */
 void wf_control_report_step(wf_control *ctl, int64_t step, double loss, double tokens_per_s,
                             double step_ms, uint64_t mem_bytes);
 void wf_control_set_phase(wf_control *ctl, const char *phase);

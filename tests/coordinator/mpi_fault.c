@@ -99,7 +99,7 @@ int main(int argc, char **argv)
     MPI_Abort(MPI_COMM_WORLD, 2);
   uint64_t seq = 0;
   for (int step = 0; step < 40; step++) {
-    if (step == 5 && rank == fault_rank)
+    if (step == 5 && rank == fault_rank && strcmp(mode, "none") != 0)
       fault(mode, rank);
     bool skip = step == 5 && rank == fault_rank && strcmp(mode, "skip") == 0;
     double x = 1.0, sum = 0.0;

@@ -438,7 +438,9 @@ static void test_bad_peers(void **state)
 static void test_polling_load(void **state)
 {
   fixture *fx = fx_start(8, 8, 0);
-  double end = wf_now() + 3.0, worst = 0;
+  /* 3 s in CI; WEFT_TEST_POLL_SECONDS=60 for the full minute */
+  const char *env = getenv("WEFT_TEST_POLL_SECONDS");
+  double secs = env ? atof(env) : 3.0, end = wf_now() + secs, worst = 0;
   int n = 0;
   while (wf_now() < end) {
     double t = wf_now();
@@ -452,8 +454,8 @@ static void test_polling_load(void **state)
     if (wf_now() < next)
       usleep((useconds_t)((next - wf_now()) * 1e6));
   }
-  fprintf(stderr, "polling: %d ranks queries in 3 s, slowest %.1f ms\n", n, worst * 1e3);
-  assert_true(n >= 200); /* 100 a second, less sleep overshoot */
+  fprintf(stderr, "polling: %d ranks queries in %.0f s, slowest %.1f ms\n", n, secs, worst * 1e3);
+  assert_true(n >= 66 * secs); /* 100 a second, less sleep overshoot */
   assert_int_equal(atomic_load(&fx->aborts), 0);
   json_t *st = query(fx, WF_CONSOLE_STATUS);
   assert_int_equal(json_integer_value(json_object_get(st, "alive")), 8);
