@@ -1,7 +1,7 @@
 /*
  * coll.c - the collective operations: argument checks, backend choice, recording.
  *
- * Each public call fills a wf__op and goes through wf__run(): validate (cheap, local),
+ * Each public call fills a wf__op and goes through wf__coll_run(): validate (cheap, local),
  * pick the backend from where the buffer lives, optionally check agreement across
  * ranks, take a sequence number, then hand over to the MPI or NCCL poster. Blocking
  * MPI calls go straight to the blocking MPI function (MPI_Allreduce, not
@@ -15,7 +15,7 @@
 #include "comm_int.h"
 #include "wf_check.h"
 
-size_t wf__dtype_size(wf_comm_dtype dt) { return dt == WF_COMM_BF16 ? 2 : 4; }
+size_t wf__coll_dtype_size(wf_comm_dtype dt) { return dt == WF_COMM_BF16 ? 2 : 4; }
 
 /* [a, a+an) and [b, b+bn) share a byte. */
 static bool overlaps(const void *a, size_t an, const void *b, size_t bn)
@@ -27,7 +27,7 @@ static bool overlaps(const void *a, size_t an, const void *b, size_t bn)
 /* The in-place layouts and the overlaps that are errors (see wf_collectives.h). */
 static wf_status check_layout(const wf_comm *c, const wf__op *d)
 {
-  size_t es = wf__dtype_size(d->dt), blk = d->count * es, full = blk * (size_t)c->size;
+  size_t es = wf__coll_dtype_size(d->dt), blk = d->count * es, full = blk * (size_t)c->size;
   const char *s = d->send, *r = d->recv;
   if (d->op == WF_OP_REDUCE_SCATTER && s + blk * (size_t)c->rank != r &&
       overlaps(s, full, r, blk)) {
@@ -108,31 +108,31 @@ fail:
 
 static size_t trace_bytes(const wf_comm *c, const wf__op *d)
 {
-  size_t b = d->count * wf__dtype_size(d->dt);
+  size_t b = d->count * wf__coll_dtype_size(d->dt);
   return d->op == WF_OP_REDUCE_SCATTER ? b * (size_t)c->size : b;
 }
 
-wf_status wf__run(wf_comm *c, const wf__op *d, wf_req **req)
+wf_status wf__coll_run(wf_comm *c, const wf__op *d, wf_req **req)
 {
   wf_status st = WF_OK;
   if (req)
     *req = NULL;
   WF_TRY(validate(c, d));
-  bool dev = wf__on_device(c, d->op == WF_OP_SEND ? d->send : d->recv);
+  bool dev = wf__coll_on_device(c, d->op == WF_OP_SEND ? d->send : d->recv);
   if (!dev && d->dt != WF_COMM_F32) {
     WF_ERROR("comm '%s' %s: bf16 needs device buffers (NCCL); host buffers are float32 only",
              c->name, wf_comm_op_name(d->op));
     return WF_EUNSUPPORTED;
   }
   if (c->group_depth > 0)
-    return wf__group_add(c, d, dev);
+    return wf__coll_group_add(c, d, dev);
   if (c->check && d->op != WF_OP_SEND && d->op != WF_OP_RECV)
     WF_TRY(agree(c, d));
-  uint64_t seq =
-      wf__trace_begin(c, d->op, d->count, d->dt, trace_bytes(c, d), d->peer, dev, WF_STATE_RUNNING);
-  st = dev ? wf__nccl_post(c, d, seq, req) : wf__mpi_post(c, d, seq, req);
+  uint64_t seq = wf__coll_rec_begin(c, d->op, d->count, d->dt, trace_bytes(c, d), d->peer, dev,
+                                    WF_STATE_RUNNING);
+  st = dev ? wf__coll_nccl_post(c, d, seq, req) : wf__coll_mpi_post(c, d, seq, req);
   if (st != WF_OK || !req)
-    wf__trace_end(c, seq, st);
+    wf__coll_rec_end(c, seq, st);
 fail:
   return st;
 }
@@ -149,73 +149,73 @@ wf_status wf_comm_allreduce(wf_comm *c, const void *send, void *recv, size_t cou
                             wf_comm_dtype dt, wf_comm_redop op)
 {
   wf__op d = mk(WF_OP_ALLREDUCE, send, recv, count, dt, op, -1);
-  return wf__run(c, &d, NULL);
+  return wf__coll_run(c, &d, NULL);
 }
 
 wf_status wf_comm_iallreduce(wf_comm *c, const void *send, void *recv, size_t count,
                              wf_comm_dtype dt, wf_comm_redop op, wf_req **req)
 {
   wf__op d = mk(WF_OP_ALLREDUCE, send, recv, count, dt, op, -1);
-  return req ? wf__run(c, &d, req) : WF_EINVAL;
+  return req ? wf__coll_run(c, &d, req) : WF_EINVAL;
 }
 
 wf_status wf_comm_reduce_scatter(wf_comm *c, const void *send, void *recv, size_t recv_count,
                                  wf_comm_dtype dt, wf_comm_redop op)
 {
   wf__op d = mk(WF_OP_REDUCE_SCATTER, send, recv, recv_count, dt, op, -1);
-  return wf__run(c, &d, NULL);
+  return wf__coll_run(c, &d, NULL);
 }
 
 wf_status wf_comm_ireduce_scatter(wf_comm *c, const void *send, void *recv, size_t recv_count,
                                   wf_comm_dtype dt, wf_comm_redop op, wf_req **req)
 {
   wf__op d = mk(WF_OP_REDUCE_SCATTER, send, recv, recv_count, dt, op, -1);
-  return req ? wf__run(c, &d, req) : WF_EINVAL;
+  return req ? wf__coll_run(c, &d, req) : WF_EINVAL;
 }
 
 wf_status wf_comm_allgather(wf_comm *c, const void *send, void *recv, size_t send_count,
                             wf_comm_dtype dt)
 {
   wf__op d = mk(WF_OP_ALLGATHER, send, recv, send_count, dt, WF_COMM_SUM, -1);
-  return wf__run(c, &d, NULL);
+  return wf__coll_run(c, &d, NULL);
 }
 
 wf_status wf_comm_iallgather(wf_comm *c, const void *send, void *recv, size_t send_count,
                              wf_comm_dtype dt, wf_req **req)
 {
   wf__op d = mk(WF_OP_ALLGATHER, send, recv, send_count, dt, WF_COMM_SUM, -1);
-  return req ? wf__run(c, &d, req) : WF_EINVAL;
+  return req ? wf__coll_run(c, &d, req) : WF_EINVAL;
 }
 
 wf_status wf_comm_bcast(wf_comm *c, void *buf, size_t count, wf_comm_dtype dt, int root)
 {
   wf__op d = mk(WF_OP_BCAST, buf, buf, count, dt, WF_COMM_SUM, root);
-  return wf__run(c, &d, NULL);
+  return wf__coll_run(c, &d, NULL);
 }
 
 wf_status wf_comm_ibcast(wf_comm *c, void *buf, size_t count, wf_comm_dtype dt, int root,
                          wf_req **req)
 {
   wf__op d = mk(WF_OP_BCAST, buf, buf, count, dt, WF_COMM_SUM, root);
-  return req ? wf__run(c, &d, req) : WF_EINVAL;
+  return req ? wf__coll_run(c, &d, req) : WF_EINVAL;
 }
 
 wf_status wf_comm_barrier(wf_comm *c)
 {
   wf__op d = mk(WF_OP_BARRIER, NULL, NULL, 0, WF_COMM_F32, WF_COMM_SUM, -1);
-  return wf__run(c, &d, NULL);
+  return wf__coll_run(c, &d, NULL);
 }
 
 wf_status wf_comm_send(wf_comm *c, const void *buf, size_t count, wf_comm_dtype dt, int peer)
 {
   wf__op d = mk(WF_OP_SEND, buf, NULL, count, dt, WF_COMM_SUM, peer);
-  return wf__run(c, &d, NULL);
+  return wf__coll_run(c, &d, NULL);
 }
 
 wf_status wf_comm_recv(wf_comm *c, void *buf, size_t count, wf_comm_dtype dt, int peer)
 {
   wf__op d = mk(WF_OP_RECV, NULL, buf, count, dt, WF_COMM_SUM, peer);
-  return wf__run(c, &d, NULL);
+  return wf__coll_run(c, &d, NULL);
 }
 
 wf_status wf_comm_isend(wf_comm *c, const void *buf, size_t count, wf_comm_dtype dt, int peer,
@@ -228,7 +228,7 @@ wf_status wf_comm_isend(wf_comm *c, const void *buf, size_t count, wf_comm_dtype
     WF_ERROR("comm '%s': isend inside a group; use wf_comm_send there", c->name);
     return WF_EINVAL;
   }
-  return req ? wf__run(c, &d, req) : WF_EINVAL;
+  return req ? wf__coll_run(c, &d, req) : WF_EINVAL;
 }
 
 wf_status wf_comm_irecv(wf_comm *c, void *buf, size_t count, wf_comm_dtype dt, int peer,
@@ -241,5 +241,5 @@ wf_status wf_comm_irecv(wf_comm *c, void *buf, size_t count, wf_comm_dtype dt, i
     WF_ERROR("comm '%s': irecv inside a group; use wf_comm_recv there", c->name);
     return WF_EINVAL;
   }
-  return req ? wf__run(c, &d, req) : WF_EINVAL;
+  return req ? wf__coll_run(c, &d, req) : WF_EINVAL;
 }

@@ -120,7 +120,7 @@ void wf_comm_destroy(wf_comm *c)
   if (!c)
     return;
   int finalized = 0;
-  wf__nccl_fini(c);
+  wf__coll_nccl_fini(c);
   free(c->group);
   free(c->spare);
   MPI_Finalized(&finalized);

@@ -94,30 +94,30 @@ typedef struct wf__op {
 } wf__op;
 
 /* coll.c: validate, record and dispatch; req == NULL means blocking. */
-wf_status wf__run(wf_comm *c, const wf__op *d, wf_req **req);
+wf_status wf__coll_run(wf_comm *c, const wf__op *d, wf_req **req);
 
 /* mpi.c: post on MPI; blocking when req == NULL. */
-wf_status wf__mpi_post(wf_comm *c, const wf__op *d, uint64_t seq, wf_req **req);
-wf_status wf__req_new(wf_comm *c, int n, wf_req **out);
-void wf__req_free(wf_req *r);
+wf_status wf__coll_mpi_post(wf_comm *c, const wf__op *d, uint64_t seq, wf_req **req);
+wf_status wf__coll_req_new(wf_comm *c, int n, wf_req **out);
+void wf__coll_req_free(wf_req *r);
 
 /* group.c */
-wf_status wf__group_add(wf_comm *c, const wf__op *d, bool device);
+wf_status wf__coll_group_add(wf_comm *c, const wf__op *d, bool device);
 
 /* trace.c */
-uint64_t wf__trace_begin(wf_comm *c, wf_comm_op op, size_t count, wf_comm_dtype dt, size_t bytes,
-                         int peer, bool device, wf_comm_state state);
+uint64_t wf__coll_rec_begin(wf_comm *c, wf_comm_op op, size_t count, wf_comm_dtype dt, size_t bytes,
+                            int peer, bool device, wf_comm_state state);
 /* `now` (wf_now_ns) is the start time for RUNNING and the end time for DONE/FAILED,
  * so that a group of operations costs one clock read. */
-void wf__trace_set_state(wf_comm *c, uint64_t seq, wf_comm_state state, uint64_t now);
-void wf__trace_end(wf_comm *c, uint64_t seq, wf_status st);
+void wf__coll_rec_set_state(wf_comm *c, uint64_t seq, wf_comm_state state, uint64_t now);
+void wf__coll_rec_end(wf_comm *c, uint64_t seq, wf_status st);
 
 /* nccl.c */
-bool wf__on_device(const wf_comm *c, const void *ptr);
-wf_status wf__nccl_post(wf_comm *c, const wf__op *d, uint64_t seq, wf_req **req);
-void wf__nccl_fini(wf_comm *c);
+bool wf__coll_on_device(const wf_comm *c, const void *ptr);
+wf_status wf__coll_nccl_post(wf_comm *c, const wf__op *d, uint64_t seq, wf_req **req);
+void wf__coll_nccl_fini(wf_comm *c);
 
 /* coll.c */
-size_t wf__dtype_size(wf_comm_dtype dt);
+size_t wf__coll_dtype_size(wf_comm_dtype dt);
 
 #endif /* WF_COMM_INT_H */

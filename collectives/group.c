@@ -24,7 +24,7 @@ wf_status wf_comm_group_start(wf_comm *c)
   return WF_OK;
 }
 
-wf_status wf__group_add(wf_comm *c, const wf__op *d, bool device)
+wf_status wf__coll_group_add(wf_comm *c, const wf__op *d, bool device)
 {
   if (c->group_len == c->group_cap) {
     int cap = c->group_cap ? 2 * c->group_cap : 16;
@@ -41,8 +41,8 @@ wf_status wf__group_add(wf_comm *c, const wf__op *d, bool device)
   e->peer = d->peer;
   e->device = device;
   e->dt = d->dt;
-  e->seq = wf__trace_begin(c, d->op, d->count, d->dt, d->count * wf__dtype_size(d->dt), d->peer,
-                           device, WF_STATE_QUEUED);
+  e->seq = wf__coll_rec_begin(c, d->op, d->count, d->dt, d->count * wf__coll_dtype_size(d->dt),
+                              d->peer, device, WF_STATE_QUEUED);
   return WF_OK;
 }
 
@@ -95,12 +95,12 @@ static wf_status group_post(wf_comm *c, wf_req **out)
   int n_host = 0, n_dev = 0;
   for (int i = 0; i < c->group_len; i++)
     c->group[i].device ? n_dev++ : n_host++;
-  WF_TRY(wf__req_new(c, n_host, &r));
+  WF_TRY(wf__coll_req_new(c, n_host, &r));
   r->seq_first = c->group[0].seq;
   r->nseq = c->group_len;
   uint64_t now = wf_now_ns();
   for (int i = 0; i < c->group_len; i++)
-    wf__trace_set_state(c, c->group[i].seq, WF_STATE_RUNNING, now);
+    wf__coll_rec_set_state(c, c->group[i].seq, WF_STATE_RUNNING, now);
   if (n_dev)
     WF_TRY(post_device(c, r));
   WF_TRY(post_host(c, r));
@@ -116,7 +116,7 @@ fail:
   }
   uint64_t end = wf_now_ns();
   for (int i = 0; i < c->group_len; i++)
-    wf__trace_set_state(c, c->group[i].seq, WF_STATE_FAILED, end);
+    wf__coll_rec_set_state(c, c->group[i].seq, WF_STATE_FAILED, end);
   c->group_len = 0;
   return st;
 }

@@ -26,7 +26,7 @@ static wf_status finish_post(wf_req *r)
   return WF_OK;
 }
 
-wf_status wf__req_new(wf_comm *c, int n, wf_req **out)
+wf_status wf__coll_req_new(wf_comm *c, int n, wf_req **out)
 {
   wf_req *r = c->spare;
   if (r && n <= 2)
@@ -58,7 +58,7 @@ wf_status wf__req_new(wf_comm *c, int n, wf_req **out)
   return WF_OK;
 }
 
-void wf__req_free(wf_req *r)
+void wf__coll_req_free(wf_req *r)
 {
   if (r->mreq != r->inline_req)
     free(r->mreq);
@@ -150,7 +150,7 @@ fail:
   return st;
 }
 
-wf_status wf__mpi_post(wf_comm *c, const wf__op *d, uint64_t seq, wf_req **req)
+wf_status wf__coll_mpi_post(wf_comm *c, const wf__op *d, uint64_t seq, wf_req **req)
 {
   wf_status st = WF_OK;
   wf_req *r = NULL;
@@ -163,7 +163,7 @@ wf_status wf__mpi_post(wf_comm *c, const wf__op *d, uint64_t seq, wf_req **req)
     plan_finish(c, d, &plan);
     return finish_post(&plan);
   }
-  WF_TRY(wf__req_new(c, 1, &r));
+  WF_TRY(wf__coll_req_new(c, 1, &r));
   r->seq_first = seq;
   r->nseq = 1;
   plan_finish(c, d, r);
@@ -172,7 +172,7 @@ wf_status wf__mpi_post(wf_comm *c, const wf__op *d, uint64_t seq, wf_req **req)
   return WF_OK;
 fail:
   if (r)
-    wf__req_free(r);
+    wf__coll_req_free(r);
   return st;
 }
 
@@ -191,10 +191,10 @@ static wf_status complete(wf_req *r, MPI_Status *statuses, wf_status st)
   uint64_t now = wf_now_ns();
   wf_comm_state state = st == WF_OK ? WF_STATE_DONE : WF_STATE_FAILED;
   for (int i = 0; i < r->nseq; i++)
-    wf__trace_set_state(r->c, r->seq_first + (uint64_t)i, state, now);
+    wf__coll_rec_set_state(r->c, r->seq_first + (uint64_t)i, state, now);
   if (r->event)
     r->c->nccl->event_destroy(r->event);
-  wf__req_free(r);
+  wf__coll_req_free(r);
   return st;
 }
 

@@ -156,7 +156,7 @@ wf_status wf_comm_abort(wf_comm *c)
   return c->nccl->comm_abort(c->nc);
 }
 
-void wf__nccl_fini(wf_comm *c)
+void wf__coll_nccl_fini(wf_comm *c)
 {
   if (c->nc)
     c->nccl->comm_destroy(c->nc);
@@ -166,7 +166,7 @@ void wf__nccl_fini(wf_comm *c)
   c->nccl_module = NULL;
 }
 
-bool wf__on_device(const wf_comm *c, const void *ptr)
+bool wf__coll_on_device(const wf_comm *c, const void *ptr)
 {
   return c->nc && ptr && c->nccl->is_device_ptr(ptr);
 }
@@ -188,14 +188,14 @@ static wf_status enqueue(wf_comm *c, const wf__op *d)
 
 /* Blocking: enqueue, then wait for the communication stream. Non-blocking: an event
  * after the operation, waited for by wf_req_wait. */
-wf_status wf__nccl_post(wf_comm *c, const wf__op *d, uint64_t seq, wf_req **req)
+wf_status wf__coll_nccl_post(wf_comm *c, const wf__op *d, uint64_t seq, wf_req **req)
 {
   wf_status st = WF_OK;
   wf_req *r = NULL;
   WF_TRY(enqueue(c, d));
   if (!req)
     return c->nccl->stream_sync(c->nc);
-  WF_TRY(wf__req_new(c, 0, &r));
+  WF_TRY(wf__coll_req_new(c, 0, &r));
   r->seq_first = seq;
   r->nseq = 1;
   st = c->nccl->event_record(c->nc, &r->event);

@@ -33,8 +33,8 @@ static void write_close(wf__trace_slot *s, uint64_t v)
   atomic_store_explicit(&s->version, v, memory_order_release);
 }
 
-uint64_t wf__trace_begin(wf_comm *c, wf_comm_op op, size_t count, wf_comm_dtype dt, size_t bytes,
-                         int peer, bool device, wf_comm_state state)
+uint64_t wf__coll_rec_begin(wf_comm *c, wf_comm_op op, size_t count, wf_comm_dtype dt, size_t bytes,
+                            int peer, bool device, wf_comm_state state)
 {
   /* Only the driving thread writes next_seq, so a plain load and store suffice (no
    * locked read-modify-write); release publishes it to readers. */
@@ -59,7 +59,7 @@ uint64_t wf__trace_begin(wf_comm *c, wf_comm_op op, size_t count, wf_comm_dtype 
 
 /* The slot may have been reused by a later operation (more than a ring's worth in
  * flight); then there is nothing left to update. */
-void wf__trace_set_state(wf_comm *c, uint64_t seq, wf_comm_state state, uint64_t now)
+void wf__coll_rec_set_state(wf_comm *c, uint64_t seq, wf_comm_state state, uint64_t now)
 {
   wf__trace_slot *s = slot_of(c, seq);
   if (atomic_load_explicit(&s->seq, RLX) != seq)
@@ -73,9 +73,9 @@ void wf__trace_set_state(wf_comm *c, uint64_t seq, wf_comm_state state, uint64_t
   write_close(s, v);
 }
 
-void wf__trace_end(wf_comm *c, uint64_t seq, wf_status st)
+void wf__coll_rec_end(wf_comm *c, uint64_t seq, wf_status st)
 {
-  wf__trace_set_state(c, seq, st == WF_OK ? WF_STATE_DONE : WF_STATE_FAILED, wf_now_ns());
+  wf__coll_rec_set_state(c, seq, st == WF_OK ? WF_STATE_DONE : WF_STATE_FAILED, wf_now_ns());
 }
 
 /* Seqlock read side: a consistent copy of a slot, or false if it keeps moving. */
@@ -158,7 +158,7 @@ const char *wf_comm_state_name(wf_comm_state st)
   return "unknown";
 }
 
-char *wf_trace_entry_format(const wf_comm *c, const wf_trace_entry *e, char *buf, size_t len)
+char *wf_comm_trace_format(const wf_comm *c, const wf_trace_entry *e, char *buf, size_t len)
 {
   if (!buf || !len)
     return buf;

@@ -222,6 +222,6 @@ const char *wf_comm_op_name(wf_comm_op op);       /* "allreduce", "send", ... */
 const char *wf_comm_state_name(wf_comm_state st); /* "queued", "running", ... */
 /* One line for logs and the console, e.g.
  * "dp#17 allreduce 1031 x f32 (4124 B) running for 12.3 ms". Returns buf. */
-char *wf_trace_entry_format(const wf_comm *c, const wf_trace_entry *e, char *buf, size_t len);
+char *wf_comm_trace_format(const wf_comm *c, const wf_trace_entry *e, char *buf, size_t len);
 
 #endif /* WF_COLLECTIVES_H */

@@ -452,7 +452,7 @@ static void test_recorder(wf_comm *world)
   OK(wf_req_wait(&req));
   CHECK(wf_comm_last_op(c, e) && e[0].state == WF_STATE_DONE && e[0].bytes == 20);
   char line[160];
-  wf_trace_entry_format(c, &e[0], line, sizeof line);
+  wf_comm_trace_format(c, &e[0], line, sizeof line);
   CHECK(strstr(line, "fr#") == line && strstr(line, "allreduce 5 x f32 (20 B)") != NULL);
   test_stuck_visible(c);
   wf_comm_destroy(c);
