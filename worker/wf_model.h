@@ -100,6 +100,13 @@ void wf_gpt_zero_grad(wf_gpt *m);
  * accumulating M micro-batches. */
 void wf_gpt_backward(wf_gpt *m, float dloss_scale);
 
+/* Told during backward when a group of gradients is final and will not change
+ * again in this backward: group 0 = final layernorm, 1..L = layer L-group (layers
+ * finish from the last to the first), L+1 = the embeddings (wte, wpe). Data
+ * parallelism starts reducing a bucket as soon as its groups are final. */
+typedef void (*wf_gpt_grad_hook)(void *user, int group);
+void wf_gpt_set_grad_hook(wf_gpt *m, wf_gpt_grad_hook fn, void *user); /* fn NULL = off */
+
 /* Global L2 norm of the gradients. */
 float wf_gpt_grad_norm(wf_gpt *m);
 /* AdamW step t (1-based) with gradients scaled by grad_scale (clipping). Weight
@@ -121,8 +128,10 @@ wf_status wf_gpt_peek_llmc(const char *path, wf_gpt_dims *d, char *err, size_t e
 wf_status wf_gpt_dump_state(wf_gpt *m, const char *path, const int *inputs, const int *targets,
                             int B, int T, char *err, size_t err_len);
 
-/* FLOPs of one training step on B*T tokens: 6 * params * tokens plus attention
- * (forward 4*L*T*C per token... see implementation comment). */
+/* FLOPs of one training step (forward + backward) on B*T tokens:
+ * 6 * num_params * B*T  +  12 * L * B * T*T * C
+ * (attention: Q.K^T and att.V are 2 * B*NH*T*T*hs multiply-adds per layer forward,
+ * counted over the full T x T square, backward twice the forward). */
 double wf_gpt_flops_per_step(const wf_gpt_dims *d, int B, int T);
 
 #endif /* WF_MODEL_H */

@@ -139,6 +139,9 @@ static void test_init_slice(void **state)
       s += (double)p[j] * p[j];
     assert_true(fabs(sqrt(s / n) / want[i] - 1.0) < 0.03);
   }
+  /* Another seed gives other numbers. */
+  wf_gpt_init_slice(buf, WF_P_QKVW, 1, &d, 1235, 0, 64);
+  assert_memory_not_equal(buf, wf_gpt_param(m, WF_P_QKVW, 1, 0), 64 * sizeof(float));
   /* Different layers and kinds draw different numbers. */
   assert_true(wf_gpt_param(m, WF_P_QKVW, 0, 0)[0] != wf_gpt_param(m, WF_P_QKVW, 1, 0)[0]);
   wf_gpt_destroy(m);
