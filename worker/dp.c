@@ -42,10 +42,10 @@ struct wf_dp {
   bool armed;
   wf_dp_stats stats;
   /* ZeRO-1 */
-  size_t n, shard;            /* parameters, shard length ceil(n / size) */
-  float *gshard, *pshard;     /* (shard) averaged gradient, parameter shard to send */
-  float *m, *v;               /* (shard) AdamW state */
-  float *stage;               /* (size * shard) padded full vector */
+  size_t n, shard;        /* parameters, shard length ceil(n / size) */
+  float *gshard, *pshard; /* (shard) averaged gradient, parameter shard to send */
+  float *m, *v;           /* (shard) AdamW state */
+  float *stage;           /* (size * shard) padded full vector */
 };
 
 /* The ranges that become final with readiness group g: 0 = final layernorm,
@@ -81,8 +81,8 @@ static wf_status plan_buckets(wf_dp *dp, size_t bucket_bytes)
   for (int g = 0; g < dp->n_groups; g++) {
     if (!b) {
       b = &dp->buckets[dp->n_buckets++];
-      WF_CHECK_ALLOC(b->ranges = calloc((size_t)dp->n_groups * WF_GPT_NUM_KINDS,
-                                        sizeof *b->ranges));
+      WF_CHECK_ALLOC(b->ranges =
+                         calloc((size_t)dp->n_groups * WF_GPT_NUM_KINDS, sizeof *b->ranges));
     }
     int k = group_ranges(d, g, b->ranges + b->n_ranges);
     for (int i = 0; i < k; i++)
@@ -253,8 +253,8 @@ wf_status wf_dp_grad_norm(wf_dp *dp, float *norm)
   return st;
 }
 
-wf_status wf_dp_update(wf_dp *dp, float lr, float beta1, float beta2, float eps,
-                       float weight_decay, float grad_scale, int t)
+wf_status wf_dp_update(wf_dp *dp, float lr, float beta1, float beta2, float eps, float weight_decay,
+                       float grad_scale, int t)
 {
   if (!dp->zero) {
     wf_gpt_update(dp->model, lr, beta1, beta2, eps, weight_decay, grad_scale, t);

@@ -62,6 +62,7 @@ typedef struct args {
   const char *config_file;
   bool dry_run, print_config, help, version;
   const char *dump_state;
+  const char *save;
   int n_overrides;
   char **overrides; /* "key=value" */
 } args;
@@ -72,6 +73,7 @@ static const char usage[] =
     "  --dry-run          set up the mesh, print one row per rank, exit\n"
     "  --print-config     print the effective config and where each value came from\n"
     "  --dump-state FILE  write llm.c's debug state for the first batch and exit\n"
+    "  --save FILE        after training, write the model as an llm.c checkpoint\n"
     "  --version, --help\n"
     "  key=value          override a config key, e.g. mesh.tp=2 train.steps=100\n"
     "Launch with mpirun -np N, srun --mpi=pmix -n N, or alone for one rank.\n";
@@ -82,12 +84,13 @@ static int parse_args(int argc, char **argv, args *a, char *err, size_t len)
   a->overrides = calloc((size_t)argc, sizeof *a->overrides);
   for (int i = 1; i < argc; i++) {
     const char *s = argv[i];
-    if (!strcmp(s, "--config") || !strcmp(s, "--dump-state")) {
+    if (!strcmp(s, "--config") || !strcmp(s, "--dump-state") || !strcmp(s, "--save")) {
       if (i + 1 >= argc) {
         snprintf(err, len, "%s needs a file argument", s);
         return -1;
       }
-      *(s[2] == 'c' ? &a->config_file : &a->dump_state) = argv[++i];
+      const char **dst = s[2] == 'c' ? &a->config_file : s[2] == 'd' ? &a->dump_state : &a->save;
+      *dst = argv[++i];
     } else if (!strncmp(s, "--config=", 9)) {
       a->config_file = s + 9;
     } else if (!strcmp(s, "--dry-run")) {
@@ -206,15 +209,17 @@ static bool on_step(void *user, const wf_train_step_info *info)
 
 /* Train (or dump llm.c's debug state) on this rank's share of the mesh, with the
  * control plane up so the console can attach and the watchdog can act. */
-static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, const char *dump_state)
+static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, const char *dump_state,
+                 const char *save)
 {
-  int rank = wf_job_rank(job), size = wf_job_world(job);
-  if (size > 1) {
+  int rank = wf_job_rank(job);
+  if (cfg->mesh.tp > 1 || cfg->mesh.pp > 1) {
     if (rank == 0)
       fprintf(stderr,
-              "weft: error: training on %d ranks needs the data/tensor/pipeline "
-              "engine, which is not built yet; run one rank, or --dry-run\n",
-              size);
+              "weft: error: mesh.tp=%d mesh.pp=%d: tensor and pipeline parallel training are "
+              "not built yet; train with data parallelism (mesh.dp), or use --dry-run to "
+              "inspect the mesh\n",
+              cfg->mesh.tp, cfg->mesh.pp);
     return 1;
   }
   if (dump_state) {
@@ -230,7 +235,8 @@ static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, con
       fprintf(stderr, "weft: error: %s\n", err);
     return 1;
   }
-  wf_train_hooks hooks = {.user = plane.ctl, .on_step = on_step};
+  wf_train_hooks hooks = {
+      .user = plane.ctl, .on_step = on_step, .dp = wf_job_comm(job, WF_AXIS_DP), .save_llmc = save};
   wf_status st = wf_train_run(cfg, &hooks);
   if (st != WF_OK)
     fprintf(stderr, "weft: error: training failed: %s (see the log above)\n", wf_status_str(st));
@@ -286,7 +292,7 @@ static int run(const args *a, int rank, int size)
              "mesh\n");
     }
   } else {
-    rc = train(&cfg, &launch, job, a->dump_state);
+    rc = train(&cfg, &launch, job, a->dump_state, a->save);
   }
   wf_job_destroy(job);
   wf_gpu_close(gpu);

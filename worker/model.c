@@ -70,6 +70,8 @@ struct wf_gpt {
   int *inputs, *targets; /* (Bmax,Tmax) copies of the last forward's tokens */
   int B, T;              /* shape of the last forward */
   bool have_targets;     /* last forward computed a loss, so backward may run */
+  wf_gpt_grad_hook hook; /* told when each group of gradients is final (dp overlap) */
+  void *hook_user;
 };
 
 /* ---- layout -------------------------------------------------------------------- */
@@ -246,8 +248,8 @@ wf_status wf_gpt_create(wf_gpt **out, const wf_gpt_dims *d, int B, int T)
     m->off[k] = wf_gpt_kind_offset(d, (wf_param_kind)k);
   WF_CHECK_ALLOC(m->params = alloc_floats(m->num_params));
   WF_CHECK_ALLOC(m->grads = alloc_floats(m->num_params));
-  WF_CHECK_ALLOC(m->m = alloc_floats(m->num_params));
-  WF_CHECK_ALLOC(m->v = alloc_floats(m->num_params));
+  /* AdamW's m and v are allocated by the first wf_gpt_update: under ZeRO-1 the
+   * optimizer state lives in shards elsewhere and these are never needed. */
   WF_CHECK_ALLOC(m->act_mem = alloc_floats(carve_acts(&m->a, NULL, d, B, T)));
   carve_acts(&m->a, m->act_mem, d, B, T);
   WF_CHECK_ALLOC(m->dact_mem = alloc_floats(carve_dacts(&m->da, NULL, d, B, T)));
@@ -349,8 +351,10 @@ void wf_gpt_init(wf_gpt *m, uint64_t seed)
     for (int l = 0; l < layers; l++)
       init_tensor(wf_gpt_param(m, (wf_param_kind)k, l, 0), (wf_param_kind)k, l, &m->d, seed, n);
   }
-  zero_floats(m->m, m->num_params);
-  zero_floats(m->v, m->num_params);
+  if (m->m) { /* a re-initialised model starts AdamW afresh */
+    zero_floats(m->m, m->num_params);
+    zero_floats(m->v, m->num_params);
+  }
 }
 
 /* ---- forward ------------------------------------------------------------------- */
@@ -527,10 +531,23 @@ void wf_gpt_backward(wf_gpt *m, float dloss_scale)
   wf_layernorm_backward(g->dres, wf_gpt_param(m, WF_P_LNFW, 0, 1), wf_gpt_param(m, WF_P_LNFB, 0, 1),
                         g->dc, a->residual3 + (d->L - 1) * nc, wf_gpt_param(m, WF_P_LNFW, 0, 0),
                         a->lnf_mean, a->lnf_rstd, N, C);
-  for (int l = d->L - 1; l >= 0; l--)
+  if (m->hook)
+    m->hook(m->hook_user, 0); /* the final layernorm's gradients are final */
+  for (int l = d->L - 1; l >= 0; l--) {
     block_backward(m, l, l == 0 ? a->encoded : a->residual3 + (l - 1) * nc, B, T);
+    if (m->hook)
+      m->hook(m->hook_user, d->L - l); /* layer l */
+  }
   wf_encoder_backward(wf_gpt_param(m, WF_P_WTE, 0, 1), wf_gpt_param(m, WF_P_WPE, 0, 1), g->dres,
                       m->inputs, B, T, C);
+  if (m->hook)
+    m->hook(m->hook_user, d->L + 1); /* the embeddings */
+}
+
+void wf_gpt_set_grad_hook(wf_gpt *m, wf_gpt_grad_hook fn, void *user)
+{
+  m->hook = fn;
+  m->hook_user = user;
 }
 
 /* ---- optimizer ----------------------------------------------------------------- */
@@ -540,6 +557,14 @@ float wf_gpt_grad_norm(wf_gpt *m) { return (float)sqrt(wf_sumsq(m->grads, m->num
 void wf_gpt_update(wf_gpt *m, float lr, float beta1, float beta2, float eps, float weight_decay,
                    float grad_scale, int t)
 {
+  if (!m->m) {
+    m->m = alloc_floats(m->num_params);
+    m->v = alloc_floats(m->num_params);
+    if (!m->m || !m->v) {
+      WF_ERROR("out of memory for AdamW state (%zu parameters)", m->num_params);
+      return;
+    }
+  }
   /* One call per kind so the weight decay can differ; kinds are contiguous. */
   for (int k = 0; k < WF_GPT_NUM_KINDS; k++) {
     size_t off = m->off[k], n = wf_gpt_kind_numel(&m->d, (wf_param_kind)k);

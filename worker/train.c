@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "wf_data.h"
+#include "wf_dp.h"
 #include "wf_kernels.h"
 #include "wf_model.h"
 #include "wf_train.h"
@@ -36,6 +37,9 @@ typedef struct trainer {
   bool bar;  /* progress bar on stderr (stdout is a terminal) */
   bool can_eval;
   wf_gpt *model;
+  wf_dp *dp;        /* gradient averaging and the optimizer; NULL on one rank alone */
+  wf_comm *dp_comm; /* borrowed from the caller */
+  int dp_rank, D;   /* this rank's data-parallel slice of D */
   wf_data *data;
   wf_gpt_dims dims;
   int B, T, M, steps;    /* micro-batch rows, sequence length, micro-batches, steps */
@@ -68,26 +72,25 @@ static wf_status fail_msg(wf_status st, const char *err)
   return st;
 }
 
-/* Micro-batch geometry of one rank (dp = 1 until the data-parallel issue). */
+/* Micro-batch geometry of one rank: the global batch is split over D data-parallel
+ * ranks, then into M micro-batches of B rows each. */
 static wf_status setup_geometry(trainer *tr, int M)
 {
   const wf_config *cfg = tr->cfg;
   char err[256];
   tr->M = M > 0 ? M : 1;
+  tr->D = tr->dp_comm ? wf_comm_size(tr->dp_comm) : 1;
+  tr->dp_rank = tr->dp_comm ? wf_comm_rank(tr->dp_comm) : 0;
   tr->T = cfg->train.seq_len > 0 ? cfg->train.seq_len : cfg->model.seq_len;
   tr->steps = cfg->train.steps;
-  if (cfg->train.batch_size <= 0 || cfg->train.batch_size % tr->M || tr->T <= 0) {
+  if (cfg->train.batch_size <= 0 || cfg->train.batch_size % (tr->M * tr->D) || tr->T <= 0) {
     snprintf(err, sizeof err,
-             "train.batch_size %d must be a positive multiple of train.microbatches %d "
+             "train.batch_size %d must be a positive multiple of dp %d x train.microbatches %d "
              "(and seq_len %d positive)",
-             cfg->train.batch_size, tr->M, tr->T);
+             cfg->train.batch_size, tr->D, tr->M, tr->T);
     return fail_msg(WF_ECONFIG, err);
   }
-  tr->B = cfg->train.batch_size / tr->M;
-  if (cfg->mesh.dp * cfg->mesh.tp * cfg->mesh.pp > 1 && wf_rt_rank() <= 0)
-    WF_WARN("mesh dp=%d tp=%d pp=%d: parallel training is not built yet; this rank trains "
-            "the whole model on the whole batch",
-            cfg->mesh.dp, cfg->mesh.tp, cfg->mesh.pp);
+  tr->B = cfg->train.batch_size / (tr->M * tr->D);
   return WF_OK;
 }
 
@@ -117,8 +120,12 @@ static wf_status setup_model(trainer *tr)
   } else {
     wf_gpt_init(tr->model, cfg->train.seed);
   }
-  tr->flops = wf_gpt_flops_per_step(&tr->dims, tr->B * tr->M, tr->T);
-  return WF_OK;
+  tr->flops = wf_gpt_flops_per_step(&tr->dims, tr->B * tr->M * tr->D, tr->T);
+  if (!tr->dp_comm)
+    return WF_OK;
+  wf_dp_opts o = {tr->dp_comm, tr->model, (size_t)cfg->optim.bucket_mb << 20, cfg->optim.zero};
+  st = wf_dp_create(&tr->dp, &o);
+  return st == WF_OK ? WF_OK : fail_msg(st, "cannot set up data parallelism (see above)");
 }
 
 static wf_status setup_data(trainer *tr)
@@ -205,11 +212,12 @@ static void print_banner(const trainer *tr)
   if (!isnan(H))
     fprintf(tr->out, "entropy floor H = %.4f nats\n", H);
   fprintf(tr->out,
-          "training %d steps of %d x %d tokens (%d micro-batch%s of %d), lr %.2e warm-up %d "
-          "cosine to %.2e, clip %g, weight decay %g, seed %llu\n",
-          tr->steps, tr->B * tr->M, tr->T, tr->M, tr->M == 1 ? "" : "es", tr->B, cfg->train.lr,
-          cfg->train.warmup, cfg->train.min_lr, cfg->optim.clip, cfg->optim.weight_decay,
-          (unsigned long long)cfg->train.seed);
+          "training %d steps of %d x %d tokens (dp %d x %d micro-batch%s of %d), lr %.2e "
+          "warm-up %d cosine to %.2e, clip %g, weight decay %g, seed %llu%s\n",
+          tr->steps, tr->B * tr->M * tr->D, tr->T, tr->D, tr->M, tr->M == 1 ? "" : "es", tr->B,
+          cfg->train.lr, cfg->train.warmup, cfg->train.min_lr, cfg->optim.clip,
+          cfg->optim.weight_decay, (unsigned long long)cfg->train.seed,
+          cfg->optim.zero ? ", ZeRO-1 optimizer" : "");
   fflush(tr->out);
 }
 
@@ -218,9 +226,13 @@ static wf_status setup(trainer *tr, const wf_config *cfg, const wf_train_hooks *
   memset(tr, 0, sizeof *tr);
   tr->cfg = cfg;
   tr->hooks = hooks;
+  tr->dp_comm = hooks ? hooks->dp : NULL;
   tr->out = hooks && hooks->out ? hooks->out : stdout;
   tr->talk = wf_rt_rank() <= 0 && !(hooks && hooks->quiet);
-  tr->bar = tr->talk && isatty(STDOUT_FILENO);
+  /* mpirun gives ranks a pseudo-terminal, so isatty() alone would draw bars into
+   * launcher logs: only a process started by hand on a terminal gets one. */
+  tr->bar = tr->talk && isatty(STDOUT_FILENO) && !getenv("OMPI_COMM_WORLD_SIZE") &&
+            !getenv("SLURM_PROCID") && !getenv("PMI_RANK");
   wf_status st = setup_geometry(tr, M);
   if (st == WF_OK)
     st = setup_model(tr);
@@ -242,40 +254,90 @@ static void teardown(trainer *tr)
   wf_mem_free(tr->inputs);
   wf_mem_free(tr->targets);
   wf_data_destroy(tr->data);
+  wf_dp_destroy(tr->dp);
   wf_gpt_destroy(tr->model);
 }
 
 /* ---- one step ------------------------------------------------------------------------- */
 
-static wf_status train_step(trainer *tr, int step, wf_train_step_info *info)
+/* Mean of a per-rank value over the dp group (float32 on the wire). */
+static double dp_mean(trainer *tr, double x)
 {
-  const wf_config *cfg = tr->cfg;
-  double t0 = wf_now(), loss = 0;
+  if (tr->D == 1)
+    return x;
+  float v = (float)x;
+  wf_comm_allreduce(tr->dp_comm, &v, &v, 1, WF_COMM_F32, WF_COMM_AVG);
+  return v;
+}
+
+/* Forward and backward of this rank's micro-batches, gradients accumulated with
+ * dloss 1/M; returns the mean loss over the global batch. */
+static wf_status accumulate(trainer *tr, int step, double *loss)
+{
+  *loss = 0;
   wf_gpt_zero_grad(tr->model);
   for (int mb = 0; mb < tr->M; mb++) {
-    wf_status st =
-        wf_data_batch(tr->data, tr->inputs, tr->targets, WF_DATA_TRAIN, step - 1, 0, 1, mb, tr->M);
+    wf_status st = wf_data_batch(tr->data, tr->inputs, tr->targets, WF_DATA_TRAIN, step - 1,
+                                 tr->dp_rank, tr->D, mb, tr->M);
     if (st != WF_OK)
       return fail_msg(st, "cannot assemble the training batch");
-    loss += wf_gpt_forward(tr->model, tr->inputs, tr->targets, tr->B, tr->T);
+    *loss += wf_gpt_forward(tr->model, tr->inputs, tr->targets, tr->B, tr->T);
+    if (tr->dp && mb == tr->M - 1)
+      wf_dp_arm(tr->dp); /* reduce gradient buckets while the last backward runs */
     wf_gpt_backward(tr->model, 1.0f / (float)tr->M);
   }
-  loss /= tr->M;
-  float norm = wf_gpt_grad_norm(tr->model);
-  if (!isfinite(loss) || !isfinite(norm)) {
+  *loss = dp_mean(tr, *loss / tr->M);
+  return WF_OK;
+}
+
+/* Reduce gradients over dp, clip by the global norm, AdamW with the scheduled lr. */
+static wf_status reduce_and_update(trainer *tr, int step, double loss, float *norm, double *lr)
+{
+  const wf_config *cfg = tr->cfg;
+  wf_status st = WF_OK;
+  if (tr->dp) {
+    st = wf_dp_finish(tr->dp);
+    if (st == WF_OK)
+      st = wf_dp_grad_norm(tr->dp, norm);
+    if (st != WF_OK)
+      return fail_msg(st, "data-parallel gradient reduction failed");
+  } else {
+    *norm = wf_gpt_grad_norm(tr->model);
+  }
+  if (!isfinite(loss) || !isfinite(*norm)) {
     WF_ERROR("step %d: loss %g, gradient norm %g: training diverged; lower train.lr or set "
              "optim.clip",
-             step, loss, (double)norm);
+             step, loss, (double)*norm);
     return WF_EINVAL;
   }
   float clip = (float)cfg->optim.clip;
-  float scale = clip > 0 && norm > clip ? clip / norm : 1.0f;
-  double lr = wf_train_lr(cfg, step);
-  wf_gpt_update(tr->model, (float)lr, (float)cfg->optim.beta1, (float)cfg->optim.beta2,
-                (float)cfg->optim.eps, (float)cfg->optim.weight_decay, scale, step);
+  float scale = clip > 0 && *norm > clip ? clip / *norm : 1.0f;
+  *lr = wf_train_lr(cfg, step);
+  float b1 = (float)cfg->optim.beta1, b2 = (float)cfg->optim.beta2, eps = (float)cfg->optim.eps;
+  float wd = (float)cfg->optim.weight_decay;
+  if (tr->dp)
+    return wf_dp_update(tr->dp, (float)*lr, b1, b2, eps, wd, scale, step);
+  wf_gpt_update(tr->model, (float)*lr, b1, b2, eps, wd, scale, step);
+  return WF_OK;
+}
+
+static wf_status train_step(trainer *tr, int step, wf_train_step_info *info)
+{
+  double t0 = wf_now(), loss = 0, lr = 0;
+  float norm = 0;
+  wf_status st = accumulate(tr, step, &loss);
+  if (st == WF_OK)
+    st = reduce_and_update(tr, step, loss, &norm, &lr);
+  if (st != WF_OK)
+    return st;
   double dt = wf_now() - t0;
   wf_mem_stats ms;
   wf_mem_get_stats(&ms);
+  wf_dp_stats ds = {0};
+  if (tr->dp)
+    wf_dp_get_stats(tr->dp, &ds);
+  else
+    ds.optimizer_bytes = 2 * wf_gpt_num_params(&tr->dims) * sizeof(float);
   *info = (wf_train_step_info){
       .step = step,
       .steps = tr->steps,
@@ -283,13 +345,16 @@ static wf_status train_step(trainer *tr, int step, wf_train_step_info *info)
       .lr = lr,
       .grad_norm = norm,
       .step_ms = dt * 1e3,
-      .tokens_per_s = (double)tr->B * tr->M * tr->T / dt,
+      .tokens_per_s = (double)tr->B * tr->M * tr->D * tr->T / dt,
       .tflops = tr->flops / dt * 1e-12,
       .val_loss = NAN,
       .entropy_floor = wf_data_entropy_floor(tr->data),
       .mem_bytes = ms.current[WF_MEM_HOST] + ms.current[WF_MEM_DEVICE],
+      .comm_ms = ds.exposed_ms,
+      .optim_bytes = (int64_t)ds.optimizer_bytes,
   };
-  info->mfu = tr->peak_tflops > 0 ? info->tflops / tr->peak_tflops : 0;
+  /* The peak was measured for one rank's threads; the job has D such ranks. */
+  info->mfu = tr->peak_tflops > 0 ? info->tflops / (tr->peak_tflops * tr->D) : 0;
   return WF_OK;
 }
 
@@ -300,14 +365,14 @@ static wf_status evaluate(trainer *tr, double *val_loss)
   double sum = 0;
   for (int i = 0; i < n; i++) {
     for (int mb = 0; mb < tr->M; mb++) {
-      wf_status st =
-          wf_data_batch(tr->data, tr->inputs, tr->targets, WF_DATA_VAL, i, 0, 1, mb, tr->M);
+      wf_status st = wf_data_batch(tr->data, tr->inputs, tr->targets, WF_DATA_VAL, i, tr->dp_rank,
+                                   tr->D, mb, tr->M);
       if (st != WF_OK)
         return fail_msg(st, "cannot assemble a validation batch");
       sum += wf_gpt_forward(tr->model, tr->inputs, tr->targets, tr->B, tr->T);
     }
   }
-  *val_loss = sum / ((double)n * tr->M);
+  *val_loss = dp_mean(tr, sum / ((double)n * tr->M));
   return WF_OK;
 }
 
@@ -335,9 +400,10 @@ static void print_step(const trainer *tr, const wf_train_step_info *in, double e
   clear_bar(tr);
   fprintf(tr->out,
           "step %d/%d loss=%.4f lr=%.2e grad_norm=%.3f tok/s=%.0f tflops=%.3f mfu=%.1f%% "
-          "step_ms=%.1f mem=%.1fMiB eta=%.0fs\n",
+          "step_ms=%.1f comm_ms=%.1f mem=%.1fMiB optim=%.2fMiB eta=%.0fs\n",
           in->step, in->steps, in->loss, in->lr, in->grad_norm, in->tokens_per_s, in->tflops,
-          in->mfu * 100, in->step_ms, (double)in->mem_bytes / (1024.0 * 1024.0), eta);
+          in->mfu * 100, in->step_ms, in->comm_ms, (double)in->mem_bytes / (1024.0 * 1024.0),
+          (double)in->optim_bytes / (1024.0 * 1024.0), eta);
 }
 
 static void print_eval(const trainer *tr, const wf_train_step_info *in, double eval_ms)
@@ -366,6 +432,8 @@ static void write_metrics(trainer *tr, const wf_train_step_info *in)
   json_object_set_new(o, "tflops", real_or_null(in->tflops));
   json_object_set_new(o, "mfu", real_or_null(in->mfu));
   json_object_set_new(o, "mem_mib", real_or_null((double)in->mem_bytes / (1024.0 * 1024.0)));
+  json_object_set_new(o, "comm_ms", real_or_null(in->comm_ms));
+  json_object_set_new(o, "optim_mib", real_or_null((double)in->optim_bytes / (1024.0 * 1024.0)));
   if (!isnan(in->val_loss))
     json_object_set_new(o, "val_loss", real_or_null(in->val_loss));
   if (json_dumpf(o, tr->metrics, JSON_COMPACT) == 0)
@@ -416,12 +484,26 @@ static wf_status run_loop(trainer *tr)
   return WF_OK;
 }
 
+/* The final model as an llm.c checkpoint, written by world rank 0 (every dp rank
+ * holds the same parameters). */
+static wf_status save_final(trainer *tr)
+{
+  const char *path = tr->hooks ? tr->hooks->save_llmc : NULL;
+  char err[1024];
+  if (!path || wf_rt_rank() > 0)
+    return WF_OK;
+  wf_status st = wf_gpt_save_llmc(tr->model, path, err, sizeof err);
+  return st == WF_OK ? WF_OK : fail_msg(st, err);
+}
+
 wf_status wf_train_run(const wf_config *cfg, const wf_train_hooks *hooks)
 {
   trainer tr;
   wf_status st = setup(&tr, cfg, hooks, cfg->train.microbatches);
   if (st == WF_OK)
     st = run_loop(&tr);
+  if (st == WF_OK)
+    st = save_final(&tr);
   teardown(&tr);
   return st;
 }

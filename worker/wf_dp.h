@@ -37,9 +37,9 @@ typedef struct wf_dp_opts {
 } wf_dp_opts;
 
 typedef struct wf_dp_stats {
-  double exposed_ms;       /* time waiting for gradient communication after backward */
-  double comm_bytes;       /* bytes reduced this step (per rank) */
-  size_t optimizer_bytes;  /* AdamW state held by this rank */
+  double exposed_ms;           /* time waiting for gradient communication after backward */
+  double comm_bytes;           /* bytes reduced this step (per rank) */
+  size_t optimizer_bytes;      /* AdamW state held by this rank */
   int buckets, launched_early; /* buckets, and how many started during backward */
 } wf_dp_stats;
 
@@ -55,8 +55,8 @@ wf_status wf_dp_finish(wf_dp *dp);
 /* Global gradient norm (after finish), identical on every dp rank. */
 wf_status wf_dp_grad_norm(wf_dp *dp, float *norm);
 /* AdamW (per wf_gpt_update's rules) and, under ZeRO-1, the parameter all-gather. */
-wf_status wf_dp_update(wf_dp *dp, float lr, float beta1, float beta2, float eps,
-                       float weight_decay, float grad_scale, int t);
+wf_status wf_dp_update(wf_dp *dp, float lr, float beta1, float beta2, float eps, float weight_decay,
+                       float grad_scale, int t);
 void wf_dp_get_stats(const wf_dp *dp, wf_dp_stats *out);
 
 #endif /* WF_DP_H */

@@ -23,6 +23,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "wf_collectives.h"
 #include "wf_config.h"
 #include "wf_runtime.h"
 
@@ -38,6 +39,8 @@ typedef struct wf_train_step_info {
   double val_loss;      /* NAN unless an evaluation ran after this step */
   double entropy_floor; /* synthetic source: its entropy rate in nats; else NAN */
   int64_t mem_bytes;    /* memory this rank holds (host + device) */
+  double comm_ms;       /* gradient communication not hidden behind backward */
+  int64_t optim_bytes;  /* AdamW state this rank holds (about 1/dp of it under ZeRO-1) */
 } wf_train_step_info;
 
 typedef struct wf_train_hooks {
@@ -46,6 +49,10 @@ typedef struct wf_train_hooks {
   bool (*on_step)(void *user, const wf_train_step_info *info);
   FILE *out;  /* banner and per-step lines; NULL = stdout */
   bool quiet; /* print nothing but errors (tests) */
+  /* The data-parallel group this rank trains in (NULL = one rank alone): each dp
+   * rank trains on its slice of the global batch and gradients are averaged. */
+  struct wf_comm *dp;
+  const char *save_llmc; /* write the final model as an llm.c checkpoint (dp rank 0) */
 } wf_train_hooks;
 
 /* Build the model (random init from train.seed, or model.init), open the data and run
