@@ -13,6 +13,7 @@
  * found them when only it knows) and never turn into a hang.
  */
 #include <mpi.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -198,13 +199,37 @@ static int fail_all(bool mine_failed, const char *msg, int rank)
   return 1;
 }
 
-/* After every step: tell the coordinator, and stop when the console asked. */
+/* SIGTERM (Slurm's preemption and time-limit signal) and SIGINT ask for a graceful
+ * stop; the handler only sets a flag that the step boundary reads. */
+static volatile sig_atomic_t stop_signal;
+
+static void on_signal(int sig) { stop_signal = sig; }
+
+static void install_signals(void)
+{
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
+}
+
+/* After every step: tell the coordinator, then agree with every rank whether to stop.
+ * A stop request (signal or console) reaches ranks at different moments; without the
+ * all-reduce one rank would leave the loop while the others wait in the next step's
+ * collectives. */
 static bool on_step(void *user, const wf_train_step_info *info)
 {
   wf_control *ctl = user;
   wf_control_report_step(ctl, info->step, info->loss, info->tokens_per_s, info->step_ms,
                          (uint64_t)info->mem_bytes);
-  return !wf_control_stop_requested(ctl);
+  int mine = stop_signal != 0 || wf_control_stop_requested(ctl), any = 0;
+  MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (any && wf_rt_rank() == 0)
+    WF_INFO("stopping after step %d at the request of %s", info->step,
+            stop_signal ? "a signal" : "the console");
+  return !any;
 }
 
 /* Train (or dump llm.c's debug state) on this rank's share of the mesh, with the
@@ -235,6 +260,7 @@ static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, con
       fprintf(stderr, "weft: error: %s\n", err);
     return 1;
   }
+  install_signals();
   wf_train_hooks hooks = {
       .user = plane.ctl, .on_step = on_step, .dp = wf_job_comm(job, WF_AXIS_DP), .save_llmc = save};
   wf_status st = wf_train_run(cfg, &hooks);
