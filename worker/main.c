@@ -224,11 +224,11 @@ static bool on_step(void *user, const wf_train_step_info *info)
   wf_control *ctl = user;
   wf_control_report_step(ctl, info->step, info->loss, info->tokens_per_s, info->step_ms,
                          (uint64_t)info->mem_bytes);
-  int mine = stop_signal != 0 || wf_control_stop_requested(ctl), any = 0;
-  MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  int mine = (stop_signal ? 1 : 0) | (wf_control_stop_requested(ctl) ? 2 : 0), any = 0;
+  MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_BOR, MPI_COMM_WORLD);
   if (any && wf_rt_rank() == 0)
-    WF_INFO("stopping after step %d at the request of %s", info->step,
-            stop_signal ? "a signal" : "the console");
+    WF_INFO("stopping after step %d: %s", info->step,
+            any & 1 ? "a rank received SIGTERM or SIGINT" : "the console asked");
   return !any;
 }
 
