@@ -41,11 +41,12 @@ def train(n, extra, tmp, tag):
     if p.returncode != 0:
         print(f"FAIL: {' '.join(cmd)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
         sys.exit(1)
-    losses = [json.loads(l)["loss"] for l in open(metrics) if l.strip()]
+    rows = [json.loads(l) for l in open(metrics) if l.strip()]
+    losses = [r["loss"] for r in rows]
     if len(losses) != STEPS:
         print(f"FAIL: {tag}: {len(losses)} metric lines, want {STEPS}")
         sys.exit(1)
-    return losses, read_params(ckpt), p.stdout
+    return losses, read_params(ckpt), p.stdout, rows[-1]
 
 
 def read_params(path):
@@ -57,7 +58,7 @@ def read_params(path):
 
 
 def compare(ref, got, what):
-    (l1, p1, _), (l2, p2, out) = ref, got
+    (l1, p1, _, _), (l2, p2, out, _) = ref, got
     worst = 0.0
     for s, (a, b) in enumerate(zip(l1, l2), 1):
         rel = abs(a - b) / abs(a)
@@ -82,6 +83,20 @@ def compare(ref, got, what):
     print(out[-2000:])
 
 
+def check_optimizer_memory(ref, got, dp):
+    """ZeRO-1 keeps AdamW's m and v for ceil(n/dp) of the n parameters on each rank, so
+    the optimizer memory the step log reports must be 1/dp of the unsharded figure, up
+    to the padding of the last shard (fewer than dp elements: < 1e-4 relative here)."""
+    full, shard = ref[3]["optim_mib"], got[3]["optim_mib"]
+    ratio = shard / full
+    if abs(ratio - 1.0 / dp) > 1e-4:
+        print(f"FAIL: optimizer memory {shard:.4f} MiB per rank vs {full:.4f} MiB unsharded: "
+              f"ratio {ratio:.5f}, want 1/{dp}")
+        sys.exit(1)
+    print(f"ok: optimizer memory per rank {shard:.4f} MiB = {ratio:.5f} x {full:.4f} MiB "
+          f"(1/{dp} = {1.0 / dp:.5f})")
+
+
 def case(name):
     with tempfile.TemporaryDirectory() as tmp:
         ref = train(1, [], tmp, "ref")
@@ -90,9 +105,13 @@ def case(name):
         elif name == "dp4":
             compare(ref, train(4, ["mesh.dp=4"], tmp, "dp4"), "dp=4")
         elif name == "dp2-zero1":
-            compare(ref, train(2, ["mesh.dp=2", "optim.zero=1"], tmp, "z2"), "dp=2 ZeRO-1")
+            got = train(2, ["mesh.dp=2", "optim.zero=1"], tmp, "z2")
+            compare(ref, got, "dp=2 ZeRO-1")
+            check_optimizer_memory(ref, got, 2)
         elif name == "dp4-zero1":
-            compare(ref, train(4, ["mesh.dp=4", "optim.zero=1"], tmp, "z4"), "dp=4 ZeRO-1")
+            got = train(4, ["mesh.dp=4", "optim.zero=1"], tmp, "z4")
+            compare(ref, got, "dp=4 ZeRO-1")
+            check_optimizer_memory(ref, got, 4)
         elif name == "accum":
             compare(ref, train(1, ["train.microbatches=4"], tmp, "acc"),
                     "one rank, 4 micro-batches")
