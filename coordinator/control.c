@@ -53,6 +53,8 @@ struct wf_control {
   bool coll_active;
   wf_control_collective_fn coll_fn;
   void *coll_user;
+  wf_control_trace_fn trace_fn;
+  void *trace_user;
   bool report_pending, error_pending, error_sent, closing;
   Weft__StepReport report;
   int err_code;
@@ -102,6 +104,43 @@ static void on_abort_msg(wf_control *c, const Weft__Abort *a)
   do_abort(c, reason);
 }
 
+#define TRACE_BUF   (32 << 10)
+#define TRACE_LINES 512
+
+/* Answer the coordinator's TRACE with this rank's flight recorder, as lines. */
+static void send_trace(wf_control *c, uint64_t id)
+{
+  Weft__Envelope env = WEFT__ENVELOPE__INIT;
+  Weft__TraceReport tr = WEFT__TRACE_REPORT__INIT;
+  char *buf = calloc(1, TRACE_BUF), **lines = calloc(TRACE_LINES, sizeof *lines);
+  pthread_mutex_lock(&c->lock);
+  wf_control_trace_fn fn = c->trace_fn;
+  void *user = c->trace_user;
+  pthread_mutex_unlock(&c->lock);
+  if (!buf || !lines)
+    goto out;
+  if (fn)
+    fn(user, buf, TRACE_BUF);
+  else
+    wf_strlcpy(buf, "(this rank has no flight recorder)", TRACE_BUF);
+  buf[TRACE_BUF - 1] = '\0';
+  size_t n = 0;
+  for (char *save = NULL, *l = strtok_r(buf, "\n", &save); l && n < TRACE_LINES;
+       l = strtok_r(NULL, "\n", &save)) {
+    wf__sanitize(l, strlen(l) + 1, l);
+    lines[n++] = l;
+  }
+  tr.request_id = id;
+  tr.n_lines = n;
+  tr.lines = lines;
+  env.msg_case = WEFT__ENVELOPE__MSG_TRACE_REPORT;
+  env.trace_report = &tr;
+  wf__send(&c->sock.s, &env);
+out:
+  free(lines);
+  free(buf);
+}
+
 static void on_command(wf_control *c, const Weft__Command *cmd)
 {
   switch (cmd->kind) {
@@ -111,6 +150,7 @@ static void on_command(wf_control *c, const Weft__Command *cmd)
     break;
   case WEFT__COMMAND__KIND__CHECKPOINT: atomic_store(&c->ckpt_req, true); break;
   case WEFT__COMMAND__KIND__SHUTDOWN: c->shutdown_seen = true; break;
+  case WEFT__COMMAND__KIND__TRACE: send_trace(c, cmd->request_id); break;
   default: break;
   }
 }
@@ -619,6 +659,16 @@ void wf_control_set_collective_fn(wf_control *c, wf_control_collective_fn fn, vo
   pthread_mutex_lock(&c->lock);
   c->coll_fn = fn;
   c->coll_user = user;
+  pthread_mutex_unlock(&c->lock);
+}
+
+void wf_control_set_trace_fn(wf_control *c, wf_control_trace_fn fn, void *user)
+{
+  if (!c)
+    return;
+  pthread_mutex_lock(&c->lock);
+  c->trace_fn = fn;
+  c->trace_user = user;
   pthread_mutex_unlock(&c->lock);
 }
 

@@ -87,7 +87,21 @@ typedef struct wf__rank {
   double loss, tokens_per_s, step_ms;
   int64_t reports;
   char error[256]; /* last Error message from this rank */
+  char *trace;     /* lines of the TraceReport for the pending `trace`, malloc()ed */
+  bool traced;     /* answered the pending `trace` */
 } wf__rank;
+
+#define WF__TRACE_WAIT_MS 1000 /* how long a `trace` waits for the ranks' answers */
+
+/* One `trace` at a time: sent to every live worker, answered when all replied or
+ * the wait is over. `conn` is NULL once the asking console went away. */
+typedef struct wf__trace {
+  bool active;
+  uint64_t id;
+  struct wf__conn *conn;
+  double deadline;
+  int waiting;
+} wf__trace;
 
 struct wf_service {
   /* configuration (copied) */
@@ -121,6 +135,7 @@ struct wf_service {
   /* latest job-level numbers, from step reports */
   int64_t step;
   double loss, tokens_per_s, step_ms;
+  wf__trace trace;
 
   pthread_mutex_t lock; /* locked: */
   bool aborted;
@@ -141,6 +156,12 @@ void wf__rank_lost(wf_service *svc, int rank, const char *why);
 void wf__abort_job(wf_service *svc, int rank, const char *reason);
 /* query.c: the JSON answer to a console query; NULL with `msg` when unavailable. */
 char *wf__query_json(wf_service *svc, int kind, char *msg, size_t msg_len);
+/* trace.c: the console's `trace`, gathered from every rank */
+void wf__trace_start(wf_service *svc, wf__conn *console);
+void wf__trace_report(wf__conn *c, const Weft__TraceReport *tr);
+void wf__trace_tick(wf_service *svc, double now);
+/* service.c */
+void wf__reply(wf__conn *c, bool ok, const char *json, const char *msg);
 /* jobfile.c */
 wf_status wf__job_dir_prepare(const char *dir);
 wf_status wf__job_file_write(wf_service *svc);

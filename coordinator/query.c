@@ -158,11 +158,6 @@ char *wf__query_json(wf_service *svc, int kind, char *msg, size_t msg_len)
              "schedule: not available yet (pipeline schedules are not reported "
              "to the coordinator)");
     return NULL;
-  case WEFT__QUERY__KIND__TRACE:
-    snprintf(msg, msg_len,
-             "trace: not available yet (collective flight recorders are not "
-             "reported to the coordinator)");
-    return NULL;
   default: snprintf(msg, msg_len, "unknown query"); return NULL;
   }
   if (!j) {

@@ -146,6 +146,23 @@ static void render_mesh(json_t *j, FILE *out)
   print_groups(groups, "emb", out);
 }
 
+static void render_trace(json_t *j, FILE *out)
+{
+  size_t i, k;
+  json_t *r, *line;
+  json_array_foreach(json_object_get(j, "ranks"), i, r)
+  {
+    json_t *lines = json_object_get(r, "lines");
+    if (!json_is_true(json_object_get(r, "answered")))
+      fprintf(out, "rank %d: no answer (not alive, or frozen)\n", (int)num_i(r, "rank"));
+    else if (json_array_size(lines) == 0)
+      fprintf(out, "rank %d: no collectives yet\n", (int)num_i(r, "rank"));
+    else
+      fprintf(out, "rank %d:\n", (int)num_i(r, "rank"));
+    json_array_foreach(lines, k, line) fprintf(out, "  %s\n", json_string_value(line));
+  }
+}
+
 wf_status wf_console_render(wf_console_cmd cmd, const char *json, FILE *out)
 {
   json_error_t je;
@@ -156,6 +173,7 @@ wf_status wf_console_render(wf_console_cmd cmd, const char *json, FILE *out)
   case WF_CONSOLE_STATUS: render_status(j, out); break;
   case WF_CONSOLE_RANKS: render_ranks(j, out); break;
   case WF_CONSOLE_MESH: render_mesh(j, out); break;
+  case WF_CONSOLE_TRACE: render_trace(j, out); break;
   default: fprintf(out, "%s\n", json); break;
   }
   json_decref(j);

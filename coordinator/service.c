@@ -48,6 +48,8 @@ static void conn_retire(wf__conn *c)
     return;
   c->closing = true;
   c->t_last = wf__now_ms();
+  if (c->svc->trace.conn == c)
+    c->svc->trace.conn = NULL;
   if (c->role == WF__CONN_WORKER && c->rank >= 0 && c->svc->ranks[c->rank].conn == c) {
     wf__rank *r = &c->svc->ranks[c->rank];
     r->conn = NULL;
@@ -267,6 +269,7 @@ static void on_worker_msg(wf__conn *c, const Weft__Envelope *env)
   case WEFT__ENVELOPE__MSG_HEARTBEAT: on_heartbeat(c, env->heartbeat); break;
   case WEFT__ENVELOPE__MSG_STEP_REPORT: on_step_report(c, env->step_report); break;
   case WEFT__ENVELOPE__MSG_ERROR: on_worker_error(c, env->error); break;
+  case WEFT__ENVELOPE__MSG_TRACE_REPORT: wf__trace_report(c, env->trace_report); break;
   case WEFT__ENVELOPE__MSG_BYE:
     c->svc->ranks[c->rank].state = WF__RANK_EXITED;
     c->svc->t_progress = wf__now_ms();
@@ -275,7 +278,7 @@ static void on_worker_msg(wf__conn *c, const Weft__Envelope *env)
   }
 }
 
-static void reply(wf__conn *c, bool ok, const char *json, const char *msg)
+void wf__reply(wf__conn *c, bool ok, const char *json, const char *msg)
 {
   Weft__Envelope env = WEFT__ENVELOPE__INIT;
   Weft__Reply r = WEFT__REPLY__INIT;
@@ -290,7 +293,7 @@ static void reply(wf__conn *c, bool ok, const char *json, const char *msg)
 static void on_command(wf__conn *c, const Weft__Command *cmd)
 {
   if (cmd->kind != WEFT__COMMAND__KIND__STOP && cmd->kind != WEFT__COMMAND__KIND__CHECKPOINT) {
-    reply(c, false, NULL, "unknown command");
+    wf__reply(c, false, NULL, "unknown command");
     return;
   }
   Weft__Envelope env = WEFT__ENVELOPE__INIT;
@@ -301,9 +304,9 @@ static void on_command(wf__conn *c, const Weft__Command *cmd)
   wf__broadcast(c->svc, &env);
   bool stop = cmd->kind == WEFT__COMMAND__KIND__STOP;
   WF_INFO("control: console requested %s", stop ? "stop" : "a checkpoint");
-  reply(c, true, stop ? "{\"requested\":\"stop\"}" : "{\"requested\":\"checkpoint\"}",
-        stop ? "stop requested: the job stops at the next step boundary"
-             : "checkpoint requested: it is written at the next step boundary");
+  wf__reply(c, true, stop ? "{\"requested\":\"stop\"}" : "{\"requested\":\"checkpoint\"}",
+            stop ? "stop requested: the job stops at the next step boundary"
+                 : "checkpoint requested: it is written at the next step boundary");
 }
 
 static void on_console_msg(wf__conn *c, const Weft__Envelope *env)
@@ -311,9 +314,12 @@ static void on_console_msg(wf__conn *c, const Weft__Envelope *env)
   char msg[256] = "";
   if (env->msg_case == WEFT__ENVELOPE__MSG_COMMAND) {
     on_command(c, env->command);
+  } else if (env->msg_case == WEFT__ENVELOPE__MSG_QUERY &&
+             env->query->kind == WEFT__QUERY__KIND__TRACE) {
+    wf__trace_start(c->svc, c);
   } else if (env->msg_case == WEFT__ENVELOPE__MSG_QUERY) {
     char *json = wf__query_json(c->svc, env->query->kind, msg, sizeof msg);
-    reply(c, json != NULL, json, msg);
+    wf__reply(c, json != NULL, json, msg);
     free(json);
   } else {
     conn_reject(c, "unexpected message from a console");
@@ -664,6 +670,8 @@ void wf_service_destroy(wf_service *svc)
   if (svc->unix_path[0])
     unlink(svc->unix_path);
   pthread_mutex_destroy(&svc->lock);
+  for (int i = 0; i < svc->world; i++)
+    free(svc->ranks[i].trace);
   free(svc->ranks);
   free(svc);
 }

@@ -232,6 +232,7 @@ void wf__watchdog_tick(uv_timer_t *t)
     return;
   }
   check_conns(svc, now);
+  wf__trace_tick(svc, now);
   if (now - svc->t_ping >= svc->heartbeat_ms) {
     Weft__Envelope env = WEFT__ENVELOPE__INIT;
     Weft__Heartbeat hb = WEFT__HEARTBEAT__INIT;

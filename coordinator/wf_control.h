@@ -111,6 +111,12 @@ void wf_control_set_collective(wf_control *ctl, uint64_t seq, const char *op, bo
 typedef void (*wf_control_collective_fn)(void *user, uint64_t *seq, char *op, size_t op_len,
                                          bool *active);
 void wf_control_set_collective_fn(wf_control *ctl, wf_control_collective_fn fn, void *user);
+/* Optional source of the rank's recent collectives for the console's `trace`: write
+ * them into buf, one line each, oldest first, NUL-terminated. Called from the control
+ * thread when a console asks; it must not block (the flight recorder's snapshot is
+ * safe from any thread). */
+typedef void (*wf_control_trace_fn)(void *user, char *buf, size_t len);
+void wf_control_set_trace_fn(wf_control *ctl, wf_control_trace_fn fn, void *user);
 /* Tell the coordinator this rank is failing, so it can abort the others with the
  * message. Waits at most `wait_ms` for the message to leave. */
 void wf_control_report_error(wf_control *ctl, wf_status code, const char *message, int wait_ms);

@@ -41,6 +41,7 @@ const char *wf_proto_msg_name(Weft__Envelope__MsgCase c)
   case WEFT__ENVELOPE__MSG_REPLY: return "reply";
   case WEFT__ENVELOPE__MSG_COMMAND: return "command";
   case WEFT__ENVELOPE__MSG_ABORT: return "abort";
+  case WEFT__ENVELOPE__MSG_TRACE_REPORT: return "trace_report";
   default: break;
   }
   return "unknown";

@@ -67,7 +67,8 @@ assert d["stages"][1]["grid"] == [[4, 5], [6, 7]], d
 '
 
 out=$("$con" schedule); grep -q "not available" <<<"$out" || fail "schedule"
-"$con" --json trace | $PY -c 'import json,sys; assert json.load(sys.stdin)["available"] is False'
+"$con" --json schedule | $PY -c 'import json,sys; assert json.load(sys.stdin)["available"] is False'
+out=$("$con" trace); grep -q "allreduce(dp) #" <<<"$out" || fail "trace"
 out=$("$con" --count 2 top); grep -q "last collective" <<<"$out" || fail "top"
 out=$("$con" list); grep -q "$job" <<<"$out" || fail "list"
 out=$(printf 'status\nmesh\nquit\n' | "$con" attach "$job")

@@ -287,9 +287,9 @@ static void test_registry_and_queries(void **state)
   free(js);
   json_decref(mesh);
 
-  /* schedule and trace say so rather than failing silently */
+  /* schedule says so rather than failing silently */
   char err[512];
-  assert_int_equal(wf_console_request(&fx->job, WF_CONSOLE_TRACE, 2000, &js, err, sizeof err),
+  assert_int_equal(wf_console_request(&fx->job, WF_CONSOLE_SCHEDULE, 2000, &js, err, sizeof err),
                    WF_EUNSUPPORTED);
   assert_non_null(strstr(err, "not available"));
 
@@ -311,6 +311,46 @@ static void test_registry_and_queries(void **state)
   assert_int_equal(wf_console_find_jobs(fx->dir, jobs, 4), 1);
   assert_string_equal(jobs[0].id, fx->job.id);
   assert_int_equal(atomic_load(&fx->aborts), 0);
+  fx_stop(fx);
+}
+
+static void fake_trace(void *user, char *buf, size_t len)
+{
+  int rank = *(int *)user;
+  snprintf(buf, len, "dp#%d allreduce 1024 x f32 done\ndp#%d allreduce 1024 x f32 running\n",
+           2 * rank, 2 * rank + 1);
+}
+
+static void test_trace(void **state)
+{
+  fixture *fx = fx_start(4, 3, 0); /* rank 3 never registers */
+  wf_control_set_trace_fn(fx->ctl[0], fake_trace, &fx->idx[0]);
+  wf_control_set_trace_fn(fx->ctl[1], fake_trace, &fx->idx[1]);
+  /* rank 2 has no flight recorder */
+  double t0 = wf_now();
+  json_t *j = query(fx, WF_CONSOLE_TRACE);
+  /* every live rank answered, so no waiting for the 1 s deadline */
+  assert_true(wf_now() - t0 < 0.5);
+  json_t *ranks = json_object_get(j, "ranks");
+  assert_int_equal(json_array_size(ranks), 4);
+  json_t *r1 = json_array_get(ranks, 1);
+  assert_true(json_is_true(json_object_get(r1, "answered")));
+  assert_string_equal(json_string_value(json_array_get(json_object_get(r1, "lines"), 1)),
+                      "dp#3 allreduce 1024 x f32 running");
+  json_t *r2 = json_array_get(ranks, 2);
+  assert_non_null(strstr(json_string_value(json_array_get(json_object_get(r2, "lines"), 0)),
+                         "no flight recorder"));
+  assert_false(json_is_true(json_object_get(json_array_get(ranks, 3), "answered")));
+  char *js = json_dumps(j, 0), *text = NULL;
+  size_t len = 0;
+  FILE *out = open_memstream(&text, &len);
+  assert_int_equal(wf_console_render(WF_CONSOLE_TRACE, js, out), WF_OK);
+  fclose(out);
+  assert_non_null(strstr(text, "rank 3: no answer"));
+  assert_non_null(strstr(text, "  dp#0 allreduce 1024 x f32 done"));
+  free(text);
+  free(js);
+  json_decref(j);
   fx_stop(fx);
 }
 
@@ -681,6 +721,7 @@ int main(int argc, char **argv)
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_registry_and_queries),
       cmocka_unit_test(test_dropped_worker),
+      cmocka_unit_test(test_trace),
       cmocka_unit_test(test_silent_worker),
       cmocka_unit_test(test_hang_diagnosis),
       cmocka_unit_test(test_bad_peers),

@@ -102,5 +102,13 @@ int main(int argc, char **argv)
   env.msg_case = WEFT__ENVELOPE__MSG_ABORT;
   env.abort = &a;
   bad |= write_seed(dir, "abort", &env);
+  Weft__TraceReport tr = WEFT__TRACE_REPORT__INIT;
+  char *lines[] = {"dp#1 allreduce 1024 x f32 done", "pp#4 send 64 x f32 running"};
+  tr.request_id = 1;
+  tr.n_lines = 2;
+  tr.lines = lines;
+  env.msg_case = WEFT__ENVELOPE__MSG_TRACE_REPORT;
+  env.trace_report = &tr;
+  bad |= write_seed(dir, "trace_report", &env);
   return bad;
 }

@@ -151,11 +151,33 @@ static void test_roundtrip_all(void **state)
   assert_string_equal(out->reply->json, "{\"a\":1}");
   wf_proto_free(out);
 
+  c.kind = WEFT__COMMAND__KIND__TRACE;
+  c.request_id = 7;
+  env.msg_case = WEFT__ENVELOPE__MSG_COMMAND;
+  env.command = &c;
+  out = roundtrip(&env);
+  assert_int_equal(out->command->kind, WEFT__COMMAND__KIND__TRACE);
+  assert_true(out->command->request_id == 7);
+  wf_proto_free(out);
+  c.request_id = 0;
+
   c.kind = WEFT__COMMAND__KIND__CHECKPOINT;
   env.msg_case = WEFT__ENVELOPE__MSG_COMMAND;
   env.command = &c;
   out = roundtrip(&env);
   assert_int_equal(out->command->kind, WEFT__COMMAND__KIND__CHECKPOINT);
+  wf_proto_free(out);
+
+  Weft__TraceReport tr = WEFT__TRACE_REPORT__INIT;
+  char *lines[] = {"dp#1 allreduce done", "dp#2 allreduce running"};
+  tr.request_id = 42;
+  tr.n_lines = 2;
+  tr.lines = lines;
+  env.msg_case = WEFT__ENVELOPE__MSG_TRACE_REPORT;
+  env.trace_report = &tr;
+  out = roundtrip(&env);
+  assert_true(out->trace_report->request_id == 42 && out->trace_report->n_lines == 2);
+  assert_string_equal(out->trace_report->lines[1], "dp#2 allreduce running");
   wf_proto_free(out);
 
   a.reason = "rank 3 died";
