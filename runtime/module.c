@@ -63,8 +63,12 @@ void *wf_module_open(const char *name, char *why, size_t why_len)
     char *slash = strrchr(exe, '/');
     if (slash)
       *slash = '\0';
-    static const char *rel[] = {"",           "/../kernels/cuda", "/../collectives/nccl",
-                                "/../kernels", "/../collectives",   "/../lib/weft"};
+    static const char *rel[] = {"",
+                                "/../kernels/cuda",
+                                "/../collectives/nccl",
+                                "/../kernels",
+                                "/../collectives",
+                                "/../lib/weft"};
     for (size_t i = 0; i < WF_ARRAY_LEN(rel) && !h; i++) {
       snprintf(dir, sizeof dir, "%s%s", exe, rel[i]);
       h = try_open(dir, file, why, why_len, &have_reason);
