@@ -139,6 +139,7 @@ struct wf_service {
 
   pthread_mutex_t lock; /* locked: */
   bool aborted;
+  char *schedule;          /* wf_service_set_schedule() */
   char abort_reason[2048]; /* written once, by the loop thread */
   int abort_rank;          /* loop thread only */
   uv_timer_t abort_timer;

@@ -145,6 +145,16 @@ static json_t *query_mesh(wf_service *svc)
                    groups_json(svc, 'p'), "emb", embedding_groups(svc));
 }
 
+static json_t *query_schedule(wf_service *svc)
+{
+  json_t *j = NULL;
+  pthread_mutex_lock(&svc->lock);
+  if (svc->schedule)
+    j = json_pack("{s:s, s:s}", "job", svc->job_id, "schedule", svc->schedule);
+  pthread_mutex_unlock(&svc->lock);
+  return j;
+}
+
 char *wf__query_json(wf_service *svc, int kind, char *msg, size_t msg_len)
 {
   double now = wf__now_ms();
@@ -154,10 +164,13 @@ char *wf__query_json(wf_service *svc, int kind, char *msg, size_t msg_len)
   case WEFT__QUERY__KIND__RANKS: j = query_ranks(svc, now); break;
   case WEFT__QUERY__KIND__MESH: j = query_mesh(svc); break;
   case WEFT__QUERY__KIND__SCHEDULE:
-    snprintf(msg, msg_len,
-             "schedule: not available yet (pipeline schedules are not reported "
-             "to the coordinator)");
-    return NULL;
+    if (!(j = query_schedule(svc))) {
+      snprintf(msg, msg_len,
+               "schedule: not available yet (this job has not published its "
+               "pipeline schedule)");
+      return NULL;
+    }
+    break;
   default: snprintf(msg, msg_len, "unknown query"); return NULL;
   }
   if (!j) {

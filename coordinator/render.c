@@ -174,6 +174,7 @@ wf_status wf_console_render(wf_console_cmd cmd, const char *json, FILE *out)
   case WF_CONSOLE_RANKS: render_ranks(j, out); break;
   case WF_CONSOLE_MESH: render_mesh(j, out); break;
   case WF_CONSOLE_TRACE: render_trace(j, out); break;
+  case WF_CONSOLE_SCHEDULE: fprintf(out, "%s\n", str(j, "schedule")); break;
   default: fprintf(out, "%s\n", json); break;
   }
   json_decref(j);

@@ -669,6 +669,7 @@ void wf_service_destroy(wf_service *svc)
   unlink(svc->job_file);
   if (svc->unix_path[0])
     unlink(svc->unix_path);
+  free(svc->schedule);
   pthread_mutex_destroy(&svc->lock);
   for (int i = 0; i < svc->world; i++)
     free(svc->ranks[i].trace);
@@ -681,6 +682,20 @@ const char *wf_service_unix_path(const wf_service *svc) { return svc->unix_path;
 const char *wf_service_job_file(const wf_service *svc) { return svc->job_file; }
 const char *wf_service_token(const wf_service *svc) { return svc->token; }
 int wf_service_port(const wf_service *svc) { return svc->port; }
+
+wf_status wf_service_set_schedule(wf_service *svc, const char *text)
+{
+  char *copy = text ? strdup(text) : NULL;
+  if (!svc || (text && !copy)) {
+    free(copy);
+    return svc ? WF_ENOMEM : WF_EINVAL;
+  }
+  pthread_mutex_lock(&svc->lock);
+  free(svc->schedule);
+  svc->schedule = copy;
+  pthread_mutex_unlock(&svc->lock);
+  return WF_OK;
+}
 
 bool wf_service_aborted(wf_service *svc, char *reason, size_t reason_len)
 {

@@ -68,6 +68,10 @@ const char *wf_service_unix_path(const wf_service *svc);
 const char *wf_service_job_file(const wf_service *svc);
 const char *wf_service_token(const wf_service *svc); /* WF_TOKEN_HEX chars */
 int wf_service_port(const wf_service *svc);          /* the bound TCP port */
+/* The pipeline schedule drawn as text (one row per rank, one column per action), for
+ * the console's `schedule`; until it is set, `schedule` says it is not available.
+ * Copied; any thread. */
+wf_status wf_service_set_schedule(wf_service *svc, const char *text);
 /* True once the watchdog aborted the job; copies the reason. */
 bool wf_service_aborted(wf_service *svc, char *reason, size_t reason_len);
 

@@ -292,6 +292,11 @@ static void test_registry_and_queries(void **state)
   assert_int_equal(wf_console_request(&fx->job, WF_CONSOLE_SCHEDULE, 2000, &js, err, sizeof err),
                    WF_EUNSUPPORTED);
   assert_non_null(strstr(err, "not available"));
+  assert_int_equal(wf_service_set_schedule(fx->svc, "rank 0: F0 F1 B0 B1\nrank 1: F0 B0 F1 B1"),
+                   WF_OK);
+  json_t *sch = query(fx, WF_CONSOLE_SCHEDULE);
+  assert_non_null(strstr(json_string_value(json_object_get(sch, "schedule")), "rank 1: F0 B0"));
+  json_decref(sch);
 
   /* console commands reach every worker */
   assert_int_equal(wf_console_request(&fx->job, WF_CONSOLE_CHECKPOINT, 2000, &js, err, sizeof err),
