@@ -204,6 +204,15 @@ static void check_progress(wf_service *svc, double now)
   if (svc->hang_timeout_ms <= 0 || svc->registered < svc->world ||
       now - svc->t_progress <= svc->hang_timeout_ms)
     return;
+  /* A rank writing a checkpoint may be silent on every other count for longer than
+   * the hang timeout; its heartbeats still prove it alive. */
+  for (int i = 0; i < svc->world; i++) {
+    if (svc->ranks[i].state == WF__RANK_ALIVE &&
+        strncmp(svc->ranks[i].phase, "checkpoint", 10) == 0) {
+      svc->t_progress = now;
+      return;
+    }
+  }
   char reason[2048], colls[1600];
   collective_summary(svc, colls, sizeof colls);
   snprintf(reason, sizeof reason,

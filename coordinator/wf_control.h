@@ -106,6 +106,8 @@ void wf_control_destroy(wf_control *ctl);
  * `ctl` (no control plane) makes them no-ops and the predicates false. */
 void wf_control_report_step(wf_control *ctl, int64_t step, double loss, double tokens_per_s,
                             double step_ms, uint64_t mem_bytes);
+/* "forward", "backward", "optimizer", ... A phase beginning with "checkpoint" is never
+ * taken for a hang, however long it lasts (liveness still comes from heartbeats). */
 void wf_control_set_phase(wf_control *ctl, const char *phase);
 /* The collective this rank entered last (active) or finished last (!active); the
  * heartbeat carries it, and the hang diagnosis compares it across ranks. */
