@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "wf_collectives.h"
 #include "wf_control.h"
 #include "wf_plane.h"
 
@@ -36,6 +37,64 @@ static void on_abort(void *user, const char *reason)
   fprintf(stderr, "weft: error: job aborted by the coordinator: %s\n", reason);
   fflush(stderr);
   _exit(3);
+}
+
+/* The job's communicators, for the flight-recorder feeds below. */
+static int job_comms(const wf_job *job, wf_comm **out)
+{
+  int n = 0;
+  out[n++] = wf_job_world_comm(job);
+  for (int a = 0; a < WF_NUM_AXES; a++)
+    if (wf_job_comm(job, (wf_axis)a))
+      out[n++] = wf_job_comm(job, (wf_axis)a);
+  return n;
+}
+
+/* Heartbeats carry the collective this rank entered last, over all its
+ * communicators: what the hang diagnosis compares across ranks. Runs on the control
+ * thread; the flight recorder is safe to read from there. */
+static void last_collective(void *user, uint64_t *seq, char *op, size_t op_len, bool *active)
+{
+  wf_comm *comms[WF_NUM_AXES + 1];
+  int n = job_comms(user, comms);
+  wf_trace_entry best = {0}, e;
+  const wf_comm *where = NULL;
+  for (int i = 0; i < n; i++)
+    if (wf_comm_last_op(comms[i], &e) && (!where || e.start_ns > best.start_ns))
+      best = e, where = comms[i];
+  if (!where)
+    return;
+  *seq = best.seq;
+  snprintf(op, op_len, "%s(%s)", wf_comm_op_name(best.op), wf_comm_name(where));
+  *active = best.state == WF_STATE_QUEUED || best.state == WF_STATE_RUNNING;
+}
+
+static void format_entry(const wf_comm *c, const wf_trace_entry *e, char *out, size_t len)
+{
+  static const char *states[] = {"queued", "running", "done", "failed"};
+  double ms = e->end_ns > e->start_ns ? (double)(e->end_ns - e->start_ns) * 1e-6 : 0;
+  snprintf(out, len, "%-6s #%-6llu %-14s %10llu B  peer %-3d %-7s %8.3f ms", wf_comm_name(c),
+           (unsigned long long)e->seq, wf_comm_op_name(e->op), (unsigned long long)e->bytes,
+           e->peer, e->state <= WF_STATE_FAILED ? states[e->state] : "?", ms);
+}
+
+/* The console's `trace`: each communicator's recent operations, oldest first. */
+static void recent_collectives(void *user, char *buf, size_t len)
+{
+  enum { PER_COMM = 16 };
+  wf_comm *comms[WF_NUM_AXES + 1];
+  wf_trace_entry e[PER_COMM];
+  int n = job_comms(user, comms);
+  size_t used = 0;
+  buf[0] = '\0';
+  for (int i = 0; i < n && used + 1 < len; i++) {
+    int k = wf_comm_trace_snapshot(comms[i], e, PER_COMM);
+    for (int j = 0; j < k && used + 1 < len; j++) {
+      char line[256];
+      format_entry(comms[i], &e[j], line, sizeof line);
+      used += (size_t)snprintf(buf + used, len - used, "%s\n", line);
+    }
+  }
 }
 
 static void start_service(wf_plane *p, const wf_plane_opts *o, plane_facts *pf)
@@ -88,6 +147,10 @@ wf_status wf_plane_start(wf_plane *p, const wf_plane_opts *o, char *err, size_t 
       .on_abort = on_abort,
   };
   wf_status st = wf_control_start(&p->ctl, &co);
+  if (st == WF_OK) {
+    wf_control_set_collective_fn(p->ctl, last_collective, (void *)o->job);
+    wf_control_set_trace_fn(p->ctl, recent_collectives, (void *)o->job);
+  }
   int mine = st == WF_OK, all = 0;
   MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   if (!all) {
