@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Control-plane tests against real training jobs: the worker under mpirun, the
+`coordinator` console attached to it, and faults injected into its ranks.
+
+`control.py WORKER COORDINATOR CASE`. Each job gets its own job directory and port so
+tests cannot see each other's jobs. Bounds come from issue 7: a dead worker is noticed
+within 2 s and every surviving rank exits within 10 s.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+WORKER, CONSOLE, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
+MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
+EXIT_BOUND_S = 10.0  # issue 7: every surviving rank exits within 10 s
+START_BOUND_S = 60.0  # generous: 8 ranks start on 2 loaded cores
+
+
+def fail(msg, job=None):
+    print("FAIL:", msg)
+    if job:
+        job.kill()
+        out, err = job.communicate()
+        print("--- stdout ---\n" + out[-3000:] + "\n--- stderr ---\n" + err[-3000:])
+    sys.exit(1)
+
+
+def start(n, jobdir, port, extra=()):
+    env = dict(os.environ, WEFT_JOB_DIR=jobdir, MASTER_PORT=str(port))
+    cmd = MPIRUN + ["-np", str(n), "-x", "WEFT_JOB_DIR", "-x", "MASTER_PORT", WORKER,
+                    f"mesh.dp={n}", "train.steps=100000", "train.eval_every=0",
+                    "runtime.hang_timeout=5"] + list(extra)
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def console(jobdir, *args):
+    env = dict(os.environ, WEFT_JOB_DIR=jobdir)
+    p = subprocess.run([CONSOLE] + list(args), env=env, capture_output=True, text=True,
+                       timeout=30)
+    return p.returncode, p.stdout, p.stderr
+
+
+def wait_running(job, jobdir, n):
+    """Wait until all n ranks registered and training steps are being reported."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < START_BOUND_S:
+        if job.poll() is not None:
+            fail(f"job exited early with {job.returncode}", job)
+        rc, out, _ = console(jobdir, "--json", "status")
+        if rc == 0:
+            st = json.loads(out)
+            if st.get("alive") == n and st.get("step", 0) >= 2:
+                return st
+        time.sleep(0.3)
+    fail("job did not start training in time", job)
+
+
+def expect_coords(n, ranks):
+    for r in ranks:
+        # dp-only mesh: rank = tp + TP*(dp + DP*pp) with TP = PP = 1 gives dp = rank
+        want = {"pp": 0, "dp": r["rank"], "tp": 0}
+        if r["coords"] != want:
+            return f"rank {r['rank']} coords {r['coords']} != {want}"
+    return None
+
+
+def case_console(n, port):
+    with tempfile.TemporaryDirectory() as jobdir:
+        job = start(n, jobdir, port)
+        st = wait_running(job, jobdir, n)
+        if st["world_size"] != n or st["mesh"] != {"dp": n, "tp": 1, "pp": 1}:
+            fail(f"status mesh {st['mesh']} world {st['world_size']}", job)
+        rc, out, _ = console(jobdir, "--json", "ranks")
+        ranks = json.loads(out)["ranks"]
+        if sorted(r["rank"] for r in ranks) != list(range(n)):
+            fail(f"ranks {[r['rank'] for r in ranks]}", job)
+        bad = expect_coords(n, ranks)
+        if bad:
+            fail(bad, job)
+        for r in ranks:
+            try:
+                os.kill(r["pid"], 0)  # every pid shown is a live process of this job
+            except OSError:
+                fail(f"rank {r['rank']} pid {r['pid']} is not running", job)
+            if r["state"] != "alive" or not r["collective"]["op"].startswith("allreduce"):
+                fail(f"rank {r['rank']} state {r['state']} collective {r['collective']}", job)
+        rc, out, _ = console(jobdir, "--json", "mesh")
+        mesh = json.loads(out)
+        if mesh["groups"]["dp"] != [list(range(n))]:
+            fail(f"dp group {mesh['groups']['dp']}", job)
+        for cmd in ("status", "ranks", "mesh"):  # the text forms render too
+            rc, out, err = console(jobdir, cmd)
+            if rc != 0 or not out.strip():
+                fail(f"`coordinator {cmd}` exit {rc}: {err}", job)
+            print(out)
+        rc, out, _ = console(jobdir, "stop")
+        t0 = time.monotonic()
+        out, err = job.communicate(timeout=60)
+        if job.returncode != 0:
+            fail(f"stop: exit {job.returncode}\n{err[-2000:]}")
+        print(f"ok: {n} ranks: status/ranks/mesh match the mesh; stop -> exit 0 after "
+              f"{time.monotonic() - t0:.2f} s")
+
+
+def case_fault(sig, victim, port, needle):
+    with tempfile.TemporaryDirectory() as jobdir:
+        job = start(4, jobdir, port)
+        wait_running(job, jobdir, 4)
+        _, out, _ = console(jobdir, "--json", "ranks")
+        pid = {r["rank"]: r["pid"] for r in json.loads(out)["ranks"]}[victim]
+        t0 = time.monotonic()
+        os.kill(pid, sig)
+        try:
+            out, err = job.communicate(timeout=EXIT_BOUND_S + 20)
+        except subprocess.TimeoutExpired:
+            fail("job still running 30 s after the fault", job)
+        dt = time.monotonic() - t0
+        if sig == signal.SIGSTOP:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        if job.returncode == 0:
+            fail(f"job exited 0 after the fault\n{err[-2000:]}")
+        if dt > EXIT_BOUND_S:
+            fail(f"job took {dt:.1f} s to end, bound {EXIT_BOUND_S} s\n{err[-2000:]}")
+        if needle not in err:
+            fail(f"diagnosis lacks {needle!r}\n{err[-3000:]}")
+        line = [l for l in err.splitlines() if needle in l][0]
+        print(f"ok: {signal.Signals(sig).name} of rank {victim}: job ended (exit "
+              f"{job.returncode}) {dt:.2f} s after the fault\n  {line}")
+
+
+CASES = {
+    "console-np4": lambda: case_console(4, 29611),
+    "console-np8": lambda: case_console(8, 29612),
+    "fault-kill": lambda: case_fault(signal.SIGKILL, 2, 29613, "rank 2"),
+    "fault-stop": lambda: case_fault(signal.SIGSTOP, 1, 29614, "rank 1"),
+    # mpirun itself ends the job when rank 0 dies and names it.
+    "fault-kill0": lambda: case_fault(signal.SIGKILL, 0, 29615, "rank 0"),
+    # A frozen coordinator: the workers stop hearing its heartbeats and abort.
+    "fault-stop0": lambda: case_fault(signal.SIGSTOP, 0, 29616, "has been silent"),
+}
+
+if __name__ == "__main__":
+    CASES[CASE]()
