@@ -118,6 +118,10 @@ static void read_slurm(env_reader *r, wf_launch *out)
   out->slurm_ntasks = -1;
   if (!out->slurm)
     return;
+  /* The batch step (the sbatch script itself) has SLURM_PROCID=0 and the
+   * allocation's SLURM_NTASKS but no step id: its SLURM_NTASKS is not our world. */
+  out->slurm_batch = job && procid && strcmp(procid, "0") == 0 &&
+                     !r->get(r->ctx, "SLURM_STEP_ID") && !r->get(r->ctx, "SLURM_STEPID");
   out->slurm_ntasks = env_int(r, "SLURM_STEP_NUM_TASKS");
   if (out->slurm_ntasks < 0)
     out->slurm_ntasks = env_int(r, "SLURM_NTASKS");
@@ -193,10 +197,39 @@ wf_status wf_launch_detect(wf_launch *out, int flag_rank, int flag_world, wf_get
   return WF_OK;
 }
 
+wf_status wf_launch_precheck(wf_getenv_fn getenv_fn, void *ctx, char *err, size_t err_len)
+{
+  const char *step = getenv_fn(ctx, "SLURM_STEP_ID");
+  if (!step)
+    step = getenv_fn(ctx, "SLURM_STEPID");
+  err[0] = '\0';
+  /* mpirun's ranks (OMPI_*) and srun --mpi=pmix tasks (PMIX_RANK) can join a job. */
+  if (!step || !getenv_fn(ctx, "SLURM_PROCID") || getenv_fn(ctx, "PMIX_RANK") ||
+      getenv_fn(ctx, "OMPI_COMM_WORLD_SIZE"))
+    return WF_OK;
+  const char *n = getenv_fn(ctx, "SLURM_STEP_NUM_TASKS");
+  const char *job = getenv_fn(ctx, "SLURM_JOB_ID");
+  bool pmi2 = getenv_fn(ctx, "PMI_FD") != NULL;
+  snprintf(err, err_len,
+           "srun started this task (job %s, step %s, %s tasks) with %s, which this Open MPI "
+           "cannot use: it would abort in MPI_Init. Launch with `srun --mpi=pmix ...` "
+           "(`srun --mpi=list` shows what the cluster offers), or run `mpirun` inside the "
+           "allocation",
+           job ? job : "?", step, n ? n : "?",
+           pmi2 ? "PMI-2 (--mpi=pmi2)" : "no PMIx (--mpi=none, or the cluster's MpiDefault)");
+  return WF_ELAUNCH;
+}
+
 /* The message for N processes that each found an MPI world of one. */
 static void singleton_message(const wf_launch *l, char *err, size_t err_len)
 {
-  if (l->source == WF_LAUNCH_SLURM)
+  if (l->source == WF_LAUNCH_SLURM && l->slurm_batch)
+    snprintf(err, err_len,
+             "this is the batch script of Slurm job %s, which has %d tasks, but the worker ran "
+             "as one process. Start the ranks from the script with `srun --mpi=pmix ./worker "
+             "...` or `mpirun ./worker ...`, or submit with --ntasks=1 to train on one rank",
+             l->slurm_job_id, l->world_size);
+  else if (l->source == WF_LAUNCH_SLURM)
     snprintf(err, err_len,
              "Slurm started %d tasks but MPI sees a world of 1: srun launched independent "
              "singletons because it has no PMI this Open MPI understands. Launch with "

@@ -36,6 +36,7 @@ typedef struct wf_launch {
   int master_port;
   wf_launch_source master_source; /* where master_addr came from (NONE = default) */
   bool slurm;                     /* running inside a Slurm step */
+  bool slurm_batch;               /* the batch script's own process (sbatch), not an srun task */
   int slurm_ntasks;               /* -1 when not under Slurm */
   char slurm_job_id[64];
   char slurm_first_host[256];
@@ -52,6 +53,11 @@ const char *wf_launch_getenv(void *ctx, const char *name);
  * itself (e.g. RANK >= WORLD_SIZE, a number that does not parse). */
 wf_status wf_launch_detect(wf_launch *out, int flag_rank, int flag_world, wf_getenv_fn getenv_fn,
                            void *ctx, char *err, size_t err_len);
+
+/* Before MPI_Init: refuse a task that srun started without PMIx (--mpi=none or
+ * --mpi=pmi2). Open MPI would abort inside MPI_Init with a message about building
+ * Slurm, so this says which --mpi to use instead. WF_OK when not in an srun step. */
+wf_status wf_launch_precheck(wf_getenv_fn getenv_fn, void *ctx, char *err, size_t err_len);
 
 /* Compare with MPI's view. mpi_local_rank/size come from
  * MPI_Comm_split_type(MPI_COMM_TYPE_SHARED). Fills unknown fields from MPI.

@@ -338,6 +338,13 @@ int main(int argc, char **argv)
     printf(a.help ? usage : "weft " WF_VERSION "\n");
     return 0;
   }
+  /* srun without PMIx: Open MPI would abort in MPI_Init without saying what to do. */
+  if (wf_launch_precheck(wf_launch_getenv, NULL, err, sizeof err) != WF_OK) {
+    const char *task = getenv("SLURM_PROCID");
+    if (!task || strcmp(task, "0") == 0)
+      fprintf(stderr, "weft: error: %s\n", err);
+    return 1;
+  }
   launch_env = copy_environ();
   if (MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
     fprintf(stderr, "weft: error: MPI_Init_thread failed\n");

@@ -209,14 +209,68 @@ static void test_disagreements(void **state)
   expect_cross_error(ls, 1, 2, 1, 2, "LOCAL_WORLD_SIZE");
 }
 
+/* Environments recorded under Slurm 22.05 on the one-node test cluster (tests/slurm). */
+static void test_slurm_precheck(void **state)
+{
+  char err[512];
+  /* srun --mpi=none: a step id, no PMI at all. */
+  const char *none[] = {"SLURM_JOB_ID=5", "SLURM_STEP_ID=0", "SLURM_PROCID=1",
+                        "SLURM_STEP_NUM_TASKS=4", NULL};
+  assert_int_equal(wf_launch_precheck(fake_get, (void *)none, err, sizeof err), WF_ELAUNCH);
+  assert_non_null(strstr(err, "srun --mpi=pmix"));
+  assert_non_null(strstr(err, "--mpi=none"));
+  assert_non_null(strstr(err, "4 tasks"));
+  /* srun --mpi=pmi2: Slurm's PMI-2 variables, which Debian's Open MPI cannot use. */
+  const char *pmi2[] = {"SLURM_JOB_ID=7", "SLURM_STEP_ID=0", "SLURM_PROCID=0",      "PMI_FD=13",
+                        "PMI_RANK=0",     "PMI_SIZE=2",      "SLURM_MPI_TYPE=pmi2", NULL};
+  assert_int_equal(wf_launch_precheck(fake_get, (void *)pmi2, err, sizeof err), WF_ELAUNCH);
+  assert_non_null(strstr(err, "PMI-2"));
+  assert_non_null(strstr(err, "srun --mpi=pmix"));
+  /* srun --mpi=pmix, mpirun inside an allocation, the batch step, no Slurm: fine. */
+  const char *pmix[] = {"SLURM_STEP_ID=0", "SLURM_PROCID=0", "PMIX_RANK=0", NULL};
+  const char *mpirun[] = {"SLURM_STEP_ID=0", "SLURM_PROCID=0", "OMPI_COMM_WORLD_SIZE=8", NULL};
+  const char *batch[] = {"SLURM_JOB_ID=9", "SLURM_PROCID=0", "SLURM_NTASKS=4", NULL};
+  const char *plain[] = {NULL};
+  assert_int_equal(wf_launch_precheck(fake_get, (void *)pmix, err, sizeof err), WF_OK);
+  assert_int_equal(wf_launch_precheck(fake_get, (void *)mpirun, err, sizeof err), WF_OK);
+  assert_int_equal(wf_launch_precheck(fake_get, (void *)batch, err, sizeof err), WF_OK);
+  assert_int_equal(wf_launch_precheck(fake_get, (void *)plain, err, sizeof err), WF_OK);
+}
+
+/* The worker run straight from an sbatch script of 4 tasks: the batch step has
+ * SLURM_PROCID=0 and the allocation's SLURM_NTASKS but no step id. */
+static void test_slurm_batch_step(void **state)
+{
+  const char *batch[] = {"SLURM_JOB_ID=9", "SLURM_PROCID=0", "SLURM_NTASKS=4", "SLURM_LOCALID=0",
+                         NULL};
+  wf_launch l;
+  char err[512];
+  assert_int_equal(detect(&l, batch, err), WF_OK);
+  assert_true(l.slurm_batch);
+  assert_int_equal(wf_launch_crosscheck(&l, 0, 1, 0, 1, err, sizeof err), WF_ELAUNCH);
+  assert_non_null(strstr(err, "batch script of Slurm job 9"));
+  assert_non_null(strstr(err, "srun --mpi=pmix ./worker"));
+  /* An srun task is not the batch step. */
+  const char *task[] = {"SLURM_JOB_ID=9", "SLURM_STEP_ID=0", "SLURM_PROCID=0",
+                        "SLURM_NTASKS=4", "PMIX_RANK=0",     NULL};
+  assert_int_equal(detect(&l, task, err), WF_OK);
+  assert_false(l.slurm_batch);
+}
+
 int main(void)
 {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_singleton),     cmocka_unit_test(test_torchrun),
-      cmocka_unit_test(test_ompi),          cmocka_unit_test(test_pmi_and_pmix),
-      cmocka_unit_test(test_slurm),         cmocka_unit_test(test_slurm_only),
-      cmocka_unit_test(test_precedence),    cmocka_unit_test(test_bad_environment),
+      cmocka_unit_test(test_singleton),
+      cmocka_unit_test(test_torchrun),
+      cmocka_unit_test(test_ompi),
+      cmocka_unit_test(test_pmi_and_pmix),
+      cmocka_unit_test(test_slurm),
+      cmocka_unit_test(test_slurm_only),
+      cmocka_unit_test(test_precedence),
+      cmocka_unit_test(test_bad_environment),
       cmocka_unit_test(test_disagreements),
+      cmocka_unit_test(test_slurm_precheck),
+      cmocka_unit_test(test_slurm_batch_step),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
