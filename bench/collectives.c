@@ -19,7 +19,9 @@
  * ovh = median weft / median raw - 1. pair = the median over repeats of each repeat's
  * weft / raw - 1: the two halves of a repeat run back to back, so a time slice lost to
  * another process on a shared machine spoils one ratio (high or low, alike) rather
- * than shifting a whole median. Never a test: it prints a table.
+ * than shifting a whole median. --control replaces weft by the same raw MPI call on a
+ * second communicator: its ovh and pair columns are the noise floor of the machine.
+ * Never a test: it prints a table.
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -34,7 +36,8 @@ static const char *op_names[OP_N] = {"allreduce", "reduce_scatter", "allgather",
 
 typedef struct bench {
   wf_comm *c;
-  MPI_Comm raw;
+  MPI_Comm raw, raw2; /* raw2: the "weft" side of a --control run */
+  bool control;
   int rank, size;
   float *send, *recv;
   int reps;
@@ -77,22 +80,22 @@ static void call_weft(bench *b, int op, int count)
     fail(op_names[op], st);
 }
 
-static void call_raw(bench *b, int op, int count)
+static void call_raw(bench *b, MPI_Comm comm, int op, int count)
 {
   int n = b->size, right = (b->rank + 1) % n, left = (b->rank + n - 1) % n, rc = MPI_SUCCESS;
   MPI_Request q[2];
   switch (op) {
-  case OP_ALLREDUCE: rc = MPI_Allreduce(b->send, b->recv, count, MPI_FLOAT, MPI_SUM, b->raw); break;
+  case OP_ALLREDUCE: rc = MPI_Allreduce(b->send, b->recv, count, MPI_FLOAT, MPI_SUM, comm); break;
   case OP_REDUCE_SCATTER:
-    rc = MPI_Reduce_scatter_block(b->send, b->recv, count, MPI_FLOAT, MPI_SUM, b->raw);
+    rc = MPI_Reduce_scatter_block(b->send, b->recv, count, MPI_FLOAT, MPI_SUM, comm);
     break;
   case OP_ALLGATHER:
-    rc = MPI_Allgather(b->send, count, MPI_FLOAT, b->recv, count, MPI_FLOAT, b->raw);
+    rc = MPI_Allgather(b->send, count, MPI_FLOAT, b->recv, count, MPI_FLOAT, comm);
     break;
-  case OP_BCAST: rc = MPI_Bcast(b->send, count, MPI_FLOAT, 0, b->raw); break;
+  case OP_BCAST: rc = MPI_Bcast(b->send, count, MPI_FLOAT, 0, comm); break;
   case OP_SENDRECV:
-    MPI_Irecv(b->recv, count, MPI_FLOAT, left, 1, b->raw, &q[0]);
-    MPI_Isend(b->send, count, MPI_FLOAT, right, 1, b->raw, &q[1]);
+    MPI_Irecv(b->recv, count, MPI_FLOAT, left, 1, comm, &q[0]);
+    MPI_Isend(b->send, count, MPI_FLOAT, right, 1, comm, &q[1]);
     rc = MPI_Waitall(2, q, MPI_STATUSES_IGNORE);
     break;
   }
@@ -106,7 +109,12 @@ static double time_rep(bench *b, int op, int count, int iters, bool weft)
   MPI_Barrier(b->raw);
   double t0 = MPI_Wtime();
   for (int i = 0; i < iters; i++)
-    weft ? call_weft(b, op, count) : call_raw(b, op, count);
+    if (!weft)
+      call_raw(b, b->raw, op, count);
+    else if (b->control)
+      call_raw(b, b->raw2, op, count);
+    else
+      call_weft(b, op, count);
   double t = (MPI_Wtime() - t0) / iters, tmax = 0;
   MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, b->raw);
   return tmax;
@@ -159,7 +167,7 @@ static void run_size(bench *b, int op, size_t bytes, worst *w)
   int reps = bytes < 65536 ? b->reps : bytes <= (4u << 20) ? 3 * b->reps : 2 * b->reps;
   double tw[192], tr[192], ratio[192];
   for (int i = 0; i < 2; i++) { /* warm-up: connections, page faults */
-    call_raw(b, op, count);
+    call_raw(b, b->raw, op, count);
     call_weft(b, op, count);
   }
   for (int r = 0; r < reps; r++) {
@@ -218,6 +226,8 @@ int main(int argc, char **argv)
       b.reps = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--ops"))
       ops = argv[i + 1];
+    else if (!strcmp(argv[i], "--control"))
+      b.control = atoi(argv[i + 1]) != 0;
   }
   if (b.reps < 1 || b.reps > 64 || step < 2 || min < 4 || max < min)
     return fail("arguments (--reps 1..64, --step >= 2, 4 <= --min <= --max)", WF_EINVAL);
@@ -228,6 +238,7 @@ int main(int argc, char **argv)
   if (st != WF_OK)
     return fail("wf_comm_world_create", st);
   MPI_Comm_dup(MPI_COMM_WORLD, &b.raw);
+  MPI_Comm_dup(MPI_COMM_WORLD, &b.raw2);
   b.send = wf_mem_alloc(max);
   b.recv = wf_mem_alloc(max);
   if (!b.send || !b.recv)
@@ -235,8 +246,10 @@ int main(int argc, char **argv)
   for (size_t i = 0; i < max / sizeof(float); i++)
     b.send[i] = (float)(i % 17);
   if (b.rank == 0) {
-    printf("# weft collectives vs raw MPI: %d ranks, float32, sum, median of %d repeats\n", b.size,
-           b.reps);
+    printf("# %s: %d ranks, float32, sum, median of %d repeats\n",
+           b.control ? "CONTROL run, raw MPI vs raw MPI on a second communicator"
+                     : "weft collectives vs raw MPI",
+           b.size, b.reps);
     printf("#%13s %11s %10s  %28s  %28s\n", "", "", "", "------------ weft ----------",
            "---------- raw MPI ---------");
     printf("%-14s %11s %10s  %10s %7s %7s  %10s %7s %7s  %7s %8s\n", "# op", "size(B)", "count",
@@ -260,6 +273,7 @@ int main(int argc, char **argv)
   wf_mem_free(b.recv);
   wf_comm_destroy(b.c);
   MPI_Comm_free(&b.raw);
+  MPI_Comm_free(&b.raw2);
   MPI_Finalize();
   return 0;
 }

@@ -26,6 +26,19 @@ static bool env_check_default(void)
   return v != 0;
 }
 
+/* $WEFT_COMM_TRACE_CLOCK=precise, read once: full-resolution recorder times. */
+static bool env_precise_clock(void)
+{
+  static atomic_int cached = -1;
+  int v = atomic_load(&cached);
+  if (v < 0) {
+    const char *e = getenv("WEFT_COMM_TRACE_CLOCK");
+    v = e && strcmp(e, "precise") == 0;
+    atomic_store(&cached, v);
+  }
+  return v != 0;
+}
+
 /* Takes ownership of `mpi` (freed on failure). */
 static wf_status comm_wrap(MPI_Comm mpi, const char *name, bool check, wf_comm **out)
 {
@@ -35,6 +48,7 @@ static wf_status comm_wrap(MPI_Comm mpi, const char *name, bool check, wf_comm *
   memset(c, 0, sizeof *c);
   c->mpi = mpi;
   c->check = check;
+  c->precise_clock = env_precise_clock();
   wf_strlcpy(c->name, name ? name : "comm", sizeof c->name);
   atomic_init(&c->next_seq, 0);
   WF_CHECK_MPI(MPI_Comm_set_errhandler(mpi, MPI_ERRORS_RETURN));

@@ -42,9 +42,10 @@ typedef struct wf__p2p {
 struct wf_comm {
   MPI_Comm mpi;
   int rank, size;
-  bool check;      /* cross-rank agreement check before each collective */
-  int group_depth; /* open wf_comm_group_start calls */
-  void *nc;        /* NCCL communicator (module-side), NULL when not enabled */
+  bool check;         /* cross-rank agreement check before each collective */
+  bool precise_clock; /* recorder times from CLOCK_MONOTONIC, not its coarse twin */
+  int group_depth;    /* open wf_comm_group_start calls */
+  void *nc;           /* NCCL communicator (module-side), NULL when not enabled */
   const wf__nccl_ops *nccl;
   wf_req *spare; /* one finished request kept for reuse: most calls never malloc */
   atomic_uint_fast64_t next_seq;
@@ -111,6 +112,8 @@ uint64_t wf__coll_rec_begin(wf_comm *c, wf_comm_op op, size_t count, wf_comm_dty
  * so that a group of operations costs one clock read. */
 void wf__coll_rec_set_state(wf_comm *c, uint64_t seq, wf_comm_state state, uint64_t now);
 void wf__coll_rec_end(wf_comm *c, uint64_t seq, wf_status st);
+/* The recorder's clock: wf_now_ns's clock, coarse unless WEFT_COMM_TRACE_CLOCK=precise. */
+uint64_t wf__coll_rec_now(const wf_comm *c);
 
 /* nccl.c */
 bool wf__coll_on_device(const wf_comm *c, const void *ptr);

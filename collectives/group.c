@@ -98,7 +98,7 @@ static wf_status group_post(wf_comm *c, wf_req **out)
   WF_TRY(wf__coll_req_new(c, n_host, &r));
   r->seq_first = c->group[0].seq;
   r->nseq = c->group_len;
-  uint64_t now = wf_now_ns();
+  uint64_t now = wf__coll_rec_now(c);
   for (int i = 0; i < c->group_len; i++)
     wf__coll_rec_set_state(c, c->group[i].seq, WF_STATE_RUNNING, now);
   if (n_dev)
@@ -114,7 +114,7 @@ fail:
     r->nseq = 0;
     wf_req_wait(&r);
   }
-  uint64_t end = wf_now_ns();
+  uint64_t end = wf__coll_rec_now(c);
   for (int i = 0; i < c->group_len; i++)
     wf__coll_rec_set_state(c, c->group[i].seq, WF_STATE_FAILED, end);
   c->group_len = 0;

@@ -188,7 +188,7 @@ static wf_status complete(wf_req *r, MPI_Status *statuses, wf_status st)
     st = r->c->nccl->event_wait(r->event);
   if (st == WF_OK)
     st = finish_post(r);
-  uint64_t now = wf_now_ns();
+  uint64_t now = wf__coll_rec_now(r->c);
   wf_comm_state state = st == WF_OK ? WF_STATE_DONE : WF_STATE_FAILED;
   for (int i = 0; i < r->nseq; i++)
     wf__coll_rec_set_state(r->c, r->seq_first + (uint64_t)i, state, now);

@@ -90,11 +90,13 @@ typedef enum wf_comm_state {
 /* Number of entries each communicator's flight-recorder ring holds. */
 #define WF_COMM_TRACE_LEN 64
 
-/* One flight-recorder entry. Times are wf_now_ns() values; end_ns is 0 until the
- * operation completed. `peer` is the destination (send), source (recv) or root
- * (bcast) as a rank of the communicator, and -1 for the other operations. `bytes` is
- * what this rank contributes: count * dtype size (for reduce-scatter, the full input,
- * n * recv_count; for allgather, this rank's block). */
+/* One flight-recorder entry. Times are on wf_now_ns()'s clock (CLOCK_MONOTONIC) but,
+ * to keep recording nearly free, read from its coarse twin (resolution of a few ms,
+ * enough to tell a hang); WEFT_COMM_TRACE_CLOCK=precise gives full resolution. end_ns
+ * is 0 until the operation completed; start_ns is 0 while it is queued. `peer` is the destination
+ * (send), source (recv) or root (bcast) as a rank of the communicator, and -1 for the other
+ * operations. `bytes` is what this rank contributes: count * dtype size (for reduce-scatter, the
+ * full input, n * recv_count; for allgather, this rank's block). */
 typedef struct wf_trace_entry {
   uint64_t seq;
   uint64_t count;
