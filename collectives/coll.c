@@ -15,8 +15,6 @@
 #include "comm_int.h"
 #include "wf_check.h"
 
-size_t wf__coll_dtype_size(wf_comm_dtype dt) { return dt == WF_COMM_BF16 ? 2 : 4; }
-
 /* [a, a+an) and [b, b+bn) share a byte. */
 static bool overlaps(const void *a, size_t an, const void *b, size_t bn)
 {
@@ -27,6 +25,10 @@ static bool overlaps(const void *a, size_t an, const void *b, size_t bn)
 /* The in-place layouts and the overlaps that are errors (see wf_collectives.h). */
 static wf_status check_layout(const wf_comm *c, const wf__op *d)
 {
+  if (!d->send || !d->recv || d->count == 0)
+    return WF_OK; /* one buffer (p2p, barrier) or nothing to touch */
+  if (d->send == d->recv && (d->op == WF_OP_ALLREDUCE || d->op == WF_OP_BCAST || c->rank == 0))
+    return WF_OK; /* in place; on rank 0 also for reduce-scatter and allgather */
   size_t es = wf__coll_dtype_size(d->dt), blk = d->count * es, full = blk * (size_t)c->size;
   const char *s = d->send, *r = d->recv;
   if (d->op == WF_OP_REDUCE_SCATTER && s + blk * (size_t)c->rank != r &&
@@ -51,7 +53,7 @@ static wf_status check_layout(const wf_comm *c, const wf__op *d)
 
 static wf_status validate(const wf_comm *c, const wf__op *d)
 {
-  const char *name = wf_comm_op_name(d->op);
+  const char *name = wf_comm_op_name(d->op); /* a table load; used by messages only */
   if (!c) {
     WF_ERROR("%s: communicator is NULL", name);
     return WF_EINVAL;
