@@ -1,0 +1,507 @@
+#!/usr/bin/env python3
+"""weft under a real Slurm: a one-node cluster started in a scratch directory.
+
+    test_slurm.py WORKER COORDINATOR EXAMPLES_DIR [CASE ...]
+
+Starts munged (on a private socket), slurmctld and slurmd for this host with 8
+declared CPUs (the recipe of the project's env README), runs the cases, and stops
+every daemon it started by the pid in its pid file, on success, failure, timeout
+or signal alike. Nothing is left pending: sruns use --immediate, every job has a
+time limit, every wait has a deadline after which the job is cancelled.
+
+Exit status: 0 all cases passed, 1 a case failed, 77 (meson: skipped) when Slurm or
+munge is not installed or the cluster cannot start, with the reason on stdout.
+"""
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+WORKER, COORDINATOR, EXAMPLES = (os.path.abspath(a) for a in sys.argv[1:4])
+ONLY = set(sys.argv[4:])
+SKIP = 77
+NTASKS = 4
+# Every wait is bounded. A 4-rank job of a few gpt2-tiny steps takes about 5 s on the
+# 2-core development machine; these bounds leave room for a loaded machine.
+JOB_DEADLINE_S = 120
+START_DEADLINE_S = 20
+# No case starts after this many seconds, so that the slowest case (about 210 s of
+# bounded waits) and the clean-up still end inside meson's 900 s timeout, which would
+# kill the harness before it could stop the daemons.
+BUDGET_S = 540
+# Ranks that fail to start must fail fast; 15 s is ten times the measured ~1.5 s.
+ERROR_EXIT_BOUND_S = 15.0
+
+scratch = None
+started = []  # (name, pid file) of each daemon this run started, in start order
+env = dict(os.environ)
+failures = []
+
+
+class Skip(Exception):
+    pass
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+def run(cmd, timeout=60, check=False, **kw):
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, **kw)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: exit {p.returncode}\n{p.stdout}{p.stderr}")
+    return p
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+# --- the cluster --------------------------------------------------------------------
+
+def need_programs():
+    missing = [p for p in ("munged", "munge", "slurmctld", "slurmd", "sbatch", "srun", "scancel",
+                           "squeue", "scontrol", "sinfo")
+               if not shutil.which(p, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")]
+    if missing:
+        raise Skip(f"Slurm/munge not installed ({', '.join(missing)} missing): "
+                   "apt-get install slurm-wlm munge (scripts/setup.sh does)")
+    if os.geteuid() != 0:
+        raise Skip("starting slurmd needs root (it runs tasks as the submitting user)")
+    if not os.path.exists("/etc/munge/munge.key"):
+        raise Skip("no munge key at /etc/munge/munge.key (the munge package creates one)")
+
+
+def sbin(p):
+    return shutil.which(p, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")
+
+
+def start_munge():
+    """A private munged: its own socket, pid, log and seed under the scratch folder,
+    so a system munged (or another test run) is neither needed nor touched."""
+    mdir = os.path.join(scratch, "munge")
+    os.mkdir(mdir)
+    shutil.chown(mdir, "munge", "munge")
+    os.chmod(mdir, 0o755)  # munged wants the socket's folder traversable by all
+    sock, pid = os.path.join(mdir, "munge.sock"), os.path.join(mdir, "munged.pid")
+    p = run(["runuser", "-u", "munge", "--", sbin("munged"), f"--socket={sock}",
+             f"--pid-file={pid}", f"--log-file={mdir}/munged.log",
+             f"--seed-file={mdir}/munged.seed"], timeout=20)
+    if p.returncode != 0:
+        raise Skip(f"munged would not start: {p.stderr.strip() or p.stdout.strip()}")
+    started.append(("munged", pid))
+    if run(["sh", "-c", f"munge -n -S {sock} | unmunge -S {sock}"], timeout=10).returncode:
+        raise Skip("munged started but cannot encode/decode a credential")
+    return sock
+
+
+def write_conf(munge_sock):
+    host = run(["hostname", "-s"], check=True).stdout.strip()
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "slurm.conf.in")) as f:
+        text = f.read()
+    text = (text.replace("@HOST@", host).replace("@SLURM_DIR@", scratch)
+            .replace("@MUNGE_SOCKET@", munge_sock)
+            .replace("@CTLD_PORT@", str(free_port())).replace("@SLURMD_PORT@", str(free_port())))
+    conf = os.path.join(scratch, "slurm.conf")
+    with open(conf, "w") as f:
+        f.write(text)
+    return conf, host
+
+
+def start_slurm():
+    for d in ("state", "spool", "log", "jobs", "out"):
+        os.mkdir(os.path.join(scratch, d))
+    os.chmod(os.path.join(scratch, "jobs"), 0o700)
+    conf, host = write_conf(start_munge())
+    env["SLURM_CONF"] = conf
+    for daemon in ("slurmctld", "slurmd"):
+        p = run([sbin(daemon), "-f", conf], timeout=20)
+        started.append((daemon, os.path.join(scratch, f"{daemon}.pid")))
+        if p.returncode != 0:
+            raise Skip(f"{daemon} would not start (exit {p.returncode}): {p.stderr.strip()}"
+                       f"{daemon_log(daemon)}")
+    deadline = time.monotonic() + START_DEADLINE_S
+    while time.monotonic() < deadline:
+        p = run(["sinfo", "-h", "-o", "%t %c"], timeout=10)
+        if p.returncode == 0 and p.stdout.split()[:1] == ["idle"]:
+            log(f"cluster up: node {host}, {p.stdout.split()[1]} CPUs, scratch {scratch}")
+            return
+        time.sleep(0.3)
+    raise Skip(f"the node did not become idle in {START_DEADLINE_S} s: "
+               f"{run(['sinfo'], timeout=10).stdout}{daemon_log('slurmctld')}{daemon_log('slurmd')}")
+
+
+def daemon_log(name):
+    path = os.path.join(scratch, "log", f"{name}.log")
+    try:
+        with open(path) as f:
+            return f"\n--- tail of {path} ---\n" + "".join(f.readlines()[-15:])
+    except OSError:
+        return ""
+
+
+def read_pid(path):
+    try:
+        with open(path) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def stop_all():
+    """Cancel every job (slurmd leaves its steps running when it stops), then stop the
+    daemons this run started, newest first, by the pids in their pid files."""
+    if env.get("SLURM_CONF") and started:
+        try:
+            jobs = run(["squeue", "-h", "-o", "%i"], timeout=10).stdout.split()
+            if jobs:
+                run(["scancel", "--full"] + jobs, timeout=10)
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline and run(
+                        ["squeue", "-h", "-o", "%i"], timeout=10).stdout.split():
+                    time.sleep(0.5)
+        except (subprocess.SubprocessError, OSError) as e:
+            log(f"cleanup: could not cancel jobs: {e}")
+    for name, pidfile in reversed(started):
+        pid = read_pid(pidfile)
+        if pid is None or not alive(pid):
+            continue
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if alive(pid):
+            log(f"cleanup: {name} (pid {pid}) ignored SIGTERM; killing it")
+            os.kill(pid, signal.SIGKILL)
+    started.clear()
+
+
+# --- jobs -------------------------------------------------------------------------------
+
+def job_info(jobid):
+    p = run(["scontrol", "show", "job", "-o", str(jobid)], timeout=10)
+    return dict(re.findall(r"(\w+)=(\S*)", p.stdout))
+
+
+DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+        "BOOT_FAIL", "DEADLINE"}
+
+
+def wait_job(jobid, deadline_s=JOB_DEADLINE_S):
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        info = job_info(jobid)
+        if info.get("JobState") in DONE:
+            return info
+        time.sleep(0.5)
+    run(["scancel", "--full", str(jobid)], timeout=10)
+    raise AssertionError(f"job {jobid} still {job_info(jobid).get('JobState')} after "
+                         f"{deadline_s} s; cancelled")
+
+
+def wait_drained():
+    """The next case gets the whole node: wait until the last job has left it."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if not run(["squeue", "-h", "-o", "%i"], timeout=10).stdout.split() and \
+                run(["sinfo", "-h", "-o", "%t"], timeout=10).stdout.strip() == "idle":
+            return
+        time.sleep(0.3)
+
+
+def read(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def sbatch(script, name, args, opts=(), extra_env=None):
+    """Submit an example script with the overrides this cluster needs: no GPUs, 2 of
+    the 8 declared CPUs per task, a time limit that ends anything left behind, and the
+    stop signal moved inside that limit. Returns (job id, output path)."""
+    out = os.path.join(scratch, "out", f"{name}.out")
+    e = dict(extra_env or {})
+    e.update(WEFT_WORKER=WORKER, WEFT_COORDINATOR=COORDINATOR)
+    exports = ",".join(["ALL"] + [f"{k}={v}" for k, v in e.items()])
+    cmd = ["sbatch", "--parsable", f"--job-name=weft-{name}", "--cpus-per-task=2", "--time=5",
+           "--signal=B:USR1@30", f"--output={out}", f"--export={exports}", *opts,
+           os.path.join(EXAMPLES, script), *args]
+    p = run(cmd, timeout=30)
+    if p.returncode != 0:
+        raise AssertionError(f"sbatch failed ({p.returncode}): {p.stderr}")
+    return int(p.stdout.strip().split(";")[0]), out
+
+
+def wait_for(pattern, path, deadline_s=60, jobid=None):
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        m = re.search(pattern, read(path), re.M)
+        if m:
+            return m
+        if jobid and job_info(jobid).get("JobState") in DONE:
+            break
+        time.sleep(0.2)
+    raise AssertionError(f"no /{pattern}/ in {path} within {deadline_s} s:\n{read(path)[-3000:]}")
+
+
+def check(cond, what, text=""):
+    if not cond:
+        raise AssertionError(f"{what}\n--- output ---\n{text[-4000:]}")
+
+
+MESH_ROW = re.compile(r"^\s*(\d+)\s+\S+\s+\d+\s+(\d+)/(\d+)\s+\S+\s+.+?\s+\d+\s+\((\d+),(\d+),(\d+)\)",
+                      re.M)
+
+
+def check_mesh(text, n):
+    rows = {int(m.group(1)): m for m in MESH_ROW.finditer(text)}
+    check(sorted(rows) == list(range(n)), f"a mesh table with one row per rank 0..{n - 1}", text)
+    for r, m in rows.items():
+        check((int(m.group(4)), int(m.group(5)), int(m.group(6))) == (0, r, 0),
+              f"rank {r} at (pp,dp,tp)=(0,{r},0) on a dp={n} mesh", text)
+    check(f"mesh dp={n} x tp=1 x pp=1" in text, f"the mesh header names dp={n}", text)
+    check("groups verified against MPI" in text, "the communicators were verified", text)
+
+
+def check_trained(text, steps, n):
+    check(re.search(rf"launch: rank/size from .*; {n} ranks", text) is not None,
+          f"rank 0 reports {n} ranks", text)
+    check(re.search(rf"^step {steps}/{steps} loss=\d", text, re.M) is not None,
+          f"the last step {steps}/{steps} was logged", text)
+    check(re.search(rf"dp {n} x", text) is not None, f"the trainer ran data parallel over {n}", text)
+
+
+def check_completed(info, text, what):
+    check(info.get("JobState") == "COMPLETED" and info.get("ExitCode") == "0:0",
+          f"{what}: job state {info.get('JobState')} exit {info.get('ExitCode')}, want COMPLETED 0:0",
+          text)
+
+
+# --- cases ------------------------------------------------------------------------------
+
+def case_sbatch():
+    """The single-node example (srun launcher) trains gpt2-tiny on 4 ranks, showing the mesh."""
+    jobid, out = sbatch("single-node.sbatch", "sbatch", ["train.steps=5"],
+                        ["--gpus-per-task=0", f"--ntasks-per-node={NTASKS}"])
+    info = wait_job(jobid)
+    text = read(out)
+    check_completed(info, text, "sbatch single-node.sbatch")
+    check_mesh(text, NTASKS)
+    check_trained(text, 5, NTASKS)
+    check(f"control plane {info['NodeList']}:{20000 + jobid % 20000}" in text,
+          "MASTER_ADDR/MASTER_PORT derived from the allocation", text)
+    check(re.search(rf"coordinator for job slurm-{jobid} listening on {info['NodeList']}:"
+                    rf"{20000 + jobid % 20000}", text) is not None,
+          "the coordinator listens on the script's MASTER_ADDR:MASTER_PORT", text)
+    return text
+
+
+def case_sbatch_mpirun():
+    """The same script with mpirun inside the allocation instead of srun."""
+    jobid, out = sbatch("single-node.sbatch", "sbatch-mpirun", ["train.steps=3"],
+                        ["--gpus-per-task=0", f"--ntasks-per-node={NTASKS}"],
+                        {"WEFT_LAUNCHER": "mpirun"})
+    info = wait_job(jobid)
+    text = read(out)
+    check_completed(info, text, "WEFT_LAUNCHER=mpirun sbatch single-node.sbatch")
+    check_mesh(text, NTASKS)
+    check_trained(text, 3, NTASKS)
+    check("launch: rank/size from Open MPI" in text, "mpirun's ranks read OMPI_*", text)
+
+
+def case_multinode_script():
+    """The multi-node example, on the one node there is: its launch lines work."""
+    jobid, out = sbatch("multi-node.sbatch", "multi-node", ["train.steps=2"],
+                        ["--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0"])
+    info = wait_job(jobid)
+    text = read(out)
+    check_completed(info, text, "sbatch --nodes=1 multi-node.sbatch")
+    check_mesh(text, 2)
+    check_trained(text, 2, 2)
+
+
+def srun(mpi, n, args, timeout=90):
+    t0 = time.monotonic()
+    p = run(["srun", "--immediate=30", "--time=3", f"--mpi={mpi}", "-n", str(n),
+             "--cpus-per-task=2", WORKER] + args, timeout=timeout)
+    return p, time.monotonic() - t0
+
+
+def case_srun_pmix():
+    """`srun --mpi=pmix -n 4 ./worker` trains."""
+    p, _ = srun("pmix", NTASKS, ["train.steps=3"])
+    text = p.stdout + p.stderr
+    check(p.returncode == 0, f"srun --mpi=pmix exit {p.returncode}", text)
+    check_trained(text, 3, NTASKS)
+    check("launch: rank/size from PMI" in text, "ranks read PMIx's PMIX_RANK", text)
+
+
+def refused(mpi, needle):
+    p, dt = srun(mpi, NTASKS, ["train.steps=3"])
+    text = p.stdout + p.stderr
+    check(p.returncode != 0, f"srun --mpi={mpi} must fail; exit {p.returncode}", text)
+    check(dt < ERROR_EXIT_BOUND_S, f"srun --mpi={mpi} failed after {dt:.1f} s, over "
+          f"{ERROR_EXIT_BOUND_S} s", text)
+    msgs = [l for l in text.splitlines() if l.startswith("weft: error:")]
+    check(len(msgs) == 1, f"one weft error line (printed by task 0), got {len(msgs)}", text)
+    check("srun --mpi=pmix" in msgs[0] and needle in msgs[0] and f"{NTASKS} tasks" in msgs[0],
+          f"the message names --mpi=pmix, {needle!r} and the task count", text)
+    check("MPI_Init" not in text.replace("abort in MPI_Init", ""),
+          "refused before Open MPI's own MPI_Init failure", text)
+    return msgs[0]
+
+
+def case_srun_none():
+    """`srun --mpi=none -n 4` is refused with the clear message."""
+    log("  " + refused("none", "--mpi=none"))
+
+
+def case_srun_pmi2():
+    """`srun --mpi=pmi2 -n 4` (Debian's Open MPI has no PMI-2) is refused too."""
+    if "pmi2" not in run(["srun", "--mpi=list"], timeout=10).stdout + \
+            run(["srun", "--mpi=list"], timeout=10).stderr:
+        log("  (this Slurm has no pmi2 plugin; nothing to refuse)")
+        return
+    log("  " + refused("pmi2", "PMI-2"))
+
+
+def start_long(name, launcher="srun"):
+    jobid, out = sbatch("single-node.sbatch", name, ["train.steps=100000", "train.warmup=2"],
+                        ["--gpus-per-task=0", f"--ntasks-per-node={NTASKS}"],
+                        {"WEFT_LAUNCHER": launcher})
+    wait_for(r"^step 3/100000 ", out, jobid=jobid)
+    return jobid, out
+
+
+def console(cmd, jobid):
+    p = run([COORDINATOR, cmd, f"slurm-{jobid}"], timeout=30)
+    return p.returncode, p.stdout + p.stderr
+
+
+def case_console_and_preempt():
+    """The console attaches to a job running under Slurm (status, ranks); then
+    `scancel --signal=TERM` stops it at a step boundary with exit status 0."""
+    jobid, out = start_long("preempt")
+    rc, text = console("status", jobid)
+    check(rc == 0 and f"slurm-{jobid}" in text and re.search(r"\b4 ranks?\b|ranks\s*4|4/4", text),
+          f"coordinator status slurm-{jobid} (exit {rc})", text)
+    log("  coordinator status:\n" + "\n".join("    " + l for l in text.splitlines()))
+    rc, text = console("ranks", jobid)
+    rows = [l for l in text.splitlines() if re.match(r"\s*[0-3]\s", l)]
+    check(rc == 0 and len(rows) == NTASKS, f"coordinator ranks: {len(rows)} rank rows, exit {rc}",
+          text)
+    log("  coordinator ranks:\n" + "\n".join("    " + l for l in text.splitlines()))
+
+    run(["scancel", "--signal=TERM", str(jobid)], timeout=10, check=True)
+    info = wait_job(jobid, 60)
+    text = read(out)
+    check_completed(info, text, "scancel --signal=TERM")
+    m = re.search(r"stopping after step (\d+): a rank received SIGTERM", text)
+    check(m is not None, "rank 0 says it stops because of SIGTERM", text)
+    last = re.findall(r"^step (\d+)/100000 ", text, re.M)
+    check(last and last[-1] == m.group(1),
+          f"the last logged step ({last[-1] if last else None}) is the one it stopped after", text)
+    check("training exited with status 0" in text, "the launch exited 0", text)
+    # (slurmstepd prints "STEP n.1 ... CANCELLED" for any SIGTERM it delivers; what
+    # matters is that no task was killed and the step exited 0.)
+    check("Killed" not in text and "Exited with exit code" not in text, "no task was killed",
+          text)
+    log("  ...\n" + "\n".join("  " + l for l in text.splitlines()[-6:]))
+
+
+def case_preempt_mpirun():
+    """mpirun inside the allocation: a stop signal to the batch script (what
+    --signal=B:USR1@300 sends before the time limit) becomes `coordinator stop`."""
+    jobid, out = start_long("preempt-mpirun", "mpirun")
+    run(["scancel", "--batch", "--signal=USR1", str(jobid)], timeout=10, check=True)
+    info = wait_job(jobid, 60)
+    text = read(out)
+    check_completed(info, text, "scancel --batch --signal=USR1 (mpirun)")
+    check("stop requested" in text, "the script's trap ran", text)
+    check(re.search(r"stopping after step \d+: the console asked", text) is not None,
+          "weft stopped at a step boundary on the console's request", text)
+    check("training exited with status 0" in text, "mpirun exited 0", text)
+
+
+CASES = [("sbatch", case_sbatch), ("srun-pmix", case_srun_pmix), ("srun-none", case_srun_none),
+         ("srun-pmi2", case_srun_pmi2), ("console-preempt", case_console_and_preempt),
+         ("sbatch-mpirun", case_sbatch_mpirun), ("preempt-mpirun", case_preempt_mpirun),
+         ("multi-node-script", case_multinode_script)]
+
+
+def on_signal(sig, frame):
+    raise SystemExit(f"test_slurm: got signal {sig}; cleaning up")
+
+
+def main():
+    global scratch
+    for p in (WORKER, COORDINATOR, os.path.join(EXAMPLES, "single-node.sbatch")):
+        if not os.path.exists(p):
+            log(f"test_slurm: {p} does not exist")
+            return 1
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    scratch = tempfile.mkdtemp(prefix="weft-slurm-")
+    os.chmod(scratch, 0o755)  # munged (user munge) must reach its socket folder
+    # Tasks share the 2 cores: OpenMP threads must not spin; root may run mpirun.
+    env.update(WEFT_JOB_DIR=os.path.join(scratch, "jobs"), OMP_WAIT_POLICY="passive",
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1")
+    for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(k, None)
+    keep = False
+    try:
+        need_programs()
+        start_slurm()
+        t_start = time.monotonic()
+        for name, fn in CASES:
+            if ONLY and name not in ONLY:
+                continue
+            if time.monotonic() - t_start > BUDGET_S:
+                failures.append(name)
+                log(f"FAIL {name}: not run, the harness used up its {BUDGET_S} s")
+                continue
+            wait_drained()
+            log(f"--- {name}: {fn.__doc__.strip().splitlines()[0]}")
+            t0 = time.monotonic()
+            try:
+                fn()
+                log(f"ok   {name} ({time.monotonic() - t0:.1f} s)")
+            except (AssertionError, RuntimeError, subprocess.TimeoutExpired) as e:
+                failures.append(name)
+                log(f"FAIL {name}: {e}")
+        if failures:
+            keep = True
+            log(daemon_log("slurmctld") + daemon_log("slurmd"))
+        log(f"{len(failures)} failed: {' '.join(failures)}" if failures else "all cases passed")
+        return 1 if failures else 0
+    except Skip as e:
+        log(f"SKIP: {e}")
+        return SKIP
+    finally:
+        stop_all()
+        if keep or os.environ.get("WEFT_SLURM_KEEP"):
+            log(f"scratch kept: {scratch}")
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
