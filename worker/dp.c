@@ -284,3 +284,19 @@ wf_status wf_dp_update(wf_dp *dp, float lr, float beta1, float beta2, float eps,
 }
 
 void wf_dp_get_stats(const wf_dp *dp, wf_dp_stats *out) { *out = dp->stats; }
+
+void wf_dp_shard_range(const wf_dp *dp, size_t *lo, size_t *hi)
+{
+  size_t n = wf_gpt_num_params(wf_gpt_get_dims(dp->model));
+  *lo = 0, *hi = n;
+  if (dp->zero) {
+    *lo = WF_MIN((size_t)dp->rank * dp->shard, n);
+    *hi = WF_MIN(*lo + dp->shard, n);
+  }
+}
+
+void wf_dp_adam_shard(wf_dp *dp, float **m, float **v)
+{
+  *m = dp->zero ? dp->m : NULL;
+  *v = dp->zero ? dp->v : NULL;
+}

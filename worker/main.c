@@ -21,6 +21,7 @@
 
 #include "wf_bind.h"
 #include "wf_build_config.h"
+#include "wf_checkpoint.h"
 #include "wf_config.h"
 #include "wf_coordinator.h"
 #include "wf_gpu.h"
@@ -64,6 +65,7 @@ typedef struct args {
   bool dry_run, print_config, help, version;
   const char *dump_state;
   const char *save;
+  const char *export_llmc; /* --export llmc FILE */
   int n_overrides;
   char **overrides; /* "key=value" */
 } args;
@@ -75,6 +77,8 @@ static const char usage[] =
     "  --print-config     print the effective config and where each value came from\n"
     "  --dump-state FILE  write llm.c's debug state for the first batch and exit\n"
     "  --save FILE        after training, write the model as an llm.c checkpoint\n"
+    "  --export llmc FILE write the checkpoint train.resume names (else the latest in\n"
+    "                     train.checkpoint_dir) as an llm.c checkpoint and exit\n"
     "  --version, --help\n"
     "  key=value          override a config key, e.g. mesh.tp=2 train.steps=100\n"
     "Launch with mpirun -np N, srun --mpi=pmix -n N, or alone for one rank.\n";
@@ -92,6 +96,13 @@ static int parse_args(int argc, char **argv, args *a, char *err, size_t len)
       }
       const char **dst = s[2] == 'c' ? &a->config_file : s[2] == 'd' ? &a->dump_state : &a->save;
       *dst = argv[++i];
+    } else if (!strcmp(s, "--export")) {
+      if (i + 2 >= argc || strcmp(argv[i + 1], "llmc")) {
+        snprintf(err, len, "--export needs a format and a file: --export llmc FILE");
+        return -1;
+      }
+      a->export_llmc = argv[i + 2];
+      i += 2;
     } else if (!strncmp(s, "--config=", 9)) {
       a->config_file = s + 9;
     } else if (!strcmp(s, "--dry-run")) {
@@ -215,21 +226,39 @@ static void install_signals(void)
   sigaction(SIGINT, &sa, NULL);
 }
 
-/* After every step: tell the coordinator, then agree with every rank whether to stop.
- * A stop request (signal or console) reaches ranks at different moments; without the
- * all-reduce one rank would leave the loop while the others wait in the next step's
- * collectives. */
+/* What the step boundary agreed on, for the trainer's hooks. */
+typedef struct boundary {
+  wf_control *ctl;
+  bool checkpoint; /* the console asked for a checkpoint */
+} boundary;
+
+/* After every step: tell the coordinator, then agree with every rank whether to stop
+ * or checkpoint. A stop request (signal or console) reaches ranks at different
+ * moments; without the all-reduce one rank would leave the loop while the others wait
+ * in the next step's collectives. The trainer checkpoints before it stops. */
 static bool on_step(void *user, const wf_train_step_info *info)
 {
-  wf_control *ctl = user;
+  boundary *b = user;
+  wf_control *ctl = b->ctl;
   wf_control_report_step(ctl, info->step, info->loss, info->tokens_per_s, info->step_ms,
                          (uint64_t)info->mem_bytes);
-  int mine = (stop_signal ? 1 : 0) | (wf_control_stop_requested(ctl) ? 2 : 0), any = 0;
+  int mine = (stop_signal ? 1 : 0) | (wf_control_stop_requested(ctl) ? 2 : 0) |
+             (wf_control_checkpoint_requested(ctl) ? 4 : 0),
+      any = 0;
   MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_BOR, MPI_COMM_WORLD);
+  b->checkpoint = any & 4;
+  any &= 3;
   if (any && wf_rt_rank() == 0)
     WF_INFO("stopping after step %d: %s", info->step,
             any & 1 ? "a rank received SIGTERM or SIGINT" : "the console asked");
   return !any;
+}
+
+static bool checkpoint_now(void *user) { return ((boundary *)user)->checkpoint; }
+
+static void on_phase(void *user, const char *phase)
+{
+  wf_control_set_phase(((boundary *)user)->ctl, phase);
 }
 
 /* Train (or dump llm.c's debug state) on this rank's share of the mesh, with the
@@ -261,13 +290,35 @@ static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, con
     return 1;
   }
   install_signals();
-  wf_train_hooks hooks = {
-      .user = plane.ctl, .on_step = on_step, .dp = wf_job_comm(job, WF_AXIS_DP), .save_llmc = save};
+  boundary bd = {plane.ctl, false};
+  wf_train_hooks hooks = {.user = &bd,
+                          .on_step = on_step,
+                          .dp = wf_job_comm(job, WF_AXIS_DP),
+                          .save_llmc = save,
+                          .checkpoint_now = checkpoint_now,
+                          .on_phase = on_phase,
+                          .world = wf_job_world_comm(job)};
   wf_status st = wf_train_run(cfg, &hooks);
   if (st != WF_OK)
     fprintf(stderr, "weft: error: training failed: %s (see the log above)\n", wf_status_str(st));
   wf_plane_stop(&plane);
   return st == WF_OK ? 0 : 1;
+}
+
+/* --export llmc FILE: rank 0 writes the model of the checkpoint; no mesh is needed. */
+static int export_llmc(const wf_config *cfg, const char *path, int rank)
+{
+  char dir[WF_PATH_MAX + 64], err[2048] = "";
+  bool ok = true;
+  if (rank == 0) {
+    ok = wf_ckpt_locate(cfg, dir, sizeof dir, err, sizeof err) == WF_OK &&
+         wf_ckpt_export_llmc(dir, path, err, sizeof err) == WF_OK;
+    if (ok)
+      printf("exported %s to %s (llm.c GPT-2 checkpoint)\n", dir, path);
+  }
+  if (!all_ok(ok))
+    return fail_all(!ok, err, rank);
+  return 0;
 }
 
 static int run(const args *a, int rank, int size)
@@ -288,6 +339,8 @@ static int run(const args *a, int rank, int size)
       wf_config_print(&cfg, stdout);
     return 0;
   }
+  if (a->export_llmc)
+    return export_llmc(&cfg, a->export_llmc, rank);
 
   wf_gpu *gpu = NULL;
   char device[64], bus[64];

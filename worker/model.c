@@ -554,23 +554,32 @@ void wf_gpt_set_grad_hook(wf_gpt *m, wf_gpt_grad_hook fn, void *user)
 
 float wf_gpt_grad_norm(wf_gpt *m) { return (float)sqrt(wf_sumsq(m->grads, m->num_params)); }
 
+wf_status wf_gpt_adam_state(wf_gpt *m, float **mbuf, float **vbuf)
+{
+  if (!m->m)
+    m->m = alloc_floats(m->num_params);
+  if (!m->v)
+    m->v = alloc_floats(m->num_params);
+  *mbuf = m->m;
+  *vbuf = m->v;
+  if (m->m && m->v)
+    return WF_OK;
+  WF_ERROR("out of memory for AdamW state (%zu parameters)", m->num_params);
+  return WF_ENOMEM;
+}
+
 void wf_gpt_update(wf_gpt *m, float lr, float beta1, float beta2, float eps, float weight_decay,
                    float grad_scale, int t)
 {
-  if (!m->m) {
-    m->m = alloc_floats(m->num_params);
-    m->v = alloc_floats(m->num_params);
-    if (!m->m || !m->v) {
-      WF_ERROR("out of memory for AdamW state (%zu parameters)", m->num_params);
-      return;
-    }
-  }
+  float *mb, *vb;
+  if (wf_gpt_adam_state(m, &mb, &vb) != WF_OK)
+    return;
   /* One call per kind so the weight decay can differ; kinds are contiguous. */
   for (int k = 0; k < WF_GPT_NUM_KINDS; k++) {
     size_t off = m->off[k], n = wf_gpt_kind_numel(&m->d, (wf_param_kind)k);
     float wd = wf_gpt_kind_decays((wf_param_kind)k) ? weight_decay : 0.0f;
-    wf_adamw_update(m->params + off, m->m + off, m->v + off, m->grads + off, n, lr, beta1, beta2,
-                    eps, wd, t, grad_scale);
+    wf_adamw_update(m->params + off, mb + off, vb + off, m->grads + off, n, lr, beta1, beta2, eps,
+                    wd, t, grad_scale);
   }
 }
 

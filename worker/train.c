@@ -23,6 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "wf_checkpoint.h"
 #include "wf_data.h"
 #include "wf_dp.h"
 #include "wf_kernels.h"
@@ -48,6 +49,8 @@ typedef struct trainer {
   double peak_tflops; /* for MFU; 0 = unknown */
   double flops;       /* per step, for the whole global batch */
   double t0;          /* start of the loop */
+  wf_ckpt_target ck;  /* what checkpoints save and restore */
+  int start;          /* steps done before this run (a resumed checkpoint's step) */
 } trainer;
 
 /* ---- schedule --------------------------------------------------------------------- */
@@ -128,6 +131,17 @@ static wf_status setup_model(trainer *tr)
   return st == WF_OK ? WF_OK : fail_msg(st, "cannot set up data parallelism (see above)");
 }
 
+/* Check train.checkpoint_dir is writable, then resume from train.resume if set. */
+static wf_status setup_checkpoint(trainer *tr)
+{
+  const wf_train_hooks *h = tr->hooks;
+  tr->ck = (wf_ckpt_target){tr->cfg, tr->model, tr->dp, tr->dp_comm, h ? h->world : NULL, 0, 0};
+  wf_status st = wf_ckpt_prepare(&tr->ck);
+  if (st == WF_OK)
+    st = wf_ckpt_resume(&tr->ck, &tr->start);
+  return st;
+}
+
 static wf_status setup_data(trainer *tr)
 {
   char err[1024] = "";
@@ -153,7 +167,7 @@ static wf_status setup_metrics(trainer *tr)
   if (!path[0] || wf_rt_rank() > 0)
     return WF_OK;
   /* A resumed run continues its file; a fresh run starts a new one. */
-  tr->metrics = fopen(path, tr->cfg->train.resume[0] ? "a" : "w");
+  tr->metrics = fopen(path, tr->start > 0 ? "a" : "w");
   if (!tr->metrics) {
     char err[WF_PATH_MAX + 128];
     snprintf(err, sizeof err, "train.metrics: cannot open '%s' for writing: %s", path,
@@ -221,7 +235,8 @@ static void print_banner(const trainer *tr)
   fflush(tr->out);
 }
 
-static wf_status setup(trainer *tr, const wf_config *cfg, const wf_train_hooks *hooks, int M)
+static wf_status setup(trainer *tr, const wf_config *cfg, const wf_train_hooks *hooks, int M,
+                       bool checkpoints)
 {
   memset(tr, 0, sizeof *tr);
   tr->cfg = cfg;
@@ -236,6 +251,8 @@ static wf_status setup(trainer *tr, const wf_config *cfg, const wf_train_hooks *
   wf_status st = setup_geometry(tr, M);
   if (st == WF_OK)
     st = setup_model(tr);
+  if (st == WF_OK && checkpoints)
+    st = setup_checkpoint(tr);
   if (st == WF_OK)
     st = setup_data(tr);
   if (st == WF_OK)
@@ -450,10 +467,38 @@ static bool eval_due(const trainer *tr, int step)
   return tr->can_eval && (step == tr->steps || (every > 0 && step % every == 0));
 }
 
+/* After step's on_step: write a checkpoint when one is due. stopping: on_step ended
+ * the run (SIGTERM, the console's stop), so this is the last chance. */
+static wf_status maybe_checkpoint(trainer *tr, int step, bool stopping)
+{
+  const wf_config *cfg = tr->cfg;
+  const wf_train_hooks *h = tr->hooks;
+  int every = cfg->train.checkpoint_every;
+  if (!cfg->train.checkpoint_dir[0])
+    return WF_OK;
+  bool due = stopping || step == tr->steps || (every > 0 && step % every == 0) ||
+             (h && h->checkpoint_now && h->checkpoint_now(h->user));
+  if (!due)
+    return WF_OK;
+  if (h && h->on_phase)
+    h->on_phase(h->user, "checkpoint");
+  wf_status st = wf_ckpt_save(&tr->ck, step);
+  if (h && h->on_phase)
+    h->on_phase(h->user, "train");
+  if (st != WF_OK)
+    WF_ERROR("step %d: the checkpoint could not be written (see above); training stops here so "
+             "no progress goes unsaved",
+             step);
+  return st;
+}
+
 static wf_status run_loop(trainer *tr)
 {
   tr->t0 = wf_now();
-  for (int step = 1; step <= tr->steps; step++) {
+  if (tr->start >= tr->steps && tr->talk)
+    fprintf(tr->out, "the checkpoint is at step %d of train.steps %d: nothing to train\n",
+            tr->start, tr->steps);
+  for (int step = tr->start + 1; step <= tr->steps; step++) {
     wf_train_step_info info;
     wf_status st = train_step(tr, step, &info);
     if (st != WF_OK)
@@ -466,7 +511,7 @@ static wf_status run_loop(trainer *tr)
         return st;
       eval_ms = (wf_now() - t) * 1e3;
     }
-    double eta = (wf_now() - tr->t0) / step * (tr->steps - step);
+    double eta = (wf_now() - tr->t0) / (step - tr->start) * (tr->steps - step);
     if (tr->talk) {
       print_step(tr, &info, eta);
       if (!isnan(info.val_loss))
@@ -477,8 +522,12 @@ static wf_status run_loop(trainer *tr)
     }
     if (tr->metrics)
       write_metrics(tr, &info);
-    if (tr->hooks && tr->hooks->on_step && !tr->hooks->on_step(tr->hooks->user, &info))
-      break;
+    bool go_on = !tr->hooks || !tr->hooks->on_step || tr->hooks->on_step(tr->hooks->user, &info);
+    st = maybe_checkpoint(tr, step, !go_on);
+    if (st != WF_OK || !go_on) {
+      clear_bar(tr);
+      return st;
+    }
   }
   clear_bar(tr);
   return WF_OK;
@@ -499,7 +548,7 @@ static wf_status save_final(trainer *tr)
 wf_status wf_train_run(const wf_config *cfg, const wf_train_hooks *hooks)
 {
   trainer tr;
-  wf_status st = setup(&tr, cfg, hooks, cfg->train.microbatches);
+  wf_status st = setup(&tr, cfg, hooks, cfg->train.microbatches, true);
   if (st == WF_OK)
     st = run_loop(&tr);
   if (st == WF_OK)
@@ -513,7 +562,7 @@ wf_status wf_train_dump_state(const wf_config *cfg, const char *path)
   trainer tr;
   wf_train_hooks quiet = {.quiet = true};
   char err[1024] = "";
-  wf_status st = setup(&tr, cfg, &quiet, 1); /* the whole global batch at once */
+  wf_status st = setup(&tr, cfg, &quiet, 1, false); /* the whole global batch at once */
   if (st == WF_OK)
     st = wf_data_batch(tr.data, tr.inputs, tr.targets, WF_DATA_TRAIN, 0, 0, 1, 0, 1);
   if (st == WF_OK) {

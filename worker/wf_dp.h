@@ -59,4 +59,11 @@ wf_status wf_dp_update(wf_dp *dp, float lr, float beta1, float beta2, float eps,
                        float grad_scale, int t);
 void wf_dp_get_stats(const wf_dp *dp, wf_dp_stats *out);
 
+/* For checkpoints: the elements [*lo, *hi) of the flat parameter vector whose AdamW
+ * state this rank holds ([0, n) without ZeRO), and under ZeRO-1 that state itself,
+ * (*hi - *lo) elements each of m and v. Without ZeRO *m = *v = NULL: the model holds
+ * the full state (wf_gpt_adam_state). */
+void wf_dp_shard_range(const wf_dp *dp, size_t *lo, size_t *hi);
+void wf_dp_adam_shard(wf_dp *dp, float **m, float **v);
+
 #endif /* WF_DP_H */

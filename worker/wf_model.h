@@ -113,6 +113,10 @@ float wf_gpt_grad_norm(wf_gpt *m);
  * decay applies to the 2-D weights only (not biases, layernorms). */
 void wf_gpt_update(wf_gpt *m, float lr, float beta1, float beta2, float eps, float weight_decay,
                    float grad_scale, int t);
+/* AdamW's m and v (num_params each, parameter layout) for checkpoints: allocated
+ * (zeroed) here when no update has run yet. The step t is not stored: it is the
+ * trainer's step, passed to every update. */
+wf_status wf_gpt_adam_state(wf_gpt *m, float **mbuf, float **vbuf);
 
 /* llm.c GPT-2 checkpoint (magic 20240326, version 3). Errors name the file and
  * what was expected. Load requires matching dims (a message names the field). */

@@ -53,10 +53,20 @@ typedef struct wf_train_hooks {
    * rank trains on its slice of the global batch and gradients are averaged. */
   struct wf_comm *dp;
   const char *save_llmc; /* write the final model as an llm.c checkpoint (dp rank 0) */
+  /* Checkpoints (train.checkpoint_dir): one is written every train.checkpoint_every
+   * steps, after the last step, and when on_step stops the run. checkpoint_now is
+   * asked at the other step boundaries, after on_step; it must answer the same on
+   * every rank (NULL = never). on_phase hears "checkpoint" while one is written and
+   * "train" after (NULL = nobody). world is every rank of the job, for agreeing on
+   * checkpoint errors (NULL = dp). */
+  bool (*checkpoint_now)(void *user);
+  void (*on_phase)(void *user, const char *phase);
+  struct wf_comm *world;
 } wf_train_hooks;
 
-/* Build the model (random init from train.seed, or model.init), open the data and run
- * train.steps steps. hooks may be NULL. Errors are logged; returns the first one. */
+/* Build the model (random init from train.seed, or model.init, or the checkpoint
+ * train.resume names), open the data and run train.steps steps (those the checkpoint
+ * has not done). hooks may be NULL. Errors are logged; returns the first one. */
 wf_status wf_train_run(const wf_config *cfg, const wf_train_hooks *hooks);
 
 /* Write llm.c's debug state (wf_gpt_dump_state) for the first global batch of the

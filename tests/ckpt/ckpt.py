@@ -1,0 +1,412 @@
+#!/usr/bin/env python3
+"""Checkpoint tests (issue 8) with the real worker binary, alone or under mpirun.
+
+`ckpt.py WORKER COORDINATOR CASE`. Every case trains gpt2-tiny on the synthetic source
+for a few steps, in its own temporary directory, job directory and control port.
+
+Why the comparisons are what they are:
+* Same mesh (resume-*, kill-*, sigterm-*): the data of a step and its learning rate are
+  pure functions of (seed, step) and a checkpoint restores the parameters, AdamW m, v
+  and the step (AdamW's t) bit for bit, so every loss after resuming must equal the
+  uninterrupted run's exactly (`==` on the floats from the metrics files).
+* Another mesh (reshard-*): dp changes the summation order of the gradient all-reduce
+  (and ZeRO-1 its reduce-scatter), so the continuation differs by float32 rounding.
+  The bound is tests/mpi/equiv.py's: ~1.4e-6 relative per step for a 512-row sum,
+  passed on by Adam's normalised update, stays below 1e-5 relative over 10 steps
+  (LOSS_RTOL). A wrongly re-sliced m or v moves the loss by far more (Adam's update of
+  every affected parameter changes by O(lr) = 3e-3 at once), which the first steps
+  after resuming would show.
+"""
+import glob
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+WORKER, CONSOLE, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
+MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
+LOSS_RTOL = 1e-5
+BASE = ["model.preset=gpt2-tiny", "train.batch_size=8", "train.eval_every=0",
+        "train.seed=1234", "train.warmup=5"]
+TMP = tempfile.mkdtemp(prefix="weft-ckpt-")
+
+
+def fail(msg, out=""):
+    print("FAIL:", msg)
+    if out:
+        print(out[-4000:])
+    sys.exit(1)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def command(n, args, env_extra):
+    env = dict(os.environ, WEFT_JOB_DIR=os.path.join(TMP, "job"), MASTER_PORT=str(free_port()),
+               OMP_WAIT_POLICY="passive")
+    env.update(env_extra)
+    cmd = [WORKER] + BASE + list(args)
+    if n > 1:
+        fwd = []
+        for k in ["WEFT_JOB_DIR", "MASTER_PORT", "OMP_WAIT_POLICY"] + list(env_extra):
+            fwd += ["-x", k]
+        cmd = MPIRUN + ["-np", str(n)] + fwd + cmd + [f"mesh.dp={n}"]
+    return cmd, env
+
+
+def run(n, args, env_extra=None, expect_rc=0):
+    """Run to completion; returns stdout + stderr."""
+    cmd, env = command(n, args, env_extra or {})
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    out = p.stdout + p.stderr
+    if expect_rc is not None and (p.returncode == 0) != (expect_rc == 0):
+        fail(f"{' '.join(cmd)} exited {p.returncode}, want {'0' if expect_rc == 0 else 'non-zero'}",
+             out)
+    return out
+
+
+def start(n, args, env_extra=None):
+    cmd, env = command(n, args, env_extra or {})
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+def finish(p, timeout=120):
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, _ = p.communicate()
+        fail("job did not end in time", out)
+    return p.returncode, out
+
+
+def path(*parts):
+    return os.path.join(TMP, *parts)
+
+
+def losses(metrics):
+    """step -> loss; a step logged twice (re-run after a resume) keeps its last loss."""
+    out = {}
+    if os.path.exists(metrics):
+        for line in open(metrics):
+            if line.strip():
+                r = json.loads(line)
+                out[r["step"]] = r["loss"]
+    return out
+
+
+def latest(ckdir):
+    with open(os.path.join(ckdir, "latest")) as f:
+        return f.read().strip()
+
+
+def worker_pid(rank, marker):
+    """pid of the worker process of world rank `rank` whose command line holds marker."""
+    for d in glob.glob("/proc/[0-9]*"):
+        try:
+            cmd = open(d + "/cmdline", "rb").read().split(b"\0")
+            env = open(d + "/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if not cmd or os.path.basename(cmd[0].decode(errors="replace")) != "worker":
+            continue
+        if not any(marker.encode() in c for c in cmd):
+            continue
+        ranks = [e for e in env if e.startswith(b"OMPI_COMM_WORLD_RANK=")]
+        r = int(ranks[0].split(b"=")[1]) if ranks else 0
+        if r == rank:
+            return int(os.path.basename(d))
+    return None
+
+
+def wait_for(cond, what, p=None, timeout=120):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if cond():
+            return
+        if p is not None and p.poll() is not None:
+            fail(f"job ended before {what}", p.communicate()[0])
+        time.sleep(0.02)
+    if p is not None:
+        p.kill()
+    fail(f"timed out waiting for {what}")
+
+
+def same_losses(ref, got, first, last, what):
+    for s in range(first, last + 1):
+        if s not in got:
+            fail(f"{what}: no loss for step {s}")
+        if got[s] != ref[s]:
+            fail(f"{what}: step {s} loss {got[s]!r} differs from the uninterrupted run's "
+                 f"{ref[s]!r}: resume is not bit-exact")
+    print(f"{what}: steps {first}..{last} equal the uninterrupted run bit for bit "
+          f"(step {last}: {got[last]!r})")
+
+
+def close_losses(ref, got, first, last, what):
+    worst = 0.0
+    for s in range(first, last + 1):
+        if s not in got:
+            fail(f"{what}: no loss for step {s}")
+        rel = abs(got[s] - ref[s]) / abs(ref[s])
+        worst = max(worst, rel)
+        if rel > LOSS_RTOL:
+            fail(f"{what}: step {s} loss {got[s]!r} vs {ref[s]!r}: rel {rel:.2e} > {LOSS_RTOL}")
+    print(f"{what}: steps {first}..{last} within {worst:.2e} relative of the uninterrupted run")
+
+
+def reference(n, extra, tag, steps=20, every=10, keep=0):
+    """The uninterrupted run; it also writes checkpoints (every `every` steps)."""
+    ck = path(tag)
+    run(n, extra + [f"train.steps={steps}", f"train.metrics={path(tag + '.jsonl')}",
+                    f"train.checkpoint_dir={ck}", f"train.checkpoint_every={every}",
+                    f"train.keep={keep}"])
+    return losses(path(tag + ".jsonl")), ck
+
+
+def expect_in(text, needles, what):
+    for s in needles:
+        if s not in text:
+            fail(f"{what}: output lacks {s!r}", text)
+
+
+# ---- cases ------------------------------------------------------------------------------------
+
+
+def case_resume(n, extra):
+    """Train 20 steps straight; then 10 + resume 10 from the step-10 checkpoint."""
+    ref, ck = reference(n, extra, "ref")
+    out = run(n, extra + ["train.steps=20", f"train.metrics={path('res.jsonl')}",
+                          f"train.resume={ck}/step-000010", f"train.checkpoint_dir={path('ck2')}"])
+    expect_in(out, ["resumed from", "step-000010 at step 10"], "resume")
+    got = losses(path("res.jsonl"))
+    if sorted(got) != list(range(11, 21)):
+        fail(f"the resumed run logged steps {sorted(got)}, want 11..20")
+    same_losses(ref, got, 11, 20, "resume")
+    # The final state is the same bytes too: parameters and AdamW m, v.
+    for f in os.listdir(os.path.join(ck, "step-000020")):
+        if f.endswith(".bin"):
+            a = open(os.path.join(ck, "step-000020", f), "rb").read()
+            b = open(path("ck2", "step-000020", f), "rb").read()
+            if a != b:
+                fail(f"step-000020/{f} differs between the uninterrupted and the resumed run")
+
+
+def case_reshard(n_from, extra_from, n_to, extra_to):
+    ref, ck = reference(n_from, extra_from, "ref")
+    out = run(n_to, extra_to + ["train.steps=20", f"train.metrics={path('res.jsonl')}",
+                                f"train.resume={ck}/step-000010"])
+    expect_in(out, ["resharding the optimizer state", "at step 10"], "reshard")
+    close_losses(ref, losses(path("res.jsonl")), 11, 20,
+                 f"reshard dp {n_from} {extra_from} -> dp {n_to} {extra_to}")
+
+
+def case_export():
+    """--export from a dp 2 ZeRO-1 checkpoint equals --save of the same run, and
+    loads back as model.init."""
+    final = path("final.bin")
+    ck = path("ck")
+    run(2, ["optim.zero=1", "train.steps=6", f"train.checkpoint_dir={ck}", "--save", final])
+    out = run(1, [f"train.checkpoint_dir={ck}", "--export", "llmc", path("export.bin")])
+    expect_in(out, ["exported", "step-000006"], "export")
+    if open(final, "rb").read() != open(path("export.bin"), "rb").read():
+        fail("the exported llm.c file differs from the model the run saved with --save")
+    out = run(1, [f"train.resume={ck}/step-000006", "--export", "llmc", path("e2.bin")])
+    run(1, ["train.steps=1", f"model.init={path('e2.bin')}"])
+    print("export: llm.c file equals --save's bytes and loads as model.init")
+
+
+def kill_mid_write(n, extra, victim_rank, tmp_glob):
+    ref, _ = reference(n, extra, "ref", every=20)
+    ck = path("ck")
+    args = extra + ["train.steps=20", "train.checkpoint_every=5", "train.keep=0",
+                    f"train.checkpoint_dir={ck}", f"train.metrics={path('killed.jsonl')}"]
+    p = start(n, args, {"WEFT_TEST_CKPT_DELAY_MS": "1500"})
+    stage = os.path.join(ck, ".tmp-step-000010")
+    wait_for(lambda: glob.glob(os.path.join(stage, tmp_glob)), "the step-10 checkpoint write", p)
+    pid = p.pid if n == 1 else worker_pid(victim_rank, ck)
+    if pid is None:
+        p.kill()
+        fail(f"cannot find rank {victim_rank}'s process")
+    os.kill(pid, signal.SIGKILL)
+    rc, out = finish(p)
+    if rc == 0:
+        fail("the job exited 0 after a rank was killed", out)
+    if latest(ck) != "step-000005":
+        fail(f"latest is {latest(ck)!r} after the kill, want step-000005")
+    if os.path.exists(os.path.join(ck, "step-000010")):
+        fail("a step-000010 directory exists although its write was killed")
+    print(f"killed rank {victim_rank} (pid {pid}) while {stage} held {os.listdir(stage)}; "
+          f"latest = step-000005")
+    out = run(n, args[:-1] + [f"train.metrics={path('resumed.jsonl')}", "train.resume=auto"])
+    expect_in(out, ["resumed from", "step-000005 at step 5"], "resume after the kill")
+    same_losses(ref, losses(path("resumed.jsonl")), 6, 20, "resume after SIGKILL")
+    if os.path.exists(stage) or latest(ck) != "step-000020":
+        fail(f"after the resumed run: stale {stage} still there or latest {latest(ck)}")
+
+
+def case_corrupt():
+    _, ck = reference(2, ["optim.zero=1"], "ref", steps=6, every=3)
+    for name in ["optim-pp00-tp00-dp01.bin", "model-pp00-tp00.bin"]:
+        bad = path("bad-" + name)
+        shutil.copytree(ck, bad)
+        f = os.path.join(bad, "step-000006", name)
+        with open(f, "r+b") as h:
+            h.seek(4000)  # past either header: a parameter or AdamW value
+            b = h.read(1)
+            h.seek(4000)
+            h.write(bytes([b[0] ^ 0x01]))
+        out = run(2, ["optim.zero=1", "train.steps=8", "train.resume=auto",
+                      f"train.checkpoint_dir={bad}"], expect_rc=1)
+        expect_in(out, [f, "checksum mismatch"], "corrupt " + name)
+        print(f"corrupt {name}: refused, naming {f}")
+
+
+def case_truncated():
+    _, ck = reference(1, [], "ref", steps=4, every=4)
+    f = os.path.join(ck, "step-000004", "optim-pp00-tp00.bin")
+    os.truncate(f, os.path.getsize(f) - 1000)
+    out = run(1, ["train.steps=6", f"train.resume={ck}"], expect_rc=1)
+    expect_in(out, [f, "truncated"], "truncated shard")
+    print(f"truncated shard: refused, naming {f}")
+
+
+def case_incompatible():
+    _, ck = reference(1, [], "ref", steps=2, every=2)
+    for key, value in [("model.layers", 2), ("model.d_model", 128), ("model.heads", 8),
+                       ("model.vocab", 300), ("model.seq_len", 128)]:
+        out = run(1, ["train.steps=4", f"train.resume={ck}", f"{key}={value}"], expect_rc=1)
+        expect_in(out, ["incompatible", f"this run has {key} = {value}"], key)
+        print(f"incompatible {key}: refused, naming it")
+
+
+def case_unwritable():
+    blocker = path("a-file")
+    open(blocker, "w").write("not a directory\n")
+    for n in (1, 2):
+        metrics = path(f"m{n}.jsonl")
+        out = run(n, ["train.steps=4", f"train.checkpoint_dir={blocker}/ck",
+                      f"train.metrics={metrics}"], expect_rc=1)
+        expect_in(out, [f"train.checkpoint_dir {blocker}/ck", "Not a directory"], "unwritable")
+        if losses(metrics):
+            fail("training ran steps although the checkpoint directory is unusable")
+        if n == 2 and out.count("training failed") != 2:
+            fail("not every rank stopped with an error", out)
+        print(f"unwritable checkpoint_dir on {n} rank(s): error before the first step")
+
+
+def case_write_fail():
+    """A write that fails on one rank (disk full, injected) stops every rank with a
+    message; the previous checkpoint stays `latest`."""
+    ck = path("ck")
+    metrics = path("m.jsonl")
+    out = run(2, ["optim.zero=1", "train.steps=12", "train.checkpoint_every=5",
+                  f"train.checkpoint_dir={ck}", f"train.metrics={metrics}"],
+              {"WEFT_TEST_CKPT_FAIL": "1:10"}, expect_rc=1)
+    expect_in(out, ["No space left on device", "optim-pp00-tp00-dp01.bin",
+                    "failed on rank 1", "the checkpoint could not be written"], "write failure")
+    if out.count("training failed") != 2:
+        fail("not every rank stopped with an error", out)
+    if max(losses(metrics)) != 10:
+        fail(f"training went on past the failed checkpoint (last step {max(losses(metrics))})")
+    if latest(ck) != "step-000005" or os.path.exists(os.path.join(ck, "step-000010")):
+        fail("the failed checkpoint replaced the previous one")
+    print("write failure on rank 1: every rank stopped at step 10, latest = step-000005")
+
+
+def case_keep():
+    ck = path("ck")
+    os.makedirs(os.path.join(ck, ".tmp-step-000003"))  # leftover of a killed write
+    run(1, ["train.steps=10", "train.checkpoint_every=2", "train.keep=2",
+            f"train.checkpoint_dir={ck}"])
+    have = sorted(os.listdir(ck))
+    if have != ["latest", "step-000008", "step-000010"] or latest(ck) != "step-000010":
+        fail(f"keep=2 left {have}, latest {latest(ck)}")
+    # Resume from an older checkpoint: the new one becomes `latest` and is kept although
+    # step-000010 (of the first run) has a higher number; keep=1 keeps only it.
+    run(1, ["train.steps=9", "train.keep=1", f"train.resume={ck}/step-000008",
+            f"train.checkpoint_dir={ck}"])
+    have = sorted(os.listdir(ck))
+    if have != ["latest", "step-000009"] or latest(ck) != "step-000009":
+        fail(f"keep=1 after resuming at step 8 left {have}, latest {latest(ck)}")
+    print("keep: pruned to the newest checkpoints, never the one latest names")
+
+
+def stop_and_resume(n, how):
+    """Stop a 40-step run by SIGTERM to one rank or the console's stop; it must
+    checkpoint at the agreed boundary, exit 0, and resume bit-exactly."""
+    steps = 40
+    ref, _ = reference(n, [], "ref", steps=steps, every=steps)
+    ck = path("ck")
+    metrics = path("stopped.jsonl")
+    args = [f"train.steps={steps}", f"train.checkpoint_dir={ck}", f"train.metrics={metrics}"]
+    p = start(n, args)
+    wait_for(lambda: len(losses(metrics)) >= 3, "step 3", p)
+    if how == "sigterm":
+        pid = p.pid if n == 1 else worker_pid(n - 1, ck)
+        os.kill(pid, signal.SIGTERM)
+    else:
+        env = dict(os.environ, WEFT_JOB_DIR=os.path.join(TMP, "job"))
+        c = subprocess.run([CONSOLE, "checkpoint"], env=env, capture_output=True, text=True,
+                           timeout=30)
+        if c.returncode != 0:
+            fail("coordinator checkpoint failed", c.stdout + c.stderr)
+        wait_for(lambda: glob.glob(os.path.join(ck, "step-*")), "the requested checkpoint", p)
+        asked = sorted(glob.glob(os.path.join(ck, "step-*")))[0]
+        c = subprocess.run([CONSOLE, "stop"], env=env, capture_output=True, text=True,
+                           timeout=30)
+        if c.returncode != 0:
+            fail("coordinator stop failed", c.stdout + c.stderr)
+    rc, out = finish(p)
+    if rc != 0:
+        fail(f"the stopped job exited {rc}, want 0", out)
+    last = max(losses(metrics))
+    if last >= steps:
+        fail(f"the job ran to the end (step {last}) before the stop took effect")
+    if latest(ck) != f"step-{last:06d}":
+        fail(f"latest is {latest(ck)}, want the stop step {last}", out)
+    if how == "console":
+        print(f"console checkpoint wrote {os.path.basename(asked)}")
+    print(f"{how} on {n} rank(s): stopped after step {last}, checkpointed, exit 0")
+    out = run(n, args[:-1] + [f"train.metrics={path('resumed.jsonl')}", "train.resume=auto"])
+    same_losses(ref, losses(path("resumed.jsonl")), last + 1, steps, f"resume after {how}")
+
+
+CASES = {
+    "resume-np1": lambda: case_resume(1, []),
+    "resume-dp2": lambda: case_resume(2, []),
+    "resume-dp2-zero1": lambda: case_resume(2, ["optim.zero=1"]),
+    "reshard-dp2-dp1": lambda: case_reshard(2, [], 1, []),
+    "reshard-dp2zero-dp4zero": lambda: case_reshard(2, ["optim.zero=1"], 4, ["optim.zero=1"]),
+    "reshard-dp2zero-dp2": lambda: case_reshard(2, ["optim.zero=1"], 2, []),
+    "reshard-dp1-dp2zero": lambda: case_reshard(1, [], 2, ["optim.zero=1"]),
+    "export": case_export,
+    "kill-np1": lambda: kill_mid_write(1, [], 0, ".model-pp00-tp00.bin.tmp.*"),
+    "kill-dp2-zero1": lambda: kill_mid_write(2, ["optim.zero=1"], 1,
+                                             ".optim-pp00-tp00-dp01.bin.tmp.*"),
+    "corrupt": case_corrupt,
+    "truncated": case_truncated,
+    "incompatible": case_incompatible,
+    "unwritable": case_unwritable,
+    "write-fail": case_write_fail,
+    "keep": case_keep,
+    "sigterm-np1": lambda: stop_and_resume(1, "sigterm"),
+    "sigterm-dp2": lambda: stop_and_resume(2, "sigterm"),
+    "console-dp2": lambda: stop_and_resume(2, "console"),
+}
+
+if __name__ == "__main__":
+    try:
+        CASES[CASE]()
+    finally:
+        shutil.rmtree(TMP, ignore_errors=True)
+    print("PASS", CASE)

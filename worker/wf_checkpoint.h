@@ -1,0 +1,82 @@
+/*
+ * wf_checkpoint.h - checkpoints: atomic sharded save, resume, resharding, export.
+ *
+ * A checkpoint is one directory per step under train.checkpoint_dir:
+ *
+ *   step-000120/
+ *     model-pp00-tp00.bin          parameters of stage pp, tensor shard tp (dp 0
+ *                                  writes it). With tp = pp = 1 the shard is the
+ *                                  whole model and the file is an llm.c checkpoint.
+ *     optim-pp00-tp00-dp03.bin     AdamW m and v of one element range of the flat
+ *                                  parameter vector: one per dp rank under ZeRO-1,
+ *     optim-pp00-tp00.bin          or the whole range, written by dp 0, without it.
+ *     manifest.json                config, mesh, step, data position, RNG, AdamW
+ *                                  step, and size and XXH3-64 of every file.
+ *   latest                         "step-000120": the newest complete checkpoint.
+ *
+ * Atomicity: the files are written into a staging directory ".tmp-step-000120",
+ * each to a temporary name, fsync()ed, renamed and the directory fsync()ed; the
+ * manifest last. Then the staging directory is renamed to "step-000120" (swapped
+ * atomically with an older one of the same name), the parent is fsync()ed, and
+ * only then is `latest` replaced the same way. A crash at any moment leaves
+ * `latest` naming a complete, checksummed checkpoint. train.keep prunes the oldest
+ * step directories but never the one `latest` names.
+ *
+ * Names carry the (pp, tp) coordinates so pipeline and tensor shards slot in as
+ * more files of the same directory; the manifest lists each file with its
+ * coordinates and element range, and the loader reassembles from whatever files
+ * exist, so a checkpoint saved on one mesh loads on another.
+ *
+ * Every function here is collective over the job (target->world) unless it says
+ * otherwise, and all ranks return the same status: a failure on one rank (a write
+ * error, a checksum mismatch) is agreed on, the failing rank logs what and where,
+ * and the others log which rank failed.
+ */
+#ifndef WF_CHECKPOINT_H
+#define WF_CHECKPOINT_H
+
+#include <stddef.h>
+
+#include "wf_collectives.h"
+#include "wf_config.h"
+#include "wf_dp.h"
+#include "wf_model.h"
+#include "wf_runtime.h"
+
+/* What a checkpoint saves and restores on this rank (everything borrowed). */
+typedef struct wf_ckpt_target {
+  const wf_config *cfg;
+  wf_gpt *model;        /* this rank's parameters (the full model while tp = pp = 1) */
+  wf_dp *dp;            /* NULL on one rank alone: the model holds the AdamW state */
+  wf_comm *dp_comm;     /* this rank's dp group; NULL = one rank alone */
+  wf_comm *world;       /* every rank of the job; NULL = dp_comm */
+  int pp_rank, tp_rank; /* 0 until pipeline and tensor parallelism land */
+} wf_ckpt_target;
+
+/* Before training: when train.checkpoint_dir is set, create it and prove every
+ * rank can write there and that one checkpoint fits in its free space; check that
+ * train.resume can be honoured. An error stops the job before the first step. */
+wf_status wf_ckpt_prepare(const wf_ckpt_target *t);
+
+/* Honour train.resume: "" = fresh start (*step = 0); "auto" = the checkpoint
+ * `latest` names in train.checkpoint_dir, or a fresh start when there is none
+ * (said once); otherwise a checkpoint directory (or a checkpoint_dir holding a
+ * `latest`). Restores the parameters, the AdamW state re-sliced for this mesh, and
+ * sets *step to the last step the checkpoint completed. Refuses a checkpoint of
+ * another model shape, naming the config key that differs, and any file whose size
+ * or checksum disagrees with the manifest, naming the file. */
+wf_status wf_ckpt_resume(const wf_ckpt_target *t, int *step);
+
+/* Write the checkpoint of `step` (the last completed step) and prune. */
+wf_status wf_ckpt_save(const wf_ckpt_target *t, int step);
+
+/* Not collective. Resolve the checkpoint named by train.resume (a path), else the
+ * one `latest` names in train.checkpoint_dir, into `dir`. */
+wf_status wf_ckpt_locate(const wf_config *cfg, char *dir, size_t dir_len, char *err,
+                         size_t err_len);
+
+/* Not collective. Write the model of checkpoint `dir` (from any mesh) as an llm.c
+ * GPT-2 checkpoint at `out_path`, after verifying every model file's checksum. */
+wf_status wf_ckpt_export_llmc(const char *dir, const char *out_path, char *err, size_t err_len);
+
+#endif /* WF_CHECKPOINT_H */
