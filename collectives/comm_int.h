@@ -46,6 +46,7 @@ struct wf_comm {
   bool precise_clock; /* recorder times from CLOCK_MONOTONIC, not its coarse twin */
   int group_depth;    /* open wf_comm_group_start calls */
   void *nc;           /* NCCL communicator (module-side), NULL when not enabled */
+  wf_gpu *gpu;        /* borrowed from wf_comm_enable_nccl: decides device vs host */
   const wf__nccl_ops *nccl;
   wf_req *spare; /* one finished request kept for reuse: most calls never malloc */
   atomic_uint_fast64_t next_seq;

@@ -128,6 +128,7 @@ wf_status wf_comm_enable_nccl(wf_comm *c, wf_gpu *gpu, char *why, size_t why_len
   c->nccl_module = mod;
   c->nccl = o;
   c->nc = nc;
+  c->gpu = gpu;
   WF_DEBUG("comm '%s': NCCL enabled (%d ranks)", c->name, c->size);
   return WF_OK;
 fail:
@@ -164,11 +165,13 @@ void wf__coll_nccl_fini(wf_comm *c)
   c->nc = NULL;
   c->nccl = NULL;
   c->nccl_module = NULL;
+  c->gpu = NULL;
 }
 
+/* The GPU backend decides what is device memory, for the whole process alike. */
 bool wf__coll_on_device(const wf_comm *c, const void *ptr)
 {
-  return c->nc && ptr && c->nccl->is_device_ptr(ptr);
+  return c->nc && ptr && wf_gpu_is_device_ptr(c->gpu, ptr);
 }
 
 static wf_status enqueue(wf_comm *c, const wf__op *d)

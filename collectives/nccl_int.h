@@ -21,7 +21,7 @@
 #include "wf_collectives.h"
 
 /* Bumped whenever the table changes, so a stale module is refused, not misused. */
-#define WF__NCCL_ABI 1
+#define WF__NCCL_ABI 2
 /* The symbol the module exports: const wf__nccl_ops *wf__nccl_ops_v1(void). */
 #define WF__NCCL_ENTRY "wf__nccl_ops_v1"
 /* sizeof(ncclUniqueId); checked with a static assertion inside the module. */
@@ -58,8 +58,6 @@ typedef struct wf__nccl_ops {
   wf_status (*event_wait)(void *event);
   void (*event_destroy)(void *event);
   wf_status (*stream_sync)(void *nc);
-  /* true when ptr is device or managed memory (cudaPointerGetAttributes). */
-  bool (*is_device_ptr)(const void *ptr);
 } wf__nccl_ops;
 
 typedef const wf__nccl_ops *(*wf__nccl_entry_fn)(void);

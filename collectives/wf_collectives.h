@@ -143,7 +143,9 @@ void wf_comm_set_check(wf_comm *c, bool on);
 
 /* Bootstrap NCCL over this communicator's MPI group: rank 0 calls ncclGetUniqueId,
  * MPI_Bcast sends the id, every rank calls ncclCommInitRank on the current CUDA
- * device (the one wf_gpu_set_device selected). Collective. On a machine without a GPU
+ * device (the one wf_gpu_set_device selected). Collective. From then on a buffer for
+ * which wf_gpu_is_device_ptr(gpu, buf) holds goes to NCCL; `gpu` is borrowed and must
+ * outlive the communicator. On a machine without a GPU
  * (gpu == NULL, the weft_nccl module or CUDA libraries missing, no device on some
  * rank) every rank returns WF_ENODEV and writes the reason into `why`; the
  * communicator stays usable for host buffers. */

@@ -260,16 +260,6 @@ fail:
   return st;
 }
 
-static bool is_device_ptr(const void *ptr)
-{
-  struct cudaPointerAttributes a;
-  if (cudaPointerGetAttributes(&a, ptr) != cudaSuccess) {
-    cudaGetLastError(); /* clear the sticky-free error of a plain host pointer */
-    return false;
-  }
-  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
-}
-
 static const wf__nccl_ops ops = {
     .abi = WF__NCCL_ABI,
     .init = init,
@@ -291,7 +281,6 @@ static const wf__nccl_ops ops = {
     .event_wait = event_wait,
     .event_destroy = event_destroy,
     .stream_sync = stream_sync,
-    .is_device_ptr = is_device_ptr,
 };
 
 __attribute__((visibility("default"))) const wf__nccl_ops *wf__nccl_ops_v1(void) { return &ops; }
