@@ -271,6 +271,23 @@ static void run_op(void *p)
   ((const struct op *)pp[0])->fn(pp[1]);
 }
 
+/* The performance bar: the step's rate against the large-square sgemm rate, both
+ * measured the same way (wall, and CPU time per thread). */
+static void print_bar(double flops, double total_ms, double total_cpu_ms, int threads)
+{
+  struct gemm_case sq = {
+      FWD, 1024, 1024, 1024, randn(1024 * 1024, 50), randn(1024 * 1024, 51), randn(1024 * 1024, 52),
+      1};
+  double sq_cpu, sq_t = median_time_cpu(run_gemm, &sq, &sq_cpu);
+  double sq_fl = 2.0 * 1024 * 1024 * 1024;
+  printf("sgemm 1024^3 through wf_matmul_forward: %.1f GFLOP/s wall, %.1f on free cores;\n"
+         "step / sgemm: %.0f%% wall, %.0f%% on free cores\n",
+         sq_fl / sq_t / 1e9, sq_fl / (sq_cpu / threads) / 1e9,
+         100.0 * (flops / (total_ms / 1e3)) / (sq_fl / sq_t),
+         100.0 * (flops / (total_cpu_ms / 1e3)) / (sq_fl / (sq_cpu / threads)));
+  free(sq.x), free(sq.w), free(sq.y);
+}
+
 static void ops_table(int threads)
 {
   const double C = GC, N = GN, mm = 2.0 * N * C * C;
@@ -333,18 +350,7 @@ static void ops_table(int threads)
          "\n               %.0f ms of CPU per thread -> %.1f GFLOP/s on free cores\n",
          total, gemm_ms, flops / 1e9, flops / (total / 1e3) / 1e9, total_cpu,
          flops / (total_cpu / 1e3) / 1e9);
-  /* the bar: the step's rate against the large-square sgemm rate, both on one basis */
-  struct gemm_case sq = {
-      FWD, 1024, 1024, 1024, randn(1024 * 1024, 50), randn(1024 * 1024, 51), randn(1024 * 1024, 52),
-      1};
-  double sq_cpu, sq_t = median_time_cpu(run_gemm, &sq, &sq_cpu);
-  double sq_fl = 2.0 * 1024 * 1024 * 1024;
-  printf("sgemm 1024^3 through wf_matmul_forward: %.1f GFLOP/s wall, %.1f on free cores;\n"
-         "step / sgemm: %.0f%% wall, %.0f%% on free cores\n",
-         sq_fl / sq_t / 1e9, sq_fl / (sq_cpu / threads) / 1e9,
-         100.0 * (flops / (total / 1e3)) / (sq_fl / sq_t),
-         100.0 * (flops / (total_cpu / 1e3)) / (sq_fl / (sq_cpu / threads)));
-  free(sq.x), free(sq.w), free(sq.y);
+  print_bar(flops, total, total_cpu, threads);
   free(b.p), free(b.m), free(b.v), free(b.g);
 }
 
