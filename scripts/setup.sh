@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-pkgs=(gcc clang clang-format pkg-config git meson ninja-build python3
+pkgs=(gcc clang libclang-rt-14-dev clang-format pkg-config git meson ninja-build python3
       libopenmpi-dev openmpi-bin libhwloc-dev hwloc libuv1-dev libopenblas-dev
       libyaml-dev libprotobuf-c-dev protobuf-c-compiler libjansson-dev libxxhash-dev
       libedit-dev libcmocka-dev slurm-wlm munge)
