@@ -382,12 +382,49 @@ def case_srun_pmi2():
     log("  " + refused("pmi2", "PMI-2"))
 
 
+def ckpt_args(name):
+    return [f"train.checkpoint_dir={os.path.join(scratch, 'ckpt-' + name)}", "train.resume=auto"]
+
+
 def start_long(name, launcher="srun"):
-    jobid, out = sbatch("single-node.sbatch", name, ["train.steps=100000", "train.warmup=2"],
+    jobid, out = sbatch("single-node.sbatch", name,
+                        ["train.steps=100000", "train.warmup=2"] + ckpt_args(name),
                         ["--gpus-per-task=0", f"--ntasks-per-node={NTASKS}"],
                         {"WEFT_LAUNCHER": launcher})
     wait_for(r"^step 3/100000 ", out, jobid=jobid)
     return jobid, out
+
+
+def check_checkpoint(name, text):
+    """The stop wrote a checkpoint of the step it stopped after, and `latest` names it.
+    Returns that step."""
+    m = re.search(r"stopping after step (\d+):", text)
+    check(m is not None, "rank 0 says after which step it stops", text)
+    step = int(m.group(1))
+    root = os.path.join(scratch, "ckpt-" + name)
+    check(re.search(rf"checkpoint: step {step} saved to {re.escape(root)}/step-{step:06d}", text)
+          is not None, f"the checkpoint of step {step} was saved at the stop", text)
+    latest = read(os.path.join(root, "latest")).strip()
+    check(latest == f"step-{step:06d}", f"latest names step-{step:06d} (it says {latest!r})", text)
+    check(os.path.exists(os.path.join(root, latest, "manifest.json")), "the manifest exists", text)
+    return step
+
+
+def check_resume(name, step):
+    """Resubmitting the same script with the same checkpoint_dir and train.resume=auto
+    (what a requeued job does) continues from the saved step."""
+    jobid, out = sbatch("single-node.sbatch", name + "-resume",
+                        [f"train.steps={step + 2}", "train.warmup=2"] + ckpt_args(name),
+                        ["--gpus-per-task=0", f"--ntasks-per-node={NTASKS}"])
+    info = wait_job(jobid)
+    text = read(out)
+    check_completed(info, text, "the resumed job")
+    check(re.search(rf"checkpoint: resumed from \S+step-{step:06d} at step {step}", text) is not None,
+          f"resumed from the step-{step:06d} checkpoint", text)
+    steps = [int(x) for x in re.findall(rf"^step (\d+)/{step + 2} ", text, re.M)]
+    check(steps == [step + 1, step + 2], f"trained steps {step + 1} and {step + 2} only, got {steps}",
+          text)
+    log(f"  resumed: {next(l for l in text.splitlines() if 'resumed from' in l)}")
 
 
 def console(cmd, jobid):
@@ -395,9 +432,47 @@ def console(cmd, jobid):
     return p.returncode, p.stdout + p.stderr
 
 
+def login_node_console(jobid):
+    """What README's "Multi-node" tells an operator on a login node: (1) a copy of the
+    job file, whose Unix socket is not on this host, reaches the coordinator over TCP
+    at MASTER_ADDR:MASTER_PORT with the token in the file; (2) `srun --overlap` runs
+    the console inside the running allocation."""
+    import json
+    src = os.path.join(env["WEFT_JOB_DIR"], f"slurm-{jobid}.json")
+    with open(src) as f:
+        job = json.load(f)
+    check(job.get("endpoint") == f"{job_info(jobid)['NodeList']}:{20000 + jobid % 20000}",
+          f"the job file's endpoint is MASTER_ADDR:MASTER_PORT ({job.get('endpoint')})", str(job))
+    check(os.stat(src).st_mode & 0o077 == 0, "the job file (it holds the token) is private")
+    job["unix"] = os.path.join(scratch, "elsewhere", "no.sock")  # another host's socket
+    copy = os.path.join(scratch, "login-node-copy.json")
+    fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(job, f)
+    p = run([COORDINATOR, "status", copy], timeout=30)
+    check(p.returncode == 0 and f"slurm-{jobid}" in p.stdout,
+          f"coordinator status <copied job file> over TCP (exit {p.returncode})", p.stdout + p.stderr)
+    bad = dict(job, token="0" * len(job["token"]))
+    with open(copy, "w") as f:
+        json.dump(bad, f)
+    p = run([COORDINATOR, "status", copy], timeout=30)
+    check(p.returncode != 0 and "step" not in p.stdout,
+          "a wrong token gets nothing", p.stdout + p.stderr)
+    os.unlink(copy)
+    p = run(["srun", f"--jobid={jobid}", "--overlap", "-N", "1", "-n", "1",
+             f"-w{job_info(jobid)['NodeList']}", "--immediate=30", "--mpi=none", COORDINATOR,
+             "ranks"], timeout=60)
+    rows = [l for l in p.stdout.splitlines() if re.match(r"\s*[0-3]\s", l)]
+    check(p.returncode == 0 and len(rows) == NTASKS,
+          f"srun --jobid={jobid} --overlap coordinator ranks (exit {p.returncode})",
+          p.stdout + p.stderr)
+    log("  login node: copied job file over TCP ok, wrong token refused, srun --overlap ok")
+
+
 def case_console_and_preempt():
-    """The console attaches to a job running under Slurm (status, ranks); then
-    `scancel --signal=TERM` stops it at a step boundary with exit status 0."""
+    """The console attaches to a job running under Slurm (status, ranks, from a "login
+    node" too); then `scancel --signal=TERM` stops it at a step boundary with exit
+    status 0, leaving a checkpoint that a resubmitted job resumes from."""
     jobid, out = start_long("preempt")
     rc, text = console("status", jobid)
     check(rc == 0 and f"slurm-{jobid}" in text and re.search(r"\b4 ranks?\b|ranks\s*4|4/4", text),
@@ -408,6 +483,8 @@ def case_console_and_preempt():
     check(rc == 0 and len(rows) == NTASKS, f"coordinator ranks: {len(rows)} rank rows, exit {rc}",
           text)
     log("  coordinator ranks:\n" + "\n".join("    " + l for l in text.splitlines()))
+
+    login_node_console(jobid)
 
     run(["scancel", "--signal=TERM", str(jobid)], timeout=10, check=True)
     info = wait_job(jobid, 60)
@@ -423,7 +500,10 @@ def case_console_and_preempt():
     # matters is that no task was killed and the step exited 0.)
     check("Killed" not in text and "Exited with exit code" not in text, "no task was killed",
           text)
-    log("  ...\n" + "\n".join("  " + l for l in text.splitlines()[-6:]))
+    log("  ...\n" + "\n".join("  " + l for l in text.splitlines()[-7:]))
+    step = check_checkpoint("preempt", text)
+    wait_drained()
+    check_resume("preempt", step)
 
 
 def case_preempt_mpirun():
@@ -438,6 +518,7 @@ def case_preempt_mpirun():
     check(re.search(r"stopping after step \d+: the console asked", text) is not None,
           "weft stopped at a step boundary on the console's request", text)
     check("training exited with status 0" in text, "mpirun exited 0", text)
+    check_checkpoint("preempt-mpirun", text)
 
 
 CASES = [("sbatch", case_sbatch), ("srun-pmix", case_srun_pmix), ("srun-none", case_srun_none),
