@@ -583,21 +583,27 @@ static char *manifest_text(const wf_ckpt_target *t, int step, const uint64_t *re
 
 /* Move the finished staging directory to its final name. An older directory of the
  * same name (a checkpoint of this step from an earlier run) is swapped out
- * atomically, so `latest` never names a missing directory, then removed. */
+ * atomically, so `latest` never names a missing directory, then removed. Where the
+ * filesystem cannot swap (no renameat2: some network filesystems) the old one is
+ * first moved aside, which leaves a short window without it. */
 static wf_status publish(const char *root, const char *stage, const char *final, char *err)
 {
-  if (renameat2(AT_FDCWD, stage, AT_FDCWD, final, RENAME_NOREPLACE) == 0)
+  struct stat sb;
+  char aside[PATH_LEN];
+  bool exists = stat(final, &sb) == 0;
+  if (!exists && rename(stage, final) == 0)
     return fsync_dir(root, err);
-  if (errno == EEXIST || errno == ENOTEMPTY) {
-    if (renameat2(AT_FDCWD, stage, AT_FDCWD, final, RENAME_EXCHANGE) == 0) {
-      wf_status st = fsync_dir(root, err);
-      remove_tree(stage); /* now the old one */
-      return st;
-    }
-  } else if (errno == EINVAL || errno == ENOSYS) { /* no renameat2 on this filesystem */
-    struct stat sb;
-    if (stat(final, &sb) != 0 && rename(stage, final) == 0)
+  if (exists && renameat2(AT_FDCWD, stage, AT_FDCWD, final, RENAME_EXCHANGE) == 0) {
+    wf_status st = fsync_dir(root, err);
+    remove_tree(stage); /* now the old one */
+    return st;
+  }
+  if (exists && (errno == EINVAL || errno == ENOSYS)) {
+    pathf(aside, sizeof aside, "%s.old", stage);
+    if (rename(final, aside) == 0 && rename(stage, final) == 0) {
+      remove_tree(aside);
       return fsync_dir(root, err);
+    }
   }
   errf(err, "%s: cannot rename %s into place: %s", final, stage, strerror(errno));
   return WF_EIO;
@@ -1462,5 +1468,47 @@ wf_status wf_ckpt_export_llmc(const char *dir, const char *out_path, char *err, 
     wf_strlcpy(err, e, err_len);
   wf_gpt_destroy(g);
   free(m.files);
+  return st;
+}
+
+/* ---- metrics
+ * ---------------------------------------------------------------------------------------- */
+
+static bool metrics_line_past(const char *line, int step)
+{
+  json_t *o = json_loads(line, 0, NULL);
+  json_t *s = o ? json_object_get(o, "step") : NULL;
+  bool past = json_is_integer(s) && json_integer_value(s) > step;
+  json_decref(o);
+  return past;
+}
+
+wf_status wf_ckpt_trim_metrics(const char *path, int step, char *err, size_t err_len)
+{
+  char dir[PATH_LEN], e[ERR_LEN] = "", *line = NULL, *text = NULL;
+  size_t cap = 0, len = 0;
+  bool dropped = false;
+  FILE *in = fopen(path, "r"), *out = NULL;
+  if (!in)
+    return errno == ENOENT ? WF_OK : WF_EIO;
+  out = open_memstream(&text, &len);
+  for (ssize_t n; out && (n = getline(&line, &cap, in)) > 0;) {
+    if (metrics_line_past(line, step))
+      dropped = true;
+    else
+      fputs(line, out);
+  }
+  fclose(in);
+  free(line);
+  wf_status st = out ? WF_OK : WF_ENOMEM;
+  if (out)
+    fclose(out);
+  const char *slash = strrchr(path, '/');
+  pathf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+  if (st == WF_OK && dropped)
+    st = write_small(dir[0] ? dir : "/", slash ? slash + 1 : path, text, e);
+  free(text);
+  if (st != WF_OK)
+    wf_strlcpy(err, e[0] ? e : "train.metrics: out of memory", err_len);
   return st;
 }

@@ -136,9 +136,13 @@ static wf_status setup_checkpoint(trainer *tr)
 {
   const wf_train_hooks *h = tr->hooks;
   tr->ck = (wf_ckpt_target){tr->cfg, tr->model, tr->dp, tr->dp_comm, h ? h->world : NULL, 0, 0};
+  if (h && h->on_phase) /* reading a big checkpoint is not a hang */
+    h->on_phase(h->user, "checkpoint");
   wf_status st = wf_ckpt_prepare(&tr->ck);
   if (st == WF_OK)
     st = wf_ckpt_resume(&tr->ck, &tr->start);
+  if (h && h->on_phase)
+    h->on_phase(h->user, "train");
   return st;
 }
 
@@ -166,10 +170,13 @@ static wf_status setup_metrics(trainer *tr)
   const char *path = tr->cfg->train.metrics;
   if (!path[0] || wf_rt_rank() > 0)
     return WF_OK;
-  /* A resumed run continues its file; a fresh run starts a new one. */
+  /* A resumed run continues its file (without the steps it is about to redo); a
+   * fresh run starts a new one. */
+  char err[WF_PATH_MAX + 128];
+  if (tr->start > 0 && wf_ckpt_trim_metrics(path, tr->start, err, sizeof err) != WF_OK)
+    WF_WARN("train.metrics: %s: cannot drop the steps after %d: %s", path, tr->start, err);
   tr->metrics = fopen(path, tr->start > 0 ? "a" : "w");
   if (!tr->metrics) {
-    char err[WF_PATH_MAX + 128];
     snprintf(err, sizeof err, "train.metrics: cannot open '%s' for writing: %s", path,
              strerror(errno));
     return fail_msg(WF_EIO, err);

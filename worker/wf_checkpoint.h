@@ -79,4 +79,9 @@ wf_status wf_ckpt_locate(const wf_config *cfg, char *dir, size_t dir_len, char *
  * GPT-2 checkpoint at `out_path`, after verifying every model file's checksum. */
 wf_status wf_ckpt_export_llmc(const char *dir, const char *out_path, char *err, size_t err_len);
 
+/* Not collective. Drop the lines of the JSON-lines metrics file `path` whose "step"
+ * is past `step` (steps a killed run did after its last checkpoint, which the
+ * resumed run repeats), rewriting it atomically; a missing file is fine. */
+wf_status wf_ckpt_trim_metrics(const char *path, int step, char *err, size_t err_len);
+
 #endif /* WF_CHECKPOINT_H */

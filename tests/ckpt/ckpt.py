@@ -247,9 +247,15 @@ def kill_mid_write(n, extra, victim_rank, tmp_glob):
         fail("a step-000010 directory exists although its write was killed")
     print(f"killed rank {victim_rank} (pid {pid}) while {stage} held {os.listdir(stage)}; "
           f"latest = step-000005")
-    out = run(n, args[:-1] + [f"train.metrics={path('resumed.jsonl')}", "train.resume=auto"])
+    killed_steps = max(losses(path("killed.jsonl")))
+    # The resumed run continues the same metrics file, without the steps it redoes.
+    out = run(n, args + ["train.resume=auto"])
     expect_in(out, ["resumed from", "step-000005 at step 5"], "resume after the kill")
-    same_losses(ref, losses(path("resumed.jsonl")), 6, 20, "resume after SIGKILL")
+    steps = [json.loads(l)["step"] for l in open(path("killed.jsonl")) if l.strip()]
+    if steps != list(range(1, 21)):
+        fail(f"the metrics file after the kill (at step {killed_steps}) and the resume logs "
+             f"steps {steps}, want 1..20 once each")
+    same_losses(ref, losses(path("killed.jsonl")), 1, 20, "resume after SIGKILL")
     if os.path.exists(stage) or latest(ck) != "step-000020":
         fail(f"after the resumed run: stale {stage} still there or latest {latest(ck)}")
 
