@@ -578,7 +578,7 @@ def main():
         return SKIP
     finally:
         stop_all()
-        if keep or os.environ.get("WEFT_SLURM_KEEP"):
+        if keep or os.environ.get("WEFT_TEST_SLURM_KEEP"):
             log(f"scratch kept: {scratch}")
         else:
             shutil.rmtree(scratch, ignore_errors=True)
