@@ -12,7 +12,8 @@
 
 /* Softmax + cross-entropy, split so vocabulary-parallel ranks can reduce between
  * the passes. logits (N, ld) hold V real columns of the vocabulary starting at
- * global column v_offset; columns >= V (padding) are ignored.
+ * global column v_offset; columns >= V (padding) are ignored. V may be 0 (an empty
+ * slice: row_max -inf, row_sumexp 0, which the combination below absorbs).
  *
  * Pass 1, per row: row_max = max over the V columns; row_sumexp = sum exp(l - row_max);
  * target_logit = logits[target - v_offset] if the target is in this slice, else 0.

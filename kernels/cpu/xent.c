@@ -16,7 +16,7 @@
 WF__CLONES static void stats_row(float *mx_out, float *se_out, float *tl_out, const float *l,
                                  int target, int V, int v_offset)
 {
-  float mx = wf__maxf(l, V);
+  float mx = V > 0 ? wf__maxf(l, V) : -INFINITY; /* an empty slice adds nothing */
   double s = 0.0;
 #pragma omp simd reduction(+ : s)
   for (int j = 0; j < V; j++)

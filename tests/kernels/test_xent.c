@@ -157,6 +157,11 @@ static void test_vocab_split(void **state)
   for (int i = 0; i < N; i++)
     for (int j = 0; j < V; j++)
       assert_true((j < V0 ? da[i * LD0 + j] : db[i * LD1 + j - V0]) == dl[i * LD + j]);
+  /* an empty slice: max -inf and sum 0, so it changes neither M nor S */
+  float em[N], es[N], et[N];
+  wf_xent_stats(em, es, et, a, targets, N, 0, LD0, V);
+  for (int i = 0; i < N; i++)
+    assert_true(isinf(em[i]) && em[i] < 0 && es[i] == 0.0f && et[i] == 0.0f);
   /* the target is in exactly one slice; the other reports 0 */
   for (int i = 0; i < N; i++)
     assert_true((t0[i] == 0.0f) != (t1[i] == 0.0f) || logits[i * LD + targets[i]] == 0.0f);
