@@ -5,7 +5,7 @@
  * environment, key=value arguments); read the launch environment and cross-check
  * it with MPI; validate the config against the world size; pick the device and
  * bind with hwloc; bootstrap the mesh; then print (--dry-run, --print-config) or
- * train.
+ * train. --print-schedule needs no mesh: it draws right after validation.
  *
  * Failure policy: every check that can fail on one rank is agreed on with an
  * MPI_Allreduce before anyone acts on it, so either all ranks go on or all exit
@@ -30,6 +30,7 @@
 #include "wf_launch.h"
 #include "wf_plane.h"
 #include "wf_runtime.h"
+#include "wf_schedule.h"
 #include "wf_train.h"
 
 extern char **environ;
@@ -62,7 +63,7 @@ static const char *launch_getenv(void *ctx, const char *name)
 
 typedef struct args {
   const char *config_file;
-  bool dry_run, print_config, help, version;
+  bool dry_run, print_config, print_schedule, help, version;
   const char *dump_state;
   const char *save;
   const char *export_llmc; /* --export llmc FILE */
@@ -75,6 +76,7 @@ static const char usage[] =
     "  --config FILE      YAML config (keys as in `--print-config`)\n"
     "  --dry-run          set up the mesh, print one row per rank, exit\n"
     "  --print-config     print the effective config and where each value came from\n"
+    "  --print-schedule   draw the pipeline schedule of the configured mesh, run nothing\n"
     "  --dump-state FILE  write llm.c's debug state for the first batch and exit\n"
     "  --save FILE        after training, write the model as an llm.c checkpoint\n"
     "  --export llmc FILE write the checkpoint train.resume names (else the latest in\n"
@@ -109,6 +111,8 @@ static int parse_args(int argc, char **argv, args *a, char *err, size_t len)
       a->dry_run = true;
     } else if (!strcmp(s, "--print-config")) {
       a->print_config = true;
+    } else if (!strcmp(s, "--print-schedule")) {
+      a->print_schedule = true;
     } else if (!strcmp(s, "--help") || !strcmp(s, "-h")) {
       a->help = true;
     } else if (!strcmp(s, "--version")) {
@@ -305,6 +309,31 @@ static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, con
   return st == WF_OK ? 0 : 1;
 }
 
+/* --print-schedule launches nothing, so the config is checked against the mesh it
+ * describes (mesh.dp, or 1 when derived, x tp x pp) rather than the MPI world: a
+ * singleton can draw a pp=4 schedule. */
+static int check_world(const wf_config *cfg, const args *a, int size)
+{
+  if (!a->print_schedule)
+    return size;
+  long long w = (long long)(cfg->mesh.dp > 0 ? cfg->mesh.dp : 1) * cfg->mesh.tp * cfg->mesh.pp;
+  return w > 0 && w <= 1 << 24 ? (int)w : 0; /* 0: the range rules report bad sizes */
+}
+
+static int print_schedule(const wf_config *cfg, int rank)
+{
+  char err[512];
+  wf_sched_params prm = {cfg->train.schedule, cfg->mesh.pp, cfg->train.microbatches,
+                         cfg->parallel.virtual_stages};
+  if (rank != 0)
+    return 0;
+  if (wf_schedule_print(stdout, &prm, err, sizeof err) != WF_OK) {
+    fprintf(stderr, "weft: error: %s\n", err);
+    return 1;
+  }
+  return 0;
+}
+
 /* --export llmc FILE: rank 0 writes the model of the checkpoint; no mesh is needed. */
 static int export_llmc(const wf_config *cfg, const char *path, int rank)
 {
@@ -328,7 +357,7 @@ static int run(const args *a, int rank, int size)
   wf_launch launch;
   bool ok = load_config(&cfg, a, err, sizeof err) == WF_OK;
   ok = ok && read_launch(&launch, &cfg, rank, size, err, sizeof err) == WF_OK;
-  ok = ok && wf_config_validate(&cfg, size, err, sizeof err) == WF_OK;
+  ok = ok && wf_config_validate(&cfg, check_world(&cfg, a, size), err, sizeof err) == WF_OK;
   if (!all_ok(ok))
     return fail_all(!ok, err, rank);
   wf_log_set_level(cfg.runtime.log_level);
@@ -341,6 +370,8 @@ static int run(const args *a, int rank, int size)
   }
   if (a->export_llmc)
     return export_llmc(&cfg, a->export_llmc, rank);
+  if (a->print_schedule)
+    return print_schedule(&cfg, rank);
 
   wf_gpu *gpu = NULL;
   char device[64], bus[64];
