@@ -13,6 +13,7 @@ Exit status: 0 all cases passed, 1 a case failed, 77 (meson: skipped) when Slurm
 munge is not installed or the cluster cannot start, with the reason on stdout.
 """
 import os
+import random
 import re
 import shutil
 import signal
@@ -108,7 +109,8 @@ def write_conf(munge_sock):
         text = f.read()
     text = (text.replace("@HOST@", host).replace("@SLURM_DIR@", scratch)
             .replace("@MUNGE_SOCKET@", munge_sock)
-            .replace("@CTLD_PORT@", str(free_port())).replace("@SLURMD_PORT@", str(free_port())))
+            .replace("@CTLD_PORT@", str(free_port())).replace("@SLURMD_PORT@", str(free_port()))
+            .replace("@FIRST_JOB_ID@", str(random.randrange(100, 10000))))
     conf = os.path.join(scratch, "slurm.conf")
     with open(conf, "w") as f:
         f.write(text)
