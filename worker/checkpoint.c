@@ -1182,8 +1182,8 @@ static wf_status read_optim_part(const char *dir, const entry *e, uint64_t n, co
   return st;
 }
 
-/* Elements whose AdamW state world rank r restores: its ZeRO shard, or everything on
- * dp rank 0 (which then broadcasts it). World rank = dp rank while tp = pp = 1. */
+/* Elements whose AdamW state dp rank r (of D) restores: its ZeRO shard, or everything
+ * on dp rank 0 (which then broadcasts it). */
 static void restore_range(int r, int D, bool zero, uint64_t n, uint64_t *lo, uint64_t *hi)
 {
   uint64_t shard = (n + (uint64_t)D - 1) / (uint64_t)D;
@@ -1191,17 +1191,17 @@ static void restore_range(int r, int D, bool zero, uint64_t n, uint64_t *lo, uin
   *hi = zero ? WF_MIN(*lo + shard, n) : r == 0 ? n : 0;
 }
 
-/* Who reads file i whole and checks its checksum: the lowest rank that restores
- * exactly its range (it reads it whole anyway), else rank i mod world. */
-static int verifier(const entry *e, int i, int world, bool zero, uint64_t n)
+/* Which dp rank of the (pp, tp) group reads file i whole and checks its checksum: the
+ * lowest that restores exactly its range (it reads it whole anyway), else i mod D. */
+static int verifier(const entry *e, int i, int D, bool zero, uint64_t n)
 {
-  for (int r = 0; r < world; r++) {
+  for (int r = 0; r < D; r++) {
     uint64_t lo, hi;
-    restore_range(r, world, zero, n, &lo, &hi);
+    restore_range(r, D, zero, n, &lo, &hi);
     if (lo == e->lo && hi == e->hi)
       return r;
   }
-  return i % world;
+  return i % D;
 }
 
 /* The optimizer files of (pp, tp) must cover [0, n) exactly once. */
@@ -1227,8 +1227,7 @@ static wf_status check_cover(const manifest *m, int pp, int tp, const char *dir,
 
 static wf_status load_optim(const wf_ckpt_target *t, const manifest *m, const char *dir, char *err)
 {
-  wf_comm *w = world_of(t);
-  int me = rank_of(w), world = size_of(w), dpi;
+  int me = rank_of(t->dp_comm), D = size_of(t->dp_comm), dpi;
   span sp;
   wf_status st = optim_state(t, &sp.lo, &sp.hi, &sp.m, &sp.v, &dpi);
   if (st != WF_OK) {
@@ -1236,19 +1235,19 @@ static wf_status load_optim(const wf_ckpt_target *t, const manifest *m, const ch
     return st;
   }
   bool zero = dpi >= 0;
-  if (!zero && rank_of(t->dp_comm) != 0)
+  if (!zero && me != 0)
     sp.lo = sp.hi = 0; /* dp 0 restores it all and broadcasts */
   st = check_cover(m, t->pp_rank, t->tp_rank, dir, err);
   for (int i = 0; st == WF_OK && i < m->n_files; i++) {
     const entry *e = &m->files[i];
     if (!e->optim || e->pp != t->pp_rank || e->tp != t->tp_rank)
       continue;
-    if (verifier(e, i, world, zero, m->n) == me)
+    if (verifier(e, i, D, zero, m->n) == me)
       st = verify_optim(dir, e, m->n, &sp, err);
     else if (WF_MAX(e->lo, sp.lo) < WF_MIN(e->hi, sp.hi))
       st = read_optim_part(dir, e, m->n, &sp, err);
   }
-  st = settle(w, st, err, false, "restoring the optimizer state");
+  st = settle(world_of(t), st, err, false, "restoring the optimizer state");
   if (st != WF_OK || zero || size_of(t->dp_comm) == 1)
     return st;
   size_t n = (size_t)m->n;
