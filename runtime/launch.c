@@ -33,7 +33,7 @@ const char *wf_launch_source_str(wf_launch_source s)
   case WF_LAUNCH_FLAGS: return "flags (dist.rank/dist.world_size)";
   case WF_LAUNCH_TORCHRUN: return "torchrun variables (RANK/WORLD_SIZE)";
   case WF_LAUNCH_OMPI: return "Open MPI (OMPI_COMM_WORLD_*)";
-  case WF_LAUNCH_PMI: return "PMI (PMI_RANK/PMI_SIZE)";
+  case WF_LAUNCH_PMI: return "PMI/PMIx (PMI_RANK/PMI_SIZE, PMIX_RANK)";
   case WF_LAUNCH_SLURM: return "Slurm (SLURM_PROCID/SLURM_NTASKS)";
   }
   return "unknown";
