@@ -6,7 +6,6 @@
  * cache-line-aligned chunks, with every per-step constant hoisted out of the loop.
  */
 #include <math.h>
-#include <omp.h>
 
 #include "cpu_int.h"
 #include "wf_kernels.h"
@@ -30,6 +29,21 @@ WF__CLONES static void adamw_range(float *p, float *m, float *v, const float *g,
   }
 }
 
+struct adamw_task {
+  float *p, *m, *v;
+  const float *g;
+  size_t n;
+  const struct adamw_consts *k;
+};
+
+static void adamw_share(void *p, int tid, int nt)
+{
+  const struct adamw_task *a = p;
+  size_t lo, hi;
+  wf__split(a->n, tid, nt, 16, &lo, &hi);
+  adamw_range(a->p, a->m, a->v, a->g, lo, hi, a->k);
+}
+
 void wf_adamw_update(float *params, float *m, float *v, const float *grads, size_t n, float lr,
                      float beta1, float beta2, float eps, float weight_decay, int t,
                      float grad_scale)
@@ -48,11 +62,6 @@ void wf_adamw_update(float *params, float *m, float *v, const float *grads, size
       .ibc2 = (float)(1.0 / (1.0 - pow(beta2, t))),
       .gs = grad_scale,
   };
-  int nt = wf__threads_for(n);
-#pragma omp parallel num_threads(nt)
-  {
-    size_t lo, hi;
-    wf__split(n, omp_get_thread_num(), omp_get_num_threads(), 16, &lo, &hi);
-    adamw_range(params, m, v, grads, lo, hi, &k);
-  }
+  struct adamw_task a = {params, m, v, grads, n, &k};
+  wf__parallel(wf__threads_for(n), adamw_share, &a);
 }

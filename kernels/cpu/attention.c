@@ -12,7 +12,6 @@
  * full (T,T) softmax matrix per head, as the CUDA twin and the backward expect.
  */
 #include <math.h>
-#include <omp.h>
 
 #include "cpu_int.h"
 #include "wf_kernels.h"
@@ -57,17 +56,30 @@ static void head_forward(float *out, float *A, const float *q, const float *k, c
   }
 }
 
+struct att {
+  float *out, *att, *dqkv, *scratch;
+  const float *qkv, *catt, *dout;
+  int B, T, C, NH;
+};
+
+static void forward_share(void *p, int tid, int nt)
+{
+  const struct att *a = p;
+  const int T = a->T, C = a->C, NH = a->NH, hs = C / NH;
+  size_t lo, hi;
+  wf__split((size_t)a->B * NH, tid, nt, 1, &lo, &hi);
+  for (size_t bh = lo; bh < hi; bh++) {
+    size_t b = bh / NH, h = bh % NH;
+    const float *base = a->qkv + b * T * 3 * C + h * hs;
+    head_forward(a->out + b * T * C + h * hs, a->att + bh * T * T, base, base + C, base + 2 * C, T,
+                 C, hs);
+  }
+}
+
 void wf_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH)
 {
-  const int hs = C / NH;
-  int nt = wf__threads_for((size_t)B * NH * T * T * hs / 64);
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int bh = 0; bh < B * NH; bh++) {
-    int b = bh / NH, h = bh % NH;
-    const float *base = qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
-    head_forward(out + (size_t)b * T * C + (size_t)h * hs, att + (size_t)bh * T * T, base, base + C,
-                 base + 2 * C, T, C, hs);
-  }
+  struct att a = {.out = out, .att = att, .qkv = qkv, .B = B, .T = T, .C = C, .NH = NH};
+  wf__parallel(wf__threads_for((size_t)B * NH * T * T * (C / NH) / 64), forward_share, &a);
 }
 
 /* Rows [i0, i1) of one head: dS = att * (dA - rowsum(att * dA)), in place in D. */
@@ -117,24 +129,39 @@ static void head_backward(const struct head_grad *g, float *D, const float *A, i
   }
 }
 
+static void backward_share(void *p, int tid, int nt)
+{
+  const struct att *a = p;
+  const int T = a->T, C = a->C, NH = a->NH, hs = C / NH;
+  size_t lo, hi;
+  wf__split((size_t)a->B * NH, tid, nt, 1, &lo, &hi);
+  for (size_t bh = lo; bh < hi; bh++) {
+    size_t b = bh / NH, h = bh % NH;
+    size_t off = b * T * 3 * C + h * hs;
+    struct head_grad g = {
+        .dq = a->dqkv + off,
+        .dk = a->dqkv + off + C,
+        .dv = a->dqkv + off + 2 * C,
+        .q = a->qkv + off,
+        .k = a->qkv + off + C,
+        .v = a->qkv + off + 2 * C,
+        .dout = a->dout + b * T * C + h * hs,
+    };
+    head_backward(&g, a->scratch + bh * T * T, a->catt + bh * T * T, T, C, hs);
+  }
+}
+
 void wf_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
                            const float *att, int B, int T, int C, int NH)
 {
-  const int hs = C / NH;
-  int nt = wf__threads_for((size_t)B * NH * T * T * hs / 32);
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int bh = 0; bh < B * NH; bh++) {
-    int b = bh / NH, h = bh % NH;
-    size_t off = (size_t)b * T * 3 * C + (size_t)h * hs;
-    struct head_grad g = {
-        .dq = dqkv + off,
-        .dk = dqkv + off + C,
-        .dv = dqkv + off + 2 * C,
-        .q = qkv + off,
-        .k = qkv + off + C,
-        .v = qkv + off + 2 * C,
-        .dout = dout + (size_t)b * T * C + (size_t)h * hs,
-    };
-    head_backward(&g, scratch + (size_t)bh * T * T, att + (size_t)bh * T * T, T, C, hs);
-  }
+  struct att a = {.dqkv = dqkv,
+                  .scratch = scratch,
+                  .qkv = qkv,
+                  .catt = att,
+                  .dout = dout,
+                  .B = B,
+                  .T = T,
+                  .C = C,
+                  .NH = NH};
+  wf__parallel(wf__threads_for((size_t)B * NH * T * T * (C / NH) / 32), backward_share, &a);
 }

@@ -1,9 +1,9 @@
 /*
  * cpu_int.h - helpers shared by the CPU kernels; private to kernels/cpu.
  *
- * Threading model (why it is this way): one thread pool, OpenMP's, runs everything.
+ * Threading model (why it is this way): one thread pool (threads.c) runs everything.
  * OpenBLAS is pinned to one thread and every large GEMM is split by wf__sgemm into
- * one single-threaded OpenBLAS call per OpenMP thread. OpenBLAS's own pthreads keep
+ * one single-threaded OpenBLAS call per pool thread. OpenBLAS's own pthreads keep
  * spinning after each call; measured on the 2-core machine, alternating a 2-thread
  * OpenBLAS GEMM with a 2-thread OpenMP loop cost ~1.5-2x the sum of the two alone,
  * while the single pool costs the sum. So no two pools ever compete for the cores.
@@ -42,6 +42,11 @@
 
 /* The thread budget (>= 1); the first call pins OpenBLAS to one thread. */
 int wf__threads(void);
+
+/* Runs fn(ctx, tid, nt) for every tid in [0, nt) on the kernels' pool (tid 0 on the
+ * caller) and returns when all are done (threads.c). */
+typedef void (*wf__task_fn)(void *ctx, int tid, int nt);
+void wf__parallel(int nt, wf__task_fn fn, void *ctx);
 
 /* Threads to use for `work` units: 1 when the work is too small to pay. */
 static inline int wf__threads_for(size_t work) { return work < WF__PAR_MIN ? 1 : wf__threads(); }

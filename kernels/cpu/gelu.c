@@ -6,8 +6,6 @@
  * tanh comes from wf__tanhf (vectorisable; glibc's tanhf costs ~35 ns per call here
  * and was the single largest non-GEMM cost of a gpt2-small step).
  */
-#include <omp.h>
-
 #include "cpu_int.h"
 #include "wf_kernels.h"
 
@@ -24,15 +22,24 @@ WF__CLONES static void forward_range(float *out, const float *inp, size_t lo, si
   }
 }
 
+struct ew {
+  float *out;
+  const float *a, *b;
+  size_t n;
+};
+
+static void forward_share(void *p, int tid, int nt)
+{
+  const struct ew *e = p;
+  size_t lo, hi;
+  wf__split(e->n, tid, nt, 16, &lo, &hi);
+  forward_range(e->out, e->a, lo, hi);
+}
+
 void wf_gelu_forward(float *out, const float *inp, size_t N)
 {
-  int nt = wf__threads_for(N);
-#pragma omp parallel num_threads(nt)
-  {
-    size_t lo, hi;
-    wf__split(N, omp_get_thread_num(), omp_get_num_threads(), 16, &lo, &hi);
-    forward_range(out, inp, lo, hi);
-  }
+  struct ew e = {out, inp, NULL, N};
+  wf__parallel(wf__threads_for(N), forward_share, &e);
 }
 
 /* d gelu / dx = 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 a x^2) */
@@ -49,13 +56,16 @@ WF__CLONES static void backward_range(float *dinp, const float *inp, const float
   }
 }
 
+static void backward_share(void *p, int tid, int nt)
+{
+  const struct ew *e = p;
+  size_t lo, hi;
+  wf__split(e->n, tid, nt, 16, &lo, &hi);
+  backward_range(e->out, e->a, e->b, lo, hi);
+}
+
 void wf_gelu_backward(float *dinp, const float *inp, const float *dout, size_t N)
 {
-  int nt = wf__threads_for(N);
-#pragma omp parallel num_threads(nt)
-  {
-    size_t lo, hi;
-    wf__split(N, omp_get_thread_num(), omp_get_num_threads(), 16, &lo, &hi);
-    backward_range(dinp, inp, dout, lo, hi);
-  }
+  struct ew e = {dinp, inp, dout, N};
+  wf__parallel(wf__threads_for(N), backward_share, &e);
 }

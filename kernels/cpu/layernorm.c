@@ -9,12 +9,17 @@
  * independent of the thread count, no scratch memory).
  */
 #include <math.h>
-#include <omp.h>
 
 #include "cpu_int.h"
 #include "wf_kernels.h"
 
 #define LN_EPS 1e-5
+
+struct ln {
+  float *out, *mean, *rstd, *dinp, *dweight, *dbias;
+  const float *inp, *weight, *bias, *dout, *cmean, *crstd;
+  int N, C;
+};
 
 static void norm_row(float *o, float *mean_out, float *rstd_out, const float *x, const float *w,
                      const float *b, int C)
@@ -40,14 +45,28 @@ static void norm_row(float *o, float *mean_out, float *rstd_out, const float *x,
     *rstd_out = rs;
 }
 
+static void forward_share(void *p, int tid, int nt)
+{
+  const struct ln *l = p;
+  size_t lo, hi;
+  wf__split((size_t)l->N, tid, nt, 1, &lo, &hi);
+  for (size_t i = lo; i < hi; i++)
+    norm_row(l->out + i * l->C, l->mean ? l->mean + i : NULL, l->rstd ? l->rstd + i : NULL,
+             l->inp + i * l->C, l->weight, l->bias, l->C);
+}
+
 void wf_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                           const float *weight, const float *bias, int N, int C)
 {
-  int nt = wf__threads_for((size_t)N * C);
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int i = 0; i < N; i++)
-    norm_row(out + (size_t)i * C, mean ? mean + i : NULL, rstd ? rstd + i : NULL,
-             inp + (size_t)i * C, weight, bias, C);
+  struct ln l = {.out = out,
+                 .mean = mean,
+                 .rstd = rstd,
+                 .inp = inp,
+                 .weight = weight,
+                 .bias = bias,
+                 .N = N,
+                 .C = C};
+  wf__parallel(wf__threads_for((size_t)N * C), forward_share, &l);
 }
 
 /* dinp = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dout * weight */
@@ -70,26 +89,34 @@ static void dinp_row(float *dx, const float *dy, const float *x, const float *w,
   }
 }
 
-static void params_backward(float *dweight, float *dbias, const float *dout, const float *inp,
-                            const float *mean, const float *rstd, int N, int C, int nt)
+static void dinp_share(void *p, int tid, int nt)
 {
-#pragma omp parallel num_threads(nt)
-  {
-    size_t lo, hi;
-    wf__split((size_t)C, omp_get_thread_num(), omp_get_num_threads(), 16, &lo, &hi);
-    for (int i = 0; i < N; i++) {
-      const float *dy = dout + (size_t)i * C, *x = inp + (size_t)i * C;
-      float m = mean[i], rs = rstd[i];
-      if (dweight) {
+  const struct ln *l = p;
+  size_t lo, hi;
+  wf__split((size_t)l->N, tid, nt, 1, &lo, &hi);
+  for (size_t i = lo; i < hi; i++)
+    dinp_row(l->dinp + i * l->C, l->dout + i * l->C, l->inp + i * l->C, l->weight, l->cmean[i],
+             l->crstd[i], l->C);
+}
+
+static void params_share(void *p, int tid, int nt)
+{
+  const struct ln *l = p;
+  size_t lo, hi;
+  wf__split((size_t)l->C, tid, nt, 16, &lo, &hi);
+  float *dw = l->dweight, *db = l->dbias;
+  for (int i = 0; i < l->N; i++) {
+    const float *dy = l->dout + (size_t)i * l->C, *x = l->inp + (size_t)i * l->C;
+    float m = l->cmean[i], rs = l->crstd[i];
+    if (dw) {
 #pragma omp simd
-        for (size_t c = lo; c < hi; c++)
-          dweight[c] += dy[c] * ((x[c] - m) * rs);
-      }
-      if (dbias) {
+      for (size_t c = lo; c < hi; c++)
+        dw[c] += dy[c] * ((x[c] - m) * rs);
+    }
+    if (db) {
 #pragma omp simd
-        for (size_t c = lo; c < hi; c++)
-          dbias[c] += dy[c];
-      }
+      for (size_t c = lo; c < hi; c++)
+        db[c] += dy[c];
     }
   }
 }
@@ -98,13 +125,19 @@ void wf_layernorm_backward(float *dinp, float *dweight, float *dbias, const floa
                            const float *inp, const float *weight, const float *mean,
                            const float *rstd, int N, int C)
 {
+  struct ln l = {.dinp = dinp,
+                 .dweight = dweight,
+                 .dbias = dbias,
+                 .inp = inp,
+                 .weight = weight,
+                 .dout = dout,
+                 .cmean = mean,
+                 .crstd = rstd,
+                 .N = N,
+                 .C = C};
   int nt = wf__threads_for((size_t)N * C);
-  if (dinp) {
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int i = 0; i < N; i++)
-      dinp_row(dinp + (size_t)i * C, dout + (size_t)i * C, inp + (size_t)i * C, weight, mean[i],
-               rstd[i], C);
-  }
+  if (dinp)
+    wf__parallel(nt, dinp_share, &l);
   if (dweight || dbias)
-    params_backward(dweight, dbias, dout, inp, mean, rstd, N, C, nt);
+    wf__parallel(nt, params_share, &l);
 }

@@ -6,8 +6,6 @@
  * larger (wf__sgemm), each share a single-threaded OpenBLAS call, so the split is
  * a pure function of the sizes and the budget (deterministic results).
  */
-#include <omp.h>
-
 #include "cpu_int.h"
 #include "wf_kernels.h"
 
@@ -22,50 +20,68 @@ static const float *op_cols(const float *X, enum CBLAS_TRANSPOSE t, int ld, int 
   return t == CblasNoTrans ? X + j : X + (size_t)j * ld;
 }
 
+struct gemm {
+  enum CBLAS_TRANSPOSE ta, tb;
+  int M, N, K;
+  float alpha;
+  const float *A;
+  int lda;
+  const float *B;
+  int ldb;
+  float beta;
+  float *C;
+  int ldc;
+};
+
+/* One thread's share: 16-aligned columns (or rows, whichever output dimension is
+ * larger), a multiple of OpenBLAS's register blocking. */
+static void gemm_share(void *p, int tid, int nt)
+{
+  const struct gemm *g = p;
+  int split_n = g->N >= g->M;
+  size_t lo, hi;
+  wf__split(split_n ? (size_t)g->N : (size_t)g->M, tid, nt, 16, &lo, &hi);
+  int i = (int)lo, n = (int)(hi - lo);
+  if (n <= 0)
+    return;
+  if (split_n)
+    cblas_sgemm(CblasRowMajor, g->ta, g->tb, g->M, n, g->K, g->alpha, g->A, g->lda,
+                op_cols(g->B, g->tb, g->ldb, i), g->ldb, g->beta, g->C + i, g->ldc);
+  else
+    cblas_sgemm(CblasRowMajor, g->ta, g->tb, n, g->N, g->K, g->alpha,
+                op_rows(g->A, g->ta, g->lda, i), g->lda, g->B, g->ldb, g->beta,
+                g->C + (size_t)i * g->ldc, g->ldc);
+}
+
 void wf__sgemm(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha,
                const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc)
 {
   if (M <= 0 || N <= 0)
     return;
-  int nt = wf__threads_for((size_t)M * N * K / 64);
-  if (nt == 1) {
-    cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    return;
-  }
-  int split_n = N >= M;
-#pragma omp parallel num_threads(nt)
-  {
-    size_t lo, hi;
-    /* shares of 16 rows/columns: a multiple of OpenBLAS's register blocking */
-    wf__split(split_n ? (size_t)N : (size_t)M, omp_get_thread_num(), omp_get_num_threads(), 16, &lo,
-              &hi);
-    int i = (int)lo, n = (int)(hi - lo);
-    if (n > 0 && split_n)
-      cblas_sgemm(CblasRowMajor, ta, tb, M, n, K, alpha, A, lda, op_cols(B, tb, ldb, i), ldb, beta,
-                  C + i, ldc);
-    else if (n > 0)
-      cblas_sgemm(CblasRowMajor, ta, tb, n, N, K, alpha, op_rows(A, ta, lda, i), lda, B, ldb, beta,
-                  C + (size_t)i * ldc, ldc);
-  }
+  struct gemm g = {ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc};
+  wf__parallel(wf__threads_for((size_t)M * N * K / 64), gemm_share, &g);
 }
 
 /* out (N,OC) = bias broadcast; each thread fills the columns it will multiply into,
  * then accumulates its GEMM share (beta = 1), so the bias costs no extra pass. */
-static void forward_bias(float *out, const float *inp, const float *weight, const float *bias,
-                         int N, int C, int OC, int nt)
+struct fwd_bias {
+  float *out;
+  const float *inp, *weight, *bias;
+  int N, C, OC;
+};
+
+static void forward_bias_share(void *p, int tid, int nt)
 {
-#pragma omp parallel num_threads(nt)
-  {
-    size_t lo, hi;
-    wf__split((size_t)OC, omp_get_thread_num(), omp_get_num_threads(), 16, &lo, &hi);
-    int o0 = (int)lo, n = (int)(hi - lo);
-    if (n > 0) {
-      for (int r = 0; r < N; r++)
-        memcpy(out + (size_t)r * OC + o0, bias + o0, (size_t)n * sizeof(float));
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, n, C, 1.0f, inp, C,
-                  weight + (size_t)o0 * C, C, 1.0f, out + o0, OC);
-    }
-  }
+  const struct fwd_bias *f = p;
+  size_t lo, hi;
+  wf__split((size_t)f->OC, tid, nt, 16, &lo, &hi);
+  int o0 = (int)lo, n = (int)(hi - lo);
+  if (n <= 0)
+    return;
+  for (int r = 0; r < f->N; r++)
+    memcpy(f->out + (size_t)r * f->OC + o0, f->bias + o0, (size_t)n * sizeof(float));
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, f->N, n, f->C, 1.0f, f->inp, f->C,
+              f->weight + (size_t)o0 * f->C, f->C, 1.0f, f->out + o0, f->OC);
 }
 
 void wf_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,
@@ -74,7 +90,8 @@ void wf_matmul_forward(float *out, const float *inp, const float *weight, const 
   if (N <= 0 || OC <= 0)
     return;
   if (bias) {
-    forward_bias(out, inp, weight, bias, N, C, OC, wf__threads_for((size_t)N * C * OC / 64));
+    struct fwd_bias f = {out, inp, weight, bias, N, C, OC};
+    wf__parallel(wf__threads_for((size_t)N * C * OC / 64), forward_bias_share, &f);
     return;
   }
   wf__sgemm(CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC);
@@ -82,19 +99,23 @@ void wf_matmul_forward(float *out, const float *inp, const float *weight, const 
 
 /* dbias (OC) += sum over rows of dout (N,OC): threads own column ranges, rows are
  * summed in order, so the result does not depend on the thread count. */
-static void bias_backward(float *dbias, const float *dout, int N, int OC)
+struct bias_bwd {
+  float *dbias;
+  const float *dout;
+  int N, OC;
+};
+
+static void bias_backward_share(void *p, int tid, int nt)
 {
-  int nt = wf__threads_for((size_t)N * OC);
-#pragma omp parallel num_threads(nt)
-  {
-    size_t lo, hi;
-    wf__split((size_t)OC, omp_get_thread_num(), omp_get_num_threads(), 16, &lo, &hi);
-    for (int r = 0; r < N; r++) {
-      const float *row = dout + (size_t)r * OC;
+  const struct bias_bwd *b = p;
+  size_t lo, hi;
+  wf__split((size_t)b->OC, tid, nt, 16, &lo, &hi);
+  float *db = b->dbias;
+  for (int r = 0; r < b->N; r++) {
+    const float *row = b->dout + (size_t)r * b->OC;
 #pragma omp simd
-      for (size_t o = lo; o < hi; o++)
-        dbias[o] += row[o];
-    }
+    for (size_t o = lo; o < hi; o++)
+      db[o] += row[o];
   }
 }
 
@@ -109,6 +130,8 @@ void wf_matmul_backward(float *dinp, float *dweight, float *dbias, const float *
   /* dweight (OC,C) += dout^T (OC,N) . inp (N,C) */
   if (dweight)
     wf__sgemm(CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
-  if (dbias)
-    bias_backward(dbias, dout, N, OC);
+  if (dbias) {
+    struct bias_bwd b = {dbias, dout, N, OC};
+    wf__parallel(wf__threads_for((size_t)N * OC), bias_backward_share, &b);
+  }
 }

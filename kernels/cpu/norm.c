@@ -4,7 +4,6 @@
  * The sum accumulates in double: per-thread partials over fixed chunks, added in
  * thread order, so it is deterministic for a given thread budget.
  */
-#include <omp.h>
 
 #include "cpu_int.h"
 #include "wf_kernels.h"
@@ -20,33 +19,48 @@ WF__CLONES static double sumsq_range(const float *x, size_t lo, size_t hi)
   return s;
 }
 
+struct norm_task {
+  float *x;
+  const float *cx;
+  float s;
+  size_t n;
+  double part[MAX_PARTIALS];
+};
+
+static void sumsq_share(void *p, int tid, int nt)
+{
+  struct norm_task *t = p;
+  size_t lo, hi;
+  wf__split(t->n, tid, nt, 16, &lo, &hi);
+  t->part[tid] = sumsq_range(t->cx, lo, hi);
+}
+
 double wf_sumsq(const float *x, size_t n)
 {
-  double part[MAX_PARTIALS] = {0};
+  struct norm_task t = {.cx = x, .n = n};
   int nt = wf__threads_for(n);
   nt = nt > MAX_PARTIALS ? MAX_PARTIALS : nt;
-#pragma omp parallel num_threads(nt)
-  {
-    size_t lo, hi;
-    int tid = omp_get_thread_num();
-    wf__split(n, tid, omp_get_num_threads(), 16, &lo, &hi);
-    part[tid] = sumsq_range(x, lo, hi);
-  }
+  wf__parallel(nt, sumsq_share, &t);
   double total = 0.0;
   for (int i = 0; i < nt; i++)
-    total += part[i];
+    total += t.part[i];
   return total;
+}
+
+static void scale_share(void *p, int tid, int nt)
+{
+  const struct norm_task *t = p;
+  size_t lo, hi;
+  wf__split(t->n, tid, nt, 16, &lo, &hi);
+  float *x = t->x;
+  const float s = t->s;
+#pragma omp simd
+  for (size_t i = lo; i < hi; i++)
+    x[i] *= s;
 }
 
 void wf_scale(float *x, float s, size_t n)
 {
-  int nt = wf__threads_for(n);
-#pragma omp parallel num_threads(nt)
-  {
-    size_t lo, hi;
-    wf__split(n, omp_get_thread_num(), omp_get_num_threads(), 16, &lo, &hi);
-#pragma omp simd
-    for (size_t i = lo; i < hi; i++)
-      x[i] *= s;
-  }
+  struct norm_task t = {.x = x, .s = s, .n = n};
+  wf__parallel(wf__threads_for(n), scale_share, &t);
 }

@@ -8,7 +8,6 @@
  * double: a row has up to ~50k terms.
  */
 #include <math.h>
-#include <omp.h>
 
 #include "cpu_int.h"
 #include "wf_kernels.h"
@@ -27,14 +26,37 @@ WF__CLONES static void stats_row(float *mx_out, float *se_out, float *tl_out, co
   *tl_out = local >= 0 && local < V ? l[local] : 0.0f;
 }
 
+struct xe {
+  float *row_max, *row_sumexp, *target_logit, *dlogits;
+  const float *logits, *cmax, *csum;
+  const int *targets;
+  float dloss;
+  int N, V, ld, v_offset;
+};
+
+static void stats_share(void *p, int tid, int nt)
+{
+  const struct xe *x = p;
+  size_t lo, hi;
+  wf__split((size_t)x->N, tid, nt, 1, &lo, &hi);
+  for (size_t i = lo; i < hi; i++)
+    stats_row(x->row_max + i, x->row_sumexp + i, x->target_logit + i, x->logits + i * x->ld,
+              x->targets[i], x->V, x->v_offset);
+}
+
 void wf_xent_stats(float *row_max, float *row_sumexp, float *target_logit, const float *logits,
                    const int *targets, int N, int V, int ld, int v_offset)
 {
-  int nt = wf__threads_for((size_t)N * V);
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int i = 0; i < N; i++)
-    stats_row(row_max + i, row_sumexp + i, target_logit + i, logits + (size_t)i * ld, targets[i], V,
-              v_offset);
+  struct xe x = {.row_max = row_max,
+                 .row_sumexp = row_sumexp,
+                 .target_logit = target_logit,
+                 .logits = logits,
+                 .targets = targets,
+                 .N = N,
+                 .V = V,
+                 .ld = ld,
+                 .v_offset = v_offset};
+  wf__parallel(wf__threads_for((size_t)N * V), stats_share, &x);
 }
 
 void wf_xent_loss(float *losses, const float *row_max, const float *row_sumexp,
@@ -58,13 +80,29 @@ WF__CLONES static void backward_row(float *d, const float *l, float mx, float se
     d[j] = 0.0f;
 }
 
+static void backward_share(void *p, int tid, int nt)
+{
+  const struct xe *x = p;
+  size_t lo, hi;
+  wf__split((size_t)x->N, tid, nt, 1, &lo, &hi);
+  for (size_t i = lo; i < hi; i++)
+    backward_row(x->dlogits + i * x->ld, x->logits + i * x->ld, x->cmax[i], x->csum[i],
+                 x->targets[i], x->dloss, x->V, x->ld, x->v_offset);
+}
+
 void wf_xent_backward(float *dlogits, const float *logits, const float *row_max,
                       const float *row_sumexp, const int *targets, float dloss, int N, int V,
                       int ld, int v_offset)
 {
-  int nt = wf__threads_for((size_t)N * V);
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int i = 0; i < N; i++)
-    backward_row(dlogits + (size_t)i * ld, logits + (size_t)i * ld, row_max[i], row_sumexp[i],
-                 targets[i], dloss, V, ld, v_offset);
+  struct xe x = {.dlogits = dlogits,
+                 .logits = logits,
+                 .cmax = row_max,
+                 .csum = row_sumexp,
+                 .targets = targets,
+                 .dloss = dloss,
+                 .N = N,
+                 .V = V,
+                 .ld = ld,
+                 .v_offset = v_offset};
+  wf__parallel(wf__threads_for((size_t)N * V), backward_share, &x);
 }
