@@ -1,5 +1,5 @@
 /*
- * threads.h - the kernels' thread budget (OpenBLAS and OpenMP share it).
+ * threads.h - the kernels' thread budget (their loops and GEMMs share it).
  * Part of the kernels module; include wf_kernels.h, which states the conventions
  * (outputs first, backward adds into gradients, shape legend). The CPU code is
  * kernels/cpu/threads.c; the CUDA twin has the same arguments plus a stream.
@@ -11,12 +11,12 @@
 #include <stdint.h>
 
 /* Thread budget (n >= 1; smaller is taken as 1) for the kernels' parallel loops and
- * GEMMs. One pool, OpenMP's, runs both: OpenBLAS is pinned to one thread per call
- * and large GEMMs are split across the pool, so OpenBLAS and OpenMP threads never
- * compete for the cores. Until it is set, the budget is OpenMP's default
- * (OMP_NUM_THREADS, else the CPUs the process may run on). Process-wide, like
- * OpenBLAS's own setting; set it before running kernels, not concurrently with them.
- * Results are bit-identical from run to run for a given budget. */
+ * GEMMs. One pool (the kernels' own; workers spin ~10-50 us after a task, then sleep)
+ * runs both: OpenBLAS is pinned to one thread per call and large GEMMs are split
+ * across the pool, so no two thread pools compete for the cores. Until it is set, the
+ * budget is the number of CPUs the process may run on. Process-wide, like OpenBLAS's
+ * own setting; set it before running kernels, not concurrently with them. Results
+ * are bit-identical from run to run for a given budget. */
 void wf_kernels_set_threads(int n);
 int wf_kernels_threads(void);
 

@@ -17,7 +17,7 @@
  * The declarations live in one header per op (kernels/<op>.h), included here.
  *
  * CPU kernels use the number of threads set by wf_kernels_set_threads(), which main()
- * derives from the rank's CPU binding (OpenBLAS and OpenMP share that budget).
+ * derives from the rank's CPU binding (loops and GEMM shares run on one pool).
  */
 #ifndef WF_KERNELS_H
 #define WF_KERNELS_H
