@@ -69,15 +69,6 @@ static void last_collective(void *user, uint64_t *seq, char *op, size_t op_len, 
   *active = best.state == WF_STATE_QUEUED || best.state == WF_STATE_RUNNING;
 }
 
-static void format_entry(const wf_comm *c, const wf_trace_entry *e, char *out, size_t len)
-{
-  static const char *states[] = {"queued", "running", "done", "failed"};
-  double ms = e->end_ns > e->start_ns ? (double)(e->end_ns - e->start_ns) * 1e-6 : 0;
-  snprintf(out, len, "%-6s #%-6llu %-14s %10llu B  peer %-3d %-7s %8.3f ms", wf_comm_name(c),
-           (unsigned long long)e->seq, wf_comm_op_name(e->op), (unsigned long long)e->bytes,
-           e->peer, e->state <= WF_STATE_FAILED ? states[e->state] : "?", ms);
-}
-
 /* The console's `trace`: each communicator's recent operations, oldest first. */
 static void recent_collectives(void *user, char *buf, size_t len)
 {
@@ -91,7 +82,7 @@ static void recent_collectives(void *user, char *buf, size_t len)
     int k = wf_comm_trace_snapshot(comms[i], e, PER_COMM);
     for (int j = 0; j < k && used + 1 < len; j++) {
       char line[256];
-      format_entry(comms[i], &e[j], line, sizeof line);
+      wf_comm_trace_format(comms[i], &e[j], line, sizeof line);
       used += (size_t)snprintf(buf + used, len - used, "%s\n", line);
     }
   }
