@@ -556,6 +556,7 @@ static char *manifest_text(const wf_ckpt_target *t, int step, const uint64_t *re
   const wf_config *cfg = t->cfg;
   const wf_gpt_dims *d = wf_gpt_get_dims(t->model);
   uint64_t np = wf_gpt_num_params(d);
+  int zero = t->dp && cfg->optim.zero; /* without a dp group the model holds it all */
   json_t *o = json_pack(
       "{s:s, s:i, s:s, s:f, s:i, s:i, s:{s:i, s:i, s:i, s:i}, s:{s:i, s:i, s:i, s:i, s:i, s:i, "
       "s:I}, s:{s:i, s:s, s:i}, s:{s:s, s:I}, s:{s:s, s:i, s:i, s:f, s:f, s:f, s:f}}",
@@ -566,8 +567,8 @@ static char *manifest_text(const wf_ckpt_target *t, int step, const uint64_t *re
       d->Vp, "params", (json_int_t)np, "data", "position_step", step, "path",
       cfg->data.path[0] ? cfg->data.path : "synthetic", "batch_size", cfg->train.batch_size, "rng",
       "kind", "philox4x32-10 counter-based: the state is the seed", "seed",
-      (json_int_t)cfg->train.seed, "optimizer", "kind", "adamw", "t", step, "zero", cfg->optim.zero,
-      "beta1", cfg->optim.beta1, "beta2", cfg->optim.beta2, "eps", cfg->optim.eps, "weight_decay",
+      (json_int_t)cfg->train.seed, "optimizer", "kind", "adamw", "t", step, "zero", zero, "beta1",
+      cfg->optim.beta1, "beta2", cfg->optim.beta2, "eps", cfg->optim.eps, "weight_decay",
       cfg->optim.weight_decay);
   if (!o)
     return NULL;
@@ -670,7 +671,8 @@ static void prune(const char *root, int keep, int latest)
     steps[n++] = s;
   }
   closedir(dir);
-  qsort(steps, (size_t)n, sizeof *steps, cmp_desc);
+  if (n > 1)
+    qsort(steps, (size_t)n, sizeof *steps, cmp_desc);
   for (int i = keep > 0 ? keep - 1 : n; i < n; i++) { /* latest counts as one kept */
     char name[32];
     step_name(name, sizeof name, steps[i]);
