@@ -347,6 +347,24 @@ def case_keep():
     print("keep: pruned to the newest checkpoints, never the one latest names")
 
 
+def case_auto():
+    """train.resume=auto: an empty directory is a fresh start, said once (by rank 0);
+    without a `latest` (a crash after publishing a step, before the pointer) the newest
+    complete step directory is used."""
+    ck = path("ck")
+    out = run(2, ["train.steps=4", "train.checkpoint_every=2", "train.keep=0",
+                  "train.resume=auto", f"train.checkpoint_dir={ck}"])
+    if out.count("starting fresh") != 1:
+        fail("a fresh start under train.resume=auto is not said exactly once", out)
+    os.remove(os.path.join(ck, "latest"))
+    os.makedirs(os.path.join(ck, "step-000009"))  # no manifest: not a checkpoint
+    out = run(2, ["train.steps=6", "train.resume=auto", f"train.checkpoint_dir={ck}"])
+    expect_in(out, ["no `latest` pointer", "resumed from", "step-000004 at step 4"], "no latest")
+    if latest(ck) != "step-000006":
+        fail(f"latest is {latest(ck)} after the resumed run, want step-000006")
+    print("resume=auto: fresh start said once; without latest, the newest complete checkpoint")
+
+
 def stop_and_resume(n, how):
     """Stop a 40-step run by SIGTERM to one rank or the console's stop; it must
     checkpoint at the agreed boundary, exit 0, and resume bit-exactly."""
@@ -405,6 +423,7 @@ CASES = {
     "unwritable": case_unwritable,
     "write-fail": case_write_fail,
     "keep": case_keep,
+    "auto": case_auto,
     "sigterm-np1": lambda: stop_and_resume(1, "sigterm"),
     "sigterm-dp2": lambda: stop_and_resume(2, "sigterm"),
     "console-dp2": lambda: stop_and_resume(2, "console"),
