@@ -31,7 +31,17 @@
  * loops run ~3x faster on this project's machines than with SSE2 alone. With gcc
  * (ISO C: no FMA contraction) elementwise results are the same in every clone; sums
  * may round differently on machines with other vector widths, never between runs. */
-#if defined(__x86_64__) && defined(__has_attribute)
+/* No clones under ThreadSanitizer: it instruments the ifunc resolver, which runs
+ * before the sanitizer's runtime is up, and crashes. */
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define WF__CLONES
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__) && !defined(WF__CLONES)
+#define WF__CLONES
+#endif
+#if defined(__x86_64__) && defined(__has_attribute) && !defined(WF__CLONES)
 #if __has_attribute(target_clones)
 #define WF__CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif

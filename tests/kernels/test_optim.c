@@ -78,6 +78,25 @@ static void test_sumsq_scale(void **state)
   free(x);
 }
 
+/* Many back-to-back parallel calls while the budget changes (the pool grows, and
+ * some workers sit out): every call must see every share done exactly once. */
+static void test_pool_stress(void **state)
+{
+  enum { N = 40000 };
+  float *x = zeros(N);
+  for (int i = 0; i < N; i++)
+    x[i] = 1.0f;
+  for (int r = 0; r < 1000; r++) {
+    wf_kernels_set_threads(1 + r % 4);
+    assert_true(wf_sumsq(x, N) == (r % 2 ? 4.0 : 1.0) * N); /* 1s or 2s: exact */
+    wf_scale(x, r % 2 ? 0.5f : 2.0f, N);                    /* x2 then /2: exact */
+  }
+  for (int i = 0; i < N; i++)
+    assert_true(x[i] == 1.0f);
+  wf_kernels_set_threads(2);
+  free(x);
+}
+
 int main(void)
 {
   wf_kernels_set_threads(2);
@@ -85,6 +104,7 @@ int main(void)
       cmocka_unit_test(test_adamw_by_hand),
       cmocka_unit_test(test_adamw_many),
       cmocka_unit_test(test_sumsq_scale),
+      cmocka_unit_test(test_pool_stress),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
