@@ -5,7 +5,7 @@
  *  1. sgemm GFLOP/s at large square sizes and at gpt2-small's own shapes for B*T = 256
  *     tokens (forward, and the two backward GEMMs of each linear layer), for OpenBLAS
  *     called directly with 1 and 2 of its own threads, and for weft's wf_matmul_* with
- *     a budget of 1 and 2 threads (one OpenMP pool, single-threaded OpenBLAS per share).
+ *     a budget of 1 and 2 threads (the kernels' pool, single-threaded OpenBLAS per share).
  *  2. the time of every kernel at gpt2-small shapes (B 4, T 64, C 768, NH 12,
  *     V 50257 padded to 50304) with the largest thread budget, and a step estimate
  *     made of 12 layers of them plus the head and AdamW, with its GFLOP/s.
@@ -157,7 +157,7 @@ static void gemm_row(const char *name, enum gemm_kind kind, int N, int C, int OC
 static void gemm_table(int max_threads, int quick)
 {
   printf("sgemm GFLOP/s (M x N x K; %s). openblas-Nt: cblas_sgemm with N OpenBLAS "
-         "threads;\nweft-Nt: wf_matmul_* with a budget of N (OpenMP shares, 1-thread "
+         "threads;\nweft-Nt: wf_matmul_* with a budget of N (pool shares, 1-thread "
          "OpenBLAS each)\n",
          report_best ? "best repeat" : "median");
   printf("%-16s %24s", "shape", "M x N x K");
