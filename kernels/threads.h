@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 /* Thread budget (n >= 1; smaller is taken as 1) for the kernels' parallel loops and
- * GEMMs. One pool (the kernels' own; workers spin ~10-50 us after a task, then sleep)
+ * GEMMs. One pool (the kernels' own; workers spin ~0.4 ms after a task, then sleep)
  * runs both: OpenBLAS is pinned to one thread per call and large GEMMs are split
  * across the pool, so no two thread pools compete for the cores. Until it is set, the
  * budget is the number of CPUs the process may run on. Process-wide, like OpenBLAS's
