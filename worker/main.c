@@ -268,7 +268,7 @@ static void on_phase(void *user, const char *phase)
 /* Train (or dump llm.c's debug state) on this rank's share of the mesh, with the
  * control plane up so the console can attach and the watchdog can act. */
 static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, const char *dump_state,
-                 const char *save)
+                 const char *save, bool gpu_selected)
 {
   int rank = wf_job_rank(job);
   if (cfg->mesh.tp > 1 || cfg->mesh.pp > 1) {
@@ -294,6 +294,10 @@ static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, con
     return 1;
   }
   install_signals();
+  wf_control_set_phase(plane.ctl, "train");
+  if (gpu_selected && rank == 0)
+    WF_WARN("a GPU was selected, but the GPU training path (the model on the CUDA kernel "
+            "table) is not built yet: this job trains on the CPU");
   boundary bd = {plane.ctl, false};
   wf_train_hooks hooks = {.user = &bd,
                           .on_step = on_step,
@@ -402,7 +406,7 @@ static int run(const args *a, int rank, int size)
              "mesh\n");
     }
   } else {
-    rc = train(&cfg, &launch, job, a->dump_state, a->save);
+    rc = train(&cfg, &launch, job, a->dump_state, a->save, gpu != NULL);
   }
   wf_job_destroy(job);
   wf_gpu_close(gpu);
