@@ -1,9 +1,11 @@
 /*
  * model.c - GPT-2 on one rank: layout, initialisation, forward, backward, AdamW.
  *
- * Memory: four allocations of num_params floats with one layout (parameters,
- * gradients, AdamW m and v), the llm.c checkpoint order with all layers of a kind
- * together; one allocation of activations for B x T tokens; one of backward scratch.
+ * Memory: allocations of num_params floats with one layout (parameters, gradients,
+ * and AdamW m and v, the last two allocated by the first update that needs them:
+ * under ZeRO-1 the optimizer state lives in dp shards instead), the llm.c checkpoint
+ * order with all layers of a kind together; one allocation of activations for B x T
+ * tokens; one of backward scratch.
  *
  * Invariants:
  *  - Padding rows [V, Vp) of wte are zero after init and stay zero: the loss ignores

@@ -69,8 +69,9 @@ const char *wf_gpt_kind_name(wf_param_kind k);
 /* NULL when the dims are usable, else what is wrong with them. */
 const char *wf_gpt_dims_check(const wf_gpt_dims *d);
 
-/* Allocate parameters, gradients, AdamW state and activations for micro-batches of
- * at most B x T tokens. Parameters are zero until initialised or loaded. */
+/* Allocate parameters, gradients and activations for micro-batches of at most
+ * B x T tokens (AdamW's m and v come with the first wf_gpt_update or
+ * wf_gpt_adam_state). Parameters are zero until initialised or loaded. */
 wf_status wf_gpt_create(wf_gpt **out, const wf_gpt_dims *d, int B, int T);
 void wf_gpt_destroy(wf_gpt *m); /* accepts NULL */
 
@@ -81,7 +82,7 @@ float *wf_gpt_grads(wf_gpt *m);  /* same layout */
  * (layer ignored for WTE, WPE, LNFW, LNFB). */
 float *wf_gpt_param(wf_gpt *m, wf_param_kind k, int layer, int grads);
 
-/* GPT-2 initialisation of every parameter (see above); AdamW state zeroed. */
+/* GPT-2 initialisation of every parameter (see above); AdamW state, if any, zeroed. */
 void wf_gpt_init(wf_gpt *m, uint64_t seed);
 /* Elements [first, first + n) of the initial value of tensor (k, layer), as laid out
  * in the full tensor; equal to the same range of wf_gpt_init's result. */
