@@ -189,6 +189,9 @@ void wf_dp_destroy(wf_dp *dp)
 
 void wf_dp_arm(wf_dp *dp)
 {
+  /* The per-step counters start over: arm is called once per step. */
+  dp->stats.comm_bytes = 0;
+  dp->stats.launched_early = 0;
   dp->armed = !dp->zero && dp->size > 1;
   wf_gpt_set_grad_hook(dp->model, dp->armed ? on_grads_ready : NULL, dp);
 }
