@@ -22,8 +22,14 @@
 
 const char *wf_launch_getenv(void *ctx, const char *name)
 {
-  (void)ctx;
-  return getenv(name);
+  char *const *env = ctx;
+  if (!env)
+    return getenv(name);
+  size_t n = strlen(name);
+  for (; *env; env++)
+    if (!strncmp(*env, name, n) && (*env)[n] == '=')
+      return *env + n + 1;
+  return NULL;
 }
 
 const char *wf_launch_source_str(wf_launch_source s)

@@ -45,7 +45,9 @@ typedef struct wf_launch {
 /* Environment lookup: returns the value or NULL. `ctx` is passed through. */
 typedef const char *(*wf_getenv_fn)(void *ctx, const char *name);
 
-/* The process environment, for wf_launch_detect(..., wf_launch_getenv, NULL). */
+/* Looks `name` up in ctx, a NULL-terminated "NAME=value" array like environ (a
+ * snapshot, or a test's fake environment), or in the process environment when ctx
+ * is NULL. */
 const char *wf_launch_getenv(void *ctx, const char *name);
 
 /* Fill `out` from flags (flag_rank/flag_world < 0 when not given) and the

@@ -51,16 +51,6 @@ static char **copy_environ(void)
   return copy;
 }
 
-static const char *launch_getenv(void *ctx, const char *name)
-{
-  char **env = ctx;
-  size_t n = strlen(name);
-  for (; env && *env; env++)
-    if (!strncmp(*env, name, n) && (*env)[n] == '=')
-      return *env + n + 1;
-  return NULL;
-}
-
 typedef struct args {
   const char *config_file;
   bool dry_run, print_config, print_schedule, help, version;
@@ -164,7 +154,7 @@ static wf_status read_launch(wf_launch *l, const wf_config *cfg, int rank, int s
     MPI_Comm_size(node, &lsize);
     MPI_Comm_free(&node);
   }
-  wf_status st = wf_launch_detect(l, cfg->dist.rank, cfg->dist.world_size, launch_getenv,
+  wf_status st = wf_launch_detect(l, cfg->dist.rank, cfg->dist.world_size, wf_launch_getenv,
                                   launch_env, err, len);
   if (st == WF_OK)
     st = wf_launch_crosscheck(l, rank, size, lrank, lsize, err, len);

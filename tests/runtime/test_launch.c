@@ -11,20 +11,11 @@
 
 #include "wf_launch.h"
 
-/* A fake environment: NULL-terminated list of "NAME=value". */
-static const char *fake_get(void *ctx, const char *name)
-{
-  const char **env = ctx;
-  size_t n = strlen(name);
-  for (; *env; env++)
-    if (!strncmp(*env, name, n) && (*env)[n] == '=')
-      return *env + n + 1;
-  return NULL;
-}
-
+/* Fake environments are NULL-terminated "NAME=value" lists, read through
+ * wf_launch_getenv like the worker's snapshot of its launch environment. */
 static wf_status detect(wf_launch *l, const char **env, char *err)
 {
-  return wf_launch_detect(l, -1, 0, fake_get, (void *)env, err, 512);
+  return wf_launch_detect(l, -1, 0, wf_launch_getenv, (void *)env, err, 512);
 }
 
 static void test_singleton(void **state)
@@ -147,7 +138,8 @@ static void test_precedence(void **state)
   assert_int_equal(detect(&l, env, err), WF_OK);
   assert_int_equal(l.source, WF_LAUNCH_TORCHRUN);
   assert_int_equal(l.rank, 1);
-  assert_int_equal(wf_launch_detect(&l, 0, 2, fake_get, (void *)env, err, sizeof err), WF_OK);
+  assert_int_equal(wf_launch_detect(&l, 0, 2, wf_launch_getenv, (void *)env, err, sizeof err),
+                   WF_OK);
   assert_int_equal(l.source, WF_LAUNCH_FLAGS);
   assert_int_equal(l.rank, 0);
   const char *env2[] = {"OMPI_COMM_WORLD_RANK=1", "OMPI_COMM_WORLD_SIZE=2", "SLURM_PROCID=0",
@@ -216,14 +208,14 @@ static void test_slurm_precheck(void **state)
   /* srun --mpi=none: a step id, no PMI at all. */
   const char *none[] = {"SLURM_JOB_ID=5", "SLURM_STEP_ID=0", "SLURM_PROCID=1",
                         "SLURM_STEP_NUM_TASKS=4", NULL};
-  assert_int_equal(wf_launch_precheck(fake_get, (void *)none, err, sizeof err), WF_ELAUNCH);
+  assert_int_equal(wf_launch_precheck(wf_launch_getenv, (void *)none, err, sizeof err), WF_ELAUNCH);
   assert_non_null(strstr(err, "srun --mpi=pmix"));
   assert_non_null(strstr(err, "--mpi=none"));
   assert_non_null(strstr(err, "4 tasks"));
   /* srun --mpi=pmi2: Slurm's PMI-2 variables, which Debian's Open MPI cannot use. */
   const char *pmi2[] = {"SLURM_JOB_ID=7", "SLURM_STEP_ID=0", "SLURM_PROCID=0",      "PMI_FD=13",
                         "PMI_RANK=0",     "PMI_SIZE=2",      "SLURM_MPI_TYPE=pmi2", NULL};
-  assert_int_equal(wf_launch_precheck(fake_get, (void *)pmi2, err, sizeof err), WF_ELAUNCH);
+  assert_int_equal(wf_launch_precheck(wf_launch_getenv, (void *)pmi2, err, sizeof err), WF_ELAUNCH);
   assert_non_null(strstr(err, "PMI-2"));
   assert_non_null(strstr(err, "srun --mpi=pmix"));
   /* srun --mpi=pmix, mpirun inside an allocation, the batch step, no Slurm: fine. */
@@ -231,10 +223,10 @@ static void test_slurm_precheck(void **state)
   const char *mpirun[] = {"SLURM_STEP_ID=0", "SLURM_PROCID=0", "OMPI_COMM_WORLD_SIZE=8", NULL};
   const char *batch[] = {"SLURM_JOB_ID=9", "SLURM_PROCID=0", "SLURM_NTASKS=4", NULL};
   const char *plain[] = {NULL};
-  assert_int_equal(wf_launch_precheck(fake_get, (void *)pmix, err, sizeof err), WF_OK);
-  assert_int_equal(wf_launch_precheck(fake_get, (void *)mpirun, err, sizeof err), WF_OK);
-  assert_int_equal(wf_launch_precheck(fake_get, (void *)batch, err, sizeof err), WF_OK);
-  assert_int_equal(wf_launch_precheck(fake_get, (void *)plain, err, sizeof err), WF_OK);
+  assert_int_equal(wf_launch_precheck(wf_launch_getenv, (void *)pmix, err, sizeof err), WF_OK);
+  assert_int_equal(wf_launch_precheck(wf_launch_getenv, (void *)mpirun, err, sizeof err), WF_OK);
+  assert_int_equal(wf_launch_precheck(wf_launch_getenv, (void *)batch, err, sizeof err), WF_OK);
+  assert_int_equal(wf_launch_precheck(wf_launch_getenv, (void *)plain, err, sizeof err), WF_OK);
 }
 
 /* The worker run straight from an sbatch script of 4 tasks: the batch step has
