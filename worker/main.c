@@ -22,6 +22,7 @@
 #include "wf_bind.h"
 #include "wf_build_config.h"
 #include "wf_checkpoint.h"
+#include "wf_collectives.h"
 #include "wf_config.h"
 #include "wf_coordinator.h"
 #include "wf_gpu.h"
@@ -223,7 +224,9 @@ static void install_signals(void)
 /* What the step boundary agreed on, for the trainer's hooks. */
 typedef struct boundary {
   wf_control *ctl;
+  wf_comm *world;  /* the agreement is a collective like any other: flight-recorded */
   bool checkpoint; /* the console asked for a checkpoint */
+  bool failed;     /* the agreement itself failed: stop, and exit non-zero */
 } boundary;
 
 /* After every step: tell the coordinator, then agree with every rank whether to stop
@@ -236,16 +239,20 @@ static bool on_step(void *user, const wf_train_step_info *info)
   wf_control *ctl = b->ctl;
   wf_control_report_step(ctl, info->step, info->loss, info->tokens_per_s, info->step_ms,
                          (uint64_t)info->mem_bytes);
-  int mine = (stop_signal ? 1 : 0) | (wf_control_stop_requested(ctl) ? 2 : 0) |
-             (wf_control_checkpoint_requested(ctl) ? 4 : 0),
-      any = 0;
-  MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_BOR, MPI_COMM_WORLD);
-  b->checkpoint = any & 4;
-  any &= 3;
-  if (any && wf_rt_rank() == 0)
+  /* Counts of ranks that saw each request: a signal, the console's stop, the
+   * console's checkpoint (small integers, exact in float32). */
+  float req[3] = {stop_signal ? 1.0f : 0.0f, wf_control_stop_requested(ctl) ? 1.0f : 0.0f,
+                  wf_control_checkpoint_requested(ctl) ? 1.0f : 0.0f};
+  if (wf_comm_allreduce(b->world, req, req, 3, WF_COMM_F32, WF_COMM_SUM) != WF_OK) {
+    b->failed = true; /* logged where it failed */
+    return false;
+  }
+  b->checkpoint = req[2] > 0;
+  bool stop = req[0] > 0 || req[1] > 0;
+  if (stop && wf_rt_rank() == 0)
     WF_INFO("stopping after step %d: %s", info->step,
-            any & 1 ? "a rank received SIGTERM or SIGINT" : "the console asked");
-  return !any;
+            req[0] > 0 ? "a rank received SIGTERM or SIGINT" : "the console asked");
+  return !stop;
 }
 
 static bool checkpoint_now(void *user) { return ((boundary *)user)->checkpoint; }
@@ -288,7 +295,7 @@ static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, con
   if (gpu_selected && rank == 0)
     WF_WARN("a GPU was selected, but the GPU training path (the model on the CUDA kernel "
             "table) is not built yet: this job trains on the CPU");
-  boundary bd = {plane.ctl, false};
+  boundary bd = {plane.ctl, wf_job_world_comm(job), false, false};
   wf_train_hooks hooks = {.user = &bd,
                           .on_step = on_step,
                           .dp = wf_job_comm(job, WF_AXIS_DP),
@@ -297,6 +304,8 @@ static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, con
                           .on_phase = on_phase,
                           .world = wf_job_world_comm(job)};
   wf_status st = wf_train_run(cfg, &hooks);
+  if (st == WF_OK && bd.failed)
+    st = WF_EMPI;
   if (st != WF_OK)
     fprintf(stderr, "weft: error: training failed: %s (see the log above)\n", wf_status_str(st));
   wf_plane_stop(&plane);
