@@ -93,35 +93,22 @@ static int rank_at(const wf_service *svc, int pp, int dp, int tp)
   return -1;
 }
 
-/* Groups along one axis: all ranks that share the other two coordinates. */
-static json_t *groups_json(const wf_service *svc, char axis)
+/* The groups along one axis in world ranks, each listed once (from its first
+ * member): the same arithmetic (mesh.c) that built the job's communicators. */
+static json_t *groups_json(const wf_service *svc, wf_axis axis)
 {
-  const wf_mesh *m = &svc->mesh;
   json_t *all = json_array();
-  int na = axis == 't' ? m->tp : axis == 'd' ? m->dp : m->pp;
-  int nb = axis == 'p' ? m->dp : m->pp, nc = axis == 't' ? m->dp : m->tp;
-  for (int b = 0; b < nb; b++) {
-    for (int c = 0; c < nc; c++) {
-      json_t *g = json_array();
-      for (int a = 0; a < na; a++) {
-        int pp = axis == 'p' ? a : b, dp = axis == 'd' ? a : axis == 't' ? c : b;
-        int tp = axis == 't' ? a : c;
-        json_array_append_new(g, json_integer(rank_at(svc, pp, dp, tp)));
-      }
-      json_array_append_new(all, g);
-    }
+  int *members = malloc((size_t)svc->world * sizeof *members);
+  for (int r = 0; members && r < svc->world; r++) {
+    int n = wf_mesh_group(&svc->mesh, axis, r, members, svc->world);
+    if (n == 0 || members[0] != r)
+      continue;
+    json_t *g = json_array();
+    for (int i = 0; i < n; i++)
+      json_array_append_new(g, json_integer(members[i]));
+    json_array_append_new(all, g);
   }
-  return all;
-}
-
-static json_t *embedding_groups(const wf_service *svc)
-{
-  const wf_mesh *m = &svc->mesh;
-  json_t *all = json_array();
-  for (int dp = 0; m->pp > 1 && dp < m->dp; dp++)
-    for (int tp = 0; tp < m->tp; tp++)
-      json_array_append_new(
-          all, json_pack("[i, i]", rank_at(svc, 0, dp, tp), rank_at(svc, m->pp - 1, dp, tp)));
+  free(members);
   return all;
 }
 
@@ -141,8 +128,9 @@ static json_t *query_mesh(wf_service *svc)
   }
   return json_pack("{s:s, s:i, s:i, s:i, s:i, s:o, s:{s:o, s:o, s:o, s:o}}", "job", svc->job_id,
                    "world_size", svc->world, "dp", m->dp, "tp", m->tp, "pp", m->pp, "stages",
-                   stages, "groups", "tp", groups_json(svc, 't'), "dp", groups_json(svc, 'd'), "pp",
-                   groups_json(svc, 'p'), "emb", embedding_groups(svc));
+                   stages, "groups", "tp", groups_json(svc, WF_AXIS_TP), "dp",
+                   groups_json(svc, WF_AXIS_DP), "pp", groups_json(svc, WF_AXIS_PP), "emb",
+                   groups_json(svc, WF_AXIS_EMB));
 }
 
 static json_t *query_schedule(wf_service *svc)
