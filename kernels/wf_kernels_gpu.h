@@ -34,7 +34,7 @@ extern "C" {
 #endif
 
 /* Bump when the table changes; the module and the host must agree. */
-#define WF_GPU_KERNELS_VERSION 1
+#define WF_GPU_KERNELS_VERSION 2
 
 typedef struct wf_gpu_kernels {
   int version; /* WF_GPU_KERNELS_VERSION */
@@ -43,6 +43,10 @@ typedef struct wf_gpu_kernels {
                           int T, int C, void *stream);
   void (*encoder_backward)(float *dwte, float *dwpe, const float *dout, const int *inp, int B,
                            int T, int C, void *stream);
+  void (*encoder_forward_vp)(float *out, const int *inp, const float *wte, int v_offset, int Vl,
+                             const float *wpe, int B, int T, int C, void *stream);
+  void (*encoder_backward_vp)(float *dwte, float *dwpe, const float *dout, const int *inp,
+                              int v_offset, int Vl, int B, int T, int C, void *stream);
 
   void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
                             const float *weight, const float *bias, int N, int C, void *stream);

@@ -249,6 +249,8 @@ static const wf_gpu_kernels kernels = {
     WF_GPU_KERNELS_VERSION,
     wf_cuda_encoder_forward,
     wf_cuda_encoder_backward,
+    wf_cuda_encoder_forward_vp,
+    wf_cuda_encoder_backward_vp,
     wf_cuda_layernorm_forward,
     wf_cuda_layernorm_backward,
     wf_cuda_matmul_forward,

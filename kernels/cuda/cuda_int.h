@@ -135,6 +135,10 @@ void wf_cuda_encoder_forward(float *out, const int *inp, const float *wte, const
                              int T, int C, void *stream);
 void wf_cuda_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B,
                               int T, int C, void *stream);
+void wf_cuda_encoder_forward_vp(float *out, const int *inp, const float *wte, int v_offset, int Vl,
+                                const float *wpe, int B, int T, int C, void *stream);
+void wf_cuda_encoder_backward_vp(float *dwte, float *dwpe, const float *dout, const int *inp,
+                                 int v_offset, int Vl, int B, int T, int C, void *stream);
 void wf_cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                                const float *weight, const float *bias, int N, int C, void *stream);
 void wf_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,

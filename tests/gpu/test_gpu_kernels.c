@@ -24,6 +24,7 @@
  * Exits 77 (meson: skipped) when wf_gpu_open() fails, after printing why.
  */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -157,6 +158,47 @@ static void test_encoder(ctx *c)
   c->k->encoder_backward(d_dwte, d_dwpe, df(c, dout, BTC), d_inp, B, T, C, c->stream);
   expect_close(c, "encoder_backward dwte", dwte, d_dwte, (size_t)V * C, TOL_SUM, TOL_SUM);
   expect_close(c, "encoder_backward dwpe", dwpe, d_dwpe, (size_t)maxT * C, TOL_SUM, TOL_SUM);
+}
+
+/* The vocabulary-parallel embedding, rank by rank of a 3-way split of V = 12 rows:
+ * rank 0 adds wpe, and in the first pass rank 1 passes dwpe = NULL and rank 2
+ * dwte = NULL, so the NULL paths run. 21 tokens in 12 rows repeat; in the second
+ * pass every token lies in two rows of rank 2's slice, so many atomicAdds hit the
+ * same row, and in none of rank 0's, so its out is wpe and its dwte is untouched. */
+static void encoder_vp_rank(ctx *c, const int *inp, const float *wte, const float *wpe, int r,
+                            bool nulls)
+{
+  const int B = 3, T = 7, C = 13, Vl = 4, maxT = 9, v_offset = r * Vl;
+  const size_t BTC = (size_t)B * T * C, VlC = (size_t)Vl * C, PC = (size_t)maxT * C;
+  int *d_inp = di(c, inp, (size_t)B * T);
+  const float *w = wte + (size_t)v_offset * C, *pe = r == 0 ? wpe : NULL;
+  float *out = hzero(c, BTC), *d_out = df(c, out, BTC);
+  wf_encoder_forward_vp(out, inp, w, v_offset, Vl, pe, B, T, C);
+  c->k->encoder_forward_vp(d_out, d_inp, df(c, w, VlC), v_offset, Vl, pe ? df(c, pe, PC) : NULL, B,
+                           T, C, c->stream);
+  expect_close(c, "encoder_forward_vp out", out, d_out, BTC, TOL_EXACT, TOL_EXACT);
+
+  float *dout = hrand(c, BTC, -1, 1);
+  float *dwte = hrand(c, VlC, -1, 1), *dwpe = hrand(c, PC, -1, 1);
+  float *d_dwte = df(c, dwte, VlC), *d_dwpe = df(c, dwpe, PC);
+  float *cw = nulls && r == 2 ? NULL : dwte, *cp = nulls && r == 1 ? NULL : dwpe;
+  wf_encoder_backward_vp(cw, cp, dout, inp, v_offset, Vl, B, T, C);
+  c->k->encoder_backward_vp(cw ? d_dwte : NULL, cp ? d_dwpe : NULL, df(c, dout, BTC), d_inp,
+                            v_offset, Vl, B, T, C, c->stream);
+  expect_close(c, "encoder_backward_vp dwte", dwte, d_dwte, VlC, TOL_SUM, TOL_SUM);
+  expect_close(c, "encoder_backward_vp dwpe", dwpe, d_dwpe, PC, TOL_SUM, TOL_SUM);
+}
+
+static void test_encoder_vp(ctx *c)
+{
+  const int B = 3, T = 7, C = 13, V = 12, maxT = 9;
+  int *inp = hints(c, (size_t)B * T, 0, V);
+  float *wte = hrand(c, (size_t)V * C, -1, 1), *wpe = hrand(c, (size_t)maxT * C, -1, 1);
+  for (int r = 0; r < 3; r++)
+    encoder_vp_rank(c, inp, wte, wpe, r, true);
+  int *crowded = hints(c, (size_t)B * T, 8, 10); /* rows 0 and 1 of rank 2's slice */
+  encoder_vp_rank(c, crowded, wte, wpe, 2, false);
+  encoder_vp_rank(c, crowded, wte, wpe, 0, false); /* and no token in rank 0's slice */
 }
 
 static void test_layernorm(ctx *c)
@@ -327,9 +369,15 @@ static const struct {
   const char *name;
   void (*fn)(ctx *c);
 } cases[] = {
-    {"encoder", test_encoder},     {"layernorm", test_layernorm},         {"matmul", test_matmul},
-    {"attention", test_attention}, {"gelu+residual", test_gelu_residual}, {"xent", test_xent},
-    {"adamw", test_adamw},         {"sumsq+scale", test_sumsq_scale},
+    {"encoder", test_encoder},
+    {"encoder_vp", test_encoder_vp},
+    {"layernorm", test_layernorm},
+    {"matmul", test_matmul},
+    {"attention", test_attention},
+    {"gelu+residual", test_gelu_residual},
+    {"xent", test_xent},
+    {"adamw", test_adamw},
+    {"sumsq+scale", test_sumsq_scale},
 };
 
 int main(void)
