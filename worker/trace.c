@@ -1,0 +1,415 @@
+/*
+ * trace.c - the span recorder and the Chrome trace writer (see wf_trace.h).
+ *
+ * Recording is a bounds check and a store into an array allocated at creation.
+ *
+ * Writing (collective). The job duplicates MPI_COMM_WORLD so its messages cannot match
+ * anyone else's point-to-point traffic. Rank 0 then serves the other ranks one at a time:
+ *  1. clock offset: PINGS round trips; rank 0 sends at t_send, the peer answers with its
+ *     clock t_remote, rank 0 receives at t_recv. The round trip with the smallest
+ *     t_recv - t_send bounds the error best; offset = t_remote - (t_send + t_recv) / 2 is
+ *     the peer's clock minus rank 0's, subtracted from the peer's spans.
+ *  2. spans: a fixed-size header, then the span array in chunks of CHUNK spans, so rank 0
+ *     needs one fixed buffer however many spans a rank holds and can always drain a peer
+ *     even after a local error (it stops building the file but keeps receiving).
+ * Ranks are served in order, so at most one peer's messages are in flight. Spans travel as
+ * raw bytes: the job runs one build of the worker on every host (same layout).
+ *
+ * Events are built as jansson objects (names are escaped by jansson) with ts in rank 0's
+ * absolute microseconds, then rebased to the earliest span so the file starts near 0.
+ * The status is agreed with MPI_Allreduce(MIN): every wf_status error is negative.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <jansson.h>
+#include <mpi.h>
+
+#include "wf_check.h"
+#include "wf_runtime.h"
+#include "wf_trace.h"
+
+#define LABEL_MAX 128
+#define PINGS     8
+#define CHUNK     4096
+enum { TAG_PING = 1, TAG_PONG, TAG_HDR, TAG_SPANS };
+
+typedef struct span {
+  double t0, t1; /* wf_now() seconds on the recording rank */
+  int step, mb;  /* -1 when none */
+  char name[WF_TRACE_NAME_MAX + 1];
+  char cat[WF_TRACE_CAT_MAX + 1];
+} span;
+
+struct wf_trace {
+  span *spans; /* (cap) */
+  size_t cap, n, dropped;
+  bool on;
+  char label[LABEL_MAX];
+};
+
+/* What a rank sends ahead of its spans. */
+typedef struct rank_hdr {
+  long long n, dropped;
+  char label[LABEL_MAX];
+} rank_hdr;
+
+/* ---- recording -------------------------------------------------------------------------- */
+
+wf_status wf_trace_create(wf_trace **out, const char *label, size_t max_spans)
+{
+  if (!out || max_spans == 0 || max_spans > SIZE_MAX / sizeof(span)) {
+    WF_ERROR("wf_trace_create: need an output pointer and 1 <= max_spans (got %zu)", max_spans);
+    return WF_EINVAL;
+  }
+  *out = NULL;
+  wf_trace *t = calloc(1, sizeof(*t));
+  if (!t)
+    return WF_ENOMEM;
+  /* Through the memory layer: a long trace buffer is a large host allocation. */
+  t->spans = wf_mem_alloc(max_spans * sizeof(span));
+  if (!t->spans) {
+    WF_ERROR("wf_trace_create: cannot allocate %zu spans", max_spans);
+    free(t);
+    return WF_ENOMEM;
+  }
+  t->cap = max_spans;
+  snprintf(t->label, sizeof(t->label), "%s", label ? label : "");
+  *out = t;
+  return WF_OK;
+}
+
+void wf_trace_destroy(wf_trace *t)
+{
+  if (!t)
+    return;
+  wf_mem_free(t->spans);
+  free(t);
+}
+
+void wf_trace_set_on(wf_trace *t, bool on)
+{
+  if (t)
+    t->on = on;
+}
+
+bool wf_trace_on(const wf_trace *t) { return t && t->on; }
+size_t wf_trace_count(const wf_trace *t) { return t ? t->n : 0; }
+size_t wf_trace_dropped(const wf_trace *t) { return t ? t->dropped : 0; }
+
+void wf_trace_span(wf_trace *t, const char *name, const char *cat, double t0, double t1, int step,
+                   int mb)
+{
+  if (!t || !t->on)
+    return;
+  if (t->n == t->cap) {
+    t->dropped++;
+    return;
+  }
+  span *s = &t->spans[t->n++];
+  s->t0 = t0;
+  s->t1 = t1 < t0 ? t0 : t1;
+  s->step = step;
+  s->mb = mb;
+  snprintf(s->name, sizeof(s->name), "%s", name ? name : "");
+  snprintf(s->cat, sizeof(s->cat), "%s", cat ? cat : "");
+}
+
+/* ---- busy time -------------------------------------------------------------------------- */
+
+typedef struct ival {
+  double a, b;
+} ival;
+
+static int ival_cmp(const void *x, const void *y)
+{
+  const ival *p = x, *q = y;
+  return (p->a > q->a) - (p->a < q->a);
+}
+
+/* Length of the union of iv[0..n), sorted here by start. */
+static double union_length(ival *iv, size_t n)
+{
+  qsort(iv, n, sizeof(*iv), ival_cmp);
+  double total = 0, end = -INFINITY;
+  for (size_t i = 0; i < n; i++) {
+    double a = iv[i].a > end ? iv[i].a : end; /* skip the part already counted */
+    if (iv[i].b > a)
+      total += iv[i].b - a;
+    if (iv[i].b > end)
+      end = iv[i].b;
+  }
+  return total;
+}
+
+double wf_trace_busy(const wf_trace *t, const char *cat, double t0, double t1)
+{
+  if (!t || t->n == 0 || t1 <= t0)
+    return 0;
+  /* Spans of one category may overlap (nested or on several streams), so take the union;
+   * this runs once per step, not per span, so a temporary array is fine. */
+  ival *iv = malloc(t->n * sizeof(*iv));
+  if (!iv) {
+    WF_WARN("wf_trace_busy: out of memory, reporting 0");
+    return 0;
+  }
+  size_t k = 0;
+  for (size_t i = 0; i < t->n; i++) {
+    const span *s = &t->spans[i];
+    if (cat && strcmp(s->cat, cat) != 0)
+      continue;
+    double a = s->t0 > t0 ? s->t0 : t0, b = s->t1 < t1 ? s->t1 : t1;
+    if (b > a)
+      iv[k++] = (ival){a, b};
+  }
+  double busy = union_length(iv, k);
+  free(iv);
+  return busy;
+}
+
+/* ---- JSON events -------------------------------------------------------------------------- */
+
+static json_t *span_event(const span *s, int rank, double offset)
+{
+  json_t *args = json_object();
+  if (s->step >= 0)
+    json_object_set_new(args, "step", json_integer(s->step));
+  if (s->mb >= 0)
+    json_object_set_new(args, "mb", json_integer(s->mb));
+  /* ts stays absolute (rank 0's clock, us) until rebase_events. */
+  return json_pack("{s:s, s:s, s:s, s:f, s:f, s:i, s:i, s:o}", "name", s->name, "cat", s->cat, "ph",
+                   "X", "ts", (s->t0 - offset) * 1e6, "dur", (s->t1 - s->t0) * 1e6, "pid", 0, "tid",
+                   rank, "args", args);
+}
+
+/* thread_name and thread_sort_index give each rank a labelled track in rank order. */
+static wf_status add_track(json_t *events, int rank, const char *label)
+{
+  char fallback[32];
+  if (!label[0]) {
+    snprintf(fallback, sizeof(fallback), "rank %d", rank);
+    label = fallback;
+  }
+  json_t *name = json_pack("{s:s, s:s, s:i, s:i, s:{s:s}}", "name", "thread_name", "ph", "M", "pid",
+                           0, "tid", rank, "args", "name", label);
+  json_t *sort = json_pack("{s:s, s:s, s:i, s:i, s:{s:i}}", "name", "thread_sort_index", "ph", "M",
+                           "pid", 0, "tid", rank, "args", "sort_index", rank);
+  if (json_array_append_new(events, name) != 0 || json_array_append_new(events, sort) != 0)
+    return WF_ENOMEM;
+  return WF_OK;
+}
+
+static wf_status add_spans(json_t *events, const span *s, size_t n, int rank, double offset)
+{
+  for (size_t i = 0; i < n; i++)
+    if (json_array_append_new(events, span_event(&s[i], rank, offset)) != 0)
+      return WF_ENOMEM;
+  return WF_OK;
+}
+
+/* Shift every "X" event so the earliest starts at 0 (Perfetto shows absolute offsets
+ * otherwise, and wf_now() counts from boot). */
+static void rebase_events(json_t *events)
+{
+  double base = INFINITY;
+  size_t i;
+  json_t *e;
+  json_array_foreach(events, i, e)
+  {
+    json_t *ts = json_object_get(e, "ts");
+    if (ts && json_real_value(ts) < base)
+      base = json_real_value(ts);
+  }
+  json_array_foreach(events, i, e)
+  {
+    json_t *ts = json_object_get(e, "ts");
+    if (ts)
+      json_real_set(ts, json_real_value(ts) - base);
+  }
+}
+
+/* ---- file ---------------------------------------------------------------------------------- */
+
+/* Write `root` to path via path.tmp.<pid> + rename, so readers never see half a trace. */
+static wf_status write_atomic(const json_t *root, const char *path)
+{
+  char tmp[4096];
+  if (snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof(tmp)) {
+    WF_ERROR("trace: path too long: %s", path);
+    return WF_EIO;
+  }
+  FILE *f = fopen(tmp, "w");
+  if (!f) {
+    WF_ERROR("trace: cannot write %s: %s (check that the directory exists and is writable)", path,
+             strerror(errno));
+    return WF_EIO;
+  }
+  int bad = json_dumpf(root, f, JSON_COMPACT) != 0;
+  bad |= fflush(f) != 0 || fsync(fileno(f)) != 0;
+  int err = errno;
+  bad |= fclose(f) != 0;
+  if (!bad && rename(tmp, path) == 0)
+    return WF_OK;
+  err = bad ? err : errno;
+  WF_ERROR("trace: cannot write %s: %s", path, strerror(err));
+  remove(tmp);
+  return WF_EIO;
+}
+
+/* ---- gather ---------------------------------------------------------------------------------- */
+
+/* Rank 0's side of the clock exchange with `peer`: the peer's clock minus rank 0's. */
+static wf_status measure_offset(MPI_Comm comm, int peer, double *offset, double *rtt)
+{
+  wf_status st = WF_OK;
+  *rtt = INFINITY;
+  *offset = 0;
+  for (int k = 0; k < PINGS; k++) {
+    double remote, t_send = wf_now();
+    WF_CHECK_MPI(MPI_Send(NULL, 0, MPI_BYTE, peer, TAG_PING, comm));
+    WF_CHECK_MPI(MPI_Recv(&remote, 1, MPI_DOUBLE, peer, TAG_PONG, comm, MPI_STATUS_IGNORE));
+    double t_recv = wf_now();
+    if (t_recv - t_send < *rtt) {
+      *rtt = t_recv - t_send;
+      *offset = remote - (t_send + t_recv) / 2;
+    }
+  }
+exit:
+  return st;
+fail:
+  goto exit;
+}
+
+/* A peer's side: answer the pings, then send the header and the spans in chunks. */
+static wf_status send_to_root(const wf_trace *t, MPI_Comm comm)
+{
+  wf_status st = WF_OK;
+  for (int k = 0; k < PINGS; k++) {
+    WF_CHECK_MPI(MPI_Recv(NULL, 0, MPI_BYTE, 0, TAG_PING, comm, MPI_STATUS_IGNORE));
+    double now = wf_now();
+    WF_CHECK_MPI(MPI_Send(&now, 1, MPI_DOUBLE, 0, TAG_PONG, comm));
+  }
+  rank_hdr h = {.n = (long long)wf_trace_count(t), .dropped = (long long)wf_trace_dropped(t)};
+  snprintf(h.label, sizeof(h.label), "%s", t ? t->label : "");
+  WF_CHECK_MPI(MPI_Send(&h, (int)sizeof(h), MPI_BYTE, 0, TAG_HDR, comm));
+  for (size_t i = 0; i < (size_t)h.n; i += CHUNK) {
+    size_t m = (size_t)h.n - i < CHUNK ? (size_t)h.n - i : CHUNK;
+    WF_CHECK_MPI(MPI_Send(&t->spans[i], (int)(m * sizeof(span)), MPI_BYTE, 0, TAG_SPANS, comm));
+  }
+exit:
+  return st;
+fail:
+  goto exit;
+}
+
+/* Rank 0 receives `peer`'s spans into buf (CHUNK spans) and appends them to events, unless
+ * events is NULL (an earlier error): then it only drains the messages. */
+static wf_status recv_peer(MPI_Comm comm, int peer, json_t *events, span *buf, json_t *info)
+{
+  wf_status st = WF_OK, build = WF_OK;
+  double offset, rtt;
+  rank_hdr h;
+  WF_TRY(measure_offset(comm, peer, &offset, &rtt));
+  WF_CHECK_MPI(MPI_Recv(&h, (int)sizeof(h), MPI_BYTE, peer, TAG_HDR, comm, MPI_STATUS_IGNORE));
+  h.label[LABEL_MAX - 1] = '\0';
+  if (events)
+    build = add_track(events, peer, h.label);
+  for (long long i = 0; i < h.n; i += CHUNK) {
+    int m = h.n - i < CHUNK ? (int)(h.n - i) : CHUNK;
+    WF_CHECK_MPI(
+        MPI_Recv(buf, (int)(m * sizeof(span)), MPI_BYTE, peer, TAG_SPANS, comm, MPI_STATUS_IGNORE));
+    if (events && build == WF_OK)
+      build = add_spans(events, buf, (size_t)m, peer, offset);
+  }
+  json_array_append_new(json_object_get(info, "dropped_spans"), json_integer(h.dropped));
+  json_array_append_new(json_object_get(info, "clock_offset_us"), json_real(offset * 1e6));
+  json_array_append_new(json_object_get(info, "clock_rtt_us"), json_real(rtt * 1e6));
+  st = build;
+exit:
+  return st;
+fail:
+  goto exit;
+}
+
+/* otherData: per-rank dropped spans and clock estimates, in rank order. */
+static json_t *other_data(const wf_trace *t, int size)
+{
+  return json_pack("{s:s, s:i, s:[I], s:[f], s:[f]}", "generator", "weft wf_trace", "ranks", size,
+                   "dropped_spans", (json_int_t)wf_trace_dropped(t), "clock_offset_us", 0.0,
+                   "clock_rtt_us", 0.0);
+}
+
+/* Say what was written, and warn when any rank's buffer overflowed (the trace has gaps). */
+static void log_written(const char *path, const json_t *events, const json_t *info)
+{
+  long long dropped = 0;
+  size_t i;
+  json_t *d;
+  json_array_foreach(json_object_get(info, "dropped_spans"), i, d) dropped += json_integer_value(d);
+  WF_INFO("trace: wrote %s (%zu events)", path, json_array_size(events));
+  if (dropped)
+    WF_WARN("trace: %lld spans were dropped (buffers full; see otherData.dropped_spans in %s); "
+            "raise the span limit or trace fewer steps",
+            dropped, path);
+}
+
+/* Rank 0: collect every rank's spans (its own first) and write the file. Keeps receiving
+ * after a local error so no peer is left blocked in a send. */
+static wf_status gather_and_write(const wf_trace *t, MPI_Comm comm, int size, const char *path)
+{
+  wf_status st = WF_OK, build = WF_OK;
+  json_t *info = other_data(t, size);
+  json_t *events = json_array();
+  json_t *root = json_pack("{s:o, s:s, s:o}", "traceEvents", events, "displayTimeUnit", "ms",
+                           "otherData", info);
+  span *buf = malloc(CHUNK * sizeof(span));
+  if (!root || !buf || !info) {
+    WF_ERROR("trace: out of memory building %s", path ? path : "(null)");
+    build = WF_ENOMEM, events = NULL, info = NULL;
+  }
+  if (events) {
+    build = add_track(events, 0, t ? t->label : "");
+    if (build == WF_OK && t)
+      build = add_spans(events, t->spans, t->n, 0, 0.0);
+  }
+  for (int peer = 1; peer < size; peer++) {
+    wf_status s = recv_peer(comm, peer, build == WF_OK ? events : NULL, buf, info);
+    WF_TRY(s == WF_EMPI ? s : WF_OK); /* a transport error ends the exchange */
+    build = build == WF_OK ? s : build;
+  }
+  WF_CHECK(build == WF_OK, build, "trace: could not build %s: %s", path, wf_status_str(build));
+  WF_CHECK(path && path[0], WF_EINVAL, "trace: no output path given");
+  rebase_events(events);
+  WF_TRY(write_atomic(root, path));
+  log_written(path, events, info);
+exit:
+  free(buf);
+  json_decref(root);
+  return st;
+fail:
+  goto exit;
+}
+
+wf_status wf_trace_write(wf_trace *t, const char *path)
+{
+  wf_status st = WF_OK;
+  int rank, size, mine, agreed;
+  MPI_Comm comm;
+  WF_CHECK_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &comm));
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  mine = rank == 0 ? gather_and_write(t, comm, size, path) : send_to_root(t, comm);
+  /* Every rank returns rank 0's verdict (or the worst local one): MIN of negative codes. */
+  MPI_Allreduce(&mine, &agreed, 1, MPI_INT, MPI_MIN, comm);
+  st = (wf_status)agreed;
+  MPI_Comm_free(&comm);
+exit:
+  return st;
+fail:
+  goto exit;
+}
