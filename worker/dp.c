@@ -49,24 +49,25 @@ struct wf_dp {
 };
 
 /* The ranges that become final with readiness group g: 0 = final layernorm,
- * 1..L = layer L-g, L+1 = embeddings. Returns how many were written. */
-static int group_ranges(const wf_gpt_dims *d, int g, range *out)
+ * 1..n = this stage's local layer n-g, n+1 = embeddings (n = layers on this stage).
+ * Kinds this stage does not hold are empty ranges. Returns how many were written. */
+static int group_ranges(const wf_gpt *m, int g, range *out)
 {
-  int n = 0;
-  if (g == 0) {
-    out[n++] = (range){wf_gpt_kind_offset(d, WF_P_LNFW), wf_gpt_kind_numel(d, WF_P_LNFW)};
-    out[n++] = (range){wf_gpt_kind_offset(d, WF_P_LNFB), wf_gpt_kind_numel(d, WF_P_LNFB)};
-  } else if (g == d->L + 1) {
-    out[n++] = (range){wf_gpt_kind_offset(d, WF_P_WTE), wf_gpt_kind_numel(d, WF_P_WTE)};
-    out[n++] = (range){wf_gpt_kind_offset(d, WF_P_WPE), wf_gpt_kind_numel(d, WF_P_WPE)};
-  } else {
-    int layer = d->L - g;
-    for (int k = 0; k < WF_GPT_NUM_KINDS; k++) {
-      if (!wf_gpt_kind_is_layered((wf_param_kind)k))
-        continue;
-      size_t ln = wf_gpt_layer_numel(d, (wf_param_kind)k);
-      out[n++] = (range){wf_gpt_kind_offset(d, (wf_param_kind)k) + (size_t)layer * ln, ln};
-    }
+  const wf_gpt_shard *s = wf_gpt_get_shard(m);
+  int n = 0, nl = s->l1 - s->l0;
+  static const wf_param_kind head[] = {WF_P_LNFW, WF_P_LNFB}, emb[] = {WF_P_WTE, WF_P_WPE};
+  if (g == 0 || g == nl + 1) {
+    const wf_param_kind *k = g == 0 ? head : emb;
+    for (int i = 0; i < 2; i++)
+      out[n++] = (range){wf_gpt_local_offset(m, k[i]), wf_gpt_local_numel(m, k[i])};
+    return n;
+  }
+  int j = nl - g;
+  for (int k = 0; k < WF_GPT_NUM_KINDS; k++) {
+    if (!wf_gpt_kind_is_layered((wf_param_kind)k))
+      continue;
+    size_t ln = wf_gpt_local_layer_numel(m, (wf_param_kind)k);
+    out[n++] = (range){wf_gpt_local_offset(m, (wf_param_kind)k) + (size_t)j * ln, ln};
   }
   return n;
 }
@@ -74,8 +75,8 @@ static int group_ranges(const wf_gpt_dims *d, int g, range *out)
 static wf_status plan_buckets(wf_dp *dp, size_t bucket_bytes)
 {
   wf_status st = WF_OK;
-  const wf_gpt_dims *d = wf_gpt_get_dims(dp->model);
-  dp->n_groups = d->L + 2;
+  const wf_gpt_shard *s = wf_gpt_get_shard(dp->model);
+  dp->n_groups = s->l1 - s->l0 + 2;
   WF_CHECK_ALLOC(dp->buckets = calloc((size_t)dp->n_groups, sizeof *dp->buckets));
   bucket *b = NULL;
   for (int g = 0; g < dp->n_groups; g++) {
@@ -84,13 +85,13 @@ static wf_status plan_buckets(wf_dp *dp, size_t bucket_bytes)
       WF_CHECK_ALLOC(b->ranges =
                          calloc((size_t)dp->n_groups * WF_GPT_NUM_KINDS, sizeof *b->ranges));
     }
-    int k = group_ranges(d, g, b->ranges + b->n_ranges);
+    int k = group_ranges(dp->model, g, b->ranges + b->n_ranges);
     for (int i = 0; i < k; i++)
       b->count += b->ranges[b->n_ranges + i].n;
     b->n_ranges += k;
     b->last_group = g;
     if (b->count * sizeof(float) >= bucket_bytes || g == dp->n_groups - 1) {
-      WF_CHECK_ALLOC(b->stage = wf_mem_alloc(b->count * sizeof(float)));
+      WF_CHECK_ALLOC(b->stage = wf_mem_alloc((b->count + 1) * sizeof(float)));
       b = NULL;
     }
   }
@@ -130,7 +131,7 @@ static void on_grads_ready(void *user, int g)
 static wf_status zero_alloc(wf_dp *dp)
 {
   wf_status st = WF_OK;
-  dp->n = wf_gpt_num_params(wf_gpt_get_dims(dp->model));
+  dp->n = wf_gpt_local_params(dp->model);
   dp->shard = (dp->n + (size_t)dp->size - 1) / (size_t)dp->size;
   size_t sb = dp->shard * sizeof(float);
   WF_CHECK_ALLOC(dp->gshard = wf_mem_alloc(sb));
@@ -157,7 +158,7 @@ wf_status wf_dp_create(wf_dp **out, const wf_dp_opts *o)
     WF_TRY(zero_alloc(dp));
   else {
     WF_TRY(plan_buckets(dp, o->bucket_bytes));
-    dp->stats.optimizer_bytes = 2 * wf_gpt_num_params(wf_gpt_get_dims(dp->model)) * sizeof(float);
+    dp->stats.optimizer_bytes = 2 * wf_gpt_local_params(dp->model) * sizeof(float);
   }
   dp->stats.buckets = dp->n_buckets;
   *out = dp;
@@ -244,15 +245,25 @@ wf_status wf_dp_finish(wf_dp *dp)
   return st;
 }
 
-wf_status wf_dp_grad_norm(wf_dp *dp, float *norm)
+wf_status wf_dp_grad_sumsq(wf_dp *dp, double *ss)
 {
-  if (!dp->zero) {
-    *norm = wf_gpt_grad_norm(dp->model);
+  if (!dp->zero) { /* every dp rank holds the same averaged gradients */
+    *ss = wf_gpt_grad_sumsq(dp->model);
     return WF_OK;
   }
-  float ss = (float)wf_sumsq(dp->gshard, dp->shard);
-  wf_status st = wf_comm_allreduce(dp->comm, &ss, &ss, 1, WF_COMM_F32, WF_COMM_SUM);
-  *norm = sqrtf(ss);
+  /* This rank's shard [s0, s1), kind by kind: only the kinds this rank counts. */
+  size_t s0 = (size_t)dp->rank * dp->shard, s1 = WF_MIN(s0 + dp->shard, dp->n);
+  double mine = 0;
+  for (int k = 0; k < WF_GPT_NUM_KINDS; k++) {
+    size_t off = wf_gpt_local_offset(dp->model, (wf_param_kind)k);
+    size_t lo = WF_MAX(s0, off),
+           hi = WF_MIN(s1, off + wf_gpt_local_numel(dp->model, (wf_param_kind)k));
+    if (lo < hi && wf_gpt_kind_counted(dp->model, (wf_param_kind)k))
+      mine += wf_sumsq(dp->gshard + (lo - s0), hi - lo);
+  }
+  float x = (float)mine;
+  wf_status st = wf_comm_allreduce(dp->comm, &x, &x, 1, WF_COMM_F32, WF_COMM_SUM);
+  *ss = x;
   return st;
 }
 
@@ -263,14 +274,13 @@ wf_status wf_dp_update(wf_dp *dp, float lr, float beta1, float beta2, float eps,
     wf_gpt_update(dp->model, lr, beta1, beta2, eps, weight_decay, grad_scale, t);
     return WF_OK;
   }
-  const wf_gpt_dims *d = wf_gpt_get_dims(dp->model);
   float *params = wf_gpt_params(dp->model);
   size_t s0 = (size_t)dp->rank * dp->shard, s1 = WF_MIN(s0 + dp->shard, dp->n);
   /* AdamW kind by kind over this shard, so weight decay follows each tensor's kind. */
   for (int k = 0; k < WF_GPT_NUM_KINDS; k++) {
-    size_t lo = WF_MAX(s0, wf_gpt_kind_offset(d, (wf_param_kind)k));
-    size_t hi = WF_MIN(s1, wf_gpt_kind_offset(d, (wf_param_kind)k) +
-                               wf_gpt_kind_numel(d, (wf_param_kind)k));
+    size_t off = wf_gpt_local_offset(dp->model, (wf_param_kind)k);
+    size_t lo = WF_MAX(s0, off);
+    size_t hi = WF_MIN(s1, off + wf_gpt_local_numel(dp->model, (wf_param_kind)k));
     if (lo >= hi)
       continue;
     float wd = wf_gpt_kind_decays((wf_param_kind)k) ? weight_decay : 0.0f;
@@ -290,7 +300,7 @@ void wf_dp_get_stats(const wf_dp *dp, wf_dp_stats *out) { *out = dp->stats; }
 
 void wf_dp_shard_range(const wf_dp *dp, size_t *lo, size_t *hi)
 {
-  size_t n = wf_gpt_num_params(wf_gpt_get_dims(dp->model));
+  size_t n = wf_gpt_local_params(dp->model);
   *lo = 0, *hi = n;
   if (dp->zero) {
     *lo = WF_MIN((size_t)dp->rank * dp->shard, n);

@@ -21,6 +21,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -227,13 +228,31 @@ wf_status wf_gpt_save_llmc(wf_gpt *m, const char *path, char *err, size_t err_le
 
 /* ---- debug state ------------------------------------------------------------------ */
 
+wf_status wf_llmc_write_state(const char *path, const wf_gpt_dims *d, int B, int T,
+                              const int *inputs, const int *targets, const float *logits,
+                              float loss, const float *grads, char *err, size_t err_len)
+{
+  size_t N = (size_t)B * (size_t)T;
+  int32_t h[HEADER_INTS] = {STATE_MAGIC, STATE_VERSION, B, T};
+  out_file o;
+  wf_status st = out_open(&o, path, err, err_len);
+  if (st != WF_OK)
+    return st;
+  out_write(&o, h, sizeof(int32_t), HEADER_INTS);
+  out_write(&o, inputs, sizeof(int32_t), N);
+  out_write(&o, targets, sizeof(int32_t), N);
+  for (size_t i = 0; i < N && !o.err; i++)
+    out_write(&o, logits + i * (size_t)d->Vp, sizeof(float), (size_t)d->V);
+  out_write(&o, &loss, sizeof(float), 1);
+  out_write(&o, grads, sizeof(float), wf_gpt_num_params(d));
+  return out_close(&o, err, err_len);
+}
+
 wf_status wf_gpt_dump_state(wf_gpt *m, const char *path, const int *inputs, const int *targets,
                             int B, int T, char *err, size_t err_len)
 {
   const wf_gpt_dims *d = wf_gpt_get_dims(m);
-  size_t N = (size_t)B * (size_t)T;
-  int32_t h[HEADER_INTS] = {STATE_MAGIC, STATE_VERSION, B, T};
-  out_file o;
+  size_t N = (size_t)B * (size_t)T, nl = N * (size_t)d->Vp;
   if (!inputs || !targets)
     return failf(err, err_len, WF_EINVAL, "%s: the debug state needs inputs and targets", path);
   wf_gpt_zero_grad(m);
@@ -243,18 +262,14 @@ wf_status wf_gpt_dump_state(wf_gpt *m, const char *path, const int *inputs, cons
                  "%s: cannot dump the debug state: the forward of the %d x %d batch failed "
                  "(see the error above)",
                  path, B, T);
-  wf_status st = out_open(&o, path, err, err_len);
-  if (st != WF_OK)
-    return st;
-  out_write(&o, h, sizeof(int32_t), HEADER_INTS);
-  out_write(&o, inputs, sizeof(int32_t), N);
-  out_write(&o, targets, sizeof(int32_t), N);
-  /* The logits become their gradient in backward, so they are written first. */
-  const float *logits = wf_gpt_logits(m);
-  for (size_t i = 0; i < N && !o.err; i++)
-    out_write(&o, logits + i * (size_t)d->Vp, sizeof(float), (size_t)d->V);
+  /* The logits become their gradient in backward, so they are kept first. */
+  float *logits = malloc(nl * sizeof *logits);
+  if (!logits)
+    return failf(err, err_len, WF_ENOMEM, "%s: no memory for the logits", path);
+  memcpy(logits, wf_gpt_logits(m), nl * sizeof *logits);
   wf_gpt_backward(m, 1.0f);
-  out_write(&o, &loss, sizeof(float), 1);
-  out_write(&o, wf_gpt_grads(m), sizeof(float), wf_gpt_num_params(d));
-  return out_close(&o, err, err_len);
+  wf_status st = wf_llmc_write_state(path, d, B, T, inputs, targets, logits, loss, wf_gpt_grads(m),
+                                     err, err_len);
+  free(logits);
+  return st;
 }

@@ -268,17 +268,13 @@ static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, con
                  const char *save, bool gpu_selected)
 {
   int rank = wf_job_rank(job);
-  if (cfg->mesh.tp > 1 || cfg->mesh.pp > 1) {
-    if (rank == 0)
-      fprintf(stderr,
-              "weft: error: mesh.tp=%d mesh.pp=%d: tensor and pipeline parallel training are "
-              "not built yet; train with data parallelism (mesh.dp), or use --dry-run to "
-              "inspect the mesh\n",
-              cfg->mesh.tp, cfg->mesh.pp);
-    return 1;
-  }
   if (dump_state) {
-    wf_status st = wf_train_dump_state(cfg, dump_state);
+    wf_train_hooks comms = {.dp = wf_job_comm(job, WF_AXIS_DP),
+                            .world = wf_job_world_comm(job),
+                            .tp = cfg->mesh.tp > 1 ? wf_job_comm(job, WF_AXIS_TP) : NULL,
+                            .pp = cfg->mesh.pp > 1 ? wf_job_comm(job, WF_AXIS_PP) : NULL,
+                            .emb = cfg->mesh.pp > 1 ? wf_job_comm(job, WF_AXIS_EMB) : NULL};
+    wf_status st = wf_train_dump_state(cfg, dump_state, &comms);
     return st == WF_OK ? 0 : 1;
   }
   char err[1024];
@@ -302,7 +298,10 @@ static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, con
                           .save_llmc = save,
                           .checkpoint_now = checkpoint_now,
                           .on_phase = on_phase,
-                          .world = wf_job_world_comm(job)};
+                          .world = wf_job_world_comm(job),
+                          .tp = cfg->mesh.tp > 1 ? wf_job_comm(job, WF_AXIS_TP) : NULL,
+                          .pp = cfg->mesh.pp > 1 ? wf_job_comm(job, WF_AXIS_PP) : NULL,
+                          .emb = cfg->mesh.pp > 1 ? wf_job_comm(job, WF_AXIS_EMB) : NULL};
   wf_status st = wf_train_run(cfg, &hooks);
   if (st == WF_OK && bd.failed)
     st = WF_EMPI;

@@ -30,48 +30,61 @@
 #include "wf_check.h"
 #include "wf_kernels.h"
 #include "wf_model.h"
+#include "wf_tp.h"
 
-/* Activations of one forward, carved from one allocation sized for Bmax x Tmax.
- * Per-layer tensors use a fixed stride of the Bmax x Tmax size, and the first B*T
- * rows of each slot are live. */
+/* Activations of one micro-batch in one slot, for this stage's nl = l1 - l0 layers,
+ * carved from one allocation sized for Bmax x Tmax. Per-layer tensors use a fixed
+ * stride of the Bmax x Tmax size, and the first rows of each are live. R is the rows
+ * of the replicated regions (N, or N/tp under sequence parallelism); the tensor-
+ * parallel regions hold all N rows of the local heads (NHl = NH/tp) and hidden units
+ * (4C/tp). */
 typedef struct acts {
-  float *encoded;                   /* (B,T,C) */
-  float *ln1, *ln1_mean, *ln1_rstd; /* (L,B,T,C), (L,B,T), (L,B,T) */
-  float *qkv;                       /* (L,B,T,3C) */
-  float *atty;                      /* (L,B,T,C) */
-  float *att;                       /* (L,B,NH,T,T) */
-  float *residual2;                 /* (L,B,T,C) */
-  float *ln2, *ln2_mean, *ln2_rstd; /* (L,B,T,C), (L,B,T), (L,B,T) */
-  float *fch, *fch_gelu;            /* (L,B,T,4C) */
-  float *residual3;                 /* (L,B,T,C) */
-  float *lnf, *lnf_mean, *lnf_rstd; /* (B,T,C), (B,T), (B,T) */
-  float *logits;                    /* (B,T,Vp); dlogits after backward */
-  float *row_max, *row_sumexp;      /* (B,T) */
-  float *target_logit, *losses;     /* (B,T) */
-  float *proj;                      /* (B,T,C) scratch: attention/MLP projection out */
+  float *encoded;                   /* (R,C) the stage's input */
+  float *ln1, *ln1_mean, *ln1_rstd; /* (nl,R,C), (nl,R), (nl,R) */
+  float *qkv;                       /* (nl,N,3C/tp) */
+  float *atty;                      /* (nl,N,C/tp) */
+  float *att;                       /* (nl,B,NHl,T,T) */
+  float *residual2;                 /* (nl,R,C) */
+  float *ln2, *ln2_mean, *ln2_rstd; /* (nl,R,C), (nl,R), (nl,R) */
+  float *fch, *fch_gelu;            /* (nl,N,4C/tp) */
+  float *residual3;                 /* (nl,R,C) */
+  float *lnf, *lnf_mean, *lnf_rstd; /* (R,C), (R), (R): last stage */
+  float *logits;                    /* (N,Vp/tp): last stage; dlogits after backward */
+  float *row_max, *row_sumexp;      /* (N) global over the vocabulary */
+  float *target_logit, *losses;     /* (N) */
+  int *inputs, *targets;            /* (N) this micro-batch's tokens */
+  int B, T;
+  bool live;         /* forward done, backward not */
+  bool have_targets; /* computed a loss, so backward may run */
 } acts;
 
-/* Backward scratch: one layer's worth, reused layer after layer. */
+/* Scratch shared by all slots: one layer's worth, reused layer after layer. */
 typedef struct dacts {
-  float *dres;    /* (B,T,C) gradient of the residual stream */
-  float *dc;      /* (B,T,C) dln1, datty, dln2, dlnf */
-  float *d4a;     /* (B,T,4C) dfch_gelu, then dqkv (B,T,3C) */
-  float *d4b;     /* (B,T,4C) dfch */
-  float *scratch; /* (B,NH,T,T) attention backward scratch */
+  float *proj;    /* (N,C) row-parallel partial output */
+  float *full;    /* (N,C) a gathered input or output gradient (sequence parallelism) */
+  float *dres;    /* (R,C) gradient of the residual stream */
+  float *dc;      /* (N,C) partial input gradient of a column-parallel matmul */
+  float *dl;      /* (R,C) dln1, dln2, dlnf after the tp reduction */
+  float *d4a;     /* (N,4C/tp) dfch_gelu, then dqkv (N,3C/tp) */
+  float *d4b;     /* (N,4C/tp) dfch */
+  float *scratch; /* (B,NHl,T,T) attention backward scratch */
+  float *stats;   /* (tp,3,N) gathered per-rank xent row statistics */
 } dacts;
 
 struct wf_gpt {
   wf_gpt_dims d;
-  int Bmax, Tmax;
-  size_t num_params;
-  size_t off[WF_GPT_NUM_KINDS]; /* offset of each kind in the parameter layout */
+  wf_gpt_shard s;
+  wf_tp tp;
+  int nl;      /* layers on this stage */
+  int NHl, Vl; /* local heads, local vocabulary rows */
+  int Bmax, Tmax, n_slots, in_use, peak;
+  size_t num_params;                /* local */
+  size_t off[WF_GPT_NUM_KINDS + 1]; /* local offset of each kind; [16] = total */
+  size_t slot_floats;
   float *params, *grads, *m, *v;
   float *act_mem, *dact_mem;
-  acts a;
+  acts *a; /* n_slots */
   dacts da;
-  int *inputs, *targets; /* (Bmax,Tmax) copies of the last forward's tokens */
-  int B, T;              /* shape of the last forward */
-  bool have_targets;     /* last forward computed a loss, so backward may run */
   wf_gpt_grad_hook hook; /* told when each group of gradients is final (dp overlap) */
   void *hook_user;
 };
@@ -161,62 +174,212 @@ const char *wf_gpt_dims_check(const wf_gpt_dims *d)
   return NULL;
 }
 
+/* ---- shards ------------------------------------------------------------------------ */
+
+wf_gpt_shard wf_gpt_shard_whole(const wf_gpt_dims *d)
+{
+  return (wf_gpt_shard){.tp = 1, .tp_rank = 0, .l0 = 0, .l1 = d->L, .first = true, .last = true};
+}
+
+const char *wf_gpt_shard_check(const wf_gpt_dims *d, const wf_gpt_shard *s)
+{
+  if (s->tp < 1 || s->tp_rank < 0 || s->tp_rank >= s->tp)
+    return "tp rank outside the tp group";
+  if (d->NH % s->tp || d->C % s->tp || d->Vp % s->tp)
+    return "tp must divide the heads, d_model and the padded vocabulary";
+  if (s->l0 < 0 || s->l1 > d->L || s->l0 >= s->l1)
+    return "the stage's layer range is empty or outside [0, L)";
+  if (s->first != (s->l0 == 0) || s->last != (s->l1 == d->L))
+    return "the first stage must start at layer 0 and the last end at layer L";
+  return NULL;
+}
+
+/* Whether kind k exists on this stage. */
+static bool kind_present(const wf_gpt_shard *s, wf_param_kind k)
+{
+  switch (k) {
+  case WF_P_WTE: return s->first || s->last;
+  case WF_P_WPE: return s->first;
+  case WF_P_LNFW:
+  case WF_P_LNFB: return s->last;
+  default: return true;
+  }
+}
+
+/* Kinds split over tp (the others are replicated). */
+static bool kind_tp_split(wf_param_kind k)
+{
+  return k == WF_P_WTE || k == WF_P_QKVW || k == WF_P_QKVB || k == WF_P_ATTPROJW || k == WF_P_FCW ||
+         k == WF_P_FCB || k == WF_P_FCPROJW;
+}
+
+size_t wf_gpt_local_layer_numel(const wf_gpt *m, wf_param_kind k)
+{
+  if (!kind_present(&m->s, k))
+    return 0;
+  size_t n = wf_gpt_layer_numel(&m->d, k);
+  return kind_tp_split(k) ? n / (size_t)m->s.tp : n;
+}
+
+size_t wf_gpt_local_numel(const wf_gpt *m, wf_param_kind k)
+{
+  size_t n = wf_gpt_local_layer_numel(m, k);
+  return wf_gpt_kind_is_layered(k) ? n * (size_t)m->nl : n;
+}
+
+size_t wf_gpt_local_offset(const wf_gpt *m, wf_param_kind k) { return m->off[k]; }
+size_t wf_gpt_local_params(const wf_gpt *m) { return m->num_params; }
+const wf_gpt_shard *wf_gpt_get_shard(const wf_gpt *m) { return &m->s; }
+
+bool wf_gpt_kind_counted(const wf_gpt *m, wf_param_kind k)
+{
+  if (!kind_present(&m->s, k))
+    return false;
+  if (k == WF_P_WTE && !m->s.first) /* the last stage's copy of the tied embedding */
+    return false;
+  return kind_tp_split(k) || m->s.tp_rank == 0;
+}
+
+bool wf_gpt_kind_tp_partial(const wf_gpt *m, wf_param_kind k)
+{
+  bool norm = k == WF_P_LN1W || k == WF_P_LN1B || k == WF_P_LN2W || k == WF_P_LN2B ||
+              k == WF_P_LNFW || k == WF_P_LNFB;
+  return norm && m->s.sequence && m->s.tp > 1 && kind_present(&m->s, k);
+}
+
+/* Local tensor (k, layer) as `rows` rows of `cols` elements; local row i is full row
+ * full_row(i), columns [col0, col0 + cols) of a full row of full_cols elements. */
+typedef struct geom {
+  size_t rows, cols, full_cols, col0;
+} geom;
+
+static geom tensor_geom(const wf_gpt *m, wf_param_kind k)
+{
+  size_t C = (size_t)m->d.C, tp = (size_t)m->s.tp, r = (size_t)m->s.tp_rank;
+  size_t n = wf_gpt_local_layer_numel(m, k);
+  switch (k) {
+  case WF_P_WTE:
+  case WF_P_QKVW:
+  case WF_P_FCW: return (geom){n / C, C, C, 0};
+  case WF_P_QKVB:
+  case WF_P_FCB: return (geom){n, 1, 1, 0};
+  case WF_P_ATTPROJW: return (geom){C, C / tp, C, r * C / tp};
+  case WF_P_FCPROJW: return (geom){C, 4 * C / tp, 4 * C, r * 4 * C / tp};
+  default: return (geom){1, n, n, 0}; /* replicated */
+  }
+}
+
+/* Full row of local row i. qkv rows are [q | k | v], each C rows of which this rank
+ * holds its heads' C/tp. */
+static size_t full_row(const wf_gpt *m, wf_param_kind k, size_t i)
+{
+  size_t C = (size_t)m->d.C, tp = (size_t)m->s.tp, r = (size_t)m->s.tp_rank;
+  switch (k) {
+  case WF_P_QKVW:
+  case WF_P_QKVB: return i / (C / tp) * C + r * (C / tp) + i % (C / tp);
+  case WF_P_FCW:
+  case WF_P_FCB: return r * (4 * C / tp) + i;
+  case WF_P_WTE: return r * ((size_t)m->d.Vp / tp) + i;
+  default: return i;
+  }
+}
+
+/* Offset in the full tensor (k, layer) of local row i's first element. */
+static size_t full_index(const wf_gpt *m, wf_param_kind k, const geom *g, size_t i)
+{
+  return full_row(m, k, i) * g->full_cols + g->col0;
+}
+
+/* Copy between this rank's tensors and the whole model's (to_full: add into full). */
+static void exchange_full(wf_gpt *m, int which, float *full, bool to_full)
+{
+  float *base = which ? m->grads : m->params;
+  for (int k = 0; k < WF_GPT_NUM_KINDS; k++) {
+    wf_param_kind kk = (wf_param_kind)k;
+    if (!kind_present(&m->s, kk) || (to_full && !wf_gpt_kind_counted(m, kk)))
+      continue;
+    geom g = tensor_geom(m, kk);
+    size_t fl = wf_gpt_layer_numel(&m->d, kk), ll = wf_gpt_local_layer_numel(m, kk);
+    int l0 = wf_gpt_kind_is_layered(kk) ? m->s.l0 : 0;
+    for (int j = 0; j < (wf_gpt_kind_is_layered(kk) ? m->nl : 1); j++) {
+      float *loc = base + m->off[k] + (size_t)j * ll;
+      float *ful = full + wf_gpt_kind_offset(&m->d, kk) + (size_t)(l0 + j) * fl;
+      for (size_t i = 0; i < g.rows; i++) {
+        float *f = ful + full_index(m, kk, &g, i), *l = loc + i * g.cols;
+        if (to_full)
+          for (size_t c = 0; c < g.cols; c++)
+            f[c] += l[c];
+        else
+          memcpy(l, f, g.cols * sizeof(float));
+      }
+    }
+  }
+}
+
+void wf_gpt_export_full(wf_gpt *m, int which, float *full) { exchange_full(m, which, full, true); }
+
+void wf_gpt_import_full(wf_gpt *m, int which, const float *full)
+{
+  exchange_full(m, which, (float *)full, false);
+}
+
 /* ---- allocation ------------------------------------------------------------------ */
 
-/* Carve `mem` (or just count, when mem is NULL) into the activation tensors. */
-static size_t carve_acts(acts *a, float *mem, const wf_gpt_dims *d, int B, int T)
+/* Carve `mem` (or just count, when mem is NULL) into one slot's activation tensors. */
+static size_t carve_acts(acts *a, float *mem, const wf_gpt *m)
 {
-  size_t L = (size_t)d->L, C = (size_t)d->C, N = (size_t)B * (size_t)T;
-  size_t att = (size_t)B * (size_t)d->NH * (size_t)T * (size_t)T;
+  size_t L = (size_t)m->nl, C = (size_t)m->d.C, tp = (size_t)m->s.tp;
+  size_t N = (size_t)m->Bmax * (size_t)m->Tmax, R = wf_tp_rows(&m->tp, N);
+  size_t att = (size_t)m->Bmax * (size_t)m->NHl * (size_t)m->Tmax * (size_t)m->Tmax;
+  size_t last = m->s.last ? 1 : 0;
   struct {
-    float **p;
+    void *p;
     size_t n;
   } t[] = {
-      {&a->encoded, N * C},
-      {&a->ln1, L * N * C},
-      {&a->ln1_mean, L * N},
-      {&a->ln1_rstd, L * N},
-      {&a->qkv, L * N * 3 * C},
-      {&a->atty, L * N * C},
+      {&a->encoded, R * C},
+      {&a->ln1, L * R * C},
+      {&a->ln1_mean, L * R},
+      {&a->ln1_rstd, L * R},
+      {&a->qkv, L * N * 3 * C / tp},
+      {&a->atty, L * N * C / tp},
       {&a->att, L * att},
-      {&a->residual2, L * N * C},
-      {&a->ln2, L * N * C},
-      {&a->ln2_mean, L * N},
-      {&a->ln2_rstd, L * N},
-      {&a->fch, L * N * 4 * C},
-      {&a->fch_gelu, L * N * 4 * C},
-      {&a->residual3, L * N * C},
-      {&a->lnf, N * C},
-      {&a->lnf_mean, N},
-      {&a->lnf_rstd, N},
-      {&a->logits, N * (size_t)d->Vp},
-      {&a->row_max, N},
-      {&a->row_sumexp, N},
-      {&a->target_logit, N},
-      {&a->losses, N},
-      {&a->proj, N * C},
+      {&a->residual2, L * R * C},
+      {&a->ln2, L * R * C},
+      {&a->ln2_mean, L * R},
+      {&a->ln2_rstd, L * R},
+      {&a->fch, L * N * 4 * C / tp},
+      {&a->fch_gelu, L * N * 4 * C / tp},
+      {&a->residual3, L * R * C},
+      {&a->lnf, last * R * C},
+      {&a->lnf_mean, last * R},
+      {&a->lnf_rstd, last * R},
+      {&a->logits, last * N * (size_t)m->Vl},
+      {&a->row_max, last * N},
+      {&a->row_sumexp, last * N},
+      {&a->target_logit, last * N},
+      {&a->losses, last * N},
+      {&a->inputs, N}, /* int and float are both 4 bytes */
+      {&a->targets, N},
   };
   size_t total = 0;
   for (size_t i = 0; i < WF_ARRAY_LEN(t); i++) {
     if (mem)
-      *t[i].p = mem + total;
+      *(float **)t[i].p = mem + total;
     total += (t[i].n + 15) & ~(size_t)15; /* keep every tensor 64-byte aligned */
   }
   return total;
 }
 
-static size_t carve_dacts(dacts *g, float *mem, const wf_gpt_dims *d, int B, int T)
+static size_t carve_dacts(dacts *g, float *mem, const wf_gpt *m)
 {
-  size_t C = (size_t)d->C, N = (size_t)B * (size_t)T;
-  size_t att = (size_t)B * (size_t)d->NH * (size_t)T * (size_t)T;
+  size_t C = (size_t)m->d.C, tp = (size_t)m->s.tp, N = (size_t)m->Bmax * m->Tmax;
+  size_t att = (size_t)m->Bmax * (size_t)m->NHl * (size_t)m->Tmax * (size_t)m->Tmax;
   struct {
     float **p;
     size_t n;
-  } t[] = {{&g->dres, N * C},
-           {&g->dc, N * C},
-           {&g->d4a, N * 4 * C},
-           {&g->d4b, N * 4 * C},
-           {&g->scratch, att}};
+  } t[] = {{&g->proj, N * C},         {&g->full, N * C},  {&g->dres, N * C},
+           {&g->dc, N * C},           {&g->dl, N * C},    {&g->d4a, N * 4 * C / tp},
+           {&g->d4b, N * 4 * C / tp}, {&g->scratch, att}, {&g->stats, 3 * (tp + 1) * N}};
   size_t total = 0;
   for (size_t i = 0; i < WF_ARRAY_LEN(t); i++) {
     if (mem)
@@ -231,33 +394,70 @@ static float *alloc_floats(size_t n)
   return n > SIZE_MAX / sizeof(float) ? NULL : wf_mem_alloc(n * sizeof(float));
 }
 
-wf_status wf_gpt_create(wf_gpt **out, const wf_gpt_dims *d, int B, int T)
+static void layout(wf_gpt *m)
+{
+  size_t off = 0;
+  for (int k = 0; k < WF_GPT_NUM_KINDS; k++) {
+    m->off[k] = off;
+    off += wf_gpt_local_numel(m, (wf_param_kind)k);
+  }
+  m->off[WF_GPT_NUM_KINDS] = off;
+  m->num_params = off;
+}
+
+static wf_status alloc_acts(wf_gpt *m)
+{
+  wf_status st = WF_OK;
+  acts probe;
+  m->slot_floats = carve_acts(&probe, NULL, m);
+  WF_CHECK_ALLOC(m->a = calloc((size_t)m->n_slots, sizeof *m->a));
+  WF_CHECK_ALLOC(m->act_mem = alloc_floats(m->slot_floats * (size_t)m->n_slots));
+  for (int i = 0; i < m->n_slots; i++)
+    carve_acts(&m->a[i], m->act_mem + (size_t)i * m->slot_floats, m);
+  WF_CHECK_ALLOC(m->dact_mem = alloc_floats(carve_dacts(&m->da, NULL, m)));
+  carve_dacts(&m->da, m->dact_mem, m);
+fail:
+  return st;
+}
+
+wf_status wf_gpt_create_shard(wf_gpt **out, const wf_gpt_opts *o)
 {
   wf_status st = WF_OK;
   wf_gpt *m = NULL;
+  const wf_gpt_dims *d = &o->dims;
   const char *bad = wf_gpt_dims_check(d);
   *out = NULL;
   WF_CHECK(bad == NULL, WF_EINVAL, "GPT dims L=%d NH=%d C=%d maxT=%d V=%d Vp=%d: %s", d->L, d->NH,
            d->C, d->maxT, d->V, d->Vp, bad);
-  WF_CHECK(B > 0 && T > 0 && T <= d->maxT, WF_EINVAL,
-           "micro-batch %d x %d: need B > 0 and 0 < T <= context length %d", B, T, d->maxT);
+  bad = wf_gpt_shard_check(d, &o->shard);
+  WF_CHECK(bad == NULL, WF_EINVAL, "model shard tp %d/%d layers [%d, %d): %s", o->shard.tp_rank,
+           o->shard.tp, o->shard.l0, o->shard.l1, bad);
+  WF_CHECK(o->B > 0 && o->T > 0 && o->T <= d->maxT && o->slots >= 1, WF_EINVAL,
+           "micro-batch %d x %d with %d slots: need B > 0, 0 < T <= context length %d and a "
+           "slot",
+           o->B, o->T, o->slots, d->maxT);
+  WF_CHECK(o->shard.tp == 1 || o->tp_comm, WF_EINVAL, "tp %d needs a tp communicator", o->shard.tp);
+  WF_CHECK(!o->shard.sequence || ((size_t)o->B * o->T) % (size_t)o->shard.tp == 0, WF_EINVAL,
+           "sequence parallelism needs B*T = %d x %d tokens divisible by tp %d", o->B, o->T,
+           o->shard.tp);
   m = calloc(1, sizeof *m);
   WF_CHECK_ALLOC(m);
   m->d = *d;
-  m->Bmax = B, m->Tmax = T;
-  m->num_params = wf_gpt_num_params(d);
-  for (int k = 0; k < WF_GPT_NUM_KINDS; k++)
-    m->off[k] = wf_gpt_kind_offset(d, (wf_param_kind)k);
+  m->s = o->shard;
+  m->tp = (wf_tp){.comm = o->shard.tp > 1 ? o->tp_comm : NULL,
+                  .size = o->shard.tp,
+                  .rank = o->shard.tp_rank,
+                  .sequence = o->shard.sequence && o->shard.tp > 1};
+  m->nl = o->shard.l1 - o->shard.l0;
+  m->NHl = d->NH / o->shard.tp;
+  m->Vl = d->Vp / o->shard.tp;
+  m->Bmax = o->B, m->Tmax = o->T, m->n_slots = o->slots;
+  layout(m);
   WF_CHECK_ALLOC(m->params = alloc_floats(m->num_params));
   WF_CHECK_ALLOC(m->grads = alloc_floats(m->num_params));
   /* AdamW's m and v are allocated by the first wf_gpt_update: under ZeRO-1 the
    * optimizer state lives in shards elsewhere and these are never needed. */
-  WF_CHECK_ALLOC(m->act_mem = alloc_floats(carve_acts(&m->a, NULL, d, B, T)));
-  carve_acts(&m->a, m->act_mem, d, B, T);
-  WF_CHECK_ALLOC(m->dact_mem = alloc_floats(carve_dacts(&m->da, NULL, d, B, T)));
-  carve_dacts(&m->da, m->dact_mem, d, B, T);
-  WF_CHECK_ALLOC(m->inputs = wf_mem_alloc((size_t)B * T * sizeof(int)));
-  WF_CHECK_ALLOC(m->targets = wf_mem_alloc((size_t)B * T * sizeof(int)));
+  WF_TRY(alloc_acts(m));
   *out = m;
   m = NULL;
 exit:
@@ -265,6 +465,12 @@ exit:
   return st;
 fail:
   goto exit;
+}
+
+wf_status wf_gpt_create(wf_gpt **out, const wf_gpt_dims *d, int B, int T)
+{
+  wf_gpt_opts o = {.dims = *d, .shard = wf_gpt_shard_whole(d), .B = B, .T = T, .slots = 1};
+  return wf_gpt_create_shard(out, &o);
 }
 
 void wf_gpt_destroy(wf_gpt *m)
@@ -277,8 +483,7 @@ void wf_gpt_destroy(wf_gpt *m)
   wf_mem_free(m->v);
   wf_mem_free(m->act_mem);
   wf_mem_free(m->dact_mem);
-  wf_mem_free(m->inputs);
-  wf_mem_free(m->targets);
+  free(m->a);
   free(m);
 }
 
@@ -291,8 +496,25 @@ float *wf_gpt_param(wf_gpt *m, wf_param_kind k, int layer, int grads)
   float *base = grads ? m->grads : m->params;
   size_t off = m->off[k];
   if (wf_gpt_kind_is_layered(k))
-    off += (size_t)layer * wf_gpt_layer_numel(&m->d, k);
+    off += (size_t)(layer - m->s.l0) * wf_gpt_local_layer_numel(m, k);
   return base + off;
+}
+
+size_t wf_gpt_slot_bytes(const wf_gpt *m) { return m->slot_floats * sizeof(float); }
+
+int wf_gpt_peak_slots(wf_gpt *m)
+{
+  int p = m->peak;
+  m->peak = m->in_use;
+  return p;
+}
+
+void wf_gpt_tp_stats(wf_gpt *m, double *seconds, double *bytes)
+{
+  *seconds = m->tp.comm_s;
+  *bytes = m->tp.comm_bytes;
+  m->tp.comm_s = 0;
+  m->tp.comm_bytes = 0;
 }
 
 /* ---- initialisation -------------------------------------------------------------- */
@@ -331,27 +553,42 @@ void wf_gpt_init_slice(float *dst, wf_param_kind k, int layer, const wf_gpt_dims
   memset(dst + live, 0, (n - live) * sizeof *dst);
 }
 
-/* Initialise one whole tensor in chunks spread over the kernels' thread budget; each
- * element is a pure function of its index, so the result does not depend on it. */
-#define INIT_CHUNK 65536
-static void init_tensor(float *dst, wf_param_kind k, int layer, const wf_gpt_dims *d, uint64_t seed,
-                        size_t n)
+/* Initialise this rank's slice of tensor (k, layer), row by row of the local tensor
+ * (each a contiguous run of the full tensor), spread over the kernels' thread budget;
+ * each element is a pure function of its full index, so the result does not depend on
+ * the split. */
+static void init_tensor(wf_gpt *m, wf_param_kind k, int layer, uint64_t seed)
 {
-  long chunks = (long)((n + INIT_CHUNK - 1) / INIT_CHUNK);
+  float *dst = wf_gpt_param(m, k, layer, 0);
+  geom g = tensor_geom(m, k);
+  const wf_gpt *cm = m;
+  if (g.rows == 1) { /* one contiguous run: split it in chunks */
+    enum { CHUNK = 65536 };
+    long chunks = (long)((g.cols + CHUNK - 1) / CHUNK);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(wf_kernels_threads()) if (chunks > 1)
-  for (long c = 0; c < chunks; c++) {
-    size_t first = (size_t)c * INIT_CHUNK;
-    wf_gpt_init_slice(dst + first, k, layer, d, seed, first, WF_MIN(INIT_CHUNK, n - first));
+    for (long c = 0; c < chunks; c++) {
+      size_t first = (size_t)c * CHUNK;
+      wf_gpt_init_slice(dst + first, k, layer, &cm->d, seed, first, WF_MIN(CHUNK, g.cols - first));
+    }
+    return;
   }
+#pragma omp parallel for schedule(static) num_threads(wf_kernels_threads()) if (g.rows > 64)
+  for (long i = 0; i < (long)g.rows; i++)
+    wf_gpt_init_slice(dst + (size_t)i * g.cols, k, layer, &cm->d, seed,
+                      full_index(cm, k, &g, (size_t)i), g.cols);
 }
 
 void wf_gpt_init(wf_gpt *m, uint64_t seed)
 {
   for (int k = 0; k < WF_GPT_NUM_KINDS; k++) {
-    int layers = wf_gpt_kind_is_layered((wf_param_kind)k) ? m->d.L : 1;
-    size_t n = wf_gpt_layer_numel(&m->d, (wf_param_kind)k);
-    for (int l = 0; l < layers; l++)
-      init_tensor(wf_gpt_param(m, (wf_param_kind)k, l, 0), (wf_param_kind)k, l, &m->d, seed, n);
+    wf_param_kind kk = (wf_param_kind)k;
+    if (!kind_present(&m->s, kk))
+      continue;
+    if (!wf_gpt_kind_is_layered(kk))
+      init_tensor(m, kk, 0, seed);
+    else
+      for (int l = m->s.l0; l < m->s.l1; l++)
+        init_tensor(m, kk, l, seed);
   }
   if (m->m) { /* a re-initialised model starts AdamW afresh */
     zero_floats(m->m, m->num_params);
@@ -372,43 +609,139 @@ static bool tokens_valid(const int *tok, size_t n, int V, const char *what)
   return true;
 }
 
-/* One transformer block: residual3[l] = block(residual). */
-static void block_forward(wf_gpt *m, int l, const float *residual, int B, int T)
-{
-  const wf_gpt_dims *d = &m->d;
-  acts *a = &m->a;
-  int C = d->C, NH = d->NH, N = B * T;
-  size_t nc = (size_t)m->Bmax * m->Tmax * C; /* per-layer slot stride of (B,T,C) */
-  size_t nr = (size_t)m->Bmax * m->Tmax;
-  size_t natt = (size_t)m->Bmax * NH * m->Tmax * m->Tmax;
-  float *ln1 = a->ln1 + l * nc, *qkv = a->qkv + l * 3 * nc, *atty = a->atty + l * nc;
-  float *att = a->att + l * natt, *res2 = a->residual2 + l * nc, *ln2 = a->ln2 + l * nc;
-  float *fch = a->fch + l * 4 * nc, *fchg = a->fch_gelu + l * 4 * nc;
+/* Per-layer slot strides (the Bmax x Tmax sizes). */
+typedef struct strides {
+  size_t rc, r, n3, n1, n4, att; /* (R,C), (R), (N,3C/tp), (N,C/tp), (N,4C/tp), att */
+} strides;
 
-  wf_layernorm_forward(ln1, a->ln1_mean + l * nr, a->ln1_rstd + l * nr, residual,
-                       wf_gpt_param(m, WF_P_LN1W, l, 0), wf_gpt_param(m, WF_P_LN1B, l, 0), N, C);
-  wf_matmul_forward(qkv, ln1, wf_gpt_param(m, WF_P_QKVW, l, 0), wf_gpt_param(m, WF_P_QKVB, l, 0), N,
-                    C, 3 * C);
-  wf_attention_forward(atty, att, qkv, B, T, C, NH);
-  wf_matmul_forward(a->proj, atty, wf_gpt_param(m, WF_P_ATTPROJW, l, 0),
-                    wf_gpt_param(m, WF_P_ATTPROJB, l, 0), N, C, C);
-  wf_residual_forward(res2, residual, a->proj, (size_t)N * C);
-  wf_layernorm_forward(ln2, a->ln2_mean + l * nr, a->ln2_rstd + l * nr, res2,
-                       wf_gpt_param(m, WF_P_LN2W, l, 0), wf_gpt_param(m, WF_P_LN2B, l, 0), N, C);
-  wf_matmul_forward(fch, ln2, wf_gpt_param(m, WF_P_FCW, l, 0), wf_gpt_param(m, WF_P_FCB, l, 0), N,
-                    C, 4 * C);
-  wf_gelu_forward(fchg, fch, (size_t)N * 4 * C);
-  wf_matmul_forward(a->proj, fchg, wf_gpt_param(m, WF_P_FCPROJW, l, 0),
-                    wf_gpt_param(m, WF_P_FCPROJB, l, 0), N, 4 * C, C);
-  wf_residual_forward(a->residual3 + l * nc, res2, a->proj, (size_t)N * C);
+static strides layer_strides(const wf_gpt *m)
+{
+  size_t N = (size_t)m->Bmax * m->Tmax, C = (size_t)m->d.C, tp = (size_t)m->s.tp;
+  size_t R = wf_tp_rows(&m->tp, N);
+  return (strides){R * C,          R,
+                   N * 3 * C / tp, N * C / tp,
+                   N * 4 * C / tp, (size_t)m->Bmax * m->NHl * m->Tmax * m->Tmax};
 }
 
-/* Mean cross-entropy of the logits against m->targets; keeps the row statistics. */
-static float loss_forward(wf_gpt *m, int N)
+/* The residual stream entering local layer j (0-based on this stage). */
+static float *layer_input(const wf_gpt *m, const acts *a, int j)
 {
-  acts *a = &m->a;
-  wf_xent_stats(a->row_max, a->row_sumexp, a->target_logit, a->logits, m->targets, N, m->d.V,
-                m->d.Vp, 0);
+  return j == 0 ? a->encoded : a->residual3 + (size_t)(j - 1) * layer_strides(m).rc;
+}
+
+/* Row-parallel matmul (no bias), then leave the tp region, then the bias once. */
+static void row_parallel(wf_gpt *m, float *y, const float *x, wf_param_kind w, wf_param_kind b,
+                         int l, int N, int IC)
+{
+  int C = m->d.C;
+  /* Only tp rank 0 adds the bias, so the sum over tp adds it once. */
+  const float *bias = m->s.tp_rank == 0 ? wf_gpt_param(m, b, l, 0) : NULL;
+  wf_matmul_forward(m->da.proj, x, wf_gpt_param(m, w, l, 0), bias, N, IC, C);
+  wf_tp_leave_fwd(&m->tp, y, m->da.proj, (size_t)N, (size_t)C);
+}
+
+/* One transformer block: residual3[j] = block(residual), with the tp regions marked. */
+static void block_forward(wf_gpt *m, acts *a, int j, int B, int T)
+{
+  const wf_gpt_dims *d = &m->d;
+  int l = m->s.l0 + j, C = d->C, tp = m->s.tp, N = B * T;
+  int R = (int)wf_tp_rows(&m->tp, (size_t)N);
+  strides z = layer_strides(m);
+  const float *residual = layer_input(m, a, j);
+  float *ln1 = a->ln1 + j * z.rc, *qkv = a->qkv + j * z.n3, *atty = a->atty + j * z.n1;
+  float *att = a->att + j * z.att, *res2 = a->residual2 + j * z.rc, *ln2 = a->ln2 + j * z.rc;
+  float *fch = a->fch + j * z.n4, *fchg = a->fch_gelu + j * z.n4;
+  float *res3 = a->residual3 + j * z.rc;
+  const float *x;
+
+  /* Attention: ln1 (replicated region) -> enter -> qkv (column-parallel, local heads)
+   * -> attention -> attproj (row-parallel) -> leave -> residual. */
+  wf_layernorm_forward(ln1, a->ln1_mean + j * z.r, a->ln1_rstd + j * z.r, residual,
+                       wf_gpt_param(m, WF_P_LN1W, l, 0), wf_gpt_param(m, WF_P_LN1B, l, 0), R, C);
+  x = wf_tp_enter_fwd(&m->tp, ln1, m->da.full, (size_t)N, (size_t)C);
+  wf_matmul_forward(qkv, x, wf_gpt_param(m, WF_P_QKVW, l, 0), wf_gpt_param(m, WF_P_QKVB, l, 0), N,
+                    C, 3 * C / tp);
+  wf_attention_forward(atty, att, qkv, B, T, C / tp, m->NHl);
+  row_parallel(m, res2, atty, WF_P_ATTPROJW, WF_P_ATTPROJB, l, N, C / tp);
+  wf_residual_forward(res2, residual, res2, (size_t)R * C);
+  /* MLP: ln2 -> enter -> fc (column-parallel) -> GELU -> fcproj (row-parallel) -> leave. */
+  wf_layernorm_forward(ln2, a->ln2_mean + j * z.r, a->ln2_rstd + j * z.r, res2,
+                       wf_gpt_param(m, WF_P_LN2W, l, 0), wf_gpt_param(m, WF_P_LN2B, l, 0), R, C);
+  x = wf_tp_enter_fwd(&m->tp, ln2, m->da.full, (size_t)N, (size_t)C);
+  wf_matmul_forward(fch, x, wf_gpt_param(m, WF_P_FCW, l, 0), wf_gpt_param(m, WF_P_FCB, l, 0), N, C,
+                    4 * C / tp);
+  wf_gelu_forward(fchg, fch, (size_t)N * 4 * C / tp);
+  row_parallel(m, res3, fchg, WF_P_FCPROJW, WF_P_FCPROJB, l, N, 4 * C / tp);
+  wf_residual_forward(res3, res2, res3, (size_t)R * C);
+}
+
+/* Vocabulary-parallel embedding: each tp rank looks up the tokens in its rows of wte
+ * (tp rank 0 adds the positions), and leaving the tp region sums the parts. */
+static void embed_forward(wf_gpt *m, acts *a, int B, int T)
+{
+  int N = B * T, C = m->d.C;
+  const float *wpe = m->s.tp_rank == 0 ? wf_gpt_param(m, WF_P_WPE, 0, 0) : NULL;
+  wf_encoder_forward_vp(m->da.proj, a->inputs, wf_gpt_param(m, WF_P_WTE, 0, 0),
+                        m->s.tp_rank * m->Vl, m->Vl, wpe, B, T, C);
+  wf_tp_leave_fwd(&m->tp, a->encoded, m->da.proj, (size_t)N, (size_t)C);
+}
+
+/* Real (non-padding) vocabulary columns in this rank's slice. */
+static int local_real_vocab(const wf_gpt *m)
+{
+  int v0 = m->s.tp_rank * m->Vl;
+  return WF_MAX(0, WF_MIN(m->Vl, m->d.V - v0));
+}
+
+/* Combine the tp ranks' row statistics of the vocabulary-parallel softmax: the global
+ * max M, sum_r sumexp_r * exp(max_r - M), and the target logit of the rank holding
+ * the target. One all-gather of 3 floats per row; nobody holds full-vocabulary logits. */
+static void xent_combine(wf_gpt *m, acts *a, int N)
+{
+  int tp = m->s.tp;
+  if (tp == 1 || !m->tp.comm)
+    return;
+  float *all = m->da.stats, *mine = all + (size_t)3 * tp * N; /* (tp,3,N) then (3,N) */
+  for (int i = 0; i < N; i++) {
+    mine[3 * i] = a->row_max[i];
+    mine[3 * i + 1] = a->row_sumexp[i];
+    mine[3 * i + 2] = a->target_logit[i];
+  }
+  double t0 = wf_now();
+  wf_status st = wf_comm_allgather(m->tp.comm, mine, all, (size_t)3 * N, WF_COMM_F32);
+  m->tp.comm_s += wf_now() - t0;
+  m->tp.comm_bytes += 3.0 * N * sizeof(float);
+  if (st != WF_OK && m->tp.err == WF_OK)
+    m->tp.err = st;
+  for (int i = 0; i < N; i++) {
+    float M = -INFINITY, S = 0, tl = 0;
+    for (int r = 0; r < tp; r++)
+      M = fmaxf(M, all[(size_t)r * 3 * N + 3 * i]);
+    for (int r = 0; r < tp; r++) {
+      const float *x = all + (size_t)r * 3 * N + 3 * i;
+      if (x[1] > 0)
+        S += x[1] * expf(x[0] - M);
+      tl += x[2];
+    }
+    a->row_max[i] = M, a->row_sumexp[i] = S, a->target_logit[i] = tl;
+  }
+}
+
+/* Final layernorm -> enter -> logits of this rank's vocabulary slice -> the mean
+ * cross-entropy, reduced over tp. */
+static float head_forward(wf_gpt *m, acts *a, int N)
+{
+  int C = m->d.C, R = (int)wf_tp_rows(&m->tp, (size_t)N);
+  wf_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, layer_input(m, a, m->nl),
+                       wf_gpt_param(m, WF_P_LNFW, 0, 0), wf_gpt_param(m, WF_P_LNFB, 0, 0), R, C);
+  const float *x = wf_tp_enter_fwd(&m->tp, a->lnf, m->da.full, (size_t)N, (size_t)C);
+  /* Tied embedding; padding rows of wte give padding columns the loss ignores. */
+  wf_matmul_forward(a->logits, x, wf_gpt_param(m, WF_P_WTE, 0, 0), NULL, N, C, m->Vl);
+  if (!a->have_targets)
+    return 0.0f;
+  wf_xent_stats(a->row_max, a->row_sumexp, a->target_logit, a->logits, a->targets, N,
+                local_real_vocab(m), m->Vl, m->s.tp_rank * m->Vl);
+  xent_combine(m, a, N);
   wf_xent_loss(a->losses, a->row_max, a->row_sumexp, a->target_logit, N);
   double sum = 0.0;
   for (int i = 0; i < N; i++)
@@ -416,41 +749,78 @@ static float loss_forward(wf_gpt *m, int N)
   return (float)(sum / N);
 }
 
-float wf_gpt_forward(wf_gpt *m, const int *inputs, const int *targets, int B, int T)
+size_t wf_gpt_stage_io_numel(const wf_gpt *m, int B, int T)
 {
-  const wf_gpt_dims *d = &m->d;
+  return wf_tp_rows(&m->tp, (size_t)B * T) * (size_t)m->d.C;
+}
+
+const float *wf_gpt_stage_output(const wf_gpt *m, int slot)
+{
+  return layer_input(m, &m->a[slot], m->nl);
+}
+
+static bool forward_args_ok(const wf_gpt *m, int slot, const int *inputs, const float *x,
+                            const int *targets, int B, int T)
+{
   size_t N = (size_t)B * (size_t)T;
-  size_t nc = (size_t)m->Bmax * m->Tmax * d->C;
-  m->have_targets = false;
+  if (slot < 0 || slot >= m->n_slots) {
+    WF_ERROR("forward in activation slot %d: the model has %d", slot, m->n_slots);
+    return false;
+  }
   if (B <= 0 || T <= 0 || B * T > m->Bmax * m->Tmax || T > m->Tmax) {
     WF_ERROR("forward of %d x %d tokens: the model was created for at most %d x %d", B, T, m->Bmax,
              m->Tmax);
-    return NAN;
+    return false;
   }
-  if (!tokens_valid(inputs, N, d->V, "inputs") ||
-      (targets && !tokens_valid(targets, N, d->V, "targets")))
-    return NAN;
-  memcpy(m->inputs, inputs, N * sizeof *inputs);
-  m->B = B, m->T = T;
-
-  wf_encoder_forward(m->a.encoded, inputs, wf_gpt_param(m, WF_P_WTE, 0, 0),
-                     wf_gpt_param(m, WF_P_WPE, 0, 0), B, T, d->C);
-  for (int l = 0; l < d->L; l++)
-    block_forward(m, l, l == 0 ? m->a.encoded : m->a.residual3 + (l - 1) * nc, B, T);
-  wf_layernorm_forward(m->a.lnf, m->a.lnf_mean, m->a.lnf_rstd, m->a.residual3 + (d->L - 1) * nc,
-                       wf_gpt_param(m, WF_P_LNFW, 0, 0), wf_gpt_param(m, WF_P_LNFB, 0, 0), (int)N,
-                       d->C);
-  /* Tied embedding; padding rows of wte give padding columns the loss ignores. */
-  wf_matmul_forward(m->a.logits, m->a.lnf, wf_gpt_param(m, WF_P_WTE, 0, 0), NULL, (int)N, d->C,
-                    d->Vp);
-  if (!targets)
-    return 0.0f;
-  memcpy(m->targets, targets, N * sizeof *targets);
-  m->have_targets = true;
-  return loss_forward(m, (int)N);
+  if (m->tp.sequence && N % (size_t)m->s.tp) {
+    WF_ERROR("forward of %d x %d tokens: sequence parallelism needs a multiple of tp %d", B, T,
+             m->s.tp);
+    return false;
+  }
+  if (m->s.first ? !inputs : !x) {
+    WF_ERROR("forward: the %s stage needs %s", m->s.first ? "first" : "next",
+             m->s.first ? "token inputs" : "the previous stage's activations");
+    return false;
+  }
+  return (!m->s.first || tokens_valid(inputs, N, m->d.V, "inputs")) &&
+         (!targets || tokens_valid(targets, N, m->d.V, "targets"));
 }
 
-const float *wf_gpt_logits(const wf_gpt *m) { return m->a.logits; }
+float wf_gpt_stage_forward(wf_gpt *m, int slot, const int *inputs, const float *x,
+                           const int *targets, int B, int T)
+{
+  if (!forward_args_ok(m, slot, inputs, x, targets, B, T))
+    return NAN;
+  acts *a = &m->a[slot];
+  size_t N = (size_t)B * (size_t)T;
+  if (!a->live && ++m->in_use > m->peak)
+    m->peak = m->in_use;
+  a->live = true;
+  a->B = B, a->T = T;
+  a->have_targets = m->s.last && targets;
+  if (a->have_targets)
+    memcpy(a->targets, targets, N * sizeof *targets);
+  if (m->s.first) {
+    memcpy(a->inputs, inputs, N * sizeof *inputs);
+    embed_forward(m, a, B, T);
+  } else {
+    memcpy(a->encoded, x, wf_gpt_stage_io_numel(m, B, T) * sizeof(float));
+  }
+  for (int j = 0; j < m->nl; j++)
+    block_forward(m, a, j, B, T);
+  float loss = m->s.last ? head_forward(m, a, (int)N) : 0.0f;
+  return m->tp.err == WF_OK ? loss : NAN;
+}
+
+float wf_gpt_forward(wf_gpt *m, const int *inputs, const int *targets, int B, int T)
+{
+  float loss = wf_gpt_stage_forward(m, 0, inputs, NULL, targets, B, T);
+  if (!targets) /* no backward follows: the slot is free again */
+    wf_gpt_stage_release(m, 0);
+  return loss;
+}
+
+const float *wf_gpt_logits(const wf_gpt *m) { return m->a[0].logits; }
 
 /* ---- backward ------------------------------------------------------------------ */
 
@@ -469,81 +839,142 @@ static void zero_floats(float *p, size_t n)
 
 void wf_gpt_zero_grad(wf_gpt *m) { zero_floats(m->grads, m->num_params); }
 
-/* One transformer block backward. On entry da.dres holds d residual3[l]; on exit it
- * holds d(residual input of block l). Parameter gradients are added to. */
-static void block_backward(wf_gpt *m, int l, const float *residual, int B, int T)
+/* Column-parallel matmul backward from the full input x: the input gradient is this
+ * rank's partial sum (dc), which entering's backward completes over tp into dl. */
+static void column_backward(wf_gpt *m, const float *dout, const float *x, wf_param_kind w,
+                            wf_param_kind b, int l, int N, int OC)
+{
+  int C = m->d.C;
+  memset(m->da.dc, 0, (size_t)N * C * sizeof(float));
+  wf_matmul_backward(m->da.dc, wf_gpt_param(m, w, l, 1),
+                     b == WF_GPT_NUM_KINDS ? NULL : wf_gpt_param(m, b, l, 1), dout, x,
+                     wf_gpt_param(m, w, l, 0), N, C, OC);
+  wf_tp_enter_bwd(&m->tp, m->da.dl, m->da.dc, (size_t)N, (size_t)C);
+}
+
+/* One transformer block backward. On entry da.dres holds d residual3[j]; on exit it
+ * holds d(residual input of local layer j). Parameter gradients are added to. */
+static void block_backward(wf_gpt *m, acts *a, int j)
 {
   const wf_gpt_dims *d = &m->d;
-  acts *a = &m->a;
   dacts *g = &m->da;
-  int C = d->C, NH = d->NH, N = B * T;
-  size_t nc = (size_t)m->Bmax * m->Tmax * C, nr = (size_t)m->Bmax * m->Tmax;
-  size_t natt = (size_t)m->Bmax * NH * m->Tmax * m->Tmax;
-  size_t n1 = (size_t)N * C, n4 = 4 * n1;
-  float *ln1 = a->ln1 + l * nc, *qkv = a->qkv + l * 3 * nc, *atty = a->atty + l * nc;
-  float *res2 = a->residual2 + l * nc, *ln2 = a->ln2 + l * nc;
-  float *fch = a->fch + l * 4 * nc, *fchg = a->fch_gelu + l * 4 * nc;
+  int B = a->B, T = a->T, l = m->s.l0 + j, C = d->C, tp = m->s.tp, N = B * T;
+  int R = (int)wf_tp_rows(&m->tp, (size_t)N);
+  strides z = layer_strides(m);
+  size_t n4 = (size_t)N * 4 * C / tp, n3 = (size_t)N * 3 * C / tp;
+  const float *residual = layer_input(m, a, j), *dy, *x;
+  float *ln1 = a->ln1 + j * z.rc, *qkv = a->qkv + j * z.n3, *atty = a->atty + j * z.n1;
+  float *res2 = a->residual2 + j * z.rc, *ln2 = a->ln2 + j * z.rc;
+  float *fch = a->fch + j * z.n4, *fchg = a->fch_gelu + j * z.n4;
 
-  /* MLP branch: the gradient of its output is the residual stream's gradient. */
+  /* MLP branch: the gradient of its output is the residual stream's (leave's backward). */
+  dy = wf_tp_leave_bwd(&m->tp, g->dres, g->full, (size_t)N, (size_t)C);
   memset(g->d4a, 0, n4 * sizeof(float));
   wf_matmul_backward(g->d4a, wf_gpt_param(m, WF_P_FCPROJW, l, 1),
-                     wf_gpt_param(m, WF_P_FCPROJB, l, 1), g->dres, fchg,
-                     wf_gpt_param(m, WF_P_FCPROJW, l, 0), N, 4 * C, C);
+                     wf_gpt_param(m, WF_P_FCPROJB, l, 1), dy, fchg,
+                     wf_gpt_param(m, WF_P_FCPROJW, l, 0), N, 4 * C / tp, C);
   memset(g->d4b, 0, n4 * sizeof(float));
   wf_gelu_backward(g->d4b, fch, g->d4a, n4);
-  memset(g->dc, 0, n1 * sizeof(float));
-  wf_matmul_backward(g->dc, wf_gpt_param(m, WF_P_FCW, l, 1), wf_gpt_param(m, WF_P_FCB, l, 1),
-                     g->d4b, ln2, wf_gpt_param(m, WF_P_FCW, l, 0), N, C, 4 * C);
+  x = wf_tp_enter_fwd(&m->tp, ln2, g->full, (size_t)N, (size_t)C); /* re-gathered */
+  column_backward(m, g->d4b, x, WF_P_FCW, WF_P_FCB, l, N, 4 * C / tp);
   wf_layernorm_backward(g->dres, wf_gpt_param(m, WF_P_LN2W, l, 1), wf_gpt_param(m, WF_P_LN2B, l, 1),
-                        g->dc, res2, wf_gpt_param(m, WF_P_LN2W, l, 0), a->ln2_mean + l * nr,
-                        a->ln2_rstd + l * nr, N, C);
+                        g->dl, res2, wf_gpt_param(m, WF_P_LN2W, l, 0), a->ln2_mean + j * z.r,
+                        a->ln2_rstd + j * z.r, R, C);
   /* Attention branch. */
-  memset(g->dc, 0, n1 * sizeof(float));
-  wf_matmul_backward(g->dc, wf_gpt_param(m, WF_P_ATTPROJW, l, 1),
-                     wf_gpt_param(m, WF_P_ATTPROJB, l, 1), g->dres, atty,
-                     wf_gpt_param(m, WF_P_ATTPROJW, l, 0), N, C, C);
-  memset(g->d4a, 0, 3 * n1 * sizeof(float));
-  wf_attention_backward(g->d4a, g->scratch, g->dc, qkv, a->att + l * natt, B, T, C, NH);
-  memset(g->dc, 0, n1 * sizeof(float));
-  wf_matmul_backward(g->dc, wf_gpt_param(m, WF_P_QKVW, l, 1), wf_gpt_param(m, WF_P_QKVB, l, 1),
-                     g->d4a, ln1, wf_gpt_param(m, WF_P_QKVW, l, 0), N, C, 3 * C);
+  dy = wf_tp_leave_bwd(&m->tp, g->dres, g->full, (size_t)N, (size_t)C);
+  memset(g->d4b, 0, (size_t)N * C / tp * sizeof(float));
+  wf_matmul_backward(g->d4b, wf_gpt_param(m, WF_P_ATTPROJW, l, 1),
+                     wf_gpt_param(m, WF_P_ATTPROJB, l, 1), dy, atty,
+                     wf_gpt_param(m, WF_P_ATTPROJW, l, 0), N, C / tp, C);
+  memset(g->d4a, 0, n3 * sizeof(float));
+  wf_attention_backward(g->d4a, g->scratch, g->d4b, qkv, a->att + j * z.att, B, T, C / tp, m->NHl);
+  x = wf_tp_enter_fwd(&m->tp, ln1, g->full, (size_t)N, (size_t)C);
+  column_backward(m, g->d4a, x, WF_P_QKVW, WF_P_QKVB, l, N, 3 * C / tp);
   wf_layernorm_backward(g->dres, wf_gpt_param(m, WF_P_LN1W, l, 1), wf_gpt_param(m, WF_P_LN1B, l, 1),
-                        g->dc, residual, wf_gpt_param(m, WF_P_LN1W, l, 0), a->ln1_mean + l * nr,
-                        a->ln1_rstd + l * nr, N, C);
+                        g->dl, residual, wf_gpt_param(m, WF_P_LN1W, l, 0), a->ln1_mean + j * z.r,
+                        a->ln1_rstd + j * z.r, R, C);
+}
+
+/* Loss -> logits -> (tied wte, enter's backward) -> final layernorm -> dres. */
+static void head_backward(wf_gpt *m, acts *a, float dloss_scale)
+{
+  dacts *g = &m->da;
+  int N = a->B * a->T, C = m->d.C, R = (int)wf_tp_rows(&m->tp, (size_t)N);
+  wf_xent_backward(a->logits, a->logits, a->row_max, a->row_sumexp, a->targets,
+                   dloss_scale / (float)N, N, local_real_vocab(m), m->Vl, m->s.tp_rank * m->Vl);
+  const float *x = wf_tp_enter_fwd(&m->tp, a->lnf, g->full, (size_t)N, (size_t)C);
+  column_backward(m, a->logits, x, WF_P_WTE, WF_GPT_NUM_KINDS, 0, N, m->Vl);
+  memset(g->dres, 0, (size_t)R * C * sizeof(float));
+  wf_layernorm_backward(g->dres, wf_gpt_param(m, WF_P_LNFW, 0, 1), wf_gpt_param(m, WF_P_LNFB, 0, 1),
+                        g->dl, layer_input(m, a, m->nl), wf_gpt_param(m, WF_P_LNFW, 0, 0),
+                        a->lnf_mean, a->lnf_rstd, R, C);
+}
+
+static void announce(wf_gpt *m, int group)
+{
+  if (m->hook)
+    m->hook(m->hook_user, group);
+}
+
+wf_status wf_gpt_stage_backward(wf_gpt *m, int slot, const float *dy, float dloss_scale)
+{
+  if (slot < 0 || slot >= m->n_slots || !m->a[slot].live ||
+      (m->s.last ? !m->a[slot].have_targets : !dy)) {
+    WF_ERROR("backward of slot %d needs a forward %s in that slot just before", slot,
+             m->s.last ? "with targets" : "and the next stage's gradient");
+    return WF_EINVAL;
+  }
+  acts *a = &m->a[slot];
+  int N = a->B * a->T, C = m->d.C;
+  a->have_targets = false; /* the logits become their gradient below */
+  if (m->s.last) {
+    head_backward(m, a, dloss_scale);
+    announce(m, 0); /* the final layernorm's gradients are final */
+  } else {
+    memcpy(m->da.dres, dy, wf_gpt_stage_io_numel(m, a->B, a->T) * sizeof(float));
+  }
+  for (int j = m->nl - 1; j >= 0; j--) {
+    block_backward(m, a, j);
+    announce(m, m->nl - j);
+  }
+  if (m->s.first) {
+    const float *dout = wf_tp_leave_bwd(&m->tp, m->da.dres, m->da.full, (size_t)N, (size_t)C);
+    float *dwpe = wf_gpt_param(m, WF_P_WPE, 0, 1);
+    wf_encoder_backward_vp(wf_gpt_param(m, WF_P_WTE, 0, 1), dwpe, dout, a->inputs,
+                           m->s.tp_rank * m->Vl, m->Vl, a->B, a->T, C);
+    if (m->s.last) /* one stage: nothing to sum over the embedding group first */
+      announce(m, m->nl + 1);
+  }
+  a->live = false;
+  m->in_use--;
+  return m->tp.err;
+}
+
+const float *wf_gpt_stage_dinput(const wf_gpt *m) { return m->da.dres; }
+
+void wf_gpt_stage_release(wf_gpt *m, int slot)
+{
+  if (slot >= 0 && slot < m->n_slots && m->a[slot].live) {
+    m->a[slot].live = false;
+    m->in_use--;
+  }
 }
 
 void wf_gpt_backward(wf_gpt *m, float dloss_scale)
 {
-  const wf_gpt_dims *d = &m->d;
-  acts *a = &m->a;
-  dacts *g = &m->da;
-  int B = m->B, T = m->T, N = B * T, C = d->C;
-  size_t nc = (size_t)m->Bmax * m->Tmax * C, n1 = (size_t)N * C;
-  if (!m->have_targets) {
+  if (!m->a[0].have_targets) {
     WF_ERROR("wf_gpt_backward needs a forward with targets just before it");
     return;
   }
-  m->have_targets = false; /* the logits become their gradient below */
-  wf_xent_backward(a->logits, a->logits, a->row_max, a->row_sumexp, m->targets,
-                   dloss_scale / (float)N, N, d->V, d->Vp, 0);
-  memset(g->dc, 0, n1 * sizeof(float));
-  wf_matmul_backward(g->dc, wf_gpt_param(m, WF_P_WTE, 0, 1), NULL, a->logits, a->lnf,
-                     wf_gpt_param(m, WF_P_WTE, 0, 0), N, C, d->Vp);
-  memset(g->dres, 0, n1 * sizeof(float));
-  wf_layernorm_backward(g->dres, wf_gpt_param(m, WF_P_LNFW, 0, 1), wf_gpt_param(m, WF_P_LNFB, 0, 1),
-                        g->dc, a->residual3 + (d->L - 1) * nc, wf_gpt_param(m, WF_P_LNFW, 0, 0),
-                        a->lnf_mean, a->lnf_rstd, N, C);
-  if (m->hook)
-    m->hook(m->hook_user, 0); /* the final layernorm's gradients are final */
-  for (int l = d->L - 1; l >= 0; l--) {
-    block_backward(m, l, l == 0 ? a->encoded : a->residual3 + (l - 1) * nc, B, T);
-    if (m->hook)
-      m->hook(m->hook_user, d->L - l); /* layer l */
-  }
-  wf_encoder_backward(wf_gpt_param(m, WF_P_WTE, 0, 1), wf_gpt_param(m, WF_P_WPE, 0, 1), g->dres,
-                      m->inputs, B, T, C);
-  if (m->hook)
-    m->hook(m->hook_user, d->L + 1); /* the embeddings */
+  wf_gpt_stage_backward(m, 0, NULL, dloss_scale);
+}
+
+wf_status wf_gpt_finish_grads(wf_gpt *m)
+{
+  for (int k = 0; k < WF_GPT_NUM_KINDS; k++)
+    if (wf_gpt_kind_tp_partial(m, (wf_param_kind)k))
+      wf_tp_allreduce(&m->tp, m->grads + m->off[k], wf_gpt_local_numel(m, (wf_param_kind)k));
+  return m->tp.err;
 }
 
 void wf_gpt_set_grad_hook(wf_gpt *m, wf_gpt_grad_hook fn, void *user)
@@ -555,6 +986,15 @@ void wf_gpt_set_grad_hook(wf_gpt *m, wf_gpt_grad_hook fn, void *user)
 /* ---- optimizer ----------------------------------------------------------------- */
 
 float wf_gpt_grad_norm(wf_gpt *m) { return (float)sqrt(wf_sumsq(m->grads, m->num_params)); }
+
+double wf_gpt_grad_sumsq(wf_gpt *m)
+{
+  double ss = 0;
+  for (int k = 0; k < WF_GPT_NUM_KINDS; k++)
+    if (wf_gpt_kind_counted(m, (wf_param_kind)k))
+      ss += wf_sumsq(m->grads + m->off[k], wf_gpt_local_numel(m, (wf_param_kind)k));
+  return ss;
+}
 
 wf_status wf_gpt_adam_state(wf_gpt *m, float **mbuf, float **vbuf)
 {
@@ -578,7 +1018,7 @@ void wf_gpt_update(wf_gpt *m, float lr, float beta1, float beta2, float eps, flo
     return;
   /* One call per kind so the weight decay can differ; kinds are contiguous. */
   for (int k = 0; k < WF_GPT_NUM_KINDS; k++) {
-    size_t off = m->off[k], n = wf_gpt_kind_numel(&m->d, (wf_param_kind)k);
+    size_t off = m->off[k], n = wf_gpt_local_numel(m, (wf_param_kind)k);
     float wd = wf_gpt_kind_decays((wf_param_kind)k) ? weight_decay : 0.0f;
     wf_adamw_update(m->params + off, mb + off, vb + off, m->grads + off, n, lr, beta1, beta2, eps,
                     wd, t, grad_scale);

@@ -28,7 +28,11 @@
 #include "wf_dp.h"
 #include "wf_kernels.h"
 #include "wf_model.h"
+#include "wf_pipe.h"
+#include "wf_trace.h"
 #include "wf_train.h"
+
+#include <xxhash.h>
 
 typedef struct trainer {
   const wf_config *cfg;
@@ -40,7 +44,15 @@ typedef struct trainer {
   wf_gpt *model;
   wf_dp *dp;        /* gradient averaging and the optimizer; NULL on one rank alone */
   wf_comm *dp_comm; /* borrowed from the caller */
-  int dp_rank, D;   /* this rank's data-parallel slice of D */
+  wf_comm *tp_comm, *pp_comm, *emb_comm, *world; /* borrowed; NULL = size 1 */
+  int dp_rank, D;                                /* this rank's data-parallel slice of D */
+  int tp, pp, pp_rank, world_size;
+  int bounds[WF_MAX_STAGES + 1]; /* stage s holds layers [bounds[s], bounds[s+1]) */
+  wf_pipe *pipe;
+  wf_trace *trace;
+  int step; /* the step being run (for the batch callback) */
+  wf_data_split split;
+  long tied_checks;
   wf_data *data;
   wf_gpt_dims dims;
   int B, T, M, steps;    /* micro-batch rows, sequence length, micro-batches, steps */
@@ -52,6 +64,9 @@ typedef struct trainer {
   wf_ckpt_target ck;  /* what checkpoints save and restore */
   int start;          /* steps done before this run (a resumed checkpoint's step) */
 } trainer;
+
+static int comm_size(wf_comm *c) { return c ? wf_comm_size(c) : 1; }
+static int comm_rank(wf_comm *c) { return c ? wf_comm_rank(c) : 0; }
 
 /* ---- schedule --------------------------------------------------------------------- */
 
@@ -82,8 +97,12 @@ static wf_status setup_geometry(trainer *tr, int M)
   const wf_config *cfg = tr->cfg;
   char err[256];
   tr->M = M > 0 ? M : 1;
-  tr->D = tr->dp_comm ? wf_comm_size(tr->dp_comm) : 1;
-  tr->dp_rank = tr->dp_comm ? wf_comm_rank(tr->dp_comm) : 0;
+  tr->D = comm_size(tr->dp_comm);
+  tr->dp_rank = comm_rank(tr->dp_comm);
+  tr->tp = comm_size(tr->tp_comm);
+  tr->pp = comm_size(tr->pp_comm);
+  tr->pp_rank = comm_rank(tr->pp_comm);
+  tr->world_size = tr->D * tr->tp * tr->pp;
   tr->T = cfg->train.seq_len > 0 ? cfg->train.seq_len : cfg->model.seq_len;
   tr->steps = cfg->train.steps;
   if (cfg->train.batch_size <= 0 || cfg->train.batch_size % (tr->M * tr->D) || tr->T <= 0) {
@@ -95,6 +114,56 @@ static wf_status setup_geometry(trainer *tr, int M)
   }
   tr->B = cfg->train.batch_size / (tr->M * tr->D);
   return WF_OK;
+}
+
+/* The llm.c checkpoint model.init into this rank's shard: the whole file is read and
+ * this rank's slices copied out (wf_gpt_import_full). */
+static wf_status load_init(trainer *tr)
+{
+  char err[1024] = "";
+  const wf_config *cfg = tr->cfg;
+  const wf_gpt_shard *sh = wf_gpt_get_shard(tr->model);
+  if (sh->tp == 1 && sh->first && sh->last) {
+    wf_status st = wf_gpt_load_llmc(tr->model, cfg->model.init, err, sizeof err);
+    return st == WF_OK ? WF_OK : fail_msg(st, err);
+  }
+  wf_gpt *whole = NULL;
+  wf_status st = wf_gpt_create(&whole, &tr->dims, 1, 1);
+  if (st == WF_OK)
+    st = wf_gpt_load_llmc(whole, cfg->model.init, err, sizeof err);
+  if (st == WF_OK)
+    wf_gpt_import_full(tr->model, 0, wf_gpt_params(whole));
+  wf_gpt_destroy(whole);
+  return st == WF_OK ? WF_OK : fail_msg(st, err[0] ? err : "cannot read model.init");
+}
+
+static wf_status setup_stage(trainer *tr)
+{
+  const wf_config *cfg = tr->cfg;
+  char err[1024] = "";
+  wf_status st = wf_pipe_partition(&tr->dims, tr->T, tr->pp, cfg->parallel.pp_layers,
+                                   cfg->parallel.n_pp_layers, tr->bounds, err, sizeof err);
+  if (st != WF_OK)
+    return fail_msg(st, err);
+  if (tr->pp > 1 && cfg->train.schedule == WF_SCHED_INTERLEAVED)
+    return fail_msg(WF_ECONFIG, "train.schedule=interleaved: the engine runs one model chunk "
+                                "per rank; use train.schedule=1f1b or gpipe (--print-schedule "
+                                "draws interleaved schedules)");
+  int r = tr->pp_rank;
+  wf_gpt_opts o = {.dims = tr->dims,
+                   .shard = {.tp = tr->tp,
+                             .tp_rank = comm_rank(tr->tp_comm),
+                             .sequence = cfg->parallel.sequence && tr->tp > 1,
+                             .l0 = tr->bounds[r],
+                             .l1 = tr->bounds[r + 1],
+                             .first = r == 0,
+                             .last = r == tr->pp - 1},
+                   .tp_comm = tr->tp_comm,
+                   .B = tr->B,
+                   .T = tr->T,
+                   .slots = wf_pipe_slots(cfg->train.schedule, tr->pp, r, tr->M)};
+  st = wf_gpt_create_shard(&tr->model, &o);
+  return st == WF_OK ? WF_OK : fail_msg(st, "cannot allocate the model (see above)");
 }
 
 static wf_status setup_model(trainer *tr)
@@ -113,17 +182,18 @@ static wf_status setup_model(trainer *tr)
              tr->T, tr->dims.maxT);
     return fail_msg(WF_ECONFIG, err);
   }
-  st = wf_gpt_create(&tr->model, &tr->dims, tr->B, tr->T);
-  if (st != WF_OK)
-    return fail_msg(st, "cannot allocate the model (see above)");
-  if (cfg->model.init[0]) {
-    st = wf_gpt_load_llmc(tr->model, cfg->model.init, err, sizeof err);
-    if (st != WF_OK)
-      return fail_msg(st, err);
-  } else {
+  st = setup_stage(tr);
+  if (st == WF_OK && cfg->model.init[0])
+    st = load_init(tr);
+  else if (st == WF_OK)
     wf_gpt_init(tr->model, cfg->train.seed);
-  }
+  if (st != WF_OK)
+    return st;
   tr->flops = wf_gpt_flops_per_step(&tr->dims, tr->B * tr->M * tr->D, tr->T);
+  wf_pipe_opts po = {tr->pp_comm, tr->model, cfg->train.schedule, tr->M, tr->B, tr->T, tr->trace};
+  st = wf_pipe_create(&tr->pipe, &po, err, sizeof err);
+  if (st != WF_OK)
+    return fail_msg(st, err);
   if (!tr->dp_comm)
     return WF_OK;
   wf_dp_opts o = {tr->dp_comm, tr->model, (size_t)cfg->optim.bucket_mb << 20, cfg->optim.zero};
@@ -135,6 +205,11 @@ static wf_status setup_model(trainer *tr)
 static wf_status setup_checkpoint(trainer *tr)
 {
   const wf_train_hooks *h = tr->hooks;
+  if ((tr->tp > 1 || tr->pp > 1) && (tr->cfg->train.checkpoint_dir[0] || tr->cfg->train.resume[0]))
+    return fail_msg(WF_ECONFIG,
+                    "train.checkpoint_dir / train.resume: checkpoints of tensor- or "
+                    "pipeline-parallel runs (mesh.tp or mesh.pp > 1) are not written yet; "
+                    "unset them, or use --save FILE for the final model");
   tr->ck = (wf_ckpt_target){tr->cfg, tr->model, tr->dp, tr->dp_comm, h ? h->world : NULL, 0, 0};
   if (h && h->on_phase) /* reading a big checkpoint is not a hang */
     h->on_phase(h->user, "checkpoint");
@@ -242,6 +317,22 @@ static void print_banner(const trainer *tr)
   fflush(tr->out);
 }
 
+/* train.trace: a recorder on every rank, on only for train.trace_steps. */
+static wf_status setup_trace(trainer *tr)
+{
+  if (!tr->cfg->train.trace[0])
+    return WF_OK;
+  char label[128];
+  snprintf(label, sizeof label, "rank %d (pp %d, dp %d, tp %d)", wf_rt_rank(), tr->pp_rank,
+           tr->dp_rank, comm_rank(tr->tp_comm));
+  const int *ts = tr->cfg->train.trace_steps;
+  size_t steps = (size_t)(ts[1] - ts[0] + 1);
+  /* per step: F and B per micro-batch, waits, the optimizer; bounded by 1M spans */
+  size_t spans = WF_MIN(steps * (size_t)(8 * tr->M + 16), (size_t)1 << 20);
+  wf_status st = wf_trace_create(&tr->trace, label, spans);
+  return st == WF_OK ? WF_OK : fail_msg(st, "cannot set up train.trace");
+}
+
 static wf_status setup(trainer *tr, const wf_config *cfg, const wf_train_hooks *hooks, int M,
                        bool checkpoints)
 {
@@ -249,6 +340,10 @@ static wf_status setup(trainer *tr, const wf_config *cfg, const wf_train_hooks *
   tr->cfg = cfg;
   tr->hooks = hooks;
   tr->dp_comm = hooks ? hooks->dp : NULL;
+  tr->tp_comm = hooks ? hooks->tp : NULL;
+  tr->pp_comm = hooks ? hooks->pp : NULL;
+  tr->emb_comm = hooks ? hooks->emb : NULL;
+  tr->world = hooks ? hooks->world : NULL;
   tr->out = hooks && hooks->out ? hooks->out : stdout;
   tr->talk = wf_rt_rank() <= 0 && !(hooks && hooks->quiet);
   /* mpirun gives ranks a pseudo-terminal, so isatty() alone would draw bars into
@@ -256,6 +351,8 @@ static wf_status setup(trainer *tr, const wf_config *cfg, const wf_train_hooks *
   tr->bar = tr->talk && isatty(STDOUT_FILENO) && !getenv("OMPI_COMM_WORLD_SIZE") &&
             !getenv("SLURM_PROCID") && !getenv("PMI_RANK");
   wf_status st = setup_geometry(tr, M);
+  if (st == WF_OK)
+    st = setup_trace(tr);
   if (st == WF_OK)
     st = setup_model(tr);
   if (st == WF_OK && checkpoints)
@@ -279,7 +376,9 @@ static void teardown(trainer *tr)
   wf_mem_free(tr->targets);
   wf_data_destroy(tr->data);
   wf_dp_destroy(tr->dp);
+  wf_pipe_destroy(tr->pipe);
   wf_gpt_destroy(tr->model);
+  wf_trace_destroy(tr->trace);
 }
 
 /* ---- one step ------------------------------------------------------------------------- */
@@ -294,40 +393,102 @@ static double dp_mean(trainer *tr, double x)
   return v;
 }
 
-/* Forward and backward of this rank's micro-batches, gradients accumulated with
- * dloss 1/M; returns the mean loss over the global batch. */
-static wf_status accumulate(trainer *tr, int step, double *loss)
+/* The last stage's value on every stage. */
+static double from_last_stage(trainer *tr, double x)
 {
-  *loss = 0;
-  wf_gpt_zero_grad(tr->model);
-  for (int mb = 0; mb < tr->M; mb++) {
-    wf_status st = wf_data_batch(tr->data, tr->inputs, tr->targets, WF_DATA_TRAIN, step - 1,
-                                 tr->dp_rank, tr->D, mb, tr->M);
-    if (st != WF_OK)
-      return fail_msg(st, "cannot assemble the training batch");
-    *loss += wf_gpt_forward(tr->model, tr->inputs, tr->targets, tr->B, tr->T);
-    if (tr->dp && mb == tr->M - 1)
-      wf_dp_arm(tr->dp); /* reduce gradient buckets while the last backward runs */
-    wf_gpt_backward(tr->model, 1.0f / (float)tr->M);
-  }
-  *loss = dp_mean(tr, *loss / tr->M);
+  if (tr->pp == 1)
+    return x;
+  float v = (float)x;
+  wf_comm_bcast(tr->pp_comm, &v, 1, WF_COMM_F32, tr->pp - 1);
+  return v;
+}
+
+static wf_status batch_cb(void *user, int mb, int *inputs, int *targets)
+{
+  trainer *tr = user;
+  int index = tr->split == WF_DATA_TRAIN ? tr->step - 1 : tr->step;
+  wf_status st =
+      wf_data_batch(tr->data, inputs, targets, tr->split, index, tr->dp_rank, tr->D, mb, tr->M);
+  return st == WF_OK ? WF_OK : fail_msg(st, "cannot assemble a batch");
+}
+
+static void arm_cb(void *user)
+{
+  trainer *tr = user;
+  if (tr->dp)
+    wf_dp_arm(tr->dp); /* reduce gradient buckets while the last backward runs */
+}
+
+/* Forward and backward of this rank's micro-batches through the pipeline schedule,
+ * gradients accumulated with dloss 1/M; returns the mean loss over the global batch. */
+static wf_status accumulate(trainer *tr, int step, double *loss, wf_pipe_stats *ps)
+{
+  tr->step = step;
+  tr->split = WF_DATA_TRAIN;
+  wf_status st = wf_pipe_step(tr->pipe, step, batch_cb, arm_cb, tr, loss, ps);
+  if (st != WF_OK)
+    return fail_msg(st, "the pipeline step failed (see above)");
+  *loss = from_last_stage(tr, dp_mean(tr, *loss / tr->M));
   return WF_OK;
 }
 
-/* Reduce gradients over dp, clip by the global norm, AdamW with the scheduled lr. */
+/* The tied embedding: the first and the last stage each hold wte (their tp slice);
+ * its gradient is the sum of both stages' contributions. */
+static wf_status sum_tied_embedding(trainer *tr)
+{
+  if (tr->pp == 1 || !tr->emb_comm)
+    return WF_OK;
+  float *g = wf_gpt_param(tr->model, WF_P_WTE, 0, 1);
+  size_t n = wf_gpt_local_numel(tr->model, WF_P_WTE);
+  return wf_comm_allreduce(tr->emb_comm, g, g, n, WF_COMM_F32, WF_COMM_SUM);
+}
+
+/* Make the gradients complete: sums over tp (sequence-parallel layernorms) and over
+ * the embedding group, and the dp average. These sums are linear and commute with
+ * the dp average, so without ZeRO they follow wf_dp_finish (which may have started
+ * during backward); under ZeRO they must precede its reduce-scatter, after which each
+ * rank holds only its shard. */
+static wf_status complete_grads(trainer *tr)
+{
+  bool after = tr->dp && !tr->cfg->optim.zero;
+  wf_status st = WF_OK;
+  if (after)
+    st = wf_dp_finish(tr->dp);
+  if (st == WF_OK)
+    st = wf_gpt_finish_grads(tr->model);
+  if (st == WF_OK)
+    st = sum_tied_embedding(tr);
+  if (st == WF_OK && tr->dp && !after)
+    st = wf_dp_finish(tr->dp);
+  return st;
+}
+
+/* Global gradient norm: each rank's counted sum of squares, summed over dp (ZeRO
+ * shards), tp and pp. */
+static wf_status global_norm(trainer *tr, float *norm)
+{
+  double ss = 0;
+  wf_status st = tr->dp ? wf_dp_grad_sumsq(tr->dp, &ss) : WF_OK;
+  if (!tr->dp)
+    ss = wf_gpt_grad_sumsq(tr->model);
+  float x = (float)ss;
+  if (st == WF_OK && tr->tp > 1)
+    st = wf_comm_allreduce(tr->tp_comm, &x, &x, 1, WF_COMM_F32, WF_COMM_SUM);
+  if (st == WF_OK && tr->pp > 1)
+    st = wf_comm_allreduce(tr->pp_comm, &x, &x, 1, WF_COMM_F32, WF_COMM_SUM);
+  *norm = sqrtf(x);
+  return st;
+}
+
+/* Reduce gradients, clip by the global norm, AdamW with the scheduled lr. */
 static wf_status reduce_and_update(trainer *tr, int step, double loss, float *norm, double *lr)
 {
   const wf_config *cfg = tr->cfg;
-  wf_status st = WF_OK;
-  if (tr->dp) {
-    st = wf_dp_finish(tr->dp);
-    if (st == WF_OK)
-      st = wf_dp_grad_norm(tr->dp, norm);
-    if (st != WF_OK)
-      return fail_msg(st, "data-parallel gradient reduction failed");
-  } else {
-    *norm = wf_gpt_grad_norm(tr->model);
-  }
+  wf_status st = complete_grads(tr);
+  if (st == WF_OK)
+    st = global_norm(tr, norm);
+  if (st != WF_OK)
+    return fail_msg(st, "gradient reduction failed");
   if (!isfinite(loss) || !isfinite(*norm)) {
     WF_ERROR("step %d: loss %g, gradient norm %g: training diverged; lower train.lr or set "
              "optim.clip",
@@ -345,23 +506,81 @@ static wf_status reduce_and_update(trainer *tr, int step, double loss, float *no
   return WF_OK;
 }
 
+/* The two copies of the tied embedding must stay bit-identical: compare a 60-bit hash
+ * of each (two floats whose exponents cannot make a NaN) over the embedding group. */
+static wf_status check_tied(trainer *tr, int step)
+{
+  if (tr->pp == 1 || !tr->emb_comm)
+    return WF_OK;
+  uint64_t h = XXH3_64bits(wf_gpt_param(tr->model, WF_P_WTE, 0, 0),
+                           wf_gpt_local_numel(tr->model, WF_P_WTE) * sizeof(float));
+  h &= 0x3fffffff3fffffffull;
+  float mine[2], all[4];
+  memcpy(mine, &h, sizeof h);
+  wf_status st = wf_comm_allgather(tr->emb_comm, mine, all, 2, WF_COMM_F32);
+  if (st != WF_OK)
+    return st;
+  if (memcmp(all, all + 2, 2 * sizeof(float)) != 0) {
+    WF_ERROR("step %d: the tied embedding's copies on the first and last pipeline stage "
+             "differ; their gradients were not summed over the embedding group",
+             step);
+    return WF_EINVAL;
+  }
+  tr->tied_checks++;
+  return WF_OK;
+}
+
+/* Pipeline figures of every stage on every rank: peak activations and idle fraction. */
+static void stage_stats(trainer *tr, const wf_pipe_stats *ps, wf_train_step_info *info)
+{
+  float mine[2] = {(float)ps->act_bytes, ps->wall_s > 0 ? (float)(1 - ps->busy_s / ps->wall_s) : 0};
+  float all[2 * WF_MAX_STAGES];
+  info->n_stages = tr->pp;
+  if (tr->pp > 1)
+    wf_comm_allgather(tr->pp_comm, mine, all, 2, WF_COMM_F32);
+  else
+    memcpy(all, mine, sizeof mine);
+  double idle = 0;
+  for (int s = 0; s < tr->pp && s < WF_MAX_STAGES; s++) {
+    info->stage_act_bytes[s] = (int64_t)all[2 * s];
+    idle += all[2 * s + 1];
+  }
+  info->bubble = tr->pp > 1 ? idle / tr->pp : 0;
+  wf_sched_params prm = {tr->cfg->train.schedule, tr->pp, tr->M, 1};
+  info->bubble_theory = tr->pp > 1 ? wf_schedule_bubble_theory(&prm) : 0;
+}
+
+static bool tracing(const trainer *tr, int step)
+{
+  const int *ts = tr->cfg->train.trace_steps;
+  return tr->trace && step >= ts[0] && step <= ts[1];
+}
+
 static wf_status train_step(trainer *tr, int step, wf_train_step_info *info)
 {
-  double t0 = wf_now(), loss = 0, lr = 0;
+  double t0 = wf_now(), loss = 0, lr = 0, tp_s = 0, tp_bytes = 0;
   float norm = 0;
-  wf_status st = accumulate(tr, step, &loss);
+  wf_pipe_stats ps = {0};
+  if (tr->trace)
+    wf_trace_set_on(tr->trace, tracing(tr, step));
+  wf_status st = accumulate(tr, step, &loss, &ps);
   if (st == WF_OK)
     st = reduce_and_update(tr, step, loss, &norm, &lr);
+  if (st == WF_OK)
+    st = check_tied(tr, step);
   if (st != WF_OK)
     return st;
   double dt = wf_now() - t0;
+  if (tr->trace && wf_trace_on(tr->trace))
+    wf_trace_span(tr->trace, "optimizer", "optim", t0 + ps.wall_s, wf_now(), step, -1);
   wf_mem_stats ms;
   wf_mem_get_stats(&ms);
   wf_dp_stats ds = {0};
   if (tr->dp)
     wf_dp_get_stats(tr->dp, &ds);
   else
-    ds.optimizer_bytes = 2 * wf_gpt_num_params(&tr->dims) * sizeof(float);
+    ds.optimizer_bytes = 2 * wf_gpt_local_params(tr->model) * sizeof(float);
+  wf_gpt_tp_stats(tr->model, &tp_s, &tp_bytes);
   *info = (wf_train_step_info){
       .step = step,
       .steps = tr->steps,
@@ -375,10 +594,12 @@ static wf_status train_step(trainer *tr, int step, wf_train_step_info *info)
       .entropy_floor = wf_data_entropy_floor(tr->data),
       .mem_bytes = ms.current[WF_MEM_HOST] + ms.current[WF_MEM_DEVICE],
       .comm_ms = ds.exposed_ms,
+      .tp_ms = tp_s * 1e3,
       .optim_bytes = (int64_t)ds.optimizer_bytes,
   };
-  /* The peak was measured for one rank's threads; the job has D such ranks. */
-  info->mfu = tr->peak_tflops > 0 ? info->tflops / (tr->peak_tflops * tr->D) : 0;
+  stage_stats(tr, &ps, info);
+  /* The peak was measured for one rank's threads; the job has world_size such ranks. */
+  info->mfu = tr->peak_tflops > 0 ? info->tflops / (tr->peak_tflops * tr->world_size) : 0;
   return WF_OK;
 }
 
@@ -387,16 +608,16 @@ static wf_status evaluate(trainer *tr, double *val_loss)
 {
   int n = tr->cfg->train.eval_batches;
   double sum = 0;
+  tr->split = WF_DATA_VAL;
   for (int i = 0; i < n; i++) {
-    for (int mb = 0; mb < tr->M; mb++) {
-      wf_status st = wf_data_batch(tr->data, tr->inputs, tr->targets, WF_DATA_VAL, i, tr->dp_rank,
-                                   tr->D, mb, tr->M);
-      if (st != WF_OK)
-        return fail_msg(st, "cannot assemble a validation batch");
-      sum += wf_gpt_forward(tr->model, tr->inputs, tr->targets, tr->B, tr->T);
-    }
+    double part = 0;
+    tr->step = i;
+    wf_status st = wf_pipe_forward(tr->pipe, batch_cb, tr, &part);
+    if (st != WF_OK)
+      return fail_msg(st, "evaluation failed (see above)");
+    sum += part;
   }
-  *val_loss = dp_mean(tr, sum / ((double)n * tr->M));
+  *val_loss = from_last_stage(tr, dp_mean(tr, sum / ((double)n * tr->M)));
   return WF_OK;
 }
 
@@ -428,6 +649,22 @@ static void print_step(const trainer *tr, const wf_train_step_info *in, double e
           in->step, in->steps, in->loss, in->lr, in->grad_norm, in->tokens_per_s, in->tflops,
           in->mfu * 100, in->step_ms, in->comm_ms, (double)in->mem_bytes / (1024.0 * 1024.0),
           (double)in->optim_bytes / (1024.0 * 1024.0), eta);
+}
+
+/* Model-parallel figures, on the step line's continuation when there are any. */
+static void print_parallel(const trainer *tr, const wf_train_step_info *in)
+{
+  if (tr->tp > 1)
+    fprintf(tr->out, "  tp_ms=%.1f", in->tp_ms);
+  if (tr->pp > 1) {
+    fprintf(tr->out, "  bubble=%.1f%% theory=%.1f%% act_mib=[", in->bubble * 100,
+            in->bubble_theory * 100);
+    for (int s = 0; s < in->n_stages && s < WF_MAX_STAGES; s++)
+      fprintf(tr->out, "%s%.2f", s ? "," : "", (double)in->stage_act_bytes[s] / (1 << 20));
+    fputc(']', tr->out);
+  }
+  if (tr->tp > 1 || tr->pp > 1)
+    fputc('\n', tr->out);
 }
 
 static void print_eval(const trainer *tr, const wf_train_step_info *in, double eval_ms)
@@ -521,6 +758,7 @@ static wf_status run_loop(trainer *tr)
     double eta = (wf_now() - tr->t0) / (step - tr->start) * (tr->steps - step);
     if (tr->talk) {
       print_step(tr, &info, eta);
+      print_parallel(tr, &info);
       if (!isnan(info.val_loss))
         print_eval(tr, &info, eval_ms);
       fflush(tr->out);
@@ -540,16 +778,47 @@ static wf_status run_loop(trainer *tr)
   return WF_OK;
 }
 
-/* The final model as an llm.c checkpoint, written by world rank 0 (every dp rank
- * holds the same parameters). */
+/* The final model as an llm.c checkpoint, written by world rank 0. With model
+ * parallelism every rank of dp rank 0 adds its slices into a whole-model buffer
+ * (wf_gpt_export_full) and a sum over the world assembles it. */
 static wf_status save_final(trainer *tr)
 {
   const char *path = tr->hooks ? tr->hooks->save_llmc : NULL;
   char err[1024];
-  if (!path || wf_rt_rank() > 0)
+  if (!path)
     return WF_OK;
-  wf_status st = wf_gpt_save_llmc(tr->model, path, err, sizeof err);
-  return st == WF_OK ? WF_OK : fail_msg(st, err);
+  wf_gpt *out = tr->model, *whole = NULL;
+  wf_status st = WF_OK;
+  if (tr->tp > 1 || tr->pp > 1) {
+    st = wf_gpt_create(&whole, &tr->dims, 1, 1);
+    if (st != WF_OK)
+      return fail_msg(st, "cannot allocate the whole model to save");
+    memset(wf_gpt_params(whole), 0, wf_gpt_num_params(&tr->dims) * sizeof(float));
+    if (tr->dp_rank == 0)
+      wf_gpt_export_full(tr->model, 0, wf_gpt_params(whole));
+    st = wf_comm_allreduce(tr->world, wf_gpt_params(whole), wf_gpt_params(whole),
+                           wf_gpt_num_params(&tr->dims), WF_COMM_F32, WF_COMM_SUM);
+    out = whole;
+  }
+  if (st == WF_OK && wf_rt_rank() == 0) {
+    st = wf_gpt_save_llmc(out, path, err, sizeof err);
+    if (st != WF_OK)
+      WF_ERROR("%s", err);
+  }
+  wf_gpt_destroy(whole);
+  return st;
+}
+
+/* train.trace: every rank's spans into one Chrome trace file (collective). */
+static wf_status write_trace(trainer *tr)
+{
+  if (!tr->trace)
+    return WF_OK;
+  wf_status st = wf_trace_write(tr->trace, tr->cfg->train.trace);
+  if (st == WF_OK && tr->talk)
+    fprintf(tr->out, "trace: steps %d..%d of every rank in %s\n", tr->cfg->train.trace_steps[0],
+            tr->cfg->train.trace_steps[1], tr->cfg->train.trace);
+  return st;
 }
 
 wf_status wf_train_run(const wf_config *cfg, const wf_train_hooks *hooks)
@@ -559,23 +828,90 @@ wf_status wf_train_run(const wf_config *cfg, const wf_train_hooks *hooks)
   if (st == WF_OK)
     st = run_loop(&tr);
   if (st == WF_OK)
+    st = write_trace(&tr);
+  if (st == WF_OK)
     st = save_final(&tr);
+  if (st == WF_OK && tr.tied_checks > 0 && tr.talk)
+    fprintf(tr.out,
+            "tied embedding: the first and last stage's copies were identical after "
+            "each of %ld steps\n",
+            tr.tied_checks);
   teardown(&tr);
   return st;
 }
 
-wf_status wf_train_dump_state(const wf_config *cfg, const char *path)
+/* Sum a whole-model-sized buffer over the world onto every rank (debug paths only). */
+static wf_status world_sum(trainer *tr, float *x, size_t n)
+{
+  return tr->world ? wf_comm_allreduce(tr->world, x, x, n, WF_COMM_F32, WF_COMM_SUM) : WF_OK;
+}
+
+/* A model-parallel debug state: one forward and backward of the global batch through
+ * the stages, then the whole gradients and the logits assembled by sums over the
+ * world (only dp rank 0 contributes; every dp replica computed the same batch). */
+static wf_status dump_sharded(trainer *tr, const char *path, int dp_rank)
+{
+  char err[1024] = "";
+  size_t np = wf_gpt_num_params(&tr->dims), N = (size_t)tr->B * tr->T;
+  size_t nl = N * (size_t)tr->dims.Vp;
+  double loss = 0;
+  float *grads = calloc(np, sizeof *grads), *logits = calloc(nl, sizeof *logits);
+  wf_status st = grads && logits ? WF_OK : WF_ENOMEM;
+  /* the logits of the forward, before backward turns them into their gradient */
+  if (st == WF_OK && wf_gpt_get_shard(tr->model)->last && dp_rank == 0) {
+    tr->split = WF_DATA_TRAIN, tr->step = 1;
+    st = wf_pipe_forward(tr->pipe, batch_cb, tr, &loss);
+    int Vl = tr->dims.Vp / tr->tp, r = comm_rank(tr->tp_comm);
+    const float *mine = wf_gpt_logits(tr->model);
+    for (size_t i = 0; i < N; i++)
+      memcpy(logits + i * tr->dims.Vp + (size_t)r * Vl, mine + i * Vl, Vl * sizeof(float));
+  } else if (st == WF_OK) {
+    tr->split = WF_DATA_TRAIN, tr->step = 1;
+    st = wf_pipe_forward(tr->pipe, batch_cb, tr, &loss);
+  }
+  if (st == WF_OK)
+    st = accumulate(tr, 1, &loss, NULL);
+  if (st == WF_OK)
+    st = complete_grads(tr);
+  if (st == WF_OK && dp_rank == 0)
+    wf_gpt_export_full(tr->model, 1, grads);
+  if (st == WF_OK)
+    st = world_sum(tr, grads, np);
+  if (st == WF_OK)
+    st = world_sum(tr, logits, nl);
+  if (st == WF_OK && wf_rt_rank() == 0) {
+    st = wf_data_batch(tr->data, tr->inputs, tr->targets, WF_DATA_TRAIN, 0, 0, 1, 0, 1);
+    if (st == WF_OK)
+      st = wf_llmc_write_state(path, &tr->dims, tr->B, tr->T, tr->inputs, tr->targets, logits,
+                               (float)loss, grads, err, sizeof err);
+    if (st != WF_OK)
+      WF_ERROR("%s", err[0] ? err : "cannot assemble the debug state");
+  }
+  free(grads);
+  free(logits);
+  return st;
+}
+
+wf_status wf_train_dump_state(const wf_config *cfg, const char *path, const wf_train_hooks *comms)
 {
   trainer tr;
   wf_train_hooks quiet = {.quiet = true};
+  if (comms && (comms->tp || comms->pp)) {
+    quiet.tp = comms->tp, quiet.pp = comms->pp, quiet.emb = comms->emb;
+    quiet.world = comms->world;
+  }
   char err[1024] = "";
   wf_status st = setup(&tr, cfg, &quiet, 1, false); /* the whole global batch at once */
-  if (st == WF_OK)
-    st = wf_data_batch(tr.data, tr.inputs, tr.targets, WF_DATA_TRAIN, 0, 0, 1, 0, 1);
-  if (st == WF_OK) {
-    st = wf_gpt_dump_state(tr.model, path, tr.inputs, tr.targets, tr.B, tr.T, err, sizeof err);
-    if (st != WF_OK)
-      WF_ERROR("%s", err);
+  if (st == WF_OK && (tr.tp > 1 || tr.pp > 1)) {
+    st = dump_sharded(&tr, path, comms->dp ? wf_comm_rank(comms->dp) : 0);
+  } else {
+    if (st == WF_OK)
+      st = wf_data_batch(tr.data, tr.inputs, tr.targets, WF_DATA_TRAIN, 0, 0, 1, 0, 1);
+    if (st == WF_OK) {
+      st = wf_gpt_dump_state(tr.model, path, tr.inputs, tr.targets, tr.B, tr.T, err, sizeof err);
+      if (st != WF_OK)
+        WF_ERROR("%s", err);
+    }
   }
   teardown(&tr);
   return st;

@@ -52,8 +52,10 @@ void wf_dp_arm(wf_dp *dp);
 /* Complete the gradient reduction: afterwards every rank holds the averaged
  * gradients (zero = 0) or the averaged gradient shard (zero = 1). */
 wf_status wf_dp_finish(wf_dp *dp);
-/* Global gradient norm (after finish), identical on every dp rank. */
-wf_status wf_dp_grad_norm(wf_dp *dp, float *norm);
+/* Sum of squares of the gradients this rank counts (wf_gpt_kind_counted), over the
+ * dp group (after finish), identical on every dp rank. Summed over the tp and pp
+ * groups it is the square of the global gradient norm. */
+wf_status wf_dp_grad_sumsq(wf_dp *dp, double *ss);
 /* AdamW (per wf_gpt_update's rules) and, under ZeRO-1, the parameter all-gather. */
 wf_status wf_dp_update(wf_dp *dp, float lr, float beta1, float beta2, float eps, float weight_decay,
                        float grad_scale, int t);

@@ -69,18 +69,72 @@ const char *wf_gpt_kind_name(wf_param_kind k);
 /* NULL when the dims are usable, else what is wrong with them. */
 const char *wf_gpt_dims_check(const wf_gpt_dims *d);
 
+/* Which part of the model this rank holds (the whole model on one rank).
+ *  - tensor parallelism: tp ranks split the heads of attention (qkv rows [q|k|v] of
+ *    the local heads, attproj columns), the MLP's hidden units (fc rows, fcproj
+ *    columns) and the vocabulary (wte rows [tp_rank*Vp/tp, ...)); layernorms, wpe and
+ *    the row-parallel biases are replicated. Every local tensor is a slice of the
+ *    one-rank tensor, initialised from the same (seed, kind, layer, index) stream.
+ *  - pipeline parallelism: layers [l0, l1); the first stage holds the embeddings
+ *    (wte, wpe), the last the final layernorm and the loss, which uses the tied wte:
+ *    with pp > 1 the first and last stage each hold a copy of (their tp slice of)
+ *    wte, kept identical by summing its gradient over the embedding group.
+ * The local parameters are laid out as the full model's: kinds in llm.c order, the
+ * local layers of a kind together, absent kinds empty. */
+typedef struct wf_gpt_shard {
+  int tp, tp_rank;  /* 1, 0 without tensor parallelism */
+  bool sequence;    /* sequence parallelism over the tp group */
+  int l0, l1;       /* this stage's layers */
+  bool first, last; /* holds the embeddings / the final layernorm, head and loss */
+} wf_gpt_shard;
+
+/* The whole model: tp 1, layers [0, L), first and last. */
+wf_gpt_shard wf_gpt_shard_whole(const wf_gpt_dims *d);
+/* NULL when the shard fits the dims, else what is wrong. */
+const char *wf_gpt_shard_check(const wf_gpt_dims *d, const wf_gpt_shard *s);
+
+typedef struct wf_gpt_opts {
+  wf_gpt_dims dims;
+  wf_gpt_shard shard;
+  struct wf_comm *tp_comm; /* the tp group when shard.tp > 1 (borrowed) */
+  int B, T;                /* largest micro-batch */
+  int slots;               /* micro-batches whose activations live at once (>= 1) */
+} wf_gpt_opts;
+
 /* Allocate parameters, gradients and activations for micro-batches of at most
  * B x T tokens (AdamW's m and v come with the first wf_gpt_update or
  * wf_gpt_adam_state). Parameters are zero until initialised or loaded. */
 wf_status wf_gpt_create(wf_gpt **out, const wf_gpt_dims *d, int B, int T);
+/* The same for one shard, with `slots` activation slots (pipeline micro-batches in
+ * flight). */
+wf_status wf_gpt_create_shard(wf_gpt **out, const wf_gpt_opts *o);
 void wf_gpt_destroy(wf_gpt *m); /* accepts NULL */
 
-const wf_gpt_dims *wf_gpt_get_dims(const wf_gpt *m);
+const wf_gpt_dims *wf_gpt_get_dims(const wf_gpt *m); /* the whole model's dims */
+const wf_gpt_shard *wf_gpt_get_shard(const wf_gpt *m);
+/* This rank's parameters: count, and each kind's local offset and size. */
+size_t wf_gpt_local_params(const wf_gpt *m);
+size_t wf_gpt_local_offset(const wf_gpt *m, wf_param_kind k);
+size_t wf_gpt_local_numel(const wf_gpt *m, wf_param_kind k);
+size_t wf_gpt_local_layer_numel(const wf_gpt *m, wf_param_kind k);
+/* Whether this rank counts kind k in global sums over the model (the gradient norm):
+ * tp-replicated kinds only on tp rank 0, the tied wte only on the first stage. */
+bool wf_gpt_kind_counted(const wf_gpt *m, wf_param_kind k);
+/* Whether kind k's gradient is a partial sum over the tp group (layernorms under
+ * sequence parallelism: each rank saw its own token rows). */
+bool wf_gpt_kind_tp_partial(const wf_gpt *m, wf_param_kind k);
 float *wf_gpt_params(wf_gpt *m); /* one allocation, llm.c layout */
 float *wf_gpt_grads(wf_gpt *m);  /* same layout */
-/* Pointer to parameter (or gradient, grads != 0) tensor `k` of layer `layer`
- * (layer ignored for WTE, WPE, LNFW, LNFB). */
+/* Pointer to parameter (or gradient, grads != 0) tensor `k` of layer `layer` (a
+ * global layer index in [l0, l1); ignored for WTE, WPE, LNFW, LNFB). */
 float *wf_gpt_param(wf_gpt *m, wf_param_kind k, int layer, int grads);
+
+/* Full-layout exchange (buffers of wf_gpt_num_params(dims) floats, llm.c layout).
+ * export ADDS the elements this rank owns (wf_gpt_kind_counted) into `full`, so
+ * summing every model-parallel rank's export gives the whole model; import copies
+ * this rank's slices out of a whole model. which: 0 parameters, 1 gradients. */
+void wf_gpt_export_full(wf_gpt *m, int which, float *full);
+void wf_gpt_import_full(wf_gpt *m, int which, const float *full);
 
 /* GPT-2 initialisation of every parameter (see above); AdamW state, if any, zeroed. */
 void wf_gpt_init(wf_gpt *m, uint64_t seed);
@@ -101,15 +155,47 @@ void wf_gpt_zero_grad(wf_gpt *m);
  * accumulating M micro-batches. */
 void wf_gpt_backward(wf_gpt *m, float dloss_scale);
 
+/* Pipeline stages. A stage runs micro-batches in activation slots 0 .. slots-1. Its
+ * input and output are (rows, C) activations, rows = B*T, or B*T/tp under sequence
+ * parallelism. stage_forward: inputs (B,T) are needed on the first stage, x (the
+ * previous stage's output) on the others, targets on the last (NULL: no loss).
+ * Returns the mean loss of the micro-batch on the last stage with targets, 0 on
+ * other stages, NAN on bad input or a failed collective. */
+float wf_gpt_stage_forward(wf_gpt *m, int slot, const int *inputs, const float *x,
+                           const int *targets, int B, int T);
+const float *wf_gpt_stage_output(const wf_gpt *m, int slot);
+size_t wf_gpt_stage_io_numel(const wf_gpt *m, int B, int T); /* rows * C */
+/* Backward of the slot's forward, adding into the gradients; dy is the gradient of
+ * this stage's output (ignored on the last stage, whose loss gradient per position is
+ * dloss_scale / (B*T)). Afterwards wf_gpt_stage_dinput holds the gradient of the
+ * stage's input until the next backward (not on the first stage). */
+wf_status wf_gpt_stage_backward(wf_gpt *m, int slot, const float *dy, float dloss_scale);
+const float *wf_gpt_stage_dinput(const wf_gpt *m);
+/* Drop a slot's activations without a backward (evaluation). */
+void wf_gpt_stage_release(wf_gpt *m, int slot);
+/* Bytes of one slot's activations, and the most slots that held a forward's
+ * activations at once since the last call (then reset). */
+size_t wf_gpt_slot_bytes(const wf_gpt *m);
+int wf_gpt_peak_slots(wf_gpt *m);
+/* Complete the accumulated gradients over the tp group once per step, after the last
+ * backward: sums the partial gradients of sequence-parallel layernorms. */
+wf_status wf_gpt_finish_grads(wf_gpt *m);
+/* Seconds and bytes of tp communication since the last call (then reset). */
+void wf_gpt_tp_stats(wf_gpt *m, double *seconds, double *bytes);
+
 /* Told during backward when a group of gradients is final and will not change
- * again in this backward: group 0 = final layernorm, 1..L = layer L-group (layers
- * finish from the last to the first), L+1 = the embeddings (wte, wpe). Data
+ * again in this backward: group 0 = final layernorm, 1..n = this stage's layer l1-g
+ * (layers finish from the last to the first), n+1 = the embeddings (wte, wpe), n =
+ * l1 - l0. With pipeline stages the embeddings' group is never announced: the tied
+ * wte is summed over the embedding group after the step's last backward. Data
  * parallelism starts reducing a bucket as soon as its groups are final. */
 typedef void (*wf_gpt_grad_hook)(void *user, int group);
 void wf_gpt_set_grad_hook(wf_gpt *m, wf_gpt_grad_hook fn, void *user); /* fn NULL = off */
 
-/* Global L2 norm of the gradients. */
+/* Global L2 norm of the gradients (of this rank's part, without communication). */
 float wf_gpt_grad_norm(wf_gpt *m);
+/* Sum of squares of the gradients this rank counts (wf_gpt_kind_counted). */
+double wf_gpt_grad_sumsq(wf_gpt *m);
 /* AdamW step t (1-based) with gradients scaled by grad_scale (clipping). Weight
  * decay applies to the 2-D weights only (not biases, layernorms). */
 void wf_gpt_update(wf_gpt *m, float lr, float beta1, float beta2, float eps, float weight_decay,
@@ -132,6 +218,12 @@ wf_status wf_gpt_peek_llmc(const char *path, wf_gpt_dims *d, char *err, size_t e
  * zeroed first and hold this batch's gradients afterwards. */
 wf_status wf_gpt_dump_state(wf_gpt *m, const char *path, const int *inputs, const int *targets,
                             int B, int T, char *err, size_t err_len);
+
+/* The same file from whole-model arrays: logits (B*T, Vp), gradients in checkpoint
+ * layout (a model-parallel run assembles them first). */
+wf_status wf_llmc_write_state(const char *path, const wf_gpt_dims *d, int B, int T,
+                              const int *inputs, const int *targets, const float *logits,
+                              float loss, const float *grads, char *err, size_t err_len);
 
 /* FLOPs of one training step (forward + backward) on B*T tokens:
  * 6 * num_params * B*T  +  12 * L * B * T*T * C

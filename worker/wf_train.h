@@ -40,7 +40,12 @@ typedef struct wf_train_step_info {
   double entropy_floor; /* synthetic source: its entropy rate in nats; else NAN */
   int64_t mem_bytes;    /* memory this rank holds (host + device) */
   double comm_ms;       /* gradient communication not hidden behind backward */
-  int64_t optim_bytes;  /* AdamW state this rank holds (about 1/dp of it under ZeRO-1) */
+  double tp_ms;         /* time in tensor-parallel collectives (this rank) */
+  double bubble;        /* pipeline: mean idle fraction of the pp ranks in the schedule */
+  double bubble_theory; /* (p - 1) / (m + p - 1) */
+  int n_stages;         /* pp */
+  int64_t stage_act_bytes[WF_MAX_STAGES]; /* peak activations held by each stage */
+  int64_t optim_bytes; /* AdamW state this rank holds (about 1/dp of it under ZeRO-1) */
 } wf_train_step_info;
 
 typedef struct wf_train_hooks {
@@ -62,6 +67,10 @@ typedef struct wf_train_hooks {
   bool (*checkpoint_now)(void *user);
   void (*on_phase)(void *user, const char *phase);
   struct wf_comm *world;
+  /* Model parallelism: the tp group (heads, MLP and vocabulary split over it), the pp
+   * group (pipeline stages) and the embedding group (first and last stage, which both
+   * hold the tied wte). NULL = size 1. */
+  struct wf_comm *tp, *pp, *emb;
 } wf_train_hooks;
 
 /* Build the model (random init from train.seed, or model.init, or the checkpoint
@@ -70,8 +79,10 @@ typedef struct wf_train_hooks {
 wf_status wf_train_run(const wf_config *cfg, const wf_train_hooks *hooks);
 
 /* Write llm.c's debug state (wf_gpt_dump_state) for the first global batch of the
- * config's data source and model, then return. */
-wf_status wf_train_dump_state(const wf_config *cfg, const char *path);
+ * config's data source and model, then return. comms (NULL = one rank) gives the tp,
+ * pp, emb, dp and world groups of a model-parallel run: the state is then computed by
+ * the stages and shards together and assembled whole by world rank 0. */
+wf_status wf_train_dump_state(const wf_config *cfg, const char *path, const wf_train_hooks *comms);
 
 /* Learning rate of step (1-based): linear warm-up over train.warmup steps, then cosine
  * decay from train.lr to train.min_lr, reached at the last step. */

@@ -279,7 +279,7 @@ static void test_dump_state(void **state)
   wf_config c;
   tiny_config(&c, 4, 11);
   c.train.microbatches = 4; /* the dump covers the whole global batch at once */
-  assert_int_equal(wf_train_dump_state(&c, path), WF_OK);
+  assert_int_equal(wf_train_dump_state(&c, path, NULL), WF_OK);
   FILE *f = fopen(path, "rb");
   assert_non_null(f);
   int32_t h[256];

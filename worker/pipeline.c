@@ -1,0 +1,409 @@
+/*
+ * pipeline.c - the pipeline engine and the stage partition (see wf_pipe.h).
+ *
+ * Buffers. Activations are received into a ring of `ring` buffers, gradients into
+ * another, and gradients are sent from a third; buffer i serves micro-batch
+ * mb % ring. A generated list posts a receive at most a few micro-batches ahead of
+ * its consumer, and the engine refuses (rather than corrupts) a list that would
+ * reuse a buffer still in use. Requests are per micro-batch.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "wf_check.h"
+#include "wf_pipe.h"
+
+#define TRY(expr)                                                                                  \
+  do {                                                                                             \
+    wf_status try_ = (expr);                                                                       \
+    if (try_ != WF_OK)                                                                             \
+      return try_;                                                                                 \
+  } while (0)
+
+typedef struct ring {
+  float *mem;
+  int *owner; /* micro-batch using buffer i, -1 when free */
+} ring;
+
+struct wf_pipe {
+  wf_comm *pp;
+  wf_gpt *model;
+  wf_schedule sched;
+  wf_trace *trace;
+  int p, rank, m, B, T, n_ring;
+  size_t io;       /* floats of one stage input/output */
+  ring rf, rb, sb; /* receive activations, receive gradients, send gradients */
+  wf_req **req_rf, **req_rb, **req_sf, **req_sb; /* per micro-batch */
+  int *slot_of;                                  /* per micro-batch; -1 = none */
+  bool *slot_busy;
+  int n_slots;
+  int *inputs, *targets;
+  int step;
+  wf_pipe_stats st;
+};
+
+int wf_pipe_slots(wf_schedule_kind kind, int pp, int rank, int microbatches)
+{
+  if (pp <= 1)
+    return 1;
+  return kind == WF_SCHED_GPIPE ? microbatches : WF_MIN(pp - rank, microbatches);
+}
+
+static wf_status ring_alloc(ring *r, int n, size_t io)
+{
+  r->mem = wf_mem_alloc((size_t)n * (io + 16) * sizeof(float));
+  r->owner = malloc((size_t)n * sizeof *r->owner);
+  if (!r->mem || !r->owner)
+    return WF_ENOMEM;
+  for (int i = 0; i < n; i++)
+    r->owner[i] = -1;
+  return WF_OK;
+}
+
+static void ring_free(ring *r)
+{
+  wf_mem_free(r->mem);
+  free(r->owner);
+}
+
+wf_status wf_pipe_create(wf_pipe **out, const wf_pipe_opts *o, char *err, size_t err_len)
+{
+  wf_status st = WF_OK;
+  wf_pipe *p = calloc(1, sizeof *p);
+  *out = NULL;
+  if (!p)
+    return WF_ENOMEM;
+  p->pp = o->pp;
+  p->model = o->model;
+  p->trace = o->trace;
+  p->p = o->pp ? wf_comm_size(o->pp) : 1;
+  p->rank = o->pp ? wf_comm_rank(o->pp) : 0;
+  p->m = o->microbatches, p->B = o->B, p->T = o->T;
+  wf_sched_params prm = {p->p > 1 ? o->kind : WF_SCHED_1F1B, p->p, p->m, 1};
+  WF_TRY(wf_schedule_init(&p->sched, &prm, p->rank, err, err_len));
+  p->io = wf_gpt_stage_io_numel(o->model, o->B, o->T);
+  p->n_slots = wf_pipe_slots(prm.kind, p->p, p->rank, p->m);
+  p->n_ring = WF_MIN(p->m, p->n_slots + 2);
+  WF_TRY(ring_alloc(&p->rf, p->n_ring, p->io));
+  WF_TRY(ring_alloc(&p->rb, p->n_ring, p->io));
+  WF_TRY(ring_alloc(&p->sb, p->n_ring, p->io));
+  size_t m = (size_t)p->m;
+  WF_CHECK_ALLOC(p->req_rf = calloc(m, sizeof(wf_req *)));
+  WF_CHECK_ALLOC(p->req_rb = calloc(m, sizeof(wf_req *)));
+  WF_CHECK_ALLOC(p->req_sf = calloc(m, sizeof(wf_req *)));
+  WF_CHECK_ALLOC(p->req_sb = calloc(m, sizeof(wf_req *)));
+  WF_CHECK_ALLOC(p->slot_of = malloc(m * sizeof(int)));
+  WF_CHECK_ALLOC(p->slot_busy = calloc((size_t)p->n_slots, sizeof(bool)));
+  WF_CHECK_ALLOC(p->inputs = wf_mem_alloc((size_t)o->B * o->T * sizeof(int)));
+  WF_CHECK_ALLOC(p->targets = wf_mem_alloc((size_t)o->B * o->T * sizeof(int)));
+  *out = p;
+  return WF_OK;
+fail:
+  if (st != WF_EINVAL)
+    snprintf(err, err_len, "cannot set up the pipeline engine: %s", wf_status_str(st));
+  wf_pipe_destroy(p);
+  return st;
+}
+
+void wf_pipe_destroy(wf_pipe *p)
+{
+  if (!p)
+    return;
+  for (int i = 0; p->req_rf && i < p->m; i++) {
+    wf_req_wait(&p->req_rf[i]);
+    wf_req_wait(&p->req_rb[i]);
+    wf_req_wait(&p->req_sf[i]);
+    wf_req_wait(&p->req_sb[i]);
+  }
+  wf_schedule_fini(&p->sched);
+  ring_free(&p->rf);
+  ring_free(&p->rb);
+  ring_free(&p->sb);
+  free(p->req_rf);
+  free(p->req_rb);
+  free(p->req_sf);
+  free(p->req_sb);
+  free(p->slot_of);
+  free(p->slot_busy);
+  wf_mem_free(p->inputs);
+  wf_mem_free(p->targets);
+  free(p);
+}
+
+/* ---- buffers and waits ------------------------------------------------------------ */
+
+static float *ring_take(wf_pipe *p, ring *r, int mb)
+{
+  int i = mb % p->n_ring;
+  if (r->owner[i] >= 0 && r->owner[i] != mb) {
+    WF_ERROR("pipeline: micro-batch %d needs a buffer still held by micro-batch %d: the "
+             "schedule posts too far ahead for %d buffers",
+             mb, r->owner[i], p->n_ring);
+    return NULL;
+  }
+  r->owner[i] = mb;
+  return r->mem + (size_t)i * (p->io + 16);
+}
+
+static void ring_give(wf_pipe *p, ring *r, int mb) { r->owner[mb % p->n_ring] = -1; }
+
+static wf_status wait(wf_pipe *p, wf_req **req, const char *what, int mb)
+{
+  if (!*req)
+    return WF_OK;
+  double t0 = wf_now();
+  wf_status st = wf_req_wait(req);
+  double t1 = wf_now();
+  p->st.wait_s += t1 - t0;
+  if (p->trace && t1 - t0 > 1e-5)
+    wf_trace_span(p->trace, what, "wait", t0, t1, p->step, mb);
+  if (st != WF_OK)
+    WF_ERROR("pipeline: %s of micro-batch %d failed (%s)", what, mb, wf_status_str(st));
+  return st;
+}
+
+static int take_slot(wf_pipe *p, int mb)
+{
+  for (int s = 0; s < p->n_slots; s++)
+    if (!p->slot_busy[s]) {
+      p->slot_busy[s] = true;
+      p->slot_of[mb] = s;
+      return s;
+    }
+  WF_ERROR("pipeline: no free activation slot for micro-batch %d (%d slots)", mb, p->n_slots);
+  return -1;
+}
+
+/* ---- actions ------------------------------------------------------------------------ */
+
+static void span(wf_pipe *p, char op, int mb, double t0, double t1)
+{
+  char name[16];
+  snprintf(name, sizeof name, "%c%d", op, mb);
+  p->st.busy_s += t1 - t0;
+  if (p->trace)
+    wf_trace_span(p->trace, name, "compute", t0, t1, p->step, mb);
+}
+
+static wf_status do_forward(wf_pipe *p, int mb, wf_pipe_batch_fn batch, void *user, double *loss)
+{
+  const wf_gpt_shard *s = wf_gpt_get_shard(p->model);
+  const float *x = NULL;
+  if (!s->first) {
+    TRY(wait(p, &p->req_rf[mb], "recv activation", mb));
+    x = ring_take(p, &p->rf, mb);
+  }
+  if (s->first || s->last)
+    TRY(batch(user, mb, p->inputs, p->targets));
+  int slot = take_slot(p, mb);
+  if (slot < 0)
+    return WF_EINVAL;
+  double t0 = wf_now();
+  float l = wf_gpt_stage_forward(p->model, slot, s->first ? p->inputs : NULL, x,
+                                 s->last ? p->targets : NULL, p->B, p->T);
+  span(p, 'F', mb, t0, wf_now());
+  if (!s->first)
+    ring_give(p, &p->rf, mb);
+  if (isnan(l))
+    return WF_EINVAL;
+  *loss += l;
+  return WF_OK;
+}
+
+static wf_status do_backward(wf_pipe *p, int mb)
+{
+  const wf_gpt_shard *s = wf_gpt_get_shard(p->model);
+  const float *dy = NULL;
+  if (!s->last) {
+    TRY(wait(p, &p->req_rb[mb], "recv gradient", mb));
+    dy = ring_take(p, &p->rb, mb);
+    /* the slot's output must not be in flight when its activations are released */
+    TRY(wait(p, &p->req_sf[mb], "send activation", mb));
+  }
+  double t0 = wf_now();
+  wf_status st = wf_gpt_stage_backward(p->model, p->slot_of[mb], dy, 1.0f / (float)p->m);
+  span(p, 'B', mb, t0, wf_now());
+  p->slot_busy[p->slot_of[mb]] = false;
+  p->slot_of[mb] = -1;
+  if (!s->last)
+    ring_give(p, &p->rb, mb);
+  return st;
+}
+
+static wf_status do_send_b(wf_pipe *p, int mb, int peer)
+{
+  /* the send ring buffer of mb % n_ring may still be sending an older micro-batch */
+  int old = p->sb.owner[mb % p->n_ring];
+  if (old >= 0) {
+    TRY(wait(p, &p->req_sb[old], "send gradient", old));
+    ring_give(p, &p->sb, old);
+  }
+  float *buf = ring_take(p, &p->sb, mb);
+  if (!buf)
+    return WF_EINVAL;
+  memcpy(buf, wf_gpt_stage_dinput(p->model), p->io * sizeof(float));
+  return wf_comm_isend(p->pp, buf, p->io, WF_COMM_F32, peer, &p->req_sb[mb]);
+}
+
+static wf_status do_action(wf_pipe *p, const wf_sched_action *a, wf_pipe_batch_fn batch, void *user,
+                           double *loss)
+{
+  float *buf;
+  switch (a->op) {
+  case WF_ACT_FORWARD: return do_forward(p, a->mb, batch, user, loss);
+  case WF_ACT_BACKWARD: return do_backward(p, a->mb);
+  case WF_ACT_SEND_F:
+    return wf_comm_isend(p->pp, wf_gpt_stage_output(p->model, p->slot_of[a->mb]), p->io,
+                         WF_COMM_F32, a->peer, &p->req_sf[a->mb]);
+  case WF_ACT_RECV_F:
+    if (!(buf = ring_take(p, &p->rf, a->mb)))
+      return WF_EINVAL;
+    return wf_comm_irecv(p->pp, buf, p->io, WF_COMM_F32, a->peer, &p->req_rf[a->mb]);
+  case WF_ACT_SEND_B: return do_send_b(p, a->mb, a->peer);
+  case WF_ACT_RECV_B:
+    if (!(buf = ring_take(p, &p->rb, a->mb)))
+      return WF_EINVAL;
+    return wf_comm_irecv(p->pp, buf, p->io, WF_COMM_F32, a->peer, &p->req_rb[a->mb]);
+  }
+  return WF_EINVAL;
+}
+
+static int last_backward(const wf_schedule *s)
+{
+  for (int i = s->n - 1; i >= 0; i--)
+    if (s->actions[i].op == WF_ACT_BACKWARD)
+      return i;
+  return -1;
+}
+
+wf_status wf_pipe_step(wf_pipe *p, int step, wf_pipe_batch_fn batch, wf_pipe_arm_fn arm, void *user,
+                       double *loss_sum, wf_pipe_stats *stats)
+{
+  wf_status st = WF_OK;
+  memset(&p->st, 0, sizeof p->st);
+  p->step = step;
+  *loss_sum = 0;
+  for (int i = 0; i < p->m; i++)
+    p->slot_of[i] = -1;
+  wf_gpt_zero_grad(p->model);
+  double t0 = wf_now();
+  int lb = last_backward(&p->sched);
+  for (int i = 0; i < p->sched.n && st == WF_OK; i++) {
+    if (i == lb && arm)
+      arm(user);
+    st = do_action(p, &p->sched.actions[i], batch, user, loss_sum);
+  }
+  for (int mb = 0; mb < p->m; mb++) { /* sends still in flight */
+    wf_status w = wait(p, &p->req_sf[mb], "send activation", mb);
+    wf_status v = wait(p, &p->req_sb[mb], "send gradient", mb);
+    st = st != WF_OK ? st : w != WF_OK ? w : v;
+  }
+  for (int i = 0; i < p->n_ring; i++)
+    p->sb.owner[i] = -1;
+  p->st.wall_s = wf_now() - t0;
+  p->st.peak_slots = wf_gpt_peak_slots(p->model);
+  p->st.act_bytes = (size_t)p->st.peak_slots * wf_gpt_slot_bytes(p->model);
+  if (stats)
+    *stats = p->st;
+  return st;
+}
+
+wf_status wf_pipe_forward(wf_pipe *p, wf_pipe_batch_fn batch, void *user, double *loss_sum)
+{
+  const wf_gpt_shard *s = wf_gpt_get_shard(p->model);
+  wf_status st = WF_OK;
+  float *x = p->rf.mem;
+  *loss_sum = 0;
+  for (int mb = 0; mb < p->m && st == WF_OK; mb++) {
+    if (!s->first)
+      TRY(wf_comm_recv(p->pp, x, p->io, WF_COMM_F32, p->rank - 1));
+    if (s->first || s->last)
+      TRY(batch(user, mb, p->inputs, p->targets));
+    float l = wf_gpt_stage_forward(p->model, 0, s->first ? p->inputs : NULL, x,
+                                   s->last ? p->targets : NULL, p->B, p->T);
+    wf_gpt_stage_release(p->model, 0);
+    if (isnan(l))
+      return WF_EINVAL;
+    *loss_sum += l;
+    if (!s->last)
+      st = wf_comm_send(p->pp, wf_gpt_stage_output(p->model, 0), p->io, WF_COMM_F32, p->rank + 1);
+  }
+  wf_gpt_peak_slots(p->model); /* evaluation does not count towards training's peak */
+  return st;
+}
+
+/* ---- partition ---------------------------------------------------------------------- */
+
+/* Forward FLOPs per token of a layer (24 C^2 in the four matmuls, 4 T C in attention
+ * over the full square), and of the head (the vocabulary matmul 2 C Vp; the final
+ * layernorm is noise). The embedding is a lookup (~0). Backward is twice forward for
+ * all of them, so forward costs rank the splits as whole steps do. */
+static double layer_cost(const wf_gpt_dims *d, int T)
+{
+  double C = d->C;
+  return 24.0 * C * C + 4.0 * T * C;
+}
+
+static wf_status fixed_split(int L, int pp, const int *pp_layers, int n, int *bounds, char *err,
+                             size_t err_len)
+{
+  int sum = 0;
+  for (int s = 0; s < n; s++) {
+    if (n != pp || pp_layers[s] < 1) {
+      snprintf(err, err_len,
+               "parallel.pp_layers must give mesh.pp=%d counts of at least 1 layer each", pp);
+      return WF_EINVAL;
+    }
+    sum += pp_layers[s];
+    bounds[s + 1] = sum;
+  }
+  if (sum != L) {
+    snprintf(err, err_len, "parallel.pp_layers covers %d layers, the model has %d", sum, L);
+    return WF_EINVAL;
+  }
+  return WF_OK;
+}
+
+wf_status wf_pipe_partition(const wf_gpt_dims *d, int T, int pp, const int *pp_layers, int n,
+                            int *bounds, char *err, size_t err_len)
+{
+  int L = d->L;
+  if (pp < 1 || pp > L) {
+    snprintf(err, err_len,
+             "cannot split %d layers into %d pipeline stages: every stage needs a layer", L, pp);
+    return WF_EINVAL;
+  }
+  bounds[0] = 0;
+  if (n > 0)
+    return fixed_split(L, pp, pp_layers, n, bounds, err, err_len);
+  /* Exact min-max over contiguous splits: f[s][l] = cheapest most expensive stage when
+   * stages 0..s-1 hold layers [0, l). O(pp L^2) on a few hundred layers at most. */
+  double lc = layer_cost(d, T), head = 2.0 * d->C * d->Vp;
+  size_t w = (size_t)L + 1;
+  double *f = malloc((size_t)(pp + 1) * w * sizeof *f);
+  int *from = malloc((size_t)(pp + 1) * w * sizeof *from);
+  if (!f || !from) {
+    free(f), free(from);
+    snprintf(err, err_len, "out of memory splitting %d layers", L);
+    return WF_ENOMEM;
+  }
+  for (size_t i = 0; i < (size_t)(pp + 1) * w; i++)
+    f[i] = INFINITY, from[i] = -1;
+  f[0] = 0;
+  for (int s = 1; s <= pp; s++)
+    for (int l = s; l <= L - (pp - s); l++)
+      for (int k = s - 1; k < l; k++) {
+        double c = (l - k) * lc + (s == pp ? head : 0);
+        double v = fmax(f[(size_t)(s - 1) * w + k], c);
+        if (v < f[(size_t)s * w + l]) /* strict: the first (lightest-early) split wins ties */
+          f[(size_t)s * w + l] = v, from[(size_t)s * w + l] = k;
+      }
+  for (int s = pp, l = L; s > 0; s--) {
+    bounds[s] = l;
+    l = from[(size_t)s * w + l];
+  }
+  free(f), free(from);
+  return WF_OK;
+}
