@@ -90,6 +90,14 @@ static wf_status fail_msg(wf_status st, const char *err)
   return st;
 }
 
+/* A refusal every rank reaches alike from the same config: said once, by rank 0. */
+static wf_status refuse(const char *err)
+{
+  if (wf_rt_rank() <= 0)
+    WF_ERROR("%s", err);
+  return WF_ECONFIG;
+}
+
 /* Micro-batch geometry of one rank: the global batch is split over D data-parallel
  * ranks, then into M micro-batches of B rows each. */
 static wf_status setup_geometry(trainer *tr, int M)
@@ -146,9 +154,9 @@ static wf_status setup_stage(trainer *tr)
   if (st != WF_OK)
     return fail_msg(st, err);
   if (tr->pp > 1 && cfg->train.schedule == WF_SCHED_INTERLEAVED)
-    return fail_msg(WF_ECONFIG, "train.schedule=interleaved: the engine runs one model chunk "
-                                "per rank; use train.schedule=1f1b or gpipe (--print-schedule "
-                                "draws interleaved schedules)");
+    return refuse("train.schedule=interleaved: the engine runs one model chunk "
+                  "per rank; use train.schedule=1f1b or gpipe (--print-schedule "
+                  "draws interleaved schedules)");
   int r = tr->pp_rank;
   wf_gpt_opts o = {.dims = tr->dims,
                    .shard = {.tp = tr->tp,
@@ -206,10 +214,9 @@ static wf_status setup_checkpoint(trainer *tr)
 {
   const wf_train_hooks *h = tr->hooks;
   if ((tr->tp > 1 || tr->pp > 1) && (tr->cfg->train.checkpoint_dir[0] || tr->cfg->train.resume[0]))
-    return fail_msg(WF_ECONFIG,
-                    "train.checkpoint_dir / train.resume: checkpoints of tensor- or "
-                    "pipeline-parallel runs (mesh.tp or mesh.pp > 1) are not written yet; "
-                    "unset them, or use --save FILE for the final model");
+    return refuse("train.checkpoint_dir / train.resume: checkpoints of tensor- or "
+                  "pipeline-parallel runs (mesh.tp or mesh.pp > 1) are not written yet; "
+                  "unset them, or use --save FILE for the final model");
   tr->ck = (wf_ckpt_target){tr->cfg, tr->model, tr->dp, tr->dp_comm, h ? h->world : NULL, 0, 0};
   if (h && h->on_phase) /* reading a big checkpoint is not a hang */
     h->on_phase(h->user, "checkpoint");
