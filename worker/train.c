@@ -661,17 +661,16 @@ static void print_step(const trainer *tr, const wf_train_step_info *in, double e
 /* Model-parallel figures, on the step line's continuation when there are any. */
 static void print_parallel(const trainer *tr, const wf_train_step_info *in)
 {
+  if (tr->tp == 1 && tr->pp == 1)
+    return;
   if (tr->tp > 1)
     fprintf(tr->out, "  tp_ms=%.1f", in->tp_ms);
-  if (tr->pp > 1) {
-    fprintf(tr->out, "  bubble=%.1f%% theory=%.1f%% act_mib=[", in->bubble * 100,
-            in->bubble_theory * 100);
-    for (int s = 0; s < in->n_stages && s < WF_MAX_STAGES; s++)
-      fprintf(tr->out, "%s%.2f", s ? "," : "", (double)in->stage_act_bytes[s] / (1 << 20));
-    fputc(']', tr->out);
-  }
-  if (tr->tp > 1 || tr->pp > 1)
-    fputc('\n', tr->out);
+  if (tr->pp > 1)
+    fprintf(tr->out, "  bubble=%.1f%% theory=%.1f%%", in->bubble * 100, in->bubble_theory * 100);
+  fprintf(tr->out, "  act_mib=[");
+  for (int s = 0; s < in->n_stages && s < WF_MAX_STAGES; s++)
+    fprintf(tr->out, "%s%.2f", s ? "," : "", (double)in->stage_act_bytes[s] / (1 << 20));
+  fputs("]\n", tr->out);
 }
 
 static void print_eval(const trainer *tr, const wf_train_step_info *in, double eval_ms)
