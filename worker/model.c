@@ -82,8 +82,10 @@ struct wf_gpt {
   size_t off[WF_GPT_NUM_KINDS + 1]; /* local offset of each kind; [16] = total */
   size_t slot_floats;
   float *params, *grads, *m, *v;
-  float *act_mem, *dact_mem;
-  acts *a; /* n_slots */
+  float *act_mem, *dact_mem, *re_mem;
+  acts *a;        /* n_slots */
+  bool recompute; /* activation checkpointing: slots keep layer outputs only */
+  acts re;        /* recompute: one layer's intermediates */
   dacts da;
   wf_gpt_grad_hook hook; /* told when each group of gradients is final (dp overlap) */
   void *hook_user;
@@ -325,13 +327,16 @@ void wf_gpt_import_full(wf_gpt *m, int which, const float *full)
 
 /* ---- allocation ------------------------------------------------------------------ */
 
-/* Carve `mem` (or just count, when mem is NULL) into one slot's activation tensors. */
-static size_t carve_acts(acts *a, float *mem, const wf_gpt *m)
+/* Carve `mem` (or just count, when mem is NULL) into activation tensors: the
+ * intermediates of `inner` layers, the outputs (residual3) of `outer` layers, and the
+ * head's when `head`. A slot is (nl, nl, last), or (0, nl, last) under activation
+ * checkpointing, whose one shared recompute buffer is (1, 0, false). */
+static size_t carve_acts(acts *a, float *mem, const wf_gpt *m, int inner, int outer, bool head)
 {
-  size_t L = (size_t)m->nl, C = (size_t)m->d.C, tp = (size_t)m->s.tp;
+  size_t L = (size_t)inner, Lo = (size_t)outer, C = (size_t)m->d.C, tp = (size_t)m->s.tp;
   size_t N = (size_t)m->Bmax * (size_t)m->Tmax, R = wf_tp_rows(&m->tp, N);
   size_t att = (size_t)m->Bmax * (size_t)m->NHl * (size_t)m->Tmax * (size_t)m->Tmax;
-  size_t last = m->s.last ? 1 : 0;
+  size_t last = head ? 1 : 0;
   struct {
     void *p;
     size_t n;
@@ -349,7 +354,7 @@ static size_t carve_acts(acts *a, float *mem, const wf_gpt *m)
       {&a->ln2_rstd, L * R},
       {&a->fch, L * N * 4 * C / tp},
       {&a->fch_gelu, L * N * 4 * C / tp},
-      {&a->residual3, L * R * C},
+      {&a->residual3, Lo * R * C},
       {&a->lnf, last * R * C},
       {&a->lnf_mean, last * R},
       {&a->lnf_rstd, last * R},
@@ -358,8 +363,8 @@ static size_t carve_acts(acts *a, float *mem, const wf_gpt *m)
       {&a->row_sumexp, last * N},
       {&a->target_logit, last * N},
       {&a->losses, last * N},
-      {&a->inputs, N}, /* int and float are both 4 bytes */
-      {&a->targets, N},
+      {&a->inputs, Lo ? N : 0}, /* int and float are both 4 bytes */
+      {&a->targets, Lo ? N : 0},
   };
   size_t total = 0;
   for (size_t i = 0; i < WF_ARRAY_LEN(t); i++) {
@@ -409,11 +414,17 @@ static wf_status alloc_acts(wf_gpt *m)
 {
   wf_status st = WF_OK;
   acts probe;
-  m->slot_floats = carve_acts(&probe, NULL, m);
+  int inner = m->recompute ? 0 : m->nl;
+  m->slot_floats = carve_acts(&probe, NULL, m, inner, m->nl, m->s.last);
   WF_CHECK_ALLOC(m->a = calloc((size_t)m->n_slots, sizeof *m->a));
   WF_CHECK_ALLOC(m->act_mem = alloc_floats(m->slot_floats * (size_t)m->n_slots));
   for (int i = 0; i < m->n_slots; i++)
-    carve_acts(&m->a[i], m->act_mem + (size_t)i * m->slot_floats, m);
+    carve_acts(&m->a[i], m->act_mem + (size_t)i * m->slot_floats, m, inner, m->nl, m->s.last);
+  if (m->recompute) { /* one layer's intermediates, shared by every layer and slot */
+    size_t n = carve_acts(&m->re, NULL, m, 1, 0, false);
+    WF_CHECK_ALLOC(m->re_mem = alloc_floats(n));
+    carve_acts(&m->re, m->re_mem, m, 1, 0, false);
+  }
   WF_CHECK_ALLOC(m->dact_mem = alloc_floats(carve_dacts(&m->da, NULL, m)));
   carve_dacts(&m->da, m->dact_mem, m);
 fail:
@@ -452,6 +463,7 @@ wf_status wf_gpt_create_shard(wf_gpt **out, const wf_gpt_opts *o)
   m->NHl = d->NH / o->shard.tp;
   m->Vl = d->Vp / o->shard.tp;
   m->Bmax = o->B, m->Tmax = o->T, m->n_slots = o->slots;
+  m->recompute = o->recompute;
   layout(m);
   WF_CHECK_ALLOC(m->params = alloc_floats(m->num_params));
   WF_CHECK_ALLOC(m->grads = alloc_floats(m->num_params));
@@ -483,6 +495,7 @@ void wf_gpt_destroy(wf_gpt *m)
   wf_mem_free(m->v);
   wf_mem_free(m->act_mem);
   wf_mem_free(m->dact_mem);
+  wf_mem_free(m->re_mem);
   free(m->a);
   free(m);
 }
@@ -501,6 +514,12 @@ float *wf_gpt_param(wf_gpt *m, wf_param_kind k, int layer, int grads)
 }
 
 size_t wf_gpt_slot_bytes(const wf_gpt *m) { return m->slot_floats * sizeof(float); }
+
+size_t wf_gpt_act_bytes(const wf_gpt *m, int slots)
+{
+  size_t re = m->recompute ? carve_acts(&(acts){0}, NULL, m, 1, 0, false) : 0;
+  return ((size_t)slots * m->slot_floats + re) * sizeof(float);
+}
 
 int wf_gpt_peak_slots(wf_gpt *m)
 {
@@ -623,6 +642,23 @@ static strides layer_strides(const wf_gpt *m)
                    N * 4 * C / tp, (size_t)m->Bmax * m->NHl * m->Tmax * m->Tmax};
 }
 
+/* Layer j's intermediates: in the slot, or in the shared recompute buffer. */
+typedef struct layer_view {
+  float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch,
+      *fchg;
+} layer_view;
+
+static layer_view layer_at(const wf_gpt *m, const acts *a, int j)
+{
+  const acts *x = m->recompute ? &m->re : a;
+  size_t i = m->recompute ? 0 : (size_t)j;
+  strides z = layer_strides(m);
+  return (layer_view){x->ln1 + i * z.rc,       x->ln1_mean + i * z.r, x->ln1_rstd + i * z.r,
+                      x->qkv + i * z.n3,       x->atty + i * z.n1,    x->att + i * z.att,
+                      x->residual2 + i * z.rc, x->ln2 + i * z.rc,     x->ln2_mean + i * z.r,
+                      x->ln2_rstd + i * z.r,   x->fch + i * z.n4,     x->fch_gelu + i * z.n4};
+}
+
 /* The residual stream entering local layer j (0-based on this stage). */
 static float *layer_input(const wf_gpt *m, const acts *a, int j)
 {
@@ -648,16 +684,16 @@ static void block_forward(wf_gpt *m, acts *a, int j, int B, int T)
   int R = (int)wf_tp_rows(&m->tp, (size_t)N);
   strides z = layer_strides(m);
   const float *residual = layer_input(m, a, j);
-  float *ln1 = a->ln1 + j * z.rc, *qkv = a->qkv + j * z.n3, *atty = a->atty + j * z.n1;
-  float *att = a->att + j * z.att, *res2 = a->residual2 + j * z.rc, *ln2 = a->ln2 + j * z.rc;
-  float *fch = a->fch + j * z.n4, *fchg = a->fch_gelu + j * z.n4;
+  layer_view v = layer_at(m, a, j);
+  float *ln1 = v.ln1, *qkv = v.qkv, *atty = v.atty, *att = v.att, *res2 = v.res2, *ln2 = v.ln2;
+  float *fch = v.fch, *fchg = v.fchg;
   float *res3 = a->residual3 + j * z.rc;
   const float *x;
 
   /* Attention: ln1 (replicated region) -> enter -> qkv (column-parallel, local heads)
    * -> attention -> attproj (row-parallel) -> leave -> residual. */
-  wf_layernorm_forward(ln1, a->ln1_mean + j * z.r, a->ln1_rstd + j * z.r, residual,
-                       wf_gpt_param(m, WF_P_LN1W, l, 0), wf_gpt_param(m, WF_P_LN1B, l, 0), R, C);
+  wf_layernorm_forward(ln1, v.ln1_mean, v.ln1_rstd, residual, wf_gpt_param(m, WF_P_LN1W, l, 0),
+                       wf_gpt_param(m, WF_P_LN1B, l, 0), R, C);
   x = wf_tp_enter_fwd(&m->tp, ln1, m->da.full, (size_t)N, (size_t)C);
   wf_matmul_forward(qkv, x, wf_gpt_param(m, WF_P_QKVW, l, 0), wf_gpt_param(m, WF_P_QKVB, l, 0), N,
                     C, 3 * C / tp);
@@ -665,8 +701,8 @@ static void block_forward(wf_gpt *m, acts *a, int j, int B, int T)
   row_parallel(m, res2, atty, WF_P_ATTPROJW, WF_P_ATTPROJB, l, N, C / tp);
   wf_residual_forward(res2, residual, res2, (size_t)R * C);
   /* MLP: ln2 -> enter -> fc (column-parallel) -> GELU -> fcproj (row-parallel) -> leave. */
-  wf_layernorm_forward(ln2, a->ln2_mean + j * z.r, a->ln2_rstd + j * z.r, res2,
-                       wf_gpt_param(m, WF_P_LN2W, l, 0), wf_gpt_param(m, WF_P_LN2B, l, 0), R, C);
+  wf_layernorm_forward(ln2, v.ln2_mean, v.ln2_rstd, res2, wf_gpt_param(m, WF_P_LN2W, l, 0),
+                       wf_gpt_param(m, WF_P_LN2B, l, 0), R, C);
   x = wf_tp_enter_fwd(&m->tp, ln2, m->da.full, (size_t)N, (size_t)C);
   wf_matmul_forward(fch, x, wf_gpt_param(m, WF_P_FCW, l, 0), wf_gpt_param(m, WF_P_FCB, l, 0), N, C,
                     4 * C / tp);
@@ -860,12 +896,13 @@ static void block_backward(wf_gpt *m, acts *a, int j)
   dacts *g = &m->da;
   int B = a->B, T = a->T, l = m->s.l0 + j, C = d->C, tp = m->s.tp, N = B * T;
   int R = (int)wf_tp_rows(&m->tp, (size_t)N);
-  strides z = layer_strides(m);
   size_t n4 = (size_t)N * 4 * C / tp, n3 = (size_t)N * 3 * C / tp;
   const float *residual = layer_input(m, a, j), *dy, *x;
-  float *ln1 = a->ln1 + j * z.rc, *qkv = a->qkv + j * z.n3, *atty = a->atty + j * z.n1;
-  float *res2 = a->residual2 + j * z.rc, *ln2 = a->ln2 + j * z.rc;
-  float *fch = a->fch + j * z.n4, *fchg = a->fch_gelu + j * z.n4;
+  if (m->recompute) /* activation checkpointing: rebuild this layer's intermediates */
+    block_forward(m, a, j, B, T);
+  layer_view v = layer_at(m, a, j);
+  float *ln1 = v.ln1, *qkv = v.qkv, *atty = v.atty, *res2 = v.res2, *ln2 = v.ln2;
+  float *fch = v.fch, *fchg = v.fchg;
 
   /* MLP branch: the gradient of its output is the residual stream's (leave's backward). */
   dy = wf_tp_leave_bwd(&m->tp, g->dres, g->full, (size_t)N, (size_t)C);
@@ -878,8 +915,8 @@ static void block_backward(wf_gpt *m, acts *a, int j)
   x = wf_tp_enter_fwd(&m->tp, ln2, g->full, (size_t)N, (size_t)C); /* re-gathered */
   column_backward(m, g->d4b, x, WF_P_FCW, WF_P_FCB, l, N, 4 * C / tp);
   wf_layernorm_backward(g->dres, wf_gpt_param(m, WF_P_LN2W, l, 1), wf_gpt_param(m, WF_P_LN2B, l, 1),
-                        g->dl, res2, wf_gpt_param(m, WF_P_LN2W, l, 0), a->ln2_mean + j * z.r,
-                        a->ln2_rstd + j * z.r, R, C);
+                        g->dl, res2, wf_gpt_param(m, WF_P_LN2W, l, 0), v.ln2_mean, v.ln2_rstd, R,
+                        C);
   /* Attention branch. */
   dy = wf_tp_leave_bwd(&m->tp, g->dres, g->full, (size_t)N, (size_t)C);
   memset(g->d4b, 0, (size_t)N * C / tp * sizeof(float));
@@ -887,12 +924,12 @@ static void block_backward(wf_gpt *m, acts *a, int j)
                      wf_gpt_param(m, WF_P_ATTPROJB, l, 1), dy, atty,
                      wf_gpt_param(m, WF_P_ATTPROJW, l, 0), N, C / tp, C);
   memset(g->d4a, 0, n3 * sizeof(float));
-  wf_attention_backward(g->d4a, g->scratch, g->d4b, qkv, a->att + j * z.att, B, T, C / tp, m->NHl);
+  wf_attention_backward(g->d4a, g->scratch, g->d4b, qkv, v.att, B, T, C / tp, m->NHl);
   x = wf_tp_enter_fwd(&m->tp, ln1, g->full, (size_t)N, (size_t)C);
   column_backward(m, g->d4a, x, WF_P_QKVW, WF_P_QKVB, l, N, 3 * C / tp);
   wf_layernorm_backward(g->dres, wf_gpt_param(m, WF_P_LN1W, l, 1), wf_gpt_param(m, WF_P_LN1B, l, 1),
-                        g->dl, residual, wf_gpt_param(m, WF_P_LN1W, l, 0), a->ln1_mean + j * z.r,
-                        a->ln1_rstd + j * z.r, R, C);
+                        g->dl, residual, wf_gpt_param(m, WF_P_LN1W, l, 0), v.ln1_mean, v.ln1_rstd,
+                        R, C);
 }
 
 /* Loss -> logits -> (tied wte, enter's backward) -> final layernorm -> dres. */

@@ -304,7 +304,7 @@ wf_status wf_pipe_step(wf_pipe *p, int step, wf_pipe_batch_fn batch, wf_pipe_arm
     p->sb.owner[i] = -1;
   p->st.wall_s = wf_now() - t0;
   p->st.peak_slots = wf_gpt_peak_slots(p->model);
-  p->st.act_bytes = (size_t)p->st.peak_slots * wf_gpt_slot_bytes(p->model);
+  p->st.act_bytes = wf_gpt_act_bytes(p->model, p->st.peak_slots);
   if (stats)
     *stats = p->st;
   return st;

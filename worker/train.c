@@ -153,6 +153,9 @@ static wf_status setup_stage(trainer *tr)
                                    cfg->parallel.n_pp_layers, tr->bounds, err, sizeof err);
   if (st != WF_OK)
     return fail_msg(st, err);
+  if (cfg->precision != WF_PREC_NO)
+    return refuse("precision (mixed_precision): only float32 training is built; the fp16 and "
+                  "bf16 paths are not, so unset it (precision=no) rather than have it ignored");
   if (tr->pp > 1 && cfg->train.schedule == WF_SCHED_INTERLEAVED)
     return refuse("train.schedule=interleaved: the engine runs one model chunk "
                   "per rank; use train.schedule=1f1b or gpipe (--print-schedule "
@@ -169,7 +172,8 @@ static wf_status setup_stage(trainer *tr)
                    .tp_comm = tr->tp_comm,
                    .B = tr->B,
                    .T = tr->T,
-                   .slots = wf_pipe_slots(cfg->train.schedule, tr->pp, r, tr->M)};
+                   .slots = wf_pipe_slots(cfg->train.schedule, tr->pp, r, tr->M),
+                   .recompute = cfg->parallel.activation_checkpointing};
   st = wf_gpt_create_shard(&tr->model, &o);
   return st == WF_OK ? WF_OK : fail_msg(st, "cannot allocate the model (see above)");
 }
@@ -321,6 +325,20 @@ static void print_banner(const trainer *tr)
           cfg->train.lr, cfg->train.warmup, cfg->train.min_lr, cfg->optim.clip,
           cfg->optim.weight_decay, (unsigned long long)cfg->train.seed,
           cfg->optim.zero ? ", ZeRO-1 optimizer" : "");
+  if (tr->tp > 1 || tr->pp > 1)
+    fprintf(tr->out,
+            "mesh dp %d x tp %d x pp %d%s: this rank holds layers [%d, %d) of %d, "
+            "%zu of %zu parameters%s\n",
+            tr->D, tr->tp, tr->pp,
+            tr->tp > 1 && cfg->parallel.sequence ? " (sequence parallel)" : "",
+            wf_gpt_get_shard(tr->model)->l0, wf_gpt_get_shard(tr->model)->l1, d->L,
+            wf_gpt_local_params(tr->model), np,
+            tr->pp > 1
+                ? (cfg->train.schedule == WF_SCHED_GPIPE ? ", GPipe schedule" : ", 1F1B schedule")
+                : "");
+  if (cfg->parallel.activation_checkpointing)
+    fprintf(tr->out, "activation checkpointing: each layer's intermediates are recomputed in "
+                     "backward\n");
   fflush(tr->out);
 }
 

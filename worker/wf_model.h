@@ -99,6 +99,8 @@ typedef struct wf_gpt_opts {
   struct wf_comm *tp_comm; /* the tp group when shard.tp > 1 (borrowed) */
   int B, T;                /* largest micro-batch */
   int slots;               /* micro-batches whose activations live at once (>= 1) */
+  bool recompute;          /* activation checkpointing: a slot keeps each layer's output only, and
+                            * backward recomputes the layer's intermediates (one more forward) */
 } wf_gpt_opts;
 
 /* Allocate parameters, gradients and activations for micro-batches of at most
@@ -176,6 +178,9 @@ void wf_gpt_stage_release(wf_gpt *m, int slot);
 /* Bytes of one slot's activations, and the most slots that held a forward's
  * activations at once since the last call (then reset). */
 size_t wf_gpt_slot_bytes(const wf_gpt *m);
+/* Activations held with `slots` slots in use, with activation checkpointing's one
+ * shared layer of recomputed intermediates. */
+size_t wf_gpt_act_bytes(const wf_gpt *m, int slots);
 int wf_gpt_peak_slots(wf_gpt *m);
 /* Complete the accumulated gradients over the tp group once per step, after the last
  * backward: sums the partial gradients of sequence-parallel layernorms. */
