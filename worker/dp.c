@@ -53,8 +53,7 @@ struct wf_dp {
  * Kinds this stage does not hold are empty ranges. Returns how many were written. */
 static int group_ranges(const wf_gpt *m, int g, range *out)
 {
-  const wf_gpt_shard *s = wf_gpt_get_shard(m);
-  int n = 0, nl = s->l1 - s->l0;
+  int n = 0, nl = wf_gpt_local_layers(m);
   static const wf_param_kind head[] = {WF_P_LNFW, WF_P_LNFB}, emb[] = {WF_P_WTE, WF_P_WPE};
   if (g == 0 || g == nl + 1) {
     const wf_param_kind *k = g == 0 ? head : emb;
@@ -75,8 +74,7 @@ static int group_ranges(const wf_gpt *m, int g, range *out)
 static wf_status plan_buckets(wf_dp *dp, size_t bucket_bytes)
 {
   wf_status st = WF_OK;
-  const wf_gpt_shard *s = wf_gpt_get_shard(dp->model);
-  dp->n_groups = s->l1 - s->l0 + 2;
+  dp->n_groups = wf_gpt_local_layers(dp->model) + 2;
   WF_CHECK_ALLOC(dp->buckets = calloc((size_t)dp->n_groups, sizeof *dp->buckets));
   bucket *b = NULL;
   for (int g = 0; g < dp->n_groups; g++) {

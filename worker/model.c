@@ -53,7 +53,7 @@ typedef struct acts {
   float *row_max, *row_sumexp;      /* (N) global over the vocabulary */
   float *target_logit, *losses;     /* (N) */
   int *inputs, *targets;            /* (N) this micro-batch's tokens */
-  int B, T;
+  int B, T, chunk;
   bool live;         /* forward done, backward not */
   bool have_targets; /* computed a loss, so backward may run */
 } acts;
@@ -75,7 +75,8 @@ struct wf_gpt {
   wf_gpt_dims d;
   wf_gpt_shard s;
   wf_tp tp;
-  int nl;      /* layers on this stage */
+  int nl; /* layers on this rank: v chunks of lc layers */
+  int nchunk, lc;
   int NHl, Vl; /* local heads, local vocabulary rows */
   int Bmax, Tmax, n_slots, in_use, peak;
   size_t num_params;                /* local */
@@ -189,9 +190,11 @@ const char *wf_gpt_shard_check(const wf_gpt_dims *d, const wf_gpt_shard *s)
     return "tp rank outside the tp group";
   if (d->NH % s->tp || d->C % s->tp || d->Vp % s->tp)
     return "tp must divide the heads, d_model and the padded vocabulary";
-  if (s->l0 < 0 || s->l1 > d->L || s->l0 >= s->l1)
-    return "the stage's layer range is empty or outside [0, L)";
-  if (s->first != (s->l0 == 0) || s->last != (s->l1 == d->L))
+  int v = s->chunks > 1 ? s->chunks : 1, stride = v > 1 ? s->chunk_stride : 0;
+  if (s->l0 < 0 || s->l0 >= s->l1 || (v > 1 && stride < s->l1 - s->l0) ||
+      (long)s->l1 + (long)(v - 1) * stride > d->L)
+    return "the stage's layer ranges are empty, overlap or fall outside [0, L)";
+  if (s->first != (s->l0 == 0) || s->last != (s->l1 + (v - 1) * stride == d->L))
     return "the first stage must start at layer 0 and the last end at layer L";
   return NULL;
 }
@@ -214,6 +217,21 @@ static bool kind_tp_split(wf_param_kind k)
   return k == WF_P_WTE || k == WF_P_QKVW || k == WF_P_QKVB || k == WF_P_ATTPROJW || k == WF_P_FCW ||
          k == WF_P_FCB || k == WF_P_FCPROJW;
 }
+
+/* Local layer i (chunk-major: chunk c holds local layers [c*lc, (c+1)*lc)) <-> global. */
+static int global_layer(const wf_gpt *m, int i)
+{
+  return m->s.l0 + i / m->lc * m->s.chunk_stride + i % m->lc;
+}
+
+static int local_layer(const wf_gpt *m, int l)
+{
+  int stride = m->nchunk > 1 ? m->s.chunk_stride : 0;
+  int c = m->nchunk > 1 ? (l - m->s.l0) / stride : 0;
+  return c * m->lc + (l - m->s.l0 - c * stride);
+}
+
+int wf_gpt_local_layers(const wf_gpt *m) { return m->nl; }
 
 size_t wf_gpt_local_layer_numel(const wf_gpt *m, wf_param_kind k)
 {
@@ -302,10 +320,11 @@ static void exchange_full(wf_gpt *m, int which, float *full, bool to_full)
       continue;
     geom g = tensor_geom(m, kk);
     size_t fl = wf_gpt_layer_numel(&m->d, kk), ll = wf_gpt_local_layer_numel(m, kk);
-    int l0 = wf_gpt_kind_is_layered(kk) ? m->s.l0 : 0;
-    for (int j = 0; j < (wf_gpt_kind_is_layered(kk) ? m->nl : 1); j++) {
+    bool layered = wf_gpt_kind_is_layered(kk);
+    for (int j = 0; j < (layered ? m->nl : 1); j++) {
       float *loc = base + m->off[k] + (size_t)j * ll;
-      float *ful = full + wf_gpt_kind_offset(&m->d, kk) + (size_t)(l0 + j) * fl;
+      float *ful =
+          full + wf_gpt_kind_offset(&m->d, kk) + (size_t)(layered ? global_layer(m, j) : 0) * fl;
       for (size_t i = 0; i < g.rows; i++) {
         float *f = ful + full_index(m, kk, &g, i), *l = loc + i * g.cols;
         if (to_full)
@@ -414,12 +433,12 @@ static wf_status alloc_acts(wf_gpt *m)
 {
   wf_status st = WF_OK;
   acts probe;
-  int inner = m->recompute ? 0 : m->nl;
-  m->slot_floats = carve_acts(&probe, NULL, m, inner, m->nl, m->s.last);
+  int inner = m->recompute ? 0 : m->lc; /* a slot holds one chunk's layers */
+  m->slot_floats = carve_acts(&probe, NULL, m, inner, m->lc, m->s.last);
   WF_CHECK_ALLOC(m->a = calloc((size_t)m->n_slots, sizeof *m->a));
   WF_CHECK_ALLOC(m->act_mem = alloc_floats(m->slot_floats * (size_t)m->n_slots));
   for (int i = 0; i < m->n_slots; i++)
-    carve_acts(&m->a[i], m->act_mem + (size_t)i * m->slot_floats, m, inner, m->nl, m->s.last);
+    carve_acts(&m->a[i], m->act_mem + (size_t)i * m->slot_floats, m, inner, m->lc, m->s.last);
   if (m->recompute) { /* one layer's intermediates, shared by every layer and slot */
     size_t n = carve_acts(&m->re, NULL, m, 1, 0, false);
     WF_CHECK_ALLOC(m->re_mem = alloc_floats(n));
@@ -459,7 +478,9 @@ wf_status wf_gpt_create_shard(wf_gpt **out, const wf_gpt_opts *o)
                   .size = o->shard.tp,
                   .rank = o->shard.tp_rank,
                   .sequence = o->shard.sequence && o->shard.tp > 1};
-  m->nl = o->shard.l1 - o->shard.l0;
+  m->nchunk = o->shard.chunks > 1 ? o->shard.chunks : 1;
+  m->lc = o->shard.l1 - o->shard.l0;
+  m->nl = m->nchunk * m->lc;
   m->NHl = d->NH / o->shard.tp;
   m->Vl = d->Vp / o->shard.tp;
   m->Bmax = o->B, m->Tmax = o->T, m->n_slots = o->slots;
@@ -509,7 +530,7 @@ float *wf_gpt_param(wf_gpt *m, wf_param_kind k, int layer, int grads)
   float *base = grads ? m->grads : m->params;
   size_t off = m->off[k];
   if (wf_gpt_kind_is_layered(k))
-    off += (size_t)(layer - m->s.l0) * wf_gpt_local_layer_numel(m, k);
+    off += (size_t)local_layer(m, layer) * wf_gpt_local_layer_numel(m, k);
   return base + off;
 }
 
@@ -606,8 +627,8 @@ void wf_gpt_init(wf_gpt *m, uint64_t seed)
     if (!wf_gpt_kind_is_layered(kk))
       init_tensor(m, kk, 0, seed);
     else
-      for (int l = m->s.l0; l < m->s.l1; l++)
-        init_tensor(m, kk, l, seed);
+      for (int i = 0; i < m->nl; i++)
+        init_tensor(m, kk, global_layer(m, i), seed);
   }
   if (m->m) { /* a re-initialised model starts AdamW afresh */
     zero_floats(m->m, m->num_params);
@@ -680,7 +701,7 @@ static void row_parallel(wf_gpt *m, float *y, const float *x, wf_param_kind w, w
 static void block_forward(wf_gpt *m, acts *a, int j, int B, int T)
 {
   const wf_gpt_dims *d = &m->d;
-  int l = m->s.l0 + j, C = d->C, tp = m->s.tp, N = B * T;
+  int l = global_layer(m, a->chunk * m->lc + j), C = d->C, tp = m->s.tp, N = B * T;
   int R = (int)wf_tp_rows(&m->tp, (size_t)N);
   strides z = layer_strides(m);
   const float *residual = layer_input(m, a, j);
@@ -768,7 +789,7 @@ static void xent_combine(wf_gpt *m, acts *a, int N)
 static float head_forward(wf_gpt *m, acts *a, int N)
 {
   int C = m->d.C, R = (int)wf_tp_rows(&m->tp, (size_t)N);
-  wf_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, layer_input(m, a, m->nl),
+  wf_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, layer_input(m, a, m->lc),
                        wf_gpt_param(m, WF_P_LNFW, 0, 0), wf_gpt_param(m, WF_P_LNFB, 0, 0), R, C);
   const float *x = wf_tp_enter_fwd(&m->tp, a->lnf, m->da.full, (size_t)N, (size_t)C);
   /* Tied embedding; padding rows of wte give padding columns the loss ignores. */
@@ -792,15 +813,21 @@ size_t wf_gpt_stage_io_numel(const wf_gpt *m, int B, int T)
 
 const float *wf_gpt_stage_output(const wf_gpt *m, int slot)
 {
-  return layer_input(m, &m->a[slot], m->nl);
+  return layer_input(m, &m->a[slot], m->lc);
 }
 
-static bool forward_args_ok(const wf_gpt *m, int slot, const int *inputs, const float *x,
+/* Whether chunk c holds the embeddings / the head. */
+static bool chunk_first(const wf_gpt *m, int c) { return m->s.first && c == 0; }
+static bool chunk_last(const wf_gpt *m, int c) { return m->s.last && c == m->nchunk - 1; }
+
+static bool forward_args_ok(const wf_gpt *m, int slot, int chunk, const int *inputs, const float *x,
                             const int *targets, int B, int T)
 {
+  bool first = chunk_first(m, chunk);
   size_t N = (size_t)B * (size_t)T;
-  if (slot < 0 || slot >= m->n_slots) {
-    WF_ERROR("forward in activation slot %d: the model has %d", slot, m->n_slots);
+  if (slot < 0 || slot >= m->n_slots || chunk < 0 || chunk >= m->nchunk) {
+    WF_ERROR("forward of chunk %d in activation slot %d: the model has %d chunks and %d slots",
+             chunk, slot, m->nchunk, m->n_slots);
     return false;
   }
   if (B <= 0 || T <= 0 || B * T > m->Bmax * m->Tmax || T > m->Tmax) {
@@ -813,38 +840,44 @@ static bool forward_args_ok(const wf_gpt *m, int slot, const int *inputs, const 
              m->s.tp);
     return false;
   }
-  if (m->s.first ? !inputs : !x) {
-    WF_ERROR("forward: the %s stage needs %s", m->s.first ? "first" : "next",
-             m->s.first ? "token inputs" : "the previous stage's activations");
+  if (first ? !inputs : !x) {
+    WF_ERROR("forward: the %s stage needs %s", first ? "first" : "next",
+             first ? "token inputs" : "the previous stage's activations");
     return false;
   }
-  return (!m->s.first || tokens_valid(inputs, N, m->d.V, "inputs")) &&
+  return (!first || tokens_valid(inputs, N, m->d.V, "inputs")) &&
          (!targets || tokens_valid(targets, N, m->d.V, "targets"));
 }
 
 float wf_gpt_stage_forward(wf_gpt *m, int slot, const int *inputs, const float *x,
                            const int *targets, int B, int T)
 {
-  if (!forward_args_ok(m, slot, inputs, x, targets, B, T))
+  return wf_gpt_chunk_forward(m, slot, 0, inputs, x, targets, B, T);
+}
+
+float wf_gpt_chunk_forward(wf_gpt *m, int slot, int chunk, const int *inputs, const float *x,
+                           const int *targets, int B, int T)
+{
+  if (!forward_args_ok(m, slot, chunk, inputs, x, targets, B, T))
     return NAN;
   acts *a = &m->a[slot];
   size_t N = (size_t)B * (size_t)T;
   if (!a->live && ++m->in_use > m->peak)
     m->peak = m->in_use;
   a->live = true;
-  a->B = B, a->T = T;
-  a->have_targets = m->s.last && targets;
+  a->B = B, a->T = T, a->chunk = chunk;
+  a->have_targets = chunk_last(m, chunk) && targets;
   if (a->have_targets)
     memcpy(a->targets, targets, N * sizeof *targets);
-  if (m->s.first) {
+  if (chunk_first(m, chunk)) {
     memcpy(a->inputs, inputs, N * sizeof *inputs);
     embed_forward(m, a, B, T);
   } else {
     memcpy(a->encoded, x, wf_gpt_stage_io_numel(m, B, T) * sizeof(float));
   }
-  for (int j = 0; j < m->nl; j++)
+  for (int j = 0; j < m->lc; j++)
     block_forward(m, a, j, B, T);
-  float loss = m->s.last ? head_forward(m, a, (int)N) : 0.0f;
+  float loss = chunk_last(m, chunk) ? head_forward(m, a, (int)N) : 0.0f;
   return m->tp.err == WF_OK ? loss : NAN;
 }
 
@@ -894,7 +927,8 @@ static void block_backward(wf_gpt *m, acts *a, int j)
 {
   const wf_gpt_dims *d = &m->d;
   dacts *g = &m->da;
-  int B = a->B, T = a->T, l = m->s.l0 + j, C = d->C, tp = m->s.tp, N = B * T;
+  int B = a->B, T = a->T, l = global_layer(m, a->chunk * m->lc + j), C = d->C, tp = m->s.tp;
+  int N = B * T;
   int R = (int)wf_tp_rows(&m->tp, (size_t)N);
   size_t n4 = (size_t)N * 4 * C / tp, n3 = (size_t)N * 3 * C / tp;
   const float *residual = layer_input(m, a, j), *dy, *x;
@@ -943,7 +977,7 @@ static void head_backward(wf_gpt *m, acts *a, float dloss_scale)
   column_backward(m, a->logits, x, WF_P_WTE, WF_GPT_NUM_KINDS, 0, N, m->Vl);
   memset(g->dres, 0, (size_t)R * C * sizeof(float));
   wf_layernorm_backward(g->dres, wf_gpt_param(m, WF_P_LNFW, 0, 1), wf_gpt_param(m, WF_P_LNFB, 0, 1),
-                        g->dl, layer_input(m, a, m->nl), wf_gpt_param(m, WF_P_LNFW, 0, 0),
+                        g->dl, layer_input(m, a, m->lc), wf_gpt_param(m, WF_P_LNFW, 0, 0),
                         a->lnf_mean, a->lnf_rstd, R, C);
 }
 
@@ -955,31 +989,32 @@ static void announce(wf_gpt *m, int group)
 
 wf_status wf_gpt_stage_backward(wf_gpt *m, int slot, const float *dy, float dloss_scale)
 {
-  if (slot < 0 || slot >= m->n_slots || !m->a[slot].live ||
-      (m->s.last ? !m->a[slot].have_targets : !dy)) {
+  bool ok = slot >= 0 && slot < m->n_slots && m->a[slot].live;
+  bool last = ok && chunk_last(m, m->a[slot].chunk);
+  if (!ok || (last ? !m->a[slot].have_targets : !dy)) {
     WF_ERROR("backward of slot %d needs a forward %s in that slot just before", slot,
-             m->s.last ? "with targets" : "and the next stage's gradient");
+             last ? "with targets" : "and the next stage's gradient");
     return WF_EINVAL;
   }
   acts *a = &m->a[slot];
-  int N = a->B * a->T, C = m->d.C;
+  int N = a->B * a->T, C = m->d.C, base = a->chunk * m->lc;
   a->have_targets = false; /* the logits become their gradient below */
-  if (m->s.last) {
+  if (last) {
     head_backward(m, a, dloss_scale);
     announce(m, 0); /* the final layernorm's gradients are final */
   } else {
     memcpy(m->da.dres, dy, wf_gpt_stage_io_numel(m, a->B, a->T) * sizeof(float));
   }
-  for (int j = m->nl - 1; j >= 0; j--) {
+  for (int j = m->lc - 1; j >= 0; j--) {
     block_backward(m, a, j);
-    announce(m, m->nl - j);
+    announce(m, m->nl - (base + j));
   }
-  if (m->s.first) {
+  if (chunk_first(m, a->chunk)) {
     const float *dout = wf_tp_leave_bwd(&m->tp, m->da.dres, m->da.full, (size_t)N, (size_t)C);
     float *dwpe = wf_gpt_param(m, WF_P_WPE, 0, 1);
     wf_encoder_backward_vp(wf_gpt_param(m, WF_P_WTE, 0, 1), dwpe, dout, a->inputs,
                            m->s.tp_rank * m->Vl, m->Vl, a->B, a->T, C);
-    if (m->s.last) /* one stage: nothing to sum over the embedding group first */
+    if (chunk_last(m, a->chunk)) /* one stage: no embedding group to sum over first */
       announce(m, m->nl + 1);
   }
   a->live = false;

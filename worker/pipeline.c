@@ -32,11 +32,11 @@ struct wf_pipe {
   wf_gpt *model;
   wf_schedule sched;
   wf_trace *trace;
-  int p, rank, m, B, T, n_ring;
-  size_t io;       /* floats of one stage input/output */
-  ring rf, rb, sb; /* receive activations, receive gradients, send gradients */
-  wf_req **req_rf, **req_rb, **req_sf, **req_sb; /* per micro-batch */
-  int *slot_of;                                  /* per micro-batch; -1 = none */
+  int p, rank, m, v, B, T, n_ring; /* work items are (mb, chunk): key = mb * v + chunk */
+  size_t io;                       /* floats of one stage input/output */
+  ring rf, rb, sb;                 /* receive activations, receive gradients, send gradients */
+  wf_req **req_rf, **req_rb, **req_sf, **req_sb; /* per key */
+  int *slot_of;                                  /* per key; -1 = none */
   bool *slot_busy;
   int n_slots;
   int *inputs, *targets;
@@ -44,11 +44,20 @@ struct wf_pipe {
   wf_pipe_stats st;
 };
 
-int wf_pipe_slots(wf_schedule_kind kind, int pp, int rank, int microbatches)
+int wf_pipe_slots(wf_schedule_kind kind, int pp, int rank, int microbatches, int v)
 {
   if (pp <= 1)
     return 1;
-  return kind == WF_SCHED_GPIPE ? microbatches : WF_MIN(pp - rank, microbatches);
+  if (kind != WF_SCHED_INTERLEAVED)
+    return kind == WF_SCHED_GPIPE ? microbatches : WF_MIN(pp - rank, microbatches);
+  /* interleaved: what the generated list holds at its peak */
+  wf_schedule s = {0};
+  wf_sched_params prm = {kind, pp, microbatches, v};
+  char err[256];
+  int n = wf_schedule_init(&s, &prm, rank, err, sizeof err) == WF_OK ? wf_schedule_peak_inflight(&s)
+                                                                     : microbatches * v;
+  wf_schedule_fini(&s);
+  return n;
 }
 
 static wf_status ring_alloc(ring *r, int n, size_t io)
@@ -81,15 +90,17 @@ wf_status wf_pipe_create(wf_pipe **out, const wf_pipe_opts *o, char *err, size_t
   p->p = o->pp ? wf_comm_size(o->pp) : 1;
   p->rank = o->pp ? wf_comm_rank(o->pp) : 0;
   p->m = o->microbatches, p->B = o->B, p->T = o->T;
-  wf_sched_params prm = {p->p > 1 ? o->kind : WF_SCHED_1F1B, p->p, p->m, 1};
+  p->v = o->kind == WF_SCHED_INTERLEAVED && p->p > 1 ? o->virtual_stages : 1;
+  wf_sched_params prm = {p->p > 1 ? o->kind : WF_SCHED_1F1B, p->p, p->m, p->v};
   WF_TRY(wf_schedule_init(&p->sched, &prm, p->rank, err, err_len));
   p->io = wf_gpt_stage_io_numel(o->model, o->B, o->T);
-  p->n_slots = wf_pipe_slots(prm.kind, p->p, p->rank, p->m);
-  p->n_ring = WF_MIN(p->m, p->n_slots + 2);
+  p->n_slots = wf_pipe_slots(prm.kind, p->p, p->rank, p->m, p->v);
+  /* interleaved lists post receives further ahead: one buffer per work item */
+  p->n_ring = p->v > 1 ? p->m * p->v : WF_MIN(p->m, p->n_slots + 2);
   WF_TRY(ring_alloc(&p->rf, p->n_ring, p->io));
   WF_TRY(ring_alloc(&p->rb, p->n_ring, p->io));
   WF_TRY(ring_alloc(&p->sb, p->n_ring, p->io));
-  size_t m = (size_t)p->m;
+  size_t m = (size_t)p->m * (size_t)p->v;
   WF_CHECK_ALLOC(p->req_rf = calloc(m, sizeof(wf_req *)));
   WF_CHECK_ALLOC(p->req_rb = calloc(m, sizeof(wf_req *)));
   WF_CHECK_ALLOC(p->req_sf = calloc(m, sizeof(wf_req *)));
@@ -111,7 +122,7 @@ void wf_pipe_destroy(wf_pipe *p)
 {
   if (!p)
     return;
-  for (int i = 0; p->req_rf && i < p->m; i++) {
+  for (int i = 0; p->req_rf && i < p->m * p->v; i++) {
     wf_req_wait(&p->req_rf[i]);
     wf_req_wait(&p->req_rb[i]);
     wf_req_wait(&p->req_sf[i]);
@@ -178,94 +189,113 @@ static int take_slot(wf_pipe *p, int mb)
 
 /* ---- actions ------------------------------------------------------------------------ */
 
-static void span(wf_pipe *p, char op, int mb, double t0, double t1)
+static void span(wf_pipe *p, char op, int mb, int chunk, double t0, double t1)
 {
   char name[16];
-  snprintf(name, sizeof name, "%c%d", op, mb);
+  if (p->v > 1)
+    snprintf(name, sizeof name, "%c%d%c", op, mb, 'a' + chunk % 26);
+  else
+    snprintf(name, sizeof name, "%c%d", op, mb);
   p->st.busy_s += t1 - t0;
   if (p->trace)
     wf_trace_span(p->trace, name, "compute", t0, t1, p->step, mb);
 }
 
-static wf_status do_forward(wf_pipe *p, int mb, wf_pipe_batch_fn batch, void *user, double *loss)
+/* Whether this rank's chunk holds the embeddings (first) or the loss (last). */
+static bool is_first(const wf_pipe *p, int chunk)
 {
-  const wf_gpt_shard *s = wf_gpt_get_shard(p->model);
+  return wf_gpt_get_shard(p->model)->first && chunk == 0;
+}
+
+static bool is_last(const wf_pipe *p, int chunk)
+{
+  return wf_gpt_get_shard(p->model)->last && chunk == p->v - 1;
+}
+
+static int key(const wf_pipe *p, int mb, int chunk) { return mb * p->v + chunk; }
+
+static wf_status do_forward(wf_pipe *p, int mb, int chunk, wf_pipe_batch_fn batch, void *user,
+                            double *loss)
+{
+  bool first = is_first(p, chunk), last = is_last(p, chunk);
+  int k = key(p, mb, chunk);
   const float *x = NULL;
-  if (!s->first) {
-    TRY(wait(p, &p->req_rf[mb], "recv activation", mb));
-    x = ring_take(p, &p->rf, mb);
+  if (!first) {
+    TRY(wait(p, &p->req_rf[k], "recv activation", mb));
+    x = ring_take(p, &p->rf, k);
   }
-  if (s->first || s->last)
+  if (first || last)
     TRY(batch(user, mb, p->inputs, p->targets));
-  int slot = take_slot(p, mb);
+  int slot = take_slot(p, k);
   if (slot < 0)
     return WF_EINVAL;
   double t0 = wf_now();
-  float l = wf_gpt_stage_forward(p->model, slot, s->first ? p->inputs : NULL, x,
-                                 s->last ? p->targets : NULL, p->B, p->T);
-  span(p, 'F', mb, t0, wf_now());
-  if (!s->first)
-    ring_give(p, &p->rf, mb);
+  float l = wf_gpt_chunk_forward(p->model, slot, chunk, first ? p->inputs : NULL, x,
+                                 last ? p->targets : NULL, p->B, p->T);
+  span(p, 'F', mb, chunk, t0, wf_now());
+  if (!first)
+    ring_give(p, &p->rf, k);
   if (isnan(l))
     return WF_EINVAL;
   *loss += l;
   return WF_OK;
 }
 
-static wf_status do_backward(wf_pipe *p, int mb)
+static wf_status do_backward(wf_pipe *p, int mb, int chunk)
 {
-  const wf_gpt_shard *s = wf_gpt_get_shard(p->model);
+  int k = key(p, mb, chunk);
   const float *dy = NULL;
-  if (!s->last) {
-    TRY(wait(p, &p->req_rb[mb], "recv gradient", mb));
-    dy = ring_take(p, &p->rb, mb);
+  if (!is_last(p, chunk)) {
+    TRY(wait(p, &p->req_rb[k], "recv gradient", mb));
+    dy = ring_take(p, &p->rb, k);
     /* the slot's output must not be in flight when its activations are released */
-    TRY(wait(p, &p->req_sf[mb], "send activation", mb));
+    TRY(wait(p, &p->req_sf[k], "send activation", mb));
   }
   double t0 = wf_now();
-  wf_status st = wf_gpt_stage_backward(p->model, p->slot_of[mb], dy, 1.0f / (float)p->m);
-  span(p, 'B', mb, t0, wf_now());
-  p->slot_busy[p->slot_of[mb]] = false;
-  p->slot_of[mb] = -1;
-  if (!s->last)
-    ring_give(p, &p->rb, mb);
+  wf_status st = wf_gpt_stage_backward(p->model, p->slot_of[k], dy, 1.0f / (float)p->m);
+  span(p, 'B', mb, chunk, t0, wf_now());
+  p->slot_busy[p->slot_of[k]] = false;
+  p->slot_of[k] = -1;
+  if (!is_last(p, chunk))
+    ring_give(p, &p->rb, k);
   return st;
 }
 
-static wf_status do_send_b(wf_pipe *p, int mb, int peer)
+static wf_status do_send_b(wf_pipe *p, int k, int peer)
 {
-  /* the send ring buffer of mb % n_ring may still be sending an older micro-batch */
-  int old = p->sb.owner[mb % p->n_ring];
+  /* the send ring buffer of k % n_ring may still be sending an older work item */
+  int old = p->sb.owner[k % p->n_ring];
   if (old >= 0) {
-    TRY(wait(p, &p->req_sb[old], "send gradient", old));
+    TRY(wait(p, &p->req_sb[old], "send gradient", old / p->v));
     ring_give(p, &p->sb, old);
   }
-  float *buf = ring_take(p, &p->sb, mb);
+  float *buf = ring_take(p, &p->sb, k);
   if (!buf)
     return WF_EINVAL;
   memcpy(buf, wf_gpt_stage_dinput(p->model), p->io * sizeof(float));
-  return wf_comm_isend(p->pp, buf, p->io, WF_COMM_F32, peer, &p->req_sb[mb]);
+  return wf_comm_isend(p->pp, buf, p->io, WF_COMM_F32, peer, &p->req_sb[k]);
 }
 
 static wf_status do_action(wf_pipe *p, const wf_sched_action *a, wf_pipe_batch_fn batch, void *user,
                            double *loss)
 {
+  int k = key(p, a->mb, a->chunk);
   float *buf;
   switch (a->op) {
-  case WF_ACT_FORWARD: return do_forward(p, a->mb, batch, user, loss);
-  case WF_ACT_BACKWARD: return do_backward(p, a->mb);
+  case WF_ACT_FORWARD: return do_forward(p, a->mb, a->chunk, batch, user, loss);
+  case WF_ACT_BACKWARD: return do_backward(p, a->mb, a->chunk);
   case WF_ACT_SEND_F:
-    return wf_comm_isend(p->pp, wf_gpt_stage_output(p->model, p->slot_of[a->mb]), p->io,
-                         WF_COMM_F32, a->peer, &p->req_sf[a->mb]);
+    return wf_comm_isend(p->pp, wf_gpt_stage_output(p->model, p->slot_of[k]), p->io, WF_COMM_F32,
+                         a->peer, &p->req_sf[k]);
   case WF_ACT_RECV_F:
-    if (!(buf = ring_take(p, &p->rf, a->mb)))
+    if (!(buf = ring_take(p, &p->rf, k)))
       return WF_EINVAL;
-    return wf_comm_irecv(p->pp, buf, p->io, WF_COMM_F32, a->peer, &p->req_rf[a->mb]);
-  case WF_ACT_SEND_B: return do_send_b(p, a->mb, a->peer);
+    return wf_comm_irecv(p->pp, buf, p->io, WF_COMM_F32, a->peer, &p->req_rf[k]);
+  case WF_ACT_SEND_B: return do_send_b(p, k, a->peer);
   case WF_ACT_RECV_B:
-    if (!(buf = ring_take(p, &p->rb, a->mb)))
+    if (!(buf = ring_take(p, &p->rb, k)))
       return WF_EINVAL;
-    return wf_comm_irecv(p->pp, buf, p->io, WF_COMM_F32, a->peer, &p->req_rb[a->mb]);
+    return wf_comm_irecv(p->pp, buf, p->io, WF_COMM_F32, a->peer, &p->req_rb[k]);
   }
   return WF_EINVAL;
 }
@@ -285,19 +315,22 @@ wf_status wf_pipe_step(wf_pipe *p, int step, wf_pipe_batch_fn batch, wf_pipe_arm
   memset(&p->st, 0, sizeof p->st);
   p->step = step;
   *loss_sum = 0;
-  for (int i = 0; i < p->m; i++)
+  for (int i = 0; i < p->m * p->v; i++)
     p->slot_of[i] = -1;
   wf_gpt_zero_grad(p->model);
   double t0 = wf_now();
   int lb = last_backward(&p->sched);
   for (int i = 0; i < p->sched.n && st == WF_OK; i++) {
-    if (i == lb && arm)
+    /* With chunks the last micro-batch's backwards interleave with other micro-batches'
+     * (a layer's gradients are not final at its chunk's last backward), so the dp
+     * reduction waits for the end of the step instead of overlapping. */
+    if (i == lb && arm && p->v == 1)
       arm(user);
     st = do_action(p, &p->sched.actions[i], batch, user, loss_sum);
   }
-  for (int mb = 0; mb < p->m; mb++) { /* sends still in flight */
-    wf_status w = wait(p, &p->req_sf[mb], "send activation", mb);
-    wf_status v = wait(p, &p->req_sb[mb], "send gradient", mb);
+  for (int k = 0; k < p->m * p->v; k++) { /* sends still in flight */
+    wf_status w = wait(p, &p->req_sf[k], "send activation", k / p->v);
+    wf_status v = wait(p, &p->req_sb[k], "send gradient", k / p->v);
     st = st != WF_OK ? st : w != WF_OK ? w : v;
   }
   for (int i = 0; i < p->n_ring; i++)
@@ -310,26 +343,38 @@ wf_status wf_pipe_step(wf_pipe *p, int step, wf_pipe_batch_fn batch, wf_pipe_arm
   return st;
 }
 
-wf_status wf_pipe_forward(wf_pipe *p, wf_pipe_batch_fn batch, void *user, double *loss_sum)
+/* One micro-batch forward through every chunk of this rank, in stage order: chunk c
+ * waits for stage c*p + r - 1 (the previous rank; rank p-1's chunk c-1 for rank 0) and
+ * feeds stage c*p + r + 1. Only one message is in flight at a time, so blocking
+ * point-to-point cannot deadlock. */
+static wf_status forward_chain(wf_pipe *p, int mb, wf_pipe_batch_fn batch, void *user, double *loss)
 {
-  const wf_gpt_shard *s = wf_gpt_get_shard(p->model);
-  wf_status st = WF_OK;
   float *x = p->rf.mem;
-  *loss_sum = 0;
-  for (int mb = 0; mb < p->m && st == WF_OK; mb++) {
-    if (!s->first)
-      TRY(wf_comm_recv(p->pp, x, p->io, WF_COMM_F32, p->rank - 1));
-    if (s->first || s->last)
+  int prev = (p->rank + p->p - 1) % p->p, next = (p->rank + 1) % p->p;
+  for (int c = 0; c < p->v; c++) {
+    bool first = is_first(p, c), last = is_last(p, c);
+    if (!first)
+      TRY(wf_comm_recv(p->pp, x, p->io, WF_COMM_F32, prev));
+    if (first || last)
       TRY(batch(user, mb, p->inputs, p->targets));
-    float l = wf_gpt_stage_forward(p->model, 0, s->first ? p->inputs : NULL, x,
-                                   s->last ? p->targets : NULL, p->B, p->T);
+    float l = wf_gpt_chunk_forward(p->model, 0, c, first ? p->inputs : NULL, x,
+                                   last ? p->targets : NULL, p->B, p->T);
     wf_gpt_stage_release(p->model, 0);
     if (isnan(l))
       return WF_EINVAL;
-    *loss_sum += l;
-    if (!s->last)
-      st = wf_comm_send(p->pp, wf_gpt_stage_output(p->model, 0), p->io, WF_COMM_F32, p->rank + 1);
+    *loss += l;
+    if (!last)
+      TRY(wf_comm_send(p->pp, wf_gpt_stage_output(p->model, 0), p->io, WF_COMM_F32, next));
   }
+  return WF_OK;
+}
+
+wf_status wf_pipe_forward(wf_pipe *p, wf_pipe_batch_fn batch, void *user, double *loss_sum)
+{
+  wf_status st = WF_OK;
+  *loss_sum = 0;
+  for (int mb = 0; mb < p->m && st == WF_OK; mb++)
+    st = forward_chain(p, mb, batch, user, loss_sum);
   wf_gpt_peak_slots(p->model); /* evaluation does not count towards training's peak */
   return st;
 }

@@ -50,7 +50,8 @@ typedef struct trainer {
   int bounds[WF_MAX_STAGES + 1]; /* stage s holds layers [bounds[s], bounds[s+1]) */
   wf_pipe *pipe;
   wf_trace *trace;
-  int step; /* the step being run (for the batch callback) */
+  int chunks; /* model chunks per rank (interleaved schedule), else 1 */
+  int step;   /* the step being run (for the batch callback) */
   wf_data_split split;
   long tied_checks;
   wf_data *data;
@@ -145,34 +146,60 @@ static wf_status load_init(trainer *tr)
   return st == WF_OK ? WF_OK : fail_msg(st, err[0] ? err : "cannot read model.init");
 }
 
+/* The interleaved schedule's chunks: stage s = c * pp + r holds layers
+ * [s * Lc, (s + 1) * Lc), Lc = L / (pp * v) (validation checked the division). */
+static wf_status interleaved_split(trainer *tr)
+{
+  const wf_config *cfg = tr->cfg;
+  int v = cfg->parallel.virtual_stages, lc = tr->dims.L / (tr->pp * v);
+  if (tr->pp < 2)
+    return refuse("train.schedule=interleaved needs mesh.pp >= 2: with one pipeline rank "
+                  "there is nothing to interleave; use train.schedule=1f1b");
+  if (cfg->parallel.n_pp_layers > 0)
+    return refuse("parallel.pp_layers does not apply to train.schedule=interleaved, whose "
+                  "chunks all hold model.layers / (mesh.pp x parallel.virtual_stages) "
+                  "layers; remove it");
+  if (cfg->train.checkpoint_dir[0] || cfg->train.resume[0])
+    return refuse("train.checkpoint_dir / train.resume: checkpoints of the interleaved "
+                  "schedule's model chunks are not written yet; use train.schedule=1f1b, or "
+                  "--save FILE for the final model");
+  tr->chunks = v;
+  tr->bounds[tr->pp_rank] = tr->pp_rank * lc;
+  tr->bounds[tr->pp_rank + 1] = (tr->pp_rank + 1) * lc;
+  return WF_OK;
+}
+
 static wf_status setup_stage(trainer *tr)
 {
   const wf_config *cfg = tr->cfg;
   char err[1024] = "";
-  wf_status st = wf_pipe_partition(&tr->dims, tr->T, tr->pp, cfg->parallel.pp_layers,
-                                   cfg->parallel.n_pp_layers, tr->bounds, err, sizeof err);
-  if (st != WF_OK)
-    return fail_msg(st, err);
+  wf_status st = WF_OK;
   if (cfg->precision != WF_PREC_NO)
     return refuse("precision (mixed_precision): only float32 training is built; the fp16 and "
                   "bf16 paths are not, so unset it (precision=no) rather than have it ignored");
-  if (tr->pp > 1 && cfg->train.schedule == WF_SCHED_INTERLEAVED)
-    return refuse("train.schedule=interleaved: the engine runs one model chunk "
-                  "per rank; use train.schedule=1f1b or gpipe (--print-schedule "
-                  "draws interleaved schedules)");
-  int r = tr->pp_rank;
+  tr->chunks = 1;
+  if (cfg->train.schedule == WF_SCHED_INTERLEAVED)
+    st = interleaved_split(tr);
+  else
+    st = wf_pipe_partition(&tr->dims, tr->T, tr->pp, cfg->parallel.pp_layers,
+                           cfg->parallel.n_pp_layers, tr->bounds, err, sizeof err);
+  if (st != WF_OK)
+    return err[0] ? fail_msg(st, err) : st;
+  int r = tr->pp_rank, lc = tr->bounds[r + 1] - tr->bounds[r];
   wf_gpt_opts o = {.dims = tr->dims,
                    .shard = {.tp = tr->tp,
                              .tp_rank = comm_rank(tr->tp_comm),
                              .sequence = cfg->parallel.sequence && tr->tp > 1,
                              .l0 = tr->bounds[r],
                              .l1 = tr->bounds[r + 1],
+                             .chunks = tr->chunks,
+                             .chunk_stride = tr->pp * lc,
                              .first = r == 0,
                              .last = r == tr->pp - 1},
                    .tp_comm = tr->tp_comm,
                    .B = tr->B,
                    .T = tr->T,
-                   .slots = wf_pipe_slots(cfg->train.schedule, tr->pp, r, tr->M),
+                   .slots = wf_pipe_slots(cfg->train.schedule, tr->pp, r, tr->M, tr->chunks),
                    .recompute = cfg->parallel.activation_checkpointing};
   st = wf_gpt_create_shard(&tr->model, &o);
   return st == WF_OK ? WF_OK : fail_msg(st, "cannot allocate the model (see above)");
@@ -202,7 +229,8 @@ static wf_status setup_model(trainer *tr)
   if (st != WF_OK)
     return st;
   tr->flops = wf_gpt_flops_per_step(&tr->dims, tr->B * tr->M * tr->D, tr->T);
-  wf_pipe_opts po = {tr->pp_comm, tr->model, cfg->train.schedule, tr->M, tr->B, tr->T, tr->trace};
+  wf_pipe_opts po = {tr->pp_comm, tr->model, cfg->train.schedule, tr->M, tr->chunks, tr->B,
+                     tr->T,       tr->trace};
   st = wf_pipe_create(&tr->pipe, &po, err, sizeof err);
   if (st != WF_OK)
     return fail_msg(st, err);
@@ -571,7 +599,7 @@ static void stage_stats(trainer *tr, const wf_pipe_stats *ps, wf_train_step_info
     idle += all[2 * s + 1];
   }
   info->bubble = tr->pp > 1 ? idle / tr->pp : 0;
-  wf_sched_params prm = {tr->cfg->train.schedule, tr->pp, tr->M, 1};
+  wf_sched_params prm = {tr->cfg->train.schedule, tr->pp, tr->M, tr->chunks};
   info->bubble_theory = tr->pp > 1 ? wf_schedule_bubble_theory(&prm) : 0;
 }
 

@@ -82,9 +82,12 @@ const char *wf_gpt_dims_check(const wf_gpt_dims *d);
  * The local parameters are laid out as the full model's: kinds in llm.c order, the
  * local layers of a kind together, absent kinds empty. */
 typedef struct wf_gpt_shard {
-  int tp, tp_rank;  /* 1, 0 without tensor parallelism */
-  bool sequence;    /* sequence parallelism over the tp group */
-  int l0, l1;       /* this stage's layers */
+  int tp, tp_rank; /* 1, 0 without tensor parallelism */
+  bool sequence;   /* sequence parallelism over the tp group */
+  int l0, l1;      /* this stage's layers (its first chunk's, with chunks) */
+  int chunks;      /* v model chunks (interleaved schedule; 0 or 1 = one): chunk c
+                    * holds layers [l0 + c*chunk_stride, l1 + c*chunk_stride) */
+  int chunk_stride;
   bool first, last; /* holds the embeddings / the final layernorm, head and loss */
 } wf_gpt_shard;
 
@@ -116,6 +119,7 @@ const wf_gpt_dims *wf_gpt_get_dims(const wf_gpt *m); /* the whole model's dims *
 const wf_gpt_shard *wf_gpt_get_shard(const wf_gpt *m);
 /* This rank's parameters: count, and each kind's local offset and size. */
 size_t wf_gpt_local_params(const wf_gpt *m);
+int wf_gpt_local_layers(const wf_gpt *m); /* layers on this rank, all chunks */
 size_t wf_gpt_local_offset(const wf_gpt *m, wf_param_kind k);
 size_t wf_gpt_local_numel(const wf_gpt *m, wf_param_kind k);
 size_t wf_gpt_local_layer_numel(const wf_gpt *m, wf_param_kind k);
@@ -164,6 +168,10 @@ void wf_gpt_backward(wf_gpt *m, float dloss_scale);
  * Returns the mean loss of the micro-batch on the last stage with targets, 0 on
  * other stages, NAN on bad input or a failed collective. */
 float wf_gpt_stage_forward(wf_gpt *m, int slot, const int *inputs, const float *x,
+                           const int *targets, int B, int T);
+/* The same for model chunk `chunk` (the embeddings are chunk 0's on the first stage,
+ * the head chunk v-1's on the last). Backward knows the slot's chunk. */
+float wf_gpt_chunk_forward(wf_gpt *m, int slot, int chunk, const int *inputs, const float *x,
                            const int *targets, int B, int T);
 const float *wf_gpt_stage_output(const wf_gpt *m, int slot);
 size_t wf_gpt_stage_io_numel(const wf_gpt *m, int B, int T); /* rows * C */

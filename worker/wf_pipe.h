@@ -14,7 +14,8 @@
  * down), so MPI's in-order matching pairs them as the validated lists name them.
  *
  * With pp = 1 the schedule is 1F1B on one stage (F0 B0 F1 B1 ...): one slot, plain
- * gradient accumulation, no messages.
+ * gradient accumulation, no messages. With the interleaved schedule the rank's model
+ * holds v chunks (wf_gpt_chunk_forward) and work items are (micro-batch, chunk).
  */
 #ifndef WF_PIPE_H
 #define WF_PIPE_H
@@ -30,9 +31,10 @@ typedef struct wf_pipe_opts {
   wf_comm *pp;   /* the pp group; NULL with one stage */
   wf_gpt *model; /* this rank's stage (borrowed) */
   wf_schedule_kind kind;
-  int microbatches; /* m */
-  int B, T;         /* micro-batch */
-  wf_trace *trace;  /* spans of compute and waits; NULL = none */
+  int microbatches;   /* m */
+  int virtual_stages; /* v: model chunks per rank (interleaved); the model holds them */
+  int B, T;           /* micro-batch */
+  wf_trace *trace;    /* spans of compute and waits; NULL = none */
 } wf_pipe_opts;
 
 /* Fills micro-batch mb's inputs and targets (B*T each). */
@@ -49,8 +51,9 @@ typedef struct wf_pipe_stats {
   size_t act_bytes; /* peak_slots x one slot's activations */
 } wf_pipe_stats;
 
-/* Slots the model needs on pp rank `rank` for this schedule. */
-int wf_pipe_slots(wf_schedule_kind kind, int pp, int rank, int microbatches);
+/* Slots the model needs on pp rank `rank` for this schedule (each holds one chunk of
+ * one micro-batch). */
+int wf_pipe_slots(wf_schedule_kind kind, int pp, int rank, int microbatches, int v);
 
 wf_status wf_pipe_create(wf_pipe **out, const wf_pipe_opts *o, char *err, size_t err_len);
 void wf_pipe_destroy(wf_pipe *p); /* accepts NULL */
