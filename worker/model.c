@@ -549,6 +549,8 @@ int wf_gpt_peak_slots(wf_gpt *m)
   return p;
 }
 
+void wf_gpt_set_trace(wf_gpt *m, struct wf_trace *trace) { m->tp.trace = trace; }
+
 void wf_gpt_tp_stats(wf_gpt *m, double *seconds, double *bytes)
 {
   *seconds = m->tp.comm_s;

@@ -169,7 +169,7 @@ static wf_status wait(wf_pipe *p, wf_req **req, const char *what, int mb)
   double t1 = wf_now();
   p->st.wait_s += t1 - t0;
   if (p->trace && t1 - t0 > 1e-5)
-    wf_trace_span(p->trace, what, "wait", t0, t1, p->step, mb);
+    wf_trace_span(p->trace, what, "comm", t0, t1, p->step, mb);
   if (st != WF_OK)
     WF_ERROR("pipeline: %s of micro-batch %d failed (%s)", what, mb, wf_status_str(st));
   return st;

@@ -8,12 +8,16 @@
 #include <string.h>
 
 #include "wf_tp.h"
+#include "wf_trace.h"
 
 static bool tp_active(const wf_tp *tp) { return tp->comm && tp->size > 1 && tp->err == WF_OK; }
 
-static void note(wf_tp *tp, wf_status st, double t0, size_t bytes)
+static void note(wf_tp *tp, const char *what, wf_status st, double t0, size_t bytes)
 {
-  tp->comm_s += wf_now() - t0;
+  double t1 = wf_now();
+  tp->comm_s += t1 - t0;
+  if (wf_trace_on(tp->trace))
+    wf_trace_span(tp->trace, what, "comm", t0, t1, -1, -1);
   tp->comm_bytes += (double)bytes;
   if (st != WF_OK && tp->err == WF_OK)
     tp->err = st;
@@ -23,14 +27,14 @@ static void allgather(wf_tp *tp, const float *x, float *full, size_t rows, size_
 {
   double t0 = wf_now();
   wf_status st = wf_comm_allgather(tp->comm, x, full, rows * C, WF_COMM_F32);
-  note(tp, st, t0, rows * C * sizeof(float));
+  note(tp, "tp all-gather", st, t0, rows * C * sizeof(float));
 }
 
 static void reduce_scatter(wf_tp *tp, float *y, const float *full, size_t rows, size_t C)
 {
   double t0 = wf_now();
   wf_status st = wf_comm_reduce_scatter(tp->comm, full, y, rows * C, WF_COMM_F32, WF_COMM_SUM);
-  note(tp, st, t0, rows * C * (size_t)tp->size * sizeof(float));
+  note(tp, "tp reduce-scatter", st, t0, rows * C * (size_t)tp->size * sizeof(float));
 }
 
 void wf_tp_allreduce(wf_tp *tp, float *x, size_t n)
@@ -39,7 +43,7 @@ void wf_tp_allreduce(wf_tp *tp, float *x, size_t n)
     return;
   double t0 = wf_now();
   wf_status st = wf_comm_allreduce(tp->comm, x, x, n, WF_COMM_F32, WF_COMM_SUM);
-  note(tp, st, t0, n * sizeof(float));
+  note(tp, "tp all-reduce", st, t0, n * sizeof(float));
 }
 
 const float *wf_tp_enter_fwd(wf_tp *tp, const float *x, float *full, size_t N, size_t C)

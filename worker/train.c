@@ -202,6 +202,8 @@ static wf_status setup_stage(trainer *tr)
                    .slots = wf_pipe_slots(cfg->train.schedule, tr->pp, r, tr->M, tr->chunks),
                    .recompute = cfg->parallel.activation_checkpointing};
   st = wf_gpt_create_shard(&tr->model, &o);
+  if (st == WF_OK)
+    wf_gpt_set_trace(tr->model, tr->trace);
   return st == WF_OK ? WF_OK : fail_msg(st, "cannot allocate the model (see above)");
 }
 
@@ -380,8 +382,11 @@ static wf_status setup_trace(trainer *tr)
            tr->dp_rank, comm_rank(tr->tp_comm));
   const int *ts = tr->cfg->train.trace_steps;
   size_t steps = (size_t)(ts[1] - ts[0] + 1);
-  /* per step: F and B per micro-batch, waits, the optimizer; bounded by 1M spans */
-  size_t spans = WF_MIN(steps * (size_t)(8 * tr->M + 16), (size_t)1 << 20);
+  /* per micro-batch: F, B and their p2p waits, and with tp up to 14 collectives per
+   * layer (sequence parallelism with recompute: 4 forward, 4 again, 6 backward) and a
+   * few for the embedding and head; doubled for margin; bounded by 1M spans */
+  size_t per_mb = 8 + (tr->tp > 1 ? 14 * (size_t)tr->dims.L + 8 : 0);
+  size_t spans = WF_MIN(2 * steps * ((size_t)tr->M * per_mb + 16), (size_t)1 << 20);
   wf_status st = wf_trace_create(&tr->trace, label, spans);
   return st == WF_OK ? WF_OK : fail_msg(st, "cannot set up train.trace");
 }
@@ -537,7 +542,10 @@ static wf_status global_norm(trainer *tr, float *norm)
 static wf_status reduce_and_update(trainer *tr, int step, double loss, float *norm, double *lr)
 {
   const wf_config *cfg = tr->cfg;
+  double t0 = wf_now();
   wf_status st = complete_grads(tr);
+  if (wf_trace_on(tr->trace))
+    wf_trace_span(tr->trace, "gradient reduction", "comm", t0, wf_now(), step, -1);
   if (st == WF_OK)
     st = global_norm(tr, norm);
   if (st != WF_OK)
@@ -617,6 +625,7 @@ static wf_status train_step(trainer *tr, int step, wf_train_step_info *info)
   if (tr->trace)
     wf_trace_set_on(tr->trace, tracing(tr, step));
   wf_status st = accumulate(tr, step, &loss, &ps);
+  double tr0 = wf_now();
   if (st == WF_OK)
     st = reduce_and_update(tr, step, loss, &norm, &lr);
   if (st == WF_OK)
@@ -625,7 +634,7 @@ static wf_status train_step(trainer *tr, int step, wf_train_step_info *info)
     return st;
   double dt = wf_now() - t0;
   if (tr->trace && wf_trace_on(tr->trace))
-    wf_trace_span(tr->trace, "optimizer", "optim", t0 + ps.wall_s, wf_now(), step, -1);
+    wf_trace_span(tr->trace, "step end (reduction, norm, AdamW)", "optim", tr0, wf_now(), step, -1);
   wf_mem_stats ms;
   wf_mem_get_stats(&ms);
   wf_dp_stats ds = {0};
@@ -802,6 +811,7 @@ static wf_status run_loop(trainer *tr)
     double eval_ms = 0;
     if (eval_due(tr, step)) {
       double t = wf_now();
+      wf_trace_set_on(tr->trace, false); /* the trace shows training steps */
       st = evaluate(tr, &info.val_loss);
       if (st != WF_OK)
         return st;

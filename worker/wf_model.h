@@ -193,6 +193,9 @@ int wf_gpt_peak_slots(wf_gpt *m);
 /* Complete the accumulated gradients over the tp group once per step, after the last
  * backward: sums the partial gradients of sequence-parallel layernorms. */
 wf_status wf_gpt_finish_grads(wf_gpt *m);
+/* Record each tp collective as a "comm" span while `trace` is on (NULL = none). */
+struct wf_trace;
+void wf_gpt_set_trace(wf_gpt *m, struct wf_trace *trace);
 /* Seconds and bytes of tp communication since the last call (then reset). */
 void wf_gpt_tp_stats(wf_gpt *m, double *seconds, double *bytes);
 

@@ -36,10 +36,11 @@
 typedef struct wf_tp {
   wf_comm *comm; /* the tp group; NULL when tp = 1 */
   int size, rank;
-  bool sequence;     /* sequence parallelism */
-  wf_status err;     /* first failed collective */
-  double comm_s;     /* seconds spent in tp collectives (for the step log) */
-  double comm_bytes; /* bytes this rank sent into tp collectives */
+  bool sequence;          /* sequence parallelism */
+  wf_status err;          /* first failed collective */
+  double comm_s;          /* seconds spent in tp collectives (for the step log) */
+  double comm_bytes;      /* bytes this rank sent into tp collectives */
+  struct wf_trace *trace; /* spans of each collective while it records; NULL = none */
 } wf_tp;
 
 /* Rows of the replicated regions on this rank: N, or N / size with sequence parallelism. */
