@@ -15,6 +15,36 @@ Tolerances (float32, eps = 2^-24 ~ 6e-8 relative per rounding):
   absolute tolerance of 20 steps * lr 3e-3 * 1e-3 = 6e-5 (PARAM_ATOL): the update size
   times a 1e-3 relative disagreement in its direction, far below the 3e-3 a single
   wrong step would move a parameter.
+* Tensor parallelism (mp_checks.py: tp2, tp4, tp2-seq, tp4-seq, dp2tp2, 3d): the row-
+  parallel matmuls (attention projection, MLP projection) produce partial dot products
+  over C/tp or 4C/tp inputs that an all-reduce (or reduce-scatter with
+  parallel.sequence) adds across ranks, and the column-parallel backward sums the input
+  gradient the same way: each is the same C- or 4C-long (64 or 256 terms) float32 sum in
+  another order, error ~sqrt(256) * eps ~ 1e-6 relative, no larger than the dp argument
+  above, so the same LOSS_RTOL and PARAM_ATOL apply. Measured (20 steps): loss
+  <= 9.8e-8 relative, parameters <= 7.2e-6 (tp2 7.2e-6, tp4 7.2e-6, tp2-seq 7.2e-6,
+  tp4-seq 4.9e-6, dp2tp2 7.2e-6 with loss 9.8e-8, 3d 4.6e-6 with loss 8.4e-8): about
+  10x inside PARAM_ATOL; the largest are in the attention and MLP weights.
+* Pipeline parallelism (pp2-1f1b, pp2-gpipe, pp4-1f1b, pp4-gpipe, pp2-uneven,
+  pp2-interleaved; the one-rank reference uses the same train.microbatches, so the
+  micro-batch accumulation order is identical): stages compute exactly the same ops on
+  the same micro-batches; only sums across stages (the tied embedding's two gradient
+  halves, the squared grad norm) are added in another order. Measured: loss <= 5.9e-8
+  relative (a fraction of one float32 ulp), parameters <= 1.2e-7 except the attention
+  KEY BIASES, at 3.1e-6 (4.0e-6 pp2-uneven). Their gradient is zero in exact arithmetic
+  (softmax is invariant to the q.b_k shift every score of a row gets), so it is pure
+  rounding noise, and Adam's m / sqrt(v) turns noise of any size into lr-sized steps:
+  a one-ulp change anywhere upstream moves them. The pipeline-only cases therefore also
+  check PP_LOSS_RTOL = 1e-6 and PP_PARAM_ATOL = 1e-6 on every parameter but the key
+  biases (8x above the measured 1.2e-7), and the key biases against PARAM_ATOL with the
+  rest. With dp (dp2pp2-zero: loss 1.1e-7, params 4.3e-6) the dp argument applies.
+* --dump-state (one forward/backward of the whole batch, no optimizer): one rank vs
+  tp2 x pp2 and vs tp2 with parallel.sequence: inputs and targets identical; measured
+  logits 2.4e-7 absolute (1 ulp of logits of magnitude ~2-4), loss identical, gradients
+  1.3e-7 = 5e-7 of the largest |gradient| (0.27). Tolerances: STATE_LOGIT_ATOL = 1e-5
+  (a 64-term dot product of O(1) terms: sqrt(64) * eps * 64 ~ 3e-5 worst, ~1e-6 typical),
+  STATE_LOSS_RTOL = 1e-6, STATE_GRAD_RTOL = 1e-4 of the largest |gradient| (512-row
+  sums: sqrt(512) * eps ~ 1.4e-6 relative, with headroom for cancellation).
 """
 import json
 import os
@@ -23,28 +53,38 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mp_checks  # noqa: E402  tensor/pipeline-parallel cases
+
 WORKER = sys.argv[1]
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
 STEPS = 20
 LOSS_RTOL = 1e-5
 PARAM_ATOL = 6e-5
+PP_LOSS_RTOL = 1e-6
+PP_PARAM_ATOL = 1e-6
+STATE_LOGIT_ATOL = 1e-5
+STATE_LOSS_RTOL = 1e-6
+STATE_GRAD_RTOL = 1e-4
 BASE = ["model.preset=gpt2-tiny", f"train.steps={STEPS}", "train.batch_size=8",
         "train.eval_every=0", "train.seed=1234", "train.warmup=5"]
 
 
-def train(n, extra, tmp, tag):
+def train(n, extra, tmp, tag, steps=STEPS):
     metrics = os.path.join(tmp, f"{tag}.jsonl")
     ckpt = os.path.join(tmp, f"{tag}.bin")
-    args = [WORKER] + BASE + extra + [f"train.metrics={metrics}", "--save", ckpt]
+    args = [WORKER] + BASE + [f"train.steps={steps}"] + extra + [f"train.metrics={metrics}",
+                                                                 "--save", ckpt]
     cmd = (MPIRUN + ["-np", str(n)] + args) if n > 1 else args
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                       stdin=subprocess.DEVNULL)
     if p.returncode != 0:
         print(f"FAIL: {' '.join(cmd)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
         sys.exit(1)
     rows = [json.loads(l) for l in open(metrics) if l.strip()]
     losses = [r["loss"] for r in rows]
-    if len(losses) != STEPS:
-        print(f"FAIL: {tag}: {len(losses)} metric lines, want {STEPS}")
+    if len(losses) != steps:
+        print(f"FAIL: {tag}: {len(losses)} metric lines, want {steps}")
         sys.exit(1)
     return losses, read_params(ckpt), p.stdout, rows[-1]
 
@@ -81,6 +121,7 @@ def compare(ref, got, what):
     print(f"ok: {what}: {STEPS} steps, worst loss rel diff {worst:.2e} (tol {LOSS_RTOL}), "
           f"max param diff {dmax:.2e} (tol {PARAM_ATOL}); loss {l1[0]:.4f} -> {l1[-1]:.4f}")
     print(out[-2000:])
+    RESULTS.append((what, worst, dmax))
 
 
 def check_optimizer_memory(ref, got, dp):
@@ -97,7 +138,12 @@ def check_optimizer_memory(ref, got, dp):
           f"(1/{dp} = {1.0 / dp:.5f})")
 
 
+RESULTS = []
+
+
 def case(name):
+    if name in mp_checks.CASES:
+        return mp_checks.run_case(name, sys.modules[__name__])
     with tempfile.TemporaryDirectory() as tmp:
         ref = train(1, [], tmp, "ref")
         if name == "dp2":

@@ -1,0 +1,273 @@
+"""Tensor- and pipeline-parallel cases of equiv.py (`equiv.py WORKER CASE`).
+
+The tolerances and the measured differences are in equiv.py's docstring. Besides the
+loss/parameter equivalence with one rank, the cases check what the step log promises
+for pipelines (the tied-embedding line, one act_mib entry per stage, 1F1B vs GPipe
+activation memory), the --dump-state debug file of a tp x pp mesh, the Chrome trace of
+a tp x pp run, and the refusals of configurations the engine does not run.
+"""
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import tempfile
+
+# name: (ranks, mesh arguments, train.microbatches of both runs, pipeline stages)
+EQUIV = {
+    "tp2": (2, ["mesh.tp=2"], 1, 1),
+    "tp4": (4, ["mesh.tp=4"], 1, 1),
+    "tp2-seq": (2, ["mesh.tp=2", "parallel.sequence=true"], 1, 1),
+    "tp4-seq": (4, ["mesh.tp=4", "parallel.sequence=true"], 1, 1),
+    "pp2-1f1b": (2, ["mesh.pp=2", "train.schedule=1f1b"], 4, 2),
+    "pp2-gpipe": (2, ["mesh.pp=2", "train.schedule=gpipe"], 4, 2),
+    "pp4-1f1b": (4, ["mesh.pp=4", "train.schedule=1f1b"], 8, 4),
+    "pp4-gpipe": (4, ["mesh.pp=4", "train.schedule=gpipe"], 8, 4),
+    "pp2-uneven": (2, ["mesh.pp=2", "parallel.pp_layers=[1,3]"], 2, 2),
+    "pp2-interleaved": (2, ["mesh.pp=2", "train.schedule=interleaved",
+                            "parallel.virtual_stages=2"], 4, 2),
+    "dp2tp2": (4, ["mesh.tp=2", "mesh.dp=2"], 1, 1),
+    "dp2pp2-zero": (4, ["mesh.pp=2", "mesh.dp=2", "optim.zero=1"], 2, 2),
+    "3d": (8, ["mesh.tp=2", "mesh.pp=2", "train.schedule=1f1b", "parallel.sequence=true"], 4,
+           2),
+}
+OTHER = ["dump-state", "trace", "refuse-tp-heads", "refuse-interleaved-pp-layers",
+         "refuse-tp-checkpoint"]
+CASES = list(EQUIV) + OTHER
+
+TIED = "tied embedding: the first and last stage's copies were identical after each of {} steps"
+# The continuation line may start with other fields (tp_ms=.. at tp > 1).
+CONT = re.compile(r"^\s+(?:\w+=\S+\s+)*bubble=([\d.]+)% theory=([\d.]+)%\s+"
+                  r"act_mib=\[([^\]]*)\]\s*$")
+
+
+def fail(msg):
+    print(f"FAIL: {msg}")
+    sys.exit(1)
+
+
+def pipeline_lines(out, steps, pp, what):
+    """The act_mib lists of the continuation lines printed after each step line."""
+    lines = out.splitlines()
+    acts = []
+    for i, line in enumerate(lines):
+        if re.match(rf"^step \d+/{steps} ", line):
+            m = CONT.match(lines[i + 1]) if i + 1 < len(lines) else None
+            if not m:
+                fail(f"{what}: step line not followed by 'bubble=..% theory=..% act_mib=[..]': "
+                     f"{line!r} / {lines[i + 1] if i + 1 < len(lines) else '<eof>'!r}")
+            act = [float(x) for x in m.group(3).split(",")]
+            if len(act) != pp:
+                fail(f"{what}: act_mib has {len(act)} entries, want one per stage ({pp}): "
+                     f"{lines[i + 1]!r}")
+            acts.append(act)
+    if len(acts) != steps:
+        fail(f"{what}: {len(acts)} step lines with a pipeline continuation, want {steps}")
+    return acts
+
+
+def check_pipeline(eq, name, got, pp, m, tmp, extra):
+    out = got[2]
+    if TIED.format(eq.STEPS) not in out:
+        fail(f"{name}: stdout lacks the line {TIED.format(eq.STEPS)!r}")
+    act = pipeline_lines(out, eq.STEPS, pp, name)[-1]
+    sched = "gpipe" if "train.schedule=gpipe" in extra else \
+        "interleaved" if "train.schedule=interleaved" in extra else "1f1b"
+    balanced = not any(a.startswith("parallel.pp_layers") for a in extra)
+    if sched == "1f1b" and balanced:
+        # Stage r holds min(p - r, m) micro-batches, stage 0 min(p, m): the most.
+        if any(a > act[0] for a in act[1:]):
+            fail(f"{name}: 1F1B act_mib={act}: a later stage holds more than stage 0")
+    if sched == "gpipe":
+        # Every stage holds all m micro-batches, so stage 0 holds more than under 1F1B
+        # (min(p, m) micro-batches) when m > p: a short 1F1B run of the same mesh.
+        one = [a if a != "train.schedule=gpipe" else "train.schedule=1f1b" for a in extra]
+        short = eq.train(pp, one + [f"train.microbatches={m}"], tmp, "short1f1b",
+                         steps=2)
+        act1 = pipeline_lines(short[2], 2, pp, name + " (1f1b)")[-1]
+        if m > pp and not act[0] > act1[0]:
+            fail(f"{name}: stage 0 act_mib {act[0]} under GPipe is not above {act1[0]} "
+                 f"under 1F1B with m={m} > p={pp}")
+        print(f"ok: act_mib GPipe {act} vs 1F1B {act1} (m={m}, p={pp})")
+    else:
+        print(f"ok: act_mib {sched} {act}")
+    print(f"ok: {TIED.format(eq.STEPS)}")
+
+
+def key_bias(n_params):
+    """Indices of the attention key biases in an llm.c checkpoint of gpt2-tiny."""
+    L, C, V, T = 4, 64, 256, 64
+    if n_params != V * C + T * C + 12 * L * C * C + 13 * L * C + 2 * C:
+        fail(f"checkpoint holds {n_params} parameters, not gpt2-tiny's")
+    off = V * C + T * C + 2 * L * C + 3 * L * C * C  # wte wpe ln1w ln1b qkvw
+    return {off + l * 3 * C + C + i for l in range(L) for i in range(C)}
+
+
+def check_pipeline_tight(eq, name, ref, got):
+    """Pipeline stages run the same ops on the same micro-batches: only the sums across
+    stages (tied-embedding gradient, grad norm) are added in another order, so apart
+    from the key biases (zero gradient in exact arithmetic: Adam normalises rounding
+    noise into lr-sized steps) parameters agree to PP_PARAM_ATOL, losses to PP_LOSS_RTOL."""
+    worst = max(abs(a - b) / abs(a) for a, b in zip(ref[0], got[0]))
+    kb = key_bias(len(ref[1]))
+    rest = max(abs(a - b) for i, (a, b) in enumerate(zip(ref[1], got[1])) if i not in kb)
+    dkb = max(abs(ref[1][i] - got[1][i]) for i in kb)
+    if worst > eq.PP_LOSS_RTOL or rest > eq.PP_PARAM_ATOL:
+        fail(f"{name}: pipeline-only mesh: loss rel diff {worst:.2e} (tol {eq.PP_LOSS_RTOL}), "
+             f"params outside the key biases {rest:.2e} (tol {eq.PP_PARAM_ATOL})")
+    print(f"ok: {name}: pipeline-only: loss rel diff {worst:.2e} (tol {eq.PP_LOSS_RTOL}), "
+          f"params outside the key biases {rest:.2e} (tol {eq.PP_PARAM_ATOL}), key biases "
+          f"{dkb:.2e}")
+    eq.RESULTS.append((f"{name} (params outside the key biases)", worst, rest))
+
+
+def equiv(eq, name, tmp):
+    n, extra, m, pp = EQUIV[name]
+    mb = [f"train.microbatches={m}"] if m > 1 else []
+    ref = eq.train(1, mb, tmp, "ref")
+    got = eq.train(n, extra + mb, tmp, name)
+    eq.compare(ref, got, f"{name} (np {n}: {' '.join(extra + mb)})")
+    if pp > 1:
+        if all(a.startswith(("mesh.pp", "train.schedule", "parallel.pp_layers",
+                             "parallel.virtual_stages")) for a in extra):
+            check_pipeline_tight(eq, name, ref, got)
+        check_pipeline(eq, name, got, pp, m, tmp, extra)
+
+
+def read_state(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    h = struct.unpack_from("256i", data, 0)
+    if h[0] != 20240327 or h[1] != 2:
+        fail(f"{path}: header {h[:4]}, want magic 20240327 version 2")
+    B, T = h[2], h[3]
+    off, N = 1024, h[2] * h[3]
+    ints = lambda k: struct.unpack_from(f"{k}i", data, off)  # noqa: E731
+    inputs = ints(N)
+    off += 4 * N
+    targets = ints(N)
+    off += 4 * N
+    rest = (len(data) - off) // 4
+    floats = struct.unpack_from(f"{rest}f", data, off)
+    return (B, T), inputs, targets, floats
+
+
+def dump_state(eq, tmp):
+    base = ["model.preset=gpt2-tiny", "train.batch_size=8", "train.seed=1234"]
+    runs = {"one rank": (1, []), "tp2 pp2": (4, ["mesh.tp=2", "mesh.pp=2"]),
+            "tp2 seq": (2, ["mesh.tp=2", "parallel.sequence=true"])}
+    states = {}
+    for tag, (n, extra) in runs.items():
+        path = os.path.join(tmp, tag.replace(" ", "_") + ".state")
+        cmd = [eq.WORKER] + base + extra + ["--dump-state", path]
+        cmd = (eq.MPIRUN + ["-np", str(n)] + cmd) if n > 1 else cmd
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                           stdin=subprocess.DEVNULL)
+        if p.returncode != 0:
+            fail(f"{' '.join(cmd)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
+        states[tag] = read_state(path)
+    (bt, inp, tgt, fl) = states["one rank"]
+    V = 256
+    N = bt[0] * bt[1]
+    nl = N * V
+    logits, loss, grads = fl[:nl], fl[nl], fl[nl + 1:]
+    gmax = max(abs(g) for g in grads)
+    for tag in ("tp2 pp2", "tp2 seq"):
+        bt2, inp2, tgt2, fl2 = states[tag]
+        if bt2 != bt or len(fl2) != len(fl):
+            fail(f"dump-state {tag}: B,T {bt2} and {len(fl2)} floats vs {bt} and {len(fl)}")
+        if inp2 != inp or tgt2 != tgt:
+            fail(f"dump-state {tag}: inputs/targets differ from one rank's")
+        dl = max(abs(a - b) for a, b in zip(logits, fl2[:nl]))
+        dloss = abs(fl2[nl] - loss) / abs(loss)
+        dg = max(abs(a - b) for a, b in zip(grads, fl2[nl + 1:]))
+        print(f"dump-state {tag}: max logit diff {dl:.2e}, loss rel diff {dloss:.2e}, "
+              f"max grad diff {dg:.2e} ({dg / gmax:.2e} of max |grad| {gmax:.3e})")
+        if dl > eq.STATE_LOGIT_ATOL:
+            fail(f"dump-state {tag}: logits differ by {dl:.2e} > {eq.STATE_LOGIT_ATOL}")
+        if dloss > eq.STATE_LOSS_RTOL:
+            fail(f"dump-state {tag}: loss rel diff {dloss:.2e} > {eq.STATE_LOSS_RTOL}")
+        if dg > eq.STATE_GRAD_RTOL * gmax:
+            fail(f"dump-state {tag}: grads differ by {dg:.2e} > {eq.STATE_GRAD_RTOL} x "
+                 f"{gmax:.3e}")
+        eq.RESULTS.append((f"dump-state {tag}", dloss, dg))
+    print(f"ok: dump-state: B={bt[0]} T={bt[1]} inputs/targets identical, loss {loss:.6f}")
+
+
+def trace(eq, tmp):
+    path = os.path.join(tmp, "trace.json")
+    cmd = eq.MPIRUN + ["-np", "4", eq.WORKER, "model.preset=gpt2-tiny", "train.batch_size=8",
+                       "train.eval_every=0", "mesh.pp=2", "mesh.tp=2", "train.microbatches=4",
+                       "train.steps=3", f"train.trace={path}", "train.trace_steps=[2,3]"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    if p.returncode != 0:
+        fail(f"{' '.join(cmd)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
+    try:
+        doc = json.load(open(path))
+    except ValueError as e:
+        fail(f"{path} is not valid JSON: {e}")
+    ev = doc.get("traceEvents") if isinstance(doc, dict) else None
+    if not isinstance(ev, list):
+        fail(f"{path}: no traceEvents list")
+    spans = [e for e in ev if e.get("ph") == "X"]
+    for tid in range(4):
+        mine = [e for e in spans if e.get("tid") == tid]
+        if not mine:
+            fail(f"trace: no 'X' events for tid {tid}")
+        have = set()
+        for e in mine:
+            a = e.get("args") or {}
+            if e["name"][:1] in "FB" and "mb" in a and "step" in a:
+                if not (isinstance(e.get("ts"), (int, float)) and e.get("dur", -1) >= 0):
+                    fail(f"trace: span without ts/dur: {e}")
+                have.add((e["name"][0], a["step"], a["mb"]))
+        want = {(k, s, mb) for k in "FB" for s in (2, 3) for mb in range(4)}
+        if not want <= have:
+            fail(f"trace: rank {tid} lacks spans {sorted(want - have)}")
+        if {s for _, s, _ in have} != {2, 3}:
+            fail(f"trace: rank {tid} has spans of steps {sorted({s for _, s, _ in have})}")
+        print(f"ok: trace rank {tid}: {len(mine)} X events, F and B for mb 0..3 of steps 2, 3")
+
+
+def refuse(eq, name, tmp):
+    args, needles = {
+        "refuse-tp-heads": (["mesh.tp=2", "model.heads=3", "model.d_model=96"],
+                            ["mesh.tp=2", "model.heads=3"]),
+        "refuse-interleaved-pp-layers": (["mesh.pp=2", "train.schedule=interleaved",
+                                          "parallel.virtual_stages=2", "model.layers=4",
+                                          "train.microbatches=4", "parallel.pp_layers=[1,3]"],
+                                         ["parallel.pp_layers", "interleaved"]),
+        "refuse-tp-checkpoint": (["mesh.tp=2", f"train.checkpoint_dir={tmp}/ck"],
+                                 ["train.checkpoint_dir", "mesh.tp"]),
+    }[name]
+    cmd = eq.MPIRUN + ["-np", "2", eq.WORKER, "model.preset=gpt2-tiny", "train.steps=2",
+                       "train.eval_every=0"] + args
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=10,
+                           stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        fail(f"{name}: {' '.join(cmd)} did not exit within 10 s")
+    out = p.stdout + p.stderr
+    if p.returncode == 0:
+        fail(f"{name}: exited 0\n{out}")
+    msgs = [l for l in out.splitlines() if all(n in l for n in needles)]
+    if len(msgs) != 1:
+        fail(f"{name}: want exactly one line naming {needles}, got {len(msgs)}\n{out}")
+    if re.search(r"^step \d+/", out, re.M):
+        fail(f"{name}: refused configuration trained\n{out}")
+    print(f"ok: {name}: exit {p.returncode}: {msgs[0].strip()}")
+
+
+def run_case(name, eq):
+    with tempfile.TemporaryDirectory() as tmp:
+        if name in EQUIV:
+            equiv(eq, name, tmp)
+        elif name == "dump-state":
+            dump_state(eq, tmp)
+        elif name == "trace":
+            trace(eq, tmp)
+        else:
+            refuse(eq, name, tmp)
+    for what, dl, dp in eq.RESULTS:
+        print(f"RESULT {what}: worst loss rel diff {dl:.2e}, max param/grad diff {dp:.2e}")
