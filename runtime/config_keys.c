@@ -163,6 +163,8 @@ const wf__cfg_key wf__cfg_keys[] = {
            "recompute activations in backward"),
     K_ENUM("precision", precision, "no", precisions, "mixed precision: no, fp16, bf16"),
     K_BOOL("runtime.bind", runtime.bind, "true", "bind ranks to cores with hwloc"),
+    K_INT("runtime.threads", runtime.threads, "0", 0, 4096,
+          "compute threads per rank; 0 = the cores the rank is bound to"),
     K_DBL("runtime.hang_timeout", runtime.hang_timeout, "300", 0, 1e7, 0,
           "seconds without progress before abort; 0 = off"),
     K_INT("runtime.metrics_port", runtime.metrics_port, "0", 0, 65535, "Prometheus port; 0 = off"),

@@ -100,6 +100,7 @@ typedef struct wf_config {
   wf_precision precision;
   struct {
     bool bind;
+    int threads;         /* compute threads per rank; 0 = the binding's share */
     double hang_timeout; /* seconds */
     int metrics_port;    /* 0 = off */
     int log_level;

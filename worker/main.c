@@ -387,6 +387,12 @@ static int run(const args *a, int rank, int size)
   if (binding.shared && launch.local_rank == 0)
     WF_INFO("%d ranks share %d cores on %s: one compute thread each", launch.local_size,
             binding.node_cores, wf_rt_host());
+  if (cfg.runtime.threads > 0 && cfg.runtime.threads != binding.threads) {
+    if (launch.local_rank == 0)
+      WF_INFO("runtime.threads=%d compute threads per rank (the binding gives %d)",
+              cfg.runtime.threads, binding.threads);
+    binding.threads = cfg.runtime.threads;
+  }
   wf_kernels_set_threads(binding.threads);
 
   wf_job *job = NULL;

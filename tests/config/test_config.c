@@ -247,6 +247,8 @@ static void test_out_of_range(void **state)
   assert_err_at(f, 1, "mesh.pp: 65 is out of range");
   assert_int_equal(load(f, "train.steps: 99999999999\n"), WF_ECONFIG);
   assert_err_at(f, 1, "train.steps: 99999999999 is out of range");
+  assert_int_equal(load(f, "runtime.threads: -1\n"), WF_ECONFIG); /* 0 = from the binding */
+  assert_err_at(f, 1, "runtime.threads: -1 is out of range; it must be >= 0 and <= 4096");
 }
 
 static void test_unknown_key_suggests(void **state)

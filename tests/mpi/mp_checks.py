@@ -122,15 +122,23 @@ def check_pipeline_tight(eq, name, ref, got):
     eq.RESULTS.append((f"{name} (params outside the key biases)", worst, rest))
 
 
+def pipeline_only(extra):
+    return all(a.startswith(("mesh.pp", "train.schedule", "parallel.pp_layers",
+                             "parallel.virtual_stages")) for a in extra)
+
+
 def equiv(eq, name, tmp):
     n, extra, m, pp = EQUIV[name]
     mb = [f"train.microbatches={m}"] if m > 1 else []
+    # The tight pipeline comparison needs both runs to split each GEMM over the same
+    # number of threads (see equiv.py's docstring): one thread per rank on both sides.
+    tight = pp > 1 and pipeline_only(extra)
+    mb += ["runtime.threads=1"] if tight else []
     ref = eq.train(1, mb, tmp, "ref")
     got = eq.train(n, extra + mb, tmp, name)
     eq.compare(ref, got, f"{name} (np {n}: {' '.join(extra + mb)})")
     if pp > 1:
-        if all(a.startswith(("mesh.pp", "train.schedule", "parallel.pp_layers",
-                             "parallel.virtual_stages")) for a in extra):
+        if tight:
             check_pipeline_tight(eq, name, ref, got)
         check_pipeline(eq, name, got, pp, m, tmp, extra)
 
