@@ -591,20 +591,24 @@ static wf_status check_tied(trainer *tr, int step)
   return WF_OK;
 }
 
-/* Pipeline figures of every stage on every rank: peak activations and idle fraction. */
+/* Pipeline figures of every stage on every rank: peak activations (bytes and
+ * micro-batches) and idle fraction. */
 static void stage_stats(trainer *tr, const wf_pipe_stats *ps, wf_train_step_info *info)
 {
-  float mine[2] = {(float)ps->act_bytes, ps->wall_s > 0 ? (float)(1 - ps->busy_s / ps->wall_s) : 0};
-  float all[2 * WF_MAX_STAGES];
+  enum { K = 3 };
+  float mine[K] = {(float)ps->act_bytes, (float)ps->peak_slots,
+                   ps->wall_s > 0 ? (float)(1 - ps->busy_s / ps->wall_s) : 0};
+  float all[K * WF_MAX_STAGES];
   info->n_stages = tr->pp;
   if (tr->pp > 1)
-    wf_comm_allgather(tr->pp_comm, mine, all, 2, WF_COMM_F32);
+    wf_comm_allgather(tr->pp_comm, mine, all, K, WF_COMM_F32);
   else
     memcpy(all, mine, sizeof mine);
   double idle = 0;
   for (int s = 0; s < tr->pp && s < WF_MAX_STAGES; s++) {
-    info->stage_act_bytes[s] = (int64_t)all[2 * s];
-    idle += all[2 * s + 1];
+    info->stage_act_bytes[s] = (int64_t)all[K * s];
+    info->stage_peak_slots[s] = (int)all[K * s + 1];
+    idle += all[K * s + 2];
   }
   info->bubble = tr->pp > 1 ? idle / tr->pp : 0;
   wf_sched_params prm = {tr->cfg->train.schedule, tr->pp, tr->M, tr->chunks};
@@ -740,6 +744,22 @@ static void print_eval(const trainer *tr, const wf_train_step_info *in, double e
 /* jansson refuses NaN and infinities (they are not JSON): write null instead. */
 static json_t *real_or_null(double x) { return isfinite(x) ? json_real(x) : json_null(); }
 
+/* Model-parallel figures: tp_ms, the pipeline bubble beside its theory, and per stage
+ * the peak activations in MiB and in micro-batches held (act_mib, act_slots). */
+static void add_parallel_metrics(json_t *o, const wf_train_step_info *in)
+{
+  json_t *mib = json_array(), *slots = json_array();
+  for (int s = 0; s < in->n_stages && s < WF_MAX_STAGES; s++) {
+    json_array_append_new(mib, json_real((double)in->stage_act_bytes[s] / (1024.0 * 1024.0)));
+    json_array_append_new(slots, json_integer(in->stage_peak_slots[s]));
+  }
+  json_object_set_new(o, "tp_ms", real_or_null(in->tp_ms));
+  json_object_set_new(o, "bubble", real_or_null(in->bubble));
+  json_object_set_new(o, "bubble_theory", real_or_null(in->bubble_theory));
+  json_object_set_new(o, "act_mib", mib);
+  json_object_set_new(o, "act_slots", slots);
+}
+
 static void write_metrics(trainer *tr, const wf_train_step_info *in)
 {
   json_t *o = json_object();
@@ -758,6 +778,8 @@ static void write_metrics(trainer *tr, const wf_train_step_info *in)
   json_object_set_new(o, "optim_mib", real_or_null((double)in->optim_bytes / (1024.0 * 1024.0)));
   if (!isnan(in->val_loss))
     json_object_set_new(o, "val_loss", real_or_null(in->val_loss));
+  if (tr->tp > 1 || tr->pp > 1)
+    add_parallel_metrics(o, in);
   if (json_dumpf(o, tr->metrics, JSON_COMPACT) == 0)
     fputc('\n', tr->metrics);
   fflush(tr->metrics); /* one complete line per step, even if the run dies */

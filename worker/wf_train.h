@@ -14,7 +14,8 @@
  *   eval 12/300 val_loss=3.2011 floor=1.5021 gap=1.6990 eval_ms=31.0
  * (floor and gap only for the synthetic source). Every step is also appended to
  * train.metrics as one JSON object (step, loss, lr, grad_norm, tokens_per_s, step_ms,
- * tflops, mfu, mem_mib; val_loss when evaluated).
+ * tflops, mfu, mem_mib; val_loss when evaluated; with tp or pp > 1 also tp_ms, bubble,
+ * bubble_theory, and per stage act_mib and act_slots).
  */
 #ifndef WF_TRAIN_H
 #define WF_TRAIN_H
@@ -45,6 +46,7 @@ typedef struct wf_train_step_info {
   double bubble_theory; /* (p - 1) / (m + p - 1) */
   int n_stages;         /* pp */
   int64_t stage_act_bytes[WF_MAX_STAGES]; /* peak activations held by each stage */
+  int stage_peak_slots[WF_MAX_STAGES];     /* most micro-batches (x chunks) it held at once */
   int64_t optim_bytes; /* AdamW state this rank holds (about 1/dp of it under ZeRO-1) */
 } wf_train_step_info;
 

@@ -75,6 +75,14 @@ def check_pipeline(eq, name, got, pp, m, tmp, extra):
     sched = "gpipe" if "train.schedule=gpipe" in extra else \
         "interleaved" if "train.schedule=interleaved" in extra else "1f1b"
     balanced = not any(a.startswith("parallel.pp_layers") for a in extra)
+    slots = got[3].get("act_slots")
+    if sched != "interleaved":
+        # The memory bound, held exactly: under 1F1B stage r holds
+        # min(p - r, m) micro-batches at its peak, under GPipe all m.
+        want = [m if sched == "gpipe" else min(pp - r, m) for r in range(pp)]
+        if slots != want:
+            fail(f"{name}: act_slots {slots} in the metrics, want {want} ({sched}, m={m})")
+        print(f"ok: act_slots {slots} = {'m' if sched == 'gpipe' else 'min(p - r, m)'}")
     if sched == "1f1b" and balanced:
         # Stage r holds min(p - r, m) micro-batches, stage 0 min(p, m): the most.
         if any(a > act[0] for a in act[1:]):
