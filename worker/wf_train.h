@@ -46,7 +46,7 @@ typedef struct wf_train_step_info {
   double bubble_theory; /* (p - 1) / (m + p - 1) */
   int n_stages;         /* pp */
   int64_t stage_act_bytes[WF_MAX_STAGES]; /* peak activations held by each stage */
-  int stage_peak_slots[WF_MAX_STAGES];     /* most micro-batches (x chunks) it held at once */
+  int stage_peak_slots[WF_MAX_STAGES];    /* most micro-batches (x chunks) it held at once */
   int64_t optim_bytes; /* AdamW state this rank holds (about 1/dp of it under ZeRO-1) */
 } wf_train_step_info;
 
