@@ -218,11 +218,18 @@ static bool kind_tp_split(wf_param_kind k)
          k == WF_P_FCB || k == WF_P_FCPROJW;
 }
 
+/* Model chunks of a shard (1 without interleaving) and its layers over all chunks. */
+static int shard_chunks(const wf_gpt_shard *s) { return s->chunks > 1 ? s->chunks : 1; }
+static int shard_layers(const wf_gpt_shard *s) { return shard_chunks(s) * (s->l1 - s->l0); }
+
 /* Local layer i (chunk-major: chunk c holds local layers [c*lc, (c+1)*lc)) <-> global. */
-static int global_layer(const wf_gpt *m, int i)
+static int shard_global_layer(const wf_gpt_shard *s, int i)
 {
-  return m->s.l0 + i / m->lc * m->s.chunk_stride + i % m->lc;
+  int lc = s->l1 - s->l0;
+  return s->l0 + i / lc * s->chunk_stride + i % lc;
 }
+
+static int global_layer(const wf_gpt *m, int i) { return shard_global_layer(&m->s, i); }
 
 static int local_layer(const wf_gpt *m, int l)
 {
@@ -231,34 +238,52 @@ static int local_layer(const wf_gpt *m, int l)
   return c * m->lc + (l - m->s.l0 - c * stride);
 }
 
+/* Elements of one layer's tensor of kind k on shard s, and of all its layers. */
+static size_t shard_layer_numel(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_param_kind k)
+{
+  if (!kind_present(s, k))
+    return 0;
+  size_t n = wf_gpt_layer_numel(d, k);
+  return kind_tp_split(k) ? n / (size_t)s->tp : n;
+}
+
+static size_t shard_numel(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_param_kind k)
+{
+  size_t n = shard_layer_numel(d, s, k);
+  return wf_gpt_kind_is_layered(k) ? n * (size_t)shard_layers(s) : n;
+}
+
+static bool shard_counted(const wf_gpt_shard *s, wf_param_kind k)
+{
+  if (!kind_present(s, k))
+    return false;
+  if (k == WF_P_WTE && !s->first) /* the last stage's copy of the tied embedding */
+    return false;
+  return kind_tp_split(k) || s->tp_rank == 0;
+}
+
+size_t wf_gpt_shard_params(const wf_gpt_dims *d, const wf_gpt_shard *s)
+{
+  size_t n = 0;
+  for (int k = 0; k < WF_GPT_NUM_KINDS; k++)
+    n += shard_numel(d, s, (wf_param_kind)k);
+  return n;
+}
+
 int wf_gpt_local_layers(const wf_gpt *m) { return m->nl; }
 
 size_t wf_gpt_local_layer_numel(const wf_gpt *m, wf_param_kind k)
 {
-  if (!kind_present(&m->s, k))
-    return 0;
-  size_t n = wf_gpt_layer_numel(&m->d, k);
-  return kind_tp_split(k) ? n / (size_t)m->s.tp : n;
+  return shard_layer_numel(&m->d, &m->s, k);
 }
 
-size_t wf_gpt_local_numel(const wf_gpt *m, wf_param_kind k)
-{
-  size_t n = wf_gpt_local_layer_numel(m, k);
-  return wf_gpt_kind_is_layered(k) ? n * (size_t)m->nl : n;
-}
+size_t wf_gpt_local_numel(const wf_gpt *m, wf_param_kind k) { return shard_numel(&m->d, &m->s, k); }
 
 size_t wf_gpt_local_offset(const wf_gpt *m, wf_param_kind k) { return m->off[k]; }
 size_t wf_gpt_local_params(const wf_gpt *m) { return m->num_params; }
 const wf_gpt_shard *wf_gpt_get_shard(const wf_gpt *m) { return &m->s; }
 
-bool wf_gpt_kind_counted(const wf_gpt *m, wf_param_kind k)
-{
-  if (!kind_present(&m->s, k))
-    return false;
-  if (k == WF_P_WTE && !m->s.first) /* the last stage's copy of the tied embedding */
-    return false;
-  return kind_tp_split(k) || m->s.tp_rank == 0;
-}
+bool wf_gpt_kind_counted(const wf_gpt *m, wf_param_kind k) { return shard_counted(&m->s, k); }
 
 bool wf_gpt_kind_tp_partial(const wf_gpt *m, wf_param_kind k)
 {
@@ -267,16 +292,18 @@ bool wf_gpt_kind_tp_partial(const wf_gpt *m, wf_param_kind k)
   return norm && m->s.sequence && m->s.tp > 1 && kind_present(&m->s, k);
 }
 
+/* ---- the local <-> full mapping ------------------------------------------------------ */
+
 /* Local tensor (k, layer) as `rows` rows of `cols` elements; local row i is full row
  * full_row(i), columns [col0, col0 + cols) of a full row of full_cols elements. */
 typedef struct geom {
   size_t rows, cols, full_cols, col0;
 } geom;
 
-static geom tensor_geom(const wf_gpt *m, wf_param_kind k)
+static geom tensor_geom(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_param_kind k)
 {
-  size_t C = (size_t)m->d.C, tp = (size_t)m->s.tp, r = (size_t)m->s.tp_rank;
-  size_t n = wf_gpt_local_layer_numel(m, k);
+  size_t C = (size_t)d->C, tp = (size_t)s->tp, r = (size_t)s->tp_rank;
+  size_t n = shard_layer_numel(d, s, k);
   switch (k) {
   case WF_P_WTE:
   case WF_P_QKVW:
@@ -291,50 +318,86 @@ static geom tensor_geom(const wf_gpt *m, wf_param_kind k)
 
 /* Full row of local row i. qkv rows are [q | k | v], each C rows of which this rank
  * holds its heads' C/tp. */
-static size_t full_row(const wf_gpt *m, wf_param_kind k, size_t i)
+static size_t full_row(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_param_kind k, size_t i)
 {
-  size_t C = (size_t)m->d.C, tp = (size_t)m->s.tp, r = (size_t)m->s.tp_rank;
+  size_t C = (size_t)d->C, tp = (size_t)s->tp, r = (size_t)s->tp_rank;
   switch (k) {
   case WF_P_QKVW:
   case WF_P_QKVB: return i / (C / tp) * C + r * (C / tp) + i % (C / tp);
   case WF_P_FCW:
   case WF_P_FCB: return r * (4 * C / tp) + i;
-  case WF_P_WTE: return r * ((size_t)m->d.Vp / tp) + i;
+  case WF_P_WTE: return r * ((size_t)d->Vp / tp) + i;
   default: return i;
   }
 }
 
 /* Offset in the full tensor (k, layer) of local row i's first element. */
-static size_t full_index(const wf_gpt *m, wf_param_kind k, const geom *g, size_t i)
+static size_t full_index(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_param_kind k,
+                         const geom *g, size_t i)
 {
-  return full_row(m, k, i) * g->full_cols + g->col0;
+  return full_row(d, s, k, i) * g->full_cols + g->col0;
+}
+
+/* The runs of one local tensor (k, layer) whose elements start at local offset loc:
+ * consecutive rows that are also consecutive in the full tensor form one run. */
+static void tensor_runs(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_param_kind k, int layer,
+                        size_t loc, wf_gpt_run_fn fn, void *user)
+{
+  geom g = tensor_geom(d, s, k);
+  size_t base = wf_gpt_kind_offset(d, k) + (size_t)layer * wf_gpt_layer_numel(d, k);
+  wf_gpt_run r = {k, layer, shard_counted(s, k), 0, 0, 0};
+  for (size_t i = 0; i < g.rows; i++) {
+    size_t full = base + full_index(d, s, k, &g, i);
+    if (r.n > 0 && g.cols == g.full_cols && full == r.full + r.n) {
+      r.n += g.cols;
+      continue;
+    }
+    if (r.n > 0)
+      fn(user, &r);
+    r.full = full, r.local = loc + i * g.cols, r.n = g.cols;
+  }
+  if (r.n > 0)
+    fn(user, &r);
+}
+
+void wf_gpt_shard_runs(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_gpt_run_fn fn, void *user)
+{
+  size_t loc = 0;
+  for (int k = 0; k < WF_GPT_NUM_KINDS; k++) {
+    wf_param_kind kk = (wf_param_kind)k;
+    size_t ll = shard_layer_numel(d, s, kk);
+    int layers = wf_gpt_kind_is_layered(kk) ? shard_layers(s) : 1;
+    for (int j = 0; ll > 0 && j < layers; j++, loc += ll)
+      tensor_runs(d, s, kk, wf_gpt_kind_is_layered(kk) ? shard_global_layer(s, j) : 0, loc, fn,
+                  user);
+  }
+}
+
+/* One direction of exchange_full: add this rank's counted runs into the full vector,
+ * or copy every run out of it. */
+typedef struct exchange {
+  float *local, *full;
+  bool to_full;
+} exchange;
+
+static void exchange_run(void *user, const wf_gpt_run *r)
+{
+  exchange *x = user;
+  float *f = x->full + r->full, *l = x->local + r->local;
+  if (!x->to_full) {
+    memcpy(l, f, r->n * sizeof *l);
+    return;
+  }
+  if (r->counted)
+    for (size_t i = 0; i < r->n; i++)
+      f[i] += l[i];
 }
 
 /* Copy between this rank's tensors and the whole model's (to_full: add into full). */
 static void exchange_full(wf_gpt *m, int which, float *full, bool to_full)
 {
-  float *base = which ? m->grads : m->params;
-  for (int k = 0; k < WF_GPT_NUM_KINDS; k++) {
-    wf_param_kind kk = (wf_param_kind)k;
-    if (!kind_present(&m->s, kk) || (to_full && !wf_gpt_kind_counted(m, kk)))
-      continue;
-    geom g = tensor_geom(m, kk);
-    size_t fl = wf_gpt_layer_numel(&m->d, kk), ll = wf_gpt_local_layer_numel(m, kk);
-    bool layered = wf_gpt_kind_is_layered(kk);
-    for (int j = 0; j < (layered ? m->nl : 1); j++) {
-      float *loc = base + m->off[k] + (size_t)j * ll;
-      float *ful =
-          full + wf_gpt_kind_offset(&m->d, kk) + (size_t)(layered ? global_layer(m, j) : 0) * fl;
-      for (size_t i = 0; i < g.rows; i++) {
-        float *f = ful + full_index(m, kk, &g, i), *l = loc + i * g.cols;
-        if (to_full)
-          for (size_t c = 0; c < g.cols; c++)
-            f[c] += l[c];
-        else
-          memcpy(l, f, g.cols * sizeof(float));
-      }
-    }
-  }
+  exchange x = {which ? m->grads : m->params, full, to_full};
+  wf_gpt_shard_runs(&m->d, &m->s, exchange_run, &x);
 }
 
 void wf_gpt_export_full(wf_gpt *m, int which, float *full) { exchange_full(m, which, full, true); }
@@ -602,7 +665,7 @@ void wf_gpt_init_slice(float *dst, wf_param_kind k, int layer, const wf_gpt_dims
 static void init_tensor(wf_gpt *m, wf_param_kind k, int layer, uint64_t seed)
 {
   float *dst = wf_gpt_param(m, k, layer, 0);
-  geom g = tensor_geom(m, k);
+  geom g = tensor_geom(&m->d, &m->s, k);
   const wf_gpt *cm = m;
   if (g.rows == 1) { /* one contiguous run: split it in chunks */
     enum { CHUNK = 65536 };
@@ -617,7 +680,7 @@ static void init_tensor(wf_gpt *m, wf_param_kind k, int layer, uint64_t seed)
 #pragma omp parallel for schedule(static) num_threads(wf_kernels_threads()) if (g.rows > 64)
   for (long i = 0; i < (long)g.rows; i++)
     wf_gpt_init_slice(dst + (size_t)i * g.cols, k, layer, &cm->d, seed,
-                      full_index(cm, k, &g, (size_t)i), g.cols);
+                      full_index(&cm->d, &cm->s, k, &g, (size_t)i), g.cols);
 }
 
 void wf_gpt_init(wf_gpt *m, uint64_t seed)

@@ -95,6 +95,26 @@ typedef struct wf_gpt_shard {
 wf_gpt_shard wf_gpt_shard_whole(const wf_gpt_dims *d);
 /* NULL when the shard fits the dims, else what is wrong. */
 const char *wf_gpt_shard_check(const wf_gpt_dims *d, const wf_gpt_shard *s);
+/* Elements of shard s's flat parameter vector (wf_gpt_local_params of its model). */
+size_t wf_gpt_shard_params(const wf_gpt_dims *d, const wf_gpt_shard *s);
+
+/* The local <-> full mapping of a shard, as runs: elements [local, local + n) of the
+ * shard's flat parameter vector are elements [full, full + n) of the whole model's
+ * (llm.c layout). Runs are maximal within one tensor (kind, layer) and come in local
+ * order; together they cover the local vector exactly once. counted is
+ * wf_gpt_kind_counted: over all shards of a mesh, the counted runs cover the full
+ * layout exactly once (tp-replicated kinds count on tp rank 0, the tied wte on the
+ * first stage). It is a pure function of (dims, shard), so a checkpoint loader can
+ * map a saved shard without its model; wf_gpt_export_full and wf_gpt_import_full are
+ * built on it. */
+typedef struct wf_gpt_run {
+  wf_param_kind kind;
+  int layer; /* global layer; 0 for wte, wpe, lnfw, lnfb */
+  bool counted;
+  size_t full, local, n;
+} wf_gpt_run;
+typedef void (*wf_gpt_run_fn)(void *user, const wf_gpt_run *run);
+void wf_gpt_shard_runs(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_gpt_run_fn fn, void *user);
 
 typedef struct wf_gpt_opts {
   wf_gpt_dims dims;
