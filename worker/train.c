@@ -592,25 +592,30 @@ static wf_status check_tied(trainer *tr, int step)
 }
 
 /* Pipeline figures of every stage on every rank: peak activations (bytes and
- * micro-batches) and idle fraction. */
+ * micro-batches), and the bubble as the theory defines it: the idle share of the
+ * pipeline's span, 1 - mean(busy) / longest schedule wall time. The stages start a
+ * step together (after the previous step's collectives) but the last one finishes
+ * early, while stage 0 runs the final backwards: its own wall time would hide that
+ * idle tail. */
 static void stage_stats(trainer *tr, const wf_pipe_stats *ps, wf_train_step_info *info)
 {
-  enum { K = 3 };
-  float mine[K] = {(float)ps->act_bytes, (float)ps->peak_slots,
-                   ps->wall_s > 0 ? (float)(1 - ps->busy_s / ps->wall_s) : 0};
+  enum { K = 4 };
+  float mine[K] = {(float)ps->act_bytes, (float)ps->peak_slots, (float)ps->busy_s,
+                   (float)ps->wall_s};
   float all[K * WF_MAX_STAGES];
   info->n_stages = tr->pp;
   if (tr->pp > 1)
     wf_comm_allgather(tr->pp_comm, mine, all, K, WF_COMM_F32);
   else
     memcpy(all, mine, sizeof mine);
-  double idle = 0;
+  double busy = 0, span = 0;
   for (int s = 0; s < tr->pp && s < WF_MAX_STAGES; s++) {
     info->stage_act_bytes[s] = (int64_t)all[K * s];
     info->stage_peak_slots[s] = (int)all[K * s + 1];
-    idle += all[K * s + 2];
+    busy += all[K * s + 2];
+    span = WF_MAX(span, (double)all[K * s + 3]);
   }
-  info->bubble = tr->pp > 1 ? idle / tr->pp : 0;
+  info->bubble = tr->pp > 1 && span > 0 ? 1 - busy / tr->pp / span : 0;
   wf_sched_params prm = {tr->cfg->train.schedule, tr->pp, tr->M, tr->chunks};
   info->bubble_theory = tr->pp > 1 ? wf_schedule_bubble_theory(&prm) : 0;
 }
@@ -662,6 +667,7 @@ static wf_status train_step(trainer *tr, int step, wf_train_step_info *info)
       .comm_ms = ds.exposed_ms,
       .tp_ms = tp_s * 1e3,
       .optim_bytes = (int64_t)ds.optimizer_bytes,
+      .params = (int64_t)wf_gpt_local_params(tr->model),
   };
   stage_stats(tr, &ps, info);
   /* The peak was measured for one rank's threads; the job has world_size such ranks. */

@@ -42,12 +42,13 @@ typedef struct wf_train_step_info {
   int64_t mem_bytes;    /* memory this rank holds (host + device) */
   double comm_ms;       /* gradient communication not hidden behind backward */
   double tp_ms;         /* time in tensor-parallel collectives (this rank) */
-  double bubble;        /* pipeline: mean idle fraction of the pp ranks in the schedule */
+  double bubble;        /* pipeline: idle share of the schedule's span, 1 - mean busy / longest */
   double bubble_theory; /* (p - 1) / (m + p - 1) */
   int n_stages;         /* pp */
   int64_t stage_act_bytes[WF_MAX_STAGES]; /* peak activations held by each stage */
   int stage_peak_slots[WF_MAX_STAGES];    /* most micro-batches (x chunks) it held at once */
   int64_t optim_bytes; /* AdamW state this rank holds (about 1/dp of it under ZeRO-1) */
+  int64_t params;      /* parameters this rank holds (its tp shard of its stage's layers) */
 } wf_train_step_info;
 
 typedef struct wf_train_hooks {

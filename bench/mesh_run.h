@@ -1,0 +1,50 @@
+/*
+ * mesh_run.h - what the multi-rank benchmarks share: MPI start-up with the worker's
+ * hwloc binding, the mesh's communicators, one training run of the real trainer
+ * (wf_train_run) on a config given as key=value pairs, and the machine's GEMM rate.
+ *
+ * The benchmarks measure the trainer the worker runs, not a copy of its loop: each run
+ * is wf_train_run with a quiet hook that records every step's wf_train_step_info.
+ * Never a test.
+ */
+#ifndef BENCH_MESH_RUN_H
+#define BENCH_MESH_RUN_H
+
+#include "wf_collectives.h"
+#include "wf_coordinator.h"
+#include "wf_train.h"
+
+enum { BENCH_MAX_STEPS = 64 };
+
+typedef struct bench_env {
+  int rank, size;
+  int threads; /* compute threads of this rank (its hwloc share) */
+  wf_comm *world;
+} bench_env;
+
+/* MPI_Init, bind this rank as the worker does, set the kernels' threads. Returns 0 or
+ * prints why not and returns non-zero. */
+int bench_env_init(bench_env *e, int *argc, char ***argv);
+void bench_env_fini(bench_env *e); /* MPI_Finalize */
+
+/* Steps recorded by one run. */
+typedef struct bench_steps {
+  int n;
+  wf_train_step_info step[BENCH_MAX_STEPS];
+} bench_steps;
+
+/* Train on the mesh the config describes (mesh.tp, mesh.pp; dp derived from the
+ * world) with the config's defaults overridden by the n key=value pairs in kv. Every
+ * rank calls it; every rank gets the steps (as on_step saw them on this rank). Returns
+ * WF_OK or the error (printed by rank 0). */
+wf_status bench_train(const bench_env *e, const char *const *kv, int n, bench_steps *out);
+
+/* Median over steps [first, n) of a field read by `get`. */
+double bench_median(const bench_steps *s, int first, double (*get)(const wf_train_step_info *));
+
+/* GFLOP/s of an n^3 sgemm through the kernels (wf_matmul_forward, this rank's threads),
+ * best of 5 after one warm-up, run by every rank at once (the load training puts on
+ * the machine); returns the slowest rank's figure. */
+double bench_gemm_gflops(const bench_env *e, int n);
+
+#endif /* BENCH_MESH_RUN_H */
