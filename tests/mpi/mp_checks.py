@@ -32,7 +32,8 @@ EQUIV = {
     "3d": (8, ["mesh.tp=2", "mesh.pp=2", "train.schedule=1f1b", "parallel.sequence=true"], 4,
            2),
 }
-OTHER = ["dump-state", "trace", "refuse-tp-heads", "refuse-interleaved-pp-layers",
+OTHER = ["dump-state", "init-sliced", "trace", "refuse-tp-heads",
+         "refuse-interleaved-pp-layers",
          "refuse-tp-checkpoint"]
 CASES = list(EQUIV) + OTHER
 
@@ -169,10 +170,23 @@ def read_state(path):
     return (B, T), inputs, targets, floats
 
 
-def dump_state(eq, tmp):
+def dump_state(eq, tmp, init=False):
+    """One rank's --dump-state against tp x pp meshes'. init: all start from an llm.c
+    checkpoint that one rank trained for 3 steps (model.init), so each shard must slice
+    the file exactly as the one-rank model reads it."""
     base = ["model.preset=gpt2-tiny", "train.batch_size=8", "train.seed=1234"]
+    if init:
+        ckpt = os.path.join(tmp, "init.bin")
+        cmd = [eq.WORKER] + base + ["train.steps=3", "train.eval_every=0", "--save", ckpt]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                           stdin=subprocess.DEVNULL)
+        if p.returncode != 0:
+            fail(f"{' '.join(cmd)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
+        base = base + [f"model.init={ckpt}"]
     runs = {"one rank": (1, []), "tp2 pp2": (4, ["mesh.tp=2", "mesh.pp=2"]),
             "tp2 seq": (2, ["mesh.tp=2", "parallel.sequence=true"])}
+    if init:
+        runs["tp4"] = (4, ["mesh.tp=4"])
     states = {}
     for tag, (n, extra) in runs.items():
         path = os.path.join(tmp, tag.replace(" ", "_") + ".state")
@@ -189,7 +203,7 @@ def dump_state(eq, tmp):
     nl = N * V
     logits, loss, grads = fl[:nl], fl[nl], fl[nl + 1:]
     gmax = max(abs(g) for g in grads)
-    for tag in ("tp2 pp2", "tp2 seq"):
+    for tag in (t for t in runs if t != "one rank"):
         bt2, inp2, tgt2, fl2 = states[tag]
         if bt2 != bt or len(fl2) != len(fl):
             fail(f"dump-state {tag}: B,T {bt2} and {len(fl2)} floats vs {bt} and {len(fl)}")
@@ -208,7 +222,8 @@ def dump_state(eq, tmp):
             fail(f"dump-state {tag}: grads differ by {dg:.2e} > {eq.STATE_GRAD_RTOL} x "
                  f"{gmax:.3e}")
         eq.RESULTS.append((f"dump-state {tag}", dloss, dg))
-    print(f"ok: dump-state: B={bt[0]} T={bt[1]} inputs/targets identical, loss {loss:.6f}")
+    print(f"ok: dump-state{' from model.init' if init else ''}: B={bt[0]} T={bt[1]} "
+          f"inputs/targets identical, loss {loss:.6f}")
 
 
 def trace(eq, tmp):
@@ -281,6 +296,8 @@ def run_case(name, eq):
             equiv(eq, name, tmp)
         elif name == "dump-state":
             dump_state(eq, tmp)
+        elif name == "init-sliced":
+            dump_state(eq, tmp, init=True)
         elif name == "trace":
             trace(eq, tmp)
         else:
