@@ -79,7 +79,7 @@ static void render_ranks(json_t *j, FILE *out)
   size_t i;
   json_t *r;
   char age[32], mem[32], coll[96];
-  fprintf(out, "%4s %-16s %7s %-12s %-19s %-10s %-11s %-8s %6s %6s %-10s %s\n", "rank", "host",
+  fprintf(out, "%4s %-16s %7s %-12s %-19s %-10s %-18s %-8s %6s %6s %-10s %s\n", "rank", "host",
           "pid", "device", "binding", "pp/dp/tp", "stage", "state", "hb", "step", "memory",
           "last collective");
   json_array_foreach(json_object_get(j, "ranks"), i, r)
@@ -96,7 +96,7 @@ static void render_ranks(json_t *j, FILE *out)
     json_int_t step = num_i(r, "step");
     char steps[32];
     snprintf(steps, sizeof steps, step < 0 ? "-" : "%" JSON_INTEGER_FORMAT, step);
-    fprintf(out, "%4d %-16.16s %7d %-12.12s %-19.19s %-10s %-11.11s %-8s %6s %6s %-10s %s\n",
+    fprintf(out, "%4d %-16.16s %7d %-12.12s %-19.19s %-10s %-18.18s %-8s %6s %6s %-10s %s\n",
             (int)num_i(r, "rank"), str(r, "host"), (int)num_i(r, "pid"), str(r, "device"),
             str(r, "binding"), coords, str(r, "stage"), str(r, "state"),
             num_s(age, sizeof age, r, "heartbeat_age_s", "%.1fs"), steps,

@@ -20,7 +20,10 @@
 
 #include "wf_collectives.h"
 #include "wf_control.h"
+#include "wf_model.h"
+#include "wf_pipe.h"
 #include "wf_plane.h"
+#include "wf_schedule.h"
 
 typedef struct plane_facts {
   int ok;
@@ -88,6 +91,64 @@ static void recent_collectives(void *user, char *buf, size_t len)
   }
 }
 
+/* Append "a-b" (or "a" for one layer) to buf at *used. */
+static void add_range(char *buf, size_t len, size_t *used, int a, int b)
+{
+  if (*used >= len)
+    return;
+  int k = a == b ? snprintf(buf + *used, len - *used, "%s%d", *used ? "," : "layers ", a)
+                 : snprintf(buf + *used, len - *used, "%s%d-%d", *used ? "," : "layers ", a, b);
+  *used += k > 0 ? (size_t)k : 0;
+}
+
+/* This rank's share of the model for the console's `ranks`, e.g. "layers 0-1 +emb",
+ * "layers 2-3 +head", interleaved "layers 0,2 +emb": the same split the trainer makes
+ * (wf_pipe_partition, or the interleaved chunks). Empty when it cannot be worked out
+ * (the trainer then reports the error). */
+static void stage_desc(const wf_config *cfg, int pp_rank, char *buf, size_t len)
+{
+  wf_gpt_dims d = wf_gpt_dims_from_config(cfg);
+  int pp = cfg->mesh.pp, T = cfg->train.seq_len > 0 ? cfg->train.seq_len : cfg->model.seq_len;
+  int bounds[WF_MAX_STAGES + 1];
+  char err[512];
+  size_t used = 0;
+  buf[0] = '\0';
+  if (cfg->model.init[0] && wf_gpt_peek_llmc(cfg->model.init, &d, err, sizeof err) != WF_OK)
+    return;
+  if (cfg->train.schedule == WF_SCHED_INTERLEAVED && pp > 1) {
+    int v = cfg->parallel.virtual_stages, lc = d.L / (pp * v);
+    for (int c = 0; c < v && lc > 0; c++)
+      add_range(buf, len, &used, (c * pp + pp_rank) * lc, (c * pp + pp_rank + 1) * lc - 1);
+  } else if (wf_pipe_partition(&d, T, pp, cfg->parallel.pp_layers, cfg->parallel.n_pp_layers,
+                               bounds, err, sizeof err) == WF_OK) {
+    add_range(buf, len, &used, bounds[pp_rank], bounds[pp_rank + 1] - 1);
+  }
+  if (used && used < len)
+    snprintf(buf + used, len - used, "%s%s", pp_rank == 0 ? " +emb" : "",
+             pp_rank == pp - 1 ? " +head" : "");
+}
+
+/* The console's `schedule`: the pipeline's action grid, as --print-schedule draws it. */
+static void publish_schedule(wf_service *svc, const wf_config *cfg)
+{
+  char *text = NULL, err[512];
+  size_t n = 0;
+  if (cfg->mesh.pp == 1) {
+    wf_service_set_schedule(svc, "no pipeline (mesh.pp=1): every rank holds all layers and "
+                                 "runs its micro-batches one after another");
+    return;
+  }
+  FILE *f = open_memstream(&text, &n);
+  if (!f)
+    return;
+  wf_sched_params prm = {cfg->train.schedule, cfg->mesh.pp, cfg->train.microbatches,
+                         cfg->parallel.virtual_stages};
+  wf_status st = wf_schedule_print(f, &prm, err, sizeof err);
+  fclose(f);
+  wf_service_set_schedule(svc, st == WF_OK ? text : err);
+  free(text);
+}
+
 static void start_service(wf_plane *p, const wf_plane_opts *o, plane_facts *pf)
 {
   const wf_config *cfg = o->cfg;
@@ -113,6 +174,7 @@ static void start_service(wf_plane *p, const wf_plane_opts *o, plane_facts *pf)
              o->launch->master_addr, o->launch->master_port);
     return;
   }
+  publish_schedule(p->svc, cfg);
   pf->ok = 1;
   wf_strlcpy(pf->endpoint, wf_service_endpoint(p->svc), sizeof pf->endpoint);
   wf_strlcpy(pf->token, wf_service_token(p->svc), sizeof pf->token);
@@ -130,11 +192,14 @@ wf_status wf_plane_start(wf_plane *p, const wf_plane_opts *o, char *err, size_t 
     snprintf(err, err_len, "%s", pf.err);
     return WF_EUV;
   }
+  char stage[64];
+  stage_desc(o->cfg, wf_job_my_facts(o->job)->coords.pp, stage, sizeof stage);
   wf_control_opts co = {
       .endpoint = pf.endpoint,
       .token = pf.token,
       .job_id = wf_job_id(o->job),
       .facts = *wf_job_my_facts(o->job),
+      .stage_desc = stage,
       .on_abort = on_abort,
   };
   wf_status st = wf_control_start(&p->ctl, &co);

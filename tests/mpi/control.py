@@ -29,11 +29,11 @@ def fail(msg, job=None):
     sys.exit(1)
 
 
-def start(n, jobdir, port, extra=()):
+def start(n, jobdir, port, extra=(), mesh=None):
     env = dict(os.environ, WEFT_JOB_DIR=jobdir, MASTER_PORT=str(port))
-    cmd = MPIRUN + ["-np", str(n), "-x", "WEFT_JOB_DIR", "-x", "MASTER_PORT", WORKER,
-                    f"mesh.dp={n}", "train.steps=100000", "train.eval_every=0",
-                    "runtime.hang_timeout=5"] + list(extra)
+    cmd = MPIRUN + ["-np", str(n), "-x", "WEFT_JOB_DIR", "-x", "MASTER_PORT", WORKER] + \
+        (mesh or [f"mesh.dp={n}"]) + ["train.steps=100000", "train.eval_every=0",
+                                      "runtime.hang_timeout=5"] + list(extra)
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
 
@@ -107,6 +107,45 @@ def case_console(n, port):
               f"{time.monotonic() - t0:.2f} s")
 
 
+def case_console_3d(port):
+    """A dp 2 x tp 2 x pp 2 job: `ranks` shows each rank's stage (an uneven split, to
+    tell the stages apart), `mesh` the groups, and `schedule` the same grid that
+    `worker --print-schedule` draws for the mesh."""
+    mesh = ["mesh.dp=2", "mesh.tp=2", "mesh.pp=2", "train.microbatches=4",
+            "parallel.pp_layers=[1,3]"]
+    with tempfile.TemporaryDirectory() as jobdir:
+        job = start(8, jobdir, port, mesh=mesh)
+        st = wait_running(job, jobdir, 8)
+        if st["mesh"] != {"dp": 2, "tp": 2, "pp": 2}:
+            fail(f"status mesh {st['mesh']}", job)
+        _, out, _ = console(jobdir, "--json", "ranks")
+        for r in json.loads(out)["ranks"]:
+            k = r["rank"]  # rank = tp + 2 * (dp + 2 * pp)
+            want = {"pp": k // 4, "dp": k // 2 % 2, "tp": k % 2}
+            stage = "layers 0 +emb" if k < 4 else "layers 1-3 +head"
+            if r["coords"] != want or r["stage"] != stage:
+                fail(f"rank {k}: coords {r['coords']} stage {r['stage']!r}, want {want} "
+                     f"{stage!r}", job)
+        _, out, _ = console(jobdir, "--json", "mesh")
+        groups = json.loads(out)["groups"]
+        if groups["pp"] != [[0, 4], [1, 5], [2, 6], [3, 7]] or \
+                groups["tp"] != [[0, 1], [2, 3], [4, 5], [6, 7]]:
+            fail(f"mesh groups {groups}", job)
+        rc, sched, err = console(jobdir, "schedule")
+        p = subprocess.run([WORKER, "--print-schedule"] + mesh, capture_output=True,
+                           text=True, timeout=30)
+        if rc != 0 or p.returncode != 0 or sched.strip() != p.stdout.strip():
+            fail(f"`coordinator schedule` (exit {rc}):\n{sched}{err}\nis not "
+                 f"`worker --print-schedule`:\n{p.stdout}{p.stderr}", job)
+        _, out, _ = console(jobdir, "ranks")
+        print(out + sched)
+        console(jobdir, "stop")
+        out, err = job.communicate(timeout=60)
+        if job.returncode != 0:
+            fail(f"stop: exit {job.returncode}\n{err[-2000:]}")
+        print("ok: 3-D job: stages, groups and the schedule as the console shows them")
+
+
 def case_fault(sig, victim, port, needle):
     with tempfile.TemporaryDirectory() as jobdir:
         job = start(4, jobdir, port)
@@ -139,6 +178,7 @@ def case_fault(sig, victim, port, needle):
 CASES = {
     "console-np4": lambda: case_console(4, 29611),
     "console-np8": lambda: case_console(8, 29612),
+    "console-3d": lambda: case_console_3d(29617),
     "fault-kill": lambda: case_fault(signal.SIGKILL, 2, 29613, "rank 2"),
     "fault-stop": lambda: case_fault(signal.SIGSTOP, 1, 29614, "rank 1"),
     # mpirun itself ends the job when rank 0 dies and names it.
