@@ -68,7 +68,13 @@ static void last_collective(void *user, uint64_t *seq, char *op, size_t op_len, 
   if (!where)
     return;
   *seq = best.seq;
-  snprintf(op, op_len, "%s(%s)", wf_comm_op_name(best.op), wf_comm_name(where));
+  /* A pipeline hang is a chain of point-to-point waits: name the peer (world rank),
+   * so the diagnosis shows who waits for whom. */
+  if ((best.op == WF_OP_SEND || best.op == WF_OP_RECV) && best.peer >= 0)
+    snprintf(op, op_len, "%s(%s %s rank %d)", wf_comm_op_name(best.op), wf_comm_name(where),
+             best.op == WF_OP_SEND ? "to" : "from", wf_comm_world_rank(where, best.peer));
+  else
+    snprintf(op, op_len, "%s(%s)", wf_comm_op_name(best.op), wf_comm_name(where));
   *active = best.state == WF_STATE_QUEUED || best.state == WF_STATE_RUNNING;
 }
 

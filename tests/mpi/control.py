@@ -146,9 +146,11 @@ def case_console_3d(port):
         print("ok: 3-D job: stages, groups and the schedule as the console shows them")
 
 
-def case_fault(sig, victim, port, needle):
+def case_fault(sig, victim, port, needle, mesh=None, also=()):
+    """Signal one rank of a 4-rank job; every rank must exit non-zero within the bound
+    with a diagnosis holding `needle` (and each of `also`)."""
     with tempfile.TemporaryDirectory() as jobdir:
-        job = start(4, jobdir, port)
+        job = start(4, jobdir, port, mesh=mesh)
         wait_running(job, jobdir, 4)
         _, out, _ = console(jobdir, "--json", "ranks")
         pid = {r["rank"]: r["pid"] for r in json.loads(out)["ranks"]}[victim]
@@ -168,8 +170,9 @@ def case_fault(sig, victim, port, needle):
             fail(f"job exited 0 after the fault\n{err[-2000:]}")
         if dt > EXIT_BOUND_S:
             fail(f"job took {dt:.1f} s to end, bound {EXIT_BOUND_S} s\n{err[-2000:]}")
-        if needle not in err:
-            fail(f"diagnosis lacks {needle!r}\n{err[-3000:]}")
+        for n in (needle,) + tuple(also):
+            if n not in err:
+                fail(f"diagnosis lacks {n!r}\n{err[-3000:]}")
         line = [l for l in err.splitlines() if needle in l][0]
         print(f"ok: {signal.Signals(sig).name} of rank {victim}: job ended (exit "
               f"{job.returncode}) {dt:.2f} s after the fault\n  {line}")
@@ -185,6 +188,11 @@ CASES = {
     "fault-kill0": lambda: case_fault(signal.SIGKILL, 0, 29615, "rank 0"),
     # A frozen coordinator: the workers stop hearing its heartbeats and abort.
     "fault-stop0": lambda: case_fault(signal.SIGSTOP, 0, 29616, "has been silent"),
+    # A frozen middle stage of a 4-stage pipeline: its neighbours wait in point-to-point
+    # receives, and the diagnosis says from whom (world ranks = pp ranks here).
+    "fault-stop-pp": lambda: case_fault(
+        signal.SIGSTOP, 2, 29618, "rank 2", mesh=["mesh.pp=4", "train.microbatches=8"],
+        also=("no heartbeat", "recv(pp from rank")),
 }
 
 if __name__ == "__main__":
