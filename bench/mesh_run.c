@@ -8,6 +8,7 @@
  */
 #include <math.h>
 #include <mpi.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +18,7 @@
 #include "wf_kernels.h"
 #include "wf_runtime.h"
 
-int bench_env_init(bench_env *e, int *argc, char ***argv)
+static int env_init(bench_env *e, int *argc, char ***argv)
 {
   int provided;
   memset(e, 0, sizeof *e);
@@ -46,6 +47,33 @@ int bench_env_init(bench_env *e, int *argc, char ***argv)
   return 0;
 }
 
+int bench_start(bench_env *e, int *argc, char ***argv, const char *name, int ranks, int *steps)
+{
+  if (env_init(e, argc, argv))
+    return 1;
+  int n = *argc > 1 ? atoi((*argv)[1]) : 6;
+  *steps = n < 2 ? 2 : n > BENCH_MAX_STEPS ? BENCH_MAX_STEPS : n;
+  if (e->size == ranks)
+    return 0;
+  if (e->rank == 0)
+    fprintf(stderr, "%s: run it on %d ranks: mpirun -np %d build/bench/%s [steps]\n", name, ranks,
+            ranks, name);
+  bench_env_fini(e);
+  return 2;
+}
+
+void bench_kv_add(bench_kv *kv, const char *fmt, ...)
+{
+  if (kv->n >= BENCH_MAX_KV)
+    return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(kv->text[kv->n], sizeof kv->text[kv->n], fmt, ap);
+  va_end(ap);
+  kv->arg[kv->n] = kv->text[kv->n];
+  kv->n++;
+}
+
 void bench_env_fini(bench_env *e)
 {
   wf_comm_destroy(e->world);
@@ -64,7 +92,10 @@ static wf_status make_config(const bench_env *e, wf_config *cfg, const char *con
 {
   char err[1024] = "", key[128];
   wf_config_init(cfg);
-  wf_status st = WF_OK;
+  /* Benchmarks time training steps: no evaluation. */
+  wf_status st = wf_config_set(cfg, "train.eval_every", "0", WF_SRC_CLI, err, sizeof err);
+  if (st == WF_OK)
+    st = wf_config_set(cfg, "train.eval_batches", "0", WF_SRC_CLI, err, sizeof err);
   for (int i = 0; st == WF_OK && i < n; i++) {
     const char *eq = strchr(kv[i], '=');
     if (!eq) {
@@ -94,12 +125,12 @@ static wf_status split_axes(const bench_env *e, const wf_config *cfg, wf_comm *a
   return WF_OK;
 }
 
-wf_status bench_train(const bench_env *e, const char *const *kv, int n, bench_steps *out)
+wf_status bench_train(const bench_env *e, const bench_kv *kv, bench_steps *out)
 {
   wf_config cfg;
   wf_comm *axis[WF_NUM_AXES] = {0};
   memset(out, 0, sizeof *out);
-  wf_status st = make_config(e, &cfg, kv, n);
+  wf_status st = make_config(e, &cfg, kv->arg, kv->n);
   if (st == WF_OK)
     st = split_axes(e, &cfg, axis);
   if (st == WF_OK) {

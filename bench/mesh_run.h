@@ -22,10 +22,21 @@ typedef struct bench_env {
   wf_comm *world;
 } bench_env;
 
-/* MPI_Init, bind this rank as the worker does, set the kernels' threads. Returns 0 or
- * prints why not and returns non-zero. */
-int bench_env_init(bench_env *e, int *argc, char ***argv);
+/* MPI_Init, bind this rank as the worker does, set the kernels' threads, and read the
+ * optional first argument, the steps per run (default 6, at least 2). `name` must run
+ * on `ranks` ranks. Returns 0, or the exit status after saying why not (MPI is then
+ * finalised). */
+int bench_start(bench_env *e, int *argc, char ***argv, const char *name, int ranks, int *steps);
 void bench_env_fini(bench_env *e); /* MPI_Finalize */
+
+/* Config overrides of one run, as key=value strings. */
+enum { BENCH_MAX_KV = 24 };
+typedef struct bench_kv {
+  int n;
+  char text[BENCH_MAX_KV][64];
+  const char *arg[BENCH_MAX_KV];
+} bench_kv;
+void bench_kv_add(bench_kv *kv, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Steps recorded by one run. */
 typedef struct bench_steps {
@@ -34,10 +45,10 @@ typedef struct bench_steps {
 } bench_steps;
 
 /* Train on the mesh the config describes (mesh.tp, mesh.pp; dp derived from the
- * world) with the config's defaults overridden by the n key=value pairs in kv. Every
- * rank calls it; every rank gets the steps (as on_step saw them on this rank). Returns
+ * world) with the config's defaults overridden by kv. Evaluation is off. Every rank
+ * calls it; every rank gets the steps (as on_step saw them on this rank). Returns
  * WF_OK or the error (printed by rank 0). */
-wf_status bench_train(const bench_env *e, const char *const *kv, int n, bench_steps *out);
+wf_status bench_train(const bench_env *e, const bench_kv *kv, bench_steps *out);
 
 /* Median over steps [first, n) of a field read by `get`. */
 double bench_median(const bench_steps *s, int first, double (*get)(const wf_train_step_info *));

@@ -62,26 +62,20 @@ static void print_row(int sched, int m, const bench_steps *s, double gemm)
 
 static int run(const bench_env *e, int sched, int m, int steps, double gemm)
 {
-  char kv[16][64];
-  const char *args[16];
-  int n = 0;
-  snprintf(kv[n++], 64, "mesh.pp=%d", P);
-  snprintf(kv[n++], 64, "train.schedule=%s", sched_name(sched));
-  snprintf(kv[n++], 64, "parallel.virtual_stages=%d", sched == 2 ? 2 : 1);
-  snprintf(kv[n++], 64, "train.microbatches=%d", m);
-  snprintf(kv[n++], 64, "train.batch_size=%d", m * MB_ROWS);
-  snprintf(kv[n++], 64, "train.steps=%d", steps);
-  snprintf(kv[n++], 64, "model.seq_len=%d", SEQ);
-  snprintf(kv[n++], 64, "model.layers=8");
-  snprintf(kv[n++], 64, "model.d_model=256");
-  snprintf(kv[n++], 64, "model.heads=8");
-  snprintf(kv[n++], 64, "train.eval_every=0");
-  snprintf(kv[n++], 64, "train.eval_batches=0");
-  snprintf(kv[n++], 64, "train.warmup=1");
-  for (int i = 0; i < n; i++)
-    args[i] = kv[i];
+  bench_kv kv = {0};
+  bench_kv_add(&kv, "mesh.pp=%d", P);
+  bench_kv_add(&kv, "train.schedule=%s", sched_name(sched));
+  bench_kv_add(&kv, "parallel.virtual_stages=%d", sched == 2 ? 2 : 1);
+  bench_kv_add(&kv, "train.microbatches=%d", m);
+  bench_kv_add(&kv, "train.batch_size=%d", m * MB_ROWS);
+  bench_kv_add(&kv, "train.steps=%d", steps);
+  bench_kv_add(&kv, "model.seq_len=%d", SEQ);
+  bench_kv_add(&kv, "model.layers=8");
+  bench_kv_add(&kv, "model.d_model=256");
+  bench_kv_add(&kv, "model.heads=8");
+  bench_kv_add(&kv, "train.warmup=1");
   bench_steps s;
-  if (bench_train(e, args, n, &s) != WF_OK || s.n < 2)
+  if (bench_train(e, &kv, &s) != WF_OK || s.n < 2)
     return 1;
   if (e->rank == 0)
     print_row(sched, m, &s, gemm);
@@ -91,16 +85,9 @@ static int run(const bench_env *e, int sched, int m, int steps, double gemm)
 int main(int argc, char **argv)
 {
   bench_env e;
-  if (bench_env_init(&e, &argc, &argv))
-    return 1;
-  int steps = argc > 1 ? atoi(argv[1]) : 6;
-  steps = steps < 2 ? 2 : steps > BENCH_MAX_STEPS ? BENCH_MAX_STEPS : steps;
-  if (e.size != P) {
-    if (e.rank == 0)
-      fprintf(stderr, "pipeline: run it on %d ranks: mpirun -np %d build/bench/pipeline\n", P, P);
-    bench_env_fini(&e);
-    return 2;
-  }
+  int steps, rc = bench_start(&e, &argc, &argv, "pipeline", P, &steps);
+  if (rc)
+    return rc;
   double gemm = bench_gemm_gflops(&e, 1024);
   if (e.rank == 0)
     printf("pp %d, %d thread(s) per rank; model L8 C256 NH8 V256, micro-batch %d x %d tokens;\n"
@@ -111,7 +98,6 @@ int main(int argc, char **argv)
            "%-11s %3s %9s %9s %7s %7s %7s %13s %9s %8s %8s %7s\n",
            P, e.threads, MB_ROWS, SEQ, steps, gemm, "schedule", "m", "bubble", "theory", "diff",
            "slots", "bound", "act MiB s0/s1", "step_ms", "tok/s", "GFLOP/s", "%sgemm");
-  int rc = 0;
   for (int sched = 0; sched < 3 && rc == 0; sched++)
     for (int m = P; m <= 8 * P && rc == 0; m *= 2)
       rc = run(&e, sched, m, steps, gemm);

@@ -49,24 +49,20 @@ static double get_tp_ms(const wf_train_step_info *i) { return i->tp_ms; }
 static double get_dp_ms(const wf_train_step_info *i) { return i->comm_ms; }
 
 /* Key=value arguments of one run; mesh may hold two separated by a space. */
-static int build_args(char kv[][64], const model *md, const char *mesh, int steps)
+static void build_args(bench_kv *kv, const model *md, const char *mesh, int steps)
 {
-  int n = 0;
   const char *sp = strchr(mesh, ' ');
-  snprintf(kv[n++], 64, "%.*s", sp ? (int)(sp - mesh) : 63, mesh);
+  bench_kv_add(kv, "%.*s", sp ? (int)(sp - mesh) : 63, mesh);
   if (sp)
-    snprintf(kv[n++], 64, "%s", sp + 1);
-  snprintf(kv[n++], 64, "model.layers=%d", md->layers);
-  snprintf(kv[n++], 64, "model.d_model=%d", md->d_model);
-  snprintf(kv[n++], 64, "model.heads=%d", md->heads);
-  snprintf(kv[n++], 64, "model.seq_len=%d", md->seq);
-  snprintf(kv[n++], 64, "model.vocab=%d", md->vocab);
-  snprintf(kv[n++], 64, "train.batch_size=%d", md->batch);
-  snprintf(kv[n++], 64, "train.steps=%d", steps);
-  snprintf(kv[n++], 64, "train.eval_every=0");
-  snprintf(kv[n++], 64, "train.eval_batches=0");
-  snprintf(kv[n++], 64, "train.warmup=1");
-  return n;
+    bench_kv_add(kv, "%s", sp + 1);
+  bench_kv_add(kv, "model.layers=%d", md->layers);
+  bench_kv_add(kv, "model.d_model=%d", md->d_model);
+  bench_kv_add(kv, "model.heads=%d", md->heads);
+  bench_kv_add(kv, "model.seq_len=%d", md->seq);
+  bench_kv_add(kv, "model.vocab=%d", md->vocab);
+  bench_kv_add(kv, "train.batch_size=%d", md->batch);
+  bench_kv_add(kv, "train.steps=%d", steps);
+  bench_kv_add(kv, "train.warmup=1");
 }
 
 static void print_row(const model *md, const char *mesh, const bench_steps *s, double gemm)
@@ -83,13 +79,10 @@ static void print_row(const model *md, const char *mesh, const bench_steps *s, d
 
 static int run(const bench_env *e, const model *md, size_t mesh, int steps, double gemm)
 {
-  char kv[16][64];
-  const char *args[16];
-  int n = build_args(kv, md, MESHES[mesh][1], steps);
-  for (int i = 0; i < n; i++)
-    args[i] = kv[i];
+  bench_kv kv = {0};
+  build_args(&kv, md, MESHES[mesh][1], steps);
   bench_steps s;
-  if (bench_train(e, args, n, &s) != WF_OK || s.n < 2)
+  if (bench_train(e, &kv, &s) != WF_OK || s.n < 2)
     return 1;
   if (e->rank == 0)
     print_row(md, MESHES[mesh][0], &s, gemm);
@@ -99,16 +92,9 @@ static int run(const bench_env *e, const model *md, size_t mesh, int steps, doub
 int main(int argc, char **argv)
 {
   bench_env e;
-  if (bench_env_init(&e, &argc, &argv))
-    return 1;
-  int steps = argc > 1 ? atoi(argv[1]) : 6;
-  steps = steps < 2 ? 2 : steps > BENCH_MAX_STEPS ? BENCH_MAX_STEPS : steps;
-  if (e.size != 2) {
-    if (e.rank == 0)
-      fprintf(stderr, "tensor: run it on 2 ranks: mpirun -np 2 build/bench/tensor\n");
-    bench_env_fini(&e);
-    return 2;
-  }
+  int steps, rc = bench_start(&e, &argc, &argv, "tensor", 2, &steps);
+  if (rc)
+    return rc;
   double gemm = bench_gemm_gflops(&e, 1024);
   if (e.rank == 0)
     printf("2 ranks, %d thread(s) each; the same global batch on every mesh; medians of steps\n"
@@ -117,7 +103,6 @@ int main(int argc, char **argv)
            "%-24s %-11s %9s %8s %8s %7s %7s %6s %6s %9s %8s\n",
            e.threads, steps, gemm, "model", "mesh", "step_ms", "tok/s", "GFLOP/s", "%sgemm",
            "tp_ms", "tp%", "dp_ms", "params/rk", "act MiB");
-  int rc = 0;
   for (size_t md = 0; md < sizeof MODELS / sizeof MODELS[0] && rc == 0; md++)
     for (size_t mesh = 0; mesh < sizeof MESHES / sizeof MESHES[0] && rc == 0; mesh++)
       rc = run(&e, &MODELS[md], mesh, steps, gemm);
