@@ -17,6 +17,10 @@
  * the same for every run with the same vocabulary; train.seed only changes the samples.
  * Invariants: every token handed out is < the model's vocabulary; files are checked
  * once, at open, so a batch can never fail on bad data half-way through training.
+ *
+ * Test hook (read once): WEFT_TEST_DATA_FAIL=R:S makes world rank R's training batches
+ * of step S fail with WF_EIO, as a shard on a failing disk would, so a test can fail
+ * one rank alone in the middle of a pipeline schedule.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -515,9 +519,26 @@ wf_status wf_data_row(const wf_data *d, int *win, wf_data_split split, int64_t i
   return WF_OK;
 }
 
+static bool test_fail(wf_data_split split, int64_t index)
+{
+  static int r = -2;
+  static long long step = -1;
+  if (r == -2) {
+    const char *e = getenv("WEFT_TEST_DATA_FAIL");
+    if (!e || sscanf(e, "%d:%lld", &r, &step) != 2)
+      r = -1;
+  }
+  return split == WF_DATA_TRAIN && r == wf_rt_rank() && index + 1 == step;
+}
+
 wf_status wf_data_batch(const wf_data *d, int *inputs, int *targets, wf_data_split split,
                         int64_t index, int dp_rank, int dp_size, int micro, int micro_count)
 {
+  if (test_fail(split, index)) {
+    WF_ERROR("data: injected read failure of step %lld (WEFT_TEST_DATA_FAIL)",
+             (long long)index + 1);
+    return WF_EIO;
+  }
   int rows = wf_data_rows(d, dp_size, micro_count);
   if (rows == 0 || dp_rank < 0 || dp_rank >= dp_size || micro < 0 || micro >= micro_count)
     return WF_EINVAL;

@@ -262,6 +262,11 @@ static void on_phase(void *user, const char *phase)
   wf_control_set_phase(((boundary *)user)->ctl, phase);
 }
 
+/* How long a rank whose training failed waits for the others to fail with it before
+ * it takes the failure for its own and has the coordinator abort the job. Ranks that
+ * agreed on a failure arrive within milliseconds of each other. */
+#define FAIL_SETTLE_MS 3000
+
 /* Train (or dump llm.c's debug state) on this rank's share of the mesh, with the
  * control plane up so the console can attach and the watchdog can act. */
 static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, const char *dump_state,
@@ -305,8 +310,18 @@ static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, con
   wf_status st = wf_train_run(cfg, &hooks);
   if (st == WF_OK && bd.failed)
     st = WF_EMPI;
-  if (st != WF_OK)
-    fprintf(stderr, "weft: error: training failed: %s (see the log above)\n", wf_status_str(st));
+  if (st != WF_OK) {
+    fprintf(stderr, "weft: error: training failed on rank %d: %s (see the log above)\n", rank,
+            wf_status_str(st));
+    /* A failure every rank agreed on meets here at once; a failure of this rank alone
+     * leaves the others waiting, so the coordinator aborts the job instead. */
+    char what[64];
+    snprintf(what, sizeof what, "its first error is in rank %d's log above", rank);
+    if (!wf_plane_fail(&plane, st, what, FAIL_SETTLE_MS)) {
+      sleep(10); /* the coordinator's Abort ends this process (exit 3) well before */
+      _exit(1);  /* the control plane is gone too: MPI_Finalize would wait forever */
+    }
+  }
   wf_plane_stop(&plane);
   return st == WF_OK ? 0 : 1;
 }

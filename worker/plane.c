@@ -223,6 +223,24 @@ wf_status wf_plane_start(wf_plane *p, const wf_plane_opts *o, char *err, size_t 
   return WF_OK;
 }
 
+bool wf_plane_fail(wf_plane *p, wf_status st, const char *what, int timeout_ms)
+{
+  MPI_Request req;
+  int done = 0;
+  if (MPI_Ibarrier(MPI_COMM_WORLD, &req) == MPI_SUCCESS) {
+    double end = wf_now() + timeout_ms * 1e-3;
+    while (MPI_Test(&req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done && wf_now() < end)
+      usleep(1000);
+  }
+  if (done)
+    return true;
+  /* The barrier stays posted: this process ends by the coordinator's Abort. */
+  char msg[512];
+  snprintf(msg, sizeof msg, "training failed on this rank alone (%s): %s", wf_status_str(st), what);
+  wf_control_report_error(p->ctl, st, msg, 2000);
+  return false;
+}
+
 void wf_plane_stop(wf_plane *p)
 {
   /* Every rank says Bye before rank 0 stops the service, so no rank's departure is

@@ -5,6 +5,7 @@
 #ifndef WF_PLANE_H
 #define WF_PLANE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "wf_config.h"
@@ -29,5 +30,12 @@ typedef struct wf_plane_opts {
 wf_status wf_plane_start(wf_plane *p, const wf_plane_opts *o, char *err, size_t err_len);
 /* Collective: every rank says Bye, then rank 0 stops the service. */
 void wf_plane_stop(wf_plane *p);
+/* After this rank's training failed with `st` (message `what`): wait up to timeout_ms
+ * for every rank to arrive here too (a failure all ranks agreed on), and return true
+ * if they did; the caller then stops the plane as usual. Otherwise the failure was
+ * this rank's alone and the others are blocked in a collective or a pipeline receive
+ * that will never complete: report it to the coordinator, which aborts every rank
+ * with the message (this one too), and return false. */
+bool wf_plane_fail(wf_plane *p, wf_status st, const char *what, int timeout_ms);
 
 #endif /* WF_PLANE_H */

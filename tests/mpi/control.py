@@ -29,9 +29,10 @@ def fail(msg, job=None):
     sys.exit(1)
 
 
-def start(n, jobdir, port, extra=(), mesh=None):
-    env = dict(os.environ, WEFT_JOB_DIR=jobdir, MASTER_PORT=str(port))
-    cmd = MPIRUN + ["-np", str(n), "-x", "WEFT_JOB_DIR", "-x", "MASTER_PORT", WORKER] + \
+def start(n, jobdir, port, extra=(), mesh=None, env_extra=None):
+    env = dict(os.environ, WEFT_JOB_DIR=jobdir, MASTER_PORT=str(port), **(env_extra or {}))
+    fwd = [a for k in (env_extra or {}) for a in ("-x", k)]
+    cmd = MPIRUN + ["-np", str(n), "-x", "WEFT_JOB_DIR", "-x", "MASTER_PORT"] + fwd + [WORKER] + \
         (mesh or [f"mesh.dp={n}"]) + ["train.steps=100000", "train.eval_every=0",
                                       "runtime.hang_timeout=5"] + list(extra)
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -178,6 +179,32 @@ def case_fault(sig, victim, port, needle, mesh=None, also=()):
               f"{job.returncode}) {dt:.2f} s after the fault\n  {line}")
 
 
+def case_local_error(port):
+    """One rank fails alone in the middle of a pipeline schedule (an injected read error
+    of its step-3 batch: WEFT_TEST_DATA_FAIL) while its peers wait for its activations.
+    The hang timeout is 300 s, so only the failing rank's report can end the job
+    quickly: every rank must exit non-zero, with the coordinator's message naming it."""
+    with tempfile.TemporaryDirectory() as jobdir:
+        t0 = time.monotonic()
+        job = start(4, jobdir, port, extra=["runtime.hang_timeout=300"],
+                    mesh=["mesh.pp=2", "mesh.dp=2", "train.microbatches=4"],
+                    env_extra={"WEFT_TEST_DATA_FAIL": "0:3"})
+        try:
+            out, err = job.communicate(timeout=START_BOUND_S + EXIT_BOUND_S)
+        except subprocess.TimeoutExpired:
+            fail("job still running: a rank's own failure hung the others", job)
+        dt = time.monotonic() - t0
+        if job.returncode == 0:
+            fail(f"job exited 0 after rank 0 failed\n{err[-2000:]}")
+        for n in ("injected read failure of step 3", "training failed on rank 0",
+                  "rank 0 (host", "it reported an error: training failed on this rank alone"):
+            if n not in err:
+                fail(f"output lacks {n!r}\n{err[-3000:]}")
+        line = [l for l in err.splitlines() if "it reported an error" in l][0]
+        print(f"ok: rank 0 failed alone at step 3: job ended (exit {job.returncode}) "
+              f"{dt:.2f} s after it started\n  {line}")
+
+
 CASES = {
     "console-np4": lambda: case_console(4, 29611),
     "console-np8": lambda: case_console(8, 29612),
@@ -190,6 +217,7 @@ CASES = {
     "fault-stop0": lambda: case_fault(signal.SIGSTOP, 0, 29616, "has been silent"),
     # A frozen middle stage of a 4-stage pipeline: its neighbours wait in point-to-point
     # receives, and the diagnosis says from whom (world ranks = pp ranks here).
+    "fault-local-error": lambda: case_local_error(29619),
     "fault-stop-pp": lambda: case_fault(
         signal.SIGSTOP, 2, 29618, "rank 2", mesh=["mesh.pp=4", "train.microbatches=8"],
         also=("no heartbeat", "recv(pp from rank")),
