@@ -3,15 +3,31 @@
  * wf_checkpoint.h for the directory layout).
  *
  * Files:
- *  - model-ppPP-tpTT.bin: llm.c's GPT-2 checkpoint (int32[256] header {20240326, 3,
- *    maxT, V, L, NH, C, Vp}, then the float32 parameters in llm.c order). While
- *    tp = pp = 1 the one shard is the whole model, so the file is also a valid
- *    model.init; tensor and pipeline shards will need their own header, and the
- *    manifest names each file's format so a loader can tell them apart.
+ *  - model-ppPP-tpTT.bin: the parameters of the (pp, tp) shard, written by its dp rank 0.
+ *    While the shard is the whole model (tp = pp = 1) the file is llm.c's GPT-2
+ *    checkpoint (int32[256] header {20240326, 3, maxT, V, L, NH, C, Vp}, then the
+ *    float32 parameters in llm.c order), so it is also a valid model.init. A real shard
+ *    is a weft shard file: a 128-byte header {magic "WFMS", version 1, L, NH, C, maxT,
+ *    V, Vp, tp, tp_rank, l0, l1, chunks, chunk_stride, first, last, n} then the n
+ *    float32 parameters of the shard's flat vector (wf_gpt_params' local layout). The
+ *    manifest names each model file's format and records the same geometry.
  *  - optim-ppPP-tpTT[-dpDD].bin: a 64-byte header {magic "WFOP", version 1, n, lo, hi,
- *    t, pp, tp, dp, dp size} then float32 m[lo, hi) and float32 v[lo, hi) of the flat
- *    parameter vector of n elements. dp is 0xffffffff for the unsharded file.
+ *    t, pp, tp, dp, dp size} then float32 m[lo, hi) and float32 v[lo, hi) of the (pp, tp)
+ *    shard's flat parameter vector of n elements. dp is 0xffffffff for the unsharded
+ *    file.
  *  - manifest.json: everything else, and {name, bytes, xxh3} of every file.
+ *
+ * Loading: when every rank's shard has exactly the geometry of the saved shard of its
+ * (pp, tp) coordinates (the same tp, pp and layer split, whatever dp and ZeRO-1), dp
+ * rank 0 of each (pp, tp) reads its model file and broadcasts it, and each rank reads
+ * the optimizer range it holds, re-sliced over dp: the bits come back unchanged.
+ * Otherwise the checkpoint is resharded: the ranks share out the files, each adds the
+ * counted runs (wf_gpt_shard_runs: tp rank 0's copy of replicated tensors, the first
+ * stage's tied wte) of its files into whole-model parameters and AdamW m and v, a sum
+ * over the job assembles them, and every rank copies out its slices (and its ZeRO-1
+ * range). That costs three whole-model float32 vectors per rank while loading, plus
+ * one shard file's worth: fine at the sizes this trains, to be streamed per tensor
+ * for models near a rank's memory.
  *
  * Invariants:
  *  - `latest` only ever names a directory whose files were all fsync()ed, renamed into
@@ -65,10 +81,15 @@
 #define OPT_VERSION    1u
 #define OPT_HEADER     64
 #define OPT_UNSHARDED  0xffffffffu
+#define SHARD_MAGIC    0x534d4657u /* "WFMS" little-endian */
+#define SHARD_VERSION  1u
+#define SHARD_HEADER   128
+#define FMT_LLMC       "llmc-gpt2-v3"
+#define FMT_SHARD      "weft-shard-v1"
 #define CHUNK          (4u << 20) /* bytes per read or write call (a multiple of 4) */
 #define PATH_LEN       (WF_PATH_MAX + 64)
 #define ERR_LEN        (2 * PATH_LEN + 256)
-#define REC_LEN        13 /* uint64 per rank in the save gather (see pack_rec) */
+#define REC_LEN        20 /* uint64 per rank in the save gather (see pack_rec) */
 
 typedef struct optim_header {
   uint32_t magic, version;
@@ -78,13 +99,24 @@ typedef struct optim_header {
 } optim_header;
 _Static_assert(sizeof(optim_header) == OPT_HEADER, "optimizer header is 64 bytes");
 
+typedef struct shard_header {
+  uint32_t magic, version;
+  int32_t L, NH, C, maxT, V, Vp;
+  int32_t tp, tp_rank, l0, l1, chunks, chunk_stride, first, last;
+  uint64_t n;
+  uint8_t pad[SHARD_HEADER - 72];
+} shard_header;
+_Static_assert(sizeof(shard_header) == SHARD_HEADER, "model shard header is 128 bytes");
+
 /* One file of a checkpoint, as the manifest lists it. */
 typedef struct entry {
   char name[64];
   bool optim;      /* else the model */
   int pp, tp, dp;  /* dp -1: unsharded (or the model) */
-  uint64_t lo, hi; /* element range of the flat parameter vector */
+  uint64_t lo, hi; /* element range of the (pp, tp) shard's flat parameter vector */
   uint64_t bytes, hash;
+  bool llmc;        /* model: an llm.c file (the whole model), else a weft shard file */
+  wf_gpt_shard geo; /* model: the shard's geometry (saved_geo) */
 } entry;
 
 typedef struct manifest {
@@ -352,6 +384,64 @@ static wf_status write_small(const char *dir, const char *name, const char *text
   return st;
 }
 
+/* ---- shard geometry ---------------------------------------------------------------------- */
+
+/* What a checkpoint records of a shard: the fields that decide its parameter layout
+ * (sequence parallelism does not change it; chunk_stride matters only with chunks). */
+static wf_gpt_shard saved_geo(const wf_gpt_shard *s)
+{
+  wf_gpt_shard g = *s;
+  g.sequence = false;
+  g.chunks = WF_MAX(g.chunks, 1);
+  if (g.chunks == 1)
+    g.chunk_stride = 0;
+  return g;
+}
+
+static bool same_geo(const wf_gpt_shard *a, const wf_gpt_shard *b)
+{
+  return a->tp == b->tp && a->tp_rank == b->tp_rank && a->l0 == b->l0 && a->l1 == b->l1 &&
+         a->chunks == b->chunks && a->chunk_stride == b->chunk_stride && a->first == b->first &&
+         a->last == b->last;
+}
+
+/* The whole model: its file is a plain llm.c checkpoint. */
+static bool whole_geo(const wf_gpt_shard *g)
+{
+  return g->tp == 1 && g->first && g->last && g->chunks == 1;
+}
+
+static void describe_geo(char *buf, size_t len, const wf_gpt_shard *g)
+{
+  char chunks[64] = "";
+  if (g->chunks > 1)
+    pathf(chunks, sizeof chunks, " in %d chunks %d layers apart", g->chunks, g->chunk_stride);
+  pathf(buf, len, "tp rank %d of %d, layers [%d, %d)%s%s%s", g->tp_rank, g->tp, g->l0, g->l1,
+        chunks, g->first ? ", first stage" : "", g->last ? ", last stage" : "");
+}
+
+/* Big enough for either model file header. */
+typedef union model_hdr {
+  int32_t llmc[LLMC_HEADER / 4];
+  shard_header shard;
+} model_hdr;
+
+/* The header of the model file of shard g with n parameters; returns its bytes
+ * (LLMC_HEADER or SHARD_HEADER). */
+static size_t model_header(model_hdr *h, const wf_gpt_dims *d, const wf_gpt_shard *g, uint64_t n)
+{
+  memset(h, 0, sizeof *h);
+  if (whole_geo(g)) {
+    int32_t v[8] = {LLMC_MAGIC, LLMC_VERSION, d->maxT, d->V, d->L, d->NH, d->C, d->Vp};
+    memcpy(h->llmc, v, sizeof v);
+    return LLMC_HEADER;
+  }
+  h->shard = (shard_header){SHARD_MAGIC, SHARD_VERSION,   d->L,     d->NH,      d->C,  d->maxT,
+                            d->V,        d->Vp,           g->tp,    g->tp_rank, g->l0, g->l1,
+                            g->chunks,   g->chunk_stride, g->first, g->last,    n,     {0}};
+  return SHARD_HEADER;
+}
+
 /* ---- writing the shards ---------------------------------------------------------------- */
 
 typedef struct shard_rec {
@@ -375,15 +465,18 @@ static void optim_name(char *buf, size_t len, int pp, int tp, int dp)
 static wf_status write_model(const wf_ckpt_target *t, const char *stage, shard_rec *r, char *err)
 {
   const wf_gpt_dims *d = wf_gpt_get_dims(t->model);
-  int32_t h[LLMC_HEADER / 4] = {LLMC_MAGIC, LLMC_VERSION, d->maxT, d->V, d->L, d->NH, d->C, d->Vp};
+  wf_gpt_shard g = saved_geo(wf_gpt_get_shard(t->model));
+  size_t n = wf_gpt_local_params(t->model);
+  model_hdr h;
+  size_t hb = model_header(&h, d, &g, n);
   char name[64];
   afile f;
   model_name(name, sizeof name, t->pp_rank, t->tp_rank);
   wf_status st = afile_open(&f, stage, name, err);
   if (st == WF_OK)
-    st = afile_write(&f, h, sizeof h, err);
+    st = afile_write(&f, &h, hb, err);
   if (st == WF_OK)
-    st = afile_write(&f, wf_gpt_params(t->model), wf_gpt_num_params(d) * sizeof(float), err);
+    st = afile_write(&f, wf_gpt_params(t->model), n * sizeof(float), err);
   if (st != WF_OK) {
     afile_abort(&f);
     return st;
@@ -397,7 +490,7 @@ static wf_status write_model(const wf_ckpt_target *t, const char *stage, shard_r
 static wf_status optim_state(const wf_ckpt_target *t, uint64_t *lo, uint64_t *hi, float **m,
                              float **v, int *dp_index)
 {
-  size_t a = 0, b = wf_gpt_num_params(wf_gpt_get_dims(t->model));
+  size_t a = 0, b = wf_gpt_local_params(t->model);
   *dp_index = -1;
   if (t->dp) {
     wf_dp_shard_range(t->dp, &a, &b);
@@ -425,7 +518,7 @@ static wf_status write_optim(const wf_ckpt_target *t, const char *stage, int ste
     return WF_OK; /* unsharded: dp 0 writes it */
   optim_header h = {OPT_MAGIC,
                     OPT_VERSION,
-                    wf_gpt_num_params(wf_gpt_get_dims(t->model)),
+                    wf_gpt_local_params(t->model),
                     r->lo,
                     r->hi,
                     (uint64_t)step,
@@ -507,15 +600,32 @@ static json_t *file_json(const char *name, const char *kind, int pp, int tp, int
                         (json_int_t)lo, (json_int_t)hi);
   if (o)
     json_object_set_new(o, "dp", dp < 0 ? json_null() : json_integer(dp));
-  if (o && !strcmp(kind, "model"))
-    json_object_set_new(o, "format", json_string("llmc-gpt2-v3"));
+  return o;
+}
+
+/* A model file's entry: its format and the shard geometry it holds (n parameters). */
+static json_t *model_json(const char *name, int pp, const wf_gpt_shard *g, uint64_t n,
+                          uint64_t bytes, uint64_t hash)
+{
+  json_t *o = file_json(name, "model", pp, g->tp_rank, -1, 0, n, bytes, hash);
+  if (!o)
+    return NULL;
+  json_object_set_new(o, "format", json_string(whole_geo(g) ? FMT_LLMC : FMT_SHARD));
+  json_object_set_new(o, "shard",
+                      json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:b, s:I}", "tp", g->tp,
+                                "tp_rank", g->tp_rank, "l0", g->l0, "l1", g->l1, "chunks",
+                                g->chunks, "chunk_stride", g->chunk_stride, "first", g->first,
+                                "last", g->last, "params", (json_int_t)n));
   return o;
 }
 
 /* What one rank wrote, as REC_LEN uint64: status, pp, tp, dp, has_model, model
- * bytes, model hash, has_optim, sharded, optim bytes, optim hash, lo, hi. */
+ * bytes, model hash, has_optim, sharded, optim bytes, optim hash, lo, hi, then its
+ * shard's geometry (saved_geo): tp size, l0, l1, chunks, chunk_stride, first | last << 1,
+ * and its parameter count. */
 static void pack_rec(uint64_t *x, wf_status st, const wf_ckpt_target *t, const shard_rec *r)
 {
+  wf_gpt_shard g = saved_geo(wf_gpt_get_shard(t->model));
   uint64_t v[REC_LEN] = {(uint64_t)(-(int64_t)st),
                          (uint64_t)t->pp_rank,
                          (uint64_t)t->tp_rank,
@@ -528,20 +638,40 @@ static void pack_rec(uint64_t *x, wf_status st, const wf_ckpt_target *t, const s
                          r->optim_bytes,
                          r->optim_hash,
                          r->lo,
-                         r->hi};
+                         r->hi,
+                         (uint64_t)g.tp,
+                         (uint64_t)g.l0,
+                         (uint64_t)g.l1,
+                         (uint64_t)g.chunks,
+                         (uint64_t)g.chunk_stride,
+                         (uint64_t)g.first | (uint64_t)g.last << 1,
+                         wf_gpt_local_params(t->model)};
   memcpy(x, v, sizeof v);
 }
 
-static json_t *files_json(const uint64_t *recs, int n, uint64_t nparams)
+static wf_gpt_shard unpack_geo(const uint64_t *x)
+{
+  return (wf_gpt_shard){.tp = (int)x[13],
+                        .tp_rank = (int)x[2],
+                        .l0 = (int)x[14],
+                        .l1 = (int)x[15],
+                        .chunks = (int)x[16],
+                        .chunk_stride = (int)x[17],
+                        .first = x[18] & 1,
+                        .last = (x[18] >> 1) & 1};
+}
+
+static json_t *files_json(const uint64_t *recs, int n)
 {
   json_t *a = json_array();
   for (int r = 0; a && r < n; r++) {
     const uint64_t *x = recs + (size_t)r * REC_LEN;
     int pp = (int)x[1], tp = (int)x[2], dp = x[8] ? (int)x[3] : -1;
+    wf_gpt_shard g = unpack_geo(x);
     char name[64];
     if (x[4]) {
       model_name(name, sizeof name, pp, tp);
-      json_array_append_new(a, file_json(name, "model", pp, tp, -1, 0, nparams, x[5], x[6]));
+      json_array_append_new(a, model_json(name, pp, &g, x[19], x[5], x[6]));
     }
     if (x[7]) {
       optim_name(name, sizeof name, pp, tp, dp);
@@ -573,7 +703,7 @@ static char *manifest_text(const wf_ckpt_target *t, int step, const uint64_t *re
   if (!o)
     return NULL;
   json_object_set_new(o, "config", config_json(cfg));
-  json_object_set_new(o, "files", files_json(recs, n, np));
+  json_object_set_new(o, "files", files_json(recs, n));
   char *text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
   json_decref(o);
   return text;
@@ -872,7 +1002,43 @@ wf_status wf_ckpt_locate(const wf_config *cfg, char *dir, size_t dir_len, char *
 /* ---- reading the manifest ----------------------------------------------------------------------
  */
 
-static wf_status parse_entry(json_t *o, entry *e, uint64_t n, const char *path, int i, char *err)
+/* A model entry's format and geometry. Entries written before shards existed have
+ * neither: they are llm.c files of the whole model. */
+static wf_status parse_model(json_t *o, entry *e, const manifest *m, const char *path, int i,
+                             char *err)
+{
+  json_error_t je;
+  json_t *fmt = json_object_get(o, "format"), *sh = json_object_get(o, "shard");
+  int first = 1, last = 1;
+  json_int_t n = (json_int_t)m->n;
+  wf_gpt_shard *g = &e->geo;
+  *g = saved_geo(&(wf_gpt_shard){.tp = 1, .l1 = m->dims.L, .first = true, .last = true});
+  const char *f = fmt ? json_string_value(fmt) : FMT_LLMC; /* NULL: not a string */
+  if (sh && json_unpack_ex(sh, &je, 0, "{s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:b, s:I}", "tp",
+                           &g->tp, "tp_rank", &g->tp_rank, "l0", &g->l0, "l1", &g->l1, "chunks",
+                           &g->chunks, "chunk_stride", &g->chunk_stride, "first", &first, "last",
+                           &last, "params", &n) != 0) {
+    errf(err, "%s: files[%d] ('%s'): shard: %s", path, i, e->name, je.text);
+    return WF_EFORMAT;
+  }
+  g->first = first, g->last = last;
+  const char *bad = wf_gpt_shard_check(&m->dims, g);
+  if (!bad && (uint64_t)n != wf_gpt_shard_params(&m->dims, g))
+    bad = "its parameter count does not fit its geometry";
+  if (!bad && (e->lo != 0 || e->hi != (uint64_t)n || e->tp != g->tp_rank))
+    bad = "its range or tp coordinate disagrees with its geometry";
+  e->llmc = whole_geo(g);
+  if (!bad && (!f || strcmp(f, e->llmc ? FMT_LLMC : FMT_SHARD)))
+    bad = e->llmc ? "the whole model's file must have format " FMT_LLMC
+                  : "a shard's file must have format " FMT_SHARD;
+  if (!bad)
+    return WF_OK;
+  errf(err, "%s: files[%d] ('%s'): %s", path, i, e->name, bad);
+  return WF_EFORMAT;
+}
+
+static wf_status parse_entry(json_t *o, entry *e, const manifest *m, const char *path, int i,
+                             char *err)
 {
   json_error_t je;
   const char *name, *kind, *hex;
@@ -891,12 +1057,12 @@ static wf_status parse_entry(json_t *o, entry *e, uint64_t n, const char *path, 
   e->hash = strtoull(hex, &end, 16);
   if (strlen(name) >= sizeof e->name || strchr(name, '/') || name[0] == '.' || *end ||
       strlen(hex) != 16 || (!e->optim && strcmp(kind, "model")) || lo < 0 || lo > hi ||
-      (uint64_t)hi > n || bytes < 0) {
+      (uint64_t)hi > m->n || bytes < 0 || e->pp < 0 || e->tp < 0) {
     errf(err, "%s: files[%d] ('%s') is malformed", path, i, name);
     return WF_EFORMAT;
   }
   wf_strlcpy(e->name, name, sizeof e->name);
-  return WF_OK;
+  return e->optim ? WF_OK : parse_model(o, e, m, path, i, err);
 }
 
 static wf_status parse_files(json_t *files, manifest *m, const char *path, char *err)
@@ -912,7 +1078,7 @@ static wf_status parse_files(json_t *files, manifest *m, const char *path, char 
     return WF_ENOMEM;
   }
   for (int i = 0; i < m->n_files; i++) {
-    wf_status st = parse_entry(json_array_get(files, (size_t)i), &m->files[i], m->n, path, i, err);
+    wf_status st = parse_entry(json_array_get(files, (size_t)i), &m->files[i], m, path, i, err);
     if (st != WF_OK)
       return st;
   }
@@ -979,13 +1145,6 @@ static wf_status check_compat(const wf_ckpt_target *t, const manifest *m, const 
       return WF_ECONFIG;
     }
   }
-  if (m->tp != 1 || m->pp != 1) {
-    errf(err,
-         "checkpoint %s was saved at tp %d x pp %d; loading tensor or pipeline shards is not "
-         "built yet",
-         dir, m->tp, m->pp);
-    return WF_EUNSUPPORTED;
-  }
   return WF_OK;
 }
 
@@ -995,6 +1154,85 @@ static const entry *find_model(const manifest *m, int pp, int tp)
     if (!m->files[i].optim && m->files[i].pp == pp && m->files[i].tp == tp)
       return &m->files[i];
   return NULL;
+}
+
+/* The counted runs of every model file, as (full offset, length) pairs. */
+typedef struct run_list {
+  uint64_t (*r)[2];
+  size_t len, cap;
+  bool oom;
+} run_list;
+
+static void collect_run(void *user, const wf_gpt_run *r)
+{
+  run_list *l = user;
+  if (!r->counted || l->oom)
+    return;
+  if (l->len == l->cap) {
+    size_t cap = l->cap ? 2 * l->cap : 1024;
+    void *p = realloc(l->r, cap * sizeof *l->r);
+    if (!p) {
+      l->oom = true;
+      return;
+    }
+    l->r = p, l->cap = cap;
+  }
+  l->r[l->len][0] = r->full, l->r[l->len][1] = r->n;
+  l->len++;
+}
+
+static int cmp_run(const void *a, const void *b)
+{
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* The llm.c name of the tensor holding full element x. */
+static const char *kind_at(const wf_gpt_dims *d, uint64_t x)
+{
+  int k = WF_GPT_NUM_KINDS - 1;
+  while (k > 0 && wf_gpt_kind_offset(d, (wf_param_kind)k) > x)
+    k--;
+  return wf_gpt_kind_name((wf_param_kind)k);
+}
+
+/* The model files must hold every parameter of the whole model exactly once (each
+ * shard's counted runs; see wf_gpt_shard_runs), one file per (pp, tp). */
+static wf_status check_model_cover(const manifest *m, const char *dir, char *err)
+{
+  run_list l = {0};
+  for (int i = 0; i < m->n_files; i++) {
+    const entry *e = &m->files[i];
+    if (!e->optim && find_model(m, e->pp, e->tp) != e) {
+      errf(err, "checkpoint %s: the manifest lists two model files of stage %d shard %d", dir,
+           e->pp, e->tp);
+      free(l.r);
+      return WF_EFORMAT;
+    }
+    if (!e->optim)
+      wf_gpt_shard_runs(&m->dims, &e->geo, collect_run, &l);
+  }
+  if (l.oom) {
+    free(l.r);
+    errf(err, "checkpoint %s: out of memory checking its model files", dir);
+    return WF_ENOMEM;
+  }
+  qsort(l.r, l.len, sizeof *l.r, cmp_run);
+  uint64_t at = 0;
+  size_t i = 0;
+  for (; i < l.len && l.r[i][0] == at; i++)
+    at += l.r[i][1];
+  bool tiled = i == l.len && at == m->n, twice = i < l.len && l.r[i][0] < at;
+  uint64_t where = twice ? l.r[i][0] : at;
+  free(l.r);
+  if (tiled)
+    return WF_OK;
+  errf(err,
+       "checkpoint %s: its model files do not hold every parameter exactly once (parameter %llu, "
+       "in %s, is %s): the manifest lists an incomplete or overlapping set of shards",
+       dir, (unsigned long long)where, kind_at(&m->dims, WF_MIN(where, m->n - 1)),
+       twice ? "held twice" : "missing");
+  return WF_EFORMAT;
 }
 
 /* ---- reading the shards -------------------------------------------------------------------------
@@ -1049,26 +1287,55 @@ static wf_status check_hash(uint64_t got, const entry *e, const char *path, char
   return WF_EFORMAT;
 }
 
-/* The whole model file into params (n floats), hashed and checked. */
+/* A model file's header disagrees with its manifest entry: say what each holds. */
+static wf_status header_mismatch(const char *path, const entry *e, const model_hdr *h, char *err)
+{
+  char saw[160], want[160];
+  describe_geo(want, sizeof want, &e->geo);
+  if (e->llmc || h->shard.magic != SHARD_MAGIC || h->shard.version != SHARD_VERSION) {
+    errf(err, "%s: header does not match the manifest (which lists %s of %s)", path,
+         e->llmc ? "an llm.c file" : "a weft shard", want);
+    return WF_EFORMAT;
+  }
+  const shard_header *s = &h->shard;
+  describe_geo(saw, sizeof saw,
+               &(wf_gpt_shard){.tp = s->tp,
+                               .tp_rank = s->tp_rank,
+                               .l0 = s->l0,
+                               .l1 = s->l1,
+                               .chunks = s->chunks,
+                               .chunk_stride = s->chunk_stride,
+                               .first = s->first,
+                               .last = s->last});
+  errf(err,
+       "%s: its header does not match the manifest: the file holds %s (%llu parameters of "
+       "L=%d C=%d), the manifest lists %s (%llu); the file was moved or replaced: resume from "
+       "an older checkpoint",
+       path, saw, (unsigned long long)s->n, s->L, s->C, want, (unsigned long long)e->hi);
+  return WF_EFORMAT;
+}
+
+/* The whole model file into params (its e->hi floats), hashed and checked, and its
+ * header against the manifest's entry. */
 static wf_status read_model(const char *dir, const entry *e, const wf_gpt_dims *d, float *params,
                             char *err)
 {
   char path[PATH_LEN];
-  int32_t h[LLMC_HEADER / 4];
+  model_hdr h, want;
   int fd;
-  size_t bytes = wf_gpt_num_params(d) * sizeof(float);
+  size_t hb = model_header(&want, d, &e->geo, e->hi), bytes = e->hi * sizeof(float);
   wf_status st = open_checked(dir, e, &fd, path, err);
   if (st != WF_OK)
     return st;
-  if (e->bytes != LLMC_HEADER + bytes) {
-    errf(err, "%s: %llu bytes, but the model needs %zu", path, (unsigned long long)e->bytes,
-         LLMC_HEADER + bytes);
+  if (e->bytes != hb + bytes) {
+    errf(err, "%s: %llu bytes, but its shard needs %zu", path, (unsigned long long)e->bytes,
+         hb + bytes);
     st = WF_EFORMAT;
   }
   if (st == WF_OK)
-    st = pread_all(fd, h, sizeof h, 0, path, err);
+    st = pread_all(fd, &h, hb, 0, path, err);
   if (st == WF_OK)
-    st = pread_all(fd, params, bytes, LLMC_HEADER, path, err);
+    st = pread_all(fd, params, bytes, hb, path, err);
   close(fd);
   if (st != WF_OK)
     return st;
@@ -1078,15 +1345,12 @@ static wf_status read_model(const char *dir, const entry *e, const wf_gpt_dims *
     return WF_ENOMEM;
   }
   XXH3_64bits_reset(xx);
-  XXH3_64bits_update(xx, h, sizeof h);
+  XXH3_64bits_update(xx, &h, hb);
   XXH3_64bits_update(xx, params, bytes);
   st = check_hash(XXH3_64bits_digest(xx), e, path, err);
   XXH3_freeState(xx);
-  if (st == WF_OK && (h[0] != LLMC_MAGIC || h[1] != LLMC_VERSION || h[4] != d->L || h[6] != d->C ||
-                      h[7] != d->Vp)) {
-    errf(err, "%s: header does not match the manifest's model", path);
-    st = WF_EFORMAT;
-  }
+  if (st == WF_OK && memcmp(&h, &want, hb) != 0)
+    st = header_mismatch(path, e, &h, err);
   return st;
 }
 
@@ -1207,7 +1471,8 @@ static int verifier(const entry *e, int i, int D, bool zero, uint64_t n)
 }
 
 /* The optimizer files of (pp, tp) must cover [0, n) exactly once. */
-static wf_status check_cover(const manifest *m, int pp, int tp, const char *dir, char *err)
+static wf_status check_cover(const manifest *m, int pp, int tp, uint64_t n, const char *dir,
+                             char *err)
 {
   uint64_t at = 0;
   for (bool more = true; more;) {
@@ -1220,42 +1485,64 @@ static wf_status check_cover(const manifest *m, int pp, int tp, const char *dir,
       }
     }
   }
-  if (at == m->n)
+  if (at == n)
     return WF_OK;
   errf(err, "checkpoint %s: no optimizer file holds elements [%llu, %llu) of stage %d shard %d",
-       dir, (unsigned long long)at, (unsigned long long)m->n, pp, tp);
+       dir, (unsigned long long)at, (unsigned long long)n, pp, tp);
   return WF_EFORMAT;
+}
+
+/* Every model file's optimizer state is there, and every optimizer file belongs to a
+ * model file (whose geometry maps it). */
+static wf_status check_optim_cover(const manifest *m, const char *dir, char *err)
+{
+  wf_status st = WF_OK;
+  for (int i = 0; st == WF_OK && i < m->n_files; i++) {
+    const entry *e = &m->files[i];
+    if (!e->optim) {
+      st = check_cover(m, e->pp, e->tp, e->hi, dir, err);
+    } else if (!find_model(m, e->pp, e->tp)) {
+      errf(err, "checkpoint %s: %s belongs to stage %d shard %d, which has no model file", dir,
+           e->name, e->pp, e->tp);
+      st = WF_EFORMAT;
+    }
+  }
+  return st;
+}
+
+/* The saved shard at this rank's coordinates; the validated manifest has one when the
+ * layouts match (same_layout). */
+static const entry *my_model(const wf_ckpt_target *t, const manifest *m)
+{
+  return find_model(m, t->pp_rank, t->tp_rank);
 }
 
 static wf_status load_optim(const wf_ckpt_target *t, const manifest *m, const char *dir, char *err)
 {
   int me = rank_of(t->dp_comm), D = size_of(t->dp_comm), dpi;
+  uint64_t n = my_model(t, m)->hi; /* the shard's flat vector */
   span sp;
   wf_status st = optim_state(t, &sp.lo, &sp.hi, &sp.m, &sp.v, &dpi);
-  if (st != WF_OK) {
+  if (st != WF_OK)
     errf(err, "checkpoint: out of memory for the AdamW state");
-    return st;
-  }
   bool zero = dpi >= 0;
   if (!zero && me != 0)
     sp.lo = sp.hi = 0; /* dp 0 restores it all and broadcasts */
-  st = check_cover(m, t->pp_rank, t->tp_rank, dir, err);
   for (int i = 0; st == WF_OK && i < m->n_files; i++) {
     const entry *e = &m->files[i];
     if (!e->optim || e->pp != t->pp_rank || e->tp != t->tp_rank)
       continue;
-    if (verifier(e, i, D, zero, m->n) == me)
-      st = verify_optim(dir, e, m->n, &sp, err);
+    if (verifier(e, i, D, zero, n) == me)
+      st = verify_optim(dir, e, n, &sp, err);
     else if (WF_MAX(e->lo, sp.lo) < WF_MIN(e->hi, sp.hi))
-      st = read_optim_part(dir, e, m->n, &sp, err);
+      st = read_optim_part(dir, e, n, &sp, err);
   }
   st = settle(world_of(t), st, err, false, "restoring the optimizer state");
   if (st != WF_OK || zero || size_of(t->dp_comm) == 1)
     return st;
-  size_t n = (size_t)m->n;
-  st = wf_comm_bcast(t->dp_comm, sp.m, n, WF_COMM_F32, 0);
+  st = wf_comm_bcast(t->dp_comm, sp.m, (size_t)n, WF_COMM_F32, 0);
   if (st == WF_OK)
-    st = wf_comm_bcast(t->dp_comm, sp.v, n, WF_COMM_F32, 0);
+    st = wf_comm_bcast(t->dp_comm, sp.v, (size_t)n, WF_COMM_F32, 0);
   return st;
 }
 
@@ -1263,18 +1550,171 @@ static wf_status load_optim(const wf_ckpt_target *t, const manifest *m, const ch
 static wf_status load_params(const wf_ckpt_target *t, const manifest *m, const char *dir, char *err)
 {
   const wf_gpt_dims *d = wf_gpt_get_dims(t->model);
-  const entry *e = find_model(m, t->pp_rank, t->tp_rank);
   wf_status st = WF_OK;
-  if (!e) {
-    errf(err, "checkpoint %s: the manifest lists no model file for stage %d shard %d", dir,
-         t->pp_rank, t->tp_rank);
-    st = WF_EFORMAT;
-  } else if (rank_of(t->dp_comm) == 0) {
-    st = read_model(dir, e, d, wf_gpt_params(t->model), err);
-  }
+  if (rank_of(t->dp_comm) == 0)
+    st = read_model(dir, my_model(t, m), d, wf_gpt_params(t->model), err);
   st = settle(world_of(t), st, err, false, "restoring the parameters");
   if (st == WF_OK && size_of(t->dp_comm) > 1)
-    st = wf_comm_bcast(t->dp_comm, wf_gpt_params(t->model), wf_gpt_num_params(d), WF_COMM_F32, 0);
+    st = wf_comm_bcast(t->dp_comm, wf_gpt_params(t->model), wf_gpt_local_params(t->model),
+                       WF_COMM_F32, 0);
+  return st;
+}
+
+/* ---- resharding ---------------------------------------------------------------------------- */
+
+/* Elements [lo, hi) of a shard's flat vector (in loc) against the whole-model layout:
+ * add the shard's counted runs into full (assembling a model from its shards), or copy
+ * every run out of full (slicing a model into a shard). */
+typedef struct runcopy {
+  float *full, *loc;
+  uint64_t lo, hi;
+  bool to_full;
+} runcopy;
+
+static void runcopy_fn(void *user, const wf_gpt_run *r)
+{
+  const runcopy *c = user;
+  uint64_t a = WF_MAX((uint64_t)r->local, c->lo), b = WF_MIN((uint64_t)(r->local + r->n), c->hi);
+  if (a >= b || (c->to_full && !r->counted))
+    return;
+  float *f = c->full + r->full + (a - r->local), *l = c->loc + (a - c->lo);
+  if (!c->to_full) {
+    memcpy(l, f, (size_t)(b - a) * sizeof *l);
+    return;
+  }
+  for (size_t i = 0; i < b - a; i++)
+    f[i] += l[i]; /* into zeros, as wf_gpt_export_full: the same bits as --save */
+}
+
+static void add_to_full(const wf_gpt_dims *d, const wf_gpt_shard *g, const float *loc, uint64_t lo,
+                        uint64_t hi, float *full)
+{
+  runcopy c = {full, (float *)loc, lo, hi, true};
+  wf_gpt_shard_runs(d, g, runcopy_fn, &c);
+}
+
+static void take_from_full(const wf_gpt_dims *d, const wf_gpt_shard *g, const float *full,
+                           float *loc, uint64_t lo, uint64_t hi)
+{
+  runcopy c = {(float *)full, loc, lo, hi, false};
+  wf_gpt_shard_runs(d, g, runcopy_fn, &c);
+}
+
+static float *alloc_floats(uint64_t n, const char *what, const char *dir, char *err)
+{
+  float *p = n <= SIZE_MAX / sizeof(float) ? wf_mem_alloc((size_t)n * sizeof(float)) : NULL;
+  if (!p)
+    errf(err, "checkpoint %s: out of memory for %s (%llu floats)", dir, what,
+         (unsigned long long)n);
+  return p;
+}
+
+/* Read and verify model file e; add its counted parameters into full (zeros where no
+ * other file has added yet). The whole model's file is read straight in: its bits, a
+ * -0.0 included, as --save writes them on one rank. */
+static wf_status add_model_file(const char *dir, const manifest *m, const entry *e, float *full,
+                                char *err)
+{
+  if (whole_geo(&e->geo))
+    return read_model(dir, e, &m->dims, full, err);
+  float *buf = alloc_floats(e->hi, e->name, dir, err);
+  wf_status st = buf ? read_model(dir, e, &m->dims, buf, err) : WF_ENOMEM;
+  if (st == WF_OK)
+    add_to_full(&m->dims, &e->geo, buf, 0, e->hi, full);
+  wf_mem_free(buf);
+  return st;
+}
+
+/* Read and verify optimizer file e; add its counted m and v into fm and fv. */
+static wf_status add_optim_file(const char *dir, const manifest *m, const entry *e, float *fm,
+                                float *fv, char *err)
+{
+  const entry *model = find_model(m, e->pp, e->tp); /* check_optim_cover: there is one */
+  span sp = {e->lo, e->hi, alloc_floats(e->hi - e->lo, e->name, dir, err), NULL};
+  sp.v = sp.m ? alloc_floats(e->hi - e->lo, e->name, dir, err) : NULL;
+  wf_status st = sp.v ? verify_optim(dir, e, model->hi, &sp, err) : WF_ENOMEM;
+  if (st == WF_OK) {
+    add_to_full(&m->dims, &model->geo, sp.m, e->lo, e->hi, fm);
+    add_to_full(&m->dims, &model->geo, sp.v, e->lo, e->hi, fv);
+  }
+  wf_mem_free(sp.m);
+  wf_mem_free(sp.v);
+  return st;
+}
+
+/* Whole-model parameters and AdamW m and v, assembled from every file of a checkpoint. */
+typedef struct whole_state {
+  float *p, *m, *v; /* (n) each, llm.c layout */
+} whole_state;
+
+/* The ranks share out the files (rank r reads and verifies files r, r + W, ...), each
+ * adds what it read into zeroed whole-model vectors, and a sum over the job puts the
+ * whole model on every rank: every element has exactly one contributor
+ * (check_model_cover, check_optim_cover), so the sums are exact. st is this rank's
+ * status so far, which joins the agreement before the sums. */
+static wf_status assemble(const wf_ckpt_target *t, const manifest *m, const char *dir,
+                          whole_state *w, wf_status st, char *err)
+{
+  wf_comm *c = world_of(t);
+  int W = size_of(c);
+  if (st == WF_OK && (!(w->p = alloc_floats(m->n, "the whole model", dir, err)) ||
+                      !(w->m = alloc_floats(m->n, "the whole model", dir, err)) ||
+                      !(w->v = alloc_floats(m->n, "the whole model", dir, err))))
+    st = WF_ENOMEM;
+  for (int i = rank_of(c); st == WF_OK && i < m->n_files; i += W) {
+    const entry *e = &m->files[i];
+    st = e->optim ? add_optim_file(dir, m, e, w->m, w->v, err)
+                  : add_model_file(dir, m, e, w->p, err);
+  }
+  st = settle(c, st, err, false, "reading the checkpoint's shards");
+  float *x[3] = {w->p, w->m, w->v};
+  for (int i = 0; i < 3 && st == WF_OK && W > 1; i++)
+    st = wf_comm_allreduce(c, x[i], x[i], (size_t)m->n, WF_COMM_F32, WF_COMM_SUM);
+  return st;
+}
+
+/* A checkpoint of another tensor or pipeline layout: assemble the whole model, then
+ * copy out this rank's slices of the parameters and of AdamW m and v (its ZeRO-1 range). */
+static wf_status load_resharded(const wf_ckpt_target *t, const manifest *m, const char *dir,
+                                char *err)
+{
+  const wf_gpt_dims *d = &m->dims;
+  wf_gpt_shard g = saved_geo(wf_gpt_get_shard(t->model));
+  whole_state w = {0};
+  uint64_t lo, hi;
+  float *mb, *vb;
+  int dpi;
+  wf_status st = optim_state(t, &lo, &hi, &mb, &vb, &dpi);
+  if (st != WF_OK)
+    errf(err, "checkpoint: out of memory for the AdamW state");
+  st = assemble(t, m, dir, &w, st, err);
+  if (st == WF_OK) {
+    wf_gpt_import_full(t->model, 0, w.p);
+    take_from_full(d, &g, w.m, mb, lo, hi);
+    take_from_full(d, &g, w.v, vb, lo, hi);
+  }
+  wf_mem_free(w.p);
+  wf_mem_free(w.m);
+  wf_mem_free(w.v);
+  return st;
+}
+
+/* Whether every rank holds exactly the shard the checkpoint saved at its (pp, tp)
+ * coordinates: then the files load as they are, bit for bit, re-sliced over dp only.
+ * Agreed over the job, so all ranks take the same path. */
+static wf_status same_layout(const wf_ckpt_target *t, const manifest *m, bool *same)
+{
+  wf_comm *c = world_of(t);
+  int n = size_of(c);
+  const entry *e = my_model(t, m);
+  wf_gpt_shard g = saved_geo(wf_gpt_get_shard(t->model));
+  uint64_t mine = e && same_geo(&e->geo, &g) && m->pp == t->cfg->mesh.pp && m->tp == g.tp;
+  uint64_t *all = malloc((size_t)n * sizeof *all);
+  wf_status st = all ? gather_u64(c, &mine, 1, all) : WF_ENOMEM;
+  *same = st == WF_OK;
+  for (int r = 0; r < n && st == WF_OK; r++)
+    *same = *same && all[r];
+  free(all);
   return st;
 }
 
@@ -1299,7 +1739,7 @@ static wf_status agree_on_step(const wf_ckpt_target *t, bool none, int step, cha
   return settle(w, st, err, true, "finding the checkpoint");
 }
 
-static void note_differences(const wf_ckpt_target *t, const manifest *m, const char *dir)
+static void note_differences(const wf_ckpt_target *t, const manifest *m, const char *dir, bool same)
 {
   const wf_config *cfg = t->cfg;
   int dp = size_of(t->dp_comm), zero = t->dp ? cfg->optim.zero : 0;
@@ -1307,10 +1747,44 @@ static void note_differences(const wf_ckpt_target *t, const manifest *m, const c
     WF_WARN("checkpoint %s was trained with train.seed=%llu, this run has %llu: the data order "
             "changes from here on",
             dir, (unsigned long long)m->seed, (unsigned long long)cfg->train.seed);
-  if (m->dp != dp || m->zero != zero)
+  if (!same)
+    WF_INFO("checkpoint: resharding the model and optimizer state from dp %d x tp %d x pp %d%s "
+            "to dp %d x tp %d x pp %d%s",
+            m->dp, m->tp, m->pp, m->zero ? " (ZeRO-1)" : "", dp, cfg->mesh.tp, cfg->mesh.pp,
+            zero ? " (ZeRO-1)" : "");
+  else if (m->dp != dp || m->zero != zero)
     WF_INFO("checkpoint: resharding the optimizer state from dp %d%s to dp %d%s", m->dp,
             m->zero ? " (ZeRO-1)" : "", dp, zero ? " (ZeRO-1)" : "");
   WF_INFO("checkpoint: resumed from %s at step %d", dir, m->step);
+}
+
+/* Everything a loader checks before reading a data file, identical on every rank. */
+static wf_status check_manifest(const wf_ckpt_target *t, const manifest *m, const char *dir,
+                                char *err)
+{
+  wf_status st = check_compat(t, m, dir, err);
+  if (st == WF_OK)
+    st = check_model_cover(m, dir, err);
+  if (st == WF_OK)
+    st = check_optim_cover(m, dir, err);
+  return st;
+}
+
+/* Restore parameters and AdamW state from the checkpoint in dir. */
+static wf_status load(const wf_ckpt_target *t, const manifest *m, const char *dir, char *err)
+{
+  bool same;
+  wf_status st = same_layout(t, m, &same);
+  if (st == WF_OK && same) {
+    st = load_params(t, m, dir, err);
+    if (st == WF_OK)
+      st = load_optim(t, m, dir, err);
+  } else if (st == WF_OK) {
+    st = load_resharded(t, m, dir, err);
+  }
+  if (st == WF_OK && rank_of(world_of(t)) == 0)
+    note_differences(t, m, dir, same);
+  return st;
 }
 
 wf_status wf_ckpt_resume(const wf_ckpt_target *t, int *step)
@@ -1327,7 +1801,7 @@ wf_status wf_ckpt_resume(const wf_ckpt_target *t, int *step)
   if (st == WF_OK && !none)
     st = manifest_read(dir, &m, err);
   if (st == WF_OK && !none)
-    st = check_compat(t, &m, dir, err);
+    st = check_manifest(t, &m, dir, err);
   st = settle(w, st, err, true, "reading the checkpoint to resume from");
   if (st == WF_OK)
     st = agree_on_step(t, none, m.step, err);
@@ -1336,11 +1810,7 @@ wf_status wf_ckpt_resume(const wf_ckpt_target *t, int *step)
       WF_INFO("checkpoint: train.resume=auto and no checkpoint in %s yet: starting fresh",
               cfg->train.checkpoint_dir);
   } else if (st == WF_OK) {
-    st = load_params(t, &m, dir, err);
-    if (st == WF_OK)
-      st = load_optim(t, &m, dir, err);
-    if (st == WF_OK && rank_of(w) == 0)
-      note_differences(t, &m, dir);
+    st = load(t, &m, dir, err);
     if (st == WF_OK)
       *step = m.step;
   }
@@ -1395,12 +1865,18 @@ static wf_status probe(const char *dir, int rank, char *err)
   return WF_EIO;
 }
 
-/* One checkpoint must fit: model (header + params) and optimizer (m, v, headers). */
+/* One checkpoint must fit: model (header + params) and optimizer (m, v, headers) of
+ * the whole model, plus the last stage's copy of the tied wte with pp > 1. */
 static wf_status check_space(const wf_ckpt_target *t, const char *dir, char *err)
 {
   struct statvfs vs;
-  double n = (double)wf_gpt_num_params(wf_gpt_get_dims(t->model));
-  double need = LLMC_HEADER + 4 * n + 8 * n + OPT_HEADER * size_of(t->dp_comm) + 65536;
+  const wf_gpt_dims *d = wf_gpt_get_dims(t->model);
+  const wf_config *cfg = t->cfg;
+  double n = (double)wf_gpt_num_params(d);
+  if (cfg->mesh.pp > 1)
+    n += (double)wf_gpt_kind_numel(d, WF_P_WTE);
+  double files = (double)cfg->mesh.tp * cfg->mesh.pp * (1 + size_of(t->dp_comm));
+  double need = 12 * n + LLMC_HEADER * files + 65536;
   if (statvfs(dir, &vs) != 0)
     return WF_OK; /* cannot tell: the writes will say */
   double avail = (double)vs.f_bavail * (double)vs.f_frsize;
@@ -1446,23 +1922,16 @@ wf_status wf_ckpt_export_llmc(const char *dir, const char *out_path, char *err, 
   char e[ERR_LEN] = "";
   manifest m;
   wf_gpt *g = NULL;
-  const entry *me;
   wf_status st = manifest_read(dir, &m, e);
-  if (st == WF_OK && (m.tp != 1 || m.pp != 1)) {
-    errf(e,
-         "checkpoint %s was saved at tp %d x pp %d; assembling tensor or pipeline shards is "
-         "not built yet",
-         dir, m.tp, m.pp);
-    st = WF_EUNSUPPORTED;
-  }
-  if (st == WF_OK && !(me = find_model(&m, 0, 0))) {
-    errf(e, "checkpoint %s: the manifest lists no model file", dir);
-    st = WF_EFORMAT;
-  }
+  if (st == WF_OK)
+    st = check_model_cover(&m, dir, e);
   if (st == WF_OK && (st = wf_gpt_create(&g, &m.dims, 1, 1)) != WF_OK)
     errf(e, "cannot allocate the model of %s", dir);
-  if (st == WF_OK)
-    st = read_model(dir, me, &m.dims, wf_gpt_params(g), e);
+  if (st == WF_OK) /* the shards add into zeros, as --save's assembly does */
+    memset(wf_gpt_params(g), 0, m.n * sizeof(float));
+  for (int i = 0; st == WF_OK && i < m.n_files; i++)
+    if (!m.files[i].optim)
+      st = add_model_file(dir, &m, &m.files[i], wf_gpt_params(g), e);
   if (st == WF_OK)
     st = wf_gpt_save_llmc(g, out_path, e, sizeof e);
   if (st != WF_OK)

@@ -159,10 +159,6 @@ static wf_status interleaved_split(trainer *tr)
     return refuse("parallel.pp_layers does not apply to train.schedule=interleaved, whose "
                   "chunks all hold model.layers / (mesh.pp x parallel.virtual_stages) "
                   "layers; remove it");
-  if (cfg->train.checkpoint_dir[0] || cfg->train.resume[0])
-    return refuse("train.checkpoint_dir / train.resume: checkpoints of the interleaved "
-                  "schedule's model chunks are not written yet; use train.schedule=1f1b, or "
-                  "--save FILE for the final model");
   tr->chunks = v;
   tr->bounds[tr->pp_rank] = tr->pp_rank * lc;
   tr->bounds[tr->pp_rank + 1] = (tr->pp_rank + 1) * lc;
@@ -247,11 +243,13 @@ static wf_status setup_model(trainer *tr)
 static wf_status setup_checkpoint(trainer *tr)
 {
   const wf_train_hooks *h = tr->hooks;
-  if ((tr->tp > 1 || tr->pp > 1) && (tr->cfg->train.checkpoint_dir[0] || tr->cfg->train.resume[0]))
-    return refuse("train.checkpoint_dir / train.resume: checkpoints of tensor- or "
-                  "pipeline-parallel runs (mesh.tp or mesh.pp > 1) are not written yet; "
-                  "unset them, or use --save FILE for the final model");
-  tr->ck = (wf_ckpt_target){tr->cfg, tr->model, tr->dp, tr->dp_comm, h ? h->world : NULL, 0, 0};
+  tr->ck = (wf_ckpt_target){.cfg = tr->cfg,
+                            .model = tr->model,
+                            .dp = tr->dp,
+                            .dp_comm = tr->dp_comm,
+                            .world = h ? h->world : NULL,
+                            .pp_rank = tr->pp_rank,
+                            .tp_rank = comm_rank(tr->tp_comm)};
   if (h && h->on_phase) /* reading a big checkpoint is not a hang */
     h->on_phase(h->user, "checkpoint");
   wf_status st = wf_ckpt_prepare(&tr->ck);

@@ -6,12 +6,15 @@
  *   step-000120/
  *     model-pp00-tp00.bin          parameters of stage pp, tensor shard tp (dp 0
  *                                  writes it). With tp = pp = 1 the shard is the
- *                                  whole model and the file is an llm.c checkpoint.
- *     optim-pp00-tp00-dp03.bin     AdamW m and v of one element range of the flat
- *                                  parameter vector: one per dp rank under ZeRO-1,
- *     optim-pp00-tp00.bin          or the whole range, written by dp 0, without it.
+ *                                  whole model and the file is an llm.c checkpoint;
+ *                                  otherwise a weft shard file whose header gives the
+ *                                  shard's geometry (see checkpoint.c).
+ *     optim-pp00-tp00-dp03.bin     AdamW m and v of one element range of the (pp, tp)
+ *                                  shard's flat parameter vector: one per dp rank
+ *     optim-pp00-tp00.bin          under ZeRO-1, or the whole range, written by dp 0.
  *     manifest.json                config, mesh, step, data position, RNG, AdamW
- *                                  step, and size and XXH3-64 of every file.
+ *                                  step, size and XXH3-64 of every file, and each
+ *                                  model file's format and shard geometry.
  *   latest                         "step-000120": the newest complete checkpoint.
  *
  * Atomicity: the files are written into a staging directory ".tmp-step-000120",
@@ -22,10 +25,11 @@
  * `latest` naming a complete, checksummed checkpoint. train.keep prunes the oldest
  * step directories but never the one `latest` names.
  *
- * Names carry the (pp, tp) coordinates so pipeline and tensor shards slot in as
- * more files of the same directory; the manifest lists each file with its
- * coordinates and element range, and the loader reassembles from whatever files
- * exist, so a checkpoint saved on one mesh loads on another.
+ * Names carry the (pp, tp) coordinates; the manifest lists each file with its
+ * coordinates, element range and (model files) shard geometry, so a checkpoint saved
+ * on one mesh (dp x tp x pp, any schedule, ZeRO-1 or not) loads on any other: on the
+ * same tensor and pipeline layout each rank reads its own shard, on another the
+ * whole model is assembled from the shards and re-sliced.
  *
  * Every function here is collective over the job (target->world) unless it says
  * otherwise, and all ranks return the same status: a failure on one rank (a write
@@ -50,7 +54,7 @@ typedef struct wf_ckpt_target {
   wf_dp *dp;            /* NULL on one rank alone: the model holds the AdamW state */
   wf_comm *dp_comm;     /* this rank's dp group; NULL = one rank alone */
   wf_comm *world;       /* every rank of the job; NULL = dp_comm */
-  int pp_rank, tp_rank; /* 0 until pipeline and tensor parallelism land */
+  int pp_rank, tp_rank; /* this rank's pipeline stage and tensor shard (0, 0 = the whole model) */
 } wf_ckpt_target;
 
 /* Before training: when train.checkpoint_dir is set, create it and prove every
@@ -61,10 +65,12 @@ wf_status wf_ckpt_prepare(const wf_ckpt_target *t);
 /* Honour train.resume: "" = fresh start (*step = 0); "auto" = the checkpoint
  * `latest` names in train.checkpoint_dir, or a fresh start when there is none
  * (said once); otherwise a checkpoint directory (or a checkpoint_dir holding a
- * `latest`). Restores the parameters, the AdamW state re-sliced for this mesh, and
- * sets *step to the last step the checkpoint completed. Refuses a checkpoint of
- * another model shape, naming the config key that differs, and any file whose size
- * or checksum disagrees with the manifest, naming the file. */
+ * `latest`). Restores the parameters and the AdamW state, re-sliced for this mesh
+ * (bit for bit on the mesh that saved it), and sets *step to the last step the
+ * checkpoint completed. Refuses a checkpoint of another model shape, naming the
+ * config key that differs; a manifest whose model files do not hold the whole model
+ * exactly once; and any file that is missing or whose size, checksum or header
+ * disagrees with the manifest, naming the file. */
 wf_status wf_ckpt_resume(const wf_ckpt_target *t, int *step);
 
 /* Write the checkpoint of `step` (the last completed step) and prune. */

@@ -16,10 +16,26 @@ Why the comparisons are what they are:
   (LOSS_RTOL). A wrongly re-sliced m or v moves the loss by far more (Adam's update of
   every affected parameter changes by O(lr) = 3e-3 at once), which the first steps
   after resuming would show.
+* Another tensor or pipeline layout (reshard-tp2pp2-np1, reshard-np1-tp2pp2,
+  reshard-tp2seq-pp2, reshard-interleaved-dp2tp2zero): the loaded state is the saved
+  one exactly (the whole model is assembled from the shards and re-sliced, pure copies
+  and sums with zeros); what differs is the arithmetic after it. Tensor parallelism
+  splits the row-parallel matmuls' C- or 4C-long dot products (64 or 256 terms) over tp
+  ranks and adds the partial sums in another order, error ~sqrt(256) * eps ~ 1e-6
+  relative, no larger than dp's 512-row argument above; pipeline stages run the same
+  ops and only re-order the tied embedding's two gradient halves and the squared norm.
+  So the same LOSS_RTOL holds (equiv.py measured tp2 x pp2 and dp2 x tp2 within 1e-7
+  of one rank over 20 steps). A mis-mapped tensor (a transposed qkv head block, the
+  last stage's wte taken for the first's, a replicated layernorm from the wrong rank)
+  puts O(1) errors into the parameters and the loss would jump at step 11.
+* Export from shards (export-tp2pp2): --save sums every rank's export into zeros and
+  --export adds every shard's counted runs into zeros, so the files are equal byte
+  for byte.
 """
 import glob
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -49,6 +65,13 @@ def free_port():
         return s.getsockname()[1]
 
 
+def mesh_size(args, axis):
+    for a in args:
+        if a.startswith(f"mesh.{axis}="):
+            return int(a.split("=")[1])
+    return 1
+
+
 def command(n, args, env_extra):
     env = dict(os.environ, WEFT_JOB_DIR=os.path.join(TMP, "job"), MASTER_PORT=str(free_port()),
                OMP_WAIT_POLICY="passive")
@@ -58,7 +81,8 @@ def command(n, args, env_extra):
         fwd = []
         for k in ["WEFT_JOB_DIR", "MASTER_PORT", "OMP_WAIT_POLICY"] + list(env_extra):
             fwd += ["-x", k]
-        cmd = MPIRUN + ["-np", str(n)] + fwd + cmd + [f"mesh.dp={n}"]
+        dp = n // (mesh_size(args, "tp") * mesh_size(args, "pp"))
+        cmd = MPIRUN + ["-np", str(n)] + fwd + cmd + [f"mesh.dp={dp}"]
     return cmd, env
 
 
@@ -201,13 +225,17 @@ def case_resume(n, extra):
                 fail(f"step-000020/{f} differs between the uninterrupted and the resumed run")
 
 
-def case_reshard(n_from, extra_from, n_to, extra_to):
+def case_reshard(n_from, extra_from, n_to, extra_to, what="the optimizer state"):
     ref, ck = reference(n_from, extra_from, "ref")
     out = run(n_to, extra_to + ["train.steps=20", f"train.metrics={path('res.jsonl')}",
                                 f"train.resume={ck}/step-000010"])
-    expect_in(out, ["resharding the optimizer state", "at step 10"], "reshard")
+    expect_in(out, ["resharding " + what, "at step 10"], "reshard")
     close_losses(ref, losses(path("res.jsonl")), 11, 20,
-                 f"reshard dp {n_from} {extra_from} -> dp {n_to} {extra_to}")
+                 f"reshard {n_from} ranks {extra_from} -> {n_to} ranks {extra_to}")
+
+
+TP2PP2 = ["mesh.tp=2", "mesh.pp=2", "train.microbatches=2"]
+MODEL = "the model and optimizer state"
 
 
 def case_export():
@@ -223,6 +251,93 @@ def case_export():
     out = run(1, [f"train.resume={ck}/step-000006", "--export", "llmc", path("e2.bin")])
     run(1, ["train.steps=1", f"model.init={path('e2.bin')}"])
     print("export: llm.c file equals --save's bytes and loads as model.init")
+
+
+def case_export_sharded():
+    """--export from a tp2 x pp2 checkpoint (four weft shard files) equals --save of the
+    same run, and loads back as model.init."""
+    final, ck = path("final.bin"), path("ck")
+    run(4, TP2PP2 + ["train.steps=6", f"train.checkpoint_dir={ck}", "--save", final])
+    names = sorted(f for f in os.listdir(os.path.join(ck, "step-000006")) if f.startswith("model"))
+    if names != [f"model-pp0{p}-tp0{t}.bin" for p in (0, 1) for t in (0, 1)]:
+        fail(f"the tp2 x pp2 checkpoint holds model files {names}")
+    out = run(1, [f"train.checkpoint_dir={ck}", "--export", "llmc", path("export.bin")])
+    expect_in(out, ["exported", "step-000006"], "export")
+    if open(final, "rb").read() != open(path("export.bin"), "rb").read():
+        fail("the llm.c file exported from the shards differs from the model --save wrote")
+    out = run(1, ["train.steps=1", f"model.init={path('export.bin')}"])
+    expect_in(out, ["step 1/1"], "model.init of the export")
+    print(f"export tp2 x pp2: {', '.join(names)} -> one llm.c file equal to --save's bytes; "
+          "loads as model.init")
+
+
+def edit_manifest(step_dir, fn):
+    mf = os.path.join(step_dir, "manifest.json")
+    m = json.load(open(mf))
+    fn({e["name"]: e for e in m["files"]})
+    json.dump(m, open(mf, "w"), indent=2)
+
+
+def swap_files(step_dir, a, b):
+    """Swap two files and their manifest entries' sizes and checksums: each file is
+    intact, its checksum right, but it sits under the other's name."""
+    def swap(f):
+        for k in ("bytes", "xxh3_64"):
+            f[a][k], f[b][k] = f[b][k], f[a][k]
+    edit_manifest(step_dir, swap)
+    pa, pb = os.path.join(step_dir, a), os.path.join(step_dir, b)
+    os.rename(pa, pa + ".x")
+    os.rename(pb, pa)
+    os.rename(pa + ".x", pb)
+
+
+def case_bad_shards():
+    """A tp2 x pp2 checkpoint with a missing, a corrupt or a misplaced shard file, or a
+    model of another shape, is refused naming the file (or the key); every rank exits
+    non-zero, none trains."""
+    _, ck = reference(4, TP2PP2, "ref", steps=4, every=4)
+    step = "step-000004"
+
+    def missing(d):
+        os.remove(os.path.join(d, "model-pp01-tp01.bin"))
+        return "model-pp01-tp01.bin", ["cannot open", "the checkpoint is incomplete"]
+
+    def corrupt(d):
+        with open(os.path.join(d, "optim-pp01-tp00.bin"), "r+b") as h:
+            h.seek(4000)  # past the header: an AdamW value
+            b = h.read(1)
+            h.seek(4000)
+            h.write(bytes([b[0] ^ 0x01]))
+        return "optim-pp01-tp00.bin", ["checksum mismatch"]
+
+    def misplaced(d):
+        swap_files(d, "model-pp00-tp00.bin", "model-pp00-tp01.bin")
+        return "model-pp00-tp00.bin", ["header does not match the manifest", "tp rank 1 of 2"]
+
+    def unlisted(d):
+        mf = os.path.join(d, "manifest.json")
+        m = json.load(open(mf))
+        m["files"] = [e for e in m["files"] if e["name"] != "model-pp01-tp00.bin"]
+        json.dump(m, open(mf, "w"), indent=2)
+        return None, ["do not hold every parameter exactly once"]
+
+    for how in (missing, corrupt, misplaced, unlisted):
+        bad = path("bad-" + how.__name__)
+        shutil.copytree(ck, bad)
+        name, needles = how(os.path.join(bad, step))
+        for n, extra in ((4, TP2PP2), (1, [])):  # the same mesh; one rank (resharding)
+            out = run(n, extra + ["train.steps=6", f"train.resume={bad}"], expect_rc=1)
+            want = needles + ([os.path.join(bad, step, name)] if name else [])
+            expect_in(out, want, f"{how.__name__} on {n} rank(s)")
+            if re.search(r"^step \d+/", out, re.M):
+                fail(f"{how.__name__}: trained from a bad checkpoint", out)
+            if out.count("training failed") != n:
+                fail(f"{how.__name__}: not every rank stopped with an error", out)
+        print(f"{how.__name__} shard: refused on tp2 x pp2 and on one rank: "
+              f"{[l for l in out.splitlines() if needles[0] in l][0].split('] ', 1)[-1]}")
+    out = run(4, TP2PP2 + ["train.steps=6", f"train.resume={ck}", "model.layers=2"], expect_rc=1)
+    expect_in(out, ["incompatible", "this run has model.layers = 2"], "model shape")
+    print("another model shape: refused, naming model.layers")
 
 
 def kill_mid_write(n, extra, victim_rank, tmp_glob):
@@ -413,7 +528,19 @@ CASES = {
     "reshard-dp2zero-dp4zero": lambda: case_reshard(2, ["optim.zero=1"], 4, ["optim.zero=1"]),
     "reshard-dp2zero-dp2": lambda: case_reshard(2, ["optim.zero=1"], 2, []),
     "reshard-dp1-dp2zero": lambda: case_reshard(1, [], 2, ["optim.zero=1"]),
+    "resume-tp2pp2": lambda: case_resume(4, TP2PP2),
+    "resume-dp2pp2-zero1": lambda: case_resume(4, ["mesh.pp=2", "optim.zero=1",
+                                                   "train.microbatches=2"]),
+    "reshard-tp2pp2-np1": lambda: case_reshard(4, TP2PP2, 1, [], MODEL),
+    "reshard-np1-tp2pp2": lambda: case_reshard(1, [], 4, TP2PP2, MODEL),
+    "reshard-tp2seq-pp2": lambda: case_reshard(2, ["mesh.tp=2", "parallel.sequence=true"], 2,
+                                               ["mesh.pp=2", "train.microbatches=2"], MODEL),
+    "reshard-interleaved-dp2tp2zero": lambda: case_reshard(
+        2, ["mesh.pp=2", "train.schedule=interleaved", "parallel.virtual_stages=2",
+            "train.microbatches=4"], 4, ["mesh.tp=2", "optim.zero=1"], MODEL),
     "export": case_export,
+    "export-tp2pp2": case_export_sharded,
+    "bad-shards-tp2pp2": case_bad_shards,
     "kill-np1": lambda: kill_mid_write(1, [], 0, ".model-pp00-tp00.bin.tmp.*"),
     "kill-dp2-zero1": lambda: kill_mid_write(2, ["optim.zero=1"], 1,
                                              ".optim-pp00-tp00-dp01.bin.tmp.*"),

@@ -33,8 +33,7 @@ EQUIV = {
            2),
 }
 OTHER = ["dump-state", "init-sliced", "trace", "refuse-tp-heads",
-         "refuse-interleaved-pp-layers",
-         "refuse-tp-checkpoint"]
+         "refuse-interleaved-pp-layers"]
 CASES = list(EQUIV) + OTHER
 
 TIED = "tied embedding: the first and last stage's copies were identical after each of {} steps"
@@ -269,8 +268,6 @@ def refuse(eq, name, tmp):
                                           "parallel.virtual_stages=2", "model.layers=4",
                                           "train.microbatches=4", "parallel.pp_layers=[1,3]"],
                                          ["parallel.pp_layers", "interleaved"]),
-        "refuse-tp-checkpoint": (["mesh.tp=2", f"train.checkpoint_dir={tmp}/ck"],
-                                 ["train.checkpoint_dir", "mesh.tp"]),
     }[name]
     cmd = eq.MPIRUN + ["-np", "2", eq.WORKER, "model.preset=gpt2-tiny", "train.steps=2",
                        "train.eval_every=0"] + args
