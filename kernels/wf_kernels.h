@@ -32,5 +32,6 @@
 #include "xent.h"
 #include "adamw.h"
 #include "norm.h"
+#include "round.h"
 
 #endif /* WF_KERNELS_H */

@@ -34,7 +34,7 @@ extern "C" {
 #endif
 
 /* Bump when the table changes; the module and the host must agree. */
-#define WF_GPU_KERNELS_VERSION 2
+#define WF_GPU_KERNELS_VERSION 3
 
 typedef struct wf_gpu_kernels {
   int version; /* WF_GPU_KERNELS_VERSION */
@@ -86,6 +86,10 @@ typedef struct wf_gpu_kernels {
   /* Synchronises `stream` and returns the sum (NaN if a launch failed). */
   double (*sumsq)(const float *x, size_t n, void *stream);
   void (*scale)(float *x, float s, size_t n, void *stream);
+
+  /* Mixed precision: dst = src rounded to the nearest bf16 / fp16 value (round.h). */
+  void (*round_bf16)(float *dst, const float *src, size_t n, void *stream);
+  void (*round_fp16)(float *dst, const float *src, size_t n, void *stream);
 
   /* The first launch or cuBLAS error since the last call (then cleared):
    * WF_OK or WF_ECUDA. The error itself was logged where it happened. */

@@ -267,6 +267,8 @@ static const wf_gpu_kernels kernels = {
     wf_cuda_adamw_update,
     wf_cuda_sumsq,
     wf_cuda_scale,
+    wf_cuda_round_bf16,
+    wf_cuda_round_fp16,
     wf_cuda_last_error,
 };
 

@@ -170,6 +170,8 @@ void wf_cuda_adamw_update(float *params, float *m, float *v, const float *grads,
                           float grad_scale, void *stream);
 double wf_cuda_sumsq(const float *x, size_t n, void *stream);
 void wf_cuda_scale(float *x, float s, size_t n, void *stream);
+void wf_cuda_round_bf16(float *dst, const float *src, size_t n, void *stream);
+void wf_cuda_round_fp16(float *dst, const float *src, size_t n, void *stream);
 }
 
 #endif /* WF_CUDA_INT_H */

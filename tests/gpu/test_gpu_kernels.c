@@ -20,6 +20,8 @@
  *    order (GEMMs, layernorm, attention, softmax, atomics): float32 rounding
  *    grows like (terms x 6e-8 x magnitude), about 1e-5 for these sizes.
  *  - sumsq is accumulated in double on both sides: relative 1e-9.
+ *  - round_bf16 / round_fp16 must agree bit for bit (the CPU twin's bit arithmetic
+ *    against CUDA's __float2bfloat16_rn / __float2half_rn), NaN against NaN.
  *
  * Exits 77 (meson: skipped) when wf_gpu_open() fails, after printing why.
  */
@@ -365,6 +367,67 @@ static void test_sumsq_scale(ctx *c)
   expect_close(c, "scale", x, d_x, n, TOL_EXACT, TOL_EXACT);
 }
 
+/* Bit-exact comparison of a rounding result; a NaN must meet a NaN. */
+static void expect_bits(ctx *c, const char *what, const float *ref, const float *d, size_t n)
+{
+  float *got = hzero(c, n);
+  size_t bad = n;
+  if (wf_gpu_stream_sync(c->g, c->stream) != WF_OK ||
+      wf_gpu_memcpy_d2h(c->g, got, d, n * sizeof(float)) != WF_OK)
+    bad = 0;
+  for (size_t i = 0; i < n && bad == n; i++)
+    if (isnan(ref[i]) ? !isnan(got[i]) : memcmp(&ref[i], &got[i], sizeof(float)) != 0)
+      bad = i;
+  if (bad == n) {
+    printf("  ok   %-28s n=%-7zu bit for bit\n", what, n);
+    return;
+  }
+  printf("  FAIL %-28s n=%-7zu at %zu: cpu %.9g gpu %.9g\n", what, n, bad, ref[bad], got[bad]);
+  c->failures++;
+}
+
+/* Random values over 2^-30 .. 2^20 of both signs (both formats' subnormals, normals
+ * and fp16's overflow), then the edge cases: ties of each format, the largest finite
+ * values and their overflow thresholds, subnormals, zeros, infinities and a NaN. */
+static void test_round(ctx *c)
+{
+  const size_t R = 4001;
+  static const float edge[] = {1.0f,
+                               1.00390625f /* 1 + 2^-8: bf16 tie */,
+                               1.005859375f /* 1 + 3 * 2^-9 */,
+                               1.00048828125f /* 1 + 2^-11: fp16 tie */,
+                               65504.0f,
+                               65519.0f,
+                               65520.0f,
+                               -65520.0f,
+                               3.3895314e38f /* bf16 max */,
+                               3.4028235e38f /* FLT_MAX */,
+                               5.9604645e-8f /* 2^-24 */,
+                               2.9802322e-8f /* 2^-25 */,
+                               6.1035156e-5f /* 2^-14 */,
+                               1e-40f /* fp32 subnormal */,
+                               0.0f,
+                               -0.0f,
+                               INFINITY,
+                               -INFINITY,
+                               NAN};
+  const size_t E = WF_ARRAY_LEN(edge), n = R + E;
+  float *x = hzero(c, n), *u = hrand(c, R, -30, 20), *s = hrand(c, R, -1, 1);
+  for (size_t i = 0; i < R; i++)
+    x[i] = copysignf(exp2f(u[i]), s[i]);
+  memcpy(x + R, edge, sizeof edge);
+  float *y = hzero(c, n), *d_x = df(c, x, n), *d_y = df(c, y, n);
+  wf_round_bf16(y, x, n);
+  c->k->round_bf16(d_y, d_x, n, c->stream);
+  expect_bits(c, "round_bf16", y, d_y, n);
+  wf_round_fp16(y, x, n);
+  c->k->round_fp16(d_y, d_x, n, c->stream);
+  expect_bits(c, "round_fp16", y, d_y, n);
+  wf_round_fp16(x, x, n); /* in place, as the model calls it */
+  c->k->round_fp16(d_x, d_x, n, c->stream);
+  expect_bits(c, "round_fp16 in place", x, d_x, n);
+}
+
 static const struct {
   const char *name;
   void (*fn)(ctx *c);
@@ -378,6 +441,7 @@ static const struct {
     {"xent", test_xent},
     {"adamw", test_adamw},
     {"sumsq+scale", test_sumsq_scale},
+    {"round", test_round},
 };
 
 int main(void)
