@@ -308,8 +308,41 @@ static wf_status rule_train(vctx *v)
   return WF_OK;
 }
 
-static const rule_fn rules[] = {rule_ranges,   rule_nodes, rule_world, rule_mesh, rule_model,
-                                rule_pipeline, rule_batch, rule_seq,   rule_train};
+/* ---- precision ------------------------------------------------------------------------ */
+
+static bool is_set(const wf_config *c, const char *key)
+{
+  uint8_t src = c->source[wf_config_key_find(key)];
+  return src != WF_SRC_DEFAULT && src != WF_SRC_DERIVED;
+}
+
+/* Loss scaling belongs to fp16: bf16 has fp32's exponent range and fp32 needs none, so
+ * a loss-scaling key set for another precision would silently do nothing; it is
+ * refused, as a user who set it expects an effect (Megatron ignores --loss-scale under
+ * bf16, which hides a config mistake). Likewise a fixed scale has no start or window. */
+static wf_status rule_precision(vctx *v)
+{
+  const wf_config *c = v->c;
+  static const char *const keys[] = {"optim.loss_scale", "optim.loss_scale_init",
+                                     "optim.loss_scale_window"};
+  for (size_t i = 0; i < WF_ARRAY_LEN(keys) && c->precision != WF_PREC_FP16; i++)
+    if (is_set(c, keys[i]))
+      return fail(v,
+                  "%s is set but precision=%s: loss scaling applies only to precision=fp16 "
+                  "(bf16 has fp32's exponent range and needs none); remove %s or set "
+                  "precision=fp16",
+                  keys[i], c->precision == WF_PREC_BF16 ? "bf16" : "no", keys[i]);
+  for (size_t i = 1; i < WF_ARRAY_LEN(keys) && c->optim.loss_scale > 0; i++)
+    if (is_set(c, keys[i]))
+      return fail(v,
+                  "%s is set but optim.loss_scale=%g is a fixed scale; %s only shapes the "
+                  "dynamic scale (optim.loss_scale=0): remove one of them",
+                  keys[i], c->optim.loss_scale, keys[i]);
+  return WF_OK;
+}
+
+static const rule_fn rules[] = {rule_ranges,   rule_nodes, rule_world, rule_mesh,      rule_model,
+                                rule_pipeline, rule_batch, rule_seq,   rule_precision, rule_train};
 
 /* A derived value is marked as such; a key that was derived before but is not now
  * (the world became unknown) goes back to its default's standing. */

@@ -89,6 +89,10 @@ typedef struct wf_config {
     int zero; /* 0 or 1 */
     double weight_decay, clip, beta1, beta2, eps;
     int bucket_mb; /* data-parallel gradient bucket size */
+    /* precision=fp16 loss scaling: loss_scale 0 = dynamic (starting at loss_scale_init,
+     * halved on an overflow, doubled after loss_scale_window finite steps), > 0 = fixed */
+    double loss_scale, loss_scale_init;
+    int loss_scale_window;
   } optim;
   struct {
     bool sequence;

@@ -289,8 +289,10 @@ wf_status wf_dp_update(wf_dp *dp, float lr, float beta1, float beta2, float eps,
   if (s1 > s0)
     memcpy(dp->pshard, params + s0, (s1 - s0) * sizeof(float));
   wf_status st = wf_comm_allgather(dp->comm, dp->pshard, dp->stage, dp->shard, WF_COMM_F32);
-  if (st == WF_OK)
+  if (st == WF_OK) {
     memcpy(params, dp->stage, dp->n * sizeof(float));
+    wf_gpt_params_changed(dp->model); /* mixed precision's rounded weights follow */
+  }
   return st;
 }
 

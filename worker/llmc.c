@@ -165,6 +165,7 @@ wf_status wf_gpt_load_llmc(wf_gpt *m, const char *path, char *err, size_t err_le
     st = failf(err, err_len, WF_EIO, "%s: read error in the parameters: %s", path,
                ferror(f) ? strerror(errno) : "unexpected end of file");
   fclose(f);
+  wf_gpt_params_changed(m); /* the rounded GEMM weights of mixed precision follow */
   return st;
 }
 

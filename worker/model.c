@@ -19,6 +19,12 @@
  *    logits' gradient in place, the residual stream gradient is one (B,T,C) buffer
  *    that each layernorm backward adds into, and the outputs of the two projections
  *    go through one (B,T,C) scratch buffer because backward never needs them.
+ *  - Mixed precision (wf_model.h): the GEMM weights are read from `wlow`, a rounded
+ *    copy of the parameters in their layout, which wf_gpt_params_changed refreshes;
+ *    the activations a GEMM reads are rounded in place when made, so the backward
+ *    GEMMs and a recomputed forward (activation checkpointing) see the same operands
+ *    bit for bit (rounding is elementwise and deterministic). Output gradients are
+ *    rounded into scratch (`rdy`) or in place where nothing else reads them.
  *
  * Legend: B batch, T time, C d_model, L layers, NH heads, hs = C/NH, V vocab,
  * Vp padded vocab, N = B*T rows.
@@ -69,6 +75,7 @@ typedef struct dacts {
   float *d4b;     /* (N,4C/tp) dfch */
   float *scratch; /* (B,NHl,T,T) attention backward scratch */
   float *stats;   /* (tp,3,N) gathered per-rank xent row statistics */
+  float *rdy;     /* (N,C) a GEMM's rounded output gradient (mixed precision; else empty) */
 } dacts;
 
 struct wf_gpt {
@@ -83,6 +90,9 @@ struct wf_gpt {
   size_t off[WF_GPT_NUM_KINDS + 1]; /* local offset of each kind; [16] = total */
   size_t slot_floats;
   float *params, *grads, *m, *v;
+  wf_precision prec; /* GEMM operands rounded to bf16/fp16; WF_PREC_NO = fp32 */
+  float *wlow;       /* mixed precision: the GEMM weights rounded (params layout), else NULL */
+  float loss_scale;  /* backward's loss gradient is multiplied by it (fp16 loss scaling) */
   float *act_mem, *dact_mem, *re_mem;
   acts *a;        /* n_slots */
   bool recompute; /* activation checkpointing: slots keep layer outputs only */
@@ -405,6 +415,8 @@ void wf_gpt_export_full(wf_gpt *m, int which, float *full) { exchange_full(m, wh
 void wf_gpt_import_full(wf_gpt *m, int which, const float *full)
 {
   exchange_full(m, which, (float *)full, false);
+  if (which == 0)
+    wf_gpt_params_changed(m);
 }
 
 /* ---- allocation ------------------------------------------------------------------ */
@@ -464,9 +476,16 @@ static size_t carve_dacts(dacts *g, float *mem, const wf_gpt *m)
   struct {
     float **p;
     size_t n;
-  } t[] = {{&g->proj, N * C},         {&g->full, N * C},  {&g->dres, N * C},
-           {&g->dc, N * C},           {&g->dl, N * C},    {&g->d4a, N * 4 * C / tp},
-           {&g->d4b, N * 4 * C / tp}, {&g->scratch, att}, {&g->stats, 3 * (tp + 1) * N}};
+  } t[] = {{&g->proj, N * C},
+           {&g->full, N * C},
+           {&g->dres, N * C},
+           {&g->dc, N * C},
+           {&g->dl, N * C},
+           {&g->d4a, N * 4 * C / tp},
+           {&g->d4b, N * 4 * C / tp},
+           {&g->scratch, att},
+           {&g->stats, 3 * (tp + 1) * N},
+           {&g->rdy, m->prec != WF_PREC_NO ? N * C : 0}};
   size_t total = 0;
   for (size_t i = 0; i < WF_ARRAY_LEN(t); i++) {
     if (mem)
@@ -548,9 +567,13 @@ wf_status wf_gpt_create_shard(wf_gpt **out, const wf_gpt_opts *o)
   m->Vl = d->Vp / o->shard.tp;
   m->Bmax = o->B, m->Tmax = o->T, m->n_slots = o->slots;
   m->recompute = o->recompute;
+  m->prec = o->precision;
+  m->loss_scale = 1.0f;
   layout(m);
   WF_CHECK_ALLOC(m->params = alloc_floats(m->num_params));
   WF_CHECK_ALLOC(m->grads = alloc_floats(m->num_params));
+  if (m->prec != WF_PREC_NO)
+    WF_CHECK_ALLOC(m->wlow = alloc_floats(m->num_params));
   /* AdamW's m and v are allocated by the first wf_gpt_update: under ZeRO-1 the
    * optimizer state lives in shards elsewhere and these are never needed. */
   WF_TRY(alloc_acts(m));
@@ -575,6 +598,7 @@ void wf_gpt_destroy(wf_gpt *m)
     return;
   wf_mem_free(m->params);
   wf_mem_free(m->grads);
+  wf_mem_free(m->wlow);
   wf_mem_free(m->m);
   wf_mem_free(m->v);
   wf_mem_free(m->act_mem);
@@ -699,6 +723,7 @@ void wf_gpt_init(wf_gpt *m, uint64_t seed)
     zero_floats(m->m, m->num_params);
     zero_floats(m->v, m->num_params);
   }
+  wf_gpt_params_changed(m);
 }
 
 /* ---- forward ------------------------------------------------------------------- */
@@ -751,6 +776,56 @@ static float *layer_input(const wf_gpt *m, const acts *a, int j)
   return j == 0 ? a->encoded : a->residual3 + (size_t)(j - 1) * layer_strides(m).rc;
 }
 
+/* ---- mixed precision ------------------------------------------------------------ */
+
+/* The weights a GEMM multiplies by: the rounded copy under mixed precision. */
+static const float *gemm_weight(wf_gpt *m, wf_param_kind k, int layer)
+{
+  const float *w = wf_gpt_param(m, k, layer, 0);
+  return m->wlow ? m->wlow + (w - m->params) : w;
+}
+
+/* Round n floats to the model's GEMM precision (nothing at precision no). */
+static void round_to(const wf_gpt *m, float *dst, const float *src, size_t n)
+{
+  if (m->prec == WF_PREC_BF16)
+    wf_round_bf16(dst, src, n);
+  else if (m->prec == WF_PREC_FP16)
+    wf_round_fp16(dst, src, n);
+}
+
+/* An activation about to enter a GEMM, rounded where it lies. */
+static void round_operand(const wf_gpt *m, float *x, size_t n) { round_to(m, x, x, n); }
+
+/* An output gradient (N,C) that other ops read unrounded (the residual stream's): its
+ * rounded copy in da.rdy for the GEMMs, or itself at precision no. */
+static const float *rounded_grad(wf_gpt *m, const float *dy, size_t n)
+{
+  if (m->prec == WF_PREC_NO)
+    return dy;
+  round_to(m, m->da.rdy, dy, n);
+  return m->da.rdy;
+}
+
+/* The GEMM weights (qkv, attproj, fc, fcproj, the tied wte) rounded into wlow. */
+void wf_gpt_params_changed(wf_gpt *m)
+{
+  static const wf_param_kind gemm[] = {WF_P_WTE, WF_P_QKVW, WF_P_ATTPROJW, WF_P_FCW, WF_P_FCPROJW};
+  if (!m->wlow)
+    return;
+  for (size_t i = 0; i < WF_ARRAY_LEN(gemm); i++) {
+    size_t off = m->off[gemm[i]];
+    round_to(m, m->wlow + off, m->params + off, wf_gpt_local_numel(m, gemm[i]));
+  }
+}
+
+wf_precision wf_gpt_precision(const wf_gpt *m) { return m->prec; }
+void wf_gpt_set_loss_scale(wf_gpt *m, float s) { m->loss_scale = s; }
+
+/* A sum of squares in double is finite exactly when every element is: squares of
+ * finite floats are below 1.2e77, so no count of them a machine holds overflows. */
+bool wf_gpt_grads_finite(wf_gpt *m) { return isfinite(wf_sumsq(m->grads, m->num_params)); }
+
 /* Row-parallel matmul (no bias), then leave the tp region, then the bias once. */
 static void row_parallel(wf_gpt *m, float *y, const float *x, wf_param_kind w, wf_param_kind b,
                          int l, int N, int IC)
@@ -758,7 +833,7 @@ static void row_parallel(wf_gpt *m, float *y, const float *x, wf_param_kind w, w
   int C = m->d.C;
   /* Only tp rank 0 adds the bias, so the sum over tp adds it once. */
   const float *bias = m->s.tp_rank == 0 ? wf_gpt_param(m, b, l, 0) : NULL;
-  wf_matmul_forward(m->da.proj, x, wf_gpt_param(m, w, l, 0), bias, N, IC, C);
+  wf_matmul_forward(m->da.proj, x, gemm_weight(m, w, l), bias, N, IC, C);
   wf_tp_leave_fwd(&m->tp, y, m->da.proj, (size_t)N, (size_t)C);
 }
 
@@ -777,22 +852,30 @@ static void block_forward(wf_gpt *m, acts *a, int j, int B, int T)
   const float *x;
 
   /* Attention: ln1 (replicated region) -> enter -> qkv (column-parallel, local heads)
-   * -> attention -> attproj (row-parallel) -> leave -> residual. */
+   * -> attention -> attproj (row-parallel) -> leave -> residual. Under mixed precision
+   * the GEMM inputs ln1, atty, ln2, fchg are rounded as they are made (before the
+   * all-gather of sequence parallelism: rounding is elementwise, so it commutes).
+   * Attention's own Q.K^T and att.V stay fp32, as flash-attention kernels keep the
+   * softmax in fp32; only its output, attproj's input, is rounded. */
   wf_layernorm_forward(ln1, v.ln1_mean, v.ln1_rstd, residual, wf_gpt_param(m, WF_P_LN1W, l, 0),
                        wf_gpt_param(m, WF_P_LN1B, l, 0), R, C);
+  round_operand(m, ln1, (size_t)R * C);
   x = wf_tp_enter_fwd(&m->tp, ln1, m->da.full, (size_t)N, (size_t)C);
-  wf_matmul_forward(qkv, x, wf_gpt_param(m, WF_P_QKVW, l, 0), wf_gpt_param(m, WF_P_QKVB, l, 0), N,
-                    C, 3 * C / tp);
+  wf_matmul_forward(qkv, x, gemm_weight(m, WF_P_QKVW, l), wf_gpt_param(m, WF_P_QKVB, l, 0), N, C,
+                    3 * C / tp);
   wf_attention_forward(atty, att, qkv, B, T, C / tp, m->NHl);
+  round_operand(m, atty, (size_t)N * C / tp);
   row_parallel(m, res2, atty, WF_P_ATTPROJW, WF_P_ATTPROJB, l, N, C / tp);
   wf_residual_forward(res2, residual, res2, (size_t)R * C);
   /* MLP: ln2 -> enter -> fc (column-parallel) -> GELU -> fcproj (row-parallel) -> leave. */
   wf_layernorm_forward(ln2, v.ln2_mean, v.ln2_rstd, res2, wf_gpt_param(m, WF_P_LN2W, l, 0),
                        wf_gpt_param(m, WF_P_LN2B, l, 0), R, C);
+  round_operand(m, ln2, (size_t)R * C);
   x = wf_tp_enter_fwd(&m->tp, ln2, m->da.full, (size_t)N, (size_t)C);
-  wf_matmul_forward(fch, x, wf_gpt_param(m, WF_P_FCW, l, 0), wf_gpt_param(m, WF_P_FCB, l, 0), N, C,
+  wf_matmul_forward(fch, x, gemm_weight(m, WF_P_FCW, l), wf_gpt_param(m, WF_P_FCB, l, 0), N, C,
                     4 * C / tp);
   wf_gelu_forward(fchg, fch, (size_t)N * 4 * C / tp);
+  round_operand(m, fchg, (size_t)N * 4 * C / tp);
   row_parallel(m, res3, fchg, WF_P_FCPROJW, WF_P_FCPROJB, l, N, 4 * C / tp);
   wf_residual_forward(res3, res2, res3, (size_t)R * C);
 }
@@ -856,9 +939,10 @@ static float head_forward(wf_gpt *m, acts *a, int N)
   int C = m->d.C, R = (int)wf_tp_rows(&m->tp, (size_t)N);
   wf_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, layer_input(m, a, m->lc),
                        wf_gpt_param(m, WF_P_LNFW, 0, 0), wf_gpt_param(m, WF_P_LNFB, 0, 0), R, C);
+  round_operand(m, a->lnf, (size_t)R * C);
   const float *x = wf_tp_enter_fwd(&m->tp, a->lnf, m->da.full, (size_t)N, (size_t)C);
   /* Tied embedding; padding rows of wte give padding columns the loss ignores. */
-  wf_matmul_forward(a->logits, x, wf_gpt_param(m, WF_P_WTE, 0, 0), NULL, N, C, m->Vl);
+  wf_matmul_forward(a->logits, x, gemm_weight(m, WF_P_WTE, 0), NULL, N, C, m->Vl);
   if (!a->have_targets)
     return 0.0f;
   wf_xent_stats(a->row_max, a->row_sumexp, a->target_logit, a->logits, a->targets, N,
@@ -974,15 +1058,17 @@ static void zero_floats(float *p, size_t n)
 void wf_gpt_zero_grad(wf_gpt *m) { zero_floats(m->grads, m->num_params); }
 
 /* Column-parallel matmul backward from the full input x: the input gradient is this
- * rank's partial sum (dc), which entering's backward completes over tp into dl. */
-static void column_backward(wf_gpt *m, const float *dout, const float *x, wf_param_kind w,
+ * rank's partial sum (dc), which entering's backward completes over tp into dl. dout
+ * (N,OC) is scratch that only this GEMM reads, so mixed precision rounds it in place. */
+static void column_backward(wf_gpt *m, float *dout, const float *x, wf_param_kind w,
                             wf_param_kind b, int l, int N, int OC)
 {
   int C = m->d.C;
+  round_operand(m, dout, (size_t)N * OC);
   memset(m->da.dc, 0, (size_t)N * C * sizeof(float));
   wf_matmul_backward(m->da.dc, wf_gpt_param(m, w, l, 1),
                      b == WF_GPT_NUM_KINDS ? NULL : wf_gpt_param(m, b, l, 1), dout, x,
-                     wf_gpt_param(m, w, l, 0), N, C, OC);
+                     gemm_weight(m, w, l), N, C, OC);
   wf_tp_enter_bwd(&m->tp, m->da.dl, m->da.dc, (size_t)N, (size_t)C);
 }
 
@@ -1005,10 +1091,11 @@ static void block_backward(wf_gpt *m, acts *a, int j)
 
   /* MLP branch: the gradient of its output is the residual stream's (leave's backward). */
   dy = wf_tp_leave_bwd(&m->tp, g->dres, g->full, (size_t)N, (size_t)C);
+  dy = rounded_grad(m, dy, (size_t)N * C);
   memset(g->d4a, 0, n4 * sizeof(float));
   wf_matmul_backward(g->d4a, wf_gpt_param(m, WF_P_FCPROJW, l, 1),
-                     wf_gpt_param(m, WF_P_FCPROJB, l, 1), dy, fchg,
-                     wf_gpt_param(m, WF_P_FCPROJW, l, 0), N, 4 * C / tp, C);
+                     wf_gpt_param(m, WF_P_FCPROJB, l, 1), dy, fchg, gemm_weight(m, WF_P_FCPROJW, l),
+                     N, 4 * C / tp, C);
   memset(g->d4b, 0, n4 * sizeof(float));
   wf_gelu_backward(g->d4b, fch, g->d4a, n4);
   x = wf_tp_enter_fwd(&m->tp, ln2, g->full, (size_t)N, (size_t)C); /* re-gathered */
@@ -1018,10 +1105,11 @@ static void block_backward(wf_gpt *m, acts *a, int j)
                         C);
   /* Attention branch. */
   dy = wf_tp_leave_bwd(&m->tp, g->dres, g->full, (size_t)N, (size_t)C);
+  dy = rounded_grad(m, dy, (size_t)N * C);
   memset(g->d4b, 0, (size_t)N * C / tp * sizeof(float));
   wf_matmul_backward(g->d4b, wf_gpt_param(m, WF_P_ATTPROJW, l, 1),
                      wf_gpt_param(m, WF_P_ATTPROJB, l, 1), dy, atty,
-                     wf_gpt_param(m, WF_P_ATTPROJW, l, 0), N, C / tp, C);
+                     gemm_weight(m, WF_P_ATTPROJW, l), N, C / tp, C);
   memset(g->d4a, 0, n3 * sizeof(float));
   wf_attention_backward(g->d4a, g->scratch, g->d4b, qkv, v.att, B, T, C / tp, m->NHl);
   x = wf_tp_enter_fwd(&m->tp, ln1, g->full, (size_t)N, (size_t)C);
@@ -1036,8 +1124,10 @@ static void head_backward(wf_gpt *m, acts *a, float dloss_scale)
 {
   dacts *g = &m->da;
   int N = a->B * a->T, C = m->d.C, R = (int)wf_tp_rows(&m->tp, (size_t)N);
+  /* loss_scale is 1 unless fp16 loss scaling is on: x * 1.0f is x, bit for bit. */
   wf_xent_backward(a->logits, a->logits, a->row_max, a->row_sumexp, a->targets,
-                   dloss_scale / (float)N, N, local_real_vocab(m), m->Vl, m->s.tp_rank * m->Vl);
+                   dloss_scale * m->loss_scale / (float)N, N, local_real_vocab(m), m->Vl,
+                   m->s.tp_rank * m->Vl);
   const float *x = wf_tp_enter_fwd(&m->tp, a->lnf, g->full, (size_t)N, (size_t)C);
   column_backward(m, a->logits, x, WF_P_WTE, WF_GPT_NUM_KINDS, 0, N, m->Vl);
   memset(g->dres, 0, (size_t)R * C * sizeof(float));
@@ -1160,6 +1250,7 @@ void wf_gpt_update(wf_gpt *m, float lr, float beta1, float beta2, float eps, flo
     wf_adamw_update(m->params + off, mb + off, vb + off, m->grads + off, n, lr, beta1, beta2, eps,
                     wd, t, grad_scale);
   }
+  wf_gpt_params_changed(m);
 }
 
 /* ---- FLOPs --------------------------------------------------------------------- */

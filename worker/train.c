@@ -8,6 +8,15 @@
  *      gradient is that of the mean loss over the whole global batch;
  *   3. global gradient norm, then the clip factor clip / max(norm, clip);
  *   4. AdamW (step t is 1-based) with the scheduled learning rate.
+ * Mixed precision (precision bf16/fp16) lives in the model (rounded GEMM operands,
+ * wf_model.h); the trainer adds fp16's dynamic loss scaling, as Megatron and apex do:
+ * the loss gradient is multiplied by S, so that small activation gradients survive
+ * fp16's range; after the reductions the job agrees (one all-reduce of a flag over the
+ * world) whether any gradient is non-finite. If one is, the step is skipped (no
+ * update: parameters, m, v and AdamW's t stay) and S is halved; otherwise the update
+ * unscales by 1/S inside the clip factor, and S doubles after
+ * optim.loss_scale_window finite steps in a row. AdamW's t is the step minus the
+ * skipped steps.
  * Evaluation runs the forward pass on train.eval_batches fixed validation batches
  * (the same ones every time, so the curve is comparable across evaluations).
  *
@@ -63,6 +72,8 @@ typedef struct trainer {
   double flops;       /* per step, for the whole global batch */
   double t0;          /* start of the loop */
   wf_ckpt_target ck;  /* what checkpoints save and restore */
+  bool fp16;          /* precision=fp16: loss scaling on */
+  wf_ckpt_scaler ls;  /* its state (scale S = 1 without fp16; skipped = 0 then) */
   int start;          /* steps done before this run (a resumed checkpoint's step) */
 } trainer;
 
@@ -170,9 +181,6 @@ static wf_status setup_stage(trainer *tr)
   const wf_config *cfg = tr->cfg;
   char err[1024] = "";
   wf_status st = WF_OK;
-  if (cfg->precision != WF_PREC_NO)
-    return refuse("precision (mixed_precision): only float32 training is built; the fp16 and "
-                  "bf16 paths are not, so unset it (precision=no) rather than have it ignored");
   tr->chunks = 1;
   if (cfg->train.schedule == WF_SCHED_INTERLEAVED)
     st = interleaved_split(tr);
@@ -196,7 +204,8 @@ static wf_status setup_stage(trainer *tr)
                    .B = tr->B,
                    .T = tr->T,
                    .slots = wf_pipe_slots(cfg->train.schedule, tr->pp, r, tr->M, tr->chunks),
-                   .recompute = cfg->parallel.activation_checkpointing};
+                   .recompute = cfg->parallel.activation_checkpointing,
+                   .precision = cfg->precision};
   st = wf_gpt_create_shard(&tr->model, &o);
   if (st == WF_OK)
     wf_gpt_set_trace(tr->model, tr->trace);
@@ -249,7 +258,8 @@ static wf_status setup_checkpoint(trainer *tr)
                             .dp_comm = tr->dp_comm,
                             .world = h ? h->world : NULL,
                             .pp_rank = tr->pp_rank,
-                            .tp_rank = comm_rank(tr->tp_comm)};
+                            .tp_rank = comm_rank(tr->tp_comm),
+                            .scaler = tr->fp16 ? &tr->ls : NULL};
   if (h && h->on_phase) /* reading a big checkpoint is not a hang */
     h->on_phase(h->user, "checkpoint");
   wf_status st = wf_ckpt_prepare(&tr->ck);
@@ -334,6 +344,30 @@ static void setup_peak(trainer *tr)
             tr->peak_tflops, wf_kernels_threads());
 }
 
+/* What mixed precision does, and that training here runs on the CPU, where it is
+ * emulated: the numerics of bf16/fp16 GEMMs, not their speed. */
+static void print_precision(const trainer *tr)
+{
+  const wf_config *cfg = tr->cfg;
+  const char *p = tr->fp16 ? "fp16" : "bf16";
+  fprintf(tr->out,
+          "precision %s: fp32 master weights, gradients and AdamW state; GEMM operands (weights, "
+          "activations, activation gradients) rounded to %s, accumulated in fp32\n",
+          p, p);
+  if (tr->fp16 && cfg->optim.loss_scale > 0)
+    fprintf(tr->out, "loss scale fixed at %g (steps whose gradients overflow are skipped)\n",
+            cfg->optim.loss_scale);
+  else if (tr->fp16)
+    fprintf(tr->out,
+            "dynamic loss scaling from %g: halved and the step skipped when a gradient "
+            "overflows, doubled after %d finite steps\n",
+            tr->ls.scale, cfg->optim.loss_scale_window);
+  fprintf(tr->out,
+          "%s on the CPU is emulated (operands rounded in fp32; OpenBLAS has no %s GEMM): "
+          "%s numerics at fp32 speed or slower, not %s speed\n",
+          p, p, p, p);
+}
+
 static void print_banner(const trainer *tr)
 {
   const wf_config *cfg = tr->cfg;
@@ -367,6 +401,8 @@ static void print_banner(const trainer *tr)
   if (cfg->parallel.activation_checkpointing)
     fprintf(tr->out, "activation checkpointing: each layer's intermediates are recomputed in "
                      "backward\n");
+  if (cfg->precision != WF_PREC_NO)
+    print_precision(tr);
   fflush(tr->out);
 }
 
@@ -406,6 +442,12 @@ static wf_status setup(trainer *tr, const wf_config *cfg, const wf_train_hooks *
    * launcher logs: only a process started by hand on a terminal gets one. */
   tr->bar = tr->talk && isatty(STDOUT_FILENO) && !getenv("OMPI_COMM_WORLD_SIZE") &&
             !getenv("SLURM_PROCID") && !getenv("PMI_RANK");
+  /* fp16 loss scaling: a fixed optim.loss_scale, or the dynamic one's start (a
+   * checkpoint being resumed restores its own). */
+  tr->fp16 = cfg->precision == WF_PREC_FP16;
+  tr->ls.scale = !tr->fp16                   ? 1.0
+                 : cfg->optim.loss_scale > 0 ? cfg->optim.loss_scale
+                                             : cfg->optim.loss_scale_init;
   wf_status st = setup_geometry(tr, M);
   if (st == WF_OK)
     st = setup_trace(tr);
@@ -413,6 +455,8 @@ static wf_status setup(trainer *tr, const wf_config *cfg, const wf_train_hooks *
     st = setup_model(tr);
   if (st == WF_OK && checkpoints)
     st = setup_checkpoint(tr);
+  if (st == WF_OK) /* a resumed checkpoint wrote the parameters */
+    wf_gpt_params_changed(tr->model);
   if (st == WF_OK)
     st = setup_data(tr);
   if (st == WF_OK)
@@ -520,13 +564,17 @@ static wf_status complete_grads(trainer *tr)
 }
 
 /* Global gradient norm: each rank's counted sum of squares, summed over dp (ZeRO
- * shards), tp and pp. */
+ * shards), tp and pp. With fp16 loss scaling the gradients are S times the true ones:
+ * the sum is unscaled (in double, before it narrows to float) so *norm is the true
+ * norm. */
 static wf_status global_norm(trainer *tr, float *norm)
 {
   double ss = 0;
   wf_status st = tr->dp ? wf_dp_grad_sumsq(tr->dp, &ss) : WF_OK;
   if (!tr->dp)
     ss = wf_gpt_grad_sumsq(tr->model);
+  if (tr->fp16)
+    ss /= tr->ls.scale * tr->ls.scale;
   float x = (float)ss;
   if (st == WF_OK && tr->tp > 1)
     st = wf_comm_allreduce(tr->tp_comm, &x, &x, 1, WF_COMM_F32, WF_COMM_SUM);
@@ -536,33 +584,110 @@ static wf_status global_norm(trainer *tr, float *norm)
   return st;
 }
 
-/* Reduce gradients, clip by the global norm, AdamW with the scheduled lr. */
-static wf_status reduce_and_update(trainer *tr, int step, double loss, float *norm, double *lr)
+/* Sum one float over every rank of the job: the world, or without one each axis group
+ * in turn (which covers the same ranks). */
+static wf_status job_sum(trainer *tr, float *x)
+{
+  wf_comm *axes[] = {tr->tp_comm, tr->pp_comm, tr->dp_comm};
+  if (tr->world)
+    return wf_comm_allreduce(tr->world, x, x, 1, WF_COMM_F32, WF_COMM_SUM);
+  wf_status st = WF_OK;
+  for (size_t i = 0; i < WF_ARRAY_LEN(axes) && st == WF_OK; i++)
+    if (axes[i])
+      st = wf_comm_allreduce(axes[i], x, x, 1, WF_COMM_F32, WF_COMM_SUM);
+  return st;
+}
+
+/* fp16: whether any gradient anywhere in the job is non-finite. tp, pp and dp (ZeRO)
+ * ranks hold different gradients, so each checks its own and a flag is summed over the
+ * world: every rank reaches the same verdict. */
+static wf_status agree_overflow(trainer *tr, float norm, bool *overflow)
+{
+  float bad = !isfinite(norm) || !wf_gpt_grads_finite(tr->model) ? 1.0f : 0.0f;
+  wf_status st = job_sum(tr, &bad);
+  *overflow = bad > 0;
+  return st;
+}
+
+/* fp16, non-finite gradients: no update (parameters, m, v and t stay) and S halves. At
+ * S <= 1 no smaller scale can help: that is divergence, not overflow. */
+static wf_status skip_step(trainer *tr, int step)
+{
+  double old = tr->ls.scale;
+  bool fixed = tr->cfg->optim.loss_scale > 0;
+  if (old <= 1.0) {
+    WF_ERROR("step %d: gradients are not finite at loss scale %g: training diverged; lower "
+             "train.lr or set optim.clip",
+             step, old);
+    return WF_EINVAL;
+  }
+  tr->ls.skipped++;
+  tr->ls.good_steps = 0;
+  if (!fixed)
+    tr->ls.scale = fmax(1.0, old / 2);
+  if (tr->talk)
+    WF_INFO("step %d: gradient overflow at loss scale %g: optimizer step skipped (%d so far), "
+            "loss scale %s %g",
+            step, old, tr->ls.skipped, fixed ? "stays" : "now", tr->ls.scale);
+  return WF_OK;
+}
+
+/* fp16, a finite step: S doubles after optim.loss_scale_window of them in a row (up to
+ * 2^64, far beyond where fp16 activation gradients overflow, which bounds it first). */
+static void scaler_good(trainer *tr)
+{
+  if (!tr->fp16 || tr->cfg->optim.loss_scale > 0)
+    return;
+  if (++tr->ls.good_steps < tr->cfg->optim.loss_scale_window)
+    return;
+  tr->ls.good_steps = 0;
+  tr->ls.scale = fmin(tr->ls.scale * 2, 0x1p64);
+}
+
+/* Clip by the global norm (and unscale by 1/S in the same factor), AdamW at step t. */
+static wf_status update(trainer *tr, int step, float norm, double lr)
 {
   const wf_config *cfg = tr->cfg;
+  float clip = (float)cfg->optim.clip;
+  float scale = clip > 0 && norm > clip ? clip / norm : 1.0f;
+  if (tr->fp16)
+    scale = (float)(scale / tr->ls.scale);
+  float b1 = (float)cfg->optim.beta1, b2 = (float)cfg->optim.beta2, eps = (float)cfg->optim.eps;
+  float wd = (float)cfg->optim.weight_decay;
+  int t = step - tr->ls.skipped; /* AdamW counts the updates it made */
+  scaler_good(tr);
+  if (tr->dp)
+    return wf_dp_update(tr->dp, (float)lr, b1, b2, eps, wd, scale, t);
+  wf_gpt_update(tr->model, (float)lr, b1, b2, eps, wd, scale, t);
+  return WF_OK;
+}
+
+/* Reduce gradients, clip by the global norm, AdamW with the scheduled lr; under fp16 an
+ * overflow anywhere skips the update. *skipped says whether it did. */
+static wf_status reduce_and_update(trainer *tr, int step, double loss, float *norm, double *lr,
+                                   bool *skipped)
+{
   double t0 = wf_now();
   wf_status st = complete_grads(tr);
   if (wf_trace_on(tr->trace))
     wf_trace_span(tr->trace, "gradient reduction", "comm", t0, wf_now(), step, -1);
   if (st == WF_OK)
     st = global_norm(tr, norm);
+  *skipped = false;
+  if (st == WF_OK && tr->fp16)
+    st = agree_overflow(tr, *norm, skipped);
   if (st != WF_OK)
     return fail_msg(st, "gradient reduction failed");
+  *lr = wf_train_lr(tr->cfg, step);
+  if (*skipped)
+    return skip_step(tr, step);
   if (!isfinite(loss) || !isfinite(*norm)) {
     WF_ERROR("step %d: loss %g, gradient norm %g: training diverged; lower train.lr or set "
              "optim.clip",
              step, loss, (double)*norm);
     return WF_EINVAL;
   }
-  float clip = (float)cfg->optim.clip;
-  float scale = clip > 0 && *norm > clip ? clip / *norm : 1.0f;
-  *lr = wf_train_lr(cfg, step);
-  float b1 = (float)cfg->optim.beta1, b2 = (float)cfg->optim.beta2, eps = (float)cfg->optim.eps;
-  float wd = (float)cfg->optim.weight_decay;
-  if (tr->dp)
-    return wf_dp_update(tr->dp, (float)*lr, b1, b2, eps, wd, scale, step);
-  wf_gpt_update(tr->model, (float)*lr, b1, b2, eps, wd, scale, step);
-  return WF_OK;
+  return update(tr, step, *norm, *lr);
 }
 
 /* The two copies of the tied embedding must stay bit-identical: compare a 60-bit hash
@@ -626,15 +751,17 @@ static bool tracing(const trainer *tr, int step)
 
 static wf_status train_step(trainer *tr, int step, wf_train_step_info *info)
 {
-  double t0 = wf_now(), loss = 0, lr = 0, tp_s = 0, tp_bytes = 0;
+  double t0 = wf_now(), loss = 0, lr = 0, tp_s = 0, tp_bytes = 0, scale = tr->ls.scale;
   float norm = 0;
+  bool skipped = false;
   wf_pipe_stats ps = {0};
   if (tr->trace)
     wf_trace_set_on(tr->trace, tracing(tr, step));
+  wf_gpt_set_loss_scale(tr->model, (float)scale);
   wf_status st = accumulate(tr, step, &loss, &ps);
   double tr0 = wf_now();
   if (st == WF_OK)
-    st = reduce_and_update(tr, step, loss, &norm, &lr);
+    st = reduce_and_update(tr, step, loss, &norm, &lr, &skipped);
   if (st == WF_OK)
     st = check_tied(tr, step);
   if (st != WF_OK)
@@ -666,6 +793,9 @@ static wf_status train_step(trainer *tr, int step, wf_train_step_info *info)
       .tp_ms = tp_s * 1e3,
       .optim_bytes = (int64_t)ds.optimizer_bytes,
       .params = (int64_t)wf_gpt_local_params(tr->model),
+      .loss_scale = tr->fp16 ? scale : NAN,
+      .skipped = skipped,
+      .skipped_steps = tr->ls.skipped,
   };
   stage_stats(tr, &ps, info);
   /* The peak was measured for one rank's threads; the job has world_size such ranks. */
@@ -715,10 +845,14 @@ static void print_step(const trainer *tr, const wf_train_step_info *in, double e
   clear_bar(tr);
   fprintf(tr->out,
           "step %d/%d loss=%.4f lr=%.2e grad_norm=%.3f tok/s=%.0f tflops=%.3f mfu=%.1f%% "
-          "step_ms=%.1f comm_ms=%.1f mem=%.1fMiB optim=%.2fMiB eta=%.0fs\n",
+          "step_ms=%.1f comm_ms=%.1f mem=%.1fMiB optim=%.2fMiB eta=%.0fs",
           in->step, in->steps, in->loss, in->lr, in->grad_norm, in->tokens_per_s, in->tflops,
           in->mfu * 100, in->step_ms, in->comm_ms, (double)in->mem_bytes / (1024.0 * 1024.0),
           (double)in->optim_bytes / (1024.0 * 1024.0), eta);
+  if (tr->fp16) /* the scale this step's backward used, and the skips so far */
+    fprintf(tr->out, " loss_scale=%g skipped=%d%s", in->loss_scale, in->skipped_steps,
+            in->skipped ? " (this step)" : "");
+  fputc('\n', tr->out);
 }
 
 /* Model-parallel figures, on the step line's continuation when there are any. */
@@ -784,6 +918,11 @@ static void write_metrics(trainer *tr, const wf_train_step_info *in)
     json_object_set_new(o, "val_loss", real_or_null(in->val_loss));
   if (tr->tp > 1 || tr->pp > 1)
     add_parallel_metrics(o, in);
+  if (tr->fp16) {
+    json_object_set_new(o, "loss_scale", real_or_null(in->loss_scale));
+    json_object_set_new(o, "skipped_steps", json_integer(in->skipped_steps));
+    json_object_set_new(o, "step_skipped", json_boolean(in->skipped));
+  }
   if (json_dumpf(o, tr->metrics, JSON_COMPACT) == 0)
     fputc('\n', tr->metrics);
   fflush(tr->metrics); /* one complete line per step, even if the run dies */

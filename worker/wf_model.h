@@ -124,6 +124,7 @@ typedef struct wf_gpt_opts {
   int slots;               /* micro-batches whose activations live at once (>= 1) */
   bool recompute;          /* activation checkpointing: a slot keeps each layer's output only, and
                             * backward recomputes the layer's intermediates (one more forward) */
+  wf_precision precision;  /* GEMM operands in bf16/fp16 (see "Mixed precision" below) */
 } wf_gpt_opts;
 
 /* Allocate parameters, gradients and activations for micro-batches of at most
@@ -240,6 +241,29 @@ void wf_gpt_update(wf_gpt *m, float lr, float beta1, float beta2, float eps, flo
  * (zeroed) here when no update has run yet. The step t is not stored: it is the
  * trainer's step, passed to every update. */
 wf_status wf_gpt_adam_state(wf_gpt *m, float **mbuf, float **vbuf);
+
+/* Mixed precision (wf_gpt_opts.precision bf16 or fp16), as tensor cores compute:
+ * every GEMM operand is rounded to the narrow format and the products accumulate in
+ * fp32. The operands are the weights of the linear layers (qkv, attproj, fc, fcproj and
+ * the tied wte in the head), used through a rounded copy the model keeps; the
+ * activations entering each GEMM (layernorm outputs, attention output, GELU output,
+ * the final layernorm output), rounded in place as they are made; and in backward the
+ * output gradient entering each GEMM (the activation gradient, fp16's overflow risk).
+ * The parameters stay the fp32 masters; gradients, the embedding lookup, layernorm,
+ * attention's softmax and its two batched products, GELU, residuals and the loss stay
+ * fp32. With precision no, nothing is rounded and nothing is copied.
+ *
+ * Whoever writes the parameters other than through this header's init, load, import
+ * and update (which do it themselves) must call wf_gpt_params_changed() afterwards,
+ * before the next forward, so the rounded copy follows: the ZeRO-1 all-gather of
+ * updated shards, a checkpoint restore. A no-op with precision no. */
+void wf_gpt_params_changed(wf_gpt *m);
+wf_precision wf_gpt_precision(const wf_gpt *m);
+/* Loss scaling (fp16): backward multiplies the loss gradient by s (default 1), so every
+ * gradient comes out scaled by s; the optimizer unscales. */
+void wf_gpt_set_loss_scale(wf_gpt *m, float s);
+/* Whether every element of this rank's gradient buffer is finite. */
+bool wf_gpt_grads_finite(wf_gpt *m);
 
 /* llm.c GPT-2 checkpoint (magic 20240326, version 3). Errors name the file and
  * what was expected. Load requires matching dims (a message names the field). */

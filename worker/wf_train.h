@@ -15,7 +15,9 @@
  * (floor and gap only for the synthetic source). Every step is also appended to
  * train.metrics as one JSON object (step, loss, lr, grad_norm, tokens_per_s, step_ms,
  * tflops, mfu, mem_mib; val_loss when evaluated; with tp or pp > 1 also tp_ms, bubble,
- * bubble_theory, and per stage act_mib and act_slots).
+ * bubble_theory, and per stage act_mib and act_slots; with precision=fp16 also
+ * loss_scale, skipped_steps and step_skipped, which the step line shows as
+ * "loss_scale=65536 skipped=0" after eta).
  */
 #ifndef WF_TRAIN_H
 #define WF_TRAIN_H
@@ -49,6 +51,9 @@ typedef struct wf_train_step_info {
   int stage_peak_slots[WF_MAX_STAGES];    /* most micro-batches (x chunks) it held at once */
   int64_t optim_bytes; /* AdamW state this rank holds (about 1/dp of it under ZeRO-1) */
   int64_t params;      /* parameters this rank holds (its tp shard of its stage's layers) */
+  double loss_scale;   /* precision=fp16: the loss scale S this step's backward used; else NAN */
+  bool skipped;        /* fp16: this step's gradients overflowed, so it made no update */
+  int skipped_steps;   /* fp16: steps skipped so far in the run (0 otherwise) */
 } wf_train_step_info;
 
 typedef struct wf_train_hooks {
