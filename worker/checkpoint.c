@@ -125,6 +125,8 @@ typedef struct manifest {
   wf_gpt_dims dims;
   int n_files;
   entry *files;
+  bool has_scaler; /* "loss_scaler": written by precision=fp16 runs */
+  wf_ckpt_scaler scaler;
 } manifest;
 
 /* ---- small helpers ------------------------------------------------------------------ */
@@ -697,12 +699,16 @@ static char *manifest_text(const wf_ckpt_target *t, int step, const uint64_t *re
       d->Vp, "params", (json_int_t)np, "data", "position_step", step, "path",
       cfg->data.path[0] ? cfg->data.path : "synthetic", "batch_size", cfg->train.batch_size, "rng",
       "kind", "philox4x32-10 counter-based: the state is the seed", "seed",
-      (json_int_t)cfg->train.seed, "optimizer", "kind", "adamw", "t", step, "zero", zero, "beta1",
-      cfg->optim.beta1, "beta2", cfg->optim.beta2, "eps", cfg->optim.eps, "weight_decay",
-      cfg->optim.weight_decay);
+      (json_int_t)cfg->train.seed, "optimizer", "kind", "adamw", "t",
+      step - (t->scaler ? t->scaler->skipped : 0), "zero", zero, "beta1", cfg->optim.beta1, "beta2",
+      cfg->optim.beta2, "eps", cfg->optim.eps, "weight_decay", cfg->optim.weight_decay);
   if (!o)
     return NULL;
   json_object_set_new(o, "config", config_json(cfg));
+  if (t->scaler) /* fp16 loss scaling: the scale and its counters go on with the run */
+    json_object_set_new(o, "loss_scaler",
+                        json_pack("{s:f, s:i, s:i}", "scale", t->scaler->scale, "good_steps",
+                                  t->scaler->good_steps, "skipped", t->scaler->skipped));
   json_object_set_new(o, "files", files_json(recs, n));
   char *text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
   json_decref(o);
@@ -1119,6 +1125,9 @@ static wf_status manifest_read(const char *dir, manifest *m, char *err)
     errf(err, "%s: inconsistent model dims or step", path);
   } else {
     m->n = (uint64_t)n, m->seed = (uint64_t)seed;
+    wf_ckpt_scaler *ls = &m->scaler;
+    m->has_scaler = json_unpack(o, "{s:{s:F, s:i, s:i}}", "loss_scaler", "scale", &ls->scale,
+                                "good_steps", &ls->good_steps, "skipped", &ls->skipped) == 0;
     st = parse_files(files, m, path, err);
   }
   json_decref(o);
@@ -1813,6 +1822,8 @@ wf_status wf_ckpt_resume(const wf_ckpt_target *t, int *step)
     st = load(t, &m, dir, err);
     if (st == WF_OK)
       *step = m.step;
+    if (st == WF_OK && t->scaler && m.has_scaler) /* else fp16 starts its scaler afresh */
+      *t->scaler = m.scaler;
   }
   free(m.files);
   return st;

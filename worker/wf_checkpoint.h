@@ -47,6 +47,14 @@
 #include "wf_model.h"
 #include "wf_runtime.h"
 
+/* precision=fp16 dynamic loss scaling's state, part of the optimizer's: AdamW's step t
+ * is the training step minus `skipped`. */
+typedef struct wf_ckpt_scaler {
+  double scale;   /* the loss scale S of the next step */
+  int good_steps; /* consecutive finite steps since S last changed */
+  int skipped;    /* optimizer steps skipped so far (non-finite gradients) */
+} wf_ckpt_scaler;
+
 /* What a checkpoint saves and restores on this rank (everything borrowed). */
 typedef struct wf_ckpt_target {
   const wf_config *cfg;
@@ -55,6 +63,8 @@ typedef struct wf_ckpt_target {
   wf_comm *dp_comm;     /* this rank's dp group; NULL = one rank alone */
   wf_comm *world;       /* every rank of the job; NULL = dp_comm */
   int pp_rank, tp_rank; /* this rank's pipeline stage and tensor shard (0, 0 = the whole model) */
+  /* precision=fp16: saved in the manifest and restored by resume; NULL otherwise */
+  wf_ckpt_scaler *scaler;
 } wf_ckpt_target;
 
 /* Before training: when train.checkpoint_dir is set, create it and prove every
