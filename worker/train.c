@@ -782,7 +782,7 @@ static wf_status train_step(trainer *tr, int step, wf_train_step_info *info)
       .steps = tr->steps,
       .loss = loss,
       .lr = lr,
-      .grad_norm = norm,
+      .grad_norm = skipped ? NAN : norm, /* an overflowed step has no norm */
       .step_ms = dt * 1e3,
       .tokens_per_s = (double)tr->B * tr->M * tr->D * tr->T / dt,
       .tflops = tr->flops / dt * 1e-12,
