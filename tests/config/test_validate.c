@@ -294,6 +294,20 @@ static void test_zero_is_0_or_1(void **state)
   assert_non_null(strstr(t.err, "precision=7 is not one of no|fp16|bf16"));
 }
 
+/* Loss scaling is fp16's: its keys are refused for bf16 and fp32 (they would do
+ * nothing), and the dynamic scale's start and window with a fixed scale. */
+static void test_loss_scale_needs_fp16(void **state)
+{
+  GOOD(1, "precision=bf16");
+  GOOD(1, "mixed_precision=fp16", "optim.loss_scale=1024");
+  GOOD(1, "precision=fp16", "optim.loss_scale_init=4096", "optim.loss_scale_window=100");
+  BAD(1, "optim.loss_scale is set but precision=bf16: loss scaling applies only to precision=fp16",
+      "precision=bf16", "optim.loss_scale=1024");
+  BAD(1, "optim.loss_scale_window is set but precision=no", "optim.loss_scale_window=10");
+  BAD(1, "optim.loss_scale_init is set but optim.loss_scale=1024 is a fixed scale",
+      "precision=fp16", "optim.loss_scale=1024", "optim.loss_scale_init=4096");
+}
+
 static void test_deterministic_and_untouched_on_failure(void **state)
 {
   case_ a, b;
@@ -328,6 +342,7 @@ int main(void)
       cmocka_unit_test(test_positive_values),
       cmocka_unit_test(test_ports),
       cmocka_unit_test(test_zero_is_0_or_1),
+      cmocka_unit_test(test_loss_scale_needs_fp16),
       cmocka_unit_test(test_deterministic_and_untouched_on_failure),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
