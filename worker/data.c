@@ -18,9 +18,10 @@
  * Invariants: every token handed out is < the model's vocabulary; files are checked
  * once, at open, so a batch can never fail on bad data half-way through training.
  *
- * Test hook (read once): WEFT_TEST_DATA_FAIL=R:S makes world rank R's training batches
+ * Test hooks (read once): WEFT_TEST_DATA_FAIL=R:S makes world rank R's training batches
  * of step S fail with WF_EIO, as a shard on a failing disk would, so a test can fail
- * one rank alone in the middle of a pipeline schedule.
+ * one rank alone in the middle of a pipeline schedule; WEFT_TEST_DATA_STALL=R:S makes
+ * that read hang instead (a stuck file system), for the hang diagnosis.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -519,26 +520,30 @@ wf_status wf_data_row(const wf_data *d, int *win, wf_data_split split, int64_t i
   return WF_OK;
 }
 
-static bool test_fail(wf_data_split split, int64_t index)
+/* A test hook "R:S" in variable `name` (read once into *r, *step) names this rank's
+ * training batches of step S. */
+static bool test_hook(const char *name, int *r, long long *step, wf_data_split split, int64_t index)
 {
-  static int r = -2;
-  static long long step = -1;
-  if (r == -2) {
-    const char *e = getenv("WEFT_TEST_DATA_FAIL");
-    if (!e || sscanf(e, "%d:%lld", &r, &step) != 2)
-      r = -1;
+  if (*r == -2) {
+    const char *e = getenv(name);
+    if (!e || sscanf(e, "%d:%lld", r, step) != 2)
+      *r = -1;
   }
-  return split == WF_DATA_TRAIN && r == wf_rt_rank() && index + 1 == step;
+  return split == WF_DATA_TRAIN && *r == wf_rt_rank() && index + 1 == *step;
 }
 
 wf_status wf_data_batch(const wf_data *d, int *inputs, int *targets, wf_data_split split,
                         int64_t index, int dp_rank, int dp_size, int micro, int micro_count)
 {
-  if (test_fail(split, index)) {
+  static int fail_r = -2, stall_r = -2;
+  static long long fail_s, stall_s;
+  if (test_hook("WEFT_TEST_DATA_FAIL", &fail_r, &fail_s, split, index)) {
     WF_ERROR("data: injected read failure of step %lld (WEFT_TEST_DATA_FAIL)",
              (long long)index + 1);
     return WF_EIO;
   }
+  if (test_hook("WEFT_TEST_DATA_STALL", &stall_r, &stall_s, split, index))
+    sleep(3600); /* a read that never returns: the process lives, training does not */
   int rows = wf_data_rows(d, dp_size, micro_count);
   if (rows == 0 || dp_rank < 0 || dp_rank >= dp_size || micro < 0 || micro >= micro_count)
     return WF_EINVAL;

@@ -53,18 +53,34 @@ static int job_comms(const wf_job *job, wf_comm **out)
   return n;
 }
 
-/* Heartbeats carry the collective this rank entered last, over all its
- * communicators: what the hang diagnosis compares across ranks. Runs on the control
- * thread; the flight recorder is safe to read from there. */
-static void last_collective(void *user, uint64_t *seq, char *op, size_t op_len, bool *active)
+static bool active(const wf_trace_entry *e)
 {
+  return e->state == WF_STATE_QUEUED || e->state == WF_STATE_RUNNING;
+}
+
+/* Heartbeats carry the operation a hang diagnosis should compare across ranks: the
+ * oldest one this rank still has in flight on any communicator (a pipeline posts its
+ * receives ahead, and the oldest is the one it waits for), else the one it entered
+ * last. Runs on the control thread; the flight recorder is safe to read from there.
+ * (Start times come from a coarse clock, so "last" breaks ties by the recorder's
+ * order within a communicator, and an op in flight always wins.) */
+static void last_collective(void *user, uint64_t *seq, char *op, size_t op_len, bool *is_active)
+{
+  enum { PER_COMM = 16 };
   wf_comm *comms[WF_NUM_AXES + 1];
-  int n = job_comms(user, comms);
-  wf_trace_entry best = {0}, e;
+  wf_trace_entry e[PER_COMM], best = {0};
   const wf_comm *where = NULL;
-  for (int i = 0; i < n; i++)
-    if (wf_comm_last_op(comms[i], &e) && (!where || e.start_ns > best.start_ns))
-      best = e, where = comms[i];
+  int n = job_comms(user, comms);
+  for (int i = 0; i < n; i++) {
+    int k = wf_comm_trace_snapshot(comms[i], e, PER_COMM);
+    for (int j = 0; j < k; j++) {
+      bool better = !where || (active(&e[j]) && !active(&best)) ||
+                    (active(&e[j]) && e[j].start_ns < best.start_ns) ||
+                    (!active(&e[j]) && !active(&best) && e[j].start_ns >= best.start_ns);
+      if (better)
+        best = e[j], where = comms[i];
+    }
+  }
   if (!where)
     return;
   *seq = best.seq;
@@ -75,7 +91,7 @@ static void last_collective(void *user, uint64_t *seq, char *op, size_t op_len, 
              best.op == WF_OP_SEND ? "to" : "from", wf_comm_world_rank(where, best.peer));
   else
     snprintf(op, op_len, "%s(%s)", wf_comm_op_name(best.op), wf_comm_name(where));
-  *active = best.state == WF_STATE_QUEUED || best.state == WF_STATE_RUNNING;
+  *is_active = active(&best);
 }
 
 /* The console's `trace`: each communicator's recent operations, oldest first. */

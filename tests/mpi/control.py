@@ -205,6 +205,30 @@ def case_local_error(port):
               f"{dt:.2f} s after it started\n  {line}")
 
 
+def case_hang_pp(port):
+    """Stage 0 of a 4-stage pipeline blocks forever in a data read at step 3
+    (WEFT_TEST_DATA_STALL): alive, heartbeating, never progressing. After
+    runtime.hang_timeout (5 s here) every rank exits non-zero, and the diagnosis shows the
+    chain of point-to-point waits behind it: stage 1 waits for stage 0's activation."""
+    with tempfile.TemporaryDirectory() as jobdir:
+        t0 = time.monotonic()
+        job = start(4, jobdir, port, mesh=["mesh.pp=4", "train.microbatches=8"],
+                    env_extra={"WEFT_TEST_DATA_STALL": "0:3"})
+        try:
+            out, err = job.communicate(timeout=START_BOUND_S + 5 + EXIT_BOUND_S)
+        except subprocess.TimeoutExpired:
+            fail("job still running past the hang timeout", job)
+        dt = time.monotonic() - t0
+        if job.returncode == 0:
+            fail(f"job exited 0\n{err[-2000:]}")
+        for n in ("no progress for 5 s", "recv(pp from rank 0) (inside): ranks 1"):
+            if n not in err:
+                fail(f"diagnosis lacks {n!r}\n{err[-3000:]}")
+        line = [l for l in err.splitlines() if "no progress for" in l][0]
+        print(f"ok: stage 0 stalled at step 3: job ended (exit {job.returncode}) {dt:.2f} s "
+              f"after it started\n  {line}")
+
+
 CASES = {
     "console-np4": lambda: case_console(4, 29611),
     "console-np8": lambda: case_console(8, 29612),
@@ -215,12 +239,14 @@ CASES = {
     "fault-kill0": lambda: case_fault(signal.SIGKILL, 0, 29615, "rank 0"),
     # A frozen coordinator: the workers stop hearing its heartbeats and abort.
     "fault-stop0": lambda: case_fault(signal.SIGSTOP, 0, 29616, "has been silent"),
-    # A frozen middle stage of a 4-stage pipeline: its neighbours wait in point-to-point
-    # receives, and the diagnosis says from whom (world ranks = pp ranks here).
     "fault-local-error": lambda: case_local_error(29619),
+    # A frozen middle stage of a 4-stage pipeline (where its neighbours wait depends on
+    # when it froze: mid-schedule in receives, between steps in a collective; hang-pp
+    # pins the point-to-point diagnosis down).
     "fault-stop-pp": lambda: case_fault(
         signal.SIGSTOP, 2, 29618, "rank 2", mesh=["mesh.pp=4", "train.microbatches=8"],
-        also=("no heartbeat", "recv(pp from rank")),
+        also=("no heartbeat",)),
+    "hang-pp": lambda: case_hang_pp(29620),
 }
 
 if __name__ == "__main__":
