@@ -16,7 +16,10 @@
  * update: parameters, m, v and AdamW's t stay) and S is halved; otherwise the update
  * unscales by 1/S inside the clip factor, and S doubles after
  * optim.loss_scale_window finite steps in a row. AdamW's t is the step minus the
- * skipped steps.
+ * skipped steps. Each dp rank's backward takes its loss over its 1/D of the batch and
+ * the dp average divides by D afterwards, so its activation gradients are D times one
+ * rank's: it scales the loss gradient by S / D (exact for a power-of-two D), so that
+ * every mesh overflows exactly where one rank would and S means the same everywhere.
  * Evaluation runs the forward pass on train.eval_batches fixed validation batches
  * (the same ones every time, so the curve is comparable across evaluations).
  *
@@ -563,6 +566,11 @@ static wf_status complete_grads(trainer *tr)
   return st;
 }
 
+/* fp16: the factor this rank's backward multiplies the loss gradient by, S / D (see the
+ * top of the file); 1 without loss scaling. The gradients it leaves, dp-averaged, are
+ * this factor times the true ones. */
+static double backward_scale(const trainer *tr) { return tr->fp16 ? tr->ls.scale / tr->D : 1.0; }
+
 /* Global gradient norm: each rank's counted sum of squares, summed over dp (ZeRO
  * shards), tp and pp. With fp16 loss scaling the gradients are S times the true ones:
  * the sum is unscaled (in double, before it narrows to float) so *norm is the true
@@ -574,7 +582,7 @@ static wf_status global_norm(trainer *tr, float *norm)
   if (!tr->dp)
     ss = wf_gpt_grad_sumsq(tr->model);
   if (tr->fp16)
-    ss /= tr->ls.scale * tr->ls.scale;
+    ss /= backward_scale(tr) * backward_scale(tr);
   float x = (float)ss;
   if (st == WF_OK && tr->tp > 1)
     st = wf_comm_allreduce(tr->tp_comm, &x, &x, 1, WF_COMM_F32, WF_COMM_SUM);
@@ -651,7 +659,7 @@ static wf_status update(trainer *tr, int step, float norm, double lr)
   float clip = (float)cfg->optim.clip;
   float scale = clip > 0 && norm > clip ? clip / norm : 1.0f;
   if (tr->fp16)
-    scale = (float)(scale / tr->ls.scale);
+    scale = (float)(scale / backward_scale(tr));
   float b1 = (float)cfg->optim.beta1, b2 = (float)cfg->optim.beta2, eps = (float)cfg->optim.eps;
   float wd = (float)cfg->optim.weight_decay;
   int t = step - tr->ls.skipped; /* AdamW counts the updates it made */
@@ -757,7 +765,7 @@ static wf_status train_step(trainer *tr, int step, wf_train_step_info *info)
   wf_pipe_stats ps = {0};
   if (tr->trace)
     wf_trace_set_on(tr->trace, tracing(tr, step));
-  wf_gpt_set_loss_scale(tr->model, (float)scale);
+  wf_gpt_set_loss_scale(tr->model, (float)backward_scale(tr));
   wf_status st = accumulate(tr, step, &loss, &ps);
   double tr0 = wf_now();
   if (st == WF_OK)

@@ -51,7 +51,8 @@ typedef struct wf_train_step_info {
   int stage_peak_slots[WF_MAX_STAGES];    /* most micro-batches (x chunks) it held at once */
   int64_t optim_bytes; /* AdamW state this rank holds (about 1/dp of it under ZeRO-1) */
   int64_t params;      /* parameters this rank holds (its tp shard of its stage's layers) */
-  double loss_scale;   /* precision=fp16: the loss scale S this step's backward used; else NAN */
+  double loss_scale;   /* precision=fp16: this step's loss scale S (a dp rank's backward
+                        * scales its loss gradient by S / dp, see train.c); else NAN */
   bool skipped;        /* fp16: this step's gradients overflowed, so it made no update */
   int skipped_steps;   /* fp16: steps skipped so far in the run (0 otherwise) */
 } wf_train_step_info;

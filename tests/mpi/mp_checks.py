@@ -4,7 +4,9 @@ The tolerances and the measured differences are in equiv.py's docstring. Besides
 loss/parameter equivalence with one rank, the cases check what the step log promises
 for pipelines (the tied-embedding line, one act_mib entry per stage, 1F1B vs GPipe
 activation memory), the --dump-state debug file of a tp x pp mesh, the Chrome trace of
-a tp x pp run, and the refusals of configurations the engine does not run.
+a tp x pp run, and the refusals of configurations the engine does not run. The
+mixed-precision cases (bf16-*, fp16-*) give both runs the same precision arguments and
+compare within the MP_* tolerances; bf16-dump-state compares one forward and backward.
 """
 import json
 import os
@@ -14,7 +16,8 @@ import subprocess
 import sys
 import tempfile
 
-# name: (ranks, mesh arguments, train.microbatches of both runs, pipeline stages)
+# name: (ranks, mesh arguments, train.microbatches of both runs, pipeline stages[,
+#        arguments of both runs: mixed precision])
 EQUIV = {
     "tp2": (2, ["mesh.tp=2"], 1, 1),
     "tp4": (4, ["mesh.tp=4"], 1, 1),
@@ -31,9 +34,14 @@ EQUIV = {
     "dp2pp2-zero": (4, ["mesh.pp=2", "mesh.dp=2", "optim.zero=1"], 2, 2),
     "3d": (8, ["mesh.tp=2", "mesh.pp=2", "train.schedule=1f1b", "parallel.sequence=true"], 4,
            2),
+    "bf16-dp2": (2, ["mesh.dp=2"], 1, 1, ["precision=bf16"]),
+    "bf16-tp2pp2": (4, ["mesh.tp=2", "mesh.pp=2"], 2, 2, ["precision=bf16"]),
+    # a first scale of 2^30 overflows: the first 8 steps are skipped on every mesh alike
+    "fp16-dp2pp2-zero": (4, ["mesh.pp=2", "mesh.dp=2", "optim.zero=1"], 2, 2,
+                         ["precision=fp16", "optim.loss_scale_init=1073741824"]),
 }
 OTHER = ["dump-state", "init-sliced", "trace", "refuse-tp-heads",
-         "refuse-interleaved-pp-layers"]
+         "refuse-interleaved-pp-layers", "bf16-dump-state"]
 CASES = list(EQUIV) + OTHER
 
 TIED = "tied embedding: the first and last stage's copies were identical after each of {} steps"
@@ -135,16 +143,50 @@ def pipeline_only(extra):
                              "parallel.virtual_stages")) for a in extra)
 
 
+def check_mixed(eq, name, ref, got, tmp):
+    """Mixed precision (equiv.py's docstring says why these tolerances): losses within
+    MP_LOSS_RTOL, parameters outside the key biases within MP_PARAM_ATOL; under fp16 both
+    runs used the same loss scale and skipped the same steps, at every step."""
+    (l1, p1, _, _), (l2, p2, out, _) = ref, got
+    worst = max(abs(a - b) / abs(a) for a, b in zip(l1, l2))
+    kb = key_bias(len(p1))
+    rest = max(abs(a - b) for i, (a, b) in enumerate(zip(p1, p2)) if i not in kb)
+    dkb = max(abs(p1[i] - p2[i]) for i in kb)
+    if worst > eq.MP_LOSS_RTOL or rest > eq.MP_PARAM_ATOL:
+        fail(f"{name}: loss rel diff {worst:.2e} (tol {eq.MP_LOSS_RTOL}), params outside the "
+             f"key biases {rest:.2e} (tol {eq.MP_PARAM_ATOL})")
+    if not l1[-1] < l1[0] - 0.1:
+        fail(f"{name}: training did not progress: {l1[0]} -> {l1[-1]}")
+    rows = [[json.loads(x) for x in open(os.path.join(tmp, f"{tag}.jsonl"))]
+            for tag in ("ref", name)]
+    scales = [[(r.get("loss_scale"), r.get("skipped_steps")) for r in rs] for rs in rows]
+    if "fp16" in name and (scales[0] != scales[1] or not scales[0][-1][1]):
+        fail(f"{name}: loss scale and skipped steps per step differ from one rank's, or none "
+             f"was skipped:\n one rank {scales[0]}\n mesh     {scales[1]}")
+    print(f"ok: {name}: {eq.STEPS} steps, loss rel diff {worst:.2e} (tol {eq.MP_LOSS_RTOL}), "
+          f"params outside the key biases {rest:.2e} (tol {eq.MP_PARAM_ATOL}), key biases "
+          f"{dkb:.2e}; loss {l1[0]:.4f} -> {l1[-1]:.4f}")
+    if "fp16" in name:
+        print(f"ok: {name}: the same loss scale at every step ({scales[0][0][0]:.0f} -> "
+              f"{scales[0][-1][0]:.0f}) and the same {scales[0][-1][1]} skipped steps")
+    print(out[-1500:])
+    eq.RESULTS.append((f"{name} (params outside the key biases)", worst, rest))
+
+
 def equiv(eq, name, tmp):
-    n, extra, m, pp = EQUIV[name]
-    mb = [f"train.microbatches={m}"] if m > 1 else []
+    n, extra, m, pp = EQUIV[name][:4]
+    both = list(EQUIV[name][4]) if len(EQUIV[name]) > 4 else []
+    mb = ([f"train.microbatches={m}"] if m > 1 else []) + both
     # The tight pipeline comparison needs both runs to split each GEMM over the same
     # number of threads (see equiv.py's docstring): one thread per rank on both sides.
-    tight = pp > 1 and pipeline_only(extra)
+    tight = pp > 1 and pipeline_only(extra) and not both
     mb += ["runtime.threads=1"] if tight else []
     ref = eq.train(1, mb, tmp, "ref")
     got = eq.train(n, extra + mb, tmp, name)
-    eq.compare(ref, got, f"{name} (np {n}: {' '.join(extra + mb)})")
+    if both:
+        check_mixed(eq, name, ref, got, tmp)
+    else:
+        eq.compare(ref, got, f"{name} (np {n}: {' '.join(extra + mb)})")
     if pp > 1:
         if tight:
             check_pipeline_tight(eq, name, ref, got)
@@ -225,6 +267,46 @@ def dump_state(eq, tmp, init=False):
           f"inputs/targets identical, loss {loss:.6f}")
 
 
+def dump_state_bf16(eq, tmp):
+    """One forward and backward under bf16 (--dump-state): one rank against tp2 x pp2, and
+    against fp32. A mesh sums in another order, and an fp32 ulp that crosses a bf16
+    rounding boundary flips one operand by a bf16 ulp, so a few token rows differ
+    visibly; without rounding nearly every logit would (equiv.py: MP_STATE_*)."""
+    base = ["model.preset=gpt2-tiny", "train.batch_size=8", "train.seed=1234"]
+    runs = {"bf16": (1, ["precision=bf16"]), "bf16 tp2 pp2":
+            (4, ["precision=bf16", "mesh.tp=2", "mesh.pp=2"]), "fp32": (1, [])}
+    states = {}
+    for tag, (n, extra) in runs.items():
+        path = os.path.join(tmp, tag.replace(" ", "_") + ".state")
+        cmd = [eq.WORKER] + base + extra + ["--dump-state", path]
+        cmd = (eq.MPIRUN + ["-np", str(n)] + cmd) if n > 1 else cmd
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                           stdin=subprocess.DEVNULL)
+        if p.returncode != 0:
+            fail(f"{' '.join(cmd)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
+        (B, T), _, _, fl = read_state(path)
+        nl = B * T * 256
+        states[tag] = (fl[:nl], fl[nl + 1:])
+    figures = {}
+    for tag in ("bf16 tp2 pp2", "fp32"):
+        (la, ga), (lb, gb) = states["bf16"], states[tag]
+        share = sum(abs(a - b) > 1e-5 for a, b in zip(la, lb)) / len(la)
+        gmean = sum(abs(a - b) for a, b in zip(ga, gb)) / len(ga)
+        figures[tag] = (share, gmean)
+        print(f"bf16 one rank vs {tag}: {100 * share:.1f}% of the logits differ by > 1e-5, "
+              f"gradients by {gmean:.2e} on average")
+    (ms, mg), (fs, fg) = figures["bf16 tp2 pp2"], figures["fp32"]
+    if ms > eq.MP_STATE_SHARE or mg > eq.MP_STATE_GRAD:
+        fail(f"bf16-dump-state: tp2 x pp2 differs from one rank in {100 * ms:.1f}% of the "
+             f"logits (tol {100 * eq.MP_STATE_SHARE:.0f}%), gradients {mg:.2e} on average "
+             f"(tol {eq.MP_STATE_GRAD})")
+    if fs < 0.5:
+        fail(f"bf16-dump-state: only {100 * fs:.1f}% of the logits differ from fp32's: were "
+             f"the GEMM operands rounded?")
+    print(f"ok: bf16-dump-state: the mesh is within {100 * eq.MP_STATE_SHARE:.0f}% / "
+          f"{eq.MP_STATE_GRAD} of one rank, fp32 is not")
+
+
 def trace(eq, tmp):
     path = os.path.join(tmp, "trace.json")
     cmd = eq.MPIRUN + ["-np", "4", eq.WORKER, "model.preset=gpt2-tiny", "train.batch_size=8",
@@ -297,6 +379,8 @@ def run_case(name, eq):
             dump_state(eq, tmp, init=True)
         elif name == "trace":
             trace(eq, tmp)
+        elif name == "bf16-dump-state":
+            dump_state_bf16(eq, tmp)
         else:
             refuse(eq, name, tmp)
     for what, dl, dp in eq.RESULTS:
