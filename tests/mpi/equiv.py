@@ -50,8 +50,8 @@ Tolerances (float32, eps = 2^-24 ~ 6e-8 relative per rounding):
   (a 64-term dot product of O(1) terms: sqrt(64) * eps * 64 ~ 3e-5 worst, ~1e-6 typical),
   STATE_LOSS_RTOL = 1e-6, STATE_GRAD_RTOL = 1e-4 of the largest |gradient| (512-row
   sums: sqrt(512) * eps ~ 1.4e-6 relative, with headroom for cancellation).
-* Mixed precision (mp_checks.py: bf16-dp2, bf16-tp2pp2, fp16-dp2pp2-zero; both runs get
-  the precision). Rounding an operand is elementwise and deterministic, so a mesh still
+* Mixed precision (mp_checks.py: bf16-dp2, bf16-tp2pp2, bf16-3d,
+  bf16-pp2-interleaved-recompute, fp16-dp2pp2-zero; both runs get the precision). Rounding an operand is elementwise and deterministic, so a mesh still
   differs from one rank only by fp32 summation order, but an fp32 ulp that crosses a
   bf16 rounding boundary moves that operand by a whole bf16 ulp (2^-8 relative, 65536x
   an fp32 ulp): a few such flips per layer and step (about 2^-16 of the elements that
@@ -66,8 +66,9 @@ Tolerances (float32, eps = 2^-24 ~ 6e-8 relative per rounding):
   zero in exact arithmetic, move 1.5e-2 to 1.7e-2; under fp16 the first update after
   the skipped steps is AdamW's t = 1, a step of lr * sign(g), so near-zero gradients
   whose sign is noise differ by 2 lr = 5.3e-3). Measured over seeds 1, 2, 3 and 1234:
-  loss <= 1.1e-4 relative (bf16-dp2, seed 2; 5.4e-5 for bf16-tp2pp2 at seed 1234),
-  parameters outside the key biases <= 1.9e-3 (bf16) and 5.3e-3 (fp16). MP_LOSS_RTOL =
+  loss <= 1.1e-4 relative (bf16-dp2, seed 2; at seed 1234: dp2 3.7e-5, tp2pp2 5.4e-5,
+  3d 5.0e-5, interleaved with recompute 6.1e-5, fp16 1.4e-5), parameters outside the key
+  biases <= 1.9e-3 (bf16) and 5.3e-3 (fp16). MP_LOSS_RTOL =
   2.5e-4 and MP_PARAM_ATOL = 2e-2 (key biases excluded, printed) are 2.3x and 3.8x those.
   These 20-step bounds are as large as bf16 against fp32 itself (1.2e-4, 3.9e-3): the
   chaotic trajectory amplifies a few flips as much as rounding everything, so it is the

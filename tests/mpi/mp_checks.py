@@ -36,6 +36,12 @@ EQUIV = {
            2),
     "bf16-dp2": (2, ["mesh.dp=2"], 1, 1, ["precision=bf16"]),
     "bf16-tp2pp2": (4, ["mesh.tp=2", "mesh.pp=2"], 2, 2, ["precision=bf16"]),
+    "bf16-3d": (8, ["mesh.tp=2", "mesh.pp=2", "parallel.sequence=true"], 4, 2,
+                ["precision=bf16"]),
+    "bf16-pp2-interleaved-recompute": (2, ["mesh.pp=2", "train.schedule=interleaved",
+                                           "parallel.virtual_stages=2",
+                                           "parallel.activation_checkpointing=true"], 4, 2,
+                                       ["precision=bf16"]),
     # a first scale of 2^30 overflows: the first 8 steps are skipped on every mesh alike
     "fp16-dp2pp2-zero": (4, ["mesh.pp=2", "mesh.dp=2", "optim.zero=1"], 2, 2,
                          ["precision=fp16", "optim.loss_scale_init=1073741824"]),
