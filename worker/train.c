@@ -1035,7 +1035,7 @@ static wf_status save_final(trainer *tr)
                            wf_gpt_num_params(&tr->dims), WF_COMM_F32, WF_COMM_SUM);
     out = whole;
   }
-  if (st == WF_OK && wf_rt_rank() == 0) {
+  if (st == WF_OK && wf_rt_rank() <= 0) {
     st = wf_gpt_save_llmc(out, path, err, sizeof err);
     if (st != WF_OK)
       WF_ERROR("%s", err);
@@ -1114,7 +1114,7 @@ static wf_status dump_sharded(trainer *tr, const char *path, int dp_rank)
     st = world_sum(tr, grads, np);
   if (st == WF_OK)
     st = world_sum(tr, logits, nl);
-  if (st == WF_OK && wf_rt_rank() == 0) {
+  if (st == WF_OK && wf_rt_rank() <= 0) {
     st = wf_data_batch(tr->data, tr->inputs, tr->targets, WF_DATA_TRAIN, 0, 0, 1, 0, 1);
     if (st == WF_OK)
       st = wf_llmc_write_state(path, &tr->dims, tr->B, tr->T, tr->inputs, tr->targets, logits,

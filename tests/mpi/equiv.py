@@ -42,7 +42,8 @@ Tolerances (float32, eps = 2^-24 ~ 6e-8 relative per rounding):
   sub-GEMM on some CPUs (on an AMD EPYC with AVX-512, 3773 of the 131072 outputs of a
   512x64 by 64x256 product differ between 1 and 2 threads; parameters then drift to
   5.5e-6 after 20 steps, inside PARAM_ATOL but not PP_PARAM_ATOL). So these cases run
-  the one-rank reference and every stage with runtime.threads=1. With dp (dp2pp2-zero: loss 1.1e-7, params 4.3e-6) the dp argument applies.
+  the one-rank reference and every stage with runtime.threads=1. With dp (dp2pp2-zero:
+  loss 1.1e-7, params 4.3e-6) the dp argument applies.
 * --dump-state (one forward/backward of the whole batch, no optimizer): one rank vs
   tp2 x pp2 and vs tp2 with parallel.sequence: inputs and targets identical; measured
   logits 2.4e-7 absolute (1 ulp of logits of magnitude ~2-4), loss identical, gradients
