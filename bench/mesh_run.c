@@ -176,7 +176,7 @@ double bench_gemm_gflops(const bench_env *e, int n)
   if (a) {
     wf_rng_fill_normal(a, 2 * nn, 1.0f, 7, 0, 0);
     MPI_Barrier(MPI_COMM_WORLD);
-    for (int rep = 0; rep < 6; rep++) {
+    for (int rep = 0; rep < 21; rep++) {
       double t = wf_now();
       wf_matmul_forward(a + 2 * nn, a, a + nn, NULL, n, n, n);
       t = wf_now() - t;

@@ -91,7 +91,7 @@ int main(int argc, char **argv)
   double gemm = bench_gemm_gflops(&e, 1024);
   if (e.rank == 0)
     printf("pp %d, %d thread(s) per rank; model L8 C256 NH8 V256, micro-batch %d x %d tokens;\n"
-           "medians of steps 2..%d. sgemm 1024^3 per rank: %.1f GFLOP/s (slowest rank).\n"
+           "medians of steps 2..%d. sgemm 1024^3 per rank, best of 20: %.1f GFLOP/s.\n"
            "bubble = 1 - mean compute time of the pp ranks / the longest schedule; slots = "
            "micro-batches\n"
            "held at the peak by stage 0/1, bound = 1F1B min(p - r, m), GPipe m.\n\n"
