@@ -217,6 +217,25 @@ def read_state(path):
     return (B, T), inputs, targets, floats
 
 
+def run_ok(cmd):
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                       stdin=subprocess.DEVNULL)
+    if p.returncode != 0:
+        fail(f"{' '.join(cmd)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+def dump_states(eq, tmp, base, runs):
+    """--dump-state of each run {tag: (ranks, extra arguments)}, read back."""
+    states = {}
+    for tag, (n, extra) in runs.items():
+        path = os.path.join(tmp, tag.replace(" ", "_") + ".state")
+        cmd = [eq.WORKER] + base + extra + ["--dump-state", path]
+        run_ok((eq.MPIRUN + ["-np", str(n)] + cmd) if n > 1 else cmd)
+        states[tag] = read_state(path)
+    return states
+
+
 def dump_state(eq, tmp, init=False):
     """One rank's --dump-state against tp x pp meshes'. init: all start from an llm.c
     checkpoint that one rank trained for 3 steps (model.init), so each shard must slice
@@ -224,26 +243,13 @@ def dump_state(eq, tmp, init=False):
     base = ["model.preset=gpt2-tiny", "train.batch_size=8", "train.seed=1234"]
     if init:
         ckpt = os.path.join(tmp, "init.bin")
-        cmd = [eq.WORKER] + base + ["train.steps=3", "train.eval_every=0", "--save", ckpt]
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
-                           stdin=subprocess.DEVNULL)
-        if p.returncode != 0:
-            fail(f"{' '.join(cmd)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
+        run_ok([eq.WORKER] + base + ["train.steps=3", "train.eval_every=0", "--save", ckpt])
         base = base + [f"model.init={ckpt}"]
     runs = {"one rank": (1, []), "tp2 pp2": (4, ["mesh.tp=2", "mesh.pp=2"]),
             "tp2 seq": (2, ["mesh.tp=2", "parallel.sequence=true"])}
     if init:
         runs["tp4"] = (4, ["mesh.tp=4"])
-    states = {}
-    for tag, (n, extra) in runs.items():
-        path = os.path.join(tmp, tag.replace(" ", "_") + ".state")
-        cmd = [eq.WORKER] + base + extra + ["--dump-state", path]
-        cmd = (eq.MPIRUN + ["-np", str(n)] + cmd) if n > 1 else cmd
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
-                           stdin=subprocess.DEVNULL)
-        if p.returncode != 0:
-            fail(f"{' '.join(cmd)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
-        states[tag] = read_state(path)
+    states = dump_states(eq, tmp, base, runs)
     (bt, inp, tgt, fl) = states["one rank"]
     V = 256
     N = bt[0] * bt[1]
@@ -282,15 +288,7 @@ def dump_state_bf16(eq, tmp):
     runs = {"bf16": (1, ["precision=bf16"]), "bf16 tp2 pp2":
             (4, ["precision=bf16", "mesh.tp=2", "mesh.pp=2"]), "fp32": (1, [])}
     states = {}
-    for tag, (n, extra) in runs.items():
-        path = os.path.join(tmp, tag.replace(" ", "_") + ".state")
-        cmd = [eq.WORKER] + base + extra + ["--dump-state", path]
-        cmd = (eq.MPIRUN + ["-np", str(n)] + cmd) if n > 1 else cmd
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
-                           stdin=subprocess.DEVNULL)
-        if p.returncode != 0:
-            fail(f"{' '.join(cmd)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
-        (B, T), _, _, fl = read_state(path)
+    for tag, ((B, T), _, _, fl) in dump_states(eq, tmp, base, runs).items():
         nl = B * T * 256
         states[tag] = (fl[:nl], fl[nl + 1:])
     figures = {}
@@ -318,9 +316,7 @@ def trace(eq, tmp):
     cmd = eq.MPIRUN + ["-np", "4", eq.WORKER, "model.preset=gpt2-tiny", "train.batch_size=8",
                        "train.eval_every=0", "mesh.pp=2", "mesh.tp=2", "train.microbatches=4",
                        "train.steps=3", f"train.trace={path}", "train.trace_steps=[2,3]"]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-    if p.returncode != 0:
-        fail(f"{' '.join(cmd)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
+    run_ok(cmd)
     try:
         doc = json.load(open(path))
     except ValueError as e:
