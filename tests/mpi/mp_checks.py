@@ -197,6 +197,31 @@ def equiv(eq, name, tmp):
         if tight:
             check_pipeline_tight(eq, name, ref, got)
         check_pipeline(eq, name, got, pp, m, tmp, extra)
+    if pp == 1 and "parallel.sequence=true" in extra:
+        check_sequence_memory(eq, name, got, n, extra, tmp)
+
+
+def check_sequence_memory(eq, name, got, n, extra, tmp):
+    """Sequence parallelism keeps 1/tp of the token rows in the layernorm and residual
+    regions. In gpt2-tiny (L = 4, C = 64) those regions hold 4L + 2 = 18 (N, C)
+    activations (the embedding output; per layer ln1, the attention residual, ln2 and
+    the MLP residual; the final layernorm) and the 18 row statistics of the 2L + 1
+    layernorms (a mean and a reciprocal std each, N rows). So against the same mesh
+    without it, a stage's activations must shrink by exactly (1 - 1/tp) * 18 * N *
+    (C + 1) floats (N = 8 x 64 tokens per rank at dp 1; every size is a multiple of
+    the 16-float alignment, so no padding enters), while the tensor-parallel regions
+    (qkv, attention, MLP: already 1/tp) stay as they are."""
+    tp = int([a for a in extra if a.startswith("mesh.tp=")][0].split("=")[1])
+    plain = [a for a in extra if a != "parallel.sequence=true"]
+    without = eq.train(n, plain, tmp, name + "-noseq", steps=2)
+    a_seq, a_full = got[3]["act_mib"][0], without[3]["act_mib"][0]
+    N, C = 8 * 64, 64
+    want = (1 - 1 / tp) * 18 * N * (C + 1) * 4 / 2**20
+    if abs((a_full - a_seq) - want) > 1e-9:
+        fail(f"{name}: activations {a_full:.6f} MiB without sequence parallelism, "
+             f"{a_seq:.6f} MiB with: a drop of {a_full - a_seq:.6f} MiB, want {want:.6f}")
+    print(f"ok: {name}: activations {a_full:.4f} -> {a_seq:.4f} MiB per rank, the drop "
+          f"{a_full - a_seq:.6f} MiB = (1 - 1/{tp}) x 18 (N, C+1) replicated-region tensors")
 
 
 def read_state(path):
