@@ -54,8 +54,8 @@ wf_status bench_train(const bench_env *e, const bench_kv *kv, bench_steps *out);
 double bench_median(const bench_steps *s, int first, double (*get)(const wf_train_step_info *));
 
 /* GFLOP/s of an n^3 sgemm through the kernels (wf_matmul_forward, this rank's threads),
- * best of 20 after one warm-up (the machine is shared: the best is the undisturbed rate), run by every rank at once (the load training puts on
- * the machine); returns the slowest rank's figure. */
+ * best of 20 after one warm-up (the machine is shared: the best is the undisturbed rate), run by
+ * every rank at once (the load training puts on the machine); returns the slowest rank's figure. */
 double bench_gemm_gflops(const bench_env *e, int n);
 
 #endif /* BENCH_MESH_RUN_H */
