@@ -215,14 +215,14 @@ static wf_status setup_stage(trainer *tr)
   return st == WF_OK ? WF_OK : fail_msg(st, "cannot allocate the model (see above)");
 }
 
-static wf_status setup_model(trainer *tr)
+/* The whole model's dimensions: the config's, or model.init's header. */
+static wf_status setup_dims(trainer *tr)
 {
   const wf_config *cfg = tr->cfg;
   char err[1024] = "";
-  wf_status st = WF_OK;
   tr->dims = wf_gpt_dims_from_config(cfg);
   if (cfg->model.init[0]) {
-    st = wf_gpt_peek_llmc(cfg->model.init, &tr->dims, err, sizeof err);
+    wf_status st = wf_gpt_peek_llmc(cfg->model.init, &tr->dims, err, sizeof err);
     if (st != WF_OK)
       return fail_msg(st, err);
   }
@@ -231,7 +231,14 @@ static wf_status setup_model(trainer *tr)
              tr->T, tr->dims.maxT);
     return fail_msg(WF_ECONFIG, err);
   }
-  st = setup_stage(tr);
+  return WF_OK;
+}
+
+static wf_status setup_model(trainer *tr)
+{
+  const wf_config *cfg = tr->cfg;
+  char err[1024] = "";
+  wf_status st = setup_stage(tr);
   if (st == WF_OK && cfg->model.init[0])
     st = load_init(tr);
   else if (st == WF_OK)
@@ -419,10 +426,13 @@ static wf_status setup_trace(trainer *tr)
            tr->dp_rank, comm_rank(tr->tp_comm));
   const int *ts = tr->cfg->train.trace_steps;
   size_t steps = (size_t)(ts[1] - ts[0] + 1);
-  /* per micro-batch: F, B and their p2p waits, and with tp up to 14 collectives per
-   * layer (sequence parallelism with recompute: 4 forward, 4 again, 6 backward) and a
-   * few for the embedding and head; doubled for margin; bounded by 1M spans */
-  size_t per_mb = 8 + (tr->tp > 1 ? 14 * (size_t)tr->dims.L + 8 : 0);
+  /* per micro-batch and model chunk: F, B and their p2p waits; with tp up to 14
+   * collectives per layer (sequence parallelism with recompute: 4 forward, 4 again, 6
+   * backward; counted over all L layers, a bound for any stage) and a few for the
+   * embedding and head; doubled for margin; bounded by 1M spans */
+  const wf_config *cfg = tr->cfg;
+  size_t v = cfg->train.schedule == WF_SCHED_INTERLEAVED ? (size_t)cfg->parallel.virtual_stages : 1;
+  size_t per_mb = 8 * v + (tr->tp > 1 ? 14 * (size_t)tr->dims.L + 8 : 0);
   size_t spans = WF_MIN(2 * steps * ((size_t)tr->M * per_mb + 16), (size_t)1 << 20);
   wf_status st = wf_trace_create(&tr->trace, label, spans);
   return st == WF_OK ? WF_OK : fail_msg(st, "cannot set up train.trace");
@@ -453,7 +463,9 @@ static wf_status setup(trainer *tr, const wf_config *cfg, const wf_train_hooks *
                                              : cfg->optim.loss_scale_init;
   wf_status st = setup_geometry(tr, M);
   if (st == WF_OK)
-    st = setup_trace(tr);
+    st = setup_dims(tr);
+  if (st == WF_OK)
+    st = setup_trace(tr); /* sized from the dims, before the model that records into it */
   if (st == WF_OK)
     st = setup_model(tr);
   if (st == WF_OK && checkpoints)

@@ -337,10 +337,18 @@ def dump_state_bf16(eq, tmp):
 
 
 def trace(eq, tmp):
+    """train.trace of a tp2 x pp2 run with the most spans per micro-batch: the interleaved
+    schedule (two chunks per rank), sequence parallelism and activation checkpointing
+    (a tp collective per region, forward, recompute and backward), on 8 layers. The file
+    must parse, hold every rank's F and B of every micro-batch and chunk for the traced
+    steps, and have dropped nothing (otherData.dropped_spans: the recorder is sized up
+    front, and an undersized one lost a third of the spans of steps like this)."""
     path = os.path.join(tmp, "trace.json")
     cmd = eq.MPIRUN + ["-np", "4", eq.WORKER, "model.preset=gpt2-tiny", "train.batch_size=8",
                        "train.eval_every=0", "mesh.pp=2", "mesh.tp=2", "train.microbatches=4",
-                       "train.steps=3", f"train.trace={path}", "train.trace_steps=[2,3]"]
+                       "train.schedule=interleaved", "parallel.virtual_stages=2",
+                       "parallel.sequence=true", "parallel.activation_checkpointing=true",
+                       "model.layers=8", "train.steps=3", f"train.trace={path}", "train.trace_steps=[2,3]"]
     run_ok(cmd)
     try:
         doc = json.load(open(path))
@@ -360,13 +368,18 @@ def trace(eq, tmp):
             if e["name"][:1] in "FB" and "mb" in a and "step" in a:
                 if not (isinstance(e.get("ts"), (int, float)) and e.get("dur", -1) >= 0):
                     fail(f"trace: span without ts/dur: {e}")
-                have.add((e["name"][0], a["step"], a["mb"]))
-        want = {(k, s, mb) for k in "FB" for s in (2, 3) for mb in range(4)}
+                have.add((e["name"][0], e["name"][-1], a["step"], a["mb"]))
+        want = {(k, c, s, mb) for k in "FB" for c in "ab" for s in (2, 3) for mb in range(4)}
         if not want <= have:
             fail(f"trace: rank {tid} lacks spans {sorted(want - have)}")
-        if {s for _, s, _ in have} != {2, 3}:
-            fail(f"trace: rank {tid} has spans of steps {sorted({s for _, s, _ in have})}")
-        print(f"ok: trace rank {tid}: {len(mine)} X events, F and B for mb 0..3 of steps 2, 3")
+        if {s for _, _, s, _ in have} != {2, 3}:
+            fail(f"trace: rank {tid} has spans of steps {sorted({s for _, _, s, _ in have})}")
+        print(f"ok: trace rank {tid}: {len(mine)} X events, F and B of chunks a, b for mb 0..3 "
+              f"of steps 2, 3")
+    dropped = (doc.get("otherData") or {}).get("dropped_spans")
+    if dropped != [0] * 4:
+        fail(f"trace: spans were dropped: otherData.dropped_spans = {dropped}")
+    print("ok: trace: no span dropped")
 
 
 def refuse(eq, name, tmp):
