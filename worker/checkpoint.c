@@ -1571,44 +1571,6 @@ static wf_status load_params(const wf_ckpt_target *t, const manifest *m, const c
 
 /* ---- resharding ---------------------------------------------------------------------------- */
 
-/* Elements [lo, hi) of a shard's flat vector (in loc) against the whole-model layout:
- * add the shard's counted runs into full (assembling a model from its shards), or copy
- * every run out of full (slicing a model into a shard). */
-typedef struct runcopy {
-  float *full, *loc;
-  uint64_t lo, hi;
-  bool to_full;
-} runcopy;
-
-static void runcopy_fn(void *user, const wf_gpt_run *r)
-{
-  const runcopy *c = user;
-  uint64_t a = WF_MAX((uint64_t)r->local, c->lo), b = WF_MIN((uint64_t)(r->local + r->n), c->hi);
-  if (a >= b || (c->to_full && !r->counted))
-    return;
-  float *f = c->full + r->full + (a - r->local), *l = c->loc + (a - c->lo);
-  if (!c->to_full) {
-    memcpy(l, f, (size_t)(b - a) * sizeof *l);
-    return;
-  }
-  for (size_t i = 0; i < b - a; i++)
-    f[i] += l[i]; /* into zeros, as wf_gpt_export_full: the same bits as --save */
-}
-
-static void add_to_full(const wf_gpt_dims *d, const wf_gpt_shard *g, const float *loc, uint64_t lo,
-                        uint64_t hi, float *full)
-{
-  runcopy c = {full, (float *)loc, lo, hi, true};
-  wf_gpt_shard_runs(d, g, runcopy_fn, &c);
-}
-
-static void take_from_full(const wf_gpt_dims *d, const wf_gpt_shard *g, const float *full,
-                           float *loc, uint64_t lo, uint64_t hi)
-{
-  runcopy c = {(float *)full, loc, lo, hi, false};
-  wf_gpt_shard_runs(d, g, runcopy_fn, &c);
-}
-
 static float *alloc_floats(uint64_t n, const char *what, const char *dir, char *err)
 {
   float *p = n <= SIZE_MAX / sizeof(float) ? wf_mem_alloc((size_t)n * sizeof(float)) : NULL;
@@ -1629,7 +1591,7 @@ static wf_status add_model_file(const char *dir, const manifest *m, const entry 
   float *buf = alloc_floats(e->hi, e->name, dir, err);
   wf_status st = buf ? read_model(dir, e, &m->dims, buf, err) : WF_ENOMEM;
   if (st == WF_OK)
-    add_to_full(&m->dims, &e->geo, buf, 0, e->hi, full);
+    wf_gpt_shard_exchange(&m->dims, &e->geo, buf, 0, e->hi, full, true);
   wf_mem_free(buf);
   return st;
 }
@@ -1643,8 +1605,8 @@ static wf_status add_optim_file(const char *dir, const manifest *m, const entry 
   sp.v = sp.m ? alloc_floats(e->hi - e->lo, e->name, dir, err) : NULL;
   wf_status st = sp.v ? verify_optim(dir, e, model->hi, &sp, err) : WF_ENOMEM;
   if (st == WF_OK) {
-    add_to_full(&m->dims, &model->geo, sp.m, e->lo, e->hi, fm);
-    add_to_full(&m->dims, &model->geo, sp.v, e->lo, e->hi, fv);
+    wf_gpt_shard_exchange(&m->dims, &model->geo, sp.m, e->lo, e->hi, fm, true);
+    wf_gpt_shard_exchange(&m->dims, &model->geo, sp.v, e->lo, e->hi, fv, true);
   }
   wf_mem_free(sp.m);
   wf_mem_free(sp.v);
@@ -1699,8 +1661,8 @@ static wf_status load_resharded(const wf_ckpt_target *t, const manifest *m, cons
   st = assemble(t, m, dir, &w, st, err);
   if (st == WF_OK) {
     wf_gpt_import_full(t->model, 0, w.p);
-    take_from_full(d, &g, w.m, mb, lo, hi);
-    take_from_full(d, &g, w.v, vb, lo, hi);
+    wf_gpt_shard_exchange(d, &g, mb, lo, hi, w.m, false);
+    wf_gpt_shard_exchange(d, &g, vb, lo, hi, w.v, false);
   }
   wf_mem_free(w.p);
   wf_mem_free(w.m);

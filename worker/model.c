@@ -383,31 +383,40 @@ void wf_gpt_shard_runs(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_gpt_run_f
   }
 }
 
-/* One direction of exchange_full: add this rank's counted runs into the full vector,
- * or copy every run out of it. */
+/* wf_gpt_shard_exchange over one run, clipped to the elements [lo, hi) held. */
 typedef struct exchange {
   float *local, *full;
+  size_t lo, hi;
   bool to_full;
 } exchange;
 
 static void exchange_run(void *user, const wf_gpt_run *r)
 {
-  exchange *x = user;
-  float *f = x->full + r->full, *l = x->local + r->local;
+  const exchange *x = user;
+  size_t a = WF_MAX(r->local, x->lo), b = WF_MIN(r->local + r->n, x->hi);
+  if (a >= b || (x->to_full && !r->counted))
+    return;
+  float *f = x->full + r->full + (a - r->local), *l = x->local + (a - x->lo);
   if (!x->to_full) {
-    memcpy(l, f, r->n * sizeof *l);
+    memcpy(l, f, (b - a) * sizeof *l);
     return;
   }
-  if (r->counted)
-    for (size_t i = 0; i < r->n; i++)
-      f[i] += l[i];
+  for (size_t i = 0; i < b - a; i++)
+    f[i] += l[i];
+}
+
+void wf_gpt_shard_exchange(const wf_gpt_dims *d, const wf_gpt_shard *s, float *local, size_t lo,
+                           size_t hi, float *full, bool to_full)
+{
+  exchange x = {local, full, lo, hi, to_full};
+  wf_gpt_shard_runs(d, s, exchange_run, &x);
 }
 
 /* Copy between this rank's tensors and the whole model's (to_full: add into full). */
 static void exchange_full(wf_gpt *m, int which, float *full, bool to_full)
 {
-  exchange x = {which ? m->grads : m->params, full, to_full};
-  wf_gpt_shard_runs(&m->d, &m->s, exchange_run, &x);
+  wf_gpt_shard_exchange(&m->d, &m->s, which ? m->grads : m->params, 0, m->num_params, full,
+                        to_full);
 }
 
 void wf_gpt_export_full(wf_gpt *m, int which, float *full) { exchange_full(m, which, full, true); }

@@ -115,6 +115,12 @@ typedef struct wf_gpt_run {
 } wf_gpt_run;
 typedef void (*wf_gpt_run_fn)(void *user, const wf_gpt_run *run);
 void wf_gpt_shard_runs(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_gpt_run_fn fn, void *user);
+/* Elements [lo, hi) of shard s's flat vector, held in local[0 .. hi - lo), against the
+ * whole model's vector `full` (llm.c layout), through the runs above: to_full adds the
+ * counted ones into full (every shard's adds into zeros assemble the model exactly);
+ * else every one of them is copied out of full. A saved shard needs no model for it. */
+void wf_gpt_shard_exchange(const wf_gpt_dims *d, const wf_gpt_shard *s, float *local, size_t lo,
+                           size_t hi, float *full, bool to_full);
 
 typedef struct wf_gpt_opts {
   wf_gpt_dims dims;
