@@ -831,10 +831,6 @@ void wf_gpt_params_changed(wf_gpt *m)
 wf_precision wf_gpt_precision(const wf_gpt *m) { return m->prec; }
 void wf_gpt_set_loss_scale(wf_gpt *m, float s) { m->loss_scale = s; }
 
-/* A sum of squares in double is finite exactly when every element is: squares of
- * finite floats are below 1.2e77, so no count of them a machine holds overflows. */
-bool wf_gpt_grads_finite(wf_gpt *m) { return isfinite(wf_sumsq(m->grads, m->num_params)); }
-
 /* Row-parallel matmul (no bias), then leave the tp region, then the bias once. */
 static void row_parallel(wf_gpt *m, float *y, const float *x, wf_param_kind w, wf_param_kind b,
                          int l, int N, int IC)

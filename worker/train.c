@@ -11,8 +11,8 @@
  * Mixed precision (precision bf16/fp16) lives in the model (rounded GEMM operands,
  * wf_model.h); the trainer adds fp16's dynamic loss scaling, as Megatron and apex do:
  * the loss gradient is multiplied by S, so that small activation gradients survive
- * fp16's range; after the reductions the job agrees (one all-reduce of a flag over the
- * world) whether any gradient is non-finite. If one is, the step is skipped (no
+ * fp16's range; after the reductions the global gradient norm, the same on every rank,
+ * tells whether any gradient is non-finite. If one is, the step is skipped (no
  * update: parameters, m, v and AdamW's t stay) and S is halved; otherwise the update
  * unscales by 1/S inside the clip factor, and S doubles after
  * optim.loss_scale_window finite steps in a row. AdamW's t is the step minus the
@@ -604,31 +604,6 @@ static wf_status global_norm(trainer *tr, float *norm)
   return st;
 }
 
-/* Sum one float over every rank of the job: the world, or without one each axis group
- * in turn (which covers the same ranks). */
-static wf_status job_sum(trainer *tr, float *x)
-{
-  wf_comm *axes[] = {tr->tp_comm, tr->pp_comm, tr->dp_comm};
-  if (tr->world)
-    return wf_comm_allreduce(tr->world, x, x, 1, WF_COMM_F32, WF_COMM_SUM);
-  wf_status st = WF_OK;
-  for (size_t i = 0; i < WF_ARRAY_LEN(axes) && st == WF_OK; i++)
-    if (axes[i])
-      st = wf_comm_allreduce(axes[i], x, x, 1, WF_COMM_F32, WF_COMM_SUM);
-  return st;
-}
-
-/* fp16: whether any gradient anywhere in the job is non-finite. tp, pp and dp (ZeRO)
- * ranks hold different gradients, so each checks its own and a flag is summed over the
- * world: every rank reaches the same verdict. */
-static wf_status agree_overflow(trainer *tr, float norm, bool *overflow)
-{
-  float bad = !isfinite(norm) || !wf_gpt_grads_finite(tr->model) ? 1.0f : 0.0f;
-  wf_status st = job_sum(tr, &bad);
-  *overflow = bad > 0;
-  return st;
-}
-
 /* fp16, non-finite gradients: no update (parameters, m, v and t stay) and S halves. At
  * S <= 1 no smaller scale can help: that is divergence, not overflow. */
 static wf_status skip_step(trainer *tr, int step)
@@ -693,11 +668,13 @@ static wf_status reduce_and_update(trainer *tr, int step, double loss, float *no
     wf_trace_span(tr->trace, "gradient reduction", "comm", t0, wf_now(), step, -1);
   if (st == WF_OK)
     st = global_norm(tr, norm);
-  *skipped = false;
-  if (st == WF_OK && tr->fp16)
-    st = agree_overflow(tr, *norm, skipped);
   if (st != WF_OK)
     return fail_msg(st, "gradient reduction failed");
+  /* fp16 overflow anywhere in the job: the norm is every counted gradient's sum of
+   * squares, all-reduced over dp, tp and pp, so one inf or NaN makes it non-finite on
+   * every rank alike (the uncounted copies, replicated tensors and the last stage's wte,
+   * equal counted ones once the reductions are done). */
+  *skipped = tr->fp16 && !isfinite(*norm);
   *lr = wf_train_lr(tr->cfg, step);
   if (*skipped)
     return skip_step(tr, step);

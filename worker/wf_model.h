@@ -268,8 +268,6 @@ wf_precision wf_gpt_precision(const wf_gpt *m);
 /* Loss scaling (fp16): backward multiplies the loss gradient by s (default 1), so every
  * gradient comes out scaled by s; the optimizer unscales. */
 void wf_gpt_set_loss_scale(wf_gpt *m, float s);
-/* Whether every element of this rank's gradient buffer is finite. */
-bool wf_gpt_grads_finite(wf_gpt *m);
 
 /* llm.c GPT-2 checkpoint (magic 20240326, version 3). Errors name the file and
  * what was expected. Load requires matching dims (a message names the field). */
