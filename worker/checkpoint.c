@@ -1566,6 +1566,8 @@ static wf_status load_params(const wf_ckpt_target *t, const manifest *m, const c
   if (st == WF_OK && size_of(t->dp_comm) > 1)
     st = wf_comm_bcast(t->dp_comm, wf_gpt_params(t->model), wf_gpt_local_params(t->model),
                        WF_COMM_F32, 0);
+  if (st == WF_OK)
+    wf_gpt_params_changed(t->model); /* mixed precision's rounded weights follow */
   return st;
 }
 

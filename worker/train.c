@@ -470,8 +470,6 @@ static wf_status setup(trainer *tr, const wf_config *cfg, const wf_train_hooks *
     st = setup_model(tr);
   if (st == WF_OK && checkpoints)
     st = setup_checkpoint(tr);
-  if (st == WF_OK) /* a resumed checkpoint wrote the parameters */
-    wf_gpt_params_changed(tr->model);
   if (st == WF_OK)
     st = setup_data(tr);
   if (st == WF_OK)

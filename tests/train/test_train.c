@@ -326,7 +326,6 @@ static float *run_params(const wf_config *c, record *r, size_t *n)
   assert_true(fd >= 0);
   close(fd);
   memset(r, 0, sizeof *r);
-  wf_rt_set_rank(0); /* --save is written by rank 0; a process without MPI has rank -1 */
   wf_train_hooks h = {.user = r, .on_step = on_step, .quiet = true, .save_llmc = path};
   assert_int_equal(wf_train_run(c, &h), WF_OK);
   assert_int_equal(r->n, c->train.steps - (c->train.resume[0] ? c->train.checkpoint_every : 0));
@@ -562,8 +561,13 @@ static void test_precision_recompute(void **state)
 }
 
 /* An fp16 checkpoint carries the loss scale, its good-step count and the skipped steps
- * (AdamW's t): resumed at step 6 (after 6 skipped steps and growth windows of 3 steps),
- * the run ends with the uninterrupted run's parameters and losses, bit for bit. */
+ * (AdamW's t): resumed at step RESUME_AT of 2 x RESUME_AT (after the 6 skipped steps of
+ * a 2^30 start, growth windows of 3 steps, and updates at steps 7 and 8, so the saved
+ * parameters are not the initial ones and the rounded GEMM weights must be refreshed
+ * from them), the run ends with the uninterrupted run's losses, scales and parameters,
+ * bit for bit. */
+#define RESUME_AT 8
+
 static void test_fp16_resume(void **state)
 {
   char dir[] = "/tmp/weft_ck16_XXXXXX", cmd[128];
@@ -571,21 +575,25 @@ static void test_fp16_resume(void **state)
   wf_config c;
   static record full, part;
   size_t n;
-  fp16_config(&c, 12);
+  fp16_config(&c, 2 * RESUME_AT);
   c.optim.loss_scale_init = OVERFLOW_INIT;
   c.optim.loss_scale_window = 3;
   snprintf(c.train.checkpoint_dir, sizeof c.train.checkpoint_dir, "%s", dir);
-  c.train.checkpoint_every = 6, c.train.keep = 0;
+  c.train.checkpoint_every = RESUME_AT, c.train.keep = 0;
   float *pf = run_params(&c, &full, &n);
-  snprintf(c.train.resume, sizeof c.train.resume, "%s/step-000006", dir);
+  int updates = 0;
+  for (int i = 0; i < RESUME_AT; i++)
+    updates += !full.skipped[i];
+  assert_true(updates > 0 && full.skipped[0]); /* skipped, then updated, before the save */
+  snprintf(c.train.resume, sizeof c.train.resume, "%s/step-%06d", dir, RESUME_AT);
   float *pr = run_params(&c, &part, &n);
   assert_true(full.skipped_steps >= 6 && part.skipped_steps == full.skipped_steps);
-  assert_memory_equal(full.loss + 6, part.loss, sizeof(double) * 6);
-  assert_memory_equal(full.scale + 6, part.scale, sizeof(double) * 6);
+  assert_memory_equal(full.loss + RESUME_AT, part.loss, sizeof(double) * RESUME_AT);
+  assert_memory_equal(full.scale + RESUME_AT, part.scale, sizeof(double) * RESUME_AT);
   assert_memory_equal(pf, pr, n * sizeof *pf);
-  printf("resumed at step 6 of 12: losses, loss scales (%.0f at the end) and parameters equal "
-         "the uninterrupted run's; %d steps skipped\n",
-         part.scale[5], part.skipped_steps);
+  printf("resumed at step %d of %d (%d updates before it): losses, loss scales (%.0f at the "
+         "end) and parameters equal the uninterrupted run's; %d steps skipped\n",
+         RESUME_AT, 2 * RESUME_AT, updates, part.scale[RESUME_AT - 1], part.skipped_steps);
   free(pf);
   free(pr);
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
