@@ -126,15 +126,22 @@ def key_bias(n_params):
     return {off + l * 3 * C + C + i for l in range(L) for i in range(C)}
 
 
+def key_bias_diffs(ref, got):
+    """Worst loss rel diff, max parameter diff outside the attention key biases, and max
+    diff of the key biases (whose gradient is pure noise: equiv.py's docstring)."""
+    worst = max(abs(a - b) / abs(a) for a, b in zip(ref[0], got[0]))
+    kb = key_bias(len(ref[1]))
+    rest = max(abs(a - b) for i, (a, b) in enumerate(zip(ref[1], got[1])) if i not in kb)
+    dkb = max(abs(ref[1][i] - got[1][i]) for i in kb)
+    return worst, rest, dkb
+
+
 def check_pipeline_tight(eq, name, ref, got):
     """Pipeline stages run the same ops on the same micro-batches: only the sums across
     stages (tied-embedding gradient, grad norm) are added in another order, so apart
     from the key biases (zero gradient in exact arithmetic: Adam normalises rounding
     noise into lr-sized steps) parameters agree to PP_PARAM_ATOL, losses to PP_LOSS_RTOL."""
-    worst = max(abs(a - b) / abs(a) for a, b in zip(ref[0], got[0]))
-    kb = key_bias(len(ref[1]))
-    rest = max(abs(a - b) for i, (a, b) in enumerate(zip(ref[1], got[1])) if i not in kb)
-    dkb = max(abs(ref[1][i] - got[1][i]) for i in kb)
+    worst, rest, dkb = key_bias_diffs(ref, got)
     if worst > eq.PP_LOSS_RTOL or rest > eq.PP_PARAM_ATOL:
         fail(f"{name}: pipeline-only mesh: loss rel diff {worst:.2e} (tol {eq.PP_LOSS_RTOL}), "
              f"params outside the key biases {rest:.2e} (tol {eq.PP_PARAM_ATOL})")
@@ -153,11 +160,8 @@ def check_mixed(eq, name, ref, got, tmp):
     """Mixed precision (equiv.py's docstring says why these tolerances): losses within
     MP_LOSS_RTOL, parameters outside the key biases within MP_PARAM_ATOL; under fp16 both
     runs used the same loss scale and skipped the same steps, at every step."""
-    (l1, p1, _, _), (l2, p2, out, _) = ref, got
-    worst = max(abs(a - b) / abs(a) for a, b in zip(l1, l2))
-    kb = key_bias(len(p1))
-    rest = max(abs(a - b) for i, (a, b) in enumerate(zip(p1, p2)) if i not in kb)
-    dkb = max(abs(p1[i] - p2[i]) for i in kb)
+    l1, out = ref[0], got[2]
+    worst, rest, dkb = key_bias_diffs(ref, got)
     if worst > eq.MP_LOSS_RTOL or rest > eq.MP_PARAM_ATOL:
         fail(f"{name}: loss rel diff {worst:.2e} (tol {eq.MP_LOSS_RTOL}), params outside the "
              f"key biases {rest:.2e} (tol {eq.MP_PARAM_ATOL})")
