@@ -21,7 +21,7 @@
 
 #include "wf_bind.h"
 #include "wf_build_config.h"
-#include "wf_checkpoint.h"
+#include "wf_ckpt.h"
 #include "wf_collectives.h"
 #include "wf_config.h"
 #include "wf_coordinator.h"
@@ -29,9 +29,9 @@
 #include "wf_kernels.h"
 #include "wf_control.h"
 #include "wf_launch.h"
-#include "wf_plane.h"
+#include "plane.h"
 #include "wf_runtime.h"
-#include "wf_schedule.h"
+#include "wf_parallel.h"
 #include "wf_train.h"
 
 extern char **environ;

@@ -21,9 +21,8 @@
 #include "wf_collectives.h"
 #include "wf_control.h"
 #include "wf_model.h"
-#include "wf_pipe.h"
-#include "wf_plane.h"
-#include "wf_schedule.h"
+#include "wf_parallel.h"
+#include "plane.h"
 
 typedef struct plane_facts {
   int ok;

@@ -20,7 +20,7 @@
 
 #include <cmocka.h>
 
-#include "wf_schedule.h"
+#include "wf_parallel.h"
 
 enum { MAX_P = 8, MAX_M = 16 };
 

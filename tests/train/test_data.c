@@ -13,7 +13,7 @@
 
 #include <cmocka.h>
 
-#include "wf_data.h"
+#include "wf_io.h"
 
 static char tmpdir[256];
 

@@ -18,7 +18,7 @@
 #include <jansson.h>
 #include <mpi.h>
 
-#include "wf_trace.h"
+#include "wf_io.h"
 
 /* A name with a quote, a backslash, a newline and a tab: all must be escaped in JSON. */
 #define ODD_NAME "C\"q\\\n\t"

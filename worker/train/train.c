@@ -35,13 +35,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "wf_checkpoint.h"
-#include "wf_data.h"
-#include "wf_dp.h"
+#include "wf_ckpt.h"
+#include "wf_io.h"
+#include "wf_parallel.h"
 #include "wf_kernels.h"
 #include "wf_model.h"
-#include "wf_pipe.h"
-#include "wf_trace.h"
 #include "wf_train.h"
 
 #include <xxhash.h>

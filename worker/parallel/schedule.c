@@ -44,7 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "wf_schedule.h"
+#include "wf_parallel.h"
 
 /* A schedule longer than this is a config mistake, not a workload. */
 #define MAX_UNITS (1 << 22) /* m * v */

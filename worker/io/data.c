@@ -34,7 +34,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "wf_data.h"
+#include "wf_io.h"
 
 #define SHARD_MAGIC        20240520
 #define SHARD_VERSION      1

@@ -1,5 +1,5 @@
 /*
- * tp.c - tensor-parallel region operators (see wf_tp.h).
+ * tp.c - tensor-parallel region operators (see model_int.h).
  *
  * Each operator is one blocking collective on the tp group. They sit between GEMMs
  * that need their result, so there is nothing to overlap them with on the CPU path;
@@ -7,8 +7,8 @@
  */
 #include <string.h>
 
-#include "wf_tp.h"
-#include "wf_trace.h"
+#include "model_int.h"
+#include "wf_io.h"
 
 static bool tp_active(const wf_tp *tp) { return tp->comm && tp->size > 1 && tp->err == WF_OK; }
 

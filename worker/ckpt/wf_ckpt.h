@@ -1,5 +1,5 @@
 /*
- * wf_checkpoint.h - checkpoints: atomic sharded save, resume, resharding, export.
+ * wf_ckpt.h - checkpoints: atomic sharded save, resume, resharding, export.
  *
  * A checkpoint is one directory per step under train.checkpoint_dir:
  *
@@ -36,14 +36,14 @@
  * error, a checksum mismatch) is agreed on, the failing rank logs what and where,
  * and the others log which rank failed.
  */
-#ifndef WF_CHECKPOINT_H
-#define WF_CHECKPOINT_H
+#ifndef WF_CKPT_H
+#define WF_CKPT_H
 
 #include <stddef.h>
 
 #include "wf_collectives.h"
 #include "wf_config.h"
-#include "wf_dp.h"
+#include "wf_parallel.h"
 #include "wf_model.h"
 #include "wf_runtime.h"
 
@@ -100,4 +100,4 @@ wf_status wf_ckpt_export_llmc(const char *dir, const char *out_path, char *err, 
  * resumed run repeats), rewriting it atomically; a missing file is fine. */
 wf_status wf_ckpt_trim_metrics(const char *path, int step, char *err, size_t err_len);
 
-#endif /* WF_CHECKPOINT_H */
+#endif /* WF_CKPT_H */

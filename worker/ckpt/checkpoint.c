@@ -1,6 +1,6 @@
 /*
  * checkpoint.c - atomic sharded checkpoints, resume and resharding (see
- * wf_checkpoint.h for the directory layout).
+ * wf_ckpt.h for the directory layout).
  *
  * Files:
  *  - model-ppPP-tpTT.bin: the parameters of the (pp, tp) shard, written by its dp rank 0.
@@ -64,7 +64,7 @@
 #include <xxhash.h>
 
 #include "wf_build_config.h"
-#include "wf_checkpoint.h"
+#include "wf_ckpt.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "checkpoint files are little-endian; add byte swapping for this host"

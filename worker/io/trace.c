@@ -32,7 +32,7 @@
 
 #include "wf_check.h"
 #include "wf_runtime.h"
-#include "wf_trace.h"
+#include "wf_io.h"
 
 #define LABEL_MAX 128
 #define PINGS     8

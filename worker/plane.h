@@ -1,9 +1,9 @@
 /*
- * wf_plane.h - the worker's side of the control plane: start the coordinator service
+ * plane.h - the worker's side of the control plane: start the coordinator service
  * on rank 0, connect every rank's control thread, and stop both in order.
  */
-#ifndef WF_PLANE_H
-#define WF_PLANE_H
+#ifndef WF_PLANE_INT_H
+#define WF_PLANE_INT_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -38,4 +38,4 @@ void wf_plane_stop(wf_plane *p);
  * with the message (this one too), and return false. */
 bool wf_plane_fail(wf_plane *p, wf_status st, const char *what, int timeout_ms);
 
-#endif /* WF_PLANE_H */
+#endif /* WF_PLANE_INT_H */

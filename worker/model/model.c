@@ -36,7 +36,7 @@
 #include "wf_check.h"
 #include "wf_kernels.h"
 #include "wf_model.h"
-#include "wf_tp.h"
+#include "model_int.h"
 
 /* Activations of one micro-batch in one slot, for this stage's nl = l1 - l0 layers,
  * carved from one allocation sized for Bmax x Tmax. Per-layer tensors use a fixed

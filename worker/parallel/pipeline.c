@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "wf_check.h"
-#include "wf_pipe.h"
+#include "wf_parallel.h"
 
 #define TRY(expr)                                                                                  \
   do {                                                                                             \

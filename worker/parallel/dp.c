@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "wf_check.h"
-#include "wf_dp.h"
+#include "wf_parallel.h"
 #include "wf_kernels.h"
 
 typedef struct range {

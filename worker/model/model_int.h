@@ -1,5 +1,5 @@
 /*
- * wf_tp.h - the communication of Megatron-style tensor parallelism, as named operators.
+ * model_int.h - the communication of Megatron-style tensor parallelism, as named operators.
  *
  * A transformer block alternates replicated regions (layernorm, residual) and
  * tensor-parallel regions (column-parallel -> local op -> row-parallel). Crossing into
@@ -24,8 +24,8 @@
  * With tp = 1 every operator is the identity and communicates nothing. A failed
  * collective is remembered (wf_tp_status) and reported by the model.
  */
-#ifndef WF_TP_H
-#define WF_TP_H
+#ifndef WF_MODEL_INT_H
+#define WF_MODEL_INT_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -66,4 +66,4 @@ const float *wf_tp_leave_bwd(wf_tp *tp, const float *dy, float *full, size_t N, 
  * each rank computed from its own token rows). */
 void wf_tp_allreduce(wf_tp *tp, float *x, size_t n);
 
-#endif /* WF_TP_H */
+#endif /* WF_MODEL_INT_H */

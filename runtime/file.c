@@ -1,0 +1,156 @@
+/*
+ * file.c - the atomic file writer of wf_file.h.
+ *
+ * Invariants: while a writer is open its temporary file exists and NAME is untouched;
+ * every exit path of commit closes the descriptor and, unless the rename happened,
+ * unlinks the temporary file. Writes loop over short writes and EINTR, in pieces of
+ * at most CHUNK bytes so a slow file system reports progress errors early.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "wf_check.h"
+#include "wf_file.h"
+
+#define CHUNK (4u << 20)
+
+wf_status wf_file_sync_dir(const char *dir)
+{
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0 || fsync(fd) != 0) {
+    WF_ERROR("%s: cannot fsync the directory: %s", dir, strerror(errno));
+    if (fd >= 0)
+      close(fd);
+    return WF_EIO;
+  }
+  close(fd);
+  return WF_OK;
+}
+
+/* dir and tmp of `path`: the temporary file lives beside the target, so the rename
+ * never crosses a file system. */
+static wf_status name_parts(wf_afile *f, const char *path)
+{
+  char copy[WF_FILE_PATH_MAX];
+  size_t n = strlen(path);
+  if (n == 0 || n >= sizeof copy || n + 32 >= sizeof f->tmp) {
+    WF_ERROR("'%.200s': the path is empty or longer than %d bytes", path, WF_FILE_PATH_MAX - 32);
+    return WF_EINVAL;
+  }
+  memcpy(f->path, path, n + 1);
+  memcpy(copy, path, n + 1);
+  wf_strlcpy(f->dir, dirname(copy), sizeof f->dir);
+  memcpy(copy, path, n + 1);
+  /* the check above leaves room for "/." + ".tmp." + a pid in tmp */
+  if (snprintf(f->tmp, sizeof f->tmp, "%s/.%s.tmp.%ld", f->dir, basename(copy), (long)getpid()) >=
+      (int)sizeof f->tmp)
+    return WF_EINVAL;
+  return WF_OK;
+}
+
+wf_status wf_afile_open(wf_afile *f, const char *path, unsigned mode, int flags)
+{
+  wf_status st = WF_OK;
+  memset(f, 0, sizeof *f);
+  f->fd = -1;
+  f->mode = mode;
+  WF_TRY(name_parts(f, path));
+  if (flags & WF_AFILE_HASH) {
+    f->xx = XXH3_createState();
+    WF_CHECK(f->xx && XXH3_64bits_reset(f->xx) == XXH_OK, WF_ENOMEM,
+             "%s: out of memory for the checksum state", f->path);
+  }
+  f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+  WF_CHECK(f->fd >= 0, WF_EIO, "%s: cannot create: %s", f->tmp, strerror(errno));
+  /* open() applies the umask; a file holding a secret must have exactly `mode`. */
+  WF_CHECK(fchmod(f->fd, mode) == 0, WF_EIO, "%s: cannot set mode %o: %s", f->tmp, mode,
+           strerror(errno));
+exit:
+  return st;
+fail:
+  wf_afile_abort(f);
+  goto exit;
+}
+
+wf_status wf_afile_write(wf_afile *f, const void *buf, size_t n)
+{
+  const char *p = buf;
+  if (f->fd < 0)
+    return WF_EINVAL;
+  if (f->xx)
+    XXH3_64bits_update(f->xx, buf, n);
+  while (n > 0) {
+    ssize_t w = write(f->fd, p, WF_MIN(n, (size_t)CHUNK));
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0) {
+      WF_ERROR("%s: write failed after %llu bytes: %s", f->path, (unsigned long long)f->bytes,
+               w < 0 ? strerror(errno) : "no progress");
+      wf_afile_abort(f);
+      return WF_EIO;
+    }
+    p += w, n -= (size_t)w, f->bytes += (uint64_t)w;
+  }
+  return WF_OK;
+}
+
+void wf_afile_abort(wf_afile *f)
+{
+  if (f->fd >= 0) {
+    close(f->fd);
+    unlink(f->tmp);
+  }
+  f->fd = -1;
+  if (f->xx)
+    XXH3_freeState(f->xx);
+  f->xx = NULL;
+}
+
+wf_status wf_afile_commit(wf_afile *f, uint64_t *bytes, uint64_t *hash)
+{
+  wf_status st = WF_OK;
+  if (f->fd < 0)
+    return WF_EINVAL;
+  if (bytes)
+    *bytes = f->bytes;
+  if (hash)
+    *hash = f->xx ? XXH3_64bits_digest(f->xx) : 0;
+  WF_CHECK(fsync(f->fd) == 0, WF_EIO, "%s: fsync failed: %s", f->path, strerror(errno));
+  int fd = f->fd;
+  f->fd = -1; /* closed here whatever happens; the temporary file is ours to unlink */
+  if (close(fd) != 0) {
+    WF_ERROR("%s: close failed: %s", f->path, strerror(errno));
+    st = WF_EIO;
+  } else if (rename(f->tmp, f->path) != 0) {
+    WF_ERROR("%s: cannot rename into place: %s", f->path, strerror(errno));
+    st = WF_EIO;
+  }
+  if (st != WF_OK) {
+    unlink(f->tmp);
+    goto exit;
+  }
+  st = wf_file_sync_dir(f->dir);
+exit:
+  wf_afile_abort(f);
+  return st;
+fail:
+  goto exit;
+}
+
+wf_status wf_file_write_atomic(const char *path, const void *buf, size_t n, unsigned mode)
+{
+  wf_afile f;
+  wf_status st = wf_afile_open(&f, path, mode, 0);
+  if (st == WF_OK)
+    st = wf_afile_write(&f, buf, n);
+  if (st == WF_OK)
+    st = wf_afile_commit(&f, NULL, NULL);
+  return st;
+}

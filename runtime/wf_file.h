@@ -1,0 +1,59 @@
+/*
+ * wf_file.h - the one atomic file writer: checkpoints, llm.c and safetensors files,
+ * traces, metrics rewrites and the coordinator's job file all go through it.
+ *
+ * A file is written to a temporary name in its own directory (".NAME.tmp.PID"), fsync()ed,
+ * renamed over NAME, and then the directory is fsync()ed, so after a crash at any moment
+ * NAME is either the old file or the whole new one, and a completed commit survives a
+ * power loss. Readers never see half a file.
+ *
+ * Errors are logged here, once, where they arise, with the path and the reason
+ * (strerror), and returned as WF_EIO (WF_ENOMEM for the checksum state). A failed write
+ * or commit removes the temporary file; the caller only propagates the status.
+ *
+ * Optionally the writer hashes what it writes (XXH3-64, the checkpoint manifest's
+ * checksum), so a file is hashed without being read back.
+ */
+#ifndef WF_FILE_H
+#define WF_FILE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wf_runtime.h"
+
+/* Longest path the writer handles (config paths are bounded by the same limit). */
+#define WF_FILE_PATH_MAX 4160
+
+typedef struct wf_afile {
+  int fd; /* -1 when closed */
+  unsigned mode;
+  char dir[WF_FILE_PATH_MAX], tmp[WF_FILE_PATH_MAX], path[WF_FILE_PATH_MAX];
+  void *xx; /* XXH3 state when hashing, else NULL */
+  uint64_t bytes;
+} wf_afile;
+
+/* Flags of wf_afile_open. */
+enum {
+  WF_AFILE_HASH = 1, /* hash the contents (wf_afile_commit's *hash) */
+};
+
+/* Start writing `path` (its directory must exist) with permission bits `mode`
+ * (e.g. 0644; 0600 for files holding secrets). */
+wf_status wf_afile_open(wf_afile *f, const char *path, unsigned mode, int flags);
+wf_status wf_afile_write(wf_afile *f, const void *buf, size_t n);
+/* fsync, rename into place, fsync the directory. *bytes and *hash (may be NULL) get the
+ * size and, with WF_AFILE_HASH, the XXH3-64 of the contents. The writer is closed
+ * afterwards whatever the outcome. */
+wf_status wf_afile_commit(wf_afile *f, uint64_t *bytes, uint64_t *hash);
+/* Drop the temporary file; a no-op on a closed writer. */
+void wf_afile_abort(wf_afile *f);
+
+/* The whole file at once. */
+wf_status wf_file_write_atomic(const char *path, const void *buf, size_t n, unsigned mode);
+
+/* fsync a directory (after creating, renaming or removing entries in it). */
+wf_status wf_file_sync_dir(const char *dir);
+
+#endif /* WF_FILE_H */

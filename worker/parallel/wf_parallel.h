@@ -1,0 +1,267 @@
+/*
+ * wf_parallel.h - data and pipeline parallelism: pipeline schedules as data
+ * (wf_schedule_*), the engine that runs them (wf_pipe_*) and data-parallel gradient
+ * reduction with the sharded optimizer (wf_dp_*). Tensor parallelism lives inside
+ * the model (model/tp.c), whose forward and backward it is part of.
+ */
+#ifndef WF_PARALLEL_H
+#define WF_PARALLEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include "wf_collectives.h"
+#include "wf_io.h"
+#include "wf_config.h" /* wf_schedule_kind: WF_SCHED_1F1B, WF_SCHED_GPIPE, WF_SCHED_INTERLEAVED */
+#include "wf_model.h"
+#include "wf_runtime.h"
+
+/*
+ * wf_schedule.h - pipeline schedules as data.
+ *
+ * A schedule is a pure function of (kind, pp size p, pp rank r, micro-batches m,
+ * virtual stages v): the list of actions rank r runs in one training step. The
+ * engine executes the list in order; nothing else decides what runs when.
+ *
+ * Stages. The model is cut into S = p * v stages. Rank r holds v model chunks;
+ * chunk c on rank r runs stage s = c * p + r (Megatron's interleaved placement; with
+ * v = 1 stage s is rank s). Activations flow s -> s + 1, gradients s + 1 -> s.
+ *
+ * Actions. FORWARD(mb, chunk) and BACKWARD(mb, chunk) are compute. SEND_F/RECV_F
+ * carry the activation of (mb) into the next stage, SEND_B/RECV_B the gradient of
+ * that activation back. For a message, `chunk` is always this rank's own chunk: the
+ * one that produced it (SEND) or will consume it (RECV); `peer` is the other rank.
+ * Neighbouring stages on the same rank (p = 1 with v > 1) hand over locally, with no
+ * message.
+ *
+ * How an engine runs the list. A RECV is placed where the engine should post the
+ * receive: ahead of the compute that consumes it, at the point the simulated sender
+ * produced the data. A SEND comes right after the compute that produced the data
+ * (after receives posted in the same tick). An engine may post both as non-blocking
+ * operations and wait for a receive only before its consumer; but the generated lists
+ * are safe even when every SEND and RECV blocks until its partner is there
+ * (rendezvous), so consecutive comm actions can also be issued one by one or as one
+ * NCCL group. Between two ranks, messages in one direction are matched in list
+ * order (NCCL has no tags), so both lists name them in the same order.
+ *
+ * Validation (wf_schedule_validate) takes every rank's list of one mesh. It checks
+ * each list alone (ranges, peers, every micro-batch's forward and backward exactly
+ * once per chunk, no backward before its forward or its gradient, no forward before
+ * its input, no send before its data exists), then simulates all ranks together under
+ * rendezvous p2p: a SEND and the RECV it pairs with complete only when both are at the
+ * head of their lists, and must then describe the same message. If no rank can move,
+ * the schedule could deadlock. Errors name the first bad step: "rank R step I (ACTION):
+ * what is wrong".
+ */
+
+typedef enum wf_sched_op {
+  WF_ACT_FORWARD = 0,
+  WF_ACT_BACKWARD,
+  WF_ACT_SEND_F, /* activation to the next stage */
+  WF_ACT_RECV_F, /* activation from the previous stage */
+  WF_ACT_SEND_B, /* gradient to the previous stage */
+  WF_ACT_RECV_B  /* gradient from the next stage */
+} wf_sched_op;
+
+typedef struct wf_sched_action {
+  wf_sched_op op;
+  int mb;    /* micro-batch, 0 .. m-1 */
+  int chunk; /* this rank's model chunk, 0 .. v-1 (stage chunk * p + rank) */
+  int peer;  /* SEND/RECV: the other pp rank; -1 for compute */
+} wf_sched_action;
+
+typedef struct wf_sched_params {
+  wf_schedule_kind kind;
+  int pp;             /* p >= 1 */
+  int microbatches;   /* m >= 1; interleaved needs m % p == 0 */
+  int virtual_stages; /* v: 1 for GPipe and 1F1B, >= 2 for interleaved */
+} wf_sched_params;
+
+/* One rank's action list. Lives in the caller's memory; `actions` is owned. */
+typedef struct wf_schedule {
+  wf_sched_params prm;
+  int rank;
+  int n; /* number of actions */
+  wf_sched_action *actions;
+} wf_schedule;
+
+/* Simulation costs in ticks (>= 1). Unit costs are {1, 1}. Messages take no time. */
+typedef struct wf_sched_cost {
+  int forward, backward;
+} wf_sched_cost;
+
+/* Generate rank `rank`'s list. Invalid parameters give WF_EINVAL and a message. */
+wf_status wf_schedule_init(wf_schedule *s, const wf_sched_params *prm, int rank, char *err,
+                           size_t err_len);
+/* Generate every rank's list at once: ranks[0 .. p-1]. */
+wf_status wf_schedule_init_all(wf_schedule *ranks, const wf_sched_params *prm, char *err,
+                               size_t err_len);
+void wf_schedule_fini(wf_schedule *s); /* accepts NULL and a zeroed schedule */
+void wf_schedule_fini_all(wf_schedule *ranks, int pp);
+
+/* Check ranks[0 .. p-1] (p = ranks[0].prm.pp) as described above. WF_OK, or
+ * WF_EINVAL with the first bad step in err. */
+wf_status wf_schedule_validate(const wf_schedule *ranks, char *err, size_t err_len);
+
+/* Peak number of (micro-batch, chunk) activations held: forward done, backward not.
+ * With v = 1 this is micro-batches in flight: min(p - r, m) under 1F1B, m under GPipe. */
+int wf_schedule_peak_inflight(const wf_schedule *s);
+
+/* Run all ranks' lists on a clock, as an engine with non-blocking p2p would: compute
+ * takes its cost, SENDs and RECV posts take none and never wait, and a compute starts
+ * once its rank is free and the SEND of its input has been issued. Gives the makespan
+ * in ticks and the bubble, the idle fraction 1 - busy / (p * makespan). The lists must
+ * be valid (WF_EINVAL otherwise). */
+wf_status wf_schedule_simulate(const wf_schedule *ranks, wf_sched_cost cost, int *makespan,
+                               double *bubble);
+
+/* The textbook bubble with equal per-stage costs: (p - 1) / (m + p - 1) for GPipe and
+ * 1F1B, (p - 1) / (v * m + p - 1) for interleaved (each chunk 1/v of a stage). */
+double wf_schedule_bubble_theory(const wf_sched_params *prm);
+
+/* Short name of an action as drawn: F3, B3, SF3>1, RF3<0, SB3>0, RB3<1; a chunk letter
+ * follows the micro-batch when v > 1 (F3a = chunk 0, F3b = chunk 1). */
+void wf_schedule_action_str(const wf_schedule *s, const wf_sched_action *a, char *buf, size_t len);
+
+/* Draw ranks x ticks (compute only; idle ticks as ".."), at `cost`. */
+wf_status wf_schedule_draw(FILE *out, const wf_schedule *ranks, wf_sched_cost cost);
+
+/* What `worker --print-schedule` prints: generate, validate, draw at unit cost, each
+ * rank's action list, peak in-flight per rank, and the theoretical and simulated
+ * bubble. */
+wf_status wf_schedule_print(FILE *out, const wf_sched_params *prm, char *err, size_t err_len);
+
+const char *wf_schedule_kind_str(wf_schedule_kind kind);
+
+/*
+ * wf_pipe.h - the pipeline engine: runs one rank's schedule (wf_schedule.h) over the
+ * pp group, and the stage partition.
+ *
+ * One training step on a rank: the schedule's actions in order. FORWARD and BACKWARD
+ * run the local stage (wf_gpt_stage_*) in an activation slot taken at the forward
+ * and given back when its backward ends, so a stage holds exactly the micro-batches
+ * the schedule has in flight (1F1B: min(p - r, m); GPipe: m). SEND and RECV are
+ * non-blocking point-to-point on the pp communicator, posted where the list puts
+ * them (receives ahead of their consumer); the engine waits for a receive only right
+ * before the compute that consumes it, and for a send only before the buffer it reads
+ * is reused. Activations leave from the slot's output, gradients from a send ring.
+ * Messages between two neighbours flow one way per kind (activations up, gradients
+ * down), so MPI's in-order matching pairs them as the validated lists name them.
+ *
+ * With pp = 1 the schedule is 1F1B on one stage (F0 B0 F1 B1 ...): one slot, plain
+ * gradient accumulation, no messages. With the interleaved schedule the rank's model
+ * holds v chunks (wf_gpt_chunk_forward) and work items are (micro-batch, chunk).
+ */
+
+typedef struct wf_pipe wf_pipe;
+
+typedef struct wf_pipe_opts {
+  wf_comm *pp;   /* the pp group; NULL with one stage */
+  wf_gpt *model; /* this rank's stage (borrowed) */
+  wf_schedule_kind kind;
+  int microbatches;   /* m */
+  int virtual_stages; /* v: model chunks per rank (interleaved); the model holds them */
+  int B, T;           /* micro-batch */
+  wf_trace *trace;    /* spans of compute and waits; NULL = none */
+} wf_pipe_opts;
+
+/* Fills micro-batch mb's inputs and targets (B*T each). */
+typedef wf_status (*wf_pipe_batch_fn)(void *user, int mb, int *inputs, int *targets);
+/* Called once per step right before the rank's last backward (data parallelism arms
+ * its overlapped reduction there). */
+typedef void (*wf_pipe_arm_fn)(void *user);
+
+typedef struct wf_pipe_stats {
+  double wall_s;    /* the schedule's wall time on this rank */
+  double busy_s;    /* forward + backward compute */
+  double wait_s;    /* waiting for a receive or a send */
+  int peak_slots;   /* micro-batches whose activations were held at once */
+  size_t act_bytes; /* peak_slots x one slot's activations */
+} wf_pipe_stats;
+
+/* Slots the model needs on pp rank `rank` for this schedule (each holds one chunk of
+ * one micro-batch). */
+int wf_pipe_slots(wf_schedule_kind kind, int pp, int rank, int microbatches, int v);
+
+wf_status wf_pipe_create(wf_pipe **out, const wf_pipe_opts *o, char *err, size_t err_len);
+void wf_pipe_destroy(wf_pipe *p); /* accepts NULL */
+
+/* One step: every action of the schedule, loss gradient 1/m per micro-batch.
+ * *loss_sum is the sum of the micro-batch losses on the last stage, 0 elsewhere. */
+wf_status wf_pipe_step(wf_pipe *p, int step, wf_pipe_batch_fn batch, wf_pipe_arm_fn arm, void *user,
+                       double *loss_sum, wf_pipe_stats *stats);
+/* Forward only, micro-batch after micro-batch (evaluation). */
+wf_status wf_pipe_forward(wf_pipe *p, wf_pipe_batch_fn batch, void *user, double *loss_sum);
+
+/* Split L layers into pp stages. With pp_layers (n == pp entries) that split; else
+ * balanced by cost: a layer costs its forward FLOPs, the first stage also pays the
+ * embedding and the last the final layernorm and the vocabulary head, and the split
+ * minimises the most expensive stage (ties: earlier stages lighter). bounds[0..pp]:
+ * stage s holds layers [bounds[s], bounds[s+1]). */
+wf_status wf_pipe_partition(const wf_gpt_dims *d, int T, int pp, const int *pp_layers, int n,
+                            int *bounds, char *err, size_t err_len);
+
+/*
+ * wf_dp.h - data parallelism: gradient averaging over the dp group, and the sharded
+ * optimizer (ZeRO-1).
+ *
+ * Plain data parallelism (optim.zero = 0): gradients are averaged with bucketed,
+ * non-blocking all-reduces. The model announces during the last micro-batch's
+ * backward when each layer's gradients are final (wf_gpt_set_grad_hook); a bucket is
+ * launched as soon as all its tensors are final, so communication overlaps the rest
+ * of backward. wf_dp_finish() waits for what is still in flight; the time it waits
+ * is the gradient communication that was NOT hidden, and the step log shows it.
+ *
+ * ZeRO-1 (optim.zero = 1): the flat gradient vector is reduce-scattered so each dp
+ * rank owns the average of one contiguous shard of ceil(n/dp) elements (the last
+ * shard is padded with zeros), runs AdamW on its shard only (so the m and v state
+ * per rank is about 1/dp of the model), and the updated shards are all-gathered back
+ * into every rank's full parameters.
+ *
+ * Both paths compute the same mathematics as one rank: the average over dp ranks of
+ * per-rank mean gradients is the mean over the global batch.
+ */
+
+typedef struct wf_dp wf_dp;
+
+typedef struct wf_dp_opts {
+  wf_comm *comm;       /* the dp group (size 1 is allowed: everything is local) */
+  wf_gpt *model;       /* borrowed */
+  size_t bucket_bytes; /* optim.bucket_mb; 0 = one bucket per layer */
+  int zero;            /* 0 or 1 */
+} wf_dp_opts;
+
+typedef struct wf_dp_stats {
+  double exposed_ms;           /* time waiting for gradient communication after backward */
+  double comm_bytes;           /* bytes reduced this step (per rank) */
+  size_t optimizer_bytes;      /* AdamW state held by this rank */
+  int buckets, launched_early; /* buckets, and how many started during backward */
+} wf_dp_stats;
+
+wf_status wf_dp_create(wf_dp **out, const wf_dp_opts *o);
+void wf_dp_destroy(wf_dp *dp); /* accepts NULL */
+
+/* Arm the overlap for the coming backward (the last micro-batch of the step):
+ * installs the model's gradient hook. */
+void wf_dp_arm(wf_dp *dp);
+/* Complete the gradient reduction: afterwards every rank holds the averaged
+ * gradients (zero = 0) or the averaged gradient shard (zero = 1). */
+wf_status wf_dp_finish(wf_dp *dp);
+/* Sum of squares of the gradients this rank counts (wf_gpt_kind_counted), over the
+ * dp group (after finish), identical on every dp rank. Summed over the tp and pp
+ * groups it is the square of the global gradient norm. */
+wf_status wf_dp_grad_sumsq(wf_dp *dp, double *ss);
+/* AdamW (per wf_gpt_update's rules) and, under ZeRO-1, the parameter all-gather. */
+wf_status wf_dp_update(wf_dp *dp, float lr, float beta1, float beta2, float eps, float weight_decay,
+                       float grad_scale, int t);
+void wf_dp_get_stats(const wf_dp *dp, wf_dp_stats *out);
+
+/* For checkpoints: the elements [*lo, *hi) of the flat parameter vector whose AdamW
+ * state this rank holds ([0, n) without ZeRO), and under ZeRO-1 that state itself,
+ * (*hi - *lo) elements each of m and v. Without ZeRO *m = *v = NULL: the model holds
+ * the full state (wf_gpt_adam_state). */
+void wf_dp_shard_range(const wf_dp *dp, size_t *lo, size_t *hi);
+void wf_dp_adam_shard(wf_dp *dp, float **m, float **v);
+
+#endif /* WF_PARALLEL_H */
