@@ -19,6 +19,8 @@
 
 #include "wf_kernels.h"
 #include "wf_model.h"
+#include "wf_optim.h"
+#include "wf_parallel.h"
 #include "wf_runtime.h"
 
 enum { MAX_REPS = 32 };
@@ -75,19 +77,57 @@ typedef struct phases {
   double fwd, bwd, norm, adamw, step;
 } phases;
 
-static void one_step(wf_gpt *m, const int *in, const int *tg, int B, int T, int t, phases *p)
+/* What the trainer runs on one rank: the model, the gradient path, the optimizer. */
+typedef struct rank {
+  wf_config cfg;
+  wf_gpt *m;
+  wf_grads *g;
+  wf_optim *o;
+} rank;
+
+static void one_step(rank *r, const int *in, const int *tg, int B, int T, int t, phases *p)
 {
+  float loss, norm;
+  wf_optim_step_info oi;
   double t0 = wf_now();
-  wf_gpt_zero_grad(m);
-  wf_gpt_forward(m, in, tg, B, T);
+  wf_grads_zero(r->g);
+  wf_gpt_forward(r->m, in, tg, B, T, &loss);
   double t1 = wf_now();
-  wf_gpt_backward(m, 1.0f);
+  wf_gpt_backward(r->m, 1.0f);
   double t2 = wf_now();
-  float norm = wf_gpt_grad_norm(m);
+  wf_grads_finish(r->g);
+  wf_grads_norm(r->g, 1.0, &norm);
   double t3 = wf_now();
-  wf_gpt_update(m, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, norm > 1 ? 1 / norm : 1, t);
+  wf_optim_step(r->o, t, loss, norm, wf_grads_for_update(r->g), &oi);
+  wf_grads_sync_params(r->g);
   double t4 = wf_now();
   *p = (phases){t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0};
+}
+
+/* lr 1e-4, betas 0.9 / 0.95, weight decay 0.1, clip 1: the step the trainer takes. */
+static wf_status rank_create(rank *r, const shape *s)
+{
+  wf_config_init(&r->cfg);
+  r->cfg.train.lr = r->cfg.train.min_lr = 1e-4, r->cfg.train.warmup = 0;
+  r->cfg.optim.beta1 = 0.9, r->cfg.optim.beta2 = 0.95, r->cfg.optim.weight_decay = 0.1;
+  r->cfg.optim.clip = 1.0, r->cfg.precision = WF_PREC_NO;
+  wf_status st = wf_gpt_create(&r->m, &s->d, s->B, s->T);
+  if (st == WF_OK)
+    st = wf_gpt_init(r->m, 1);
+  wf_grads_opts go = {.model = r->m};
+  if (st == WF_OK)
+    st = wf_grads_create(&r->g, &go);
+  wf_optim_opts oo = {&r->cfg, r->m, 0, r->m ? wf_gpt_local_params(r->m) : 0, 1};
+  if (st == WF_OK)
+    st = wf_optim_create(&r->o, &oo);
+  return st;
+}
+
+static void rank_destroy(rank *r)
+{
+  wf_optim_destroy(r->o);
+  wf_grads_destroy(r->g);
+  wf_gpt_destroy(r->m);
 }
 
 static void print_row(const shape *s, const char *kind, double step, double fwd, double bwd,
@@ -107,21 +147,21 @@ static int bench_shape(const shape *s, int steps)
   /* Measured next to each model, so both numbers see the same machine load. */
   double sg_med, sg_min;
   sgemm_time(2048, 5, &sg_med, &sg_min);
-  wf_gpt *m = NULL;
-  if (wf_gpt_create(&m, &s->d, s->B, s->T) != WF_OK) {
+  rank r = {0};
+  if (rank_create(&r, s) != WF_OK) {
     fprintf(stderr, "train: cannot allocate %s\n", s->name);
+    rank_destroy(&r);
     return 1;
   }
-  wf_gpt_init(m, 1);
   size_t n = (size_t)s->B * s->T;
   int *tok = malloc((n + 1) * sizeof *tok);
   for (size_t i = 0; i <= n; i++)
     tok[i] = (int)(wf_rng_u64(2, 0, i) % (uint64_t)s->d.V);
   phases p;
-  one_step(m, tok, tok + 1, s->B, s->T, 1, &p); /* warm-up: page faults, thread start */
+  one_step(&r, tok, tok + 1, s->B, s->T, 1, &p); /* warm-up: page faults, thread start */
   double ts[MAX_REPS], fwd[MAX_REPS], bwd[MAX_REPS], opt[MAX_REPS];
   for (int i = 0; i < steps; i++) {
-    one_step(m, tok, tok + 1, s->B, s->T, i + 2, &p);
+    one_step(&r, tok, tok + 1, s->B, s->T, i + 2, &p);
     ts[i] = p.step, fwd[i] = p.fwd, bwd[i] = p.bwd, opt[i] = p.norm + p.adamw;
   }
   print_row(s, "best", best(ts, steps), best(fwd, steps), best(bwd, steps), best(opt, steps),
@@ -129,7 +169,7 @@ static int bench_shape(const shape *s, int steps)
   print_row(s, "median", median(ts, steps), median(fwd, steps), median(bwd, steps),
             median(opt, steps), sg_med);
   free(tok);
-  wf_gpt_destroy(m);
+  rank_destroy(&r);
   return 0;
 }
 

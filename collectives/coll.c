@@ -8,6 +8,7 @@
  * Iallreduce + Wait), so the host path costs one MPI call plus a few stores.
  */
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +30,7 @@ static wf_status check_layout(const wf_comm *c, const wf__op *d)
     return WF_OK; /* one buffer (p2p, barrier) or nothing to touch */
   if (d->send == d->recv && (d->op == WF_OP_ALLREDUCE || d->op == WF_OP_BCAST || c->rank == 0))
     return WF_OK; /* in place; on rank 0 also for reduce-scatter and allgather */
-  size_t es = wf__coll_dtype_size(d->dt), blk = d->count * es, full = blk * (size_t)c->size;
+  size_t es = wf_comm_dtype_size(d->dt), blk = d->count * es, full = blk * (size_t)c->size;
   const char *s = d->send, *r = d->recv;
   if (d->op == WF_OP_REDUCE_SCATTER && s + blk * (size_t)c->rank != r &&
       overlaps(s, full, r, blk)) {
@@ -58,9 +59,20 @@ static wf_status validate(const wf_comm *c, const wf__op *d)
     WF_ERROR("%s: communicator is NULL", name);
     return WF_EINVAL;
   }
-  if ((unsigned)d->dt > WF_COMM_BF16 || (unsigned)d->redop > WF_COMM_AVG) {
+  if ((unsigned)d->dt > WF_COMM_U8 || (unsigned)d->redop > WF_COMM_MAX) {
     WF_ERROR("comm '%s' %s: unknown dtype %d or reduction %d", c->name, name, (int)d->dt,
              (int)d->redop);
+    return WF_EINVAL;
+  }
+  bool floating = d->dt == WF_COMM_F32 || d->dt == WF_COMM_BF16;
+  bool reduces = d->op == WF_OP_ALLREDUCE || d->op == WF_OP_REDUCE_SCATTER;
+  if (reduces && d->dt == WF_COMM_U8) {
+    WF_ERROR("comm '%s' %s: bytes are moved, not reduced; use an integer type", c->name, name);
+    return WF_EINVAL;
+  }
+  if (reduces && d->redop == WF_COMM_AVG && !floating) {
+    WF_ERROR("comm '%s' %s: an average of %s integers is not an integer; sum them instead", c->name,
+             name, wf_comm_dtype_name(d->dt));
     return WF_EINVAL;
   }
   size_t blocks = d->op == WF_OP_ALLGATHER || d->op == WF_OP_REDUCE_SCATTER ? (size_t)c->size : 1;
@@ -86,9 +98,11 @@ static wf_status validate(const wf_comm *c, const wf__op *d)
   return check_layout(c, d);
 }
 
-/* Every rank learns the min and max of each field with one small MPI_Allreduce, so
- * a mismatch fails on every rank alike instead of hanging or corrupting memory. */
-static wf_status agree(wf_comm *c, const wf__op *d)
+/* WEFT_COMM_CHECK: every rank learns the min and max of each argument with one small
+ * MPI_Allreduce (MAX of v and -v), so a mismatch fails on every rank alike instead of
+ * hanging or corrupting memory. It talks to MPI directly: it runs inside every
+ * collective, which it must not recurse into. */
+static wf_status check_args(wf_comm *c, const wf__op *d)
 {
   wf_status st = WF_OK;
   static const char *what[] = {"operation", "dtype", "reduction", "count", "root"};
@@ -110,7 +124,7 @@ fail:
 
 static size_t trace_bytes(const wf_comm *c, const wf__op *d)
 {
-  size_t b = d->count * wf__coll_dtype_size(d->dt);
+  size_t b = d->count * wf_comm_dtype_size(d->dt);
   return d->op == WF_OP_REDUCE_SCATTER ? b * (size_t)c->size : b;
 }
 
@@ -121,15 +135,15 @@ wf_status wf__coll_run(wf_comm *c, const wf__op *d, wf_req **req)
     *req = NULL;
   WF_TRY(validate(c, d));
   bool dev = wf__coll_on_device(c, d->op == WF_OP_SEND ? d->send : d->recv);
-  if (!dev && d->dt != WF_COMM_F32) {
-    WF_ERROR("comm '%s' %s: bf16 needs device buffers (NCCL); host buffers are float32 only",
-             c->name, wf_comm_op_name(d->op));
+  if (!dev && d->dt == WF_COMM_BF16) {
+    WF_ERROR("comm '%s' %s: bf16 needs device buffers (NCCL); MPI has no bf16 type", c->name,
+             wf_comm_op_name(d->op));
     return WF_EUNSUPPORTED;
   }
   if (c->group_depth > 0)
     return wf__coll_group_add(c, d, dev);
   if (c->check && d->op != WF_OP_SEND && d->op != WF_OP_RECV)
-    WF_TRY(agree(c, d));
+    WF_TRY(check_args(c, d));
   uint64_t seq = wf__coll_rec_begin(c, d->op, d->count, d->dt, trace_bytes(c, d), d->peer, dev,
                                     WF_STATE_RUNNING);
   st = dev ? wf__coll_nccl_post(c, d, seq, req) : wf__coll_mpi_post(c, d, seq, req);
@@ -244,4 +258,33 @@ wf_status wf_comm_irecv(wf_comm *c, void *buf, size_t count, wf_comm_dtype dt, i
     return WF_EINVAL;
   }
   return req ? wf__coll_run(c, &d, req) : WF_EINVAL;
+}
+
+size_t wf_comm_dtype_size(wf_comm_dtype dt)
+{
+  static const size_t size[] = {4, 2, 4, 8, 8, 1};
+  return (unsigned)dt < WF_ARRAY_LEN(size) ? size[dt] : 0;
+}
+
+const char *wf_comm_dtype_name(wf_comm_dtype dt)
+{
+  static const char *name[] = {"f32", "bf16", "i32", "i64", "u64", "u8"};
+  return (unsigned)dt < WF_ARRAY_LEN(name) ? name[dt] : "?";
+}
+
+/* A failing rank contributes rank * 64 + |status| (statuses are > -64), the others
+ * INT64_MAX, so the MIN is the lowest failing rank and its status. */
+wf_status wf_comm_agree(wf_comm *c, wf_status mine, int *first_bad)
+{
+  if (first_bad)
+    *first_bad = c || mine == WF_OK ? -1 : 0;
+  if (!c)
+    return mine;
+  int64_t v = mine == WF_OK ? INT64_MAX : (int64_t)c->rank * 64 - (int64_t)mine;
+  wf_status st = wf_comm_allreduce(c, &v, &v, 1, WF_COMM_I64, WF_COMM_MIN);
+  if (st != WF_OK || v == INT64_MAX)
+    return st;
+  if (first_bad)
+    *first_bad = (int)(v / 64);
+  return (wf_status)(-(v % 64));
 }

@@ -98,7 +98,8 @@ typedef struct wf__op {
 /* coll.c: validate, record and dispatch; req == NULL means blocking. */
 wf_status wf__coll_run(wf_comm *c, const wf__op *d, wf_req **req);
 
-/* mpi.c: post on MPI; blocking when req == NULL. */
+/* mpi.c: post on MPI; blocking when req == NULL. The MPI type of an element type. */
+MPI_Datatype wf__coll_mpi_type(wf_comm_dtype dt);
 wf_status wf__coll_mpi_post(wf_comm *c, const wf__op *d, uint64_t seq, wf_req **req);
 wf_status wf__coll_req_new(wf_comm *c, int n, wf_req **out);
 void wf__coll_req_free(wf_req *r);
@@ -120,7 +121,5 @@ uint64_t wf__coll_rec_now(const wf_comm *c);
 bool wf__coll_on_device(const wf_comm *c, const void *ptr);
 wf_status wf__coll_nccl_post(wf_comm *c, const wf__op *d, uint64_t seq, wf_req **req);
 void wf__coll_nccl_fini(wf_comm *c);
-
-static inline size_t wf__coll_dtype_size(wf_comm_dtype dt) { return dt == WF_COMM_BF16 ? 2 : 4; }
 
 #endif /* WF_COMM_INT_H */

@@ -41,7 +41,7 @@ wf_status wf__coll_group_add(wf_comm *c, const wf__op *d, bool device)
   e->peer = d->peer;
   e->device = device;
   e->dt = d->dt;
-  e->seq = wf__coll_rec_begin(c, d->op, d->count, d->dt, d->count * wf__coll_dtype_size(d->dt),
+  e->seq = wf__coll_rec_begin(c, d->op, d->count, d->dt, d->count * wf_comm_dtype_size(d->dt),
                               d->peer, device, WF_STATE_QUEUED);
   return WF_OK;
 }
@@ -77,10 +77,12 @@ static wf_status post_host(wf_comm *c, wf_req *r)
     if (e->device)
       continue;
     if (e->is_send) {
-      WF_CHECK_MPI(MPI_Isend(e->buf, e->count, MPI_FLOAT, e->peer, TAG, c->mpi, &r->mreq[k]));
+      WF_CHECK_MPI(
+          MPI_Isend(e->buf, e->count, wf__coll_mpi_type(e->dt), e->peer, TAG, c->mpi, &r->mreq[k]));
     } else {
-      r->expect[k] = e->count * (int)sizeof(float);
-      WF_CHECK_MPI(MPI_Irecv(e->buf, e->count, MPI_FLOAT, e->peer, TAG, c->mpi, &r->mreq[k]));
+      r->expect[k] = e->count * (int)wf_comm_dtype_size(e->dt);
+      WF_CHECK_MPI(
+          MPI_Irecv(e->buf, e->count, wf__coll_mpi_type(e->dt), e->peer, TAG, c->mpi, &r->mreq[k]));
     }
     k++;
   }

@@ -17,6 +17,23 @@
 
 #define TAG 0x77ef
 
+MPI_Datatype wf__coll_mpi_type(wf_comm_dtype dt)
+{
+  switch (dt) {
+  case WF_COMM_I32: return MPI_INT32_T;
+  case WF_COMM_I64: return MPI_INT64_T;
+  case WF_COMM_U64: return MPI_UINT64_T;
+  case WF_COMM_U8: return MPI_UINT8_T;
+  default: return MPI_FLOAT; /* F32; bf16 never reaches MPI (coll.c refuses it) */
+  }
+}
+
+/* MPI has no average: AVG sums, and finish() scales. */
+static MPI_Op mpi_op(wf_comm_redop op)
+{
+  return op == WF_COMM_MIN ? MPI_MIN : op == WF_COMM_MAX ? MPI_MAX : MPI_SUM;
+}
+
 static wf_status finish_post(wf_req *r)
 {
   if (r->move_bytes)
@@ -73,12 +90,13 @@ void wf__coll_req_free(wf_req *r)
 /* Fill in the post-processing of `d` (average, in-place move) into `r`. */
 static void plan_finish(wf_comm *c, const wf__op *d, wf_req *r)
 {
+  size_t blk = d->count * wf_comm_dtype_size(d->dt);
   bool rs_in_place = d->op == WF_OP_REDUCE_SCATTER && c->rank > 0 &&
-                     (const float *)d->send + d->count * (size_t)c->rank == d->recv;
+                     (const char *)d->send + blk * (size_t)c->rank == (const char *)d->recv;
   if (rs_in_place) {
     r->move_dst = d->recv;
     r->move_src = d->send;
-    r->move_bytes = d->count * sizeof(float);
+    r->move_bytes = blk;
   }
   if (d->redop == WF_COMM_AVG && c->size > 1 &&
       (d->op == WF_OP_ALLREDUCE || d->op == WF_OP_REDUCE_SCATTER)) {
@@ -104,44 +122,46 @@ static wf_status post(wf_comm *c, const wf__op *d, wf_req *r)
 {
   wf_status st = WF_OK;
   MPI_Request *q = r ? &r->mreq[0] : NULL;
-  int n = (int)d->count, p = d->peer;
+  int n = (int)d->count, p = d->peer, es = (int)wf_comm_dtype_size(d->dt);
+  MPI_Datatype t = wf__coll_mpi_type(d->dt);
+  MPI_Op op = mpi_op(d->redop);
   const void *s = d->send == d->recv ? MPI_IN_PLACE : d->send;
+  size_t blk = (size_t)n * (size_t)es * (size_t)c->rank; /* this rank's block, in bytes */
   MPI_Status status;
   switch (d->op) {
   case WF_OP_ALLREDUCE:
-    WF_CHECK_MPI(q ? MPI_Iallreduce(s, d->recv, n, MPI_FLOAT, MPI_SUM, c->mpi, q)
-                   : MPI_Allreduce(s, d->recv, n, MPI_FLOAT, MPI_SUM, c->mpi));
+    WF_CHECK_MPI(q ? MPI_Iallreduce(s, d->recv, n, t, op, c->mpi, q)
+                   : MPI_Allreduce(s, d->recv, n, t, op, c->mpi));
     break;
   case WF_OP_REDUCE_SCATTER: {
-    bool inplace = (const float *)d->send + d->count * (size_t)c->rank == d->recv;
+    bool inplace = (const char *)d->send + blk == (const char *)d->recv;
     const void *sb = inplace ? MPI_IN_PLACE : d->send;
     void *rb = inplace ? (void *)d->send : d->recv;
-    WF_CHECK_MPI(q ? MPI_Ireduce_scatter_block(sb, rb, n, MPI_FLOAT, MPI_SUM, c->mpi, q)
-                   : MPI_Reduce_scatter_block(sb, rb, n, MPI_FLOAT, MPI_SUM, c->mpi));
+    WF_CHECK_MPI(q ? MPI_Ireduce_scatter_block(sb, rb, n, t, op, c->mpi, q)
+                   : MPI_Reduce_scatter_block(sb, rb, n, t, op, c->mpi));
     break;
   }
   case WF_OP_ALLGATHER: {
-    bool inplace = (const float *)d->recv + d->count * (size_t)c->rank == d->send;
+    bool inplace = (const char *)d->recv + blk == (const char *)d->send;
     const void *sb = inplace ? MPI_IN_PLACE : d->send;
-    WF_CHECK_MPI(q ? MPI_Iallgather(sb, n, MPI_FLOAT, d->recv, n, MPI_FLOAT, c->mpi, q)
-                   : MPI_Allgather(sb, n, MPI_FLOAT, d->recv, n, MPI_FLOAT, c->mpi));
+    WF_CHECK_MPI(q ? MPI_Iallgather(sb, n, t, d->recv, n, t, c->mpi, q)
+                   : MPI_Allgather(sb, n, t, d->recv, n, t, c->mpi));
     break;
   }
   case WF_OP_BCAST:
-    WF_CHECK_MPI(q ? MPI_Ibcast(d->recv, n, MPI_FLOAT, p, c->mpi, q)
-                   : MPI_Bcast(d->recv, n, MPI_FLOAT, p, c->mpi));
+    WF_CHECK_MPI(q ? MPI_Ibcast(d->recv, n, t, p, c->mpi, q) : MPI_Bcast(d->recv, n, t, p, c->mpi));
     break;
   case WF_OP_SEND:
-    WF_CHECK_MPI(q ? MPI_Isend(d->send, n, MPI_FLOAT, p, TAG, c->mpi, q)
-                   : MPI_Send(d->send, n, MPI_FLOAT, p, TAG, c->mpi));
+    WF_CHECK_MPI(q ? MPI_Isend(d->send, n, t, p, TAG, c->mpi, q)
+                   : MPI_Send(d->send, n, t, p, TAG, c->mpi));
     break;
   case WF_OP_RECV:
     if (q)
-      r->expect[0] = n * (int)sizeof(float);
-    WF_CHECK_MPI(q ? MPI_Irecv(d->recv, n, MPI_FLOAT, p, TAG, c->mpi, q)
-                   : MPI_Recv(d->recv, n, MPI_FLOAT, p, TAG, c->mpi, &status));
+      r->expect[0] = n * es;
+    WF_CHECK_MPI(q ? MPI_Irecv(d->recv, n, t, p, TAG, c->mpi, q)
+                   : MPI_Recv(d->recv, n, t, p, TAG, c->mpi, &status));
     if (!q)
-      WF_TRY(check_recv(c, &status, n * (int)sizeof(float), p));
+      WF_TRY(check_recv(c, &status, n * es, p));
     break;
   case WF_OP_BARRIER: WF_CHECK_MPI(q ? MPI_Ibarrier(c->mpi, q) : MPI_Barrier(c->mpi)); break;
   default: return WF_EINVAL;
@@ -156,7 +176,7 @@ wf_status wf__coll_mpi_post(wf_comm *c, const wf__op *d, uint64_t seq, wf_req **
   wf_req *r = NULL;
   if (!req) {
     WF_TRY(post(c, d, NULL));
-    if (d->redop == WF_COMM_SUM && d->op != WF_OP_REDUCE_SCATTER)
+    if (d->redop != WF_COMM_AVG && d->op != WF_OP_REDUCE_SCATTER)
       return WF_OK; /* the common case: nothing to finish */
     wf_req plan;
     plan.move_bytes = plan.scale_count = 0;

@@ -89,17 +89,6 @@ fail:
   return st;
 }
 
-/* True on every rank when `ok` is true on every rank. */
-static wf_status all_ok(wf_comm *c, bool ok, bool *all)
-{
-  wf_status st = WF_OK;
-  int mine = ok, min = 0;
-  WF_CHECK_MPI(MPI_Allreduce(&mine, &min, 1, MPI_INT, MPI_MIN, c->mpi));
-  *all = min != 0;
-fail:
-  return st;
-}
-
 wf_status wf_comm_enable_nccl(wf_comm *c, wf_gpu *gpu, char *why, size_t why_len)
 {
   wf_status st = WF_OK;
@@ -107,24 +96,23 @@ wf_status wf_comm_enable_nccl(wf_comm *c, wf_gpu *gpu, char *why, size_t why_len
   void *mod = NULL, *nc = NULL;
   const wf__nccl_ops *o = NULL;
   unsigned char id[WF__NCCL_ID_BYTES];
-  bool all = false;
+  int bad = -1;
   if (!c)
     return WF_EINVAL;
   if (c->nc)
     return WF_OK;
   wf_status local_st = load_usable(gpu, &mod, &o, local, sizeof local);
-  WF_TRY(all_ok(c, local_st == WF_OK, &all));
-  if (!all) {
-    st = WF_ENODEV;
-    if (local_st == WF_OK)
-      snprintf(local, sizeof local, "another rank of comm '%s' has no usable GPU", c->name);
+  st = wf_comm_agree(c, local_st, &bad);
+  if (st != WF_OK) {
+    if (local_st == WF_OK && bad >= 0)
+      snprintf(local, sizeof local, "rank %d of comm '%s' has no usable GPU", bad, c->name);
     goto fail;
   }
   WF_TRY(bcast_id(c, o, id));
   local_st = o->comm_create(&nc, id, c->size, c->rank);
-  WF_TRY(all_ok(c, local_st == WF_OK, &all));
-  WF_CHECK(all, WF_ENCCL, "comm '%s': ncclCommInitRank failed on %s", c->name,
-           local_st == WF_OK ? "another rank" : "this rank");
+  st = wf_comm_agree(c, local_st, &bad);
+  WF_CHECK(st == WF_OK, WF_ENCCL, "comm '%s': ncclCommInitRank failed on rank %d%s", c->name, bad,
+           local_st == WF_OK ? "" : " (this rank)");
   c->nccl_module = mod;
   c->nccl = o;
   c->nc = nc;

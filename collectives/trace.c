@@ -193,7 +193,7 @@ char *wf_comm_trace_format(const wf_comm *c, const wf_trace_entry *e, char *buf,
              e->peer);
   snprintf(buf, len, "%s#%" PRIu64 " %s %" PRIu64 " x %s (%" PRIu64 " B)%s%s %s %s %.3f ms",
            c ? wf_comm_name(c) : "?", e->seq, wf_comm_op_name(e->op), e->count,
-           e->dtype == WF_COMM_BF16 ? "bf16" : "f32", e->bytes, peer, e->device ? " nccl" : "",
+           wf_comm_dtype_name(e->dtype), e->bytes, peer, e->device ? " nccl" : "",
            wf_comm_state_name(e->state), e->end_ns ? "in" : "for", ms);
   return buf;
 }

@@ -17,10 +17,13 @@
  *    flight recorder (wf_comm_trace_snapshot, wf_comm_last_op) at any time: that read
  *    takes no lock and never blocks the driving thread.
  *  - Counts are in elements and must fit in an int (the MPI limit).
- *  - Host (MPI) path: float32 only; bf16 fails with WF_EUNSUPPORTED. Device (NCCL)
- *    path: float32 and bf16. On the host path weft adds no copies: the MPI call gets
- *    the caller's buffers (the only exception is the in-place reduce-scatter of a
- *    rank > 0, which moves its 1/size result block into place; see below).
+ *  - Element types: float32 and bf16 (device buffers only: MPI has no bf16, so a host
+ *    bf16 buffer fails with WF_EUNSUPPORTED), the integers int32, int64 and uint64 on
+ *    both paths, so counters, flags and hashes travel as what they are, and bytes (u8,
+ *    for text such as a manifest; moved, never reduced). Reductions: SUM, AVG
+ *    (floating point only), MIN and MAX. On the host path weft adds no copies: the MPI
+ * call gets the caller's buffers (the only exception is the in-place reduce-scatter of a rank > 0,
+ * which moves its 1/size result block into place; see below).
  *
  * Buffer layouts (n = wf_comm_size, r = wf_comm_rank):
  *  - allreduce(send, recv, count): recv[i] = op over ranks of send[i], i < count.
@@ -62,9 +65,25 @@
 typedef struct wf_comm wf_comm;
 typedef struct wf_req wf_req;
 
-typedef enum wf_comm_dtype { WF_COMM_F32 = 0, WF_COMM_BF16 = 1 } wf_comm_dtype;
+typedef enum wf_comm_dtype {
+  WF_COMM_F32 = 0,
+  WF_COMM_BF16 = 1,
+  WF_COMM_I32 = 2,
+  WF_COMM_I64 = 3,
+  WF_COMM_U64 = 4,
+  WF_COMM_U8 = 5, /* bytes: moved (bcast, gather, p2p), never reduced */
+} wf_comm_dtype;
 
-typedef enum wf_comm_redop { WF_COMM_SUM = 0, WF_COMM_AVG = 1 } wf_comm_redop;
+typedef enum wf_comm_redop {
+  WF_COMM_SUM = 0,
+  WF_COMM_AVG = 1, /* F32 and BF16 only */
+  WF_COMM_MIN = 2,
+  WF_COMM_MAX = 3,
+} wf_comm_redop;
+
+/* Bytes of one element, and "f32", "bf16", "i32", "i64", "u64", "u8". */
+size_t wf_comm_dtype_size(wf_comm_dtype dt);
+const char *wf_comm_dtype_name(wf_comm_dtype dt);
 
 /* Operation kinds, as recorded in the flight recorder. */
 typedef enum wf_comm_op {
@@ -179,6 +198,15 @@ wf_status wf_comm_bcast(wf_comm *c, void *buf, size_t count, wf_comm_dtype dt, i
 wf_status wf_comm_send(wf_comm *c, const void *buf, size_t count, wf_comm_dtype dt, int peer);
 wf_status wf_comm_recv(wf_comm *c, void *buf, size_t count, wf_comm_dtype dt, int peer);
 wf_status wf_comm_barrier(wf_comm *c);
+
+/* Agree on an outcome: every rank passes its own status and gets the same answer,
+ * WF_OK when every rank passed WF_OK, else the status of the lowest-numbered failing
+ * rank, whose rank (in this communicator) goes to *first_bad (-1 when none failed;
+ * first_bad may be NULL). Ranks use it before acting on anything that can fail on one
+ * rank alone (a file write, a device probe), so none waits in a collective the others
+ * have left. One int64 MIN all-reduce. If the agreement itself fails, its error is
+ * returned (logged where it arose) and *first_bad is -1. c NULL: one rank alone. */
+wf_status wf_comm_agree(wf_comm *c, wf_status mine, int *first_bad);
 
 /* ---- non-blocking operations ------------------------------------------------
  * On success *req is a request to complete with wf_req_wait/test. On failure *req

@@ -13,6 +13,8 @@
 /* Sum of squares in double (for the global gradient norm; reduce across ranks
  * before taking the square root). */
 double wf_sumsq(const float *x, size_t n);
+/* *acc += wf_sumsq(x, n): gradient norms summed tensor by tensor on the device. */
+void wf_sumsq_acc(double *acc, const float *x, size_t n);
 /* x *= s */
 void wf_scale(float *x, float s, size_t n);
 

@@ -33,5 +33,6 @@
 #include "adamw.h"
 #include "norm.h"
 #include "round.h"
+#include "tokens.h"
 
 #endif /* WF_KERNELS_H */

@@ -21,6 +21,17 @@
  *  target_logit summed; loss = log S + M - target_logit.) */
 void wf_xent_stats(float *row_max, float *row_sumexp, float *target_logit, const float *logits,
                    const int *targets, int N, int V, int ld, int v_offset);
+/* Across vocabulary-parallel ranks, the statistics travel as one (N, 3) buffer:
+ * stats[3i .. 3i+2] = {row_max[i], row_sumexp[i], target_logit[i]} (one all-gather
+ * moves every rank's). */
+void wf_xent_pack(float *stats, const float *row_max, const float *row_sumexp,
+                  const float *target_logit, int N);
+/* all (parts, N, 3): every rank's packed statistics -> the global ones: row_max = M =
+ * max over parts; row_sumexp = sum of sumexp * exp(max - M) over the parts whose sumexp
+ * is > 0 (an empty slice contributes nothing); target_logit = the sum over parts (only
+ * the part holding the target has it non-zero). */
+void wf_xent_combine(float *row_max, float *row_sumexp, float *target_logit, const float *all,
+                     int N, int parts);
 /* loss[i] = log(sumexp[i]) + max[i] - target_logit[i] */
 void wf_xent_loss(float *losses, const float *row_max, const float *row_sumexp,
                   const float *target_logit, int N);
@@ -30,5 +41,9 @@ void wf_xent_loss(float *losses, const float *row_max, const float *row_sumexp,
 void wf_xent_backward(float *dlogits, const float *logits, const float *row_max,
                       const float *row_sumexp, const int *targets, float dloss, int N, int V,
                       int ld, int v_offset);
+
+/* *acc += the mean of losses (N), computed in double and rounded to float first: the
+ * micro-batch's loss as a float, summed over micro-batches in double. */
+void wf_loss_accumulate(double *acc, const float *losses, int N);
 
 #endif /* WF_KERNELS_XENT_H */

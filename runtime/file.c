@@ -68,7 +68,8 @@ wf_status wf_afile_open(wf_afile *f, const char *path, unsigned mode, int flags)
              "%s: out of memory for the checksum state", f->path);
   }
   f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
-  WF_CHECK(f->fd >= 0, WF_EIO, "%s: cannot create: %s", f->tmp, strerror(errno));
+  WF_CHECK(f->fd >= 0, WF_EIO, "%s: cannot create its temporary file %s: %s", f->path, f->tmp,
+           strerror(errno));
   /* open() applies the umask; a file holding a secret must have exactly `mode`. */
   WF_CHECK(fchmod(f->fd, mode) == 0, WF_EIO, "%s: cannot set mode %o: %s", f->tmp, mode,
            strerror(errno));

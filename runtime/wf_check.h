@@ -47,6 +47,19 @@
     }                                                                                              \
   } while (0)
 
+/* A refusal that every rank reaches alike from the same configuration (a bad key, a
+ * mesh that does not fit the model): logged once, by world rank 0 (or a process
+ * without MPI), so a job of N ranks prints one line, not N; otherwise like WF_CHECK. */
+#define WF_REFUSE(cond, code, ...)                                                                 \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      if (wf_rt_rank() <= 0)                                                                       \
+        wf_log(WF_LOG_ERROR, __FILE__, __LINE__, __VA_ARGS__);                                     \
+      st = (code);                                                                                 \
+      goto fail;                                                                                   \
+    }                                                                                              \
+  } while (0)
+
 /* A system call returning < 0 (or NULL through WF_CHECK_PTR) with errno set. */
 #define WF_CHECK_SYS(call)                                                                         \
   do {                                                                                             \

@@ -70,7 +70,7 @@ typedef struct wf_gpu_ops {
   int (*stream_sync)(void *stream);
   int (*is_device_ptr)(const void *ptr); /* 1 device or managed, 0 otherwise */
 
-  /* The kernel launchers: a `const wf_gpu_kernels *` (kernels/wf_kernels_gpu.h).
+  /* The kernel launchers: a `const wf_ktable *` (kernels/wf_ktable.h).
    * The runtime hands it out untyped so that it does not depend on kernels/. */
   const void *kernels;
 } wf_gpu_ops;

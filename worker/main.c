@@ -118,12 +118,11 @@ static int parse_args(int argc, char **argv, args *a, char *err, size_t len)
   return 0;
 }
 
-/* All ranks learn whether every rank succeeded. */
-static bool all_ok(bool ok)
+/* All ranks learn whether every rank succeeded (over the start-up communicator, a
+ * duplicate of the world made right after MPI_Init, before the mesh exists). */
+static bool all_ok(wf_comm *world, bool ok)
 {
-  int mine = ok ? 1 : 0, all = 0;
-  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  return all == 1;
+  return wf_comm_agree(world, ok ? WF_OK : WF_EINVAL, NULL) == WF_OK;
 }
 
 static wf_status load_config(wf_config *cfg, const args *a, char *err, size_t len)
@@ -196,10 +195,11 @@ static wf_status pick_device(const wf_config *cfg, const wf_launch *l, wf_gpu **
 
 /* Print a user error once: by rank 0 when it has it (every rank validates the
  * same config, so they agree), else by each rank that found it. */
-static int fail_all(bool mine_failed, const char *msg, int rank)
+static int fail_all(wf_comm *world, bool mine_failed, const char *msg, int rank)
 {
-  int rank0_failed = mine_failed;
-  MPI_Bcast(&rank0_failed, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  int32_t rank0_failed = mine_failed;
+  if (wf_comm_bcast(world, &rank0_failed, 1, WF_COMM_I32, 0) != WF_OK)
+    rank0_failed = 0; /* the broadcast failed (logged): every rank says its own */
   if (mine_failed && (rank == 0 || !rank0_failed))
     fprintf(stderr, "weft: error: %s\n", msg);
   return 1;
@@ -239,11 +239,11 @@ static bool on_step(void *user, const wf_train_step_info *info)
   wf_control *ctl = b->ctl;
   wf_control_report_step(ctl, info->step, info->loss, info->tokens_per_s, info->step_ms,
                          (uint64_t)info->mem_bytes);
-  /* Counts of ranks that saw each request: a signal, the console's stop, the
-   * console's checkpoint (small integers, exact in float32). */
-  float req[3] = {stop_signal ? 1.0f : 0.0f, wf_control_stop_requested(ctl) ? 1.0f : 0.0f,
-                  wf_control_checkpoint_requested(ctl) ? 1.0f : 0.0f};
-  if (wf_comm_allreduce(b->world, req, req, 3, WF_COMM_F32, WF_COMM_SUM) != WF_OK) {
+  /* Whether any rank saw each request: a signal, the console's stop, the console's
+   * checkpoint. */
+  int32_t req[3] = {stop_signal != 0, wf_control_stop_requested(ctl),
+                    wf_control_checkpoint_requested(ctl)};
+  if (wf_comm_allreduce(b->world, req, req, 3, WF_COMM_I32, WF_COMM_MAX) != WF_OK) {
     b->failed = true; /* logged where it failed */
     return false;
   }
@@ -270,7 +270,7 @@ static void on_phase(void *user, const char *phase)
 /* Train (or dump llm.c's debug state) on this rank's share of the mesh, with the
  * control plane up so the console can attach and the watchdog can act. */
 static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, const char *dump_state,
-                 const char *save, bool gpu_selected)
+                 const char *save, wf_gpu *gpu)
 {
   int rank = wf_job_rank(job);
   if (dump_state) {
@@ -293,7 +293,7 @@ static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, con
   }
   install_signals();
   wf_control_set_phase(plane.ctl, "train");
-  if (gpu_selected && rank == 0)
+  if (gpu && rank == 0)
     WF_WARN("a GPU was selected, but the GPU training path (the model on the CUDA kernel "
             "table) is not built yet: this job trains on the CPU");
   boundary bd = {plane.ctl, wf_job_world_comm(job), false, false};
@@ -352,22 +352,21 @@ static int print_schedule(const wf_config *cfg, int rank)
 }
 
 /* --export llmc FILE: rank 0 writes the model of the checkpoint; no mesh is needed. */
-static int export_llmc(const wf_config *cfg, const char *path, int rank)
+static int export_llmc(wf_comm *world, const wf_config *cfg, const char *path, int rank)
 {
-  char dir[WF_PATH_MAX + 64], err[2048] = "";
+  char dir[WF_PATH_MAX + 64];
   bool ok = true;
   if (rank == 0) {
-    ok = wf_ckpt_locate(cfg, dir, sizeof dir, err, sizeof err) == WF_OK &&
-         wf_ckpt_export_llmc(dir, path, err, sizeof err) == WF_OK;
+    ok = wf_ckpt_locate(cfg, dir, sizeof dir) == WF_OK && wf_ckpt_export_llmc(dir, path) == WF_OK;
     if (ok)
       printf("exported %s to %s (llm.c GPT-2 checkpoint)\n", dir, path);
   }
-  if (!all_ok(ok))
-    return fail_all(!ok, err, rank);
+  if (!all_ok(world, ok))
+    return fail_all(world, !ok, "--export failed (the error is above)", rank);
   return 0;
 }
 
-static int run(const args *a, int rank, int size)
+static int run(wf_comm *world, const args *a, int rank, int size)
 {
   char err[2048] = "";
   wf_config cfg;
@@ -375,8 +374,8 @@ static int run(const args *a, int rank, int size)
   bool ok = load_config(&cfg, a, err, sizeof err) == WF_OK;
   ok = ok && read_launch(&launch, &cfg, rank, size, err, sizeof err) == WF_OK;
   ok = ok && wf_config_validate(&cfg, check_world(&cfg, a, size), err, sizeof err) == WF_OK;
-  if (!all_ok(ok))
-    return fail_all(!ok, err, rank);
+  if (!all_ok(world, ok))
+    return fail_all(world, !ok, err, rank);
   wf_log_set_level(cfg.runtime.log_level);
   if (rank == 0)
     WF_INFO("launch: rank/size from %s; %d ranks", wf_launch_source_str(launch.source), size);
@@ -386,7 +385,7 @@ static int run(const args *a, int rank, int size)
     return 0;
   }
   if (a->export_llmc)
-    return export_llmc(&cfg, a->export_llmc, rank);
+    return export_llmc(world, &cfg, a->export_llmc, rank);
   if (a->print_schedule)
     return print_schedule(&cfg, rank);
 
@@ -394,8 +393,8 @@ static int run(const args *a, int rank, int size)
   char device[64], bus[64];
   ok = pick_device(&cfg, &launch, &gpu, device, sizeof device, bus, sizeof bus, err, sizeof err) ==
        WF_OK;
-  if (!all_ok(ok))
-    return fail_all(!ok, err, rank);
+  if (!all_ok(world, ok))
+    return fail_all(world, !ok, err, rank);
   wf_binding binding;
   wf_bind_apply(&binding, cfg.runtime.bind, launch.local_rank, launch.local_size,
                 bus[0] ? bus : NULL);
@@ -413,9 +412,9 @@ static int run(const args *a, int rank, int size)
   wf_job *job = NULL;
   wf_job_opts jo = {&cfg, &launch, device, &binding};
   ok = wf_job_bootstrap(&job, &jo) == WF_OK;
-  if (!all_ok(ok)) {
+  if (!all_ok(world, ok)) {
     wf_gpu_close(gpu);
-    return fail_all(!ok, "mesh bootstrap failed (see the log above)", rank);
+    return fail_all(world, !ok, "mesh bootstrap failed (see the log above)", rank);
   }
   int rc = 0;
   if (a->dry_run) {
@@ -425,7 +424,7 @@ static int run(const args *a, int rank, int size)
              "mesh\n");
     }
   } else {
-    rc = train(&cfg, &launch, job, a->dump_state, a->save, gpu != NULL);
+    rc = train(&cfg, &launch, job, a->dump_state, a->save, gpu);
   }
   wf_job_destroy(job);
   wf_gpu_close(gpu);
@@ -460,7 +459,13 @@ int main(int argc, char **argv)
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   wf_rt_set_rank(rank);
-  int rc = run(&a, rank, size);
+  wf_comm *world = NULL;
+  int rc = 1;
+  if (wf_comm_world_create(&world) == WF_OK)
+    rc = run(world, &a, rank, size);
+  else
+    fprintf(stderr, "weft: error: cannot create the start-up communicator (see above)\n");
+  wf_comm_destroy(world);
   free(a.overrides);
   for (char **e = launch_env; e && *e; e++)
     free(*e);

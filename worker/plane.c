@@ -131,17 +131,16 @@ static void stage_desc(const wf_config *cfg, int pp_rank, char *buf, size_t len)
   wf_gpt_dims d = wf_gpt_dims_from_config(cfg);
   int pp = cfg->mesh.pp, T = cfg->train.seq_len > 0 ? cfg->train.seq_len : cfg->model.seq_len;
   int bounds[WF_MAX_STAGES + 1];
-  char err[512];
   size_t used = 0;
   buf[0] = '\0';
-  if (cfg->model.init[0] && wf_gpt_peek_llmc(cfg->model.init, &d, err, sizeof err) != WF_OK)
+  if (cfg->model.init[0] && !wf_llmc_dims(cfg->model.init, &d))
     return;
   if (cfg->train.schedule == WF_SCHED_INTERLEAVED && pp > 1) {
     int v = cfg->parallel.virtual_stages, lc = d.L / (pp * v);
     for (int c = 0; c < v && lc > 0; c++)
       add_range(buf, len, &used, (c * pp + pp_rank) * lc, (c * pp + pp_rank + 1) * lc - 1);
-  } else if (wf_pipe_partition(&d, T, pp, cfg->parallel.pp_layers, cfg->parallel.n_pp_layers,
-                               bounds, err, sizeof err) == WF_OK) {
+  } else if (pp <= d.L && wf_pipe_partition(&d, T, pp, cfg->parallel.pp_layers,
+                                            cfg->parallel.n_pp_layers, bounds) == WF_OK) {
     add_range(buf, len, &used, bounds[pp_rank], bounds[pp_rank + 1] - 1);
   }
   if (used && used < len)

@@ -132,9 +132,20 @@ fail:
 
 static ncclDataType_t nt(wf_comm_dtype dt)
 {
-  return dt == WF_COMM_BF16 ? ncclBfloat16 : ncclFloat32;
+  switch (dt) {
+  case WF_COMM_BF16: return ncclBfloat16;
+  case WF_COMM_I32: return ncclInt32;
+  case WF_COMM_I64: return ncclInt64;
+  case WF_COMM_U64: return ncclUint64;
+  case WF_COMM_U8: return ncclUint8;
+  default: return ncclFloat32;
+  }
 }
-static ncclRedOp_t nop(wf_comm_redop op) { return op == WF_COMM_AVG ? ncclAvg : ncclSum; }
+static ncclRedOp_t nop(wf_comm_redop op)
+{
+  static const ncclRedOp_t ops[] = {ncclSum, ncclAvg, ncclMin, ncclMax};
+  return ops[op];
+}
 
 static wf_status allreduce(void *p, const void *send, void *recv, size_t count, wf_comm_dtype dt,
                            wf_comm_redop op)

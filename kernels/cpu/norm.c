@@ -64,3 +64,5 @@ void wf_scale(float *x, float s, size_t n)
   struct norm_task t = {.x = x, .s = s, .n = n};
   wf__parallel(wf__threads_for(n), scale_share, &t);
 }
+
+void wf_sumsq_acc(double *acc, const float *x, size_t n) { *acc += wf_sumsq(x, n); }

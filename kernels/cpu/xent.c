@@ -106,3 +106,42 @@ void wf_xent_backward(float *dlogits, const float *logits, const float *row_max,
                  .v_offset = v_offset};
   wf__parallel(wf__threads_for((size_t)N * V), backward_share, &x);
 }
+
+void wf_xent_pack(float *stats, const float *row_max, const float *row_sumexp,
+                  const float *target_logit, int N)
+{
+  for (int i = 0; i < N; i++) {
+    stats[3 * (size_t)i] = row_max[i];
+    stats[3 * (size_t)i + 1] = row_sumexp[i];
+    stats[3 * (size_t)i + 2] = target_logit[i];
+  }
+}
+
+/* Rows are cheap (a few flops per part) and N is a micro-batch's tokens: one thread.
+ * The order of the sums over parts is the parts' order, so every rank combines the
+ * same gathered buffer into the same bits. */
+void wf_xent_combine(float *row_max, float *row_sumexp, float *target_logit, const float *all,
+                     int N, int parts)
+{
+  size_t stride = 3 * (size_t)N;
+  for (int i = 0; i < N; i++) {
+    float M = -INFINITY, S = 0, tl = 0;
+    for (int r = 0; r < parts; r++)
+      M = fmaxf(M, all[(size_t)r * stride + 3 * (size_t)i]);
+    for (int r = 0; r < parts; r++) {
+      const float *x = all + (size_t)r * stride + 3 * (size_t)i;
+      if (x[1] > 0)
+        S += x[1] * expf(x[0] - M);
+      tl += x[2];
+    }
+    row_max[i] = M, row_sumexp[i] = S, target_logit[i] = tl;
+  }
+}
+
+void wf_loss_accumulate(double *acc, const float *losses, int N)
+{
+  double sum = 0.0;
+  for (int i = 0; i < N; i++)
+    sum += losses[i];
+  *acc += (double)(float)(sum / N);
+}

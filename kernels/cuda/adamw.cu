@@ -29,7 +29,7 @@ __global__ static void adamw_kernel(float *params, float *m, float *v, const flo
 
 extern "C" void wf_cuda_adamw_update(float *params, float *m, float *v, const float *grads,
                                      size_t n, float lr, float beta1, float beta2, float eps,
-                                     float weight_decay, int t, float grad_scale, void *stream)
+                                     float weight_decay, int t, float grad_scale, wf_stream *stream)
 {
   if (n == 0)
     return;

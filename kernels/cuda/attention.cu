@@ -148,7 +148,7 @@ static bool attention_shape_ok(int B, int T, int C, int NH)
 }
 
 extern "C" void wf_cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T,
-                                          int C, int NH, void *stream)
+                                          int C, int NH, wf_stream *stream)
 {
   if (!attention_shape_ok(B, T, C, NH))
     return;
@@ -159,7 +159,7 @@ extern "C" void wf_cuda_attention_forward(float *out, float *att, const float *q
 
 extern "C" void wf_cuda_attention_backward(float *dqkv, float *scratch, const float *dout,
                                            const float *qkv, const float *att, int B, int T, int C,
-                                           int NH, void *stream)
+                                           int NH, wf_stream *stream)
 {
   cudaStream_t s = (cudaStream_t)stream;
   if (!attention_shape_ok(B, T, C, NH))

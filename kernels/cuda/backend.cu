@@ -1,7 +1,7 @@
 /*
  * backend.cu - the weft_cuda module's entry point: the device-op table that
  * runtime/gpu.c loads (wf_gpu_module.h), the kernel-launcher table
- * (wf_kernels_gpu.h), the module's error state and its cuBLAS handles.
+ * (wf_ktable.h), the module's error state and its cuBLAS handles.
  *
  * Only wf_gpu_module_entry is exported (the module is built with hidden
  * visibility). The module does not link the runtime library, which would give it
@@ -245,8 +245,8 @@ static int op_is_device_ptr(const void *ptr)
 
 /* ---- the tables ------------------------------------------------------------------ */
 
-static const wf_gpu_kernels kernels = {
-    WF_GPU_KERNELS_VERSION,
+static const wf_ktable kernels = {
+    WF_KTABLE_VERSION,
     wf_cuda_encoder_forward,
     wf_cuda_encoder_backward,
     wf_cuda_encoder_forward_vp,
@@ -262,10 +262,14 @@ static const wf_gpu_kernels kernels = {
     wf_cuda_residual_forward,
     wf_cuda_residual_backward,
     wf_cuda_xent_stats,
+    wf_cuda_xent_pack,
+    wf_cuda_xent_combine,
     wf_cuda_xent_loss,
     wf_cuda_xent_backward,
+    wf_cuda_loss_accumulate,
+    wf_cuda_tokens_check,
     wf_cuda_adamw_update,
-    wf_cuda_sumsq,
+    wf_cuda_sumsq_acc,
     wf_cuda_scale,
     wf_cuda_round_bf16,
     wf_cuda_round_fp16,

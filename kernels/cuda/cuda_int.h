@@ -4,7 +4,7 @@
  *
  * Invariants:
  *  - Launchers are `extern "C" wf_cuda_<op>` with the CPU kernel's arguments plus a
- *    trailing `void *stream` (a cudaStream_t). They return nothing, like the CPU
+ *    trailing `wf_stream *stream` (a cudaStream_t). They return nothing, like the CPU
  *    kernels: each launch is checked with wf__cuda_check_launch(), which logs a
  *    failure with file and line and keeps the first one for last_error().
  *  - A launcher with nothing to do (a zero size) launches nothing: a grid of 0
@@ -28,7 +28,7 @@
 
 extern "C" {
 #include "wf_gpu_module.h"
-#include "wf_kernels_gpu.h"
+#include "wf_ktable.h"
 #include "wf_runtime.h"
 }
 
@@ -132,46 +132,55 @@ __device__ __forceinline__ float wf__block_max(float v, float *shared)
 
 extern "C" {
 void wf_cuda_encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B,
-                             int T, int C, void *stream);
+                             int T, int C, wf_stream *stream);
 void wf_cuda_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B,
-                              int T, int C, void *stream);
+                              int T, int C, wf_stream *stream);
 void wf_cuda_encoder_forward_vp(float *out, const int *inp, const float *wte, int v_offset, int Vl,
-                                const float *wpe, int B, int T, int C, void *stream);
+                                const float *wpe, int B, int T, int C, wf_stream *stream);
 void wf_cuda_encoder_backward_vp(float *dwte, float *dwpe, const float *dout, const int *inp,
-                                 int v_offset, int Vl, int B, int T, int C, void *stream);
+                                 int v_offset, int Vl, int B, int T, int C, wf_stream *stream);
 void wf_cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                               const float *weight, const float *bias, int N, int C, void *stream);
+                               const float *weight, const float *bias, int N, int C,
+                               wf_stream *stream);
 void wf_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                 const float *inp, const float *weight, const float *mean,
-                                const float *rstd, int N, int C, void *stream);
+                                const float *rstd, int N, int C, wf_stream *stream);
 void wf_cuda_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
-                            int N, int C, int OC, void *stream);
+                            int N, int C, int OC, wf_stream *stream);
 void wf_cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                              const float *inp, const float *weight, int N, int C, int OC,
-                             void *stream);
+                             wf_stream *stream);
 void wf_cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
-                               int NH, void *stream);
+                               int NH, wf_stream *stream);
 void wf_cuda_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                                const float *att, int B, int T, int C, int NH, void *stream);
-void wf_cuda_gelu_forward(float *out, const float *inp, size_t N, void *stream);
+                                const float *att, int B, int T, int C, int NH, wf_stream *stream);
+void wf_cuda_gelu_forward(float *out, const float *inp, size_t N, wf_stream *stream);
 void wf_cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t N,
-                           void *stream);
-void wf_cuda_residual_forward(float *out, const float *a, const float *b, size_t N, void *stream);
-void wf_cuda_residual_backward(float *da, float *db, const float *dout, size_t N, void *stream);
+                           wf_stream *stream);
+void wf_cuda_residual_forward(float *out, const float *a, const float *b, size_t N,
+                              wf_stream *stream);
+void wf_cuda_residual_backward(float *da, float *db, const float *dout, size_t N,
+                               wf_stream *stream);
 void wf_cuda_xent_stats(float *row_max, float *row_sumexp, float *target_logit, const float *logits,
-                        const int *targets, int N, int V, int ld, int v_offset, void *stream);
+                        const int *targets, int N, int V, int ld, int v_offset, wf_stream *stream);
 void wf_cuda_xent_loss(float *losses, const float *row_max, const float *row_sumexp,
-                       const float *target_logit, int N, void *stream);
+                       const float *target_logit, int N, wf_stream *stream);
 void wf_cuda_xent_backward(float *dlogits, const float *logits, const float *row_max,
                            const float *row_sumexp, const int *targets, float dloss, int N, int V,
-                           int ld, int v_offset, void *stream);
+                           int ld, int v_offset, wf_stream *stream);
 void wf_cuda_adamw_update(float *params, float *m, float *v, const float *grads, size_t n, float lr,
                           float beta1, float beta2, float eps, float weight_decay, int t,
-                          float grad_scale, void *stream);
-double wf_cuda_sumsq(const float *x, size_t n, void *stream);
-void wf_cuda_scale(float *x, float s, size_t n, void *stream);
-void wf_cuda_round_bf16(float *dst, const float *src, size_t n, void *stream);
-void wf_cuda_round_fp16(float *dst, const float *src, size_t n, void *stream);
+                          float grad_scale, wf_stream *stream);
+void wf_cuda_sumsq_acc(double *acc, const float *x, size_t n, wf_stream *stream);
+void wf_cuda_xent_pack(float *stats, const float *row_max, const float *row_sumexp,
+                       const float *target_logit, int N, wf_stream *stream);
+void wf_cuda_xent_combine(float *row_max, float *row_sumexp, float *target_logit, const float *all,
+                          int N, int parts, wf_stream *stream);
+void wf_cuda_loss_accumulate(double *acc, const float *losses, int N, wf_stream *stream);
+void wf_cuda_tokens_check(int *bad, const int *tokens, size_t n, int V, wf_stream *stream);
+void wf_cuda_scale(float *x, float s, size_t n, wf_stream *stream);
+void wf_cuda_round_bf16(float *dst, const float *src, size_t n, wf_stream *stream);
+void wf_cuda_round_fp16(float *dst, const float *src, size_t n, wf_stream *stream);
 }
 
 #endif /* WF_CUDA_INT_H */

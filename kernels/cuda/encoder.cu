@@ -72,7 +72,7 @@ __global__ static void encoder_backward_wpe_kernel(float *dwpe, const float *dou
 
 extern "C" void wf_cuda_encoder_forward_vp(float *out, const int *inp, const float *wte,
                                            int v_offset, int Vl, const float *wpe, int B, int T,
-                                           int C, void *stream)
+                                           int C, wf_stream *stream)
 {
   size_t n = (size_t)B * T * C;
   if (B <= 0 || T <= 0 || C <= 0)
@@ -83,14 +83,14 @@ extern "C" void wf_cuda_encoder_forward_vp(float *out, const int *inp, const flo
 }
 
 extern "C" void wf_cuda_encoder_forward(float *out, const int *inp, const float *wte,
-                                        const float *wpe, int B, int T, int C, void *stream)
+                                        const float *wpe, int B, int T, int C, wf_stream *stream)
 {
   wf_cuda_encoder_forward_vp(out, inp, wte, 0, INT_MAX, wpe, B, T, C, stream);
 }
 
 extern "C" void wf_cuda_encoder_backward_vp(float *dwte, float *dwpe, const float *dout,
                                             const int *inp, int v_offset, int Vl, int B, int T,
-                                            int C, void *stream)
+                                            int C, wf_stream *stream)
 {
   cudaStream_t s = (cudaStream_t)stream;
   size_t n = (size_t)B * T * C;
@@ -110,7 +110,7 @@ extern "C" void wf_cuda_encoder_backward_vp(float *dwte, float *dwpe, const floa
 }
 
 extern "C" void wf_cuda_encoder_backward(float *dwte, float *dwpe, const float *dout,
-                                         const int *inp, int B, int T, int C, void *stream)
+                                         const int *inp, int B, int T, int C, wf_stream *stream)
 {
   wf_cuda_encoder_backward_vp(dwte, dwpe, dout, inp, 0, INT_MAX, B, T, C, stream);
 }

@@ -35,7 +35,7 @@ __global__ static void gelu_backward_kernel(float *dinp, const float *inp, const
   }
 }
 
-extern "C" void wf_cuda_gelu_forward(float *out, const float *inp, size_t N, void *stream)
+extern "C" void wf_cuda_gelu_forward(float *out, const float *inp, size_t N, wf_stream *stream)
 {
   if (N == 0)
     return;
@@ -44,7 +44,7 @@ extern "C" void wf_cuda_gelu_forward(float *out, const float *inp, size_t N, voi
 }
 
 extern "C" void wf_cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t N,
-                                      void *stream)
+                                      wf_stream *stream)
 {
   if (N == 0)
     return;

@@ -105,7 +105,7 @@ __global__ static void layernorm_backward_params_kernel(float *dweight, float *d
 
 extern "C" void wf_cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                                           const float *weight, const float *bias, int N, int C,
-                                          void *stream)
+                                          wf_stream *stream)
 {
   if (N <= 0 || C <= 0)
     return;
@@ -118,7 +118,7 @@ extern "C" void wf_cuda_layernorm_forward(float *out, float *mean, float *rstd, 
 extern "C" void wf_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias,
                                            const float *dout, const float *inp, const float *weight,
                                            const float *mean, const float *rstd, int N, int C,
-                                           void *stream)
+                                           wf_stream *stream)
 {
   cudaStream_t s = (cudaStream_t)stream;
   if (N <= 0 || C <= 0)

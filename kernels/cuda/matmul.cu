@@ -52,7 +52,7 @@ __global__ static void bias_backward_kernel(float *dbias, const float *dout, int
 }
 
 extern "C" void wf_cuda_matmul_forward(float *out, const float *inp, const float *weight,
-                                       const float *bias, int N, int C, int OC, void *stream)
+                                       const float *bias, int N, int C, int OC, wf_stream *stream)
 {
   cudaStream_t s = (cudaStream_t)stream;
   const float one = 1.0f, zero = 0.0f;
@@ -99,7 +99,7 @@ static bool matmul_backward_gemms(float *dinp, float *dweight, const float *dout
 
 extern "C" void wf_cuda_matmul_backward(float *dinp, float *dweight, float *dbias,
                                         const float *dout, const float *inp, const float *weight,
-                                        int N, int C, int OC, void *stream)
+                                        int N, int C, int OC, wf_stream *stream)
 {
   cudaStream_t s = (cudaStream_t)stream;
   if (N <= 0 || OC <= 0 || C < 0)

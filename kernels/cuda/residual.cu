@@ -25,7 +25,7 @@ __global__ static void residual_backward_kernel(float *da, float *db, const floa
 }
 
 extern "C" void wf_cuda_residual_forward(float *out, const float *a, const float *b, size_t N,
-                                         void *stream)
+                                         wf_stream *stream)
 {
   if (N == 0)
     return;
@@ -34,7 +34,7 @@ extern "C" void wf_cuda_residual_forward(float *out, const float *a, const float
 }
 
 extern "C" void wf_cuda_residual_backward(float *da, float *db, const float *dout, size_t N,
-                                          void *stream)
+                                          wf_stream *stream)
 {
   if (N == 0)
     return;

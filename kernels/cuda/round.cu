@@ -22,7 +22,7 @@ __global__ static void round_fp16_kernel(float *dst, const float *src, size_t n)
   WF_GRID_STRIDE(i, n) { dst[i] = __half2float(__float2half_rn(src[i])); }
 }
 
-extern "C" void wf_cuda_round_bf16(float *dst, const float *src, size_t n, void *stream)
+extern "C" void wf_cuda_round_bf16(float *dst, const float *src, size_t n, wf_stream *stream)
 {
   if (n == 0)
     return;
@@ -30,7 +30,7 @@ extern "C" void wf_cuda_round_bf16(float *dst, const float *src, size_t n, void 
   WF_CUDA_LAUNCHED("round_bf16_kernel");
 }
 
-extern "C" void wf_cuda_round_fp16(float *dst, const float *src, size_t n, void *stream)
+extern "C" void wf_cuda_round_fp16(float *dst, const float *src, size_t n, wf_stream *stream)
 {
   if (n == 0)
     return;

@@ -9,7 +9,7 @@ __global__ static void scale_kernel(float *x, float s, size_t n)
   WF_GRID_STRIDE(i, n) { x[i] *= s; }
 }
 
-extern "C" void wf_cuda_scale(float *x, float s, size_t n, void *stream)
+extern "C" void wf_cuda_scale(float *x, float s, size_t n, wf_stream *stream)
 {
   if (n == 0)
     return;

@@ -65,7 +65,7 @@ __global__ static void xent_backward_kernel(float *dlogits, const float *logits,
 
 extern "C" void wf_cuda_xent_stats(float *row_max, float *row_sumexp, float *target_logit,
                                    const float *logits, const int *targets, int N, int V, int ld,
-                                   int v_offset, void *stream)
+                                   int v_offset, wf_stream *stream)
 {
   if (N <= 0)
     return;
@@ -75,7 +75,7 @@ extern "C" void wf_cuda_xent_stats(float *row_max, float *row_sumexp, float *tar
 }
 
 extern "C" void wf_cuda_xent_loss(float *losses, const float *row_max, const float *row_sumexp,
-                                  const float *target_logit, int N, void *stream)
+                                  const float *target_logit, int N, wf_stream *stream)
 {
   if (N <= 0)
     return;
@@ -86,11 +86,83 @@ extern "C" void wf_cuda_xent_loss(float *losses, const float *row_max, const flo
 
 extern "C" void wf_cuda_xent_backward(float *dlogits, const float *logits, const float *row_max,
                                       const float *row_sumexp, const int *targets, float dloss,
-                                      int N, int V, int ld, int v_offset, void *stream)
+                                      int N, int V, int ld, int v_offset, wf_stream *stream)
 {
   if (N <= 0 || ld <= 0)
     return;
   xent_backward_kernel<<<(unsigned)N, XENT_THREADS, 0, (cudaStream_t)stream>>>(
       dlogits, logits, row_max, row_sumexp, targets, dloss, V, ld, v_offset);
   WF_CUDA_LAUNCHED("xent_backward_kernel");
+}
+
+/* stats (N,3) = {row_max, row_sumexp, target_logit} of each row */
+__global__ static void xent_pack_kernel(float *stats, const float *row_max, const float *row_sumexp,
+                                        const float *target_logit, size_t n)
+{
+  WF_GRID_STRIDE(i, n)
+  {
+    stats[3 * i] = row_max[i];
+    stats[3 * i + 1] = row_sumexp[i];
+    stats[3 * i + 2] = target_logit[i];
+  }
+}
+
+/* all (parts,N,3) -> the global row statistics, one thread per row, parts in order (as
+ * the CPU twin combines them) */
+__global__ static void xent_combine_kernel(float *row_max, float *row_sumexp, float *target_logit,
+                                           const float *all, size_t n, int parts)
+{
+  WF_GRID_STRIDE(i, n)
+  {
+    float M = -INFINITY, S = 0.0f, tl = 0.0f;
+    for (int r = 0; r < parts; r++)
+      M = fmaxf(M, all[(size_t)r * 3 * n + 3 * i]);
+    for (int r = 0; r < parts; r++) {
+      const float *x = all + (size_t)r * 3 * n + 3 * i;
+      if (x[1] > 0.0f)
+        S += x[1] * expf(x[0] - M);
+      tl += x[2];
+    }
+    row_max[i] = M, row_sumexp[i] = S, target_logit[i] = tl;
+  }
+}
+
+/* *acc += (float)(mean of losses (N)), the sum in double; one block */
+__global__ static void loss_accumulate_kernel(double *acc, const float *losses, int N)
+{
+  __shared__ double red[32];
+  double sum = 0.0;
+  for (int i = threadIdx.x; i < N; i += blockDim.x)
+    sum += losses[i];
+  sum = wf__block_sum(sum, red);
+  if (threadIdx.x == 0)
+    acc[0] += (double)(float)(sum / N);
+}
+
+extern "C" void wf_cuda_xent_pack(float *stats, const float *row_max, const float *row_sumexp,
+                                  const float *target_logit, int N, wf_stream *stream)
+{
+  if (N <= 0)
+    return;
+  xent_pack_kernel<<<wf__grid_1d((size_t)N, 256), 256, 0, (cudaStream_t)stream>>>(
+      stats, row_max, row_sumexp, target_logit, (size_t)N);
+  WF_CUDA_LAUNCHED("xent_pack_kernel");
+}
+
+extern "C" void wf_cuda_xent_combine(float *row_max, float *row_sumexp, float *target_logit,
+                                     const float *all, int N, int parts, wf_stream *stream)
+{
+  if (N <= 0)
+    return;
+  xent_combine_kernel<<<wf__grid_1d((size_t)N, 256), 256, 0, (cudaStream_t)stream>>>(
+      row_max, row_sumexp, target_logit, all, (size_t)N, parts);
+  WF_CUDA_LAUNCHED("xent_combine_kernel");
+}
+
+extern "C" void wf_cuda_loss_accumulate(double *acc, const float *losses, int N, wf_stream *stream)
+{
+  if (N <= 0)
+    return;
+  loss_accumulate_kernel<<<1, 1024, 0, (cudaStream_t)stream>>>(acc, losses, N);
+  WF_CUDA_LAUNCHED("loss_accumulate_kernel");
 }

@@ -13,7 +13,10 @@
  * caller can cause (mismatched counts across ranks with the check on, a recv size
  * mismatch, bad overlaps, bf16 on host, calls inside a group); the flight recorder
  * (sequence numbers, ops, bytes, states, wrap-around, a concurrent reader thread, and
- * a second thread seeing an allreduce "running" while the main thread waits in MPI).
+ * a second thread seeing an allreduce "running" while the main thread waits in MPI);
+ * the integer element types (i32, i64, u64) under SUM, MIN and MAX on every operation
+ * that reduces or moves data, values beyond 2^53 (so a float or double disguise would
+ * lose them), and the status agreement wf_comm_agree.
  * A failed check on any rank calls MPI_Abort, so the test fails instead of hanging.
  */
 #include <math.h>
@@ -21,6 +24,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -312,6 +316,92 @@ static void test_mismatch_errors(wf_comm *c)
   OK(wf_comm_barrier(c));
 }
 
+/* ---- integers and agreement ------------------------------------------------------- */
+
+/* Element i of rank r: distinct per rank and large, so a trip through float or double
+ * would change it (2^60 + ... is not representable in a double). */
+static uint64_t uval(int r, size_t i) { return (1ull << 60) + (uint64_t)r * 1000003u + i * 7u; }
+
+static void test_integers(wf_comm *c)
+{
+  int n = wf_comm_size(c), r = wf_comm_rank(c);
+  enum { K = 5 };
+  uint64_t u[K], all[8 * K];
+  int64_t s[K];
+  int32_t w[K];
+  for (size_t i = 0; i < K; i++) {
+    u[i] = uval(r, i);
+    s[i] = (r % 2 ? -1 : 1) * (int64_t)uval(r, i) / 4;
+    w[i] = (int32_t)(r * 10 + (int)i) * (r % 2 ? -1 : 1);
+  }
+  OK(wf_comm_allgather(c, u, all, K, WF_COMM_U64));
+  for (int q = 0; q < n; q++)
+    for (size_t i = 0; i < K; i++)
+      CHECK(all[(size_t)q * K + i] == uval(q, i));
+  uint64_t mx[K], mn[K];
+  OK(wf_comm_allreduce(c, u, mx, K, WF_COMM_U64, WF_COMM_MAX));
+  OK(wf_comm_allreduce(c, u, mn, K, WF_COMM_U64, WF_COMM_MIN));
+  for (size_t i = 0; i < K; i++)
+    CHECK(mx[i] == uval(n - 1, i) && mn[i] == uval(0, i));
+  int64_t smin[K];
+  OK(wf_comm_allreduce(c, s, smin, K, WF_COMM_I64, WF_COMM_MIN));
+  int32_t wsum[K];
+  OK(wf_comm_allreduce(c, w, wsum, K, WF_COMM_I32, WF_COMM_SUM));
+  for (size_t i = 0; i < K; i++) {
+    int64_t want_min = INT64_MAX, want_sum = 0;
+    for (int q = 0; q < n; q++) {
+      int64_t v = (q % 2 ? -1 : 1) * (int64_t)uval(q, i) / 4;
+      want_min = v < want_min ? v : want_min;
+      want_sum += (int32_t)(q * 10 + (int)i) * (q % 2 ? -1 : 1);
+    }
+    CHECK(smin[i] == want_min && wsum[i] == want_sum);
+  }
+  /* bcast and reduce-scatter of uint64, and an int32 message */
+  uint64_t b = r == 0 ? uval(7, 7) : 0;
+  OK(wf_comm_bcast(c, &b, 1, WF_COMM_U64, 0));
+  CHECK(b == uval(7, 7));
+  uint64_t blocks[8], mine = 0;
+  for (int q = 0; q < n; q++)
+    blocks[q] = uval(r, (size_t)q);
+  OK(wf_comm_reduce_scatter(c, blocks, &mine, 1, WF_COMM_U64, WF_COMM_MAX));
+  CHECK(mine == uval(n - 1, (size_t)r));
+  if (n > 1 && r < 2) {
+    int32_t msg[3] = {r, -5, 77}, got[3] = {0};
+    if (r == 0)
+      OK(wf_comm_send(c, msg, 3, WF_COMM_I32, 1));
+    else
+      OK(wf_comm_recv(c, got, 3, WF_COMM_I32, 0));
+    CHECK(r == 0 || (got[0] == 0 && got[1] == -5 && got[2] == 77));
+  }
+  /* bytes: a broadcast string, and a reduction of bytes is refused */
+  char text[16] = "";
+  if (r == 0)
+    snprintf(text, sizeof text, "manifest %d", n);
+  OK(wf_comm_bcast(c, text, sizeof text, WF_COMM_U8, 0));
+  char want[16];
+  snprintf(want, sizeof want, "manifest %d", n);
+  CHECK(!strcmp(text, want));
+  CHECK(wf_comm_allreduce(c, text, text, 4, WF_COMM_U8, WF_COMM_MAX) == WF_EINVAL);
+  /* an average of integers is refused before anything is sent */
+  uint64_t seq = wf_comm_next_seq(c);
+  CHECK(wf_comm_allreduce(c, w, wsum, K, WF_COMM_I32, WF_COMM_AVG) == WF_EINVAL);
+  CHECK(wf_comm_next_seq(c) == seq);
+}
+
+static void test_agree(wf_comm *c)
+{
+  int n = wf_comm_size(c), r = wf_comm_rank(c), bad = 99;
+  OK(wf_comm_agree(c, WF_OK, &bad));
+  CHECK(bad == -1);
+  /* ranks n-1 and (n > 2 ? 1 : n-1) fail with different statuses: the lowest wins */
+  int low = n > 2 ? 1 : n - 1;
+  wf_status mine = r == n - 1 ? WF_EIO : r == low ? WF_ENOMEM : WF_OK;
+  CHECK(wf_comm_agree(c, mine, &bad) == (low == n - 1 ? WF_EIO : WF_ENOMEM));
+  CHECK(bad == low);
+  CHECK(wf_comm_agree(c, r == 0 ? WF_EUNSUPPORTED : WF_OK, NULL) == WF_EUNSUPPORTED);
+  CHECK(wf_comm_agree(NULL, WF_ECONFIG, &bad) == WF_ECONFIG && bad == 0);
+}
+
 /* ---- flight recorder ------------------------------------------------------------ */
 
 /* Operation k of the recorder test, and the bytes it records. */
@@ -488,6 +578,10 @@ static void run_all(wf_comm *world, size_t large)
   }
   test_pairs(world, 1031);
   test_pairs(world, 1);
+  test_integers(world);
+  test_integers(half);
+  test_agree(world);
+  test_agree(half);
   /* The expected errors are logged; rank 0's lines show what users would read. */
   int level = wf_log_level();
   wf_log_set_level(r == 0 ? WF_LOG_ERROR : -1);

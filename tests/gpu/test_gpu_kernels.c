@@ -19,7 +19,9 @@
  *  - TOL_SUM (1e-4): reductions over up to a few hundred terms in a different
  *    order (GEMMs, layernorm, attention, softmax, atomics): float32 rounding
  *    grows like (terms x 6e-8 x magnitude), about 1e-5 for these sizes.
- *  - sumsq is accumulated in double on both sides: relative 1e-9.
+ *  - sumsq and the loss mean are accumulated in double on both sides: relative 1e-9
+ *    (the GPU adds in another order; double's 2^-53 over 3e5 terms is ~1e-11).
+ *  - xent_pack, tokens_check: exact (they move or find values).
  *  - round_bf16 / round_fp16 must agree bit for bit (the CPU twin's bit arithmetic
  *    against CUDA's __float2bfloat16_rn / __float2half_rn), NaN against NaN.
  *
@@ -33,7 +35,7 @@
 
 #include "wf_gpu.h"
 #include "wf_kernels.h"
-#include "wf_kernels_gpu.h"
+#include "wf_ktable.h"
 
 #define SEED      20241122u
 #define TOL_EXACT 1e-6f
@@ -43,8 +45,8 @@
 
 typedef struct ctx {
   wf_gpu *g;
-  const wf_gpu_kernels *k;
-  void *stream;
+  const wf_ktable *k;
+  wf_stream *stream;
   void *dev[MAX_BUFS]; /* device buffers of the current case */
   void *host[MAX_BUFS];
   int n_dev, n_host;
@@ -351,20 +353,93 @@ static void test_adamw(ctx *c)
   expect_close(c, "adamw v", v, d_v, n, TOL_ELEM, TOL_ELEM);
 }
 
+/* A device double, read back. */
+static double read_double(ctx *c, const double *d)
+{
+  double x = NAN;
+  if (wf_gpu_stream_sync(c->g, c->stream) != WF_OK ||
+      wf_gpu_memcpy_d2h(c->g, &x, d, sizeof x) != WF_OK)
+    return NAN;
+  return x;
+}
+
+static void expect_double(ctx *c, const char *what, double want, double got, double rtol)
+{
+  bool ok = fabs(got - want) <= rtol * fabs(want);
+  printf("  %-4s %-28s cpu %.12g gpu %.12g\n", ok ? "ok" : "FAIL", what, want, got);
+  c->failures += !ok;
+}
+
+/* Accumulation into a non-zero start checks "adds into" as well as the sum. */
 static void test_sumsq_scale(ctx *c)
 {
   const size_t n = 300007; /* more than one grid's worth: exercises both passes */
   float *x = hrand(c, n, -1, 1), *d_x = df(c, x, n);
-  double want = wf_sumsq(x, n), got = c->k->sumsq(d_x, n, c->stream);
-  bool ok = fabs(got - want) <= 1e-9 * fabs(want);
-  printf("  %-4s %-28s n=%-7zu cpu %.12g gpu %.12g\n", ok ? "ok" : "FAIL", "sumsq", n, want, got);
-  c->failures += !ok;
-  ok = c->k->sumsq(d_x, 0, c->stream) == 0.0;
-  printf("  %-4s %-28s n=0\n", ok ? "ok" : "FAIL", "sumsq empty");
-  c->failures += !ok;
+  double acc = 2.5, *d_acc = dcopy(c, &acc, sizeof acc);
+  wf_sumsq_acc(&acc, x, n);
+  c->k->sumsq_acc(d_acc, d_x, n, c->stream);
+  expect_double(c, "sumsq_acc", acc, read_double(c, d_acc), 1e-9);
+  c->k->sumsq_acc(d_acc, d_x, 0, c->stream); /* empty: adds nothing */
+  expect_double(c, "sumsq_acc empty", acc, read_double(c, d_acc), 0);
   wf_scale(x, -0.37f, n);
   c->k->scale(d_x, -0.37f, n, c->stream);
   expect_close(c, "scale", x, d_x, n, TOL_EXACT, TOL_EXACT);
+}
+
+/* Vocabulary-parallel statistics: 3 ranks' packed rows, one with an empty slice (its
+ * sumexp 0 must add nothing), combined; then the loss mean added to a running sum. */
+static void test_xent_parts(ctx *c)
+{
+  const int N = 37, parts = 3;
+  const size_t S = 3 * (size_t)N;
+  float *mx = hrand(c, N, -3, 3), *se = hrand(c, N, 0.5f, 9), *tl = hrand(c, N, -2, 2);
+  float *stats = hzero(c, S), *d_stats = df(c, stats, S);
+  wf_xent_pack(stats, mx, se, tl, N);
+  c->k->xent_pack(d_stats, df(c, mx, N), df(c, se, N), df(c, tl, N), N, c->stream);
+  expect_close(c, "xent_pack", stats, d_stats, S, 0, 0);
+  float *all = hrand(c, parts * S, -3, 3);
+  for (int i = 0; i < N; i++) { /* sumexp > 0, and part 1 an empty slice */
+    for (int r = 0; r < parts; r++)
+      all[(size_t)r * S + 3 * i + 1] = r == 1 ? 0.0f : fabsf(all[(size_t)r * S + 3 * i + 1]) + 1;
+    all[S + 3 * i] = -INFINITY;
+  }
+  float *cm = hzero(c, N), *cs = hzero(c, N), *ct = hzero(c, N);
+  float *d_cm = df(c, cm, N), *d_cs = df(c, cs, N), *d_ct = df(c, ct, N);
+  wf_xent_combine(cm, cs, ct, all, N, parts);
+  c->k->xent_combine(d_cm, d_cs, d_ct, df(c, all, parts * S), N, parts, c->stream);
+  expect_close(c, "xent_combine row_max", cm, d_cm, N, 0, 0);
+  expect_close(c, "xent_combine row_sumexp", cs, d_cs, N, TOL_ELEM, TOL_ELEM);
+  expect_close(c, "xent_combine target_logit", ct, d_ct, N, TOL_EXACT, TOL_EXACT);
+  float *losses = hrand(c, N, 0, 11);
+  double acc = 1.25, *d_acc = dcopy(c, &acc, sizeof acc);
+  wf_loss_accumulate(&acc, losses, N);
+  c->k->loss_accumulate(d_acc, df(c, losses, N), N, c->stream);
+  expect_double(c, "loss_accumulate", acc, read_double(c, d_acc), 1e-9);
+}
+
+/* The first bad token of a long batch (two of them: the first must win), none, and
+ * a negative one at position 0. */
+static void test_tokens(ctx *c)
+{
+  const size_t n = 5003;
+  const int V = 50;
+  int *tok = hints(c, n, 0, V), bad[2], got[2];
+  tok[4000] = V, tok[3001] = -7;
+  int *d_tok = di(c, tok, n), *d_bad = di(c, tok, 2);
+  for (int round = 0; round < 3; round++) {
+    if (round == 1)
+      tok[4000] = 1, tok[3001] = 2, d_tok = di(c, tok, n);
+    if (round == 2)
+      tok[0] = -1, d_tok = di(c, tok, n);
+    wf_tokens_check(bad, tok, n, V);
+    c->k->tokens_check(d_bad, d_tok, n, V, c->stream);
+    bool ok = wf_gpu_stream_sync(c->g, c->stream) == WF_OK &&
+              wf_gpu_memcpy_d2h(c->g, got, d_bad, sizeof got) == WF_OK && got[0] == bad[0] &&
+              got[1] == bad[1];
+    printf("  %-4s %-28s cpu {%d, %d} gpu {%d, %d}\n", ok ? "ok" : "FAIL", "tokens_check", bad[0],
+           bad[1], got[0], got[1]);
+    c->failures += !ok;
+  }
 }
 
 /* Bit-exact comparison of a rounding result; a NaN must meet a NaN. */
@@ -441,6 +516,8 @@ static const struct {
     {"xent", test_xent},
     {"adamw", test_adamw},
     {"sumsq+scale", test_sumsq_scale},
+    {"xent parts+loss", test_xent_parts},
+    {"tokens", test_tokens},
     {"round", test_round},
 };
 
@@ -452,11 +529,13 @@ int main(void)
     printf("skip: no GPU: %s\n", why);
     return 77;
   }
-  c.k = wf_gpu_kernels_get(c.g);
-  if (!c.k || wf_gpu_set_device(c.g, 0) != WF_OK || wf_gpu_stream_create(c.g, &c.stream) != WF_OK) {
+  c.k = wf_ktable_of_gpu(c.g);
+  void *stream = NULL;
+  if (!c.k || wf_gpu_set_device(c.g, 0) != WF_OK || wf_gpu_stream_create(c.g, &stream) != WF_OK) {
     fprintf(stderr, "GPU present but the kernel table or a stream is unusable\n");
     return 1;
   }
+  c.stream = stream;
   wf_mem_stats before, after;
   wf_mem_get_stats(&before);
   for (size_t i = 0; i < WF_ARRAY_LEN(cases); i++) {

@@ -2,7 +2,9 @@
  * test_xent.c - the two-pass softmax cross-entropy: loss against a double
  * reference, dlogits against finite differences, padding columns zeroed, stability
  * at large logits, and a vocabulary split over two "ranks" (combined with the
- * formula of wf_kernels.h) against the unsplit computation.
+ * formula of wf_kernels.h) against the unsplit computation; the packing and combining
+ * kernels of that split (a third, empty slice included), the loss-mean accumulation,
+ * and the token check.
  */
 #include <string.h>
 
@@ -167,13 +169,75 @@ static void test_vocab_split(void **state)
     assert_true((t0[i] == 0.0f) != (t1[i] == 0.0f) || logits[i * LD + targets[i]] == 0.0f);
 }
 
+/* The split of test_vocab_split through the kernels the model uses: pack each slice's
+ * statistics, gather (here a concatenation), combine. Combining is the formula above
+ * term for term, so it is exact against it; an empty third slice changes nothing. */
+static void test_pack_combine(void **state)
+{
+  enum { V0 = 4, V1 = V - V0, LD0 = 5, LD1 = 4, P = 3 };
+  float logits[N * LD], a[N * LD0], b[N * LD1];
+  int targets[N];
+  make_case(logits, targets, 29);
+  for (int i = 0; i < N; i++) {
+    memcpy(a + i * LD0, logits + i * LD, V0 * sizeof(float));
+    memcpy(b + i * LD1, logits + i * LD + V0, V1 * sizeof(float));
+  }
+  float m[P][N], s[P][N], t[P][N], all[P * 3 * N];
+  wf_xent_stats(m[0], s[0], t[0], a, targets, N, V0, LD0, 0);
+  wf_xent_stats(m[1], s[1], t[1], b, targets, N, V1, LD1, V0);
+  wf_xent_stats(m[2], s[2], t[2], a, targets, N, 0, LD0, V); /* an empty slice */
+  for (int r = 0; r < P; r++)
+    wf_xent_pack(all + r * 3 * N, m[r], s[r], t[r], N);
+  for (int i = 0; i < N; i++) /* the packed layout: (N, 3) per part */
+    assert_true(all[3 * N + 3 * i] == m[1][i] && all[3 * N + 3 * i + 1] == s[1][i] &&
+                all[3 * N + 3 * i + 2] == t[1][i]);
+  float M[N], S[N], TL[N];
+  wf_xent_combine(M, S, TL, all, N, P);
+  for (int i = 0; i < N; i++) {
+    float mx = fmaxf(m[0][i], m[1][i]);
+    assert_true(M[i] == mx);
+    assert_true(S[i] == s[0][i] * expf(m[0][i] - mx) + s[1][i] * expf(m[1][i] - mx));
+    assert_true(TL[i] == t[0][i] + t[1][i]);
+  }
+}
+
+/* *acc += the float mean of the losses, summed in double: a running sum over
+ * micro-batches, each rounded to float first (values chosen so the rounding shows). */
+static void test_loss_accumulate(void **state)
+{
+  float losses[3] = {1.0f, 2.0f, 1.0f + 0x1p-20f};
+  double acc = 0.5, mean = (1.0 + 2.0 + (1.0 + 0x1p-20)) / 3;
+  wf_loss_accumulate(&acc, losses, 3);
+  assert_true(acc == 0.5 + (double)(float)mean);
+  assert_true((double)(float)mean != mean); /* the float rounding is part of the result */
+  double acc2 = 0;
+  wf_sumsq_acc(&acc2, losses, 3);
+  wf_sumsq_acc(&acc2, losses, 0);
+  assert_true(fabs(acc2 - (1.0 + 4.0 + (1.0 + 0x1p-20) * (1.0 + 0x1p-20))) <= 1e-15);
+}
+
+/* The first out-of-range token and its value; -1 when all are in [0, V). */
+static void test_tokens_check(void **state)
+{
+  int tok[8] = {0, 1, 6, 3, 7, -2, 9, 2}, bad[2];
+  wf_tokens_check(bad, tok, 8, 7);
+  assert_int_equal(bad[0], 4);
+  assert_int_equal(bad[1], 7);
+  wf_tokens_check(bad, tok, 4, 7);
+  assert_int_equal(bad[0], -1);
+  assert_int_equal(bad[1], 0);
+  wf_tokens_check(bad, tok + 5, 3, 7);
+  assert_int_equal(bad[0], 0);
+  assert_int_equal(bad[1], -2);
+}
+
 int main(void)
 {
   wf_kernels_set_threads(2);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_loss_and_grad),
-      cmocka_unit_test(test_in_place_and_stability),
-      cmocka_unit_test(test_vocab_split),
+      cmocka_unit_test(test_loss_and_grad),   cmocka_unit_test(test_in_place_and_stability),
+      cmocka_unit_test(test_vocab_split),     cmocka_unit_test(test_pack_combine),
+      cmocka_unit_test(test_loss_accumulate), cmocka_unit_test(test_tokens_check),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -23,7 +23,7 @@ int main(int argc, char **argv)
   }
   enum { B = 2, T = 7 };
   wf_gpt_dims d = {.L = 2, .NH = 2, .C = 8, .maxT = 8, .V = 11, .Vp = 16};
-  char model[4096], state[4096], err[512];
+  char model[4096], state[4096];
   snprintf(model, sizeof model, "%s/model.bin", argv[1]);
   snprintf(state, sizeof state, "%s/state.bin", argv[1]);
   wf_kernels_set_threads(1);
@@ -42,9 +42,8 @@ int main(int argc, char **argv)
     tg[i] = (i * 4 + 1) % d.V;
   }
   int rc = 0;
-  if (wf_gpt_save_llmc(m, model, err, sizeof err) != WF_OK ||
-      wf_gpt_dump_state(m, state, in, tg, B, T, err, sizeof err) != WF_OK) {
-    fprintf(stderr, "%s\n", err);
+  if (wf_gpt_save_llmc(m, model) != WF_OK ||
+      wf_gpt_dump_state(m, state, in, tg, B, T) != WF_OK) { /* the error is logged */
     rc = 1;
   }
   wf_gpt_destroy(m);

@@ -18,8 +18,23 @@
 
 #include "wf_kernels.h"
 #include "wf_model.h"
+#include "wf_optim.h"
 
 /* L=2, NH=2, C=8, maxT=8, V=11 padded to 16. */
+
+/* The loss of a forward on the whole model, or NaN when the forward fails. */
+static float forward_loss(wf_gpt *m, const int *in, const int *tg, int B, int T)
+{
+  float loss = 0;
+  return wf_gpt_forward(m, in, tg, B, T, &loss) == WF_OK ? loss : NAN;
+}
+
+/* The global L2 norm of the gradients (host-visible on the CPU device). */
+static float grad_norm(wf_gpt *m)
+{
+  return (float)sqrt(wf_sumsq(wf_gpt_grads(m), wf_gpt_local_params(m)));
+}
+
 static const wf_gpt_dims tiny = {.L = 2, .NH = 2, .C = 8, .maxT = 8, .V = 11, .Vp = 16};
 
 static void make_batch(int *inputs, int *targets, int B, int T, int V, int salt)
@@ -163,7 +178,7 @@ static void perturb(wf_gpt *m, uint64_t seed)
 
 static double loss_at(wf_gpt *m, const int *in, const int *tg, int B, int T)
 {
-  return wf_gpt_forward(m, in, tg, B, T);
+  return forward_loss(m, in, tg, B, T);
 }
 
 /*
@@ -194,7 +209,7 @@ static void test_gradcheck(void **state)
   perturb(m, 8);
   make_batch(in, tg, B, T, tiny.V, 1);
   wf_gpt_zero_grad(m);
-  float loss = wf_gpt_forward(m, in, tg, B, T);
+  float loss = forward_loss(m, in, tg, B, T);
   assert_true(loss > 0.5f && loss < 20.0f);
   wf_gpt_backward(m, 1.0f);
   const float h = 1e-2f;
@@ -253,12 +268,12 @@ static void test_backward_accumulates(void **state)
   float *one = malloc(n * sizeof(float));
   assert_non_null(one);
   wf_gpt_zero_grad(m);
-  float l1 = wf_gpt_forward(m, in, tg, B, T);
+  float l1 = forward_loss(m, in, tg, B, T);
   wf_gpt_backward(m, 1.0f);
   memcpy(one, wf_gpt_grads(m), n * sizeof(float));
-  float norm1 = wf_gpt_grad_norm(m);
+  float norm1 = grad_norm(m);
   assert_true(norm1 > 0.0f);
-  float l2 = wf_gpt_forward(m, in, tg, B, T);
+  float l2 = forward_loss(m, in, tg, B, T);
   assert_true(l1 == l2); /* forward does not depend on the gradients */
   wf_gpt_backward(m, 0.5f);
   const float *g = wf_gpt_grads(m);
@@ -270,11 +285,11 @@ static void test_backward_accumulates(void **state)
    * <= gmax, rounded at 2^-24 each: 1e-5 * gmax bounds that with a 10x margin. */
   for (size_t i = 0; i < n; i++)
     assert_true(fabsf(g[i] - 1.5f * one[i]) <= 1e-5f * gmax);
-  assert_true(fabsf(wf_gpt_grad_norm(m) - 1.5f * norm1) <= 1e-5f * norm1);
+  assert_true(fabsf(grad_norm(m) - 1.5f * norm1) <= 1e-5f * norm1);
   /* Backward without a forward with targets is refused and changes nothing. */
-  wf_gpt_forward(m, in, NULL, B, T);
+  forward_loss(m, in, NULL, B, T);
   memcpy(one, g, n * sizeof(float));
-  wf_gpt_backward(m, 1.0f);
+  assert_int_equal(wf_gpt_backward(m, 1.0f), WF_EINVAL);
   assert_memory_equal(one, g, n * sizeof(float));
   free(one);
   wf_gpt_destroy(m);
@@ -296,13 +311,13 @@ static void test_microbatches_match_batch(void **state)
   float *full = malloc(n * sizeof(float));
   assert_non_null(full);
   wf_gpt_zero_grad(m);
-  float loss = wf_gpt_forward(m, in, tg, B, T);
+  float loss = forward_loss(m, in, tg, B, T);
   wf_gpt_backward(m, 1.0f);
   memcpy(full, wf_gpt_grads(m), n * sizeof(float));
   wf_gpt_zero_grad(m);
-  float l0 = wf_gpt_forward(m, in, tg, B / 2, T);
+  float l0 = forward_loss(m, in, tg, B / 2, T);
   wf_gpt_backward(m, 0.5f);
-  float l1 = wf_gpt_forward(m, in + B * T / 2, tg + B * T / 2, B / 2, T);
+  float l1 = forward_loss(m, in + B * T / 2, tg + B * T / 2, B / 2, T);
   wf_gpt_backward(m, 0.5f);
   /* float32 means of 24 vs 2 x 12 terms: a few ulps of a loss of about 2.5. */
   assert_true(fabsf(0.5f * (l0 + l1) - loss) < 1e-5f);
@@ -317,20 +332,23 @@ static void test_microbatches_match_batch(void **state)
   wf_gpt_destroy(m);
 }
 
-/* Out-of-vocabulary tokens are an error (NaN loss), never an out-of-bounds read. */
+/* Out-of-vocabulary tokens are an error (WF_EINVAL, logged with the position and
+ * value the device's check found), never an out-of-bounds read. */
 static void test_forward_rejects_bad_tokens(void **state)
 {
   (void)state;
   int in[4] = {0, 1, 2, 11}, tg[4] = {1, 2, 3, 4};
+  float loss = -1;
   wf_gpt *m;
   assert_int_equal(wf_gpt_create(&m, &tiny, 1, 4), WF_OK);
-  wf_gpt_init(m, 1);
-  assert_true(isnan(wf_gpt_forward(m, in, tg, 1, 4)));
+  assert_int_equal(wf_gpt_init(m, 1), WF_OK);
+  assert_int_equal(wf_gpt_forward(m, in, tg, 1, 4, &loss), WF_EINVAL);
   in[3] = 0, tg[2] = -1;
-  assert_true(isnan(wf_gpt_forward(m, in, tg, 1, 4)));
+  assert_int_equal(wf_gpt_forward(m, in, tg, 1, 4, &loss), WF_EINVAL);
   tg[2] = 3;
-  assert_true(isnan(wf_gpt_forward(m, in, tg, 2, 4))); /* bigger than created for */
-  assert_false(isnan(wf_gpt_forward(m, in, tg, 1, 4)));
+  assert_int_equal(wf_gpt_forward(m, in, tg, 2, 4, &loss), WF_EINVAL); /* bigger than created */
+  assert_int_equal(wf_gpt_forward(m, in, tg, 1, 4, &loss), WF_OK);
+  assert_true(loss > 0 && isfinite(loss));
   wf_gpt_destroy(m);
 }
 
@@ -345,19 +363,30 @@ static void train_run(float *losses, int steps)
       in[b * T + t] = (b * 5 + t * 3) % d.V;
       tg[b * T + t] = (b * 5 + (t + 1) * 3) % d.V;
     }
+  /* AdamW at a constant lr 1e-2 (min_lr = lr), betas 0.9 / 0.95, weight decay 0.1,
+   * clipped at norm 1. */
+  wf_config cfg;
+  wf_config_init(&cfg);
+  cfg.train.lr = cfg.train.min_lr = 1e-2, cfg.train.warmup = 0, cfg.train.steps = steps;
+  cfg.optim.beta1 = 0.9, cfg.optim.beta2 = 0.95, cfg.optim.eps = 1e-8;
+  cfg.optim.weight_decay = 0.1, cfg.optim.clip = 1.0, cfg.precision = WF_PREC_NO;
   wf_gpt *m;
+  wf_optim *o;
   assert_int_equal(wf_gpt_create(&m, &d, B, T), WF_OK);
-  wf_gpt_init(m, 42);
+  assert_int_equal(wf_gpt_init(m, 42), WF_OK);
+  wf_optim_opts oo = {&cfg, m, 0, wf_gpt_local_params(m), 1};
+  assert_int_equal(wf_optim_create(&o, &oo), WF_OK);
   for (int s = 0; s < steps; s++) {
-    wf_gpt_zero_grad(m);
-    losses[s] = wf_gpt_forward(m, in, tg, B, T);
+    wf_optim_step_info oi;
+    assert_int_equal(wf_gpt_zero_grad(m), WF_OK);
+    losses[s] = forward_loss(m, in, tg, B, T);
     if (getenv("WF_TRAIN_VERBOSE"))
       printf("step %d loss %.5f\n", s, losses[s]);
-    wf_gpt_backward(m, 1.0f);
-    float norm = wf_gpt_grad_norm(m);
-    float scale = norm > 1.0f ? 1.0f / norm : 1.0f;
-    wf_gpt_update(m, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, scale, s + 1);
+    assert_int_equal(wf_gpt_backward(m, 1.0f), WF_OK);
+    assert_int_equal(wf_optim_step(o, s + 1, losses[s], grad_norm(m), wf_gpt_grads(m), &oi), WF_OK);
+    assert_int_equal(wf_gpt_params_changed(m), WF_OK);
   }
+  wf_optim_destroy(o);
   /* Padding rows of wte are still exactly zero after training. */
   const float *wte = wf_gpt_param(m, WF_P_WTE, 0, 0);
   for (size_t i = (size_t)d.V * d.C; i < (size_t)d.Vp * d.C; i++)

@@ -8,7 +8,7 @@
  *                                  writes it). With tp = pp = 1 the shard is the
  *                                  whole model and the file is an llm.c checkpoint;
  *                                  otherwise a weft shard file whose header gives the
- *                                  shard's geometry (see checkpoint.c).
+ *                                  shard's geometry (see ckpt_int.h).
  *     optim-pp00-tp00-dp03.bin     AdamW m and v of one element range of the (pp, tp)
  *                                  shard's flat parameter vector: one per dp rank
  *     optim-pp00-tp00.bin          under ZeRO-1, or the whole range, written by dp 0.
@@ -17,24 +17,25 @@
  *                                  model file's format and shard geometry.
  *   latest                         "step-000120": the newest complete checkpoint.
  *
- * Atomicity: the files are written into a staging directory ".tmp-step-000120",
- * each to a temporary name, fsync()ed, renamed and the directory fsync()ed; the
- * manifest last. Then the staging directory is renamed to "step-000120" (swapped
- * atomically with an older one of the same name), the parent is fsync()ed, and
- * only then is `latest` replaced the same way. A crash at any moment leaves
- * `latest` naming a complete, checksummed checkpoint. train.keep prunes the oldest
- * step directories but never the one `latest` names.
+ * Atomicity: the files are written into a staging directory ".tmp-step-000120", each
+ * with the runtime's atomic writer (wf_file.h); the manifest last. Then the staging
+ * directory is renamed to "step-000120" (swapped atomically with an older one of the
+ * same name), the parent is fsync()ed, and only then is `latest` replaced the same way.
+ * A crash at any moment leaves `latest` naming a complete, checksummed checkpoint.
+ * train.keep prunes the oldest step directories but never the one `latest` names.
  *
  * Names carry the (pp, tp) coordinates; the manifest lists each file with its
- * coordinates, element range and (model files) shard geometry, so a checkpoint saved
- * on one mesh (dp x tp x pp, any schedule, ZeRO-1 or not) loads on any other: on the
- * same tensor and pipeline layout each rank reads its own shard, on another the
- * whole model is assembled from the shards and re-sliced.
+ * coordinates, element range and (model files) shard geometry, so a checkpoint saved on
+ * one mesh (dp x tp x pp, any schedule, ZeRO-1 or not) loads on any other: on the same
+ * tensor and pipeline layout each rank reads its own shard, on another the whole model
+ * is assembled from the shards and re-sliced. Parameters and optimizer state pass
+ * through host views of the device (wf_dev_map), so the files are the same whatever
+ * device wrote them.
  *
  * Every function here is collective over the job (target->world) unless it says
  * otherwise, and all ranks return the same status: a failure on one rank (a write
- * error, a checksum mismatch) is agreed on, the failing rank logs what and where,
- * and the others log which rank failed.
+ * error, a checksum mismatch) is agreed on; the failing rank logs what and where, and
+ * rank 0 names the failing rank.
  */
 #ifndef WF_CKPT_H
 #define WF_CKPT_H
@@ -43,61 +44,46 @@
 
 #include "wf_collectives.h"
 #include "wf_config.h"
-#include "wf_parallel.h"
 #include "wf_model.h"
+#include "wf_optim.h"
 #include "wf_runtime.h"
-
-/* precision=fp16 dynamic loss scaling's state, part of the optimizer's: AdamW's step t
- * is the training step minus `skipped`. */
-typedef struct wf_ckpt_scaler {
-  double scale;   /* the loss scale S of the next step */
-  int good_steps; /* consecutive finite steps since S last changed */
-  int skipped;    /* optimizer steps skipped so far (non-finite gradients) */
-} wf_ckpt_scaler;
 
 /* What a checkpoint saves and restores on this rank (everything borrowed). */
 typedef struct wf_ckpt_target {
   const wf_config *cfg;
   wf_gpt *model;        /* this rank's parameters (the full model while tp = pp = 1) */
-  wf_dp *dp;            /* NULL on one rank alone: the model holds the AdamW state */
+  wf_optim *optim;      /* this rank's optimizer state (a dp shard under ZeRO-1) */
+  bool optim_sharded;   /* the optimizer holds this rank's ZeRO shard: one file per dp rank */
   wf_comm *dp_comm;     /* this rank's dp group; NULL = one rank alone */
   wf_comm *world;       /* every rank of the job; NULL = dp_comm */
   int pp_rank, tp_rank; /* this rank's pipeline stage and tensor shard (0, 0 = the whole model) */
-  /* precision=fp16: saved in the manifest and restored by resume; NULL otherwise */
-  wf_ckpt_scaler *scaler;
 } wf_ckpt_target;
 
-/* Before training: when train.checkpoint_dir is set, create it and prove every
- * rank can write there and that one checkpoint fits in its free space; check that
- * train.resume can be honoured. An error stops the job before the first step. */
+/* Before training: when train.checkpoint_dir is set, create it and prove every rank can
+ * write there and that one checkpoint fits in its free space; check that train.resume
+ * can be honoured. An error stops the job before the first step. */
 wf_status wf_ckpt_prepare(const wf_ckpt_target *t);
 
-/* Honour train.resume: "" = fresh start (*step = 0); "auto" = the checkpoint
- * `latest` names in train.checkpoint_dir, or a fresh start when there is none
- * (said once); otherwise a checkpoint directory (or a checkpoint_dir holding a
- * `latest`). Restores the parameters and the AdamW state, re-sliced for this mesh
+/* Honour train.resume: "" = fresh start (*step = 0); "auto" = the checkpoint `latest`
+ * names in train.checkpoint_dir, or a fresh start when there is none (said once);
+ * otherwise a checkpoint directory (or a checkpoint_dir holding a `latest`). Restores
+ * the parameters, the AdamW state and the fp16 loss scaler, re-sliced for this mesh
  * (bit for bit on the mesh that saved it), and sets *step to the last step the
- * checkpoint completed. Refuses a checkpoint of another model shape, naming the
- * config key that differs; a manifest whose model files do not hold the whole model
- * exactly once; and any file that is missing or whose size, checksum or header
- * disagrees with the manifest, naming the file. */
+ * checkpoint completed. Refuses a checkpoint of another model shape, naming the config
+ * key that differs; a manifest whose model files do not hold the whole model exactly
+ * once; and any file that is missing or whose size, checksum or header disagrees with
+ * the manifest, naming the file. */
 wf_status wf_ckpt_resume(const wf_ckpt_target *t, int *step);
 
 /* Write the checkpoint of `step` (the last completed step) and prune. */
 wf_status wf_ckpt_save(const wf_ckpt_target *t, int step);
 
-/* Not collective. Resolve the checkpoint named by train.resume (a path), else the
- * one `latest` names in train.checkpoint_dir, into `dir`. */
-wf_status wf_ckpt_locate(const wf_config *cfg, char *dir, size_t dir_len, char *err,
-                         size_t err_len);
+/* Not collective. Resolve the checkpoint named by train.resume (a path), else the one
+ * `latest` names in train.checkpoint_dir, into `dir`. */
+wf_status wf_ckpt_locate(const wf_config *cfg, char *dir, size_t dir_len);
 
-/* Not collective. Write the model of checkpoint `dir` (from any mesh) as an llm.c
- * GPT-2 checkpoint at `out_path`, after verifying every model file's checksum. */
-wf_status wf_ckpt_export_llmc(const char *dir, const char *out_path, char *err, size_t err_len);
-
-/* Not collective. Drop the lines of the JSON-lines metrics file `path` whose "step"
- * is past `step` (steps a killed run did after its last checkpoint, which the
- * resumed run repeats), rewriting it atomically; a missing file is fine. */
-wf_status wf_ckpt_trim_metrics(const char *path, int step, char *err, size_t err_len);
+/* Not collective. Write the model of checkpoint `dir` (from any mesh) as an llm.c GPT-2
+ * checkpoint at `out_path`, after verifying every model file's checksum. */
+wf_status wf_ckpt_export_llmc(const char *dir, const char *out_path);
 
 #endif /* WF_CKPT_H */

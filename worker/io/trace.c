@@ -32,6 +32,7 @@
 
 #include "wf_check.h"
 #include "wf_runtime.h"
+#include "wf_file.h"
 #include "wf_io.h"
 
 #define LABEL_MAX 128
@@ -235,30 +236,17 @@ static void rebase_events(json_t *events)
 
 /* ---- file ---------------------------------------------------------------------------------- */
 
-/* Write `root` to path via path.tmp.<pid> + rename, so readers never see half a trace. */
+/* Write `root` to path with the runtime's atomic writer: readers never see half a trace. */
 static wf_status write_atomic(const json_t *root, const char *path)
 {
-  char tmp[4096];
-  if (snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof(tmp)) {
-    WF_ERROR("trace: path too long: %s", path);
-    return WF_EIO;
+  char *text = json_dumps(root, JSON_COMPACT);
+  if (!text) {
+    WF_ERROR("trace: %s: out of memory formatting the trace", path);
+    return WF_ENOMEM;
   }
-  FILE *f = fopen(tmp, "w");
-  if (!f) {
-    WF_ERROR("trace: cannot write %s: %s (check that the directory exists and is writable)", path,
-             strerror(errno));
-    return WF_EIO;
-  }
-  int bad = json_dumpf(root, f, JSON_COMPACT) != 0;
-  bad |= fflush(f) != 0 || fsync(fileno(f)) != 0;
-  int err = errno;
-  bad |= fclose(f) != 0;
-  if (!bad && rename(tmp, path) == 0)
-    return WF_OK;
-  err = bad ? err : errno;
-  WF_ERROR("trace: cannot write %s: %s", path, strerror(err));
-  remove(tmp);
-  return WF_EIO;
+  wf_status st = wf_file_write_atomic(path, text, strlen(text), 0644);
+  free(text);
+  return st;
 }
 
 /* ---- gather ---------------------------------------------------------------------------------- */

@@ -1,11 +1,13 @@
 /*
- * wf_model.h - GPT-2 on one rank: parameters, activations, forward, backward, AdamW.
+ * wf_model.h - GPT-2 on one rank or one shard: layout, parameters, activations, forward,
+ * backward, and the llm.c file formats.
  *
- * Pre-LayerNorm GPT-2 with learned positions and a tied input/output embedding.
- * All parameters live in one allocation and all gradients in another with the same
- * layout: the llm.c checkpoint order (wte, wpe, ln1w, ln1b, qkvw, qkvb, attprojw,
- * attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb, lnfw, lnfb; all layers of a kind
- * together). Later issues shard this layout across tensor and pipeline ranks, so
+ * Pre-LayerNorm GPT-2 with learned positions and a tied input/output embedding, on
+ * one device (wf_device.h): every buffer is device memory, every op a kernel of the
+ * device's table. All parameters live in one allocation and all gradients in another
+ * with the same layout: the llm.c checkpoint order (wte, wpe, ln1w, ln1b, qkvw, qkvb,
+ * attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb, lnfw, lnfb; all layers
+ * of a kind together). Tensor and pipeline ranks hold shards of this layout, so
  * parameter tensors are addressed by (kind, layer) through wf_gpt_param().
  *
  * Initialisation is GPT-2's (normal std 0.02; residual projections attprojw and
@@ -125,6 +127,7 @@ void wf_gpt_shard_exchange(const wf_gpt_dims *d, const wf_gpt_shard *s, float *l
 typedef struct wf_gpt_opts {
   wf_gpt_dims dims;
   wf_gpt_shard shard;
+  struct wf_dev *dev;      /* where the model lives and computes (borrowed); NULL = the CPU */
   struct wf_comm *tp_comm; /* the tp group when shard.tp > 1 (borrowed) */
   int B, T;                /* largest micro-batch */
   int slots;               /* micro-batches whose activations live at once (>= 1) */
@@ -133,17 +136,18 @@ typedef struct wf_gpt_opts {
   wf_precision precision;  /* GEMM operands in bf16/fp16 (see "Mixed precision" below) */
 } wf_gpt_opts;
 
-/* Allocate parameters, gradients and activations for micro-batches of at most
- * B x T tokens (AdamW's m and v come with the first wf_gpt_update or
- * wf_gpt_adam_state). Parameters are zero until initialised or loaded. */
+/* Allocate parameters, gradients and activations for micro-batches of at most B x T
+ * tokens, on the CPU. Parameters are zero until initialised or loaded. The optimizer's
+ * state is not the model's (worker/optim owns it). */
 wf_status wf_gpt_create(wf_gpt **out, const wf_gpt_dims *d, int B, int T);
-/* The same for one shard, with `slots` activation slots (pipeline micro-batches in
- * flight). */
+/* The same for one shard on a device, with `slots` activation slots (pipeline
+ * micro-batches in flight). */
 wf_status wf_gpt_create_shard(wf_gpt **out, const wf_gpt_opts *o);
 void wf_gpt_destroy(wf_gpt *m); /* accepts NULL */
 
 const wf_gpt_dims *wf_gpt_get_dims(const wf_gpt *m); /* the whole model's dims */
 const wf_gpt_shard *wf_gpt_get_shard(const wf_gpt *m);
+struct wf_dev *wf_gpt_dev(const wf_gpt *m);
 /* This rank's parameters: count, and each kind's local offset and size. */
 size_t wf_gpt_local_params(const wf_gpt *m);
 int wf_gpt_local_layers(const wf_gpt *m); /* layers on this rank, all chunks */
@@ -156,50 +160,65 @@ bool wf_gpt_kind_counted(const wf_gpt *m, wf_param_kind k);
 /* Whether kind k's gradient is a partial sum over the tp group (layernorms under
  * sequence parallelism: each rank saw its own token rows). */
 bool wf_gpt_kind_tp_partial(const wf_gpt *m, wf_param_kind k);
-float *wf_gpt_params(wf_gpt *m); /* one allocation, llm.c layout */
-float *wf_gpt_grads(wf_gpt *m);  /* same layout */
+/* The parameters and the gradients: one allocation each, in device memory, llm.c
+ * layout. Host code reads or writes them through wf_dev_map (or the full-model
+ * exchange below), never directly. */
+float *wf_gpt_params(wf_gpt *m);
+float *wf_gpt_grads(wf_gpt *m);
 /* Pointer to parameter (or gradient, grads != 0) tensor `k` of layer `layer` (a
  * global layer index in [l0, l1); ignored for WTE, WPE, LNFW, LNFB). */
 float *wf_gpt_param(wf_gpt *m, wf_param_kind k, int layer, int grads);
 
-/* Full-layout exchange (buffers of wf_gpt_num_params(dims) floats, llm.c layout).
- * export ADDS the elements this rank owns (wf_gpt_kind_counted) into `full`, so
- * summing every model-parallel rank's export gives the whole model; import copies
- * this rank's slices out of a whole model. which: 0 parameters, 1 gradients. */
-void wf_gpt_export_full(wf_gpt *m, int which, float *full);
-void wf_gpt_import_full(wf_gpt *m, int which, const float *full);
+/* Full-layout exchange with the host (buffers of wf_gpt_num_params(dims) floats, llm.c
+ * layout), staged through the device. export ADDS the elements this rank owns
+ * (wf_gpt_kind_counted) into `full`, so summing every model-parallel rank's export
+ * gives the whole model; import copies this rank's slices out of a whole model.
+ * which: 0 parameters, 1 gradients. */
+wf_status wf_gpt_export_full(wf_gpt *m, int which, float *full);
+wf_status wf_gpt_import_full(wf_gpt *m, int which, const float *full);
+/* The whole model's parameters (which 0) or gradients (1) in `full` on every rank of
+ * `world`: the ranks with `contribute` add their counted slices into zeros and a sum
+ * over the world assembles the model (one model-parallel replica contributes; world
+ * NULL: this rank alone). `full` is the only whole-model allocation it needs. */
+wf_status wf_gpt_gather_full(wf_gpt *m, int which, float *full, struct wf_comm *world,
+                             bool contribute);
 
-/* GPT-2 initialisation of every parameter (see above); AdamW state, if any, zeroed. */
-void wf_gpt_init(wf_gpt *m, uint64_t seed);
+/* GPT-2 initialisation of every parameter (see above), written through the device. */
+wf_status wf_gpt_init(wf_gpt *m, uint64_t seed);
 /* Elements [first, first + n) of the initial value of tensor (k, layer), as laid out
  * in the full tensor; equal to the same range of wf_gpt_init's result. */
 void wf_gpt_init_slice(float *dst, wf_param_kind k, int layer, const wf_gpt_dims *d, uint64_t seed,
                        size_t first, size_t n);
 
-/* Forward one micro-batch. inputs, targets (B, T) int32 token ids. Returns the mean
- * cross-entropy loss over the B*T positions when targets != NULL (else 0). */
-float wf_gpt_forward(wf_gpt *m, const int *inputs, const int *targets, int B, int T);
-/* Logits of the last forward (B, T, Vp); valid until the next forward/backward. */
+/* Forward one micro-batch on one rank holding the whole model. inputs, targets (B, T)
+ * int32 token ids in host memory; *loss (may be NULL) gets the mean cross-entropy loss
+ * over the B*T positions when targets != NULL (else 0). */
+wf_status wf_gpt_forward(wf_gpt *m, const int *inputs, const int *targets, int B, int T,
+                         float *loss);
+/* Logits of the last forward (B, T, Vp), device memory; valid until the next
+ * forward/backward. */
 const float *wf_gpt_logits(const wf_gpt *m);
 
-void wf_gpt_zero_grad(wf_gpt *m);
+/* Zero the gradients (on the model's default stream). */
+wf_status wf_gpt_zero_grad(wf_gpt *m);
 /* Backward of the last forward, ADDING into the gradients. The loss gradient of
  * each position is dloss_scale / (B*T): pass 1 for one micro-batch, 1/M when
  * accumulating M micro-batches. */
-void wf_gpt_backward(wf_gpt *m, float dloss_scale);
+wf_status wf_gpt_backward(wf_gpt *m, float dloss_scale);
 
 /* Pipeline stages. A stage runs micro-batches in activation slots 0 .. slots-1. Its
- * input and output are (rows, C) activations, rows = B*T, or B*T/tp under sequence
- * parallelism. stage_forward: inputs (B,T) are needed on the first stage, x (the
- * previous stage's output) on the others, targets on the last (NULL: no loss).
- * Returns the mean loss of the micro-batch on the last stage with targets, 0 on
- * other stages, NAN on bad input or a failed collective. */
-float wf_gpt_stage_forward(wf_gpt *m, int slot, const int *inputs, const float *x,
-                           const int *targets, int B, int T);
-/* The same for model chunk `chunk` (the embeddings are chunk 0's on the first stage,
- * the head chunk v-1's on the last). Backward knows the slot's chunk. */
-float wf_gpt_chunk_forward(wf_gpt *m, int slot, int chunk, const int *inputs, const float *x,
-                           const int *targets, int B, int T);
+ * input and output are (rows, C) activations in device memory, rows = B*T, or B*T/tp
+ * under sequence parallelism. chunk_forward runs model chunk `chunk` (the embeddings
+ * are chunk 0's on the first stage, the head chunk v-1's on the last; 0 without
+ * interleaving): inputs (B,T) (host) are needed by the first chunk, x (the previous
+ * stage's output, device) by the others, targets (host) by the last (NULL: no loss).
+ * The last chunk's mean loss over the micro-batch is added to the model's loss sum
+ * (wf_gpt_take_loss). Backward knows the slot's chunk. */
+wf_status wf_gpt_chunk_forward(wf_gpt *m, int slot, int chunk, const int *inputs, const float *x,
+                               const int *targets, int B, int T);
+/* The sum of the micro-batch losses of the forwards since the last call (0 on a rank
+ * without the head), read back from the device; the sum starts again at 0. */
+wf_status wf_gpt_take_loss(wf_gpt *m, double *sum);
 const float *wf_gpt_stage_output(const wf_gpt *m, int slot);
 size_t wf_gpt_stage_io_numel(const wf_gpt *m, int B, int T); /* rows * C */
 /* Backward of the slot's forward, adding into the gradients; dy is the gradient of
@@ -217,9 +236,10 @@ size_t wf_gpt_slot_bytes(const wf_gpt *m);
  * shared layer of recomputed intermediates. */
 size_t wf_gpt_act_bytes(const wf_gpt *m, int slots);
 int wf_gpt_peak_slots(wf_gpt *m);
-/* Complete the accumulated gradients over the tp group once per step, after the last
- * backward: sums the partial gradients of sequence-parallel layernorms. */
-wf_status wf_gpt_finish_grads(wf_gpt *m);
+/* Sum n floats of device memory in place over the model's tp group, counted in the tp
+ * time like the model's own collectives (gradients of replicated parameters that each
+ * tp rank computed from its own token rows). A no-op without tp. */
+wf_status wf_gpt_tp_allreduce(wf_gpt *m, float *x, size_t n);
 /* Record each tp collective as a "comm" span while `trace` is on (NULL = none). */
 struct wf_trace;
 void wf_gpt_set_trace(wf_gpt *m, struct wf_trace *trace);
@@ -235,19 +255,6 @@ void wf_gpt_tp_stats(wf_gpt *m, double *seconds, double *bytes);
 typedef void (*wf_gpt_grad_hook)(void *user, int group);
 void wf_gpt_set_grad_hook(wf_gpt *m, wf_gpt_grad_hook fn, void *user); /* fn NULL = off */
 
-/* Global L2 norm of the gradients (of this rank's part, without communication). */
-float wf_gpt_grad_norm(wf_gpt *m);
-/* Sum of squares of the gradients this rank counts (wf_gpt_kind_counted). */
-double wf_gpt_grad_sumsq(wf_gpt *m);
-/* AdamW step t (1-based) with gradients scaled by grad_scale (clipping). Weight
- * decay applies to the 2-D weights only (not biases, layernorms). */
-void wf_gpt_update(wf_gpt *m, float lr, float beta1, float beta2, float eps, float weight_decay,
-                   float grad_scale, int t);
-/* AdamW's m and v (num_params each, parameter layout) for checkpoints: allocated
- * (zeroed) here when no update has run yet. The step t is not stored: it is the
- * trainer's step, passed to every update. */
-wf_status wf_gpt_adam_state(wf_gpt *m, float **mbuf, float **vbuf);
-
 /* Mixed precision (wf_gpt_opts.precision bf16 or fp16), as tensor cores compute:
  * every GEMM operand is rounded to the narrow format and the products accumulate in
  * fp32. The operands are the weights of the linear layers (qkv, attproj, fc, fcproj and
@@ -259,35 +266,58 @@ wf_status wf_gpt_adam_state(wf_gpt *m, float **mbuf, float **vbuf);
  * attention's softmax and its two batched products, GELU, residuals and the loss stay
  * fp32. With precision no, nothing is rounded and nothing is copied.
  *
- * Whoever writes the parameters other than through this header's init, load, import
- * and update (which do it themselves) must call wf_gpt_params_changed() afterwards,
- * before the next forward, so the rounded copy follows: the ZeRO-1 all-gather of
- * updated shards, a checkpoint restore. A no-op with precision no. */
-void wf_gpt_params_changed(wf_gpt *m);
+ * Whoever writes the parameters other than through this header's init, import and
+ * load (which do it themselves) must call wf_gpt_params_changed() afterwards, before
+ * the next forward, so the rounded copy follows: the optimizer's update, the ZeRO-1
+ * all-gather of updated shards, a checkpoint restore. A no-op with precision no. */
+wf_status wf_gpt_params_changed(wf_gpt *m);
 wf_precision wf_gpt_precision(const wf_gpt *m);
 /* Loss scaling (fp16): backward multiplies the loss gradient by s (default 1), so every
  * gradient comes out scaled by s; the optimizer unscales. */
 void wf_gpt_set_loss_scale(wf_gpt *m, float s);
 
-/* llm.c GPT-2 checkpoint (magic 20240326, version 3). Errors name the file and
- * what was expected. Load requires matching dims (a message names the field). */
-wf_status wf_gpt_load_llmc(wf_gpt *m, const char *path, char *err, size_t err_len);
-wf_status wf_gpt_save_llmc(wf_gpt *m, const char *path, char *err, size_t err_len);
-/* Read just the header dims of an llm.c checkpoint (to size a model from it). */
-wf_status wf_gpt_peek_llmc(const char *path, wf_gpt_dims *d, char *err, size_t err_len);
+/* ---- llm.c files (llmc.c) ------------------------------------------------------------
+ * GPT-2 checkpoint (train_gpt2.c, magic 20240326, version 3): an int32[256] header
+ * {magic, version, maxT, V, L, NH, C, Vp, 0...} then the float32 parameters in llm.c
+ * order, which is exactly the whole model's flat layout. One codec for the header
+ * serves every reader and writer of it (these functions, checkpoints, the data loader's
+ * mix-up check). Errors are logged, naming the file and what was expected. */
+#define WF_LLMC_MAGIC        20240326
+#define WF_LLMC_VERSION      3
+#define WF_LLMC_STATE_MAGIC  20240327
+#define WF_LLMC_HEADER_INTS  256
+#define WF_LLMC_HEADER_BYTES (WF_LLMC_HEADER_INTS * 4)
+/* The header of a checkpoint of dims d. */
+void wf_llmc_header_encode(int32_t h[WF_LLMC_HEADER_INTS], const wf_gpt_dims *d);
+/* The dims of header h; WF_EFORMAT (logged, naming `path`) when h is not a valid
+ * version-3 GPT-2 checkpoint header. */
+wf_status wf_llmc_header_decode(const int32_t h[WF_LLMC_HEADER_INTS], const char *path,
+                                wf_gpt_dims *d);
+/* Whether `path` starts with a valid checkpoint header, and its dims: a quiet probe that
+ * logs nothing (for descriptions; wf_llmc_peek is the check). */
+bool wf_llmc_dims(const char *path, wf_gpt_dims *d);
+/* Just the dims of a checkpoint file (to size a model from it); checks its length. */
+wf_status wf_llmc_peek(const char *path, wf_gpt_dims *d);
+/* The parameters of a checkpoint into full (wf_gpt_num_params(d) floats); refuses a
+ * file of other dims, naming the field that differs. */
+wf_status wf_llmc_read(const char *path, const wf_gpt_dims *d, float *full);
+/* Write a checkpoint atomically (runtime/wf_file.h). */
+wf_status wf_llmc_write(const char *path, const wf_gpt_dims *d, const float *full);
+/* A whole model on one rank from / to a checkpoint (staged through the device). */
+wf_status wf_gpt_load_llmc(wf_gpt *m, const char *path);
+wf_status wf_gpt_save_llmc(wf_gpt *m, const char *path);
 
-/* llm.c debug state (magic 20240327, version 2) for one batch: inputs, targets,
- * logits (B,T,V unpadded), loss, and gradients in checkpoint layout. Runs a
- * forward and backward on a fresh gradient buffer: the model's gradients are
+/* llm.c debug state (magic 20240327, version 2) for one batch: inputs, targets, logits
+ * (B,T,V unpadded), loss, and gradients in checkpoint layout. dump_state runs a forward
+ * and backward of a whole model on a fresh gradient buffer: the model's gradients are
  * zeroed first and hold this batch's gradients afterwards. */
 wf_status wf_gpt_dump_state(wf_gpt *m, const char *path, const int *inputs, const int *targets,
-                            int B, int T, char *err, size_t err_len);
-
-/* The same file from whole-model arrays: logits (B*T, Vp), gradients in checkpoint
- * layout (a model-parallel run assembles them first). */
+                            int B, int T);
+/* The same file from whole-model host arrays: logits (B*T, Vp), gradients in
+ * checkpoint layout (a model-parallel run assembles them first). */
 wf_status wf_llmc_write_state(const char *path, const wf_gpt_dims *d, int B, int T,
                               const int *inputs, const int *targets, const float *logits,
-                              float loss, const float *grads, char *err, size_t err_len);
+                              float loss, const float *grads);
 
 /* FLOPs of one training step (forward + backward) on B*T tokens:
  * 6 * num_params * B*T  +  12 * L * B * T*T * C

@@ -5,22 +5,16 @@
  * another, and gradients are sent from a third; buffer i serves micro-batch
  * mb % ring. A generated list posts a receive at most a few micro-batches ahead of
  * its consumer, and the engine refuses (rather than corrupts) a list that would
- * reuse a buffer still in use. Requests are per micro-batch.
+ * reuse a buffer still in use. Requests are per micro-batch. The rings are device
+ * memory (the model's device); the token batch is host memory, which the model moves
+ * in itself.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "wf_check.h"
-#include "wf_parallel.h"
-
-#define TRY(expr)                                                                                  \
-  do {                                                                                             \
-    wf_status try_ = (expr);                                                                       \
-    if (try_ != WF_OK)                                                                             \
-      return try_;                                                                                 \
-  } while (0)
+#include "parallel_int.h"
 
 typedef struct ring {
   float *mem;
@@ -30,6 +24,7 @@ typedef struct ring {
 struct wf_pipe {
   wf_comm *pp;
   wf_gpt *model;
+  wf_dev *dev;
   wf_schedule sched;
   wf_trace *trace;
   int p, rank, m, v, B, T, n_ring; /* work items are (mb, chunk): key = mb * v + chunk */
@@ -60,46 +55,48 @@ int wf_pipe_slots(wf_schedule_kind kind, int pp, int rank, int microbatches, int
   return n;
 }
 
-static wf_status ring_alloc(ring *r, int n, size_t io)
+static wf_status ring_alloc(wf_dev *dev, ring *r, int n, size_t io)
 {
-  r->mem = wf_mem_alloc((size_t)n * (io + 16) * sizeof(float));
-  r->owner = malloc((size_t)n * sizeof *r->owner);
-  if (!r->mem || !r->owner)
-    return WF_ENOMEM;
+  wf_status st = WF_OK;
+  WF_TRY(wf_dev_alloc_floats(dev, &r->mem, (size_t)n * (io + 16)));
+  WF_CHECK_ALLOC(r->owner = malloc((size_t)n * sizeof *r->owner));
   for (int i = 0; i < n; i++)
     r->owner[i] = -1;
-  return WF_OK;
+fail:
+  return st;
 }
 
-static void ring_free(ring *r)
+static void ring_free(wf_dev *dev, ring *r)
 {
-  wf_mem_free(r->mem);
+  wf_dev_free(dev, r->mem);
   free(r->owner);
 }
 
-wf_status wf_pipe_create(wf_pipe **out, const wf_pipe_opts *o, char *err, size_t err_len)
+wf_status wf_pipe_create(wf_pipe **out, const wf_pipe_opts *o)
 {
   wf_status st = WF_OK;
+  char err[512] = "";
   wf_pipe *p = calloc(1, sizeof *p);
   *out = NULL;
-  if (!p)
-    return WF_ENOMEM;
+  WF_CHECK_ALLOC(p);
   p->pp = o->pp;
   p->model = o->model;
+  p->dev = wf_gpt_dev(o->model);
   p->trace = o->trace;
   p->p = o->pp ? wf_comm_size(o->pp) : 1;
   p->rank = o->pp ? wf_comm_rank(o->pp) : 0;
   p->m = o->microbatches, p->B = o->B, p->T = o->T;
   p->v = o->kind == WF_SCHED_INTERLEAVED && p->p > 1 ? o->virtual_stages : 1;
   wf_sched_params prm = {p->p > 1 ? o->kind : WF_SCHED_1F1B, p->p, p->m, p->v};
-  WF_TRY(wf_schedule_init(&p->sched, &prm, p->rank, err, err_len));
+  st = wf_schedule_init(&p->sched, &prm, p->rank, err, sizeof err);
+  WF_REFUSE(st == WF_OK, st, "%s", err); /* the same parameters on every rank */
   p->io = wf_gpt_stage_io_numel(o->model, o->B, o->T);
   p->n_slots = wf_pipe_slots(prm.kind, p->p, p->rank, p->m, p->v);
   /* interleaved lists post receives further ahead: one buffer per work item */
   p->n_ring = p->v > 1 ? p->m * p->v : WF_MIN(p->m, p->n_slots + 2);
-  WF_TRY(ring_alloc(&p->rf, p->n_ring, p->io));
-  WF_TRY(ring_alloc(&p->rb, p->n_ring, p->io));
-  WF_TRY(ring_alloc(&p->sb, p->n_ring, p->io));
+  WF_TRY(ring_alloc(p->dev, &p->rf, p->n_ring, p->io));
+  WF_TRY(ring_alloc(p->dev, &p->rb, p->n_ring, p->io));
+  WF_TRY(ring_alloc(p->dev, &p->sb, p->n_ring, p->io));
   size_t m = (size_t)p->m * (size_t)p->v;
   WF_CHECK_ALLOC(p->req_rf = calloc(m, sizeof(wf_req *)));
   WF_CHECK_ALLOC(p->req_rb = calloc(m, sizeof(wf_req *)));
@@ -112,8 +109,6 @@ wf_status wf_pipe_create(wf_pipe **out, const wf_pipe_opts *o, char *err, size_t
   *out = p;
   return WF_OK;
 fail:
-  if (st != WF_EINVAL)
-    snprintf(err, err_len, "cannot set up the pipeline engine: %s", wf_status_str(st));
   wf_pipe_destroy(p);
   return st;
 }
@@ -129,9 +124,9 @@ void wf_pipe_destroy(wf_pipe *p)
     wf_req_wait(&p->req_sb[i]);
   }
   wf_schedule_fini(&p->sched);
-  ring_free(&p->rf);
-  ring_free(&p->rb);
-  ring_free(&p->sb);
+  ring_free(p->dev, &p->rf);
+  ring_free(p->dev, &p->rb);
+  ring_free(p->dev, &p->sb);
   free(p->req_rf);
   free(p->req_rb);
   free(p->req_sf);
@@ -214,75 +209,76 @@ static bool is_last(const wf_pipe *p, int chunk)
 
 static int key(const wf_pipe *p, int mb, int chunk) { return mb * p->v + chunk; }
 
-static wf_status do_forward(wf_pipe *p, int mb, int chunk, wf_pipe_batch_fn batch, void *user,
-                            double *loss)
+static wf_status do_forward(wf_pipe *p, int mb, int chunk, wf_pipe_batch_fn batch, void *user)
 {
+  wf_status st = WF_OK;
   bool first = is_first(p, chunk), last = is_last(p, chunk);
   int k = key(p, mb, chunk);
   const float *x = NULL;
   if (!first) {
-    TRY(wait(p, &p->req_rf[k], "recv activation", mb));
+    WF_TRY(wait(p, &p->req_rf[k], "recv activation", mb));
     x = ring_take(p, &p->rf, k);
   }
   if (first || last)
-    TRY(batch(user, mb, p->inputs, p->targets));
+    WF_TRY(batch(user, mb, p->inputs, p->targets));
   int slot = take_slot(p, k);
-  if (slot < 0)
-    return WF_EINVAL;
+  WF_CHECK(slot >= 0, WF_EINVAL, "pipeline: no activation slot for micro-batch %d", mb);
   double t0 = wf_now();
-  float l = wf_gpt_chunk_forward(p->model, slot, chunk, first ? p->inputs : NULL, x,
-                                 last ? p->targets : NULL, p->B, p->T);
+  st = wf_gpt_chunk_forward(p->model, slot, chunk, first ? p->inputs : NULL, x,
+                            last ? p->targets : NULL, p->B, p->T);
   span(p, 'F', mb, chunk, t0, wf_now());
   if (!first)
     ring_give(p, &p->rf, k);
-  if (isnan(l))
-    return WF_EINVAL;
-  *loss += l;
-  return WF_OK;
+fail:
+  return st;
 }
 
 static wf_status do_backward(wf_pipe *p, int mb, int chunk)
 {
+  wf_status st = WF_OK;
   int k = key(p, mb, chunk);
   const float *dy = NULL;
   if (!is_last(p, chunk)) {
-    TRY(wait(p, &p->req_rb[k], "recv gradient", mb));
+    WF_TRY(wait(p, &p->req_rb[k], "recv gradient", mb));
     dy = ring_take(p, &p->rb, k);
     /* the slot's output must not be in flight when its activations are released */
-    TRY(wait(p, &p->req_sf[k], "send activation", mb));
+    WF_TRY(wait(p, &p->req_sf[k], "send activation", mb));
   }
   double t0 = wf_now();
-  wf_status st = wf_gpt_stage_backward(p->model, p->slot_of[k], dy, 1.0f / (float)p->m);
+  st = wf_gpt_stage_backward(p->model, p->slot_of[k], dy, 1.0f / (float)p->m);
   span(p, 'B', mb, chunk, t0, wf_now());
   p->slot_busy[p->slot_of[k]] = false;
   p->slot_of[k] = -1;
   if (!is_last(p, chunk))
     ring_give(p, &p->rb, k);
+fail:
   return st;
 }
 
 static wf_status do_send_b(wf_pipe *p, int k, int peer)
 {
+  wf_status st = WF_OK;
   /* the send ring buffer of k % n_ring may still be sending an older work item */
   int old = p->sb.owner[k % p->n_ring];
   if (old >= 0) {
-    TRY(wait(p, &p->req_sb[old], "send gradient", old / p->v));
+    WF_TRY(wait(p, &p->req_sb[old], "send gradient", old / p->v));
     ring_give(p, &p->sb, old);
   }
   float *buf = ring_take(p, &p->sb, k);
-  if (!buf)
-    return WF_EINVAL;
-  memcpy(buf, wf_gpt_stage_dinput(p->model), p->io * sizeof(float));
-  return wf_comm_isend(p->pp, buf, p->io, WF_COMM_F32, peer, &p->req_sb[k]);
+  WF_CHECK(buf, WF_EINVAL, "pipeline: no send buffer for work item %d", k);
+  WF_TRY(wf_dev_copy(p->dev, buf, wf_gpt_stage_dinput(p->model), p->io * sizeof(float), WF_COPY_D2D,
+                     NULL));
+  st = wf_comm_isend(p->pp, buf, p->io, WF_COMM_F32, peer, &p->req_sb[k]);
+fail:
+  return st;
 }
 
-static wf_status do_action(wf_pipe *p, const wf_sched_action *a, wf_pipe_batch_fn batch, void *user,
-                           double *loss)
+static wf_status do_action(wf_pipe *p, const wf_sched_action *a, wf_pipe_batch_fn batch, void *user)
 {
   int k = key(p, a->mb, a->chunk);
   float *buf;
   switch (a->op) {
-  case WF_ACT_FORWARD: return do_forward(p, a->mb, a->chunk, batch, user, loss);
+  case WF_ACT_FORWARD: return do_forward(p, a->mb, a->chunk, batch, user);
   case WF_ACT_BACKWARD: return do_backward(p, a->mb, a->chunk);
   case WF_ACT_SEND_F:
     return wf_comm_isend(p->pp, wf_gpt_stage_output(p->model, p->slot_of[k]), p->io, WF_COMM_F32,
@@ -317,7 +313,6 @@ wf_status wf_pipe_step(wf_pipe *p, int step, wf_pipe_batch_fn batch, wf_pipe_arm
   *loss_sum = 0;
   for (int i = 0; i < p->m * p->v; i++)
     p->slot_of[i] = -1;
-  wf_gpt_zero_grad(p->model);
   double t0 = wf_now();
   int lb = last_backward(&p->sched);
   for (int i = 0; i < p->sched.n && st == WF_OK; i++) {
@@ -326,7 +321,7 @@ wf_status wf_pipe_step(wf_pipe *p, int step, wf_pipe_batch_fn batch, wf_pipe_arm
      * reduction waits for the end of the step instead of overlapping. */
     if (i == lb && arm && p->v == 1)
       arm(user);
-    st = do_action(p, &p->sched.actions[i], batch, user, loss_sum);
+    st = do_action(p, &p->sched.actions[i], batch, user);
   }
   for (int k = 0; k < p->m * p->v; k++) { /* sends still in flight */
     wf_status w = wait(p, &p->req_sf[k], "send activation", k / p->v);
@@ -335,6 +330,8 @@ wf_status wf_pipe_step(wf_pipe *p, int step, wf_pipe_batch_fn batch, wf_pipe_arm
   }
   for (int i = 0; i < p->n_ring; i++)
     p->sb.owner[i] = -1;
+  if (st == WF_OK)
+    st = wf_gpt_take_loss(p->model, loss_sum);
   p->st.wall_s = wf_now() - t0;
   p->st.peak_slots = wf_gpt_peak_slots(p->model);
   p->st.act_bytes = wf_gpt_act_bytes(p->model, p->st.peak_slots);
@@ -347,26 +344,26 @@ wf_status wf_pipe_step(wf_pipe *p, int step, wf_pipe_batch_fn batch, wf_pipe_arm
  * waits for stage c*p + r - 1 (the previous rank; rank p-1's chunk c-1 for rank 0) and
  * feeds stage c*p + r + 1. Only one message is in flight at a time, so blocking
  * point-to-point cannot deadlock. */
-static wf_status forward_chain(wf_pipe *p, int mb, wf_pipe_batch_fn batch, void *user, double *loss)
+static wf_status forward_chain(wf_pipe *p, int mb, wf_pipe_batch_fn batch, void *user)
 {
+  wf_status st = WF_OK;
   float *x = p->rf.mem;
   int prev = (p->rank + p->p - 1) % p->p, next = (p->rank + 1) % p->p;
   for (int c = 0; c < p->v; c++) {
     bool first = is_first(p, c), last = is_last(p, c);
     if (!first)
-      TRY(wf_comm_recv(p->pp, x, p->io, WF_COMM_F32, prev));
+      WF_TRY(wf_comm_recv(p->pp, x, p->io, WF_COMM_F32, prev));
     if (first || last)
-      TRY(batch(user, mb, p->inputs, p->targets));
-    float l = wf_gpt_chunk_forward(p->model, 0, c, first ? p->inputs : NULL, x,
-                                   last ? p->targets : NULL, p->B, p->T);
+      WF_TRY(batch(user, mb, p->inputs, p->targets));
+    st = wf_gpt_chunk_forward(p->model, 0, c, first ? p->inputs : NULL, x, last ? p->targets : NULL,
+                              p->B, p->T);
     wf_gpt_stage_release(p->model, 0);
-    if (isnan(l))
-      return WF_EINVAL;
-    *loss += l;
+    WF_TRY(st);
     if (!last)
-      TRY(wf_comm_send(p->pp, wf_gpt_stage_output(p->model, 0), p->io, WF_COMM_F32, next));
+      WF_TRY(wf_comm_send(p->pp, wf_gpt_stage_output(p->model, 0), p->io, WF_COMM_F32, next));
   }
-  return WF_OK;
+fail:
+  return st;
 }
 
 wf_status wf_pipe_forward(wf_pipe *p, wf_pipe_batch_fn batch, void *user, double *loss_sum)
@@ -374,81 +371,9 @@ wf_status wf_pipe_forward(wf_pipe *p, wf_pipe_batch_fn batch, void *user, double
   wf_status st = WF_OK;
   *loss_sum = 0;
   for (int mb = 0; mb < p->m && st == WF_OK; mb++)
-    st = forward_chain(p, mb, batch, user, loss_sum);
+    st = forward_chain(p, mb, batch, user);
+  if (st == WF_OK)
+    st = wf_gpt_take_loss(p->model, loss_sum);
   wf_gpt_peak_slots(p->model); /* evaluation does not count towards training's peak */
   return st;
-}
-
-/* ---- partition ---------------------------------------------------------------------- */
-
-/* Forward FLOPs per token of a layer (24 C^2 in the four matmuls, 4 T C in attention
- * over the full square), and of the head (the vocabulary matmul 2 C Vp; the final
- * layernorm is noise). The embedding is a lookup (~0). Backward is twice forward for
- * all of them, so forward costs rank the splits as whole steps do. */
-static double layer_cost(const wf_gpt_dims *d, int T)
-{
-  double C = d->C;
-  return 24.0 * C * C + 4.0 * T * C;
-}
-
-static wf_status fixed_split(int L, int pp, const int *pp_layers, int n, int *bounds, char *err,
-                             size_t err_len)
-{
-  int sum = 0;
-  for (int s = 0; s < n; s++) {
-    if (n != pp || pp_layers[s] < 1) {
-      snprintf(err, err_len,
-               "parallel.pp_layers must give mesh.pp=%d counts of at least 1 layer each", pp);
-      return WF_EINVAL;
-    }
-    sum += pp_layers[s];
-    bounds[s + 1] = sum;
-  }
-  if (sum != L) {
-    snprintf(err, err_len, "parallel.pp_layers covers %d layers, the model has %d", sum, L);
-    return WF_EINVAL;
-  }
-  return WF_OK;
-}
-
-wf_status wf_pipe_partition(const wf_gpt_dims *d, int T, int pp, const int *pp_layers, int n,
-                            int *bounds, char *err, size_t err_len)
-{
-  int L = d->L;
-  if (pp < 1 || pp > L) {
-    snprintf(err, err_len,
-             "cannot split %d layers into %d pipeline stages: every stage needs a layer", L, pp);
-    return WF_EINVAL;
-  }
-  bounds[0] = 0;
-  if (n > 0)
-    return fixed_split(L, pp, pp_layers, n, bounds, err, err_len);
-  /* Exact min-max over contiguous splits: f[s][l] = cheapest most expensive stage when
-   * stages 0..s-1 hold layers [0, l). O(pp L^2) on a few hundred layers at most. */
-  double lc = layer_cost(d, T), head = 2.0 * d->C * d->Vp;
-  size_t w = (size_t)L + 1;
-  double *f = malloc((size_t)(pp + 1) * w * sizeof *f);
-  int *from = malloc((size_t)(pp + 1) * w * sizeof *from);
-  if (!f || !from) {
-    free(f), free(from);
-    snprintf(err, err_len, "out of memory splitting %d layers", L);
-    return WF_ENOMEM;
-  }
-  for (size_t i = 0; i < (size_t)(pp + 1) * w; i++)
-    f[i] = INFINITY, from[i] = -1;
-  f[0] = 0;
-  for (int s = 1; s <= pp; s++)
-    for (int l = s; l <= L - (pp - s); l++)
-      for (int k = s - 1; k < l; k++) {
-        double c = (l - k) * lc + (s == pp ? head : 0);
-        double v = fmax(f[(size_t)(s - 1) * w + k], c);
-        if (v < f[(size_t)s * w + l]) /* strict: the first (lightest-early) split wins ties */
-          f[(size_t)s * w + l] = v, from[(size_t)s * w + l] = k;
-      }
-  for (int s = pp, l = L; s > 0; s--) {
-    bounds[s] = l;
-    l = from[(size_t)s * w + l];
-  }
-  free(f), free(from);
-  return WF_OK;
 }

@@ -1,8 +1,10 @@
 /*
  * wf_parallel.h - data and pipeline parallelism: pipeline schedules as data
- * (wf_schedule_*), the engine that runs them (wf_pipe_*) and data-parallel gradient
- * reduction with the sharded optimizer (wf_dp_*). Tensor parallelism lives inside
- * the model (model/tp.c), whose forward and backward it is part of.
+ * (wf_schedule_*), the engine that runs them (wf_pipe_*), the partition of layers into
+ * stages, and the gradient path (wf_grads_*): data-parallel reduction and ZeRO
+ * sharding, tensor-parallel and tied-embedding sums, the global norm. Tensor
+ * parallelism's region operators live inside the model (model/tp.c), whose forward and
+ * backward they are part of.
  */
 #ifndef WF_PARALLEL_H
 #define WF_PARALLEL_H
@@ -184,7 +186,7 @@ typedef struct wf_pipe_stats {
  * one micro-batch). */
 int wf_pipe_slots(wf_schedule_kind kind, int pp, int rank, int microbatches, int v);
 
-wf_status wf_pipe_create(wf_pipe **out, const wf_pipe_opts *o, char *err, size_t err_len);
+wf_status wf_pipe_create(wf_pipe **out, const wf_pipe_opts *o);
 void wf_pipe_destroy(wf_pipe *p); /* accepts NULL */
 
 /* One step: every action of the schedule, loss gradient 1/m per micro-batch.
@@ -200,68 +202,77 @@ wf_status wf_pipe_forward(wf_pipe *p, wf_pipe_batch_fn batch, void *user, double
  * minimises the most expensive stage (ties: earlier stages lighter). bounds[0..pp]:
  * stage s holds layers [bounds[s], bounds[s+1]). */
 wf_status wf_pipe_partition(const wf_gpt_dims *d, int T, int pp, const int *pp_layers, int n,
-                            int *bounds, char *err, size_t err_len);
+                            int *bounds);
 
 /*
- * wf_dp.h - data parallelism: gradient averaging over the dp group, and the sharded
- * optimizer (ZeRO-1).
+ * The gradient path (wf_grads_*): the one owner of a step's gradients from zero to
+ * the update. In order:
+ *
+ *   zero          before the step's first backward;
+ *   arm           before its last backward: each bucket of gradients is reduced over
+ *                 dp as soon as backward has finished it (the model's grad hook), so
+ *                 communication overlaps the rest of backward;
+ *   finish        the rest of the dp reduction, the sums over tp of the sequence-
+ *                 parallel layernorms' partial gradients, and the sum of the tied
+ *                 embedding's gradient over the embedding group;
+ *   norm          the global gradient norm over dp (ZeRO shards), tp and pp;
+ *   (the optimizer updates the range [lo, hi) with wf_grads_for_update's gradients)
+ *   sync_params   ZeRO-1: all-gather the updated parameter shards; then mixed
+ *                 precision's rounded weights follow;
+ *   check_tied    the two copies of the tied embedding are still bit-identical.
  *
  * Plain data parallelism (optim.zero = 0): gradients are averaged with bucketed,
- * non-blocking all-reduces. The model announces during the last micro-batch's
- * backward when each layer's gradients are final (wf_gpt_set_grad_hook); a bucket is
- * launched as soon as all its tensors are final, so communication overlaps the rest
- * of backward. wf_dp_finish() waits for what is still in flight; the time it waits
- * is the gradient communication that was NOT hidden, and the step log shows it.
+ * non-blocking all-reduces. wf_grads_finish() waits for what is still in flight; the
+ * time it waits is the gradient communication that was NOT hidden (the step log shows
+ * it). ZeRO-1 (optim.zero = 1): the flat gradient vector is reduce-scattered so each
+ * dp rank owns the average of one contiguous shard of ceil(n/dp) elements (the last
+ * padded with zeros), the optimizer updates that shard only, and the updated shards
+ * are all-gathered back. Either way the average over dp ranks of per-rank mean
+ * gradients is the mean over the global batch: every mesh computes one rank's step.
  *
- * ZeRO-1 (optim.zero = 1): the flat gradient vector is reduce-scattered so each dp
- * rank owns the average of one contiguous shard of ceil(n/dp) elements (the last
- * shard is padded with zeros), runs AdamW on its shard only (so the m and v state
- * per rank is about 1/dp of the model), and the updated shards are all-gathered back
- * into every rank's full parameters.
- *
- * Both paths compute the same mathematics as one rank: the average over dp ranks of
- * per-rank mean gradients is the mean over the global batch.
+ * The linear sums over tp and the embedding group commute with the dp average: without
+ * ZeRO they follow the dp reduction (which may have started during backward); under
+ * ZeRO they precede its reduce-scatter, after which each rank holds only its shard.
  */
+typedef struct wf_grads wf_grads;
 
-typedef struct wf_dp wf_dp;
-
-typedef struct wf_dp_opts {
-  wf_comm *comm;       /* the dp group (size 1 is allowed: everything is local) */
+typedef struct wf_grads_opts {
   wf_gpt *model;       /* borrowed */
+  wf_comm *dp;         /* the dp group; NULL = one rank alone (no dp at all) */
+  wf_comm *pp, *emb;   /* the pp and embedding groups; NULL = one stage */
+  wf_comm *tp;         /* the tp group; NULL = no tp */
   size_t bucket_bytes; /* optim.bucket_mb; 0 = one bucket per layer */
   int zero;            /* 0 or 1 */
-} wf_dp_opts;
+} wf_grads_opts;
 
-typedef struct wf_dp_stats {
+typedef struct wf_grads_stats {
   double exposed_ms;           /* time waiting for gradient communication after backward */
   double comm_bytes;           /* bytes reduced this step (per rank) */
-  size_t optimizer_bytes;      /* AdamW state held by this rank */
   int buckets, launched_early; /* buckets, and how many started during backward */
-} wf_dp_stats;
+  long tied_checks;            /* steps whose tied-embedding copies were checked equal */
+} wf_grads_stats;
 
-wf_status wf_dp_create(wf_dp **out, const wf_dp_opts *o);
-void wf_dp_destroy(wf_dp *dp); /* accepts NULL */
+wf_status wf_grads_create(wf_grads **out, const wf_grads_opts *o);
+void wf_grads_destroy(wf_grads *g); /* accepts NULL */
 
-/* Arm the overlap for the coming backward (the last micro-batch of the step):
- * installs the model's gradient hook. */
-void wf_dp_arm(wf_dp *dp);
-/* Complete the gradient reduction: afterwards every rank holds the averaged
- * gradients (zero = 0) or the averaged gradient shard (zero = 1). */
-wf_status wf_dp_finish(wf_dp *dp);
-/* Sum of squares of the gradients this rank counts (wf_gpt_kind_counted), over the
- * dp group (after finish), identical on every dp rank. Summed over the tp and pp
- * groups it is the square of the global gradient norm. */
-wf_status wf_dp_grad_sumsq(wf_dp *dp, double *ss);
-/* AdamW (per wf_gpt_update's rules) and, under ZeRO-1, the parameter all-gather. */
-wf_status wf_dp_update(wf_dp *dp, float lr, float beta1, float beta2, float eps, float weight_decay,
-                       float grad_scale, int t);
-void wf_dp_get_stats(const wf_dp *dp, wf_dp_stats *out);
-
-/* For checkpoints: the elements [*lo, *hi) of the flat parameter vector whose AdamW
- * state this rank holds ([0, n) without ZeRO), and under ZeRO-1 that state itself,
- * (*hi - *lo) elements each of m and v. Without ZeRO *m = *v = NULL: the model holds
- * the full state (wf_gpt_adam_state). */
-void wf_dp_shard_range(const wf_dp *dp, size_t *lo, size_t *hi);
-void wf_dp_adam_shard(wf_dp *dp, float **m, float **v);
+wf_status wf_grads_zero(wf_grads *g);
+void wf_grads_arm(wf_grads *g);
+wf_status wf_grads_finish(wf_grads *g);
+/* The global gradient norm, identical on every rank. The gradients are `scale` times
+ * the true ones (fp16 loss scaling's backward scale, else 1): the sum of squares is
+ * divided by scale^2 (in double, before it narrows to float) so *norm is the true norm. */
+wf_status wf_grads_norm(wf_grads *g, double scale, float *norm);
+/* The element range [lo, hi) of the flat parameter vector this rank updates (all of it
+ * without ZeRO), and the gradient of element lo (device memory). */
+void wf_grads_range(const wf_grads *g, size_t *lo, size_t *hi);
+const float *wf_grads_for_update(wf_grads *g);
+/* After an update: the ZeRO-1 parameter all-gather, then the rounded weights of mixed
+ * precision follow. */
+wf_status wf_grads_sync_params(wf_grads *g);
+/* After every step (with pipeline stages): the first and last stage's copies of the
+ * tied embedding must still be identical (a hash of each, compared over the embedding
+ * group); an error names the step. */
+wf_status wf_grads_check_tied(wf_grads *g, int step);
+void wf_grads_get_stats(const wf_grads *g, wf_grads_stats *out);
 
 #endif /* WF_PARALLEL_H */

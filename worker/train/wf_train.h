@@ -2,10 +2,11 @@
  * wf_train.h - the training loop: model, data, schedule, logging and metrics.
  *
  * One step is: gather the micro-batches of this rank's slice of the global batch ->
- * forward and backward of each with loss gradient 1/M (gradient accumulation) -> global
- * gradient norm -> clip to optim.clip -> AdamW with the scheduled learning rate. The
- * data-, tensor- and pipeline-parallel issues hook their reductions in between these
- * phases; the mathematics of a step never depends on the mesh.
+ * forward and backward of each with loss gradient 1/M (gradient accumulation, through
+ * the pipeline schedule) -> the gradient path (dp, tp and tied-embedding reductions,
+ * global norm) -> the optimizer (clip, fp16 loss scaling, AdamW with the scheduled
+ * learning rate) -> the parameters synchronised again. The mathematics of a step never
+ * depends on the mesh.
  *
  * Rank 0 prints one line per step, in a stable key=value form:
  *   step 12/300 loss=3.1234 lr=1.20e-03 grad_norm=0.812 tok/s=5123 tflops=0.041
@@ -50,6 +51,7 @@ typedef struct wf_train_step_info {
   int64_t stage_act_bytes[WF_MAX_STAGES]; /* peak activations held by each stage */
   int stage_peak_slots[WF_MAX_STAGES];    /* most micro-batches (x chunks) it held at once */
   int64_t optim_bytes; /* AdamW state this rank holds (about 1/dp of it under ZeRO-1) */
+  double peak_tflops;  /* the peak MFU divides by, per rank (see the banner for its source) */
   int64_t params;      /* parameters this rank holds (its tp shard of its stage's layers) */
   double loss_scale;   /* precision=fp16: this step's loss scale S (a dp rank's backward
                         * scales its loss gradient by S / dp, see train.c); else NAN */
@@ -80,6 +82,8 @@ typedef struct wf_train_hooks {
    * group (pipeline stages) and the embedding group (first and last stage, which both
    * hold the tied wte). NULL = size 1. */
   struct wf_comm *tp, *pp, *emb;
+  /* The device this rank trains on (borrowed; NULL = the CPU). */
+  struct wf_dev *dev;
 } wf_train_hooks;
 
 /* Build the model (random init from train.seed, or model.init, or the checkpoint
@@ -92,9 +96,5 @@ wf_status wf_train_run(const wf_config *cfg, const wf_train_hooks *hooks);
  * pp, emb, dp and world groups of a model-parallel run: the state is then computed by
  * the stages and shards together and assembled whole by world rank 0. */
 wf_status wf_train_dump_state(const wf_config *cfg, const char *path, const wf_train_hooks *comms);
-
-/* Learning rate of step (1-based): linear warm-up over train.warmup steps, then cosine
- * decay from train.lr to train.min_lr, reached at the last step. */
-double wf_train_lr(const wf_config *cfg, int step);
 
 #endif /* WF_TRAIN_H */

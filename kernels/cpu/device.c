@@ -1,0 +1,305 @@
+/*
+ * device.c - the CPU device (wf_device.h): host memory from the runtime's accounted
+ * allocator, the CPU kernels, and streams and events that exist only as handles.
+ *
+ * Every op has finished when it returns, so a stream is an order that already holds
+ * and an event is the wall-clock time at which it was recorded (event_elapsed is then
+ * exactly the host time between two records). The kernel table wraps each CPU kernel
+ * with the GPU launcher's signature (the stream argument is unused); a call through
+ * the table costs one indirect call.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_int.h"
+#include "wf_device.h"
+#include "wf_kernels.h"
+
+/* ---- memory -------------------------------------------------------------------- */
+
+static wf_status cpu_alloc(void *impl, void **p, size_t bytes)
+{
+  *p = wf_mem_alloc(bytes);
+  if (*p)
+    return WF_OK;
+  WF_ERROR("out of host memory allocating %zu bytes", bytes);
+  return WF_ENOMEM;
+}
+
+static void cpu_free(void *impl, void *p) { wf_mem_free(p); }
+
+struct fill {
+  char *p;
+  int value;
+  size_t n;
+};
+
+static void fill_share(void *ctx, int tid, int nt)
+{
+  const struct fill *f = ctx;
+  size_t lo, hi;
+  wf__split(f->n, tid, nt, 64, &lo, &hi);
+  memset(f->p + lo, f->value, hi - lo);
+}
+
+/* Gradient buffers are the size of the model, and one core alone does not reach the
+ * memory bandwidth: large fills are split over the kernels' pool. */
+static wf_status cpu_memset(void *impl, void *p, int value, size_t bytes, wf_stream *s)
+{
+  struct fill f = {p, value, bytes};
+  wf__parallel(bytes < ((size_t)4 << 20) ? 1 : wf__threads(), fill_share, &f);
+  return WF_OK;
+}
+
+static wf_status cpu_copy(void *impl, void *dst, const void *src, size_t bytes, wf_copy_kind k,
+                          wf_stream *s)
+{
+  memmove(dst, src, bytes);
+  return WF_OK;
+}
+
+/* ---- streams and events ------------------------------------------------------------ */
+
+/* Handles only: a distinct non-NULL pointer per stream. */
+static wf_status cpu_stream_create(void *impl, wf_stream **s)
+{
+  *s = malloc(1);
+  return *s ? WF_OK : WF_ENOMEM;
+}
+
+static void cpu_stream_destroy(void *impl, wf_stream *s) { free(s); }
+static wf_status cpu_stream_sync(void *impl, wf_stream *s) { return WF_OK; }
+
+struct wf_event {
+  double t; /* wf_now() when recorded; 0 before */
+};
+
+static wf_status cpu_event_create(void *impl, wf_event **e)
+{
+  *e = calloc(1, sizeof **e);
+  return *e ? WF_OK : WF_ENOMEM;
+}
+
+static void cpu_event_destroy(void *impl, wf_event *e) { free(e); }
+
+static wf_status cpu_event_record(void *impl, wf_event *e, wf_stream *s)
+{
+  e->t = wf_now();
+  return WF_OK;
+}
+
+static wf_status cpu_stream_wait(void *impl, wf_stream *s, wf_event *e) { return WF_OK; }
+static wf_status cpu_event_sync(void *impl, wf_event *e) { return WF_OK; }
+
+static wf_status cpu_event_elapsed(void *impl, wf_event *a, wf_event *b, double *seconds)
+{
+  *seconds = b->t - a->t;
+  return WF_OK;
+}
+
+static void cpu_destroy(void *impl) {}
+
+const wf_dev_ops wf__cpu_dev_ops = {
+    .version = WF_DEV_OPS_VERSION,
+    .kind = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .memset = cpu_memset,
+    .copy = cpu_copy,
+    .stream_create = cpu_stream_create,
+    .stream_destroy = cpu_stream_destroy,
+    .stream_sync = cpu_stream_sync,
+    .event_create = cpu_event_create,
+    .event_destroy = cpu_event_destroy,
+    .event_record = cpu_event_record,
+    .stream_wait = cpu_stream_wait,
+    .event_sync = cpu_event_sync,
+    .event_elapsed = cpu_event_elapsed,
+    .host_alloc = cpu_alloc,
+    .host_free = cpu_free,
+    .host_visible = true,
+    .destroy = cpu_destroy,
+};
+
+/* ---- the kernel table ------------------------------------------------------------- */
+
+static void encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B,
+                            int T, int C, wf_stream *s)
+{
+  wf_encoder_forward(out, inp, wte, wpe, B, T, C);
+}
+
+static void encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B,
+                             int T, int C, wf_stream *s)
+{
+  wf_encoder_backward(dwte, dwpe, dout, inp, B, T, C);
+}
+
+static void encoder_forward_vp(float *out, const int *inp, const float *wte, int v_offset, int Vl,
+                               const float *wpe, int B, int T, int C, wf_stream *s)
+{
+  wf_encoder_forward_vp(out, inp, wte, v_offset, Vl, wpe, B, T, C);
+}
+
+static void encoder_backward_vp(float *dwte, float *dwpe, const float *dout, const int *inp,
+                                int v_offset, int Vl, int B, int T, int C, wf_stream *s)
+{
+  wf_encoder_backward_vp(dwte, dwpe, dout, inp, v_offset, Vl, B, T, C);
+}
+
+static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                              const float *weight, const float *bias, int N, int C, wf_stream *s)
+{
+  wf_layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
+}
+
+static void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                               const float *inp, const float *weight, const float *mean,
+                               const float *rstd, int N, int C, wf_stream *s)
+{
+  wf_layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+}
+
+static void matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+                           int N, int C, int OC, wf_stream *s)
+{
+  wf_matmul_forward(out, inp, weight, bias, N, C, OC);
+}
+
+static void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                            const float *inp, const float *weight, int N, int C, int OC,
+                            wf_stream *s)
+{
+  wf_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+}
+
+static void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
+                              wf_stream *s)
+{
+  wf_attention_forward(out, att, qkv, B, T, C, NH);
+}
+
+static void attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                               const float *att, int B, int T, int C, int NH, wf_stream *s)
+{
+  wf_attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH);
+}
+
+static void gelu_forward(float *out, const float *inp, size_t N, wf_stream *s)
+{
+  wf_gelu_forward(out, inp, N);
+}
+
+static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t N, wf_stream *s)
+{
+  wf_gelu_backward(dinp, inp, dout, N);
+}
+
+static void residual_forward(float *out, const float *a, const float *b, size_t N, wf_stream *s)
+{
+  wf_residual_forward(out, a, b, N);
+}
+
+static void residual_backward(float *da, float *db, const float *dout, size_t N, wf_stream *s)
+{
+  wf_residual_backward(da, db, dout, N);
+}
+
+static void xent_stats(float *row_max, float *row_sumexp, float *target_logit, const float *logits,
+                       const int *targets, int N, int V, int ld, int v_offset, wf_stream *s)
+{
+  wf_xent_stats(row_max, row_sumexp, target_logit, logits, targets, N, V, ld, v_offset);
+}
+
+static void xent_pack(float *stats, const float *row_max, const float *row_sumexp,
+                      const float *target_logit, int N, wf_stream *s)
+{
+  wf_xent_pack(stats, row_max, row_sumexp, target_logit, N);
+}
+
+static void xent_combine(float *row_max, float *row_sumexp, float *target_logit, const float *all,
+                         int N, int parts, wf_stream *s)
+{
+  wf_xent_combine(row_max, row_sumexp, target_logit, all, N, parts);
+}
+
+static void xent_loss(float *losses, const float *row_max, const float *row_sumexp,
+                      const float *target_logit, int N, wf_stream *s)
+{
+  wf_xent_loss(losses, row_max, row_sumexp, target_logit, N);
+}
+
+static void xent_backward(float *dlogits, const float *logits, const float *row_max,
+                          const float *row_sumexp, const int *targets, float dloss, int N, int V,
+                          int ld, int v_offset, wf_stream *s)
+{
+  wf_xent_backward(dlogits, logits, row_max, row_sumexp, targets, dloss, N, V, ld, v_offset);
+}
+
+static void loss_accumulate(double *acc, const float *losses, int N, wf_stream *s)
+{
+  wf_loss_accumulate(acc, losses, N);
+}
+
+static void tokens_check(int *bad, const int *tokens, size_t n, int V, wf_stream *s)
+{
+  wf_tokens_check(bad, tokens, n, V);
+}
+
+static void adamw_update(float *params, float *m, float *v, const float *grads, size_t n, float lr,
+                         float beta1, float beta2, float eps, float weight_decay, int t,
+                         float grad_scale, wf_stream *s)
+{
+  wf_adamw_update(params, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale);
+}
+
+static void sumsq_acc(double *acc, const float *x, size_t n, wf_stream *s)
+{
+  wf_sumsq_acc(acc, x, n);
+}
+
+static void scale(float *x, float f, size_t n, wf_stream *s) { wf_scale(x, f, n); }
+
+static void round_bf16(float *dst, const float *src, size_t n, wf_stream *s)
+{
+  wf_round_bf16(dst, src, n);
+}
+
+static void round_fp16(float *dst, const float *src, size_t n, wf_stream *s)
+{
+  wf_round_fp16(dst, src, n);
+}
+
+/* CPU kernels cannot fail once their arguments are valid. */
+static wf_status last_error(void) { return WF_OK; }
+
+const wf_ktable wf__cpu_ktable = {
+    .version = WF_KTABLE_VERSION,
+    .encoder_forward = encoder_forward,
+    .encoder_backward = encoder_backward,
+    .encoder_forward_vp = encoder_forward_vp,
+    .encoder_backward_vp = encoder_backward_vp,
+    .layernorm_forward = layernorm_forward,
+    .layernorm_backward = layernorm_backward,
+    .matmul_forward = matmul_forward,
+    .matmul_backward = matmul_backward,
+    .attention_forward = attention_forward,
+    .attention_backward = attention_backward,
+    .gelu_forward = gelu_forward,
+    .gelu_backward = gelu_backward,
+    .residual_forward = residual_forward,
+    .residual_backward = residual_backward,
+    .xent_stats = xent_stats,
+    .xent_pack = xent_pack,
+    .xent_combine = xent_combine,
+    .xent_loss = xent_loss,
+    .xent_backward = xent_backward,
+    .loss_accumulate = loss_accumulate,
+    .tokens_check = tokens_check,
+    .adamw_update = adamw_update,
+    .sumsq_acc = sumsq_acc,
+    .scale = scale,
+    .round_bf16 = round_bf16,
+    .round_fp16 = round_fp16,
+    .last_error = last_error,
+};

@@ -1,0 +1,117 @@
+/*
+ * wf_ktable.h - the kernel table: every op of the model as a function pointer, the same
+ * for the CPU and the GPU.
+ *
+ * The CPU table (kernels/cpu/device.c) wraps the kernels of wf_kernels.h; the GPU table
+ * lives in the dlopen()ed weft_cuda module (kernels/cuda/backend.cu) and holds their
+ * CUDA twins. Code above the seam (the model, the parallel engines, the optimizer)
+ * calls ops through the table of its wf_dev (wf_device.h) and never asks which one it
+ * holds. Each entry has the CPU function's arguments plus a trailing stream (NULL: the
+ * device's default stream); every pointer is memory of the table's device. Shapes and
+ * semantics are exactly those of wf_kernels.h, including "backward adds into
+ * gradients".
+ *
+ * Launches are asynchronous on a GPU, so an op cannot return an error: each launcher
+ * checks its launch (cudaGetLastError), logs a failure once with the kernel's name,
+ * file and line, and keeps the first for last_error(), which the device reports at
+ * the next wf_dev_check() (after every step, and before any result is read back).
+ *
+ * Ops that produce a scalar (loss_accumulate, sumsq_acc, tokens_check) write it into
+ * device memory rather than returning it, so nothing here waits for the device; the
+ * caller reads the scalar back through the device when it needs it.
+ */
+#ifndef WF_KTABLE_H
+#define WF_KTABLE_H
+
+#include <stddef.h>
+
+#include "wf_gpu.h"
+#include "wf_runtime.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bump when the table changes; the GPU module and the host must agree. */
+#define WF_KTABLE_VERSION 4
+
+/* A stream of the device (a cudaStream_t on the GPU; the CPU has one, implicit). */
+typedef struct wf_stream wf_stream;
+
+typedef struct wf_ktable {
+  int version; /* WF_KTABLE_VERSION */
+
+  void (*encoder_forward)(float *out, const int *inp, const float *wte, const float *wpe, int B,
+                          int T, int C, wf_stream *s);
+  void (*encoder_backward)(float *dwte, float *dwpe, const float *dout, const int *inp, int B,
+                           int T, int C, wf_stream *s);
+  void (*encoder_forward_vp)(float *out, const int *inp, const float *wte, int v_offset, int Vl,
+                             const float *wpe, int B, int T, int C, wf_stream *s);
+  void (*encoder_backward_vp)(float *dwte, float *dwpe, const float *dout, const int *inp,
+                              int v_offset, int Vl, int B, int T, int C, wf_stream *s);
+
+  void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
+                            const float *weight, const float *bias, int N, int C, wf_stream *s);
+  void (*layernorm_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
+                             const float *inp, const float *weight, const float *mean,
+                             const float *rstd, int N, int C, wf_stream *s);
+
+  void (*matmul_forward)(float *out, const float *inp, const float *weight, const float *bias,
+                         int N, int C, int OC, wf_stream *s);
+  void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
+                          const float *inp, const float *weight, int N, int C, int OC,
+                          wf_stream *s);
+
+  void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
+                            wf_stream *s);
+  void (*attention_backward)(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                             const float *att, int B, int T, int C, int NH, wf_stream *s);
+
+  void (*gelu_forward)(float *out, const float *inp, size_t N, wf_stream *s);
+  void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t N, wf_stream *s);
+
+  void (*residual_forward)(float *out, const float *a, const float *b, size_t N, wf_stream *s);
+  void (*residual_backward)(float *da, float *db, const float *dout, size_t N, wf_stream *s);
+
+  void (*xent_stats)(float *row_max, float *row_sumexp, float *target_logit, const float *logits,
+                     const int *targets, int N, int V, int ld, int v_offset, wf_stream *s);
+  void (*xent_pack)(float *stats, const float *row_max, const float *row_sumexp,
+                    const float *target_logit, int N, wf_stream *s);
+  void (*xent_combine)(float *row_max, float *row_sumexp, float *target_logit, const float *all,
+                       int N, int parts, wf_stream *s);
+  void (*xent_loss)(float *losses, const float *row_max, const float *row_sumexp,
+                    const float *target_logit, int N, wf_stream *s);
+  void (*xent_backward)(float *dlogits, const float *logits, const float *row_max,
+                        const float *row_sumexp, const int *targets, float dloss, int N, int V,
+                        int ld, int v_offset, wf_stream *s);
+  void (*loss_accumulate)(double *acc, const float *losses, int N, wf_stream *s);
+  void (*tokens_check)(int *bad, const int *tokens, size_t n, int V, wf_stream *s);
+
+  void (*adamw_update)(float *params, float *m, float *v, const float *grads, size_t n, float lr,
+                       float beta1, float beta2, float eps, float weight_decay, int t,
+                       float grad_scale, wf_stream *s);
+  void (*sumsq_acc)(double *acc, const float *x, size_t n, wf_stream *s);
+  void (*scale)(float *x, float f, size_t n, wf_stream *s);
+
+  /* Mixed precision: dst = src rounded to the nearest bf16 / fp16 value (round.h). */
+  void (*round_bf16)(float *dst, const float *src, size_t n, wf_stream *s);
+  void (*round_fp16)(float *dst, const float *src, size_t n, wf_stream *s);
+
+  /* The first launch or library error since the last call (then cleared): WF_OK or
+   * WF_ECUDA. The error itself was logged where it happened. */
+  wf_status (*last_error)(void);
+} wf_ktable;
+
+/* The CUDA kernels of an open GPU, or NULL (no GPU, or a module built against another
+ * version of this table). */
+static inline const wf_ktable *wf_ktable_of_gpu(wf_gpu *g)
+{
+  const wf_ktable *k = (const wf_ktable *)wf_gpu_kernel_table(g);
+  return k && k->version == WF_KTABLE_VERSION ? k : NULL;
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* WF_KTABLE_H */

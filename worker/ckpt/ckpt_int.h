@@ -1,0 +1,180 @@
+/*
+ * ckpt_int.h - private to worker/ckpt: file formats, the manifest in memory, and the
+ * pieces the store, the writers, the readers and the resharder share.
+ *
+ * Files of a checkpoint (wf_ckpt.h has the directory layout):
+ *  - model-ppPP-tpTT.bin: the parameters of the (pp, tp) shard, written by its dp rank 0.
+ *    While the shard is the whole model (tp = pp = 1) the file is llm.c's GPT-2
+ *    checkpoint (the llm.c header codec of wf_model.h, then the float32 parameters), so
+ *    it is also a valid model.init. A real shard is a weft shard file: a 128-byte header
+ *    {magic "WFMS", version 1, L, NH, C, maxT, V, Vp, tp, tp_rank, l0, l1, chunks,
+ *    chunk_stride, first, last, n} then the n float32 parameters of the shard's flat
+ *    vector (wf_gpt_params' local layout). The manifest names each model file's format
+ *    and records the same geometry.
+ *  - optim-ppPP-tpTT[-dpDD].bin: a 64-byte header {magic "WFOP", version 1, n, lo, hi,
+ *    t, pp, tp, dp, dp size} then float32 m[lo, hi) and float32 v[lo, hi) of the (pp, tp)
+ *    shard's flat parameter vector of n elements. dp is 0xffffffff for the unsharded
+ *    file.
+ *  - manifest.json: everything else, and {name, bytes, xxh3} of every file.
+ *
+ * Error idiom: the worker's. Errors are logged where they arise, with the file and
+ * what to do; every step that can fail on one rank ends with wf__ckpt_agree, so all
+ * ranks return the same status and none waits in a collective the others have left.
+ * Steps every rank would fail alike (reading the manifest, the configuration's
+ * refusals) run on rank 0 alone, or are refused by rank 0 alone (WF_REFUSE), so a job
+ * prints each error once.
+ *
+ * The files are little-endian, as llm.c's are (checked at compile time).
+ */
+#ifndef WF_CKPT_INT_H
+#define WF_CKPT_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "wf_check.h"
+#include "wf_ckpt.h"
+#include "wf_device.h"
+#include "wf_file.h"
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "checkpoint files are little-endian; add byte swapping for this host"
+#endif
+
+#define WF__MANIFEST       "manifest.json"
+#define WF__LATEST         "latest"
+#define WF__FORMAT_NAME    "weft-checkpoint"
+#define WF__FORMAT_VERSION 1
+#define WF__OPT_MAGIC      0x504f4657u /* "WFOP" little-endian */
+#define WF__OPT_VERSION    1u
+#define WF__OPT_HEADER     64
+#define WF__OPT_UNSHARDED  0xffffffffu
+#define WF__SHARD_MAGIC    0x534d4657u /* "WFMS" little-endian */
+#define WF__SHARD_VERSION  1u
+#define WF__SHARD_HEADER   128
+#define WF__FMT_LLMC       "llmc-gpt2-v3"
+#define WF__FMT_SHARD      "weft-shard-v1"
+#define WF__CHUNK          (4u << 20) /* bytes per read call (a multiple of 4) */
+#define WF__PATH_LEN       (WF_PATH_MAX + 64)
+
+typedef struct wf__optim_header {
+  uint32_t magic, version;
+  uint64_t n, lo, hi, t;
+  uint32_t pp, tp, dp, dp_size;
+  uint8_t pad[WF__OPT_HEADER - 56];
+} wf__optim_header;
+_Static_assert(sizeof(wf__optim_header) == WF__OPT_HEADER, "optimizer header is 64 bytes");
+
+typedef struct wf__shard_header {
+  uint32_t magic, version;
+  int32_t L, NH, C, maxT, V, Vp;
+  int32_t tp, tp_rank, l0, l1, chunks, chunk_stride, first, last;
+  uint64_t n;
+  uint8_t pad[WF__SHARD_HEADER - 72];
+} wf__shard_header;
+_Static_assert(sizeof(wf__shard_header) == WF__SHARD_HEADER, "model shard header is 128 bytes");
+
+/* Big enough for either model file header. */
+typedef union wf__model_hdr {
+  int32_t llmc[WF_LLMC_HEADER_INTS];
+  wf__shard_header shard;
+} wf__model_hdr;
+
+/* One file of a checkpoint, as the manifest lists it. */
+typedef struct wf__entry {
+  char name[64];
+  bool optim;      /* else the model */
+  int pp, tp, dp;  /* dp -1: unsharded (or the model) */
+  uint64_t lo, hi; /* element range of the (pp, tp) shard's flat parameter vector */
+  uint64_t bytes, hash;
+  bool llmc;        /* model: an llm.c file (the whole model), else a weft shard file */
+  wf_gpt_shard geo; /* model: the shard's geometry (wf__saved_geo) */
+} wf__entry;
+
+typedef struct wf__manifest {
+  int step, dp, tp, pp, zero;
+  uint64_t n, seed;
+  wf_gpt_dims dims;
+  int n_files;
+  wf__entry *files;
+  bool has_scaler; /* "loss_scaler": written by precision=fp16 runs */
+  wf_optim_scaler scaler;
+} wf__manifest;
+
+/* What one rank wrote of a checkpoint. */
+typedef struct wf__shard_rec {
+  bool has_model, has_optim, sharded;
+  uint64_t model_bytes, model_hash, optim_bytes, optim_hash, lo, hi;
+} wf__shard_rec;
+
+/* The part of the optimizer state this rank restores: elements [lo, hi), in host
+ * views of m and v. */
+typedef struct wf__span {
+  uint64_t lo, hi;
+  float *m, *v; /* (hi - lo) each */
+} wf__span;
+
+/* ---- helpers (store.c) ---------------------------------------------------------------- */
+
+/* snprintf for paths and names, which are bounded and would only be cut. */
+void wf__pathf(char *buf, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void wf__step_name(char *buf, size_t len, int step);
+int wf__parse_step_name(const char *name);
+wf_comm *wf__ckpt_world(const wf_ckpt_target *t);
+int wf__rank_of(wf_comm *c);
+int wf__size_of(wf_comm *c);
+/* Agree on every rank's outcome of `what` (see the error idiom above): WF_OK, or the
+ * lowest failing rank's status on every rank; rank 0 names the failing rank when it is
+ * not itself. */
+wf_status wf__ckpt_agree(const wf_ckpt_target *t, wf_status mine, const char *what);
+int wf__remove_tree(const char *path);
+bool wf__is_file(const char *path);
+bool wf__has_manifest(const char *dir);
+/* Publish the staging directory under its final name and point `latest` at it. */
+wf_status wf__publish(const char *root, const char *stage, const char *final);
+void wf__prune(const char *root, int keep, int latest);
+/* Find the checkpoint train.resume (or `latest` in train.checkpoint_dir) names;
+ * *none: train.resume=auto found none yet. Not collective. */
+wf_status wf__locate(const wf_config *cfg, char *dir, size_t len, bool *none);
+
+/* ---- shard files (shard.c) -------------------------------------------------------------- */
+
+wf_gpt_shard wf__saved_geo(const wf_gpt_shard *s);
+bool wf__same_geo(const wf_gpt_shard *a, const wf_gpt_shard *b);
+bool wf__whole_geo(const wf_gpt_shard *g);
+void wf__model_name(char *buf, size_t len, int pp, int tp);
+void wf__optim_name(char *buf, size_t len, int pp, int tp, int dp);
+/* This rank's optimizer range and whether it is a dp shard (per-dp-rank files). */
+void wf__optim_range(const wf_ckpt_target *t, uint64_t *lo, uint64_t *hi, bool *sharded);
+wf_status wf__write_model(const wf_ckpt_target *t, const char *stage, wf__shard_rec *r);
+wf_status wf__write_optim(const wf_ckpt_target *t, const char *stage, int step, wf__shard_rec *r);
+/* The whole model file of entry e into params (its e->hi floats, host memory), hashed
+ * and checked, and its header against the manifest's entry. */
+wf_status wf__read_model(const char *dir, const wf__entry *e, const wf_gpt_dims *d, float *params);
+/* Read all of an optimizer file, check its checksum, keep what the span needs; or read
+ * only the span's part of a file another rank verifies. */
+wf_status wf__verify_optim(const char *dir, const wf__entry *e, uint64_t n, const wf__span *sp);
+wf_status wf__read_optim_part(const char *dir, const wf__entry *e, uint64_t n, const wf__span *sp);
+
+/* ---- the manifest (manifest.c) ---------------------------------------------------------- */
+
+#define WF__REC_LEN 20 /* uint64 per rank in the save gather (see wf__pack_rec) */
+void wf__pack_rec(uint64_t *x, const wf_ckpt_target *t, const wf__shard_rec *r);
+char *wf__manifest_text(const wf_ckpt_target *t, int step, const uint64_t *recs, int n);
+wf_status wf__manifest_parse(const char *text, const char *path, wf__manifest *m);
+/* Read and parse dir's manifest; *text (may be NULL) gets its bytes (to free). */
+wf_status wf__manifest_read(const char *dir, wf__manifest *m, char **text);
+const wf__entry *wf__find_model(const wf__manifest *m, int pp, int tp);
+/* The model files hold every parameter exactly once; every optimizer file belongs to a
+ * model file, and each model file's state is covered. */
+wf_status wf__check_model_cover(const wf__manifest *m, const char *dir);
+wf_status wf__check_optim_cover(const wf__manifest *m, const char *dir);
+
+/* ---- resharding (reshard.c) --------------------------------------------------------------- */
+
+/* Read and verify model file e and add its counted parameters into full (host). */
+wf_status wf__add_model_file(const char *dir, const wf__manifest *m, const wf__entry *e,
+                             float *full);
+wf_status wf__load_resharded(const wf_ckpt_target *t, const wf__manifest *m, const char *dir);
+
+#endif /* WF_CKPT_INT_H */

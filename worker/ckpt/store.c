@@ -1,0 +1,374 @@
+/*
+ * store.c - the checkpoint directory: names, publishing a step and `latest`, pruning,
+ * finding the checkpoint to resume, and the checks before training (the directory
+ * exists, every rank can write there, one checkpoint fits).
+ *
+ * Invariant: `latest` only ever names a directory whose files were all fsync()ed,
+ * renamed into place and listed with their checksums in a manifest that was itself
+ * fsync()ed; removal goes through a rename first, so a crash never leaves a
+ * half-deleted directory under a step name.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "ckpt_int.h"
+
+/* ---- small helpers ------------------------------------------------------------------------ */
+
+void wf__pathf(char *buf, size_t len, const char *fmt, ...)
+{
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, len, fmt, ap);
+  va_end(ap);
+}
+
+void wf__step_name(char *buf, size_t len, int step) { wf__pathf(buf, len, "step-%06d", step); }
+
+/* Parse "step-NNNNNN" exactly (as wf__step_name writes it); -1 otherwise. */
+int wf__parse_step_name(const char *name)
+{
+  int step, used = 0;
+  char back[32];
+  if (sscanf(name, "step-%d%n", &step, &used) != 1 || name[used] || step < 0)
+    return -1;
+  wf__step_name(back, sizeof back, step);
+  return strcmp(back, name) ? -1 : step;
+}
+
+wf_comm *wf__ckpt_world(const wf_ckpt_target *t) { return t->world ? t->world : t->dp_comm; }
+int wf__rank_of(wf_comm *c) { return c ? wf_comm_rank(c) : 0; }
+int wf__size_of(wf_comm *c) { return c ? wf_comm_size(c) : 1; }
+
+wf_status wf__ckpt_agree(const wf_ckpt_target *t, wf_status mine, const char *what)
+{
+  wf_comm *w = wf__ckpt_world(t);
+  int bad = -1;
+  wf_status st = wf_comm_agree(w, mine, &bad);
+  if (st != WF_OK && mine == WF_OK && wf__rank_of(w) == 0 && bad > 0)
+    WF_ERROR("checkpoint: %s failed on rank %d (see its message); stopping", what, bad);
+  return st;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+  (void)sb, (void)flag, (void)ftw;
+  return remove(path) == 0 || errno == ENOENT ? 0 : -1;
+}
+
+/* rm -rf; a missing path is fine. */
+int wf__remove_tree(const char *path)
+{
+  struct stat sb;
+  if (lstat(path, &sb) != 0)
+    return errno == ENOENT ? 0 : -1;
+  return nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+bool wf__is_file(const char *path)
+{
+  struct stat sb;
+  return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+bool wf__has_manifest(const char *dir)
+{
+  char path[WF__PATH_LEN];
+  wf__pathf(path, sizeof path, "%s/" WF__MANIFEST, dir);
+  return wf__is_file(path);
+}
+
+/* ---- publishing ---------------------------------------------------------------------------- */
+
+/* Move the finished staging directory to its final name. An older directory of the same
+ * name (a checkpoint of this step from an earlier run) is swapped out atomically, so
+ * `latest` never names a missing directory, then removed. Where the filesystem cannot
+ * swap (no renameat2: some network filesystems) the old one is first moved aside, which
+ * leaves a short window without it. */
+static wf_status move_into_place(const char *root, const char *stage, const char *final)
+{
+  struct stat sb;
+  char aside[WF__PATH_LEN];
+  bool exists = stat(final, &sb) == 0;
+  if (!exists && rename(stage, final) == 0)
+    return wf_file_sync_dir(root);
+  if (exists && renameat2(AT_FDCWD, stage, AT_FDCWD, final, RENAME_EXCHANGE) == 0) {
+    wf_status st = wf_file_sync_dir(root);
+    wf__remove_tree(stage); /* now the old one */
+    return st;
+  }
+  if (exists && (errno == EINVAL || errno == ENOSYS)) {
+    wf__pathf(aside, sizeof aside, "%s.old", stage);
+    if (rename(final, aside) == 0 && rename(stage, final) == 0) {
+      wf__remove_tree(aside);
+      return wf_file_sync_dir(root);
+    }
+  }
+  WF_ERROR("%s: cannot rename %s into place: %s", final, stage, strerror(errno));
+  return WF_EIO;
+}
+
+wf_status wf__publish(const char *root, const char *stage, const char *final)
+{
+  wf_status st = move_into_place(root, stage, final);
+  if (st != WF_OK)
+    return st;
+  const char *name = strrchr(final, '/');
+  char path[WF__PATH_LEN], line[48];
+  wf__pathf(line, sizeof line, "%s\n", name ? name + 1 : final);
+  wf__pathf(path, sizeof path, "%s/" WF__LATEST, root);
+  return wf_file_write_atomic(path, line, strlen(line), 0644);
+}
+
+static int cmp_desc(const void *a, const void *b)
+{
+  int x = *(const int *)a, y = *(const int *)b;
+  return (x < y) - (x > y);
+}
+
+static bool stale_temp(const char *name)
+{
+  return !strncmp(name, ".tmp-step-", 10) || !strncmp(name, ".trash-", 7) ||
+         (!strncmp(name, "." WF__LATEST ".tmp.", sizeof WF__LATEST + 5));
+}
+
+static void remove_entry(const char *root, const char *name, bool via_trash)
+{
+  char path[WF__PATH_LEN], trash[WF__PATH_LEN];
+  wf__pathf(path, sizeof path, "%s/%s", root, name);
+  wf__pathf(trash, sizeof trash, "%s/.trash-%s", root, name);
+  if (via_trash && rename(path, trash) == 0)
+    wf_strlcpy(path, trash, sizeof path);
+  if (wf__remove_tree(path) != 0)
+    WF_WARN("checkpoint: cannot remove %s: %s", path, strerror(errno));
+}
+
+/* The step directories under root other than `skip`, newest first; *n of them. */
+static int *list_steps(const char *root, int skip, int *n)
+{
+  DIR *dir = opendir(root);
+  int *steps = NULL, cap = 0;
+  *n = 0;
+  if (!dir) {
+    WF_WARN("checkpoint: cannot list %s to prune it: %s", root, strerror(errno));
+    return NULL;
+  }
+  for (struct dirent *e; (e = readdir(dir)) != NULL;) {
+    int s = wf__parse_step_name(e->d_name);
+    if (stale_temp(e->d_name)) /* leftovers of interrupted writes */
+      remove_entry(root, e->d_name, false);
+    if (s < 0 || s == skip)
+      continue;
+    if (*n == cap) {
+      int *p = realloc(steps, (size_t)(cap = cap ? 2 * cap : 16) * sizeof *steps);
+      if (!p)
+        break;
+      steps = p;
+    }
+    steps[(*n)++] = s;
+  }
+  closedir(dir);
+  if (*n > 1)
+    qsort(steps, (size_t)*n, sizeof *steps, cmp_desc);
+  return steps;
+}
+
+/* Keep the newest `keep` step directories (0 = all) and the one `latest` names.
+ * Failures are warnings: training goes on. */
+void wf__prune(const char *root, int keep, int latest)
+{
+  int n = 0, *steps = list_steps(root, latest, &n);
+  for (int i = keep > 0 ? keep - 1 : n; i < n; i++) { /* latest counts as one kept */
+    char name[32];
+    wf__step_name(name, sizeof name, steps[i]);
+    remove_entry(root, name, true);
+  }
+  free(steps);
+  if (wf_file_sync_dir(root) != WF_OK)
+    WF_WARN("checkpoint: pruning %s: the directory could not be synced (see above)", root);
+}
+
+/* ---- finding a checkpoint -------------------------------------------------------------------- */
+
+/* The newest step directory under root that has a manifest; -1 when none. */
+static int newest_complete(const char *root)
+{
+  DIR *dir = opendir(root);
+  int best = -1;
+  if (!dir)
+    return -1;
+  for (struct dirent *e; (e = readdir(dir)) != NULL;) {
+    char path[WF__PATH_LEN];
+    int s = wf__parse_step_name(e->d_name);
+    wf__pathf(path, sizeof path, "%s/%s", root, e->d_name);
+    if (s > best && wf__has_manifest(path))
+      best = s;
+  }
+  closedir(dir);
+  return best;
+}
+
+/* The checkpoint `latest` names under root (or, when a crash came between publishing a
+ * directory and writing `latest`, the newest complete one). *none: there is none. */
+static wf_status find_latest(const char *root, char *dir, size_t len, bool *none)
+{
+  wf_status st = WF_OK;
+  char path[WF__PATH_LEN], name[128] = "";
+  *none = false;
+  wf__pathf(path, sizeof path, "%s/" WF__LATEST, root);
+  FILE *f = fopen(path, "r");
+  WF_CHECK(f || errno == ENOENT, WF_EIO, "%s: cannot read: %s", path, strerror(errno));
+  if (f) {
+    if (!fgets(name, sizeof name, f))
+      name[0] = '\0';
+    fclose(f);
+    name[strcspn(name, "\r\n")] = '\0';
+    wf__pathf(dir, len, "%s/%s", root, name);
+    WF_CHECK(wf__parse_step_name(name) >= 0 && wf__has_manifest(dir), WF_EFORMAT,
+             "%s names '%s', which is not a complete checkpoint (no %s); set train.resume to one "
+             "of the step directories in %s",
+             path, name, WF__MANIFEST, root);
+    return WF_OK;
+  }
+  int best = newest_complete(root);
+  *none = best < 0;
+  if (best < 0)
+    return WF_OK;
+  wf__pathf(dir, len, "%s/step-%06d", root, best);
+  WF_WARN("checkpoint: %s has no `latest` pointer; using the newest complete checkpoint %s", root,
+          dir);
+fail:
+  return st;
+}
+
+wf_status wf__locate(const wf_config *cfg, char *dir, size_t len, bool *none)
+{
+  wf_status st = WF_OK;
+  const char *r = cfg->train.resume, *root = cfg->train.checkpoint_dir;
+  char path[WF__PATH_LEN];
+  *none = false;
+  if (r[0] && strcmp(r, "auto")) {
+    wf__pathf(path, sizeof path, "%s/" WF__LATEST, r);
+    if (wf__has_manifest(r)) {
+      wf_strlcpy(dir, r, len);
+      return WF_OK;
+    }
+    WF_CHECK(wf__is_file(path), WF_ECONFIG,
+             "train.resume=%s: not a checkpoint (no %s in it) nor a checkpoint directory (no %s "
+             "in it)",
+             r, WF__MANIFEST, WF__LATEST);
+    return find_latest(r, dir, len, none);
+  }
+  WF_CHECK(root[0], WF_ECONFIG,
+           "no checkpoint to use: set train.resume to a checkpoint directory, or "
+           "train.checkpoint_dir to the directory holding `latest`");
+  return find_latest(root, dir, len, none);
+fail:
+  return st;
+}
+
+wf_status wf_ckpt_locate(const wf_config *cfg, char *dir, size_t dir_len)
+{
+  wf_status st = WF_OK;
+  bool none = false;
+  WF_TRY(wf__locate(cfg, dir, dir_len, &none));
+  WF_CHECK(!none, WF_EIO, "%s: no checkpoint there yet", cfg->train.checkpoint_dir);
+fail:
+  return st;
+}
+
+/* ---- before training ------------------------------------------------------------------------ */
+
+static wf_status mkdir_p(const char *dir)
+{
+  wf_status st = WF_OK;
+  char path[WF__PATH_LEN];
+  struct stat sb;
+  wf_strlcpy(path, dir, sizeof path);
+  for (char *p = path + 1; *p; p++) {
+    if (*p != '/')
+      continue;
+    *p = '\0';
+    if (mkdir(path, 0755) != 0 && errno != EEXIST)
+      break;
+    *p = '/';
+  }
+  WF_CHECK(mkdir(path, 0755) == 0 || errno == EEXIST, WF_EIO,
+           "train.checkpoint_dir %s: cannot create %s: %s; point it at a writable directory", dir,
+           path, strerror(errno));
+  WF_CHECK(stat(dir, &sb) == 0 && S_ISDIR(sb.st_mode), WF_EIO,
+           "train.checkpoint_dir %s: not a directory", dir);
+fail:
+  return st;
+}
+
+/* Write, fsync and remove a small file, as each rank will write its shards. */
+static wf_status probe(const char *dir, int rank)
+{
+  char path[WF__PATH_LEN], block[4096] = {0};
+  wf__pathf(path, sizeof path, "%s/.probe-%d-%ld", dir, rank, (long)getpid());
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  bool ok = fd >= 0 && write(fd, block, sizeof block) == (ssize_t)sizeof block && fsync(fd) == 0;
+  int e = errno;
+  if (fd >= 0) {
+    ok = close(fd) == 0 && ok;
+    unlink(path);
+  }
+  if (ok)
+    return WF_OK;
+  WF_ERROR("train.checkpoint_dir %s is not writable from rank %d on %s: %s", dir, rank,
+           wf_rt_host(), strerror(e));
+  return WF_EIO;
+}
+
+/* One checkpoint must fit: model (header + params) and optimizer (m, v, headers) of the
+ * whole model, plus the last stage's copy of the tied wte with pp > 1. */
+static wf_status check_space(const wf_ckpt_target *t, const char *dir)
+{
+  struct statvfs vs;
+  const wf_gpt_dims *d = wf_gpt_get_dims(t->model);
+  const wf_config *cfg = t->cfg;
+  double n = (double)wf_gpt_num_params(d);
+  if (cfg->mesh.pp > 1)
+    n += (double)wf_gpt_kind_numel(d, WF_P_WTE);
+  double files = (double)cfg->mesh.tp * cfg->mesh.pp * (1 + wf__size_of(t->dp_comm));
+  double need = 12 * n + WF_LLMC_HEADER_BYTES * files + 65536;
+  if (statvfs(dir, &vs) != 0)
+    return WF_OK; /* cannot tell: the writes will say */
+  double avail = (double)vs.f_bavail * (double)vs.f_frsize;
+  if (avail >= need)
+    return WF_OK;
+  WF_ERROR("train.checkpoint_dir %s: %.1f MiB free, one checkpoint needs %.1f MiB; free space or "
+           "choose another directory",
+           dir, avail / 1048576.0, need / 1048576.0);
+  return WF_EIO;
+}
+
+wf_status wf_ckpt_prepare(const wf_ckpt_target *t)
+{
+  wf_status st = WF_OK;
+  const wf_config *cfg = t->cfg;
+  const char *root = cfg->train.checkpoint_dir;
+  int me = wf__rank_of(wf__ckpt_world(t));
+  if (!root[0]) {
+    WF_REFUSE(strcmp(cfg->train.resume, "auto") && cfg->train.checkpoint_every <= 0, WF_ECONFIG,
+              "train.%s needs train.checkpoint_dir (where checkpoints go)",
+              cfg->train.checkpoint_every > 0 ? "checkpoint_every" : "resume=auto");
+    return WF_OK;
+  }
+  WF_TRY(wf__ckpt_agree(t, me == 0 ? mkdir_p(root) : WF_OK, "creating train.checkpoint_dir"));
+  WF_TRY(wf__ckpt_agree(t, probe(root, me), "checking train.checkpoint_dir"));
+  st = wf__ckpt_agree(t, me == 0 ? check_space(t, root) : WF_OK,
+                      "checking the free space in train.checkpoint_dir");
+fail:
+  return st;
+}

@@ -1,0 +1,110 @@
+/*
+ * adamw.c - the optimizer's state and step: AdamW over the element range [lo, hi) of
+ * the flat parameter vector, kind by kind, so weight decay follows each tensor's kind
+ * (2-D weights decay; biases and layernorms do not).
+ *
+ * Invariant: AdamW's t counts the updates made (step - skipped), so a run with skipped
+ * fp16 steps and its resumed continuation take the same steps.
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "optim_int.h"
+
+wf_status wf_optim_create(wf_optim **out, const wf_optim_opts *oo)
+{
+  wf_status st = WF_OK;
+  wf_optim *o = NULL;
+  const wf_config *cfg = oo->cfg;
+  *out = NULL;
+  WF_CHECK(oo->lo <= oo->hi && oo->hi <= wf_gpt_local_params(oo->model), WF_EINVAL,
+           "optimizer range [%zu, %zu) outside the %zu parameters", oo->lo, oo->hi,
+           wf_gpt_local_params(oo->model));
+  WF_CHECK_ALLOC(o = calloc(1, sizeof *o));
+  o->cfg = cfg;
+  o->model = oo->model;
+  o->dev = wf_gpt_dev(oo->model);
+  o->lo = oo->lo, o->hi = oo->hi;
+  o->D = oo->dp_size > 0 ? oo->dp_size : 1;
+  o->fp16 = cfg->precision == WF_PREC_FP16;
+  /* a fixed optim.loss_scale, or the dynamic one's start (a resumed checkpoint
+   * restores its own) */
+  o->ls.scale = !o->fp16                    ? 1.0
+                : cfg->optim.loss_scale > 0 ? cfg->optim.loss_scale
+                                            : cfg->optim.loss_scale_init;
+  WF_TRY(wf_dev_alloc_floats(o->dev, &o->m, o->hi - o->lo));
+  WF_TRY(wf_dev_alloc_floats(o->dev, &o->v, o->hi - o->lo));
+  *out = o;
+  return WF_OK;
+fail:
+  wf_optim_destroy(o);
+  return st;
+}
+
+void wf_optim_destroy(wf_optim *o)
+{
+  if (!o)
+    return;
+  wf_dev_free(o->dev, o->m);
+  wf_dev_free(o->dev, o->v);
+  free(o);
+}
+
+void wf_optim_state(wf_optim *o, size_t *lo, size_t *hi, float **m, float **v)
+{
+  *lo = o->lo, *hi = o->hi, *m = o->m, *v = o->v;
+}
+
+wf_optim_scaler *wf_optim_get_scaler(wf_optim *o) { return &o->ls; }
+size_t wf_optim_bytes(const wf_optim *o) { return 2 * (o->hi - o->lo) * sizeof(float); }
+
+/* AdamW at step t over [lo, hi), gradients multiplied by grad_scale first. */
+static wf_status adamw(wf_optim *o, const float *grads, float lr, float grad_scale, int t)
+{
+  const wf_config *cfg = o->cfg;
+  const wf_ktable *k = wf_dev_kernels(o->dev);
+  float *params = wf_gpt_params(o->model);
+  float b1 = (float)cfg->optim.beta1, b2 = (float)cfg->optim.beta2, eps = (float)cfg->optim.eps;
+  for (int kind = 0; kind < WF_GPT_NUM_KINDS; kind++) {
+    size_t off = wf_gpt_local_offset(o->model, (wf_param_kind)kind);
+    size_t a = WF_MAX(o->lo, off);
+    size_t b = WF_MIN(o->hi, off + wf_gpt_local_numel(o->model, (wf_param_kind)kind));
+    if (a >= b)
+      continue;
+    float wd = wf_gpt_kind_decays((wf_param_kind)kind) ? (float)cfg->optim.weight_decay : 0.0f;
+    k->adamw_update(params + a, o->m + (a - o->lo), o->v + (a - o->lo), grads + (a - o->lo), b - a,
+                    lr, b1, b2, eps, wd, t, grad_scale, NULL);
+  }
+  return wf_dev_check(o->dev);
+}
+
+/* Clip by the global norm (and unscale by 1/S in the same factor), AdamW at step t. */
+static wf_status update(wf_optim *o, int step, float norm, const float *grads, double lr)
+{
+  float clip = (float)o->cfg->optim.clip;
+  float scale = clip > 0 && norm > clip ? clip / norm : 1.0f;
+  if (o->fp16)
+    scale = (float)(scale / wf_optim_backward_scale(o));
+  int t = step - o->ls.skipped; /* AdamW counts the updates it made */
+  wf__optim_good(o);
+  return adamw(o, grads, (float)lr, scale, t);
+}
+
+wf_status wf_optim_step(wf_optim *o, int step, double loss, float norm, const float *grads,
+                        wf_optim_step_info *info)
+{
+  info->scale = o->fp16 ? o->ls.scale : NAN;
+  info->lr = wf_optim_lr(o->cfg, step);
+  /* fp16 overflow anywhere in the job: the norm sums every counted gradient's square
+   * over dp, tp and pp, so one inf or NaN makes it non-finite on every rank alike. */
+  info->skipped = o->fp16 && !isfinite(norm);
+  if (info->skipped)
+    return wf__optim_skip(o, step);
+  if (!isfinite(loss) || !isfinite(norm)) {
+    WF_ERROR("step %d: loss %g, gradient norm %g: training diverged; lower train.lr or set "
+             "optim.clip",
+             step, loss, (double)norm);
+    return WF_EINVAL;
+  }
+  return update(o, step, norm, grads, info->lr);
+}

@@ -1,0 +1,422 @@
+/*
+ * grads.c - the gradient path (wf_parallel.h): zero, dp reduction (bucketed and
+ * overlapped, or ZeRO-1's reduce-scatter), tp and tied-embedding sums, the global norm,
+ * and the parameter all-gather after a sharded update.
+ *
+ * Buckets. The llm.c layout keeps all layers of one kind together, so the gradients
+ * that become final together (one layer's) are not contiguous. A bucket is a list of
+ * (offset, count) ranges in the flat gradient buffer, gathered in the order backward
+ * finalises them: the final layernorm, then layer L-1 down to 0, then the embeddings.
+ * It is packed into its own staging buffer on the device, all-reduced in place
+ * (averaging), and unpacked in finish(). Packing costs one copy of the gradients,
+ * small next to the GEMMs that produce them. Open MPI progresses non-blocking
+ * collectives only inside MPI calls, so every readiness event also tests the buckets
+ * already in flight.
+ *
+ * Scalars (the sum of squares) are accumulated on the device and read back once.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "parallel_int.h"
+
+typedef struct range {
+  size_t off, n;
+} range;
+
+typedef struct bucket {
+  range *ranges;
+  int n_ranges, last_group; /* launched once readiness group last_group is final */
+  size_t count;
+  float *stage;
+  wf_req *req;
+  bool launched;
+} bucket;
+
+struct wf_grads {
+  wf_gpt *model;
+  wf_dev *dev;
+  wf_comm *dp, *pp, *emb, *tp;
+  int rank, size, zero, n_groups;
+  bucket *buckets;
+  int n_buckets;
+  bool armed;
+  wf_grads_stats stats;
+  double *acc; /* (1) device scalar: a sum of squares */
+  /* ZeRO-1 */
+  size_t n, shard;        /* parameters, shard length ceil(n / size) */
+  float *gshard, *pshard; /* (shard) averaged gradient, parameter shard to send */
+  float *stage;           /* (size * shard) padded full vector */
+};
+
+static wf_status copy(wf_grads *g, float *dst, const float *src, size_t n)
+{
+  return wf_dev_copy(g->dev, dst, src, n * sizeof *src, WF_COPY_D2D, NULL);
+}
+
+/* ---- buckets ---------------------------------------------------------------------------- */
+
+/* The ranges that become final with readiness group gr: 0 = final layernorm,
+ * 1..n = this stage's local layer n-gr, n+1 = embeddings (n = layers on this stage).
+ * Kinds this stage does not hold are empty ranges. Returns how many were written. */
+static int group_ranges(const wf_gpt *m, int gr, range *out)
+{
+  int n = 0, nl = wf_gpt_local_layers(m);
+  static const wf_param_kind head[] = {WF_P_LNFW, WF_P_LNFB}, emb[] = {WF_P_WTE, WF_P_WPE};
+  if (gr == 0 || gr == nl + 1) {
+    const wf_param_kind *k = gr == 0 ? head : emb;
+    for (int i = 0; i < 2; i++)
+      out[n++] = (range){wf_gpt_local_offset(m, k[i]), wf_gpt_local_numel(m, k[i])};
+    return n;
+  }
+  int j = nl - gr;
+  for (int k = 0; k < WF_GPT_NUM_KINDS; k++) {
+    if (!wf_gpt_kind_is_layered((wf_param_kind)k))
+      continue;
+    size_t ln = wf_gpt_local_layer_numel(m, (wf_param_kind)k);
+    out[n++] = (range){wf_gpt_local_offset(m, (wf_param_kind)k) + (size_t)j * ln, ln};
+  }
+  return n;
+}
+
+static wf_status plan_buckets(wf_grads *g, size_t bucket_bytes)
+{
+  wf_status st = WF_OK;
+  g->n_groups = wf_gpt_local_layers(g->model) + 2;
+  WF_CHECK_ALLOC(g->buckets = calloc((size_t)g->n_groups, sizeof *g->buckets));
+  bucket *b = NULL;
+  for (int gr = 0; gr < g->n_groups; gr++) {
+    if (!b) {
+      b = &g->buckets[g->n_buckets++];
+      WF_CHECK_ALLOC(b->ranges = calloc((size_t)g->n_groups * WF_GPT_NUM_KINDS, sizeof *b->ranges));
+    }
+    int k = group_ranges(g->model, gr, b->ranges + b->n_ranges);
+    for (int i = 0; i < k; i++)
+      b->count += b->ranges[b->n_ranges + i].n;
+    b->n_ranges += k;
+    b->last_group = gr;
+    if (b->count * sizeof(float) >= bucket_bytes || gr == g->n_groups - 1) {
+      WF_TRY(wf_dev_alloc_floats(g->dev, &b->stage, b->count + 1));
+      b = NULL;
+    }
+  }
+fail:
+  return st;
+}
+
+static wf_status launch(wf_grads *g, bucket *b)
+{
+  wf_status st = WF_OK;
+  float *grads = wf_gpt_grads(g->model), *p = b->stage;
+  for (int i = 0; i < b->n_ranges; i++) {
+    WF_TRY(copy(g, p, grads + b->ranges[i].off, b->ranges[i].n));
+    p += b->ranges[i].n;
+  }
+  b->launched = true;
+  g->stats.comm_bytes += (double)b->count * sizeof(float);
+  st = wf_comm_iallreduce(g->dp, b->stage, b->stage, b->count, WF_COMM_F32, WF_COMM_AVG, &b->req);
+fail:
+  return st;
+}
+
+/* The model's hook: gradients of readiness group gr are final. A bucket whose launch
+ * fails here is launched again (and its error returned) by finish. */
+static void on_grads_ready(void *user, int gr)
+{
+  wf_grads *g = user;
+  if (!g->armed)
+    return;
+  for (int i = 0; i < g->n_buckets; i++) {
+    bucket *b = &g->buckets[i];
+    bool done;
+    if (b->launched && b->req)
+      wf_req_test(&b->req, &done); /* drive MPI progress; errors surface at the wait */
+    if (!b->launched && b->last_group == gr) {
+      if (launch(g, b) == WF_OK)
+        g->stats.launched_early++;
+      else
+        b->launched = false;
+    }
+  }
+}
+
+static wf_status finish_buckets(wf_grads *g)
+{
+  wf_status st = WF_OK;
+  float *grads = wf_gpt_grads(g->model);
+  for (int i = 0; i < g->n_buckets; i++)
+    if (!g->buckets[i].launched)
+      WF_TRY(launch(g, &g->buckets[i]));
+  for (int i = 0; i < g->n_buckets; i++) {
+    bucket *b = &g->buckets[i];
+    WF_TRY(wf_req_wait(&b->req));
+    const float *p = b->stage;
+    for (int r = 0; r < b->n_ranges; r++) {
+      WF_TRY(copy(g, grads + b->ranges[r].off, p, b->ranges[r].n));
+      p += b->ranges[r].n;
+    }
+    b->launched = false;
+  }
+fail:
+  return st;
+}
+
+/* ---- ZeRO-1 --------------------------------------------------------------------------- */
+
+static wf_status zero_alloc(wf_grads *g)
+{
+  wf_status st = WF_OK;
+  g->shard = (g->n + (size_t)g->size - 1) / (size_t)g->size;
+  WF_TRY(wf_dev_alloc_floats(g->dev, &g->gshard, g->shard));
+  WF_TRY(wf_dev_alloc_floats(g->dev, &g->pshard, g->shard));
+  WF_TRY(wf_dev_alloc_floats(g->dev, &g->stage, g->shard * (size_t)g->size));
+fail:
+  return st;
+}
+
+/* Pad the flat gradients to size * shard; each rank receives the average of its shard. */
+static wf_status finish_zero(wf_grads *g)
+{
+  wf_status st = WF_OK;
+  WF_TRY(copy(g, g->stage, wf_gpt_grads(g->model), g->n));
+  WF_TRY(wf_dev_memset(g->dev, g->stage + g->n, 0,
+                       (g->shard * (size_t)g->size - g->n) * sizeof(float), NULL));
+  g->stats.comm_bytes = (double)g->shard * g->size * sizeof(float);
+  st = wf_comm_reduce_scatter(g->dp, g->stage, g->gshard, g->shard, WF_COMM_F32, WF_COMM_AVG);
+fail:
+  return st;
+}
+
+static void shard_bounds(const wf_grads *g, size_t *s0, size_t *s1)
+{
+  *s0 = WF_MIN((size_t)g->rank * g->shard, g->n);
+  *s1 = WF_MIN(*s0 + g->shard, g->n);
+}
+
+/* ---- life cycle ------------------------------------------------------------------------- */
+
+wf_status wf_grads_create(wf_grads **out, const wf_grads_opts *o)
+{
+  wf_status st = WF_OK;
+  wf_grads *g = NULL;
+  *out = NULL;
+  WF_CHECK_ALLOC(g = calloc(1, sizeof *g));
+  g->model = o->model;
+  g->dev = wf_gpt_dev(o->model);
+  g->dp = o->dp, g->pp = o->pp, g->emb = o->emb, g->tp = o->tp;
+  g->zero = o->dp ? o->zero : 0;
+  g->rank = o->dp ? wf_comm_rank(o->dp) : 0;
+  g->size = o->dp ? wf_comm_size(o->dp) : 1;
+  g->n = wf_gpt_local_params(o->model);
+  WF_TRY(wf_dev_alloc(g->dev, (void **)&g->acc, sizeof *g->acc));
+  if (g->zero)
+    WF_TRY(zero_alloc(g));
+  else if (g->dp)
+    WF_TRY(plan_buckets(g, o->bucket_bytes));
+  g->stats.buckets = g->n_buckets;
+  *out = g;
+  return WF_OK;
+fail:
+  wf_grads_destroy(g);
+  return st;
+}
+
+void wf_grads_destroy(wf_grads *g)
+{
+  if (!g)
+    return;
+  wf_gpt_set_grad_hook(g->model, NULL, NULL);
+  for (int i = 0; i < g->n_buckets; i++) {
+    wf_req_wait(&g->buckets[i].req);
+    free(g->buckets[i].ranges);
+    wf_dev_free(g->dev, g->buckets[i].stage);
+  }
+  free(g->buckets);
+  wf_dev_free(g->dev, g->acc);
+  wf_dev_free(g->dev, g->gshard);
+  wf_dev_free(g->dev, g->pshard);
+  wf_dev_free(g->dev, g->stage);
+  free(g);
+}
+
+wf_status wf_grads_zero(wf_grads *g) { return wf_gpt_zero_grad(g->model); }
+
+void wf_grads_arm(wf_grads *g)
+{
+  /* The per-step counters start over: arm is called once per step. */
+  g->stats.comm_bytes = 0;
+  g->stats.launched_early = 0;
+  g->armed = g->dp && !g->zero && g->size > 1;
+  wf_gpt_set_grad_hook(g->model, g->armed ? on_grads_ready : NULL, g);
+}
+
+/* The dp reduction; the time it takes is what backward did not hide. */
+static wf_status finish_dp(wf_grads *g)
+{
+  double t0 = wf_now();
+  wf_status st = WF_OK;
+  if (g->zero)
+    st = finish_zero(g);
+  else if (g->size > 1)
+    st = finish_buckets(g);
+  g->armed = false;
+  wf_gpt_set_grad_hook(g->model, NULL, NULL);
+  g->stats.exposed_ms = (wf_now() - t0) * 1e3;
+  return st;
+}
+
+/* Sequence-parallel layernorms: each tp rank saw its own token rows. */
+static wf_status sum_tp_partials(wf_grads *g)
+{
+  wf_status st = WF_OK;
+  for (int k = 0; k < WF_GPT_NUM_KINDS; k++)
+    if (wf_gpt_kind_tp_partial(g->model, (wf_param_kind)k))
+      WF_TRY(wf_gpt_tp_allreduce(g->model,
+                                 wf_gpt_grads(g->model) + wf_gpt_local_offset(g->model, k),
+                                 wf_gpt_local_numel(g->model, (wf_param_kind)k)));
+fail:
+  return st;
+}
+
+/* The tied embedding: the first and the last stage each hold wte (their tp slice); its
+ * gradient is the sum of both stages' contributions. */
+static wf_status sum_tied_embedding(wf_grads *g)
+{
+  if (!g->pp || wf_comm_size(g->pp) == 1 || !g->emb)
+    return WF_OK;
+  float *w = wf_gpt_param(g->model, WF_P_WTE, 0, 1);
+  size_t n = wf_gpt_local_numel(g->model, WF_P_WTE);
+  return wf_comm_allreduce(g->emb, w, w, n, WF_COMM_F32, WF_COMM_SUM);
+}
+
+wf_status wf_grads_finish(wf_grads *g)
+{
+  wf_status st = WF_OK;
+  bool after = g->dp && !g->zero;
+  if (after)
+    WF_TRY(finish_dp(g));
+  WF_TRY(sum_tp_partials(g));
+  WF_TRY(sum_tied_embedding(g));
+  if (g->dp && !after)
+    WF_TRY(finish_dp(g));
+fail:
+  return st;
+}
+
+/* ---- the norm --------------------------------------------------------------------------- */
+
+/* Sum of squares of the gradients this rank counts (wf_gpt_kind_counted), kind by kind
+ * over [lo, hi) of the flat vector, whose gradient starts at `grads`. */
+static wf_status counted_sumsq(wf_grads *g, const float *grads, size_t lo, size_t hi, double *ss)
+{
+  wf_status st = WF_OK;
+  const wf_ktable *k = wf_dev_kernels(g->dev);
+  WF_TRY(wf_dev_memset(g->dev, g->acc, 0, sizeof *g->acc, NULL));
+  for (int kind = 0; kind < WF_GPT_NUM_KINDS; kind++) {
+    size_t off = wf_gpt_local_offset(g->model, (wf_param_kind)kind);
+    size_t a = WF_MAX(lo, off);
+    size_t b = WF_MIN(hi, off + wf_gpt_local_numel(g->model, (wf_param_kind)kind));
+    if (a < b && wf_gpt_kind_counted(g->model, (wf_param_kind)kind))
+      k->sumsq_acc(g->acc, grads + (a - lo), b - a, NULL);
+  }
+  WF_TRY(wf_dev_check(g->dev));
+  st = wf_dev_read(g->dev, ss, g->acc, sizeof *ss);
+fail:
+  return st;
+}
+
+/* Each rank's counted sum of squares, summed over dp (ZeRO shards: every dp rank holds
+ * the same averaged gradients otherwise), tp and pp. */
+wf_status wf_grads_norm(wf_grads *g, double scale, float *norm)
+{
+  wf_status st = WF_OK;
+  double ss = 0;
+  if (g->zero) {
+    size_t s0, s1;
+    shard_bounds(g, &s0, &s1);
+    WF_TRY(counted_sumsq(g, g->gshard, s0, s1, &ss));
+    float x = (float)ss;
+    WF_TRY(wf_comm_allreduce(g->dp, &x, &x, 1, WF_COMM_F32, WF_COMM_SUM));
+    ss = x;
+  } else {
+    WF_TRY(counted_sumsq(g, wf_gpt_grads(g->model), 0, g->n, &ss));
+  }
+  if (scale != 1.0)
+    ss /= scale * scale;
+  float x = (float)ss;
+  if (g->tp && wf_comm_size(g->tp) > 1)
+    WF_TRY(wf_comm_allreduce(g->tp, &x, &x, 1, WF_COMM_F32, WF_COMM_SUM));
+  if (g->pp && wf_comm_size(g->pp) > 1)
+    WF_TRY(wf_comm_allreduce(g->pp, &x, &x, 1, WF_COMM_F32, WF_COMM_SUM));
+  *norm = sqrtf(x);
+fail:
+  return st;
+}
+
+/* ---- the update's side ------------------------------------------------------------------ */
+
+void wf_grads_range(const wf_grads *g, size_t *lo, size_t *hi)
+{
+  *lo = 0, *hi = g->n;
+  if (g->zero)
+    shard_bounds(g, lo, hi);
+}
+
+const float *wf_grads_for_update(wf_grads *g)
+{
+  return g->zero ? g->gshard : wf_gpt_grads(g->model);
+}
+
+/* ZeRO-1: every rank's updated shard into every rank's full parameters. */
+static wf_status gather_params(wf_grads *g)
+{
+  wf_status st = WF_OK;
+  float *params = wf_gpt_params(g->model);
+  size_t s0, s1;
+  shard_bounds(g, &s0, &s1);
+  WF_TRY(wf_dev_memset(g->dev, g->pshard, 0, g->shard * sizeof(float), NULL));
+  WF_TRY(copy(g, g->pshard, params + s0, s1 - s0));
+  WF_TRY(wf_comm_allgather(g->dp, g->pshard, g->stage, g->shard, WF_COMM_F32));
+  st = copy(g, params, g->stage, g->n);
+fail:
+  return st;
+}
+
+/* The two copies of the tied embedding must stay bit-identical: compare a hash of each
+ * over the embedding group (staged to the host; the check runs on the first and last
+ * stage only). */
+wf_status wf_grads_check_tied(wf_grads *g, int step)
+{
+  wf_status st = WF_OK;
+  wf_dev_view v;
+  uint64_t h[2];
+  size_t n = wf_gpt_local_numel(g->model, WF_P_WTE);
+  if (!g->pp || wf_comm_size(g->pp) == 1 || !g->emb)
+    return WF_OK;
+  WF_TRY(wf_dev_map(g->dev, &v, wf_gpt_param(g->model, WF_P_WTE, 0, 0), n * sizeof(float),
+                    WF_MAP_READ));
+  uint64_t mine = XXH3_64bits(v.host, n * sizeof(float));
+  WF_TRY(wf_dev_unmap(g->dev, &v));
+  WF_TRY(wf_comm_allgather(g->emb, &mine, h, 1, WF_COMM_U64));
+  WF_CHECK(h[0] == h[1], WF_EINVAL,
+           "step %d: the tied embedding's copies on the first and last pipeline stage differ; "
+           "their gradients were not summed over the embedding group",
+           step);
+  g->stats.tied_checks++;
+fail:
+  return st;
+}
+
+wf_status wf_grads_sync_params(wf_grads *g)
+{
+  wf_status st = WF_OK;
+  if (g->zero)
+    WF_TRY(gather_params(g));
+  st = wf_gpt_params_changed(g->model);
+fail:
+  return st;
+}
+
+void wf_grads_get_stats(const wf_grads *g, wf_grads_stats *out) { *out = g->stats; }

@@ -1,0 +1,40 @@
+/*
+ * parallel_int.h - private to worker/parallel.
+ *
+ * Error idiom: the worker's (WF_TRY / goto fail; errors logged where they arise, every
+ * collective's status checked and returned).
+ */
+#ifndef WF_PARALLEL_INT_H
+#define WF_PARALLEL_INT_H
+
+#include "wf_check.h"
+#include "wf_device.h"
+#include "wf_parallel.h"
+
+/* ---- schedules (schedule.c, schedule_check.c, schedule_sim.c) ----------------------
+ * A schedule's generator, validator and clock share these. The validator describes the
+ * first bad step in the caller's buffer (its answer is that description). */
+
+/* Write the message into err (when given); returns WF_EINVAL. */
+wf_status wf__sched_fail(char *err, size_t len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+bool wf__sched_is_compute(wf_sched_op op);
+bool wf__sched_is_send(wf_sched_op op);
+/* The pipeline stage chunk `chunk` of pp rank `rank` runs. */
+int wf__sched_stage(const wf_sched_params *prm, int rank, int chunk);
+wf_status wf__sched_check_params(const wf_sched_params *prm, char *err, size_t len);
+
+/* Every rank's list run together under rendezvous p2p. */
+typedef struct wf__sched_sim {
+  const wf_schedule *ranks;
+  int p;
+  int *pos;   /* [p]: next step of each rank */
+  int *off;   /* [p + 1]: rank r's steps are off[r] .. off[r+1]-1 in the flat arrays */
+  int *match; /* [off[p]]: the partner's step of each message, -1 for compute */
+} wf__sched_sim;
+/* Set up m for ranks and simulate it to the end (WF_EINVAL with the first bad step in
+ * err); wf__sched_sim_free releases it either way. */
+wf_status wf__sched_sim_validate(wf__sched_sim *m, const wf_schedule *ranks, char *err, size_t len);
+void wf__sched_sim_free(wf__sched_sim *m);
+
+#endif /* WF_PARALLEL_INT_H */

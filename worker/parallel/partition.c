@@ -1,0 +1,74 @@
+/*
+ * partition.c - the split of the layers into pipeline stages: as parallel.pp_layers
+ * says, or balanced by cost (exact min-max over contiguous splits).
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "parallel_int.h"
+
+/* Forward FLOPs per token of a layer (24 C^2 in the four matmuls, 4 T C in attention
+ * over the full square), and of the head (the vocabulary matmul 2 C Vp; the final
+ * layernorm is noise). The embedding is a lookup (~0). Backward is twice forward for
+ * all of them, so forward costs rank the splits as whole steps do. */
+static double layer_cost(const wf_gpt_dims *d, int T)
+{
+  double C = d->C;
+  return 24.0 * C * C + 4.0 * T * C;
+}
+
+static wf_status fixed_split(int L, int pp, const int *pp_layers, int n, int *bounds)
+{
+  wf_status st = WF_OK;
+  int sum = 0;
+  for (int s = 0; s < n; s++) {
+    WF_REFUSE(n == pp && pp_layers[s] >= 1, WF_ECONFIG,
+              "parallel.pp_layers must give mesh.pp=%d counts of at least 1 layer each", pp);
+    sum += pp_layers[s];
+    bounds[s + 1] = sum;
+  }
+  WF_REFUSE(sum == L, WF_ECONFIG, "parallel.pp_layers covers %d layers, the model has %d", sum, L);
+fail:
+  return st;
+}
+
+wf_status wf_pipe_partition(const wf_gpt_dims *d, int T, int pp, const int *pp_layers, int n,
+                            int *bounds)
+{
+  wf_status st = WF_OK;
+  int L = d->L;
+  WF_REFUSE(pp >= 1 && pp <= L, WF_ECONFIG,
+            "cannot split %d layers into %d pipeline stages: every stage needs a layer", L, pp);
+  bounds[0] = 0;
+  if (n > 0)
+    return fixed_split(L, pp, pp_layers, n, bounds);
+  /* Exact min-max over contiguous splits: f[s][l] = cheapest most expensive stage when
+   * stages 0..s-1 hold layers [0, l). O(pp L^2) on a few hundred layers at most. */
+  double lc = layer_cost(d, T), head = 2.0 * d->C * d->Vp;
+  size_t w = (size_t)L + 1;
+  double *f = malloc((size_t)(pp + 1) * w * sizeof *f);
+  int *from = malloc((size_t)(pp + 1) * w * sizeof *from);
+  if (!f || !from) {
+    free(f), free(from);
+    WF_ERROR("out of memory splitting %d layers", L);
+    return WF_ENOMEM;
+  }
+  for (size_t i = 0; i < (size_t)(pp + 1) * w; i++)
+    f[i] = INFINITY, from[i] = -1;
+  f[0] = 0;
+  for (int s = 1; s <= pp; s++)
+    for (int l = s; l <= L - (pp - s); l++)
+      for (int k = s - 1; k < l; k++) {
+        double c = (l - k) * lc + (s == pp ? head : 0);
+        double v = fmax(f[(size_t)(s - 1) * w + k], c);
+        if (v < f[(size_t)s * w + l]) /* strict: the first (lightest-early) split wins ties */
+          f[(size_t)s * w + l] = v, from[(size_t)s * w + l] = k;
+      }
+  for (int s = pp, l = L; s > 0; s--) {
+    bounds[s] = l;
+    l = from[(size_t)s * w + l];
+  }
+  free(f), free(from);
+fail:
+  return st;
+}

@@ -1,0 +1,347 @@
+/*
+ * report.c - what the trainer tells its users: the banner, one line per step (and one
+ * more with model parallelism), the evaluation line, a progress bar on a terminal, the
+ * train.metrics JSON-lines file, and the peak that MFU divides by.
+ *
+ * Only rank 0 prints or writes metrics. The step line has a stable key=value form:
+ *   step 12/300 loss=3.1234 lr=1.20e-03 grad_norm=0.812 tok/s=5123 tflops=0.041
+ *   mfu=23.1% step_ms=99.8 comm_ms=0.0 mem=45.2MiB optim=0.45MiB eta=28s
+ *
+ * MFU's peak (per rank): train.peak_tflops when given (the nominal hardware peak), else
+ * measured by every rank at once, on its own threads, at a GEMM shape no smaller than
+ * the model's: a single-threaded 512^3 stand-in let a dp 2 run of gpt2-small report
+ * mfu=111%. All ranks measure together, so ranks that share cores share them as they
+ * do when training, and each keeps the best of several runs; the job's peak is the sum
+ * over ranks, which the model's own GEMMs running side by side cannot exceed.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "train_int.h"
+#include "wf_file.h"
+
+/* ---- the peak ---------------------------------------------------------------------------- */
+
+#define PEAK_N    1024 /* the measured GEMM: PEAK_N^3 multiply-adds */
+#define PEAK_REPS 3    /* best of, after one warm-up */
+
+/* Best of PEAK_REPS PEAK_N^3 GEMMs through the device's kernel table, in TFLOP/s. */
+static wf_status measure_peak(wf_dev *dev, double *tflops)
+{
+  wf_status st = WF_OK;
+  const size_t nn = (size_t)PEAK_N * PEAK_N;
+  const wf_ktable *k = wf_dev_kernels(dev);
+  float *a = NULL;
+  wf_dev_view v;
+  double best = INFINITY;
+  WF_TRY(wf_dev_alloc_floats(dev, &a, 3 * nn));
+  WF_TRY(wf_dev_map(dev, &v, a, 2 * nn * sizeof *a, WF_MAP_WRITE));
+  for (size_t i = 0; i < 2 * nn; i++)
+    ((float *)v.host)[i] = (float)((i * 7919) % 1000) * 1e-3f - 0.5f;
+  WF_TRY(wf_dev_unmap(dev, &v));
+  for (int rep = 0; rep <= PEAK_REPS; rep++) {
+    WF_TRY(wf_dev_stream_sync(dev, NULL));
+    double t = wf_now();
+    k->matmul_forward(a + 2 * nn, a, a + nn, NULL, PEAK_N, PEAK_N, PEAK_N, NULL);
+    WF_TRY(wf_dev_stream_sync(dev, NULL));
+    t = wf_now() - t;
+    if (rep > 0 && t < best) /* rep 0 warms up threads and caches */
+      best = t;
+  }
+  *tflops = best > 0 && isfinite(best) ? 2.0 * nn * PEAK_N / best * 1e-12 : 0;
+  st = wf_dev_check(dev);
+fail:
+  wf_dev_free(dev, a);
+  return st;
+}
+
+wf_status wf__setup_peak(wf__trainer *tr)
+{
+  wf_status st = WF_OK;
+  tr->peak_tflops = tr->cfg->train.peak_tflops;
+  tr->peak_source = "nominal, from train.peak_tflops";
+  /* Whether anything reports MFU: the same answer on every rank (a collective follows). */
+  bool wanted = !(tr->hooks && tr->hooks->quiet) || tr->cfg->train.metrics[0];
+  if (tr->peak_tflops > 0 || !wanted)
+    return WF_OK;
+  float sum = 0;
+  double mine = 0;
+  if (tr->world)
+    WF_TRY(wf_comm_barrier(tr->world)); /* every rank measures at the same time */
+  WF_TRY(measure_peak(tr->dev, &mine));
+  sum = (float)mine;
+  if (tr->world)
+    WF_TRY(wf_comm_allreduce(tr->world, &sum, &sum, 1, WF_COMM_F32, WF_COMM_SUM));
+  tr->peak_tflops = sum / wf__comm_size(tr->world);
+  tr->peak_source = "measured: every rank at once, best of 3 sgemm 1024^3 on its threads "
+                    "(set train.peak_tflops for the hardware's nominal peak)";
+fail:
+  return st;
+}
+
+/* ---- the banner ---------------------------------------------------------------------------- */
+
+/* What mixed precision does, and where it runs: on the CPU it is emulated, the numerics
+ * of bf16/fp16 GEMMs, not their speed. */
+static void print_precision(const wf__trainer *tr)
+{
+  const wf_config *cfg = tr->cfg;
+  const char *p = tr->fp16 ? "fp16" : "bf16";
+  const wf_optim_scaler *ls = wf_optim_get_scaler(tr->optim);
+  fprintf(tr->out,
+          "precision %s: fp32 master weights, gradients and AdamW state; GEMM operands (weights, "
+          "activations, activation gradients) rounded to %s, accumulated in fp32\n",
+          p, p);
+  if (tr->fp16 && cfg->optim.loss_scale > 0)
+    fprintf(tr->out, "loss scale fixed at %g (steps whose gradients overflow are skipped)\n",
+            cfg->optim.loss_scale);
+  else if (tr->fp16)
+    fprintf(tr->out,
+            "dynamic loss scaling from %g: halved and the step skipped when a gradient "
+            "overflows, doubled after %d finite steps\n",
+            ls->scale, cfg->optim.loss_scale_window);
+  fprintf(tr->out,
+          "%s on the CPU is emulated (operands rounded in fp32; OpenBLAS has no %s GEMM): "
+          "%s numerics at fp32 speed or slower, not %s speed\n",
+          p, p, p, p);
+}
+
+static const char *schedule_name(const wf__trainer *tr)
+{
+  if (tr->pp == 1)
+    return "";
+  switch (tr->cfg->train.schedule) {
+  case WF_SCHED_GPIPE: return ", GPipe schedule";
+  case WF_SCHED_INTERLEAVED: return ", interleaved 1F1B schedule";
+  default: return ", 1F1B schedule";
+  }
+}
+
+static void print_mesh(const wf__trainer *tr)
+{
+  const wf_config *cfg = tr->cfg;
+  const wf_gpt_shard *s = wf_gpt_get_shard(tr->model);
+  fprintf(tr->out, "mesh dp %d x tp %d x pp %d%s: this rank holds layers [%d, %d)", tr->D, tr->tp,
+          tr->pp, tr->tp > 1 && cfg->parallel.sequence ? " (sequence parallel)" : "", s->l0, s->l1);
+  for (int c = 1; c < tr->chunks; c++) /* the other model chunks of the interleaved schedule */
+    fprintf(tr->out, ", [%d, %d)", s->l0 + c * s->chunk_stride, s->l1 + c * s->chunk_stride);
+  fprintf(tr->out, " of %d, %zu of %zu parameters%s\n", tr->dims.L, wf_gpt_local_params(tr->model),
+          wf_gpt_num_params(&tr->dims), schedule_name(tr));
+}
+
+void wf__print_banner(const wf__trainer *tr)
+{
+  const wf_config *cfg = tr->cfg;
+  const wf_gpt_dims *d = &tr->dims;
+  size_t np = wf_gpt_num_params(d);
+  fprintf(tr->out, "model %s: L=%d NH=%d C=%d V=%d (padded %d) maxT=%d, %.3fM parameters (%zu)\n",
+          cfg->model.init[0] ? cfg->model.init : cfg->model.preset, d->L, d->NH, d->C, d->V, d->Vp,
+          d->maxT, (double)np * 1e-6, np);
+  fprintf(tr->out, "data %s\n", wf_data_describe(tr->data));
+  double H = wf_data_entropy_floor(tr->data);
+  if (!isnan(H))
+    fprintf(tr->out, "entropy floor H = %.4f nats\n", H);
+  fprintf(tr->out,
+          "training %d steps of %d x %d tokens (dp %d x %d micro-batch%s of %d), lr %.2e "
+          "warm-up %d cosine to %.2e, clip %g, weight decay %g, seed %llu%s\n",
+          tr->steps, tr->B * tr->M * tr->D, tr->T, tr->D, tr->M, tr->M == 1 ? "" : "es", tr->B,
+          cfg->train.lr, cfg->train.warmup, cfg->train.min_lr, cfg->optim.clip,
+          cfg->optim.weight_decay, (unsigned long long)cfg->train.seed,
+          cfg->optim.zero ? ", ZeRO-1 optimizer" : "");
+  if (tr->tp > 1 || tr->pp > 1)
+    print_mesh(tr);
+  if (cfg->parallel.activation_checkpointing)
+    fprintf(tr->out, "activation checkpointing: each layer's intermediates are recomputed in "
+                     "backward\n");
+  if (cfg->precision != WF_PREC_NO)
+    print_precision(tr);
+  if (tr->peak_tflops > 0)
+    fprintf(tr->out, "peak %.3f TFLOP/s per rank for MFU (%s)\n", tr->peak_tflops, tr->peak_source);
+  fflush(tr->out);
+}
+
+/* ---- per-step lines -------------------------------------------------------------------------- */
+
+void wf__clear_bar(const wf__trainer *tr)
+{
+  if (tr->bar)
+    fputs("\r\033[K", stderr);
+}
+
+static void draw_bar(const wf__trainer *tr, const wf_train_step_info *in, double eta)
+{
+  enum { WIDTH = 30 };
+  static const char full[] = "##############################";
+  static const char empty[] = "..............................";
+  int fill = (int)((long long)WIDTH * in->step / in->steps);
+  fprintf(stderr, "\r[%.*s%.*s] %d/%d loss %.4f eta %.0fs", fill, full, WIDTH - fill, empty,
+          in->step, in->steps, in->loss, eta);
+  fflush(stderr);
+}
+
+static void print_step(const wf__trainer *tr, const wf_train_step_info *in, double eta)
+{
+  wf__clear_bar(tr);
+  fprintf(tr->out,
+          "step %d/%d loss=%.4f lr=%.2e grad_norm=%.3f tok/s=%.0f tflops=%.3f mfu=%.1f%% "
+          "step_ms=%.1f comm_ms=%.1f mem=%.1fMiB optim=%.2fMiB eta=%.0fs",
+          in->step, in->steps, in->loss, in->lr, in->grad_norm, in->tokens_per_s, in->tflops,
+          in->mfu * 100, in->step_ms, in->comm_ms, (double)in->mem_bytes / (1024.0 * 1024.0),
+          (double)in->optim_bytes / (1024.0 * 1024.0), eta);
+  if (tr->fp16) /* the scale this step's backward used, and the skips so far */
+    fprintf(tr->out, " loss_scale=%g skipped=%d%s", in->loss_scale, in->skipped_steps,
+            in->skipped ? " (this step)" : "");
+  fputc('\n', tr->out);
+}
+
+/* Model-parallel figures, on the step line's continuation when there are any. */
+static void print_parallel(const wf__trainer *tr, const wf_train_step_info *in)
+{
+  if (tr->tp == 1 && tr->pp == 1)
+    return;
+  if (tr->tp > 1)
+    fprintf(tr->out, "  tp_ms=%.1f", in->tp_ms);
+  if (tr->pp > 1)
+    fprintf(tr->out, "  bubble=%.1f%% theory=%.1f%%", in->bubble * 100, in->bubble_theory * 100);
+  fprintf(tr->out, "  act_mib=[");
+  for (int s = 0; s < in->n_stages && s < WF_MAX_STAGES; s++)
+    fprintf(tr->out, "%s%.2f", s ? "," : "", (double)in->stage_act_bytes[s] / (1 << 20));
+  fputs("]\n", tr->out);
+}
+
+static void print_eval(const wf__trainer *tr, const wf_train_step_info *in, double eval_ms)
+{
+  wf__clear_bar(tr);
+  fprintf(tr->out, "eval %d/%d val_loss=%.4f", in->step, in->steps, in->val_loss);
+  if (!isnan(in->entropy_floor))
+    fprintf(tr->out, " floor=%.4f gap=%.4f", in->entropy_floor, in->val_loss - in->entropy_floor);
+  fprintf(tr->out, " eval_ms=%.1f\n", eval_ms);
+}
+
+/* ---- the metrics file --------------------------------------------------------------------------
+ */
+
+/* jansson refuses NaN and infinities (they are not JSON): write null instead. */
+static json_t *real_or_null(double x) { return isfinite(x) ? json_real(x) : json_null(); }
+
+/* Model-parallel figures: tp_ms, the pipeline bubble beside its theory, and per stage the
+ * peak activations in MiB and in micro-batches held (act_mib, act_slots). */
+static void add_parallel_metrics(json_t *o, const wf_train_step_info *in)
+{
+  json_t *mib = json_array(), *slots = json_array();
+  for (int s = 0; s < in->n_stages && s < WF_MAX_STAGES; s++) {
+    json_array_append_new(mib, json_real((double)in->stage_act_bytes[s] / (1024.0 * 1024.0)));
+    json_array_append_new(slots, json_integer(in->stage_peak_slots[s]));
+  }
+  json_object_set_new(o, "tp_ms", real_or_null(in->tp_ms));
+  json_object_set_new(o, "bubble", real_or_null(in->bubble));
+  json_object_set_new(o, "bubble_theory", real_or_null(in->bubble_theory));
+  json_object_set_new(o, "act_mib", mib);
+  json_object_set_new(o, "act_slots", slots);
+}
+
+static void write_metrics(wf__trainer *tr, const wf_train_step_info *in)
+{
+  json_t *o = json_object();
+  if (!o)
+    return;
+  json_object_set_new(o, "step", json_integer(in->step));
+  json_object_set_new(o, "loss", real_or_null(in->loss));
+  json_object_set_new(o, "lr", real_or_null(in->lr));
+  json_object_set_new(o, "grad_norm", real_or_null(in->grad_norm));
+  json_object_set_new(o, "tokens_per_s", real_or_null(in->tokens_per_s));
+  json_object_set_new(o, "step_ms", real_or_null(in->step_ms));
+  json_object_set_new(o, "tflops", real_or_null(in->tflops));
+  json_object_set_new(o, "mfu", real_or_null(in->mfu));
+  json_object_set_new(o, "mem_mib", real_or_null((double)in->mem_bytes / (1024.0 * 1024.0)));
+  json_object_set_new(o, "comm_ms", real_or_null(in->comm_ms));
+  json_object_set_new(o, "optim_mib", real_or_null((double)in->optim_bytes / (1024.0 * 1024.0)));
+  if (!isnan(in->val_loss))
+    json_object_set_new(o, "val_loss", real_or_null(in->val_loss));
+  if (tr->tp > 1 || tr->pp > 1)
+    add_parallel_metrics(o, in);
+  if (tr->fp16) {
+    json_object_set_new(o, "loss_scale", real_or_null(in->loss_scale));
+    json_object_set_new(o, "skipped_steps", json_integer(in->skipped_steps));
+    json_object_set_new(o, "step_skipped", json_boolean(in->skipped));
+  }
+  if (json_dumpf(o, tr->metrics, JSON_COMPACT) == 0)
+    fputc('\n', tr->metrics);
+  fflush(tr->metrics); /* one complete line per step, even if the run dies */
+  json_decref(o);
+}
+
+void wf__report_step(wf__trainer *tr, const wf_train_step_info *in, double eta, double eval_ms)
+{
+  if (tr->talk) {
+    print_step(tr, in, eta);
+    print_parallel(tr, in);
+    if (!isnan(in->val_loss))
+      print_eval(tr, in, eval_ms);
+    fflush(tr->out);
+    if (tr->bar)
+      draw_bar(tr, in, eta);
+  }
+  if (tr->metrics)
+    write_metrics(tr, in);
+}
+
+static bool metrics_line_past(const char *line, int step)
+{
+  json_t *o = json_loads(line, 0, NULL);
+  json_t *s = o ? json_object_get(o, "step") : NULL;
+  bool past = json_is_integer(s) && json_integer_value(s) > step;
+  json_decref(o);
+  return past;
+}
+
+/* Drop the lines of the metrics file whose "step" is past `step` (steps a killed run did
+ * after its last checkpoint, which the resumed run repeats), rewriting it atomically; a
+ * missing file is fine. */
+static wf_status trim_metrics(const char *path, int step)
+{
+  wf_status st = WF_OK;
+  char *line = NULL, *text = NULL;
+  size_t cap = 0, len = 0;
+  bool dropped = false;
+  FILE *in = fopen(path, "r"), *out = NULL;
+  if (!in)
+    return errno == ENOENT ? WF_OK : WF_EIO;
+  WF_CHECK(out = open_memstream(&text, &len), WF_ENOMEM, "train.metrics: out of memory");
+  for (ssize_t n; (n = getline(&line, &cap, in)) > 0;) {
+    if (metrics_line_past(line, step))
+      dropped = true;
+    else
+      fputs(line, out);
+  }
+  fclose(out);
+  if (dropped)
+    st = wf_file_write_atomic(path, text, len, 0644);
+fail:
+  fclose(in);
+  free(line);
+  free(text);
+  return st;
+}
+
+wf_status wf__open_metrics(wf__trainer *tr)
+{
+  wf_status st = WF_OK;
+  const char *path = tr->cfg->train.metrics;
+  if (!path[0] || wf_rt_rank() > 0)
+    return WF_OK;
+  /* A resumed run continues its file (without the steps it is about to redo); a fresh
+   * run starts a new one. */
+  if (tr->start > 0 && trim_metrics(path, tr->start) != WF_OK)
+    WF_WARN("train.metrics: %s: cannot drop the steps after %d (see above)", path, tr->start);
+  tr->metrics = fopen(path, tr->start > 0 ? "a" : "w");
+  WF_CHECK(tr->metrics, WF_EIO, "train.metrics: cannot open '%s' for writing: %s", path,
+           strerror(errno));
+fail:
+  return st;
+}

@@ -1,0 +1,285 @@
+/*
+ * setup.c - everything before the first step: the micro-batch geometry, the model's
+ * dimensions and this rank's stage, the model on its device (initialised, or loaded
+ * from model.init), the pipeline engine, the gradient path and the optimizer, the
+ * checkpoint directory and resume, the data, the trace and the metrics file.
+ *
+ * Order matters in two places: the trace is sized from the model's dimensions before
+ * the model that records into it exists, and a checkpoint is restored after the
+ * optimizer exists (it restores the optimizer's state) and before the data (whose
+ * position is the restored step).
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "train_int.h"
+
+int wf__comm_size(wf_comm *c) { return c ? wf_comm_size(c) : 1; }
+int wf__comm_rank(wf_comm *c) { return c ? wf_comm_rank(c) : 0; }
+
+/* Micro-batch geometry of one rank: the global batch is split over D data-parallel
+ * ranks, then into M micro-batches of B rows each. */
+static wf_status setup_geometry(wf__trainer *tr, int M)
+{
+  wf_status st = WF_OK;
+  const wf_config *cfg = tr->cfg;
+  tr->M = M > 0 ? M : 1;
+  tr->D = wf__comm_size(tr->dp_comm);
+  tr->dp_rank = wf__comm_rank(tr->dp_comm);
+  tr->tp = wf__comm_size(tr->tp_comm);
+  tr->pp = wf__comm_size(tr->pp_comm);
+  tr->pp_rank = wf__comm_rank(tr->pp_comm);
+  tr->world_size = tr->D * tr->tp * tr->pp;
+  tr->T = cfg->train.seq_len > 0 ? cfg->train.seq_len : cfg->model.seq_len;
+  tr->steps = cfg->train.steps;
+  WF_REFUSE(cfg->train.batch_size > 0 && cfg->train.batch_size % (tr->M * tr->D) == 0 && tr->T > 0,
+            WF_ECONFIG,
+            "train.batch_size %d must be a positive multiple of dp %d x train.microbatches %d "
+            "(and seq_len %d positive)",
+            cfg->train.batch_size, tr->D, tr->M, tr->T);
+  tr->B = cfg->train.batch_size / (tr->M * tr->D);
+fail:
+  return st;
+}
+
+/* The whole model's dimensions: the config's, or model.init's header. */
+static wf_status setup_dims(wf__trainer *tr)
+{
+  wf_status st = WF_OK;
+  const wf_config *cfg = tr->cfg;
+  tr->dims = wf_gpt_dims_from_config(cfg);
+  if (cfg->model.init[0])
+    WF_TRY(wf_llmc_peek(cfg->model.init, &tr->dims));
+  WF_REFUSE(tr->T <= tr->dims.maxT, WF_ECONFIG,
+            "train.seq_len %d exceeds the model's context %d (model.seq_len)", tr->T,
+            tr->dims.maxT);
+fail:
+  return st;
+}
+
+/* The llm.c checkpoint model.init into this rank's shard: the whole file is read into
+ * one host array of parameters and this rank's slices copied out. */
+static wf_status load_init(wf__trainer *tr)
+{
+  wf_status st = WF_OK;
+  float *full = NULL;
+  WF_CHECK_ALLOC(full = malloc(wf_gpt_num_params(&tr->dims) * sizeof *full));
+  WF_TRY(wf_llmc_read(tr->cfg->model.init, &tr->dims, full));
+  st = wf_gpt_import_full(tr->model, 0, full);
+fail:
+  free(full);
+  return st;
+}
+
+/* The interleaved schedule's chunks: stage s = c * pp + r holds layers
+ * [s * Lc, (s + 1) * Lc), Lc = L / (pp * v) (validation checked the division). */
+static wf_status interleaved_split(wf__trainer *tr)
+{
+  wf_status st = WF_OK;
+  const wf_config *cfg = tr->cfg;
+  int v = cfg->parallel.virtual_stages, lc = tr->dims.L / (tr->pp * v);
+  WF_REFUSE(tr->pp >= 2, WF_ECONFIG,
+            "train.schedule=interleaved needs mesh.pp >= 2: with one pipeline rank there is "
+            "nothing to interleave; use train.schedule=1f1b");
+  WF_REFUSE(cfg->parallel.n_pp_layers == 0, WF_ECONFIG,
+            "parallel.pp_layers does not apply to train.schedule=interleaved, whose chunks all "
+            "hold model.layers / (mesh.pp x parallel.virtual_stages) layers; remove it");
+  tr->chunks = v;
+  tr->bounds[tr->pp_rank] = tr->pp_rank * lc;
+  tr->bounds[tr->pp_rank + 1] = (tr->pp_rank + 1) * lc;
+fail:
+  return st;
+}
+
+static wf_status setup_stage(wf__trainer *tr)
+{
+  wf_status st = WF_OK;
+  const wf_config *cfg = tr->cfg;
+  tr->chunks = 1;
+  if (cfg->train.schedule == WF_SCHED_INTERLEAVED)
+    WF_TRY(interleaved_split(tr));
+  else
+    WF_TRY(wf_pipe_partition(&tr->dims, tr->T, tr->pp, cfg->parallel.pp_layers,
+                             cfg->parallel.n_pp_layers, tr->bounds));
+  int r = tr->pp_rank, lc = tr->bounds[r + 1] - tr->bounds[r];
+  wf_gpt_opts o = {.dims = tr->dims,
+                   .shard = {.tp = tr->tp,
+                             .tp_rank = wf__comm_rank(tr->tp_comm),
+                             .sequence = cfg->parallel.sequence && tr->tp > 1,
+                             .l0 = tr->bounds[r],
+                             .l1 = tr->bounds[r + 1],
+                             .chunks = tr->chunks,
+                             .chunk_stride = tr->pp * lc,
+                             .first = r == 0,
+                             .last = r == tr->pp - 1},
+                   .dev = tr->dev,
+                   .tp_comm = tr->tp_comm,
+                   .B = tr->B,
+                   .T = tr->T,
+                   .slots = wf_pipe_slots(cfg->train.schedule, tr->pp, r, tr->M, tr->chunks),
+                   .recompute = cfg->parallel.activation_checkpointing,
+                   .precision = cfg->precision};
+  WF_TRY(wf_gpt_create_shard(&tr->model, &o));
+  wf_gpt_set_trace(tr->model, tr->trace);
+fail:
+  return st;
+}
+
+/* The gradient path and, over the range it hands this rank, the optimizer. */
+static wf_status setup_optim(wf__trainer *tr)
+{
+  wf_status st = WF_OK;
+  const wf_config *cfg = tr->cfg;
+  wf_grads_opts go = {.model = tr->model,
+                      .dp = tr->dp_comm,
+                      .pp = tr->pp_comm,
+                      .emb = tr->emb_comm,
+                      .tp = tr->tp_comm,
+                      .bucket_bytes = (size_t)cfg->optim.bucket_mb << 20,
+                      .zero = cfg->optim.zero};
+  WF_TRY(wf_grads_create(&tr->grads, &go));
+  wf_optim_opts oo = {.cfg = cfg, .model = tr->model, .dp_size = tr->D};
+  wf_grads_range(tr->grads, &oo.lo, &oo.hi);
+  st = wf_optim_create(&tr->optim, &oo);
+fail:
+  return st;
+}
+
+static wf_status setup_model(wf__trainer *tr)
+{
+  wf_status st = WF_OK;
+  const wf_config *cfg = tr->cfg;
+  WF_TRY(setup_stage(tr));
+  if (cfg->model.init[0])
+    WF_TRY(load_init(tr));
+  else
+    WF_TRY(wf_gpt_init(tr->model, cfg->train.seed));
+  tr->flops = wf_gpt_flops_per_step(&tr->dims, tr->B * tr->M * tr->D, tr->T);
+  wf_pipe_opts po = {tr->pp_comm, tr->model, cfg->train.schedule, tr->M, tr->chunks, tr->B,
+                     tr->T,       tr->trace};
+  WF_TRY(wf_pipe_create(&tr->pipe, &po));
+  st = setup_optim(tr);
+fail:
+  return st;
+}
+
+/* Check train.checkpoint_dir is writable, then resume from train.resume if set. */
+static wf_status setup_checkpoint(wf__trainer *tr)
+{
+  wf_status st = WF_OK;
+  const wf_train_hooks *h = tr->hooks;
+  tr->ck = (wf_ckpt_target){.cfg = tr->cfg,
+                            .model = tr->model,
+                            .optim = tr->optim,
+                            .optim_sharded = tr->dp_comm && tr->cfg->optim.zero,
+                            .dp_comm = tr->dp_comm,
+                            .world = tr->world,
+                            .pp_rank = tr->pp_rank,
+                            .tp_rank = wf__comm_rank(tr->tp_comm)};
+  if (h && h->on_phase) /* reading a big checkpoint is not a hang */
+    h->on_phase(h->user, "checkpoint");
+  st = wf_ckpt_prepare(&tr->ck);
+  if (st == WF_OK)
+    st = wf_ckpt_resume(&tr->ck, &tr->start);
+  if (h && h->on_phase)
+    h->on_phase(h->user, "train");
+  return st;
+}
+
+static wf_status setup_data(wf__trainer *tr)
+{
+  wf_status st = WF_OK;
+  char err[1024] = "";
+  size_t n = (size_t)tr->B * tr->T;
+  st = wf_data_open_config(&tr->data, tr->cfg, tr->dims.V, err, sizeof err);
+  WF_CHECK(st == WF_OK, st, "%s", err);
+  WF_CHECK_ALLOC(tr->inputs = wf_mem_alloc(n * sizeof *tr->inputs));
+  WF_CHECK_ALLOC(tr->targets = wf_mem_alloc(n * sizeof *tr->targets));
+  bool has_val = wf_data_get_kind(tr->data) == WF_DATA_SYNTHETIC ||
+                 wf_data_num_tokens(tr->data, WF_DATA_VAL) > 0;
+  tr->can_eval = has_val && tr->cfg->train.eval_batches > 0;
+  if (!has_val && tr->talk)
+    WF_WARN("data.val_fraction = 0: no validation split, so no evaluation");
+fail:
+  return st;
+}
+
+/* train.trace: a recorder on every rank, on only for train.trace_steps. Per micro-batch
+ * and model chunk: F, B and their p2p waits; with tp up to 14 collectives per layer
+ * (sequence parallelism with recompute: 4 forward, 4 again, 6 backward; counted over
+ * all L layers, a bound for any stage) and a few for the embedding and head; doubled
+ * for margin; bounded by 1M spans. */
+static wf_status setup_trace(wf__trainer *tr)
+{
+  wf_status st = WF_OK;
+  const wf_config *cfg = tr->cfg;
+  char label[128];
+  if (!cfg->train.trace[0])
+    return WF_OK;
+  snprintf(label, sizeof label, "rank %d (pp %d, dp %d, tp %d)", wf_rt_rank(), tr->pp_rank,
+           tr->dp_rank, wf__comm_rank(tr->tp_comm));
+  const int *ts = cfg->train.trace_steps;
+  size_t steps = (size_t)(ts[1] - ts[0] + 1);
+  size_t v = cfg->train.schedule == WF_SCHED_INTERLEAVED ? (size_t)cfg->parallel.virtual_stages : 1;
+  size_t per_mb = 8 * v + (tr->tp > 1 ? 14 * (size_t)tr->dims.L + 8 : 0);
+  size_t spans = WF_MIN(2 * steps * ((size_t)tr->M * per_mb + 16), (size_t)1 << 20);
+  st = wf_trace_create(&tr->trace, label, spans);
+  WF_CHECK(st == WF_OK, st, "cannot set up train.trace (%s)", wf_status_str(st));
+fail:
+  return st;
+}
+
+static void setup_hooks(wf__trainer *tr, const wf_config *cfg, const wf_train_hooks *hooks)
+{
+  memset(tr, 0, sizeof *tr);
+  tr->cfg = cfg;
+  tr->hooks = hooks;
+  tr->dp_comm = hooks ? hooks->dp : NULL;
+  tr->tp_comm = hooks ? hooks->tp : NULL;
+  tr->pp_comm = hooks ? hooks->pp : NULL;
+  tr->emb_comm = hooks ? hooks->emb : NULL;
+  tr->world = hooks ? hooks->world : NULL;
+  tr->dev = hooks && hooks->dev ? hooks->dev : wf_dev_cpu();
+  tr->out = hooks && hooks->out ? hooks->out : stdout;
+  tr->talk = wf_rt_rank() <= 0 && !(hooks && hooks->quiet);
+  /* mpirun gives ranks a pseudo-terminal, so isatty() alone would draw bars into
+   * launcher logs: only a process started by hand on a terminal gets one. */
+  tr->bar = tr->talk && isatty(STDOUT_FILENO) && !getenv("OMPI_COMM_WORLD_SIZE") &&
+            !getenv("SLURM_PROCID") && !getenv("PMI_RANK");
+  tr->fp16 = cfg->precision == WF_PREC_FP16;
+}
+
+wf_status wf__train_setup(wf__trainer *tr, const wf_config *cfg, const wf_train_hooks *hooks, int M,
+                          bool checkpoints)
+{
+  wf_status st = WF_OK;
+  setup_hooks(tr, cfg, hooks);
+  WF_TRY(setup_geometry(tr, M));
+  WF_TRY(setup_dims(tr));
+  WF_TRY(setup_trace(tr)); /* sized from the dims, before the model that records into it */
+  WF_TRY(setup_model(tr));
+  if (checkpoints)
+    WF_TRY(setup_checkpoint(tr));
+  WF_TRY(setup_data(tr));
+  WF_TRY(wf__open_metrics(tr));
+  WF_TRY(wf__setup_peak(tr)); /* before the banner, which says where the peak came from */
+  if (tr->talk)
+    wf__print_banner(tr);
+fail:
+  return st;
+}
+
+void wf__train_teardown(wf__trainer *tr)
+{
+  if (tr->metrics)
+    fclose(tr->metrics);
+  wf_mem_free(tr->inputs);
+  wf_mem_free(tr->targets);
+  wf_data_destroy(tr->data);
+  wf_optim_destroy(tr->optim);
+  wf_grads_destroy(tr->grads);
+  wf_pipe_destroy(tr->pipe);
+  wf_gpt_destroy(tr->model);
+  wf_trace_destroy(tr->trace);
+}

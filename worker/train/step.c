@@ -1,0 +1,204 @@
+/*
+ * step.c - one training step and evaluation.
+ *
+ * A step is four phases, kept apart so the parallel engines slot their communication
+ * in between without touching the mathematics:
+ *   1. forward and backward of this rank's micro-batches through the pipeline schedule,
+ *      loss gradient 1/M each, so the accumulated gradient is that of the mean loss over
+ *      the whole global batch (the gradient path zeroes first and arms its overlapped dp
+ *      reduction before the last backward);
+ *   2. the gradient path: the rest of the reductions, then the global norm;
+ *   3. the optimizer: clip, fp16 loss scaling (an overflow skips the update), AdamW;
+ *   4. the gradient path again: parameters synchronised (ZeRO-1), the tied embedding's
+ *      copies checked.
+ * Evaluation runs the forward pass on train.eval_batches fixed validation batches (the
+ * same ones every time, so the curve is comparable across evaluations).
+ *
+ * Invariant: the loss sequence is a pure function of the config (same seed, same bits).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "train_int.h"
+
+/* Mean of a per-rank value over the dp group (float32 on the wire). */
+static wf_status dp_mean(wf__trainer *tr, double *x)
+{
+  if (tr->D == 1)
+    return WF_OK;
+  float v = (float)*x;
+  wf_status st = wf_comm_allreduce(tr->dp_comm, &v, &v, 1, WF_COMM_F32, WF_COMM_AVG);
+  *x = v;
+  return st;
+}
+
+/* The last stage's value on every stage. */
+static wf_status from_last_stage(wf__trainer *tr, double *x)
+{
+  if (tr->pp == 1)
+    return WF_OK;
+  float v = (float)*x;
+  wf_status st = wf_comm_bcast(tr->pp_comm, &v, 1, WF_COMM_F32, tr->pp - 1);
+  *x = v;
+  return st;
+}
+
+wf_status wf__batch_cb(void *user, int mb, int *inputs, int *targets)
+{
+  wf__trainer *tr = user;
+  int index = tr->split == WF_DATA_TRAIN ? tr->step - 1 : tr->step;
+  return wf_data_batch(tr->data, inputs, targets, tr->split, index, tr->dp_rank, tr->D, mb, tr->M);
+}
+
+static void arm_cb(void *user)
+{
+  wf__trainer *tr = user;
+  wf_grads_arm(tr->grads); /* reduce gradient buckets while the last backward runs */
+}
+
+wf_status wf__accumulate(wf__trainer *tr, int step, double *loss, wf_pipe_stats *ps)
+{
+  wf_status st = WF_OK;
+  tr->step = step;
+  tr->split = WF_DATA_TRAIN;
+  WF_TRY(wf_grads_zero(tr->grads));
+  WF_TRY(wf_pipe_step(tr->pipe, step, wf__batch_cb, arm_cb, tr, loss, ps));
+  *loss /= tr->M;
+  WF_TRY(dp_mean(tr, loss));
+  st = from_last_stage(tr, loss);
+fail:
+  return st;
+}
+
+/* Reduce gradients, clip by the global norm, AdamW with the scheduled lr; under fp16 an
+ * overflow anywhere skips the update. */
+static wf_status reduce_and_update(wf__trainer *tr, int step, double loss, float *norm,
+                                   wf_optim_step_info *oi)
+{
+  wf_status st = WF_OK;
+  double t0 = wf_now();
+  WF_TRY(wf_grads_finish(tr->grads));
+  if (wf_trace_on(tr->trace))
+    wf_trace_span(tr->trace, "gradient reduction", "comm", t0, wf_now(), step, -1);
+  WF_TRY(wf_grads_norm(tr->grads, wf_optim_backward_scale(tr->optim), norm));
+  WF_TRY(wf_optim_step(tr->optim, step, loss, *norm, wf_grads_for_update(tr->grads), oi));
+  if (!oi->skipped)
+    WF_TRY(wf_grads_sync_params(tr->grads));
+fail:
+  return st;
+}
+
+/* Pipeline figures of every stage on every rank: peak activations (bytes and
+ * micro-batches), and the bubble as the theory defines it: the idle share of the
+ * pipeline's span, 1 - mean(busy) / longest schedule wall time. The stages start a step
+ * together (after the previous step's collectives) but the last one finishes early,
+ * while stage 0 runs the final backwards: its own wall time would hide that idle tail. */
+static wf_status stage_stats(wf__trainer *tr, const wf_pipe_stats *ps, wf_train_step_info *info)
+{
+  wf_status st = WF_OK;
+  uint64_t mine_u[2] = {ps->act_bytes, (uint64_t)ps->peak_slots}, all_u[2 * WF_MAX_STAGES];
+  float mine_t[2] = {(float)ps->busy_s, (float)ps->wall_s}, all_t[2 * WF_MAX_STAGES];
+  info->n_stages = tr->pp;
+  if (tr->pp > 1) {
+    WF_TRY(wf_comm_allgather(tr->pp_comm, mine_u, all_u, 2, WF_COMM_U64));
+    WF_TRY(wf_comm_allgather(tr->pp_comm, mine_t, all_t, 2, WF_COMM_F32));
+  } else {
+    memcpy(all_u, mine_u, sizeof mine_u);
+    memcpy(all_t, mine_t, sizeof mine_t);
+  }
+  double busy = 0, span = 0;
+  for (int s = 0; s < tr->pp && s < WF_MAX_STAGES; s++) {
+    info->stage_act_bytes[s] = (int64_t)all_u[2 * s];
+    info->stage_peak_slots[s] = (int)all_u[2 * s + 1];
+    busy += all_t[2 * s];
+    span = WF_MAX(span, (double)all_t[2 * s + 1]);
+  }
+  info->bubble = tr->pp > 1 && span > 0 ? 1 - busy / tr->pp / span : 0;
+  wf_sched_params prm = {tr->cfg->train.schedule, tr->pp, tr->M, tr->chunks};
+  info->bubble_theory = tr->pp > 1 ? wf_schedule_bubble_theory(&prm) : 0;
+fail:
+  return st;
+}
+
+static bool tracing(const wf__trainer *tr, int step)
+{
+  const int *ts = tr->cfg->train.trace_steps;
+  return tr->trace && step >= ts[0] && step <= ts[1];
+}
+
+/* The step's figures, once its work is done (dt seconds). */
+static void fill_info(wf__trainer *tr, int step, double dt, double loss, float norm,
+                      const wf_optim_step_info *oi, wf_train_step_info *info)
+{
+  wf_mem_stats ms;
+  wf_grads_stats gs;
+  double tp_s = 0, tp_bytes = 0;
+  wf_mem_get_stats(&ms);
+  wf_grads_get_stats(tr->grads, &gs);
+  wf_gpt_tp_stats(tr->model, &tp_s, &tp_bytes);
+  *info = (wf_train_step_info){
+      .step = step,
+      .steps = tr->steps,
+      .loss = loss,
+      .lr = oi->lr,
+      .grad_norm = oi->skipped ? NAN : norm, /* an overflowed step has no norm */
+      .step_ms = dt * 1e3,
+      .tokens_per_s = (double)tr->B * tr->M * tr->D * tr->T / dt,
+      .tflops = tr->flops / dt * 1e-12,
+      .val_loss = NAN,
+      .entropy_floor = wf_data_entropy_floor(tr->data),
+      .mem_bytes = ms.current[WF_MEM_HOST] + ms.current[WF_MEM_DEVICE],
+      .comm_ms = gs.exposed_ms,
+      .tp_ms = tp_s * 1e3,
+      .optim_bytes = (int64_t)wf_optim_bytes(tr->optim),
+      .peak_tflops = tr->peak_tflops,
+      .params = (int64_t)wf_gpt_local_params(tr->model),
+      .loss_scale = oi->scale,
+      .skipped = oi->skipped,
+      .skipped_steps = wf_optim_get_scaler(tr->optim)->skipped,
+  };
+  /* The peak is per rank; the job has world_size such ranks. */
+  info->mfu = tr->peak_tflops > 0 ? info->tflops / (tr->peak_tflops * tr->world_size) : 0;
+}
+
+wf_status wf__train_step(wf__trainer *tr, int step, wf_train_step_info *info)
+{
+  wf_status st = WF_OK;
+  double t0 = wf_now(), loss = 0;
+  float norm = 0;
+  wf_optim_step_info oi = {0};
+  wf_pipe_stats ps = {0};
+  if (tr->trace)
+    wf_trace_set_on(tr->trace, tracing(tr, step));
+  wf_gpt_set_loss_scale(tr->model, (float)wf_optim_backward_scale(tr->optim));
+  WF_TRY(wf__accumulate(tr, step, &loss, &ps));
+  double tr0 = wf_now();
+  WF_TRY(reduce_and_update(tr, step, loss, &norm, &oi));
+  WF_TRY(wf_grads_check_tied(tr->grads, step));
+  double dt = wf_now() - t0;
+  if (tr->trace && wf_trace_on(tr->trace))
+    wf_trace_span(tr->trace, "step end (reduction, norm, AdamW)", "optim", tr0, wf_now(), step, -1);
+  fill_info(tr, step, dt, loss, norm, &oi, info);
+  st = stage_stats(tr, &ps, info);
+fail:
+  return st;
+}
+
+wf_status wf__evaluate(wf__trainer *tr, double *val_loss)
+{
+  wf_status st = WF_OK;
+  int n = tr->cfg->train.eval_batches;
+  double sum = 0;
+  tr->split = WF_DATA_VAL;
+  for (int i = 0; i < n; i++) {
+    double part = 0;
+    tr->step = i;
+    WF_TRY(wf_pipe_forward(tr->pipe, wf__batch_cb, tr, &part));
+    sum += part;
+  }
+  *val_loss = sum / ((double)n * tr->M);
+  WF_TRY(dp_mean(tr, val_loss));
+  st = from_last_stage(tr, val_loss);
+fail:
+  return st;
+}

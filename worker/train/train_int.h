@@ -1,0 +1,82 @@
+/*
+ * train_int.h - private to worker/train: the trainer's state, shared by its set-up, its
+ * step, its reporting and its loop.
+ *
+ * Error idiom: the worker's (WF_TRY / goto fail; errors logged where they arise, every
+ * collective's status checked). Refusals every rank reaches alike from the same
+ * configuration are logged by rank 0 alone (WF_REFUSE).
+ */
+#ifndef WF_TRAIN_INT_H
+#define WF_TRAIN_INT_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "wf_check.h"
+#include "wf_ckpt.h"
+#include "wf_device.h"
+#include "wf_io.h"
+#include "wf_model.h"
+#include "wf_optim.h"
+#include "wf_parallel.h"
+#include "wf_train.h"
+
+typedef struct wf__trainer {
+  const wf_config *cfg;
+  const wf_train_hooks *hooks;
+  FILE *out;
+  bool talk; /* rank 0 and not quiet: banner and step lines */
+  bool bar;  /* progress bar on stderr (stdout is a terminal) */
+  bool can_eval;
+  wf_dev *dev;
+  wf_gpt *model;
+  wf_grads *grads; /* the gradient path: zero, reductions, norm, parameter sync */
+  wf_optim *optim; /* AdamW state (this rank's dp shard under ZeRO-1), clip, scaler, lr */
+  wf_comm *dp_comm, *tp_comm, *pp_comm, *emb_comm, *world; /* borrowed; NULL = size 1 */
+  int dp_rank, D; /* this rank's data-parallel slice of D */
+  int tp, pp, pp_rank, world_size;
+  int bounds[WF_MAX_STAGES + 1]; /* stage s holds layers [bounds[s], bounds[s+1]) */
+  wf_pipe *pipe;
+  wf_trace *trace;
+  int chunks; /* model chunks per rank (interleaved schedule), else 1 */
+  int step;   /* the step being run (for the batch callback) */
+  wf_data_split split;
+  wf_data *data;
+  wf_gpt_dims dims;
+  int B, T, M, steps;    /* micro-batch rows, sequence length, micro-batches, steps */
+  int *inputs, *targets; /* (B, T), host */
+  FILE *metrics;
+  double peak_tflops;      /* per rank, for MFU; 0 = unknown */
+  const char *peak_source; /* how it was obtained, for the banner */
+  double flops;            /* per step, for the whole global batch */
+  double t0;               /* start of the loop */
+  wf_ckpt_target ck;       /* what checkpoints save and restore */
+  bool fp16;               /* precision=fp16: loss scaling on */
+  int start;               /* steps done before this run (a resumed checkpoint's step) */
+} wf__trainer;
+
+int wf__comm_size(wf_comm *c);
+int wf__comm_rank(wf_comm *c);
+
+/* setup.c: everything before the first step, and after the last. M micro-batches;
+ * checkpoints: honour train.checkpoint_dir and train.resume. */
+wf_status wf__train_setup(wf__trainer *tr, const wf_config *cfg, const wf_train_hooks *hooks, int M,
+                          bool checkpoints);
+void wf__train_teardown(wf__trainer *tr);
+
+/* step.c: one training step and its figures; evaluation; forward and backward of this
+ * rank's micro-batches through the schedule (the step's summed micro-batch losses, the
+ * mean over the global batch in *loss); the gradient path's finish. */
+wf_status wf__train_step(wf__trainer *tr, int step, wf_train_step_info *info);
+wf_status wf__evaluate(wf__trainer *tr, double *val_loss);
+wf_status wf__accumulate(wf__trainer *tr, int step, double *loss, wf_pipe_stats *ps);
+wf_status wf__batch_cb(void *user, int mb, int *inputs, int *targets);
+
+/* report.c: the banner, the per-step lines, the metrics file, MFU's peak. */
+void wf__print_banner(const wf__trainer *tr);
+wf_status wf__setup_peak(wf__trainer *tr);
+void wf__report_step(wf__trainer *tr, const wf_train_step_info *in, double eta, double eval_ms);
+void wf__clear_bar(const wf__trainer *tr);
+wf_status wf__open_metrics(wf__trainer *tr);
+
+#endif /* WF_TRAIN_INT_H */
