@@ -102,8 +102,7 @@ static void check_cases(const wf_tokenizer *t)
     wf_tokens tok = {0};
     assert_int_equal(wf_tokenizer_encode(t, (const char *)text, len, &tok), WF_OK);
     if (tok.n != json_array_size(ids))
-      fprintf(stderr, "case %zu: %zu ids, the reference has %zu\n", i, tok.n,
-              json_array_size(ids));
+      fprintf(stderr, "case %zu: %zu ids, the reference has %zu\n", i, tok.n, json_array_size(ids));
     assert_int_equal(tok.n, json_array_size(ids));
     for (size_t k = 0; k < tok.n; k++) {
       if (tok.ids[k] != json_integer_value(json_array_get(ids, k)))
@@ -250,7 +249,9 @@ static void test_errors(void **state)
   assert_int_equal(system(cmd), 0);
   expect_error("lone/vocab.json", WF_EIO, "merges.txt", NULL);
   /* a merge naming a token that is not in the vocabulary: file and line */
-  snprintf(cmd, sizeof cmd, "cp '%s/vocab.json' '%s/lone/' && printf '#version: 0.2\\nt h\\nq zz\\n' > '%s/lone/merges.txt'",
+  snprintf(cmd, sizeof cmd,
+           "cp '%s/vocab.json' '%s/lone/' && printf '#version: 0.2\\nt h\\nq zz\\n' > "
+           "'%s/lone/merges.txt'",
            tmpdir, tmpdir, tmpdir);
   assert_int_equal(system(cmd), 0);
   char path[512], err[1024] = "";
@@ -280,8 +281,8 @@ int main(int argc, char **argv)
   }
   python = argv[1], script = argv[2];
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_vocab_merges),    cmocka_unit_test(test_tokenizer_json),
-      cmocka_unit_test(test_folder),          cmocka_unit_test(test_bytes_roundtrip),
+      cmocka_unit_test(test_vocab_merges), cmocka_unit_test(test_tokenizer_json),
+      cmocka_unit_test(test_folder),       cmocka_unit_test(test_bytes_roundtrip),
       cmocka_unit_test(test_errors),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

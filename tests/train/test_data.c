@@ -32,7 +32,7 @@ static int remove_tmpdir(void **state)
 
 static wf_data *open_ok(const char *path, int vocab, int T, int batch, uint64_t seed, double val)
 {
-  wf_data_opts o = {path, vocab, T, batch, seed, val};
+  wf_data_opts o = {path, vocab, T, batch, seed, val, NULL, NULL};
   char err[1024] = "";
   wf_data *d = NULL;
   wf_status st = wf_data_open(&d, &o, err, sizeof err);
@@ -242,7 +242,7 @@ static void test_shards_read(void **state)
 static void expect_error(const char *pattern, int vocab, wf_status code, const char *file,
                          const char *what)
 {
-  wf_data_opts o = {pattern, vocab, 8, 2, 1, 0.1};
+  wf_data_opts o = {pattern, vocab, 8, 2, 1, 0.1, NULL, NULL};
   char err[1024] = "";
   wf_data *d = (wf_data *)1;
   wf_status st = wf_data_open(&d, &o, err, sizeof err);

@@ -33,14 +33,16 @@
 #include "wf_file.h"
 #include "wf_io.h"
 
-#define MAX_SPECIALS 1024
-#define SHARD_MAGIC 20240520
+#define MAX_SPECIALS  1024
+#define SHARD_MAGIC   20240520
 #define SHARD_VERSION 1
-#define SHARD_TOKENS 100000000LL /* llm.c's fineweb.py: 10^8 tokens per shard */
-#define EOT_TEXT "<|endoftext|>"
+#define SHARD_TOKENS  100000000LL /* llm.c's fineweb.py: 10^8 tokens per shard */
+#define EOT_TEXT      "<|endoftext|>"
 
 /* GPT-2's pattern; WS is Unicode's White_Space property (Python regex's \s). */
-#define WS_SET "\\t\\n\\x{0B}\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
+#define WS_SET                                                                                     \
+  "\\t\\n\\x{0B}\\f\\r "                                                                           \
+  "\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
 static const char gpt2_pattern[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" WS_SET
                                    "\\p{L}\\p{N}]+|[" WS_SET "]+(?![^" WS_SET "])|[" WS_SET "]+";
 
@@ -66,7 +68,7 @@ struct wf_tokenizer {
   size_t vocab_cap, vocab_n;
   pair_entry *pairs;
   size_t pairs_cap, n_merges;
-  int32_t n_ids;            /* largest id + 1 */
+  int32_t n_ids;             /* largest id + 1 */
   unsigned char **tok_bytes; /* per id: its bytes (NULL: unused id) */
   uint32_t *tok_len;
   int32_t byte_id[256];
@@ -123,7 +125,11 @@ static size_t utf8_put(unsigned char *out, uint32_t cp)
 static int32_t utf8_next(const unsigned char *s, size_t n, size_t *i)
 {
   unsigned char c = s[*i];
-  int extra = c < 0x80 ? 0 : (c & 0xE0) == 0xC0 ? 1 : (c & 0xF0) == 0xE0 ? 2 : (c & 0xF8) == 0xF0 ? 3 : -1;
+  int extra = c < 0x80             ? 0
+              : (c & 0xE0) == 0xC0 ? 1
+              : (c & 0xF0) == 0xE0 ? 2
+              : (c & 0xF8) == 0xF0 ? 3
+                                   : -1;
   if (extra < 0 || *i + (size_t)extra >= n)
     return -1;
   int32_t cp = extra == 0 ? c : c & (0x3F >> extra);
@@ -189,8 +195,9 @@ static wf_status vocab_add(wf_tokenizer *t, const char *s, size_t len, int32_t i
                            char *err, size_t err_len)
 {
   if (id < 0 || id >= (1 << 30))
-    return failf(err, err_len, WF_EFORMAT, "tokenizer '%s': token '%.*s' has id %d, expected 0 .. 2^30",
-                 path, (int)WF_MIN(len, 64), s, id);
+    return failf(err, err_len, WF_EFORMAT,
+                 "tokenizer '%s': token '%.*s' has id %d, expected 0 .. 2^30", path,
+                 (int)WF_MIN(len, 64), s, id);
   if (t->vocab_n + 1 > t->vocab_cap / 2)
     return failf(err, err_len, WF_EFORMAT, "tokenizer '%s': more tokens than announced", path);
   str_entry *e = vocab_slot(t, s, len);
@@ -223,8 +230,13 @@ static wf_status merge_add(wf_tokenizer *t, const char *a, size_t la, const char
                  "tokenizer '%s': merge %zu ('%.*s' '%.*s') names a token that is not in the "
                  "vocabulary ('%.*s')",
                  path, line, (int)WF_MIN(la, 64), a, (int)WF_MIN(lb, 64), b,
-                 (int)WF_MIN(ia < 0 ? la : ib < 0 ? lb : la + lb, 64),
-                 ia < 0 ? a : ib < 0 ? b : buf);
+                 (int)WF_MIN(ia < 0   ? la
+                             : ib < 0 ? lb
+                                      : la + lb,
+                             64),
+                 ia < 0   ? a
+                 : ib < 0 ? b
+                          : buf);
   pair_entry *e = pair_slot(t, pair_key(ia, ib));
   if (e->key == UINT64_MAX) /* a repeated merge keeps its first (lowest) rank */
     *e = (pair_entry){pair_key(ia, ib), (int32_t)t->n_merges, im};
@@ -315,8 +327,8 @@ static wf_status compile_pattern(wf_tokenizer *t)
 
 /* ---- loading ------------------------------------------------------------------------------ */
 
-static wf_status load_vocab_object(wf_tokenizer *t, json_t *vocab, size_t n_merges, const char *path,
-                                   char *err, size_t err_len)
+static wf_status load_vocab_object(wf_tokenizer *t, json_t *vocab, size_t n_merges,
+                                   const char *path, char *err, size_t err_len)
 {
   wf_status st = vocab_init(t, json_object_size(vocab), n_merges);
   const char *key;
@@ -369,7 +381,8 @@ static wf_status check_pre_tokenizer(wf_tokenizer *t, json_t *pre, const char *p
                                      size_t err_len)
 {
   const char *type = json_string_value(json_object_get(pre, "type"));
-  if (type && !strcmp(type, "Sequence") && json_array_size(json_object_get(pre, "pretokenizers")) == 1)
+  if (type && !strcmp(type, "Sequence") &&
+      json_array_size(json_object_get(pre, "pretokenizers")) == 1)
     return check_pre_tokenizer(t, json_array_get(json_object_get(pre, "pretokenizers"), 0), path,
                                err, err_len);
   json_t *use_regex = json_object_get(pre, "use_regex");
@@ -384,14 +397,17 @@ static wf_status check_pre_tokenizer(wf_tokenizer *t, json_t *pre, const char *p
 
 static bool nonempty_string(json_t *j) { return json_is_string(j) && json_string_length(j) > 0; }
 
-static wf_status check_model(json_t *root, json_t *model, const char *path, char *err, size_t err_len)
+static wf_status check_model(json_t *root, json_t *model, const char *path, char *err,
+                             size_t err_len)
 {
   const char *type = json_string_value(json_object_get(model, "type"));
   json_t *dropout = json_object_get(model, "dropout");
   if (type && strcmp(type, "BPE"))
     return failf(err, err_len, WF_EUNSUPPORTED,
-                 "tokenizer '%s': model.type is '%s'; weft implements BPE (GPT-2) only", path, type);
-  if (!json_is_object(json_object_get(model, "vocab")) || !json_is_array(json_object_get(model, "merges")))
+                 "tokenizer '%s': model.type is '%s'; weft implements BPE (GPT-2) only", path,
+                 type);
+  if (!json_is_object(json_object_get(model, "vocab")) ||
+      !json_is_array(json_object_get(model, "merges")))
     return failf(err, err_len, WF_EFORMAT,
                  "tokenizer '%s': model needs a \"vocab\" object and a \"merges\" array", path);
   if (nonempty_string(json_object_get(model, "continuing_subword_prefix")) ||
@@ -406,7 +422,10 @@ static wf_status check_model(json_t *root, json_t *model, const char *path, char
     return failf(err, err_len, WF_EUNSUPPORTED,
                  "tokenizer '%s': a normalizer (%s) is set; GPT-2's BPE has none and weft "
                  "implements none",
-                 path, json_string_value(json_object_get(norm, "type")) ? json_string_value(json_object_get(norm, "type")) : "?");
+                 path,
+                 json_string_value(json_object_get(norm, "type"))
+                     ? json_string_value(json_object_get(norm, "type"))
+                     : "?");
   return WF_OK;
 }
 
@@ -517,7 +536,8 @@ static wf_status resolve_path(const char *path, char *out, size_t len, char *err
 {
   struct stat sb;
   if (stat(path, &sb) != 0)
-    return failf(err, err_len, WF_EIO, "data.tokenizer: cannot open '%s': %s", path, strerror(errno));
+    return failf(err, err_len, WF_EIO, "data.tokenizer: cannot open '%s': %s", path,
+                 strerror(errno));
   if (S_ISREG(sb.st_mode)) {
     snprintf(out, len, "%s", path);
     return WF_OK;
@@ -740,9 +760,8 @@ static int next_special(const wf_tokenizer *t, const char *s, size_t n, size_t p
       const char *hit = pos < n ? memmem(s + pos, n - pos, sp->s, sp->len) : NULL;
       next[i] = hit ? (size_t)(hit - s) : SIZE_MAX;
     }
-    if (next[i] != SIZE_MAX &&
-        (best < 0 || next[i] < next[best] ||
-         (next[i] == next[best] && sp->len > t->specials[best].len)))
+    if (next[i] != SIZE_MAX && (best < 0 || next[i] < next[best] ||
+                                (next[i] == next[best] && sp->len > t->specials[best].len)))
       best = i;
   }
   return best;
@@ -791,7 +810,8 @@ wf_status wf_tokenizer_decode(const wf_tokenizer *t, const int32_t *ids, size_t 
   return WF_OK;
 }
 
-/* ---- worker --tokenize ------------------------------------------------------------------------ */
+/* ---- worker --tokenize ------------------------------------------------------------------------
+ */
 
 /* One llm.c token shard, atomically. */
 static wf_status write_shard(const char *path, const int32_t *ids, size_t n)
@@ -839,7 +859,8 @@ static wf_status read_text(const char *in, wf_tokenizer const *t, wf_tokens *out
     st = wf_tokenizer_encode(t, map, (size_t)sb.st_size, out);
   if (map)
     munmap(map, (size_t)sb.st_size);
-  return st == WF_OK ? WF_OK : failf(err, err_len, st, "--tokenize: out of memory encoding '%s'", in);
+  return st == WF_OK ? WF_OK
+                     : failf(err, err_len, st, "--tokenize: out of memory encoding '%s'", in);
 }
 
 /* Train shards of SHARD_TOKENS each, then the validation shard. */
