@@ -273,6 +273,57 @@ static void test_errors(void **state)
   assert_non_null(strstr(err, "missing.json"));
 }
 
+/* Text under data.tokenizer: the data source's token stream is the reference's encoding
+ * of the file, and every training or validation window is a run of it inside its split. */
+static void test_data_text(void **state)
+{
+  (void)state;
+  json_t *cases = json_object_get(expected, "cases");
+  json_t *c = json_array_get(cases, json_array_size(cases) - 1); /* the training corpus */
+  static unsigned char text[1 << 16];
+  size_t len = unbase64(json_string_value(json_object_get(c, "text")), text);
+  json_t *ids = json_object_get(c, "ids");
+  char path[512], tok[512], err[1024] = "";
+  path_of(path, sizeof path, "corpus.txt");
+  path_of(tok, sizeof tok, "tokenizer.json");
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(text, 1, len, f), len);
+  fclose(f);
+  enum { T = 16 };
+  int vocab = (int)json_integer_value(json_object_get(expected, "vocab"));
+  wf_data_opts o = {path, vocab, T, 4, 1, 0.25, NULL, tok};
+  wf_data *d = NULL;
+  assert_int_equal(wf_data_open(&d, &o, err, sizeof err), WF_OK);
+  printf("%s\n", wf_data_describe(d));
+  assert_non_null(strstr(wf_data_describe(d), "encoded with GPT-2 BPE"));
+  int64_t n = (int64_t)json_array_size(ids), n_val = (int64_t)((double)n * 0.25);
+  assert_int_equal(wf_data_num_tokens(d, WF_DATA_TRAIN), n - n_val);
+  assert_int_equal(wf_data_num_tokens(d, WF_DATA_VAL), n_val);
+  int win[T + 1];
+  for (int split = 0; split < 2; split++) {
+    for (int row = 0; row < 64; row++) {
+      assert_int_equal(wf_data_row(d, win, split, row, 0), WF_OK);
+      int64_t at = -1;
+      for (int64_t s0 = 0; at < 0 && s0 + T < n; s0++) {
+        int t = 0;
+        while (t <= T && win[t] == json_integer_value(json_array_get(ids, (size_t)(s0 + t))))
+          t++;
+        at = t > T ? s0 : -1;
+      }
+      assert_true(at >= 0);
+      assert_true(split == WF_DATA_TRAIN ? at + T < n - n_val : at >= n - n_val);
+    }
+  }
+  wf_data_destroy(d);
+  /* a model vocabulary smaller than the tokenizer's is refused, naming both */
+  o.vocab = 256;
+  assert_int_equal(wf_data_open(&d, &o, err, sizeof err), WF_ECONFIG);
+  printf("%s\n", err);
+  assert_non_null(strstr(err, "tokenizer.json"));
+  assert_non_null(strstr(err, "vocabulary is 256"));
+}
+
 int main(int argc, char **argv)
 {
   if (argc < 3) {
@@ -283,7 +334,7 @@ int main(int argc, char **argv)
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_vocab_merges), cmocka_unit_test(test_tokenizer_json),
       cmocka_unit_test(test_folder),       cmocka_unit_test(test_bytes_roundtrip),
-      cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_errors),       cmocka_unit_test(test_data_text),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

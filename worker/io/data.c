@@ -237,11 +237,13 @@ static wf_status check_regular(const char *key, const char *path, char *err, siz
 }
 
 /* O_NONBLOCK: should a FIFO be swapped in after the stat(), open() still returns. */
-static int open_regular(const char *key, const char *path, struct stat *sb, char *err,
-                        size_t err_len)
+static int open_regular(const char *key, const char *path, struct stat *sb, wf_status *st,
+                        char *err, size_t err_len)
 {
-  if (check_regular(key, path, err, err_len) != WF_OK)
+  *st = check_regular(key, path, err, err_len);
+  if (*st != WF_OK)
     return -1;
+  *st = WF_EIO;
   int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     snprintf(err, err_len, "%s: cannot open '%s': %s", key, path, strerror(errno));
@@ -252,16 +254,17 @@ static int open_regular(const char *key, const char *path, struct stat *sb, char
     close(fd);
     return -1;
   }
+  *st = WF_OK;
   return fd;
 }
 
 static wf_status map_file(span *sp, const char *key, const char *path, char *err, size_t err_len)
 {
   struct stat sb;
-  int fd = open_regular(key, path, &sb, err, err_len);
+  wf_status st;
+  int fd = open_regular(key, path, &sb, &st, err, err_len);
   if (fd < 0)
-    return WF_EIO;
-  wf_status st = WF_OK;
+    return st;
   if (sb.st_size > 0) {
     sp->map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (sp->map == MAP_FAILED) {
@@ -354,9 +357,10 @@ static wf_status classify(const char *key, const char *path, src_kind *kind, cha
   if (strpbrk(path, "*?["))
     return WF_OK;
   struct stat sb;
-  int fd = open_regular(key, path, &sb, err, err_len);
+  wf_status st;
+  int fd = open_regular(key, path, &sb, &st, err, err_len);
   if (fd < 0)
-    return WF_EIO;
+    return st;
   int32_t magic = 0;
   bool shard = (n >= 4 && !strcmp(path + n - 4, ".bin")) ||
                (read(fd, &magic, sizeof magic) == sizeof magic && magic == SHARD_MAGIC);
@@ -635,9 +639,10 @@ static wf_status open_files(wf_data *d, const wf_data_opts *o, char *err, size_t
 static wf_status check_shard_file(const char *key, const char *path, char *err, size_t err_len)
 {
   struct stat sb;
-  int fd = open_regular(key, path, &sb, err, err_len);
+  wf_status st;
+  int fd = open_regular(key, path, &sb, &st, err, err_len);
   if (fd < 0)
-    return WF_EIO;
+    return st;
   unsigned char head[SHARD_HEADER_BYTES];
   ssize_t got = read(fd, head, sizeof head);
   close(fd);
