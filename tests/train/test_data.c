@@ -502,6 +502,29 @@ static void test_check(void **state)
   assert_non_null(strstr(err, "no_tokenizer.json"));
 }
 
+/* data.val_path replaces the held-out fraction: both set is a config error, as is
+ * validation data beside the synthetic source. */
+static void test_config_rules(void **state)
+{
+  char err[1024] = "";
+  wf_config cfg;
+  wf_config_init(&cfg);
+  assert_int_equal(wf_config_set(&cfg, "data.path", "a.bin", WF_SRC_CLI, err, sizeof err), WF_OK);
+  assert_int_equal(wf_config_set(&cfg, "data.val_path", "v.bin", WF_SRC_CLI, err, sizeof err),
+                   WF_OK);
+  assert_int_equal(wf_config_validate(&cfg, 1, err, sizeof err), WF_OK);
+  assert_int_equal(wf_config_set(&cfg, "data.val_fraction", "0.2", WF_SRC_CLI, err, sizeof err),
+                   WF_OK);
+  assert_int_equal(wf_config_validate(&cfg, 1, err, sizeof err), WF_ECONFIG);
+  printf("%s\n", err);
+  assert_non_null(strstr(err, "data.val_fraction=0.2 is set but data.val_path='v.bin'"));
+  wf_config_init(&cfg);
+  assert_int_equal(wf_config_set(&cfg, "data.val_path", "v.bin", WF_SRC_CLI, err, sizeof err),
+                   WF_OK);
+  assert_int_equal(wf_config_validate(&cfg, 1, err, sizeof err), WF_ECONFIG);
+  assert_non_null(strstr(err, "data.path is empty"));
+}
+
 int main(void)
 {
   const struct CMUnitTest tests[] = {
@@ -516,6 +539,7 @@ int main(void)
       cmocka_unit_test(test_val_text),
       cmocka_unit_test(test_not_regular),
       cmocka_unit_test(test_check),
+      cmocka_unit_test(test_config_rules),
   };
   return cmocka_run_group_tests(tests, make_tmpdir, remove_tmpdir);
 }
