@@ -324,6 +324,31 @@ static void test_data_text(void **state)
   assert_non_null(strstr(err, "vocabulary is 256"));
 }
 
+/* GPT-2's own files, when WEFT_TEST_GPT2_DIR names a folder holding them (no Debian
+ * package ships them, so CI skips this): tiktoken's documented "hello world" ids. */
+static void test_real_gpt2(void **state)
+{
+  (void)state;
+  const char *dir = getenv("WEFT_TEST_GPT2_DIR");
+  if (!dir || !dir[0]) {
+    printf("WEFT_TEST_GPT2_DIR unset: GPT-2's own vocabulary not tested\n");
+    skip();
+  }
+  char err[1024] = "";
+  wf_tokenizer *t = NULL;
+  assert_int_equal(wf_tokenizer_load(&t, dir, err, sizeof err), WF_OK);
+  assert_int_equal(wf_tokenizer_vocab(t), 50257); /* GPT-2's vocabulary */
+  assert_int_equal(wf_tokenizer_eot(t), 50256);
+  wf_tokens tok = {0};
+  assert_int_equal(wf_tokenizer_encode(t, "hello world<|endoftext|>", 24, &tok), WF_OK);
+  assert_int_equal(tok.n, 3);
+  assert_int_equal(tok.ids[0], 31373); /* "hello", tiktoken's README */
+  assert_int_equal(tok.ids[1], 995);   /* " world" */
+  assert_int_equal(tok.ids[2], 50256);
+  wf_tokens_free(&tok);
+  wf_tokenizer_destroy(t);
+}
+
 int main(int argc, char **argv)
 {
   if (argc < 3) {
@@ -335,6 +360,7 @@ int main(int argc, char **argv)
       cmocka_unit_test(test_vocab_merges), cmocka_unit_test(test_tokenizer_json),
       cmocka_unit_test(test_folder),       cmocka_unit_test(test_bytes_roundtrip),
       cmocka_unit_test(test_errors),       cmocka_unit_test(test_data_text),
+      cmocka_unit_test(test_real_gpt2),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
