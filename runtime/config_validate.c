@@ -341,8 +341,31 @@ static wf_status rule_precision(vctx *v)
   return WF_OK;
 }
 
-static const rule_fn rules[] = {rule_ranges,   rule_nodes, rule_world, rule_mesh,      rule_model,
-                                rule_pipeline, rule_batch, rule_seq,   rule_precision, rule_train};
+/* ---- data ----------------------------------------------------------------------------- */
+
+/* Validation data comes from one place: separate files (data.val_path) replace the
+ * held-out tail, so a data.val_fraction set beside them would silently do nothing.
+ * Whether the files exist and what they hold is I/O, checked by wf_data_check. */
+static wf_status rule_data(vctx *v)
+{
+  const wf_config *c = v->c;
+  if (c->data.val_path[0] && is_set(c, "data.val_fraction"))
+    return fail(v,
+                "data.val_fraction=%g is set but data.val_path='%s' names the validation "
+                "data, which replaces the held-out fraction; remove one of them",
+                c->data.val_fraction, c->data.val_path);
+  if (c->data.val_path[0] && !c->data.path[0])
+    return fail(v,
+                "data.val_path='%s' is set but data.path is empty (the synthetic source, "
+                "which makes its own validation batches); set data.path too, or remove "
+                "data.val_path",
+                c->data.val_path);
+  return WF_OK;
+}
+
+static const rule_fn rules[] = {rule_ranges, rule_nodes,     rule_world, rule_mesh,
+                                rule_model,  rule_pipeline,  rule_batch, rule_seq,
+                                rule_data,   rule_precision, rule_train};
 
 /* A derived value is marked as such; a key that was derived before but is not now
  * (the world became unknown) goes back to its default's standing. */

@@ -26,6 +26,7 @@
 #include "wf_config.h"
 #include "wf_coordinator.h"
 #include "wf_gpu.h"
+#include "wf_io.h"
 #include "wf_kernels.h"
 #include "wf_control.h"
 #include "wf_launch.h"
@@ -57,7 +58,8 @@ typedef struct args {
   bool dry_run, print_config, print_schedule, help, version;
   const char *dump_state;
   const char *save;
-  const char *export_llmc; /* --export llmc FILE */
+  const char *export_llmc;                   /* --export llmc FILE */
+  const char *tokenize_in, *tokenize_prefix; /* --tokenize IN.txt OUT_PREFIX */
   int n_overrides;
   char **overrides; /* "key=value" */
 } args;
@@ -72,6 +74,9 @@ static const char usage[] =
     "  --save FILE        after training, write the model as an llm.c checkpoint\n"
     "  --export llmc FILE write the checkpoint train.resume names (else the latest in\n"
     "                     train.checkpoint_dir) as an llm.c checkpoint and exit\n"
+    "  --tokenize IN.txt OUT_PREFIX  encode a text file with data.tokenizer into llm.c\n"
+    "                     shards OUT_PREFIX_train_000000.bin and OUT_PREFIX_val_000000.bin\n"
+    "                     (the last data.val_fraction of the tokens) and exit\n"
     "  --version, --help\n"
     "  key=value          override a config key, e.g. mesh.tp=2 train.steps=100\n"
     "Launch with mpirun -np N, srun --mpi=pmix -n N, or alone for one rank.\n";
@@ -95,6 +100,16 @@ static int parse_args(int argc, char **argv, args *a, char *err, size_t len)
         return -1;
       }
       a->export_llmc = argv[i + 2];
+      i += 2;
+    } else if (!strcmp(s, "--tokenize")) {
+      if (i + 2 >= argc) {
+        snprintf(err, len,
+                 "--tokenize needs a text file and an output prefix: --tokenize "
+                 "IN.txt OUT_PREFIX");
+        return -1;
+      }
+      a->tokenize_in = argv[i + 1];
+      a->tokenize_prefix = argv[i + 2];
       i += 2;
     } else if (!strncmp(s, "--config=", 9)) {
       a->config_file = s + 9;
@@ -366,6 +381,30 @@ static int export_llmc(wf_comm *world, const wf_config *cfg, const char *path, i
   return 0;
 }
 
+/* --tokenize IN OUT_PREFIX: rank 0 encodes the file with data.tokenizer; no mesh. */
+static int tokenize(wf_comm *world, const wf_config *cfg, const args *a, int rank)
+{
+  char err[2048] = "", summary[2048] = "";
+  wf_tokenizer *tok = NULL;
+  bool ok = true;
+  if (rank == 0 && !cfg->data.tokenizer[0]) {
+    snprintf(err, sizeof err,
+             "--tokenize needs a tokenizer: add data.tokenizer=FILE (GPT-2's tokenizer.json, "
+             "or vocab.json with merges.txt beside it, or the folder holding them)");
+    ok = false;
+  } else if (rank == 0) {
+    ok = wf_tokenizer_load(&tok, cfg->data.tokenizer, err, sizeof err) == WF_OK &&
+         wf_tokenize_file(tok, a->tokenize_in, a->tokenize_prefix, cfg->data.val_fraction, summary,
+                          sizeof summary, err, sizeof err) == WF_OK;
+    wf_tokenizer_destroy(tok);
+    if (ok)
+      printf("%s\n", summary);
+  }
+  if (!all_ok(world, ok))
+    return fail_all(world, !ok, err, rank);
+  return 0;
+}
+
 static int run(wf_comm *world, const args *a, int rank, int size)
 {
   char err[2048] = "";
@@ -388,6 +427,15 @@ static int run(wf_comm *world, const args *a, int rank, int size)
     return export_llmc(world, &cfg, a->export_llmc, rank);
   if (a->print_schedule)
     return print_schedule(&cfg, rank);
+  if (a->tokenize_in)
+    return tokenize(world, &cfg, a, rank);
+  /* Data that cannot work is a config-level error: every rank checks it (cheaply, never
+   * blocking on a FIFO) and rank 0 says it once. model.init's vocabulary is not known
+   * yet, so its vocabulary rules wait for the trainer's open. */
+  ok = a->dry_run ||
+       wf_data_check(&cfg, cfg.model.init[0] ? 0 : cfg.model.vocab, err, sizeof err) == WF_OK;
+  if (!all_ok(world, ok))
+    return fail_all(world, !ok, err, rank);
 
   wf_gpu *gpu = NULL;
   char device[64], bus[64];

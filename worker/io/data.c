@@ -4,7 +4,15 @@
  * Files are mmap()ed, never copied: llm.c shard sets run to tens of GB. A source is a
  * list of spans (one per file) that together form one token stream; the train split is
  * its head and the validation split its tail, and a window of T+1 tokens is drawn
- * wholly inside one split (it may cross from one shard into the next).
+ * wholly inside one split (it may cross from one shard into the next). With
+ * data.val_path the validation files' spans follow the training files' and the split
+ * falls between them. Text under data.tokenizer is encoded once at open into an int32
+ * span the source owns (so a corpus worth tens of GB belongs in `worker --tokenize`
+ * shards); text without one is its own bytes.
+ *
+ * Nothing is opened before stat() says it is a regular file: open() on a FIFO blocks
+ * until a writer comes, so a FIFO, device or folder named as data is refused up front
+ * (and files are opened O_NONBLOCK, so one swapped in between cannot block either).
  *
  * Every random choice is a Philox value keyed by (seed, stream, index), so a row never
  * depends on which rank or micro-batch asks for it:
@@ -50,10 +58,14 @@
 typedef struct span {
   void *map;        /* the whole file */
   size_t map_len;   /* bytes mapped */
-  const void *tok;  /* first token: uint8 (text) or uint16 (shard) */
+  int32_t *own;     /* tokenized text: the ids (malloc'd), else NULL */
+  const void *tok;  /* first token: uint8 (text), uint16 (shard) or int32 (tokenized) */
   int width;        /* bytes per token */
   int64_t first, n; /* position of the first token in the stream, token count */
 } span;
+
+/* What a data path names, judged without opening anything that can block. */
+typedef enum src_kind { SRC_TEXT = 0, SRC_SHARDS } src_kind;
 
 typedef struct chain {
   int K;
@@ -70,10 +82,10 @@ struct wf_data {
   int vocab, T, batch_size;
   uint64_t seed;
   span *spans;
-  int n_spans;
+  int n_spans, cap_spans;
   int64_t n_tokens, n_train; /* validation = [n_train, n_tokens) */
   chain ch;
-  char desc[WF_PATH_MAX + 256];
+  char desc[4 * WF_PATH_MAX + 512]; /* paths of data, validation data and tokenizer */
 };
 
 /* ---- helpers ------------------------------------------------------------------- */
@@ -195,23 +207,69 @@ static void chain_window(const wf_data *d, int *win, uint64_t stream, int64_t ro
 
 /* ---- files ----------------------------------------------------------------------- */
 
-static wf_status map_file(span *sp, const char *path, char *err, size_t err_len)
+/* WF_OK when `path` is a regular file; else what it is, named for the key that gave it.
+ * stat() never blocks, where open() of a FIFO waits for a writer. */
+static wf_status check_regular(const char *key, const char *path, char *err, size_t err_len)
 {
-  int fd = open(path, O_RDONLY);
-  if (fd < 0) {
-    snprintf(err, err_len, "data.path: cannot open '%s': %s", path, strerror(errno));
+  struct stat sb;
+  if (stat(path, &sb) != 0) {
+    snprintf(err, err_len, "%s: cannot open '%s': %s", key, path, strerror(errno));
     return WF_EIO;
   }
+  if (S_ISREG(sb.st_mode))
+    return WF_OK;
+  if (S_ISDIR(sb.st_mode)) {
+    snprintf(err, err_len,
+             "%s: '%s' is a folder; name a file, or the llm.c shards in it with a glob such as "
+             "'%s/*.bin'",
+             key, path, path);
+    return WF_ECONFIG;
+  }
+  snprintf(err, err_len,
+           "%s: '%s' is %s, not a regular file; weft maps its data and reads it at random "
+           "offsets, so write the data to a file first",
+           key, path,
+           S_ISFIFO(sb.st_mode)                         ? "a FIFO (named pipe)"
+           : S_ISCHR(sb.st_mode) || S_ISBLK(sb.st_mode) ? "a device"
+           : S_ISSOCK(sb.st_mode)                       ? "a socket"
+                                                        : "something else");
+  return WF_ECONFIG;
+}
+
+/* O_NONBLOCK: should a FIFO be swapped in after the stat(), open() still returns. */
+static int open_regular(const char *key, const char *path, struct stat *sb, wf_status *st,
+                        char *err, size_t err_len)
+{
+  *st = check_regular(key, path, err, err_len);
+  if (*st != WF_OK)
+    return -1;
+  *st = WF_EIO;
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    snprintf(err, err_len, "%s: cannot open '%s': %s", key, path, strerror(errno));
+    return -1;
+  }
+  if (fstat(fd, sb) < 0 || !S_ISREG(sb->st_mode)) {
+    snprintf(err, err_len, "%s: '%s' is not a regular file", key, path);
+    close(fd);
+    return -1;
+  }
+  *st = WF_OK;
+  return fd;
+}
+
+static wf_status map_file(span *sp, const char *key, const char *path, char *err, size_t err_len)
+{
   struct stat sb;
-  wf_status st = WF_OK;
-  if (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode)) {
-    snprintf(err, err_len, "data.path: '%s' is not a regular file", path);
-    st = WF_EIO;
-  } else if (sb.st_size > 0) {
+  wf_status st;
+  int fd = open_regular(key, path, &sb, &st, err, err_len);
+  if (fd < 0)
+    return st;
+  if (sb.st_size > 0) {
     sp->map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (sp->map == MAP_FAILED) {
       sp->map = NULL;
-      snprintf(err, err_len, "data.path: cannot map '%s': %s", path, strerror(errno));
+      snprintf(err, err_len, "%s: cannot map '%s': %s", key, path, strerror(errno));
       st = WF_EIO;
     } else {
       sp->map_len = (size_t)sb.st_size;
@@ -221,17 +279,18 @@ static wf_status map_file(span *sp, const char *path, char *err, size_t err_len)
   return st;
 }
 
-static wf_status check_shard_header(const span *sp, const char *path, char *err, size_t err_len)
+static wf_status check_shard_header(const void *head, size_t file_len, const char *path, char *err,
+                                    size_t err_len)
 {
   int32_t h[3];
-  if (sp->map_len < SHARD_HEADER_BYTES) {
+  if (file_len < SHARD_HEADER_BYTES) {
     snprintf(err, err_len,
              "llm.c shard '%s' is truncated: %zu bytes, but the header alone is %d bytes "
              "(int32[256])",
-             path, sp->map_len, SHARD_HEADER_BYTES);
+             path, file_len, SHARD_HEADER_BYTES);
     return WF_EFORMAT;
   }
-  memcpy(h, sp->map, sizeof h);
+  memcpy(h, head, sizeof h);
   if (h[0] != SHARD_MAGIC) {
     snprintf(err, err_len, "llm.c shard '%s': bad magic %d, expected %d (a token shard)%s", path,
              h[0], SHARD_MAGIC,
@@ -248,35 +307,33 @@ static wf_status check_shard_header(const span *sp, const char *path, char *err,
              h[2]);
     return WF_EFORMAT;
   }
+  size_t need = SHARD_HEADER_BYTES + 2 * (size_t)h[2];
+  if (file_len < need) {
+    snprintf(err, err_len,
+             "llm.c shard '%s' is truncated: the header says %d tokens (%zu bytes with the "
+             "header) but the file has %zu bytes",
+             path, h[2], need, file_len);
+    return WF_EFORMAT;
+  }
+  if (file_len > need) {
+    snprintf(err, err_len,
+             "llm.c shard '%s': the header's token count %d disagrees with the file size: "
+             "%zu bytes after the header hold %zu tokens",
+             path, h[2], file_len - SHARD_HEADER_BYTES, (file_len - SHARD_HEADER_BYTES) / 2);
+    return WF_EFORMAT;
+  }
   return WF_OK;
 }
 
 /* Header, size and token range of one mapped shard; sets sp->tok and sp->n. */
 static wf_status check_shard(span *sp, const char *path, int vocab, char *err, size_t err_len)
 {
-  wf_status st = check_shard_header(sp, path, err, err_len);
+  wf_status st = check_shard_header(sp->map, sp->map_len, path, err, err_len);
   if (st != WF_OK)
     return st;
-  int32_t h[3];
-  memcpy(h, sp->map, sizeof h);
-  size_t need = SHARD_HEADER_BYTES + 2 * (size_t)h[2];
-  if (sp->map_len < need) {
-    snprintf(err, err_len,
-             "llm.c shard '%s' is truncated: the header says %d tokens (%zu bytes with the "
-             "header) but the file has %zu bytes",
-             path, h[2], need, sp->map_len);
-    return WF_EFORMAT;
-  }
-  if (sp->map_len > need) {
-    snprintf(err, err_len,
-             "llm.c shard '%s': the header's token count %d disagrees with the file size: "
-             "%zu bytes after the header hold %zu tokens",
-             path, h[2], sp->map_len - SHARD_HEADER_BYTES, (sp->map_len - SHARD_HEADER_BYTES) / 2);
-    return WF_EFORMAT;
-  }
   sp->tok = (const unsigned char *)sp->map + SHARD_HEADER_BYTES;
   sp->width = 2;
-  sp->n = h[2];
+  sp->n = (int64_t)(sp->map_len - SHARD_HEADER_BYTES) / 2;
   const uint16_t *tok = sp->tok;
   for (int64_t i = 0; i < sp->n; i++) {
     if (tok[i] >= vocab) {
@@ -290,102 +347,351 @@ static wf_status check_shard(span *sp, const char *path, int vocab, char *err, s
   return WF_OK;
 }
 
-static wf_status open_shards(wf_data *d, const char *pattern, char *err, size_t err_len)
+/* A glob or *.bin names llm.c shards; another regular file is a shard when it starts
+ * with the shard magic, else text. */
+static wf_status classify(const char *key, const char *path, src_kind *kind, char *err,
+                          size_t err_len)
+{
+  size_t n = strlen(path);
+  *kind = SRC_SHARDS;
+  if (strpbrk(path, "*?["))
+    return WF_OK;
+  struct stat sb;
+  wf_status st;
+  int fd = open_regular(key, path, &sb, &st, err, err_len);
+  if (fd < 0)
+    return st;
+  int32_t magic = 0;
+  bool shard = (n >= 4 && !strcmp(path + n - 4, ".bin")) ||
+               (read(fd, &magic, sizeof magic) == sizeof magic && magic == SHARD_MAGIC);
+  close(fd);
+  *kind = shard ? SRC_SHARDS : SRC_TEXT;
+  return WF_OK;
+}
+
+static wf_status glob_shards(glob_t *g, const char *key, const char *pattern, char *err,
+                             size_t err_len)
+{
+  int rc = glob(pattern, 0, NULL, g);
+  if (rc == 0)
+    return WF_OK;
+  snprintf(err, err_len, "%s '%s' matches no file (expected llm.c token shards)", key, pattern);
+  if (rc != GLOB_NOMATCH)
+    globfree(g);
+  return WF_ECONFIG;
+}
+
+static span *add_span(wf_data *d)
+{
+  if (d->n_spans == d->cap_spans) {
+    int cap = d->cap_spans ? 2 * d->cap_spans : 8;
+    span *s = realloc(d->spans, (size_t)cap * sizeof *s);
+    if (!s)
+      return NULL;
+    d->spans = s, d->cap_spans = cap;
+  }
+  span *sp = &d->spans[d->n_spans++];
+  memset(sp, 0, sizeof *sp);
+  sp->first = d->n_tokens;
+  return sp;
+}
+
+static wf_status open_shards(wf_data *d, const char *key, const char *pattern, char *desc,
+                             size_t desc_len, char *err, size_t err_len)
 {
   glob_t g;
-  int rc = glob(pattern, 0, NULL, &g);
-  if (rc != 0) {
-    snprintf(err, err_len, "data.path '%s' matches no file (expected llm.c token shards)", pattern);
-    if (rc != GLOB_NOMATCH)
-      globfree(&g);
-    return WF_ECONFIG;
-  }
-  wf_status st = WF_OK;
-  d->spans = calloc(g.gl_pathc, sizeof *d->spans);
-  if (!d->spans) {
-    st = WF_ENOMEM;
-    goto out_glob;
-  }
+  wf_status st = glob_shards(&g, key, pattern, err, err_len);
+  if (st != WF_OK)
+    return st;
   for (size_t i = 0; i < g.gl_pathc && st == WF_OK; i++) {
-    span *sp = &d->spans[d->n_spans++];
-    st = map_file(sp, g.gl_pathv[i], err, err_len);
+    span *sp = add_span(d);
+    st = sp ? map_file(sp, key, g.gl_pathv[i], err, err_len) : WF_ENOMEM;
     if (st == WF_OK)
       st = check_shard(sp, g.gl_pathv[i], d->vocab, err, err_len);
-    sp->first = d->n_tokens;
-    d->n_tokens += sp->n;
+    if (sp)
+      d->n_tokens += sp->n;
   }
-  d->kind = WF_DATA_SHARDS;
-  snprintf(d->desc, sizeof d->desc, "llm.c token shards: %zu file%s matching '%s'", g.gl_pathc,
+  snprintf(desc, desc_len, "llm.c token shards: %zu file%s matching '%s'", g.gl_pathc,
            g.gl_pathc == 1 ? "" : "s", pattern);
-out_glob:
   globfree(&g);
   return st;
 }
 
-static wf_status open_text(wf_data *d, const char *path, char *err, size_t err_len)
+static const char bytes_refusal[] =
+    "%s: text file '%s' would be read as bytes (token ids 0-255), but the model's "
+    "vocabulary is %d: set data.tokenizer to GPT-2's tokenizer.json (or vocab.json, with "
+    "merges.txt beside it) to encode it as GPT-2 tokens, tokenize it once into llm.c shards "
+    "with `worker --tokenize`, or train a byte-level model (model.vocab=256)";
+
+/* The model must have an id for every token the tokenizer can give. */
+static wf_status check_tokenizer_vocab(const wf_tokenizer *tok, int vocab, char *err,
+                                       size_t err_len)
 {
-  d->spans = calloc(1, sizeof *d->spans);
-  if (!d->spans)
-    return WF_ENOMEM;
-  d->n_spans = 1;
-  span *sp = &d->spans[0];
-  wf_status st = map_file(sp, path, err, err_len);
+  if (vocab <= 0 || wf_tokenizer_vocab(tok) <= vocab)
+    return WF_OK;
+  snprintf(err, err_len,
+           "data.tokenizer: %s, but the model's vocabulary is %d; use a model whose "
+           "model.vocab covers the tokenizer (GPT-2: 50257)",
+           wf_tokenizer_describe(tok), vocab);
+  return WF_ECONFIG;
+}
+
+/* Text under a tokenizer: encoded once into ids the span owns; the file is unmapped. */
+static wf_status tokenize_span(span *sp, const wf_tokenizer *tok, const char *path, char *err,
+                               size_t err_len)
+{
+  wf_tokens ids = {0};
+  wf_status st = wf_tokenizer_encode(tok, sp->map, sp->map_len, &ids);
+  munmap(sp->map, sp->map_len);
+  sp->map = NULL, sp->map_len = 0;
+  if (st != WF_OK) {
+    wf_tokens_free(&ids);
+    snprintf(err, err_len, "text file '%s': out of memory while tokenizing it", path);
+    return st;
+  }
+  sp->own = ids.ids, sp->tok = ids.ids, sp->width = 4, sp->n = (int64_t)ids.n;
+  return WF_OK;
+}
+
+static wf_status check_bytes(const span *sp, const char *path, int vocab, char *err, size_t err_len)
+{
+  const unsigned char *b = sp->tok;
+  for (int64_t i = 0; vocab < 256 && i < sp->n; i++) {
+    if (b[i] >= vocab) {
+      snprintf(err, err_len,
+               "text file '%s': byte %u at offset %lld is not below the model's vocabulary "
+               "%d; byte-level text needs model.vocab 256",
+               path, b[i], (long long)i, vocab);
+      return WF_EFORMAT;
+    }
+  }
+  return WF_OK;
+}
+
+static wf_status open_text(wf_data *d, const char *key, const char *path, const wf_tokenizer *tok,
+                           char *desc, size_t desc_len, char *err, size_t err_len)
+{
+  if (!tok && d->vocab > 256) {
+    snprintf(err, err_len, bytes_refusal, key, path, d->vocab);
+    return WF_ECONFIG;
+  }
+  span *sp = add_span(d);
+  wf_status st = sp ? map_file(sp, key, path, err, err_len) : WF_ENOMEM;
   if (st != WF_OK)
     return st;
   if (sp->map_len == 0) {
     snprintf(err, err_len, "text file '%s' is empty", path);
     return WF_EFORMAT;
   }
-  sp->tok = sp->map;
-  sp->width = 1;
-  sp->n = (int64_t)sp->map_len;
-  const unsigned char *b = sp->tok;
-  for (int64_t i = 0; d->vocab < 256 && i < sp->n; i++) {
-    if (b[i] >= d->vocab) {
-      snprintf(err, err_len,
-               "text file '%s': byte %u at offset %lld is not below the model's vocabulary "
-               "%d; byte-level text needs model.vocab 256",
-               path, b[i], (long long)i, d->vocab);
-      return WF_EFORMAT;
-    }
+  sp->tok = sp->map, sp->width = 1, sp->n = (int64_t)sp->map_len;
+  st = tok ? tokenize_span(sp, tok, path, err, err_len)
+           : check_bytes(sp, path, d->vocab, err, err_len);
+  d->n_tokens += sp->n;
+  if (tok)
+    snprintf(desc, desc_len, "text file '%s' encoded with %s", path, wf_tokenizer_describe(tok));
+  else
+    snprintf(desc, desc_len,
+             "text file '%s' read as bytes: the model sees byte values 0-255, not words "
+             "(data.tokenizer encodes text as GPT-2 tokens)",
+             path);
+  return st;
+}
+
+static wf_status open_source(wf_data *d, const char *key, const char *path, const wf_tokenizer *tok,
+                             src_kind *kind, char *desc, size_t desc_len, char *err, size_t err_len)
+{
+  wf_status st = classify(key, path, kind, err, err_len);
+  if (st != WF_OK)
+    return st;
+  return *kind == SRC_SHARDS ? open_shards(d, key, path, desc, desc_len, err, err_len)
+                             : open_text(d, key, path, tok, desc, desc_len, err, err_len);
+}
+
+static const char *kind_name(src_kind k)
+{
+  return k == SRC_SHARDS ? "llm.c shards" : "a text file";
+}
+
+typedef struct file_id {
+  dev_t dev;
+  ino_t ino;
+} file_id;
+
+/* (device, inode) of each file a source names: one file, or a glob's matches. */
+static wf_status source_ids(const char *path, src_kind kind, file_id **ids, size_t *n)
+{
+  glob_t g = {0};
+  bool globbed = kind == SRC_SHARDS && glob(path, 0, NULL, &g) == 0;
+  size_t m = globbed ? g.gl_pathc : 1;
+  *ids = calloc(m, sizeof **ids);
+  *n = 0;
+  for (size_t i = 0; *ids && i < m; i++) {
+    struct stat sb;
+    if (stat(globbed ? g.gl_pathv[i] : path, &sb) == 0)
+      (*ids)[(*n)++] = (file_id){sb.st_dev, sb.st_ino};
   }
-  d->kind = WF_DATA_TEXT;
-  d->n_tokens = sp->n;
-  snprintf(d->desc, sizeof d->desc, "text file '%s' (byte-level)", path);
-  return WF_OK;
+  if (globbed)
+    globfree(&g);
+  return *ids ? WF_OK : WF_ENOMEM;
 }
 
-static bool is_shard_path(const char *path)
+/* Validation on the training data would measure memorisation, not generalisation. */
+static wf_status check_disjoint(const char *path, src_kind kind, const char *val_path,
+                                src_kind val_kind, char *err, size_t err_len)
 {
-  size_t n = strlen(path);
-  if (strpbrk(path, "*?[") || (n >= 4 && !strcmp(path + n - 4, ".bin")))
-    return true;
-  int32_t magic = 0;
-  FILE *f = fopen(path, "rb");
-  if (!f)
-    return false; /* open_text reports it */
-  bool shard = fread(&magic, sizeof magic, 1, f) == 1 && magic == SHARD_MAGIC;
-  fclose(f);
-  return shard;
+  file_id *a = NULL, *b = NULL;
+  size_t na = 0, nb = 0;
+  wf_status st = source_ids(path, kind, &a, &na);
+  if (st == WF_OK)
+    st = source_ids(val_path, val_kind, &b, &nb);
+  for (size_t i = 0; st == WF_OK && i < na; i++)
+    for (size_t j = 0; st == WF_OK && j < nb; j++)
+      if (a[i].dev == b[j].dev && a[i].ino == b[j].ino) {
+        snprintf(err, err_len,
+                 "data.val_path '%s' and data.path '%s' share a file: validation on training "
+                 "data measures memorisation; use disjoint files (llm.c: "
+                 "data.path='DIR/*_train_*.bin' data.val_path='DIR/*_val_*.bin')",
+                 val_path, path);
+        st = WF_ECONFIG;
+      }
+  free(a);
+  free(b);
+  return st;
 }
 
-/* Head for training, the last val_fraction for validation; each must hold a window. */
-static wf_status split_tokens(wf_data *d, double val_fraction, char *err, size_t err_len)
+static wf_status check_same_kind(const char *path, src_kind kind, const char *val_path,
+                                 src_kind val_kind, char *err, size_t err_len)
 {
-  int64_t n_val = (int64_t)floor((double)d->n_tokens * val_fraction);
+  if (kind == val_kind)
+    return WF_OK;
+  snprintf(err, err_len,
+           "data.val_path '%s' is %s but data.path '%s' is %s; validation data must be the same "
+           "kind as the training data",
+           val_path, kind_name(val_kind), path, kind_name(kind));
+  return WF_ECONFIG;
+}
+
+/* The training split and the validation split each need one window of T+1 tokens. With
+ * validation files (n_train >= 0) the split is where they start; else the last
+ * val_fraction of the stream. */
+static wf_status split_tokens(wf_data *d, double val_fraction, int64_t n_train, char *err,
+                              size_t err_len)
+{
+  int64_t n_val =
+      n_train >= 0 ? d->n_tokens - n_train : (int64_t)floor((double)d->n_tokens * val_fraction);
   d->n_train = d->n_tokens - n_val;
-  if (d->n_train < d->T + 1 || (val_fraction > 0 && n_val < d->T + 1)) {
+  if (d->n_train < d->T + 1 || ((n_train >= 0 || val_fraction > 0) && n_val < d->T + 1)) {
     snprintf(err, err_len,
              "%s: %lld tokens give a train split of %lld and a validation split of %lld "
              "tokens, but each needs at least seq_len + 1 = %d; use more data, a shorter "
-             "train.seq_len or another data.val_fraction",
-             d->desc, (long long)d->n_tokens, (long long)d->n_train, (long long)n_val, d->T + 1);
+             "train.seq_len or %s",
+             d->desc, (long long)d->n_tokens, (long long)d->n_train, (long long)n_val, d->T + 1,
+             n_train >= 0 ? "other data.val_path files" : "another data.val_fraction");
     return WF_ECONFIG;
   }
   size_t len = strlen(d->desc);
   snprintf(d->desc + len, sizeof d->desc - len, ", %lld tokens (train %lld, val %lld)",
            (long long)d->n_tokens, (long long)d->n_train, (long long)n_val);
   return WF_OK;
+}
+
+static wf_status load_tokenizer(wf_tokenizer **tok, const char *path, int vocab, char *err,
+                                size_t err_len)
+{
+  *tok = NULL;
+  if (!path || !path[0])
+    return WF_OK;
+  wf_status st = wf_tokenizer_load(tok, path, err, err_len);
+  return st == WF_OK ? check_tokenizer_vocab(*tok, vocab, err, err_len) : st;
+}
+
+static wf_status open_files(wf_data *d, const wf_data_opts *o, char *err, size_t err_len)
+{
+  wf_tokenizer *tok = NULL;
+  char vdesc[WF_PATH_MAX * 2 + 256] = "";
+  src_kind kind = SRC_TEXT, vkind = SRC_TEXT;
+  bool val = o->val_path && o->val_path[0];
+  wf_status st = load_tokenizer(&tok, o->tokenizer, d->vocab, err, err_len);
+  if (st == WF_OK)
+    st = open_source(d, "data.path", o->path, tok, &kind, d->desc, sizeof d->desc, err, err_len);
+  d->kind = kind == SRC_SHARDS ? WF_DATA_SHARDS : WF_DATA_TEXT;
+  int64_t n_train = d->n_tokens;
+  if (st == WF_OK && val)
+    st = open_source(d, "data.val_path", o->val_path, tok, &vkind, vdesc, sizeof vdesc, err,
+                     err_len);
+  if (st == WF_OK && val)
+    st = check_same_kind(o->path, kind, o->val_path, vkind, err, err_len);
+  if (st == WF_OK && val)
+    st = check_disjoint(o->path, kind, o->val_path, vkind, err, err_len);
+  if (st == WF_OK && val) {
+    size_t len = strlen(d->desc);
+    snprintf(d->desc + len, sizeof d->desc - len, "; validation (data.val_path): %s", vdesc);
+  }
+  if (st == WF_OK)
+    st = split_tokens(d, o->val_fraction, val ? n_train : -1, err, err_len);
+  wf_tokenizer_destroy(tok);
+  return st;
+}
+
+/* ---- the pre-flight check ------------------------------------------------------------ */
+
+/* One shard's header against its size: 1 KiB read, no token scan. */
+static wf_status check_shard_file(const char *key, const char *path, char *err, size_t err_len)
+{
+  struct stat sb;
+  wf_status st;
+  int fd = open_regular(key, path, &sb, &st, err, err_len);
+  if (fd < 0)
+    return st;
+  unsigned char head[SHARD_HEADER_BYTES];
+  ssize_t got = read(fd, head, sizeof head);
+  close(fd);
+  if (got < 0) {
+    snprintf(err, err_len, "%s: cannot read '%s': %s", key, path, strerror(errno));
+    return WF_EIO;
+  }
+  return check_shard_header(head, (size_t)sb.st_size, path, err, err_len);
+}
+
+static wf_status check_source(const char *key, const char *path, const wf_tokenizer *tok, int vocab,
+                              src_kind *kind, char *err, size_t err_len)
+{
+  wf_status st = classify(key, path, kind, err, err_len);
+  if (st != WF_OK || *kind == SRC_TEXT) {
+    if (st == WF_OK && !tok && vocab > 256) {
+      snprintf(err, err_len, bytes_refusal, key, path, vocab);
+      st = WF_ECONFIG;
+    }
+    return st;
+  }
+  glob_t g;
+  st = glob_shards(&g, key, path, err, err_len);
+  if (st != WF_OK)
+    return st;
+  for (size_t i = 0; st == WF_OK && i < g.gl_pathc; i++)
+    st = check_shard_file(key, g.gl_pathv[i], err, err_len);
+  globfree(&g);
+  return st;
+}
+
+wf_status wf_data_check(const wf_config *cfg, int vocab, char *err, size_t err_len)
+{
+  const char *path = cfg->data.path, *val_path = cfg->data.val_path;
+  if (!path[0])
+    return WF_OK;
+  wf_tokenizer *tok = NULL;
+  src_kind kind = SRC_TEXT, vkind = SRC_TEXT;
+  wf_status st = load_tokenizer(&tok, cfg->data.tokenizer, vocab, err, err_len);
+  if (st == WF_OK)
+    st = check_source("data.path", path, tok, vocab, &kind, err, err_len);
+  if (st == WF_OK && val_path[0])
+    st = check_source("data.val_path", val_path, tok, vocab, &vkind, err, err_len);
+  if (st == WF_OK && val_path[0])
+    st = check_same_kind(path, kind, val_path, vkind, err, err_len);
+  if (st == WF_OK && val_path[0])
+    st = check_disjoint(path, kind, val_path, vkind, err, err_len);
+  wf_tokenizer_destroy(tok);
+  return st;
 }
 
 /* The n tokens from stream position pos, crossing span boundaries. */
@@ -403,7 +709,9 @@ static void read_tokens(const wf_data *d, int *out, int64_t pos, int n)
     const span *sp = &d->spans[s];
     int64_t off = pos + i - sp->first;
     for (; i < n && off < sp->n; i++, off++)
-      out[i] = sp->width == 1 ? ((const uint8_t *)sp->tok)[off] : ((const uint16_t *)sp->tok)[off];
+      out[i] = sp->width == 1   ? ((const uint8_t *)sp->tok)[off]
+               : sp->width == 2 ? ((const uint16_t *)sp->tok)[off]
+                                : ((const int32_t *)sp->tok)[off];
   }
 }
 
@@ -443,10 +751,7 @@ wf_status wf_data_open(wf_data **out, const wf_data_opts *o, char *err, size_t e
              "successors each",
              d->ch.K, d->vocab, CHAIN_MIN_SUCC, CHAIN_MAX_SUCC);
   } else {
-    st =
-        is_shard_path(path) ? open_shards(d, path, err, err_len) : open_text(d, path, err, err_len);
-    if (st == WF_OK)
-      st = split_tokens(d, o->val_fraction, err, err_len);
+    st = open_files(d, o, err, err_len);
   }
   if (st != WF_OK) {
     wf_data_destroy(d);
@@ -466,6 +771,8 @@ wf_status wf_data_open_config(wf_data **out, const wf_config *cfg, int vocab, ch
       .batch_size = cfg->train.batch_size,
       .seed = cfg->train.seed,
       .val_fraction = cfg->data.val_fraction,
+      .val_path = cfg->data.val_path,
+      .tokenizer = cfg->data.tokenizer,
   };
   return wf_data_open(out, &o, err, err_len);
 }
@@ -474,9 +781,11 @@ void wf_data_destroy(wf_data *d)
 {
   if (!d)
     return;
-  for (int i = 0; i < d->n_spans; i++)
+  for (int i = 0; i < d->n_spans; i++) {
     if (d->spans[i].map)
       munmap(d->spans[i].map, d->spans[i].map_len);
+    free(d->spans[i].own);
+  }
   free(d->spans);
   free(d);
 }

@@ -1,6 +1,7 @@
 /*
  * wf_io.h - what the worker reads and writes besides checkpoints: training data
- * (wf_data_*) and the Chrome/Perfetto trace of the job (wf_trace_*).
+ * (wf_data_*), the GPT-2 tokenizer (wf_tokenizer_*) and the Chrome/Perfetto trace of
+ * the job (wf_trace_*).
  */
 #ifndef WF_IO_H
 #define WF_IO_H
@@ -42,12 +43,16 @@ typedef enum wf_data_kind { WF_DATA_SYNTHETIC = 0, WF_DATA_TEXT, WF_DATA_SHARDS 
 typedef enum wf_data_split { WF_DATA_TRAIN = 0, WF_DATA_VAL = 1 } wf_data_split;
 
 typedef struct wf_data_opts {
-  const char *path;    /* "" or NULL: synthetic; a text file; a glob of llm.c shards */
-  int vocab;           /* the model's real vocabulary V; every token must be < V */
-  int seq_len;         /* T */
-  int batch_size;      /* global batch, in rows */
-  uint64_t seed;       /* sampling seed (train.seed) */
-  double val_fraction; /* in [0, 1); files only: the tail held out for validation */
+  const char *path;      /* "" or NULL: synthetic; a text file; a glob of llm.c shards */
+  int vocab;             /* the model's real vocabulary V; every token must be < V */
+  int seq_len;           /* T */
+  int batch_size;        /* global batch, in rows */
+  uint64_t seed;         /* sampling seed (train.seed) */
+  double val_fraction;   /* in [0, 1); files only: the tail held out for validation */
+  const char *val_path;  /* "" or NULL: the held-out tail; else validation data of the
+                          * same kind as path (text, or llm.c shards), used instead */
+  const char *tokenizer; /* "" or NULL: text is read as bytes (vocab <= 256 only); else a
+                          * GPT-2 BPE (wf_tokenizer_load) that encodes text files */
 } wf_data_opts;
 
 /* Open a source. On error writes what was wrong, naming the file and what was expected,
@@ -56,10 +61,19 @@ wf_status wf_data_open(wf_data **out, const wf_data_opts *o, char *err, size_t e
 /* The same with options from a validated config and the model's vocabulary. */
 wf_status wf_data_open_config(wf_data **out, const wf_config *cfg, int vocab, char *err,
                               size_t err_len);
+/* What can be checked before a job starts, cheaply and the same on every rank, so it is
+ * reported once like a config error: data.path and data.val_path exist, are regular
+ * files (a FIFO, device or directory is refused before any open that could block), a
+ * glob matches, llm.c shard headers agree with the file sizes, the tokenizer loads,
+ * and text under a vocabulary above 256 has a tokenizer. vocab 0: unknown (model.init
+ * sets it), the vocabulary rules wait for wf_data_open. Reads at most 1 KiB per shard
+ * (and the tokenizer files); token values are checked by wf_data_open. */
+wf_status wf_data_check(const wf_config *cfg, int vocab, char *err, size_t err_len);
 void wf_data_destroy(wf_data *d); /* accepts NULL */
 
 wf_data_kind wf_data_get_kind(const wf_data *d);
-/* One line for the start-up log, e.g. "text file 'a.txt': 1000 bytes (train 900, val 100)". */
+/* One line for the start-up log, e.g. "text file 'a.txt' read as bytes: the model sees
+ * byte values 0-255, not words (...), 1000 tokens (train 900, val 100)". */
 const char *wf_data_describe(const wf_data *d);
 /* Entropy rate of the synthetic chain in nats per token (the loss floor); NAN for files. */
 double wf_data_entropy_floor(const wf_data *d);
@@ -77,6 +91,65 @@ wf_status wf_data_batch(const wf_data *d, int *inputs, int *targets, wf_data_spl
 
 /* The T+1 tokens of one global row (inputs are win[0..T-1], targets win[1..T]). */
 wf_status wf_data_row(const wf_data *d, int *win, wf_data_split split, int64_t index, int64_t row);
+
+/*
+ * wf_tokenizer - GPT-2's byte-level BPE (Radford et al. 2019; OpenAI's encoder.py, Hugging
+ * Face's ByteLevel BPE), in C.
+ *
+ * Files: a Hugging Face tokenizer.json (model.type "BPE" with a ByteLevel pre-tokenizer;
+ * vocab, merges as "a b" strings or [a, b] pairs, added_tokens), or GPT-2's vocab.json
+ * with merges.txt; wf_tokenizer_load takes either file, or a folder holding them.
+ *
+ * Encoding: special tokens (added_tokens marked special; <|endoftext|> for vocab.json)
+ * are cut out of the text first and map to their ids; each piece between them is split
+ * by GPT-2's pattern 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+ * (PCRE2, Unicode properties; \s is Unicode White_Space, as in Python's regex module),
+ * each pre-token's UTF-8 bytes are mapped to GPT-2's printable byte alphabet and merged
+ * by BPE: repeatedly the adjacent pair with the lowest merge rank, leftmost first.
+ * Decoding maps the byte alphabet back, so decode(encode(text)) == text for any bytes,
+ * valid UTF-8 or not.
+ *
+ * Invariants: a loaded tokenizer is immutable (share it between threads); every merge's
+ * parts and result are in the vocabulary (checked at load); ids are < wf_tokenizer_vocab.
+ * Errors name the file and what was wrong in it.
+ */
+
+typedef struct wf_tokenizer wf_tokenizer;
+
+/* A growable array of token ids (zero-initialise; wf_tokens_free releases it). */
+typedef struct wf_tokens {
+  int32_t *ids;
+  size_t n, cap;
+} wf_tokens;
+void wf_tokens_free(wf_tokens *t);
+
+/* path: tokenizer.json, vocab.json (merges.txt beside it) or a folder with either. */
+wf_status wf_tokenizer_load(wf_tokenizer **out, const char *path, char *err, size_t err_len);
+void wf_tokenizer_destroy(wf_tokenizer *t); /* accepts NULL */
+/* Largest id + 1 (GPT-2: 50257). */
+int wf_tokenizer_vocab(const wf_tokenizer *t);
+/* The id of <|endoftext|>, or -1 when the vocabulary has none (GPT-2: 50256). */
+int wf_tokenizer_eot(const wf_tokenizer *t);
+/* "GPT-2 BPE 'tokenizer.json': 50257 tokens, 50000 merges". */
+const char *wf_tokenizer_describe(const wf_tokenizer *t);
+
+/* Append the ids of text[0 .. len) (any bytes) to out. WF_ENOMEM only. */
+wf_status wf_tokenizer_encode(const wf_tokenizer *t, const char *text, size_t len, wf_tokens *out);
+/* The bytes of ids[0 .. n) into out[0 .. cap) (not NUL-terminated); *len is the full
+ * length, which may exceed cap (then only cap bytes were written). WF_EINVAL when an id
+ * is not in the vocabulary. */
+wf_status wf_tokenizer_decode(const wf_tokenizer *t, const int32_t *ids, size_t n, char *out,
+                              size_t cap, size_t *len);
+
+/* worker --tokenize: encode text file `in` and write llm.c token shards (int32[256]
+ * header {20240520, 1, n}, uint16 tokens) PREFIX_val_000000.bin (the last val_fraction
+ * of the tokens) and PREFIX_train_000000.bin, ... (100M tokens per file, as llm.c's
+ * fineweb.py), each written atomically. The stream starts with <|endoftext|> when the
+ * vocabulary has one (llm.c's documents start with it). Ids must fit uint16. A summary
+ * line goes to `summary`. */
+wf_status wf_tokenize_file(const wf_tokenizer *t, const char *in, const char *prefix,
+                           double val_fraction, char *summary, size_t summary_len, char *err,
+                           size_t err_len);
 
 /*
  * wf_trace.h - a per-rank span recorder that writes one Chrome/Perfetto trace for the job.

@@ -319,6 +319,24 @@ wf_status wf_llmc_write_state(const char *path, const wf_gpt_dims *d, int B, int
                               const int *inputs, const int *targets, const float *logits,
                               float loss, const float *grads);
 
+/* Hugging Face safetensors (GPT2LMHeadModel names: transformer.wte.weight, ...,
+ * transformer.h.N.attn.c_attn.weight, ...; Conv1D weights stored (in, out), the transpose
+ * of llm.c's (out, in); lm_head.weight tied, so absent) to and from the whole model's
+ * flat float32 array `full` (wf_gpt_num_params(d) floats, llm.c layout; the padded
+ * vocabulary rows [V, Vp) of wte are zero and not in the file). Pure functions over host
+ * memory; errors name the file and the tensor.
+ *  - read: every tensor must be there with the shape d implies (F32, BF16 or F16);
+ *    lm_head.weight, if present, must equal wte; attn.bias / attn.masked_bias buffers
+ *    are skipped; any other tensor is refused.
+ *  - peek: the dims of a file: V, C from wte, maxT from wpe, L from the h.N names, NH
+ *    from the file's __metadata__ n_head, else config.json beside it, else C / 64.
+ *  - write: F32, atomically, with __metadata__ {format: pt, n_layer, n_head, ...}. */
+wf_status wf_safetensors_read(const char *path, const wf_gpt_dims *d, float *full, char *err,
+                              size_t len);
+wf_status wf_safetensors_peek(const char *path, wf_gpt_dims *d, char *err, size_t len);
+wf_status wf_safetensors_write(const char *path, const wf_gpt_dims *d, const float *full, char *err,
+                               size_t len);
+
 /* FLOPs of one training step (forward + backward) on B*T tokens:
  * 6 * num_params * B*T  +  12 * L * B * T*T * C
  * (attention: Q.K^T and att.V are 2 * B*NH*T*T*hs multiply-adds per layer forward,
