@@ -134,10 +134,17 @@ wf_status wf__coll_run(wf_comm *c, const wf__op *d, wf_req **req)
   if (req)
     *req = NULL;
   WF_TRY(validate(c, d));
-  bool dev = wf__coll_on_device(c, d->op == WF_OP_SEND ? d->send : d->recv);
+  const void *buf = d->op == WF_OP_SEND ? d->send : d->recv;
+  bool dev = wf__coll_on_device(c, buf);
   if (!dev && d->dt == WF_COMM_BF16) {
     WF_ERROR("comm '%s' %s: bf16 needs device buffers (NCCL); MPI has no bf16 type", c->name,
              wf_comm_op_name(d->op));
+    return WF_EUNSUPPORTED;
+  }
+  if (c->group_depth > 0 && !dev && wf__coll_staged(c, buf)) {
+    WF_ERROR("comm '%s': a grouped %s of a device buffer needs NCCL, and this communicator "
+             "stages device buffers through MPI (ranks share a GPU); post it on its own",
+             c->name, wf_comm_op_name(d->op));
     return WF_EUNSUPPORTED;
   }
   if (c->group_depth > 0)
@@ -146,7 +153,12 @@ wf_status wf__coll_run(wf_comm *c, const wf__op *d, wf_req **req)
     WF_TRY(check_args(c, d));
   uint64_t seq = wf__coll_rec_begin(c, d->op, d->count, d->dt, trace_bytes(c, d), d->peer, dev,
                                     WF_STATE_RUNNING);
-  st = dev ? wf__coll_nccl_post(c, d, seq, req) : wf__coll_mpi_post(c, d, seq, req);
+  if (dev)
+    st = wf__coll_nccl_post(c, d, seq, req);
+  else if (wf__coll_staged(c, buf))
+    st = wf__coll_staged_post(c, d, seq, req);
+  else
+    st = wf__coll_mpi_post(c, d, seq, req);
   if (st != WF_OK || !req)
     wf__coll_rec_end(c, seq, st);
 fail:

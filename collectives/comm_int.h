@@ -46,7 +46,8 @@ struct wf_comm {
   bool precise_clock; /* recorder times from CLOCK_MONOTONIC, not its coarse twin */
   int group_depth;    /* open wf_comm_group_start calls */
   void *nc;           /* NCCL communicator (module-side), NULL when not enabled */
-  wf_gpu *gpu;        /* borrowed from wf_comm_enable_nccl: decides device vs host */
+  wf_gpu *gpu;        /* borrowed (enable_nccl or enable_staging): device vs host */
+  bool staged;        /* device buffers go through MPI via host staging (no NCCL) */
   const wf__nccl_ops *nccl;
   wf_req *spare; /* one finished request kept for reuse: most calls never malloc */
   atomic_uint_fast64_t next_seq;
@@ -77,6 +78,12 @@ struct wf_req {
   void *move_dst;
   const void *move_src;
   size_t move_bytes;
+  /* Host staging of device buffers: after the above, `unstage_bytes` of the host
+   * result at unstage_src go back to the device at unstage_dst; stage_mem is freed. */
+  void *unstage_dst;
+  const void *unstage_src;
+  size_t unstage_bytes;
+  void *stage_mem;
   /* NCCL path: an event on the communication stream. */
   void *event;
 };
@@ -102,6 +109,8 @@ wf_status wf__coll_run(wf_comm *c, const wf__op *d, wf_req **req);
 MPI_Datatype wf__coll_mpi_type(wf_comm_dtype dt);
 wf_status wf__coll_mpi_post(wf_comm *c, const wf__op *d, uint64_t seq, wf_req **req);
 wf_status wf__coll_req_new(wf_comm *c, int n, wf_req **out);
+/* The post-processing MPI leaves to weft (average, in-place move). */
+wf_status wf__coll_finish_post(wf_req *r);
 void wf__coll_req_free(wf_req *r);
 
 /* group.c */
@@ -116,6 +125,12 @@ void wf__coll_rec_set_state(wf_comm *c, uint64_t seq, wf_comm_state state, uint6
 void wf__coll_rec_end(wf_comm *c, uint64_t seq, wf_status st);
 /* The recorder's clock: wf_now_ns's clock, coarse unless WEFT_COMM_TRACE_CLOCK=precise. */
 uint64_t wf__coll_rec_now(const wf_comm *c);
+
+/* staged.c: a device buffer through MPI via host staging (comm staged, no NCCL). */
+bool wf__coll_staged(const wf_comm *c, const void *ptr);
+wf_status wf__coll_staged_post(wf_comm *c, const wf__op *d, uint64_t seq, wf_req **req);
+/* The request's host result back to the device, and its staging freed. */
+wf_status wf__coll_unstage(wf_req *r);
 
 /* nccl.c */
 bool wf__coll_on_device(const wf_comm *c, const void *ptr);

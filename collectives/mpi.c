@@ -34,7 +34,7 @@ static MPI_Op mpi_op(wf_comm_redop op)
   return op == WF_COMM_MIN ? MPI_MIN : op == WF_COMM_MAX ? MPI_MAX : MPI_SUM;
 }
 
-static wf_status finish_post(wf_req *r)
+wf_status wf__coll_finish_post(wf_req *r)
 {
   if (r->move_bytes)
     memcpy(r->move_dst, r->move_src, r->move_bytes);
@@ -77,6 +77,8 @@ wf_status wf__coll_req_new(wf_comm *c, int n, wf_req **out)
 
 void wf__coll_req_free(wf_req *r)
 {
+  free(r->stage_mem); /* a request that ended without completing */
+  r->stage_mem = NULL;
   if (r->mreq != r->inline_req)
     free(r->mreq);
   if (r->expect != r->inline_expect)
@@ -181,7 +183,7 @@ wf_status wf__coll_mpi_post(wf_comm *c, const wf__op *d, uint64_t seq, wf_req **
     wf_req plan;
     plan.move_bytes = plan.scale_count = 0;
     plan_finish(c, d, &plan);
-    return finish_post(&plan);
+    return wf__coll_finish_post(&plan);
   }
   WF_TRY(wf__coll_req_new(c, 1, &r));
   r->seq_first = seq;
@@ -207,7 +209,9 @@ static wf_status complete(wf_req *r, MPI_Status *statuses, wf_status st)
   if (st == WF_OK && r->event)
     st = r->c->nccl->event_wait(r->event);
   if (st == WF_OK)
-    st = finish_post(r);
+    st = wf__coll_finish_post(r);
+  wf_status u = wf__coll_unstage(r); /* frees the staging whatever the outcome */
+  st = st == WF_OK ? u : st;
   uint64_t now = wf__coll_rec_now(r->c);
   wf_comm_state state = st == WF_OK ? WF_STATE_DONE : WF_STATE_FAILED;
   for (int i = 0; i < r->nseq; i++)

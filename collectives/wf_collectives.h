@@ -170,13 +170,20 @@ void wf_comm_set_check(wf_comm *c, bool on);
  * communicator stays usable for host buffers. */
 wf_status wf_comm_enable_nccl(wf_comm *c, wf_gpu *gpu, char *why, size_t why_len);
 bool wf_comm_has_nccl(const wf_comm *c);
+/* Device buffers without NCCL: when ranks share a GPU (NCCL refuses duplicate GPUs),
+ * operations on device memory (as `gpu` tells it) copy it to host memory, run on MPI,
+ * and copy the result back. Local, no communication; a no-op once NCCL is enabled.
+ * Grouped point-to-point of staged device buffers is refused (post them one by one). */
+wf_status wf_comm_enable_staging(wf_comm *c, wf_gpu *gpu);
+bool wf_comm_is_staged(const wf_comm *c);
 /* Local, no communication: load the weft_nccl module and count CUDA devices. WF_OK
  * when NCCL could be used here; otherwise WF_ENODEV and `why` says what is missing
  * (module not built, CUDA libraries absent, no driver or device). *nccl_version is
  * NCCL's code (e.g. 22809 for 2.28.9) once the module loaded, else 0. */
 wf_status wf_comm_nccl_probe(int *nccl_version, char *why, size_t why_len);
 /* Make the communication stream wait for work already queued on `stream` (a
- * cudaStream_t, e.g. the compute stream) before each device operation. NULL: none. */
+ * cudaStream_t, the compute stream) before each device operation. NULL (the default):
+ * the legacy default stream, where the model computes. */
 void wf_comm_set_compute_stream(wf_comm *c, void *stream);
 /* Abort the NCCL communicator so that a rank stuck in a device collective returns.
  * Safe from another thread (the watchdog). The communicator is unusable afterwards;

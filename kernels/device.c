@@ -149,7 +149,7 @@ wf_status wf_dev_map(wf_dev *d, wf_dev_view *v, void *p, size_t bytes, wf_map_mo
     WF_TRY(wf_dev_read(d, v->host, p, bytes));
   return WF_OK;
 fail:
-  d->ops->host_free(d->impl, v->stage);
+  d->ops->host_free(d->impl, v->stage, bytes);
   v->stage = v->host = NULL;
   return st;
 }
@@ -160,7 +160,7 @@ wf_status wf_dev_unmap(wf_dev *d, wf_dev_view *v)
   if (v->stage && (v->mode & WF_MAP_WRITE))
     st = wf_dev_write(d, v->dev, v->stage, v->bytes);
   if (v->stage)
-    d->ops->host_free(d->impl, v->stage);
+    d->ops->host_free(d->impl, v->stage, v->bytes);
   v->stage = v->host = NULL;
   return st;
 }

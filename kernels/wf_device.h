@@ -8,8 +8,9 @@
  *  - the CPU device (wf_dev_cpu): host memory from the runtime's accounted allocator,
  *    the OpenBLAS kernels of kernels/cpu, one implicit stream on which every op has
  *    finished when it returns;
- *  - a GPU device: memory of one GPU, its streams and events, and the CUDA kernels of
- *    the weft_cuda module, which runtime/gpu.c loads.
+ *  - the CUDA device (wf_dev_open_cuda, kernels/device_cuda.c): memory of one GPU, its
+ *    streams and events, page-locked staging, and the CUDA kernels of the weft_cuda
+ *    module, which runtime/gpu.c loads.
  *
  * Device memory. A pointer from wf_dev_alloc is memory of the device: host code must
  * not dereference it (on the CPU device it happens to be host memory, which is why the
@@ -75,7 +76,7 @@ typedef struct wf_dev_ops {
   wf_status (*event_elapsed)(void *impl, wf_event *a, wf_event *b, double *seconds);
   /* Pinned host memory for staging (plain host memory on the CPU). */
   wf_status (*host_alloc)(void *impl, void **p, size_t bytes);
-  void (*host_free)(void *impl, void *p);
+  void (*host_free)(void *impl, void *p, size_t bytes);
   /* Whether device memory is host memory (views need no staging). */
   bool host_visible;
   void (*destroy)(void *impl);
@@ -83,6 +84,10 @@ typedef struct wf_dev_ops {
 
 /* The CPU device: no state, never destroyed (wf_dev_close ignores it). */
 wf_dev *wf_dev_cpu(void);
+/* A device over the GPU `gpu` has selected (wf_gpu_set_device); the GPU is borrowed and
+ * must outlive the device. WF_ENODEV, with `why`, when the GPU module's kernel table is
+ * missing or of another version. */
+wf_status wf_dev_open_cuda(wf_dev **out, wf_gpu *gpu, char *why, size_t why_len);
 void wf_dev_close(wf_dev *d); /* accepts NULL */
 
 /* "cpu" or "cuda:N". */

@@ -19,6 +19,18 @@
  * Ops that produce a scalar (loss_accumulate, sumsq_acc, tokens_check) write it into
  * device memory rather than returning it, so nothing here waits for the device; the
  * caller reads the scalar back through the device when it needs it.
+ *
+ * The table also answers what an implementation needs that its twin does not: how many
+ * floats attention keeps between forward and backward and how much scratch its backward
+ * takes (the CPU keeps the (T, T) probabilities; a flash-style GPU kernel keeps one
+ * log-sum-exp per row), so the model sizes its buffers without knowing which it holds.
+ *
+ * GEMMs take `lowp`, the precision their operands are representable in (a wf_precision:
+ * WF_PREC_NO = fp32, BF16, FP16; the model rounds them before the call). The CPU computes
+ * in fp32 either way, which is exact for such operands; a GPU feeds them to tensor cores
+ * in that format, accumulating in fp32: the same products, summed in another order.
+ * Fused ops (matmul_gelu_forward, residual_layernorm_forward) are defined as the
+ * composition of the unfused ones; the CPU computes exactly that composition.
  */
 #ifndef WF_KTABLE_H
 #define WF_KTABLE_H
@@ -33,7 +45,7 @@ extern "C" {
 #endif
 
 /* Bump when the table changes; the GPU module and the host must agree. */
-#define WF_KTABLE_VERSION 4
+#define WF_KTABLE_VERSION 5
 
 /* A stream of the device (a cudaStream_t on the GPU; the CPU has one, implicit). */
 typedef struct wf_stream wf_stream;
@@ -56,12 +68,27 @@ typedef struct wf_ktable {
                              const float *inp, const float *weight, const float *mean,
                              const float *rstd, int N, int C, wf_stream *s);
 
-  void (*matmul_forward)(float *out, const float *inp, const float *weight, const float *bias,
-                         int N, int C, int OC, wf_stream *s);
-  void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
-                          const float *inp, const float *weight, int N, int C, int OC,
-                          wf_stream *s);
+  /* residual then layernorm: res = a + b (res may alias a or b), ln = layernorm(res). */
+  void (*residual_layernorm_forward)(float *res, float *ln, float *mean, float *rstd,
+                                     const float *a, const float *b, const float *weight,
+                                     const float *bias, int N, int C, wf_stream *s);
 
+  void (*matmul_forward)(float *out, const float *inp, const float *weight, const float *bias,
+                         int N, int C, int OC, int lowp, wf_stream *s);
+  /* pre = inp . weight^T + bias, gelu_out = gelu(pre) (the MLP's fc and its GELU). */
+  void (*matmul_gelu_forward)(float *gelu_out, float *pre, const float *inp, const float *weight,
+                              const float *bias, int N, int C, int OC, int lowp, wf_stream *s);
+  void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
+                          const float *inp, const float *weight, int N, int C, int OC, int lowp,
+                          wf_stream *s);
+  /* fp32 GEMMs (lowp = WF_PREC_NO) may use TF32 tensor cores: off unless allowed
+   * (runtime.allow_tf32). Process-wide, like the math mode it sets. */
+  void (*set_tf32)(int allow);
+
+  /* Floats attention_forward keeps in `att` for backward, and floats of backward's
+   * scratch, for a (B, T) batch of NH heads over C channels. */
+  size_t (*attention_saved)(int B, int T, int C, int NH);
+  size_t (*attention_scratch)(int B, int T, int C, int NH);
   void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
                             wf_stream *s);
   void (*attention_backward)(float *dqkv, float *scratch, const float *dout, const float *qkv,

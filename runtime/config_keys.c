@@ -181,6 +181,8 @@ const wf__cfg_key wf__cfg_keys[] = {
     K_INT("runtime.metrics_port", runtime.metrics_port, "0", 0, 65535, "Prometheus port; 0 = off"),
     K_ENUM("runtime.log_level", runtime.log_level, "info", log_levels, "error, warn, info, debug"),
     K_ENUM("runtime.device", runtime.device, "auto", devices, "auto, cpu, cuda"),
+    K_BOOL("runtime.allow_tf32", runtime.allow_tf32, "false",
+           "GPU: fp32 GEMMs on TF32 tensor cores (10-bit mantissa inputs)"),
 };
 const int wf__cfg_nkeys = (int)WF_ARRAY_LEN(wf__cfg_keys);
 _Static_assert(WF_ARRAY_LEN(wf__cfg_keys) <= WF_CONFIG_MAX_KEYS, "cfg->source is too small");

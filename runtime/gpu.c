@@ -225,6 +225,7 @@ void wf_gpu_close(wf_gpu *g)
 }
 
 int wf_gpu_device_count(const wf_gpu *g) { return g ? g->count : 0; }
+int wf_gpu_current_device(const wf_gpu *g) { return g ? g->device : 0; }
 
 wf_status wf_gpu_set_device(wf_gpu *g, int device)
 {
@@ -380,3 +381,102 @@ int wf_gpu_is_device_ptr(wf_gpu *g, const void *ptr)
 void *wf_gpu_module_handle(wf_gpu *g) { return g ? g->module : NULL; }
 
 const void *wf_gpu_kernel_table(wf_gpu *g) { return g ? g->ops->kernels : NULL; }
+
+wf_status wf_gpu_memcpy_async(wf_gpu *g, void *dst, const void *src, size_t bytes, int kind,
+                              void *stream)
+{
+  static const char *what[] = {"cudaMemcpyAsync (host to device)",
+                               "cudaMemcpyAsync (device to host)",
+                               "cudaMemcpyAsync (device to device)"};
+  if (!g || kind < 0 || kind > 2 || ((!dst || !src) && bytes))
+    return WF_EINVAL;
+  return BACKEND(g, g->ops->memcpy_async(dst, src, bytes, kind, stream), what[kind]);
+}
+
+wf_status wf_gpu_memset_async(wf_gpu *g, void *dst, int value, size_t bytes, void *stream)
+{
+  if (!g || (!dst && bytes))
+    return WF_EINVAL;
+  return BACKEND(g, g->ops->memset_async(dst, value, bytes, stream), "cudaMemsetAsync");
+}
+
+wf_status wf_gpu_event_create(wf_gpu *g, void **event)
+{
+  if (!g || !event)
+    return WF_EINVAL;
+  *event = NULL;
+  return BACKEND(g, g->ops->event_create(event), "cudaEventCreate");
+}
+
+void wf_gpu_event_destroy(wf_gpu *g, void *event)
+{
+  if (g && event)
+    BACKEND(g, g->ops->event_destroy(event), "cudaEventDestroy");
+}
+
+wf_status wf_gpu_event_record(wf_gpu *g, void *event, void *stream)
+{
+  if (!g || !event)
+    return WF_EINVAL;
+  return BACKEND(g, g->ops->event_record(event, stream), "cudaEventRecord");
+}
+
+wf_status wf_gpu_stream_wait_event(wf_gpu *g, void *stream, void *event)
+{
+  if (!g || !event)
+    return WF_EINVAL;
+  return BACKEND(g, g->ops->stream_wait_event(stream, event), "cudaStreamWaitEvent");
+}
+
+wf_status wf_gpu_event_sync(wf_gpu *g, void *event)
+{
+  if (!g || !event)
+    return WF_EINVAL;
+  return BACKEND(g, g->ops->event_sync(event), "cudaEventSynchronize");
+}
+
+wf_status wf_gpu_event_elapsed(wf_gpu *g, void *start, void *end, double *seconds)
+{
+  float ms = 0;
+  if (!g || !start || !end)
+    return WF_EINVAL;
+  wf_status st = BACKEND(g, g->ops->event_elapsed_ms(&ms, start, end), "cudaEventElapsedTime");
+  *seconds = st == WF_OK ? ms * 1e-3 : 0;
+  return st;
+}
+
+wf_status wf_gpu_host_alloc(wf_gpu *g, void **ptr, size_t bytes)
+{
+  if (!g || !ptr)
+    return WF_EINVAL;
+  *ptr = NULL;
+  if (bytes == 0)
+    return WF_OK;
+  wf_status st = BACKEND(g, g->ops->host_alloc(ptr, bytes), "cudaMallocHost");
+  if (st == WF_OK)
+    wf_mem_account(WF_MEM_HOST, (int64_t)bytes);
+  return st;
+}
+
+void wf_gpu_host_free(wf_gpu *g, void *ptr, size_t bytes)
+{
+  if (!g || !ptr)
+    return;
+  wf_mem_account(WF_MEM_HOST, -(int64_t)bytes);
+  BACKEND(g, g->ops->host_free(ptr), "cudaFreeHost");
+}
+
+wf_status wf_gpu_mem_info(wf_gpu *g, size_t *free_bytes, size_t *total_bytes)
+{
+  if (!g)
+    return WF_EINVAL;
+  return BACKEND(g, g->ops->mem_info(free_bytes, total_bytes), "cudaMemGetInfo");
+}
+
+wf_status wf_gpu_device_attrs(wf_gpu *g, int device, int *sm_count, int *cc_major, int *cc_minor)
+{
+  if (!g)
+    return WF_EINVAL;
+  return BACKEND(g, g->ops->device_attrs(device, sm_count, cc_major, cc_minor),
+                 "cudaDeviceGetAttribute");
+}

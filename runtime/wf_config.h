@@ -111,6 +111,7 @@ typedef struct wf_config {
     int metrics_port;    /* 0 = off */
     int log_level;
     wf_device_pref device;
+    bool allow_tf32; /* GPU fp32 GEMMs may use TF32 tensor cores */
   } runtime;
 
   /* Which source set each key, indexed by the key's position in the key table. */

@@ -23,6 +23,8 @@ wf_status wf_gpu_open(wf_gpu **out, char *why, size_t why_len);
 void wf_gpu_close(wf_gpu *g); /* accepts NULL */
 
 int wf_gpu_device_count(const wf_gpu *g);
+/* The device last selected with wf_gpu_set_device (0 before). */
+int wf_gpu_current_device(const wf_gpu *g);
 wf_status wf_gpu_set_device(wf_gpu *g, int device);
 /* Name (e.g. "NVIDIA H100 80GB HBM3") and PCI bus id ("0000:19:00.0") of a device. */
 wf_status wf_gpu_device_name(wf_gpu *g, int device, char *name, size_t len);
@@ -37,6 +39,26 @@ wf_status wf_gpu_memset(wf_gpu *g, void *dst, int value, size_t bytes);
 wf_status wf_gpu_stream_create(wf_gpu *g, void **stream);
 void wf_gpu_stream_destroy(wf_gpu *g, void *stream);
 wf_status wf_gpu_stream_sync(wf_gpu *g, void *stream);
+/* Asynchronous operations on a stream (a cudaStream_t; NULL = the default stream).
+ * kind: 0 host to device, 1 device to host, 2 device to device. */
+wf_status wf_gpu_memcpy_async(wf_gpu *g, void *dst, const void *src, size_t bytes, int kind,
+                              void *stream);
+wf_status wf_gpu_memset_async(wf_gpu *g, void *dst, int value, size_t bytes, void *stream);
+/* Events (cudaEvent_t, with timing). */
+wf_status wf_gpu_event_create(wf_gpu *g, void **event);
+void wf_gpu_event_destroy(wf_gpu *g, void *event); /* accepts NULL */
+wf_status wf_gpu_event_record(wf_gpu *g, void *event, void *stream);
+wf_status wf_gpu_stream_wait_event(wf_gpu *g, void *stream, void *event);
+wf_status wf_gpu_event_sync(wf_gpu *g, void *event);
+wf_status wf_gpu_event_elapsed(wf_gpu *g, void *start, void *end, double *seconds);
+/* Page-locked host memory (for staging), accounted as host memory; free it with the
+ * size it was allocated with. */
+wf_status wf_gpu_host_alloc(wf_gpu *g, void **ptr, size_t bytes);
+void wf_gpu_host_free(wf_gpu *g, void *ptr, size_t bytes); /* accepts NULL */
+/* The selected device's free and total memory; a device's SM count and compute
+ * capability (for its nominal peak). */
+wf_status wf_gpu_mem_info(wf_gpu *g, size_t *free_bytes, size_t *total_bytes);
+wf_status wf_gpu_device_attrs(wf_gpu *g, int device, int *sm_count, int *cc_major, int *cc_minor);
 /* True when `ptr` is device (or managed) memory: how collectives choose NCCL vs MPI. */
 int wf_gpu_is_device_ptr(wf_gpu *g, const void *ptr);
 

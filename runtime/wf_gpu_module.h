@@ -29,7 +29,7 @@
 extern "C" {
 #endif
 
-#define WF_GPU_MODULE_ABI   1
+#define WF_GPU_MODULE_ABI   2
 #define WF_GPU_MODULE_ENTRY "wf_gpu_module_entry"
 
 /* What probe() found. */
@@ -69,6 +69,23 @@ typedef struct wf_gpu_ops {
   int (*stream_destroy)(void *stream);
   int (*stream_sync)(void *stream);
   int (*is_device_ptr)(const void *ptr); /* 1 device or managed, 0 otherwise */
+  /* Asynchronous on `stream` (NULL: the legacy default stream); kind 0 host to device,
+   * 1 device to host, 2 device to device. A copy into pageable host memory has finished
+   * when it returns, as CUDA guarantees. */
+  int (*memcpy_async)(void *dst, const void *src, size_t bytes, int kind, void *stream);
+  int (*memset_async)(void *dst, int value, size_t bytes, void *stream);
+  int (*event_create)(void **event); /* with timing */
+  int (*event_destroy)(void *event);
+  int (*event_record)(void *event, void *stream);
+  int (*stream_wait_event)(void *stream, void *event);
+  int (*event_sync)(void *event);
+  int (*event_elapsed_ms)(float *ms, void *start, void *end);
+  /* Page-locked host memory, for staging copies. */
+  int (*host_alloc)(void **ptr, size_t bytes);
+  int (*host_free)(void *ptr);
+  /* Free and total bytes of the current device; its SM count and compute capability. */
+  int (*mem_info)(size_t *free_bytes, size_t *total_bytes);
+  int (*device_attrs)(int device, int *sm_count, int *cc_major, int *cc_minor);
 
   /* The kernel launchers: a `const wf_ktable *` (kernels/wf_ktable.h).
    * The runtime hands it out untyped so that it does not depend on kernels/. */

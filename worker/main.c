@@ -24,6 +24,7 @@
 #include "wf_ckpt.h"
 #include "wf_collectives.h"
 #include "wf_config.h"
+#include "device.h"
 #include "wf_coordinator.h"
 #include "wf_gpu.h"
 #include "wf_io.h"
@@ -176,38 +177,6 @@ static wf_status read_launch(wf_launch *l, const wf_config *cfg, int rank, int s
   return st;
 }
 
-/* Choose the device; *gpu stays NULL on the CPU. Writes a description. */
-static wf_status pick_device(const wf_config *cfg, const wf_launch *l, wf_gpu **gpu, char *desc,
-                             size_t len, char *bus, size_t bus_len, char *err, size_t err_len)
-{
-  char why[512] = "disabled by runtime.device=cpu";
-  *gpu = NULL;
-  snprintf(desc, len, "cpu");
-  bus[0] = '\0';
-  if (cfg->runtime.device != WF_DEV_CPU && wf_gpu_open(gpu, why, sizeof why) == WF_OK) {
-    int n = wf_gpu_device_count(*gpu);
-    int dev = n == 1 ? 0 : l->local_rank % n;
-    if (wf_gpu_set_device(*gpu, dev) == WF_OK) {
-      char name[128] = "";
-      wf_gpu_device_name(*gpu, dev, name, sizeof name);
-      wf_gpu_pci_bus_id(*gpu, dev, bus, bus_len);
-      snprintf(desc, len, "cuda:%d", dev);
-      WF_INFO("using GPU %d of %d (%s)", dev, n, name);
-      return WF_OK;
-    }
-    wf_gpu_close(*gpu);
-    *gpu = NULL;
-    snprintf(why, sizeof why, "could not select CUDA device %d", dev);
-  }
-  if (cfg->runtime.device == WF_DEV_CUDA) {
-    snprintf(err, err_len, "runtime.device=cuda but no GPU is usable: %s", why);
-    return WF_ENODEV;
-  }
-  if (l->local_rank == 0 && cfg->runtime.device == WF_DEV_AUTO)
-    WF_INFO("no GPU: %s; falling back to the CPU", why);
-  return WF_OK;
-}
-
 /* Print a user error once: by rank 0 when it has it (every rank validates the
  * same config, so they agree), else by each rank that found it. */
 static int fail_all(wf_comm *world, bool mine_failed, const char *msg, int rank)
@@ -285,7 +254,7 @@ static void on_phase(void *user, const char *phase)
 /* Train (or dump llm.c's debug state) on this rank's share of the mesh, with the
  * control plane up so the console can attach and the watchdog can act. */
 static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, const char *dump_state,
-                 const char *save, wf_gpu *gpu)
+                 const char *save, const wf__rank_device *rd)
 {
   int rank = wf_job_rank(job);
   if (dump_state) {
@@ -293,7 +262,8 @@ static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, con
                             .world = wf_job_world_comm(job),
                             .tp = cfg->mesh.tp > 1 ? wf_job_comm(job, WF_AXIS_TP) : NULL,
                             .pp = cfg->mesh.pp > 1 ? wf_job_comm(job, WF_AXIS_PP) : NULL,
-                            .emb = cfg->mesh.pp > 1 ? wf_job_comm(job, WF_AXIS_EMB) : NULL};
+                            .emb = cfg->mesh.pp > 1 ? wf_job_comm(job, WF_AXIS_EMB) : NULL,
+                            .dev = rd->dev};
     wf_status st = wf_train_dump_state(cfg, dump_state, &comms);
     return st == WF_OK ? 0 : 1;
   }
@@ -308,9 +278,6 @@ static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, con
   }
   install_signals();
   wf_control_set_phase(plane.ctl, "train");
-  if (gpu && rank == 0)
-    WF_WARN("a GPU was selected, but the GPU training path (the model on the CUDA kernel "
-            "table) is not built yet: this job trains on the CPU");
   boundary bd = {plane.ctl, wf_job_world_comm(job), false, false};
   wf_train_hooks hooks = {.user = &bd,
                           .on_step = on_step,
@@ -321,7 +288,10 @@ static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, con
                           .world = wf_job_world_comm(job),
                           .tp = cfg->mesh.tp > 1 ? wf_job_comm(job, WF_AXIS_TP) : NULL,
                           .pp = cfg->mesh.pp > 1 ? wf_job_comm(job, WF_AXIS_PP) : NULL,
-                          .emb = cfg->mesh.pp > 1 ? wf_job_comm(job, WF_AXIS_EMB) : NULL};
+                          .emb = cfg->mesh.pp > 1 ? wf_job_comm(job, WF_AXIS_EMB) : NULL,
+                          .dev = rd->dev,
+                          .peak_tflops = rd->peak_tflops,
+                          .peak_source = rd->peak_source};
   wf_status st = wf_train_run(cfg, &hooks);
   if (st == WF_OK && bd.failed)
     st = WF_EMPI;
@@ -437,15 +407,13 @@ static int run(wf_comm *world, const args *a, int rank, int size)
   if (!all_ok(world, ok))
     return fail_all(world, !ok, err, rank);
 
-  wf_gpu *gpu = NULL;
-  char device[64], bus[64];
-  ok = pick_device(&cfg, &launch, &gpu, device, sizeof device, bus, sizeof bus, err, sizeof err) ==
-       WF_OK;
+  wf__rank_device rd;
+  ok = wf__pick_device(&cfg, &launch, &rd, err, sizeof err) == WF_OK;
   if (!all_ok(world, ok))
     return fail_all(world, !ok, err, rank);
   wf_binding binding;
   wf_bind_apply(&binding, cfg.runtime.bind, launch.local_rank, launch.local_size,
-                bus[0] ? bus : NULL);
+                rd.bus[0] ? rd.bus : NULL);
   if (binding.shared && launch.local_rank == 0)
     WF_INFO("%d ranks share %d cores on %s: one compute thread each", launch.local_size,
             binding.node_cores, wf_rt_host());
@@ -458,24 +426,29 @@ static int run(wf_comm *world, const args *a, int rank, int size)
   wf_kernels_set_threads(binding.threads);
 
   wf_job *job = NULL;
-  wf_job_opts jo = {&cfg, &launch, device, &binding};
+  wf_job_opts jo = {&cfg, &launch, rd.desc, &binding};
   ok = wf_job_bootstrap(&job, &jo) == WF_OK;
   if (!all_ok(world, ok)) {
-    wf_gpu_close(gpu);
+    wf__rank_device_close(&rd);
     return fail_all(world, !ok, "mesh bootstrap failed (see the log above)", rank);
   }
-  int rc = 0;
-  if (a->dry_run) {
+  ok = wf__comms_on_device(job, rd.gpu, &launch) == WF_OK;
+  int rc = ok ? 0 : 1;
+  if (!ok) {
+    if (rank == 0)
+      fprintf(stderr, "weft: error: the collectives could not reach device memory (see the log "
+                      "above)\n");
+  } else if (a->dry_run) {
     if (rank == 0) {
       wf_job_print_table(job, stdout);
       printf("groups verified against MPI: tp, dp, pp and embedding communicators match the "
              "mesh\n");
     }
   } else {
-    rc = train(&cfg, &launch, job, a->dump_state, a->save, gpu);
+    rc = train(&cfg, &launch, job, a->dump_state, a->save, &rd);
   }
   wf_job_destroy(job);
-  wf_gpu_close(gpu);
+  wf__rank_device_close(&rd);
   return rc;
 }
 

@@ -6,8 +6,8 @@
  * libcudart; the static library dlopen()s it. Each communicator gets its own
  * communication stream, created on the current device (the one the GPU backend
  * selected: both modules share the process's libcudart), so communication overlaps
- * compute. An optional dependency stream (the compute stream) is waited on through
- * an event before each operation. Aborting (the watchdog) only calls ncclCommAbort
+ * compute. The compute stream (by default the legacy default stream) is waited on
+ * through an event before each operation. Aborting (the watchdog) only calls ncclCommAbort
  * and marks the communicator, which destroy then skips freeing twice.
  *
  * The module does not link the runtime library: logging goes through the function
@@ -27,7 +27,7 @@ _Static_assert(sizeof(ncclUniqueId) == WF__NCCL_ID_BYTES, "ncclUniqueId size cha
 typedef struct ncomm {
   ncclComm_t comm;
   cudaStream_t stream;
-  cudaStream_t dep; /* borrowed; may be NULL */
+  cudaStream_t dep; /* borrowed; NULL: the legacy default stream (cudaStreamLegacy) */
   cudaEvent_t dep_event;
   atomic_int aborted;
 } ncomm;
@@ -118,13 +118,14 @@ fail:
 
 static void set_dep_stream(void *p, void *stream) { ((ncomm *)p)->dep = stream; }
 
-/* The communication stream waits for the work already on the dependency stream. */
+/* The communication stream waits for the work already on the dependency stream: the
+ * compute stream, or by default the legacy default stream, where the model computes.
+ * The communication stream is non-blocking (it must overlap compute), so without this
+ * wait an operation could read a buffer the compute has not written yet. */
 static wf_status order_after_dep(ncomm *n)
 {
   wf_status st = WF_OK;
-  if (!n->dep)
-    return WF_OK;
-  WF_CHECK_CUDA(cudaEventRecord(n->dep_event, n->dep));
+  WF_CHECK_CUDA(cudaEventRecord(n->dep_event, n->dep ? n->dep : cudaStreamLegacy));
   WF_CHECK_CUDA(cudaStreamWaitEvent(n->stream, n->dep_event, 0));
 fail:
   return st;

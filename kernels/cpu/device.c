@@ -27,6 +27,7 @@ static wf_status cpu_alloc(void *impl, void **p, size_t bytes)
 }
 
 static void cpu_free(void *impl, void *p) { wf_mem_free(p); }
+static void cpu_host_free(void *impl, void *p, size_t bytes) { wf_mem_free(p); }
 
 struct fill {
   char *p;
@@ -116,7 +117,7 @@ const wf_dev_ops wf__cpu_dev_ops = {
     .event_sync = cpu_event_sync,
     .event_elapsed = cpu_event_elapsed,
     .host_alloc = cpu_alloc,
-    .host_free = cpu_free,
+    .host_free = cpu_host_free,
     .host_visible = true,
     .destroy = cpu_destroy,
 };
@@ -160,18 +161,39 @@ static void layernorm_backward(float *dinp, float *dweight, float *dbias, const 
   wf_layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
 }
 
+static void residual_layernorm_forward(float *res, float *ln, float *mean, float *rstd,
+                                       const float *a, const float *b, const float *weight,
+                                       const float *bias, int N, int C, wf_stream *s)
+{
+  wf_residual_forward(res, a, b, (size_t)N * C);
+  wf_layernorm_forward(ln, mean, rstd, res, weight, bias, N, C);
+}
+
+/* fp32 GEMMs: exact for operands the model already rounded to lowp's format. */
 static void matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
-                           int N, int C, int OC, wf_stream *s)
+                           int N, int C, int OC, int lowp, wf_stream *s)
 {
   wf_matmul_forward(out, inp, weight, bias, N, C, OC);
 }
 
+static void matmul_gelu_forward(float *gelu_out, float *pre, const float *inp, const float *weight,
+                                const float *bias, int N, int C, int OC, int lowp, wf_stream *s)
+{
+  wf_matmul_forward(pre, inp, weight, bias, N, C, OC);
+  wf_gelu_forward(gelu_out, pre, (size_t)N * OC);
+}
+
 static void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                            const float *inp, const float *weight, int N, int C, int OC,
+                            const float *inp, const float *weight, int N, int C, int OC, int lowp,
                             wf_stream *s)
 {
   wf_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
 }
+
+static void set_tf32(int allow) {}
+
+/* The CPU kernels keep the (T, T) probabilities, and backward a (T, T) scratch. */
+static size_t attention_tt(int B, int T, int C, int NH) { return (size_t)B * NH * T * T; }
 
 static void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
                               wf_stream *s)
@@ -281,8 +303,13 @@ const wf_ktable wf__cpu_ktable = {
     .encoder_backward_vp = encoder_backward_vp,
     .layernorm_forward = layernorm_forward,
     .layernorm_backward = layernorm_backward,
+    .residual_layernorm_forward = residual_layernorm_forward,
     .matmul_forward = matmul_forward,
+    .matmul_gelu_forward = matmul_gelu_forward,
     .matmul_backward = matmul_backward,
+    .set_tf32 = set_tf32,
+    .attention_saved = attention_tt,
+    .attention_scratch = attention_tt,
     .attention_forward = attention_forward,
     .attention_backward = attention_backward,
     .gelu_forward = gelu_forward,

@@ -1,6 +1,8 @@
 /*
- * attention.cu - causal multi-head self-attention on the GPU (twin of
- * wf_attention_*). Simple rather than fast: one block per (b, h, t) query row.
+ * attention.cu - causal multi-head self-attention on the GPU that keeps the (T, T)
+ * probabilities, as its CPU twin does (wf_attention_*): flash.cu's kernels take over
+ * where they apply (head size <= 128) and call these otherwise. Simple rather than
+ * fast: one block per (b, h, t) query row.
  *
  * Legend: B batch, T time, C channels (local), NH heads (local), hs = C / NH.
  * qkv (B,T,3C): q = [0,C), k = [C,2C), v = [2C,3C); head h owns columns
@@ -147,8 +149,8 @@ static bool attention_shape_ok(int B, int T, int C, int NH)
   return B > 0 && T > 0 && NH > 0 && C > 0 && C % NH == 0;
 }
 
-extern "C" void wf_cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T,
-                                          int C, int NH, wf_stream *stream)
+void wf__cuda_attention_forward_tt(float *out, float *att, const float *qkv, int B, int T, int C,
+                                   int NH, wf_stream *stream)
 {
   if (!attention_shape_ok(B, T, C, NH))
     return;
@@ -157,9 +159,9 @@ extern "C" void wf_cuda_attention_forward(float *out, float *att, const float *q
   WF_CUDA_LAUNCHED("attention_forward_kernel");
 }
 
-extern "C" void wf_cuda_attention_backward(float *dqkv, float *scratch, const float *dout,
-                                           const float *qkv, const float *att, int B, int T, int C,
-                                           int NH, wf_stream *stream)
+void wf__cuda_attention_backward_tt(float *dqkv, float *scratch, const float *dout,
+                                    const float *qkv, const float *att, int B, int T, int C, int NH,
+                                    wf_stream *stream)
 {
   cudaStream_t s = (cudaStream_t)stream;
   if (!attention_shape_ok(B, T, C, NH))

@@ -8,14 +8,14 @@
  * a second copy of the runtime's globals; instead it defines its own wf_log and
  * wf_vlog, which forward to the host's logger handed over at init().
  *
- * cuBLAS: one handle per device, created lazily at the first GEMM and kept in the
- * module until the last fini(). One module-level handle is enough because weft
- * drives one device per process from one compute thread (one rank per GPU), and a
- * handle is costly to create (it allocates workspace and loads kernels), so a
- * handle per call or per stream would only add latency. The handle is shared by
- * every stream: a GEMM takes the module's cuBLAS lock, binds the handle to its
- * stream and enqueues, so two threads can never interleave cublasSetStream with
- * another thread's GEMM.
+ * cuBLAS(Lt): one cuBLASLt handle and one workspace per device, created lazily at
+ * the first GEMM and kept in the module until the last fini(). One module-level
+ * handle is enough because weft drives one device per process from one compute
+ * thread (one rank per GPU), and a handle is costly to create (it loads kernels),
+ * so a handle per call would only add latency. The workspace is stream-ordered
+ * memory: GEMMs of a device are all issued on its compute stream, so consecutive
+ * GEMMs reuse it in order; the module's lock is held while a GEMM is enqueued so
+ * that two threads never interleave their use of it.
  *
  * Errors: launches are asynchronous and the launchers return void like their CPU
  * twins, so the first failure is kept in g_first_error and handed out (then
@@ -31,9 +31,16 @@
 
 static std::atomic<const wf_gpu_host *> g_host{nullptr};
 static std::atomic<int> g_first_error{0};
-static std::mutex g_lock; /* guards g_refs and g_cublas */
+/* cuBLASLt's workspace: what NVIDIA recommends for Hopper (32 MiB; 4 MiB suffices
+ * before it), enough for every algorithm its heuristics return for weft's shapes. */
+#define LT_WORKSPACE_BYTES ((size_t)32 << 20)
+
+static std::mutex g_lock; /* guards g_refs and g_lt */
 static int g_refs;
-static cublasHandle_t g_cublas[MAX_DEVICES];
+static struct {
+  cublasLtHandle_t handle;
+  void *workspace;
+} g_lt[MAX_DEVICES];
 
 /* ---- logging through the host ------------------------------------------------- */
 
@@ -81,57 +88,89 @@ bool wf__cuda_check_launch(const char *file, int line, const char *what)
 
 wf_status wf_cuda_last_error(void) { return g_first_error.exchange(0) ? WF_ECUDA : WF_OK; }
 
-/* ---- cuBLAS ------------------------------------------------------------------------ */
+/* ---- cuBLASLt ---------------------------------------------------------------------- */
 
-cublasHandle_t wf__cublas_begin(cudaStream_t stream, const char *file, int line)
+static bool lt_failed(cublasStatus_t st, const char *file, int line, const char *what)
+{
+  if (st == CUBLAS_STATUS_SUCCESS)
+    return false;
+  wf_log(WF_LOG_ERROR, file, line, "%s: %s (cuBLAS status %d)", what, cublasLtGetStatusString(st),
+         (int)st);
+  wf__cuda_record(-(int)st);
+  return true;
+}
+
+/* Create the current device's handle and workspace if missing; g_lock held. */
+static bool lt_ensure(int dev, const char *file, int line)
+{
+  if (g_lt[dev].handle)
+    return true;
+  cublasLtHandle_t h = NULL;
+  if (lt_failed(cublasLtCreate(&h), file, line, "cublasLtCreate"))
+    return false;
+  void *ws = NULL;
+  if (!wf__cuda_check(cudaMalloc(&ws, LT_WORKSPACE_BYTES), file, line,
+                      "cudaMalloc (cuBLASLt workspace)")) {
+    cublasLtDestroy(h);
+    return false;
+  }
+  /* Mixed-precision GEMMs take their 16-bit operand copies from the stream-ordered pool
+   * (matmul.cu); by default the pool returns its memory to the driver at every
+   * synchronization, which would make each step allocate them anew. Keep it. */
+  cudaMemPool_t pool;
+  uint64_t keep = UINT64_MAX;
+  if (wf__cuda_check(cudaDeviceGetDefaultMemPool(&pool, dev), file, line,
+                     "cudaDeviceGetDefaultMemPool"))
+    wf__cuda_check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), file,
+                   line, "cudaMemPoolSetAttribute (release threshold)");
+  g_lt[dev].handle = h;
+  g_lt[dev].workspace = ws;
+  return true;
+}
+
+bool wf__lt_begin(wf__lt *lt, const char *file, int line)
 {
   int dev = 0;
   if (!wf__cuda_check(cudaGetDevice(&dev), file, line, "cudaGetDevice"))
-    return NULL;
+    return false;
   if (dev < 0 || dev >= MAX_DEVICES) {
     wf_log(WF_LOG_ERROR, file, line, "CUDA device %d: weft supports devices 0..%d", dev,
            MAX_DEVICES - 1);
     wf__cuda_record(-1);
-    return NULL;
+    return false;
   }
   g_lock.lock();
-  cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
-  if (!g_cublas[dev]) {
-    cublasHandle_t h = NULL;
-    st = cublasCreate(&h);
-    if (st == CUBLAS_STATUS_SUCCESS)
-      g_cublas[dev] = h;
+  if (!lt_ensure(dev, file, line)) {
+    g_lock.unlock();
+    return false;
   }
-  if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasSetStream(g_cublas[dev], stream);
-  if (st != CUBLAS_STATUS_SUCCESS) {
-    wf__cublas_end(st, file, line, "cublasCreate/cublasSetStream");
-    return NULL;
-  }
-  return g_cublas[dev];
+  lt->handle = g_lt[dev].handle;
+  lt->workspace = g_lt[dev].workspace;
+  lt->workspace_bytes = LT_WORKSPACE_BYTES;
+  return true;
 }
 
-void wf__cublas_end(cublasStatus_t st, const char *file, int line, const char *what)
+bool wf__lt_end(cublasStatus_t st, const char *file, int line, const char *what)
 {
   g_lock.unlock();
-  if (st == CUBLAS_STATUS_SUCCESS)
-    return;
-  wf_log(WF_LOG_ERROR, file, line, "%s: %s (cuBLAS status %d)", what, cublasGetStatusString(st),
-         (int)st);
-  wf__cuda_record(-(int)st);
+  return !lt_failed(st, file, line, what);
 }
 
-/* Destroy every handle, each with its own device current, then restore it. */
-static void destroy_cublas_handles(void)
+/* Destroy every handle and workspace, each with its own device current, then restore
+ * the current device. */
+static void destroy_lt_handles(void)
 {
   int cur = 0;
   bool have_cur = cudaGetDevice(&cur) == cudaSuccess;
   for (int d = 0; d < MAX_DEVICES; d++) {
-    if (!g_cublas[d])
+    if (!g_lt[d].handle)
       continue;
-    if (cudaSetDevice(d) == cudaSuccess)
-      cublasDestroy(g_cublas[d]);
-    g_cublas[d] = NULL;
+    if (cudaSetDevice(d) == cudaSuccess) {
+      cudaFree(g_lt[d].workspace);
+      cublasLtDestroy(g_lt[d].handle);
+    }
+    g_lt[d].handle = NULL;
+    g_lt[d].workspace = NULL;
   }
   if (have_cur)
     cudaSetDevice(cur);
@@ -151,7 +190,7 @@ static void op_fini(void)
 {
   std::lock_guard<std::mutex> guard(g_lock);
   if (g_refs > 0 && --g_refs == 0)
-    destroy_cublas_handles();
+    destroy_lt_handles();
 }
 
 static const char *op_error_str(int err)
@@ -243,44 +282,102 @@ static int op_is_device_ptr(const void *ptr)
   return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
 }
 
+static int op_memcpy_async(void *dst, const void *src, size_t bytes, int kind, void *stream)
+{
+  static const cudaMemcpyKind kinds[] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
+                                         cudaMemcpyDeviceToDevice};
+  return (int)cudaMemcpyAsync(dst, src, bytes, kinds[kind], (cudaStream_t)stream);
+}
+
+static int op_memset_async(void *dst, int value, size_t bytes, void *stream)
+{
+  return (int)cudaMemsetAsync(dst, value, bytes, (cudaStream_t)stream);
+}
+
+static int op_event_create(void **event)
+{
+  cudaEvent_t e = NULL;
+  cudaError_t r = cudaEventCreate(&e);
+  *event = r == cudaSuccess ? (void *)e : NULL;
+  return (int)r;
+}
+
+static int op_event_destroy(void *event) { return (int)cudaEventDestroy((cudaEvent_t)event); }
+
+static int op_event_record(void *event, void *stream)
+{
+  return (int)cudaEventRecord((cudaEvent_t)event, (cudaStream_t)stream);
+}
+
+static int op_stream_wait_event(void *stream, void *event)
+{
+  return (int)cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)event, 0);
+}
+
+static int op_event_sync(void *event) { return (int)cudaEventSynchronize((cudaEvent_t)event); }
+
+static int op_event_elapsed_ms(float *ms, void *start, void *end)
+{
+  return (int)cudaEventElapsedTime(ms, (cudaEvent_t)start, (cudaEvent_t)end);
+}
+
+static int op_host_alloc(void **ptr, size_t bytes) { return (int)cudaMallocHost(ptr, bytes); }
+static int op_host_free(void *ptr) { return (int)cudaFreeHost(ptr); }
+
+static int op_mem_info(size_t *free_bytes, size_t *total_bytes)
+{
+  return (int)cudaMemGetInfo(free_bytes, total_bytes);
+}
+
+static int op_device_attrs(int device, int *sm_count, int *cc_major, int *cc_minor)
+{
+  cudaError_t e = cudaDeviceGetAttribute(sm_count, cudaDevAttrMultiProcessorCount, device);
+  if (e == cudaSuccess)
+    e = cudaDeviceGetAttribute(cc_major, cudaDevAttrComputeCapabilityMajor, device);
+  if (e == cudaSuccess)
+    e = cudaDeviceGetAttribute(cc_minor, cudaDevAttrComputeCapabilityMinor, device);
+  return (int)e;
+}
+
 /* ---- the tables ------------------------------------------------------------------ */
 
 static const wf_ktable kernels = {
-    WF_KTABLE_VERSION,
-    wf_cuda_encoder_forward,
-    wf_cuda_encoder_backward,
-    wf_cuda_encoder_forward_vp,
-    wf_cuda_encoder_backward_vp,
-    wf_cuda_layernorm_forward,
-    wf_cuda_layernorm_backward,
-    wf_cuda_matmul_forward,
-    wf_cuda_matmul_backward,
-    wf_cuda_attention_forward,
-    wf_cuda_attention_backward,
-    wf_cuda_gelu_forward,
-    wf_cuda_gelu_backward,
-    wf_cuda_residual_forward,
-    wf_cuda_residual_backward,
-    wf_cuda_xent_stats,
-    wf_cuda_xent_pack,
-    wf_cuda_xent_combine,
-    wf_cuda_xent_loss,
-    wf_cuda_xent_backward,
-    wf_cuda_loss_accumulate,
-    wf_cuda_tokens_check,
-    wf_cuda_adamw_update,
-    wf_cuda_sumsq_acc,
-    wf_cuda_scale,
-    wf_cuda_round_bf16,
-    wf_cuda_round_fp16,
+    WF_KTABLE_VERSION,           wf_cuda_encoder_forward,
+    wf_cuda_encoder_backward,    wf_cuda_encoder_forward_vp,
+    wf_cuda_encoder_backward_vp, wf_cuda_layernorm_forward,
+    wf_cuda_layernorm_backward,  wf_cuda_residual_layernorm_forward,
+    wf_cuda_matmul_forward,      wf_cuda_matmul_gelu_forward,
+    wf_cuda_matmul_backward,     wf_cuda_set_tf32,
+    wf_cuda_attention_saved,     wf_cuda_attention_scratch,
+    wf_cuda_attention_forward,   wf_cuda_attention_backward,
+    wf_cuda_gelu_forward,        wf_cuda_gelu_backward,
+    wf_cuda_residual_forward,    wf_cuda_residual_backward,
+    wf_cuda_xent_stats,          wf_cuda_xent_pack,
+    wf_cuda_xent_combine,        wf_cuda_xent_loss,
+    wf_cuda_xent_backward,       wf_cuda_loss_accumulate,
+    wf_cuda_tokens_check,        wf_cuda_adamw_update,
+    wf_cuda_sumsq_acc,           wf_cuda_scale,
+    wf_cuda_round_bf16,          wf_cuda_round_fp16,
     wf_cuda_last_error,
 };
 
 static const wf_gpu_ops ops = {
-    WF_GPU_MODULE_ABI, "cuda",         op_init,          op_fini,       op_error_str,
-    op_probe,          op_set_device,  op_device_name,   op_pci_bus_id, op_malloc,
-    op_free,           op_memcpy_h2d,  op_memcpy_d2h,    op_memset,     op_stream_create,
-    op_stream_destroy, op_stream_sync, op_is_device_ptr, &kernels,
+    WF_GPU_MODULE_ABI, "cuda",
+    op_init,           op_fini,
+    op_error_str,      op_probe,
+    op_set_device,     op_device_name,
+    op_pci_bus_id,     op_malloc,
+    op_free,           op_memcpy_h2d,
+    op_memcpy_d2h,     op_memset,
+    op_stream_create,  op_stream_destroy,
+    op_stream_sync,    op_is_device_ptr,
+    op_memcpy_async,   op_memset_async,
+    op_event_create,   op_event_destroy,
+    op_event_record,   op_stream_wait_event,
+    op_event_sync,     op_event_elapsed_ms,
+    op_host_alloc,     op_host_free,
+    op_mem_info,       op_device_attrs,
+    &kernels,
 };
 
 extern "C" WF_EXPORT const wf_gpu_ops *wf_gpu_module_entry(void) { return &ops; }

@@ -23,10 +23,11 @@
 #include <stdint.h>
 #include <string.h>
 
-#include <cublas_v2.h>
+#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 extern "C" {
+#include "wf_config.h" /* wf_precision, the GEMMs' lowp */
 #include "wf_gpu_module.h"
 #include "wf_ktable.h"
 #include "wf_runtime.h"
@@ -46,12 +47,18 @@ bool wf__cuda_check(cudaError_t e, const char *file, int line, const char *what)
 #define WF_CUDA_LAUNCHED(what) wf__cuda_check_launch(__FILE__, __LINE__, (what))
 #define WF_CUDA_OK(call)       wf__cuda_check((call), __FILE__, __LINE__, #call)
 
-/* The module's cuBLAS handle for the current device, bound to `stream`, with the
- * module's cuBLAS lock held; NULL (error logged, lock released) on failure. Every
- * successful begin is paired with one end, which releases the lock and checks the
- * status of the cuBLAS call made in between. */
-cublasHandle_t wf__cublas_begin(cudaStream_t stream, const char *file, int line);
-void wf__cublas_end(cublasStatus_t st, const char *file, int line, const char *what);
+/* The current device's cuBLASLt handle and workspace, with the module's GEMM lock
+ * held (begin returns false, error logged, lock released, on failure). Every
+ * successful begin is paired with one end, which releases the lock, and logs and
+ * records `st` (the status of the calls made in between) unless it is a success;
+ * end returns whether it was. */
+typedef struct wf__lt {
+  cublasLtHandle_t handle;
+  void *workspace;
+  size_t workspace_bytes;
+} wf__lt;
+bool wf__lt_begin(wf__lt *lt, const char *file, int line);
+bool wf__lt_end(cublasStatus_t st, const char *file, int line, const char *what);
 
 wf_status wf_cuda_last_error(void);
 
@@ -128,6 +135,14 @@ __device__ __forceinline__ float wf__block_max(float v, float *shared)
   return r;
 }
 
+/* ---- attention that keeps (T, T) probabilities (attention.cu), the fallback of the
+ * flash-style kernels (flash.cu) for heads larger than they handle ------------------- */
+void wf__cuda_attention_forward_tt(float *out, float *att, const float *qkv, int B, int T, int C,
+                                   int NH, wf_stream *stream);
+void wf__cuda_attention_backward_tt(float *dqkv, float *scratch, const float *dout,
+                                    const float *qkv, const float *att, int B, int T, int C, int NH,
+                                    wf_stream *stream);
+
 /* ---- launchers (one .cu per op) ----------------------------------------------- */
 
 extern "C" {
@@ -146,10 +161,19 @@ void wf_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const
                                 const float *inp, const float *weight, const float *mean,
                                 const float *rstd, int N, int C, wf_stream *stream);
 void wf_cuda_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
-                            int N, int C, int OC, wf_stream *stream);
+                            int N, int C, int OC, int lowp, wf_stream *stream);
+void wf_cuda_matmul_gelu_forward(float *gelu_out, float *pre, const float *inp, const float *weight,
+                                 const float *bias, int N, int C, int OC, int lowp,
+                                 wf_stream *stream);
 void wf_cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                             const float *inp, const float *weight, int N, int C, int OC,
+                             const float *inp, const float *weight, int N, int C, int OC, int lowp,
                              wf_stream *stream);
+void wf_cuda_set_tf32(int allow);
+void wf_cuda_residual_layernorm_forward(float *res, float *ln, float *mean, float *rstd,
+                                        const float *a, const float *b, const float *weight,
+                                        const float *bias, int N, int C, wf_stream *stream);
+size_t wf_cuda_attention_saved(int B, int T, int C, int NH);
+size_t wf_cuda_attention_scratch(int B, int T, int C, int NH);
 void wf_cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
                                int NH, wf_stream *stream);
 void wf_cuda_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,

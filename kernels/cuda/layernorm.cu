@@ -15,16 +15,11 @@
 #define COL_TILE       32
 #define ROW_LANES      8
 
-/* out (N,C), mean (N) or NULL, rstd (N) or NULL, inp (N,C), weight (C), bias (C) */
-__global__ static void layernorm_forward_kernel(float *out, float *mean, float *rstd,
-                                                const float *inp, const float *weight,
-                                                const float *bias, int N, int C)
+/* One warp normalizes row x (C) into o; lane 0 keeps its mean and rstd when asked. */
+__device__ static void normalize_row(float *o, float *mean, float *rstd, const float *x,
+                                     const float *weight, const float *bias, int C, int row)
 {
-  int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
   int lane = threadIdx.x % 32;
-  if (row >= N) /* uniform over the warp, so the shuffles below stay full */
-    return;
-  const float *x = inp + (size_t)row * C;
   float s = 0.0f;
   for (int c = lane; c < C; c += 32)
     s += x[c];
@@ -35,13 +30,40 @@ __global__ static void layernorm_forward_kernel(float *out, float *mean, float *
     v += d * d;
   }
   float rs = rsqrtf(wf__warp_sum(v) / C + LN_EPS);
-  float *o = out + (size_t)row * C;
   for (int c = lane; c < C; c += 32)
     o[c] = (x[c] - m) * rs * weight[c] + bias[c];
   if (lane == 0 && mean)
     mean[row] = m;
   if (lane == 0 && rstd)
     rstd[row] = rs;
+}
+
+/* out (N,C), mean (N) or NULL, rstd (N) or NULL, inp (N,C), weight (C), bias (C) */
+__global__ static void layernorm_forward_kernel(float *out, float *mean, float *rstd,
+                                                const float *inp, const float *weight,
+                                                const float *bias, int N, int C)
+{
+  int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+  if (row >= N) /* uniform over the warp, so the shuffles stay full */
+    return;
+  size_t at = (size_t)row * C;
+  normalize_row(out + at, mean, rstd, inp + at, weight, bias, C, row);
+}
+
+/* res (N,C) = a + b, then ln = layernorm(res). res may alias a or b: each lane reads
+ * then writes the same elements, and reads back only what it wrote. */
+__global__ static void residual_layernorm_kernel(float *res, float *ln, float *mean, float *rstd,
+                                                 const float *a, const float *b,
+                                                 const float *weight, const float *bias, int N,
+                                                 int C)
+{
+  int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+  if (row >= N)
+    return;
+  size_t at = (size_t)row * C;
+  for (int c = threadIdx.x % 32; c < C; c += 32)
+    res[at + c] = a[at + c] + b[at + c];
+  normalize_row(ln + at, mean, rstd, res + at, weight, bias, C, row);
 }
 
 /* dinp (N,C) += rstd (w dout - mean(w dout) - norm mean(w dout norm)) */
@@ -113,6 +135,19 @@ extern "C" void wf_cuda_layernorm_forward(float *out, float *mean, float *rstd, 
   layernorm_forward_kernel<<<grid, 32 * ROWS_PER_BLOCK, 0, (cudaStream_t)stream>>>(
       out, mean, rstd, inp, weight, bias, N, C);
   WF_CUDA_LAUNCHED("layernorm_forward_kernel");
+}
+
+extern "C" void wf_cuda_residual_layernorm_forward(float *res, float *ln, float *mean, float *rstd,
+                                                   const float *a, const float *b,
+                                                   const float *weight, const float *bias, int N,
+                                                   int C, wf_stream *stream)
+{
+  if (N <= 0 || C <= 0)
+    return;
+  unsigned grid = (unsigned)((N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK);
+  residual_layernorm_kernel<<<grid, 32 * ROWS_PER_BLOCK, 0, (cudaStream_t)stream>>>(
+      res, ln, mean, rstd, a, b, weight, bias, N, C);
+  WF_CUDA_LAUNCHED("residual_layernorm_kernel");
 }
 
 extern "C" void wf_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias,

@@ -1,12 +1,15 @@
 /*
  * test_nccl_gpu.c - the NCCL path of the collectives, on device buffers.
  *
- * Exits 77 (meson: skipped) on every rank when there is no GPU, or fewer GPUs than
- * ranks (NCCL wants one device per rank). Otherwise: NCCL bootstrapped over MPI on
- * the world and on a split, then each collective on device memory against the same
- * serial reference as the MPI test (small integers, so float sums are exact), in
- * place and out of place, float32 and bf16, blocking and non-blocking, a grouped
- * ring exchange, and the flight recorder marking the operations as device ones.
+ * Exits 77 (meson: skipped) on every rank when a rank sees no GPU. With a GPU per
+ * rank: NCCL bootstrapped over MPI on the world and on a split, then each collective
+ * on device memory against the same serial reference as the MPI test (small integers,
+ * so float sums are exact), in place and out of place, float32 and bf16, integer MIN,
+ * MAX and SUM, blocking and non-blocking, a grouped ring exchange and an ungrouped
+ * one, and the flight recorder marking the operations as device ones. With fewer GPUs
+ * than ranks (NCCL refuses duplicate GPUs) the same collectives run host-staged
+ * through MPI (collectives/staged.c), which has no grouped point-to-point and, like
+ * MPI, no bf16.
  * A failed check on any rank calls MPI_Abort.
  */
 #include <mpi.h>
@@ -119,8 +122,46 @@ static void test_allreduce(dev *d, wf_comm *c, size_t count, bool in_place, bool
     CHECK(y[i] == (float)ref_sum(n, i, salt)); /* |sum| <= 88: exact in bf16 too */
   free(y);
   wf_trace_entry e;
-  CHECK(wf_comm_last_op(c, &e) && e.device && e.op == WF_OP_ALLREDUCE && e.state == WF_STATE_DONE &&
+  CHECK(wf_comm_last_op(c, &e) && e.op == WF_OP_ALLREDUCE && e.state == WF_STATE_DONE &&
         e.dtype == dt);
+  CHECK(e.device == wf_comm_has_nccl(c)); /* staged operations are MPI's */
+}
+
+/* Integer reductions on device: I32 MIN and MAX, I64 SUM past 2^32. */
+static void test_ints(dev *d, wf_comm *c)
+{
+  int n = wf_comm_size(c), r = wf_comm_rank(c);
+  int32_t h[3] = {r + 5, -r, 7 * r}, got[3];
+  OK(wf_gpu_memcpy_h2d(d->g, d->a, h, sizeof h));
+  OK(wf_comm_allreduce(c, d->a, d->a, 3, WF_COMM_I32, WF_COMM_MIN));
+  OK(wf_gpu_memcpy_d2h(d->g, got, d->a, sizeof got));
+  CHECK(got[0] == 5 && got[1] == -(n - 1) && got[2] == 0);
+  OK(wf_gpu_memcpy_h2d(d->g, d->a, h, sizeof h));
+  OK(wf_comm_allreduce(c, d->a, d->b, 3, WF_COMM_I32, WF_COMM_MAX));
+  OK(wf_gpu_memcpy_d2h(d->g, got, d->b, sizeof got));
+  CHECK(got[0] == n + 4 && got[1] == 0 && got[2] == 7 * (n - 1));
+  int64_t big = ((int64_t)1 << 40) * (r + 1), sum = 0;
+  OK(wf_gpu_memcpy_h2d(d->g, d->a, &big, sizeof big));
+  OK(wf_comm_allreduce(c, d->a, d->a, 1, WF_COMM_I64, WF_COMM_SUM));
+  OK(wf_gpu_memcpy_d2h(d->g, &sum, d->a, sizeof sum));
+  CHECK(sum == ((int64_t)1 << 40) * n * (n + 1) / 2);
+}
+
+/* Non-blocking send right and receive left, each with its own request. */
+static void test_pair(dev *d, wf_comm *c, size_t count)
+{
+  int n = wf_comm_size(c), r = wf_comm_rank(c);
+  int right = (r + 1) % n, left = (r + n - 1) % n;
+  wf_req *rs = NULL, *rr = NULL;
+  upload_f(d, d->a, count, r, 17, false);
+  OK(wf_comm_irecv(c, d->b, count, WF_COMM_F32, left, &rr));
+  OK(wf_comm_isend(c, d->a, count, WF_COMM_F32, right, &rs));
+  OK(wf_req_wait(&rr));
+  OK(wf_req_wait(&rs));
+  float *y = download_f(d, d->b, count, false);
+  for (size_t i = 0; i < count; i++)
+    CHECK(y[i] == val(left, i, 17));
+  free(y);
 }
 
 static void test_avg_rs_ag_bcast(dev *d, wf_comm *c, size_t count)
@@ -168,22 +209,32 @@ static void test_ring(dev *d, wf_comm *c, size_t count)
   free(y);
 }
 
-static void run_on(dev *d, wf_comm *c, wf_gpu *g)
+/* Every collective on c, through NCCL or (staged) host staging. */
+static void run_on(dev *d, wf_comm *c, wf_gpu *g, bool staged)
 {
   char why[256] = "";
-  OK(wf_comm_enable_nccl(c, g, why, sizeof why));
-  CHECK(wf_comm_has_nccl(c));
+  if (staged) {
+    OK(wf_comm_enable_staging(c, g));
+    CHECK(wf_comm_is_staged(c) && !wf_comm_has_nccl(c));
+  } else {
+    OK(wf_comm_enable_nccl(c, g, why, sizeof why));
+    CHECK(wf_comm_has_nccl(c));
+  }
   size_t counts[] = {1, 1031, 1 << 16};
   for (size_t k = 0; k < WF_ARRAY_LEN(counts); k++) {
     for (int ip = 0; ip < 2; ip++) {
       test_allreduce(d, c, counts[k], ip, false, false);
-      test_allreduce(d, c, counts[k], ip, true, ip == 1);
+      if (!staged) /* MPI has no bf16 type; staging runs the MPI path */
+        test_allreduce(d, c, counts[k], ip, true, ip == 1);
       test_allreduce(d, c, counts[k], ip, false, true);
     }
     test_avg_rs_ag_bcast(d, c, counts[k]);
-    test_ring(d, c, counts[k]);
+    test_pair(d, c, counts[k]);
+    if (!staged)
+      test_ring(d, c, counts[k]);
   }
-  /* Host buffers still go to MPI on an NCCL-enabled communicator. */
+  test_ints(d, c);
+  /* Host buffers still go to MPI on a device-enabled communicator. */
   float h[4] = {1, 2, 3, 4};
   OK(wf_comm_allreduce(c, h, h, 4, WF_COMM_F32, WF_COMM_SUM));
   wf_trace_entry e;
@@ -202,10 +253,9 @@ int main(int argc, char **argv)
   wf_gpu *g = NULL;
   int have = wf_gpu_open(&g, why, sizeof why) == WF_OK ? wf_gpu_device_count(g) : 0, least = 0;
   MPI_Allreduce(&have, &least, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (least < n) { /* every rank takes the same decision */
+  if (least == 0) { /* every rank takes the same decision */
     if (world_rank == 0)
-      printf("skipped: %d rank(s), but a rank sees %d GPU(s)%s%s\n", n, least, why[0] ? ": " : "",
-             why);
+      printf("skipped: a rank sees no GPU%s%s\n", why[0] ? ": " : "", why);
     wf_gpu_close(g);
     MPI_Finalize();
     return 77;
@@ -214,18 +264,20 @@ int main(int argc, char **argv)
   OK(wf_gpu_set_device(g, world_rank % have));
   OK(wf_gpu_malloc(g, &d.a, d.cap));
   OK(wf_gpu_malloc(g, &d.b, d.cap));
+  bool staged = least < n; /* ranks share a GPU: NCCL would refuse it */
   wf_comm *world = NULL, *half = NULL;
   OK(wf_comm_world_create(&world));
-  run_on(&d, world, g);
+  run_on(&d, world, g, staged);
   OK(wf_comm_split(world, world_rank % 2, -world_rank, "half", &half));
-  run_on(&d, half, g);
+  run_on(&d, half, g, staged);
   wf_comm_destroy(half);
   wf_comm_destroy(world);
   wf_gpu_free(g, d.a);
   wf_gpu_free(g, d.b);
   wf_gpu_close(g);
   if (world_rank == 0)
-    printf("collectives on NCCL: all checks passed on %d ranks\n", n);
+    printf("collectives on %s: all checks passed on %d ranks\n",
+           staged ? "MPI with host staging (ranks share a GPU)" : "NCCL", n);
   MPI_Finalize();
   return 0;
 }

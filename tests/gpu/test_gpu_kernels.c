@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "wf_config.h"
 #include "wf_gpu.h"
 #include "wf_kernels.h"
 #include "wf_ktable.h"
@@ -231,56 +232,160 @@ static void test_layernorm(ctx *c)
   expect_close(c, "layernorm_backward dbias", db, d_db, C, TOL_SUM, TOL_SUM);
 }
 
-/* One forward + backward; with_bias and with_dinp cover the NULL cases. */
-static void matmul_case(ctx *c, int N, int C, int OC, bool with_bias, bool with_dinp)
+/* Host operands as the model hands them to a GEMM of precision lowp: rounded to it. */
+static float *operand(ctx *c, size_t n, int lowp)
+{
+  float *x = hrand(c, n, -1, 1);
+  if (lowp == WF_PREC_BF16)
+    wf_round_bf16(x, x, n);
+  if (lowp == WF_PREC_FP16)
+    wf_round_fp16(x, x, n);
+  return x;
+}
+
+/* One forward + backward; with_bias and with_dinp cover the NULL cases. Operands of a
+ * 16-bit lowp are exact in it, so their products are exact in fp32 on both sides and
+ * only the order of the sums differs: TOL_SUM, as for fp32. TF32 rounds each operand
+ * to 10 mantissa bits (relative 2^-11 each, 2^-10 per product of terms in [-1, 1]), so
+ * a sum of K products moves by at most K * 2^-10: that is tol_tf32's atol. */
+static void matmul_case(ctx *c, int N, int C, int OC, bool with_bias, bool with_dinp, int lowp,
+                        bool tf32)
 {
   const size_t NC = (size_t)N * C, NO = (size_t)N * OC, OCC = (size_t)OC * C;
-  float *inp = hrand(c, NC, -1, 1), *w = hrand(c, OCC, -1, 1), *b = hrand(c, OC, -1, 1);
+  const float tol_f = tf32 ? (float)C * 0x1p-10f : TOL_SUM,
+              tol_b = tf32 ? (float)N * 0x1p-10f : TOL_SUM;
+  const float tol_i = tf32 ? (float)OC * 0x1p-10f : TOL_SUM;
+  char name[96];
+  float *inp = operand(c, NC, lowp), *w = operand(c, OCC, lowp), *b = hrand(c, OC, -1, 1);
   float *out = hzero(c, NO), *d_out = df(c, out, NO);
   float *d_inp = df(c, inp, NC), *d_w = df(c, w, OCC);
+  c->k->set_tf32(tf32);
   wf_matmul_forward(out, inp, w, with_bias ? b : NULL, N, C, OC);
-  c->k->matmul_forward(d_out, d_inp, d_w, with_bias ? df(c, b, OC) : NULL, N, C, OC, c->stream);
-  expect_close(c, with_bias ? "matmul_forward out" : "matmul_forward out (no bias)", out, d_out, NO,
-               TOL_SUM, TOL_SUM);
+  c->k->matmul_forward(d_out, d_inp, d_w, with_bias ? df(c, b, OC) : NULL, N, C, OC, lowp,
+                       c->stream);
+  snprintf(name, sizeof name, "matmul_forward out%s", with_bias ? "" : " (no bias)");
+  expect_close(c, name, out, d_out, NO, tol_f, TOL_SUM);
 
-  float *dout = hrand(c, NO, -1, 1), *dinp = hrand(c, NC, -1, 1);
+  float *dout = operand(c, NO, lowp), *dinp = hrand(c, NC, -1, 1);
   float *dw = hrand(c, OCC, -1, 1), *db = hrand(c, OC, -1, 1);
   float *d_dinp = df(c, dinp, NC), *d_dw = df(c, dw, OCC), *d_db = df(c, db, OC);
   wf_matmul_backward(with_dinp ? dinp : NULL, dw, with_bias ? db : NULL, dout, inp, w, N, C, OC);
   c->k->matmul_backward(with_dinp ? d_dinp : NULL, d_dw, with_bias ? d_db : NULL, df(c, dout, NO),
-                        d_inp, d_w, N, C, OC, c->stream);
-  expect_close(c, "matmul_backward dinp", dinp, d_dinp, NC, TOL_SUM, TOL_SUM);
-  expect_close(c, "matmul_backward dweight", dw, d_dw, OCC, TOL_SUM, TOL_SUM);
+                        d_inp, d_w, N, C, OC, lowp, c->stream);
+  c->k->set_tf32(0);
+  expect_close(c, "matmul_backward dinp", dinp, d_dinp, NC, tol_i, TOL_SUM);
+  expect_close(c, "matmul_backward dweight", dw, d_dw, OCC, tol_b, TOL_SUM);
   expect_close(c, "matmul_backward dbias", db, d_db, OC, TOL_SUM, TOL_SUM);
 }
 
 static void test_matmul(ctx *c)
 {
-  matmul_case(c, 37, 45, 29, true, true);
+  matmul_case(c, 37, 45, 29, true, true, WF_PREC_NO, false);
   end_case(c);
-  matmul_case(c, 5, 3, 67, false, false); /* untouched dinp and dbias must stay equal */
+  matmul_case(c, 5, 3, 67, false, false, WF_PREC_NO, false); /* untouched dinp, dbias stay */
+  end_case(c);
+  printf(" bf16 operands\n");
+  matmul_case(c, 37, 45, 29, true, true, WF_PREC_BF16, false);
+  end_case(c);
+  printf(" fp16 operands\n");
+  matmul_case(c, 64, 72, 40, true, true, WF_PREC_FP16, false);
+  end_case(c);
+  printf(" tf32\n");
+  matmul_case(c, 37, 45, 29, true, true, WF_PREC_NO, true);
+}
+
+/* The MLP's fused fc + GELU against the composition: pre as a GEMM (TOL_SUM), gelu_out
+ * within TOL_GELU_EPI. OC = 64 runs cuBLASLt's GELU_AUX_BIAS epilogue; OC = 29 (not a
+ * multiple of 8, which the epilogue's aux needs) the plain GEMM and gelu.cu. */
+#define TOL_GELU_EPI 2e-3f /* see matmul_gelu_case */
+static void matmul_gelu_case(ctx *c, int N, int C, int OC, int lowp)
+{
+  /* cuBLASLt's epilogue may take tanh from the hardware approximation (tanh.approx.f32,
+   * relative error about 2^-11 by the PTX ISA); gelu = 0.5 x (1 + tanh(.)), so it moves
+   * by at most 0.5 |x| 2^-11 ~ 2.5e-4 |x|, and |pre| < 8 here (sums of 72 products in
+   * [-1, 1] with a spread of about sqrt(72 / 9) ~ 3): 2e-3. */
+  const size_t NC = (size_t)N * C, NO = (size_t)N * OC, OCC = (size_t)OC * C;
+  float *inp = operand(c, NC, lowp), *w = operand(c, OCC, lowp), *b = hrand(c, OC, -1, 1);
+  float *pre = hzero(c, NO), *out = hzero(c, NO), *d_pre = df(c, pre, NO), *d_out = df(c, out, NO);
+  wf_matmul_forward(pre, inp, w, b, N, C, OC);
+  wf_gelu_forward(out, pre, NO);
+  c->k->matmul_gelu_forward(d_out, d_pre, df(c, inp, NC), df(c, w, OCC), df(c, b, OC), N, C, OC,
+                            lowp, c->stream);
+  expect_close(c, "matmul_gelu_forward pre", pre, d_pre, NO, TOL_SUM, TOL_SUM);
+  expect_close(c, "matmul_gelu_forward out", out, d_out, NO, TOL_GELU_EPI, TOL_GELU_EPI);
+}
+
+static void test_matmul_gelu(ctx *c)
+{
+  matmul_gelu_case(c, 37, 72, 64, WF_PREC_NO);
+  end_case(c);
+  matmul_gelu_case(c, 37, 45, 29, WF_PREC_NO);
+  end_case(c);
+  matmul_gelu_case(c, 40, 72, 64, WF_PREC_BF16);
+}
+
+/* res = a + b then layernorm, out of place and with res aliasing a (as the model calls
+ * it): the sum is one addition (TOL_EXACT), the norm a reduction (TOL_SUM). */
+static void test_residual_layernorm(ctx *c)
+{
+  const int N = 37, C = 45;
+  const size_t NC = (size_t)N * C;
+  float *a = hrand(c, NC, -2, 2), *b = hrand(c, NC, -2, 2), *w = hrand(c, C, 0.5f, 1.5f);
+  float *bias = hrand(c, C, -1, 1), *res = hzero(c, NC), *ln = hzero(c, NC);
+  float *mean = hzero(c, N), *rstd = hzero(c, N);
+  float *d_a = df(c, a, NC), *d_b = df(c, b, NC), *d_w = df(c, w, C), *d_bias = df(c, bias, C);
+  float *d_res = df(c, res, NC), *d_ln = df(c, ln, NC), *d_mean = df(c, mean, N);
+  float *d_rstd = df(c, rstd, N);
+  wf_residual_forward(res, a, b, NC);
+  wf_layernorm_forward(ln, mean, rstd, res, w, bias, N, C);
+  c->k->residual_layernorm_forward(d_res, d_ln, d_mean, d_rstd, d_a, d_b, d_w, d_bias, N, C,
+                                   c->stream);
+  expect_close(c, "residual_layernorm res", res, d_res, NC, TOL_EXACT, TOL_EXACT);
+  expect_close(c, "residual_layernorm ln", ln, d_ln, NC, TOL_SUM, TOL_SUM);
+  expect_close(c, "residual_layernorm mean", mean, d_mean, N, TOL_SUM, TOL_SUM);
+  expect_close(c, "residual_layernorm rstd", rstd, d_rstd, N, TOL_SUM, TOL_SUM);
+  c->k->residual_layernorm_forward(d_a, d_ln, NULL, NULL, d_a, d_b, d_w, d_bias, N, C, c->stream);
+  expect_close(c, "residual_layernorm in place", res, d_a, NC, TOL_EXACT, TOL_EXACT);
+  expect_close(c, "residual_layernorm ln (in place)", ln, d_ln, NC, TOL_SUM, TOL_SUM);
+}
+
+/* Attention on each side with the buffers its own table sizes: the CPU keeps (T, T)
+ * probabilities, the GPU a log-sum-exp per row (heads up to 128) or the same (T, T)
+ * (larger heads). Each backward reads what its own forward kept, so only out and dqkv
+ * are compared. T = 77 is no multiple of the GPU's 64-row blocks or 32-row tiles. */
+static void attention_case(ctx *c, int B, int T, int NH, int hs)
+{
+  const int C = NH * hs;
+  const size_t BTC = (size_t)B * T * C, QKV = 3 * BTC, ATT = (size_t)B * NH * T * T;
+  const size_t saved = c->k->attention_saved(B, T, C, NH);
+  const size_t scratch = c->k->attention_scratch(B, T, C, NH);
+  char name[96];
+  float *qkv = hrand(c, QKV, -1, 1), *out = hzero(c, BTC), *att = hzero(c, ATT);
+  float *d_out = df(c, out, BTC), *d_qkv = df(c, qkv, QKV);
+  float *d_att = df(c, hzero(c, saved), saved);
+  wf_attention_forward(out, att, qkv, B, T, C, NH);
+  c->k->attention_forward(d_out, d_att, d_qkv, B, T, C, NH, c->stream);
+  snprintf(name, sizeof name, "attention_forward hs=%d T=%d", hs, T);
+  expect_close(c, name, out, d_out, BTC, TOL_SUM, TOL_SUM);
+
+  float *dout = hrand(c, BTC, -1, 1), *dqkv = hrand(c, QKV, -1, 1);
+  float *d_dqkv = df(c, dqkv, QKV), *d_scratch = df(c, hzero(c, scratch), scratch);
+  wf_attention_backward(dqkv, hzero(c, ATT), dout, qkv, att, B, T, C, NH);
+  c->k->attention_backward(d_dqkv, d_scratch, df(c, dout, BTC), d_qkv, d_att, B, T, C, NH,
+                           c->stream);
+  snprintf(name, sizeof name, "attention_backward hs=%d dqkv", hs);
+  expect_close(c, name, dqkv, d_dqkv, QKV, TOL_SUM, TOL_SUM);
 }
 
 static void test_attention(ctx *c)
 {
-  const int B = 2, T = 9, NH = 3, C = NH * 5; /* hs = 5 */
-  const size_t BTC = (size_t)B * T * C, QKV = 3 * BTC, ATT = (size_t)B * NH * T * T;
-  float *qkv = hrand(c, QKV, -1, 1);
-  /* att starts at zero on both sides, so the masked half compares too. */
-  float *out = hzero(c, BTC), *att = hzero(c, ATT);
-  float *d_out = df(c, out, BTC), *d_att = df(c, att, ATT), *d_qkv = df(c, qkv, QKV);
-  wf_attention_forward(out, att, qkv, B, T, C, NH);
-  c->k->attention_forward(d_out, d_att, d_qkv, B, T, C, NH, c->stream);
-  expect_close(c, "attention_forward out", out, d_out, BTC, TOL_SUM, TOL_SUM);
-  expect_close(c, "attention_forward att", att, d_att, ATT, TOL_SUM, TOL_SUM);
-
-  float *dout = hrand(c, BTC, -1, 1), *dqkv = hrand(c, QKV, -1, 1);
-  float *scratch = hzero(c, ATT), *d_dqkv = df(c, dqkv, QKV);
-  /* Both backward passes read the CPU's att. */
-  wf_attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH);
-  c->k->attention_backward(d_dqkv, df(c, scratch, ATT), df(c, dout, BTC), d_qkv, df(c, att, ATT), B,
-                           T, C, NH, c->stream);
-  expect_close(c, "attention_backward dqkv", dqkv, d_dqkv, QKV, TOL_SUM, TOL_SUM);
+  attention_case(c, 2, 9, 3, 5);
+  end_case(c);
+  attention_case(c, 2, 77, 2, 64);
+  end_case(c);
+  attention_case(c, 1, 77, 1, 128);
+  end_case(c);
+  attention_case(c, 1, 33, 2, 160); /* past the flash kernels: the (T, T) fallback */
 }
 
 static void test_gelu_residual(ctx *c)
@@ -511,6 +616,8 @@ static const struct {
     {"encoder_vp", test_encoder_vp},
     {"layernorm", test_layernorm},
     {"matmul", test_matmul},
+    {"matmul+gelu", test_matmul_gelu},
+    {"residual+layernorm", test_residual_layernorm},
     {"attention", test_attention},
     {"gelu+residual", test_gelu_residual},
     {"xent", test_xent},

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "check.h"
+#include "wf_config.h" /* wf_precision */
 #include "wf_device.h"
 #include "wf_kernels.h"
 
@@ -87,7 +88,7 @@ static void test_table_is_the_cpu_kernels(void **state)
   for (size_t i = 0; i < WF_ARRAY_LEN(bias); i++)
     bias[i] = wf_rng_normal(3, 2, i);
   wf_matmul_forward(y1, x, w, bias, N, C, OC);
-  k->matmul_forward(y2, x, w, bias, N, C, OC, NULL);
+  k->matmul_forward(y2, x, w, bias, N, C, OC, WF_PREC_BF16, NULL); /* lowp: fp32 on the CPU */
   assert_memory_equal(y1, y2, sizeof y1);
   wf_gelu_forward(y1, x, N * C);
   k->gelu_forward(y2, x, N * C, NULL);

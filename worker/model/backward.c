@@ -32,7 +32,7 @@ static wf_status column_backward(wf_gpt *m, float *dout, const float *x, wf_para
   WF_TRY(zero(m, m->da.dc, (size_t)N * C));
   m->k->matmul_backward(m->da.dc, wf_gpt_param(m, w, l, 1),
                         b == WF_GPT_NUM_KINDS ? NULL : wf_gpt_param(m, b, l, 1), dout, x,
-                        wf__gemm_weight(m, w, l), N, C, OC, NULL);
+                        wf__gemm_weight(m, w, l), N, C, OC, m->prec, NULL);
   st = wf__tp_enter_bwd(&m->tp, m->da.dl, m->da.dc, (size_t)N, (size_t)C);
 fail:
   return st;
@@ -51,7 +51,7 @@ static wf_status mlp_backward(wf_gpt *m, const wf__layer *v, int l, int N)
   WF_TRY(zero(m, g->d4a, n4));
   m->k->matmul_backward(g->d4a, wf_gpt_param(m, WF_P_FCPROJW, l, 1),
                         wf_gpt_param(m, WF_P_FCPROJB, l, 1), dy, v->fchg,
-                        wf__gemm_weight(m, WF_P_FCPROJW, l), N, 4 * C / tp, C, NULL);
+                        wf__gemm_weight(m, WF_P_FCPROJW, l), N, 4 * C / tp, C, m->prec, NULL);
   WF_TRY(zero(m, g->d4b, n4));
   m->k->gelu_backward(g->d4b, v->fch, g->d4a, n4, NULL);
   WF_TRY(wf__tp_enter_fwd(&m->tp, &x, v->ln2, g->full, (size_t)N, (size_t)C)); /* re-gathered */
@@ -75,7 +75,7 @@ static wf_status attention_backward(wf_gpt *m, const wf__layer *v, const float *
   WF_TRY(zero(m, g->d4b, (size_t)N * C / tp));
   m->k->matmul_backward(g->d4b, wf_gpt_param(m, WF_P_ATTPROJW, l, 1),
                         wf_gpt_param(m, WF_P_ATTPROJB, l, 1), dy, v->atty,
-                        wf__gemm_weight(m, WF_P_ATTPROJW, l), N, C / tp, C, NULL);
+                        wf__gemm_weight(m, WF_P_ATTPROJW, l), N, C / tp, C, m->prec, NULL);
   WF_TRY(zero(m, g->d4a, (size_t)N * 3 * C / tp));
   m->k->attention_backward(g->d4a, g->scratch, g->d4b, v->qkv, v->att, B, T, C / tp, m->NHl, NULL);
   WF_TRY(wf__tp_enter_fwd(&m->tp, &x, v->ln1, g->full, (size_t)N, (size_t)C));

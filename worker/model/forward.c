@@ -18,16 +18,17 @@ static wf_status row_parallel(wf_gpt *m, float *y, const float *x, wf_param_kind
   int C = m->d.C;
   /* Only tp rank 0 adds the bias, so the sum over tp adds it once. */
   const float *bias = m->s.tp_rank == 0 ? wf_gpt_param(m, b, l, 0) : NULL;
-  m->k->matmul_forward(m->da.proj, x, wf__gemm_weight(m, w, l), bias, N, IC, C, NULL);
+  m->k->matmul_forward(m->da.proj, x, wf__gemm_weight(m, w, l), bias, N, IC, C, m->prec, NULL);
   return wf__tp_leave_fwd(&m->tp, y, m->da.proj, (size_t)N, (size_t)C);
 }
 
 /* Attention: ln1 (replicated region) -> enter -> qkv (column-parallel, local heads) ->
- * attention -> attproj (row-parallel) -> leave -> residual. Under mixed precision the
- * GEMM inputs ln1, atty, ln2, fchg are rounded as they are made (before the all-gather
- * of sequence parallelism: rounding is elementwise, so it commutes). Attention's own
- * Q.K^T and att.V stay fp32, as flash-attention kernels keep the softmax in fp32; only
- * its output, attproj's input, is rounded. */
+ * attention -> attproj (row-parallel) -> leave, into res2 (the residual is added by the
+ * MLP's first op, fused with its layernorm). Under mixed precision the GEMM inputs ln1,
+ * atty, ln2, fchg are rounded as they are made (before the all-gather of sequence
+ * parallelism: rounding is elementwise, so it commutes). Attention's own Q.K^T and
+ * att.V stay fp32, as flash-attention kernels keep the softmax in fp32; only its
+ * output, attproj's input, is rounded. */
 static wf_status attention_block(wf_gpt *m, const wf__layer *v, const float *residual, int l, int B,
                                  int T)
 {
@@ -40,29 +41,30 @@ static wf_status attention_block(wf_gpt *m, const wf__layer *v, const float *res
   wf__round_operand(m, v->ln1, (size_t)R * C);
   WF_TRY(wf__tp_enter_fwd(&m->tp, &x, v->ln1, m->da.full, (size_t)N, (size_t)C));
   k->matmul_forward(v->qkv, x, wf__gemm_weight(m, WF_P_QKVW, l), wf_gpt_param(m, WF_P_QKVB, l, 0),
-                    N, C, 3 * C / tp, NULL);
+                    N, C, 3 * C / tp, m->prec, NULL);
   k->attention_forward(v->atty, v->att, v->qkv, B, T, C / tp, m->NHl, NULL);
   wf__round_operand(m, v->atty, (size_t)N * C / tp);
-  WF_TRY(row_parallel(m, v->res2, v->atty, WF_P_ATTPROJW, WF_P_ATTPROJB, l, N, C / tp));
-  k->residual_forward(v->res2, residual, v->res2, (size_t)R * C, NULL);
+  st = row_parallel(m, v->res2, v->atty, WF_P_ATTPROJW, WF_P_ATTPROJB, l, N, C / tp);
 fail:
   return st;
 }
 
-/* MLP: ln2 -> enter -> fc (column-parallel) -> GELU -> fcproj (row-parallel) -> leave. */
-static wf_status mlp_block(wf_gpt *m, const wf__layer *v, float *res3, int l, int N)
+/* MLP: residual + attention output -> ln2 (one fused op) -> enter -> fc and GELU (one
+ * fused op) -> fcproj (row-parallel) -> leave -> residual. */
+static wf_status mlp_block(wf_gpt *m, const wf__layer *v, const float *residual, float *res3, int l,
+                           int N)
 {
   wf_status st = WF_OK;
   const wf_ktable *k = m->k;
   int C = m->d.C, tp = m->s.tp, R = (int)wf__tp_rows(&m->tp, (size_t)N);
   const float *x;
-  k->layernorm_forward(v->ln2, v->ln2_mean, v->ln2_rstd, v->res2, wf_gpt_param(m, WF_P_LN2W, l, 0),
-                       wf_gpt_param(m, WF_P_LN2B, l, 0), R, C, NULL);
+  k->residual_layernorm_forward(v->res2, v->ln2, v->ln2_mean, v->ln2_rstd, residual, v->res2,
+                                wf_gpt_param(m, WF_P_LN2W, l, 0), wf_gpt_param(m, WF_P_LN2B, l, 0),
+                                R, C, NULL);
   wf__round_operand(m, v->ln2, (size_t)R * C);
   WF_TRY(wf__tp_enter_fwd(&m->tp, &x, v->ln2, m->da.full, (size_t)N, (size_t)C));
-  k->matmul_forward(v->fch, x, wf__gemm_weight(m, WF_P_FCW, l), wf_gpt_param(m, WF_P_FCB, l, 0), N,
-                    C, 4 * C / tp, NULL);
-  k->gelu_forward(v->fchg, v->fch, (size_t)N * 4 * C / tp, NULL);
+  k->matmul_gelu_forward(v->fchg, v->fch, x, wf__gemm_weight(m, WF_P_FCW, l),
+                         wf_gpt_param(m, WF_P_FCB, l, 0), N, C, 4 * C / tp, m->prec, NULL);
   wf__round_operand(m, v->fchg, (size_t)N * 4 * C / tp);
   WF_TRY(row_parallel(m, res3, v->fchg, WF_P_FCPROJW, WF_P_FCPROJB, l, N, 4 * C / tp));
   k->residual_forward(res3, v->res2, res3, (size_t)R * C, NULL);
@@ -79,7 +81,7 @@ wf_status wf__block_forward(wf_gpt *m, wf__acts *a, int j, int B, int T)
   float *res3 = wf__layer_input(m, a, j + 1); /* residual3[j] */
   wf__layer v = wf__layer_at(m, a, j);
   WF_TRY(attention_block(m, &v, residual, l, B, T));
-  WF_TRY(mlp_block(m, &v, res3, l, B * T));
+  WF_TRY(mlp_block(m, &v, residual, res3, l, B * T));
 fail:
   return st;
 }
@@ -126,7 +128,8 @@ static wf_status head_forward(wf_gpt *m, wf__acts *a, int N)
   wf__round_operand(m, a->lnf, (size_t)R * C);
   WF_TRY(wf__tp_enter_fwd(&m->tp, &x, a->lnf, m->da.full, (size_t)N, (size_t)C));
   /* Tied embedding; padding rows of wte give padding columns the loss ignores. */
-  k->matmul_forward(a->logits, x, wf__gemm_weight(m, WF_P_WTE, 0), NULL, N, C, m->Vl, NULL);
+  k->matmul_forward(a->logits, x, wf__gemm_weight(m, WF_P_WTE, 0), NULL, N, C, m->Vl, m->prec,
+                    NULL);
   if (!a->have_targets)
     return WF_OK;
   k->xent_stats(a->row_max, a->row_sumexp, a->target_logit, a->logits, a->targets, N,

@@ -55,7 +55,8 @@ static size_t carve_acts(wf__acts *a, float *mem, const wf_gpt *m, int inner, in
 {
   size_t L = (size_t)inner, Lo = (size_t)outer, C = (size_t)m->d.C, tp = (size_t)m->s.tp;
   size_t N = (size_t)m->Bmax * (size_t)m->Tmax, R = wf__tp_rows(&m->tp, N);
-  size_t att = (size_t)m->Bmax * (size_t)m->NHl * (size_t)m->Tmax * (size_t)m->Tmax;
+  size_t att =
+      m->k->attention_saved(m->Bmax, m->Tmax, m->d.C / m->s.tp, m->NHl); /* what the device keeps */
   size_t last = head ? 1 : 0;
   carve_item t[] = {
       {&a->encoded, R * C},
@@ -89,7 +90,7 @@ static size_t carve_acts(wf__acts *a, float *mem, const wf_gpt *m, int inner, in
 static size_t carve_dacts(wf__dacts *g, float *mem, wf_gpt *m)
 {
   size_t C = (size_t)m->d.C, tp = (size_t)m->s.tp, N = (size_t)m->Bmax * m->Tmax;
-  size_t att = (size_t)m->Bmax * (size_t)m->NHl * (size_t)m->Tmax * (size_t)m->Tmax;
+  size_t att = m->k->attention_scratch(m->Bmax, m->Tmax, m->d.C / m->s.tp, m->NHl);
   carve_item t[] = {
       {&g->proj, N * C},
       {&g->full, N * C},
@@ -318,9 +319,10 @@ static strides layer_strides(const wf_gpt *m)
 {
   size_t N = (size_t)m->Bmax * m->Tmax, C = (size_t)m->d.C, tp = (size_t)m->s.tp;
   size_t R = wf__tp_rows(&m->tp, N);
-  return (strides){R * C,          R,
-                   N * 3 * C / tp, N * C / tp,
-                   N * 4 * C / tp, (size_t)m->Bmax * m->NHl * m->Tmax * m->Tmax};
+  return (strides){
+      R * C,          R,
+      N * 3 * C / tp, N * C / tp,
+      N * 4 * C / tp, m->k->attention_saved(m->Bmax, m->Tmax, m->d.C / m->s.tp, m->NHl)};
 }
 
 wf__layer wf__layer_at(const wf_gpt *m, const wf__acts *a, int j)

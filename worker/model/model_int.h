@@ -93,7 +93,7 @@ typedef struct wf__acts {
   float *ln1, *ln1_mean, *ln1_rstd; /* (nl,R,C), (nl,R), (nl,R) */
   float *qkv;                       /* (nl,N,3C/tp) */
   float *atty;                      /* (nl,N,C/tp) */
-  float *att;                       /* (nl,B,NHl,T,T) */
+  float *att;                       /* (nl, attention_saved): (B,NHl,T,T) on the CPU */
   float *residual2;                 /* (nl,R,C) */
   float *ln2, *ln2_mean, *ln2_rstd; /* (nl,R,C), (nl,R), (nl,R) */
   float *fch, *fch_gelu;            /* (nl,N,4C/tp) */
@@ -117,7 +117,7 @@ typedef struct wf__dacts {
   float *dl;      /* (R,C) dln1, dln2, dlnf after the tp reduction */
   float *d4a;     /* (N,4C/tp) dfch_gelu, then dqkv (N,3C/tp) */
   float *d4b;     /* (N,4C/tp) dfch */
-  float *scratch; /* (B,NHl,T,T) attention backward scratch */
+  float *scratch; /* (attention_scratch) attention backward scratch */
   float *stats;   /* (tp+1,N,3) every rank's packed xent row statistics, then this rank's */
   float *rdy;     /* (N,C) a GEMM's rounded output gradient (mixed precision; else empty) */
 } wf__dacts;

@@ -21,6 +21,13 @@ typedef struct ring {
   int *owner; /* micro-batch using buffer i, -1 when free */
 } ring;
 
+/* A forward or backward, timed by device events (see spans_close). */
+typedef struct timed {
+  wf_event *a, *b; /* recorded before and after its launches */
+  char name[16];
+  int mb;
+} timed;
+
 struct wf_pipe {
   wf_comm *pp;
   wf_gpt *model;
@@ -37,6 +44,9 @@ struct wf_pipe {
   int *inputs, *targets;
   int step;
   wf_pipe_stats st;
+  timed *timed; /* this step's compute spans, at most one per action */
+  int n_timed;
+  wf_event *end; /* recorded after the step's last action */
 };
 
 int wf_pipe_slots(wf_schedule_kind kind, int pp, int rank, int microbatches, int v)
@@ -106,6 +116,12 @@ wf_status wf_pipe_create(wf_pipe **out, const wf_pipe_opts *o)
   WF_CHECK_ALLOC(p->slot_busy = calloc((size_t)p->n_slots, sizeof(bool)));
   WF_CHECK_ALLOC(p->inputs = wf_mem_alloc((size_t)o->B * o->T * sizeof(int)));
   WF_CHECK_ALLOC(p->targets = wf_mem_alloc((size_t)o->B * o->T * sizeof(int)));
+  WF_CHECK_ALLOC(p->timed = calloc((size_t)p->sched.n, sizeof(timed)));
+  for (int i = 0; i < p->sched.n; i++) {
+    WF_TRY(wf_dev_event_create(p->dev, &p->timed[i].a));
+    WF_TRY(wf_dev_event_create(p->dev, &p->timed[i].b));
+  }
+  WF_TRY(wf_dev_event_create(p->dev, &p->end));
   *out = p;
   return WF_OK;
 fail:
@@ -123,7 +139,6 @@ void wf_pipe_destroy(wf_pipe *p)
     wf_req_wait(&p->req_sf[i]);
     wf_req_wait(&p->req_sb[i]);
   }
-  wf_schedule_fini(&p->sched);
   ring_free(p->dev, &p->rf);
   ring_free(p->dev, &p->rb);
   ring_free(p->dev, &p->sb);
@@ -135,6 +150,13 @@ void wf_pipe_destroy(wf_pipe *p)
   free(p->slot_busy);
   wf_mem_free(p->inputs);
   wf_mem_free(p->targets);
+  for (int i = 0; p->timed && i < p->sched.n; i++) {
+    wf_dev_event_destroy(p->dev, p->timed[i].a);
+    wf_dev_event_destroy(p->dev, p->timed[i].b);
+  }
+  free(p->timed);
+  wf_dev_event_destroy(p->dev, p->end);
+  wf_schedule_fini(&p->sched);
   free(p);
 }
 
@@ -184,16 +206,46 @@ static int take_slot(wf_pipe *p, int mb)
 
 /* ---- actions ------------------------------------------------------------------------ */
 
-static void span(wf_pipe *p, char op, int mb, int chunk, double t0, double t1)
+/* Compute is timed with device events, not the host clock: on a GPU the host returns
+ * from a chunk's launches long before the chunk has run. span_begin and span_end record
+ * an event on each side of a forward or backward; spans_close, once the step's work is
+ * done, turns them into wall-clock times by their distance to one last event, whose
+ * time is the host clock's when the host has waited for it. On the CPU an event is the
+ * host clock itself, so the figures are what they were. */
+static wf_status span_begin(wf_pipe *p)
 {
-  char name[16];
+  return wf_dev_event_record(p->dev, p->timed[p->n_timed].a, NULL);
+}
+
+static wf_status span_end(wf_pipe *p, char op, int mb, int chunk)
+{
+  timed *t = &p->timed[p->n_timed++];
   if (p->v > 1)
-    snprintf(name, sizeof name, "%c%d%c", op, mb, 'a' + chunk % 26);
+    snprintf(t->name, sizeof t->name, "%c%d%c", op, mb, 'a' + chunk % 26);
   else
-    snprintf(name, sizeof name, "%c%d", op, mb);
-  p->st.busy_s += t1 - t0;
-  if (p->trace)
-    wf_trace_span(p->trace, name, "compute", t0, t1, p->step, mb);
+    snprintf(t->name, sizeof t->name, "%c%d", op, mb);
+  t->mb = mb;
+  return wf_dev_event_record(p->dev, t->b, NULL);
+}
+
+/* The step's compute seconds (busy_s) and its trace spans. */
+static wf_status spans_close(wf_pipe *p)
+{
+  wf_status st = WF_OK;
+  WF_TRY(wf_dev_event_record(p->dev, p->end, NULL));
+  WF_TRY(wf_dev_event_sync(p->dev, p->end));
+  double t_end = wf_now();
+  for (int i = 0; i < p->n_timed; i++) {
+    double da = 0, db = 0;
+    WF_TRY(wf_dev_event_elapsed(p->dev, p->timed[i].a, p->end, &da));
+    WF_TRY(wf_dev_event_elapsed(p->dev, p->timed[i].b, p->end, &db));
+    p->st.busy_s += da - db;
+    if (p->trace)
+      wf_trace_span(p->trace, p->timed[i].name, "compute", t_end - da, t_end - db, p->step,
+                    p->timed[i].mb);
+  }
+fail:
+  return st;
 }
 
 /* Whether this rank's chunk holds the embeddings (first) or the loss (last). */
@@ -223,10 +275,11 @@ static wf_status do_forward(wf_pipe *p, int mb, int chunk, wf_pipe_batch_fn batc
     WF_TRY(batch(user, mb, p->inputs, p->targets));
   int slot = take_slot(p, k);
   WF_CHECK(slot >= 0, WF_EINVAL, "pipeline: no activation slot for micro-batch %d", mb);
-  double t0 = wf_now();
-  st = wf_gpt_chunk_forward(p->model, slot, chunk, first ? p->inputs : NULL, x,
-                            last ? p->targets : NULL, p->B, p->T);
-  span(p, 'F', mb, chunk, t0, wf_now());
+  WF_TRY(span_begin(p));
+  wf_status ran = wf_gpt_chunk_forward(p->model, slot, chunk, first ? p->inputs : NULL, x,
+                                       last ? p->targets : NULL, p->B, p->T);
+  WF_TRY(span_end(p, 'F', mb, chunk));
+  st = ran;
   if (!first)
     ring_give(p, &p->rf, k);
 fail:
@@ -244,9 +297,10 @@ static wf_status do_backward(wf_pipe *p, int mb, int chunk)
     /* the slot's output must not be in flight when its activations are released */
     WF_TRY(wait(p, &p->req_sf[k], "send activation", mb));
   }
-  double t0 = wf_now();
-  st = wf_gpt_stage_backward(p->model, p->slot_of[k], dy, 1.0f / (float)p->m);
-  span(p, 'B', mb, chunk, t0, wf_now());
+  WF_TRY(span_begin(p));
+  wf_status ran = wf_gpt_stage_backward(p->model, p->slot_of[k], dy, 1.0f / (float)p->m);
+  WF_TRY(span_end(p, 'B', mb, chunk));
+  st = ran;
   p->slot_busy[p->slot_of[k]] = false;
   p->slot_of[k] = -1;
   if (!is_last(p, chunk))
@@ -310,6 +364,7 @@ wf_status wf_pipe_step(wf_pipe *p, int step, wf_pipe_batch_fn batch, wf_pipe_arm
   wf_status st = WF_OK;
   memset(&p->st, 0, sizeof p->st);
   p->step = step;
+  p->n_timed = 0;
   *loss_sum = 0;
   for (int i = 0; i < p->m * p->v; i++)
     p->slot_of[i] = -1;
@@ -332,6 +387,8 @@ wf_status wf_pipe_step(wf_pipe *p, int step, wf_pipe_batch_fn batch, wf_pipe_arm
     p->sb.owner[i] = -1;
   if (st == WF_OK)
     st = wf_gpt_take_loss(p->model, loss_sum);
+  if (st == WF_OK)
+    st = spans_close(p);
   p->st.wall_s = wf_now() - t0;
   p->st.peak_slots = wf_gpt_peak_slots(p->model);
   p->st.act_bytes = wf_gpt_act_bytes(p->model, p->st.peak_slots);

@@ -7,7 +7,8 @@
  *   step 12/300 loss=3.1234 lr=1.20e-03 grad_norm=0.812 tok/s=5123 tflops=0.041
  *   mfu=23.1% step_ms=99.8 comm_ms=0.0 mem=45.2MiB optim=0.45MiB eta=28s
  *
- * MFU's peak (per rank): train.peak_tflops when given (the nominal hardware peak), else
+ * MFU's peak (per rank): train.peak_tflops when given, else a GPU's nominal dense peak at
+ * the run's precision (worker/device.c's table, as Megatron-LM and llm.c report MFU), else
  * measured by every rank at once, on its own threads, at a GEMM shape no smaller than
  * the model's: a single-threaded 512^3 stand-in let a dp 2 run of gpt2-small report
  * mfu=111%. All ranks measure together, so ranks that share cores share them as they
@@ -47,7 +48,7 @@ static wf_status measure_peak(wf_dev *dev, double *tflops)
   for (int rep = 0; rep <= PEAK_REPS; rep++) {
     WF_TRY(wf_dev_stream_sync(dev, NULL));
     double t = wf_now();
-    k->matmul_forward(a + 2 * nn, a, a + nn, NULL, PEAK_N, PEAK_N, PEAK_N, NULL);
+    k->matmul_forward(a + 2 * nn, a, a + nn, NULL, PEAK_N, PEAK_N, PEAK_N, WF_PREC_NO, NULL);
     WF_TRY(wf_dev_stream_sync(dev, NULL));
     t = wf_now() - t;
     if (rep > 0 && t < best) /* rep 0 warms up threads and caches */
@@ -67,6 +68,10 @@ wf_status wf__setup_peak(wf__trainer *tr)
   tr->peak_source = "nominal, from train.peak_tflops";
   /* Whether anything reports MFU: the same answer on every rank (a collective follows). */
   bool wanted = !(tr->hooks && tr->hooks->quiet) || tr->cfg->train.metrics[0];
+  if (tr->peak_tflops <= 0 && tr->hooks && tr->hooks->peak_tflops > 0) {
+    tr->peak_tflops = tr->hooks->peak_tflops;
+    tr->peak_source = tr->hooks->peak_source;
+  }
   if (tr->peak_tflops > 0 || !wanted)
     return WF_OK;
   float sum = 0;

@@ -84,6 +84,10 @@ typedef struct wf_train_hooks {
   struct wf_comm *tp, *pp, *emb;
   /* The device this rank trains on (borrowed; NULL = the CPU). */
   struct wf_dev *dev;
+  /* Its nominal peak in TFLOP/s for MFU, and where that comes from (0: unknown, so it
+   * is measured; train.peak_tflops overrides both). */
+  double peak_tflops;
+  const char *peak_source;
 } wf_train_hooks;
 
 /* Build the model (random init from train.seed, or model.init, or the checkpoint

@@ -1,0 +1,288 @@
+/*
+ * flash.cu - causal multi-head self-attention on the GPU without a (T, T) matrix per
+ * head (twin of wf_attention_*): the flash-attention algorithm, in fp32.
+ *
+ * Forward: a block takes BR query rows of one (b, h), one thread per row, and walks the
+ * key tiles up to its last row (causal), BC keys at a time staged in shared memory. Each
+ * thread keeps its scaled query, its output accumulator and the running maximum m and
+ * sum l of the online softmax: per tile, the scores, the tile's maximum, one rescale of
+ * the accumulator by exp(m - m_new), then the tile's contributions. It writes the output
+ * and the row's log-sum-exp L = m + log(l), all that backward needs: `att` holds L,
+ * (B, NH, T) floats instead of (B, NH, T, T).
+ *
+ * Backward recomputes the probabilities p = exp(s - L) instead of reading them, in two
+ * kernels with no atomics (each writes only rows its own threads own):
+ *  1. per query row i: D_i = sum_j p_ij (dout_i . v_j) over its keys, then
+ *     dq_i += scale sum_j p_ij (dout_i . v_j - D_i) k_j; D goes to `scratch` (B, NH, T);
+ *  2. per key row j: dv_j += sum_{i >= j} p_ij dout_i and
+ *     dk_j += sum_{i >= j} p_ij (dout_i . v_j - D_i) scale q_i.
+ * D is computed from the probabilities, not from the output (dout . out), so it is exact
+ * even where the model rounded the attention output in place for a bf16 GEMM.
+ *
+ * Head sizes up to 128 use these kernels (templated on a bound for the per-thread
+ * arrays); larger ones fall back to attention.cu, which keeps (T, T) probabilities, and
+ * the buffer sizes below say so.
+ *
+ * Legend: B batch, T time, C channels (local), NH heads (local), hs = C / NH; qkv
+ * (B,T,3C) with q = [0,C), k = [C,2C), v = [2C,3C), head h owning [h*hs, (h+1)*hs).
+ */
+#include "cuda_int.h"
+
+#define BR 64 /* query (or key) rows per block: one per thread */
+#define BC 32 /* rows per shared-memory tile */
+
+static bool flash_fits(int C, int NH) { return NH > 0 && C % NH == 0 && C / NH <= 128; }
+
+extern "C" size_t wf_cuda_attention_saved(int B, int T, int C, int NH)
+{
+  return flash_fits(C, NH) ? (size_t)B * NH * T : (size_t)B * NH * T * T;
+}
+
+extern "C" size_t wf_cuda_attention_scratch(int B, int T, int C, int NH)
+{
+  return flash_fits(C, NH) ? (size_t)B * NH * T : (size_t)B * NH * T * T;
+}
+
+/* Where the geometry of one (b, h) lives. */
+struct head {
+  const float *qkv;  /* (T, 3C) rows of batch b */
+  int T, C, hs, off; /* off = h * hs */
+};
+
+__device__ static head head_of(const float *qkv, int T, int C, int NH, unsigned bh)
+{
+  head g;
+  int b = (int)(bh / (unsigned)NH), h = (int)(bh % (unsigned)NH);
+  g.qkv = qkv + (size_t)b * T * 3 * C;
+  g.T = T, g.C = C, g.hs = C / NH, g.off = h * g.hs;
+  return g;
+}
+
+/* Element d of part (0 q, 1 k, 2 v) at time t. */
+__device__ static float at(const head &g, int part, int t, int d)
+{
+  return g.qkv[(size_t)t * 3 * g.C + (size_t)part * g.C + g.off + d];
+}
+
+/* Stage rows [t0, t0 + BC) of parts pa and pb (zeros past T) into two tiles. */
+template <int HS>
+__device__ static void load_tiles(float (*a)[HS], float (*b)[HS], const head &g, int pa, int pb,
+                                  int t0)
+{
+  for (int e = threadIdx.x; e < BC * g.hs; e += blockDim.x) {
+    int j = e / g.hs, d = e % g.hs, t = t0 + j;
+    a[j][d] = t < g.T ? at(g, pa, t, d) : 0.0f;
+    b[j][d] = t < g.T ? at(g, pb, t, d) : 0.0f;
+  }
+}
+
+template <int HS>
+__device__ static float dot_row(const float *x, const float (*tile)[HS], int j, int hs)
+{
+  float s = 0.0f;
+  for (int d = 0; d < hs; d++)
+    s += x[d] * tile[j][d];
+  return s;
+}
+
+/* out (B,T,C), lse (B,NH,T); grid (ceil(T / BR), B * NH), block BR */
+template <int HS>
+__global__ static void flash_forward_kernel(float *out, float *lse, const float *qkv, int T, int C,
+                                            int NH)
+{
+  __shared__ float ks[BC][HS], vs[BC][HS];
+  head g = head_of(qkv, T, C, NH, blockIdx.y);
+  const float scale = rsqrtf((float)g.hs);
+  int q0 = (int)blockIdx.x * BR, i = q0 + (int)threadIdx.x, last = min(q0 + BR, T) - 1;
+  bool live = i < T;
+  float q[HS], o[HS], m = -INFINITY, l = 0.0f;
+  for (int d = 0; d < g.hs; d++) {
+    q[d] = live ? at(g, 0, i, d) * scale : 0.0f;
+    o[d] = 0.0f;
+  }
+  for (int k0 = 0; k0 <= last; k0 += BC) {
+    load_tiles<HS>(ks, vs, g, 1, 2, k0);
+    __syncthreads();
+    float s[BC], mt = -INFINITY;
+    for (int j = 0; j < BC; j++) {
+      s[j] = live && k0 + j <= i ? dot_row<HS>(q, ks, j, g.hs) : -INFINITY;
+      mt = fmaxf(mt, s[j]);
+    }
+    if (mt > -INFINITY) { /* one rescale per tile, then the tile's terms */
+      float mn = fmaxf(m, mt), corr = expf(m - mn);
+      l *= corr;
+      for (int d = 0; d < g.hs; d++)
+        o[d] *= corr;
+      for (int j = 0; j < BC; j++) {
+        if (s[j] == -INFINITY)
+          continue;
+        float p = expf(s[j] - mn);
+        l += p;
+        for (int d = 0; d < g.hs; d++)
+          o[d] += p * vs[j][d];
+      }
+      m = mn;
+    }
+    __syncthreads();
+  }
+  if (!live)
+    return;
+  float inv = 1.0f / l;
+  int b = (int)(blockIdx.y / (unsigned)NH);
+  for (int d = 0; d < g.hs; d++)
+    out[((size_t)b * T + i) * C + g.off + d] = o[d] * inv;
+  lse[(size_t)blockIdx.y * T + i] = m + logf(l);
+}
+
+/* Backward 1: D (B,NH,T) and dq; grid and block as the forward. */
+template <int HS>
+__global__ static void flash_backward_dq_kernel(float *dqkv, float *D, const float *dout,
+                                                const float *qkv, const float *lse, int T, int C,
+                                                int NH)
+{
+  __shared__ float ks[BC][HS], vs[BC][HS];
+  head g = head_of(qkv, T, C, NH, blockIdx.y);
+  const float scale = rsqrtf((float)g.hs);
+  int b = (int)(blockIdx.y / (unsigned)NH);
+  int q0 = (int)blockIdx.x * BR, i = q0 + (int)threadIdx.x, last = min(q0 + BR, T) - 1;
+  bool live = i < T;
+  float q[HS], dy[HS], dq[HS], Li = live ? lse[(size_t)blockIdx.y * T + i] : 0.0f, Di = 0.0f;
+  for (int d = 0; d < g.hs; d++) {
+    q[d] = live ? at(g, 0, i, d) * scale : 0.0f;
+    dy[d] = live ? dout[((size_t)b * T + i) * C + g.off + d] : 0.0f;
+    dq[d] = 0.0f;
+  }
+  for (int pass = 0; pass < 2; pass++) { /* pass 0: D_i; pass 1: dq_i */
+    for (int k0 = 0; k0 <= last; k0 += BC) {
+      load_tiles<HS>(ks, vs, g, 1, 2, k0);
+      __syncthreads();
+      for (int j = 0; live && j < BC && k0 + j <= i; j++) {
+        float p = expf(dot_row<HS>(q, ks, j, g.hs) - Li), dp = dot_row<HS>(dy, vs, j, g.hs);
+        if (pass == 0) {
+          Di += p * dp;
+          continue;
+        }
+        float ds = p * (dp - Di) * scale;
+        for (int d = 0; d < g.hs; d++)
+          dq[d] += ds * ks[j][d];
+      }
+      __syncthreads();
+    }
+  }
+  if (!live)
+    return;
+  D[(size_t)blockIdx.y * T + i] = Di;
+  float *row = dqkv + ((size_t)b * T + i) * 3 * C + g.off;
+  for (int d = 0; d < g.hs; d++)
+    row[d] += dq[d];
+}
+
+/* Backward 2: dk and dv of key rows; grid (ceil(T / BR), B * NH), block BR. */
+template <int HS>
+__global__ static void flash_backward_dkv_kernel(float *dqkv, const float *D, const float *dout,
+                                                 const float *qkv, const float *lse, int T, int C,
+                                                 int NH)
+{
+  __shared__ float qs[BC][HS], dys[BC][HS];
+  __shared__ float Ls[BC], Ds[BC];
+  head g = head_of(qkv, T, C, NH, blockIdx.y);
+  const float scale = rsqrtf((float)g.hs);
+  int b = (int)(blockIdx.y / (unsigned)NH);
+  int j0 = (int)blockIdx.x * BR, j = j0 + (int)threadIdx.x;
+  bool live = j < T;
+  float k[HS], v[HS], dk[HS], dv[HS];
+  for (int d = 0; d < g.hs; d++) {
+    k[d] = live ? at(g, 1, j, d) : 0.0f;
+    v[d] = live ? at(g, 2, j, d) : 0.0f;
+    dk[d] = dv[d] = 0.0f;
+  }
+  for (int i0 = j0 / BC * BC; i0 < T; i0 += BC) { /* queries i >= j */
+    for (int e = threadIdx.x; e < BC * g.hs; e += blockDim.x) {
+      int r = e / g.hs, d = e % g.hs, t = i0 + r;
+      qs[r][d] = t < T ? at(g, 0, t, d) * scale : 0.0f;
+      dys[r][d] = t < T ? dout[((size_t)b * T + t) * C + g.off + d] : 0.0f;
+    }
+    for (int r = threadIdx.x; r < BC; r += blockDim.x) {
+      int t = i0 + r;
+      Ls[r] = t < T ? lse[(size_t)blockIdx.y * T + t] : 0.0f;
+      Ds[r] = t < T ? D[(size_t)blockIdx.y * T + t] : 0.0f;
+    }
+    __syncthreads();
+    for (int r = 0; live && r < BC; r++) {
+      int t = i0 + r;
+      if (t < j || t >= T)
+        continue;
+      float p = expf(dot_row<HS>(k, qs, r, g.hs) - Ls[r]), dp = dot_row<HS>(v, dys, r, g.hs);
+      float ds = p * (dp - Ds[r]);
+      for (int d = 0; d < g.hs; d++) {
+        dv[d] += p * dys[r][d];
+        dk[d] += ds * qs[r][d];
+      }
+    }
+    __syncthreads();
+  }
+  if (!live)
+    return;
+  float *row = dqkv + ((size_t)b * T + j) * 3 * C + g.off;
+  for (int d = 0; d < g.hs; d++) {
+    row[C + d] += dk[d];
+    row[2 * C + d] += dv[d];
+  }
+}
+
+static bool shape_ok(int B, int T, int C, int NH)
+{
+  return B > 0 && T > 0 && NH > 0 && C > 0 && C % NH == 0;
+}
+
+/* The smallest instantiated head-size bound that holds hs. */
+static int bound_of(int hs) { return hs <= 32 ? 32 : hs <= 64 ? 64 : 128; }
+
+extern "C" void wf_cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T,
+                                          int C, int NH, wf_stream *stream)
+{
+  cudaStream_t s = (cudaStream_t)stream;
+  if (!shape_ok(B, T, C, NH))
+    return;
+  if (!flash_fits(C, NH)) {
+    wf__cuda_attention_forward_tt(out, att, qkv, B, T, C, NH, stream);
+    return;
+  }
+  dim3 grid((unsigned)((T + BR - 1) / BR), (unsigned)(B * NH));
+  switch (bound_of(C / NH)) {
+  case 32: flash_forward_kernel<32><<<grid, BR, 0, s>>>(out, att, qkv, T, C, NH); break;
+  case 64: flash_forward_kernel<64><<<grid, BR, 0, s>>>(out, att, qkv, T, C, NH); break;
+  default: flash_forward_kernel<128><<<grid, BR, 0, s>>>(out, att, qkv, T, C, NH); break;
+  }
+  WF_CUDA_LAUNCHED("flash_forward_kernel");
+}
+
+template <int HS>
+static bool backward_launch(float *dqkv, float *D, const float *dout, const float *qkv,
+                            const float *lse, int B, int T, int C, int NH, cudaStream_t s)
+{
+  dim3 grid((unsigned)((T + BR - 1) / BR), (unsigned)(B * NH));
+  flash_backward_dq_kernel<HS><<<grid, BR, 0, s>>>(dqkv, D, dout, qkv, lse, T, C, NH);
+  if (!WF_CUDA_LAUNCHED("flash_backward_dq_kernel"))
+    return false;
+  flash_backward_dkv_kernel<HS><<<grid, BR, 0, s>>>(dqkv, D, dout, qkv, lse, T, C, NH);
+  return WF_CUDA_LAUNCHED("flash_backward_dkv_kernel");
+}
+
+extern "C" void wf_cuda_attention_backward(float *dqkv, float *scratch, const float *dout,
+                                           const float *qkv, const float *att, int B, int T, int C,
+                                           int NH, wf_stream *stream)
+{
+  cudaStream_t s = (cudaStream_t)stream;
+  if (!shape_ok(B, T, C, NH))
+    return;
+  if (!flash_fits(C, NH)) {
+    wf__cuda_attention_backward_tt(dqkv, scratch, dout, qkv, att, B, T, C, NH, stream);
+    return;
+  }
+  switch (bound_of(C / NH)) {
+  case 32: backward_launch<32>(dqkv, scratch, dout, qkv, att, B, T, C, NH, s); break;
+  case 64: backward_launch<64>(dqkv, scratch, dout, qkv, att, B, T, C, NH, s); break;
+  default: backward_launch<128>(dqkv, scratch, dout, qkv, att, B, T, C, NH, s); break;
+  }
+}

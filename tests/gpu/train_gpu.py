@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""Training on a GPU computes what training on the CPU computes (`train_gpu.py WORKER CASE`).
+
+Exits 77 (skipped) when the worker finds no usable GPU (runtime.device=cuda refuses).
+
+Cases (gpt2-tiny, 20 steps, the global batch of tests/mpi/equiv.py):
+  np1-fp32   one rank on the GPU vs one rank on the CPU, fp32 GEMMs without TF32
+  np1-bf16   the same with precision=bf16 on both
+  dp2, tp2, pp2, dp2tp2
+             ranks that share the one GPU (NCCL refuses duplicate GPUs, so their
+             collectives go through MPI with host staging) vs one rank on the GPU
+  resume     10 steps on the GPU with a checkpoint, resumed on the GPU and on the CPU,
+             vs 20 uninterrupted steps on the GPU; and a CPU checkpoint resumed on the GPU
+             vs 20 uninterrupted steps on the CPU
+
+Tolerances. Parameters are compared outside the attention key biases, whose gradient is
+zero in exact arithmetic and whose Adam updates are therefore rounding noise amplified
+to lr-sized steps (tests/mpi/equiv.py); the key biases are printed and held to the
+mixed-precision bound.
+* GPU vs CPU (np1-*, resume on the CPU): the GPU sums GEMMs, layernorms, attention (an
+  online softmax over key tiles) and the embedding gradient (atomics) in other orders,
+  and cuBLASLt's GELU epilogue may evaluate tanh with the hardware approximation (2^-11
+  relative). Each perturbation is at most the one bf16 rounding makes (2^-9 relative per
+  element), so equiv.py's mixed-precision bounds, measured with bf16 against one rank,
+  bound it: MP_LOSS_RTOL 2.5e-4, MP_PARAM_ATOL 2e-2. fp32 losses are held to the
+  issue's 1e-4 (FP32_LOSS_RTOL), tighter than that bound: the perturbations of fp32 are
+  far below a bf16 rounding except the GELU epilogue's. Under bf16 on both sides the
+  argument of equiv.py's bf16 cases applies unchanged. NOT YET MEASURED ON A GPU: no
+  GPU was lent to the session that wrote this; the first run on one should record the
+  measured figures here, as equiv.py does for the CPU.
+* A mesh on the GPU vs one rank on the GPU: the same kernels, the same arguments as
+  equiv.py's dp and tp cases (fp32 sums of up to 512 terms in another order):
+  LOSS_RTOL 1e-5, PARAM_ATOL 6e-5.
+* Resumed on the GPU vs uninterrupted: bit-identical on the CPU, but the GPU's
+  embedding gradient adds with atomics in a run-dependent order: LOSS_RTOL, PARAM_ATOL.
+"""
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+WORKER = sys.argv[1]
+CASE = sys.argv[2]
+MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
+STEPS = 20
+LOSS_RTOL, PARAM_ATOL = 1e-5, 6e-5
+MP_LOSS_RTOL, MP_PARAM_ATOL = 2.5e-4, 2e-2
+FP32_LOSS_RTOL = 1e-4
+BASE = ["model.preset=gpt2-tiny", "train.batch_size=8", "train.eval_every=0",
+        "train.seed=1234", "train.warmup=5"]
+MESHES = {"dp2": (2, ["mesh.dp=2"]), "tp2": (2, ["mesh.tp=2"]),
+          "pp2": (2, ["mesh.pp=2", "train.microbatches=4"]),
+          "dp2tp2": (4, ["mesh.dp=2", "mesh.tp=2"])}
+
+
+def fail(msg):
+    print(f"FAIL: {msg}")
+    sys.exit(1)
+
+
+def run(n, args, timeout=300):
+    cmd = (MPIRUN + ["-np", str(n), WORKER] if n > 1 else [WORKER]) + args
+    return cmd, subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                               stdin=subprocess.DEVNULL)
+
+
+def require_gpu():
+    _, p = run(1, BASE + ["train.steps=1", "runtime.device=cuda"])
+    if p.returncode != 0 and "no GPU is usable" in p.stderr + p.stdout:
+        print("skip: no GPU: " + (p.stderr + p.stdout).strip().splitlines()[-1])
+        sys.exit(77)
+    if p.returncode != 0:
+        fail(f"one step on the GPU exited {p.returncode}\n{p.stdout}\n{p.stderr}")
+    print("GPU: " + next((l for l in p.stdout.splitlines() + p.stderr.splitlines()
+                          if "using GPU" in l), "?"))
+
+
+def train(tmp, tag, n, extra, steps=STEPS):
+    metrics, ckpt = os.path.join(tmp, f"{tag}.jsonl"), os.path.join(tmp, f"{tag}.bin")
+    cmd, p = run(n, BASE + [f"train.steps={steps}"] + extra +
+                 [f"train.metrics={metrics}", "--save", ckpt])
+    if p.returncode != 0:
+        fail(f"{' '.join(cmd)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
+    rows = [json.loads(l) for l in open(metrics) if l.strip()]
+    with open(ckpt, "rb") as f:
+        assert struct.unpack("256i", f.read(1024))[0] == 20240326, "llm.c checkpoint magic"
+        data = f.read()
+    return {"loss": {r["step"]: r["loss"] for r in rows}, "params":
+            struct.unpack(f"{len(data) // 4}f", data), "last": rows[-1], "out": p.stdout}
+
+
+def key_bias(n_params):
+    """Indices of the attention key biases in an llm.c checkpoint of gpt2-tiny."""
+    L, C, V, T = 4, 64, 256, 64
+    if n_params != V * C + T * C + 12 * L * C * C + 13 * L * C + 2 * C:
+        fail(f"checkpoint holds {n_params} parameters, not gpt2-tiny's")
+    off = V * C + T * C + 2 * L * C + 3 * L * C * C  # wte wpe ln1w ln1b qkvw
+    return {off + l * 3 * C + C + i for l in range(L) for i in range(C)}
+
+
+def compare(ref, got, what, loss_rtol, param_atol):
+    steps = sorted(got["loss"])
+    worst = max(abs(ref["loss"][s] - got["loss"][s]) / abs(ref["loss"][s]) for s in steps)
+    kb = key_bias(len(ref["params"]))
+    rest = max(abs(a - b) for i, (a, b) in enumerate(zip(ref["params"], got["params"]))
+               if i not in kb)
+    dkb = max(abs(ref["params"][i] - got["params"][i]) for i in kb)
+    first, last = ref["loss"][steps[0]], ref["loss"][steps[-1]]
+    line = (f"{what}: steps {steps[0]}-{steps[-1]}, worst loss rel diff {worst:.2e} (tol "
+            f"{loss_rtol}), params outside the key biases {rest:.2e} (tol {param_atol}), key "
+            f"biases {dkb:.2e} (tol {MP_PARAM_ATOL}); loss {first:.4f} -> {last:.4f}")
+    if worst > loss_rtol or rest > param_atol or dkb > MP_PARAM_ATOL:
+        fail(line)
+    if len(steps) == STEPS and not last < first - 0.1:
+        fail(f"training did not progress: {first} -> {last}")
+    print("ok: " + line)
+
+
+def main():
+    require_gpu()
+    gpu, cpu = ["runtime.device=cuda"], ["runtime.device=cpu", "runtime.threads=1"]
+    with tempfile.TemporaryDirectory() as tmp:
+        if CASE in ("np1-fp32", "np1-bf16"):
+            prec = ["precision=bf16"] if CASE == "np1-bf16" else []
+            ref = train(tmp, "cpu", 1, cpu + prec)
+            compare(ref, train(tmp, "gpu", 1, gpu + prec), f"{CASE}: GPU vs CPU",
+                    MP_LOSS_RTOL if prec else FP32_LOSS_RTOL, MP_PARAM_ATOL)
+        elif CASE in MESHES:
+            n, mesh = MESHES[CASE]
+            extra = [a for a in mesh if a.startswith("train.")]
+            ref = train(tmp, "one", 1, gpu + extra)
+            got = train(tmp, CASE, n, gpu + mesh)
+            compare(ref, got, f"{CASE} on one shared GPU vs one rank", LOSS_RTOL, PARAM_ATOL)
+            if "host staging" not in got["out"]:
+                fail(f"{CASE}: the log does not say the ranks' collectives are host-staged")
+        elif CASE == "resume":
+            ref = train(tmp, "whole", 1, gpu)
+            ck = os.path.join(tmp, "ck")
+            train(tmp, "half", 1, gpu + [f"train.checkpoint_dir={ck}",
+                                         "train.checkpoint_every=10"], steps=10)
+            resumed = [f"train.resume={ck}"]  # the newest (step 10) checkpoint in ck
+            compare(ref, train(tmp, "gpu2", 1, gpu + resumed), "resumed on the GPU",
+                    LOSS_RTOL, PARAM_ATOL)
+            compare(ref, train(tmp, "cpu2", 1, cpu + resumed), "a GPU checkpoint resumed on "
+                    "the CPU", FP32_LOSS_RTOL, MP_PARAM_ATOL)
+            ref = train(tmp, "cpu-whole", 1, cpu)
+            ck = os.path.join(tmp, "ck-cpu")
+            train(tmp, "cpu-half", 1, cpu + [f"train.checkpoint_dir={ck}",
+                                             "train.checkpoint_every=10"], steps=10)
+            compare(ref, train(tmp, "gpu3", 1, gpu + [f"train.resume={ck}"]),
+                    "a CPU checkpoint resumed on the GPU", FP32_LOSS_RTOL, MP_PARAM_ATOL)
+        else:
+            fail(f"unknown case {CASE}")
+
+
+if __name__ == "__main__":
+    main()
