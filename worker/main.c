@@ -269,8 +269,11 @@ static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, con
   }
   char err[1024];
   wf_plane plane;
+  if (cfg->dist.master_port)
+    launch->master_port = cfg->dist.master_port; /* the key beats MASTER_PORT */
+  bool port_default = launch->master_port == 0;
   wf_launch_default_master(launch, wf_rt_host());
-  wf_plane_opts po = {cfg, launch, job};
+  wf_plane_opts po = {cfg, launch, job, port_default};
   if (wf_plane_start(&plane, &po, err, sizeof err) != WF_OK) {
     if (rank == 0)
       fprintf(stderr, "weft: error: %s\n", err);
