@@ -427,6 +427,9 @@ static int run(wf_comm *world, const args *a, int rank, int size)
     binding.threads = cfg.runtime.threads;
   }
   wf_kernels_set_threads(binding.threads);
+  if (!rd.gpu) /* ranks sharing cores share their peak too: the job's sum is the node's */
+    wf__cpu_peak(&rd,
+                 binding.shared ? (double)binding.node_cores / launch.local_size : binding.threads);
 
   wf_job *job = NULL;
   wf_job_opts jo = {&cfg, &launch, rd.desc, &binding};
