@@ -480,6 +480,61 @@ def case_auto():
     print("resume=auto: fresh start said once; without latest, the newest complete checkpoint")
 
 
+def lag_latest(ck, name, ref_step):
+    """Make `latest` name `name` as if it had last been written when step-`ref_step` was
+    published: a job that died between publishing newer steps and updating `latest`."""
+    f = os.path.join(ck, "latest")
+    with open(f, "w") as h:
+        h.write(name + "\n")
+    ns = os.stat(os.path.join(ck, f"step-{ref_step:06d}", "manifest.json")).st_mtime_ns
+    os.utime(f, ns=(ns, ns))
+
+
+def case_auto_lag():
+    """train.resume=auto when `latest` lags a newer complete checkpoint: it resumes from
+    the newest one that verifies and says so in one line, bit-exact with an uninterrupted
+    run; a newer one with a corrupt file is passed over (named) for the next; a `latest`
+    written after the newer steps (a run resumed from an earlier step since) is obeyed."""
+    ck = path("ck")
+    metrics = path("m.jsonl")
+    common = ["train.checkpoint_every=2", "train.keep=0", f"train.checkpoint_dir={ck}",
+              f"train.metrics={metrics}", "train.resume=auto", "train.steps=8"]
+    run(2, common)
+    ref = losses(metrics)
+    shutil.rmtree(os.path.join(ck, "step-000008"))  # as if it died after step 6 ...
+    lag_latest(ck, "step-000002", 2)  # ... with `latest` last written at step 2
+    out = run(2, common)
+    lines = [l for l in out.splitlines() if "is newer, complete and verified" in l]
+    if len(lines) != 1 or "step-000002" not in lines[0] or "step-000006" not in lines[0]:
+        fail("a lagging `latest` (step-000002 under step-000006) is not said in exactly one "
+             "line naming both", out)
+    expect_in(out, ["resumed from", "step-000006 at step 6"], "latest lags")
+    same_losses(ref, losses(metrics), 1, 8, "resume=auto past a lagging latest")
+    print(f"latest lags: {lines[0].split('] ')[-1]}")
+
+    lag_latest(ck, "step-000004", 4)
+    bad = os.path.join(ck, "step-000008", "model-pp00-tp00.bin")
+    with open(bad, "r+b") as h:
+        h.seek(4000)  # past the header: a parameter
+        b = h.read(1)
+        h.seek(4000)
+        h.write(bytes([b[0] ^ 0x01]))
+    out = run(2, common)
+    expect_in(out, [bad, "checksum mismatch", "step-000008 is newer than `latest` but does "
+                    "not verify", "resumed from", "step-000006 at step 6"], "corrupt newer")
+    if out.count("checksum mismatch") != 1:
+        fail("the corrupt newer checkpoint's error is not said once", out)
+    print("latest lags, newest corrupt: step-000008 named and passed over for step-000006")
+
+    with open(os.path.join(ck, "latest"), "w") as h:  # written now: after every manifest
+        h.write("step-000004\n")
+    out = run(2, common)
+    expect_in(out, ["resumed from", "step-000004 at step 4"], "latest written after")
+    if "is newer, complete and verified" in out:
+        fail("a `latest` written after the newer steps was overridden", out)
+    print("latest written after the newer steps: obeyed (resumed at step 4)")
+
+
 def stop_and_resume(n, how):
     """Stop a 40-step run by SIGTERM to one rank or the console's stop; it must
     checkpoint at the agreed boundary, exit 0, and resume bit-exactly."""
@@ -551,6 +606,7 @@ CASES = {
     "write-fail": case_write_fail,
     "keep": case_keep,
     "auto": case_auto,
+    "auto-lag": case_auto_lag,
     "sigterm-np1": lambda: stop_and_resume(1, "sigterm"),
     "sigterm-dp2": lambda: stop_and_resume(2, "sigterm"),
     "console-dp2": lambda: stop_and_resume(2, "console"),
