@@ -12,6 +12,10 @@
   WARN naming the step, the loss and the mean, and no other step does. The expected
   steps are recomputed here from the metrics file with the rule report.c documents;
   loss_jump_factor=0 prints none.
+* banner (np 2): the mesh line names the schedule and the layers of every stage's
+  chunks: interleaved with 2 chunks per stage puts virtual stage c * pp + r (of
+  L / (pp * v) layers) on stage r (DESIGN.md, setup.c), parallel.pp_layers=[3,5] is
+  [0,3) and [3,8) under 1F1B.
 """
 import datetime
 import json
@@ -172,7 +176,39 @@ def case_loss_jump(tmp):
     print("ok: loss-jump: train.loss_jump_factor=0 prints no warning")
 
 
-CASES = {"per-gpu": case_per_gpu, "loss-jump": case_loss_jump}
+def case_banner(tmp):
+    base = ["model.layers=8", "train.microbatches=4", "train.steps=1", "mesh.pp=2"]
+    for extra, want in [
+        (["train.schedule=interleaved", "parallel.virtual_stages=2"],
+         "mesh dp 1 x tp 1 x pp 2, interleaved 1F1B schedule with 2 chunks per stage: layers "
+         "pp 0 [0,2) [4,6), pp 1 [2,4) [6,8) of 8; rank 0 holds "),
+        (["train.schedule=interleaved", "parallel.virtual_stages=4"],
+         "mesh dp 1 x tp 1 x pp 2, interleaved 1F1B schedule with 4 chunks per stage: layers "
+         "pp 0 [0,1) [2,3) [4,5) [6,7), pp 1 [1,2) [3,4) [5,6) [7,8) of 8; rank 0 holds "),
+        (["train.schedule=1f1b", "parallel.pp_layers=[3,5]"],
+         "mesh dp 1 x tp 1 x pp 2, 1F1B schedule: layers pp 0 [0,3), pp 1 [3,8) of 8; "
+         "rank 0 holds "),
+        (["train.schedule=gpipe", "parallel.pp_layers=[5,3]"],
+         "mesh dp 1 x tp 1 x pp 2, GPipe schedule: layers pp 0 [0,5), pp 1 [5,8) of 8; "
+         "rank 0 holds ")]:
+        out = run(2, base + extra, tmp)
+        mesh = [l for l in out.splitlines() if l.startswith("mesh ")]
+        if len(mesh) != 1 or not mesh[0].startswith(want):
+            fail(f"{' '.join(extra)}: banner {mesh}, want one line starting {want!r}", out)
+        # Rank 0 (stage 0, the first) holds its layers and wte, wpe: with gpt2-tiny's
+        # C=64, V=256, maxT=64 a layer has 12 C^2 + 13 C parameters (llm.c's layout), so
+        # the count shows the layers it names are the ones it really holds.
+        spans = re.findall(r"\[(\d+),(\d+)\)", mesh[0].split(", pp 1")[0])
+        layers = sum(int(b) - int(a) for a, b in spans)
+        held = int(re.search(r"rank 0 holds (\d+) of", mesh[0])[1])
+        C, V, T = 64, 256, 64
+        if held != layers * (12 * C * C + 13 * C) + V * C + T * C:
+            fail(f"{' '.join(extra)}: rank 0 holds {held} parameters, not those of the "
+                 f"{layers} layers the banner gives stage 0")
+        print(f"ok: banner: {mesh[0]}")
+
+
+CASES = {"per-gpu": case_per_gpu, "loss-jump": case_loss_jump, "banner": case_banner}
 
 if __name__ == "__main__":
     with tempfile.TemporaryDirectory(prefix="weft-steplog-") as d:

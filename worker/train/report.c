@@ -130,25 +130,52 @@ static void print_precision(const wf__trainer *tr)
 
 static const char *schedule_name(const wf__trainer *tr)
 {
-  if (tr->pp == 1)
-    return "";
   switch (tr->cfg->train.schedule) {
-  case WF_SCHED_GPIPE: return ", GPipe schedule";
-  case WF_SCHED_INTERLEAVED: return ", interleaved 1F1B schedule";
-  default: return ", 1F1B schedule";
+  case WF_SCHED_GPIPE: return "GPipe";
+  case WF_SCHED_INTERLEAVED: return "interleaved 1F1B";
+  default: return "1F1B";
   }
 }
 
+/* Layers [*l0, *l1) of model chunk c of pipeline stage s: with the interleaved schedule
+ * virtual stage c * pp + s of Lc = L / (pp * chunks) layers each (setup.c's split, the
+ * shard's l0 + c * chunk_stride), else the partition's stage s. */
+static void chunk_layers(const wf__trainer *tr, int s, int c, int *l0, int *l1)
+{
+  if (tr->chunks > 1) {
+    int lc = tr->dims.L / (tr->pp * tr->chunks);
+    *l0 = (c * tr->pp + s) * lc, *l1 = *l0 + lc;
+  } else {
+    *l0 = tr->bounds[s], *l1 = tr->bounds[s + 1];
+  }
+}
+
+/* The mesh, the schedule and the layers of every stage's chunks, e.g.
+ *   mesh dp 1 x tp 1 x pp 2, interleaved 1F1B schedule with 2 chunks per stage: layers
+ *   pp 0 [0,2) [4,6), pp 1 [2,4) [6,8) of 8; rank 0 holds 220416 of 420480 parameters */
 static void print_mesh(const wf__trainer *tr)
 {
   const wf_config *cfg = tr->cfg;
-  const wf_gpt_shard *s = wf_gpt_get_shard(tr->model);
-  fprintf(tr->out, "mesh dp %d x tp %d x pp %d%s: this rank holds layers [%d, %d)", tr->D, tr->tp,
-          tr->pp, tr->tp > 1 && cfg->parallel.sequence ? " (sequence parallel)" : "", s->l0, s->l1);
-  for (int c = 1; c < tr->chunks; c++) /* the other model chunks of the interleaved schedule */
-    fprintf(tr->out, ", [%d, %d)", s->l0 + c * s->chunk_stride, s->l1 + c * s->chunk_stride);
-  fprintf(tr->out, " of %d, %zu of %zu parameters%s\n", tr->dims.L, wf_gpt_local_params(tr->model),
-          wf_gpt_num_params(&tr->dims), schedule_name(tr));
+  fprintf(tr->out, "mesh dp %d x tp %d x pp %d%s", tr->D, tr->tp, tr->pp,
+          tr->tp > 1 && cfg->parallel.sequence ? " (sequence parallel)" : "");
+  if (tr->pp == 1) {
+    fprintf(tr->out, ": layers [0,%d) on every rank", tr->dims.L);
+  } else {
+    fprintf(tr->out, ", %s schedule", schedule_name(tr));
+    if (tr->chunks > 1)
+      fprintf(tr->out, " with %d chunks per stage", tr->chunks);
+    fputs(": layers", tr->out);
+    for (int s = 0; s < tr->pp; s++) {
+      fprintf(tr->out, "%s pp %d", s ? "," : "", s);
+      for (int c = 0, l0, l1; c < tr->chunks; c++) {
+        chunk_layers(tr, s, c, &l0, &l1);
+        fprintf(tr->out, " [%d,%d)", l0, l1);
+      }
+    }
+    fprintf(tr->out, " of %d", tr->dims.L);
+  }
+  fprintf(tr->out, "; rank %d holds %zu of %zu parameters\n", wf_rt_rank() < 0 ? 0 : wf_rt_rank(),
+          wf_gpt_local_params(tr->model), wf_gpt_num_params(&tr->dims));
 }
 
 void wf__print_banner(const wf__trainer *tr)
