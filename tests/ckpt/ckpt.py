@@ -331,8 +331,8 @@ def case_bad_shards():
             expect_in(out, want, f"{how.__name__} on {n} rank(s)")
             if re.search(r"^step \d+/", out, re.M):
                 fail(f"{how.__name__}: trained from a bad checkpoint", out)
-            if out.count("training failed") != n:
-                fail(f"{how.__name__}: not every rank stopped with an error", out)
+            if out.count("training failed on every rank") != 1:
+                fail(f"{how.__name__}: not every rank stopped with the error, said once", out)
         print(f"{how.__name__} shard: refused on tp2 x pp2 and on one rank: "
               f"{[l for l in out.splitlines() if needles[0] in l][0].split('] ', 1)[-1]}")
     out = run(4, TP2PP2 + ["train.steps=6", f"train.resume={ck}", "model.layers=2"], expect_rc=1)
@@ -420,8 +420,8 @@ def case_unwritable():
         expect_in(out, [f"train.checkpoint_dir {blocker}/ck", "Not a directory"], "unwritable")
         if losses(metrics):
             fail("training ran steps although the checkpoint directory is unusable")
-        if n == 2 and out.count("training failed") != 2:
-            fail("not every rank stopped with an error", out)
+        if out.count("training failed on every rank") != 1:
+            fail("not every rank stopped with the error, said once", out)
         print(f"unwritable checkpoint_dir on {n} rank(s): error before the first step")
 
 
@@ -435,8 +435,8 @@ def case_write_fail():
               {"WEFT_TEST_CKPT_FAIL": "1:10"}, expect_rc=1)
     expect_in(out, ["No space left on device", "optim-pp00-tp00-dp01.bin",
                     "failed on rank 1", "the checkpoint could not be written"], "write failure")
-    if out.count("training failed") != 2:
-        fail("not every rank stopped with an error", out)
+    if out.count("training failed on every rank") != 1:
+        fail("not every rank stopped with the error, said once", out)
     if max(losses(metrics)) != 10:
         fail(f"training went on past the failed checkpoint (last step {max(losses(metrics))})")
     if latest(ck) != "step-000005" or os.path.exists(os.path.join(ck, "step-000010")):
@@ -535,6 +535,39 @@ def case_auto_lag():
     print("latest written after the newer steps: obeyed (resumed at step 4)")
 
 
+def case_errors_once():
+    """At np 4 a bad checkpoint (or model.init, or train.metrics) is one error line naming
+    it, and one line saying every rank stopped, not one of each per rank; the job exits
+    non-zero without the coordinator having to abort a rank left waiting."""
+    _, ck = reference(1, [], "ref", steps=2, every=2)
+    bad_ck = path("bad-ck")
+    shutil.copytree(ck, bad_ck)
+    bad_model = os.path.join(bad_ck, "step-000002", "model-pp00-tp00.bin")
+    with open(bad_model, "r+b") as h:
+        h.seek(4000)
+        b = h.read(1)
+        h.seek(4000)
+        h.write(bytes([b[0] ^ 0x01]))
+    blocker = path("a-file")
+    open(blocker, "w").write("not a directory\n")
+    cases = [
+        ([f"train.resume={path('nope')}"], [path("nope"), "not a checkpoint"]),
+        ([f"train.checkpoint_dir={blocker}/ck"], [f"{blocker}/ck", "Not a directory"]),
+        ([f"train.resume={bad_ck}"], [bad_model, "checksum mismatch"]),
+        ([f"train.resume={bad_ck}"] + TP2PP2, [bad_model, "checksum mismatch"]),
+        ([f"model.init={blocker}"], [blocker, "truncated llm.c checkpoint"]),
+        ([f"train.metrics={blocker}/m.jsonl"], [f"{blocker}/m.jsonl", "cannot open"]),
+    ]
+    for args, needles in cases:
+        out = run(4, ["train.steps=4"] + args, expect_rc=1)
+        errors = [l for l in out.splitlines() if l.startswith(("[weft E", "weft: error"))]
+        named = [l for l in errors if all(n in l for n in needles)]
+        if len(named) != 1 or len(errors) != 2 or "training failed on every rank" not in errors[-1]:
+            fail(f"{' '.join(args)} at np 4: want one error naming {needles} and one 'training "
+                 f"failed on every rank', got {len(errors)} error lines", out)
+        print(f"np 4, {' '.join(args)}: 2 error lines: {named[0].split('] ', 1)[-1][:100]}")
+
+
 def stop_and_resume(n, how):
     """Stop a 40-step run by SIGTERM to one rank or the console's stop; it must
     checkpoint at the agreed boundary, exit 0, and resume bit-exactly."""
@@ -607,6 +640,7 @@ CASES = {
     "keep": case_keep,
     "auto": case_auto,
     "auto-lag": case_auto_lag,
+    "errors-once-np4": case_errors_once,
     "sigterm-np1": lambda: stop_and_resume(1, "sigterm"),
     "sigterm-dp2": lambda: stop_and_resume(2, "sigterm"),
     "console-dp2": lambda: stop_and_resume(2, "console"),
