@@ -39,6 +39,7 @@ import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -536,7 +537,7 @@ def case_auto_lag():
 
 
 def case_errors_once():
-    """At np 4 a bad checkpoint (or model.init, or train.metrics) is one error line naming
+    """At np 4 a bad checkpoint (or model.init, train.metrics, data) is one error line naming
     it, and one line saying every rank stopped, not one of each per rank; the job exits
     non-zero without the coordinator having to abort a rank left waiting."""
     _, ck = reference(1, [], "ref", steps=2, every=2)
@@ -550,7 +551,12 @@ def case_errors_once():
         h.write(bytes([b[0] ^ 0x01]))
     blocker = path("a-file")
     open(blocker, "w").write("not a directory\n")
+    shard = path("bad-token.bin")  # an llm.c shard: 256 int32 header, then uint16 tokens
+    with open(shard, "wb") as h:
+        h.write(struct.pack("<256i", 20240520, 1, 1000, *([0] * 253)))
+        h.write(struct.pack("<1000H", *[300 if i == 500 else i % 200 for i in range(1000)]))
     cases = [
+        ([f"data.path={shard}"], [shard, "token 300 at index 500"]),
         ([f"train.resume={path('nope')}"], [path("nope"), "not a checkpoint"]),
         ([f"train.checkpoint_dir={blocker}/ck"], [f"{blocker}/ck", "Not a directory"]),
         ([f"train.resume={bad_ck}"], [bad_model, "checksum mismatch"]),

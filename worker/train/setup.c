@@ -216,8 +216,15 @@ static wf_status setup_data(wf__trainer *tr)
   wf_status st = WF_OK;
   char err[1024] = "";
   size_t n = (size_t)tr->B * tr->T;
-  st = wf_data_open_config(&tr->data, tr->cfg, tr->dims.V, err, sizeof err);
-  WF_CHECK(st == WF_OK, st, "%s", err);
+  int bad = -1;
+  /* Every rank opens (and checks) its source at once; a bad file fails alike on all of
+   * them, so only the lowest failing rank says why: one line per job. */
+  wf_status mine = wf_data_open_config(&tr->data, tr->cfg, tr->dims.V, err, sizeof err);
+  st = wf_comm_agree(tr->world, mine, &bad);
+  if (mine != WF_OK && bad == wf__comm_rank(tr->world))
+    WF_ERROR("%s", err);
+  if (st != WF_OK) /* WF_OK only when every rank's open succeeded */
+    goto fail;
   WF_CHECK_ALLOC(tr->inputs = wf_mem_alloc(n * sizeof *tr->inputs));
   WF_CHECK_ALLOC(tr->targets = wf_mem_alloc(n * sizeof *tr->targets));
   bool has_val = wf_data_get_kind(tr->data) == WF_DATA_SYNTHETIC ||
