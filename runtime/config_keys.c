@@ -137,6 +137,8 @@ const wf__cfg_key wf__cfg_keys[] = {
     K_STR("train.resume", train.resume, "", "\"\", \"auto\" or a checkpoint path"),
     K_DBL("train.peak_tflops", train.peak_tflops, "0", 0, 1e9, 0,
           "device peak for MFU; 0 = unknown"),
+    K_DBL("train.loss_jump_factor", train.loss_jump_factor, "3", 0, 1e9, 0,
+          "warn when a step's loss exceeds this times its running mean; 0 = never"),
     K_STR("data.path", data.path, "", "text file or glob of llm.c shards; \"\" = synthetic"),
     K_DBL("data.val_fraction", data.val_fraction, "0.1", 0, 0.99, 0,
           "share of the data held out for evaluation"),

@@ -80,6 +80,7 @@ typedef struct wf_config {
     int checkpoint_every, keep;
     char resume[WF_PATH_MAX]; /* "", "auto" or a path */
     double peak_tflops;       /* for MFU; 0 = measure/unknown */
+    double loss_jump_factor;  /* WARN when loss > this x its running mean; 0 = off */
   } train;
   struct {
     char path[WF_PATH_MAX]; /* text file, glob of llm.c shards, or "" = synthetic */
