@@ -16,7 +16,8 @@ usage: weights.py WORKER MPIRUN [weights|errors|samples ...]
   samples  a tiny byte-level model memorises a sentence: the train.sample_every line and
            worker --generate (greedy) reproduce it; a random sample (top_k 0, seed 5)
            from the saved model is the same on one rank, tp2, pp2 and dp2; under
-           data.tokenizer the prompt is encoded and the sample decoded by the tokenizer.
+           data.tokenizer the prompt is encoded and the sample decoded by the tokenizer;
+           --save is the same bytes with and without train.sample_every.
 """
 import json
 import os
@@ -312,6 +313,13 @@ def test_samples(d):
     b = last_sample(run_ok(args + ["mesh.tp=2", "mesh.pp=2"], np=4))
     assert a == b, (a, b)
     print(f"train.sample_every on tp2 x pp2: {b!r}, as one rank")
+    # sampling changes nothing training computes: the same --save bytes without it
+    s1, s2 = os.path.join(d, "s1.bin"), os.path.join(d, "s2.bin")
+    run_ok(args + ["mesh.pp=2", "train.steps=6", "train.sample_every=2", "--save", s1], np=2)
+    run_ok(args + ["mesh.pp=2", "train.steps=6", "train.sample_every=0", "--save", s2], np=2)
+    with open(s1, "rb") as f1, open(s2, "rb") as f2:
+        assert f1.read() == f2.read(), "train.sample_every changed the trained model"
+    print("--save with and without train.sample_every: the same bytes")
     test_tokenizer_sample(d)
 
 
