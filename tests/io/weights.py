@@ -320,6 +320,16 @@ def test_samples(d):
     with open(s1, "rb") as f1, open(s2, "rb") as f2:
         assert f1.read() == f2.read(), "train.sample_every changed the trained model"
     print("--save with and without train.sample_every: the same bytes")
+    # a byte-level model with a vocabulary above 256: ids past the bytes are written <ID>
+    v300 = os.path.join(d, "v300.bin")
+    run_ok(TINY + ["model.vocab=300", "train.steps=1", "--save", v300])
+    text = run_ok(["--generate", "hi", "model.init=" + v300, "train.sample_tokens=40",
+                   "train.sample_top_k=0", "train.sample_temperature=5", "runtime.threads=1"])
+    import re
+    big = [int(x) for x in re.findall(r"<(\d+)>", text)]
+    assert big and all(256 <= x < 300 for x in big), text
+    assert all(32 <= ord(c) < 127 or c in "\n\t" for c in text), text  # the rest escaped
+    print(f"--generate, vocab 300 without a tokenizer: {text.strip()!r}")
     test_tokenizer_sample(d)
 
 

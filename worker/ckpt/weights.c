@@ -116,14 +116,20 @@ fail:
 
 bool wf_weights_probe(const char *path, wf_gpt_dims *d)
 {
-  char err[1024];
+  char err[1024], dir[WF__PATH_LEN];
   kind k;
-  /* a checkpoint's manifest reader logs what it finds wrong: not a quiet probe */
-  if (kind_of(path, NULL, &k) != WF_OK || k == K_CKPT)
+  if (kind_of(path, NULL, &k) != WF_OK)
     return false;
   if (k == K_LLMC)
     return wf_llmc_dims(path, d);
-  return wf_safetensors_peek(path, d, err, sizeof err) == WF_OK;
+  if (k == K_SAFETENSORS)
+    return wf_safetensors_peek(path, d, err, sizeof err) == WF_OK;
+  /* a directory with no checkpoint is quietly none; a broken one's reader logs */
+  char latest[WF__PATH_LEN];
+  wf__pathf(latest, sizeof latest, "%s/" WF__LATEST, path);
+  if (!wf__has_manifest(path) && !wf__is_file(latest))
+    return false;
+  return wf__resolve(path, dir, sizeof dir) == WF_OK && wf__ckpt_model_dims(dir, d) == WF_OK;
 }
 
 wf_status wf_weights_read(const char *path, const char *what, const wf_gpt_dims *d, float *full)

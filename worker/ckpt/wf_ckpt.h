@@ -103,7 +103,8 @@ const char *wf_weights_fmt_describe(wf_weights_fmt f);
 /* The dims of the model at `path`, which names it in its error messages as `what`
  * (e.g. "model.init"). */
 wf_status wf_weights_peek(const char *path, const char *what, wf_gpt_dims *d);
-/* The same, quietly: false when `path` holds no model weft can read. */
+/* The same, quietly: false when `path` holds no model weft can read (a checkpoint
+ * directory whose `latest` or manifest is broken is the exception: its reader logs). */
 bool wf_weights_probe(const char *path, wf_gpt_dims *d);
 /* The parameters into full (wf_gpt_num_params(d) floats); refuses other dims. */
 wf_status wf_weights_read(const char *path, const char *what, const wf_gpt_dims *d, float *full);

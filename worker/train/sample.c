@@ -18,9 +18,11 @@
  * the seed and the draw's index, so no rank waits on another to learn the next token.
  *
  * Text: decoded by data.tokenizer when given, else the ids are bytes, with non-printable
- * bytes written as \xNN (and, on the one-line form the step lines use, \n and \t too).
+ * bytes written as \xNN (and, on the one-line form the step lines use, \n and \t too);
+ * an id the tokenizer (or, without one, a byte) cannot stand for is written <ID>.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -167,21 +169,33 @@ static void put_escaped(FILE *out, const unsigned char *s, size_t n, bool utf8, 
   }
 }
 
+/* The bytes of one id: the tokenizer's, or the byte itself; "<ID>" for an id neither
+ * knows (a model's vocabulary may be larger than its tokenizer's, or than 256 without
+ * one). */
+static size_t id_bytes(const wf__trainer *tr, int id, char *out, size_t cap)
+{
+  size_t len = 0;
+  int32_t one = id;
+  if (tr->tok && wf_tokenizer_decode(tr->tok, &one, 1, out, cap, &len) == WF_OK && len <= cap)
+    return len;
+  if (!tr->tok && id < 256) {
+    out[0] = (char)id;
+    return 1;
+  }
+  return (size_t)snprintf(out, cap, "<%d>", id);
+}
+
 /* ids[0 .. n) as text on out. */
 static wf_status print_text(wf__trainer *tr, FILE *out, const int *ids, int n, bool one_line)
 {
   wf_status st = WF_OK;
-  size_t len = 0, cap = (size_t)n * 16 + 16;
-  unsigned char *buf = NULL;
-  WF_CHECK_ALLOC(buf = malloc(cap));
-  if (tr->tok) {
-    WF_TRY(wf_tokenizer_decode(tr->tok, (const int32_t *)ids, (size_t)n, (char *)buf, cap, &len));
-    len = WF_MIN(len, cap);
-  } else {
-    for (int i = 0; i < n; i++)
-      buf[len++] = (unsigned char)ids[i];
-  }
-  put_escaped(out, buf, len, tr->tok != NULL, one_line);
+  enum { MOST = 256 }; /* bytes of one token (GPT-2's longest is 128) */
+  size_t len = 0;
+  char *buf = NULL;
+  WF_CHECK_ALLOC(buf = malloc((size_t)n * MOST + 1));
+  for (int i = 0; i < n; i++)
+    len += id_bytes(tr, ids[i], buf + len, MOST);
+  put_escaped(out, (const unsigned char *)buf, len, tr->tok != NULL, one_line);
 fail:
   free(buf);
   return st;
