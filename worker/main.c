@@ -59,8 +59,12 @@ typedef struct args {
   bool dry_run, print_config, print_schedule, help, version;
   const char *dump_state;
   const char *save;
-  const char *export_llmc;                   /* --export llmc FILE */
+  const char *export_path;                   /* --export llmc|safetensors FILE */
+  const char *export_kind;                   /* "llmc" or "safetensors" */
+  const char *save_format;                   /* --save-format NAME (NULL: llmc) */
+  const char *generate;                      /* --generate PROMPT */
   const char *tokenize_in, *tokenize_prefix; /* --tokenize IN.txt OUT_PREFIX */
+  wf_weights_fmt format;                     /* of --save and --export */
   int n_overrides;
   char **overrides; /* "key=value" */
 } args;
@@ -73,8 +77,12 @@ static const char usage[] =
     "  --print-schedule   draw the pipeline schedule of the configured mesh, run nothing\n"
     "  --dump-state FILE  write llm.c's debug state for the first batch and exit\n"
     "  --save FILE        after training, write the model as an llm.c checkpoint\n"
-    "  --export llmc FILE write the checkpoint train.resume names (else the latest in\n"
-    "                     train.checkpoint_dir) as an llm.c checkpoint and exit\n"
+    "  --save-format F    what --save and --export llmc write: llmc (version 3, float32;\n"
+    "                     the default), llmc-bf16 (version 5) or safetensors\n"
+    "  --export llmc|safetensors FILE  write the checkpoint train.resume names (else the\n"
+    "                     latest in train.checkpoint_dir) as FILE and exit\n"
+    "  --generate PROMPT  sample train.sample_tokens tokens after PROMPT from model.init\n"
+    "                     (an llm.c, safetensors or weft checkpoint) and exit\n"
     "  --tokenize IN.txt OUT_PREFIX  encode a text file with data.tokenizer into llm.c\n"
     "                     shards OUT_PREFIX_train_000000.bin and OUT_PREFIX_val_000000.bin\n"
     "                     (the last data.val_fraction of the tokens) and exit\n"
@@ -82,13 +90,39 @@ static const char usage[] =
     "  key=value          override a config key, e.g. mesh.tp=2 train.steps=100\n"
     "Launch with mpirun -np N, srun --mpi=pmix -n N, or alone for one rank.\n";
 
+/* --save-format names a format; --export safetensors takes no other. */
+static int check_formats(args *a, char *err, size_t len)
+{
+  a->format = WF_WEIGHTS_LLMC;
+  if (a->save_format && !wf_weights_fmt_parse(a->save_format, &a->format)) {
+    snprintf(err, len, "--save-format %s: unknown; use llmc, llmc-bf16 or safetensors",
+             a->save_format);
+    return -1;
+  }
+  if (a->export_kind && !strcmp(a->export_kind, "safetensors")) {
+    if (a->save_format && a->format != WF_WEIGHTS_SAFETENSORS) {
+      snprintf(err, len, "--export safetensors writes safetensors; drop --save-format %s",
+               a->save_format);
+      return -1;
+    }
+    a->format = WF_WEIGHTS_SAFETENSORS;
+  }
+  return 0;
+}
+
 static int parse_args(int argc, char **argv, args *a, char *err, size_t len)
 {
   memset(a, 0, sizeof *a);
   a->overrides = calloc((size_t)argc, sizeof *a->overrides);
   for (int i = 1; i < argc; i++) {
     const char *s = argv[i];
-    if (!strcmp(s, "--config") || !strcmp(s, "--dump-state") || !strcmp(s, "--save")) {
+    if (!strcmp(s, "--save-format") || !strcmp(s, "--generate")) {
+      if (i + 1 >= argc) {
+        snprintf(err, len, "%s needs an argument", s);
+        return -1;
+      }
+      *(s[2] == 's' ? &a->save_format : &a->generate) = argv[++i];
+    } else if (!strcmp(s, "--config") || !strcmp(s, "--dump-state") || !strcmp(s, "--save")) {
       if (i + 1 >= argc) {
         snprintf(err, len, "%s needs a file argument", s);
         return -1;
@@ -96,11 +130,14 @@ static int parse_args(int argc, char **argv, args *a, char *err, size_t len)
       const char **dst = s[2] == 'c' ? &a->config_file : s[2] == 'd' ? &a->dump_state : &a->save;
       *dst = argv[++i];
     } else if (!strcmp(s, "--export")) {
-      if (i + 2 >= argc || strcmp(argv[i + 1], "llmc")) {
-        snprintf(err, len, "--export needs a format and a file: --export llmc FILE");
+      if (i + 2 >= argc || (strcmp(argv[i + 1], "llmc") && strcmp(argv[i + 1], "safetensors"))) {
+        snprintf(err, len,
+                 "--export needs a format and a file: --export llmc FILE or --export "
+                 "safetensors FILE");
         return -1;
       }
-      a->export_llmc = argv[i + 2];
+      a->export_kind = argv[i + 1];
+      a->export_path = argv[i + 2];
       i += 2;
     } else if (!strcmp(s, "--tokenize")) {
       if (i + 2 >= argc) {
@@ -131,7 +168,7 @@ static int parse_args(int argc, char **argv, args *a, char *err, size_t len)
       return -1;
     }
   }
-  return 0;
+  return check_formats(a, err, len);
 }
 
 /* All ranks learn whether every rank succeeded (over the start-up communicator, a
@@ -269,18 +306,19 @@ static bool all_arrive(int timeout_ms)
 
 /* Train (or dump llm.c's debug state) on this rank's share of the mesh, with the
  * control plane up so the console can attach and the watchdog can act. */
-static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, const char *dump_state,
-                 const char *save, const wf__rank_device *rd)
+static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, const args *a,
+                 const wf__rank_device *rd)
 {
   int rank = wf_job_rank(job);
-  if (dump_state) {
+  if (a->dump_state || a->generate) {
     wf_train_hooks comms = {.dp = wf_job_comm(job, WF_AXIS_DP),
                             .world = wf_job_world_comm(job),
                             .tp = cfg->mesh.tp > 1 ? wf_job_comm(job, WF_AXIS_TP) : NULL,
                             .pp = cfg->mesh.pp > 1 ? wf_job_comm(job, WF_AXIS_PP) : NULL,
                             .emb = cfg->mesh.pp > 1 ? wf_job_comm(job, WF_AXIS_EMB) : NULL,
                             .dev = rd->dev};
-    wf_status st = wf_train_dump_state(cfg, dump_state, &comms);
+    wf_status st = a->generate ? wf_train_generate(cfg, a->generate, &comms)
+                               : wf_train_dump_state(cfg, a->dump_state, &comms);
     return st == WF_OK ? 0 : 1;
   }
   char err[1024];
@@ -301,7 +339,8 @@ static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, con
   wf_train_hooks hooks = {.user = &bd,
                           .on_step = on_step,
                           .dp = wf_job_comm(job, WF_AXIS_DP),
-                          .save_llmc = save,
+                          .save_llmc = a->save,
+                          .save_format = a->format,
                           .checkpoint_now = checkpoint_now,
                           .on_phase = on_phase,
                           .world = wf_job_world_comm(job),
@@ -361,15 +400,16 @@ static int print_schedule(const wf_config *cfg, int rank)
   return 0;
 }
 
-/* --export llmc FILE: rank 0 writes the model of the checkpoint; no mesh is needed. */
-static int export_llmc(wf_comm *world, const wf_config *cfg, const char *path, int rank)
+/* --export FORMAT FILE: rank 0 writes the model of the checkpoint; no mesh is needed. */
+static int export_weights(wf_comm *world, const wf_config *cfg, const args *a, int rank)
 {
   char dir[WF_PATH_MAX + 64];
   bool ok = true;
   if (rank == 0) {
-    ok = wf_ckpt_locate(cfg, dir, sizeof dir) == WF_OK && wf_ckpt_export_llmc(dir, path) == WF_OK;
+    ok = wf_ckpt_locate(cfg, dir, sizeof dir) == WF_OK &&
+         wf_ckpt_export(dir, a->export_path, a->format) == WF_OK;
     if (ok)
-      printf("exported %s to %s (llm.c GPT-2 checkpoint)\n", dir, path);
+      printf("exported %s to %s (%s)\n", dir, a->export_path, wf_weights_fmt_describe(a->format));
   }
   if (!all_ok(world, ok))
     return fail_all(world, !ok, "--export failed (the error is above)", rank);
@@ -400,6 +440,24 @@ static int tokenize(wf_comm *world, const wf_config *cfg, const args *a, int ran
   return 0;
 }
 
+/* model.init (required by --generate) checked whole by rank 0; *vocab gets its V. */
+static bool init_ok(wf_comm *world, const wf_config *cfg, const args *a, int rank, int *vocab)
+{
+  wf_gpt_dims d = {0};
+  bool ok = true;
+  if (rank == 0 && a->generate && !cfg->model.init[0])
+    WF_ERROR("--generate needs the model to sample from: add model.init=FILE (an llm.c or "
+             "safetensors file, or a weft checkpoint directory)");
+  ok = !a->generate || cfg->model.init[0];
+  if (ok && rank == 0 && cfg->model.init[0])
+    ok = wf_weights_check(cfg->model.init, "model.init", &d) == WF_OK;
+  ok = all_ok(world, rank == 0 ? ok : true);
+  int32_t v = d.V;
+  if (ok && cfg->model.init[0] && wf_comm_bcast(world, &v, 1, WF_COMM_I32, 0) == WF_OK)
+    *vocab = v;
+  return ok;
+}
+
 static int run(wf_comm *world, const args *a, int rank, int size)
 {
   char err[2048] = "";
@@ -418,17 +476,20 @@ static int run(wf_comm *world, const args *a, int rank, int size)
       wf_config_print(&cfg, stdout);
     return 0;
   }
-  if (a->export_llmc)
-    return export_llmc(world, &cfg, a->export_llmc, rank);
+  if (a->export_path)
+    return export_weights(world, &cfg, a, rank);
   if (a->print_schedule)
     return print_schedule(&cfg, rank);
   if (a->tokenize_in)
     return tokenize(world, &cfg, a, rank);
+  /* model.init is read whole by rank 0 first, so a bad file is said once (logged where
+   * found), and its vocabulary is known to the data check. */
+  int vocab = cfg.model.vocab;
+  if (!a->dry_run && !init_ok(world, &cfg, a, rank, &vocab))
+    return 1;
   /* Data that cannot work is a config-level error: every rank checks it (cheaply, never
-   * blocking on a FIFO) and rank 0 says it once. model.init's vocabulary is not known
-   * yet, so its vocabulary rules wait for the trainer's open. */
-  ok = a->dry_run ||
-       wf_data_check(&cfg, cfg.model.init[0] ? 0 : cfg.model.vocab, err, sizeof err) == WF_OK;
+   * blocking on a FIFO) and rank 0 says it once. */
+  ok = a->dry_run || a->generate || wf_data_check(&cfg, vocab, err, sizeof err) == WF_OK;
   if (!all_ok(world, ok))
     return fail_all(world, !ok, err, rank);
 
@@ -473,7 +534,7 @@ static int run(wf_comm *world, const args *a, int rank, int size)
              "mesh\n");
     }
   } else {
-    rc = train(&cfg, &launch, job, a->dump_state, a->save, &rd);
+    rc = train(&cfg, &launch, job, a, &rd);
   }
   wf_job_destroy(job);
   wf__rank_device_close(&rd);

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "wf_collectives.h"
+#include "wf_ckpt.h"
 #include "wf_control.h"
 #include "wf_model.h"
 #include "wf_parallel.h"
@@ -136,7 +137,7 @@ static void stage_desc(const wf_config *cfg, int pp_rank, char *buf, size_t len)
   int bounds[WF_MAX_STAGES + 1];
   size_t used = 0;
   buf[0] = '\0';
-  if (cfg->model.init[0] && !wf_llmc_dims(cfg->model.init, &d))
+  if (cfg->model.init[0] && !wf_weights_probe(cfg->model.init, &d))
     return;
   if (cfg->train.schedule == WF_SCHED_INTERLEAVED && pp > 1) {
     int v = cfg->parallel.virtual_stages, lc = d.L / (pp * v);

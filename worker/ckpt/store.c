@@ -308,6 +308,25 @@ fail:
   return st;
 }
 
+wf_status wf__resolve(const char *path, char *dir, size_t len)
+{
+  wf_status st = WF_OK;
+  char latest[WF__PATH_LEN];
+  bool none = false;
+  if (wf__has_manifest(path)) {
+    wf_strlcpy(dir, path, len);
+    return WF_OK;
+  }
+  wf__pathf(latest, sizeof latest, "%s/" WF__LATEST, path);
+  WF_TRY(find_latest(path, dir, len, &none));
+  WF_CHECK(!none, WF_EFORMAT,
+           "%s: not a weft checkpoint (no %s in it) nor a checkpoint directory holding one (no "
+           "%s, no step-NNNNNN with a %s)",
+           path, WF__MANIFEST, WF__LATEST, WF__MANIFEST);
+fail:
+  return st;
+}
+
 wf_status wf__locate(const wf_config *cfg, char *dir, size_t len, bool *none)
 {
   wf_status st = WF_OK;

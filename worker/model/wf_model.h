@@ -279,18 +279,20 @@ void wf_gpt_set_loss_scale(wf_gpt *m, float s);
 /* ---- llm.c files (llmc.c) ------------------------------------------------------------
  * GPT-2 checkpoint (train_gpt2.c, magic 20240326, version 3): an int32[256] header
  * {magic, version, maxT, V, L, NH, C, Vp, 0...} then the float32 parameters in llm.c
- * order, which is exactly the whole model's flat layout. One codec for the header
+ * order, which is exactly the whole model's flat layout. Version 5 (train_gpt2.cu) is the
+ * same with bf16 parameters; readers take either, widening bf16 exactly. One codec for the header
  * serves every reader and writer of it (these functions, checkpoints, the data loader's
  * mix-up check). Errors are logged, naming the file and what was expected. */
 #define WF_LLMC_MAGIC        20240326
-#define WF_LLMC_VERSION      3
+#define WF_LLMC_VERSION      3 /* float32 parameters: what weft writes by default */
+#define WF_LLMC_VERSION_BF16 5 /* bf16 parameters (llm.c's GPU trainer) */
 #define WF_LLMC_STATE_MAGIC  20240327
 #define WF_LLMC_HEADER_INTS  256
 #define WF_LLMC_HEADER_BYTES (WF_LLMC_HEADER_INTS * 4)
 /* The header of a checkpoint of dims d. */
 void wf_llmc_header_encode(int32_t h[WF_LLMC_HEADER_INTS], const wf_gpt_dims *d);
 /* The dims of header h; WF_EFORMAT (logged, naming `path`) when h is not a valid
- * version-3 GPT-2 checkpoint header. */
+ * version-3 or version-5 GPT-2 checkpoint header. */
 wf_status wf_llmc_header_decode(const int32_t h[WF_LLMC_HEADER_INTS], const char *path,
                                 wf_gpt_dims *d);
 /* Whether `path` starts with a valid checkpoint header, and its dims: a quiet probe that
@@ -301,8 +303,11 @@ wf_status wf_llmc_peek(const char *path, wf_gpt_dims *d);
 /* The parameters of a checkpoint into full (wf_gpt_num_params(d) floats); refuses a
  * file of other dims, naming the field that differs. */
 wf_status wf_llmc_read(const char *path, const wf_gpt_dims *d, float *full);
-/* Write a checkpoint atomically (runtime/wf_file.h). */
+/* Write a checkpoint atomically (runtime/wf_file.h): version 3; or version 3 or 5, the
+ * latter with every parameter rounded to the nearest bf16 (ties to even). */
 wf_status wf_llmc_write(const char *path, const wf_gpt_dims *d, const float *full);
+wf_status wf_llmc_write_version(const char *path, const wf_gpt_dims *d, const float *full,
+                                int version);
 /* A whole model on one rank from / to a checkpoint (staged through the device). */
 wf_status wf_gpt_load_llmc(wf_gpt *m, const char *path);
 wf_status wf_gpt_save_llmc(wf_gpt *m, const char *path);

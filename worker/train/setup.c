@@ -59,10 +59,10 @@ static wf_status rank0_first(wf__trainer *tr, wf_status (*fn)(wf__trainer *, voi
 static wf_status peek_init(wf__trainer *tr, void *arg)
 {
   (void)arg;
-  return wf_llmc_peek(tr->cfg->model.init, &tr->dims);
+  return wf_weights_peek(tr->cfg->model.init, "model.init", &tr->dims);
 }
 
-/* The whole model's dimensions: the config's, or model.init's header. */
+/* The whole model's dimensions: the config's, or model.init's (any weights format). */
 static wf_status setup_dims(wf__trainer *tr)
 {
   wf_status st = WF_OK;
@@ -70,6 +70,11 @@ static wf_status setup_dims(wf__trainer *tr)
   tr->dims = wf_gpt_dims_from_config(cfg);
   if (cfg->model.init[0])
     WF_TRY(rank0_first(tr, peek_init, NULL));
+  /* model.init's context bounds a derived length (model.seq_len is the file's) */
+  bool derived =
+      cfg->train.seq_len == 0 || cfg->source[wf_config_key_find("train.seq_len")] == WF_SRC_DERIVED;
+  if (cfg->model.init[0] && derived)
+    tr->T = WF_MIN(tr->T, tr->dims.maxT);
   WF_REFUSE(tr->T <= tr->dims.maxT, WF_ECONFIG,
             "train.seq_len %d exceeds the model's context %d (model.seq_len)", tr->T,
             tr->dims.maxT);
@@ -79,11 +84,12 @@ fail:
 
 static wf_status read_init(wf__trainer *tr, void *full)
 {
-  return wf_llmc_read(tr->cfg->model.init, &tr->dims, full);
+  return wf_weights_read(tr->cfg->model.init, "model.init", &tr->dims, full);
 }
 
-/* The llm.c checkpoint model.init into this rank's shard: the whole file is read into
- * one host array of parameters and this rank's slices copied out. */
+/* model.init into this rank's shard: the whole model is read into one host array of
+ * parameters (wf_weights_read: llm.c, safetensors or a weft checkpoint) and this rank's
+ * slices copied out. */
 static wf_status load_init(wf__trainer *tr)
 {
   wf_status st = WF_OK;
@@ -314,4 +320,5 @@ void wf__train_teardown(wf__trainer *tr)
   wf_pipe_destroy(tr->pipe);
   wf_gpt_destroy(tr->model);
   wf_trace_destroy(tr->trace);
+  wf_tokenizer_destroy(tr->tok);
 }

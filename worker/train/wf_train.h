@@ -29,6 +29,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "wf_ckpt.h"
 #include "wf_collectives.h"
 #include "wf_config.h"
 #include "wf_runtime.h"
@@ -74,7 +75,8 @@ typedef struct wf_train_hooks {
   /* The data-parallel group this rank trains in (NULL = one rank alone): each dp
    * rank trains on its slice of the global batch and gradients are averaged. */
   struct wf_comm *dp;
-  const char *save_llmc; /* write the final model as an llm.c checkpoint (dp rank 0) */
+  const char *save_llmc;      /* write the final model there (world rank 0) ... */
+  wf_weights_fmt save_format; /* ... in this format (default: llm.c version 3) */
   /* Checkpoints (train.checkpoint_dir): one is written every train.checkpoint_every
    * steps, after the last step, and when on_step stops the run. checkpoint_now is
    * asked at the other step boundaries, after on_step; it must answer the same on
@@ -106,5 +108,18 @@ wf_status wf_train_run(const wf_config *cfg, const wf_train_hooks *hooks);
  * pp, emb, dp and world groups of a model-parallel run: the state is then computed by
  * the stages and shards together and assembled whole by world rank 0. */
 wf_status wf_train_dump_state(const wf_config *cfg, const char *path, const wf_train_hooks *comms);
+
+/* One draw of a sample: the id among logits[0 .. V) (the whole vocabulary's row, divided
+ * by temperature > 0) drawn from the softmax over its top_k (0 = all; equal logits
+ * ranked by the lower id), with u = wf_rng_uniform(seed, a stream of `stream`, index):
+ * the first id, most likely first, whose cumulative probability exceeds u. A pure
+ * function of its arguments; -1 when out of memory. */
+int wf_sample_token(const float *logits, int V, int top_k, double temperature, uint64_t seed,
+                    uint64_t stream, uint64_t index);
+
+/* worker --generate: the model of model.init on the mesh comms gives (NULL = one rank),
+ * train.sample_tokens tokens sampled after `prompt` (see "Samples" in sample.c), printed
+ * by world rank 0 on stdout (prompt and continuation, decoded), then return. */
+wf_status wf_train_generate(const wf_config *cfg, const char *prompt, const wf_train_hooks *comms);
 
 #endif /* WF_TRAIN_H */
