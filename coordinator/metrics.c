@@ -2,9 +2,9 @@
  * metrics.c - optional Prometheus endpoint (runtime.metrics_port): GET /metrics.
  *
  * A deliberately tiny HTTP/1.0 server on the service's loop: read one request (up
- * to 1 KiB, within the console idle timeout), answer in Prometheus text format and
- * close. It exposes no token-protected data: job-level numbers and per-rank
- * heartbeat age and memory only.
+ * to 1 KiB, within WF__HTTP_MS of the connection, however it trickles in), answer in
+ * Prometheus text format and close. At most WF__HTTP_MAX_CONNS at once. It exposes no
+ * token-protected data: job-level numbers and per-rank heartbeat age and memory only.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -16,19 +16,12 @@
 
 wf_status wf__metrics_start(wf_service *svc)
 {
-  struct sockaddr_in addr;
-  uv_tcp_init(&svc->loop, &svc->http);
-  svc->http.data = svc;
-  svc->have_http = true;
-  uv_ip4_addr(svc->bind_addr, svc->metrics_port, &addr);
-  int rc = uv_tcp_bind(&svc->http, (const struct sockaddr *)&addr, 0);
-  if (rc == 0)
-    rc = uv_listen((uv_stream_t *)&svc->http, 16,
-                   wf__service_on_connection); /* role HTTP routes reads here */
+  int rc = wf__listen_tcp(svc, &svc->http, svc->metrics_port, 16);
+  svc->have_http = svc->http.data == svc; /* initialised, so it must be closed */
   if (rc < 0) {
-    WF_WARN("control: cannot serve metrics on port %d: %s; choose another with "
-            "runtime.metrics_port=...",
-            svc->metrics_port, uv_strerror(rc));
+    WF_WARN("control: cannot serve metrics on %s:%d: %s; choose another port with "
+            "runtime.metrics_port=... or address with runtime.listen_addr=...",
+            svc->bind_addr, svc->metrics_port, uv_strerror(rc));
     return WF_EUV;
   }
   return WF_OK;
@@ -97,10 +90,14 @@ static void http_respond(wf__conn *c, const char *status, const char *body, size
   }
 }
 
+/* A request is read whole before it is answered, within WF__HTTP_MS of the connection
+ * (the watchdog enforces it). One that cannot be a scrape (too large for the buffer,
+ * or with a NUL byte in it) is answered 400 at once rather than waited on. */
 void wf__metrics_read(wf__conn *c, const char *data, size_t len)
 {
-  if (c->http_len + len >= sizeof c->http) {
-    wf__conn_close(c);
+  if (c->http_len + len >= sizeof c->http || memchr(data, '\0', len)) {
+    static const char msg[] = "bad request: a scrape is GET /metrics, under 1 KiB, no NUL bytes\n";
+    http_respond(c, "400 Bad Request", msg, sizeof msg - 1);
     return;
   }
   memcpy(c->http + c->http_len, data, len);

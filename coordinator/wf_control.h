@@ -42,7 +42,7 @@ typedef struct wf_service_opts {
   wf_mesh mesh;               /* dp x tp x pp = world_size */
   const wf_rank_facts *facts; /* world_size entries (copied), or NULL: taken from Hello */
   const char *master_addr;    /* advertised TCP host (MASTER_ADDR); NULL = this host */
-  const char *bind_addr;      /* NULL = "0.0.0.0" */
+  const char *bind_addr;      /* runtime.listen_addr; NULL or "" = master_addr's address */
   int port;                   /* MASTER_PORT; 0 = any free port (tests) */
   const char *job_dir;        /* NULL = $WEFT_JOB_DIR, else /tmp/weft-$USER */
   const char *model_desc;     /* shown by `status`, e.g. "gpt2-tiny (4 layers, d 256)" */

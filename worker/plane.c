@@ -181,6 +181,7 @@ static void start_service(wf_plane *p, const wf_plane_opts *o, plane_facts *pf)
       .mesh = *wf_job_mesh(o->job),
       .facts = wf_job_facts(o->job),
       .master_addr = o->launch->master_addr,
+      .bind_addr = cfg->runtime.listen_addr,
       .port = o->launch->master_port,
       .model_desc = model,
       .total_steps = cfg->train.steps,

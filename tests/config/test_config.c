@@ -341,8 +341,15 @@ static void test_presets(void **state)
   assert_int_equal(f->cfg.model.d_model, 768);
   assert_int_equal(f->cfg.model.seq_len, 1024);
   assert_int_equal(f->cfg.model.vocab, 50257);
+  /* GPT-2 small's peak lr, 6e-4 (llm.c, nanoGPT), not the tiny model's 3e-3 */
+  assert_float_equal(f->cfg.train.lr, 6e-4, 0);
+  assert_int_equal(source_of(&f->cfg, "train.lr"), WF_SRC_PRESET);
   assert_int_equal(source_of(&f->cfg, "model.layers"), WF_SRC_PRESET);
   assert_int_equal(source_of(&f->cfg, "model.preset"), WF_SRC_CLI);
+  /* an explicit train.lr wins over the preset's, in either order */
+  assert_int_equal(set(f, "train.lr", "1e-3", WF_SRC_FILE), WF_OK);
+  assert_int_equal(set(f, "model.preset", "gpt2-medium", WF_SRC_CLI), WF_OK);
+  assert_float_equal(f->cfg.train.lr, 1e-3, 0);
   assert_int_equal(set(f, "model.preset", "gpt5", WF_SRC_CLI), WF_ECONFIG);
   assert_err_has(f->err, "model.preset: unknown preset 'gpt5'; known presets: gpt2-tiny, "
                          "gpt2-small");
