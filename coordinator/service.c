@@ -241,9 +241,71 @@ static void on_heartbeat(wf__conn *c, const Weft__Heartbeat *hb)
   r->coll_seq = hb->coll_seq;
   r->coll_active = hb->coll_active;
   r->mem_bytes = hb->mem_bytes;
+  r->rss_bytes = hb->rss_bytes;
+  /* CPU% over the interval since the last heartbeat that carried it (100 = one core) */
+  if (r->t_cpu > 0 && now > r->t_cpu && hb->cpu_s >= r->cpu_s)
+    r->cpu_pct = 100.0 * (hb->cpu_s - r->cpu_s) / ((now - r->t_cpu) / 1000.0);
+  r->cpu_s = hb->cpu_s;
+  r->t_cpu = now;
   wf__sanitize(r->phase, sizeof r->phase, hb->phase);
   wf__sanitize(r->coll_op, sizeof r->coll_op, hb->coll_op);
 }
+
+static void report_from_proto(wf_step_report *r, const Weft__StepReport *sr)
+{
+  *r = (wf_step_report){.step = sr->step,
+                        .steps = sr->steps,
+                        .loss = sr->loss,
+                        .tokens_per_s = sr->tokens_per_s,
+                        .step_ms = sr->step_ms,
+                        .mem_bytes = sr->mem_bytes,
+                        .tokens = sr->tokens,
+                        .world_size = sr->world_size,
+                        .lr = sr->lr,
+                        .grad_norm = sr->grad_norm,
+                        .val_loss = sr->val_loss,
+                        .loss_scale = sr->loss_scale,
+                        .mfu = sr->mfu,
+                        .compute_s = sr->compute_s,
+                        .p2p_wait_s = sr->p2p_wait_s,
+                        .tp_s = sr->tp_s,
+                        .dp_s = sr->dp_s,
+                        .bubble = sr->bubble,
+                        .act_bytes = sr->act_bytes,
+                        .optim_bytes = sr->optim_bytes,
+                        .skipped_steps = sr->skipped_steps,
+                        .ckpt_wall = sr->ckpt_wall,
+                        .checkpoints = sr->checkpoints};
+}
+
+#define TAKE(f)                                                                                    \
+  do {                                                                                             \
+    if (isfinite(r->f))                                                                            \
+      j->f = r->f;                                                                                 \
+  } while (0)
+
+/* The job's figures: ranks without the loss (pipeline stages before the last) send
+ * NaN, so each figure is the newest finite one any rank sent for the newest step. */
+static void job_from_report(wf_service *svc, const wf_step_report *r)
+{
+  wf_step_report *j = &svc->job;
+  j->step = r->step;
+  j->steps = WF_MAX(j->steps, r->steps);
+  j->world_size = r->world_size > 0 ? r->world_size : svc->world;
+  TAKE(loss);
+  TAKE(tokens_per_s);
+  TAKE(step_ms);
+  TAKE(tokens);
+  TAKE(lr);
+  TAKE(grad_norm);
+  TAKE(val_loss);
+  TAKE(loss_scale);
+  TAKE(mfu);
+  j->skipped_steps = WF_MAX(j->skipped_steps, r->skipped_steps);
+  j->ckpt_wall = WF_MAX(j->ckpt_wall, r->ckpt_wall);
+  j->checkpoints = WF_MAX(j->checkpoints, r->checkpoints);
+}
+#undef TAKE
 
 static void on_step_report(wf__conn *c, const Weft__StepReport *sr)
 {
@@ -256,6 +318,7 @@ static void on_step_report(wf__conn *c, const Weft__StepReport *sr)
   r->tokens_per_s = sr->tokens_per_s;
   r->step_ms = sr->step_ms;
   r->mem_bytes = sr->mem_bytes;
+  report_from_proto(&r->rep, sr);
   r->reports++;
   if (sr->step >= svc->step) {
     svc->step = sr->step;
@@ -265,6 +328,7 @@ static void on_step_report(wf__conn *c, const Weft__StepReport *sr)
       svc->tokens_per_s = sr->tokens_per_s;
     if (sr->step_ms > 0)
       svc->step_ms = sr->step_ms;
+    job_from_report(svc, &r->rep);
   }
 }
 
@@ -709,6 +773,17 @@ static wf_status service_config(wf_service *svc, const wf_service_opts *o)
   svc->start_wall = wf_wall_time();
   svc->step = -1;
   svc->loss = svc->tokens_per_s = svc->step_ms = NAN;
+  svc->job = (wf_step_report){.step = -1,
+                              .loss = NAN,
+                              .tokens_per_s = NAN,
+                              .step_ms = NAN,
+                              .tokens = NAN,
+                              .lr = NAN,
+                              .grad_norm = NAN,
+                              .val_loss = NAN,
+                              .loss_scale = NAN,
+                              .mfu = NAN,
+                              .bubble = NAN};
   svc->ranks = calloc((size_t)svc->world, sizeof *svc->ranks);
   if (!svc->ranks)
     return WF_ENOMEM;
@@ -723,6 +798,7 @@ static wf_status service_config(wf_service *svc, const wf_service_opts *o)
     r->facts.rank = i;
     r->step = -1;
     r->loss = r->tokens_per_s = r->step_ms = NAN;
+    r->rep = (wf_step_report){.step = -1, .bubble = NAN};
   }
   return WF_OK;
 }

@@ -106,6 +106,23 @@ void wf_control_destroy(wf_control *ctl);
  * `ctl` (no control plane) makes them no-ops and the predicates false. */
 void wf_control_report_step(wf_control *ctl, int64_t step, double loss, double tokens_per_s,
                             double step_ms, uint64_t mem_bytes);
+
+/* Everything a step tells the coordinator, for the console and /metrics. Times in
+ * seconds and this rank's own; NAN where a figure does not apply (see weft.proto). */
+typedef struct wf_step_report {
+  int64_t step, steps;
+  double loss, tokens_per_s, step_ms;
+  uint64_t mem_bytes;
+  double tokens; /* the job's tokens in this step */
+  int world_size;
+  double lr, grad_norm, val_loss, loss_scale, mfu;
+  double compute_s, p2p_wait_s, tp_s, dp_s, bubble;
+  uint64_t act_bytes, optim_bytes;
+  int64_t skipped_steps;
+  double ckpt_wall;    /* wall time (s since the epoch) the last checkpoint ended; 0 = none */
+  int64_t checkpoints; /* checkpoints written by this run */
+} wf_step_report;
+void wf_control_report(wf_control *ctl, const wf_step_report *r);
 /* "forward", "backward", "optimizer", ... A phase beginning with "checkpoint" is never
  * taken for a hang, however long it lasts (liveness still comes from heartbeats). */
 void wf_control_set_phase(wf_control *ctl, const char *phase);

@@ -256,6 +256,38 @@ bool wf_plane_fail(wf_plane *p, wf_status st, const char *what, int timeout_ms)
   return false;
 }
 
+void wf_plane_report_step(wf_plane *p, const wf_job *job, const wf_train_step_info *info,
+                          double ckpt_wall, int64_t checkpoints)
+{
+  int stage = info->n_stages > 1 ? wf_job_my_facts(job)->coords.pp : 0;
+  wf_step_report r = {
+      .step = info->step,
+      .steps = info->steps,
+      .loss = info->loss,
+      .tokens_per_s = info->tokens_per_s,
+      .step_ms = info->step_ms,
+      .mem_bytes = (uint64_t)info->mem_bytes,
+      .tokens = info->tokens_per_s * info->step_ms * 1e-3,
+      .world_size = wf_job_world(job),
+      .lr = info->lr,
+      .grad_norm = info->grad_norm,
+      .val_loss = info->val_loss,
+      .loss_scale = info->loss_scale,
+      .mfu = info->mfu,
+      .compute_s = info->compute_ms * 1e-3,
+      .p2p_wait_s = info->p2p_wait_ms * 1e-3,
+      .tp_s = info->tp_ms * 1e-3,
+      .dp_s = info->comm_ms * 1e-3,
+      .bubble = info->bubble,
+      .act_bytes = (uint64_t)info->stage_act_bytes[stage < WF_MAX_STAGES ? stage : 0],
+      .optim_bytes = (uint64_t)info->optim_bytes,
+      .skipped_steps = info->skipped_steps,
+      .ckpt_wall = ckpt_wall,
+      .checkpoints = checkpoints,
+  };
+  wf_control_report(p->ctl, &r);
+}
+
 void wf_plane_stop(wf_plane *p)
 {
   /* Every rank says Bye before rank 0 stops the service, so no rank's departure is

@@ -57,6 +57,8 @@ typedef struct wf_train_step_info {
                         * scales its loss gradient by S / dp, see train.c); else NAN */
   bool skipped;        /* fp16: this step's gradients overflowed, so it made no update */
   int skipped_steps;   /* fp16: steps skipped so far in the run (0 otherwise) */
+  double compute_ms;   /* this rank's forward + backward compute (the pipeline's busy time) */
+  double p2p_wait_ms;  /* this rank's wait in pipeline sends and receives */
 } wf_train_step_info;
 
 typedef struct wf_train_hooks {
