@@ -110,13 +110,13 @@ typedef struct wf__rank {
   uint64_t mem_bytes;
   double loss, tokens_per_s, step_ms;
   int64_t reports;
-  wf_step_report rep;     /* its last step report, whole */
-  uint64_t rss_bytes;     /* from heartbeats */
-  double cpu_s, cpu_pct;  /* CPU seconds so far; % of one core over the last interval */
-  double t_cpu;           /* ms: when cpu_s was taken */
-  char error[256]; /* last Error message from this rank */
-  char *trace;     /* lines of the TraceReport for the pending `trace`, malloc()ed */
-  bool traced;     /* answered the pending `trace` */
+  wf_step_report rep;    /* its last step report, whole */
+  uint64_t rss_bytes;    /* from heartbeats */
+  double cpu_s, cpu_pct; /* CPU seconds so far; % of one core over the last interval */
+  double t_cpu;          /* ms: when cpu_s was taken */
+  char error[256];       /* last Error message from this rank */
+  char *trace;           /* lines of the TraceReport for the pending `trace`, malloc()ed */
+  bool traced;           /* answered the pending `trace` */
 } wf__rank;
 
 #define WF__TRACE_WAIT_MS 1000 /* how long a `trace` waits for the ranks' answers */

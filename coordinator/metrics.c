@@ -133,8 +133,7 @@ static void job_training_series(text *t, wf_service *svc)
   job_sample(t, svc, "weft_loss_scale", "gauge", "fp16 loss scale (precision=fp16 only)",
              j->loss_scale);
   job_sample(t, svc, "weft_mfu_ratio", "gauge",
-             "model FLOP utilisation of the last step, 0-1 (achieved / peak of all ranks)",
-             j->mfu);
+             "model FLOP utilisation of the last step, 0-1 (achieved / peak of all ranks)", j->mfu);
   job_sample(t, svc, "weft_tokens_per_second_per_gpu", "gauge",
              "tokens per second of the last step, per rank (GPU)", j->tokens_per_s / world);
   job_sample(t, svc, "weft_step_seconds", "gauge", "wall time of the last step",
@@ -173,18 +172,18 @@ static const rank_metric rank_metrics[] = {
     {"weft_rank_up", "gauge", "1 while the rank is registered and heartbeating", r_up},
     {"weft_rank_heartbeat_age_seconds", "gauge", "seconds since the rank's last heartbeat", r_hb},
     {"weft_rank_step_seconds", "gauge", "wall time of the rank's last step", r_step},
-    {"weft_rank_compute_seconds", "gauge",
-     "forward + backward compute in the rank's last step", r_compute},
+    {"weft_rank_compute_seconds", "gauge", "forward + backward compute in the rank's last step",
+     r_compute},
     {"weft_rank_p2p_wait_seconds", "gauge",
      "waiting in pipeline sends and receives in the rank's last step", r_p2p},
-    {"weft_rank_tp_seconds", "gauge",
-     "in tensor-parallel collectives in the rank's last step", r_tp},
+    {"weft_rank_tp_seconds", "gauge", "in tensor-parallel collectives in the rank's last step",
+     r_tp},
     {"weft_rank_dp_seconds", "gauge",
      "data-parallel gradient communication not hidden behind backward in the last step", r_dp},
     {"weft_rank_bubble_ratio", "gauge",
      "pipeline idle share of the last step, 0-1 (1 - mean busy / longest stage)", r_bubble},
-    {"weft_rank_activation_bytes", "gauge",
-     "peak activations held by the rank's pipeline stage", r_act},
+    {"weft_rank_activation_bytes", "gauge", "peak activations held by the rank's pipeline stage",
+     r_act},
     {"weft_rank_optimizer_bytes", "gauge", "AdamW state the rank holds", r_optim},
     {"weft_rank_memory_bytes", "gauge",
      "memory the rank holds through weft's allocator (host + device)", r_mem},
@@ -197,8 +196,8 @@ static void rank_series(text *t, wf_service *svc, double now)
 {
   for (size_t m = 0; m < WF_ARRAY_LEN(rank_metrics); m++) {
     const rank_metric *rm = &rank_metrics[m];
-    bool step_figure = rm->get != r_up && rm->get != r_hb && rm->get != r_rss &&
-                       rm->get != r_cpu && rm->get != r_mem;
+    bool step_figure = rm->get != r_up && rm->get != r_hb && rm->get != r_rss && rm->get != r_cpu &&
+                       rm->get != r_mem;
     family(t, rm->name, rm->type, rm->help);
     for (int i = 0; i < svc->world; i++) {
       const wf__rank *r = &svc->ranks[i];

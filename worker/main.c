@@ -210,11 +210,11 @@ typedef struct boundary {
   wf_plane *plane;
   const wf_job *job;
   wf_control *ctl;
-  wf_comm *world;  /* the agreement is a collective like any other: flight-recorded */
-  bool checkpoint; /* the console asked for a checkpoint */
-  bool failed;     /* the agreement itself failed: stop, and exit non-zero */
-  int last_step;   /* the last step reported (0 before the first) */
-  bool in_ckpt;    /* inside the "checkpoint" phase */
+  wf_comm *world;   /* the agreement is a collective like any other: flight-recorded */
+  bool checkpoint;  /* the console asked for a checkpoint */
+  bool failed;      /* the agreement itself failed: stop, and exit non-zero */
+  int last_step;    /* the last step reported (0 before the first) */
+  bool in_ckpt;     /* inside the "checkpoint" phase */
   double ckpt_wall; /* when the last checkpoint after a step ended (wall time); 0 = none */
   int64_t checkpoints;
 } boundary;

@@ -12,6 +12,7 @@
  * Failure to start the service (a port in use, say) is agreed on with MPI, so every
  * rank exits with rank 0's message rather than waiting to connect.
  */
+#include <math.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -267,7 +268,8 @@ void wf_plane_report_step(wf_plane *p, const wf_job *job, const wf_train_step_in
       .tokens_per_s = info->tokens_per_s,
       .step_ms = info->step_ms,
       .mem_bytes = (uint64_t)info->mem_bytes,
-      .tokens = info->tokens_per_s * info->step_ms * 1e-3,
+      /* tokens_per_s is the global batch's tokens / the step time: a whole number back */
+      .tokens = round(info->tokens_per_s * info->step_ms * 1e-3),
       .world_size = wf_job_world(job),
       .lr = info->lr,
       .grad_norm = info->grad_norm,

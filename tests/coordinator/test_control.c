@@ -723,10 +723,12 @@ static void test_metrics(void **state)
   /* Prometheus's conventions (issue 19): the job is job_id (Prometheus owns `job`),
    * steps are a counter, and every family has HELP and TYPE. */
   assert_null(strstr(buf, "{job="));
-  assert_non_null(strstr(buf, "# TYPE weft_steps_total counter\nweft_steps_total{job_id=\"metrics\"} 0\n"));
+  assert_non_null(
+      strstr(buf, "# TYPE weft_steps_total counter\nweft_steps_total{job_id=\"metrics\"} 0\n"));
   assert_non_null(strstr(buf, "weft_job_state{job_id=\"metrics\",state=\"registering\"} 1\n"));
   assert_non_null(strstr(buf, "weft_ranks_alive{job_id=\"metrics\"} 0\n"));
-  assert_non_null(strstr(buf, "weft_rank_up{job_id=\"metrics\",rank=\"0\",pp=\"0\",dp=\"0\",tp=\"0\"} 0\n"));
+  assert_non_null(
+      strstr(buf, "weft_rank_up{job_id=\"metrics\",rank=\"0\",pp=\"0\",dp=\"0\",tp=\"0\"} 0\n"));
   int helps = 0, types = 0;
   for (const char *p = buf; (p = strstr(p, "# HELP ")); p++)
     helps++;
