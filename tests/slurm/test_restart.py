@@ -120,5 +120,19 @@ if r.returncode == 0 or "0 of WEFT_MAX_RESTARTS=0 restarts are spent; giving up"
     print(r.stdout[-2000:], r.stderr[-2000:])
     fail("WEFT_MAX_RESTARTS=0 did not give up at once")
 print("WEFT_MAX_RESTARTS=0: gave up at once with status %d" % r.returncode)
+
+# 4. A job Slurm requeued (SLURM_RESTART_COUNT=1) resumes from its checkpoints at once,
+# and that requeue counts against WEFT_MAX_RESTARTS=1: the next failure is final.
+env = job_env("requeued")
+env.update(WEFT_MAX_RESTARTS="1", SLURM_RESTART_COUNT="1")
+r = subprocess.run([weft_run, mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "1",
+                    worker, "train.steps=2", "model.layers=-1",
+                    "train.checkpoint_dir=" + os.path.join(tmp, "ck-requeued")],
+                   env=env, capture_output=True, text=True, timeout=120)
+if r.returncode == 0 or "SLURM_RESTART_COUNT=1): resuming from the last checkpoint" not in \
+        r.stderr or "1 of WEFT_MAX_RESTARTS=1 restarts are spent; giving up" not in r.stderr:
+    print(r.stdout[-2000:], r.stderr[-2000:])
+    fail("a requeued job did not resume, or did not count its requeue")
+print("SLURM_RESTART_COUNT=1, WEFT_MAX_RESTARTS=1: resumed, then gave up at the failure")
 shutil.rmtree(tmp, ignore_errors=True)
 print("PASS")
