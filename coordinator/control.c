@@ -148,7 +148,9 @@ static void on_command(wf_control *c, const Weft__Command *cmd)
 {
   switch (cmd->kind) {
   case WEFT__COMMAND__KIND__STOP:
-    WF_INFO("control: the console asked to stop at the next step boundary");
+    /* Said once by the coordinator ("console requested stop") and once by rank 0 when
+     * it stops ("stopping after step N"); every rank repeating it says nothing new. */
+    WF_DEBUG("control: the console asked to stop at the next step boundary");
     atomic_store(&c->stop_req, true);
     break;
   case WEFT__COMMAND__KIND__CHECKPOINT: atomic_store(&c->ckpt_req, true); break;

@@ -143,6 +143,7 @@ struct wf_service {
   char job_dir[512], job_file[700], unix_path[700], endpoint[300], bind_addr[64];
   char token[WF_TOKEN_HEX + 1];
   int port, metrics_port;
+  bool can_checkpoint; /* train.checkpoint_dir is set */
   double start_wall;
 
   /* loop thread */

@@ -374,13 +374,19 @@ static void on_command(wf__conn *c, const Weft__Command *cmd)
     wf__reply(c, false, NULL, "unknown command");
     return;
   }
+  bool stop = cmd->kind == WEFT__COMMAND__KIND__STOP;
+  if (!stop && !c->svc->can_checkpoint) {
+    wf__reply(c, false, NULL,
+              "checkpoint refused: this job has no checkpoint directory; start it with "
+              "train.checkpoint_dir=DIR to write checkpoints");
+    return;
+  }
   Weft__Envelope env = WEFT__ENVELOPE__INIT;
   Weft__Command fwd = WEFT__COMMAND__INIT;
   fwd.kind = cmd->kind;
   env.msg_case = WEFT__ENVELOPE__MSG_COMMAND;
   env.command = &fwd;
   wf__broadcast(c->svc, &env);
-  bool stop = cmd->kind == WEFT__COMMAND__KIND__STOP;
   WF_INFO("control: console requested %s", stop ? "stop" : "a checkpoint");
   wf__reply(c, true, stop ? "{\"requested\":\"stop\"}" : "{\"requested\":\"checkpoint\"}",
             stop ? "stop requested: the job stops at the next step boundary"
@@ -768,6 +774,7 @@ static wf_status service_config(wf_service *svc, const wf_service_opts *o)
   svc->register_timeout_ms = o->register_timeout_ms > 0 ? o->register_timeout_ms : 120000;
   svc->port = o->port;
   svc->metrics_port = o->metrics_port;
+  svc->can_checkpoint = o->checkpoint_dir && o->checkpoint_dir[0];
   svc->max_conns[WF__LSN_CONTROL] = svc->world + WF__CONTROL_SPARE;
   svc->max_conns[WF__LSN_HTTP] = WF__HTTP_MAX_CONNS;
   svc->start_wall = wf_wall_time();

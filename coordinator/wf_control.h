@@ -52,6 +52,8 @@ typedef struct wf_service_opts {
   int dead_after_ms;          /* silence after which a worker is dead; 0 = 2000 */
   int register_timeout_ms;    /* every rank must say Hello within this; 0 = 120000 */
   int metrics_port;           /* runtime.metrics_port: Prometheus /metrics; 0 = off */
+  const char *checkpoint_dir; /* train.checkpoint_dir; NULL or "" = the console's
+                               * `checkpoint` is refused, naming the key */
 } wf_service_opts;
 
 /* Start listening (TCP and Unix socket), write the 0600 job file and start the
