@@ -93,6 +93,7 @@ static fixture *fx_start(int world, int nctl, double hang_s)
                         .master_addr = "127.0.0.1",
                         .bind_addr = "127.0.0.1",
                         .job_dir = fx->dir,
+                        .checkpoint_dir = fx->dir, /* any: the service only checks it is set */
                         .model_desc = "gpt2-tiny (test)",
                         .total_steps = 100,
                         .hang_timeout_s = hang_s};
