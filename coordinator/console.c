@@ -1,10 +1,15 @@
 /*
  * console.c - the `coordinator` binary: the operator's console for running jobs.
  *
- *   coordinator [--json] [--dir DIR] status|ranks|mesh|top|trace|schedule|checkpoint|stop [JOB]
+ *   coordinator [--json] [--dir DIR] status|mesh|top|schedule|checkpoint|stop [JOB]
+ *   coordinator [--json] [--dir DIR] ranks [RANK] [JOB]
+ *   coordinator [--json] [--dir DIR] trace [RANK] [GROUP] [JOB]
  *   coordinator [--dir DIR] list
  *   coordinator [--dir DIR] attach [JOB]
  *
+ * Options may come anywhere (`coordinator ranks --json` as `coordinator --json ranks`).
+ * RANK is a world rank; GROUP a communicator name (world, dp, tp, pp, emb): `ranks`
+ * and `trace` show only those. Ranks are world ranks everywhere.
  * Jobs are found from the job files in the job directory ($WEFT_JOB_DIR, else
  * /tmp/weft-$USER); JOB is a job id, a unique prefix of one, or a job file. With no
  * JOB and one running job, that job is used; with several, they are listed.
@@ -27,31 +32,52 @@
 typedef struct console {
   bool json;
   const char *dir;
-  int top_count; /* refreshes of `top`; 0 = until Ctrl-C */
+  int top_count;  /* refreshes of `top`; 0 = until Ctrl-C */
+  int rank;       /* `ranks` and `trace`: only this world rank; -1 = all */
+  char group[16]; /* `trace`: only this communicator's operations; "" = all */
   wf_console_job job;
 } console;
+
+static const char *const commands[] = {"status",     "ranks", "mesh", "top",  "schedule", "trace",
+                                       "checkpoint", "stop",  "json", "help", "quit",     NULL};
 
 static volatile sig_atomic_t interrupted;
 
 static void on_sigint(int sig) { interrupted = 1; }
 
+/* One line per command, also `help COMMAND` in attach. */
+static const struct {
+  const char *name, *args, *text;
+} help_text[] = {
+    {"status", "", "job, model, mesh, step, loss, tokens/s, ETA"},
+    {"ranks", "[RANK]",
+     "one row per rank (or rank RANK): host, pid, device, binding, coordinates, state,\n"
+     "              heartbeat age, step, step ms, tokens/s per rank, memory, RSS, CPU%,\n"
+     "              last collective"},
+    {"mesh", "", "the mesh as dp x tp grids per pipeline stage, with groups"},
+    {"top", "", "status and ranks, refreshed every second (--count N refreshes)"},
+    {"schedule", "", "the pipeline action grid per rank"},
+    {"trace", "[RANK] [GROUP]",
+     "recent collectives from each rank's flight recorder (or rank RANK's, or\n"
+     "              group GROUP's: world, dp, tp, pp, emb), peers as world ranks"},
+    {"checkpoint", "", "write a checkpoint at the next step boundary (needs train.checkpoint_dir)"},
+    {"stop", "", "stop gracefully at the next step boundary"},
+    {"list", "", "the running jobs in the job directory"},
+    {"attach", "", "an interactive prompt for the commands above, with completion"},
+};
+
 static void usage(FILE *out)
 {
-  fprintf(out, "usage: coordinator [--json] [--dir DIR] COMMAND [JOB]\n"
-               "commands:\n"
-               "  status      job, model, mesh, step, loss, tokens/s, ETA\n"
-               "  ranks       one row per rank: host, pid, device, binding, coordinates, state,\n"
-               "              heartbeat age, step, memory, last collective\n"
-               "  mesh        the mesh as dp x tp grids per pipeline stage, with groups\n"
-               "  top         status and ranks, refreshed every second (--count N refreshes)\n"
-               "  schedule    the pipeline action grid per rank\n"
-               "  trace       recent collectives from each rank's flight recorder\n"
-               "  checkpoint  write a checkpoint at the next step boundary\n"
-               "  stop        stop gracefully at the next step boundary\n"
-               "  list        the running jobs in the job directory\n"
-               "  attach      an interactive prompt for the commands above\n"
-               "JOB is a job id, a unique prefix of one, or a job file; the job directory is\n"
-               "$WEFT_JOB_DIR, else /tmp/weft-$USER (--dir overrides).\n");
+  fprintf(out, "usage: coordinator [--json] [--dir DIR] [--count N] COMMAND [ARGS] [JOB]\n"
+               "commands:\n");
+  for (size_t i = 0; i < sizeof help_text / sizeof help_text[0]; i++) {
+    char head[32];
+    snprintf(head, sizeof head, "%s %s", help_text[i].name, help_text[i].args);
+    fprintf(out, "  %-11s %s\n", head, help_text[i].text);
+  }
+  fprintf(out, "JOB is a job id, a unique prefix of one, or a job file; the job directory is\n"
+               "$WEFT_JOB_DIR, else /tmp/weft-$USER (--dir overrides). Options may come\n"
+               "anywhere on the line.\n");
 }
 
 static void list_jobs(const wf_console_job *jobs, int n, FILE *out)
@@ -105,11 +131,63 @@ static int pick_job(console *con, const char *arg)
   return 1;
 }
 
+/* Keep only trace lines of `group` ("dp#12 allreduce ..."). */
+static void filter_lines(json_t *rank, const char *group)
+{
+  json_t *lines = json_object_get(rank, "lines");
+  size_t n = strlen(group);
+  for (size_t i = json_array_size(lines); i-- > 0;) {
+    const char *l = json_string_value(json_array_get(lines, i));
+    if (!l || strncmp(l, group, n) != 0 || l[n] != '#')
+      json_array_remove(lines, i);
+  }
+}
+
+/* `ranks RANK`, `trace RANK GROUP`: drop what was not asked for. Returns 0, or 1 with a
+ * message when the rank is not in the job. */
+static int filter_reply(const console *con, wf_console_cmd cmd, char **json)
+{
+  if ((cmd != WF_CONSOLE_RANKS && cmd != WF_CONSOLE_TRACE) || (con->rank < 0 && !con->group[0]))
+    return 0;
+  json_error_t je;
+  json_t *j = json_loads(*json, 0, &je), *ranks = json_object_get(j, "ranks");
+  if (!j)
+    return 0;
+  if (con->rank >= 0 && (size_t)con->rank >= json_array_size(ranks)) {
+    fprintf(stderr, "coordinator: no rank %d: job %s has ranks 0-%zu\n", con->rank, con->job.id,
+            json_array_size(ranks) - 1);
+    json_decref(j);
+    return 1;
+  }
+  for (size_t i = json_array_size(ranks); i-- > 0;) {
+    json_t *r = json_array_get(ranks, i);
+    if (con->rank >= 0 && json_integer_value(json_object_get(r, "rank")) != con->rank)
+      json_array_remove(ranks, i);
+    else if (cmd == WF_CONSOLE_TRACE && con->group[0])
+      filter_lines(r, con->group);
+  }
+  char *s = json_dumps(j, JSON_COMPACT);
+  json_decref(j);
+  if (s) {
+    free(*json);
+    *json = s;
+  }
+  return 0;
+}
+
 /* One request, printed as text or JSON. Returns 0 or 1. */
 static int run_one(console *con, wf_console_cmd cmd)
 {
   char *json = NULL, err[1024];
   wf_status st = wf_console_request(&con->job, cmd, 5000, &json, err, sizeof err);
+  if (st == WF_OK && filter_reply(con, cmd, &json) != 0) {
+    free(json);
+    return 1;
+  }
+  if (st == WF_EUNSUPPORTED && (cmd == WF_CONSOLE_CHECKPOINT || cmd == WF_CONSOLE_STOP)) {
+    fprintf(stderr, "coordinator: %s\n", err); /* refused: an error, not a view to show */
+    return 1;
+  }
   if (st == WF_EUNSUPPORTED) {
     if (!con->json) {
       printf("%s\n", err);
@@ -171,13 +249,61 @@ static int run_command(console *con, const char *name)
   return run_one(con, (wf_console_cmd)cmd);
 }
 
-static void attach_help(void)
+static void attach_help(const char *cmd)
 {
-  printf("commands: status ranks mesh top schedule trace checkpoint stop\n"
-         "          json on|off   help   quit (or Ctrl-D)\n");
+  for (size_t i = 0; cmd && i < sizeof help_text / sizeof help_text[0]; i++) {
+    if (strcmp(cmd, help_text[i].name) == 0) {
+      printf("%s %s\n  %s\n", help_text[i].name, help_text[i].args, help_text[i].text);
+      return;
+    }
+  }
+  if (cmd && strcmp(cmd, "json") == 0) {
+    printf("json on|off\n  print replies as JSON (as --json does)\n");
+    return;
+  }
+  if (cmd)
+    printf("no command '%s'; ", cmd);
+  printf("commands: status ranks [RANK] mesh top schedule trace [RANK] [GROUP] checkpoint stop\n"
+         "          json on|off   help [COMMAND]   quit (or Ctrl-D); Tab completes commands\n");
 }
 
-/* The interactive console: the same commands, with line editing and history. */
+/* Tab completion: commands, and after `help` a command to explain. Never file names. */
+static char *command_generator(const char *text, int state)
+{
+  static int next;
+  if (state == 0)
+    next = 0;
+  for (size_t n = strlen(text); commands[next];) {
+    const char *c = commands[next++];
+    if (strncmp(c, text, n) == 0)
+      return strdup(c);
+  }
+  return NULL;
+}
+
+static char **complete(const char *text, int start, int end)
+{
+  rl_attempted_completion_over = 1;
+  if (start == 0 || strncmp(rl_line_buffer, "help ", 5) == 0)
+    return rl_completion_matches(text, command_generator);
+  return NULL;
+}
+
+/* `ranks 3`, `trace 3 dp`, `trace dp`: a number is a world rank, a word a group. */
+static void parse_filters(console *con, char *arg)
+{
+  con->rank = -1;
+  con->group[0] = '\0';
+  for (; arg; arg = strtok(NULL, " \t")) {
+    if (arg[0] >= '0' && arg[0] <= '9')
+      con->rank = atoi(arg);
+    else
+      snprintf(con->group, sizeof con->group, "%s", arg);
+  }
+}
+
+/* The interactive console: the same commands, with line editing, history and
+ * completion. */
 static int run_attach(console *con)
 {
   char prompt[160];
@@ -185,21 +311,24 @@ static int run_attach(console *con)
   printf("attached to job %s (%d ranks) at %s; type help\n", con->job.id, con->job.world_size,
          con->job.endpoint);
   using_history();
+  rl_attempted_completion_function = complete;
   for (char *line; (line = readline(prompt)) != NULL; free(line)) {
+    if (*line)
+      add_history(line);
     char *cmd = strtok(line, " \t");
     if (!cmd)
       continue;
-    add_history(line);
     char *arg = strtok(NULL, " \t");
     if (strcmp(cmd, "quit") == 0 || strcmp(cmd, "exit") == 0) {
       free(line);
       break;
     } else if (strcmp(cmd, "help") == 0) {
-      attach_help();
+      attach_help(arg);
     } else if (strcmp(cmd, "json") == 0) {
       con->json = !arg || strcmp(arg, "off") != 0;
     } else {
       int saved = con->top_count;
+      parse_filters(con, arg);
       run_command(con, cmd);
       con->top_count = saved;
     }
@@ -208,45 +337,90 @@ static int run_attach(console *con)
   return 0;
 }
 
-int main(int argc, char **argv)
+/* Options anywhere; the positionals, in order, into pos[] (at most max). Returns the
+ * number of positionals, or -1 (usage printed; *rc set). */
+static int parse_args(console *con, int argc, char **argv, char **pos, int max, int *rc)
 {
-  console con = {0};
-  int i = 1;
-  for (; i < argc && argv[i][0] == '-'; i++) {
-    if (strcmp(argv[i], "--json") == 0) {
-      con.json = true;
-    } else if (strcmp(argv[i], "--dir") == 0 && i + 1 < argc) {
-      con.dir = argv[++i];
-    } else if (strcmp(argv[i], "--count") == 0 && i + 1 < argc) {
-      con.top_count = atoi(argv[++i]);
-    } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+  int n = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (strcmp(a, "--json") == 0) {
+      con->json = true;
+    } else if (strcmp(a, "--dir") == 0 && i + 1 < argc) {
+      con->dir = argv[++i];
+    } else if (strcmp(a, "--count") == 0 && i + 1 < argc) {
+      con->top_count = atoi(argv[++i]);
+    } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
       usage(stdout);
-      return 0;
-    } else {
-      fprintf(stderr, "coordinator: unknown option '%s'\n", argv[i]);
+      *rc = 0;
+      return -1;
+    } else if (a[0] == '-' && a[1]) {
+      fprintf(stderr, "coordinator: unknown option '%s'\n", a);
       usage(stderr);
-      return 2;
+      *rc = 2;
+      return -1;
+    } else if (n < max) {
+      pos[n++] = argv[i];
+    } else {
+      usage(stderr);
+      *rc = 2;
+      return -1;
     }
   }
-  if (i >= argc) {
+  return n;
+}
+
+static bool all_digits(const char *s)
+{
+  if (!*s)
+    return false;
+  for (; *s; s++)
+    if (*s < '0' || *s > '9')
+      return false;
+  return true;
+}
+
+/* After `ranks` and `trace`: a number is a rank, a group name (trace) a group, and what
+ * is left the job. Returns the job argument or NULL. */
+static const char *take_filters(console *con, const char *cmd, char **pos, int n)
+{
+  const char *job = NULL;
+  bool filters = strcmp(cmd, "ranks") == 0 || strcmp(cmd, "trace") == 0;
+  for (int i = 1; i < n; i++) {
+    if (filters && con->rank < 0 && all_digits(pos[i]))
+      con->rank = atoi(pos[i]);
+    else if (strcmp(cmd, "trace") == 0 && !con->group[0] && !strchr(pos[i], '-') &&
+             !strchr(pos[i], '/') && strlen(pos[i]) < sizeof con->group)
+      snprintf(con->group, sizeof con->group, "%s", pos[i]); /* job ids have a '-' */
+    else
+      job = pos[i];
+  }
+  return job;
+}
+
+int main(int argc, char **argv)
+{
+  console con = {.rank = -1};
+  char *pos[4];
+  int rc = 2, n = parse_args(&con, argc, argv, pos, 4, &rc);
+  if (n < 0)
+    return rc;
+  if (n == 0) {
     usage(stderr);
     return 2;
   }
-  const char *cmd = argv[i], *job = i + 1 < argc ? argv[i + 1] : NULL;
-  if (i + 2 < argc) {
-    usage(stderr);
-    return 2;
-  }
+  const char *cmd = pos[0];
+  const char *job = take_filters(&con, cmd, pos, n);
   if (strcmp(cmd, "list") == 0) {
     static wf_console_job jobs[MAX_JOBS];
     char dirbuf[512];
     const char *dir = con.dir ? con.dir : wf_job_dir_default(dirbuf, sizeof dirbuf);
-    int n = wf_console_find_jobs(dir, jobs, MAX_JOBS);
-    if (n <= 0) {
+    int found = wf_console_find_jobs(dir, jobs, MAX_JOBS);
+    if (found <= 0) {
       printf("no running weft job in %s\n", dir);
       return 0;
     }
-    list_jobs(jobs, n, stdout);
+    list_jobs(jobs, found, stdout);
     return 0;
   }
   if (strcmp(cmd, "help") == 0) {

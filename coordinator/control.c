@@ -10,10 +10,13 @@
  * Threads: the training loop only takes `lock` to post state and wakes the loop
  * with `async`; everything with a libuv handle happens on the control thread.
  */
+#include <math.h>
 #include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "control_int.h"
 
@@ -145,7 +148,9 @@ static void on_command(wf_control *c, const Weft__Command *cmd)
 {
   switch (cmd->kind) {
   case WEFT__COMMAND__KIND__STOP:
-    WF_INFO("control: the console asked to stop at the next step boundary");
+    /* Said once by the coordinator ("console requested stop") and once by rank 0 when
+     * it stops ("stopping after step N"); every rank repeating it says nothing new. */
+    WF_DEBUG("control: the console asked to stop at the next step boundary");
     atomic_store(&c->stop_req, true);
     break;
   case WEFT__COMMAND__KIND__CHECKPOINT: atomic_store(&c->ckpt_req, true); break;
@@ -153,6 +158,25 @@ static void on_command(wf_control *c, const Weft__Command *cmd)
   case WEFT__COMMAND__KIND__TRACE: send_trace(c, cmd->request_id); break;
   default: break;
   }
+}
+
+/* This process's resident set and CPU time, for the console's `ranks` and /metrics.
+ * Zero when /proc is not there. */
+static void process_usage(uint64_t *rss_bytes, double *cpu_s)
+{
+  struct rusage ru;
+  unsigned long pages = 0, resident = 0;
+  FILE *f = fopen("/proc/self/statm", "r");
+  if (f) {
+    if (fscanf(f, "%lu %lu", &pages, &resident) != 2)
+      resident = 0;
+    fclose(f);
+  }
+  *rss_bytes = (uint64_t)resident * (uint64_t)sysconf(_SC_PAGESIZE);
+  *cpu_s = 0;
+  if (getrusage(RUSAGE_SELF, &ru) == 0)
+    *cpu_s = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
+             ru.ru_stime.tv_usec * 1e-6;
 }
 
 static void send_heartbeat(wf_control *c)
@@ -165,6 +189,7 @@ static void send_heartbeat(wf_control *c)
   hb.coll_seq = c->coll_seq;
   hb.coll_active = c->coll_active;
   hb.mem_bytes = c->mem_bytes;
+  process_usage(&hb.rss_bytes, &hb.cpu_s);
   wf_strlcpy(phase, c->phase, sizeof phase);
   wf_strlcpy(op, c->coll_op, sizeof op);
   wf_control_collective_fn fn = c->coll_fn;
@@ -615,19 +640,53 @@ void wf_control_destroy(wf_control *c)
 void wf_control_report_step(wf_control *c, int64_t step, double loss, double tokens_per_s,
                             double step_ms, uint64_t mem_bytes)
 {
+  wf_step_report r = {.step = step,
+                      .loss = loss,
+                      .tokens_per_s = tokens_per_s,
+                      .step_ms = step_ms,
+                      .mem_bytes = mem_bytes,
+                      .lr = NAN,
+                      .grad_norm = NAN,
+                      .val_loss = NAN,
+                      .loss_scale = NAN,
+                      .mfu = NAN,
+                      .bubble = NAN};
+  wf_control_report(c, &r);
+}
+
+void wf_control_report(wf_control *c, const wf_step_report *r)
+{
   if (!c)
     return;
   Weft__StepReport sr = WEFT__STEP_REPORT__INIT;
-  sr.step = step;
-  sr.loss = loss;
-  sr.tokens_per_s = tokens_per_s;
-  sr.step_ms = step_ms;
-  sr.mem_bytes = mem_bytes;
+  sr.step = r->step;
+  sr.loss = r->loss;
+  sr.tokens_per_s = r->tokens_per_s;
+  sr.step_ms = r->step_ms;
+  sr.mem_bytes = r->mem_bytes;
+  sr.steps = r->steps;
+  sr.tokens = r->tokens;
+  sr.world_size = r->world_size;
+  sr.lr = r->lr;
+  sr.grad_norm = r->grad_norm;
+  sr.val_loss = r->val_loss;
+  sr.loss_scale = r->loss_scale;
+  sr.mfu = r->mfu;
+  sr.compute_s = r->compute_s;
+  sr.p2p_wait_s = r->p2p_wait_s;
+  sr.tp_s = r->tp_s;
+  sr.dp_s = r->dp_s;
+  sr.bubble = r->bubble;
+  sr.act_bytes = r->act_bytes;
+  sr.optim_bytes = r->optim_bytes;
+  sr.skipped_steps = r->skipped_steps;
+  sr.ckpt_wall = r->ckpt_wall;
+  sr.checkpoints = r->checkpoints;
   pthread_mutex_lock(&c->lock);
   c->report = sr; /* a report not yet sent is replaced by the newer one */
   c->report_pending = true;
-  c->step = step;
-  c->mem_bytes = mem_bytes;
+  c->step = r->step;
+  c->mem_bytes = r->mem_bytes;
   pthread_mutex_unlock(&c->lock);
   uv_async_send(&c->async);
 }

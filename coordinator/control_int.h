@@ -15,15 +15,31 @@
 #include "wf_control.h"
 #include "wf_proto.h"
 
-#define WF__HANDSHAKE_MS         2000        /* a new connection must say Hello within this */
-#define WF__PARTIAL_MS           5000        /* a started frame must complete within this */
-#define WF__CONSOLE_IDLE_MS      30000       /* an idle console connection is closed */
+/* Deadlines are absolute per phase: bytes that trickle in do not extend them, so a
+ * peer cannot hold a descriptor by sending one byte every few seconds. */
+#define WF__HANDSHAKE_MS    2000  /* a new connection must say Hello within this */
+#define WF__PARTIAL_MS      5000  /* a started frame must complete within this */
+#define WF__CONSOLE_IDLE_MS 30000 /* a console with no complete message is closed */
+#define WF__HTTP_MS         5000  /* a metrics request must arrive within this */
+/* Connection caps per listener. The control port must hold every worker plus a few
+ * consoles; the metrics port needs one or two scrapers. At the cap the oldest
+ * unauthenticated connection is evicted, or, when there is none, the newcomer. */
+#define WF__CONTROL_SPARE        64 /* control (TCP + Unix) connections beyond the world size */
+#define WF__HTTP_MAX_CONNS       16
+#define WF__LOG_EVERY_MS         10000       /* at most one line per kind of rejection this often */
 #define WF__MAX_QUEUED           (16u << 20) /* unsent bytes before a slow reader is dropped */
 #define WF__CONSOLE_MAX_IN       (64u << 10) /* largest frame accepted from any peer */
 #define WF__WATCHDOG_MS          100
 #define WF__RANK0_ABORT_DELAY_MS 300 /* see wf__abort_job() */
 
 /* ---- shared helpers (util.c) ------------------------------------------------------ */
+
+/* A log line that a flood could repeat: printed at most once per WF__LOG_EVERY_MS,
+ * with the count of the ones left out since. */
+typedef struct wf__ratelimit {
+  double t_last; /* ms; 0 = never printed */
+  long suppressed;
+} wf__ratelimit;
 
 /* Constant-time comparison of two NUL-terminated strings (time depends on lengths). */
 bool wf__ct_streq(const char *a, const char *b);
@@ -37,6 +53,9 @@ wf_status wf__split_endpoint(const char *ep, char *host, size_t host_len, int *p
 /* Encode and queue one envelope on a stream; the buffer is freed when written. */
 int wf__send(uv_stream_t *s, Weft__Envelope *env);
 double wf__now_ms(void);
+/* True when a rate-limited line may be printed now; *suppressed gets (and clears) the
+ * count of lines left out since the last one. */
+bool wf__ratelimit_ok(wf__ratelimit *rl, double now, long *suppressed);
 
 /* ---- service ------------------------------------------------------------------------ */
 
@@ -46,6 +65,8 @@ typedef enum conn_role {
   WF__CONN_CONSOLE,
   WF__CONN_HTTP
 } conn_role;
+
+typedef enum conn_listener { WF__LSN_CONTROL = 0, WF__LSN_HTTP, WF__LSN_COUNT } conn_listener;
 
 typedef struct wf__conn {
   union {
@@ -59,7 +80,10 @@ typedef struct wf__conn {
   conn_role role;
   int rank; /* WF__CONN_WORKER */
   wf_proto_reader rd;
-  double t_open, t_last; /* ms, monotonic */
+  conn_listener listener;
+  double t_open, t_last; /* ms, monotonic: opened, last bytes (read, or our close) */
+  double t_msg;          /* ms: last complete message (a console's idle deadline) */
+  double t_frame;        /* ms: when the frame now partial began */
   char http[1024];       /* WF__CONN_HTTP: the request so far */
   size_t http_len;
   struct wf__conn *next, *prev;
@@ -86,9 +110,13 @@ typedef struct wf__rank {
   uint64_t mem_bytes;
   double loss, tokens_per_s, step_ms;
   int64_t reports;
-  char error[256]; /* last Error message from this rank */
-  char *trace;     /* lines of the TraceReport for the pending `trace`, malloc()ed */
-  bool traced;     /* answered the pending `trace` */
+  wf_step_report rep;    /* its last step report, whole */
+  uint64_t rss_bytes;    /* from heartbeats */
+  double cpu_s, cpu_pct; /* CPU seconds so far; % of one core over the last interval */
+  double t_cpu;          /* ms: when cpu_s was taken */
+  char error[256];       /* last Error message from this rank */
+  char *trace;           /* lines of the TraceReport for the pending `trace`, malloc()ed */
+  bool traced;           /* answered the pending `trace` */
 } wf__rank;
 
 #define WF__TRACE_WAIT_MS 1000 /* how long a `trace` waits for the ranks' answers */
@@ -115,6 +143,7 @@ struct wf_service {
   char job_dir[512], job_file[700], unix_path[700], endpoint[300], bind_addr[64];
   char token[WF_TOKEN_HEX + 1];
   int port, metrics_port;
+  bool can_checkpoint; /* train.checkpoint_dir is set */
   double start_wall;
 
   /* loop thread */
@@ -127,6 +156,10 @@ struct wf_service {
   uv_async_t stop_async;
   uv_thread_t thread;
   wf__conn *conns;
+  int n_conns[WF__LSN_COUNT], max_conns[WF__LSN_COUNT];
+  long evicted[WF__LSN_COUNT]; /* connections refused or evicted at the cap */
+  wf__ratelimit rl_cap[WF__LSN_COUNT], rl_auth, rl_hello, rl_frame;
+  wf__ratelimit rl_http;
   wf__rank *ranks;
   double t_start, t_progress; /* ms */
   double t_tick, t_ping;      /* ms: last watchdog tick, last heartbeat sent to workers */
@@ -135,6 +168,7 @@ struct wf_service {
   /* latest job-level numbers, from step reports */
   int64_t step;
   double loss, tokens_per_s, step_ms;
+  wf_step_report job; /* each field the newest any rank reported (NAN until then) */
   wf__trace trace;
 
   pthread_mutex_t lock; /* locked: */
@@ -146,6 +180,8 @@ struct wf_service {
 };
 
 /* service.c */
+/* Bind and listen on bind_addr:port; a libuv error code. */
+int wf__listen_tcp(wf_service *svc, uv_tcp_t *h, int port, int backlog);
 void wf__service_on_connection(uv_stream_t *server, int status);
 void wf__conn_close(wf__conn *c);
 void wf__conn_close_flushed(wf__conn *c);

@@ -7,6 +7,7 @@
  * temporary name with mode 0600 and renamed, so a console never reads half a file.
  */
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <signal.h>
@@ -42,10 +43,30 @@ wf_status wf__job_dir_prepare(const char *dir)
              dir, strerror(errno));
     return WF_ESYS;
   }
-  if (lstat(dir, &sb) < 0 || !S_ISDIR(sb.st_mode) || sb.st_uid != getuid()) {
-    WF_ERROR("control: the job directory %s is not a directory owned by you; set WEFT_JOB_DIR "
-             "to one",
+  if (lstat(dir, &sb) < 0) {
+    WF_ERROR("control: cannot inspect the job directory %s: %s (set WEFT_JOB_DIR to a directory "
+             "you own)",
+             dir, strerror(errno));
+    return WF_ESYS;
+  }
+  if (S_ISLNK(sb.st_mode)) {
+    WF_ERROR("control: the job directory %s is a symbolic link; weft refuses it, since whoever "
+             "made it could point it elsewhere (it would hold the job's token). Remove it, or set "
+             "WEFT_JOB_DIR to a directory you own (e.g. WEFT_JOB_DIR=$HOME/.weft/jobs)",
              dir);
+    return WF_ESYS;
+  }
+  if (!S_ISDIR(sb.st_mode)) {
+    WF_ERROR("control: the job directory %s exists and is not a directory; remove it, or set "
+             "WEFT_JOB_DIR to a directory you own",
+             dir);
+    return WF_ESYS;
+  }
+  if (sb.st_uid != getuid()) {
+    WF_ERROR("control: the job directory %s belongs to uid %u, not to you (uid %u): another user "
+             "made it first in a shared /tmp. weft will not put the job's token there; set "
+             "WEFT_JOB_DIR to a directory you own (e.g. WEFT_JOB_DIR=$HOME/.weft/jobs)",
+             dir, (unsigned)sb.st_uid, (unsigned)getuid());
     return WF_ESYS;
   }
   if ((sb.st_mode & 077) && chmod(dir, 0700) < 0) {

@@ -73,11 +73,25 @@ static json_t *rank_json(const wf__rank *r, double now)
       (json_int_t)r->coll_seq, "op", r->coll_op, "active", r->coll_active, "error", r->error);
 }
 
+/* What `ranks` adds for operators: throughput per rank (the job's tokens/s over its
+ * ranks, as Megatron reports per GPU), the process's resident set and CPU use. */
+static json_t *rank_usage(json_t *j, const wf__rank *r, int world)
+{
+  if (!j)
+    return NULL;
+  double per_gpu = isfinite(r->tokens_per_s) && world > 0 ? r->tokens_per_s / world : NAN;
+  json_object_set_new(j, "tokens_per_s_per_rank", num_or_null(per_gpu));
+  json_object_set_new(j, "rss_bytes", json_integer((json_int_t)r->rss_bytes));
+  json_object_set_new(j, "cpu_percent", r->t_cpu > 0 ? json_real(r->cpu_pct) : json_null());
+  return j;
+}
+
 static json_t *query_ranks(wf_service *svc, double now)
 {
   json_t *arr = json_array();
   for (int i = 0; arr && i < svc->world; i++)
-    json_array_append_new(arr, rank_json(&svc->ranks[i], now));
+    json_array_append_new(arr,
+                          rank_usage(rank_json(&svc->ranks[i], now), &svc->ranks[i], svc->world));
   return json_pack("{s:s, s:i, s:o}", "job", svc->job_id, "world_size", svc->world, "ranks", arr);
 }
 

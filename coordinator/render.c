@@ -78,10 +78,10 @@ static void render_ranks(json_t *j, FILE *out)
 {
   size_t i;
   json_t *r;
-  char age[32], mem[32], coll[96];
-  fprintf(out, "%4s %-16s %7s %-12s %-19s %-10s %-18s %-8s %6s %6s %-10s %s\n", "rank", "host",
-          "pid", "device", "binding", "pp/dp/tp", "stage", "state", "hb", "step", "memory",
-          "last collective");
+  char age[32], mem[32], rss[32], ms[32], tps[32], cpu[32], coll[96];
+  fprintf(out, "%4s %-12s %7s %-8s %-16s %-8s %-16s %-7s %5s %6s %8s %9s %9s %9s %5s %s\n", "rank",
+          "host", "pid", "device", "binding", "pp/dp/tp", "stage", "state", "hb", "step", "step ms",
+          "tok/s", "memory", "rss", "cpu%", "last collective");
   json_array_foreach(json_object_get(j, "ranks"), i, r)
   {
     json_t *c = json_object_get(r, "coords"), *k = json_object_get(r, "collective");
@@ -96,11 +96,16 @@ static void render_ranks(json_t *j, FILE *out)
     json_int_t step = num_i(r, "step");
     char steps[32];
     snprintf(steps, sizeof steps, step < 0 ? "-" : "%" JSON_INTEGER_FORMAT, step);
-    fprintf(out, "%4d %-16.16s %7d %-12.12s %-19.19s %-10s %-18.18s %-8s %6s %6s %-10s %s\n",
+    fprintf(out,
+            "%4d %-12.12s %7d %-8.8s %-16.16s %-8s %-16.16s %-7s %5s %6s %8s %9s %9s %9s %5s %s\n",
             (int)num_i(r, "rank"), str(r, "host"), (int)num_i(r, "pid"), str(r, "device"),
             str(r, "binding"), coords, str(r, "stage"), str(r, "state"),
             num_s(age, sizeof age, r, "heartbeat_age_s", "%.1fs"), steps,
-            bytes_s(mem, sizeof mem, (double)num_i(r, "mem_bytes")), coll);
+            num_s(ms, sizeof ms, r, "step_ms", "%.1f"),
+            num_s(tps, sizeof tps, r, "tokens_per_s_per_rank", "%.0f"),
+            bytes_s(mem, sizeof mem, (double)num_i(r, "mem_bytes")),
+            bytes_s(rss, sizeof rss, (double)num_i(r, "rss_bytes")),
+            num_s(cpu, sizeof cpu, r, "cpu_percent", "%.0f"), coll);
   }
 }
 

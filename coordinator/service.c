@@ -8,11 +8,17 @@
  *
  * Invariants:
  *  - Only the loop thread touches connections and the registry (see control_int.h).
+ *  - Each listener holds at most max_conns descriptors (its cap); at the cap the oldest
+ *    connection that has not authenticated is evicted, else the newcomer is refused,
+ *    so no flood can exhaust rank 0's descriptors (its checkpoints need some).
+ *  - A line a flood could repeat (a refusal, a bad token, a bad frame) is logged at
+ *    most once every WF__LOG_EVERY_MS, with the count of the ones left out.
  *  - A connection that is not authenticated gets nothing but an Error and a close.
  *  - Whatever a peer sends, the worst outcome is that its own connection is closed;
  *    only a worker's death or its Error ends the job.
  */
 #include <math.h>
+#include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,11 +66,15 @@ static void conn_retire(wf__conn *c)
   }
 }
 
+/* uv_close() releases the descriptor at once: that is when a connection stops
+ * counting against its listener's cap. */
 void wf__conn_close(wf__conn *c)
 {
   conn_retire(c);
-  if (!uv_is_closing(&c->u.h))
+  if (!uv_is_closing(&c->u.h)) {
+    c->svc->n_conns[c->listener]--;
     uv_close(&c->u.h, on_conn_closed);
+  }
 }
 
 static void on_shutdown(uv_shutdown_t *req, int status)
@@ -193,8 +203,12 @@ static void on_hello(wf__conn *c, const Weft__Hello *h)
   /* On TCP the token is the only credential; on the Unix socket the kernel already
    * vouched for the peer's uid, and a token, when sent, must still be right. */
   bool token_ok = wf__ct_streq(h->token, svc->token);
+  long more = 0;
   if (!token_ok && (!c->is_unix || h->token[0])) {
-    WF_WARN("control: rejected a connection with a %s token", h->token[0] ? "wrong" : "missing");
+    if (wf__ratelimit_ok(&svc->rl_auth, wf__now_ms(), &more))
+      WF_WARN("control: rejected a connection with a %s token (%ld more rejected since the "
+              "last such line; logged at most every %d s)",
+              h->token[0] ? "wrong" : "missing", more, WF__LOG_EVERY_MS / 1000);
     conn_reject(c, "access denied: missing or wrong job token (see the job file)");
     return;
   }
@@ -227,9 +241,71 @@ static void on_heartbeat(wf__conn *c, const Weft__Heartbeat *hb)
   r->coll_seq = hb->coll_seq;
   r->coll_active = hb->coll_active;
   r->mem_bytes = hb->mem_bytes;
+  r->rss_bytes = hb->rss_bytes;
+  /* CPU% over the interval since the last heartbeat that carried it (100 = one core) */
+  if (r->t_cpu > 0 && now > r->t_cpu && hb->cpu_s >= r->cpu_s)
+    r->cpu_pct = 100.0 * (hb->cpu_s - r->cpu_s) / ((now - r->t_cpu) / 1000.0);
+  r->cpu_s = hb->cpu_s;
+  r->t_cpu = now;
   wf__sanitize(r->phase, sizeof r->phase, hb->phase);
   wf__sanitize(r->coll_op, sizeof r->coll_op, hb->coll_op);
 }
+
+static void report_from_proto(wf_step_report *r, const Weft__StepReport *sr)
+{
+  *r = (wf_step_report){.step = sr->step,
+                        .steps = sr->steps,
+                        .loss = sr->loss,
+                        .tokens_per_s = sr->tokens_per_s,
+                        .step_ms = sr->step_ms,
+                        .mem_bytes = sr->mem_bytes,
+                        .tokens = sr->tokens,
+                        .world_size = sr->world_size,
+                        .lr = sr->lr,
+                        .grad_norm = sr->grad_norm,
+                        .val_loss = sr->val_loss,
+                        .loss_scale = sr->loss_scale,
+                        .mfu = sr->mfu,
+                        .compute_s = sr->compute_s,
+                        .p2p_wait_s = sr->p2p_wait_s,
+                        .tp_s = sr->tp_s,
+                        .dp_s = sr->dp_s,
+                        .bubble = sr->bubble,
+                        .act_bytes = sr->act_bytes,
+                        .optim_bytes = sr->optim_bytes,
+                        .skipped_steps = sr->skipped_steps,
+                        .ckpt_wall = sr->ckpt_wall,
+                        .checkpoints = sr->checkpoints};
+}
+
+#define TAKE(f)                                                                                    \
+  do {                                                                                             \
+    if (isfinite(r->f))                                                                            \
+      j->f = r->f;                                                                                 \
+  } while (0)
+
+/* The job's figures: ranks without the loss (pipeline stages before the last) send
+ * NaN, so each figure is the newest finite one any rank sent for the newest step. */
+static void job_from_report(wf_service *svc, const wf_step_report *r)
+{
+  wf_step_report *j = &svc->job;
+  j->step = r->step;
+  j->steps = WF_MAX(j->steps, r->steps);
+  j->world_size = r->world_size > 0 ? r->world_size : svc->world;
+  TAKE(loss);
+  TAKE(tokens_per_s);
+  TAKE(step_ms);
+  TAKE(tokens);
+  TAKE(lr);
+  TAKE(grad_norm);
+  TAKE(val_loss);
+  TAKE(loss_scale);
+  TAKE(mfu);
+  j->skipped_steps = WF_MAX(j->skipped_steps, r->skipped_steps);
+  j->ckpt_wall = WF_MAX(j->ckpt_wall, r->ckpt_wall);
+  j->checkpoints = WF_MAX(j->checkpoints, r->checkpoints);
+}
+#undef TAKE
 
 static void on_step_report(wf__conn *c, const Weft__StepReport *sr)
 {
@@ -242,6 +318,7 @@ static void on_step_report(wf__conn *c, const Weft__StepReport *sr)
   r->tokens_per_s = sr->tokens_per_s;
   r->step_ms = sr->step_ms;
   r->mem_bytes = sr->mem_bytes;
+  report_from_proto(&r->rep, sr);
   r->reports++;
   if (sr->step >= svc->step) {
     svc->step = sr->step;
@@ -251,6 +328,7 @@ static void on_step_report(wf__conn *c, const Weft__StepReport *sr)
       svc->tokens_per_s = sr->tokens_per_s;
     if (sr->step_ms > 0)
       svc->step_ms = sr->step_ms;
+    job_from_report(svc, &r->rep);
   }
 }
 
@@ -296,13 +374,19 @@ static void on_command(wf__conn *c, const Weft__Command *cmd)
     wf__reply(c, false, NULL, "unknown command");
     return;
   }
+  bool stop = cmd->kind == WEFT__COMMAND__KIND__STOP;
+  if (!stop && !c->svc->can_checkpoint) {
+    wf__reply(c, false, NULL,
+              "checkpoint refused: this job has no checkpoint directory; start it with "
+              "train.checkpoint_dir=DIR to write checkpoints");
+    return;
+  }
   Weft__Envelope env = WEFT__ENVELOPE__INIT;
   Weft__Command fwd = WEFT__COMMAND__INIT;
   fwd.kind = cmd->kind;
   env.msg_case = WEFT__ENVELOPE__MSG_COMMAND;
   env.command = &fwd;
   wf__broadcast(c->svc, &env);
-  bool stop = cmd->kind == WEFT__COMMAND__KIND__STOP;
   WF_INFO("control: console requested %s", stop ? "stop" : "a checkpoint");
   wf__reply(c, true, stop ? "{\"requested\":\"stop\"}" : "{\"requested\":\"checkpoint\"}",
             stop ? "stop requested: the job stops at the next step boundary"
@@ -347,6 +431,37 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
   buf->len = sizeof slab;
 }
 
+static void bad_frame(wf__conn *c, const char *err)
+{
+  long more = 0;
+  if (wf__ratelimit_ok(&c->svc->rl_frame, wf__now_ms(), &more))
+    WF_WARN("control: dropping a peer that sent a bad frame: %s (%ld more since the last such "
+            "line)",
+            err, more);
+  conn_reject(c, err);
+}
+
+/* Decode and dispatch every complete frame; returns how many there were, or -1 when
+ * the connection was closed. */
+static int drain_frames(wf__conn *c)
+{
+  char err[256];
+  for (int done = 0;; done++) {
+    Weft__Envelope *env = NULL;
+    if (wf_proto_reader_next(&c->rd, &env, err, sizeof err) != WF_OK) {
+      bad_frame(c, err);
+      return -1;
+    }
+    if (!env)
+      return done;
+    c->t_msg = wf__now_ms();
+    dispatch(c, env);
+    wf_proto_free(env);
+    if (c->closing)
+      return -1;
+  }
+}
+
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 {
   wf__conn *c = (wf__conn *)s;
@@ -362,28 +477,18 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     wf__metrics_read(c, buf->base, (size_t)n);
     return;
   }
+  bool was_partial = wf_proto_reader_partial(&c->rd);
   if (wf_proto_reader_feed(&c->rd, buf->base, (size_t)n, err, sizeof err) != WF_OK) {
-    WF_WARN("control: dropping a peer that sent a bad frame: %s", err);
-    conn_reject(c, err);
+    bad_frame(c, err);
     return;
   }
-  for (;;) {
-    Weft__Envelope *env = NULL;
-    if (wf_proto_reader_next(&c->rd, &env, err, sizeof err) != WF_OK) {
-      WF_WARN("control: dropping a peer that sent a bad frame: %s", err);
-      conn_reject(c, err);
-      return;
-    }
-    if (!env)
-      return;
-    dispatch(c, env);
-    wf_proto_free(env);
-    if (c->closing)
-      return;
-  }
+  int done = drain_frames(c);
+  /* A frame's deadline runs from its first byte, whatever trickles in after it. */
+  if (done >= 0 && wf_proto_reader_partial(&c->rd) && (!was_partial || done > 0))
+    c->t_frame = c->t_last;
 }
 
-static wf__conn *conn_new(wf_service *svc, bool is_unix)
+static wf__conn *conn_new(wf_service *svc, bool is_unix, conn_listener l)
 {
   wf__conn *c = calloc(1, sizeof *c);
   if (!c)
@@ -391,7 +496,9 @@ static wf__conn *conn_new(wf_service *svc, bool is_unix)
   c->svc = svc;
   c->is_unix = is_unix;
   c->rank = -1;
-  c->t_open = c->t_last = wf__now_ms();
+  c->listener = l;
+  svc->n_conns[l]++;
+  c->t_open = c->t_last = c->t_msg = c->t_frame = wf__now_ms();
   /* Workers and consoles send small frames; only replies are large. */
   wf_proto_reader_init(&c->rd, WF__CONSOLE_MAX_IN);
   if (is_unix)
@@ -416,16 +523,69 @@ static bool peer_is_same_user(wf__conn *c)
   return cred.uid == getuid();
 }
 
+static const char *const listener_names[WF__LSN_COUNT] = {"control", "metrics"};
+
+/* The oldest connection on this listener that has not authenticated (metrics
+ * connections never do), or NULL. */
+static wf__conn *eviction_victim(wf_service *svc, conn_listener l)
+{
+  wf__conn *victim = NULL;
+  for (wf__conn *c = svc->conns; c; c = c->next)
+    if (c->listener == l && !uv_is_closing(&c->u.h) &&
+        (c->role == WF__CONN_NEW || c->role == WF__CONN_HTTP) &&
+        (!victim || c->t_open < victim->t_open))
+      victim = c;
+  return victim;
+}
+
+/* At the cap: evict the oldest unauthenticated connection to make room, or refuse the
+ * newcomer (false). Said once, then at most every WF__LOG_EVERY_MS. */
+static bool make_room(wf_service *svc, conn_listener l)
+{
+  long more = 0;
+  if (svc->n_conns[l] < svc->max_conns[l])
+    return true;
+  wf__conn *victim = eviction_victim(svc, l);
+  svc->evicted[l]++;
+  if (wf__ratelimit_ok(&svc->rl_cap[l], wf__now_ms(), &more))
+    WF_WARN("control: the %s port has reached its cap of %d connections; %s (%ld evicted or "
+            "refused in all; this line is repeated at most every %d s)",
+            listener_names[l], svc->max_conns[l],
+            victim ? "evicting the oldest connection that has not authenticated"
+                   : "refusing new connections until one closes",
+            svc->evicted[l], WF__LOG_EVERY_MS / 1000);
+  if (!victim)
+    return false;
+  wf__conn_close(victim);
+  return true;
+}
+
+/* Take the pending connection off the backlog and close it, so a full listener does
+ * not leave it queued in the kernel. */
+static void refuse_pending(wf_service *svc, uv_stream_t *server, bool is_unix)
+{
+  wf__conn *c = conn_new(svc, is_unix, server == (uv_stream_t *)&svc->http);
+  if (!c)
+    return;
+  uv_accept(server, &c->u.s);
+  wf__conn_close(c);
+}
+
 void wf__service_on_connection(uv_stream_t *server, int status)
 {
   wf_service *svc = server->data;
   bool is_unix = server == (uv_stream_t *)&svc->pipe;
+  conn_listener l = server == (uv_stream_t *)&svc->http ? WF__LSN_HTTP : WF__LSN_CONTROL;
   if (status < 0)
     return;
-  wf__conn *c = conn_new(svc, is_unix);
+  if (!make_room(svc, l)) {
+    refuse_pending(svc, server, is_unix);
+    return;
+  }
+  wf__conn *c = conn_new(svc, is_unix, l);
   if (!c)
     return;
-  if (server == (uv_stream_t *)&svc->http)
+  if (l == WF__LSN_HTTP)
     c->role = WF__CONN_HTTP;
   if (uv_accept(server, &c->u.s) < 0) {
     wf__conn_close(c);
@@ -444,21 +604,30 @@ void wf__service_on_connection(uv_stream_t *server, int status)
 
 /* ---- start and stop ----------------------------------------------------------------- */
 
-static wf_status listen_tcp(wf_service *svc)
+int wf__listen_tcp(wf_service *svc, uv_tcp_t *h, int port, int backlog)
 {
   struct sockaddr_storage addr;
   int rc = strchr(svc->bind_addr, ':')
-               ? uv_ip6_addr(svc->bind_addr, svc->port, (struct sockaddr_in6 *)&addr)
-               : uv_ip4_addr(svc->bind_addr, svc->port, (struct sockaddr_in *)&addr);
-  if (rc < 0) {
-    WF_ERROR("control: cannot listen on '%s': not an IP address", svc->bind_addr);
+               ? uv_ip6_addr(svc->bind_addr, port, (struct sockaddr_in6 *)&addr)
+               : uv_ip4_addr(svc->bind_addr, port, (struct sockaddr_in *)&addr);
+  if (rc < 0)
+    return rc;
+  uv_tcp_init(&svc->loop, h);
+  h->data = svc;
+  rc = uv_tcp_bind(h, (const struct sockaddr *)&addr, 0);
+  return rc == 0 ? uv_listen((uv_stream_t *)h, backlog, wf__service_on_connection) : rc;
+}
+
+static wf_status listen_tcp(wf_service *svc)
+{
+  struct sockaddr_storage addr;
+  unsigned char probe[16];
+  if (uv_inet_pton(strchr(svc->bind_addr, ':') ? AF_INET6 : AF_INET, svc->bind_addr, probe) < 0) {
+    WF_ERROR("control: cannot listen on '%s' (runtime.listen_addr): not an IP address",
+             svc->bind_addr);
     return WF_EINVAL;
   }
-  uv_tcp_init(&svc->loop, &svc->tcp);
-  svc->tcp.data = svc;
-  rc = uv_tcp_bind(&svc->tcp, (const struct sockaddr *)&addr, 0);
-  if (rc == 0)
-    rc = uv_listen((uv_stream_t *)&svc->tcp, 128, wf__service_on_connection);
+  int rc = wf__listen_tcp(svc, &svc->tcp, svc->port, 128);
   if (rc == UV_EADDRINUSE) {
     WF_ERROR("control: port %d (MASTER_PORT) is already in use on this host, perhaps by another "
              "job; choose another with MASTER_PORT=%d or dist.master_port=%d",
@@ -537,6 +706,28 @@ static void service_thread(void *arg)
   uv_run(&svc->loop, UV_RUN_DEFAULT);
 }
 
+/* The address workers reach rank 0 by (MASTER_ADDR) is the one to listen on: the
+ * first address getaddrinfo() gives, as the workers' client takes the first too.
+ * Listening on every interface is a choice (runtime.listen_addr=0.0.0.0). */
+static wf_status bind_address(const char *host, char *out, size_t out_len)
+{
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
+  int rc = getaddrinfo(host, NULL, &hints, &res);
+  if (rc != 0 || !res) {
+    WF_ERROR("control: cannot resolve MASTER_ADDR '%s' to an address to listen on: %s; set "
+             "MASTER_ADDR to this host's address, or runtime.listen_addr",
+             host, gai_strerror(rc));
+    return WF_EINVAL;
+  }
+  rc = getnameinfo(res->ai_addr, res->ai_addrlen, out, (socklen_t)out_len, NULL, 0, NI_NUMERICHOST);
+  freeaddrinfo(res);
+  if (rc != 0) {
+    WF_ERROR("control: cannot print the address of MASTER_ADDR '%s': %s", host, gai_strerror(rc));
+    return WF_EINVAL;
+  }
+  return WF_OK;
+}
+
 static wf_status service_paths(wf_service *svc, const wf_service_opts *o)
 {
   char host[256];
@@ -555,8 +746,10 @@ static wf_status service_paths(wf_service *svc, const wf_service_opts *o)
   }
   wf_strlcpy(host, o->master_addr && o->master_addr[0] ? o->master_addr : wf_rt_host(),
              sizeof host);
-  wf_strlcpy(svc->bind_addr, o->bind_addr && o->bind_addr[0] ? o->bind_addr : "0.0.0.0",
-             sizeof svc->bind_addr);
+  if (o->bind_addr && o->bind_addr[0])
+    wf_strlcpy(svc->bind_addr, o->bind_addr, sizeof svc->bind_addr);
+  else if ((st = bind_address(host, svc->bind_addr, sizeof svc->bind_addr)) != WF_OK)
+    return st;
   snprintf(svc->endpoint, sizeof svc->endpoint, strchr(host, ':') ? "[%s]" : "%s", host);
   return WF_OK;
 }
@@ -581,9 +774,23 @@ static wf_status service_config(wf_service *svc, const wf_service_opts *o)
   svc->register_timeout_ms = o->register_timeout_ms > 0 ? o->register_timeout_ms : 120000;
   svc->port = o->port;
   svc->metrics_port = o->metrics_port;
+  svc->can_checkpoint = o->checkpoint_dir && o->checkpoint_dir[0];
+  svc->max_conns[WF__LSN_CONTROL] = svc->world + WF__CONTROL_SPARE;
+  svc->max_conns[WF__LSN_HTTP] = WF__HTTP_MAX_CONNS;
   svc->start_wall = wf_wall_time();
   svc->step = -1;
   svc->loss = svc->tokens_per_s = svc->step_ms = NAN;
+  svc->job = (wf_step_report){.step = -1,
+                              .loss = NAN,
+                              .tokens_per_s = NAN,
+                              .step_ms = NAN,
+                              .tokens = NAN,
+                              .lr = NAN,
+                              .grad_norm = NAN,
+                              .val_loss = NAN,
+                              .loss_scale = NAN,
+                              .mfu = NAN,
+                              .bubble = NAN};
   svc->ranks = calloc((size_t)svc->world, sizeof *svc->ranks);
   if (!svc->ranks)
     return WF_ENOMEM;
@@ -598,6 +805,7 @@ static wf_status service_config(wf_service *svc, const wf_service_opts *o)
     r->facts.rank = i;
     r->step = -1;
     r->loss = r->tokens_per_s = r->step_ms = NAN;
+    r->rep = (wf_step_report){.step = -1, .bubble = NAN};
   }
   return WF_OK;
 }

@@ -88,6 +88,18 @@ wf_status wf__split_endpoint(const char *ep, char *host, size_t host_len, int *p
 
 double wf__now_ms(void) { return (double)uv_hrtime() / 1e6; }
 
+bool wf__ratelimit_ok(wf__ratelimit *rl, double now, long *suppressed)
+{
+  if (rl->t_last > 0 && now - rl->t_last < WF__LOG_EVERY_MS) {
+    rl->suppressed++;
+    return false;
+  }
+  *suppressed = rl->suppressed;
+  rl->suppressed = 0;
+  rl->t_last = now;
+  return true;
+}
+
 typedef struct send_req {
   uv_write_t req;
   uint8_t *frame;

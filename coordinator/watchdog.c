@@ -143,8 +143,11 @@ void wf__rank_lost(wf_service *svc, int rank, const char *why)
   wf__abort_job(svc, rank, reason);
 }
 
+/* Every deadline runs from a fixed point (the connection, the frame's first byte, the
+ * last whole message), never from the last byte, which a peer could trickle. */
 static void check_conns(wf_service *svc, double now)
 {
+  long more = 0;
   for (wf__conn *c = svc->conns, *next; c; c = next) {
     next = c->next;
     if (uv_is_closing(&c->u.h))
@@ -153,14 +156,24 @@ static void check_conns(wf_service *svc, double now)
       if (now - c->t_last > 1000) /* a peer that does not take our last bytes */
         wf__conn_close(c);
     } else if (c->role == WF__CONN_NEW && now - c->t_open > WF__HANDSHAKE_MS) {
-      WF_WARN("control: dropping a connection that did not say Hello within %d ms",
-              WF__HANDSHAKE_MS);
+      if (wf__ratelimit_ok(&svc->rl_hello, now, &more))
+        WF_WARN("control: dropping a connection that did not say Hello within %d ms (%ld more "
+                "since the last such line)",
+                WF__HANDSHAKE_MS, more);
       wf__conn_close(c);
-    } else if (wf_proto_reader_partial(&c->rd) && now - c->t_last > WF__PARTIAL_MS) {
-      WF_WARN("control: dropping a peer that stalled in the middle of a frame");
+    } else if (c->role == WF__CONN_HTTP && now - c->t_open > WF__HTTP_MS) {
+      if (wf__ratelimit_ok(&svc->rl_http, now, &more))
+        WF_WARN("control: dropping a metrics connection that sent no whole request within %d ms "
+                "(%ld more since the last such line)",
+                WF__HTTP_MS, more);
       wf__conn_close(c);
-    } else if ((c->role == WF__CONN_CONSOLE || c->role == WF__CONN_HTTP) &&
-               now - c->t_last > WF__CONSOLE_IDLE_MS) {
+    } else if (wf_proto_reader_partial(&c->rd) && now - c->t_frame > WF__PARTIAL_MS) {
+      if (wf__ratelimit_ok(&svc->rl_frame, now, &more))
+        WF_WARN("control: dropping a peer that stalled in the middle of a frame (%ld more since "
+                "the last such line)",
+                more);
+      wf__conn_close(c);
+    } else if (c->role == WF__CONN_CONSOLE && now - c->t_msg > WF__CONSOLE_IDLE_MS) {
       wf__conn_close(c);
     }
   }

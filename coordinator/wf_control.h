@@ -42,7 +42,7 @@ typedef struct wf_service_opts {
   wf_mesh mesh;               /* dp x tp x pp = world_size */
   const wf_rank_facts *facts; /* world_size entries (copied), or NULL: taken from Hello */
   const char *master_addr;    /* advertised TCP host (MASTER_ADDR); NULL = this host */
-  const char *bind_addr;      /* NULL = "0.0.0.0" */
+  const char *bind_addr;      /* runtime.listen_addr; NULL or "" = master_addr's address */
   int port;                   /* MASTER_PORT; 0 = any free port (tests) */
   const char *job_dir;        /* NULL = $WEFT_JOB_DIR, else /tmp/weft-$USER */
   const char *model_desc;     /* shown by `status`, e.g. "gpt2-tiny (4 layers, d 256)" */
@@ -52,6 +52,8 @@ typedef struct wf_service_opts {
   int dead_after_ms;          /* silence after which a worker is dead; 0 = 2000 */
   int register_timeout_ms;    /* every rank must say Hello within this; 0 = 120000 */
   int metrics_port;           /* runtime.metrics_port: Prometheus /metrics; 0 = off */
+  const char *checkpoint_dir; /* train.checkpoint_dir; NULL or "" = the console's
+                               * `checkpoint` is refused, naming the key */
 } wf_service_opts;
 
 /* Start listening (TCP and Unix socket), write the 0600 job file and start the
@@ -106,6 +108,23 @@ void wf_control_destroy(wf_control *ctl);
  * `ctl` (no control plane) makes them no-ops and the predicates false. */
 void wf_control_report_step(wf_control *ctl, int64_t step, double loss, double tokens_per_s,
                             double step_ms, uint64_t mem_bytes);
+
+/* Everything a step tells the coordinator, for the console and /metrics. Times in
+ * seconds and this rank's own; NAN where a figure does not apply (see weft.proto). */
+typedef struct wf_step_report {
+  int64_t step, steps;
+  double loss, tokens_per_s, step_ms;
+  uint64_t mem_bytes;
+  double tokens; /* the job's tokens in this step */
+  int world_size;
+  double lr, grad_norm, val_loss, loss_scale, mfu;
+  double compute_s, p2p_wait_s, tp_s, dp_s, bubble;
+  uint64_t act_bytes, optim_bytes;
+  int64_t skipped_steps;
+  double ckpt_wall;    /* wall time (s since the epoch) the last checkpoint ended; 0 = none */
+  int64_t checkpoints; /* checkpoints written by this run */
+} wf_step_report;
+void wf_control_report(wf_control *ctl, const wf_step_report *r);
 /* "forward", "backward", "optimizer", ... A phase beginning with "checkpoint" is never
  * taken for a hang, however long it lasts (liveness still comes from heartbeats). */
 void wf_control_set_phase(wf_control *ctl, const char *phase);

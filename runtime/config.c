@@ -187,6 +187,15 @@ static wf_status parse_enum(const wf__cfg_key *k, const char *name, const char *
 
 /* ---- presets ------------------------------------------------------------------------ */
 
+static void preset_dbl(wf_config *cfg, const char *key, double v, wf_config_source src)
+{
+  int k = wf__cfg_key_index(key);
+  if (k >= 0 && src_rank(cfg->source[k]) <= WF_SRC_PRESET) {
+    *(double *)field(cfg, &wf__cfg_keys[k]) = v;
+    cfg->source[k] = (uint8_t)WF_MIN(src, WF_SRC_PRESET);
+  }
+}
+
 /* A preset given as a default (wf_config_init) leaves its keys at "default". */
 static void preset_int(wf_config *cfg, const char *key, int v, wf_config_source src)
 {
@@ -217,6 +226,7 @@ static wf_status set_preset(wf_config *cfg, int k, const char *name, const char 
   preset_int(cfg, "model.d_model", p->d_model, ctx->src);
   preset_int(cfg, "model.seq_len", p->seq_len, ctx->src);
   preset_int(cfg, "model.vocab", p->vocab, ctx->src);
+  preset_dbl(cfg, "train.lr", p->lr, ctx->src);
   cfg->model.padded_vocab = wf__cfg_pad_vocab(cfg->model.vocab);
   return WF_OK;
 }

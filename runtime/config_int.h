@@ -72,6 +72,7 @@ typedef struct wf__cfg_target {
 typedef struct wf__cfg_preset {
   const char *name;
   int layers, heads, d_model, seq_len, vocab;
+  double lr; /* train.lr for this size (peak learning rate) */
 } wf__cfg_preset;
 
 /* Where a value came from, for error messages. */

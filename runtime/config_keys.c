@@ -197,6 +197,9 @@ const wf__cfg_key wf__cfg_keys[] = {
     K_DBL("runtime.hang_timeout", runtime.hang_timeout, "300", 0, 1e7, 0,
           "seconds without progress before abort; 0 = off"),
     K_INT("runtime.metrics_port", runtime.metrics_port, "0", 0, 65535, "Prometheus port; 0 = off"),
+    K_STR("runtime.listen_addr", runtime.listen_addr, "",
+          "address rank 0's control and metrics ports listen on; \"\" = MASTER_ADDR's "
+          "interface, 0.0.0.0 = every interface"),
     K_ENUM("runtime.log_level", runtime.log_level, "info", log_levels, "error, warn, info, debug"),
     K_ENUM("runtime.device", runtime.device, "auto", devices, "auto, cpu, cuda"),
     K_BOOL("runtime.allow_tf32", runtime.allow_tf32, "false",
@@ -206,10 +209,14 @@ const int wf__cfg_nkeys = (int)WF_ARRAY_LEN(wf__cfg_keys);
 _Static_assert(WF_ARRAY_LEN(wf__cfg_keys) <= WF_CONFIG_MAX_KEYS, "cfg->source is too small");
 
 const wf__cfg_preset wf__cfg_presets[] = {
-    /* name, layers, heads, d_model, seq_len, vocab; GPT-2 sizes as in llm.c */
-    {"gpt2-tiny", 4, 4, 64, 64, 256},           {"gpt2-small", 12, 12, 768, 1024, 50257},
-    {"gpt2-medium", 24, 16, 1024, 1024, 50257}, {"gpt2-large", 36, 20, 1280, 1024, 50257},
-    {"gpt2-xl", 48, 25, 1600, 1024, 50257},
+    /* name, layers, heads, d_model, seq_len, vocab; GPT-2 sizes as in llm.c. lr: the
+     * tiny test model's 3e-3; GPT-2 small 6e-4 as llm.c and nanoGPT train it; the larger
+     * sizes take the GPT-3 paper's (Table 2.1) rates for the same sizes. */
+    {"gpt2-tiny", 4, 4, 64, 64, 256, 3e-3},
+    {"gpt2-small", 12, 12, 768, 1024, 50257, 6e-4},
+    {"gpt2-medium", 24, 16, 1024, 1024, 50257, 3e-4},
+    {"gpt2-large", 36, 20, 1280, 1024, 50257, 2.5e-4},
+    {"gpt2-xl", 48, 25, 1600, 1024, 50257, 2e-4},
 };
 const int wf__cfg_npresets = (int)WF_ARRAY_LEN(wf__cfg_presets);
 
@@ -251,12 +258,14 @@ static const struct {
 /* WEFT_ variables that other parts of weft read; never config keys. A name ending
  * in '_' is a prefix. */
 static const char *const env_skip[] = {
-    "WEFT_LOG_LEVEL",   /* runtime/log.c, before any config exists */
-    "WEFT_MODULE_PATH", /* runtime/module.c */
-    "WEFT_JOB_DIR",     /* coordinator job files */
-    "WEFT_COMM_CHECK",  /* collectives debugging */
-    "WEFT_TEST_",       /* test harnesses */
-    "WEFT_BENCH_",      /* benchmarks */
+    "WEFT_LOG_LEVEL",    /* runtime/log.c, before any config exists */
+    "WEFT_MODULE_PATH",  /* runtime/module.c */
+    "WEFT_JOB_DIR",      /* coordinator job files */
+    "WEFT_COMM_CHECK",   /* collectives debugging */
+    "WEFT_TEST_",        /* test harnesses */
+    "WEFT_BENCH_",       /* benchmarks */
+    "WEFT_MAX_RESTARTS", /* scripts/weft-run and the Slurm scripts */
+    "WEFT_RESTART_",     /* scripts/weft-run: WEFT_RESTART_BACKOFF, ..._MAX */
 };
 
 int wf__cfg_key_index(const char *name)

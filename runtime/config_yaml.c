@@ -12,9 +12,15 @@
  *  - A file that fails leaves the config untouched: it is loaded into a copy.
  *  - The document is walked twice: first mesh_axis_names only, then the rest, so a
  *    flat mesh_shape uses the axis names of the same file wherever they appear.
+ *  - Nesting deeper than MAX_NESTING is refused from libyaml's event stream before the
+ *    document is built: building a 100k-deep document takes libyaml most of a minute.
+ *  - A key given twice (YAML forbids it; libyaml keeps both) is an error naming both
+ *    lines, also when one is nested (`train: {steps: 1}`) and the other dotted
+ *    (`train.steps: 2`): both name train.steps.
  */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -22,8 +28,9 @@
 
 #include "config_int.h"
 
-#define MAX_ITEMS (WF_MAX_STAGES + 1) /* one more than any list may hold */
-#define MAX_DEPTH 8
+#define MAX_ITEMS   (WF_MAX_STAGES + 1) /* one more than any list may hold */
+#define MAX_DEPTH   8                   /* mappings walked as sections */
+#define MAX_NESTING 32                  /* mappings and lists, any kind: a config needs 4 */
 
 static const char *scalar(const yaml_node_t *n) { return (const char *)n->data.scalar.value; }
 
@@ -39,11 +46,19 @@ static const char *scalar_text(const yaml_node_t *n)
   return s;
 }
 
+/* A key name the file gave, and where (for duplicates). */
+typedef struct seen_key {
+  char name[256];
+  int line;
+} seen_key;
+
 typedef struct walker {
   wf_config *cfg;
   yaml_document_t *doc;
   wf__cfg_ctx *ctx;
   int pass; /* 0: mesh_axis_names only; 1: everything else */
+  seen_key *seen;
+  int n_seen, cap_seen;
 } walker;
 
 static int seq_len(const yaml_node_t *n)
@@ -180,6 +195,31 @@ static wf_status walk_value(walker *w, const char *name, const yaml_node_t *v, i
   return wf__cfg_unknown_key(name, w->ctx);
 }
 
+/* Pass 1 remembers every name (sections and keys) with its line; one given before is
+ * an error naming both lines. */
+static wf_status note_key(walker *w, const char *name, int line)
+{
+  if (w->pass != 1)
+    return WF_OK;
+  for (int i = 0; i < w->n_seen; i++)
+    if (strcmp(w->seen[i].name, name) == 0)
+      return wf__cfg_fail(w->ctx, name,
+                          "given twice, on lines %d and %d (YAML does not allow a key twice); "
+                          "keep one",
+                          w->seen[i].line, line);
+  if (w->n_seen == w->cap_seen) {
+    int cap = w->cap_seen ? 2 * w->cap_seen : 64;
+    seen_key *grown = realloc(w->seen, (size_t)cap * sizeof *grown);
+    if (!grown)
+      return WF_ENOMEM;
+    w->seen = grown;
+    w->cap_seen = cap;
+  }
+  wf_strlcpy(w->seen[w->n_seen].name, name, sizeof w->seen[w->n_seen].name);
+  w->seen[w->n_seen++].line = line;
+  return WF_OK;
+}
+
 static wf_status walk_mapping(walker *w, const yaml_node_t *map, const char *prefix, int depth)
 {
   for (yaml_node_pair_t *p = map->data.mapping.pairs.start; p < map->data.mapping.pairs.top; p++) {
@@ -192,6 +232,9 @@ static wf_status walk_mapping(walker *w, const yaml_node_t *map, const char *pre
     int n = snprintf(name, sizeof name, "%s%s%s", prefix, *prefix ? "." : "", scalar(k));
     if (n >= (int)sizeof name)
       return wf__cfg_fail(w->ctx, NULL, "key '%.40s...' is too long", name);
+    wf_status dup = note_key(w, name, line_of(k));
+    if (dup != WF_OK)
+      return dup;
     if (v->type != YAML_MAPPING_NODE)
       w->ctx->line = line_of(v);
     wf_status st = walk_value(w, name, v, depth);
@@ -212,12 +255,47 @@ static wf_status load_doc(wf_config *cfg, yaml_document_t *doc, wf__cfg_ctx *ctx
                         "the top level must be a mapping of keys to values, "
                         "like `train: {steps: 100}`");
   }
-  walker w = {cfg, doc, ctx, 0};
+  walker w = {cfg, doc, ctx, 0, NULL, 0, 0};
   wf_status st = walk_mapping(&w, root, "", 0);
-  if (st != WF_OK)
-    return st;
-  w.pass = 1;
-  return walk_mapping(&w, root, "", 0);
+  if (st == WF_OK) {
+    w.pass = 1;
+    st = walk_mapping(&w, root, "", 0);
+  }
+  free(w.seen);
+  return st;
+}
+
+/* Read the file's events up to its end or the first nesting deeper than MAX_NESTING,
+ * which is refused at once; then rewind for the document loader. */
+static wf_status check_nesting(FILE *f, wf__cfg_ctx *ctx)
+{
+  yaml_parser_t parser;
+  yaml_event_t ev;
+  wf_status st = WF_OK;
+  int depth = 0;
+  if (!yaml_parser_initialize(&parser))
+    return WF_ENOMEM;
+  yaml_parser_set_input_file(&parser, f);
+  for (bool done = false; !done && st == WF_OK;) {
+    if (!yaml_parser_parse(&parser, &ev))
+      break; /* the loader reports the syntax error */
+    if (ev.type == YAML_MAPPING_START_EVENT || ev.type == YAML_SEQUENCE_START_EVENT)
+      depth++;
+    else if (ev.type == YAML_MAPPING_END_EVENT || ev.type == YAML_SEQUENCE_END_EVENT)
+      depth--;
+    done = ev.type == YAML_STREAM_END_EVENT;
+    if (depth > MAX_NESTING) {
+      ctx->line = (int)ev.start_mark.line + 1;
+      st = wf__cfg_fail(ctx, NULL,
+                        "nested more than %d levels deep; a weft config needs at most 4 "
+                        "(section, key, list, list)",
+                        MAX_NESTING);
+    }
+    yaml_event_delete(&ev);
+  }
+  yaml_parser_delete(&parser);
+  rewind(f);
+  return st;
 }
 
 static wf_status syntax_error(const yaml_parser_t *p, wf__cfg_ctx *ctx)
@@ -242,10 +320,12 @@ wf_status wf_config_load_file(wf_config *cfg, const char *path, char *err, size_
                strerror(errno));
     return WF_EIO;
   }
-  wf_status st = WF_OK;
+  wf_status st = check_nesting(f, &ctx);
   wf_config tmp = *cfg;
   yaml_parser_t parser;
   yaml_document_t doc;
+  if (st != WF_OK)
+    goto out_file;
   if (!yaml_parser_initialize(&parser)) {
     st = WF_ENOMEM;
     goto out_file;

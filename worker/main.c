@@ -244,10 +244,16 @@ static void install_signals(void)
 
 /* What the step boundary agreed on, for the trainer's hooks. */
 typedef struct boundary {
+  wf_plane *plane;
+  const wf_job *job;
   wf_control *ctl;
-  wf_comm *world;  /* the agreement is a collective like any other: flight-recorded */
-  bool checkpoint; /* the console asked for a checkpoint */
-  bool failed;     /* the agreement itself failed: stop, and exit non-zero */
+  wf_comm *world;   /* the agreement is a collective like any other: flight-recorded */
+  bool checkpoint;  /* the console asked for a checkpoint */
+  bool failed;      /* the agreement itself failed: stop, and exit non-zero */
+  int last_step;    /* the last step reported (0 before the first) */
+  bool in_ckpt;     /* inside the "checkpoint" phase */
+  double ckpt_wall; /* when the last checkpoint after a step ended (wall time); 0 = none */
+  int64_t checkpoints;
 } boundary;
 
 /* After every step: tell the coordinator, then agree with every rank whether to stop
@@ -258,8 +264,8 @@ static bool on_step(void *user, const wf_train_step_info *info)
 {
   boundary *b = user;
   wf_control *ctl = b->ctl;
-  wf_control_report_step(ctl, info->step, info->loss, info->tokens_per_s, info->step_ms,
-                         (uint64_t)info->mem_bytes);
+  b->last_step = info->step;
+  wf_plane_report_step(b->plane, b->job, info, b->ckpt_wall, b->checkpoints);
   /* Whether any rank saw each request: a signal, the console's stop, the console's
    * checkpoint. */
   int32_t req[3] = {stop_signal != 0, wf_control_stop_requested(ctl),
@@ -278,9 +284,18 @@ static bool on_step(void *user, const wf_train_step_info *info)
 
 static bool checkpoint_now(void *user) { return ((boundary *)user)->checkpoint; }
 
+/* The checkpoint phase also covers reading one at start-up; only those after a step are
+ * written ones, whose age /metrics reports. */
 static void on_phase(void *user, const char *phase)
 {
-  wf_control_set_phase(((boundary *)user)->ctl, phase);
+  boundary *b = user;
+  bool ckpt = strcmp(phase, "checkpoint") == 0;
+  if (b->in_ckpt && !ckpt && b->last_step > 0) {
+    b->ckpt_wall = wf_wall_time();
+    b->checkpoints++;
+  }
+  b->in_ckpt = ckpt;
+  wf_control_set_phase(b->ctl, phase);
 }
 
 /* How long a rank whose training failed waits for the others to fail with it before
@@ -335,7 +350,7 @@ static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, con
   }
   install_signals();
   wf_control_set_phase(plane.ctl, "train");
-  boundary bd = {plane.ctl, wf_job_world_comm(job), false, false};
+  boundary bd = {.plane = &plane, .job = job, .ctl = plane.ctl, .world = wf_job_world_comm(job)};
   wf_train_hooks hooks = {.user = &bd,
                           .on_step = on_step,
                           .dp = wf_job_comm(job, WF_AXIS_DP),

@@ -13,12 +13,15 @@
  * rank exits with rank 0's message rather than waiting to connect.
  */
 #include <arpa/inet.h>
+#include <inttypes.h>
+#include <math.h>
 #include <mpi.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "wf_collectives.h"
@@ -37,9 +40,16 @@ typedef struct plane_facts {
 
 static void on_abort(void *user, const char *reason)
 {
-  (void)user;
+  wf_plane *p = user;
   /* Called on the control thread: the main thread may be stuck inside MPI, so the
-   * only safe way out is to end the process here. */
+   * only safe way out is to end the process here. On rank 0 that skips
+   * wf_service_destroy(), so remove the job file (it holds the token) and the socket
+   * here: an aborted job leaves nothing behind for a console to find. */
+  if (p && p->svc) {
+    unlink(wf_service_job_file(p->svc));
+    if (wf_service_unix_path(p->svc)[0])
+      unlink(wf_service_unix_path(p->svc));
+  }
   fprintf(stderr, "weft: error: job aborted by the coordinator: %s\n", reason);
   fflush(stderr);
   _exit(3);
@@ -97,20 +107,67 @@ static void last_collective(void *user, uint64_t *seq, char *op, size_t op_len, 
   *is_active = active(&best);
 }
 
-/* The console's `trace`: each communicator's recent operations, oldest first. */
+/* The flight recorder's clock resolution in ms: the coarse clock's unless
+ * WEFT_COMM_TRACE_CLOCK=precise (collectives/trace.c), which the trace says, so that
+ * "0.000 ms" is read as "under 4 ms", not as free. */
+static double trace_resolution_ms(void)
+{
+  const char *e = getenv("WEFT_COMM_TRACE_CLOCK");
+  struct timespec res = {0, 1};
+#ifdef CLOCK_MONOTONIC_COARSE
+  if (!(e && strcmp(e, "precise") == 0) && clock_getres(CLOCK_MONOTONIC_COARSE, &res) != 0)
+    res = (struct timespec){0, 1};
+#endif
+  return (double)res.tv_sec * 1e3 + (double)res.tv_nsec * 1e-6;
+}
+
+/* One recorder entry, peers as world ranks (what `ranks` shows), times at the clock's
+ * resolution: "pp#12 recv 4096 x f32 (16384 B) from rank 3 done in 1.234 ms". */
+static void format_entry(const wf_comm *c, const wf_trace_entry *e, double res_ms, char *buf,
+                         size_t len)
+{
+  uint64_t end = e->end_ns ? e->end_ns : wf_now_ns();
+  double ms = end > e->start_ns ? (double)(end - e->start_ns) * 1e-6 : 0.0;
+  char peer[48] = "", took[48];
+  if (e->peer >= 0)
+    snprintf(peer, sizeof peer, " %s rank %d",
+             e->op == WF_OP_BCAST  ? "root"
+             : e->op == WF_OP_SEND ? "to"
+                                   : "from",
+             wf_comm_world_rank(c, e->peer));
+  if (res_ms >= 0.01 && ms < res_ms)
+    snprintf(took, sizeof took, "under %.0f ms", res_ms);
+  else
+    snprintf(took, sizeof took, "%.3f ms", ms);
+  snprintf(buf, len, "%s#%" PRIu64 " %s %" PRIu64 " x %s (%" PRIu64 " B)%s%s %s %s %s",
+           wf_comm_name(c), e->seq, wf_comm_op_name(e->op), e->count, wf_comm_dtype_name(e->dtype),
+           e->bytes, peer, e->device ? " nccl" : "", wf_comm_state_name(e->state),
+           e->end_ns ? "in" : "for", took);
+}
+
+/* The console's `trace`: the clock, then each communicator's recent operations, oldest
+ * first. */
 static void recent_collectives(void *user, char *buf, size_t len)
 {
   enum { PER_COMM = 16 };
   wf_comm *comms[WF_NUM_AXES + 1];
   wf_trace_entry e[PER_COMM];
   int n = job_comms(user, comms);
+  double res = trace_resolution_ms();
   size_t used = 0;
   buf[0] = '\0';
+  if (res >= 0.01)
+    used = (size_t)snprintf(buf, len,
+                            "clock: coarse, %.0f ms resolution (WEFT_COMM_TRACE_CLOCK=precise for "
+                            "ns)\n",
+                            res);
+  else
+    used = (size_t)snprintf(buf, len, "clock: precise (ns)\n");
   for (int i = 0; i < n && used + 1 < len; i++) {
     int k = wf_comm_trace_snapshot(comms[i], e, PER_COMM);
     for (int j = 0; j < k && used + 1 < len; j++) {
       char line[256];
-      wf_comm_trace_format(comms[i], &e[j], line, sizeof line);
+      format_entry(comms[i], &e[j], res, line, sizeof line);
       used += (size_t)snprintf(buf + used, len - used, "%s\n", line);
     }
   }
@@ -215,17 +272,25 @@ static void start_service(wf_plane *p, const wf_plane_opts *o, plane_facts *pf)
       .mesh = *wf_job_mesh(o->job),
       .facts = wf_job_facts(o->job),
       .master_addr = o->launch->master_addr,
+      .bind_addr = cfg->runtime.listen_addr,
       .port = service_port(o),
       .model_desc = model,
       .total_steps = cfg->train.steps,
       .hang_timeout_s = cfg->runtime.hang_timeout,
       .metrics_port = cfg->runtime.metrics_port,
+      .checkpoint_dir = cfg->train.checkpoint_dir,
   };
-  if (wf_service_start(&p->svc, &so) != WF_OK) {
+  wf_status st = wf_service_start(&p->svc, &so);
+  if (st == WF_EUV) { /* the port: in use, or not to be had */
     snprintf(pf->err, sizeof pf->err,
              "could not start the coordinator on %s:%d (see the log above); choose another "
              "port with MASTER_PORT=... or dist.master_port=...",
              o->launch->master_addr, o->launch->master_port);
+    return;
+  }
+  if (st != WF_OK) { /* the job directory or the listen address: the log says which */
+    snprintf(pf->err, sizeof pf->err, "could not start the coordinator: %s (see the log above)",
+             wf_status_str(st));
     return;
   }
   publish_schedule(p->svc, cfg);
@@ -255,6 +320,7 @@ wf_status wf_plane_start(wf_plane *p, const wf_plane_opts *o, char *err, size_t 
       .facts = *wf_job_my_facts(o->job),
       .stage_desc = stage,
       .on_abort = on_abort,
+      .user = p,
   };
   wf_status st = wf_control_start(&p->ctl, &co);
   if (st == WF_OK) {
@@ -287,6 +353,39 @@ bool wf_plane_fail(wf_plane *p, wf_status st, const char *what, int timeout_ms)
   snprintf(msg, sizeof msg, "training failed on this rank alone (%s): %s", wf_status_str(st), what);
   wf_control_report_error(p->ctl, st, msg, 2000);
   return false;
+}
+
+void wf_plane_report_step(wf_plane *p, const wf_job *job, const wf_train_step_info *info,
+                          double ckpt_wall, int64_t checkpoints)
+{
+  int stage = info->n_stages > 1 ? wf_job_my_facts(job)->coords.pp : 0;
+  wf_step_report r = {
+      .step = info->step,
+      .steps = info->steps,
+      .loss = info->loss,
+      .tokens_per_s = info->tokens_per_s,
+      .step_ms = info->step_ms,
+      .mem_bytes = (uint64_t)info->mem_bytes,
+      /* tokens_per_s is the global batch's tokens / the step time: a whole number back */
+      .tokens = round(info->tokens_per_s * info->step_ms * 1e-3),
+      .world_size = wf_job_world(job),
+      .lr = info->lr,
+      .grad_norm = info->grad_norm,
+      .val_loss = info->val_loss,
+      .loss_scale = info->loss_scale,
+      .mfu = info->mfu,
+      .compute_s = info->compute_ms * 1e-3,
+      .p2p_wait_s = info->p2p_wait_ms * 1e-3,
+      .tp_s = info->tp_ms * 1e-3,
+      .dp_s = info->comm_ms * 1e-3,
+      .bubble = info->bubble,
+      .act_bytes = (uint64_t)info->stage_act_bytes[stage < WF_MAX_STAGES ? stage : 0],
+      .optim_bytes = (uint64_t)info->optim_bytes,
+      .skipped_steps = info->skipped_steps,
+      .ckpt_wall = ckpt_wall,
+      .checkpoints = checkpoints,
+  };
+  wf_control_report(p->ctl, &r);
 }
 
 void wf_plane_stop(wf_plane *p)

@@ -11,6 +11,7 @@
 #include "wf_config.h"
 #include "wf_coordinator.h"
 #include "wf_runtime.h"
+#include "wf_train.h"
 
 struct wf_service;
 struct wf_control;
@@ -29,6 +30,10 @@ typedef struct wf_plane_opts {
 
 /* Collective over MPI_COMM_WORLD. On failure every rank gets the same message. */
 wf_status wf_plane_start(wf_plane *p, const wf_plane_opts *o, char *err, size_t err_len);
+/* Tell the coordinator what this step did (for the console and /metrics), with the
+ * wall time its last checkpoint ended (0 = none yet) and how many it wrote. */
+void wf_plane_report_step(wf_plane *p, const wf_job *job, const wf_train_step_info *info,
+                          double ckpt_wall, int64_t checkpoints);
 /* Collective: every rank says Bye, then rank 0 stops the service. */
 void wf_plane_stop(wf_plane *p);
 /* After this rank's training failed with `st` (message `what`): wait up to timeout_ms

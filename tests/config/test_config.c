@@ -187,6 +187,52 @@ static void test_bad_yaml_syntax_names_line(void **state)
   assert_int_equal(f->cfg.mesh.tp, 1);
 }
 
+/* Issue 19: a 100k-deep YAML took libyaml 55 s to load before it was rejected. */
+static void test_deep_nesting_fails_fast(void **state)
+{
+  fixture *f = *state;
+  enum { DEPTH = 100000 };
+  char *text = malloc(2 * DEPTH + 16);
+  assert_non_null(text);
+  size_t n = (size_t)sprintf(text, "train: ");
+  memset(text + n, '[', DEPTH);
+  memset(text + n + DEPTH, ']', DEPTH);
+  strcpy(text + n + 2 * DEPTH, "\n");
+  double t0 = wf_now();
+  assert_int_equal(load(f, text), WF_ECONFIG);
+  double dt = wf_now() - t0;
+  free(text);
+  assert_err_at(f, 1, "nested more than 32 levels deep");
+  /* the brief's bound: under 1 s (it reads 33 levels, not 100,000) */
+  assert_true(dt < 1.0);
+  /* a block mapping nested too deep names the line where it went too deep */
+  char block[8192];
+  size_t at = 0;
+  for (int i = 0; i < 40; i++)
+    at += (size_t)snprintf(block + at, sizeof block - at, "%*sk%d:\n", i, "", i);
+  snprintf(block + at, sizeof block - at, "%*sx: 1\n", 40, "");
+  assert_int_equal(load(f, block), WF_ECONFIG);
+  assert_err_at(f, 33, "nested more than 32 levels deep");
+  /* what a config really nests (section, key, list of lists) still loads */
+  assert_int_equal(load(f, "model:\n  mesh_shape: [[2, 2], [dp, tp]]\n"), WF_OK);
+}
+
+/* Duplicate keys: libyaml keeps both; weft names both lines. */
+static void test_duplicate_keys_name_both_lines(void **state)
+{
+  fixture *f = *state;
+  assert_int_equal(load(f, "train:\n  steps: 10\n  lr: 1e-3\n  steps: 20\n"), WF_ECONFIG);
+  assert_err_at(f, 4, "train.steps: given twice, on lines 2 and 4");
+  /* nested and dotted spellings of one key */
+  assert_int_equal(load(f, "train:\n  steps: 10\nmodel.layers: 2\ntrain.steps: 20\n"), WF_ECONFIG);
+  assert_err_at(f, 4, "train.steps: given twice, on lines 2 and 4");
+  /* a section given twice */
+  assert_int_equal(load(f, "train:\n  steps: 10\nmesh:\n  tp: 2\ntrain:\n  lr: 0.1\n"), WF_ECONFIG);
+  assert_err_at(f, 5, "train: given twice, on lines 1 and 5");
+  /* the failed files left the config alone (train.steps is still its default) */
+  assert_int_equal(source_of(&f->cfg, "train.steps"), WF_SRC_DEFAULT);
+}
+
 static void test_top_level_must_be_mapping(void **state)
 {
   fixture *f = *state;
@@ -341,8 +387,15 @@ static void test_presets(void **state)
   assert_int_equal(f->cfg.model.d_model, 768);
   assert_int_equal(f->cfg.model.seq_len, 1024);
   assert_int_equal(f->cfg.model.vocab, 50257);
+  /* GPT-2 small's peak lr, 6e-4 (llm.c, nanoGPT), not the tiny model's 3e-3 */
+  assert_float_equal(f->cfg.train.lr, 6e-4, 0);
+  assert_int_equal(source_of(&f->cfg, "train.lr"), WF_SRC_PRESET);
   assert_int_equal(source_of(&f->cfg, "model.layers"), WF_SRC_PRESET);
   assert_int_equal(source_of(&f->cfg, "model.preset"), WF_SRC_CLI);
+  /* an explicit train.lr wins over the preset's, in either order */
+  assert_int_equal(set(f, "train.lr", "1e-3", WF_SRC_FILE), WF_OK);
+  assert_int_equal(set(f, "model.preset", "gpt2-medium", WF_SRC_CLI), WF_OK);
+  assert_float_equal(f->cfg.train.lr, 1e-3, 0);
   assert_int_equal(set(f, "model.preset", "gpt5", WF_SRC_CLI), WF_ECONFIG);
   assert_err_has(f->err, "model.preset: unknown preset 'gpt5'; known presets: gpt2-tiny, "
                          "gpt2-small");
@@ -595,6 +648,8 @@ int main(void)
       cmocka_unit_test_setup_teardown(test_empty_file_and_empty_section, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bad_yaml_syntax_names_line, setup, teardown),
       cmocka_unit_test_setup_teardown(test_top_level_must_be_mapping, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_deep_nesting_fails_fast, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_duplicate_keys_name_both_lines, setup, teardown),
       cmocka_unit_test_setup_teardown(test_wrong_types, setup, teardown),
       cmocka_unit_test_setup_teardown(test_list_scalar_mismatch, setup, teardown),
       cmocka_unit_test_setup_teardown(test_out_of_range, setup, teardown),

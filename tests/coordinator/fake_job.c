@@ -27,8 +27,10 @@ static _Atomic int64_t current_step;
 static void trace_fn(void *user, char *buf, size_t len)
 {
   int64_t s = atomic_load(&current_step);
-  snprintf(buf, len, "allreduce(dp) #%lld done\nallreduce(dp) #%lld running\n", (long long)(3 * s),
-           (long long)(3 * s + 1));
+  snprintf(buf, len,
+           "clock: precise (ns)\ndp#%lld allreduce 4 x f32 (16 B) done in 1.000 ms\n"
+           "tp#%lld allreduce 4 x f32 (16 B) running for 2.000 ms\n",
+           (long long)(3 * s), (long long)(3 * s + 1));
 }
 
 static void on_abort(void *user, const char *reason) { atomic_store(&aborted, 1); }

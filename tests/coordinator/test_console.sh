@@ -68,11 +68,73 @@ assert d["stages"][1]["grid"] == [[4, 5], [6, 7]], d
 
 out=$("$con" schedule); grep -q "not available" <<<"$out" || fail "schedule"
 "$con" --json schedule | $PY -c 'import json,sys; assert json.load(sys.stdin)["available"] is False'
-out=$("$con" trace); grep -q "allreduce(dp) #" <<<"$out" || fail "trace"
+out=$("$con" trace); grep -q "^  dp#[0-9]* allreduce" <<<"$out" || fail "trace"
+# trace RANK GROUP: one rank's operations in one communicator (world ranks)
+out=$("$con" trace 5 dp)
+echo "$out"
+[ "$(grep -c '^rank ' <<<"$out")" = 1 ] && grep -q "^rank 5:" <<<"$out" || fail "trace 5: one rank"
+grep -q "^  dp#" <<<"$out" && ! grep -q "^  tp#" <<<"$out" || fail "trace dp: only dp lines"
+
+# The README's form: options after the command; `ranks RANK` shows that rank only.
+"$con" ranks --json | $PY -c 'import json,sys; assert len(json.load(sys.stdin)["ranks"]) == 8'
+out=$("$con" ranks 3)
+echo "$out"
+[ "$(grep -c ' alive ' <<<"$out")" = 1 ] && grep -qE "^ +3 " <<<"$out" || fail "ranks 3"
+grep -q "step ms" <<<"$out" && grep -q "tok/s" <<<"$out" && grep -q "cpu%" <<<"$out" \
+  || fail "ranks: step ms, tok/s, rss, cpu% columns"
+"$con" --json ranks 3 | $PY -c '
+import json, sys
+d = json.load(sys.stdin)
+assert [r["rank"] for r in d["ranks"]] == [3], d
+r = d["ranks"][0]
+assert r["rss_bytes"] > 1 << 20, r                  # a live process holds more than 1 MiB
+assert r["tokens_per_s_per_rank"] == 12345.0 / 8, r # fake_job reports 12345 tokens/s
+assert r["cpu_percent"] is not None and r["cpu_percent"] >= 0, r
+'
+if "$con" ranks 9 2>"$WEFT_JOB_DIR/err"; then fail "ranks 9 of 8 accepted"; fi
+grep -q "no rank 9" "$WEFT_JOB_DIR/err" || fail "ranks 9: message"
+
+# checkpoint without train.checkpoint_dir is refused, naming the key
+if out=$("$con" checkpoint 2>&1); then fail "checkpoint without a directory accepted"; fi
+grep -q "train.checkpoint_dir" <<<"$out" || fail "checkpoint: the key is not named: $out"
 out=$("$con" --count 2 top); grep -q "last collective" <<<"$out" || fail "top"
 out=$("$con" list); grep -q "$job" <<<"$out" || fail "list"
-out=$(printf 'status\nmesh\nquit\n' | "$con" attach "$job")
+out=$(printf 'status\nmesh\nhelp trace\nranks 2\nquit\n' | "$con" attach "$job")
 grep -q "pipeline stage pp=0" <<<"$out" || fail "attach"
+grep -q "^trace \[RANK\] \[GROUP\]" <<<"$out" || fail "attach: help trace"
+[ "$(grep -c ' alive ' <<<"$out")" = 1 ] || fail "attach: ranks 2"
+# Tab completes commands (not file names) at a terminal
+$PY - "$con" "$job" <<'PYEOF' || fail "attach: tab completion"
+import os, pty, sys, time, select
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(sys.argv[1], [sys.argv[1], "attach", sys.argv[2]])
+def read_for(t):
+    out, end = b"", time.time() + t
+    while time.time() < end:
+        r, _, _ = select.select([fd], [], [], 0.1)
+        if r:
+            try:
+                out += os.read(fd, 4096)
+            except OSError:
+                break
+    return out.decode(errors="replace")
+read_for(1.0)
+os.write(fd, b"sched\t\n")
+out = read_for(2.0)
+os.write(fd, b"quit\n")
+read_for(0.5)
+os.waitpid(pid, 0)
+assert "schedule" in out and "not available" in out, out
+PYEOF
+
+# A job directory that is a symbolic link is refused with a message saying so.
+ln -s /tmp "$WEFT_JOB_DIR/link"
+if WEFT_JOB_DIR="$WEFT_JOB_DIR/link" "$fake" 1 1 1 1 1 >/dev/null 2>"$WEFT_JOB_DIR/err"; then
+  fail "a symlinked job directory was used"
+fi
+grep -q "is a symbolic link" "$WEFT_JOB_DIR/err" || fail "symlink: $(cat "$WEFT_JOB_DIR/err")"
+! grep -q MASTER_PORT "$WEFT_JOB_DIR/err" || fail "symlink: the message names MASTER_PORT"
 
 # Two jobs and no JOB: the console lists them and asks.
 start_job "$WEFT_JOB_DIR/b.out"

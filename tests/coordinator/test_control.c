@@ -93,6 +93,7 @@ static fixture *fx_start(int world, int nctl, double hang_s)
                         .master_addr = "127.0.0.1",
                         .bind_addr = "127.0.0.1",
                         .job_dir = fx->dir,
+                        .checkpoint_dir = fx->dir, /* any: the service only checks it is set */
                         .model_desc = "gpt2-tiny (test)",
                         .total_steps = 100,
                         .hang_timeout_s = hang_s};
@@ -720,8 +721,22 @@ static void test_metrics(void **state)
   buf[got] = '\0';
   close(fd);
   assert_non_null(strstr(buf, "HTTP/1.0 200 OK"));
-  assert_non_null(strstr(buf, "weft_step{job=\"metrics\"} -1"));
-  assert_non_null(strstr(buf, "weft_memory_bytes{job=\"metrics\",rank=\"0\"}"));
+  /* Prometheus's conventions (issue 19): the job is job_id (Prometheus owns `job`),
+   * steps are a counter, and every family has HELP and TYPE. */
+  assert_null(strstr(buf, "{job="));
+  assert_non_null(
+      strstr(buf, "# TYPE weft_steps_total counter\nweft_steps_total{job_id=\"metrics\"} 0\n"));
+  assert_non_null(strstr(buf, "weft_job_state{job_id=\"metrics\",state=\"registering\"} 1\n"));
+  assert_non_null(strstr(buf, "weft_ranks_alive{job_id=\"metrics\"} 0\n"));
+  assert_non_null(
+      strstr(buf, "weft_rank_up{job_id=\"metrics\",rank=\"0\",pp=\"0\",dp=\"0\",tp=\"0\"} 0\n"));
+  int helps = 0, types = 0;
+  for (const char *p = buf; (p = strstr(p, "# HELP ")); p++)
+    helps++;
+  for (const char *p = buf; (p = strstr(p, "# TYPE ")); p++)
+    types++;
+  assert_int_equal(helps, types);
+  assert_true(helps >= 30); /* 17 job-level families + 13 per-rank ones (metrics.c) */
   fx->n = 0;
   fx_stop(fx);
 }

@@ -240,7 +240,8 @@ def sbatch(script, name, args, opts=(), extra_env=None):
     stop signal moved inside that limit. Returns (job id, output path)."""
     out = os.path.join(scratch, "out", f"{name}.out")
     e = dict(extra_env or {})
-    e.update(WEFT_WORKER=WORKER, WEFT_COORDINATOR=COORDINATOR)
+    e.update(WEFT_WORKER=WORKER, WEFT_COORDINATOR=COORDINATOR,
+             WEFT_RUN=os.path.join(EXAMPLES, "..", "..", "scripts", "weft-run"))
     exports = ",".join(["ALL"] + [f"{k}={v}" for k, v in e.items()])
     cmd = ["sbatch", "--parsable", f"--job-name=weft-{name}", "--cpus-per-task=2", "--time=5",
            "--signal=B:USR1@30", f"--output={out}", f"--export={exports}", *opts,
@@ -523,10 +524,49 @@ def case_preempt_mpirun():
     check_checkpoint("preempt-mpirun", text)
 
 
+def case_restart():
+    """A rank killed with SIGKILL mid-run: the batch script's weft-run relaunches the
+    job inside the allocation from the last checkpoint; it completes every step,
+    redoes at most checkpoint_every of them, and saves the same bytes as a run that
+    was never interrupted."""
+    steps, every = 120, 20
+    def args(name):
+        return [f"train.steps={steps}", "train.warmup=2", f"train.checkpoint_every={every}",
+                f"train.checkpoint_dir={os.path.join(scratch, 'ckpt-' + name)}",
+                "--save", os.path.join(scratch, name + ".bin")]
+    opts = ["--gpus-per-task=0", f"--ntasks-per-node={NTASKS}"]
+    jobid, out = sbatch("single-node.sbatch", "restart-ref", args("restart-ref"), opts)
+    check_completed(wait_job(jobid), read(out), "the uninterrupted run")
+    wait_drained()
+    jobid, out = sbatch("single-node.sbatch", "restart", args("restart"), opts,
+                        {"WEFT_MAX_RESTARTS": "2", "WEFT_RESTART_BACKOFF": "1"})
+    wait_for(rf"^step 30/{steps} ", out, jobid=jobid)
+    p = run([COORDINATOR, "--json", "ranks", f"slurm-{jobid}"], timeout=30)
+    check(p.returncode == 0, "coordinator --json ranks", p.stdout + p.stderr)
+    import json
+    victim = json.loads(p.stdout)["ranks"][2]
+    os.kill(victim["pid"], signal.SIGKILL)
+    info = wait_job(jobid)
+    text = read(out)
+    check_completed(info, text, "the job with a rank killed")
+    check(re.search(r"weft-run: .* restart 1 of 2 in 1 s", text) is not None,
+          "weft-run announced restart 1 of 2", text)
+    m = re.search(r"checkpoint: resumed from \S+ at step (\d+)", text)
+    check(m is not None, "the relaunch resumed from a checkpoint", text)
+    redone = victim["step"] - int(m.group(1))
+    check(0 <= redone <= every, f"redid {redone} steps (at most {every})", text)
+    check(re.search(rf"^step {steps}/{steps} ", text, re.M) is not None, "all steps done", text)
+    ref = open(os.path.join(scratch, "restart-ref.bin"), "rb").read()
+    got = open(os.path.join(scratch, "restart.bin"), "rb").read()
+    check(ref == got, "--save after the restart equals the uninterrupted run's", text)
+    log(f"  rank 2 (pid {victim['pid']}) killed at step {victim['step']}; resumed at step "
+        f"{m.group(1)} ({redone} redone); --save identical ({len(ref)} bytes)")
+
+
 CASES = [("sbatch", case_sbatch), ("srun-pmix", case_srun_pmix), ("srun-none", case_srun_none),
          ("srun-pmi2", case_srun_pmi2), ("console-preempt", case_console_and_preempt),
          ("sbatch-mpirun", case_sbatch_mpirun), ("preempt-mpirun", case_preempt_mpirun),
-         ("multi-node-script", case_multinode_script)]
+         ("multi-node-script", case_multinode_script), ("restart", case_restart)]
 
 
 def on_signal(sig, frame):

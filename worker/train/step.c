@@ -181,6 +181,8 @@ wf_status wf__train_step(wf__trainer *tr, int step, wf_train_step_info *info)
   if (tr->trace && wf_trace_on(tr->trace))
     wf_trace_span(tr->trace, "step end (reduction, norm, AdamW)", "optim", tr0, wf_now(), step, -1);
   fill_info(tr, step, dt, loss, norm, &oi, info);
+  info->compute_ms = ps.busy_s * 1e3;
+  info->p2p_wait_ms = ps.wait_s * 1e3;
   st = stage_stats(tr, &ps, info);
 fail:
   return st;

@@ -64,6 +64,8 @@ typedef struct wf_train_step_info {
    * tokens_per_s and tflops over its ranks. */
   double tokens_per_s_gpu;
   double tflops_gpu;
+  double compute_ms;  /* this rank's forward + backward compute (the pipeline's busy time) */
+  double p2p_wait_ms; /* this rank's wait in pipeline sends and receives */
 } wf_train_step_info;
 
 typedef struct wf_train_hooks {
