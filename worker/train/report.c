@@ -18,8 +18,9 @@
  * with weight 1/LOSS_WINDOW (about the last LOSS_WINDOW steps); the jumped loss joins it,
  * so a loss that settles at a new level is reported once, not at every step.
  *
- * MFU's peak (per rank): train.peak_tflops when given, else a GPU's nominal dense peak at
- * the run's precision (worker/device.c's table, as Megatron-LM and llm.c report MFU), else
+ * MFU's peak (per rank): train.peak_tflops when given, else the device's nominal peak
+ * (worker/device.c: a GPU's dense peak at the run's precision, as Megatron-LM and llm.c
+ * report MFU, or the CPU's cores x clock x FMA width), else
  * measured by every rank at once, on its own threads, at a GEMM shape no smaller than
  * the model's: a single-threaded 512^3 stand-in let a dp 2 run of gpt2-small report
  * mfu=111%. All ranks measure together, so ranks that share cores share them as they
