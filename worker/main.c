@@ -34,6 +34,7 @@
 #include "plane.h"
 #include "wf_runtime.h"
 #include "wf_parallel.h"
+#include "wf_plan.h"
 #include "wf_train.h"
 
 extern char **environ;
@@ -59,8 +60,11 @@ typedef struct args {
   bool dry_run, print_config, print_schedule, help, version;
   const char *dump_state;
   const char *save;
-  const char *export_llmc;                   /* --export llmc FILE */
-  const char *tokenize_in, *tokenize_prefix; /* --tokenize IN.txt OUT_PREFIX */
+  const char *export_llmc;                         /* --export llmc FILE */
+  const char *tokenize_in, *tokenize_prefix;       /* --tokenize IN.txt OUT_PREFIX */
+  bool estimate, plan, profile_hw, check_estimate; /* the planner (worker/plan) */
+  const char *profile_out;                         /* --profile-hw [FILE] */
+  wf_plan_cli pc;                                  /* --json, --hw, --device-mem, ... */
   int n_overrides;
   char **overrides; /* "key=value" */
 } args;
@@ -78,12 +82,59 @@ static const char usage[] =
     "  --tokenize IN.txt OUT_PREFIX  encode a text file with data.tokenizer into llm.c\n"
     "                     shards OUT_PREFIX_train_000000.bin and OUT_PREFIX_val_000000.bin\n"
     "                     (the last data.val_fraction of the tokens) and exit\n"
+    "  --estimate         predict this config's memory per rank and step time; run nothing\n"
+    "  --plan             rank every dp x tp x pp mesh of the world by predicted tokens/s\n"
+    "  --profile-hw [FILE] measure GEMMs and collectives here (under mpirun), write JSON\n"
+    "                     (default hw_profile.json)\n"
+    "  --check-estimate   train, and print each rank's predicted beside measured memory\n"
+    "    planner options: --json, --hw FILE|h100-sxm|h200|a100-80gb, --device-mem GIB,\n"
+    "                     --gpus-per-node N, --top N\n"
     "  --version, --help\n"
     "  key=value          override a config key, e.g. mesh.tp=2 train.steps=100\n"
     "Launch with mpirun -np N, srun --mpi=pmix -n N, or alone for one rank.\n";
 
+/* The planner's flags; true when argv[*i] was one (bad: its value was missing). */
+static bool plan_arg(int argc, char **argv, int *i, args *a, char *err, size_t len, bool *bad)
+{
+  const char *s = argv[*i], *next = *i + 1 < argc ? argv[*i + 1] : NULL;
+  bool has = next && next[0] != '-' && !strchr(next, '=');
+  *bad = false;
+  if (!strcmp(s, "--estimate") || !strcmp(s, "--plan") || !strcmp(s, "--json") ||
+      !strcmp(s, "--check-estimate")) {
+    a->estimate |= !strcmp(s, "--estimate");
+    a->plan |= !strcmp(s, "--plan");
+    a->pc.json |= !strcmp(s, "--json");
+    a->check_estimate |= !strcmp(s, "--check-estimate");
+    return true;
+  }
+  if (!strcmp(s, "--profile-hw")) {
+    a->profile_hw = true;
+    a->profile_out = has ? argv[++*i] : "hw_profile.json";
+    return true;
+  }
+  if (strcmp(s, "--hw") && strcmp(s, "--device-mem") && strcmp(s, "--gpus-per-node") &&
+      strcmp(s, "--top"))
+    return false;
+  if (!next) {
+    snprintf(err, len, "%s needs a value", s);
+    *bad = true;
+    return true;
+  }
+  ++*i;
+  if (!strcmp(s, "--hw"))
+    a->pc.hw = next;
+  else if (!strcmp(s, "--device-mem"))
+    a->pc.device_mem_gib = atof(next);
+  else if (!strcmp(s, "--gpus-per-node"))
+    a->pc.gpus_per_node = atoi(next);
+  else
+    a->pc.top = atoi(next);
+  return true;
+}
+
 static int parse_args(int argc, char **argv, args *a, char *err, size_t len)
 {
+  bool bad;
   memset(a, 0, sizeof *a);
   a->overrides = calloc((size_t)argc, sizeof *a->overrides);
   for (int i = 1; i < argc; i++) {
@@ -114,6 +165,9 @@ static int parse_args(int argc, char **argv, args *a, char *err, size_t len)
       i += 2;
     } else if (!strncmp(s, "--config=", 9)) {
       a->config_file = s + 9;
+    } else if (plan_arg(argc, argv, &i, a, err, len, &bad)) {
+      if (bad)
+        return -1;
     } else if (!strcmp(s, "--dry-run")) {
       a->dry_run = true;
     } else if (!strcmp(s, "--print-config")) {
@@ -211,6 +265,11 @@ typedef struct boundary {
   wf_comm *world;  /* the agreement is a collective like any other: flight-recorded */
   bool checkpoint; /* the console asked for a checkpoint */
   bool failed;     /* the agreement itself failed: stop, and exit non-zero */
+  /* --check-estimate: after the first step, predicted beside measured memory */
+  const wf_config *check_cfg; /* NULL = no check */
+  int rank, pp_rank, dp_rank;
+  const wf_ktable *k;
+  wf_plan_rss base;
 } boundary;
 
 /* After every step: tell the coordinator, then agree with every rank whether to stop
@@ -223,6 +282,11 @@ static bool on_step(void *user, const wf_train_step_info *info)
   wf_control *ctl = b->ctl;
   wf_control_report_step(ctl, info->step, info->loss, info->tokens_per_s, info->step_ms,
                          (uint64_t)info->mem_bytes);
+  if (b->check_cfg) {
+    wf_plan_check_print(b->check_cfg, b->pp_rank, b->dp_rank, b->rank, b->k, &b->base,
+                        (long long)info->mem_bytes, stdout);
+    b->check_cfg = NULL;
+  }
   /* Whether any rank saw each request: a signal, the console's stop, the console's
    * checkpoint. */
   int32_t req[3] = {stop_signal != 0, wf_control_stop_requested(ctl),
@@ -254,7 +318,7 @@ static void on_phase(void *user, const char *phase)
 /* Train (or dump llm.c's debug state) on this rank's share of the mesh, with the
  * control plane up so the console can attach and the watchdog can act. */
 static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, const char *dump_state,
-                 const char *save, const wf__rank_device *rd)
+                 const char *save, const wf__rank_device *rd, bool check)
 {
   int rank = wf_job_rank(job);
   if (dump_state) {
@@ -278,7 +342,13 @@ static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, con
   }
   install_signals();
   wf_control_set_phase(plane.ctl, "train");
-  boundary bd = {plane.ctl, wf_job_world_comm(job), false, false};
+  boundary bd = {.ctl = plane.ctl, .world = wf_job_world_comm(job)};
+  if (check) {
+    bd.check_cfg = cfg, bd.rank = rank, bd.k = wf_dev_kernels(rd->dev);
+    bd.pp_rank = wf_comm_rank(wf_job_comm(job, WF_AXIS_PP));
+    bd.dp_rank = wf_comm_rank(wf_job_comm(job, WF_AXIS_DP));
+    wf_plan_rss_read(&bd.base);
+  }
   wf_train_hooks hooks = {.user = &bd,
                           .on_step = on_step,
                           .dp = wf_job_comm(job, WF_AXIS_DP),
@@ -316,6 +386,8 @@ static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, con
  * singleton can draw a pp=4 schedule. */
 static int check_world(const wf_config *cfg, const args *a, int size)
 {
+  if (a->estimate || a->plan)
+    return a->plan ? 0 : wf_plan_world(cfg); /* the planned world, not this launch */
   if (!a->print_schedule)
     return size;
   long long w = (long long)(cfg->mesh.dp > 0 ? cfg->mesh.dp : 1) * cfg->mesh.tp * cfg->mesh.pp;
@@ -381,7 +453,9 @@ static int run(wf_comm *world, const args *a, int rank, int size)
   wf_config cfg;
   wf_launch launch;
   bool ok = load_config(&cfg, a, err, sizeof err) == WF_OK;
-  ok = ok && read_launch(&launch, &cfg, rank, size, err, sizeof err) == WF_OK;
+  bool planning = a->estimate || a->plan; /* plans for a world it does not launch */
+  memset(&launch, 0, sizeof launch);
+  ok = ok && (planning || read_launch(&launch, &cfg, rank, size, err, sizeof err) == WF_OK);
   ok = ok && wf_config_validate(&cfg, check_world(&cfg, a, size), err, sizeof err) == WF_OK;
   if (!all_ok(world, ok))
     return fail_all(world, !ok, err, rank);
@@ -397,6 +471,12 @@ static int run(wf_comm *world, const args *a, int rank, int size)
     return export_llmc(world, &cfg, a->export_llmc, rank);
   if (a->print_schedule)
     return print_schedule(&cfg, rank);
+  if (a->estimate || a->plan) /* rank 0 answers; nothing is launched */
+    return rank != 0 ? 0
+           : a->plan ? wf_plan_search(&cfg, &a->pc, stdout)
+                     : wf_plan_estimate(&cfg, &a->pc, stdout);
+  if (a->profile_hw)
+    return wf_plan_profile_hw(&cfg, world, a->profile_out, stdout);
   if (a->tokenize_in)
     return tokenize(world, &cfg, a, rank);
   /* Data that cannot work is a config-level error: every rank checks it (cheaply, never
@@ -445,7 +525,7 @@ static int run(wf_comm *world, const args *a, int rank, int size)
              "mesh\n");
     }
   } else {
-    rc = train(&cfg, &launch, job, a->dump_state, a->save, &rd);
+    rc = train(&cfg, &launch, job, a->dump_state, a->save, &rd, a->check_estimate);
   }
   wf_job_destroy(job);
   wf__rank_device_close(&rd);
