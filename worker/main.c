@@ -447,7 +447,7 @@ static int tokenize(wf_comm *world, const wf_config *cfg, const args *a, int ran
   return 0;
 }
 
-static int run(wf_comm *world, const args *a, int rank, int size)
+static int run(wf_comm *world, args *a, int rank, int size)
 {
   char err[2048] = "";
   wf_config cfg;
@@ -456,6 +456,10 @@ static int run(wf_comm *world, const args *a, int rank, int size)
   bool planning = a->estimate || a->plan; /* plans for a world it does not launch */
   memset(&launch, 0, sizeof launch);
   ok = ok && (planning || read_launch(&launch, &cfg, rank, size, err, sizeof err) == WF_OK);
+  if (ok && a->plan) { /* the plan picks the mesh: validate the rest, remember the world */
+    a->pc.world = wf_plan_world(&cfg);
+    wf_plan_reset_mesh(&cfg);
+  }
   ok = ok && wf_config_validate(&cfg, check_world(&cfg, a, size), err, sizeof err) == WF_OK;
   if (!all_ok(world, ok))
     return fail_all(world, !ok, err, rank);

@@ -31,6 +31,16 @@ typedef struct search {
   int n, cap;
 } search;
 
+void wf_plan_reset_mesh(wf_config *cfg)
+{
+  cfg->mesh.dp = 0, cfg->mesh.tp = 1, cfg->mesh.pp = 1;
+  cfg->train.microbatches = 1;
+  cfg->train.schedule = WF_SCHED_1F1B;
+  cfg->parallel.virtual_stages = 1;
+  cfg->parallel.n_pp_layers = 0;
+  cfg->dist.world_size = 0, cfg->dist.num_nodes = 0, cfg->dist.procs_per_node = 0;
+}
+
 /* The config of candidate m, validated as a launch would be; NULL reason = valid. */
 static bool valid(const search *s, const wf_plan_mesh *m, char *reason, size_t len)
 {
@@ -70,7 +80,7 @@ static wf_status evaluate(const search *s, wf__plan *p)
       p->peak = sm.total, p->peak_stage = r;
   }
   if ((double)p->peak > s->limit) {
-    snprintf(p->reason, sizeof p->reason, "%.1f GiB > %.1f GiB on stage %d", p->peak / GIB,
+    snprintf(p->reason, sizeof p->reason, "%.2f GiB > %.2f GiB on stage %d", p->peak / GIB,
              s->limit / GIB, p->peak_stage);
     return WF_OK;
   }
@@ -154,13 +164,17 @@ fail:
   return st;
 }
 
+/* Kept plans by predicted tokens/s; then plans too large for memory, smallest first;
+ * then invalid ones (peak 0), in enumeration order as qsort leaves them. */
+static int rank_of(const wf__plan *p) { return !p->reason[0] ? 0 : p->peak > 0 ? 1 : 2; }
+
 static int by_speed(const void *a, const void *b)
 {
   const wf__plan *x = a, *y = b;
-  bool kx = !x->reason[0], ky = !y->reason[0];
-  if (kx != ky)
-    return kx ? -1 : 1;
-  if (kx && x->t.tokens_per_s != y->t.tokens_per_s)
+  int rx = rank_of(x), ry = rank_of(y);
+  if (rx != ry)
+    return rx < ry ? -1 : 1;
+  if (rx == 0 && x->t.tokens_per_s != y->t.tokens_per_s)
     return x->t.tokens_per_s > y->t.tokens_per_s ? -1 : 1;
   return x->peak < y->peak ? -1 : x->peak > y->peak;
 }
@@ -240,9 +254,9 @@ static void print_table(const search *s, int kept, int top, FILE *out)
 /* Why a search found nothing: the world itself, or memory. */
 static void say_none(const search *s)
 {
-  int mem = 0;
+  int mem = 0; /* sorted: the plans too large come first, smallest first */
   for (int i = 0; i < s->n; i++)
-    mem += strstr(s->plans[i].reason, "GiB >") != NULL;
+    mem += s->plans[i].peak > 0;
   if (s->n == 0 || mem == 0)
     fprintf(stderr,
             "weft: error: no mesh of world size %d works for this model and batch: every "
@@ -264,7 +278,7 @@ int wf_plan_search(const wf_config *cfg, const wf_plan_cli *cli, FILE *out)
   wf_plan_mesh base;
   char err[1024] = "";
   int rc = 1, kept = 0;
-  s.world = wf_plan_world(cfg);
+  s.world = cli->world > 0 ? cli->world : wf_plan_world(cfg);
   if (s.world < 1) {
     fprintf(stderr,
             "weft: error: world size %d is impossible: set dist.world_size (or "

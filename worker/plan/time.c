@@ -86,7 +86,8 @@ static layer_cost ends(const ctx *c, bool first, bool last)
   return r;
 }
 
-/* The slowest chunk's forward and backward of one micro-batch over every stage, and its
+/* The slowest chunk's forward and backward of one micro-batch over every stage (a
+ * stage's [l0, l1) is one of its chunks under interleaving), and its
  * tp seconds; p2p added when there are stages. */
 static wf_status stage_costs(const ctx *c, double *F, double *Bk, double *tp_s, double *p2p)
 {
@@ -163,7 +164,7 @@ wf_status wf_plan_time_get(const wf_gpt_dims *d, const wf_plan_mesh *m, const wf
   int v = m->kind == WF_SCHED_INTERLEAVED ? m->v : 1;
   memset(out, 0, sizeof *out);
   WF_TRY(stage_costs(&c, &F, &B, &tp_s, &p2p));
-  F /= v, B /= v, tp_s /= v, p2p /= v; /* a chunk holds 1/v of the stage */
+  /* F and B are one chunk's: a shard's [l0, l1) is one chunk of its v */
   WF_TRY(pipeline_span(m, F, B, &span, &out->sim_bubble));
   double work = (double)m->M * v * (F + B);
   out->tp_comm = m->M * v * tp_s;

@@ -146,12 +146,16 @@ typedef struct wf_plan_cli {
   double device_mem_gib; /* 0 = the profile's */
   int gpus_per_node;     /* 0 = the profile's */
   int top;               /* plans to print (0 = 10) */
+  int world;             /* ranks to plan for (0 = wf_plan_world of the config) */
 } wf_plan_cli;
 
 /* The world a config describes without launching it: dist.world_size, else
  * dist.num_nodes x dist.procs_per_node, else mesh.dp x mesh.tp x mesh.pp, else 1. */
 int wf_plan_world(const wf_config *cfg);
-/* worker --estimate, --plan and --profile-hw; print to out; 0 or 1 (errors said). */
+/* worker --estimate, --plan and --profile-hw; print to out; 0 or 1 (errors said).
+ * --plan chooses the mesh keys itself: its config is validated with them reset (mesh
+ * 1 x 1 x derived dp, one micro-batch, 1F1B) and no world (wf_plan_reset_mesh). */
+void wf_plan_reset_mesh(wf_config *cfg);
 int wf_plan_estimate(const wf_config *cfg, const wf_plan_cli *cli, FILE *out);
 int wf_plan_search(const wf_config *cfg, const wf_plan_cli *cli, FILE *out);
 struct wf_comm;
