@@ -36,7 +36,8 @@ static const wf_hw builtins[] = {
      .intra_bw = 450e9, /* NVLink 900 GB/s both directions: 450 each way */
      .inter_alpha_s = 20e-6,
      .inter_bw = 50e9, /* 400 Gb/s NDR per GPU */
-     .overlap = 1.0},
+     .overlap = 1.0,
+     .op_s = 5e-6},
     {.name = "h200",
      .source = "NVIDIA H200 Tensor Core GPU datasheet (SXM 141GB): TF32 494.7, BF16/FP16 989.4 "
                "dense TFLOPS, HBM3e 4.8 TB/s, NVLink 900 GB/s; DGX H200: 8x 400 Gb/s NDR",
@@ -50,7 +51,8 @@ static const wf_hw builtins[] = {
      .intra_bw = 450e9,
      .inter_alpha_s = 20e-6,
      .inter_bw = 50e9,
-     .overlap = 1.0},
+     .overlap = 1.0,
+     .op_s = 5e-6},
     {.name = "a100-80gb",
      .source = "NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB): TF32 156, BF16/FP16 312 dense "
                "TFLOPS, HBM2e 2039 GB/s, NVLink 600 GB/s; DGX A100: 8x 200 Gb/s HDR",
@@ -64,7 +66,8 @@ static const wf_hw builtins[] = {
      .intra_bw = 300e9,
      .inter_alpha_s = 20e-6,
      .inter_bw = 25e9,
-     .overlap = 1.0},
+     .overlap = 1.0,
+     .op_s = 5e-6},
 };
 
 wf_status wf_hw_builtin(const char *name, wf_hw *out)
@@ -85,16 +88,37 @@ static double shape_distance(const wf_hw_gemm *g, double m, double n, double k, 
          (g->threads == threads ? 0 : 10); /* another thread count only when nothing else */
 }
 
+/* The measured entry of kind `attention` nearest to the shape, or NULL. */
+static const wf_hw_gemm *nearest(const wf_hw *hw, bool attention, double m, double n, double k,
+                                 int threads)
+{
+  const wf_hw_gemm *best = NULL;
+  for (int i = 0; i < hw->n_gemm; i++)
+    if (hw->gemm[i].attention == attention &&
+        (!best ||
+         shape_distance(&hw->gemm[i], m, n, k, threads) < shape_distance(best, m, n, k, threads)))
+      best = &hw->gemm[i];
+  return best;
+}
+
+double wf_hw_attention_s(const wf_hw *hw, double heads, double T, double hs, int threads,
+                         wf_precision p)
+{
+  const wf_hw_gemm *best = nearest(hw, true, T, T, hs, threads);
+  if (!best)
+    return 2 * heads * wf_hw_gemm_s(hw, T, T, hs, threads, p);
+  double rate =
+      best->tflops * 1e12 * (best->threads != threads ? (double)threads / best->threads : 1);
+  return 4 * heads * T * T * hs / rate;
+}
+
 double wf_hw_gemm_s(const wf_hw *hw, double m, double n, double k, int threads, wf_precision p)
 {
   double flops = 2 * m * n * k;
   if (flops <= 0)
     return 0;
-  if (hw->n_gemm > 0) {
-    const wf_hw_gemm *best = &hw->gemm[0];
-    for (int i = 1; i < hw->n_gemm; i++)
-      if (shape_distance(&hw->gemm[i], m, n, k, threads) < shape_distance(best, m, n, k, threads))
-        best = &hw->gemm[i];
+  const wf_hw_gemm *best = nearest(hw, false, m, n, k, threads);
+  if (best) {
     double rate = best->tflops * 1e12;
     if (best->threads != threads && best->threads > 0) /* scale by the threads it had */
       rate *= (double)threads / best->threads;
@@ -136,20 +160,25 @@ static json_t *hw_json(const wf_hw *hw)
 {
   json_t *g = json_array(), *c = json_array();
   for (int i = 0; i < hw->n_gemm; i++)
-    json_array_append_new(g, json_pack("{s:i, s:i, s:i, s:i, s:f}", "m", hw->gemm[i].m, "n",
-                                       hw->gemm[i].n, "k", hw->gemm[i].k, "threads",
-                                       hw->gemm[i].threads, "tflops", hw->gemm[i].tflops));
+    json_array_append_new(g,
+                          json_pack("{s:s, s:i, s:i, s:i, s:i, s:f}", "op",
+                                    hw->gemm[i].attention ? "attention" : "matmul", "m",
+                                    hw->gemm[i].m, "n", hw->gemm[i].n, "k", hw->gemm[i].k,
+                                    "threads", hw->gemm[i].threads, "tflops", hw->gemm[i].tflops));
   for (int i = 0; i < hw->n_coll; i++)
     json_array_append_new(c, json_pack("{s:i, s:f, s:f}", "size", hw->coll[i].size, "alpha_us",
                                        hw->coll[i].alpha_s * 1e6, "bw_gbs", hw->coll[i].bw * 1e-9));
   return json_pack("{s:s, s:s, s:b, s:o, s:f, s:f, s:f, s:i, s:i, s:{s:f, s:f}, s:{s:f, s:f}, "
-                   "s:f, s:o, s:o}",
+                   "s:f, s:f, s:f, s:{s:f, s:f, s:f, s:f}, s:o, s:o}",
                    "name", hw->name, "source", hw->source, "gpu", hw->gpu, "peak_tflops",
                    peaks_json(hw), "gemm_eff", hw->gemm_eff, "mem_bw_gbs", hw->mem_bw * 1e-9,
                    "mem_gib", hw->mem_bytes / (1 << 30), "gpus_per_node", hw->gpus_per_node,
                    "cores", hw->cores, "intra", "alpha_us", hw->intra_alpha_s * 1e6, "bw_gbs",
                    hw->intra_bw * 1e-9, "inter", "alpha_us", hw->inter_alpha_s * 1e6, "bw_gbs",
-                   hw->inter_bw * 1e-9, "overlap", hw->overlap, "gemm", g, "allreduce", c);
+                   hw->inter_bw * 1e-9, "overlap", hw->overlap, "op_us", hw->op_s * 1e6,
+                   "busy_cores", hw->busy_cores, "kernels", "layernorm_ns", hw->ln_s * 1e9,
+                   "gelu_ns", hw->gelu_s * 1e9, "attention_bwd_ratio", hw->attn_bwd,
+                   "matmul_bwd_ratio", hw->matmul_bwd, "gemm", g, "allreduce", c);
 }
 
 wf_status wf_hw_save(const wf_hw *hw, const char *path, char *err, size_t len)
@@ -193,7 +222,9 @@ static bool read_gemms(json_t *a, wf_hw *hw, const char *path, char *err, size_t
         !num_field(e, "threads", 1, 4096, &th, path, err, len) ||
         !num_field(e, "tflops", 1e-9, 1e6, &tf, path, err, len))
       return false;
-    hw->gemm[hw->n_gemm++] = (wf_hw_gemm){(int)m, (int)n, (int)k, (int)th, tf};
+    const char *op = json_string_value(json_object_get(e, "op"));
+    hw->gemm[hw->n_gemm++] =
+        (wf_hw_gemm){(int)m, (int)n, (int)k, (int)th, tf, op && !strcmp(op, "attention")};
   }
   return true;
 }
@@ -256,11 +287,22 @@ static bool read_hw(json_t *o, wf_hw *hw, const char *path, char *err, size_t le
       !num_field(o, "gpus_per_node", 1, 1 << 16, &gpn, path, err, len) ||
       !num_field(o, "cores", 0, 1 << 16, &cores, path, err, len) ||
       !num_field(o, "overlap", 0, 1, &hw->overlap, path, err, len) ||
+      !num_field(o, "op_us", 0, 1e6, &hw->op_s, path, err, len) ||
       !read_link(o, "intra", &hw->intra_alpha_s, &hw->intra_bw, path, err, len) ||
       !read_link(o, "inter", &hw->inter_alpha_s, &hw->inter_bw, path, err, len))
     return false;
-  hw->mem_bw = membw * 1e9, hw->mem_bytes = memgib * (1 << 30);
+  hw->mem_bw = membw * 1e9, hw->mem_bytes = memgib * (1 << 30), hw->op_s *= 1e-6;
   hw->gpus_per_node = (int)gpn, hw->cores = (int)cores;
+  if (!num_field(o, "busy_cores", 0, 1 << 16, &hw->busy_cores, path, err, len))
+    return false;
+  json_t *kn = json_object_get(o, "kernels");
+  if (json_is_object(kn) &&
+      (!num_field(kn, "layernorm_ns", 0, 1e9, &hw->ln_s, path, err, len) ||
+       !num_field(kn, "gelu_ns", 0, 1e9, &hw->gelu_s, path, err, len) ||
+       !num_field(kn, "attention_bwd_ratio", 0, 100, &hw->attn_bwd, path, err, len) ||
+       !num_field(kn, "matmul_bwd_ratio", 0, 100, &hw->matmul_bwd, path, err, len)))
+    return false;
+  hw->ln_s *= 1e-9, hw->gelu_s *= 1e-9;
   if (!read_gemms(json_object_get(o, "gemm"), hw, path, err, len) ||
       !read_colls(json_object_get(o, "allreduce"), hw, path, err, len))
     return false;

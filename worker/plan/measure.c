@@ -49,7 +49,7 @@ static void add_gemm(bench *b, wf_hw *hw, int m, int n, int k, int threads)
 {
   for (int i = 0; i < hw->n_gemm; i++) /* once per shape and thread count */
     if (hw->gemm[i].m == m && hw->gemm[i].n == n && hw->gemm[i].k == k &&
-        hw->gemm[i].threads == threads)
+        hw->gemm[i].threads == threads && !hw->gemm[i].attention)
       return;
   if (hw->n_gemm >= WF_HW_MAX_GEMM || m < 1 || n < 1 || k < 1)
     return;
@@ -59,7 +59,7 @@ static void add_gemm(bench *b, wf_hw *hw, int m, int n, int k, int threads)
   if ((size_t)rows * k + (size_t)n * k + (size_t)rows * n > b->n)
     return;
   double t = best_of(b, 0, rows, n, k);
-  hw->gemm[hw->n_gemm++] = (wf_hw_gemm){m, n, k, threads, 2.0 * rows * n * k / t * 1e-12};
+  hw->gemm[hw->n_gemm++] = (wf_hw_gemm){m, n, k, threads, 2.0 * rows * n * k / t * 1e-12, false};
 }
 
 /* The attention kernel of T positions and head size hs, recorded as the (T,T,hs) GEMM
@@ -71,7 +71,8 @@ static void add_attention(bench *b, wf_hw *hw, int T, int hs, int threads)
   if (hw->n_gemm >= WF_HW_MAX_GEMM || need > b->n)
     return;
   double t = best_of(b, 1, heads, T, hs);
-  hw->gemm[hw->n_gemm++] = (wf_hw_gemm){T, T, hs, threads, 4.0 * heads * T * T * hs / t * 1e-12};
+  hw->gemm[hw->n_gemm++] =
+      (wf_hw_gemm){T, T, hs, threads, 4.0 * heads * T * T * hs / t * 1e-12, true};
 }
 
 /* Every GEMM shape of the model's layers and head for micro-batches of T .. N rows and
@@ -108,6 +109,93 @@ static double mem_bandwidth(bench *b)
   return 12.0 * n / best;
 }
 
+/* Seconds of one kernel call on a few floats: what every op costs besides its work. */
+static double op_overhead(bench *b)
+{
+  double t[31];
+  for (int r = 0; r < 31; r++) {
+    t[r] = wf_now();
+    b->k->residual_forward(b->buf, b->buf + 256, b->buf + 512, 256, NULL);
+    wf_dev_stream_sync(b->dev, NULL);
+    t[r] = wf_now() - t[r];
+  }
+  for (int i = 1; i < 31; i++)
+    for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+      double x = t[j];
+      t[j] = t[j - 1], t[j - 1] = x;
+    }
+  return t[15];
+}
+
+/* Best seconds of fn(b) over REPS runs after a warm-up. */
+static double best_time(bench *b, void (*fn)(bench *b, int rows, int C), int rows, int C)
+{
+  double best = INFINITY;
+  for (int r = 0; r <= REPS; r++) {
+    double t = wf_now();
+    fn(b, rows, C);
+    wf_dev_stream_sync(b->dev, NULL);
+    t = wf_now() - t;
+    if (r > 0 && t < best)
+      best = t;
+  }
+  return best;
+}
+
+/* The scratch as (rows, C) tensors: x, y, dy, dx, then per-row stats and a weight. */
+static void ln_pair(bench *b, int rows, int C)
+{
+  size_t n = (size_t)rows * C;
+  float *x = b->buf, *y = x + n, *dy = y + n, *dx = dy + n, *mean = dx + n, *rstd = mean + rows,
+        *w = rstd + rows, *dw = w + C, *db = dw + C;
+  b->k->layernorm_forward(y, mean, rstd, x, w, db, rows, C, NULL);
+  b->k->layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, rows, C, NULL);
+}
+
+static void gelu_pair(bench *b, int rows, int C)
+{
+  size_t n = (size_t)rows * C;
+  b->k->gelu_forward(b->buf + n, b->buf, n, NULL);
+  b->k->gelu_backward(b->buf + 2 * n, b->buf, b->buf + n, n, NULL);
+}
+
+static void mm_fwd(bench *b, int rows, int C)
+{
+  float *x = b->buf, *w = x + (size_t)rows * C, *y = w + (size_t)4 * C * C;
+  b->k->matmul_forward(y, x, w, NULL, rows, C, 4 * C, WF_PREC_NO, NULL);
+}
+
+static void mm_bwd(bench *b, int rows, int C)
+{
+  float *x = b->buf, *w = x + (size_t)rows * C, *dy = w + (size_t)4 * C * C,
+        *dx = dy + (size_t)rows * 4 * C, *dw = dx + (size_t)rows * C, *db = dw + (size_t)4 * C * C;
+  b->k->matmul_backward(dx, dw, db, dy, x, w, rows, C, 4 * C, WF_PREC_NO, NULL);
+}
+
+/* rows = T positions of one batch row, C = hs: four heads. */
+static void att_fwd(bench *b, int T, int hs)
+{
+  float *qkv = b->buf, *att = qkv + (size_t)T * 12 * hs, *out = att + (size_t)4 * T * T;
+  b->k->attention_forward(out, att, qkv, 1, T, 4 * hs, 4, NULL);
+}
+
+static void att_bwd(bench *b, int T, int hs)
+{
+  float *qkv = b->buf, *att = qkv + (size_t)T * 12 * hs, *dout = att + (size_t)4 * T * T,
+        *dqkv = dout + (size_t)T * 4 * hs, *scratch = dqkv + (size_t)T * 12 * hs;
+  b->k->attention_backward(dqkv, scratch, dout, qkv, att, 1, T, 4 * hs, 4, NULL);
+}
+
+/* The model's non-GEMM kernels at one thread, at its width C, head size hs and T. */
+static void kernel_costs(bench *b, wf_hw *hw, int C, int hs, int T)
+{
+  int rows = 256;
+  hw->ln_s = best_time(b, ln_pair, rows, C) / ((double)rows * C);
+  hw->gelu_s = best_time(b, gelu_pair, rows, 4 * C) / ((double)rows * 4 * C);
+  hw->matmul_bwd = best_time(b, mm_bwd, rows, C) / best_time(b, mm_fwd, rows, C);
+  hw->attn_bwd = best_time(b, att_bwd, T, hs) / best_time(b, att_fwd, T, hs);
+}
+
 static double host_memory(void)
 {
   long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
@@ -138,6 +226,9 @@ wf_status wf__plan_measure(const wf_gpt_dims *d, int N, int T, int tpmax, wf_hw 
       break;
   }
   hw->mem_bw = mem_bandwidth(&b);
+  wf_kernels_set_threads(1);
+  hw->op_s = op_overhead(&b);
+  kernel_costs(&b, hw, d->C, d->C / d->NH, T);
   /* collectives until measured: shared memory, one copy in and out at memory speed */
   hw->intra_alpha_s = hw->inter_alpha_s = 20e-6;
   hw->intra_bw = hw->inter_bw = hw->mem_bw / 4;
@@ -147,50 +238,108 @@ fail:
   return st;
 }
 
+#define COLL_REPS 15
+
 /* Median seconds of an all-reduce of n floats over c. */
 static wf_status time_allreduce(wf_comm *c, float *buf, size_t n, double *sec)
 {
   wf_status st = WF_OK;
-  double t[7];
-  for (int r = 0; r < 7; r++) {
+  double t[COLL_REPS];
+  for (int r = 0; r < COLL_REPS; r++) {
     WF_TRY(wf_comm_barrier(c));
     double t0 = wf_now();
     WF_TRY(wf_comm_allreduce(c, buf, buf, n, WF_COMM_F32, WF_COMM_SUM));
     t[r] = wf_now() - t0;
   }
-  for (int i = 1; i < 7; i++) /* insertion sort, then the median */
+  for (int i = 1; i < COLL_REPS; i++) /* insertion sort, then the median */
     for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
       double x = t[j];
       t[j] = t[j - 1], t[j - 1] = x;
     }
-  *sec = t[3];
+  *sec = t[COLL_REPS / 2];
 fail:
   return st;
 }
 
-/* alpha and bandwidth of all-reduces over the first g ranks: the least-squares line
- * through (bytes, seconds) at three sizes. */
+/* A busy rank's step between collectives: a residual add over n floats. */
+static void work(const wf_ktable *k, float *buf, size_t n)
+{
+  k->residual_forward(buf, buf + n, buf + 2 * n, n, NULL);
+}
+
+#define BUSY_ITERS 100
+#define BUSY_N     65536 /* floats a work step adds: ~50 us alone */
+#define BUSY_TRIES 3     /* the median of */
+
+/* Seconds of BUSY_ITERS work steps, each followed (comm) by a one-float all-reduce. */
+static wf_status busy_loop(wf_comm *c, float *buf, bool comm, double *sec)
+{
+  wf_status st = WF_OK;
+  const wf_ktable *k = wf_dev_kernels(wf_dev_cpu());
+  WF_TRY(wf_comm_barrier(c));
+  double t0 = wf_now();
+  for (int i = 0; i < BUSY_ITERS; i++) {
+    work(k, buf + 4, BUSY_N);
+    if (comm)
+      WF_TRY(wf_comm_allreduce(c, buf, buf, 1, WF_COMM_F32, WF_COMM_SUM));
+  }
+  *sec = wf_now() - t0;
+fail:
+  return st;
+}
+
+/* All-reduces over groups of g ranks, every group at once (as in a mesh): alpha is what
+ * a one-float all-reduce adds to a loop of work steps (ranks that share cores wait for
+ * their partners to be scheduled, which a synchronised ping would not see), the
+ * bandwidth what a 4 MiB one adds to it. Rank 0's group answers. */
 static wf_status measure_group(wf_comm *world, int g, float *buf, wf_hw_coll *out)
 {
   wf_status st = WF_OK;
   wf_comm *c = NULL;
-  static const size_t sizes[] = {4096, 65536, 1 << 20};
-  double x[3], y[3], sx = 0, sy = 0, sxx = 0, sxy = 0;
+  const size_t big = (size_t)1 << 20;
+  double with = 0, without = 0, tb = 0;
   int rank = wf_comm_rank(world);
-  WF_TRY(wf_comm_split(world, rank < g ? 0 : 1, rank, "profile", &c));
-  for (int i = 0; i < 3; i++) {
-    x[i] = (double)sizes[i] * 4, y[i] = 0;
-    if (rank < g)
-      WF_TRY(time_allreduce(c, buf, sizes[i], &y[i]));
-    sx += x[i], sy += y[i], sxx += x[i] * x[i], sxy += x[i] * y[i];
+  WF_TRY(wf_comm_split(world, rank / g, rank, "profile", &c));
+  double d[BUSY_TRIES];
+  for (int i = 0; i < BUSY_TRIES; i++) {
+    WF_TRY(busy_loop(c, buf, false, &without));
+    WF_TRY(busy_loop(c, buf, true, &with));
+    d[i] = (with - without) / BUSY_ITERS;
   }
-  double slope = (3 * sxy - sx * sy) / (3 * sxx - sx * sx);
-  double alpha = (sy - slope * sx) / 3;
-  *out = (wf_hw_coll){g, fmax(alpha, 0), slope > 0 ? 1 / slope : 1e12};
+  double t1 = 0; /* the bandwidth from synchronised all-reduces, one float and 4 MiB */
+  WF_TRY(time_allreduce(c, buf, 1, &t1));
+  WF_TRY(time_allreduce(c, buf, big, &tb));
+  double lo = fmin(d[0], fmin(d[1], d[2])), hi = fmax(d[0], fmax(d[1], d[2]));
+  double alpha = fmax(0, d[0] + d[1] + d[2] - lo - hi); /* the median */
+  *out = (wf_hw_coll){g, alpha, tb > t1 ? big * 4.0 / (tb - t1) : 1e12};
 fail:
   wf_comm_destroy(c);
   if (st == WF_OK)
     st = wf_comm_barrier(world);
+  return st;
+}
+
+/* Cores the ranks deliver together: each runs the model's widest GEMM for a while, all at
+ * once, and the sum of their rates over the one-thread rate measured alone. */
+static wf_status measure_busy_cores(wf_comm *world, const wf_hw *alone, float *buf, double *cores)
+{
+  wf_status st = WF_OK;
+  const wf_ktable *k = wf_dev_kernels(wf_dev_cpu());
+  int m = 256, n = 256, kk = 64, reps = 0, saved = wf_kernels_threads();
+  wf_kernels_set_threads(1);
+  WF_TRY(wf_comm_barrier(world));
+  double t0 = wf_now(), t = 0;
+  while ((t = wf_now() - t0) < 0.5) { /* every rank at once for half a second */
+    k->matmul_forward(buf + 2 * m * kk, buf, buf + m * kk, NULL, m, kk, n, WF_PREC_NO, NULL);
+    reps++;
+  }
+  float rate = (float)(2.0 * m * n * kk * reps / t * 1e-12);
+  WF_TRY(wf_comm_allreduce(world, &rate, &rate, 1, WF_COMM_F32, WF_COMM_SUM));
+  *cores = rate / (wf_hw_gemm_s(alone, m, n, kk, 1, WF_PREC_NO) > 0
+                       ? 2.0 * m * n * kk / wf_hw_gemm_s(alone, m, n, kk, 1, WF_PREC_NO) * 1e-12
+                       : rate);
+fail:
+  wf_kernels_set_threads(saved);
   return st;
 }
 
@@ -200,14 +349,35 @@ static wf_status measure_colls(wf_comm *world, wf_hw *hw)
   int W = wf_comm_size(world);
   float *buf = NULL;
   WF_CHECK_ALLOC(buf = calloc((size_t)1 << 20, sizeof *buf));
-  for (int g = 2; g <= W && hw->n_coll<WF_HW_MAX_COLL; g = g * 2> W && g < W ? W : g * 2)
-    WF_TRY(measure_group(world, g, buf, &hw->coll[hw->n_coll++]));
+  for (int g = 2; g <= W && hw->n_coll < WF_HW_MAX_COLL; g *= 2)
+    if (W % g == 0) /* every rank in a group of g */
+      WF_TRY(measure_group(world, g, buf, &hw->coll[hw->n_coll++]));
+  WF_TRY(measure_busy_cores(world, hw, buf, &hw->busy_cores));
   if (hw->n_coll > 0) { /* the links of unmeasured transfers: the largest group's */
     hw->intra_alpha_s = hw->inter_alpha_s = hw->coll[hw->n_coll - 1].alpha_s;
     hw->intra_bw = hw->inter_bw = hw->coll[hw->n_coll - 1].bw;
   }
 fail:
   free(buf);
+  return st;
+}
+
+/* wf_comm_agree without spinning: rank 0 measures GEMMs alone, and ranks spinning in
+ * MPI's progress loop on the same cores would measure themselves instead. */
+static wf_status agree_quietly(wf_comm *world, wf_status mine)
+{
+  wf_status st = WF_OK;
+  wf_req *req = NULL;
+  bool done = false;
+  int32_t bad = mine != WF_OK;
+  WF_TRY(wf_comm_iallreduce(world, &bad, &bad, 1, WF_COMM_I32, WF_COMM_MAX, &req));
+  while (!done) {
+    WF_TRY(wf_req_test(&req, &done));
+    if (!done)
+      usleep(1000);
+  }
+  st = bad ? WF_EINVAL : WF_OK;
+fail:
   return st;
 }
 
@@ -221,7 +391,7 @@ int wf_plan_profile_hw(const wf_config *cfg, wf_comm *world, const char *path, F
   wf_status st = WF_OK;
   if (rank == 0)
     st = wf__plan_measure(&d, cfg->train.batch_size * T, T, WF_MAX(W, 1), &hw);
-  if (world && wf_comm_agree(world, st, NULL) != WF_OK)
+  if (world && agree_quietly(world, st) != WF_OK)
     return 1;
   if (world && W > 1 && measure_colls(world, &hw) != WF_OK)
     return 1;
@@ -235,9 +405,10 @@ int wf_plan_profile_hw(const wf_config *cfg, wf_comm *world, const char *path, F
   }
   fprintf(out,
           "wrote %s: %d GEMM shapes (%.1f-%.1f GFLOP/s), memory %.1f GB/s, %d all-reduce "
-          "group sizes\n",
+          "group sizes, %.2f of %d cores delivered with %d ranks busy\n",
           path, hw.n_gemm, hw.n_gemm ? hw.gemm[0].tflops * 1e3 : 0,
-          hw.n_gemm ? hw.gemm[hw.n_gemm - 1].tflops * 1e3 : 0, hw.mem_bw * 1e-9, hw.n_coll);
+          hw.n_gemm ? hw.gemm[hw.n_gemm - 1].tflops * 1e3 : 0, hw.mem_bw * 1e-9, hw.n_coll,
+          hw.busy_cores, hw.cores, W);
   for (int i = 0; i < hw.n_coll; i++)
     fprintf(out, "  all-reduce over %d ranks: %.1f us + bytes / %.2f GB/s\n", hw.coll[i].size,
             hw.coll[i].alpha_s * 1e6, hw.coll[i].bw * 1e-9);

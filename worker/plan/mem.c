@@ -111,6 +111,7 @@ wf_status wf_plan_mesh_from_config(const wf_config *cfg, int world, wf_plan_mesh
       .sp = cfg->parallel.sequence && tp > 1,
       .recompute = cfg->parallel.activation_checkpointing,
       .prec = cfg->precision,
+      .threads = cfg->runtime.threads,
       .bucket_bytes = (size_t)cfg->optim.bucket_mb << 20,
       .pp_layers = cfg->parallel.n_pp_layers ? cfg->parallel.pp_layers : NULL,
       .n_pp_layers = cfg->parallel.n_pp_layers};

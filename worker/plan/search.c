@@ -293,6 +293,7 @@ int wf_plan_search(const wf_config *cfg, const wf_plan_cli *cli, FILE *out)
   s.hw = &hw, s.k = wf__plan_kernels(&hw);
   s.limit = wf__plan_mem_limit(&hw, cli, s.world);
   base = (wf_plan_mesh){.T = cfg->train.seq_len > 0 ? cfg->train.seq_len : cfg->model.seq_len,
+                        .threads = cfg->runtime.threads,
                         .bucket_bytes = (size_t)cfg->optim.bucket_mb << 20};
   if (enumerate(&s, &base) != WF_OK)
     goto exit;

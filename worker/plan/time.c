@@ -18,9 +18,11 @@
  * zeroing and the norm's pass) at memory bandwidth.
  *
  * CPU ranks share the node's cores: a rank computes with cores / ranks threads when
- * there are more cores than ranks, else with one thread and that share of a core.
+ * there are more cores than ranks, else with one thread and that share of a core (of
+ * the cores they deliver when all compute at once, busy_cores, when measured).
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -50,9 +52,37 @@ static double tp_allreduce(const ctx *c, double bytes)
   return wf_hw_allreduce_s(c->hw, bytes, c->m->tp, c->tp_intra);
 }
 
+/* Kernel calls of a block's forward and backward (forward.c, backward.c: layernorm, qkv,
+ * attention, attproj, residual + layernorm, fc + GELU, fcproj, residual; backward about
+ * twice as many), and of the head's (layernorm, logits, the loss's pack and combine). */
+#define BLOCK_FWD_OPS 8
+#define BLOCK_BWD_OPS 14
+#define HEAD_OPS      6
+
+static double ops(const ctx *c, int n) { return busy(c, n * c->hw->op_s); }
+
 typedef struct layer_cost {
   double fwd, bwd, tp; /* seconds: forward, backward (without recompute), tp collectives */
 } layer_cost;
+
+/* Elementwise work of a block, forward and backward: measured kernel costs (CPU
+ * profiles: two layernorms and a GELU, per element, at the rank's threads) plus the
+ * residuals and the CPU's softmax at memory bandwidth; else all of it at memory
+ * bandwidth. */
+static void block_elem(const ctx *c, double N, double R, double C, double tp, double *f, double *b)
+{
+  const wf_plan_mesh *m = c->m;
+  double T = m->T, NHl = (double)c->d->NH / tp;
+  double soft = c->hw->gpu ? 0 : 3 * m->B * NHl * T * T; /* the CPU keeps att (B,NH,T,T) */
+  if (c->hw->ln_s > 0) {
+    double k = busy(c, (2 * R * C * c->hw->ln_s + N * 4 * C / tp * c->hw->gelu_s) / c->threads);
+    double r = mem(c, 4 * (6 * R * C + soft));
+    *f = k / 3 + r, *b = 2 * k / 3 + 2 * r;
+    return;
+  }
+  double e = mem(c, 4 * (10 * R * C + 2 * N * 4 * C / tp + soft));
+  *f = e, *b = 2 * e;
+}
 
 /* One transformer block, one micro-batch. */
 static layer_cost block(const ctx *c)
@@ -62,10 +92,13 @@ static layer_cost block(const ctx *c)
   double NHl = (double)c->d->NH / tp, hs = C / c->d->NH, R = m->sp ? N / tp : N;
   double g = gemm(c, N, 3 * C / tp, C) + gemm(c, N, C, C / tp) + gemm(c, N, 4 * C / tp, C) +
              gemm(c, N, C, 4 * C / tp);
-  double att = 2 * m->B * NHl * gemm(c, T, T, hs); /* Q.K^T and att.V per head */
-  double elem = 4 * (10 * R * C + 2 * N * 4 * C / tp + (c->hw->gpu ? 0 : 3 * m->B * NHl * T * T));
-  double tpc = m->tp > 1 ? 2 * tp_allreduce(c, N * C * 4) : 0;
-  return (layer_cost){g + att + mem(c, elem) + tpc, 2 * (g + att + mem(c, elem)) + tpc, tpc};
+  double att = busy(c, wf_hw_attention_s(c->hw, m->B * NHl, T, hs, c->threads, m->prec));
+  double gb = c->hw->matmul_bwd > 0 ? c->hw->matmul_bwd : 2; /* backward over forward */
+  double ab = c->hw->attn_bwd > 0 ? c->hw->attn_bwd : 2;
+  double ef, eb, tpc = m->tp > 1 ? 2 * tp_allreduce(c, N * C * 4) : 0;
+  block_elem(c, N, R, C, tp, &ef, &eb);
+  return (layer_cost){g + att + ef + ops(c, BLOCK_FWD_OPS) + tpc,
+                      gb * g + ab * att + eb + ops(c, BLOCK_BWD_OPS) + tpc, tpc};
 }
 
 /* The embedding (first chunk of the first stage) and the head (last chunk of the last). */
@@ -75,12 +108,12 @@ static layer_cost ends(const ctx *c, bool first, bool last)
   double N = (double)m->B * m->T, C = c->d->C, Vl = (double)c->d->Vp / m->tp;
   layer_cost r = {0, 0, 0};
   if (first) {
-    double e = mem(c, 4 * 3 * N * C);
+    double e = mem(c, 4 * 3 * N * C) + ops(c, 1);
     double tpc = m->tp > 1 ? tp_allreduce(c, N * C * 4) : 0; /* vocabulary-parallel lookup */
     r.fwd += e + tpc, r.bwd += 2 * e + tpc, r.tp += tpc;
   }
   if (last) {
-    double g = gemm(c, N, Vl, C), e = mem(c, 4 * (3 * N * Vl + 4 * N * C));
+    double g = gemm(c, N, Vl, C), e = mem(c, 4 * (3 * N * Vl + 4 * N * C)) + ops(c, HEAD_OPS);
     r.fwd += g + e, r.bwd += 2 * (g + e);
   }
   return r;
@@ -145,8 +178,9 @@ static ctx make_ctx(const wf_gpt_dims *d, const wf_plan_mesh *m, const wf_hw *hw
   ctx c = {d, m, hw, 1, 1, true, true, true};
   if (!hw->gpu && hw->cores > 0) {
     int ranks = WF_MIN(world, node);
-    c.threads = WF_MAX(1, hw->cores / ranks);
-    c.share = fmin(1.0, (double)hw->cores / ranks);
+    c.threads = m->threads > 0 ? m->threads : WF_MAX(1, hw->cores / ranks);
+    double cores = hw->busy_cores > 0 ? hw->busy_cores : hw->cores;
+    c.share = fmin(1.0, cores / (ranks * c.threads)); /* of a core per thread */
   }
   /* tp is innermost (inside a node), then pp, then dp */
   c.tp_intra = m->tp <= node;

@@ -29,10 +29,13 @@
 #define WF_HW_MAX_GEMM 96
 #define WF_HW_MAX_COLL 16
 
-/* One measured GEMM: (m, k) x (k, n) at `threads` compute threads. */
+/* One measured GEMM: (m, k) x (k, n) at `threads` compute threads; or (attention) the
+ * attention kernel over T = m = n positions of head size hs = k, priced as the
+ * (T, hs) x (hs, T) products of Q.K^T and att.V: 4 T^2 hs flops per head. */
 typedef struct wf_hw_gemm {
   int m, n, k, threads;
   double tflops;
+  bool attention;
 } wf_hw_gemm;
 
 /* A collective over a group of `size` ranks: seconds = alpha + bytes / bw for an
@@ -52,9 +55,17 @@ typedef struct wf_hw {
   double mem_bytes;               /* device memory per rank (0 = the host's memory / ranks) */
   int gpus_per_node;              /* ranks per node (tp stays inside a node) */
   int cores;                      /* CPU profiles: cores the ranks of a node share */
+  double busy_cores;              /* what they deliver with every rank computing at once
+                                   * (other load included; measured by --profile-hw under
+                                   * mpirun; 0 = cores) */
   double intra_alpha_s, intra_bw; /* within a node (NVLink; shared memory) */
   double inter_alpha_s, inter_bw; /* across nodes (InfiniBand), per rank */
   double overlap;                 /* share of backward that dp communication can hide behind */
+  double op_s;                    /* fixed cost of one kernel call (a launch; a CPU op's set-up) */
+  /* CPU kernels that are not GEMMs, measured at one thread (0 = not measured: memory
+   * bandwidth prices them): seconds per element of a layernorm's forward + backward and
+   * a GELU's, and backward over forward of the attention kernel and of a matmul. */
+  double ln_s, gelu_s, attn_bwd, matmul_bwd;
   wf_hw_gemm gemm[WF_HW_MAX_GEMM];
   int n_gemm;
   wf_hw_coll coll[WF_HW_MAX_COLL]; /* measured within a node, by group size */
@@ -70,6 +81,10 @@ wf_status wf_hw_load(const char *path_or_name, wf_hw *out, char *err, size_t len
 wf_status wf_hw_save(const wf_hw *hw, const char *path, char *err, size_t len);
 /* GEMM seconds for (m, k) x (k, n) at `threads` threads and precision p. */
 double wf_hw_gemm_s(const wf_hw *hw, double m, double n, double k, int threads, wf_precision p);
+/* Attention seconds (forward) of `heads` (batch rows x local heads) heads of T
+ * positions and head size hs. */
+double wf_hw_attention_s(const wf_hw *hw, double heads, double T, double hs, int threads,
+                         wf_precision p);
 /* All-reduce seconds of `bytes` over `size` ranks; intra: within a node. */
 double wf_hw_allreduce_s(const wf_hw *hw, double bytes, int size, bool intra);
 
@@ -85,6 +100,7 @@ typedef struct wf_plan_mesh {
   int zero; /* ZeRO stage: 0 or 1 (2 and 3 are one formula each in mem.c when they land) */
   bool sp, recompute;
   wf_precision prec;
+  int threads; /* compute threads per rank (runtime.threads); 0 = the node's cores shared */
   size_t bucket_bytes;
   const int *pp_layers; /* parallel.pp_layers, or NULL */
   int n_pp_layers;
