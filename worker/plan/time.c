@@ -128,8 +128,10 @@ static wf_status stage_costs(const ctx *c, double *F, double *Bk, double *tp_s, 
   const wf_plan_mesh *m = c->m;
   layer_cost L = block(c);
   double io = (double)m->B * m->T * c->d->C * 4 / (m->sp ? m->tp : 1);
-  /* a message moves the bytes an all-reduce of two ranks moves each way: half its time */
-  *p2p = m->pp > 1 ? wf_hw_allreduce_s(c->hw, io, 2, c->pp_intra) / 2 : 0;
+  /* a message moves the bytes an all-reduce of two ranks moves each way, half its
+   * bandwidth term; its latency is hidden: the engine posts receives ahead */
+  double lat2 = wf_hw_allreduce_s(c->hw, 0, 2, c->pp_intra);
+  *p2p = m->pp > 1 ? (wf_hw_allreduce_s(c->hw, io, 2, c->pp_intra) - lat2) / 2 : 0;
   *F = *Bk = *tp_s = 0;
   for (int r = 0; r < m->pp; r++) {
     wf_plan_stage_mem sm;
@@ -208,9 +210,11 @@ wf_status wf_plan_time_get(const wf_gpt_dims *d, const wf_plan_mesh *m, const wf
   wf_plan_stage_mem sm;
   WF_TRY(wf_plan_stage_mem_get(d, m, 0, 0, NULL, &sm));
   double grad_bytes = (double)sm.params * 4;
-  int nb = WF_MAX(1, sm.n_buckets); /* plain dp: one latency per bucket */
+  /* plain dp: one latency per bucket; ZeRO-1: a reduce-scatter and an all-gather, the
+   * bytes of one all-reduce and two latencies */
+  int nb = m->zero ? 2 : WF_MAX(1, sm.n_buckets);
   out->dp_comm = m->dp > 1 ? wf_hw_allreduce_s(hw, grad_bytes, m->dp, c.dp_intra) +
-                                 (nb - 1) * (c.dp_intra ? hw->intra_alpha_s : hw->inter_alpha_s)
+                                 (nb - 1) * wf_hw_allreduce_s(hw, 0, m->dp, c.dp_intra)
                            : 0;
   double hide = m->zero ? 0 : hw->overlap * B; /* the last backward's span */
   out->dp_exposed = fmax(0, out->dp_comm - hide);
