@@ -34,6 +34,7 @@
 #include "plane.h"
 #include "wf_runtime.h"
 #include "wf_parallel.h"
+#include "wf_plan.h"
 #include "wf_train.h"
 
 extern char **environ;
@@ -59,12 +60,15 @@ typedef struct args {
   bool dry_run, print_config, print_schedule, help, version;
   const char *dump_state;
   const char *save;
-  const char *export_path;                   /* --export llmc|safetensors FILE */
-  const char *export_kind;                   /* "llmc" or "safetensors" */
-  const char *save_format;                   /* --save-format NAME (NULL: llmc) */
-  const char *generate;                      /* --generate PROMPT */
-  const char *tokenize_in, *tokenize_prefix; /* --tokenize IN.txt OUT_PREFIX */
-  wf_weights_fmt format;                     /* of --save and --export */
+  const char *export_path;                         /* --export llmc|safetensors FILE */
+  const char *export_kind;                         /* "llmc" or "safetensors" */
+  const char *save_format;                         /* --save-format NAME (NULL: llmc) */
+  const char *generate;                            /* --generate PROMPT */
+  const char *tokenize_in, *tokenize_prefix;       /* --tokenize IN.txt OUT_PREFIX */
+  wf_weights_fmt format;                           /* of --save and --export */
+  bool estimate, plan, profile_hw, check_estimate; /* the planner (worker/plan) */
+  const char *profile_out;                         /* --profile-hw [FILE] */
+  wf_plan_cli pc;                                  /* --json, --hw, --device-mem, ... */
   int n_overrides;
   char **overrides; /* "key=value" */
 } args;
@@ -86,6 +90,13 @@ static const char usage[] =
     "  --tokenize IN.txt OUT_PREFIX  encode a text file with data.tokenizer into llm.c\n"
     "                     shards OUT_PREFIX_train_000000.bin and OUT_PREFIX_val_000000.bin\n"
     "                     (the last data.val_fraction of the tokens) and exit\n"
+    "  --estimate         predict this config's memory per rank and step time; run nothing\n"
+    "  --plan             rank every dp x tp x pp mesh of the world by predicted tokens/s\n"
+    "  --profile-hw [FILE] measure GEMMs and collectives here (under mpirun), write JSON\n"
+    "                     (default hw_profile.json)\n"
+    "  --check-estimate   train, and print each rank's predicted beside measured memory\n"
+    "    planner options: --json, --hw FILE|h100-sxm|h200|a100-80gb, --device-mem GIB,\n"
+    "                     --gpus-per-node N, --top N\n"
     "  --version, --help\n"
     "  key=value          override a config key, e.g. mesh.tp=2 train.steps=100\n"
     "Launch with mpirun -np N, srun --mpi=pmix -n N, or alone for one rank.\n";
@@ -110,8 +121,48 @@ static int check_formats(args *a, char *err, size_t len)
   return 0;
 }
 
+/* The planner's flags; true when argv[*i] was one (bad: its value was missing). */
+static bool plan_arg(int argc, char **argv, int *i, args *a, char *err, size_t len, bool *bad)
+{
+  const char *s = argv[*i], *next = *i + 1 < argc ? argv[*i + 1] : NULL;
+  bool has = next && next[0] != '-' && !strchr(next, '=');
+  *bad = false;
+  if (!strcmp(s, "--estimate") || !strcmp(s, "--plan") || !strcmp(s, "--json") ||
+      !strcmp(s, "--check-estimate")) {
+    a->estimate |= !strcmp(s, "--estimate");
+    a->plan |= !strcmp(s, "--plan");
+    a->pc.json |= !strcmp(s, "--json");
+    a->check_estimate |= !strcmp(s, "--check-estimate");
+    return true;
+  }
+  if (!strcmp(s, "--profile-hw")) {
+    a->profile_hw = true;
+    a->profile_out = has ? argv[++*i] : "hw_profile.json";
+    return true;
+  }
+  if (strcmp(s, "--hw") && strcmp(s, "--device-mem") && strcmp(s, "--gpus-per-node") &&
+      strcmp(s, "--top"))
+    return false;
+  if (!next) {
+    snprintf(err, len, "%s needs a value", s);
+    *bad = true;
+    return true;
+  }
+  ++*i;
+  if (!strcmp(s, "--hw"))
+    a->pc.hw = next;
+  else if (!strcmp(s, "--device-mem"))
+    a->pc.device_mem_gib = atof(next);
+  else if (!strcmp(s, "--gpus-per-node"))
+    a->pc.gpus_per_node = atoi(next);
+  else
+    a->pc.top = atoi(next);
+  return true;
+}
+
 static int parse_args(int argc, char **argv, args *a, char *err, size_t len)
 {
+  bool bad;
   memset(a, 0, sizeof *a);
   a->overrides = calloc((size_t)argc, sizeof *a->overrides);
   for (int i = 1; i < argc; i++) {
@@ -151,6 +202,9 @@ static int parse_args(int argc, char **argv, args *a, char *err, size_t len)
       i += 2;
     } else if (!strncmp(s, "--config=", 9)) {
       a->config_file = s + 9;
+    } else if (plan_arg(argc, argv, &i, a, err, len, &bad)) {
+      if (bad)
+        return -1;
     } else if (!strcmp(s, "--dry-run")) {
       a->dry_run = true;
     } else if (!strcmp(s, "--print-config")) {
@@ -254,6 +308,11 @@ typedef struct boundary {
   bool in_ckpt;     /* inside the "checkpoint" phase */
   double ckpt_wall; /* when the last checkpoint after a step ended (wall time); 0 = none */
   int64_t checkpoints;
+  /* --check-estimate: after the first step, predicted beside measured memory */
+  const wf_config *check_cfg; /* NULL = no check */
+  int rank, pp_rank, dp_rank;
+  const wf_ktable *k;
+  wf_plan_rss base;
 } boundary;
 
 /* After every step: tell the coordinator, then agree with every rank whether to stop
@@ -266,6 +325,11 @@ static bool on_step(void *user, const wf_train_step_info *info)
   wf_control *ctl = b->ctl;
   b->last_step = info->step;
   wf_plane_report_step(b->plane, b->job, info, b->ckpt_wall, b->checkpoints);
+  if (b->check_cfg) {
+    wf_plan_check_print(b->check_cfg, b->pp_rank, b->dp_rank, b->rank, b->k, &b->base,
+                        (long long)info->mem_bytes, stdout);
+    b->check_cfg = NULL;
+  }
   /* Whether any rank saw each request: a signal, the console's stop, the console's
    * checkpoint. */
   int32_t req[3] = {stop_signal != 0, wf_control_stop_requested(ctl),
@@ -351,6 +415,12 @@ static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, con
   install_signals();
   wf_control_set_phase(plane.ctl, "train");
   boundary bd = {.plane = &plane, .job = job, .ctl = plane.ctl, .world = wf_job_world_comm(job)};
+  if (a->check_estimate) {
+    bd.check_cfg = cfg, bd.rank = rank, bd.k = wf_dev_kernels(rd->dev);
+    bd.pp_rank = wf_comm_rank(wf_job_comm(job, WF_AXIS_PP));
+    bd.dp_rank = wf_comm_rank(wf_job_comm(job, WF_AXIS_DP));
+    wf_plan_rss_read(&bd.base);
+  }
   wf_train_hooks hooks = {.user = &bd,
                           .on_step = on_step,
                           .dp = wf_job_comm(job, WF_AXIS_DP),
@@ -395,6 +465,8 @@ static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, con
  * singleton can draw a pp=4 schedule. */
 static int check_world(const wf_config *cfg, const args *a, int size)
 {
+  if (a->estimate || a->plan)
+    return a->plan ? 0 : wf_plan_world(cfg); /* the planned world, not this launch */
   if (!a->print_schedule)
     return size;
   long long w = (long long)(cfg->mesh.dp > 0 ? cfg->mesh.dp : 1) * cfg->mesh.tp * cfg->mesh.pp;
@@ -473,13 +545,19 @@ static bool init_ok(wf_comm *world, const wf_config *cfg, const args *a, int ran
   return ok;
 }
 
-static int run(wf_comm *world, const args *a, int rank, int size)
+static int run(wf_comm *world, args *a, int rank, int size)
 {
   char err[2048] = "";
   wf_config cfg;
   wf_launch launch;
   bool ok = load_config(&cfg, a, err, sizeof err) == WF_OK;
-  ok = ok && read_launch(&launch, &cfg, rank, size, err, sizeof err) == WF_OK;
+  bool planning = a->estimate || a->plan; /* plans for a world it does not launch */
+  memset(&launch, 0, sizeof launch);
+  ok = ok && (planning || read_launch(&launch, &cfg, rank, size, err, sizeof err) == WF_OK);
+  if (ok && a->plan) { /* the plan picks the mesh: validate the rest, remember the world */
+    a->pc.world = wf_plan_world(&cfg);
+    wf_plan_reset_mesh(&cfg);
+  }
   ok = ok && wf_config_validate(&cfg, check_world(&cfg, a, size), err, sizeof err) == WF_OK;
   if (!all_ok(world, ok))
     return fail_all(world, !ok, err, rank);
@@ -495,6 +573,12 @@ static int run(wf_comm *world, const args *a, int rank, int size)
     return export_weights(world, &cfg, a, rank);
   if (a->print_schedule)
     return print_schedule(&cfg, rank);
+  if (a->estimate || a->plan) /* rank 0 answers; nothing is launched */
+    return rank != 0 ? 0
+           : a->plan ? wf_plan_search(&cfg, &a->pc, stdout)
+                     : wf_plan_estimate(&cfg, &a->pc, stdout);
+  if (a->profile_hw)
+    return wf_plan_profile_hw(&cfg, world, a->profile_out, stdout);
   if (a->tokenize_in)
     return tokenize(world, &cfg, a, rank);
   /* model.init is read whole by rank 0 first, so a bad file is said once (logged where

@@ -97,8 +97,13 @@ typedef struct wf_gpt_shard {
 wf_gpt_shard wf_gpt_shard_whole(const wf_gpt_dims *d);
 /* NULL when the shard fits the dims, else what is wrong. */
 const char *wf_gpt_shard_check(const wf_gpt_dims *d, const wf_gpt_shard *s);
-/* Elements of shard s's flat parameter vector (wf_gpt_local_params of its model). */
+/* Elements of shard s's flat parameter vector (wf_gpt_local_params of its model); its
+ * layers over all chunks, one layer's elements of kind k, and kind k's offset in it
+ * (wf_gpt_local_layers, _layer_numel and _offset of its model, without one). */
 size_t wf_gpt_shard_params(const wf_gpt_dims *d, const wf_gpt_shard *s);
+int wf_gpt_shard_layers(const wf_gpt_shard *s);
+size_t wf_gpt_shard_layer_numel(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_param_kind k);
+size_t wf_gpt_shard_offset(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_param_kind k);
 
 /* The local <-> full mapping of a shard, as runs: elements [local, local + n) of the
  * shard's flat parameter vector are elements [full, full + n) of the whole model's
@@ -135,6 +140,23 @@ typedef struct wf_gpt_opts {
                             * backward recomputes the layer's intermediates (one more forward) */
   wf_precision precision;  /* GEMM operands in bf16/fp16 (see "Mixed precision" below) */
 } wf_gpt_opts;
+
+/* What a model of options o allocates, in bytes: wf_gpt_create_shard allocates exactly
+ * these, so an estimate made from them (worker --estimate) is the trainer's own
+ * arithmetic. k: the kernels whose attention sizes apply (what the device keeps per
+ * layer and its backward scratch); NULL = o->dev's (or the CPU's). A pure function. */
+typedef struct wf_gpt_mem {
+  size_t params, grads; /* fp32 masters and their gradients */
+  size_t wlow;          /* mixed precision's rounded GEMM weights (0 at precision no) */
+  size_t slot;          /* one activation slot: one micro-batch of one model chunk */
+  size_t slots;         /* slot x o->slots */
+  size_t recompute;     /* activation checkpointing's shared layer of intermediates */
+  size_t scratch;       /* backward's scratch, shared by the slots */
+  size_t io;            /* floats of the stage's input or output, (rows, C) */
+  size_t total;         /* all of the above that is allocated (not io) */
+} wf_gpt_mem;
+struct wf_ktable;
+wf_gpt_mem wf_gpt_mem_plan(const wf_gpt_opts *o, const struct wf_ktable *k);
 
 /* Allocate parameters, gradients and activations for micro-batches of at most B x T
  * tokens, on the CPU. Parameters are zero until initialised or loaded. The optimizer's

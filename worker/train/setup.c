@@ -102,54 +102,36 @@ fail:
   return st;
 }
 
-/* The interleaved schedule's chunks: stage s = c * pp + r holds layers
- * [s * Lc, (s + 1) * Lc), Lc = L / (pp * v) (validation checked the division). */
-static wf_status interleaved_split(wf__trainer *tr)
-{
-  wf_status st = WF_OK;
-  const wf_config *cfg = tr->cfg;
-  int v = cfg->parallel.virtual_stages, lc = tr->dims.L / (tr->pp * v);
-  WF_REFUSE(tr->pp >= 2, WF_ECONFIG,
-            "train.schedule=interleaved needs mesh.pp >= 2: with one pipeline rank there is "
-            "nothing to interleave; use train.schedule=1f1b");
-  WF_REFUSE(cfg->parallel.n_pp_layers == 0, WF_ECONFIG,
-            "parallel.pp_layers does not apply to train.schedule=interleaved, whose chunks all "
-            "hold model.layers / (mesh.pp x parallel.virtual_stages) layers; remove it");
-  tr->chunks = v;
-  tr->bounds[tr->pp_rank] = tr->pp_rank * lc;
-  tr->bounds[tr->pp_rank + 1] = (tr->pp_rank + 1) * lc;
-fail:
-  return st;
-}
-
+/* This rank's stage (wf_pipe_stage_shard, which the planner sizes too) on its device,
+ * with the slots its schedule keeps in flight. */
 static wf_status setup_stage(wf__trainer *tr)
 {
   wf_status st = WF_OK;
   const wf_config *cfg = tr->cfg;
-  tr->chunks = 1;
-  if (cfg->train.schedule == WF_SCHED_INTERLEAVED)
-    WF_TRY(interleaved_split(tr));
-  else
-    WF_TRY(wf_pipe_partition(&tr->dims, tr->T, tr->pp, cfg->parallel.pp_layers,
-                             cfg->parallel.n_pp_layers, tr->bounds));
-  int r = tr->pp_rank, lc = tr->bounds[r + 1] - tr->bounds[r];
+  int r = tr->pp_rank;
+  wf_pipe_stage_opts so = {.dims = &tr->dims,
+                           .T = tr->T,
+                           .pp = tr->pp,
+                           .rank = r,
+                           .kind = cfg->train.schedule,
+                           .v = cfg->parallel.virtual_stages,
+                           .pp_layers = cfg->parallel.pp_layers,
+                           .n_pp_layers = cfg->parallel.n_pp_layers,
+                           .tp = tr->tp,
+                           .tp_rank = wf__comm_rank(tr->tp_comm),
+                           .sequence = cfg->parallel.sequence};
   wf_gpt_opts o = {.dims = tr->dims,
-                   .shard = {.tp = tr->tp,
-                             .tp_rank = wf__comm_rank(tr->tp_comm),
-                             .sequence = cfg->parallel.sequence && tr->tp > 1,
-                             .l0 = tr->bounds[r],
-                             .l1 = tr->bounds[r + 1],
-                             .chunks = tr->chunks,
-                             .chunk_stride = tr->pp * lc,
-                             .first = r == 0,
-                             .last = r == tr->pp - 1},
                    .dev = tr->dev,
                    .tp_comm = tr->tp_comm,
                    .B = tr->B,
                    .T = tr->T,
-                   .slots = wf_pipe_slots(cfg->train.schedule, tr->pp, r, tr->M, tr->chunks),
                    .recompute = cfg->parallel.activation_checkpointing,
                    .precision = cfg->precision};
+  WF_TRY(wf_pipe_stage_shard(&so, &o.shard));
+  tr->chunks = o.shard.chunks;
+  tr->bounds[r] = o.shard.l0;
+  tr->bounds[r + 1] = o.shard.l1;
+  o.slots = wf_pipe_slots(cfg->train.schedule, tr->pp, r, tr->M, tr->chunks);
   WF_TRY(wf_gpt_create_shard(&tr->model, &o));
   wf_gpt_set_trace(tr->model, tr->trace);
 fail:
