@@ -227,6 +227,9 @@ static wf_status set_preset(wf_config *cfg, int k, const char *name, const char 
   preset_int(cfg, "model.seq_len", p->seq_len, ctx->src);
   preset_int(cfg, "model.vocab", p->vocab, ctx->src);
   preset_dbl(cfg, "train.lr", p->lr, ctx->src);
+  /* the cosine ends at a tenth of the peak, as llm.c and nanoGPT decay (gpt2-tiny's 3e-4
+   * is the key's default) */
+  preset_dbl(cfg, "train.min_lr", p->lr / 10, ctx->src);
   cfg->model.padded_vocab = wf__cfg_pad_vocab(cfg->model.vocab);
   return WF_OK;
 }
