@@ -537,9 +537,10 @@ def case_auto_lag():
 
 
 def case_errors_once():
-    """At np 4 a bad checkpoint (or model.init, train.metrics, data) is one error line naming
-    it, and one line saying every rank stopped, not one of each per rank; the job exits
-    non-zero without the coordinator having to abort a rank left waiting."""
+    """At np 4 a bad checkpoint (or model.init, train.metrics, train.trace, data) is one
+    error line naming it, and one line saying every rank stopped, not one of each per rank,
+    before the first step; the job exits non-zero without the coordinator having to abort a
+    rank left waiting."""
     _, ck = reference(1, [], "ref", steps=2, every=2)
     bad_ck = path("bad-ck")
     shutil.copytree(ck, bad_ck)
@@ -563,6 +564,8 @@ def case_errors_once():
         ([f"train.resume={bad_ck}"] + TP2PP2, [bad_model, "checksum mismatch"]),
         ([f"model.init={blocker}"], [blocker, "truncated llm.c checkpoint"]),
         ([f"train.metrics={blocker}/m.jsonl"], [f"{blocker}/m.jsonl", "cannot open"]),
+        ([f"train.trace={blocker}/t.json"], [f"train.trace={blocker}/t.json", "not a directory"]),
+        ([f"train.trace={path('no-dir')}/t.json"], [path("no-dir"), "No such file"]),
     ]
     for args, needles in cases:
         out = run(4, ["train.steps=4"] + args, expect_rc=1)
@@ -571,6 +574,8 @@ def case_errors_once():
         if len(named) != 1 or len(errors) != 2 or "training failed on every rank" not in errors[-1]:
             fail(f"{' '.join(args)} at np 4: want one error naming {needles} and one 'training "
                  f"failed on every rank', got {len(errors)} error lines", out)
+        if re.search(r"^step \d+/", out, re.M):
+            fail(f"{' '.join(args)} at np 4: the error came after training had started", out)
         print(f"np 4, {' '.join(args)}: 2 error lines: {named[0].split('] ', 1)[-1][:100]}")
 
 
