@@ -537,9 +537,10 @@ def case_auto_lag():
 
 
 def case_errors_once():
-    """At np 4 a bad checkpoint (or model.init, train.metrics, data) is one error line naming
-    it, and one line saying every rank stopped, not one of each per rank; the job exits
-    non-zero without the coordinator having to abort a rank left waiting."""
+    """At np 4 a bad checkpoint (or model.init, train.metrics, train.trace, data) is one
+    error line naming it, and one line saying every rank stopped, not one of each per rank,
+    before the first step; the job exits non-zero without the coordinator having to abort a
+    rank left waiting."""
     _, ck = reference(1, [], "ref", steps=2, every=2)
     bad_ck = path("bad-ck")
     shutil.copytree(ck, bad_ck)
@@ -565,6 +566,8 @@ def case_errors_once():
         # the whole report (there is no training to fail on every rank)
         ([f"model.init={blocker}"], [blocker, "not model weights weft can read"]),
         ([f"train.metrics={blocker}/m.jsonl"], [f"{blocker}/m.jsonl", "cannot open"]),
+        ([f"train.trace={blocker}/t.json"], [f"train.trace={blocker}/t.json", "not a directory"]),
+        ([f"train.trace={path('no-dir')}/t.json"], [path("no-dir"), "No such file"]),
     ]
     for args, needles in cases:
         out = run(4, ["train.steps=4"] + args, expect_rc=1)
@@ -575,6 +578,8 @@ def case_errors_once():
         if len(named) != 1 or len(errors) != 2 - before_training or not summary:
             fail(f"{' '.join(args)} at np 4: want one error naming {needles} and one 'training "
                  f"failed on every rank', got {len(errors)} error lines", out)
+        if re.search(r"^step \d+/", out, re.M):
+            fail(f"{' '.join(args)} at np 4: the error came after training had started", out)
         print(f"np 4, {' '.join(args)}: {len(errors)} error lines: "
               f"{named[0].split('] ', 1)[-1][:100]}")
 

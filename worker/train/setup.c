@@ -9,8 +9,10 @@
  * optimizer exists (it restores the optimizer's state) and before the data (whose
  * position is the restored step).
  */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "train_int.h"
@@ -229,6 +231,30 @@ fail:
  * (sequence parallelism with recompute: 4 forward, 4 again, 6 backward; counted over
  * all L layers, a bound for any stage) and a few for the embedding and head; doubled
  * for margin; bounded by 1M spans. */
+/* Rank 0 writes the trace after the last traced step: a path it cannot write to is said
+ * now, before training, not when the run is over. */
+static wf_status trace_dir_ok(const char *path)
+{
+  char dir[WF_PATH_MAX];
+  struct stat sb;
+  const char *slash = strrchr(path, '/'), *why = NULL;
+  if (!slash)
+    snprintf(dir, sizeof dir, ".");
+  else
+    snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+  if (stat(dir, &sb) != 0)
+    why = strerror(errno);
+  else if (!S_ISDIR(sb.st_mode))
+    why = "not a directory";
+  else if (access(dir, W_OK | X_OK) != 0)
+    why = strerror(errno);
+  if (!why)
+    return WF_OK;
+  WF_ERROR("train.trace=%s: cannot write in %s: %s; point it at a writable directory", path, dir,
+           why);
+  return WF_EIO;
+}
+
 static wf_status setup_trace(wf__trainer *tr)
 {
   wf_status st = WF_OK;
@@ -236,6 +262,8 @@ static wf_status setup_trace(wf__trainer *tr)
   char label[128];
   if (!cfg->train.trace[0])
     return WF_OK;
+  bool writer = wf__comm_rank(tr->world) == 0;
+  WF_TRY(wf_comm_agree(tr->world, writer ? trace_dir_ok(cfg->train.trace) : WF_OK, NULL));
   snprintf(label, sizeof label, "rank %d (pp %d, dp %d, tp %d)", wf_rt_rank(), tr->pp_rank,
            tr->dp_rank, wf__comm_rank(tr->tp_comm));
   const int *ts = cfg->train.trace_steps;
