@@ -99,6 +99,17 @@ static int check_formats(args *a, char *err, size_t len)
              a->save_format);
     return -1;
   }
+  if (a->save_format && !a->save && !a->export_path) {
+    snprintf(err, len, "--save-format %s applies to --save FILE or --export llmc FILE",
+             a->save_format);
+    return -1;
+  }
+  if (a->export_kind && !strcmp(a->export_kind, "llmc") && a->format == WF_WEIGHTS_SAFETENSORS) {
+    snprintf(err, len,
+             "--export llmc writes llm.c (--save-format llmc or llmc-bf16); for "
+             "safetensors use --export safetensors FILE");
+    return -1;
+  }
   if (a->export_kind && !strcmp(a->export_kind, "safetensors")) {
     if (a->save_format && a->format != WF_WEIGHTS_SAFETENSORS) {
       snprintf(err, len, "--export safetensors writes safetensors; drop --save-format %s",

@@ -270,6 +270,14 @@ def test_errors(d):
         print("\n".join(lines))
         assert rc != 0, rc
         assert len(lines) == 1 and word in lines[0] and path in lines[0], lines
+    for args, word in ((["--save-format", "pt", "--save", "x"], "--save-format pt: unknown"),
+                       (["--save-format", "llmc-bf16"], "applies to --save FILE"),
+                       (["--save-format", "safetensors", "--export", "llmc", "x"],
+                        "use --export safetensors")):
+        rc, out, err = run(args)
+        lines = error_lines(out + err)
+        assert rc == 2 and len(lines) == 1 and word in lines[0], (args, rc, lines)
+        print(lines[0])
     rc, out, err = run(["--generate", "hi"])
     lines = error_lines(out + err)
     assert rc != 0 and len(lines) == 1 and "model.init" in lines[0], lines
