@@ -251,15 +251,26 @@ wf_status wf_train_generate(const wf_config *cfg, const char *prompt, const wf_t
   wf_status st = WF_OK;
   wf__trainer tr;
   wf_train_hooks quiet = {.quiet = true};
+  wf_config *one = malloc(sizeof *one);
+  if (!one) {
+    WF_ERROR("--generate: out of memory");
+    return WF_ENOMEM;
+  }
+  /* One sequence is all a sample needs (training's batch would only repeat it), and no
+   * data: the trainer's source is the synthetic one, never read. */
+  *one = *cfg;
+  one->train.batch_size = 1;
+  one->data.path[0] = one->data.val_path[0] = '\0';
   if (comms) {
     quiet.tp = comms->tp, quiet.pp = comms->pp, quiet.emb = comms->emb;
     quiet.world = comms->world, quiet.dev = comms->dev;
   }
   /* Without the dp group: every dp replica runs the whole context (only dp rank 0's
    * logits count), as the debug state does. */
-  WF_TRY(wf__train_setup(&tr, cfg, &quiet, 1, false));
-  st = wf__sample(&tr, 0, prompt, comms && comms->dp ? wf_comm_rank(comms->dp) : 0, stdout);
-fail:
+  st = wf__train_setup(&tr, one, &quiet, 1, false);
+  if (st == WF_OK)
+    st = wf__sample(&tr, 0, prompt, comms && comms->dp ? wf_comm_rank(comms->dp) : 0, stdout);
   wf__train_teardown(&tr);
+  free(one);
   return st;
 }
