@@ -476,6 +476,7 @@ static int run(wf_comm *world, const args *a, int rank, int size)
   /* Data that cannot work is a config-level error: every rank checks it (cheaply, never
    * blocking on a FIFO) and rank 0 says it once. */
   ok = a->dry_run || a->generate || wf_data_check(&cfg, vocab, err, sizeof err) == WF_OK;
+  ok = ok && (a->dry_run || wf_sample_check(&cfg, a->generate, vocab, err, sizeof err) == WF_OK);
   if (!all_ok(world, ok))
     return fail_all(world, !ok, err, rank);
 

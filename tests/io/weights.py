@@ -14,7 +14,8 @@ usage: weights.py WORKER MPIRUN [weights|errors|samples ...]
   errors   model.init naming a truncated safetensors file, one with a tensor's shape
            transposed, one missing a tensor, a truncated llm.c v5 file and an llm.c file of
            version 4, under mpirun -np 4: one error line for the job, naming the file,
-           exit non-zero, no hang.
+           exit non-zero, no hang; a sample's prompt outside the vocabulary, refused before
+           the first step, once; --save-format misuse; --generate without model.init.
   samples  a tiny byte-level model memorises a sentence: the train.sample_every line and
            worker --generate (greedy) reproduce it; a random sample (top_k 0, seed 5)
            from the saved model is the same on one rank, tp2, pp2 and dp2; under
@@ -326,6 +327,13 @@ def test_errors(d):
         lines = error_lines(out + err)
         assert rc == 2 and len(lines) == 1 and word in lines[0], (args, rc, lines)
         print(lines[0])
+    # a sample's prompt outside the vocabulary: refused before training, once
+    rc, out, err = run(TINY + ["model.vocab=64", "train.steps=4", "train.sample_every=2",
+                               "train.sample_prompt=zzz"], np=4, timeout=60)
+    lines = error_lines(out + err)
+    assert rc != 0 and len(lines) == 1 and "byte 122" in lines[0], lines
+    assert "step 1/" not in out, out
+    print(lines[0])
     rc, out, err = run(["--generate", "hi"])
     lines = error_lines(out + err)
     assert rc != 0 and len(lines) == 1 and "model.init" in lines[0], lines
