@@ -138,6 +138,8 @@ const wf__cfg_key wf__cfg_keys[] = {
     K_STR("train.resume", train.resume, "", "\"\", \"auto\" or a checkpoint path"),
     K_DBL("train.peak_tflops", train.peak_tflops, "0", 0, 1e9, 0,
           "device peak for MFU; 0 = unknown"),
+    K_DBL("train.loss_jump_factor", train.loss_jump_factor, "3", 0, 1e9, 0,
+          "warn when a step's loss exceeds this times its running mean; 0 = never"),
     K_INT("train.sample_every", train.sample_every, "0", 0, INT_MAX,
           "steps between printed samples; 0 = never"),
     K_INT("train.sample_tokens", train.sample_tokens, "64", 1, 1 << 20,

@@ -299,6 +299,22 @@ static void on_phase(void *user, const char *phase)
  * agreed on a failure arrive within milliseconds of each other. */
 #define FAIL_SETTLE_MS 3000
 
+/* Whether every rank reaches this call within timeout_ms (a failure they agreed on),
+ * by a non-blocking barrier over the world; one that does not complete stays posted
+ * (the process then ends by the coordinator's Abort). wf_plane_fail waits the same way
+ * for its own barrier, which follows at once when this one completed. */
+static bool all_arrive(int timeout_ms)
+{
+  MPI_Request req;
+  int done = 0;
+  if (MPI_Ibarrier(MPI_COMM_WORLD, &req) != MPI_SUCCESS)
+    return false;
+  double end = wf_now() + timeout_ms * 1e-3;
+  while (MPI_Test(&req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done && wf_now() < end)
+    usleep(1000);
+  return done != 0;
+}
+
 /* Train (or dump llm.c's debug state) on this rank's share of the mesh, with the
  * control plane up so the console can attach and the watchdog can act. */
 static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, const args *a,
@@ -318,8 +334,11 @@ static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, con
   }
   char err[1024];
   wf_plane plane;
+  if (cfg->dist.master_port)
+    launch->master_port = cfg->dist.master_port; /* the key beats MASTER_PORT */
+  bool port_default = launch->master_port == 0;
   wf_launch_default_master(launch, wf_rt_host());
-  wf_plane_opts po = {cfg, launch, job};
+  wf_plane_opts po = {cfg, launch, job, port_default};
   if (wf_plane_start(&plane, &po, err, sizeof err) != WF_OK) {
     if (rank == 0)
       fprintf(stderr, "weft: error: %s\n", err);
@@ -346,13 +365,19 @@ static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, con
   if (st == WF_OK && bd.failed)
     st = WF_EMPI;
   if (st != WF_OK) {
-    fprintf(stderr, "weft: error: training failed on rank %d: %s (see the log above)\n", rank,
-            wf_status_str(st));
-    /* A failure every rank agreed on meets here at once; a failure of this rank alone
-     * leaves the others waiting, so the coordinator aborts the job instead. */
+    /* A failure every rank agreed on meets here at once: rank 0 says so once for the
+     * job (the error itself was logged once, where it arose). A failure of this rank
+     * alone leaves the others waiting: it says so, and the coordinator aborts the job. */
+    bool together = all_arrive(FAIL_SETTLE_MS);
+    if (together && rank == 0)
+      fprintf(stderr, "weft: error: training failed on every rank: %s (see the log above)\n",
+              wf_status_str(st));
+    else if (!together)
+      fprintf(stderr, "weft: error: training failed on rank %d: %s (see the log above)\n", rank,
+              wf_status_str(st));
     char what[64];
     snprintf(what, sizeof what, "its first error is in rank %d's log above", rank);
-    if (!wf_plane_fail(&plane, st, what, FAIL_SETTLE_MS)) {
+    if (!wf_plane_fail(&plane, st, what, together ? FAIL_SETTLE_MS : 0)) {
       sleep(10); /* the coordinator's Abort ends this process (exit 3) well before */
       _exit(1);  /* the control plane is gone too: MPI_Finalize would wait forever */
     }
@@ -497,6 +522,9 @@ static int run(wf_comm *world, const args *a, int rank, int size)
     binding.threads = cfg.runtime.threads;
   }
   wf_kernels_set_threads(binding.threads);
+  if (!rd.gpu) /* ranks sharing cores share their peak too: the job's sum is the node's */
+    wf__cpu_peak(&rd,
+                 binding.shared ? (double)binding.node_cores / launch.local_size : binding.threads);
 
   wf_job *job = NULL;
   wf_job_opts jo = {&cfg, &launch, rd.desc, &binding};

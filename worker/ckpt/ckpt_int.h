@@ -158,6 +158,8 @@ wf_status wf__read_model(const char *dir, const wf__entry *e, const wf_gpt_dims 
  * only the span's part of a file another rank verifies. */
 wf_status wf__verify_optim(const char *dir, const wf__entry *e, uint64_t n, const wf__span *sp);
 wf_status wf__read_optim_part(const char *dir, const wf__entry *e, uint64_t n, const wf__span *sp);
+/* Read all of entry e's file and check its size and checksum (nothing is kept). */
+wf_status wf__verify_file(const char *dir, const wf__entry *e);
 
 /* ---- the manifest (manifest.c) ---------------------------------------------------------- */
 

@@ -65,7 +65,10 @@ typedef struct wf_ckpt_target {
 wf_status wf_ckpt_prepare(const wf_ckpt_target *t);
 
 /* Honour train.resume: "" = fresh start (*step = 0); "auto" = the checkpoint `latest`
- * names in train.checkpoint_dir, or a fresh start when there is none (said once);
+ * names in train.checkpoint_dir, or a fresh start when there is none (said once); when
+ * `latest` lags (a newer step directory was published after `latest` was last written:
+ * the job died between the two), the newest such checkpoint that is complete and whose
+ * every file verifies against its manifest, said in one line;
  * otherwise a checkpoint directory (or a checkpoint_dir holding a `latest`). Restores
  * the parameters, the AdamW state and the fp16 loss scaler, re-sliced for this mesh
  * (bit for bit on the mesh that saved it), and sets *step to the last step the

@@ -122,7 +122,7 @@ static wf_status write_trace(wf__trainer *tr)
 {
   if (!tr->trace)
     return WF_OK;
-  wf_status st = wf_trace_write(tr->trace, tr->cfg->train.trace);
+  wf_status st = wf_trace_write(tr->trace, tr->world, tr->cfg->train.trace);
   if (st == WF_OK && tr->talk)
     fprintf(tr->out, "trace: steps %d..%d of every rank in %s\n", tr->cfg->train.trace_steps[0],
             tr->cfg->train.trace_steps[1], tr->cfg->train.trace);

@@ -43,6 +43,25 @@ fail:
   return st;
 }
 
+/* Run fn on world rank 0 first and agree on its outcome, then on the other ranks and
+ * agree again. A file every rank would fail to read alike (model.init missing, truncated,
+ * not llm.c) is then reported once per job, by rank 0, and every rank fails with it;
+ * what only another rank cannot read (no shared filesystem) is still reported there. */
+static wf_status rank0_first(wf__trainer *tr, wf_status (*fn)(wf__trainer *, void *), void *arg)
+{
+  bool first = wf__comm_rank(tr->world) == 0;
+  wf_status st = wf_comm_agree(tr->world, first ? fn(tr, arg) : WF_OK, NULL);
+  if (st != WF_OK)
+    return st;
+  return wf_comm_agree(tr->world, first ? WF_OK : fn(tr, arg), NULL);
+}
+
+static wf_status peek_init(wf__trainer *tr, void *arg)
+{
+  (void)arg;
+  return wf_weights_peek(tr->cfg->model.init, "model.init", &tr->dims);
+}
+
 /* The whole model's dimensions: the config's, or model.init's (any weights format). */
 static wf_status setup_dims(wf__trainer *tr)
 {
@@ -50,7 +69,7 @@ static wf_status setup_dims(wf__trainer *tr)
   const wf_config *cfg = tr->cfg;
   tr->dims = wf_gpt_dims_from_config(cfg);
   if (cfg->model.init[0])
-    WF_TRY(wf_weights_peek(cfg->model.init, "model.init", &tr->dims));
+    WF_TRY(rank0_first(tr, peek_init, NULL));
   /* model.init's context bounds a derived length (model.seq_len is the file's) */
   bool derived =
       cfg->train.seq_len == 0 || cfg->source[wf_config_key_find("train.seq_len")] == WF_SRC_DERIVED;
@@ -63,6 +82,11 @@ fail:
   return st;
 }
 
+static wf_status read_init(wf__trainer *tr, void *full)
+{
+  return wf_weights_read(tr->cfg->model.init, "model.init", &tr->dims, full);
+}
+
 /* model.init into this rank's shard: the whole model is read into one host array of
  * parameters (wf_weights_read: llm.c, safetensors or a weft checkpoint) and this rank's
  * slices copied out. */
@@ -71,7 +95,7 @@ static wf_status load_init(wf__trainer *tr)
   wf_status st = WF_OK;
   float *full = NULL;
   WF_CHECK_ALLOC(full = malloc(wf_gpt_num_params(&tr->dims) * sizeof *full));
-  WF_TRY(wf_weights_read(tr->cfg->model.init, "model.init", &tr->dims, full));
+  WF_TRY(rank0_first(tr, read_init, full));
   st = wf_gpt_import_full(tr->model, 0, full);
 fail:
   free(full);
@@ -198,8 +222,15 @@ static wf_status setup_data(wf__trainer *tr)
   wf_status st = WF_OK;
   char err[1024] = "";
   size_t n = (size_t)tr->B * tr->T;
-  st = wf_data_open_config(&tr->data, tr->cfg, tr->dims.V, err, sizeof err);
-  WF_CHECK(st == WF_OK, st, "%s", err);
+  int bad = -1;
+  /* Every rank opens (and checks) its source at once; a bad file fails alike on all of
+   * them, so only the lowest failing rank says why: one line per job. */
+  wf_status mine = wf_data_open_config(&tr->data, tr->cfg, tr->dims.V, err, sizeof err);
+  st = wf_comm_agree(tr->world, mine, &bad);
+  if (mine != WF_OK && bad == wf__comm_rank(tr->world))
+    WF_ERROR("%s", err);
+  if (st != WF_OK) /* WF_OK only when every rank's open succeeded */
+    goto fail;
   WF_CHECK_ALLOC(tr->inputs = wf_mem_alloc(n * sizeof *tr->inputs));
   WF_CHECK_ALLOC(tr->targets = wf_mem_alloc(n * sizeof *tr->targets));
   bool has_val = wf_data_get_kind(tr->data) == WF_DATA_SYNTHETIC ||
@@ -268,7 +299,8 @@ wf_status wf__train_setup(wf__trainer *tr, const wf_config *cfg, const wf_train_
   if (checkpoints)
     WF_TRY(setup_checkpoint(tr));
   WF_TRY(setup_data(tr));
-  WF_TRY(wf__open_metrics(tr));
+  /* rank 0 alone opens it: agreed, so its failure stops every rank at once */
+  WF_TRY(wf_comm_agree(tr->world, wf__open_metrics(tr), NULL));
   WF_TRY(wf__setup_peak(tr)); /* before the banner, which says where the peak came from */
   if (tr->talk)
     wf__print_banner(tr);

@@ -53,6 +53,8 @@ typedef struct wf__trainer {
   wf_ckpt_target ck;       /* what checkpoints save and restore */
   bool fp16;               /* precision=fp16: loss scaling on */
   int start;               /* steps done before this run (a resumed checkpoint's step) */
+  double loss_mean;        /* the loss-jump watch's running mean (report.c) */
+  int loss_n;              /* steps in it */
   wf_tokenizer *tok;       /* data.tokenizer, loaded by the first sample; NULL = bytes */
 } wf__trainer;
 

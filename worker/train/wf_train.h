@@ -9,16 +9,18 @@
  * depends on the mesh.
  *
  * Rank 0 prints one line per step, in a stable key=value form:
- *   step 12/300 loss=3.1234 lr=1.20e-03 grad_norm=0.812 tok/s=5123 tflops=0.041
- *   mfu=23.1% step_ms=99.8 mem=45.2MiB eta=28s
- * and after an evaluation
+ *   step 12/300 loss=3.1234 lr=1.20e-03 grad_norm=0.812 tok/s=5123 tok/s/gpu=1281
+ *   tflops=0.041 tflops/gpu=0.010 mfu=23.1% step_ms=99.8 mem=45.2MiB eta=28s
+ * (tok/s and tflops for the job, /gpu per rank) and after an evaluation
  *   eval 12/300 val_loss=3.2011 floor=1.5021 gap=1.6990 eval_ms=31.0
  * (floor and gap only for the synthetic source). Every step is also appended to
- * train.metrics as one JSON object (step, loss, lr, grad_norm, tokens_per_s, step_ms,
- * tflops, mfu, mem_mib; val_loss when evaluated; with tp or pp > 1 also tp_ms, bubble,
- * bubble_theory, and per stage act_mib and act_slots; with precision=fp16 also
- * loss_scale, skipped_steps and step_skipped, which the step line shows as
- * "loss_scale=65536 skipped=0" after eta).
+ * train.metrics as one JSON object (step, time (unix seconds), timestamp (ISO 8601 UTC),
+ * rank (the writer's), loss, lr, grad_norm, tokens_per_s, tokens_per_s_per_gpu, step_ms,
+ * tflops, tflops_per_gpu, mfu_pct (a percent, as on the line), mem_mib; val_loss when
+ * evaluated; with tp or pp > 1 also tp_ms, bubble, bubble_theory, and per stage act_mib
+ * and act_slots; with precision=fp16 also loss_scale, skipped_steps and step_skipped,
+ * which the step line shows as "loss_scale=65536 skipped=0" after eta). A step whose loss
+ * exceeds train.loss_jump_factor times its running mean gets one WARN.
  */
 #ifndef WF_TRAIN_H
 #define WF_TRAIN_H
@@ -58,6 +60,10 @@ typedef struct wf_train_step_info {
                         * scales its loss gradient by S / dp, see train.c); else NAN */
   bool skipped;        /* fp16: this step's gradients overflowed, so it made no update */
   int skipped_steps;   /* fp16: steps skipped so far in the run (0 otherwise) */
+  /* Megatron-style per-GPU figures (a rank is one GPU, or one CPU core set): the job's
+   * tokens_per_s and tflops over its ranks. */
+  double tokens_per_s_gpu;
+  double tflops_gpu;
 } wf_train_step_info;
 
 typedef struct wf_train_hooks {
