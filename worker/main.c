@@ -110,6 +110,17 @@ static int check_formats(args *a, char *err, size_t len)
              a->save_format);
     return -1;
   }
+  if (a->save_format && !a->save && !a->export_path) {
+    snprintf(err, len, "--save-format %s applies to --save FILE or --export llmc FILE",
+             a->save_format);
+    return -1;
+  }
+  if (a->export_kind && !strcmp(a->export_kind, "llmc") && a->format == WF_WEIGHTS_SAFETENSORS) {
+    snprintf(err, len,
+             "--export llmc writes llm.c (--save-format llmc or llmc-bf16); for "
+             "safetensors use --export safetensors FILE");
+    return -1;
+  }
   if (a->export_kind && !strcmp(a->export_kind, "safetensors")) {
     if (a->save_format && a->format != WF_WEIGHTS_SAFETENSORS) {
       snprintf(err, len, "--export safetensors writes safetensors; drop --save-format %s",
@@ -589,6 +600,7 @@ static int run(wf_comm *world, args *a, int rank, int size)
   /* Data that cannot work is a config-level error: every rank checks it (cheaply, never
    * blocking on a FIFO) and rank 0 says it once. */
   ok = a->dry_run || a->generate || wf_data_check(&cfg, vocab, err, sizeof err) == WF_OK;
+  ok = ok && (a->dry_run || wf_sample_check(&cfg, a->generate, vocab, err, sizeof err) == WF_OK);
   if (!all_ok(world, ok))
     return fail_all(world, !ok, err, rank);
 

@@ -8,11 +8,14 @@ usage: weights.py WORKER MPIRUN [weights|errors|samples ...]
            json (Conv1D transposes, bf16 rounded to nearest even); --dump-state (logits,
            loss, gradients, all float32) bit for bit the same from model.init=X.bin,
            X.safetensors and the checkpoint directory; tp2 and pp2 meshes initialised
-           from the safetensors file against one rank; --save --save-format safetensors.
+           from the safetensors file against one rank; --save --save-format safetensors;
+           a BF16 safetensors file from st_ref.py (an independent writer) and an llm.c file
+           built here from the same values: the same --dump-state bytes.
   errors   model.init naming a truncated safetensors file, one with a tensor's shape
            transposed, one missing a tensor, a truncated llm.c v5 file and an llm.c file of
            version 4, under mpirun -np 4: one error line for the job, naming the file,
-           exit non-zero, no hang.
+           exit non-zero, no hang; a sample's prompt outside the vocabulary, refused before
+           the first step, once; --save-format misuse; --generate without model.init.
   samples  a tiny byte-level model memorises a sentence: the train.sample_every line and
            worker --generate (greedy) reproduce it; a random sample (top_k 0, seed 5)
            from the saved model is the same on one rank, tp2, pp2 and dp2; under
@@ -211,6 +214,52 @@ def test_weights(d):
     assert int(meta["n_layer"]) == 2 and len(t) == 4 + 12 * 2, (meta, len(t))
     assert t["transformer.wte.weight"][1] != read_safetensors(x_st)[1]["transformer.wte.weight"][1]
     print("--save --save-format safetensors on pp2: a GPT-2 of 28 tensors, trained further")
+    test_reference_file(d, base)
+
+
+def transpose(vals, rows, cols):
+    """(rows, cols) row-major -> (cols, rows)."""
+    return [vals[r * cols + c] for c in range(cols) for r in range(rows)]
+
+
+def test_reference_file(d, base):
+    """A safetensors file from the independent writer (st_ref.py: BF16, lm_head.weight
+    tied and present, as Hugging Face saves GPT2LMHeadModel) and the llm.c file this test
+    builds from the same values with its own transposes: the same --dump-state bytes."""
+    import st_ref
+    L, NH, C, T, V = 2, 4, 64, 32, 256
+    st = os.path.join(d, "ref.safetensors")
+    subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                 "st_ref.py"), "write", st, str(L), str(NH),
+                    str(C), str(T), str(V), "--dtype", "BF16", "--lm-head", "tied",
+                    "--meta-heads", str(NH)], check=True)
+    hf = {n: [st_ref.value(n, i) for i in range(st_ref.numel(s))]
+          for n, s in st_ref.tensors(L, C, T, V)}
+
+    def layers(suffix, rows=0, cols=0):  # every layer's tensor, Conv1D (rows, cols) transposed
+        out = []
+        for l in range(L):
+            v = hf[f"transformer.h.{l}.{suffix}"]
+            out += transpose(v, rows, cols) if rows else v
+        return out
+    p = (hf["transformer.wte.weight"] + hf["transformer.wpe.weight"] + layers("ln_1.weight")
+         + layers("ln_1.bias") + layers("attn.c_attn.weight", C, 3 * C)
+         + layers("attn.c_attn.bias") + layers("attn.c_proj.weight", C, C)
+         + layers("attn.c_proj.bias") + layers("ln_2.weight") + layers("ln_2.bias")
+         + layers("mlp.c_fc.weight", C, 4 * C) + layers("mlp.c_fc.bias")
+         + layers("mlp.c_proj.weight", 4 * C, C) + layers("mlp.c_proj.bias")
+         + hf["transformer.ln_f.weight"] + hf["transformer.ln_f.bias"])
+    llmc = os.path.join(d, "ref.bin")
+    with open(llmc, "wb") as f:
+        f.write(struct.pack("<256i", *([20240326, 3, T, V, L, NH, C, V] + [0] * 248)))
+        f.write(struct.pack("<%df" % len(p), *p))
+    a, b = os.path.join(d, "ref_st.state"), os.path.join(d, "ref_bin.state")
+    run_ok(base + ["model.init=" + st, "--dump-state", a])
+    run_ok(base + ["model.init=" + llmc, "--dump-state", b])
+    assert read_state_bytes(a) == read_state_bytes(b), "reference safetensors != its llm.c twin"
+    fl, N = state_floats(a)
+    print(f"st_ref.py's BF16 safetensors (lm_head tied) and the llm.c file built here from the "
+          f"same values: the same --dump-state bytes (loss {fl[N * V]:.4f})")
 
 
 def truncate(src, dst, cut):
@@ -270,6 +319,21 @@ def test_errors(d):
         print("\n".join(lines))
         assert rc != 0, rc
         assert len(lines) == 1 and word in lines[0] and path in lines[0], lines
+    for args, word in ((["--save-format", "pt", "--save", "x"], "--save-format pt: unknown"),
+                       (["--save-format", "llmc-bf16"], "applies to --save FILE"),
+                       (["--save-format", "safetensors", "--export", "llmc", "x"],
+                        "use --export safetensors")):
+        rc, out, err = run(args)
+        lines = error_lines(out + err)
+        assert rc == 2 and len(lines) == 1 and word in lines[0], (args, rc, lines)
+        print(lines[0])
+    # a sample's prompt outside the vocabulary: refused before training, once
+    rc, out, err = run(TINY + ["model.vocab=64", "train.steps=4", "train.sample_every=2",
+                               "train.sample_prompt=zzz"], np=4, timeout=60)
+    lines = error_lines(out + err)
+    assert rc != 0 and len(lines) == 1 and "byte 122" in lines[0], lines
+    assert "step 1/" not in out, out
+    print(lines[0])
     rc, out, err = run(["--generate", "hi"])
     lines = error_lines(out + err)
     assert rc != 0 and len(lines) == 1 and "model.init" in lines[0], lines

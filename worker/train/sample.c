@@ -90,31 +90,62 @@ static wf_status push(context *c, int id)
   return WF_OK;
 }
 
-/* The prompt's ids (tokenizer, else bytes), each checked against the vocabulary. */
+/* The prompt's ids (tok, else bytes) into c, each checked against the vocabulary V; an
+ * empty prompt is the start of a document. */
+static wf_status prompt_ids(const wf_tokenizer *tok, int V, const char *prompt, context *c,
+                            char *err, size_t len)
+{
+  wf_status st = WF_OK;
+  wf_tokens t = {0};
+  if (tok && wf_tokenizer_encode(tok, prompt, strlen(prompt), &t) != WF_OK)
+    st = WF_ENOMEM;
+  size_t n = tok ? t.n : strlen(prompt);
+  for (size_t i = 0; st == WF_OK && i < n; i++) {
+    int id = tok ? t.ids[i] : (unsigned char)prompt[i];
+    if (id >= V) {
+      snprintf(err, len, "the sample's prompt has %s %d, outside the model's vocabulary of %d: %s",
+               tok ? "token" : "byte", id, V,
+               tok ? "data.tokenizer is not the model's"
+                   : "give bytes below it, or data.tokenizer");
+      st = WF_ECONFIG;
+    } else {
+      st = push(c, id);
+    }
+  }
+  if (st == WF_OK && c->n == 0) {
+    int eot = tok ? wf_tokenizer_eot(tok) : -1;
+    st = push(c, eot >= 0 && eot < V ? eot : V > '\n' ? '\n' : 0);
+  }
+  if (st == WF_ENOMEM)
+    snprintf(err, len, "out of memory encoding the sample's prompt");
+  wf_tokens_free(&t);
+  return st;
+}
+
+wf_status wf_sample_check(const wf_config *cfg, const char *prompt, int V, char *err, size_t len)
+{
+  wf_tokenizer *tok = NULL;
+  context c = {0};
+  wf_status st = WF_OK;
+  if (!prompt && cfg->train.sample_every == 0)
+    return WF_OK;
+  if (cfg->data.tokenizer[0])
+    st = wf_tokenizer_load(&tok, cfg->data.tokenizer, err, len);
+  if (st == WF_OK)
+    st = prompt_ids(tok, V, prompt ? prompt : cfg->train.sample_prompt, &c, err, len);
+  free(c.ids);
+  wf_tokenizer_destroy(tok);
+  return st;
+}
+
+/* The trainer's prompt ids, logged when refused (wf_sample_check said it first). */
 static wf_status encode_prompt(context *c, const char *prompt)
 {
   wf_status st = WF_OK;
-  wf__trainer *tr = c->tr;
-  wf_tokens t = {0};
-  int V = tr->dims.V;
-  if (tr->tok)
-    WF_TRY(wf_tokenizer_encode(tr->tok, prompt, strlen(prompt), &t));
-  size_t n = tr->tok ? t.n : strlen(prompt);
-  for (size_t i = 0; i < n; i++) {
-    int id = tr->tok ? t.ids[i] : (unsigned char)prompt[i];
-    WF_REFUSE(id < V, WF_ECONFIG,
-              "the sample's prompt has %s %d, outside the model's vocabulary of %d: %s",
-              tr->tok ? "token" : "byte", id, V,
-              tr->tok ? "the model was not trained with data.tokenizer's vocabulary"
-                      : "give a prompt of bytes below it, or data.tokenizer");
-    WF_TRY(push(c, id));
-  }
-  if (c->n == 0) { /* an empty prompt: the start of a document */
-    int eot = tr->tok ? wf_tokenizer_eot(tr->tok) : -1;
-    WF_TRY(push(c, eot >= 0 && eot < V ? eot : V > '\n' ? '\n' : 0));
-  }
+  char err[1024] = "";
+  st = prompt_ids(c->tr->tok, c->tr->dims.V, prompt, c, err, sizeof err);
+  WF_REFUSE(st == WF_OK, st, "%s", err);
 fail:
-  wf_tokens_free(&t);
   return st;
 }
 
@@ -251,15 +282,26 @@ wf_status wf_train_generate(const wf_config *cfg, const char *prompt, const wf_t
   wf_status st = WF_OK;
   wf__trainer tr;
   wf_train_hooks quiet = {.quiet = true};
+  wf_config *one = malloc(sizeof *one);
+  if (!one) {
+    WF_ERROR("--generate: out of memory");
+    return WF_ENOMEM;
+  }
+  /* One sequence is all a sample needs (training's batch would only repeat it), and no
+   * data: the trainer's source is the synthetic one, never read. */
+  *one = *cfg;
+  one->train.batch_size = 1;
+  one->data.path[0] = one->data.val_path[0] = '\0';
   if (comms) {
     quiet.tp = comms->tp, quiet.pp = comms->pp, quiet.emb = comms->emb;
     quiet.world = comms->world, quiet.dev = comms->dev;
   }
   /* Without the dp group: every dp replica runs the whole context (only dp rank 0's
    * logits count), as the debug state does. */
-  WF_TRY(wf__train_setup(&tr, cfg, &quiet, 1, false));
-  st = wf__sample(&tr, 0, prompt, comms && comms->dp ? wf_comm_rank(comms->dp) : 0, stdout);
-fail:
+  st = wf__train_setup(&tr, one, &quiet, 1, false);
+  if (st == WF_OK)
+    st = wf__sample(&tr, 0, prompt, comms && comms->dp ? wf_comm_rank(comms->dp) : 0, stdout);
   wf__train_teardown(&tr);
+  free(one);
   return st;
 }

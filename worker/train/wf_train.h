@@ -119,6 +119,11 @@ wf_status wf_train_dump_state(const wf_config *cfg, const char *path, const wf_t
 int wf_sample_token(const float *logits, int V, int top_k, double temperature, uint64_t seed,
                     uint64_t stream, uint64_t index);
 
+/* Before a job: the prompt (NULL: train.sample_prompt, checked only with
+ * train.sample_every) encodes under data.tokenizer (or as bytes) into ids below the
+ * model's vocabulary V; else the reason in err. Not collective. */
+wf_status wf_sample_check(const wf_config *cfg, const char *prompt, int V, char *err, size_t len);
+
 /* worker --generate: the model of model.init on the mesh comms gives (NULL = one rank),
  * train.sample_tokens tokens sampled after `prompt` (see "Samples" in sample.c), printed
  * by world rank 0 on stdout (prompt and continuation, decoded), then return. */
