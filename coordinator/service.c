@@ -148,6 +148,8 @@ static void send_welcome(wf__conn *c)
   w.world_size = c->svc->world;
   w.heartbeat_ms = (uint32_t)c->svc->heartbeat_ms;
   w.silence_ms = (uint32_t)(c->svc->dead_after_ms + c->svc->heartbeat_ms);
+  w.host = (char *)wf_rt_host();
+  w.pid = (int32_t)getpid();
   env.msg_case = WEFT__ENVELOPE__MSG_WELCOME;
   env.welcome = &w;
   wf__conn_send(c, &env);

@@ -415,14 +415,36 @@ static void test_hang_diagnosis(void **state)
   usleep(4500 * 1000);
   assert_int_equal(atomic_load(&fx->aborts), 0);
   wf_control_set_phase(fx->ctl[1], "forward");
-  wf_control_set_collective(fx->ctl[0], 12, "allreduce(dp)", true);
-  wf_control_set_collective(fx->ctl[1], 11, "allreduce(dp)", false);
+  /* world 2 is dp 1 x tp 2: the two ranks share one tp communicator */
+  wf_control_set_collective(fx->ctl[0], 12, "allreduce(tp)", true);
+  wf_control_set_collective(fx->ctl[1], 11, "allreduce(tp)", false);
   wait_for(&fx->aborts, 2, 8.0);
   assert_int_equal(atomic_load(&fx->aborts), 2);
   const char *r = fx->abort_reason[0];
   assert_non_null(strstr(r, "no progress"));
-  assert_non_null(strstr(r, "#12 allreduce(dp) (inside): ranks 0"));
+  assert_non_null(strstr(r, "#12 allreduce(tp) (inside): ranks 0"));
   assert_non_null(strstr(r, "behind the others: ranks 1"));
+  fx_stop(fx);
+}
+
+/* Sequence numbers count per communicator: ranks whose last operations ran on
+ * different communicators (tp at #5, dp at #40) are not "behind" one another; only a
+ * rank behind the others of its own dp group is. Mesh dp 2 x tp 2: dp groups {0,2} and
+ * {1,3}, tp groups {0,1} and {2,3}. */
+static void test_hang_diagnosis_per_communicator(void **state)
+{
+  fixture *fx = fx_start(4, 4, 2.5);
+  wf_control_set_collective(fx->ctl[0], 5, "allreduce(tp)", true);
+  wf_control_set_collective(fx->ctl[2], 5, "allreduce(tp)", true);
+  wf_control_set_collective(fx->ctl[1], 39, "allreduce(dp)", false);
+  wf_control_set_collective(fx->ctl[3], 40, "allreduce(dp)", true);
+  wait_for(&fx->aborts, 4, 8.0);
+  const char *r = fx->abort_reason[0];
+  assert_non_null(strstr(r, "no progress"));
+  assert_non_null(strstr(r, "behind the others: ranks 1 (dp pp 0 tp 1: #39, others at #40)"));
+  /* before, the lowest number anywhere was "behind": ranks 0 and 2, on tp */
+  assert_null(strstr(r, "ranks 0,2 ("));
+  assert_null(strstr(r, "behind the others: ranks 0"));
   fx_stop(fx);
 }
 
@@ -750,6 +772,7 @@ int main(int argc, char **argv)
       cmocka_unit_test(test_trace),
       cmocka_unit_test(test_silent_worker),
       cmocka_unit_test(test_hang_diagnosis),
+      cmocka_unit_test(test_hang_diagnosis_per_communicator),
       cmocka_unit_test(test_bad_peers),
       cmocka_unit_test(test_polling_load),
       cmocka_unit_test(test_error_report),
