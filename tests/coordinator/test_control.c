@@ -685,6 +685,45 @@ static int free_port(void)
   return ntohs(sa.sin_port);
 }
 
+static bool can_connect(const char *ip, int port)
+{
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  inet_pton(AF_INET, ip, &sa.sin_addr);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  bool ok = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+  close(fd);
+  return ok;
+}
+
+/* The listeners take MASTER_ADDR's address, not every interface, unless
+ * runtime.listen_addr says otherwise. 127.0.0.2 is a loopback address of its own on
+ * Linux: a listener on it does not answer on 127.0.0.1. */
+static void test_listen_address(void **state)
+{
+  char dir[64] = "/tmp/weft-test-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  const char *binds[] = {NULL, "0.0.0.0"};
+  for (int i = 0; i < 2; i++) {
+    wf_service *svc = NULL;
+    int mport = free_port();
+    wf_service_opts so = {.job_id = "listen",
+                          .world_size = 1,
+                          .mesh = {1, 1, 1},
+                          .master_addr = "127.0.0.2",
+                          .bind_addr = binds[i],
+                          .job_dir = dir,
+                          .metrics_port = mport};
+    assert_int_equal(wf_service_start(&svc, &so), WF_OK);
+    int port = wf_service_port(svc);
+    assert_true(can_connect("127.0.0.2", port));
+    assert_true(can_connect("127.0.0.2", mport));
+    assert_int_equal(can_connect("127.0.0.1", port), binds[i] != NULL);
+    assert_int_equal(can_connect("127.0.0.1", mport), binds[i] != NULL);
+    wf_service_destroy(svc);
+  }
+  rmdir(dir);
+}
+
 static void test_port_in_use_and_unreachable(void **state)
 {
   fixture *fx = fx_start(1, 0, 0);
@@ -780,6 +819,7 @@ int main(int argc, char **argv)
       cmocka_unit_test(test_coordinator_death),
       cmocka_unit_test(test_coordinator_frozen),
       cmocka_unit_test(test_port_in_use_and_unreachable),
+      cmocka_unit_test(test_listen_address),
       cmocka_unit_test(test_metrics),
       cmocka_unit_test(test_unix_worker_and_files),
   };

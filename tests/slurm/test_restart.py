@@ -104,6 +104,12 @@ if not 0 <= redone <= EVERY:
     fail("redid %d steps, more than checkpoint_every=%d" % (redone, EVERY), log)
 if not re.search(r"^step %d/%d " % (STEPS, STEPS), out, re.M):
     fail("the restarted job did not reach step %d" % STEPS, log)
+# The aborted attempt's rank 0 removed its job file (it holds the token) and socket, as
+# the finished attempt did.
+left = os.listdir(env["WEFT_JOB_DIR"])
+print("job directory after an aborted and a finished attempt: %s" % (left or "empty"))
+if left:
+    fail("left behind in the job directory: %s" % left, log)
 ref = open(os.path.join(tmp, "ref.bin"), "rb").read()
 got = open(os.path.join(tmp, "wrapped.bin"), "rb").read()
 print("--save files: %d bytes each, %s" % (len(ref), "identical" if ref == got else "DIFFERENT"))
