@@ -80,6 +80,14 @@ typedef struct wf_config {
     int checkpoint_every, keep;
     char resume[WF_PATH_MAX]; /* "", "auto" or a path */
     double peak_tflops;       /* for MFU; 0 = measure/unknown */
+    double loss_jump_factor;  /* WARN when loss > this x its running mean; 0 = off */
+    /* samples (worker/train/sample.c): every sample_every steps (0 = never) and for
+     * --generate, sample_tokens tokens after sample_prompt, from the top sample_top_k
+     * (0 = all) of the logits / sample_temperature, drawn from sample_seed */
+    int sample_every, sample_tokens, sample_top_k;
+    double sample_temperature;
+    uint64_t sample_seed;
+    char sample_prompt[1024];
   } train;
   struct {
     char path[WF_PATH_MAX]; /* text file, glob of llm.c shards, or "" = synthetic */

@@ -66,6 +66,61 @@ fail:
   return st;
 }
 
+/* fp32 FLOP per cycle per core of the widest FMA the CPU has, counted as two FMA pipes
+ * of that width (Intel's server cores; AMD's Zen 4 splits AVX-512 into 256-bit halves,
+ * so there this is twice its real rate: a bound, never a reachable figure). */
+static int cpu_flops_per_cycle(const char *flags)
+{
+  if (strstr(flags, " avx512f"))
+    return 64;
+  if (strstr(flags, " avx2") && strstr(flags, " fma"))
+    return 32;
+  return strstr(flags, " avx") ? 16 : 8;
+}
+
+/* The highest clock in GHz: cpufreq's maximum (turbo) where the kernel has it, else
+ * /proc/cpuinfo's "cpu MHz" (a VM's nominal clock); 0 when neither can be read. */
+static double cpu_ghz(const char *cpuinfo_mhz_line)
+{
+  double mhz = 0, khz = 0;
+  if (cpuinfo_mhz_line)
+    sscanf(cpuinfo_mhz_line, "cpu MHz : %lf", &mhz);
+  FILE *f = fopen("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq", "r");
+  if (f) {
+    if (fscanf(f, "%lf", &khz) != 1)
+      khz = 0;
+    fclose(f);
+  }
+  return khz / 1e6 > mhz / 1e3 ? khz / 1e6 : mhz / 1e3;
+}
+
+void wf__cpu_peak(wf__rank_device *rd, double cores)
+{
+  char line[4096], flags[4096] = "", mhz[128] = "";
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  if (!f)
+    return;
+  while (fgets(line, sizeof line, f) && !(flags[0] && mhz[0])) {
+    if (!flags[0] && !strncmp(line, "flags", 5))
+      snprintf(flags, sizeof flags, " %s", strchr(line, ':') ? strchr(line, ':') + 1 : "");
+    else if (!mhz[0] && !strncmp(line, "cpu MHz", 7))
+      snprintf(mhz, sizeof mhz, "cpu MHz : %s", strchr(line, ':') ? strchr(line, ':') + 1 : "");
+  }
+  fclose(f);
+  double ghz = cpu_ghz(mhz[0] ? mhz : NULL);
+  if (!flags[0] || ghz <= 0 || cores <= 0)
+    return;
+  int fpc = cpu_flops_per_cycle(flags);
+  rd->peak_tflops = cores * ghz * fpc * 1e-3;
+  snprintf(rd->peak_source, sizeof rd->peak_source,
+           "nominal fp32 peak: %.2f cores x %.2f GHz x %d FLOP/cycle (%s FMA, 2 pipes)", cores, ghz,
+           fpc,
+           fpc == 64   ? "AVX-512"
+           : fpc == 32 ? "AVX2"
+           : fpc == 16 ? "AVX"
+                       : "SSE");
+}
+
 static void use_cpu(wf__rank_device *rd)
 {
   *rd = (wf__rank_device){.dev = wf_dev_cpu()};

@@ -32,6 +32,12 @@ wf_status wf__pick_device(const wf_config *cfg, const wf_launch *l, wf__rank_dev
                           size_t err_len);
 void wf__rank_device_close(wf__rank_device *rd);
 
+/* On the CPU: the nominal fp32 peak of the cores this rank computes on (`cores`, a
+ * fraction when ranks share cores), from /proc/cpuinfo's widest FMA vector and the
+ * highest clock it or cpufreq reports. An upper bound no GEMM can beat, as a GPU's data
+ * sheet peak is; left 0 (MFU falls back to a measurement) where the CPU is not known. */
+void wf__cpu_peak(wf__rank_device *rd, double cores);
+
 /* On a GPU: every communicator of the job carries device buffers, through NCCL when
  * each rank has a GPU of its own, else (more ranks on a node than GPUs: NCCL refuses
  * duplicate GPUs) through MPI with host staging. Collective over the job; rank 0 says

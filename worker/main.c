@@ -34,6 +34,7 @@
 #include "plane.h"
 #include "wf_runtime.h"
 #include "wf_parallel.h"
+#include "wf_plan.h"
 #include "wf_train.h"
 
 extern char **environ;
@@ -59,8 +60,15 @@ typedef struct args {
   bool dry_run, print_config, print_schedule, help, version;
   const char *dump_state;
   const char *save;
-  const char *export_llmc;                   /* --export llmc FILE */
-  const char *tokenize_in, *tokenize_prefix; /* --tokenize IN.txt OUT_PREFIX */
+  const char *export_path;                         /* --export llmc|safetensors FILE */
+  const char *export_kind;                         /* "llmc" or "safetensors" */
+  const char *save_format;                         /* --save-format NAME (NULL: llmc) */
+  const char *generate;                            /* --generate PROMPT */
+  const char *tokenize_in, *tokenize_prefix;       /* --tokenize IN.txt OUT_PREFIX */
+  wf_weights_fmt format;                           /* of --save and --export */
+  bool estimate, plan, profile_hw, check_estimate; /* the planner (worker/plan) */
+  const char *profile_out;                         /* --profile-hw [FILE] */
+  wf_plan_cli pc;                                  /* --json, --hw, --device-mem, ... */
   int n_overrides;
   char **overrides; /* "key=value" */
 } args;
@@ -73,22 +81,99 @@ static const char usage[] =
     "  --print-schedule   draw the pipeline schedule of the configured mesh, run nothing\n"
     "  --dump-state FILE  write llm.c's debug state for the first batch and exit\n"
     "  --save FILE        after training, write the model as an llm.c checkpoint\n"
-    "  --export llmc FILE write the checkpoint train.resume names (else the latest in\n"
-    "                     train.checkpoint_dir) as an llm.c checkpoint and exit\n"
+    "  --save-format F    what --save and --export llmc write: llmc (version 3, float32;\n"
+    "                     the default), llmc-bf16 (version 5) or safetensors\n"
+    "  --export llmc|safetensors FILE  write the checkpoint train.resume names (else the\n"
+    "                     latest in train.checkpoint_dir) as FILE and exit\n"
+    "  --generate PROMPT  sample train.sample_tokens tokens after PROMPT from model.init\n"
+    "                     (an llm.c, safetensors or weft checkpoint) and exit\n"
     "  --tokenize IN.txt OUT_PREFIX  encode a text file with data.tokenizer into llm.c\n"
     "                     shards OUT_PREFIX_train_000000.bin and OUT_PREFIX_val_000000.bin\n"
     "                     (the last data.val_fraction of the tokens) and exit\n"
+    "  --estimate         predict this config's memory per rank and step time; run nothing\n"
+    "  --plan             rank every dp x tp x pp mesh of the world by predicted tokens/s\n"
+    "  --profile-hw [FILE] measure GEMMs and collectives here (under mpirun), write JSON\n"
+    "                     (default hw_profile.json)\n"
+    "  --check-estimate   train, and print each rank's predicted beside measured memory\n"
+    "    planner options: --json, --hw FILE|h100-sxm|h200|a100-80gb, --device-mem GIB,\n"
+    "                     --gpus-per-node N, --top N\n"
     "  --version, --help\n"
     "  key=value          override a config key, e.g. mesh.tp=2 train.steps=100\n"
     "Launch with mpirun -np N, srun --mpi=pmix -n N, or alone for one rank.\n";
 
+/* --save-format names a format; --export safetensors takes no other. */
+static int check_formats(args *a, char *err, size_t len)
+{
+  a->format = WF_WEIGHTS_LLMC;
+  if (a->save_format && !wf_weights_fmt_parse(a->save_format, &a->format)) {
+    snprintf(err, len, "--save-format %s: unknown; use llmc, llmc-bf16 or safetensors",
+             a->save_format);
+    return -1;
+  }
+  if (a->export_kind && !strcmp(a->export_kind, "safetensors")) {
+    if (a->save_format && a->format != WF_WEIGHTS_SAFETENSORS) {
+      snprintf(err, len, "--export safetensors writes safetensors; drop --save-format %s",
+               a->save_format);
+      return -1;
+    }
+    a->format = WF_WEIGHTS_SAFETENSORS;
+  }
+  return 0;
+}
+
+/* The planner's flags; true when argv[*i] was one (bad: its value was missing). */
+static bool plan_arg(int argc, char **argv, int *i, args *a, char *err, size_t len, bool *bad)
+{
+  const char *s = argv[*i], *next = *i + 1 < argc ? argv[*i + 1] : NULL;
+  bool has = next && next[0] != '-' && !strchr(next, '=');
+  *bad = false;
+  if (!strcmp(s, "--estimate") || !strcmp(s, "--plan") || !strcmp(s, "--json") ||
+      !strcmp(s, "--check-estimate")) {
+    a->estimate |= !strcmp(s, "--estimate");
+    a->plan |= !strcmp(s, "--plan");
+    a->pc.json |= !strcmp(s, "--json");
+    a->check_estimate |= !strcmp(s, "--check-estimate");
+    return true;
+  }
+  if (!strcmp(s, "--profile-hw")) {
+    a->profile_hw = true;
+    a->profile_out = has ? argv[++*i] : "hw_profile.json";
+    return true;
+  }
+  if (strcmp(s, "--hw") && strcmp(s, "--device-mem") && strcmp(s, "--gpus-per-node") &&
+      strcmp(s, "--top"))
+    return false;
+  if (!next) {
+    snprintf(err, len, "%s needs a value", s);
+    *bad = true;
+    return true;
+  }
+  ++*i;
+  if (!strcmp(s, "--hw"))
+    a->pc.hw = next;
+  else if (!strcmp(s, "--device-mem"))
+    a->pc.device_mem_gib = atof(next);
+  else if (!strcmp(s, "--gpus-per-node"))
+    a->pc.gpus_per_node = atoi(next);
+  else
+    a->pc.top = atoi(next);
+  return true;
+}
+
 static int parse_args(int argc, char **argv, args *a, char *err, size_t len)
 {
+  bool bad;
   memset(a, 0, sizeof *a);
   a->overrides = calloc((size_t)argc, sizeof *a->overrides);
   for (int i = 1; i < argc; i++) {
     const char *s = argv[i];
-    if (!strcmp(s, "--config") || !strcmp(s, "--dump-state") || !strcmp(s, "--save")) {
+    if (!strcmp(s, "--save-format") || !strcmp(s, "--generate")) {
+      if (i + 1 >= argc) {
+        snprintf(err, len, "%s needs an argument", s);
+        return -1;
+      }
+      *(s[2] == 's' ? &a->save_format : &a->generate) = argv[++i];
+    } else if (!strcmp(s, "--config") || !strcmp(s, "--dump-state") || !strcmp(s, "--save")) {
       if (i + 1 >= argc) {
         snprintf(err, len, "%s needs a file argument", s);
         return -1;
@@ -96,11 +181,14 @@ static int parse_args(int argc, char **argv, args *a, char *err, size_t len)
       const char **dst = s[2] == 'c' ? &a->config_file : s[2] == 'd' ? &a->dump_state : &a->save;
       *dst = argv[++i];
     } else if (!strcmp(s, "--export")) {
-      if (i + 2 >= argc || strcmp(argv[i + 1], "llmc")) {
-        snprintf(err, len, "--export needs a format and a file: --export llmc FILE");
+      if (i + 2 >= argc || (strcmp(argv[i + 1], "llmc") && strcmp(argv[i + 1], "safetensors"))) {
+        snprintf(err, len,
+                 "--export needs a format and a file: --export llmc FILE or --export "
+                 "safetensors FILE");
         return -1;
       }
-      a->export_llmc = argv[i + 2];
+      a->export_kind = argv[i + 1];
+      a->export_path = argv[i + 2];
       i += 2;
     } else if (!strcmp(s, "--tokenize")) {
       if (i + 2 >= argc) {
@@ -114,6 +202,9 @@ static int parse_args(int argc, char **argv, args *a, char *err, size_t len)
       i += 2;
     } else if (!strncmp(s, "--config=", 9)) {
       a->config_file = s + 9;
+    } else if (plan_arg(argc, argv, &i, a, err, len, &bad)) {
+      if (bad)
+        return -1;
     } else if (!strcmp(s, "--dry-run")) {
       a->dry_run = true;
     } else if (!strcmp(s, "--print-config")) {
@@ -131,7 +222,7 @@ static int parse_args(int argc, char **argv, args *a, char *err, size_t len)
       return -1;
     }
   }
-  return 0;
+  return check_formats(a, err, len);
 }
 
 /* All ranks learn whether every rank succeeded (over the start-up communicator, a
@@ -217,6 +308,11 @@ typedef struct boundary {
   bool in_ckpt;     /* inside the "checkpoint" phase */
   double ckpt_wall; /* when the last checkpoint after a step ended (wall time); 0 = none */
   int64_t checkpoints;
+  /* --check-estimate: after the first step, predicted beside measured memory */
+  const wf_config *check_cfg; /* NULL = no check */
+  int rank, pp_rank, dp_rank;
+  const wf_ktable *k;
+  wf_plan_rss base;
 } boundary;
 
 /* After every step: tell the coordinator, then agree with every rank whether to stop
@@ -229,6 +325,11 @@ static bool on_step(void *user, const wf_train_step_info *info)
   wf_control *ctl = b->ctl;
   b->last_step = info->step;
   wf_plane_report_step(b->plane, b->job, info, b->ckpt_wall, b->checkpoints);
+  if (b->check_cfg) {
+    wf_plan_check_print(b->check_cfg, b->pp_rank, b->dp_rank, b->rank, b->k, &b->base,
+                        (long long)info->mem_bytes, stdout);
+    b->check_cfg = NULL;
+  }
   /* Whether any rank saw each request: a signal, the console's stop, the console's
    * checkpoint. */
   int32_t req[3] = {stop_signal != 0, wf_control_stop_requested(ctl),
@@ -266,26 +367,46 @@ static void on_phase(void *user, const char *phase)
  * agreed on a failure arrive within milliseconds of each other. */
 #define FAIL_SETTLE_MS 3000
 
+/* Whether every rank reaches this call within timeout_ms (a failure they agreed on),
+ * by a non-blocking barrier over the world; one that does not complete stays posted
+ * (the process then ends by the coordinator's Abort). wf_plane_fail waits the same way
+ * for its own barrier, which follows at once when this one completed. */
+static bool all_arrive(int timeout_ms)
+{
+  MPI_Request req;
+  int done = 0;
+  if (MPI_Ibarrier(MPI_COMM_WORLD, &req) != MPI_SUCCESS)
+    return false;
+  double end = wf_now() + timeout_ms * 1e-3;
+  while (MPI_Test(&req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done && wf_now() < end)
+    usleep(1000);
+  return done != 0;
+}
+
 /* Train (or dump llm.c's debug state) on this rank's share of the mesh, with the
  * control plane up so the console can attach and the watchdog can act. */
-static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, const char *dump_state,
-                 const char *save, const wf__rank_device *rd)
+static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, const args *a,
+                 const wf__rank_device *rd)
 {
   int rank = wf_job_rank(job);
-  if (dump_state) {
+  if (a->dump_state || a->generate) {
     wf_train_hooks comms = {.dp = wf_job_comm(job, WF_AXIS_DP),
                             .world = wf_job_world_comm(job),
                             .tp = cfg->mesh.tp > 1 ? wf_job_comm(job, WF_AXIS_TP) : NULL,
                             .pp = cfg->mesh.pp > 1 ? wf_job_comm(job, WF_AXIS_PP) : NULL,
                             .emb = cfg->mesh.pp > 1 ? wf_job_comm(job, WF_AXIS_EMB) : NULL,
                             .dev = rd->dev};
-    wf_status st = wf_train_dump_state(cfg, dump_state, &comms);
+    wf_status st = a->generate ? wf_train_generate(cfg, a->generate, &comms)
+                               : wf_train_dump_state(cfg, a->dump_state, &comms);
     return st == WF_OK ? 0 : 1;
   }
   char err[1024];
   wf_plane plane;
+  if (cfg->dist.master_port)
+    launch->master_port = cfg->dist.master_port; /* the key beats MASTER_PORT */
+  bool port_default = launch->master_port == 0;
   wf_launch_default_master(launch, wf_rt_host());
-  wf_plane_opts po = {cfg, launch, job};
+  wf_plane_opts po = {cfg, launch, job, port_default};
   if (wf_plane_start(&plane, &po, err, sizeof err) != WF_OK) {
     if (rank == 0)
       fprintf(stderr, "weft: error: %s\n", err);
@@ -294,10 +415,17 @@ static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, con
   install_signals();
   wf_control_set_phase(plane.ctl, "train");
   boundary bd = {.plane = &plane, .job = job, .ctl = plane.ctl, .world = wf_job_world_comm(job)};
+  if (a->check_estimate) {
+    bd.check_cfg = cfg, bd.rank = rank, bd.k = wf_dev_kernels(rd->dev);
+    bd.pp_rank = wf_comm_rank(wf_job_comm(job, WF_AXIS_PP));
+    bd.dp_rank = wf_comm_rank(wf_job_comm(job, WF_AXIS_DP));
+    wf_plan_rss_read(&bd.base);
+  }
   wf_train_hooks hooks = {.user = &bd,
                           .on_step = on_step,
                           .dp = wf_job_comm(job, WF_AXIS_DP),
-                          .save_llmc = save,
+                          .save_llmc = a->save,
+                          .save_format = a->format,
                           .checkpoint_now = checkpoint_now,
                           .on_phase = on_phase,
                           .world = wf_job_world_comm(job),
@@ -311,13 +439,19 @@ static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, con
   if (st == WF_OK && bd.failed)
     st = WF_EMPI;
   if (st != WF_OK) {
-    fprintf(stderr, "weft: error: training failed on rank %d: %s (see the log above)\n", rank,
-            wf_status_str(st));
-    /* A failure every rank agreed on meets here at once; a failure of this rank alone
-     * leaves the others waiting, so the coordinator aborts the job instead. */
+    /* A failure every rank agreed on meets here at once: rank 0 says so once for the
+     * job (the error itself was logged once, where it arose). A failure of this rank
+     * alone leaves the others waiting: it says so, and the coordinator aborts the job. */
+    bool together = all_arrive(FAIL_SETTLE_MS);
+    if (together && rank == 0)
+      fprintf(stderr, "weft: error: training failed on every rank: %s (see the log above)\n",
+              wf_status_str(st));
+    else if (!together)
+      fprintf(stderr, "weft: error: training failed on rank %d: %s (see the log above)\n", rank,
+              wf_status_str(st));
     char what[64];
     snprintf(what, sizeof what, "its first error is in rank %d's log above", rank);
-    if (!wf_plane_fail(&plane, st, what, FAIL_SETTLE_MS)) {
+    if (!wf_plane_fail(&plane, st, what, together ? FAIL_SETTLE_MS : 0)) {
       sleep(10); /* the coordinator's Abort ends this process (exit 3) well before */
       _exit(1);  /* the control plane is gone too: MPI_Finalize would wait forever */
     }
@@ -331,6 +465,8 @@ static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, con
  * singleton can draw a pp=4 schedule. */
 static int check_world(const wf_config *cfg, const args *a, int size)
 {
+  if (a->estimate || a->plan)
+    return a->plan ? 0 : wf_plan_world(cfg); /* the planned world, not this launch */
   if (!a->print_schedule)
     return size;
   long long w = (long long)(cfg->mesh.dp > 0 ? cfg->mesh.dp : 1) * cfg->mesh.tp * cfg->mesh.pp;
@@ -351,15 +487,16 @@ static int print_schedule(const wf_config *cfg, int rank)
   return 0;
 }
 
-/* --export llmc FILE: rank 0 writes the model of the checkpoint; no mesh is needed. */
-static int export_llmc(wf_comm *world, const wf_config *cfg, const char *path, int rank)
+/* --export FORMAT FILE: rank 0 writes the model of the checkpoint; no mesh is needed. */
+static int export_weights(wf_comm *world, const wf_config *cfg, const args *a, int rank)
 {
   char dir[WF_PATH_MAX + 64];
   bool ok = true;
   if (rank == 0) {
-    ok = wf_ckpt_locate(cfg, dir, sizeof dir) == WF_OK && wf_ckpt_export_llmc(dir, path) == WF_OK;
+    ok = wf_ckpt_locate(cfg, dir, sizeof dir) == WF_OK &&
+         wf_ckpt_export(dir, a->export_path, a->format) == WF_OK;
     if (ok)
-      printf("exported %s to %s (llm.c GPT-2 checkpoint)\n", dir, path);
+      printf("exported %s to %s (%s)\n", dir, a->export_path, wf_weights_fmt_describe(a->format));
   }
   if (!all_ok(world, ok))
     return fail_all(world, !ok, "--export failed (the error is above)", rank);
@@ -390,13 +527,37 @@ static int tokenize(wf_comm *world, const wf_config *cfg, const args *a, int ran
   return 0;
 }
 
-static int run(wf_comm *world, const args *a, int rank, int size)
+/* model.init (required by --generate) checked whole by rank 0; *vocab gets its V. */
+static bool init_ok(wf_comm *world, const wf_config *cfg, const args *a, int rank, int *vocab)
+{
+  wf_gpt_dims d = {0};
+  bool ok = true;
+  if (rank == 0 && a->generate && !cfg->model.init[0])
+    WF_ERROR("--generate needs the model to sample from: add model.init=FILE (an llm.c or "
+             "safetensors file, or a weft checkpoint directory)");
+  ok = !a->generate || cfg->model.init[0];
+  if (ok && rank == 0 && cfg->model.init[0])
+    ok = wf_weights_check(cfg->model.init, "model.init", &d) == WF_OK;
+  ok = all_ok(world, rank == 0 ? ok : true);
+  int32_t v = d.V;
+  if (ok && cfg->model.init[0] && wf_comm_bcast(world, &v, 1, WF_COMM_I32, 0) == WF_OK)
+    *vocab = v;
+  return ok;
+}
+
+static int run(wf_comm *world, args *a, int rank, int size)
 {
   char err[2048] = "";
   wf_config cfg;
   wf_launch launch;
   bool ok = load_config(&cfg, a, err, sizeof err) == WF_OK;
-  ok = ok && read_launch(&launch, &cfg, rank, size, err, sizeof err) == WF_OK;
+  bool planning = a->estimate || a->plan; /* plans for a world it does not launch */
+  memset(&launch, 0, sizeof launch);
+  ok = ok && (planning || read_launch(&launch, &cfg, rank, size, err, sizeof err) == WF_OK);
+  if (ok && a->plan) { /* the plan picks the mesh: validate the rest, remember the world */
+    a->pc.world = wf_plan_world(&cfg);
+    wf_plan_reset_mesh(&cfg);
+  }
   ok = ok && wf_config_validate(&cfg, check_world(&cfg, a, size), err, sizeof err) == WF_OK;
   if (!all_ok(world, ok))
     return fail_all(world, !ok, err, rank);
@@ -408,17 +569,26 @@ static int run(wf_comm *world, const args *a, int rank, int size)
       wf_config_print(&cfg, stdout);
     return 0;
   }
-  if (a->export_llmc)
-    return export_llmc(world, &cfg, a->export_llmc, rank);
+  if (a->export_path)
+    return export_weights(world, &cfg, a, rank);
   if (a->print_schedule)
     return print_schedule(&cfg, rank);
+  if (a->estimate || a->plan) /* rank 0 answers; nothing is launched */
+    return rank != 0 ? 0
+           : a->plan ? wf_plan_search(&cfg, &a->pc, stdout)
+                     : wf_plan_estimate(&cfg, &a->pc, stdout);
+  if (a->profile_hw)
+    return wf_plan_profile_hw(&cfg, world, a->profile_out, stdout);
   if (a->tokenize_in)
     return tokenize(world, &cfg, a, rank);
+  /* model.init is read whole by rank 0 first, so a bad file is said once (logged where
+   * found), and its vocabulary is known to the data check. */
+  int vocab = cfg.model.vocab;
+  if (!a->dry_run && !init_ok(world, &cfg, a, rank, &vocab))
+    return 1;
   /* Data that cannot work is a config-level error: every rank checks it (cheaply, never
-   * blocking on a FIFO) and rank 0 says it once. model.init's vocabulary is not known
-   * yet, so its vocabulary rules wait for the trainer's open. */
-  ok = a->dry_run ||
-       wf_data_check(&cfg, cfg.model.init[0] ? 0 : cfg.model.vocab, err, sizeof err) == WF_OK;
+   * blocking on a FIFO) and rank 0 says it once. */
+  ok = a->dry_run || a->generate || wf_data_check(&cfg, vocab, err, sizeof err) == WF_OK;
   if (!all_ok(world, ok))
     return fail_all(world, !ok, err, rank);
 
@@ -439,6 +609,9 @@ static int run(wf_comm *world, const args *a, int rank, int size)
     binding.threads = cfg.runtime.threads;
   }
   wf_kernels_set_threads(binding.threads);
+  if (!rd.gpu) /* ranks sharing cores share their peak too: the job's sum is the node's */
+    wf__cpu_peak(&rd,
+                 binding.shared ? (double)binding.node_cores / launch.local_size : binding.threads);
 
   wf_job *job = NULL;
   wf_job_opts jo = {&cfg, &launch, rd.desc, &binding};
@@ -460,7 +633,7 @@ static int run(wf_comm *world, const args *a, int rank, int size)
              "mesh\n");
     }
   } else {
-    rc = train(&cfg, &launch, job, a->dump_state, a->save, &rd);
+    rc = train(&cfg, &launch, job, a, &rd);
   }
   wf_job_destroy(job);
   wf__rank_device_close(&rd);

@@ -12,16 +12,20 @@
  * Failure to start the service (a port in use, say) is agreed on with MPI, so every
  * rank exits with rank 0's message rather than waiting to connect.
  */
-#include <math.h>
+#include <arpa/inet.h>
 #include <inttypes.h>
+#include <math.h>
 #include <mpi.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "wf_collectives.h"
+#include "wf_ckpt.h"
 #include "wf_control.h"
 #include "wf_model.h"
 #include "wf_parallel.h"
@@ -190,7 +194,7 @@ static void stage_desc(const wf_config *cfg, int pp_rank, char *buf, size_t len)
   int bounds[WF_MAX_STAGES + 1];
   size_t used = 0;
   buf[0] = '\0';
-  if (cfg->model.init[0] && !wf_llmc_dims(cfg->model.init, &d))
+  if (cfg->model.init[0] && !wf_weights_probe(cfg->model.init, &d))
     return;
   if (cfg->train.schedule == WF_SCHED_INTERLEAVED && pp > 1) {
     int v = cfg->parallel.virtual_stages, lc = d.L / (pp * v);
@@ -226,6 +230,36 @@ static void publish_schedule(wf_service *svc, const wf_config *cfg)
   free(text);
 }
 
+/* Whether some process on this host already holds TCP `port` (on any address). */
+static bool port_taken(int port)
+{
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0)
+    return false;
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  bool taken = bind(fd, (struct sockaddr *)&a, sizeof a) != 0;
+  close(fd);
+  return taken;
+}
+
+/* The port rank 0 listens on. A port the user named (MASTER_PORT, dist.master_port)
+ * is kept, and a clash is an error. The default one (29500, or Slurm's 20000 + job id)
+ * yields to a job already there: the coordinator takes any free port, which reaches
+ * the other ranks in the endpoint broadcast below and the console in the job file. */
+static int service_port(const wf_plane_opts *o)
+{
+  int port = o->launch->master_port;
+  if (!o->port_default || !port_taken(port))
+    return port;
+  WF_INFO("port %d is taken (another job on this host?); the coordinator listens on a free "
+          "port instead, recorded in the job file",
+          port);
+  return 0;
+}
+
 static void start_service(wf_plane *p, const wf_plane_opts *o, plane_facts *pf)
 {
   const wf_config *cfg = o->cfg;
@@ -239,7 +273,7 @@ static void start_service(wf_plane *p, const wf_plane_opts *o, plane_facts *pf)
       .facts = wf_job_facts(o->job),
       .master_addr = o->launch->master_addr,
       .bind_addr = cfg->runtime.listen_addr,
-      .port = o->launch->master_port,
+      .port = service_port(o),
       .model_desc = model,
       .total_steps = cfg->train.steps,
       .hang_timeout_s = cfg->runtime.hang_timeout,

@@ -25,6 +25,7 @@ typedef struct wf_plane_opts {
   const wf_config *cfg;
   const wf_launch *launch; /* master_addr/master_port resolved */
   const wf_job *job;
+  bool port_default; /* nobody chose the port: when it is taken, listen on a free one */
 } wf_plane_opts;
 
 /* Collective over MPI_COMM_WORLD. On failure every rank gets the same message. */

@@ -176,7 +176,103 @@ static void test_bad_version(void **state)
 {
   fixture *f = *state;
   write_variant(f, 1, 2, 0); /* llm.c's older unpadded format */
-  expect_error(f, WF_EFORMAT, "version 2", "expected 3");
+  expect_error(f, WF_EFORMAT, "version 2", "weft reads version 3 (float32) and 5 (bf16)");
+  assert_null(strstr(f->err, "expected 3")); /* the old, misleading reason */
+  write_variant(f, 1, 4, 0);
+  expect_error(f, WF_EFORMAT, "version 4", "weft reads version 3 (float32) and 5 (bf16)");
+}
+
+/* bf16 round to nearest, ties to even, on the bits (independent of the kernels' rounding
+ * the writer uses): add 0x7fff plus the lowest kept bit, drop the low half. */
+static float ref_bf16(float x)
+{
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  memcpy(&x, &u, 4);
+  return x;
+}
+
+/* v3 -> v5 -> read: every parameter is its nearest bf16, within half a bf16 ulp. */
+static void test_v5_roundtrip(void **state)
+{
+  fixture *f = *state;
+  size_t n = wf_gpt_num_params(&tiny), len;
+  float *p = malloc(n * sizeof *p), *q = malloc(n * sizeof *q);
+  assert_non_null(p);
+  assert_non_null(q);
+  assert_int_equal(wf_gpt_save_llmc(f->m, f->a), WF_OK); /* version 3 */
+  assert_int_equal(wf_llmc_read(f->a, &tiny, p), WF_OK);
+  p[5] = 1.0f + 1.0f / 256; /* a tie (halfway between two bf16): to the even one, 1 */
+  p[6] = 1.0f + 3.0f / 256; /* the other tie: up to the even 1 + 4/256 */
+  assert_int_equal(wf_llmc_write_version(f->b, &tiny, p, WF_LLMC_VERSION_BF16), WF_OK);
+  unsigned char *b = slurp(f->b, &len);
+  assert_int_equal(len, 1024 + 2 * n); /* header, then two bytes a parameter */
+  int32_t h[8], want[8] = {20240326, 5, 8, 11, 2, 2, 8, 16};
+  memcpy(h, b, sizeof h);
+  assert_memory_equal(h, want, sizeof h);
+  free(b);
+  wf_gpt_dims d;
+  assert_int_equal(wf_llmc_peek(f->b, &d), WF_OK);
+  assert_memory_equal(&d, &tiny, sizeof d);
+  assert_true(wf_llmc_dims(f->b, &d));
+  assert_int_equal(wf_llmc_read(f->b, &tiny, q), WF_OK);
+  size_t changed = 0;
+  for (size_t i = 0; i < n; i++) {
+    assert_true(q[i] == ref_bf16(p[i])); /* bit for bit the nearest bf16 */
+    /* half a bf16 ulp: 8 significant bits, so 2^-8 of the value's power of two */
+    int e;
+    frexpf(p[i], &e);
+    assert_true(fabsf(q[i] - p[i]) <= ldexpf(1.0f, e - 9));
+    changed += q[i] != p[i];
+  }
+  assert_true(q[5] == 1.0f && q[6] == 1.0f + 4.0f / 256);
+  assert_true(changed > n / 2); /* random init is not bf16: the rounding really happened */
+  /* and the v5 file loads into a model like any checkpoint */
+  assert_int_equal(wf_gpt_load_llmc(f->m, f->b), WF_OK);
+  free(p);
+  free(q);
+}
+
+static const char *python, *v5_script;
+
+/* A version-5 file from an independent writer (llmc_v5_ref.py) reads back exactly. */
+static void test_v5_reference(void **state)
+{
+  fixture *f = *state;
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "%s %s %s %d %d %d %d %d %d", python, v5_script, f->b, tiny.L, tiny.NH,
+           tiny.C, tiny.maxT, tiny.V, tiny.Vp);
+  assert_int_equal(system(cmd), 0);
+  wf_gpt_dims d;
+  assert_int_equal(wf_llmc_peek(f->b, &d), WF_OK);
+  assert_memory_equal(&d, &tiny, sizeof d);
+  size_t n = wf_gpt_num_params(&tiny);
+  float *q = malloc(n * sizeof *q);
+  assert_non_null(q);
+  assert_int_equal(wf_llmc_read(f->b, &tiny, q), WF_OK);
+  for (size_t i = 0; i < n; i++) /* the script's value(i), exact in bf16 */
+    assert_true(q[i] == (float)(((long)(i * 13 + 7) % 251 - 125) / 64.0));
+  free(q);
+}
+
+/* A version-5 file cut short, or grown, is refused with its version and sizes. */
+static void test_v5_truncated(void **state)
+{
+  fixture *f = *state;
+  size_t n = wf_gpt_num_params(&tiny), len;
+  assert_int_equal(wf_gpt_save_llmc(f->m, f->a), WF_OK);
+  float *p = malloc(n * sizeof *p);
+  assert_non_null(p);
+  assert_int_equal(wf_llmc_read(f->a, &tiny, p), WF_OK);
+  assert_int_equal(wf_llmc_write_version(f->b, &tiny, p, WF_LLMC_VERSION_BF16), WF_OK);
+  unsigned char *b = slurp(f->b, &len);
+  spit(f->b, b, len - 2); /* one bf16 short */
+  char want[64];
+  snprintf(want, sizeof want, "expected %zu", 1024 + 2 * n);
+  expect_error(f, WF_EFORMAT, "truncated llm.c checkpoint (version 5, bf16)", want);
+  free(b);
+  free(p);
 }
 
 static void test_truncated(void **state)
@@ -297,14 +393,20 @@ static void test_dump_state(void **state)
   assert_int_not_equal(access(f->b, F_OK), 0);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+  if (argc != 3) {
+    fprintf(stderr, "usage: %s PYTHON llmc_v5_ref.py\n", argv[0]);
+    return 2;
+  }
+  python = argv[1], v5_script = argv[2];
   wf_kernels_set_threads(1);
 #define T_(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
   const struct CMUnitTest tests[] = {
       T_(test_roundtrip),     T_(test_bad_magic),      T_(test_bad_version),
       T_(test_truncated),     T_(test_sizes_disagree), T_(test_nonpositive_dims),
       T_(test_dims_mismatch), T_(test_missing_file),   T_(test_dump_state),
+      T_(test_v5_roundtrip),  T_(test_v5_reference),   T_(test_v5_truncated),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -340,6 +340,40 @@ def dump_state_bf16(eq, tmp):
           f"{eq.MP_STATE_GRAD} of one rank, fp32 is not")
 
 
+def trace_layout(ev, n, tp, dp):
+    """One process per world rank (pid), named "rank R (pp P, dp D, tp T)" with the mesh
+    coordinates of rank = tp + TP * (dp + DP * pp) (DESIGN.md); threads 0 "compute",
+    1 "communication", 2 "optimizer step", with the F/B spans on compute, the tp
+    collectives and p2p waits on communication, and the optimizer step's whole name (it
+    was once cut at 31 characters: "step end (reduction, norm, Adam")."""
+    threads = {0: "compute", 1: "communication", 2: "optimizer step"}
+    for r in range(n):
+        meta = {(e.get("name"), e.get("tid")): (e.get("args") or {})
+                for e in ev if e.get("ph") == "M" and e.get("pid") == r}
+        want = f"rank {r} (pp {r // (tp * dp)}, dp {r // tp % dp}, tp {r % tp})"
+        got = meta.get(("process_name", None), {}).get("name")
+        if got != want:
+            fail(f"trace: pid {r} is named {got!r}, want {want!r}")
+        for tid, name in threads.items():
+            if meta.get(("thread_name", tid), {}).get("name") != name:
+                fail(f"trace: rank {r} thread {tid} is not named {name!r}: {meta}")
+        names = {(e.get("tid"), e.get("name")) for e in ev
+                 if e.get("ph") == "X" and e.get("pid") == r}
+        if (2, "step end (reduction, norm, AdamW)") not in names:
+            fail(f"trace: rank {r} has no whole 'step end (reduction, norm, AdamW)' span on "
+                 f"thread 2: {sorted(n for t, n in names if t == 2)}")
+        comm = sorted({nm for t, nm in names if t == 1})
+        if not any(nm.startswith("tp ") for nm in comm):
+            fail(f"trace: rank {r} has no tp collective on the communication thread: {comm}")
+        if {t for t, _ in names} - set(threads):
+            fail(f"trace: rank {r} has spans on unknown threads {sorted({t for t, _ in names})}")
+    pids = sorted({e.get("pid") for e in ev})
+    if pids != list(range(n)):
+        fail(f"trace: pids {pids}, want 0..{n - 1} (one process per world rank)")
+    print(f"ok: trace: {n} processes named by rank and mesh coordinates, threads compute, "
+          f"communication and optimizer step, whole span names")
+
+
 def trace(eq, tmp):
     """train.trace of a tp2 x pp2 run with the most spans per micro-batch: the interleaved
     schedule (two chunks per rank), sequence parallelism and activation checkpointing
@@ -361,24 +395,27 @@ def trace(eq, tmp):
     ev = doc.get("traceEvents") if isinstance(doc, dict) else None
     if not isinstance(ev, list):
         fail(f"{path}: no traceEvents list")
+    trace_layout(ev, 4, tp=2, dp=1)
     spans = [e for e in ev if e.get("ph") == "X"]
-    for tid in range(4):
-        mine = [e for e in spans if e.get("tid") == tid]
+    for pid in range(4):
+        mine = [e for e in spans if e.get("pid") == pid]
         if not mine:
-            fail(f"trace: no 'X' events for tid {tid}")
+            fail(f"trace: no 'X' events for rank {pid}")
         have = set()
         for e in mine:
             a = e.get("args") or {}
             if e["name"][:1] in "FB" and "mb" in a and "step" in a:
                 if not (isinstance(e.get("ts"), (int, float)) and e.get("dur", -1) >= 0):
                     fail(f"trace: span without ts/dur: {e}")
+                if e.get("tid") != 0:
+                    fail(f"trace: rank {pid}'s {e['name']} is on thread {e.get('tid')}, not compute")
                 have.add((e["name"][0], e["name"][-1], a["step"], a["mb"]))
         want = {(k, c, s, mb) for k in "FB" for c in "ab" for s in (2, 3) for mb in range(4)}
         if not want <= have:
-            fail(f"trace: rank {tid} lacks spans {sorted(want - have)}")
+            fail(f"trace: rank {pid} lacks spans {sorted(want - have)}")
         if {s for _, _, s, _ in have} != {2, 3}:
-            fail(f"trace: rank {tid} has spans of steps {sorted({s for _, _, s, _ in have})}")
-        print(f"ok: trace rank {tid}: {len(mine)} X events, F and B of chunks a, b for mb 0..3 "
+            fail(f"trace: rank {pid} has spans of steps {sorted({s for _, _, s, _ in have})}")
+        print(f"ok: trace rank {pid}: {len(mine)} X events, F and B of chunks a, b for mb 0..3 "
               f"of steps 2, 3")
     dropped = (doc.get("otherData") or {}).get("dropped_spans")
     if dropped != [0] * 4:

@@ -3,8 +3,10 @@
  *
  * Local checks on every rank: dropped-span counting past max_spans, recording only while
  * on, and wf_trace_busy against hand-computed unions. Then the collective write: rank r
- * records r + 2 compute spans "F<i>" and one comm span whose name needs JSON escaping; rank
- * 0 reads the file back with jansson and checks every rank's track. A write to an unwritable
+ * records r + 2 compute spans "F<i>", one comm span whose name needs JSON escaping and one
+ * optim span whose name is longer than 31 characters; rank 0 reads the file back with
+ * jansson and checks every rank's process (pid = rank, named by its label) and its
+ * threads (compute, communication, optimizer step). A write to an unwritable
  * path must fail with the same status on every rank, and a rank may pass a NULL trace.
  * Any failed check calls MPI_Abort, so the test fails rather than hangs.
  */
@@ -18,12 +20,18 @@
 #include <jansson.h>
 #include <mpi.h>
 
+#include "wf_collectives.h"
 #include "wf_io.h"
 
 /* A name with a quote, a backslash, a newline and a tab: all must be escaped in JSON. */
 #define ODD_NAME "C\"q\\\n\t"
+/* Longer than the 31 characters names were once cut at. */
+#define LONG_NAME "step end (reduction, norm, AdamW) and more, up to 63"
+/* The threads of every process (wf_io.h). */
+enum { TID_COMPUTE, TID_COMM, TID_OPTIM };
 
 static int g_rank;
+static wf_comm *g_world;
 
 #define CHECK(cond)                                                                                \
   do {                                                                                             \
@@ -102,20 +110,25 @@ static wf_trace *record(int rank)
   double t0 = wf_now();
   spin(1e-4);
   wf_trace_span(t, ODD_NAME, "comm", t0, wf_now(), 7, -1);
+  t0 = wf_now();
+  spin(1e-4);
+  wf_trace_span(t, LONG_NAME, "optim", t0, wf_now(), 7, -1);
   return t;
 }
 
-/* The events of track `tid` with phase ph, in file order. */
-static size_t events_of(json_t *events, int tid, const char *ph, json_t **out, size_t cap)
+/* The events of process pid with phase ph, in file order: of thread tid, or (tid < 0) the
+ * process's own metadata (no tid). */
+static size_t events_of(json_t *events, int pid, int tid, const char *ph, json_t **out, size_t cap)
 {
   size_t i, k = 0;
   json_t *e;
   json_array_foreach(events, i, e)
   {
-    if (json_integer_value(json_object_get(e, "tid")) != tid ||
-        strcmp(json_string_value(json_object_get(e, "ph")), ph) != 0)
+    json_t *t = json_object_get(e, "tid");
+    if (json_integer_value(json_object_get(e, "pid")) != pid ||
+        strcmp(json_string_value(json_object_get(e, "ph")), ph) != 0 ||
+        (tid < 0 ? t != NULL : !t || json_integer_value(t) != tid))
       continue;
-    CHECK(json_integer_value(json_object_get(e, "pid")) == 0);
     if (k < cap)
       out[k] = e;
     k++;
@@ -123,11 +136,12 @@ static size_t events_of(json_t *events, int tid, const char *ph, json_t **out, s
   return k;
 }
 
-static const char *meta_arg(json_t *events, int tid, const char *name, const char *arg)
+/* The argument `arg` of metadata event `name` of (pid, tid); "int" for an integer. */
+static const char *meta_arg(json_t *events, int pid, int tid, const char *name, const char *arg)
 {
-  json_t *m[4];
-  size_t n = events_of(events, tid, "M", m, 4);
-  for (size_t i = 0; i < n && i < 4; i++)
+  json_t *m[8];
+  size_t n = events_of(events, pid, tid, "M", m, 8);
+  for (size_t i = 0; i < n && i < 8; i++)
     if (strcmp(json_string_value(json_object_get(m[i], "name")), name) == 0) {
       json_t *v = json_object_get(json_object_get(m[i], "args"), arg);
       return json_is_string(v) ? json_string_value(v) : json_is_integer(v) ? "int" : NULL;
@@ -135,37 +149,57 @@ static const char *meta_arg(json_t *events, int tid, const char *name, const cha
   return NULL;
 }
 
+static bool str_is(const char *a, const char *b) { return a && strcmp(a, b) == 0; }
+
+/* Rank r's process: its name and sort index, and its three named threads. */
+static void check_process(json_t *events, int r)
+{
+  char label[64];
+  static const char *threads[] = {"compute", "communication", "optimizer step"};
+  snprintf(label, sizeof(label), "rank %d (pp %d, \"test\")", r, r);
+  CHECK(str_is(meta_arg(events, r, -1, "process_name", "name"), label));
+  CHECK(str_is(meta_arg(events, r, -1, "process_sort_index", "sort_index"), "int"));
+  for (int k = 0; k < 3; k++) {
+    CHECK(str_is(meta_arg(events, r, k, "thread_name", "name"), threads[k]));
+    CHECK(str_is(meta_arg(events, r, k, "thread_sort_index", "sort_index"), "int"));
+  }
+}
+
+/* One span: ts and dur sane, step 7, and mb when given (-1: none in the event). */
+static double check_span(json_t *x, const char *name, const char *cat, int mb, double prev_end)
+{
+  double ts = json_real_value(json_object_get(x, "ts"));
+  double dur = json_real_value(json_object_get(x, "dur"));
+  json_t *args = json_object_get(x, "args");
+  CHECK(ts >= 0 && dur >= 0);
+  CHECK(dur >= 90);             /* each span spun for 100 us */
+  CHECK(ts >= prev_end - 1e-3); /* recorded back to back, in order */
+  CHECK(str_is(json_string_value(json_object_get(x, "name")), name));
+  CHECK(str_is(json_string_value(json_object_get(x, "cat")), cat));
+  CHECK(json_integer_value(json_object_get(args, "step")) == 7);
+  if (mb >= 0)
+    CHECK(json_integer_value(json_object_get(args, "mb")) == mb);
+  else
+    CHECK(json_object_get(args, "mb") == NULL); /* mb = -1 is left out */
+  return ts + dur;
+}
+
 static void check_track(json_t *events, int r)
 {
-  json_t *x[64];
-  char label[64], name[16];
-  size_t n = events_of(events, r, "X", x, 64);
-  CHECK(n == (size_t)r + 3); /* r + 2 compute spans and one comm span (record()) */
-  snprintf(label, sizeof(label), "rank %d (pp %d, \"test\")", r, r);
-  CHECK(meta_arg(events, r, "thread_name", "name") &&
-        strcmp(meta_arg(events, r, "thread_name", "name"), label) == 0);
-  CHECK(meta_arg(events, r, "thread_sort_index", "sort_index"));
-  double prev_end = 0;
+  json_t *x[64], *c[2], *o[2];
+  char name[16];
+  check_process(events, r);
+  size_t n = events_of(events, r, TID_COMPUTE, "X", x, 64);
+  CHECK(n == (size_t)r + 2); /* r + 2 compute spans (record()) */
+  CHECK(events_of(events, r, TID_COMM, "X", c, 2) == 1);
+  CHECK(events_of(events, r, TID_OPTIM, "X", o, 2) == 1);
+  double end = 0;
   for (size_t i = 0; i < n; i++) {
-    double ts = json_real_value(json_object_get(x[i], "ts"));
-    double dur = json_real_value(json_object_get(x[i], "dur"));
-    CHECK(ts >= 0 && dur >= 0);
-    CHECK(dur >= 90);             /* each span spun for 100 us */
-    CHECK(ts >= prev_end - 1e-3); /* recorded back to back, in order */
-    prev_end = ts + dur;
-    const char *nm = json_string_value(json_object_get(x[i], "name"));
-    json_t *args = json_object_get(x[i], "args");
-    CHECK(json_integer_value(json_object_get(args, "step")) == 7);
-    if (i + 1 < n) {
-      snprintf(name, sizeof(name), "F%zu", i);
-      CHECK(strcmp(nm, name) == 0);
-      CHECK(strcmp(json_string_value(json_object_get(x[i], "cat")), "compute") == 0);
-      CHECK(json_integer_value(json_object_get(args, "mb")) == (json_int_t)i);
-    } else {
-      CHECK(strcmp(nm, ODD_NAME) == 0);
-      CHECK(json_object_get(args, "mb") == NULL); /* mb = -1 is left out */
-    }
+    snprintf(name, sizeof(name), "F%zu", i);
+    end = check_span(x[i], name, "compute", (int)i, end);
   }
+  end = check_span(c[0], ODD_NAME, "comm", -1, end);
+  check_span(o[0], LONG_NAME, "optim", -1, end);
 }
 
 /* Same host, one CLOCK_MONOTONIC: the peer's reply lies inside the round trip, so the
@@ -217,15 +251,16 @@ static void test_null_rank(const char *dir, int rank, int size)
   char path[256];
   snprintf(path, sizeof(path), "%s/null.json", dir);
   wf_trace *t = rank == size - 1 ? NULL : record(rank);
-  CHECK(wf_trace_write(t, path) == WF_OK);
+  CHECK(wf_trace_write(t, g_world, path) == WF_OK);
   if (rank == 0) {
     json_t *root = json_load_file(path, 0, NULL), *x[1];
     CHECK(root);
     json_t *events = json_object_get(root, "traceEvents");
     char label[32];
     snprintf(label, sizeof(label), "rank %d", size - 1);
-    CHECK(events_of(events, size - 1, "X", x, 1) == 0);
-    CHECK(strcmp(meta_arg(events, size - 1, "thread_name", "name"), label) == 0);
+    for (int k = 0; k < 3; k++)
+      CHECK(events_of(events, size - 1, k, "X", x, 1) == 0);
+    CHECK(str_is(meta_arg(events, size - 1, -1, "process_name", "name"), label));
     json_decref(root);
     remove(path);
   }
@@ -240,6 +275,7 @@ int main(int argc, char **argv)
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   wf_rt_set_rank(g_rank);
+  CHECK(wf_comm_world_create(&g_world) == WF_OK);
   test_dropped();
   test_busy();
 
@@ -253,13 +289,13 @@ int main(int argc, char **argv)
   snprintf(path, sizeof(path), "%s/trace.json", dir);
 
   wf_trace *t = record(g_rank);
-  CHECK(wf_trace_write(t, path) == WF_OK);
+  CHECK(wf_trace_write(t, g_world, path) == WF_OK);
   if (g_rank == 0) {
     check_file(path, size);
     check_no_tmp(dir);
   }
   /* Rank 0 cannot create the file; every rank must get the same error back. */
-  CHECK(wf_trace_write(t, "/nonexistent/dir/x.json") == WF_EIO);
+  CHECK(wf_trace_write(t, g_world, "/nonexistent/dir/x.json") == WF_EIO);
   wf_trace_destroy(t);
   if (g_rank == 0)
     remove(path);
@@ -268,6 +304,7 @@ int main(int argc, char **argv)
     rmdir(dir);
     printf("trace: %d ranks ok\n", size);
   }
+  wf_comm_destroy(g_world);
   MPI_Finalize();
   return 0;
 }

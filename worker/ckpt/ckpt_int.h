@@ -136,6 +136,9 @@ void wf__prune(const char *root, int keep, int latest);
 /* Find the checkpoint train.resume (or `latest` in train.checkpoint_dir) names;
  * *none: train.resume=auto found none yet. Not collective. */
 wf_status wf__locate(const wf_config *cfg, char *dir, size_t len, bool *none);
+/* A checkpoint (a directory with a manifest), or the one `latest` names in a checkpoint
+ * directory, into dir; an error naming `path` when it is neither. Not collective. */
+wf_status wf__resolve(const char *path, char *dir, size_t len);
 
 /* ---- shard files (shard.c) -------------------------------------------------------------- */
 
@@ -155,6 +158,8 @@ wf_status wf__read_model(const char *dir, const wf__entry *e, const wf_gpt_dims 
  * only the span's part of a file another rank verifies. */
 wf_status wf__verify_optim(const char *dir, const wf__entry *e, uint64_t n, const wf__span *sp);
 wf_status wf__read_optim_part(const char *dir, const wf__entry *e, uint64_t n, const wf__span *sp);
+/* Read all of entry e's file and check its size and checksum (nothing is kept). */
+wf_status wf__verify_file(const char *dir, const wf__entry *e);
 
 /* ---- the manifest (manifest.c) ---------------------------------------------------------- */
 
@@ -176,5 +181,10 @@ wf_status wf__check_optim_cover(const wf__manifest *m, const char *dir);
 wf_status wf__add_model_file(const char *dir, const wf__manifest *m, const wf__entry *e,
                              float *full);
 wf_status wf__load_resharded(const wf_ckpt_target *t, const wf__manifest *m, const char *dir);
+/* The whole model of checkpoint `dir` (saved on any mesh): its dims, and its parameters
+ * assembled into full (wf_gpt_num_params(d) floats), every file's checksum verified.
+ * A checkpoint of other dims than d is refused. Not collective. */
+wf_status wf__ckpt_model_dims(const char *dir, wf_gpt_dims *d);
+wf_status wf__ckpt_model_read(const char *dir, const wf_gpt_dims *d, float *full);
 
 #endif /* WF_CKPT_INT_H */

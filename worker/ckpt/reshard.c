@@ -113,21 +113,32 @@ fail:
   return st;
 }
 
-wf_status wf_ckpt_export_llmc(const char *dir, const char *out_path)
+wf_status wf__ckpt_model_dims(const char *dir, wf_gpt_dims *d)
+{
+  wf__manifest m = {0};
+  wf_status st = wf__manifest_read(dir, &m, NULL);
+  if (st == WF_OK)
+    *d = m.dims;
+  free(m.files);
+  return st;
+}
+
+wf_status wf__ckpt_model_read(const char *dir, const wf_gpt_dims *d, float *full)
 {
   wf_status st = WF_OK;
   wf__manifest m = {0};
-  float *full = NULL;
   WF_TRY(wf__manifest_read(dir, &m, NULL));
+  WF_CHECK(!memcmp(&m.dims, d, sizeof *d), WF_EFORMAT,
+           "checkpoint %s: its model (L=%d NH=%d C=%d maxT=%d V=%d) is not the one expected (L=%d "
+           "NH=%d C=%d maxT=%d V=%d)",
+           dir, m.dims.L, m.dims.NH, m.dims.C, m.dims.maxT, m.dims.V, d->L, d->NH, d->C, d->maxT,
+           d->V);
   WF_TRY(wf__check_model_cover(&m, dir));
-  WF_CHECK(full = alloc_floats(m.n, "the whole model", dir), WF_ENOMEM,
-           "cannot export %s: out of memory", dir);
+  memset(full, 0, m.n * sizeof *full);
   for (int i = 0; i < m.n_files; i++) /* the shards add into zeros, as --save's assembly does */
     if (!m.files[i].optim)
       WF_TRY(wf__add_model_file(dir, &m, &m.files[i], full));
-  st = wf_llmc_write(out_path, &m.dims, full);
 fail:
-  wf_mem_free(full);
   free(m.files);
   return st;
 }

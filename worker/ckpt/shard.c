@@ -409,6 +409,32 @@ wf_status wf__verify_optim(const char *dir, const wf__entry *e, uint64_t n, cons
   return st;
 }
 
+/* The whole file of entry e: its size and XXH3-64 (model and optimizer files hash every
+ * byte, header included). */
+wf_status wf__verify_file(const char *dir, const wf__entry *e)
+{
+  wf_status st = WF_OK;
+  char path[WF__PATH_LEN], *buf = NULL;
+  XXH3_state_t *xx = NULL;
+  int fd = -1;
+  WF_TRY(open_checked(dir, e, &fd, path));
+  WF_CHECK((buf = malloc(WF__CHUNK)) && (xx = XXH3_createState()), WF_ENOMEM, "%s: out of memory",
+           path);
+  XXH3_64bits_reset(xx);
+  for (uint64_t off = 0; off < e->bytes; off += WF__CHUNK) {
+    size_t len = (size_t)WF_MIN((uint64_t)WF__CHUNK, e->bytes - off);
+    WF_TRY(pread_all(fd, buf, len, off, path));
+    XXH3_64bits_update(xx, buf, len);
+  }
+  st = check_hash(XXH3_64bits_digest(xx), e, path);
+fail:
+  if (fd >= 0)
+    close(fd);
+  XXH3_freeState(xx);
+  free(buf);
+  return st;
+}
+
 wf_status wf__read_optim_part(const char *dir, const wf__entry *e, uint64_t n, const wf__span *sp)
 {
   char path[WF__PATH_LEN];

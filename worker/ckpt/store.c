@@ -152,19 +152,21 @@ static void remove_entry(const char *root, const char *name, bool via_trash)
     WF_WARN("checkpoint: cannot remove %s: %s", path, strerror(errno));
 }
 
-/* The step directories under root other than `skip`, newest first; *n of them. */
-static int *list_steps(const char *root, int skip, int *n)
+/* The step directories under root other than `skip`, newest first; *n of them. clean
+ * (pruning): remove the leftovers of interrupted writes on the way. */
+static int *list_steps(const char *root, int skip, bool clean, int *n)
 {
   DIR *dir = opendir(root);
   int *steps = NULL, cap = 0;
   *n = 0;
   if (!dir) {
-    WF_WARN("checkpoint: cannot list %s to prune it: %s", root, strerror(errno));
+    if (clean)
+      WF_WARN("checkpoint: cannot list %s to prune it: %s", root, strerror(errno));
     return NULL;
   }
   for (struct dirent *e; (e = readdir(dir)) != NULL;) {
     int s = wf__parse_step_name(e->d_name);
-    if (stale_temp(e->d_name)) /* leftovers of interrupted writes */
+    if (clean && stale_temp(e->d_name)) /* leftovers of interrupted writes */
       remove_entry(root, e->d_name, false);
     if (s < 0 || s == skip)
       continue;
@@ -186,7 +188,7 @@ static int *list_steps(const char *root, int skip, int *n)
  * Failures are warnings: training goes on. */
 void wf__prune(const char *root, int keep, int latest)
 {
-  int n = 0, *steps = list_steps(root, latest, &n);
+  int n = 0, *steps = list_steps(root, latest, true, &n);
   for (int i = keep > 0 ? keep - 1 : n; i < n; i++) { /* latest counts as one kept */
     char name[32];
     wf__step_name(name, sizeof name, steps[i]);
@@ -202,23 +204,75 @@ void wf__prune(const char *root, int keep, int latest)
 /* The newest step directory under root that has a manifest; -1 when none. */
 static int newest_complete(const char *root)
 {
-  DIR *dir = opendir(root);
-  int best = -1;
-  if (!dir)
-    return -1;
-  for (struct dirent *e; (e = readdir(dir)) != NULL;) {
+  int n = 0, *steps = list_steps(root, -1, false, &n), best = -1;
+  for (int i = 0; i < n && best < 0; i++) { /* newest first */
     char path[WF__PATH_LEN];
-    int s = wf__parse_step_name(e->d_name);
-    wf__pathf(path, sizeof path, "%s/%s", root, e->d_name);
-    if (s > best && wf__has_manifest(path))
-      best = s;
+    wf__pathf(path, sizeof path, "%s/step-%06d", root, steps[i]);
+    if (wf__has_manifest(path))
+      best = steps[i];
   }
-  closedir(dir);
+  free(steps);
   return best;
 }
 
-/* The checkpoint `latest` names under root (or, when a crash came between publishing a
- * directory and writing `latest`, the newest complete one). *none: there is none. */
+/* Modification time of path in ns; -1 when it cannot be read. */
+static long long mtime_ns(const char *path)
+{
+  struct stat sb;
+  if (stat(path, &sb) != 0)
+    return -1;
+  return (long long)sb.st_mtim.tv_sec * 1000000000LL + sb.st_mtim.tv_nsec;
+}
+
+/* A complete checkpoint whose files all match its manifest (every byte read and hashed:
+ * this runs only for a checkpoint newer than `latest`, which is rare). Errors are logged
+ * by what fails. */
+static bool verified(const char *dir)
+{
+  wf__manifest m = {0};
+  wf_status st = wf__manifest_read(dir, &m, NULL);
+  if (st == WF_OK)
+    st = wf__check_model_cover(&m, dir);
+  if (st == WF_OK)
+    st = wf__check_optim_cover(&m, dir);
+  for (int i = 0; st == WF_OK && i < m.n_files; i++)
+    st = wf__verify_file(dir, &m.files[i]);
+  free(m.files);
+  return st == WF_OK;
+}
+
+/* `latest` lags when a newer step directory was published after `latest` was last
+ * written (the job died between the two): its manifest is newer than `latest` itself. A
+ * newer step whose manifest is older than `latest` was deliberately left behind (a run
+ * resumed from an earlier step since), so it is not taken. The newest such checkpoint
+ * that verifies goes into dir; false when there is none. */
+static bool newer_than_latest(const char *root, int named, long long latest_ns, char *dir,
+                              size_t len)
+{
+  int n = 0, *steps = list_steps(root, named, false, &n);
+  bool found = false;
+  for (int i = 0; i < n && steps[i] > named && !found; i++) {
+    char cand[WF__PATH_LEN], manifest[WF__PATH_LEN];
+    wf__pathf(cand, sizeof cand, "%s/step-%06d", root, steps[i]);
+    wf__pathf(manifest, sizeof manifest, "%s/" WF__MANIFEST, cand);
+    if (mtime_ns(manifest) <= latest_ns)
+      continue;
+    if (!verified(cand)) {
+      WF_WARN("checkpoint: %s is newer than `latest` but does not verify (see above); not "
+              "using it",
+              cand);
+      continue;
+    }
+    wf_strlcpy(dir, cand, len);
+    found = true;
+  }
+  free(steps);
+  return found;
+}
+
+/* The checkpoint `latest` names under root, or a newer complete and verified one when
+ * `latest` lags (said in one line); when a crash came between publishing the first
+ * directory and writing `latest`, the newest complete one. *none: there is none. */
 static wf_status find_latest(const char *root, char *dir, size_t len, bool *none)
 {
   wf_status st = WF_OK;
@@ -237,6 +291,10 @@ static wf_status find_latest(const char *root, char *dir, size_t len, bool *none
              "%s names '%s', which is not a complete checkpoint (no %s); set train.resume to one "
              "of the step directories in %s",
              path, name, WF__MANIFEST, root);
+    if (newer_than_latest(root, wf__parse_step_name(name), mtime_ns(path), dir, len))
+      WF_WARN("checkpoint: %s names %s, but %s is newer, complete and verified (the job stopped "
+              "before updating `latest`): resuming from it",
+              path, name, dir);
     return WF_OK;
   }
   int best = newest_complete(root);
@@ -246,6 +304,25 @@ static wf_status find_latest(const char *root, char *dir, size_t len, bool *none
   wf__pathf(dir, len, "%s/step-%06d", root, best);
   WF_WARN("checkpoint: %s has no `latest` pointer; using the newest complete checkpoint %s", root,
           dir);
+fail:
+  return st;
+}
+
+wf_status wf__resolve(const char *path, char *dir, size_t len)
+{
+  wf_status st = WF_OK;
+  char latest[WF__PATH_LEN];
+  bool none = false;
+  if (wf__has_manifest(path)) {
+    wf_strlcpy(dir, path, len);
+    return WF_OK;
+  }
+  wf__pathf(latest, sizeof latest, "%s/" WF__LATEST, path);
+  WF_TRY(find_latest(path, dir, len, &none));
+  WF_CHECK(!none, WF_EFORMAT,
+           "%s: not a weft checkpoint (no %s in it) nor a checkpoint directory holding one (no "
+           "%s, no step-NNNNNN with a %s)",
+           path, WF__MANIFEST, WF__LATEST, WF__MANIFEST);
 fail:
   return st;
 }

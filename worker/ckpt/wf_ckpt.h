@@ -65,7 +65,10 @@ typedef struct wf_ckpt_target {
 wf_status wf_ckpt_prepare(const wf_ckpt_target *t);
 
 /* Honour train.resume: "" = fresh start (*step = 0); "auto" = the checkpoint `latest`
- * names in train.checkpoint_dir, or a fresh start when there is none (said once);
+ * names in train.checkpoint_dir, or a fresh start when there is none (said once); when
+ * `latest` lags (a newer step directory was published after `latest` was last written:
+ * the job died between the two), the newest such checkpoint that is complete and whose
+ * every file verifies against its manifest, said in one line;
  * otherwise a checkpoint directory (or a checkpoint_dir holding a `latest`). Restores
  * the parameters, the AdamW state and the fp16 loss scaler, re-sliced for this mesh
  * (bit for bit on the mesh that saved it), and sets *step to the last step the
@@ -82,8 +85,41 @@ wf_status wf_ckpt_save(const wf_ckpt_target *t, int step);
  * `latest` names in train.checkpoint_dir, into `dir`. */
 wf_status wf_ckpt_locate(const wf_config *cfg, char *dir, size_t dir_len);
 
-/* Not collective. Write the model of checkpoint `dir` (from any mesh) as an llm.c GPT-2
- * checkpoint at `out_path`, after verifying every model file's checksum. */
-wf_status wf_ckpt_export_llmc(const char *dir, const char *out_path);
+/* ---- weights (weights.c) ---------------------------------------------------------------
+ * The whole model's weights in and out of a job, whatever holds them, in one place: what
+ * model.init and --generate read, what --save and --export write. Every format goes
+ * through the whole model's flat float32 array in llm.c layout (wf_model.h):
+ *  - llm.c GPT-2 checkpoints: version 3 (float32) and 5 (bf16), told by the header;
+ *  - Hugging Face safetensors (GPT2LMHeadModel names), told by the name's .safetensors
+ *    or by the header;
+ *  - a weft checkpoint (a directory with a manifest, saved on any mesh), or a
+ *    checkpoint directory whose `latest` names one (read only).
+ * Not collective; errors are logged where they arise, naming the file. */
+typedef enum wf_weights_fmt {
+  WF_WEIGHTS_LLMC = 0,    /* "llmc": llm.c version 3, float32 (the default) */
+  WF_WEIGHTS_LLMC_BF16,   /* "llmc-bf16": llm.c version 5, rounded to the nearest bf16 */
+  WF_WEIGHTS_SAFETENSORS, /* "safetensors": float32 */
+} wf_weights_fmt;
+/* The format a name ("llmc", "llmc-bf16", "safetensors") stands for; false if none. */
+bool wf_weights_fmt_parse(const char *name, wf_weights_fmt *f);
+const char *wf_weights_fmt_describe(wf_weights_fmt f);
+/* The dims of the model at `path`, which names it in its error messages as `what`
+ * (e.g. "model.init"). */
+wf_status wf_weights_peek(const char *path, const char *what, wf_gpt_dims *d);
+/* The same, quietly: false when `path` holds no model weft can read (a checkpoint
+ * directory whose `latest` or manifest is broken is the exception: its reader logs). */
+bool wf_weights_probe(const char *path, wf_gpt_dims *d);
+/* The parameters into full (wf_gpt_num_params(d) floats); refuses other dims. */
+wf_status wf_weights_read(const char *path, const char *what, const wf_gpt_dims *d, float *full);
+/* Peek and read into a scratch array: everything that can be wrong with the weights,
+ * found before a job starts (its dims in *d). */
+wf_status wf_weights_check(const char *path, const char *what, wf_gpt_dims *d);
+/* Write a model atomically in format f. */
+wf_status wf_weights_write(const char *path, wf_weights_fmt f, const wf_gpt_dims *d,
+                           const float *full);
+
+/* Not collective. Write the model of checkpoint `dir` (from any mesh) at `out_path` in
+ * format f, after verifying every model file's checksum. */
+wf_status wf_ckpt_export(const char *dir, const char *out_path, wf_weights_fmt f);
 
 #endif /* WF_CKPT_H */

@@ -3,6 +3,12 @@
  *
  * Recording is a bounds check and a store into an array allocated at creation.
  *
+ * Layout of the file: one process per rank (pid = world rank, named by its label, e.g.
+ * "rank 3 (pp 1, dp 0, tp 1)", sorted by rank) and in each a thread per kind of work
+ * (THREAD_*: compute, communication, the optimizer step), so Perfetto draws a rank's
+ * collectives and p2p waits on their own row under its F and B spans rather than on top
+ * of them.
+ *
  * Writing (collective). The job duplicates MPI_COMM_WORLD so its messages cannot match
  * anyone else's point-to-point traffic. Rank 0 then serves the other ranks one at a time:
  *  1. clock offset: PINGS round trips; rank 0 sends at t_send, the peer answers with its
@@ -17,7 +23,7 @@
  *
  * Events are built as jansson objects (names are escaped by jansson) with ts in rank 0's
  * absolute microseconds, then rebased to the earliest span so the file starts near 0.
- * The status is agreed with MPI_Allreduce(MIN): every wf_status error is negative.
+ * The outcome is agreed with the collectives' wf_comm_agree over the job's world.
  */
 #include <errno.h>
 #include <limits.h>
@@ -31,6 +37,7 @@
 #include <mpi.h>
 
 #include "wf_check.h"
+#include "wf_collectives.h"
 #include "wf_runtime.h"
 #include "wf_file.h"
 #include "wf_io.h"
@@ -39,6 +46,10 @@
 #define PINGS     8
 #define CHUNK     4096
 enum { TAG_PING = 1, TAG_PONG, TAG_HDR, TAG_SPANS };
+
+/* The threads of a rank's process (tid), by span category. */
+enum { THREAD_COMPUTE, THREAD_COMM, THREAD_OPTIM, THREADS };
+static const char *const thread_names[THREADS] = {"compute", "communication", "optimizer step"};
 
 typedef struct span {
   double t0, t1; /* wf_now() seconds on the recording rank */
@@ -175,6 +186,15 @@ double wf_trace_busy(const wf_trace *t, const char *cat, double t0, double t1)
 
 /* ---- JSON events -------------------------------------------------------------------------- */
 
+/* "comm" (collectives) and "wait" (p2p waits) on the communication thread, "optim" on
+ * the optimizer's, the rest ("compute") on the compute thread. */
+static int thread_of(const char *cat)
+{
+  if (!strcmp(cat, "comm") || !strcmp(cat, "wait"))
+    return THREAD_COMM;
+  return !strcmp(cat, "optim") ? THREAD_OPTIM : THREAD_COMPUTE;
+}
+
 static json_t *span_event(const span *s, int rank, double offset)
 {
   json_t *args = json_object();
@@ -184,25 +204,43 @@ static json_t *span_event(const span *s, int rank, double offset)
     json_object_set_new(args, "mb", json_integer(s->mb));
   /* ts stays absolute (rank 0's clock, us) until rebase_events. */
   return json_pack("{s:s, s:s, s:s, s:f, s:f, s:i, s:i, s:o}", "name", s->name, "cat", s->cat, "ph",
-                   "X", "ts", (s->t0 - offset) * 1e6, "dur", (s->t1 - s->t0) * 1e6, "pid", 0, "tid",
-                   rank, "args", args);
+                   "X", "ts", (s->t0 - offset) * 1e6, "dur", (s->t1 - s->t0) * 1e6, "pid", rank,
+                   "tid", thread_of(s->cat), "args", args);
 }
 
-/* thread_name and thread_sort_index give each rank a labelled track in rank order. */
-static wf_status add_track(json_t *events, int rank, const char *label)
+/* One metadata event ("M") of process `pid` (and thread tid, or none when tid < 0) whose
+ * args hold key = a string (sval) or an integer. */
+static json_t *meta(const char *what, int pid, int tid, const char *key, const char *sval, int ival)
+{
+  json_t *e = json_pack("{s:s, s:s, s:i, s:{s:o}}", "name", what, "ph", "M", "pid", pid, "args",
+                        key, sval ? json_string(sval) : json_integer(ival));
+  if (e && tid >= 0)
+    json_object_set_new(e, "tid", json_integer(tid));
+  return e;
+}
+
+/* Rank `rank`'s process: its name (the label, or "rank R"), sorted by rank, and its
+ * threads named and in THREAD_* order. */
+static wf_status add_process(json_t *events, int rank, const char *label)
 {
   char fallback[32];
   if (!label[0]) {
     snprintf(fallback, sizeof(fallback), "rank %d", rank);
     label = fallback;
   }
-  json_t *name = json_pack("{s:s, s:s, s:i, s:i, s:{s:s}}", "name", "thread_name", "ph", "M", "pid",
-                           0, "tid", rank, "args", "name", label);
-  json_t *sort = json_pack("{s:s, s:s, s:i, s:i, s:{s:i}}", "name", "thread_sort_index", "ph", "M",
-                           "pid", 0, "tid", rank, "args", "sort_index", rank);
-  if (json_array_append_new(events, name) != 0 || json_array_append_new(events, sort) != 0)
-    return WF_ENOMEM;
-  return WF_OK;
+  json_t *m[2 + 2 * THREADS];
+  int n = 0;
+  m[n++] = meta("process_name", rank, -1, "name", label, 0);
+  m[n++] = meta("process_sort_index", rank, -1, "sort_index", NULL, rank);
+  for (int k = 0; k < THREADS; k++) {
+    m[n++] = meta("thread_name", rank, k, "name", thread_names[k], 0);
+    m[n++] = meta("thread_sort_index", rank, k, "sort_index", NULL, k);
+  }
+  wf_status st = WF_OK;
+  for (int i = 0; i < n; i++) /* append_new takes (or frees) each, NULL included */
+    if (json_array_append_new(events, m[i]) != 0)
+      st = WF_ENOMEM;
+  return st;
 }
 
 static wf_status add_spans(json_t *events, const span *s, size_t n, int rank, double offset)
@@ -306,7 +344,7 @@ static wf_status recv_peer(MPI_Comm comm, int peer, json_t *events, span *buf, j
   WF_CHECK_MPI(MPI_Recv(&h, (int)sizeof(h), MPI_BYTE, peer, TAG_HDR, comm, MPI_STATUS_IGNORE));
   h.label[LABEL_MAX - 1] = '\0';
   if (events)
-    build = add_track(events, peer, h.label);
+    build = add_process(events, peer, h.label);
   for (long long i = 0; i < h.n; i += CHUNK) {
     int m = h.n - i < CHUNK ? (int)(h.n - i) : CHUNK;
     WF_CHECK_MPI(
@@ -361,7 +399,7 @@ static wf_status gather_and_write(const wf_trace *t, MPI_Comm comm, int size, co
     build = WF_ENOMEM, events = NULL, info = NULL;
   }
   if (events) {
-    build = add_track(events, 0, t ? t->label : "");
+    build = add_process(events, 0, t ? t->label : "");
     if (build == WF_OK && t)
       build = add_spans(events, t->spans, t->n, 0, 0.0);
   }
@@ -383,19 +421,19 @@ fail:
   goto exit;
 }
 
-wf_status wf_trace_write(wf_trace *t, const char *path)
+wf_status wf_trace_write(wf_trace *t, wf_comm *world, const char *path)
 {
-  wf_status st = WF_OK;
-  int rank, size, mine, agreed;
+  wf_status st = WF_OK, mine;
+  int rank, size;
   MPI_Comm comm;
   WF_CHECK_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &comm));
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
   mine = rank == 0 ? gather_and_write(t, comm, size, path) : send_to_root(t, comm);
-  /* Every rank returns rank 0's verdict (or the worst local one): MIN of negative codes. */
-  MPI_Allreduce(&mine, &agreed, 1, MPI_INT, MPI_MIN, comm);
-  st = (wf_status)agreed;
   MPI_Comm_free(&comm);
+  /* Every rank returns rank 0's verdict (or the lowest failing rank's); each error was
+   * logged where it arose. */
+  st = wf_comm_agree(world, mine, NULL);
 exit:
   return st;
 fail:

@@ -156,14 +156,16 @@ wf_status wf_tokenize_file(const wf_tokenizer *t, const char *in, const char *pr
  *
  * Each rank records complete spans (name, category, start, end, step, micro-batch) into a
  * buffer sized once at creation; wf_trace_write gathers every rank's spans on rank 0, which
- * writes a single Trace Event Format file with one track (tid) per world rank. Open it in
- * https://ui.perfetto.dev or chrome://tracing.
+ * writes a single Trace Event Format file with one process per world rank (pid = the
+ * rank, named by the recorder's label) and in it one thread (tid) per kind of work: 0
+ * "compute" (category compute), 1 "communication" (comm, wait), 2 "optimizer step"
+ * (optim). Open it in https://ui.perfetto.dev or chrome://tracing.
  *
  * Invariants:
  *  - Recording never allocates: spans past max_spans are dropped and counted, so tracing
  *    cannot change the memory or timing profile of the step it observes beyond a store.
  *  - Spans are recorded by one thread per rank (the trainer's); the recorder has no locks.
- *  - Spans keep the order they were recorded in, on their rank's track in the file.
+ *  - Spans keep the order they were recorded in, within their rank's threads in the file.
  *  - Times are wf_now() seconds on the recording rank; the file puts every rank on rank 0's
  *    clock (offset estimated by MPI ping-pong) in microseconds from the earliest span.
  *  - wf_trace_write is collective over the whole job and returns the same status on every
@@ -171,9 +173,11 @@ wf_status wf_tokenize_file(const wf_tokenizer *t, const char *in, const char *pr
  */
 
 typedef struct wf_trace wf_trace;
+struct wf_comm; /* wf_collectives.h */
 
-/* Longest span name and category kept; longer ones are truncated. */
-#define WF_TRACE_NAME_MAX 31
+/* Longest span name and category kept; longer ones are truncated. The names the worker
+ * records are at most 33 characters ("step end (reduction, norm, AdamW)"). */
+#define WF_TRACE_NAME_MAX 63
 #define WF_TRACE_CAT_MAX  15
 
 /* Recorder for this rank; `label` names its track, e.g. "rank 3 (pp 1, dp 0, tp 1)". Spans
@@ -198,9 +202,11 @@ size_t wf_trace_dropped(const wf_trace *t);
 
 /* Collective over MPI_COMM_WORLD (every rank calls it; `t` may be NULL on a rank with nothing
  * to record and `path` is read on rank 0 only). Rank 0 writes the trace to `path` atomically
- * (a temporary file renamed into place). Returns the same status on every rank: WF_EIO when
- * the file cannot be written (logged on rank 0 with the path and the reason). */
-wf_status wf_trace_write(wf_trace *t, const char *path);
+ * (a temporary file renamed into place). `world` is the job's communicator over every rank
+ * (NULL only for a job of one rank): the outcome is agreed over it (wf_comm_agree), so
+ * every rank returns the same status: WF_EIO when the file cannot be written (logged on
+ * rank 0 with the path and the reason). */
+wf_status wf_trace_write(wf_trace *t, struct wf_comm *world, const char *path);
 
 /* Seconds inside [t0, t1] covered by at least one span of category `cat` (NULL: any), on
  * this rank's clock; overlapping spans count once. For the measured pipeline bubble. */

@@ -48,15 +48,29 @@ static size_t carve(const carve_item *t, size_t n, float *mem)
   return total;
 }
 
+/* The sizes every carve is made of, from the options alone (no model needed). */
+static wf__geo geometry(const wf_gpt_opts *o, const wf_ktable *k)
+{
+  size_t tp = (size_t)o->shard.tp, N = (size_t)o->B * (size_t)o->T;
+  bool seq = o->shard.sequence && o->shard.tp > 1;
+  int C = o->dims.C, NHl = o->dims.NH / o->shard.tp;
+  return (wf__geo){.C = (size_t)C,
+                   .tp = tp,
+                   .N = N,
+                   .R = seq ? N / tp : N,
+                   .att_saved = k->attention_saved(o->B, o->T, C / o->shard.tp, NHl),
+                   .att_scratch = k->attention_scratch(o->B, o->T, C / o->shard.tp, NHl),
+                   .Vl = (size_t)(o->dims.Vp / o->shard.tp),
+                   .low = o->precision != WF_PREC_NO};
+}
+
 /* The intermediates of `inner` layers, the outputs (residual3) of `outer` layers, and
  * the head's when `head`. A slot is (nl, nl, last), or (0, nl, last) under activation
  * checkpointing, whose one shared recompute buffer is (1, 0, false). */
-static size_t carve_acts(wf__acts *a, float *mem, const wf_gpt *m, int inner, int outer, bool head)
+static size_t carve_acts(wf__acts *a, float *mem, const wf__geo *z, int inner, int outer, bool head)
 {
-  size_t L = (size_t)inner, Lo = (size_t)outer, C = (size_t)m->d.C, tp = (size_t)m->s.tp;
-  size_t N = (size_t)m->Bmax * (size_t)m->Tmax, R = wf__tp_rows(&m->tp, N);
-  size_t att =
-      m->k->attention_saved(m->Bmax, m->Tmax, m->d.C / m->s.tp, m->NHl); /* what the device keeps */
+  size_t L = (size_t)inner, Lo = (size_t)outer, C = z->C, tp = z->tp, N = z->N, R = z->R;
+  size_t att = z->att_saved; /* what the device keeps */
   size_t last = head ? 1 : 0;
   carve_item t[] = {
       {&a->encoded, R * C},
@@ -76,7 +90,7 @@ static size_t carve_acts(wf__acts *a, float *mem, const wf_gpt *m, int inner, in
       {&a->lnf, last * R * C},
       {&a->lnf_mean, last * R},
       {&a->lnf_rstd, last * R},
-      {&a->logits, last * N * (size_t)m->Vl},
+      {&a->logits, last * N * z->Vl},
       {&a->row_max, last * N},
       {&a->row_sumexp, last * N},
       {&a->target_logit, last * N},
@@ -87,10 +101,10 @@ static size_t carve_acts(wf__acts *a, float *mem, const wf_gpt *m, int inner, in
   return carve(t, WF_ARRAY_LEN(t), mem);
 }
 
-static size_t carve_dacts(wf__dacts *g, float *mem, wf_gpt *m)
+static size_t carve_dacts(wf__dacts *g, double **loss_acc, int **bad_token, float *mem,
+                          const wf__geo *z)
 {
-  size_t C = (size_t)m->d.C, tp = (size_t)m->s.tp, N = (size_t)m->Bmax * m->Tmax;
-  size_t att = m->k->attention_scratch(m->Bmax, m->Tmax, m->d.C / m->s.tp, m->NHl);
+  size_t C = z->C, tp = z->tp, N = z->N;
   carve_item t[] = {
       {&g->proj, N * C},
       {&g->full, N * C},
@@ -99,13 +113,37 @@ static size_t carve_dacts(wf__dacts *g, float *mem, wf_gpt *m)
       {&g->dl, N * C},
       {&g->d4a, N * 4 * C / tp},
       {&g->d4b, N * 4 * C / tp},
-      {&g->scratch, att},
+      {&g->scratch, z->att_scratch},
       {&g->stats, 3 * (tp + 1) * N},
-      {&g->rdy, m->prec != WF_PREC_NO ? N * C : 0},
-      {(float **)&m->loss_acc, 2}, /* one double */
-      {(float **)&m->bad_token, 2},
+      {&g->rdy, z->low ? N * C : 0},
+      {(float **)loss_acc, 2}, /* one double */
+      {(float **)bad_token, 2},
   };
   return carve(t, WF_ARRAY_LEN(t), mem);
+}
+
+wf_gpt_mem wf_gpt_mem_plan(const wf_gpt_opts *o, const struct wf_ktable *k)
+{
+  wf_gpt_mem r = {0};
+  wf__acts a;
+  wf__dacts da;
+  double *acc;
+  int *bad;
+  const wf_gpt_shard *s = &o->shard;
+  k = k ? k : wf_dev_kernels(o->dev ? o->dev : wf_dev_cpu());
+  wf__geo z = geometry(o, k);
+  size_t n = wf_gpt_shard_params(&o->dims, s) * sizeof(float);
+  int lc = s->l1 - s->l0; /* a slot holds one chunk's layers */
+  r.params = n;
+  r.grads = n;
+  r.wlow = o->precision != WF_PREC_NO ? n : 0;
+  r.slot = carve_acts(&a, NULL, &z, o->recompute ? 0 : lc, lc, s->last) * sizeof(float);
+  r.slots = r.slot * (size_t)o->slots;
+  r.recompute = o->recompute ? carve_acts(&a, NULL, &z, 1, 0, false) * sizeof(float) : 0;
+  r.scratch = carve_dacts(&da, &acc, &bad, NULL, &z) * sizeof(float);
+  r.io = z.R * z.C;
+  r.total = r.params + r.grads + r.wlow + r.slots + r.recompute + r.scratch;
+  return r;
 }
 
 static void layout(wf_gpt *m)
@@ -119,23 +157,23 @@ static void layout(wf_gpt *m)
   m->num_params = off;
 }
 
-static wf_status alloc_acts(wf_gpt *m)
+/* Activation slots, the recompute buffer and backward scratch, sized as
+ * wf_gpt_mem_plan says. */
+static wf_status alloc_acts(wf_gpt *m, const wf_gpt_mem *mp)
 {
   wf_status st = WF_OK;
-  wf__acts probe;
   int inner = m->recompute ? 0 : m->lc; /* a slot holds one chunk's layers */
-  m->slot_floats = carve_acts(&probe, NULL, m, inner, m->lc, m->s.last);
+  m->slot_floats = mp->slot / sizeof(float);
   WF_CHECK_ALLOC(m->a = calloc((size_t)m->n_slots, sizeof *m->a));
-  WF_TRY(wf_dev_alloc_floats(m->dev, &m->act_mem, m->slot_floats * (size_t)m->n_slots));
+  WF_TRY(wf_dev_alloc_floats(m->dev, &m->act_mem, mp->slots / sizeof(float)));
   for (int i = 0; i < m->n_slots; i++)
-    carve_acts(&m->a[i], m->act_mem + (size_t)i * m->slot_floats, m, inner, m->lc, m->s.last);
+    carve_acts(&m->a[i], m->act_mem + (size_t)i * m->slot_floats, &m->g, inner, m->lc, m->s.last);
   if (m->recompute) { /* one layer's intermediates, shared by every layer and slot */
-    WF_TRY(wf_dev_alloc_floats(m->dev, &m->re_mem, carve_acts(&m->re, NULL, m, 1, 0, false)));
-    carve_acts(&m->re, m->re_mem, m, 1, 0, false);
+    WF_TRY(wf_dev_alloc_floats(m->dev, &m->re_mem, mp->recompute / sizeof(float)));
+    carve_acts(&m->re, m->re_mem, &m->g, 1, 0, false);
   }
-  wf__dacts probe_d;
-  WF_TRY(wf_dev_alloc_floats(m->dev, &m->dact_mem, carve_dacts(&probe_d, NULL, m)));
-  carve_dacts(&m->da, m->dact_mem, m);
+  WF_TRY(wf_dev_alloc_floats(m->dev, &m->dact_mem, mp->scratch / sizeof(float)));
+  carve_dacts(&m->da, &m->loss_acc, &m->bad_token, m->dact_mem, &m->g);
 fail:
   return st;
 }
@@ -184,6 +222,7 @@ static void set_geometry(wf_gpt *m, const wf_gpt_opts *o)
   m->recompute = o->recompute;
   m->prec = o->precision;
   m->loss_scale = 1.0f;
+  m->g = geometry(o, m->k);
   layout(m);
 }
 
@@ -195,11 +234,11 @@ wf_status wf_gpt_create_shard(wf_gpt **out, const wf_gpt_opts *o)
   WF_TRY(check_opts(o));
   WF_CHECK_ALLOC(m = calloc(1, sizeof *m));
   set_geometry(m, o);
-  WF_TRY(wf_dev_alloc_floats(m->dev, &m->params, m->num_params));
-  WF_TRY(wf_dev_alloc_floats(m->dev, &m->grads, m->num_params));
-  if (m->prec != WF_PREC_NO)
-    WF_TRY(wf_dev_alloc_floats(m->dev, &m->wlow, m->num_params));
-  WF_TRY(alloc_acts(m));
+  wf_gpt_mem mp = wf_gpt_mem_plan(o, m->k);
+  WF_TRY(wf_dev_alloc_floats(m->dev, &m->params, mp.params / sizeof(float)));
+  WF_TRY(wf_dev_alloc_floats(m->dev, &m->grads, mp.grads / sizeof(float)));
+  WF_TRY(wf_dev_alloc_floats(m->dev, &m->wlow, mp.wlow / sizeof(float))); /* 0: none */
+  WF_TRY(alloc_acts(m, &mp));
   *out = m;
   m = NULL;
 exit:
@@ -252,7 +291,7 @@ size_t wf_gpt_slot_bytes(const wf_gpt *m) { return m->slot_floats * sizeof(float
 
 size_t wf_gpt_act_bytes(const wf_gpt *m, int slots)
 {
-  size_t re = m->recompute ? carve_acts(&(wf__acts){0}, NULL, m, 1, 0, false) : 0;
+  size_t re = m->recompute ? carve_acts(&(wf__acts){0}, NULL, &m->g, 1, 0, false) : 0;
   return ((size_t)slots * m->slot_floats + re) * sizeof(float);
 }
 
@@ -319,10 +358,7 @@ static strides layer_strides(const wf_gpt *m)
 {
   size_t N = (size_t)m->Bmax * m->Tmax, C = (size_t)m->d.C, tp = (size_t)m->s.tp;
   size_t R = wf__tp_rows(&m->tp, N);
-  return (strides){
-      R * C,          R,
-      N * 3 * C / tp, N * C / tp,
-      N * 4 * C / tp, m->k->attention_saved(m->Bmax, m->Tmax, m->d.C / m->s.tp, m->NHl)};
+  return (strides){R * C, R, N * 3 * C / tp, N * C / tp, N * 4 * C / tp, m->g.att_saved};
 }
 
 wf__layer wf__layer_at(const wf_gpt *m, const wf__acts *a, int j)

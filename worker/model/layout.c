@@ -190,6 +190,21 @@ size_t wf_gpt_shard_params(const wf_gpt_dims *d, const wf_gpt_shard *s)
   return n;
 }
 
+int wf_gpt_shard_layers(const wf_gpt_shard *s) { return shard_layers(s); }
+
+size_t wf_gpt_shard_layer_numel(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_param_kind k)
+{
+  return shard_layer_numel(d, s, k);
+}
+
+size_t wf_gpt_shard_offset(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_param_kind k)
+{
+  size_t off = 0;
+  for (int i = 0; i < (int)k; i++)
+    off += shard_numel(d, s, (wf_param_kind)i);
+  return off;
+}
+
 int wf_gpt_local_layers(const wf_gpt *m) { return m->nl; }
 
 size_t wf_gpt_local_layer_numel(const wf_gpt *m, wf_param_kind k)

@@ -4,6 +4,9 @@
  * Checkpoint (train_gpt2.c, version 3): int32[256] header {20240326, 3, maxT, V, L,
  * NH, C, Vp, 0...}, then the float32 parameters in the checkpoint layout, which is
  * exactly the whole model's flat layout, so reading and writing are one read/write.
+ * Version 5 (train_gpt2.cu's bf16 checkpoint) is the same header with 5, then the same
+ * parameters as bf16: read widened exactly to float32, written rounded to the nearest
+ * bf16 (ties to even), as llm.c's float -> bf16 conversion does.
  * Debug state (version 2): int32[256] header {20240327, 2, B, T, 0...}, int32
  * inputs[B*T], int32 targets[B*T], float32 logits[B*T*V] (unpadded), float32 loss,
  * float32 gradients in checkpoint layout.
@@ -23,6 +26,7 @@
 #include <sys/stat.h>
 
 #include "model_int.h"
+#include "wf_kernels.h"
 #include "wf_file.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -36,11 +40,30 @@ _Static_assert(sizeof(float) == 4, "llm.c files hold IEEE float32");
 
 /* ---- the header codec ------------------------------------------------------------------ */
 
-void wf_llmc_header_encode(int32_t h[WF_LLMC_HEADER_INTS], const wf_gpt_dims *d)
+static void header_encode(int32_t h[WF_LLMC_HEADER_INTS], const wf_gpt_dims *d, int version)
 {
   memset(h, 0, WF_LLMC_HEADER_BYTES);
-  int32_t v[8] = {WF_LLMC_MAGIC, WF_LLMC_VERSION, d->maxT, d->V, d->L, d->NH, d->C, d->Vp};
+  int32_t v[8] = {WF_LLMC_MAGIC, version, d->maxT, d->V, d->L, d->NH, d->C, d->Vp};
   memcpy(h, v, sizeof v);
+}
+
+void wf_llmc_header_encode(int32_t h[WF_LLMC_HEADER_INTS], const wf_gpt_dims *d)
+{
+  header_encode(h, d, WF_LLMC_VERSION);
+}
+
+static bool known_version(int32_t v) { return v == WF_LLMC_VERSION || v == WF_LLMC_VERSION_BF16; }
+
+/* Bytes per parameter of a file of version v (3 or 5). */
+static size_t elem_bytes(int32_t v) { return v == WF_LLMC_VERSION_BF16 ? 2 : 4; }
+
+/* A bf16 is the top half of a float32: widening is exact. */
+static float bf16_to_f32(uint16_t b)
+{
+  uint32_t u = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
 }
 
 wf_status wf_llmc_header_decode(const int32_t h[WF_LLMC_HEADER_INTS], const char *path,
@@ -51,10 +74,10 @@ wf_status wf_llmc_header_decode(const int32_t h[WF_LLMC_HEADER_INTS], const char
   *d = (wf_gpt_dims){.maxT = h[2], .V = h[3], .L = h[4], .NH = h[5], .C = h[6], .Vp = h[7]};
   WF_CHECK(h[0] == WF_LLMC_MAGIC, WF_EFORMAT,
            "%s: not an llm.c GPT-2 checkpoint: magic %d, expected %d", path, h[0], WF_LLMC_MAGIC);
-  WF_CHECK(h[1] == WF_LLMC_VERSION, WF_EFORMAT,
-           "%s: llm.c checkpoint version %d, expected %d (the format with the padded vocab in "
-           "the header)",
-           path, h[1], WF_LLMC_VERSION);
+  WF_CHECK(known_version(h[1]), WF_EFORMAT,
+           "%s: llm.c checkpoint version %d: weft reads version %d (float32) and %d (bf16), the "
+           "formats with the padded vocab in the header",
+           path, h[1], WF_LLMC_VERSION, WF_LLMC_VERSION_BF16);
   bad = wf_gpt_dims_check(d);
   WF_CHECK(bad == NULL, WF_EFORMAT, "%s: bad header dims maxT=%d V=%d L=%d NH=%d C=%d Vp=%d: %s",
            path, d->maxT, d->V, d->L, d->NH, d->C, d->Vp, bad);
@@ -64,8 +87,9 @@ fail:
 
 /* ---- reading ------------------------------------------------------------------------- */
 
-/* Open `path`, read and decode the header, check the file length against it. */
-static wf_status open_checkpoint(FILE **out, const char *path, wf_gpt_dims *d)
+/* Open `path`, read and decode the header, check the file length against it; *version
+ * gets the header's version (3 or 5). */
+static wf_status open_checkpoint(FILE **out, const char *path, wf_gpt_dims *d, int *version)
 {
   wf_status st = WF_OK;
   int32_t h[WF_LLMC_HEADER_INTS];
@@ -78,13 +102,16 @@ static wf_status open_checkpoint(FILE **out, const char *path, wf_gpt_dims *d)
            WF_LLMC_HEADER_BYTES);
   WF_TRY(wf_llmc_header_decode(h, path, d));
   long long want =
-      WF_LLMC_HEADER_BYTES + (long long)wf_gpt_num_params(d) * (long long)sizeof(float);
+      WF_LLMC_HEADER_BYTES + (long long)wf_gpt_num_params(d) * (long long)elem_bytes(h[1]);
   WF_CHECK((long long)sb.st_size == want, WF_EFORMAT,
-           "%s: %s llm.c checkpoint: file is %lld bytes, expected %lld for its header dims L=%d "
-           "NH=%d C=%d maxT=%d V=%d Vp=%d",
-           path, (long long)sb.st_size < want ? "truncated" : "oversized", (long long)sb.st_size,
-           want, d->L, d->NH, d->C, d->maxT, d->V, d->Vp);
+           "%s: %s llm.c checkpoint (version %d, %s): file is %lld bytes, expected %lld for its "
+           "header dims L=%d NH=%d C=%d maxT=%d V=%d Vp=%d",
+           path, (long long)sb.st_size < want ? "truncated" : "oversized", h[1],
+           h[1] == WF_LLMC_VERSION_BF16 ? "bf16" : "float32", (long long)sb.st_size, want, d->L,
+           d->NH, d->C, d->maxT, d->V, d->Vp);
   *out = f;
+  if (version)
+    *version = h[1];
   return WF_OK;
 fail:
   if (f)
@@ -97,7 +124,7 @@ bool wf_llmc_dims(const char *path, wf_gpt_dims *d)
   int32_t h[WF_LLMC_HEADER_INTS];
   FILE *f = fopen(path, "rb");
   bool ok = f && fread(h, 4, WF_LLMC_HEADER_INTS, f) == WF_LLMC_HEADER_INTS &&
-            h[0] == WF_LLMC_MAGIC && h[1] == WF_LLMC_VERSION;
+            h[0] == WF_LLMC_MAGIC && known_version(h[1]);
   if (f)
     fclose(f);
   if (!ok)
@@ -109,7 +136,7 @@ bool wf_llmc_dims(const char *path, wf_gpt_dims *d)
 wf_status wf_llmc_peek(const char *path, wf_gpt_dims *d)
 {
   FILE *f;
-  wf_status st = open_checkpoint(&f, path, d);
+  wf_status st = open_checkpoint(&f, path, d, NULL);
   if (st == WF_OK)
     fclose(f);
   return st;
@@ -133,21 +160,44 @@ static const char *dims_diff(const wf_gpt_dims *x, const wf_gpt_dims *y, int *a,
   return NULL;
 }
 
+/* n bf16 values widened into full, through a bounded buffer. */
+static wf_status read_bf16(FILE *f, const char *path, float *full, size_t n)
+{
+  wf_status st = WF_OK;
+  enum { CHUNK = 1 << 16 };
+  uint16_t *raw = NULL;
+  WF_CHECK_ALLOC(raw = malloc(CHUNK * sizeof *raw));
+  for (size_t i = 0; i < n;) {
+    size_t k = WF_MIN((size_t)CHUNK, n - i);
+    WF_CHECK(fread(raw, sizeof *raw, k, f) == k, WF_EIO, "%s: read error in the parameters: %s",
+             path, ferror(f) ? strerror(errno) : "unexpected end of file");
+    for (size_t j = 0; j < k; j++)
+      full[i + j] = bf16_to_f32(raw[j]);
+    i += k;
+  }
+fail:
+  free(raw);
+  return st;
+}
+
 wf_status wf_llmc_read(const char *path, const wf_gpt_dims *d, float *full)
 {
   wf_status st = WF_OK;
   FILE *f = NULL;
   wf_gpt_dims fd;
-  int a, b;
-  WF_TRY(open_checkpoint(&f, path, &fd));
+  int a, b, version;
+  WF_TRY(open_checkpoint(&f, path, &fd, &version));
   const char *field = dims_diff(&fd, d, &a, &b);
   WF_CHECK(!field, WF_EFORMAT,
            "%s: checkpoint has %s = %d but the model has %d; set the model's dimensions to the "
            "checkpoint's",
            path, field, a, b);
   size_t n = wf_gpt_num_params(d);
-  WF_CHECK(fread(full, sizeof(float), n, f) == n, WF_EIO, "%s: read error in the parameters: %s",
-           path, ferror(f) ? strerror(errno) : "unexpected end of file");
+  if (version == WF_LLMC_VERSION_BF16)
+    WF_TRY(read_bf16(f, path, full, n));
+  else
+    WF_CHECK(fread(full, sizeof(float), n, f) == n, WF_EIO, "%s: read error in the parameters: %s",
+             path, ferror(f) ? strerror(errno) : "unexpected end of file");
 fail:
   if (f)
     fclose(f);
@@ -156,18 +206,62 @@ fail:
 
 /* ---- writing ------------------------------------------------------------------------- */
 
-wf_status wf_llmc_write(const char *path, const wf_gpt_dims *d, const float *full)
+/* n parameters rounded to bf16 (the kernels' rounding: nearest, ties to even, as mixed
+ * precision and llm.c's float -> bf16 conversion round), then the top half of each
+ * rounded float32, which is exactly its bf16; through bounded buffers. */
+static wf_status write_bf16(wf_afile *f, const float *full, size_t n)
+{
+  wf_status st = WF_OK;
+  enum { CHUNK = 1 << 16 };
+  float *rounded = NULL;
+  uint16_t *raw = NULL;
+  WF_CHECK_ALLOC(rounded = malloc(CHUNK * sizeof *rounded));
+  WF_CHECK_ALLOC(raw = malloc(CHUNK * sizeof *raw));
+  for (size_t i = 0; i < n;) {
+    size_t k = WF_MIN((size_t)CHUNK, n - i);
+    wf_round_bf16(rounded, full + i, k);
+    for (size_t j = 0; j < k; j++) {
+      uint32_t u;
+      memcpy(&u, &rounded[j], sizeof u);
+      raw[j] = (uint16_t)(u >> 16);
+    }
+    WF_TRY(wf_afile_write(f, raw, k * sizeof *raw));
+    i += k;
+  }
+fail:
+  free(rounded);
+  free(raw);
+  return st;
+}
+
+wf_status wf_llmc_write_version(const char *path, const wf_gpt_dims *d, const float *full,
+                                int version)
 {
   wf_status st = WF_OK;
   int32_t h[WF_LLMC_HEADER_INTS];
   wf_afile f;
-  wf_llmc_header_encode(h, d);
+  size_t n = wf_gpt_num_params(d);
+  WF_CHECK(known_version(version), WF_EINVAL, "%s: cannot write llm.c checkpoint version %d", path,
+           version);
+  header_encode(h, d, version);
   WF_TRY(wf_afile_open(&f, path, 0644, 0));
-  WF_TRY(wf_afile_write(&f, h, sizeof h));
-  WF_TRY(wf_afile_write(&f, full, wf_gpt_num_params(d) * sizeof *full));
+  st = wf_afile_write(&f, h, sizeof h);
+  if (st == WF_OK && version == WF_LLMC_VERSION_BF16)
+    st = write_bf16(&f, full, n);
+  else if (st == WF_OK)
+    st = wf_afile_write(&f, full, n * sizeof *full);
+  if (st != WF_OK) {
+    wf_afile_abort(&f);
+    goto fail;
+  }
   st = wf_afile_commit(&f, NULL, NULL);
 fail:
   return st;
+}
+
+wf_status wf_llmc_write(const char *path, const wf_gpt_dims *d, const float *full)
+{
+  return wf_llmc_write_version(path, d, full, WF_LLMC_VERSION);
 }
 
 /* A whole model on one rank: the file passes through one host array of parameters. */

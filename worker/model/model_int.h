@@ -108,6 +108,14 @@ typedef struct wf__acts {
   bool have_targets; /* computed a loss, so backward may run */
 } wf__acts;
 
+/* The sizes the carves are made of (gpt.c), from the model's options: C, tp, N = Bmax *
+ * Tmax rows, R replicated rows, the device's attention sizes (floats), the local
+ * vocabulary rows, and whether GEMM operands are rounded (mixed precision). */
+typedef struct wf__geo {
+  size_t C, tp, N, R, att_saved, att_scratch, Vl;
+  bool low;
+} wf__geo;
+
 /* Scratch shared by all slots: one layer's worth, reused layer after layer. */
 typedef struct wf__dacts {
   float *proj;    /* (N,C) row-parallel partial output */
@@ -141,6 +149,7 @@ struct wf_gpt {
   size_t num_params;                /* local */
   size_t off[WF_GPT_NUM_KINDS + 1]; /* local offset of each kind; [16] = total */
   size_t slot_floats;
+  wf__geo g; /* the carves' sizes */
   float *params, *grads;
   wf_precision prec; /* GEMM operands rounded to bf16/fp16; WF_PREC_NO = fp32 */
   float *wlow;       /* mixed precision: the GEMM weights rounded (params layout), else NULL */

@@ -97,8 +97,13 @@ typedef struct wf_gpt_shard {
 wf_gpt_shard wf_gpt_shard_whole(const wf_gpt_dims *d);
 /* NULL when the shard fits the dims, else what is wrong. */
 const char *wf_gpt_shard_check(const wf_gpt_dims *d, const wf_gpt_shard *s);
-/* Elements of shard s's flat parameter vector (wf_gpt_local_params of its model). */
+/* Elements of shard s's flat parameter vector (wf_gpt_local_params of its model); its
+ * layers over all chunks, one layer's elements of kind k, and kind k's offset in it
+ * (wf_gpt_local_layers, _layer_numel and _offset of its model, without one). */
 size_t wf_gpt_shard_params(const wf_gpt_dims *d, const wf_gpt_shard *s);
+int wf_gpt_shard_layers(const wf_gpt_shard *s);
+size_t wf_gpt_shard_layer_numel(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_param_kind k);
+size_t wf_gpt_shard_offset(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_param_kind k);
 
 /* The local <-> full mapping of a shard, as runs: elements [local, local + n) of the
  * shard's flat parameter vector are elements [full, full + n) of the whole model's
@@ -135,6 +140,23 @@ typedef struct wf_gpt_opts {
                             * backward recomputes the layer's intermediates (one more forward) */
   wf_precision precision;  /* GEMM operands in bf16/fp16 (see "Mixed precision" below) */
 } wf_gpt_opts;
+
+/* What a model of options o allocates, in bytes: wf_gpt_create_shard allocates exactly
+ * these, so an estimate made from them (worker --estimate) is the trainer's own
+ * arithmetic. k: the kernels whose attention sizes apply (what the device keeps per
+ * layer and its backward scratch); NULL = o->dev's (or the CPU's). A pure function. */
+typedef struct wf_gpt_mem {
+  size_t params, grads; /* fp32 masters and their gradients */
+  size_t wlow;          /* mixed precision's rounded GEMM weights (0 at precision no) */
+  size_t slot;          /* one activation slot: one micro-batch of one model chunk */
+  size_t slots;         /* slot x o->slots */
+  size_t recompute;     /* activation checkpointing's shared layer of intermediates */
+  size_t scratch;       /* backward's scratch, shared by the slots */
+  size_t io;            /* floats of the stage's input or output, (rows, C) */
+  size_t total;         /* all of the above that is allocated (not io) */
+} wf_gpt_mem;
+struct wf_ktable;
+wf_gpt_mem wf_gpt_mem_plan(const wf_gpt_opts *o, const struct wf_ktable *k);
 
 /* Allocate parameters, gradients and activations for micro-batches of at most B x T
  * tokens, on the CPU. Parameters are zero until initialised or loaded. The optimizer's
@@ -279,18 +301,20 @@ void wf_gpt_set_loss_scale(wf_gpt *m, float s);
 /* ---- llm.c files (llmc.c) ------------------------------------------------------------
  * GPT-2 checkpoint (train_gpt2.c, magic 20240326, version 3): an int32[256] header
  * {magic, version, maxT, V, L, NH, C, Vp, 0...} then the float32 parameters in llm.c
- * order, which is exactly the whole model's flat layout. One codec for the header
+ * order, which is exactly the whole model's flat layout. Version 5 (train_gpt2.cu) is the
+ * same with bf16 parameters; readers take either, widening bf16 exactly. One codec for the header
  * serves every reader and writer of it (these functions, checkpoints, the data loader's
  * mix-up check). Errors are logged, naming the file and what was expected. */
 #define WF_LLMC_MAGIC        20240326
-#define WF_LLMC_VERSION      3
+#define WF_LLMC_VERSION      3 /* float32 parameters: what weft writes by default */
+#define WF_LLMC_VERSION_BF16 5 /* bf16 parameters (llm.c's GPU trainer) */
 #define WF_LLMC_STATE_MAGIC  20240327
 #define WF_LLMC_HEADER_INTS  256
 #define WF_LLMC_HEADER_BYTES (WF_LLMC_HEADER_INTS * 4)
 /* The header of a checkpoint of dims d. */
 void wf_llmc_header_encode(int32_t h[WF_LLMC_HEADER_INTS], const wf_gpt_dims *d);
 /* The dims of header h; WF_EFORMAT (logged, naming `path`) when h is not a valid
- * version-3 GPT-2 checkpoint header. */
+ * version-3 or version-5 GPT-2 checkpoint header. */
 wf_status wf_llmc_header_decode(const int32_t h[WF_LLMC_HEADER_INTS], const char *path,
                                 wf_gpt_dims *d);
 /* Whether `path` starts with a valid checkpoint header, and its dims: a quiet probe that
@@ -301,8 +325,11 @@ wf_status wf_llmc_peek(const char *path, wf_gpt_dims *d);
 /* The parameters of a checkpoint into full (wf_gpt_num_params(d) floats); refuses a
  * file of other dims, naming the field that differs. */
 wf_status wf_llmc_read(const char *path, const wf_gpt_dims *d, float *full);
-/* Write a checkpoint atomically (runtime/wf_file.h). */
+/* Write a checkpoint atomically (runtime/wf_file.h): version 3; or version 3 or 5, the
+ * latter with every parameter rounded to the nearest bf16 (ties to even). */
 wf_status wf_llmc_write(const char *path, const wf_gpt_dims *d, const float *full);
+wf_status wf_llmc_write_version(const char *path, const wf_gpt_dims *d, const float *full,
+                                int version);
 /* A whole model on one rank from / to a checkpoint (staged through the device). */
 wf_status wf_gpt_load_llmc(wf_gpt *m, const char *path);
 wf_status wf_gpt_save_llmc(wf_gpt *m, const char *path);

@@ -56,7 +56,9 @@ void wf_optim_state(wf_optim *o, size_t *lo, size_t *hi, float **m, float **v)
 }
 
 wf_optim_scaler *wf_optim_get_scaler(wf_optim *o) { return &o->ls; }
-size_t wf_optim_bytes(const wf_optim *o) { return 2 * (o->hi - o->lo) * sizeof(float); }
+size_t wf_optim_mem_plan(size_t lo, size_t hi) { return 2 * (hi - lo) * sizeof(float); }
+
+size_t wf_optim_bytes(const wf_optim *o) { return wf_optim_mem_plan(o->lo, o->hi); }
 
 /* AdamW at step t over [lo, hi), gradients multiplied by grad_scale first. */
 static wf_status adamw(wf_optim *o, const float *grads, float lr, float grad_scale, int t)

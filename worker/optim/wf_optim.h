@@ -79,7 +79,9 @@ wf_status wf_optim_step(wf_optim *o, int step, double loss, float norm, const fl
  * floats each), and the loss scaler (its scale is 1 without fp16). */
 void wf_optim_state(wf_optim *o, size_t *lo, size_t *hi, float **m, float **v);
 wf_optim_scaler *wf_optim_get_scaler(wf_optim *o);
-/* Bytes of optimizer state this rank holds. */
+/* Bytes of optimizer state this rank holds; and what a rank holding the range [lo, hi)
+ * holds (AdamW's m and v, as wf_optim_create allocates them; the planner's figure). */
 size_t wf_optim_bytes(const wf_optim *o);
+size_t wf_optim_mem_plan(size_t lo, size_t hi);
 
 #endif /* WF_OPTIM_H */

@@ -60,49 +60,74 @@ static wf_status copy(wf_grads *g, float *dst, const float *src, size_t n)
 
 /* The ranges that become final with readiness group gr: 0 = final layernorm,
  * 1..n = this stage's local layer n-gr, n+1 = embeddings (n = layers on this stage).
- * Kinds this stage does not hold are empty ranges. Returns how many were written. */
-static int group_ranges(const wf_gpt *m, int gr, range *out)
+ * Kinds this stage does not hold are empty ranges. Returns how many were written.
+ * A pure function of the shard, so the planner sizes buckets without a model. */
+static int group_ranges(const wf_gpt_dims *d, const wf_gpt_shard *s, int gr, range *out)
 {
-  int n = 0, nl = wf_gpt_local_layers(m);
+  int n = 0, nl = wf_gpt_shard_layers(s);
   static const wf_param_kind head[] = {WF_P_LNFW, WF_P_LNFB}, emb[] = {WF_P_WTE, WF_P_WPE};
   if (gr == 0 || gr == nl + 1) {
     const wf_param_kind *k = gr == 0 ? head : emb;
     for (int i = 0; i < 2; i++)
-      out[n++] = (range){wf_gpt_local_offset(m, k[i]), wf_gpt_local_numel(m, k[i])};
+      out[n++] = (range){wf_gpt_shard_offset(d, s, k[i]),
+                         wf_gpt_shard_layer_numel(d, s, k[i])}; /* not layered: the tensor */
     return n;
   }
   int j = nl - gr;
   for (int k = 0; k < WF_GPT_NUM_KINDS; k++) {
     if (!wf_gpt_kind_is_layered((wf_param_kind)k))
       continue;
-    size_t ln = wf_gpt_local_layer_numel(m, (wf_param_kind)k);
-    out[n++] = (range){wf_gpt_local_offset(m, (wf_param_kind)k) + (size_t)j * ln, ln};
+    size_t ln = wf_gpt_shard_layer_numel(d, s, (wf_param_kind)k);
+    out[n++] = (range){wf_gpt_shard_offset(d, s, (wf_param_kind)k) + (size_t)j * ln, ln};
   }
   return n;
+}
+
+/* Readiness groups go into the open bucket, in order, until it holds bucket_bytes or
+ * the groups run out. Writes each bucket's last group (last may be NULL) and returns
+ * how many buckets there are. The groups cover the shard once, so the buckets' staging
+ * holds its parameters plus one float per bucket. */
+static int bucket_plan(const wf_gpt_dims *d, const wf_gpt_shard *s, size_t bucket_bytes, int *last)
+{
+  int n_groups = wf_gpt_shard_layers(s) + 2, nb = 0;
+  range r[WF_GPT_NUM_KINDS];
+  size_t count = 0;
+  for (int gr = 0; gr < n_groups; gr++) {
+    int k = group_ranges(d, s, gr, r);
+    for (int i = 0; i < k; i++)
+      count += r[i].n;
+    if (count * sizeof(float) >= bucket_bytes || gr == n_groups - 1) {
+      if (last)
+        last[nb] = gr;
+      nb++;
+      count = 0;
+    }
+  }
+  return nb;
 }
 
 static wf_status plan_buckets(wf_grads *g, size_t bucket_bytes)
 {
   wf_status st = WF_OK;
-  g->n_groups = wf_gpt_local_layers(g->model) + 2;
+  const wf_gpt_dims *d = wf_gpt_get_dims(g->model);
+  const wf_gpt_shard *s = wf_gpt_get_shard(g->model);
+  int *last = NULL;
+  g->n_groups = wf_gpt_shard_layers(s) + 2;
+  WF_CHECK_ALLOC(last = calloc((size_t)g->n_groups, sizeof *last));
   WF_CHECK_ALLOC(g->buckets = calloc((size_t)g->n_groups, sizeof *g->buckets));
-  bucket *b = NULL;
-  for (int gr = 0; gr < g->n_groups; gr++) {
-    if (!b) {
-      b = &g->buckets[g->n_buckets++];
-      WF_CHECK_ALLOC(b->ranges = calloc((size_t)g->n_groups * WF_GPT_NUM_KINDS, sizeof *b->ranges));
-    }
-    int k = group_ranges(g->model, gr, b->ranges + b->n_ranges);
-    for (int i = 0; i < k; i++)
-      b->count += b->ranges[b->n_ranges + i].n;
-    b->n_ranges += k;
-    b->last_group = gr;
-    if (b->count * sizeof(float) >= bucket_bytes || gr == g->n_groups - 1) {
-      WF_TRY(wf_dev_alloc_floats(g->dev, &b->stage, b->count + 1));
-      b = NULL;
-    }
+  g->n_buckets = bucket_plan(d, s, bucket_bytes, last);
+  for (int i = 0, gr = 0; i < g->n_buckets; i++) {
+    bucket *b = &g->buckets[i];
+    WF_CHECK_ALLOC(b->ranges = calloc((size_t)g->n_groups * WF_GPT_NUM_KINDS, sizeof *b->ranges));
+    for (; gr <= last[i]; gr++)
+      b->n_ranges += group_ranges(d, s, gr, b->ranges + b->n_ranges);
+    for (int r = 0; r < b->n_ranges; r++)
+      b->count += b->ranges[r].n;
+    b->last_group = last[i];
+    WF_TRY(wf_dev_alloc_floats(g->dev, &b->stage, b->count + 1));
   }
 fail:
+  free(last);
   return st;
 }
 
@@ -165,10 +190,21 @@ fail:
 
 /* ---- ZeRO-1 --------------------------------------------------------------------------- */
 
+/* ZeRO-1's shard length: ceil(n / size). */
+static size_t zero_shard(size_t n, int size) { return (n + (size_t)size - 1) / (size_t)size; }
+
+/* The elements [s0, s1) of n that dp rank `rank` of `size` owns under ZeRO-1. */
+static void zero_bounds(size_t n, int size, int rank, size_t *s0, size_t *s1)
+{
+  size_t shard = zero_shard(n, size);
+  *s0 = WF_MIN((size_t)rank * shard, n);
+  *s1 = WF_MIN(*s0 + shard, n);
+}
+
 static wf_status zero_alloc(wf_grads *g)
 {
   wf_status st = WF_OK;
-  g->shard = (g->n + (size_t)g->size - 1) / (size_t)g->size;
+  g->shard = zero_shard(g->n, g->size);
   WF_TRY(wf_dev_alloc_floats(g->dev, &g->gshard, g->shard));
   WF_TRY(wf_dev_alloc_floats(g->dev, &g->pshard, g->shard));
   WF_TRY(wf_dev_alloc_floats(g->dev, &g->stage, g->shard * (size_t)g->size));
@@ -191,8 +227,26 @@ fail:
 
 static void shard_bounds(const wf_grads *g, size_t *s0, size_t *s1)
 {
-  *s0 = WF_MIN((size_t)g->rank * g->shard, g->n);
-  *s1 = WF_MIN(*s0 + g->shard, g->n);
+  zero_bounds(g->n, g->size, g->rank, s0, s1);
+}
+
+wf_grads_mem wf_grads_mem_plan(const wf_gpt_dims *d, const wf_gpt_shard *s, int dp_size,
+                               int dp_rank, int zero, size_t bucket_bytes)
+{
+  wf_grads_mem r = {0};
+  size_t n = wf_gpt_shard_params(d, s);
+  r.scalar = sizeof(double); /* the device's sum of squares */
+  r.lo = 0, r.hi = n;
+  if (dp_size >= 1 && zero) {
+    size_t shard = zero_shard(n, dp_size);
+    r.comm = (2 + (size_t)dp_size) * shard * sizeof(float); /* gshard, pshard, stage */
+    zero_bounds(n, dp_size, dp_rank, &r.lo, &r.hi);
+  } else if (dp_size >= 1) {
+    r.n_buckets = bucket_plan(d, s, bucket_bytes, NULL);
+    r.comm = (n + (size_t)r.n_buckets) * sizeof(float);
+  }
+  r.total = r.scalar + r.comm;
+  return r;
 }
 
 /* ---- life cycle ------------------------------------------------------------------------- */

@@ -72,3 +72,45 @@ wf_status wf_pipe_partition(const wf_gpt_dims *d, int T, int pp, const int *pp_l
 fail:
   return st;
 }
+
+/* The interleaved schedule's chunks: stage s = c * pp + r holds layers
+ * [s * Lc, (s + 1) * Lc), Lc = L / (pp * v) (validation checked the division). */
+static wf_status interleaved_bounds(const wf_pipe_stage_opts *o, int *l0, int *l1)
+{
+  wf_status st = WF_OK;
+  int lc = o->dims->L / (o->pp * o->v);
+  WF_REFUSE(o->pp >= 2, WF_ECONFIG,
+            "train.schedule=interleaved needs mesh.pp >= 2: with one pipeline rank there is "
+            "nothing to interleave; use train.schedule=1f1b");
+  WF_REFUSE(o->n_pp_layers == 0, WF_ECONFIG,
+            "parallel.pp_layers does not apply to train.schedule=interleaved, whose chunks all "
+            "hold model.layers / (mesh.pp x parallel.virtual_stages) layers; remove it");
+  *l0 = o->rank * lc;
+  *l1 = (o->rank + 1) * lc;
+fail:
+  return st;
+}
+
+wf_status wf_pipe_stage_shard(const wf_pipe_stage_opts *o, wf_gpt_shard *out)
+{
+  wf_status st = WF_OK;
+  int bounds[WF_MAX_STAGES + 1], l0, l1, v = 1;
+  if (o->kind == WF_SCHED_INTERLEAVED) {
+    WF_TRY(interleaved_bounds(o, &l0, &l1));
+    v = o->v;
+  } else {
+    WF_TRY(wf_pipe_partition(o->dims, o->T, o->pp, o->pp_layers, o->n_pp_layers, bounds));
+    l0 = bounds[o->rank], l1 = bounds[o->rank + 1];
+  }
+  *out = (wf_gpt_shard){.tp = o->tp,
+                        .tp_rank = o->tp_rank,
+                        .sequence = o->sequence && o->tp > 1,
+                        .l0 = l0,
+                        .l1 = l1,
+                        .chunks = v,
+                        .chunk_stride = o->pp * (l1 - l0),
+                        .first = o->rank == 0,
+                        .last = o->rank == o->pp - 1};
+fail:
+  return st;
+}

@@ -65,6 +65,23 @@ int wf_pipe_slots(wf_schedule_kind kind, int pp, int rank, int microbatches, int
   return n;
 }
 
+/* Buffers per ring: interleaved lists post receives further ahead (one per work item);
+ * otherwise a few micro-batches past the slots. kind is the effective one (1F1B for
+ * one stage), v 1 unless interleaved over pp > 1. */
+static int ring_len(wf_schedule_kind kind, int pp, int rank, int m, int v)
+{
+  return v > 1 ? m * v : WF_MIN(m, wf_pipe_slots(kind, pp, rank, m, v) + 2);
+}
+
+size_t wf_pipe_mem_plan(wf_schedule_kind kind, int pp, int rank, int m, int v, size_t io, int B,
+                        int T)
+{
+  kind = pp > 1 ? kind : WF_SCHED_1F1B;
+  v = kind == WF_SCHED_INTERLEAVED && pp > 1 ? v : 1;
+  size_t rings = 3 * (size_t)ring_len(kind, pp, rank, m, v) * (io + 16) * sizeof(float);
+  return rings + 2 * (size_t)B * (size_t)T * sizeof(int); /* + the token batch */
+}
+
 static wf_status ring_alloc(wf_dev *dev, ring *r, int n, size_t io)
 {
   wf_status st = WF_OK;
@@ -103,7 +120,7 @@ wf_status wf_pipe_create(wf_pipe **out, const wf_pipe_opts *o)
   p->io = wf_gpt_stage_io_numel(o->model, o->B, o->T);
   p->n_slots = wf_pipe_slots(prm.kind, p->p, p->rank, p->m, p->v);
   /* interleaved lists post receives further ahead: one buffer per work item */
-  p->n_ring = p->v > 1 ? p->m * p->v : WF_MIN(p->m, p->n_slots + 2);
+  p->n_ring = ring_len(prm.kind, p->p, p->rank, p->m, p->v);
   WF_TRY(ring_alloc(p->dev, &p->rf, p->n_ring, p->io));
   WF_TRY(ring_alloc(p->dev, &p->rb, p->n_ring, p->io));
   WF_TRY(ring_alloc(p->dev, &p->sb, p->n_ring, p->io));

@@ -186,6 +186,12 @@ typedef struct wf_pipe_stats {
  * one micro-batch). */
 int wf_pipe_slots(wf_schedule_kind kind, int pp, int rank, int microbatches, int v);
 
+/* Bytes the engine of pp rank `rank` allocates (wf_pipe_create's own arithmetic): its
+ * three p2p rings of stage inputs/outputs of io floats (wf_gpt_mem.io) and the token
+ * batch of B x T. */
+size_t wf_pipe_mem_plan(wf_schedule_kind kind, int pp, int rank, int m, int v, size_t io, int B,
+                        int T);
+
 wf_status wf_pipe_create(wf_pipe **out, const wf_pipe_opts *o);
 void wf_pipe_destroy(wf_pipe *p); /* accepts NULL */
 
@@ -203,6 +209,22 @@ wf_status wf_pipe_forward(wf_pipe *p, wf_pipe_batch_fn batch, void *user, double
  * stage s holds layers [bounds[s], bounds[s+1]). */
 wf_status wf_pipe_partition(const wf_gpt_dims *d, int T, int pp, const int *pp_layers, int n,
                             int *bounds);
+
+/* The shard pp rank `rank` (tp rank tp_rank of tp) holds: its layers from
+ * wf_pipe_partition, or the interleaved schedule's v chunks of L / (pp v) layers each.
+ * The trainer builds its model from it and the planner sizes one from it. Refusals
+ * (a bad parallel.pp_layers, interleaving on one stage) are logged once per job. */
+typedef struct wf_pipe_stage_opts {
+  const wf_gpt_dims *dims;
+  int T, pp, rank;
+  wf_schedule_kind kind;
+  int v; /* parallel.virtual_stages (interleaved only) */
+  const int *pp_layers;
+  int n_pp_layers;
+  int tp, tp_rank;
+  bool sequence;
+} wf_pipe_stage_opts;
+wf_status wf_pipe_stage_shard(const wf_pipe_stage_opts *o, wf_gpt_shard *out);
 
 /*
  * The gradient path (wf_grads_*): the one owner of a step's gradients from zero to
@@ -244,6 +266,20 @@ typedef struct wf_grads_opts {
   size_t bucket_bytes; /* optim.bucket_mb; 0 = one bucket per layer */
   int zero;            /* 0 or 1 */
 } wf_grads_opts;
+
+/* What the gradient path of a rank allocates, in bytes, and the element range its
+ * optimizer updates: wf_grads_create allocates exactly this (the planner's estimate is
+ * the same arithmetic). dp_size 0 = no dp group at all (a model used alone); else the
+ * group's size, whose rank is dp_rank. Pure: no model or communicator needed. */
+typedef struct wf_grads_mem {
+  size_t comm;   /* dp buckets' staging (plain dp) or ZeRO-1's shards and padded vector */
+  size_t scalar; /* the device scalar of the norm */
+  size_t total;
+  int n_buckets;
+  size_t lo, hi; /* wf_grads_range */
+} wf_grads_mem;
+wf_grads_mem wf_grads_mem_plan(const wf_gpt_dims *d, const wf_gpt_shard *s, int dp_size,
+                               int dp_rank, int zero, size_t bucket_bytes);
 
 typedef struct wf_grads_stats {
   double exposed_ms;           /* time waiting for gradient communication after backward */

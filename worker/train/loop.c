@@ -45,7 +45,22 @@ static wf_status maybe_checkpoint(wf__trainer *tr, int step, bool stopping)
   return st;
 }
 
-/* One step, its evaluation and its report; *go_on from the caller's on_step. */
+static bool sample_due(const wf__trainer *tr, int step)
+{
+  int every = tr->cfg->train.sample_every;
+  return every > 0 && step % every == 0;
+}
+
+/* train.sample_every: a sample line after the step's report (every rank draws it). */
+static wf_status sample(wf__trainer *tr, int step)
+{
+  wf_trace_set_on(tr->trace, false); /* the trace shows training steps */
+  if (tr->talk)
+    wf__clear_bar(tr);
+  return wf__sample(tr, step, tr->cfg->train.sample_prompt, tr->dp_rank, tr->talk ? tr->out : NULL);
+}
+
+/* One step, its evaluation, its report and its sample; *go_on from the caller's on_step. */
 static wf_status one_step(wf__trainer *tr, int step, bool *go_on)
 {
   wf_status st = WF_OK;
@@ -60,6 +75,8 @@ static wf_status one_step(wf__trainer *tr, int step, bool *go_on)
   }
   double eta = (wf_now() - tr->t0) / (step - tr->start) * (tr->steps - step);
   wf__report_step(tr, &info, eta, eval_ms);
+  if (sample_due(tr, step))
+    WF_TRY(sample(tr, step));
   *go_on = !tr->hooks || !tr->hooks->on_step || tr->hooks->on_step(tr->hooks->user, &info);
   st = maybe_checkpoint(tr, step, !*go_on);
 fail:
@@ -81,8 +98,8 @@ fail:
   return st;
 }
 
-/* The final model as an llm.c checkpoint, written by world rank 0: the parameters of
- * dp rank 0's model-parallel replica, assembled into one host array. */
+/* The final model (--save, in --save-format), written by world rank 0: the parameters
+ * of dp rank 0's model-parallel replica, assembled into one host array. */
 static wf_status save_final(wf__trainer *tr)
 {
   wf_status st = WF_OK;
@@ -94,7 +111,7 @@ static wf_status save_final(wf__trainer *tr)
   bool parallel = tr->tp > 1 || tr->pp > 1;
   WF_TRY(wf_gpt_gather_full(tr->model, 0, full, parallel ? tr->world : NULL, tr->dp_rank == 0));
   if (wf_rt_rank() <= 0)
-    st = wf_llmc_write(path, &tr->dims, full);
+    st = wf_weights_write(path, tr->hooks->save_format, &tr->dims, full);
 fail:
   free(full);
   return st;
@@ -105,7 +122,7 @@ static wf_status write_trace(wf__trainer *tr)
 {
   if (!tr->trace)
     return WF_OK;
-  wf_status st = wf_trace_write(tr->trace, tr->cfg->train.trace);
+  wf_status st = wf_trace_write(tr->trace, tr->world, tr->cfg->train.trace);
   if (st == WF_OK && tr->talk)
     fprintf(tr->out, "trace: steps %d..%d of every rank in %s\n", tr->cfg->train.trace_steps[0],
             tr->cfg->train.trace_steps[1], tr->cfg->train.trace);

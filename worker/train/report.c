@@ -4,11 +4,23 @@
  * train.metrics JSON-lines file, and the peak that MFU divides by.
  *
  * Only rank 0 prints or writes metrics. The step line has a stable key=value form:
- *   step 12/300 loss=3.1234 lr=1.20e-03 grad_norm=0.812 tok/s=5123 tflops=0.041
- *   mfu=23.1% step_ms=99.8 comm_ms=0.0 mem=45.2MiB optim=0.45MiB eta=28s
+ *   step 12/300 loss=3.1234 lr=1.20e-03 grad_norm=0.812 tok/s=5123 tok/s/gpu=1281
+ *   tflops=0.041 tflops/gpu=0.010 mfu=23.1% step_ms=99.8 comm_ms=0.0 mem=45.2MiB
+ *   optim=0.45MiB eta=28s
+ * tok/s and tflops are the job's; the /gpu figures divide them over its ranks (one GPU
+ * each, as Megatron-LM and torchtitan report throughput), and MFU is tflops/gpu over the
+ * per-rank peak. The metrics file carries the same figures in the same units (mfu_pct is
+ * the line's percent), with the wall time and the writing rank.
  *
- * MFU's peak (per rank): train.peak_tflops when given, else a GPU's nominal dense peak at
- * the run's precision (worker/device.c's table, as Megatron-LM and llm.c report MFU), else
+ * The loss-jump watch (train.loss_jump_factor): after LOSS_WARMUP steps, a step whose loss
+ * exceeds factor x the running mean of the losses before it gets one WARN. The mean is
+ * the plain average over the first LOSS_WINDOW steps, then an exponential moving average
+ * with weight 1/LOSS_WINDOW (about the last LOSS_WINDOW steps); the jumped loss joins it,
+ * so a loss that settles at a new level is reported once, not at every step.
+ *
+ * MFU's peak (per rank): train.peak_tflops when given, else the device's nominal peak
+ * (worker/device.c: a GPU's dense peak at the run's precision, as Megatron-LM and llm.c
+ * report MFU, or the CPU's cores x clock x FMA width), else
  * measured by every rank at once, on its own threads, at a GEMM shape no smaller than
  * the model's: a single-threaded 512^3 stand-in let a dp 2 run of gpt2-small report
  * mfu=111%. All ranks measure together, so ranks that share cores share them as they
@@ -20,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <jansson.h>
 
@@ -118,25 +131,52 @@ static void print_precision(const wf__trainer *tr)
 
 static const char *schedule_name(const wf__trainer *tr)
 {
-  if (tr->pp == 1)
-    return "";
   switch (tr->cfg->train.schedule) {
-  case WF_SCHED_GPIPE: return ", GPipe schedule";
-  case WF_SCHED_INTERLEAVED: return ", interleaved 1F1B schedule";
-  default: return ", 1F1B schedule";
+  case WF_SCHED_GPIPE: return "GPipe";
+  case WF_SCHED_INTERLEAVED: return "interleaved 1F1B";
+  default: return "1F1B";
   }
 }
 
+/* Layers [*l0, *l1) of model chunk c of pipeline stage s: with the interleaved schedule
+ * virtual stage c * pp + s of Lc = L / (pp * chunks) layers each (setup.c's split, the
+ * shard's l0 + c * chunk_stride), else the partition's stage s. */
+static void chunk_layers(const wf__trainer *tr, int s, int c, int *l0, int *l1)
+{
+  if (tr->chunks > 1) {
+    int lc = tr->dims.L / (tr->pp * tr->chunks);
+    *l0 = (c * tr->pp + s) * lc, *l1 = *l0 + lc;
+  } else {
+    *l0 = tr->bounds[s], *l1 = tr->bounds[s + 1];
+  }
+}
+
+/* The mesh, the schedule and the layers of every stage's chunks, e.g.
+ *   mesh dp 1 x tp 1 x pp 2, interleaved 1F1B schedule with 2 chunks per stage: layers
+ *   pp 0 [0,2) [4,6), pp 1 [2,4) [6,8) of 8; rank 0 holds 220416 of 420480 parameters */
 static void print_mesh(const wf__trainer *tr)
 {
   const wf_config *cfg = tr->cfg;
-  const wf_gpt_shard *s = wf_gpt_get_shard(tr->model);
-  fprintf(tr->out, "mesh dp %d x tp %d x pp %d%s: this rank holds layers [%d, %d)", tr->D, tr->tp,
-          tr->pp, tr->tp > 1 && cfg->parallel.sequence ? " (sequence parallel)" : "", s->l0, s->l1);
-  for (int c = 1; c < tr->chunks; c++) /* the other model chunks of the interleaved schedule */
-    fprintf(tr->out, ", [%d, %d)", s->l0 + c * s->chunk_stride, s->l1 + c * s->chunk_stride);
-  fprintf(tr->out, " of %d, %zu of %zu parameters%s\n", tr->dims.L, wf_gpt_local_params(tr->model),
-          wf_gpt_num_params(&tr->dims), schedule_name(tr));
+  fprintf(tr->out, "mesh dp %d x tp %d x pp %d%s", tr->D, tr->tp, tr->pp,
+          tr->tp > 1 && cfg->parallel.sequence ? " (sequence parallel)" : "");
+  if (tr->pp == 1) {
+    fprintf(tr->out, ": layers [0,%d) on every rank", tr->dims.L);
+  } else {
+    fprintf(tr->out, ", %s schedule", schedule_name(tr));
+    if (tr->chunks > 1)
+      fprintf(tr->out, " with %d chunks per stage", tr->chunks);
+    fputs(": layers", tr->out);
+    for (int s = 0; s < tr->pp; s++) {
+      fprintf(tr->out, "%s pp %d", s ? "," : "", s);
+      for (int c = 0, l0, l1; c < tr->chunks; c++) {
+        chunk_layers(tr, s, c, &l0, &l1);
+        fprintf(tr->out, " [%d,%d)", l0, l1);
+      }
+    }
+    fprintf(tr->out, " of %d", tr->dims.L);
+  }
+  fprintf(tr->out, "; rank %d holds %zu of %zu parameters\n", wf_rt_rank() < 0 ? 0 : wf_rt_rank(),
+          wf_gpt_local_params(tr->model), wf_gpt_num_params(&tr->dims));
 }
 
 void wf__print_banner(const wf__trainer *tr)
@@ -192,12 +232,13 @@ static void draw_bar(const wf__trainer *tr, const wf_train_step_info *in, double
 static void print_step(const wf__trainer *tr, const wf_train_step_info *in, double eta)
 {
   wf__clear_bar(tr);
-  fprintf(tr->out,
-          "step %d/%d loss=%.4f lr=%.2e grad_norm=%.3f tok/s=%.0f tflops=%.3f mfu=%.1f%% "
-          "step_ms=%.1f comm_ms=%.1f mem=%.1fMiB optim=%.2fMiB eta=%.0fs",
-          in->step, in->steps, in->loss, in->lr, in->grad_norm, in->tokens_per_s, in->tflops,
-          in->mfu * 100, in->step_ms, in->comm_ms, (double)in->mem_bytes / (1024.0 * 1024.0),
-          (double)in->optim_bytes / (1024.0 * 1024.0), eta);
+  fprintf(
+      tr->out,
+      "step %d/%d loss=%.4f lr=%.2e grad_norm=%.3f tok/s=%.0f tok/s/gpu=%.0f tflops=%.3f "
+      "tflops/gpu=%.3f mfu=%.1f%% step_ms=%.1f comm_ms=%.1f mem=%.1fMiB optim=%.2fMiB eta=%.0fs",
+      in->step, in->steps, in->loss, in->lr, in->grad_norm, in->tokens_per_s, in->tokens_per_s_gpu,
+      in->tflops, in->tflops_gpu, in->mfu * 100, in->step_ms, in->comm_ms,
+      (double)in->mem_bytes / (1024.0 * 1024.0), (double)in->optim_bytes / (1024.0 * 1024.0), eta);
   if (tr->fp16) /* the scale this step's backward used, and the skips so far */
     fprintf(tr->out, " loss_scale=%g skipped=%d%s", in->loss_scale, in->skipped_steps,
             in->skipped ? " (this step)" : "");
@@ -250,19 +291,38 @@ static void add_parallel_metrics(json_t *o, const wf_train_step_info *in)
   json_object_set_new(o, "act_slots", slots);
 }
 
+/* When the line is written: unix seconds (with fractions) and the same instant in ISO
+ * 8601, UTC, to the millisecond. */
+static void add_time(json_t *o)
+{
+  struct timespec ts;
+  struct tm tm;
+  char iso[40];
+  clock_gettime(CLOCK_REALTIME, &ts);
+  gmtime_r(&ts.tv_sec, &tm);
+  size_t n = strftime(iso, sizeof iso, "%Y-%m-%dT%H:%M:%S", &tm);
+  snprintf(iso + n, sizeof iso - n, ".%03ldZ", ts.tv_nsec / 1000000);
+  json_object_set_new(o, "time", json_real((double)ts.tv_sec + ts.tv_nsec * 1e-9));
+  json_object_set_new(o, "timestamp", json_string(iso));
+}
+
 static void write_metrics(wf__trainer *tr, const wf_train_step_info *in)
 {
   json_t *o = json_object();
   if (!o)
     return;
   json_object_set_new(o, "step", json_integer(in->step));
+  add_time(o);
+  json_object_set_new(o, "rank", json_integer(wf_rt_rank() < 0 ? 0 : wf_rt_rank()));
   json_object_set_new(o, "loss", real_or_null(in->loss));
   json_object_set_new(o, "lr", real_or_null(in->lr));
   json_object_set_new(o, "grad_norm", real_or_null(in->grad_norm));
   json_object_set_new(o, "tokens_per_s", real_or_null(in->tokens_per_s));
+  json_object_set_new(o, "tokens_per_s_per_gpu", real_or_null(in->tokens_per_s_gpu));
   json_object_set_new(o, "step_ms", real_or_null(in->step_ms));
   json_object_set_new(o, "tflops", real_or_null(in->tflops));
-  json_object_set_new(o, "mfu", real_or_null(in->mfu));
+  json_object_set_new(o, "tflops_per_gpu", real_or_null(in->tflops_gpu));
+  json_object_set_new(o, "mfu_pct", real_or_null(in->mfu * 100)); /* the line's mfu=...% */
   json_object_set_new(o, "mem_mib", real_or_null((double)in->mem_bytes / (1024.0 * 1024.0)));
   json_object_set_new(o, "comm_ms", real_or_null(in->comm_ms));
   json_object_set_new(o, "optim_mib", real_or_null((double)in->optim_bytes / (1024.0 * 1024.0)));
@@ -281,8 +341,31 @@ static void write_metrics(wf__trainer *tr, const wf_train_step_info *in)
   json_decref(o);
 }
 
+/* ---- the loss-jump watch ------------------------------------------------------------------ */
+
+#define LOSS_WARMUP 5  /* steps before the watch starts: the first fall fastest from ln V */
+#define LOSS_WINDOW 10 /* the running mean's horizon in steps */
+
+/* World rank 0 only (one WARN per job); see the file comment. */
+static void watch_loss(wf__trainer *tr, const wf_train_step_info *in)
+{
+  double f = tr->cfg->train.loss_jump_factor, x = in->loss;
+  if (wf_rt_rank() > 0 || !isfinite(x))
+    return;
+  if (f > 0 && tr->loss_n >= LOSS_WARMUP && x > f * tr->loss_mean) {
+    wf__clear_bar(tr);
+    WF_WARN("step %d: loss %.4f jumped to %.1f times its running mean %.4f "
+            "(train.loss_jump_factor=%g); grad_norm=%.3g lr=%.2e: check the learning rate and "
+            "the data",
+            in->step, x, x / tr->loss_mean, tr->loss_mean, f, in->grad_norm, in->lr);
+  }
+  tr->loss_n++;
+  tr->loss_mean += (x - tr->loss_mean) / WF_MIN(tr->loss_n, LOSS_WINDOW);
+}
+
 void wf__report_step(wf__trainer *tr, const wf_train_step_info *in, double eta, double eval_ms)
 {
+  watch_loss(tr, in);
   if (tr->talk) {
     print_step(tr, in, eta);
     print_parallel(tr, in);

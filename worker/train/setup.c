@@ -43,14 +43,38 @@ fail:
   return st;
 }
 
-/* The whole model's dimensions: the config's, or model.init's header. */
+/* Run fn on world rank 0 first and agree on its outcome, then on the other ranks and
+ * agree again. A file every rank would fail to read alike (model.init missing, truncated,
+ * not llm.c) is then reported once per job, by rank 0, and every rank fails with it;
+ * what only another rank cannot read (no shared filesystem) is still reported there. */
+static wf_status rank0_first(wf__trainer *tr, wf_status (*fn)(wf__trainer *, void *), void *arg)
+{
+  bool first = wf__comm_rank(tr->world) == 0;
+  wf_status st = wf_comm_agree(tr->world, first ? fn(tr, arg) : WF_OK, NULL);
+  if (st != WF_OK)
+    return st;
+  return wf_comm_agree(tr->world, first ? WF_OK : fn(tr, arg), NULL);
+}
+
+static wf_status peek_init(wf__trainer *tr, void *arg)
+{
+  (void)arg;
+  return wf_weights_peek(tr->cfg->model.init, "model.init", &tr->dims);
+}
+
+/* The whole model's dimensions: the config's, or model.init's (any weights format). */
 static wf_status setup_dims(wf__trainer *tr)
 {
   wf_status st = WF_OK;
   const wf_config *cfg = tr->cfg;
   tr->dims = wf_gpt_dims_from_config(cfg);
   if (cfg->model.init[0])
-    WF_TRY(wf_llmc_peek(cfg->model.init, &tr->dims));
+    WF_TRY(rank0_first(tr, peek_init, NULL));
+  /* model.init's context bounds a derived length (model.seq_len is the file's) */
+  bool derived =
+      cfg->train.seq_len == 0 || cfg->source[wf_config_key_find("train.seq_len")] == WF_SRC_DERIVED;
+  if (cfg->model.init[0] && derived)
+    tr->T = WF_MIN(tr->T, tr->dims.maxT);
   WF_REFUSE(tr->T <= tr->dims.maxT, WF_ECONFIG,
             "train.seq_len %d exceeds the model's context %d (model.seq_len)", tr->T,
             tr->dims.maxT);
@@ -58,68 +82,56 @@ fail:
   return st;
 }
 
-/* The llm.c checkpoint model.init into this rank's shard: the whole file is read into
- * one host array of parameters and this rank's slices copied out. */
+static wf_status read_init(wf__trainer *tr, void *full)
+{
+  return wf_weights_read(tr->cfg->model.init, "model.init", &tr->dims, full);
+}
+
+/* model.init into this rank's shard: the whole model is read into one host array of
+ * parameters (wf_weights_read: llm.c, safetensors or a weft checkpoint) and this rank's
+ * slices copied out. */
 static wf_status load_init(wf__trainer *tr)
 {
   wf_status st = WF_OK;
   float *full = NULL;
   WF_CHECK_ALLOC(full = malloc(wf_gpt_num_params(&tr->dims) * sizeof *full));
-  WF_TRY(wf_llmc_read(tr->cfg->model.init, &tr->dims, full));
+  WF_TRY(rank0_first(tr, read_init, full));
   st = wf_gpt_import_full(tr->model, 0, full);
 fail:
   free(full);
   return st;
 }
 
-/* The interleaved schedule's chunks: stage s = c * pp + r holds layers
- * [s * Lc, (s + 1) * Lc), Lc = L / (pp * v) (validation checked the division). */
-static wf_status interleaved_split(wf__trainer *tr)
-{
-  wf_status st = WF_OK;
-  const wf_config *cfg = tr->cfg;
-  int v = cfg->parallel.virtual_stages, lc = tr->dims.L / (tr->pp * v);
-  WF_REFUSE(tr->pp >= 2, WF_ECONFIG,
-            "train.schedule=interleaved needs mesh.pp >= 2: with one pipeline rank there is "
-            "nothing to interleave; use train.schedule=1f1b");
-  WF_REFUSE(cfg->parallel.n_pp_layers == 0, WF_ECONFIG,
-            "parallel.pp_layers does not apply to train.schedule=interleaved, whose chunks all "
-            "hold model.layers / (mesh.pp x parallel.virtual_stages) layers; remove it");
-  tr->chunks = v;
-  tr->bounds[tr->pp_rank] = tr->pp_rank * lc;
-  tr->bounds[tr->pp_rank + 1] = (tr->pp_rank + 1) * lc;
-fail:
-  return st;
-}
-
+/* This rank's stage (wf_pipe_stage_shard, which the planner sizes too) on its device,
+ * with the slots its schedule keeps in flight. */
 static wf_status setup_stage(wf__trainer *tr)
 {
   wf_status st = WF_OK;
   const wf_config *cfg = tr->cfg;
-  tr->chunks = 1;
-  if (cfg->train.schedule == WF_SCHED_INTERLEAVED)
-    WF_TRY(interleaved_split(tr));
-  else
-    WF_TRY(wf_pipe_partition(&tr->dims, tr->T, tr->pp, cfg->parallel.pp_layers,
-                             cfg->parallel.n_pp_layers, tr->bounds));
-  int r = tr->pp_rank, lc = tr->bounds[r + 1] - tr->bounds[r];
+  int r = tr->pp_rank;
+  wf_pipe_stage_opts so = {.dims = &tr->dims,
+                           .T = tr->T,
+                           .pp = tr->pp,
+                           .rank = r,
+                           .kind = cfg->train.schedule,
+                           .v = cfg->parallel.virtual_stages,
+                           .pp_layers = cfg->parallel.pp_layers,
+                           .n_pp_layers = cfg->parallel.n_pp_layers,
+                           .tp = tr->tp,
+                           .tp_rank = wf__comm_rank(tr->tp_comm),
+                           .sequence = cfg->parallel.sequence};
   wf_gpt_opts o = {.dims = tr->dims,
-                   .shard = {.tp = tr->tp,
-                             .tp_rank = wf__comm_rank(tr->tp_comm),
-                             .sequence = cfg->parallel.sequence && tr->tp > 1,
-                             .l0 = tr->bounds[r],
-                             .l1 = tr->bounds[r + 1],
-                             .chunks = tr->chunks,
-                             .chunk_stride = tr->pp * lc,
-                             .first = r == 0,
-                             .last = r == tr->pp - 1},
                    .dev = tr->dev,
                    .tp_comm = tr->tp_comm,
                    .B = tr->B,
                    .T = tr->T,
-                   .slots = wf_pipe_slots(cfg->train.schedule, tr->pp, r, tr->M, tr->chunks),
                    .recompute = cfg->parallel.activation_checkpointing,
                    .precision = cfg->precision};
+  WF_TRY(wf_pipe_stage_shard(&so, &o.shard));
+  tr->chunks = o.shard.chunks;
+  tr->bounds[r] = o.shard.l0;
+  tr->bounds[r + 1] = o.shard.l1;
+  o.slots = wf_pipe_slots(cfg->train.schedule, tr->pp, r, tr->M, tr->chunks);
   WF_TRY(wf_gpt_create_shard(&tr->model, &o));
   wf_gpt_set_trace(tr->model, tr->trace);
 fail:
@@ -192,8 +204,15 @@ static wf_status setup_data(wf__trainer *tr)
   wf_status st = WF_OK;
   char err[1024] = "";
   size_t n = (size_t)tr->B * tr->T;
-  st = wf_data_open_config(&tr->data, tr->cfg, tr->dims.V, err, sizeof err);
-  WF_CHECK(st == WF_OK, st, "%s", err);
+  int bad = -1;
+  /* Every rank opens (and checks) its source at once; a bad file fails alike on all of
+   * them, so only the lowest failing rank says why: one line per job. */
+  wf_status mine = wf_data_open_config(&tr->data, tr->cfg, tr->dims.V, err, sizeof err);
+  st = wf_comm_agree(tr->world, mine, &bad);
+  if (mine != WF_OK && bad == wf__comm_rank(tr->world))
+    WF_ERROR("%s", err);
+  if (st != WF_OK) /* WF_OK only when every rank's open succeeded */
+    goto fail;
   WF_CHECK_ALLOC(tr->inputs = wf_mem_alloc(n * sizeof *tr->inputs));
   WF_CHECK_ALLOC(tr->targets = wf_mem_alloc(n * sizeof *tr->targets));
   bool has_val = wf_data_get_kind(tr->data) == WF_DATA_SYNTHETIC ||
@@ -262,7 +281,8 @@ wf_status wf__train_setup(wf__trainer *tr, const wf_config *cfg, const wf_train_
   if (checkpoints)
     WF_TRY(setup_checkpoint(tr));
   WF_TRY(setup_data(tr));
-  WF_TRY(wf__open_metrics(tr));
+  /* rank 0 alone opens it: agreed, so its failure stops every rank at once */
+  WF_TRY(wf_comm_agree(tr->world, wf__open_metrics(tr), NULL));
   WF_TRY(wf__setup_peak(tr)); /* before the banner, which says where the peak came from */
   if (tr->talk)
     wf__print_banner(tr);
@@ -282,4 +302,5 @@ void wf__train_teardown(wf__trainer *tr)
   wf_pipe_destroy(tr->pipe);
   wf_gpt_destroy(tr->model);
   wf_trace_destroy(tr->trace);
+  wf_tokenizer_destroy(tr->tok);
 }

@@ -158,7 +158,9 @@ static void fill_info(wf__trainer *tr, int step, double dt, double loss, float n
       .skipped_steps = wf_optim_get_scaler(tr->optim)->skipped,
   };
   /* The peak is per rank; the job has world_size such ranks. */
-  info->mfu = tr->peak_tflops > 0 ? info->tflops / (tr->peak_tflops * tr->world_size) : 0;
+  info->tokens_per_s_gpu = info->tokens_per_s / tr->world_size;
+  info->tflops_gpu = info->tflops / tr->world_size;
+  info->mfu = tr->peak_tflops > 0 ? info->tflops_gpu / tr->peak_tflops : 0;
 }
 
 wf_status wf__train_step(wf__trainer *tr, int step, wf_train_step_info *info)

@@ -53,6 +53,9 @@ typedef struct wf__trainer {
   wf_ckpt_target ck;       /* what checkpoints save and restore */
   bool fp16;               /* precision=fp16: loss scaling on */
   int start;               /* steps done before this run (a resumed checkpoint's step) */
+  double loss_mean;        /* the loss-jump watch's running mean (report.c) */
+  int loss_n;              /* steps in it */
+  wf_tokenizer *tok;       /* data.tokenizer, loaded by the first sample; NULL = bytes */
 } wf__trainer;
 
 int wf__comm_size(wf_comm *c);
@@ -71,6 +74,13 @@ wf_status wf__train_step(wf__trainer *tr, int step, wf_train_step_info *info);
 wf_status wf__evaluate(wf__trainer *tr, double *val_loss);
 wf_status wf__accumulate(wf__trainer *tr, int step, double *loss, wf_pipe_stats *ps);
 wf_status wf__batch_cb(void *user, int mb, int *inputs, int *targets);
+
+/* sample.c: train.sample_tokens tokens after `prompt` ("" = train.sample_prompt's
+ * default start) drawn on every rank alike, the text printed by world rank 0 on out: one
+ * line "sample STEP/STEPS: ..." for a step > 0, else the raw text (--generate). dp_rank:
+ * this rank's dp replica (only replica 0's logits are summed). Collective over the
+ * world. */
+wf_status wf__sample(wf__trainer *tr, int step, const char *prompt, int dp_rank, FILE *out);
 
 /* report.c: the banner, the per-step lines, the metrics file, MFU's peak. */
 void wf__print_banner(const wf__trainer *tr);

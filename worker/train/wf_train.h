@@ -9,16 +9,18 @@
  * depends on the mesh.
  *
  * Rank 0 prints one line per step, in a stable key=value form:
- *   step 12/300 loss=3.1234 lr=1.20e-03 grad_norm=0.812 tok/s=5123 tflops=0.041
- *   mfu=23.1% step_ms=99.8 mem=45.2MiB eta=28s
- * and after an evaluation
+ *   step 12/300 loss=3.1234 lr=1.20e-03 grad_norm=0.812 tok/s=5123 tok/s/gpu=1281
+ *   tflops=0.041 tflops/gpu=0.010 mfu=23.1% step_ms=99.8 mem=45.2MiB eta=28s
+ * (tok/s and tflops for the job, /gpu per rank) and after an evaluation
  *   eval 12/300 val_loss=3.2011 floor=1.5021 gap=1.6990 eval_ms=31.0
  * (floor and gap only for the synthetic source). Every step is also appended to
- * train.metrics as one JSON object (step, loss, lr, grad_norm, tokens_per_s, step_ms,
- * tflops, mfu, mem_mib; val_loss when evaluated; with tp or pp > 1 also tp_ms, bubble,
- * bubble_theory, and per stage act_mib and act_slots; with precision=fp16 also
- * loss_scale, skipped_steps and step_skipped, which the step line shows as
- * "loss_scale=65536 skipped=0" after eta).
+ * train.metrics as one JSON object (step, time (unix seconds), timestamp (ISO 8601 UTC),
+ * rank (the writer's), loss, lr, grad_norm, tokens_per_s, tokens_per_s_per_gpu, step_ms,
+ * tflops, tflops_per_gpu, mfu_pct (a percent, as on the line), mem_mib; val_loss when
+ * evaluated; with tp or pp > 1 also tp_ms, bubble, bubble_theory, and per stage act_mib
+ * and act_slots; with precision=fp16 also loss_scale, skipped_steps and step_skipped,
+ * which the step line shows as "loss_scale=65536 skipped=0" after eta). A step whose loss
+ * exceeds train.loss_jump_factor times its running mean gets one WARN.
  */
 #ifndef WF_TRAIN_H
 #define WF_TRAIN_H
@@ -27,6 +29,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "wf_ckpt.h"
 #include "wf_collectives.h"
 #include "wf_config.h"
 #include "wf_runtime.h"
@@ -57,8 +60,12 @@ typedef struct wf_train_step_info {
                         * scales its loss gradient by S / dp, see train.c); else NAN */
   bool skipped;        /* fp16: this step's gradients overflowed, so it made no update */
   int skipped_steps;   /* fp16: steps skipped so far in the run (0 otherwise) */
-  double compute_ms;   /* this rank's forward + backward compute (the pipeline's busy time) */
-  double p2p_wait_ms;  /* this rank's wait in pipeline sends and receives */
+  /* Megatron-style per-GPU figures (a rank is one GPU, or one CPU core set): the job's
+   * tokens_per_s and tflops over its ranks. */
+  double tokens_per_s_gpu;
+  double tflops_gpu;
+  double compute_ms;  /* this rank's forward + backward compute (the pipeline's busy time) */
+  double p2p_wait_ms; /* this rank's wait in pipeline sends and receives */
 } wf_train_step_info;
 
 typedef struct wf_train_hooks {
@@ -70,7 +77,8 @@ typedef struct wf_train_hooks {
   /* The data-parallel group this rank trains in (NULL = one rank alone): each dp
    * rank trains on its slice of the global batch and gradients are averaged. */
   struct wf_comm *dp;
-  const char *save_llmc; /* write the final model as an llm.c checkpoint (dp rank 0) */
+  const char *save_llmc;      /* write the final model there (world rank 0) ... */
+  wf_weights_fmt save_format; /* ... in this format (default: llm.c version 3) */
   /* Checkpoints (train.checkpoint_dir): one is written every train.checkpoint_every
    * steps, after the last step, and when on_step stops the run. checkpoint_now is
    * asked at the other step boundaries, after on_step; it must answer the same on
@@ -102,5 +110,18 @@ wf_status wf_train_run(const wf_config *cfg, const wf_train_hooks *hooks);
  * pp, emb, dp and world groups of a model-parallel run: the state is then computed by
  * the stages and shards together and assembled whole by world rank 0. */
 wf_status wf_train_dump_state(const wf_config *cfg, const char *path, const wf_train_hooks *comms);
+
+/* One draw of a sample: the id among logits[0 .. V) (the whole vocabulary's row, divided
+ * by temperature > 0) drawn from the softmax over its top_k (0 = all; equal logits
+ * ranked by the lower id), with u = wf_rng_uniform(seed, a stream of `stream`, index):
+ * the first id, most likely first, whose cumulative probability exceeds u. A pure
+ * function of its arguments; -1 when out of memory. */
+int wf_sample_token(const float *logits, int V, int top_k, double temperature, uint64_t seed,
+                    uint64_t stream, uint64_t index);
+
+/* worker --generate: the model of model.init on the mesh comms gives (NULL = one rank),
+ * train.sample_tokens tokens sampled after `prompt` (see "Samples" in sample.c), printed
+ * by world rank 0 on stdout (prompt and continuation, decoded), then return. */
+wf_status wf_train_generate(const wf_config *cfg, const char *prompt, const wf_train_hooks *comms);
 
 #endif /* WF_TRAIN_H */

@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""bench/plan.py - the planner's step-time predictions against measured runs.
+
+  python3 bench/plan.py build/worker/worker [--steps N] [--top K]
+
+Two cases, as issue 18 asks: the 8-rank default (examples/gpt2-3d.yaml's model and
+batch) and gpt2-small on 2 ranks. For each: measure this machine with
+`worker --profile-hw` under mpirun with that many ranks, ask `worker --plan --json` for
+its ranking, run its top K plans under mpirun (train.steps=N, the median step_ms of the
+steps after the first from train.metrics), and print predicted beside measured step
+time, the median absolute error, Spearman's rank correlation, and whether the planner's
+first choice is within 10% of the fastest measured. A benchmark, not a test: the
+machine's load moves every number.
+"""
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+CASES = {
+    "default-8": (8, ["model.preset=gpt2-tiny", "model.layers=8", "train.batch_size=16"]),
+    "gpt2-small-2": (2, ["model.preset=gpt2-small", "train.seq_len=64", "train.batch_size=4"]),
+}
+COMMON = ["train.peak_tflops=1", "runtime.log_level=warn", "train.warmup=1"]
+
+
+def mpirun(np):
+    return ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np",
+            str(np)]
+
+
+def run(cmd, timeout=900):
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
+    return p.stdout
+
+
+def ranks(xs):
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    r = [0.0] * len(xs)
+    i = 0
+    while i < len(order):  # average ranks over ties
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            r[order[k]] = (i + j) / 2
+        i = j + 1
+    return r
+
+
+def spearman(a, b):
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = statistics.mean(ra), statistics.mean(rb)
+    num = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    den = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
+    return num / den if den else float("nan")
+
+
+def measure(worker, np, keys, steps, tmp):
+    metrics = os.path.join(tmp, "m.jsonl")
+    if os.path.exists(metrics):
+        os.remove(metrics)
+    run(mpirun(np) + [worker, f"train.steps={steps}", f"train.metrics={metrics}"] + keys)
+    ms = [json.loads(l)["step_ms"] for l in open(metrics) if '"step_ms"' in l]
+    return statistics.median(ms[1:] if len(ms) > 1 else ms)
+
+
+def bench(worker, name, steps, top, tmp):
+    np, model = CASES[name]
+    prof = os.path.join(tmp, f"hw-{name}.json")
+    run(mpirun(np) + [worker, "--profile-hw", prof] + model + COMMON)
+    out = json.loads(run([worker, "--plan", "--json", "--hw", prof, f"dist.world_size={np}"] +
+                         model + COMMON))
+    plans = out["plans"][:top]
+    rows = []
+    for p in plans:
+        measured = measure(worker, np, model + COMMON + p["keys"].split(), steps, tmp)
+        rows.append((p["plan"], p["step_ms"], measured))
+        print(f"  {name}: {p['plan']}: predicted {p['step_ms']:.1f} ms, measured {measured:.1f}",
+              file=sys.stderr)
+    print(f"\n{name}: {np} ranks, top {len(rows)} plans of {len(out['plans'])} "
+          f"(hardware profile measured here, {os.path.basename(prof)})")
+    print(f"{'#':>2} {'predicted_ms':>12} {'measured_ms':>11} {'error':>7}  plan")
+    errs = []
+    for i, (plan, pred, meas) in enumerate(rows):
+        errs.append(abs(pred - meas) / meas)
+        print(f"{i + 1:>2} {pred:>12.1f} {meas:>11.1f} {100 * (pred - meas) / meas:>+6.0f}%  {plan}")
+    fastest = min(r[2] for r in rows)
+    rho = spearman([r[1] for r in rows], [r[2] for r in rows])
+    first = rows[0][2] <= 1.1 * fastest
+    print(f"median |error| {100 * statistics.median(errs):.0f}% (goal <= 20%), Spearman "
+          f"{rho:.2f} (goal >= 0.8), first choice {rows[0][2]:.1f} ms vs fastest "
+          f"{fastest:.1f} ms: {'within' if first else 'NOT within'} 10%")
+
+
+def main():
+    worker = sys.argv[1]
+    steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 4
+    top = int(sys.argv[sys.argv.index("--top") + 1]) if "--top" in sys.argv else 8
+    only = sys.argv[sys.argv.index("--case") + 1] if "--case" in sys.argv else None
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in CASES:
+            if only in (None, name):
+                bench(worker, name, steps, top, tmp)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""The planner's tests: `plan.py WORKER CASE`.
+
+mem-* cases: the trainer's own memory against the planner's prediction. Each runs a mesh
+under mpirun with --check-estimate: after the first step every rank prints the memory
+worker --estimate predicts for its stage and dp rank, the memory the trainer reports
+(the runtime's accounted allocations, the step line's mem=) and the growth of its
+resident memory (VmRSS of /proc/self/status, read before the trainer's set-up and after
+the first step). The same case is also asked of `worker --estimate --json` alone (a
+singleton, planning the world from the mesh keys), whose per-stage totals must be the
+figures the ranks printed.
+
+Tolerances:
+* predicted vs reported: the issue's 5% (MEM_RTOL). The prediction is the allocators'
+  own arithmetic (wf_gpt_mem_plan, wf_grads_mem_plan, wf_pipe_mem_plan,
+  wf_optim_mem_plan), so it is exact on the CPU device; anything else means the two
+  drifted apart.
+* predicted vs RSS growth: the issue's 10% (RSS_RTOL). RSS also grows by what the
+  runtime does not account: OpenBLAS's per-thread buffers, Open MPI's shared-memory
+  segments and the data loader's; measured about 1 MiB per rank here. The model is
+  sized so a rank holds 15-60 MiB (a vocabulary of 8192 makes the embedding, its
+  gradients and AdamW state, and the logits large at little compute), which keeps that
+  overhead inside the tolerance.
+
+err-* cases: a model that fits no plan, an impossible world size and a missing hardware
+profile each fail with one clear error and exit non-zero.
+est-* and plan-* cases: --estimate's JSON against figures computed here from the model
+dimensions, and --plan for 64 H100s and a 1.3B model.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+MEM_RTOL = 0.05
+RSS_RTOL = 0.10
+
+# A small model with a large vocabulary: 4 layers, d_model 128, 4 heads, seq 32.
+MODEL = ["model.layers=4", "model.heads=4", "model.d_model=128", "model.seq_len=32",
+         "model.vocab=8192", "train.steps=1", "train.batch_size=8", "train.peak_tflops=1",
+         "runtime.threads=1", "runtime.log_level=warn"]
+
+MESHES = {
+    "np1": (1, []),
+    "dp2": (2, ["mesh.dp=2"]),
+    "dp2-zero1": (2, ["mesh.dp=2", "optim.zero=1"]),
+    "tp2": (2, ["mesh.tp=2"]),
+    "tp2-sp": (2, ["mesh.tp=2", "parallel.sequence=true"]),
+    "pp2-1f1b": (2, ["mesh.pp=2", "train.microbatches=4", "train.schedule=1f1b"]),
+    "pp2-gpipe": (2, ["mesh.pp=2", "train.microbatches=4", "train.schedule=gpipe"]),
+    "pp2-interleaved": (2, ["mesh.pp=2", "train.microbatches=4", "train.schedule=interleaved",
+                            "parallel.virtual_stages=2"]),
+    # the middle stages hold no embedding: 8 layers and 16-row micro-batches keep them
+    # at ~15 MiB, well above the ~1 MiB RSS the runtime does not account
+    "pp4-1f1b-recompute": (4, ["mesh.pp=4", "train.microbatches=4", "model.layers=8",
+                               "train.batch_size=64", "parallel.activation_checkpointing=true"]),
+    "np1-recompute": (1, ["parallel.activation_checkpointing=true"]),
+    "np1-bf16": (1, ["precision=bf16"]),
+    "3d-bf16": (8, ["mesh.dp=2", "mesh.tp=2", "mesh.pp=2", "train.microbatches=2",
+                    "train.schedule=interleaved", "parallel.virtual_stages=2",
+                    "parallel.sequence=true", "optim.zero=1", "precision=bf16"]),
+}
+
+CHECK = re.compile(r"estimate check: rank (\d+) stage (\d+) dp (\d+) predicted (\d+) bytes, "
+                   r"reported (\d+) .*rss growth (-?\d+)")
+
+
+def fail(msg):
+    print("FAIL:", msg)
+    sys.exit(1)
+
+
+def run(cmd, timeout=240, ok=True):
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if ok and p.returncode != 0:
+        fail(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+def mpirun(np):
+    return ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np",
+            str(np)]
+
+
+def mem_case(worker, name):
+    np, keys = MESHES[name]
+    args = MODEL + keys
+    est = json.loads(run([worker, "--estimate", "--json"] + args).stdout)
+    predicted = {s["stage"]: s["total_bytes"] for s in est["stages"]}
+    out = run(mpirun(np) + [worker, "--check-estimate"] + args).stdout
+    rows = [tuple(int(x) for x in m.groups()) for m in CHECK.finditer(out)]
+    if len(rows) != np:
+        fail(f"{len(rows)} estimate-check lines from {np} ranks:\n{out}")
+    for rank, stage, dp, pred, reported, rss in rows:
+        err = abs(pred - reported) / reported
+        rss_err = abs(pred - rss) / rss
+        print(f"{name} rank {rank} stage {stage} dp {dp}: predicted {pred} reported {reported} "
+              f"({err:.3%}) rss growth {rss} ({rss_err:.2%})")
+        if err > MEM_RTOL:
+            fail(f"rank {rank}: predicted {pred} vs reported {reported}: {err:.2%} > 5%")
+        if rss_err > RSS_RTOL:
+            fail(f"rank {rank}: predicted {pred} vs RSS growth {rss}: {rss_err:.2%} > 10%")
+        if dp == 0 and pred != predicted[stage]:
+            fail(f"--estimate says stage {stage} holds {predicted[stage]}, the rank {pred}")
+    print(f"{name}: OK, {np} ranks")
+
+
+def num_params(L, C, V, T):
+    """GPT-2's parameter count (llm.c's layout, V padded to a multiple of 128)."""
+    Vp = (V + 127) // 128 * 128
+    return Vp * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
+
+
+def est_case(worker):
+    """One rank, fp32: parameters and gradients are 4 bytes per parameter, AdamW 8, and
+    the token batches 2 x 2 x B*T int32 (the pipeline engine's and the trainer's)."""
+    est = json.loads(run([worker, "--estimate", "--json"] + MODEL).stdout)
+    n = num_params(4, 128, 8192, 32)
+    b = est["stages"][0]["bytes"]
+    want = {"params": 4 * n, "grads": 4 * n, "optim": 8 * n, "other": 4 * 8 * 32 * 4}
+    for k, v in want.items():
+        if b[k] != v:
+            fail(f"--estimate {k} = {b[k]}, want {v}")
+    # ZeRO-1 over 4 ranks: dp rank 0 keeps ceil(n/4) elements of AdamW state
+    est = json.loads(run([worker, "--estimate", "--json", "mesh.dp=4", "optim.zero=1"] +
+                         MODEL).stdout)
+    if est["stages"][0]["bytes"]["optim"] != 8 * ((n + 3) // 4):
+        fail(f"ZeRO-1 dp 4 optimizer bytes {est['stages'][0]['bytes']['optim']}")
+    t = est["time"]
+    if not (t["step_ms"] > 0 and t["tokens_per_s"] > 0 and t["dp_comm_ms"] > 0):
+        fail(f"time breakdown {t}")
+    print(f"est: OK ({n} parameters)")
+
+
+def plan_h100(worker):
+    """64 H100s (8 per node), a GPT-2 XL-sized model (1.56B with the GPT-2 vocabulary),
+    global batch 512 x 1024: a plan exists, fits 80 GB, keeps tp inside a node, and the
+    left-out plans say why."""
+    args = ["model.preset=gpt2-xl", "dist.world_size=64", "train.batch_size=512",
+            "train.seq_len=1024", "--hw", "h100-sxm"]
+    out = json.loads(run([worker, "--plan", "--json"] + args, timeout=600).stdout)
+    best = out["plans"][0]
+    if best["peak_bytes"] > 80e9 or "mesh.tp=" not in out["best"]:
+        fail(f"best plan {best}")
+    tp = int(re.search(r"mesh.tp=(\d+)", out["best"]).group(1))
+    if tp > 8:
+        fail(f"tp {tp} leaves the node")
+    speeds = [p["tokens_per_s"] for p in out["plans"]]
+    if speeds != sorted(speeds, reverse=True):
+        fail("plans are not ranked by tokens/s")
+    mem = [p for p in out["left_out"] if re.match(r"\d+\.\d\d GiB > 74\.51 GiB on stage \d+$",
+                                                   p["left_out"])]
+    if not mem:
+        fail("no plan left out for memory, or its reason is not 'X GiB > 74.51 GiB on stage N'")
+    print(f"plan-h100: OK, best {best['plan']} at {best['tokens_per_s']:.0f} tokens/s, "
+          f"{len(out['plans'])} ranked, {len(out['left_out'])} left out")
+
+
+def err_case(worker, name):
+    if name == "err-fits-nothing":  # gpt2-xl on 2 ranks of 1 GiB
+        p = run([worker, "--plan", "model.preset=gpt2-xl", "dist.world_size=2", "--hw",
+                 "h100-sxm", "--device-mem", "1"], ok=False)
+        want = "fits no plan on 2 ranks of 1.0 GiB"
+    elif name == "err-world":  # 7 ranks, 4 heads, 4 layers, batch 8: no dp x tp x pp
+        p = run([worker, "--plan", "dist.world_size=7", "--hw", "h100-sxm"], ok=False)
+        want = "no mesh of world size 7 works"
+    else:  # a profile that is not there
+        p = run([worker, "--plan", "--hw", "/nonexistent/hw.json"], ok=False)
+        want = "cannot read the hardware profile /nonexistent/hw.json"
+    if p.returncode == 0 or want not in p.stderr or p.stderr.count("weft: error:") != 1:
+        fail(f"{name}: exit {p.returncode}, want one error with '{want}':\n{p.stderr}")
+    print(f"{name}: OK ({p.stderr.strip().splitlines()[-1]})")
+
+
+def main():
+    worker, case = sys.argv[1], sys.argv[2]
+    if case.startswith("mem-"):
+        mem_case(worker, case[4:])
+    elif case == "est":
+        est_case(worker)
+    elif case == "plan-h100":
+        plan_h100(worker)
+    else:
+        err_case(worker, case)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,416 @@
+/*
+ * measure.c - this machine's profile (worker --profile-hw, and the planner's default):
+ * GEMMs at the model's shapes through the device's kernel table, the attention kernel,
+ * memory bandwidth, and under mpirun all-reduces over groups of 2, 4, ... ranks.
+ *
+ * The GEMMs run on rank 0 alone (the others wait), at one thread and at every core:
+ * the time model gives a rank cores / ranks threads, or one thread and a share of a
+ * core. A GEMM above MAX_FLOPS is measured with fewer rows: a large GEMM's rate does
+ * not depend on its row count, and the profile stays a few seconds long.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "plan_int.h"
+#include "wf_collectives.h"
+#include "wf_kernels.h"
+
+#define MAX_FLOPS 4e8 /* per measured GEMM */
+#define REPS      3   /* best of, after a warm-up */
+
+typedef struct bench {
+  wf_dev *dev;
+  const wf_ktable *k;
+  float *buf; /* scratch of n floats */
+  size_t n;
+} bench;
+
+static double best_of(bench *b, int what, int m, int n, int k)
+{
+  double best = INFINITY;
+  float *x = b->buf, *w = b->buf + (size_t)m * k, *y = w + (size_t)n * k;
+  for (int r = 0; r <= REPS; r++) {
+    double t = wf_now();
+    if (what == 0)
+      b->k->matmul_forward(y, x, w, NULL, m, k, n, WF_PREC_NO, NULL);
+    else /* attention of one batch row over m heads: qkv (T, 3 hs m) */
+      b->k->attention_forward(y, w, x, 1, n, k * m, m, NULL);
+    wf_dev_stream_sync(b->dev, NULL);
+    t = wf_now() - t;
+    if (r > 0 && t < best)
+      best = t;
+  }
+  return best;
+}
+
+static void add_gemm(bench *b, wf_hw *hw, int m, int n, int k, int threads)
+{
+  for (int i = 0; i < hw->n_gemm; i++) /* once per shape and thread count */
+    if (hw->gemm[i].m == m && hw->gemm[i].n == n && hw->gemm[i].k == k &&
+        hw->gemm[i].threads == threads && !hw->gemm[i].attention)
+      return;
+  if (hw->n_gemm >= WF_HW_MAX_GEMM || m < 1 || n < 1 || k < 1)
+    return;
+  int rows = m;
+  while (rows > 16 && 2.0 * rows * n * k > MAX_FLOPS)
+    rows /= 2;
+  if ((size_t)rows * k + (size_t)n * k + (size_t)rows * n > b->n)
+    return;
+  double t = best_of(b, 0, rows, n, k);
+  hw->gemm[hw->n_gemm++] = (wf_hw_gemm){m, n, k, threads, 2.0 * rows * n * k / t * 1e-12, false};
+}
+
+/* The attention kernel of T positions and head size hs, recorded as the (T,T,hs) GEMM
+ * the time model prices it at (4 T^2 hs flops per head: Q.K^T and att.V). */
+static void add_attention(bench *b, wf_hw *hw, int T, int hs, int threads)
+{
+  int heads = 4;
+  size_t need = (size_t)T * 3 * hs * heads + (size_t)heads * T * T + (size_t)T * hs * heads;
+  if (hw->n_gemm >= WF_HW_MAX_GEMM || need > b->n)
+    return;
+  double t = best_of(b, 1, heads, T, hs);
+  hw->gemm[hw->n_gemm++] =
+      (wf_hw_gemm){T, T, hs, threads, 4.0 * heads * T * T * hs / t * 1e-12, true};
+}
+
+/* Every GEMM shape of the model's layers and head for micro-batches of T .. N rows and
+ * tp sizes 1, 2, 4 ... up to tpmax that divide the heads. */
+static void model_shapes(bench *b, wf_hw *hw, const wf_gpt_dims *d, int N, int T, int tpmax,
+                         int threads)
+{
+  int C = d->C;
+  for (int tp = 1; tp <= tpmax && d->NH % tp == 0 && C % tp == 0; tp *= 2) {
+    for (int rows = T; rows <= N; rows *= 4) {
+      add_gemm(b, hw, rows, 3 * C / tp, C, threads);
+      add_gemm(b, hw, rows, C, C / tp, threads);
+      add_gemm(b, hw, rows, 4 * C / tp, C, threads);
+      add_gemm(b, hw, rows, C, 4 * C / tp, threads);
+      add_gemm(b, hw, rows, d->Vp / tp, C, threads);
+    }
+  }
+  add_attention(b, hw, T, C / d->NH, threads);
+}
+
+/* Bytes per second of a residual add over 64 MiB (two reads and a write). */
+static double mem_bandwidth(bench *b)
+{
+  size_t n = WF_MIN(b->n / 3, (size_t)16 << 20);
+  double best = INFINITY;
+  for (int r = 0; r <= REPS; r++) {
+    double t = wf_now();
+    b->k->residual_forward(b->buf, b->buf + n, b->buf + 2 * n, n, NULL);
+    wf_dev_stream_sync(b->dev, NULL);
+    t = wf_now() - t;
+    if (r > 0 && t < best)
+      best = t;
+  }
+  return 12.0 * n / best;
+}
+
+/* Seconds of one kernel call on a few floats: what every op costs besides its work. */
+static double op_overhead(bench *b)
+{
+  double t[31];
+  for (int r = 0; r < 31; r++) {
+    t[r] = wf_now();
+    b->k->residual_forward(b->buf, b->buf + 256, b->buf + 512, 256, NULL);
+    wf_dev_stream_sync(b->dev, NULL);
+    t[r] = wf_now() - t[r];
+  }
+  for (int i = 1; i < 31; i++)
+    for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+      double x = t[j];
+      t[j] = t[j - 1], t[j - 1] = x;
+    }
+  return t[15];
+}
+
+/* Best seconds of fn(b) over REPS runs after a warm-up. */
+static double best_time(bench *b, void (*fn)(bench *b, int rows, int C), int rows, int C)
+{
+  double best = INFINITY;
+  for (int r = 0; r <= REPS; r++) {
+    double t = wf_now();
+    fn(b, rows, C);
+    wf_dev_stream_sync(b->dev, NULL);
+    t = wf_now() - t;
+    if (r > 0 && t < best)
+      best = t;
+  }
+  return best;
+}
+
+/* The scratch as (rows, C) tensors: x, y, dy, dx, then per-row stats and a weight. */
+static void ln_pair(bench *b, int rows, int C)
+{
+  size_t n = (size_t)rows * C;
+  float *x = b->buf, *y = x + n, *dy = y + n, *dx = dy + n, *mean = dx + n, *rstd = mean + rows,
+        *w = rstd + rows, *dw = w + C, *db = dw + C;
+  b->k->layernorm_forward(y, mean, rstd, x, w, db, rows, C, NULL);
+  b->k->layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, rows, C, NULL);
+}
+
+static void gelu_pair(bench *b, int rows, int C)
+{
+  size_t n = (size_t)rows * C;
+  b->k->gelu_forward(b->buf + n, b->buf, n, NULL);
+  b->k->gelu_backward(b->buf + 2 * n, b->buf, b->buf + n, n, NULL);
+}
+
+static void mm_fwd(bench *b, int rows, int C)
+{
+  float *x = b->buf, *w = x + (size_t)rows * C, *y = w + (size_t)4 * C * C;
+  b->k->matmul_forward(y, x, w, NULL, rows, C, 4 * C, WF_PREC_NO, NULL);
+}
+
+static void mm_bwd(bench *b, int rows, int C)
+{
+  float *x = b->buf, *w = x + (size_t)rows * C, *dy = w + (size_t)4 * C * C,
+        *dx = dy + (size_t)rows * 4 * C, *dw = dx + (size_t)rows * C, *db = dw + (size_t)4 * C * C;
+  b->k->matmul_backward(dx, dw, db, dy, x, w, rows, C, 4 * C, WF_PREC_NO, NULL);
+}
+
+/* rows = T positions of one batch row, C = hs: four heads. */
+static void att_fwd(bench *b, int T, int hs)
+{
+  float *qkv = b->buf, *att = qkv + (size_t)T * 12 * hs, *out = att + (size_t)4 * T * T;
+  b->k->attention_forward(out, att, qkv, 1, T, 4 * hs, 4, NULL);
+}
+
+static void att_bwd(bench *b, int T, int hs)
+{
+  float *qkv = b->buf, *att = qkv + (size_t)T * 12 * hs, *dout = att + (size_t)4 * T * T,
+        *dqkv = dout + (size_t)T * 4 * hs, *scratch = dqkv + (size_t)T * 12 * hs;
+  b->k->attention_backward(dqkv, scratch, dout, qkv, att, 1, T, 4 * hs, 4, NULL);
+}
+
+/* The model's non-GEMM kernels at one thread, at its width C, head size hs and T. */
+static void kernel_costs(bench *b, wf_hw *hw, int C, int hs, int T)
+{
+  int rows = 256;
+  hw->ln_s = best_time(b, ln_pair, rows, C) / ((double)rows * C);
+  hw->gelu_s = best_time(b, gelu_pair, rows, 4 * C) / ((double)rows * 4 * C);
+  hw->matmul_bwd = best_time(b, mm_bwd, rows, C) / best_time(b, mm_fwd, rows, C);
+  hw->attn_bwd = best_time(b, att_bwd, T, hs) / best_time(b, att_fwd, T, hs);
+}
+
+static double host_memory(void)
+{
+  long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+  return pages > 0 && size > 0 ? (double)pages * size : 0;
+}
+
+wf_status wf__plan_measure(const wf_gpt_dims *d, int N, int T, int tpmax, wf_hw *hw)
+{
+  wf_status st = WF_OK;
+  bench b = {.dev = wf_dev_cpu(), .n = (size_t)48 << 20};
+  int cores = (int)sysconf(_SC_NPROCESSORS_ONLN), saved = wf_kernels_threads();
+  b.k = wf_dev_kernels(b.dev);
+  memset(hw, 0, sizeof *hw);
+  char host[64] = "";
+  gethostname(host, sizeof host - 1);
+  snprintf(hw->name, sizeof hw->name, "cpu %s", host);
+  snprintf(hw->source, sizeof hw->source,
+           "measured on %s: GEMMs at the model's shapes, the attention kernel, memory bandwidth",
+           host);
+  WF_TRY(wf_dev_alloc_floats(b.dev, &b.buf, b.n));
+  hw->cores = cores > 0 ? cores : 1;
+  hw->gpus_per_node = 1 << 16; /* every rank on this one host */
+  hw->mem_bytes = host_memory();
+  for (int th = 1;; th = hw->cores) {
+    wf_kernels_set_threads(th);
+    model_shapes(&b, hw, d, WF_MAX(N, T), T, tpmax, th);
+    if (th == hw->cores)
+      break;
+  }
+  hw->mem_bw = mem_bandwidth(&b);
+  wf_kernels_set_threads(1);
+  hw->op_s = op_overhead(&b);
+  kernel_costs(&b, hw, d->C, d->C / d->NH, T);
+  /* collectives until measured: shared memory, one copy in and out at memory speed */
+  hw->intra_alpha_s = hw->inter_alpha_s = 20e-6;
+  hw->intra_bw = hw->inter_bw = hw->mem_bw / 4;
+fail:
+  wf_kernels_set_threads(saved);
+  wf_dev_free(b.dev, b.buf);
+  return st;
+}
+
+#define COLL_REPS 15
+
+/* Median seconds of an all-reduce of n floats over c. */
+static wf_status time_allreduce(wf_comm *c, float *buf, size_t n, double *sec)
+{
+  wf_status st = WF_OK;
+  double t[COLL_REPS];
+  for (int r = 0; r < COLL_REPS; r++) {
+    WF_TRY(wf_comm_barrier(c));
+    double t0 = wf_now();
+    WF_TRY(wf_comm_allreduce(c, buf, buf, n, WF_COMM_F32, WF_COMM_SUM));
+    t[r] = wf_now() - t0;
+  }
+  for (int i = 1; i < COLL_REPS; i++) /* insertion sort, then the median */
+    for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+      double x = t[j];
+      t[j] = t[j - 1], t[j - 1] = x;
+    }
+  *sec = t[COLL_REPS / 2];
+fail:
+  return st;
+}
+
+/* A busy rank's step between collectives: a residual add over n floats. */
+static void work(const wf_ktable *k, float *buf, size_t n)
+{
+  k->residual_forward(buf, buf + n, buf + 2 * n, n, NULL);
+}
+
+#define BUSY_ITERS 100
+#define BUSY_N     65536 /* floats a work step adds: ~50 us alone */
+#define BUSY_TRIES 3     /* the median of */
+
+/* Seconds of BUSY_ITERS work steps, each followed (comm) by a one-float all-reduce. */
+static wf_status busy_loop(wf_comm *c, float *buf, bool comm, double *sec)
+{
+  wf_status st = WF_OK;
+  const wf_ktable *k = wf_dev_kernels(wf_dev_cpu());
+  WF_TRY(wf_comm_barrier(c));
+  double t0 = wf_now();
+  for (int i = 0; i < BUSY_ITERS; i++) {
+    work(k, buf + 4, BUSY_N);
+    if (comm)
+      WF_TRY(wf_comm_allreduce(c, buf, buf, 1, WF_COMM_F32, WF_COMM_SUM));
+  }
+  *sec = wf_now() - t0;
+fail:
+  return st;
+}
+
+/* All-reduces over groups of g ranks, every group at once (as in a mesh): alpha is what
+ * a one-float all-reduce adds to a loop of work steps (ranks that share cores wait for
+ * their partners to be scheduled, which a synchronised ping would not see), the
+ * bandwidth what a 4 MiB one adds to it. Rank 0's group answers. */
+static wf_status measure_group(wf_comm *world, int g, float *buf, wf_hw_coll *out)
+{
+  wf_status st = WF_OK;
+  wf_comm *c = NULL;
+  const size_t big = (size_t)1 << 20;
+  double with = 0, without = 0, tb = 0;
+  int rank = wf_comm_rank(world);
+  WF_TRY(wf_comm_split(world, rank / g, rank, "profile", &c));
+  double d[BUSY_TRIES];
+  for (int i = 0; i < BUSY_TRIES; i++) {
+    WF_TRY(busy_loop(c, buf, false, &without));
+    WF_TRY(busy_loop(c, buf, true, &with));
+    d[i] = (with - without) / BUSY_ITERS;
+  }
+  double t1 = 0; /* the bandwidth from synchronised all-reduces, one float and 4 MiB */
+  WF_TRY(time_allreduce(c, buf, 1, &t1));
+  WF_TRY(time_allreduce(c, buf, big, &tb));
+  double lo = fmin(d[0], fmin(d[1], d[2])), hi = fmax(d[0], fmax(d[1], d[2]));
+  double alpha = fmax(0, d[0] + d[1] + d[2] - lo - hi); /* the median */
+  *out = (wf_hw_coll){g, alpha, tb > t1 ? big * 4.0 / (tb - t1) : 1e12};
+fail:
+  wf_comm_destroy(c);
+  if (st == WF_OK)
+    st = wf_comm_barrier(world);
+  return st;
+}
+
+/* Cores the ranks deliver together: each runs the model's widest GEMM for a while, all at
+ * once, and the sum of their rates over the one-thread rate measured alone. */
+static wf_status measure_busy_cores(wf_comm *world, const wf_hw *alone, float *buf, double *cores)
+{
+  wf_status st = WF_OK;
+  const wf_ktable *k = wf_dev_kernels(wf_dev_cpu());
+  int m = 256, n = 256, kk = 64, reps = 0, saved = wf_kernels_threads();
+  wf_kernels_set_threads(1);
+  WF_TRY(wf_comm_barrier(world));
+  double t0 = wf_now(), t = 0;
+  while ((t = wf_now() - t0) < 0.5) { /* every rank at once for half a second */
+    k->matmul_forward(buf + 2 * m * kk, buf, buf + m * kk, NULL, m, kk, n, WF_PREC_NO, NULL);
+    reps++;
+  }
+  float rate = (float)(2.0 * m * n * kk * reps / t * 1e-12);
+  WF_TRY(wf_comm_allreduce(world, &rate, &rate, 1, WF_COMM_F32, WF_COMM_SUM));
+  *cores = rate / (wf_hw_gemm_s(alone, m, n, kk, 1, WF_PREC_NO) > 0
+                       ? 2.0 * m * n * kk / wf_hw_gemm_s(alone, m, n, kk, 1, WF_PREC_NO) * 1e-12
+                       : rate);
+fail:
+  wf_kernels_set_threads(saved);
+  return st;
+}
+
+static wf_status measure_colls(wf_comm *world, wf_hw *hw)
+{
+  wf_status st = WF_OK;
+  int W = wf_comm_size(world);
+  float *buf = NULL;
+  WF_CHECK_ALLOC(buf = calloc((size_t)1 << 20, sizeof *buf));
+  for (int g = 2; g <= W && hw->n_coll < WF_HW_MAX_COLL; g *= 2)
+    if (W % g == 0) /* every rank in a group of g */
+      WF_TRY(measure_group(world, g, buf, &hw->coll[hw->n_coll++]));
+  WF_TRY(measure_busy_cores(world, hw, buf, &hw->busy_cores));
+  if (hw->n_coll > 0) { /* the links of unmeasured transfers: the largest group's */
+    hw->intra_alpha_s = hw->inter_alpha_s = hw->coll[hw->n_coll - 1].alpha_s;
+    hw->intra_bw = hw->inter_bw = hw->coll[hw->n_coll - 1].bw;
+  }
+fail:
+  free(buf);
+  return st;
+}
+
+/* wf_comm_agree without spinning: rank 0 measures GEMMs alone, and ranks spinning in
+ * MPI's progress loop on the same cores would measure themselves instead. */
+static wf_status agree_quietly(wf_comm *world, wf_status mine)
+{
+  wf_status st = WF_OK;
+  wf_req *req = NULL;
+  bool done = false;
+  int32_t bad = mine != WF_OK;
+  WF_TRY(wf_comm_iallreduce(world, &bad, &bad, 1, WF_COMM_I32, WF_COMM_MAX, &req));
+  while (!done) {
+    WF_TRY(wf_req_test(&req, &done));
+    if (!done)
+      usleep(1000);
+  }
+  st = bad ? WF_EINVAL : WF_OK;
+fail:
+  return st;
+}
+
+int wf_plan_profile_hw(const wf_config *cfg, wf_comm *world, const char *path, FILE *out)
+{
+  wf_hw hw = {0};
+  char err[512] = "";
+  wf_gpt_dims d = wf_gpt_dims_from_config(cfg);
+  int T = cfg->train.seq_len > 0 ? cfg->train.seq_len : cfg->model.seq_len;
+  int rank = world ? wf_comm_rank(world) : 0, W = world ? wf_comm_size(world) : 1;
+  wf_status st = WF_OK;
+  if (rank == 0)
+    st = wf__plan_measure(&d, cfg->train.batch_size * T, T, WF_MAX(W, 1), &hw);
+  if (world && agree_quietly(world, st) != WF_OK)
+    return 1;
+  if (world && W > 1 && measure_colls(world, &hw) != WF_OK)
+    return 1;
+  if (rank != 0)
+    return 0;
+  snprintf(hw.source + strlen(hw.source), sizeof hw.source - strlen(hw.source),
+           "; all-reduces over 2..%d ranks", W);
+  if (wf_hw_save(&hw, path, err, sizeof err) != WF_OK) {
+    fprintf(stderr, "weft: error: %s\n", err);
+    return 1;
+  }
+  fprintf(out,
+          "wrote %s: %d GEMM shapes (%.1f-%.1f GFLOP/s), memory %.1f GB/s, %d all-reduce "
+          "group sizes, %.2f of %d cores delivered with %d ranks busy\n",
+          path, hw.n_gemm, hw.n_gemm ? hw.gemm[0].tflops * 1e3 : 0,
+          hw.n_gemm ? hw.gemm[hw.n_gemm - 1].tflops * 1e3 : 0, hw.mem_bw * 1e-9, hw.n_coll,
+          hw.busy_cores, hw.cores, W);
+  for (int i = 0; i < hw.n_coll; i++)
+    fprintf(out, "  all-reduce over %d ranks: %.1f us + bytes / %.2f GB/s\n", hw.coll[i].size,
+            hw.coll[i].alpha_s * 1e6, hw.coll[i].bw * 1e-9);
+  return 0;
+}

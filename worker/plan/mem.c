@@ -1,0 +1,120 @@
+/*
+ * mem.c - a rank's memory, by kind, from the functions the trainer allocates with:
+ * wf_pipe_stage_shard (its stage), wf_pipe_slots (micro-batches in flight),
+ * wf_gpt_mem_plan (the model), wf_grads_mem_plan (the gradient path and the
+ * optimizer's range), wf_optim_mem_plan (AdamW) and wf_pipe_mem_plan (the engine).
+ * Nothing here sizes a buffer itself, except the trainer's token batch (two B x T int
+ * arrays, setup.c's setup_data).
+ *
+ * ZeRO stages enter through wf_grads_mem_plan's `zero` (the range the optimizer holds
+ * and the buffers the reduction needs): ZeRO-2 would shard the gradients there too,
+ * ZeRO-3 the parameters, each one formula in that function and in the model's.
+ */
+#include <string.h>
+
+#include "plan_int.h"
+#include "wf_optim.h"
+
+static size_t flash_saved(int B, int T, int C, int NH)
+{
+  return NH > 0 && C % NH == 0 && C / NH <= 128 ? (size_t)B * NH * T : (size_t)B * NH * T * T;
+}
+
+const wf_ktable *wf__plan_kernels(const wf_hw *hw)
+{
+  static wf_ktable gpu;
+  const wf_ktable *cpu = wf_dev_kernels(wf_dev_cpu());
+  if (!hw || !hw->gpu)
+    return cpu;
+  gpu = *cpu;
+  gpu.attention_saved = flash_saved;
+  gpu.attention_scratch = flash_saved;
+  return &gpu;
+}
+
+const char *wf_plan_mem_kind_name(wf_plan_mem_kind k)
+{
+  static const char *names[WF_PM_N] = {"params", "grads", "optim", "acts", "comm", "other"};
+  return (unsigned)k < WF_PM_N ? names[k] : "?";
+}
+
+wf_status wf_plan_stage_mem_get(const wf_gpt_dims *d, const wf_plan_mesh *m, int pp_rank,
+                                int dp_rank, const struct wf_ktable *k, wf_plan_stage_mem *out)
+{
+  wf_status st = WF_OK;
+  wf_pipe_stage_opts so = {.dims = d,
+                           .T = m->T,
+                           .pp = m->pp,
+                           .rank = pp_rank,
+                           .kind = m->kind,
+                           .v = m->v,
+                           .pp_layers = m->pp_layers,
+                           .n_pp_layers = m->n_pp_layers,
+                           .tp = m->tp,
+                           .sequence = m->sp};
+  wf_gpt_opts o = {
+      .dims = *d, .B = m->B, .T = m->T, .recompute = m->recompute, .precision = m->prec};
+  memset(out, 0, sizeof *out);
+  WF_TRY(wf_pipe_stage_shard(&so, &o.shard));
+  o.slots = wf_pipe_slots(m->kind, m->pp, pp_rank, m->M, o.shard.chunks);
+  wf_gpt_mem gm = wf_gpt_mem_plan(&o, k);
+  wf_grads_mem gr = wf_grads_mem_plan(d, &o.shard, m->dp, dp_rank, m->zero, m->bucket_bytes);
+  size_t tokens = 2 * (size_t)m->B * (size_t)m->T * sizeof(int); /* inputs and targets */
+  size_t pipe = wf_pipe_mem_plan(m->kind, m->pp, pp_rank, m->M, o.shard.chunks, gm.io, m->B, m->T);
+  out->bytes[WF_PM_PARAMS] = gm.params + gm.wlow;
+  out->bytes[WF_PM_GRADS] = gm.grads;
+  out->bytes[WF_PM_OPTIM] = wf_optim_mem_plan(gr.lo, gr.hi);
+  out->bytes[WF_PM_ACTS] = gm.slots + gm.recompute + gm.scratch;
+  out->bytes[WF_PM_COMM] = gr.total + (pipe - tokens); /* the engine's rings */
+  out->bytes[WF_PM_OTHER] = tokens + tokens;           /* the engine's and the trainer's */
+  for (int i = 0; i < WF_PM_N; i++)
+    out->total += out->bytes[i];
+  out->slots = o.slots;
+  out->params = wf_gpt_shard_params(d, &o.shard);
+  out->l0 = o.shard.l0, out->l1 = o.shard.l1, out->chunks = o.shard.chunks;
+  out->n_buckets = gr.n_buckets;
+fail:
+  return st;
+}
+
+int wf_plan_world(const wf_config *cfg)
+{
+  if (cfg->dist.world_size > 0)
+    return cfg->dist.world_size;
+  if (cfg->dist.num_nodes > 0 && cfg->dist.procs_per_node > 0)
+    return cfg->dist.num_nodes * cfg->dist.procs_per_node;
+  long long w = (long long)(cfg->mesh.dp > 0 ? cfg->mesh.dp : 1) * cfg->mesh.tp * cfg->mesh.pp;
+  return w > 0 && w <= 1 << 24 ? (int)w : 0;
+}
+
+wf_status wf_plan_mesh_from_config(const wf_config *cfg, int world, wf_plan_mesh *m)
+{
+  wf_status st = WF_OK;
+  int tp = cfg->mesh.tp, pp = cfg->mesh.pp;
+  int dp = cfg->mesh.dp > 0 ? cfg->mesh.dp : (tp * pp > 0 ? world / (tp * pp) : 0);
+  int M = cfg->train.microbatches > 0 ? cfg->train.microbatches : 1;
+  WF_REFUSE(dp >= 1 && dp * tp * pp == world, WF_ECONFIG,
+            "world size %d is not mesh.dp %d x mesh.tp %d x mesh.pp %d", world, dp, tp, pp);
+  WF_REFUSE(cfg->train.batch_size % (dp * M) == 0, WF_ECONFIG,
+            "train.batch_size %d must be a multiple of dp %d x train.microbatches %d",
+            cfg->train.batch_size, dp, M);
+  *m = (wf_plan_mesh){
+      .dp = dp,
+      .tp = tp,
+      .pp = pp,
+      .v = cfg->train.schedule == WF_SCHED_INTERLEAVED ? cfg->parallel.virtual_stages : 1,
+      .M = M,
+      .B = cfg->train.batch_size / (dp * M),
+      .T = cfg->train.seq_len > 0 ? cfg->train.seq_len : cfg->model.seq_len,
+      .kind = cfg->train.schedule,
+      .zero = cfg->optim.zero,
+      .sp = cfg->parallel.sequence && tp > 1,
+      .recompute = cfg->parallel.activation_checkpointing,
+      .prec = cfg->precision,
+      .threads = cfg->runtime.threads,
+      .bucket_bytes = (size_t)cfg->optim.bucket_mb << 20,
+      .pp_layers = cfg->parallel.n_pp_layers ? cfg->parallel.pp_layers : NULL,
+      .n_pp_layers = cfg->parallel.n_pp_layers};
+fail:
+  return st;
+}

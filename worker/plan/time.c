@@ -1,0 +1,232 @@
+/*
+ * time.c - the step time model.
+ *
+ * A stage's forward of one micro-batch (one model chunk): its GEMMs at the rates of
+ * their shapes (qkv (N,C)x(C,3C/tp), attproj (N,C/tp)x(C/tp,C), fc (N,C)x(C,4C/tp),
+ * fcproj (N,4C/tp)x(4C/tp,C), the head (N,C)x(C,Vp/tp)), attention (Q.K^T and att.V
+ * per head, at the rate of a (T,hs)x(hs,T) GEMM), elementwise work (layernorms,
+ * residuals, GELU, the CPU's softmax over T x T, the loss) at memory bandwidth, and its
+ * tp collectives (two all-reduces of (N,C) per layer, or their reduce-scatter +
+ * all-gather halves under sequence parallelism: the same bytes). Backward is twice the
+ * forward's arithmetic and the same collectives; activation checkpointing adds one
+ * forward of the layers. Each p2p message costs latency plus bytes over bandwidth.
+ *
+ * The step: the schedule's own action lists run on a clock (wf_schedule_simulate) with
+ * the slowest stage's forward and backward costs, then the dp reduction's exposed part
+ * (ZeRO-1's reduce-scatter and all-gather are all exposed), the tied embedding's sum
+ * over the first and last stages, and AdamW (28 bytes per element of its range, plus
+ * zeroing and the norm's pass) at memory bandwidth.
+ *
+ * CPU ranks share the node's cores: a rank computes with cores / ranks threads when
+ * there are more cores than ranks, else with one thread and that share of a core (of
+ * the cores they deliver when all compute at once, busy_cores, when measured).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "plan_int.h"
+
+typedef struct ctx {
+  const wf_gpt_dims *d;
+  const wf_plan_mesh *m;
+  const wf_hw *hw;
+  int threads;
+  double share; /* the part of a core (CPU) a rank gets; 1 on a GPU */
+  bool tp_intra, pp_intra, dp_intra;
+} ctx;
+
+/* Seconds of compute a rank sees for `s` seconds of its own work. */
+static double busy(const ctx *c, double s) { return s / c->share; }
+
+static double gemm(const ctx *c, double m, double n, double k)
+{
+  return busy(c, wf_hw_gemm_s(c->hw, m, n, k, c->threads, c->m->prec));
+}
+
+static double mem(const ctx *c, double bytes) { return busy(c, bytes / c->hw->mem_bw); }
+
+static double tp_allreduce(const ctx *c, double bytes)
+{
+  return wf_hw_allreduce_s(c->hw, bytes, c->m->tp, c->tp_intra);
+}
+
+/* Kernel calls of a block's forward and backward (forward.c, backward.c: layernorm, qkv,
+ * attention, attproj, residual + layernorm, fc + GELU, fcproj, residual; backward about
+ * twice as many), and of the head's (layernorm, logits, the loss's pack and combine). */
+#define BLOCK_FWD_OPS 8
+#define BLOCK_BWD_OPS 14
+#define HEAD_OPS      6
+
+static double ops(const ctx *c, int n) { return busy(c, n * c->hw->op_s); }
+
+typedef struct layer_cost {
+  double fwd, bwd, tp; /* seconds: forward, backward (without recompute), tp collectives */
+} layer_cost;
+
+/* Elementwise work of a block, forward and backward: measured kernel costs (CPU
+ * profiles: two layernorms and a GELU, per element, at the rank's threads) plus the
+ * residuals and the CPU's softmax at memory bandwidth; else all of it at memory
+ * bandwidth. */
+static void block_elem(const ctx *c, double N, double R, double C, double tp, double *f, double *b)
+{
+  const wf_plan_mesh *m = c->m;
+  double T = m->T, NHl = (double)c->d->NH / tp;
+  double soft = c->hw->gpu ? 0 : 3 * m->B * NHl * T * T; /* the CPU keeps att (B,NH,T,T) */
+  if (c->hw->ln_s > 0) {
+    double k = busy(c, (2 * R * C * c->hw->ln_s + N * 4 * C / tp * c->hw->gelu_s) / c->threads);
+    double r = mem(c, 4 * (6 * R * C + soft));
+    *f = k / 3 + r, *b = 2 * k / 3 + 2 * r;
+    return;
+  }
+  double e = mem(c, 4 * (10 * R * C + 2 * N * 4 * C / tp + soft));
+  *f = e, *b = 2 * e;
+}
+
+/* One transformer block, one micro-batch. */
+static layer_cost block(const ctx *c)
+{
+  const wf_plan_mesh *m = c->m;
+  double N = (double)m->B * m->T, C = c->d->C, tp = m->tp, T = m->T;
+  double NHl = (double)c->d->NH / tp, hs = C / c->d->NH, R = m->sp ? N / tp : N;
+  double g = gemm(c, N, 3 * C / tp, C) + gemm(c, N, C, C / tp) + gemm(c, N, 4 * C / tp, C) +
+             gemm(c, N, C, 4 * C / tp);
+  double att = busy(c, wf_hw_attention_s(c->hw, m->B * NHl, T, hs, c->threads, m->prec));
+  double gb = c->hw->matmul_bwd > 0 ? c->hw->matmul_bwd : 2; /* backward over forward */
+  double ab = c->hw->attn_bwd > 0 ? c->hw->attn_bwd : 2;
+  double ef, eb, tpc = m->tp > 1 ? 2 * tp_allreduce(c, N * C * 4) : 0;
+  block_elem(c, N, R, C, tp, &ef, &eb);
+  return (layer_cost){g + att + ef + ops(c, BLOCK_FWD_OPS) + tpc,
+                      gb * g + ab * att + eb + ops(c, BLOCK_BWD_OPS) + tpc, tpc};
+}
+
+/* The embedding (first chunk of the first stage) and the head (last chunk of the last). */
+static layer_cost ends(const ctx *c, bool first, bool last)
+{
+  const wf_plan_mesh *m = c->m;
+  double N = (double)m->B * m->T, C = c->d->C, Vl = (double)c->d->Vp / m->tp;
+  layer_cost r = {0, 0, 0};
+  if (first) {
+    double e = mem(c, 4 * 3 * N * C) + ops(c, 1);
+    double tpc = m->tp > 1 ? tp_allreduce(c, N * C * 4) : 0; /* vocabulary-parallel lookup */
+    r.fwd += e + tpc, r.bwd += 2 * e + tpc, r.tp += tpc;
+  }
+  if (last) {
+    double g = gemm(c, N, Vl, C), e = mem(c, 4 * (3 * N * Vl + 4 * N * C)) + ops(c, HEAD_OPS);
+    r.fwd += g + e, r.bwd += 2 * (g + e);
+  }
+  return r;
+}
+
+/* The slowest chunk's forward and backward of one micro-batch over every stage (a
+ * stage's [l0, l1) is one of its chunks under interleaving), and its
+ * tp seconds; p2p added when there are stages. */
+static wf_status stage_costs(const ctx *c, double *F, double *Bk, double *tp_s, double *p2p)
+{
+  wf_status st = WF_OK;
+  const wf_plan_mesh *m = c->m;
+  layer_cost L = block(c);
+  double io = (double)m->B * m->T * c->d->C * 4 / (m->sp ? m->tp : 1);
+  /* a message moves the bytes an all-reduce of two ranks moves each way, half its
+   * bandwidth term; its latency is hidden: the engine posts receives ahead */
+  double lat2 = wf_hw_allreduce_s(c->hw, 0, 2, c->pp_intra);
+  *p2p = m->pp > 1 ? (wf_hw_allreduce_s(c->hw, io, 2, c->pp_intra) - lat2) / 2 : 0;
+  *F = *Bk = *tp_s = 0;
+  for (int r = 0; r < m->pp; r++) {
+    wf_plan_stage_mem sm;
+    WF_TRY(wf_plan_stage_mem_get(c->d, m, r, 0, NULL, &sm));
+    int lc = sm.l1 - sm.l0;
+    layer_cost e = ends(c, r == 0, r == m->pp - 1);
+    double f = lc * L.fwd + e.fwd, b = lc * L.bwd + e.bwd + (m->recompute ? lc * L.fwd : 0);
+    double t = lc * L.tp * (m->recompute ? 3 : 2) + 2 * e.tp;
+    if (f + b > *F + *Bk)
+      *F = f, *Bk = b, *tp_s = t;
+  }
+  *F += *p2p, *Bk += *p2p;
+fail:
+  return st;
+}
+
+/* The schedule's span for per-chunk costs F and B, by its own action lists. */
+static wf_status pipeline_span(const wf_plan_mesh *m, double F, double B, double *span,
+                               double *bubble)
+{
+  wf_status st = WF_OK;
+  char err[256];
+  int v = m->kind == WF_SCHED_INTERLEAVED ? m->v : 1, makespan = 0;
+  wf_schedule *ranks = NULL;
+  if (m->pp == 1) {
+    *span = m->M * (F + B), *bubble = 0;
+    return WF_OK;
+  }
+  double unit = (F + B) / 64; /* 64 ticks per forward + backward */
+  wf_sched_cost cost = {WF_MAX(1, (int)lround(F / unit)), WF_MAX(1, (int)lround(B / unit))};
+  wf_sched_params prm = {m->kind, m->pp, m->M, v};
+  WF_CHECK_ALLOC(ranks = calloc((size_t)m->pp, sizeof *ranks));
+  WF_CHECK(wf_schedule_init_all(ranks, &prm, err, sizeof err) == WF_OK, WF_EINVAL, "%s", err);
+  WF_TRY(wf_schedule_simulate(ranks, cost, &makespan, bubble));
+  *span = makespan * unit;
+fail:
+  if (ranks)
+    wf_schedule_fini_all(ranks, m->pp);
+  free(ranks);
+  return st;
+}
+
+static ctx make_ctx(const wf_gpt_dims *d, const wf_plan_mesh *m, const wf_hw *hw)
+{
+  int world = m->dp * m->tp * m->pp, node = WF_MAX(1, hw->gpus_per_node);
+  ctx c = {d, m, hw, 1, 1, true, true, true};
+  if (!hw->gpu && hw->cores > 0) {
+    int ranks = WF_MIN(world, node);
+    c.threads = m->threads > 0 ? m->threads : WF_MAX(1, hw->cores / ranks);
+    double cores = hw->busy_cores > 0 ? hw->busy_cores : hw->cores;
+    c.share = fmin(1.0, cores / (ranks * c.threads)); /* of a core per thread */
+  }
+  /* tp is innermost (inside a node), then pp, then dp */
+  c.tp_intra = m->tp <= node;
+  c.pp_intra = m->tp * m->pp <= node;
+  c.dp_intra = world <= node;
+  return c;
+}
+
+wf_status wf_plan_time_get(const wf_gpt_dims *d, const wf_plan_mesh *m, const wf_hw *hw,
+                           wf_plan_time *out)
+{
+  wf_status st = WF_OK;
+  ctx c = make_ctx(d, m, hw);
+  double F, B, tp_s, p2p, span;
+  int v = m->kind == WF_SCHED_INTERLEAVED ? m->v : 1;
+  memset(out, 0, sizeof *out);
+  WF_TRY(stage_costs(&c, &F, &B, &tp_s, &p2p));
+  /* F and B are one chunk's: a shard's [l0, l1) is one chunk of its v */
+  WF_TRY(pipeline_span(m, F, B, &span, &out->sim_bubble));
+  double work = (double)m->M * v * (F + B);
+  out->tp_comm = m->M * v * tp_s;
+  out->pp_comm = m->M * v * 2 * p2p;
+  out->compute = work - out->tp_comm - out->pp_comm;
+  out->bubble = fmax(0, span - work);
+  wf_plan_stage_mem sm;
+  WF_TRY(wf_plan_stage_mem_get(d, m, 0, 0, NULL, &sm));
+  double grad_bytes = (double)sm.params * 4;
+  /* plain dp: one latency per bucket; ZeRO-1: a reduce-scatter and an all-gather, the
+   * bytes of one all-reduce and two latencies */
+  int nb = m->zero ? 2 : WF_MAX(1, sm.n_buckets);
+  out->dp_comm = m->dp > 1 ? wf_hw_allreduce_s(hw, grad_bytes, m->dp, c.dp_intra) +
+                                 (nb - 1) * wf_hw_allreduce_s(hw, 0, m->dp, c.dp_intra)
+                           : 0;
+  double hide = m->zero ? 0 : hw->overlap * B; /* the last backward's span */
+  out->dp_exposed = fmax(0, out->dp_comm - hide);
+  if (m->pp > 1) { /* the tied embedding over the first and last stages */
+    double wte = (double)d->Vp * d->C / m->tp * 4;
+    out->pp_comm += wf_hw_allreduce_s(hw, wte, 2, c.pp_intra);
+  }
+  double n = (double)sm.params, range = m->zero ? n / m->dp : n;
+  out->optim = mem(&c, 28 * range + 8 * n + (m->prec != WF_PREC_NO ? 8 * n : 0));
+  out->step =
+      span + out->dp_exposed + (m->pp > 1 ? out->pp_comm - m->M * v * 2 * p2p : 0) + out->optim;
+  out->tokens_per_s = (double)m->dp * m->M * m->B * m->T / out->step;
+fail:
+  return st;
+}
