@@ -448,6 +448,78 @@ static void test_hang_diagnosis_per_communicator(void **state)
   fx_stop(fx);
 }
 
+/* Lines of `path` containing `needle`. */
+static int count_lines(const char *path, const char *needle)
+{
+  char line[1024];
+  int n = 0;
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  while (fgets(line, sizeof line, f))
+    n += strstr(line, needle) != NULL;
+  fclose(f);
+  return n;
+}
+
+/* Issue 19: 20 s of wrong-token connects printed 9,428 WARN lines, and a peer that
+ * trickled a byte now and then was never dropped. Now the rejections are logged once
+ * per 10 s (WF__LOG_EVERY_MS) and a frame must complete 5 s (WF__PARTIAL_MS) after its
+ * first byte, however its bytes trickle in. */
+static void test_auth_flood_and_trickle(void **state)
+{
+  fixture *fx = fx_start(2, 2, 0);
+  char path[] = "/tmp/weft-test-log-XXXXXX";
+  int logfd = mkstemp(path), saved = dup(STDERR_FILENO);
+  assert_true(logfd >= 0 && saved >= 0);
+  dup2(logfd, STDERR_FILENO);
+  /* a frame header (a 100-byte frame) then one byte a second: never completes */
+  int slow = raw_connect(fx);
+  Weft__Envelope env = WEFT__ENVELOPE__INIT;
+  Weft__Hello h = WEFT__HELLO__INIT;
+  h.role = WEFT__HELLO__ROLE__CONSOLE;
+  h.token = fx->job.token;
+  env.msg_case = WEFT__ENVELOPE__MSG_HELLO;
+  env.hello = &h;
+  raw_send(slow, &env);
+  Weft__Envelope *welcome = raw_recv(slow, 1000);
+  assert_non_null(welcome);
+  assert_int_equal(welcome->msg_case, WEFT__ENVELOPE__MSG_WELCOME);
+  wf_proto_free(welcome);
+  assert_int_equal(send(slow, "\0\0\0\x64", 4, MSG_NOSIGNAL), 4);
+  double t0 = wf_now();
+  int rejected = 0;
+  bool slow_closed = false;
+  while (wf_now() - t0 < 8.0 && !slow_closed) {
+    for (int i = 0; i < 50; i++, rejected++) {
+      int fd = raw_connect(fx);
+      raw_hello(fd, "00112233", 1);
+      Weft__Envelope *e = raw_recv(fd, 1000);
+      assert_non_null(e);
+      wf_proto_free(e);
+      close(fd);
+    }
+    slow_closed = send(slow, "x", 1, MSG_NOSIGNAL) < 0 || raw_closed_within(slow, 1000);
+  }
+  double dt = wf_now() - t0;
+  fflush(stderr);
+  dup2(saved, STDERR_FILENO);
+  close(saved);
+  close(logfd);
+  int lines = count_lines(path, "rejected a connection with a wrong token");
+  unlink(path);
+  print_message("%d wrong-token connects in %.1f s: %d log lines; trickling peer dropped after "
+                "%.1f s\n",
+                rejected, dt, lines, dt);
+  assert_true(rejected >= 100);
+  assert_true(lines >= 1 && lines <= 1 + (int)(dt / 10.0)); /* one per 10 s */
+  /* a console mid-frame: dropped within the 5 s frame deadline plus a watchdog tick
+   * and the 1 s wait of the loop above, though a byte came every second */
+  assert_true(slow_closed);
+  assert_true(dt < 8.0);
+  close(slow);
+  fx_stop(fx);
+}
+
 static void test_bad_peers(void **state)
 {
   fixture *fx = fx_start(2, 2, 0);
@@ -813,6 +885,7 @@ int main(int argc, char **argv)
       cmocka_unit_test(test_hang_diagnosis),
       cmocka_unit_test(test_hang_diagnosis_per_communicator),
       cmocka_unit_test(test_bad_peers),
+      cmocka_unit_test(test_auth_flood_and_trickle),
       cmocka_unit_test(test_polling_load),
       cmocka_unit_test(test_error_report),
       cmocka_unit_test(test_orderly_shutdown),
