@@ -793,6 +793,22 @@ static void test_listen_address(void **state)
     assert_int_equal(can_connect("127.0.0.1", mport), binds[i] != NULL);
     wf_service_destroy(svc);
   }
+  /* A loopback MASTER_ADDR while ranks run on other hosts (facts_for: host0, host1)
+   * would shut them out: every interface instead, with a warning. */
+  wf_mesh mesh = {.dp = 2, .tp = 2, .pp = 1};
+  wf_rank_facts facts[4];
+  for (int i = 0; i < 4; i++)
+    facts[i] = facts_for(i, &mesh);
+  wf_service *svc = NULL;
+  wf_service_opts so = {.job_id = "listen",
+                        .world_size = 4,
+                        .mesh = mesh,
+                        .facts = facts,
+                        .master_addr = "127.0.0.2",
+                        .job_dir = dir};
+  assert_int_equal(wf_service_start(&svc, &so), WF_OK);
+  assert_true(can_connect("127.0.0.1", wf_service_port(svc)));
+  wf_service_destroy(svc);
   rmdir(dir);
 }
 
