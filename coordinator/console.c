@@ -51,20 +51,34 @@ static const struct {
 } help_text[] = {
     {"status", "", "job, model, mesh, step, loss, tokens/s, ETA"},
     {"ranks", "[RANK]",
-     "one row per rank (or rank RANK): host, pid, device, binding, coordinates, state,\n"
-     "              heartbeat age, step, step ms, tokens/s per rank, memory, RSS, CPU%,\n"
-     "              last collective"},
+     "one row per rank (or rank RANK): host, pid, device, binding,\n"
+     "coordinates, state, heartbeat age, step, step ms, tokens/s per rank,\n"
+     "memory, RSS, CPU%, last collective"},
     {"mesh", "", "the mesh as dp x tp grids per pipeline stage, with groups"},
     {"top", "", "status and ranks, refreshed every second (--count N refreshes)"},
     {"schedule", "", "the pipeline action grid per rank"},
     {"trace", "[RANK] [GROUP]",
-     "recent collectives from each rank's flight recorder (or rank RANK's, or\n"
-     "              group GROUP's: world, dp, tp, pp, emb), peers as world ranks"},
+     "recent collectives from each rank's flight recorder (or rank RANK's,\n"
+     "or group GROUP's: world, dp, tp, pp, emb), peers as world ranks"},
     {"checkpoint", "", "write a checkpoint at the next step boundary (needs train.checkpoint_dir)"},
     {"stop", "", "stop gracefully at the next step boundary"},
     {"list", "", "the running jobs in the job directory"},
     {"attach", "", "an interactive prompt for the commands above, with completion"},
 };
+
+/* `text`, its continuation lines indented by `indent` columns. */
+static void print_indented(FILE *out, const char *text, int indent)
+{
+  for (const char *p = text; *p;) {
+    const char *nl = strchr(p, '\n');
+    int n = nl ? (int)(nl - p) : (int)strlen(p);
+    fprintf(out, "%.*s\n", n, p);
+    if (!nl)
+      break;
+    p = nl + 1;
+    fprintf(out, "%*s", indent, "");
+  }
+}
 
 static void usage(FILE *out)
 {
@@ -73,7 +87,8 @@ static void usage(FILE *out)
   for (size_t i = 0; i < sizeof help_text / sizeof help_text[0]; i++) {
     char head[32];
     snprintf(head, sizeof head, "%s %s", help_text[i].name, help_text[i].args);
-    fprintf(out, "  %-11s %s\n", head, help_text[i].text);
+    fprintf(out, "  %-20s ", head);
+    print_indented(out, help_text[i].text, 23);
   }
   fprintf(out, "JOB is a job id, a unique prefix of one, or a job file; the job directory is\n"
                "$WEFT_JOB_DIR, else /tmp/weft-$USER (--dir overrides). Options may come\n"
@@ -253,7 +268,8 @@ static void attach_help(const char *cmd)
 {
   for (size_t i = 0; cmd && i < sizeof help_text / sizeof help_text[0]; i++) {
     if (strcmp(cmd, help_text[i].name) == 0) {
-      printf("%s %s\n  %s\n", help_text[i].name, help_text[i].args, help_text[i].text);
+      printf("%s %s\n  ", help_text[i].name, help_text[i].args);
+      print_indented(stdout, help_text[i].text, 2);
       return;
     }
   }

@@ -10,6 +10,7 @@
  * Threads: the training loop only takes `lock` to post state and wakes the loop
  * with `async`; everything with a libuv handle happens on the control thread.
  */
+#include <inttypes.h>
 #include <math.h>
 #include <netdb.h>
 #include <stdio.h>
@@ -22,6 +23,8 @@
 
 struct wf_control {
   char endpoint[600], token[WF_TOKEN_HEX + 1], job_id[128], stage[64];
+  char coord_host[64]; /* rank 0's host and pid, from Welcome */
+  int coord_pid;
   wf_rank_facts facts;
   wf_control_abort_fn on_abort;
   void *user;
@@ -222,9 +225,10 @@ static void check_coordinator(wf_control *c)
     return;
   char reason[1024];
   snprintf(reason, sizeof reason,
-           "the coordinator at %s has been silent for %.1f s: rank 0 is frozen (SIGSTOP?) or "
-           "unreachable, so this rank stops",
-           c->endpoint, (now - c->t_rx) / 1000.0);
+           "the coordinator at %s has been silent for %.1f s: rank 0 (host %s, pid %d) is "
+           "frozen (SIGSTOP?) or unreachable, so this rank stops",
+           c->endpoint, (now - c->t_rx) / 1000.0, c->coord_host[0] ? c->coord_host : "?",
+           c->coord_pid);
   do_abort(c, reason);
 }
 
@@ -244,6 +248,8 @@ static void on_message(wf_control *c, const Weft__Envelope *env)
       c->heartbeat_ms = (int)env->welcome->heartbeat_ms;
     /* 0 from an older coordinator that does not heartbeat: never judge silence */
     c->silence_ms = env->welcome->silence_ms > 0 ? (int)env->welcome->silence_ms : 1 << 30;
+    wf__sanitize(c->coord_host, sizeof c->coord_host, env->welcome->host);
+    c->coord_pid = env->welcome->pid;
     send_heartbeat(c);
     uv_timer_start(&c->timer, on_heartbeat_timer, (uint64_t)c->heartbeat_ms,
                    (uint64_t)c->heartbeat_ms);
@@ -281,10 +287,14 @@ static void connection_lost(wf_control *c, const char *why)
   pthread_mutex_unlock(&c->lock);
   if (closing || c->shutdown_seen || atomic_load(&c->aborted))
     return;
+  pthread_mutex_lock(&c->lock);
+  int64_t step = c->step;
+  pthread_mutex_unlock(&c->lock);
   snprintf(reason, sizeof reason,
-           "lost the connection to the coordinator at %s (%s): rank 0 died or was killed, so "
-           "this rank stops too",
-           c->endpoint, why);
+           "lost the connection to the coordinator at %s (%s): rank 0 (host %s, pid %d), which "
+           "runs it, died or was killed after step %" PRId64
+           " (this rank's last), so this rank stops too",
+           c->endpoint, why, c->coord_host[0] ? c->coord_host : "?", c->coord_pid, step);
   do_abort(c, reason);
 }
 

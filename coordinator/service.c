@@ -19,6 +19,7 @@
  */
 #include <math.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -148,6 +149,8 @@ static void send_welcome(wf__conn *c)
   w.world_size = c->svc->world;
   w.heartbeat_ms = (uint32_t)c->svc->heartbeat_ms;
   w.silence_ms = (uint32_t)(c->svc->dead_after_ms + c->svc->heartbeat_ms);
+  w.host = (char *)wf_rt_host();
+  w.pid = (int32_t)getpid();
   env.msg_case = WEFT__ENVELOPE__MSG_WELCOME;
   env.welcome = &w;
   wf__conn_send(c, &env);
@@ -706,10 +709,28 @@ static void service_thread(void *arg)
   uv_run(&svc->loop, UV_RUN_DEFAULT);
 }
 
+static bool is_loopback(const struct sockaddr *sa)
+{
+  if (sa->sa_family == AF_INET)
+    return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
+  return sa->sa_family == AF_INET6 &&
+         IN6_IS_ADDR_LOOPBACK(&((const struct sockaddr_in6 *)sa)->sin6_addr);
+}
+
+/* Whether some rank runs on another host than rank 0 (when the facts are known). */
+static bool spans_hosts(const wf_service_opts *o)
+{
+  for (int i = 1; o->facts && i < o->world_size; i++)
+    if (strcmp(o->facts[i].host, o->facts[0].host) != 0)
+      return true;
+  return false;
+}
+
 /* The address workers reach rank 0 by (MASTER_ADDR) is the one to listen on: the
  * first address getaddrinfo() gives, as the workers' client takes the first too.
- * Listening on every interface is a choice (runtime.listen_addr=0.0.0.0). */
-static wf_status bind_address(const char *host, char *out, size_t out_len)
+ * Listening on every interface is a choice (runtime.listen_addr=0.0.0.0), or the way
+ * out when that address is a loopback one and ranks run on other hosts. */
+static wf_status bind_address(const char *host, bool multi_host, char *out, size_t out_len)
 {
   struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
   int rc = getaddrinfo(host, NULL, &hints, &res);
@@ -720,10 +741,19 @@ static wf_status bind_address(const char *host, char *out, size_t out_len)
     return WF_EINVAL;
   }
   rc = getnameinfo(res->ai_addr, res->ai_addrlen, out, (socklen_t)out_len, NULL, 0, NI_NUMERICHOST);
+  bool loopback = is_loopback(res->ai_addr);
   freeaddrinfo(res);
   if (rc != 0) {
     WF_ERROR("control: cannot print the address of MASTER_ADDR '%s': %s", host, gai_strerror(rc));
     return WF_EINVAL;
+  }
+  if (loopback && multi_host) {
+    WF_WARN("control: MASTER_ADDR '%s' resolves to %s on rank 0, a loopback address (Debian's "
+            "/etc/hosts maps the host name so), which the other hosts cannot reach: listening "
+            "on every interface instead. Set MASTER_ADDR to this host's network address, or "
+            "runtime.listen_addr",
+            host, out);
+    wf_strlcpy(out, "0.0.0.0", out_len);
   }
   return WF_OK;
 }
@@ -748,7 +778,8 @@ static wf_status service_paths(wf_service *svc, const wf_service_opts *o)
              sizeof host);
   if (o->bind_addr && o->bind_addr[0])
     wf_strlcpy(svc->bind_addr, o->bind_addr, sizeof svc->bind_addr);
-  else if ((st = bind_address(host, svc->bind_addr, sizeof svc->bind_addr)) != WF_OK)
+  else if ((st = bind_address(host, spans_hosts(o), svc->bind_addr, sizeof svc->bind_addr)) !=
+           WF_OK)
     return st;
   snprintf(svc->endpoint, sizeof svc->endpoint, strchr(host, ':') ? "[%s]" : "%s", host);
   return WF_OK;

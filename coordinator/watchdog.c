@@ -38,21 +38,71 @@ static void append_ranks(char *buf, size_t len, const bool *sel, int n)
   }
 }
 
+/* The communicator a rank's last operation ran on, as a key that two ranks share only
+ * when it is the same communicator: its name from "allreduce(dp)" / "recv(pp from rank
+ * 1)", plus the rank's coordinates off that axis (the dp group of tp 0 is not the one
+ * of tp 1, and sequence numbers count per communicator). */
+static void comm_key(const wf__rank *r, char *key, size_t len)
+{
+  const char *open = strchr(r->coll_op, '(');
+  char name[16] = "";
+  if (open)
+    sscanf(open + 1, "%15[^) ]", name);
+  const wf_coords *c = &r->facts.coords;
+  if (strcmp(name, "dp") == 0)
+    snprintf(key, len, "dp pp %d tp %d", c->pp, c->tp);
+  else if (strcmp(name, "tp") == 0)
+    snprintf(key, len, "tp pp %d dp %d", c->pp, c->dp);
+  else if (strcmp(name, "pp") == 0 || strcmp(name, "emb") == 0)
+    snprintf(key, len, "%s dp %d tp %d", name, c->dp, c->tp);
+  else
+    snprintf(key, len, "%s", name); /* world, or none yet */
+}
+
+/* "; behind the others: ranks 1 (dp pp 0 tp 1: #39, others at #40)" for every
+ * communicator on which some ranks' last operation is older than others'. */
+static void append_behind(wf_service *svc, char *buf, size_t len, bool *sel, bool *done)
+{
+  int n = svc->world;
+  char key[64], other[64];
+  memset(done, 0, (size_t)n);
+  for (int i = 0; i < n; i++) {
+    if (done[i] || !svc->ranks[i].coll_op[0])
+      continue;
+    comm_key(&svc->ranks[i], key, sizeof key);
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (int j = i; j < n; j++) {
+      comm_key(&svc->ranks[j], other, sizeof other);
+      if (!done[j] && strcmp(key, other) == 0) {
+        done[j] = true;
+        lo = WF_MIN(lo, svc->ranks[j].coll_seq);
+        hi = WF_MAX(hi, svc->ranks[j].coll_seq);
+      }
+    }
+    if (lo == hi)
+      continue;
+    for (int j = 0; j < n; j++) {
+      comm_key(&svc->ranks[j], other, sizeof other);
+      sel[j] = strcmp(key, other) == 0 && svc->ranks[j].coll_seq == lo;
+    }
+    size_t at = strlen(buf);
+    snprintf(buf + at, len - at, "; behind the others: ranks ");
+    append_ranks(buf, len, sel, n);
+    at = strlen(buf);
+    snprintf(buf + at, len - at, " (%s: #%" PRIu64 ", others at #%" PRIu64 ")", key, lo, hi);
+  }
+}
+
 /* "#12 allreduce(dp) (in progress): ranks 0-2; #11 ...": ranks grouped by their last
- * collective, oldest first, then which ranks are behind the others. */
+ * collective, then which ranks are behind the others on the same communicator. */
 static void collective_summary(wf_service *svc, char *buf, size_t len)
 {
   int n = svc->world;
   bool *done = calloc((size_t)n, 1), *sel = calloc((size_t)n, 1);
   size_t at;
-  uint64_t min_seq = UINT64_MAX, max_seq = 0;
   buf[0] = '\0';
   if (!done || !sel)
     goto out;
-  for (int i = 0; i < n; i++) {
-    min_seq = WF_MIN(min_seq, svc->ranks[i].coll_seq);
-    max_seq = WF_MAX(max_seq, svc->ranks[i].coll_seq);
-  }
   for (int i = 0; i < n; i++) {
     if (done[i])
       continue;
@@ -69,13 +119,7 @@ static void collective_summary(wf_service *svc, char *buf, size_t len)
              r->coll_op[0] ? r->coll_op : "none", r->coll_active ? "inside" : "done");
     append_ranks(buf, len, sel, n);
   }
-  if (min_seq != max_seq) {
-    for (int i = 0; i < n; i++)
-      sel[i] = svc->ranks[i].coll_seq == min_seq;
-    at = strlen(buf);
-    snprintf(buf + at, len - at, "; behind the others: ranks ");
-    append_ranks(buf, len, sel, n);
-  }
+  append_behind(svc, buf, len, sel, done);
 out:
   free(done);
   free(sel);

@@ -415,14 +415,108 @@ static void test_hang_diagnosis(void **state)
   usleep(4500 * 1000);
   assert_int_equal(atomic_load(&fx->aborts), 0);
   wf_control_set_phase(fx->ctl[1], "forward");
-  wf_control_set_collective(fx->ctl[0], 12, "allreduce(dp)", true);
-  wf_control_set_collective(fx->ctl[1], 11, "allreduce(dp)", false);
+  /* world 2 is dp 1 x tp 2: the two ranks share one tp communicator */
+  wf_control_set_collective(fx->ctl[0], 12, "allreduce(tp)", true);
+  wf_control_set_collective(fx->ctl[1], 11, "allreduce(tp)", false);
   wait_for(&fx->aborts, 2, 8.0);
   assert_int_equal(atomic_load(&fx->aborts), 2);
   const char *r = fx->abort_reason[0];
   assert_non_null(strstr(r, "no progress"));
-  assert_non_null(strstr(r, "#12 allreduce(dp) (inside): ranks 0"));
+  assert_non_null(strstr(r, "#12 allreduce(tp) (inside): ranks 0"));
   assert_non_null(strstr(r, "behind the others: ranks 1"));
+  fx_stop(fx);
+}
+
+/* Sequence numbers count per communicator: ranks whose last operations ran on
+ * different communicators (tp at #5, dp at #40) are not "behind" one another; only a
+ * rank behind the others of its own dp group is. Mesh dp 2 x tp 2: dp groups {0,2} and
+ * {1,3}, tp groups {0,1} and {2,3}. */
+static void test_hang_diagnosis_per_communicator(void **state)
+{
+  fixture *fx = fx_start(4, 4, 2.5);
+  wf_control_set_collective(fx->ctl[0], 5, "allreduce(tp)", true);
+  wf_control_set_collective(fx->ctl[2], 5, "allreduce(tp)", true);
+  wf_control_set_collective(fx->ctl[1], 39, "allreduce(dp)", false);
+  wf_control_set_collective(fx->ctl[3], 40, "allreduce(dp)", true);
+  wait_for(&fx->aborts, 4, 8.0);
+  const char *r = fx->abort_reason[0];
+  assert_non_null(strstr(r, "no progress"));
+  assert_non_null(strstr(r, "behind the others: ranks 1 (dp pp 0 tp 1: #39, others at #40)"));
+  /* before, the lowest number anywhere was "behind": ranks 0 and 2, on tp */
+  assert_null(strstr(r, "ranks 0,2 ("));
+  assert_null(strstr(r, "behind the others: ranks 0"));
+  fx_stop(fx);
+}
+
+/* Lines of `path` containing `needle`. */
+static int count_lines(const char *path, const char *needle)
+{
+  char line[1024];
+  int n = 0;
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  while (fgets(line, sizeof line, f))
+    n += strstr(line, needle) != NULL;
+  fclose(f);
+  return n;
+}
+
+/* Issue 19: 20 s of wrong-token connects printed 9,428 WARN lines, and a peer that
+ * trickled a byte now and then was never dropped. Now the rejections are logged once
+ * per 10 s (WF__LOG_EVERY_MS) and a frame must complete 5 s (WF__PARTIAL_MS) after its
+ * first byte, however its bytes trickle in. */
+static void test_auth_flood_and_trickle(void **state)
+{
+  fixture *fx = fx_start(2, 2, 0);
+  char path[] = "/tmp/weft-test-log-XXXXXX";
+  int logfd = mkstemp(path), saved = dup(STDERR_FILENO);
+  assert_true(logfd >= 0 && saved >= 0);
+  dup2(logfd, STDERR_FILENO);
+  /* a frame header (a 100-byte frame) then one byte a second: never completes */
+  int slow = raw_connect(fx);
+  Weft__Envelope env = WEFT__ENVELOPE__INIT;
+  Weft__Hello h = WEFT__HELLO__INIT;
+  h.role = WEFT__HELLO__ROLE__CONSOLE;
+  h.token = fx->job.token;
+  env.msg_case = WEFT__ENVELOPE__MSG_HELLO;
+  env.hello = &h;
+  raw_send(slow, &env);
+  Weft__Envelope *welcome = raw_recv(slow, 1000);
+  assert_non_null(welcome);
+  assert_int_equal(welcome->msg_case, WEFT__ENVELOPE__MSG_WELCOME);
+  wf_proto_free(welcome);
+  assert_int_equal(send(slow, "\0\0\0\x64", 4, MSG_NOSIGNAL), 4);
+  double t0 = wf_now();
+  int rejected = 0;
+  bool slow_closed = false;
+  while (wf_now() - t0 < 8.0 && !slow_closed) {
+    for (int i = 0; i < 50; i++, rejected++) {
+      int fd = raw_connect(fx);
+      raw_hello(fd, "00112233", 1);
+      Weft__Envelope *e = raw_recv(fd, 1000);
+      assert_non_null(e);
+      wf_proto_free(e);
+      close(fd);
+    }
+    slow_closed = send(slow, "x", 1, MSG_NOSIGNAL) < 0 || raw_closed_within(slow, 1000);
+  }
+  double dt = wf_now() - t0;
+  fflush(stderr);
+  dup2(saved, STDERR_FILENO);
+  close(saved);
+  close(logfd);
+  int lines = count_lines(path, "rejected a connection with a wrong token");
+  unlink(path);
+  print_message("%d wrong-token connects in %.1f s: %d log lines; trickling peer dropped after "
+                "%.1f s\n",
+                rejected, dt, lines, dt);
+  assert_true(rejected >= 100);
+  assert_true(lines >= 1 && lines <= 1 + (int)(dt / 10.0)); /* one per 10 s */
+  /* a console mid-frame: dropped within the 5 s frame deadline plus a watchdog tick
+   * and the 1 s wait of the loop above, though a byte came every second */
+  assert_true(slow_closed);
+  assert_true(dt < 8.0);
+  close(slow);
   fx_stop(fx);
 }
 
@@ -663,6 +757,61 @@ static int free_port(void)
   return ntohs(sa.sin_port);
 }
 
+static bool can_connect(const char *ip, int port)
+{
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  inet_pton(AF_INET, ip, &sa.sin_addr);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  bool ok = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+  close(fd);
+  return ok;
+}
+
+/* The listeners take MASTER_ADDR's address, not every interface, unless
+ * runtime.listen_addr says otherwise. 127.0.0.2 is a loopback address of its own on
+ * Linux: a listener on it does not answer on 127.0.0.1. */
+static void test_listen_address(void **state)
+{
+  char dir[64] = "/tmp/weft-test-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  const char *binds[] = {NULL, "0.0.0.0"};
+  for (int i = 0; i < 2; i++) {
+    wf_service *svc = NULL;
+    int mport = free_port();
+    wf_service_opts so = {.job_id = "listen",
+                          .world_size = 1,
+                          .mesh = {1, 1, 1},
+                          .master_addr = "127.0.0.2",
+                          .bind_addr = binds[i],
+                          .job_dir = dir,
+                          .metrics_port = mport};
+    assert_int_equal(wf_service_start(&svc, &so), WF_OK);
+    int port = wf_service_port(svc);
+    assert_true(can_connect("127.0.0.2", port));
+    assert_true(can_connect("127.0.0.2", mport));
+    assert_int_equal(can_connect("127.0.0.1", port), binds[i] != NULL);
+    assert_int_equal(can_connect("127.0.0.1", mport), binds[i] != NULL);
+    wf_service_destroy(svc);
+  }
+  /* A loopback MASTER_ADDR while ranks run on other hosts (facts_for: host0, host1)
+   * would shut them out: every interface instead, with a warning. */
+  wf_mesh mesh = {.dp = 2, .tp = 2, .pp = 1};
+  wf_rank_facts facts[4];
+  for (int i = 0; i < 4; i++)
+    facts[i] = facts_for(i, &mesh);
+  wf_service *svc = NULL;
+  wf_service_opts so = {.job_id = "listen",
+                        .world_size = 4,
+                        .mesh = mesh,
+                        .facts = facts,
+                        .master_addr = "127.0.0.2",
+                        .job_dir = dir};
+  assert_int_equal(wf_service_start(&svc, &so), WF_OK);
+  assert_true(can_connect("127.0.0.1", wf_service_port(svc)));
+  wf_service_destroy(svc);
+  rmdir(dir);
+}
+
 static void test_port_in_use_and_unreachable(void **state)
 {
   fixture *fx = fx_start(1, 0, 0);
@@ -750,13 +899,16 @@ int main(int argc, char **argv)
       cmocka_unit_test(test_trace),
       cmocka_unit_test(test_silent_worker),
       cmocka_unit_test(test_hang_diagnosis),
+      cmocka_unit_test(test_hang_diagnosis_per_communicator),
       cmocka_unit_test(test_bad_peers),
+      cmocka_unit_test(test_auth_flood_and_trickle),
       cmocka_unit_test(test_polling_load),
       cmocka_unit_test(test_error_report),
       cmocka_unit_test(test_orderly_shutdown),
       cmocka_unit_test(test_coordinator_death),
       cmocka_unit_test(test_coordinator_frozen),
       cmocka_unit_test(test_port_in_use_and_unreachable),
+      cmocka_unit_test(test_listen_address),
       cmocka_unit_test(test_metrics),
       cmocka_unit_test(test_unix_worker_and_files),
   };

@@ -14,8 +14,10 @@ CASES = {
     "kill": ("kill", 2, r"rank 2 \(host .*pid \d+, device cpu.*died at step \d+: its connection", 2.0),
     "exit": ("exit", 2, r"rank 2 \(host .*died at step", 2.0),
     "stop": ("stop", 2, r"rank 2 .*no heartbeat for 2\.\d s", 3.0),
-    "kill0": ("kill", 0, r"lost the connection to the coordinator", 2.0),
-    "stop0": ("stop", 0, r"coordinator .* has been silent", 4.5),
+    # rank 0 runs the coordinator: the survivors name its host, pid and the step
+    "kill0": ("kill", 0, r"lost the connection to the coordinator .*rank 0 \(host \S+, pid [1-9]\d*\)"
+              r".* after step -?\d+", 2.0),
+    "stop0": ("stop", 0, r"coordinator .* has been silent .*rank 0 \(host \S+, pid [1-9]\d*\)", 4.5),
     # hang_timeout 3 s + up to one 1 s heartbeat, counted from the last step
     "skip": ("skip", 1, r"no progress for 3 s .*behind the others: ranks 1", 5.0),
 }

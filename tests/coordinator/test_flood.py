@@ -173,5 +173,11 @@ if not caps:
 # flood gives at most 2 per kind for 4 kinds, plus the caps of 2 listeners.
 if len(warns) > 16:
     fail("%d WARN lines: rejections are not rate-limited" % len(warns))
+# `stop` is said once by the coordinator and once when rank 0 stops, not by every rank
+stops = [l for l in out.splitlines() if "stop" in l and "console" in l]
+if len(stops) != 2 or "console requested stop" not in stops[0]:
+    fail("stop logged %d times: %s" % (len(stops), stops))
+if os.listdir(jobdir):
+    fail("the job left %s behind" % os.listdir(jobdir))
 shutil.rmtree(tmp, ignore_errors=True)
 print("PASS")

@@ -104,6 +104,12 @@ if not 0 <= redone <= EVERY:
     fail("redid %d steps, more than checkpoint_every=%d" % (redone, EVERY), log)
 if not re.search(r"^step %d/%d " % (STEPS, STEPS), out, re.M):
     fail("the restarted job did not reach step %d" % STEPS, log)
+# The aborted attempt's rank 0 removed its job file (it holds the token) and socket, as
+# the finished attempt did.
+left = os.listdir(env["WEFT_JOB_DIR"])
+print("job directory after an aborted and a finished attempt: %s" % (left or "empty"))
+if left:
+    fail("left behind in the job directory: %s" % left, log)
 ref = open(os.path.join(tmp, "ref.bin"), "rb").read()
 got = open(os.path.join(tmp, "wrapped.bin"), "rb").read()
 print("--save files: %d bytes each, %s" % (len(ref), "identical" if ref == got else "DIFFERENT"))
@@ -134,5 +140,39 @@ if r.returncode == 0 or "SLURM_RESTART_COUNT=1): resuming from the last checkpoi
     print(r.stdout[-2000:], r.stderr[-2000:])
     fail("a requeued job did not resume, or did not count its requeue")
 print("SLURM_RESTART_COUNT=1, WEFT_MAX_RESTARTS=1: resumed, then gave up at the failure")
+
+# 5. A rank frozen with SIGSTOP: the watchdog aborts the job and rank 0 leaves through
+# its abort handler, which must still remove the job file (it holds the token) and
+# the socket. WEFT_MAX_RESTARTS=0, so the failure stands.
+env = job_env("frozen")
+env["WEFT_MAX_RESTARTS"] = "0"
+log = os.path.join(tmp, "frozen.log")
+job = subprocess.Popen([weft_run] + launch("frozen"), env=env, stdout=open(log, "w"),
+                       stderr=subprocess.STDOUT)
+t0 = time.time()
+while time.time() - t0 < 120 and job.poll() is None:
+    if re.search(r"^step 5/", read(log), re.M):
+        break
+    time.sleep(0.05)
+q = subprocess.run([coordinator, "--json", "--dir", env["WEFT_JOB_DIR"], "ranks"], env=env,
+                   capture_output=True, text=True, timeout=30)
+if q.returncode != 0:
+    job.kill()
+    fail("coordinator ranks: %s%s" % (q.stdout, q.stderr), log)
+frozen = json.loads(q.stdout)["ranks"][1]["pid"]
+os.kill(frozen, signal.SIGSTOP)
+try:
+    rc = job.wait(timeout=60)
+finally:
+    try:
+        os.kill(frozen, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+left = os.listdir(env["WEFT_JOB_DIR"])
+print("rank 1 frozen: the job ended with status %d; job directory: %s" % (rc, left or "empty"))
+if rc == 0 or "no heartbeat" not in read(log):
+    fail("the frozen rank was not diagnosed", log)
+if left:
+    fail("an aborted job left %s behind" % left, log)
 shutil.rmtree(tmp, ignore_errors=True)
 print("PASS")
