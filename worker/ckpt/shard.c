@@ -373,6 +373,8 @@ static void scatter(const wf__entry *e, const wf__span *sp, uint64_t off, const 
   }
 }
 
+/* Hash every byte of entry e's open file against its manifest; with a span (an optimizer
+ * file), also check its header and scatter the state into sp as it streams past. */
 static wf_status verify_chunks(int fd, const char *path, const wf__entry *e, uint64_t n,
                                const wf__span *sp)
 {
@@ -385,10 +387,11 @@ static wf_status verify_chunks(int fd, const char *path, const wf__entry *e, uin
   for (uint64_t off = 0; off < e->bytes; off += WF__CHUNK) {
     size_t len = (size_t)WF_MIN((uint64_t)WF__CHUNK, e->bytes - off);
     WF_TRY(pread_all(fd, buf, len, off, path));
-    if (off == 0)
+    if (sp && off == 0)
       WF_TRY(check_opt_header((const wf__optim_header *)buf, e, n, path));
     XXH3_64bits_update(xx, buf, len);
-    scatter(e, sp, off, buf, len);
+    if (sp)
+      scatter(e, sp, off, buf, len);
   }
   st = check_hash(XXH3_64bits_digest(xx), e, path);
 fail:
@@ -397,7 +400,7 @@ fail:
   return st;
 }
 
-wf_status wf__verify_optim(const char *dir, const wf__entry *e, uint64_t n, const wf__span *sp)
+static wf_status verify(const char *dir, const wf__entry *e, uint64_t n, const wf__span *sp)
 {
   char path[WF__PATH_LEN];
   int fd;
@@ -409,31 +412,14 @@ wf_status wf__verify_optim(const char *dir, const wf__entry *e, uint64_t n, cons
   return st;
 }
 
+wf_status wf__verify_optim(const char *dir, const wf__entry *e, uint64_t n, const wf__span *sp)
+{
+  return verify(dir, e, n, sp);
+}
+
 /* The whole file of entry e: its size and XXH3-64 (model and optimizer files hash every
  * byte, header included). */
-wf_status wf__verify_file(const char *dir, const wf__entry *e)
-{
-  wf_status st = WF_OK;
-  char path[WF__PATH_LEN], *buf = NULL;
-  XXH3_state_t *xx = NULL;
-  int fd = -1;
-  WF_TRY(open_checked(dir, e, &fd, path));
-  WF_CHECK((buf = malloc(WF__CHUNK)) && (xx = XXH3_createState()), WF_ENOMEM, "%s: out of memory",
-           path);
-  XXH3_64bits_reset(xx);
-  for (uint64_t off = 0; off < e->bytes; off += WF__CHUNK) {
-    size_t len = (size_t)WF_MIN((uint64_t)WF__CHUNK, e->bytes - off);
-    WF_TRY(pread_all(fd, buf, len, off, path));
-    XXH3_64bits_update(xx, buf, len);
-  }
-  st = check_hash(XXH3_64bits_digest(xx), e, path);
-fail:
-  if (fd >= 0)
-    close(fd);
-  XXH3_freeState(xx);
-  free(buf);
-  return st;
-}
+wf_status wf__verify_file(const char *dir, const wf__entry *e) { return verify(dir, e, 0, NULL); }
 
 wf_status wf__read_optim_part(const char *dir, const wf__entry *e, uint64_t n, const wf__span *sp)
 {
