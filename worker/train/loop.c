@@ -200,15 +200,21 @@ fail:
   return st;
 }
 
-wf_status wf_train_dump_state(const wf_config *cfg, const char *path, const wf_train_hooks *comms)
+wf_train_hooks wf__quiet_hooks(const wf_train_hooks *comms)
 {
-  wf_status st = WF_OK;
-  wf__trainer tr;
   wf_train_hooks quiet = {.quiet = true};
   if (comms) {
     quiet.tp = comms->tp, quiet.pp = comms->pp, quiet.emb = comms->emb;
     quiet.world = comms->world, quiet.dev = comms->dev;
   }
+  return quiet;
+}
+
+wf_status wf_train_dump_state(const wf_config *cfg, const char *path, const wf_train_hooks *comms)
+{
+  wf_status st = WF_OK;
+  wf__trainer tr;
+  wf_train_hooks quiet = wf__quiet_hooks(comms);
   WF_TRY(wf__train_setup(&tr, cfg, &quiet, 1, false)); /* the whole global batch at once */
   if (tr.tp > 1 || tr.pp > 1) {
     st = dump_state(&tr, path, comms && comms->dp ? wf_comm_rank(comms->dp) : 0);

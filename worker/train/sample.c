@@ -281,7 +281,7 @@ wf_status wf_train_generate(const wf_config *cfg, const char *prompt, const wf_t
 {
   wf_status st = WF_OK;
   wf__trainer tr;
-  wf_train_hooks quiet = {.quiet = true};
+  wf_train_hooks quiet = wf__quiet_hooks(comms);
   wf_config *one = malloc(sizeof *one);
   if (!one) {
     WF_ERROR("--generate: out of memory");
@@ -292,10 +292,6 @@ wf_status wf_train_generate(const wf_config *cfg, const char *prompt, const wf_t
   *one = *cfg;
   one->train.batch_size = 1;
   one->data.path[0] = one->data.val_path[0] = '\0';
-  if (comms) {
-    quiet.tp = comms->tp, quiet.pp = comms->pp, quiet.emb = comms->emb;
-    quiet.world = comms->world, quiet.dev = comms->dev;
-  }
   /* Without the dp group: every dp replica runs the whole context (only dp rank 0's
    * logits count), as the debug state does. */
   st = wf__train_setup(&tr, one, &quiet, 1, false);

@@ -58,6 +58,9 @@ typedef struct wf__trainer {
   wf_tokenizer *tok;       /* data.tokenizer, loaded by the first sample; NULL = bytes */
 } wf__trainer;
 
+/* Hooks for a one-off run inside the job (--dump-state, --generate): comms' groups and
+ * device, nothing printed, no dp group (each dp replica computes alone). */
+wf_train_hooks wf__quiet_hooks(const wf_train_hooks *comms);
 int wf__comm_size(wf_comm *c);
 int wf__comm_rank(wf_comm *c);
 
