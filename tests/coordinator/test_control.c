@@ -489,7 +489,7 @@ static void test_auth_flood_and_trickle(void **state)
   double t0 = wf_now();
   int rejected = 0;
   bool slow_closed = false;
-  while (wf_now() - t0 < 8.0 && !slow_closed) {
+  while (wf_now() - t0 < 15.0 && !slow_closed) {
     for (int i = 0; i < 50; i++, rejected++) {
       int fd = raw_connect(fx);
       raw_hello(fd, "00112233", 1);
@@ -512,10 +512,11 @@ static void test_auth_flood_and_trickle(void **state)
                 rejected, dt, lines, dt);
   assert_true(rejected >= 100);
   assert_true(lines >= 1 && lines <= 1 + (int)(dt / 10.0)); /* one per 10 s */
-  /* a console mid-frame: dropped within the 5 s frame deadline plus a watchdog tick
-   * and the 1 s wait of the loop above, though a byte came every second */
+  /* a console mid-frame: dropped at the 5 s frame deadline (plus a watchdog tick and
+   * the loop's 1 s waits; 15 s leaves room for a loaded machine), though a byte came
+   * every second. Before, each byte restarted the deadline and it was never dropped. */
   assert_true(slow_closed);
-  assert_true(dt < 8.0);
+  assert_true(dt >= 4.9 && dt < 15.0);
   close(slow);
   fx_stop(fx);
 }

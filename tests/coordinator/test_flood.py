@@ -30,15 +30,21 @@ if want < SLOW_CONNS + FLOOD_S * CONNECT_RATE + 100:
 resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
 
-def free_port():
-    with socket.socket() as s:
+def free_ports(n):
+    """n distinct free ports: every socket stays bound until all are picked, so the
+    kernel cannot hand out one port twice."""
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
 
 
 tmp = tempfile.mkdtemp(prefix="weft-flood-")
 jobdir, ckdir, log = os.path.join(tmp, "jobs"), os.path.join(tmp, "ck"), os.path.join(tmp, "log")
-port, mport = free_port(), free_port()
+port, mport = free_ports(2)
 env = dict(os.environ, WEFT_JOB_DIR=jobdir, MASTER_PORT=str(port), MASTER_ADDR="127.0.0.1")
 cmd = "ulimit -n %d && exec %s --allow-run-as-root --oversubscribe --bind-to none -np 2 %s " \
       "train.steps=100000 train.warmup=2 train.checkpoint_every=200 train.checkpoint_dir=%s " \

@@ -19,15 +19,21 @@ if not shutil.which(tool):
 BATCH_TOKENS = 8 * 64  # train.batch_size x gpt2-tiny's seq_len 64: tokens per step
 
 
-def free_port():
-    with socket.socket() as s:
+def free_ports(n):
+    """n distinct free ports: every socket stays bound until all are picked, so the
+    kernel cannot hand out one port twice."""
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
 
 
 tmp = tempfile.mkdtemp(prefix="weft-prom-")
 jobdir, log = os.path.join(tmp, "jobs"), os.path.join(tmp, "log")
-port, mport = free_port(), free_port()
+port, mport = free_ports(2)
 env = dict(os.environ, WEFT_JOB_DIR=jobdir, MASTER_PORT=str(port), MASTER_ADDR="127.0.0.1")
 job = subprocess.Popen([mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
                         "-np", "2", worker, "mesh.pp=2", "train.microbatches=4",
@@ -146,7 +152,7 @@ if mode == "promtool":
     print("scrape: %d families, steps %d, tokens %d, rank 1 compute %.4f s of a %.4f s step" %
           (len(families), steps, tokens, comp, step_s))
 else:
-    pport = free_port()
+    pport = free_ports(1)[0]
     cfg = os.path.join(tmp, "prometheus.yml")
     with open(cfg, "w") as f:
         f.write("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: weft\n"
