@@ -21,8 +21,7 @@
  * The tag keeps data streams apart from the model's init streams (kind * 4096 + layer),
  * which use the same seed.
  *
- * The synthetic chain itself is fixed (its own constant seed), so its entropy floor is
- * the same for every run with the same vocabulary; train.seed only changes the samples.
+ * The synthetic source's Markov chain is synthetic.c's.
  * Invariants: every token handed out is < the model's vocabulary; files are checked
  * once, at open, so a batch can never fail on bad data half-way through training.
  *
@@ -42,18 +41,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "wf_io.h"
+#include "io_int.h"
 
 #define SHARD_MAGIC        20240520
 #define SHARD_VERSION      1
 #define SHARD_HEADER_BYTES 1024     /* int32[256] */
 #define CKPT_MAGIC         20240326 /* an llm.c model checkpoint, a common mix-up */
-
-#define CHAIN_MAX_K    64
-#define CHAIN_MIN_SUCC 4
-#define CHAIN_MAX_SUCC 8
-#define CHAIN_SEED     0x5eedc4a1ull /* fixes the chain; not train.seed */
-#define DATA_TAG       0xDA7Aull
+#define DATA_TAG           0xDA7Aull
 
 typedef struct span {
   void *map;        /* the whole file */
@@ -67,16 +61,6 @@ typedef struct span {
 /* What a data path names, judged without opening anything that can block. */
 typedef enum src_kind { SRC_TEXT = 0, SRC_SHARDS } src_kind;
 
-typedef struct chain {
-  int K;
-  int n[CHAIN_MAX_K];                      /* successors of each state */
-  int succ[CHAIN_MAX_K][CHAIN_MAX_SUCC];   /* their symbols */
-  double cdf[CHAIN_MAX_K][CHAIN_MAX_SUCC]; /* cumulative transition probabilities */
-  double pi[CHAIN_MAX_K];                  /* stationary distribution */
-  double pi_cdf[CHAIN_MAX_K];
-  double H; /* entropy rate, nats per token */
-} chain;
-
 struct wf_data {
   wf_data_kind kind;
   int vocab, T, batch_size;
@@ -84,125 +68,15 @@ struct wf_data {
   span *spans;
   int n_spans, cap_spans;
   int64_t n_tokens, n_train; /* validation = [n_train, n_tokens) */
-  chain ch;
+  wf__chain ch;
   char desc[4 * WF_PATH_MAX + 512]; /* paths of data, validation data and tokenizer */
 };
 
 /* ---- helpers ------------------------------------------------------------------- */
 
-static double unit(uint64_t r) { return (double)(r >> 11) * (1.0 / 9007199254740992.0); }
-
 static uint64_t data_stream(wf_data_split split, int64_t index)
 {
   return DATA_TAG << 48 | (uint64_t)split << 47 | ((uint64_t)index & ((1ull << 47) - 1));
-}
-
-static int sample_cdf(const double *cdf, int n, double u)
-{
-  for (int i = 0; i < n - 1; i++)
-    if (u < cdf[i])
-      return i;
-  return n - 1;
-}
-
-/* ---- the synthetic Markov chain ------------------------------------------------- */
-
-/* Row i: always i -> i+1 (so the chain is irreducible), plus 3-7 distinct random
- * successors; weights are Exp(1) draws, i.e. the row is a Dirichlet(1) sample. */
-static void chain_row_build(chain *c, int i)
-{
-  uint64_t stream = 0xC4A1ull << 48 | (uint64_t)i;
-  uint64_t ctr = 0;
-  int n = CHAIN_MIN_SUCC +
-          (int)(wf_rng_u64(CHAIN_SEED, stream, ctr++) % (CHAIN_MAX_SUCC - CHAIN_MIN_SUCC + 1));
-  n = WF_MIN(n, c->K);
-  c->succ[i][0] = (i + 1) % c->K;
-  for (int k = 1; k < n;) {
-    int s = (int)(wf_rng_u64(CHAIN_SEED, stream, ctr++) % (uint64_t)c->K);
-    int dup = 0;
-    for (int j = 0; j < k; j++)
-      dup |= c->succ[i][j] == s;
-    if (!dup)
-      c->succ[i][k++] = s;
-  }
-  double w[CHAIN_MAX_SUCC], sum = 0;
-  for (int k = 0; k < n; k++) {
-    w[k] = -log(1.0 - unit(wf_rng_u64(CHAIN_SEED, stream, ctr++)));
-    sum += w[k];
-  }
-  double acc = 0, h = 0;
-  for (int k = 0; k < n; k++) {
-    double p = w[k] / sum;
-    acc += p;
-    c->cdf[i][k] = acc;
-    h -= p > 0 ? p * log(p) : 0;
-  }
-  c->cdf[i][n - 1] = 1.0;
-  c->n[i] = n;
-  c->pi[i] = h; /* row entropy, parked here until chain_stationary() */
-}
-
-static double row_prob(const chain *c, int i, int k)
-{
-  return k == 0 ? c->cdf[i][0] : c->cdf[i][k] - c->cdf[i][k - 1];
-}
-
-/* Power iteration on the lazy chain (P + I) / 2: same stationary distribution, but
- * aperiodic, so it converges; the i -> i+1 cycle makes the distribution unique. */
-static void chain_stationary(chain *c, const double *row_h)
-{
-  double p[CHAIN_MAX_K], q[CHAIN_MAX_K];
-  for (int i = 0; i < c->K; i++)
-    p[i] = 1.0 / c->K;
-  for (int it = 0; it < 200000; it++) {
-    for (int i = 0; i < c->K; i++)
-      q[i] = 0.5 * p[i];
-    for (int i = 0; i < c->K; i++)
-      for (int k = 0; k < c->n[i]; k++)
-        q[c->succ[i][k]] += 0.5 * p[i] * row_prob(c, i, k);
-    double diff = 0;
-    for (int i = 0; i < c->K; i++) {
-      diff += fabs(q[i] - p[i]);
-      p[i] = q[i];
-    }
-    if (diff < 1e-15)
-      break;
-  }
-  double acc = 0, H = 0;
-  for (int i = 0; i < c->K; i++) {
-    c->pi[i] = p[i];
-    acc += p[i];
-    c->pi_cdf[i] = acc;
-    H += p[i] * row_h[i];
-  }
-  c->pi_cdf[c->K - 1] = 1.0;
-  c->H = H;
-}
-
-static void chain_build(chain *c, int vocab)
-{
-  double row_h[CHAIN_MAX_K];
-  c->K = WF_MIN(vocab, CHAIN_MAX_K);
-  for (int i = 0; i < c->K; i++) {
-    chain_row_build(c, i);
-    row_h[i] = c->pi[i];
-  }
-  chain_stationary(c, row_h);
-}
-
-/* A row starts in a state drawn from pi, so every target is a stationary transition
- * and the best possible mean loss is exactly H. */
-static void chain_window(const wf_data *d, int *win, uint64_t stream, int64_t row)
-{
-  const chain *c = &d->ch;
-  uint64_t base = (uint64_t)row << 32;
-  int x = sample_cdf(c->pi_cdf, c->K, unit(wf_rng_u64(d->seed, stream, base)));
-  win[0] = x;
-  for (int t = 1; t <= d->T; t++) {
-    int k = sample_cdf(c->cdf[x], c->n[x], unit(wf_rng_u64(d->seed, stream, base + t)));
-    x = c->succ[x][k];
-    win[t] = x;
-  }
 }
 
 /* ---- files ----------------------------------------------------------------------- */
@@ -745,11 +619,11 @@ wf_status wf_data_open(wf_data **out, const wf_data_opts *o, char *err, size_t e
   const char *path = o->path ? o->path : "";
   if (!path[0]) {
     d->kind = WF_DATA_SYNTHETIC;
-    chain_build(&d->ch, d->vocab);
+    wf__chain_build(&d->ch, d->vocab);
     snprintf(d->desc, sizeof d->desc,
              "synthetic: a fixed first-order Markov chain over %d of %d symbols, %d-%d "
              "successors each",
-             d->ch.K, d->vocab, CHAIN_MIN_SUCC, CHAIN_MAX_SUCC);
+             d->ch.K, d->vocab, WF__CHAIN_MIN_SUCC, WF__CHAIN_MAX_SUCC);
   } else {
     st = open_files(d, o, err, err_len);
   }
@@ -816,7 +690,7 @@ wf_status wf_data_row(const wf_data *d, int *win, wf_data_split split, int64_t i
     return WF_EINVAL;
   uint64_t stream = data_stream(split, index);
   if (d->kind == WF_DATA_SYNTHETIC) {
-    chain_window(d, win, stream, row);
+    wf__chain_window(win, &d->ch, d->seed, d->T, stream, row);
     return WF_OK;
   }
   int64_t lo = split == WF_DATA_TRAIN ? 0 : d->n_train;

@@ -1,5 +1,7 @@
 /*
- * tokenizer.c - GPT-2's byte-level BPE behind wf_io.h's wf_tokenizer_*.
+ * tokenizer.c - GPT-2's byte-level BPE behind wf_io.h's wf_tokenizer_*: the tables,
+ * encoding and decoding. Reading the files into the tables is tokenizer_load.c's;
+ * `worker --tokenize` is tokenize.c's.
  *
  * Design: the vocabulary is a hash map from token strings (in GPT-2's byte alphabet) to
  * ids; the merges are a hash map from an id pair to (rank, merged id), resolved once at
@@ -16,28 +18,13 @@
  *    PCRE2_MATCH_INVALID_UTF, and bytes no match covers become their own pre-tokens.
  *  - Errors at load name the file and, for merges.txt, the line.
  */
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <errno.h>
-#include <fcntl.h>
-#include <jansson.h>
-#include <pcre2.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <xxhash.h>
 
-#include "wf_file.h"
-#include "wf_io.h"
-
-#define MAX_SPECIALS  1024
-#define SHARD_MAGIC   20240520
-#define SHARD_VERSION 1
-#define SHARD_TOKENS  100000000LL /* llm.c's fineweb.py: 10^8 tokens per shard */
-#define EOT_TEXT      "<|endoftext|>"
+#include "io_int.h"
 
 /* GPT-2's pattern; WS is Unicode's White_Space property (Python regex's \s). */
 #define WS_SET                                                                                     \
@@ -46,45 +33,9 @@
 static const char gpt2_pattern[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" WS_SET
                                    "\\p{L}\\p{N}]+|[" WS_SET "]+(?![^" WS_SET "])|[" WS_SET "]+";
 
-typedef struct str_entry {
-  const char *s; /* NULL: empty slot */
-  uint32_t len;
-  int32_t id;
-} str_entry;
-
-typedef struct pair_entry {
-  uint64_t key; /* a << 32 | b; UINT64_MAX: empty */
-  int32_t rank, merged;
-} pair_entry;
-
-typedef struct special {
-  char *s;
-  size_t len;
-  int32_t id;
-} special;
-
-struct wf_tokenizer {
-  str_entry *vocab;
-  size_t vocab_cap, vocab_n;
-  pair_entry *pairs;
-  size_t pairs_cap, n_merges;
-  int32_t n_ids;             /* largest id + 1 */
-  unsigned char **tok_bytes; /* per id: its bytes (NULL: unused id) */
-  uint32_t *tok_len;
-  int32_t byte_id[256];
-  special specials[MAX_SPECIALS];
-  int n_specials;
-  int32_t eot;
-  bool add_prefix_space, ignore_merges;
-  pcre2_code *re;
-  char desc[WF_PATH_MAX + 128];
-};
-
 /* ---- errors ----------------------------------------------------------------------- */
 
-static wf_status failf(char *err, size_t len, wf_status st, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static wf_status failf(char *err, size_t len, wf_status st, const char *fmt, ...)
+wf_status wf__io_failf(char *err, size_t len, wf_status st, const char *fmt, ...)
 {
   va_list ap;
   va_start(ap, fmt);
@@ -152,7 +103,7 @@ static size_t pow2_at_least(size_t n)
   return c;
 }
 
-static str_entry *vocab_slot(const wf_tokenizer *t, const char *s, size_t len)
+static wf__tok_str *vocab_slot(const wf_tokenizer *t, const char *s, size_t len)
 {
   size_t mask = t->vocab_cap - 1, i = (size_t)XXH3_64bits(s, len) & mask;
   while (t->vocab[i].s && (t->vocab[i].len != len || memcmp(t->vocab[i].s, s, len)))
@@ -160,13 +111,13 @@ static str_entry *vocab_slot(const wf_tokenizer *t, const char *s, size_t len)
   return &t->vocab[i];
 }
 
-static int32_t vocab_find(const wf_tokenizer *t, const char *s, size_t len)
+int32_t wf__tok_vocab_find(const wf_tokenizer *t, const char *s, size_t len)
 {
-  const str_entry *e = vocab_slot(t, s, len);
+  const wf__tok_str *e = vocab_slot(t, s, len);
   return e->s ? e->id : -1;
 }
 
-static pair_entry *pair_slot(const wf_tokenizer *t, uint64_t key)
+static wf__tok_pair *pair_slot(const wf_tokenizer *t, uint64_t key)
 {
   size_t mask = t->pairs_cap - 1, i = (size_t)XXH3_64bits(&key, sizeof key) & mask;
   while (t->pairs[i].key != UINT64_MAX && t->pairs[i].key != key)
@@ -178,9 +129,9 @@ static uint64_t pair_key(int32_t a, int32_t b) { return (uint64_t)(uint32_t)a <<
 
 /* ---- building the tables ---------------------------------------------------------------- */
 
-static wf_status vocab_init(wf_tokenizer *t, size_t n, size_t n_merges)
+wf_status wf__tok_tables_init(wf_tokenizer *t, size_t n, size_t n_merges)
 {
-  t->vocab_cap = pow2_at_least(2 * n + 2 * MAX_SPECIALS);
+  t->vocab_cap = pow2_at_least(2 * n + 2 * WF__TOK_MAX_SPECIALS);
   t->vocab = calloc(t->vocab_cap, sizeof *t->vocab);
   t->pairs_cap = pow2_at_least(2 * n_merges + 2);
   t->pairs = malloc(t->pairs_cap * sizeof *t->pairs);
@@ -191,16 +142,17 @@ static wf_status vocab_init(wf_tokenizer *t, size_t n, size_t n_merges)
   return WF_OK;
 }
 
-static wf_status vocab_add(wf_tokenizer *t, const char *s, size_t len, int32_t id, const char *path,
-                           char *err, size_t err_len)
+wf_status wf__tok_vocab_add(wf_tokenizer *t, const char *s, size_t len, int32_t id,
+                            const char *path, char *err, size_t err_len)
 {
   if (id < 0 || id >= (1 << 30))
-    return failf(err, err_len, WF_EFORMAT,
-                 "tokenizer '%s': token '%.*s' has id %d, expected 0 .. 2^30", path,
-                 (int)WF_MIN(len, 64), s, id);
+    return wf__io_failf(err, err_len, WF_EFORMAT,
+                        "tokenizer '%s': token '%.*s' has id %d, expected 0 .. 2^30", path,
+                        (int)WF_MIN(len, 64), s, id);
   if (t->vocab_n + 1 > t->vocab_cap / 2)
-    return failf(err, err_len, WF_EFORMAT, "tokenizer '%s': more tokens than announced", path);
-  str_entry *e = vocab_slot(t, s, len);
+    return wf__io_failf(err, err_len, WF_EFORMAT, "tokenizer '%s': more tokens than announced",
+                        path);
+  wf__tok_str *e = vocab_slot(t, s, len);
   if (e->s)
     return WF_OK; /* the same string twice (an added token also in the vocab): keep the first */
   char *copy = malloc(len + 1);
@@ -208,54 +160,57 @@ static wf_status vocab_add(wf_tokenizer *t, const char *s, size_t len, int32_t i
     return WF_ENOMEM;
   memcpy(copy, s, len);
   copy[len] = '\0';
-  *e = (str_entry){copy, (uint32_t)len, id};
+  *e = (wf__tok_str){copy, (uint32_t)len, id};
   t->vocab_n++;
   if (id + 1 > t->n_ids)
     t->n_ids = id + 1;
   return WF_OK;
 }
 
-static wf_status merge_add(wf_tokenizer *t, const char *a, size_t la, const char *b, size_t lb,
-                           const char *path, size_t line, char *err, size_t err_len)
+wf_status wf__tok_merge_add(wf_tokenizer *t, const char *a, size_t la, const char *b, size_t lb,
+                            const char *path, size_t line, char *err, size_t err_len)
 {
   char buf[1024];
   if (la + lb > sizeof buf)
-    return failf(err, err_len, WF_EFORMAT, "tokenizer '%s': merge %zu is longer than %zu bytes",
-                 path, line, sizeof buf);
+    return wf__io_failf(err, err_len, WF_EFORMAT,
+                        "tokenizer '%s': merge %zu is longer than %zu bytes", path, line,
+                        sizeof buf);
   memcpy(buf, a, la);
   memcpy(buf + la, b, lb);
-  int32_t ia = vocab_find(t, a, la), ib = vocab_find(t, b, lb), im = vocab_find(t, buf, la + lb);
+  int32_t ia = wf__tok_vocab_find(t, a, la), ib = wf__tok_vocab_find(t, b, lb),
+          im = wf__tok_vocab_find(t, buf, la + lb);
   if (ia < 0 || ib < 0 || im < 0)
-    return failf(err, err_len, WF_EFORMAT,
-                 "tokenizer '%s': merge %zu ('%.*s' '%.*s') names a token that is not in the "
-                 "vocabulary ('%.*s')",
-                 path, line, (int)WF_MIN(la, 64), a, (int)WF_MIN(lb, 64), b,
-                 (int)WF_MIN(ia < 0   ? la
-                             : ib < 0 ? lb
-                                      : la + lb,
-                             64),
-                 ia < 0   ? a
-                 : ib < 0 ? b
-                          : buf);
-  pair_entry *e = pair_slot(t, pair_key(ia, ib));
+    return wf__io_failf(
+        err, err_len, WF_EFORMAT,
+        "tokenizer '%s': merge %zu ('%.*s' '%.*s') names a token that is not in the "
+        "vocabulary ('%.*s')",
+        path, line, (int)WF_MIN(la, 64), a, (int)WF_MIN(lb, 64), b,
+        (int)WF_MIN(ia < 0   ? la
+                    : ib < 0 ? lb
+                             : la + lb,
+                    64),
+        ia < 0   ? a
+        : ib < 0 ? b
+                 : buf);
+  wf__tok_pair *e = pair_slot(t, pair_key(ia, ib));
   if (e->key == UINT64_MAX) /* a repeated merge keeps its first (lowest) rank */
-    *e = (pair_entry){pair_key(ia, ib), (int32_t)t->n_merges, im};
+    *e = (wf__tok_pair){pair_key(ia, ib), (int32_t)t->n_merges, im};
   t->n_merges++;
   return WF_OK;
 }
 
-static wf_status special_add(wf_tokenizer *t, const char *s, size_t len, int32_t id)
+wf_status wf__tok_special_add(wf_tokenizer *t, const char *s, size_t len, int32_t id)
 {
-  if (t->n_specials >= MAX_SPECIALS || len == 0)
+  if (t->n_specials >= WF__TOK_MAX_SPECIALS || len == 0)
     return WF_OK; /* an empty special can never match; past the cap they stay plain text */
-  special *sp = &t->specials[t->n_specials];
+  wf__tok_special *sp = &t->specials[t->n_specials];
   sp->s = malloc(len);
   if (!sp->s)
     return WF_ENOMEM;
   memcpy(sp->s, s, len);
   sp->len = len, sp->id = id;
   t->n_specials++;
-  if (len == strlen(EOT_TEXT) && !memcmp(s, EOT_TEXT, len))
+  if (len == strlen(WF__TOK_EOT_TEXT) && !memcmp(s, WF__TOK_EOT_TEXT, len))
     t->eot = id;
   return WF_OK;
 }
@@ -272,12 +227,12 @@ static wf_status finish_tables(wf_tokenizer *t, const char *path, char *err, siz
   if (!t->tok_bytes || !t->tok_len)
     return WF_ENOMEM;
   for (int i = 0; i < t->n_specials; i++) {
-    special *sp = &t->specials[i];
+    wf__tok_special *sp = &t->specials[i];
     if (!t->tok_bytes[sp->id] && (t->tok_bytes[sp->id] = malloc(sp->len)))
       memcpy(t->tok_bytes[sp->id], sp->s, sp->len), t->tok_len[sp->id] = (uint32_t)sp->len;
   }
   for (size_t i = 0; i < t->vocab_cap; i++) {
-    const str_entry *e = &t->vocab[i];
+    const wf__tok_str *e = &t->vocab[i];
     if (!e->s || t->tok_bytes[e->id])
       continue;
     unsigned char *b = malloc(e->len + 1);
@@ -288,10 +243,10 @@ static wf_status finish_tables(wf_tokenizer *t, const char *path, char *err, siz
       int32_t cp = utf8_next((const unsigned char *)e->s, e->len, &k);
       if (cp < 0 || cp >= 324 || byte_of[cp] < 0) {
         free(b);
-        return failf(err, err_len, WF_EFORMAT,
-                     "tokenizer '%s': token '%s' (id %d) is not written in GPT-2's byte "
-                     "alphabet; only byte-level BPE vocabularies are supported",
-                     path, e->s, e->id);
+        return wf__io_failf(err, err_len, WF_EFORMAT,
+                            "tokenizer '%s': token '%s' (id %d) is not written in GPT-2's byte "
+                            "alphabet; only byte-level BPE vocabularies are supported",
+                            path, e->s, e->id);
       }
       b[n++] = (unsigned char)byte_of[cp];
     }
@@ -299,12 +254,13 @@ static wf_status finish_tables(wf_tokenizer *t, const char *path, char *err, siz
   }
   for (int b = 0; b < 256; b++) {
     unsigned char u[2];
-    t->byte_id[b] = vocab_find(t, (const char *)u, utf8_put(u, cp_of[b]));
+    t->byte_id[b] = wf__tok_vocab_find(t, (const char *)u, utf8_put(u, cp_of[b]));
     if (t->byte_id[b] < 0)
-      return failf(err, err_len, WF_EFORMAT,
-                   "tokenizer '%s': the vocabulary has no token for byte 0x%02x, which every "
-                   "byte-level BPE needs",
-                   path, b);
+      return wf__io_failf(
+          err, err_len, WF_EFORMAT,
+          "tokenizer '%s': the vocabulary has no token for byte 0x%02x, which every "
+          "byte-level BPE needs",
+          path, b);
   }
   return WF_OK;
 }
@@ -325,279 +281,10 @@ static wf_status compile_pattern(wf_tokenizer *t)
   return WF_OK;
 }
 
-/* ---- loading ------------------------------------------------------------------------------ */
-
-static wf_status load_vocab_object(wf_tokenizer *t, json_t *vocab, size_t n_merges,
-                                   const char *path, char *err, size_t err_len)
+wf_status wf__tok_finish(wf_tokenizer *t, const char *path, char *err, size_t err_len)
 {
-  wf_status st = vocab_init(t, json_object_size(vocab), n_merges);
-  const char *key;
-  json_t *val;
-  json_object_foreach(vocab, key, val)
-  {
-    if (st != WF_OK)
-      break;
-    if (!json_is_integer(val))
-      return failf(err, err_len, WF_EFORMAT,
-                   "tokenizer '%s': vocabulary entry '%s' is not an integer id", path, key);
-    st = vocab_add(t, key, strlen(key), (int32_t)json_integer_value(val), path, err, err_len);
-  }
-  return st;
-}
-
-/* merges as "a b" strings (tokenizers < 0.20, GPT-2's merges.txt) or ["a", "b"] pairs. */
-static wf_status load_merges_json(wf_tokenizer *t, json_t *merges, const char *path, char *err,
-                                  size_t err_len)
-{
-  size_t i;
-  json_t *m;
-  json_array_foreach(merges, i, m)
-  {
-    wf_status st = WF_OK;
-    if (json_is_string(m)) {
-      const char *s = json_string_value(m), *sp = strchr(s, ' ');
-      if (!sp || strchr(sp + 1, ' '))
-        return failf(err, err_len, WF_EFORMAT,
-                     "tokenizer '%s': merge %zu ('%s') is not two tokens separated by one space",
-                     path, i + 1, s);
-      st = merge_add(t, s, (size_t)(sp - s), sp + 1, strlen(sp + 1), path, i + 1, err, err_len);
-    } else if (json_is_array(m) && json_array_size(m) == 2 &&
-               json_is_string(json_array_get(m, 0)) && json_is_string(json_array_get(m, 1))) {
-      const char *a = json_string_value(json_array_get(m, 0));
-      const char *b = json_string_value(json_array_get(m, 1));
-      st = merge_add(t, a, strlen(a), b, strlen(b), path, i + 1, err, err_len);
-    } else {
-      return failf(err, err_len, WF_EFORMAT,
-                   "tokenizer '%s': merge %zu is neither \"a b\" nor [\"a\", \"b\"]", path, i + 1);
-    }
-    if (st != WF_OK)
-      return st;
-  }
-  return WF_OK;
-}
-
-/* The pre-tokenizer must be GPT-2's: ByteLevel with its regex, alone or in a Sequence. */
-static wf_status check_pre_tokenizer(wf_tokenizer *t, json_t *pre, const char *path, char *err,
-                                     size_t err_len)
-{
-  const char *type = json_string_value(json_object_get(pre, "type"));
-  if (type && !strcmp(type, "Sequence") &&
-      json_array_size(json_object_get(pre, "pretokenizers")) == 1)
-    return check_pre_tokenizer(t, json_array_get(json_object_get(pre, "pretokenizers"), 0), path,
-                               err, err_len);
-  json_t *use_regex = json_object_get(pre, "use_regex");
-  if (!type || strcmp(type, "ByteLevel") || (use_regex && !json_is_true(use_regex)))
-    return failf(err, err_len, WF_EUNSUPPORTED,
-                 "tokenizer '%s': pre_tokenizer is %s, but weft implements GPT-2's byte-level "
-                 "BPE only (pre_tokenizer ByteLevel with use_regex true)",
-                 path, type ? type : "missing");
-  t->add_prefix_space = json_is_true(json_object_get(pre, "add_prefix_space"));
-  return WF_OK;
-}
-
-static bool nonempty_string(json_t *j) { return json_is_string(j) && json_string_length(j) > 0; }
-
-static wf_status check_model(json_t *root, json_t *model, const char *path, char *err,
-                             size_t err_len)
-{
-  const char *type = json_string_value(json_object_get(model, "type"));
-  json_t *dropout = json_object_get(model, "dropout");
-  if (type && strcmp(type, "BPE"))
-    return failf(err, err_len, WF_EUNSUPPORTED,
-                 "tokenizer '%s': model.type is '%s'; weft implements BPE (GPT-2) only", path,
-                 type);
-  if (!json_is_object(json_object_get(model, "vocab")) ||
-      !json_is_array(json_object_get(model, "merges")))
-    return failf(err, err_len, WF_EFORMAT,
-                 "tokenizer '%s': model needs a \"vocab\" object and a \"merges\" array", path);
-  if (nonempty_string(json_object_get(model, "continuing_subword_prefix")) ||
-      nonempty_string(json_object_get(model, "end_of_word_suffix")) ||
-      (json_is_number(dropout) && json_number_value(dropout) > 0))
-    return failf(err, err_len, WF_EUNSUPPORTED,
-                 "tokenizer '%s': subword prefixes, word suffixes and BPE dropout are not "
-                 "GPT-2's; weft does not implement them",
-                 path);
-  json_t *norm = json_object_get(root, "normalizer");
-  if (norm && !json_is_null(norm))
-    return failf(err, err_len, WF_EUNSUPPORTED,
-                 "tokenizer '%s': a normalizer (%s) is set; GPT-2's BPE has none and weft "
-                 "implements none",
-                 path,
-                 json_string_value(json_object_get(norm, "type"))
-                     ? json_string_value(json_object_get(norm, "type"))
-                     : "?");
-  return WF_OK;
-}
-
-static wf_status load_added_tokens(wf_tokenizer *t, json_t *added, const char *path, char *err,
-                                   size_t err_len)
-{
-  size_t i;
-  json_t *a;
-  json_array_foreach(added, i, a)
-  {
-    json_t *id = json_object_get(a, "id"), *content = json_object_get(a, "content");
-    if (!json_is_integer(id) || !json_is_string(content))
-      return failf(err, err_len, WF_EFORMAT,
-                   "tokenizer '%s': added_tokens[%zu] needs an integer \"id\" and a string "
-                   "\"content\"",
-                   path, i);
-    const char *s = json_string_value(content);
-    wf_status st = vocab_add(t, s, strlen(s), (int32_t)json_integer_value(id), path, err, err_len);
-    if (st == WF_OK)
-      st = special_add(t, s, strlen(s), (int32_t)json_integer_value(id));
-    if (st != WF_OK)
-      return st;
-  }
-  return WF_OK;
-}
-
-static wf_status load_hf(wf_tokenizer *t, json_t *root, const char *path, char *err, size_t err_len)
-{
-  json_t *model = json_object_get(root, "model");
-  wf_status st = check_model(root, model, path, err, err_len);
-  if (st == WF_OK)
-    st = check_pre_tokenizer(t, json_object_get(root, "pre_tokenizer"), path, err, err_len);
-  json_t *merges = json_object_get(model, "merges");
-  if (st == WF_OK)
-    st = load_vocab_object(t, json_object_get(model, "vocab"), json_array_size(merges), path, err,
-                           err_len);
-  json_t *added = json_object_get(root, "added_tokens");
-  if (st == WF_OK && added && !json_is_array(added))
-    st = failf(err, err_len, WF_EFORMAT, "tokenizer '%s': added_tokens is not an array", path);
-  if (st == WF_OK && added)
-    st = load_added_tokens(t, added, path, err, err_len);
-  if (st == WF_OK)
-    st = load_merges_json(t, merges, path, err, err_len);
-  t->ignore_merges = json_is_true(json_object_get(model, "ignore_merges"));
-  return st;
-}
-
-/* GPT-2's merges.txt: an optional "#version" line, then "a b" per line. */
-static wf_status load_merges_txt(wf_tokenizer *t, const char *path, char *err, size_t err_len)
-{
-  FILE *f = fopen(path, "rb");
-  if (!f)
-    return failf(err, err_len, WF_EIO, "tokenizer: cannot open '%s': %s", path, strerror(errno));
-  char line[2048];
-  size_t lineno = 0;
-  wf_status st = WF_OK;
-  while (st == WF_OK && fgets(line, sizeof line, f)) {
-    lineno++;
-    size_t n = strcspn(line, "\r\n");
-    line[n] = '\0';
-    if (n == 0 || (lineno == 1 && !strncmp(line, "#version", 8)))
-      continue;
-    char *sp = strchr(line, ' ');
-    if (!sp || strchr(sp + 1, ' '))
-      st = failf(err, err_len, WF_EFORMAT,
-                 "tokenizer '%s': line %zu ('%.64s') is not two tokens separated by one space",
-                 path, lineno, line);
-    else
-      st = merge_add(t, line, (size_t)(sp - line), sp + 1, strlen(sp + 1), path, lineno, err,
-                     err_len);
-  }
-  fclose(f);
-  return st;
-}
-
-static size_t count_lines(const char *path)
-{
-  FILE *f = fopen(path, "rb");
-  size_t n = 0;
-  for (int c; f && (c = fgetc(f)) != EOF;)
-    n += c == '\n';
-  if (f)
-    fclose(f);
-  return n + 1;
-}
-
-static wf_status load_gpt2(wf_tokenizer *t, json_t *vocab, const char *vocab_path, char *err,
-                           size_t err_len)
-{
-  char merges[WF_PATH_MAX + 16];
-  const char *slash = strrchr(vocab_path, '/');
-  snprintf(merges, sizeof merges, "%.*smerges.txt", slash ? (int)(slash - vocab_path + 1) : 0,
-           vocab_path);
-  struct stat sb;
-  if (stat(merges, &sb) != 0 || !S_ISREG(sb.st_mode))
-    return failf(err, err_len, WF_EIO,
-                 "tokenizer '%s' is a vocab.json, but there is no merges.txt beside it ('%s')",
-                 vocab_path, merges);
-  wf_status st = load_vocab_object(t, vocab, count_lines(merges), vocab_path, err, err_len);
-  int32_t eot = st == WF_OK ? vocab_find(t, EOT_TEXT, strlen(EOT_TEXT)) : -1;
-  if (eot >= 0)
-    st = special_add(t, EOT_TEXT, strlen(EOT_TEXT), eot);
-  return st == WF_OK ? load_merges_txt(t, merges, err, err_len) : st;
-}
-
-/* A folder holds tokenizer.json, or vocab.json with merges.txt. */
-static wf_status resolve_path(const char *path, char *out, size_t len, char *err, size_t err_len)
-{
-  struct stat sb;
-  if (stat(path, &sb) != 0)
-    return failf(err, err_len, WF_EIO, "data.tokenizer: cannot open '%s': %s", path,
-                 strerror(errno));
-  if (S_ISREG(sb.st_mode)) {
-    snprintf(out, len, "%s", path);
-    return WF_OK;
-  }
-  if (!S_ISDIR(sb.st_mode))
-    return failf(err, err_len, WF_EIO,
-                 "data.tokenizer: '%s' is not a regular file (a FIFO or a device); name "
-                 "tokenizer.json, vocab.json or the folder holding them",
-                 path);
-  static const char *const names[] = {"tokenizer.json", "vocab.json"};
-  for (size_t i = 0; i < WF_ARRAY_LEN(names); i++) {
-    snprintf(out, len, "%s/%s", path, names[i]);
-    if (stat(out, &sb) == 0 && S_ISREG(sb.st_mode))
-      return WF_OK;
-  }
-  return failf(err, err_len, WF_EIO,
-               "data.tokenizer: the folder '%s' holds neither tokenizer.json nor vocab.json", path);
-}
-
-wf_status wf_tokenizer_load(wf_tokenizer **out, const char *path, char *err, size_t err_len)
-{
-  *out = NULL;
-  char file[WF_PATH_MAX + 32];
-  wf_status st = resolve_path(path, file, sizeof file, err, err_len);
-  if (st != WF_OK)
-    return st;
-  json_error_t jerr;
-  json_t *root = json_load_file(file, JSON_REJECT_DUPLICATES, &jerr);
-  if (!root)
-    return failf(err, err_len, WF_EFORMAT,
-                 "tokenizer '%s' is not valid JSON: line %d column %d: %s", file, jerr.line,
-                 jerr.column, jerr.text);
-  wf_tokenizer *t = calloc(1, sizeof *t);
-  if (!t) {
-    json_decref(root);
-    return WF_ENOMEM;
-  }
-  t->eot = -1;
-  if (!json_is_object(root))
-    st = failf(err, err_len, WF_EFORMAT,
-               "tokenizer '%s': expected a JSON object (tokenizer.json or vocab.json)", file);
-  else if (json_is_object(json_object_get(root, "model")))
-    st = load_hf(t, root, file, err, err_len);
-  else
-    st = load_gpt2(t, root, file, err, err_len);
-  json_decref(root);
-  if (st == WF_OK)
-    st = finish_tables(t, file, err, err_len);
-  if (st == WF_OK)
-    st = compile_pattern(t);
-  if (st == WF_ENOMEM)
-    failf(err, err_len, st, "tokenizer '%s': out of memory", file);
-  if (st != WF_OK) {
-    wf_tokenizer_destroy(t);
-    return st;
-  }
-  snprintf(t->desc, sizeof t->desc, "GPT-2 BPE '%s': %d tokens, %zu merges", file, t->n_ids,
-           t->n_merges);
-  *out = t;
-  return WF_OK;
+  wf_status st = finish_tables(t, path, err, err_len);
+  return st == WF_OK ? compile_pattern(t) : st;
 }
 
 void wf_tokenizer_destroy(wf_tokenizer *t)
@@ -630,7 +317,7 @@ void wf_tokens_free(wf_tokens *t)
   *t = (wf_tokens){0};
 }
 
-static wf_status push(wf_tokens *o, int32_t id)
+wf_status wf__tokens_push(wf_tokens *o, int32_t id)
 {
   if (o->n == o->cap) {
     size_t cap = o->cap ? o->cap * 2 : 1024;
@@ -645,7 +332,7 @@ static wf_status push(wf_tokens *o, int32_t id)
 
 static int32_t pair_rank(const wf_tokenizer *t, int32_t a, int32_t b, int32_t *merged)
 {
-  const pair_entry *e = pair_slot(t, pair_key(a, b));
+  const wf__tok_pair *e = pair_slot(t, pair_key(a, b));
   if (e->key == UINT64_MAX)
     return INT32_MAX;
   *merged = e->merged;
@@ -665,7 +352,7 @@ static int32_t whole_word(const wf_tokenizer *t, const unsigned char *p, size_t 
   size_t k = 0;
   for (size_t i = 0; i < n; i++)
     k += utf8_put(buf + k, cp_of[p[i]]);
-  return vocab_find(t, (const char *)buf, k);
+  return wf__tok_vocab_find(t, (const char *)buf, k);
 }
 
 /* BPE of one pre-token: merge the lowest-ranked adjacent pair (leftmost on a tie) until
@@ -674,7 +361,7 @@ static wf_status bpe(const wf_tokenizer *t, const unsigned char *p, size_t n, wf
 {
   int32_t whole = t->ignore_merges ? whole_word(t, p, n) : -1;
   if (whole >= 0)
-    return push(out, whole);
+    return wf__tokens_push(out, whole);
   int32_t stack[2 * 64], *sym = n <= 64 ? stack : malloc(2 * n * sizeof *sym), merged = 0;
   if (!sym)
     return WF_ENOMEM;
@@ -702,7 +389,7 @@ static wf_status bpe(const wf_tokenizer *t, const unsigned char *p, size_t n, wf
   }
   wf_status st = WF_OK;
   for (size_t i = 0; i < m && st == WF_OK; i++)
-    st = push(out, sym[i]);
+    st = wf__tokens_push(out, sym[i]);
   if (sym != stack)
     free(sym);
   return st;
@@ -755,7 +442,7 @@ static int next_special(const wf_tokenizer *t, const char *s, size_t n, size_t p
 {
   int best = -1;
   for (int i = 0; i < t->n_specials; i++) {
-    const special *sp = &t->specials[i];
+    const wf__tok_special *sp = &t->specials[i];
     if (next[i] == NOT_YET || (next[i] != SIZE_MAX && next[i] < pos)) {
       const char *hit = pos < n ? memmem(s + pos, n - pos, sp->s, sp->len) : NULL;
       next[i] = hit ? (size_t)(hit - s) : SIZE_MAX;
@@ -781,7 +468,7 @@ wf_status wf_tokenizer_encode(const wf_tokenizer *t, const char *text, size_t le
     st = encode_segment(t, s + pos, end - pos, md, out);
     if (st != WF_OK || k < 0)
       break;
-    st = push(out, t->specials[k].id);
+    st = wf__tokens_push(out, t->specials[k].id);
     pos = end + t->specials[k].len;
   }
   pcre2_match_data_free(md);
@@ -808,105 +495,4 @@ wf_status wf_tokenizer_decode(const wf_tokenizer *t, const int32_t *ids, size_t 
   }
   *len = k;
   return WF_OK;
-}
-
-/* ---- worker --tokenize ------------------------------------------------------------------------
- */
-
-/* One llm.c token shard, atomically. */
-static wf_status write_shard(const char *path, const int32_t *ids, size_t n)
-{
-  int32_t header[256] = {SHARD_MAGIC, SHARD_VERSION, (int32_t)n};
-  wf_afile f;
-  wf_status st = wf_afile_open(&f, path, 0644, 0);
-  if (st != WF_OK)
-    return st;
-  st = wf_afile_write(&f, header, sizeof header);
-  uint16_t buf[4096];
-  for (size_t i = 0; st == WF_OK && i < n; i += WF_ARRAY_LEN(buf)) {
-    size_t m = WF_MIN(n - i, WF_ARRAY_LEN(buf));
-    for (size_t j = 0; j < m; j++)
-      buf[j] = (uint16_t)ids[i + j];
-    st = wf_afile_write(&f, buf, m * sizeof *buf);
-  }
-  if (st != WF_OK) {
-    wf_afile_abort(&f);
-    return st;
-  }
-  return wf_afile_commit(&f, NULL, NULL);
-}
-
-static wf_status read_text(const char *in, wf_tokenizer const *t, wf_tokens *out, char *err,
-                           size_t err_len)
-{
-  struct stat sb;
-  if (stat(in, &sb) != 0)
-    return failf(err, err_len, WF_EIO, "--tokenize: cannot open '%s': %s", in, strerror(errno));
-  if (!S_ISREG(sb.st_mode))
-    return failf(err, err_len, WF_EIO,
-                 "--tokenize: '%s' is not a regular file (a FIFO, device or folder); name a "
-                 "text file",
-                 in);
-  int fd = open(in, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0)
-    return failf(err, err_len, WF_EIO, "--tokenize: cannot open '%s': %s", in, strerror(errno));
-  void *map = sb.st_size ? mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
-  close(fd);
-  if (map == MAP_FAILED)
-    return failf(err, err_len, WF_EIO, "--tokenize: cannot map '%s': %s", in, strerror(errno));
-  wf_status st = t->eot >= 0 ? push(out, t->eot) : WF_OK;
-  if (st == WF_OK)
-    st = wf_tokenizer_encode(t, map, (size_t)sb.st_size, out);
-  if (map)
-    munmap(map, (size_t)sb.st_size);
-  return st == WF_OK ? WF_OK
-                     : failf(err, err_len, st, "--tokenize: out of memory encoding '%s'", in);
-}
-
-/* Train shards of SHARD_TOKENS each, then the validation shard. */
-static wf_status write_shards(const wf_tokens *tok, size_t n_train, const char *prefix,
-                              int *n_files, char *err, size_t err_len)
-{
-  char path[WF_PATH_MAX + 64];
-  *n_files = 0;
-  for (size_t at = 0; at < n_train; at += SHARD_TOKENS) {
-    snprintf(path, sizeof path, "%s_train_%06d.bin", prefix, (*n_files)++);
-    if (write_shard(path, tok->ids + at, WF_MIN(n_train - at, (size_t)SHARD_TOKENS)) != WF_OK)
-      return failf(err, err_len, WF_EIO, "--tokenize: cannot write '%s' (see the log above)", path);
-  }
-  snprintf(path, sizeof path, "%s_val_%06d.bin", prefix, 0);
-  if (tok->n > n_train && write_shard(path, tok->ids + n_train, tok->n - n_train) != WF_OK)
-    return failf(err, err_len, WF_EIO, "--tokenize: cannot write '%s' (see the log above)", path);
-  return WF_OK;
-}
-
-wf_status wf_tokenize_file(const wf_tokenizer *t, const char *in, const char *prefix,
-                           double val_fraction, char *summary, size_t summary_len, char *err,
-                           size_t err_len)
-{
-  if (t->n_ids > 65536)
-    return failf(err, err_len, WF_EUNSUPPORTED,
-                 "--tokenize: %s has ids up to %d, but llm.c shards store uint16 tokens (< 65536)",
-                 t->desc, t->n_ids - 1);
-  if (!(val_fraction >= 0 && val_fraction < 1))
-    return failf(err, err_len, WF_ECONFIG, "--tokenize: data.val_fraction=%g is not in [0, 1)",
-                 val_fraction);
-  wf_tokens tok = {0};
-  wf_status st = read_text(in, t, &tok, err, err_len);
-  size_t n_val = (size_t)((double)tok.n * val_fraction);
-  if (st == WF_OK && (tok.n - n_val == 0 || (val_fraction > 0 && n_val == 0)))
-    st = failf(err, err_len, WF_EFORMAT,
-               "--tokenize: '%s' gives %zu tokens, too few for a train split and a "
-               "validation split of data.val_fraction=%g",
-               in, tok.n, val_fraction);
-  int files = 0;
-  if (st == WF_OK)
-    st = write_shards(&tok, tok.n - n_val, prefix, &files, err, err_len);
-  if (st == WF_OK)
-    snprintf(summary, summary_len,
-             "tokenized '%s' with %s: %zu tokens; train %zu in %s_train_%06d.bin%s, val %zu%s%s%s",
-             in, t->desc, tok.n, tok.n - n_val, prefix, 0, files > 1 ? " and on" : "", n_val,
-             n_val ? " in " : "", n_val ? prefix : "", n_val ? "_val_000000.bin" : " (no file)");
-  wf_tokens_free(&tok);
-  return st;
 }

@@ -1,0 +1,132 @@
+/*
+ * tokenize.c - `worker --tokenize` (wf_tokenize_file): a text file encoded with a
+ * wf_tokenizer into llm.c token shards, so a large corpus is tokenized once rather than at
+ * every data.path open.
+ *
+ * Uses the tokenizer through wf_io.h only. Shards are llm.c's (int32[256] header
+ * {SHARD_MAGIC, SHARD_VERSION, n}, then uint16 tokens), SHARD_TOKENS per training file as
+ * fineweb.py writes them; each file is written atomically (wf_afile), so an interrupted
+ * run leaves no half shard under a final name. The text is mapped, not read, and opened
+ * O_NONBLOCK after stat() says it is a regular file, so a FIFO cannot block it.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "io_int.h"
+#include "wf_file.h"
+
+#define SHARD_MAGIC   20240520
+#define SHARD_VERSION 1
+#define SHARD_TOKENS  100000000LL /* llm.c's fineweb.py: 10^8 tokens per shard */
+
+/* One llm.c token shard, atomically. */
+static wf_status write_shard(const char *path, const int32_t *ids, size_t n)
+{
+  int32_t header[256] = {SHARD_MAGIC, SHARD_VERSION, (int32_t)n};
+  wf_afile f;
+  wf_status st = wf_afile_open(&f, path, 0644, 0);
+  if (st != WF_OK)
+    return st;
+  st = wf_afile_write(&f, header, sizeof header);
+  uint16_t buf[4096];
+  for (size_t i = 0; st == WF_OK && i < n; i += WF_ARRAY_LEN(buf)) {
+    size_t m = WF_MIN(n - i, WF_ARRAY_LEN(buf));
+    for (size_t j = 0; j < m; j++)
+      buf[j] = (uint16_t)ids[i + j];
+    st = wf_afile_write(&f, buf, m * sizeof *buf);
+  }
+  if (st != WF_OK) {
+    wf_afile_abort(&f);
+    return st;
+  }
+  return wf_afile_commit(&f, NULL, NULL);
+}
+
+static wf_status read_text(const char *in, wf_tokenizer const *t, wf_tokens *out, char *err,
+                           size_t err_len)
+{
+  struct stat sb;
+  if (stat(in, &sb) != 0)
+    return wf__io_failf(err, err_len, WF_EIO, "--tokenize: cannot open '%s': %s", in,
+                        strerror(errno));
+  if (!S_ISREG(sb.st_mode))
+    return wf__io_failf(err, err_len, WF_EIO,
+                        "--tokenize: '%s' is not a regular file (a FIFO, device or folder); name a "
+                        "text file",
+                        in);
+  int fd = open(in, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0)
+    return wf__io_failf(err, err_len, WF_EIO, "--tokenize: cannot open '%s': %s", in,
+                        strerror(errno));
+  void *map = sb.st_size ? mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
+  close(fd);
+  if (map == MAP_FAILED)
+    return wf__io_failf(err, err_len, WF_EIO, "--tokenize: cannot map '%s': %s", in,
+                        strerror(errno));
+  int eot = wf_tokenizer_eot(t);
+  wf_status st = eot >= 0 ? wf__tokens_push(out, eot) : WF_OK;
+  if (st == WF_OK)
+    st = wf_tokenizer_encode(t, map, (size_t)sb.st_size, out);
+  if (map)
+    munmap(map, (size_t)sb.st_size);
+  return st == WF_OK
+             ? WF_OK
+             : wf__io_failf(err, err_len, st, "--tokenize: out of memory encoding '%s'", in);
+}
+
+/* Train shards of SHARD_TOKENS each, then the validation shard. */
+static wf_status write_shards(const wf_tokens *tok, size_t n_train, const char *prefix,
+                              int *n_files, char *err, size_t err_len)
+{
+  char path[WF_PATH_MAX + 64];
+  *n_files = 0;
+  for (size_t at = 0; at < n_train; at += SHARD_TOKENS) {
+    snprintf(path, sizeof path, "%s_train_%06d.bin", prefix, (*n_files)++);
+    if (write_shard(path, tok->ids + at, WF_MIN(n_train - at, (size_t)SHARD_TOKENS)) != WF_OK)
+      return wf__io_failf(err, err_len, WF_EIO, "--tokenize: cannot write '%s' (see the log above)",
+                          path);
+  }
+  snprintf(path, sizeof path, "%s_val_%06d.bin", prefix, 0);
+  if (tok->n > n_train && write_shard(path, tok->ids + n_train, tok->n - n_train) != WF_OK)
+    return wf__io_failf(err, err_len, WF_EIO, "--tokenize: cannot write '%s' (see the log above)",
+                        path);
+  return WF_OK;
+}
+
+wf_status wf_tokenize_file(const wf_tokenizer *t, const char *in, const char *prefix,
+                           double val_fraction, char *summary, size_t summary_len, char *err,
+                           size_t err_len)
+{
+  if (wf_tokenizer_vocab(t) > 65536)
+    return wf__io_failf(
+        err, err_len, WF_EUNSUPPORTED,
+        "--tokenize: %s has ids up to %d, but llm.c shards store uint16 tokens (< 65536)",
+        wf_tokenizer_describe(t), wf_tokenizer_vocab(t) - 1);
+  if (!(val_fraction >= 0 && val_fraction < 1))
+    return wf__io_failf(err, err_len, WF_ECONFIG,
+                        "--tokenize: data.val_fraction=%g is not in [0, 1)", val_fraction);
+  wf_tokens tok = {0};
+  wf_status st = read_text(in, t, &tok, err, err_len);
+  size_t n_val = (size_t)((double)tok.n * val_fraction);
+  if (st == WF_OK && (tok.n - n_val == 0 || (val_fraction > 0 && n_val == 0)))
+    st = wf__io_failf(err, err_len, WF_EFORMAT,
+                      "--tokenize: '%s' gives %zu tokens, too few for a train split and a "
+                      "validation split of data.val_fraction=%g",
+                      in, tok.n, val_fraction);
+  int files = 0;
+  if (st == WF_OK)
+    st = write_shards(&tok, tok.n - n_val, prefix, &files, err, err_len);
+  if (st == WF_OK)
+    snprintf(summary, summary_len,
+             "tokenized '%s' with %s: %zu tokens; train %zu in %s_train_%06d.bin%s, val %zu%s%s%s",
+             in, wf_tokenizer_describe(t), tok.n, tok.n - n_val, prefix, 0,
+             files > 1 ? " and on" : "", n_val, n_val ? " in " : "", n_val ? prefix : "",
+             n_val ? "_val_000000.bin" : " (no file)");
+  wf_tokens_free(&tok);
+  return st;
+}
