@@ -556,15 +556,25 @@ static bool init_ok(wf_comm *world, const wf_config *cfg, const args *a, int ran
   return ok;
 }
 
+/* --estimate and --plan (rank 0 answers; nothing is launched) and --profile-hw. */
+static int planner(const wf_config *cfg, wf_comm *world, const args *a, int rank)
+{
+  if (a->profile_hw)
+    return wf_plan_profile_hw(cfg, world, a->profile_out, stdout);
+  if (rank != 0)
+    return 0;
+  return a->plan ? wf_plan_search(cfg, &a->pc, stdout) : wf_plan_estimate(cfg, &a->pc, stdout);
+}
+
 static int run(wf_comm *world, args *a, int rank, int size)
 {
   char err[2048] = "";
   wf_config cfg;
   wf_launch launch;
   bool ok = load_config(&cfg, a, err, sizeof err) == WF_OK;
-  bool planning = a->estimate || a->plan; /* plans for a world it does not launch */
-  memset(&launch, 0, sizeof launch);
-  ok = ok && (planning || read_launch(&launch, &cfg, rank, size, err, sizeof err) == WF_OK);
+  memset(&launch, 0, sizeof launch); /* --estimate and --plan plan a world, launch none */
+  ok = ok &&
+       (a->estimate || a->plan || read_launch(&launch, &cfg, rank, size, err, sizeof err) == WF_OK);
   if (ok && a->plan) { /* the plan picks the mesh: validate the rest, remember the world */
     a->pc.world = wf_plan_world(&cfg);
     wf_plan_reset_mesh(&cfg);
@@ -584,12 +594,8 @@ static int run(wf_comm *world, args *a, int rank, int size)
     return export_weights(world, &cfg, a, rank);
   if (a->print_schedule)
     return print_schedule(&cfg, rank);
-  if (a->estimate || a->plan) /* rank 0 answers; nothing is launched */
-    return rank != 0 ? 0
-           : a->plan ? wf_plan_search(&cfg, &a->pc, stdout)
-                     : wf_plan_estimate(&cfg, &a->pc, stdout);
-  if (a->profile_hw)
-    return wf_plan_profile_hw(&cfg, world, a->profile_out, stdout);
+  if (a->estimate || a->plan || a->profile_hw)
+    return planner(&cfg, world, a, rank);
   if (a->tokenize_in)
     return tokenize(world, &cfg, a, rank);
   /* model.init is read whole by rank 0 first, so a bad file is said once (logged where

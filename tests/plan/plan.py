@@ -24,8 +24,9 @@ Tolerances:
 
 err-* cases: a model that fits no plan, an impossible world size and a missing hardware
 profile each fail with one clear error and exit non-zero.
-est-* and plan-* cases: --estimate's JSON against figures computed here from the model
-dimensions, and --plan for 64 H100s and a 1.3B model.
+est and plan-h100: --estimate's JSON against figures computed here from the model
+dimensions, and --plan for 64 H100s and a GPT-2 XL-sized model. profile: --profile-hw
+under mpirun writes a profile that --plan reads, and a profile missing a field is refused.
 """
 import json
 import os
@@ -158,6 +159,30 @@ def plan_h100(worker):
           f"{len(out['plans'])} ranked, {len(out['left_out'])} left out")
 
 
+def profile_case(worker):
+    """--profile-hw under mpirun -np 2 writes a profile --plan reads: GEMMs at the
+    model's shapes (qkv of the tiny model: (T=32 rows, 3C=384, C=128)), the attention
+    kernel, an all-reduce fit for 2 ranks; a profile missing a field is refused naming it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "hw.json")
+        run(mpirun(2) + [worker, "--profile-hw", path] + MODEL)
+        hw = json.load(open(path))
+        shapes = {(g["op"], g["m"], g["n"], g["k"]) for g in hw["gemm"]}
+        if ("matmul", 32, 384, 128) not in shapes or not any(g["op"] == "attention"
+                                                              for g in hw["gemm"]):
+            fail(f"profile shapes {sorted(shapes)}")
+        coll = [c for c in hw["allreduce"] if c["size"] == 2]
+        if len(coll) != 1 or coll[0]["bw_gbs"] <= 0 or coll[0]["alpha_us"] < 0:
+            fail(f"all-reduce fits {hw['allreduce']}")
+        run([worker, "--plan", "--hw", path, "dist.world_size=2"] + MODEL)
+        del hw["mem_bw_gbs"]
+        json.dump(hw, open(path, "w"))
+        p = run([worker, "--plan", "--hw", path, "dist.world_size=2"] + MODEL, ok=False)
+        if p.returncode == 0 or '"mem_bw_gbs"' not in p.stderr:
+            fail(f"a profile without mem_bw_gbs: exit {p.returncode}, {p.stderr}")
+    print("profile: OK")
+
+
 def err_case(worker, name):
     if name == "err-fits-nothing":  # gpt2-xl on 2 ranks of 1 GiB
         p = run([worker, "--plan", "model.preset=gpt2-xl", "dist.world_size=2", "--hw",
@@ -182,6 +207,8 @@ def main():
         est_case(worker)
     elif case == "plan-h100":
         plan_h100(worker)
+    elif case == "profile":
+        profile_case(worker)
     else:
         err_case(worker, case)
 

@@ -5,8 +5,9 @@
  *
  * The GEMMs run on rank 0 alone (the others wait), at one thread and at every core:
  * the time model gives a rank cores / ranks threads, or one thread and a share of a
- * core. A GEMM above MAX_FLOPS is measured with fewer rows: a large GEMM's rate does
- * not depend on its row count, and the profile stays a few seconds long.
+ * core. A GEMM above MAX_FLOPS is measured on a part of it (its longer side halved until
+ * it fits: the vocabulary's columns, or the rows): a large GEMM's rate does not depend on
+ * that side's length, and the profile stays a few seconds long.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -53,13 +54,17 @@ static void add_gemm(bench *b, wf_hw *hw, int m, int n, int k, int threads)
       return;
   if (hw->n_gemm >= WF_HW_MAX_GEMM || m < 1 || n < 1 || k < 1)
     return;
-  int rows = m;
-  while (rows > 16 && 2.0 * rows * n * k > MAX_FLOPS)
-    rows /= 2;
-  if ((size_t)rows * k + (size_t)n * k + (size_t)rows * n > b->n)
+  int rows = m, cols = n; /* halve the longer side: the vocabulary, or the rows */
+  while (2.0 * rows * cols * k > MAX_FLOPS && (rows > 64 || cols > 64)) {
+    if (cols >= rows)
+      cols /= 2;
+    else
+      rows /= 2;
+  }
+  if ((size_t)rows * k + (size_t)cols * k + (size_t)rows * cols > b->n)
     return;
-  double t = best_of(b, 0, rows, n, k);
-  hw->gemm[hw->n_gemm++] = (wf_hw_gemm){m, n, k, threads, 2.0 * rows * n * k / t * 1e-12, false};
+  double t = best_of(b, 0, rows, cols, k);
+  hw->gemm[hw->n_gemm++] = (wf_hw_gemm){m, n, k, threads, 2.0 * rows * cols * k / t * 1e-12, false};
 }
 
 /* The attention kernel of T positions and head size hs, recorded as the (T,T,hs) GEMM
@@ -238,25 +243,27 @@ fail:
   return st;
 }
 
-#define COLL_REPS 15
+#define COLL_REPS  15
+#define BIG_FLOATS ((size_t)16 << 20) /* 64 MiB: past the caches, as gradients are */
 
-/* Median seconds of an all-reduce of n floats over c. */
+/* Median seconds of an all-reduce of n floats over c (fewer repetitions when large). */
 static wf_status time_allreduce(wf_comm *c, float *buf, size_t n, double *sec)
 {
   wf_status st = WF_OK;
   double t[COLL_REPS];
-  for (int r = 0; r < COLL_REPS; r++) {
+  int reps = n > ((size_t)1 << 20) ? 5 : COLL_REPS;
+  for (int r = 0; r < reps; r++) {
     WF_TRY(wf_comm_barrier(c));
     double t0 = wf_now();
     WF_TRY(wf_comm_allreduce(c, buf, buf, n, WF_COMM_F32, WF_COMM_SUM));
     t[r] = wf_now() - t0;
   }
-  for (int i = 1; i < COLL_REPS; i++) /* insertion sort, then the median */
+  for (int i = 1; i < reps; i++) /* insertion sort, then the median */
     for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
       double x = t[j];
       t[j] = t[j - 1], t[j - 1] = x;
     }
-  *sec = t[COLL_REPS / 2];
+  *sec = t[reps / 2];
 fail:
   return st;
 }
@@ -296,7 +303,7 @@ static wf_status measure_group(wf_comm *world, int g, float *buf, wf_hw_coll *ou
 {
   wf_status st = WF_OK;
   wf_comm *c = NULL;
-  const size_t big = (size_t)1 << 20;
+  const size_t big = BIG_FLOATS;
   double with = 0, without = 0, tb = 0;
   int rank = wf_comm_rank(world);
   WF_TRY(wf_comm_split(world, rank / g, rank, "profile", &c));
@@ -348,7 +355,7 @@ static wf_status measure_colls(wf_comm *world, wf_hw *hw)
   wf_status st = WF_OK;
   int W = wf_comm_size(world);
   float *buf = NULL;
-  WF_CHECK_ALLOC(buf = calloc((size_t)1 << 20, sizeof *buf));
+  WF_CHECK_ALLOC(buf = calloc(BIG_FLOATS, sizeof *buf));
   for (int g = 2; g <= W && hw->n_coll < WF_HW_MAX_COLL; g *= 2)
     if (W % g == 0) /* every rank in a group of g */
       WF_TRY(measure_group(world, g, buf, &hw->coll[hw->n_coll++]));
