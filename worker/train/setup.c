@@ -129,10 +129,17 @@ static wf_status setup_stage(wf__trainer *tr)
                    .T = tr->T,
                    .recompute = cfg->parallel.activation_checkpointing,
                    .precision = cfg->precision};
-  WF_TRY(wf_pipe_stage_shard(&so, &o.shard));
+  /* every stage's layers, for the banner; this rank's shard among them */
+  for (int s = 0; s < tr->pp; s++) {
+    wf_gpt_shard sh;
+    so.rank = s;
+    WF_TRY(wf_pipe_stage_shard(&so, &sh));
+    tr->bounds[s] = sh.l0;
+    tr->bounds[s + 1] = sh.l1;
+    if (s == r)
+      o.shard = sh;
+  }
   tr->chunks = o.shard.chunks;
-  tr->bounds[r] = o.shard.l0;
-  tr->bounds[r + 1] = o.shard.l1;
   o.slots = wf_pipe_slots(cfg->train.schedule, tr->pp, r, tr->M, tr->chunks);
   WF_TRY(wf_gpt_create_shard(&tr->model, &o));
   wf_gpt_set_trace(tr->model, tr->trace);
