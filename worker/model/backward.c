@@ -18,7 +18,11 @@ static wf_status zero(wf_gpt *m, float *p, size_t n)
   return wf_dev_memset(m->dev, p, 0, n * sizeof *p, NULL);
 }
 
-wf_status wf_gpt_zero_grad(wf_gpt *m) { return zero(m, m->grads, m->num_params); }
+/* Once ZeRO-2 dropped the flat buffer the gradient windows' owner zeroes them. */
+wf_status wf_gpt_zero_grad(wf_gpt *m)
+{
+  return m->grads ? zero(m, m->grads, m->num_params) : WF_OK;
+}
 
 /* Column-parallel matmul backward from the full input x: the input gradient is this
  * rank's partial sum (dc), which entering's backward completes over tp into dl. dout

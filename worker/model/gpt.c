@@ -197,6 +197,8 @@ wf_status wf_gpt_create_shard(wf_gpt **out, const wf_gpt_opts *o)
   set_geometry(m, o);
   WF_TRY(wf_dev_alloc_floats(m->dev, &m->params, m->num_params));
   WF_TRY(wf_dev_alloc_floats(m->dev, &m->grads, m->num_params));
+  m->gstride = m->nl > 0 ? m->nl : 1;
+  WF_CHECK_ALLOC(m->gptr = calloc((size_t)WF_GPT_NUM_KINDS * (size_t)m->gstride, sizeof *m->gptr));
   if (m->prec != WF_PREC_NO)
     WF_TRY(wf_dev_alloc_floats(m->dev, &m->wlow, m->num_params));
   WF_TRY(alloc_acts(m));
@@ -226,6 +228,7 @@ void wf_gpt_destroy(wf_gpt *m)
   wf_dev_free(m->dev, m->dact_mem);
   wf_dev_free(m->dev, m->re_mem);
   free(m->a);
+  free(m->gptr);
   free(m);
 }
 
@@ -243,10 +246,30 @@ float *wf_gpt_param(wf_gpt *m, wf_param_kind k, int layer, int grads)
 {
   float *base = grads ? m->grads : m->params;
   size_t off = m->off[k];
-  if (wf_gpt_kind_is_layered(k))
-    off += (size_t)wf__local_layer(m, layer) * wf_gpt_local_layer_numel(m, k);
-  return base + off;
+  int j = wf_gpt_kind_is_layered(k) ? wf__local_layer(m, layer) : 0;
+  if (grads && m->gptr[(size_t)k * (size_t)m->gstride + (size_t)j])
+    return m->gptr[(size_t)k * (size_t)m->gstride + (size_t)j];
+  return base + off + (size_t)j * (wf_gpt_kind_is_layered(k) ? wf_gpt_local_layer_numel(m, k) : 0);
 }
+
+void wf_gpt_set_grad_tensor(wf_gpt *m, wf_param_kind k, int j, float *p)
+{
+  m->gptr[(size_t)k * (size_t)m->gstride + (size_t)j] = p;
+}
+
+void wf_gpt_drop_grads(wf_gpt *m)
+{
+  wf_dev_free(m->dev, m->grads);
+  m->grads = NULL;
+}
+
+float *wf_gpt_grad_kind(wf_gpt *m, wf_param_kind k)
+{
+  float *p = m->gptr[(size_t)k * (size_t)m->gstride];
+  return p ? p : m->grads + m->off[k];
+}
+
+size_t wf_gpt_grad_bytes(const wf_gpt *m) { return m->grads ? m->num_params * sizeof(float) : 0; }
 
 size_t wf_gpt_slot_bytes(const wf_gpt *m) { return m->slot_floats * sizeof(float); }
 
@@ -394,6 +417,10 @@ static wf_status exchange_full(wf_gpt *m, int which, float *full, bool to_full)
 {
   wf_dev_view v;
   float *local = which ? m->grads : m->params;
+  if (!local) {
+    WF_ERROR("the gradients are sharded over dp (optim.zero=2): no whole-model gradient here");
+    return WF_EINVAL;
+  }
   wf_status st = wf_dev_map(m->dev, &v, local, m->num_params * sizeof(float),
                             to_full ? WF_MAP_READ : WF_MAP_WRITE);
   if (st != WF_OK)

@@ -153,6 +153,10 @@ struct wf_gpt {
   wf__acts re;      /* recompute: one layer's intermediates */
   wf__dacts da;
   wf_gpt_grad_hook hook; /* told when each group of gradients is final (dp overlap) */
+  /* ZeRO-2: where each (kind, local layer) gradient tensor lives instead of `grads`
+   * (WF_GPT_NUM_KINDS x gstride entries, NULL = in `grads`); see wf_gpt_set_grad_tensor */
+  float **gptr;
+  int gstride;
   void *hook_user;
 };
 

@@ -168,6 +168,17 @@ float *wf_gpt_grads(wf_gpt *m);
 /* Pointer to parameter (or gradient, grads != 0) tensor `k` of layer `layer` (a
  * global layer index in [l0, l1); ignored for WTE, WPE, LNFW, LNFB). */
 float *wf_gpt_param(wf_gpt *m, wf_param_kind k, int layer, int grads);
+/* ZeRO-2's gradient windows. Backward writes the gradient of kind k, local layer j
+ * (0 for the unlayered kinds) at p from now on (NULL: back in the flat buffer). Once
+ * wf_gpt_drop_grads has freed the flat buffer, every tensor backward writes must have
+ * been placed so; wf_gpt_zero_grad then does nothing (the windows' owner zeroes them)
+ * and the whole-model gradient exports fail. */
+void wf_gpt_set_grad_tensor(wf_gpt *m, wf_param_kind k, int j, float *p);
+void wf_gpt_drop_grads(wf_gpt *m);
+/* The gradient of kind k's first local layer (for a kind placed contiguously: all of it). */
+float *wf_gpt_grad_kind(wf_gpt *m, wf_param_kind k);
+/* Bytes of the flat gradient buffer (0 once dropped). */
+size_t wf_gpt_grad_bytes(const wf_gpt *m);
 
 /* Full-layout exchange with the host (buffers of wf_gpt_num_params(dims) floats, llm.c
  * layout), staged through the device. export ADDS the elements this rank owns

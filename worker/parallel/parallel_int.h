@@ -37,4 +37,24 @@ typedef struct wf__sched_sim {
 wf_status wf__sched_sim_validate(wf__sched_sim *m, const wf_schedule *ranks, char *err, size_t len);
 void wf__sched_sim_free(wf__sched_sim *m);
 
+/* ---- ZeRO-1 and ZeRO-2's sharded gradient reduction (zero.c) ----------------------
+ * Used by grads.c: begin at the step's start, ready from the grad hook, launch_layers
+ * then (after the tp and tied sums) finish after the last backward, gather after the
+ * update. */
+typedef struct wf__zero wf__zero;
+wf_status wf__zero_create(wf__zero **out, wf_gpt *m, wf_comm *dp, int stage, size_t bucket_bytes);
+void wf__zero_destroy(wf__zero *z);
+wf_status wf__zero_begin(wf__zero *z);
+void wf__zero_arm(wf__zero *z);
+wf_status wf__zero_ready(wf__zero *z, int group);
+wf_status wf__zero_launch_layers(wf__zero *z);
+wf_status wf__zero_finish(wf__zero *z);
+wf_status wf__zero_gather(wf__zero *z);
+float *wf__zero_shard(wf__zero *z);
+void wf__zero_bounds(const wf__zero *z, size_t *s0, size_t *s1);
+void wf__zero_stats(const wf__zero *z, double *wait_ms, double *comm_bytes, int *launched_early,
+                    int *buckets);
+size_t wf__zero_grad_bytes(const wf__zero *z);
+size_t wf__zero_param_bytes(const wf__zero *z);
+
 #endif /* WF_PARALLEL_INT_H */

@@ -242,7 +242,7 @@ typedef struct wf_grads_opts {
   wf_comm *pp, *emb;   /* the pp and embedding groups; NULL = one stage */
   wf_comm *tp;         /* the tp group; NULL = no tp */
   size_t bucket_bytes; /* optim.bucket_mb; 0 = one bucket per layer */
-  int zero;            /* 0 or 1 */
+  int zero;            /* 0, 1 (optimizer state sharded) or 2 (and gradients) */
 } wf_grads_opts;
 
 typedef struct wf_grads_stats {
@@ -253,6 +253,15 @@ typedef struct wf_grads_stats {
 } wf_grads_stats;
 
 wf_status wf_grads_create(wf_grads **out, const wf_grads_opts *o);
+/* Bytes of gradient memory this rank holds (the model's flat buffer and the reduction's
+ * buffers), and the parameter memory the gradient path adds (ZeRO's all-gather buffer). */
+size_t wf_grads_bytes(const wf_grads *g);
+size_t wf_grads_param_bytes(const wf_grads *g);
+/* Elements per rank of each chunk of ZeRO's parameter all-gather: the largest staging
+ * buffer or window (`biggest` elements) divided over dp, at most the shard, and at least
+ * 4096 elements (or the shard) so a tiny model sends few messages. Its buffer is dp x
+ * that. */
+size_t wf_zero_gather_chunk(size_t shard, size_t biggest, int dp);
 void wf_grads_destroy(wf_grads *g); /* accepts NULL */
 
 wf_status wf_grads_zero(wf_grads *g);
