@@ -174,6 +174,26 @@ def check_optimizer_memory(ref, got, dp):
           f"(1/{dp} = {1.0 / dp:.5f})")
 
 
+def check_gradient_memory(ref, got, dp):
+    """The step line's exact gradient bytes: one rank holds exactly the flat gradient,
+    4 n; ZeRO-2 holds its 1/dp shard, wte + wpe + lnf (the edge) and two one-layer
+    windows and no flat gradient (tests/parallel/test_zero_mem.c checks that formula
+    against the allocator exactly; here the trainer's report against it). gpt2-tiny:
+    edge = 256*64 + 64*64 + 2*64, a layer 12*64^2 + 13*64."""
+    n = ref[3]["param_bytes"] // 4
+    if ref[3]["grad_bytes"] != 4 * n:
+        print(f"FAIL: one rank reports {ref[3]['grad_bytes']} gradient bytes, want 4 x {n}")
+        sys.exit(1)
+    edge, layer = 256 * 64 + 64 * 64 + 2 * 64, 12 * 64 * 64 + 13 * 64
+    want = 4 * ((n + dp - 1) // dp + edge + 2 * layer)
+    if got[3]["grad_bytes"] != want:
+        print(f"FAIL: ZeRO-2 reports {got[3]['grad_bytes']} gradient bytes per rank, the "
+              f"formula says {want}")
+        sys.exit(1)
+    print(f"ok: ZeRO-2 gradient memory per rank {want} bytes = 4 (n/{dp} + edge {edge} + "
+          f"2 x layer {layer}); one rank's flat gradient {4 * n}")
+
+
 RESULTS = []
 
 
@@ -194,6 +214,21 @@ def case(name):
             got = train(4, ["mesh.dp=4", "optim.zero=1"], tmp, "z4")
             compare(ref, got, "dp=4 ZeRO-1")
             check_optimizer_memory(ref, got, 4)
+        elif name in ("dp2-zero2", "dp4-zero2"):
+            # ZeRO-2 averages every bucket over dp as plain dp does (an all-reduce of the
+            # same values) and updates the same shard as ZeRO-1: the dp argument above and
+            # its tolerances apply unchanged.
+            dp = int(name[2])
+            # one layer per bucket (bucket_mb 0): the windows are one layer each
+            got = train(dp, [f"mesh.dp={dp}", "optim.zero=2", "optim.bucket_mb=0"], tmp, name)
+            compare(ref, got, f"dp={dp} ZeRO-2")
+            check_optimizer_memory(ref, got, dp)
+            check_gradient_memory(ref, got, dp)
+        elif name == "dp2-zero2-accum":
+            # each micro-batch's dp average is added into the shard: one more float32 sum
+            # (of M = 2 terms) per element than one rank's accumulation, far inside LOSS_RTOL
+            got = train(2, ["mesh.dp=2", "optim.zero=2", "train.microbatches=2"], tmp, "z2acc")
+            compare(ref, got, "dp=2 ZeRO-2 x 2 micro-batches")
         elif name == "accum":
             compare(ref, train(1, ["train.microbatches=4"], tmp, "acc"),
                     "one rank, 4 micro-batches")

@@ -271,6 +271,11 @@ float *wf_gpt_grad_kind(wf_gpt *m, wf_param_kind k)
 
 size_t wf_gpt_grad_bytes(const wf_gpt *m) { return m->grads ? m->num_params * sizeof(float) : 0; }
 
+size_t wf_gpt_param_bytes(const wf_gpt *m)
+{
+  return (m->wlow ? 2 : 1) * m->num_params * sizeof(float);
+}
+
 size_t wf_gpt_slot_bytes(const wf_gpt *m) { return m->slot_floats * sizeof(float); }
 
 size_t wf_gpt_act_bytes(const wf_gpt *m, int slots)

@@ -179,6 +179,8 @@ void wf_gpt_drop_grads(wf_gpt *m);
 float *wf_gpt_grad_kind(wf_gpt *m, wf_param_kind k);
 /* Bytes of the flat gradient buffer (0 once dropped). */
 size_t wf_gpt_grad_bytes(const wf_gpt *m);
+/* Bytes of the parameters and (mixed precision) their rounded GEMM copy. */
+size_t wf_gpt_param_bytes(const wf_gpt *m);
 
 /* Full-layout exchange with the host (buffers of wf_gpt_num_params(dims) floats, llm.c
  * layout), staged through the device. export ADDS the elements this rank owns

@@ -187,7 +187,7 @@ wf_status wf_grads_create(wf_grads **out, const wf_grads_opts *o)
   WF_TRY(wf_dev_alloc(g->dev, (void **)&g->acc, sizeof *g->acc));
   if (g->zero)
     WF_TRY(wf__zero_create(&g->z, g->model, g->dp, g->zero, o->bucket_bytes));
-  else if (g->dp)
+  else if (g->dp && g->size > 1) /* one dp rank reduces nothing: no staging */
     WF_TRY(plan_buckets(g, o->bucket_bytes));
   g->stats.buckets = g->n_buckets;
   *out = g;

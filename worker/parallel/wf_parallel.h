@@ -262,6 +262,29 @@ size_t wf_grads_param_bytes(const wf_grads *g);
  * 4096 elements (or the shard) so a tiny model sends few messages. Its buffer is dp x
  * that. */
 size_t wf_zero_gather_chunk(size_t shard, size_t biggest, int dp);
+
+/* Memory by kind of one rank, in bytes. */
+typedef struct wf_mem_kinds {
+  size_t param, grad, optim;
+} wf_mem_kinds;
+
+/* What dp rank `rank` of `dp` holds for model m's local parameters (n of them, shard =
+ * ceil(n / dp), its range [s0, s1) = [rank * shard, ...) cut at n) at optim.zero `zero`
+ * with optim.bucket_mb = bucket_bytes, without allocating (a planner's figures; the
+ * trainer reports the same from its allocations):
+ *   param = 4n (x2 with a bf16/fp16 GEMM copy) + ZeRO's all-gather buffer, 4 dp x chunk
+ *           (wf_zero_gather_chunk);
+ *   optim = 8n, or 8 (s1 - s0) under ZeRO (AdamW's m and v of the shard);
+ *   grad  zero 0: 4n, + 4 (n + buckets) of staging when dp > 1;
+ *         zero 1: 4n + 4 shard + 4 dp x sum over buckets of the bucket's longest rank
+ *                 share (its reduce-scatter's padded block), the last bucket being the
+ *                 unlayered and tp-partial kinds;
+ *         zero 2: 4 shard + 4 edge + 4 x 2 x the largest layer bucket, edge = wte, wpe,
+ *                 the final layernorm and the tp-partial layernorms: no flat gradient.
+ * So ZeRO-2's params + grads + optim <= 4n + 12n / dp + 4 (edge + 2 bucket) + gather
+ * (+ 4 x 3 for the shard's rounding). */
+wf_status wf_zero_mem(wf_gpt *m, int dp, int rank, int zero, size_t bucket_bytes,
+                      wf_mem_kinds *out);
 void wf_grads_destroy(wf_grads *g); /* accepts NULL */
 
 wf_status wf_grads_zero(wf_grads *g);

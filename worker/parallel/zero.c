@@ -205,24 +205,35 @@ static void redirect(wf__zero *z, const zbucket *b, float *base)
     wf_gpt_set_grad_tensor(z->m, (wf_param_kind)b->r[i].kind, b->r[i].j, base + b->r[i].pos);
 }
 
+/* The buffers' sizes, from the plan: ZeRO-2's window (the largest layer bucket) and
+ * edge, and the all-gather's chunk. */
+static void sizes(wf__zero *z)
+{
+  size_t biggest = 0; /* elements of the largest staging buffer or window */
+  for (int i = 0; i <= z->nb; i++) {
+    const zbucket *b = i < z->nb ? &z->b[i] : &z->late;
+    if (z->stage == 1)
+      biggest = WF_MAX(biggest, b->block * (size_t)z->size);
+    else if (i < z->nb)
+      z->win_count = WF_MAX(z->win_count, b->count);
+  }
+  if (z->stage == 2)
+    biggest = z->win_count, z->edge_count = z->late.count;
+  z->chunk = wf_zero_gather_chunk(z->shard, biggest, z->size);
+}
+
 static wf_status alloc_buffers(wf__zero *z)
 {
   wf_status st = WF_OK;
-  size_t biggest = 0; /* elements of the largest staging buffer or window */
   WF_TRY(wf_dev_alloc_floats(z->dev, &z->gshard, z->shard));
   if (z->stage == 1) {
     for (int i = 0; i <= z->nb; i++) {
       zbucket *b = i < z->nb ? &z->b[i] : &z->late;
       size_t f = b->block * (size_t)z->size;
-      biggest = WF_MAX(biggest, f);
       WF_TRY(wf_dev_alloc_floats(z->dev, &b->stage, WF_MAX(f, (size_t)1)));
       WF_TRY(wf_dev_memset(z->dev, b->stage, 0, f * sizeof(float), NULL)); /* the padding */
     }
   } else {
-    for (int i = 0; i < z->nb; i++)
-      z->win_count = WF_MAX(z->win_count, z->b[i].count);
-    biggest = z->win_count;
-    z->edge_count = z->late.count;
     WF_TRY(wf_dev_alloc_floats(z->dev, &z->edge, WF_MAX(z->edge_count, (size_t)1)));
     for (int i = 0; i < ZPOOL; i++) {
       WF_TRY(wf_dev_alloc_floats(z->dev, &z->win[i], WF_MAX(z->win_count, (size_t)1)));
@@ -231,20 +242,20 @@ static wf_status alloc_buffers(wf__zero *z)
     redirect(z, &z->late, z->edge);
     wf_gpt_drop_grads(z->m);
   }
-  z->chunk = wf_zero_gather_chunk(z->shard, biggest, z->size);
   WF_TRY(wf_dev_alloc_floats(z->dev, &z->gather, z->chunk * (size_t)z->size));
 fail:
   return st;
 }
 
-wf_status wf__zero_create(wf__zero **out, wf_gpt *m, wf_comm *dp, int stage, size_t bucket_bytes)
+/* The shard geometry and the buckets of dp rank `rank` of `size`. */
+static wf_status plan(wf__zero **out, wf_gpt *m, int size, int rank, int stage, size_t bucket_bytes)
 {
   wf_status st = WF_OK;
   wf__zero *z = NULL;
   *out = NULL;
   WF_CHECK_ALLOC(z = calloc(1, sizeof *z));
-  z->m = m, z->dev = wf_gpt_dev(m), z->dp = dp, z->stage = stage;
-  z->rank = wf_comm_rank(dp), z->size = wf_comm_size(dp);
+  z->m = m, z->dev = wf_gpt_dev(m), z->stage = stage;
+  z->rank = rank, z->size = size;
   z->nl = wf_gpt_local_layers(m);
   z->n = wf_gpt_local_params(m);
   z->shard = (z->n + (size_t)z->size - 1) / (size_t)z->size;
@@ -253,6 +264,21 @@ wf_status wf__zero_create(wf__zero **out, wf_gpt *m, wf_comm *dp, int stage, siz
   z->open = -1;
   WF_TRY(plan_layers(z, bucket_bytes));
   WF_TRY(plan_late(z));
+  sizes(z);
+  *out = z;
+  return WF_OK;
+fail:
+  wf__zero_destroy(z);
+  return st;
+}
+
+wf_status wf__zero_create(wf__zero **out, wf_gpt *m, wf_comm *dp, int stage, size_t bucket_bytes)
+{
+  wf_status st = WF_OK;
+  wf__zero *z = NULL;
+  *out = NULL;
+  WF_TRY(plan(&z, m, wf_comm_size(dp), wf_comm_rank(dp), stage, bucket_bytes));
+  z->dp = dp;
   WF_TRY(alloc_buffers(z));
   *out = z;
   return WF_OK;
@@ -576,4 +602,47 @@ size_t wf_zero_gather_chunk(size_t shard, size_t biggest, int dp)
 {
   size_t c = WF_MAX((size_t)1, WF_MIN(shard, biggest / (size_t)dp));
   return c < 4096 ? WF_MIN(shard, (size_t)4096) : c; /* a tiny model: fewer messages */
+}
+
+/* ---- the memory formulas (wf_parallel.h) ---------------------------------------------- */
+
+/* Plain dp's staging: one bucket per run of readiness groups 0..nl+1 up to bucket_bytes,
+ * each count + 1 floats (grads.c's plan_buckets). */
+static size_t dp_stage_floats(const wf_gpt *m, size_t bucket_bytes)
+{
+  int nl = wf_gpt_local_layers(m);
+  size_t total = 0, count = 0, layer = 0;
+  for (int k = 0; k < WF_GPT_NUM_KINDS; k++)
+    if (wf_gpt_kind_is_layered((wf_param_kind)k))
+      layer += wf_gpt_local_layer_numel(m, (wf_param_kind)k);
+  for (int gr = 0; gr < nl + 2; gr++) {
+    if (gr == 0)
+      count += wf_gpt_local_numel(m, WF_P_LNFW) + wf_gpt_local_numel(m, WF_P_LNFB);
+    else if (gr == nl + 1)
+      count += wf_gpt_local_numel(m, WF_P_WTE) + wf_gpt_local_numel(m, WF_P_WPE);
+    else
+      count += layer;
+    if (count * sizeof(float) >= bucket_bytes || gr == nl + 1)
+      total += count + 1, count = 0;
+  }
+  return total;
+}
+
+wf_status wf_zero_mem(wf_gpt *m, int dp, int rank, int zero, size_t bucket_bytes, wf_mem_kinds *out)
+{
+  wf_status st = WF_OK;
+  size_t n = wf_gpt_local_params(m), f = sizeof(float);
+  *out = (wf_mem_kinds){.param = (wf_gpt_precision(m) != WF_PREC_NO ? 2 : 1) * n * f,
+                        .grad = n * f + (dp > 1 ? dp_stage_floats(m, bucket_bytes) * f : 0),
+                        .optim = 2 * n * f};
+  if (zero == 0 || dp < 1)
+    return WF_OK;
+  wf__zero *z = NULL;
+  WF_TRY(plan(&z, m, dp, rank, zero, bucket_bytes));
+  out->param += wf__zero_param_bytes(z);
+  out->grad = (zero == 1 ? n * f : 0) + wf__zero_grad_bytes(z);
+  out->optim = 2 * (z->s1 - z->s0) * f;
+  wf__zero_destroy(z);
+fail:
+  return st;
 }

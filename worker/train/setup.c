@@ -85,6 +85,12 @@ static wf_status interleaved_split(wf__trainer *tr)
   WF_REFUSE(cfg->parallel.n_pp_layers == 0, WF_ECONFIG,
             "parallel.pp_layers does not apply to train.schedule=interleaved, whose chunks all "
             "hold model.layers / (mesh.pp x parallel.virtual_stages) layers; remove it");
+  WF_REFUSE(cfg->optim.zero < 2, WF_ECONFIG,
+            "optim.zero=%d does not apply to train.schedule=interleaved: ZeRO-2 reduces each "
+            "micro-batch's gradients as backward finishes a bucket of layers, and an interleaved "
+            "backward visits a rank's layers chunk by chunk, out of that order; use optim.zero=1 "
+            "or train.schedule=1f1b",
+            cfg->optim.zero);
   tr->chunks = v;
   tr->bounds[tr->pp_rank] = tr->pp_rank * lc;
   tr->bounds[tr->pp_rank + 1] = (tr->pp_rank + 1) * lc;

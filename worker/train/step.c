@@ -156,6 +156,8 @@ static void fill_info(wf__trainer *tr, int step, double dt, double loss, float n
       .loss_scale = oi->scale,
       .skipped = oi->skipped,
       .skipped_steps = wf_optim_get_scaler(tr->optim)->skipped,
+      .param_bytes = (int64_t)(wf_gpt_param_bytes(tr->model) + wf_grads_param_bytes(tr->grads)),
+      .grad_bytes = (int64_t)wf_grads_bytes(tr->grads),
   };
   /* The peak is per rank; the job has world_size such ranks. */
   info->mfu = tr->peak_tflops > 0 ? info->tflops / (tr->peak_tflops * tr->world_size) : 0;
@@ -179,6 +181,7 @@ wf_status wf__train_step(wf__trainer *tr, int step, wf_train_step_info *info)
   if (tr->trace && wf_trace_on(tr->trace))
     wf_trace_span(tr->trace, "step end (reduction, norm, AdamW)", "optim", tr0, wf_now(), step, -1);
   fill_info(tr, step, dt, loss, norm, &oi, info);
+  info->act_bytes = (int64_t)ps.act_bytes;
   st = stage_stats(tr, &ps, info);
 fail:
   return st;

@@ -57,6 +57,11 @@ typedef struct wf_train_step_info {
                         * scales its loss gradient by S / dp, see train.c); else NAN */
   bool skipped;        /* fp16: this step's gradients overflowed, so it made no update */
   int skipped_steps;   /* fp16: steps skipped so far in the run (0 otherwise) */
+  /* This rank's memory by kind, in bytes (param + grad + optim_bytes is what ZeRO shards;
+   * wf_parallel.h has the formulas): */
+  int64_t param_bytes; /* parameters, their bf16/fp16 GEMM copy, ZeRO's all-gather buffer */
+  int64_t grad_bytes;  /* gradients and the dp reduction's buffers (wf_grads_bytes) */
+  int64_t act_bytes;   /* activations this step held at its peak (the pipeline's slots) */
 } wf_train_step_info;
 
 typedef struct wf_train_hooks {
