@@ -80,6 +80,9 @@ const wf__cfg_key wf__cfg_keys[] = {
     K_INT("mesh.dp", mesh.dp, "0", 0, 1 << 24, "data-parallel size; 0 = world / (tp * pp)"),
     K_INT("mesh.tp", mesh.tp, "1", 1, 1 << 16, "tensor-parallel size"),
     K_INT("mesh.pp", mesh.pp, "1", 1, WF_MAX_STAGES, "pipeline-parallel size (stages)"),
+    K_INT("mesh.fsdp", mesh.fsdp, "0", 0, 1 << 24,
+          "HSDP: ZeRO shards within groups of this many dp ranks and replicates across "
+          "them; 0 = all dp ranks"),
     {.name = "mesh.axis_names",
      .type = WF__CT_AXES,
      .off = OFF(mesh.axis_names),

@@ -224,6 +224,15 @@ def case(name):
             compare(ref, got, f"dp={dp} ZeRO-2")
             check_optimizer_memory(ref, got, dp)
             check_gradient_memory(ref, got, dp)
+        elif name in ("hsdp2x2-zero1", "hsdp2x2-zero2"):
+            # HSDP: dp 4 = 2 fsdp groups of 2; each group averages its shards, then the
+            # shards are averaged across the groups: the same dp average in another
+            # summation order, so the dp tolerances apply. The optimizer state is sharded
+            # over the fsdp group only: 1/2 per rank.
+            z = name[-1]
+            got = train(4, ["mesh.dp=4", "mesh.fsdp=2", f"optim.zero={z}"], tmp, name)
+            compare(ref, got, f"HSDP 2 x 2 ZeRO-{z}")
+            check_optimizer_memory(ref, got, 2)
         elif name == "dp2-zero2-accum":
             # each micro-batch's dp average is added into the shard: one more float32 sum
             # (of M = 2 terms) per element than one rank's accumulation, far inside LOSS_RTOL

@@ -55,7 +55,8 @@ EQUIV = {
                          ["precision=fp16", "optim.loss_scale_init=1073741824"]),
 }
 OTHER = ["dump-state", "init-sliced", "trace", "refuse-tp-heads",
-         "refuse-interleaved-pp-layers", "bf16-dump-state", "refuse-zero2-interleaved"]
+         "refuse-interleaved-pp-layers", "bf16-dump-state", "refuse-zero2-interleaved",
+         "refuse-fsdp-zero0", "refuse-fsdp-divide", "refuse-fsdp-checkpoint"]
 CASES = list(EQUIV) + OTHER
 
 TIED = "tied embedding: the first and last stage's copies were identical after each of {} steps"
@@ -406,6 +407,12 @@ def refuse(eq, name, tmp):
                                       "parallel.virtual_stages=2", "model.layers=4",
                                       "train.microbatches=4", "optim.zero=2"],
                                      ["optim.zero=2", "interleaved"]),
+        "refuse-fsdp-zero0": (["mesh.dp=2", "mesh.fsdp=2"], ["mesh.fsdp=2", "optim.zero=0"]),
+        "refuse-fsdp-divide": (["mesh.dp=2", "mesh.fsdp=3", "optim.zero=1"],
+                               ["mesh.fsdp=3", "mesh.dp=2"]),
+        "refuse-fsdp-checkpoint": (["mesh.dp=2", "mesh.fsdp=1", "optim.zero=1",
+                                    f"train.checkpoint_dir={tmp}/ck"],
+                                   ["mesh.fsdp=1", "train.checkpoint_dir"]),
     }[name]
     cmd = eq.MPIRUN + ["-np", "2", eq.WORKER, "model.preset=gpt2-tiny", "train.steps=2",
                        "train.eval_every=0"] + args

@@ -44,9 +44,11 @@ struct wf_grads {
   int n_buckets;
   bool armed;
   wf_grads_stats stats;
-  double *acc;        /* (1) device scalar: a sum of squares */
-  size_t n;           /* parameters */
-  wf__zero *z;        /* ZeRO-1 and 2's sharded reduction (zero.c); NULL without ZeRO */
+  double *acc;                    /* (1) device scalar: a sum of squares */
+  size_t n;                       /* parameters */
+  wf__zero *z;                    /* ZeRO-1 and 2's sharded reduction (zero.c); NULL without ZeRO */
+  wf_comm *shard_comm, *rep_comm; /* ZeRO's: the dp group, or HSDP's fsdp and replica groups */
+  bool own_comms;
   wf_status hook_err; /* the first failure inside the grad hook (ZeRO-2), for finish */
   double fin_ms;      /* exposed time of finish's dp reduction */
 };
@@ -171,6 +173,22 @@ fail:
 
 /* ---- life cycle ------------------------------------------------------------------------- */
 
+/* HSDP: dp rank d shards within fsdp group d / f (its rank d % f) and all-reduces its
+ * shard with the same shard of the other groups (replica group d % f). */
+static wf_status split_hsdp(wf_grads *g, int f)
+{
+  wf_status st = WF_OK;
+  g->shard_comm = g->dp;
+  if (f <= 0 || f >= g->size)
+    return WF_OK;
+  WF_CHECK(g->size % f == 0, WF_EINVAL, "mesh.fsdp=%d does not divide the dp size %d", f, g->size);
+  g->own_comms = true;
+  WF_TRY(wf_comm_split(g->dp, g->rank / f, g->rank % f, "fsdp", &g->shard_comm));
+  WF_TRY(wf_comm_split(g->dp, g->rank % f, g->rank / f, "replica", &g->rep_comm));
+fail:
+  return st;
+}
+
 wf_status wf_grads_create(wf_grads **out, const wf_grads_opts *o)
 {
   wf_status st = WF_OK;
@@ -185,9 +203,10 @@ wf_status wf_grads_create(wf_grads **out, const wf_grads_opts *o)
   g->size = o->dp ? wf_comm_size(o->dp) : 1;
   g->n = wf_gpt_local_params(o->model);
   WF_TRY(wf_dev_alloc(g->dev, (void **)&g->acc, sizeof *g->acc));
-  if (g->zero)
-    WF_TRY(wf__zero_create(&g->z, g->model, g->dp, g->zero, o->bucket_bytes));
-  else if (g->dp && g->size > 1) /* one dp rank reduces nothing: no staging */
+  if (g->zero) {
+    WF_TRY(split_hsdp(g, o->fsdp));
+    WF_TRY(wf__zero_create(&g->z, g->model, g->shard_comm, g->rep_comm, g->zero, o->bucket_bytes));
+  } else if (g->dp && g->size > 1) /* one dp rank reduces nothing: no staging */
     WF_TRY(plan_buckets(g, o->bucket_bytes));
   g->stats.buckets = g->n_buckets;
   *out = g;
@@ -210,6 +229,11 @@ void wf_grads_destroy(wf_grads *g)
   free(g->buckets);
   wf_dev_free(g->dev, g->acc);
   wf__zero_destroy(g->z);
+  if (g->own_comms) {
+    if (g->shard_comm != g->dp)
+      wf_comm_destroy(g->shard_comm);
+    wf_comm_destroy(g->rep_comm);
+  }
   free(g);
 }
 
@@ -349,8 +373,8 @@ wf_status wf_grads_norm(wf_grads *g, double scale, float *norm)
     size_t s0, s1;
     wf__zero_bounds(g->z, &s0, &s1);
     WF_TRY(counted_sumsq(g, wf__zero_shard(g->z), s0, s1, &ss));
-    float x = (float)ss;
-    WF_TRY(wf_comm_allreduce(g->dp, &x, &x, 1, WF_COMM_F32, WF_COMM_SUM));
+    float x = (float)ss; /* HSDP: every replica group holds the same shards */
+    WF_TRY(wf_comm_allreduce(g->shard_comm, &x, &x, 1, WF_COMM_F32, WF_COMM_SUM));
     ss = x;
   } else {
     WF_TRY(counted_sumsq(g, wf_gpt_grads(g->model), 0, g->n, &ss));

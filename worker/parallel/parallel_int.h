@@ -42,7 +42,10 @@ void wf__sched_sim_free(wf__sched_sim *m);
  * then (after the tp and tied sums) finish after the last backward, gather after the
  * update. */
 typedef struct wf__zero wf__zero;
-wf_status wf__zero_create(wf__zero **out, wf_gpt *m, wf_comm *dp, int stage, size_t bucket_bytes);
+/* dp: the group the shards span; rep: HSDP's replica group (NULL = none), across which
+ * the finished shard is all-reduced (averaged). */
+wf_status wf__zero_create(wf__zero **out, wf_gpt *m, wf_comm *dp, wf_comm *rep, int stage,
+                          size_t bucket_bytes);
 void wf__zero_destroy(wf__zero *z);
 wf_status wf__zero_begin(wf__zero *z);
 void wf__zero_arm(wf__zero *z);

@@ -243,6 +243,8 @@ typedef struct wf_grads_opts {
   wf_comm *tp;         /* the tp group; NULL = no tp */
   size_t bucket_bytes; /* optim.bucket_mb; 0 = one bucket per layer */
   int zero;            /* 0, 1 (optimizer state sharded) or 2 (and gradients) */
+  int fsdp;            /* HSDP: shard within groups of fsdp consecutive dp ranks and
+                        * all-reduce the shards across the groups; 0 = one group */
 } wf_grads_opts;
 
 typedef struct wf_grads_stats {

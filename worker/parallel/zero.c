@@ -73,7 +73,7 @@ typedef struct zbucket {
 struct wf__zero {
   wf_gpt *m;
   wf_dev *dev;
-  wf_comm *dp;
+  wf_comm *dp, *rep; /* the shards' group; HSDP's replica group (NULL = none) */
   int stage, rank, size, nl;
   size_t n, shard, s0, s1;
   zbucket *b, late;
@@ -272,13 +272,15 @@ fail:
   return st;
 }
 
-wf_status wf__zero_create(wf__zero **out, wf_gpt *m, wf_comm *dp, int stage, size_t bucket_bytes)
+wf_status wf__zero_create(wf__zero **out, wf_gpt *m, wf_comm *dp, wf_comm *rep, int stage,
+                          size_t bucket_bytes)
 {
   wf_status st = WF_OK;
   wf__zero *z = NULL;
   *out = NULL;
   WF_TRY(plan(&z, m, wf_comm_size(dp), wf_comm_rank(dp), stage, bucket_bytes));
   z->dp = dp;
+  z->rep = rep;
   WF_TRY(alloc_buffers(z));
   *out = z;
   return WF_OK;
@@ -533,6 +535,10 @@ wf_status wf__zero_finish(wf__zero *z)
     if (z->win_flying[w])
       WF_TRY(complete_window(z, w));
   WF_TRY(complete(z, &z->late));
+  if (z->rep) { /* HSDP: the fsdp group's average, averaged over the replicas */
+    z->comm_bytes += (double)z->shard * sizeof(float);
+    WF_TRY(wf_comm_allreduce(z->rep, z->gshard, z->gshard, z->shard, WF_COMM_F32, WF_COMM_AVG));
+  }
 fail:
   z->armed = false;
   return st;

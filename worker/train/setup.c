@@ -143,7 +143,8 @@ static wf_status setup_optim(wf__trainer *tr)
                       .emb = tr->emb_comm,
                       .tp = tr->tp_comm,
                       .bucket_bytes = (size_t)cfg->optim.bucket_mb << 20,
-                      .zero = cfg->optim.zero};
+                      .zero = cfg->optim.zero,
+                      .fsdp = cfg->mesh.fsdp};
   WF_TRY(wf_grads_create(&tr->grads, &go));
   wf_optim_opts oo = {.cfg = cfg, .model = tr->model, .dp_size = tr->D};
   wf_grads_range(tr->grads, &oo.lo, &oo.hi);
