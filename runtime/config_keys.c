@@ -147,8 +147,9 @@ const wf__cfg_key wf__cfg_keys[] = {
           "validation text file or glob of llm.c shards; \"\" = hold out data.val_fraction"),
     K_STR("data.tokenizer", data.tokenizer, "",
           "GPT-2 BPE for text: tokenizer.json, vocab.json (merges.txt beside it) or a folder"),
-    K_INT("optim.zero", optim.zero, "0", 0, 2,
-          "1 = shard optimizer state over dp (ZeRO-1), 2 = and gradients (ZeRO-2)"),
+    K_INT("optim.zero", optim.zero, "0", 0, 3,
+          "1 = shard optimizer state over dp (ZeRO-1), 2 = and gradients (ZeRO-2), 3 = and "
+          "parameters (FSDP)"),
     K_DBL("optim.weight_decay", optim.weight_decay, "0.1", 0, 10, 0, "AdamW weight decay"),
     K_DBL("optim.clip", optim.clip, "1.0", 0, BIG, 0, "global grad-norm clip; 0 = off"),
     K_DBL("optim.beta1", optim.beta1, "0.9", 0, 0.999999, 0, "AdamW beta1"),
@@ -176,6 +177,9 @@ const wf__cfg_key wf__cfg_keys[] = {
           "model chunks per stage (interleaved)"),
     K_BOOL("parallel.activation_checkpointing", parallel.activation_checkpointing, "false",
            "recompute activations in backward"),
+    K_BOOL("parallel.reshard_after_forward", parallel.reshard_after_forward, "true",
+           "optim.zero=3: gather each layer's parameters again for backward (false: keep "
+           "them from forward)"),
     K_ENUM("precision", precision, "no", precisions,
            "GEMM operands: no (fp32), bf16 or fp16 (fp32 masters; CPU: emulated)"),
     K_BOOL("runtime.bind", runtime.bind, "true", "bind ranks to cores with hwloc"),

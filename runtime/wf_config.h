@@ -104,6 +104,7 @@ typedef struct wf_config {
     int n_pp_layers; /* 0 = balanced automatically */
     int virtual_stages;
     bool activation_checkpointing;
+    bool reshard_after_forward; /* ZeRO-3: free a unit's gathered parameters after forward */
   } parallel;
   wf_precision precision;
   struct {

@@ -239,8 +239,8 @@ static void test_out_of_range(void **state)
   assert_err_at(f, 2, "train.steps: 0 is out of range; it must be >= 1");
   assert_int_equal(load(f, "dist.master_port: 70000\n"), WF_ECONFIG);
   assert_err_at(f, 1, "dist.master_port: 70000 is out of range; it must be >= 0 and <= 65535");
-  assert_int_equal(load(f, "optim.zero: 3\n"), WF_ECONFIG);
-  assert_err_at(f, 1, "optim.zero: 3 is out of range");
+  assert_int_equal(load(f, "optim.zero: 4\n"), WF_ECONFIG);
+  assert_err_at(f, 1, "optim.zero: 4 is out of range");
   assert_int_equal(load(f, "train.lr: 0\n"), WF_ECONFIG);
   assert_err_at(f, 1, "train.lr: 0 is out of range; it must be > 0");
   assert_int_equal(load(f, "mesh.pp: 65\n"), WF_ECONFIG); /* WF_MAX_STAGES is 64 */

@@ -280,15 +280,20 @@ static void test_ports(void **state)
       "runtime.metrics_port=9000");
 }
 
-static void test_zero_is_0_to_2(void **state)
+static void test_zero_is_0_to_3(void **state)
 {
   GOOD(2, "optim.zero=1");
   GOOD(2, "optim.zero=2");
+  GOOD(2, "optim.zero=3");
+  BAD(2, "optim.zero=3 keeps no rounded copy", "optim.zero=3", "precision=bf16");
+  BAD(4, "mesh.fsdp=3 does not divide mesh.dp=4", "mesh.fsdp=3", "optim.zero=1");
+  BAD(4, "mesh.fsdp=2 shards with ZeRO", "mesh.fsdp=2");
+  GOOD(4, "mesh.fsdp=2", "optim.zero=2");
   case_ t;
   build(&t, NULL);
-  t.cfg.optim.zero = 3;
+  t.cfg.optim.zero = 4;
   assert_int_equal(check(&t, 0), WF_ECONFIG);
-  assert_non_null(strstr(t.err, "optim.zero=3 is out of range; it must be >= 0 and <= 2"));
+  assert_non_null(strstr(t.err, "optim.zero=4 is out of range; it must be >= 0 and <= 3"));
   build(&t, NULL);
   t.cfg.precision = (wf_precision)7;
   assert_int_equal(check(&t, 0), WF_ECONFIG);
@@ -342,7 +347,7 @@ int main(void)
       cmocka_unit_test(test_seq_len),
       cmocka_unit_test(test_positive_values),
       cmocka_unit_test(test_ports),
-      cmocka_unit_test(test_zero_is_0_to_2),
+      cmocka_unit_test(test_zero_is_0_to_3),
       cmocka_unit_test(test_loss_scale_needs_fp16),
       cmocka_unit_test(test_deterministic_and_untouched_on_failure),
   };

@@ -194,6 +194,35 @@ def check_gradient_memory(ref, got, dp):
           f"2 x layer {layer}); one rank's flat gradient {4 * n}")
 
 
+def same_bits(a, b, what, other):
+    if a[1] != b[1] or a[0] != b[0]:
+        print(f"FAIL: {what}: parameters or losses differ from {other}'s")
+        sys.exit(1)
+    print(f"ok: {what}: --save and every loss identical to {other}'s")
+
+
+def check_zero3_memory(ref, got, dp, windows):
+    """ZeRO-3's exact parameter bytes: the shard, the gathered edge (wte, wpe, lnf) and
+    `windows` one-layer windows (2: the one computing and the prefetched one; with
+    reshard_after_forward=false every layer's, 4 here), no flat vector; and the issue's
+    bound: params + grads + optimizer <= the whole model's 16 n / dp + the edge unit and
+    two layer units (parameters and gradients), + 48 bytes of shard rounding."""
+    n = ref[3]["param_bytes"] // 4
+    edge, layer = 256 * 64 + 64 * 64 + 2 * 64, 12 * 64 * 64 + 13 * 64
+    want = 4 * ((n + dp - 1) // dp + edge + windows * layer)
+    last = got[3]
+    if last["param_bytes"] != want:
+        print(f"FAIL: ZeRO-3 reports {last['param_bytes']} parameter bytes, formula {want}")
+        sys.exit(1)
+    total = last["param_bytes"] + last["grad_bytes"] + last["optim_bytes"]
+    bound = 16 * n // dp + 8 * edge + 16 * layer + 48
+    if windows == 2 and total > bound:
+        print(f"FAIL: ZeRO-3 holds {total} bytes per rank > {bound}")
+        sys.exit(1)
+    print(f"ok: ZeRO-3 parameter memory {want} bytes = 4 (n/{dp} + edge + {windows} layers); "
+          f"params + grads + optim {total} bytes (bound {bound}, one rank {16 * n})")
+
+
 RESULTS = []
 
 
@@ -233,6 +262,34 @@ def case(name):
             got = train(4, ["mesh.dp=4", "mesh.fsdp=2", f"optim.zero={z}"], tmp, name)
             compare(ref, got, f"HSDP 2 x 2 ZeRO-{z}")
             check_optimizer_memory(ref, got, 2)
+        elif name in ("dp2-zero3", "dp4-zero3"):
+            # ZeRO-3 gathers every parameter exactly (one rank's value plus zeros) and
+            # reduces gradients as ZeRO-2 does, so it must train bit for bit as ZeRO-2:
+            # the --save files are compared byte for byte, and both against one rank with
+            # the dp tolerances.
+            dp = int(name[2])
+            args = [f"mesh.dp={dp}", "optim.bucket_mb=0"]
+            got = train(dp, args + ["optim.zero=3"], tmp, name)
+            compare(ref, got, f"dp={dp} ZeRO-3")
+            z2 = train(dp, args + ["optim.zero=2"], tmp, name + "-z2")
+            same_bits(got, z2, f"dp={dp} ZeRO-3", "ZeRO-2")
+            check_optimizer_memory(ref, got, dp)
+            check_gradient_memory(ref, got, dp)
+            check_zero3_memory(ref, got, dp, 2)
+        elif name in ("dp2-zero3-keep", "dp2-zero3-recompute", "dp2-zero3-accum"):
+            # reshard_after_forward=false gathers once per step instead of twice; the
+            # recomputation reads the gathered parameters again; micro-batches regather
+            # for every forward and backward. Each is ZeRO-3's arithmetic unchanged.
+            extra = {"dp2-zero3-keep": ["parallel.reshard_after_forward=false"],
+                     "dp2-zero3-recompute": ["parallel.activation_checkpointing=true"],
+                     "dp2-zero3-accum": ["train.microbatches=2"]}[name]
+            args = ["mesh.dp=2", "optim.bucket_mb=0"] + extra
+            got = train(2, args + ["optim.zero=3"], tmp, name)
+            compare(ref, got, f"dp=2 ZeRO-3 {' '.join(extra)}")
+            z2 = train(2, args + ["optim.zero=2"], tmp, name + "-z2")
+            same_bits(got, z2, f"dp=2 ZeRO-3 {' '.join(extra)}", "ZeRO-2")
+            if name == "dp2-zero3-keep":
+                check_zero3_memory(ref, got, 2, 4)
         elif name == "dp2-zero2-accum":
             # each micro-batch's dp average is added into the shard: one more float32 sum
             # (of M = 2 terms) per element than one rank's accumulation, far inside LOSS_RTOL

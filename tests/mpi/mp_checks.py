@@ -47,6 +47,10 @@ EQUIV = {
                                            "parallel.virtual_stages=2",
                                            "parallel.activation_checkpointing=true"], 4, 2,
                                        ["precision=bf16"]),
+    # ZeRO-3 with tp (shards of tp shards) and with pp (each stage's layers are its units,
+    # gathered again for every micro-batch's forward and backward)
+    "dp2tp2-zero3": (4, ["mesh.tp=2", "mesh.dp=2", "optim.zero=3", "optim.bucket_mb=0"], 1, 1),
+    "dp2pp2-zero3": (4, ["mesh.pp=2", "mesh.dp=2", "optim.zero=3", "optim.bucket_mb=0"], 2, 2),
     "bf16-dp2-zero2-recompute": (2, ["mesh.dp=2", "optim.zero=2",
                                      "parallel.activation_checkpointing=true"], 1, 1,
                                  ["precision=bf16"]),
@@ -56,7 +60,8 @@ EQUIV = {
 }
 OTHER = ["dump-state", "init-sliced", "trace", "refuse-tp-heads",
          "refuse-interleaved-pp-layers", "bf16-dump-state", "refuse-zero2-interleaved",
-         "refuse-fsdp-zero0", "refuse-fsdp-divide", "refuse-fsdp-checkpoint"]
+         "refuse-fsdp-zero0", "refuse-fsdp-divide", "refuse-fsdp-checkpoint",
+         "refuse-zero3-bf16", "refuse-zero3-checkpoint"]
 CASES = list(EQUIV) + OTHER
 
 TIED = "tied embedding: the first and last stage's copies were identical after each of {} steps"
@@ -407,6 +412,11 @@ def refuse(eq, name, tmp):
                                       "parallel.virtual_stages=2", "model.layers=4",
                                       "train.microbatches=4", "optim.zero=2"],
                                      ["optim.zero=2", "interleaved"]),
+        "refuse-zero3-bf16": (["mesh.dp=2", "optim.zero=3", "precision=bf16"],
+                              ["optim.zero=3", "precision=bf16"]),
+        "refuse-zero3-checkpoint": (["mesh.dp=2", "optim.zero=3",
+                                     f"train.checkpoint_dir={tmp}/ck"],
+                                    ["optim.zero=3", "train.checkpoint_dir"]),
         "refuse-fsdp-zero0": (["mesh.dp=2", "mesh.fsdp=2"], ["mesh.fsdp=2", "optim.zero=0"]),
         "refuse-fsdp-divide": (["mesh.dp=2", "mesh.fsdp=3", "optim.zero=1"],
                                ["mesh.fsdp=3", "mesh.dp=2"]),

@@ -17,7 +17,13 @@
  *    the unlayered kinds + two one-layer windows; plain dp's the flat vector + its
  *    staging;
  *  - ZeRO-2 holds less gradient memory than ZeRO-1, and its params + grads + optimizer
- *    stay within 4n + 12n / D + 4 (edge + 2 layers) + the all-gather buffer.
+ *    stay within 4n + 12n / D + 4 (edge + 2 layers) + the all-gather buffer;
+ *  - ZeRO-3 (which also frees the flat parameters) holds the shard, the gathered edge
+ *    and two one-layer windows of parameters, the same of gradients, and the optimizer's
+ *    shard: params + grads + optimizer <= 16n / D + 8 edge + 16 layer + 16 x 3 (the
+ *    shard's rounding): the whole model's 1/D, plus its edge unit (wte, wpe, lnf) and
+ *    two layer units (the one computing and the one prefetched), parameters and
+ *    gradients each.
  * A failed check on any rank calls MPI_Abort, so the test fails instead of hanging.
  */
 #include <mpi.h>
@@ -76,7 +82,7 @@ static size_t expected_grad(wf_gpt *m, int z, int D)
   CHECK(n == 4 * layer + edge && n == 220544, "gpt2-tiny has %zu parameters", n);
   if (z == 0) /* plain dp: groups lnf, 4 layers, embeddings, each count + 1 */
     return n + (D > 1 ? n + 6 : 0);
-  if (z == 2)
+  if (z >= 2)
     return shard + edge + 2 * layer;
   /* a layer bucket: every tensor of the layer (no layernorm is a tp partial at tp 1) */
   static const wf_param_kind kinds[] = {WF_P_LN1W,     WF_P_LN1B,     WF_P_QKVW,    WF_P_QKVB,
@@ -96,7 +102,7 @@ static size_t expected_grad(wf_gpt *m, int z, int D)
   return total + padded((const size_t(*)[2])r, 4, shard, D);
 }
 
-static void check_zero(wf_comm *dp, int z, size_t grad_bytes[3])
+static void check_zero(wf_comm *dp, int z, size_t grad_bytes[4])
 {
   int D = wf_comm_size(dp), rank = wf_comm_rank(dp);
   wf_gpt *m = NULL;
@@ -105,7 +111,7 @@ static void check_zero(wf_comm *dp, int z, size_t grad_bytes[3])
   wf_config_init(&cfg);
   size_t n = wf_gpt_local_params(m), f = sizeof(float);
   wf_mem_kinds plan;
-  CHECK(wf_zero_mem(m, D, rank, z, 0, &plan) == WF_OK, "wf_zero_mem");
+  CHECK(wf_zero_mem(m, D, rank, z, 0, false, &plan) == WF_OK, "wf_zero_mem");
   int64_t before = held();
   wf_grads *g = NULL;
   wf_optim *o = NULL;
@@ -117,8 +123,10 @@ static void check_zero(wf_comm *dp, int z, size_t grad_bytes[3])
   int64_t delta = held() - before;
   size_t grads = wf_grads_bytes(g), extra = wf_grads_param_bytes(g), optim = wf_optim_bytes(o);
   size_t param = wf_gpt_param_bytes(m) + extra;
-  /* created: the reduction's buffers and the optimizer; freed: ZeRO-2's flat gradient */
-  int64_t want = (int64_t)(grads + extra + optim + sizeof(double)) - (int64_t)(n * f);
+  /* created: the reduction's buffers and the optimizer; freed: ZeRO-2's flat gradient
+   * and ZeRO-3's flat parameters */
+  int64_t want = (int64_t)(grads + extra + optim + sizeof(double)) - (int64_t)(n * f) -
+                 (z == 3 ? (int64_t)(n * f) : 0);
   CHECK(delta == want, "zero %d: allocations grew by %lld bytes, the accounting says %lld", z,
         (long long)delta, (long long)want);
   CHECK(plan.param == param && plan.grad == grads && plan.optim == optim,
@@ -129,9 +137,14 @@ static void check_zero(wf_comm *dp, int z, size_t grad_bytes[3])
   CHECK(optim == (z ? 8 * (s1 - s0) : 8 * n), "zero %d: optimizer %zu bytes", z, optim);
   size_t eg = expected_grad(m, z, D) * f;
   CHECK(grads == eg, "zero %d: gradient memory %zu bytes, counted independently %zu", z, grads, eg);
+  size_t C = DIMS.C, layer = 12 * C * C + 13 * C;
+  size_t edge = (size_t)DIMS.Vp * C + (size_t)DIMS.maxT * C + 2 * C;
+  if (z == 3) {
+    CHECK(param == 4 * (shard + edge + 2 * layer), "ZeRO-3: parameter memory %zu bytes", param);
+    size_t bound = 16 * n / (size_t)D + 8 * edge + 16 * layer + 16 * 3;
+    CHECK(param + grads + optim <= bound, "ZeRO-3: %zu bytes > %zu", param + grads + optim, bound);
+  }
   if (z == 2) {
-    size_t C = DIMS.C, layer = 12 * C * C + 13 * C;
-    size_t edge = (size_t)DIMS.Vp * C + (size_t)DIMS.maxT * C + 2 * C;
     size_t bound = 4 * n + 12 * n / (size_t)D + 4 * (edge + 2 * layer) + extra + 4 * 3;
     CHECK(param + grads + optim <= bound, "ZeRO-2: %zu bytes > %zu", param + grads + optim, bound);
   }
@@ -150,13 +163,13 @@ int main(int argc, char **argv)
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   wf_comm *world = NULL;
   CHECK(wf_comm_world_create(&world) == WF_OK, "world");
-  size_t grad_bytes[3];
-  for (int z = 0; z <= 2; z++)
+  size_t grad_bytes[4];
+  for (int z = 0; z <= 3; z++)
     check_zero(world, z, grad_bytes);
   CHECK(grad_bytes[2] < grad_bytes[1], "ZeRO-2's gradient memory %zu >= ZeRO-1's %zu",
         grad_bytes[2], grad_bytes[1]);
   if (world_rank == 0)
-    printf("ok: memory by kind exact for zero 0, 1, 2\n");
+    printf("ok: memory by kind exact for zero 0, 1, 2, 3\n");
   wf_comm_destroy(world);
   MPI_Finalize();
   return 0;

@@ -97,6 +97,8 @@ static wf_status block_backward(wf_gpt *m, wf__acts *a, int j)
 {
   wf_status st = WF_OK;
   int l = wf__global_layer(m, a->chunk * m->lc + j);
+  if (m->unit_hook)
+    m->unit_hook(m->unit_user, a->chunk * m->lc + j, true);
   if (m->recompute) /* activation checkpointing: rebuild this layer's intermediates */
     WF_TRY(wf__block_forward(m, a, j, a->B, a->T));
   wf__layer v = wf__layer_at(m, a, j);

@@ -199,6 +199,7 @@ wf_status wf_gpt_create_shard(wf_gpt **out, const wf_gpt_opts *o)
   WF_TRY(wf_dev_alloc_floats(m->dev, &m->grads, m->num_params));
   m->gstride = m->nl > 0 ? m->nl : 1;
   WF_CHECK_ALLOC(m->gptr = calloc((size_t)WF_GPT_NUM_KINDS * (size_t)m->gstride, sizeof *m->gptr));
+  WF_CHECK_ALLOC(m->pptr = calloc((size_t)WF_GPT_NUM_KINDS * (size_t)m->gstride, sizeof *m->pptr));
   if (m->prec != WF_PREC_NO)
     WF_TRY(wf_dev_alloc_floats(m->dev, &m->wlow, m->num_params));
   WF_TRY(alloc_acts(m));
@@ -229,6 +230,7 @@ void wf_gpt_destroy(wf_gpt *m)
   wf_dev_free(m->dev, m->re_mem);
   free(m->a);
   free(m->gptr);
+  free(m->pptr);
   free(m);
 }
 
@@ -247,14 +249,37 @@ float *wf_gpt_param(wf_gpt *m, wf_param_kind k, int layer, int grads)
   float *base = grads ? m->grads : m->params;
   size_t off = m->off[k];
   int j = wf_gpt_kind_is_layered(k) ? wf__local_layer(m, layer) : 0;
-  if (grads && m->gptr[(size_t)k * (size_t)m->gstride + (size_t)j])
-    return m->gptr[(size_t)k * (size_t)m->gstride + (size_t)j];
+  float **redirect = grads ? m->gptr : m->pptr;
+  if (redirect[(size_t)k * (size_t)m->gstride + (size_t)j])
+    return redirect[(size_t)k * (size_t)m->gstride + (size_t)j];
   return base + off + (size_t)j * (wf_gpt_kind_is_layered(k) ? wf_gpt_local_layer_numel(m, k) : 0);
 }
 
 void wf_gpt_set_grad_tensor(wf_gpt *m, wf_param_kind k, int j, float *p)
 {
   m->gptr[(size_t)k * (size_t)m->gstride + (size_t)j] = p;
+}
+
+void wf_gpt_set_param_tensor(wf_gpt *m, wf_param_kind k, int j, float *p)
+{
+  m->pptr[(size_t)k * (size_t)m->gstride + (size_t)j] = p;
+}
+
+void wf_gpt_drop_params(wf_gpt *m)
+{
+  wf_dev_free(m->dev, m->params);
+  m->params = NULL;
+}
+
+wf_status wf_gpt_restore_params(wf_gpt *m)
+{
+  return m->params ? WF_OK : wf_dev_alloc_floats(m->dev, &m->params, m->num_params);
+}
+
+void wf_gpt_set_unit_hook(wf_gpt *m, wf_gpt_unit_hook fn, void *user)
+{
+  m->unit_hook = fn;
+  m->unit_user = user;
 }
 
 void wf_gpt_drop_grads(wf_gpt *m)
@@ -273,7 +298,7 @@ size_t wf_gpt_grad_bytes(const wf_gpt *m) { return m->grads ? m->num_params * si
 
 size_t wf_gpt_param_bytes(const wf_gpt *m)
 {
-  return (m->wlow ? 2 : 1) * m->num_params * sizeof(float);
+  return (m->params ? 1 : 0) * (m->wlow ? 2 : 1) * m->num_params * sizeof(float);
 }
 
 size_t wf_gpt_slot_bytes(const wf_gpt *m) { return m->slot_floats * sizeof(float); }
@@ -402,7 +427,7 @@ const float *wf__rounded_grad(wf_gpt *m, const float *dy, size_t n)
 wf_status wf_gpt_params_changed(wf_gpt *m)
 {
   static const wf_param_kind gemm[] = {WF_P_WTE, WF_P_QKVW, WF_P_ATTPROJW, WF_P_FCW, WF_P_FCPROJW};
-  if (!m->wlow)
+  if (!m->wlow || !m->params) /* ZeRO-3 refuses mixed precision: no rounded copy to keep */
     return WF_OK;
   for (size_t i = 0; i < WF_ARRAY_LEN(gemm); i++) {
     size_t off = m->off[gemm[i]];
@@ -423,7 +448,8 @@ static wf_status exchange_full(wf_gpt *m, int which, float *full, bool to_full)
   wf_dev_view v;
   float *local = which ? m->grads : m->params;
   if (!local) {
-    WF_ERROR("the gradients are sharded over dp (optim.zero=2): no whole-model gradient here");
+    WF_ERROR("the %s are sharded over dp (optim.zero=%d): no whole-model copy here",
+             which ? "gradients" : "parameters", which ? 2 : 3);
     return WF_EINVAL;
   }
   wf_status st = wf_dev_map(m->dev, &v, local, m->num_params * sizeof(float),

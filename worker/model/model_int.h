@@ -156,7 +156,10 @@ struct wf_gpt {
   /* ZeRO-2: where each (kind, local layer) gradient tensor lives instead of `grads`
    * (WF_GPT_NUM_KINDS x gstride entries, NULL = in `grads`); see wf_gpt_set_grad_tensor */
   float **gptr;
+  float **pptr; /* ZeRO-3: the same for the parameters (wf_gpt_set_param_tensor) */
   int gstride;
+  wf_gpt_unit_hook unit_hook; /* ZeRO-3: told before each layer's forward and backward */
+  void *unit_user;
   void *hook_user;
 };
 

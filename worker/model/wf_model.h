@@ -175,6 +175,18 @@ float *wf_gpt_param(wf_gpt *m, wf_param_kind k, int layer, int grads);
  * and the whole-model gradient exports fail. */
 void wf_gpt_set_grad_tensor(wf_gpt *m, wf_param_kind k, int j, float *p);
 void wf_gpt_drop_grads(wf_gpt *m);
+/* ZeRO-3's parameter windows, as the gradients': forward and backward read kind k of
+ * local layer j at p (NULL: the flat buffer); wf_gpt_drop_params frees the flat buffer
+ * (after which wf_gpt_params is NULL, wf_gpt_params_changed does nothing and the
+ * whole-model exports fail) and wf_gpt_restore_params allocates it again (contents
+ * undefined; the caller fills it and clears the windows). */
+void wf_gpt_set_param_tensor(wf_gpt *m, wf_param_kind k, int j, float *p);
+void wf_gpt_drop_params(wf_gpt *m);
+wf_status wf_gpt_restore_params(wf_gpt *m);
+/* Told before local layer j's forward (backward = false) and before its backward (and
+ * its recomputation), so ZeRO-3 can gather that layer's parameters. */
+typedef void (*wf_gpt_unit_hook)(void *user, int j, bool backward);
+void wf_gpt_set_unit_hook(wf_gpt *m, wf_gpt_unit_hook fn, void *user); /* fn NULL = off */
 /* The gradient of kind k's first local layer (for a kind placed contiguously: all of it). */
 float *wf_gpt_grad_kind(wf_gpt *m, wf_param_kind k);
 /* Bytes of the flat gradient buffer (0 once dropped). */

@@ -48,6 +48,8 @@ typedef struct wf_optim_opts {
   wf_gpt *model;        /* the parameters it updates (borrowed) */
   size_t lo, hi;        /* the element range whose state this rank holds */
   int dp_size;          /* D, for fp16's backward scale S / D */
+  float *params;        /* ZeRO-3: where parameter lo lives (hi - lo floats, the rank's
+                         * shard); NULL = the model's flat vector */
 } wf_optim_opts;
 
 wf_status wf_optim_create(wf_optim **out, const wf_optim_opts *o);

@@ -205,7 +205,8 @@ wf_status wf_grads_create(wf_grads **out, const wf_grads_opts *o)
   WF_TRY(wf_dev_alloc(g->dev, (void **)&g->acc, sizeof *g->acc));
   if (g->zero) {
     WF_TRY(split_hsdp(g, o->fsdp));
-    WF_TRY(wf__zero_create(&g->z, g->model, g->shard_comm, g->rep_comm, g->zero, o->bucket_bytes));
+    WF_TRY(wf__zero_create(&g->z, g->model, g->shard_comm, g->rep_comm, g->zero, o->bucket_bytes,
+                           o->keep_gathered));
   } else if (g->dp && g->size > 1) /* one dp rank reduces nothing: no staging */
     WF_TRY(plan_buckets(g, o->bucket_bytes));
   g->stats.buckets = g->n_buckets;
@@ -249,7 +250,7 @@ wf_status wf_grads_zero(wf_grads *g)
   WF_TRY(wf_gpt_zero_grad(g->model));
   if (g->z) {
     WF_TRY(wf__zero_begin(g->z));
-    g->armed = g->zero == 2;
+    g->armed = g->zero >= 2;
     wf_gpt_set_grad_hook(g->model, g->armed ? on_grads_ready : NULL, g);
   }
 fail:
@@ -453,6 +454,10 @@ size_t wf_grads_bytes(const wf_grads *g)
     b += (g->buckets[i].count + 1) * sizeof(float);
   return b;
 }
+
+float *wf_grads_param_shard(wf_grads *g) { return g->z ? wf__zero_param_shard(g->z) : NULL; }
+
+wf_status wf_grads_unshard(wf_grads *g) { return g->z ? wf__zero_unshard(g->z) : WF_OK; }
 
 /* Parameter memory: the model's own (wf_gpt_param_bytes) and ZeRO's all-gather buffer. */
 size_t wf_grads_param_bytes(const wf_grads *g) { return g->z ? wf__zero_param_bytes(g->z) : 0; }

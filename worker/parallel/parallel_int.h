@@ -45,7 +45,11 @@ typedef struct wf__zero wf__zero;
 /* dp: the group the shards span; rep: HSDP's replica group (NULL = none), across which
  * the finished shard is all-reduced (averaged). */
 wf_status wf__zero_create(wf__zero **out, wf_gpt *m, wf_comm *dp, wf_comm *rep, int stage,
-                          size_t bucket_bytes);
+                          size_t bucket_bytes, bool keep);
+/* ZeRO-3: the rank's parameter shard (NULL below ZeRO-3), and the flat parameters put
+ * back (gathered whole, windows cleared) for --save at the end. */
+float *wf__zero_param_shard(wf__zero *z);
+wf_status wf__zero_unshard(wf__zero *z);
 void wf__zero_destroy(wf__zero *z);
 wf_status wf__zero_begin(wf__zero *z);
 void wf__zero_arm(wf__zero *z);

@@ -243,6 +243,7 @@ typedef struct wf_grads_opts {
   wf_comm *tp;         /* the tp group; NULL = no tp */
   size_t bucket_bytes; /* optim.bucket_mb; 0 = one bucket per layer */
   int zero;            /* 0, 1 (optimizer state sharded) or 2 (and gradients) */
+  bool keep_gathered;  /* ZeRO-3: parallel.reshard_after_forward=false */
   int fsdp;            /* HSDP: shard within groups of fsdp consecutive dp ranks and
                         * all-reduce the shards across the groups; 0 = one group */
 } wf_grads_opts;
@@ -259,6 +260,10 @@ wf_status wf_grads_create(wf_grads **out, const wf_grads_opts *o);
  * buffers), and the parameter memory the gradient path adds (ZeRO's all-gather buffer). */
 size_t wf_grads_bytes(const wf_grads *g);
 size_t wf_grads_param_bytes(const wf_grads *g);
+/* ZeRO-3: where the rank's parameter shard lives (the optimizer's parameters), NULL
+ * below ZeRO-3; and the model's flat parameters put back whole (for --save). */
+float *wf_grads_param_shard(wf_grads *g);
+wf_status wf_grads_unshard(wf_grads *g);
 /* Elements per rank of each chunk of ZeRO's parameter all-gather: the largest staging
  * buffer or window (`biggest` elements) divided over dp, at most the shard, and at least
  * 4096 elements (or the shard) so a tiny model sends few messages. Its buffer is dp x
@@ -275,17 +280,21 @@ typedef struct wf_mem_kinds {
  * with optim.bucket_mb = bucket_bytes, without allocating (a planner's figures; the
  * trainer reports the same from its allocations):
  *   param = 4n (x2 with a bf16/fp16 GEMM copy) + ZeRO's all-gather buffer, 4 dp x chunk
- *           (wf_zero_gather_chunk);
+ *           (wf_zero_gather_chunk); zero 3: no 4n but 4 (shard + edge + windows x the
+ *           largest layer bucket), windows = 2, or every bucket with keep
+ *           (parallel.reshard_after_forward=false: the windows are then the buckets);
  *   optim = 8n, or 8 (s1 - s0) under ZeRO (AdamW's m and v of the shard);
  *   grad  zero 0: 4n, + 4 (n + buckets) of staging when dp > 1;
  *         zero 1: 4n + 4 shard + 4 dp x sum over buckets of the bucket's longest rank
  *                 share (its reduce-scatter's padded block), the last bucket being the
  *                 unlayered and tp-partial kinds;
- *         zero 2: 4 shard + 4 edge + 4 x 2 x the largest layer bucket, edge = wte, wpe,
- *                 the final layernorm and the tp-partial layernorms: no flat gradient.
+ *         zero 2 and 3: 4 shard + 4 edge + 4 x 2 x the largest layer bucket, edge = wte,
+ *                 wpe, the final layernorm and the tp-partial layernorms.
  * So ZeRO-2's params + grads + optim <= 4n + 12n / dp + 4 (edge + 2 bucket) + gather
- * (+ 4 x 3 for the shard's rounding). */
-wf_status wf_zero_mem(wf_gpt *m, int dp, int rank, int zero, size_t bucket_bytes,
+ * (+ 4 x 3 for the shard's rounding), and ZeRO-3's <= 16n / dp + 8 (edge + 2 bucket)
+ * + gather + 16 x 3: the whole model's 1/dp plus two gathered units (edge and a layer
+ * bucket, in parameters and gradients) and their in-flight successors. */
+wf_status wf_zero_mem(wf_gpt *m, int dp, int rank, int zero, size_t bucket_bytes, bool keep,
                       wf_mem_kinds *out);
 void wf_grads_destroy(wf_grads *g); /* accepts NULL */
 

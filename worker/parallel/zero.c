@@ -87,6 +87,15 @@ struct wf__zero {
   bool win_flying[ZPOOL];
   unsigned long win_seq[ZPOOL];
   int open; /* the window backward writes into now, -1 none */
+  /* ZeRO-3 (fsdp.c's part of this file, below) */
+  float *pshard;      /* (shard) this rank's parameters: what AdamW updates */
+  float *pedge;       /* the late kinds' parameters, gathered for the whole step */
+  float **pwin;       /* npw windows of one layer bucket's parameters (natural order) */
+  int *pwin_bucket;   /* the bucket a window holds (-1 none) */
+  wf_req **pwin_req;  /* its gather in flight */
+  int npw, pcur;      /* windows (2, or every bucket's with keep); the one in use */
+  bool keep;          /* parallel.reshard_after_forward=false */
+  wf_status hook_err; /* the first failure in the unit hook, for finish */
   /* the parameters' all-gather */
   float *gather;
   size_t chunk;
@@ -100,6 +109,10 @@ static wf_status copy(wf__zero *z, float *dst, const float *src, size_t n)
 {
   return wf_dev_copy(z->dev, dst, src, n * sizeof *src, WF_COPY_D2D, NULL);
 }
+
+static wf_status shard_params(wf__zero *z);
+static wf_status refresh_params(wf__zero *z);
+static wf_status gather_whole(wf__zero *z);
 
 /* ---- planning ------------------------------------------------------------------------ */
 
@@ -217,8 +230,9 @@ static void sizes(wf__zero *z)
     else if (i < z->nb)
       z->win_count = WF_MAX(z->win_count, b->count);
   }
-  if (z->stage == 2)
+  if (z->stage >= 2)
     biggest = z->win_count, z->edge_count = z->late.count;
+  z->npw = z->stage == 3 ? (z->keep ? z->nb : 2) : 0;
   z->chunk = wf_zero_gather_chunk(z->shard, biggest, z->size);
 }
 
@@ -242,13 +256,17 @@ static wf_status alloc_buffers(wf__zero *z)
     redirect(z, &z->late, z->edge);
     wf_gpt_drop_grads(z->m);
   }
-  WF_TRY(wf_dev_alloc_floats(z->dev, &z->gather, z->chunk * (size_t)z->size));
+  if (z->stage == 3) /* the all-gather runs once, for --save: its buffer comes then */
+    WF_TRY(shard_params(z));
+  else
+    WF_TRY(wf_dev_alloc_floats(z->dev, &z->gather, z->chunk * (size_t)z->size));
 fail:
   return st;
 }
 
 /* The shard geometry and the buckets of dp rank `rank` of `size`. */
-static wf_status plan(wf__zero **out, wf_gpt *m, int size, int rank, int stage, size_t bucket_bytes)
+static wf_status plan(wf__zero **out, wf_gpt *m, int size, int rank, int stage, size_t bucket_bytes,
+                      bool keep)
 {
   wf_status st = WF_OK;
   wf__zero *z = NULL;
@@ -261,7 +279,8 @@ static wf_status plan(wf__zero **out, wf_gpt *m, int size, int rank, int stage, 
   z->shard = (z->n + (size_t)z->size - 1) / (size_t)z->size;
   z->s0 = WF_MIN((size_t)z->rank * z->shard, z->n);
   z->s1 = WF_MIN(z->s0 + z->shard, z->n);
-  z->open = -1;
+  z->open = -1, z->pcur = -1;
+  z->keep = keep;
   WF_TRY(plan_layers(z, bucket_bytes));
   WF_TRY(plan_late(z));
   sizes(z);
@@ -273,12 +292,12 @@ fail:
 }
 
 wf_status wf__zero_create(wf__zero **out, wf_gpt *m, wf_comm *dp, wf_comm *rep, int stage,
-                          size_t bucket_bytes)
+                          size_t bucket_bytes, bool keep)
 {
   wf_status st = WF_OK;
   wf__zero *z = NULL;
   *out = NULL;
-  WF_TRY(plan(&z, m, wf_comm_size(dp), wf_comm_rank(dp), stage, bucket_bytes));
+  WF_TRY(plan(&z, m, wf_comm_size(dp), wf_comm_rank(dp), stage, bucket_bytes, keep));
   z->dp = dp;
   z->rep = rep;
   WF_TRY(alloc_buffers(z));
@@ -302,6 +321,8 @@ void wf__zero_destroy(wf__zero *z)
 {
   if (!z)
     return;
+  if (z->stage == 3 && z->dp) /* created (not a wf_zero_mem plan): the hook is ours */
+    wf_gpt_set_unit_hook(z->m, NULL, NULL);
   for (int i = 0; i < z->nb; i++)
     free_bucket(z, &z->b[i], z->stage == 1);
   free_bucket(z, &z->late, z->stage == 1);
@@ -313,6 +334,16 @@ void wf__zero_destroy(wf__zero *z)
     wf_dev_free(z->dev, z->win[i]);
   }
   wf_dev_free(z->dev, z->gather);
+  for (int i = 0; i < z->npw && z->pwin; i++) {
+    if (z->pwin_req)
+      wf_req_wait(&z->pwin_req[i]);
+    wf_dev_free(z->dev, z->pwin[i]);
+  }
+  free(z->pwin);
+  free(z->pwin_bucket);
+  free(z->pwin_req);
+  wf_dev_free(z->dev, z->pshard);
+  wf_dev_free(z->dev, z->pedge);
   free(z);
 }
 
@@ -447,14 +478,14 @@ wf_status wf__zero_begin(wf__zero *z)
   wf_status st = WF_OK;
   z->wait_ms = 0, z->comm_bytes = 0, z->launched_early = 0;
   WF_TRY(wf_dev_memset(z->dev, z->gshard, 0, z->shard * sizeof(float), NULL));
-  if (z->stage == 2) {
+  if (z->stage >= 2) {
     WF_TRY(wf_dev_memset(z->dev, z->edge, 0, z->edge_count * sizeof(float), NULL));
     if (z->open >= 0) /* the last step's window for a next micro-batch (or a failed one) */
       z->win_bucket[z->open] = -1, z->open = -1;
     if (z->nb > 0)
       WF_TRY(open_window(z, 0));
   }
-  z->armed = z->stage == 2;
+  z->armed = z->stage >= 2;
 fail:
   return st;
 }
@@ -518,8 +549,11 @@ fail:
 /* After grads.c's tp and tied sums: the late bucket, then every reduction in flight. */
 wf_status wf__zero_finish(wf__zero *z)
 {
-  wf_status st = WF_OK;
-  if (z->stage == 2 && z->edge_count > 0) {
+  wf_status st = z->hook_err;
+  z->hook_err = WF_OK;
+  if (st != WF_OK)
+    goto fail;
+  if (z->stage >= 2 && z->edge_count > 0) {
     /* the late kinds in place: an all-reduce needs no staging copy of wte */
     z->late.launched = true;
     z->comm_bytes += (double)z->edge_count * sizeof(float);
@@ -551,6 +585,17 @@ fail:
 wf_status wf__zero_gather(wf__zero *z)
 {
   wf_status st = WF_OK;
+  if (z->stage == 3)
+    return refresh_params(z);
+  st = gather_whole(z);
+  return st;
+}
+
+/* Every rank's shard of the parameters into the model's flat vector (from pshard under
+ * ZeRO-3, where the rank's own part is copied too). */
+static wf_status gather_whole(wf__zero *z)
+{
+  wf_status st = WF_OK;
   float *params = wf_gpt_params(z->m);
   size_t C = z->chunk;
   for (size_t c0 = 0; c0 < z->shard; c0 += C) {
@@ -559,12 +604,12 @@ wf_status wf__zero_gather(wf__zero *z)
     size_t a = WF_MIN(z->s0 + c0, z->s1), b = WF_MIN(z->s0 + c0 + len, z->s1);
     if (b - a < len)
       WF_TRY(wf_dev_memset(z->dev, mine, 0, len * sizeof(float), NULL));
-    WF_TRY(copy(z, mine, params + a, b - a));
+    WF_TRY(copy(z, mine, z->pshard ? z->pshard + (a - z->s0) : params + a, b - a));
     WF_TRY(wf_comm_allgather(z->dp, mine, z->gather, len, WF_COMM_F32));
     for (int r = 0; r < z->size; r++) {
       size_t ra = WF_MIN((size_t)r * z->shard + c0, z->n);
       size_t rb = WF_MIN(ra + len, WF_MIN((size_t)(r + 1) * z->shard, z->n));
-      if (r != z->rank && rb > ra)
+      if ((r != z->rank || z->pshard) && rb > ra)
         WF_TRY(copy(z, params + ra, z->gather + (size_t)r * len, rb - ra));
     }
   }
@@ -601,7 +646,10 @@ size_t wf__zero_grad_bytes(const wf__zero *z)
 
 size_t wf__zero_param_bytes(const wf__zero *z)
 {
-  return z->chunk * (size_t)z->size * sizeof(float);
+  size_t f = z->chunk * (size_t)z->size;
+  if (z->stage == 3) /* the all-gather buffer only comes for --save's final gather */
+    f = z->shard + z->edge_count + (size_t)z->npw * z->win_count;
+  return f * sizeof(float);
 }
 
 size_t wf_zero_gather_chunk(size_t shard, size_t biggest, int dp)
@@ -634,7 +682,8 @@ static size_t dp_stage_floats(const wf_gpt *m, size_t bucket_bytes)
   return total;
 }
 
-wf_status wf_zero_mem(wf_gpt *m, int dp, int rank, int zero, size_t bucket_bytes, wf_mem_kinds *out)
+wf_status wf_zero_mem(wf_gpt *m, int dp, int rank, int zero, size_t bucket_bytes, bool keep,
+                      wf_mem_kinds *out)
 {
   wf_status st = WF_OK;
   size_t n = wf_gpt_local_params(m), f = sizeof(float);
@@ -644,7 +693,9 @@ wf_status wf_zero_mem(wf_gpt *m, int dp, int rank, int zero, size_t bucket_bytes
   if (zero == 0 || dp < 1)
     return WF_OK;
   wf__zero *z = NULL;
-  WF_TRY(plan(&z, m, dp, rank, zero, bucket_bytes));
+  WF_TRY(plan(&z, m, dp, rank, zero, bucket_bytes, keep));
+  if (zero == 3)
+    out->param = 0; /* no flat parameters: the shard, edge and windows instead */
   out->param += wf__zero_param_bytes(z);
   out->grad = (zero == 1 ? n * f : 0) + wf__zero_grad_bytes(z);
   out->optim = 2 * (z->s1 - z->s0) * f;
@@ -652,3 +703,166 @@ wf_status wf_zero_mem(wf_gpt *m, int dp, int rank, int zero, size_t bucket_bytes
 fail:
   return st;
 }
+
+/* ---- ZeRO-3: sharded parameters ----------------------------------------------------------
+ * The rank keeps its shard of the parameters (pshard) and no flat vector. Units are the
+ * layer buckets and the late kinds (wte, wpe, the final layernorm: `pedge`, gathered once
+ * after every update and kept, since the tied wte is read at both ends of a step). A
+ * layer bucket is gathered into a window just before its first layer's forward and again
+ * before its backward (the unit hook), the next unit's gather is started before the
+ * current one computes (prefetch), and a window is reused by the unit after next: two
+ * windows hold the parameters. With parallel.reshard_after_forward=false every bucket
+ * has its own window, gathered once per step and kept until the update.
+ * A gather zeroes the window, writes this rank's pieces into it and all-reduces (SUM) it
+ * in place: every element is one rank's value plus zeros, so the result is that value
+ * exactly, with no rank-major staging buffer (the price: an all-reduce's volume, twice an
+ * all-gather's). */
+
+static void redirect_params(wf__zero *z, const zbucket *b, float *base)
+{
+  for (int i = 0; i < b->nr; i++)
+    wf_gpt_set_param_tensor(z->m, (wf_param_kind)b->r[i].kind, b->r[i].j,
+                            base ? base + b->r[i].pos : NULL);
+}
+
+/* Start gathering b into win (natural order): my pieces, zeros elsewhere, all-reduce. */
+static wf_status gather_start(wf__zero *z, const zbucket *b, float *win, wf_req **req)
+{
+  wf_status st = WF_OK;
+  WF_TRY(wf_dev_memset(z->dev, win, 0, b->count * sizeof(float), NULL));
+  for (int i = 0; i < b->np; i++)
+    if (b->p[i].owner == z->rank)
+      WF_TRY(copy(z, win + b->p[i].pos, z->pshard + (b->p[i].flat - z->s0), b->p[i].n));
+  z->comm_bytes += (double)b->count * sizeof(float);
+  st = req ? wf_comm_iallreduce(z->dp, win, win, b->count, WF_COMM_F32, WF_COMM_SUM, req)
+           : wf_comm_allreduce(z->dp, win, win, b->count, WF_COMM_F32, WF_COMM_SUM);
+fail:
+  return st;
+}
+
+/* The window for bucket i: its own with keep, else the one not in use. */
+static int window_for(const wf__zero *z, int i)
+{
+  if (z->keep)
+    return i;
+  return z->pcur == 0 ? 1 : 0;
+}
+
+static int window_of(const wf__zero *z, int i)
+{
+  for (int w = 0; w < z->npw; w++)
+    if (z->pwin_bucket[w] == i)
+      return w;
+  return -1;
+}
+
+/* Bucket i's parameters gathered into its window and the model pointed at them. */
+static wf_status need(wf__zero *z, int i)
+{
+  wf_status st = WF_OK;
+  int w = window_of(z, i);
+  if (w < 0) {
+    w = window_for(z, i);
+    WF_TRY(wf_req_wait(&z->pwin_req[w])); /* an unneeded prefetch still in flight */
+    z->pwin_bucket[w] = i;
+    WF_TRY(gather_start(z, &z->b[i], z->pwin[w], &z->pwin_req[w]));
+  }
+  if (z->pwin_req[w]) {
+    double t0 = wf_now();
+    WF_TRY(wf_req_wait(&z->pwin_req[w]));
+    z->wait_ms += (wf_now() - t0) * 1e3;
+  }
+  redirect_params(z, &z->b[i], z->pwin[w]);
+  z->pcur = w;
+fail:
+  if (st != WF_OK && w >= 0)
+    z->pwin_bucket[w] = -1;
+  return st;
+}
+
+static wf_status prefetch(wf__zero *z, int i)
+{
+  if (i < 0 || i >= z->nb || window_of(z, i) >= 0)
+    return WF_OK;
+  int w = window_for(z, i);
+  if (z->pwin_req[w]) /* still gathering something: do not wait for it here */
+    return WF_OK;
+  z->pwin_bucket[w] = i;
+  wf_status st = gather_start(z, &z->b[i], z->pwin[w], &z->pwin_req[w]);
+  if (st != WF_OK)
+    z->pwin_bucket[w] = -1;
+  return st;
+}
+
+/* The model's hook: local layer j computes next (backward: its gradient). Forward walks
+ * the buckets from the last index down (group nl - j), backward up. */
+static void unit_hook(void *user, int j, bool backward)
+{
+  wf__zero *z = user;
+  if (z->hook_err != WF_OK)
+    return;
+  int i = bucket_of(z, z->nl - j);
+  wf_status st = i < 0 ? WF_OK : need(z, i);
+  if (st == WF_OK && i >= 0)
+    st = prefetch(z, backward ? i + 1 : i - 1);
+  if (st != WF_OK)
+    z->hook_err = st;
+}
+
+/* After an update the gathered copies are stale: forget the windows, regather edge. */
+static wf_status refresh_params(wf__zero *z)
+{
+  wf_status st = WF_OK;
+  for (int w = 0; w < z->npw; w++) {
+    WF_TRY(wf_req_wait(&z->pwin_req[w]));
+    z->pwin_bucket[w] = -1;
+  }
+  z->pcur = -1;
+  st = gather_start(z, &z->late, z->pedge, NULL);
+  if (st == WF_OK)
+    st = z->hook_err;
+fail:
+  return st;
+}
+
+/* Creation: the rank's shard of the model's (initialised) flat parameters, the edge
+ * gathered, the windows, then the flat vector freed and the hook set. */
+static wf_status shard_params(wf__zero *z)
+{
+  wf_status st = WF_OK;
+  WF_TRY(wf_dev_alloc_floats(z->dev, &z->pshard, z->shard));
+  WF_TRY(copy(z, z->pshard, wf_gpt_params(z->m) + z->s0, z->s1 - z->s0));
+  WF_TRY(wf_dev_alloc_floats(z->dev, &z->pedge, WF_MAX(z->edge_count, (size_t)1)));
+  WF_CHECK_ALLOC(z->pwin = calloc((size_t)WF_MAX(z->npw, 1), sizeof *z->pwin));
+  WF_CHECK_ALLOC(z->pwin_bucket = calloc((size_t)WF_MAX(z->npw, 1), sizeof *z->pwin_bucket));
+  WF_CHECK_ALLOC(z->pwin_req = calloc((size_t)WF_MAX(z->npw, 1), sizeof *z->pwin_req));
+  for (int w = 0; w < z->npw; w++) {
+    size_t f = z->win_count; /* with keep too: every window one largest bucket */
+    WF_TRY(wf_dev_alloc_floats(z->dev, &z->pwin[w], WF_MAX(f, (size_t)1)));
+    z->pwin_bucket[w] = -1;
+  }
+  WF_TRY(refresh_params(z));
+  redirect_params(z, &z->late, z->pedge);
+  wf_gpt_drop_params(z->m);
+  wf_gpt_set_unit_hook(z->m, unit_hook, z);
+fail:
+  return st;
+}
+
+wf_status wf__zero_unshard(wf__zero *z)
+{
+  wf_status st = WF_OK;
+  if (z->stage != 3 || wf_gpt_params(z->m))
+    return WF_OK;
+  wf_gpt_set_unit_hook(z->m, NULL, NULL);
+  WF_TRY(refresh_params(z));
+  WF_TRY(wf_gpt_restore_params(z->m));
+  WF_TRY(wf_dev_alloc_floats(z->dev, &z->gather, z->chunk * (size_t)z->size));
+  WF_TRY(gather_whole(z));
+  for (int i = 0; i <= z->nb; i++)
+    redirect_params(z, i < z->nb ? &z->b[i] : &z->late, NULL);
+fail:
+  return st;
+}
+
+float *wf__zero_param_shard(wf__zero *z) { return z->pshard; }

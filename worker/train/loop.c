@@ -91,6 +91,7 @@ static wf_status save_final(wf__trainer *tr)
   if (!path)
     return WF_OK;
   WF_CHECK_ALLOC(full = malloc(wf_gpt_num_params(&tr->dims) * sizeof *full));
+  WF_TRY(wf_grads_unshard(tr->grads)); /* ZeRO-3: the flat parameters back, gathered */
   bool parallel = tr->tp > 1 || tr->pp > 1;
   WF_TRY(wf_gpt_gather_full(tr->model, 0, full, parallel ? tr->world : NULL, tr->dp_rank == 0));
   if (wf_rt_rank() <= 0)

@@ -157,9 +157,10 @@ void wf__print_banner(const wf__trainer *tr)
           tr->steps, tr->B * tr->M * tr->D, tr->T, tr->D, tr->M, tr->M == 1 ? "" : "es", tr->B,
           cfg->train.lr, cfg->train.warmup, cfg->train.min_lr, cfg->optim.clip,
           cfg->optim.weight_decay, (unsigned long long)cfg->train.seed,
-          cfg->optim.zero == 2 ? ", ZeRO-2 optimizer and gradients"
-          : cfg->optim.zero    ? ", ZeRO-1 optimizer"
-                               : "");
+          cfg->optim.zero == 3   ? ", ZeRO-3 optimizer, gradients and parameters"
+          : cfg->optim.zero == 2 ? ", ZeRO-2 optimizer and gradients"
+          : cfg->optim.zero      ? ", ZeRO-1 optimizer"
+                                 : "");
   if (tr->tp > 1 || tr->pp > 1)
     print_mesh(tr);
   if (cfg->parallel.activation_checkpointing)
