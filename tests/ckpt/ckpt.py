@@ -538,6 +538,12 @@ CASES = {
                                                    "train.microbatches=2"]),
     "reshard-dp2zero2-dp2zero1": lambda: case_reshard(2, ["optim.zero=2"], 2, ["optim.zero=1"]),
     "reshard-dp4zero2-np1": lambda: case_reshard(4, ["optim.zero=2"], 1, []),
+    # ZeRO-3 writes its parameters gathered whole and the same optimizer shards
+    "resume-dp2-zero3": lambda: case_resume(2, ["optim.zero=3"]),
+    "resume-dp2pp2-zero3": lambda: case_resume(4, ["mesh.pp=2", "optim.zero=3",
+                                                   "train.microbatches=2"]),
+    "reshard-dp4zero3-np1": lambda: case_reshard(4, ["optim.zero=3"], 1, []),
+    "reshard-dp2zero3-dp4zero1": lambda: case_reshard(2, ["optim.zero=3"], 4, ["optim.zero=1"]),
     "reshard-np1-dp2tp2zero2": lambda: case_reshard(1, [], 4, ["mesh.tp=2", "optim.zero=2"],
                                                     MODEL),
     "reshard-np1-tp2pp2": lambda: case_reshard(1, [], 4, TP2PP2, MODEL),

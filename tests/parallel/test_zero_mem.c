@@ -120,6 +120,7 @@ static void check_zero(wf_comm *dp, int z, size_t grad_bytes[4])
   wf_optim_opts oo = {.cfg = &cfg, .model = m, .dp_size = D};
   wf_grads_range(g, &oo.lo, &oo.hi);
   CHECK(wf_optim_create(&o, &oo) == WF_OK, "optim");
+  CHECK(wf_grads_zero(g) == WF_OK, "the first step's start (ZeRO-3 shards the parameters)");
   int64_t delta = held() - before;
   size_t grads = wf_grads_bytes(g), extra = wf_grads_param_bytes(g), optim = wf_optim_bytes(o);
   size_t param = wf_gpt_param_bytes(m) + extra;

@@ -233,10 +233,11 @@ fail:
 
 /* ---- resume ----------------------------------------------------------------------------- */
 
-/* ZeRO-1 and ZeRO-2 keep the same optimizer shards (the gradient's are not saved). */
+/* ZeRO-1, 2 and 3 keep the same optimizer shards (gradients are not saved, and ZeRO-3
+ * writes its parameters whole, gathered). */
 static const char *zero_name(int zero)
 {
-  return zero == 1 ? " (ZeRO-1)" : zero == 2 ? " (ZeRO-2)" : "";
+  return zero == 1 ? " (ZeRO-1)" : zero == 2 ? " (ZeRO-2)" : zero == 3 ? " (ZeRO-3)" : "";
 }
 
 static void note_differences(const wf_ckpt_target *t, const wf__manifest *m, const char *dir,

@@ -95,6 +95,8 @@ struct wf__zero {
   wf_req **pwin_req;  /* its gather in flight */
   int npw, pcur;      /* windows (2, or every bucket's with keep); the one in use */
   bool keep;          /* parallel.reshard_after_forward=false */
+  bool sharded;       /* the model's flat parameters are dropped (else whole: after
+                       * creation and resume, and for a checkpoint or --save) */
   wf_status hook_err; /* the first failure in the unit hook, for finish */
   /* the parameters' all-gather */
   float *gather;
@@ -111,6 +113,7 @@ static wf_status copy(wf__zero *z, float *dst, const float *src, size_t n)
 }
 
 static wf_status shard_params(wf__zero *z);
+static wf_status reshard(wf__zero *z);
 static wf_status refresh_params(wf__zero *z);
 static wf_status gather_whole(wf__zero *z);
 
@@ -477,6 +480,7 @@ wf_status wf__zero_begin(wf__zero *z)
 {
   wf_status st = WF_OK;
   z->wait_ms = 0, z->comm_bytes = 0, z->launched_early = 0;
+  WF_TRY(reshard(z));
   WF_TRY(wf_dev_memset(z->dev, z->gshard, 0, z->shard * sizeof(float), NULL));
   if (z->stage >= 2) {
     WF_TRY(wf_dev_memset(z->dev, z->edge, 0, z->edge_count * sizeof(float), NULL));
@@ -825,13 +829,12 @@ fail:
   return st;
 }
 
-/* Creation: the rank's shard of the model's (initialised) flat parameters, the edge
- * gathered, the windows, then the flat vector freed and the hook set. */
+/* Creation: the shard, edge and windows (filled by reshard at the first step, once the
+ * trainer has initialised or resumed the flat parameters). */
 static wf_status shard_params(wf__zero *z)
 {
   wf_status st = WF_OK;
   WF_TRY(wf_dev_alloc_floats(z->dev, &z->pshard, z->shard));
-  WF_TRY(copy(z, z->pshard, wf_gpt_params(z->m) + z->s0, z->s1 - z->s0));
   WF_TRY(wf_dev_alloc_floats(z->dev, &z->pedge, WF_MAX(z->edge_count, (size_t)1)));
   WF_CHECK_ALLOC(z->pwin = calloc((size_t)WF_MAX(z->npw, 1), sizeof *z->pwin));
   WF_CHECK_ALLOC(z->pwin_bucket = calloc((size_t)WF_MAX(z->npw, 1), sizeof *z->pwin_bucket));
@@ -841,10 +844,25 @@ static wf_status shard_params(wf__zero *z)
     WF_TRY(wf_dev_alloc_floats(z->dev, &z->pwin[w], WF_MAX(f, (size_t)1)));
     z->pwin_bucket[w] = -1;
   }
+fail:
+  return st;
+}
+
+/* The rank's shard taken from the model's whole flat parameters, the edge gathered,
+ * then the flat vector freed and the hook set. */
+static wf_status reshard(wf__zero *z)
+{
+  wf_status st = WF_OK;
+  if (z->stage != 3 || z->sharded)
+    return WF_OK;
+  WF_TRY(copy(z, z->pshard, wf_gpt_params(z->m) + z->s0, z->s1 - z->s0));
   WF_TRY(refresh_params(z));
   redirect_params(z, &z->late, z->pedge);
   wf_gpt_drop_params(z->m);
+  wf_dev_free(z->dev, z->gather);
+  z->gather = NULL;
   wf_gpt_set_unit_hook(z->m, unit_hook, z);
+  z->sharded = true;
 fail:
   return st;
 }
@@ -852,7 +870,7 @@ fail:
 wf_status wf__zero_unshard(wf__zero *z)
 {
   wf_status st = WF_OK;
-  if (z->stage != 3 || wf_gpt_params(z->m))
+  if (z->stage != 3 || !z->sharded)
     return WF_OK;
   wf_gpt_set_unit_hook(z->m, NULL, NULL);
   WF_TRY(refresh_params(z));
@@ -861,6 +879,7 @@ wf_status wf__zero_unshard(wf__zero *z)
   WF_TRY(gather_whole(z));
   for (int i = 0; i <= z->nb; i++)
     redirect_params(z, i < z->nb ? &z->b[i] : &z->late, NULL);
+  z->sharded = false; /* the next step shards again */
 fail:
   return st;
 }

@@ -35,7 +35,11 @@ static wf_status maybe_checkpoint(wf__trainer *tr, int step, bool stopping)
     return WF_OK;
   if (h && h->on_phase)
     h->on_phase(h->user, "checkpoint");
-  wf_status st = wf_ckpt_save(&tr->ck, step);
+  /* ZeRO-3: the flat parameters gathered whole for the writer; the next step shards
+   * them again (the checkpoint is ZeRO-1/2's format: optimizer shards, whole model) */
+  wf_status st = wf_grads_unshard(tr->grads);
+  if (st == WF_OK)
+    st = wf_ckpt_save(&tr->ck, step);
   if (h && h->on_phase)
     h->on_phase(h->user, "train");
   if (st != WF_OK && wf_rt_rank() <= 0)
