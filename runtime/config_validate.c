@@ -171,9 +171,6 @@ static wf_status rule_zero3(vctx *v)
                 "optim.zero=3 keeps no rounded copy of its gathered parameters yet, so "
                 "precision=%s is not supported with it; use optim.zero=2 or precision=no",
                 c->precision == WF_PREC_BF16 ? "bf16" : "fp16");
-  if (c->mesh.fsdp > 0)
-    return fail(v, "mesh.fsdp (HSDP) works with optim.zero 1 and 2; optim.zero=3 shards over "
-                   "all dp ranks");
   return WF_OK;
 }
 

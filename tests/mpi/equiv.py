@@ -262,6 +262,16 @@ def case(name):
             got = train(4, ["mesh.dp=4", "mesh.fsdp=2", f"optim.zero={z}"], tmp, name)
             compare(ref, got, f"HSDP 2 x 2 ZeRO-{z}")
             check_optimizer_memory(ref, got, 2)
+        elif name == "hsdp2x2-zero3":
+            # HSDP with sharded parameters: gathered within each fsdp group; trains bit
+            # for bit as HSDP ZeRO-2 (same reductions, exact gathers)
+            args = ["mesh.dp=4", "mesh.fsdp=2", "optim.bucket_mb=0"]
+            got = train(4, args + ["optim.zero=3"], tmp, name)
+            compare(ref, got, "HSDP 2 x 2 ZeRO-3")
+            same_bits(got, train(4, args + ["optim.zero=2"], tmp, name + "-z2"),
+                      "HSDP 2 x 2 ZeRO-3", "HSDP ZeRO-2")
+            check_optimizer_memory(ref, got, 2)
+            check_zero3_memory(ref, got, 2, 2)
         elif name in ("dp2-zero3", "dp4-zero3"):
             # ZeRO-3 gathers every parameter exactly (one rank's value plus zeros) and
             # reduces gradients as ZeRO-2 does, so it must train bit for bit as ZeRO-2:
