@@ -465,6 +465,13 @@ static void test_mesh_shape_yaml(void **state)
   assert_int_equal(wf_config_set(&f->cfg, "model.heads", "8", WF_SRC_CLI, f->err, 64), WF_OK);
   assert_int_equal(wf_config_validate(&f->cfg, 16, f->err, sizeof f->err), WF_OK);
   assert_int_equal(f->cfg.mesh.dp, 2); /* 16 / 8 */
+  /* The seeds' HSDP form: fsdp beside data multiplies dp and sets mesh.fsdp. */
+  assert_int_equal(load(f, "mesh_shape: [[2, 4], [\"data\", \"fsdp\"]]\n"), WF_OK);
+  assert_mesh(&f->cfg, 8, 1, 1, "dp", "tp", "pp");
+  assert_int_equal(f->cfg.mesh.fsdp, 4);
+  assert_int_equal(load(f, "mesh_shape: [[2, 2, 2], [pp, fsdp, dp]]\n"), WF_OK);
+  assert_mesh(&f->cfg, 4, 1, 2, "pp", "dp", "tp");
+  assert_int_equal(f->cfg.mesh.fsdp, 2);
   /* Seed 000's form: a flat shape with mesh_axis_names given after it. */
   assert_int_equal(load(f, "mesh_shape: [2, 4]\nmesh_axis_names: [data, model]\n"), WF_OK);
   assert_mesh(&f->cfg, 2, 4, 1, "dp", "tp", "pp");

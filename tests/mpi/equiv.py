@@ -272,6 +272,13 @@ def case(name):
                       "HSDP 2 x 2 ZeRO-3", "HSDP ZeRO-2")
             check_optimizer_memory(ref, got, 2)
             check_zero3_memory(ref, got, 2, 2)
+        elif name == "hsdp-mesh-shape":
+            # the seeds' form mesh_shape [[2, 2], [data, fsdp]] is mesh.dp=4 mesh.fsdp=2
+            args = ["optim.zero=3", "optim.bucket_mb=0"]
+            got = train(4, args + ["mesh_shape=[[2, 2], [data, fsdp]]"], tmp, name)
+            compare(ref, got, "mesh_shape [[2, 2], [data, fsdp]] ZeRO-3")
+            same_bits(got, train(4, args + ["mesh.dp=4", "mesh.fsdp=2"], tmp, name + "-keys"),
+                      "mesh_shape [[2, 2], [data, fsdp]]", "mesh.dp=4 mesh.fsdp=2")
         elif name in ("dp2-zero3", "dp4-zero3"):
             # ZeRO-3 gathers every parameter exactly (one rank's value plus zeros) and
             # reduces gradients as ZeRO-2 does, so it must train bit for bit as ZeRO-2:
