@@ -4,7 +4,8 @@
     bench/zero.py [--worker build/worker/worker] [--np 2] [--steps 8] [--layers 8]
                   [--d-model 512] [--vocab 16384] [--seq 128] [--batch 4]
 
-Runs optim.zero=0, 1 and 2 (optim.bucket_mb=0: one layer per bucket) under mpirun with
+Runs optim.zero=0, 1, 2, 3 and 3 with parallel.reshard_after_forward=false ("3k")
+(optim.bucket_mb=0: one layer per bucket) under mpirun with
 the same config and prints, per stage: the median step time and exposed gradient
 communication (comm_ms: what backward did not hide) over the steps after the first, the
 loss of the last step (equal across stages up to float32 summation order), and rank 0's
@@ -13,7 +14,6 @@ bytes) with the theory beside each, computed here from the llm.c layout by the f
 of README.md's ZeRO section (wf_zero_mem computes the same in C). A mismatch between a
 reported figure and its theory is flagged with '!='.
 
-ZeRO-3 (FSDP) and parallel.reshard_after_forward are not built, so they have no rows.
 PyTorch DDP/FSDP rows need torch under /usr/bin/python3 (Debian's python3-torch); the
 script says when it is absent.
 """
@@ -38,7 +38,7 @@ def layout(L, C, V, T):
             ("lnfb", C, False)]
 
 
-def theory(L, C, V, T, D, zero):
+def theory(L, C, V, T, D, zero, keep=False):
     """Memory by kind per rank 0, in bytes: README's table."""
     kinds = layout(L, C, V, T)
     n = sum(k[1] for k in kinds)
@@ -75,14 +75,18 @@ def theory(L, C, V, T, D, zero):
         blocks.append(padded([(off[k], numel) for k, numel, lay in kinds if not lay]))
         return {"param": 4 * n + 4 * D * chunk(max(blocks)),
                 "grad": 4 * (n + shard + sum(blocks)), "optim": optim}
-    return {"param": 4 * n + 4 * D * chunk(layer), "grad": 4 * (shard + edge + 2 * layer),
+    grad = 4 * (shard + edge + 2 * layer)
+    if zero == 2:
+        return {"param": 4 * n + 4 * D * chunk(layer), "grad": grad, "optim": optim}
+    return {"param": 4 * (shard + edge + (L if keep else 2) * layer), "grad": grad,
             "optim": optim}
 
 
-def run(a, zero, tmp):
-    metrics = os.path.join(tmp, f"z{zero}.jsonl")
+def run(a, zero, keep, tmp):
+    metrics = os.path.join(tmp, f"z{zero}{keep}.jsonl")
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np",
            str(a.np), a.worker, f"mesh.dp={a.np}", f"optim.zero={zero}", "optim.bucket_mb=0",
+           f"parallel.reshard_after_forward={'false' if keep else 'true'}",
            f"model.layers={a.layers}", f"model.d_model={a.d_model}", "model.heads=8",
            f"model.seq_len={a.seq}", f"model.vocab={a.vocab}", f"train.batch_size={a.batch}",
            f"train.steps={a.steps}", "train.warmup=1", "train.eval_every=0", "runtime.threads=1",
@@ -112,9 +116,9 @@ def main():
           f"{'param MiB (theory)':>19} {'grad MiB (theory)':>19} {'optim MiB (theory)':>19} "
           f"{'act MiB':>8}")
     with tempfile.TemporaryDirectory() as tmp:
-        for zero in (0, 1, 2):
-            rows = run(a, zero, tmp)
-            last, th = rows[-1], theory(L, C, V, T, D, zero)
+        for zero, keep in ((0, False), (1, False), (2, False), (3, False), (3, True)):
+            rows = run(a, zero, keep, tmp)
+            last, th = rows[-1], theory(L, C, V, T, D, zero, keep)
             step = statistics.median(r["step_ms"] for r in rows[1:])
             comm = statistics.median(r["comm_ms"] for r in rows[1:])
             cells = []
@@ -122,13 +126,12 @@ def main():
                 got, want = last[kind + "_bytes"], th[kind]
                 mark = "=" if got == want else "!="
                 cells.append(f"{got / MIB:8.2f} {mark} {want / MIB:7.2f}")
-            print(f"{zero:>4} {step:8.1f} {comm:8.1f} {last['loss']:8.4f}  "
+            print(f"{str(zero) + ('k' if keep else ''):>4} {step:8.1f} {comm:8.1f} {last['loss']:8.4f}  "
                   + " ".join(f"{c:>19}" for c in cells) + f" {last['act_bytes'] / MIB:8.2f}")
     torch = subprocess.run(["/usr/bin/python3", "-c", "import torch"], capture_output=True)
     if torch.returncode != 0:
         print("PyTorch DDP/FSDP: not run (/usr/bin/python3 has no torch; apt-get install "
               "python3-torch)")
-    print("zero 3 (FSDP) and reshard_after_forward=false: not built")
 
 
 if __name__ == "__main__":
