@@ -160,20 +160,6 @@ static wf_status rule_mesh(vctx *v)
   return WF_OK;
 }
 
-/* ZeRO-3 (FSDP): what it does not compose with yet. */
-static wf_status rule_zero3(vctx *v)
-{
-  wf_config *c = v->c;
-  if (c->optim.zero != 3)
-    return WF_OK;
-  if (c->precision != WF_PREC_NO)
-    return fail(v,
-                "optim.zero=3 keeps no rounded copy of its gathered parameters yet, so "
-                "precision=%s is not supported with it; use optim.zero=2 or precision=no",
-                c->precision == WF_PREC_BF16 ? "bf16" : "fp16");
-  return WF_OK;
-}
-
 /* HSDP: fsdp groups tile the dp axis, and shard with ZeRO. */
 static wf_status rule_fsdp(vctx *v)
 {
@@ -402,9 +388,9 @@ static wf_status rule_data(vctx *v)
   return WF_OK;
 }
 
-static const rule_fn rules[] = {rule_ranges, rule_nodes,     rule_world,    rule_mesh,  rule_fsdp,
-                                rule_zero3,  rule_model,     rule_pipeline, rule_batch, rule_seq,
-                                rule_data,   rule_precision, rule_train};
+static const rule_fn rules[] = {rule_ranges, rule_nodes, rule_world,     rule_mesh,
+                                rule_fsdp,   rule_model, rule_pipeline,  rule_batch,
+                                rule_seq,    rule_data,  rule_precision, rule_train};
 
 /* A derived value is marked as such; a key that was derived before but is not now
  * (the world became unknown) goes back to its default's standing. */

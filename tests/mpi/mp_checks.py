@@ -60,8 +60,7 @@ EQUIV = {
 }
 OTHER = ["dump-state", "init-sliced", "trace", "refuse-tp-heads",
          "refuse-interleaved-pp-layers", "bf16-dump-state", "refuse-zero2-interleaved",
-         "refuse-fsdp-zero0", "refuse-fsdp-divide", "refuse-fsdp-checkpoint",
-         "refuse-zero3-bf16"]
+         "refuse-fsdp-zero0", "refuse-fsdp-divide", "refuse-fsdp-checkpoint"]
 CASES = list(EQUIV) + OTHER
 
 TIED = "tied embedding: the first and last stage's copies were identical after each of {} steps"
@@ -412,8 +411,6 @@ def refuse(eq, name, tmp):
                                       "parallel.virtual_stages=2", "model.layers=4",
                                       "train.microbatches=4", "optim.zero=2"],
                                      ["optim.zero=2", "interleaved"]),
-        "refuse-zero3-bf16": (["mesh.dp=2", "optim.zero=3", "precision=bf16"],
-                              ["optim.zero=3", "precision=bf16"]),
         "refuse-fsdp-zero0": (["mesh.dp=2", "mesh.fsdp=2"], ["mesh.fsdp=2", "optim.zero=0"]),
         "refuse-fsdp-divide": (["mesh.dp=2", "mesh.fsdp=3", "optim.zero=1"],
                                ["mesh.fsdp=3", "mesh.dp=2"]),

@@ -200,6 +200,7 @@ wf_status wf_gpt_create_shard(wf_gpt **out, const wf_gpt_opts *o)
   m->gstride = m->nl > 0 ? m->nl : 1;
   WF_CHECK_ALLOC(m->gptr = calloc((size_t)WF_GPT_NUM_KINDS * (size_t)m->gstride, sizeof *m->gptr));
   WF_CHECK_ALLOC(m->pptr = calloc((size_t)WF_GPT_NUM_KINDS * (size_t)m->gstride, sizeof *m->pptr));
+  WF_CHECK_ALLOC(m->lptr = calloc((size_t)WF_GPT_NUM_KINDS * (size_t)m->gstride, sizeof *m->lptr));
   if (m->prec != WF_PREC_NO)
     WF_TRY(wf_dev_alloc_floats(m->dev, &m->wlow, m->num_params));
   WF_TRY(alloc_acts(m));
@@ -231,6 +232,7 @@ void wf_gpt_destroy(wf_gpt *m)
   free(m->a);
   free(m->gptr);
   free(m->pptr);
+  free(m->lptr);
   free(m);
 }
 
@@ -260,20 +262,42 @@ void wf_gpt_set_grad_tensor(wf_gpt *m, wf_param_kind k, int j, float *p)
   m->gptr[(size_t)k * (size_t)m->gstride + (size_t)j] = p;
 }
 
-void wf_gpt_set_param_tensor(wf_gpt *m, wf_param_kind k, int j, float *p)
+static bool is_gemm_weight(wf_param_kind k)
 {
-  m->pptr[(size_t)k * (size_t)m->gstride + (size_t)j] = p;
+  return k == WF_P_WTE || k == WF_P_QKVW || k == WF_P_ATTPROJW || k == WF_P_FCW ||
+         k == WF_P_FCPROJW;
+}
+
+static void round_to(const wf_gpt *m, float *dst, const float *src, size_t n);
+
+void wf_gpt_set_param_tensor(wf_gpt *m, wf_param_kind k, int j, float *p, float *low)
+{
+  size_t i = (size_t)k * (size_t)m->gstride + (size_t)j;
+  m->pptr[i] = p;
+  m->lptr[i] = NULL;
+  if (p && low && m->prec != WF_PREC_NO && is_gemm_weight(k)) {
+    round_to(m, low, p,
+             wf_gpt_kind_is_layered(k) ? wf_gpt_local_layer_numel(m, k) : wf_gpt_local_numel(m, k));
+    m->lptr[i] = low;
+  }
 }
 
 void wf_gpt_drop_params(wf_gpt *m)
 {
   wf_dev_free(m->dev, m->params);
-  m->params = NULL;
+  wf_dev_free(m->dev, m->wlow);
+  m->params = m->wlow = NULL;
 }
 
 wf_status wf_gpt_restore_params(wf_gpt *m)
 {
-  return m->params ? WF_OK : wf_dev_alloc_floats(m->dev, &m->params, m->num_params);
+  wf_status st = WF_OK;
+  if (!m->params)
+    WF_TRY(wf_dev_alloc_floats(m->dev, &m->params, m->num_params));
+  if (m->prec != WF_PREC_NO && !m->wlow)
+    WF_TRY(wf_dev_alloc_floats(m->dev, &m->wlow, m->num_params));
+fail:
+  return st;
 }
 
 void wf_gpt_set_unit_hook(wf_gpt *m, wf_gpt_unit_hook fn, void *user)
@@ -398,6 +422,10 @@ float *wf__layer_input(const wf_gpt *m, const wf__acts *a, int j)
 
 const float *wf__gemm_weight(wf_gpt *m, wf_param_kind k, int layer)
 {
+  int j = wf_gpt_kind_is_layered(k) ? wf__local_layer(m, layer) : 0;
+  const float *low = m->lptr[(size_t)k * (size_t)m->gstride + (size_t)j];
+  if (low) /* ZeRO-3's window, rounded when it was gathered */
+    return low;
   const float *w = wf_gpt_param(m, k, layer, 0);
   return m->wlow ? m->wlow + (w - m->params) : w;
 }

@@ -157,6 +157,7 @@ struct wf_gpt {
    * (WF_GPT_NUM_KINDS x gstride entries, NULL = in `grads`); see wf_gpt_set_grad_tensor */
   float **gptr;
   float **pptr; /* ZeRO-3: the same for the parameters (wf_gpt_set_param_tensor) */
+  float **lptr; /* ZeRO-3 with mixed precision: a GEMM weight's rounded copy, else NULL */
   int gstride;
   wf_gpt_unit_hook unit_hook; /* ZeRO-3: told before each layer's forward and backward */
   void *unit_user;

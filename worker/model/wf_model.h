@@ -179,8 +179,11 @@ void wf_gpt_drop_grads(wf_gpt *m);
  * local layer j at p (NULL: the flat buffer); wf_gpt_drop_params frees the flat buffer
  * (after which wf_gpt_params is NULL, wf_gpt_params_changed does nothing and the
  * whole-model exports fail) and wf_gpt_restore_params allocates it again (contents
- * undefined; the caller fills it and clears the windows). */
-void wf_gpt_set_param_tensor(wf_gpt *m, wf_param_kind k, int j, float *p);
+ * undefined; the caller fills it, clears the windows and calls wf_gpt_params_changed).
+ * Under mixed precision the flat rounded copy goes and comes with it, and `low` (room
+ * for the tensor) receives the window's GEMM weights rounded, which the GEMMs then read
+ * (NULL: no rounded copy, e.g. for a kind that is no GEMM weight). */
+void wf_gpt_set_param_tensor(wf_gpt *m, wf_param_kind k, int j, float *p, float *low);
 void wf_gpt_drop_params(wf_gpt *m);
 wf_status wf_gpt_restore_params(wf_gpt *m);
 /* Told before local layer j's forward (backward = false) and before its backward (and

@@ -88,16 +88,18 @@ struct wf__zero {
   unsigned long win_seq[ZPOOL];
   int open; /* the window backward writes into now, -1 none */
   /* ZeRO-3 (fsdp.c's part of this file, below) */
-  float *pshard;      /* (shard) this rank's parameters: what AdamW updates */
-  float *pedge;       /* the late kinds' parameters, gathered for the whole step */
-  float **pwin;       /* npw windows of one layer bucket's parameters (natural order) */
-  int *pwin_bucket;   /* the bucket a window holds (-1 none) */
-  wf_req **pwin_req;  /* its gather in flight */
-  int npw, pcur;      /* windows (2, or every bucket's with keep); the one in use */
-  bool keep;          /* parallel.reshard_after_forward=false */
-  bool sharded;       /* the model's flat parameters are dropped (else whole: after
-                       * creation and resume, and for a checkpoint or --save) */
-  wf_status hook_err; /* the first failure in the unit hook, for finish */
+  float *pshard;            /* (shard) this rank's parameters: what AdamW updates */
+  float *pedge;             /* the late kinds' parameters, gathered for the whole step */
+  float **pwin;             /* npw windows of one layer bucket's parameters (natural order) */
+  float **plow, *pedge_low; /* mixed precision: their GEMM weights rounded (else NULL) */
+  bool low;                 /* mixed precision */
+  int *pwin_bucket;         /* the bucket a window holds (-1 none) */
+  wf_req **pwin_req;        /* its gather in flight */
+  int npw, pcur;            /* windows (2, or every bucket's with keep); the one in use */
+  bool keep;                /* parallel.reshard_after_forward=false */
+  bool sharded;             /* the model's flat parameters are dropped (else whole: after
+                             * creation and resume, and for a checkpoint or --save) */
+  wf_status hook_err;       /* the first failure in the unit hook, for finish */
   /* the parameters' all-gather */
   float *gather;
   size_t chunk;
@@ -342,6 +344,10 @@ void wf__zero_destroy(wf__zero *z)
       wf_req_wait(&z->pwin_req[i]);
     wf_dev_free(z->dev, z->pwin[i]);
   }
+  for (int i = 0; i < z->npw && z->plow; i++)
+    wf_dev_free(z->dev, z->plow[i]);
+  free(z->plow);
+  wf_dev_free(z->dev, z->pedge_low);
   free(z->pwin);
   free(z->pwin_bucket);
   free(z->pwin_req);
@@ -652,7 +658,8 @@ size_t wf__zero_param_bytes(const wf__zero *z)
 {
   size_t f = z->chunk * (size_t)z->size;
   if (z->stage == 3) /* the all-gather buffer only comes for --save's final gather */
-    f = z->shard + z->edge_count + (size_t)z->npw * z->win_count;
+    f = z->shard + (z->edge_count + (size_t)z->npw * z->win_count) *
+                       (wf_gpt_precision(z->m) != WF_PREC_NO ? 2 : 1); /* rounded copies */
   return f * sizeof(float);
 }
 
@@ -722,11 +729,13 @@ fail:
  * exactly, with no rank-major staging buffer (the price: an all-reduce's volume, twice an
  * all-gather's). */
 
-static void redirect_params(wf__zero *z, const zbucket *b, float *base)
+/* Point the model's parameter tensors of b into base (natural order; NULL = back to the
+ * flat vector); under mixed precision the GEMM weights are rounded into low alongside. */
+static void redirect_params(wf__zero *z, const zbucket *b, float *base, float *low)
 {
   for (int i = 0; i < b->nr; i++)
     wf_gpt_set_param_tensor(z->m, (wf_param_kind)b->r[i].kind, b->r[i].j,
-                            base ? base + b->r[i].pos : NULL);
+                            base ? base + b->r[i].pos : NULL, low ? low + b->r[i].pos : NULL);
 }
 
 /* Start gathering b into win (natural order): my pieces, zeros elsewhere, all-reduce. */
@@ -776,7 +785,7 @@ static wf_status need(wf__zero *z, int i)
     WF_TRY(wf_req_wait(&z->pwin_req[w]));
     z->wait_ms += (wf_now() - t0) * 1e3;
   }
-  redirect_params(z, &z->b[i], z->pwin[w]);
+  redirect_params(z, &z->b[i], z->pwin[w], z->low ? z->plow[w] : NULL);
   z->pcur = w;
 fail:
   if (st != WF_OK && w >= 0)
@@ -823,6 +832,8 @@ static wf_status refresh_params(wf__zero *z)
   }
   z->pcur = -1;
   st = gather_start(z, &z->late, z->pedge, NULL);
+  if (st == WF_OK && z->sharded) /* the edge's rounded wte follows the update */
+    redirect_params(z, &z->late, z->pedge, z->pedge_low);
   if (st == WF_OK)
     st = z->hook_err;
 fail:
@@ -839,7 +850,13 @@ static wf_status shard_params(wf__zero *z)
   WF_CHECK_ALLOC(z->pwin = calloc((size_t)WF_MAX(z->npw, 1), sizeof *z->pwin));
   WF_CHECK_ALLOC(z->pwin_bucket = calloc((size_t)WF_MAX(z->npw, 1), sizeof *z->pwin_bucket));
   WF_CHECK_ALLOC(z->pwin_req = calloc((size_t)WF_MAX(z->npw, 1), sizeof *z->pwin_req));
+  WF_CHECK_ALLOC(z->plow = calloc((size_t)WF_MAX(z->npw, 1), sizeof *z->plow));
+  z->low = wf_gpt_precision(z->m) != WF_PREC_NO;
+  if (z->low)
+    WF_TRY(wf_dev_alloc_floats(z->dev, &z->pedge_low, WF_MAX(z->edge_count, (size_t)1)));
   for (int w = 0; w < z->npw; w++) {
+    if (z->low)
+      WF_TRY(wf_dev_alloc_floats(z->dev, &z->plow[w], WF_MAX(z->win_count, (size_t)1)));
     size_t f = z->win_count; /* with keep too: every window one largest bucket */
     WF_TRY(wf_dev_alloc_floats(z->dev, &z->pwin[w], WF_MAX(f, (size_t)1)));
     z->pwin_bucket[w] = -1;
@@ -857,7 +874,7 @@ static wf_status reshard(wf__zero *z)
     return WF_OK;
   WF_TRY(copy(z, z->pshard, wf_gpt_params(z->m) + z->s0, z->s1 - z->s0));
   WF_TRY(refresh_params(z));
-  redirect_params(z, &z->late, z->pedge);
+  redirect_params(z, &z->late, z->pedge, z->pedge_low);
   wf_gpt_drop_params(z->m);
   wf_dev_free(z->dev, z->gather);
   z->gather = NULL;
@@ -877,8 +894,9 @@ wf_status wf__zero_unshard(wf__zero *z)
   WF_TRY(wf_gpt_restore_params(z->m));
   WF_TRY(wf_dev_alloc_floats(z->dev, &z->gather, z->chunk * (size_t)z->size));
   WF_TRY(gather_whole(z));
+  WF_TRY(wf_gpt_params_changed(z->m)); /* mixed precision: the flat rounded copy */
   for (int i = 0; i <= z->nb; i++)
-    redirect_params(z, i < z->nb ? &z->b[i] : &z->late, NULL);
+    redirect_params(z, i < z->nb ? &z->b[i] : &z->late, NULL, NULL);
   z->sharded = false; /* the next step shards again */
 fail:
   return st;
