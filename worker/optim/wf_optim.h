@@ -4,8 +4,9 @@
  * model holds parameters and gradients only.
  *
  * A rank's optimizer holds AdamW's m and v for one element range [lo, hi) of its flat
- * parameter vector (wf_gpt_params' layout): the whole vector, or, under ZeRO-1, the dp
- * shard the gradient path reduces onto this rank. A step is
+ * parameter vector (wf_gpt_params' layout): the whole vector, or, under ZeRO, the dp
+ * shard the gradient path reduces onto this rank (under ZeRO-3 the parameters of that
+ * range live in the gradient path's shard, wf_optim_opts.params). A step is
  *
  *   norm (the global gradient norm, from the gradient path)
  *     -> fp16: non-finite anywhere? skip the update, halve the scale

@@ -1,7 +1,7 @@
 /*
  * grads.c - the gradient path (wf_parallel.h): zero, dp reduction (bucketed and
- * overlapped, or ZeRO-1's reduce-scatter), tp and tied-embedding sums, the global norm,
- * and the parameter all-gather after a sharded update.
+ * overlapped, or ZeRO's, zero.c), tp and tied-embedding sums, the global norm, and the
+ * parameter sync after a sharded update.
  *
  * Buckets. The llm.c layout keeps all layers of one kind together, so the gradients
  * that become final together (one layer's) are not contiguous. A bucket is a list of

@@ -37,7 +37,7 @@ typedef struct wf__sched_sim {
 wf_status wf__sched_sim_validate(wf__sched_sim *m, const wf_schedule *ranks, char *err, size_t len);
 void wf__sched_sim_free(wf__sched_sim *m);
 
-/* ---- ZeRO-1 and ZeRO-2's sharded gradient reduction (zero.c) ----------------------
+/* ---- ZeRO-1, 2 and 3 (zero.c) ------------------------------------------------------
  * Used by grads.c: begin at the step's start, ready from the grad hook, launch_layers
  * then (after the tp and tied sums) finish after the last backward, gather after the
  * update. */

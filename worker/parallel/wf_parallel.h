@@ -208,7 +208,9 @@ wf_status wf_pipe_partition(const wf_gpt_dims *d, int T, int pp, const int *pp_l
  * The gradient path (wf_grads_*): the one owner of a step's gradients from zero to
  * the update. In order:
  *
- *   zero          before the step's first backward;
+ *   zero          before the step's first backward (ZeRO-2/3 listen to every
+ *                 micro-batch's backward from here; ZeRO-3 shards the parameters at
+ *                 the first step, once they are initialised or resumed);
  *   arm           before its last backward: each bucket of gradients is reduced over
  *                 dp as soon as backward has finished it (the model's grad hook), so
  *                 communication overlaps the rest of backward;
@@ -217,7 +219,8 @@ wf_status wf_pipe_partition(const wf_gpt_dims *d, int T, int pp, const int *pp_l
  *                 embedding's gradient over the embedding group;
  *   norm          the global gradient norm over dp (ZeRO shards), tp and pp;
  *   (the optimizer updates the range [lo, hi) with wf_grads_for_update's gradients)
- *   sync_params   ZeRO-1: all-gather the updated parameter shards; then mixed
+ *   sync_params   ZeRO-1/2: all-gather the updated parameter shards; ZeRO-3: forget
+ *                 the gathered units, regather the embeddings'; then mixed
  *                 precision's rounded weights follow;
  *   check_tied    the two copies of the tied embedding are still bit-identical.
  *
@@ -227,12 +230,17 @@ wf_status wf_pipe_partition(const wf_gpt_dims *d, int T, int pp, const int *pp_l
  * it). ZeRO-1 (optim.zero = 1): the flat gradient vector is reduce-scattered so each
  * dp rank owns the average of one contiguous shard of ceil(n/dp) elements (the last
  * padded with zeros), the optimizer updates that shard only, and the updated shards
- * are all-gathered back. Either way the average over dp ranks of per-rank mean
+ * are all-gathered back. ZeRO-1's reduce-scatter runs bucket by bucket during the last
+ * backward; ZeRO-2 also frees the flat gradient (one-bucket windows, every
+ * micro-batch), ZeRO-3 the flat parameters (units gathered around their forward and
+ * backward), and HSDP (fsdp > 0) shards within fsdp groups and averages the shards
+ * across them (zero.c says how). Either way the average over dp ranks of per-rank mean
  * gradients is the mean over the global batch: every mesh computes one rank's step.
  *
  * The linear sums over tp and the embedding group commute with the dp average: without
  * ZeRO they follow the dp reduction (which may have started during backward); under
- * ZeRO they precede its reduce-scatter, after which each rank holds only its shard.
+ * ZeRO the kinds they touch (wte, the sequence-parallel layernorms) are reduced last,
+ * after them, since each rank then holds only its shard.
  */
 typedef struct wf_grads wf_grads;
 
@@ -309,8 +317,8 @@ wf_status wf_grads_norm(wf_grads *g, double scale, float *norm);
  * without ZeRO), and the gradient of element lo (device memory). */
 void wf_grads_range(const wf_grads *g, size_t *lo, size_t *hi);
 const float *wf_grads_for_update(wf_grads *g);
-/* After an update: the ZeRO-1 parameter all-gather, then the rounded weights of mixed
- * precision follow. */
+/* After an update: ZeRO's parameter all-gather (ZeRO-3: the gathered units go stale),
+ * then the rounded weights of mixed precision follow. */
 wf_status wf_grads_sync_params(wf_grads *g);
 /* After every step (with pipeline stages): the first and last stage's copies of the
  * tied embedding must still be identical (a hash of each, compared over the embedding

@@ -1,5 +1,6 @@
 /*
- * zero.c - ZeRO-1 and ZeRO-2's gradient reduction (parallel_int.h): each dp rank ends
+ * zero.c - ZeRO-1, 2 and 3 (parallel_int.h): the sharded gradient reduction, ZeRO-3's
+ * sharded parameters, HSDP's replicas and the memory formulas. Each dp rank ends
  * the step with the dp average of its shard of the flat gradient vector, elements
  * [rank * shard, rank * shard + shard) with shard = ceil(n / dp), the same contiguous
  * shards ZeRO-1 always had (the optimizer state and the checkpoints' geometry).
@@ -39,15 +40,20 @@
  * is then shard + edge + ZPOOL x the largest bucket, instead of the whole vector plus
  * ZeRO-1's staging (wf__zero_grad_bytes; the formulas are in wf_parallel.h).
  *
+ * ZeRO-3 also drops the flat parameters: see "ZeRO-3" below.
+ *
+ * HSDP: `dp` is then the fsdp group the shards span and `rep` the group of ranks holding
+ * the same shard in the other fsdp groups; the finished shard is averaged over `rep`.
+ *
  * The parameters' all-gather after the update goes chunk by chunk through a buffer of
- * at most one bucket's size, so neither stage holds a second whole parameter vector.
+ * at most one bucket's size, so no stage holds a second whole parameter vector.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "parallel_int.h"
 
-#define ZPOOL 2 /* ZeRO-2 staging buffers: one packing while one is in flight */
+#define ZPOOL 2 /* ZeRO-2/3 gradient windows: one filling while one is in flight */
 
 typedef struct zrange {
   size_t flat, n, pos; /* flat offset, length, offset in the bucket's natural order */

@@ -9,7 +9,7 @@
  *      reduction before the last backward);
  *   2. the gradient path: the rest of the reductions, then the global norm;
  *   3. the optimizer: clip, fp16 loss scaling (an overflow skips the update), AdamW;
- *   4. the gradient path again: parameters synchronised (ZeRO-1), the tied embedding's
+ *   4. the gradient path again: parameters synchronised (ZeRO), the tied embedding's
  *      copies checked.
  * Evaluation runs the forward pass on train.eval_batches fixed validation batches (the
  * same ones every time, so the curve is comparable across evaluations).
