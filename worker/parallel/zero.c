@@ -29,7 +29,7 @@
  * backward finishes them (armed before it, as plain dp does).
  *
  * ZeRO-2 never holds the flat gradient: the model's flat buffer is dropped and its
- * gradient tensors are redirected (wf_gpt_set_grad_tensor) into windows of ZPOOL
+ * gradient tensors are redirected (wf_gpt_set_grad_tensor) into windows of WF__ZPOOL
  * one-bucket buffers. Every micro-batch's backward fills a window; when its bucket is
  * final the window is all-reduced in place (AVG: no staging copy, no padding, plain dp's
  * volume) and the next bucket opens in a free window, waiting for the oldest reduction
@@ -37,7 +37,7 @@
  * shard are added into the shard, which so accumulates the micro-batches' averages (the
  * loss gradient already carries 1/M). The late kinds live in one persistent buffer
  * `edge`, all-reduced in place once after the step's backward. Gradient memory per rank
- * is then shard + edge + ZPOOL x the largest bucket, instead of the whole vector plus
+ * is then shard + edge + WF__ZPOOL x the largest bucket, instead of the whole vector plus
  * ZeRO-1's staging (wf__zero_grad_bytes; the formulas are in wf_parallel.h).
  *
  * ZeRO-3 also drops the flat parameters: see "ZeRO-3" below.
@@ -53,77 +53,10 @@
 
 #include "parallel_int.h"
 
-#define ZPOOL 2 /* ZeRO-2/3 gradient windows: one filling while one is in flight */
-
-typedef struct zrange {
-  size_t flat, n, pos; /* flat offset, length, offset in the bucket's natural order */
-  int kind, j;         /* the tensor: kind and local layer (0 for unlayered kinds) */
-} zrange;
-
-typedef struct zpiece {
-  size_t flat, pos, n, dst; /* dst: offset inside the owner's block */
-  int owner;
-} zpiece;
-
-typedef struct zbucket {
-  zrange *r;
-  zpiece *p;
-  int nr, np, first_group, last_group;
-  size_t count, block; /* elements, and the longest rank's share (the block length) */
-  float *stage;        /* ZeRO-1: packed rank-major (dp x block) */
-  wf_req *req;
-  bool launched;
-  unsigned long seq; /* launch order */
-} zbucket;
-
-struct wf__zero {
-  wf_gpt *m;
-  wf_dev *dev;
-  wf_comm *dp, *rep; /* the shards' group; HSDP's replica group (NULL = none) */
-  int stage, rank, size, nl;
-  size_t n, shard, s0, s1;
-  zbucket *b, late;
-  int nb;
-  float *gshard; /* (shard) this rank's averaged gradient */
-  /* ZeRO-2 */
-  float *edge, *win[ZPOOL]; /* the late kinds' gradients; the bucket windows */
-  size_t win_count, edge_count;
-  int win_bucket[ZPOOL];  /* the bucket a window holds, -1 free */
-  wf_req *win_req[ZPOOL]; /* its all-reduce */
-  bool win_flying[ZPOOL];
-  unsigned long win_seq[ZPOOL];
-  int open; /* the window backward writes into now, -1 none */
-  /* ZeRO-3 (fsdp.c's part of this file, below) */
-  float *pshard;            /* (shard) this rank's parameters: what AdamW updates */
-  float *pedge;             /* the late kinds' parameters, gathered for the whole step */
-  float **pwin;             /* npw windows of one layer bucket's parameters (natural order) */
-  float **plow, *pedge_low; /* mixed precision: their GEMM weights rounded (else NULL) */
-  bool low;                 /* mixed precision */
-  int *pwin_bucket;         /* the bucket a window holds (-1 none) */
-  wf_req **pwin_req;        /* its gather in flight */
-  int npw, pcur;            /* windows (2, or every bucket's with keep); the one in use */
-  bool keep;                /* parallel.reshard_after_forward=false */
-  bool sharded;             /* the model's flat parameters are dropped (else whole: after
-                             * creation and resume, and for a checkpoint or --save) */
-  wf_status hook_err;       /* the first failure in the unit hook, for finish */
-  /* the parameters' all-gather */
-  float *gather;
-  size_t chunk;
-  unsigned long seq;
-  double wait_ms, comm_bytes;
-  int launched_early;
-  bool armed;
-};
-
-static wf_status copy(wf__zero *z, float *dst, const float *src, size_t n)
+wf_status wf__zero_copy(wf__zero *z, float *dst, const float *src, size_t n)
 {
   return wf_dev_copy(z->dev, dst, src, n * sizeof *src, WF_COPY_D2D, NULL);
 }
-
-static wf_status shard_params(wf__zero *z);
-static wf_status reshard(wf__zero *z);
-static wf_status refresh_params(wf__zero *z);
-static wf_status gather_whole(wf__zero *z);
 
 /* ---- planning ------------------------------------------------------------------------ */
 
@@ -133,28 +66,28 @@ static bool is_late(const wf_gpt *m, wf_param_kind k)
   return !wf_gpt_kind_is_layered(k) || wf_gpt_kind_tp_partial(m, k);
 }
 
-static void add_range(zbucket *b, const wf_gpt *m, wf_param_kind k, int j, size_t n)
+static void add_range(wf__zbucket *b, const wf_gpt *m, wf_param_kind k, int j, size_t n)
 {
   if (n == 0)
     return;
   size_t flat = wf_gpt_local_offset(m, k) + (size_t)j * wf_gpt_local_layer_numel(m, k);
-  b->r[b->nr++] = (zrange){flat, n, b->count, (int)k, j};
+  b->r[b->nr++] = (wf__zrange){flat, n, b->count, (int)k, j};
   b->count += n;
 }
 
 /* Cut b's ranges at the shard boundaries into rank-major pieces; block = longest share. */
-static wf_status cut(wf__zero *z, zbucket *b)
+static wf_status cut(wf__zero *z, wf__zbucket *b)
 {
   wf_status st = WF_OK;
   size_t *fill = NULL;
   WF_CHECK_ALLOC(fill = calloc((size_t)z->size, sizeof *fill));
   WF_CHECK_ALLOC(b->p = calloc((size_t)(b->nr + z->size), sizeof *b->p));
   for (int i = 0; i < b->nr; i++) {
-    const zrange *r = &b->r[i];
+    const wf__zrange *r = &b->r[i];
     for (size_t a = r->flat; a < r->flat + r->n;) {
       int owner = (int)(a / z->shard);
       size_t lim = WF_MIN(r->flat + r->n, (size_t)(owner + 1) * z->shard);
-      b->p[b->np++] = (zpiece){a, r->pos + (a - r->flat), lim - a, fill[owner], owner};
+      b->p[b->np++] = (wf__zpiece){a, r->pos + (a - r->flat), lim - a, fill[owner], owner};
       fill[owner] += lim - a;
       a = lim;
     }
@@ -166,10 +99,10 @@ fail:
   return st;
 }
 
-static wf_status new_bucket(wf__zero *z, zbucket *b, int ranges)
+static wf_status new_bucket(wf__zero *z, wf__zbucket *b, int ranges)
 {
   wf_status st = WF_OK;
-  *b = (zbucket){0};
+  *b = (wf__zbucket){0};
   WF_CHECK_ALLOC(b->r = calloc((size_t)ranges, sizeof *b->r));
 fail:
   return st;
@@ -180,7 +113,7 @@ fail:
 static wf_status plan_layers(wf__zero *z, size_t bucket_bytes)
 {
   wf_status st = WF_OK;
-  zbucket *b = NULL;
+  wf__zbucket *b = NULL;
   WF_CHECK_ALLOC(z->b = calloc((size_t)(z->nl > 0 ? z->nl : 1), sizeof *z->b));
   for (int gr = 1; gr <= z->nl; gr++) {
     if (!b) {
@@ -206,7 +139,7 @@ fail:
 static wf_status plan_late(wf__zero *z)
 {
   wf_status st = WF_OK;
-  zbucket *b = &z->late;
+  wf__zbucket *b = &z->late;
   WF_TRY(new_bucket(z, b, WF_GPT_NUM_KINDS * (z->nl > 0 ? z->nl : 1)));
   for (int k = 0; k < WF_GPT_NUM_KINDS; k++) {
     if (!is_late(z->m, (wf_param_kind)k))
@@ -223,7 +156,7 @@ fail:
 }
 
 /* Point the model's gradient tensors of b's ranges into base (natural order). */
-static void redirect(wf__zero *z, const zbucket *b, float *base)
+static void redirect(wf__zero *z, const wf__zbucket *b, float *base)
 {
   for (int i = 0; i < b->nr; i++)
     wf_gpt_set_grad_tensor(z->m, (wf_param_kind)b->r[i].kind, b->r[i].j, base + b->r[i].pos);
@@ -235,7 +168,7 @@ static void sizes(wf__zero *z)
 {
   size_t biggest = 0; /* elements of the largest staging buffer or window */
   for (int i = 0; i <= z->nb; i++) {
-    const zbucket *b = i < z->nb ? &z->b[i] : &z->late;
+    const wf__zbucket *b = i < z->nb ? &z->b[i] : &z->late;
     if (z->stage == 1)
       biggest = WF_MAX(biggest, b->block * (size_t)z->size);
     else if (i < z->nb)
@@ -253,14 +186,14 @@ static wf_status alloc_buffers(wf__zero *z)
   WF_TRY(wf_dev_alloc_floats(z->dev, &z->gshard, z->shard));
   if (z->stage == 1) {
     for (int i = 0; i <= z->nb; i++) {
-      zbucket *b = i < z->nb ? &z->b[i] : &z->late;
+      wf__zbucket *b = i < z->nb ? &z->b[i] : &z->late;
       size_t f = b->block * (size_t)z->size;
       WF_TRY(wf_dev_alloc_floats(z->dev, &b->stage, WF_MAX(f, (size_t)1)));
       WF_TRY(wf_dev_memset(z->dev, b->stage, 0, f * sizeof(float), NULL)); /* the padding */
     }
   } else {
     WF_TRY(wf_dev_alloc_floats(z->dev, &z->edge, WF_MAX(z->edge_count, (size_t)1)));
-    for (int i = 0; i < ZPOOL; i++) {
+    for (int i = 0; i < WF__ZPOOL; i++) {
       WF_TRY(wf_dev_alloc_floats(z->dev, &z->win[i], WF_MAX(z->win_count, (size_t)1)));
       z->win_bucket[i] = -1;
     }
@@ -268,7 +201,7 @@ static wf_status alloc_buffers(wf__zero *z)
     wf_gpt_drop_grads(z->m);
   }
   if (z->stage == 3) /* the all-gather runs once, for --save: its buffer comes then */
-    WF_TRY(shard_params(z));
+    WF_TRY(wf__fsdp_alloc(z));
   else
     WF_TRY(wf_dev_alloc_floats(z->dev, &z->gather, z->chunk * (size_t)z->size));
 fail:
@@ -319,7 +252,7 @@ fail:
   return st;
 }
 
-static void free_bucket(wf__zero *z, zbucket *b, bool own_stage)
+static void free_bucket(wf__zero *z, wf__zbucket *b, bool own_stage)
 {
   wf_req_wait(&b->req);
   free(b->r);
@@ -340,25 +273,12 @@ void wf__zero_destroy(wf__zero *z)
   free(z->b);
   wf_dev_free(z->dev, z->gshard);
   wf_dev_free(z->dev, z->edge);
-  for (int i = 0; i < ZPOOL; i++) {
+  for (int i = 0; i < WF__ZPOOL; i++) {
     wf_req_wait(&z->win_req[i]);
     wf_dev_free(z->dev, z->win[i]);
   }
   wf_dev_free(z->dev, z->gather);
-  for (int i = 0; i < z->npw && z->pwin; i++) {
-    if (z->pwin_req)
-      wf_req_wait(&z->pwin_req[i]);
-    wf_dev_free(z->dev, z->pwin[i]);
-  }
-  for (int i = 0; i < z->npw && z->plow; i++)
-    wf_dev_free(z->dev, z->plow[i]);
-  free(z->plow);
-  wf_dev_free(z->dev, z->pedge_low);
-  free(z->pwin);
-  free(z->pwin_bucket);
-  free(z->pwin_req);
-  wf_dev_free(z->dev, z->pshard);
-  wf_dev_free(z->dev, z->pedge);
+  wf__fsdp_free(z);
   free(z);
 }
 
@@ -366,13 +286,13 @@ void wf__zero_destroy(wf__zero *z)
 
 /* ZeRO-1: pack b rank-major into its stage (zero padding stays from allocation) and
  * start the reduce-scatter; the result lands in this rank's block. */
-static wf_status launch(wf__zero *z, zbucket *b)
+static wf_status launch(wf__zero *z, wf__zbucket *b)
 {
   wf_status st = WF_OK;
   const float *flat = wf_gpt_grads(z->m);
   for (int i = 0; i < b->np; i++) {
-    const zpiece *p = &b->p[i];
-    WF_TRY(copy(z, b->stage + (size_t)p->owner * b->block + p->dst, flat + p->flat, p->n));
+    const wf__zpiece *p = &b->p[i];
+    WF_TRY(wf__zero_copy(z, b->stage + (size_t)p->owner * b->block + p->dst, flat + p->flat, p->n));
   }
   b->launched = true;
   z->comm_bytes += (double)b->block * z->size * sizeof(float);
@@ -386,16 +306,16 @@ fail:
 
 /* This rank's pieces of b into the shard: moved from src + dst (ZeRO-1's block) or
  * added from src + pos (ZeRO-2's natural order). */
-static wf_status take_mine(wf__zero *z, const zbucket *b, const float *src)
+static wf_status take_mine(wf__zero *z, const wf__zbucket *b, const float *src)
 {
   const wf_ktable *k = wf_dev_kernels(z->dev);
   for (int i = 0; i < b->np; i++) {
-    const zpiece *p = &b->p[i];
+    const wf__zpiece *p = &b->p[i];
     if (p->owner != z->rank)
       continue;
     float *dst = z->gshard + (p->flat - z->s0);
     if (z->stage == 1) {
-      wf_status st = copy(z, dst, src + p->dst, p->n);
+      wf_status st = wf__zero_copy(z, dst, src + p->dst, p->n);
       if (st != WF_OK)
         return st;
     } else {
@@ -405,7 +325,7 @@ static wf_status take_mine(wf__zero *z, const zbucket *b, const float *src)
   return wf_dev_check(z->dev);
 }
 
-static wf_status complete(wf__zero *z, zbucket *b)
+static wf_status complete(wf__zero *z, wf__zbucket *b)
 {
   wf_status st = wf_req_wait(&b->req);
   b->launched = false;
@@ -430,7 +350,7 @@ static wf_status free_window(wf__zero *z, int *w)
 {
   for (;;) {
     int old = -1;
-    for (int i = 0; i < ZPOOL; i++) {
+    for (int i = 0; i < WF__ZPOOL; i++) {
       if (z->win_bucket[i] < 0) {
         *w = i;
         return WF_OK;
@@ -468,7 +388,7 @@ fail:
 static wf_status launch_window(wf__zero *z)
 {
   int w = z->open;
-  const zbucket *b = &z->b[z->win_bucket[w]];
+  const wf__zbucket *b = &z->b[z->win_bucket[w]];
   z->open = -1;
   z->win_flying[w] = true;
   z->win_seq[w] = ++z->seq;
@@ -480,7 +400,7 @@ static wf_status launch_window(wf__zero *z)
   return st;
 }
 
-static int bucket_of(const wf__zero *z, int gr)
+int wf__zero_bucket_of(const wf__zero *z, int gr)
 {
   for (int i = 0; i < z->nb; i++)
     if (gr >= z->b[i].first_group && gr <= z->b[i].last_group)
@@ -492,7 +412,7 @@ wf_status wf__zero_begin(wf__zero *z)
 {
   wf_status st = WF_OK;
   z->wait_ms = 0, z->comm_bytes = 0, z->launched_early = 0;
-  WF_TRY(reshard(z));
+  WF_TRY(wf__fsdp_reshard(z));
   WF_TRY(wf_dev_memset(z->dev, z->gshard, 0, z->shard * sizeof(float), NULL));
   if (z->stage >= 2) {
     WF_TRY(wf_dev_memset(z->dev, z->edge, 0, z->edge_count * sizeof(float), NULL));
@@ -515,7 +435,7 @@ static void progress(wf__zero *z)
   for (int i = 0; i < z->nb; i++)
     if (z->b[i].launched && z->b[i].req)
       wf_req_test(&z->b[i].req, &done);
-  for (int w = 0; w < ZPOOL; w++)
+  for (int w = 0; w < WF__ZPOOL; w++)
     if (z->win_flying[w] && z->win_req[w])
       wf_req_test(&z->win_req[w], &done);
 }
@@ -529,10 +449,10 @@ wf_status wf__zero_ready(wf__zero *z, int gr)
   if (!z->armed)
     return WF_OK;
   progress(z);
-  int i = bucket_of(z, gr);
+  int i = wf__zero_bucket_of(z, gr);
   if (i < 0 || z->b[i].last_group != gr)
     return WF_OK;
-  zbucket *b = &z->b[i];
+  wf__zbucket *b = &z->b[i];
   if (z->stage == 1) {
     if (!b->launched && launch(z, b) == WF_OK)
       z->launched_early++;
@@ -581,7 +501,7 @@ wf_status wf__zero_finish(wf__zero *z)
   for (int i = 0; i < z->nb; i++)
     if (z->b[i].launched)
       WF_TRY(complete(z, &z->b[i]));
-  for (int w = 0; w < ZPOOL; w++)
+  for (int w = 0; w < WF__ZPOOL; w++)
     if (z->win_flying[w])
       WF_TRY(complete_window(z, w));
   WF_TRY(complete(z, &z->late));
@@ -602,14 +522,14 @@ wf_status wf__zero_gather(wf__zero *z)
 {
   wf_status st = WF_OK;
   if (z->stage == 3)
-    return refresh_params(z);
-  st = gather_whole(z);
+    return wf__fsdp_refresh(z);
+  st = wf__zero_gather_whole(z);
   return st;
 }
 
 /* Every rank's shard of the parameters into the model's flat vector (from pshard under
  * ZeRO-3, where the rank's own part is copied too). */
-static wf_status gather_whole(wf__zero *z)
+wf_status wf__zero_gather_whole(wf__zero *z)
 {
   wf_status st = WF_OK;
   float *params = wf_gpt_params(z->m);
@@ -620,13 +540,13 @@ static wf_status gather_whole(wf__zero *z)
     size_t a = WF_MIN(z->s0 + c0, z->s1), b = WF_MIN(z->s0 + c0 + len, z->s1);
     if (b - a < len)
       WF_TRY(wf_dev_memset(z->dev, mine, 0, len * sizeof(float), NULL));
-    WF_TRY(copy(z, mine, z->pshard ? z->pshard + (a - z->s0) : params + a, b - a));
+    WF_TRY(wf__zero_copy(z, mine, z->pshard ? z->pshard + (a - z->s0) : params + a, b - a));
     WF_TRY(wf_comm_allgather(z->dp, mine, z->gather, len, WF_COMM_F32));
     for (int r = 0; r < z->size; r++) {
       size_t ra = WF_MIN((size_t)r * z->shard + c0, z->n);
       size_t rb = WF_MIN(ra + len, WF_MIN((size_t)(r + 1) * z->shard, z->n));
       if ((r != z->rank || z->pshard) && rb > ra)
-        WF_TRY(copy(z, params + ra, z->gather + (size_t)r * len, rb - ra));
+        WF_TRY(wf__zero_copy(z, params + ra, z->gather + (size_t)r * len, rb - ra));
     }
   }
 fail:
@@ -656,7 +576,7 @@ size_t wf__zero_grad_bytes(const wf__zero *z)
     for (int i = 0; i <= z->nb; i++)
       f += (i < z->nb ? z->b[i].block : z->late.block) * (size_t)z->size;
   else
-    f += z->edge_count + ZPOOL * z->win_count;
+    f += z->edge_count + WF__ZPOOL * z->win_count;
   return f * sizeof(float);
 }
 
@@ -720,192 +640,3 @@ wf_status wf_zero_mem(wf_gpt *m, int dp, int rank, int zero, size_t bucket_bytes
 fail:
   return st;
 }
-
-/* ---- ZeRO-3: sharded parameters ----------------------------------------------------------
- * The rank keeps its shard of the parameters (pshard) and no flat vector. Units are the
- * layer buckets and the late kinds (wte, wpe, the final layernorm: `pedge`, gathered once
- * after every update and kept, since the tied wte is read at both ends of a step). A
- * layer bucket is gathered into a window just before its first layer's forward and again
- * before its backward (the unit hook), the next unit's gather is started before the
- * current one computes (prefetch), and a window is reused by the unit after next: two
- * windows hold the parameters. With parallel.reshard_after_forward=false every bucket
- * has its own window, gathered once per step and kept until the update.
- * A gather zeroes the window, writes this rank's pieces into it and all-reduces (SUM) it
- * in place: every element is one rank's value plus zeros, so the result is that value
- * exactly, with no rank-major staging buffer (the price: an all-reduce's volume, twice an
- * all-gather's). */
-
-/* Point the model's parameter tensors of b into base (natural order; NULL = back to the
- * flat vector); under mixed precision the GEMM weights are rounded into low alongside. */
-static void redirect_params(wf__zero *z, const zbucket *b, float *base, float *low)
-{
-  for (int i = 0; i < b->nr; i++)
-    wf_gpt_set_param_tensor(z->m, (wf_param_kind)b->r[i].kind, b->r[i].j,
-                            base ? base + b->r[i].pos : NULL, low ? low + b->r[i].pos : NULL);
-}
-
-/* Start gathering b into win (natural order): my pieces, zeros elsewhere, all-reduce. */
-static wf_status gather_start(wf__zero *z, const zbucket *b, float *win, wf_req **req)
-{
-  wf_status st = WF_OK;
-  WF_TRY(wf_dev_memset(z->dev, win, 0, b->count * sizeof(float), NULL));
-  for (int i = 0; i < b->np; i++)
-    if (b->p[i].owner == z->rank)
-      WF_TRY(copy(z, win + b->p[i].pos, z->pshard + (b->p[i].flat - z->s0), b->p[i].n));
-  z->comm_bytes += (double)b->count * sizeof(float);
-  st = req ? wf_comm_iallreduce(z->dp, win, win, b->count, WF_COMM_F32, WF_COMM_SUM, req)
-           : wf_comm_allreduce(z->dp, win, win, b->count, WF_COMM_F32, WF_COMM_SUM);
-fail:
-  return st;
-}
-
-/* The window for bucket i: its own with keep, else the one not in use. */
-static int window_for(const wf__zero *z, int i)
-{
-  if (z->keep)
-    return i;
-  return z->pcur == 0 ? 1 : 0;
-}
-
-static int window_of(const wf__zero *z, int i)
-{
-  for (int w = 0; w < z->npw; w++)
-    if (z->pwin_bucket[w] == i)
-      return w;
-  return -1;
-}
-
-/* Bucket i's parameters gathered into its window and the model pointed at them. */
-static wf_status need(wf__zero *z, int i)
-{
-  wf_status st = WF_OK;
-  int w = window_of(z, i);
-  if (w < 0) {
-    w = window_for(z, i);
-    WF_TRY(wf_req_wait(&z->pwin_req[w])); /* an unneeded prefetch still in flight */
-    z->pwin_bucket[w] = i;
-    WF_TRY(gather_start(z, &z->b[i], z->pwin[w], &z->pwin_req[w]));
-  }
-  if (z->pwin_req[w]) {
-    double t0 = wf_now();
-    WF_TRY(wf_req_wait(&z->pwin_req[w]));
-    z->wait_ms += (wf_now() - t0) * 1e3;
-  }
-  redirect_params(z, &z->b[i], z->pwin[w], z->low ? z->plow[w] : NULL);
-  z->pcur = w;
-fail:
-  if (st != WF_OK && w >= 0)
-    z->pwin_bucket[w] = -1;
-  return st;
-}
-
-static wf_status prefetch(wf__zero *z, int i)
-{
-  if (i < 0 || i >= z->nb || window_of(z, i) >= 0)
-    return WF_OK;
-  int w = window_for(z, i);
-  if (z->pwin_req[w]) /* still gathering something: do not wait for it here */
-    return WF_OK;
-  z->pwin_bucket[w] = i;
-  wf_status st = gather_start(z, &z->b[i], z->pwin[w], &z->pwin_req[w]);
-  if (st != WF_OK)
-    z->pwin_bucket[w] = -1;
-  return st;
-}
-
-/* The model's hook: local layer j computes next (backward: its gradient). Forward walks
- * the buckets from the last index down (group nl - j), backward up. */
-static void unit_hook(void *user, int j, bool backward)
-{
-  wf__zero *z = user;
-  if (z->hook_err != WF_OK)
-    return;
-  int i = bucket_of(z, z->nl - j);
-  wf_status st = i < 0 ? WF_OK : need(z, i);
-  if (st == WF_OK && i >= 0)
-    st = prefetch(z, backward ? i + 1 : i - 1);
-  if (st != WF_OK)
-    z->hook_err = st;
-}
-
-/* After an update the gathered copies are stale: forget the windows, regather edge. */
-static wf_status refresh_params(wf__zero *z)
-{
-  wf_status st = WF_OK;
-  for (int w = 0; w < z->npw; w++) {
-    WF_TRY(wf_req_wait(&z->pwin_req[w]));
-    z->pwin_bucket[w] = -1;
-  }
-  z->pcur = -1;
-  st = gather_start(z, &z->late, z->pedge, NULL);
-  if (st == WF_OK && z->sharded) /* the edge's rounded wte follows the update */
-    redirect_params(z, &z->late, z->pedge, z->pedge_low);
-  if (st == WF_OK)
-    st = z->hook_err;
-fail:
-  return st;
-}
-
-/* Creation: the shard, edge and windows (filled by reshard at the first step, once the
- * trainer has initialised or resumed the flat parameters). */
-static wf_status shard_params(wf__zero *z)
-{
-  wf_status st = WF_OK;
-  WF_TRY(wf_dev_alloc_floats(z->dev, &z->pshard, z->shard));
-  WF_TRY(wf_dev_alloc_floats(z->dev, &z->pedge, WF_MAX(z->edge_count, (size_t)1)));
-  WF_CHECK_ALLOC(z->pwin = calloc((size_t)WF_MAX(z->npw, 1), sizeof *z->pwin));
-  WF_CHECK_ALLOC(z->pwin_bucket = calloc((size_t)WF_MAX(z->npw, 1), sizeof *z->pwin_bucket));
-  WF_CHECK_ALLOC(z->pwin_req = calloc((size_t)WF_MAX(z->npw, 1), sizeof *z->pwin_req));
-  WF_CHECK_ALLOC(z->plow = calloc((size_t)WF_MAX(z->npw, 1), sizeof *z->plow));
-  z->low = wf_gpt_precision(z->m) != WF_PREC_NO;
-  if (z->low)
-    WF_TRY(wf_dev_alloc_floats(z->dev, &z->pedge_low, WF_MAX(z->edge_count, (size_t)1)));
-  for (int w = 0; w < z->npw; w++) {
-    if (z->low)
-      WF_TRY(wf_dev_alloc_floats(z->dev, &z->plow[w], WF_MAX(z->win_count, (size_t)1)));
-    size_t f = z->win_count; /* with keep too: every window one largest bucket */
-    WF_TRY(wf_dev_alloc_floats(z->dev, &z->pwin[w], WF_MAX(f, (size_t)1)));
-    z->pwin_bucket[w] = -1;
-  }
-fail:
-  return st;
-}
-
-/* The rank's shard taken from the model's whole flat parameters, the edge gathered,
- * then the flat vector freed and the hook set. */
-static wf_status reshard(wf__zero *z)
-{
-  wf_status st = WF_OK;
-  if (z->stage != 3 || z->sharded)
-    return WF_OK;
-  WF_TRY(copy(z, z->pshard, wf_gpt_params(z->m) + z->s0, z->s1 - z->s0));
-  WF_TRY(refresh_params(z));
-  redirect_params(z, &z->late, z->pedge, z->pedge_low);
-  wf_gpt_drop_params(z->m);
-  wf_dev_free(z->dev, z->gather);
-  z->gather = NULL;
-  wf_gpt_set_unit_hook(z->m, unit_hook, z);
-  z->sharded = true;
-fail:
-  return st;
-}
-
-wf_status wf__zero_unshard(wf__zero *z)
-{
-  wf_status st = WF_OK;
-  if (z->stage != 3 || !z->sharded)
-    return WF_OK;
-  wf_gpt_set_unit_hook(z->m, NULL, NULL);
-  WF_TRY(refresh_params(z));
-  WF_TRY(wf_gpt_restore_params(z->m));
-  WF_TRY(wf_dev_alloc_floats(z->dev, &z->gather, z->chunk * (size_t)z->size));
-  WF_TRY(gather_whole(z));
-  WF_TRY(wf_gpt_params_changed(z->m)); /* mixed precision: the flat rounded copy */
-  for (int i = 0; i <= z->nb; i++)
-    redirect_params(z, i < z->nb ? &z->b[i] : &z->late, NULL, NULL);
-  z->sharded = false; /* the next step shards again */
-fail:
-  return st;
-}
-
-float *wf__zero_param_shard(wf__zero *z) { return z->pshard; }
