@@ -1,17 +1,18 @@
 /*
  * fsdp.c - ZeRO-3's sharded parameters (parallel_int.h; zero.c reduces its gradients as
- * ZeRO-2's). The rank keeps its shard of the parameters (pshard) and no flat vector. Units are the
- * layer buckets and the late kinds (wte, wpe, the final layernorm: `pedge`, gathered once
- * after every update and kept, since the tied wte is read at both ends of a step). A
- * layer bucket is gathered into a window just before its first layer's forward and again
- * before its backward (the unit hook), the next unit's gather is started before the
- * current one computes (prefetch), and a window is reused by the unit after next: two
- * windows hold the parameters. With parallel.reshard_after_forward=false every bucket
- * has its own window, gathered once per step and kept until the update.
- * A gather zeroes the window, writes this rank's pieces into it and all-reduces (SUM) it
- * in place: every element is one rank's value plus zeros, so the result is that value
- * exactly, with no rank-major staging buffer (the price: an all-reduce's volume, twice an
- * all-gather's). */
+ * ZeRO-2's). The rank keeps its shard of the parameters (pshard) and no flat vector.
+ * Units are the layer buckets and the late kinds (wte, wpe, the final layernorm:
+ * `pedge`, gathered once after every update and kept, since the tied wte is read at both
+ * ends of a step). A layer bucket is gathered into a window just before its first
+ * layer's forward and again before its backward (the unit hook), the next unit's gather
+ * is started before the current one computes (prefetch), and a window is reused by the
+ * unit after next: two windows hold the parameters. With
+ * parallel.reshard_after_forward=false every bucket has its own window, gathered once
+ * per step and kept until the update. A gather zeroes the window, writes this rank's
+ * pieces into it and all-reduces (SUM) it in place: every element is one rank's value
+ * plus zeros, so the result is that value exactly, with no rank-major staging buffer
+ * (the price: an all-reduce's volume, twice an all-gather's).
+ */
 #include <stdlib.h>
 #include <string.h>
 
