@@ -160,11 +160,16 @@ static wf_status rule_mesh(vctx *v)
   return WF_OK;
 }
 
-/* HSDP: fsdp groups tile the dp axis, and shard with ZeRO. */
+/* ZeRO shards over dp ranks; HSDP's fsdp groups tile the dp axis and shard with ZeRO. */
 static wf_status rule_fsdp(vctx *v)
 {
   wf_config *c = v->c;
   int f = c->mesh.fsdp, dp = c->mesh.dp;
+  if (c->optim.zero > 0 && v->world && dp == 1)
+    return fail(v,
+                "optim.zero=%d shards over the data-parallel ranks, but mesh.dp=1 has one: "
+                "there is nothing to shard; remove optim.zero or use mesh.dp >= 2",
+                c->optim.zero);
   if (f == 0)
     return WF_OK;
   if (c->optim.zero == 0)

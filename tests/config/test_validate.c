@@ -286,6 +286,8 @@ static void test_zero_is_0_to_3(void **state)
   GOOD(2, "optim.zero=2");
   GOOD(2, "optim.zero=3");
   GOOD(2, "optim.zero=3", "precision=bf16");
+  BAD(2, "optim.zero=2 shards over the data-parallel ranks, but mesh.dp=1", "optim.zero=2",
+      "mesh.tp=2");
   BAD(4, "mesh.fsdp=3 does not divide mesh.dp=4", "mesh.fsdp=3", "optim.zero=1");
   BAD(4, "mesh.fsdp=2 shards with ZeRO", "mesh.fsdp=2");
   GOOD(4, "mesh.fsdp=2", "optim.zero=2");
