@@ -437,17 +437,18 @@ def trace(eq, tmp):
 
 
 def refuse(eq, name, tmp):
-    args, needles = {
+    spec = {
         "refuse-tp-heads": (["mesh.tp=2", "model.heads=3", "model.d_model=96"],
                             ["mesh.tp=2", "model.heads=3"]),
         "refuse-interleaved-pp-layers": (["mesh.pp=2", "train.schedule=interleaved",
                                           "parallel.virtual_stages=2", "model.layers=4",
                                           "train.microbatches=4", "parallel.pp_layers=[1,3]"],
                                          ["parallel.pp_layers", "interleaved"]),
-        "refuse-zero2-interleaved": (["mesh.pp=2", "train.schedule=interleaved",
+        # four ranks: dp 2 (ZeRO with one dp rank is refused before the schedule is)
+        "refuse-zero2-interleaved": (["mesh.pp=2", "mesh.dp=2", "train.schedule=interleaved",
                                       "parallel.virtual_stages=2", "model.layers=4",
                                       "train.microbatches=4", "optim.zero=2"],
-                                     ["optim.zero=2", "interleaved"]),
+                                     ["optim.zero=2", "interleaved"], 4),
         "refuse-fsdp-zero0": (["mesh.dp=2", "mesh.fsdp=2"], ["mesh.fsdp=2", "optim.zero=0"]),
         "refuse-fsdp-divide": (["mesh.dp=2", "mesh.fsdp=3", "optim.zero=1"],
                                ["mesh.fsdp=3", "mesh.dp=2"]),
@@ -455,7 +456,9 @@ def refuse(eq, name, tmp):
                                     f"train.checkpoint_dir={tmp}/ck"],
                                    ["mesh.fsdp=1", "train.checkpoint_dir"]),
     }[name]
-    cmd = eq.MPIRUN + ["-np", "2", eq.WORKER, "model.preset=gpt2-tiny", "train.steps=2",
+    args, needles = spec[:2]
+    np = spec[2] if len(spec) > 2 else 2  # ranks
+    cmd = eq.MPIRUN + ["-np", str(np), eq.WORKER, "model.preset=gpt2-tiny", "train.steps=2",
                        "train.eval_every=0"] + args
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=10,
