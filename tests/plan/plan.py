@@ -58,6 +58,14 @@ MESHES = {
                                "train.batch_size=64", "parallel.activation_checkpointing=true"]),
     "np1-recompute": (1, ["parallel.activation_checkpointing=true"]),
     "np1-bf16": (1, ["precision=bf16"]),
+    # ZeRO-2/3 and HSDP: the gradient path's buffers and ZeRO-3's gathered units come
+    # from zero.c's plan, the one the trainer allocates by
+    "dp2-zero2": (2, ["mesh.dp=2", "optim.zero=2"]),
+    # one bucket per layer (bucket_mb 0): two windows of four units, or all four kept
+    "dp2-zero3": (2, ["mesh.dp=2", "optim.zero=3", "optim.bucket_mb=0"]),
+    "dp2-zero3-keep": (2, ["mesh.dp=2", "optim.zero=3", "optim.bucket_mb=0",
+                           "parallel.reshard_after_forward=false"]),
+    "hsdp2x2-zero3": (4, ["mesh.dp=4", "mesh.fsdp=2", "optim.zero=3"]),
     "3d-bf16": (8, ["mesh.dp=2", "mesh.tp=2", "mesh.pp=2", "train.microbatches=2",
                     "train.schedule=interleaved", "parallel.virtual_stages=2",
                     "parallel.sequence=true", "optim.zero=1", "precision=bf16"]),

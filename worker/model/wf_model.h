@@ -98,12 +98,15 @@ wf_gpt_shard wf_gpt_shard_whole(const wf_gpt_dims *d);
 /* NULL when the shard fits the dims, else what is wrong. */
 const char *wf_gpt_shard_check(const wf_gpt_dims *d, const wf_gpt_shard *s);
 /* Elements of shard s's flat parameter vector (wf_gpt_local_params of its model); its
- * layers over all chunks, one layer's elements of kind k, and kind k's offset in it
- * (wf_gpt_local_layers, _layer_numel and _offset of its model, without one). */
+ * layers over all chunks, one layer's elements of kind k, kind k's elements and offset
+ * in it, and whether its gradient is a tp-partial sum (wf_gpt_local_layers,
+ * _layer_numel, _numel, _offset and wf_gpt_kind_tp_partial of its model, without one). */
 size_t wf_gpt_shard_params(const wf_gpt_dims *d, const wf_gpt_shard *s);
 int wf_gpt_shard_layers(const wf_gpt_shard *s);
 size_t wf_gpt_shard_layer_numel(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_param_kind k);
+size_t wf_gpt_shard_numel(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_param_kind k);
 size_t wf_gpt_shard_offset(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_param_kind k);
+bool wf_gpt_shard_kind_tp_partial(const wf_gpt_shard *s, wf_param_kind k);
 
 /* The local <-> full mapping of a shard, as runs: elements [local, local + n) of the
  * shard's flat parameter vector are elements [full, full + n) of the whole model's

@@ -198,27 +198,49 @@ fail:
 
 /* ---- the planner's figures ------------------------------------------------------------ */
 
-/* ZeRO's shard length: ceil(n / size). */
-static size_t plan_shard(size_t n, int size) { return (n + (size_t)size - 1) / (size_t)size; }
+/* HSDP's group: the fsdp ranks the shards span (all of dp when fsdp is 0 or dp). */
+static int shard_group(int dp, int fsdp) { return fsdp > 0 && fsdp < dp ? fsdp : dp; }
 
-wf_grads_mem wf_grads_mem_plan(const wf_gpt_dims *d, const wf_gpt_shard *s, int dp_size,
-                               int dp_rank, int zero, size_t bucket_bytes)
+wf_status wf_grads_mem_plan(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_precision prec,
+                            int dp_size, int dp_rank, int zero, int fsdp, size_t bucket_bytes,
+                            bool keep, wf_grads_mem *out)
 {
-  wf_grads_mem r = {0};
+  wf_status st = WF_OK;
   size_t n = wf_gpt_shard_params(d, s);
-  r.scalar = sizeof(double); /* the device's sum of squares */
-  r.lo = 0, r.hi = n;
-  if (dp_size >= 1 && zero) {
-    size_t shard = plan_shard(n, dp_size);
-    r.comm = (2 + (size_t)dp_size) * shard * sizeof(float); /* gshard, pshard, stage */
-    r.lo = WF_MIN((size_t)dp_rank * shard, n);
-    r.hi = WF_MIN(r.lo + shard, n);
-  } else if (dp_size >= 1) {
-    r.n_buckets = bucket_plan(d, s, bucket_bytes, NULL);
-    r.comm = (n + (size_t)r.n_buckets) * sizeof(float);
+  *out = (wf_grads_mem){.model_params = true, .model_grads = true, .lo = 0, .hi = n};
+  if (dp_size >= 1 && zero) { /* zero.c's plan, over the group the shards span */
+    int f = shard_group(dp_size, fsdp);
+    WF_TRY(wf__zero_mem_plan(d, s, prec, f, dp_rank % f, zero, bucket_bytes, keep, out));
+  } else if (dp_size > 1) { /* one dp rank reduces nothing: no staging (wf_grads_create) */
+    out->n_buckets = bucket_plan(d, s, bucket_bytes, NULL);
+    out->grad = (n + (size_t)out->n_buckets) * sizeof(float); /* each bucket count + 1 */
   }
-  r.total = r.scalar + r.comm;
-  return r;
+fail:
+  out->scalar = sizeof(double); /* the device's sum of squares */
+  out->total = out->param + out->grad + out->scalar;
+  return st;
+}
+
+wf_status wf_zero_mem_plan(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_precision prec, int dp,
+                           int rank, int zero, size_t bucket_bytes, bool keep, wf_mem_kinds *out)
+{
+  wf_status st = WF_OK;
+  wf_grads_mem g;
+  size_t nb = wf_gpt_shard_params(d, s) * sizeof(float);
+  WF_TRY(wf_grads_mem_plan(d, s, prec, dp, rank, zero, 0, bucket_bytes, keep, &g));
+  *out =
+      (wf_mem_kinds){.param = (g.model_params ? (prec != WF_PREC_NO ? 2 : 1) * nb : 0) + g.param,
+                     .grad = (g.model_grads ? nb : 0) + g.grad,
+                     .optim = 2 * (g.hi - g.lo) * sizeof(float)}; /* AdamW's m and v of the range */
+fail:
+  return st;
+}
+
+wf_status wf_zero_mem(wf_gpt *m, int dp, int rank, int zero, size_t bucket_bytes, bool keep,
+                      wf_mem_kinds *out)
+{
+  return wf_zero_mem_plan(wf_gpt_get_dims(m), wf_gpt_get_shard(m), wf_gpt_precision(m), dp, rank,
+                          zero, bucket_bytes, keep, out);
 }
 
 /* ---- life cycle ------------------------------------------------------------------------- */

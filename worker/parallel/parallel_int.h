@@ -63,6 +63,13 @@ void wf__zero_stats(const wf__zero *z, double *wait_ms, double *comm_bytes, int 
                     int *buckets);
 size_t wf__zero_grad_bytes(const wf__zero *z);
 size_t wf__zero_param_bytes(const wf__zero *z);
+/* What wf__zero_create would allocate for a model of dims d and shard s (dp rank `rank`
+ * of the `size` ranks the shards span), by the same plan, without a model: ZeRO's
+ * parameter and gradient buffers, whether the model keeps its flat vectors, the
+ * optimizer's range and the buckets (wf_grads_mem's fields but scalar and total). */
+wf_status wf__zero_mem_plan(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_precision prec,
+                            int size, int rank, int stage, size_t bucket_bytes, bool keep,
+                            wf_grads_mem *out);
 
 /* ---- ZeRO's state, shared by zero.c (gradients, HSDP, formulas) and fsdp.c (ZeRO-3's
  * parameters) -------------------------------------------------------------------- */
@@ -90,8 +97,11 @@ typedef struct wf__zbucket {
 } wf__zbucket;
 
 struct wf__zero {
-  wf_gpt *m;
-  wf_dev *dev;
+  wf_gpt *m;   /* NULL in a memory plan (wf__zero_mem_plan) */
+  wf_dev *dev; /* NULL in a memory plan */
+  wf_gpt_dims d;
+  wf_gpt_shard s; /* the model's: the plan reads its layout from these alone */
+  wf_precision prec;
   wf_comm *dp, *rep; /* the shards' group; HSDP's replica group (NULL = none) */
   int stage, rank, size, nl;
   size_t n, shard, s0, s1;

@@ -279,18 +279,29 @@ typedef struct wf_grads_opts {
 } wf_grads_opts;
 
 /* What the gradient path of a rank allocates, in bytes, and the element range its
- * optimizer updates: wf_grads_create allocates exactly this (the planner's estimate is
- * the same arithmetic). dp_size 0 = no dp group at all (a model used alone); else the
- * group's size, whose rank is dp_rank. Pure: no model or communicator needed. */
+ * optimizer updates: wf_grads_create allocates exactly this, by the same plan (zero.c's
+ * for ZeRO, the bucket plan for plain dp), and the planner adds up the same figures.
+ * Pure: no model or communicator needed, nothing allocated at the model's size. */
 typedef struct wf_grads_mem {
-  size_t comm;   /* dp buckets' staging (plain dp) or ZeRO-1's shards and padded vector */
-  size_t scalar; /* the device scalar of the norm */
-  size_t total;
+  size_t param;      /* parameter buffers it adds: ZeRO-1/2's all-gather buffer, ZeRO-3's
+                      * shard, edge and windows (and their rounded copies) */
+  size_t grad;       /* gradient buffers it adds: plain dp's staging (dp > 1), ZeRO's
+                      * shard, ZeRO-1's padded stages, ZeRO-2/3's edge and windows */
+  size_t scalar;     /* the device scalar of the norm */
+  size_t total;      /* param + grad + scalar */
+  bool model_params; /* the model keeps its flat parameters (and rounded copy): not ZeRO-3 */
+  bool model_grads;  /* the model keeps its flat gradients: neither ZeRO-2 nor 3 */
   int n_buckets;
   size_t lo, hi; /* wf_grads_range */
 } wf_grads_mem;
-wf_grads_mem wf_grads_mem_plan(const wf_gpt_dims *d, const wf_gpt_shard *s, int dp_size,
-                               int dp_rank, int zero, size_t bucket_bytes);
+/* The plan of a rank of dims d and shard s at precision prec: dp_size 0 = no dp group at
+ * all (a model used alone), else the group's size, whose rank is dp_rank; zero, fsdp
+ * (HSDP's group, 0 = the whole dp group), bucket_bytes and keep (ZeRO-3's
+ * reshard_after_forward=false) as in wf_grads_opts. Fails only for want of host memory
+ * (the buckets' lists). */
+wf_status wf_grads_mem_plan(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_precision prec,
+                            int dp_size, int dp_rank, int zero, int fsdp, size_t bucket_bytes,
+                            bool keep, wf_grads_mem *out);
 
 typedef struct wf_grads_stats {
   double exposed_ms;           /* time waiting for gradient communication after backward */
@@ -319,7 +330,7 @@ typedef struct wf_mem_kinds {
   size_t param, grad, optim;
 } wf_mem_kinds;
 
-/* What dp rank `rank` of `dp` holds for model m's local parameters (n of them, shard =
+/* What dp rank `rank` of `dp` holds for a rank's local parameters (n of them, shard =
  * ceil(n / dp), its range [s0, s1) = [rank * shard, ...) cut at n) at optim.zero `zero`
  * with optim.bucket_mb = bucket_bytes, without allocating (a planner's figures; the
  * trainer reports the same from its allocations):
@@ -338,6 +349,9 @@ typedef struct wf_mem_kinds {
  * (+ 4 x 3 for the shard's rounding), and ZeRO-3's <= 16n / dp + 8 (edge + 2 bucket)
  * + gather + 16 x 3: the whole model's 1/dp plus two gathered units (edge and a layer
  * bucket, in parameters and gradients) and their in-flight successors. */
+wf_status wf_zero_mem_plan(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_precision prec, int dp,
+                           int rank, int zero, size_t bucket_bytes, bool keep, wf_mem_kinds *out);
+/* The same for model m's dims, shard and precision. */
 wf_status wf_zero_mem(wf_gpt *m, int dp, int rank, int zero, size_t bucket_bytes, bool keep,
                       wf_mem_kinds *out);
 void wf_grads_destroy(wf_grads *g); /* accepts NULL */

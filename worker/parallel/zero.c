@@ -61,16 +61,19 @@ wf_status wf__zero_copy(wf__zero *z, float *dst, const float *src, size_t n)
 /* ---- planning ------------------------------------------------------------------------ */
 
 /* Reduced by the last bucket: the unlayered kinds and the tp-partial ones. */
-static bool is_late(const wf_gpt *m, wf_param_kind k)
+static bool is_late(const wf__zero *z, wf_param_kind k)
 {
-  return !wf_gpt_kind_is_layered(k) || wf_gpt_kind_tp_partial(m, k);
+  return !wf_gpt_kind_is_layered(k) || wf_gpt_shard_kind_tp_partial(&z->s, k);
 }
 
-static void add_range(wf__zbucket *b, const wf_gpt *m, wf_param_kind k, int j, size_t n)
+/* Layer j of kind k (n elements from its start) into b, from the shard's layout alone:
+ * the planner plans a rank without a model. */
+static void add_range(wf__zbucket *b, const wf__zero *z, wf_param_kind k, int j, size_t n)
 {
   if (n == 0)
     return;
-  size_t flat = wf_gpt_local_offset(m, k) + (size_t)j * wf_gpt_local_layer_numel(m, k);
+  size_t flat =
+      wf_gpt_shard_offset(&z->d, &z->s, k) + (size_t)j * wf_gpt_shard_layer_numel(&z->d, &z->s, k);
   b->r[b->nr++] = (wf__zrange){flat, n, b->count, (int)k, j};
   b->count += n;
 }
@@ -122,9 +125,9 @@ static wf_status plan_layers(wf__zero *z, size_t bucket_bytes)
       b->first_group = gr;
     }
     for (int k = 0; k < WF_GPT_NUM_KINDS; k++)
-      if (!is_late(z->m, (wf_param_kind)k))
-        add_range(b, z->m, (wf_param_kind)k, z->nl - gr,
-                  wf_gpt_local_layer_numel(z->m, (wf_param_kind)k));
+      if (!is_late(z, (wf_param_kind)k))
+        add_range(b, z, (wf_param_kind)k, z->nl - gr,
+                  wf_gpt_shard_layer_numel(&z->d, &z->s, (wf_param_kind)k));
     b->last_group = gr;
     if (b->count * sizeof(float) >= bucket_bytes || gr == z->nl) {
       WF_TRY(cut(z, b));
@@ -142,13 +145,14 @@ static wf_status plan_late(wf__zero *z)
   wf__zbucket *b = &z->late;
   WF_TRY(new_bucket(z, b, WF_GPT_NUM_KINDS * (z->nl > 0 ? z->nl : 1)));
   for (int k = 0; k < WF_GPT_NUM_KINDS; k++) {
-    if (!is_late(z->m, (wf_param_kind)k))
+    if (!is_late(z, (wf_param_kind)k))
       continue;
     if (!wf_gpt_kind_is_layered((wf_param_kind)k))
-      add_range(b, z->m, (wf_param_kind)k, 0, wf_gpt_local_numel(z->m, (wf_param_kind)k));
+      add_range(b, z, (wf_param_kind)k, 0, wf_gpt_shard_numel(&z->d, &z->s, (wf_param_kind)k));
     else
       for (int j = 0; j < z->nl; j++)
-        add_range(b, z->m, (wf_param_kind)k, j, wf_gpt_local_layer_numel(z->m, (wf_param_kind)k));
+        add_range(b, z, (wf_param_kind)k, j,
+                  wf_gpt_shard_layer_numel(&z->d, &z->s, (wf_param_kind)k));
   }
   st = cut(z, b);
 fail:
@@ -208,18 +212,21 @@ fail:
   return st;
 }
 
-/* The shard geometry and the buckets of dp rank `rank` of `size`. */
-static wf_status plan(wf__zero **out, wf_gpt *m, int size, int rank, int stage, size_t bucket_bytes,
+/* The shard geometry and the buckets of dp rank `rank` of `size`, from the model's
+ * dims and shard alone: wf__zero_create allocates by this plan and wf__zero_mem_plan
+ * sizes the same buffers without a model. */
+static wf_status plan(wf__zero **out, const wf_gpt_dims *d, const wf_gpt_shard *s,
+                      wf_precision prec, int size, int rank, int stage, size_t bucket_bytes,
                       bool keep)
 {
   wf_status st = WF_OK;
   wf__zero *z = NULL;
   *out = NULL;
   WF_CHECK_ALLOC(z = calloc(1, sizeof *z));
-  z->m = m, z->dev = wf_gpt_dev(m), z->stage = stage;
+  z->d = *d, z->s = *s, z->prec = prec, z->stage = stage;
   z->rank = rank, z->size = size;
-  z->nl = wf_gpt_local_layers(m);
-  z->n = wf_gpt_local_params(m);
+  z->nl = wf_gpt_shard_layers(s);
+  z->n = wf_gpt_shard_params(d, s);
   z->shard = (z->n + (size_t)z->size - 1) / (size_t)z->size;
   z->s0 = WF_MIN((size_t)z->rank * z->shard, z->n);
   z->s1 = WF_MIN(z->s0 + z->shard, z->n);
@@ -241,7 +248,9 @@ wf_status wf__zero_create(wf__zero **out, wf_gpt *m, wf_comm *dp, wf_comm *rep, 
   wf_status st = WF_OK;
   wf__zero *z = NULL;
   *out = NULL;
-  WF_TRY(plan(&z, m, wf_comm_size(dp), wf_comm_rank(dp), stage, bucket_bytes, keep));
+  WF_TRY(plan(&z, wf_gpt_get_dims(m), wf_gpt_get_shard(m), wf_gpt_precision(m), wf_comm_size(dp),
+              wf_comm_rank(dp), stage, bucket_bytes, keep));
+  z->m = m, z->dev = wf_gpt_dev(m);
   z->dp = dp;
   z->rep = rep;
   WF_TRY(alloc_buffers(z));
@@ -265,7 +274,7 @@ void wf__zero_destroy(wf__zero *z)
 {
   if (!z)
     return;
-  if (z->stage == 3 && z->dp) /* created (not a wf_zero_mem plan): the hook is ours */
+  if (z->stage == 3 && z->dp) /* created (not a memory plan): the hook is ours */
     wf_gpt_set_unit_hook(z->m, NULL, NULL);
   for (int i = 0; i < z->nb; i++)
     free_bucket(z, &z->b[i], z->stage == 1);
@@ -585,7 +594,7 @@ size_t wf__zero_param_bytes(const wf__zero *z)
   size_t f = z->chunk * (size_t)z->size;
   if (z->stage == 3) /* the all-gather buffer only comes for --save's final gather */
     f = z->shard + (z->edge_count + (size_t)z->npw * z->win_count) *
-                       (wf_gpt_precision(z->m) != WF_PREC_NO ? 2 : 1); /* rounded copies */
+                       (z->prec != WF_PREC_NO ? 2 : 1); /* rounded copies */
   return f * sizeof(float);
 }
 
@@ -597,45 +606,19 @@ size_t wf_zero_gather_chunk(size_t shard, size_t biggest, int dp)
 
 /* ---- the memory formulas (wf_parallel.h) ---------------------------------------------- */
 
-/* Plain dp's staging: one bucket per run of readiness groups 0..nl+1 up to bucket_bytes,
- * each count + 1 floats (grads.c's plan_buckets). */
-static size_t dp_stage_floats(const wf_gpt *m, size_t bucket_bytes)
-{
-  int nl = wf_gpt_local_layers(m);
-  size_t total = 0, count = 0, layer = 0;
-  for (int k = 0; k < WF_GPT_NUM_KINDS; k++)
-    if (wf_gpt_kind_is_layered((wf_param_kind)k))
-      layer += wf_gpt_local_layer_numel(m, (wf_param_kind)k);
-  for (int gr = 0; gr < nl + 2; gr++) {
-    if (gr == 0)
-      count += wf_gpt_local_numel(m, WF_P_LNFW) + wf_gpt_local_numel(m, WF_P_LNFB);
-    else if (gr == nl + 1)
-      count += wf_gpt_local_numel(m, WF_P_WTE) + wf_gpt_local_numel(m, WF_P_WPE);
-    else
-      count += layer;
-    if (count * sizeof(float) >= bucket_bytes || gr == nl + 1)
-      total += count + 1, count = 0;
-  }
-  return total;
-}
-
-wf_status wf_zero_mem(wf_gpt *m, int dp, int rank, int zero, size_t bucket_bytes, bool keep,
-                      wf_mem_kinds *out)
+wf_status wf__zero_mem_plan(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_precision prec,
+                            int size, int rank, int stage, size_t bucket_bytes, bool keep,
+                            wf_grads_mem *out)
 {
   wf_status st = WF_OK;
-  size_t n = wf_gpt_local_params(m), f = sizeof(float);
-  *out = (wf_mem_kinds){.param = (wf_gpt_precision(m) != WF_PREC_NO ? 2 : 1) * n * f,
-                        .grad = n * f + (dp > 1 ? dp_stage_floats(m, bucket_bytes) * f : 0),
-                        .optim = 2 * n * f};
-  if (zero == 0 || dp < 1)
-    return WF_OK;
   wf__zero *z = NULL;
-  WF_TRY(plan(&z, m, dp, rank, zero, bucket_bytes, keep));
-  if (zero == 3)
-    out->param = 0; /* no flat parameters: the shard, edge and windows instead */
-  out->param += wf__zero_param_bytes(z);
-  out->grad = (zero == 1 ? n * f : 0) + wf__zero_grad_bytes(z);
-  out->optim = 2 * (z->s1 - z->s0) * f;
+  WF_TRY(plan(&z, d, s, prec, size, rank, stage, bucket_bytes, keep));
+  out->param = wf__zero_param_bytes(z);
+  out->grad = wf__zero_grad_bytes(z);
+  out->model_params = stage < 3; /* ZeRO-3 drops them at its first step */
+  out->model_grads = stage < 2;  /* ZeRO-2/3 at creation */
+  out->lo = z->s0, out->hi = z->s1;
+  out->n_buckets = z->nb + 1;
   wf__zero_destroy(z);
 fail:
   return st;
