@@ -212,8 +212,10 @@ static void dp_time(const ctx *c, double n, int nb, double F, double B, wf_plan_
   int f = shard_group(m), mv = m->M * (m->kind == WF_SCHED_INTERLEAVED ? m->v : 1);
   if (m->dp < 2)
     return;
-  double ar = wf_hw_allreduce_s(hw, n * 4, f, c->dp_intra);
-  double lat = (nb - 1) * wf_hw_allreduce_s(hw, 0, f, c->dp_intra);
+  /* the shard group is f consecutive dp ranks: inside a node when tp x pp x f fit */
+  bool intra = c->dp_intra || m->tp * m->pp * f <= WF_MAX(1, hw->gpus_per_node);
+  double ar = wf_hw_allreduce_s(hw, n * 4, f, intra);
+  double lat = (nb - 1) * wf_hw_allreduce_s(hw, 0, f, intra);
   double red = ar + lat, gathers = 0, after = 0, hide = hw->overlap * B;
   if (m->zero == 1)
     red = ar / 2 + lat, after = ar / 2;
