@@ -66,6 +66,11 @@ MESHES = {
     "dp2-zero3-keep": (2, ["mesh.dp=2", "optim.zero=3", "optim.bucket_mb=0",
                            "parallel.reshard_after_forward=false"]),
     "hsdp2x2-zero3": (4, ["mesh.dp=4", "mesh.fsdp=2", "optim.zero=3"]),
+    # ZeRO with tp's partial layernorms in edge, with pipeline stages, with bf16 windows
+    "dp2tp2-sp-zero2": (4, ["mesh.dp=2", "mesh.tp=2", "parallel.sequence=true", "optim.zero=2"]),
+    "dp2pp2-zero3": (4, ["mesh.dp=2", "mesh.pp=2", "train.microbatches=2", "optim.zero=3",
+                         "optim.bucket_mb=0"]),
+    "dp2-zero3-bf16": (2, ["mesh.dp=2", "optim.zero=3", "precision=bf16"]),
     "3d-bf16": (8, ["mesh.dp=2", "mesh.tp=2", "mesh.pp=2", "train.microbatches=2",
                     "train.schedule=interleaved", "parallel.virtual_stages=2",
                     "parallel.sequence=true", "optim.zero=1", "precision=bf16"]),
