@@ -117,7 +117,7 @@ static wf_status rank_create(rank *r, const shape *s)
   wf_grads_opts go = {.model = r->m};
   if (st == WF_OK)
     st = wf_grads_create(&r->g, &go);
-  wf_optim_opts oo = {&r->cfg, r->m, 0, r->m ? wf_gpt_local_params(r->m) : 0, 1};
+  wf_optim_opts oo = {&r->cfg, r->m, 0, r->m ? wf_gpt_local_params(r->m) : 0, 1, NULL};
   if (st == WF_OK)
     st = wf_optim_create(&r->o, &oo);
   return st;

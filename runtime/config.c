@@ -410,10 +410,50 @@ static void current_axes(const wf_config *cfg, int order[3])
   }
 }
 
+/* The seeds' HSDP form: an "fsdp" axis beside a "dp"/"data" one. The fsdp axis leaves
+ * the list, the dp axis grows by its size and mesh.fsdp takes it (ZeRO shards within
+ * groups of that many consecutive dp ranks, replicated across the data axis). Returns 0
+ * when the shape has no such pair, 1 when it was set, -1 on an error (reported). */
+static int set_hsdp_shape(wf_config *cfg, const char *name, const char *const *sizes, int n_sizes,
+                          const char *const *axes, int n_axes, wf__cfg_ctx *ctx)
+{
+  static const wf__cfg_key size_key = {.name = "mesh_shape", .min = 1, .max = 1 << 24};
+  int f = -1, d = -1, fsdp = 0;
+  for (int i = 0; axes && i < n_axes && i < n_sizes; i++) {
+    if (strcasecmp(axes[i], "fsdp") == 0)
+      f = i;
+    else if (axis_index(axes[i]) == 0)
+      d = i;
+  }
+  if (f < 0 || d < 0 || n_axes != n_sizes)
+    return 0;
+  if (parse_int(&size_key, name, sizes[f], &fsdp, ctx) != WF_OK)
+    return -1;
+  const char *s2[3], *a2[3];
+  int n = 0;
+  for (int i = 0; i < n_sizes && n < 3; i++)
+    if (i != f)
+      s2[n] = sizes[i], a2[n++] = axes[i];
+  if (wf__cfg_set_mesh_shape(cfg, name, s2, n, a2, n, ctx) != WF_OK)
+    return -1;
+  long long dp = (long long)cfg->mesh.dp * fsdp;
+  if (dp > (1 << 24))
+    return wf__cfg_fail(ctx, name, "data x fsdp = %lld is out of range", dp), -1;
+  cfg->mesh.dp = (int)dp;
+  if (store(cfg, wf__cfg_key_index("mesh.fsdp"), ctx->src))
+    cfg->mesh.fsdp = fsdp;
+  return 1;
+}
+
 wf_status wf__cfg_set_mesh_shape(wf_config *cfg, const char *name, const char *const *sizes,
                                  int n_sizes, const char *const *axes, int n_axes, wf__cfg_ctx *ctx)
 {
   static const wf__cfg_key size_key = {.name = "mesh_shape", .min = 1, .max = 1 << 24};
+  if (n_sizes >= 2 && n_sizes <= 4) {
+    int h = set_hsdp_shape(cfg, name, sizes, n_sizes, axes, n_axes, ctx);
+    if (h != 0)
+      return h > 0 ? WF_OK : WF_ECONFIG;
+  }
   int order[3], dims[3] = {0, 1, 1}; /* an axis left out: dp derived, tp and pp 1 */
   if (n_sizes < 1 || n_sizes > 3)
     return wf__cfg_fail(ctx, name,

@@ -160,6 +160,36 @@ static wf_status rule_mesh(vctx *v)
   return WF_OK;
 }
 
+/* ZeRO shards over dp ranks; HSDP's fsdp groups tile the dp axis and shard with ZeRO. */
+static wf_status rule_fsdp(vctx *v)
+{
+  wf_config *c = v->c;
+  int f = c->mesh.fsdp, dp = c->mesh.dp;
+  if (c->optim.zero > 0 && v->world && dp == 1)
+    return fail(v,
+                "optim.zero=%d shards over the data-parallel ranks, but mesh.dp=1 has one: "
+                "there is nothing to shard; remove optim.zero or use mesh.dp >= 2",
+                c->optim.zero);
+  if (f == 0)
+    return WF_OK;
+  if (c->optim.zero == 0)
+    return fail(v,
+                "mesh.fsdp=%d shards with ZeRO inside groups of %d dp ranks, but optim.zero=0 "
+                "shards nothing; set optim.zero=1 or 2, or remove mesh.fsdp",
+                f, f);
+  if (dp > 0 && dp % f != 0)
+    return fail(v,
+                "mesh.fsdp=%d does not divide mesh.dp=%d; the fsdp groups must tile the dp "
+                "ranks (choose a divisor of %d)",
+                f, dp, dp);
+  if ((dp == 0 || f < dp) && (c->train.checkpoint_dir[0] || c->train.resume[0]))
+    return fail(v,
+                "mesh.fsdp=%d (HSDP) has no checkpoint format yet: remove "
+                "train.checkpoint_dir and train.resume, or mesh.fsdp",
+                f);
+  return WF_OK;
+}
+
 /* ---- the model and its partition ----------------------------------------------------- */
 
 static wf_status rule_model(vctx *v)
@@ -242,6 +272,13 @@ static wf_status rule_pipeline(vctx *v)
                 "train.microbatches=%d is not a multiple of mesh.pp=%d; the interleaved "
                 "schedule needs whole rounds of microbatches",
                 c->train.microbatches, pp);
+  if (c->optim.zero >= 2)
+    return fail(v,
+                "optim.zero=%d does not apply to train.schedule=interleaved: ZeRO-2 and 3 reduce "
+                "each micro-batch's gradients as backward finishes a bucket of layers, and an "
+                "interleaved backward visits a rank's layers chunk by chunk, out of that order; "
+                "use optim.zero=1 or train.schedule=1f1b",
+                c->optim.zero);
   return rule_pp_layers(v);
 }
 
@@ -363,9 +400,9 @@ static wf_status rule_data(vctx *v)
   return WF_OK;
 }
 
-static const rule_fn rules[] = {rule_ranges, rule_nodes,     rule_world, rule_mesh,
-                                rule_model,  rule_pipeline,  rule_batch, rule_seq,
-                                rule_data,   rule_precision, rule_train};
+static const rule_fn rules[] = {rule_ranges, rule_nodes, rule_world,     rule_mesh,
+                                rule_fsdp,   rule_model, rule_pipeline,  rule_batch,
+                                rule_seq,    rule_data,  rule_precision, rule_train};
 
 /* A derived value is marked as such; a key that was derived before but is not now
  * (the world became unknown) goes back to its default's standing. */

@@ -53,6 +53,8 @@ typedef struct wf_config {
   } dist;
   struct {
     int dp, tp, pp;        /* dp 0 = derived as world / (tp * pp) */
+    int fsdp;              /* HSDP: ZeRO shards within groups of fsdp dp ranks, replicated
+                              across the dp / fsdp groups; 0 = one group of all dp ranks */
     char axis_names[3][8]; /* order of mesh_shape axes as given, e.g. dp,tp,pp; always a
                               permutation of "dp","tp","pp" (axes not given follow) */
   } mesh;
@@ -110,6 +112,7 @@ typedef struct wf_config {
     int n_pp_layers; /* 0 = balanced automatically */
     int virtual_stages;
     bool activation_checkpointing;
+    bool reshard_after_forward; /* ZeRO-3: free a unit's gathered parameters after forward */
   } parallel;
   wf_precision precision;
   struct {

@@ -18,6 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#ifdef __GLIBC__ /* defined by the headers above */
+#include <malloc.h>
+#endif
 
 #include "wf_bind.h"
 #include "wf_build_config.h"
@@ -663,6 +666,13 @@ int main(int argc, char **argv)
   args a;
   char err[512];
   int provided, rank = 0, size = 1;
+#ifdef __GLIBC__
+  /* Large blocks stay mmapped, so what is freed goes back to the system: ZeRO-2 and 3
+   * free the model's flat gradients and parameters after set-up, and glibc's default
+   * (a threshold that rises to the largest block freed) would then serve later blocks
+   * from the heap and keep the freed vector resident, out of --check-estimate's sight. */
+  mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+#endif
   if (parse_args(argc, argv, &a, err, sizeof err) < 0) {
     fprintf(stderr, "weft: error: %s\n%s", err, usage);
     return 2;

@@ -285,8 +285,8 @@ static void test_out_of_range(void **state)
   assert_err_at(f, 2, "train.steps: 0 is out of range; it must be >= 1");
   assert_int_equal(load(f, "dist.master_port: 70000\n"), WF_ECONFIG);
   assert_err_at(f, 1, "dist.master_port: 70000 is out of range; it must be >= 0 and <= 65535");
-  assert_int_equal(load(f, "optim.zero: 2\n"), WF_ECONFIG);
-  assert_err_at(f, 1, "optim.zero: 2 is out of range");
+  assert_int_equal(load(f, "optim.zero: 4\n"), WF_ECONFIG);
+  assert_err_at(f, 1, "optim.zero: 4 is out of range");
   assert_int_equal(load(f, "train.lr: 0\n"), WF_ECONFIG);
   assert_err_at(f, 1, "train.lr: 0 is out of range; it must be > 0");
   assert_int_equal(load(f, "mesh.pp: 65\n"), WF_ECONFIG); /* WF_MAX_STAGES is 64 */
@@ -518,6 +518,13 @@ static void test_mesh_shape_yaml(void **state)
   assert_int_equal(wf_config_set(&f->cfg, "model.heads", "8", WF_SRC_CLI, f->err, 64), WF_OK);
   assert_int_equal(wf_config_validate(&f->cfg, 16, f->err, sizeof f->err), WF_OK);
   assert_int_equal(f->cfg.mesh.dp, 2); /* 16 / 8 */
+  /* The seeds' HSDP form: fsdp beside data multiplies dp and sets mesh.fsdp. */
+  assert_int_equal(load(f, "mesh_shape: [[2, 4], [\"data\", \"fsdp\"]]\n"), WF_OK);
+  assert_mesh(&f->cfg, 8, 1, 1, "dp", "tp", "pp");
+  assert_int_equal(f->cfg.mesh.fsdp, 4);
+  assert_int_equal(load(f, "mesh_shape: [[2, 2, 2], [pp, fsdp, dp]]\n"), WF_OK);
+  assert_mesh(&f->cfg, 4, 1, 2, "pp", "dp", "tp");
+  assert_int_equal(f->cfg.mesh.fsdp, 2);
   /* Seed 000's form: a flat shape with mesh_axis_names given after it. */
   assert_int_equal(load(f, "mesh_shape: [2, 4]\nmesh_axis_names: [data, model]\n"), WF_OK);
   assert_mesh(&f->cfg, 2, 4, 1, "dp", "tp", "pp");

@@ -205,6 +205,10 @@ static void test_interleaved(void **state)
       "mesh.pp=2", "parallel.virtual_stages=2");
   BAD(1, "parallel.virtual_stages=2 only applies to train.schedule=interleaved",
       "parallel.virtual_stages=2");
+  GOOD(4, "train.schedule=interleaved", "mesh.pp=2", "parallel.virtual_stages=2",
+       "train.microbatches=2", "optim.zero=1");
+  BAD(4, "optim.zero=2 does not apply to train.schedule=interleaved", "train.schedule=interleaved",
+      "mesh.pp=2", "parallel.virtual_stages=2", "train.microbatches=2", "optim.zero=2");
 }
 
 static void test_batch_and_microbatches(void **state)
@@ -280,14 +284,22 @@ static void test_ports(void **state)
       "runtime.metrics_port=9000");
 }
 
-static void test_zero_is_0_or_1(void **state)
+static void test_zero_is_0_to_3(void **state)
 {
   GOOD(2, "optim.zero=1");
+  GOOD(2, "optim.zero=2");
+  GOOD(2, "optim.zero=3");
+  GOOD(2, "optim.zero=3", "precision=bf16");
+  BAD(2, "optim.zero=2 shards over the data-parallel ranks, but mesh.dp=1", "optim.zero=2",
+      "mesh.tp=2");
+  BAD(4, "mesh.fsdp=3 does not divide mesh.dp=4", "mesh.fsdp=3", "optim.zero=1");
+  BAD(4, "mesh.fsdp=2 shards with ZeRO", "mesh.fsdp=2");
+  GOOD(4, "mesh.fsdp=2", "optim.zero=2");
   case_ t;
   build(&t, NULL);
-  t.cfg.optim.zero = 2;
+  t.cfg.optim.zero = 4;
   assert_int_equal(check(&t, 0), WF_ECONFIG);
-  assert_non_null(strstr(t.err, "optim.zero=2 is out of range; it must be >= 0 and <= 1"));
+  assert_non_null(strstr(t.err, "optim.zero=4 is out of range; it must be >= 0 and <= 3"));
   build(&t, NULL);
   t.cfg.precision = (wf_precision)7;
   assert_int_equal(check(&t, 0), WF_ECONFIG);
@@ -341,7 +353,7 @@ int main(void)
       cmocka_unit_test(test_seq_len),
       cmocka_unit_test(test_positive_values),
       cmocka_unit_test(test_ports),
-      cmocka_unit_test(test_zero_is_0_or_1),
+      cmocka_unit_test(test_zero_is_0_to_3),
       cmocka_unit_test(test_loss_scale_needs_fp16),
       cmocka_unit_test(test_deterministic_and_untouched_on_failure),
   };

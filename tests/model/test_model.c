@@ -374,7 +374,7 @@ static void train_run(float *losses, int steps)
   wf_optim *o;
   assert_int_equal(wf_gpt_create(&m, &d, B, T), WF_OK);
   assert_int_equal(wf_gpt_init(m, 42), WF_OK);
-  wf_optim_opts oo = {&cfg, m, 0, wf_gpt_local_params(m), 1};
+  wf_optim_opts oo = {&cfg, m, 0, wf_gpt_local_params(m), 1, NULL};
   assert_int_equal(wf_optim_create(&o, &oo), WF_OK);
   for (int s = 0; s < steps; s++) {
     wf_optim_step_info oi;

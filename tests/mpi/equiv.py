@@ -174,6 +174,55 @@ def check_optimizer_memory(ref, got, dp):
           f"(1/{dp} = {1.0 / dp:.5f})")
 
 
+def check_gradient_memory(ref, got, dp):
+    """The step line's exact gradient bytes: one rank holds exactly the flat gradient,
+    4 n; ZeRO-2 holds its 1/dp shard, wte + wpe + lnf (the edge) and two one-layer
+    windows and no flat gradient (tests/parallel/test_zero_mem.c checks that formula
+    against the allocator exactly; here the trainer's report against it). gpt2-tiny:
+    edge = 256*64 + 64*64 + 2*64, a layer 12*64^2 + 13*64."""
+    n = ref[3]["param_bytes"] // 4
+    if ref[3]["grad_bytes"] != 4 * n:
+        print(f"FAIL: one rank reports {ref[3]['grad_bytes']} gradient bytes, want 4 x {n}")
+        sys.exit(1)
+    edge, layer = 256 * 64 + 64 * 64 + 2 * 64, 12 * 64 * 64 + 13 * 64
+    want = 4 * ((n + dp - 1) // dp + edge + 2 * layer)
+    if got[3]["grad_bytes"] != want:
+        print(f"FAIL: ZeRO-2 reports {got[3]['grad_bytes']} gradient bytes per rank, the "
+              f"formula says {want}")
+        sys.exit(1)
+    print(f"ok: ZeRO-2 gradient memory per rank {want} bytes = 4 (n/{dp} + edge {edge} + "
+          f"2 x layer {layer}); one rank's flat gradient {4 * n}")
+
+
+def same_bits(a, b, what, other):
+    if a[1] != b[1] or a[0] != b[0]:
+        print(f"FAIL: {what}: parameters or losses differ from {other}'s")
+        sys.exit(1)
+    print(f"ok: {what}: --save and every loss identical to {other}'s")
+
+
+def check_zero3_memory(ref, got, dp, windows):
+    """ZeRO-3's exact parameter bytes: the shard, the gathered edge (wte, wpe, lnf) and
+    `windows` one-layer windows (2: the one computing and the prefetched one; with
+    reshard_after_forward=false every layer's, 4 here), no flat vector; and the issue's
+    bound: params + grads + optimizer <= the whole model's 16 n / dp + the edge unit and
+    two layer units (parameters and gradients), + 48 bytes of shard rounding."""
+    n = ref[3]["param_bytes"] // 4
+    edge, layer = 256 * 64 + 64 * 64 + 2 * 64, 12 * 64 * 64 + 13 * 64
+    want = 4 * ((n + dp - 1) // dp + edge + windows * layer)
+    last = got[3]
+    if last["param_bytes"] != want:
+        print(f"FAIL: ZeRO-3 reports {last['param_bytes']} parameter bytes, formula {want}")
+        sys.exit(1)
+    total = last["param_bytes"] + last["grad_bytes"] + last["optim_bytes"]
+    bound = 16 * n // dp + 8 * edge + 16 * layer + 48
+    if windows == 2 and total > bound:
+        print(f"FAIL: ZeRO-3 holds {total} bytes per rank > {bound}")
+        sys.exit(1)
+    print(f"ok: ZeRO-3 parameter memory {want} bytes = 4 (n/{dp} + edge + {windows} layers); "
+          f"params + grads + optim {total} bytes (bound {bound}, one rank {16 * n})")
+
+
 RESULTS = []
 
 
@@ -194,6 +243,91 @@ def case(name):
             got = train(4, ["mesh.dp=4", "optim.zero=1"], tmp, "z4")
             compare(ref, got, "dp=4 ZeRO-1")
             check_optimizer_memory(ref, got, 4)
+        elif name in ("dp2-zero2", "dp4-zero2"):
+            # ZeRO-2 averages every bucket over dp as plain dp does (an all-reduce of the
+            # same values) and updates the same shard as ZeRO-1: the dp argument above and
+            # its tolerances apply unchanged.
+            dp = int(name[2])
+            # one layer per bucket (bucket_mb 0): the windows are one layer each
+            got = train(dp, [f"mesh.dp={dp}", "optim.zero=2", "optim.bucket_mb=0"], tmp, name)
+            compare(ref, got, f"dp={dp} ZeRO-2")
+            check_optimizer_memory(ref, got, dp)
+            check_gradient_memory(ref, got, dp)
+        elif name in ("hsdp2x2-zero1", "hsdp2x2-zero2"):
+            # HSDP: dp 4 = 2 fsdp groups of 2; each group averages its shards, then the
+            # shards are averaged across the groups: the same dp average in another
+            # summation order, so the dp tolerances apply. The optimizer state is sharded
+            # over the fsdp group only: 1/2 per rank.
+            z = name[-1]
+            got = train(4, ["mesh.dp=4", "mesh.fsdp=2", f"optim.zero={z}"], tmp, name)
+            compare(ref, got, f"HSDP 2 x 2 ZeRO-{z}")
+            check_optimizer_memory(ref, got, 2)
+        elif name == "hsdp2x2-zero3":
+            # HSDP with sharded parameters: gathered within each fsdp group; trains bit
+            # for bit as HSDP ZeRO-2 (same reductions, exact gathers)
+            args = ["mesh.dp=4", "mesh.fsdp=2", "optim.bucket_mb=0"]
+            got = train(4, args + ["optim.zero=3"], tmp, name)
+            compare(ref, got, "HSDP 2 x 2 ZeRO-3")
+            same_bits(got, train(4, args + ["optim.zero=2"], tmp, name + "-z2"),
+                      "HSDP 2 x 2 ZeRO-3", "HSDP ZeRO-2")
+            check_optimizer_memory(ref, got, 2)
+            check_zero3_memory(ref, got, 2, 2)
+        elif name in ("bf16-dp2-zero3-recompute", "fp16-dp2-zero3"):
+            # mixed precision: each gathered window's GEMM weights are rounded as the flat
+            # copy is, so ZeRO-3 trains bit for bit as ZeRO-2 at bf16 (which
+            # bf16-dp2-zero2-recompute compares with one rank at the mixed tolerances);
+            # fp16 from a 2^30 scale: the skipped steps leave the shards and windows as
+            # they were
+            args = ["mesh.dp=2", "optim.bucket_mb=0"] + (
+                ["precision=bf16", "parallel.activation_checkpointing=true"]
+                if name.startswith("bf16") else
+                ["precision=fp16", "optim.loss_scale_init=1073741824"])
+            got = train(2, args + ["optim.zero=3"], tmp, name)
+            same_bits(got, train(2, args + ["optim.zero=2"], tmp, name + "-z2"),
+                      f"{name}: dp=2 ZeRO-3 {' '.join(args[2:])}", "ZeRO-2")
+            if not got[0][-1] < got[0][0] - 0.1:
+                print(f"FAIL: {name}: ZeRO-3 did not train: {got[0][0]} -> {got[0][-1]}")
+                sys.exit(1)
+        elif name == "hsdp-mesh-shape":
+            # the seeds' form mesh_shape [[2, 2], [data, fsdp]] is mesh.dp=4 mesh.fsdp=2
+            args = ["optim.zero=3", "optim.bucket_mb=0"]
+            got = train(4, args + ["mesh_shape=[[2, 2], [data, fsdp]]"], tmp, name)
+            compare(ref, got, "mesh_shape [[2, 2], [data, fsdp]] ZeRO-3")
+            same_bits(got, train(4, args + ["mesh.dp=4", "mesh.fsdp=2"], tmp, name + "-keys"),
+                      "mesh_shape [[2, 2], [data, fsdp]]", "mesh.dp=4 mesh.fsdp=2")
+        elif name in ("dp2-zero3", "dp4-zero3"):
+            # ZeRO-3 gathers every parameter exactly (one rank's value plus zeros) and
+            # reduces gradients as ZeRO-2 does, so it must train bit for bit as ZeRO-2:
+            # the --save files are compared byte for byte, and both against one rank with
+            # the dp tolerances.
+            dp = int(name[2])
+            args = [f"mesh.dp={dp}", "optim.bucket_mb=0"]
+            got = train(dp, args + ["optim.zero=3"], tmp, name)
+            compare(ref, got, f"dp={dp} ZeRO-3")
+            z2 = train(dp, args + ["optim.zero=2"], tmp, name + "-z2")
+            same_bits(got, z2, f"dp={dp} ZeRO-3", "ZeRO-2")
+            check_optimizer_memory(ref, got, dp)
+            check_gradient_memory(ref, got, dp)
+            check_zero3_memory(ref, got, dp, 2)
+        elif name in ("dp2-zero3-keep", "dp2-zero3-recompute", "dp2-zero3-accum"):
+            # reshard_after_forward=false gathers once per step instead of twice; the
+            # recomputation reads the gathered parameters again; micro-batches regather
+            # for every forward and backward. Each is ZeRO-3's arithmetic unchanged.
+            extra = {"dp2-zero3-keep": ["parallel.reshard_after_forward=false"],
+                     "dp2-zero3-recompute": ["parallel.activation_checkpointing=true"],
+                     "dp2-zero3-accum": ["train.microbatches=2"]}[name]
+            args = ["mesh.dp=2", "optim.bucket_mb=0"] + extra
+            got = train(2, args + ["optim.zero=3"], tmp, name)
+            compare(ref, got, f"dp=2 ZeRO-3 {' '.join(extra)}")
+            z2 = train(2, args + ["optim.zero=2"], tmp, name + "-z2")
+            same_bits(got, z2, f"dp=2 ZeRO-3 {' '.join(extra)}", "ZeRO-2")
+            if name == "dp2-zero3-keep":
+                check_zero3_memory(ref, got, 2, 4)
+        elif name == "dp2-zero2-accum":
+            # each micro-batch's dp average is added into the shard: one more float32 sum
+            # (of M = 2 terms) per element than one rank's accumulation, far inside LOSS_RTOL
+            got = train(2, ["mesh.dp=2", "optim.zero=2", "train.microbatches=2"], tmp, "z2acc")
+            compare(ref, got, "dp=2 ZeRO-2 x 2 micro-batches")
         elif name == "accum":
             compare(ref, train(1, ["train.microbatches=4"], tmp, "acc"),
                     "one rank, 4 micro-batches")

@@ -32,6 +32,11 @@ EQUIV = {
                             "parallel.virtual_stages=2"], 4, 2),
     "dp2tp2": (4, ["mesh.tp=2", "mesh.dp=2"], 1, 1),
     "dp2pp2-zero": (4, ["mesh.pp=2", "mesh.dp=2", "optim.zero=1"], 2, 2),
+    # ZeRO-2 under 1F1B: every micro-batch's windows reduced as backward finishes them
+    "dp2pp2-zero2": (4, ["mesh.pp=2", "mesh.dp=2", "optim.zero=2"], 2, 2),
+    # the tp-partial layernorms are summed over tp before ZeRO-2's last reduction
+    "dp2tp2-seq-zero2": (4, ["mesh.tp=2", "mesh.dp=2", "parallel.sequence=true",
+                             "optim.zero=2"], 1, 1),
     "3d": (8, ["mesh.tp=2", "mesh.pp=2", "train.schedule=1f1b", "parallel.sequence=true"], 4,
            2),
     "bf16-dp2": (2, ["mesh.dp=2"], 1, 1, ["precision=bf16"]),
@@ -42,12 +47,20 @@ EQUIV = {
                                            "parallel.virtual_stages=2",
                                            "parallel.activation_checkpointing=true"], 4, 2,
                                        ["precision=bf16"]),
+    # ZeRO-3 with tp (shards of tp shards) and with pp (each stage's layers are its units,
+    # gathered again for every micro-batch's forward and backward)
+    "dp2tp2-zero3": (4, ["mesh.tp=2", "mesh.dp=2", "optim.zero=3", "optim.bucket_mb=0"], 1, 1),
+    "dp2pp2-zero3": (4, ["mesh.pp=2", "mesh.dp=2", "optim.zero=3", "optim.bucket_mb=0"], 2, 2),
+    "bf16-dp2-zero2-recompute": (2, ["mesh.dp=2", "optim.zero=2",
+                                     "parallel.activation_checkpointing=true"], 1, 1,
+                                 ["precision=bf16"]),
     # a first scale of 2^30 overflows: the first 8 steps are skipped on every mesh alike
     "fp16-dp2pp2-zero": (4, ["mesh.pp=2", "mesh.dp=2", "optim.zero=1"], 2, 2,
                          ["precision=fp16", "optim.loss_scale_init=1073741824"]),
 }
 OTHER = ["dump-state", "init-sliced", "trace", "refuse-tp-heads",
-         "refuse-interleaved-pp-layers", "bf16-dump-state"]
+         "refuse-interleaved-pp-layers", "bf16-dump-state", "refuse-zero2-interleaved",
+         "refuse-fsdp-zero0", "refuse-fsdp-divide", "refuse-fsdp-checkpoint"]
 CASES = list(EQUIV) + OTHER
 
 TIED = "tied embedding: the first and last stage's copies were identical after each of {} steps"
@@ -212,14 +225,14 @@ def check_sequence_memory(eq, name, got, n, extra, tmp):
     the MLP residual; the final layernorm) and the 18 row statistics of the 2L + 1
     layernorms (a mean and a reciprocal std each, N rows). So against the same mesh
     without it, a stage's activations must shrink by exactly (1 - 1/tp) * 18 * N *
-    (C + 1) floats (N = 8 x 64 tokens per rank at dp 1; every size is a multiple of
+    (C + 1) floats (N = 8 x 64 / dp tokens per rank; every size is a multiple of
     the 16-float alignment, so no padding enters), while the tensor-parallel regions
     (qkv, attention, MLP: already 1/tp) stay as they are."""
     tp = int([a for a in extra if a.startswith("mesh.tp=")][0].split("=")[1])
     plain = [a for a in extra if a != "parallel.sequence=true"]
     without = eq.train(n, plain, tmp, name + "-noseq", steps=2)
     a_seq, a_full = got[3]["act_mib"][0], without[3]["act_mib"][0]
-    N, C = 8 * 64, 64
+    N, C = 8 * 64 // (n // tp), 64  # the dp ranks split the batch (pp is 1 here)
     want = (1 - 1 / tp) * 18 * N * (C + 1) * 4 / 2**20
     if abs((a_full - a_seq) - want) > 1e-9:
         fail(f"{name}: activations {a_full:.6f} MiB without sequence parallelism, "
@@ -424,15 +437,28 @@ def trace(eq, tmp):
 
 
 def refuse(eq, name, tmp):
-    args, needles = {
+    spec = {
         "refuse-tp-heads": (["mesh.tp=2", "model.heads=3", "model.d_model=96"],
                             ["mesh.tp=2", "model.heads=3"]),
         "refuse-interleaved-pp-layers": (["mesh.pp=2", "train.schedule=interleaved",
                                           "parallel.virtual_stages=2", "model.layers=4",
                                           "train.microbatches=4", "parallel.pp_layers=[1,3]"],
                                          ["parallel.pp_layers", "interleaved"]),
+        # four ranks: dp 2 (ZeRO with one dp rank is refused before the schedule is)
+        "refuse-zero2-interleaved": (["mesh.pp=2", "mesh.dp=2", "train.schedule=interleaved",
+                                      "parallel.virtual_stages=2", "model.layers=4",
+                                      "train.microbatches=4", "optim.zero=2"],
+                                     ["optim.zero=2", "interleaved"], 4),
+        "refuse-fsdp-zero0": (["mesh.dp=2", "mesh.fsdp=2"], ["mesh.fsdp=2", "optim.zero=0"]),
+        "refuse-fsdp-divide": (["mesh.dp=2", "mesh.fsdp=3", "optim.zero=1"],
+                               ["mesh.fsdp=3", "mesh.dp=2"]),
+        "refuse-fsdp-checkpoint": (["mesh.dp=2", "mesh.fsdp=1", "optim.zero=1",
+                                    f"train.checkpoint_dir={tmp}/ck"],
+                                   ["mesh.fsdp=1", "train.checkpoint_dir"]),
     }[name]
-    cmd = eq.MPIRUN + ["-np", "2", eq.WORKER, "model.preset=gpt2-tiny", "train.steps=2",
+    args, needles = spec[:2]
+    np = spec[2] if len(spec) > 2 else 2  # ranks
+    cmd = eq.MPIRUN + ["-np", str(np), eq.WORKER, "model.preset=gpt2-tiny", "train.steps=2",
                        "train.eval_every=0"] + args
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=10,

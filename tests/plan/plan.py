@@ -59,6 +59,19 @@ MESHES = {
                                "train.batch_size=64", "parallel.activation_checkpointing=true"]),
     "np1-recompute": (1, ["parallel.activation_checkpointing=true"]),
     "np1-bf16": (1, ["precision=bf16"]),
+    # ZeRO-2/3 and HSDP: the gradient path's buffers and ZeRO-3's gathered units come
+    # from zero.c's plan, the one the trainer allocates by
+    "dp2-zero2": (2, ["mesh.dp=2", "optim.zero=2"]),
+    # one bucket per layer (bucket_mb 0): two windows of four units, or all four kept
+    "dp2-zero3": (2, ["mesh.dp=2", "optim.zero=3", "optim.bucket_mb=0"]),
+    "dp2-zero3-keep": (2, ["mesh.dp=2", "optim.zero=3", "optim.bucket_mb=0",
+                           "parallel.reshard_after_forward=false"]),
+    "hsdp2x2-zero3": (4, ["mesh.dp=4", "mesh.fsdp=2", "optim.zero=3"]),
+    # ZeRO with tp's partial layernorms in edge, with pipeline stages, with bf16 windows
+    "dp2tp2-sp-zero2": (4, ["mesh.dp=2", "mesh.tp=2", "parallel.sequence=true", "optim.zero=2"]),
+    "dp2pp2-zero3": (4, ["mesh.dp=2", "mesh.pp=2", "train.microbatches=2", "optim.zero=3",
+                         "optim.bucket_mb=0"]),
+    "dp2-zero3-bf16": (2, ["mesh.dp=2", "optim.zero=3", "precision=bf16"]),
     "3d-bf16": (8, ["mesh.dp=2", "mesh.tp=2", "mesh.pp=2", "train.microbatches=2",
                     "train.schedule=interleaved", "parallel.virtual_stages=2",
                     "parallel.sequence=true", "optim.zero=1", "precision=bf16"]),
@@ -183,6 +196,64 @@ def profile_case(worker):
     print("profile: OK")
 
 
+def keyval(keys, k):
+    return re.search(rf"(?:^| ){re.escape(k)}=(\S+)", keys).group(1)
+
+
+def plan_zero(worker):
+    """--plan over 4 ranks of an H100 profile enumerates ZeRO 0-3 (3 also kept gathered)
+    and HSDP (mesh.fsdp=2 of dp 4), through the config's refusals: ZeRO-2/3 with the
+    interleaved schedule and HSDP with checkpoints are left out with the config's own
+    reason. Each ranked plan's peak is what --estimate says of its keys (the search and
+    the estimate add up the same functions). With the device memory between the smallest
+    ZeRO-3 peak and the smallest ZeRO-0/1 peak at dp 4 (tp 1, pp 1: the whole model on
+    each rank), only ZeRO-2/3 plans of dp 4 are ranked."""
+    base = [worker, "--plan", "--json", "dist.world_size=4", "--hw", "h100-sxm"] + MODEL
+    out = json.loads(run(base + ["--device-mem", "80"]).stdout)
+    plans = out["plans"]
+    got = {(int(keyval(p["keys"], "optim.zero")), keyval(p["keys"], "parallel.reshard_after_forward"),
+            int(keyval(p["keys"], "mesh.fsdp"))) for p in plans}
+    for want in [(0, "true", 0), (1, "true", 0), (2, "true", 0), (3, "true", 0), (3, "false", 0),
+                 (1, "true", 2), (2, "true", 2), (3, "true", 2)]:
+        if want not in got:
+            fail(f"no ranked plan with (optim.zero, reshard_after_forward, mesh.fsdp) = {want}")
+    for p in plans:
+        if int(keyval(p["keys"], "optim.zero")) >= 2 and \
+                keyval(p["keys"], "train.schedule") == "interleaved":
+            fail(f"ranked ZeRO-2/3 with the interleaved schedule: {p['keys']}")
+    refused = [p for p in out["left_out"] if "does not apply to train.schedule=interleaved"
+               in p["left_out"]]
+    if not refused:
+        fail("no interleaved ZeRO-2/3 plan left out with the config's refusal")
+    # the search's peak is --estimate's, for a few plans of each kind
+    picks = {}
+    for p in plans:
+        picks.setdefault((keyval(p["keys"], "optim.zero"), keyval(p["keys"], "mesh.fsdp")), p)
+    for p in picks.values():
+        est = json.loads(run([worker, "--estimate", "--json", "--hw", "h100-sxm"] + MODEL +
+                             p["keys"].split()).stdout)
+        peak = max(s["total_bytes"] for s in est["stages"])
+        if peak != p["peak_bytes"]:
+            fail(f"{p['plan']}: --plan peak {p['peak_bytes']}, --estimate {peak}")
+    dp4 = [p for p in plans if keyval(p["keys"], "mesh.dp") == "4"]  # the same shard
+    low = min(p["peak_bytes"] for p in dp4 if int(keyval(p["keys"], "optim.zero")) <= 1)
+    z3 = min(p["peak_bytes"] for p in dp4 if int(keyval(p["keys"], "optim.zero")) == 3)
+    if z3 >= low:
+        fail(f"ZeRO-3's smallest peak {z3} is not below ZeRO-0/1's {low}")
+    mid = (z3 + low) / 2 / 2**30
+    tight = json.loads(run(base + ["--device-mem", f"{mid:.6f}"]).stdout)
+    zs = {int(keyval(p["keys"], "optim.zero")) for p in tight["plans"]
+          if keyval(p["keys"], "mesh.dp") == "4"}
+    if not zs or min(zs) < 2:
+        fail(f"at {mid:.6f} GiB the ranked plans have ZeRO stages {sorted(zs)}")
+    ck = json.loads(run(base + ["--device-mem", "80", "train.checkpoint_dir=/tmp/x"]).stdout)
+    if any(int(keyval(p["keys"], "mesh.fsdp")) for p in ck["plans"]) or not any(
+            "no checkpoint format" in p["left_out"] for p in ck["left_out"]):
+        fail("HSDP planned with train.checkpoint_dir set")
+    print(f"plan-zero: OK, {len(plans)} ranked ({sorted(got)}); ZeRO-3 {z3} < ZeRO-0/1 {low} "
+          f"bytes; at {mid:.4f} GiB ZeRO stages {sorted(zs)}")
+
+
 def err_case(worker, name):
     if name == "err-fits-nothing":  # gpt2-xl on 2 ranks of 1 GiB
         p = run([worker, "--plan", "model.preset=gpt2-xl", "dist.world_size=2", "--hw",
@@ -209,6 +280,8 @@ def main():
         plan_h100(worker)
     elif case == "profile":
         profile_case(worker)
+    elif case == "plan-zero":
+        plan_zero(worker)
     else:
         err_case(worker, case)
 

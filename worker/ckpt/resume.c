@@ -233,6 +233,13 @@ fail:
 
 /* ---- resume ----------------------------------------------------------------------------- */
 
+/* ZeRO-1, 2 and 3 keep the same optimizer shards (gradients are not saved, and ZeRO-3
+ * writes its parameters whole, gathered). */
+static const char *zero_name(int zero)
+{
+  return zero == 1 ? " (ZeRO-1)" : zero == 2 ? " (ZeRO-2)" : zero == 3 ? " (ZeRO-3)" : "";
+}
+
 static void note_differences(const wf_ckpt_target *t, const wf__manifest *m, const char *dir,
                              bool same)
 {
@@ -245,11 +252,11 @@ static void note_differences(const wf_ckpt_target *t, const wf__manifest *m, con
   if (!same)
     WF_INFO("checkpoint: resharding the model and optimizer state from dp %d x tp %d x pp %d%s "
             "to dp %d x tp %d x pp %d%s",
-            m->dp, m->tp, m->pp, m->zero ? " (ZeRO-1)" : "", dp, cfg->mesh.tp, cfg->mesh.pp,
-            zero ? " (ZeRO-1)" : "");
+            m->dp, m->tp, m->pp, zero_name(m->zero), dp, cfg->mesh.tp, cfg->mesh.pp,
+            zero_name(zero));
   else if (m->dp != dp || m->zero != zero)
     WF_INFO("checkpoint: resharding the optimizer state from dp %d%s to dp %d%s", m->dp,
-            m->zero ? " (ZeRO-1)" : "", dp, zero ? " (ZeRO-1)" : "");
+            zero_name(m->zero), dp, zero_name(zero));
   WF_INFO("checkpoint: resumed from %s at step %d", dir, m->step);
 }
 

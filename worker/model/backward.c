@@ -18,7 +18,11 @@ static wf_status zero(wf_gpt *m, float *p, size_t n)
   return wf_dev_memset(m->dev, p, 0, n * sizeof *p, NULL);
 }
 
-wf_status wf_gpt_zero_grad(wf_gpt *m) { return zero(m, m->grads, m->num_params); }
+/* Once ZeRO-2 dropped the flat buffer the gradient windows' owner zeroes them. */
+wf_status wf_gpt_zero_grad(wf_gpt *m)
+{
+  return m->grads ? zero(m, m->grads, m->num_params) : WF_OK;
+}
 
 /* Column-parallel matmul backward from the full input x: the input gradient is this
  * rank's partial sum (dc), which entering's backward completes over tp into dl. dout
@@ -93,6 +97,8 @@ static wf_status block_backward(wf_gpt *m, wf__acts *a, int j)
 {
   wf_status st = WF_OK;
   int l = wf__global_layer(m, a->chunk * m->lc + j);
+  if (m->unit_hook)
+    m->unit_hook(m->unit_user, a->chunk * m->lc + j, true);
   if (m->recompute) /* activation checkpointing: rebuild this layer's intermediates */
     WF_TRY(wf__block_forward(m, a, j, a->B, a->T));
   wf__layer v = wf__layer_at(m, a, j);

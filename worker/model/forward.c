@@ -208,8 +208,11 @@ wf_status wf_gpt_chunk_forward(wf_gpt *m, int slot, int chunk, const int *inputs
   a->B = B, a->T = T, a->chunk = chunk;
   a->have_targets = wf__chunk_last(m, chunk) && targets;
   WF_TRY(load_inputs(m, a, inputs, x, targets));
-  for (int j = 0; j < m->lc; j++)
+  for (int j = 0; j < m->lc; j++) {
+    if (m->unit_hook)
+      m->unit_hook(m->unit_user, chunk * m->lc + j, false);
     WF_TRY(wf__block_forward(m, a, j, B, T));
+  }
   if (wf__chunk_last(m, chunk))
     WF_TRY(head_forward(m, a, B * T));
   st = wf_dev_check(m->dev);

@@ -238,6 +238,10 @@ wf_status wf_gpt_create_shard(wf_gpt **out, const wf_gpt_opts *o)
   WF_TRY(wf_dev_alloc_floats(m->dev, &m->params, mp.params / sizeof(float)));
   WF_TRY(wf_dev_alloc_floats(m->dev, &m->grads, mp.grads / sizeof(float)));
   WF_TRY(wf_dev_alloc_floats(m->dev, &m->wlow, mp.wlow / sizeof(float))); /* 0: none */
+  m->gstride = m->nl > 0 ? m->nl : 1;
+  WF_CHECK_ALLOC(m->gptr = calloc((size_t)WF_GPT_NUM_KINDS * (size_t)m->gstride, sizeof *m->gptr));
+  WF_CHECK_ALLOC(m->pptr = calloc((size_t)WF_GPT_NUM_KINDS * (size_t)m->gstride, sizeof *m->pptr));
+  WF_CHECK_ALLOC(m->lptr = calloc((size_t)WF_GPT_NUM_KINDS * (size_t)m->gstride, sizeof *m->lptr));
   WF_TRY(alloc_acts(m, &mp));
   *out = m;
   m = NULL;
@@ -265,6 +269,9 @@ void wf_gpt_destroy(wf_gpt *m)
   wf_dev_free(m->dev, m->dact_mem);
   wf_dev_free(m->dev, m->re_mem);
   free(m->a);
+  free(m->gptr);
+  free(m->pptr);
+  free(m->lptr);
   free(m);
 }
 
@@ -282,9 +289,79 @@ float *wf_gpt_param(wf_gpt *m, wf_param_kind k, int layer, int grads)
 {
   float *base = grads ? m->grads : m->params;
   size_t off = m->off[k];
-  if (wf_gpt_kind_is_layered(k))
-    off += (size_t)wf__local_layer(m, layer) * wf_gpt_local_layer_numel(m, k);
-  return base + off;
+  int j = wf_gpt_kind_is_layered(k) ? wf__local_layer(m, layer) : 0;
+  float **redirect = grads ? m->gptr : m->pptr;
+  if (redirect[(size_t)k * (size_t)m->gstride + (size_t)j])
+    return redirect[(size_t)k * (size_t)m->gstride + (size_t)j];
+  return base + off + (size_t)j * (wf_gpt_kind_is_layered(k) ? wf_gpt_local_layer_numel(m, k) : 0);
+}
+
+void wf_gpt_set_grad_tensor(wf_gpt *m, wf_param_kind k, int j, float *p)
+{
+  m->gptr[(size_t)k * (size_t)m->gstride + (size_t)j] = p;
+}
+
+static bool is_gemm_weight(wf_param_kind k)
+{
+  return k == WF_P_WTE || k == WF_P_QKVW || k == WF_P_ATTPROJW || k == WF_P_FCW ||
+         k == WF_P_FCPROJW;
+}
+
+static void round_to(const wf_gpt *m, float *dst, const float *src, size_t n);
+
+void wf_gpt_set_param_tensor(wf_gpt *m, wf_param_kind k, int j, float *p, float *low)
+{
+  size_t i = (size_t)k * (size_t)m->gstride + (size_t)j;
+  m->pptr[i] = p;
+  m->lptr[i] = NULL;
+  if (p && low && m->prec != WF_PREC_NO && is_gemm_weight(k)) {
+    round_to(m, low, p,
+             wf_gpt_kind_is_layered(k) ? wf_gpt_local_layer_numel(m, k) : wf_gpt_local_numel(m, k));
+    m->lptr[i] = low;
+  }
+}
+
+void wf_gpt_drop_params(wf_gpt *m)
+{
+  wf_dev_free(m->dev, m->params);
+  wf_dev_free(m->dev, m->wlow);
+  m->params = m->wlow = NULL;
+}
+
+wf_status wf_gpt_restore_params(wf_gpt *m)
+{
+  wf_status st = WF_OK;
+  if (!m->params)
+    WF_TRY(wf_dev_alloc_floats(m->dev, &m->params, m->num_params));
+  if (m->prec != WF_PREC_NO && !m->wlow)
+    WF_TRY(wf_dev_alloc_floats(m->dev, &m->wlow, m->num_params));
+fail:
+  return st;
+}
+
+void wf_gpt_set_unit_hook(wf_gpt *m, wf_gpt_unit_hook fn, void *user)
+{
+  m->unit_hook = fn;
+  m->unit_user = user;
+}
+
+void wf_gpt_drop_grads(wf_gpt *m)
+{
+  wf_dev_free(m->dev, m->grads);
+  m->grads = NULL;
+}
+
+float *wf_gpt_grad_kind(wf_gpt *m, wf_param_kind k)
+{
+  float *p = m->gptr[(size_t)k * (size_t)m->gstride];
+  return p ? p : m->grads + m->off[k];
+}
+
+size_t wf_gpt_grad_bytes(const wf_gpt *m) { return m->grads ? m->num_params * sizeof(float) : 0; }
+
+size_t wf_gpt_param_bytes(const wf_gpt *m)
+{
+  return (m->params ? 1 : 0) * (m->wlow ? 2 : 1) * m->num_params * sizeof(float);
 }
 
 size_t wf_gpt_slot_bytes(const wf_gpt *m) { return m->slot_floats * sizeof(float); }
@@ -381,6 +458,10 @@ float *wf__layer_input(const wf_gpt *m, const wf__acts *a, int j)
 
 const float *wf__gemm_weight(wf_gpt *m, wf_param_kind k, int layer)
 {
+  int j = wf_gpt_kind_is_layered(k) ? wf__local_layer(m, layer) : 0;
+  const float *low = m->lptr[(size_t)k * (size_t)m->gstride + (size_t)j];
+  if (low) /* ZeRO-3's window, rounded when it was gathered */
+    return low;
   const float *w = wf_gpt_param(m, k, layer, 0);
   return m->wlow ? m->wlow + (w - m->params) : w;
 }
@@ -410,7 +491,7 @@ const float *wf__rounded_grad(wf_gpt *m, const float *dy, size_t n)
 wf_status wf_gpt_params_changed(wf_gpt *m)
 {
   static const wf_param_kind gemm[] = {WF_P_WTE, WF_P_QKVW, WF_P_ATTPROJW, WF_P_FCW, WF_P_FCPROJW};
-  if (!m->wlow)
+  if (!m->wlow || !m->params) /* ZeRO-3 refuses mixed precision: no rounded copy to keep */
     return WF_OK;
   for (size_t i = 0; i < WF_ARRAY_LEN(gemm); i++) {
     size_t off = m->off[gemm[i]];
@@ -430,6 +511,11 @@ static wf_status exchange_full(wf_gpt *m, int which, float *full, bool to_full)
 {
   wf_dev_view v;
   float *local = which ? m->grads : m->params;
+  if (!local) {
+    WF_ERROR("the %s are sharded over dp (optim.zero=%d): no whole-model copy here",
+             which ? "gradients" : "parameters", which ? 2 : 3);
+    return WF_EINVAL;
+  }
   wf_status st = wf_dev_map(m->dev, &v, local, m->num_params * sizeof(float),
                             to_full ? WF_MAP_READ : WF_MAP_WRITE);
   if (st != WF_OK)

@@ -192,6 +192,11 @@ size_t wf_gpt_shard_params(const wf_gpt_dims *d, const wf_gpt_shard *s)
 
 int wf_gpt_shard_layers(const wf_gpt_shard *s) { return shard_layers(s); }
 
+size_t wf_gpt_shard_numel(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_param_kind k)
+{
+  return shard_numel(d, s, k);
+}
+
 size_t wf_gpt_shard_layer_numel(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_param_kind k)
 {
   return shard_layer_numel(d, s, k);
@@ -216,11 +221,16 @@ size_t wf_gpt_local_numel(const wf_gpt *m, wf_param_kind k) { return shard_numel
 
 bool wf_gpt_kind_counted(const wf_gpt *m, wf_param_kind k) { return shard_counted(&m->s, k); }
 
-bool wf_gpt_kind_tp_partial(const wf_gpt *m, wf_param_kind k)
+bool wf_gpt_shard_kind_tp_partial(const wf_gpt_shard *s, wf_param_kind k)
 {
   bool norm = k == WF_P_LN1W || k == WF_P_LN1B || k == WF_P_LN2W || k == WF_P_LN2B ||
               k == WF_P_LNFW || k == WF_P_LNFB;
-  return norm && m->s.sequence && m->s.tp > 1 && wf__kind_present(&m->s, k);
+  return norm && s->sequence && s->tp > 1 && wf__kind_present(s, k);
+}
+
+bool wf_gpt_kind_tp_partial(const wf_gpt *m, wf_param_kind k)
+{
+  return wf_gpt_shard_kind_tp_partial(&m->s, k);
 }
 
 /* ---- the local <-> full mapping ------------------------------------------------------ */

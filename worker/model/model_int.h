@@ -162,6 +162,14 @@ struct wf_gpt {
   wf__acts re;      /* recompute: one layer's intermediates */
   wf__dacts da;
   wf_gpt_grad_hook hook; /* told when each group of gradients is final (dp overlap) */
+  /* ZeRO-2: where each (kind, local layer) gradient tensor lives instead of `grads`
+   * (WF_GPT_NUM_KINDS x gstride entries, NULL = in `grads`); see wf_gpt_set_grad_tensor */
+  float **gptr;
+  float **pptr; /* ZeRO-3: the same for the parameters (wf_gpt_set_param_tensor) */
+  float **lptr; /* ZeRO-3 with mixed precision: a GEMM weight's rounded copy, else NULL */
+  int gstride;
+  wf_gpt_unit_hook unit_hook; /* ZeRO-3: told before each layer's forward and backward */
+  void *unit_user;
   void *hook_user;
 };
 

@@ -98,12 +98,15 @@ wf_gpt_shard wf_gpt_shard_whole(const wf_gpt_dims *d);
 /* NULL when the shard fits the dims, else what is wrong. */
 const char *wf_gpt_shard_check(const wf_gpt_dims *d, const wf_gpt_shard *s);
 /* Elements of shard s's flat parameter vector (wf_gpt_local_params of its model); its
- * layers over all chunks, one layer's elements of kind k, and kind k's offset in it
- * (wf_gpt_local_layers, _layer_numel and _offset of its model, without one). */
+ * layers over all chunks, one layer's elements of kind k, kind k's elements and offset
+ * in it, and whether its gradient is a tp-partial sum (wf_gpt_local_layers,
+ * _layer_numel, _numel, _offset and wf_gpt_kind_tp_partial of its model, without one). */
 size_t wf_gpt_shard_params(const wf_gpt_dims *d, const wf_gpt_shard *s);
 int wf_gpt_shard_layers(const wf_gpt_shard *s);
 size_t wf_gpt_shard_layer_numel(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_param_kind k);
+size_t wf_gpt_shard_numel(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_param_kind k);
 size_t wf_gpt_shard_offset(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_param_kind k);
+bool wf_gpt_shard_kind_tp_partial(const wf_gpt_shard *s, wf_param_kind k);
 
 /* The local <-> full mapping of a shard, as runs: elements [local, local + n) of the
  * shard's flat parameter vector are elements [full, full + n) of the whole model's
@@ -190,6 +193,34 @@ float *wf_gpt_grads(wf_gpt *m);
 /* Pointer to parameter (or gradient, grads != 0) tensor `k` of layer `layer` (a
  * global layer index in [l0, l1); ignored for WTE, WPE, LNFW, LNFB). */
 float *wf_gpt_param(wf_gpt *m, wf_param_kind k, int layer, int grads);
+/* ZeRO-2's gradient windows. Backward writes the gradient of kind k, local layer j
+ * (0 for the unlayered kinds) at p from now on (NULL: back in the flat buffer). Once
+ * wf_gpt_drop_grads has freed the flat buffer, every tensor backward writes must have
+ * been placed so; wf_gpt_zero_grad then does nothing (the windows' owner zeroes them)
+ * and the whole-model gradient exports fail. */
+void wf_gpt_set_grad_tensor(wf_gpt *m, wf_param_kind k, int j, float *p);
+void wf_gpt_drop_grads(wf_gpt *m);
+/* ZeRO-3's parameter windows, as the gradients': forward and backward read kind k of
+ * local layer j at p (NULL: the flat buffer); wf_gpt_drop_params frees the flat buffer
+ * (after which wf_gpt_params is NULL, wf_gpt_params_changed does nothing and the
+ * whole-model exports fail) and wf_gpt_restore_params allocates it again (contents
+ * undefined; the caller fills it, clears the windows and calls wf_gpt_params_changed).
+ * Under mixed precision the flat rounded copy goes and comes with it, and `low` (room
+ * for the tensor) receives the window's GEMM weights rounded, which the GEMMs then read
+ * (NULL: no rounded copy, e.g. for a kind that is no GEMM weight). */
+void wf_gpt_set_param_tensor(wf_gpt *m, wf_param_kind k, int j, float *p, float *low);
+void wf_gpt_drop_params(wf_gpt *m);
+wf_status wf_gpt_restore_params(wf_gpt *m);
+/* Told before local layer j's forward (backward = false) and before its backward (and
+ * its recomputation), so ZeRO-3 can gather that layer's parameters. */
+typedef void (*wf_gpt_unit_hook)(void *user, int j, bool backward);
+void wf_gpt_set_unit_hook(wf_gpt *m, wf_gpt_unit_hook fn, void *user); /* fn NULL = off */
+/* The gradient of kind k's first local layer (for a kind placed contiguously: all of it). */
+float *wf_gpt_grad_kind(wf_gpt *m, wf_param_kind k);
+/* Bytes of the flat gradient buffer (0 once dropped). */
+size_t wf_gpt_grad_bytes(const wf_gpt *m);
+/* Bytes of the parameters and (mixed precision) their rounded GEMM copy. */
+size_t wf_gpt_param_bytes(const wf_gpt *m);
 
 /* Full-layout exchange with the host (buffers of wf_gpt_num_params(dims) floats, llm.c
  * layout), staged through the device. export ADDS the elements this rank owns

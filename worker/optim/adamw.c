@@ -25,6 +25,7 @@ wf_status wf_optim_create(wf_optim **out, const wf_optim_opts *oo)
   o->model = oo->model;
   o->dev = wf_gpt_dev(oo->model);
   o->lo = oo->lo, o->hi = oo->hi;
+  o->plo = oo->params;
   o->D = oo->dp_size > 0 ? oo->dp_size : 1;
   o->fp16 = cfg->precision == WF_PREC_FP16;
   /* a fixed optim.loss_scale, or the dynamic one's start (a resumed checkpoint
@@ -65,7 +66,6 @@ static wf_status adamw(wf_optim *o, const float *grads, float lr, float grad_sca
 {
   const wf_config *cfg = o->cfg;
   const wf_ktable *k = wf_dev_kernels(o->dev);
-  float *params = wf_gpt_params(o->model);
   float b1 = (float)cfg->optim.beta1, b2 = (float)cfg->optim.beta2, eps = (float)cfg->optim.eps;
   for (int kind = 0; kind < WF_GPT_NUM_KINDS; kind++) {
     size_t off = wf_gpt_local_offset(o->model, (wf_param_kind)kind);
@@ -74,8 +74,9 @@ static wf_status adamw(wf_optim *o, const float *grads, float lr, float grad_sca
     if (a >= b)
       continue;
     float wd = wf_gpt_kind_decays((wf_param_kind)kind) ? (float)cfg->optim.weight_decay : 0.0f;
-    k->adamw_update(params + a, o->m + (a - o->lo), o->v + (a - o->lo), grads + (a - o->lo), b - a,
-                    lr, b1, b2, eps, wd, t, grad_scale, NULL);
+    float *p = o->plo ? o->plo + (a - o->lo) : wf_gpt_params(o->model) + a;
+    k->adamw_update(p, o->m + (a - o->lo), o->v + (a - o->lo), grads + (a - o->lo), b - a, lr, b1,
+                    b2, eps, wd, t, grad_scale, NULL);
   }
   return wf_dev_check(o->dev);
 }

@@ -16,6 +16,7 @@ struct wf_optim {
   wf_dev *dev;
   size_t lo, hi; /* the element range of the flat parameter vector held here */
   float *m, *v;  /* (hi - lo) AdamW moments, device memory */
+  float *plo;    /* ZeRO-3: the parameter of element lo (the rank's shard); NULL = the model's */
   int D;         /* dp size, for fp16's S / D */
   bool fp16;     /* dynamic or fixed loss scaling */
   wf_optim_scaler ls;

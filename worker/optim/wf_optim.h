@@ -4,8 +4,9 @@
  * model holds parameters and gradients only.
  *
  * A rank's optimizer holds AdamW's m and v for one element range [lo, hi) of its flat
- * parameter vector (wf_gpt_params' layout): the whole vector, or, under ZeRO-1, the dp
- * shard the gradient path reduces onto this rank. A step is
+ * parameter vector (wf_gpt_params' layout): the whole vector, or, under ZeRO, the dp
+ * shard the gradient path reduces onto this rank (under ZeRO-3 the parameters of that
+ * range live in the gradient path's shard, wf_optim_opts.params). A step is
  *
  *   norm (the global gradient norm, from the gradient path)
  *     -> fp16: non-finite anywhere? skip the update, halve the scale
@@ -48,6 +49,8 @@ typedef struct wf_optim_opts {
   wf_gpt *model;        /* the parameters it updates (borrowed) */
   size_t lo, hi;        /* the element range whose state this rank holds */
   int dp_size;          /* D, for fp16's backward scale S / D */
+  float *params;        /* ZeRO-3: where parameter lo lives (hi - lo floats, the rank's
+                         * shard); NULL = the model's flat vector */
 } wf_optim_opts;
 
 wf_status wf_optim_create(wf_optim **out, const wf_optim_opts *o);

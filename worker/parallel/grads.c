@@ -1,7 +1,7 @@
 /*
  * grads.c - the gradient path (wf_parallel.h): zero, dp reduction (bucketed and
- * overlapped, or ZeRO-1's reduce-scatter), tp and tied-embedding sums, the global norm,
- * and the parameter all-gather after a sharded update.
+ * overlapped, or ZeRO's, zero.c), tp and tied-embedding sums, the global norm, and the
+ * parameter sync after a sharded update.
  *
  * Buckets. The llm.c layout keeps all layers of one kind together, so the gradients
  * that become final together (one layer's) are not contiguous. A bucket is a list of
@@ -44,11 +44,13 @@ struct wf_grads {
   int n_buckets;
   bool armed;
   wf_grads_stats stats;
-  double *acc; /* (1) device scalar: a sum of squares */
-  /* ZeRO-1 */
-  size_t n, shard;        /* parameters, shard length ceil(n / size) */
-  float *gshard, *pshard; /* (shard) averaged gradient, parameter shard to send */
-  float *stage;           /* (size * shard) padded full vector */
+  double *acc;                    /* (1) device scalar: a sum of squares */
+  size_t n;                       /* parameters */
+  wf__zero *z;                    /* ZeRO-1 and 2's sharded reduction (zero.c); NULL without ZeRO */
+  wf_comm *shard_comm, *rep_comm; /* ZeRO's: the dp group, or HSDP's fsdp and replica groups */
+  bool own_comms;
+  wf_status hook_err; /* the first failure inside the grad hook (ZeRO-2), for finish */
+  double fin_ms;      /* exposed time of finish's dp reduction */
 };
 
 static wf_status copy(wf_grads *g, float *dst, const float *src, size_t n)
@@ -153,6 +155,12 @@ static void on_grads_ready(void *user, int gr)
   wf_grads *g = user;
   if (!g->armed)
     return;
+  if (g->z) {
+    wf_status st = wf__zero_ready(g->z, gr);
+    if (st != WF_OK && g->hook_err == WF_OK)
+      g->hook_err = st;
+    return;
+  }
   for (int i = 0; i < g->n_buckets; i++) {
     bucket *b = &g->buckets[i];
     bool done;
@@ -188,68 +196,70 @@ fail:
   return st;
 }
 
-/* ---- ZeRO-1 --------------------------------------------------------------------------- */
+/* ---- the planner's figures ------------------------------------------------------------ */
 
-/* ZeRO-1's shard length: ceil(n / size). */
-static size_t zero_shard(size_t n, int size) { return (n + (size_t)size - 1) / (size_t)size; }
+/* HSDP's group: the fsdp ranks the shards span (all of dp when fsdp is 0 or dp). */
+static int shard_group(int dp, int fsdp) { return fsdp > 0 && fsdp < dp ? fsdp : dp; }
 
-/* The elements [s0, s1) of n that dp rank `rank` of `size` owns under ZeRO-1. */
-static void zero_bounds(size_t n, int size, int rank, size_t *s0, size_t *s1)
-{
-  size_t shard = zero_shard(n, size);
-  *s0 = WF_MIN((size_t)rank * shard, n);
-  *s1 = WF_MIN(*s0 + shard, n);
-}
-
-static wf_status zero_alloc(wf_grads *g)
+wf_status wf_grads_mem_plan(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_precision prec,
+                            int dp_size, int dp_rank, int zero, int fsdp, size_t bucket_bytes,
+                            bool keep, wf_grads_mem *out)
 {
   wf_status st = WF_OK;
-  g->shard = zero_shard(g->n, g->size);
-  WF_TRY(wf_dev_alloc_floats(g->dev, &g->gshard, g->shard));
-  WF_TRY(wf_dev_alloc_floats(g->dev, &g->pshard, g->shard));
-  WF_TRY(wf_dev_alloc_floats(g->dev, &g->stage, g->shard * (size_t)g->size));
-fail:
-  return st;
-}
-
-/* Pad the flat gradients to size * shard; each rank receives the average of its shard. */
-static wf_status finish_zero(wf_grads *g)
-{
-  wf_status st = WF_OK;
-  WF_TRY(copy(g, g->stage, wf_gpt_grads(g->model), g->n));
-  WF_TRY(wf_dev_memset(g->dev, g->stage + g->n, 0,
-                       (g->shard * (size_t)g->size - g->n) * sizeof(float), NULL));
-  g->stats.comm_bytes = (double)g->shard * g->size * sizeof(float);
-  st = wf_comm_reduce_scatter(g->dp, g->stage, g->gshard, g->shard, WF_COMM_F32, WF_COMM_AVG);
-fail:
-  return st;
-}
-
-static void shard_bounds(const wf_grads *g, size_t *s0, size_t *s1)
-{
-  zero_bounds(g->n, g->size, g->rank, s0, s1);
-}
-
-wf_grads_mem wf_grads_mem_plan(const wf_gpt_dims *d, const wf_gpt_shard *s, int dp_size,
-                               int dp_rank, int zero, size_t bucket_bytes)
-{
-  wf_grads_mem r = {0};
   size_t n = wf_gpt_shard_params(d, s);
-  r.scalar = sizeof(double); /* the device's sum of squares */
-  r.lo = 0, r.hi = n;
-  if (dp_size >= 1 && zero) {
-    size_t shard = zero_shard(n, dp_size);
-    r.comm = (2 + (size_t)dp_size) * shard * sizeof(float); /* gshard, pshard, stage */
-    zero_bounds(n, dp_size, dp_rank, &r.lo, &r.hi);
-  } else if (dp_size >= 1) {
-    r.n_buckets = bucket_plan(d, s, bucket_bytes, NULL);
-    r.comm = (n + (size_t)r.n_buckets) * sizeof(float);
+  *out = (wf_grads_mem){.model_params = true, .model_grads = true, .lo = 0, .hi = n};
+  if (dp_size >= 1 && zero) { /* zero.c's plan, over the group the shards span */
+    int f = shard_group(dp_size, fsdp);
+    WF_TRY(wf__zero_mem_plan(d, s, prec, f, dp_rank % f, zero, bucket_bytes, keep, out));
+  } else if (dp_size > 1) { /* one dp rank reduces nothing: no staging (wf_grads_create) */
+    out->n_buckets = bucket_plan(d, s, bucket_bytes, NULL);
+    out->grad = (n + (size_t)out->n_buckets) * sizeof(float); /* each bucket count + 1 */
   }
-  r.total = r.scalar + r.comm;
-  return r;
+fail:
+  out->scalar = sizeof(double); /* the device's sum of squares */
+  out->total = out->param + out->grad + out->scalar;
+  return st;
+}
+
+wf_status wf_zero_mem_plan(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_precision prec, int dp,
+                           int rank, int zero, size_t bucket_bytes, bool keep, wf_mem_kinds *out)
+{
+  wf_status st = WF_OK;
+  wf_grads_mem g;
+  size_t nb = wf_gpt_shard_params(d, s) * sizeof(float);
+  WF_TRY(wf_grads_mem_plan(d, s, prec, dp, rank, zero, 0, bucket_bytes, keep, &g));
+  *out =
+      (wf_mem_kinds){.param = (g.model_params ? (prec != WF_PREC_NO ? 2 : 1) * nb : 0) + g.param,
+                     .grad = (g.model_grads ? nb : 0) + g.grad,
+                     .optim = 2 * (g.hi - g.lo) * sizeof(float)}; /* AdamW's m and v of the range */
+fail:
+  return st;
+}
+
+wf_status wf_zero_mem(wf_gpt *m, int dp, int rank, int zero, size_t bucket_bytes, bool keep,
+                      wf_mem_kinds *out)
+{
+  return wf_zero_mem_plan(wf_gpt_get_dims(m), wf_gpt_get_shard(m), wf_gpt_precision(m), dp, rank,
+                          zero, bucket_bytes, keep, out);
 }
 
 /* ---- life cycle ------------------------------------------------------------------------- */
+
+/* HSDP: dp rank d shards within fsdp group d / f (its rank d % f) and all-reduces its
+ * shard with the same shard of the other groups (replica group d % f). */
+static wf_status split_hsdp(wf_grads *g, int f)
+{
+  wf_status st = WF_OK;
+  g->shard_comm = g->dp;
+  if (f <= 0 || f >= g->size)
+    return WF_OK;
+  WF_CHECK(g->size % f == 0, WF_EINVAL, "mesh.fsdp=%d does not divide the dp size %d", f, g->size);
+  g->own_comms = true;
+  WF_TRY(wf_comm_split(g->dp, g->rank / f, g->rank % f, "fsdp", &g->shard_comm));
+  WF_TRY(wf_comm_split(g->dp, g->rank % f, g->rank / f, "replica", &g->rep_comm));
+fail:
+  return st;
+}
 
 wf_status wf_grads_create(wf_grads **out, const wf_grads_opts *o)
 {
@@ -265,9 +275,11 @@ wf_status wf_grads_create(wf_grads **out, const wf_grads_opts *o)
   g->size = o->dp ? wf_comm_size(o->dp) : 1;
   g->n = wf_gpt_local_params(o->model);
   WF_TRY(wf_dev_alloc(g->dev, (void **)&g->acc, sizeof *g->acc));
-  if (g->zero)
-    WF_TRY(zero_alloc(g));
-  else if (g->dp)
+  if (g->zero) {
+    WF_TRY(split_hsdp(g, o->fsdp));
+    WF_TRY(wf__zero_create(&g->z, g->model, g->shard_comm, g->rep_comm, g->zero, o->bucket_bytes,
+                           o->keep_gathered));
+  } else if (g->dp && g->size > 1) /* one dp rank reduces nothing: no staging */
     WF_TRY(plan_buckets(g, o->bucket_bytes));
   g->stats.buckets = g->n_buckets;
   *out = g;
@@ -289,21 +301,46 @@ void wf_grads_destroy(wf_grads *g)
   }
   free(g->buckets);
   wf_dev_free(g->dev, g->acc);
-  wf_dev_free(g->dev, g->gshard);
-  wf_dev_free(g->dev, g->pshard);
-  wf_dev_free(g->dev, g->stage);
+  wf__zero_destroy(g->z);
+  if (g->own_comms) {
+    if (g->shard_comm != g->dp)
+      wf_comm_destroy(g->shard_comm);
+    wf_comm_destroy(g->rep_comm);
+  }
   free(g);
 }
 
-wf_status wf_grads_zero(wf_grads *g) { return wf_gpt_zero_grad(g->model); }
+/* The step starts: the per-step counters start over, and ZeRO-2 listens to every
+ * micro-batch's backward (it reduces each one as it goes). */
+wf_status wf_grads_zero(wf_grads *g)
+{
+  wf_status st = WF_OK;
+  g->stats.comm_bytes = 0;
+  g->stats.launched_early = 0;
+  g->hook_err = WF_OK;
+  g->fin_ms = 0;
+  WF_TRY(wf_gpt_zero_grad(g->model));
+  if (g->z) {
+    WF_TRY(wf__zero_begin(g->z));
+    g->armed = g->zero >= 2;
+    wf_gpt_set_grad_hook(g->model, g->armed ? on_grads_ready : NULL, g);
+  }
+fail:
+  return st;
+}
 
 void wf_grads_arm(wf_grads *g)
 {
-  /* The per-step counters start over: arm is called once per step. */
-  g->stats.comm_bytes = 0;
-  g->stats.launched_early = 0;
-  g->armed = g->dp && !g->zero && g->size > 1;
+  g->armed = g->dp && g->size > 1;
+  if (g->z)
+    wf__zero_arm(g->z);
   wf_gpt_set_grad_hook(g->model, g->armed ? on_grads_ready : NULL, g);
+}
+
+static void disarm(wf_grads *g)
+{
+  g->armed = false;
+  wf_gpt_set_grad_hook(g->model, NULL, NULL);
 }
 
 /* The dp reduction; the time it takes is what backward did not hide. */
@@ -311,13 +348,31 @@ static wf_status finish_dp(wf_grads *g)
 {
   double t0 = wf_now();
   wf_status st = WF_OK;
-  if (g->zero)
-    st = finish_zero(g);
-  else if (g->size > 1)
+  if (g->size > 1)
     st = finish_buckets(g);
-  g->armed = false;
-  wf_gpt_set_grad_hook(g->model, NULL, NULL);
+  disarm(g);
   g->stats.exposed_ms = (wf_now() - t0) * 1e3;
+  return st;
+}
+
+/* ZeRO: the layer buckets not yet launched (ZeRO-1's, when backward's hook could not),
+ * then after the tp and tied sums the late bucket and every completion. The exposed
+ * time is these two parts plus what ZeRO-2's hook waited for a staging buffer. */
+static wf_status finish_zero(wf_grads *g, bool late)
+{
+  double t0 = wf_now();
+  wf_status st = g->hook_err;
+  if (st == WF_OK)
+    st = late ? wf__zero_finish(g->z) : wf__zero_launch_layers(g->z);
+  if (late) {
+    disarm(g);
+    double wait_ms;
+    wf__zero_stats(g->z, &wait_ms, &g->stats.comm_bytes, &g->stats.launched_early,
+                   &g->stats.buckets);
+    g->stats.exposed_ms = g->fin_ms + (wf_now() - t0) * 1e3 + wait_ms;
+  } else {
+    g->fin_ms = (wf_now() - t0) * 1e3;
+  }
   return st;
 }
 
@@ -327,8 +382,7 @@ static wf_status sum_tp_partials(wf_grads *g)
   wf_status st = WF_OK;
   for (int k = 0; k < WF_GPT_NUM_KINDS; k++)
     if (wf_gpt_kind_tp_partial(g->model, (wf_param_kind)k))
-      WF_TRY(wf_gpt_tp_allreduce(g->model,
-                                 wf_gpt_grads(g->model) + wf_gpt_local_offset(g->model, k),
+      WF_TRY(wf_gpt_tp_allreduce(g->model, wf_gpt_grad_kind(g->model, (wf_param_kind)k),
                                  wf_gpt_local_numel(g->model, (wf_param_kind)k)));
 fail:
   return st;
@@ -340,7 +394,7 @@ static wf_status sum_tied_embedding(wf_grads *g)
 {
   if (!g->pp || wf_comm_size(g->pp) == 1 || !g->emb)
     return WF_OK;
-  float *w = wf_gpt_param(g->model, WF_P_WTE, 0, 1);
+  float *w = wf_gpt_grad_kind(g->model, WF_P_WTE);
   size_t n = wf_gpt_local_numel(g->model, WF_P_WTE);
   return wf_comm_allreduce(g->emb, w, w, n, WF_COMM_F32, WF_COMM_SUM);
 }
@@ -348,13 +402,14 @@ static wf_status sum_tied_embedding(wf_grads *g)
 wf_status wf_grads_finish(wf_grads *g)
 {
   wf_status st = WF_OK;
-  bool after = g->dp && !g->zero;
-  if (after)
+  if (g->z)
+    WF_TRY(finish_zero(g, false));
+  else if (g->dp)
     WF_TRY(finish_dp(g));
   WF_TRY(sum_tp_partials(g));
   WF_TRY(sum_tied_embedding(g));
-  if (g->dp && !after)
-    WF_TRY(finish_dp(g));
+  if (g->z)
+    WF_TRY(finish_zero(g, true));
 fail:
   return st;
 }
@@ -387,12 +442,12 @@ wf_status wf_grads_norm(wf_grads *g, double scale, float *norm)
 {
   wf_status st = WF_OK;
   double ss = 0;
-  if (g->zero) {
+  if (g->z) {
     size_t s0, s1;
-    shard_bounds(g, &s0, &s1);
-    WF_TRY(counted_sumsq(g, g->gshard, s0, s1, &ss));
-    float x = (float)ss;
-    WF_TRY(wf_comm_allreduce(g->dp, &x, &x, 1, WF_COMM_F32, WF_COMM_SUM));
+    wf__zero_bounds(g->z, &s0, &s1);
+    WF_TRY(counted_sumsq(g, wf__zero_shard(g->z), s0, s1, &ss));
+    float x = (float)ss; /* HSDP: every replica group holds the same shards */
+    WF_TRY(wf_comm_allreduce(g->shard_comm, &x, &x, 1, WF_COMM_F32, WF_COMM_SUM));
     ss = x;
   } else {
     WF_TRY(counted_sumsq(g, wf_gpt_grads(g->model), 0, g->n, &ss));
@@ -414,28 +469,13 @@ fail:
 void wf_grads_range(const wf_grads *g, size_t *lo, size_t *hi)
 {
   *lo = 0, *hi = g->n;
-  if (g->zero)
-    shard_bounds(g, lo, hi);
+  if (g->z)
+    wf__zero_bounds(g->z, lo, hi);
 }
 
 const float *wf_grads_for_update(wf_grads *g)
 {
-  return g->zero ? g->gshard : wf_gpt_grads(g->model);
-}
-
-/* ZeRO-1: every rank's updated shard into every rank's full parameters. */
-static wf_status gather_params(wf_grads *g)
-{
-  wf_status st = WF_OK;
-  float *params = wf_gpt_params(g->model);
-  size_t s0, s1;
-  shard_bounds(g, &s0, &s1);
-  WF_TRY(wf_dev_memset(g->dev, g->pshard, 0, g->shard * sizeof(float), NULL));
-  WF_TRY(copy(g, g->pshard, params + s0, s1 - s0));
-  WF_TRY(wf_comm_allgather(g->dp, g->pshard, g->stage, g->shard, WF_COMM_F32));
-  st = copy(g, params, g->stage, g->n);
-fail:
-  return st;
+  return g->z ? wf__zero_shard(g->z) : wf_gpt_grads(g->model);
 }
 
 /* The two copies of the tied embedding must stay bit-identical: compare a hash of each
@@ -466,11 +506,30 @@ fail:
 wf_status wf_grads_sync_params(wf_grads *g)
 {
   wf_status st = WF_OK;
-  if (g->zero)
-    WF_TRY(gather_params(g));
+  if (g->z)
+    WF_TRY(wf__zero_gather(g->z));
   st = wf_gpt_params_changed(g->model);
 fail:
   return st;
 }
 
 void wf_grads_get_stats(const wf_grads *g, wf_grads_stats *out) { *out = g->stats; }
+
+/* Gradient memory: the model's flat buffer (dropped under ZeRO-2), plus plain dp's
+ * bucket stages or ZeRO's buffers (zero.c). */
+size_t wf_grads_bytes(const wf_grads *g)
+{
+  size_t b = wf_gpt_grad_bytes(g->model);
+  if (g->z)
+    return b + wf__zero_grad_bytes(g->z);
+  for (int i = 0; i < g->n_buckets; i++)
+    b += (g->buckets[i].count + 1) * sizeof(float);
+  return b;
+}
+
+float *wf_grads_param_shard(wf_grads *g) { return g->z ? wf__zero_param_shard(g->z) : NULL; }
+
+wf_status wf_grads_unshard(wf_grads *g) { return g->z ? wf__zero_unshard(g->z) : WF_OK; }
+
+/* Parameter memory: the model's own (wf_gpt_param_bytes) and ZeRO's all-gather buffer. */
+size_t wf_grads_param_bytes(const wf_grads *g) { return g->z ? wf__zero_param_bytes(g->z) : 0; }

@@ -37,4 +37,118 @@ typedef struct wf__sched_sim {
 wf_status wf__sched_sim_validate(wf__sched_sim *m, const wf_schedule *ranks, char *err, size_t len);
 void wf__sched_sim_free(wf__sched_sim *m);
 
+/* ---- ZeRO-1, 2 and 3 (zero.c) ------------------------------------------------------
+ * Used by grads.c: begin at the step's start, ready from the grad hook, launch_layers
+ * then (after the tp and tied sums) finish after the last backward, gather after the
+ * update. */
+typedef struct wf__zero wf__zero;
+/* dp: the group the shards span; rep: HSDP's replica group (NULL = none), across which
+ * the finished shard is all-reduced (averaged). */
+wf_status wf__zero_create(wf__zero **out, wf_gpt *m, wf_comm *dp, wf_comm *rep, int stage,
+                          size_t bucket_bytes, bool keep);
+/* ZeRO-3: the rank's parameter shard (NULL below ZeRO-3), and the flat parameters put
+ * back (gathered whole, windows cleared) for --save at the end. */
+float *wf__zero_param_shard(wf__zero *z);
+wf_status wf__zero_unshard(wf__zero *z);
+void wf__zero_destroy(wf__zero *z);
+wf_status wf__zero_begin(wf__zero *z);
+void wf__zero_arm(wf__zero *z);
+wf_status wf__zero_ready(wf__zero *z, int group);
+wf_status wf__zero_launch_layers(wf__zero *z);
+wf_status wf__zero_finish(wf__zero *z);
+wf_status wf__zero_gather(wf__zero *z);
+float *wf__zero_shard(wf__zero *z);
+void wf__zero_bounds(const wf__zero *z, size_t *s0, size_t *s1);
+void wf__zero_stats(const wf__zero *z, double *wait_ms, double *comm_bytes, int *launched_early,
+                    int *buckets);
+size_t wf__zero_grad_bytes(const wf__zero *z);
+size_t wf__zero_param_bytes(const wf__zero *z);
+/* What wf__zero_create would allocate for a model of dims d and shard s (dp rank `rank`
+ * of the `size` ranks the shards span), by the same plan, without a model: ZeRO's
+ * parameter and gradient buffers, whether the model keeps its flat vectors, the
+ * optimizer's range and the buckets (wf_grads_mem's fields but scalar and total). */
+wf_status wf__zero_mem_plan(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_precision prec,
+                            int size, int rank, int stage, size_t bucket_bytes, bool keep,
+                            wf_grads_mem *out);
+
+/* ---- ZeRO's state, shared by zero.c (gradients, HSDP, formulas) and fsdp.c (ZeRO-3's
+ * parameters) -------------------------------------------------------------------- */
+#define WF__ZPOOL 2 /* ZeRO-2/3 gradient windows: one filling while one is in flight */
+
+typedef struct wf__zrange {
+  size_t flat, n, pos; /* flat offset, length, offset in the bucket's natural order */
+  int kind, j;         /* the tensor: kind and local layer (0 for unlayered kinds) */
+} wf__zrange;
+
+typedef struct wf__zpiece {
+  size_t flat, pos, n, dst; /* dst: offset inside the owner's block */
+  int owner;
+} wf__zpiece;
+
+typedef struct wf__zbucket {
+  wf__zrange *r;
+  wf__zpiece *p;
+  int nr, np, first_group, last_group;
+  size_t count, block; /* elements, and the longest rank's share (the block length) */
+  float *stage;        /* ZeRO-1: packed rank-major (dp x block) */
+  wf_req *req;
+  bool launched;
+  unsigned long seq; /* launch order */
+} wf__zbucket;
+
+struct wf__zero {
+  wf_gpt *m;   /* NULL in a memory plan (wf__zero_mem_plan) */
+  wf_dev *dev; /* NULL in a memory plan */
+  wf_gpt_dims d;
+  wf_gpt_shard s; /* the model's: the plan reads its layout from these alone */
+  wf_precision prec;
+  wf_comm *dp, *rep; /* the shards' group; HSDP's replica group (NULL = none) */
+  int stage, rank, size, nl;
+  size_t n, shard, s0, s1;
+  wf__zbucket *b, late;
+  int nb;
+  float *gshard; /* (shard) this rank's averaged gradient */
+  /* ZeRO-2 */
+  float *edge, *win[WF__ZPOOL]; /* the late kinds' gradients; the bucket windows */
+  size_t win_count, edge_count;
+  int win_bucket[WF__ZPOOL];  /* the bucket a window holds, -1 free */
+  wf_req *win_req[WF__ZPOOL]; /* its all-reduce */
+  bool win_flying[WF__ZPOOL];
+  unsigned long win_seq[WF__ZPOOL];
+  int open; /* the window backward writes into now, -1 none */
+  /* ZeRO-3 (fsdp.c's part of this file, below) */
+  float *pshard;            /* (shard) this rank's parameters: what AdamW updates */
+  float *pedge;             /* the late kinds' parameters, gathered for the whole step */
+  float **pwin;             /* npw windows of one layer bucket's parameters (natural order) */
+  float **plow, *pedge_low; /* mixed precision: their GEMM weights rounded (else NULL) */
+  bool low;                 /* mixed precision */
+  int *pwin_bucket;         /* the bucket a window holds (-1 none) */
+  wf_req **pwin_req;        /* its gather in flight */
+  int npw, pcur;            /* windows (2, or every bucket's with keep); the one in use */
+  bool keep;                /* parallel.reshard_after_forward=false */
+  bool sharded;             /* the model's flat parameters are dropped (else whole: after
+                             * creation and resume, and for a checkpoint or --save) */
+  wf_status hook_err;       /* the first failure in the unit hook, for finish */
+  /* the parameters' all-gather */
+  float *gather;
+  size_t chunk;
+  unsigned long seq;
+  double wait_ms, comm_bytes;
+  int launched_early;
+  bool armed;
+};
+
+wf_status wf__zero_copy(wf__zero *z, float *dst, const float *src, size_t n);
+/* The layer bucket holding readiness group gr (-1 none). */
+int wf__zero_bucket_of(const wf__zero *z, int gr);
+/* Every rank's shard of the parameters into the model's flat vector. */
+wf_status wf__zero_gather_whole(wf__zero *z);
+/* fsdp.c: ZeRO-3's buffers (at creation), the shard taken from the flat parameters and
+ * these dropped (at a step's start, when whole), the embeddings regathered and the
+ * units forgotten (after an update), and the buffers freed. */
+wf_status wf__fsdp_alloc(wf__zero *z);
+wf_status wf__fsdp_reshard(wf__zero *z);
+wf_status wf__fsdp_refresh(wf__zero *z);
+void wf__fsdp_free(wf__zero *z);
+
 #endif /* WF_PARALLEL_INT_H */

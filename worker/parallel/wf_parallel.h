@@ -230,7 +230,9 @@ wf_status wf_pipe_stage_shard(const wf_pipe_stage_opts *o, wf_gpt_shard *out);
  * The gradient path (wf_grads_*): the one owner of a step's gradients from zero to
  * the update. In order:
  *
- *   zero          before the step's first backward;
+ *   zero          before the step's first backward (ZeRO-2/3 listen to every
+ *                 micro-batch's backward from here; ZeRO-3 shards the parameters at
+ *                 the first step, once they are initialised or resumed);
  *   arm           before its last backward: each bucket of gradients is reduced over
  *                 dp as soon as backward has finished it (the model's grad hook), so
  *                 communication overlaps the rest of backward;
@@ -239,7 +241,8 @@ wf_status wf_pipe_stage_shard(const wf_pipe_stage_opts *o, wf_gpt_shard *out);
  *                 embedding's gradient over the embedding group;
  *   norm          the global gradient norm over dp (ZeRO shards), tp and pp;
  *   (the optimizer updates the range [lo, hi) with wf_grads_for_update's gradients)
- *   sync_params   ZeRO-1: all-gather the updated parameter shards; then mixed
+ *   sync_params   ZeRO-1/2: all-gather the updated parameter shards; ZeRO-3: forget
+ *                 the gathered units, regather the embeddings'; then mixed
  *                 precision's rounded weights follow;
  *   check_tied    the two copies of the tied embedding are still bit-identical.
  *
@@ -249,12 +252,17 @@ wf_status wf_pipe_stage_shard(const wf_pipe_stage_opts *o, wf_gpt_shard *out);
  * it). ZeRO-1 (optim.zero = 1): the flat gradient vector is reduce-scattered so each
  * dp rank owns the average of one contiguous shard of ceil(n/dp) elements (the last
  * padded with zeros), the optimizer updates that shard only, and the updated shards
- * are all-gathered back. Either way the average over dp ranks of per-rank mean
+ * are all-gathered back. ZeRO-1's reduce-scatter runs bucket by bucket during the last
+ * backward; ZeRO-2 also frees the flat gradient (one-bucket windows, every
+ * micro-batch), ZeRO-3 the flat parameters (units gathered around their forward and
+ * backward), and HSDP (fsdp > 0) shards within fsdp groups and averages the shards
+ * across them (zero.c says how). Either way the average over dp ranks of per-rank mean
  * gradients is the mean over the global batch: every mesh computes one rank's step.
  *
  * The linear sums over tp and the embedding group commute with the dp average: without
  * ZeRO they follow the dp reduction (which may have started during backward); under
- * ZeRO they precede its reduce-scatter, after which each rank holds only its shard.
+ * ZeRO the kinds they touch (wte, the sequence-parallel layernorms) are reduced last,
+ * after them, since each rank then holds only its shard.
  */
 typedef struct wf_grads wf_grads;
 
@@ -264,22 +272,36 @@ typedef struct wf_grads_opts {
   wf_comm *pp, *emb;   /* the pp and embedding groups; NULL = one stage */
   wf_comm *tp;         /* the tp group; NULL = no tp */
   size_t bucket_bytes; /* optim.bucket_mb; 0 = one bucket per layer */
-  int zero;            /* 0 or 1 */
+  int zero;            /* 0, 1 (optimizer state sharded) or 2 (and gradients) */
+  bool keep_gathered;  /* ZeRO-3: parallel.reshard_after_forward=false */
+  int fsdp;            /* HSDP: shard within groups of fsdp consecutive dp ranks and
+                        * all-reduce the shards across the groups; 0 = one group */
 } wf_grads_opts;
 
 /* What the gradient path of a rank allocates, in bytes, and the element range its
- * optimizer updates: wf_grads_create allocates exactly this (the planner's estimate is
- * the same arithmetic). dp_size 0 = no dp group at all (a model used alone); else the
- * group's size, whose rank is dp_rank. Pure: no model or communicator needed. */
+ * optimizer updates: wf_grads_create allocates exactly this, by the same plan (zero.c's
+ * for ZeRO, the bucket plan for plain dp), and the planner adds up the same figures.
+ * Pure: no model or communicator needed, nothing allocated at the model's size. */
 typedef struct wf_grads_mem {
-  size_t comm;   /* dp buckets' staging (plain dp) or ZeRO-1's shards and padded vector */
-  size_t scalar; /* the device scalar of the norm */
-  size_t total;
+  size_t param;      /* parameter buffers it adds: ZeRO-1/2's all-gather buffer, ZeRO-3's
+                      * shard, edge and windows (and their rounded copies) */
+  size_t grad;       /* gradient buffers it adds: plain dp's staging (dp > 1), ZeRO's
+                      * shard, ZeRO-1's padded stages, ZeRO-2/3's edge and windows */
+  size_t scalar;     /* the device scalar of the norm */
+  size_t total;      /* param + grad + scalar */
+  bool model_params; /* the model keeps its flat parameters (and rounded copy): not ZeRO-3 */
+  bool model_grads;  /* the model keeps its flat gradients: neither ZeRO-2 nor 3 */
   int n_buckets;
   size_t lo, hi; /* wf_grads_range */
 } wf_grads_mem;
-wf_grads_mem wf_grads_mem_plan(const wf_gpt_dims *d, const wf_gpt_shard *s, int dp_size,
-                               int dp_rank, int zero, size_t bucket_bytes);
+/* The plan of a rank of dims d and shard s at precision prec: dp_size 0 = no dp group at
+ * all (a model used alone), else the group's size, whose rank is dp_rank; zero, fsdp
+ * (HSDP's group, 0 = the whole dp group), bucket_bytes and keep (ZeRO-3's
+ * reshard_after_forward=false) as in wf_grads_opts. Fails only for want of host memory
+ * (the buckets' lists). */
+wf_status wf_grads_mem_plan(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_precision prec,
+                            int dp_size, int dp_rank, int zero, int fsdp, size_t bucket_bytes,
+                            bool keep, wf_grads_mem *out);
 
 typedef struct wf_grads_stats {
   double exposed_ms;           /* time waiting for gradient communication after backward */
@@ -289,6 +311,49 @@ typedef struct wf_grads_stats {
 } wf_grads_stats;
 
 wf_status wf_grads_create(wf_grads **out, const wf_grads_opts *o);
+/* Bytes of gradient memory this rank holds (the model's flat buffer and the reduction's
+ * buffers), and the parameter memory the gradient path adds (ZeRO's all-gather buffer). */
+size_t wf_grads_bytes(const wf_grads *g);
+size_t wf_grads_param_bytes(const wf_grads *g);
+/* ZeRO-3: where the rank's parameter shard lives (the optimizer's parameters), NULL
+ * below ZeRO-3; and the model's flat parameters put back whole (for --save). */
+float *wf_grads_param_shard(wf_grads *g);
+wf_status wf_grads_unshard(wf_grads *g);
+/* Elements per rank of each chunk of ZeRO's parameter all-gather: the largest staging
+ * buffer or window (`biggest` elements) divided over dp, at most the shard, and at least
+ * 4096 elements (or the shard) so a tiny model sends few messages. Its buffer is dp x
+ * that. */
+size_t wf_zero_gather_chunk(size_t shard, size_t biggest, int dp);
+
+/* Memory by kind of one rank, in bytes. */
+typedef struct wf_mem_kinds {
+  size_t param, grad, optim;
+} wf_mem_kinds;
+
+/* What dp rank `rank` of `dp` holds for a rank's local parameters (n of them, shard =
+ * ceil(n / dp), its range [s0, s1) = [rank * shard, ...) cut at n) at optim.zero `zero`
+ * with optim.bucket_mb = bucket_bytes, without allocating (a planner's figures; the
+ * trainer reports the same from its allocations):
+ *   param = 4n (x2 with a bf16/fp16 GEMM copy) + ZeRO's all-gather buffer, 4 dp x chunk
+ *           (wf_zero_gather_chunk); zero 3: no 4n but 4 (shard + edge + windows x the
+ *           largest layer bucket), windows = 2, or every bucket with keep
+ *           (parallel.reshard_after_forward=false: the windows are then the buckets);
+ *   optim = 8n, or 8 (s1 - s0) under ZeRO (AdamW's m and v of the shard);
+ *   grad  zero 0: 4n, + 4 (n + buckets) of staging when dp > 1;
+ *         zero 1: 4n + 4 shard + 4 dp x sum over buckets of the bucket's longest rank
+ *                 share (its reduce-scatter's padded block), the last bucket being the
+ *                 unlayered and tp-partial kinds;
+ *         zero 2 and 3: 4 shard + 4 edge + 4 x 2 x the largest layer bucket, edge = wte,
+ *                 wpe, the final layernorm and the tp-partial layernorms.
+ * So ZeRO-2's params + grads + optim <= 4n + 12n / dp + 4 (edge + 2 bucket) + gather
+ * (+ 4 x 3 for the shard's rounding), and ZeRO-3's <= 16n / dp + 8 (edge + 2 bucket)
+ * + gather + 16 x 3: the whole model's 1/dp plus two gathered units (edge and a layer
+ * bucket, in parameters and gradients) and their in-flight successors. */
+wf_status wf_zero_mem_plan(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_precision prec, int dp,
+                           int rank, int zero, size_t bucket_bytes, bool keep, wf_mem_kinds *out);
+/* The same for model m's dims, shard and precision. */
+wf_status wf_zero_mem(wf_gpt *m, int dp, int rank, int zero, size_t bucket_bytes, bool keep,
+                      wf_mem_kinds *out);
 void wf_grads_destroy(wf_grads *g); /* accepts NULL */
 
 wf_status wf_grads_zero(wf_grads *g);
@@ -302,8 +367,8 @@ wf_status wf_grads_norm(wf_grads *g, double scale, float *norm);
  * without ZeRO), and the gradient of element lo (device memory). */
 void wf_grads_range(const wf_grads *g, size_t *lo, size_t *hi);
 const float *wf_grads_for_update(wf_grads *g);
-/* After an update: the ZeRO-1 parameter all-gather, then the rounded weights of mixed
- * precision follow. */
+/* After an update: ZeRO's parameter all-gather (ZeRO-3: the gathered units go stale),
+ * then the rounded weights of mixed precision follow. */
 wf_status wf_grads_sync_params(wf_grads *g);
 /* After every step (with pipeline stages): the first and last stage's copies of the
  * tied embedding must still be identical (a hash of each, compared over the embedding

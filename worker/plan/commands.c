@@ -27,22 +27,26 @@ static const char *prec_name(wf_precision p)
 void wf__plan_keys(const wf_plan_mesh *m, char *buf, size_t len)
 {
   snprintf(buf, len,
-           "mesh.dp=%d mesh.tp=%d mesh.pp=%d train.microbatches=%d train.schedule=%s "
-           "parallel.virtual_stages=%d optim.zero=%d parallel.sequence=%s "
+           "mesh.dp=%d mesh.tp=%d mesh.pp=%d mesh.fsdp=%d train.microbatches=%d "
+           "train.schedule=%s parallel.virtual_stages=%d optim.zero=%d "
+           "parallel.reshard_after_forward=%s parallel.sequence=%s "
            "parallel.activation_checkpointing=%s precision=%s",
-           m->dp, m->tp, m->pp, m->M, wf_schedule_kind_str(m->kind), m->v, m->zero,
-           m->sp ? "true" : "false", m->recompute ? "true" : "false",
+           m->dp, m->tp, m->pp, m->fsdp, m->M, wf_schedule_kind_str(m->kind), m->v, m->zero,
+           m->keep ? "false" : "true", m->sp ? "true" : "false", m->recompute ? "true" : "false",
            m->prec == WF_PREC_NO ? "no" : prec_name(m->prec));
 }
 
 void wf__plan_describe(const wf_plan_mesh *m, char *buf, size_t len)
 {
-  char v[16] = "";
+  char v[16] = "", z[48];
   if (m->kind == WF_SCHED_INTERLEAVED)
     snprintf(v, sizeof v, " v%d", m->v);
-  snprintf(buf, len, "dp %d x tp %d x pp %d, %s%s, %d x %d rows, zero %d%s%s, %s", m->dp, m->tp,
-           m->pp, m->pp > 1 ? wf_schedule_kind_str(m->kind) : "-", v, m->M, m->B, m->zero,
-           m->sp ? ", sp" : "", m->recompute ? ", recompute" : "", prec_name(m->prec));
+  snprintf(z, sizeof z, "zero %d%s", m->zero, m->keep ? " kept" : "");
+  if (m->fsdp > 0 && m->fsdp < m->dp) /* HSDP: replicas x fsdp groups */
+    snprintf(z + strlen(z), sizeof z - strlen(z), " hsdp %dx%d", m->dp / m->fsdp, m->fsdp);
+  snprintf(buf, len, "dp %d x tp %d x pp %d, %s%s, %d x %d rows, %s%s%s, %s", m->dp, m->tp, m->pp,
+           m->pp > 1 ? wf_schedule_kind_str(m->kind) : "-", v, m->M, m->B, z, m->sp ? ", sp" : "",
+           m->recompute ? ", recompute" : "", prec_name(m->prec));
 }
 
 double wf__plan_mem_limit(const wf_hw *hw, const wf_plan_cli *cli, int world)
@@ -105,11 +109,12 @@ static json_t *mesh_json(const wf_plan_mesh *m)
 {
   char keys[512];
   wf__plan_keys(m, keys, sizeof keys);
-  return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:i, s:i, s:b, s:b, s:s, s:s}", "dp", m->dp,
-                   "tp", m->tp, "pp", m->pp, "microbatches", m->M, "micro_batch_rows", m->B,
-                   "seq_len", m->T, "schedule", wf_schedule_kind_str(m->kind), "virtual_stages",
-                   m->v, "zero", m->zero, "sequence", m->sp, "recompute", m->recompute, "precision",
-                   prec_name(m->prec), "keys", keys);
+  return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:i, s:i, s:i, s:b, s:b, s:b, s:s, s:s}",
+                   "dp", m->dp, "tp", m->tp, "pp", m->pp, "microbatches", m->M, "micro_batch_rows",
+                   m->B, "seq_len", m->T, "schedule", wf_schedule_kind_str(m->kind),
+                   "virtual_stages", m->v, "zero", m->zero, "fsdp", m->fsdp,
+                   "reshard_after_forward", !m->keep, "sequence", m->sp, "recompute", m->recompute,
+                   "precision", prec_name(m->prec), "keys", keys);
 }
 
 static json_t *stage_json(int r, const wf_plan_stage_mem *sm)

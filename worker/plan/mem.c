@@ -6,9 +6,11 @@
  * Nothing here sizes a buffer itself, except the trainer's token batch (two B x T int
  * arrays, setup.c's setup_data).
  *
- * ZeRO stages enter through wf_grads_mem_plan's `zero` (the range the optimizer holds
- * and the buffers the reduction needs): ZeRO-2 would shard the gradients there too,
- * ZeRO-3 the parameters, each one formula in that function and in the model's.
+ * ZeRO stages and HSDP enter through wf_grads_mem_plan: zero.c's own plan (the one
+ * wf__zero_create allocates by) gives the range the optimizer holds, the buffers the
+ * reduction and ZeRO-3's gathers need, and whether the model keeps its flat parameters
+ * and gradients. The kinds are the step line's: the reduction's buffers count as the
+ * gradients they hold, ZeRO's gathered parameters as parameters.
  */
 #include <string.h>
 
@@ -58,15 +60,17 @@ wf_status wf_plan_stage_mem_get(const wf_gpt_dims *d, const wf_plan_mesh *m, int
   WF_TRY(wf_pipe_stage_shard(&so, &o.shard));
   o.slots = wf_pipe_slots(m->kind, m->pp, pp_rank, m->M, o.shard.chunks);
   wf_gpt_mem gm = wf_gpt_mem_plan(&o, k);
-  wf_grads_mem gr = wf_grads_mem_plan(d, &o.shard, m->dp, dp_rank, m->zero, m->bucket_bytes);
+  wf_grads_mem gr;
+  WF_TRY(wf_grads_mem_plan(d, &o.shard, m->prec, m->dp, dp_rank, m->zero, m->fsdp, m->bucket_bytes,
+                           m->keep, &gr));
   size_t tokens = 2 * (size_t)m->B * (size_t)m->T * sizeof(int); /* inputs and targets */
   size_t pipe = wf_pipe_mem_plan(m->kind, m->pp, pp_rank, m->M, o.shard.chunks, gm.io, m->B, m->T);
-  out->bytes[WF_PM_PARAMS] = gm.params + gm.wlow;
-  out->bytes[WF_PM_GRADS] = gm.grads;
+  out->bytes[WF_PM_PARAMS] = (gr.model_params ? gm.params + gm.wlow : 0) + gr.param;
+  out->bytes[WF_PM_GRADS] = (gr.model_grads ? gm.grads : 0) + gr.grad;
   out->bytes[WF_PM_OPTIM] = wf_optim_mem_plan(gr.lo, gr.hi);
   out->bytes[WF_PM_ACTS] = gm.slots + gm.recompute + gm.scratch;
-  out->bytes[WF_PM_COMM] = gr.total + (pipe - tokens); /* the engine's rings */
-  out->bytes[WF_PM_OTHER] = tokens + tokens;           /* the engine's and the trainer's */
+  out->bytes[WF_PM_COMM] = gr.scalar + (pipe - tokens); /* the engine's rings */
+  out->bytes[WF_PM_OTHER] = tokens + tokens;            /* the engine's and the trainer's */
   for (int i = 0; i < WF_PM_N; i++)
     out->total += out->bytes[i];
   out->slots = o.slots;
@@ -108,6 +112,8 @@ wf_status wf_plan_mesh_from_config(const wf_config *cfg, int world, wf_plan_mesh
       .T = cfg->train.seq_len > 0 ? cfg->train.seq_len : cfg->model.seq_len,
       .kind = cfg->train.schedule,
       .zero = cfg->optim.zero,
+      .fsdp = cfg->mesh.fsdp,
+      .keep = !cfg->parallel.reshard_after_forward,
       .sp = cfg->parallel.sequence && tp > 1,
       .recompute = cfg->parallel.activation_checkpointing,
       .prec = cfg->precision,

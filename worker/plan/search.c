@@ -3,10 +3,13 @@
  *
  * Enumerated: tp (dividing the world, inside a node), pp, dp = world / (tp pp); the
  * micro-batch count (every divisor of the per-dp batch up to 64); the schedule (1F1B,
- * GPipe, interleaved with 2 or 4 virtual stages); ZeRO 0 or 1 (dp > 1); sequence
- * parallelism (tp > 1); recompute; the precision (fp32 and bf16 on a GPU; the config's
- * on a CPU, where bf16 is emulated and never faster). Each candidate goes through the
- * config's own validation, the model's shard rules, then memory against the limit.
+ * GPipe, interleaved with 2 or 4 virtual stages); with dp > 1 ZeRO 1, 2 and 3 (3 also
+ * with reshard_after_forward=false), each over all of dp or, as HSDP, over fsdp groups
+ * of every proper divisor of dp; sequence parallelism (tp > 1); recompute; the
+ * precision (fp32 and bf16 on a GPU; the config's on a CPU, where bf16 is emulated and
+ * never faster). Each candidate goes through the config's own validation (which refuses
+ * ZeRO-2/3 with the interleaved schedule, ZeRO with one dp rank, HSDP with checkpoints),
+ * the model's shard rules, then memory against the limit.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -33,7 +36,7 @@ typedef struct search {
 
 void wf_plan_reset_mesh(wf_config *cfg)
 {
-  cfg->mesh.dp = 0, cfg->mesh.tp = 1, cfg->mesh.pp = 1;
+  cfg->mesh.dp = 0, cfg->mesh.tp = 1, cfg->mesh.pp = 1, cfg->mesh.fsdp = 0;
   cfg->train.microbatches = 1;
   cfg->train.schedule = WF_SCHED_1F1B;
   cfg->parallel.virtual_stages = 1;
@@ -50,6 +53,8 @@ static bool valid(const search *s, const wf_plan_mesh *m, char *reason, size_t l
   c.train.schedule = m->kind;
   c.parallel.virtual_stages = m->v;
   c.optim.zero = m->zero;
+  c.mesh.fsdp = m->fsdp;
+  c.parallel.reshard_after_forward = !m->keep;
   c.parallel.sequence = m->sp;
   c.parallel.activation_checkpointing = m->recompute;
   c.precision = m->prec;
@@ -109,8 +114,30 @@ fail:
   return st;
 }
 
-/* The options of one (dp, tp, pp, M): schedule and virtual stages, ZeRO, sequence
- * parallelism, recompute, precision. */
+/* The dp sharding of one candidate: ZeRO 0; ZeRO 1, 2, 3 and 3 kept gathered (dp > 1),
+ * over all of dp (fsdp 0) or over fsdp groups of each proper divisor of dp (HSDP). */
+static wf_status add_sharding(search *s, wf_plan_mesh m)
+{
+  wf_status st = WF_OK;
+  static const struct {
+    int zero;
+    bool keep;
+  } zs[] = {{0, false}, {1, false}, {2, false}, {3, false}, {3, true}};
+  for (int zi = 0; zi < (m.dp > 1 ? 5 : 1); zi++)
+    for (int f = 0; f < m.dp; f++) {
+      if (f == 1 || (f > 1 && (zs[zi].zero == 0 || m.dp % f)))
+        continue;
+      m.zero = zs[zi].zero, m.keep = zs[zi].keep, m.fsdp = f;
+      WF_TRY(add(s, &m));
+      if (m.zero == 0)
+        break;
+    }
+fail:
+  return st;
+}
+
+/* The options of one (dp, tp, pp, M): schedule and virtual stages, the dp sharding,
+ * sequence parallelism, recompute, precision. */
 static wf_status add_options(search *s, wf_plan_mesh m)
 {
   wf_status st = WF_OK;
@@ -124,14 +151,13 @@ static wf_status add_options(search *s, wf_plan_mesh m)
   wf_precision precs[2] = {s->cfg->precision, WF_PREC_BF16};
   int n_prec = s->hw->gpu && s->cfg->precision != WF_PREC_BF16 ? 2 : 1;
   for (int si = 0; si < (m.pp > 1 ? 4 : 1); si++)
-    for (int z = 0; z <= (m.dp > 1); z++)
-      for (int sp = 0; sp <= (m.tp > 1); sp++)
-        for (int rc = 0; rc <= 1; rc++)
-          for (int pi = 0; pi < n_prec; pi++) {
-            m.kind = scheds[si].kind, m.v = scheds[si].v;
-            m.zero = z, m.sp = sp, m.recompute = rc, m.prec = precs[pi];
-            WF_TRY(add(s, &m));
-          }
+    for (int sp = 0; sp <= (m.tp > 1); sp++)
+      for (int rc = 0; rc <= 1; rc++)
+        for (int pi = 0; pi < n_prec; pi++) {
+          m.kind = scheds[si].kind, m.v = scheds[si].v;
+          m.sp = sp, m.recompute = rc, m.prec = precs[pi];
+          WF_TRY(add_sharding(s, m));
+        }
 fail:
   return st;
 }

@@ -12,8 +12,8 @@
  * forward of the layers. Each p2p message costs latency plus bytes over bandwidth.
  *
  * The step: the schedule's own action lists run on a clock (wf_schedule_simulate) with
- * the slowest stage's forward and backward costs, then the dp reduction's exposed part
- * (ZeRO-1's reduce-scatter and all-gather are all exposed), the tied embedding's sum
+ * the slowest stage's forward and backward costs, then the dp communication's exposed
+ * part (dp_time: ZeRO 0-3 and HSDP), the tied embedding's sum
  * over the first and last stages, and AdamW (28 bytes per element of its range, plus
  * zeroing and the norm's pass) at memory bandwidth.
  *
@@ -191,6 +191,48 @@ static ctx make_ctx(const wf_gpt_dims *d, const wf_plan_mesh *m, const wf_hw *hw
   return c;
 }
 
+/* The ranks ZeRO's shards span: HSDP's fsdp group, else all of dp. */
+static int shard_group(const wf_plan_mesh *m)
+{
+  return m->fsdp > 0 && m->fsdp < m->dp ? m->fsdp : m->dp;
+}
+
+/* dp communication of a step for n parameters in nb buckets (zero.c and fsdp.c's
+ * traffic): the gradient reduction, hidden behind backward up to hw->overlap of it
+ * (plain dp and ZeRO-1 reduce during the last micro-batch's backward, ZeRO-2/3 during
+ * every one's), ZeRO-3's parameter gathers (all-reduces of the windows, before each
+ * unit's forward and backward, or once per step with reshard_after_forward=false;
+ * prefetched behind forward and backward), and what follows the update, exposed: the
+ * parameters' all-gather (ZeRO-1/2; half an all-reduce's bytes) and HSDP's sum of the
+ * shard over the replicas. */
+static void dp_time(const ctx *c, double n, int nb, double F, double B, wf_plan_time *out)
+{
+  const wf_plan_mesh *m = c->m;
+  const wf_hw *hw = c->hw;
+  int f = shard_group(m), mv = m->M * (m->kind == WF_SCHED_INTERLEAVED ? m->v : 1);
+  if (m->dp < 2)
+    return;
+  /* the shard group is f consecutive dp ranks: inside a node when tp x pp x f fit */
+  bool intra = c->dp_intra || m->tp * m->pp * f <= WF_MAX(1, hw->gpus_per_node);
+  double ar = wf_hw_allreduce_s(hw, n * 4, f, intra);
+  double lat = (nb - 1) * wf_hw_allreduce_s(hw, 0, f, intra);
+  double red = ar + lat, gathers = 0, after = 0, hide = hw->overlap * B;
+  if (m->zero == 1)
+    red = ar / 2 + lat, after = ar / 2;
+  if (m->zero >= 2)
+    red = mv * (ar + lat), hide = hw->overlap * mv * B;
+  if (m->zero == 2)
+    after = ar / 2;
+  if (m->zero == 3) {
+    gathers = (m->keep ? 1 : 2 * mv) * (ar + lat);
+    hide = hw->overlap * mv * (F + B);
+  }
+  if (m->zero && f < m->dp)
+    after += wf_hw_allreduce_s(hw, n * 4 / f, m->dp / f, c->dp_intra);
+  out->dp_comm = red + gathers + after;
+  out->dp_exposed = fmax(0, red + gathers - hide) + after;
+}
+
 wf_status wf_plan_time_get(const wf_gpt_dims *d, const wf_plan_mesh *m, const wf_hw *hw,
                            wf_plan_time *out)
 {
@@ -209,20 +251,12 @@ wf_status wf_plan_time_get(const wf_gpt_dims *d, const wf_plan_mesh *m, const wf
   out->bubble = fmax(0, span - work);
   wf_plan_stage_mem sm;
   WF_TRY(wf_plan_stage_mem_get(d, m, 0, 0, NULL, &sm));
-  double grad_bytes = (double)sm.params * 4;
-  /* plain dp: one latency per bucket; ZeRO-1: a reduce-scatter and an all-gather, the
-   * bytes of one all-reduce and two latencies */
-  int nb = m->zero ? 2 : WF_MAX(1, sm.n_buckets);
-  out->dp_comm = m->dp > 1 ? wf_hw_allreduce_s(hw, grad_bytes, m->dp, c.dp_intra) +
-                                 (nb - 1) * wf_hw_allreduce_s(hw, 0, m->dp, c.dp_intra)
-                           : 0;
-  double hide = m->zero ? 0 : hw->overlap * B; /* the last backward's span */
-  out->dp_exposed = fmax(0, out->dp_comm - hide);
+  dp_time(&c, (double)sm.params, WF_MAX(1, sm.n_buckets), F, B, out);
   if (m->pp > 1) { /* the tied embedding over the first and last stages */
     double wte = (double)d->Vp * d->C / m->tp * 4;
     out->pp_comm += wf_hw_allreduce_s(hw, wte, 2, c.pp_intra);
   }
-  double n = (double)sm.params, range = m->zero ? n / m->dp : n;
+  double n = (double)sm.params, range = m->zero ? n / shard_group(m) : n;
   out->optim = mem(&c, 28 * range + 8 * n + (m->prec != WF_PREC_NO ? 8 * n : 0));
   out->step =
       span + out->dp_exposed + (m->pp > 1 ? out->pp_comm - m->M * v * 2 * p2p : 0) + out->optim;

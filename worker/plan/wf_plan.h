@@ -97,7 +97,9 @@ typedef struct wf_plan_mesh {
   int B; /* rows of a micro-batch */
   int T; /* sequence length */
   wf_schedule_kind kind;
-  int zero; /* ZeRO stage: 0 or 1 (2 and 3 are one formula each in mem.c when they land) */
+  int zero;  /* ZeRO stage: 0, 1, 2 or 3 */
+  int fsdp;  /* HSDP: ZeRO shards within groups of fsdp dp ranks (mesh.fsdp); 0 = all of dp */
+  bool keep; /* ZeRO-3: parallel.reshard_after_forward=false (every unit stays gathered) */
   bool sp, recompute;
   wf_precision prec;
   int threads; /* compute threads per rank (runtime.threads); 0 = the node's cores shared */
@@ -108,12 +110,14 @@ typedef struct wf_plan_mesh {
 
 /* What a rank holds, in bytes, by kind. */
 typedef enum wf_plan_mem_kind {
-  WF_PM_PARAMS = 0, /* fp32 masters (+ mixed precision's rounded GEMM weights) */
-  WF_PM_GRADS,
-  WF_PM_OPTIM, /* AdamW's m and v over the rank's range (1/dp of it under ZeRO-1) */
-  WF_PM_ACTS,  /* activation slots in flight, the recompute layer, backward scratch */
-  WF_PM_COMM,  /* dp buckets or ZeRO shards, the pipeline's p2p rings */
-  WF_PM_OTHER, /* token batches */
+  WF_PM_PARAMS = 0, /* fp32 masters (+ mixed precision's rounded GEMM weights); ZeRO's
+                     * all-gather buffer; ZeRO-3: the shard and the gathered units instead */
+  WF_PM_GRADS,      /* the flat gradients (not ZeRO-2/3) and the dp reduction's buffers: plain
+                     * dp's staging, ZeRO's shard and its stages or windows */
+  WF_PM_OPTIM,      /* AdamW's m and v over the rank's range (1/dp of it under ZeRO) */
+  WF_PM_ACTS,       /* activation slots in flight, the recompute layer, backward scratch */
+  WF_PM_COMM,       /* the pipeline's p2p rings, the norm's scalar */
+  WF_PM_OTHER,      /* token batches */
   WF_PM_N
 } wf_plan_mem_kind;
 

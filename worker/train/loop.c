@@ -35,7 +35,11 @@ static wf_status maybe_checkpoint(wf__trainer *tr, int step, bool stopping)
     return WF_OK;
   if (h && h->on_phase)
     h->on_phase(h->user, "checkpoint");
-  wf_status st = wf_ckpt_save(&tr->ck, step);
+  /* ZeRO-3: the flat parameters gathered whole for the writer; the next step shards
+   * them again (the checkpoint is ZeRO-1/2's format: optimizer shards, whole model) */
+  wf_status st = wf_grads_unshard(tr->grads);
+  if (st == WF_OK)
+    st = wf_ckpt_save(&tr->ck, step);
   if (h && h->on_phase)
     h->on_phase(h->user, "train");
   if (st != WF_OK && wf_rt_rank() <= 0)
@@ -108,6 +112,7 @@ static wf_status save_final(wf__trainer *tr)
   if (!path)
     return WF_OK;
   WF_CHECK_ALLOC(full = malloc(wf_gpt_num_params(&tr->dims) * sizeof *full));
+  WF_TRY(wf_grads_unshard(tr->grads)); /* ZeRO-3: the flat parameters back, gathered */
   bool parallel = tr->tp > 1 || tr->pp > 1;
   WF_TRY(wf_gpt_gather_full(tr->model, 0, full, parallel ? tr->world : NULL, tr->dp_rank == 0));
   if (wf_rt_rank() <= 0)

@@ -197,7 +197,10 @@ void wf__print_banner(const wf__trainer *tr)
           tr->steps, tr->B * tr->M * tr->D, tr->T, tr->D, tr->M, tr->M == 1 ? "" : "es", tr->B,
           cfg->train.lr, cfg->train.warmup, cfg->train.min_lr, cfg->optim.clip,
           cfg->optim.weight_decay, (unsigned long long)cfg->train.seed,
-          cfg->optim.zero ? ", ZeRO-1 optimizer" : "");
+          cfg->optim.zero == 3   ? ", ZeRO-3 optimizer, gradients and parameters"
+          : cfg->optim.zero == 2 ? ", ZeRO-2 optimizer and gradients"
+          : cfg->optim.zero      ? ", ZeRO-1 optimizer"
+                                 : "");
   if (tr->tp > 1 || tr->pp > 1)
     print_mesh(tr);
   if (cfg->parallel.activation_checkpointing)
@@ -232,13 +235,14 @@ static void draw_bar(const wf__trainer *tr, const wf_train_step_info *in, double
 static void print_step(const wf__trainer *tr, const wf_train_step_info *in, double eta)
 {
   wf__clear_bar(tr);
-  fprintf(
-      tr->out,
-      "step %d/%d loss=%.4f lr=%.2e grad_norm=%.3f tok/s=%.0f tok/s/gpu=%.0f tflops=%.3f "
-      "tflops/gpu=%.3f mfu=%.1f%% step_ms=%.1f comm_ms=%.1f mem=%.1fMiB optim=%.2fMiB eta=%.0fs",
-      in->step, in->steps, in->loss, in->lr, in->grad_norm, in->tokens_per_s, in->tokens_per_s_gpu,
-      in->tflops, in->tflops_gpu, in->mfu * 100, in->step_ms, in->comm_ms,
-      (double)in->mem_bytes / (1024.0 * 1024.0), (double)in->optim_bytes / (1024.0 * 1024.0), eta);
+  fprintf(tr->out,
+          "step %d/%d loss=%.4f lr=%.2e grad_norm=%.3f tok/s=%.0f tok/s/gpu=%.0f tflops=%.3f "
+          "tflops/gpu=%.3f mfu=%.1f%% step_ms=%.1f comm_ms=%.1f mem=%.1fMiB optim=%.2fMiB "
+          "grads=%.2fMiB eta=%.0fs",
+          in->step, in->steps, in->loss, in->lr, in->grad_norm, in->tokens_per_s,
+          in->tokens_per_s_gpu, in->tflops, in->tflops_gpu, in->mfu * 100, in->step_ms, in->comm_ms,
+          (double)in->mem_bytes / (1024.0 * 1024.0), (double)in->optim_bytes / (1024.0 * 1024.0),
+          (double)in->grad_bytes / (1024.0 * 1024.0), eta);
   if (tr->fp16) /* the scale this step's backward used, and the skips so far */
     fprintf(tr->out, " loss_scale=%g skipped=%d%s", in->loss_scale, in->skipped_steps,
             in->skipped ? " (this step)" : "");
@@ -326,6 +330,11 @@ static void write_metrics(wf__trainer *tr, const wf_train_step_info *in)
   json_object_set_new(o, "mem_mib", real_or_null((double)in->mem_bytes / (1024.0 * 1024.0)));
   json_object_set_new(o, "comm_ms", real_or_null(in->comm_ms));
   json_object_set_new(o, "optim_mib", real_or_null((double)in->optim_bytes / (1024.0 * 1024.0)));
+  /* memory by kind, exact (bytes) */
+  json_object_set_new(o, "param_bytes", json_integer(in->param_bytes));
+  json_object_set_new(o, "grad_bytes", json_integer(in->grad_bytes));
+  json_object_set_new(o, "optim_bytes", json_integer(in->optim_bytes));
+  json_object_set_new(o, "act_bytes", json_integer(in->act_bytes));
   if (!isnan(in->val_loss))
     json_object_set_new(o, "val_loss", real_or_null(in->val_loss));
   if (tr->tp > 1 || tr->pp > 1)

@@ -158,9 +158,12 @@ static wf_status setup_optim(wf__trainer *tr)
                       .emb = tr->emb_comm,
                       .tp = tr->tp_comm,
                       .bucket_bytes = (size_t)cfg->optim.bucket_mb << 20,
-                      .zero = cfg->optim.zero};
+                      .zero = cfg->optim.zero,
+                      .fsdp = cfg->mesh.fsdp,
+                      .keep_gathered = !cfg->parallel.reshard_after_forward};
   WF_TRY(wf_grads_create(&tr->grads, &go));
-  wf_optim_opts oo = {.cfg = cfg, .model = tr->model, .dp_size = tr->D};
+  wf_optim_opts oo = {
+      .cfg = cfg, .model = tr->model, .dp_size = tr->D, .params = wf_grads_param_shard(tr->grads)};
   wf_grads_range(tr->grads, &oo.lo, &oo.hi);
   st = wf_optim_create(&tr->optim, &oo);
 fail:

@@ -9,7 +9,7 @@
  *      reduction before the last backward);
  *   2. the gradient path: the rest of the reductions, then the global norm;
  *   3. the optimizer: clip, fp16 loss scaling (an overflow skips the update), AdamW;
- *   4. the gradient path again: parameters synchronised (ZeRO-1), the tied embedding's
+ *   4. the gradient path again: parameters synchronised (ZeRO), the tied embedding's
  *      copies checked.
  * Evaluation runs the forward pass on train.eval_batches fixed validation batches (the
  * same ones every time, so the curve is comparable across evaluations).
@@ -156,6 +156,8 @@ static void fill_info(wf__trainer *tr, int step, double dt, double loss, float n
       .loss_scale = oi->scale,
       .skipped = oi->skipped,
       .skipped_steps = wf_optim_get_scaler(tr->optim)->skipped,
+      .param_bytes = (int64_t)(wf_gpt_param_bytes(tr->model) + wf_grads_param_bytes(tr->grads)),
+      .grad_bytes = (int64_t)wf_grads_bytes(tr->grads),
   };
   /* The peak is per rank; the job has world_size such ranks. */
   info->tokens_per_s_gpu = info->tokens_per_s / tr->world_size;
@@ -183,6 +185,7 @@ wf_status wf__train_step(wf__trainer *tr, int step, wf_train_step_info *info)
   fill_info(tr, step, dt, loss, norm, &oi, info);
   info->compute_ms = ps.busy_s * 1e3;
   info->p2p_wait_ms = ps.wait_s * 1e3;
+  info->act_bytes = (int64_t)ps.act_bytes;
   st = stage_stats(tr, &ps, info);
 fail:
   return st;

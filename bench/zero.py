@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""ZeRO stages side by side: the real trainer at dp 2 on a 30M-parameter GPT-2.
+
+    bench/zero.py [--worker build/worker/worker] [--np 2] [--steps 8] [--layers 8]
+                  [--d-model 512] [--vocab 16384] [--seq 128] [--batch 4]
+
+Runs optim.zero=0, 1, 2, 3 and 3 with parallel.reshard_after_forward=false ("3k")
+(optim.bucket_mb=0: one layer per bucket) under mpirun with
+the same config and prints, per stage: the median step time and exposed gradient
+communication (comm_ms: what backward did not hide) over the steps after the first, the
+loss of the last step (equal across stages up to float32 summation order), and rank 0's
+memory by kind from the metrics (param_bytes, grad_bytes, optim_bytes, act_bytes: exact
+bytes) with the theory beside each, computed here from the llm.c layout by the formulas
+of README.md's ZeRO section (wf_zero_mem computes the same in C). A mismatch between a
+reported figure and its theory is flagged with '!='.
+
+PyTorch DDP/FSDP rows need torch under /usr/bin/python3 (Debian's python3-torch); the
+script says when it is absent.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+MIB = 1 << 20
+
+
+def layout(L, C, V, T):
+    """(kind, numel of the whole kind, layered) in llm.c order; Vp = V here (V % 128 == 0)."""
+    return [("wte", V * C, False), ("wpe", T * C, False), ("ln1w", L * C, True),
+            ("ln1b", L * C, True), ("qkvw", L * 3 * C * C, True), ("qkvb", L * 3 * C, True),
+            ("attprojw", L * C * C, True), ("attprojb", L * C, True), ("ln2w", L * C, True),
+            ("ln2b", L * C, True), ("fcw", L * 4 * C * C, True), ("fcb", L * 4 * C, True),
+            ("fcprojw", L * 4 * C * C, True), ("fcprojb", L * C, True), ("lnfw", C, False),
+            ("lnfb", C, False)]
+
+
+def theory(L, C, V, T, D, zero, keep=False):
+    """Memory by kind per rank 0, in bytes: README's table."""
+    kinds = layout(L, C, V, T)
+    n = sum(k[1] for k in kinds)
+    off, o = {}, 0
+    for name, numel, _ in kinds:
+        off[name] = o
+        o += numel
+    shard = (n + D - 1) // D
+    layer = sum(numel // L for _, numel, lay in kinds if lay)
+    edge = sum(numel for _, numel, lay in kinds if not lay)
+
+    def padded(ranges):
+        share = [0] * D
+        for a, m in ranges:
+            while m > 0:
+                r = a // shard
+                take = min(m, (r + 1) * shard - a)
+                share[r] += take
+                a, m = a + take, m - take
+        return max(share) * D
+
+    def chunk(biggest):  # wf_zero_gather_chunk
+        c = max(1, min(shard, biggest // D))
+        return min(shard, 4096) if c < 4096 else c
+
+    if zero == 0:
+        return {"param": 4 * n, "grad": 4 * n + (4 * (n + L + 2) if D > 1 else 0),
+                "optim": 8 * n}
+    s0 = min(0, n)
+    optim = 8 * (min(s0 + shard, n) - s0)
+    if zero == 1:
+        blocks = [padded([(off[k] + j * (numel // L), numel // L) for k, numel, lay in kinds
+                          if lay]) for j in range(L)]
+        blocks.append(padded([(off[k], numel) for k, numel, lay in kinds if not lay]))
+        return {"param": 4 * n + 4 * D * chunk(max(blocks)),
+                "grad": 4 * (n + shard + sum(blocks)), "optim": optim}
+    grad = 4 * (shard + edge + 2 * layer)
+    if zero == 2:
+        return {"param": 4 * n + 4 * D * chunk(layer), "grad": grad, "optim": optim}
+    return {"param": 4 * (shard + edge + (L if keep else 2) * layer), "grad": grad,
+            "optim": optim}
+
+
+def run(a, zero, keep, tmp):
+    metrics = os.path.join(tmp, f"z{zero}{keep}.jsonl")
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np",
+           str(a.np), a.worker, f"mesh.dp={a.np}", f"optim.zero={zero}", "optim.bucket_mb=0",
+           f"parallel.reshard_after_forward={'false' if keep else 'true'}",
+           f"model.layers={a.layers}", f"model.d_model={a.d_model}", "model.heads=8",
+           f"model.seq_len={a.seq}", f"model.vocab={a.vocab}", f"train.batch_size={a.batch}",
+           f"train.steps={a.steps}", "train.warmup=1", "train.eval_every=0", "runtime.threads=1",
+           f"train.metrics={metrics}"]
+    p = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if p.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
+    return [json.loads(l) for l in open(metrics) if l.strip()]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worker", default="build/worker/worker")
+    ap.add_argument("--np", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--d-model", type=int, default=512)
+    ap.add_argument("--vocab", type=int, default=16384)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=4)
+    a = ap.parse_args()
+    L, C, V, T, D = a.layers, a.d_model, a.vocab, a.seq, a.np
+    n = sum(k[1] for k in layout(L, C, V, T))
+    print(f"GPT-2 L{L} C{C} V{V} T{T}: {n / 1e6:.1f}M parameters, dp {D}, global batch "
+          f"{a.batch} x {T}, {a.steps} steps (medians over steps 2..{a.steps}), rank 0")
+    print(f"{'zero':>4} {'step_ms':>8} {'comm_ms':>8} {'loss':>8}  "
+          f"{'param MiB (theory)':>19} {'grad MiB (theory)':>19} {'optim MiB (theory)':>19} "
+          f"{'act MiB':>8}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for zero, keep in ((0, False), (1, False), (2, False), (3, False), (3, True)):
+            rows = run(a, zero, keep, tmp)
+            last, th = rows[-1], theory(L, C, V, T, D, zero, keep)
+            step = statistics.median(r["step_ms"] for r in rows[1:])
+            comm = statistics.median(r["comm_ms"] for r in rows[1:])
+            cells = []
+            for kind in ("param", "grad", "optim"):
+                got, want = last[kind + "_bytes"], th[kind]
+                mark = "=" if got == want else "!="
+                cells.append(f"{got / MIB:8.2f} {mark} {want / MIB:7.2f}")
+            print(f"{str(zero) + ('k' if keep else ''):>4} {step:8.1f} {comm:8.1f} {last['loss']:8.4f}  "
+                  + " ".join(f"{c:>19}" for c in cells) + f" {last['act_bytes'] / MIB:8.2f}")
+    torch = subprocess.run(["/usr/bin/python3", "-c", "import torch"], capture_output=True)
+    if torch.returncode != 0:
+        print("PyTorch DDP/FSDP: not run (/usr/bin/python3 has no torch; apt-get install "
+              "python3-torch)")
+
+
+if __name__ == "__main__":
+    main()

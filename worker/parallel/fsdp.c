@@ -1,0 +1,212 @@
+/*
+ * fsdp.c - ZeRO-3's sharded parameters (parallel_int.h; zero.c reduces its gradients as
+ * ZeRO-2's). The rank keeps its shard of the parameters (pshard) and no flat vector.
+ * Units are the layer buckets and the late kinds (wte, wpe, the final layernorm:
+ * `pedge`, gathered once after every update and kept, since the tied wte is read at both
+ * ends of a step). A layer bucket is gathered into a window just before its first
+ * layer's forward and again before its backward (the unit hook), the next unit's gather
+ * is started before the current one computes (prefetch), and a window is reused by the
+ * unit after next: two windows hold the parameters. With
+ * parallel.reshard_after_forward=false every bucket has its own window, gathered once
+ * per step and kept until the update. A gather zeroes the window, writes this rank's
+ * pieces into it and all-reduces (SUM) it in place: every element is one rank's value
+ * plus zeros, so the result is that value exactly, with no rank-major staging buffer
+ * (the price: an all-reduce's volume, twice an all-gather's).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "parallel_int.h"
+
+/* Point the model's parameter tensors of b into base (natural order; NULL = back to the
+ * flat vector); under mixed precision the GEMM weights are rounded into low alongside. */
+static void redirect_params(wf__zero *z, const wf__zbucket *b, float *base, float *low)
+{
+  for (int i = 0; i < b->nr; i++)
+    wf_gpt_set_param_tensor(z->m, (wf_param_kind)b->r[i].kind, b->r[i].j,
+                            base ? base + b->r[i].pos : NULL, low ? low + b->r[i].pos : NULL);
+}
+
+/* Start gathering b into win (natural order): my pieces, zeros elsewhere, all-reduce. */
+static wf_status gather_start(wf__zero *z, const wf__zbucket *b, float *win, wf_req **req)
+{
+  wf_status st = WF_OK;
+  WF_TRY(wf_dev_memset(z->dev, win, 0, b->count * sizeof(float), NULL));
+  for (int i = 0; i < b->np; i++)
+    if (b->p[i].owner == z->rank)
+      WF_TRY(wf__zero_copy(z, win + b->p[i].pos, z->pshard + (b->p[i].flat - z->s0), b->p[i].n));
+  z->comm_bytes += (double)b->count * sizeof(float);
+  st = req ? wf_comm_iallreduce(z->dp, win, win, b->count, WF_COMM_F32, WF_COMM_SUM, req)
+           : wf_comm_allreduce(z->dp, win, win, b->count, WF_COMM_F32, WF_COMM_SUM);
+fail:
+  return st;
+}
+
+/* The window for bucket i: its own with keep, else the one not in use. */
+static int window_for(const wf__zero *z, int i)
+{
+  if (z->keep)
+    return i;
+  return z->pcur == 0 ? 1 : 0;
+}
+
+static int window_of(const wf__zero *z, int i)
+{
+  for (int w = 0; w < z->npw; w++)
+    if (z->pwin_bucket[w] == i)
+      return w;
+  return -1;
+}
+
+/* Bucket i's parameters gathered into its window and the model pointed at them. */
+static wf_status need(wf__zero *z, int i)
+{
+  wf_status st = WF_OK;
+  int w = window_of(z, i);
+  if (w < 0) {
+    w = window_for(z, i);
+    WF_TRY(wf_req_wait(&z->pwin_req[w])); /* an unneeded prefetch still in flight */
+    z->pwin_bucket[w] = i;
+    WF_TRY(gather_start(z, &z->b[i], z->pwin[w], &z->pwin_req[w]));
+  }
+  if (z->pwin_req[w]) {
+    double t0 = wf_now();
+    WF_TRY(wf_req_wait(&z->pwin_req[w]));
+    z->wait_ms += (wf_now() - t0) * 1e3;
+  }
+  redirect_params(z, &z->b[i], z->pwin[w], z->low ? z->plow[w] : NULL);
+  z->pcur = w;
+fail:
+  if (st != WF_OK && w >= 0)
+    z->pwin_bucket[w] = -1;
+  return st;
+}
+
+static wf_status prefetch(wf__zero *z, int i)
+{
+  if (i < 0 || i >= z->nb || window_of(z, i) >= 0)
+    return WF_OK;
+  int w = window_for(z, i);
+  if (z->pwin_req[w]) /* still gathering something: do not wait for it here */
+    return WF_OK;
+  z->pwin_bucket[w] = i;
+  wf_status st = gather_start(z, &z->b[i], z->pwin[w], &z->pwin_req[w]);
+  if (st != WF_OK)
+    z->pwin_bucket[w] = -1;
+  return st;
+}
+
+/* The model's hook: local layer j computes next (backward: its gradient). Forward walks
+ * the buckets from the last index down (group nl - j), backward up. */
+static void unit_hook(void *user, int j, bool backward)
+{
+  wf__zero *z = user;
+  if (z->hook_err != WF_OK)
+    return;
+  int i = wf__zero_bucket_of(z, z->nl - j);
+  wf_status st = i < 0 ? WF_OK : need(z, i);
+  if (st == WF_OK && i >= 0)
+    st = prefetch(z, backward ? i + 1 : i - 1);
+  if (st != WF_OK)
+    z->hook_err = st;
+}
+
+/* After an update the gathered copies are stale: forget the windows, regather edge. */
+wf_status wf__fsdp_refresh(wf__zero *z)
+{
+  wf_status st = WF_OK;
+  for (int w = 0; w < z->npw; w++) {
+    WF_TRY(wf_req_wait(&z->pwin_req[w]));
+    z->pwin_bucket[w] = -1;
+  }
+  z->pcur = -1;
+  st = gather_start(z, &z->late, z->pedge, NULL);
+  if (st == WF_OK && z->sharded) /* the edge's rounded wte follows the update */
+    redirect_params(z, &z->late, z->pedge, z->pedge_low);
+  if (st == WF_OK)
+    st = z->hook_err;
+fail:
+  return st;
+}
+
+/* Creation: the shard, edge and windows (filled by reshard at the first step, once the
+ * trainer has initialised or resumed the flat parameters). */
+wf_status wf__fsdp_alloc(wf__zero *z)
+{
+  wf_status st = WF_OK;
+  WF_TRY(wf_dev_alloc_floats(z->dev, &z->pshard, z->shard));
+  WF_TRY(wf_dev_alloc_floats(z->dev, &z->pedge, WF_MAX(z->edge_count, (size_t)1)));
+  WF_CHECK_ALLOC(z->pwin = calloc((size_t)WF_MAX(z->npw, 1), sizeof *z->pwin));
+  WF_CHECK_ALLOC(z->pwin_bucket = calloc((size_t)WF_MAX(z->npw, 1), sizeof *z->pwin_bucket));
+  WF_CHECK_ALLOC(z->pwin_req = calloc((size_t)WF_MAX(z->npw, 1), sizeof *z->pwin_req));
+  WF_CHECK_ALLOC(z->plow = calloc((size_t)WF_MAX(z->npw, 1), sizeof *z->plow));
+  z->low = wf_gpt_precision(z->m) != WF_PREC_NO;
+  if (z->low)
+    WF_TRY(wf_dev_alloc_floats(z->dev, &z->pedge_low, WF_MAX(z->edge_count, (size_t)1)));
+  for (int w = 0; w < z->npw; w++) {
+    if (z->low)
+      WF_TRY(wf_dev_alloc_floats(z->dev, &z->plow[w], WF_MAX(z->win_count, (size_t)1)));
+    size_t f = z->win_count; /* with keep too: every window one largest bucket */
+    WF_TRY(wf_dev_alloc_floats(z->dev, &z->pwin[w], WF_MAX(f, (size_t)1)));
+    z->pwin_bucket[w] = -1;
+  }
+fail:
+  return st;
+}
+
+/* The rank's shard taken from the model's whole flat parameters, the edge gathered,
+ * then the flat vector freed and the hook set. */
+wf_status wf__fsdp_reshard(wf__zero *z)
+{
+  wf_status st = WF_OK;
+  if (z->stage != 3 || z->sharded)
+    return WF_OK;
+  WF_TRY(wf__zero_copy(z, z->pshard, wf_gpt_params(z->m) + z->s0, z->s1 - z->s0));
+  WF_TRY(wf__fsdp_refresh(z));
+  redirect_params(z, &z->late, z->pedge, z->pedge_low);
+  wf_gpt_drop_params(z->m);
+  wf_dev_free(z->dev, z->gather);
+  z->gather = NULL;
+  wf_gpt_set_unit_hook(z->m, unit_hook, z);
+  z->sharded = true;
+fail:
+  return st;
+}
+
+wf_status wf__zero_unshard(wf__zero *z)
+{
+  wf_status st = WF_OK;
+  if (z->stage != 3 || !z->sharded)
+    return WF_OK;
+  wf_gpt_set_unit_hook(z->m, NULL, NULL);
+  WF_TRY(wf__fsdp_refresh(z));
+  WF_TRY(wf_gpt_restore_params(z->m));
+  WF_TRY(wf_dev_alloc_floats(z->dev, &z->gather, z->chunk * (size_t)z->size));
+  WF_TRY(wf__zero_gather_whole(z));
+  WF_TRY(wf_gpt_params_changed(z->m)); /* mixed precision: the flat rounded copy */
+  for (int i = 0; i <= z->nb; i++)
+    redirect_params(z, i < z->nb ? &z->b[i] : &z->late, NULL, NULL);
+  z->sharded = false; /* the next step shards again */
+fail:
+  return st;
+}
+
+float *wf__zero_param_shard(wf__zero *z) { return z->pshard; }
+
+void wf__fsdp_free(wf__zero *z)
+{
+  for (int i = 0; i < z->npw && z->pwin; i++) {
+    if (z->pwin_req)
+      wf_req_wait(&z->pwin_req[i]);
+    wf_dev_free(z->dev, z->pwin[i]);
+  }
+  for (int i = 0; i < z->npw && z->plow; i++)
+    wf_dev_free(z->dev, z->plow[i]);
+  free(z->plow);
+  wf_dev_free(z->dev, z->pedge_low);
+  free(z->pwin);
+  free(z->pwin_bucket);
+  free(z->pwin_req);
+  wf_dev_free(z->dev, z->pshard);
+  wf_dev_free(z->dev, z->pedge);
+}

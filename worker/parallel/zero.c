@@ -1,0 +1,625 @@
+/*
+ * zero.c - ZeRO-1, 2 and 3 (parallel_int.h): the sharded gradient reduction, ZeRO-3's
+ * sharded parameters, HSDP's replicas and the memory formulas. Each dp rank ends
+ * the step with the dp average of its shard of the flat gradient vector, elements
+ * [rank * shard, rank * shard + shard) with shard = ceil(n / dp), the same contiguous
+ * shards ZeRO-1 always had (the optimizer state and the checkpoints' geometry).
+ *
+ * Overlap. Backward finalises gradients layer by layer (readiness groups 1..nl, see
+ * grads.c), but a layer's tensors are scattered over the llm.c layout, so a layer's
+ * elements belong to several ranks' shards in uneven amounts. A bucket (one or more
+ * layers' ranges) is cut into pieces at the shard boundaries and packed rank-major into
+ * a staging buffer of dp blocks, block r holding rank r's pieces in bucket order, each
+ * block padded with zeros to the longest one. One reduce-scatter of that buffer (AVG)
+ * hands every rank the average of its own pieces, which it copies into its gradient
+ * shard. The padding costs comm volume only where a bucket's elements are unevenly
+ * owned; the step log's comm_bytes counts it. Each element is still the plain dp average
+ * of the same values, so dp 2 ZeRO-1 stays bit-identical to the reduction after backward.
+ *
+ * Late kinds. The unlayered tensors (wte, wpe, the final layernorm) and the layernorms
+ * that are partial sums over tp (sequence parallelism) are not in the layer buckets:
+ * they are reduced by one last bucket after backward, once grads.c has summed the tied
+ * embedding over the embedding group and the partials over tp (the order ZeRO-1 always
+ * used). They are small, except wte, whose gradient is ready only at the end of backward
+ * anyway (the embeddings' backward adds into it last). ZeRO-2 all-reduces them in place
+ * instead (in `edge`, below): packing wte rank-major would need a staging buffer as big
+ * as dp x its largest share, more than the whole gradient it saves at dp 2.
+ *
+ * ZeRO-1 reduces once per step: the layer buckets launch as the last micro-batch's
+ * backward finishes them (armed before it, as plain dp does).
+ *
+ * ZeRO-2 never holds the flat gradient: the model's flat buffer is dropped and its
+ * gradient tensors are redirected (wf_gpt_set_grad_tensor) into windows of WF__ZPOOL
+ * one-bucket buffers. Every micro-batch's backward fills a window; when its bucket is
+ * final the window is all-reduced in place (AVG: no staging copy, no padding, plain dp's
+ * volume) and the next bucket opens in a free window, waiting for the oldest reduction
+ * when none is (counted as exposed time). A completed window's pieces of this rank's
+ * shard are added into the shard, which so accumulates the micro-batches' averages (the
+ * loss gradient already carries 1/M). The late kinds live in one persistent buffer
+ * `edge`, all-reduced in place once after the step's backward. Gradient memory per rank
+ * is then shard + edge + WF__ZPOOL x the largest bucket, instead of the whole vector plus
+ * ZeRO-1's staging (wf__zero_grad_bytes; the formulas are in wf_parallel.h).
+ *
+ * ZeRO-3 also drops the flat parameters: see "ZeRO-3" below.
+ *
+ * HSDP: `dp` is then the fsdp group the shards span and `rep` the group of ranks holding
+ * the same shard in the other fsdp groups; the finished shard is averaged over `rep`.
+ *
+ * The parameters' all-gather after the update goes chunk by chunk through a buffer of
+ * at most one bucket's size, so no stage holds a second whole parameter vector.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "parallel_int.h"
+
+wf_status wf__zero_copy(wf__zero *z, float *dst, const float *src, size_t n)
+{
+  return wf_dev_copy(z->dev, dst, src, n * sizeof *src, WF_COPY_D2D, NULL);
+}
+
+/* ---- planning ------------------------------------------------------------------------ */
+
+/* Reduced by the last bucket: the unlayered kinds and the tp-partial ones. */
+static bool is_late(const wf__zero *z, wf_param_kind k)
+{
+  return !wf_gpt_kind_is_layered(k) || wf_gpt_shard_kind_tp_partial(&z->s, k);
+}
+
+/* Layer j of kind k (n elements from its start) into b, from the shard's layout alone:
+ * the planner plans a rank without a model. */
+static void add_range(wf__zbucket *b, const wf__zero *z, wf_param_kind k, int j, size_t n)
+{
+  if (n == 0)
+    return;
+  size_t flat =
+      wf_gpt_shard_offset(&z->d, &z->s, k) + (size_t)j * wf_gpt_shard_layer_numel(&z->d, &z->s, k);
+  b->r[b->nr++] = (wf__zrange){flat, n, b->count, (int)k, j};
+  b->count += n;
+}
+
+/* Cut b's ranges at the shard boundaries into rank-major pieces; block = longest share. */
+static wf_status cut(wf__zero *z, wf__zbucket *b)
+{
+  wf_status st = WF_OK;
+  size_t *fill = NULL;
+  WF_CHECK_ALLOC(fill = calloc((size_t)z->size, sizeof *fill));
+  WF_CHECK_ALLOC(b->p = calloc((size_t)(b->nr + z->size), sizeof *b->p));
+  for (int i = 0; i < b->nr; i++) {
+    const wf__zrange *r = &b->r[i];
+    for (size_t a = r->flat; a < r->flat + r->n;) {
+      int owner = (int)(a / z->shard);
+      size_t lim = WF_MIN(r->flat + r->n, (size_t)(owner + 1) * z->shard);
+      b->p[b->np++] = (wf__zpiece){a, r->pos + (a - r->flat), lim - a, fill[owner], owner};
+      fill[owner] += lim - a;
+      a = lim;
+    }
+  }
+  for (int r = 0; r < z->size; r++)
+    b->block = WF_MAX(b->block, fill[r]);
+fail:
+  free(fill);
+  return st;
+}
+
+static wf_status new_bucket(wf__zero *z, wf__zbucket *b, int ranges)
+{
+  wf_status st = WF_OK;
+  *b = (wf__zbucket){0};
+  WF_CHECK_ALLOC(b->r = calloc((size_t)ranges, sizeof *b->r));
+fail:
+  return st;
+}
+
+/* Layer buckets over groups 1..nl (group gr is local layer nl - gr), closed once they
+ * reach bucket_bytes. */
+static wf_status plan_layers(wf__zero *z, size_t bucket_bytes)
+{
+  wf_status st = WF_OK;
+  wf__zbucket *b = NULL;
+  WF_CHECK_ALLOC(z->b = calloc((size_t)(z->nl > 0 ? z->nl : 1), sizeof *z->b));
+  for (int gr = 1; gr <= z->nl; gr++) {
+    if (!b) {
+      b = &z->b[z->nb++];
+      WF_TRY(new_bucket(z, b, z->nl * WF_GPT_NUM_KINDS));
+      b->first_group = gr;
+    }
+    for (int k = 0; k < WF_GPT_NUM_KINDS; k++)
+      if (!is_late(z, (wf_param_kind)k))
+        add_range(b, z, (wf_param_kind)k, z->nl - gr,
+                  wf_gpt_shard_layer_numel(&z->d, &z->s, (wf_param_kind)k));
+    b->last_group = gr;
+    if (b->count * sizeof(float) >= bucket_bytes || gr == z->nl) {
+      WF_TRY(cut(z, b));
+      b = NULL;
+    }
+  }
+fail:
+  return st;
+}
+
+/* The late bucket: whole kinds, in layout order (each kind contiguous). */
+static wf_status plan_late(wf__zero *z)
+{
+  wf_status st = WF_OK;
+  wf__zbucket *b = &z->late;
+  WF_TRY(new_bucket(z, b, WF_GPT_NUM_KINDS * (z->nl > 0 ? z->nl : 1)));
+  for (int k = 0; k < WF_GPT_NUM_KINDS; k++) {
+    if (!is_late(z, (wf_param_kind)k))
+      continue;
+    if (!wf_gpt_kind_is_layered((wf_param_kind)k))
+      add_range(b, z, (wf_param_kind)k, 0, wf_gpt_shard_numel(&z->d, &z->s, (wf_param_kind)k));
+    else
+      for (int j = 0; j < z->nl; j++)
+        add_range(b, z, (wf_param_kind)k, j,
+                  wf_gpt_shard_layer_numel(&z->d, &z->s, (wf_param_kind)k));
+  }
+  st = cut(z, b);
+fail:
+  return st;
+}
+
+/* Point the model's gradient tensors of b's ranges into base (natural order). */
+static void redirect(wf__zero *z, const wf__zbucket *b, float *base)
+{
+  for (int i = 0; i < b->nr; i++)
+    wf_gpt_set_grad_tensor(z->m, (wf_param_kind)b->r[i].kind, b->r[i].j, base + b->r[i].pos);
+}
+
+/* The buffers' sizes, from the plan: ZeRO-2's window (the largest layer bucket) and
+ * edge, and the all-gather's chunk. */
+static void sizes(wf__zero *z)
+{
+  size_t biggest = 0; /* elements of the largest staging buffer or window */
+  for (int i = 0; i <= z->nb; i++) {
+    const wf__zbucket *b = i < z->nb ? &z->b[i] : &z->late;
+    if (z->stage == 1)
+      biggest = WF_MAX(biggest, b->block * (size_t)z->size);
+    else if (i < z->nb)
+      z->win_count = WF_MAX(z->win_count, b->count);
+  }
+  if (z->stage >= 2)
+    biggest = z->win_count, z->edge_count = z->late.count;
+  z->npw = z->stage == 3 ? (z->keep ? z->nb : 2) : 0;
+  z->chunk = wf_zero_gather_chunk(z->shard, biggest, z->size);
+}
+
+static wf_status alloc_buffers(wf__zero *z)
+{
+  wf_status st = WF_OK;
+  WF_TRY(wf_dev_alloc_floats(z->dev, &z->gshard, z->shard));
+  if (z->stage == 1) {
+    for (int i = 0; i <= z->nb; i++) {
+      wf__zbucket *b = i < z->nb ? &z->b[i] : &z->late;
+      size_t f = b->block * (size_t)z->size;
+      WF_TRY(wf_dev_alloc_floats(z->dev, &b->stage, WF_MAX(f, (size_t)1)));
+      WF_TRY(wf_dev_memset(z->dev, b->stage, 0, f * sizeof(float), NULL)); /* the padding */
+    }
+  } else {
+    WF_TRY(wf_dev_alloc_floats(z->dev, &z->edge, WF_MAX(z->edge_count, (size_t)1)));
+    for (int i = 0; i < WF__ZPOOL; i++) {
+      WF_TRY(wf_dev_alloc_floats(z->dev, &z->win[i], WF_MAX(z->win_count, (size_t)1)));
+      z->win_bucket[i] = -1;
+    }
+    redirect(z, &z->late, z->edge);
+    wf_gpt_drop_grads(z->m);
+  }
+  if (z->stage == 3) /* the all-gather runs once, for --save: its buffer comes then */
+    WF_TRY(wf__fsdp_alloc(z));
+  else
+    WF_TRY(wf_dev_alloc_floats(z->dev, &z->gather, z->chunk * (size_t)z->size));
+fail:
+  return st;
+}
+
+/* The shard geometry and the buckets of dp rank `rank` of `size`, from the model's
+ * dims and shard alone: wf__zero_create allocates by this plan and wf__zero_mem_plan
+ * sizes the same buffers without a model. */
+static wf_status plan(wf__zero **out, const wf_gpt_dims *d, const wf_gpt_shard *s,
+                      wf_precision prec, int size, int rank, int stage, size_t bucket_bytes,
+                      bool keep)
+{
+  wf_status st = WF_OK;
+  wf__zero *z = NULL;
+  *out = NULL;
+  WF_CHECK_ALLOC(z = calloc(1, sizeof *z));
+  z->d = *d, z->s = *s, z->prec = prec, z->stage = stage;
+  z->rank = rank, z->size = size;
+  z->nl = wf_gpt_shard_layers(s);
+  z->n = wf_gpt_shard_params(d, s);
+  z->shard = (z->n + (size_t)z->size - 1) / (size_t)z->size;
+  z->s0 = WF_MIN((size_t)z->rank * z->shard, z->n);
+  z->s1 = WF_MIN(z->s0 + z->shard, z->n);
+  z->open = -1, z->pcur = -1;
+  z->keep = keep;
+  WF_TRY(plan_layers(z, bucket_bytes));
+  WF_TRY(plan_late(z));
+  sizes(z);
+  *out = z;
+  return WF_OK;
+fail:
+  wf__zero_destroy(z);
+  return st;
+}
+
+wf_status wf__zero_create(wf__zero **out, wf_gpt *m, wf_comm *dp, wf_comm *rep, int stage,
+                          size_t bucket_bytes, bool keep)
+{
+  wf_status st = WF_OK;
+  wf__zero *z = NULL;
+  *out = NULL;
+  WF_TRY(plan(&z, wf_gpt_get_dims(m), wf_gpt_get_shard(m), wf_gpt_precision(m), wf_comm_size(dp),
+              wf_comm_rank(dp), stage, bucket_bytes, keep));
+  z->m = m, z->dev = wf_gpt_dev(m);
+  z->dp = dp;
+  z->rep = rep;
+  WF_TRY(alloc_buffers(z));
+  *out = z;
+  return WF_OK;
+fail:
+  wf__zero_destroy(z);
+  return st;
+}
+
+static void free_bucket(wf__zero *z, wf__zbucket *b, bool own_stage)
+{
+  wf_req_wait(&b->req);
+  free(b->r);
+  free(b->p);
+  if (own_stage)
+    wf_dev_free(z->dev, b->stage);
+}
+
+void wf__zero_destroy(wf__zero *z)
+{
+  if (!z)
+    return;
+  if (z->stage == 3 && z->dp) /* created (not a memory plan): the hook is ours */
+    wf_gpt_set_unit_hook(z->m, NULL, NULL);
+  for (int i = 0; i < z->nb; i++)
+    free_bucket(z, &z->b[i], z->stage == 1);
+  free_bucket(z, &z->late, z->stage == 1);
+  free(z->b);
+  wf_dev_free(z->dev, z->gshard);
+  wf_dev_free(z->dev, z->edge);
+  for (int i = 0; i < WF__ZPOOL; i++) {
+    wf_req_wait(&z->win_req[i]);
+    wf_dev_free(z->dev, z->win[i]);
+  }
+  wf_dev_free(z->dev, z->gather);
+  wf__fsdp_free(z);
+  free(z);
+}
+
+/* ---- reduction ----------------------------------------------------------------------- */
+
+/* ZeRO-1: pack b rank-major into its stage (zero padding stays from allocation) and
+ * start the reduce-scatter; the result lands in this rank's block. */
+static wf_status launch(wf__zero *z, wf__zbucket *b)
+{
+  wf_status st = WF_OK;
+  const float *flat = wf_gpt_grads(z->m);
+  for (int i = 0; i < b->np; i++) {
+    const wf__zpiece *p = &b->p[i];
+    WF_TRY(wf__zero_copy(z, b->stage + (size_t)p->owner * b->block + p->dst, flat + p->flat, p->n));
+  }
+  b->launched = true;
+  z->comm_bytes += (double)b->block * z->size * sizeof(float);
+  st = wf_comm_ireduce_scatter(z->dp, b->stage, b->stage + (size_t)z->rank * b->block, b->block,
+                               WF_COMM_F32, WF_COMM_AVG, &b->req);
+  if (st != WF_OK)
+    b->launched = false;
+fail:
+  return st;
+}
+
+/* This rank's pieces of b into the shard: moved from src + dst (ZeRO-1's block) or
+ * added from src + pos (ZeRO-2's natural order). */
+static wf_status take_mine(wf__zero *z, const wf__zbucket *b, const float *src)
+{
+  const wf_ktable *k = wf_dev_kernels(z->dev);
+  for (int i = 0; i < b->np; i++) {
+    const wf__zpiece *p = &b->p[i];
+    if (p->owner != z->rank)
+      continue;
+    float *dst = z->gshard + (p->flat - z->s0);
+    if (z->stage == 1) {
+      wf_status st = wf__zero_copy(z, dst, src + p->dst, p->n);
+      if (st != WF_OK)
+        return st;
+    } else {
+      k->residual_forward(dst, dst, src + p->pos, p->n, NULL);
+    }
+  }
+  return wf_dev_check(z->dev);
+}
+
+static wf_status complete(wf__zero *z, wf__zbucket *b)
+{
+  wf_status st = wf_req_wait(&b->req);
+  b->launched = false;
+  if (st == WF_OK)
+    st = take_mine(z, b, z->stage == 1 ? b->stage + (size_t)z->rank * b->block : z->edge);
+  return st;
+}
+
+/* ZeRO-2: window w's reduction waited for, its pieces added, the window freed. */
+static wf_status complete_window(wf__zero *z, int w)
+{
+  wf_status st = wf_req_wait(&z->win_req[w]);
+  if (st == WF_OK)
+    st = take_mine(z, &z->b[z->win_bucket[w]], z->win[w]);
+  z->win_flying[w] = false;
+  z->win_bucket[w] = -1;
+  return st;
+}
+
+/* ZeRO-2: a free window, completing the oldest reduction (exposed time) if none is. */
+static wf_status free_window(wf__zero *z, int *w)
+{
+  for (;;) {
+    int old = -1;
+    for (int i = 0; i < WF__ZPOOL; i++) {
+      if (z->win_bucket[i] < 0) {
+        *w = i;
+        return WF_OK;
+      }
+      if (z->win_flying[i] && (old < 0 || z->win_seq[i] < z->win_seq[old]))
+        old = i;
+    }
+    if (old < 0) { /* cannot happen: only one window is open at a time */
+      WF_ERROR("ZeRO-2: no gradient window free and none in flight");
+      return WF_EINVAL;
+    }
+    double t0 = wf_now();
+    wf_status st = complete_window(z, old);
+    z->wait_ms += (wf_now() - t0) * 1e3;
+    if (st != WF_OK)
+      return st;
+  }
+}
+
+/* ZeRO-2: bucket i's gradients go to a free window (zeroed; backward adds into it). */
+static wf_status open_window(wf__zero *z, int i)
+{
+  wf_status st = WF_OK;
+  int w;
+  WF_TRY(free_window(z, &w));
+  z->win_bucket[w] = i;
+  z->open = w;
+  redirect(z, &z->b[i], z->win[w]);
+  st = wf_dev_memset(z->dev, z->win[w], 0, z->b[i].count * sizeof(float), NULL);
+fail:
+  return st;
+}
+
+/* ZeRO-2: the open window's bucket is final: all-reduce it in place. */
+static wf_status launch_window(wf__zero *z)
+{
+  int w = z->open;
+  const wf__zbucket *b = &z->b[z->win_bucket[w]];
+  z->open = -1;
+  z->win_flying[w] = true;
+  z->win_seq[w] = ++z->seq;
+  z->comm_bytes += (double)b->count * sizeof(float);
+  wf_status st = wf_comm_iallreduce(z->dp, z->win[w], z->win[w], b->count, WF_COMM_F32, WF_COMM_AVG,
+                                    &z->win_req[w]);
+  if (st != WF_OK)
+    z->win_flying[w] = false, z->win_bucket[w] = -1;
+  return st;
+}
+
+int wf__zero_bucket_of(const wf__zero *z, int gr)
+{
+  for (int i = 0; i < z->nb; i++)
+    if (gr >= z->b[i].first_group && gr <= z->b[i].last_group)
+      return i;
+  return -1;
+}
+
+wf_status wf__zero_begin(wf__zero *z)
+{
+  wf_status st = WF_OK;
+  z->wait_ms = 0, z->comm_bytes = 0, z->launched_early = 0;
+  WF_TRY(wf__fsdp_reshard(z));
+  WF_TRY(wf_dev_memset(z->dev, z->gshard, 0, z->shard * sizeof(float), NULL));
+  if (z->stage >= 2) {
+    WF_TRY(wf_dev_memset(z->dev, z->edge, 0, z->edge_count * sizeof(float), NULL));
+    if (z->open >= 0) /* the last step's window for a next micro-batch (or a failed one) */
+      z->win_bucket[z->open] = -1, z->open = -1;
+    if (z->nb > 0)
+      WF_TRY(open_window(z, 0));
+  }
+  z->armed = z->stage >= 2;
+fail:
+  return st;
+}
+
+void wf__zero_arm(wf__zero *z) { z->armed = true; }
+
+/* Drive MPI progress on the reductions in flight (errors surface at their wait). */
+static void progress(wf__zero *z)
+{
+  bool done;
+  for (int i = 0; i < z->nb; i++)
+    if (z->b[i].launched && z->b[i].req)
+      wf_req_test(&z->b[i].req, &done);
+  for (int w = 0; w < WF__ZPOOL; w++)
+    if (z->win_flying[w] && z->win_req[w])
+      wf_req_test(&z->win_req[w], &done);
+}
+
+/* Group gr's gradients are final (for this micro-batch). A failure here leaves the
+ * bucket unlaunched (ZeRO-1: finish launches it again and reports the error) or is kept
+ * for finish (ZeRO-2). */
+wf_status wf__zero_ready(wf__zero *z, int gr)
+{
+  wf_status st = WF_OK;
+  if (!z->armed)
+    return WF_OK;
+  progress(z);
+  int i = wf__zero_bucket_of(z, gr);
+  if (i < 0 || z->b[i].last_group != gr)
+    return WF_OK;
+  wf__zbucket *b = &z->b[i];
+  if (z->stage == 1) {
+    if (!b->launched && launch(z, b) == WF_OK)
+      z->launched_early++;
+    return WF_OK;
+  }
+  WF_CHECK(z->open >= 0 && z->win_bucket[z->open] == i, WF_EINVAL,
+           "ZeRO-2: gradients of layer group %d are final but its window is not open (a "
+           "schedule whose backward visits the layers out of order?)",
+           gr);
+  WF_TRY(launch_window(z));
+  z->launched_early++;
+  /* the next bucket backward writes: the following one, or the first again for the
+   * next micro-batch */
+  st = open_window(z, i + 1 < z->nb ? i + 1 : 0);
+fail:
+  return st;
+}
+
+wf_status wf__zero_launch_layers(wf__zero *z)
+{
+  wf_status st = WF_OK;
+  if (z->stage == 1)
+    for (int i = 0; i < z->nb; i++)
+      if (!z->b[i].launched)
+        WF_TRY(launch(z, &z->b[i]));
+fail:
+  return st;
+}
+
+/* After grads.c's tp and tied sums: the late bucket, then every reduction in flight. */
+wf_status wf__zero_finish(wf__zero *z)
+{
+  wf_status st = z->hook_err;
+  z->hook_err = WF_OK;
+  if (st != WF_OK)
+    goto fail;
+  if (z->stage >= 2 && z->edge_count > 0) {
+    /* the late kinds in place: an all-reduce needs no staging copy of wte */
+    z->late.launched = true;
+    z->comm_bytes += (double)z->edge_count * sizeof(float);
+    WF_TRY(wf_comm_iallreduce(z->dp, z->edge, z->edge, z->edge_count, WF_COMM_F32, WF_COMM_AVG,
+                              &z->late.req));
+  } else if (z->stage == 1) {
+    WF_TRY(launch(z, &z->late));
+  }
+  for (int i = 0; i < z->nb; i++)
+    if (z->b[i].launched)
+      WF_TRY(complete(z, &z->b[i]));
+  for (int w = 0; w < WF__ZPOOL; w++)
+    if (z->win_flying[w])
+      WF_TRY(complete_window(z, w));
+  WF_TRY(complete(z, &z->late));
+  if (z->rep) { /* HSDP: the fsdp group's average, averaged over the replicas */
+    z->comm_bytes += (double)z->shard * sizeof(float);
+    WF_TRY(wf_comm_allreduce(z->rep, z->gshard, z->gshard, z->shard, WF_COMM_F32, WF_COMM_AVG));
+  }
+fail:
+  z->armed = false;
+  return st;
+}
+
+/* ---- the parameters --------------------------------------------------------------------- */
+
+/* Every rank's updated shard into every rank's parameters, chunk c of each shard at a
+ * time (the last rank's shard is short by the padding, sent as zeros). */
+wf_status wf__zero_gather(wf__zero *z)
+{
+  wf_status st = WF_OK;
+  if (z->stage == 3)
+    return wf__fsdp_refresh(z);
+  st = wf__zero_gather_whole(z);
+  return st;
+}
+
+/* Every rank's shard of the parameters into the model's flat vector (from pshard under
+ * ZeRO-3, where the rank's own part is copied too). */
+wf_status wf__zero_gather_whole(wf__zero *z)
+{
+  wf_status st = WF_OK;
+  float *params = wf_gpt_params(z->m);
+  size_t C = z->chunk;
+  for (size_t c0 = 0; c0 < z->shard; c0 += C) {
+    size_t len = WF_MIN(C, z->shard - c0);
+    float *mine = z->gather + (size_t)z->rank * len;
+    size_t a = WF_MIN(z->s0 + c0, z->s1), b = WF_MIN(z->s0 + c0 + len, z->s1);
+    if (b - a < len)
+      WF_TRY(wf_dev_memset(z->dev, mine, 0, len * sizeof(float), NULL));
+    WF_TRY(wf__zero_copy(z, mine, z->pshard ? z->pshard + (a - z->s0) : params + a, b - a));
+    WF_TRY(wf_comm_allgather(z->dp, mine, z->gather, len, WF_COMM_F32));
+    for (int r = 0; r < z->size; r++) {
+      size_t ra = WF_MIN((size_t)r * z->shard + c0, z->n);
+      size_t rb = WF_MIN(ra + len, WF_MIN((size_t)(r + 1) * z->shard, z->n));
+      if ((r != z->rank || z->pshard) && rb > ra)
+        WF_TRY(wf__zero_copy(z, params + ra, z->gather + (size_t)r * len, rb - ra));
+    }
+  }
+fail:
+  return st;
+}
+
+/* ---- accessors --------------------------------------------------------------------------- */
+
+float *wf__zero_shard(wf__zero *z) { return z->gshard; }
+
+void wf__zero_bounds(const wf__zero *z, size_t *s0, size_t *s1) { *s0 = z->s0, *s1 = z->s1; }
+
+void wf__zero_stats(const wf__zero *z, double *wait_ms, double *comm_bytes, int *launched_early,
+                    int *buckets)
+{
+  *wait_ms = z->wait_ms, *comm_bytes = z->comm_bytes;
+  *launched_early = z->launched_early, *buckets = z->nb + 1;
+}
+
+/* Gradient memory this rank holds beyond the model's flat buffer: the shard, the stages
+ * (ZeRO-1) or edge and the windows (ZeRO-2). The all-gather buffer counts as
+ * parameter memory (wf__zero_param_bytes). */
+size_t wf__zero_grad_bytes(const wf__zero *z)
+{
+  size_t f = z->shard;
+  if (z->stage == 1)
+    for (int i = 0; i <= z->nb; i++)
+      f += (i < z->nb ? z->b[i].block : z->late.block) * (size_t)z->size;
+  else
+    f += z->edge_count + WF__ZPOOL * z->win_count;
+  return f * sizeof(float);
+}
+
+size_t wf__zero_param_bytes(const wf__zero *z)
+{
+  size_t f = z->chunk * (size_t)z->size;
+  if (z->stage == 3) /* the all-gather buffer only comes for --save's final gather */
+    f = z->shard + (z->edge_count + (size_t)z->npw * z->win_count) *
+                       (z->prec != WF_PREC_NO ? 2 : 1); /* rounded copies */
+  return f * sizeof(float);
+}
+
+size_t wf_zero_gather_chunk(size_t shard, size_t biggest, int dp)
+{
+  size_t c = WF_MAX((size_t)1, WF_MIN(shard, biggest / (size_t)dp));
+  return c < 4096 ? WF_MIN(shard, (size_t)4096) : c; /* a tiny model: fewer messages */
+}
+
+/* ---- the memory formulas (wf_parallel.h) ---------------------------------------------- */
+
+wf_status wf__zero_mem_plan(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_precision prec,
+                            int size, int rank, int stage, size_t bucket_bytes, bool keep,
+                            wf_grads_mem *out)
+{
+  wf_status st = WF_OK;
+  wf__zero *z = NULL;
+  WF_TRY(plan(&z, d, s, prec, size, rank, stage, bucket_bytes, keep));
+  out->param = wf__zero_param_bytes(z);
+  out->grad = wf__zero_grad_bytes(z);
+  out->model_params = stage < 3; /* ZeRO-3 drops them at its first step */
+  out->model_grads = stage < 2;  /* ZeRO-2/3 at creation */
+  out->lo = z->s0, out->hi = z->s1;
+  out->n_buckets = z->nb + 1;
+  wf__zero_destroy(z);
+fail:
+  return st;
+}
