@@ -203,8 +203,8 @@ def keyval(keys, k):
 def plan_zero(worker):
     """--plan over 4 ranks of an H100 profile enumerates ZeRO 0-3 (3 also kept gathered)
     and HSDP (mesh.fsdp=2 of dp 4), through the config's refusals: ZeRO-2/3 with the
-    interleaved schedule and HSDP with checkpoints are left out with the config's own
-    reason. Each ranked plan's peak is what --estimate says of its keys (the search and
+    interleaved schedule are left out with the config's own reason, and HSDP stays
+    ranked with train.checkpoint_dir set (HSDP has checkpoints). Each ranked plan's peak is what --estimate says of its keys (the search and
     the estimate add up the same functions). With the device memory between the smallest
     ZeRO-3 peak and the smallest ZeRO-0/1 peak at dp 4 (tp 1, pp 1: the whole model on
     each rank), only ZeRO-2/3 plans of dp 4 are ranked."""
