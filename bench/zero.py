@@ -142,6 +142,8 @@ def torch_rows(a):
               "python3-torch)")
         return
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zero_torch.py")
+    print("torch rows: uniform random tokens (weft's synthetic source is its own), so their loss "
+          "stays near ln V and is not comparable; step time and memory are")
     for mode in ("ddp", "fsdp"):
         cmd = ["/usr/bin/python3", script, "--mode", mode, "--np", str(a.np), "--steps",
                str(a.steps), "--layers", str(a.layers), "--d-model", str(a.d_model), "--vocab",
