@@ -683,6 +683,8 @@ CASES = {
     "resume-hsdp2x2-zero3": lambda: case_resume_hsdp(3),
     "reshard-hsdp2x2zero3-np1": lambda: case_reshard(4, HSDP + ["optim.zero=3"], 1, []),
     "reshard-np1-hsdp2x2zero1": lambda: case_reshard(1, [], 4, HSDP + ["optim.zero=1"]),
+    "reshard-hsdp2x2zero2-dp2tp2zero3": lambda: case_reshard(
+        4, HSDP + ["optim.zero=2"], 4, ["mesh.tp=2", "optim.zero=3"], MODEL),
     "export": case_export,
     "export-tp2pp2": case_export_sharded,
     "bad-shards-tp2pp2": case_bad_shards,
