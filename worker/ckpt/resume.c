@@ -272,8 +272,9 @@ static void note_differences(const wf_ckpt_target *t, const wf__manifest *m, con
     WF_INFO("checkpoint: resharding the optimizer state from %s%s to %s%s", was, zero_name(m->zero),
             now, zero_name(zero));
   else if (m->replicas != reps)
-    WF_INFO("checkpoint: the optimizer state of %s%s as it is, on %s%s", was, zero_name(m->zero),
-            now, zero_name(zero));
+    WF_INFO("checkpoint: the optimizer shards of %s%s load unchanged on %s%s (the same shard "
+            "group)",
+            was, zero_name(m->zero), now, zero_name(zero));
   WF_INFO("checkpoint: resumed from %s at step %d", dir, m->step);
 }
 
