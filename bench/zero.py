@@ -14,8 +14,11 @@ bytes) with the theory beside each, computed here from the llm.c layout by the f
 of README.md's ZeRO section (wf_zero_mem computes the same in C). A mismatch between a
 reported figure and its theory is flagged with '!='.
 
-PyTorch DDP/FSDP rows need torch under /usr/bin/python3 (Debian's python3-torch); the
-script says when it is absent.
+Then PyTorch on the same model size, batch and threads, in the same run
+(bench/zero_torch.py under /usr/bin/python3, Debian's python3-torch 1.13, gloo): DDP,
+and FSDP when torch's FSDP runs (Debian 12's 1.13 cannot import it under Python 3.11;
+the row then says why). Their memory is rank 0's tensors by kind (no activations, no comm_ms:
+torch measures neither). The script says when torch is absent.
 """
 import argparse
 import json
@@ -112,7 +115,7 @@ def main():
     n = sum(k[1] for k in layout(L, C, V, T))
     print(f"GPT-2 L{L} C{C} V{V} T{T}: {n / 1e6:.1f}M parameters, dp {D}, global batch "
           f"{a.batch} x {T}, {a.steps} steps (medians over steps 2..{a.steps}), rank 0")
-    print(f"{'zero':>4} {'step_ms':>8} {'comm_ms':>8} {'loss':>8}  "
+    print(f"{'zero':>10} {'step_ms':>8} {'comm_ms':>8} {'loss':>8}  "
           f"{'param MiB (theory)':>19} {'grad MiB (theory)':>19} {'optim MiB (theory)':>19} "
           f"{'act MiB':>8}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -126,12 +129,36 @@ def main():
                 got, want = last[kind + "_bytes"], th[kind]
                 mark = "=" if got == want else "!="
                 cells.append(f"{got / MIB:8.2f} {mark} {want / MIB:7.2f}")
-            print(f"{str(zero) + ('k' if keep else ''):>4} {step:8.1f} {comm:8.1f} {last['loss']:8.4f}  "
+            print(f"{str(zero) + ('k' if keep else ''):>10} {step:8.1f} {comm:8.1f} {last['loss']:8.4f}  "
                   + " ".join(f"{c:>19}" for c in cells) + f" {last['act_bytes'] / MIB:8.2f}")
+    torch_rows(a)
+
+
+def torch_rows(a):
+    """PyTorch DDP and FSDP (gloo, CPU) on the same model, batch and steps."""
     torch = subprocess.run(["/usr/bin/python3", "-c", "import torch"], capture_output=True)
     if torch.returncode != 0:
         print("PyTorch DDP/FSDP: not run (/usr/bin/python3 has no torch; apt-get install "
               "python3-torch)")
+        return
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zero_torch.py")
+    print("torch rows: uniform random tokens (weft's synthetic source is its own), so their loss "
+          "stays near ln V and is not comparable; step time and memory are")
+    for mode in ("ddp", "fsdp"):
+        cmd = ["/usr/bin/python3", script, "--mode", mode, "--np", str(a.np), "--steps",
+               str(a.steps), "--layers", str(a.layers), "--d-model", str(a.d_model), "--vocab",
+               str(a.vocab), "--seq", str(a.seq), "--batch", str(a.batch)]
+        p = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                           env=dict(os.environ, OMP_NUM_THREADS="1"))
+        lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
+        r = json.loads(lines[-1]) if lines else {"error": f"exit {p.returncode}: "
+                                                 f"{(p.stderr.strip().splitlines() or [''])[-1]}"}
+        name = f"torch {mode}"
+        if "error" in r:
+            print(f"{name:>10}: not run on this CPU: {r['error']}")
+            continue
+        cells = " ".join(f"{r[k + '_bytes'] / MIB:19.2f}" for k in ("param", "grad", "optim"))
+        print(f"{name:>10} {r['step_ms']:8.1f} {'-':>8} {r['loss']:8.4f}  {cells} {'-':>8}")
 
 
 if __name__ == "__main__":

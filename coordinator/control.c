@@ -689,6 +689,8 @@ void wf_control_report(wf_control *c, const wf_step_report *r)
   sr.bubble = r->bubble;
   sr.act_bytes = r->act_bytes;
   sr.optim_bytes = r->optim_bytes;
+  sr.param_bytes = r->param_bytes;
+  sr.grad_bytes = r->grad_bytes;
   sr.skipped_steps = r->skipped_steps;
   sr.ckpt_wall = r->ckpt_wall;
   sr.checkpoints = r->checkpoints;

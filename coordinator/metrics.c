@@ -158,6 +158,8 @@ static double r_dp(const wf__rank *r, double now) { return r->rep.dp_s; }
 static double r_bubble(const wf__rank *r, double now) { return r->rep.bubble; }
 static double r_act(const wf__rank *r, double now) { return (double)r->rep.act_bytes; }
 static double r_optim(const wf__rank *r, double now) { return (double)r->rep.optim_bytes; }
+static double r_param(const wf__rank *r, double now) { return (double)r->rep.param_bytes; }
+static double r_grad(const wf__rank *r, double now) { return (double)r->rep.grad_bytes; }
 static double r_mem(const wf__rank *r, double now) { return (double)r->mem_bytes; }
 static double r_rss(const wf__rank *r, double now) { return (double)r->rss_bytes; }
 static double r_cpu(const wf__rank *r, double now) { return r->cpu_s; }
@@ -185,6 +187,10 @@ static const rank_metric rank_metrics[] = {
     {"weft_rank_activation_bytes", "gauge", "peak activations held by the rank's pipeline stage",
      r_act},
     {"weft_rank_optimizer_bytes", "gauge", "AdamW state the rank holds", r_optim},
+    {"weft_rank_parameter_bytes", "gauge",
+     "parameters the rank holds (their GEMM copy and ZeRO's gather buffer or shard)", r_param},
+    {"weft_rank_gradient_bytes", "gauge", "gradients the rank holds and the dp reduction's buffers",
+     r_grad},
     {"weft_rank_memory_bytes", "gauge",
      "memory the rank holds through weft's allocator (host + device)", r_mem},
     {"weft_rank_resident_memory_bytes", "gauge", "the rank process's resident set size", r_rss},

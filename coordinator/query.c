@@ -73,12 +73,24 @@ static json_t *rank_json(const wf__rank *r, double now)
       (json_int_t)r->coll_seq, "op", r->coll_op, "active", r->coll_active, "error", r->error);
 }
 
+/* A rank's memory by kind from its last step report (the step line's figures); null
+ * before its first report. */
+static json_t *report_bytes(const wf__rank *r, uint64_t b)
+{
+  return r->reports > 0 ? json_integer((json_int_t)b) : json_null();
+}
+
 /* What `ranks` adds for operators: throughput per rank (the job's tokens/s over its
- * ranks, as Megatron reports per GPU), the process's resident set and CPU use. */
+ * ranks, as Megatron reports per GPU), the process's resident set and CPU use, and its
+ * memory by kind. */
 static json_t *rank_usage(json_t *j, const wf__rank *r, int world)
 {
   if (!j)
     return NULL;
+  json_object_set_new(j, "param_bytes", report_bytes(r, r->rep.param_bytes));
+  json_object_set_new(j, "grad_bytes", report_bytes(r, r->rep.grad_bytes));
+  json_object_set_new(j, "optim_bytes", report_bytes(r, r->rep.optim_bytes));
+  json_object_set_new(j, "act_bytes", report_bytes(r, r->rep.act_bytes));
   double per_gpu = isfinite(r->tokens_per_s) && world > 0 ? r->tokens_per_s / world : NAN;
   json_object_set_new(j, "tokens_per_s_per_rank", num_or_null(per_gpu));
   json_object_set_new(j, "rss_bytes", json_integer((json_int_t)r->rss_bytes));

@@ -74,14 +74,30 @@ static void render_status(json_t *j, FILE *out)
     fprintf(out, "aborted  %s\n", str(j, "abort_reason"));
 }
 
+/* "params/grads/optim/act MiB", or "-" before the rank's first step report. */
+static const char *kinds_s(char *buf, size_t len, json_t *r)
+{
+  const char *k[] = {"param_bytes", "grad_bytes", "optim_bytes", "act_bytes"};
+  double mib[4];
+  for (int i = 0; i < 4; i++) {
+    json_t *v = json_object_get(r, k[i]);
+    if (!json_is_number(v))
+      return "-";
+    mib[i] = json_number_value(v) / (1 << 20);
+  }
+  snprintf(buf, len, "%.1f/%.1f/%.1f/%.1f MiB", mib[0], mib[1], mib[2], mib[3]);
+  return buf;
+}
+
 static void render_ranks(json_t *j, FILE *out)
 {
   size_t i;
   json_t *r;
-  char age[32], mem[32], rss[32], ms[32], tps[32], cpu[32], coll[96];
-  fprintf(out, "%4s %-12s %7s %-8s %-16s %-8s %-16s %-7s %5s %6s %8s %9s %9s %9s %5s %s\n", "rank",
-          "host", "pid", "device", "binding", "pp/dp/tp", "stage", "state", "hb", "step", "step ms",
-          "tok/s", "memory", "rss", "cpu%", "last collective");
+  char age[32], mem[32], rss[32], ms[32], tps[32], cpu[32], coll[96], kinds[96];
+  fprintf(out, "%4s %-12s %7s %-8s %-16s %-8s %-16s %-7s %5s %6s %8s %9s %9s %-30s %9s %5s %s\n",
+          "rank", "host", "pid", "device", "binding", "pp/dp/tp", "stage", "state", "hb", "step",
+          "step ms", "tok/s", "memory", "mem params/grads/optim/act", "rss", "cpu%",
+          "last collective");
   json_array_foreach(json_object_get(j, "ranks"), i, r)
   {
     json_t *c = json_object_get(r, "coords"), *k = json_object_get(r, "collective");
@@ -97,13 +113,15 @@ static void render_ranks(json_t *j, FILE *out)
     char steps[32];
     snprintf(steps, sizeof steps, step < 0 ? "-" : "%" JSON_INTEGER_FORMAT, step);
     fprintf(out,
-            "%4d %-12.12s %7d %-8.8s %-16.16s %-8s %-16.16s %-7s %5s %6s %8s %9s %9s %9s %5s %s\n",
+            "%4d %-12.12s %7d %-8.8s %-16.16s %-8s %-16.16s %-7s %5s %6s %8s %9s %9s %-30s %9s %5s "
+            "%s\n",
             (int)num_i(r, "rank"), str(r, "host"), (int)num_i(r, "pid"), str(r, "device"),
             str(r, "binding"), coords, str(r, "stage"), str(r, "state"),
             num_s(age, sizeof age, r, "heartbeat_age_s", "%.1fs"), steps,
             num_s(ms, sizeof ms, r, "step_ms", "%.1f"),
             num_s(tps, sizeof tps, r, "tokens_per_s_per_rank", "%.0f"),
             bytes_s(mem, sizeof mem, (double)num_i(r, "mem_bytes")),
+            kinds_s(kinds, sizeof kinds, r),
             bytes_s(rss, sizeof rss, (double)num_i(r, "rss_bytes")),
             num_s(cpu, sizeof cpu, r, "cpu_percent", "%.0f"), coll);
   }

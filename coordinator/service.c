@@ -276,6 +276,8 @@ static void report_from_proto(wf_step_report *r, const Weft__StepReport *sr)
                         .bubble = sr->bubble,
                         .act_bytes = sr->act_bytes,
                         .optim_bytes = sr->optim_bytes,
+                        .param_bytes = sr->param_bytes,
+                        .grad_bytes = sr->grad_bytes,
                         .skipped_steps = sr->skipped_steps,
                         .ckpt_wall = sr->ckpt_wall,
                         .checkpoints = sr->checkpoints};

@@ -119,7 +119,7 @@ typedef struct wf_step_report {
   int world_size;
   double lr, grad_norm, val_loss, loss_scale, mfu;
   double compute_s, p2p_wait_s, tp_s, dp_s, bubble;
-  uint64_t act_bytes, optim_bytes;
+  uint64_t act_bytes, optim_bytes, param_bytes, grad_bytes; /* memory by kind */
   int64_t skipped_steps;
   double ckpt_wall;    /* wall time (s since the epoch) the last checkpoint ended; 0 = none */
   int64_t checkpoints; /* checkpoints written by this run */

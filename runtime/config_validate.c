@@ -182,11 +182,6 @@ static wf_status rule_fsdp(vctx *v)
                 "mesh.fsdp=%d does not divide mesh.dp=%d; the fsdp groups must tile the dp "
                 "ranks (choose a divisor of %d)",
                 f, dp, dp);
-  if ((dp == 0 || f < dp) && (c->train.checkpoint_dir[0] || c->train.resume[0]))
-    return fail(v,
-                "mesh.fsdp=%d (HSDP) has no checkpoint format yet: remove "
-                "train.checkpoint_dir and train.resume, or mesh.fsdp",
-                f);
   return WF_OK;
 }
 

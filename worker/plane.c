@@ -381,6 +381,8 @@ void wf_plane_report_step(wf_plane *p, const wf_job *job, const wf_train_step_in
       .bubble = info->bubble,
       .act_bytes = (uint64_t)info->stage_act_bytes[stage < WF_MAX_STAGES ? stage : 0],
       .optim_bytes = (uint64_t)info->optim_bytes,
+      .param_bytes = (uint64_t)info->param_bytes,
+      .grad_bytes = (uint64_t)info->grad_bytes,
       .skipped_steps = info->skipped_steps,
       .ckpt_wall = ckpt_wall,
       .checkpoints = checkpoints,

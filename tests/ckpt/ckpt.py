@@ -236,6 +236,28 @@ def case_reshard(n_from, extra_from, n_to, extra_to, what="the optimizer state")
 
 
 TP2PP2 = ["mesh.tp=2", "mesh.pp=2", "train.microbatches=2"]
+HSDP = ["mesh.fsdp=2"]  # with 4 ranks: dp 4 as 2 fsdp groups of 2 (HSDP 2x2)
+
+
+def case_resume_hsdp(zero):
+    """HSDP 2x2: fsdp group 0 writes a dp = 2 run's files (the manifest says dp 2 x 2
+    replicas), and the same mesh resumes from them bit for bit."""
+    case_resume(4, HSDP + [f"optim.zero={zero}"])
+    step = path("ref", "step-000010")
+    man = json.load(open(os.path.join(step, "manifest.json")))
+    if (man["mesh"]["dp"], man["mesh"]["replicas"], man["optimizer"]["zero"]) != (2, 2, zero):
+        fail(f"HSDP manifest: mesh {man['mesh']}, zero {man['optimizer']['zero']}; want dp 2, "
+             f"replicas 2, zero {zero}")
+    want = {"manifest.json", "model-pp00-tp00.bin", "optim-pp00-tp00-dp00.bin",
+            "optim-pp00-tp00-dp01.bin"}
+    if set(os.listdir(step)) != want:
+        fail(f"HSDP step-000010 holds {sorted(os.listdir(step))}, want {sorted(want)}")
+    n = man["model"]["params"]
+    ranges = sorted(tuple(f["range"]) for f in man["files"] if f["kind"] == "optim")
+    half = (n + 1) // 2  # ZeRO's shard over the fsdp group of 2: ceil(n / 2)
+    if ranges != [(0, half), (half, n)]:
+        fail(f"HSDP optimizer ranges {ranges}, want [(0, {half}), ({half}, {n})]")
+    print(f"HSDP 2x2 ZeRO-{zero}: manifest dp 2 x 2 replicas, optimizer ranges {ranges}")
 MODEL = "the model and optimizer state"
 
 
@@ -656,6 +678,13 @@ CASES = {
     "reshard-interleaved-dp2tp2zero": lambda: case_reshard(
         2, ["mesh.pp=2", "train.schedule=interleaved", "parallel.virtual_stages=2",
             "train.microbatches=4"], 4, ["mesh.tp=2", "optim.zero=1"], MODEL),
+    # HSDP 2x2: fsdp group 0 writes a dp = 2 ZeRO run's files; others reshard them
+    "resume-hsdp2x2-zero2": lambda: case_resume_hsdp(2),
+    "resume-hsdp2x2-zero3": lambda: case_resume_hsdp(3),
+    "reshard-hsdp2x2zero3-np1": lambda: case_reshard(4, HSDP + ["optim.zero=3"], 1, []),
+    "reshard-np1-hsdp2x2zero1": lambda: case_reshard(1, [], 4, HSDP + ["optim.zero=1"]),
+    "reshard-hsdp2x2zero2-dp2tp2zero3": lambda: case_reshard(
+        4, HSDP + ["optim.zero=2"], 4, ["mesh.tp=2", "optim.zero=3"], MODEL),
     "export": case_export,
     "export-tp2pp2": case_export_sharded,
     "bad-shards-tp2pp2": case_bad_shards,

@@ -295,6 +295,9 @@ static void test_zero_is_0_to_3(void **state)
   BAD(4, "mesh.fsdp=3 does not divide mesh.dp=4", "mesh.fsdp=3", "optim.zero=1");
   BAD(4, "mesh.fsdp=2 shards with ZeRO", "mesh.fsdp=2");
   GOOD(4, "mesh.fsdp=2", "optim.zero=2");
+  /* HSDP checkpoints: fsdp group 0 writes a dp = 2 run's files */
+  GOOD(4, "mesh.fsdp=2", "optim.zero=3", "train.checkpoint_dir=/tmp/weft-validate-hsdp");
+  GOOD(4, "mesh.fsdp=2", "optim.zero=1", "train.resume=/tmp/weft-validate-hsdp");
   case_ t;
   build(&t, NULL);
   t.cfg.optim.zero = 4;

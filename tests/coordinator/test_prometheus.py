@@ -138,6 +138,7 @@ if mode == "promtool":
         for name in ("weft_rank_step_seconds", "weft_rank_compute_seconds",
                      "weft_rank_p2p_wait_seconds", "weft_rank_bubble_ratio",
                      "weft_rank_activation_bytes", "weft_rank_optimizer_bytes",
+                     "weft_rank_parameter_bytes", "weft_rank_gradient_bytes",
                      "weft_rank_resident_memory_bytes", "weft_rank_heartbeat_age_seconds",
                      "weft_rank_cpu_seconds_total"):
             check(value(s, name, **lab) is not None, "%s missing for rank %s" % (name, rank))

@@ -147,6 +147,57 @@ def case_console_3d(port):
         print("ok: 3-D job: stages, groups and the schedule as the console shows them")
 
 
+def last_metrics(path):
+    with open(path) as f:
+        return json.loads([line for line in f if line.strip()][-1])
+
+
+def case_console_mem(port):
+    """`ranks` shows each rank's memory by kind. A 2-step one-rank ZeRO-0 run gives the
+    whole AdamW state, 8 bytes (m and v, float32) per parameter; under optim.zero=1 at dp
+    2 rank 0 holds its shard, ceil(n / 2) parameters' worth, exactly (zero.c's shard); and
+    rank 0's four figures are its metrics file's (the same step info feeds both, and they
+    do not change from step to step)."""
+    base = ["model.preset=gpt2-tiny", "train.eval_every=0"]
+    with tempfile.TemporaryDirectory() as jobdir:
+        one = os.path.join(jobdir, "one.jsonl")
+        p = subprocess.run([WORKER] + base + ["train.steps=2", f"train.metrics={one}"],
+                           capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, WEFT_JOB_DIR=os.path.join(jobdir, "one"),
+                                    MASTER_PORT=str(port)))
+        if p.returncode != 0:
+            fail(f"one-rank run exit {p.returncode}: {p.stderr[-2000:]}")
+        whole = last_metrics(one)["optim_bytes"]
+        if whole % 8:
+            fail(f"one rank's ZeRO-0 optim_bytes {whole} is not 8 bytes per parameter")
+        n = whole // 8
+        metrics = os.path.join(jobdir, "z1.jsonl")
+        job = start(2, jobdir, port, extra=base + ["optim.zero=1", f"train.metrics={metrics}"])
+        wait_running(job, jobdir, 2)
+        _, out, _ = console(jobdir, "--json", "ranks")
+        ranks = sorted(json.loads(out)["ranks"], key=lambda r: r["rank"])
+        keys = ("param_bytes", "grad_bytes", "optim_bytes", "act_bytes")
+        for r in ranks:
+            if not all(isinstance(r.get(k), int) and r[k] > 0 for k in keys):
+                fail(f"rank {r['rank']}: memory by kind {[r.get(k) for k in keys]}", job)
+        if ranks[0]["optim_bytes"] != 8 * ((n + 1) // 2):
+            fail(f"ZeRO-1 dp 2 rank 0 optim_bytes {ranks[0]['optim_bytes']}, want 8 x "
+                 f"ceil({n} / 2) = {8 * ((n + 1) // 2)} (ZeRO-0: {whole})", job)
+        m = last_metrics(metrics)
+        if any(ranks[0][k] != m[k] for k in keys):
+            fail(f"rank 0 {[ranks[0][k] for k in keys]} != metrics {[m[k] for k in keys]}", job)
+        rc, text, err = console(jobdir, "ranks")
+        if rc != 0 or "mem params/grads/optim/act" not in text or " MiB" not in text:
+            fail(f"`coordinator ranks` exit {rc}:\n{text}{err}", job)
+        print(text)
+        console(jobdir, "stop")
+        job.communicate(timeout=60)
+        if job.returncode != 0:
+            fail(f"stop: exit {job.returncode}")
+        print(f"ok: ranks shows params/grads/optim/act; ZeRO-1 rank 0 optim "
+              f"{ranks[0]['optim_bytes']} = 8 x ceil({n} / 2), ZeRO-0 {whole}; rank 0 = metrics")
+
+
 def case_fault(sig, victim, port, needle, mesh=None, also=()):
     """Signal one rank of a 4-rank job; every rank must exit non-zero within the bound
     with a diagnosis holding `needle` (and each of `also`)."""
@@ -233,6 +284,7 @@ CASES = {
     "console-np4": lambda: case_console(4, 29611),
     "console-np8": lambda: case_console(8, 29612),
     "console-3d": lambda: case_console_3d(29617),
+    "console-mem-zero1": lambda: case_console_mem(29623),
     "fault-kill": lambda: case_fault(signal.SIGKILL, 2, 29613, "rank 2"),
     "fault-stop": lambda: case_fault(signal.SIGSTOP, 1, 29614, "rank 1"),
     # mpirun itself ends the job when rank 0 dies and names it.

@@ -60,7 +60,7 @@ EQUIV = {
 }
 OTHER = ["dump-state", "init-sliced", "trace", "refuse-tp-heads",
          "refuse-interleaved-pp-layers", "bf16-dump-state", "refuse-zero2-interleaved",
-         "refuse-fsdp-zero0", "refuse-fsdp-divide", "refuse-fsdp-checkpoint"]
+         "refuse-fsdp-zero0", "refuse-fsdp-divide"]
 CASES = list(EQUIV) + OTHER
 
 TIED = "tied embedding: the first and last stage's copies were identical after each of {} steps"
@@ -452,9 +452,6 @@ def refuse(eq, name, tmp):
         "refuse-fsdp-zero0": (["mesh.dp=2", "mesh.fsdp=2"], ["mesh.fsdp=2", "optim.zero=0"]),
         "refuse-fsdp-divide": (["mesh.dp=2", "mesh.fsdp=3", "optim.zero=1"],
                                ["mesh.fsdp=3", "mesh.dp=2"]),
-        "refuse-fsdp-checkpoint": (["mesh.dp=2", "mesh.fsdp=1", "optim.zero=1",
-                                    f"train.checkpoint_dir={tmp}/ck"],
-                                   ["mesh.fsdp=1", "train.checkpoint_dir"]),
     }[name]
     args, needles = spec[:2]
     np = spec[2] if len(spec) > 2 else 2  # ranks

@@ -93,6 +93,7 @@ typedef struct wf__entry {
 
 typedef struct wf__manifest {
   int step, dp, tp, pp, zero;
+  int replicas; /* HSDP: the fsdp groups of dp ranks that held this state (1 without) */
   uint64_t n, seed;
   wf_gpt_dims dims;
   int n_files;

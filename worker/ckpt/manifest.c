@@ -167,6 +167,9 @@ char *wf__manifest_text(const wf_ckpt_target *t, int step, const uint64_t *recs,
       "weight_decay", cfg->optim.weight_decay);
   if (!o)
     return NULL;
+  /* HSDP: mesh.dp is the fsdp group (the files are a dp = F run's), replicas its copies */
+  json_object_set_new(json_object_get(o, "mesh"), "replicas",
+                      json_integer(t->replicas > 0 ? t->replicas : 1));
   json_object_set_new(o, "config", config_json(cfg));
   if (fp16) /* fp16 loss scaling: the scale and its counters go on with the run */
     json_object_set_new(o, "loss_scaler",
@@ -280,6 +283,9 @@ static wf_status parse_fields(json_t *o, wf__manifest *m, const char *path, json
   WF_CHECK(!wf_gpt_dims_check(d) && (uint64_t)n == wf_gpt_num_params(d) && m->step >= 0, WF_EFORMAT,
            "%s: inconsistent model dims or step", path);
   m->n = (uint64_t)n, m->seed = (uint64_t)seed;
+  m->replicas = 1; /* written before HSDP had checkpoints: one replica */
+  WF_CHECK(json_unpack(o, "{s:{s?i}}", "mesh", "replicas", &m->replicas) == 0 && m->replicas >= 1,
+           WF_EFORMAT, "%s: mesh.replicas must be an integer >= 1", path);
   wf_optim_scaler *ls = &m->scaler;
   m->has_scaler = json_unpack(o, "{s:{s:F, s:i, s:i}}", "loss_scaler", "scale", &ls->scale,
                               "good_steps", &ls->good_steps, "skipped", &ls->skipped) == 0;

@@ -240,23 +240,41 @@ static const char *zero_name(int zero)
   return zero == 1 ? " (ZeRO-1)" : zero == 2 ? " (ZeRO-2)" : zero == 3 ? " (ZeRO-3)" : "";
 }
 
+/* "dp 4", or HSDP's "dp 2 x 2 replicas" (the fsdp group, then its copies). */
+static const char *dp_name(char *buf, size_t len, int dp, int replicas)
+{
+  if (replicas > 1)
+    wf__pathf(buf, len, "dp %d x %d replicas", dp, replicas);
+  else
+    wf__pathf(buf, len, "dp %d", dp);
+  return buf;
+}
+
 static void note_differences(const wf_ckpt_target *t, const wf__manifest *m, const char *dir,
                              bool same)
 {
   const wf_config *cfg = t->cfg;
   int dp = wf__size_of(t->dp_comm), zero = t->optim_sharded ? cfg->optim.zero : 0;
+  int reps = t->replicas > 0 ? t->replicas : 1;
+  char was[48], now[48];
+  dp_name(was, sizeof was, m->dp, m->replicas);
+  dp_name(now, sizeof now, dp, reps);
   if (m->seed != cfg->train.seed)
     WF_WARN("checkpoint %s was trained with train.seed=%llu, this run has %llu: the data order "
             "changes from here on",
             dir, (unsigned long long)m->seed, (unsigned long long)cfg->train.seed);
   if (!same)
-    WF_INFO("checkpoint: resharding the model and optimizer state from dp %d x tp %d x pp %d%s "
-            "to dp %d x tp %d x pp %d%s",
-            m->dp, m->tp, m->pp, zero_name(m->zero), dp, cfg->mesh.tp, cfg->mesh.pp,
+    WF_INFO("checkpoint: resharding the model and optimizer state from %s x tp %d x pp %d%s "
+            "to %s x tp %d x pp %d%s",
+            was, m->tp, m->pp, zero_name(m->zero), now, cfg->mesh.tp, cfg->mesh.pp,
             zero_name(zero));
   else if (m->dp != dp || m->zero != zero)
-    WF_INFO("checkpoint: resharding the optimizer state from dp %d%s to dp %d%s", m->dp,
-            zero_name(m->zero), dp, zero_name(zero));
+    WF_INFO("checkpoint: resharding the optimizer state from %s%s to %s%s", was, zero_name(m->zero),
+            now, zero_name(zero));
+  else if (m->replicas != reps)
+    WF_INFO("checkpoint: the optimizer shards of %s%s load unchanged on %s%s (the same shard "
+            "group)",
+            was, zero_name(m->zero), now, zero_name(zero));
   WF_INFO("checkpoint: resumed from %s at step %d", dir, m->step);
 }
 

@@ -24,6 +24,12 @@
  * A crash at any moment leaves `latest` naming a complete, checksummed checkpoint.
  * train.keep prunes the oldest step directories but never the one `latest` names.
  *
+ * HSDP (mesh.fsdp = F < mesh.dp): every fsdp group of F dp ranks holds the whole sharded
+ * state, so fsdp group 0 alone writes it, in exactly the files of a dp = F run of the same
+ * ZeRO stage; the manifest says so (mesh.dp = F, mesh.replicas = dp / F). On resume each
+ * fsdp group reads it as that dp = F run would, so the same mesh resumes bit for bit and
+ * any other mesh reshards it like any ZeRO checkpoint.
+ *
  * Names carry the (pp, tp) coordinates; the manifest lists each file with its
  * coordinates, element range and (model files) shard geometry, so a checkpoint saved on
  * one mesh (dp x tp x pp, any schedule, ZeRO-1 or not) loads on any other: on the same
@@ -51,12 +57,14 @@
 /* What a checkpoint saves and restores on this rank (everything borrowed). */
 typedef struct wf_ckpt_target {
   const wf_config *cfg;
-  wf_gpt *model;        /* this rank's parameters (the full model while tp = pp = 1) */
-  wf_optim *optim;      /* this rank's optimizer state (a dp shard under ZeRO-1) */
-  bool optim_sharded;   /* the optimizer holds this rank's ZeRO shard: one file per dp rank */
-  wf_comm *dp_comm;     /* this rank's dp group; NULL = one rank alone */
-  wf_comm *world;       /* every rank of the job; NULL = dp_comm */
-  int pp_rank, tp_rank; /* this rank's pipeline stage and tensor shard (0, 0 = the whole model) */
+  wf_gpt *model;         /* this rank's parameters (the full model while tp = pp = 1) */
+  wf_optim *optim;       /* this rank's optimizer state (a dp shard under ZeRO-1) */
+  bool optim_sharded;    /* the optimizer holds this rank's ZeRO shard: one file per dp rank */
+  wf_comm *dp_comm;      /* this rank's dp group (HSDP: its fsdp group); NULL = one rank alone */
+  int replica, replicas; /* HSDP: this rank's fsdp group and how many (0, 1 without HSDP; 0
+                          * reads as 1): replica 0 writes, every replica reads */
+  wf_comm *world;        /* every rank of the job; NULL = dp_comm */
+  int pp_rank, tp_rank;  /* this rank's pipeline stage and tensor shard (0, 0 = the whole model) */
 } wf_ckpt_target;
 
 /* Before training: when train.checkpoint_dir is set, create it and prove every rank can

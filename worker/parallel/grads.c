@@ -529,6 +529,12 @@ size_t wf_grads_bytes(const wf_grads *g)
 
 float *wf_grads_param_shard(wf_grads *g) { return g->z ? wf__zero_param_shard(g->z) : NULL; }
 
+wf_comm *wf_grads_hsdp_group(const wf_grads *g, int *replica)
+{
+  *replica = g->rep_comm ? wf_comm_rank(g->rep_comm) : 0;
+  return g->rep_comm ? g->shard_comm : NULL;
+}
+
 wf_status wf_grads_unshard(wf_grads *g) { return g->z ? wf__zero_unshard(g->z) : WF_OK; }
 
 /* Parameter memory: the model's own (wf_gpt_param_bytes) and ZeRO's all-gather buffer. */

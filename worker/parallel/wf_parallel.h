@@ -318,6 +318,9 @@ size_t wf_grads_param_bytes(const wf_grads *g);
 /* ZeRO-3: where the rank's parameter shard lives (the optimizer's parameters), NULL
  * below ZeRO-3; and the model's flat parameters put back whole (for --save). */
 float *wf_grads_param_shard(wf_grads *g);
+/* HSDP: the fsdp group this rank shards within, and its replica index (which fsdp group
+ * it is in, 0 first); NULL (replica 0) without HSDP. */
+wf_comm *wf_grads_hsdp_group(const wf_grads *g, int *replica);
 wf_status wf_grads_unshard(wf_grads *g);
 /* Elements per rank of each chunk of ZeRO's parameter all-gather: the largest staging
  * buffer or window (`biggest` elements) divided over dp, at most the shard, and at least

@@ -193,11 +193,15 @@ static wf_status setup_checkpoint(wf__trainer *tr)
 {
   wf_status st = WF_OK;
   const wf_train_hooks *h = tr->hooks;
+  int replica;
+  wf_comm *fsdp = wf_grads_hsdp_group(tr->grads, &replica); /* HSDP: fsdp group 0 writes */
   tr->ck = (wf_ckpt_target){.cfg = tr->cfg,
                             .model = tr->model,
                             .optim = tr->optim,
                             .optim_sharded = tr->dp_comm && tr->cfg->optim.zero,
-                            .dp_comm = tr->dp_comm,
+                            .dp_comm = fsdp ? fsdp : tr->dp_comm,
+                            .replica = replica,
+                            .replicas = fsdp ? tr->D / wf_comm_size(fsdp) : 1,
                             .world = tr->world,
                             .pp_rank = tr->pp_rank,
                             .tp_rank = wf__comm_rank(tr->tp_comm)};
