@@ -67,6 +67,7 @@ struct wf_control {
   char err_msg[512];
 
   atomic_bool stop_req, ckpt_req, aborted;
+  wf_nvml *nvml; /* the rank's GPU, when NVML is there; sampled on the control thread */
 };
 
 static void start_done(wf_control *c, int result, const char *err)
@@ -193,6 +194,12 @@ static void send_heartbeat(wf_control *c)
   hb.coll_active = c->coll_active;
   hb.mem_bytes = c->mem_bytes;
   process_usage(&hb.rss_bytes, &hb.cpu_s);
+  wf_nvml_figures g;
+  if ((hb.gpu = wf_nvml_sample(c->nvml, &g))) {
+    hb.gpu_util_pct = (uint32_t)g.util_pct;
+    hb.gpu_mem_used = g.mem_used;
+    hb.gpu_mem_total = g.mem_total;
+  }
   wf_strlcpy(phase, c->phase, sizeof phase);
   wf_strlcpy(op, c->coll_op, sizeof op);
   wf_control_collective_fn fn = c->coll_fn;
@@ -551,6 +558,9 @@ static wf_control *control_new(const wf_control_opts *o)
   c->heartbeat_ms = 1000;
   c->step = -1;
   wf_strlcpy(c->phase, "init", sizeof c->phase);
+  char why[256];
+  if (o->gpu_bus && o->gpu_bus[0] && wf_nvml_open(&c->nvml, o->gpu_bus, why, sizeof why) != WF_OK)
+    WF_DEBUG("control: no GPU figures for the console: %s", why);
   int timeout = o->connect_timeout_ms > 0 ? o->connect_timeout_ms : 30000;
   c->deadline = wf__now_ms() + timeout;
   pthread_mutex_init(&c->lock, NULL);
@@ -561,6 +571,7 @@ static wf_control *control_new(const wf_control_opts *o)
 
 static void control_free(wf_control *c)
 {
+  wf_nvml_close(c->nvml);
   wf_proto_reader_fini(&c->rd);
   pthread_mutex_destroy(&c->lock);
   pthread_cond_destroy(&c->cond);

@@ -13,6 +13,7 @@
 #include <uv.h>
 
 #include "wf_control.h"
+#include "wf_nvml.h"
 #include "wf_proto.h"
 
 /* Deadlines are absolute per phase: bytes that trickle in do not extend them, so a
@@ -110,8 +111,11 @@ typedef struct wf__rank {
   uint64_t mem_bytes;
   double loss, tokens_per_s, step_ms;
   int64_t reports;
-  wf_step_report rep;    /* its last step report, whole */
-  uint64_t rss_bytes;    /* from heartbeats */
+  wf_step_report rep; /* its last step report, whole */
+  uint64_t rss_bytes; /* from heartbeats */
+  bool gpu;           /* heartbeats carry NVML figures of the rank's GPU: */
+  int gpu_util_pct;
+  uint64_t gpu_mem_used, gpu_mem_total;
   double cpu_s, cpu_pct; /* CPU seconds so far; % of one core over the last interval */
   double t_cpu;          /* ms: when cpu_s was taken */
   char error[256];       /* last Error message from this rank */

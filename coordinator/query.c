@@ -94,6 +94,12 @@ static json_t *rank_usage(json_t *j, const wf__rank *r, int world)
   double per_gpu = isfinite(r->tokens_per_s) && world > 0 ? r->tokens_per_s / world : NAN;
   json_object_set_new(j, "tokens_per_s_per_rank", num_or_null(per_gpu));
   json_object_set_new(j, "rss_bytes", json_integer((json_int_t)r->rss_bytes));
+  /* the rank's GPU through NVML; null without a GPU or NVML */
+  json_object_set_new(j, "gpu_util_percent", r->gpu ? json_integer(r->gpu_util_pct) : json_null());
+  json_object_set_new(j, "gpu_mem_used_bytes",
+                      r->gpu ? json_integer((json_int_t)r->gpu_mem_used) : json_null());
+  json_object_set_new(j, "gpu_mem_total_bytes",
+                      r->gpu ? json_integer((json_int_t)r->gpu_mem_total) : json_null());
   json_object_set_new(j, "cpu_percent", r->t_cpu > 0 ? json_real(r->cpu_pct) : json_null());
   return j;
 }

@@ -89,14 +89,29 @@ static const char *kinds_s(char *buf, size_t len, json_t *r)
   return buf;
 }
 
+/* The rank's GPU through NVML: "37% 1.2G/80.0G" (utilisation, memory used of total),
+ * "-" without a GPU or NVML. */
+static const char *gpu_s(char *buf, size_t len, json_t *r)
+{
+  json_t *u = json_object_get(r, "gpu_util_percent");
+  if (!json_is_integer(u))
+    return "-";
+  char used[32], total[32];
+  snprintf(buf, len, "%d%% %s/%s", (int)json_integer_value(u),
+           bytes_s(used, sizeof used, (double)num_i(r, "gpu_mem_used_bytes")),
+           bytes_s(total, sizeof total, (double)num_i(r, "gpu_mem_total_bytes")));
+  return buf;
+}
+
 static void render_ranks(json_t *j, FILE *out)
 {
   size_t i;
   json_t *r;
-  char age[32], mem[32], rss[32], ms[32], tps[32], cpu[32], coll[96], kinds[96];
-  fprintf(out, "%4s %-12s %7s %-8s %-16s %-8s %-16s %-7s %5s %6s %8s %9s %9s %-30s %9s %5s %s\n",
+  char age[32], mem[32], rss[32], ms[32], tps[32], cpu[32], coll[96], kinds[96], gpu[80];
+  fprintf(out,
+          "%4s %-12s %7s %-8s %-16s %-8s %-16s %-7s %5s %6s %8s %9s %9s %-30s %9s %5s %-20s %s\n",
           "rank", "host", "pid", "device", "binding", "pp/dp/tp", "stage", "state", "hb", "step",
-          "step ms", "tok/s", "memory", "mem params/grads/optim/act", "rss", "cpu%",
+          "step ms", "tok/s", "memory", "mem params/grads/optim/act", "rss", "cpu%", "gpu util mem",
           "last collective");
   json_array_foreach(json_object_get(j, "ranks"), i, r)
   {
@@ -114,7 +129,7 @@ static void render_ranks(json_t *j, FILE *out)
     snprintf(steps, sizeof steps, step < 0 ? "-" : "%" JSON_INTEGER_FORMAT, step);
     fprintf(out,
             "%4d %-12.12s %7d %-8.8s %-16.16s %-8s %-16.16s %-7s %5s %6s %8s %9s %9s %-30s %9s %5s "
-            "%s\n",
+            "%-20s %s\n",
             (int)num_i(r, "rank"), str(r, "host"), (int)num_i(r, "pid"), str(r, "device"),
             str(r, "binding"), coords, str(r, "stage"), str(r, "state"),
             num_s(age, sizeof age, r, "heartbeat_age_s", "%.1fs"), steps,
@@ -123,7 +138,7 @@ static void render_ranks(json_t *j, FILE *out)
             bytes_s(mem, sizeof mem, (double)num_i(r, "mem_bytes")),
             kinds_s(kinds, sizeof kinds, r),
             bytes_s(rss, sizeof rss, (double)num_i(r, "rss_bytes")),
-            num_s(cpu, sizeof cpu, r, "cpu_percent", "%.0f"), coll);
+            num_s(cpu, sizeof cpu, r, "cpu_percent", "%.0f"), gpu_s(gpu, sizeof gpu, r), coll);
   }
 }
 

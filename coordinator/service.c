@@ -245,6 +245,10 @@ static void on_heartbeat(wf__conn *c, const Weft__Heartbeat *hb)
   r->coll_active = hb->coll_active;
   r->mem_bytes = hb->mem_bytes;
   r->rss_bytes = hb->rss_bytes;
+  r->gpu = hb->gpu;
+  r->gpu_util_pct = (int)hb->gpu_util_pct;
+  r->gpu_mem_used = hb->gpu_mem_used;
+  r->gpu_mem_total = hb->gpu_mem_total;
   /* CPU% over the interval since the last heartbeat that carried it (100 = one core) */
   if (r->t_cpu > 0 && now > r->t_cpu && hb->cpu_s >= r->cpu_s)
     r->cpu_pct = 100.0 * (hb->cpu_s - r->cpu_s) / ((now - r->t_cpu) / 1000.0);

@@ -96,6 +96,8 @@ typedef struct wf_control_opts {
   wf_control_abort_fn on_abort;
   void *user;
   int connect_timeout_ms; /* keep retrying while rank 0 starts; 0 = 30000 */
+  const char *gpu_bus;    /* the rank's GPU's PCI bus id: heartbeats carry its NVML
+                           * utilisation and memory; NULL or "" = no GPU */
 } wf_control_opts;
 
 /* Connect, register (Hello -> Welcome) and start heartbeats. Returns only once the

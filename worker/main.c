@@ -420,7 +420,7 @@ static int train(const wf_config *cfg, wf_launch *launch, const wf_job *job, con
     launch->master_port = cfg->dist.master_port; /* the key beats MASTER_PORT */
   bool port_default = launch->master_port == 0;
   wf_launch_default_master(launch, wf_rt_host());
-  wf_plane_opts po = {cfg, launch, job, port_default};
+  wf_plane_opts po = {cfg, launch, job, port_default, rd->bus};
   if (wf_plane_start(&plane, &po, err, sizeof err) != WF_OK) {
     if (rank == 0)
       fprintf(stderr, "weft: error: %s\n", err);

@@ -321,6 +321,7 @@ wf_status wf_plane_start(wf_plane *p, const wf_plane_opts *o, char *err, size_t 
       .stage_desc = stage,
       .on_abort = on_abort,
       .user = p,
+      .gpu_bus = o->gpu_bus,
   };
   wf_status st = wf_control_start(&p->ctl, &co);
   if (st == WF_OK) {

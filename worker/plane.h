@@ -25,7 +25,8 @@ typedef struct wf_plane_opts {
   const wf_config *cfg;
   const wf_launch *launch; /* master_addr/master_port resolved */
   const wf_job *job;
-  bool port_default; /* nobody chose the port: when it is taken, listen on a free one */
+  bool port_default;   /* nobody chose the port: when it is taken, listen on a free one */
+  const char *gpu_bus; /* the rank's GPU's PCI bus id ("" on the CPU): NVML figures */
 } wf_plane_opts;
 
 /* Collective over MPI_COMM_WORLD. On failure every rank gets the same message. */

@@ -70,6 +70,8 @@ static wf_rank_facts facts_for(int rank, const wf_mesh *m)
 }
 
 /* Start a service for `world` ranks and `nctl` control clients (ranks 0..nctl-1). */
+static const char *g_gpu_bus0; /* control client 0's GPU (test_gpu_figures) */
+
 static fixture *fx_start(int world, int nctl, double hang_s)
 {
   fixture *fx = calloc(1, sizeof *fx);
@@ -110,7 +112,8 @@ static fixture *fx_start(int world, int nctl, double hang_s)
                           .stage_desc = "layers 0-3",
                           .on_abort = on_abort,
                           .user = &fx->idx[i],
-                          .connect_timeout_ms = 3000};
+                          .connect_timeout_ms = 3000,
+                          .gpu_bus = i == 0 ? g_gpu_bus0 : NULL};
     assert_int_equal(wf_control_start(&fx->ctl[i], &co), WF_OK);
   }
   fx->n = nctl;
@@ -892,6 +895,28 @@ static void test_metrics(void **state)
 }
 
 /* One table; `test_control NAME` runs one test (meson runs each in its own process). */
+/* A rank with a GPU sends its NVML figures in heartbeats and `ranks` shows them; a rank
+ * without one shows none. NVML is tests/runtime/fake_nvml.c here (LD_LIBRARY_PATH from
+ * meson), whose device at 0000:19:00.0 is 37% busy with 1288490188 of 85899345920 bytes
+ * in use. */
+static void test_gpu_figures(void **state)
+{
+  (void)state;
+  g_gpu_bus0 = "0000:19:00.0";
+  fixture *fx = fx_start(2, 2, 0);
+  usleep(1300 * 1000); /* one heartbeat */
+  json_t *rk = query(fx, WF_CONSOLE_RANKS);
+  json_t *r0 = json_array_get(json_object_get(rk, "ranks"), 0);
+  json_t *r1 = json_array_get(json_object_get(rk, "ranks"), 1);
+  assert_int_equal(json_integer_value(json_object_get(r0, "gpu_util_percent")), 37);
+  assert_int_equal(json_integer_value(json_object_get(r0, "gpu_mem_used_bytes")), 1288490188);
+  assert_int_equal(json_integer_value(json_object_get(r0, "gpu_mem_total_bytes")), 85899345920);
+  assert_true(json_is_null(json_object_get(r1, "gpu_util_percent")));
+  json_decref(rk);
+  g_gpu_bus0 = NULL;
+  fx_stop(fx);
+}
+
 int main(int argc, char **argv)
 {
   const struct CMUnitTest tests[] = {
@@ -912,6 +937,7 @@ int main(int argc, char **argv)
       cmocka_unit_test(test_listen_address),
       cmocka_unit_test(test_metrics),
       cmocka_unit_test(test_unix_worker_and_files),
+      cmocka_unit_test(test_gpu_figures),
   };
   if (argc > 1)
     cmocka_set_test_filter(argv[1]);
