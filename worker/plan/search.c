@@ -8,7 +8,8 @@
  * of every proper divisor of dp; sequence parallelism (tp > 1); recompute; the
  * precision (fp32 and bf16 on a GPU; the config's on a CPU, where bf16 is emulated and
  * never faster). Each candidate goes through the config's own validation (which refuses
- * ZeRO-2/3 with the interleaved schedule, ZeRO with one dp rank, HSDP with checkpoints),
+ * ZeRO with one dp rank, HSDP with checkpoints; ZeRO-2/3 with the interleaved schedule
+ * are ranked like any other),
  * the model's shard rules, then memory against the limit.
  */
 #include <math.h>
