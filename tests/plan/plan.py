@@ -235,7 +235,8 @@ def plan_zero(worker):
     # the search's peak is --estimate's, for a few plans of each kind
     picks = {}
     for p in plans:
-        picks.setdefault((keyval(p["keys"], "optim.zero"), keyval(p["keys"], "mesh.fsdp")), p)
+        picks.setdefault((keyval(p["keys"], "optim.zero"), keyval(p["keys"], "mesh.fsdp"),
+                          keyval(p["keys"], "train.schedule") == "interleaved"), p)
     for p in picks.values():
         est = json.loads(run([worker, "--estimate", "--json", "--hw", "h100-sxm"] + MODEL +
                              p["keys"].split()).stdout)

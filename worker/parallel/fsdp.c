@@ -11,7 +11,9 @@
  * per step and kept until the update. A gather zeroes the window, writes this rank's
  * pieces into it and all-reduces (SUM) it in place: every element is one rank's value
  * plus zeros, so the result is that value exactly, with no rank-major staging buffer
- * (the price: an all-reduce's volume, twice an all-gather's).
+ * (the price: an all-reduce's volume, twice an all-gather's). Under the interleaved
+ * schedule the units are zero.c's chunk-bounded buckets, gathered in the order the
+ * schedule runs them (need() takes any order); the prefetch stays inside the chunk.
  */
 #include <stdlib.h>
 #include <string.h>

@@ -40,7 +40,16 @@
  * is then shard + edge + WF__ZPOOL x the largest bucket, instead of the whole vector plus
  * ZeRO-1's staging (wf__zero_grad_bytes; the formulas are in wf_parallel.h).
  *
- * ZeRO-3 also drops the flat parameters: see "ZeRO-3" below.
+ * Interleaved schedule (model chunks, `lazy`): a chunk's backward is one call over its
+ * layers, but the schedule runs other chunks and micro-batches between a rank's chunks,
+ * so 1F1B's "the next bucket is i + 1, then 0 again" does not hold. Buckets therefore
+ * end with their chunk (every bucket is finished within one chunk's backward), and a
+ * window opens when backward reaches a bucket's first layer (the model's unit hook,
+ * called before each layer), is all-reduced when the bucket's last group is final, and
+ * the next opening takes a free window or completes the oldest reduction first. Memory
+ * is the same formula: WF__ZPOOL windows of the largest bucket (now at most one chunk).
+ *
+ * ZeRO-3 also drops the flat parameters: see "ZeRO-3" below (fsdp.c).
  *
  * HSDP: `dp` is then the fsdp group the shards span and `rep` the group of ranks holding
  * the same shard in the other fsdp groups; the finished shard is averaged over `rep`.
