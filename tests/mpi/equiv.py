@@ -43,7 +43,8 @@ Tolerances (float32, eps = 2^-24 ~ 6e-8 relative per rounding):
   512x64 by 64x256 product differ between 1 and 2 threads; parameters then drift to
   5.5e-6 after 20 steps, inside PARAM_ATOL but not PP_PARAM_ATOL). So these cases run
   the one-rank reference and every stage with runtime.threads=1. With dp (dp2pp2-zero:
-  loss 1.1e-7, params 4.3e-6) the dp argument applies.
+  loss 1.1e-7, params 4.3e-6; dp2pp2-interleaved-zero2 and -zero3: loss 8.4e-8, params
+  4.4e-6) the dp argument applies.
 * --dump-state (one forward/backward of the whole batch, no optimizer): one rank vs
   tp2 x pp2 and vs tp2 with parallel.sequence: inputs and targets identical; measured
   logits 2.4e-7 absolute (1 ulp of logits of magnitude ~2-4), loss identical, gradients

@@ -67,7 +67,8 @@ EQUIV = {
                          ["precision=fp16", "optim.loss_scale_init=1073741824"]),
 }
 OTHER = ["dump-state", "init-sliced", "trace", "refuse-tp-heads",
-         "refuse-interleaved-pp-layers", "bf16-dump-state", "refuse-fsdp-zero0", "refuse-fsdp-divide", "refuse-fsdp-checkpoint"]
+         "refuse-interleaved-pp-layers", "bf16-dump-state", "refuse-fsdp-zero0",
+         "refuse-fsdp-divide", "refuse-fsdp-checkpoint"]
 CASES = list(EQUIV) + OTHER
 
 TIED = "tied embedding: the first and last stage's copies were identical after each of {} steps"
