@@ -329,6 +329,20 @@ def case(name):
             # (of M = 2 terms) per element than one rank's accumulation, far inside LOSS_RTOL
             got = train(2, ["mesh.dp=2", "optim.zero=2", "train.microbatches=2"], tmp, "z2acc")
             compare(ref, got, "dp=2 ZeRO-2 x 2 micro-batches")
+        elif name == "dp2pp2-interleaved-zero3-l8":
+            # two one-layer buckets per chunk (8 layers, bucket_mb 0): windows reused inside
+            # a chunk's backward and ZeRO-3's prefetch of the chunk's next layer, with
+            # recompute (a second gather per layer); the one-rank reference has the same
+            # layers and micro-batches, so the dp and pipeline arguments above apply
+            model = ["model.layers=8", "train.microbatches=4"]
+            ref = train(1, model, tmp, "ref8")
+            args = model + ["mesh.pp=2", "mesh.dp=2", "train.schedule=interleaved",
+                            "parallel.virtual_stages=2", "optim.bucket_mb=0",
+                            "parallel.activation_checkpointing=true"]
+            got = train(4, args + ["optim.zero=3"], tmp, name)
+            compare(ref, got, "dp 2 x pp 2 interleaved ZeRO-3, 8 layers, recompute")
+            same_bits(got, train(4, args + ["optim.zero=2"], tmp, name + "-z2"), name,
+                      "ZeRO-2")
         elif name == "accum":
             compare(ref, train(1, ["train.microbatches=4"], tmp, "acc"),
                     "one rank, 4 micro-batches")
