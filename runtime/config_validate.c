@@ -267,13 +267,6 @@ static wf_status rule_pipeline(vctx *v)
                 "train.microbatches=%d is not a multiple of mesh.pp=%d; the interleaved "
                 "schedule needs whole rounds of microbatches",
                 c->train.microbatches, pp);
-  if (c->optim.zero >= 2)
-    return fail(v,
-                "optim.zero=%d does not apply to train.schedule=interleaved: ZeRO-2 and 3 reduce "
-                "each micro-batch's gradients as backward finishes a bucket of layers, and an "
-                "interleaved backward visits a rank's layers chunk by chunk, out of that order; "
-                "use optim.zero=1 or train.schedule=1f1b",
-                c->optim.zero);
   return rule_pp_layers(v);
 }
 

@@ -259,6 +259,8 @@ def case_resume_hsdp(zero):
         fail(f"HSDP optimizer ranges {ranges}, want [(0, {half}), ({half}, {n})]")
     print(f"HSDP 2x2 ZeRO-{zero}: manifest dp 2 x 2 replicas, optimizer ranges {ranges}")
 MODEL = "the model and optimizer state"
+ILV = ["mesh.pp=2", "train.schedule=interleaved", "parallel.virtual_stages=2",
+       "train.microbatches=4"]
 
 
 def case_export():
@@ -669,6 +671,9 @@ CASES = {
     "resume-dp2pp2-zero3": lambda: case_resume(4, ["mesh.pp=2", "optim.zero=3",
                                                    "train.microbatches=2"]),
     "reshard-dp4zero3-np1": lambda: case_reshard(4, ["optim.zero=3"], 1, []),
+    # under the interleaved schedule (buckets end with their model chunk): bit-exact too
+    "resume-dp2pp2-interleaved-zero2": lambda: case_resume(4, ILV + ["optim.zero=2"]),
+    "resume-dp2pp2-interleaved-zero3": lambda: case_resume(4, ILV + ["optim.zero=3"]),
     "reshard-dp2zero3-dp4zero1": lambda: case_reshard(2, ["optim.zero=3"], 4, ["optim.zero=1"]),
     "reshard-np1-dp2tp2zero2": lambda: case_reshard(1, [], 4, ["mesh.tp=2", "optim.zero=2"],
                                                     MODEL),

@@ -43,7 +43,8 @@ Tolerances (float32, eps = 2^-24 ~ 6e-8 relative per rounding):
   512x64 by 64x256 product differ between 1 and 2 threads; parameters then drift to
   5.5e-6 after 20 steps, inside PARAM_ATOL but not PP_PARAM_ATOL). So these cases run
   the one-rank reference and every stage with runtime.threads=1. With dp (dp2pp2-zero:
-  loss 1.1e-7, params 4.3e-6) the dp argument applies.
+  loss 1.1e-7, params 4.3e-6; dp2pp2-interleaved-zero2 and -zero3: loss 8.4e-8, params
+  4.4e-6) the dp argument applies.
 * --dump-state (one forward/backward of the whole batch, no optimizer): one rank vs
   tp2 x pp2 and vs tp2 with parallel.sequence: inputs and targets identical; measured
   logits 2.4e-7 absolute (1 ulp of logits of magnitude ~2-4), loss identical, gradients
@@ -328,6 +329,20 @@ def case(name):
             # (of M = 2 terms) per element than one rank's accumulation, far inside LOSS_RTOL
             got = train(2, ["mesh.dp=2", "optim.zero=2", "train.microbatches=2"], tmp, "z2acc")
             compare(ref, got, "dp=2 ZeRO-2 x 2 micro-batches")
+        elif name == "dp2pp2-interleaved-zero3-l8":
+            # two one-layer buckets per chunk (8 layers, bucket_mb 0): windows reused inside
+            # a chunk's backward and ZeRO-3's prefetch of the chunk's next layer, with
+            # recompute (a second gather per layer); the one-rank reference has the same
+            # layers and micro-batches, so the dp and pipeline arguments above apply
+            model = ["model.layers=8", "train.microbatches=4"]
+            ref = train(1, model, tmp, "ref8")
+            args = model + ["mesh.pp=2", "mesh.dp=2", "train.schedule=interleaved",
+                            "parallel.virtual_stages=2", "optim.bucket_mb=0",
+                            "parallel.activation_checkpointing=true"]
+            got = train(4, args + ["optim.zero=3"], tmp, name)
+            compare(ref, got, "dp 2 x pp 2 interleaved ZeRO-3, 8 layers, recompute")
+            same_bits(got, train(4, args + ["optim.zero=2"], tmp, name + "-z2"), name,
+                      "ZeRO-2")
         elif name == "accum":
             compare(ref, train(1, ["train.microbatches=4"], tmp, "acc"),
                     "one rank, 4 micro-batches")

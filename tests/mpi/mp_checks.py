@@ -51,6 +51,14 @@ EQUIV = {
     # gathered again for every micro-batch's forward and backward)
     "dp2tp2-zero3": (4, ["mesh.tp=2", "mesh.dp=2", "optim.zero=3", "optim.bucket_mb=0"], 1, 1),
     "dp2pp2-zero3": (4, ["mesh.pp=2", "mesh.dp=2", "optim.zero=3", "optim.bucket_mb=0"], 2, 2),
+    # ZeRO-2/3 under the interleaved schedule: buckets end with their model chunk, a
+    # window opens when a chunk's backward reaches its bucket, ZeRO-3 gathers each
+    # chunk's layers in the order the schedule runs them
+    "dp2pp2-interleaved-zero2": (4, ["mesh.pp=2", "mesh.dp=2", "train.schedule=interleaved",
+                                     "parallel.virtual_stages=2", "optim.zero=2"], 4, 2),
+    "dp2pp2-interleaved-zero3": (4, ["mesh.pp=2", "mesh.dp=2", "train.schedule=interleaved",
+                                     "parallel.virtual_stages=2", "optim.zero=3",
+                                     "optim.bucket_mb=0"], 4, 2),
     "bf16-dp2-zero2-recompute": (2, ["mesh.dp=2", "optim.zero=2",
                                      "parallel.activation_checkpointing=true"], 1, 1,
                                  ["precision=bf16"]),
@@ -59,8 +67,8 @@ EQUIV = {
                          ["precision=fp16", "optim.loss_scale_init=1073741824"]),
 }
 OTHER = ["dump-state", "init-sliced", "trace", "refuse-tp-heads",
-         "refuse-interleaved-pp-layers", "bf16-dump-state", "refuse-zero2-interleaved",
-         "refuse-fsdp-zero0", "refuse-fsdp-divide"]
+         "refuse-interleaved-pp-layers", "bf16-dump-state", "refuse-fsdp-zero0",
+         "refuse-fsdp-divide"]
 CASES = list(EQUIV) + OTHER
 
 TIED = "tied embedding: the first and last stage's copies were identical after each of {} steps"
@@ -216,6 +224,32 @@ def equiv(eq, name, tmp):
         check_pipeline(eq, name, got, pp, m, tmp, extra)
     if pp == 1 and "parallel.sequence=true" in extra:
         check_sequence_memory(eq, name, got, n, extra, tmp)
+    if name.startswith("dp2pp2-interleaved-zero"):
+        check_interleaved_zero_memory(name, got)
+    if name == "dp2pp2-interleaved-zero3":
+        # exact gathers: ZeRO-3 trains bit for bit as ZeRO-2 on the same buckets
+        z2 = [a if a != "optim.zero=3" else "optim.zero=2" for a in extra]
+        eq.same_bits(got, eq.train(n, z2 + mb, tmp, name + "-z2"), name, "ZeRO-2")
+
+
+def check_interleaved_zero_memory(name, got):
+    """Under the interleaved schedule a ZeRO-2/3 bucket never spans two model chunks, so
+    with gpt2-tiny's one layer per chunk the two gradient windows (and ZeRO-3's two
+    parameter windows) hold one layer each, not the two a bucket over the rank's layers
+    would. Rank 0 (the metrics' rank) holds wte 256x64, wpe 64x64 (the edge, no final
+    layernorm: that is the last stage's) and layers 0 and 2 of 12*64^2 + 13*64 each."""
+    layer, edge = 12 * 64 * 64 + 13 * 64, 256 * 64 + 64 * 64
+    n0 = edge + 2 * layer
+    want = 4 * ((n0 + 1) // 2 + edge + 2 * layer)
+    last = got[3]
+    if last["grad_bytes"] != want:
+        fail(f"{name}: rank 0 reports {last['grad_bytes']} gradient bytes, want {want} = 4 x "
+             f"(shard {(n0 + 1) // 2} + edge {edge} + 2 one-layer windows of {layer})")
+    if name.endswith("zero3") and last["param_bytes"] != want:
+        fail(f"{name}: rank 0 reports {last['param_bytes']} parameter bytes, want {want} "
+             f"(shard + edge + 2 one-layer windows)")
+    print(f"ok: {name}: rank 0 gradient{' and parameter' if name.endswith('zero3') else ''} "
+          f"bytes {want} = 4 x (shard + edge + 2 one-layer windows)")
 
 
 def check_sequence_memory(eq, name, got, n, extra, tmp):
@@ -444,11 +478,6 @@ def refuse(eq, name, tmp):
                                           "parallel.virtual_stages=2", "model.layers=4",
                                           "train.microbatches=4", "parallel.pp_layers=[1,3]"],
                                          ["parallel.pp_layers", "interleaved"]),
-        # four ranks: dp 2 (ZeRO with one dp rank is refused before the schedule is)
-        "refuse-zero2-interleaved": (["mesh.pp=2", "mesh.dp=2", "train.schedule=interleaved",
-                                      "parallel.virtual_stages=2", "model.layers=4",
-                                      "train.microbatches=4", "optim.zero=2"],
-                                     ["optim.zero=2", "interleaved"], 4),
         "refuse-fsdp-zero0": (["mesh.dp=2", "mesh.fsdp=2"], ["mesh.fsdp=2", "optim.zero=0"]),
         "refuse-fsdp-divide": (["mesh.dp=2", "mesh.fsdp=3", "optim.zero=1"],
                                ["mesh.fsdp=3", "mesh.dp=2"]),

@@ -11,7 +11,9 @@
  * per step and kept until the update. A gather zeroes the window, writes this rank's
  * pieces into it and all-reduces (SUM) it in place: every element is one rank's value
  * plus zeros, so the result is that value exactly, with no rank-major staging buffer
- * (the price: an all-reduce's volume, twice an all-gather's).
+ * (the price: an all-reduce's volume, twice an all-gather's). Under the interleaved
+ * schedule the units are zero.c's chunk-bounded buckets, gathered in the order the
+ * schedule runs them (need() takes any order); the prefetch stays inside the chunk.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -82,9 +84,13 @@ fail:
   return st;
 }
 
-static wf_status prefetch(wf__zero *z, int i)
+/* Bucket `from`'s neighbour i gathered ahead. Over chunks only inside from's chunk:
+ * which chunk runs next is the schedule's choice. */
+static wf_status prefetch(wf__zero *z, int i, int from)
 {
   if (i < 0 || i >= z->nb || window_of(z, i) >= 0)
+    return WF_OK;
+  if (z->lazy && wf__zero_chunk_of(z, i) != wf__zero_chunk_of(z, from))
     return WF_OK;
   int w = window_for(z, i);
   if (z->pwin_req[w]) /* still gathering something: do not wait for it here */
@@ -96,19 +102,16 @@ static wf_status prefetch(wf__zero *z, int i)
   return st;
 }
 
-/* The model's hook: local layer j computes next (backward: its gradient). Forward walks
- * the buckets from the last index down (group nl - j), backward up. */
-static void unit_hook(void *user, int j, bool backward)
+/* From the model's unit hook (wf__zero_unit_hook): bucket i computes next (backward: its
+ * gradient). Forward walks the buckets from the last index down, backward up. need()
+ * gathers whatever bucket comes, in any order, into a window other than the one in use,
+ * so an interleaved schedule's chunk order is correct; only the prefetch guesses. */
+wf_status wf__fsdp_unit(wf__zero *z, int i, bool backward)
 {
-  wf__zero *z = user;
-  if (z->hook_err != WF_OK)
-    return;
-  int i = wf__zero_bucket_of(z, z->nl - j);
-  wf_status st = i < 0 ? WF_OK : need(z, i);
-  if (st == WF_OK && i >= 0)
-    st = prefetch(z, backward ? i + 1 : i - 1);
-  if (st != WF_OK)
-    z->hook_err = st;
+  wf_status st = need(z, i);
+  if (st == WF_OK)
+    st = prefetch(z, backward ? i + 1 : i - 1, i);
+  return st;
 }
 
 /* After an update the gathered copies are stale: forget the windows, regather edge. */
@@ -167,7 +170,7 @@ wf_status wf__fsdp_reshard(wf__zero *z)
   wf_gpt_drop_params(z->m);
   wf_dev_free(z->dev, z->gather);
   z->gather = NULL;
-  wf_gpt_set_unit_hook(z->m, unit_hook, z);
+  wf_gpt_set_unit_hook(z->m, wf__zero_unit_hook, z);
   z->sharded = true;
 fail:
   return st;

@@ -104,6 +104,10 @@ struct wf__zero {
   wf_precision prec;
   wf_comm *dp, *rep; /* the shards' group; HSDP's replica group (NULL = none) */
   int stage, rank, size, nl;
+  int lc;    /* local layers per model chunk (nl without interleaving) */
+  bool lazy; /* ZeRO-2/3 over chunks (interleaved): buckets stay inside a chunk and a
+              * window opens when backward reaches its bucket (the unit hook), not in
+              * 1F1B's predicted order */
   size_t n, shard, s0, s1;
   wf__zbucket *b, late;
   int nb;
@@ -141,6 +145,10 @@ struct wf__zero {
 wf_status wf__zero_copy(wf__zero *z, float *dst, const float *src, size_t n);
 /* The layer bucket holding readiness group gr (-1 none). */
 int wf__zero_bucket_of(const wf__zero *z, int gr);
+int wf__zero_chunk_of(const wf__zero *z, int i); /* the model chunk bucket i lies in */
+/* The model's unit hook (ZeRO-3, and ZeRO-2 over chunks): local layer j computes next. */
+void wf__zero_unit_hook(void *user, int j, bool backward);
+wf_status wf__fsdp_unit(wf__zero *z, int i, bool backward); /* bucket i gathered */
 /* Every rank's shard of the parameters into the model's flat vector. */
 wf_status wf__zero_gather_whole(wf__zero *z);
 /* fsdp.c: ZeRO-3's buffers (at creation), the shard taken from the flat parameters and

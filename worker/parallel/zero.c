@@ -40,7 +40,16 @@
  * is then shard + edge + WF__ZPOOL x the largest bucket, instead of the whole vector plus
  * ZeRO-1's staging (wf__zero_grad_bytes; the formulas are in wf_parallel.h).
  *
- * ZeRO-3 also drops the flat parameters: see "ZeRO-3" below.
+ * Interleaved schedule (model chunks, `lazy`): a chunk's backward is one call over its
+ * layers, but the schedule runs other chunks and micro-batches between a rank's chunks,
+ * so 1F1B's "the next bucket is i + 1, then 0 again" does not hold. Buckets therefore
+ * end with their chunk (every bucket is finished within one chunk's backward), and a
+ * window opens when backward reaches a bucket's first layer (the model's unit hook,
+ * called before each layer), is all-reduced when the bucket's last group is final, and
+ * the next opening takes a free window or completes the oldest reduction first. Memory
+ * is the same formula: WF__ZPOOL windows of the largest bucket (now at most one chunk).
+ *
+ * ZeRO-3 also drops the flat parameters: see "ZeRO-3" below (fsdp.c).
  *
  * HSDP: `dp` is then the fsdp group the shards span and `rep` the group of ranks holding
  * the same shard in the other fsdp groups; the finished shard is averaged over `rep`.
@@ -129,7 +138,10 @@ static wf_status plan_layers(wf__zero *z, size_t bucket_bytes)
         add_range(b, z, (wf_param_kind)k, z->nl - gr,
                   wf_gpt_shard_layer_numel(&z->d, &z->s, (wf_param_kind)k));
     b->last_group = gr;
-    if (b->count * sizeof(float) >= bucket_bytes || gr == z->nl) {
+    /* over chunks a bucket ends with its chunk: each chunk's backward is a separate
+     * call, and the schedule interleaves other chunks between them */
+    bool chunk_end = z->lazy && (z->nl - gr) % z->lc == 0;
+    if (b->count * sizeof(float) >= bucket_bytes || gr == z->nl || chunk_end) {
       WF_TRY(cut(z, b));
       b = NULL;
     }
@@ -226,6 +238,8 @@ static wf_status plan(wf__zero **out, const wf_gpt_dims *d, const wf_gpt_shard *
   z->d = *d, z->s = *s, z->prec = prec, z->stage = stage;
   z->rank = rank, z->size = size;
   z->nl = wf_gpt_shard_layers(s);
+  z->lc = s->chunks > 1 ? z->nl / s->chunks : z->nl;
+  z->lazy = stage >= 2 && s->chunks > 1;
   z->n = wf_gpt_shard_params(d, s);
   z->shard = (z->n + (size_t)z->size - 1) / (size_t)z->size;
   z->s0 = WF_MIN((size_t)z->rank * z->shard, z->n);
@@ -254,6 +268,8 @@ wf_status wf__zero_create(wf__zero **out, wf_gpt *m, wf_comm *dp, wf_comm *rep, 
   z->dp = dp;
   z->rep = rep;
   WF_TRY(alloc_buffers(z));
+  if (z->lazy && stage == 2) /* ZeRO-3 sets it at its first step (wf__fsdp_reshard) */
+    wf_gpt_set_unit_hook(m, wf__zero_unit_hook, z);
   *out = z;
   return WF_OK;
 fail:
@@ -274,7 +290,7 @@ void wf__zero_destroy(wf__zero *z)
 {
   if (!z)
     return;
-  if (z->stage == 3 && z->dp) /* created (not a memory plan): the hook is ours */
+  if ((z->stage == 3 || z->lazy) && z->dp) /* created (not a memory plan): the hook is ours */
     wf_gpt_set_unit_hook(z->m, NULL, NULL);
   for (int i = 0; i < z->nb; i++)
     free_bucket(z, &z->b[i], z->stage == 1);
@@ -417,6 +433,41 @@ int wf__zero_bucket_of(const wf__zero *z, int gr)
   return -1;
 }
 
+int wf__zero_chunk_of(const wf__zero *z, int i) { return (z->nl - z->b[i].first_group) / z->lc; }
+
+/* Over chunks a bucket's window opens when backward reaches the bucket's first layer:
+ * each chunk's backward runs its buckets in order and launches each one as it ends
+ * (wf__zero_ready), so no other window is open then. Windows are reused as in 1F1B:
+ * a free one, else the oldest reduction completed first. */
+static wf_status open_lazy(wf__zero *z, int i)
+{
+  wf_status st = WF_OK;
+  if (z->open >= 0 && z->win_bucket[z->open] == i)
+    return WF_OK;
+  WF_CHECK(z->open < 0, WF_EINVAL,
+           "ZeRO-%d: backward reached layer bucket %d while bucket %d's gradients were not "
+           "final (a chunk's backward left unfinished?)",
+           z->stage, i, z->win_bucket[z->open]);
+  st = open_window(z, i);
+fail:
+  return st;
+}
+
+void wf__zero_unit_hook(void *user, int j, bool backward)
+{
+  wf__zero *z = user;
+  if (z->hook_err != WF_OK)
+    return;
+  int i = wf__zero_bucket_of(z, z->nl - j);
+  wf_status st = WF_OK;
+  if (i >= 0 && z->stage == 3)
+    st = wf__fsdp_unit(z, i, backward);
+  if (st == WF_OK && i >= 0 && z->lazy && backward && z->armed)
+    st = open_lazy(z, i);
+  if (st != WF_OK)
+    z->hook_err = st;
+}
+
 wf_status wf__zero_begin(wf__zero *z)
 {
   wf_status st = WF_OK;
@@ -427,7 +478,7 @@ wf_status wf__zero_begin(wf__zero *z)
     WF_TRY(wf_dev_memset(z->dev, z->edge, 0, z->edge_count * sizeof(float), NULL));
     if (z->open >= 0) /* the last step's window for a next micro-batch (or a failed one) */
       z->win_bucket[z->open] = -1, z->open = -1;
-    if (z->nb > 0)
+    if (z->nb > 0 && !z->lazy) /* over chunks the unit hook opens windows */
       WF_TRY(open_window(z, 0));
   }
   z->armed = z->stage >= 2;
@@ -473,6 +524,8 @@ wf_status wf__zero_ready(wf__zero *z, int gr)
            gr);
   WF_TRY(launch_window(z));
   z->launched_early++;
+  if (z->lazy) /* the schedule decides which chunk's backward comes next */
+    return WF_OK;
   /* the next bucket backward writes: the following one, or the first again for the
    * next micro-batch */
   st = open_window(z, i + 1 < z->nb ? i + 1 : 0);

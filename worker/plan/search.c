@@ -8,8 +8,9 @@
  * of every proper divisor of dp; sequence parallelism (tp > 1); recompute; the
  * precision (fp32 and bf16 on a GPU; the config's on a CPU, where bf16 is emulated and
  * never faster). Each candidate goes through the config's own validation (which refuses
- * ZeRO-2/3 with the interleaved schedule and ZeRO with one dp rank), the model's shard
- * rules, then memory against the limit.
+ * ZeRO with one dp rank; ZeRO-2/3 with the interleaved schedule and HSDP with
+ * checkpoints are ranked like any other), the model's shard rules, then memory against
+ * the limit.
  */
 #include <math.h>
 #include <stdlib.h>
