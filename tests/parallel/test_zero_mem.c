@@ -36,18 +36,7 @@
 #include "wf_optim.h"
 #include "wf_parallel.h"
 
-static int world_rank = -1;
-
-#define CHECK(cond, ...)                                                                           \
-  do {                                                                                             \
-    if (!(cond)) {                                                                                 \
-      fprintf(stderr, "[rank %d] %s:%d: check failed: %s: ", world_rank, __FILE__, __LINE__,       \
-              #cond);                                                                              \
-      fprintf(stderr, __VA_ARGS__);                                                                \
-      fputc('\n', stderr);                                                                         \
-      MPI_Abort(MPI_COMM_WORLD, 1);                                                                \
-    }                                                                                              \
-  } while (0)
+#include "../common/mpi_check.h"
 
 static const wf_gpt_dims DIMS = {.L = 4, .NH = 4, .C = 64, .maxT = 64, .V = 256, .Vp = 256};
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
