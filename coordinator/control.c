@@ -661,17 +661,9 @@ void wf_control_destroy(wf_control *c)
 void wf_control_report_step(wf_control *c, int64_t step, double loss, double tokens_per_s,
                             double step_ms, uint64_t mem_bytes)
 {
-  wf_step_report r = {.step = step,
-                      .loss = loss,
-                      .tokens_per_s = tokens_per_s,
-                      .step_ms = step_ms,
-                      .mem_bytes = mem_bytes,
-                      .lr = NAN,
-                      .grad_norm = NAN,
-                      .val_loss = NAN,
-                      .loss_scale = NAN,
-                      .mfu = NAN,
-                      .bubble = NAN};
+  wf_step_report r = wf__step_report_none();
+  r.step = step, r.loss = loss, r.tokens_per_s = tokens_per_s, r.step_ms = step_ms;
+  r.mem_bytes = mem_bytes;
   wf_control_report(c, &r);
 }
 

@@ -13,6 +13,8 @@
 #include <uv.h>
 
 #include "wf_control.h"
+#include <math.h>
+
 #include "wf_nvml.h"
 #include "wf_proto.h"
 
@@ -209,5 +211,21 @@ wf_status wf__job_file_write(wf_service *svc);
 /* metrics.c */
 wf_status wf__metrics_start(wf_service *svc);
 void wf__metrics_read(wf__conn *c, const char *data, size_t len);
+
+/* A step report before any step: no step, every figure unknown (NaN), counts zero. */
+static inline wf_step_report wf__step_report_none(void)
+{
+  return (wf_step_report){.step = -1,
+                          .loss = NAN,
+                          .tokens_per_s = NAN,
+                          .step_ms = NAN,
+                          .tokens = NAN,
+                          .lr = NAN,
+                          .grad_norm = NAN,
+                          .val_loss = NAN,
+                          .loss_scale = NAN,
+                          .mfu = NAN,
+                          .bubble = NAN};
+}
 
 #endif /* WF_CONTROL_INT_H */

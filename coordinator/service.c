@@ -817,17 +817,7 @@ static wf_status service_config(wf_service *svc, const wf_service_opts *o)
   svc->start_wall = wf_wall_time();
   svc->step = -1;
   svc->loss = svc->tokens_per_s = svc->step_ms = NAN;
-  svc->job = (wf_step_report){.step = -1,
-                              .loss = NAN,
-                              .tokens_per_s = NAN,
-                              .step_ms = NAN,
-                              .tokens = NAN,
-                              .lr = NAN,
-                              .grad_norm = NAN,
-                              .val_loss = NAN,
-                              .loss_scale = NAN,
-                              .mfu = NAN,
-                              .bubble = NAN};
+  svc->job = wf__step_report_none();
   svc->ranks = calloc((size_t)svc->world, sizeof *svc->ranks);
   if (!svc->ranks)
     return WF_ENOMEM;

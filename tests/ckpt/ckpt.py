@@ -38,12 +38,14 @@ import os
 import re
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from testlib import fail, free_ports  # noqa: E402
 
 WORKER, CONSOLE, CASE = sys.argv[1], sys.argv[2], sys.argv[3]
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
@@ -51,19 +53,6 @@ LOSS_RTOL = 1e-5
 BASE = ["model.preset=gpt2-tiny", "train.batch_size=8", "train.eval_every=0",
         "train.seed=1234", "train.warmup=5"]
 TMP = tempfile.mkdtemp(prefix="weft-ckpt-")
-
-
-def fail(msg, out=""):
-    print("FAIL:", msg)
-    if out:
-        print(out[-4000:])
-    sys.exit(1)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def mesh_size(args, axis):
@@ -74,7 +63,7 @@ def mesh_size(args, axis):
 
 
 def command(n, args, env_extra):
-    env = dict(os.environ, WEFT_JOB_DIR=os.path.join(TMP, "job"), MASTER_PORT=str(free_port()),
+    env = dict(os.environ, WEFT_JOB_DIR=os.path.join(TMP, "job"), MASTER_PORT=str(free_ports(1)[0]),
                OMP_WAIT_POLICY="passive")
     env.update(env_extra)
     cmd = [WORKER] + BASE + list(args)

@@ -14,6 +14,8 @@ of descriptors, and the log must stay short (rejections are rate-limited).
 Prints the figures for the issue's closing note.
 """
 import os, re, resource, shutil, socket, subprocess, sys, tempfile, time
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from testlib import free_ports  # noqa: E402
 
 mpirun, worker, coordinator = sys.argv[1:4]
 SLOW_CONNS = 1100   # the issue's figure: more than rank 0's 1,024 descriptors
@@ -28,18 +30,6 @@ if want < SLOW_CONNS + FLOOD_S * CONNECT_RATE + 100:
     print("SKIP: this process may hold only %d descriptors" % hard)
     sys.exit(77)
 resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-
-
-def free_ports(n):
-    """n distinct free ports: every socket stays bound until all are picked, so the
-    kernel cannot hand out one port twice."""
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 tmp = tempfile.mkdtemp(prefix="weft-flood-")

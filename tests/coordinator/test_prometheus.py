@@ -8,7 +8,9 @@ A real 2-rank job (mesh.pp=2, so the pipeline's figures are real) serves /metric
                    the job's series with job_id beside Prometheus's own `job` label.
 Skipped (77) when promtool / prometheus is not installed (Debian: prometheus).
 """
-import json, os, re, shutil, socket, subprocess, sys, tempfile, time, urllib.request
+import json, os, re, shutil, subprocess, sys, tempfile, time, urllib.request
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from testlib import free_ports  # noqa: E402
 
 mpirun, worker, coordinator, mode = sys.argv[1:5]
 tool = "promtool" if mode == "promtool" else "prometheus"
@@ -17,18 +19,6 @@ if not shutil.which(tool):
     sys.exit(77)
 
 BATCH_TOKENS = 8 * 64  # train.batch_size x gpt2-tiny's seq_len 64: tokens per step
-
-
-def free_ports(n):
-    """n distinct free ports: every socket stays bound until all are picked, so the
-    kernel cannot hand out one port twice."""
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 tmp = tempfile.mkdtemp(prefix="weft-prom-")

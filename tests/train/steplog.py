@@ -21,11 +21,13 @@ import datetime
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from testlib import fail, free_ports  # noqa: E402
 
 WORKER, CASE = sys.argv[1], sys.argv[2]
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
@@ -38,21 +40,8 @@ WARN = re.compile(r"step (\d+): loss (\S+) jumped to (\S+) times its running mea
 LOSS_WARMUP, LOSS_WINDOW = 5, 10
 
 
-def fail(msg, out=""):
-    print("FAIL:", msg)
-    if out:
-        print(out[-4000:])
-    sys.exit(1)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
 def run(n, args, tmp):
-    env = dict(os.environ, MASTER_PORT=free_port(), WEFT_JOB_DIR=os.path.join(tmp, "job"),
+    env = dict(os.environ, MASTER_PORT=str(free_ports(1)[0]), WEFT_JOB_DIR=os.path.join(tmp, "job"),
                OMP_WAIT_POLICY="passive")
     cmd = [WORKER] + BASE + args
     if n > 1:
