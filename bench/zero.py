@@ -100,9 +100,9 @@ def run(a, zero, keep, tmp):
     return [json.loads(l) for l in open(metrics) if l.strip()]
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--worker", default="build/worker/worker")
+def run_args(ap):
+    """The run both benches take: ranks, steps, the model's shape, the global batch
+    (bench/zero_torch.py builds the same model from them)."""
     ap.add_argument("--np", type=int, default=2)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--layers", type=int, default=8)
@@ -110,6 +110,12 @@ def main():
     ap.add_argument("--vocab", type=int, default=16384)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--batch", type=int, default=4)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worker", default="build/worker/worker")
+    run_args(ap)
     a = ap.parse_args()
     L, C, V, T, D = a.layers, a.d_model, a.vocab, a.seq, a.np
     n = sum(k[1] for k in layout(L, C, V, T))

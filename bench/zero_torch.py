@@ -30,6 +30,9 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from zero import run_args  # noqa: E402  (bench/zero.py: the shared run arguments)
+
 
 class Block(nn.Module):
     def __init__(self, C, H):
@@ -124,13 +127,7 @@ def train(rank, a):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mode", choices=("ddp", "fsdp"), default="ddp")
-    ap.add_argument("--np", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--d-model", type=int, default=512)
-    ap.add_argument("--vocab", type=int, default=16384)
-    ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--batch", type=int, default=4)
+    run_args(ap)
     ap.add_argument("--port", type=int, default=29791)
     a = ap.parse_args()
     mp.start_processes(worker, args=(a, a.port), nprocs=a.np, start_method="fork")
