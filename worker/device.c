@@ -7,6 +7,7 @@
  * error (runtime.device=cuda), never a crash later.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "device.h"
@@ -79,35 +80,38 @@ static int cpu_flops_per_cycle(const char *flags)
 }
 
 /* The highest clock in GHz: cpufreq's maximum (turbo) where the kernel has it, else
- * /proc/cpuinfo's "cpu MHz" (a VM's nominal clock); 0 when neither can be read. */
-static double cpu_ghz(const char *cpuinfo_mhz_line)
+ * /proc/cpuinfo's "cpu MHz" (a VM's nominal clock, `cpuinfo_mhz`); 0 when neither is
+ * known. */
+static double cpu_ghz(double cpuinfo_mhz)
 {
-  double mhz = 0, khz = 0;
-  if (cpuinfo_mhz_line)
-    sscanf(cpuinfo_mhz_line, "cpu MHz : %lf", &mhz);
+  double khz = 0;
   FILE *f = fopen("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq", "r");
   if (f) {
     if (fscanf(f, "%lf", &khz) != 1)
       khz = 0;
     fclose(f);
   }
-  return khz / 1e6 > mhz / 1e3 ? khz / 1e6 : mhz / 1e3;
+  return WF_MAX(khz / 1e6, cpuinfo_mhz / 1e3);
 }
 
 void wf__cpu_peak(wf__rank_device *rd, double cores)
 {
-  char line[4096], flags[4096] = "", mhz[128] = "";
+  char line[4096], flags[4096] = "";
+  double mhz = 0;
   FILE *f = fopen("/proc/cpuinfo", "r");
   if (!f)
     return;
-  while (fgets(line, sizeof line, f) && !(flags[0] && mhz[0])) {
+  while (fgets(line, sizeof line, f) && !(flags[0] && mhz > 0)) {
+    const char *val = strchr(line, ':');
+    if (!val)
+      continue;
     if (!flags[0] && !strncmp(line, "flags", 5))
-      snprintf(flags, sizeof flags, " %s", strchr(line, ':') ? strchr(line, ':') + 1 : "");
-    else if (!mhz[0] && !strncmp(line, "cpu MHz", 7))
-      snprintf(mhz, sizeof mhz, "cpu MHz : %s", strchr(line, ':') ? strchr(line, ':') + 1 : "");
+      snprintf(flags, sizeof flags, " %s", val + 1); /* " " first: flags match " name" */
+    else if (mhz <= 0 && !strncmp(line, "cpu MHz", 7))
+      mhz = strtod(val + 1, NULL);
   }
   fclose(f);
-  double ghz = cpu_ghz(mhz[0] ? mhz : NULL);
+  double ghz = cpu_ghz(mhz);
   if (!flags[0] || ghz <= 0 || cores <= 0)
     return;
   int fpc = cpu_flops_per_cycle(flags);
