@@ -114,6 +114,10 @@ def case_console_3d(port):
     `worker --print-schedule` draws for the mesh."""
     mesh = ["mesh.dp=2", "mesh.tp=2", "mesh.pp=2", "train.microbatches=4",
             "parallel.pp_layers=[1,3]"]
+    # Drawn before the job starts: a singleton's MPI_Init beside 8 busy ranks on 2 cores
+    # once took over 30 s in CI.
+    p = subprocess.run([WORKER, "--print-schedule"] + mesh, capture_output=True,
+                       text=True, timeout=120)
     with tempfile.TemporaryDirectory() as jobdir:
         job = start(8, jobdir, port, mesh=mesh)
         st = wait_running(job, jobdir, 8)
@@ -133,8 +137,6 @@ def case_console_3d(port):
                 groups["tp"] != [[0, 1], [2, 3], [4, 5], [6, 7]]:
             fail(f"mesh groups {groups}", job)
         rc, sched, err = console(jobdir, "schedule")
-        p = subprocess.run([WORKER, "--print-schedule"] + mesh, capture_output=True,
-                           text=True, timeout=30)
         if rc != 0 or p.returncode != 0 or sched.strip() != p.stdout.strip():
             fail(f"`coordinator schedule` (exit {rc}):\n{sched}{err}\nis not "
                  f"`worker --print-schedule`:\n{p.stdout}{p.stderr}", job)
