@@ -6,12 +6,16 @@
 Two cases, as issue 18 asks: the 8-rank default (examples/gpt2-3d.yaml's model and
 batch) and gpt2-small on 2 ranks. For each: measure this machine with
 `worker --profile-hw` under mpirun with that many ranks, ask `worker --plan --json` for
-its ranking, run its top K plans under mpirun (train.steps=N; the fastest step_ms of the
-steps after the first, from train.metrics: other load on a shared machine only ever adds
-time, and the profile's GEMMs are best-of timings too), and print predicted beside measured step
-time, the median absolute error, Spearman's rank correlation, and whether the planner's
-first choice is within 10% of the fastest measured. A benchmark, not a test: the
-machine's load moves every number.
+its ranking, run its top K plans under mpirun (train.steps=N; the steps after the first,
+from train.metrics), and print predicted beside measured step time, the median absolute
+error, Spearman's rank correlation, and whether the planner's first choice is within 10%
+of the fastest measured. A benchmark, not a test: the machine's load moves every number.
+
+Measured is the fastest step (other load on a shared machine only ever adds time, and
+the profile's GEMMs are best-of timings too) and, beside it, the median step: where ranks
+outnumber cores (8 ranks on 2 here) the steps of one run spread by +-30% from the
+scheduler alone, the fastest is a lucky one, and the run's tokens/s follows the median;
+the goals are given for both.
 """
 import json
 import os
@@ -67,7 +71,8 @@ def measure(worker, np, keys, steps, tmp):
         os.remove(metrics)
     run(mpirun(np) + [worker, f"train.steps={steps}", f"train.metrics={metrics}"] + keys)
     ms = [json.loads(l)["step_ms"] for l in open(metrics) if '"step_ms"' in l]
-    return min(ms[1:] if len(ms) > 1 else ms)
+    ms = ms[1:] if len(ms) > 1 else ms
+    return min(ms), statistics.median(ms)
 
 
 def bench(worker, name, steps, top, tmp):
@@ -79,22 +84,28 @@ def bench(worker, name, steps, top, tmp):
     plans = out["plans"][:top]
     rows = []
     for p in plans:
-        measured = measure(worker, np, model + COMMON + p["keys"].split(), steps, tmp)
-        rows.append((p["plan"], p["step_ms"], measured))
-        print(f"  {name}: {p['plan']}: predicted {p['step_ms']:.1f} ms, measured {measured:.1f}",
-              file=sys.stderr)
+        fastest, median = measure(worker, np, model + COMMON + p["keys"].split(), steps, tmp)
+        rows.append((p["plan"], p["step_ms"], fastest, median))
+        print(f"  {name}: {p['plan']}: predicted {p['step_ms']:.1f} ms, measured {fastest:.1f} "
+              f"(median {median:.1f})", file=sys.stderr)
     print(f"\n{name}: {np} ranks, top {len(rows)} plans of {len(out['plans'])} "
           f"(hardware profile measured here, {os.path.basename(prof)})")
-    print(f"{'#':>2} {'predicted_ms':>12} {'measured_ms':>11} {'error':>7}  plan")
-    errs = []
-    for i, (plan, pred, meas) in enumerate(rows):
-        errs.append(abs(pred - meas) / meas)
-        print(f"{i + 1:>2} {pred:>12.1f} {meas:>11.1f} {100 * (pred - meas) / meas:>+6.0f}%  {plan}")
-    fastest = min(r[2] for r in rows)
-    rho = spearman([r[1] for r in rows], [r[2] for r in rows])
-    first = rows[0][2] <= 1.1 * fastest
-    print(f"median |error| {100 * statistics.median(errs):.0f}% (goal <= 20%), Spearman "
-          f"{rho:.2f} (goal >= 0.8), first choice {rows[0][2]:.1f} ms vs fastest "
+    print(f"{'#':>2} {'predicted_ms':>12} {'fastest_ms':>10} {'error':>7} {'median_ms':>9} "
+          f"{'error':>7}  plan")
+    for i, (plan, pred, fast, med) in enumerate(rows):
+        print(f"{i + 1:>2} {pred:>12.1f} {fast:>10.1f} {100 * (pred - fast) / fast:>+6.0f}% "
+              f"{med:>9.1f} {100 * (pred - med) / med:>+6.0f}%  {plan}")
+    for col, what in ((2, "fastest step"), (3, "median step")):
+        goals([r[1] for r in rows], [r[col] for r in rows], what)
+
+
+def goals(pred, meas, what):
+    errs = [abs(p - m) / m for p, m in zip(pred, meas)]
+    fastest = min(meas)
+    rho = spearman(pred, meas)
+    first = meas[0] <= 1.1 * fastest
+    print(f"{what}: median |error| {100 * statistics.median(errs):.0f}% (goal <= 20%), Spearman "
+          f"{rho:.2f} (goal >= 0.8), first choice {meas[0]:.1f} ms vs fastest "
           f"{fastest:.1f} ms: {'within' if first else 'NOT within'} 10%")
 
 

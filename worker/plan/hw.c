@@ -129,23 +129,53 @@ double wf_hw_gemm_s(const wf_hw *hw, double m, double n, double k, int threads, 
   return fmax(flops / (peak * 1e12 * hw->gemm_eff), bytes / hw->mem_bw);
 }
 
-double wf_hw_allreduce_s(const wf_hw *hw, double bytes, int size, bool intra)
+typedef enum { ALLREDUCE, REDUCE_SCATTER, ALLGATHER } coll_kind;
+
+/* The measured group nearest in size, or NULL. */
+static const wf_hw_coll *nearest_coll(const wf_hw *hw, int size)
+{
+  const wf_hw_coll *best = hw->n_coll > 0 ? &hw->coll[0] : NULL;
+  for (int i = 1; i < hw->n_coll; i++)
+    if (abs(hw->coll[i].size - size) < abs(best->size - size))
+      best = &hw->coll[i];
+  return best;
+}
+
+static double coll_s(const wf_hw *hw, double bytes, int size, bool intra, coll_kind kind)
 {
   if (size <= 1)
     return 0;
-  if (intra && hw->n_coll > 0) {
-    const wf_hw_coll *best = &hw->coll[0];
-    for (int i = 1; i < hw->n_coll; i++)
-      if (abs(hw->coll[i].size - size) < abs(best->size - size))
-        best = &hw->coll[i];
+  const wf_hw_coll *best = intra ? nearest_coll(hw, size) : NULL;
+  double bw = !best                    ? 0
+              : kind == REDUCE_SCATTER ? best->rs_bw
+              : kind == ALLGATHER      ? best->ag_bw
+                                       : best->bw;
+  if (kind != ALLREDUCE && bw <= 0) /* not measured: half an all-reduce */
+    return coll_s(hw, bytes, size, intra, ALLREDUCE) / 2;
+  if (best) {
     /* a group larger than any measured moves 2(g-1)/g of the bytes over the same links */
     double scale =
         size > best->size ? (2.0 * (size - 1) / size) / (2.0 * (best->size - 1) / best->size) : 1;
-    return best->alpha_s + scale * bytes / best->bw;
+    return best->alpha_s + scale * bytes / bw;
   }
   double alpha = intra ? hw->intra_alpha_s : hw->inter_alpha_s,
-         bw = intra ? hw->intra_bw : hw->inter_bw;
-  return alpha + 2.0 * (size - 1) / size * bytes / bw;
+         link = intra ? hw->intra_bw : hw->inter_bw;
+  return alpha + 2.0 * (size - 1) / size * bytes / link;
+}
+
+double wf_hw_allreduce_s(const wf_hw *hw, double bytes, int size, bool intra)
+{
+  return coll_s(hw, bytes, size, intra, ALLREDUCE);
+}
+
+double wf_hw_reduce_scatter_s(const wf_hw *hw, double bytes, int size, bool intra)
+{
+  return coll_s(hw, bytes, size, intra, REDUCE_SCATTER);
+}
+
+double wf_hw_allgather_s(const wf_hw *hw, double bytes, int size, bool intra)
+{
+  return coll_s(hw, bytes, size, intra, ALLGATHER);
 }
 
 /* ---- JSON --------------------------------------------------------------------------------- */
@@ -154,6 +184,18 @@ static json_t *peaks_json(const wf_hw *hw)
 {
   return json_pack("{s:f, s:f, s:f}", "fp32", hw->peak_tflops[WF_PREC_NO], "fp16",
                    hw->peak_tflops[WF_PREC_FP16], "bf16", hw->peak_tflops[WF_PREC_BF16]);
+}
+
+/* An all-reduce entry; a measured reduce-scatter and all-gather ride along with it. */
+static json_t *coll_json(const wf_hw_coll *c)
+{
+  json_t *o = json_pack("{s:i, s:f, s:f}", "size", c->size, "alpha_us", c->alpha_s * 1e6, "bw_gbs",
+                        c->bw * 1e-9);
+  if (o && c->rs_bw > 0)
+    json_object_set_new(o, "reduce_scatter_gbs", json_real(c->rs_bw * 1e-9));
+  if (o && c->ag_bw > 0)
+    json_object_set_new(o, "allgather_gbs", json_real(c->ag_bw * 1e-9));
+  return o;
 }
 
 static json_t *hw_json(const wf_hw *hw)
@@ -166,8 +208,7 @@ static json_t *hw_json(const wf_hw *hw)
                                     hw->gemm[i].m, "n", hw->gemm[i].n, "k", hw->gemm[i].k,
                                     "threads", hw->gemm[i].threads, "tflops", hw->gemm[i].tflops));
   for (int i = 0; i < hw->n_coll; i++)
-    json_array_append_new(c, json_pack("{s:i, s:f, s:f}", "size", hw->coll[i].size, "alpha_us",
-                                       hw->coll[i].alpha_s * 1e6, "bw_gbs", hw->coll[i].bw * 1e-9));
+    json_array_append_new(c, coll_json(&hw->coll[i]));
   return json_pack("{s:s, s:s, s:b, s:o, s:f, s:f, s:f, s:i, s:i, s:{s:f, s:f}, s:{s:f, s:f}, "
                    "s:f, s:f, s:f, s:{s:f, s:f, s:f, s:f}, s:o, s:o}",
                    "name", hw->name, "source", hw->source, "gpu", hw->gpu, "peak_tflops",
@@ -235,14 +276,20 @@ static bool read_colls(json_t *a, wf_hw *hw, const char *path, char *err, size_t
   json_t *e;
   json_array_foreach(a, i, e)
   {
-    double size, alpha, bw;
+    double size, alpha, bw, rs = 0, ag = 0;
     if (hw->n_coll >= WF_HW_MAX_COLL)
       break;
     if (!num_field(e, "size", 2, 1 << 24, &size, path, err, len) ||
         !num_field(e, "alpha_us", 0, 1e9, &alpha, path, err, len) ||
         !num_field(e, "bw_gbs", 1e-9, 1e9, &bw, path, err, len))
       return false;
-    hw->coll[hw->n_coll++] = (wf_hw_coll){(int)size, alpha * 1e-6, bw * 1e9};
+    /* optional (profiles before they were measured): half an all-reduce then */
+    if ((json_object_get(e, "reduce_scatter_gbs") &&
+         !num_field(e, "reduce_scatter_gbs", 1e-9, 1e9, &rs, path, err, len)) ||
+        (json_object_get(e, "allgather_gbs") &&
+         !num_field(e, "allgather_gbs", 1e-9, 1e9, &ag, path, err, len)))
+      return false;
+    hw->coll[hw->n_coll++] = (wf_hw_coll){(int)size, alpha * 1e-6, bw * 1e9, rs * 1e9, ag * 1e9};
   }
   return true;
 }
