@@ -1,14 +1,15 @@
 /*
  * hw.c - hardware profiles: the built-in GPUs (datasheet numbers; README.md, "Planning",
- * gives each one's source), the JSON file worker --profile-hw writes, and the two rates
- * the time model reads from a profile: a GEMM's seconds at its shape and an
- * all-reduce's seconds by group size.
+ * gives each one's source), the JSON file worker --profile-hw writes, and the rates the
+ * time model reads from a profile: a GEMM's seconds at its shape, and an all-reduce's,
+ * a reduce-scatter's and an all-gather's seconds by group size.
  *
  * Measured entries win over nominal ones: a GEMM takes the rate of the measured shape
  * nearest to it (log distance over m, n, k, at the same thread count when there is
- * one); an all-reduce within a node takes the fit measured for its group size. What is
- * not measured follows a roofline (the peak times gemm_eff, or memory bandwidth) and a
- * ring all-reduce (alpha + 2 (g-1)/g bytes / link bandwidth).
+ * one); a collective within a node takes the fit measured for the nearest group size.
+ * What is not measured follows a roofline (the peak times gemm_eff, or memory
+ * bandwidth) and a ring all-reduce (alpha + 2 (g-1)/g bytes / link bandwidth), a
+ * reduce-scatter or all-gather being half of one.
  */
 #include <math.h>
 #include <string.h>

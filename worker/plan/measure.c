@@ -1,7 +1,8 @@
 /*
  * measure.c - this machine's profile (worker --profile-hw, and the planner's default):
  * GEMMs at the model's shapes through the device's kernel table, the attention kernel,
- * memory bandwidth, and under mpirun all-reduces over groups of 2, 4, ... ranks.
+ * memory bandwidth, and under mpirun the collectives (all-reduce, reduce-scatter,
+ * all-gather) over groups of 2, 4, ... ranks at the job's message size.
  *
  * The GEMMs run on rank 0 alone (the others wait), at one thread and at every core:
  * the time model gives a rank cores / ranks threads, or one thread and a share of a
@@ -268,9 +269,9 @@ typedef struct coll_buf {
 /* One collective over c of a vector of n floats (a piece of n / size each for the
  * reduce-scatter and the all-gather), issued as the job issues it: a one-float
  * all-reduce blocking (the loss, tp's), a vector's all-reduce and reduce-scatter
- * non-blocking and waited for (grads.c and zero.c's gradient buckets: Open MPI runs
- * those through another component than the blocking ones, at another rate), the
- * all-gather blocking (zero.c's parameters). */
+ * non-blocking and waited for (grads.c and zero.c's gradient buckets; Open MPI serves
+ * non-blocking collectives from another component than blocking ones), the all-gather
+ * blocking (zero.c's parameters). */
 static wf_status run_op(wf_comm *c, const coll_buf *b, coll_op op, size_t n)
 {
   wf_status st = WF_OK;
@@ -351,8 +352,9 @@ static double rate(size_t n, double t, double alpha)
  * half an all-reduce). Every work step starts on a world barrier: a job's groups never
  * drift apart for longer than a step (its loss average and dp reduction span every
  * rank), while groups left free in a loop fall out of phase with each other and
- * measure the scheduler's time slices instead (2-5 ms per all-reduce, from one profile
- * to the next, for groups of 2 and 4 among 8 ranks on 2 cores). Rank 0's group answers. */
+ * measure the scheduler's time slices instead (0.3-5 ms per all-reduce, from one
+ * profile to the next, for groups of 2 and 4 among 8 ranks on 2 cores). Rank 0's group
+ * answers. */
 static wf_status measure_group(wf_comm *world, int g, const coll_buf *b, wf_hw_coll *out)
 {
   wf_status st = WF_OK;
@@ -375,8 +377,7 @@ fail:
 
 /* Cores the ranks deliver together: each runs the model's widest GEMM for a while, all at
  * once, and the sum of their rates over the one-thread rate measured alone; the median
- * of BUSY_TRIES (one of about ten single tries here read 0.9 of 2 cores, ranks leaving
- * the barrier apart). */
+ * of BUSY_TRIES (one of about ten single tries here read 0.9 of 2 cores). */
 static wf_status measure_busy_cores(wf_comm *world, const wf_hw *alone, float *buf, double *cores)
 {
   wf_status st = WF_OK;
@@ -392,9 +393,9 @@ static wf_status measure_busy_cores(wf_comm *world, const wf_hw *alone, float *b
       k->matmul_forward(buf + 2 * m * kk, buf, buf + m * kk, NULL, m, kk, n, WF_PREC_NO, NULL);
       reps++;
     }
-    float rate = (float)(reps / t); /* GEMMs per second */
-    WF_TRY(wf_comm_allreduce(world, &rate, &rate, 1, WF_COMM_F32, WF_COMM_SUM));
-    d[i] = one > 0 ? rate * one : 1;
+    float sum = (float)(reps / t); /* GEMMs per second, then over all ranks */
+    WF_TRY(wf_comm_allreduce(world, &sum, &sum, 1, WF_COMM_F32, WF_COMM_SUM));
+    d[i] = one > 0 ? sum * one : 1;
   }
   *cores = median3(d);
 fail:
@@ -402,10 +403,11 @@ fail:
   return st;
 }
 
-/* Floats of the all-reduces the job sends most bytes in: its dp gradient buckets
+/* Floats of the collectives that carry a dp job's bytes: its gradient buckets
  * (optim.bucket_mb, or the whole gradient when smaller; grads.c fills a bucket to at
  * least that size). A collective's rate depends on its size (caches, the transport's
- * protocol switches), so it is measured at the job's. */
+ * protocol switches), so it is measured at the job's (tp's activations, B x T x C
+ * floats per plan, take the same rate). */
 static size_t msg_floats(const wf_config *cfg, const wf_gpt_dims *d)
 {
   size_t n = wf_gpt_num_params(d), bucket = ((size_t)cfg->optim.bucket_mb << 20) / sizeof(float);
