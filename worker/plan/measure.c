@@ -256,6 +256,7 @@ static void work(const wf_ktable *k, float *buf, size_t n)
 #define BIG_ITERS  20    /* of the job's message: ~1-10 ms each here */
 #define BUSY_N     65536 /* floats a work step adds: ~50 us alone */
 #define BUSY_TRIES 3     /* the median of */
+#define MAX_OPS    4     /* collectives measured per group */
 
 typedef enum { OP_NONE, OP_ALLREDUCE, OP_REDUCE_SCATTER, OP_ALLGATHER } coll_op;
 
@@ -320,18 +321,24 @@ static double median3(const double *d)
   return d[0] + d[1] + d[2] - lo - hi;
 }
 
-/* The median over BUSY_TRIES of what the collective op of n floats adds to a work step. */
-static wf_status added(wf_comm *world, wf_comm *c, const coll_buf *b, coll_op op, size_t n,
-                       int iters, double *sec)
+/* The median over BUSY_TRIES of what each of the collectives ops[0..n_ops) of n[i]
+ * floats adds to a work step, into sec[i]; every try runs them all, in turn, after one
+ * loop without (slow drift in the machine's load hits them alike). */
+static wf_status added(wf_comm *world, wf_comm *c, const coll_buf *b, const coll_op *ops,
+                       const size_t *n, const int *iters, int n_ops, double *sec)
 {
   wf_status st = WF_OK;
-  double with = 0, without = 0, d[BUSY_TRIES];
-  for (int i = 0; i < BUSY_TRIES; i++) {
-    WF_TRY(busy_loop(world, c, b, OP_NONE, 0, iters, &without));
-    WF_TRY(busy_loop(world, c, b, op, n, iters, &with));
-    d[i] = with - without;
-  }
-  *sec = fmax(0, median3(d));
+  double d[MAX_OPS][BUSY_TRIES];
+  n_ops = WF_MIN(n_ops, MAX_OPS);
+  for (int t = 0; t < BUSY_TRIES; t++)
+    for (int i = 0; i < n_ops; i++) {
+      double with = 0, without = 0;
+      WF_TRY(busy_loop(world, c, b, OP_NONE, 0, iters[i], &without));
+      WF_TRY(busy_loop(world, c, b, ops[i], n[i], iters[i], &with));
+      d[i][t] = with - without;
+    }
+  for (int i = 0; i < n_ops; i++)
+    sec[i] = fmax(0, median3(d[i]));
 fail:
   return st;
 }
@@ -359,15 +366,15 @@ static wf_status measure_group(wf_comm *world, int g, const coll_buf *b, wf_hw_c
 {
   wf_status st = WF_OK;
   wf_comm *c = NULL;
-  double alpha = 0, ar = 0, rs = 0, ag = 0;
   int rank = wf_comm_rank(world);
   size_t n = b->big / (size_t)g * (size_t)g; /* whole pieces */
+  const coll_op ops[MAX_OPS] = {OP_ALLREDUCE, OP_ALLREDUCE, OP_REDUCE_SCATTER, OP_ALLGATHER};
+  const size_t sizes[MAX_OPS] = {1, n, n, n};
+  const int iters[MAX_OPS] = {BUSY_ITERS, BIG_ITERS, BIG_ITERS, BIG_ITERS};
+  double t[MAX_OPS]; /* alpha, then the vector's all-reduce, reduce-scatter, all-gather */
   WF_TRY(wf_comm_split(world, rank / g, rank, "profile", &c));
-  WF_TRY(added(world, c, b, OP_ALLREDUCE, 1, BUSY_ITERS, &alpha));
-  WF_TRY(added(world, c, b, OP_ALLREDUCE, n, BIG_ITERS, &ar));
-  WF_TRY(added(world, c, b, OP_REDUCE_SCATTER, n, BIG_ITERS, &rs));
-  WF_TRY(added(world, c, b, OP_ALLGATHER, n, BIG_ITERS, &ag));
-  *out = (wf_hw_coll){g, alpha, rate(n, ar, alpha), rate(n, rs, alpha), rate(n, ag, alpha)};
+  WF_TRY(added(world, c, b, ops, sizes, iters, MAX_OPS, t));
+  *out = (wf_hw_coll){g, t[0], rate(n, t[1], t[0]), rate(n, t[2], t[0]), rate(n, t[3], t[0])};
 fail:
   wf_comm_destroy(c);
   if (st == WF_OK)
