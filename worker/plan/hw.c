@@ -6,10 +6,10 @@
  *
  * Measured entries win over nominal ones: a GEMM takes the rate of the measured shape
  * nearest to it (log distance over m, n, k, at the same thread count when there is
- * one); a collective within a node takes the fit measured for the nearest group size.
- * What is not measured follows a roofline (the peak times gemm_eff, or memory
- * bandwidth) and a ring all-reduce (alpha + 2 (g-1)/g bytes / link bandwidth), a
- * reduce-scatter or all-gather being half of one.
+ * one), interpolated over the rows measured around its own; a collective within a node takes the
+ * fit measured for the nearest group size. What is not measured follows a roofline (the peak times
+ * gemm_eff, or memory bandwidth) and a ring all-reduce (alpha + 2 (g-1)/g bytes / link bandwidth),
+ * a reduce-scatter or all-gather being half of one.
  */
 #include <math.h>
 #include <string.h>
@@ -113,6 +113,29 @@ double wf_hw_attention_s(const wf_hw *hw, double heads, double T, double hs, int
   return 4 * heads * T * T * hs / rate;
 }
 
+/* The rate (TFLOPS) of the measured GEMM `best` moved to m rows: interpolated in log(m)
+ * between the entries of its n, k and thread count measured just below and above m.
+ * The profile measures rows T, 4T, 16T ...; a micro-batch of 2 rows lies between 1 and
+ * 4, and small GEMMs are slower per FLOP (gpt2-small's at 64 rows run ~10% slower than
+ * at 256 here). Outside the measured rows: best's own rate. */
+static double rate_at_rows(const wf_hw *hw, const wf_hw_gemm *best, double m)
+{
+  const wf_hw_gemm *lo = NULL, *hi = NULL;
+  for (int i = 0; i < hw->n_gemm; i++) {
+    const wf_hw_gemm *e = &hw->gemm[i];
+    if (e->attention || e->n != best->n || e->k != best->k || e->threads != best->threads)
+      continue;
+    if (e->m <= m && (!lo || e->m > lo->m))
+      lo = e;
+    if (e->m >= m && (!hi || e->m < hi->m))
+      hi = e;
+  }
+  if (!lo || !hi || lo->m == hi->m)
+    return best->tflops;
+  double f = log(m / lo->m) / log((double)hi->m / lo->m);
+  return lo->tflops + f * (hi->tflops - lo->tflops);
+}
+
 double wf_hw_gemm_s(const wf_hw *hw, double m, double n, double k, int threads, wf_precision p)
 {
   double flops = 2 * m * n * k;
@@ -120,7 +143,7 @@ double wf_hw_gemm_s(const wf_hw *hw, double m, double n, double k, int threads, 
     return 0;
   const wf_hw_gemm *best = nearest(hw, false, m, n, k, threads);
   if (best) {
-    double rate = best->tflops * 1e12;
+    double rate = rate_at_rows(hw, best, m) * 1e12;
     if (best->threads != threads && best->threads > 0) /* scale by the threads it had */
       rate *= (double)threads / best->threads;
     return flops / rate;
