@@ -265,6 +265,7 @@ typedef enum { OP_NONE, OP_ALLREDUCE, OP_REDUCE_SCATTER, OP_ALLGATHER } coll_op;
 typedef struct coll_buf {
   float *buf;
   size_t big;
+  int sync; /* small collectives between two world-wide ones: 4 per layer (tp's) */
 } coll_buf;
 
 /* One collective over c of a vector of n floats (a piece of n / size each for the
@@ -288,9 +289,9 @@ static wf_status run_op(wf_comm *c, const coll_buf *b, coll_op op, size_t n)
 }
 
 /* Seconds per step of `iters` work steps, each followed by the collective op of n
- * floats over c, then a world barrier. */
+ * floats over c, and a world barrier after every `sync` of them. */
 static wf_status busy_loop(wf_comm *world, wf_comm *c, const coll_buf *b, coll_op op, size_t n,
-                           int iters, double *sec)
+                           int iters, int sync, double *sec)
 {
   wf_status st = WF_OK;
   const wf_ktable *k = wf_dev_kernels(wf_dev_cpu());
@@ -299,7 +300,8 @@ static wf_status busy_loop(wf_comm *world, wf_comm *c, const coll_buf *b, coll_o
   for (int i = 0; i < iters; i++) {
     work(k, b->buf + 2 * b->big, BUSY_N);
     WF_TRY(run_op(c, b, op, n));
-    WF_TRY(wf_comm_barrier(world));
+    if ((i + 1) % sync == 0 || i == iters - 1)
+      WF_TRY(wf_comm_barrier(world));
   }
   *sec = (wf_now() - t0) / iters;
 fail:
@@ -316,7 +318,7 @@ static double median3(const double *d)
  * floats adds to a work step, into sec[i]; every try runs them all, in turn, after one
  * loop without (slow drift in the machine's load hits them alike). */
 static wf_status added(wf_comm *world, wf_comm *c, const coll_buf *b, const coll_op *ops,
-                       const size_t *n, const int *iters, int n_ops, double *sec)
+                       const size_t *n, const int *iters, const int *sync, int n_ops, double *sec)
 {
   wf_status st = WF_OK;
   double d[MAX_OPS][BUSY_TRIES];
@@ -324,8 +326,8 @@ static wf_status added(wf_comm *world, wf_comm *c, const coll_buf *b, const coll
   for (int t = 0; t < BUSY_TRIES; t++)
     for (int i = 0; i < n_ops; i++) {
       double with = 0, without = 0;
-      WF_TRY(busy_loop(world, c, b, OP_NONE, 0, iters[i], &without));
-      WF_TRY(busy_loop(world, c, b, ops[i], n[i], iters[i], &with));
+      WF_TRY(busy_loop(world, c, b, OP_NONE, 0, iters[i], sync[i], &without));
+      WF_TRY(busy_loop(world, c, b, ops[i], n[i], iters[i], sync[i], &with));
       d[i][t] = with - without;
     }
   for (int i = 0; i < n_ops; i++)
@@ -347,12 +349,15 @@ static double rate(size_t n, double t, double alpha)
  * not see); what an all-reduce, a reduce-scatter and an all-gather of the job's
  * message (b->big floats, msg_floats) add beyond that gives each one's bandwidth (ZeRO
  * reduce-scatters gradients and all-gathers parameters; on shared memory these are not
- * half an all-reduce). Every work step starts on a world barrier: a job's groups never
- * drift apart for longer than a step (its loss average and dp reduction span every
- * rank), while groups left free in a loop fall out of phase with each other and
- * measure the scheduler's time slices instead (0.3-5 ms per all-reduce, from one
- * profile to the next, for groups of 2 and 4 among 8 ranks on 2 cores). Rank 0's group
- * answers. */
+ * half an all-reduce). The groups meet on a world barrier as often as a job's do: its
+ * loss average and dp reduction span every rank once a step, between them a tp group
+ * runs 4 small all-reduces per layer (b->sync, two forward and two backward), and the
+ * dp reduction's large ones follow a whole step's work. Groups never brought together
+ * fall out of phase with each other and measure the scheduler's time slices instead
+ * (0.3-5 ms per all-reduce, from one profile to the next, for groups of 2 and 4 among 8
+ * ranks on 2 cores); groups brought together at every one miss the partner's wait a
+ * tp group sees (~0-0.2 ms, where 4 x 2 tp ranks of 8 layers pay ~0.2 ms per all-reduce
+ * measured). Rank 0's group answers. */
 static wf_status measure_group(wf_comm *world, int g, const coll_buf *b, wf_hw_coll *out)
 {
   wf_status st = WF_OK;
@@ -362,9 +367,10 @@ static wf_status measure_group(wf_comm *world, int g, const coll_buf *b, wf_hw_c
   const coll_op ops[MAX_OPS] = {OP_ALLREDUCE, OP_ALLREDUCE, OP_REDUCE_SCATTER, OP_ALLGATHER};
   const size_t sizes[MAX_OPS] = {1, n, n, n};
   const int iters[MAX_OPS] = {BUSY_ITERS, BIG_ITERS, BIG_ITERS, BIG_ITERS};
+  const int sync[MAX_OPS] = {WF_MIN(b->sync, BUSY_ITERS), 1, 1, 1};
   double t[MAX_OPS]; /* alpha, then the vector's all-reduce, reduce-scatter, all-gather */
   WF_TRY(wf_comm_split(world, rank / g, rank, "profile", &c));
-  WF_TRY(added(world, c, b, ops, sizes, iters, MAX_OPS, t));
+  WF_TRY(added(world, c, b, ops, sizes, iters, sync, MAX_OPS, t));
   *out = (wf_hw_coll){g, t[0], rate(n, t[1], t[0]), rate(n, t[2], t[0]), rate(n, t[3], t[0])};
 fail:
   wf_comm_destroy(c);
@@ -414,11 +420,11 @@ static size_t msg_floats(const wf_config *cfg, const wf_gpt_dims *d)
   return WF_MAX(n, MIN_MSG);
 }
 
-static wf_status measure_colls(wf_comm *world, size_t msg, wf_hw *hw)
+static wf_status measure_colls(wf_comm *world, size_t msg, int layers, wf_hw *hw)
 {
   wf_status st = WF_OK;
   int W = wf_comm_size(world);
-  coll_buf b = {NULL, msg};
+  coll_buf b = {NULL, msg, WF_MAX(1, 4 * layers)};
   /* the scratch (coll_buf); busy_cores' GEMM fits in it too */
   WF_CHECK_ALLOC(b.buf = calloc(2 * msg + 3 * (size_t)BUSY_N, sizeof *b.buf));
   for (int g = 2; g <= W && hw->n_coll < WF_HW_MAX_COLL; g *= 2)
@@ -466,7 +472,7 @@ int wf_plan_profile_hw(const wf_config *cfg, wf_comm *world, const char *path, F
     st = wf__plan_measure(&d, cfg->train.batch_size * T, T, WF_MAX(W, 1), &hw);
   if (world && agree_quietly(world, st) != WF_OK)
     return 1;
-  if (world && W > 1 && measure_colls(world, msg, &hw) != WF_OK)
+  if (world && W > 1 && measure_colls(world, msg, d.L, &hw) != WF_OK)
     return 1;
   if (rank != 0)
     return 0;
