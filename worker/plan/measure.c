@@ -356,8 +356,8 @@ static double rate(size_t n, double t, double alpha)
  * fall out of phase with each other and measure the scheduler's time slices instead
  * (0.3-5 ms per all-reduce, from one profile to the next, for groups of 2 and 4 among 8
  * ranks on 2 cores); groups brought together at every one miss the partner's wait a
- * tp group sees (~0-0.2 ms, where 4 x 2 tp ranks of 8 layers pay ~0.2 ms per all-reduce
- * measured). Rank 0's group answers. */
+ * tp group sees (they read 0-0.2 ms, where dp 4 x tp 2 plans of 8 layers at 8 ranks
+ * spend ~0.2 ms per tp all-reduce, from their step times). Rank 0's group answers. */
 static wf_status measure_group(wf_comm *world, int g, const coll_buf *b, wf_hw_coll *out)
 {
   wf_status st = WF_OK;
