@@ -45,42 +45,19 @@ def theory(L, C, V, T, D, zero, keep=False):
     """Memory by kind per rank 0, in bytes: README's table."""
     kinds = layout(L, C, V, T)
     n = sum(k[1] for k in kinds)
-    off, o = {}, 0
-    for name, numel, _ in kinds:
-        off[name] = o
-        o += numel
     shard = (n + D - 1) // D
     layer = sum(numel // L for _, numel, lay in kinds if lay)
     edge = sum(numel for _, numel, lay in kinds if not lay)
-
-    def padded(ranges):
-        share = [0] * D
-        for a, m in ranges:
-            while m > 0:
-                r = a // shard
-                take = min(m, (r + 1) * shard - a)
-                share[r] += take
-                a, m = a + take, m - take
-        return max(share) * D
-
-    def chunk(biggest):  # wf_zero_gather_chunk
-        c = max(1, min(shard, biggest // D))
-        return min(shard, 4096) if c < 4096 else c
-
     if zero == 0:
         return {"param": 4 * n, "grad": 4 * n + (4 * (n + L + 2) if D > 1 else 0),
                 "optim": 8 * n}
     s0 = min(0, n)
     optim = 8 * (min(s0 + shard, n) - s0)
-    if zero == 1:
-        blocks = [padded([(off[k] + j * (numel // L), numel // L) for k, numel, lay in kinds
-                          if lay]) for j in range(L)]
-        blocks.append(padded([(off[k], numel) for k, numel, lay in kinds if not lay]))
-        return {"param": 4 * n + 4 * D * chunk(max(blocks)),
-                "grad": 4 * (n + shard + sum(blocks)), "optim": optim}
+    if zero == 1:  # the flat gradient re-laid by bucket and reduced in place, + the shard
+        return {"param": 4 * n, "grad": 4 * (n + shard), "optim": optim}
     grad = 4 * (shard + edge + 2 * layer)
     if zero == 2:
-        return {"param": 4 * n + 4 * D * chunk(layer), "grad": grad, "optim": optim}
+        return {"param": 4 * n, "grad": grad, "optim": optim}  # the all-gather is in place
     return {"param": 4 * (shard + edge + (L if keep else 2) * layer), "grad": grad,
             "optim": optim}
 
