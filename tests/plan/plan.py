@@ -192,15 +192,38 @@ def profile_case(worker):
                                                               for g in hw["gemm"]):
             fail(f"profile shapes {sorted(shapes)}")
         coll = [c for c in hw["allreduce"] if c["size"] == 2]
-        if len(coll) != 1 or coll[0]["bw_gbs"] <= 0 or coll[0]["alpha_us"] < 0:
-            fail(f"all-reduce fits {hw['allreduce']}")
+        if len(coll) != 1 or coll[0]["bw_gbs"] <= 0 or coll[0]["alpha_us"] < 0 or \
+                coll[0].get("reduce_scatter_gbs", 0) <= 0 or coll[0].get("allgather_gbs", 0) <= 0:
+            fail(f"collective fits {hw['allreduce']}")
         run([worker, "--plan", "--hw", path, "dist.world_size=2"] + MODEL)
+        zero1_rates(worker, hw, tmp)
         del hw["mem_bw_gbs"]
         json.dump(hw, open(path, "w"))
         p = run([worker, "--plan", "--hw", path, "dist.world_size=2"] + MODEL, ok=False)
         if p.returncode == 0 or '"mem_bw_gbs"' not in p.stderr:
             fail(f"a profile without mem_bw_gbs: exit {p.returncode}, {p.stderr}")
     print("profile: OK")
+
+
+def zero1_rates(worker, hw, tmp):
+    """ZeRO-1's dp time takes the profile's reduce-scatter (gradients) and all-gather
+    (parameters) rates: at 1 MB/s each it is 2 x n x 4 bytes / 1e6 s for n parameters;
+    without them (older profiles) each is half an all-reduce: n x 4 / 1e6 s at an
+    all-reduce rate of 1 MB/s. Within 1%: the latency terms (alpha_us per bucket, under
+    a millisecond here) against ~1.8 s of bytes."""
+    slow = dict(hw, allreduce=[dict(c, bw_gbs=1e-3, reduce_scatter_gbs=1e-3,
+                                    allgather_gbs=1e-3) for c in hw["allreduce"]])
+    old = dict(hw, allreduce=[{k: c[k] for k in ("size", "alpha_us")} | {"bw_gbs": 1e-3}
+                              for c in hw["allreduce"]])
+    for prof, factor in ((slow, 2), (old, 1)):
+        path = os.path.join(tmp, f"hw-{factor}.json")
+        json.dump(prof, open(path, "w"))
+        est = json.loads(run([worker, "--estimate", "--json", "--hw", path, "mesh.dp=2",
+                              "optim.zero=1"] + MODEL).stdout)
+        want = factor * est["stages"][0]["params"] * 4 / 1e6 * 1e3
+        got = est["time"]["dp_comm_ms"]
+        if abs(got - want) > 0.01 * want:
+            fail(f"ZeRO-1 dp time {got:.1f} ms, want {want:.1f} ms ({factor} x n x 4 B at 1 MB/s)")
 
 
 def keyval(keys, k):

@@ -1,14 +1,15 @@
 /*
  * hw.c - hardware profiles: the built-in GPUs (datasheet numbers; README.md, "Planning",
- * gives each one's source), the JSON file worker --profile-hw writes, and the two rates
- * the time model reads from a profile: a GEMM's seconds at its shape and an
- * all-reduce's seconds by group size.
+ * gives each one's source), the JSON file worker --profile-hw writes, and the rates the
+ * time model reads from a profile: a GEMM's seconds at its shape, and an all-reduce's,
+ * a reduce-scatter's and an all-gather's seconds by group size.
  *
  * Measured entries win over nominal ones: a GEMM takes the rate of the measured shape
  * nearest to it (log distance over m, n, k, at the same thread count when there is
- * one); an all-reduce within a node takes the fit measured for its group size. What is
- * not measured follows a roofline (the peak times gemm_eff, or memory bandwidth) and a
- * ring all-reduce (alpha + 2 (g-1)/g bytes / link bandwidth).
+ * one), interpolated over the rows measured around its own; a collective within a node takes the
+ * fit measured for the nearest group size. What is not measured follows a roofline (the peak times
+ * gemm_eff, or memory bandwidth) and a ring all-reduce (alpha + 2 (g-1)/g bytes / link bandwidth),
+ * a reduce-scatter or all-gather being half of one.
  */
 #include <math.h>
 #include <string.h>
@@ -112,6 +113,29 @@ double wf_hw_attention_s(const wf_hw *hw, double heads, double T, double hs, int
   return 4 * heads * T * T * hs / rate;
 }
 
+/* The rate (TFLOPS) of the measured GEMM `best` moved to m rows: interpolated in log(m)
+ * between the entries of its n, k and thread count measured just below and above m.
+ * The profile measures rows T, 4T, 16T ...; a micro-batch of 2 rows lies between 1 and
+ * 4, and small GEMMs are slower per FLOP (gpt2-small's at 64 rows run ~10% slower than
+ * at 256 here). Outside the measured rows: best's own rate. */
+static double rate_at_rows(const wf_hw *hw, const wf_hw_gemm *best, double m)
+{
+  const wf_hw_gemm *lo = NULL, *hi = NULL;
+  for (int i = 0; i < hw->n_gemm; i++) {
+    const wf_hw_gemm *e = &hw->gemm[i];
+    if (e->attention || e->n != best->n || e->k != best->k || e->threads != best->threads)
+      continue;
+    if (e->m <= m && (!lo || e->m > lo->m))
+      lo = e;
+    if (e->m >= m && (!hi || e->m < hi->m))
+      hi = e;
+  }
+  if (!lo || !hi || lo->m == hi->m)
+    return best->tflops;
+  double f = log(m / lo->m) / log((double)hi->m / lo->m);
+  return lo->tflops + f * (hi->tflops - lo->tflops);
+}
+
 double wf_hw_gemm_s(const wf_hw *hw, double m, double n, double k, int threads, wf_precision p)
 {
   double flops = 2 * m * n * k;
@@ -119,7 +143,7 @@ double wf_hw_gemm_s(const wf_hw *hw, double m, double n, double k, int threads, 
     return 0;
   const wf_hw_gemm *best = nearest(hw, false, m, n, k, threads);
   if (best) {
-    double rate = best->tflops * 1e12;
+    double rate = rate_at_rows(hw, best, m) * 1e12;
     if (best->threads != threads && best->threads > 0) /* scale by the threads it had */
       rate *= (double)threads / best->threads;
     return flops / rate;
@@ -129,23 +153,53 @@ double wf_hw_gemm_s(const wf_hw *hw, double m, double n, double k, int threads, 
   return fmax(flops / (peak * 1e12 * hw->gemm_eff), bytes / hw->mem_bw);
 }
 
-double wf_hw_allreduce_s(const wf_hw *hw, double bytes, int size, bool intra)
+typedef enum { ALLREDUCE, REDUCE_SCATTER, ALLGATHER } coll_kind;
+
+/* The measured group nearest in size, or NULL. */
+static const wf_hw_coll *nearest_coll(const wf_hw *hw, int size)
+{
+  const wf_hw_coll *best = hw->n_coll > 0 ? &hw->coll[0] : NULL;
+  for (int i = 1; i < hw->n_coll; i++)
+    if (abs(hw->coll[i].size - size) < abs(best->size - size))
+      best = &hw->coll[i];
+  return best;
+}
+
+static double coll_s(const wf_hw *hw, double bytes, int size, bool intra, coll_kind kind)
 {
   if (size <= 1)
     return 0;
-  if (intra && hw->n_coll > 0) {
-    const wf_hw_coll *best = &hw->coll[0];
-    for (int i = 1; i < hw->n_coll; i++)
-      if (abs(hw->coll[i].size - size) < abs(best->size - size))
-        best = &hw->coll[i];
+  const wf_hw_coll *best = intra ? nearest_coll(hw, size) : NULL;
+  double bw = !best                    ? 0
+              : kind == REDUCE_SCATTER ? best->rs_bw
+              : kind == ALLGATHER      ? best->ag_bw
+                                       : best->bw;
+  if (kind != ALLREDUCE && bw <= 0) /* not measured: half an all-reduce */
+    return coll_s(hw, bytes, size, intra, ALLREDUCE) / 2;
+  if (best) {
     /* a group larger than any measured moves 2(g-1)/g of the bytes over the same links */
     double scale =
         size > best->size ? (2.0 * (size - 1) / size) / (2.0 * (best->size - 1) / best->size) : 1;
-    return best->alpha_s + scale * bytes / best->bw;
+    return best->alpha_s + scale * bytes / bw;
   }
   double alpha = intra ? hw->intra_alpha_s : hw->inter_alpha_s,
-         bw = intra ? hw->intra_bw : hw->inter_bw;
-  return alpha + 2.0 * (size - 1) / size * bytes / bw;
+         link = intra ? hw->intra_bw : hw->inter_bw;
+  return alpha + 2.0 * (size - 1) / size * bytes / link;
+}
+
+double wf_hw_allreduce_s(const wf_hw *hw, double bytes, int size, bool intra)
+{
+  return coll_s(hw, bytes, size, intra, ALLREDUCE);
+}
+
+double wf_hw_reduce_scatter_s(const wf_hw *hw, double bytes, int size, bool intra)
+{
+  return coll_s(hw, bytes, size, intra, REDUCE_SCATTER);
+}
+
+double wf_hw_allgather_s(const wf_hw *hw, double bytes, int size, bool intra)
+{
+  return coll_s(hw, bytes, size, intra, ALLGATHER);
 }
 
 /* ---- JSON --------------------------------------------------------------------------------- */
@@ -154,6 +208,18 @@ static json_t *peaks_json(const wf_hw *hw)
 {
   return json_pack("{s:f, s:f, s:f}", "fp32", hw->peak_tflops[WF_PREC_NO], "fp16",
                    hw->peak_tflops[WF_PREC_FP16], "bf16", hw->peak_tflops[WF_PREC_BF16]);
+}
+
+/* An all-reduce entry; a measured reduce-scatter and all-gather ride along with it. */
+static json_t *coll_json(const wf_hw_coll *c)
+{
+  json_t *o = json_pack("{s:i, s:f, s:f}", "size", c->size, "alpha_us", c->alpha_s * 1e6, "bw_gbs",
+                        c->bw * 1e-9);
+  if (o && c->rs_bw > 0)
+    json_object_set_new(o, "reduce_scatter_gbs", json_real(c->rs_bw * 1e-9));
+  if (o && c->ag_bw > 0)
+    json_object_set_new(o, "allgather_gbs", json_real(c->ag_bw * 1e-9));
+  return o;
 }
 
 static json_t *hw_json(const wf_hw *hw)
@@ -166,8 +232,7 @@ static json_t *hw_json(const wf_hw *hw)
                                     hw->gemm[i].m, "n", hw->gemm[i].n, "k", hw->gemm[i].k,
                                     "threads", hw->gemm[i].threads, "tflops", hw->gemm[i].tflops));
   for (int i = 0; i < hw->n_coll; i++)
-    json_array_append_new(c, json_pack("{s:i, s:f, s:f}", "size", hw->coll[i].size, "alpha_us",
-                                       hw->coll[i].alpha_s * 1e6, "bw_gbs", hw->coll[i].bw * 1e-9));
+    json_array_append_new(c, coll_json(&hw->coll[i]));
   return json_pack("{s:s, s:s, s:b, s:o, s:f, s:f, s:f, s:i, s:i, s:{s:f, s:f}, s:{s:f, s:f}, "
                    "s:f, s:f, s:f, s:{s:f, s:f, s:f, s:f}, s:o, s:o}",
                    "name", hw->name, "source", hw->source, "gpu", hw->gpu, "peak_tflops",
@@ -235,14 +300,20 @@ static bool read_colls(json_t *a, wf_hw *hw, const char *path, char *err, size_t
   json_t *e;
   json_array_foreach(a, i, e)
   {
-    double size, alpha, bw;
+    double size, alpha, bw, rs = 0, ag = 0;
     if (hw->n_coll >= WF_HW_MAX_COLL)
       break;
     if (!num_field(e, "size", 2, 1 << 24, &size, path, err, len) ||
         !num_field(e, "alpha_us", 0, 1e9, &alpha, path, err, len) ||
         !num_field(e, "bw_gbs", 1e-9, 1e9, &bw, path, err, len))
       return false;
-    hw->coll[hw->n_coll++] = (wf_hw_coll){(int)size, alpha * 1e-6, bw * 1e9};
+    /* optional (profiles before they were measured): half an all-reduce then */
+    if ((json_object_get(e, "reduce_scatter_gbs") &&
+         !num_field(e, "reduce_scatter_gbs", 1e-9, 1e9, &rs, path, err, len)) ||
+        (json_object_get(e, "allgather_gbs") &&
+         !num_field(e, "allgather_gbs", 1e-9, 1e9, &ag, path, err, len)))
+      return false;
+    hw->coll[hw->n_coll++] = (wf_hw_coll){(int)size, alpha * 1e-6, bw * 1e9, rs * 1e9, ag * 1e9};
   }
   return true;
 }

@@ -1,7 +1,8 @@
 /*
  * measure.c - this machine's profile (worker --profile-hw, and the planner's default):
  * GEMMs at the model's shapes through the device's kernel table, the attention kernel,
- * memory bandwidth, and under mpirun all-reduces over groups of 2, 4, ... ranks.
+ * memory bandwidth, and under mpirun the collectives (all-reduce, reduce-scatter,
+ * all-gather) over groups of 2, 4, ... ranks at the job's message size.
  *
  * The GEMMs run on rank 0 alone (the others wait), at one thread and at every core:
  * the time model gives a rank cores / ranks threads, or one thread and a share of a
@@ -243,30 +244,7 @@ fail:
   return st;
 }
 
-#define COLL_REPS  15
-#define BIG_FLOATS ((size_t)16 << 20) /* 64 MiB: past the caches, as gradients are */
-
-/* Median seconds of an all-reduce of n floats over c (fewer repetitions when large). */
-static wf_status time_allreduce(wf_comm *c, float *buf, size_t n, double *sec)
-{
-  wf_status st = WF_OK;
-  double t[COLL_REPS];
-  int reps = n > ((size_t)1 << 20) ? 5 : COLL_REPS;
-  for (int r = 0; r < reps; r++) {
-    WF_TRY(wf_comm_barrier(c));
-    double t0 = wf_now();
-    WF_TRY(wf_comm_allreduce(c, buf, buf, n, WF_COMM_F32, WF_COMM_SUM));
-    t[r] = wf_now() - t0;
-  }
-  for (int i = 1; i < reps; i++) /* insertion sort, then the median */
-    for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-      double x = t[j];
-      t[j] = t[j - 1], t[j - 1] = x;
-    }
-  *sec = t[reps / 2];
-fail:
-  return st;
-}
+#define MIN_MSG ((size_t)1 << 16) /* floats: 256 KiB, where the bytes term dominates alpha */
 
 /* A busy rank's step between collectives: a residual add over n floats. */
 static void work(const wf_ktable *k, float *buf, size_t n)
@@ -275,50 +253,119 @@ static void work(const wf_ktable *k, float *buf, size_t n)
 }
 
 #define BUSY_ITERS 100
+#define BIG_ITERS  20    /* of the job's message: ~1-10 ms each here */
 #define BUSY_N     65536 /* floats a work step adds: ~50 us alone */
 #define BUSY_TRIES 3     /* the median of */
+#define MAX_OPS    4     /* collectives measured per group */
 
-/* Seconds of BUSY_ITERS work steps, each followed (comm) by a one-float all-reduce. */
-static wf_status busy_loop(wf_comm *c, float *buf, bool comm, double *sec)
+typedef enum { OP_NONE, OP_ALLREDUCE, OP_REDUCE_SCATTER, OP_ALLGATHER } coll_op;
+
+/* The scratch: the message (big floats), a second one (the reduce-scatter's and the
+ * all-gather's other side), then a work step's 3 BUSY_N floats. */
+typedef struct coll_buf {
+  float *buf;
+  size_t big;
+} coll_buf;
+
+/* One collective over c of a vector of n floats (a piece of n / size each for the
+ * reduce-scatter and the all-gather), blocking. grads.c and zero.c issue the gradient
+ * reductions non-blocking, but timed that way alone here (Open MPI's non-blocking
+ * component) an all-reduce of 8 ranks' 1.6 MB ran at 0.16-0.18 GB/s, below the
+ * reduce-scatter's 0.24-0.28, while in the job plain dp's exposed reduction (2.75 ms,
+ * median over 6 runs) stays below ZeRO-1's reduce-scatter (4.36 ms), as the blocking
+ * rates order them (all-reduce 0.25-0.37, reduce-scatter 0.14-0.20). */
+static wf_status run_op(wf_comm *c, const coll_buf *b, coll_op op, size_t n)
+{
+  size_t piece = WF_MAX(n / (size_t)wf_comm_size(c), 1);
+  float *x = b->buf, *y = b->buf + b->big;
+  switch (op) {
+  case OP_NONE: return WF_OK;
+  case OP_ALLREDUCE: return wf_comm_allreduce(c, x, x, n, WF_COMM_F32, WF_COMM_SUM);
+  case OP_REDUCE_SCATTER: return wf_comm_reduce_scatter(c, x, y, piece, WF_COMM_F32, WF_COMM_SUM);
+  case OP_ALLGATHER: return wf_comm_allgather(c, x, y, piece, WF_COMM_F32);
+  }
+  return WF_EINVAL;
+}
+
+/* Seconds per step of `iters` work steps, each followed by the collective op of n
+ * floats over c, then a world barrier. */
+static wf_status busy_loop(wf_comm *world, wf_comm *c, const coll_buf *b, coll_op op, size_t n,
+                           int iters, double *sec)
 {
   wf_status st = WF_OK;
   const wf_ktable *k = wf_dev_kernels(wf_dev_cpu());
-  WF_TRY(wf_comm_barrier(c));
+  WF_TRY(wf_comm_barrier(world));
   double t0 = wf_now();
-  for (int i = 0; i < BUSY_ITERS; i++) {
-    work(k, buf + 4, BUSY_N);
-    if (comm)
-      WF_TRY(wf_comm_allreduce(c, buf, buf, 1, WF_COMM_F32, WF_COMM_SUM));
+  for (int i = 0; i < iters; i++) {
+    work(k, b->buf + 2 * b->big, BUSY_N);
+    WF_TRY(run_op(c, b, op, n));
+    WF_TRY(wf_comm_barrier(world));
   }
-  *sec = wf_now() - t0;
+  *sec = (wf_now() - t0) / iters;
 fail:
   return st;
 }
 
-/* All-reduces over groups of g ranks, every group at once (as in a mesh): alpha is what
- * a one-float all-reduce adds to a loop of work steps (ranks that share cores wait for
- * their partners to be scheduled, which a synchronised ping would not see), the
- * bandwidth what a 4 MiB one adds to it. Rank 0's group answers. */
-static wf_status measure_group(wf_comm *world, int g, float *buf, wf_hw_coll *out)
+static double median3(const double *d)
+{
+  double lo = fmin(d[0], fmin(d[1], d[2])), hi = fmax(d[0], fmax(d[1], d[2]));
+  return d[0] + d[1] + d[2] - lo - hi;
+}
+
+/* The median over BUSY_TRIES of what each of the collectives ops[0..n_ops) of n[i]
+ * floats adds to a work step, into sec[i]; every try runs them all, in turn, after one
+ * loop without (slow drift in the machine's load hits them alike). */
+static wf_status added(wf_comm *world, wf_comm *c, const coll_buf *b, const coll_op *ops,
+                       const size_t *n, const int *iters, int n_ops, double *sec)
+{
+  wf_status st = WF_OK;
+  double d[MAX_OPS][BUSY_TRIES];
+  n_ops = WF_MIN(n_ops, MAX_OPS);
+  for (int t = 0; t < BUSY_TRIES; t++)
+    for (int i = 0; i < n_ops; i++) {
+      double with = 0, without = 0;
+      WF_TRY(busy_loop(world, c, b, OP_NONE, 0, iters[i], &without));
+      WF_TRY(busy_loop(world, c, b, ops[i], n[i], iters[i], &with));
+      d[i][t] = with - without;
+    }
+  for (int i = 0; i < n_ops; i++)
+    sec[i] = fmax(0, median3(d[i]));
+fail:
+  return st;
+}
+
+/* Bytes per second of the vector's bytes for a collective that added t seconds, of
+ * which alpha is its latency (1e12, "free", when it measured no more than that). */
+static double rate(size_t n, double t, double alpha)
+{
+  return t > alpha ? n * 4.0 / (t - alpha) : 1e12;
+}
+
+/* Collectives over groups of g ranks, every group at once (as in a mesh), as a job sees
+ * them: what a one-float all-reduce adds to a loop of work steps is alpha (ranks that
+ * share cores wait for their partners to be scheduled, which a synchronised ping would
+ * not see); what an all-reduce, a reduce-scatter and an all-gather of the job's
+ * message (b->big floats, msg_floats) add beyond that gives each one's bandwidth (ZeRO
+ * reduce-scatters gradients and all-gathers parameters; on shared memory these are not
+ * half an all-reduce). Every work step starts on a world barrier: a job's groups never
+ * drift apart for longer than a step (its loss average and dp reduction span every
+ * rank), while groups left free in a loop fall out of phase with each other and
+ * measure the scheduler's time slices instead (0.3-5 ms per all-reduce, from one
+ * profile to the next, for groups of 2 and 4 among 8 ranks on 2 cores). Rank 0's group
+ * answers. */
+static wf_status measure_group(wf_comm *world, int g, const coll_buf *b, wf_hw_coll *out)
 {
   wf_status st = WF_OK;
   wf_comm *c = NULL;
-  const size_t big = BIG_FLOATS;
-  double with = 0, without = 0, tb = 0;
   int rank = wf_comm_rank(world);
+  size_t n = b->big / (size_t)g * (size_t)g; /* whole pieces */
+  const coll_op ops[MAX_OPS] = {OP_ALLREDUCE, OP_ALLREDUCE, OP_REDUCE_SCATTER, OP_ALLGATHER};
+  const size_t sizes[MAX_OPS] = {1, n, n, n};
+  const int iters[MAX_OPS] = {BUSY_ITERS, BIG_ITERS, BIG_ITERS, BIG_ITERS};
+  double t[MAX_OPS]; /* alpha, then the vector's all-reduce, reduce-scatter, all-gather */
   WF_TRY(wf_comm_split(world, rank / g, rank, "profile", &c));
-  double d[BUSY_TRIES];
-  for (int i = 0; i < BUSY_TRIES; i++) {
-    WF_TRY(busy_loop(c, buf, false, &without));
-    WF_TRY(busy_loop(c, buf, true, &with));
-    d[i] = (with - without) / BUSY_ITERS;
-  }
-  double t1 = 0; /* the bandwidth from synchronised all-reduces, one float and 4 MiB */
-  WF_TRY(time_allreduce(c, buf, 1, &t1));
-  WF_TRY(time_allreduce(c, buf, big, &tb));
-  double lo = fmin(d[0], fmin(d[1], d[2])), hi = fmax(d[0], fmax(d[1], d[2]));
-  double alpha = fmax(0, d[0] + d[1] + d[2] - lo - hi); /* the median */
-  *out = (wf_hw_coll){g, alpha, tb > t1 ? big * 4.0 / (tb - t1) : 1e12};
+  WF_TRY(added(world, c, b, ops, sizes, iters, MAX_OPS, t));
+  *out = (wf_hw_coll){g, t[0], rate(n, t[1], t[0]), rate(n, t[2], t[0]), rate(n, t[3], t[0])};
 fail:
   wf_comm_destroy(c);
   if (st == WF_OK)
@@ -327,45 +374,63 @@ fail:
 }
 
 /* Cores the ranks deliver together: each runs the model's widest GEMM for a while, all at
- * once, and the sum of their rates over the one-thread rate measured alone. */
+ * once, and the sum of their rates over the one-thread rate measured alone; the median
+ * of BUSY_TRIES (one of about ten single tries here read 0.9 of 2 cores). */
 static wf_status measure_busy_cores(wf_comm *world, const wf_hw *alone, float *buf, double *cores)
 {
   wf_status st = WF_OK;
   const wf_ktable *k = wf_dev_kernels(wf_dev_cpu());
-  int m = 256, n = 256, kk = 64, reps = 0, saved = wf_kernels_threads();
+  int m = 256, n = 256, kk = 64, saved = wf_kernels_threads();
+  double one = wf_hw_gemm_s(alone, m, n, kk, 1, WF_PREC_NO), d[BUSY_TRIES];
   wf_kernels_set_threads(1);
-  WF_TRY(wf_comm_barrier(world));
-  double t0 = wf_now(), t = 0;
-  while ((t = wf_now() - t0) < 0.5) { /* every rank at once for half a second */
-    k->matmul_forward(buf + 2 * m * kk, buf, buf + m * kk, NULL, m, kk, n, WF_PREC_NO, NULL);
-    reps++;
+  for (int i = 0; i < BUSY_TRIES; i++) {
+    int reps = 0;
+    WF_TRY(wf_comm_barrier(world));
+    double t0 = wf_now(), t = 0;
+    while ((t = wf_now() - t0) < 0.3) { /* every rank at once for 0.3 s */
+      k->matmul_forward(buf + 2 * m * kk, buf, buf + m * kk, NULL, m, kk, n, WF_PREC_NO, NULL);
+      reps++;
+    }
+    float sum = (float)(reps / t); /* GEMMs per second, then over all ranks */
+    WF_TRY(wf_comm_allreduce(world, &sum, &sum, 1, WF_COMM_F32, WF_COMM_SUM));
+    d[i] = one > 0 ? sum * one : 1;
   }
-  float rate = (float)(2.0 * m * n * kk * reps / t * 1e-12);
-  WF_TRY(wf_comm_allreduce(world, &rate, &rate, 1, WF_COMM_F32, WF_COMM_SUM));
-  *cores = rate / (wf_hw_gemm_s(alone, m, n, kk, 1, WF_PREC_NO) > 0
-                       ? 2.0 * m * n * kk / wf_hw_gemm_s(alone, m, n, kk, 1, WF_PREC_NO) * 1e-12
-                       : rate);
+  *cores = median3(d);
 fail:
   wf_kernels_set_threads(saved);
   return st;
 }
 
-static wf_status measure_colls(wf_comm *world, wf_hw *hw)
+/* Floats of the collectives that carry a dp job's bytes: its gradient buckets
+ * (optim.bucket_mb, or the whole gradient when smaller; grads.c fills a bucket to at
+ * least that size). A collective's rate depends on its size (caches, the transport's
+ * protocol switches), so it is measured at the job's (tp's activations, B x T x C
+ * floats per plan, take the same rate). */
+static size_t msg_floats(const wf_config *cfg, const wf_gpt_dims *d)
+{
+  size_t n = wf_gpt_num_params(d), bucket = ((size_t)cfg->optim.bucket_mb << 20) / sizeof(float);
+  if (bucket > 0 && bucket < n)
+    n = bucket;
+  return WF_MAX(n, MIN_MSG);
+}
+
+static wf_status measure_colls(wf_comm *world, size_t msg, wf_hw *hw)
 {
   wf_status st = WF_OK;
   int W = wf_comm_size(world);
-  float *buf = NULL;
-  WF_CHECK_ALLOC(buf = calloc(BIG_FLOATS, sizeof *buf));
+  coll_buf b = {NULL, msg};
+  /* the scratch (coll_buf); busy_cores' GEMM fits in it too */
+  WF_CHECK_ALLOC(b.buf = calloc(2 * msg + 3 * (size_t)BUSY_N, sizeof *b.buf));
   for (int g = 2; g <= W && hw->n_coll < WF_HW_MAX_COLL; g *= 2)
     if (W % g == 0) /* every rank in a group of g */
-      WF_TRY(measure_group(world, g, buf, &hw->coll[hw->n_coll++]));
-  WF_TRY(measure_busy_cores(world, hw, buf, &hw->busy_cores));
+      WF_TRY(measure_group(world, g, &b, &hw->coll[hw->n_coll++]));
+  WF_TRY(measure_busy_cores(world, hw, b.buf, &hw->busy_cores));
   if (hw->n_coll > 0) { /* the links of unmeasured transfers: the largest group's */
     hw->intra_alpha_s = hw->inter_alpha_s = hw->coll[hw->n_coll - 1].alpha_s;
     hw->intra_bw = hw->inter_bw = hw->coll[hw->n_coll - 1].bw;
   }
 fail:
-  free(buf);
+  free(b.buf);
   return st;
 }
 
@@ -396,16 +461,17 @@ int wf_plan_profile_hw(const wf_config *cfg, wf_comm *world, const char *path, F
   int T = cfg->train.seq_len > 0 ? cfg->train.seq_len : cfg->model.seq_len;
   int rank = world ? wf_comm_rank(world) : 0, W = world ? wf_comm_size(world) : 1;
   wf_status st = WF_OK;
+  size_t msg = msg_floats(cfg, &d);
   if (rank == 0)
     st = wf__plan_measure(&d, cfg->train.batch_size * T, T, WF_MAX(W, 1), &hw);
   if (world && agree_quietly(world, st) != WF_OK)
     return 1;
-  if (world && W > 1 && measure_colls(world, &hw) != WF_OK)
+  if (world && W > 1 && measure_colls(world, msg, &hw) != WF_OK)
     return 1;
   if (rank != 0)
     return 0;
   snprintf(hw.source + strlen(hw.source), sizeof hw.source - strlen(hw.source),
-           "; all-reduces over 2..%d ranks", W);
+           "; collectives over 2..%d ranks at %zu floats", W, msg);
   if (wf_hw_save(&hw, path, err, sizeof err) != WF_OK) {
     fprintf(stderr, "weft: error: %s\n", err);
     return 1;
@@ -417,7 +483,10 @@ int wf_plan_profile_hw(const wf_config *cfg, wf_comm *world, const char *path, F
           hw.n_gemm ? hw.gemm[hw.n_gemm - 1].tflops * 1e3 : 0, hw.mem_bw * 1e-9, hw.n_coll,
           hw.busy_cores, hw.cores, W);
   for (int i = 0; i < hw.n_coll; i++)
-    fprintf(out, "  all-reduce over %d ranks: %.1f us + bytes / %.2f GB/s\n", hw.coll[i].size,
-            hw.coll[i].alpha_s * 1e6, hw.coll[i].bw * 1e-9);
+    fprintf(out,
+            "  over %d ranks: alpha %.1f us; all-reduce %.2f, reduce-scatter %.2f, all-gather "
+            "%.2f GB/s of the vector\n",
+            hw.coll[i].size, hw.coll[i].alpha_s * 1e6, hw.coll[i].bw * 1e-9,
+            hw.coll[i].rs_bw * 1e-9, hw.coll[i].ag_bw * 1e-9);
   return 0;
 }

@@ -203,8 +203,10 @@ static int shard_group(const wf_plan_mesh *m)
  * every one's), ZeRO-3's parameter gathers (all-reduces of the windows, before each
  * unit's forward and backward, or once per step with reshard_after_forward=false;
  * prefetched behind forward and backward), and what follows the update, exposed: the
- * parameters' all-gather (ZeRO-1/2; half an all-reduce's bytes) and HSDP's sum of the
- * shard over the replicas. */
+ * parameters' all-gather (ZeRO-1/2) and HSDP's sum of the shard over the replicas.
+ * ZeRO-1's reduction is a reduce-scatter. Reduce-scatters and all-gathers take the
+ * profile's measured rates (wf_hw_reduce_scatter_s; half an all-reduce where it has
+ * none). */
 static void dp_time(const ctx *c, double n, int nb, double F, double B, wf_plan_time *out)
 {
   const wf_plan_mesh *m = c->m;
@@ -215,14 +217,16 @@ static void dp_time(const ctx *c, double n, int nb, double F, double B, wf_plan_
   /* the shard group is f consecutive dp ranks: inside a node when tp x pp x f fit */
   bool intra = c->dp_intra || m->tp * m->pp * f <= WF_MAX(1, hw->gpus_per_node);
   double ar = wf_hw_allreduce_s(hw, n * 4, f, intra);
+  double rs = wf_hw_reduce_scatter_s(hw, n * 4, f, intra),
+         ag = wf_hw_allgather_s(hw, n * 4, f, intra);
   double lat = (nb - 1) * wf_hw_allreduce_s(hw, 0, f, intra);
   double red = ar + lat, gathers = 0, after = 0, hide = hw->overlap * B;
   if (m->zero == 1)
-    red = ar / 2 + lat, after = ar / 2;
+    red = rs + lat, after = ag;
   if (m->zero >= 2)
     red = mv * (ar + lat), hide = hw->overlap * mv * B;
   if (m->zero == 2)
-    after = ar / 2;
+    after = ag;
   if (m->zero == 3) {
     gathers = (m->keep ? 1 : 2 * mv) * (ar + lat);
     hide = hw->overlap * mv * (F + B);
