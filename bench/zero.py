@@ -8,8 +8,12 @@ Runs optim.zero=0, 1, 2, 3 and 3 with parallel.reshard_after_forward=false ("3k"
 (optim.bucket_mb=0: one layer per bucket) under mpirun with
 the same config and prints, per stage: the median step time and exposed gradient
 communication (comm_ms: what backward did not hide) over the steps after the first, the
-loss of the last step (equal across stages up to float32 summation order), and rank 0's
-memory by kind from the metrics (param_bytes, grad_bytes, optim_bytes, act_bytes: exact
+communication a step needs in theory (comm MiB: the buffers its collectives cover, by
+zero.c's and fsdp.c's traffic) and what that takes at raw MPI's speed (raw_ms: each
+all-reduce and broadcast at the bandwidth bench/collectives measures for raw MPI
+allreduce and bcast at one layer's size on the same ranks, in the same run; comm_ms
+below raw_ms is what compute hid), the loss of the last step (equal across stages up to
+float32 summation order), and rank 0's memory by kind from the metrics (param_bytes, grad_bytes, optim_bytes, act_bytes: exact
 bytes) with the theory beside each, computed here from the llm.c layout by the formulas
 of README.md's ZeRO section (wf_zero_mem computes the same in C). A mismatch between a
 reported figure and its theory is flagged with '!='.
@@ -45,44 +49,52 @@ def theory(L, C, V, T, D, zero, keep=False):
     """Memory by kind per rank 0, in bytes: README's table."""
     kinds = layout(L, C, V, T)
     n = sum(k[1] for k in kinds)
-    off, o = {}, 0
-    for name, numel, _ in kinds:
-        off[name] = o
-        o += numel
     shard = (n + D - 1) // D
     layer = sum(numel // L for _, numel, lay in kinds if lay)
     edge = sum(numel for _, numel, lay in kinds if not lay)
-
-    def padded(ranges):
-        share = [0] * D
-        for a, m in ranges:
-            while m > 0:
-                r = a // shard
-                take = min(m, (r + 1) * shard - a)
-                share[r] += take
-                a, m = a + take, m - take
-        return max(share) * D
-
-    def chunk(biggest):  # wf_zero_gather_chunk
-        c = max(1, min(shard, biggest // D))
-        return min(shard, 4096) if c < 4096 else c
-
     if zero == 0:
         return {"param": 4 * n, "grad": 4 * n + (4 * (n + L + 2) if D > 1 else 0),
                 "optim": 8 * n}
     s0 = min(0, n)
     optim = 8 * (min(s0 + shard, n) - s0)
-    if zero == 1:
-        blocks = [padded([(off[k] + j * (numel // L), numel // L) for k, numel, lay in kinds
-                          if lay]) for j in range(L)]
-        blocks.append(padded([(off[k], numel) for k, numel, lay in kinds if not lay]))
-        return {"param": 4 * n + 4 * D * chunk(max(blocks)),
-                "grad": 4 * (n + shard + sum(blocks)), "optim": optim}
+    if zero == 1:  # the flat gradient re-laid by bucket and reduced in place, + the shard
+        return {"param": 4 * n, "grad": 4 * (n + shard), "optim": optim}
     grad = 4 * (shard + edge + 2 * layer)
     if zero == 2:
-        return {"param": 4 * n + 4 * D * chunk(layer), "grad": grad, "optim": optim}
+        return {"param": 4 * n, "grad": grad, "optim": optim}  # the all-gather is in place
     return {"param": 4 * (shard + edge + (L if keep else 2) * layer), "grad": grad,
             "optim": optim}
+
+
+def traffic(L, C, V, T, zero, keep):
+    """(all-reduced bytes, broadcast bytes) a rank's collectives cover in one step of one
+    micro-batch: the gradients all-reduced (every stage: the whole vector, in buckets);
+    ZeRO-1/2's parameters all-gathered after the update by one broadcast per owner;
+    ZeRO-3's layer units broadcast before each forward and backward (once with keep)
+    and its edge unit once after the update."""
+    kinds = layout(L, C, V, T)
+    n = sum(k[1] for k in kinds)
+    layers = sum(numel for _, numel, lay in kinds if lay)
+    if zero == 0:
+        return 4 * n, 0
+    if zero in (1, 2):
+        return 4 * n, 4 * n
+    return 4 * n, 4 * ((1 if keep else 2) * layers + (n - layers))
+
+
+def raw_mpi(a, size):
+    """Raw MPI's algbw (bytes/s) for allreduce and bcast of `size` bytes on a.np ranks,
+    from bench/collectives' raw MPI columns; None when it cannot run."""
+    coll = os.path.join(os.path.dirname(os.path.abspath(a.worker)), "..", "bench", "collectives")
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np",
+           str(a.np), coll, "--min", str(size), "--max", str(size), "--ops", "allreduce,bcast"]
+    p = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    bw = {}
+    for line in p.stdout.splitlines():
+        f = line.split()
+        if len(f) >= 9 and f[0] in ("allreduce", "bcast"):
+            bw[f[0]] = float(f[7]) * 1e9  # the raw MPI algbw column, GB/s
+    return bw if len(bw) == 2 else None
 
 
 def run(a, zero, keep, tmp):
@@ -121,7 +133,12 @@ def main():
     n = sum(k[1] for k in layout(L, C, V, T))
     print(f"GPT-2 L{L} C{C} V{V} T{T}: {n / 1e6:.1f}M parameters, dp {D}, global batch "
           f"{a.batch} x {T}, {a.steps} steps (medians over steps 2..{a.steps}), rank 0")
-    print(f"{'zero':>10} {'step_ms':>8} {'comm_ms':>8} {'loss':>8}  "
+    layer = sum(numel // L for _, numel, lay in layout(L, C, V, T) if lay)
+    bw = raw_mpi(a, 4 * layer)
+    if bw:
+        print(f"raw MPI at one layer's {4 * layer} B on {D} ranks: allreduce "
+              f"{bw['allreduce'] / 1e9:.2f} GB/s, bcast {bw['bcast'] / 1e9:.2f} GB/s (algbw)")
+    print(f"{'zero':>10} {'step_ms':>8} {'comm_ms':>8} {'raw_ms':>7} {'comm MiB':>9} {'loss':>8}  "
           f"{'param MiB (theory)':>19} {'grad MiB (theory)':>19} {'optim MiB (theory)':>19} "
           f"{'act MiB':>8}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -130,12 +147,15 @@ def main():
             last, th = rows[-1], theory(L, C, V, T, D, zero, keep)
             step = statistics.median(r["step_ms"] for r in rows[1:])
             comm = statistics.median(r["comm_ms"] for r in rows[1:])
+            ar, bc = traffic(L, C, V, T, zero, keep)
+            raw = f"{1e3 * (ar / bw['allreduce'] + bc / bw['bcast']):7.1f}" if bw else f"{'-':>7}"
             cells = []
             for kind in ("param", "grad", "optim"):
                 got, want = last[kind + "_bytes"], th[kind]
                 mark = "=" if got == want else "!="
                 cells.append(f"{got / MIB:8.2f} {mark} {want / MIB:7.2f}")
-            print(f"{str(zero) + ('k' if keep else ''):>10} {step:8.1f} {comm:8.1f} {last['loss']:8.4f}  "
+            print(f"{str(zero) + ('k' if keep else ''):>10} {step:8.1f} {comm:8.1f} {raw} "
+                  f"{(ar + bc) / MIB:9.1f} {last['loss']:8.4f}  "
                   + " ".join(f"{c:>19}" for c in cells) + f" {last['act_bytes'] / MIB:8.2f}")
     torch_rows(a)
 
@@ -164,7 +184,8 @@ def torch_rows(a):
             print(f"{name:>10}: not run on this CPU: {r['error']}")
             continue
         cells = " ".join(f"{r[k + '_bytes'] / MIB:19.2f}" for k in ("param", "grad", "optim"))
-        print(f"{name:>10} {r['step_ms']:8.1f} {'-':>8} {r['loss']:8.4f}  {cells} {'-':>8}")
+        print(f"{name:>10} {r['step_ms']:8.1f} {'-':>8} {'-':>7} {'-':>9} {r['loss']:8.4f}  "
+              f"{cells} {'-':>8}")
 
 
 if __name__ == "__main__":

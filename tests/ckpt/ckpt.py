@@ -679,6 +679,12 @@ CASES = {
     "reshard-np1-hsdp2x2zero1": lambda: case_reshard(1, [], 4, HSDP + ["optim.zero=1"]),
     "reshard-hsdp2x2zero2-dp2tp2zero3": lambda: case_reshard(
         4, HSDP + ["optim.zero=2"], 4, ["mesh.tp=2", "optim.zero=3"], MODEL),
+    # HSDP with tp or pp on the saving side (8 ranks): each (pp, tp) shard's fsdp group 0
+    # writes its files; the same mesh resumes bit for bit, one rank reshards them
+    "resume-hsdp2x2pp2-zero3": lambda: case_resume(8, HSDP + ["mesh.pp=2", "optim.zero=3",
+                                                              "train.microbatches=2"]),
+    "reshard-hsdp2x2tp2zero2-np1": lambda: case_reshard(
+        8, HSDP + ["mesh.tp=2", "optim.zero=2"], 1, [], MODEL),
     "export": case_export,
     "export-tp2pp2": case_export_sharded,
     "bad-shards-tp2pp2": case_bad_shards,

@@ -297,8 +297,8 @@ def case(name):
             same_bits(got, train(4, args + ["mesh.dp=4", "mesh.fsdp=2"], tmp, name + "-keys"),
                       "mesh_shape [[2, 2], [data, fsdp]]", "mesh.dp=4 mesh.fsdp=2")
         elif name in ("dp2-zero3", "dp4-zero3"):
-            # ZeRO-3 gathers every parameter exactly (one rank's value plus zeros) and
-            # reduces gradients as ZeRO-2 does, so it must train bit for bit as ZeRO-2:
+            # ZeRO-3 gathers every parameter exactly (broadcast copies from the owners)
+            # and reduces gradients as ZeRO-2 does, so it must train bit for bit as ZeRO-2:
             # the --save files are compared byte for byte, and both against one rank with
             # the dp tolerances.
             dp = int(name[2])

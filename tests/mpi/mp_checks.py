@@ -59,6 +59,15 @@ EQUIV = {
     "dp2pp2-interleaved-zero3": (4, ["mesh.pp=2", "mesh.dp=2", "train.schedule=interleaved",
                                      "parallel.virtual_stages=2", "optim.zero=3",
                                      "optim.bucket_mb=0"], 4, 2),
+    # the same under mixed precision (each gathered window keeps its rounded GEMM copy),
+    # and HSDP (two fsdp groups of two) with interleaved chunks: 8 ranks
+    "bf16-dp2pp2-interleaved-zero3": (4, ["mesh.pp=2", "mesh.dp=2",
+                                          "train.schedule=interleaved",
+                                          "parallel.virtual_stages=2", "optim.zero=3",
+                                          "optim.bucket_mb=0"], 4, 2, ["precision=bf16"]),
+    "hsdp2x2pp2-interleaved-zero2": (8, ["mesh.pp=2", "mesh.dp=4", "mesh.fsdp=2",
+                                         "train.schedule=interleaved",
+                                         "parallel.virtual_stages=2", "optim.zero=2"], 2, 2),
     "bf16-dp2-zero2-recompute": (2, ["mesh.dp=2", "optim.zero=2",
                                      "parallel.activation_checkpointing=true"], 1, 1,
                                  ["precision=bf16"]),
@@ -227,7 +236,7 @@ def equiv(eq, name, tmp):
     if name.startswith("dp2pp2-interleaved-zero"):
         check_interleaved_zero_memory(name, got)
     if name == "dp2pp2-interleaved-zero3":
-        # exact gathers: ZeRO-3 trains bit for bit as ZeRO-2 on the same buckets
+        # gathers are copies: ZeRO-3 trains bit for bit as ZeRO-2 on the same buckets
         z2 = [a if a != "optim.zero=3" else "optim.zero=2" for a in extra]
         eq.same_bits(got, eq.train(n, z2 + mb, tmp, name + "-z2"), name, "ZeRO-2")
 

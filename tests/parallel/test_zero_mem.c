@@ -12,12 +12,12 @@
  *  - the formulas (wf_zero_mem) give the same three figures;
  *  - those figures equal an independent count written out here from the llm.c layout:
  *    shard = ceil(n / D); optimizer 8 x the rank's share of it; ZeRO-1's gradient the
- *    flat vector + the shard + every bucket's reduce-scatter buffer, dp x the longest
- *    rank share of its ranges (cut here at the shard boundaries); ZeRO-2's the shard +
- *    the unlayered kinds + two one-layer windows; plain dp's the flat vector + its
- *    staging;
+ *    flat vector (re-laid bucket by bucket, reduced in place) + the shard; ZeRO-2's the
+ *    shard + the unlayered kinds + two one-layer windows; plain dp's the flat vector +
+ *    its staging; below ZeRO-3 no parameter memory beyond the flat vector (the
+ *    all-gather is in place);
  *  - ZeRO-2 holds less gradient memory than ZeRO-1, and its params + grads + optimizer
- *    stay within 4n + 12n / D + 4 (edge + 2 layers) + the all-gather buffer;
+ *    stay within 4n + 12n / D + 4 (edge + 2 layers);
  *  - ZeRO-3 (which also frees the flat parameters) holds the shard, the gathered edge
  *    and two one-layer windows of parameters, the same of gradients, and the optimizer's
  *    shard: params + grads + optimizer <= 16n / D + 8 edge + 16 layer + 16 x 3 (the
@@ -40,25 +40,12 @@
 
 static const wf_gpt_dims DIMS = {.L = 4, .NH = 4, .C = 64, .maxT = 64, .V = 256, .Vp = 256};
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
-#define MAX(a, b) ((a) > (b) ? (a) : (b))
 
 static int64_t held(void)
 {
   wf_mem_stats ms;
   wf_mem_get_stats(&ms);
   return ms.current[WF_MEM_HOST] + ms.current[WF_MEM_DEVICE];
-}
-
-/* dp x the longest rank share of `nr` ranges (flat offset, length) cut at the shards. */
-static size_t padded(const size_t (*r)[2], int nr, size_t shard, int D)
-{
-  size_t share[64] = {0}, block = 0;
-  for (int i = 0; i < nr; i++)
-    for (size_t a = r[i][0]; a < r[i][0] + r[i][1]; a++)
-      share[a / shard]++;
-  for (int d = 0; d < D; d++)
-    block = MAX(block, share[d]);
-  return block * (size_t)D;
 }
 
 /* The independent count (elements) of the gradient memory at zero z. */
@@ -73,22 +60,7 @@ static size_t expected_grad(wf_gpt *m, int z, int D)
     return n + (D > 1 ? n + 6 : 0);
   if (z >= 2)
     return shard + edge + 2 * layer;
-  /* a layer bucket: every tensor of the layer (no layernorm is a tp partial at tp 1) */
-  static const wf_param_kind kinds[] = {WF_P_LN1W,     WF_P_LN1B,     WF_P_QKVW,    WF_P_QKVB,
-                                        WF_P_ATTPROJW, WF_P_ATTPROJB, WF_P_LN2W,    WF_P_LN2B,
-                                        WF_P_FCW,      WF_P_FCB,      WF_P_FCPROJW, WF_P_FCPROJB};
-  size_t total = n + shard, r[12][2];
-  for (int j = 0; j < DIMS.L; j++) {
-    for (int k = 0; k < 12; k++) {
-      r[k][1] = wf_gpt_local_layer_numel(m, kinds[k]);
-      r[k][0] = wf_gpt_local_offset(m, kinds[k]) + (size_t)j * r[k][1];
-    }
-    total += padded((const size_t(*)[2])r, 12, shard, D);
-  }
-  static const wf_param_kind late[] = {WF_P_WTE, WF_P_WPE, WF_P_LNFW, WF_P_LNFB};
-  for (int k = 0; k < 4; k++)
-    r[k][0] = wf_gpt_local_offset(m, late[k]), r[k][1] = wf_gpt_local_numel(m, late[k]);
-  return total + padded((const size_t(*)[2])r, 4, shard, D);
+  return n + shard; /* ZeRO-1 */
 }
 
 static void check_zero(wf_comm *dp, int z, size_t grad_bytes[4])
@@ -134,8 +106,10 @@ static void check_zero(wf_comm *dp, int z, size_t grad_bytes[4])
     size_t bound = 16 * n / (size_t)D + 8 * edge + 16 * layer + 16 * 3;
     CHECK(param + grads + optim <= bound, "ZeRO-3: %zu bytes > %zu", param + grads + optim, bound);
   }
+  if (z == 1 || z == 2)
+    CHECK(extra == 0, "ZeRO-%d: %zu bytes of parameters beyond the flat vector", z, extra);
   if (z == 2) {
-    size_t bound = 4 * n + 12 * n / (size_t)D + 4 * (edge + 2 * layer) + extra + 4 * 3;
+    size_t bound = 4 * n + 12 * n / (size_t)D + 4 * (edge + 2 * layer) + 4 * 3;
     CHECK(param + grads + optim <= bound, "ZeRO-2: %zu bytes > %zu", param + grads + optim, bound);
   }
   grad_bytes[z] = grads;

@@ -206,16 +206,16 @@ def profile_case(worker):
 
 
 def zero1_rates(worker, hw, tmp):
-    """ZeRO-1's dp time takes the profile's reduce-scatter (gradients) and all-gather
-    (parameters) rates: at 1 MB/s each it is 2 x n x 4 bytes / 1e6 s for n parameters;
-    without them (older profiles) each is half an all-reduce: n x 4 / 1e6 s at an
-    all-reduce rate of 1 MB/s. Within 1%: the latency terms (alpha_us per bucket, under
-    a millisecond here) against ~1.8 s of bytes."""
+    """ZeRO-1's dp time is an all-reduce of the gradients (in place, as plain dp's) and
+    an all-gather of the parameters at the profile's all-gather rate: at 1 MB/s each it
+    is 2 x n x 4 bytes / 1e6 s for n parameters; without an all-gather rate (older
+    profiles) the all-gather is half an all-reduce: 1.5 x. Within 1%: the latency terms
+    (alpha_us per bucket, under a millisecond here) against ~1.8 s of bytes."""
     slow = dict(hw, allreduce=[dict(c, bw_gbs=1e-3, reduce_scatter_gbs=1e-3,
                                     allgather_gbs=1e-3) for c in hw["allreduce"]])
     old = dict(hw, allreduce=[{k: c[k] for k in ("size", "alpha_us")} | {"bw_gbs": 1e-3}
                               for c in hw["allreduce"]])
-    for prof, factor in ((slow, 2), (old, 1)):
+    for prof, factor in ((slow, 2), (old, 1.5)):
         path = os.path.join(tmp, f"hw-{factor}.json")
         json.dump(prof, open(path, "w"))
         est = json.loads(run([worker, "--estimate", "--json", "--hw", path, "mesh.dp=2",
@@ -236,8 +236,10 @@ def plan_zero(worker):
     any other schedule, and HSDP stays ranked with train.checkpoint_dir set (HSDP has
     checkpoints). Each ranked plan's peak is what --estimate says of its keys (the search and
     the estimate add up the same functions). With the device memory between the smallest
-    ZeRO-3 peak and the smallest ZeRO-0/1 peak at dp 4 (tp 1, pp 1: the whole model on
-    each rank), only ZeRO-2/3 plans of dp 4 are ranked."""
+    ZeRO-3 peak and the smallest plain-dp (ZeRO-0) peak at dp 4 (tp 1, pp 1: the whole
+    model on each rank), ZeRO-3 plans of dp 4 are ranked and plain dp ones are not. (ZeRO-1
+    may peak below ZeRO-3 here: this model is mostly its embedding, which ZeRO-3 keeps
+    gathered whole, parameters and gradients, while ZeRO-1 shards only the optimizer.)"""
     base = [worker, "--plan", "--json", "dist.world_size=4", "--hw", "h100-sxm"] + MODEL
     out = json.loads(run(base + ["--device-mem", "80"]).stdout)
     plans = out["plans"]
@@ -267,22 +269,22 @@ def plan_zero(worker):
         if peak != p["peak_bytes"]:
             fail(f"{p['plan']}: --plan peak {p['peak_bytes']}, --estimate {peak}")
     dp4 = [p for p in plans if keyval(p["keys"], "mesh.dp") == "4"]  # the same shard
-    low = min(p["peak_bytes"] for p in dp4 if int(keyval(p["keys"], "optim.zero")) <= 1)
+    low = min(p["peak_bytes"] for p in dp4 if int(keyval(p["keys"], "optim.zero")) == 0)
     z3 = min(p["peak_bytes"] for p in dp4 if int(keyval(p["keys"], "optim.zero")) == 3)
     if z3 >= low:
-        fail(f"ZeRO-3's smallest peak {z3} is not below ZeRO-0/1's {low}")
+        fail(f"ZeRO-3's smallest peak {z3} is not below plain dp's {low}")
     mid = (z3 + low) / 2 / 2**30
     tight = json.loads(run(base + ["--device-mem", f"{mid:.6f}"]).stdout)
     zs = {int(keyval(p["keys"], "optim.zero")) for p in tight["plans"]
           if keyval(p["keys"], "mesh.dp") == "4"}
-    if not zs or min(zs) < 2:
+    if 3 not in zs or 0 in zs:
         fail(f"at {mid:.6f} GiB the ranked plans have ZeRO stages {sorted(zs)}")
     # HSDP checkpoints exist (fsdp group 0 writes a dp = F run's files): the same plans rank
     ck = json.loads(run(base + ["--device-mem", "80", "train.checkpoint_dir=/tmp/x"]).stdout)
     hsdp = [p for p in ck["plans"] if int(keyval(p["keys"], "mesh.fsdp"))]
     if not hsdp or any("checkpoint" in p["left_out"] for p in ck["left_out"]):
         fail("HSDP left out of the plans with train.checkpoint_dir set")
-    print(f"plan-zero: OK, {len(plans)} ranked ({sorted(got)}); ZeRO-3 {z3} < ZeRO-0/1 {low} "
+    print(f"plan-zero: OK, {len(plans)} ranked ({sorted(got)}); ZeRO-3 {z3} < plain dp {low} "
           f"bytes; at {mid:.4f} GiB ZeRO stages {sorted(zs)}")
 
 

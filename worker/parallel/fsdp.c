@@ -8,10 +8,12 @@
  * is started before the current one computes (prefetch), and a window is reused by the
  * unit after next: two windows hold the parameters. With
  * parallel.reshard_after_forward=false every bucket has its own window, gathered once
- * per step and kept until the update. A gather zeroes the window, writes this rank's
- * pieces into it and all-reduces (SUM) it in place: every element is one rank's value
- * plus zeros, so the result is that value exactly, with no rank-major staging buffer
- * (the price: an all-reduce's volume, twice an all-gather's). Under the interleaved
+ * per step and kept until the update. A window holds its bucket in the natural order
+ * (by flat offset), where each rank's pieces form one contiguous segment (zero.c's cut),
+ * so a gather is an all-gather with uneven counts done in place: this rank copies its
+ * pieces into its segment and every segment is broadcast from its owner (one broadcast
+ * per rank that owns part of the bucket). That moves an all-gather's bytes, with no
+ * staging buffer and no padding, exactly. Under the interleaved
  * schedule the units are zero.c's chunk-bounded buckets, gathered in the order the
  * schedule runs them (need() takes any order); the prefetch stays inside the chunk.
  */
@@ -29,20 +31,41 @@ static void redirect_params(wf__zero *z, const wf__zbucket *b, float *base, floa
                             base ? base + b->r[i].pos : NULL, low ? low + b->r[i].pos : NULL);
 }
 
-/* Start gathering b into win (natural order): my pieces, zeros elsewhere, all-reduce. */
-static wf_status gather_start(wf__zero *z, const wf__zbucket *b, float *win, wf_req **req)
+/* Start gathering b into win (natural order): my pieces into my segment, then each
+ * owner's segment broadcast from it; reqs (size of them) NULL = blocking. */
+static wf_status gather_start(wf__zero *z, const wf__zbucket *b, float *win, wf_req **reqs)
 {
   wf_status st = WF_OK;
-  WF_TRY(wf_dev_memset(z->dev, win, 0, b->count * sizeof(float), NULL));
   for (int i = 0; i < b->np; i++)
     if (b->p[i].owner == z->rank)
       WF_TRY(wf__zero_copy(z, win + b->p[i].pos, z->pshard + (b->p[i].flat - z->s0), b->p[i].n));
   z->comm_bytes += (double)b->count * sizeof(float);
-  st = req ? wf_comm_iallreduce(z->dp, win, win, b->count, WF_COMM_F32, WF_COMM_SUM, req)
-           : wf_comm_allreduce(z->dp, win, win, b->count, WF_COMM_F32, WF_COMM_SUM);
+  for (int r = 0; r < z->size; r++) {
+    size_t len = b->seg[r + 1] - b->seg[r];
+    if (len == 0)
+      continue;
+    if (reqs)
+      WF_TRY(wf_comm_ibcast(z->dp, win + b->seg[r], len, WF_COMM_F32, r, &reqs[r]));
+    else
+      WF_TRY(wf_comm_bcast(z->dp, win + b->seg[r], len, WF_COMM_F32, r));
+  }
 fail:
   return st;
 }
+
+/* Window w's gather in flight (its requests), waited for or none. */
+static wf_req **reqs_of(wf__zero *z, int w) { return &z->pwin_req[(size_t)w * (size_t)z->size]; }
+
+static bool gathering(wf__zero *z, int w)
+{
+  wf_req **r = reqs_of(z, w);
+  for (int i = 0; i < z->size; i++)
+    if (r[i])
+      return true;
+  return false;
+}
+
+static wf_status gather_wait(wf__zero *z, int w) { return wf_req_waitall(reqs_of(z, w), z->size); }
 
 /* The window for bucket i: its own with keep, else the one not in use. */
 static int window_for(const wf__zero *z, int i)
@@ -67,13 +90,13 @@ static wf_status need(wf__zero *z, int i)
   int w = window_of(z, i);
   if (w < 0) {
     w = window_for(z, i);
-    WF_TRY(wf_req_wait(&z->pwin_req[w])); /* an unneeded prefetch still in flight */
+    WF_TRY(gather_wait(z, w)); /* an unneeded prefetch still in flight */
     z->pwin_bucket[w] = i;
-    WF_TRY(gather_start(z, &z->b[i], z->pwin[w], &z->pwin_req[w]));
+    WF_TRY(gather_start(z, &z->b[i], z->pwin[w], reqs_of(z, w)));
   }
-  if (z->pwin_req[w]) {
+  if (gathering(z, w)) {
     double t0 = wf_now();
-    WF_TRY(wf_req_wait(&z->pwin_req[w]));
+    WF_TRY(gather_wait(z, w));
     z->wait_ms += (wf_now() - t0) * 1e3;
   }
   redirect_params(z, &z->b[i], z->pwin[w], z->low ? z->plow[w] : NULL);
@@ -93,10 +116,10 @@ static wf_status prefetch(wf__zero *z, int i, int from)
   if (z->lazy && wf__zero_chunk_of(z, i) != wf__zero_chunk_of(z, from))
     return WF_OK;
   int w = window_for(z, i);
-  if (z->pwin_req[w]) /* still gathering something: do not wait for it here */
+  if (gathering(z, w)) /* still gathering something: do not wait for it here */
     return WF_OK;
   z->pwin_bucket[w] = i;
-  wf_status st = gather_start(z, &z->b[i], z->pwin[w], &z->pwin_req[w]);
+  wf_status st = gather_start(z, &z->b[i], z->pwin[w], reqs_of(z, w));
   if (st != WF_OK)
     z->pwin_bucket[w] = -1;
   return st;
@@ -119,7 +142,7 @@ wf_status wf__fsdp_refresh(wf__zero *z)
 {
   wf_status st = WF_OK;
   for (int w = 0; w < z->npw; w++) {
-    WF_TRY(wf_req_wait(&z->pwin_req[w]));
+    WF_TRY(gather_wait(z, w));
     z->pwin_bucket[w] = -1;
   }
   z->pcur = -1;
@@ -141,7 +164,8 @@ wf_status wf__fsdp_alloc(wf__zero *z)
   WF_TRY(wf_dev_alloc_floats(z->dev, &z->pedge, WF_MAX(z->edge_count, (size_t)1)));
   WF_CHECK_ALLOC(z->pwin = calloc((size_t)WF_MAX(z->npw, 1), sizeof *z->pwin));
   WF_CHECK_ALLOC(z->pwin_bucket = calloc((size_t)WF_MAX(z->npw, 1), sizeof *z->pwin_bucket));
-  WF_CHECK_ALLOC(z->pwin_req = calloc((size_t)WF_MAX(z->npw, 1), sizeof *z->pwin_req));
+  WF_CHECK_ALLOC(z->pwin_req =
+                     calloc((size_t)WF_MAX(z->npw, 1) * (size_t)z->size, sizeof *z->pwin_req));
   WF_CHECK_ALLOC(z->plow = calloc((size_t)WF_MAX(z->npw, 1), sizeof *z->plow));
   z->low = wf_gpt_precision(z->m) != WF_PREC_NO;
   if (z->low)
@@ -168,8 +192,6 @@ wf_status wf__fsdp_reshard(wf__zero *z)
   WF_TRY(wf__fsdp_refresh(z));
   redirect_params(z, &z->late, z->pedge, z->pedge_low);
   wf_gpt_drop_params(z->m);
-  wf_dev_free(z->dev, z->gather);
-  z->gather = NULL;
   wf_gpt_set_unit_hook(z->m, wf__zero_unit_hook, z);
   z->sharded = true;
 fail:
@@ -184,7 +206,6 @@ wf_status wf__zero_unshard(wf__zero *z)
   wf_gpt_set_unit_hook(z->m, NULL, NULL);
   WF_TRY(wf__fsdp_refresh(z));
   WF_TRY(wf_gpt_restore_params(z->m));
-  WF_TRY(wf_dev_alloc_floats(z->dev, &z->gather, z->chunk * (size_t)z->size));
   WF_TRY(wf__zero_gather_whole(z));
   WF_TRY(wf_gpt_params_changed(z->m)); /* mixed precision: the flat rounded copy */
   for (int i = 0; i <= z->nb; i++)
@@ -200,7 +221,7 @@ void wf__fsdp_free(wf__zero *z)
 {
   for (int i = 0; i < z->npw && z->pwin; i++) {
     if (z->pwin_req)
-      wf_req_wait(&z->pwin_req[i]);
+      gather_wait(z, i);
     wf_dev_free(z->dev, z->pwin[i]);
   }
   for (int i = 0; i < z->npw && z->plow; i++)

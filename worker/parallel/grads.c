@@ -537,5 +537,5 @@ wf_comm *wf_grads_hsdp_group(const wf_grads *g, int *replica)
 
 wf_status wf_grads_unshard(wf_grads *g) { return g->z ? wf__zero_unshard(g->z) : WF_OK; }
 
-/* Parameter memory: the model's own (wf_gpt_param_bytes) and ZeRO's all-gather buffer. */
+/* Parameter memory: the model's own (wf_gpt_param_bytes) and ZeRO-3's shard and units. */
 size_t wf_grads_param_bytes(const wf_grads *g) { return g->z ? wf__zero_param_bytes(g->z) : 0; }

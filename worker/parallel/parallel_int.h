@@ -81,16 +81,17 @@ typedef struct wf__zrange {
 } wf__zrange;
 
 typedef struct wf__zpiece {
-  size_t flat, pos, n, dst; /* dst: offset inside the owner's block */
+  size_t flat, pos, n; /* flat offset, offset in the bucket, length */
   int owner;
 } wf__zpiece;
 
 typedef struct wf__zbucket {
-  wf__zrange *r;
-  wf__zpiece *p;
+  wf__zrange *r; /* sorted by flat offset: the natural order */
+  wf__zpiece *p; /* in the natural order, hence by owner */
+  size_t *seg;   /* (size + 1) owner r's pieces are [seg[r], seg[r + 1]) of the bucket */
   int nr, np, first_group, last_group;
-  size_t count, block; /* elements, and the longest rank's share (the block length) */
-  float *stage;        /* ZeRO-1: packed rank-major (dp x block) */
+  size_t count; /* elements */
+  size_t base;  /* ZeRO-1: where the bucket lies in the model's (re-laid) gradient buffer */
   wf_req *req;
   bool launched;
   unsigned long seq; /* launch order */
@@ -127,19 +128,17 @@ struct wf__zero {
   float **plow, *pedge_low; /* mixed precision: their GEMM weights rounded (else NULL) */
   bool low;                 /* mixed precision */
   int *pwin_bucket;         /* the bucket a window holds (-1 none) */
-  wf_req **pwin_req;        /* its gather in flight */
+  wf_req **pwin_req;        /* (npw x size) its gather in flight: one broadcast per owner */
   int npw, pcur;            /* windows (2, or every bucket's with keep); the one in use */
   bool keep;                /* parallel.reshard_after_forward=false */
   bool sharded;             /* the model's flat parameters are dropped (else whole: after
                              * creation and resume, and for a checkpoint or --save) */
   wf_status hook_err;       /* the first failure in the unit hook, for finish */
-  /* the parameters' all-gather */
-  float *gather;
-  size_t chunk;
   unsigned long seq;
   double wait_ms, comm_bytes;
   int launched_early;
   bool armed;
+  bool final; /* the step's last micro-batch (armed by wf__zero_arm) */
 };
 
 wf_status wf__zero_copy(wf__zero *z, float *dst, const float *src, size_t n);

@@ -249,13 +249,12 @@ wf_status wf_pipe_stage_shard(const wf_pipe_stage_opts *o, wf_gpt_shard *out);
  * Plain data parallelism (optim.zero = 0): gradients are averaged with bucketed,
  * non-blocking all-reduces. wf_grads_finish() waits for what is still in flight; the
  * time it waits is the gradient communication that was NOT hidden (the step log shows
- * it). ZeRO-1 (optim.zero = 1): the flat gradient vector is reduce-scattered so each
- * dp rank owns the average of one contiguous shard of ceil(n/dp) elements (the last
- * padded with zeros), the optimizer updates that shard only, and the updated shards
- * are all-gathered back. ZeRO-1's reduce-scatter runs bucket by bucket during the last
- * backward; ZeRO-2 also frees the flat gradient (one-bucket windows, every
- * micro-batch), ZeRO-3 the flat parameters (units gathered around their forward and
- * backward), and HSDP (fsdp > 0) shards within fsdp groups and averages the shards
+ * it). ZeRO-1 (optim.zero = 1): each dp rank keeps the average of one contiguous
+ * shard of ceil(n/dp) elements of the flat gradient (the last one shorter), the
+ * optimizer updates that shard only, and the updated shards are all-gathered back.
+ * ZeRO-1 reduces bucket by bucket during the last backward; ZeRO-2 also frees the flat gradient
+ * (one-bucket windows, every micro-batch), ZeRO-3 the flat parameters (units gathered around their
+ * forward and backward), and HSDP (fsdp > 0) shards within fsdp groups and averages the shards
  * across them (zero.c says how). Either way the average over dp ranks of per-rank mean
  * gradients is the mean over the global batch: every mesh computes one rank's step.
  *
@@ -283,10 +282,10 @@ typedef struct wf_grads_opts {
  * for ZeRO, the bucket plan for plain dp), and the planner adds up the same figures.
  * Pure: no model or communicator needed, nothing allocated at the model's size. */
 typedef struct wf_grads_mem {
-  size_t param;      /* parameter buffers it adds: ZeRO-1/2's all-gather buffer, ZeRO-3's
-                      * shard, edge and windows (and their rounded copies) */
+  size_t param;      /* parameter buffers it adds: ZeRO-3's shard, edge and windows (and
+                      * their rounded copies) */
   size_t grad;       /* gradient buffers it adds: plain dp's staging (dp > 1), ZeRO's
-                      * shard, ZeRO-1's padded stages, ZeRO-2/3's edge and windows */
+                      * shard, ZeRO-2/3's edge and windows */
   size_t scalar;     /* the device scalar of the norm */
   size_t total;      /* param + grad + scalar */
   bool model_params; /* the model keeps its flat parameters (and rounded copy): not ZeRO-3 */
@@ -312,7 +311,7 @@ typedef struct wf_grads_stats {
 
 wf_status wf_grads_create(wf_grads **out, const wf_grads_opts *o);
 /* Bytes of gradient memory this rank holds (the model's flat buffer and the reduction's
- * buffers), and the parameter memory the gradient path adds (ZeRO's all-gather buffer). */
+ * buffers), and the parameter memory the gradient path adds (ZeRO-3's shard and units). */
 size_t wf_grads_bytes(const wf_grads *g);
 size_t wf_grads_param_bytes(const wf_grads *g);
 /* ZeRO-3: where the rank's parameter shard lives (the optimizer's parameters), NULL
@@ -322,11 +321,6 @@ float *wf_grads_param_shard(wf_grads *g);
  * it is in, 0 first); NULL (replica 0) without HSDP. */
 wf_comm *wf_grads_hsdp_group(const wf_grads *g, int *replica);
 wf_status wf_grads_unshard(wf_grads *g);
-/* Elements per rank of each chunk of ZeRO's parameter all-gather: the largest staging
- * buffer or window (`biggest` elements) divided over dp, at most the shard, and at least
- * 4096 elements (or the shard) so a tiny model sends few messages. Its buffer is dp x
- * that. */
-size_t wf_zero_gather_chunk(size_t shard, size_t biggest, int dp);
 
 /* Memory by kind of one rank, in bytes. */
 typedef struct wf_mem_kinds {
@@ -337,20 +331,18 @@ typedef struct wf_mem_kinds {
  * ceil(n / dp), its range [s0, s1) = [rank * shard, ...) cut at n) at optim.zero `zero`
  * with optim.bucket_mb = bucket_bytes, without allocating (a planner's figures; the
  * trainer reports the same from its allocations):
- *   param = 4n (x2 with a bf16/fp16 GEMM copy) + ZeRO's all-gather buffer, 4 dp x chunk
- *           (wf_zero_gather_chunk); zero 3: no 4n but 4 (shard + edge + windows x the
+ *   param = 4n (x2 with a bf16/fp16 GEMM copy; the all-gather is in place); zero 3: no
+ *           4n but 4 (shard + edge + windows x the
  *           largest layer bucket), windows = 2, or every bucket with keep
  *           (parallel.reshard_after_forward=false: the windows are then the buckets);
  *   optim = 8n, or 8 (s1 - s0) under ZeRO (AdamW's m and v of the shard);
  *   grad  zero 0: 4n, + 4 (n + buckets) of staging when dp > 1;
- *         zero 1: 4n + 4 shard + 4 dp x sum over buckets of the bucket's longest rank
- *                 share (its reduce-scatter's padded block), the last bucket being the
- *                 unlayered and tp-partial kinds;
+ *         zero 1: 4n + 4 shard (the 4n re-laid bucket by bucket, reduced in place);
  *         zero 2 and 3: 4 shard + 4 edge + 4 x 2 x the largest layer bucket, edge = wte,
  *                 wpe, the final layernorm and the tp-partial layernorms.
- * So ZeRO-2's params + grads + optim <= 4n + 12n / dp + 4 (edge + 2 bucket) + gather
+ * So ZeRO-2's params + grads + optim <= 4n + 12n / dp + 4 (edge + 2 bucket)
  * (+ 4 x 3 for the shard's rounding), and ZeRO-3's <= 16n / dp + 8 (edge + 2 bucket)
- * + gather + 16 x 3: the whole model's 1/dp plus two gathered units (edge and a layer
+ * + 16 x 3: the whole model's 1/dp plus two gathered units (edge and a layer
  * bucket, in parameters and gradients) and their in-flight successors. */
 wf_status wf_zero_mem_plan(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_precision prec, int dp,
                            int rank, int zero, size_t bucket_bytes, bool keep, wf_mem_kinds *out);

@@ -8,22 +8,27 @@
  * Overlap. Backward finalises gradients layer by layer (readiness groups 1..nl, see
  * grads.c), but a layer's tensors are scattered over the llm.c layout, so a layer's
  * elements belong to several ranks' shards in uneven amounts. A bucket (one or more
- * layers' ranges) is cut into pieces at the shard boundaries and packed rank-major into
- * a staging buffer of dp blocks, block r holding rank r's pieces in bucket order, each
- * block padded with zeros to the longest one. One reduce-scatter of that buffer (AVG)
- * hands every rank the average of its own pieces, which it copies into its gradient
- * shard. The padding costs comm volume only where a bucket's elements are unevenly
- * owned; the step log's comm_bytes counts it. Each element is still the plain dp average
- * of the same values, so dp 2 ZeRO-1 stays bit-identical to the reduction after backward.
+ * layers' ranges) has a natural order, its ranges sorted by flat offset, in which each
+ * rank's pieces (the ranges cut at the shard boundaries) form one contiguous segment.
+ *
+ * ZeRO-1 keeps the whole gradient in the model's flat buffer but lays it out bucket by
+ * bucket in natural order (the model's gradient tensors are redirected into it), so a
+ * finished bucket is one contiguous run, all-reduced in place (AVG) while backward goes
+ * on, and this rank then copies its pieces into its gradient shard. That is plain dp's
+ * volume and no more: a reduce-scatter would move half of it, but the pieces are uneven
+ * (a rank-major packing padded to the longest share cost a staging copy and, at dp 2,
+ * up to twice the bytes where one rank owns all of a bucket, as with wte), and MPI's
+ * non-blocking reduce-scatter is a reduce to one rank followed by a scatter. Each
+ * element is the plain dp average of the same values, so dp 2 ZeRO-1 stays
+ * bit-identical to plain dp.
  *
  * Late kinds. The unlayered tensors (wte, wpe, the final layernorm) and the layernorms
  * that are partial sums over tp (sequence parallelism) are not in the layer buckets:
  * they are reduced by one last bucket after backward, once grads.c has summed the tied
- * embedding over the embedding group and the partials over tp (the order ZeRO-1 always
- * used). They are small, except wte, whose gradient is ready only at the end of backward
- * anyway (the embeddings' backward adds into it last). ZeRO-2 all-reduces them in place
- * instead (in `edge`, below): packing wte rank-major would need a staging buffer as big
- * as dp x its largest share, more than the whole gradient it saves at dp 2.
+ * embedding over the embedding group and the partials over tp. They are small, except
+ * wte, whose gradient is ready only at the end of backward anyway (the embeddings'
+ * backward adds into it last). ZeRO-1 all-reduces them in place in the re-laid buffer,
+ * ZeRO-2 in `edge`, below.
  *
  * ZeRO-1 reduces once per step: the layer buckets launch as the last micro-batch's
  * backward finishes them (armed before it, as plain dp does).
@@ -37,8 +42,8 @@
  * shard are added into the shard, which so accumulates the micro-batches' averages (the
  * loss gradient already carries 1/M). The late kinds live in one persistent buffer
  * `edge`, all-reduced in place once after the step's backward. Gradient memory per rank
- * is then shard + edge + WF__ZPOOL x the largest bucket, instead of the whole vector plus
- * ZeRO-1's staging (wf__zero_grad_bytes; the formulas are in wf_parallel.h).
+ * is then shard + edge + WF__ZPOOL x the largest bucket, instead of the whole vector
+ * (wf__zero_grad_bytes; the formulas are in wf_parallel.h).
  *
  * Interleaved schedule (model chunks, `lazy`): a chunk's backward is one call over its
  * layers, but the schedule runs other chunks and micro-batches between a rank's chunks,
@@ -54,8 +59,8 @@
  * HSDP: `dp` is then the fsdp group the shards span and `rep` the group of ranks holding
  * the same shard in the other fsdp groups; the finished shard is averaged over `rep`.
  *
- * The parameters' all-gather after the update goes chunk by chunk through a buffer of
- * at most one bucket's size, so no stage holds a second whole parameter vector.
+ * The parameters' all-gather after the update (ZeRO-1/2) is in place in the model's flat
+ * vector: one broadcast of each rank's shard from its owner.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -87,27 +92,43 @@ static void add_range(wf__zbucket *b, const wf__zero *z, wf_param_kind k, int j,
   b->count += n;
 }
 
-/* Cut b's ranges at the shard boundaries into rank-major pieces; block = longest share. */
+static int by_flat(const void *a, const void *b)
+{
+  size_t x = ((const wf__zrange *)a)->flat, y = ((const wf__zrange *)b)->flat;
+  return x < y ? -1 : x > y;
+}
+
+/* b's natural order: its ranges sorted by flat offset. Owners follow the flat offset
+ * (rank r holds [r * shard, (r + 1) * shard)), so each rank's pieces of the bucket
+ * are then one contiguous segment of it, whatever layers the bucket spans. */
+static void sort_ranges(wf__zbucket *b)
+{
+  qsort(b->r, (size_t)b->nr, sizeof *b->r, by_flat);
+  b->count = 0;
+  for (int i = 0; i < b->nr; i++)
+    b->r[i].pos = b->count, b->count += b->r[i].n;
+}
+
+/* Cut b's ranges at the shard boundaries into pieces, and the owners' segments. */
 static wf_status cut(wf__zero *z, wf__zbucket *b)
 {
   wf_status st = WF_OK;
-  size_t *fill = NULL;
-  WF_CHECK_ALLOC(fill = calloc((size_t)z->size, sizeof *fill));
+  sort_ranges(b);
   WF_CHECK_ALLOC(b->p = calloc((size_t)(b->nr + z->size), sizeof *b->p));
+  WF_CHECK_ALLOC(b->seg = calloc((size_t)z->size + 1, sizeof *b->seg));
   for (int i = 0; i < b->nr; i++) {
     const wf__zrange *r = &b->r[i];
     for (size_t a = r->flat; a < r->flat + r->n;) {
       int owner = (int)(a / z->shard);
       size_t lim = WF_MIN(r->flat + r->n, (size_t)(owner + 1) * z->shard);
-      b->p[b->np++] = (wf__zpiece){a, r->pos + (a - r->flat), lim - a, fill[owner], owner};
-      fill[owner] += lim - a;
+      b->p[b->np++] = (wf__zpiece){a, r->pos + (a - r->flat), lim - a, owner};
+      b->seg[owner + 1] += lim - a;
       a = lim;
     }
   }
   for (int r = 0; r < z->size; r++)
-    b->block = WF_MAX(b->block, fill[r]);
+    b->seg[r + 1] += b->seg[r];
 fail:
-  free(fill);
   return st;
 }
 
@@ -179,21 +200,31 @@ static void redirect(wf__zero *z, const wf__zbucket *b, float *base)
 }
 
 /* The buffers' sizes, from the plan: ZeRO-2's window (the largest layer bucket) and
- * edge, and the all-gather's chunk. */
+ * edge, the all-gather's chunk, and where ZeRO-1 lays each bucket out (the layer
+ * buckets one after another, then the late one: every element once). */
 static void sizes(wf__zero *z)
 {
-  size_t biggest = 0; /* elements of the largest staging buffer or window */
+  size_t base = 0;
+  for (int i = 0; i < z->nb; i++) {
+    z->win_count = WF_MAX(z->win_count, z->b[i].count);
+    z->b[i].base = base, base += z->b[i].count;
+  }
+  z->late.base = base;
+  if (z->stage >= 2)
+    z->edge_count = z->late.count;
+  z->npw = z->stage == 3 ? (z->keep ? z->nb : 2) : 0;
+}
+
+/* ZeRO-1's gradients stay in the model's flat buffer, re-laid bucket by bucket in
+ * their natural order, so a bucket is one contiguous run that is all-reduced in place
+ * (no staging copy, no padding) and the late one is as well. */
+static void relay_grads(wf__zero *z)
+{
+  float *flat = wf_gpt_grads(z->m);
   for (int i = 0; i <= z->nb; i++) {
     const wf__zbucket *b = i < z->nb ? &z->b[i] : &z->late;
-    if (z->stage == 1)
-      biggest = WF_MAX(biggest, b->block * (size_t)z->size);
-    else if (i < z->nb)
-      z->win_count = WF_MAX(z->win_count, b->count);
+    redirect(z, b, flat + b->base);
   }
-  if (z->stage >= 2)
-    biggest = z->win_count, z->edge_count = z->late.count;
-  z->npw = z->stage == 3 ? (z->keep ? z->nb : 2) : 0;
-  z->chunk = wf_zero_gather_chunk(z->shard, biggest, z->size);
 }
 
 static wf_status alloc_buffers(wf__zero *z)
@@ -201,12 +232,7 @@ static wf_status alloc_buffers(wf__zero *z)
   wf_status st = WF_OK;
   WF_TRY(wf_dev_alloc_floats(z->dev, &z->gshard, z->shard));
   if (z->stage == 1) {
-    for (int i = 0; i <= z->nb; i++) {
-      wf__zbucket *b = i < z->nb ? &z->b[i] : &z->late;
-      size_t f = b->block * (size_t)z->size;
-      WF_TRY(wf_dev_alloc_floats(z->dev, &b->stage, WF_MAX(f, (size_t)1)));
-      WF_TRY(wf_dev_memset(z->dev, b->stage, 0, f * sizeof(float), NULL)); /* the padding */
-    }
+    relay_grads(z);
   } else {
     WF_TRY(wf_dev_alloc_floats(z->dev, &z->edge, WF_MAX(z->edge_count, (size_t)1)));
     for (int i = 0; i < WF__ZPOOL; i++) {
@@ -216,10 +242,8 @@ static wf_status alloc_buffers(wf__zero *z)
     redirect(z, &z->late, z->edge);
     wf_gpt_drop_grads(z->m);
   }
-  if (z->stage == 3) /* the all-gather runs once, for --save: its buffer comes then */
+  if (z->stage == 3)
     WF_TRY(wf__fsdp_alloc(z));
-  else
-    WF_TRY(wf_dev_alloc_floats(z->dev, &z->gather, z->chunk * (size_t)z->size));
 fail:
   return st;
 }
@@ -277,13 +301,12 @@ fail:
   return st;
 }
 
-static void free_bucket(wf__zero *z, wf__zbucket *b, bool own_stage)
+static void free_bucket(wf__zbucket *b)
 {
   wf_req_wait(&b->req);
   free(b->r);
   free(b->p);
-  if (own_stage)
-    wf_dev_free(z->dev, b->stage);
+  free(b->seg);
 }
 
 void wf__zero_destroy(wf__zero *z)
@@ -293,8 +316,8 @@ void wf__zero_destroy(wf__zero *z)
   if ((z->stage == 3 || z->lazy) && z->dp) /* created (not a memory plan): the hook is ours */
     wf_gpt_set_unit_hook(z->m, NULL, NULL);
   for (int i = 0; i < z->nb; i++)
-    free_bucket(z, &z->b[i], z->stage == 1);
-  free_bucket(z, &z->late, z->stage == 1);
+    free_bucket(&z->b[i]);
+  free_bucket(&z->late);
   free(z->b);
   wf_dev_free(z->dev, z->gshard);
   wf_dev_free(z->dev, z->edge);
@@ -302,35 +325,33 @@ void wf__zero_destroy(wf__zero *z)
     wf_req_wait(&z->win_req[i]);
     wf_dev_free(z->dev, z->win[i]);
   }
-  wf_dev_free(z->dev, z->gather);
   wf__fsdp_free(z);
   free(z);
 }
 
 /* ---- reduction ----------------------------------------------------------------------- */
 
-/* ZeRO-1: pack b rank-major into its stage (zero padding stays from allocation) and
- * start the reduce-scatter; the result lands in this rank's block. */
+/* Where bucket b's gradients lie in natural order: ZeRO-1's re-laid buffer, or (the
+ * late bucket under ZeRO-2/3) edge. */
+static float *run_of(wf__zero *z, const wf__zbucket *b)
+{
+  return z->stage == 1 ? wf_gpt_grads(z->m) + b->base : z->edge;
+}
+
+/* ZeRO-1's buckets and the late one: start b's in-place all-reduce (AVG). */
 static wf_status launch(wf__zero *z, wf__zbucket *b)
 {
-  wf_status st = WF_OK;
-  const float *flat = wf_gpt_grads(z->m);
-  for (int i = 0; i < b->np; i++) {
-    const wf__zpiece *p = &b->p[i];
-    WF_TRY(wf__zero_copy(z, b->stage + (size_t)p->owner * b->block + p->dst, flat + p->flat, p->n));
-  }
+  float *run = run_of(z, b);
   b->launched = true;
-  z->comm_bytes += (double)b->block * z->size * sizeof(float);
-  st = wf_comm_ireduce_scatter(z->dp, b->stage, b->stage + (size_t)z->rank * b->block, b->block,
-                               WF_COMM_F32, WF_COMM_AVG, &b->req);
+  z->comm_bytes += (double)b->count * sizeof(float);
+  wf_status st = wf_comm_iallreduce(z->dp, run, run, b->count, WF_COMM_F32, WF_COMM_AVG, &b->req);
   if (st != WF_OK)
     b->launched = false;
-fail:
   return st;
 }
 
-/* This rank's pieces of b into the shard: moved from src + dst (ZeRO-1's block) or
- * added from src + pos (ZeRO-2's natural order). */
+/* This rank's pieces of b (natural order from src) into the shard: moved (ZeRO-1, which
+ * reduces once per step) or added (ZeRO-2, once per micro-batch). */
 static wf_status take_mine(wf__zero *z, const wf__zbucket *b, const float *src)
 {
   const wf_ktable *k = wf_dev_kernels(z->dev);
@@ -340,7 +361,7 @@ static wf_status take_mine(wf__zero *z, const wf__zbucket *b, const float *src)
       continue;
     float *dst = z->gshard + (p->flat - z->s0);
     if (z->stage == 1) {
-      wf_status st = wf__zero_copy(z, dst, src + p->dst, p->n);
+      wf_status st = wf__zero_copy(z, dst, src + p->pos, p->n);
       if (st != WF_OK)
         return st;
     } else {
@@ -355,7 +376,7 @@ static wf_status complete(wf__zero *z, wf__zbucket *b)
   wf_status st = wf_req_wait(&b->req);
   b->launched = false;
   if (st == WF_OK)
-    st = take_mine(z, b, z->stage == 1 ? b->stage + (size_t)z->rank * b->block : z->edge);
+    st = take_mine(z, b, run_of(z, b));
   return st;
 }
 
@@ -482,11 +503,12 @@ wf_status wf__zero_begin(wf__zero *z)
       WF_TRY(open_window(z, 0));
   }
   z->armed = z->stage >= 2;
+  z->final = false;
 fail:
   return st;
 }
 
-void wf__zero_arm(wf__zero *z) { z->armed = true; }
+void wf__zero_arm(wf__zero *z) { z->armed = z->final = true; }
 
 /* Drive MPI progress on the reductions in flight (errors surface at their wait). */
 static void progress(wf__zero *z)
@@ -498,6 +520,8 @@ static void progress(wf__zero *z)
   for (int w = 0; w < WF__ZPOOL; w++)
     if (z->win_flying[w] && z->win_req[w])
       wf_req_test(&z->win_req[w], &done);
+  if (z->late.launched && z->late.req)
+    wf_req_test(&z->late.req, &done);
 }
 
 /* Group gr's gradients are final (for this micro-batch). A failure here leaves the
@@ -509,6 +533,14 @@ wf_status wf__zero_ready(wf__zero *z, int gr)
   if (!z->armed)
     return WF_OK;
   progress(z);
+  /* one stage, the last micro-batch's embeddings done: the late kinds are final (the
+   * tied and tp sums are linear, so the dp average may come first; launch_layers waits
+   * for it before they run) */
+  if (gr == z->nl + 1 && z->final && !z->late.launched && z->late.count > 0) {
+    if (launch(z, &z->late) == WF_OK)
+      z->launched_early++;
+    return WF_OK;
+  }
   int i = wf__zero_bucket_of(z, gr);
   if (i < 0 || z->b[i].last_group != gr)
     return WF_OK;
@@ -533,6 +565,9 @@ fail:
   return st;
 }
 
+/* Before grads.c's tp and tied sums: ZeRO-1's layer buckets that backward's hook did not
+ * launch, and the late bucket's reduction, when backward launched it, completed (the
+ * sums write the same gradients; its pieces are taken after them, in finish). */
 wf_status wf__zero_launch_layers(wf__zero *z)
 {
   wf_status st = WF_OK;
@@ -540,6 +575,8 @@ wf_status wf__zero_launch_layers(wf__zero *z)
     for (int i = 0; i < z->nb; i++)
       if (!z->b[i].launched)
         WF_TRY(launch(z, &z->b[i]));
+  if (z->late.launched)
+    WF_TRY(wf_req_wait(&z->late.req));
 fail:
   return st;
 }
@@ -551,15 +588,8 @@ wf_status wf__zero_finish(wf__zero *z)
   z->hook_err = WF_OK;
   if (st != WF_OK)
     goto fail;
-  if (z->stage >= 2 && z->edge_count > 0) {
-    /* the late kinds in place: an all-reduce needs no staging copy of wte */
-    z->late.launched = true;
-    z->comm_bytes += (double)z->edge_count * sizeof(float);
-    WF_TRY(wf_comm_iallreduce(z->dp, z->edge, z->edge, z->edge_count, WF_COMM_F32, WF_COMM_AVG,
-                              &z->late.req));
-  } else if (z->stage == 1) {
+  if (!z->late.launched && z->late.count > 0) /* not launched by backward */
     WF_TRY(launch(z, &z->late));
-  }
   for (int i = 0; i < z->nb; i++)
     if (z->b[i].launched)
       WF_TRY(complete(z, &z->b[i]));
@@ -578,38 +608,29 @@ fail:
 
 /* ---- the parameters --------------------------------------------------------------------- */
 
-/* Every rank's updated shard into every rank's parameters, chunk c of each shard at a
- * time (the last rank's shard is short by the padding, sent as zeros). */
+/* Every rank's updated shard into every rank's parameters (ZeRO-1/2), or ZeRO-3's
+ * gathered units forgotten. */
 wf_status wf__zero_gather(wf__zero *z)
 {
-  wf_status st = WF_OK;
   if (z->stage == 3)
     return wf__fsdp_refresh(z);
-  st = wf__zero_gather_whole(z);
-  return st;
+  return wf__zero_gather_whole(z);
 }
 
-/* Every rank's shard of the parameters into the model's flat vector (from pshard under
- * ZeRO-3, where the rank's own part is copied too). */
+/* Every rank's shard of the parameters into the model's flat vector, where shard r is
+ * the contiguous run [r * shard, (r + 1) * shard) cut at n: an all-gather with uneven
+ * counts done in place, one broadcast from each owner (ZeRO-3 first copies its own
+ * shard in from pshard). No staging buffer, and an all-gather's bytes. */
 wf_status wf__zero_gather_whole(wf__zero *z)
 {
   wf_status st = WF_OK;
   float *params = wf_gpt_params(z->m);
-  size_t C = z->chunk;
-  for (size_t c0 = 0; c0 < z->shard; c0 += C) {
-    size_t len = WF_MIN(C, z->shard - c0);
-    float *mine = z->gather + (size_t)z->rank * len;
-    size_t a = WF_MIN(z->s0 + c0, z->s1), b = WF_MIN(z->s0 + c0 + len, z->s1);
-    if (b - a < len)
-      WF_TRY(wf_dev_memset(z->dev, mine, 0, len * sizeof(float), NULL));
-    WF_TRY(wf__zero_copy(z, mine, z->pshard ? z->pshard + (a - z->s0) : params + a, b - a));
-    WF_TRY(wf_comm_allgather(z->dp, mine, z->gather, len, WF_COMM_F32));
-    for (int r = 0; r < z->size; r++) {
-      size_t ra = WF_MIN((size_t)r * z->shard + c0, z->n);
-      size_t rb = WF_MIN(ra + len, WF_MIN((size_t)(r + 1) * z->shard, z->n));
-      if ((r != z->rank || z->pshard) && rb > ra)
-        WF_TRY(wf__zero_copy(z, params + ra, z->gather + (size_t)r * len, rb - ra));
-    }
+  if (z->pshard)
+    WF_TRY(wf__zero_copy(z, params + z->s0, z->pshard, z->s1 - z->s0));
+  for (int r = 0; r < z->size; r++) {
+    size_t a = WF_MIN((size_t)r * z->shard, z->n), b = WF_MIN(a + z->shard, z->n);
+    if (b > a)
+      WF_TRY(wf_comm_bcast(z->dp, params + a, b - a, WF_COMM_F32, r));
   }
 fail:
   return st;
@@ -628,33 +649,25 @@ void wf__zero_stats(const wf__zero *z, double *wait_ms, double *comm_bytes, int 
   *launched_early = z->launched_early, *buckets = z->nb + 1;
 }
 
-/* Gradient memory this rank holds beyond the model's flat buffer: the shard, the stages
- * (ZeRO-1) or edge and the windows (ZeRO-2). The all-gather buffer counts as
- * parameter memory (wf__zero_param_bytes). */
+/* Gradient memory this rank holds beyond the model's flat buffer: the shard, and under
+ * ZeRO-2/3 edge and the windows. */
 size_t wf__zero_grad_bytes(const wf__zero *z)
 {
   size_t f = z->shard;
-  if (z->stage == 1)
-    for (int i = 0; i <= z->nb; i++)
-      f += (i < z->nb ? z->b[i].block : z->late.block) * (size_t)z->size;
-  else
+  if (z->stage >= 2)
     f += z->edge_count + WF__ZPOOL * z->win_count;
   return f * sizeof(float);
 }
 
+/* Parameter memory beyond the model's flat vector: none below ZeRO-3 (the all-gather
+ * is in place), ZeRO-3's shard, edge and windows (with their rounded copies). */
 size_t wf__zero_param_bytes(const wf__zero *z)
 {
-  size_t f = z->chunk * (size_t)z->size;
-  if (z->stage == 3) /* the all-gather buffer only comes for --save's final gather */
+  size_t f = 0;
+  if (z->stage == 3)
     f = z->shard + (z->edge_count + (size_t)z->npw * z->win_count) *
                        (z->prec != WF_PREC_NO ? 2 : 1); /* rounded copies */
   return f * sizeof(float);
-}
-
-size_t wf_zero_gather_chunk(size_t shard, size_t biggest, int dp)
-{
-  size_t c = WF_MAX((size_t)1, WF_MIN(shard, biggest / (size_t)dp));
-  return c < 4096 ? WF_MIN(shard, (size_t)4096) : c; /* a tiny model: fewer messages */
 }
 
 /* ---- the memory formulas (wf_parallel.h) ---------------------------------------------- */

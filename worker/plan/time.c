@@ -200,13 +200,12 @@ static int shard_group(const wf_plan_mesh *m)
 /* dp communication of a step for n parameters in nb buckets (zero.c and fsdp.c's
  * traffic): the gradient reduction, hidden behind backward up to hw->overlap of it
  * (plain dp and ZeRO-1 reduce during the last micro-batch's backward, ZeRO-2/3 during
- * every one's), ZeRO-3's parameter gathers (all-reduces of the windows, before each
- * unit's forward and backward, or once per step with reshard_after_forward=false;
- * prefetched behind forward and backward), and what follows the update, exposed: the
- * parameters' all-gather (ZeRO-1/2) and HSDP's sum of the shard over the replicas.
- * ZeRO-1's reduction is a reduce-scatter. Reduce-scatters and all-gathers take the
- * profile's measured rates (wf_hw_reduce_scatter_s; half an all-reduce where it has
- * none). */
+ * every one's; all of them in-place all-reduces of buckets), ZeRO-3's parameter gathers
+ * (all-gathers of the units in place, before each unit's forward and backward, or once
+ * per step with reshard_after_forward=false; prefetched behind forward and backward),
+ * and what follows the update, exposed: the parameters' all-gather (ZeRO-1/2) and
+ * HSDP's sum of the shard over the replicas. All-gathers take the profile's measured
+ * rate (wf_hw_allgather_s; half an all-reduce where it has none). */
 static void dp_time(const ctx *c, double n, int nb, double F, double B, wf_plan_time *out)
 {
   const wf_plan_mesh *m = c->m;
@@ -217,18 +216,15 @@ static void dp_time(const ctx *c, double n, int nb, double F, double B, wf_plan_
   /* the shard group is f consecutive dp ranks: inside a node when tp x pp x f fit */
   bool intra = c->dp_intra || m->tp * m->pp * f <= WF_MAX(1, hw->gpus_per_node);
   double ar = wf_hw_allreduce_s(hw, n * 4, f, intra);
-  double rs = wf_hw_reduce_scatter_s(hw, n * 4, f, intra),
-         ag = wf_hw_allgather_s(hw, n * 4, f, intra);
+  double ag = wf_hw_allgather_s(hw, n * 4, f, intra);
   double lat = (nb - 1) * wf_hw_allreduce_s(hw, 0, f, intra);
   double red = ar + lat, gathers = 0, after = 0, hide = hw->overlap * B;
-  if (m->zero == 1)
-    red = rs + lat, after = ag;
   if (m->zero >= 2)
     red = mv * (ar + lat), hide = hw->overlap * mv * B;
-  if (m->zero == 2)
-    after = ag;
+  if (m->zero == 1 || m->zero == 2)
+    after = ag; /* the updated shards, one broadcast per owner: an all-gather's bytes */
   if (m->zero == 3) {
-    gathers = (m->keep ? 1 : 2 * mv) * (ar + lat);
+    gathers = (m->keep ? 1 : 2 * mv) * (ag + lat);
     hide = hw->overlap * mv * (F + B);
   }
   if (m->zero && f < m->dp)

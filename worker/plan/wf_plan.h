@@ -118,10 +118,10 @@ typedef struct wf_plan_mesh {
 
 /* What a rank holds, in bytes, by kind. */
 typedef enum wf_plan_mem_kind {
-  WF_PM_PARAMS = 0, /* fp32 masters (+ mixed precision's rounded GEMM weights); ZeRO's
-                     * all-gather buffer; ZeRO-3: the shard and the gathered units instead */
+  WF_PM_PARAMS = 0, /* fp32 masters (+ mixed precision's rounded GEMM weights); ZeRO-3:
+                     * the shard and the gathered units instead */
   WF_PM_GRADS,      /* the flat gradients (not ZeRO-2/3) and the dp reduction's buffers: plain
-                     * dp's staging, ZeRO's shard and its stages or windows */
+                     * dp's staging, ZeRO's shard and ZeRO-2/3's windows */
   WF_PM_OPTIM,      /* AdamW's m and v over the rank's range (1/dp of it under ZeRO) */
   WF_PM_ACTS,       /* activation slots in flight, the recompute layer, backward scratch */
   WF_PM_COMM,       /* the pipeline's p2p rings, the norm's scalar */

@@ -6,7 +6,9 @@
  * Only rank 0 prints or writes metrics. The step line has a stable key=value form:
  *   step 12/300 loss=3.1234 lr=1.20e-03 grad_norm=0.812 tok/s=5123 tok/s/gpu=1281
  *   tflops=0.041 tflops/gpu=0.010 mfu=23.1% step_ms=99.8 comm_ms=0.0 mem=45.2MiB
- *   optim=0.45MiB eta=28s
+ *   params=0.84MiB grads=0.85MiB optim=1.68MiB act=6.20MiB eta=28s
+ * (mem: all this rank holds; then by kind: parameters with their GEMM copy, gradients
+ * with the dp reduction's buffers, AdamW's state, the step's peak activations).
  * tok/s and tflops are the job's; the /gpu figures divide them over its ranks (one GPU
  * each, as Megatron-LM and torchtitan report throughput), and MFU is tflops/gpu over the
  * per-rank peak. The metrics file carries the same figures in the same units (mfu_pct is
@@ -43,6 +45,8 @@
 
 #define PEAK_N    1024 /* the measured GEMM: PEAK_N^3 multiply-adds */
 #define PEAK_REPS 3    /* best of, after one warm-up */
+
+static double mib(int64_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
 
 /* Best of PEAK_REPS PEAK_N^3 GEMMs through the device's kernel table, in TFLOP/s. */
 static wf_status measure_peak(wf_dev *dev, double *tflops)
@@ -237,12 +241,12 @@ static void print_step(const wf__trainer *tr, const wf_train_step_info *in, doub
   wf__clear_bar(tr);
   fprintf(tr->out,
           "step %d/%d loss=%.4f lr=%.2e grad_norm=%.3f tok/s=%.0f tok/s/gpu=%.0f tflops=%.3f "
-          "tflops/gpu=%.3f mfu=%.1f%% step_ms=%.1f comm_ms=%.1f mem=%.1fMiB optim=%.2fMiB "
-          "grads=%.2fMiB eta=%.0fs",
+          "tflops/gpu=%.3f mfu=%.1f%% step_ms=%.1f comm_ms=%.1f mem=%.1fMiB params=%.2fMiB "
+          "grads=%.2fMiB optim=%.2fMiB act=%.2fMiB eta=%.0fs",
           in->step, in->steps, in->loss, in->lr, in->grad_norm, in->tokens_per_s,
           in->tokens_per_s_gpu, in->tflops, in->tflops_gpu, in->mfu * 100, in->step_ms, in->comm_ms,
-          (double)in->mem_bytes / (1024.0 * 1024.0), (double)in->optim_bytes / (1024.0 * 1024.0),
-          (double)in->grad_bytes / (1024.0 * 1024.0), eta);
+          mib(in->mem_bytes), mib(in->param_bytes), mib(in->grad_bytes), mib(in->optim_bytes),
+          mib(in->act_bytes), eta);
   if (tr->fp16) /* the scale this step's backward used, and the skips so far */
     fprintf(tr->out, " loss_scale=%g skipped=%d%s", in->loss_scale, in->skipped_steps,
             in->skipped ? " (this step)" : "");
@@ -283,15 +287,15 @@ static json_t *real_or_null(double x) { return isfinite(x) ? json_real(x) : json
  * peak activations in MiB and in micro-batches held (act_mib, act_slots). */
 static void add_parallel_metrics(json_t *o, const wf_train_step_info *in)
 {
-  json_t *mib = json_array(), *slots = json_array();
+  json_t *act = json_array(), *slots = json_array();
   for (int s = 0; s < in->n_stages && s < WF_MAX_STAGES; s++) {
-    json_array_append_new(mib, json_real((double)in->stage_act_bytes[s] / (1024.0 * 1024.0)));
+    json_array_append_new(act, json_real(mib(in->stage_act_bytes[s])));
     json_array_append_new(slots, json_integer(in->stage_peak_slots[s]));
   }
   json_object_set_new(o, "tp_ms", real_or_null(in->tp_ms));
   json_object_set_new(o, "bubble", real_or_null(in->bubble));
   json_object_set_new(o, "bubble_theory", real_or_null(in->bubble_theory));
-  json_object_set_new(o, "act_mib", mib);
+  json_object_set_new(o, "act_mib", act);
   json_object_set_new(o, "act_slots", slots);
 }
 
@@ -327,9 +331,9 @@ static void write_metrics(wf__trainer *tr, const wf_train_step_info *in)
   json_object_set_new(o, "tflops", real_or_null(in->tflops));
   json_object_set_new(o, "tflops_per_gpu", real_or_null(in->tflops_gpu));
   json_object_set_new(o, "mfu_pct", real_or_null(in->mfu * 100)); /* the line's mfu=...% */
-  json_object_set_new(o, "mem_mib", real_or_null((double)in->mem_bytes / (1024.0 * 1024.0)));
+  json_object_set_new(o, "mem_mib", real_or_null(mib(in->mem_bytes)));
   json_object_set_new(o, "comm_ms", real_or_null(in->comm_ms));
-  json_object_set_new(o, "optim_mib", real_or_null((double)in->optim_bytes / (1024.0 * 1024.0)));
+  json_object_set_new(o, "optim_mib", real_or_null(mib(in->optim_bytes)));
   /* memory by kind, exact (bytes) */
   json_object_set_new(o, "param_bytes", json_integer(in->param_bytes));
   json_object_set_new(o, "grad_bytes", json_integer(in->grad_bytes));

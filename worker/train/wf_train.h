@@ -68,7 +68,7 @@ typedef struct wf_train_step_info {
   double p2p_wait_ms; /* this rank's wait in pipeline sends and receives */
   /* This rank's memory by kind, in bytes (param + grad + optim_bytes is what ZeRO shards;
    * wf_parallel.h has the formulas): */
-  int64_t param_bytes; /* parameters, their bf16/fp16 GEMM copy, ZeRO's all-gather buffer */
+  int64_t param_bytes; /* parameters, their bf16/fp16 GEMM copy, ZeRO-3's shard and units */
   int64_t grad_bytes;  /* gradients and the dp reduction's buffers (wf_grads_bytes) */
   int64_t act_bytes;   /* activations this step held at its peak (the pipeline's slots) */
 } wf_train_step_info;
