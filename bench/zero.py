@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """ZeRO stages side by side: the real trainer at dp 2 on a 30M-parameter GPT-2.
 
-    bench/zero.py [--worker build/worker/worker] [--np 2] [--steps 8] [--layers 8]
-                  [--d-model 512] [--vocab 16384] [--seq 128] [--batch 4]
+    bench/zero.py [--worker build/worker/worker] [--rounds 1] [--np 2] [--steps 8]
+                  [--layers 8] [--d-model 512] [--vocab 16384] [--seq 128] [--batch 4]
 
 Runs optim.zero=0, 1, 2, 3 and 3 with parallel.reshard_after_forward=false ("3k")
 (optim.bucket_mb=0: one layer per bucket) under mpirun with
@@ -127,12 +127,16 @@ def run_args(ap):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worker", default="build/worker/worker")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every stage this many times, in rounds; the table shows the "
+                         "median over rounds of each run's medians")
     run_args(ap)
     a = ap.parse_args()
     L, C, V, T, D = a.layers, a.d_model, a.vocab, a.seq, a.np
     n = sum(k[1] for k in layout(L, C, V, T))
     print(f"GPT-2 L{L} C{C} V{V} T{T}: {n / 1e6:.1f}M parameters, dp {D}, global batch "
-          f"{a.batch} x {T}, {a.steps} steps (medians over steps 2..{a.steps}), rank 0")
+          f"{a.batch} x {T}, {a.steps} steps (medians over steps 2..{a.steps}"
+          f"{f', then over {a.rounds} rounds' if a.rounds > 1 else ''}), rank 0")
     layer = sum(numel // L for _, numel, lay in layout(L, C, V, T) if lay)
     bw = raw_mpi(a, 4 * layer)
     if bw:
@@ -141,22 +145,33 @@ def main():
     print(f"{'zero':>10} {'step_ms':>8} {'comm_ms':>8} {'raw_ms':>7} {'comm MiB':>9} {'loss':>8}  "
           f"{'param MiB (theory)':>19} {'grad MiB (theory)':>19} {'optim MiB (theory)':>19} "
           f"{'act MiB':>8}")
+    stages = ((0, False), (1, False), (2, False), (3, False), (3, True))
+    steps, comms, lasts = {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:
-        for zero, keep in ((0, False), (1, False), (2, False), (3, False), (3, True)):
-            rows = run(a, zero, keep, tmp)
-            last, th = rows[-1], theory(L, C, V, T, D, zero, keep)
-            step = statistics.median(r["step_ms"] for r in rows[1:])
-            comm = statistics.median(r["comm_ms"] for r in rows[1:])
-            ar, bc = traffic(L, C, V, T, zero, keep)
-            raw = f"{1e3 * (ar / bw['allreduce'] + bc / bw['bcast']):7.1f}" if bw else f"{'-':>7}"
-            cells = []
-            for kind in ("param", "grad", "optim"):
-                got, want = last[kind + "_bytes"], th[kind]
-                mark = "=" if got == want else "!="
-                cells.append(f"{got / MIB:8.2f} {mark} {want / MIB:7.2f}")
-            print(f"{str(zero) + ('k' if keep else ''):>10} {step:8.1f} {comm:8.1f} {raw} "
-                  f"{(ar + bc) / MIB:9.1f} {last['loss']:8.4f}  "
-                  + " ".join(f"{c:>19}" for c in cells) + f" {last['act_bytes'] / MIB:8.2f}")
+        for _ in range(a.rounds):  # rounds of every stage, so drifting load hits all alike
+            for st in stages:
+                rows = run(a, st[0], st[1], tmp)
+                steps.setdefault(st, []).append(statistics.median(r["step_ms"] for r in rows[1:]))
+                comms.setdefault(st, []).append(statistics.median(r["comm_ms"] for r in rows[1:]))
+                lasts[st] = rows[-1]
+    for zero, keep in stages:
+        last, th = lasts[(zero, keep)], theory(L, C, V, T, D, zero, keep)
+        step = statistics.median(steps[(zero, keep)])
+        comm = statistics.median(comms[(zero, keep)])
+        ar, bc = traffic(L, C, V, T, zero, keep)
+        raw = f"{1e3 * (ar / bw['allreduce'] + bc / bw['bcast']):7.1f}" if bw else f"{'-':>7}"
+        cells = []
+        for kind in ("param", "grad", "optim"):
+            got, want = last[kind + "_bytes"], th[kind]
+            mark = "=" if got == want else "!="
+            cells.append(f"{got / MIB:8.2f} {mark} {want / MIB:7.2f}")
+        print(f"{str(zero) + ('k' if keep else ''):>10} {step:8.1f} {comm:8.1f} {raw} "
+              f"{(ar + bc) / MIB:9.1f} {last['loss']:8.4f}  "
+              + " ".join(f"{c:>19}" for c in cells) + f" {last['act_bytes'] / MIB:8.2f}")
+    if a.rounds > 1:
+        print("comm_ms of each round: " + "; ".join(
+            f"{z}{'k' if k else ''} " + " ".join(f"{c:.1f}" for c in comms[(z, k)])
+            for z, k in stages))
     torch_rows(a)
 
 
