@@ -1,15 +1,15 @@
 /*
  * hw.c - hardware profiles: the built-in GPUs (datasheet numbers; README.md, "Planning",
  * gives each one's source), the JSON file worker --profile-hw writes, and the rates the
- * time model reads from a profile: a GEMM's seconds at its shape, and an all-reduce's,
- * a reduce-scatter's and an all-gather's seconds by group size.
+ * time model reads from a profile: a GEMM's seconds at its shape, and an all-reduce's
+ * and an all-gather's seconds by group size.
  *
  * Measured entries win over nominal ones: a GEMM takes the rate of the measured shape
  * nearest to it (log distance over m, n, k, at the same thread count when there is
  * one), interpolated over the rows measured around its own; a collective within a node takes the
  * fit measured for the nearest group size. What is not measured follows a roofline (the peak times
  * gemm_eff, or memory bandwidth) and a ring all-reduce (alpha + 2 (g-1)/g bytes / link bandwidth),
- * a reduce-scatter or all-gather being half of one.
+ * an all-gather being half of one.
  */
 #include <math.h>
 #include <string.h>
@@ -153,7 +153,7 @@ double wf_hw_gemm_s(const wf_hw *hw, double m, double n, double k, int threads, 
   return fmax(flops / (peak * 1e12 * hw->gemm_eff), bytes / hw->mem_bw);
 }
 
-typedef enum { ALLREDUCE, REDUCE_SCATTER, ALLGATHER } coll_kind;
+typedef enum { ALLREDUCE, ALLGATHER } coll_kind;
 
 /* The measured group nearest in size, or NULL. */
 static const wf_hw_coll *nearest_coll(const wf_hw *hw, int size)
@@ -170,11 +170,8 @@ static double coll_s(const wf_hw *hw, double bytes, int size, bool intra, coll_k
   if (size <= 1)
     return 0;
   const wf_hw_coll *best = intra ? nearest_coll(hw, size) : NULL;
-  double bw = !best                    ? 0
-              : kind == REDUCE_SCATTER ? best->rs_bw
-              : kind == ALLGATHER      ? best->ag_bw
-                                       : best->bw;
-  if (kind != ALLREDUCE && bw <= 0) /* not measured: half an all-reduce */
+  double bw = !best ? 0 : kind == ALLGATHER ? best->ag_bw : best->bw;
+  if (kind == ALLGATHER && bw <= 0) /* not measured: half an all-reduce */
     return coll_s(hw, bytes, size, intra, ALLREDUCE) / 2;
   if (best) {
     /* a group larger than any measured moves 2(g-1)/g of the bytes over the same links */
@@ -192,11 +189,6 @@ double wf_hw_allreduce_s(const wf_hw *hw, double bytes, int size, bool intra)
   return coll_s(hw, bytes, size, intra, ALLREDUCE);
 }
 
-double wf_hw_reduce_scatter_s(const wf_hw *hw, double bytes, int size, bool intra)
-{
-  return coll_s(hw, bytes, size, intra, REDUCE_SCATTER);
-}
-
 double wf_hw_allgather_s(const wf_hw *hw, double bytes, int size, bool intra)
 {
   return coll_s(hw, bytes, size, intra, ALLGATHER);
@@ -210,13 +202,11 @@ static json_t *peaks_json(const wf_hw *hw)
                    hw->peak_tflops[WF_PREC_FP16], "bf16", hw->peak_tflops[WF_PREC_BF16]);
 }
 
-/* An all-reduce entry; a measured reduce-scatter and all-gather ride along with it. */
+/* An all-reduce entry; a measured all-gather rides along with it. */
 static json_t *coll_json(const wf_hw_coll *c)
 {
   json_t *o = json_pack("{s:i, s:f, s:f}", "size", c->size, "alpha_us", c->alpha_s * 1e6, "bw_gbs",
                         c->bw * 1e-9);
-  if (o && c->rs_bw > 0)
-    json_object_set_new(o, "reduce_scatter_gbs", json_real(c->rs_bw * 1e-9));
   if (o && c->ag_bw > 0)
     json_object_set_new(o, "allgather_gbs", json_real(c->ag_bw * 1e-9));
   return o;
@@ -300,20 +290,18 @@ static bool read_colls(json_t *a, wf_hw *hw, const char *path, char *err, size_t
   json_t *e;
   json_array_foreach(a, i, e)
   {
-    double size, alpha, bw, rs = 0, ag = 0;
+    double size, alpha, bw, ag = 0;
     if (hw->n_coll >= WF_HW_MAX_COLL)
       break;
     if (!num_field(e, "size", 2, 1 << 24, &size, path, err, len) ||
         !num_field(e, "alpha_us", 0, 1e9, &alpha, path, err, len) ||
         !num_field(e, "bw_gbs", 1e-9, 1e9, &bw, path, err, len))
       return false;
-    /* optional (profiles before they were measured): half an all-reduce then */
-    if ((json_object_get(e, "reduce_scatter_gbs") &&
-         !num_field(e, "reduce_scatter_gbs", 1e-9, 1e9, &rs, path, err, len)) ||
-        (json_object_get(e, "allgather_gbs") &&
-         !num_field(e, "allgather_gbs", 1e-9, 1e9, &ag, path, err, len)))
+    /* optional (profiles before it was measured): half an all-reduce then */
+    if (json_object_get(e, "allgather_gbs") &&
+        !num_field(e, "allgather_gbs", 1e-9, 1e9, &ag, path, err, len))
       return false;
-    hw->coll[hw->n_coll++] = (wf_hw_coll){(int)size, alpha * 1e-6, bw * 1e9, rs * 1e9, ag * 1e9};
+    hw->coll[hw->n_coll++] = (wf_hw_coll){(int)size, alpha * 1e-6, bw * 1e9, ag * 1e9};
   }
   return true;
 }

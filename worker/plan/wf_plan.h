@@ -39,13 +39,12 @@ typedef struct wf_hw_gemm {
 } wf_hw_gemm;
 
 /* Collectives over a group of `size` ranks, measured: seconds = alpha + bytes / bw for
- * an all-reduce of `bytes`, alpha + bytes / rs_bw for a reduce-scatter of a vector of
- * `bytes` (each rank keeps bytes / size), alpha + bytes / ag_bw for an all-gather into
- * one. rs_bw, ag_bw 0: not measured (half an all-reduce each). */
+ * an all-reduce of `bytes`, alpha + bytes / ag_bw for an all-gather into a vector of
+ * `bytes` (each rank's piece bytes / size). ag_bw 0: not measured (half an all-reduce). */
 typedef struct wf_hw_coll {
   int size;
   double alpha_s, bw; /* seconds, bytes per second */
-  double rs_bw, ag_bw;
+  double ag_bw;
 } wf_hw_coll;
 
 typedef struct wf_hw {
@@ -90,10 +89,9 @@ double wf_hw_attention_s(const wf_hw *hw, double heads, double T, double hs, int
                          wf_precision p);
 /* All-reduce seconds of `bytes` over `size` ranks; intra: within a node. */
 double wf_hw_allreduce_s(const wf_hw *hw, double bytes, int size, bool intra);
-/* Reduce-scatter and all-gather seconds of a vector of `bytes` over `size` ranks (each
- * rank's piece bytes / size): measured ones where the profile has them, else half an
- * all-reduce of the vector (a ring's half). */
-double wf_hw_reduce_scatter_s(const wf_hw *hw, double bytes, int size, bool intra);
+/* All-gather seconds into a vector of `bytes` over `size` ranks (each rank's piece bytes
+ * / size): measured where the profile has it, else half an all-reduce of the vector (a
+ * ring's half). ZeRO's parameter gathers are these (one broadcast per owner, in place). */
 double wf_hw_allgather_s(const wf_hw *hw, double bytes, int size, bool intra);
 
 /* ---- one plan ---------------------------------------------------------------------- */
