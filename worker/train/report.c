@@ -314,7 +314,7 @@ static void add_time(json_t *o)
   json_object_set_new(o, "timestamp", json_string(iso));
 }
 
-static void write_metrics(wf__trainer *tr, const wf_train_step_info *in)
+static void write_metrics(wf__trainer *tr, const wf_train_step_info *in, double eval_ms)
 {
   json_t *o = json_object();
   if (!o)
@@ -339,8 +339,10 @@ static void write_metrics(wf__trainer *tr, const wf_train_step_info *in)
   json_object_set_new(o, "grad_bytes", json_integer(in->grad_bytes));
   json_object_set_new(o, "optim_bytes", json_integer(in->optim_bytes));
   json_object_set_new(o, "act_bytes", json_integer(in->act_bytes));
-  if (!isnan(in->val_loss))
+  if (!isnan(in->val_loss)) {
     json_object_set_new(o, "val_loss", real_or_null(in->val_loss));
+    json_object_set_new(o, "eval_ms", real_or_null(eval_ms)); /* not in step_ms */
+  }
   if (tr->tp > 1 || tr->pp > 1)
     add_parallel_metrics(o, in);
   if (tr->fp16) {
@@ -389,7 +391,7 @@ void wf__report_step(wf__trainer *tr, const wf_train_step_info *in, double eta, 
       draw_bar(tr, in, eta);
   }
   if (tr->metrics)
-    write_metrics(tr, in);
+    write_metrics(tr, in, eval_ms);
 }
 
 static bool metrics_line_past(const char *line, int step)

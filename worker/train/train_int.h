@@ -50,6 +50,8 @@ typedef struct wf__trainer {
   const char *peak_source; /* how it was obtained, for the banner */
   double flops;            /* per step, for the whole global batch */
   double t0;               /* start of the loop */
+  double last_end;         /* when the previous step's work ended; 0 = no previous step */
+  double aside_s;          /* since then: evaluation, samples, checkpoints (not the step's) */
   wf_ckpt_target ck;       /* what checkpoints save and restore */
   bool fp16;               /* precision=fp16: loss scaling on */
   int start;               /* steps done before this run (a resumed checkpoint's step) */
