@@ -193,7 +193,7 @@ def profile_case(worker):
             fail(f"profile shapes {sorted(shapes)}")
         coll = [c for c in hw["allreduce"] if c["size"] == 2]
         if len(coll) != 1 or coll[0]["bw_gbs"] <= 0 or coll[0]["alpha_us"] < 0 or \
-                coll[0].get("allgather_gbs", 0) <= 0:
+                coll[0].get("allgather_gbs", 0) <= 0 or coll[0].get("dp_allreduce_gbs", 0) <= 0:
             fail(f"collective fits {hw['allreduce']}")
         run([worker, "--plan", "--hw", path, "dist.world_size=2"] + MODEL)
         zero1_rates(worker, hw, tmp)
@@ -206,12 +206,14 @@ def profile_case(worker):
 
 
 def zero1_rates(worker, hw, tmp):
-    """ZeRO-1's dp time is an all-reduce of the gradients (in place, as plain dp's) and
-    an all-gather of the parameters at the profile's all-gather rate: at 1 MB/s each it
-    is 2 x n x 4 bytes / 1e6 s for n parameters; without an all-gather rate (older
-    profiles) the all-gather is half an all-reduce: 1.5 x. Within 1%: the latency terms
-    (alpha_us per bucket, under a millisecond here) against ~1.8 s of bytes."""
-    slow = dict(hw, allreduce=[dict(c, bw_gbs=1e-3, allgather_gbs=1e-3)
+    """ZeRO-1's dp time is an all-reduce of the gradients (in place, as plain dp's, at the
+    gradient path's rate) and an all-gather of the parameters at the profile's all-gather
+    rate: at 1 MB/s each it is 2 x n x 4 bytes / 1e6 s for n parameters, whatever the
+    blocking all-reduce's rate (tp's); without those two rates (older profiles) the
+    gradients take the blocking rate and the all-gather is half an all-reduce: 1.5 x.
+    Within 1%: the latency terms (alpha_us per bucket, under a millisecond here) against
+    ~1.8 s of bytes."""
+    slow = dict(hw, allreduce=[dict(c, bw_gbs=1e3, allgather_gbs=1e-3, dp_allreduce_gbs=1e-3)
                                for c in hw["allreduce"]])
     old = dict(hw, allreduce=[{k: c[k] for k in ("size", "alpha_us")} | {"bw_gbs": 1e-3}
                               for c in hw["allreduce"]])

@@ -1,8 +1,9 @@
 /*
  * measure.c - this machine's profile (worker --profile-hw, and the planner's default):
  * GEMMs at the model's shapes through the device's kernel table, the attention kernel,
- * memory bandwidth, and under mpirun the collectives (all-reduce, all-gather) over
- * groups of 2, 4, ... ranks at the job's message size.
+ * memory bandwidth, and under mpirun the collectives (all-reduce, blocking and as the
+ * gradient path issues it, and all-gather) over groups of 2, 4, ... ranks at the job's
+ * message size.
  *
  * The GEMMs run on rank 0 alone (the others wait), at one thread and at every core:
  * the time model gives a rank cores / ranks threads, or one thread and a share of a
@@ -256,9 +257,9 @@ static void work(const wf_ktable *k, float *buf, size_t n)
 #define BIG_ITERS  20    /* of the job's message: ~1-10 ms each here */
 #define BUSY_N     65536 /* floats a work step adds: ~50 us alone */
 #define BUSY_TRIES 3     /* the median of */
-#define MAX_OPS    3     /* collectives measured per group */
+#define MAX_OPS    4     /* collectives measured per group */
 
-typedef enum { OP_NONE, OP_ALLREDUCE, OP_ALLGATHER } coll_op;
+typedef enum { OP_NONE, OP_ALLREDUCE, OP_DP_ALLREDUCE, OP_ALLGATHER } coll_op;
 
 /* The scratch: the message (big floats), a second one (the all-gather's other side),
  * then a work step's 3 BUSY_N floats. */
@@ -269,19 +270,26 @@ typedef struct coll_buf {
 } coll_buf;
 
 /* One collective over c of a vector of n floats (a piece of n / size each for the
- * all-gather), blocking. grads.c and zero.c issue the gradient reductions non-blocking,
- * but timed that way alone here (Open MPI's non-blocking component, which progresses only
- * inside MPI calls) an all-reduce of 8 ranks' 1.6 MB read 0.16-0.18 GB/s against
- * 0.25-0.37 blocking, and only the blocking rates ordered the job's measured reductions
- * as they ran (plain dp's exposed 2.75 ms below a reduce-scatter's 4.36, medians of 6
- * runs, when ZeRO-1 still reduce-scattered). */
+ * all-gather), as the job issues it: tp's all-reduces and the parameters' gathers
+ * blocking; the gradient buckets' reduction as grads.c and zero.c run it, non-blocking
+ * and, the CPU having nothing to overlap it with (Open MPI moves it only inside MPI
+ * calls), waited for. That costs more than a blocking all-reduce: Open MPI's non-blocking
+ * component takes other algorithms, and each call maps its temporary buffer afresh
+ * (worker/main.c's malloc threshold): 8 ranks on 2 cores reducing 1.7 MB after a step's
+ * GEMMs took 5-9 ms non-blocking against 4.1 ms blocking, and the blocking rate left
+ * the planner's 8-rank steps 20% short of the measured ones. */
 static wf_status run_op(wf_comm *c, const coll_buf *b, coll_op op, size_t n)
 {
   size_t piece = WF_MAX(n / (size_t)wf_comm_size(c), 1);
   float *x = b->buf, *y = b->buf + b->big;
+  wf_req *r = NULL;
   switch (op) {
   case OP_NONE: return WF_OK;
   case OP_ALLREDUCE: return wf_comm_allreduce(c, x, x, n, WF_COMM_F32, WF_COMM_SUM);
+  case OP_DP_ALLREDUCE: {
+    wf_status st = wf_comm_iallreduce(c, x, x, n, WF_COMM_F32, WF_COMM_AVG, &r);
+    return st == WF_OK ? wf_req_wait(&r) : st;
+  }
   case OP_ALLGATHER: return wf_comm_allgather(c, x, y, piece, WF_COMM_F32);
   }
   return WF_EINVAL;
@@ -346,31 +354,31 @@ static double rate(size_t n, double t, double alpha)
  * them: what a one-float all-reduce adds to a loop of work steps is alpha (ranks that
  * share cores wait for their partners to be scheduled, which a synchronised ping would
  * not see); what an all-reduce and an all-gather of the job's message (b->big floats,
- * msg_floats) add beyond that gives each one's bandwidth (dp and ZeRO all-reduce
- * gradients, ZeRO all-gathers parameters; on shared memory an all-gather is not half an
- * all-reduce). The groups meet on a world barrier as often as a job's do: its
- * loss average and dp reduction span every rank once a step, between them a tp group
- * runs 4 small all-reduces per layer (b->sync, two forward and two backward), and the
- * dp reduction's large ones follow a whole step's work. Groups never brought together
- * fall out of phase with each other and measure the scheduler's time slices instead
- * (0.3-5 ms per all-reduce, from one profile to the next, for groups of 2 and 4 among 8
- * ranks on 2 cores); groups brought together at every one miss the partner's wait a
- * tp group sees (they read 0-0.2 ms, where dp 4 x tp 2 plans of 8 layers at 8 ranks
- * spend ~0.2 ms per tp all-reduce, from their step times). Rank 0's group answers. */
+ * msg_floats) add beyond that gives each one's bandwidth (tp and HSDP's replicas
+ * all-reduce blocking, dp and ZeRO reduce gradient buckets non-blocking: run_op, ZeRO
+ * all-gathers parameters; on shared memory an all-gather is not half an all-reduce). The groups
+ * meet on a world barrier as often as a job's do: its loss average and dp reduction span every rank
+ * once a step, between them a tp group runs 4 small all-reduces per layer (b->sync, two forward and
+ * two backward), and the dp reduction's large ones follow a whole step's work. Groups never brought
+ * together fall out of phase with each other and measure the scheduler's time slices instead (0.3-5
+ * ms per all-reduce, from one profile to the next, for groups of 2 and 4 among 8 ranks on 2 cores);
+ * groups brought together at every one miss the partner's wait a tp group sees (they read 0-0.2 ms,
+ * where dp 4 x tp 2 plans of 8 layers at 8 ranks spend ~0.2 ms per tp all-reduce, from their step
+ * times). Rank 0's group answers. */
 static wf_status measure_group(wf_comm *world, int g, const coll_buf *b, wf_hw_coll *out)
 {
   wf_status st = WF_OK;
   wf_comm *c = NULL;
   int rank = wf_comm_rank(world);
   size_t n = b->big / (size_t)g * (size_t)g; /* whole pieces */
-  const coll_op ops[MAX_OPS] = {OP_ALLREDUCE, OP_ALLREDUCE, OP_ALLGATHER};
-  const size_t sizes[MAX_OPS] = {1, n, n};
-  const int iters[MAX_OPS] = {BUSY_ITERS, BIG_ITERS, BIG_ITERS};
-  const int sync[MAX_OPS] = {WF_MIN(b->sync, BUSY_ITERS), 1, 1};
-  double t[MAX_OPS]; /* alpha, then the vector's all-reduce and all-gather */
+  const coll_op ops[MAX_OPS] = {OP_ALLREDUCE, OP_ALLREDUCE, OP_ALLGATHER, OP_DP_ALLREDUCE};
+  const size_t sizes[MAX_OPS] = {1, n, n, n};
+  const int iters[MAX_OPS] = {BUSY_ITERS, BIG_ITERS, BIG_ITERS, BIG_ITERS};
+  const int sync[MAX_OPS] = {WF_MIN(b->sync, BUSY_ITERS), 1, 1, 1};
+  double t[MAX_OPS]; /* alpha, then the vector's all-reduce, all-gather, dp all-reduce */
   WF_TRY(wf_comm_split(world, rank / g, rank, "profile", &c));
   WF_TRY(added(world, c, b, ops, sizes, iters, sync, MAX_OPS, t));
-  *out = (wf_hw_coll){g, t[0], rate(n, t[1], t[0]), rate(n, t[2], t[0])};
+  *out = (wf_hw_coll){g, t[0], rate(n, t[1], t[0]), rate(n, t[2], t[0]), rate(n, t[3], t[0])};
 fail:
   wf_comm_destroy(c);
   if (st == WF_OK)
@@ -489,9 +497,9 @@ int wf_plan_profile_hw(const wf_config *cfg, wf_comm *world, const char *path, F
           hw.busy_cores, hw.cores, W);
   for (int i = 0; i < hw.n_coll; i++)
     fprintf(out,
-            "  over %d ranks: alpha %.1f us; all-reduce %.2f, all-gather %.2f GB/s of the "
-            "vector\n",
+            "  over %d ranks: alpha %.1f us; all-reduce %.2f (the gradient path's %.2f), "
+            "all-gather %.2f GB/s of the vector\n",
             hw.coll[i].size, hw.coll[i].alpha_s * 1e6, hw.coll[i].bw * 1e-9,
-            hw.coll[i].ag_bw * 1e-9);
+            hw.coll[i].dp_bw * 1e-9, hw.coll[i].ag_bw * 1e-9);
   return 0;
 }

@@ -215,7 +215,7 @@ static void dp_time(const ctx *c, double n, int nb, double F, double B, wf_plan_
     return;
   /* the shard group is f consecutive dp ranks: inside a node when tp x pp x f fit */
   bool intra = c->dp_intra || m->tp * m->pp * f <= WF_MAX(1, hw->gpus_per_node);
-  double ar = wf_hw_allreduce_s(hw, n * 4, f, intra);
+  double ar = wf_hw_dp_allreduce_s(hw, n * 4, f, intra);
   double ag = wf_hw_allgather_s(hw, n * 4, f, intra);
   double lat = (nb - 1) * wf_hw_allreduce_s(hw, 0, f, intra);
   double red = ar + lat, gathers = 0, after = 0, hide = hw->overlap * B;

@@ -39,12 +39,14 @@ typedef struct wf_hw_gemm {
 } wf_hw_gemm;
 
 /* Collectives over a group of `size` ranks, measured: seconds = alpha + bytes / bw for
- * an all-reduce of `bytes`, alpha + bytes / ag_bw for an all-gather into a vector of
- * `bytes` (each rank's piece bytes / size). ag_bw 0: not measured (half an all-reduce). */
+ * a (blocking) all-reduce of `bytes`, alpha + bytes / ag_bw for an all-gather into a
+ * vector of `bytes` (each rank's piece bytes / size), alpha + bytes / dp_bw for the
+ * gradient path's non-blocking all-reduce waited for. ag_bw 0: not measured (half an
+ * all-reduce); dp_bw 0: not measured (bw). */
 typedef struct wf_hw_coll {
   int size;
   double alpha_s, bw; /* seconds, bytes per second */
-  double ag_bw;
+  double ag_bw, dp_bw;
 } wf_hw_coll;
 
 typedef struct wf_hw {
@@ -93,6 +95,10 @@ double wf_hw_allreduce_s(const wf_hw *hw, double bytes, int size, bool intra);
  * / size): measured where the profile has it, else half an all-reduce of the vector (a
  * ring's half). ZeRO's parameter gathers are these (one broadcast per owner, in place). */
 double wf_hw_allgather_s(const wf_hw *hw, double bytes, int size, bool intra);
+/* The dp gradient reduction's seconds: an all-reduce of `bytes` as grads.c and zero.c
+ * issue it (non-blocking, then waited for), where the profile measured that; else
+ * wf_hw_allreduce_s. */
+double wf_hw_dp_allreduce_s(const wf_hw *hw, double bytes, int size, bool intra);
 
 /* ---- one plan ---------------------------------------------------------------------- */
 
