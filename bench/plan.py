@@ -12,11 +12,12 @@ error, Spearman's rank correlation, and whether the planner's first choice is wi
 of the fastest measured. A benchmark, not a test: the machine's load moves every number.
 
 Measured is the fastest step (other load on a shared machine only ever adds time, and
-the profile's GEMMs are best-of timings too) and, beside it, the median step: where ranks
-outnumber cores (8 ranks on 2 here) the steps of one run spread by +-30% from the
-scheduler alone, the fastest is a lucky one, and the run's tokens/s follows the median;
-the goals are given for both. --repeat R runs every plan R times, in rounds, pools their
-steps and shows how far one plan's runs land apart.
+the profile's GEMMs are best-of timings too) and, beside it, the median step (a step is
+the trainer's step_ms: the whole cycle from one step's end to the next); the goals are
+given for both. Ranks are bound to cores (mpirun below). --repeat R runs every plan R
+times, in rounds, pools their steps, shows how far one plan's runs land apart, and ranks
+round 1's medians against round 2's: the measurement's own repeatability, which bounds
+the rank correlation any prediction can show.
 """
 import json
 import os
@@ -102,6 +103,9 @@ def bench(worker, name, steps, top, repeat, tmp):
         for p, rs in zip(plans, runs):
             meds = sorted(statistics.median(r) for r in rs)
             print(f"  {' '.join(f'{m:6.1f}' for m in meds)}  {p['plan']}")
+        # the measurement's own repeatability: rounds 1 and 2 ranked against each other
+        r1, r2 = ([statistics.median(rs[k]) for rs in runs] for k in (0, 1))
+        print(f"round 1 against round 2 (median steps): Spearman {spearman(r1, r2):.2f}")
     print(f"\n{name}: {np} ranks, top {len(rows)} plans of {len(out['plans'])} "
           f"(hardware profile measured here, {os.path.basename(prof)})")
     print(f"{'#':>2} {'predicted_ms':>12} {'fastest_ms':>10} {'error':>7} {'median_ms':>9} "
