@@ -270,11 +270,12 @@ typedef struct coll_buf {
 } coll_buf;
 
 /* One collective over c of a vector of n floats (a piece of n / size each for the
- * all-gather), as the job issues it: tp's all-reduces and the parameters' gathers
- * blocking; the gradient buckets' reduction as grads.c and zero.c run it, non-blocking
- * and, the CPU having nothing to overlap it with (Open MPI moves it only inside MPI
- * calls), waited for. That costs more than a blocking all-reduce: Open MPI's non-blocking
- * component takes other algorithms, and each call maps its temporary buffer afresh
+ * all-gather): tp's and HSDP's replica all-reduces blocking, as the job issues them;
+ * ZeRO's parameter gathers as one blocking all-gather (the job broadcasts each owner's
+ * piece in place: the same bytes); the gradient buckets' reduction as grads.c and zero.c
+ * run it, non-blocking and, the CPU having nothing to overlap it with (Open MPI moves it
+ * only inside MPI calls), waited for. That costs more than a blocking all-reduce: Open MPI's
+ * non-blocking component takes other algorithms, and each call maps its temporary buffer afresh
  * (worker/main.c's malloc threshold): 8 ranks on 2 cores reducing 1.7 MB after a step's
  * GEMMs took 5-9 ms non-blocking against 4.1 ms blocking, and the blocking rate left
  * the planner's 8-rank steps 20% short of the measured ones. */
@@ -353,18 +354,18 @@ static double rate(size_t n, double t, double alpha)
 /* Collectives over groups of g ranks, every group at once (as in a mesh), as a job sees
  * them: what a one-float all-reduce adds to a loop of work steps is alpha (ranks that
  * share cores wait for their partners to be scheduled, which a synchronised ping would
- * not see); what an all-reduce and an all-gather of the job's message (b->big floats,
- * msg_floats) add beyond that gives each one's bandwidth (tp and HSDP's replicas
- * all-reduce blocking, dp and ZeRO reduce gradient buckets non-blocking: run_op, ZeRO
- * all-gathers parameters; on shared memory an all-gather is not half an all-reduce). The groups
- * meet on a world barrier as often as a job's do: its loss average and dp reduction span every rank
- * once a step, between them a tp group runs 4 small all-reduces per layer (b->sync, two forward and
- * two backward), and the dp reduction's large ones follow a whole step's work. Groups never brought
- * together fall out of phase with each other and measure the scheduler's time slices instead (0.3-5
- * ms per all-reduce, from one profile to the next, for groups of 2 and 4 among 8 ranks on 2 cores);
- * groups brought together at every one miss the partner's wait a tp group sees (they read 0-0.2 ms,
- * where dp 4 x tp 2 plans of 8 layers at 8 ranks spend ~0.2 ms per tp all-reduce, from their step
- * times). Rank 0's group answers. */
+ * not see); what an all-reduce, an all-gather and the gradient path's all-reduce of the
+ * job's message (b->big floats, msg_floats) add beyond that gives each one's bandwidth
+ * (run_op says which the job uses where; on shared memory an all-gather is not half an
+ * all-reduce). The groups meet on a world barrier as often as a job's do: its loss
+ * average and dp reduction span every rank once a step, between them a tp group runs 4
+ * small all-reduces per layer (b->sync, two forward and two backward), and the dp
+ * reduction's large ones follow a whole step's work. Groups never brought together fall
+ * out of phase with each other and measure the scheduler's time slices instead (0.3-5 ms
+ * per all-reduce, from one profile to the next, for groups of 2 and 4 among 8 ranks on 2
+ * cores); groups brought together at every one miss the partner's wait a tp group sees
+ * (they read 0-0.2 ms, where dp 4 x tp 2 plans of 8 layers at 8 ranks spend ~0.2 ms per
+ * tp all-reduce, from their step times). Rank 0's group answers. */
 static wf_status measure_group(wf_comm *world, int g, const coll_buf *b, wf_hw_coll *out)
 {
   wf_status st = WF_OK;
