@@ -1,6 +1,11 @@
 /*
- * tokenizer_load.c - wf_tokenizer_load: a Hugging Face tokenizer.json, or GPT-2's
- * vocab.json with merges.txt, read into tokenizer.c's tables.
+ * tokenizer_gpt2.c - the GPT-2 kind (io_int.h's wf__tok_kind): a Hugging Face
+ * tokenizer.json, or GPT-2's vocab.json with merges.txt, read into tokenizer.c's tables.
+ *
+ * Its files write each token in GPT-2's byte alphabet (bytes_to_unicode() of encoder.py:
+ * every byte a visible character); tokens and merges are turned back into raw bytes here,
+ * which is what the core's tables hold. A merge's rank is its line (or array) position.
+ * The pre-tokenizer is GPT-2's pattern; <|endoftext|> both starts and ends a document.
  *
  * Only GPT-2's byte-level BPE is accepted: a model, pre-tokenizer or normalizer that
  * would make the tables encode text differently from GPT-2 (another model type,
@@ -17,6 +22,89 @@
 
 #include "io_int.h"
 
+#define EOT_TEXT "<|endoftext|>"
+
+/* ---- GPT-2's byte alphabet ------------------------------------------------------------ */
+
+/* The byte that code point cp stands for in bytes_to_unicode() of encoder.py, or -1:
+ * printable Latin-1 bytes stand for themselves; the other 68 (0x00-0x20, 0x7F-0xA0,
+ * 0xAD), in byte order, are U+0100 .. U+0143. */
+static int byte_of(uint32_t cp)
+{
+  if ((cp >= '!' && cp <= '~') || (cp >= 0xA1 && cp <= 0xAC) || (cp >= 0xAE && cp <= 0xFF))
+    return (int)cp;
+  uint32_t k = cp - 256;
+  return cp < 256 || k >= 68 ? -1 : k < 33 ? (int)k : k < 67 ? (int)(0x7F + k - 33) : 0xAD;
+}
+
+/* The raw bytes of token s[0 .. len) written in the alphabet, into out (len bytes at
+ * most: every character is one byte); its length, or -1 when s is not in the alphabet. */
+static long from_alphabet(unsigned char *out, const char *s, size_t len)
+{
+  size_t i = 0, n = 0;
+  const unsigned char *u = (const unsigned char *)s;
+  while (i < len) {
+    size_t k = wf_utf8_char_len(u + i, len - i);
+    int b = k == 1   ? byte_of(u[i])
+            : k == 2 ? byte_of((uint32_t)(u[i] & 0x1F) << 6 | (u[i + 1] & 0x3F))
+                     : -1;
+    if (b < 0)
+      return -1;
+    out[n++] = (unsigned char)b;
+    i += k;
+  }
+  return (long)n;
+}
+
+/* A vocabulary entry written in the alphabet, as raw bytes. */
+static wf_status add_alphabet_token(wf_tokenizer *t, const char *s, int32_t id, const char *path,
+                                    char *err, size_t err_len)
+{
+  size_t len = strlen(s);
+  unsigned char stack[256], *buf = len <= sizeof stack ? stack : malloc(len);
+  if (!buf)
+    return WF_ENOMEM;
+  long n = from_alphabet(buf, s, len);
+  wf_status st =
+      n > 0 ? wf__tok_vocab_add(t, buf, (size_t)n, id, NULL, path, err, err_len)
+            : wf__io_failf(err, err_len, WF_EFORMAT,
+                           "tokenizer '%s': token '%.64s' (id %d) is not written in GPT-2's byte "
+                           "alphabet; only byte-level BPE vocabularies are supported",
+                           path, s, id);
+  if (buf != stack)
+    free(buf);
+  return st;
+}
+
+/* Merge `rank` of a and b (alphabet strings): their ids and the id of a + b. */
+static wf_status merge_add(wf_tokenizer *t, const char *a, size_t la, const char *b, size_t lb,
+                           const char *path, size_t line, char *err, size_t err_len)
+{
+  unsigned char buf[1024];
+  long na = la + lb <= sizeof buf ? from_alphabet(buf, a, la) : -1;
+  long nb = na >= 0 ? from_alphabet(buf + na, b, lb) : -1;
+  if (la + lb > sizeof buf)
+    return wf__io_failf(err, err_len, WF_EFORMAT,
+                        "tokenizer '%s': merge %zu is longer than %zu bytes", path, line,
+                        sizeof buf);
+  int32_t ia = na > 0 ? wf__tok_vocab_find(t, buf, (size_t)na) : -1;
+  int32_t ib = nb > 0 ? wf__tok_vocab_find(t, buf + na, (size_t)nb) : -1;
+  int32_t im = ia >= 0 && ib >= 0 ? wf__tok_vocab_find(t, buf, (size_t)(na + nb)) : -1;
+  /* the missing one: a, else b, else a + b */
+  int show_a = ia < 0 || ib >= 0 ? (int)WF_MIN(la, 64) : 0,
+      show_b = ia >= 0 ? (int)WF_MIN(lb, 64) : 0;
+  if (ia < 0 || ib < 0 || im < 0)
+    return wf__io_failf(err, err_len, WF_EFORMAT,
+                        "tokenizer '%s': merge %zu ('%.*s' '%.*s') names a token that is not in "
+                        "the vocabulary ('%.*s%.*s')",
+                        path, line, (int)WF_MIN(la, 64), a, (int)WF_MIN(lb, 64), b, show_a, a,
+                        show_b, b);
+  return wf__tok_pair_add(t, ia, ib, (int32_t)line, im) == WF_OK
+             ? WF_OK
+             : wf__io_failf(err, err_len, WF_EFORMAT, "tokenizer '%s': more merges than announced",
+                            path);
+}
+
 static wf_status load_vocab_object(wf_tokenizer *t, json_t *vocab, size_t n_merges,
                                    const char *path, char *err, size_t err_len)
 {
@@ -30,8 +118,7 @@ static wf_status load_vocab_object(wf_tokenizer *t, json_t *vocab, size_t n_merg
     if (!json_is_integer(val))
       return wf__io_failf(err, err_len, WF_EFORMAT,
                           "tokenizer '%s': vocabulary entry '%s' is not an integer id", path, key);
-    st = wf__tok_vocab_add(t, key, strlen(key), (int32_t)json_integer_value(val), path, err,
-                           err_len);
+    st = add_alphabet_token(t, key, (int32_t)json_integer_value(val), path, err, err_len);
   }
   return st;
 }
@@ -52,13 +139,12 @@ static wf_status load_merges_json(wf_tokenizer *t, json_t *merges, const char *p
             err, err_len, WF_EFORMAT,
             "tokenizer '%s': merge %zu ('%s') is not two tokens separated by one space", path,
             i + 1, s);
-      st = wf__tok_merge_add(t, s, (size_t)(sp - s), sp + 1, strlen(sp + 1), path, i + 1, err,
-                             err_len);
+      st = merge_add(t, s, (size_t)(sp - s), sp + 1, strlen(sp + 1), path, i + 1, err, err_len);
     } else if (json_is_array(m) && json_array_size(m) == 2 &&
                json_is_string(json_array_get(m, 0)) && json_is_string(json_array_get(m, 1))) {
       const char *a = json_string_value(json_array_get(m, 0));
       const char *b = json_string_value(json_array_get(m, 1));
-      st = wf__tok_merge_add(t, a, strlen(a), b, strlen(b), path, i + 1, err, err_len);
+      st = merge_add(t, a, strlen(a), b, strlen(b), path, i + 1, err, err_len);
     } else {
       return wf__io_failf(err, err_len, WF_EFORMAT,
                           "tokenizer '%s': merge %zu is neither \"a b\" nor [\"a\", \"b\"]", path,
@@ -138,9 +224,9 @@ static wf_status load_added_tokens(wf_tokenizer *t, json_t *added, const char *p
                           "tokenizer '%s': added_tokens[%zu] needs an integer \"id\" and a string "
                           "\"content\"",
                           path, i);
-    const char *s = json_string_value(content);
-    wf_status st =
-        wf__tok_vocab_add(t, s, strlen(s), (int32_t)json_integer_value(id), path, err, err_len);
+    const char *s = json_string_value(content); /* raw text, not the byte alphabet */
+    wf_status st = wf__tok_vocab_add(t, s, strlen(s), (int32_t)json_integer_value(id), NULL, path,
+                                     err, err_len);
     if (st == WF_OK)
       st = wf__tok_special_add(t, s, strlen(s), (int32_t)json_integer_value(id));
     if (st != WF_OK)
@@ -167,7 +253,7 @@ static wf_status load_hf(wf_tokenizer *t, json_t *root, const char *path, char *
     st = load_added_tokens(t, added, path, err, err_len);
   if (st == WF_OK)
     st = load_merges_json(t, merges, path, err, err_len);
-  t->ignore_merges = json_is_true(json_object_get(model, "ignore_merges"));
+  t->whole_first = json_is_true(json_object_get(model, "ignore_merges"));
   return st;
 }
 
@@ -194,8 +280,8 @@ static wf_status load_merges_txt(wf_tokenizer *t, const char *path, char *err, s
           "tokenizer '%s': line %zu ('%.64s') is not two tokens separated by one space", path,
           lineno, line);
     else
-      st = wf__tok_merge_add(t, line, (size_t)(sp - line), sp + 1, strlen(sp + 1), path, lineno,
-                             err, err_len);
+      st = merge_add(t, line, (size_t)(sp - line), sp + 1, strlen(sp + 1), path, lineno, err,
+                     err_len);
   }
   fclose(f);
   return st;
@@ -226,59 +312,31 @@ static wf_status load_gpt2(wf_tokenizer *t, json_t *vocab, const char *vocab_pat
         "tokenizer '%s' is a vocab.json, but there is no merges.txt beside it ('%s')", vocab_path,
         merges);
   wf_status st = load_vocab_object(t, vocab, count_lines(merges), vocab_path, err, err_len);
-  int32_t eot =
-      st == WF_OK ? wf__tok_vocab_find(t, WF__TOK_EOT_TEXT, strlen(WF__TOK_EOT_TEXT)) : -1;
+  int32_t eot = st == WF_OK ? wf__tok_vocab_find(t, EOT_TEXT, strlen(EOT_TEXT)) : -1;
   if (eot >= 0)
-    st = wf__tok_special_add(t, WF__TOK_EOT_TEXT, strlen(WF__TOK_EOT_TEXT), eot);
+    st = wf__tok_special_add(t, EOT_TEXT, strlen(EOT_TEXT), eot);
   return st == WF_OK ? load_merges_txt(t, merges, err, err_len) : st;
 }
 
-/* A folder holds tokenizer.json, or vocab.json with merges.txt. */
-static wf_status resolve_path(const char *path, char *out, size_t len, char *err, size_t err_len)
+/* GPT-2's files are JSON: the first byte that is not white space opens an object. */
+static bool claims(const char *path, const unsigned char *head, size_t n)
 {
-  struct stat sb;
-  if (stat(path, &sb) != 0)
-    return wf__io_failf(err, err_len, WF_EIO, "data.tokenizer: cannot open '%s': %s", path,
-                        strerror(errno));
-  if (S_ISREG(sb.st_mode)) {
-    snprintf(out, len, "%s", path);
-    return WF_OK;
-  }
-  if (!S_ISDIR(sb.st_mode))
-    return wf__io_failf(err, err_len, WF_EIO,
-                        "data.tokenizer: '%s' is not a regular file (a FIFO or a device); name "
-                        "tokenizer.json, vocab.json or the folder holding them",
-                        path);
-  static const char *const names[] = {"tokenizer.json", "vocab.json"};
-  for (size_t i = 0; i < WF_ARRAY_LEN(names); i++) {
-    snprintf(out, len, "%s/%s", path, names[i]);
-    if (stat(out, &sb) == 0 && S_ISREG(sb.st_mode))
-      return WF_OK;
-  }
-  return wf__io_failf(err, err_len, WF_EIO,
-                      "data.tokenizer: the folder '%s' holds neither tokenizer.json nor vocab.json",
-                      path);
+  (void)path;
+  size_t i = 0;
+  while (i < n && (head[i] == ' ' || head[i] == '\t' || head[i] == '\n' || head[i] == '\r'))
+    i++;
+  return i < n && head[i] == '{';
 }
 
-wf_status wf_tokenizer_load(wf_tokenizer **out, const char *path, char *err, size_t err_len)
+static wf_status load(wf_tokenizer *t, const char *file, char *err, size_t err_len)
 {
-  *out = NULL;
-  char file[WF_PATH_MAX + 32];
-  wf_status st = resolve_path(path, file, sizeof file, err, err_len);
-  if (st != WF_OK)
-    return st;
   json_error_t jerr;
   json_t *root = json_load_file(file, JSON_REJECT_DUPLICATES, &jerr);
   if (!root)
     return wf__io_failf(err, err_len, WF_EFORMAT,
                         "tokenizer '%s' is not valid JSON: line %d column %d: %s", file, jerr.line,
                         jerr.column, jerr.text);
-  wf_tokenizer *t = calloc(1, sizeof *t);
-  if (!t) {
-    json_decref(root);
-    return WF_ENOMEM;
-  }
-  t->eot = -1;
+  wf_status st;
   if (!json_is_object(root))
     st =
         wf__io_failf(err, err_len, WF_EFORMAT,
@@ -288,16 +346,15 @@ wf_status wf_tokenizer_load(wf_tokenizer **out, const char *path, char *err, siz
   else
     st = load_gpt2(t, root, file, err, err_len);
   json_decref(root);
-  if (st == WF_OK)
-    st = wf__tok_finish(t, file, err, err_len);
-  if (st == WF_ENOMEM)
-    wf__io_failf(err, err_len, st, "tokenizer '%s': out of memory", file);
-  if (st != WF_OK) {
-    wf_tokenizer_destroy(t);
-    return st;
-  }
-  snprintf(t->desc, sizeof t->desc, "GPT-2 BPE '%s': %d tokens, %zu merges", file, t->n_ids,
-           t->n_merges);
-  *out = t;
-  return WF_OK;
+  t->pattern = wf__tok_gpt2_pattern;
+  t->bos = t->eot = wf_tokenizer_special(t, EOT_TEXT); /* llm.c's document separator */
+  return st;
 }
+
+const wf__tok_kind wf__tok_gpt2 = {
+    .version = WF__TOK_KIND_VERSION,
+    .name = "GPT-2 BPE",
+    .files = "tokenizer.json, or vocab.json with merges.txt",
+    .claims = claims,
+    .load = load,
+};
