@@ -67,6 +67,19 @@ static unsigned char *read_file(const char *path, size_t *len)
   return buf;
 }
 
+/* Append one id (a wf_tokens the test fills itself). */
+static wf_status tokens_push(wf_tokens *o, int32_t id)
+{
+  if (o->n == o->cap) {
+    o->cap = o->cap ? 2 * o->cap : 1024;
+    o->ids = realloc(o->ids, o->cap * sizeof *o->ids);
+    if (!o->ids)
+      return WF_ENOMEM;
+  }
+  o->ids[o->n++] = id;
+  return WF_OK;
+}
+
 static uint32_t take_u32(const unsigned char **p)
 {
   uint32_t v;
@@ -342,6 +355,79 @@ static void test_long_pretokens(void **state)
   wf_tokenizer_destroy(t);
 }
 
+/* ---- --tokenize and the data source ----------------------------------------------------- */
+
+/* worker --tokenize under Llama 3: llm.c's "llama-3" shards (magic 20240801, version 7,
+ * uint32 tokens) holding <|begin_of_text|> and the text's ids, which the data source
+ * reads back token for token. */
+static void test_tokenize_shards(void **state)
+{
+  (void)state;
+  wf_tokenizer *t = load_ok("tokenizer.model");
+  char in[512], prefix[512], shard[600], summary[2048], err[1024] = "";
+  path_of(in, sizeof in, "corpus.txt");
+  path_of(prefix, sizeof prefix, "l3");
+  FILE *f = fopen(in, "wb");
+  assert_non_null(f);
+  wf_tokens want = {0};
+  assert_int_equal(wf_tokenizer_encode(t, "<|begin_of_text|>", 17, &want), WF_OK);
+  for (uint32_t i = 0; i < 400 && i < n_cases; i++) { /* the first fortunes */
+    assert_int_equal(fwrite(cases[i].text, 1, cases[i].len, f), cases[i].len);
+    assert_int_equal(wf_tokenizer_encode(t, (const char *)cases[i].text, cases[i].len, &want),
+                     WF_OK);
+  }
+  fclose(f);
+  wf_tokens got = {0};
+  assert_int_equal(wf_tokenize_file(t, in, prefix, 0.1, summary, sizeof summary, err, sizeof err),
+                   WF_OK);
+  printf("%s\n", summary);
+  for (int split = 0; split < 2; split++) {
+    size_t len = 0;
+    snprintf(shard, sizeof shard, "%s_%s_000000.bin", prefix, split ? "val" : "train");
+    unsigned char *b = read_file(shard, &len);
+    assert_non_null(b);
+    int32_t h[3];
+    memcpy(h, b, sizeof h);
+    assert_int_equal(h[0], 20240801); /* llm.c's data_common.py, "llama-3" */
+    assert_int_equal(h[1], 7);
+    assert_int_equal(len, 1024 + 4 * (size_t)h[2]);
+    for (int32_t k = 0; k < h[2]; k++) {
+      uint32_t id;
+      memcpy(&id, b + 1024 + 4 * (size_t)k, 4);
+      assert_int_equal(tokens_push(&got, (int32_t)id), WF_OK);
+    }
+    free(b);
+  }
+  assert_int_equal(got.n, want.n); /* the text's encoding after <|begin_of_text|>, split 9:1 */
+  assert_memory_equal(got.ids, want.ids, want.n * sizeof *want.ids);
+  assert_int_equal(want.ids[0], 128000);
+  /* the data source reads the uint32 shards back: every window is a run of the stream */
+  enum { T = 32 };
+  char pattern[600];
+  snprintf(pattern, sizeof pattern, "%s_train_*.bin", prefix);
+  wf_data_opts o = {pattern, 128256, T, 4, 7, 0.25, NULL, NULL};
+  wf_data *d = NULL;
+  assert_int_equal(wf_data_open(&d, &o, err, sizeof err), WF_OK);
+  printf("%s\n", wf_data_describe(d));
+  int win[T + 1];
+  for (int row = 0; row < 16; row++) {
+    assert_int_equal(wf_data_row(d, win, WF_DATA_TRAIN, 3, row), WF_OK);
+    bool found = false;
+    for (size_t s0 = 0; !found && s0 + T < got.n; s0++)
+      found = !memcmp(win, got.ids + s0, sizeof win);
+    assert_true(found);
+  }
+  wf_data_destroy(d);
+  /* under a model vocabulary below Llama 3's the shards are refused, naming the token */
+  o.vocab = 50257;
+  assert_int_equal(wf_data_open(&d, &o, err, sizeof err), WF_EFORMAT);
+  printf("%s\n", err);
+  assert_non_null(strstr(err, "not below the model's vocabulary 50257"));
+  wf_tokens_free(&got);
+  wf_tokens_free(&want);
+  wf_tokenizer_destroy(t);
+}
+
 /* ---- errors ----------------------------------------------------------------------------- */
 
 static void write_file(const char *name, const char *text)
@@ -437,6 +523,7 @@ int main(int argc, char **argv)
       cmocka_unit_test(test_known_ids),
       cmocka_unit_test(test_bytes_and_partial_utf8),
       cmocka_unit_test(test_long_pretokens),
+      cmocka_unit_test(test_tokenize_shards),
       cmocka_unit_test(test_errors),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

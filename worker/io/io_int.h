@@ -26,6 +26,13 @@
 
 #include "wf_io.h"
 
+/* llm.c's token shards (dev/data/data_common.py): an int32[256] header {magic, version,
+ * n}, then n tokens, uint16 (GPT-2's form) or uint32 (its "llama-3" form). */
+#define WF__SHARD_MAGIC16   20240520
+#define WF__SHARD_VERSION16 1
+#define WF__SHARD_MAGIC32   20240801
+#define WF__SHARD_VERSION32 7
+
 /* Write the printf-style message into err[0 .. len) (when err) and return st. */
 wf_status wf__io_failf(char *err, size_t len, wf_status st, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

@@ -3,8 +3,9 @@
  * worker --generate from model.init.
  *
  * A sample is train.sample_tokens tokens drawn one at a time after the prompt
- * (train.sample_prompt, or --generate's; "" starts from <|endoftext|>, or a newline byte
- * without a tokenizer). Each draw runs the model's forward pass through the pipeline on
+ * (train.sample_prompt, or --generate's; "" starts a document: the tokenizer's
+ * wf_tokenizer_bos, GPT-2's <|endoftext|> or Llama 3's <|begin_of_text|>, or a newline
+ * byte without a tokenizer). Each draw runs the model's forward pass through the pipeline on
  * the context (the prompt and the tokens drawn so far; its last T tokens once longer),
  * padded to the training length T with token 0: attention is causal, so the padding
  * cannot reach the logits at the context's last position, which are the ones read. Every
@@ -113,8 +114,8 @@ static wf_status prompt_ids(const wf_tokenizer *tok, int V, const char *prompt, 
     }
   }
   if (st == WF_OK && c->n == 0) {
-    int eot = tok ? wf_tokenizer_eot(tok) : -1;
-    st = push(c, eot >= 0 && eot < V ? eot : V > '\n' ? '\n' : 0);
+    int bos = tok ? wf_tokenizer_bos(tok) : -1;
+    st = push(c, bos >= 0 && bos < V ? bos : V > '\n' ? '\n' : 0);
   }
   if (st == WF_ENOMEM)
     snprintf(err, len, "out of memory encoding the sample's prompt");
@@ -185,16 +186,22 @@ fail:
 
 /* ---- text ------------------------------------------------------------------------------- */
 
+/* Text as the terminal should show it: with a tokenizer, whole UTF-8 characters as they
+ * are; a byte that starts none (a token may hold part of a character, and a sample may
+ * end inside one) is written \xNN, as are control bytes. */
 static void put_escaped(FILE *out, const unsigned char *s, size_t n, bool utf8, bool one_line)
 {
   for (size_t i = 0; i < n; i++) {
     unsigned char ch = s[i];
+    size_t len = utf8 && ch >= 0x80 ? wf_utf8_char_len(s + i, n - i) : 0;
     if (ch == '\n' || ch == '\t')
       one_line ? fprintf(out, "\\%c", ch == '\n' ? 'n' : 't') : fputc(ch, out);
     else if (ch == '\\')
       fputs("\\\\", out);
-    else if ((ch >= 0x20 && ch < 0x7f) || (utf8 && ch >= 0x80))
+    else if (ch >= 0x20 && ch < 0x7f)
       fputc(ch, out);
+    else if (len > 0)
+      fwrite(s + i, 1, len, out), i += len - 1;
     else
       fprintf(out, "\\x%02x", ch);
   }
