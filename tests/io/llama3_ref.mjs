@@ -20,16 +20,17 @@
 // and prints one line of figures. Texts: each fortune (the "%"-separated entries) of
 // the files named on the command line, and a built-in set of edge cases.
 //
-// usage: node llama3_ref.mjs NODE_MODULES OUT FORTUNES_DIR
+// usage: node llama3_ref.mjs NODE_MODULES OUT [FORTUNES_DIR]
 //   FORTUNES_DIR: /usr/share/games/fortunes with Debian's fortunes, fortunes-zh and
 //   fortunes-ru installed: every English file, two Chinese ones and three Russian ones.
+//   Without it only the tokenizer files are written (docs/tokenizers.md uses that).
 import fs from 'node:fs';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
 
 const [nodeModules, out, fortunes] = process.argv.slice(2);
 const zh = ['chinese', 'tang300', 'song100'];
-const corpus = fs.readdirSync(fortunes).sort()
+const corpus = !fortunes ? [] : fs.readdirSync(fortunes).sort()
   .filter((f) => !/\.(dat|u8)$/.test(f) && !zh.includes(f) && fs.statSync(path.join(fortunes, f)).isFile())
   .concat(['tang300', 'song100', 'ru/2001.03', 'ru/2001.04', 'ru/2001.05'])
   .map((f) => path.join(fortunes, f));
@@ -68,6 +69,10 @@ for (const line of cl100k.bpe_ranks.split('\n').filter(Boolean)) {
 fs.writeFileSync(path.join(out, 'cl100k_base.tiktoken'), clranks.map((b, r) => `${b} ${r}\n`).join(''));
 let shared = 0;
 while (shared < clranks.length && clranks[shared] === l3ranks[shared]) shared++;
+if (!fortunes) {
+  console.log(`wrote ${path.join(out, 'tokenizer.model')} (Llama 3) and cl100k_base.tiktoken`);
+  process.exit(0);
+}
 
 // js-tiktoken with Llama 3's ranks: cl100k_base's pattern (Llama 3's, its case-insensitive
 // group spelled out for JavaScript) and Llama 3's specials after the ranks.

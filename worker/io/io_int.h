@@ -74,7 +74,7 @@ extern const char wf__tok_gpt2_pattern[], wf__tok_llama3_pattern[];
 
 typedef struct wf__tok_str {
   const unsigned char *s; /* NULL: empty slot */
-  uint32_t len;
+  uint32_t len, hash;     /* hash: the key's, checked before its bytes (a cache miss) */
   int32_t id;
 } wf__tok_str;
 

@@ -102,17 +102,20 @@ static size_t pow2_at_least(size_t n)
   return c;
 }
 
-static wf__tok_str *vocab_slot(const wf_tokenizer *t, const void *s, size_t len)
+/* The slot of key s[0 .. len) with hash h: its entry, or the empty slot it would take. */
+static wf__tok_str *vocab_slot(const wf_tokenizer *t, const void *s, size_t len, uint64_t h)
 {
-  size_t mask = t->vocab_cap - 1, i = (size_t)XXH3_64bits(s, len) & mask;
-  while (t->vocab[i].s && (t->vocab[i].len != len || memcmp(t->vocab[i].s, s, len)))
+  size_t mask = t->vocab_cap - 1, i = (size_t)h & mask;
+  const wf__tok_str *e;
+  while ((e = &t->vocab[i])->s &&
+         (e->hash != (uint32_t)(h >> 32) || e->len != len || memcmp(e->s, s, len)))
     i = (i + 1) & mask;
   return &t->vocab[i];
 }
 
 int32_t wf__tok_vocab_find(const wf_tokenizer *t, const void *s, size_t len)
 {
-  const wf__tok_str *e = vocab_slot(t, s, len);
+  const wf__tok_str *e = vocab_slot(t, s, len, XXH3_64bits(s, len));
   return e->s ? e->id : -1;
 }
 
@@ -156,14 +159,15 @@ wf_status wf__tok_vocab_add(wf_tokenizer *t, const void *s, size_t len, int32_t 
   if (t->vocab_n + 1 > t->vocab_cap / 2)
     return wf__io_failf(err, err_len, WF_EFORMAT, "tokenizer '%s': more tokens than announced",
                         path);
-  wf__tok_str *e = vocab_slot(t, s, len);
+  uint64_t h = XXH3_64bits(s, len);
+  wf__tok_str *e = vocab_slot(t, s, len, h);
   if (e->s)
     return WF_OK; /* the same bytes twice (an added token also in the vocab): keep the first */
   unsigned char *copy = malloc(len);
   if (!copy)
     return WF_ENOMEM;
   memcpy(copy, s, len);
-  *e = (wf__tok_str){copy, (uint32_t)len, id};
+  *e = (wf__tok_str){copy, (uint32_t)len, (uint32_t)(h >> 32), id};
   t->vocab_n++;
   if (id + 1 > t->n_ids)
     t->n_ids = id + 1;

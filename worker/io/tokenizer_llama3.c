@@ -164,8 +164,9 @@ static size_t splits(wf_tokenizer *t, const wf__tok_str *e, bool add)
 {
   size_t n = 0;
   for (uint32_t k = 1; k < e->len; k++) {
-    int32_t a = wf__tok_vocab_find(t, e->s, k), b = wf__tok_vocab_find(t, e->s + k, e->len - k);
-    if (a < 0 || b < 0)
+    int32_t a = wf__tok_vocab_find(t, e->s, k),
+            b = a < 0 ? -1 : wf__tok_vocab_find(t, e->s + k, e->len - k);
+    if (b < 0)
       continue;
     n++;
     if (add)
