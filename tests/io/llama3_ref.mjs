@@ -12,12 +12,17 @@
 //    file Meta ships, rebuilt from llama3-tokenizer-js's vocabulary (ids are ranks; token
 //    strings are in GPT-2's byte alphabet, turned back into bytes here);
 //  - cl100k_base.tiktoken: js-tiktoken's cl100k_base ranks in the same format;
+//  - tokenizer.json: the same vocabulary as Hugging Face's Llama 3 tokenizer.json writes it
+//    (the package's vocabulary, merges in its order, its specials as added_tokens, the
+//    pre-tokenizer regex as the package quotes it from that file, ignore_merges, the
+//    template that starts a text with <|begin_of_text|>);
 //  - specials.txt: the package's 256 special tokens, one per line, from id 128000;
 //  - cases.bin: the texts and their ids, little-endian uint32s: the case count, then per
 //    case its byte length and bytes, the ids of llama3-tokenizer-js, of js-tiktoken run
 //    with Llama 3's ranks, pattern and specials, and of js-tiktoken's cl100k_base (count
 //    0xFFFFFFFF when the text holds "<|", which cl100k_base and Llama 3 treat apart).
-// and prints one line of figures. Texts: each fortune (the "%"-separated entries) of
+// and prints one line of figures; it fails when the two encoders disagree on any text or
+// the two vocabularies on any of cl100k_base's ranks. Texts: each fortune (the "%"-separated entries) of
 // the files named on the command line, and a built-in set of edge cases.
 //
 // usage: node llama3_ref.mjs NODE_MODULES OUT [FORTUNES_DIR]
@@ -61,6 +66,30 @@ fs.writeFileSync(path.join(out, 'tokenizer.model'), l3ranks.map((b, r) => `${b} 
 const specials = vocab.slice(N_RANKS);
 fs.writeFileSync(path.join(out, 'specials.txt'), specials.join('\n') + '\n');
 
+// Hugging Face's form. The regex is the string the package's source quotes.
+const bundle = fs.readFileSync(path.join(nodeModules, 'llama3-tokenizer-js/bundle/llama3-tokenizer-with-baked-data.js'), 'utf8');
+const regex = JSON.parse(bundle.match(/DIRTY_LLAMA3_REGEX_STRING = ("(?:[^"\\]|\\.)*")/)[1]);
+const bos = { SpecialToken: { id: '<|begin_of_text|>', type_id: 0 } };
+fs.writeFileSync(path.join(out, 'tokenizer.json'), JSON.stringify({
+  version: '1.0', truncation: null, padding: null,
+  added_tokens: specials.map((content, i) => ({ id: N_RANKS + i, content, single_word: false,
+    lstrip: false, rstrip: false, normalized: false, special: true })),
+  normalizer: null,
+  pre_tokenizer: { type: 'Sequence', pretokenizers: [
+    { type: 'Split', pattern: { Regex: regex }, behavior: 'Isolated', invert: false },
+    { type: 'ByteLevel', add_prefix_space: false, trim_offsets: true, use_regex: false }] },
+  post_processor: { type: 'Sequence', processors: [
+    { type: 'ByteLevel', add_prefix_space: true, trim_offsets: false, use_regex: true },
+    { type: 'TemplateProcessing', single: [bos, { Sequence: { id: 'A', type_id: 0 } }],
+      pair: [bos, { Sequence: { id: 'A', type_id: 0 } }, bos, { Sequence: { id: 'B', type_id: 1 } }],
+      special_tokens: { '<|begin_of_text|>': { id: '<|begin_of_text|>', ids: [N_RANKS], tokens: ['<|begin_of_text|>'] } } }] },
+  decoder: { type: 'ByteLevel', add_prefix_space: true, trim_offsets: true, use_regex: true },
+  model: { type: 'BPE', dropout: null, unk_token: null, continuing_subword_prefix: null,
+    end_of_word_suffix: null, fuse_unk: false, byte_fallback: false, ignore_merges: true,
+    vocab: Object.fromEntries(vocab.slice(0, N_RANKS).map((s, i) => [s, i])),
+    merges: [...llama3.merges.keys()] },
+}));
+
 const clranks = [];
 for (const line of cl100k.bpe_ranks.split('\n').filter(Boolean)) {
   const [, offset, ...toks] = line.split(' ');
@@ -70,7 +99,7 @@ fs.writeFileSync(path.join(out, 'cl100k_base.tiktoken'), clranks.map((b, r) => `
 let shared = 0;
 while (shared < clranks.length && clranks[shared] === l3ranks[shared]) shared++;
 if (!fortunes) {
-  console.log(`wrote ${path.join(out, 'tokenizer.model')} (Llama 3) and cl100k_base.tiktoken`);
+  console.log(`wrote ${path.join(out, 'tokenizer.model')} and tokenizer.json (Llama 3), cl100k_base.tiktoken`);
   process.exit(0);
 }
 
@@ -131,3 +160,4 @@ fs.writeFileSync(path.join(out, 'cases.bin'), Buffer.concat(parts));
 console.log(`reference: ${cases.length} texts (${lines} fortune lines, ${edge.length} edge cases), ` +
   `${tokens} Llama 3 tokens; llama3-tokenizer-js and js-tiktoken disagree on ${disagree} texts; ` +
   `cl100k_base's ${clranks.length} ranks equal Llama 3's first ${shared}`);
+if (disagree > 0 || shared !== clranks.length) process.exit(1); // the references must agree

@@ -40,6 +40,7 @@ typedef struct ref_case {
 } ref_case;
 
 static unsigned char *cases_buf;
+static uint32_t *ids_buf; /* the ids, copied out of the file to aligned memory */
 static ref_case *cases;
 static uint32_t n_cases;
 
@@ -98,17 +99,21 @@ static int parse_cases(void)
   const unsigned char *p = cases_buf;
   n_cases = take_u32(&p);
   cases = calloc(n_cases, sizeof *cases);
-  for (uint32_t i = 0; cases && i < n_cases; i++) {
+  ids_buf = malloc(len); /* more than the ids need */
+  uint32_t *at = ids_buf;
+  for (uint32_t i = 0; cases && ids_buf && i < n_cases; i++) {
     cases[i].len = take_u32(&p);
     cases[i].text = p;
     p += cases[i].len;
     for (int r = 0; r < 3; r++) {
       cases[i].n[r] = take_u32(&p);
-      cases[i].ids[r] = (const uint32_t *)p;
-      p += cases[i].n[r] == UINT32_MAX ? 0 : 4 * (size_t)cases[i].n[r];
+      size_t n = cases[i].n[r] == UINT32_MAX ? 0 : cases[i].n[r];
+      memcpy(at, p, 4 * n);
+      cases[i].ids[r] = at;
+      at += n, p += 4 * n;
     }
   }
-  return cases && p == cases_buf + len ? 0 : -1;
+  return cases && ids_buf && p == cases_buf + len ? 0 : -1;
 }
 
 static int setup(void **state)
@@ -136,6 +141,7 @@ static int teardown(void **state)
   (void)state;
   char cmd[300];
   free(cases);
+  free(ids_buf);
   free(cases_buf);
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
   return system(cmd) == 0 ? 0 : -1;
@@ -165,6 +171,7 @@ static void test_ranks_file(void **state)
   assert_int_equal(wf_tokenizer_vocab(t), 128256); /* 128000 ranks + 256 specials */
   assert_int_equal(wf_tokenizer_bos(t), 128000);   /* <|begin_of_text|> */
   assert_int_equal(wf_tokenizer_eot(t), 128001);   /* <|end_of_text|> */
+  assert_true(wf_tokenizer_adds_bos(t));           /* Meta's generate: bos=True */
   char path[512], back[64];
   size_t len = 0;
   path_of(path, sizeof path, "specials.txt");
@@ -236,6 +243,27 @@ static void test_real_text(void **state)
          n_cases, tokens, bad, bad2);
   assert_int_equal(bad, 0);
   assert_int_equal(bad2, 0);
+  wf_tokenizer_destroy(t);
+}
+
+/* Hugging Face's form of the same tokenizer (tokenizer.json: Llama 3's Split
+ * pre-tokenizer, merges ranked by their order, ignore_merges, a template adding
+ * <|begin_of_text|>) read by the GPT-2 reader, against both references. */
+static void test_hf_json(void **state)
+{
+  (void)state;
+  wf_tokenizer *t = load_ok("tokenizer.json");
+  printf("%s\n", wf_tokenizer_describe(t));
+  assert_non_null(strstr(wf_tokenizer_describe(t), "Llama 3 BPE"));
+  assert_int_equal(wf_tokenizer_vocab(t), 128256);
+  assert_int_equal(wf_tokenizer_bos(t), 128000);
+  assert_int_equal(wf_tokenizer_eot(t), 128001);
+  assert_true(wf_tokenizer_adds_bos(t));
+  assert_int_equal(wf_tokenizer_special(t, "<|eot_id|>"), 128009);
+  size_t tokens = 0; /* the references agree on every text (llama3_ref.mjs checks) */
+  int bad = compare(t, 0, "tokenizer.json vs llama3-tokenizer-js", &tokens);
+  printf("Llama 3 tokenizer.json: %zu tokens, %d mismatching texts\n", tokens, bad);
+  assert_int_equal(bad, 0);
   wf_tokenizer_destroy(t);
 }
 
@@ -517,13 +545,10 @@ int main(int argc, char **argv)
   }
   g_argv = argv;
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_ranks_file),
-      cmocka_unit_test(test_real_text),
-      cmocka_unit_test(test_cl100k),
-      cmocka_unit_test(test_known_ids),
-      cmocka_unit_test(test_bytes_and_partial_utf8),
-      cmocka_unit_test(test_long_pretokens),
-      cmocka_unit_test(test_tokenize_shards),
+      cmocka_unit_test(test_ranks_file),     cmocka_unit_test(test_real_text),
+      cmocka_unit_test(test_hf_json),        cmocka_unit_test(test_cl100k),
+      cmocka_unit_test(test_known_ids),      cmocka_unit_test(test_bytes_and_partial_utf8),
+      cmocka_unit_test(test_long_pretokens), cmocka_unit_test(test_tokenize_shards),
       cmocka_unit_test(test_errors),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

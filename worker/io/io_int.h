@@ -91,6 +91,7 @@ typedef struct wf__tok_special {
 
 struct wf_tokenizer {
   const wf__tok_kind *kind;
+  const char *name;   /* the kind's, unless its loader knows better (describe's head) */
   wf__tok_str *vocab; /* token bytes -> id (open addressing, never grows) */
   size_t vocab_cap, vocab_n;
   wf__tok_pair *pairs; /* (a, b) -> (rank, merged) */
@@ -103,6 +104,7 @@ struct wf_tokenizer {
   wf__tok_special specials[WF__TOK_MAX_SPECIALS];
   int n_specials;
   int32_t eot, bos;      /* -1: none */
+  bool adds_bos;         /* a text to continue (a prompt) starts with bos */
   bool add_prefix_space; /* HF ByteLevel: a segment gets a leading space */
   bool whole_first;      /* a pre-token that is a token is taken whole (tiktoken, and
                           * HF's ignore_merges) before any merging */

@@ -345,7 +345,7 @@ wf_status wf_tokenizer_load(wf_tokenizer **out, const char *path, char *err, siz
   wf_tokenizer *t = calloc(1, sizeof *t);
   if (!t)
     return wf__io_failf(err, err_len, WF_ENOMEM, "tokenizer '%s': out of memory", file);
-  t->kind = kind, t->eot = t->bos = -1;
+  t->kind = kind, t->name = kind->name, t->eot = t->bos = -1;
   st = kind->load(t, file, err, err_len);
   if (st == WF_OK)
     st = wf__tok_finish(t, file, err, err_len);
@@ -355,7 +355,7 @@ wf_status wf_tokenizer_load(wf_tokenizer **out, const char *path, char *err, siz
     wf_tokenizer_destroy(t);
     return st;
   }
-  snprintf(t->desc, sizeof t->desc, "%s '%s': %d tokens (%d special), %zu merges", kind->name, file,
+  snprintf(t->desc, sizeof t->desc, "%s '%s': %d tokens (%d special), %zu merges", t->name, file,
            t->n_ids, t->n_specials, t->n_merges);
   *out = t;
   return WF_OK;
@@ -380,6 +380,7 @@ void wf_tokenizer_destroy(wf_tokenizer *t)
 int wf_tokenizer_vocab(const wf_tokenizer *t) { return t->n_ids; }
 int wf_tokenizer_eot(const wf_tokenizer *t) { return t->eot; }
 int wf_tokenizer_bos(const wf_tokenizer *t) { return t->bos; }
+bool wf_tokenizer_adds_bos(const wf_tokenizer *t) { return t->adds_bos; }
 const char *wf_tokenizer_describe(const wf_tokenizer *t) { return t->desc; }
 
 int wf_tokenizer_special(const wf_tokenizer *t, const char *text)

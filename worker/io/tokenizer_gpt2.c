@@ -6,6 +6,10 @@
  * every byte a visible character); tokens and merges are turned back into raw bytes here,
  * which is what the core's tables hold. A merge's rank is its line (or array) position.
  * The pre-tokenizer is GPT-2's pattern; <|endoftext|> both starts and ends a document.
+ * Hugging Face's tokenizer.json for Llama 3 is the same format with Llama 3's
+ * pre-tokenizer (a Split by its regex before ByteLevel), ignore_merges, its own specials
+ * and a template that starts every text with <|begin_of_text|>: it is read here too, and
+ * encodes as Llama 3's tokenizer.model does.
  *
  * Only GPT-2's byte-level BPE is accepted: a model, pre-tokenizer or normalizer that
  * would make the tables encode text differently from GPT-2 (another model type,
@@ -156,24 +160,66 @@ static wf_status load_merges_json(wf_tokenizer *t, json_t *merges, const char *p
   return WF_OK;
 }
 
-/* The pre-tokenizer must be GPT-2's: ByteLevel with its regex, alone or in a Sequence. */
+/* Llama 3's pre-tokenizer as its tokenizer.json writes it: Split by this regex
+ * (isolated), then ByteLevel without GPT-2's regex. */
+static const char llama3_regex[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+static bool is_type(json_t *j, const char *type)
+{
+  const char *t = json_string_value(json_object_get(j, "type"));
+  return t && !strcmp(t, type);
+}
+
+static bool is_llama3_split(json_t *pre)
+{
+  const char *re = json_string_value(json_object_get(json_object_get(pre, "pattern"), "Regex"));
+  const char *behavior = json_string_value(json_object_get(pre, "behavior"));
+  return is_type(pre, "Split") && re && !strcmp(re, llama3_regex) && behavior &&
+         !strcmp(behavior, "Isolated") && !json_is_true(json_object_get(pre, "invert"));
+}
+
+/* The pre-tokenizer must be GPT-2's (ByteLevel with its regex, alone or in a Sequence) or
+ * Llama 3's (Split by Llama 3's regex, then ByteLevel without one). */
 static wf_status check_pre_tokenizer(wf_tokenizer *t, json_t *pre, const char *path, char *err,
                                      size_t err_len)
 {
   const char *type = json_string_value(json_object_get(pre, "type"));
-  if (type && !strcmp(type, "Sequence") &&
-      json_array_size(json_object_get(pre, "pretokenizers")) == 1)
-    return check_pre_tokenizer(t, json_array_get(json_object_get(pre, "pretokenizers"), 0), path,
-                               err, err_len);
+  json_t *list = json_object_get(pre, "pretokenizers"), *last = json_array_get(list, 1);
+  if (is_type(pre, "Sequence") && json_array_size(list) == 1)
+    return check_pre_tokenizer(t, json_array_get(list, 0), path, err, err_len);
+  if (is_type(pre, "Sequence") && json_array_size(list) == 2 &&
+      is_llama3_split(json_array_get(list, 0)) && is_type(last, "ByteLevel") &&
+      json_is_false(json_object_get(last, "use_regex"))) {
+    t->pattern = wf__tok_llama3_pattern, t->name = wf__tok_llama3.name;
+    t->add_prefix_space = json_is_true(json_object_get(last, "add_prefix_space"));
+    return WF_OK;
+  }
   json_t *use_regex = json_object_get(pre, "use_regex");
   if (!type || strcmp(type, "ByteLevel") || (use_regex && !json_is_true(use_regex)))
     return wf__io_failf(
         err, err_len, WF_EUNSUPPORTED,
-        "tokenizer '%s': pre_tokenizer is %s, but weft implements GPT-2's byte-level "
-        "BPE only (pre_tokenizer ByteLevel with use_regex true)",
+        "tokenizer '%s': pre_tokenizer is %s, but weft implements GPT-2's (ByteLevel with "
+        "use_regex true) and Llama 3's (a Sequence of Split by Llama 3's regex and ByteLevel)",
         path, type ? type : "missing");
   t->add_prefix_space = json_is_true(json_object_get(pre, "add_prefix_space"));
   return WF_OK;
+}
+
+/* HF's post-processor: a TemplateProcessing whose single-text template starts with a
+ * special token puts that token before every text (Llama 3's <|begin_of_text|>). */
+static void template_bos(wf_tokenizer *t, json_t *post)
+{
+  json_t *list = json_object_get(post, "processors");
+  for (size_t i = 0; is_type(post, "Sequence") && i < json_array_size(list); i++)
+    template_bos(t, json_array_get(list, i));
+  json_t *first = json_array_get(json_object_get(post, "single"), 0);
+  const char *name =
+      json_string_value(json_object_get(json_object_get(first, "SpecialToken"), "id"));
+  int id = is_type(post, "TemplateProcessing") && name ? wf_tokenizer_special(t, name) : -1;
+  if (id >= 0)
+    t->bos = id, t->adds_bos = true;
 }
 
 static bool nonempty_string(json_t *j) { return json_is_string(j) && json_string_length(j) > 0; }
@@ -330,6 +376,7 @@ static bool claims(const char *path, const unsigned char *head, size_t n)
 
 static wf_status load(wf_tokenizer *t, const char *file, char *err, size_t err_len)
 {
+  t->pattern = wf__tok_gpt2_pattern; /* unless the pre-tokenizer is Llama 3's */
   json_error_t jerr;
   json_t *root = json_load_file(file, JSON_REJECT_DUPLICATES, &jerr);
   if (!root)
@@ -345,9 +392,14 @@ static wf_status load(wf_tokenizer *t, const char *file, char *err, size_t err_l
     st = load_hf(t, root, file, err, err_len);
   else
     st = load_gpt2(t, root, file, err, err_len);
+  /* GPT-2: <|endoftext|> both separates documents (as llm.c writes them) and ends a text;
+   * a Llama 3 tokenizer.json has its own pair, and says in its template to start texts */
+  int eot = wf_tokenizer_special(t, EOT_TEXT), end = wf_tokenizer_special(t, "<|end_of_text|>");
+  int begin = wf_tokenizer_special(t, "<|begin_of_text|>");
+  t->eot = end >= 0 ? end : eot, t->bos = begin >= 0 ? begin : eot;
+  if (st == WF_OK)
+    template_bos(t, json_object_get(root, "post_processor"));
   json_decref(root);
-  t->pattern = wf__tok_gpt2_pattern;
-  t->bos = t->eot = wf_tokenizer_special(t, EOT_TEXT); /* llm.c's document separator */
   return st;
 }
 

@@ -209,6 +209,7 @@ static wf_status add_specials(wf_tokenizer *t, int32_t first)
     st = wf__tok_special_add(t, name, strlen(name), first + i);
   }
   t->bos = first, t->eot = first + 1;
+  t->adds_bos = true; /* Meta's generation encodes prompts with bos=True */
   return st;
 }
 

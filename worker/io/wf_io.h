@@ -143,6 +143,10 @@ int wf_tokenizer_eot(const wf_tokenizer *t);
 /* The id that starts a document, or -1 (GPT-2: <|endoftext|> 50256, as llm.c separates
  * documents; Llama 3: <|begin_of_text|> 128000). */
 int wf_tokenizer_bos(const wf_tokenizer *t);
+/* Whether a text to continue (a sample's prompt) starts with wf_tokenizer_bos: Llama 3's
+ * (Meta's generation encodes prompts with bos=True; Hugging Face's template adds it); not
+ * GPT-2's. */
+bool wf_tokenizer_adds_bos(const wf_tokenizer *t);
 /* The id of special token `text` (e.g. "<|eot_id|>"), or -1. */
 int wf_tokenizer_special(const wf_tokenizer *t, const char *text);
 /* "GPT-2 BPE 'tokenizer.json': 50257 tokens (1 special), 50000 merges". */

@@ -92,7 +92,8 @@ static wf_status push(context *c, int id)
 }
 
 /* The prompt's ids (tok, else bytes) into c, each checked against the vocabulary V; an
- * empty prompt is the start of a document. */
+ * empty prompt is the start of a document, and so is every prompt's head under a
+ * tokenizer that says so (wf_tokenizer_adds_bos: Llama 3). */
 static wf_status prompt_ids(const wf_tokenizer *tok, int V, const char *prompt, context *c,
                             char *err, size_t len)
 {
@@ -101,8 +102,11 @@ static wf_status prompt_ids(const wf_tokenizer *tok, int V, const char *prompt, 
   if (tok && wf_tokenizer_encode(tok, prompt, strlen(prompt), &t) != WF_OK)
     st = WF_ENOMEM;
   size_t n = tok ? t.n : strlen(prompt);
-  for (size_t i = 0; st == WF_OK && i < n; i++) {
-    int id = tok ? t.ids[i] : (unsigned char)prompt[i];
+  int bos = tok ? wf_tokenizer_bos(tok) : -1;
+  /* Llama 3's prompts start a document, as Meta's generation encodes them */
+  size_t lead = tok && n > 0 && bos >= 0 && wf_tokenizer_adds_bos(tok) && t.ids[0] != bos;
+  for (size_t i = 0; st == WF_OK && i < n + lead; i++) {
+    int id = i < lead ? bos : tok ? t.ids[i - lead] : (unsigned char)prompt[i];
     if (id >= V) {
       snprintf(err, len, "the sample's prompt has %s %d, outside the model's vocabulary of %d: %s",
                tok ? "token" : "byte", id, V,
@@ -113,10 +117,8 @@ static wf_status prompt_ids(const wf_tokenizer *tok, int V, const char *prompt, 
       st = push(c, id);
     }
   }
-  if (st == WF_OK && c->n == 0) {
-    int bos = tok ? wf_tokenizer_bos(tok) : -1;
+  if (st == WF_OK && c->n == 0)
     st = push(c, bos >= 0 && bos < V ? bos : V > '\n' ? '\n' : 0);
-  }
   if (st == WF_ENOMEM)
     snprintf(err, len, "out of memory encoding the sample's prompt");
   wf_tokens_free(&t);
