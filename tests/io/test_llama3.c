@@ -27,8 +27,8 @@
 #include <cmocka.h>
 
 #include "wf_io.h"
+#include "tok_files.h"
 
-static char tmpdir[256];
 static char **g_argv;
 
 /* One reference case: its text and the ids of each reference. */
@@ -43,11 +43,6 @@ static unsigned char *cases_buf;
 static uint32_t *ids_buf; /* the ids, copied out of the file to aligned memory */
 static ref_case *cases;
 static uint32_t n_cases;
-
-static void path_of(char *out, size_t len, const char *name)
-{
-  snprintf(out, len, "%s/%s", tmpdir, name);
-}
 
 static unsigned char *read_file(const char *path, size_t *len)
 {
@@ -145,18 +140,6 @@ static int teardown(void **state)
   free(cases_buf);
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
   return system(cmd) == 0 ? 0 : -1;
-}
-
-static wf_tokenizer *load_ok(const char *name)
-{
-  char path[512], err[1024] = "";
-  path_of(path, sizeof path, name);
-  wf_tokenizer *t = NULL;
-  wf_status st = wf_tokenizer_load(&t, path, err, sizeof err);
-  if (st != WF_OK)
-    fprintf(stderr, "%s: %s\n", name, err);
-  assert_int_equal(st, WF_OK);
-  return t;
 }
 
 /* ---- the real vocabulary ------------------------------------------------------------ */
@@ -458,16 +441,6 @@ static void test_tokenize_shards(void **state)
 
 /* ---- errors ----------------------------------------------------------------------------- */
 
-static void write_file(const char *name, const char *text)
-{
-  char path[512];
-  path_of(path, sizeof path, name);
-  FILE *f = fopen(path, "w");
-  assert_non_null(f);
-  fputs(text, f);
-  fclose(f);
-}
-
 /* A small ranks file: the 256 bytes, then `extra` lines. */
 static void write_ranks(const char *name, const char *extra)
 {
@@ -480,22 +453,6 @@ static void write_ranks(const char *name, const char *extra)
     fprintf(f, "%c%c== %d\n", tab[b >> 2], tab[(b & 3) << 4], b);
   fputs(extra, f);
   fclose(f);
-}
-
-/* One load of `name`: fails with status st and a message naming the file and holding
- * each of the words. */
-static void expect_error(const char *name, wf_status st, const char *w1, const char *w2)
-{
-  char path[512], err[1024] = "";
-  path_of(path, sizeof path, name);
-  wf_tokenizer *t = NULL;
-  assert_int_equal(wf_tokenizer_load(&t, path, err, sizeof err), st);
-  assert_null(t);
-  printf("%s: %s\n", name, err);
-  assert_non_null(strstr(err, name));
-  assert_non_null(strstr(err, w1));
-  if (w2)
-    assert_non_null(strstr(err, w2));
 }
 
 static void test_errors(void **state)
