@@ -70,8 +70,8 @@ static int bench_one(const char *path, const char *text, size_t len)
   qsort(enc, ROUNDS, sizeof *enc, cmp_double);
   qsort(dec, ROUNDS, sizeof *dec, cmp_double);
   double mb = (double)len / 1e6;
-  printf("%-60.60s %8.0f %9zu %6.2f %8.2f %8.2f %9.0f\n", wf_tokenizer_describe(t), load_s * 1e3,
-         n, (double)len / (double)n, mb / enc[0], mb / enc[ROUNDS / 2], mb / dec[0]);
+  printf("%-60.60s %8.0f %9zu %6.2f %8.2f %8.2f %9.0f\n", wf_tokenizer_describe(t), load_s * 1e3, n,
+         (double)len / (double)n, mb / enc[0], mb / enc[ROUNDS / 2], mb / dec[0]);
   free(back);
   wf_tokenizer_destroy(t);
   return 0;
