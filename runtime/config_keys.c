@@ -164,7 +164,8 @@ const wf__cfg_key wf__cfg_keys[] = {
     K_STR("data.val_path", data.val_path, "",
           "validation text file or glob of llm.c shards; \"\" = hold out data.val_fraction"),
     K_STR("data.tokenizer", data.tokenizer, "",
-          "GPT-2 BPE for text: tokenizer.json, vocab.json (merges.txt beside it) or a folder"),
+          "tokenizer for text: GPT-2's tokenizer.json or vocab.json (merges.txt beside it), Llama "
+          "3's tokenizer.model, or a folder"),
     K_INT("optim.zero", optim.zero, "0", 0, 3,
           "1 = shard optimizer state over dp (ZeRO-1), 2 = and gradients (ZeRO-2), 3 = and "
           "parameters (FSDP)"),

@@ -95,7 +95,7 @@ typedef struct wf_config {
     char path[WF_PATH_MAX]; /* text file, glob of llm.c shards, or "" = synthetic */
     double val_fraction;
     char val_path[WF_PATH_MAX];  /* validation data (file or glob); "" = the held-out tail */
-    char tokenizer[WF_PATH_MAX]; /* GPT-2 BPE for text: tokenizer.json, vocab.json or a dir */
+    char tokenizer[WF_PATH_MAX]; /* tokenizer.json, vocab.json, tokenizer.model or a dir */
   } data;
   struct {
     int zero; /* 0 or 1 */
