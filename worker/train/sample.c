@@ -177,9 +177,9 @@ static wf_status next_logits(context *c, float *row, bool contribute)
   memset(row, 0, (size_t)Vp * sizeof *row);
   tr->split = WF_DATA_VAL; /* a forward like evaluation's */
   WF_TRY(wf_pipe_forward(tr->pipe, context_cb, c, &loss));
-  if (wf_gpt_get_shard(tr->model)->last && contribute)
+  if (wf_model_get_shard(tr->model)->last && contribute)
     WF_TRY(wf_dev_read(tr->dev, row + (size_t)wf__comm_rank(tr->tp_comm) * Vl,
-                       wf_gpt_logits(tr->model) + (size_t)pos * Vl, (size_t)Vl * sizeof *row));
+                       wf_model_logits(tr->model) + (size_t)pos * Vl, (size_t)Vl * sizeof *row));
   if (tr->world)
     WF_TRY(wf_comm_allreduce(tr->world, row, row, (size_t)Vp, WF_COMM_F32, WF_COMM_SUM));
 fail:
