@@ -59,12 +59,12 @@ static wf_status validate(const wf_comm *c, const wf__op *d)
     WF_ERROR("%s: communicator is NULL", name);
     return WF_EINVAL;
   }
-  if ((unsigned)d->dt > WF_COMM_U8 || (unsigned)d->redop > WF_COMM_MAX) {
+  if ((unsigned)d->dt > WF_COMM_F16 || (unsigned)d->redop > WF_COMM_MAX) {
     WF_ERROR("comm '%s' %s: unknown dtype %d or reduction %d", c->name, name, (int)d->dt,
              (int)d->redop);
     return WF_EINVAL;
   }
-  bool floating = d->dt == WF_COMM_F32 || d->dt == WF_COMM_BF16;
+  bool floating = d->dt == WF_COMM_F32 || d->dt == WF_COMM_BF16 || d->dt == WF_COMM_F16;
   bool reduces = d->op == WF_OP_ALLREDUCE || d->op == WF_OP_REDUCE_SCATTER;
   if (reduces && d->dt == WF_COMM_U8) {
     WF_ERROR("comm '%s' %s: bytes are moved, not reduced; use an integer type", c->name, name);
@@ -136,9 +136,11 @@ wf_status wf__coll_run(wf_comm *c, const wf__op *d, wf_req **req)
   WF_TRY(validate(c, d));
   const void *buf = d->op == WF_OP_SEND ? d->send : d->recv;
   bool dev = wf__coll_on_device(c, buf);
-  if (!dev && d->dt == WF_COMM_BF16) {
-    WF_ERROR("comm '%s' %s: bf16 needs device buffers (NCCL); MPI has no bf16 type", c->name,
-             wf_comm_op_name(d->op));
+  bool half = d->dt == WF_COMM_BF16 || d->dt == WF_COMM_F16;
+  if (!dev && half && (d->op == WF_OP_ALLREDUCE || d->op == WF_OP_REDUCE_SCATTER)) {
+    WF_ERROR("comm '%s' %s of %s: MPI has no 16-bit float to add in; reduce in f32 (or on "
+             "device buffers, which NCCL reduces)",
+             c->name, wf_comm_op_name(d->op), wf_comm_dtype_name(d->dt));
     return WF_EUNSUPPORTED;
   }
   if (c->group_depth > 0 && !dev && wf__coll_staged(c, buf)) {
@@ -274,13 +276,13 @@ wf_status wf_comm_irecv(wf_comm *c, void *buf, size_t count, wf_comm_dtype dt, i
 
 size_t wf_comm_dtype_size(wf_comm_dtype dt)
 {
-  static const size_t size[] = {4, 2, 4, 8, 8, 1};
+  static const size_t size[] = {4, 2, 4, 8, 8, 1, 2};
   return (unsigned)dt < WF_ARRAY_LEN(size) ? size[dt] : 0;
 }
 
 const char *wf_comm_dtype_name(wf_comm_dtype dt)
 {
-  static const char *name[] = {"f32", "bf16", "i32", "i64", "u64", "u8"};
+  static const char *name[] = {"f32", "bf16", "i32", "i64", "u64", "u8", "f16"};
   return (unsigned)dt < WF_ARRAY_LEN(name) ? name[dt] : "?";
 }
 

@@ -24,7 +24,10 @@ MPI_Datatype wf__coll_mpi_type(wf_comm_dtype dt)
   case WF_COMM_I64: return MPI_INT64_T;
   case WF_COMM_U64: return MPI_UINT64_T;
   case WF_COMM_U8: return MPI_UINT8_T;
-  default: return MPI_FLOAT; /* F32; bf16 never reaches MPI (coll.c refuses it) */
+  /* 16-bit floats are only moved here (coll.c refuses their reductions): as 2-byte words */
+  case WF_COMM_BF16: return MPI_UINT16_T;
+  case WF_COMM_F16: return MPI_UINT16_T;
+  default: return MPI_FLOAT; /* F32 */
   }
 }
 

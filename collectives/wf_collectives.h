@@ -17,10 +17,13 @@
  *    flight recorder (wf_comm_trace_snapshot, wf_comm_last_op) at any time: that read
  *    takes no lock and never blocks the driving thread.
  *  - Counts are in elements and must fit in an int (the MPI limit).
- *  - Element types: float32 and bf16 (device buffers only: MPI has no bf16, so a host
- *    bf16 buffer fails with WF_EUNSUPPORTED), the integers int32, int64 and uint64 on
- *    both paths, so counters, flags and hashes travel as what they are, and bytes (u8,
- *    for text such as a manifest; moved, never reduced). Reductions: SUM, AVG
+ *  - Element types: float32, the 16-bit floats bf16 and fp16 (mixed precision's
+ *    activations), the integers int32, int64 and uint64 on both paths, so counters,
+ *    flags and hashes travel as what they are, and bytes (u8, for text such as a
+ *    manifest; moved, never reduced). NCCL reduces and moves bf16 and fp16 as its own
+ *    ncclBfloat16 / ncclFloat16; MPI has no 16-bit float, so on the host (and staged)
+ *    path they are moved as 2-byte words (MPI_UINT16_T: bcast, gather, p2p) and a
+ *    reduction of them fails with WF_EUNSUPPORTED. Reductions: SUM, AVG
  *    (floating point only), MIN and MAX. On the host path weft adds no copies: the MPI
  * call gets the caller's buffers (the only exception is the in-place reduce-scatter of a rank > 0,
  * which moves its 1/size result block into place; see below).
@@ -72,16 +75,17 @@ typedef enum wf_comm_dtype {
   WF_COMM_I64 = 3,
   WF_COMM_U64 = 4,
   WF_COMM_U8 = 5, /* bytes: moved (bcast, gather, p2p), never reduced */
+  WF_COMM_F16 = 6,
 } wf_comm_dtype;
 
 typedef enum wf_comm_redop {
   WF_COMM_SUM = 0,
-  WF_COMM_AVG = 1, /* F32 and BF16 only */
+  WF_COMM_AVG = 1, /* floating point only */
   WF_COMM_MIN = 2,
   WF_COMM_MAX = 3,
 } wf_comm_redop;
 
-/* Bytes of one element, and "f32", "bf16", "i32", "i64", "u64", "u8". */
+/* Bytes of one element, and "f32", "bf16", "i32", "i64", "u64", "u8", "f16". */
 size_t wf_comm_dtype_size(wf_comm_dtype dt);
 const char *wf_comm_dtype_name(wf_comm_dtype dt);
 

@@ -20,4 +20,13 @@ void wf_attention_forward(float *out, float *att, const float *qkv, int B, int T
 void wf_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
                            const float *att, int B, int T, int C, int NH);
 
+/* The same with out, qkv and att stored in 16-bit format fmt (storage.h): each head's
+ * q, k and v loaded, the fp32 kernel's computation, out and the probabilities att
+ * (B,NH,T,T) stored rounded. Backward loads them and adds into dqkv (fp32) exactly what
+ * the fp32 backward adds; its (T, T) scratch is this thread's (scratch unused). */
+void wf_attention_forward16(void *out, void *att, const void *qkv, int B, int T, int C, int NH,
+                            int fmt);
+void wf_attention_backward16(float *dqkv, float *scratch, const float *dout, const void *qkv,
+                             const void *att, int B, int T, int C, int NH, int fmt);
+
 #endif /* WF_KERNELS_ATTENTION_H */

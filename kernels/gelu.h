@@ -14,5 +14,8 @@
 void wf_gelu_forward(float *out, const float *inp, size_t N);
 /* dinp (N) += gelu'(inp) * dout; dinp must not alias inp or dout. */
 void wf_gelu_backward(float *dinp, const float *inp, const float *dout, size_t N);
+/* The same with out and inp stored in 16-bit format fmt (storage.h); dinp and dout fp32. */
+void wf_gelu_forward16(void *out, const void *inp, size_t N, int fmt);
+void wf_gelu_backward16(float *dinp, const void *inp, const float *dout, size_t N, int fmt);
 
 #endif /* WF_KERNELS_GELU_H */

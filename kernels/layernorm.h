@@ -19,4 +19,12 @@ void wf_layernorm_backward(float *dinp, float *dweight, float *dbias, const floa
                            const float *inp, const float *weight, const float *mean,
                            const float *rstd, int N, int C);
 
+/* The same with out and inp stored in 16-bit format fmt (storage.h): each row loaded,
+ * normalised as above, stored rounded; mean, rstd and the gradients fp32. */
+void wf_layernorm_forward16(void *out, float *mean, float *rstd, const void *inp,
+                            const float *weight, const float *bias, int N, int C, int fmt);
+void wf_layernorm_backward16(float *dinp, float *dweight, float *dbias, const float *dout,
+                             const void *inp, const float *weight, const float *mean,
+                             const float *rstd, int N, int C, int fmt);
+
 #endif /* WF_KERNELS_LAYERNORM_H */

@@ -18,4 +18,16 @@ void wf_matmul_forward(float *out, const float *inp, const float *weight, const 
 void wf_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                         const float *inp, const float *weight, int N, int C, int OC);
 
+/* The same with the operands stored in 16-bit format fmt (storage.h): inp, weight and
+ * (backward) dout load exactly, their products accumulate in fp32, out is stored
+ * rounded (forward16) or left in fp32 (forward16_f32); dinp, dweight, dbias and bias
+ * are fp32. This is the reference the fast 16-bit GEMMs (oneDNN on the CPU, cuBLASLt on
+ * the GPU) are checked against: the same exact products, summed in another order. */
+void wf_matmul_forward16(void *out, const void *inp, const void *weight, const float *bias, int N,
+                         int C, int OC, int fmt);
+void wf_matmul_forward16_f32(float *out, const void *inp, const void *weight, const float *bias,
+                             int N, int C, int OC, int fmt);
+void wf_matmul_backward16(float *dinp, float *dweight, float *dbias, const void *dout,
+                          const void *inp, const void *weight, int N, int C, int OC, int fmt);
+
 #endif /* WF_KERNELS_MATMUL_H */

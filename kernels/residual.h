@@ -13,5 +13,8 @@
 /* out = a + b; backward adds dout into da and db. */
 void wf_residual_forward(float *out, const float *a, const float *b, size_t N);
 void wf_residual_backward(float *da, float *db, const float *dout, size_t N);
+/* out (N) = a + b with out and a stored in 16-bit format fmt (storage.h), b fp32: the
+ * sum of the widened a and b, rounded on store. out may alias a. */
+void wf_residual_forward16(void *out, const void *a, const float *b, size_t N, int fmt);
 
 #endif /* WF_KERNELS_RESIDUAL_H */

@@ -33,6 +33,7 @@
 #include "adamw.h"
 #include "norm.h"
 #include "round.h"
+#include "storage.h"
 #include "tokens.h"
 
 #endif /* WF_KERNELS_H */

@@ -11,6 +11,19 @@
  * semantics are exactly those of wf_kernels.h, including "backward adds into
  * gradients".
  *
+ * Storage formats. A device has one table per format its activations can be stored in
+ * (storage.h: fp32, bf16, fp16); `storage(format)` gives the sibling table of another
+ * format, and the model computes through the one of its precision. An argument typed
+ * `void *` is an activation in the table's `format`: what a layer keeps for backward,
+ * a GEMM's operands (its input, its weights from the model's 16-bit copy, the output
+ * gradient it multiplies) and the logits. Everything else is fp32 in every table:
+ * gradients that are accumulated, norm statistics, non-GEMM weights (norms' gains,
+ * biases), the loss and the reductions' partial sums. A 16-bit table computes what the
+ * fp32 table computes on the widened activations, in fp32, and rounds each activation
+ * output to nearest even on store (storage.h); the fp32 table is the model at
+ * precision no, unchanged. Entries that touch no activation are the same function in
+ * every table.
+ *
  * Launches are asynchronous on a GPU, so an op cannot return an error: each launcher
  * checks its launch (cudaGetLastError), logs a failure once with the kernel's name,
  * file and line, and keeps the first for last_error(), which the device reports at
@@ -22,13 +35,15 @@
  *
  * The table also answers what an implementation needs that its twin does not: how many
  * floats attention keeps between forward and backward and how much scratch its backward
- * takes (the CPU keeps the (T, T) probabilities; a flash-style GPU kernel keeps one
- * log-sum-exp per row), so the model sizes its buffers without knowing which it holds.
+ * takes (the CPU keeps the (T, T) probabilities, in the table's format; a flash-style
+ * GPU kernel keeps one fp32 log-sum-exp per row), so the model sizes its buffers without
+ * knowing which it holds.
  *
- * GEMMs take `lowp`, the precision their operands are representable in (a wf_precision:
- * WF_PREC_NO = fp32, BF16, FP16; the model rounds them before the call). The CPU computes
- * in fp32 either way, which is exact for such operands; a GPU feeds them to tensor cores
- * in that format, accumulating in fp32: the same products, summed in another order.
+ * GEMMs take `lowp`, the precision their operands are representable in (a wf_precision):
+ * in a 16-bit table its own format; in the fp32 table WF_PREC_NO, or BF16 / FP16 for
+ * fp32 operands already rounded to that format (tests and benchmarks), which a GPU may
+ * then multiply on 16-bit tensor cores: the same exact products, summed in another
+ * order. Products always accumulate in fp32.
  * Fused ops (matmul_gelu_forward, residual_layernorm_forward) are defined as the
  * composition of the unfused ones; the CPU computes exactly that composition.
  */
@@ -45,7 +60,7 @@ extern "C" {
 #endif
 
 /* Bump when the table changes; the GPU module and the host must agree. */
-#define WF_KTABLE_VERSION 5
+#define WF_KTABLE_VERSION 6
 
 /* A stream of the device (a cudaStream_t on the GPU; the CPU has one, implicit). */
 typedef struct wf_stream wf_stream;
@@ -62,24 +77,29 @@ typedef struct wf_ktable {
   void (*encoder_backward_vp)(float *dwte, float *dwpe, const float *dout, const int *inp,
                               int v_offset, int Vl, int B, int T, int C, wf_stream *s);
 
-  void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
+  void (*layernorm_forward)(void *out, float *mean, float *rstd, const void *inp,
                             const float *weight, const float *bias, int N, int C, wf_stream *s);
   void (*layernorm_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
-                             const float *inp, const float *weight, const float *mean,
+                             const void *inp, const float *weight, const float *mean,
                              const float *rstd, int N, int C, wf_stream *s);
 
-  /* residual then layernorm: res = a + b (res may alias a or b), ln = layernorm(res). */
-  void (*residual_layernorm_forward)(float *res, float *ln, float *mean, float *rstd,
-                                     const float *a, const float *b, const float *weight,
-                                     const float *bias, int N, int C, wf_stream *s);
+  /* residual then layernorm: res = a + b (res may alias a), ln = layernorm(res); b is
+   * fp32 (a branch's output after the tp reduction). */
+  void (*residual_layernorm_forward)(void *res, void *ln, float *mean, float *rstd, const void *a,
+                                     const float *b, const float *weight, const float *bias, int N,
+                                     int C, wf_stream *s);
 
-  void (*matmul_forward)(float *out, const float *inp, const float *weight, const float *bias,
-                         int N, int C, int OC, int lowp, wf_stream *s);
+  void (*matmul_forward)(void *out, const void *inp, const void *weight, const float *bias, int N,
+                         int C, int OC, int lowp, wf_stream *s);
+  /* The same product left in fp32: a row-parallel layer's partial sums, which the tp
+   * reduction adds in fp32 before the residual stream stores them. */
+  void (*matmul_forward_f32)(float *out, const void *inp, const void *weight, const float *bias,
+                             int N, int C, int OC, int lowp, wf_stream *s);
   /* pre = inp . weight^T + bias, gelu_out = gelu(pre) (the MLP's fc and its GELU). */
-  void (*matmul_gelu_forward)(float *gelu_out, float *pre, const float *inp, const float *weight,
+  void (*matmul_gelu_forward)(void *gelu_out, void *pre, const void *inp, const void *weight,
                               const float *bias, int N, int C, int OC, int lowp, wf_stream *s);
-  void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
-                          const float *inp, const float *weight, int N, int C, int OC, int lowp,
+  void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const void *dout,
+                          const void *inp, const void *weight, int N, int C, int OC, int lowp,
                           wf_stream *s);
   /* fp32 GEMMs (lowp = WF_PREC_NO) may use TF32 tensor cores: off unless allowed
    * (runtime.allow_tf32). Process-wide, like the math mode it sets. */
@@ -89,18 +109,19 @@ typedef struct wf_ktable {
    * scratch, for a (B, T) batch of NH heads over C channels. */
   size_t (*attention_saved)(int B, int T, int C, int NH);
   size_t (*attention_scratch)(int B, int T, int C, int NH);
-  void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
+  void (*attention_forward)(void *out, void *att, const void *qkv, int B, int T, int C, int NH,
                             wf_stream *s);
-  void (*attention_backward)(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                             const float *att, int B, int T, int C, int NH, wf_stream *s);
+  void (*attention_backward)(float *dqkv, float *scratch, const float *dout, const void *qkv,
+                             const void *att, int B, int T, int C, int NH, wf_stream *s);
 
-  void (*gelu_forward)(float *out, const float *inp, size_t N, wf_stream *s);
-  void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t N, wf_stream *s);
+  void (*gelu_forward)(void *out, const void *inp, size_t N, wf_stream *s);
+  void (*gelu_backward)(float *dinp, const void *inp, const float *dout, size_t N, wf_stream *s);
 
-  void (*residual_forward)(float *out, const float *a, const float *b, size_t N, wf_stream *s);
+  /* out = a + b; b is fp32 (a branch's output after the tp reduction) */
+  void (*residual_forward)(void *out, const void *a, const float *b, size_t N, wf_stream *s);
   void (*residual_backward)(float *da, float *db, const float *dout, size_t N, wf_stream *s);
 
-  void (*xent_stats)(float *row_max, float *row_sumexp, float *target_logit, const float *logits,
+  void (*xent_stats)(float *row_max, float *row_sumexp, float *target_logit, const void *logits,
                      const int *targets, int N, int V, int ld, int v_offset, wf_stream *s);
   void (*xent_pack)(float *stats, const float *row_max, const float *row_sumexp,
                     const float *target_logit, int N, wf_stream *s);
@@ -108,7 +129,7 @@ typedef struct wf_ktable {
                        int N, int parts, wf_stream *s);
   void (*xent_loss)(float *losses, const float *row_max, const float *row_sumexp,
                     const float *target_logit, int N, wf_stream *s);
-  void (*xent_backward)(float *dlogits, const float *logits, const float *row_max,
+  void (*xent_backward)(void *dlogits, const void *logits, const float *row_max,
                         const float *row_sumexp, const int *targets, float dloss, int N, int V,
                         int ld, int v_offset, wf_stream *s);
   void (*loss_accumulate)(double *acc, const float *losses, int N, wf_stream *s);
@@ -125,8 +146,18 @@ typedef struct wf_ktable {
   void (*round_fp16)(float *dst, const float *src, size_t n, wf_stream *s);
 
   /* The first launch or library error since the last call (then cleared): WF_OK or
-   * WF_ECUDA. The error itself was logged where it happened. */
+   * WF_ECUDA (WF_ENOMEM: a CPU kernel's working rows). The error itself was logged where
+   * it happened. */
   wf_status (*last_error)(void);
+
+  /* ---- storage formats (storage.h) ---- */
+  int format; /* how this table's activation arguments are stored (a wf_precision) */
+  /* The device's table for activations stored in `format`, or NULL when it has none. */
+  const struct wf_ktable *(*storage)(int format);
+  /* dst (n, this table's format) = src rounded; dst (n) = src widened (exact). In the
+   * fp32 table both copy. */
+  void (*store)(void *dst, const float *src, size_t n, wf_stream *s);
+  void (*load)(float *dst, const void *src, size_t n, wf_stream *s);
 } wf_ktable;
 
 /* The CUDA kernels of an open GPU, or NULL (no GPU, or a module built against another

@@ -42,6 +42,14 @@ void wf_xent_backward(float *dlogits, const float *logits, const float *row_max,
                       const float *row_sumexp, const int *targets, float dloss, int N, int V,
                       int ld, int v_offset);
 
+/* The same with the logits (and dlogits, which may alias them) stored in 16-bit format
+ * fmt (storage.h): each row loaded, computed as above in fp32, dlogits stored rounded. */
+void wf_xent_stats16(float *row_max, float *row_sumexp, float *target_logit, const void *logits,
+                     const int *targets, int N, int V, int ld, int v_offset, int fmt);
+void wf_xent_backward16(void *dlogits, const void *logits, const float *row_max,
+                        const float *row_sumexp, const int *targets, float dloss, int N, int V,
+                        int ld, int v_offset, int fmt);
+
 /* *acc += the mean of losses (N), computed in double and rounded to float first: the
  * micro-batch's loss as a float, summed over micro-batches in double. */
 void wf_loss_accumulate(double *acc, const float *losses, int N);

@@ -49,6 +49,7 @@ _Static_assert(sizeof(wf_precision) == sizeof(int), "enum storage");
 _Static_assert(sizeof(wf_schedule_kind) == sizeof(int), "enum storage");
 _Static_assert(sizeof(wf_device_pref) == sizeof(int), "enum storage");
 _Static_assert(sizeof(wf_tie) == sizeof(int), "enum storage");
+_Static_assert(sizeof(wf_recompute) == sizeof(int), "enum storage");
 
 static const wf__cfg_enum schedules[] = {{"1f1b", WF_SCHED_1F1B},
                                          {"gpipe", WF_SCHED_GPIPE},
@@ -57,6 +58,14 @@ static const wf__cfg_enum schedules[] = {{"1f1b", WF_SCHED_1F1B},
 static const wf__cfg_enum precisions[] = {{"no", WF_PREC_NO},     {"fp16", WF_PREC_FP16},
                                           {"bf16", WF_PREC_BF16}, {"none", WF_PREC_NO},
                                           {"fp32", WF_PREC_NO},   {NULL, 0}};
+/* true / false keep their meaning from when the key was a boolean: full / none */
+static const wf__cfg_enum recomputes[] = {
+    {"none", WF_RECOMPUTE_NONE},  {"selective", WF_RECOMPUTE_SELECTIVE},
+    {"full", WF_RECOMPUTE_FULL},  {"true", WF_RECOMPUTE_FULL},
+    {"false", WF_RECOMPUTE_NONE}, {"yes", WF_RECOMPUTE_FULL},
+    {"no", WF_RECOMPUTE_NONE},    {"on", WF_RECOMPUTE_FULL},
+    {"off", WF_RECOMPUTE_NONE},   {"1", WF_RECOMPUTE_FULL},
+    {"0", WF_RECOMPUTE_NONE},     {NULL, 0}};
 static const wf__cfg_enum log_levels[] = {{"error", WF_LOG_ERROR},  {"warn", WF_LOG_WARN},
                                           {"info", WF_LOG_INFO},    {"debug", WF_LOG_DEBUG},
                                           {"warning", WF_LOG_WARN}, {NULL, 0}};
@@ -211,13 +220,17 @@ const wf__cfg_key wf__cfg_keys[] = {
      .doc = "layers per pipeline stage; [] = balanced"},
     K_INT("parallel.virtual_stages", parallel.virtual_stages, "1", 1, WF_MAX_STAGES,
           "model chunks per stage (interleaved)"),
-    K_BOOL("parallel.activation_checkpointing", parallel.activation_checkpointing, "false",
-           "recompute activations in backward"),
+    K_ENUM("parallel.activation_checkpointing", parallel.activation_checkpointing, "none",
+           recomputes,
+           "recompute activations in backward: none, selective (attention's core: "
+           "Korthikanti et al. 2022) or full (every layer's intermediates); true = full, "
+           "false = none"),
     K_BOOL("parallel.reshard_after_forward", parallel.reshard_after_forward, "true",
            "optim.zero=3: gather each layer's parameters again for backward (false: keep "
            "them from forward)"),
     K_ENUM("precision", precision, "no", precisions,
-           "GEMM operands: no (fp32), bf16 or fp16 (fp32 masters; CPU: emulated)"),
+           "mixed precision: no (fp32), bf16 or fp16: activations, pipeline messages and GEMM "
+           "operands in 16 bits; fp32 masters, gradients, optimizer state and reductions"),
     K_BOOL("runtime.bind", runtime.bind, "true", "bind ranks to cores with hwloc"),
     K_INT("runtime.threads", runtime.threads, "0", 0, 4096,
           "compute threads per rank; 0 = the cores the rank is bound to"),

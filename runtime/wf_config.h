@@ -26,6 +26,13 @@
 #define WF_CONFIG_MAX_KEYS 128
 
 typedef enum wf_precision { WF_PREC_NO = 0, WF_PREC_FP16, WF_PREC_BF16 } wf_precision;
+/* parallel.activation_checkpointing: none; selective (attention's core recomputed,
+ * Korthikanti et al. 2022); full (each layer's intermediates recomputed from its input) */
+typedef enum wf_recompute {
+  WF_RECOMPUTE_NONE = 0,
+  WF_RECOMPUTE_SELECTIVE,
+  WF_RECOMPUTE_FULL
+} wf_recompute;
 typedef enum wf_schedule_kind {
   WF_SCHED_1F1B = 0,
   WF_SCHED_GPIPE,
@@ -120,7 +127,7 @@ typedef struct wf_config {
     int pp_layers[WF_MAX_STAGES];
     int n_pp_layers; /* 0 = balanced automatically */
     int virtual_stages;
-    bool activation_checkpointing;
+    wf_recompute activation_checkpointing;
     bool reshard_after_forward; /* ZeRO-3: free a unit's gathered parameters after forward */
   } parallel;
   wf_precision precision;

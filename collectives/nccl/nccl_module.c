@@ -135,6 +135,7 @@ static ncclDataType_t nt(wf_comm_dtype dt)
 {
   switch (dt) {
   case WF_COMM_BF16: return ncclBfloat16;
+  case WF_COMM_F16: return ncclFloat16;
   case WF_COMM_I32: return ncclInt32;
   case WF_COMM_I64: return ncclInt64;
   case WF_COMM_U64: return ncclUint64;

@@ -10,6 +10,12 @@
  * [i0, i1) only needs keys [0, i1), so the GEMMs do about half of the full T x T
  * work at long T. Entries above the diagonal of att are written as 0, so att is a
  * full (T,T) softmax matrix per head, as the CUDA twin and the backward expect.
+ *
+ * The 16-bit forms (storage.h) load one (batch, head) pair's q, k, v into this thread's
+ * working memory as a (T, 3 hs) matrix, run the same head functions on it with hs as
+ * the width (so every GEMM has the fp32 kernel's shape), and store out and the
+ * probabilities rounded; backward accumulates the head's dq, dk, dv in working memory
+ * and adds them into dqkv.
  */
 #include <math.h>
 
@@ -164,4 +170,94 @@ void wf_attention_backward(float *dqkv, float *scratch, const float *dout, const
                   .C = C,
                   .NH = NH};
   wf__parallel(wf__threads_for((size_t)B * NH * T * T * (C / NH) / 32), backward_share, &a);
+}
+
+/* ---- 16-bit storage ------------------------------------------------------------------------ */
+
+struct att16 {
+  void *out, *att;
+  float *dqkv;
+  const void *qkv, *catt;
+  const float *dout;
+  int B, T, C, NH, fmt;
+};
+
+/* Head h of batch b's q, k, v rows -> w (T, 3 hs): q at column 0, k at hs, v at 2 hs. */
+static void load_head(float *w, const struct att16 *a, size_t b, size_t h)
+{
+  size_t T = (size_t)a->T, C = (size_t)a->C, hs = C / (size_t)a->NH;
+  for (size_t t = 0; t < T; t++)
+    for (size_t part = 0; part < 3; part++)
+      wf__load(w + t * 3 * hs + part * hs, a->qkv, (b * T + t) * 3 * C + part * C + h * hs, hs,
+               a->fmt);
+}
+
+static void forward16_share(void *p, int tid, int nt)
+{
+  const struct att16 *a = p;
+  size_t T = (size_t)a->T, C = (size_t)a->C, hs = C / (size_t)a->NH, lo, hi;
+  float *w = wf__work(0, T * 3 * hs), *A = wf__work(1, T * T), *o = wf__work(2, T * hs);
+  if (!w || !A || !o)
+    return;
+  wf__split((size_t)a->B * a->NH, tid, nt, 1, &lo, &hi);
+  for (size_t bh = lo; bh < hi; bh++) {
+    size_t b = bh / a->NH, h = bh % a->NH;
+    load_head(w, a, b, h);
+    head_forward(o, A, w, w + hs, w + 2 * hs, (int)T, (int)hs, (int)hs);
+    for (size_t t = 0; t < T; t++)
+      wf__store(a->out, (b * T + t) * C + h * hs, o + t * hs, hs, a->fmt);
+    wf__store(a->att, bh * T * T, A, T * T, a->fmt);
+  }
+}
+
+void wf_attention_forward16(void *out, void *att, const void *qkv, int B, int T, int C, int NH,
+                            int fmt)
+{
+  struct att16 a = {
+      .out = out, .att = att, .qkv = qkv, .B = B, .T = T, .C = C, .NH = NH, .fmt = fmt};
+  wf__parallel(wf__threads_for((size_t)B * NH * T * T * (C / NH) / 64), forward16_share, &a);
+}
+
+static void backward16_share(void *p, int tid, int nt)
+{
+  const struct att16 *a = p;
+  size_t T = (size_t)a->T, C = (size_t)a->C, hs = C / (size_t)a->NH, lo, hi;
+  float *w = wf__work(0, T * 3 * hs), *A = wf__work(1, T * T), *D = wf__work(2, T * T);
+  float *dw = wf__work(3, T * 3 * hs), *dO = wf__work(4, T * hs);
+  if (!w || !A || !D || !dw || !dO)
+    return;
+  wf__split((size_t)a->B * a->NH, tid, nt, 1, &lo, &hi);
+  for (size_t bh = lo; bh < hi; bh++) {
+    size_t b = bh / a->NH, h = bh % a->NH;
+    load_head(w, a, b, h);
+    wf__load(A, a->catt, bh * T * T, T * T, a->fmt);
+    for (size_t t = 0; t < T; t++)
+      memcpy(dO + t * hs, a->dout + (b * T + t) * C + h * hs, hs * sizeof(float));
+    memset(dw, 0, T * 3 * hs * sizeof(float));
+    struct head_grad g = {dw, dw + hs, dw + 2 * hs, w, w + hs, w + 2 * hs, dO};
+    head_backward(&g, D, A, (int)T, (int)hs, (int)hs);
+    for (size_t t = 0; t < T; t++)
+      for (size_t part = 0; part < 3; part++) {
+        float *dst = a->dqkv + (b * T + t) * 3 * C + part * C + h * hs;
+        const float *src = dw + t * 3 * hs + part * hs;
+        for (size_t j = 0; j < hs; j++)
+          dst[j] += src[j];
+      }
+  }
+}
+
+void wf_attention_backward16(float *dqkv, float *scratch, const float *dout, const void *qkv,
+                             const void *att, int B, int T, int C, int NH, int fmt)
+{
+  (void)scratch;
+  struct att16 a = {.dqkv = dqkv,
+                    .qkv = qkv,
+                    .catt = att,
+                    .dout = dout,
+                    .B = B,
+                    .T = T,
+                    .C = C,
+                    .NH = NH,
+                    .fmt = fmt};
+  wf__parallel(wf__threads_for((size_t)B * NH * T * T * (C / NH) / 32), backward16_share, &a);
 }

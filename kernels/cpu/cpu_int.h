@@ -16,6 +16,7 @@
 #define WF_KERNELS_CPU_INT_H
 
 #include <math.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -76,6 +77,18 @@ static inline void wf__split(size_t n, int tid, int nt, size_t align, size_t *lo
  * across the thread budget (single-threaded OpenBLAS inside each share). */
 void wf__sgemm(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha,
                const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
+
+/* ---- 16-bit storage (storage.c) ------------------------------------------------------
+ * dst[0, n) = elements [first, first + n) of src, stored in format fmt (storage.h),
+ * widened; and elements [first, first + n) of dst = src[0, n) stored rounded. Serial
+ * (for a task's own range). */
+void wf__load(float *dst, const void *src, size_t first, size_t n, int fmt);
+void wf__store(void *dst, size_t first, const float *src, size_t n, int fmt);
+/* This thread's working memory number `slot` (0-7) of at least n floats, 64-byte
+ * aligned, kept for the next call (NULL when memory ran out: logged, and reported by
+ * wf__work_failed). */
+float *wf__work(int slot, size_t n);
+bool wf__work_failed(void);
 
 /* exp(x) in float, vectorisable (no libm call): n = round(x log2 e), r = x - n ln2 in
  * two parts (Cody-Waite), exp(r) by Cephes' degree-6 polynomial (~1 ulp on

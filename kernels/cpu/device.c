@@ -6,8 +6,10 @@
  * and an event is the wall-clock time at which it was recorded (event_elapsed is then
  * exactly the host time between two records). The kernel table wraps each CPU kernel
  * with the GPU launcher's signature (the stream argument is unused); a call through
- * the table costs one indirect call.
+ * the table costs one indirect call. The 16-bit tables (bf16, fp16) replace the entries
+ * that take activations with the kernels' 16-bit forms (storage.h) and share the rest.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -148,43 +150,49 @@ static void encoder_backward_vp(float *dwte, float *dwpe, const float *dout, con
   wf_encoder_backward_vp(dwte, dwpe, dout, inp, v_offset, Vl, B, T, C);
 }
 
-static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+static void layernorm_forward(void *out, float *mean, float *rstd, const void *inp,
                               const float *weight, const float *bias, int N, int C, wf_stream *s)
 {
   wf_layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
 }
 
 static void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                               const float *inp, const float *weight, const float *mean,
+                               const void *inp, const float *weight, const float *mean,
                                const float *rstd, int N, int C, wf_stream *s)
 {
   wf_layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
 }
 
-static void residual_layernorm_forward(float *res, float *ln, float *mean, float *rstd,
-                                       const float *a, const float *b, const float *weight,
-                                       const float *bias, int N, int C, wf_stream *s)
+static void residual_layernorm_forward(void *res, void *ln, float *mean, float *rstd, const void *a,
+                                       const float *b, const float *weight, const float *bias,
+                                       int N, int C, wf_stream *s)
 {
   wf_residual_forward(res, a, b, (size_t)N * C);
   wf_layernorm_forward(ln, mean, rstd, res, weight, bias, N, C);
 }
 
 /* fp32 GEMMs: exact for operands the model already rounded to lowp's format. */
-static void matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
-                           int N, int C, int OC, int lowp, wf_stream *s)
+static void matmul_forward(void *out, const void *inp, const void *weight, const float *bias, int N,
+                           int C, int OC, int lowp, wf_stream *s)
 {
   wf_matmul_forward(out, inp, weight, bias, N, C, OC);
 }
 
-static void matmul_gelu_forward(float *gelu_out, float *pre, const float *inp, const float *weight,
+static void matmul_forward_f32(float *out, const void *inp, const void *weight, const float *bias,
+                               int N, int C, int OC, int lowp, wf_stream *s)
+{
+  wf_matmul_forward(out, inp, weight, bias, N, C, OC);
+}
+
+static void matmul_gelu_forward(void *gelu_out, void *pre, const void *inp, const void *weight,
                                 const float *bias, int N, int C, int OC, int lowp, wf_stream *s)
 {
   wf_matmul_forward(pre, inp, weight, bias, N, C, OC);
   wf_gelu_forward(gelu_out, pre, (size_t)N * OC);
 }
 
-static void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                            const float *inp, const float *weight, int N, int C, int OC, int lowp,
+static void matmul_backward(float *dinp, float *dweight, float *dbias, const void *dout,
+                            const void *inp, const void *weight, int N, int C, int OC, int lowp,
                             wf_stream *s)
 {
   wf_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
@@ -195,29 +203,29 @@ static void set_tf32(int allow) {}
 /* The CPU kernels keep the (T, T) probabilities, and backward a (T, T) scratch. */
 static size_t attention_tt(int B, int T, int C, int NH) { return (size_t)B * NH * T * T; }
 
-static void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
+static void attention_forward(void *out, void *att, const void *qkv, int B, int T, int C, int NH,
                               wf_stream *s)
 {
   wf_attention_forward(out, att, qkv, B, T, C, NH);
 }
 
-static void attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                               const float *att, int B, int T, int C, int NH, wf_stream *s)
+static void attention_backward(float *dqkv, float *scratch, const float *dout, const void *qkv,
+                               const void *att, int B, int T, int C, int NH, wf_stream *s)
 {
   wf_attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH);
 }
 
-static void gelu_forward(float *out, const float *inp, size_t N, wf_stream *s)
+static void gelu_forward(void *out, const void *inp, size_t N, wf_stream *s)
 {
   wf_gelu_forward(out, inp, N);
 }
 
-static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t N, wf_stream *s)
+static void gelu_backward(float *dinp, const void *inp, const float *dout, size_t N, wf_stream *s)
 {
   wf_gelu_backward(dinp, inp, dout, N);
 }
 
-static void residual_forward(float *out, const float *a, const float *b, size_t N, wf_stream *s)
+static void residual_forward(void *out, const void *a, const float *b, size_t N, wf_stream *s)
 {
   wf_residual_forward(out, a, b, N);
 }
@@ -227,7 +235,7 @@ static void residual_backward(float *da, float *db, const float *dout, size_t N,
   wf_residual_backward(da, db, dout, N);
 }
 
-static void xent_stats(float *row_max, float *row_sumexp, float *target_logit, const float *logits,
+static void xent_stats(float *row_max, float *row_sumexp, float *target_logit, const void *logits,
                        const int *targets, int N, int V, int ld, int v_offset, wf_stream *s)
 {
   wf_xent_stats(row_max, row_sumexp, target_logit, logits, targets, N, V, ld, v_offset);
@@ -251,7 +259,7 @@ static void xent_loss(float *losses, const float *row_max, const float *row_sume
   wf_xent_loss(losses, row_max, row_sumexp, target_logit, N);
 }
 
-static void xent_backward(float *dlogits, const float *logits, const float *row_max,
+static void xent_backward(void *dlogits, const void *logits, const float *row_max,
                           const float *row_sumexp, const int *targets, float dloss, int N, int V,
                           int ld, int v_offset, wf_stream *s)
 {
@@ -292,8 +300,21 @@ static void round_fp16(float *dst, const float *src, size_t n, wf_stream *s)
   wf_round_fp16(dst, src, n);
 }
 
-/* CPU kernels cannot fail once their arguments are valid. */
-static wf_status last_error(void) { return WF_OK; }
+/* CPU kernels cannot fail once their arguments are valid, except for want of a 16-bit
+ * kernel's working rows. */
+static wf_status last_error(void) { return wf__work_failed() ? WF_ENOMEM : WF_OK; }
+
+static void store32(void *dst, const float *src, size_t n, wf_stream *s)
+{
+  wf_storage_store(dst, src, n, WF_PREC_NO);
+}
+
+static void load32(float *dst, const void *src, size_t n, wf_stream *s)
+{
+  wf_storage_load(dst, src, n, WF_PREC_NO);
+}
+
+static const wf_ktable *storage(int format);
 
 const wf_ktable wf__cpu_ktable = {
     .version = WF_KTABLE_VERSION,
@@ -305,6 +326,7 @@ const wf_ktable wf__cpu_ktable = {
     .layernorm_backward = layernorm_backward,
     .residual_layernorm_forward = residual_layernorm_forward,
     .matmul_forward = matmul_forward,
+    .matmul_forward_f32 = matmul_forward_f32,
     .matmul_gelu_forward = matmul_gelu_forward,
     .matmul_backward = matmul_backward,
     .set_tf32 = set_tf32,
@@ -329,4 +351,153 @@ const wf_ktable wf__cpu_ktable = {
     .round_bf16 = round_bf16,
     .round_fp16 = round_fp16,
     .last_error = last_error,
+    .format = WF_PREC_NO,
+    .storage = storage,
+    .store = store32,
+    .load = load32,
 };
+
+/* ---- the 16-bit tables --------------------------------------------------------------------- */
+
+/* The entries of the table for 16-bit format FMT, named NAME_<entry>: the kernels' 16-bit
+ * forms, with the format bound. */
+#define STORAGE_ENTRIES(NAME, FMT)                                                                 \
+  static void NAME##_layernorm_forward(void *out, float *mean, float *rstd, const void *inp,       \
+                                       const float *w, const float *b, int N, int C, wf_stream *s) \
+  {                                                                                                \
+    wf_layernorm_forward16(out, mean, rstd, inp, w, b, N, C, FMT);                                 \
+  }                                                                                                \
+  static void NAME##_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,      \
+                                        const void *inp, const float *w, const float *mean,        \
+                                        const float *rstd, int N, int C, wf_stream *s)             \
+  {                                                                                                \
+    wf_layernorm_backward16(dinp, dw, db, dout, inp, w, mean, rstd, N, C, FMT);                    \
+  }                                                                                                \
+  static void NAME##_residual_layernorm_forward(void *res, void *ln, float *mean, float *rstd,     \
+                                                const void *a, const float *b, const float *w,     \
+                                                const float *bias, int N, int C, wf_stream *s)     \
+  {                                                                                                \
+    wf_residual_forward16(res, a, b, (size_t)N *C, FMT);                                           \
+    wf_layernorm_forward16(ln, mean, rstd, res, w, bias, N, C, FMT);                               \
+  }                                                                                                \
+  static void NAME##_matmul_forward(void *out, const void *inp, const void *w, const float *bias,  \
+                                    int N, int C, int OC, int lowp, wf_stream *s)                  \
+  {                                                                                                \
+    wf_matmul_forward16(out, inp, w, bias, N, C, OC, FMT);                                         \
+  }                                                                                                \
+  static void NAME##_matmul_forward_f32(float *out, const void *inp, const void *w,                \
+                                        const float *bias, int N, int C, int OC, int lowp,         \
+                                        wf_stream *s)                                              \
+  {                                                                                                \
+    wf_matmul_forward16_f32(out, inp, w, bias, N, C, OC, FMT);                                     \
+  }                                                                                                \
+  static void NAME##_matmul_gelu_forward(void *gelu_out, void *pre, const void *inp,               \
+                                         const void *w, const float *bias, int N, int C, int OC,   \
+                                         int lowp, wf_stream *s)                                   \
+  {                                                                                                \
+    wf_matmul_forward16(pre, inp, w, bias, N, C, OC, FMT);                                         \
+    wf_gelu_forward16(gelu_out, pre, (size_t)N *OC, FMT);                                          \
+  }                                                                                                \
+  static void NAME##_matmul_backward(float *dinp, float *dw, float *db, const void *dout,          \
+                                     const void *inp, const void *w, int N, int C, int OC,         \
+                                     int lowp, wf_stream *s)                                       \
+  {                                                                                                \
+    wf_matmul_backward16(dinp, dw, db, dout, inp, w, N, C, OC, FMT);                               \
+  }                                                                                                \
+  static size_t NAME##_attention_saved(int B, int T, int C, int NH)                                \
+  {                                                                                                \
+    return ((size_t)B * NH * T * T + 1) / 2; /* the probabilities, two to a float */               \
+  }                                                                                                \
+  static void NAME##_attention_forward(void *out, void *att, const void *qkv, int B, int T, int C, \
+                                       int NH, wf_stream *s)                                       \
+  {                                                                                                \
+    wf_attention_forward16(out, att, qkv, B, T, C, NH, FMT);                                       \
+  }                                                                                                \
+  static void NAME##_attention_backward(float *dqkv, float *scratch, const float *dout,            \
+                                        const void *qkv, const void *att, int B, int T, int C,     \
+                                        int NH, wf_stream *s)                                      \
+  {                                                                                                \
+    wf_attention_backward16(dqkv, scratch, dout, qkv, att, B, T, C, NH, FMT);                      \
+  }                                                                                                \
+  static void NAME##_gelu_forward(void *out, const void *inp, size_t N, wf_stream *s)              \
+  {                                                                                                \
+    wf_gelu_forward16(out, inp, N, FMT);                                                           \
+  }                                                                                                \
+  static void NAME##_gelu_backward(float *dinp, const void *inp, const float *dout, size_t N,      \
+                                   wf_stream *s)                                                   \
+  {                                                                                                \
+    wf_gelu_backward16(dinp, inp, dout, N, FMT);                                                   \
+  }                                                                                                \
+  static void NAME##_residual_forward(void *out, const void *a, const float *b, size_t N,          \
+                                      wf_stream *s)                                                \
+  {                                                                                                \
+    wf_residual_forward16(out, a, b, N, FMT);                                                      \
+  }                                                                                                \
+  static void NAME##_xent_stats(float *mx, float *se, float *tl, const void *logits,               \
+                                const int *targets, int N, int V, int ld, int v0, wf_stream *s)    \
+  {                                                                                                \
+    wf_xent_stats16(mx, se, tl, logits, targets, N, V, ld, v0, FMT);                               \
+  }                                                                                                \
+  static void NAME##_xent_backward(void *dlogits, const void *logits, const float *mx,             \
+                                   const float *se, const int *targets, float dloss, int N, int V, \
+                                   int ld, int v0, wf_stream *s)                                   \
+  {                                                                                                \
+    wf_xent_backward16(dlogits, logits, mx, se, targets, dloss, N, V, ld, v0, FMT);                \
+  }                                                                                                \
+  static void NAME##_store(void *dst, const float *src, size_t n, wf_stream *s)                    \
+  {                                                                                                \
+    wf_storage_store(dst, src, n, FMT);                                                            \
+  }                                                                                                \
+  static void NAME##_load(float *dst, const void *src, size_t n, wf_stream *s)                     \
+  {                                                                                                \
+    wf_storage_load(dst, src, n, FMT);                                                             \
+  }
+
+STORAGE_ENTRIES(bf16, WF_PREC_BF16)
+STORAGE_ENTRIES(fp16, WF_PREC_FP16)
+
+/* Table t's activation entries and format replaced by those of NAME. */
+#define STORAGE_TABLE(t, NAME, FMT)                                                                \
+  do {                                                                                             \
+    (t) = wf__cpu_ktable;                                                                          \
+    (t).layernorm_forward = NAME##_layernorm_forward;                                              \
+    (t).layernorm_backward = NAME##_layernorm_backward;                                            \
+    (t).residual_layernorm_forward = NAME##_residual_layernorm_forward;                            \
+    (t).matmul_forward = NAME##_matmul_forward;                                                    \
+    (t).matmul_forward_f32 = NAME##_matmul_forward_f32;                                            \
+    (t).matmul_gelu_forward = NAME##_matmul_gelu_forward;                                          \
+    (t).matmul_backward = NAME##_matmul_backward;                                                  \
+    (t).attention_saved = NAME##_attention_saved;                                                  \
+    (t).attention_scratch = no_scratch;                                                            \
+    (t).attention_forward = NAME##_attention_forward;                                              \
+    (t).attention_backward = NAME##_attention_backward;                                            \
+    (t).gelu_forward = NAME##_gelu_forward;                                                        \
+    (t).gelu_backward = NAME##_gelu_backward;                                                      \
+    (t).residual_forward = NAME##_residual_forward;                                                \
+    (t).xent_stats = NAME##_xent_stats;                                                            \
+    (t).xent_backward = NAME##_xent_backward;                                                      \
+    (t).format = (FMT);                                                                            \
+    (t).store = NAME##_store;                                                                      \
+    (t).load = NAME##_load;                                                                        \
+  } while (0)
+
+/* The 16-bit attention keeps its (T, T) scratch in each thread's working memory. */
+static size_t no_scratch(int B, int T, int C, int NH) { return 0; }
+
+static wf_ktable tables[2]; /* bf16, fp16 */
+static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
+
+static void tables_init(void)
+{
+  STORAGE_TABLE(tables[0], bf16, WF_PREC_BF16);
+  STORAGE_TABLE(tables[1], fp16, WF_PREC_FP16);
+}
+
+static const wf_ktable *storage(int format)
+{
+  pthread_once(&tables_once, tables_init);
+  return format == WF_PREC_BF16   ? &tables[0]
+         : format == WF_PREC_FP16 ? &tables[1]
+         : format == WF_PREC_NO   ? &wf__cpu_ktable
+                                  : NULL;
+}

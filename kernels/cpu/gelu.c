@@ -69,3 +69,55 @@ void wf_gelu_backward(float *dinp, const float *inp, const float *dout, size_t N
   struct ew e = {dinp, inp, dout, N};
   wf__parallel(wf__threads_for(N), backward_share, &e);
 }
+
+/* ---- 16-bit storage: blocks of a task's range through the stack ------------------------- */
+
+#define BLOCK 256
+
+struct ew16 {
+  void *out;
+  float *dinp;
+  const void *inp;
+  const float *dout;
+  size_t n;
+  int fmt;
+};
+
+static void forward16_share(void *p, int tid, int nt)
+{
+  const struct ew16 *e = p;
+  size_t lo, hi;
+  float x[BLOCK], y[BLOCK];
+  wf__split(e->n, tid, nt, 32, &lo, &hi);
+  for (size_t i = lo; i < hi; i += BLOCK) {
+    size_t n = hi - i < BLOCK ? hi - i : BLOCK;
+    wf__load(x, e->inp, i, n, e->fmt);
+    forward_range(y, x, 0, n);
+    wf__store(e->out, i, y, n, e->fmt);
+  }
+}
+
+void wf_gelu_forward16(void *out, const void *inp, size_t N, int fmt)
+{
+  struct ew16 e = {.out = out, .inp = inp, .n = N, .fmt = fmt};
+  wf__parallel(wf__threads_for(N), forward16_share, &e);
+}
+
+static void backward16_share(void *p, int tid, int nt)
+{
+  const struct ew16 *e = p;
+  size_t lo, hi;
+  float x[BLOCK];
+  wf__split(e->n, tid, nt, 32, &lo, &hi);
+  for (size_t i = lo; i < hi; i += BLOCK) {
+    size_t n = hi - i < BLOCK ? hi - i : BLOCK;
+    wf__load(x, e->inp, i, n, e->fmt);
+    backward_range(e->dinp + i, x, e->dout + i, 0, n);
+  }
+}
+
+void wf_gelu_backward16(float *dinp, const void *inp, const float *dout, size_t N, int fmt)
+{
+  struct ew16 e = {.dinp = dinp, .inp = inp, .dout = dout, .n = N, .fmt = fmt};
+  wf__parallel(wf__threads_for(N), backward16_share, &e);
+}

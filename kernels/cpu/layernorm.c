@@ -7,6 +7,8 @@
  * Backward: dinp needs only its own row; dweight/dbias sum over rows, so a second
  * pass gives each thread a column range and sums rows in order (deterministic,
  * independent of the thread count, no scratch memory).
+ * The 16-bit forms (storage.h) load each row into this thread's working rows and run
+ * the same row functions on it: bit for bit the fp32 kernel on the widened input.
  */
 #include <math.h>
 
@@ -19,6 +21,9 @@ struct ln {
   float *out, *mean, *rstd, *dinp, *dweight, *dbias;
   const float *inp, *weight, *bias, *dout, *cmean, *crstd;
   int N, C;
+  void *out16; /* the 16-bit forms (fmt) */
+  const void *inp16;
+  int fmt;
 };
 
 static void norm_row(float *o, float *mean_out, float *rstd_out, const float *x, const float *w,
@@ -140,4 +145,99 @@ void wf_layernorm_backward(float *dinp, float *dweight, float *dbias, const floa
     wf__parallel(nt, dinp_share, &l);
   if (dweight || dbias)
     wf__parallel(nt, params_share, &l);
+}
+
+/* ---- 16-bit storage --------------------------------------------------------------------- */
+
+static void forward16_share(void *p, int tid, int nt)
+{
+  const struct ln *l = p;
+  size_t lo, hi, C = (size_t)l->C;
+  float *x = wf__work(0, C), *o = wf__work(1, C);
+  if (!x || !o)
+    return;
+  wf__split((size_t)l->N, tid, nt, 1, &lo, &hi);
+  for (size_t i = lo; i < hi; i++) {
+    wf__load(x, l->inp16, i * C, C, l->fmt);
+    norm_row(o, l->mean ? l->mean + i : NULL, l->rstd ? l->rstd + i : NULL, x, l->weight, l->bias,
+             l->C);
+    wf__store(l->out16, i * C, o, C, l->fmt);
+  }
+}
+
+void wf_layernorm_forward16(void *out, float *mean, float *rstd, const void *inp,
+                            const float *weight, const float *bias, int N, int C, int fmt)
+{
+  struct ln l = {.out16 = out,
+                 .mean = mean,
+                 .rstd = rstd,
+                 .inp16 = inp,
+                 .weight = weight,
+                 .bias = bias,
+                 .N = N,
+                 .C = C,
+                 .fmt = fmt};
+  wf__parallel(wf__threads_for((size_t)N * C), forward16_share, &l);
+}
+
+static void dinp16_share(void *p, int tid, int nt)
+{
+  const struct ln *l = p;
+  size_t lo, hi, C = (size_t)l->C;
+  float *x = wf__work(0, C);
+  if (!x)
+    return;
+  wf__split((size_t)l->N, tid, nt, 1, &lo, &hi);
+  for (size_t i = lo; i < hi; i++) {
+    wf__load(x, l->inp16, i * C, C, l->fmt);
+    dinp_row(l->dinp + i * C, l->dout + i * C, x, l->weight, l->cmean[i], l->crstd[i], l->C);
+  }
+}
+
+/* The column ranges of params_share, each row's range loaded first. */
+static void params16_share(void *p, int tid, int nt)
+{
+  const struct ln *l = p;
+  size_t lo, hi, C = (size_t)l->C;
+  wf__split(C, tid, nt, 16, &lo, &hi);
+  float *x = wf__work(0, C), *dw = l->dweight, *db = l->dbias;
+  if (!x)
+    return;
+  for (int i = 0; i < l->N; i++) {
+    const float *dy = l->dout + (size_t)i * C;
+    float m = l->cmean[i], rs = l->crstd[i];
+    wf__load(x + lo, l->inp16, (size_t)i * C + lo, hi - lo, l->fmt);
+    if (dw) {
+#pragma omp simd
+      for (size_t c = lo; c < hi; c++)
+        dw[c] += dy[c] * ((x[c] - m) * rs);
+    }
+    if (db) {
+#pragma omp simd
+      for (size_t c = lo; c < hi; c++)
+        db[c] += dy[c];
+    }
+  }
+}
+
+void wf_layernorm_backward16(float *dinp, float *dweight, float *dbias, const float *dout,
+                             const void *inp, const float *weight, const float *mean,
+                             const float *rstd, int N, int C, int fmt)
+{
+  struct ln l = {.dinp = dinp,
+                 .dweight = dweight,
+                 .dbias = dbias,
+                 .inp16 = inp,
+                 .weight = weight,
+                 .dout = dout,
+                 .cmean = mean,
+                 .crstd = rstd,
+                 .N = N,
+                 .C = C,
+                 .fmt = fmt};
+  int nt = wf__threads_for((size_t)N * C);
+  if (dinp)
+    wf__parallel(nt, dinp16_share, &l);
+  if (dweight || dbias)
+    wf__parallel(nt, params16_share, &l);
 }

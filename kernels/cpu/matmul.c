@@ -5,6 +5,13 @@
  * Large GEMMs are split over the thread budget by the output dimension that is
  * larger (wf__sgemm), each share a single-threaded OpenBLAS call, so the split is
  * a pure function of the sizes and the budget (deterministic results).
+ *
+ * The 16-bit forms (storage.h) load their operands panel by panel into this thread's
+ * working memory and run single-threaded sgemm on the widened panels: a panel of at
+ * most PANEL rows of the weight (forward), of PANEL columns of dout (dweight, dbias),
+ * or PANEL of the reduction (dinp), so no fp32 copy of a whole operand is made. The
+ * products of 16-bit values are exact in fp32, so this computes the exact products
+ * accumulated in fp32 (in panel order for dinp).
  */
 #include "cpu_int.h"
 #include "wf_kernels.h"
@@ -134,4 +141,150 @@ void wf_matmul_backward(float *dinp, float *dweight, float *dbias, const float *
     struct bias_bwd b = {dbias, dout, N, OC};
     wf__parallel(wf__threads_for((size_t)N * OC), bias_backward_share, &b);
   }
+}
+
+/* ---- 16-bit storage ---------------------------------------------------------------------- */
+
+#define PANEL 256
+
+struct mm16 {
+  void *out;
+  float *out32, *dinp, *dweight, *dbias;
+  const void *inp, *weight, *dout;
+  const float *bias;
+  int N, C, OC, fmt;
+};
+
+/* rows [r0, r0 + nr) of a (R, ld) matrix in format fmt, columns [c0, c0 + nc), into dst
+ * (nr, nc) */
+static void load_panel(float *dst, const void *src, size_t ld, size_t r0, size_t nr, size_t c0,
+                       size_t nc, int fmt)
+{
+  for (size_t r = 0; r < nr; r++)
+    wf__load(dst + r * nc, src, (r0 + r) * ld + c0, nc, fmt);
+}
+
+/* Forward: this thread's output columns, PANEL weight rows at a time; out block (N, n) =
+ * bias, then += inp . W[panel]^T, then stored. */
+static void forward16_share(void *p, int tid, int nt)
+{
+  const struct mm16 *f = p;
+  size_t N = (size_t)f->N, C = (size_t)f->C, OC = (size_t)f->OC, lo, hi;
+  wf__split(OC, tid, nt, 16, &lo, &hi);
+  if (lo >= hi)
+    return;
+  float *x = wf__work(0, N * C), *w = wf__work(1, PANEL * C), *o = wf__work(2, N * PANEL);
+  if (!x || !w || !o)
+    return;
+  wf__load(x, f->inp, 0, N * C, f->fmt);
+  for (size_t o0 = lo; o0 < hi; o0 += PANEL) {
+    size_t n = hi - o0 < PANEL ? hi - o0 : PANEL;
+    load_panel(w, f->weight, C, o0, n, 0, C, f->fmt);
+    for (size_t r = 0; r < N; r++)
+      for (size_t j = 0; j < n; j++)
+        o[r * n + j] = f->bias ? f->bias[o0 + j] : 0.0f;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)n, (int)C, 1.0f, x, (int)C, w,
+                (int)C, 1.0f, o, (int)n);
+    for (size_t r = 0; r < N; r++) {
+      if (f->out32)
+        memcpy(f->out32 + r * OC + o0, o + r * n, n * sizeof(float));
+      else
+        wf__store(f->out, r * OC + o0, o + r * n, n, f->fmt);
+    }
+  }
+}
+
+void wf_matmul_forward16(void *out, const void *inp, const void *weight, const float *bias, int N,
+                         int C, int OC, int fmt)
+{
+  struct mm16 f = {
+      .out = out, .inp = inp, .weight = weight, .bias = bias, .N = N, .C = C, .OC = OC, .fmt = fmt};
+  if (N > 0 && OC > 0)
+    wf__parallel(wf__threads_for((size_t)N * C * OC / 64), forward16_share, &f);
+}
+
+void wf_matmul_forward16_f32(float *out, const void *inp, const void *weight, const float *bias,
+                             int N, int C, int OC, int fmt)
+{
+  struct mm16 f = {.out32 = out,
+                   .inp = inp,
+                   .weight = weight,
+                   .bias = bias,
+                   .N = N,
+                   .C = C,
+                   .OC = OC,
+                   .fmt = fmt};
+  if (N > 0 && OC > 0)
+    wf__parallel(wf__threads_for((size_t)N * C * OC / 64), forward16_share, &f);
+}
+
+/* dinp: this thread's columns of dinp (N, C), PANEL of the OC reduction at a time:
+ * dinp[:, cols] += dout[:, panel] . W[panel, cols]. */
+static void dinp16_share(void *p, int tid, int nt)
+{
+  const struct mm16 *f = p;
+  size_t N = (size_t)f->N, C = (size_t)f->C, OC = (size_t)f->OC, lo, hi;
+  wf__split(C, tid, nt, 16, &lo, &hi);
+  if (lo >= hi)
+    return;
+  size_t nc = hi - lo;
+  float *d = wf__work(0, N * PANEL), *w = wf__work(1, PANEL * nc);
+  if (!d || !w)
+    return;
+  for (size_t k0 = 0; k0 < OC; k0 += PANEL) {
+    size_t k = OC - k0 < PANEL ? OC - k0 : PANEL;
+    load_panel(d, f->dout, OC, 0, N, k0, k, f->fmt);
+    load_panel(w, f->weight, C, k0, k, lo, nc, f->fmt);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)nc, (int)k, 1.0f, d, (int)k,
+                w, (int)nc, 1.0f, f->dinp + lo, (int)C);
+  }
+}
+
+/* dweight, dbias: this thread's rows of dweight (OC, C), PANEL at a time:
+ * dweight[panel] += dout[:, panel]^T . inp; dbias[panel] += the rows of dout[:, panel],
+ * summed in row order. */
+static void dweight16_share(void *p, int tid, int nt)
+{
+  const struct mm16 *f = p;
+  size_t N = (size_t)f->N, C = (size_t)f->C, OC = (size_t)f->OC, lo, hi;
+  wf__split(OC, tid, nt, 16, &lo, &hi);
+  if (lo >= hi)
+    return;
+  float *x = f->dweight ? wf__work(0, N * C) : NULL, *d = wf__work(1, N * PANEL);
+  if ((f->dweight && !x) || !d)
+    return;
+  if (x)
+    wf__load(x, f->inp, 0, N * C, f->fmt);
+  for (size_t o0 = lo; o0 < hi; o0 += PANEL) {
+    size_t n = hi - o0 < PANEL ? hi - o0 : PANEL;
+    load_panel(d, f->dout, OC, 0, N, o0, n, f->fmt);
+    if (x)
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)n, (int)C, (int)N, 1.0f, d, (int)n,
+                  x, (int)C, 1.0f, f->dweight + o0 * C, (int)C);
+    for (size_t r = 0; f->dbias && r < N; r++)
+      for (size_t j = 0; j < n; j++)
+        f->dbias[o0 + j] += d[r * n + j];
+  }
+}
+
+void wf_matmul_backward16(float *dinp, float *dweight, float *dbias, const void *dout,
+                          const void *inp, const void *weight, int N, int C, int OC, int fmt)
+{
+  struct mm16 f = {.dinp = dinp,
+                   .dweight = dweight,
+                   .dbias = dbias,
+                   .dout = dout,
+                   .inp = inp,
+                   .weight = weight,
+                   .N = N,
+                   .C = C,
+                   .OC = OC,
+                   .fmt = fmt};
+  if (N <= 0 || OC <= 0 || C <= 0)
+    return;
+  int nt = wf__threads_for((size_t)N * C * OC / 64);
+  if (dinp)
+    wf__parallel(nt, dinp16_share, &f);
+  if (dweight || dbias)
+    wf__parallel(nt, dweight16_share, &f);
 }

@@ -47,3 +47,37 @@ void wf_residual_backward(float *da, float *db, const float *dout, size_t N)
   struct res r = {da, db, dout, NULL, N};
   wf__parallel(wf__threads_for(N), backward_share, &r);
 }
+
+/* ---- 16-bit storage: blocks of a task's range through the stack ------------------------- */
+
+#define BLOCK 256
+
+struct res16 {
+  void *out;
+  const void *a;
+  const float *b;
+  size_t n;
+  int fmt;
+};
+
+static void forward16_share(void *p, int tid, int nt)
+{
+  const struct res16 *r = p;
+  size_t lo, hi;
+  float x[BLOCK];
+  wf__split(r->n, tid, nt, 32, &lo, &hi);
+  for (size_t i = lo; i < hi; i += BLOCK) {
+    size_t n = hi - i < BLOCK ? hi - i : BLOCK;
+    wf__load(x, r->a, i, n, r->fmt);
+#pragma omp simd
+    for (size_t j = 0; j < n; j++)
+      x[j] = x[j] + r->b[i + j];
+    wf__store(r->out, i, x, n, r->fmt);
+  }
+}
+
+void wf_residual_forward16(void *out, const void *a, const float *b, size_t N, int fmt)
+{
+  struct res16 r = {out, a, b, N, fmt};
+  wf__parallel(wf__threads_for(N), forward16_share, &r);
+}

@@ -29,6 +29,9 @@ WF__CLONES static void stats_row(float *mx_out, float *se_out, float *tl_out, co
 struct xe {
   float *row_max, *row_sumexp, *target_logit, *dlogits;
   const float *logits, *cmax, *csum;
+  void *dlogits16; /* the 16-bit forms (fmt) */
+  const void *logits16;
+  int fmt;
   const int *targets;
   float dloss;
   int N, V, ld, v_offset;
@@ -144,4 +147,70 @@ void wf_loss_accumulate(double *acc, const float *losses, int N)
   for (int i = 0; i < N; i++)
     sum += losses[i];
   *acc += (double)(float)(sum / N);
+}
+
+/* ---- 16-bit storage: each row through this thread's working rows ---------------------------- */
+
+static void stats16_share(void *p, int tid, int nt)
+{
+  const struct xe *x = p;
+  size_t lo, hi, ld = (size_t)x->ld;
+  float *l = wf__work(0, (size_t)x->V);
+  if (!l)
+    return;
+  wf__split((size_t)x->N, tid, nt, 1, &lo, &hi);
+  for (size_t i = lo; i < hi; i++) {
+    wf__load(l, x->logits16, i * ld, (size_t)x->V, x->fmt);
+    stats_row(x->row_max + i, x->row_sumexp + i, x->target_logit + i, l, x->targets[i], x->V,
+              x->v_offset);
+  }
+}
+
+void wf_xent_stats16(float *row_max, float *row_sumexp, float *target_logit, const void *logits,
+                     const int *targets, int N, int V, int ld, int v_offset, int fmt)
+{
+  struct xe x = {.row_max = row_max,
+                 .row_sumexp = row_sumexp,
+                 .target_logit = target_logit,
+                 .logits16 = logits,
+                 .targets = targets,
+                 .N = N,
+                 .V = V,
+                 .ld = ld,
+                 .v_offset = v_offset,
+                 .fmt = fmt};
+  wf__parallel(wf__threads_for((size_t)N * V), stats16_share, &x);
+}
+
+static void backward16_share(void *p, int tid, int nt)
+{
+  const struct xe *x = p;
+  size_t lo, hi, ld = (size_t)x->ld;
+  float *l = wf__work(0, ld), *d = wf__work(1, ld);
+  if (!l || !d)
+    return;
+  wf__split((size_t)x->N, tid, nt, 1, &lo, &hi);
+  for (size_t i = lo; i < hi; i++) {
+    wf__load(l, x->logits16, i * ld, (size_t)x->V, x->fmt);
+    backward_row(d, l, x->cmax[i], x->csum[i], x->targets[i], x->dloss, x->V, x->ld, x->v_offset);
+    wf__store(x->dlogits16, i * ld, d, ld, x->fmt);
+  }
+}
+
+void wf_xent_backward16(void *dlogits, const void *logits, const float *row_max,
+                        const float *row_sumexp, const int *targets, float dloss, int N, int V,
+                        int ld, int v_offset, int fmt)
+{
+  struct xe x = {.dlogits16 = dlogits,
+                 .logits16 = logits,
+                 .cmax = row_max,
+                 .csum = row_sumexp,
+                 .targets = targets,
+                 .dloss = dloss,
+                 .N = N,
+                 .V = V,
+                 .ld = ld,
+                 .v_offset = v_offset,
+                 .fmt = fmt};
+  wf__parallel(wf__threads_for((size_t)N * V), backward16_share, &x);
 }

@@ -341,24 +341,46 @@ static int op_device_attrs(int device, int *sm_count, int *cc_major, int *cc_min
 
 /* ---- the tables ------------------------------------------------------------------ */
 
-static const wf_ktable kernels = {
-    WF_KTABLE_VERSION,           wf_cuda_encoder_forward,
-    wf_cuda_encoder_backward,    wf_cuda_encoder_forward_vp,
-    wf_cuda_encoder_backward_vp, wf_cuda_layernorm_forward,
-    wf_cuda_layernorm_backward,  wf_cuda_residual_layernorm_forward,
-    wf_cuda_matmul_forward,      wf_cuda_matmul_gelu_forward,
-    wf_cuda_matmul_backward,     wf_cuda_set_tf32,
-    wf_cuda_attention_saved,     wf_cuda_attention_scratch,
-    wf_cuda_attention_forward,   wf_cuda_attention_backward,
-    wf_cuda_gelu_forward,        wf_cuda_gelu_backward,
-    wf_cuda_residual_forward,    wf_cuda_residual_backward,
-    wf_cuda_xent_stats,          wf_cuda_xent_pack,
-    wf_cuda_xent_combine,        wf_cuda_xent_loss,
-    wf_cuda_xent_backward,       wf_cuda_loss_accumulate,
-    wf_cuda_tokens_check,        wf_cuda_adamw_update,
-    wf_cuda_sumsq_acc,           wf_cuda_scale,
-    wf_cuda_round_bf16,          wf_cuda_round_fp16,
+/* The fp32 table; storage.cu builds the 16-bit ones from it (its `storage` entry). */
+extern "C" const wf_ktable wf__cuda_kernels = {
+    WF_KTABLE_VERSION,
+    wf_cuda_encoder_forward,
+    wf_cuda_encoder_backward,
+    wf_cuda_encoder_forward_vp,
+    wf_cuda_encoder_backward_vp,
+    wf__cuda32_layernorm_forward,
+    wf__cuda32_layernorm_backward,
+    wf__cuda32_residual_layernorm_forward,
+    wf__cuda32_matmul_forward,
+    wf__cuda32_matmul_forward_f32,
+    wf__cuda32_matmul_gelu_forward,
+    wf__cuda32_matmul_backward,
+    wf_cuda_set_tf32,
+    wf_cuda_attention_saved,
+    wf_cuda_attention_scratch,
+    wf__cuda32_attention_forward,
+    wf__cuda32_attention_backward,
+    wf__cuda32_gelu_forward,
+    wf__cuda32_gelu_backward,
+    wf__cuda32_residual_forward,
+    wf_cuda_residual_backward,
+    wf__cuda32_xent_stats,
+    wf_cuda_xent_pack,
+    wf_cuda_xent_combine,
+    wf_cuda_xent_loss,
+    wf__cuda32_xent_backward,
+    wf_cuda_loss_accumulate,
+    wf_cuda_tokens_check,
+    wf_cuda_adamw_update,
+    wf_cuda_sumsq_acc,
+    wf_cuda_scale,
+    wf_cuda_round_bf16,
+    wf_cuda_round_fp16,
     wf_cuda_last_error,
+    WF_PREC_NO,
+    wf__cuda_storage,
+    wf__cuda32_store,
+    wf__cuda32_load,
 };
 
 static const wf_gpu_ops ops = {
@@ -377,7 +399,7 @@ static const wf_gpu_ops ops = {
     op_event_sync,     op_event_elapsed_ms,
     op_host_alloc,     op_host_free,
     op_mem_info,       op_device_attrs,
-    &kernels,
+    &wf__cuda_kernels,
 };
 
 extern "C" WF_EXPORT const wf_gpu_ops *wf_gpu_module_entry(void) { return &ops; }

@@ -205,6 +205,46 @@ void wf_cuda_tokens_check(int *bad, const int *tokens, size_t n, int V, wf_strea
 void wf_cuda_scale(float *x, float s, size_t n, wf_stream *stream);
 void wf_cuda_round_bf16(float *dst, const float *src, size_t n, wf_stream *stream);
 void wf_cuda_round_fp16(float *dst, const float *src, size_t n, wf_stream *stream);
+
+/* ---- storage formats (storage.cu) ---- */
+/* The fp32 table (backend.cu), and the table of each storage format (storage.cu). */
+extern const wf_ktable wf__cuda_kernels;
+const wf_ktable *wf__cuda_storage(int format);
+/* The fp32 table's entries that take activations (wf_ktable.h's `void *`): the fp32
+ * launchers above. */
+void wf__cuda32_layernorm_forward(void *out, float *mean, float *rstd, const void *inp,
+                                  const float *w, const float *b, int N, int C, wf_stream *s);
+void wf__cuda32_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
+                                   const void *inp, const float *w, const float *mean,
+                                   const float *rstd, int N, int C, wf_stream *s);
+void wf__cuda32_residual_layernorm_forward(void *res, void *ln, float *mean, float *rstd,
+                                           const void *a, const float *b, const float *w,
+                                           const float *bias, int N, int C, wf_stream *s);
+void wf__cuda32_matmul_forward(void *out, const void *inp, const void *w, const float *bias, int N,
+                               int C, int OC, int lowp, wf_stream *s);
+void wf__cuda32_matmul_forward_f32(float *out, const void *inp, const void *w, const float *bias,
+                                   int N, int C, int OC, int lowp, wf_stream *s);
+void wf__cuda32_matmul_gelu_forward(void *gelu_out, void *pre, const void *inp, const void *w,
+                                    const float *bias, int N, int C, int OC, int lowp,
+                                    wf_stream *s);
+void wf__cuda32_matmul_backward(float *dinp, float *dw, float *db, const void *dout,
+                                const void *inp, const void *w, int N, int C, int OC, int lowp,
+                                wf_stream *s);
+void wf__cuda32_attention_forward(void *out, void *att, const void *qkv, int B, int T, int C,
+                                  int NH, wf_stream *s);
+void wf__cuda32_attention_backward(float *dqkv, float *scratch, const float *dout, const void *qkv,
+                                   const void *att, int B, int T, int C, int NH, wf_stream *s);
+void wf__cuda32_gelu_forward(void *out, const void *inp, size_t N, wf_stream *s);
+void wf__cuda32_gelu_backward(float *dinp, const void *inp, const float *dout, size_t N,
+                              wf_stream *s);
+void wf__cuda32_residual_forward(void *out, const void *a, const float *b, size_t N, wf_stream *s);
+void wf__cuda32_xent_stats(float *mx, float *se, float *tl, const void *logits, const int *targets,
+                           int N, int V, int ld, int v0, wf_stream *s);
+void wf__cuda32_xent_backward(void *dlogits, const void *logits, const float *mx, const float *se,
+                              const int *targets, float dloss, int N, int V, int ld, int v0,
+                              wf_stream *s);
+void wf__cuda32_store(void *dst, const float *src, size_t n, wf_stream *s);
+void wf__cuda32_load(float *dst, const void *src, size_t n, wf_stream *s);
 }
 
 #endif /* WF_CUDA_INT_H */

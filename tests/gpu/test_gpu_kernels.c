@@ -24,6 +24,12 @@
  *  - xent_pack, tokens_check: exact (they move or find values).
  *  - round_bf16 / round_fp16 must agree bit for bit (the CPU twin's bit arithmetic
  *    against CUDA's __float2bfloat16_rn / __float2half_rn), NaN against NaN.
+ *  - The 16-bit tables (storage.h: bf16 and fp16 activations) against the CPU's 16-bit
+ *    tables: storing and loading bit for bit; fp32 outputs (statistics, gradients) at the
+ *    fp32 tolerances above, since both sides compute in fp32 from the same 16-bit
+ *    inputs; a 16-bit output may in addition round the other way where the two fp32
+ *    values straddle a rounding boundary, one step of the format: 2^-7 |x| (bf16, 8
+ *    significant bits) or 2^-10 |x| (fp16, 11), plus fp16's subnormal step 2^-24.
  *
  * Exits 77 (meson: skipped) when wf_gpu_open() fails, after printing why.
  */
@@ -34,6 +40,7 @@
 #include <string.h>
 
 #include "wf_config.h"
+#include "wf_device.h"
 #include "wf_gpu.h"
 #include "wf_kernels.h"
 #include "wf_ktable.h"
@@ -608,6 +615,222 @@ static void test_round(ctx *c)
   expect_bits(c, "round_fp16 in place", x, d_x, n);
 }
 
+/* ---- the 16-bit tables ------------------------------------------------------------ */
+
+typedef struct tables16 {
+  int fmt;
+  const wf_ktable *cpu, *gpu;
+} tables16;
+
+/* n activations in [lo, hi), stored in the format (host). */
+static uint16_t *hact(ctx *c, size_t n, int fmt, float lo, float hi)
+{
+  float *x = hrand(c, n, lo, hi);
+  uint16_t *h = keep_host(c, calloc(n ? n : 1, sizeof(uint16_t)));
+  wf_storage_store(h, x, n, fmt);
+  return h;
+}
+
+static uint16_t *hact0(ctx *c, size_t n) { return keep_host(c, calloc(n ? n : 1, 2)); }
+static void *d16(ctx *c, const uint16_t *h, size_t n) { return dcopy(c, h, n * 2); }
+
+/* A 16-bit device output against the CPU's: the fp32 tolerance plus one step of the
+ * format (see the top). */
+static void expect_close16(ctx *c, const tables16 *t, const char *what, const uint16_t *ref,
+                           const void *d, size_t n, float atol, float rtol)
+{
+  uint16_t *got = hact0(c, n);
+  float *r = hzero(c, n), *g = hzero(c, n);
+  double step = t->fmt == WF_PREC_BF16 ? 0x1p-7 : 0x1p-10;
+  size_t bad = n;
+  if (wf_gpu_stream_sync(c->g, c->stream) != WF_OK ||
+      wf_gpu_memcpy_d2h(c->g, got, d, n * 2) != WF_OK)
+    bad = 0;
+  wf_storage_load(r, ref, n, t->fmt);
+  wf_storage_load(g, got, n, t->fmt);
+  for (size_t i = 0; i < n && bad == n; i++) {
+    double tol = atol + (rtol + step) * fabs(r[i]) + 0x1p-24;
+    if (!(fabs((double)g[i] - r[i]) <= tol))
+      bad = i;
+  }
+  if (bad == n) {
+    printf("  ok   %-28s n=%zu (%s)\n", what, n, wf_storage_name(t->fmt));
+    return;
+  }
+  printf("  FAIL %-28s n=%-7zu at %zu (%s): cpu %.9g gpu %.9g\n", what, n, bad,
+         wf_storage_name(t->fmt), r[bad], g[bad]);
+  c->failures++;
+}
+
+static void storage_convert(ctx *c, const tables16 *t)
+{
+  const size_t n = 1001;
+  float *x = hrand(c, n, -70000, 70000), *back = hzero(c, n), *d_back = df(c, back, n);
+  uint16_t *h = hact0(c, n), *dh = d16(c, h, n);
+  t->cpu->store(h, x, n, NULL);
+  t->gpu->store(dh, df(c, x, n), n, c->stream);
+  uint16_t *got = hact0(c, n);
+  wf_gpu_stream_sync(c->g, c->stream);
+  wf_gpu_memcpy_d2h(c->g, got, dh, n * 2);
+  if (memcmp(got, h, n * 2) != 0) {
+    printf("  FAIL store (%s): not bit for bit\n", wf_storage_name(t->fmt));
+    c->failures++;
+  }
+  t->cpu->load(back, h, n, NULL);
+  t->gpu->load(d_back, dh, n, c->stream);
+  expect_close(c, "load", back, d_back, n, 0, 0);
+}
+
+static void storage_norms(ctx *c, const tables16 *t)
+{
+  const int N = 37, C = 45;
+  const size_t NC = (size_t)N * C;
+  uint16_t *x = hact(c, NC, t->fmt, -2, 2), *out = hact0(c, NC), *res = hact0(c, NC);
+  float *w = hrand(c, C, 0.5f, 1.5f), *b = hrand(c, C, -1, 1), *bsum = hrand(c, NC, -1, 1);
+  float *mean = hzero(c, N), *rstd = hzero(c, N), *d_mean = df(c, mean, N);
+  float *d_rstd = df(c, rstd, N), *d_w = df(c, w, C), *d_b = df(c, b, C);
+  void *d_x = d16(c, x, NC), *d_out = d16(c, out, NC);
+  t->cpu->layernorm_forward(out, mean, rstd, x, w, b, N, C, NULL);
+  t->gpu->layernorm_forward(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C, c->stream);
+  expect_close16(c, t, "layernorm_forward out", out, d_out, NC, TOL_SUM, TOL_SUM);
+  expect_close(c, "layernorm_forward rstd", rstd, d_rstd, N, TOL_SUM, TOL_SUM);
+  float *dout = hrand(c, NC, -1, 1), *dinp = hrand(c, NC, -1, 1), *dw = hrand(c, C, -1, 1);
+  float *db = hrand(c, C, -1, 1), *d_dinp = df(c, dinp, NC), *d_dw = df(c, dw, C);
+  float *d_db = df(c, db, C);
+  t->cpu->layernorm_backward(dinp, dw, db, dout, x, w, mean, rstd, N, C, NULL);
+  t->gpu->layernorm_backward(d_dinp, d_dw, d_db, df(c, dout, NC), d_x, d_w, df(c, mean, N),
+                             df(c, rstd, N), N, C, c->stream);
+  expect_close(c, "layernorm_backward dinp", dinp, d_dinp, NC, TOL_SUM, TOL_SUM);
+  expect_close(c, "layernorm_backward dweight", dw, d_dw, C, TOL_SUM, TOL_SUM);
+  expect_close(c, "layernorm_backward dbias", db, d_db, C, TOL_SUM, TOL_SUM);
+  t->cpu->residual_layernorm_forward(res, out, mean, rstd, x, bsum, w, b, N, C, NULL);
+  t->gpu->residual_layernorm_forward(d_x, d_out, d_mean, d_rstd, d_x, df(c, bsum, NC), d_w, d_b, N,
+                                     C, c->stream); /* res aliasing a, as the model calls it */
+  expect_close16(c, t, "residual_layernorm res", res, d_x, NC, TOL_EXACT, TOL_EXACT);
+  expect_close16(c, t, "residual_layernorm ln", out, d_out, NC, TOL_SUM, TOL_SUM);
+}
+
+static void storage_elementwise(ctx *c, const tables16 *t)
+{
+  const size_t n = 1001;
+  uint16_t *x = hact(c, n, t->fmt, -4, 4), *y = hact0(c, n);
+  float *b = hrand(c, n, -1, 1), *dy = hrand(c, n, -1, 1), *dx = hrand(c, n, -1, 1);
+  void *d_x = d16(c, x, n), *d_y = d16(c, y, n);
+  float *d_dx = df(c, dx, n);
+  t->cpu->gelu_forward(y, x, n, NULL);
+  t->gpu->gelu_forward(d_y, d_x, n, c->stream);
+  expect_close16(c, t, "gelu_forward", y, d_y, n, TOL_ELEM, TOL_ELEM);
+  t->cpu->gelu_backward(dx, x, dy, n, NULL);
+  t->gpu->gelu_backward(d_dx, d_x, df(c, dy, n), n, c->stream);
+  expect_close(c, "gelu_backward", dx, d_dx, n, TOL_ELEM, TOL_ELEM);
+  t->cpu->residual_forward(y, x, b, n, NULL);
+  t->gpu->residual_forward(d_y, d_x, df(c, b, n), n, c->stream);
+  expect_close16(c, t, "residual_forward", y, d_y, n, TOL_EXACT, TOL_EXACT);
+}
+
+static void storage_xent(ctx *c, const tables16 *t)
+{
+  const int N = 13, V = 37, ld = 40, v0 = 5;
+  const size_t NL = (size_t)N * ld;
+  uint16_t *l = hact(c, NL, t->fmt, -4, 4);
+  int *tg = hints(c, N, 0, v0 + V + 8), *d_tg = di(c, tg, N);
+  float *mx = hzero(c, N), *se = hzero(c, N), *tl = hzero(c, N);
+  float *d_mx = df(c, mx, N), *d_se = df(c, se, N), *d_tl = df(c, tl, N);
+  void *d_l = d16(c, l, NL);
+  t->cpu->xent_stats(mx, se, tl, l, tg, N, V, ld, v0, NULL);
+  t->gpu->xent_stats(d_mx, d_se, d_tl, d_l, d_tg, N, V, ld, v0, c->stream);
+  expect_close(c, "xent_stats row_max", mx, d_mx, N, TOL_EXACT, TOL_EXACT);
+  expect_close(c, "xent_stats row_sumexp", se, d_se, N, TOL_SUM, TOL_SUM);
+  expect_close(c, "xent_stats target_logit", tl, d_tl, N, TOL_EXACT, TOL_EXACT);
+  t->cpu->xent_backward(l, l, mx, se, tg, 0.5f, N, V, ld, v0, NULL); /* in place */
+  t->gpu->xent_backward(d_l, d_l, df(c, mx, N), df(c, se, N), d_tg, 0.5f, N, V, ld, v0, c->stream);
+  expect_close16(c, t, "xent_backward in place", l, d_l, NL, TOL_ELEM, TOL_ELEM);
+}
+
+/* 16-bit operands: exact products on both sides, summed in other orders (TOL_SUM); the
+ * fused GELU is the composition on both sides (no epilogue tanh): TOL_ELEM on top. */
+static void storage_matmul(ctx *c, const tables16 *t, int N, int C, int OC)
+{
+  const size_t NC = (size_t)N * C, NO = (size_t)N * OC, OCC = (size_t)OC * C;
+  uint16_t *x = hact(c, NC, t->fmt, -1, 1), *w = hact(c, OCC, t->fmt, -1, 1);
+  uint16_t *dy = hact(c, NO, t->fmt, -1, 1), *y = hact0(c, NO), *g = hact0(c, NO);
+  float *b = hrand(c, OC, -1, 1), *y32 = hzero(c, NO), *d_b = df(c, b, OC);
+  void *d_x = d16(c, x, NC), *d_w = d16(c, w, OCC), *d_y = d16(c, y, NO), *d_g = d16(c, g, NO);
+  float *d_y32 = df(c, y32, NO);
+  t->cpu->matmul_forward(y, x, w, b, N, C, OC, t->fmt, NULL);
+  t->gpu->matmul_forward(d_y, d_x, d_w, d_b, N, C, OC, t->fmt, c->stream);
+  expect_close16(c, t, "matmul_forward out", y, d_y, NO, TOL_SUM, TOL_SUM);
+  t->cpu->matmul_forward_f32(y32, x, w, b, N, C, OC, t->fmt, NULL);
+  t->gpu->matmul_forward_f32(d_y32, d_x, d_w, d_b, N, C, OC, t->fmt, c->stream);
+  expect_close(c, "matmul_forward_f32 out", y32, d_y32, NO, TOL_SUM, TOL_SUM);
+  t->cpu->matmul_gelu_forward(g, y, x, w, b, N, C, OC, t->fmt, NULL);
+  t->gpu->matmul_gelu_forward(d_g, d_y, d_x, d_w, d_b, N, C, OC, t->fmt, c->stream);
+  expect_close16(c, t, "matmul_gelu_forward out", g, d_g, NO, TOL_SUM, TOL_SUM + TOL_ELEM);
+  float *dx = hrand(c, NC, -1, 1), *dw = hrand(c, OCC, -1, 1), *db = hrand(c, OC, -1, 1);
+  float *d_dx = df(c, dx, NC), *d_dw = df(c, dw, OCC), *d_db = df(c, db, OC);
+  t->cpu->matmul_backward(dx, dw, db, dy, x, w, N, C, OC, t->fmt, NULL);
+  t->gpu->matmul_backward(d_dx, d_dw, d_db, d16(c, dy, NO), d_x, d_w, N, C, OC, t->fmt, c->stream);
+  expect_close(c, "matmul_backward dinp", dx, d_dx, NC, TOL_SUM, TOL_SUM);
+  expect_close(c, "matmul_backward dweight", dw, d_dw, OCC, TOL_SUM, TOL_SUM);
+  expect_close(c, "matmul_backward dbias", db, d_db, OC, TOL_SUM, TOL_SUM);
+}
+
+/* Each side keeps what its own table keeps (the CPU 16-bit probabilities, the GPU
+ * fp32 state of its fp32 kernels); out and dqkv are compared. */
+static void storage_attention(ctx *c, const tables16 *t, int B, int T, int NH, int hs)
+{
+  const int C = NH * hs;
+  const size_t BTC = (size_t)B * T * C, QKV = 3 * BTC;
+  size_t cs = t->cpu->attention_saved(B, T, C, NH), gs = t->gpu->attention_saved(B, T, C, NH);
+  size_t gx = t->gpu->attention_scratch(B, T, C, NH);
+  uint16_t *qkv = hact(c, QKV, t->fmt, -1, 1), *out = hact0(c, BTC);
+  float *att = hzero(c, cs), *d_att = df(c, hzero(c, gs), gs);
+  void *d_qkv = d16(c, qkv, QKV), *d_out = d16(c, out, BTC);
+  t->cpu->attention_forward(out, att, qkv, B, T, C, NH, NULL);
+  t->gpu->attention_forward(d_out, d_att, d_qkv, B, T, C, NH, c->stream);
+  expect_close16(c, t, "attention_forward out", out, d_out, BTC, TOL_SUM, TOL_SUM);
+  float *dout = hrand(c, BTC, -1, 1), *dqkv = hrand(c, QKV, -1, 1), *d_dqkv = df(c, dqkv, QKV);
+  t->cpu->attention_backward(dqkv, NULL, dout, qkv, att, B, T, C, NH, NULL);
+  t->gpu->attention_backward(d_dqkv, df(c, hzero(c, gx), gx), df(c, dout, BTC), d_qkv, d_att, B, T,
+                             C, NH, c->stream);
+  /* the CPU's backward reads the probabilities stored in 16 bits, the GPU's recomputes
+   * them in fp32: one rounding of each, 2^-8 (bf16) or 2^-11 (fp16) relative, in sums
+   * of T terms of |dout| <= 1 and |q|, |k|, |v| <= 1: step * T absolute */
+  float tol = (float)(T * (t->fmt == WF_PREC_BF16 ? 0x1p-8 : 0x1p-11));
+  expect_close(c, "attention_backward dqkv", dqkv, d_dqkv, QKV, tol, TOL_SUM);
+}
+
+static void test_storage(ctx *c)
+{
+  const int fmts[2] = {WF_PREC_BF16, WF_PREC_FP16};
+  const wf_ktable *cpu32 = wf_dev_kernels(wf_dev_cpu());
+  for (int f = 0; f < 2; f++) {
+    tables16 t = {fmts[f], cpu32->storage(fmts[f]), c->k->storage(fmts[f])};
+    if (!t.gpu || t.gpu->format != t.fmt) {
+      printf("  FAIL the GPU has no %s table\n", wf_storage_name(t.fmt));
+      c->failures++;
+      continue;
+    }
+    printf(" %s\n", wf_storage_name(t.fmt));
+    storage_convert(c, &t);
+    end_case(c);
+    storage_norms(c, &t);
+    end_case(c);
+    storage_elementwise(c, &t);
+    end_case(c);
+    storage_xent(c, &t);
+    end_case(c);
+    storage_matmul(c, &t, 37, 45, 29);
+    end_case(c);
+    storage_matmul(c, &t, 40, 72, 64);
+    end_case(c);
+    storage_attention(c, &t, 2, 77, 2, 64);
+    end_case(c);
+    storage_attention(c, &t, 1, 33, 2, 160); /* the (T, T) fallback on the GPU */
+    end_case(c);
+  }
+}
+
 static const struct {
   const char *name;
   void (*fn)(ctx *c);
@@ -626,6 +849,7 @@ static const struct {
     {"xent parts+loss", test_xent_parts},
     {"tokens", test_tokens},
     {"round", test_round},
+    {"16-bit storage", test_storage},
 };
 
 int main(void)

@@ -76,7 +76,14 @@ static void check_run(void *user, const wf_model_run *r)
 
 /* Region operators that fail the test if called: import, export and init do no tp
  * communication. */
-static wf_status never_enter_fwd(void *c, const float **o, const float *x, float *f, size_t N,
+static wf_status never_enter_fwd(void *c, const void **o, const void *x, void *f, size_t N,
+                                 size_t C, int fmt)
+{
+  (void)c, (void)o, (void)x, (void)f, (void)N, (void)C, (void)fmt;
+  fail_msg("a tp region operator was called");
+  return WF_EINVAL;
+}
+static wf_status never_leave_bwd(void *c, const float **o, const float *x, float *f, size_t N,
                                  size_t C)
 {
   (void)c, (void)o, (void)x, (void)f, (void)N, (void)C;
@@ -96,7 +103,7 @@ static wf_status never_gather(void *c, const float *x, float *a, size_t n)
   return WF_EINVAL;
 }
 static const wf_tp_ops never = {WF_TP_OPS_VERSION, never_enter_fwd, never_bwd,
-                                never_bwd,         never_enter_fwd, never_gather};
+                                never_bwd,         never_leave_bwd, never_gather};
 
 static wf_model *make_shard(const wf_model_shard *s)
 {

@@ -7,17 +7,20 @@
  * Every op is a kernel of the model's device; the host only moves the micro-batch's
  * tokens in and reads back the first out-of-vocabulary token, if any, before the lookup
  * that would read outside the table. The loss stays on the device: each last chunk adds
- * its micro-batch's mean into the model's loss sum (wf_model_take_loss). Under
+ * its micro-batch's mean into the model's loss sum (wf_model_take_loss). Under full
  * activation checkpointing a layer's intermediates are recomputed (the block's forward)
- * right before its backward. As each group of gradients becomes final the grad hook
- * hears of it, so data parallelism can start reducing while the rest of backward runs.
+ * right before its backward; under selective recompute only its attention core state
+ * (the family's core_forward), from the inputs the slot kept: the same kernels on the
+ * same bits, so either recompute gives backward exactly what no recompute kept. As each group of
+ * gradients becomes final the grad hook hears of it, so data parallelism can start reducing while
+ * the rest of backward runs.
  */
 #include "model_int.h"
 
 /* ---- forward --------------------------------------------------------------------------- */
 
 static wf_status check_args(const wf_model *m, int slot, int chunk, const int *inputs,
-                            const float *x, int B, int T)
+                            const void *x, int B, int T)
 {
   wf_status st = WF_OK;
   bool first = wf__chunk_first(m, chunk);
@@ -53,7 +56,7 @@ fail:
 
 /* The slot's input: the tokens (and the embedding) on the first chunk, else the
  * previous stage's output; the targets on the last. */
-static wf_status load_inputs(wf_model *m, wf__slot *a, const int *inputs, const float *x,
+static wf_status load_inputs(wf_model *m, wf__slot *a, const int *inputs, const void *x,
                              const int *targets)
 {
   wf_status st = WF_OK;
@@ -64,8 +67,8 @@ static wf_status load_inputs(wf_model *m, wf__slot *a, const int *inputs, const 
     WF_TRY(load_tokens(m, a->inputs, inputs, N, "inputs"));
     WF_TRY(m->ops->embed_forward(m, a));
   } else {
-    WF_TRY(wf_dev_copy(m->dev, a->encoded, x, wf_model_stage_io_numel(m, a->B, a->T) * sizeof *x,
-                       WF_COPY_D2D, NULL));
+    WF_TRY(wf_dev_copy(m->dev, a->encoded, x, wf_model_stage_io_bytes(m, a->B, a->T), WF_COPY_D2D,
+                       NULL));
   }
 fail:
   return st;
@@ -79,8 +82,8 @@ static wf_status block_forward(wf_model *m, wf__slot *a, int j)
                                wf__layer_input(m, a, j + 1), l, a->B, a->T);
 }
 
-wf_status wf_model_chunk_forward(wf_model *m, int slot, int chunk, const int *inputs,
-                                 const float *x, const int *targets, int B, int T)
+wf_status wf_model_chunk_forward(wf_model *m, int slot, int chunk, const int *inputs, const void *x,
+                                 const int *targets, int B, int T)
 {
   wf_status st = WF_OK;
   WF_TRY(check_args(m, slot, chunk, inputs, x, B, T));
@@ -139,23 +142,24 @@ static wf_status block_backward(wf_model *m, wf__slot *a, int j)
   int l = wf__global_layer(m, a->chunk * m->lc + j);
   if (m->unit_hook)
     m->unit_hook(m->unit_user, a->chunk * m->lc + j, true);
-  if (m->recompute) /* activation checkpointing: rebuild this layer's intermediates */
+  if (m->recompute == WF_RECOMPUTE_FULL) /* rebuild this layer's intermediates */
     WF_TRY(block_forward(m, a, j));
+  if (m->recompute == WF_RECOMPUTE_SELECTIVE) /* rebuild its attention core state */
+    WF_TRY(m->ops->core_forward(m, wf__layer_saved(m, a, j), l, a->B, a->T));
   st = m->ops->block_backward(m, wf__layer_saved(m, a, j), wf__layer_input(m, a, j), l, a->B, a->T);
 fail:
   return st;
 }
 
-static wf_status chunk_backward(wf_model *m, wf__slot *a, const float *dy, float dloss_scale)
+static wf_status chunk_backward(wf_model *m, wf__slot *a, const void *dy, float dloss_scale)
 {
   wf_status st = WF_OK;
   int base = a->chunk * m->lc;
   if (wf__chunk_last(m, a->chunk)) {
     WF_TRY(m->ops->head_backward(m, a, wf__layer_input(m, a, m->lc), dloss_scale));
     announce(m, 0); /* the head's gradients are final */
-  } else {
-    WF_TRY(wf_dev_copy(m->dev, m->da.dres, dy, wf_model_stage_io_numel(m, a->B, a->T) * sizeof *dy,
-                       WF_COPY_D2D, NULL));
+  } else {          /* the next stage's gradient, widened: inside a stage it is fp32 */
+    m->k->load(m->da.dres, dy, wf_model_stage_io_numel(m, a->B, a->T), NULL);
   }
   for (int j = m->lc - 1; j >= 0; j--) {
     WF_TRY(block_backward(m, a, j));
@@ -170,7 +174,7 @@ fail:
   return st;
 }
 
-wf_status wf_model_stage_backward(wf_model *m, int slot, const float *dy, float dloss_scale)
+wf_status wf_model_stage_backward(wf_model *m, int slot, const void *dy, float dloss_scale)
 {
   wf_status st = WF_OK;
   bool ok = slot >= 0 && slot < m->n_slots && m->a[slot].live;
@@ -180,6 +184,7 @@ wf_status wf_model_stage_backward(wf_model *m, int slot, const float *dy, float 
            last ? "with targets" : "and the next stage's gradient");
   wf__slot *a = &m->a[slot];
   a->have_targets = false; /* the logits become their gradient below */
+  m->dres_n = wf_model_stage_io_numel(m, a->B, a->T);
   st = chunk_backward(m, a, dy, dloss_scale);
   a->live = false;
   m->in_use--;
@@ -189,7 +194,11 @@ fail:
   return st;
 }
 
-const float *wf_model_stage_dinput(const wf_model *m) { return m->da.dres; }
+wf_status wf_model_stage_dinput(wf_model *m, void *dst)
+{
+  m->k->store(dst, m->da.dres, m->dres_n, NULL);
+  return WF_OK;
+}
 
 void wf_model_stage_release(wf_model *m, int slot)
 {

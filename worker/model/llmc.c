@@ -366,7 +366,7 @@ wf_status wf_model_dump_state(wf_model *m, const char *path, const int *inputs, 
   WF_TRY(wf_model_zero_grad(m));
   WF_TRY(wf_model_forward(m, inputs, targets, B, T, &loss));
   /* The logits become their gradient in backward, so they are kept first. */
-  WF_TRY(wf_dev_read(wf_model_dev(m), logits, wf_model_logits(m), nl * sizeof *logits));
+  WF_TRY(wf_model_logits_read(m, logits, 0, nl));
   WF_TRY(wf_model_backward(m, 1.0f));
   WF_TRY(export_whole(m, 1, grads));
   st = wf_llmc_write_state(path, d, B, T, inputs, targets, logits, loss, grads);

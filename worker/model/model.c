@@ -3,8 +3,8 @@
  * on the model's device by the family's memory plan, accessors, mixed precision's
  * rounded weights, and the exchange of whole-model arrays with the host.
  *
- * Memory: allocations of num_params floats with one layout (parameters, gradients and,
- * under mixed precision, the rounded GEMM weights), the family's tensors in description
+ * Memory: allocations of num_params elements with one layout (parameters, gradients and,
+ * under mixed precision, the 16-bit copy of the parameters), the family's tensors in description
  * order with all layers of a tensor together; one allocation of activations for `slots`
  * micro-batches of Bmax x Tmax tokens; one of backward scratch. All of it is device
  * memory. What a slot holds per layer and for the head, and the scratch a block's
@@ -19,30 +19,46 @@
  *  - Every parameter element is a pure function of (seed, tensor, layer, index), so a
  *    slice of a tensor can be initialised alone (wf_model_init_slice).
  *  - Backward adds into the gradients; only wf_model_zero_grad clears them.
- *  - Mixed precision: the GEMM weights are read from `wlow`, a rounded copy of the
- *    parameters in their layout, which wf_model_params_changed refreshes; the
- *    activations a GEMM reads are rounded in place when made, so the backward GEMMs and
- *    a recomputed forward (activation checkpointing) see the same operands bit for bit
- *    (rounding is elementwise and deterministic). Output gradients are rounded into
- *    scratch (`rdy`) or in place where nothing else reads them.
+ *  - Mixed precision: the GEMM weights are read from `wlow`, the 16-bit copy of the
+ *    parameters in their layout (2 bytes each), which wf_model_params_changed
+ *    refreshes; activations are stored in 16 bits as the kernels make them (m->k is the
+ *    device's table of the model's format), so the backward GEMMs and a recomputed
+ *    forward (activation checkpointing) read the same operands bit for bit (each kernel
+ *    is deterministic). Output gradients stay fp32 and are stored in 16 bits into
+ *    scratch (`rdy`) for the GEMM that reads them.
+ *  - The plan adds activations up in 4-byte units, each tensor 64-byte aligned, 16-bit
+ *    ones at 2 bytes an element (wf__carve).
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "model_int.h"
 
-size_t wf__carve(const wf__carve_item *t, size_t n, float *mem)
+size_t wf__carve(const wf__carve_item *t, size_t n, const wf__carve_to *to, size_t *core_floats)
 {
-  size_t total = 0;
+  size_t used[2] = {0, 0};
+  float *base[2] = {to->mem, to->core};
   for (size_t i = 0; i < n; i++) {
-    if (mem)
-      *t[i].p = mem + total;
-    total += (t[i].n + 15) & ~(size_t)15;
+    int r = t[i].core ? 1 : 0;
+    size_t bytes = t[i].n * (t[i].act ? wf_storage_size(to->fmt) : sizeof(float));
+    if (base[r])
+      *t[i].p = base[r] + used[r];
+    used[r] += ((bytes + 3) / 4 + 15) & ~(size_t)15; /* floats, 64-byte aligned */
   }
-  return total;
+  if (core_floats)
+    *core_floats = used[1];
+  return used[0];
 }
 
 /* ---- the memory plan ----------------------------------------------------------------- */
+
+/* The kernels of the model's format: the device's table of that format, or the fp32
+ * table when the device has none (model creation refuses that). */
+static const wf_ktable *format_kernels(const wf_ktable *k, wf_precision p)
+{
+  const wf_ktable *f = k->storage ? k->storage((int)p) : NULL;
+  return f ? f : k;
+}
 
 /* The sizes every carve is made of, from the options alone (no model needed). */
 static wf__geo geometry(const wf_model_opts *o, const wf_ktable *k)
@@ -60,54 +76,74 @@ static wf__geo geometry(const wf_model_opts *o, const wf_ktable *k)
                    .Vl = (size_t)(d.Vp / o->shard.tp),
                    .NHl = d.NH / o->shard.tp,
                    .KVl = d.KV / o->shard.tp,
-                   .low = o->precision != WF_PREC_NO,
-                   .k = k};
+                   .fmt = (int)o->precision,
+                   .k = format_kernels(k, o->precision)};
 }
 
 /* A slot for `inner` layers of intermediates and `outer` layer outputs, with the head's
- * when `head`; a slot is (lc, lc, last), or (0, lc, last) under activation checkpointing,
- * whose one shared recompute buffer is the family's layer_floats. */
-static size_t carve_slot(wf__slot *a, float *mem, const wf__geo *z, const wf__family_ops *ops,
-                         int inner, int outer, bool head)
+ * when `head`; a slot is (lc, lc, last), or (0, lc, last) under full activation
+ * checkpointing, whose one shared recompute buffer is the family's whole layer. */
+static size_t carve_slot(wf__slot *a, void *mem, const wf__geo *z, size_t layer, int inner,
+                         int outer, bool head, const wf__family_ops *ops)
 {
   size_t C = z->C, N = z->N, R = z->R, last = head ? 1 : 0;
   wf__carve_item t[] = {
-      {&a->encoded, R * C},
-      {&a->saved, (size_t)inner * ops->layer_floats(z)},
-      {&a->out, (size_t)outer * R * C},
-      {&a->head, last * ops->head_floats(z)},
-      {&a->logits, last * N * z->Vl},
-      {&a->row_max, last * N},
-      {&a->row_sumexp, last * N},
-      {&a->target_logit, last * N},
-      {&a->losses, last * N},
-      {(float **)&a->inputs, N}, /* int and float are both 4 bytes */
-      {(float **)&a->targets, N},
+      WF__ACT(&a->encoded, R * C),
+      WF__F32(&a->saved, (size_t)inner * layer),
+      WF__ACT(&a->out, (size_t)outer * R * C),
+      WF__F32(&a->head, last * ops->head_floats(z)),
+      WF__ACT(&a->logits, last * N * z->Vl),
+      WF__F32(&a->row_max, last * N),
+      WF__F32(&a->row_sumexp, last * N),
+      WF__F32(&a->target_logit, last * N),
+      WF__F32(&a->losses, last * N),
+      WF__F32(&a->inputs, N), /* int and float are both 4 bytes */
+      WF__F32(&a->targets, N),
   };
-  return wf__carve(t, WF_ARRAY_LEN(t), mem);
+  return wf__carve(t, WF_ARRAY_LEN(t), &(wf__carve_to){mem, NULL, z->fmt}, NULL);
 }
 
-static size_t carve_dacts(wf__dacts *g, double **loss_acc, int **bad_token, float *mem,
+/* The widest output of a layer's GEMMs (local rows of its layered GEMM weights): the
+ * most columns an output gradient entering a GEMM has. */
+static size_t widest_gemm(const wf__geo *z)
+{
+  wf_model_desc desc;
+  wf_model_describe(&z->d, &desc);
+  size_t w = z->C;
+  for (int t = 0; t < desc.n; t++) {
+    const wf_tensor_desc *x = &desc.t[t];
+    if (x->place != WF_PLACE_LAYER || !x->gemm)
+      continue;
+    size_t rows = wf_tensor_rows(&z->d, x);
+    w = WF_MAX(w, x->split == WF_SPLIT_COLUMN ? rows / z->tp : rows);
+  }
+  return w;
+}
+
+static size_t carve_dacts(wf__dacts *g, double **loss_acc, int **bad_token, void *mem,
                           const wf__geo *z, const wf__family_ops *ops)
 {
-  size_t C = z->C, tp = z->tp, N = z->N;
+  size_t C = z->C, tp = z->tp, N = z->N, R = z->R;
   wf__carve_item t[] = {
-      {&g->proj, N * C},
-      {&g->full, N * C},
-      {&g->dres, N * C},
-      {&g->dc, N * C},
-      {&g->dl, N * C},
-      {&g->stats, 3 * (tp + 1) * N},
-      {&g->rdy, z->low ? N * C : 0},
-      {&g->fam, ops->scratch_floats(z)},
-      {&g->consts, ops->const_floats(z)},
-      {(float **)loss_acc, 2}, /* one double */
-      {(float **)bad_token, 2},
+      WF__F32(&g->proj, N * C),
+      WF__F32(&g->ysum, R * C),
+      WF__F32(&g->full, N * C),
+      WF__F32(&g->dres, N * C),
+      WF__F32(&g->dc, N * C),
+      WF__F32(&g->dl, N * C),
+      WF__F32(&g->stats, 3 * (tp + 1) * N),
+      WF__ACT(&g->rdy, z->fmt != WF_PREC_NO ? N * widest_gemm(z) : 0),
+      WF__F32(&g->fam, ops->scratch_floats(z)),
+      WF__F32(&g->consts, ops->const_floats(z)),
+      WF__F32(loss_acc, 2), /* one double */
+      WF__F32(bad_token, 2),
   };
-  return wf__carve(t, WF_ARRAY_LEN(t), mem);
+  return wf__carve(t, WF_ARRAY_LEN(t), &(wf__carve_to){mem, NULL, z->fmt}, NULL);
 }
 
 static const wf__family_ops *ops_of(const wf_model_dims *d) { return wf_model_family(d)->ops; }
+
+size_t wf_model_low_bytes(wf_precision p) { return p == WF_PREC_NO ? 0 : 2; }
 
 wf_model_mem wf_model_mem_plan(const wf_model_opts *o, const struct wf_ktable *k)
 {
@@ -120,16 +156,19 @@ wf_model_mem wf_model_mem_plan(const wf_model_opts *o, const struct wf_ktable *k
   const wf__family_ops *ops = ops_of(&o->dims);
   k = k ? k : wf_dev_kernels(o->dev ? o->dev : wf_dev_cpu());
   wf__geo z = geometry(o, k);
-  size_t n = wf_model_shard_params(&o->dims, s) * sizeof(float);
+  size_t n = wf_model_shard_params(&o->dims, s), core = 0;
+  size_t layer = ops->layer_floats(&z, &core);
   int lc = s->l1 - s->l0; /* a slot holds one chunk's layers */
-  r.params = n;
-  r.grads = n;
-  r.wlow = o->precision != WF_PREC_NO ? n : 0;
-  r.slot = carve_slot(&a, NULL, &z, ops, o->recompute ? 0 : lc, lc, s->last) * sizeof(float);
+  bool full = o->recompute == WF_RECOMPUTE_FULL, sel = o->recompute == WF_RECOMPUTE_SELECTIVE;
+  r.params = n * sizeof(float);
+  r.grads = n * sizeof(float);
+  r.wlow = n * wf_model_low_bytes(o->precision);
+  r.slot = carve_slot(&a, NULL, &z, sel ? layer : layer + core, full ? 0 : lc, lc, s->last, ops) *
+           sizeof(float);
   r.slots = r.slot * (size_t)o->slots;
-  r.recompute = o->recompute ? ops->layer_floats(&z) * sizeof(float) : 0;
+  r.recompute = (full ? layer + core : sel ? core : 0) * sizeof(float);
   r.scratch = carve_dacts(&da, &acc, &bad, NULL, &z, ops) * sizeof(float);
-  r.io = z.R * z.C;
+  r.io = z.R * z.C * wf_storage_size(z.fmt);
   r.total = r.params + r.grads + r.wlow + r.slots + r.recompute + r.scratch;
   return r;
 }
@@ -150,15 +189,17 @@ static void layout(wf_model *m)
 static wf_status alloc_acts(wf_model *m, const wf_model_mem *mp)
 {
   wf_status st = WF_OK;
-  int inner = m->recompute ? 0 : m->lc; /* a slot holds one chunk's layers */
+  bool full = m->recompute == WF_RECOMPUTE_FULL, sel = m->recompute == WF_RECOMPUTE_SELECTIVE;
+  size_t layer = sel ? m->layer_floats : m->layer_floats + m->core_floats;
   m->slot_floats = mp->slot / sizeof(float);
   WF_CHECK_ALLOC(m->a = calloc((size_t)m->n_slots, sizeof *m->a));
   WF_TRY(wf_dev_alloc_floats(m->dev, &m->act_mem, mp->slots / sizeof(float)));
-  for (int i = 0; i < m->n_slots; i++)
-    carve_slot(&m->a[i], m->act_mem + (size_t)i * m->slot_floats, &m->g, m->ops, inner, m->lc,
-               m->s.last);
-  if (m->recompute) /* one layer's intermediates, shared by every layer and slot */
-    WF_TRY(wf_dev_alloc_floats(m->dev, &m->re_saved, mp->recompute / sizeof(float)));
+  for (int i = 0; i < m->n_slots; i++) /* a slot holds one chunk's layers */
+    carve_slot(&m->a[i], m->act_mem + (size_t)i * m->slot_floats, &m->g, layer, full ? 0 : m->lc,
+               m->lc, m->s.last, m->ops);
+  /* full: one layer's intermediates; selective: one layer's core state; shared by every
+   * layer and slot */
+  WF_TRY(wf_dev_alloc_floats(m->dev, &m->re_saved, mp->recompute / sizeof(float)));
   WF_TRY(wf_dev_alloc_floats(m->dev, &m->dact_mem, mp->scratch / sizeof(float)));
   carve_dacts(&m->da, &m->loss_acc, &m->bad_token, m->dact_mem, &m->g, m->ops);
 fail:
@@ -187,6 +228,12 @@ static wf_status check_opts(const wf_model_opts *o)
   WF_CHECK(!o->shard.sequence || ((size_t)o->B * o->T) % (size_t)o->shard.tp == 0, WF_EINVAL,
            "sequence parallelism needs B*T = %d x %d tokens divisible by tp %d", o->B, o->T,
            o->shard.tp);
+  const wf_ktable *k = wf_dev_kernels(o->dev ? o->dev : wf_dev_cpu());
+  WF_CHECK(k->storage && k->storage((int)o->precision), WF_EUNSUPPORTED,
+           "precision %s: device %s has no kernels for activations stored in %s; use "
+           "precision=no",
+           wf_storage_name((int)o->precision), wf_dev_name(o->dev ? o->dev : wf_dev_cpu()),
+           wf_storage_name((int)o->precision));
 fail:
   return st;
 }
@@ -199,7 +246,7 @@ static void set_geometry(wf_model *m, const wf_model_opts *o)
   m->fam->describe(&m->d, &m->desc);
   m->s = o->shard;
   m->dev = o->dev ? o->dev : wf_dev_cpu();
-  m->k = wf_dev_kernels(m->dev);
+  m->k = format_kernels(wf_dev_kernels(m->dev), o->precision);
   m->tp = o->shard.tp > 1 ? o->tp : (wf_tp_regions){NULL, NULL};
   m->sequence = o->shard.sequence && o->shard.tp > 1;
   m->nchunk = o->shard.chunks > 1 ? o->shard.chunks : 1;
@@ -211,9 +258,10 @@ static void set_geometry(wf_model *m, const wf_model_opts *o)
   m->Bmax = o->B, m->Tmax = o->T, m->n_slots = o->slots;
   m->recompute = o->recompute;
   m->prec = o->precision;
+  m->esize = wf_storage_size((int)o->precision);
   m->loss_scale = 1.0f;
-  m->g = geometry(o, m->k);
-  m->layer_floats = m->ops->layer_floats(&m->g);
+  m->g = geometry(o, wf_dev_kernels(m->dev));
+  m->layer_floats = m->ops->layer_floats(&m->g, &m->core_floats);
   layout(m);
 }
 
@@ -228,7 +276,7 @@ wf_status wf_model_create_shard(wf_model **out, const wf_model_opts *o)
   wf_model_mem mp = wf_model_mem_plan(o, m->k);
   WF_TRY(wf_dev_alloc_floats(m->dev, &m->params, mp.params / sizeof(float)));
   WF_TRY(wf_dev_alloc_floats(m->dev, &m->grads, mp.grads / sizeof(float)));
-  WF_TRY(wf_dev_alloc_floats(m->dev, &m->wlow, mp.wlow / sizeof(float))); /* 0: none */
+  WF_TRY(wf_dev_alloc(m->dev, &m->wlow, mp.wlow)); /* 0: none */
   m->gstride = m->nl > 0 ? m->nl : 1;
   size_t slots = (size_t)WF_MAX_TENSORS * (size_t)m->gstride;
   WF_CHECK_ALLOC(m->gptr = calloc(slots, sizeof *m->gptr));
@@ -298,16 +346,15 @@ void wf_model_set_grad_tensor(wf_model *m, int t, int j, float *p)
   m->gptr[(size_t)t * (size_t)m->gstride + (size_t)j] = p;
 }
 
-static void round_to(const wf_model *m, float *dst, const float *src, size_t n);
-
-void wf_model_set_param_tensor(wf_model *m, int t, int j, float *p, float *low)
+void wf_model_set_param_tensor(wf_model *m, int t, int j, float *p, void *low)
 {
   size_t i = (size_t)t * (size_t)m->gstride + (size_t)j;
   m->pptr[i] = p;
   m->lptr[i] = NULL;
   if (p && low && m->prec != WF_PREC_NO && m->desc.t[t].gemm) {
-    round_to(m, low, p,
-             layered(m, t) ? wf_model_local_layer_numel(m, t) : wf_model_local_numel(m, t));
+    m->k->store(low, p,
+                layered(m, t) ? wf_model_local_layer_numel(m, t) : wf_model_local_numel(m, t),
+                NULL);
     m->lptr[i] = low;
   }
 }
@@ -325,7 +372,7 @@ wf_status wf_model_restore_params(wf_model *m)
   if (!m->params)
     WF_TRY(wf_dev_alloc_floats(m->dev, &m->params, m->num_params));
   if (m->prec != WF_PREC_NO && !m->wlow)
-    WF_TRY(wf_dev_alloc_floats(m->dev, &m->wlow, m->num_params));
+    WF_TRY(wf_dev_alloc(m->dev, &m->wlow, m->num_params * wf_model_low_bytes(m->prec)));
 fail:
   return st;
 }
@@ -355,14 +402,17 @@ size_t wf_model_grad_bytes(const wf_model *m)
 
 size_t wf_model_param_bytes(const wf_model *m)
 {
-  return (m->params ? 1 : 0) * (m->wlow ? 2 : 1) * m->num_params * sizeof(float);
+  size_t low = m->wlow ? wf_model_low_bytes(m->prec) : 0;
+  return m->params ? m->num_params * (sizeof(float) + low) : 0;
 }
 
 size_t wf_model_slot_bytes(const wf_model *m) { return m->slot_floats * sizeof(float); }
 
 size_t wf_model_act_bytes(const wf_model *m, int slots)
 {
-  size_t re = m->recompute ? m->layer_floats : 0;
+  size_t re = m->recompute == WF_RECOMPUTE_FULL        ? m->layer_floats + m->core_floats
+              : m->recompute == WF_RECOMPUTE_SELECTIVE ? m->core_floats
+                                                       : 0;
   return ((size_t)slots * m->slot_floats + re) * sizeof(float);
 }
 
@@ -379,7 +429,21 @@ void wf_model_set_grad_hook(wf_model *m, wf_model_grad_hook fn, void *user)
   m->hook_user = user;
 }
 
-const float *wf_model_logits(const wf_model *m) { return m->a[0].logits; }
+wf_status wf_model_logits_read(wf_model *m, float *host, size_t first, size_t n)
+{
+  wf_status st = WF_OK;
+  uint16_t *h = NULL;
+  const void *src = wf_storage_at(m->a[0].logits, first, (int)m->prec);
+  if (m->prec == WF_PREC_NO)
+    return wf_dev_read(m->dev, host, src, n * sizeof *host);
+  WF_CHECK_ALLOC(h = malloc(n * sizeof *h));
+  WF_TRY(wf_dev_read(m->dev, h, src, n * sizeof *h));
+  for (size_t i = 0; i < n; i++)
+    host[i] = wf_storage_get(h, i, (int)m->prec);
+fail:
+  free(h);
+  return st;
+}
 
 size_t wf__rows(const wf_model *m, size_t N) { return m->sequence ? N / (size_t)m->s.tp : N; }
 
@@ -388,7 +452,12 @@ size_t wf_model_stage_io_numel(const wf_model *m, int B, int T)
   return wf__rows(m, (size_t)B * T) * (size_t)m->d.C;
 }
 
-const float *wf_model_stage_output(const wf_model *m, int slot)
+size_t wf_model_stage_io_bytes(const wf_model *m, int B, int T)
+{
+  return wf_model_stage_io_numel(m, B, T) * m->esize;
+}
+
+const void *wf_model_stage_output(const wf_model *m, int slot)
 {
   return wf__layer_input(m, &m->a[slot], m->lc);
 }
@@ -412,61 +481,52 @@ wf_status wf_model_take_loss(wf_model *m, double *sum)
 
 /* ---- slot geometry ---------------------------------------------------------------------- */
 
-float *wf__layer_saved(const wf_model *m, const wf__slot *a, int j)
+wf__layer_mem wf__layer_saved(const wf_model *m, const wf__slot *a, int j)
 {
-  return m->recompute ? m->re_saved : a->saved + (size_t)j * m->layer_floats;
+  size_t layer = m->layer_floats, core = m->core_floats;
+  switch (m->recompute) {
+  case WF_RECOMPUTE_FULL: return (wf__layer_mem){m->re_saved, m->re_saved + layer};
+  case WF_RECOMPUTE_SELECTIVE: return (wf__layer_mem){a->saved + (size_t)j * layer, m->re_saved};
+  default: break;
+  }
+  float *saved = a->saved + (size_t)j * (layer + core);
+  return (wf__layer_mem){saved, saved + layer};
 }
 
-float *wf__layer_input(const wf_model *m, const wf__slot *a, int j)
+void *wf__layer_input(const wf_model *m, const wf__slot *a, int j)
 {
   size_t rc = wf__rows(m, (size_t)m->Bmax * m->Tmax) * (size_t)m->d.C;
-  return j == 0 ? a->encoded : a->out + (size_t)(j - 1) * rc;
+  return j == 0 ? a->encoded : (char *)a->out + (size_t)(j - 1) * rc * m->esize;
 }
 
 /* ---- mixed precision ------------------------------------------------------------------- */
 
-const float *wf__gemm_weight(wf_model *m, int t, int layer)
+const void *wf__gemm_weight(wf_model *m, int t, int layer)
 {
   int j = layered(m, t) ? wf__local_layer(m, layer) : 0;
-  const float *low = m->lptr[(size_t)t * (size_t)m->gstride + (size_t)j];
-  if (low) /* ZeRO-3's window, rounded when it was gathered */
+  const void *low = m->lptr[(size_t)t * (size_t)m->gstride + (size_t)j];
+  if (low) /* ZeRO-3's window, stored in 16 bits when it was gathered */
     return low;
   const float *w = wf_model_param(m, t, layer, 0);
-  return m->wlow ? m->wlow + (w - m->params) : w;
+  return m->wlow ? (const char *)m->wlow + (size_t)(w - m->params) * m->esize : (const void *)w;
 }
 
-/* Round n floats to the model's GEMM precision (nothing at precision no). */
-static void round_to(const wf_model *m, float *dst, const float *src, size_t n)
-{
-  if (m->prec == WF_PREC_BF16)
-    m->k->round_bf16(dst, src, n, NULL);
-  else if (m->prec == WF_PREC_FP16)
-    m->k->round_fp16(dst, src, n, NULL);
-}
-
-void wf__round_operand(const wf_model *m, float *x, size_t n) { round_to(m, x, x, n); }
-
-/* An output gradient (N,C) that other ops read unrounded (the residual stream's): its
- * rounded copy in da.rdy for the GEMMs, or itself at precision no. */
-const float *wf__rounded_grad(wf_model *m, const float *dy, size_t n)
+/* An fp32 output gradient (n) entering a GEMM, in the activation format: stored into
+ * da.rdy, or itself at fp32. */
+const void *wf__act_grad(wf_model *m, const float *dy, size_t n)
 {
   if (m->prec == WF_PREC_NO)
     return dy;
-  round_to(m, m->da.rdy, dy, n);
+  m->k->store(m->da.rdy, dy, n, NULL);
   return m->da.rdy;
 }
 
-/* The GEMM weights (the tensors described `gemm`) rounded into wlow. */
+/* The 16-bit copy of every parameter (the GEMMs read the weights' from it). */
 wf_status wf_model_params_changed(wf_model *m)
 {
-  if (!m->wlow || !m->params) /* ZeRO-3 refuses mixed precision: no rounded copy to keep */
+  if (!m->wlow || !m->params) /* ZeRO-3 dropped the flat copy: its windows keep theirs */
     return WF_OK;
-  for (int t = 0; t < m->desc.n; t++) {
-    if (!m->desc.t[t].gemm)
-      continue;
-    size_t off = m->off[t];
-    round_to(m, m->wlow + off, m->params + off, wf_model_local_numel(m, t));
-  }
+  m->k->store(m->wlow, m->params, m->num_params, NULL);
   return wf_dev_check(m->dev);
 }
 

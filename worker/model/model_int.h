@@ -20,49 +20,79 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "storage.h"
 #include "wf_check.h"
 #include "wf_device.h"
 #include "wf_model.h"
 
 /* ---- carving one allocation into tensors ------------------------------------------- */
 
-/* One tensor to carve: where its pointer goes, and its floats. */
+/* One tensor to carve: where its pointer goes, its elements, whether it is an
+ * activation (stored in the model's format, storage.h) or fp32 (statistics, scratch
+ * that accumulates, tokens), and whether it is attention's core state, which selective
+ * recompute drops from the slot and rebuilds before backward. */
 typedef struct wf__carve_item {
-  float **p;
+  void **p;
   size_t n;
+  bool act;
+  bool core;
 } wf__carve_item;
+#define WF__F32(ptr, count)                                                                        \
+  {                                                                                                \
+    (void **)(ptr), (count), false, false                                                          \
+  }
+#define WF__ACT(ptr, count)                                                                        \
+  {                                                                                                \
+    (void **)(ptr), (count), true, false                                                           \
+  }
+#define WF__CORE(ptr, count)                                                                       \
+  {                                                                                                \
+    (void **)(ptr), (count), false, true                                                           \
+  }
 
-/* Point each item into `mem` (or just count, when mem is NULL), 64-byte aligned; the
- * floats the items take together. */
-size_t wf__carve(const wf__carve_item *t, size_t n, float *mem);
+/* Where items go: the core items into `core`, the others into `mem` (either NULL: just
+ * count), each 64-byte aligned, activations fmt's elements; the floats (4-byte units)
+ * the non-core items take, and those of the core items in *core_floats (may be NULL). */
+typedef struct wf__carve_to {
+  void *mem, *core;
+  int fmt;
+} wf__carve_to;
+size_t wf__carve(const wf__carve_item *t, size_t n, const wf__carve_to *to, size_t *core_floats);
 
 /* ---- geometry ------------------------------------------------------------------------ */
 
 /* The sizes every carve is made of, from the model's options alone: the resolved dims,
  * tp, the micro-batch (B x T, N = B*T rows, R replicated rows), local heads, local
- * vocabulary rows, whether GEMM operands are rounded (mixed precision), and the
- * kernels whose attention sizes apply. */
+ * vocabulary rows, the activations' storage format (the model's precision; 16 bits
+ * under mixed precision) and the kernels of that format, whose attention sizes apply. */
 typedef struct wf__geo {
   wf_model_dims d;
   size_t B, T, N, R, C, tp, Vl;
   int NHl, KVl;
-  bool low;
+  int fmt;
   const wf_ktable *k;
 } wf__geo;
+
+/* A layer's saved activations: the items kept in the slot, and attention's core state
+ * (beside them, or in the shared core buffer under selective recompute). */
+typedef struct wf__layer_mem {
+  void *saved, *core;
+} wf__layer_mem;
 
 /* ---- activations ------------------------------------------------------------------ */
 
 /* Activations of one micro-batch in one slot, for one chunk's layers, carved from one
  * allocation sized for Bmax x Tmax. A layer's saved intermediates are the family's
- * (family ops' layer_floats each, `saved`); every layer's output (the residual stream
- * entering the next) is `out`; the head's norm is the family's (`head`), its logits and
- * loss are the engine's. */
+ * (family ops' layer_floats each, `saved`; with attention's core state unless selective
+ * recompute drops it); every layer's output (the residual stream entering the next) is
+ * `out`; the head's norm is the family's (`head`), its logits and loss are the engine's.
+ * Activations (void *) are stored in the model's format (storage.h), the rest fp32. */
 typedef struct wf__slot {
-  float *encoded;               /* (R,C) the stage's input */
+  void *encoded;                /* (R,C) the stage's input */
   float *saved;                 /* (nl, layer_floats) */
-  float *out;                   /* (nl,R,C) */
+  void *out;                    /* (nl,R,C) */
   float *head;                  /* (head_floats): last stage */
-  float *logits;                /* (N,Vp/tp): last stage; dlogits after backward */
+  void *logits;                 /* (N,Vp/tp): last stage; dlogits after backward */
   float *row_max, *row_sumexp;  /* (N) global over the vocabulary */
   float *target_logit, *losses; /* (N) */
   int *inputs, *targets;        /* (N) this micro-batch's tokens */
@@ -71,31 +101,40 @@ typedef struct wf__slot {
   bool have_targets; /* computed a loss, so backward may run */
 } wf__slot;
 
-/* Scratch shared by all slots: one layer's worth, reused layer after layer. */
+/* Scratch shared by all slots: one layer's worth, reused layer after layer. fp32 but
+ * for rdy; `full` holds an activation (in its format) or a gradient. */
 typedef struct wf__dacts {
   float *proj;   /* (N,C) row-parallel partial output */
+  float *ysum;   /* (R,C) its sum over tp, which the residual stream then stores */
   float *full;   /* (N,C) a gathered input or output gradient (sequence parallelism) */
   float *dres;   /* (N,C) gradient of the residual stream (R rows used) */
   float *dc;     /* (N,C) partial input gradient of a column-parallel matmul */
   float *dl;     /* (N,C) a norm's output gradient after the tp reduction (R rows) */
   float *stats;  /* (tp+1,N,3) every rank's packed xent row statistics, then this rank's */
-  float *rdy;    /* (N,C) a GEMM's rounded output gradient (mixed precision; else empty) */
+  void *rdy;     /* (N, widest GEMM output) a GEMM's output gradient in the activation
+                  * format (16-bit formats; empty at fp32, where GEMMs read it in place) */
   float *fam;    /* (scratch_floats) the family's backward scratch */
   float *consts; /* (const_floats) the family's tables, written once (RoPE's angles) */
 } wf__dacts;
 
 /* ---- a family's compute ------------------------------------------------------------- */
 
-/* What a family computes, in the model's own memory. Sizes are floats for geometry g.
- * `saved` is one layer's intermediates (layer_floats). A block's forward reads x (R,C)
- * and writes y (R,C); its backward finds d y in m->da.dres and leaves d x there, adding
- * into the parameter gradients. The head reads the last layer's output x and ends in
- * the loss (wf__head_loss_forward); its backward leaves d x in m->da.dres. The
- * embedding writes a->encoded from a->inputs; its backward reads m->da.dres. The memory
- * plan is the family's: what a layer and the head save for backward, backward's scratch
- * and its constant tables (wf_model_mem_plan adds them up; everything is fp32 today). */
+/* What a family computes, in the model's own memory. Sizes are floats (4-byte units) for
+ * geometry g. `mem` is one layer's intermediates. A block's forward reads x (R,C) and
+ * writes y (R,C), both activations; its backward finds d y in m->da.dres and leaves d x
+ * there, adding into the parameter gradients. The head reads the last layer's output x
+ * and ends in the loss (wf__head_loss_forward); its backward leaves d x in m->da.dres.
+ * The embedding writes a->encoded from a->inputs; its backward reads m->da.dres. The
+ * memory plan is the family's: what a layer and the head save for backward (carved
+ * with wf__carve, activations in the model's format), backward's scratch and its
+ * constant tables (wf_model_mem_plan adds them up). core_forward rebuilds a layer's
+ * attention core state (selective recompute) from what the slot kept.
+ * Every op computes through m->k, the kernels of the model's storage format: a family
+ * has one code path for every precision. */
 typedef struct wf__family_ops {
-  size_t (*layer_floats)(const wf__geo *g);
+  /* floats of one layer's saved activations besides attention's core state, and those
+   * of the core state (*core) */
+  size_t (*layer_floats)(const wf__geo *g, size_t *core);
   size_t (*head_floats)(const wf__geo *g);
   size_t (*scratch_floats)(const wf__geo *g);
   /* tables the family computes with and never changes (0: none), filled by prepare once
@@ -104,11 +143,12 @@ typedef struct wf__family_ops {
   wf_status (*prepare)(wf_model *m);
   wf_status (*embed_forward)(wf_model *m, wf__slot *a);
   wf_status (*embed_backward)(wf_model *m, wf__slot *a);
-  wf_status (*block_forward)(wf_model *m, float *saved, const float *x, float *y, int l, int B,
+  wf_status (*block_forward)(wf_model *m, wf__layer_mem mem, const void *x, void *y, int l, int B,
                              int T);
-  wf_status (*block_backward)(wf_model *m, float *saved, const float *x, int l, int B, int T);
-  wf_status (*head_forward)(wf_model *m, wf__slot *a, const float *x);
-  wf_status (*head_backward)(wf_model *m, wf__slot *a, const float *x, float dloss);
+  wf_status (*core_forward)(wf_model *m, wf__layer_mem mem, int l, int B, int T);
+  wf_status (*block_backward)(wf_model *m, wf__layer_mem mem, const void *x, int l, int B, int T);
+  wf_status (*head_forward)(wf_model *m, wf__slot *a, const void *x);
+  wf_status (*head_backward)(wf_model *m, wf__slot *a, const void *x, float dloss);
 } wf__family_ops;
 
 struct wf_model {
@@ -118,7 +158,7 @@ struct wf_model {
   wf_model_desc desc;
   wf_model_shard s;
   wf_dev *dev;        /* borrowed */
-  const wf_ktable *k; /* the device's kernels */
+  const wf_ktable *k; /* the device's kernels for the model's storage format */
   wf_tp_regions tp;   /* the region operators (ops NULL: identity) */
   bool sequence;      /* sequence parallelism is on (tp > 1) */
   int nl;             /* layers on this rank: v chunks of lc layers */
@@ -127,27 +167,30 @@ struct wf_model {
   int Bmax, Tmax, n_slots, in_use, peak;
   size_t num_params;              /* local */
   size_t off[WF_MAX_TENSORS + 1]; /* local offset of each tensor; [n] = total */
-  size_t layer_floats;            /* one layer's saved intermediates */
+  size_t layer_floats;            /* one layer's saved intermediates (without the core state) */
+  size_t core_floats;             /* attention's core state of one layer */
   size_t slot_floats;
   wf__geo g; /* the carves' sizes */
   float *params, *grads;
-  wf_precision prec; /* GEMM operands rounded to bf16/fp16; WF_PREC_NO = fp32 */
-  float *wlow;       /* mixed precision: the GEMM weights rounded (params layout), else NULL */
+  wf_precision prec; /* the activations' storage format: WF_PREC_NO = fp32, or bf16/fp16 */
+  size_t esize;      /* bytes of one activation element */
+  void *wlow;        /* mixed precision: the 16-bit copy of the parameters, else NULL */
   float loss_scale;  /* backward's loss gradient is multiplied by it (fp16 loss scaling) */
-  float *act_mem, *dact_mem, *re_mem;
-  double *loss_acc; /* (1) the sum of micro-batch losses since wf_model_take_loss */
-  int *bad_token;   /* (2) wf_tokens_check's answer */
-  wf__slot *a;      /* n_slots */
-  bool recompute;   /* activation checkpointing: slots keep layer outputs only */
-  float *re_saved;  /* recompute: one layer's intermediates, shared */
+  float *act_mem, *dact_mem;
+  double *loss_acc;       /* (1) the sum of micro-batch losses since wf_model_take_loss */
+  int *bad_token;         /* (2) wf_tokens_check's answer */
+  wf__slot *a;            /* n_slots */
+  wf_recompute recompute; /* full: slots keep layer outputs only; selective: no core state */
+  float *re_saved;        /* full: one layer's intermediates; selective: one core state */
   wf__dacts da;
+  size_t dres_n; /* elements of da.dres the last backward left: its stage input's gradient */
   wf_model_grad_hook hook; /* told when each group of gradients is final (dp overlap) */
   void *hook_user;
   /* ZeRO-2: where each (tensor, local layer) gradient lives instead of `grads`
    * (WF_MAX_TENSORS x gstride entries, NULL = in `grads`); see wf_model_set_grad_tensor */
   float **gptr;
   float **pptr; /* ZeRO-3: the same for the parameters (wf_model_set_param_tensor) */
-  float **lptr; /* ZeRO-3 with mixed precision: a GEMM weight's rounded copy, else NULL */
+  void **lptr;  /* ZeRO-3 with mixed precision: a GEMM weight's 16-bit copy, else NULL */
   int gstride;
   wf_model_unit_hook unit_hook; /* ZeRO-3: told before each layer's forward and backward */
   void *unit_user;
@@ -169,14 +212,14 @@ size_t wf__full_index(const wf_model_dims *d, const wf_tensor_desc *t, const wf_
                       const wf__geom *g, size_t i);
 bool wf__tensor_present(const wf_tensor_desc *t, const wf_model_shard *s);
 
-/* model.c: the slot's layer j intermediates (or the shared recompute buffer), the
- * residual entering local layer j (j = lc: the chunk's output), GEMM weights (rounded
- * under mixed precision), rounding an activation or gradient. */
-float *wf__layer_saved(const wf_model *m, const wf__slot *a, int j);
-float *wf__layer_input(const wf_model *m, const wf__slot *a, int j);
-const float *wf__gemm_weight(wf_model *m, int t, int layer);
-void wf__round_operand(const wf_model *m, float *x, size_t n);
-const float *wf__rounded_grad(wf_model *m, const float *dy, size_t n);
+/* model.c: the slot's layer j intermediates (or the shared recompute buffers), the
+ * residual entering local layer j (j = lc: the chunk's output), GEMM weights (their
+ * 16-bit copy under mixed precision), and a GEMM's fp32 output gradient in the
+ * activation format (stored into da.rdy; itself at fp32). */
+wf__layer_mem wf__layer_saved(const wf_model *m, const wf__slot *a, int j);
+void *wf__layer_input(const wf_model *m, const wf__slot *a, int j);
+const void *wf__gemm_weight(wf_model *m, int t, int layer);
+const void *wf__act_grad(wf_model *m, const float *dy, size_t n);
 /* The chunk of slot work: whether it holds the embeddings / the head. */
 bool wf__chunk_first(const wf_model *m, int c);
 bool wf__chunk_last(const wf_model *m, int c);
@@ -187,31 +230,31 @@ size_t wf__rows(const wf_model *m, size_t N);
 
 /* ops.c: the region operators (through m->tp, the identity without it), and the
  * pieces of a Megatron block both families share. */
-wf_status wf__enter_fwd(wf_model *m, const float **out, const float *x, float *full, size_t N,
+wf_status wf__enter_fwd(wf_model *m, const void **out, const void *x, void *full, size_t N,
                         size_t C);
 wf_status wf__enter_bwd(wf_model *m, float *dx, float *dfull, size_t N, size_t C);
 wf_status wf__leave_fwd(wf_model *m, float *y, float *partial, size_t N, size_t C);
 wf_status wf__leave_bwd(wf_model *m, const float **out, const float *dy, float *full, size_t N,
                         size_t C);
 wf_status wf__zero(wf_model *m, float *p, size_t n);
-/* Row-parallel matmul of x (N, IC) by weight tensor w of layer l into y (rows(N), C):
- * the partial product (with bias tensor b, -1 none, added on tp rank 0 only so the sum
- * adds it once), then leaving the tp region. */
-wf_status wf__row_parallel(wf_model *m, float *y, const float *x, int w, int b, int l, int N,
-                           int IC);
-/* Column-parallel matmul backward from the full input x (N, C): dout (N, OC) is scratch
- * that only this GEMM reads (mixed precision rounds it in place); weight w, bias b (-1
+/* Row-parallel matmul of the activation x (N, IC) by weight tensor w of layer l: the
+ * partial product in fp32 (with bias tensor b, -1 none, added on tp rank 0 only so the
+ * sum adds it once), then leaving the tp region: the sum, fp32 (rows(N), C), in
+ * m->da.ysum, for the residual stream to add and store. */
+wf_status wf__row_parallel(wf_model *m, const void *x, int w, int b, int l, int N, int IC);
+/* Column-parallel matmul backward from the full input x (N, C): dout (N, OC) fp32
+ * (stored in the activation format for the GEMM: wf__act_grad); weight w, bias b (-1
  * none) gradients are added to; the input gradient, summed over tp by entering's
  * backward, lands in m->da.dl (rows(N), C). */
-wf_status wf__column_backward(wf_model *m, float *dout, const float *x, int w, int b, int l, int N,
-                              int OC);
-/* The vocabulary-parallel head after the family's final norm xn (rows(N), C, rounded
- * under mixed precision): logits of this rank's vocabulary slice by weight tensor w,
- * and with targets the mean cross-entropy, combined over tp, added to the loss sum. */
-wf_status wf__head_loss_forward(wf_model *m, wf__slot *a, const float *xn, int w);
+wf_status wf__column_backward(wf_model *m, const float *dout, const void *x, int w, int b, int l,
+                              int N, int OC);
+/* The vocabulary-parallel head after the family's final norm xn (rows(N), C, an
+ * activation): logits of this rank's vocabulary slice by weight tensor w, and with
+ * targets the mean cross-entropy, combined over tp, added to the loss sum. */
+wf_status wf__head_loss_forward(wf_model *m, wf__slot *a, const void *xn, int w);
 /* Its backward: the logits become their gradient (loss gradient dloss / N per position
  * times the loss scale), then the column-parallel backward through w: d xn in m->da.dl. */
-wf_status wf__head_loss_backward(wf_model *m, wf__slot *a, const float *xn, int w, float dloss);
+wf_status wf__head_loss_backward(wf_model *m, wf__slot *a, const void *xn, int w, float dloss);
 
 /* The families (gpt2/, llama/). */
 extern const wf_family wf__family_gpt2;

@@ -7,7 +7,8 @@
  * The model never communicates itself: every collective is behind m->tp (wf_tp_ops).
  * With tp = 1 the operators are the identity here, which copies where the caller asked
  * for a result in another buffer (so the two paths leave the same bytes in the same
- * places).
+ * places). Entering forward moves activations (the model's format); everything else
+ * here moves fp32: partial sums and gradients.
  */
 #include "model_int.h"
 
@@ -20,11 +21,11 @@ static wf_status copy(wf_model *m, float *dst, const float *src, size_t n)
   return wf_dev_copy(m->dev, dst, src, n * sizeof(float), WF_COPY_D2D, NULL);
 }
 
-wf_status wf__enter_fwd(wf_model *m, const float **out, const float *x, float *full, size_t N,
+wf_status wf__enter_fwd(wf_model *m, const void **out, const void *x, void *full, size_t N,
                         size_t C)
 {
   if (m->tp.ops)
-    return m->tp.ops->enter_fwd(m->tp.ctx, out, x, full, N, C);
+    return m->tp.ops->enter_fwd(m->tp.ctx, out, x, full, N, C, (int)m->prec);
   *out = x;
   return WF_OK;
 }
@@ -59,21 +60,20 @@ wf_status wf__zero(wf_model *m, float *p, size_t n)
 
 /* ---- the two halves of a tensor-parallel region ---------------------------------------- */
 
-wf_status wf__row_parallel(wf_model *m, float *y, const float *x, int w, int b, int l, int N,
-                           int IC)
+wf_status wf__row_parallel(wf_model *m, const void *x, int w, int b, int l, int N, int IC)
 {
   int C = m->d.C;
   const float *bias = b >= 0 && m->s.tp_rank == 0 ? wf_model_param(m, b, l, 0) : NULL;
-  m->k->matmul_forward(m->da.proj, x, wf__gemm_weight(m, w, l), bias, N, IC, C, m->prec, NULL);
-  return wf__leave_fwd(m, y, m->da.proj, (size_t)N, (size_t)C);
+  m->k->matmul_forward_f32(m->da.proj, x, wf__gemm_weight(m, w, l), bias, N, IC, C, m->prec, NULL);
+  return wf__leave_fwd(m, m->da.ysum, m->da.proj, (size_t)N, (size_t)C);
 }
 
-wf_status wf__column_backward(wf_model *m, float *dout, const float *x, int w, int b, int l, int N,
-                              int OC)
+/* The column-parallel backward with dout already in the activation format. */
+static wf_status column_backward(wf_model *m, const void *dout, const void *x, int w, int b, int l,
+                                 int N, int OC)
 {
   wf_status st = WF_OK;
   int C = m->d.C;
-  wf__round_operand(m, dout, (size_t)N * OC);
   WF_TRY(wf__zero(m, m->da.dc, (size_t)N * C));
   m->k->matmul_backward(m->da.dc, wf_model_param(m, w, l, 1),
                         b >= 0 ? wf_model_param(m, b, l, 1) : NULL, dout, x,
@@ -81,6 +81,12 @@ wf_status wf__column_backward(wf_model *m, float *dout, const float *x, int w, i
   st = wf__enter_bwd(m, m->da.dl, m->da.dc, (size_t)N, (size_t)C);
 fail:
   return st;
+}
+
+wf_status wf__column_backward(wf_model *m, const float *dout, const void *x, int w, int b, int l,
+                              int N, int OC)
+{
+  return column_backward(m, wf__act_grad(m, dout, (size_t)N * OC), x, w, b, l, N, OC);
 }
 
 /* ---- the vocabulary-parallel head ----------------------------------------------------- */
@@ -102,12 +108,12 @@ fail:
   return st;
 }
 
-wf_status wf__head_loss_forward(wf_model *m, wf__slot *a, const float *xn, int w)
+wf_status wf__head_loss_forward(wf_model *m, wf__slot *a, const void *xn, int w)
 {
   wf_status st = WF_OK;
   const wf_ktable *k = m->k;
   int C = m->d.C, N = a->B * a->T;
-  const float *x;
+  const void *x;
   WF_TRY(wf__enter_fwd(m, &x, xn, m->da.full, (size_t)N, (size_t)C));
   /* padding rows of the weight give padding columns the loss ignores */
   k->matmul_forward(a->logits, x, wf__gemm_weight(m, w, 0), NULL, N, C, m->Vl, m->prec, NULL);
@@ -122,17 +128,17 @@ fail:
   return st;
 }
 
-wf_status wf__head_loss_backward(wf_model *m, wf__slot *a, const float *xn, int w, float dloss)
+wf_status wf__head_loss_backward(wf_model *m, wf__slot *a, const void *xn, int w, float dloss)
 {
   wf_status st = WF_OK;
   int N = a->B * a->T, C = m->d.C;
-  const float *x;
+  const void *x;
   /* loss_scale is 1 unless fp16 loss scaling is on: x * 1.0f is x, bit for bit. */
   m->k->xent_backward(a->logits, a->logits, a->row_max, a->row_sumexp, a->targets,
                       dloss * m->loss_scale / (float)N, N, wf__local_real_vocab(m), m->Vl,
                       m->s.tp_rank * m->Vl, NULL);
   WF_TRY(wf__enter_fwd(m, &x, xn, m->da.full, (size_t)N, (size_t)C));
-  st = wf__column_backward(m, a->logits, x, w, -1, 0, N, m->Vl);
+  st = column_backward(m, a->logits, x, w, -1, 0, N, m->Vl); /* dlogits: already stored */
 fail:
   return st;
 }

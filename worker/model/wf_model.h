@@ -354,17 +354,20 @@ void wf_model_shard_exchange(const wf_model_dims *d, const wf_model_shard *s, fl
  *   enter:  forward all-gather,      backward reduce-scatter
  *   leave:  forward reduce-scatter,  backward all-gather
  *
- * plus a plain all-gather (the vocabulary-parallel loss's row statistics). The model
+ * plus a plain all-gather (the vocabulary-parallel loss's row statistics). Entering
+ * forward moves activations, in the model's storage format; every reduction (and
+ * leaving's backward, which moves gradients) is fp32. The model
  * computes and never communicates: worker/parallel provides these (wf_tp_regions, over
  * the tp group) and the model calls them where its forward and backward cross a region.
  * Without a table (tp = 1) every operator is the identity. */
-#define WF_TP_OPS_VERSION 1
+#define WF_TP_OPS_VERSION 2
 typedef struct wf_tp_ops {
   int version; /* WF_TP_OPS_VERSION */
-  /* x (rows(N), C) -> *out, the full (N, C) input of a column-parallel layer: x itself,
-   * or `full` after the all-gather */
-  wf_status (*enter_fwd)(void *ctx, const float **out, const float *x, float *full, size_t N,
-                         size_t C);
+  /* x (rows(N), C), an activation stored in format fmt (a wf_precision, storage.h) ->
+   * *out, the full (N, C) input of a column-parallel layer: x itself, or `full` after the
+   * all-gather (in the same format) */
+  wf_status (*enter_fwd)(void *ctx, const void **out, const void *x, void *full, size_t N, size_t C,
+                         int fmt);
   /* dfull (N, C), this rank's partial input gradient -> its sum over tp in dx
    * (rows(N), C): all-reduce in place (dx == dfull allowed) or reduce-scatter */
   wf_status (*enter_bwd)(void *ctx, float *dx, float *dfull, size_t N, size_t C);
@@ -393,25 +396,30 @@ typedef struct wf_model_opts {
   wf_tp_regions tp;       /* the region operators when shard.tp > 1 (borrowed) */
   int B, T;               /* largest micro-batch */
   int slots;              /* micro-batches whose activations live at once (>= 1) */
-  bool recompute;         /* activation checkpointing: a slot keeps each layer's output only, and
-                           * backward recomputes the layer's intermediates (one more forward) */
-  wf_precision precision; /* GEMM operands in bf16/fp16 (see "Mixed precision" below) */
+  wf_recompute recompute; /* activation checkpointing: full keeps each layer's output only, and
+                           * backward recomputes the layer's intermediates (one more forward);
+                           * selective drops attention's core state and recomputes it */
+  wf_precision precision; /* activations stored in bf16/fp16 (see "Mixed precision" below) */
 } wf_model_opts;
 
 /* What a model of options o allocates, in bytes: wf_model_create_shard allocates
  * exactly these, so an estimate made from them (worker --estimate) is the trainer's own
  * arithmetic. The activations are the family's plan (what a block saves for backward,
- * its head's, its backward scratch), in fp32. k: the kernels whose attention sizes
- * apply; NULL = o->dev's (or the CPU's). A pure function. */
+ * its head's, its backward scratch), stored in the precision's format (16 bits under
+ * mixed precision; statistics fp32). k: the device's (fp32) kernels, whose tables of
+ * each format give the attention sizes; NULL = o->dev's (or the CPU's). A pure
+ * function. */
 typedef struct wf_model_mem {
   size_t params, grads; /* fp32 masters and their gradients */
-  size_t wlow;          /* mixed precision's rounded GEMM weights (0 at precision no) */
+  size_t wlow;          /* mixed precision's 16-bit copy of the parameters (0 at precision no) */
   size_t slot;          /* one activation slot: one micro-batch of one model chunk */
   size_t slots;         /* slot x o->slots */
-  size_t recompute;     /* activation checkpointing's shared layer of intermediates */
+  size_t recompute;     /* activation checkpointing's shared buffer: one layer's intermediates
+                         * (full), one layer's attention core state (selective) */
   size_t scratch;       /* backward's scratch, shared by the slots, and the family's
                          * constant tables (RoPE's angles) */
-  size_t io;            /* floats of the stage's input or output, (rows, C) */
+  size_t io;            /* bytes of the stage's input or output, (rows, C) activations: one
+                         * pipeline message */
   size_t total;         /* all of the above that is allocated (not io) */
 } wf_model_mem;
 struct wf_ktable;
@@ -461,10 +469,13 @@ void wf_model_drop_grads(wf_model *m);
  * (after which wf_model_params is NULL, wf_model_params_changed does nothing and the
  * whole-model exports fail) and wf_model_restore_params allocates it again (contents
  * undefined; the caller fills it, clears the windows and calls wf_model_params_changed).
- * Under mixed precision the flat rounded copy goes and comes with it, and `low` (room
- * for the tensor) receives the window's GEMM weights rounded, which the GEMMs then read
- * (NULL: no rounded copy, e.g. for a tensor that is no GEMM weight). */
-void wf_model_set_param_tensor(wf_model *m, int t, int j, float *p, float *low);
+ * Under mixed precision the flat 16-bit copy goes and comes with it, and `low` (room
+ * for the tensor in the 16-bit format, wf_model_low_bytes per element) receives the
+ * window's GEMM weights in 16 bits, which the GEMMs then read (NULL: no 16-bit copy,
+ * e.g. for a tensor that is no GEMM weight). */
+void wf_model_set_param_tensor(wf_model *m, int t, int j, float *p, void *low);
+/* Bytes of one element of the 16-bit weight copy (2), or 0 at precision no. */
+size_t wf_model_low_bytes(wf_precision p);
 void wf_model_drop_params(wf_model *m);
 wf_status wf_model_restore_params(wf_model *m);
 /* Told before local layer j's forward (backward = false) and before its backward (and
@@ -475,7 +486,7 @@ void wf_model_set_unit_hook(wf_model *m, wf_model_unit_hook fn, void *user); /* 
 float *wf_model_grad_tensor(wf_model *m, int t);
 /* Bytes of the flat gradient buffer (0 once dropped). */
 size_t wf_model_grad_bytes(const wf_model *m);
-/* Bytes of the parameters and (mixed precision) their rounded GEMM copy. */
+/* Bytes of the parameters and (mixed precision) their 16-bit copy. */
 size_t wf_model_param_bytes(const wf_model *m);
 
 /* Full-layout exchange with the host (buffers of wf_model_num_params(dims) floats),
@@ -496,9 +507,9 @@ void wf_model_init_slice(float *dst, int t, int layer, const wf_model_dims *d, u
  * over the B*T positions when targets != NULL (else 0). */
 wf_status wf_model_forward(wf_model *m, const int *inputs, const int *targets, int B, int T,
                            float *loss);
-/* Logits of the last forward (B, T, Vp/tp), device memory; valid until the next
- * forward/backward. */
-const float *wf_model_logits(const wf_model *m);
+/* Elements [first, first + n) of the logits of the last forward (B, T, Vp/tp), widened
+ * to fp32, into host memory; valid until the next forward/backward. */
+wf_status wf_model_logits_read(wf_model *m, float *host, size_t first, size_t n);
 
 /* Zero the gradients (on the model's default stream). */
 wf_status wf_model_zero_grad(wf_model *m);
@@ -508,25 +519,28 @@ wf_status wf_model_backward(wf_model *m, float dloss_scale);
 
 /* Pipeline stages. A stage runs micro-batches in activation slots 0 .. slots-1. Its
  * input and output are (rows, C) activations in device memory, rows = B*T, or B*T/tp
- * under sequence parallelism. chunk_forward runs model chunk `chunk` (the embeddings
- * are chunk 0's on the first stage, the head chunk v-1's on the last; 0 without
- * interleaving): inputs (B,T) (host) are needed by the first chunk, x (the previous
- * stage's output, device) by the others, targets (host) by the last (NULL: no loss).
- * The last chunk's mean loss over the micro-batch is added to the model's loss sum
- * (wf_model_take_loss). Backward knows the slot's chunk. */
-wf_status wf_model_chunk_forward(wf_model *m, int slot, int chunk, const int *inputs,
-                                 const float *x, const int *targets, int B, int T);
+ * under sequence parallelism, stored in the model's format (storage.h: fp32, or 16 bits
+ * under mixed precision), and so is the gradient of its input. chunk_forward runs model chunk
+ * `chunk` (the embeddings are chunk 0's on the first stage, the head chunk v-1's on the last; 0
+ * without interleaving): inputs (B,T) (host) are needed by the first chunk, x (the previous stage's
+ * output, device) by the others, targets (host) by the last (NULL: no loss). The last chunk's mean
+ * loss over the micro-batch is added to the model's loss sum (wf_model_take_loss). Backward knows
+ * the slot's chunk. */
+wf_status wf_model_chunk_forward(wf_model *m, int slot, int chunk, const int *inputs, const void *x,
+                                 const int *targets, int B, int T);
 /* The sum of the micro-batch losses of the forwards since the last call (0 on a rank
  * without the head), read back from the device; the sum starts again at 0. */
 wf_status wf_model_take_loss(wf_model *m, double *sum);
-const float *wf_model_stage_output(const wf_model *m, int slot);
+const void *wf_model_stage_output(const wf_model *m, int slot);
 size_t wf_model_stage_io_numel(const wf_model *m, int B, int T); /* rows * C */
+size_t wf_model_stage_io_bytes(const wf_model *m, int B, int T); /* in the model's format */
 /* Backward of the slot's forward, adding into the gradients; dy is the gradient of this
  * stage's output (ignored on the last stage, whose loss gradient per position is
- * dloss_scale / (B*T)). Afterwards wf_model_stage_dinput holds the gradient of the
- * stage's input until the next backward (not on the first stage). */
-wf_status wf_model_stage_backward(wf_model *m, int slot, const float *dy, float dloss_scale);
-const float *wf_model_stage_dinput(const wf_model *m);
+ * dloss_scale / (B*T)). Afterwards wf_model_stage_dinput stores the gradient of the
+ * stage's input (kept in fp32 inside the stage) into dst (io_numel elements in the
+ * model's format, device memory) until the next backward (not on the first stage). */
+wf_status wf_model_stage_backward(wf_model *m, int slot, const void *dy, float dloss_scale);
+wf_status wf_model_stage_dinput(wf_model *m, void *dst);
 /* Drop a slot's activations without a backward (evaluation). */
 void wf_model_stage_release(wf_model *m, int slot);
 /* Bytes of one slot's activations, and the most slots that held a forward's
@@ -547,18 +561,20 @@ int wf_model_peak_slots(wf_model *m);
 typedef void (*wf_model_grad_hook)(void *user, int group);
 void wf_model_set_grad_hook(wf_model *m, wf_model_grad_hook fn, void *user); /* NULL = off */
 
-/* Mixed precision (wf_model_opts.precision bf16 or fp16), as tensor cores compute:
- * every GEMM operand is rounded to the narrow format and the products accumulate in
- * fp32. The operands are the GEMM weights (the tensors described `gemm`), used through
- * a rounded copy the model keeps; the activations entering each GEMM, rounded in place
- * as they are made; and in backward the output gradient entering each GEMM. The
- * parameters stay the fp32 masters; gradients, norms, attention's softmax, the
- * activations' nonlinearity, residuals and the loss stay fp32. With precision no,
- * nothing is rounded and nothing is copied.
+/* Mixed precision (wf_model_opts.precision bf16 or fp16), as Megatron-LM, torchtitan
+ * and llm.c train: every activation a layer keeps for its backward (the residual
+ * stream included, as Megatron-LM without fp32_residual_connection and llm.c keep it),
+ * the logits and every pipeline message are stored in the 16-bit format; GEMMs read
+ * 16-bit operands (the activations, a 16-bit copy of the weights the model keeps, 2
+ * bytes per parameter, and the output gradient in backward) and accumulate in fp32.
+ * The fp32 masters, the gradients (parameters' and, inside a stage, the activations'),
+ * the norms' statistics, the loss, the tp reductions and the optimizer's state stay
+ * fp32. Each kernel computes in fp32 and rounds what it stores (wf_ktable.h). With
+ * precision no everything is fp32 and nothing is copied.
  *
  * Whoever writes the parameters other than through this header's init, import and
  * load (which do it themselves) must call wf_model_params_changed() afterwards, before
- * the next forward, so the rounded copy follows: the optimizer's update, the ZeRO-1
+ * the next forward, so the 16-bit copy follows: the optimizer's update, the ZeRO-1
  * all-gather of updated shards, a checkpoint restore. A no-op with precision no. */
 wf_status wf_model_params_changed(wf_model *m);
 wf_precision wf_model_precision(const wf_model *m);

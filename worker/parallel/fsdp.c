@@ -23,12 +23,14 @@
 #include "parallel_int.h"
 
 /* Point the model's parameter tensors of b into base (natural order; NULL = back to the
- * flat vector); under mixed precision the GEMM weights are rounded into low alongside. */
-static void redirect_params(wf__zero *z, const wf__zbucket *b, float *base, float *low)
+ * flat vector); under mixed precision the GEMM weights are stored in 16 bits into low
+ * alongside (the same positions, 2 bytes each). */
+static void redirect_params(wf__zero *z, const wf__zbucket *b, float *base, void *low)
 {
+  size_t lb = wf_model_low_bytes(wf_model_precision(z->m));
   for (int i = 0; i < b->nr; i++)
     wf_model_set_param_tensor(z->m, b->r[i].tensor, b->r[i].j, base ? base + b->r[i].pos : NULL,
-                              low ? low + b->r[i].pos : NULL);
+                              low ? (char *)low + b->r[i].pos * lb : NULL);
 }
 
 /* Start gathering b into win (natural order): my pieces into my segment, then each
@@ -167,12 +169,13 @@ wf_status wf__fsdp_alloc(wf__zero *z)
   WF_CHECK_ALLOC(z->pwin_req =
                      calloc((size_t)WF_MAX(z->npw, 1) * (size_t)z->size, sizeof *z->pwin_req));
   WF_CHECK_ALLOC(z->plow = calloc((size_t)WF_MAX(z->npw, 1), sizeof *z->plow));
-  z->low = wf_model_precision(z->m) != WF_PREC_NO;
+  size_t lb = wf_model_low_bytes(wf_model_precision(z->m));
+  z->low = lb > 0;
   if (z->low)
-    WF_TRY(wf_dev_alloc_floats(z->dev, &z->pedge_low, WF_MAX(z->edge_count, (size_t)1)));
+    WF_TRY(wf_dev_alloc(z->dev, &z->pedge_low, WF_MAX(z->edge_count, (size_t)1) * lb));
   for (int w = 0; w < z->npw; w++) {
     if (z->low)
-      WF_TRY(wf_dev_alloc_floats(z->dev, &z->plow[w], WF_MAX(z->win_count, (size_t)1)));
+      WF_TRY(wf_dev_alloc(z->dev, &z->plow[w], WF_MAX(z->win_count, (size_t)1) * lb));
     size_t f = z->win_count; /* with keep too: every window one largest bucket */
     WF_TRY(wf_dev_alloc_floats(z->dev, &z->pwin[w], WF_MAX(f, (size_t)1)));
     z->pwin_bucket[w] = -1;

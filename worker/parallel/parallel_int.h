@@ -41,6 +41,10 @@ void wf__sched_sim_free(wf__sched_sim *m);
  * Used by grads.c: begin at the step's start, ready from the grad hook, launch_layers
  * then (after the tp and tied sums) finish after the last backward, gather after the
  * update. */
+/* tp.c: the collectives' element type of activations stored in format p (storage.h):
+ * WF_COMM_F32, WF_COMM_BF16 or WF_COMM_F16. */
+wf_comm_dtype wf__comm_dtype_of(wf_precision p);
+
 typedef struct wf__zero wf__zero;
 /* dp: the group the shards span; rep: HSDP's replica group (NULL = none), across which
  * the finished shard is all-reduced (averaged). */
@@ -123,18 +127,18 @@ struct wf__zero {
   unsigned long win_seq[WF__ZPOOL];
   int open; /* the window backward writes into now, -1 none */
   /* ZeRO-3 (fsdp.c's part of this file, below) */
-  float *pshard;            /* (shard) this rank's parameters: what AdamW updates */
-  float *pedge;             /* the late tensors' parameters, gathered for the whole step */
-  float **pwin;             /* npw windows of one layer bucket's parameters (natural order) */
-  float **plow, *pedge_low; /* mixed precision: their GEMM weights rounded (else NULL) */
-  bool low;                 /* mixed precision */
-  int *pwin_bucket;         /* the bucket a window holds (-1 none) */
-  wf_req **pwin_req;        /* (npw x size) its gather in flight: one broadcast per owner */
-  int npw, pcur;            /* windows (2, or every bucket's with keep); the one in use */
-  bool keep;                /* parallel.reshard_after_forward=false */
-  bool sharded;             /* the model's flat parameters are dropped (else whole: after
-                             * creation and resume, and for a checkpoint or --save) */
-  wf_status hook_err;       /* the first failure in the unit hook, for finish */
+  float *pshard;           /* (shard) this rank's parameters: what AdamW updates */
+  float *pedge;            /* the late tensors' parameters, gathered for the whole step */
+  float **pwin;            /* npw windows of one layer bucket's parameters (natural order) */
+  void **plow, *pedge_low; /* mixed precision: their GEMM weights in 16 bits (else NULL) */
+  bool low;                /* mixed precision */
+  int *pwin_bucket;        /* the bucket a window holds (-1 none) */
+  wf_req **pwin_req;       /* (npw x size) its gather in flight: one broadcast per owner */
+  int npw, pcur;           /* windows (2, or every bucket's with keep); the one in use */
+  bool keep;               /* parallel.reshard_after_forward=false */
+  bool sharded;            /* the model's flat parameters are dropped (else whole: after
+                            * creation and resume, and for a checkpoint or --save) */
+  wf_status hook_err;      /* the first failure in the unit hook, for finish */
   unsigned long seq;
   double wait_ms, comm_bytes;
   int launched_early;

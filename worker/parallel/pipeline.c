@@ -8,6 +8,11 @@
  * reuse a buffer still in use. Requests are per micro-batch. The rings are device
  * memory (the model's device); the token batch is host memory, which the model moves
  * in itself.
+ *
+ * Messages are activations and their gradients in the model's storage format (16 bits
+ * under mixed precision: WF_COMM_BF16 or WF_COMM_F16, which NCCL sends as its 16-bit
+ * types and MPI as 2-byte words), io bytes each: the model stores a stage's output and
+ * the gradient of its input in that format and widens what it receives.
  */
 #include <math.h>
 #include <stdio.h>
@@ -17,7 +22,7 @@
 #include "parallel_int.h"
 
 typedef struct ring {
-  float *mem;
+  void *mem;
   int *owner; /* micro-batch using buffer i, -1 when free */
 } ring;
 
@@ -35,7 +40,9 @@ struct wf_pipe {
   wf_schedule sched;
   wf_trace *trace;
   int p, rank, m, v, B, T, n_ring; /* work items are (mb, chunk): key = mb * v + chunk */
-  size_t io;                       /* floats of one stage input/output */
+  size_t io;                       /* elements of one stage input/output */
+  size_t io_bytes;                 /* ... in the model's format */
+  wf_comm_dtype dt;                /* that format's element type */
   ring rf, rb, sb;                 /* receive activations, receive gradients, send gradients */
   wf_req **req_rf, **req_rb, **req_sf, **req_sb; /* per key */
   int *slot_of;                                  /* per key; -1 = none */
@@ -73,19 +80,22 @@ static int ring_len(wf_schedule_kind kind, int pp, int rank, int m, int v)
   return v > 1 ? m * v : WF_MIN(m, wf_pipe_slots(kind, pp, rank, m, v) + 2);
 }
 
+/* Bytes of one ring buffer: a message and 64 bytes. */
+static size_t buf_bytes(size_t io_bytes) { return io_bytes + 64; }
+
 size_t wf_pipe_mem_plan(wf_schedule_kind kind, int pp, int rank, int m, int v, size_t io, int B,
                         int T)
 {
   kind = pp > 1 ? kind : WF_SCHED_1F1B;
   v = kind == WF_SCHED_INTERLEAVED && pp > 1 ? v : 1;
-  size_t rings = 3 * (size_t)ring_len(kind, pp, rank, m, v) * (io + 16) * sizeof(float);
+  size_t rings = 3 * (size_t)ring_len(kind, pp, rank, m, v) * buf_bytes(io);
   return rings + 2 * (size_t)B * (size_t)T * sizeof(int); /* + the token batch */
 }
 
-static wf_status ring_alloc(wf_dev *dev, ring *r, int n, size_t io)
+static wf_status ring_alloc(wf_dev *dev, ring *r, int n, size_t io_bytes)
 {
   wf_status st = WF_OK;
-  WF_TRY(wf_dev_alloc_floats(dev, &r->mem, (size_t)n * (io + 16)));
+  WF_TRY(wf_dev_alloc(dev, &r->mem, (size_t)n * buf_bytes(io_bytes)));
   WF_CHECK_ALLOC(r->owner = malloc((size_t)n * sizeof *r->owner));
   for (int i = 0; i < n; i++)
     r->owner[i] = -1;
@@ -118,12 +128,14 @@ wf_status wf_pipe_create(wf_pipe **out, const wf_pipe_opts *o)
   st = wf_schedule_init(&p->sched, &prm, p->rank, err, sizeof err);
   WF_REFUSE(st == WF_OK, st, "%s", err); /* the same parameters on every rank */
   p->io = wf_model_stage_io_numel(o->model, o->B, o->T);
+  p->io_bytes = wf_model_stage_io_bytes(o->model, o->B, o->T);
+  p->dt = wf__comm_dtype_of(wf_model_precision(o->model));
   p->n_slots = wf_pipe_slots(prm.kind, p->p, p->rank, p->m, p->v);
   /* interleaved lists post receives further ahead: one buffer per work item */
   p->n_ring = ring_len(prm.kind, p->p, p->rank, p->m, p->v);
-  WF_TRY(ring_alloc(p->dev, &p->rf, p->n_ring, p->io));
-  WF_TRY(ring_alloc(p->dev, &p->rb, p->n_ring, p->io));
-  WF_TRY(ring_alloc(p->dev, &p->sb, p->n_ring, p->io));
+  WF_TRY(ring_alloc(p->dev, &p->rf, p->n_ring, p->io_bytes));
+  WF_TRY(ring_alloc(p->dev, &p->rb, p->n_ring, p->io_bytes));
+  WF_TRY(ring_alloc(p->dev, &p->sb, p->n_ring, p->io_bytes));
   size_t m = (size_t)p->m * (size_t)p->v;
   WF_CHECK_ALLOC(p->req_rf = calloc(m, sizeof(wf_req *)));
   WF_CHECK_ALLOC(p->req_rb = calloc(m, sizeof(wf_req *)));
@@ -179,7 +191,7 @@ void wf_pipe_destroy(wf_pipe *p)
 
 /* ---- buffers and waits ------------------------------------------------------------ */
 
-static float *ring_take(wf_pipe *p, ring *r, int mb)
+static void *ring_take(wf_pipe *p, ring *r, int mb)
 {
   int i = mb % p->n_ring;
   if (r->owner[i] >= 0 && r->owner[i] != mb) {
@@ -189,7 +201,7 @@ static float *ring_take(wf_pipe *p, ring *r, int mb)
     return NULL;
   }
   r->owner[i] = mb;
-  return r->mem + (size_t)i * (p->io + 16);
+  return (char *)r->mem + (size_t)i * buf_bytes(p->io_bytes);
 }
 
 static void ring_give(wf_pipe *p, ring *r, int mb) { r->owner[mb % p->n_ring] = -1; }
@@ -283,7 +295,7 @@ static wf_status do_forward(wf_pipe *p, int mb, int chunk, wf_pipe_batch_fn batc
   wf_status st = WF_OK;
   bool first = is_first(p, chunk), last = is_last(p, chunk);
   int k = key(p, mb, chunk);
-  const float *x = NULL;
+  const void *x = NULL;
   if (!first) {
     WF_TRY(wait(p, &p->req_rf[k], "recv activation", mb));
     x = ring_take(p, &p->rf, k);
@@ -307,7 +319,7 @@ static wf_status do_backward(wf_pipe *p, int mb, int chunk)
 {
   wf_status st = WF_OK;
   int k = key(p, mb, chunk);
-  const float *dy = NULL;
+  const void *dy = NULL;
   if (!is_last(p, chunk)) {
     WF_TRY(wait(p, &p->req_rb[k], "recv gradient", mb));
     dy = ring_take(p, &p->rb, k);
@@ -335,11 +347,10 @@ static wf_status do_send_b(wf_pipe *p, int k, int peer)
     WF_TRY(wait(p, &p->req_sb[old], "send gradient", old / p->v));
     ring_give(p, &p->sb, old);
   }
-  float *buf = ring_take(p, &p->sb, k);
+  void *buf = ring_take(p, &p->sb, k);
   WF_CHECK(buf, WF_EINVAL, "pipeline: no send buffer for work item %d", k);
-  WF_TRY(wf_dev_copy(p->dev, buf, wf_model_stage_dinput(p->model), p->io * sizeof(float),
-                     WF_COPY_D2D, NULL));
-  st = wf_comm_isend(p->pp, buf, p->io, WF_COMM_F32, peer, &p->req_sb[k]);
+  WF_TRY(wf_model_stage_dinput(p->model, buf));
+  st = wf_comm_isend(p->pp, buf, p->io, p->dt, peer, &p->req_sb[k]);
 fail:
   return st;
 }
@@ -347,22 +358,22 @@ fail:
 static wf_status do_action(wf_pipe *p, const wf_sched_action *a, wf_pipe_batch_fn batch, void *user)
 {
   int k = key(p, a->mb, a->chunk);
-  float *buf;
+  void *buf;
   switch (a->op) {
   case WF_ACT_FORWARD: return do_forward(p, a->mb, a->chunk, batch, user);
   case WF_ACT_BACKWARD: return do_backward(p, a->mb, a->chunk);
   case WF_ACT_SEND_F:
-    return wf_comm_isend(p->pp, wf_model_stage_output(p->model, p->slot_of[k]), p->io, WF_COMM_F32,
+    return wf_comm_isend(p->pp, wf_model_stage_output(p->model, p->slot_of[k]), p->io, p->dt,
                          a->peer, &p->req_sf[k]);
   case WF_ACT_RECV_F:
     if (!(buf = ring_take(p, &p->rf, k)))
       return WF_EINVAL;
-    return wf_comm_irecv(p->pp, buf, p->io, WF_COMM_F32, a->peer, &p->req_rf[k]);
+    return wf_comm_irecv(p->pp, buf, p->io, p->dt, a->peer, &p->req_rf[k]);
   case WF_ACT_SEND_B: return do_send_b(p, k, a->peer);
   case WF_ACT_RECV_B:
     if (!(buf = ring_take(p, &p->rb, k)))
       return WF_EINVAL;
-    return wf_comm_irecv(p->pp, buf, p->io, WF_COMM_F32, a->peer, &p->req_rb[k]);
+    return wf_comm_irecv(p->pp, buf, p->io, p->dt, a->peer, &p->req_rb[k]);
   }
   return WF_EINVAL;
 }
@@ -421,12 +432,12 @@ wf_status wf_pipe_step(wf_pipe *p, int step, wf_pipe_batch_fn batch, wf_pipe_arm
 static wf_status forward_chain(wf_pipe *p, int mb, wf_pipe_batch_fn batch, void *user)
 {
   wf_status st = WF_OK;
-  float *x = p->rf.mem;
+  void *x = p->rf.mem;
   int prev = (p->rank + p->p - 1) % p->p, next = (p->rank + 1) % p->p;
   for (int c = 0; c < p->v; c++) {
     bool first = is_first(p, c), last = is_last(p, c);
     if (!first)
-      WF_TRY(wf_comm_recv(p->pp, x, p->io, WF_COMM_F32, prev));
+      WF_TRY(wf_comm_recv(p->pp, x, p->io, p->dt, prev));
     if (first || last)
       WF_TRY(batch(user, mb, p->inputs, p->targets));
     st = wf_model_chunk_forward(p->model, 0, c, first ? p->inputs : NULL, x,
@@ -434,7 +445,7 @@ static wf_status forward_chain(wf_pipe *p, int mb, wf_pipe_batch_fn batch, void 
     wf_model_stage_release(p->model, 0);
     WF_TRY(st);
     if (!last)
-      WF_TRY(wf_comm_send(p->pp, wf_model_stage_output(p->model, 0), p->io, WF_COMM_F32, next));
+      WF_TRY(wf_comm_send(p->pp, wf_model_stage_output(p->model, 0), p->io, p->dt, next));
   }
 fail:
   return st;

@@ -65,16 +65,26 @@ static wf_status copy(wf_tp *tp, float *dst, const float *src, size_t n)
   return wf_dev_copy(tp->dev, dst, src, n * sizeof(float), WF_COPY_D2D, NULL);
 }
 
-/* f: identity; with sequence parallelism, the all-gather of the rows. */
-static wf_status enter_fwd(void *ctx, const float **out, const float *x, float *full, size_t N,
-                           size_t C)
+wf_comm_dtype wf__comm_dtype_of(wf_precision p)
+{
+  return p == WF_PREC_BF16 ? WF_COMM_BF16 : p == WF_PREC_FP16 ? WF_COMM_F16 : WF_COMM_F32;
+}
+
+/* f: identity; with sequence parallelism, the all-gather of the rows, in the
+ * activations' own format (16 bits under mixed precision, as Megatron-LM gathers). */
+static wf_status enter_fwd(void *ctx, const void **out, const void *x, void *full, size_t N,
+                           size_t C, int fmt)
 {
   wf_tp *tp = ctx;
   *out = x;
   if (!tp->sequence)
     return WF_OK;
   *out = full;
-  return allgather(tp, x, full, rows(tp, N) * C);
+  wf_comm_dtype dt = wf__comm_dtype_of((wf_precision)fmt);
+  size_t n = rows(tp, N) * C;
+  double t0 = wf_now();
+  wf_status st = wf_comm_allgather(tp->comm, x, full, n, dt);
+  return note(tp, "tp all-gather", st, t0, n * wf_comm_dtype_size(dt));
 }
 
 /* f's backward: all-reduce; with sequence parallelism, reduce-scatter. */

@@ -215,8 +215,8 @@ typedef struct wf_pipe_stats {
 int wf_pipe_slots(wf_schedule_kind kind, int pp, int rank, int microbatches, int v);
 
 /* Bytes the engine of pp rank `rank` allocates (wf_pipe_create's own arithmetic): its
- * three p2p rings of stage inputs/outputs of io floats (wf_model_mem.io) and the token
- * batch of B x T. */
+ * three p2p rings of stage inputs/outputs of io bytes each (wf_model_mem.io: in the
+ * model's storage format, 16 bits under mixed precision) and the token batch of B x T. */
 size_t wf_pipe_mem_plan(wf_schedule_kind kind, int pp, int rank, int m, int v, size_t io, int B,
                         int T);
 

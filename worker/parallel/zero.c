@@ -659,14 +659,13 @@ size_t wf__zero_grad_bytes(const wf__zero *z)
 }
 
 /* Parameter memory beyond the model's flat vector: none below ZeRO-3 (the all-gather
- * is in place), ZeRO-3's shard, edge and windows (with their rounded copies). */
+ * is in place), ZeRO-3's shard, edge and windows (with their 16-bit copies). */
 size_t wf__zero_param_bytes(const wf__zero *z)
 {
-  size_t f = 0;
-  if (z->stage == 3)
-    f = z->shard + (z->edge_count + (size_t)z->npw * z->win_count) *
-                       (z->prec != WF_PREC_NO ? 2 : 1); /* rounded copies */
-  return f * sizeof(float);
+  if (z->stage != 3)
+    return 0;
+  size_t gathered = z->edge_count + (size_t)z->npw * z->win_count;
+  return z->shard * sizeof(float) + gathered * (sizeof(float) + wf_model_low_bytes(z->prec));
 }
 
 /* ---- the memory formulas (wf_parallel.h) ---------------------------------------------- */

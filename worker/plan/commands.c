@@ -19,6 +19,11 @@
 #define GIB (1024.0 * 1024.0 * 1024.0)
 #define MIB (1024.0 * 1024.0)
 
+static const char *recompute_name(wf_recompute r)
+{
+  return r == WF_RECOMPUTE_FULL ? "full" : r == WF_RECOMPUTE_SELECTIVE ? "selective" : "none";
+}
+
 static const char *prec_name(wf_precision p)
 {
   return p == WF_PREC_BF16 ? "bf16" : p == WF_PREC_FP16 ? "fp16" : "fp32";
@@ -32,7 +37,7 @@ void wf__plan_keys(const wf_plan_mesh *m, char *buf, size_t len)
            "parallel.reshard_after_forward=%s parallel.sequence=%s "
            "parallel.activation_checkpointing=%s precision=%s",
            m->dp, m->tp, m->pp, m->fsdp, m->M, wf_schedule_kind_str(m->kind), m->v, m->zero,
-           m->keep ? "false" : "true", m->sp ? "true" : "false", m->recompute ? "true" : "false",
+           m->keep ? "false" : "true", m->sp ? "true" : "false", recompute_name(m->recompute),
            m->prec == WF_PREC_NO ? "no" : prec_name(m->prec));
 }
 
@@ -46,7 +51,10 @@ void wf__plan_describe(const wf_plan_mesh *m, char *buf, size_t len)
     snprintf(z + strlen(z), sizeof z - strlen(z), " hsdp %dx%d", m->dp / m->fsdp, m->fsdp);
   snprintf(buf, len, "dp %d x tp %d x pp %d, %s%s, %d x %d rows, %s%s%s, %s", m->dp, m->tp, m->pp,
            m->pp > 1 ? wf_schedule_kind_str(m->kind) : "-", v, m->M, m->B, z, m->sp ? ", sp" : "",
-           m->recompute ? ", recompute" : "", prec_name(m->prec));
+           m->recompute == WF_RECOMPUTE_FULL        ? ", recompute"
+           : m->recompute == WF_RECOMPUTE_SELECTIVE ? ", selective recompute"
+                                                    : "",
+           prec_name(m->prec));
 }
 
 double wf__plan_mem_limit(const wf_hw *hw, const wf_plan_cli *cli, int world)
@@ -109,12 +117,12 @@ static json_t *mesh_json(const wf_plan_mesh *m)
 {
   char keys[512];
   wf__plan_keys(m, keys, sizeof keys);
-  return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:i, s:i, s:i, s:b, s:b, s:b, s:s, s:s}",
+  return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:i, s:i, s:i, s:b, s:b, s:s, s:s, s:s}",
                    "dp", m->dp, "tp", m->tp, "pp", m->pp, "microbatches", m->M, "micro_batch_rows",
                    m->B, "seq_len", m->T, "schedule", wf_schedule_kind_str(m->kind),
                    "virtual_stages", m->v, "zero", m->zero, "fsdp", m->fsdp,
-                   "reshard_after_forward", !m->keep, "sequence", m->sp, "recompute", m->recompute,
-                   "precision", prec_name(m->prec), "keys", keys);
+                   "reshard_after_forward", !m->keep, "sequence", m->sp, "recompute",
+                   recompute_name(m->recompute), "precision", prec_name(m->prec), "keys", keys);
 }
 
 static json_t *stage_json(int r, const wf_plan_stage_mem *sm)

@@ -22,16 +22,27 @@ static size_t flash_saved(int B, int T, int C, int NH)
   return NH > 0 && C % NH == 0 && C / NH <= 128 ? (size_t)B * NH * T : (size_t)B * NH * T * T;
 }
 
+/* A GPU's tables as the planner sees them: the CPU's, with the flash-style attention's
+ * sizes (one fp32 log-sum-exp per row kept, in every format: kernels/cuda). */
+static wf_ktable gpu_tables[3]; /* indexed by wf_precision */
+
+static const wf_ktable *gpu_storage(int format)
+{
+  return format >= 0 && format < 3 ? &gpu_tables[format] : NULL;
+}
+
 const wf_ktable *wf__plan_kernels(const wf_hw *hw)
 {
-  static wf_ktable gpu;
   const wf_ktable *cpu = wf_dev_kernels(wf_dev_cpu());
   if (!hw || !hw->gpu)
     return cpu;
-  gpu = *cpu;
-  gpu.attention_saved = flash_saved;
-  gpu.attention_scratch = flash_saved;
-  return &gpu;
+  for (int f = 0; f < 3; f++) {
+    gpu_tables[f] = *cpu->storage(f);
+    gpu_tables[f].attention_saved = flash_saved;
+    gpu_tables[f].attention_scratch = flash_saved;
+    gpu_tables[f].storage = gpu_storage;
+  }
+  return &gpu_tables[WF_PREC_NO];
 }
 
 const char *wf_plan_mem_kind_name(wf_plan_mem_kind k)

@@ -155,10 +155,10 @@ static wf_status add_options(search *s, wf_plan_mesh m)
   int n_prec = s->hw->gpu && s->cfg->precision != WF_PREC_BF16 ? 2 : 1;
   for (int si = 0; si < (m.pp > 1 ? 4 : 1); si++)
     for (int sp = 0; sp <= (m.tp > 1); sp++)
-      for (int rc = 0; rc <= 1; rc++)
+      for (int rc = WF_RECOMPUTE_NONE; rc <= WF_RECOMPUTE_FULL; rc++)
         for (int pi = 0; pi < n_prec; pi++) {
           m.kind = scheds[si].kind, m.v = scheds[si].v;
-          m.sp = sp, m.recompute = rc, m.prec = precs[pi];
+          m.sp = sp, m.recompute = (wf_recompute)rc, m.prec = precs[pi];
           WF_TRY(add_sharding(s, m));
         }
 fail:

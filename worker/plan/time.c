@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "plan_int.h"
+#include "storage.h"
 
 typedef struct ctx {
   const wf_model_dims *d;
@@ -55,6 +56,7 @@ static double ops(const ctx *c, int n) { return busy(c, n * c->hw->op_s); }
 
 typedef struct layer_cost {
   double fwd, bwd, tp; /* seconds: forward, backward (without recompute), tp collectives */
+  double core;         /* of fwd: attention's core, which selective recompute runs again */
 } layer_cost;
 
 /* The family's kernels of one block, at this mesh's micro-batch. */
@@ -112,7 +114,7 @@ static layer_cost block(const ctx *c)
   double ef, eb;
   block_elem(c, norm, act, bytes, &ef, &eb);
   return (layer_cost){g + att + ef + ops(c, k.block_fwd_ops) + tpc,
-                      gb * g + ab * att + eb + ops(c, k.block_bwd_ops) + tpc, tpc};
+                      gb * g + ab * att + eb + ops(c, k.block_bwd_ops) + tpc, tpc, att};
 }
 
 /* The embedding (first chunk of the first stage) and the head (last chunk of the last). */
@@ -120,7 +122,7 @@ static layer_cost ends(const ctx *c, bool first, bool last)
 {
   const wf_plan_mesh *m = c->m;
   double N = (double)m->B * m->T, C = c->d->C, Vl = (double)c->d->Vp / m->tp;
-  layer_cost r = {0, 0, 0};
+  layer_cost r = {0, 0, 0, 0};
   if (first) {
     double e = mem(c, 4 * 3 * N * C) + ops(c, 1);
     double tpc = m->tp > 1 ? tp_allreduce(c, N * C * 4) : 0; /* vocabulary-parallel lookup */
@@ -143,7 +145,8 @@ static wf_status stage_costs(const ctx *c, double *F, double *Bk, double *tp_s, 
   wf_status st = WF_OK;
   const wf_plan_mesh *m = c->m;
   layer_cost L = block(c);
-  double io = (double)m->B * m->T * c->d->C * 4 / (m->sp ? m->tp : 1);
+  double io = (double)m->B * m->T * c->d->C * (double)wf_storage_size((int)m->prec) /
+              (m->sp ? m->tp : 1); /* a message, in the activations' format */
   /* a message moves the bytes an all-reduce of two ranks moves each way, half its
    * bandwidth term; its latency is hidden: the engine posts receives ahead */
   double lat2 = wf_hw_allreduce_s(c->hw, 0, 2, c->pp_intra);
@@ -154,8 +157,10 @@ static wf_status stage_costs(const ctx *c, double *F, double *Bk, double *tp_s, 
     WF_TRY(wf_plan_stage_mem_get(c->d, m, r, 0, NULL, &sm));
     int lc = sm.l1 - sm.l0;
     layer_cost e = ends(c, r == 0, r == m->pp - 1);
-    double f = lc * L.fwd + e.fwd, b = lc * L.bwd + e.bwd + (m->recompute ? lc * L.fwd : 0);
-    double t = lc * L.tp * (m->recompute ? 3 : 2) + 2 * e.tp;
+    bool full = m->recompute == WF_RECOMPUTE_FULL;
+    double re = full ? L.fwd : m->recompute == WF_RECOMPUTE_SELECTIVE ? L.core : 0;
+    double f = lc * L.fwd + e.fwd, b = lc * L.bwd + e.bwd + lc * re;
+    double t = lc * L.tp * (full ? 3 : 2) + 2 * e.tp;
     if (f + b > *F + *Bk)
       *F = f, *Bk = b, *tp_s = t;
   }

@@ -112,7 +112,8 @@ typedef struct wf_plan_mesh {
   int zero;  /* ZeRO stage: 0, 1, 2 or 3 */
   int fsdp;  /* HSDP: ZeRO shards within groups of fsdp dp ranks (mesh.fsdp); 0 = all of dp */
   bool keep; /* ZeRO-3: parallel.reshard_after_forward=false (every unit stays gathered) */
-  bool sp, recompute;
+  bool sp;
+  wf_recompute recompute;
   wf_precision prec;
   int threads; /* compute threads per rank (runtime.threads); 0 = the node's cores shared */
   size_t bucket_bytes;

@@ -169,7 +169,7 @@ static wf_status place_logits(wf__trainer *tr, float *logits, size_t N)
   int Vl = tr->dims.Vp / tr->tp, r = wf__comm_rank(tr->tp_comm);
   float *mine = NULL;
   WF_CHECK_ALLOC(mine = malloc(N * (size_t)Vl * sizeof *mine));
-  WF_TRY(wf_dev_read(tr->dev, mine, wf_model_logits(tr->model), N * (size_t)Vl * sizeof *mine));
+  WF_TRY(wf_model_logits_read(tr->model, mine, 0, N * (size_t)Vl));
   for (size_t i = 0; i < N; i++)
     memcpy(logits + i * tr->dims.Vp + (size_t)r * Vl, mine + i * Vl, Vl * sizeof(float));
 fail:

@@ -207,9 +207,12 @@ void wf__print_banner(const wf__trainer *tr)
                                  : "");
   if (tr->tp > 1 || tr->pp > 1)
     print_mesh(tr);
-  if (cfg->parallel.activation_checkpointing)
+  if (cfg->parallel.activation_checkpointing == WF_RECOMPUTE_FULL)
     fprintf(tr->out, "activation checkpointing: each layer's intermediates are recomputed in "
                      "backward\n");
+  if (cfg->parallel.activation_checkpointing == WF_RECOMPUTE_SELECTIVE)
+    fprintf(tr->out, "selective recompute: attention's core (softmax(QK^T)V) is recomputed in "
+                     "backward from the kept q, k, v\n");
   if (cfg->precision != WF_PREC_NO)
     print_precision(tr);
   if (tr->peak_tflops > 0)

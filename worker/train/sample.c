@@ -178,8 +178,8 @@ static wf_status next_logits(context *c, float *row, bool contribute)
   tr->split = WF_DATA_VAL; /* a forward like evaluation's */
   WF_TRY(wf_pipe_forward(tr->pipe, context_cb, c, &loss));
   if (wf_model_get_shard(tr->model)->last && contribute)
-    WF_TRY(wf_dev_read(tr->dev, row + (size_t)wf__comm_rank(tr->tp_comm) * Vl,
-                       wf_model_logits(tr->model) + (size_t)pos * Vl, (size_t)Vl * sizeof *row));
+    WF_TRY(wf_model_logits_read(tr->model, row + (size_t)wf__comm_rank(tr->tp_comm) * Vl,
+                                (size_t)pos * Vl, (size_t)Vl));
   if (tr->world)
     WF_TRY(wf_comm_allreduce(tr->world, row, row, (size_t)Vp, WF_COMM_F32, WF_COMM_SUM));
 fail:

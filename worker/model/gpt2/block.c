@@ -6,11 +6,12 @@
  * A block is attention: ln1 (replicated region) -> enter -> qkv (column-parallel, local
  * heads) -> attention -> attproj (row-parallel) -> leave; then MLP: residual +
  * attention output -> ln2 (one fused op) -> enter -> fc and GELU (one fused op) ->
- * fcproj (row-parallel) -> leave -> residual. Under mixed precision the GEMM inputs
- * ln1, atty, ln2, fchg are rounded as they are made (before the all-gather of sequence
- * parallelism: rounding is elementwise, so it commutes). Attention's own Q.K^T and
- * att.V stay fp32, as flash-attention kernels keep the softmax in fp32; only its
- * output, attproj's input, is rounded.
+ * fcproj (row-parallel) -> leave -> residual. Every activation is stored in the model's
+ * format (16 bits under mixed precision) by the kernel that makes it: the ones a
+ * layer keeps (ln1, qkv, atty, attention's core state, res2, ln2, fch, fchg) and the
+ * residual stream (res2, the layer's output); each row-parallel output is summed over
+ * tp in fp32 (da.ysum) and added to the residual in fp32 before it is stored. The
+ * statistics (means, rstds) stay fp32.
  *
  * Backward copies no big tensor: the residual stream's gradient is one (R,C) buffer
  * (da.dres) that each layernorm backward adds into, and the outputs of the two
@@ -18,25 +19,29 @@
  */
 #include "gpt2_int.h"
 
-/* One layer's saved intermediates, carved from its `saved` floats; the backward
- * scratch, from da.fam. */
+/* One layer's saved intermediates, carved from its memory (the core state, att, beside
+ * them or in the shared core buffer: wf__layer_mem); the backward scratch, from da.fam.
+ * Activations (void *) are stored in the model's format. */
 typedef struct layer {
-  float *ln1, *ln1_mean, *ln1_rstd; /* (R,C), (R), (R) */
-  float *qkv;                       /* (N,3C/tp) */
-  float *atty;                      /* (N,C/tp) */
-  float *att;                       /* (attention_saved): (B,NH/tp,T,T) on the CPU */
-  float *res2;                      /* (R,C) the residual after attention */
-  float *ln2, *ln2_mean, *ln2_rstd; /* (R,C), (R), (R) */
-  float *fch, *fchg;                /* (N,4C/tp) fc's output and its GELU */
+  void *ln1;                  /* (R,C) */
+  float *ln1_mean, *ln1_rstd; /* (R), (R) */
+  void *qkv;                  /* (N,3C/tp) */
+  void *atty;                 /* (N,C/tp) */
+  void *att;                  /* (attention_saved floats): the core state, as the table keeps it */
+  void *res2;                 /* (R,C) the residual after attention */
+  void *ln2;                  /* (R,C) */
+  float *ln2_mean, *ln2_rstd; /* (R), (R) */
+  void *fch, *fchg;           /* (N,4C/tp) fc's output and its GELU */
 } layer;
 
 typedef struct head {
-  float *lnf, *lnf_mean, *lnf_rstd; /* (R,C), (R), (R) */
+  void *lnf;                  /* (R,C) */
+  float *lnf_mean, *lnf_rstd; /* (R), (R) */
 } head;
 
 typedef struct scratch {
   float *d4a;     /* (N,4C/tp) dfchg, then dqkv (N,3C/tp) */
-  float *d4b;     /* (N,4C/tp) dfch, then datty */
+  float *d4b;     /* (N,4C/tp) dfch, then datty; a recomputed attention output */
   float *scratch; /* (attention_scratch) attention backward scratch */
 } scratch;
 
@@ -45,43 +50,50 @@ static size_t att_saved(const wf__geo *z)
   return z->k->attention_saved((int)z->B, (int)z->T, (int)(z->C / z->tp), z->NHl);
 }
 
-static size_t carve_layer(layer *v, float *mem, const wf__geo *z)
+static size_t carve_layer(layer *v, wf__layer_mem mem, const wf__geo *z, size_t *core)
 {
   size_t C = z->C, tp = z->tp, N = z->N, R = z->R;
   wf__carve_item t[] = {
-      {&v->ln1, R * C},          {&v->ln1_mean, R},         {&v->ln1_rstd, R},
-      {&v->qkv, N * 3 * C / tp}, {&v->atty, N * C / tp},    {&v->att, att_saved(z)},
-      {&v->res2, R * C},         {&v->ln2, R * C},          {&v->ln2_mean, R},
-      {&v->ln2_rstd, R},         {&v->fch, N * 4 * C / tp}, {&v->fchg, N * 4 * C / tp},
+      WF__ACT(&v->ln1, R * C),          WF__F32(&v->ln1_mean, R),
+      WF__F32(&v->ln1_rstd, R),         WF__ACT(&v->qkv, N * 3 * C / tp),
+      WF__ACT(&v->atty, N * C / tp),    WF__CORE(&v->att, att_saved(z)),
+      WF__ACT(&v->res2, R * C),         WF__ACT(&v->ln2, R * C),
+      WF__F32(&v->ln2_mean, R),         WF__F32(&v->ln2_rstd, R),
+      WF__ACT(&v->fch, N * 4 * C / tp), WF__ACT(&v->fchg, N * 4 * C / tp),
   };
-  return wf__carve(t, WF_ARRAY_LEN(t), mem);
+  return wf__carve(t, WF_ARRAY_LEN(t), &(wf__carve_to){mem.saved, mem.core, z->fmt}, core);
 }
 
-static size_t carve_head(head *h, float *mem, const wf__geo *z)
+static size_t carve_head(head *h, void *mem, const wf__geo *z)
 {
-  wf__carve_item t[] = {{&h->lnf, z->R * z->C}, {&h->lnf_mean, z->R}, {&h->lnf_rstd, z->R}};
-  return wf__carve(t, WF_ARRAY_LEN(t), mem);
+  wf__carve_item t[] = {WF__ACT(&h->lnf, z->R * z->C), WF__F32(&h->lnf_mean, z->R),
+                        WF__F32(&h->lnf_rstd, z->R)};
+  return wf__carve(t, WF_ARRAY_LEN(t), &(wf__carve_to){mem, NULL, z->fmt}, NULL);
 }
 
-static size_t carve_scratch(scratch *s, float *mem, const wf__geo *z)
+static size_t carve_scratch(scratch *s, void *mem, const wf__geo *z)
 {
   size_t n4 = z->N * 4 * z->C / z->tp;
   size_t att = z->k->attention_scratch((int)z->B, (int)z->T, (int)(z->C / z->tp), z->NHl);
-  wf__carve_item t[] = {{&s->d4a, n4}, {&s->d4b, n4}, {&s->scratch, att}};
-  return wf__carve(t, WF_ARRAY_LEN(t), mem);
+  wf__carve_item t[] = {WF__F32(&s->d4a, n4), WF__F32(&s->d4b, n4), WF__F32(&s->scratch, att)};
+  return wf__carve(t, WF_ARRAY_LEN(t), &(wf__carve_to){mem, NULL, z->fmt}, NULL);
 }
 
-static size_t layer_floats(const wf__geo *z) { return carve_layer(&(layer){0}, NULL, z); }
+static size_t layer_floats(const wf__geo *z, size_t *core)
+{
+  return carve_layer(&(layer){0}, (wf__layer_mem){NULL, NULL}, z, core);
+}
+
 static size_t head_floats(const wf__geo *z) { return carve_head(&(head){0}, NULL, z); }
 static size_t scratch_floats(const wf__geo *z) { return carve_scratch(&(scratch){0}, NULL, z); }
 static size_t const_floats(const wf__geo *z) { return (void)z, 0; }
 
 /* The carves at the model's geometry (Bmax x Tmax: a smaller micro-batch uses the first
  * rows of each). */
-static layer layer_at(const wf_model *m, float *saved)
+static layer layer_at(const wf_model *m, wf__layer_mem mem)
 {
   layer v;
-  carve_layer(&v, saved, &m->g);
+  carve_layer(&v, mem, &m->g, NULL);
   return v;
 }
 
@@ -90,77 +102,91 @@ static float *G(wf_model *m, int t, int l) { return wf_model_param(m, t, l, 1); 
 
 /* ---- forward ------------------------------------------------------------------------ */
 
-static wf_status attention_forward(wf_model *m, const layer *v, const float *residual, int l, int B,
+static wf_status attention_forward(wf_model *m, const layer *v, const void *residual, int l, int B,
                                    int T)
 {
   wf_status st = WF_OK;
   const wf_ktable *k = m->k;
   int C = m->d.C, tp = m->s.tp, N = B * T, R = (int)wf__rows(m, (size_t)N);
-  const float *x;
+  const void *x;
   k->layernorm_forward(v->ln1, v->ln1_mean, v->ln1_rstd, residual, P(m, G_LN1W, l), P(m, G_LN1B, l),
                        R, C, NULL);
-  wf__round_operand(m, v->ln1, (size_t)R * C);
   WF_TRY(wf__enter_fwd(m, &x, v->ln1, m->da.full, (size_t)N, (size_t)C));
   k->matmul_forward(v->qkv, x, wf__gemm_weight(m, G_QKVW, l), P(m, G_QKVB, l), N, C, 3 * C / tp,
                     m->prec, NULL);
   k->attention_forward(v->atty, v->att, v->qkv, B, T, C / tp, m->NHl, NULL);
-  wf__round_operand(m, v->atty, (size_t)N * C / tp);
-  st = wf__row_parallel(m, v->res2, v->atty, G_ATTPROJW, G_ATTPROJB, l, N, C / tp);
+  st = wf__row_parallel(m, v->atty, G_ATTPROJW, G_ATTPROJB, l, N, C / tp);
 fail:
   return st;
 }
 
-static wf_status mlp_forward(wf_model *m, const layer *v, const float *residual, float *res3, int l,
+/* res2 = residual + attention's output (in da.ysum), ln2, the MLP, and the layer's
+ * output res3 = res2 + the MLP's output. */
+static wf_status mlp_forward(wf_model *m, const layer *v, const void *residual, void *res3, int l,
                              int N)
 {
   wf_status st = WF_OK;
   const wf_ktable *k = m->k;
   int C = m->d.C, tp = m->s.tp, R = (int)wf__rows(m, (size_t)N);
-  const float *x;
-  k->residual_layernorm_forward(v->res2, v->ln2, v->ln2_mean, v->ln2_rstd, residual, v->res2,
+  const void *x;
+  k->residual_layernorm_forward(v->res2, v->ln2, v->ln2_mean, v->ln2_rstd, residual, m->da.ysum,
                                 P(m, G_LN2W, l), P(m, G_LN2B, l), R, C, NULL);
-  wf__round_operand(m, v->ln2, (size_t)R * C);
   WF_TRY(wf__enter_fwd(m, &x, v->ln2, m->da.full, (size_t)N, (size_t)C));
   k->matmul_gelu_forward(v->fchg, v->fch, x, wf__gemm_weight(m, G_FCW, l), P(m, G_FCB, l), N, C,
                          4 * C / tp, m->prec, NULL);
-  wf__round_operand(m, v->fchg, (size_t)N * 4 * C / tp);
-  WF_TRY(wf__row_parallel(m, res3, v->fchg, G_FCPROJW, G_FCPROJB, l, N, 4 * C / tp));
-  k->residual_forward(res3, v->res2, res3, (size_t)R * C, NULL);
+  WF_TRY(wf__row_parallel(m, v->fchg, G_FCPROJW, G_FCPROJB, l, N, 4 * C / tp));
+  k->residual_forward(res3, v->res2, m->da.ysum, (size_t)R * C, NULL);
 fail:
   return st;
 }
 
-static wf_status block_forward(wf_model *m, float *saved, const float *x, float *y, int l, int B,
+static wf_status block_forward(wf_model *m, wf__layer_mem mem, const void *x, void *y, int l, int B,
                                int T)
 {
   wf_status st = WF_OK;
-  layer v = layer_at(m, saved);
+  layer v = layer_at(m, mem);
   WF_TRY(attention_forward(m, &v, x, l, B, T));
   st = mlp_forward(m, &v, x, y, l, B * T);
 fail:
   return st;
 }
 
+/* Selective recompute: attention's core state again from the qkv the slot kept (its
+ * output, identical to the kept atty, lands in scratch). */
+static wf_status core_forward(wf_model *m, wf__layer_mem mem, int l, int B, int T)
+{
+  layer v = layer_at(m, mem);
+  scratch s;
+  carve_scratch(&s, m->da.fam, &m->g);
+  (void)l;
+  m->k->attention_forward(s.d4b, v.att, v.qkv, B, T, m->d.C / m->s.tp, m->NHl, NULL);
+  return WF_OK;
+}
+
 /* Vocabulary-parallel embedding: each tp rank looks up the tokens in its rows of wte
- * (tp rank 0 adds the positions), and leaving the tp region sums the parts. */
+ * (tp rank 0 adds the positions), leaving the tp region sums the parts, and the sum is
+ * stored as the stage's input. */
 static wf_status embed_forward(wf_model *m, wf__slot *a)
 {
+  wf_status st = WF_OK;
   int N = a->B * a->T, C = m->d.C;
   const float *wpe = m->s.tp_rank == 0 ? P(m, G_WPE, 0) : NULL;
   m->k->encoder_forward_vp(m->da.proj, a->inputs, P(m, G_WTE, 0), m->s.tp_rank * m->Vl, m->Vl, wpe,
                            a->B, a->T, C, NULL);
-  return wf__leave_fwd(m, a->encoded, m->da.proj, (size_t)N, (size_t)C);
+  WF_TRY(wf__leave_fwd(m, m->da.ysum, m->da.proj, (size_t)N, (size_t)C));
+  m->k->store(a->encoded, m->da.ysum, wf__rows(m, (size_t)N) * (size_t)C, NULL);
+fail:
+  return st;
 }
 
 /* Final layernorm, then the tied wte's logits and the loss. */
-static wf_status head_forward(wf_model *m, wf__slot *a, const float *x)
+static wf_status head_forward(wf_model *m, wf__slot *a, const void *x)
 {
   head h;
   int C = m->d.C, R = (int)wf__rows(m, (size_t)a->B * a->T);
   carve_head(&h, a->head, &m->g);
   m->k->layernorm_forward(h.lnf, h.lnf_mean, h.lnf_rstd, x, P(m, G_LNFW, 0), P(m, G_LNFB, 0), R, C,
                           NULL);
-  wf__round_operand(m, h.lnf, (size_t)R * C);
   return wf__head_loss_forward(m, a, h.lnf, G_WTE);
 }
 
@@ -173,11 +199,12 @@ static wf_status mlp_backward(wf_model *m, const layer *v, const scratch *s, int
   wf__dacts *g = &m->da;
   int C = m->d.C, tp = m->s.tp, R = (int)wf__rows(m, (size_t)N);
   size_t n4 = (size_t)N * 4 * C / tp;
-  const float *dy, *x;
+  const float *dy;
+  const void *x;
   WF_TRY(wf__leave_bwd(m, &dy, g->dres, g->full, (size_t)N, (size_t)C));
-  dy = wf__rounded_grad(m, dy, (size_t)N * C);
   WF_TRY(wf__zero(m, s->d4a, n4));
-  m->k->matmul_backward(s->d4a, G(m, G_FCPROJW, l), G(m, G_FCPROJB, l), dy, v->fchg,
+  m->k->matmul_backward(s->d4a, G(m, G_FCPROJW, l), G(m, G_FCPROJB, l),
+                        wf__act_grad(m, dy, (size_t)N * C), v->fchg,
                         wf__gemm_weight(m, G_FCPROJW, l), N, 4 * C / tp, C, m->prec, NULL);
   WF_TRY(wf__zero(m, s->d4b, n4));
   m->k->gelu_backward(s->d4b, v->fch, s->d4a, n4, NULL);
@@ -190,16 +217,17 @@ fail:
 }
 
 static wf_status attention_backward(wf_model *m, const layer *v, const scratch *s,
-                                    const float *residual, int l, int B, int T)
+                                    const void *residual, int l, int B, int T)
 {
   wf_status st = WF_OK;
   wf__dacts *g = &m->da;
   int C = m->d.C, tp = m->s.tp, N = B * T, R = (int)wf__rows(m, (size_t)N);
-  const float *dy, *x;
+  const float *dy;
+  const void *x;
   WF_TRY(wf__leave_bwd(m, &dy, g->dres, g->full, (size_t)N, (size_t)C));
-  dy = wf__rounded_grad(m, dy, (size_t)N * C);
   WF_TRY(wf__zero(m, s->d4b, (size_t)N * C / tp));
-  m->k->matmul_backward(s->d4b, G(m, G_ATTPROJW, l), G(m, G_ATTPROJB, l), dy, v->atty,
+  m->k->matmul_backward(s->d4b, G(m, G_ATTPROJW, l), G(m, G_ATTPROJB, l),
+                        wf__act_grad(m, dy, (size_t)N * C), v->atty,
                         wf__gemm_weight(m, G_ATTPROJW, l), N, C / tp, C, m->prec, NULL);
   WF_TRY(wf__zero(m, s->d4a, (size_t)N * 3 * C / tp));
   m->k->attention_backward(s->d4a, s->scratch, s->d4b, v->qkv, v->att, B, T, C / tp, m->NHl, NULL);
@@ -211,10 +239,10 @@ fail:
   return st;
 }
 
-static wf_status block_backward(wf_model *m, float *saved, const float *x, int l, int B, int T)
+static wf_status block_backward(wf_model *m, wf__layer_mem mem, const void *x, int l, int B, int T)
 {
   wf_status st = WF_OK;
-  layer v = layer_at(m, saved);
+  layer v = layer_at(m, mem);
   scratch s;
   carve_scratch(&s, m->da.fam, &m->g);
   WF_TRY(mlp_backward(m, &v, &s, l, B * T));
@@ -224,7 +252,7 @@ fail:
 }
 
 /* Loss -> logits -> (tied wte, enter's backward) -> final layernorm -> dres. */
-static wf_status head_backward(wf_model *m, wf__slot *a, const float *x, float dloss)
+static wf_status head_backward(wf_model *m, wf__slot *a, const void *x, float dloss)
 {
   wf_status st = WF_OK;
   head h;
@@ -260,6 +288,7 @@ const wf__family_ops wf__gpt2_ops = {
     .embed_forward = embed_forward,
     .embed_backward = embed_backward,
     .block_forward = block_forward,
+    .core_forward = core_forward,
     .block_backward = block_backward,
     .head_forward = head_forward,
     .head_backward = head_backward,

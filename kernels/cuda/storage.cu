@@ -1,0 +1,759 @@
+/*
+ * storage.cu - the GPU's kernel tables of each storage format (wf_ktable.h, storage.h):
+ * the fp32 table's entries that take activations (`void *`, fp32 here, calling the
+ * fp32 launchers), and the 16-bit kernels of the bf16 and fp16 tables, twins of the
+ * CPU's `*16` kernels (kernels/cpu): each loads its 16-bit activations, computes in
+ * fp32 what the fp32 kernel computes, and stores its activation outputs rounded to
+ * nearest even (__float2bfloat16_rn, __float2half_rn); gradients, statistics and
+ * non-GEMM weights stay fp32.
+ *
+ * GEMMs: cuBLASLt with the 16-bit operands as they are stored (the activations, the
+ * model's 16-bit weight copy, the output gradient), fp32 compute and accumulation, an
+ * fp32 bias added before the one rounding of a 16-bit output (the BIAS epilogue with
+ * an fp32 bias vector; where the heuristics offer none, the GEMM runs plain and a
+ * kernel adds the bias to the stored output, which rounds twice: within the twin
+ * tests' bound). The fused matmul + GELU is the composition, as on the CPU: the stored
+ * pre-activation, then the GELU of it. dbias is a column sum of the 16-bit dout, rows
+ * in a fixed order per column (deterministic).
+ *
+ * Attention (until bf16 tensor-core attention takes these entries): q, k, v are
+ * widened into fp32, the fp32 kernels (flash.cu, attention.cu) run on them, and the
+ * output is stored in 16 bits; the state kept for backward is theirs (fp32: one
+ * log-sum-exp per row for head sizes up to 128). The forward's fp32 copies are
+ * stream-ordered allocations (the entry has no scratch argument); backward's come out
+ * of its scratch, which attention_scratch sizes for them.
+ *
+ * Legend: N rows, C channels, OC output channels, V vocabulary columns, ld row stride.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cuda_int.h"
+
+#define LN_EPS         1e-5f
+#define ROWS_PER_BLOCK 4 /* warps per 128-thread block */
+#define COL_TILE       32
+#define ROW_LANES      8
+#define XENT_THREADS   256
+#define GELU_K         0.7978845608028654f /* sqrt(2 / pi) */
+
+/* ---- one element each way ---------------------------------------------------------------- */
+
+__device__ __forceinline__ float ld16(const __nv_bfloat16 *p, size_t i)
+{
+  return __bfloat162float(p[i]);
+}
+__device__ __forceinline__ float ld16(const __half *p, size_t i) { return __half2float(p[i]); }
+__device__ __forceinline__ void st16(__nv_bfloat16 *p, size_t i, float x)
+{
+  p[i] = __float2bfloat16_rn(x);
+}
+__device__ __forceinline__ void st16(__half *p, size_t i, float x) { p[i] = __float2half_rn(x); }
+
+static unsigned rows_grid(int N) { return (unsigned)((N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK); }
+
+/* ---- store and load ------------------------------------------------------------------------ */
+
+template <typename T> __global__ static void store_kernel(T *dst, const float *src, size_t n)
+{
+  WF_GRID_STRIDE(i, n) { st16(dst, i, src[i]); }
+}
+
+template <typename T> __global__ static void load_kernel(float *dst, const T *src, size_t n)
+{
+  WF_GRID_STRIDE(i, n) { dst[i] = ld16(src, i); }
+}
+
+template <typename T> static void store(void *dst, const float *src, size_t n, wf_stream *s)
+{
+  if (n == 0)
+    return;
+  store_kernel<T><<<wf__grid_1d(n, 256), 256, 0, (cudaStream_t)s>>>((T *)dst, src, n);
+  WF_CUDA_LAUNCHED("store_kernel");
+}
+
+template <typename T> static void load(float *dst, const void *src, size_t n, wf_stream *s)
+{
+  if (n == 0)
+    return;
+  load_kernel<T><<<wf__grid_1d(n, 256), 256, 0, (cudaStream_t)s>>>(dst, (const T *)src, n);
+  WF_CUDA_LAUNCHED("load_kernel");
+}
+
+/* ---- layernorm (layernorm.cu's algorithm: a warp per row) ---------------------------------- */
+
+/* One warp normalises row x into o (both 16-bit); lane 0 keeps mean and rstd. */
+template <typename T>
+__device__ static void normalize_row(T *o, float *mean, float *rstd, const T *x, const float *w,
+                                     const float *b, int C, int row)
+{
+  int lane = threadIdx.x % 32;
+  float s = 0.0f;
+  for (int c = lane; c < C; c += 32)
+    s += ld16(x, c);
+  float m = wf__warp_sum(s) / C;
+  float v = 0.0f;
+  for (int c = lane; c < C; c += 32) {
+    float d = ld16(x, c) - m;
+    v += d * d;
+  }
+  float rs = rsqrtf(wf__warp_sum(v) / C + LN_EPS);
+  for (int c = lane; c < C; c += 32)
+    st16(o, c, (ld16(x, c) - m) * rs * w[c] + b[c]);
+  if (lane == 0 && mean)
+    mean[row] = m;
+  if (lane == 0 && rstd)
+    rstd[row] = rs;
+}
+
+template <typename T>
+__global__ static void layernorm_forward_kernel(T *out, float *mean, float *rstd, const T *inp,
+                                                const float *w, const float *b, int N, int C)
+{
+  int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+  if (row >= N)
+    return;
+  size_t at = (size_t)row * C;
+  normalize_row(out + at, mean, rstd, inp + at, w, b, C, row);
+}
+
+/* res = store(a + b) (res may alias a: each lane reads then writes its own elements),
+ * then the layernorm of the stored res. */
+template <typename T>
+__global__ static void residual_layernorm_kernel(T *res, T *ln, float *mean, float *rstd,
+                                                 const T *a, const float *b, const float *w,
+                                                 const float *bias, int N, int C)
+{
+  int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+  if (row >= N)
+    return;
+  size_t at = (size_t)row * C;
+  for (int c = threadIdx.x % 32; c < C; c += 32)
+    st16(res, at + c, ld16(a, at + c) + b[at + c]);
+  __syncwarp();
+  normalize_row(ln + at, mean, rstd, res + at, w, bias, C, row);
+}
+
+template <typename T>
+__global__ static void layernorm_backward_dinp_kernel(float *dinp, const float *dout, const T *inp,
+                                                      const float *w, const float *mean,
+                                                      const float *rstd, int N, int C)
+{
+  int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (row >= N)
+    return;
+  const T *x = inp + (size_t)row * C;
+  const float *dy = dout + (size_t)row * C;
+  float m = mean[row], rs = rstd[row], a = 0.0f, bb = 0.0f;
+  for (int c = lane; c < C; c += 32) {
+    float wdy = w[c] * dy[c];
+    a += wdy;
+    bb += wdy * (ld16(x, c) - m) * rs;
+  }
+  float mean_wdy = wf__warp_sum(a) / C, mean_wdy_norm = wf__warp_sum(bb) / C;
+  float *dx = dinp + (size_t)row * C;
+  for (int c = lane; c < C; c += 32) {
+    float norm = (ld16(x, c) - m) * rs;
+    dx[c] += (w[c] * dy[c] - mean_wdy - norm * mean_wdy_norm) * rs;
+  }
+}
+
+/* dweight += sum_n norm dout, dbias += sum_n dout; block (32, 8), rows in a fixed order. */
+template <typename T>
+__global__ static void
+layernorm_backward_params_kernel(float *dweight, float *dbias, const float *dout, const T *inp,
+                                 const float *mean, const float *rstd, int N, int C)
+{
+  __shared__ float sw[ROW_LANES][COL_TILE + 1], sb[ROW_LANES][COL_TILE + 1];
+  int c = blockIdx.x * COL_TILE + threadIdx.x;
+  float w = 0.0f, b = 0.0f;
+  if (c < C)
+    for (int n = threadIdx.y; n < N; n += ROW_LANES) {
+      size_t i = (size_t)n * C + c;
+      w += (ld16(inp, i) - mean[n]) * rstd[n] * dout[i];
+      b += dout[i];
+    }
+  sw[threadIdx.y][threadIdx.x] = w;
+  sb[threadIdx.y][threadIdx.x] = b;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= C)
+    return;
+  for (int r = 1; r < ROW_LANES; r++) {
+    w += sw[r][threadIdx.x];
+    b += sb[r][threadIdx.x];
+  }
+  if (dweight)
+    dweight[c] += w;
+  if (dbias)
+    dbias[c] += b;
+}
+
+template <typename T>
+static void layernorm_forward(void *out, float *mean, float *rstd, const void *inp, const float *w,
+                              const float *b, int N, int C, wf_stream *s)
+{
+  if (N <= 0 || C <= 0)
+    return;
+  layernorm_forward_kernel<T><<<rows_grid(N), 32 * ROWS_PER_BLOCK, 0, (cudaStream_t)s>>>(
+      (T *)out, mean, rstd, (const T *)inp, w, b, N, C);
+  WF_CUDA_LAUNCHED("layernorm_forward_kernel (16-bit)");
+}
+
+template <typename T>
+static void residual_layernorm_forward(void *res, void *ln, float *mean, float *rstd, const void *a,
+                                       const float *b, const float *w, const float *bias, int N,
+                                       int C, wf_stream *s)
+{
+  if (N <= 0 || C <= 0)
+    return;
+  residual_layernorm_kernel<T><<<rows_grid(N), 32 * ROWS_PER_BLOCK, 0, (cudaStream_t)s>>>(
+      (T *)res, (T *)ln, mean, rstd, (const T *)a, b, w, bias, N, C);
+  WF_CUDA_LAUNCHED("residual_layernorm_kernel (16-bit)");
+}
+
+template <typename T>
+static void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                               const void *inp, const float *w, const float *mean,
+                               const float *rstd, int N, int C, wf_stream *stream)
+{
+  cudaStream_t s = (cudaStream_t)stream;
+  if (N <= 0 || C <= 0)
+    return;
+  if (dinp) {
+    layernorm_backward_dinp_kernel<T><<<rows_grid(N), 32 * ROWS_PER_BLOCK, 0, s>>>(
+        dinp, dout, (const T *)inp, w, mean, rstd, N, C);
+    if (!WF_CUDA_LAUNCHED("layernorm_backward_dinp_kernel (16-bit)"))
+      return;
+  }
+  if (dweight || dbias) {
+    unsigned grid = (unsigned)((C + COL_TILE - 1) / COL_TILE);
+    layernorm_backward_params_kernel<T><<<grid, dim3(COL_TILE, ROW_LANES), 0, s>>>(
+        dweight, dbias, dout, (const T *)inp, mean, rstd, N, C);
+    WF_CUDA_LAUNCHED("layernorm_backward_params_kernel (16-bit)");
+  }
+}
+
+/* ---- elementwise ----------------------------------------------------------------------------- */
+
+template <typename T>
+__global__ static void residual_kernel(T *out, const T *a, const float *b, size_t n)
+{
+  WF_GRID_STRIDE(i, n) { st16(out, i, ld16(a, i) + b[i]); }
+}
+
+__device__ __forceinline__ float gelu(float x)
+{
+  float u = GELU_K * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+
+template <typename T> __global__ static void gelu_forward_kernel(T *out, const T *inp, size_t n)
+{
+  WF_GRID_STRIDE(i, n) { st16(out, i, gelu(ld16(inp, i))); }
+}
+
+template <typename T>
+__global__ static void gelu_backward_kernel(float *dinp, const T *inp, const float *dout, size_t n)
+{
+  WF_GRID_STRIDE(i, n)
+  {
+    float x = ld16(inp, i);
+    float th = tanhf(GELU_K * (x + 0.044715f * x * x * x));
+    float grad = 0.5f * (1.0f + th) +
+                 0.5f * x * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+    dinp[i] += grad * dout[i];
+  }
+}
+
+template <typename T>
+static void residual_forward(void *out, const void *a, const float *b, size_t n, wf_stream *s)
+{
+  if (n == 0)
+    return;
+  residual_kernel<T>
+      <<<wf__grid_1d(n, 256), 256, 0, (cudaStream_t)s>>>((T *)out, (const T *)a, b, n);
+  WF_CUDA_LAUNCHED("residual_kernel (16-bit)");
+}
+
+template <typename T> static void gelu_forward(void *out, const void *inp, size_t n, wf_stream *s)
+{
+  if (n == 0)
+    return;
+  gelu_forward_kernel<T>
+      <<<wf__grid_1d(n, 256), 256, 0, (cudaStream_t)s>>>((T *)out, (const T *)inp, n);
+  WF_CUDA_LAUNCHED("gelu_forward_kernel (16-bit)");
+}
+
+template <typename T>
+static void gelu_backward(float *dinp, const void *inp, const float *dout, size_t n, wf_stream *s)
+{
+  if (n == 0)
+    return;
+  gelu_backward_kernel<T>
+      <<<wf__grid_1d(n, 256), 256, 0, (cudaStream_t)s>>>(dinp, (const T *)inp, dout, n);
+  WF_CUDA_LAUNCHED("gelu_backward_kernel (16-bit)");
+}
+
+/* ---- cross-entropy over 16-bit logits (xent.cu's algorithm: a block per row) --------------- */
+
+template <typename T>
+__global__ static void xent_stats_kernel(float *row_max, float *row_sumexp, float *target_logit,
+                                         const T *logits, const int *targets, int V, int ld,
+                                         int v_offset)
+{
+  __shared__ float red[32];
+  const T *l = logits + (size_t)blockIdx.x * ld;
+  float mx = -INFINITY;
+  for (int c = threadIdx.x; c < V; c += blockDim.x)
+    mx = fmaxf(mx, ld16(l, c));
+  mx = wf__block_max(mx, red);
+  float s = 0.0f;
+  for (int c = threadIdx.x; c < V; c += blockDim.x)
+    s += expf(ld16(l, c) - mx);
+  s = wf__block_sum(s, red);
+  if (threadIdx.x != 0)
+    return;
+  int tg = targets[blockIdx.x] - v_offset;
+  row_max[blockIdx.x] = mx;
+  row_sumexp[blockIdx.x] = s;
+  target_logit[blockIdx.x] = tg >= 0 && tg < V ? ld16(l, tg) : 0.0f;
+}
+
+/* dlogits = store(dloss (softmax - onehot)); may alias logits (read, then written, by
+ * the same thread). */
+template <typename T>
+__global__ static void xent_backward_kernel(T *dlogits, const T *logits, const float *row_max,
+                                            const float *row_sumexp, const int *targets,
+                                            float dloss, int V, int ld, int v_offset)
+{
+  size_t row = blockIdx.x;
+  const T *l = logits + row * ld;
+  T *d = dlogits + row * ld;
+  float mx = row_max[row], inv = 1.0f / row_sumexp[row];
+  int tg = targets[row] - v_offset;
+  for (int c = threadIdx.x; c < ld; c += blockDim.x) {
+    float g = 0.0f;
+    if (c < V)
+      g = dloss * (expf(ld16(l, c) - mx) * inv - (c == tg ? 1.0f : 0.0f));
+    st16(d, c, g);
+  }
+}
+
+template <typename T>
+static void xent_stats(float *mx, float *se, float *tl, const void *logits, const int *targets,
+                       int N, int V, int ld, int v0, wf_stream *s)
+{
+  if (N <= 0)
+    return;
+  xent_stats_kernel<T><<<(unsigned)N, XENT_THREADS, 0, (cudaStream_t)s>>>(
+      mx, se, tl, (const T *)logits, targets, V, ld, v0);
+  WF_CUDA_LAUNCHED("xent_stats_kernel (16-bit)");
+}
+
+template <typename T>
+static void xent_backward(void *dlogits, const void *logits, const float *mx, const float *se,
+                          const int *targets, float dloss, int N, int V, int ld, int v0,
+                          wf_stream *s)
+{
+  if (N <= 0 || ld <= 0)
+    return;
+  xent_backward_kernel<T><<<(unsigned)N, XENT_THREADS, 0, (cudaStream_t)s>>>(
+      (T *)dlogits, (const T *)logits, mx, se, targets, dloss, V, ld, v0);
+  WF_CUDA_LAUNCHED("xent_backward_kernel (16-bit)");
+}
+
+/* ---- GEMMs over 16-bit operands ---------------------------------------------------------------
+ */
+
+template <typename T> static cudaDataType_t cuda_type();
+template <> cudaDataType_t cuda_type<__nv_bfloat16>() { return CUDA_R_16BF; }
+template <> cudaDataType_t cuda_type<__half>() { return CUDA_R_16F; }
+
+/* D (m,n) = op(A) op(B) + beta D (+ bias, m fp32 values) in cuBLAS's column-major terms,
+ * A and B of type ab, D of type dt (fp32 or ab). */
+struct gemm16 {
+  cublasOperation_t ta, tb;
+  int m, n, k;
+  const void *A;
+  int lda;
+  const void *B;
+  int ldb;
+  float beta;
+  void *D;
+  cudaDataType_t ab, dt;
+  const float *bias;
+};
+
+struct descs16 {
+  cublasLtMatmulDesc_t op;
+  cublasLtMatrixLayout_t a, b, d;
+  cublasLtMatmulPreference_t pref;
+};
+
+static void descs16_destroy(descs16 *x)
+{
+  if (x->pref)
+    cublasLtMatmulPreferenceDestroy(x->pref);
+  if (x->d)
+    cublasLtMatrixLayoutDestroy(x->d);
+  if (x->b)
+    cublasLtMatrixLayoutDestroy(x->b);
+  if (x->a)
+    cublasLtMatrixLayoutDestroy(x->a);
+  if (x->op)
+    cublasLtMatmulDescDestroy(x->op);
+}
+
+#define LT16_TRY(call)                                                                             \
+  do {                                                                                             \
+    cublasStatus_t st_ = (call);                                                                   \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                              \
+      return st_;                                                                                  \
+  } while (0)
+
+static cublasStatus_t descs16_make(descs16 *x, const gemm16 *g, bool bias, size_t workspace)
+{
+  cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  cudaDataType_t bias_type = CUDA_R_32F;
+  LT16_TRY(cublasLtMatmulDescCreate(&x->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  LT16_TRY(
+      cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_TRANSA, &g->ta, sizeof g->ta));
+  LT16_TRY(
+      cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_TRANSB, &g->tb, sizeof g->tb));
+  LT16_TRY(cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+  if (bias) {
+    LT16_TRY(cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
+                                            sizeof g->bias));
+    LT16_TRY(cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                            sizeof bias_type));
+  }
+  bool at = g->ta == CUBLAS_OP_T, bt = g->tb == CUBLAS_OP_T;
+  LT16_TRY(cublasLtMatrixLayoutCreate(&x->a, g->ab, at ? g->k : g->m, at ? g->m : g->k, g->lda));
+  LT16_TRY(cublasLtMatrixLayoutCreate(&x->b, g->ab, bt ? g->n : g->k, bt ? g->k : g->n, g->ldb));
+  LT16_TRY(cublasLtMatrixLayoutCreate(&x->d, g->dt, g->m, g->n, g->m));
+  LT16_TRY(cublasLtMatmulPreferenceCreate(&x->pref));
+  LT16_TRY(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                &workspace, sizeof workspace));
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+/* g with (bias) or without its bias epilogue; NOT_SUPPORTED when no algorithm fits. */
+static cublasStatus_t lt16_enqueue(const wf__lt *lt, const gemm16 *g, bool bias, cudaStream_t s)
+{
+  descs16 x = {};
+  cublasStatus_t st = descs16_make(&x, g, bias, lt->workspace_bytes);
+  cublasLtMatmulHeuristicResult_t h = {};
+  int found = 0;
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st =
+        cublasLtMatmulAlgoGetHeuristic(lt->handle, x.op, x.a, x.b, x.d, x.d, x.pref, 1, &h, &found);
+  if (st == CUBLAS_STATUS_SUCCESS && found == 0)
+    st = CUBLAS_STATUS_NOT_SUPPORTED;
+  const float one = 1.0f;
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmul(lt->handle, x.op, &one, g->A, x.a, g->B, x.b, &g->beta, g->D, x.d, g->D,
+                        x.d, &h.algo, lt->workspace, lt->workspace_bytes, s);
+  descs16_destroy(&x);
+  return st;
+}
+
+/* out (m x n, column-major: rows of n, m columns each) += bias after a plain GEMM */
+template <typename T>
+__global__ static void add_bias_kernel(T *out, const float *bias, int m, size_t n)
+{
+  WF_GRID_STRIDE(i, n) { st16(out, i, ld16(out, i) + bias[i % (size_t)m]); }
+}
+__global__ static void add_bias32_kernel(float *out, const float *bias, int m, size_t n)
+{
+  WF_GRID_STRIDE(i, n) { out[i] += bias[i % (size_t)m]; }
+}
+
+/* Run g under the GEMM lock: with the bias epilogue where cuBLASLt has one, else plain
+ * and the bias added by a kernel. k = 0 is an empty sum: D = bias (beta is 0 there). */
+template <typename T> static bool run16(const gemm16 *g, cudaStream_t s)
+{
+  size_t n = (size_t)g->m * g->n, es = g->dt == CUDA_R_32F ? 4 : 2;
+  bool fused = false;
+  if (g->k == 0 && !WF_CUDA_OK(cudaMemsetAsync(g->D, 0, n * es, s)))
+    return false;
+  if (g->k > 0) {
+    wf__lt lt;
+    if (!wf__lt_begin(&lt, __FILE__, __LINE__))
+      return false;
+    cublasStatus_t st = g->bias ? lt16_enqueue(&lt, g, true, s) : CUBLAS_STATUS_NOT_SUPPORTED;
+    fused = st == CUBLAS_STATUS_SUCCESS;
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED)
+      st = lt16_enqueue(&lt, g, false, s);
+    char what[96];
+    snprintf(what, sizeof what, "cublasLtMatmul 16-bit (m %d, n %d, k %d)", g->m, g->n, g->k);
+    if (!wf__lt_end(st, __FILE__, __LINE__, what))
+      return false;
+  }
+  if (fused || !g->bias)
+    return true;
+  if (g->dt == CUDA_R_32F)
+    add_bias32_kernel<<<wf__grid_1d(n, 256), 256, 0, s>>>((float *)g->D, g->bias, g->m, n);
+  else
+    add_bias_kernel<T><<<wf__grid_1d(n, 256), 256, 0, s>>>((T *)g->D, g->bias, g->m, n);
+  return WF_CUDA_LAUNCHED("add_bias_kernel (16-bit)");
+}
+
+/* out^T (OC,N) = W (OC,C)^T-view . inp^T (+ bias): matmul.cu's forward, out of type dt */
+template <typename T>
+static void forward16(void *out, cudaDataType_t dt, const void *inp, const void *w,
+                      const float *bias, int N, int C, int OC, wf_stream *stream)
+{
+  if (N <= 0 || OC <= 0 || C < 0)
+    return;
+  gemm16 g = {CUBLAS_OP_T, CUBLAS_OP_N,    OC, N,   C, w, C, inp, C, 0.0f,
+              out,         cuda_type<T>(), dt, bias};
+  run16<T>(&g, (cudaStream_t)stream);
+}
+
+template <typename T>
+static void matmul_forward(void *out, const void *inp, const void *w, const float *bias, int N,
+                           int C, int OC, int /* lowp: the format */, wf_stream *s)
+{
+  forward16<T>(out, cuda_type<T>(), inp, w, bias, N, C, OC, s);
+}
+
+template <typename T>
+static void matmul_forward_f32(float *out, const void *inp, const void *w, const float *bias, int N,
+                               int C, int OC, int /* lowp: the format */, wf_stream *s)
+{
+  forward16<T>(out, CUDA_R_32F, inp, w, bias, N, C, OC, s);
+}
+
+template <typename T>
+static void matmul_gelu_forward(void *gelu_out, void *pre, const void *inp, const void *w,
+                                const float *bias, int N, int C, int OC, int /* lowp: the format */,
+                                wf_stream *s)
+{
+  forward16<T>(pre, cuda_type<T>(), inp, w, bias, N, C, OC, s);
+  gelu_forward<T>(gelu_out, pre, (size_t)N * OC, s);
+}
+
+/* dbias (OC) += the column sums of dout (N,OC), 16-bit; block (32, 8). */
+template <typename T>
+__global__ static void bias_backward_kernel(float *dbias, const T *dout, int N, int OC)
+{
+  __shared__ float part[ROW_LANES][COL_TILE + 1];
+  int c = blockIdx.x * COL_TILE + threadIdx.x;
+  float acc = 0.0f;
+  if (c < OC)
+    for (int n = threadIdx.y; n < N; n += ROW_LANES)
+      acc += ld16(dout, (size_t)n * OC + c);
+  part[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= OC)
+    return;
+  for (int r = 1; r < ROW_LANES; r++)
+    acc += part[r][threadIdx.x];
+  dbias[c] += acc;
+}
+
+/* dinp (N,C) += dout . W and dweight (OC,C) += dout^T . inp, both fp32: matmul.cu's
+ * backward with 16-bit operands. */
+template <typename T>
+static void matmul_backward(float *dinp, float *dweight, float *dbias, const void *dout,
+                            const void *inp, const void *w, int N, int C, int OC,
+                            int /* lowp: the format */, wf_stream *stream)
+{
+  cudaStream_t s = (cudaStream_t)stream;
+  cudaDataType_t t = cuda_type<T>();
+  if (N <= 0 || OC <= 0 || C < 0)
+    return;
+  gemm16 gi = {CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, w, C, dout, OC, 1.0f, dinp, t, CUDA_R_32F, NULL};
+  gemm16 gw = {CUBLAS_OP_N, CUBLAS_OP_T, C,    OC,      N, inp,        C,
+               dout,        OC,          1.0f, dweight, t, CUDA_R_32F, NULL};
+  if (C > 0 && dinp && !run16<T>(&gi, s))
+    return;
+  if (C > 0 && dweight && !run16<T>(&gw, s))
+    return;
+  if (!dbias)
+    return;
+  unsigned grid = (unsigned)((OC + COL_TILE - 1) / COL_TILE);
+  bias_backward_kernel<T><<<grid, dim3(COL_TILE, ROW_LANES), 0, s>>>(dbias, (const T *)dout, N, OC);
+  WF_CUDA_LAUNCHED("bias_backward_kernel (16-bit)");
+}
+
+/* ---- attention: the fp32 kernels on widened q, k, v ---------------------------------------- */
+
+/* Backward's scratch: the fp32 kernels' own, then room for the widened qkv (B,T,3C). */
+static size_t attention_scratch16(int B, int T, int C, int NH)
+{
+  size_t own = wf_cuda_attention_scratch(B, T, C, NH);
+  return (own + 63) / 64 * 64 + (size_t)B * T * 3 * C;
+}
+
+template <typename E>
+static void attention_forward(void *out, void *att, const void *qkv, int B, int T, int C, int NH,
+                              wf_stream *stream)
+{
+  cudaStream_t s = (cudaStream_t)stream;
+  size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
+  float *w = NULL;
+  if (nq == 0 || !WF_CUDA_OK(cudaMallocAsync((void **)&w, (nq + no) * sizeof(float), s)))
+    return;
+  load<E>(w, qkv, nq, stream);
+  wf_cuda_attention_forward(w + nq, (float *)att, w, B, T, C, NH, stream);
+  store<E>(out, w + nq, no, stream);
+  WF_CUDA_OK(cudaFreeAsync(w, s));
+}
+
+template <typename E>
+static void attention_backward(float *dqkv, float *scratch, const float *dout, const void *qkv,
+                               const void *att, int B, int T, int C, int NH, wf_stream *stream)
+{
+  size_t own = (wf_cuda_attention_scratch(B, T, C, NH) + 63) / 64 * 64;
+  float *w = scratch + own;
+  load<E>(w, qkv, (size_t)B * T * 3 * C, stream);
+  wf_cuda_attention_backward(dqkv, scratch, dout, w, (const float *)att, B, T, C, NH, stream);
+}
+
+/* ---- the fp32 table's activation entries ------------------------------------------------------
+ */
+
+extern "C" {
+void wf__cuda32_layernorm_forward(void *out, float *mean, float *rstd, const void *inp,
+                                  const float *w, const float *b, int N, int C, wf_stream *s)
+{
+  wf_cuda_layernorm_forward((float *)out, mean, rstd, (const float *)inp, w, b, N, C, s);
+}
+
+void wf__cuda32_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
+                                   const void *inp, const float *w, const float *mean,
+                                   const float *rstd, int N, int C, wf_stream *s)
+{
+  wf_cuda_layernorm_backward(dinp, dw, db, dout, (const float *)inp, w, mean, rstd, N, C, s);
+}
+
+void wf__cuda32_residual_layernorm_forward(void *res, void *ln, float *mean, float *rstd,
+                                           const void *a, const float *b, const float *w,
+                                           const float *bias, int N, int C, wf_stream *s)
+{
+  wf_cuda_residual_layernorm_forward((float *)res, (float *)ln, mean, rstd, (const float *)a, b, w,
+                                     bias, N, C, s);
+}
+
+void wf__cuda32_matmul_forward(void *out, const void *inp, const void *w, const float *bias, int N,
+                               int C, int OC, int lowp, wf_stream *s)
+{
+  wf_cuda_matmul_forward((float *)out, (const float *)inp, (const float *)w, bias, N, C, OC, lowp,
+                         s);
+}
+
+void wf__cuda32_matmul_forward_f32(float *out, const void *inp, const void *w, const float *bias,
+                                   int N, int C, int OC, int lowp, wf_stream *s)
+{
+  wf_cuda_matmul_forward(out, (const float *)inp, (const float *)w, bias, N, C, OC, lowp, s);
+}
+
+void wf__cuda32_matmul_gelu_forward(void *gelu_out, void *pre, const void *inp, const void *w,
+                                    const float *bias, int N, int C, int OC, int lowp, wf_stream *s)
+{
+  wf_cuda_matmul_gelu_forward((float *)gelu_out, (float *)pre, (const float *)inp, (const float *)w,
+                              bias, N, C, OC, lowp, s);
+}
+
+void wf__cuda32_matmul_backward(float *dinp, float *dw, float *db, const void *dout,
+                                const void *inp, const void *w, int N, int C, int OC, int lowp,
+                                wf_stream *s)
+{
+  wf_cuda_matmul_backward(dinp, dw, db, (const float *)dout, (const float *)inp, (const float *)w,
+                          N, C, OC, lowp, s);
+}
+
+void wf__cuda32_attention_forward(void *out, void *att, const void *qkv, int B, int T, int C,
+                                  int NH, wf_stream *s)
+{
+  wf_cuda_attention_forward((float *)out, (float *)att, (const float *)qkv, B, T, C, NH, s);
+}
+
+void wf__cuda32_attention_backward(float *dqkv, float *scratch, const float *dout, const void *qkv,
+                                   const void *att, int B, int T, int C, int NH, wf_stream *s)
+{
+  wf_cuda_attention_backward(dqkv, scratch, dout, (const float *)qkv, (const float *)att, B, T, C,
+                             NH, s);
+}
+
+void wf__cuda32_gelu_forward(void *out, const void *inp, size_t N, wf_stream *s)
+{
+  wf_cuda_gelu_forward((float *)out, (const float *)inp, N, s);
+}
+
+void wf__cuda32_gelu_backward(float *dinp, const void *inp, const float *dout, size_t N,
+                              wf_stream *s)
+{
+  wf_cuda_gelu_backward(dinp, (const float *)inp, dout, N, s);
+}
+
+void wf__cuda32_residual_forward(void *out, const void *a, const float *b, size_t N, wf_stream *s)
+{
+  wf_cuda_residual_forward((float *)out, (const float *)a, b, N, s);
+}
+
+void wf__cuda32_xent_stats(float *mx, float *se, float *tl, const void *logits, const int *targets,
+                           int N, int V, int ld, int v0, wf_stream *s)
+{
+  wf_cuda_xent_stats(mx, se, tl, (const float *)logits, targets, N, V, ld, v0, s);
+}
+
+void wf__cuda32_xent_backward(void *dlogits, const void *logits, const float *mx, const float *se,
+                              const int *targets, float dloss, int N, int V, int ld, int v0,
+                              wf_stream *s)
+{
+  wf_cuda_xent_backward((float *)dlogits, (const float *)logits, mx, se, targets, dloss, N, V, ld,
+                        v0, s);
+}
+
+void wf__cuda32_store(void *dst, const float *src, size_t n, wf_stream *s)
+{
+  if (n > 0 && dst != src)
+    WF_CUDA_OK(
+        cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, (cudaStream_t)s));
+}
+
+void wf__cuda32_load(float *dst, const void *src, size_t n, wf_stream *s)
+{
+  wf__cuda32_store(dst, (const float *)src, n, s);
+}
+}
+
+/* ---- the 16-bit tables -------------------------------------------------------------------------
+ */
+
+/* The fp32 table with its activation entries and format replaced by T's. */
+template <typename T> static wf_ktable storage_table(const wf_ktable *k32, int format)
+{
+  wf_ktable t = *k32;
+  t.layernorm_forward = layernorm_forward<T>;
+  t.layernorm_backward = layernorm_backward<T>;
+  t.residual_layernorm_forward = residual_layernorm_forward<T>;
+  t.matmul_forward = matmul_forward<T>;
+  t.matmul_forward_f32 = matmul_forward_f32<T>;
+  t.matmul_gelu_forward = matmul_gelu_forward<T>;
+  t.matmul_backward = matmul_backward<T>;
+  t.attention_scratch = attention_scratch16;
+  t.attention_forward = attention_forward<T>;
+  t.attention_backward = attention_backward<T>;
+  t.gelu_forward = gelu_forward<T>;
+  t.gelu_backward = gelu_backward<T>;
+  t.residual_forward = residual_forward<T>;
+  t.xent_stats = xent_stats<T>;
+  t.xent_backward = xent_backward<T>;
+  t.format = format;
+  t.store = store<T>;
+  t.load = load<T>;
+  return t;
+}
+
+extern "C" const wf_ktable *wf__cuda_storage(int format)
+{
+  static const wf_ktable bf16 = storage_table<__nv_bfloat16>(&wf__cuda_kernels, WF_PREC_BF16);
+  static const wf_ktable fp16 = storage_table<__half>(&wf__cuda_kernels, WF_PREC_FP16);
+  return format == WF_PREC_BF16   ? &bf16
+         : format == WF_PREC_FP16 ? &fp16
+         : format == WF_PREC_NO   ? &wf__cuda_kernels
+                                  : NULL;
+}

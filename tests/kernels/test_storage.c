@@ -1,0 +1,402 @@
+/*
+ * test_storage.c - activations stored in 16 bits (kernels/storage.h) and the CPU's
+ * 16-bit kernels, through the CPU device's tables of each format (wf_ktable.h).
+ *
+ *  - Storing: the 16 bits stored for x widen to exactly what round.h rounds x to (bf16
+ *    and fp16; round.h is itself checked against an independent reference in
+ *    test_round.c): every fp32 exponent, the subnormals, the ties, overflow, NaN and
+ *    +-inf, -0. Loading is exact (store(load(h)) == h for every 16-bit pattern that is
+ *    not a NaN).
+ *  - Each 16-bit kernel (the table's entries that take activations) equals, bit for
+ *    bit, store(the fp32 table's entry on the loaded inputs): the inputs are drawn and
+ *    stored, loaded back, the fp32 kernel runs on the loaded values, and its outputs,
+ *    stored, must be the 16-bit kernel's bytes; fp32 outputs (statistics, gradients)
+ *    must be equal floats. That is the definition in storage.h: the same computation,
+ *    only the storage differs.
+ *  - The GEMMs (matmul_*): the 16-bit forms accumulate exact products in fp32 panel by
+ *    panel, so they may sum in another order than one sgemm over the loaded operands.
+ *    Two sums of the same K exact products in different orders differ by at most
+ *    2 K u sum_k |a_k b_k| (u = 2^-24; each recursive sum is within (K-1) u sum |.| of
+ *    the exact one, Higham's gamma_{K-1}), so the fp32 outputs are checked against that
+ *    bound per element; a stored output may then round across one tie: within that
+ *    bound plus one ulp of the format.
+ */
+#include <stdbool.h>
+#include <string.h>
+
+#include "check.h"
+#include "wf_device.h"
+#include "wf_kernels.h"
+
+#define U32 (1.0 / 16777216.0) /* 2^-24: fp32's unit roundoff */
+
+static const int FMTS[2] = {WF_PREC_BF16, WF_PREC_FP16};
+
+static uint32_t bits(float x)
+{
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+static float from_bits(uint32_t u)
+{
+  float x;
+  memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+static const wf_ktable *table(int fmt)
+{
+  const wf_ktable *k = wf_dev_kernels(wf_dev_cpu())->storage(fmt);
+  assert_non_null(k);
+  assert_int_equal(k->format, fmt);
+  return k;
+}
+
+/* ---- storing and loading ---------------------------------------------------------------- */
+
+static void check_store_one(int fmt, float x)
+{
+  uint16_t h;
+  float back, want;
+  wf_storage_store(&h, &x, 1, fmt);
+  wf_storage_load(&back, &h, 1, fmt);
+  (fmt == WF_PREC_BF16 ? wf_round_bf16 : wf_round_fp16)(&want, &x, 1);
+  if (isnan(want) ? !isnan(back) : bits(back) != bits(want)) {
+    print_error("%s: store(%a) loads as %a, round.h says %a\n", wf_storage_name(fmt), (double)x,
+                (double)back, (double)want);
+    fail();
+  }
+}
+
+static void test_store_matches_round(void **state)
+{
+  static const float special[] = {0.0f,      -0.0f,    1.0f,      0x1.01p0f,  -0x1.01p0f,
+                                  0x1.03p0f, 65504.0f, 65519.0f,  65520.0f,   -65520.0f,
+                                  0x1p-14f,  0x1p-24f, 0x1p-25f,  0x1.8p-25f, 0x1p-149f,
+                                  3.4e38f,   INFINITY, -INFINITY, NAN,        0x1.fffffep127f};
+  for (int f = 0; f < 2; f++) {
+    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++)
+      check_store_one(FMTS[f], special[i]);
+    /* every exponent, random significands and both signs */
+    uint64_t s = 7;
+    for (uint32_t e = 0; e < 255; e++)
+      for (int r = 0; r < 64; r++) {
+        uint32_t m = (uint32_t)(urand(&s) * 8388608.0);
+        check_store_one(FMTS[f], from_bits((r & 1) << 31 | e << 23 | m));
+        check_store_one(FMTS[f], from_bits((r & 1) << 31 | e << 23 | (m & ~0xfffu) | 0x1000u));
+      }
+  }
+}
+
+static void test_load_exact(void **state)
+{
+  for (int f = 0; f < 2; f++)
+    for (uint32_t h = 0; h < 65536; h++) {
+      uint16_t in = (uint16_t)h, out;
+      float x;
+      wf_storage_load(&x, &in, 1, FMTS[f]);
+      if (isnan(x))
+        continue;
+      wf_storage_store(&out, &x, 1, FMTS[f]);
+      if (out != in) {
+        print_error("%s: %04x loads as %a and stores back as %04x\n", wf_storage_name(FMTS[f]), h,
+                    (double)x, out);
+        fail();
+      }
+    }
+}
+
+/* The table entries agree with the direct functions and with each other. */
+static void test_tables(void **state)
+{
+  const wf_ktable *k32 = wf_dev_kernels(wf_dev_cpu());
+  assert_int_equal(k32->format, WF_PREC_NO);
+  assert_ptr_equal(k32->storage(WF_PREC_NO), k32);
+  assert_null(k32->storage(99));
+  for (int f = 0; f < 2; f++) {
+    const wf_ktable *k = table(FMTS[f]);
+    assert_ptr_equal(k->storage(WF_PREC_NO), k32);
+    assert_ptr_equal(k->storage(FMTS[f]), k);
+    assert_ptr_equal(k->adamw_update, k32->adamw_update); /* no activation: shared */
+  }
+}
+
+/* ---- kernels ---------------------------------------------------------------------------- */
+
+/* Activations in both forms: n values drawn in [lo, hi), stored (h) and loaded back (x). */
+typedef struct act {
+  uint16_t *h;
+  float *x;
+  size_t n;
+} act;
+
+static act act_new(size_t n, int fmt, double lo, double hi, uint64_t *s)
+{
+  act a = {malloc(n * sizeof(uint16_t)), malloc(n * sizeof(float)), n};
+  fill(a.x, n, lo, hi, s);
+  wf_storage_store(a.h, a.x, n, fmt);
+  wf_storage_load(a.x, a.h, n, fmt);
+  return a;
+}
+
+static void act_free(act *a)
+{
+  free(a->h);
+  free(a->x);
+}
+
+/* The 16-bit output h equals the fp32 output x stored. */
+static void expect_stored(const char *what, int fmt, const uint16_t *h, const float *x, size_t n)
+{
+  uint16_t *want = malloc(n * sizeof *want);
+  wf_storage_store(want, x, n, fmt);
+  for (size_t i = 0; i < n; i++)
+    if (h[i] != want[i]) {
+      print_error("%s (%s)[%zu]: %04x, the fp32 kernel's %a stores as %04x\n", what,
+                  wf_storage_name(fmt), i, h[i], (double)x[i], want[i]);
+      free(want);
+      fail();
+    }
+  free(want);
+}
+
+static void expect_equal(const char *what, int fmt, const float *a, const float *b, size_t n)
+{
+  for (size_t i = 0; i < n; i++)
+    if (bits(a[i]) != bits(b[i])) {
+      print_error("%s (%s)[%zu]: %a, the fp32 kernel's %a\n", what, wf_storage_name(fmt), i,
+                  (double)a[i], (double)b[i]);
+      fail();
+    }
+}
+
+#define N 48
+#define C 96
+
+static void test_layernorm(void **state)
+{
+  const wf_ktable *k32 = wf_dev_kernels(wf_dev_cpu());
+  for (int f = 0; f < 2; f++) {
+    int fmt = FMTS[f];
+    const wf_ktable *k = table(fmt);
+    uint64_t s = 11 + f;
+    act x = act_new(N * C, fmt, -3, 5, &s), a = act_new(N * C, fmt, -2, 2, &s);
+    float w[C], b[C], *res = zeros(N * C), *y32 = zeros(N * C), *bsum = zeros(N * C);
+    float m32[N], r32[N], m16[N], r16[N];
+    uint16_t *y16 = calloc(N * C, 2), *res16 = calloc(N * C, 2);
+    fill(w, C, 0.5, 1.5, &s), fill(b, C, -0.5, 0.5, &s), fill(bsum, N * C, -1, 1, &s);
+    k32->layernorm_forward(y32, m32, r32, x.x, w, b, N, C, NULL);
+    k->layernorm_forward(y16, m16, r16, x.h, w, b, N, C, NULL);
+    expect_stored("layernorm_forward out", fmt, y16, y32, N * C);
+    expect_equal("layernorm_forward mean", fmt, m16, m32, N);
+    expect_equal("layernorm_forward rstd", fmt, r16, r32, N);
+    /* residual: res = store(a + b), ln = the layernorm of the stored res */
+    k->residual_layernorm_forward(res16, y16, m16, r16, a.h, bsum, w, b, N, C, NULL);
+    k32->residual_forward(res, a.x, bsum, (size_t)N * C, NULL);
+    expect_stored("residual_layernorm res", fmt, res16, res, N * C);
+    wf_storage_load(res, res16, N * C, fmt);
+    k32->layernorm_forward(y32, m32, r32, res, w, b, N, C, NULL);
+    expect_stored("residual_layernorm ln", fmt, y16, y32, N * C);
+    expect_equal("residual_layernorm rstd", fmt, r16, r32, N);
+    /* backward: dinp, dweight, dbias fp32, added into */
+    float *dy = zeros(N * C), *dx32 = zeros(N * C), *dx16 = zeros(N * C);
+    float dw32[C] = {0}, db32[C] = {0}, dw16[C] = {0}, db16[C] = {0};
+    fill(dy, N * C, -1, 1, &s);
+    fill(dx32, N * C, -1, 1, &s);
+    memcpy(dx16, dx32, N * C * sizeof(float));
+    k32->layernorm_backward(dx32, dw32, db32, dy, x.x, w, m32, r32, N, C, NULL);
+    k->layernorm_backward(dx16, dw16, db16, dy, x.h, w, m32, r32, N, C, NULL);
+    expect_equal("layernorm_backward dinp", fmt, dx16, dx32, N * C);
+    expect_equal("layernorm_backward dweight", fmt, dw16, dw32, C);
+    expect_equal("layernorm_backward dbias", fmt, db16, db32, C);
+    act_free(&x), act_free(&a);
+    free(res), free(y32), free(bsum), free(y16), free(res16), free(dy), free(dx32), free(dx16);
+  }
+}
+
+static void test_elementwise(void **state)
+{
+  const wf_ktable *k32 = wf_dev_kernels(wf_dev_cpu());
+  size_t n = 1000; /* not a multiple of the kernels' blocks */
+  for (int f = 0; f < 2; f++) {
+    int fmt = FMTS[f];
+    const wf_ktable *k = table(fmt);
+    uint64_t s = 21 + f;
+    act x = act_new(n, fmt, -4, 4, &s), a = act_new(n, fmt, -4, 4, &s);
+    float *y32 = zeros(n), *b = zeros(n), *dy = zeros(n), *d32 = zeros(n), *d16 = zeros(n);
+    uint16_t *y16 = calloc(n, 2);
+    fill(b, n, -1, 1, &s), fill(dy, n, -1, 1, &s), fill(d32, n, -1, 1, &s);
+    memcpy(d16, d32, n * sizeof(float));
+    k32->gelu_forward(y32, x.x, n, NULL);
+    k->gelu_forward(y16, x.h, n, NULL);
+    expect_stored("gelu_forward", fmt, y16, y32, n);
+    k32->gelu_backward(d32, x.x, dy, n, NULL);
+    k->gelu_backward(d16, x.h, dy, n, NULL);
+    expect_equal("gelu_backward", fmt, d16, d32, n);
+    k32->residual_forward(y32, a.x, b, n, NULL);
+    k->residual_forward(y16, a.h, b, n, NULL);
+    expect_stored("residual_forward", fmt, y16, y32, n);
+    k->residual_forward(a.h, a.h, b, n, NULL); /* in place */
+    expect_stored("residual_forward in place", fmt, a.h, y32, n);
+    k->store(y16, b, n, NULL);
+    k->load(d16, y16, n, NULL);
+    k32->store(y32, d16, n, NULL); /* the fp32 table copies */
+    expect_stored("store", fmt, y16, y32, n);
+    act_free(&x), act_free(&a);
+    free(y32), free(b), free(dy), free(d32), free(d16), free(y16);
+  }
+}
+
+static void test_xent(void **state)
+{
+  const wf_ktable *k32 = wf_dev_kernels(wf_dev_cpu());
+  const int V = 200, LD = 256, v0 = 100; /* a vocabulary slice with padding columns */
+  for (int f = 0; f < 2; f++) {
+    int fmt = FMTS[f];
+    const wf_ktable *k = table(fmt);
+    uint64_t s = 31 + f;
+    act l = act_new((size_t)N * LD, fmt, -6, 6, &s);
+    int tg[N];
+    for (int i = 0; i < N; i++)
+      tg[i] = (int)(urand(&s) * 400);
+    float mx32[N], se32[N], tl32[N], mx16[N], se16[N], tl16[N];
+    k32->xent_stats(mx32, se32, tl32, l.x, tg, N, V, LD, v0, NULL);
+    k->xent_stats(mx16, se16, tl16, l.h, tg, N, V, LD, v0, NULL);
+    expect_equal("xent_stats max", fmt, mx16, mx32, N);
+    expect_equal("xent_stats sumexp", fmt, se16, se32, N);
+    expect_equal("xent_stats target", fmt, tl16, tl32, N);
+    float *d32 = zeros((size_t)N * LD);
+    k32->xent_backward(d32, l.x, mx32, se32, tg, 0.01f, N, V, LD, v0, NULL);
+    k->xent_backward(l.h, l.h, mx32, se32, tg, 0.01f, N, V, LD, v0, NULL); /* in place */
+    expect_stored("xent_backward", fmt, l.h, d32, (size_t)N * LD);
+    act_free(&l);
+    free(d32);
+  }
+}
+
+static void test_attention(void **state)
+{
+  const wf_ktable *k32 = wf_dev_kernels(wf_dev_cpu());
+  const int B = 2, T = 37, CH = 48, NH = 3; /* T past no block boundary, hs 16 */
+  size_t nq = (size_t)B * T * 3 * CH, no = (size_t)B * T * CH, na = (size_t)B * NH * T * T;
+  for (int f = 0; f < 2; f++) {
+    int fmt = FMTS[f];
+    const wf_ktable *k = table(fmt);
+    uint64_t s = 41 + f;
+    act qkv = act_new(nq, fmt, -2, 2, &s);
+    float *o32 = zeros(no), *a32 = zeros(na), *a16w = zeros(na);
+    uint16_t *o16 = calloc(no, 2);
+    void *a16 = calloc(k->attention_saved(B, T, CH, NH), sizeof(float));
+    assert_true(k->attention_saved(B, T, CH, NH) * 4 >= na * 2);
+    k32->attention_forward(o32, a32, qkv.x, B, T, CH, NH, NULL);
+    k->attention_forward(o16, a16, qkv.h, B, T, CH, NH, NULL);
+    expect_stored("attention_forward out", fmt, o16, o32, no);
+    expect_stored("attention_forward att", fmt, a16, a32, na);
+    /* backward from the stored probabilities: the fp32 kernel on them */
+    float *dout = zeros(no), *dq32 = zeros(nq), *dq16 = zeros(nq);
+    float *sc = zeros(k32->attention_scratch(B, T, CH, NH));
+    fill(dout, no, -1, 1, &s), fill(dq32, nq, -1, 1, &s);
+    memcpy(dq16, dq32, nq * sizeof(float));
+    wf_storage_load(a16w, a16, na, fmt);
+    k32->attention_backward(dq32, sc, dout, qkv.x, a16w, B, T, CH, NH, NULL);
+    k->attention_backward(dq16, NULL, dout, qkv.h, a16, B, T, CH, NH, NULL);
+    expect_equal("attention_backward dqkv", fmt, dq16, dq32, nq);
+    act_free(&qkv);
+    free(o32), free(a32), free(a16w), free(o16), free(a16), free(dout), free(dq32), free(dq16);
+    free(sc);
+  }
+}
+
+/* |got - want| <= 2 K u sum_k |a_k b_k| + slack (see the top). */
+static void expect_within_sum_bound(const char *what, int fmt, const float *got, const float *want,
+                                    const double *abs_sum, size_t n, int K, const float *ulp_of)
+{
+  for (size_t i = 0; i < n; i++) {
+    double bound = 2.0 * K * U32 * abs_sum[i];
+    if (ulp_of) /* a stored output: one step of the format across a tie */
+      bound += fabs(ulp_of[i]) * (fmt == WF_PREC_BF16 ? 0x1p-7 : 0x1p-10) * 1.0001;
+    if (fabs((double)got[i] - want[i]) > bound) {
+      print_error("%s (%s)[%zu]: %.9g vs %.9g, bound %.3g\n", what, wf_storage_name(fmt), i,
+                  (double)got[i], (double)want[i], bound);
+      fail();
+    }
+  }
+}
+
+static void test_matmul(void **state)
+{
+  const wf_ktable *k32 = wf_dev_kernels(wf_dev_cpu());
+  const int M = 40, K = 300, OC = 520; /* past one panel of 256 in K and in OC */
+  for (int f = 0; f < 2; f++) {
+    int fmt = FMTS[f];
+    const wf_ktable *k = table(fmt);
+    uint64_t s = 51 + f;
+    act x = act_new((size_t)M * K, fmt, -1, 1, &s), w = act_new((size_t)OC * K, fmt, -1, 1, &s);
+    act dy = act_new((size_t)M * OC, fmt, -1, 1, &s);
+    float *bias = zeros(OC), *y32 = zeros((size_t)M * OC), *y = zeros((size_t)M * OC);
+    uint16_t *y16 = calloc((size_t)M * OC, 2);
+    double *fs = calloc((size_t)M * OC, sizeof(double));
+    fill(bias, OC, -1, 1, &s);
+    for (int r = 0; r < M; r++)
+      for (int o = 0; o < OC; o++) {
+        double a = fabs(bias[o]);
+        for (int c = 0; c < K; c++)
+          a += fabs((double)x.x[(size_t)r * K + c] * w.x[(size_t)o * K + c]);
+        fs[(size_t)r * OC + o] = a;
+      }
+    k32->matmul_forward(y32, x.x, w.x, bias, M, K, OC, WF_PREC_NO, NULL);
+    k->matmul_forward_f32(y, x.h, w.h, bias, M, K, OC, fmt, NULL);
+    expect_within_sum_bound("matmul_forward_f32", fmt, y, y32, fs, (size_t)M * OC, K + 1, NULL);
+    k->matmul_forward(y16, x.h, w.h, bias, M, K, OC, fmt, NULL);
+    wf_storage_load(y, y16, (size_t)M * OC, fmt);
+    expect_within_sum_bound("matmul_forward", fmt, y, y32, fs, (size_t)M * OC, K + 1, y32);
+    /* the fused GELU: pre as matmul_forward stores it, the GELU of the stored pre */
+    uint16_t *g16 = calloc((size_t)M * OC, 2);
+    k->matmul_gelu_forward(g16, y16, x.h, w.h, bias, M, K, OC, fmt, NULL);
+    float *g32 = zeros((size_t)M * OC);
+    wf_storage_load(y, y16, (size_t)M * OC, fmt);
+    k32->gelu_forward(g32, y, (size_t)M * OC, NULL);
+    expect_stored("matmul_gelu_forward gelu", fmt, g16, g32, (size_t)M * OC);
+    /* backward: dinp (M,K), dweight (OC,K), dbias (OC), each added into zeros */
+    float *dx32 = zeros((size_t)M * K), *dx = zeros((size_t)M * K);
+    float *dw32 = zeros((size_t)OC * K), *dw = zeros((size_t)OC * K), *db32 = zeros(OC),
+          *db = zeros(OC);
+    double *bx = calloc((size_t)M * K, sizeof(double)),
+           *bw = calloc((size_t)OC * K, sizeof(double));
+    double *bb = calloc(OC, sizeof(double));
+    for (int r = 0; r < M; r++)
+      for (int o = 0; o < OC; o++) {
+        double d = fabs(dy.x[(size_t)r * OC + o]);
+        bb[o] += d;
+        for (int c = 0; c < K; c++) {
+          bx[(size_t)r * K + c] += d * fabs(w.x[(size_t)o * K + c]);
+          bw[(size_t)o * K + c] += d * fabs(x.x[(size_t)r * K + c]);
+        }
+      }
+    k32->matmul_backward(dx32, dw32, db32, dy.x, x.x, w.x, M, K, OC, WF_PREC_NO, NULL);
+    k->matmul_backward(dx, dw, db, dy.h, x.h, w.h, M, K, OC, fmt, NULL);
+    expect_within_sum_bound("matmul_backward dinp", fmt, dx, dx32, bx, (size_t)M * K, OC, NULL);
+    expect_within_sum_bound("matmul_backward dweight", fmt, dw, dw32, bw, (size_t)OC * K, M, NULL);
+    expect_within_sum_bound("matmul_backward dbias", fmt, db, db32, bb, OC, M, NULL);
+    act_free(&x), act_free(&w), act_free(&dy);
+    free(bias), free(y32), free(y), free(y16), free(fs), free(g16), free(g32);
+    free(dx32), free(dx), free(dw32), free(dw), free(db32), free(db), free(bx), free(bw), free(bb);
+  }
+}
+
+int main(void)
+{
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_store_matches_round),
+      cmocka_unit_test(test_load_exact),
+      cmocka_unit_test(test_tables),
+      cmocka_unit_test(test_layernorm),
+      cmocka_unit_test(test_elementwise),
+      cmocka_unit_test(test_xent),
+      cmocka_unit_test(test_attention),
+      cmocka_unit_test(test_matmul),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
