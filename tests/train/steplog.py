@@ -6,7 +6,7 @@
   units (tokens_per_s_per_gpu, tflops_per_gpu, mfu_pct a percent like the line's
   mfu=...%), a wall-clock time (unix seconds and ISO 8601) and the writing rank, and
   MFU divides tflops/gpu by train.peak_tflops when it is given.
-* loss-jump (np 1): a run whose learning rate warms up to 2 (far past stable for
+* loss-jump (np 1): a run whose learning rate warms up to 8 (far past stable for
   gpt2-tiny) blows up after a few steps; every step whose loss exceeds
   train.loss_jump_factor (3) times the running mean of the losses before it gets one
   WARN naming the step, the loss and the mean, and no other step does. The expected
@@ -141,7 +141,7 @@ def expected_jumps(losses, factor):
 
 def case_loss_jump(tmp):
     metrics = os.path.join(tmp, "m.jsonl")
-    args = ["train.steps=14", "train.lr=2", "train.warmup=25", f"train.metrics={metrics}"]
+    args = ["train.steps=14", "train.lr=8", "train.warmup=25", f"train.metrics={metrics}"]
     out = run(1, args, tmp)
     losses = [(r["step"], r["loss"]) for r in rows(metrics)]
     want = expected_jumps(losses, 3.0)
