@@ -275,6 +275,12 @@ static void adamw_update(float *params, float *m, float *v, const float *grads, 
   wf_adamw_update(params, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale);
 }
 
+static void checksum(uint64_t *out, const float *x, size_t n, int negate, wf_stream *s)
+{
+  (void)s;
+  wf_checksum(out, x, n, negate);
+}
+
 static void sumsq_acc(double *acc, const float *x, size_t n, wf_stream *s)
 {
   wf_sumsq_acc(acc, x, n);
@@ -325,6 +331,7 @@ const wf_ktable wf__cpu_ktable = {
     .tokens_check = tokens_check,
     .adamw_update = adamw_update,
     .sumsq_acc = sumsq_acc,
+    .checksum = checksum,
     .scale = scale,
     .round_bf16 = round_bf16,
     .round_fp16 = round_fp16,

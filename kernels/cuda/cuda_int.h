@@ -205,6 +205,7 @@ void wf_cuda_tokens_check(int *bad, const int *tokens, size_t n, int V, wf_strea
 void wf_cuda_scale(float *x, float s, size_t n, wf_stream *stream);
 void wf_cuda_round_bf16(float *dst, const float *src, size_t n, wf_stream *stream);
 void wf_cuda_round_fp16(float *dst, const float *src, size_t n, wf_stream *stream);
+void wf_cuda_checksum(uint64_t *out, const float *x, size_t n, int negate, wf_stream *stream);
 }
 
 #endif /* WF_CUDA_INT_H */
