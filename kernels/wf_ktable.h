@@ -48,6 +48,12 @@ extern "C" {
 /* Bump when the table changes; the GPU module and the host must agree. */
 #define WF_KTABLE_VERSION 6
 
+/* Device memory the CUDA kernels keep per device besides what their callers allocate:
+ * cuBLASLt's workspace (32 MiB) and the column reductions' partial sums (4 MiB),
+ * allocated when the device is selected and counted with the rest (backend.cu). The
+ * planner adds it to a GPU rank's memory; the CPU keeps none. */
+#define WF_KTABLE_GPU_WORKSPACE ((size_t)36 << 20)
+
 /* A stream of the device (a cudaStream_t on the GPU; the CPU has one, implicit). */
 typedef struct wf_stream wf_stream;
 
@@ -90,6 +96,10 @@ typedef struct wf_ktable {
    * scratch, for a (B, T) batch of NH heads over C channels. */
   size_t (*attention_saved)(int B, int T, int C, int NH);
   size_t (*attention_scratch)(int B, int T, int C, int NH);
+  /* Bytes of device memory the implementation keeps for itself per device (its
+   * workspace, WF_KTABLE_GPU_WORKSPACE on a GPU, 0 on the CPU), counted with the rest
+   * from the moment the device is selected. */
+  size_t (*workspace_bytes)(void);
   void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
                             wf_stream *s);
   void (*attention_backward)(float *dqkv, float *scratch, const float *dout, const float *qkv,

@@ -298,6 +298,9 @@ static void round_fp16(float *dst, const float *src, size_t n, wf_stream *s)
   wf_round_fp16(dst, src, n);
 }
 
+/* The CPU kernels allocate nothing for themselves. */
+static size_t workspace_bytes(void) { return 0; }
+
 /* CPU kernels cannot fail once their arguments are valid. */
 static wf_status last_error(void) { return WF_OK; }
 
@@ -316,6 +319,7 @@ const wf_ktable wf__cpu_ktable = {
     .set_tf32 = set_tf32,
     .attention_saved = attention_tt,
     .attention_scratch = attention_tt,
+    .workspace_bytes = workspace_bytes,
     .attention_forward = attention_forward,
     .attention_backward = attention_backward,
     .gelu_forward = gelu_forward,
