@@ -160,6 +160,10 @@ typedef struct wf__transport {
 } wf__transport;
 
 extern const wf__transport wf__mpi_transport, wf__staged_transport, wf__nccl_transport;
+/* mpi.c: the entries of a transport with nothing of its own to wait for or interrupt
+ * (MPI's, shared by staging): test says done, abort says it cannot. */
+wf_status wf__coll_test_done(wf_req *r, bool *done);
+wf_status wf__coll_no_abort(wf_comm *c);
 
 /* coll.c: validate, record and dispatch; req == NULL means blocking. */
 wf_status wf__coll_run(wf_comm *c, const wf__op *d, wf_req **req);

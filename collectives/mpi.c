@@ -317,7 +317,7 @@ fail:
   return st;
 }
 
-static wf_status mpi_test(wf_req *r, bool *done)
+wf_status wf__coll_test_done(wf_req *r, bool *done)
 {
   (void)r;
   *done = true;
@@ -332,7 +332,7 @@ static wf_status mpi_finish(wf_req *r)
 
 /* An MPI call in progress cannot be interrupted (MPI_Abort from main ends it);
  * wf_comm_abort marks the communicator so no later operation starts. */
-static wf_status mpi_abort(wf_comm *c)
+wf_status wf__coll_no_abort(wf_comm *c)
 {
   (void)c;
   return WF_EUNSUPPORTED;
@@ -354,9 +354,9 @@ const wf__transport wf__mpi_transport = {
     .groupable = true,
     .post = wf__coll_mpi_post,
     .group_post = mpi_group_post,
-    .test = mpi_test,
+    .test = wf__coll_test_done,
     .finish = mpi_finish,
-    .abort = mpi_abort,
+    .abort = wf__coll_no_abort,
     .inherit = mpi_inherit,
     .fini = mpi_fini,
 };

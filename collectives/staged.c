@@ -144,20 +144,6 @@ static wf_status staged_group_post(wf_comm *c, wf_req *r)
   return WF_EUNSUPPORTED;
 }
 
-static wf_status staged_test(wf_req *r, bool *done)
-{
-  (void)r;
-  *done = true;
-  return WF_OK;
-}
-
-/* An MPI call in progress cannot be interrupted; wf_comm_abort marks the communicator. */
-static wf_status staged_abort(wf_comm *c)
-{
-  (void)c;
-  return WF_EUNSUPPORTED;
-}
-
 static wf_status staged_inherit(const wf_comm *parent, wf_comm *child)
 {
   return wf_comm_enable_staging(child, parent->gpu);
@@ -173,9 +159,9 @@ const wf__transport wf__staged_transport = {
     .groupable = false,
     .post = staged_post,
     .group_post = staged_group_post,
-    .test = staged_test,
+    .test = wf__coll_test_done,
     .finish = staged_finish,
-    .abort = staged_abort,
+    .abort = wf__coll_no_abort, /* MPI's: a call in progress cannot be interrupted */
     .inherit = staged_inherit,
     .fini = staged_fini,
 };

@@ -23,20 +23,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../common/mpi_check.h"
 #include "wf_collectives.h"
 #include "wf_gpu.h"
 
-static int world_rank = -1;
-
-#define CHECK(cond)                                                                                \
-  do {                                                                                             \
-    if (!(cond)) {                                                                                 \
-      fprintf(stderr, "[rank %d] %s:%d: check failed: %s\n", world_rank, __FILE__, __LINE__,       \
-              #cond);                                                                              \
-      MPI_Abort(MPI_COMM_WORLD, 1);                                                                \
-    }                                                                                              \
-  } while (0)
-#define OK(call) CHECK((call) == WF_OK)
+#define OK(call) CHECK((call) == WF_OK, "a call failed (see the log)")
 
 static float val(int r, int i) { return (float)((r * 7 + i * 3) % 11 - 5); }
 
@@ -53,23 +44,29 @@ static void check_device_ops(wf_gpu *g, wf_comm *c)
   OK(wf_gpu_memcpy_h2d(g, d, h, sizeof h));
   uint64_t s0 = wf_comm_host_syncs(c);
   OK(wf_comm_allreduce(c, d, d, N, WF_COMM_F32, WF_COMM_SUM));
-  CHECK(wf_comm_host_syncs(c) == s0 + 2); /* in place: one buffer down, one up */
+  CHECK(wf_comm_host_syncs(c) == s0 + 2, "%s",
+        "staging waits twice per device operation, host buffers never"); /* in place: one buffer
+                                                                            down, one up */
   wf_req *req = NULL;
   OK(wf_comm_iallreduce(c, d, d, N, WF_COMM_F32, WF_COMM_SUM, &req));
   OK(wf_req_wait(&req));
-  CHECK(wf_comm_host_syncs(c) == s0 + 4);
+  CHECK(wf_comm_host_syncs(c) == s0 + 4, "%s",
+        "staging waits twice per device operation, host buffers never");
   OK(wf_gpu_memcpy_d2h(g, h, d, sizeof h));
   for (int i = 0; i < N; i++) {
     float want = 0;
     for (int q = 0; q < n; q++)
       want += val(q, i);
-    CHECK(h[i] == want * (float)n); /* small integers: exact */
+    CHECK(h[i] == want * (float)n, "%s",
+          "value against the serial reference"); /* small integers: exact */
   }
   wf_trace_entry e;
-  CHECK(wf_comm_last_op(c, &e) && e.op == WF_OP_ALLREDUCE && !e.device); /* staged: MPI */
+  CHECK(wf_comm_last_op(c, &e) && e.op == WF_OP_ALLREDUCE && !e.device, "%s",
+        "flight recorder entry"); /* staged: MPI */
   float host[2] = {1, (float)r};
   OK(wf_comm_bcast(c, host, 2, WF_COMM_F32, n - 1));
-  CHECK(host[1] == (float)(n - 1) && wf_comm_host_syncs(c) == s0 + 4); /* host: no copies */
+  CHECK(host[1] == (float)(n - 1) && wf_comm_host_syncs(c) == s0 + 4, "%s",
+        "staging waits twice per device operation, host buffers never"); /* host: no copies */
   wf_gpu_free(g, d);
 }
 
@@ -80,18 +77,23 @@ static void check_inheritance(wf_gpu *g, wf_comm *world)
   wf_comm *dp = NULL, *fsdp = NULL, *rep = NULL, *ends = NULL;
   char why[256] = "unchanged";
   OK(wf_comm_set_device_path(world, g, false, why, sizeof why));
-  CHECK(!strcmp(wf_comm_device_path(world), "staged") && why[0] == '\0');
+  CHECK(!strcmp(wf_comm_device_path(world), "staged") && why[0] == '\0', "%s",
+        "the device path was not what its parent had");
   OK(wf_comm_split(world, 0, r, "dp", &dp));
   int f = n % 2 == 0 ? 2 : 1; /* as grads.c splits dp for HSDP */
   OK(wf_comm_split(dp, r / f, r % f, "fsdp", &fsdp));
   OK(wf_comm_split(dp, r % f, r / f, "replica", &rep));
   int ranks[2] = {n - 1, 0};
   OK(wf_comm_create_group(world, ranks, n > 1 ? 2 : 1, "ends", &ends));
-  CHECK(!strcmp(wf_comm_device_path(dp), "staged"));
-  CHECK(!strcmp(wf_comm_device_path(fsdp), "staged"));
-  CHECK(!strcmp(wf_comm_device_path(rep), "staged"));
-  CHECK((ends != NULL) == (r == 0 || r == n - 1));
-  CHECK(!ends || !strcmp(wf_comm_device_path(ends), "staged"));
+  CHECK(!strcmp(wf_comm_device_path(dp), "staged"), "%s",
+        "the device path was not what its parent had");
+  CHECK(!strcmp(wf_comm_device_path(fsdp), "staged"), "%s",
+        "the device path was not what its parent had");
+  CHECK(!strcmp(wf_comm_device_path(rep), "staged"), "%s",
+        "the device path was not what its parent had");
+  CHECK((ends != NULL) == (r == 0 || r == n - 1), "%s", "group membership");
+  CHECK(!ends || !strcmp(wf_comm_device_path(ends), "staged"), "%s",
+        "the device path was not what its parent had");
   check_device_ops(g, fsdp);
   check_device_ops(g, rep);
   if (ends)
@@ -107,13 +109,15 @@ static void check_nccl_fallback(wf_gpu *g, wf_comm *c)
 {
   char why[256] = "";
   OK(wf_comm_set_device_path(c, g, true, why, sizeof why));
-  CHECK(!strcmp(wf_comm_device_path(c), "staged") && !wf_comm_has_nccl(c));
-  CHECK(strstr(why, "NCCL module") != NULL);
+  CHECK(!strcmp(wf_comm_device_path(c), "staged") && !wf_comm_has_nccl(c), "%s",
+        "the device path was not what its parent had");
+  CHECK(strstr(why, "NCCL module") != NULL, "%s", "the reason NCCL did not start");
   /* A CPU rank (no GPU): nothing to do, host buffers only. */
   wf_comm *cpu = NULL;
   OK(wf_comm_world_create(&cpu));
   OK(wf_comm_set_device_path(cpu, NULL, true, why, sizeof why));
-  CHECK(!strcmp(wf_comm_device_path(cpu), "none"));
+  CHECK(!strcmp(wf_comm_device_path(cpu), "none"), "%s",
+        "the device path was not what its parent had");
   wf_comm_destroy(cpu);
 }
 
@@ -133,11 +137,13 @@ static void check_abort_all(wf_gpu *g, wf_comm *other)
   wf_comm_destroy(gone);                          /* left the family */
   OK(wf_comm_barrier(w));
   int n = wf_comm_abort_all(b ? b : a, names, sizeof names);
-  CHECK(n == (r == 0 ? 3 : 2));
-  CHECK(strstr(names, "world(staged)") && strstr(names, "a(staged)") && !strstr(names, "gone"));
-  CHECK(r != 0 || strstr(names, "b(staged)"));
-  CHECK(wf_comm_allreduce(w, &x, &x, 1, WF_COMM_F32, WF_COMM_SUM) == WF_EABORTED);
-  CHECK(wf_comm_barrier(a) == WF_EABORTED);
+  CHECK(n == (r == 0 ? 3 : 2), "%s", "the abort did not reach exactly the family");
+  CHECK(strstr(names, "world(staged)") && strstr(names, "a(staged)") && !strstr(names, "gone"),
+        "%s", "the abort did not reach exactly the family");
+  CHECK(r != 0 || strstr(names, "b(staged)"), "%s", "the abort did not reach exactly the family");
+  CHECK(wf_comm_allreduce(w, &x, &x, 1, WF_COMM_F32, WF_COMM_SUM) == WF_EABORTED, "%s",
+        "the abort did not reach exactly the family");
+  CHECK(wf_comm_barrier(a) == WF_EABORTED, "%s", "the abort did not reach exactly the family");
   OK(wf_comm_allreduce(other, &x, &x, 1, WF_COMM_F32, WF_COMM_SUM)); /* another family */
   wf_comm_destroy(b);
   wf_comm_destroy(a);
