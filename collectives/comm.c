@@ -224,9 +224,9 @@ void wf_comm_destroy(wf_comm *c)
   if (!c)
     return;
   int finalized = 0;
+  family_leave(c); /* first: wf_comm_abort_all must not reach a transport being freed */
   if (c->dev)
     c->dev->fini(c);
-  family_leave(c);
   free(c->group);
   free(c->spare);
   MPI_Finalized(&finalized);

@@ -162,12 +162,18 @@ void wf__rank_device_close(wf__rank_device *rd)
 
 /* ---- which path device buffers take ------------------------------------------------- */
 
-/* seats sorted by (host, bus): ranks on one GPU end up side by side. */
+static bool same_gpu(const wf__gpu_seat *a, const wf__gpu_seat *b)
+{
+  return !strcmp(a->host, b->host) && !strcmp(a->bus, b->bus);
+}
+
+/* Seats sorted by (host, bus, rank): ranks on one GPU end up side by side, in order. */
 static int seat_cmp(const void *x, const void *y)
 {
   const wf__gpu_seat *a = x, *b = y;
   int c = strcmp(a->host, b->host);
-  return c ? c : strcmp(a->bus, b->bus);
+  c = c ? c : strcmp(a->bus, b->bus);
+  return c ? c : (a->rank > b->rank) - (a->rank < b->rank);
 }
 
 wf__gpu_sharing wf__gpu_sharing_of(const wf__gpu_seat *seats, int n, int *a, int *b)
@@ -189,8 +195,8 @@ wf__gpu_sharing wf__gpu_sharing_of(const wf__gpu_seat *seats, int n, int *a, int
   qsort(s, (size_t)n, sizeof *s, seat_cmp);
   wf__gpu_sharing out = WF__GPUS_OWN;
   for (int i = 1; i < n && out == WF__GPUS_OWN; i++)
-    if (!seat_cmp(&s[i - 1], &s[i])) {
-      *a = WF_MIN(s[i - 1].rank, s[i].rank), *b = WF_MAX(s[i - 1].rank, s[i].rank);
+    if (same_gpu(&s[i - 1], &s[i])) {
+      *a = s[i - 1].rank, *b = s[i].rank;
       out = WF__GPUS_SHARED;
     }
   free(s);

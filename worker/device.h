@@ -55,8 +55,9 @@ typedef enum wf__gpu_sharing {
 /* The decision, a pure function of every rank's seat (seats[i] is world rank i): GPUs
  * are told apart by host and PCI bus id, never by how many devices a rank sees (with
  * CUDA_VISIBLE_DEVICES per rank, as Slurm's --gpus-per-task=1 sets it, each rank sees
- * one device numbered 0, and they are different GPUs). *a and *b: the two lowest ranks
- * that share a GPU (SHARED), or the first without one in *a (MISSING); else -1. */
+ * one device numbered 0, and they are different GPUs). *a < *b: the two lowest ranks on
+ * the first shared GPU in (host, bus id) order (SHARED), or the first rank without a GPU
+ * in *a (MISSING); else -1. */
 wf__gpu_sharing wf__gpu_sharing_of(const wf__gpu_seat *seats, int n, int *a, int *b);
 
 /* Collective over `world` (host buffers): whether the job's communicators can carry
