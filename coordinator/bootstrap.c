@@ -3,7 +3,8 @@
  *
  * Collective over MPI_COMM_WORLD. Each mesh axis gets a communicator from
  * MPI_Comm_split with colour = the group's first world rank and key = world rank,
- * so group rank order equals the order wf_mesh_group() lists. After the split the
+ * so group rank order equals the order wf_mesh_group() lists. The world communicator
+ * gets the job's device path first (wf_job_opts), and the axes inherit it. After the split the
  * communicators are checked against the pure mesh arithmetic (size and members),
  * so a mistake in either shows up at start-up rather than as a wrong gradient.
  */
@@ -104,7 +105,8 @@ wf_status wf_job_bootstrap(wf_job **out, const wf_job_opts *o)
   WF_CHECK_MPI(MPI_Gather(&job->mine, sizeof job->mine, MPI_BYTE, job->facts, sizeof job->mine,
                           MPI_BYTE, 0, MPI_COMM_WORLD));
   WF_TRY(wf_comm_world_create(&job->world_comm));
-  for (int a = 0; a < WF_NUM_AXES; a++) {
+  WF_TRY(wf_comm_set_device_path(job->world_comm, o->gpu, o->nccl, NULL, 0));
+  for (int a = 0; a < WF_NUM_AXES; a++) { /* each inherits the world's device path */
     int color = wf_mesh_group_color(&job->mesh, (wf_axis)a, job->rank);
     WF_TRY(
         wf_comm_split(job->world_comm, color, job->rank, wf_axis_name((wf_axis)a), &job->comms[a]));

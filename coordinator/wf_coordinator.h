@@ -20,6 +20,7 @@
 
 #include "wf_bind.h"
 #include "wf_config.h"
+#include "wf_gpu.h"
 #include "wf_launch.h"
 #include "wf_runtime.h"
 
@@ -65,6 +66,13 @@ typedef struct wf_job_opts {
   wf_launch *launch;    /* cross-checked */
   const char *device;   /* this rank's device description */
   const wf_binding *binding;
+  /* The device path of the job's communicators (wf_comm_set_device_path), given to its
+   * world communicator when it is made, so that every communicator made from it (the
+   * mesh axes here, and any the worker makes later) carries device buffers alike:
+   * NCCL when `nccl` (every rank has a GPU of its own), else host staging. gpu NULL: a
+   * CPU rank, host buffers only. */
+  wf_gpu *gpu;
+  bool nccl;
 } wf_job_opts;
 
 /* Gather facts, build the mesh communicators and verify them against MPI. Every

@@ -34,5 +34,6 @@
 #include "norm.h"
 #include "round.h"
 #include "tokens.h"
+#include "checksum.h"
 
 #endif /* WF_KERNELS_H */

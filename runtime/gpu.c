@@ -55,7 +55,9 @@ struct wf_gpu {
   size_t n_allocs, cap_allocs;
 };
 
-static const wf_gpu_host host_services = {.vlog = wf_vlog};
+static void account_device(int64_t bytes) { wf_mem_account(WF_MEM_DEVICE, bytes); }
+
+static const wf_gpu_host host_services = {.vlog = wf_vlog, .account_device = account_device};
 
 static void say(char *why, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 

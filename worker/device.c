@@ -160,54 +160,81 @@ void wf__rank_device_close(wf__rank_device *rd)
   use_cpu(rd);
 }
 
-/* Whether every rank has a GPU, and whether any node runs more ranks than it has GPUs:
- * the same answers on every rank (one MIN all-reduce of both). */
-static wf_status survey(wf_comm *world, wf_gpu *gpu, const wf_launch *l, bool *all_gpu,
-                        bool *shared)
+/* ---- which path device buffers take ------------------------------------------------- */
+
+static bool same_gpu(const wf__gpu_seat *a, const wf__gpu_seat *b)
 {
-  int32_t v[2] = {gpu != NULL, !(gpu && l->local_size > wf_gpu_device_count(gpu))};
-  wf_status st = wf_comm_allreduce(world, v, v, 2, WF_COMM_I32, WF_COMM_MIN);
-  *all_gpu = v[0] != 0;
-  *shared = v[1] == 0;
-  return st;
+  return !strcmp(a->host, b->host) && !strcmp(a->bus, b->bus);
 }
 
-/* NCCL on c (collective over c), or host staging when it must not or cannot start
- * (agreed inside wf_comm_enable_nccl, so every rank of c takes the same path). */
-static wf_status on_device(wf_comm *c, wf_gpu *gpu, bool nccl, bool *staged)
+/* Seats sorted by (host, bus, rank): ranks on one GPU end up side by side, in order. */
+static int seat_cmp(const void *x, const void *y)
 {
-  char why[512] = "";
-  if (!c)
-    return WF_OK;
-  if (nccl && wf_comm_enable_nccl(c, gpu, why, sizeof why) == WF_OK)
-    return WF_OK;
-  if (nccl && wf_rt_rank() <= 0)
-    WF_WARN("comm '%s': NCCL could not start (%s); device buffers go through MPI with host "
-            "staging",
-            wf_comm_name(c), why);
-  *staged = true;
-  return wf_comm_enable_staging(c, gpu);
+  const wf__gpu_seat *a = x, *b = y;
+  int c = strcmp(a->host, b->host);
+  c = c ? c : strcmp(a->bus, b->bus);
+  return c ? c : (a->rank > b->rank) - (a->rank < b->rank);
 }
 
-wf_status wf__comms_on_device(const wf_job *job, wf_gpu *gpu, const wf_launch *l)
+wf__gpu_sharing wf__gpu_sharing_of(const wf__gpu_seat *seats, int n, int *a, int *b)
+{
+  *a = *b = -1;
+  for (int i = 0; i < n; i++)
+    if (!seats[i].bus[0]) {
+      *a = i;
+      return WF__GPUS_MISSING;
+    }
+  wf__gpu_seat *s = malloc((size_t)(n > 0 ? n : 1) * sizeof *s);
+  if (!s) { /* cannot tell: the path that works either way */
+    *a = 0;
+    return WF__GPUS_SHARED;
+  }
+  memcpy(s, seats, (size_t)n * sizeof *s);
+  for (int i = 0; i < n; i++)
+    s[i].rank = i;
+  qsort(s, (size_t)n, sizeof *s, seat_cmp);
+  wf__gpu_sharing out = WF__GPUS_OWN;
+  for (int i = 1; i < n && out == WF__GPUS_OWN; i++)
+    if (same_gpu(&s[i - 1], &s[i])) {
+      *a = s[i - 1].rank, *b = s[i].rank;
+      out = WF__GPUS_SHARED;
+    }
+  free(s);
+  return out;
+}
+
+/* Say once (world rank 0) which path device buffers take, and why. */
+static void say_path(wf__gpu_sharing how, const wf__gpu_seat *all, int a, int b)
+{
+  if (how == WF__GPUS_OWN)
+    WF_INFO("collectives on device buffers: NCCL (every rank has a GPU of its own, by PCI bus "
+            "id)");
+  else if (how == WF__GPUS_MISSING)
+    WF_INFO("collectives on device buffers: MPI with host staging (rank %d has no GPU)", a);
+  else
+    WF_INFO("collectives on device buffers: MPI with host staging (ranks %d and %d share the "
+            "GPU %s on %s; NCCL refuses duplicate GPUs)",
+            a, b, all[a].bus, all[a].host);
+}
+
+wf_status wf__survey_gpus(wf_comm *world, const wf__rank_device *rd, bool *nccl)
 {
   wf_status st = WF_OK;
-  wf_comm *world = wf_job_world_comm(job);
-  bool all_gpu = false, shared = false, staged = false;
-  WF_TRY(survey(world, gpu, l, &all_gpu, &shared));
-  if (!gpu)
-    return WF_OK; /* a CPU rank: host buffers, MPI, nothing to set up */
-  /* NCCL is collective over each communicator: only when every rank takes part. */
-  bool nccl = all_gpu && !shared;
-  WF_TRY(on_device(world, gpu, nccl, &staged));
-  for (int a = 0; a < WF_NUM_AXES; a++)
-    WF_TRY(on_device(wf_job_comm(job, (wf_axis)a), gpu, nccl, &staged));
-  if (wf_rt_rank() == 0)
-    WF_INFO("collectives on device buffers: %s",
-            !all_gpu ? "MPI with host staging (some ranks have no GPU)"
-            : shared ? "MPI with host staging (ranks share a GPU; NCCL refuses duplicate GPUs)"
-            : staged ? "NCCL where it started, MPI with host staging elsewhere"
-                     : "NCCL");
+  int n = wf_comm_size(world), a, b;
+  wf__gpu_seat mine = {.rank = wf_comm_rank(world)}, *all = NULL;
+  wf_strlcpy(mine.host, wf_rt_host(), sizeof mine.host);
+  if (rd->gpu)
+    wf_strlcpy(mine.bus, rd->bus[0] ? rd->bus : "?", sizeof mine.bus);
+  WF_CHECK_ALLOC(all = calloc((size_t)n, sizeof *all));
+  WF_TRY(wf_comm_allgather(world, &mine, all, sizeof mine, WF_COMM_U8));
+  wf__gpu_sharing how = wf__gpu_sharing_of(all, n, &a, &b);
+  *nccl = how == WF__GPUS_OWN;
+  bool any_gpu = false;
+  for (int i = 0; i < n; i++)
+    any_gpu |= all[i].bus[0] != '\0';
+  if (wf_comm_rank(world) == 0 && any_gpu) /* a CPU job has nothing to say */
+    say_path(how, all, a, b);
 fail:
+  free(all);
   return st;
 }

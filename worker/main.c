@@ -636,19 +636,15 @@ static int run(wf_comm *world, args *a, int rank, int size)
                  binding.shared ? (double)binding.node_cores / launch.local_size : binding.threads);
 
   wf_job *job = NULL;
-  wf_job_opts jo = {&cfg, &launch, rd.desc, &binding};
-  ok = wf_job_bootstrap(&job, &jo) == WF_OK;
+  wf_job_opts jo = {&cfg, &launch, rd.desc, &binding, rd.gpu, false};
+  ok = wf__survey_gpus(world, &rd, &jo.nccl) == WF_OK;
+  ok = ok && wf_job_bootstrap(&job, &jo) == WF_OK;
   if (!all_ok(world, ok)) {
     wf__rank_device_close(&rd);
     return fail_all(world, !ok, "mesh bootstrap failed (see the log above)", rank);
   }
-  ok = wf__comms_on_device(job, rd.gpu, &launch) == WF_OK;
-  int rc = ok ? 0 : 1;
-  if (!ok) {
-    if (rank == 0)
-      fprintf(stderr, "weft: error: the collectives could not reach device memory (see the log "
-                      "above)\n");
-  } else if (a->dry_run) {
+  int rc = 0;
+  if (a->dry_run) {
     if (rank == 0) {
       wf_job_print_table(job, stdout);
       printf("groups verified against MPI: tp, dp, pp and embedding communicators match the "

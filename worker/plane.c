@@ -41,10 +41,17 @@ typedef struct plane_facts {
 static void on_abort(void *user, const char *reason)
 {
   wf_plane *p = user;
-  /* Called on the control thread: the main thread may be stuck inside MPI, so the
-   * only safe way out is to end the process here. On rank 0 that skips
-   * wf_service_destroy(), so remove the job file (it holds the token) and the socket
-   * here: an aborted job leaves nothing behind for a console to find. */
+  /* Called on the control thread: the main thread may be stuck inside MPI or waiting
+   * for a kernel NCCL runs, so the only safe way out is to end the process here. First
+   * abort every communicator of the job (NCCL's ncclCommAbort), so that no NCCL
+   * kernel keeps this GPU, or a peer's, waiting for a rank that is gone. On rank 0
+   * that skips wf_service_destroy(), so remove the job file (it holds the token) and
+   * the socket here: an aborted job leaves nothing behind for a console to find. */
+  if (p && p->job) {
+    char names[1024];
+    int n = wf_comm_abort_all(wf_job_world_comm(p->job), names, sizeof names);
+    fprintf(stderr, "weft: aborted %d communicators: %s\n", n, names);
+  }
   if (p && p->svc) {
     unlink(wf_service_job_file(p->svc));
     if (wf_service_unix_path(p->svc)[0])
@@ -304,6 +311,7 @@ wf_status wf_plane_start(wf_plane *p, const wf_plane_opts *o, char *err, size_t 
   plane_facts pf;
   memset(p, 0, sizeof *p);
   memset(&pf, 0, sizeof pf);
+  p->job = o->job;
   if (wf_job_rank(o->job) == 0)
     start_service(p, o, &pf);
   MPI_Bcast(&pf, sizeof pf, MPI_BYTE, 0, MPI_COMM_WORLD);

@@ -19,6 +19,7 @@ struct wf_control;
 typedef struct wf_plane {
   struct wf_service *svc; /* rank 0 only */
   struct wf_control *ctl; /* every rank */
+  const wf_job *job;      /* borrowed: its communicators are aborted with the job */
 } wf_plane;
 
 typedef struct wf_plane_opts {

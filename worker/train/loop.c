@@ -35,9 +35,13 @@ static wf_status maybe_checkpoint(wf__trainer *tr, int step, bool stopping)
     return WF_OK;
   if (h && h->on_phase)
     h->on_phase(h->user, "checkpoint");
-  /* ZeRO-3: the flat parameters gathered whole for the writer; the next step shards
-   * them again (the checkpoint is ZeRO-1/2's format: optimizer shards, whole model) */
-  wf_status st = wf_grads_unshard(tr->grads);
+  /* The step's tied check is read now, not with the next norm: no checkpoint holds
+   * copies that differ. ZeRO-3: the flat parameters gathered whole for the writer; the
+   * next step shards them again (the checkpoint is ZeRO-1/2's format: optimizer shards,
+   * whole model) */
+  wf_status st = wf_grads_check_tied_end(tr->grads);
+  if (st == WF_OK)
+    st = wf_grads_unshard(tr->grads);
   if (st == WF_OK)
     st = wf_ckpt_save(&tr->ck, step);
   if (h && h->on_phase)
@@ -102,6 +106,7 @@ static wf_status run_loop(wf__trainer *tr)
             tr->start, tr->steps);
   for (int step = tr->start + 1; step <= tr->steps && go_on; step++)
     WF_TRY(one_step(tr, step, &go_on));
+  st = wf_grads_check_tied_end(tr->grads); /* the last step's */
 fail:
   wf__clear_bar(tr);
   return st;

@@ -339,6 +339,7 @@ static void write_metrics(wf__trainer *tr, const wf_train_step_info *in, double 
   json_object_set_new(o, "grad_bytes", json_integer(in->grad_bytes));
   json_object_set_new(o, "optim_bytes", json_integer(in->optim_bytes));
   json_object_set_new(o, "act_bytes", json_integer(in->act_bytes));
+  json_object_set_new(o, "host_syncs", json_integer(in->host_syncs));
   if (!isnan(in->val_loss)) {
     json_object_set_new(o, "val_loss", real_or_null(in->val_loss));
     json_object_set_new(o, "eval_ms", real_or_null(eval_ms)); /* not in step_ms */
