@@ -399,6 +399,8 @@ def main():
             (o.require_gpu and any(p["status"] == "no GPU" for p in parts))
         # after every part: a check stopped from outside still leaves a report
         write_report(out, res, parts, time.monotonic() - t_start, failed)
+    with open(os.path.join(out, "gpu-report.md")) as f:  # all but the tables, for a log
+        print(f.read().split("## 4.")[0].rstrip())
     print(f"gpu-check: {'FAILED' if failed else 'passed'} in {time.monotonic() - t_start:.0f} s; "
           f"report: {out}/gpu-report.md")
     sys.exit(1 if failed else 0)
