@@ -302,6 +302,9 @@ static const char *const env_skip[] = {
     "WEFT_BENCH_",       /* benchmarks */
     "WEFT_MAX_RESTARTS", /* scripts/weft-run and the Slurm scripts */
     "WEFT_RESTART_",     /* scripts/weft-run: WEFT_RESTART_BACKOFF, ..._MAX */
+    "WEFT_BUNDLE",       /* a GPU bundle's env.sh (scripts/gpu-bundle-env.sh) */
+    "WEFT_BUNDLE_",      /* scripts/gpu_bundle.py: WEFT_BUNDLE_JOBS */
+    "WEFT_CUDA_LIBS",    /* a GPU bundle's env.sh: the CUDA library folders */
 };
 
 int wf__cfg_key_index(const char *name)

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 pkgs=(gcc clang libclang-rt-14-dev clang-format pkg-config git meson ninja-build python3
       libopenmpi-dev openmpi-bin libhwloc-dev hwloc libuv1-dev libopenblas-dev
       libyaml-dev libprotobuf-c-dev protobuf-c-compiler libjansson-dev libxxhash-dev
-      libedit-dev libcmocka-dev libpcre2-dev slurm-wlm munge prometheus)
+      libedit-dev libcmocka-dev libpcre2-dev slurm-wlm munge prometheus patchelf)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

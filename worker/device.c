@@ -12,35 +12,22 @@
 
 #include "device.h"
 #include "wf_check.h"
+#include "wf_peak.h"
 
-/* Nominal dense (no sparsity) peaks from NVIDIA's data sheets, in TFLOP/s: 16-bit
- * tensor cores, TF32 tensor cores, fp32 CUDA cores. The first entry whose name the
- * device's name contains wins, so the variants come before their family. */
-static const struct {
-  const char *name;
-  double bf16, tf32, fp32;
-} nominal_peaks[] = {
-    {"H100 PCIe", 756.5, 378.0, 51.2}, {"H100 NVL", 835.5, 417.5, 60.0},
-    {"H200 NVL", 835.5, 417.5, 60.0},  {"H100", 989.4, 494.7, 66.9},
-    {"H200", 989.4, 494.7, 66.9},      {"A100", 312.0, 156.0, 19.5},
-};
-
-/* What MFU divides by on GPU `name` at the run's precision; 0 when it is not listed. */
+/* What MFU divides by on GPU `name` at the run's precision (runtime/peak.c's
+ * datasheet table); 0 when it is not listed. */
 static void nominal_peak(wf__rank_device *rd, const char *name, const wf_config *cfg)
 {
-  for (size_t i = 0; i < WF_ARRAY_LEN(nominal_peaks); i++) {
-    if (!strstr(name, nominal_peaks[i].name))
-      continue;
-    const char *what = cfg->precision != WF_PREC_NO ? "16-bit tensor cores"
-                       : cfg->runtime.allow_tf32    ? "TF32 tensor cores"
-                                                    : "fp32 without TF32";
-    rd->peak_tflops = cfg->precision != WF_PREC_NO ? nominal_peaks[i].bf16
-                      : cfg->runtime.allow_tf32    ? nominal_peaks[i].tf32
-                                                   : nominal_peaks[i].fp32;
-    snprintf(rd->peak_source, sizeof rd->peak_source, "nominal dense peak of the %s, %s", name,
-             what);
+  wf_peak p;
+  if (!wf_peak_gpu(name, &p))
     return;
-  }
+  const char *what = cfg->precision != WF_PREC_NO ? "16-bit tensor cores"
+                     : cfg->runtime.allow_tf32    ? "TF32 tensor cores"
+                                                  : "fp32 without TF32";
+  rd->peak_tflops = cfg->precision != WF_PREC_NO ? p.bf16
+                    : cfg->runtime.allow_tf32    ? p.tf32
+                                                 : p.fp32;
+  snprintf(rd->peak_source, sizeof rd->peak_source, "nominal dense peak of the %s, %s", name, what);
 }
 
 /* Open GPU `d` of rd->gpu as the rank's device; describe it. */
@@ -67,62 +54,13 @@ fail:
   return st;
 }
 
-/* fp32 FLOP per cycle per core of the widest FMA the CPU has, counted as two FMA pipes
- * of that width (Intel's server cores; AMD's Zen 4 splits AVX-512 into 256-bit halves,
- * so there this is twice its real rate: a bound, never a reachable figure). */
-static int cpu_flops_per_cycle(const char *flags)
-{
-  if (strstr(flags, " avx512f"))
-    return 64;
-  if (strstr(flags, " avx2") && strstr(flags, " fma"))
-    return 32;
-  return strstr(flags, " avx") ? 16 : 8;
-}
-
-/* The highest clock in GHz: cpufreq's maximum (turbo) where the kernel has it, else
- * /proc/cpuinfo's "cpu MHz" (a VM's nominal clock, `cpuinfo_mhz`); 0 when neither is
- * known. */
-static double cpu_ghz(double cpuinfo_mhz)
-{
-  double khz = 0;
-  FILE *f = fopen("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq", "r");
-  if (f) {
-    if (fscanf(f, "%lf", &khz) != 1)
-      khz = 0;
-    fclose(f);
-  }
-  return WF_MAX(khz / 1e6, cpuinfo_mhz / 1e3);
-}
-
 void wf__cpu_peak(wf__rank_device *rd, double cores)
 {
-  char line[4096], flags[4096] = "";
-  double mhz = 0;
-  FILE *f = fopen("/proc/cpuinfo", "r");
-  if (!f)
+  wf_peak p;
+  if (!wf_peak_cpu(cores, &p))
     return;
-  while (fgets(line, sizeof line, f) && !(flags[0] && mhz > 0)) {
-    const char *val = strchr(line, ':');
-    if (!val)
-      continue;
-    if (!flags[0] && !strncmp(line, "flags", 5))
-      snprintf(flags, sizeof flags, " %s", val + 1); /* " " first: flags match " name" */
-    else if (mhz <= 0 && !strncmp(line, "cpu MHz", 7))
-      mhz = strtod(val + 1, NULL);
-  }
-  fclose(f);
-  double ghz = cpu_ghz(mhz);
-  if (!flags[0] || ghz <= 0 || cores <= 0)
-    return;
-  int fpc = cpu_flops_per_cycle(flags);
-  rd->peak_tflops = cores * ghz * fpc * 1e-3;
-  snprintf(rd->peak_source, sizeof rd->peak_source,
-           "nominal fp32 peak: %.2f cores x %.2f GHz x %d FLOP/cycle (%s FMA, 2 pipes)", cores, ghz,
-           fpc,
-           fpc == 64   ? "AVX-512"
-           : fpc == 32 ? "AVX2"
-           : fpc == 16 ? "AVX"
-                       : "SSE");
+  rd->peak_tflops = p.fp32;
+  wf_strlcpy(rd->peak_source, p.source, sizeof rd->peak_source);
 }
 
 static void use_cpu(wf__rank_device *rd)

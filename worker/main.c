@@ -686,6 +686,8 @@ int main(int argc, char **argv)
     return 1;
   }
   launch_env = copy_environ();
+  /* One rank and the tools (--estimate, --plan, --export, ...) need no MPI daemon. */
+  wf_launch_isolate_singleton();
   if (MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
     fprintf(stderr, "weft: error: MPI_Init_thread failed\n");
     return 1;

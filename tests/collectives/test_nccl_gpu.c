@@ -1,7 +1,9 @@
 /*
  * test_nccl_gpu.c - the NCCL path of the collectives, on device buffers.
  *
- * Exits 77 (meson: skipped) on every rank when a rank sees no GPU. With a GPU per
+ * Exits 77 (meson: skipped) on every rank when a rank sees no GPU (no NVIDIA driver,
+ * or a driver that reports no device); a rank whose GPU is there but unusable (the
+ * module or a CUDA library does not load) fails the test on every rank. With a GPU per
  * rank: NCCL bootstrapped over MPI on the world and on a split, then each collective
  * on device memory against the same serial reference as the MPI test (small integers,
  * so float sums are exact), in place and out of place, float32 and bf16, integer MIN,
@@ -301,11 +303,20 @@ int main(int argc, char **argv)
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
   wf_rt_set_rank(world_rank);
-  char why[256] = "";
+  char why[512] = "";
   wf_gpu *g = NULL;
-  int have = wf_gpu_open(&g, why, sizeof why) == WF_OK ? wf_gpu_device_count(g) : 0, least = 0;
+  wf_status st = wf_gpu_open(&g, why, sizeof why);
+  int have = st == WF_OK ? wf_gpu_device_count(g) : 0, least = 0;
+  int unusable = st != WF_OK && st != WF_ENODEV, any_unusable = 0;
   MPI_Allreduce(&have, &least, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (least == 0) { /* every rank takes the same decision */
+  MPI_Allreduce(&unusable, &any_unusable, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (any_unusable) { /* a GPU that weft cannot use is a failure, never a skip */
+    if (unusable)
+      fprintf(stderr, "[rank %d] FAIL: %s\n", world_rank, why);
+    MPI_Finalize();
+    return 1;
+  }
+  if (least == 0) { /* a rank has no GPU: every rank takes the same decision */
     if (world_rank == 0)
       printf("skipped: a rank sees no GPU%s%s\n", why[0] ? ": " : "", why);
     wf_gpu_close(g);

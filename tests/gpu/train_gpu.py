@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
-"""Training on a GPU computes what training on the CPU computes (`train_gpu.py WORKER CASE`).
+"""Training on a GPU computes what training on the CPU computes.
 
-Exits 77 (skipped) when the worker finds no usable GPU (runtime.device=cuda refuses).
+    train_gpu.py WORKER CASE [GPU_PROBE]
+
+Exits 77 (skipped) only when the machine has no GPU, as tests/gpu/gpu_probe decides
+(GPU_PROBE, by default WORKER's ../tests/gpu/gpu_probe): no NVIDIA driver, or one that
+reports no device. A GPU that is there but that weft cannot use fails the case.
 
 Cases (gpt2-tiny, 20 steps, the global batch of tests/mpi/equiv.py):
   np1-fp32   one rank on the GPU vs one rank on the CPU, fp32 GEMMs without TF32
@@ -70,10 +74,16 @@ def run(n, args, timeout=300):
 
 
 def require_gpu():
-    _, p = run(1, BASE + ["train.steps=1", "runtime.device=cuda"])
-    if p.returncode != 0 and "no GPU is usable" in p.stderr + p.stdout:
-        print("skip: no GPU: " + (p.stderr + p.stdout).strip().splitlines()[-1])
+    probe = sys.argv[3] if len(sys.argv) > 3 else os.path.join(
+        os.path.dirname(os.path.abspath(WORKER)), "..", "tests", "gpu", "gpu_probe")
+    p = subprocess.run([probe], capture_output=True, text=True, timeout=120)
+    facts = json.loads(p.stdout) if p.stdout.strip().startswith("{") else {}
+    if p.returncode == 77:
+        print("skip: no GPU: " + facts.get("why", "?"))
         sys.exit(77)
+    if p.returncode != 0:
+        fail(f"{probe} exited {p.returncode}: {facts.get('why', p.stdout + p.stderr)}")
+    _, p = run(1, BASE + ["train.steps=1", "runtime.device=cuda"])
     if p.returncode != 0:
         fail(f"one step on the GPU exited {p.returncode}\n{p.stdout}\n{p.stderr}")
     print("GPU: " + next((l for l in p.stdout.splitlines() + p.stderr.splitlines()
