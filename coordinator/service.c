@@ -915,6 +915,29 @@ void wf_service_destroy(wf_service *svc)
 const char *wf_service_endpoint(const wf_service *svc) { return svc->endpoint; }
 const char *wf_service_unix_path(const wf_service *svc) { return svc->unix_path; }
 const char *wf_service_job_file(const wf_service *svc) { return svc->job_file; }
+
+bool wf_service_port_taken(int port)
+{
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0)
+    return false;
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  bool taken = bind(fd, (struct sockaddr *)&a, sizeof a) != 0;
+  close(fd);
+  return taken;
+}
+
+void wf_service_remove_files(const wf_service *svc)
+{
+  if (!svc)
+    return;
+  unlink(svc->job_file);
+  if (svc->unix_path[0])
+    unlink(svc->unix_path);
+}
 const char *wf_service_token(const wf_service *svc) { return svc->token; }
 int wf_service_port(const wf_service *svc) { return svc->port; }
 

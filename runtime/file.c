@@ -34,6 +34,45 @@ wf_status wf_file_sync_dir(const char *dir)
   return WF_OK;
 }
 
+wf_status wf_file_mkdirs(const char *dir)
+{
+  char path[WF_FILE_PATH_MAX];
+  struct stat sb;
+  if (strlen(dir) >= sizeof path) {
+    WF_ERROR("'%.200s': the path is longer than %d bytes", dir, WF_FILE_PATH_MAX - 1);
+    return WF_EINVAL;
+  }
+  wf_strlcpy(path, dir, sizeof path);
+  for (char *p = path + 1; *p; p++) { /* each parent, then the directory itself */
+    if (*p != '/')
+      continue;
+    *p = '\0';
+    if (mkdir(path, 0755) != 0 && errno != EEXIST)
+      break; /* the last mkdir says why */
+    *p = '/';
+  }
+  if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+    WF_ERROR("cannot create the directory %s: %s; name a writable place", path, strerror(errno));
+    return WF_EIO;
+  }
+  if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+    WF_ERROR("%s: not a directory", dir);
+    return WF_EIO;
+  }
+  return WF_OK;
+}
+
+wf_status wf_file_make_parent(const char *path)
+{
+  char copy[WF_FILE_PATH_MAX];
+  struct stat sb;
+  wf_strlcpy(copy, path, sizeof copy);
+  const char *dir = dirname(copy);
+  if (stat(dir, &sb) == 0 && S_ISDIR(sb.st_mode))
+    return WF_OK;
+  return wf_file_mkdirs(dir);
+}
+
 /* dir and tmp of `path`: the temporary file lives beside the target, so the rename
  * never crosses a file system. */
 static wf_status name_parts(wf_afile *f, const char *path)
@@ -62,6 +101,7 @@ wf_status wf_afile_open(wf_afile *f, const char *path, unsigned mode, int flags)
   f->fd = -1;
   f->mode = mode;
   WF_TRY(name_parts(f, path));
+  WF_TRY(wf_file_make_parent(path));
   if (flags & WF_AFILE_HASH) {
     f->xx = XXH3_createState();
     WF_CHECK(f->xx && XXH3_64bits_reset(f->xx) == XXH_OK, WF_ENOMEM,

@@ -358,7 +358,9 @@ wf_status wf_ckpt_locate(const wf_config *cfg, char *dir, size_t dir_len)
   wf_status st = WF_OK;
   bool none = false;
   WF_TRY(wf__locate(cfg, dir, dir_len, &none));
-  WF_CHECK(!none, WF_EIO, "%s: no checkpoint there yet", cfg->train.checkpoint_dir);
+  WF_CHECK(!none, WF_ECONFIG, "%s: no checkpoint there yet",
+           cfg->train.resume[0] && strcmp(cfg->train.resume, "auto") ? cfg->train.resume
+                                                                 : cfg->train.checkpoint_dir);
 fail:
   return st;
 }

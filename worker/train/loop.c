@@ -22,7 +22,7 @@ static bool eval_due(const wf__trainer *tr, int step)
 
 /* After step's on_step: write a checkpoint when one is due. stopping: on_step ended the
  * run (SIGTERM, the console's stop), so this is the last chance. */
-static wf_status maybe_checkpoint(wf__trainer *tr, int step, bool stopping)
+static wf_status maybe_checkpoint(wf__trainer *tr, int step, bool stopping, bool *wrote)
 {
   const wf_config *cfg = tr->cfg;
   const wf_train_hooks *h = tr->hooks;
@@ -33,6 +33,7 @@ static wf_status maybe_checkpoint(wf__trainer *tr, int step, bool stopping)
              (h && h->checkpoint_now && h->checkpoint_now(h->user));
   if (!due)
     return WF_OK;
+  *wrote = true;
   if (h && h->on_phase)
     h->on_phase(h->user, "checkpoint");
   /* ZeRO-3: the flat parameters gathered whole for the writer; the next step shards
@@ -86,7 +87,10 @@ static wf_status one_step(wf__trainer *tr, int step, bool *go_on)
   tr->aside_s += wf_now() - t;
   *go_on = !tr->hooks || !tr->hooks->on_step || tr->hooks->on_step(tr->hooks->user, &info);
   t = wf_now();
-  st = maybe_checkpoint(tr, step, !*go_on);
+  bool wrote = false;
+  st = maybe_checkpoint(tr, step, !*go_on, &wrote);
+  if (st == WF_OK && wrote && *go_on && tr->hooks && tr->hooks->after_checkpoint)
+    *go_on = tr->hooks->after_checkpoint(tr->hooks->user);
   tr->aside_s += wf_now() - t;
 fail:
   return st;

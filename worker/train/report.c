@@ -442,6 +442,7 @@ wf_status wf__open_metrics(wf__trainer *tr)
    * run starts a new one. */
   if (tr->start > 0 && trim_metrics(path, tr->start) != WF_OK)
     WF_WARN("train.metrics: %s: cannot drop the steps after %d (see above)", path, tr->start);
+  WF_TRY(wf_file_make_parent(path));
   tr->metrics = fopen(path, tr->start > 0 ? "a" : "w");
   WF_CHECK(tr->metrics, WF_EIO, "train.metrics: cannot open '%s' for writing: %s", path,
            strerror(errno));
