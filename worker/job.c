@@ -16,15 +16,16 @@
  * 1 s), then SIGKILL after as long again; slurmstepd sends SIGCONT and SIGTERM, then
  * SIGKILL after KillWait (30 s). So a SIGCONT from the parent process while this rank
  * was not stopped by job control is the launcher ending the job: it starts the graceful
- * stop at once (under mpirun it has to be done within those 2 s), and the launcher's
- * SIGTERM that follows belongs to the same request. Any other second SIGINT or SIGTERM
- * (Ctrl-C twice in a terminal, a second `kill`) stops at once: rank 0 removes the job
- * file and the socket, and the process exits with 128 + the signal.
+ * stop at once (under mpirun it has to be done within those 2 s), and what the launcher
+ * sends next belongs to the same request. Any other second SIGINT or SIGTERM (Ctrl-C
+ * twice in a terminal, a second `kill`, the launcher's death) stops at once: rank 0
+ * removes the job file and the socket, and the process exits with 128 + the signal.
  */
 #include <mpi.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "commands.h"
@@ -49,7 +50,8 @@ int wf__exit_status(wf_status st)
 
 static volatile sig_atomic_t stop_sig;      /* the request's signal; 0 = none */
 static volatile sig_atomic_t job_stopped;   /* stopped by SIGTSTP: the next SIGCONT resumes */
-static volatile sig_atomic_t launcher_ends; /* the launcher's SIGCONT came: its SIGTERM follows */
+static volatile sig_atomic_t launcher_asked; /* the request came from the launcher, which
+                                                repeats itself (SIGCONT, SIGTERM, ...) */
 static const wf_plane *sig_plane;           /* rank 0: the job file and socket to remove */
 static int sig_rank = -1;
 
@@ -77,33 +79,35 @@ static void on_signal(int sig, siginfo_t *si, void *uc)
     raise(SIGSTOP);
     return;
   }
-  if (sig == SIGCONT) {
-    if (job_stopped || !from_launcher) { /* `fg`, or someone else's SIGCONT */
-      job_stopped = 0;
-      return;
-    }
-    launcher_ends = 1;
-  } else if (launcher_ends && from_launcher) {
-    return; /* the launcher's SIGTERM after its SIGCONT: the same request */
-  } else if (stop_sig) {
+  if (sig == SIGCONT && (job_stopped || !from_launcher)) { /* `fg`, or someone else's */
+    job_stopped = 0;
+    return;
+  }
+  if (stop_sig) {
+    if (launcher_asked && from_launcher)
+      return; /* the launcher's next signal of the same request */
     stop_at_once(sig);
   }
-  if (stop_sig)
-    return;
   stop_sig = sig;
+  launcher_asked = from_launcher;
   if (sig_rank == 0)
-    say(sig == SIGCONT
-            ? "weft: the launcher is ending the job: stopping at the next step boundary\n"
+    say(sig == SIGCONT ? "weft: the launcher is ending the job: stopping at the next step boundary\n"
         : sig == SIGINT
             ? "weft: SIGINT: stopping at the next step boundary (Ctrl-C again stops at once)\n"
             : "weft: SIGTERM: stopping at the next step boundary (a second one stops at once)\n");
 }
 
-static void install_signals(const wf_plane *plane, int rank)
+static void install_signals(const wf_plane *plane, int rank, const wf_launch *launch)
 {
   struct sigaction sa;
   sig_plane = rank == 0 ? plane : NULL;
   sig_rank = rank;
+  /* A rank never outlives its launcher (mpirun, orted, slurmstepd): when it dies (a
+   * second Ctrl-C to mpirun, kill -9), the kernel sends SIGTERM, which stops at once if
+   * a request came before and gracefully otherwise. Not for a worker started alone:
+   * `nohup worker &` must survive its shell. */
+  if (launch->source != WF_LAUNCH_NONE)
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
   memset(&sa, 0, sizeof sa);
   sa.sa_sigaction = on_signal;
   sa.sa_flags = SA_SIGINFO | SA_RESTART;
@@ -121,6 +125,7 @@ static void restore_signals(void)
   signal(SIGINT, SIG_DFL);
   signal(SIGCONT, SIG_DFL);
   signal(SIGTSTP, SIG_DFL);
+  prctl(PR_SET_PDEATHSIG, 0);
   sig_plane = NULL;
 }
 
@@ -315,7 +320,7 @@ int wf__cmd_train(const wf__cmd_ctx *c)
   const wf_job *job = c->job;
   if (start_plane(c, &plane) != WF_OK)
     return WF_EXIT_FAILED;
-  install_signals(&plane, c->rank);
+  install_signals(&plane, c->rank, c->launch);
   wf_control_set_phase(plane.ctl, "train");
   boundary bd = {.plane = &plane, .job = job, .ctl = plane.ctl, .world = wf_job_world_comm(job)};
   if (c->a->check_estimate) {
