@@ -57,6 +57,8 @@ typedef struct wf_config {
                               across the dp / fsdp groups; 0 = one group of all dp ranks */
     char axis_names[3][8]; /* order of mesh_shape axes as given, e.g. dp,tp,pp; always a
                               permutation of "dp","tp","pp" (axes not given follow) */
+    bool fsdp_axis;        /* mesh_shape names an "fsdp" axis: its ranks shard the
+                              parameters (optim.zero 3 unless it is given) */
   } mesh;
   struct {
     char preset[32];                     /* gpt2-tiny, gpt2-small, ... */

@@ -48,11 +48,11 @@ int wf__exit_status(wf_status st)
 
 /* ---- stop requests ------------------------------------------------------------------ */
 
-static volatile sig_atomic_t stop_sig;      /* the request's signal; 0 = none */
-static volatile sig_atomic_t job_stopped;   /* stopped by SIGTSTP: the next SIGCONT resumes */
+static volatile sig_atomic_t stop_sig;       /* the request's signal; 0 = none */
+static volatile sig_atomic_t job_stopped;    /* stopped by SIGTSTP: the next SIGCONT resumes */
 static volatile sig_atomic_t launcher_asked; /* the request came from the launcher, which
                                                 repeats itself (SIGCONT, SIGTERM, ...) */
-static const wf_plane *sig_plane;           /* rank 0: the job file and socket to remove */
+static const wf_plane *sig_plane;            /* rank 0: the job file and socket to remove */
 static int sig_rank = -1;
 
 static void say(const char *msg)
@@ -91,7 +91,8 @@ static void on_signal(int sig, siginfo_t *si, void *uc)
   stop_sig = sig;
   launcher_asked = from_launcher;
   if (sig_rank == 0)
-    say(sig == SIGCONT ? "weft: the launcher is ending the job: stopping at the next step boundary\n"
+    say(sig == SIGCONT
+            ? "weft: the launcher is ending the job: stopping at the next step boundary\n"
         : sig == SIGINT
             ? "weft: SIGINT: stopping at the next step boundary (Ctrl-C again stops at once)\n"
             : "weft: SIGTERM: stopping at the next step boundary (a second one stops at once)\n");

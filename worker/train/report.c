@@ -183,6 +183,28 @@ static void print_mesh(const wf__trainer *tr)
           wf_gpt_local_params(tr->model), wf_gpt_num_params(&tr->dims));
 }
 
+/* What the dp ranks shard, over which ranks, and why (an fsdp axis chooses ZeRO-3). */
+static void print_sharding(const wf__trainer *tr)
+{
+  const wf_config *cfg = tr->cfg;
+  static const char *const what[] = {
+      "", "the optimizer state (ZeRO-1)", "the optimizer state and gradients (ZeRO-2)",
+      "the parameters, gradients and optimizer state (ZeRO-3, FSDP)"};
+  int z = cfg->optim.zero, f = cfg->mesh.fsdp, dp = tr->D;
+  if (z <= 0 || z > 3)
+    return;
+  const char *why = cfg->source[wf_config_key_find("optim.zero")] == WF_SRC_DERIVED
+                        ? " (optim.zero=3, chosen by the fsdp mesh axis)"
+                        : "";
+  if (f > 0 && f < dp)
+    fprintf(tr->out,
+            "sharding: HSDP: %s sharded within %d fsdp groups of %d dp ranks, replicated across "
+            "the groups%s\n",
+            what[z], dp / f, f, why);
+  else
+    fprintf(tr->out, "sharding: %s sharded over the %d dp ranks%s\n", what[z], dp, why);
+}
+
 void wf__print_banner(const wf__trainer *tr)
 {
   const wf_config *cfg = tr->cfg;
@@ -197,14 +219,11 @@ void wf__print_banner(const wf__trainer *tr)
     fprintf(tr->out, "entropy floor H = %.4f nats\n", H);
   fprintf(tr->out,
           "training %d steps of %d x %d tokens (dp %d x %d micro-batch%s of %d), lr %.2e "
-          "warm-up %d cosine to %.2e, clip %g, weight decay %g, seed %llu%s\n",
+          "warm-up %d cosine to %.2e, clip %g, weight decay %g, seed %llu\n",
           tr->steps, tr->B * tr->M * tr->D, tr->T, tr->D, tr->M, tr->M == 1 ? "" : "es", tr->B,
           cfg->train.lr, cfg->train.warmup, cfg->train.min_lr, cfg->optim.clip,
-          cfg->optim.weight_decay, (unsigned long long)cfg->train.seed,
-          cfg->optim.zero == 3   ? ", ZeRO-3 optimizer, gradients and parameters"
-          : cfg->optim.zero == 2 ? ", ZeRO-2 optimizer and gradients"
-          : cfg->optim.zero      ? ", ZeRO-1 optimizer"
-                                 : "");
+          cfg->optim.weight_decay, (unsigned long long)cfg->train.seed);
+  print_sharding(tr);
   if (tr->tp > 1 || tr->pp > 1)
     print_mesh(tr);
   if (cfg->parallel.activation_checkpointing)
