@@ -844,7 +844,8 @@ static wf_status service_handles(wf_service *svc)
     return st;
   if (svc->unix_path[0])
     listen_unix(svc);
-  if (svc->metrics_port > 0 && wf__metrics_start(svc) != WF_OK)
+  bool metrics = svc->metrics_port > 0 && wf__metrics_start(svc) == WF_OK;
+  if (svc->metrics_port > 0 && !metrics)
     WF_WARN("control: Prometheus metrics are off (runtime.metrics_port=%d)", svc->metrics_port);
   uv_timer_init(&svc->loop, &svc->watchdog);
   svc->watchdog.data = svc;
@@ -854,6 +855,9 @@ static wf_status service_handles(wf_service *svc)
   uv_async_init(&svc->loop, &svc->stop_async, on_stop);
   svc->stop_async.data = svc;
   size_t n = strlen(svc->endpoint);
+  if (metrics) /* the endpoint is the advertised host here, before its port is added */
+    WF_INFO("control: Prometheus metrics at http://%s:%d/metrics", svc->endpoint,
+            svc->metrics_port);
   snprintf(svc->endpoint + n, sizeof svc->endpoint - n, ":%d", svc->port);
   return WF_OK;
 }

@@ -89,6 +89,8 @@ typedef struct wf_config {
      * --generate, sample_tokens tokens after sample_prompt, from the top sample_top_k
      * (0 = all) of the logits / sample_temperature, drawn from sample_seed */
     int sample_every, sample_tokens, sample_top_k;
+    int log_every; /* a step line every log_every steps (and the first, the last, and
+                      each evaluated one); the metrics file has every step */
     double sample_temperature;
     uint64_t sample_seed;
     char sample_prompt[1024];

@@ -429,6 +429,22 @@ static int check_world(wf_config *cfg, wf__args *a, int size)
   return size;
 }
 
+/* model.vocab is the tokenizer's when data.tokenizer is given and the vocabulary is not
+ * (nor taken from model.init's file): one less number to keep in step. */
+static wf_status vocab_from_tokenizer(wf_config *cfg, char *err, size_t len)
+{
+  int k = wf_config_key_find("model.vocab"), v = 0;
+  wf_config_source src = (wf_config_source)cfg->source[k];
+  if (!cfg->data.tokenizer[0] || cfg->model.init[0] || src > WF_SRC_PRESET)
+    return WF_OK;
+  wf_status st = wf_tokenizer_vocab_of(cfg->data.tokenizer, &v, err, len);
+  if (st == WF_OK) {
+    cfg->model.vocab = v;
+    cfg->source[k] = WF_SRC_DERIVED;
+  }
+  return st;
+}
+
 /* All ranks learn whether every rank succeeded (over the start-up communicator, a
  * duplicate of the world made right after MPI_Init, before the mesh exists). */
 static bool all_ok(wf_comm *world, bool ok)
@@ -478,6 +494,11 @@ static bool preflight(const wf__cmd_ctx *c)
   int checks = c->a->cmd->checks, vocab = c->cfg->model.vocab;
   if ((checks & C_INIT) && !init_ok(c, &vocab))
     return false;
+  if ((checks & C_PROMPT) && !c->cfg->data.tokenizer[0] && vocab > 256 && c->rank == 0)
+    WF_WARN("%s without data.tokenizer: the model's %d-token vocabulary is not bytes, so the "
+            "prompt is read as bytes and the sample printed as <id>s; add data.tokenizer=DIR "
+            "(the tokenizer the model was trained with) to read and write text",
+            c->a->cmd->flag, vocab);
   /* Data that cannot work is a config-level error: every rank checks it (cheaply, never
    * blocking on a FIFO) and rank 0 says it once. */
   bool ok = !(checks & C_DATA) || wf_data_check(c->cfg, vocab, err, sizeof err) == WF_OK;
@@ -561,6 +582,7 @@ static int run(wf_comm *world, wf__args *a, int rank, int size)
   memset(&launch, 0, sizeof launch); /* --estimate and --plan plan a world, launch none */
   bool launched = cmd->world == W_LAUNCH || cmd->world == W_MESH;
   ok = ok && (!launched || read_launch(&launch, &cfg, rank, size, err, sizeof err) == WF_OK);
+  ok = ok && vocab_from_tokenizer(&cfg, err, sizeof err) == WF_OK;
   ok = ok && wf_config_validate(&cfg, check_world(&cfg, a, size), err, sizeof err) == WF_OK;
   if (!all_ok(world, ok))
     return fail_all(world, !ok, err, rank);

@@ -14,9 +14,23 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "ckpt_int.h"
 
 /* ---- the manifest, read once --------------------------------------------------------- */
+
+/* A checkpoint_dir resumed without naming a checkpoint holds another run: say what
+ * differs and the two ways on. */
+static wf_status another_run(const wf_ckpt_target *t, const char *dir, const char *key,
+                             const char *saved, const char *now)
+{
+  WF_ERROR("train.checkpoint_dir=%s holds another run: its checkpoint %s has %s=%s, this run "
+           "has %s=%s; use another train.checkpoint_dir, or add train.resume=never to start "
+           "over there (its checkpoints are removed)",
+           t->cfg->train.checkpoint_dir, dir, key, saved, key, now);
+  return WF_ECONFIG;
+}
 
 /* The model shape must match; name the first config key that differs. */
 static wf_status check_compat(const wf_ckpt_target *t, const wf__manifest *m, const char *dir)
@@ -29,14 +43,41 @@ static wf_status check_compat(const wf_ckpt_target *t, const wf__manifest *m, co
            {"model.d_model", a->C, b->C},       {"model.vocab", a->V, b->V},
            {"model.seq_len", a->maxT, b->maxT}, {"model.padded_vocab", a->Vp, b->Vp}};
   for (size_t i = 0; i < WF_ARRAY_LEN(f); i++) {
-    if (f[i].saved != f[i].now) {
-      WF_ERROR("checkpoint %s is incompatible: it was saved with %s = %d, this run has %s = %d; "
-               "set %s=%d to resume it, or start a fresh train.checkpoint_dir",
-               dir, f[i].key, f[i].saved, f[i].key, f[i].now, f[i].key, f[i].saved);
-      return WF_ECONFIG;
+    if (f[i].saved == f[i].now)
+      continue;
+    if (wf__resume_implicit(t->cfg)) {
+      char saved[16], now[16];
+      wf__pathf(saved, sizeof saved, "%d", f[i].saved);
+      wf__pathf(now, sizeof now, "%d", f[i].now);
+      return another_run(t, dir, f[i].key, saved, now);
     }
+    WF_ERROR("checkpoint %s is incompatible: it was saved with %s = %d, this run has %s = %d; "
+             "set %s=%d to resume it, or start a fresh train.checkpoint_dir",
+             dir, f[i].key, f[i].saved, f[i].key, f[i].now, f[i].key, f[i].saved);
+    return WF_ECONFIG;
   }
   return WF_OK;
+}
+
+/* Resuming train.checkpoint_dir without naming a checkpoint continues the run it holds,
+ * as torchtitan and Megatron-LM do, when that run trained this model family on this
+ * data; another run's checkpoints are refused (a named train.resume may fine-tune). */
+static wf_status check_same_run(const wf_ckpt_target *t, const char *text, const char *dir)
+{
+  static const char *const keys[] = {"model.family", "data.path", "data.val_path",
+                                     "data.tokenizer"};
+  wf_status st = WF_OK;
+  json_t *o = json_loads(text, 0, NULL), *now = wf__config_json(t->cfg);
+  json_t *was = o ? json_object_get(o, "config") : NULL;
+  for (size_t i = 0; was && now && st == WF_OK && i < WF_ARRAY_LEN(keys); i++) {
+    const char *a = json_string_value(json_object_get(was, keys[i]));
+    const char *b = json_string_value(json_object_get(now, keys[i]));
+    if (a && b && strcmp(a, b))
+      st = another_run(t, dir, keys[i], a[0] ? a : "\"\"", b[0] ? b : "\"\"");
+  }
+  json_decref(o);
+  json_decref(now);
+  return st;
 }
 
 /* Rank 0: locate, read and check the manifest; its text (empty when there is no
@@ -52,6 +93,8 @@ static wf_status read_rank0(const wf_ckpt_target *t, char *dir, size_t len, char
     return WF_OK;
   WF_TRY(wf__manifest_read(dir, &m, text));
   WF_TRY(check_compat(t, &m, dir));
+  if (wf__resume_implicit(t->cfg))
+    WF_TRY(check_same_run(t, *text, dir));
   WF_TRY(wf__check_model_cover(&m, dir));
   WF_TRY(wf__check_optim_cover(&m, dir));
 fail:
@@ -304,15 +347,19 @@ wf_status wf_ckpt_resume(const wf_ckpt_target *t, int *step)
   bool none = false;
   wf__manifest m = {0};
   *step = 0;
-  if (!cfg->train.resume[0])
+  if (wf__resume_never(cfg) || (!cfg->train.resume[0] && !cfg->train.checkpoint_dir[0]))
     return WF_OK;
   WF_TRY(read_manifest(t, dir, sizeof dir, &m, &none));
   if (none) {
-    if (wf__rank_of(wf__ckpt_world(t)) == 0)
+    if (wf__rank_of(wf__ckpt_world(t)) == 0 && cfg->train.resume[0])
       WF_INFO("checkpoint: train.resume=auto and no checkpoint in %s yet: starting fresh",
               cfg->train.checkpoint_dir);
     goto fail;
   }
+  if (!cfg->train.resume[0] && wf__rank_of(wf__ckpt_world(t)) == 0)
+    WF_INFO("checkpoint: %s holds this run (model and data match): resuming it; "
+            "train.resume=never starts over",
+            cfg->train.checkpoint_dir);
   WF_TRY(load(t, &m, dir));
   *step = m.step;
   if (cfg->precision == WF_PREC_FP16 && m.has_scaler) /* else fp16 starts its scaler afresh */

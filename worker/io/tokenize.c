@@ -153,3 +153,13 @@ wf_status wf_tokenize_config(const wf_config *cfg, const char *in, const char *p
   /* a text or tokenizer that cannot be read is the user's to fix, as a missing one is */
   return st == WF_OK || st == WF_ENOMEM ? st : WF_ECONFIG;
 }
+
+wf_status wf_tokenizer_vocab_of(const char *path, int *vocab, char *err, size_t err_len)
+{
+  wf_tokenizer *tok = NULL;
+  wf_status st = wf_tokenizer_load(&tok, path, err, err_len);
+  if (st == WF_OK)
+    *vocab = wf_tokenizer_vocab(tok);
+  wf_tokenizer_destroy(tok);
+  return st == WF_OK || st == WF_ENOMEM ? st : WF_ECONFIG;
+}

@@ -34,6 +34,7 @@ static wf_status maybe_checkpoint(wf__trainer *tr, int step, bool stopping, bool
   if (!due)
     return WF_OK;
   *wrote = true;
+  tr->saved_step = step;
   if (h && h->on_phase)
     h->on_phase(h->user, "checkpoint");
   /* ZeRO-3: the flat parameters gathered whole for the writer; the next step shards
@@ -104,8 +105,10 @@ static wf_status run_loop(wf__trainer *tr)
   if (tr->start >= tr->steps && tr->talk)
     fprintf(tr->out, "the checkpoint is at step %d of train.steps %d: nothing to train\n",
             tr->start, tr->steps);
+  tr->done = tr->start, tr->first_loss = tr->last_val = NAN;
   for (int step = tr->start + 1; step <= tr->steps && go_on; step++)
     WF_TRY(one_step(tr, step, &go_on));
+  tr->stopped = !go_on && tr->done < tr->steps;
 fail:
   wf__clear_bar(tr);
   return st;
@@ -136,11 +139,7 @@ static wf_status write_trace(wf__trainer *tr)
 {
   if (!tr->trace)
     return WF_OK;
-  wf_status st = wf_trace_write(tr->trace, tr->world, tr->cfg->train.trace);
-  if (st == WF_OK && tr->talk)
-    fprintf(tr->out, "trace: steps %d..%d of every rank in %s\n", tr->cfg->train.trace_steps[0],
-            tr->cfg->train.trace_steps[1], tr->cfg->train.trace);
-  return st;
+  return wf_trace_write(tr->trace, tr->world, tr->cfg->train.trace); /* the summary says where */
 }
 
 wf_status wf_train_run(const wf_config *cfg, const wf_train_hooks *hooks)
@@ -158,6 +157,7 @@ wf_status wf_train_run(const wf_config *cfg, const wf_train_hooks *hooks)
             "tied embedding: the first and last stage's copies were identical after each of %ld "
             "steps\n",
             gs.tied_checks);
+  wf__print_summary(&tr);
 fail:
   wf__train_teardown(&tr);
   return st;

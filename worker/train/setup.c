@@ -253,7 +253,7 @@ static wf_status trace_dir_ok(const char *path)
   char dir[WF_PATH_MAX];
   struct stat sb;
   const char *slash = strrchr(path, '/'), *why = NULL;
-  if (wf_file_make_parent(path) != WF_OK) /* said why */
+  if (wf_file_make_parent(path, "train.trace") != WF_OK) /* said why */
     return WF_EIO;
   if (!slash)
     snprintf(dir, sizeof dir, ".");
