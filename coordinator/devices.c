@@ -70,7 +70,7 @@ wf_devices_verdict wf_devices_compare(const wf_rank_facts *f, int n, char *msg, 
   for (int i = 0; i < nk && used + 1 < len; i++) {
     char ranks[256];
     ranks_of(f, n, kinds[i], ranks, sizeof ranks);
-    int w = snprintf(msg + used, len - used, "%s%s on %s %s", i ? ", " : "",
+    int w = snprintf(msg + used, len - used, "%s%s %s on %s", i ? ", " : "",
                      strchr(ranks, ',') || strchr(ranks, '-') ? "ranks" : "rank", ranks,
                      !strcmp(kinds[i], "cpu") ? "the CPU" : kinds[i]);
     used += w > 0 ? (size_t)w : 0;
