@@ -176,6 +176,47 @@ def case_twice():
               f"checkpoint, job file and socket removed")
 
 
+def children(pid):
+    try:
+        out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    except OSError:
+        return []
+    return [int(x) for x in out.split()]
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie waiting for its reaper is gone too
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def case_twice_mpirun():
+    """Ctrl-C twice to mpirun: Open MPI then exits at once, and its ranks with it (the
+    kernel's SIGTERM when their launcher dies stops them at once): nothing is left
+    running, no job file or socket."""
+    with tempfile.TemporaryDirectory() as d:
+        job = launch(d, 2, ["model.d_model=256", "model.heads=4", "train.checkpoint_every=1"])
+        job.wait_for(r"step 2/")
+        ranks = children(job.pid)
+        job.ctrl_c()
+        job.wait_for(r"the launcher is ending the job")
+        job.ctrl_c()
+        took = job.finish(STOP_BOUND_S)
+        t = time.monotonic()
+        while any(alive(p) for p in ranks) and time.monotonic() - t < STOP_BOUND_S:
+            time.sleep(0.1)
+        left = [p for p in ranks if alive(p)]
+        if not ranks or left:
+            fail(f"ranks {ranks}: {left} still running after mpirun exited", job.text())
+        if os.listdir(os.path.join(d, "jobs")):
+            fail(f"left {os.listdir(os.path.join(d, 'jobs'))} behind", job.text())
+        print(f"ok: a second Ctrl-C ended mpirun in {took:.2f} s and its ranks "
+              f"{ranks} {time.monotonic() - t:.2f} s later; job file and socket removed")
+
+
 def case_during_checkpoint():
     """Ctrl-C while a checkpoint is being written (seen as its staging directory): the
     write completes and the job stops right there, at that checkpoint's step."""
@@ -204,6 +245,7 @@ CASES = {
     "sigterm-mpirun": lambda: case_signal_mpirun(signal.SIGTERM),
     "sigint-mpirun": lambda: case_signal_mpirun(signal.SIGINT),
     "ctrlc-twice": case_twice,
+    "ctrlc-twice-mpirun": case_twice_mpirun,
     "ctrlc-during-checkpoint": case_during_checkpoint,
 }
 
