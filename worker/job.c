@@ -105,9 +105,11 @@ static void install_signals(const wf_plane *plane, int rank, const wf_launch *la
   sig_rank = rank;
   /* A rank never outlives its launcher (mpirun, orted, slurmstepd): when it dies (a
    * second Ctrl-C to mpirun, kill -9), the kernel sends SIGTERM, which stops at once if
-   * a request came before and gracefully otherwise. Not for a worker started alone:
-   * `nohup worker &` must survive its shell. */
-  if (launch->source != WF_LAUNCH_NONE)
+   * a request came before and gracefully otherwise. Not for a worker started by hand or
+   * by a script (alone, or with RANK/WORLD_SIZE): `nohup worker &` must survive its
+   * shell. */
+  wf_launch_source s = launch->source;
+  if (s == WF_LAUNCH_OMPI || s == WF_LAUNCH_PMI || s == WF_LAUNCH_SLURM)
     prctl(PR_SET_PDEATHSIG, SIGTERM);
   memset(&sa, 0, sizeof sa);
   sa.sa_sigaction = on_signal;
