@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs weft's whole test suite and ends with one line "N passed, N failed, N skipped".
 # First it installs what only the tests need (scripts/deps.sh's TESTS: cmocka, clang,
-# Slurm, Prometheus, ...), runs scripts/setup.sh when ./build is missing, and turns the
-# tests on in ./build. Then:
+# Slurm, Prometheus, ...; its test_setup), runs scripts/setup.sh (the build and data/:
+# quick when they are there), and turns the tests on in ./build. Then:
 #  1. ./build (gcc, the configuration users build): unit, multi-rank MPI, control-plane,
 #     equivalence, checkpoint, Slurm, README-command and GPU-or-skip tests;
 #  2. ./build-san (clang with AddressSanitizer and UndefinedBehaviorSanitizer, any UB
@@ -16,7 +16,8 @@ export OMPI_MCA_rmaps_base_oversubscribe=1
 
 source scripts/deps.sh
 install_missing "${TESTS[@]}" || exit 1
-[ -f build/build.ninja ] || bash scripts/setup.sh || exit 1
+bash scripts/setup.sh >/dev/null || exit 1 # the build and data/ (quick when they are there)
+test_setup || exit 1
 if ! meson configure build | grep -qE '^\s*tests\s+true'; then
   meson configure build -Dtests=true >/dev/null || exit 1
 fi

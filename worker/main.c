@@ -470,7 +470,7 @@ static int fail_all(wf_comm *world, bool mine_failed, const char *msg, int rank)
 static bool init_ok(const wf__cmd_ctx *c, int *vocab)
 {
   const wf_config *cfg = c->cfg;
-  wf_gpt_dims d = {0};
+  wf_model_dims d = {0};
   bool ok = true;
   if (c->rank == 0 && (c->a->cmd->checks & C_NEED_INIT) && !cfg->model.init[0]) {
     WF_ERROR("%s needs the model to sample from: add model.init=FILE (an llm.c or safetensors "
