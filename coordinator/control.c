@@ -94,11 +94,14 @@ static void close_all(wf_control *c)
   uv_close((uv_handle_t *)&c->async, NULL);
 }
 
-static void do_abort(wf_control *c, const char *reason)
+/* said: the coordinator already logged the reason (once, for the whole job), so this
+ * rank ends quietly; a rank that lost the coordinator says why itself. */
+static void do_abort(wf_control *c, const char *reason, bool said)
 {
   if (atomic_exchange(&c->aborted, true))
     return;
-  WF_ERROR("job aborted: %s", reason);
+  if (!said)
+    WF_ERROR("job aborted: %s", reason);
   if (c->on_abort)
     c->on_abort(c->user, reason);
 }
@@ -108,7 +111,7 @@ static void on_abort_msg(wf_control *c, const Weft__Abort *a)
   char reason[2300], clean[2048];
   wf__sanitize(clean, sizeof clean, a->reason);
   snprintf(reason, sizeof reason, "the coordinator aborted the job: %s", clean);
-  do_abort(c, reason);
+  do_abort(c, reason, true);
 }
 
 #define TRACE_BUF   (32 << 10)
@@ -236,7 +239,7 @@ static void check_coordinator(wf_control *c)
            "frozen (SIGSTOP?) or unreachable, so this rank stops",
            c->endpoint, (now - c->t_rx) / 1000.0, c->coord_host[0] ? c->coord_host : "?",
            c->coord_pid);
-  do_abort(c, reason);
+  do_abort(c, reason, false);
 }
 
 static void on_heartbeat_timer(uv_timer_t *t)
@@ -302,7 +305,7 @@ static void connection_lost(wf_control *c, const char *why)
            "runs it, died or was killed after step %" PRId64
            " (this rank's last), so this rank stops too",
            c->endpoint, why, c->coord_host[0] ? c->coord_host : "?", c->coord_pid, step);
-  do_abort(c, reason);
+  do_abort(c, reason, false);
 }
 
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)

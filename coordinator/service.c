@@ -844,7 +844,8 @@ static wf_status service_handles(wf_service *svc)
     return st;
   if (svc->unix_path[0])
     listen_unix(svc);
-  if (svc->metrics_port > 0 && wf__metrics_start(svc) != WF_OK)
+  bool metrics = svc->metrics_port > 0 && wf__metrics_start(svc) == WF_OK;
+  if (svc->metrics_port > 0 && !metrics)
     WF_WARN("control: Prometheus metrics are off (runtime.metrics_port=%d)", svc->metrics_port);
   uv_timer_init(&svc->loop, &svc->watchdog);
   svc->watchdog.data = svc;
@@ -854,6 +855,9 @@ static wf_status service_handles(wf_service *svc)
   uv_async_init(&svc->loop, &svc->stop_async, on_stop);
   svc->stop_async.data = svc;
   size_t n = strlen(svc->endpoint);
+  if (metrics) /* the endpoint is the advertised host here, before its port is added */
+    WF_INFO("control: Prometheus metrics at http://%s:%d/metrics", svc->endpoint,
+            svc->metrics_port);
   snprintf(svc->endpoint + n, sizeof svc->endpoint - n, ":%d", svc->port);
   return WF_OK;
 }
@@ -915,6 +919,29 @@ void wf_service_destroy(wf_service *svc)
 const char *wf_service_endpoint(const wf_service *svc) { return svc->endpoint; }
 const char *wf_service_unix_path(const wf_service *svc) { return svc->unix_path; }
 const char *wf_service_job_file(const wf_service *svc) { return svc->job_file; }
+
+bool wf_service_port_taken(int port)
+{
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0)
+    return false;
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  bool taken = bind(fd, (struct sockaddr *)&a, sizeof a) != 0;
+  close(fd);
+  return taken;
+}
+
+void wf_service_remove_files(const wf_service *svc)
+{
+  if (!svc)
+    return;
+  unlink(svc->job_file);
+  if (svc->unix_path[0])
+    unlink(svc->unix_path);
+}
 const char *wf_service_token(const wf_service *svc) { return svc->token; }
 int wf_service_port(const wf_service *svc) { return svc->port; }
 

@@ -74,6 +74,12 @@ int wf_service_port(const wf_service *svc);          /* the bound TCP port */
  * the console's `schedule`; until it is set, `schedule` says it is not available.
  * Copied; any thread. */
 wf_status wf_service_set_schedule(wf_service *svc, const char *text);
+/* Whether some process on this host already holds TCP `port` (on any address): the
+ * default port then yields to a job already there. */
+bool wf_service_port_taken(int port);
+/* Remove the job file and the Unix socket now, for a process about to end without
+ * wf_service_destroy (an abort, a second SIGINT). Async-signal-safe; accepts NULL. */
+void wf_service_remove_files(const wf_service *svc);
 /* True once the watchdog aborted the job; copies the reason. */
 bool wf_service_aborted(wf_service *svc, char *reason, size_t reason_len);
 

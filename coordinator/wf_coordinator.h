@@ -99,4 +99,19 @@ wf_comm *wf_job_world_comm(const wf_job *job);
 /* Rank 0: print the mesh table, one row per rank. */
 void wf_job_print_table(const wf_job *job, FILE *out);
 
+/* Whether every rank trains on the same kind of device (facts' device: "cpu" or
+ * "cuda:N (MODEL)"). MODELS: GPUs of different models; MIXED: some ranks on the CPU,
+ * others on GPUs. msg names the ranks of each kind ("ranks 0-3 on NVIDIA H100, rank 4
+ * on the CPU"). Pure, for tests. */
+typedef enum wf_devices_verdict {
+  WF_DEVICES_SAME = 0,
+  WF_DEVICES_MODELS,
+  WF_DEVICES_MIXED
+} wf_devices_verdict;
+wf_devices_verdict wf_devices_compare(const wf_rank_facts *facts, int n, char *msg, size_t len);
+/* Rank 0 checks every rank's device: GPUs of different models are a warning, ranks on
+ * the CPU beside GPUs an error (WF_ECONFIG, said once); other ranks return WF_OK, so
+ * the caller agrees on the outcome. */
+wf_status wf_job_check_devices(const wf_job *job);
+
 #endif /* WF_COORDINATOR_H */

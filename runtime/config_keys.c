@@ -155,11 +155,16 @@ const wf__cfg_key wf__cfg_keys[] = {
     K_INT("train.checkpoint_every", train.checkpoint_every, "0", 0, INT_MAX,
           "steps between checkpoints; 0 = only at the end"),
     K_INT("train.keep", train.keep, "3", 0, 1 << 20, "checkpoints kept; 0 = all"),
-    K_STR("train.resume", train.resume, "", "\"\", \"auto\" or a checkpoint path"),
+    K_STR("train.resume", train.resume, "",
+          "\"\" (resume the run train.checkpoint_dir holds, if any), \"never\" (start over "
+          "there), \"auto\" or a checkpoint path"),
     K_DBL("train.peak_tflops", train.peak_tflops, "0", 0, 1e9, 0,
           "device peak for MFU; 0 = unknown"),
     K_DBL("train.loss_jump_factor", train.loss_jump_factor, "3", 0, 1e9, 0,
           "warn when a step's loss exceeds this times its running mean; 0 = never"),
+    K_INT("train.log_every", train.log_every, "1", 1, INT_MAX,
+          "steps between step lines (the first, the last and evaluated steps always print; "
+          "train.metrics has every step)"),
     K_INT("train.sample_every", train.sample_every, "0", 0, INT_MAX,
           "steps between printed samples; 0 = never"),
     K_INT("train.sample_tokens", train.sample_tokens, "64", 1, 1 << 20,

@@ -12,15 +12,12 @@
  * Failure to start the service (a port in use, say) is agreed on with MPI, so every
  * rank exits with rank 0's message rather than waiting to connect.
  */
-#include <arpa/inet.h>
 #include <inttypes.h>
 #include <math.h>
 #include <mpi.h>
-#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -41,25 +38,26 @@ typedef struct plane_facts {
 static void on_abort(void *user, const char *reason)
 {
   wf_plane *p = user;
+  (void)reason; /* logged once for the job: by the coordinator, or by the control thread */
   /* Called on the control thread: the main thread may be stuck inside MPI or waiting
    * for a kernel NCCL runs, so the only safe way out is to end the process here. First
-   * abort every communicator of the job (NCCL's ncclCommAbort), so that no NCCL
-   * kernel keeps this GPU, or a peer's, waiting for a rank that is gone. On rank 0
-   * that skips wf_service_destroy(), so remove the job file (it holds the token) and
-   * the socket here: an aborted job leaves nothing behind for a console to find. */
+   * abort every communicator of the job (NCCL's ncclCommAbort), so that no NCCL kernel
+   * keeps this GPU, or a peer's, waiting for a rank that is gone. On rank 0 that skips
+   * wf_service_destroy(), so remove the job file (it holds the token) and the socket
+   * here: an aborted job leaves nothing behind for a console to find. */
   if (p && p->job) {
     char names[1024];
     int n = wf_comm_abort_all(wf_job_world_comm(p->job), names, sizeof names);
     fprintf(stderr, "weft: aborted %d communicators: %s\n", n, names);
   }
-  if (p && p->svc) {
-    unlink(wf_service_job_file(p->svc));
-    if (wf_service_unix_path(p->svc)[0])
-      unlink(wf_service_unix_path(p->svc));
-  }
-  fprintf(stderr, "weft: error: job aborted by the coordinator: %s\n", reason);
-  fflush(stderr);
+  wf_plane_remove_files(p);
   _exit(3);
+}
+
+void wf_plane_remove_files(const wf_plane *p)
+{
+  if (p)
+    wf_service_remove_files(p->svc);
 }
 
 /* The job's communicators, for the flight-recorder feeds below. */
@@ -237,21 +235,6 @@ static void publish_schedule(wf_service *svc, const wf_config *cfg)
   free(text);
 }
 
-/* Whether some process on this host already holds TCP `port` (on any address). */
-static bool port_taken(int port)
-{
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0)
-    return false;
-  int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-  a.sin_addr.s_addr = htonl(INADDR_ANY);
-  bool taken = bind(fd, (struct sockaddr *)&a, sizeof a) != 0;
-  close(fd);
-  return taken;
-}
-
 /* The port rank 0 listens on. A port the user named (MASTER_PORT, dist.master_port)
  * is kept, and a clash is an error. The default one (29500, or Slurm's 20000 + job id)
  * yields to a job already there: the coordinator takes any free port, which reaches
@@ -259,7 +242,7 @@ static bool port_taken(int port)
 static int service_port(const wf_plane_opts *o)
 {
   int port = o->launch->master_port;
-  if (!o->port_default || !port_taken(port))
+  if (!o->port_default || !wf_service_port_taken(port))
     return port;
   WF_INFO("port %d is taken (another job on this host?); the coordinator listens on a free "
           "port instead, recorded in the job file",

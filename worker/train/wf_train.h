@@ -93,6 +93,10 @@ typedef struct wf_train_hooks {
    * "train" after (NULL = nobody). world is every rank of the job, for agreeing on
    * checkpoint errors (NULL = dp). */
   bool (*checkpoint_now)(void *user);
+  /* Asked after a checkpoint written at a step boundary where the run goes on; false
+   * stops the run there (a stop request that came during the write). It must answer
+   * the same on every rank (NULL = go on). */
+  bool (*after_checkpoint)(void *user);
   void (*on_phase)(void *user, const char *phase);
   struct wf_comm *world;
   /* Model parallelism: the tp group (heads, MLP and vocabulary split over it), the pp
