@@ -120,6 +120,7 @@ typedef struct wf__rank {
   uint64_t gpu_mem_used, gpu_mem_total;
   double cpu_s, cpu_pct; /* CPU seconds so far; % of one core over the last interval */
   double t_cpu;          /* ms: when cpu_s was taken */
+  double rtt_ms;         /* control-plane round trip from the heartbeats; NAN = none yet */
   char error[256];       /* last Error message from this rank */
   char *trace;           /* lines of the TraceReport for the pending `trace`, malloc()ed */
   bool traced;           /* answered the pending `trace` */
@@ -182,6 +183,7 @@ struct wf_service {
   char *schedule;          /* wf_service_set_schedule() */
   char abort_reason[2048]; /* written once, by the loop thread */
   int abort_rank;          /* loop thread only */
+  double abort_silent_ms;  /* loop thread: > 0 when the lost ranks went silent (unreachable) */
   uv_timer_t abort_timer;
 };
 

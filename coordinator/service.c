@@ -254,6 +254,9 @@ static void on_heartbeat(wf__conn *c, const Weft__Heartbeat *hb)
     r->cpu_pct = 100.0 * (hb->cpu_s - r->cpu_s) / ((now - r->t_cpu) / 1000.0);
   r->cpu_s = hb->cpu_s;
   r->t_cpu = now;
+  /* The round trip of our stamp, less the time the worker held it (one clock). */
+  if (hb->echo_ms > 0 && now - hb->echo_ms - hb->echo_held_ms >= 0)
+    r->rtt_ms = now - hb->echo_ms - hb->echo_held_ms;
   wf__sanitize(r->phase, sizeof r->phase, hb->phase);
   wf__sanitize(r->coll_op, sizeof r->coll_op, hb->coll_op);
 }
@@ -831,7 +834,7 @@ static wf_status service_config(wf_service *svc, const wf_service_opts *o)
                                     .tp = i % svc->mesh.tp};
     r->facts.rank = i;
     r->step = -1;
-    r->loss = r->tokens_per_s = r->step_ms = NAN;
+    r->loss = r->tokens_per_s = r->step_ms = r->rtt_ms = NAN;
     r->rep = (wf_step_report){.step = -1, .bubble = NAN};
   }
   return WF_OK;

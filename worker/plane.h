@@ -19,6 +19,7 @@ struct wf_control;
 typedef struct wf_plane {
   struct wf_service *svc; /* rank 0 only */
   struct wf_control *ctl; /* every rank */
+  int local_rank;         /* this rank's on its host */
 } wf_plane;
 
 typedef struct wf_plane_opts {
