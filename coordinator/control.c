@@ -45,7 +45,7 @@ struct wf_control {
   } sock;
   bool sock_open;
   uv_connect_t connect_req;
-  uv_timer_t timer, close_timer, deadline_timer;
+  uv_timer_t timer, close_timer, deadline_timer, silence_timer;
   uv_async_t async;
   wf_proto_reader rd;
   int heartbeat_ms, silence_ms;
@@ -98,6 +98,7 @@ static void close_all(wf_control *c)
   uv_close((uv_handle_t *)&c->timer, NULL);
   uv_close((uv_handle_t *)&c->close_timer, NULL);
   uv_close((uv_handle_t *)&c->deadline_timer, NULL);
+  uv_close((uv_handle_t *)&c->silence_timer, NULL);
   uv_close((uv_handle_t *)&c->async, NULL);
 }
 
@@ -231,11 +232,15 @@ static void send_heartbeat(wf_control *c)
 }
 
 /* A coordinator that stopped talking (rank 0 frozen, its host gone without a reset)
- * leaves the connection open: only its silence tells. */
-static void check_coordinator(wf_control *c)
+ * leaves the connection open: only its silence tells. Judged every SILENCE_TICK_MS, so
+ * that a rank cut off from rank 0 leaves silence_ms after it last heard from it, not
+ * up to a heartbeat later. */
+#define SILENCE_TICK_MS 100
+static void check_coordinator(uv_timer_t *t)
 {
+  wf_control *c = t->data;
   double now = wf__now_ms();
-  bool stalled = c->t_timer > 0 && now - c->t_timer > 2.0 * c->heartbeat_ms;
+  bool stalled = c->t_timer > 0 && now - c->t_timer > 5.0 * SILENCE_TICK_MS;
   c->t_timer = now;
   if (stalled) { /* our own thread was held up: judge after reading what arrived */
     c->t_rx = WF_MAX(c->t_rx, now - c->heartbeat_ms);
@@ -254,11 +259,7 @@ static void check_coordinator(wf_control *c)
   do_abort(c, reason);
 }
 
-static void on_heartbeat_timer(uv_timer_t *t)
-{
-  send_heartbeat(t->data);
-  check_coordinator(t->data);
-}
+static void on_heartbeat_timer(uv_timer_t *t) { send_heartbeat(t->data); }
 
 static void on_message(wf_control *c, const Weft__Envelope *env)
 {
@@ -275,6 +276,7 @@ static void on_message(wf_control *c, const Weft__Envelope *env)
     send_heartbeat(c);
     uv_timer_start(&c->timer, on_heartbeat_timer, (uint64_t)c->heartbeat_ms,
                    (uint64_t)c->heartbeat_ms);
+    uv_timer_start(&c->silence_timer, check_coordinator, SILENCE_TICK_MS, SILENCE_TICK_MS);
     start_done(c, 1, NULL);
     break;
   case WEFT__ENVELOPE__MSG_ERROR:
@@ -389,14 +391,17 @@ static void on_sock_closed_retry(uv_handle_t *h)
 
 /* Registration failed for good: say which address and port were tried, for how long,
  * and the last error (a refused port, no route to the host, no answer at all). */
-static void give_up_connecting(wf_control *c, const char *what)
+static void give_up_connecting(wf_control *c, wf_status st, const char *what)
 {
-  char msg[1024];
+  char msg[1024], within[80] = "";
+  if (st == WF_ETIMEOUT)
+    snprintf(within, sizeof within, " within runtime.connect_timeout=%g s",
+             c->connect_timeout_ms / 1000.0);
   snprintf(msg, sizeof msg,
-           "cannot reach the coordinator at %s (%s) within runtime.connect_timeout=%g s: %s (is "
-           "rank 0 running, and is MASTER_ADDR:MASTER_PORT reachable from this host?)",
-           c->endpoint, c->addr_str, c->connect_timeout_ms / 1000.0, what);
-  start_done(c, WF_ETIMEOUT, msg);
+           "cannot reach the coordinator at %s (%s)%s: %s (is rank 0 running, and is "
+           "MASTER_ADDR:MASTER_PORT reachable from this host?)",
+           c->endpoint, c->addr_str, within, what);
+  start_done(c, st, msg);
 }
 
 /* The deadline also covers a connect the network never answers (SYNs dropped: the
@@ -406,9 +411,10 @@ static void on_deadline(uv_timer_t *t)
   wf_control *c = t->data;
   if (c->welcomed || c->closed)
     return;
-  give_up_connecting(c, c->last_err    ? uv_strerror(c->last_err)
-                        : c->sock_open ? "no answer (the connection attempt timed out)"
-                                       : "no answer");
+  give_up_connecting(c, WF_ETIMEOUT,
+                     c->last_err    ? uv_strerror(c->last_err)
+                     : c->sock_open ? "no answer (the connection attempt timed out)"
+                                    : "no answer");
 }
 
 static void on_connect(uv_connect_t *req, int status)
@@ -423,7 +429,7 @@ static void on_connect(uv_connect_t *req, int status)
     return;
   c->last_err = status;
   if (wf__now_ms() > c->deadline) {
-    give_up_connecting(c, uv_strerror(status));
+    give_up_connecting(c, WF_ETIMEOUT, uv_strerror(status));
     return;
   }
   uv_close(&c->sock.h, on_sock_closed_retry);
@@ -445,12 +451,8 @@ static void try_connect(wf_control *c)
   c->sock.h.data = c;
   uv_tcp_nodelay(&c->sock.tcp, 1);
   rc = uv_tcp_connect(&c->connect_req, &c->sock.tcp, (const struct sockaddr *)&c->addr, on_connect);
-  if (rc < 0) {
-    char msg[1024];
-    snprintf(msg, sizeof msg, "cannot connect to the coordinator at %s: %s", c->endpoint,
-             uv_strerror(rc));
-    start_done(c, WF_EUV, msg);
-  }
+  if (rc < 0) /* no route to it at all: retrying would not help */
+    give_up_connecting(c, WF_EUV, uv_strerror(rc));
 }
 
 /* ---- posted work (async) ------------------------------------------------------------ */
@@ -539,6 +541,7 @@ static void on_async(uv_async_t *a)
     env.msg_case = WEFT__ENVELOPE__MSG_BYE;
     env.bye = &bye;
     uv_timer_stop(&c->timer);
+    uv_timer_stop(&c->silence_timer);
     if (!send_tracked(c, &env, false, true))
       close_all(c);
     else
@@ -674,8 +677,10 @@ wf_status wf_control_start(wf_control **out, const wf_control_opts *o)
   uv_timer_init(&c->loop, &c->timer);
   uv_timer_init(&c->loop, &c->close_timer);
   uv_timer_init(&c->loop, &c->deadline_timer);
+  uv_timer_init(&c->loop, &c->silence_timer);
   uv_async_init(&c->loop, &c->async, on_async);
-  c->timer.data = c->close_timer.data = c->deadline_timer.data = c->async.data = c;
+  c->timer.data = c->close_timer.data = c->deadline_timer.data = c->silence_timer.data =
+      c->async.data = c;
   if (uv_thread_create(&c->thread, control_thread, c) < 0) {
     close_all(c);
     uv_run(&c->loop, UV_RUN_DEFAULT);

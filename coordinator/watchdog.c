@@ -277,6 +277,14 @@ static void check_heartbeats(wf_service *svc, double now)
     first = first < 0 ? i : first;
     silent = WF_MAX(silent, now - r->t_heartbeat);
   }
+  /* Ranks beat out of phase: a lost host's other ranks may still be inside the window,
+   * but one that has also missed a beat and a half is lost with it. */
+  for (int i = 0; first >= 0 && i < n; i++) {
+    const wf__rank *r = &svc->ranks[i];
+    for (int j = 0; j < n && !sel[i] && r->state == WF__RANK_ALIVE; j++)
+      sel[i] = sel[j] && strcmp(svc->ranks[j].facts.host, r->facts.host) == 0 &&
+               now - r->t_heartbeat > 1.5 * svc->heartbeat_ms;
+  }
   if (first >= 0) {
     const char *home = svc->ranks[0].facts.host;
     bool remote = false;

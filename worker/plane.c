@@ -411,10 +411,26 @@ wf_status wf_plane_start(wf_plane *p, const wf_plane_opts *o, char *err, size_t 
     wf_control_set_collective_fn(p->ctl, last_collective, (void *)o->job);
     wf_control_set_trace_fn(p->ctl, recent_collectives, (void *)o->job);
   }
-  int mine = st == WF_OK, all = 0;
-  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (!all) {
-    snprintf(err, err_len, "a rank could not register with the coordinator at %s", pf.endpoint);
+  /* Which ranks could not register, so that the one message names them (each says why
+   * in its own log: the address and port it tried, and the error). */
+  int n = wf_job_world(o->job), mine = st == WF_OK, bad = 0;
+  int *ok = calloc((size_t)n, sizeof *ok);
+  if (!ok)
+    return WF_ENOMEM;
+  MPI_Allgather(&mine, 1, MPI_INT, ok, 1, MPI_INT, MPI_COMM_WORLD);
+  size_t at = 0;
+  for (int r = 0; r < n; r++) {
+    if (ok[r])
+      continue;
+    if (bad++ < 16 && at < err_len)
+      at += (size_t)snprintf(err + at, err_len - at, "%s%d", bad > 1 ? "," : "rank(s) ", r);
+  }
+  free(ok);
+  if (bad) {
+    if (at < err_len)
+      snprintf(err + at, err_len - at,
+               "%s could not register with the coordinator at %s (each says why above)",
+               bad > 16 ? ",..." : "", pf.endpoint);
     wf_plane_stop(p);
     return WF_EUV;
   }
