@@ -254,9 +254,12 @@ static void on_heartbeat(wf__conn *c, const Weft__Heartbeat *hb)
     r->cpu_pct = 100.0 * (hb->cpu_s - r->cpu_s) / ((now - r->t_cpu) / 1000.0);
   r->cpu_s = hb->cpu_s;
   r->t_cpu = now;
-  /* The round trip of our stamp, less the time the worker held it (one clock). */
-  if (hb->echo_ms > 0 && now - hb->echo_ms - hb->echo_held_ms >= 0)
-    r->rtt_ms = now - hb->echo_ms - hb->echo_held_ms;
+  /* The round trip of our stamp, less the time the worker held it (one clock), smoothed
+   * as TCP smooths its RTT (RFC 6298), with a gain of 1/4 rather than 1/8 as there is one
+   * sample a second: one quiet moment on a busy link does not hide it. */
+  double rtt = now - hb->echo_ms - hb->echo_held_ms;
+  if (hb->echo_ms > 0 && rtt >= 0)
+    r->rtt_ms = isnan(r->rtt_ms) ? rtt : 0.75 * r->rtt_ms + 0.25 * rtt;
   wf__sanitize(r->phase, sizeof r->phase, hb->phase);
   wf__sanitize(r->coll_op, sizeof r->coll_op, hb->coll_op);
 }

@@ -12,6 +12,8 @@ Each host is
   * a host name (a UTS namespace per command, named for the host) and an /etc/hosts
     that maps every host of the cluster to its address (`ip netns exec` shows each
     namespace /etc/netns/<namespace>/hosts as /etc/hosts);
+  * a login node (host "login") has a /tmp of its own; the other hosts share the
+    machine's file system, as a cluster's nodes share theirs;
   * a CPU set of its own where the machine has the cpuset cgroup: the compute nodes
     get the machine's cores dealt out one by one (node i: core i mod cores), so hwloc
     and weft see a node's cores as on a machine of its own. Without it every node would
@@ -123,6 +125,10 @@ def sweep_stale():
         if m and not pid_alive(int(m.group(2))):
             kill_ns(m.group(1))
             sh(["ip", "netns", "delete", m.group(1)], check=False)
+    for d in os.listdir("/tmp"):
+        m = re.match(rf"{PREFIX}(\d+)-node$", d)
+        if m and not pid_alive(int(m.group(1))):
+            shutil.rmtree(os.path.join("/tmp", d), ignore_errors=True)
     for base in ("/etc/netns", CPUSET_ROOT):
         if not os.path.isdir(base):
             continue
@@ -147,7 +153,9 @@ class Cluster:
         self.run_id = f"{PREFIX}{os.getpid()}"
         self.addr = {h: f"{SUBNET}.{11 + i}" for i, h in enumerate(self.nodes)}
         self.addr.update({h: f"{SUBNET}.{2 + j}" for j, h in enumerate(self.extra)})
-        self.scratch = scratch or tempfile.mkdtemp(prefix="weft-cluster-")
+        # The cluster's shared file system (the build, checkpoints, Slurm's state): not
+        # under /tmp, which the login node has a private one of.
+        self.scratch = scratch or tempfile.mkdtemp(prefix="weft-cluster-", dir="/var/tmp")
         self.dir = os.path.join(self.scratch, "cluster")
         self.cpuset = None  # root of this run's cpusets, when the machine has them
         self.cores = {}     # node -> its cores ("0", "1")
@@ -209,7 +217,9 @@ class Cluster:
                 f.write(hosts)
             cg = os.path.join(self.cpuset, h) if self.cpuset and h in self.cores else ""
             with open(os.path.join(self.dir, "nodes", h), "w") as f:
-                f.write(f"netns={ns}\ncpuset={cg}\nmntns=/proc/{os.getpid()}/ns/mnt\n")
+                f.write(f"netns={ns}\ncpuset={cg}\nmntns=/proc/{os.getpid()}/ns/mnt\n"
+                        f"private_tmp={1 if h == 'login' else ''}\n"
+                        f"cgroups='{cgroup_mounts()}'\n")
         with open(os.path.join(self.dir, "rsh"), "w") as f:
             # ssh gives the remote command a login environment, not the caller's: only
             # what mpirun passes (its -x variables, OMPI_*) reaches the remote ranks.
@@ -250,10 +260,9 @@ class Cluster:
             self.cores = {}
 
     def down(self):
-        """Kill what runs on the hosts, delete every namespace, file and cgroup made.
-        Safe to call twice and after a partial build."""
-        if not self.made and not self.cpuset:
-            return
+        """Kill what runs on the hosts, delete every namespace, file and cgroup made, and
+        the scratch folder unless WEFT_TEST_CLUSTER_KEEP is set. Safe to call twice and
+        after a partial build."""
         for ns in reversed(self.made):
             kill_ns(ns)
         for ns in reversed(self.made):
@@ -263,7 +272,17 @@ class Cluster:
         if self.cpuset:
             remove_cgroup(self.cpuset)
             self.cpuset = None
+        shutil.rmtree(self.node_tmp(), ignore_errors=True)
+        if self.scratch and not os.environ.get("WEFT_TEST_CLUSTER_KEEP"):
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
         self.up = False
+
+    def node_tmp(self):
+        """A folder in /tmp for what a node keeps to itself (rank 0's job directory: its
+        Unix socket and job file). The compute nodes share /tmp; the login node does not
+        see it, as on a cluster."""
+        return f"/tmp/{self.run_id}-node"
 
     # --- running things on hosts --------------------------------------------------------
     def cmd(self, host, argv):
@@ -328,6 +347,20 @@ class Cluster:
     def fast_link(self, host):
         sh(["tc", "-n", self.ns("sw"), "qdisc", "del", "dev", self.port(host), "root"], check=False)
         sh(["tc", "-n", self.ns(host), "qdisc", "del", "dev", "eth0", "root"], check=False)
+
+
+def cgroup_mounts():
+    """The machine's cgroup hierarchies under /sys/fs/cgroup as "dir:type:options", for
+    node-exec to mount in a node's own /sys."""
+    out = []
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            dev, mnt, kind, opts = line.split()[:4]
+            if kind in ("cgroup", "cgroup2") and mnt.startswith("/sys/fs/cgroup/"):
+                keep = [o for o in opts.split(",") if o not in ("rw", "ro", "relatime", "nosuid",
+                                                                "nodev", "noexec")]
+                out.append(f"{mnt[len('/sys/fs/cgroup/'):]}:{kind}:{','.join(keep) or '-'}")
+    return " ".join(out)
 
 
 def write(path, text):

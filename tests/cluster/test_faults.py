@@ -39,8 +39,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (KEEPALIVE, BASE, Failed, Watch, check, kill_tree, log, main, mpirun,  # noqa: E402
                     read, start, wait_for, env)
 
-WORKER, COORDINATOR, WEFT_RUN = (os.path.abspath(a) for a in (sys.argv[1:4] if len(sys.argv) > 3 else ["build/worker/worker", "build/coordinator/coordinator", "scripts/weft-run"]))
-STEPS, CKPT_EVERY = 12, 3
+WORKER, COORDINATOR, WEFT_RUN = (os.path.abspath(a) for a in sys.argv[1:4])
+STEPS, CKPT_EVERY = 8, 3
 HEARTBEAT_TIMEOUT = 2.0  # runtime.heartbeat_timeout (the default)
 # The goal (issue 30): a lost host ends the whole job within the heartbeat window + 2 s.
 # Measured on the 2-core machine, loaded: about 3.3-4.4 s from the link going down to
@@ -51,7 +51,7 @@ END_BOUND_S = HEARTBEAT_TIMEOUT + 2.0 + 1.0
 DETECT_BOUND_S = HEARTBEAT_TIMEOUT + 0.1 + 1.0 + 0.5
 CONNECT_TIMEOUT = 5.0
 FLAP_S = 0.8
-SLOW_RATE = "20mbit"
+SLOW_RATE = "10mbit"
 KILLS = 10
 ARGS = BASE + [f"train.steps={STEPS}", f"train.checkpoint_every={CKPT_EVERY}", "optim.zero=1",
                "train.keep=0"]
@@ -77,7 +77,7 @@ def launch(c, ctx, tag, nodes, extra=(), master="node0", port=None, wrap=True):
                    f"train.metrics={os.path.join(ctx['dir'], tag + '.jsonl')}",
                    "--save", os.path.join(ctx["dir"], tag + ".bin")] + list(extra)
     cmd = mpirun(c, WORKER, hf, 4, 2, args, master=master, port=port,
-                 x=[f"WEFT_JOB_DIR={os.path.join(ctx['dir'], 'jobs')}",
+                 x=[f"WEFT_JOB_DIR={c.node_tmp()}/jobs",
                     f"CLUSTER_LOG={os.path.join(ctx['dir'], tag)}"])
     if wrap:
         i = cmd.index(WORKER)
@@ -281,48 +281,48 @@ def case_slow(c, ctx):
     p, out = under_weft_run(c, ctx, "slow", ["node0", "node1"])
     try:
         wait_for(step_reached(out, 3), "step 3", 300, p, out)
+        job = wait_for(lambda: glob.glob(os.path.join(c.node_tmp(), "jobs", "*.json")), "job file", 30)
+        base, _ = login_ranks(c, job[0])
         c.slow_link("node1", SLOW_RATE)
         t0 = time.monotonic()
-        job = wait_for(lambda: glob.glob(os.path.join(ctx["dir"], "jobs", "*.json")), "job file", 30)
-        rtt, text = rtts_from_login(c, job[0])
         step_before = last_step(out)
+        # node1's round trip (smoothed over the heartbeats) rises above its own before
+        # the link was slowed and above node0's
+        def stands_out():
+            rtt, text = login_ranks(c, job[0])
+            slow, fast = min(rtt[2], rtt[3]), max(rtt[0], rtt[1])
+            if slow > max(3 * max(base[2], base[3]), 5 * fast, 20):
+                return rtt, text
+            time.sleep(0.5)
+            return None
+        rtt, text = wait_for(stands_out, "node1's round trip stands out in `ranks`", 40, p, out)
         wait_for(step_reached(out, step_before + 2), "two more steps over the slow link", 60, p, out)
         dt = time.monotonic() - t0
-        c.fast_link("node1")
     finally:
         c.fast_link("node1")
     text_out = finish(p, out, "slow")
     n = same_save(ctx, "slow", text_out)
-    fast = max(rtt[0], rtt[1])
-    slow = min(rtt[2], rtt[3])
     log("  coordinator ranks (from the login node):\n" +
         "\n".join("    " + l[:150] for l in text.splitlines()))
-    log(f"FAULT slow: node1 at {SLOW_RATE}: control round trip node1 {slow:.1f}-"
-        f"{max(rtt[2], rtt[3]):.1f} ms against node0 {fast:.1f} ms; trained on ({dt:.1f} s "
-        f"to step {step_before + 2}); completed, --save identical ({n} bytes)")
-    figures.append(("slow", None, None, None, f"kept training; rtt node1 {slow:.0f} ms vs "
-                    f"node0 {fast:.1f} ms"))
-    check(slow > 5 * fast and slow > 20, f"node1's ranks' round trip ({slow:.1f} ms) stands out "
-          f"from node0's ({fast:.1f} ms)", text)
+    log(f"FAULT slow: node1 at {SLOW_RATE}: control round trip of node1's ranks "
+        f"{rtt[2]:.1f}, {rtt[3]:.1f} ms (before: {base[2]:.1f}, {base[3]:.1f} ms) against node0's "
+        f"{rtt[0]:.1f}, {rtt[1]:.1f} ms; trained on ({dt:.1f} s to step {step_before + 2}); "
+        f"completed, --save identical ({n} bytes)")
+    figures.append(("slow", None, None, None, f"kept training; rtt node1 "
+                    f"{min(rtt[2], rtt[3]):.0f} ms vs node0 {max(rtt[0], rtt[1]):.1f} ms"))
 
 
-def rtts_from_login(c, job_file):
+def login_ranks(c, job_file):
     """`coordinator --json ranks` and `ranks` from the login node over TCP, with a copy of
-    the job file (what scp would give), a few times until node1's round trips show."""
-    data = read(job_file)
+    the job file (what scp would give): each rank's round trip, and the table."""
     cmd = ["sh", "-c", 'umask 077; cat > "$1"; "$2" --json ranks "$1"; echo "---"; "$2" ranks "$1"',
            "sh", "/tmp/login-copy.json", COORDINATOR]
-    for _ in range(20):
-        r = c.run("login", cmd, input=data, timeout=60)
-        js, _, text = r.stdout.partition("---\n")
-        try:
-            rtt = {x["rank"]: x["rtt_ms"] or 0.0 for x in json.loads(js)["ranks"]}
-        except (ValueError, KeyError):
-            raise Failed(f"coordinator --json ranks from the login node: {r.stdout}{r.stderr}")
-        if min(rtt[2], rtt[3]) > 5 * max(rtt[0], rtt[1]) and min(rtt[2], rtt[3]) > 20:
-            return rtt, text
-        time.sleep(1)
-    return rtt, text
+    r = c.run("login", cmd, input=read(job_file), timeout=60)
+    js, _, text = r.stdout.partition("---\n")
+    try:
+        return {x["rank"]: x["rtt_ms"] or 0.0 for x in json.loads(js)["ranks"]}, text
+    except (ValueError, KeyError):
+        raise Failed(f"coordinator --json ranks from the login node: {r.stdout}{r.stderr}")
 
 
 def latest_complete(ck):
