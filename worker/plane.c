@@ -100,12 +100,10 @@ static void leave_after_launcher(const wf_plane *p)
   double wait_ms = bound + WF_PLANE_HEARTBEAT_MS + 250 - silent;
   if (wait_ms <= 0)
     return;
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_signal_while_leaving;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGTERM, &sa, NULL);
-  sigaction(SIGINT, &sa, NULL);
+  /* the launcher's "end now" replaces main's graceful stop, which would wait for a step
+   * boundary that will not come */
+  signal(SIGTERM, on_signal_while_leaving);
+  signal(SIGINT, on_signal_while_leaving);
   fprintf(stderr,
           "weft: waiting up to %.1f s for mpirun to see the lost host (its daemons' "
           "keepalive), so that it ends too\n",

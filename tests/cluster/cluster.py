@@ -125,10 +125,12 @@ def sweep_stale():
         if m and not pid_alive(int(m.group(2))):
             kill_ns(m.group(1))
             sh(["ip", "netns", "delete", m.group(1)], check=False)
-    for d in os.listdir("/tmp"):
-        m = re.match(rf"{PREFIX}(\d+)-node$", d)
-        if m and not pid_alive(int(m.group(1))):
-            shutil.rmtree(os.path.join("/tmp", d), ignore_errors=True)
+    for base, pattern in (("/tmp", "node"), ("/var/tmp", "cluster-.*")):
+        for d in os.listdir(base):
+            m = re.match(rf"{PREFIX}(\d+)-{pattern}$", d)
+            if m and not pid_alive(int(m.group(1))) and \
+                    not os.environ.get("WEFT_TEST_CLUSTER_KEEP"):
+                shutil.rmtree(os.path.join(base, d), ignore_errors=True)
     for base in ("/etc/netns", CPUSET_ROOT):
         if not os.path.isdir(base):
             continue
@@ -155,7 +157,7 @@ class Cluster:
         self.addr.update({h: f"{SUBNET}.{2 + j}" for j, h in enumerate(self.extra)})
         # The cluster's shared file system (the build, checkpoints, Slurm's state): not
         # under /tmp, which the login node has a private one of.
-        self.scratch = scratch or tempfile.mkdtemp(prefix="weft-cluster-", dir="/var/tmp")
+        self.scratch = scratch or tempfile.mkdtemp(prefix=f"{self.run_id}-cluster-", dir="/var/tmp")
         self.dir = os.path.join(self.scratch, "cluster")
         self.cpuset = None  # root of this run's cpusets, when the machine has them
         self.cores = {}     # node -> its cores ("0", "1")
@@ -197,6 +199,7 @@ class Cluster:
 
     def _build(self):
         os.makedirs(os.path.join(self.dir, "nodes"), exist_ok=True)
+        os.makedirs(self.node_tmp(), mode=0o700, exist_ok=True)
         sw = self.ns("sw")
         self._netns_add(sw)
         sh(["ip", "-n", sw, "link", "add", "br0", "type", "bridge"])

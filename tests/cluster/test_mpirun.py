@@ -35,7 +35,10 @@ from common import (BASE, Failed, check, compare, env, kill_tree, log, main, mpi
 WORKER, COORDINATOR = (os.path.abspath(a) for a in sys.argv[1:3])
 STEPS = 8
 LOSS_RTOL, PARAM_ATOL = 1e-5, 6e-5  # tests/mpi/equiv.py
-ARGS = BASE + [f"train.steps={STEPS}", "train.microbatches=2"]
+# 8 ranks on 2 cores beside a test suite starve the control threads now and then: a
+# wider heartbeat window than the default 2 s keeps a late heartbeat from ending the job
+# (the fault tests measure the default).
+ARGS = BASE + [f"train.steps={STEPS}", "train.microbatches=2", "runtime.heartbeat_timeout=10"]
 PORT = 29520
 
 
@@ -158,8 +161,8 @@ def case_console(c, ctx):
     """Listeners on MASTER_ADDR, reachable from other nodes; the console from the login node."""
     d = ctx["dir"]
     hf = c.hostfile(["node0", "node1"], 2, "hosts-console")
-    cmd = mpirun(c, WORKER, hf, 4, 2, BASE + ["train.steps=100000"], master="node0", port=PORT,
-                 x=[f"WEFT_JOB_DIR={c.node_tmp()}/jobs-console"])
+    cmd = mpirun(c, WORKER, hf, 4, 2, BASE + ["train.steps=100000", "runtime.heartbeat_timeout=10"],
+                 master="node0", port=PORT, x=[f"WEFT_JOB_DIR={c.node_tmp()}/jobs-console"])
     out = os.path.join(d, "console.out")
     p = start(c, "node0", cmd, out)
     try:
