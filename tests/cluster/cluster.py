@@ -148,7 +148,7 @@ class Cluster:
     """Compute nodes `nodes` (node i gets 10.77.0.(11+i)) and service hosts `extra`
     (login, head: 10.77.0.(2+j)), up from __enter__ to __exit__."""
 
-    def __init__(self, nodes, extra=(), scratch=None):
+    def __init__(self, nodes, extra=(), scratch=None, cpusets=True):
         self.nodes = list(nodes)
         self.extra = list(extra)
         self.hosts = self.nodes + self.extra
@@ -162,6 +162,7 @@ class Cluster:
         self.cpuset = None  # root of this run's cpusets, when the machine has them
         self.cores = {}     # node -> its cores ("0", "1")
         self.made = []      # namespaces made, in order
+        self.want_cpusets = cpusets  # False: every node sees every core (for comparison)
         self.up = False
 
     # --- life cycle -------------------------------------------------------------------
@@ -238,7 +239,7 @@ class Cluster:
 
     def _make_cpusets(self):
         """One cpuset cgroup per compute node: its cores dealt round-robin."""
-        if not os.path.isfile(os.path.join(CPUSET_ROOT, "cpuset.cpus")):
+        if not self.want_cpusets or not os.path.isfile(os.path.join(CPUSET_ROOT, "cpuset.cpus")):
             return
         try:
             with open(os.path.join(CPUSET_ROOT, "cpuset.effective_cpus")) as f:
