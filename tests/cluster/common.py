@@ -18,7 +18,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "common"))
-from cluster import Cluster, Skip, ns_pids  # noqa: E402,F401
+from cluster import Cluster, Skip  # noqa: E402,F401
 
 SKIP = 77
 # Open MPI's daemons see a lost host from their TCP keepalive (worker/plane.c says why):

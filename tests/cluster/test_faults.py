@@ -37,7 +37,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (KEEPALIVE, BASE, Failed, Watch, check, kill_tree, log, main, mpirun,  # noqa: E402
-                    read, start, wait_for, env)
+                    read, start, wait_for)
 
 WORKER, COORDINATOR, WEFT_RUN = (os.path.abspath(a) for a in sys.argv[1:4])
 STEPS, CKPT_EVERY = 8, 3

@@ -26,11 +26,10 @@ import json
 import os
 import re
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (BASE, Failed, check, compare, env, kill_tree, log, main, mpirun,  # noqa: E402
-                    read, start, wait_for)
+from common import (BASE, check, compare, env, kill_tree, log, main, mpirun, read, start,  # noqa: E402
+                    wait_for)
 
 WORKER, COORDINATOR = (os.path.abspath(a) for a in sys.argv[1:3])
 STEPS = 8
