@@ -8,7 +8,7 @@ Runs weft's worker (model.preset=gpt2-small: 12 layers, 12 heads, d_model 768, T
 runtime.device=cuda), then bench/torch_gpt2.py with the same model, batch and precision,
 eager and with torch.compile. Prints one table: tokens/s (median step after the
 warm-up), step time, MFU and device memory. MFU is weft's: its FLOPs per token (the
-worker's tflops / tokens_per_s, the 6N + attention count of wf_gpt_flops_per_step) over
+worker's tflops / tokens_per_s, the 6N + attention count of wf_model_flops_per_step) over
 the GPU's nominal dense peak that the worker's banner names (989.4 TFLOP/s for an H100
 SXM at bf16); the PyTorch rows use the same two numbers, so the column compares speed.
 Without a GPU it says so and exits 0: benchmarks are never tests.

@@ -206,6 +206,15 @@ static void preset_int(wf_config *cfg, const char *key, int v, wf_config_source 
   }
 }
 
+static void preset_str(wf_config *cfg, const char *key, const char *v, wf_config_source src)
+{
+  int k = wf__cfg_key_index(key);
+  if (k >= 0 && src_rank(cfg->source[k]) <= WF_SRC_PRESET) {
+    wf_strlcpy(field(cfg, &wf__cfg_keys[k]), v, wf__cfg_keys[k].cap);
+    cfg->source[k] = (uint8_t)WF_MIN(src, WF_SRC_PRESET);
+  }
+}
+
 static wf_status set_preset(wf_config *cfg, int k, const char *name, const char *text,
                             const wf__cfg_ctx *ctx)
 {
@@ -226,6 +235,11 @@ static wf_status set_preset(wf_config *cfg, int k, const char *name, const char 
   preset_int(cfg, "model.d_model", p->d_model, ctx->src);
   preset_int(cfg, "model.seq_len", p->seq_len, ctx->src);
   preset_int(cfg, "model.vocab", p->vocab, ctx->src);
+  preset_str(cfg, "model.family", p->family, ctx->src);
+  preset_int(cfg, "model.kv_heads", p->kv_heads, ctx->src);
+  preset_int(cfg, "model.ffn", p->ffn, ctx->src);
+  preset_dbl(cfg, "model.rope_theta", p->rope_theta, ctx->src);
+  preset_int(cfg, "model.tie_embeddings", p->tie, ctx->src);
   preset_dbl(cfg, "train.lr", p->lr, ctx->src);
   /* the cosine ends at a tenth of the peak, as llm.c and nanoGPT decay (gpt2-tiny's 3e-4
    * is the key's default) */

@@ -32,6 +32,8 @@ typedef enum wf_schedule_kind {
   WF_SCHED_INTERLEAVED
 } wf_schedule_kind;
 typedef enum wf_device_pref { WF_DEV_AUTO = 0, WF_DEV_CPU, WF_DEV_CUDA } wf_device_pref;
+/* model.tie_embeddings: the family's choice (GPT-2 ties, Llama does not), or forced. */
+typedef enum wf_tie { WF_TIE_AUTO = 0, WF_TIE_YES, WF_TIE_NO } wf_tie;
 typedef enum wf_config_source {
   WF_SRC_DEFAULT = 0,
   WF_SRC_PRESET,
@@ -59,11 +61,18 @@ typedef struct wf_config {
                               permutation of "dp","tp","pp" (axes not given follow) */
   } mesh;
   struct {
-    char preset[32];                     /* gpt2-tiny, gpt2-small, ... */
+    char family[16];                     /* gpt2, llama (worker/model's families) */
+    char preset[32];                     /* gpt2-tiny, gpt2-small, llama-tiny, ... */
     int layers, heads, d_model, seq_len; /* seq_len = context length (maxT) */
-    int vocab;                           /* real vocabulary size V */
-    int padded_vocab;                    /* Vp, V rounded up to a multiple of 128 (derived) */
-    char init[WF_PATH_MAX];              /* llm.c checkpoint to start from; "" = random init */
+    int kv_heads;                        /* grouped-query attention; 0 = heads */
+    int ffn;                             /* the MLP's hidden width; 0 = 4 x d_model */
+    wf_tie tie_embeddings;               /* the head reads the embedding's weight */
+    double rope_theta;                   /* RoPE's base; 0 = the family's (Llama 3: 500000) */
+    double norm_eps;                     /* RMSNorm's epsilon; 0 = the family's (1e-5) */
+    double shard_mb;        /* safetensors folders: the largest file (MB); 0 = 5000 (5 GB) */
+    int vocab;              /* real vocabulary size V */
+    int padded_vocab;       /* Vp, V rounded up to a multiple of 128 (derived) */
+    char init[WF_PATH_MAX]; /* llm.c checkpoint to start from; "" = random init */
   } model;
   struct {
     int steps;
@@ -95,7 +104,7 @@ typedef struct wf_config {
     char path[WF_PATH_MAX]; /* text file, glob of llm.c shards, or "" = synthetic */
     double val_fraction;
     char val_path[WF_PATH_MAX];  /* validation data (file or glob); "" = the held-out tail */
-    char tokenizer[WF_PATH_MAX]; /* GPT-2 BPE for text: tokenizer.json, vocab.json or a dir */
+    char tokenizer[WF_PATH_MAX]; /* tokenizer.json, vocab.json, tokenizer.model or a dir */
   } data;
   struct {
     int zero; /* 0 or 1 */

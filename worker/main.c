@@ -508,7 +508,8 @@ static int export_weights(wf_comm *world, const wf_config *cfg, const args *a, i
   bool ok = true;
   if (rank == 0) {
     ok = wf_ckpt_locate(cfg, dir, sizeof dir) == WF_OK &&
-         wf_ckpt_export(dir, a->export_path, a->format) == WF_OK;
+         wf_ckpt_export(dir, a->export_path, a->format, (size_t)(cfg->model.shard_mb * 1e6)) ==
+             WF_OK;
     if (ok)
       printf("exported %s to %s (%s)\n", dir, a->export_path, wf_weights_fmt_describe(a->format));
   }
@@ -544,7 +545,7 @@ static int tokenize(wf_comm *world, const wf_config *cfg, const args *a, int ran
 /* model.init (required by --generate) checked whole by rank 0; *vocab gets its V. */
 static bool init_ok(wf_comm *world, const wf_config *cfg, const args *a, int rank, int *vocab)
 {
-  wf_gpt_dims d = {0};
+  wf_model_dims d = {0};
   bool ok = true;
   if (rank == 0 && a->generate && !cfg->model.init[0])
     WF_ERROR("--generate needs the model to sample from: add model.init=FILE (an llm.c or "

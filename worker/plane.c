@@ -267,7 +267,7 @@ static void add_range(char *buf, size_t len, size_t *used, int a, int b)
  * (the trainer then reports the error). */
 static void stage_desc(const wf_config *cfg, int pp_rank, char *buf, size_t len)
 {
-  wf_gpt_dims d = wf_gpt_dims_from_config(cfg);
+  wf_model_dims d = wf_model_dims_from_config(cfg);
   int pp = cfg->mesh.pp, T = cfg->train.seq_len > 0 ? cfg->train.seq_len : cfg->model.seq_len;
   int bounds[WF_MAX_STAGES + 1];
   size_t used = 0;

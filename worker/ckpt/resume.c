@@ -21,22 +21,21 @@
 /* The model shape must match; name the first config key that differs. */
 static wf_status check_compat(const wf_ckpt_target *t, const wf__manifest *m, const char *dir)
 {
-  const wf_gpt_dims *a = &m->dims, *b = wf_gpt_get_dims(t->model);
-  const struct {
-    const char *key;
-    int saved, now;
-  } f[] = {{"model.layers", a->L, b->L},        {"model.heads", a->NH, b->NH},
-           {"model.d_model", a->C, b->C},       {"model.vocab", a->V, b->V},
-           {"model.seq_len", a->maxT, b->maxT}, {"model.padded_vocab", a->Vp, b->Vp}};
-  for (size_t i = 0; i < WF_ARRAY_LEN(f); i++) {
-    if (f[i].saved != f[i].now) {
-      WF_ERROR("checkpoint %s is incompatible: it was saved with %s = %d, this run has %s = %d; "
-               "set %s=%d to resume it, or start a fresh train.checkpoint_dir",
-               dir, f[i].key, f[i].saved, f[i].key, f[i].now, f[i].key, f[i].saved);
-      return WF_ECONFIG;
-    }
+  const char *field;
+  double saved, now;
+  if (wf_model_dims_same(&m->dims, wf_model_get_dims(t->model), &field, &saved, &now))
+    return WF_OK;
+  if (!strcmp(field, "family")) {
+    WF_ERROR("checkpoint %s is incompatible: it holds a %s, this run trains a %s; set "
+             "model.family=%s to resume it, or start a fresh train.checkpoint_dir",
+             dir, wf_model_family_name(&m->dims), wf_model_family_name(wf_model_get_dims(t->model)),
+             wf_model_family_name(&m->dims));
+    return WF_ECONFIG;
   }
-  return WF_OK;
+  WF_ERROR("checkpoint %s is incompatible: it was saved with model.%s = %g, this run has "
+           "model.%s = %g; set model.%s=%g to resume it, or start a fresh train.checkpoint_dir",
+           dir, field, saved, field, now, field, saved);
+  return WF_ECONFIG;
 }
 
 /* Rank 0: locate, read and check the manifest; its text (empty when there is no
@@ -126,7 +125,7 @@ static const wf__entry *my_model(const wf_ckpt_target *t, const wf__manifest *m)
 static wf_status same_layout(const wf_ckpt_target *t, const wf__manifest *m, bool *same)
 {
   const wf__entry *e = my_model(t, m);
-  wf_gpt_shard g = wf__saved_geo(wf_gpt_get_shard(t->model));
+  wf_model_shard g = wf__saved_geo(wf_model_get_shard(t->model));
   int32_t mine = e && wf__same_geo(&e->geo, &g) && m->pp == t->cfg->mesh.pp && m->tp == g.tp;
   wf_comm *w = wf__ckpt_world(t);
   wf_status st = w ? wf_comm_allreduce(w, &mine, &mine, 1, WF_COMM_I32, WF_COMM_MIN) : WF_OK;
@@ -138,21 +137,21 @@ static wf_status same_layout(const wf_ckpt_target *t, const wf__manifest *m, boo
 static wf_status load_params(const wf_ckpt_target *t, const wf__manifest *m, const char *dir)
 {
   wf_status st = WF_OK;
-  wf_dev *dev = wf_gpt_dev(t->model);
-  size_t n = wf_gpt_local_params(t->model);
+  wf_dev *dev = wf_model_dev(t->model);
+  size_t n = wf_model_local_params(t->model);
   if (wf__rank_of(t->dp_comm) == 0) {
     wf_dev_view v;
-    st = wf_dev_map(dev, &v, wf_gpt_params(t->model), n * sizeof(float), WF_MAP_WRITE);
+    st = wf_dev_map(dev, &v, wf_model_params(t->model), n * sizeof(float), WF_MAP_WRITE);
     if (st == WF_OK) {
-      st = wf__read_model(dir, my_model(t, m), wf_gpt_get_dims(t->model), v.host);
+      st = wf__read_model(dir, my_model(t, m), wf_model_get_dims(t->model), v.host);
       wf_status u = wf_dev_unmap(dev, &v);
       st = st == WF_OK ? u : st;
     }
   }
   WF_TRY(wf__ckpt_agree(t, st, "restoring the parameters"));
   if (wf__size_of(t->dp_comm) > 1)
-    WF_TRY(wf_comm_bcast(t->dp_comm, wf_gpt_params(t->model), n, WF_COMM_F32, 0));
-  st = wf_gpt_params_changed(t->model); /* mixed precision's rounded weights follow */
+    WF_TRY(wf_comm_bcast(t->dp_comm, wf_model_params(t->model), n, WF_COMM_F32, 0));
+  st = wf_model_params_changed(t->model); /* mixed precision's rounded weights follow */
 fail:
   return st;
 }
@@ -202,7 +201,7 @@ fail:
 static wf_status load_optim(const wf_ckpt_target *t, const wf__manifest *m, const char *dir)
 {
   wf_status st = WF_OK, u = WF_OK;
-  wf_dev *dev = wf_gpt_dev(t->model);
+  wf_dev *dev = wf_model_dev(t->model);
   size_t lo, hi;
   float *mb, *vb;
   wf_dev_view vm = {0}, vv = {0};

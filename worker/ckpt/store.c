@@ -408,15 +408,17 @@ static wf_status probe(const char *dir, int rank)
 }
 
 /* One checkpoint must fit: model (header + params) and optimizer (m, v, headers) of the
- * whole model, plus the last stage's copy of the tied wte with pp > 1. */
+ * whole model, plus the last stage's copy of a tied embedding with pp > 1. */
 static wf_status check_space(const wf_ckpt_target *t, const char *dir)
 {
   struct statvfs vs;
-  const wf_gpt_dims *d = wf_gpt_get_dims(t->model);
+  const wf_model_dims *d = wf_model_get_dims(t->model);
   const wf_config *cfg = t->cfg;
-  double n = (double)wf_gpt_num_params(d);
-  if (cfg->mesh.pp > 1)
-    n += (double)wf_gpt_kind_numel(d, WF_P_WTE);
+  double n = (double)wf_model_num_params(d);
+  const wf_model_desc *desc = wf_model_get_desc(t->model);
+  for (int i = 0; i < desc->n && cfg->mesh.pp > 1; i++)
+    if (desc->t[i].place == WF_PLACE_TIED) /* the last stage's copy */
+      n += (double)wf_model_tensor_numel(d, i);
   double files = (double)cfg->mesh.tp * cfg->mesh.pp * (1 + wf__size_of(t->dp_comm));
   double need = 12 * n + WF_LLMC_HEADER_BYTES * files + 65536;
   if (statvfs(dir, &vs) != 0)

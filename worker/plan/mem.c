@@ -1,7 +1,7 @@
 /*
  * mem.c - a rank's memory, by kind, from the functions the trainer allocates with:
  * wf_pipe_stage_shard (its stage), wf_pipe_slots (micro-batches in flight),
- * wf_gpt_mem_plan (the model), wf_grads_mem_plan (the gradient path and the
+ * wf_model_mem_plan (the model), wf_grads_mem_plan (the gradient path and the
  * optimizer's range), wf_optim_mem_plan (AdamW) and wf_pipe_mem_plan (the engine).
  * Nothing here sizes a buffer itself, except the trainer's token batch (two B x T int
  * arrays, setup.c's setup_data).
@@ -40,7 +40,7 @@ const char *wf_plan_mem_kind_name(wf_plan_mem_kind k)
   return (unsigned)k < WF_PM_N ? names[k] : "?";
 }
 
-wf_status wf_plan_stage_mem_get(const wf_gpt_dims *d, const wf_plan_mesh *m, int pp_rank,
+wf_status wf_plan_stage_mem_get(const wf_model_dims *d, const wf_plan_mesh *m, int pp_rank,
                                 int dp_rank, const struct wf_ktable *k, wf_plan_stage_mem *out)
 {
   wf_status st = WF_OK;
@@ -54,12 +54,12 @@ wf_status wf_plan_stage_mem_get(const wf_gpt_dims *d, const wf_plan_mesh *m, int
                            .n_pp_layers = m->n_pp_layers,
                            .tp = m->tp,
                            .sequence = m->sp};
-  wf_gpt_opts o = {
+  wf_model_opts o = {
       .dims = *d, .B = m->B, .T = m->T, .recompute = m->recompute, .precision = m->prec};
   memset(out, 0, sizeof *out);
   WF_TRY(wf_pipe_stage_shard(&so, &o.shard));
   o.slots = wf_pipe_slots(m->kind, m->pp, pp_rank, m->M, o.shard.chunks);
-  wf_gpt_mem gm = wf_gpt_mem_plan(&o, k);
+  wf_model_mem gm = wf_model_mem_plan(&o, k);
   wf_grads_mem gr;
   WF_TRY(wf_grads_mem_plan(d, &o.shard, m->prec, m->dp, dp_rank, m->zero, m->fsdp, m->bucket_bytes,
                            m->keep, &gr));
@@ -74,7 +74,7 @@ wf_status wf_plan_stage_mem_get(const wf_gpt_dims *d, const wf_plan_mesh *m, int
   for (int i = 0; i < WF_PM_N; i++)
     out->total += out->bytes[i];
   out->slots = o.slots;
-  out->params = wf_gpt_shard_params(d, &o.shard);
+  out->params = wf_model_shard_params(d, &o.shard);
   out->l0 = o.shard.l0, out->l1 = o.shard.l1, out->chunks = o.shard.chunks;
   out->n_buckets = gr.n_buckets;
 fail:

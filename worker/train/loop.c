@@ -116,12 +116,13 @@ static wf_status save_final(wf__trainer *tr)
   float *full = NULL;
   if (!path)
     return WF_OK;
-  WF_CHECK_ALLOC(full = malloc(wf_gpt_num_params(&tr->dims) * sizeof *full));
+  WF_CHECK_ALLOC(full = malloc(wf_model_num_params(&tr->dims) * sizeof *full));
   WF_TRY(wf_grads_unshard(tr->grads)); /* ZeRO-3: the flat parameters back, gathered */
   bool parallel = tr->tp > 1 || tr->pp > 1;
-  WF_TRY(wf_gpt_gather_full(tr->model, 0, full, parallel ? tr->world : NULL, tr->dp_rank == 0));
+  WF_TRY(wf_gather_full(tr->model, 0, full, parallel ? tr->world : NULL, tr->dp_rank == 0));
   if (wf_rt_rank() <= 0)
-    st = wf_weights_write(path, tr->hooks->save_format, &tr->dims, full);
+    st = wf_weights_write(path, tr->hooks->save_format, &tr->dims, full,
+                          (size_t)(tr->cfg->model.shard_mb * 1e6));
 fail:
   free(full);
   return st;
@@ -168,7 +169,7 @@ static wf_status place_logits(wf__trainer *tr, float *logits, size_t N)
   int Vl = tr->dims.Vp / tr->tp, r = wf__comm_rank(tr->tp_comm);
   float *mine = NULL;
   WF_CHECK_ALLOC(mine = malloc(N * (size_t)Vl * sizeof *mine));
-  WF_TRY(wf_dev_read(tr->dev, mine, wf_gpt_logits(tr->model), N * (size_t)Vl * sizeof *mine));
+  WF_TRY(wf_dev_read(tr->dev, mine, wf_model_logits(tr->model), N * (size_t)Vl * sizeof *mine));
   for (size_t i = 0; i < N; i++)
     memcpy(logits + i * tr->dims.Vp + (size_t)r * Vl, mine + i * Vl, Vl * sizeof(float));
 fail:
@@ -183,7 +184,7 @@ fail:
 static wf_status dump_state(wf__trainer *tr, const char *path, int dp_rank)
 {
   wf_status st = WF_OK;
-  size_t np = wf_gpt_num_params(&tr->dims), N = (size_t)tr->B * tr->T;
+  size_t np = wf_model_num_params(&tr->dims), N = (size_t)tr->B * tr->T;
   size_t nl = N * (size_t)tr->dims.Vp;
   double loss = 0;
   float *grads = NULL, *logits = NULL;
@@ -192,11 +193,11 @@ static wf_status dump_state(wf__trainer *tr, const char *path, int dp_rank)
   tr->split = WF_DATA_TRAIN, tr->step = 1;
   /* the logits of the forward, before backward turns them into their gradient */
   WF_TRY(wf_pipe_forward(tr->pipe, wf__batch_cb, tr, &loss));
-  if (wf_gpt_get_shard(tr->model)->last && dp_rank == 0)
+  if (wf_model_get_shard(tr->model)->last && dp_rank == 0)
     WF_TRY(place_logits(tr, logits, N));
   WF_TRY(wf__accumulate(tr, 1, &loss, NULL));
   WF_TRY(wf_grads_finish(tr->grads));
-  WF_TRY(wf_gpt_gather_full(tr->model, 1, grads, tr->world, dp_rank == 0));
+  WF_TRY(wf_gather_full(tr->model, 1, grads, tr->world, dp_rank == 0));
   if (tr->world)
     WF_TRY(wf_comm_allreduce(tr->world, logits, logits, nl, WF_COMM_F32, WF_COMM_SUM));
   if (wf_rt_rank() <= 0) {
@@ -230,7 +231,7 @@ wf_status wf_train_dump_state(const wf_config *cfg, const char *path, const wf_t
     st = dump_state(&tr, path, comms && comms->dp ? wf_comm_rank(comms->dp) : 0);
   } else {
     WF_TRY(wf_data_batch(tr.data, tr.inputs, tr.targets, WF_DATA_TRAIN, 0, 0, 1, 0, 1));
-    st = wf_gpt_dump_state(tr.model, path, tr.inputs, tr.targets, tr.B, tr.T);
+    st = wf_model_dump_state(tr.model, path, tr.inputs, tr.targets, tr.B, tr.T);
   }
 fail:
   wf__train_teardown(&tr);

@@ -180,14 +180,14 @@ static void print_mesh(const wf__trainer *tr)
     fprintf(tr->out, " of %d", tr->dims.L);
   }
   fprintf(tr->out, "; rank %d holds %zu of %zu parameters\n", wf_rt_rank() < 0 ? 0 : wf_rt_rank(),
-          wf_gpt_local_params(tr->model), wf_gpt_num_params(&tr->dims));
+          wf_model_local_params(tr->model), wf_model_num_params(&tr->dims));
 }
 
 void wf__print_banner(const wf__trainer *tr)
 {
   const wf_config *cfg = tr->cfg;
-  const wf_gpt_dims *d = &tr->dims;
-  size_t np = wf_gpt_num_params(d);
+  const wf_model_dims *d = &tr->dims;
+  size_t np = wf_model_num_params(d);
   fprintf(tr->out, "model %s: L=%d NH=%d C=%d V=%d (padded %d) maxT=%d, %.3fM parameters (%zu)\n",
           cfg->model.init[0] ? cfg->model.init : cfg->model.preset, d->L, d->NH, d->C, d->V, d->Vp,
           d->maxT, (double)np * 1e-6, np);

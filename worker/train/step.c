@@ -135,7 +135,7 @@ static void fill_info(wf__trainer *tr, int step, double dt, double loss, float n
   double tp_s = 0, tp_bytes = 0;
   wf_mem_get_stats(&ms);
   wf_grads_get_stats(tr->grads, &gs);
-  wf_gpt_tp_stats(tr->model, &tp_s, &tp_bytes);
+  wf_tp_stats(tr->tpr, &tp_s, &tp_bytes);
   *info = (wf_train_step_info){
       .step = step,
       .steps = tr->steps,
@@ -152,11 +152,11 @@ static void fill_info(wf__trainer *tr, int step, double dt, double loss, float n
       .tp_ms = tp_s * 1e3,
       .optim_bytes = (int64_t)wf_optim_bytes(tr->optim),
       .peak_tflops = tr->peak_tflops,
-      .params = (int64_t)wf_gpt_local_params(tr->model),
+      .params = (int64_t)wf_model_local_params(tr->model),
       .loss_scale = oi->scale,
       .skipped = oi->skipped,
       .skipped_steps = wf_optim_get_scaler(tr->optim)->skipped,
-      .param_bytes = (int64_t)(wf_gpt_param_bytes(tr->model) + wf_grads_param_bytes(tr->grads)),
+      .param_bytes = (int64_t)(wf_model_param_bytes(tr->model) + wf_grads_param_bytes(tr->grads)),
       .grad_bytes = (int64_t)wf_grads_bytes(tr->grads),
   };
   /* The peak is per rank; the job has world_size such ranks. */
@@ -188,7 +188,7 @@ wf_status wf__train_step(wf__trainer *tr, int step, wf_train_step_info *info)
   wf_pipe_stats ps = {0};
   if (tr->trace)
     wf_trace_set_on(tr->trace, tracing(tr, step));
-  wf_gpt_set_loss_scale(tr->model, (float)wf_optim_backward_scale(tr->optim));
+  wf_model_set_loss_scale(tr->model, (float)wf_optim_backward_scale(tr->optim));
   WF_TRY(wf__accumulate(tr, step, &loss, &ps));
   double tr0 = wf_now();
   WF_TRY(reduce_and_update(tr, step, loss, &norm, &oi));

@@ -29,7 +29,8 @@ typedef struct wf__trainer {
   bool bar;  /* progress bar on stderr (stdout is a terminal) */
   bool can_eval;
   wf_dev *dev;
-  wf_gpt *model;
+  wf_model *model;
+  wf_tp *tpr;      /* tensor parallelism's region operators (tp > 1), the model's */
   wf_grads *grads; /* the gradient path: zero, reductions, norm, parameter sync */
   wf_optim *optim; /* AdamW state (this rank's dp shard under ZeRO-1), clip, scaler, lr */
   wf_comm *dp_comm, *tp_comm, *pp_comm, *emb_comm, *world; /* borrowed; NULL = size 1 */
@@ -42,7 +43,7 @@ typedef struct wf__trainer {
   int step;   /* the step being run (for the batch callback) */
   wf_data_split split;
   wf_data *data;
-  wf_gpt_dims dims;
+  wf_model_dims dims;
   int B, T, M, steps;    /* micro-batch rows, sequence length, micro-batches, steps */
   int *inputs, *targets; /* (B, T), host */
   FILE *metrics;

@@ -41,7 +41,7 @@ typedef struct wf_train_step_info {
   double grad_norm;     /* global gradient norm before clipping */
   double step_ms;       /* wall time of the step (not of the evaluation) */
   double tokens_per_s;  /* global batch tokens / step time */
-  double tflops;        /* achieved, from wf_gpt_flops_per_step */
+  double tflops;        /* achieved, from wf_model_flops_per_step */
   double mfu;           /* tflops / peak, in [0, 1]; 0 when no peak is known */
   double val_loss;      /* NAN unless an evaluation ran after this step */
   double entropy_floor; /* synthetic source: its entropy rate in nats; else NAN */
@@ -110,7 +110,7 @@ typedef struct wf_train_hooks {
  * has not done). hooks may be NULL. Errors are logged; returns the first one. */
 wf_status wf_train_run(const wf_config *cfg, const wf_train_hooks *hooks);
 
-/* Write llm.c's debug state (wf_gpt_dump_state) for the first global batch of the
+/* Write llm.c's debug state (wf_model_dump_state) for the first global batch of the
  * config's data source and model, then return. comms (NULL = one rank) gives the tp,
  * pp, emb, dp and world groups of a model-parallel run: the state is then computed by
  * the stages and shards together and assembled whole by world rank 0. */
