@@ -248,14 +248,18 @@ static void check_coordinator(uv_timer_t *t)
   }
   if (c->shutdown_seen || atomic_load(&c->aborted) || now - c->t_rx <= c->silence_ms)
     return;
-  char reason[1024];
+  char reason[1024], where[200] = "";
+  bool here = strcmp(c->coord_host, c->facts.host) == 0;
+  if (!here) /* on another host it may also be out of reach */
+    snprintf(where, sizeof where,
+             ", or its host is down or cut off from this one (%s): a partition", c->facts.host);
   snprintf(reason, sizeof reason,
            "the coordinator at %s has been silent for %.1f s: rank 0 (host %s, pid %d) is "
-           "frozen (SIGSTOP?), or its host is down or cut off from this one (%s): a partition; "
-           "so this rank stops",
+           "frozen (SIGSTOP?)%s; so this rank stops",
            c->endpoint, (now - c->t_rx) / 1000.0, c->coord_host[0] ? c->coord_host : "?",
-           c->coord_pid, c->facts.host);
-  c->abort_silent_ms = now - c->t_rx;
+           c->coord_pid, where);
+  /* only a silence across hosts may be a partition for the launcher to see too */
+  c->abort_silent_ms = here ? 0 : now - c->t_rx;
   do_abort(c, reason);
 }
 

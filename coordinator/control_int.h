@@ -33,7 +33,8 @@
 #define WF__MAX_QUEUED           (16u << 20) /* unsent bytes before a slow reader is dropped */
 #define WF__CONSOLE_MAX_IN       (64u << 10) /* largest frame accepted from any peer */
 #define WF__WATCHDOG_MS          100
-#define WF__RANK0_ABORT_DELAY_MS 300 /* see wf__abort_job() */
+#define WF__RANK0_ABORT_DELAY_MS 300  /* see wf__abort_job() */
+#define WF__STALL_AFTERMATH_MS   1000 /* see wf__stalled_ms() */
 
 /* ---- shared helpers (util.c) ------------------------------------------------------ */
 
@@ -168,8 +169,9 @@ struct wf_service {
   wf__ratelimit rl_cap[WF__LSN_COUNT], rl_auth, rl_hello, rl_frame;
   wf__ratelimit rl_http;
   wf__rank *ranks;
-  double t_start, t_progress; /* ms */
-  double t_tick, t_ping;      /* ms: last watchdog tick, last heartbeat sent to workers */
+  double t_start, t_progress;   /* ms */
+  double t_tick, t_ping;        /* ms: last watchdog tick, last heartbeat sent to workers */
+  double t_stall_end, stall_ms; /* ms: when this thread was last found held up, and how long */
   int registered;
   bool shutting_down;
   /* latest job-level numbers, from step reports */
@@ -198,6 +200,11 @@ void wf__conn_send(wf__conn *c, Weft__Envelope *env);
 /* watchdog.c */
 void wf__watchdog_tick(uv_timer_t *t);
 void wf__rank_lost(wf_service *svc, int rank, const char *why);
+/* How long this thread was just held up (rank 0 stopped or starved): > 0 while the
+ * watchdog has not run for 5 ticks, and for WF__STALL_AFTERMATH_MS after it found that.
+ * Ranks that leave then left because of it: wf__rank_left_stalled() says so. */
+double wf__stalled_ms(const wf_service *svc, double now);
+void wf__rank_left_stalled(wf_service *svc, int rank, double stalled_ms);
 void wf__abort_job(wf_service *svc, int rank, const char *reason);
 /* query.c: the JSON answer to a console query; NULL with `msg` when unavailable. */
 char *wf__query_json(wf_service *svc, int kind, char *msg, size_t msg_len);

@@ -60,7 +60,10 @@ static void conn_retire(wf__conn *c)
   if (c->role == WF__CONN_WORKER && c->rank >= 0 && c->svc->ranks[c->rank].conn == c) {
     wf__rank *r = &c->svc->ranks[c->rank];
     r->conn = NULL;
-    if (r->state == WF__RANK_ALIVE && !c->svc->shutting_down)
+    double stalled = wf__stalled_ms(c->svc, wf__now_ms());
+    if (r->state == WF__RANK_ALIVE && !c->svc->shutting_down && stalled > 0)
+      wf__rank_left_stalled(c->svc, c->rank, stalled); /* it left because we were frozen */
+    else if (r->state == WF__RANK_ALIVE && !c->svc->shutting_down)
       wf__rank_lost(c->svc, c->rank,
                     "its connection to the coordinator closed (the process exited or was "
                     "killed)");

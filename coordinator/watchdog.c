@@ -222,6 +222,28 @@ static void rank_lost(wf_service *svc, int rank, const char *why, double silent_
 
 void wf__rank_lost(wf_service *svc, int rank, const char *why) { rank_lost(svc, rank, why, 0); }
 
+double wf__stalled_ms(const wf_service *svc, double now)
+{
+  if (svc->t_tick > 0 && now - svc->t_tick > 5 * WF__WATCHDOG_MS)
+    return now - svc->t_tick; /* held up until now: the watchdog has not run since */
+  if (svc->t_stall_end > 0 && now - svc->t_stall_end < WF__STALL_AFTERMATH_MS)
+    return svc->stall_ms;
+  return 0;
+}
+
+void wf__rank_left_stalled(wf_service *svc, int rank, double stalled_ms)
+{
+  char reason[1024];
+  const wf_rank_facts *f = &svc->ranks[0].facts;
+  svc->ranks[rank].state = WF__RANK_DEAD;
+  snprintf(reason, sizeof reason,
+           "the coordinator at %s has been silent for %.1f s: rank 0 (host %s, pid %d), which "
+           "runs it, was frozen (SIGSTOP?) or starved until now, and the other ranks took it for "
+           "lost and left (rank %d's connection closed first)",
+           svc->endpoint, stalled_ms / 1000.0, f->host[0] ? f->host : "?", f->pid, rank);
+  wf__abort_job(svc, -1, reason);
+}
+
 /* Every deadline runs from a fixed point (the connection, the frame's first byte, the
  * last whole message), never from the last byte, which a peer could trickle. */
 static void check_conns(wf_service *svc, double now)
@@ -385,6 +407,10 @@ void wf__watchdog_tick(uv_timer_t *t)
    * (rank 0 starved or stopped), heartbeats that did arrive are still unread. Judge
    * liveness on the next tick, once they have been. */
   bool stalled = svc->t_tick > 0 && now - svc->t_tick > 5 * WF__WATCHDOG_MS;
+  if (stalled) {
+    svc->t_stall_end = now;
+    svc->stall_ms = now - svc->t_tick;
+  }
   svc->t_tick = now;
   pthread_mutex_lock(&svc->lock);
   bool aborted = svc->aborted;
