@@ -60,7 +60,10 @@ static void conn_retire(wf__conn *c)
   if (c->role == WF__CONN_WORKER && c->rank >= 0 && c->svc->ranks[c->rank].conn == c) {
     wf__rank *r = &c->svc->ranks[c->rank];
     r->conn = NULL;
-    if (r->state == WF__RANK_ALIVE && !c->svc->shutting_down)
+    double stalled = wf__stalled_ms(c->svc, wf__now_ms());
+    if (r->state == WF__RANK_ALIVE && !c->svc->shutting_down && stalled > 0)
+      wf__rank_left_stalled(c->svc, c->rank, stalled); /* it left because we were frozen */
+    else if (r->state == WF__RANK_ALIVE && !c->svc->shutting_down)
       wf__rank_lost(c->svc, c->rank,
                     "its connection to the coordinator closed (the process exited or was "
                     "killed)");
@@ -254,6 +257,12 @@ static void on_heartbeat(wf__conn *c, const Weft__Heartbeat *hb)
     r->cpu_pct = 100.0 * (hb->cpu_s - r->cpu_s) / ((now - r->t_cpu) / 1000.0);
   r->cpu_s = hb->cpu_s;
   r->t_cpu = now;
+  /* The round trip of our stamp, less the time the worker held it (one clock), smoothed
+   * as TCP smooths its RTT (RFC 6298), with a gain of 1/4 rather than 1/8 as there is one
+   * sample a second: one quiet moment on a busy link does not hide it. */
+  double rtt = now - hb->echo_ms - hb->echo_held_ms;
+  if (hb->echo_ms > 0 && rtt >= 0)
+    r->rtt_ms = isnan(r->rtt_ms) ? rtt : 0.75 * r->rtt_ms + 0.25 * rtt;
   wf__sanitize(r->phase, sizeof r->phase, hb->phase);
   wf__sanitize(r->coll_op, sizeof r->coll_op, hb->coll_op);
 }
@@ -831,7 +840,7 @@ static wf_status service_config(wf_service *svc, const wf_service_opts *o)
                                     .tp = i % svc->mesh.tp};
     r->facts.rank = i;
     r->step = -1;
-    r->loss = r->tokens_per_s = r->step_ms = NAN;
+    r->loss = r->tokens_per_s = r->step_ms = r->rtt_ms = NAN;
     r->rep = (wf_step_report){.step = -1, .bubble = NAN};
   }
   return WF_OK;

@@ -101,7 +101,8 @@ typedef struct wf_control_opts {
   const char *stage_desc; /* e.g. "layers 0-5"; NULL = "" */
   wf_control_abort_fn on_abort;
   void *user;
-  int connect_timeout_ms; /* keep retrying while rank 0 starts; 0 = 30000 */
+  int connect_timeout_ms; /* keep retrying while rank 0 starts, then fail naming the
+                           * address and port tried; 0 = 30000 */
   const char *gpu_bus;    /* the rank's GPU's PCI bus id: heartbeats carry its NVML
                            * utilisation and memory; NULL or "" = no GPU */
 } wf_control_opts;
@@ -157,6 +158,11 @@ void wf_control_report_error(wf_control *ctl, wf_status code, const char *messag
 bool wf_control_stop_requested(wf_control *ctl);       /* console `stop` (sticky) */
 bool wf_control_checkpoint_requested(wf_control *ctl); /* console `checkpoint`; consumes it */
 bool wf_control_aborted(wf_control *ctl);
+/* For on_abort: > 0 when the job ends because peers went silent with their connections
+ * open (a host down or cut off: the coordinator heard nothing from ranks elsewhere, or
+ * this rank nothing from the coordinator), for that many ms; 0 when a peer died (its
+ * connection closed) or reported an error. */
+double wf_control_abort_silent_ms(const wf_control *ctl);
 
 /* ---- console client ------------------------------------------------------------- */
 

@@ -228,6 +228,12 @@ const wf__cfg_key wf__cfg_keys[] = {
           "compute threads per rank; 0 = the cores the rank is bound to"),
     K_DBL("runtime.hang_timeout", runtime.hang_timeout, "300", 0, 1e7, 0,
           "seconds without progress before abort; 0 = off"),
+    K_DBL("runtime.heartbeat_timeout", runtime.heartbeat_timeout, "2", 0.5, 3600, 0,
+          "seconds without a heartbeat after which rank 0 takes a rank for lost (a rank takes "
+          "rank 0 for lost one heartbeat later); a lost host ends the job this long after"),
+    K_DBL("runtime.connect_timeout", runtime.connect_timeout, "30", 0.5, 3600, 0,
+          "seconds a rank keeps trying to reach the coordinator (MASTER_ADDR:MASTER_PORT) at "
+          "start before it fails, naming the address and port"),
     K_INT("runtime.metrics_port", runtime.metrics_port, "0", 0, 65535, "Prometheus port; 0 = off"),
     K_STR("runtime.listen_addr", runtime.listen_addr, "",
           "address rank 0's control and metrics ports listen on; \"\" = MASTER_ADDR's "

@@ -130,10 +130,12 @@ typedef struct wf_config {
   wf_precision precision;
   struct {
     bool bind;
-    int threads;          /* compute threads per rank; 0 = the binding's share */
-    double hang_timeout;  /* seconds */
-    int metrics_port;     /* 0 = off */
-    char listen_addr[64]; /* the listeners' address; "" = MASTER_ADDR's interface */
+    int threads;              /* compute threads per rank; 0 = the binding's share */
+    double hang_timeout;      /* seconds */
+    double heartbeat_timeout; /* seconds of silence after which a rank, or rank 0, is lost */
+    double connect_timeout;   /* seconds a rank tries to reach the coordinator at start */
+    int metrics_port;         /* 0 = off */
+    char listen_addr[64];     /* the listeners' address; "" = MASTER_ADDR's interface */
     int log_level;
     wf_device_pref device;
     bool allow_tf32; /* GPU fp32 GEMMs may use TF32 tensor cores */

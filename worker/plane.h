@@ -20,6 +20,7 @@ typedef struct wf_plane {
   struct wf_service *svc; /* rank 0 only */
   struct wf_control *ctl; /* every rank */
   const wf_job *job;      /* borrowed: its communicators are aborted with the job */
+  int local_rank;         /* this rank's on its host */
 } wf_plane;
 
 typedef struct wf_plane_opts {
