@@ -309,12 +309,15 @@ static void *buf(bench *b, role r)
   KERNEL(rfp16, round_fp16, "round_fp16 (all parameters)", dP, 4 * 2 * dP, 0,                      \
          k->round_fp16(F(PAR1), F(PAR0), np, s))                                                   \
   KERNEL(tokchk, tokens_check, "tokens_check (N)", dN, 4 * dN + 4, 0,                              \
-         k->tokens_check(I(BAD), I(TOK), (size_t)N, V, s))
+         k->tokens_check(I(BAD), I(TOK), (size_t)N, V, s))                                         \
+  KERNEL(cksum, checksum, "checksum (all parameters)", dP, 4 * dP + 8, 0,                          \
+         k->checksum((uint64_t *)buf(b, ACC), F(PAR0), np, 0, s))
 
 /* Entries of the table that launch nothing (answers and settings), so have no row. */
 static const size_t not_kernels[] = {
     offsetof(wf_ktable, set_tf32), offsetof(wf_ktable, attention_saved),
-    offsetof(wf_ktable, attention_scratch), offsetof(wf_ktable, last_error)};
+    offsetof(wf_ktable, attention_scratch), offsetof(wf_ktable, workspace_bytes),
+    offsetof(wf_ktable, last_error)};
 
 #define KERNEL_FN(id, member, label, flops, bytes, gemm, call)                                     \
   static void run_##id(bench *b)                                                                   \
