@@ -35,5 +35,6 @@
 #include "round.h"
 #include "storage.h"
 #include "tokens.h"
+#include "checksum.h"
 
 #endif /* WF_KERNELS_H */

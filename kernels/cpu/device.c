@@ -283,6 +283,12 @@ static void adamw_update(float *params, float *m, float *v, const float *grads, 
   wf_adamw_update(params, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale);
 }
 
+static void checksum(uint64_t *out, const float *x, size_t n, int negate, wf_stream *s)
+{
+  (void)s;
+  wf_checksum(out, x, n, negate);
+}
+
 static void sumsq_acc(double *acc, const float *x, size_t n, wf_stream *s)
 {
   wf_sumsq_acc(acc, x, n);
@@ -299,6 +305,10 @@ static void round_fp16(float *dst, const float *src, size_t n, wf_stream *s)
 {
   wf_round_fp16(dst, src, n);
 }
+
+/* The CPU kernels allocate nothing for themselves (the 16-bit kernels' working rows are
+ * per thread and small: storage.c). */
+static size_t workspace_bytes(void) { return 0; }
 
 /* CPU kernels cannot fail once their arguments are valid, except for want of a 16-bit
  * kernel's working rows. */
@@ -332,6 +342,7 @@ const wf_ktable wf__cpu_ktable = {
     .set_tf32 = set_tf32,
     .attention_saved = attention_tt,
     .attention_scratch = attention_tt,
+    .workspace_bytes = workspace_bytes,
     .attention_forward = attention_forward,
     .attention_backward = attention_backward,
     .gelu_forward = gelu_forward,
@@ -347,6 +358,7 @@ const wf_ktable wf__cpu_ktable = {
     .tokens_check = tokens_check,
     .adamw_update = adamw_update,
     .sumsq_acc = sumsq_acc,
+    .checksum = checksum,
     .scale = scale,
     .round_bf16 = round_bf16,
     .round_fp16 = round_fp16,

@@ -136,3 +136,36 @@ wf_status wf_tokenize_file(const wf_tokenizer *t, const char *in, const char *pr
   wf_tokens_free(&tok);
   return st;
 }
+
+wf_status wf_tokenize_config(const wf_config *cfg, const char *in, const char *prefix,
+                             char *summary, size_t summary_len)
+{
+  char err[2048] = "";
+  wf_tokenizer *tok = NULL;
+  wf_status st = WF_OK;
+  if (!cfg->data.tokenizer[0])
+    st = wf__io_failf(err, sizeof err, WF_ECONFIG,
+                      "--tokenize needs a tokenizer: add data.tokenizer=FILE (GPT-2's "
+                      "tokenizer.json, or vocab.json with merges.txt beside it; Llama 3's "
+                      "tokenizer.model; or the folder holding them)");
+  if (st == WF_OK)
+    st = wf_tokenizer_load(&tok, cfg->data.tokenizer, err, sizeof err);
+  if (st == WF_OK)
+    st = wf_tokenize_file(tok, in, prefix, cfg->data.val_fraction, summary, summary_len, err,
+                          sizeof err);
+  wf_tokenizer_destroy(tok);
+  if (st != WF_OK)
+    WF_ERROR("%s", err);
+  /* a text or tokenizer that cannot be read is the user's to fix, as a missing one is */
+  return st == WF_OK || st == WF_ENOMEM ? st : WF_ECONFIG;
+}
+
+wf_status wf_tokenizer_vocab_of(const char *path, int *vocab, char *err, size_t err_len)
+{
+  wf_tokenizer *tok = NULL;
+  wf_status st = wf_tokenizer_load(&tok, path, err, err_len);
+  if (st == WF_OK)
+    *vocab = wf_tokenizer_vocab(tok);
+  wf_tokenizer_destroy(tok);
+  return st == WF_OK || st == WF_ENOMEM ? st : WF_ECONFIG;
+}

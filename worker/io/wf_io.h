@@ -175,6 +175,13 @@ size_t wf_utf8_char_len(const void *s, size_t n);
 wf_status wf_tokenize_file(const wf_tokenizer *t, const char *in, const char *prefix,
                            double val_fraction, char *summary, size_t summary_len, char *err,
                            size_t err_len);
+/* The vocabulary size of the tokenizer at path (loaded and dropped); else the reason in
+ * err. */
+wf_status wf_tokenizer_vocab_of(const char *path, int *vocab, char *err, size_t err_len);
+/* worker --tokenize IN PREFIX: the same with data.tokenizer and data.val_fraction of
+ * cfg; an error is logged (WF_ECONFIG: the text, the tokenizer or the keys are wrong). */
+wf_status wf_tokenize_config(const wf_config *cfg, const char *in, const char *prefix,
+                             char *summary, size_t summary_len);
 
 /*
  * The job's trace file: every rank's spans (the runtime's recorder, wf_trace.h) in one

@@ -31,6 +31,8 @@ static const wf_ktable *gpu_storage(int format)
   return format >= 0 && format < 3 ? &gpu_tables[format] : NULL;
 }
 
+static size_t gpu_workspace(void) { return WF_KTABLE_GPU_WORKSPACE; }
+
 const wf_ktable *wf__plan_kernels(const wf_hw *hw)
 {
   const wf_ktable *cpu = wf_dev_kernels(wf_dev_cpu());
@@ -41,6 +43,7 @@ const wf_ktable *wf__plan_kernels(const wf_hw *hw)
     gpu_tables[f].attention_saved = flash_saved;
     gpu_tables[f].attention_scratch = flash_saved;
     gpu_tables[f].storage = gpu_storage;
+    gpu_tables[f].workspace_bytes = gpu_workspace;
   }
   return &gpu_tables[WF_PREC_NO];
 }
@@ -81,7 +84,8 @@ wf_status wf_plan_stage_mem_get(const wf_model_dims *d, const wf_plan_mesh *m, i
   out->bytes[WF_PM_OPTIM] = wf_optim_mem_plan(gr.lo, gr.hi);
   out->bytes[WF_PM_ACTS] = gm.slots + gm.recompute + gm.scratch;
   out->bytes[WF_PM_COMM] = gr.scalar + (pipe - tokens); /* the engine's rings */
-  out->bytes[WF_PM_OTHER] = tokens + tokens;            /* the engine's and the trainer's */
+  size_t own = k ? k->workspace_bytes() : 0;       /* the kernels' workspace (NULL: the CPU's) */
+  out->bytes[WF_PM_OTHER] = tokens + tokens + own; /* + the engine's and the trainer's */
   for (int i = 0; i < WF_PM_N; i++)
     out->total += out->bytes[i];
   out->slots = o.slots;
