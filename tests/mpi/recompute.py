@@ -57,9 +57,10 @@ def train(n, args, tmp, mode):
                        stdin=subprocess.DEVNULL)
     if p.returncode != 0:
         fail(f"{' '.join(cmd)} exited {p.returncode}", p.stdout + p.stderr)
-    rows = [json.loads(line) for line in open(metrics) if line.strip()]
+    rows = [r for r in (json.loads(line) for line in open(metrics) if line.strip())
+            if "step" in r and "act_bytes" in r]
     steps = [(r["step"], r["loss"], r["grad_norm"]) for r in rows]
-    return steps, open(save, "rb").read(), rows[-1]["act_mib"]
+    return steps, open(save, "rb").read(), rows[-1]["act_bytes"] / 2**20
 
 
 def main():
