@@ -58,6 +58,11 @@ MESHES = {
     "pp4-1f1b-recompute": (4, ["mesh.pp=4", "train.microbatches=4", "model.layers=8",
                                "train.batch_size=64", "parallel.activation_checkpointing=true"]),
     "np1-recompute": (1, ["parallel.activation_checkpointing=true"]),
+    # selective recompute: one layer's attention core in the shared buffer, 16-bit slots
+    "tp2-sp-selective-bf16": (2, ["mesh.tp=2", "parallel.sequence=true", "precision=bf16",
+                                  "parallel.activation_checkpointing=selective"]),
+    "pp2-1f1b-full-fp16": (2, ["mesh.pp=2", "train.microbatches=4", "precision=fp16",
+                               "parallel.activation_checkpointing=full"]),
     "np1-bf16": (1, ["precision=bf16"]),
     # ZeRO-2/3 and HSDP: the gradient path's buffers and ZeRO-3's gathered units come
     # from zero.c's plan, the one the trainer allocates by
