@@ -30,4 +30,13 @@ void wf_matmul_forward16_f32(float *out, const void *inp, const void *weight, co
 void wf_matmul_backward16(float *dinp, float *dweight, float *dbias, const void *dout,
                           const void *inp, const void *weight, int N, int C, int OC, int fmt);
 
+/* Whether the CPU's bf16 GEMMs may use oneDNN (runtime.cpu_bf16_gemm; default yes).
+ * Process-wide, like set_tf32. */
+void wf_kernels_allow_bf16_gemm(int allow);
+/* How the CPU's bf16 GEMMs run, for the banner: "oneDNN x.y.z (kernel) on AVX512_BF16",
+ * or why they run on the 16-bit forms above (no AVX512_BF16, no oneDNN in this build,
+ * or not allowed); and whether it is oneDNN. */
+const char *wf_kernels_bf16_gemm(void);
+int wf_kernels_bf16_gemm_fast(void);
+
 #endif /* WF_KERNELS_MATMUL_H */

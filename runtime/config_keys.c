@@ -255,6 +255,9 @@ const wf__cfg_key wf__cfg_keys[] = {
     K_ENUM("runtime.device", runtime.device, "auto", devices, "auto, cpu, cuda"),
     K_BOOL("runtime.allow_tf32", runtime.allow_tf32, "false",
            "GPU: fp32 GEMMs on TF32 tensor cores (10-bit mantissa inputs)"),
+    K_BOOL("runtime.cpu_bf16_gemm", runtime.cpu_bf16_gemm, "true",
+           "CPU, precision=bf16: GEMMs on bf16 dot products through oneDNN where the CPU has "
+           "AVX512_BF16 (false: on operands widened to fp32)"),
 };
 const int wf__cfg_nkeys = (int)WF_ARRAY_LEN(wf__cfg_keys);
 _Static_assert(WF_ARRAY_LEN(wf__cfg_keys) <= WF_CONFIG_MAX_KEYS, "cfg->source is too small");

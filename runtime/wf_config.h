@@ -145,7 +145,8 @@ typedef struct wf_config {
     char listen_addr[64];     /* the listeners' address; "" = MASTER_ADDR's interface */
     int log_level;
     wf_device_pref device;
-    bool allow_tf32; /* GPU fp32 GEMMs may use TF32 tensor cores */
+    bool allow_tf32;    /* GPU fp32 GEMMs may use TF32 tensor cores */
+    bool cpu_bf16_gemm; /* CPU bf16 GEMMs through oneDNN where the CPU has AVX512_BF16 */
   } runtime;
 
   /* Which source set each key, indexed by the key's position in the key table. */

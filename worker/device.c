@@ -12,6 +12,7 @@
 
 #include "device.h"
 #include "wf_check.h"
+#include "wf_kernels.h"
 #include "wf_peak.h"
 
 /* What MFU divides by on GPU `name` at the run's precision (runtime/peak.c's
@@ -73,6 +74,7 @@ wf_status wf__pick_device(const wf_config *cfg, const wf_launch *l, wf__rank_dev
                           size_t err_len)
 {
   char why[512] = "disabled by runtime.device=cpu";
+  wf_kernels_allow_bf16_gemm(cfg->runtime.cpu_bf16_gemm);
   use_cpu(rd);
   if (cfg->runtime.device != WF_DEV_CPU && wf_gpu_open(&rd->gpu, why, sizeof why) == WF_OK) {
     int n = wf_gpu_device_count(rd->gpu), d = n == 1 ? 0 : l->local_rank % n;

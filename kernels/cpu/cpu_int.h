@@ -90,6 +90,17 @@ void wf__store(void *dst, size_t first, const float *src, size_t n, int fmt);
 float *wf__work(int slot, size_t n);
 bool wf__work_failed(void);
 
+/* ---- bf16 GEMMs through oneDNN (dnnl.c) ----------------------------------------------
+ * Whether bf16 GEMMs go through oneDNN on this CPU (AVX512_BF16 and a bf16 kernel), and
+ * the GEMMs themselves: the arguments of matmul.h's 16-bit forms in bf16 (out, or out32
+ * when not NULL). wf__dnnl_failed: a GEMM failed since the last call (logged). */
+bool wf__dnnl_bf16(void);
+void wf__dnnl_forward(void *out, float *out32, const void *inp, const void *weight,
+                      const float *bias, int N, int C, int OC);
+void wf__dnnl_backward(float *dinp, float *dweight, float *dbias, const void *dout, const void *inp,
+                       const void *weight, int N, int C, int OC);
+bool wf__dnnl_failed(void);
+
 /* exp(x) in float, vectorisable (no libm call): n = round(x log2 e), r = x - n ln2 in
  * two parts (Cody-Waite), exp(r) by Cephes' degree-6 polynomial (~1 ulp on
  * |r| <= ln2/2), times 2^n built in the exponent bits. x < -87.3 gives 0, x > 88

@@ -312,7 +312,11 @@ static size_t workspace_bytes(void) { return 0; }
 
 /* CPU kernels cannot fail once their arguments are valid, except for want of a 16-bit
  * kernel's working rows. */
-static wf_status last_error(void) { return wf__work_failed() ? WF_ENOMEM : WF_OK; }
+static wf_status last_error(void)
+{
+  bool work = wf__work_failed(), dnnl = wf__dnnl_failed();
+  return work ? WF_ENOMEM : dnnl ? WF_EUNSUPPORTED : WF_OK;
+}
 
 static void store32(void *dst, const float *src, size_t n, wf_stream *s)
 {
@@ -395,26 +399,35 @@ const wf_ktable wf__cpu_ktable = {
   static void NAME##_matmul_forward(void *out, const void *inp, const void *w, const float *bias,  \
                                     int N, int C, int OC, int lowp, wf_stream *s)                  \
   {                                                                                                \
-    wf_matmul_forward16(out, inp, w, bias, N, C, OC, FMT);                                         \
+    if (FMT == WF_PREC_BF16 && wf__dnnl_bf16())                                                    \
+      wf__dnnl_forward(out, NULL, inp, w, bias, N, C, OC);                                         \
+    else                                                                                           \
+      wf_matmul_forward16(out, inp, w, bias, N, C, OC, FMT);                                       \
   }                                                                                                \
   static void NAME##_matmul_forward_f32(float *out, const void *inp, const void *w,                \
                                         const float *bias, int N, int C, int OC, int lowp,         \
                                         wf_stream *s)                                              \
   {                                                                                                \
-    wf_matmul_forward16_f32(out, inp, w, bias, N, C, OC, FMT);                                     \
+    if (FMT == WF_PREC_BF16 && wf__dnnl_bf16())                                                    \
+      wf__dnnl_forward(NULL, out, inp, w, bias, N, C, OC);                                         \
+    else                                                                                           \
+      wf_matmul_forward16_f32(out, inp, w, bias, N, C, OC, FMT);                                   \
   }                                                                                                \
   static void NAME##_matmul_gelu_forward(void *gelu_out, void *pre, const void *inp,               \
                                          const void *w, const float *bias, int N, int C, int OC,   \
                                          int lowp, wf_stream *s)                                   \
   {                                                                                                \
-    wf_matmul_forward16(pre, inp, w, bias, N, C, OC, FMT);                                         \
+    NAME##_matmul_forward(pre, inp, w, bias, N, C, OC, lowp, s);                                   \
     wf_gelu_forward16(gelu_out, pre, (size_t)N *OC, FMT);                                          \
   }                                                                                                \
   static void NAME##_matmul_backward(float *dinp, float *dw, float *db, const void *dout,          \
                                      const void *inp, const void *w, int N, int C, int OC,         \
                                      int lowp, wf_stream *s)                                       \
   {                                                                                                \
-    wf_matmul_backward16(dinp, dw, db, dout, inp, w, N, C, OC, FMT);                               \
+    if (FMT == WF_PREC_BF16 && wf__dnnl_bf16())                                                    \
+      wf__dnnl_backward(dinp, dw, db, dout, inp, w, N, C, OC);                                     \
+    else                                                                                           \
+      wf_matmul_backward16(dinp, dw, db, dout, inp, w, N, C, OC, FMT);                             \
   }                                                                                                \
   static size_t NAME##_attention_saved(int B, int T, int C, int NH)                                \
   {                                                                                                \

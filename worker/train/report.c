@@ -40,6 +40,7 @@
 
 #include "train_int.h"
 #include "wf_file.h"
+#include "wf_kernels.h"
 
 /* ---- the peak ---------------------------------------------------------------------------- */
 
@@ -108,16 +109,18 @@ fail:
 
 /* ---- the banner ---------------------------------------------------------------------------- */
 
-/* What mixed precision does, and where it runs: on the CPU it is emulated, the numerics
- * of bf16/fp16 GEMMs, not their speed. */
+/* What mixed precision stores in 16 bits, and how the CPU runs its GEMMs: bf16 on
+ * bf16 dot products through oneDNN where it can, else (and for fp16) on widened
+ * operands, said once. */
 static void print_precision(const wf__trainer *tr)
 {
   const wf_config *cfg = tr->cfg;
   const char *p = tr->fp16 ? "fp16" : "bf16";
   const wf_optim_scaler *ls = wf_optim_get_scaler(tr->optim);
   fprintf(tr->out,
-          "precision %s: fp32 master weights, gradients and AdamW state; GEMM operands (weights, "
-          "activations, activation gradients) rounded to %s, accumulated in fp32\n",
+          "precision %s: activations, pipeline messages and the GEMMs' weight copy in %s; fp32 "
+          "master weights, gradients, AdamW state, norm statistics, loss and reductions; GEMMs "
+          "accumulate in fp32\n",
           p, p);
   if (tr->fp16 && cfg->optim.loss_scale > 0)
     fprintf(tr->out, "loss scale fixed at %g (steps whose gradients overflow are skipped)\n",
@@ -127,10 +130,15 @@ static void print_precision(const wf__trainer *tr)
             "dynamic loss scaling from %g: halved and the step skipped when a gradient "
             "overflows, doubled after %d finite steps\n",
             ls->scale, cfg->optim.loss_scale_window);
-  fprintf(tr->out,
-          "%s on the CPU is emulated (operands rounded in fp32; OpenBLAS has no %s GEMM): "
-          "%s numerics at fp32 speed or slower, not %s speed\n",
-          p, p, p, p);
+  if (tr->dev != wf_dev_cpu())
+    return;
+  if (!tr->fp16 && wf_kernels_bf16_gemm_fast())
+    fprintf(tr->out, "bf16 GEMMs on the CPU: %s\n", wf_kernels_bf16_gemm());
+  else
+    fprintf(tr->out,
+            "%s GEMMs on the CPU run on operands widened to fp32 (%s): %s numerics at fp32 "
+            "speed\n",
+            p, tr->fp16 ? "no fp16 GEMM kernel here" : wf_kernels_bf16_gemm(), p);
 }
 
 static const char *schedule_name(const wf__trainer *tr)
