@@ -13,7 +13,7 @@
 MAIN=(gcc pkg-config meson ninja-build
       libopenmpi-dev openmpi-bin libhwloc-dev hwloc libuv1-dev libopenblas-dev
       libyaml-dev libprotobuf-c-dev protobuf-c-compiler libjansson-dev libxxhash-dev
-      libedit-dev libpcre2-dev
+      libedit-dev libpcre2-dev libdnnl-dev
       fortunes)
 # npm: Debian's package, unless an npm is there already (NodeSource's nodejs brings its
 # own, and conflicts with Debian's).

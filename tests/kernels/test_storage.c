@@ -325,14 +325,26 @@ static void expect_within_sum_bound(const char *what, int fmt, const float *got,
   }
 }
 
+/* The 16-bit GEMMs against fp32 on the same operands, for bf16 and fp16, and for bf16
+ * again with oneDNN (dnnl.c) where this CPU and build run it, on two threads so the
+ * split over the pool is exercised: fmt_path 0 fp16, 1 bf16 on the widened twins, 2
+ * bf16 through oneDNN. */
 static void test_matmul(void **state)
 {
   const wf_ktable *k32 = wf_dev_kernels(wf_dev_cpu());
   const int M = 40, K = 300, OC = 520; /* past one panel of 256 in K and in OC */
-  for (int f = 0; f < 2; f++) {
-    int fmt = FMTS[f];
+  int threads = wf_kernels_threads();
+  wf_kernels_set_threads(2);
+  for (int path = 0; path < 3; path++) {
+    int fmt = path == 0 ? WF_PREC_FP16 : WF_PREC_BF16;
+    wf_kernels_allow_bf16_gemm(path == 2);
+    if (path == 2 && !wf_kernels_bf16_gemm_fast()) {
+      printf("bf16 GEMMs through oneDNN not run: %s\n", wf_kernels_bf16_gemm());
+      break;
+    }
+    int f = path == 0 ? 0 : 1;
     const wf_ktable *k = table(fmt);
-    uint64_t s = 51 + f;
+    uint64_t s = 51 + (uint64_t)f;
     act x = act_new((size_t)M * K, fmt, -1, 1, &s), w = act_new((size_t)OC * K, fmt, -1, 1, &s);
     act dy = act_new((size_t)M * OC, fmt, -1, 1, &s);
     float *bias = zeros(OC), *y32 = zeros((size_t)M * OC), *y = zeros((size_t)M * OC);
@@ -384,6 +396,26 @@ static void test_matmul(void **state)
     free(bias), free(y32), free(y), free(y16), free(fs), free(g16), free(g32);
     free(dx32), free(dx), free(dw32), free(dw), free(db32), free(db), free(bx), free(bw), free(bb);
   }
+  wf_kernels_allow_bf16_gemm(1);
+  wf_kernels_set_threads(threads);
+}
+
+/* Where the CPU has bf16 dot products and the build has oneDNN, bf16 GEMMs use it (the
+ * banner's claim); elsewhere the reason is given. */
+static void test_bf16_gemm_path(void **state)
+{
+  const char *why = wf_kernels_bf16_gemm();
+  printf("bf16 GEMMs: %s\n", why);
+#ifdef WF_TEST_HAVE_DNNL
+  if (__builtin_cpu_supports("avx512bf16")) {
+    assert_true(wf_kernels_bf16_gemm_fast());
+    assert_non_null(strstr(why, "oneDNN"));
+  }
+#endif
+  wf_kernels_allow_bf16_gemm(0);
+  assert_false(wf_kernels_bf16_gemm_fast());
+  assert_string_equal(wf_kernels_bf16_gemm(), "runtime.cpu_bf16_gemm=false");
+  wf_kernels_allow_bf16_gemm(1);
 }
 
 int main(void)
@@ -397,6 +429,7 @@ int main(void)
       cmocka_unit_test(test_xent),
       cmocka_unit_test(test_attention),
       cmocka_unit_test(test_matmul),
+      cmocka_unit_test(test_bf16_gemm_path),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
