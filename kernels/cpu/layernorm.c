@@ -104,6 +104,22 @@ static void dinp_share(void *p, int tid, int nt)
              l->crstd[i], l->C);
 }
 
+/* Columns [lo, hi) of one row's parameter gradients: dweight += dy x-hat, dbias += dy. */
+static inline void params_row(float *dw, float *db, const float *dy, const float *x, float m,
+                              float rs, size_t lo, size_t hi)
+{
+  if (dw) {
+#pragma omp simd
+    for (size_t c = lo; c < hi; c++)
+      dw[c] += dy[c] * ((x[c] - m) * rs);
+  }
+  if (db) {
+#pragma omp simd
+    for (size_t c = lo; c < hi; c++)
+      db[c] += dy[c];
+  }
+}
+
 static void params_share(void *p, int tid, int nt)
 {
   const struct ln *l = p;
@@ -113,16 +129,7 @@ static void params_share(void *p, int tid, int nt)
   for (int i = 0; i < l->N; i++) {
     const float *dy = l->dout + (size_t)i * l->C, *x = l->inp + (size_t)i * l->C;
     float m = l->cmean[i], rs = l->crstd[i];
-    if (dw) {
-#pragma omp simd
-      for (size_t c = lo; c < hi; c++)
-        dw[c] += dy[c] * ((x[c] - m) * rs);
-    }
-    if (db) {
-#pragma omp simd
-      for (size_t c = lo; c < hi; c++)
-        db[c] += dy[c];
-    }
+    params_row(dw, db, dy, x, m, rs, lo, hi);
   }
 }
 
@@ -207,16 +214,7 @@ static void params16_share(void *p, int tid, int nt)
     const float *dy = l->dout + (size_t)i * C;
     float m = l->cmean[i], rs = l->crstd[i];
     wf__load(x + lo, l->inp16, (size_t)i * C + lo, hi - lo, l->fmt);
-    if (dw) {
-#pragma omp simd
-      for (size_t c = lo; c < hi; c++)
-        dw[c] += dy[c] * ((x[c] - m) * rs);
-    }
-    if (db) {
-#pragma omp simd
-      for (size_t c = lo; c < hi; c++)
-        db[c] += dy[c];
-    }
+    params_row(dw, db, dy, x, m, rs, lo, hi);
   }
 }
 

@@ -60,6 +60,36 @@ typedef struct wf__lt {
 bool wf__lt_begin(wf__lt *lt, const char *file, int line);
 bool wf__lt_end(cublasStatus_t st, const char *file, int line, const char *what);
 
+/* One cuBLASLt GEMM's descriptors (matmul.cu's fp32-operand GEMMs, storage.cu's 16-bit
+ * ones), destroyed in reverse order of creation (NULL ones skipped). */
+typedef struct wf__lt_descs {
+  cublasLtMatmulDesc_t op;
+  cublasLtMatrixLayout_t a, b, d;
+  cublasLtMatmulPreference_t pref;
+} wf__lt_descs;
+
+static inline void wf__lt_descs_destroy(wf__lt_descs *x)
+{
+  if (x->pref)
+    cublasLtMatmulPreferenceDestroy(x->pref);
+  if (x->d)
+    cublasLtMatrixLayoutDestroy(x->d);
+  if (x->b)
+    cublasLtMatrixLayoutDestroy(x->b);
+  if (x->a)
+    cublasLtMatrixLayoutDestroy(x->a);
+  if (x->op)
+    cublasLtMatmulDescDestroy(x->op);
+}
+
+/* Returns the status of a cuBLAS call from the enclosing function unless it succeeded. */
+#define WF__LT_TRY(call)                                                                           \
+  do {                                                                                             \
+    cublasStatus_t st_ = (call);                                                                   \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                              \
+      return st_;                                                                                  \
+  } while (0)
+
 /* The current device's room for partial sums in the module's workspace (backend.cu):
  * *floats floats at *part, used in stream order by the column reductions. */
 bool wf__partials(float **part, size_t *floats, const char *file, int line);

@@ -87,33 +87,6 @@ struct gemm {
   float *pre;
 };
 
-struct lt_descs {
-  cublasLtMatmulDesc_t op;
-  cublasLtMatrixLayout_t a, b, d;
-  cublasLtMatmulPreference_t pref;
-};
-
-static void descs_destroy(lt_descs *x)
-{
-  if (x->pref)
-    cublasLtMatmulPreferenceDestroy(x->pref);
-  if (x->d)
-    cublasLtMatrixLayoutDestroy(x->d);
-  if (x->b)
-    cublasLtMatrixLayoutDestroy(x->b);
-  if (x->a)
-    cublasLtMatrixLayoutDestroy(x->a);
-  if (x->op)
-    cublasLtMatmulDescDestroy(x->op);
-}
-
-#define LT_TRY(call)                                                                               \
-  do {                                                                                             \
-    cublasStatus_t st_ = (call);                                                                   \
-    if (st_ != CUBLAS_STATUS_SUCCESS)                                                              \
-      return st_;                                                                                  \
-  } while (0)
-
 static cublasStatus_t set_attr(cublasLtMatmulDesc_t op, cublasLtMatmulDescAttributes_t a,
                                const void *v, size_t bytes)
 {
@@ -122,27 +95,29 @@ static cublasStatus_t set_attr(cublasLtMatmulDesc_t op, cublasLtMatmulDescAttrib
 
 /* The descriptors of g writing `out` with epilogue `epi`. A stored matrix op'd by T is
  * (k, m) rather than (m, k). */
-static cublasStatus_t descs_make(lt_descs *x, const gemm *g, cublasLtEpilogue_t epi,
+static cublasStatus_t descs_make(wf__lt_descs *x, const gemm *g, cublasLtEpilogue_t epi,
                                  size_t workspace)
 {
-  LT_TRY(cublasLtMatmulDescCreate(&x->op, g->compute, CUDA_R_32F));
-  LT_TRY(set_attr(x->op, CUBLASLT_MATMUL_DESC_TRANSA, &g->ta, sizeof g->ta));
-  LT_TRY(set_attr(x->op, CUBLASLT_MATMUL_DESC_TRANSB, &g->tb, sizeof g->tb));
-  LT_TRY(set_attr(x->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+  WF__LT_TRY(cublasLtMatmulDescCreate(&x->op, g->compute, CUDA_R_32F));
+  WF__LT_TRY(set_attr(x->op, CUBLASLT_MATMUL_DESC_TRANSA, &g->ta, sizeof g->ta));
+  WF__LT_TRY(set_attr(x->op, CUBLASLT_MATMUL_DESC_TRANSB, &g->tb, sizeof g->tb));
+  WF__LT_TRY(set_attr(x->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
   if (g->bias && epi != CUBLASLT_EPILOGUE_DEFAULT)
-    LT_TRY(set_attr(x->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias));
+    WF__LT_TRY(set_attr(x->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias));
   if (epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || epi == CUBLASLT_EPILOGUE_GELU_AUX) {
     int64_t ld = g->m;
-    LT_TRY(set_attr(x->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->pre, sizeof g->pre));
-    LT_TRY(set_attr(x->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
+    WF__LT_TRY(set_attr(x->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->pre, sizeof g->pre));
+    WF__LT_TRY(set_attr(x->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
   }
   bool at = g->ta == CUBLAS_OP_T, bt = g->tb == CUBLAS_OP_T;
-  LT_TRY(cublasLtMatrixLayoutCreate(&x->a, CUDA_R_32F, at ? g->k : g->m, at ? g->m : g->k, g->lda));
-  LT_TRY(cublasLtMatrixLayoutCreate(&x->b, CUDA_R_32F, bt ? g->n : g->k, bt ? g->k : g->n, g->ldb));
-  LT_TRY(cublasLtMatrixLayoutCreate(&x->d, CUDA_R_32F, g->m, g->n, g->m));
-  LT_TRY(cublasLtMatmulPreferenceCreate(&x->pref));
-  LT_TRY(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                              &workspace, sizeof workspace));
+  WF__LT_TRY(
+      cublasLtMatrixLayoutCreate(&x->a, CUDA_R_32F, at ? g->k : g->m, at ? g->m : g->k, g->lda));
+  WF__LT_TRY(
+      cublasLtMatrixLayoutCreate(&x->b, CUDA_R_32F, bt ? g->n : g->k, bt ? g->k : g->n, g->ldb));
+  WF__LT_TRY(cublasLtMatrixLayoutCreate(&x->d, CUDA_R_32F, g->m, g->n, g->m));
+  WF__LT_TRY(cublasLtMatmulPreferenceCreate(&x->pref));
+  WF__LT_TRY(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                  &workspace, sizeof workspace));
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -151,7 +126,7 @@ static cublasStatus_t descs_make(lt_descs *x, const gemm *g, cublasLtEpilogue_t 
 static cublasStatus_t lt_enqueue(const wf__lt *lt, const gemm *g, float *out,
                                  cublasLtEpilogue_t epi, cudaStream_t s)
 {
-  lt_descs x = {};
+  wf__lt_descs x = {};
   cublasStatus_t st = descs_make(&x, g, epi, lt->workspace_bytes);
   cublasLtMatmulHeuristicResult_t h = {};
   int found = 0;
@@ -164,7 +139,7 @@ static cublasStatus_t lt_enqueue(const wf__lt *lt, const gemm *g, float *out,
   if (st == CUBLAS_STATUS_SUCCESS)
     st = cublasLtMatmul(lt->handle, x.op, &one, g->A, x.a, g->B, x.b, &g->beta, out, x.d, out, x.d,
                         &h.algo, lt->workspace, lt->workspace_bytes, s);
-  descs_destroy(&x);
+  wf__lt_descs_destroy(&x);
   return st;
 }
 

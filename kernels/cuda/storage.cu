@@ -384,63 +384,37 @@ struct gemm16 {
   const float *bias;
 };
 
-struct descs16 {
-  cublasLtMatmulDesc_t op;
-  cublasLtMatrixLayout_t a, b, d;
-  cublasLtMatmulPreference_t pref;
-};
-
-static void descs16_destroy(descs16 *x)
-{
-  if (x->pref)
-    cublasLtMatmulPreferenceDestroy(x->pref);
-  if (x->d)
-    cublasLtMatrixLayoutDestroy(x->d);
-  if (x->b)
-    cublasLtMatrixLayoutDestroy(x->b);
-  if (x->a)
-    cublasLtMatrixLayoutDestroy(x->a);
-  if (x->op)
-    cublasLtMatmulDescDestroy(x->op);
-}
-
-#define LT16_TRY(call)                                                                             \
-  do {                                                                                             \
-    cublasStatus_t st_ = (call);                                                                   \
-    if (st_ != CUBLAS_STATUS_SUCCESS)                                                              \
-      return st_;                                                                                  \
-  } while (0)
-
-static cublasStatus_t descs16_make(descs16 *x, const gemm16 *g, bool bias, size_t workspace)
+static cublasStatus_t descs16_make(wf__lt_descs *x, const gemm16 *g, bool bias, size_t workspace)
 {
   cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
   cudaDataType_t bias_type = CUDA_R_32F;
-  LT16_TRY(cublasLtMatmulDescCreate(&x->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  LT16_TRY(
+  WF__LT_TRY(cublasLtMatmulDescCreate(&x->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  WF__LT_TRY(
       cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_TRANSA, &g->ta, sizeof g->ta));
-  LT16_TRY(
+  WF__LT_TRY(
       cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_TRANSB, &g->tb, sizeof g->tb));
-  LT16_TRY(cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+  WF__LT_TRY(
+      cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
   if (bias) {
-    LT16_TRY(cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
-                                            sizeof g->bias));
-    LT16_TRY(cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
-                                            sizeof bias_type));
+    WF__LT_TRY(cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
+                                              sizeof g->bias));
+    WF__LT_TRY(cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                              &bias_type, sizeof bias_type));
   }
   bool at = g->ta == CUBLAS_OP_T, bt = g->tb == CUBLAS_OP_T;
-  LT16_TRY(cublasLtMatrixLayoutCreate(&x->a, g->ab, at ? g->k : g->m, at ? g->m : g->k, g->lda));
-  LT16_TRY(cublasLtMatrixLayoutCreate(&x->b, g->ab, bt ? g->n : g->k, bt ? g->k : g->n, g->ldb));
-  LT16_TRY(cublasLtMatrixLayoutCreate(&x->d, g->dt, g->m, g->n, g->m));
-  LT16_TRY(cublasLtMatmulPreferenceCreate(&x->pref));
-  LT16_TRY(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                &workspace, sizeof workspace));
+  WF__LT_TRY(cublasLtMatrixLayoutCreate(&x->a, g->ab, at ? g->k : g->m, at ? g->m : g->k, g->lda));
+  WF__LT_TRY(cublasLtMatrixLayoutCreate(&x->b, g->ab, bt ? g->n : g->k, bt ? g->k : g->n, g->ldb));
+  WF__LT_TRY(cublasLtMatrixLayoutCreate(&x->d, g->dt, g->m, g->n, g->m));
+  WF__LT_TRY(cublasLtMatmulPreferenceCreate(&x->pref));
+  WF__LT_TRY(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                  &workspace, sizeof workspace));
   return CUBLAS_STATUS_SUCCESS;
 }
 
 /* g with (bias) or without its bias epilogue; NOT_SUPPORTED when no algorithm fits. */
 static cublasStatus_t lt16_enqueue(const wf__lt *lt, const gemm16 *g, bool bias, cudaStream_t s)
 {
-  descs16 x = {};
+  wf__lt_descs x = {};
   cublasStatus_t st = descs16_make(&x, g, bias, lt->workspace_bytes);
   cublasLtMatmulHeuristicResult_t h = {};
   int found = 0;
@@ -453,7 +427,7 @@ static cublasStatus_t lt16_enqueue(const wf__lt *lt, const gemm16 *g, bool bias,
   if (st == CUBLAS_STATUS_SUCCESS)
     st = cublasLtMatmul(lt->handle, x.op, &one, g->A, x.a, g->B, x.b, &g->beta, g->D, x.d, g->D,
                         x.d, &h.algo, lt->workspace, lt->workspace_bytes, s);
-  descs16_destroy(&x);
+  wf__lt_descs_destroy(&x);
   return st;
 }
 
