@@ -25,12 +25,14 @@
 #include <mutex>
 #include <stdio.h>
 
+#include "attn_int.h"
 #include "cuda_int.h"
 
 #define MAX_DEVICES 64
 
 static std::atomic<const wf_gpu_host *> g_host{nullptr};
 static std::atomic<int> g_first_error{0};
+static std::atomic<uint64_t> g_launches{0};
 /* cuBLASLt's workspace: what NVIDIA recommends for Hopper (32 MiB; 4 MiB suffices
  * before it), enough for every algorithm its heuristics return for weft's shapes. */
 #define LT_WORKSPACE_BYTES ((size_t)32 << 20)
@@ -81,8 +83,13 @@ bool wf__cuda_check(cudaError_t e, const char *file, int line, const char *what)
   return false;
 }
 
+void wf__cuda_count_launch(void) { g_launches.fetch_add(1, std::memory_order_relaxed); }
+
+extern "C" uint64_t wf_cuda_launches(void) { return g_launches.load(std::memory_order_relaxed); }
+
 bool wf__cuda_check_launch(const char *file, int line, const char *what)
 {
+  wf__cuda_count_launch();
   return wf__cuda_check(cudaGetLastError(), file, line, what);
 }
 
@@ -153,6 +160,7 @@ bool wf__lt_begin(wf__lt *lt, const char *file, int line)
 bool wf__lt_end(cublasStatus_t st, const char *file, int line, const char *what)
 {
   g_lock.unlock();
+  wf__cuda_count_launch();
   return !lt_failed(st, file, line, what);
 }
 
@@ -189,8 +197,10 @@ static int op_init(const wf_gpu_host *host)
 static void op_fini(void)
 {
   std::lock_guard<std::mutex> guard(g_lock);
-  if (g_refs > 0 && --g_refs == 0)
+  if (g_refs > 0 && --g_refs == 0) {
     destroy_lt_handles();
+    wf__cudnn_sdpa_release();
+  }
 }
 
 static const char *op_error_str(int err)
@@ -341,6 +351,9 @@ static int op_device_attrs(int device, int *sm_count, int *cc_major, int *cc_min
 
 /* ---- the tables ------------------------------------------------------------------ */
 
+/* Positional, in wf_ktable's order. Not reflowed by clang-format, which would realign
+ * every line whenever an entry is added. */
+// clang-format off
 static const wf_ktable kernels = {
     WF_KTABLE_VERSION,           wf_cuda_encoder_forward,
     wf_cuda_encoder_backward,    wf_cuda_encoder_forward_vp,
@@ -348,8 +361,8 @@ static const wf_ktable kernels = {
     wf_cuda_layernorm_backward,  wf_cuda_residual_layernorm_forward,
     wf_cuda_matmul_forward,      wf_cuda_matmul_gelu_forward,
     wf_cuda_matmul_backward,     wf_cuda_set_tf32,
-    wf_cuda_attention_saved,     wf_cuda_attention_scratch,
-    wf_cuda_attention_forward,   wf_cuda_attention_backward,
+    wf_cuda_attn_saved,          wf_cuda_attn_scratch,
+    wf_cuda_attn_forward,        wf_cuda_attn_backward,
     wf_cuda_gelu_forward,        wf_cuda_gelu_backward,
     wf_cuda_residual_forward,    wf_cuda_residual_backward,
     wf_cuda_xent_stats,          wf_cuda_xent_pack,
@@ -359,7 +372,13 @@ static const wf_ktable kernels = {
     wf_cuda_sumsq_acc,           wf_cuda_scale,
     wf_cuda_round_bf16,          wf_cuda_round_fp16,
     wf_cuda_last_error,
+    wf_cuda_set_attention,           wf_cuda_attention_path,
+    wf_cuda_attention_bf16_forward,  wf_cuda_attention_bf16_backward,
+    wf_cuda_attention_bf16_scratch,  wf_cuda_classifier_bf16,
+    wf_cuda_xent_stats_bf16,         wf_cuda_xent_backward_bf16,
+    wf_cuda_launches,
 };
+// clang-format on
 
 static const wf_gpu_ops ops = {
     WF_GPU_MODULE_ABI, "cuda",
