@@ -69,10 +69,11 @@ static const char *impl_name(int p)
   return p == WF_ATTN_CUDNN ? "cudnn" : p == WF_ATTN_FLASH ? "flash" : "reference (fp32)";
 }
 
-/* The implementation for a shape under `impl`, with the one line that says so. */
+/* The implementation for a shape under `impl`, with the one line that says so: the
+ * path, and why each implementation tried before it could not run the shape. */
 static int decide(int B, int T, int C, int NH, int NKV, int impl)
 {
-  char why_c[256] = "not asked", why_f[256] = "not asked";
+  char why_c[256] = "", why_f[256] = "", why[600] = "";
   int hs = C / NH, path = WF_ATTN_REFERENCE;
   if (impl == WF_ATTN_REFERENCE)
     return path;
@@ -83,14 +84,16 @@ static int decide(int B, int T, int C, int NH, int NKV, int impl)
     path = WF_ATTN_CUDNN;
   else if (wf__flash16_applies(B, T, C, NH, NKV, why_f, sizeof why_f))
     path = WF_ATTN_FLASH;
-  const char *name = impl == WF_ATTN_AUTO ? "auto" : impl_name(impl);
+  if (why_c[0])
+    snprintf(why, sizeof why, " (cuDNN: %s%s%s)", why_c, why_f[0] ? "; flash: " : "", why_f);
+  else if (why_f[0])
+    snprintf(why, sizeof why, " (flash: %s)", why_f);
   if (path == impl || (impl == WF_ATTN_AUTO && path == WF_ATTN_CUDNN))
     WF_INFO("attention, B %d x T %d, %d heads of %d (%d kv): %s", B, T, NH, hs, NKV,
             impl_name(path));
   else
-    WF_INFO("attention, B %d x T %d, %d heads of %d (%d kv): runtime.attention=%s runs %s "
-            "(cuDNN: %s; flash: %s)",
-            B, T, NH, hs, NKV, name, impl_name(path), why_c, why_f);
+    WF_INFO("attention, B %d x T %d, %d heads of %d (%d kv): runtime.attention=%s runs %s%s", B, T,
+            NH, hs, NKV, impl == WF_ATTN_AUTO ? "auto" : impl_name(impl), impl_name(path), why);
   return path;
 }
 
