@@ -115,19 +115,79 @@ __device__ __forceinline__ void mask_scores(float (&s)[NS][4], int row0, int col
     }
 }
 
+/* S (16 x BC per warp) = Q K^T: Q's A fragments in registers, K (BC x HS) in shared. */
+template <int HS, int BC>
+__device__ __forceinline__ void qk_tile(float (&s)[BC / 8][4], const unsigned (&qf)[HS / 16][4],
+                                        const bf16 *ks)
+{
+  constexpr int P = HS + WF_TILE_PAD;
+#pragma unroll
+  for (int kk = 0; kk < HS / 16; kk++)
+#pragma unroll
+    for (int np = 0; np < BC / 16; np++) {
+      unsigned kf[4];
+      wf__ldsm4(kf, wf__frag_bt(ks, P, np * 16, kk * 16));
+      wf__mma(s[2 * np], qf[kk], kf[0], kf[1]);
+      wf__mma(s[2 * np + 1], qf[kk], kf[2], kf[3]);
+    }
+}
+
+/* O (16 x HS per warp) += P V: P from S's accumulators (rounded to bf16), V (BC x HS) in
+ * shared. */
+template <int HS, int BC>
+__device__ __forceinline__ void pv_tile(float (&o)[HS / 8][4], const float (&s)[BC / 8][4],
+                                        const bf16 *vs)
+{
+  constexpr int P = HS + WF_TILE_PAD;
+#pragma unroll
+  for (int kk = 0; kk < BC / 16; kk++) {
+    unsigned pa[4];
+    wf__pack_a(pa, s, kk);
+#pragma unroll
+    for (int dp = 0; dp < HS / 16; dp++) {
+      unsigned vf[4];
+      wf__ldsm4t(vf, wf__frag_b(vs, P, kk * 16, dp * 16));
+      wf__mma(o[2 * dp], pa, vf[0], vf[1]);
+      wf__mma(o[2 * dp + 1], pa, vf[2], vf[3]);
+    }
+  }
+}
+
+/* The end of the forward: the row sums over the quad, lse, and O / l stored coalesced
+ * through the shared tile ks (free: no load is in flight). */
+template <int HS>
+__device__ __forceinline__ void forward_store(bf16 *out, float *lse, bf16 *ks,
+                                              const float (&o)[HS / 8][4], const float (&m)[2],
+                                              float (&l)[2], int q0, int T, int C, int h)
+{
+  const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, g = lane >> 2;
+  const int b = (int)blockIdx.y / (int)(C / HS), r0 = q0 + warp * 16;
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    int row = r0 + g + 8 * r;
+    if ((lane & 3) == 0 && row < T)
+      lse[(size_t)blockIdx.y * T + row] = m[r] * rsqrtf((float)HS) + logf(l[r]);
+  }
+  wf__acc_to_smem(ks, HS + WF_TILE_PAD, o, warp * 16, 1.0f / l[0], 1.0f / l[1]);
+  __syncthreads();
+  wf__store_rows<64, HS, NTHREADS>(out + (size_t)b * T * C + (size_t)h * HS, (size_t)C, ks, q0, T);
+}
+
 /* out (B,T,C), lse (B,NH,T); grid (ceil(T / 64), B * NH), block NTHREADS. */
 template <int HS>
 __global__ void __launch_bounds__(NTHREADS)
     flash16_forward_kernel(bf16 *out, float *lse, const bf16 *qkv, int T, int C, int NH, int NKV)
 {
-  constexpr int BR = 64, BC = 64, P = HS + WF_TILE_PAD, NS = BC / 8, NO = HS / 8;
+  constexpr int BR = 64, BC = 64, P = HS + WF_TILE_PAD;
   __shared__ __align__(16) bf16 ks[BC * P];
   __shared__ __align__(16) bf16 vs[BC * P]; /* holds Q first */
-  const int b = (int)blockIdx.y / NH, h = (int)blockIdx.y % NH;
-  const heads x = heads_of(qkv, T, C, NKV, HS, b, h, h / (NH / NKV));
+  const int h = (int)blockIdx.y % NH;
+  const heads x = heads_of(qkv, T, C, NKV, HS, (int)blockIdx.y / NH, h, h / (NH / NKV));
   const int q0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR; /* heaviest tiles first */
   const int warp = (int)threadIdx.x / 32, r0 = q0 + warp * 16;
-  const float scale = rsqrtf((float)HS), sl2 = scale * LOG2E;
+  const float sl2 = rsqrtf((float)HS) * LOG2E;
 
   wf__load_rows<BR, HS, NTHREADS>(vs, x.q, x.ld, q0, T);
   wf__cp_commit();
@@ -143,22 +203,14 @@ __global__ void __launch_bounds__(NTHREADS)
   wf__load_rows<BC, HS, NTHREADS>(vs, x.v, x.ld, 0, T);
   wf__cp_commit();
 
-  float o[NO][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[HS / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const int ntiles = (min(q0 + BR, T) - 1) / BC + 1; /* keys up to the tile's last row */
   for (int t = 0; t < ntiles; t++) {
     const int k0 = t * BC;
     wf__cp_wait<1>(); /* K_t (V_t may still be in flight) */
     __syncthreads();
-    float s[NS][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < HS / 16; kk++)
-#pragma unroll
-      for (int np = 0; np < BC / 16; np++) {
-        unsigned kf[4];
-        wf__ldsm4(kf, wf__frag_bt(ks, P, np * 16, kk * 16));
-        wf__mma(s[2 * np], qf[kk], kf[0], kf[1]);
-        wf__mma(s[2 * np + 1], qf[kk], kf[2], kf[3]);
-      }
+    float s[BC / 8][4] = {};
+    qk_tile<HS, BC>(s, qf, ks);
     wf__cp_wait<0>(); /* V_t */
     __syncthreads();  /* and every warp is done with K_t */
     if (t + 1 < ntiles) {
@@ -169,40 +221,14 @@ __global__ void __launch_bounds__(NTHREADS)
       mask_scores(s, r0, k0, T);
     softmax_rows(s, o, m[0], l[0], 0, sl2);
     softmax_rows(s, o, m[1], l[1], 1, sl2);
-#pragma unroll
-    for (int kk = 0; kk < BC / 16; kk++) {
-      unsigned pa[4];
-      wf__pack_a(pa, s, kk);
-#pragma unroll
-      for (int dp = 0; dp < HS / 16; dp++) {
-        unsigned vf[4];
-        wf__ldsm4t(vf, wf__frag_b(vs, P, kk * 16, dp * 16));
-        wf__mma(o[2 * dp], pa, vf[0], vf[1]);
-        wf__mma(o[2 * dp + 1], pa, vf[2], vf[3]);
-      }
-    }
+    pv_tile<HS, BC>(o, s, vs);
     __syncthreads(); /* every warp is done with V_t */
     if (t + 1 < ntiles) {
       wf__load_rows<BC, HS, NTHREADS>(vs, x.v, x.ld, k0 + BC, T);
       wf__cp_commit();
     }
   }
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-  }
-  const int lane = (int)threadIdx.x % 32, g = lane >> 2;
-  if ((lane & 3) == 0)
-    for (int r = 0; r < 2; r++) {
-      int row = r0 + g + 8 * r;
-      if (row < T)
-        lse[(size_t)blockIdx.y * T + row] = m[r] * scale + logf(l[r]);
-    }
-  /* O / l through shared memory (ks is free: no load is in flight), stored coalesced. */
-  wf__acc_to_smem(ks, P, o, warp * 16, 1.0f / l[0], 1.0f / l[1]);
-  __syncthreads();
-  wf__store_rows<BR, HS, NTHREADS>(out + (size_t)b * T * C + (size_t)h * HS, (size_t)C, ks, q0, T);
+  forward_store<HS>(out, lse, ks, o, m, l, q0, T, C, h);
 }
 
 /* ---- backward ---------------------------------------------------------------------- */
