@@ -123,27 +123,64 @@ extern "C" int wf_cuda_attention_path(int B, int T, int C, int NH, int NKV)
 
 /* ---- conversions ------------------------------------------------------------------- */
 
-__global__ static void narrow_kernel(__nv_bfloat16 *dst, const float *src, size_t n)
+/* dst (n) = src rounded to bf16; four elements a thread where both are 16/8-byte aligned
+ * (every buffer here is: pool memory and `att`'s 64-byte aligned parts). */
+__global__ static void narrow_kernel(__nv_bfloat16 *dst, const float *src, size_t n, int vec)
 {
-  WF_GRID_STRIDE(i, n) { dst[i] = __float2bfloat16_rn(src[i]); }
+  size_t start = 0;
+  if (vec) {
+    WF_GRID_STRIDE(i, n / 4)
+    {
+      float4 v = reinterpret_cast<const float4 *>(src)[i];
+      __nv_bfloat162 *d = reinterpret_cast<__nv_bfloat162 *>(dst + 4 * i);
+      d[0] = __floats2bfloat162_rn(v.x, v.y);
+      d[1] = __floats2bfloat162_rn(v.z, v.w);
+    }
+    start = n / 4 * 4;
+  }
+  WF_GRID_STRIDE(i, n - start) { dst[start + i] = __float2bfloat16_rn(src[start + i]); }
 }
 
-__global__ static void widen_kernel(float *dst, const __nv_bfloat16 *src, size_t n, int add)
+/* dst (n) = src widened (add 0) or dst += src widened (add 1); vectorised alike. */
+__global__ static void widen_kernel(float *dst, const __nv_bfloat16 *src, size_t n, int add,
+                                    int vec)
 {
-  WF_GRID_STRIDE(i, n) { dst[i] = (add ? dst[i] : 0.0f) + __bfloat162float(src[i]); }
+  size_t start = 0;
+  if (vec) {
+    WF_GRID_STRIDE(i, n / 4)
+    {
+      const __nv_bfloat162 *x = reinterpret_cast<const __nv_bfloat162 *>(src + 4 * i);
+      float2 a = __bfloat1622float2(x[0]), b = __bfloat1622float2(x[1]);
+      float4 *d = reinterpret_cast<float4 *>(dst) + i;
+      float4 o = add ? *d : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      *d = make_float4(o.x + a.x, o.y + a.y, o.z + b.x, o.w + b.y);
+    }
+    start = n / 4 * 4;
+  }
+  WF_GRID_STRIDE(i, n - start)
+  {
+    size_t j = start + i;
+    dst[j] = (add ? dst[j] : 0.0f) + __bfloat162float(src[j]);
+  }
+}
+
+static int aligned(const void *a, const void *b)
+{
+  return ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b)) & 15) == 0;
 }
 
 static void narrow(wf_bf16 *dst, const float *src, size_t n, cudaStream_t s)
 {
-  narrow_kernel<<<wf__grid_1d(n, 256), 256, 0, s>>>(reinterpret_cast<__nv_bfloat16 *>(dst), src, n);
+  narrow_kernel<<<wf__grid_1d((n + 3) / 4, 256), 256, 0, s>>>(
+      reinterpret_cast<__nv_bfloat16 *>(dst), src, n, aligned(dst, src));
   WF_CUDA_LAUNCHED("narrow_kernel (attention's bf16 operands)");
 }
 
 /* dst = src (add 0) or dst += src (add 1), widened. */
 static void widen(float *dst, const wf_bf16 *src, size_t n, int add, cudaStream_t s)
 {
-  widen_kernel<<<wf__grid_1d(n, 256), 256, 0, s>>>(
-      dst, reinterpret_cast<const __nv_bfloat16 *>(src), n, add);
+  widen_kernel<<<wf__grid_1d((n + 3) / 4, 256), 256, 0, s>>>(
+      dst, reinterpret_cast<const __nv_bfloat16 *>(src), n, add, aligned(dst, src));
   WF_CUDA_LAUNCHED("widen_kernel (attention's bf16 results)");
 }
 
