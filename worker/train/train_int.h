@@ -58,6 +58,7 @@ typedef struct wf__trainer {
   double loss_mean;        /* the loss-jump watch's running mean (report.c) */
   int loss_n;              /* steps in it */
   wf_tokenizer *tok;       /* data.tokenizer, loaded by the first sample; NULL = bytes */
+  uint64_t launches;       /* the device's launch count at the last metrics line */
 } wf__trainer;
 
 /* Hooks for a one-off run inside the job (--dump-state, --generate): comms' groups and
