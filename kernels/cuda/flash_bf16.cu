@@ -53,7 +53,8 @@ struct heads {
   size_t ld;
 };
 
-__device__ heads heads_of(const bf16 *qkv, int T, int C, int NKV, int hs, int b, int h, int j)
+__device__ __forceinline__ heads heads_of(const bf16 *qkv, int T, int C, int NKV, int hs, int b,
+                                          int h, int j)
 {
   heads x;
   x.ld = (size_t)C + 2 * (size_t)NKV * hs;
@@ -115,7 +116,8 @@ __device__ __forceinline__ void mask_scores(float (&s)[NS][4], int row0, int col
     }
 }
 
-/* S (16 x BC per warp) = Q K^T: Q's A fragments in registers, K (BC x HS) in shared. */
+/* s (16 x BC per warp) += A B^T: A (16 x HS) as fragments in registers (Q, dO), B
+ * (BC x HS) a row-major shared tile (K, V): S = Q K^T, dP = dO V^T. */
 template <int HS, int BC>
 __device__ __forceinline__ void qk_tile(float (&s)[BC / 8][4], const unsigned (&qf)[HS / 16][4],
                                         const bf16 *ks)
@@ -132,23 +134,24 @@ __device__ __forceinline__ void qk_tile(float (&s)[BC / 8][4], const unsigned (&
     }
 }
 
-/* O (16 x HS per warp) += P V: P from S's accumulators (rounded to bf16), V (BC x HS) in
- * shared. */
-template <int HS, int BC>
-__device__ __forceinline__ void pv_tile(float (&o)[HS / 8][4], const float (&s)[BC / 8][4],
-                                        const bf16 *vs)
+/* acc (16 x HS per warp) += A B: A (16 x NK) the bf16 rounding of the accumulator tiles c
+ * (P from S, dS, P^T, dS^T), B (NK x HS) a row-major shared tile read as is (V, dO, Q,
+ * K): O += P V, dV += P^T dO, dK += dS^T Q, dQ += dS K. */
+template <int HS, int NK>
+__device__ __forceinline__ void acc_pb(float (&acc)[HS / 8][4], const float (&c)[NK / 8][4],
+                                       const bf16 *t)
 {
   constexpr int P = HS + WF_TILE_PAD;
 #pragma unroll
-  for (int kk = 0; kk < BC / 16; kk++) {
+  for (int kk = 0; kk < NK / 16; kk++) {
     unsigned pa[4];
-    wf__pack_a(pa, s, kk);
+    wf__pack_a(pa, c, kk);
 #pragma unroll
     for (int dp = 0; dp < HS / 16; dp++) {
-      unsigned vf[4];
-      wf__ldsm4t(vf, wf__frag_b(vs, P, kk * 16, dp * 16));
-      wf__mma(o[2 * dp], pa, vf[0], vf[1]);
-      wf__mma(o[2 * dp + 1], pa, vf[2], vf[3]);
+      unsigned tf[4];
+      wf__ldsm4t(tf, wf__frag_b(t, P, kk * 16, dp * 16));
+      wf__mma(acc[2 * dp], pa, tf[0], tf[1]);
+      wf__mma(acc[2 * dp + 1], pa, tf[2], tf[3]);
     }
   }
 }
@@ -221,7 +224,7 @@ __global__ void __launch_bounds__(NTHREADS)
       mask_scores(s, r0, k0, T);
     softmax_rows(s, o, m[0], l[0], 0, sl2);
     softmax_rows(s, o, m[1], l[1], 1, sl2);
-    pv_tile<HS, BC>(o, s, vs);
+    acc_pb<HS, BC>(o, s, vs);
     __syncthreads(); /* every warp is done with V_t */
     if (t + 1 < ntiles) {
       wf__load_rows<BC, HS, NTHREADS>(vs, x.v, x.ld, k0 + BC, T);
@@ -323,22 +326,8 @@ __device__ __forceinline__ void dkv_tile(float (&dk)[HS / 8][4], float (&dv)[HS 
 #pragma unroll
     for (int e = 0; e < 4; e++)
       dpT[n][e] = sT[n][e] * (dpT[n][e] - D_s[n * 8 + 2 * q + (e & 1)]); /* dS^T */
-#pragma unroll
-  for (int kk = 0; kk < BQ / 16; kk++) {
-    unsigned pa[4], sa[4];
-    wf__pack_a(pa, sT, kk);
-    wf__pack_a(sa, dpT, kk);
-#pragma unroll
-    for (int dp = 0; dp < HS / 16; dp++) {
-      unsigned df[4], qf[4];
-      wf__ldsm4t(df, wf__frag_b(dos, P, kk * 16, dp * 16));
-      wf__ldsm4t(qf, wf__frag_b(qs, P, kk * 16, dp * 16));
-      wf__mma(dv[2 * dp], pa, df[0], df[1]);
-      wf__mma(dv[2 * dp + 1], pa, df[2], df[3]);
-      wf__mma(dk[2 * dp], sa, qf[0], qf[1]);
-      wf__mma(dk[2 * dp + 1], sa, qf[2], qf[3]);
-    }
-  }
+  acc_pb<HS, BQ>(dv, sT, dos);
+  acc_pb<HS, BQ>(dk, dpT, qs);
 }
 
 /* dK, dV of 64 keys of one (b, kv head j) into dqkv; grid (ceil(T / 64), B * NKV), block
@@ -404,21 +393,11 @@ __device__ __forceinline__ void dq_tile(float (&dq)[HS / 8][4], const unsigned (
                                         int row0, int k0, int T, float sl2)
 {
   using S = dq_smem<HS>;
-  constexpr int BK = S::BK, P = S::P, NS = BK / 8;
+  constexpr int BK = S::BK, NS = BK / 8;
   const int l = (int)threadIdx.x % 32, g = l >> 2, q = l & 3;
   float s[NS][4] = {}, dp[NS][4] = {};
-#pragma unroll
-  for (int kk = 0; kk < HS / 16; kk++)
-#pragma unroll
-    for (int np = 0; np < BK / 16; np++) {
-      unsigned kf[4], vf[4];
-      wf__ldsm4(kf, wf__frag_bt(ks, P, np * 16, kk * 16));
-      wf__ldsm4(vf, wf__frag_bt(vs, P, np * 16, kk * 16));
-      wf__mma(s[2 * np], qf[kk], kf[0], kf[1]);
-      wf__mma(s[2 * np + 1], qf[kk], kf[2], kf[3]);
-      wf__mma(dp[2 * np], df[kk], vf[0], vf[1]);
-      wf__mma(dp[2 * np + 1], df[kk], vf[2], vf[3]);
-    }
+  qk_tile<HS, BK>(s, qf, ks);
+  qk_tile<HS, BK>(dp, df, vs);
 #pragma unroll
   for (int n = 0; n < NS; n++)
 #pragma unroll
@@ -427,18 +406,7 @@ __device__ __forceinline__ void dq_tile(float (&dq)[HS / 8][4], const unsigned (
       float p = key > query || key >= T ? 0.0f : exp2f(fmaf(s[n][e], sl2, -L[r] * LOG2E));
       dp[n][e] = p * (dp[n][e] - Dr[r]); /* dS */
     }
-#pragma unroll
-  for (int kk = 0; kk < BK / 16; kk++) {
-    unsigned sa[4];
-    wf__pack_a(sa, dp, kk);
-#pragma unroll
-    for (int dd = 0; dd < HS / 16; dd++) {
-      unsigned kf[4];
-      wf__ldsm4t(kf, wf__frag_b(ks, P, kk * 16, dd * 16));
-      wf__mma(dq[2 * dd], sa, kf[0], kf[1]);
-      wf__mma(dq[2 * dd + 1], sa, kf[2], kf[3]);
-    }
-  }
+  acc_pb<HS, BK>(dq, dp, ks);
 }
 
 /* dQ of 64 queries of one (b, h) into dqkv; grid (ceil(T / 64), B * NH), block NTHREADS,
