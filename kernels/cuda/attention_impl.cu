@@ -78,7 +78,7 @@ static int decide(int B, int T, int C, int NH, int NKV, int impl)
   if (impl == WF_ATTN_REFERENCE)
     return path;
   if (hs > 128)
-    snprintf(why_c, sizeof why_c, "head size %d > 128 takes the (T, T) kernels", hs);
+    snprintf(why, sizeof why, " (head size %d: above 128 only the fp32 (T, T) kernels)", hs);
   else if ((impl == WF_ATTN_AUTO || impl == WF_ATTN_CUDNN) &&
            wf__cudnn_sdpa_accepts(B, T, C, NH, NKV, why_c, sizeof why_c))
     path = WF_ATTN_CUDNN;
