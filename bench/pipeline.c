@@ -15,7 +15,7 @@
  *  - slots: the most micro-batches (x chunks) each stage held at once, against the
  *    bound (1F1B: min(p - r, m); GPipe: m);
  *  - act MiB: each stage's peak activation memory (slots x one slot's bytes);
- *  - step time, tokens/s and the job's GFLOP/s (wf_gpt_flops_per_step), and that as a
+ *  - step time, tokens/s and the job's GFLOP/s (wf_model_flops_per_step), and that as a
  *    share of p ranks' sgemm rate measured before the table (a 1024^3 GEMM through the
  *    kernels on every rank at once).
  * Never a test: it prints a table.

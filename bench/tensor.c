@@ -9,7 +9,7 @@
  * sharded), tp 2 (each rank half of every layer on the whole batch, Megatron's
  * column/row split with a vocabulary-parallel head), and tp 2 with sequence
  * parallelism. Medians over the steps after the first:
- *  - step_ms, tokens/s, the job's GFLOP/s (wf_gpt_flops_per_step: the same model FLOPs
+ *  - step_ms, tokens/s, the job's GFLOP/s (wf_model_flops_per_step: the same model FLOPs
  *    whatever the mesh) and that against 2 ranks' sgemm rate (a 1024^3 GEMM through the
  *    kernels on both ranks at once, measured before the table);
  *  - tp_ms: rank 0's time inside the tensor-parallel collectives (all-reduce, or

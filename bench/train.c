@@ -3,7 +3,7 @@
  *
  * Prints, for gpt2-small at batch 4 x seq 64 and a 4-layer d_model 256 model (4 heads,
  * vocab 256) at batch 8 x seq 128: step time, tokens/s and achieved GFLOP/s
- * (wf_gpt_flops_per_step: 6 x params x tokens plus attention), next to the machine's
+ * (wf_model_flops_per_step: 6 x params x tokens plus attention), next to the machine's
  * sgemm rate: a 2048^3 GEMM through wf_matmul_forward, i.e. cblas_sgemm split over the
  * kernels' thread pool the way the model calls it, measured just before each model so
  * both see the same load. Each as best and median of the runs, with the step broken
@@ -68,7 +68,7 @@ static void sgemm_time(int n, int reps, double *med, double *min)
 
 typedef struct shape {
   const char *name;
-  wf_gpt_dims d;
+  wf_model_dims d;
   int B, T;
 } shape;
 
@@ -80,7 +80,7 @@ typedef struct phases {
 /* What the trainer runs on one rank: the model, the gradient path, the optimizer. */
 typedef struct rank {
   wf_config cfg;
-  wf_gpt *m;
+  wf_model *m;
   wf_grads *g;
   wf_optim *o;
 } rank;
@@ -91,9 +91,9 @@ static void one_step(rank *r, const int *in, const int *tg, int B, int T, int t,
   wf_optim_step_info oi;
   double t0 = wf_now();
   wf_grads_zero(r->g);
-  wf_gpt_forward(r->m, in, tg, B, T, &loss);
+  wf_model_forward(r->m, in, tg, B, T, &loss);
   double t1 = wf_now();
-  wf_gpt_backward(r->m, 1.0f);
+  wf_model_backward(r->m, 1.0f);
   double t2 = wf_now();
   wf_grads_finish(r->g);
   wf_grads_norm(r->g, 1.0, &norm);
@@ -111,13 +111,13 @@ static wf_status rank_create(rank *r, const shape *s)
   r->cfg.train.lr = r->cfg.train.min_lr = 1e-4, r->cfg.train.warmup = 0;
   r->cfg.optim.beta1 = 0.9, r->cfg.optim.beta2 = 0.95, r->cfg.optim.weight_decay = 0.1;
   r->cfg.optim.clip = 1.0, r->cfg.precision = WF_PREC_NO;
-  wf_status st = wf_gpt_create(&r->m, &s->d, s->B, s->T);
+  wf_status st = wf_model_create(&r->m, &s->d, s->B, s->T);
   if (st == WF_OK)
-    st = wf_gpt_init(r->m, 1);
+    st = wf_model_init(r->m, 1);
   wf_grads_opts go = {.model = r->m};
   if (st == WF_OK)
     st = wf_grads_create(&r->g, &go);
-  wf_optim_opts oo = {&r->cfg, r->m, 0, r->m ? wf_gpt_local_params(r->m) : 0, 1, NULL};
+  wf_optim_opts oo = {&r->cfg, r->m, 0, r->m ? wf_model_local_params(r->m) : 0, 1, NULL};
   if (st == WF_OK)
     st = wf_optim_create(&r->o, &oo);
   return st;
@@ -127,7 +127,7 @@ static void rank_destroy(rank *r)
 {
   wf_optim_destroy(r->o);
   wf_grads_destroy(r->g);
-  wf_gpt_destroy(r->m);
+  wf_model_destroy(r->m);
 }
 
 static void print_row(const shape *s, const char *kind, double step, double fwd, double bwd,
@@ -135,10 +135,10 @@ static void print_row(const shape *s, const char *kind, double step, double fwd,
 {
   char bxt[32];
   snprintf(bxt, sizeof bxt, "%dx%d", s->B, s->T);
-  double gflops = wf_gpt_flops_per_step(&s->d, s->B, s->T) / step * 1e-9;
+  double gflops = wf_model_flops_per_step(&s->d, s->B, s->T) / step * 1e-9;
   double sgemm = 2.0 * 2048.0 * 2048.0 * 2048.0 / sgemm_s * 1e-9;
   printf("%-17s %-6s %-7s %7.2fM %9.1f %8.1f %8.1f %7.1f %8.0f %8.1f %7.1f %6.1f%%\n", s->name,
-         kind, bxt, (double)wf_gpt_num_params(&s->d) * 1e-6, step * 1e3, fwd * 1e3, bwd * 1e3,
+         kind, bxt, (double)wf_model_num_params(&s->d) * 1e-6, step * 1e3, fwd * 1e3, bwd * 1e3,
          opt * 1e3, (double)s->B * s->T / step, gflops, sgemm, 100 * gflops / sgemm);
 }
 
@@ -188,8 +188,8 @@ int main(int argc, char **argv)
   printf("%-17s %-6s %-7s %8s %9s %8s %8s %7s %8s %8s %7s %7s\n", "model", "stat", "BxT", "params",
          "step_ms", "fwd_ms", "bwd_ms", "opt_ms", "tok/s", "GFLOP/s", "sgemm", "%sgemm");
   const shape shapes[] = {
-      {"gpt2-small", {12, 12, 768, 1024, 50257, 50304}, 4, 64},
-      {"L4 C256 NH4 V256", {4, 4, 256, 128, 256, 256}, 8, 128},
+      {"gpt2-small", {.L = 12, .NH = 12, .C = 768, .maxT = 1024, .V = 50257, .Vp = 50304}, 4, 64},
+      {"L4 C256 NH4 V256", {.L = 4, .NH = 4, .C = 256, .maxT = 128, .V = 256, .Vp = 256}, 8, 128},
   };
   int rc = 0;
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)

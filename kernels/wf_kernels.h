@@ -37,5 +37,6 @@
 #include "attention_bf16.h"
 #include "classifier.h"
 #include "tokens.h"
+#include "checksum.h"
 
 #endif /* WF_KERNELS_H */

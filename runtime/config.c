@@ -206,6 +206,15 @@ static void preset_int(wf_config *cfg, const char *key, int v, wf_config_source 
   }
 }
 
+static void preset_str(wf_config *cfg, const char *key, const char *v, wf_config_source src)
+{
+  int k = wf__cfg_key_index(key);
+  if (k >= 0 && src_rank(cfg->source[k]) <= WF_SRC_PRESET) {
+    wf_strlcpy(field(cfg, &wf__cfg_keys[k]), v, wf__cfg_keys[k].cap);
+    cfg->source[k] = (uint8_t)WF_MIN(src, WF_SRC_PRESET);
+  }
+}
+
 static wf_status set_preset(wf_config *cfg, int k, const char *name, const char *text,
                             const wf__cfg_ctx *ctx)
 {
@@ -226,6 +235,11 @@ static wf_status set_preset(wf_config *cfg, int k, const char *name, const char 
   preset_int(cfg, "model.d_model", p->d_model, ctx->src);
   preset_int(cfg, "model.seq_len", p->seq_len, ctx->src);
   preset_int(cfg, "model.vocab", p->vocab, ctx->src);
+  preset_str(cfg, "model.family", p->family, ctx->src);
+  preset_int(cfg, "model.kv_heads", p->kv_heads, ctx->src);
+  preset_int(cfg, "model.ffn", p->ffn, ctx->src);
+  preset_dbl(cfg, "model.rope_theta", p->rope_theta, ctx->src);
+  preset_int(cfg, "model.tie_embeddings", p->tie, ctx->src);
   preset_dbl(cfg, "train.lr", p->lr, ctx->src);
   /* the cosine ends at a tenth of the peak, as llm.c and nanoGPT decay (gpt2-tiny's 3e-4
    * is the key's default) */
@@ -449,8 +463,13 @@ wf_status wf__cfg_set_mesh_shape(wf_config *cfg, const char *name, const char *c
                                  int n_sizes, const char *const *axes, int n_axes, wf__cfg_ctx *ctx)
 {
   static const wf__cfg_key size_key = {.name = "mesh_shape", .min = 1, .max = 1 << 24};
+  bool fsdp = false; /* an axis named fsdp, as the seeds and JAX mean it: sharded params */
+  for (int i = 0; axes && i < n_axes; i++)
+    fsdp |= strcasecmp(axes[i], "fsdp") == 0;
   if (n_sizes >= 2 && n_sizes <= 4) {
     int h = set_hsdp_shape(cfg, name, sizes, n_sizes, axes, n_axes, ctx);
+    if (h > 0 && cfg->source[wf__cfg_key_index("mesh.dp")] == ctx->src)
+      cfg->mesh.fsdp_axis = true;
     if (h != 0)
       return h > 0 ? WF_OK : WF_ECONFIG;
   }
@@ -480,6 +499,8 @@ wf_status wf__cfg_set_mesh_shape(wf_config *cfg, const char *name, const char *c
       *fields[a] = dims[a];
   if (axes)
     store_axes(cfg, order, ctx->src);
+  if (cfg->source[wf__cfg_key_index("mesh.dp")] == ctx->src)
+    cfg->mesh.fsdp_axis = fsdp;
   return WF_OK;
 }
 

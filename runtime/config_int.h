@@ -70,9 +70,12 @@ typedef struct wf__cfg_target {
 } wf__cfg_target;
 
 typedef struct wf__cfg_preset {
-  const char *name;
+  const char *name, *family;
   int layers, heads, d_model, seq_len, vocab;
   double lr; /* train.lr for this size (peak learning rate) */
+  int kv_heads, ffn;
+  double rope_theta;
+  int tie; /* wf_tie */
 } wf__cfg_preset;
 
 /* Where a value came from, for error messages. */
@@ -89,6 +92,7 @@ extern const wf__cfg_key wf__cfg_keys[];
 extern const int wf__cfg_nkeys;
 extern const wf__cfg_preset wf__cfg_presets[];
 extern const int wf__cfg_npresets;
+extern const char *const wf__cfg_families[]; /* NULL-terminated */
 
 /* Table look-ups (config_keys.c). */
 int wf__cfg_key_index(const char *name);

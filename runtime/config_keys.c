@@ -49,6 +49,7 @@ _Static_assert(sizeof(wf_precision) == sizeof(int), "enum storage");
 _Static_assert(sizeof(wf_attention_impl) == sizeof(int), "enum storage");
 _Static_assert(sizeof(wf_schedule_kind) == sizeof(int), "enum storage");
 _Static_assert(sizeof(wf_device_pref) == sizeof(int), "enum storage");
+_Static_assert(sizeof(wf_tie) == sizeof(int), "enum storage");
 
 static const wf__cfg_enum schedules[] = {{"1f1b", WF_SCHED_1F1B},
                                          {"gpipe", WF_SCHED_GPIPE},
@@ -60,6 +61,9 @@ static const wf__cfg_enum precisions[] = {{"no", WF_PREC_NO},     {"fp16", WF_PR
 static const wf__cfg_enum log_levels[] = {{"error", WF_LOG_ERROR},  {"warn", WF_LOG_WARN},
                                           {"info", WF_LOG_INFO},    {"debug", WF_LOG_DEBUG},
                                           {"warning", WF_LOG_WARN}, {NULL, 0}};
+static const wf__cfg_enum ties[] = {{"auto", WF_TIE_AUTO}, {"true", WF_TIE_YES},
+                                    {"false", WF_TIE_NO},  {"yes", WF_TIE_YES},
+                                    {"no", WF_TIE_NO},     {NULL, 0}};
 static const wf__cfg_enum devices[] = {{"auto", WF_DEV_AUTO},
                                        {"cpu", WF_DEV_CPU},
                                        {"cuda", WF_DEV_CUDA},
@@ -94,6 +98,7 @@ const wf__cfg_key wf__cfg_keys[] = {
      .off = OFF(mesh.axis_names),
      .def = "[dp, tp, pp]",
      .doc = "order of the mesh_shape axes as given"},
+    K_STR("model.family", model.family, "gpt2", "model family: gpt2"),
     K_STR("model.preset", model.preset, "gpt2-tiny",
           "gpt2-tiny, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl"),
     K_INT("model.layers", model.layers, "4", 1, 4096, "transformer blocks (L)"),
@@ -101,6 +106,18 @@ const wf__cfg_key wf__cfg_keys[] = {
     K_INT("model.d_model", model.d_model, "64", 1, 1 << 20, "channels (C)"),
     K_INT("model.seq_len", model.seq_len, "64", 1, 1 << 24, "context length (maxT)"),
     K_INT("model.vocab", model.vocab, "256", 1, 1 << 26, "vocabulary size (V)"),
+    K_INT("model.kv_heads", model.kv_heads, "0", 0, 4096,
+          "key/value heads (grouped-query attention); 0 = model.heads"),
+    K_INT("model.ffn", model.ffn, "0", 0, 1 << 22, "the MLP's hidden width; 0 = 4 x d_model"),
+    K_ENUM("model.tie_embeddings", model.tie_embeddings, "auto", ties,
+           "the head reads the embedding's weight: auto (the family's: gpt2 ties, llama "
+           "not), true, false"),
+    K_DBL("model.rope_theta", model.rope_theta, "0", 0, 1e12, 0,
+          "RoPE's base theta (llama); 0 = 500000 (Llama 3)"),
+    K_DBL("model.norm_eps", model.norm_eps, "0", 0, 1, 0, "RMSNorm's epsilon (llama); 0 = 1e-5"),
+    K_DBL("model.shard_mb", model.shard_mb, "0", 0, 1e9, 0,
+          "safetensors model folders: the largest file in MB (1e6 bytes) before sharding "
+          "with an index; 0 = 5000 (save_pretrained's 5GB)"),
     {.name = "model.padded_vocab",
      .type = WF__CT_INT,
      .off = OFF(model.padded_vocab),
@@ -144,11 +161,16 @@ const wf__cfg_key wf__cfg_keys[] = {
     K_INT("train.checkpoint_every", train.checkpoint_every, "0", 0, INT_MAX,
           "steps between checkpoints; 0 = only at the end"),
     K_INT("train.keep", train.keep, "3", 0, 1 << 20, "checkpoints kept; 0 = all"),
-    K_STR("train.resume", train.resume, "", "\"\", \"auto\" or a checkpoint path"),
+    K_STR("train.resume", train.resume, "",
+          "\"\" (resume the run train.checkpoint_dir holds, if any), \"never\" (start over "
+          "there), \"auto\" or a checkpoint path"),
     K_DBL("train.peak_tflops", train.peak_tflops, "0", 0, 1e9, 0,
           "device peak for MFU; 0 = unknown"),
     K_DBL("train.loss_jump_factor", train.loss_jump_factor, "3", 0, 1e9, 0,
           "warn when a step's loss exceeds this times its running mean; 0 = never"),
+    K_INT("train.log_every", train.log_every, "1", 1, INT_MAX,
+          "steps between step lines (the first, the last and evaluated steps always print; "
+          "train.metrics has every step)"),
     K_INT("train.sample_every", train.sample_every, "0", 0, INT_MAX,
           "steps between printed samples; 0 = never"),
     K_INT("train.sample_tokens", train.sample_tokens, "64", 1, 1 << 20,
@@ -170,7 +192,8 @@ const wf__cfg_key wf__cfg_keys[] = {
     K_STR("data.val_path", data.val_path, "",
           "validation text file or glob of llm.c shards; \"\" = hold out data.val_fraction"),
     K_STR("data.tokenizer", data.tokenizer, "",
-          "GPT-2 BPE for text: tokenizer.json, vocab.json (merges.txt beside it) or a folder"),
+          "tokenizer for text: GPT-2's tokenizer.json or vocab.json (merges.txt beside it), Llama "
+          "3's tokenizer.model, or a folder"),
     K_INT("optim.zero", optim.zero, "0", 0, 3,
           "1 = shard optimizer state over dp (ZeRO-1), 2 = and gradients (ZeRO-2), 3 = and "
           "parameters (FSDP)"),
@@ -211,6 +234,12 @@ const wf__cfg_key wf__cfg_keys[] = {
           "compute threads per rank; 0 = the cores the rank is bound to"),
     K_DBL("runtime.hang_timeout", runtime.hang_timeout, "300", 0, 1e7, 0,
           "seconds without progress before abort; 0 = off"),
+    K_DBL("runtime.heartbeat_timeout", runtime.heartbeat_timeout, "2", 0.5, 3600, 0,
+          "seconds without a heartbeat after which rank 0 takes a rank for lost (a rank takes "
+          "rank 0 for lost one heartbeat later); a lost host ends the job this long after"),
+    K_DBL("runtime.connect_timeout", runtime.connect_timeout, "30", 0.5, 3600, 0,
+          "seconds a rank keeps trying to reach the coordinator (MASTER_ADDR:MASTER_PORT) at "
+          "start before it fails, naming the address and port"),
     K_INT("runtime.metrics_port", runtime.metrics_port, "0", 0, 65535, "Prometheus port; 0 = off"),
     K_STR("runtime.listen_addr", runtime.listen_addr, "",
           "address rank 0's control and metrics ports listen on; \"\" = MASTER_ADDR's "
@@ -228,15 +257,24 @@ const int wf__cfg_nkeys = (int)WF_ARRAY_LEN(wf__cfg_keys);
 _Static_assert(WF_ARRAY_LEN(wf__cfg_keys) <= WF_CONFIG_MAX_KEYS, "cfg->source is too small");
 
 const wf__cfg_preset wf__cfg_presets[] = {
-    /* name, layers, heads, d_model, seq_len, vocab; GPT-2 sizes as in llm.c. lr: the
-     * tiny test model's 3e-3; GPT-2 small 6e-4 as llm.c and nanoGPT train it; the larger
-     * sizes take the GPT-3 paper's (Table 2.1) rates for the same sizes. */
-    {"gpt2-tiny", 4, 4, 64, 64, 256, 3e-3},
-    {"gpt2-small", 12, 12, 768, 1024, 50257, 6e-4},
-    {"gpt2-medium", 24, 16, 1024, 1024, 50257, 3e-4},
-    {"gpt2-large", 36, 20, 1280, 1024, 50257, 2.5e-4},
-    {"gpt2-xl", 48, 25, 1600, 1024, 50257, 2e-4},
+    /* name, family, layers, heads, d_model, seq_len, vocab, lr; then kv_heads, ffn,
+     * rope_theta and tie_embeddings (0 / auto: the family's). GPT-2 sizes as in llm.c.
+     * lr: the tiny test models' 3e-3; GPT-2 small 6e-4 as llm.c and nanoGPT train it;
+     * the larger sizes take the GPT-3 paper's (Table 2.1) rates for the same sizes.
+     * Llama: llama-1b is Llama 3.2 1B (16 layers, d 2048, 32 heads, 8 kv heads, ffn
+     * 8192, vocabulary 128256, theta 500000, its embedding tied to the head as Meta
+     * ships it) and llama-8b Llama 3 8B (32 layers, d 4096, ffn 14336, untied), both
+     * with an 8192-token context (Llama 3's pre-training length; no RoPE scaling) and
+     * Llama 3's peak rate 3e-4; llama-tiny is a test model (grouped-query attention
+     * with 2 kv heads, a 192-wide SwiGLU, theta 10000 so short contexts rotate). */
+    {"gpt2-tiny", "gpt2", 4, 4, 64, 64, 256, 3e-3, 0, 0, 0, WF_TIE_AUTO},
+    {"gpt2-small", "gpt2", 12, 12, 768, 1024, 50257, 6e-4, 0, 0, 0, WF_TIE_AUTO},
+    {"gpt2-medium", "gpt2", 24, 16, 1024, 1024, 50257, 3e-4, 0, 0, 0, WF_TIE_AUTO},
+    {"gpt2-large", "gpt2", 36, 20, 1280, 1024, 50257, 2.5e-4, 0, 0, 0, WF_TIE_AUTO},
+    {"gpt2-xl", "gpt2", 48, 25, 1600, 1024, 50257, 2e-4, 0, 0, 0, WF_TIE_AUTO},
 };
+/* The families worker/model registers (model.family); a new family adds its name. */
+const char *const wf__cfg_families[] = {"gpt2", NULL};
 const int wf__cfg_npresets = (int)WF_ARRAY_LEN(wf__cfg_presets);
 
 /* The seeds' names (a DistributedConfig) and other spellings users bring along. */
@@ -285,6 +323,9 @@ static const char *const env_skip[] = {
     "WEFT_BENCH_",       /* benchmarks */
     "WEFT_MAX_RESTARTS", /* scripts/weft-run and the Slurm scripts */
     "WEFT_RESTART_",     /* scripts/weft-run: WEFT_RESTART_BACKOFF, ..._MAX */
+    "WEFT_BUNDLE",       /* a GPU bundle's env.sh (scripts/gpu-bundle-env.sh) */
+    "WEFT_BUNDLE_",      /* scripts/gpu_bundle.py: WEFT_BUNDLE_JOBS */
+    "WEFT_CUDA_LIBS",    /* a GPU bundle's env.sh: the CUDA library folders */
 };
 
 int wf__cfg_key_index(const char *name)

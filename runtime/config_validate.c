@@ -164,7 +164,15 @@ static wf_status rule_mesh(vctx *v)
 static wf_status rule_fsdp(vctx *v)
 {
   wf_config *c = v->c;
-  int f = c->mesh.fsdp, dp = c->mesh.dp;
+  int f = c->mesh.fsdp, dp = c->mesh.dp, zk = wf_config_key_find("optim.zero");
+  /* An fsdp axis (or mesh.fsdp) shards the parameters within it, as the seeds and JAX
+   * mean it: ZeRO-3, unless optim.zero is given. One dp rank has nothing to shard. */
+  bool given = c->source[zk] != WF_SRC_DEFAULT && c->source[zk] != WF_SRC_PRESET &&
+               c->source[zk] != WF_SRC_DERIVED;
+  if ((c->mesh.fsdp_axis || f > 0) && !given && v->world && dp > 1) {
+    c->optim.zero = 3;
+    c->source[zk] = WF_SRC_DERIVED;
+  }
   if (c->optim.zero > 0 && v->world && dp == 1)
     return fail(v,
                 "optim.zero=%d shards over the data-parallel ranks, but mesh.dp=1 has one: "
@@ -175,7 +183,8 @@ static wf_status rule_fsdp(vctx *v)
   if (c->optim.zero == 0)
     return fail(v,
                 "mesh.fsdp=%d shards with ZeRO inside groups of %d dp ranks, but optim.zero=0 "
-                "shards nothing; set optim.zero=1 or 2, or remove mesh.fsdp",
+                "shards nothing; set optim.zero=1, 2 or 3 (3, FSDP, is what an fsdp axis means "
+                "when optim.zero is not given), or remove mesh.fsdp",
                 f, f);
   if (dp > 0 && dp % f != 0)
     return fail(v,
@@ -187,11 +196,72 @@ static wf_status rule_fsdp(vctx *v)
 
 /* ---- the model and its partition ----------------------------------------------------- */
 
+/* model.family names a family worker/model registers; GPT-2's shape is fixed (multi-
+ * head attention, a 4 x d_model MLP, the head tied to the embedding). */
+static wf_status rule_family(vctx *v)
+{
+  wf_config *c = v->c;
+  const char *f = c->model.family;
+  bool known = false;
+  char names[128] = "";
+  for (int i = 0; wf__cfg_families[i]; i++) {
+    known = known || !strcmp(wf__cfg_families[i], f);
+    size_t n = strlen(names);
+    snprintf(names + n, sizeof names - n, "%s%s", i ? ", " : "", wf__cfg_families[i]);
+  }
+  if (!known)
+    return fail(v, "model.family=%s is not a model family weft knows; use one of %s", f, names);
+  if (strcmp(f, "gpt2"))
+    return WF_OK;
+  if (c->model.kv_heads && c->model.kv_heads != c->model.heads)
+    return fail(v,
+                "model.kv_heads=%d: GPT-2 has no grouped-query attention (model.family=gpt2); "
+                "leave model.kv_heads at 0, or use model.family=llama",
+                c->model.kv_heads);
+  if (c->model.ffn && c->model.ffn != 4 * c->model.d_model)
+    return fail(v,
+                "model.ffn=%d: GPT-2's MLP is 4 x d_model = %d wide (model.family=gpt2); leave "
+                "model.ffn at 0, or use model.family=llama",
+                c->model.ffn, 4 * c->model.d_model);
+  if (c->model.tie_embeddings == WF_TIE_NO)
+    return fail(v, "model.tie_embeddings=false: GPT-2 ties its head to the embedding "
+                   "(model.family=gpt2); leave it at auto, or use model.family=llama");
+  return WF_OK;
+}
+
+/* Grouped-query attention and the MLP under tensor parallelism: each rank holds whole
+ * kv heads (Megatron's num_query_groups % tp) and an equal part of the hidden units. */
+static wf_status rule_gqa(vctx *v)
+{
+  wf_config *c = v->c;
+  int tp = c->mesh.tp, kv = c->model.kv_heads ? c->model.kv_heads : c->model.heads;
+  int ffn = c->model.ffn ? c->model.ffn : 4 * c->model.d_model;
+  if (c->model.heads % kv != 0)
+    return fail(v,
+                "model.kv_heads=%d does not divide model.heads=%d; each key/value head serves "
+                "an equal group of query heads",
+                kv, c->model.heads);
+  if (kv % tp != 0)
+    return fail(v,
+                "mesh.tp=%d does not divide the %d key/value heads (model.kv_heads); tensor "
+                "parallelism gives each rank whole kv heads, so choose a tp that divides %d",
+                tp, kv, kv);
+  if (ffn % tp != 0)
+    return fail(v,
+                "mesh.tp=%d does not divide the MLP's width %d (model.ffn); choose a tp that "
+                "divides it",
+                tp, ffn);
+  return WF_OK;
+}
+
 static wf_status rule_model(vctx *v)
 {
   wf_config *c = v->c;
   int tp = c->mesh.tp, vp = wf__cfg_pad_vocab(c->model.vocab);
   c->model.padded_vocab = vp;
+  wf_status st = rule_family(v);
+  if (st != WF_OK)
+    return st;
   if (c->model.d_model % c->model.heads != 0)
     return fail(v,
                 "model.d_model=%d is not divisible by model.heads=%d; choose d_model as a "
@@ -210,7 +280,7 @@ static wf_status rule_model(vctx *v)
                 "mesh.tp=%d does not divide the padded vocabulary %d (model.vocab=%d "
                 "rounded up to a multiple of 128); choose a tp that divides %d",
                 tp, vp, c->model.vocab, vp);
-  return WF_OK;
+  return rule_gqa(v);
 }
 
 static wf_status rule_pp_layers(vctx *v)

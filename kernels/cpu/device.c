@@ -276,6 +276,12 @@ static void adamw_update(float *params, float *m, float *v, const float *grads, 
   wf_adamw_update(params, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale);
 }
 
+static void checksum(uint64_t *out, const float *x, size_t n, int negate, wf_stream *s)
+{
+  (void)s;
+  wf_checksum(out, x, n, negate);
+}
+
 static void sumsq_acc(double *acc, const float *x, size_t n, wf_stream *s)
 {
   wf_sumsq_acc(acc, x, n);
@@ -292,6 +298,9 @@ static void round_fp16(float *dst, const float *src, size_t n, wf_stream *s)
 {
   wf_round_fp16(dst, src, n);
 }
+
+/* The CPU kernels allocate nothing for themselves. */
+static size_t workspace_bytes(void) { return 0; }
 
 /* CPU kernels cannot fail once their arguments are valid. */
 static wf_status last_error(void) { return WF_OK; }
@@ -351,6 +360,7 @@ const wf_ktable wf__cpu_ktable = {
     .set_tf32 = set_tf32,
     .attention_saved = attention_tt,
     .attention_scratch = attention_tt,
+    .workspace_bytes = workspace_bytes,
     .attention_forward = attention_forward,
     .attention_backward = attention_backward,
     .gelu_forward = gelu_forward,
@@ -366,6 +376,7 @@ const wf_ktable wf__cpu_ktable = {
     .tokens_check = tokens_check,
     .adamw_update = adamw_update,
     .sumsq_acc = sumsq_acc,
+    .checksum = checksum,
     .scale = scale,
     .round_bf16 = round_bf16,
     .round_fp16 = round_fp16,

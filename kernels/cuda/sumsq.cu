@@ -11,9 +11,9 @@
  * 132-SM Hopper busy (about 8 blocks each) on a model-sized array; an array of up to
  * SMALL_N elements takes one block and one launch instead (a bias, a layernorm
  * weight, a micro-batch's losses), which is what most of the gradient norm's calls are.
- * The partials live in stream-ordered memory (cudaMallocAsync), so concurrent calls on
- * different streams share nothing. The result is added into a device double, so
- * nothing waits for the device here.
+ * The partials live in the module's workspace (backend.cu), used in stream order like
+ * the column sums', so nothing is allocated per call. The result is added into a
+ * device double (the CPU twin's *acc += ...), so nothing waits for the device here.
  */
 #include "cuda_int.h"
 
@@ -94,16 +94,17 @@ template <int OP> static void sum_acc(double *acc, const float *x, size_t n, cud
   }
   unsigned grid = wf__grid_1d((n + 3) / 4, SUM_THREADS);
   grid = grid < SUM_BLOCKS ? grid : SUM_BLOCKS;
-  void *mem = NULL;
-  if (!WF_CUDA_OK(cudaMallocAsync(&mem, grid * sizeof(double), s)))
+  float *room = NULL;
+  size_t floats = 0;
+  if (!wf__partials(&room, &floats, __FILE__, __LINE__))
     return;
-  double *partial = (double *)mem;
+  static_assert(SUM_BLOCKS * sizeof(double) <= ((size_t)1 << 20), "partials outgrow the room");
+  double *partial = (double *)room; /* 256-byte aligned: the workspace's offset is */
   partial_kernel<OP><<<grid, SUM_THREADS, 0, s>>>(partial, x, n);
   if (WF_CUDA_LAUNCHED("partial_kernel (sum in double)")) {
     final_kernel<OP><<<1, SUM_THREADS, 0, s>>>(acc, partial, grid, n);
     WF_CUDA_LAUNCHED("final_kernel (sum in double)");
   }
-  WF_CUDA_OK(cudaFreeAsync(mem, s));
 }
 
 extern "C" void wf_cuda_sumsq_acc(double *acc, const float *x, size_t n, wf_stream *stream)

@@ -22,17 +22,17 @@ int main(int argc, char **argv)
     return 2;
   }
   enum { B = 2, T = 7 };
-  wf_gpt_dims d = {.L = 2, .NH = 2, .C = 8, .maxT = 8, .V = 11, .Vp = 16};
+  wf_model_dims d = {.L = 2, .NH = 2, .C = 8, .maxT = 8, .V = 11, .Vp = 16};
   char model[4096], state[4096];
   snprintf(model, sizeof model, "%s/model.bin", argv[1]);
   snprintf(state, sizeof state, "%s/state.bin", argv[1]);
   wf_kernels_set_threads(1);
-  wf_gpt *m;
-  if (wf_gpt_create(&m, &d, B, T) != WF_OK)
+  wf_model *m;
+  if (wf_model_create(&m, &d, B, T) != WF_OK)
     return 1;
-  wf_gpt_init(m, 2024);
-  float *p = wf_gpt_params(m);
-  size_t n = wf_gpt_num_params(&d);
+  wf_model_init(m, 2024);
+  float *p = wf_model_params(m);
+  size_t n = wf_model_num_params(&d);
   for (size_t i = 0; i < n; i++)
     if (i < (size_t)d.V * d.C || i >= (size_t)d.Vp * d.C)
       p[i] += 0.3f * wf_rng_normal(77, 1, i);
@@ -42,10 +42,10 @@ int main(int argc, char **argv)
     tg[i] = (i * 4 + 1) % d.V;
   }
   int rc = 0;
-  if (wf_gpt_save_llmc(m, model) != WF_OK ||
-      wf_gpt_dump_state(m, state, in, tg, B, T) != WF_OK) { /* the error is logged */
+  if (wf_model_save_llmc(m, model) != WF_OK ||
+      wf_model_dump_state(m, state, in, tg, B, T) != WF_OK) { /* the error is logged */
     rc = 1;
   }
-  wf_gpt_destroy(m);
+  wf_model_destroy(m);
   return rc;
 }

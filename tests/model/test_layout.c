@@ -1,12 +1,12 @@
 /*
  * test_layout.c - the local <-> full parameter mapping of model shards
- * (wf_gpt_shard_runs), which checkpoints use to reassemble and reshard a model.
+ * (wf_model_shard_runs), which checkpoints use to reassemble and reshard a model.
  *
  * For every shard of several meshes (tp 1, 2, 4; even, uneven and one-layer pipeline
  * stages; interleaved chunks) it checks that the runs tile the shard's flat vector in
  * order, that the counted runs of all shards of a mesh cover every element of the full
- * layout exactly once, and that the runs say what wf_gpt_import_full and
- * wf_gpt_export_full do. The full vector holds each element's own index (exact in
+ * layout exactly once, and that the runs say what wf_model_import_full and
+ * wf_model_export_full do. The full vector holds each element's own index (exact in
  * float32 below 2^24), so a misplaced element shows as a wrong number. Spot checks
  * against the slicing wf_model.h describes (q|k|v head rows, fc rows, fcproj and
  * attproj columns, vocabulary rows, chunk layers) keep the mapping honest on its own
@@ -22,9 +22,10 @@
 #include <cmocka.h>
 
 #include "wf_model.h"
+#include "../common/gpt2_kinds.h"
 
 /* L=4, NH=4, C=8, maxT=8, V=11 padded to 16: tp 4 divides the heads, C and Vp. */
-static const wf_gpt_dims dims = {.L = 4, .NH = 4, .C = 8, .maxT = 8, .V = 11, .Vp = 16};
+static const wf_model_dims dims = {.L = 4, .NH = 4, .C = 8, .maxT = 8, .V = 11, .Vp = 16};
 
 /* A mesh: tp ranks x pp stages; stage s holds layers [bounds[s], bounds[s+1]), or with
  * chunks > 1 the interleaved schedule's chunk layers (stage c*pp + s). */
@@ -38,17 +39,17 @@ static const mesh meshes[] = {
     {2, 2, 1, {0, 1, 4}}, {2, 2, 2, {0, 1, 2}}, {4, 4, 1, {0, 1, 2, 3, 4}}, {1, 2, 2, {0, 1, 2}},
 };
 
-static wf_gpt_shard shard_of(const mesh *m, int pp_rank, int tp_rank)
+static wf_model_shard shard_of(const mesh *m, int pp_rank, int tp_rank)
 {
   int lc = m->bounds[pp_rank + 1] - m->bounds[pp_rank];
-  return (wf_gpt_shard){.tp = m->tp,
-                        .tp_rank = tp_rank,
-                        .l0 = m->bounds[pp_rank],
-                        .l1 = m->bounds[pp_rank + 1],
-                        .chunks = m->chunks,
-                        .chunk_stride = m->pp * lc,
-                        .first = pp_rank == 0,
-                        .last = pp_rank == m->pp - 1};
+  return (wf_model_shard){.tp = m->tp,
+                          .tp_rank = tp_rank,
+                          .l0 = m->bounds[pp_rank],
+                          .l1 = m->bounds[pp_rank + 1],
+                          .chunks = m->chunks,
+                          .chunk_stride = m->pp * lc,
+                          .first = pp_rank == 0,
+                          .last = pp_rank == m->pp - 1};
 }
 
 /* The run callback's view: coverage counts of the full layout, the next local offset
@@ -59,7 +60,7 @@ typedef struct visit {
   const float *local; /* the shard's parameters after importing the index vector */
 } visit;
 
-static void check_run(void *user, const wf_gpt_run *r)
+static void check_run(void *user, const wf_model_run *r)
 {
   visit *v = user;
   assert_int_equal(r->local, v->next);
@@ -73,18 +74,40 @@ static void check_run(void *user, const wf_gpt_run *r)
   }
 }
 
-static wf_gpt *make_shard(const wf_gpt_shard *s)
+/* Region operators that fail the test if called: import, export and init do no tp
+ * communication. */
+static wf_status never_enter_fwd(void *c, const float **o, const float *x, float *f, size_t N,
+                                 size_t C)
 {
-  /* Never used: import, export and init do no tp communication. */
-  static char fake_tp_comm;
-  wf_gpt_opts o = {.dims = dims,
-                   .shard = *s,
-                   .tp_comm = s->tp > 1 ? (struct wf_comm *)&fake_tp_comm : NULL,
-                   .B = 1,
-                   .T = 1,
-                   .slots = 1};
-  wf_gpt *m = NULL;
-  assert_int_equal(wf_gpt_create_shard(&m, &o), WF_OK);
+  (void)c, (void)o, (void)x, (void)f, (void)N, (void)C;
+  fail_msg("a tp region operator was called");
+  return WF_EINVAL;
+}
+static wf_status never_bwd(void *c, float *a, float *b, size_t N, size_t C)
+{
+  (void)c, (void)a, (void)b, (void)N, (void)C;
+  fail_msg("a tp region operator was called");
+  return WF_EINVAL;
+}
+static wf_status never_gather(void *c, const float *x, float *a, size_t n)
+{
+  (void)c, (void)x, (void)a, (void)n;
+  fail_msg("a tp region operator was called");
+  return WF_EINVAL;
+}
+static const wf_tp_ops never = {WF_TP_OPS_VERSION, never_enter_fwd, never_bwd,
+                                never_bwd,         never_enter_fwd, never_gather};
+
+static wf_model *make_shard(const wf_model_shard *s)
+{
+  wf_model_opts o = {.dims = dims,
+                     .shard = *s,
+                     .tp = {s->tp > 1 ? &never : NULL, NULL},
+                     .B = 1,
+                     .T = 1,
+                     .slots = 1};
+  wf_model *m = NULL;
+  assert_int_equal(wf_model_create_shard(&m, &o), WF_OK);
   return m;
 }
 
@@ -99,22 +122,22 @@ static float *index_vector(size_t n)
 
 static void check_mesh(const mesh *me)
 {
-  size_t n = wf_gpt_num_params(&dims);
+  size_t n = wf_model_num_params(&dims);
   float *full = index_vector(n), *sum = calloc(n, sizeof *sum);
   int *cover = calloc(n, sizeof *cover);
   assert_true(n < (1u << 24) && sum && cover);
   for (int p = 0; p < me->pp; p++) {
     for (int t = 0; t < me->tp; t++) {
-      wf_gpt_shard s = shard_of(me, p, t);
-      assert_null(wf_gpt_shard_check(&dims, &s));
-      wf_gpt *m = make_shard(&s);
-      assert_int_equal(wf_gpt_shard_params(&dims, &s), wf_gpt_local_params(m));
-      wf_gpt_import_full(m, 0, full);
-      visit v = {cover, 0, n, wf_gpt_params(m)};
-      wf_gpt_shard_runs(&dims, &s, check_run, &v);
-      assert_int_equal(v.next, wf_gpt_local_params(m));
-      wf_gpt_export_full(m, 0, sum);
-      wf_gpt_destroy(m);
+      wf_model_shard s = shard_of(me, p, t);
+      assert_null(wf_model_shard_check(&dims, &s));
+      wf_model *m = make_shard(&s);
+      assert_int_equal(wf_model_shard_params(&dims, &s), wf_model_local_params(m));
+      wf_model_import_full(m, 0, full);
+      visit v = {cover, 0, n, wf_model_params(m)};
+      wf_model_shard_runs(&dims, &s, check_run, &v);
+      assert_int_equal(v.next, wf_model_local_params(m));
+      wf_model_export_full(m, 0, sum);
+      wf_model_destroy(m);
     }
   }
   for (size_t i = 0; i < n; i++) {
@@ -136,7 +159,7 @@ static void test_meshes_cover_once(void **state)
 /* Full index of element (row, col) of tensor (k, layer) with rows of `cols`. */
 static float at(wf_param_kind k, int layer, size_t row, size_t cols, size_t col)
 {
-  return (float)(wf_gpt_kind_offset(&dims, k) + (size_t)layer * wf_gpt_layer_numel(&dims, k) +
+  return (float)(wf_model_tensor_offset(&dims, k) + (size_t)layer * wf_model_layer_numel(&dims, k) +
                  row * cols + col);
 }
 
@@ -145,34 +168,34 @@ static float at(wf_param_kind k, int layer, size_t row, size_t cols, size_t col)
 static void test_spot_checks(void **state)
 {
   (void)state;
-  size_t n = wf_gpt_num_params(&dims), C = (size_t)dims.C;
+  size_t n = wf_model_num_params(&dims), C = (size_t)dims.C;
   float *full = index_vector(n);
-  wf_gpt_shard s = shard_of(&meshes[5], 1, 1);
-  wf_gpt *m = make_shard(&s);
-  wf_gpt_import_full(m, 0, full);
+  wf_model_shard s = shard_of(&meshes[5], 1, 1);
+  wf_model *m = make_shard(&s);
+  wf_model_import_full(m, 0, full);
   /* qkv: local rows [q | k | v] of heads 2..3, i.e. full rows C/2, C + C/2, 2C + C/2 */
-  const float *qkv = wf_gpt_param(m, WF_P_QKVW, 3, 0);
+  const float *qkv = wf_model_param(m, WF_P_QKVW, 3, 0);
   assert_true(qkv[0] == at(WF_P_QKVW, 3, C / 2, C, 0));
   assert_true(qkv[(C / 2) * C] == at(WF_P_QKVW, 3, C + C / 2, C, 0));
   assert_true(qkv[2 * (C / 2) * C + 1] == at(WF_P_QKVW, 3, 2 * C + C / 2, C, 1));
-  assert_true(wf_gpt_param(m, WF_P_QKVB, 1, 0)[C / 2] == at(WF_P_QKVB, 1, C + C / 2, 1, 0));
+  assert_true(wf_model_param(m, WF_P_QKVB, 1, 0)[C / 2] == at(WF_P_QKVB, 1, C + C / 2, 1, 0));
   /* fc: rows [2C, 4C); fcproj and attproj: columns [2C, 4C) and [C/2, C) of every row */
-  assert_true(wf_gpt_param(m, WF_P_FCW, 1, 0)[0] == at(WF_P_FCW, 1, 2 * C, C, 0));
-  assert_true(wf_gpt_param(m, WF_P_FCPROJW, 3, 0)[2 * C + 1] ==
+  assert_true(wf_model_param(m, WF_P_FCW, 1, 0)[0] == at(WF_P_FCW, 1, 2 * C, C, 0));
+  assert_true(wf_model_param(m, WF_P_FCPROJW, 3, 0)[2 * C + 1] ==
               at(WF_P_FCPROJW, 3, 1, 4 * C, 2 * C + 1));
-  assert_true(wf_gpt_param(m, WF_P_ATTPROJW, 1, 0)[C / 2] == at(WF_P_ATTPROJW, 1, 1, C, C / 2));
+  assert_true(wf_model_param(m, WF_P_ATTPROJW, 1, 0)[C / 2] == at(WF_P_ATTPROJW, 1, 1, C, C / 2));
   /* replicated: all of ln1w of layer 3; the last stage's wte: vocabulary rows [8, 16) */
-  assert_true(wf_gpt_param(m, WF_P_LN1W, 3, 0)[C - 1] == at(WF_P_LN1W, 3, 0, C, C - 1));
-  assert_true(wf_gpt_param(m, WF_P_WTE, 0, 0)[0] == at(WF_P_WTE, 0, (size_t)dims.Vp / 2, C, 0));
-  assert_false(wf_gpt_kind_counted(m, WF_P_WTE) || wf_gpt_kind_counted(m, WF_P_LN1W));
-  assert_true(wf_gpt_kind_counted(m, WF_P_QKVW));
-  assert_int_equal(wf_gpt_local_numel(m, WF_P_WPE), 0);
-  wf_gpt_destroy(m);
+  assert_true(wf_model_param(m, WF_P_LN1W, 3, 0)[C - 1] == at(WF_P_LN1W, 3, 0, C, C - 1));
+  assert_true(wf_model_param(m, WF_P_WTE, 0, 0)[0] == at(WF_P_WTE, 0, (size_t)dims.Vp / 2, C, 0));
+  assert_false(wf_model_counted(m, WF_P_WTE) || wf_model_counted(m, WF_P_LN1W));
+  assert_true(wf_model_counted(m, WF_P_QKVW));
+  assert_int_equal(wf_model_local_numel(m, WF_P_WPE), 0);
+  wf_model_destroy(m);
   free(full);
 }
 
 /* One rank's whole model is one run per tensor, identical in both layouts. */
-static void count_run(void *user, const wf_gpt_run *r)
+static void count_run(void *user, const wf_model_run *r)
 {
   size_t *k = user;
   assert_int_equal(r->full, r->local);
@@ -184,12 +207,12 @@ static void count_run(void *user, const wf_gpt_run *r)
 static void test_whole_is_identity(void **state)
 {
   (void)state;
-  wf_gpt_shard s = wf_gpt_shard_whole(&dims);
+  wf_model_shard s = wf_model_shard_whole(&dims);
   size_t k[2] = {0, 0};
-  wf_gpt_shard_runs(&dims, &s, count_run, k);
+  wf_model_shard_runs(&dims, &s, count_run, k);
   /* 4 whole-model tensors (wte, wpe, lnfw, lnfb) + 12 layered kinds x 4 layers */
   assert_int_equal(k[0], 4 + 12 * 4);
-  assert_int_equal(k[1], wf_gpt_num_params(&dims));
+  assert_int_equal(k[1], wf_model_num_params(&dims));
 }
 
 int main(void)

@@ -23,12 +23,12 @@
 #include "../common/capture.h"
 
 /* L=2, NH=2, C=8, maxT=8, V=11 padded to 16. */
-static const wf_gpt_dims tiny = {.L = 2, .NH = 2, .C = 8, .maxT = 8, .V = 11, .Vp = 16};
+static const wf_model_dims tiny = {.L = 2, .NH = 2, .C = 8, .maxT = 8, .V = 11, .Vp = 16};
 
 typedef struct fixture {
   char dir[64];
   char a[128], b[128]; /* two file names in dir */
-  wf_gpt *m;
+  wf_model *m;
   char err[512];
 } fixture;
 
@@ -42,9 +42,9 @@ static int setup(void **state)
     return -1;
   snprintf(f->a, sizeof f->a, "%s/a.bin", f->dir);
   snprintf(f->b, sizeof f->b, "%s/b.bin", f->dir);
-  if (wf_gpt_create(&f->m, &tiny, 2, 8) != WF_OK)
+  if (wf_model_create(&f->m, &tiny, 2, 8) != WF_OK)
     return -1;
-  wf_gpt_init(f->m, 11);
+  wf_model_init(f->m, 11);
   *state = f;
   return 0;
 }
@@ -52,7 +52,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
   fixture *f = *state;
-  wf_gpt_destroy(f->m);
+  wf_model_destroy(f->m);
   remove(f->a);
   remove(f->b);
   rmdir(f->dir);
@@ -95,26 +95,26 @@ static void make_batch(int *in, int *tg, int n)
 static void test_roundtrip(void **state)
 {
   fixture *f = *state;
-  assert_int_equal(wf_gpt_save_llmc(f->m, f->a), WF_OK);
+  assert_int_equal(wf_model_save_llmc(f->m, f->a), WF_OK);
   size_t la, lb;
   unsigned char *a = slurp(f->a, &la);
   /* 1024-byte header then every parameter (the llm.c layout is ours). */
-  assert_int_equal(la, 1024 + 4 * wf_gpt_num_params(&tiny));
+  assert_int_equal(la, 1024 + 4 * wf_model_num_params(&tiny));
   int32_t h[8];
   memcpy(h, a, sizeof h);
   int32_t want[8] = {20240326, 3, 8, 11, 2, 2, 8, 16}; /* magic, version, maxT..Vp */
   assert_memory_equal(h, want, sizeof h);
   for (size_t i = 32; i < 1024; i++)
     assert_int_equal(a[i], 0);
-  assert_memory_equal(a + 1024, wf_gpt_params(f->m), la - 1024);
+  assert_memory_equal(a + 1024, wf_model_params(f->m), la - 1024);
 
-  wf_gpt_dims d;
+  wf_model_dims d;
   assert_int_equal(wf_llmc_peek(f->a, &d), WF_OK);
-  assert_memory_equal(&d, &tiny, sizeof d);
-  wf_gpt *m2;
-  assert_int_equal(wf_gpt_create(&m2, &d, 2, 8), WF_OK);
-  assert_int_equal(wf_gpt_load_llmc(m2, f->a), WF_OK);
-  assert_int_equal(wf_gpt_save_llmc(m2, f->b), WF_OK);
+  assert_true(wf_model_dims_same(&d, &tiny, NULL, NULL, NULL));
+  wf_model *m2;
+  assert_int_equal(wf_model_create(&m2, &d, 2, 8), WF_OK);
+  assert_int_equal(wf_model_load_llmc(m2, f->a), WF_OK);
+  assert_int_equal(wf_model_save_llmc(m2, f->b), WF_OK);
   unsigned char *b = slurp(f->b, &lb);
   assert_int_equal(la, lb);
   assert_memory_equal(a, b, la);
@@ -122,8 +122,8 @@ static void test_roundtrip(void **state)
   int in[16], tg[16];
   make_batch(in, tg, 16);
   float l1 = -1, l2 = -2;
-  assert_int_equal(wf_gpt_forward(f->m, in, tg, 2, 8, &l1), WF_OK);
-  assert_int_equal(wf_gpt_forward(m2, in, tg, 2, 8, &l2), WF_OK);
+  assert_int_equal(wf_model_forward(f->m, in, tg, 2, 8, &l1), WF_OK);
+  assert_int_equal(wf_model_forward(m2, in, tg, 2, 8, &l2), WF_OK);
   assert_true(l1 == l2);
   /* No temporary file (the atomic writer's ".NAME.tmp.PID") is left behind. */
   char tmp[200];
@@ -131,7 +131,7 @@ static void test_roundtrip(void **state)
   assert_int_not_equal(access(tmp, F_OK), 0);
   free(a);
   free(b);
-  wf_gpt_destroy(m2);
+  wf_model_destroy(m2);
 }
 
 /* Write a copy of a valid checkpoint with header int `idx` set to `val` (idx < 0:
@@ -139,7 +139,7 @@ static void test_roundtrip(void **state)
 static void write_variant(fixture *f, int idx, int32_t val, size_t len)
 {
   size_t n;
-  assert_int_equal(wf_gpt_save_llmc(f->m, f->a), WF_OK);
+  assert_int_equal(wf_model_save_llmc(f->m, f->a), WF_OK);
   unsigned char *buf = slurp(f->a, &n);
   if (idx >= 0)
     memcpy(buf + 4 * idx, &val, 4);
@@ -152,7 +152,7 @@ static void write_variant(fixture *f, int idx, int32_t val, size_t len)
 static void expect_error(fixture *f, wf_status code, const char *frag1, const char *frag2)
 {
   capture_begin();
-  wf_status st = wf_gpt_load_llmc(f->m, f->b);
+  wf_status st = wf_model_load_llmc(f->m, f->b);
   capture_end(f->err, sizeof f->err);
   if (st != code || !strstr(f->err, f->b) || !strstr(f->err, frag1) ||
       (frag2 && !strstr(f->err, frag2)))
@@ -165,7 +165,7 @@ static void test_bad_magic(void **state)
   fixture *f = *state;
   write_variant(f, 0, 20240327, 0); /* a debug-state magic */
   expect_error(f, WF_EFORMAT, "magic 20240327", "expected 20240326");
-  wf_gpt_dims d;
+  wf_model_dims d;
   capture_begin();
   assert_int_equal(wf_llmc_peek(f->b, &d), WF_EFORMAT);
   assert_non_null(strstr(capture_end(f->err, sizeof f->err), "magic"));
@@ -197,11 +197,11 @@ static float ref_bf16(float x)
 static void test_v5_roundtrip(void **state)
 {
   fixture *f = *state;
-  size_t n = wf_gpt_num_params(&tiny), len;
+  size_t n = wf_model_num_params(&tiny), len;
   float *p = malloc(n * sizeof *p), *q = malloc(n * sizeof *q);
   assert_non_null(p);
   assert_non_null(q);
-  assert_int_equal(wf_gpt_save_llmc(f->m, f->a), WF_OK); /* version 3 */
+  assert_int_equal(wf_model_save_llmc(f->m, f->a), WF_OK); /* version 3 */
   assert_int_equal(wf_llmc_read(f->a, &tiny, p), WF_OK);
   p[5] = 1.0f + 1.0f / 256; /* a tie (halfway between two bf16): to the even one, 1 */
   p[6] = 1.0f + 3.0f / 256; /* the other tie: up to the even 1 + 4/256 */
@@ -212,9 +212,9 @@ static void test_v5_roundtrip(void **state)
   memcpy(h, b, sizeof h);
   assert_memory_equal(h, want, sizeof h);
   free(b);
-  wf_gpt_dims d;
+  wf_model_dims d;
   assert_int_equal(wf_llmc_peek(f->b, &d), WF_OK);
-  assert_memory_equal(&d, &tiny, sizeof d);
+  assert_true(wf_model_dims_same(&d, &tiny, NULL, NULL, NULL));
   assert_true(wf_llmc_dims(f->b, &d));
   assert_int_equal(wf_llmc_read(f->b, &tiny, q), WF_OK);
   size_t changed = 0;
@@ -229,7 +229,7 @@ static void test_v5_roundtrip(void **state)
   assert_true(q[5] == 1.0f && q[6] == 1.0f + 4.0f / 256);
   assert_true(changed > n / 2); /* random init is not bf16: the rounding really happened */
   /* and the v5 file loads into a model like any checkpoint */
-  assert_int_equal(wf_gpt_load_llmc(f->m, f->b), WF_OK);
+  assert_int_equal(wf_model_load_llmc(f->m, f->b), WF_OK);
   free(p);
   free(q);
 }
@@ -244,10 +244,10 @@ static void test_v5_reference(void **state)
   snprintf(cmd, sizeof cmd, "%s %s %s %d %d %d %d %d %d", python, v5_script, f->b, tiny.L, tiny.NH,
            tiny.C, tiny.maxT, tiny.V, tiny.Vp);
   assert_int_equal(system(cmd), 0);
-  wf_gpt_dims d;
+  wf_model_dims d;
   assert_int_equal(wf_llmc_peek(f->b, &d), WF_OK);
-  assert_memory_equal(&d, &tiny, sizeof d);
-  size_t n = wf_gpt_num_params(&tiny);
+  assert_true(wf_model_dims_same(&d, &tiny, NULL, NULL, NULL));
+  size_t n = wf_model_num_params(&tiny);
   float *q = malloc(n * sizeof *q);
   assert_non_null(q);
   assert_int_equal(wf_llmc_read(f->b, &tiny, q), WF_OK);
@@ -260,8 +260,8 @@ static void test_v5_reference(void **state)
 static void test_v5_truncated(void **state)
 {
   fixture *f = *state;
-  size_t n = wf_gpt_num_params(&tiny), len;
-  assert_int_equal(wf_gpt_save_llmc(f->m, f->a), WF_OK);
+  size_t n = wf_model_num_params(&tiny), len;
+  assert_int_equal(wf_model_save_llmc(f->m, f->a), WF_OK);
   float *p = malloc(n * sizeof *p);
   assert_non_null(p);
   assert_int_equal(wf_llmc_read(f->a, &tiny, p), WF_OK);
@@ -278,7 +278,7 @@ static void test_v5_truncated(void **state)
 static void test_truncated(void **state)
 {
   fixture *f = *state;
-  size_t full = 1024 + 4 * wf_gpt_num_params(&tiny);
+  size_t full = 1024 + 4 * wf_model_num_params(&tiny);
   write_variant(f, -1, 0, full - 4); /* one float short */
   char want[64];
   snprintf(want, sizeof want, "expected %zu", full);
@@ -315,12 +315,12 @@ static void test_nonpositive_dims(void **state)
 static void test_dims_mismatch(void **state)
 {
   fixture *f = *state;
-  wf_gpt_dims d = tiny;
+  wf_model_dims d = tiny;
   d.maxT = 16; /* a valid checkpoint of a model with a longer context */
-  wf_gpt *m2;
-  assert_int_equal(wf_gpt_create(&m2, &d, 1, 4), WF_OK);
-  assert_int_equal(wf_gpt_save_llmc(m2, f->b), WF_OK);
-  wf_gpt_destroy(m2);
+  wf_model *m2;
+  assert_int_equal(wf_model_create(&m2, &d, 1, 4), WF_OK);
+  assert_int_equal(wf_model_save_llmc(m2, f->b), WF_OK);
+  wf_model_destroy(m2);
   expect_error(f, WF_EFORMAT, "context length (maxT) = 16", "model has 8");
 }
 
@@ -328,12 +328,19 @@ static void test_missing_file(void **state)
 {
   fixture *f = *state;
   expect_error(f, WF_EIO, "cannot open", "No such file");
-  /* Saving into a directory that does not exist fails cleanly too. */
+  /* Saving where no directory can be made (under a regular file) fails cleanly too; a
+   * missing directory would be created. */
   char path[160];
-  snprintf(path, sizeof path, "%s/nodir/x.bin", f->dir);
+  snprintf(path, sizeof path, "%s/plain", f->dir);
+  FILE *plain = fopen(path, "w");
+  assert_non_null(plain);
+  fclose(plain);
+  snprintf(path, sizeof path, "%s/plain/x.bin", f->dir);
   capture_begin();
-  assert_int_equal(wf_gpt_save_llmc(f->m, path), WF_EIO);
+  assert_int_equal(wf_model_save_llmc(f->m, path), WF_EIO);
   assert_non_null(strstr(capture_end(f->err, sizeof f->err), path));
+  snprintf(path, sizeof path, "%s/plain", f->dir);
+  remove(path);
 }
 
 /* The debug state: header, sizes, unpadded logits, loss and gradients as computed. */
@@ -344,14 +351,14 @@ static void test_dump_state(void **state)
   int in[B * T], tg[B * T];
   make_batch(in, tg, B * T);
   float loss = -1;
-  assert_int_equal(wf_gpt_forward(f->m, in, tg, B, T, &loss), WF_OK);
-  size_t V = (size_t)tiny.V, Vp = (size_t)tiny.Vp, n = wf_gpt_num_params(&tiny);
+  assert_int_equal(wf_model_forward(f->m, in, tg, B, T, &loss), WF_OK);
+  size_t V = (size_t)tiny.V, Vp = (size_t)tiny.Vp, n = wf_model_num_params(&tiny);
   float *logits = malloc(B * T * Vp * sizeof(float));
   assert_non_null(logits);
-  memcpy(logits, wf_gpt_logits(f->m), B * T * Vp * sizeof(float));
+  memcpy(logits, wf_model_logits(f->m), B * T * Vp * sizeof(float));
   /* Gradients already there must not leak into the dump. */
-  wf_gpt_backward(f->m, 1.0f);
-  assert_int_equal(wf_gpt_dump_state(f->m, f->a, in, tg, B, T), WF_OK);
+  wf_model_backward(f->m, 1.0f);
+  assert_int_equal(wf_model_dump_state(f->m, f->a, in, tg, B, T), WF_OK);
 
   size_t len;
   unsigned char *buf = slurp(f->a, &len);
@@ -375,20 +382,20 @@ static void test_dump_state(void **state)
   memcpy(&stored, p, 4);
   p += 4;
   assert_true(stored == loss); /* same forward, same numbers */
-  assert_memory_equal(p, wf_gpt_grads(f->m), n * 4);
+  assert_memory_equal(p, wf_model_grads(f->m), n * 4);
   /* ... and those gradients are one batch's: a fresh zero_grad + backward agrees. */
-  wf_gpt_zero_grad(f->m);
-  assert_int_equal(wf_gpt_forward(f->m, in, tg, B, T, NULL), WF_OK);
-  wf_gpt_backward(f->m, 1.0f);
-  assert_memory_equal(p, wf_gpt_grads(f->m), n * 4);
+  wf_model_zero_grad(f->m);
+  assert_int_equal(wf_model_forward(f->m, in, tg, B, T, NULL), WF_OK);
+  wf_model_backward(f->m, 1.0f);
+  assert_memory_equal(p, wf_model_grads(f->m), n * 4);
   free(buf);
   free(logits);
   /* Bad requests fail with a message naming the file. */
   capture_begin();
-  assert_int_equal(wf_gpt_dump_state(f->m, f->b, in, NULL, B, T), WF_EINVAL);
+  assert_int_equal(wf_model_dump_state(f->m, f->b, in, NULL, B, T), WF_EINVAL);
   assert_non_null(strstr(capture_end(f->err, sizeof f->err), f->b));
   capture_begin();
-  assert_int_equal(wf_gpt_dump_state(f->m, f->b, in, tg, 4, 8), WF_EINVAL);
+  assert_int_equal(wf_model_dump_state(f->m, f->b, in, tg, 4, 8), WF_EINVAL);
   assert_non_null(strstr(capture_end(f->err, sizeof f->err), f->b));
   assert_int_not_equal(access(f->b, F_OK), 0);
 }

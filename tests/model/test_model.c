@@ -18,24 +18,25 @@
 
 #include "wf_kernels.h"
 #include "wf_model.h"
+#include "../common/gpt2_kinds.h"
 #include "wf_optim.h"
 
 /* L=2, NH=2, C=8, maxT=8, V=11 padded to 16. */
 
 /* The loss of a forward on the whole model, or NaN when the forward fails. */
-static float forward_loss(wf_gpt *m, const int *in, const int *tg, int B, int T)
+static float forward_loss(wf_model *m, const int *in, const int *tg, int B, int T)
 {
   float loss = 0;
-  return wf_gpt_forward(m, in, tg, B, T, &loss) == WF_OK ? loss : NAN;
+  return wf_model_forward(m, in, tg, B, T, &loss) == WF_OK ? loss : NAN;
 }
 
 /* The global L2 norm of the gradients (host-visible on the CPU device). */
-static float grad_norm(wf_gpt *m)
+static float grad_norm(wf_model *m)
 {
-  return (float)sqrt(wf_sumsq(wf_gpt_grads(m), wf_gpt_local_params(m)));
+  return (float)sqrt(wf_sumsq(wf_model_grads(m), wf_model_local_params(m)));
 }
 
-static const wf_gpt_dims tiny = {.L = 2, .NH = 2, .C = 8, .maxT = 8, .V = 11, .Vp = 16};
+static const wf_model_dims tiny = {.L = 2, .NH = 2, .C = 8, .maxT = 8, .V = 11, .Vp = 16};
 
 static void make_batch(int *inputs, int *targets, int B, int T, int V, int salt)
 {
@@ -50,19 +51,24 @@ static void test_num_params(void **state)
   (void)state;
   /* GPT-2 124M with the vocab padded to 50304: llm.c's train_gpt2 prints
    * "num_parameters: 124475904" for this checkpoint. */
-  wf_gpt_dims small = {.L = 12, .NH = 12, .C = 768, .maxT = 1024, .V = 50257, .Vp = 50304};
-  assert_int_equal(wf_gpt_num_params(&small), 124475904);
+  wf_model_dims small = {.L = 12, .NH = 12, .C = 768, .maxT = 1024, .V = 50257, .Vp = 50304};
+  assert_int_equal(wf_model_num_params(&small), 124475904);
   size_t sum = 0;
   for (int k = 0; k < WF_GPT_NUM_KINDS; k++) {
-    assert_int_equal(wf_gpt_kind_offset(&small, (wf_param_kind)k), sum);
-    sum += wf_gpt_kind_numel(&small, (wf_param_kind)k);
+    assert_int_equal(wf_model_tensor_offset(&small, k), sum);
+    sum += wf_model_tensor_numel(&small, k);
   }
   assert_int_equal(sum, 124475904);
   /* qkvw is (L, 3C, C). */
-  assert_int_equal(wf_gpt_kind_numel(&small, WF_P_QKVW), 12u * 3 * 768 * 768);
-  assert_string_equal(wf_gpt_kind_name(WF_P_FCPROJB), "fcprojb");
-  assert_true(wf_gpt_kind_decays(WF_P_WTE) && !wf_gpt_kind_decays(WF_P_LN1W));
-  assert_false(wf_gpt_kind_decays(WF_P_QKVB));
+  assert_int_equal(wf_model_tensor_numel(&small, WF_P_QKVW), 12u * 3 * 768 * 768);
+  /* The family's description is llm.c's order, name by name (gpt2_kinds.h). */
+  wf_model_desc desc;
+  wf_model_describe(&small, &desc);
+  assert_int_equal(desc.n, WF_GPT_NUM_KINDS);
+  for (int k = 0; k < WF_GPT_NUM_KINDS; k++)
+    assert_string_equal(desc.t[k].name, gpt2_name(k));
+  assert_true(desc.t[WF_P_WTE].decay && !desc.t[WF_P_LN1W].decay);
+  assert_false(desc.t[WF_P_QKVB].decay);
 }
 
 static void test_dims_from_config(void **state)
@@ -74,35 +80,39 @@ static void test_dims_from_config(void **state)
   assert_int_equal(wf_config_set(&cfg, "model.preset", "gpt2-small", WF_SRC_CLI, err, sizeof err),
                    WF_OK);
   assert_int_equal(wf_config_validate(&cfg, 1, err, sizeof err), WF_OK);
-  wf_gpt_dims d = wf_gpt_dims_from_config(&cfg);
+  wf_model_dims d = wf_model_dims_from_config(&cfg);
   /* GPT-2 124M (the gpt2-small), vocab 50257 padded to 50304 = 393 * 128. */
-  wf_gpt_dims want = {.L = 12, .NH = 12, .C = 768, .maxT = 1024, .V = 50257, .Vp = 50304};
-  assert_memory_equal(&d, &want, sizeof d);
-  assert_null(wf_gpt_dims_check(&d));
+  wf_model_dims want = {.L = 12, .NH = 12, .C = 768, .maxT = 1024, .V = 50257, .Vp = 50304};
+  assert_true(wf_model_dims_same(&d, &want, NULL, NULL, NULL));
+  assert_string_equal(wf_model_family_name(&d), "gpt2");
+  assert_int_equal(d.KV, 12);
+  assert_int_equal(d.F, 4 * 768);
+  assert_int_equal(d.tie, WF_TIE_YES);
+  assert_null(wf_model_dims_check(&d));
 }
 
 static void test_flops(void **state)
 {
   (void)state;
-  wf_gpt_dims small = {.L = 12, .NH = 12, .C = 768, .maxT = 1024, .V = 50257, .Vp = 50304};
-  /* 6 * params * tokens + 12 * L * B * T * T * C (see wf_gpt_flops_per_step). */
+  wf_model_dims small = {.L = 12, .NH = 12, .C = 768, .maxT = 1024, .V = 50257, .Vp = 50304};
+  /* 6 * params * tokens + 12 * L * B * T * T * C (see wf_model_flops_per_step). */
   double want = 6.0 * 124475904.0 * 256 + 12.0 * 12 * 4 * 64 * 64 * 768;
-  assert_true(fabs(wf_gpt_flops_per_step(&small, 4, 64) - want) < 1.0);
+  assert_true(fabs(wf_model_flops_per_step(&small, 4, 64) - want) < 1.0);
 }
 
 static void test_create_rejects_bad_dims(void **state)
 {
   (void)state;
-  wf_gpt *m = (wf_gpt *)1;
-  wf_gpt_dims d = tiny;
+  wf_model *m = (wf_model *)1;
+  wf_model_dims d = tiny;
   d.NH = 3; /* 8 is not a multiple of 3 */
-  assert_int_equal(wf_gpt_create(&m, &d, 1, 4), WF_EINVAL);
+  assert_int_equal(wf_model_create(&m, &d, 1, 4), WF_EINVAL);
   assert_null(m);
   d = tiny;
   d.C = 0;
-  assert_int_equal(wf_gpt_create(&m, &d, 1, 4), WF_EINVAL);
-  assert_int_equal(wf_gpt_create(&m, &tiny, 1, tiny.maxT + 1), WF_EINVAL);
-  wf_gpt_destroy(NULL);
+  assert_int_equal(wf_model_create(&m, &d, 1, 4), WF_EINVAL);
+  assert_int_equal(wf_model_create(&m, &tiny, 1, tiny.maxT + 1), WF_EINVAL);
+  wf_model_destroy(NULL);
 }
 
 /* The initial values: GPT-2's distribution, zero padding, and any slice of any tensor
@@ -110,73 +120,73 @@ static void test_create_rejects_bad_dims(void **state)
 static void test_init_slice(void **state)
 {
   (void)state;
-  wf_gpt_dims d = {.L = 3, .NH = 4, .C = 32, .maxT = 16, .V = 50, .Vp = 64};
-  wf_gpt *m;
-  assert_int_equal(wf_gpt_create(&m, &d, 1, 4), WF_OK);
-  wf_gpt_init(m, 1234);
+  wf_model_dims d = {.L = 3, .NH = 4, .C = 32, .maxT = 16, .V = 50, .Vp = 64};
+  wf_model *m;
+  assert_int_equal(wf_model_create(&m, &d, 1, 4), WF_OK);
+  wf_model_init(m, 1234);
   float buf[4096];
   for (int k = 0; k < WF_GPT_NUM_KINDS; k++) {
-    size_t n = wf_gpt_layer_numel(&d, (wf_param_kind)k);
-    int layers = wf_gpt_kind_is_layered((wf_param_kind)k) ? d.L : 1;
+    size_t n = wf_model_layer_numel(&d, k);
+    int layers = gpt2_layered(k) ? d.L : 1;
     for (int l = 0; l < layers; l++) {
-      const float *full = wf_gpt_param(m, (wf_param_kind)k, l, 0);
+      const float *full = wf_model_param(m, k, l, 0);
       /* Ranges: a prefix, an odd middle piece, the tail, one element. */
       size_t ranges[4][2] = {{0, n / 3}, {n / 5 + 1, n / 2}, {n - n / 4, n / 4}, {n - 1, 1}};
       for (int r = 0; r < 4; r++) {
         size_t first = ranges[r][0], cnt = ranges[r][1];
-        wf_gpt_init_slice(buf, (wf_param_kind)k, l, &d, 1234, first, cnt);
+        wf_model_init_slice(buf, k, l, &d, 1234, first, cnt);
         assert_memory_equal(buf, full + first, cnt * sizeof(float));
       }
     }
   }
   /* A slice of wte straddling the first padding row: real values then zeros. */
-  const float *wte = wf_gpt_param(m, WF_P_WTE, 0, 0);
+  const float *wte = wf_model_param(m, WF_P_WTE, 0, 0);
   size_t real = (size_t)d.V * d.C;
-  wf_gpt_init_slice(buf, WF_P_WTE, 0, &d, 1234, real - 5, 10);
+  wf_model_init_slice(buf, WF_P_WTE, 0, &d, 1234, real - 5, 10);
   assert_memory_equal(buf, wte + real - 5, 10 * sizeof(float));
   for (size_t i = real; i < (size_t)d.Vp * d.C; i++)
     assert_true(wte[i] == 0.0f);
   assert_true(wte[0] != 0.0f);
   /* Layernorm weights 1, biases 0. */
-  assert_true(wf_gpt_param(m, WF_P_LN2W, 2, 0)[5] == 1.0f);
-  assert_true(wf_gpt_param(m, WF_P_LNFB, 0, 0)[5] == 0.0f);
-  assert_true(wf_gpt_param(m, WF_P_FCB, 1, 0)[7] == 0.0f);
+  assert_true(wf_model_param(m, WF_P_LN2W, 2, 0)[5] == 1.0f);
+  assert_true(wf_model_param(m, WF_P_LNFB, 0, 0)[5] == 0.0f);
+  assert_true(wf_model_param(m, WF_P_FCB, 1, 0)[7] == 0.0f);
   /* Standard deviations: 0.02, and 0.02/sqrt(2L) for the residual projections. Over
    * 3*4*32*32 = 12288 samples the sample std is within 3% of the true one with
    * overwhelming probability (its relative standard error is 1/sqrt(2n) = 0.6%). */
   wf_param_kind kinds[2] = {WF_P_FCW, WF_P_FCPROJW};
   double want[2] = {0.02, 0.02 / sqrt(6.0)};
   for (int i = 0; i < 2; i++) {
-    const float *p = wf_gpt_param(m, kinds[i], 0, 0);
-    size_t n = wf_gpt_kind_numel(&d, kinds[i]);
+    const float *p = wf_model_param(m, kinds[i], 0, 0);
+    size_t n = wf_model_tensor_numel(&d, kinds[i]);
     double s = 0;
     for (size_t j = 0; j < n; j++)
       s += (double)p[j] * p[j];
     assert_true(fabs(sqrt(s / n) / want[i] - 1.0) < 0.03);
   }
   /* Another seed gives other numbers. */
-  wf_gpt_init_slice(buf, WF_P_QKVW, 1, &d, 1235, 0, 64);
-  assert_memory_not_equal(buf, wf_gpt_param(m, WF_P_QKVW, 1, 0), 64 * sizeof(float));
+  wf_model_init_slice(buf, WF_P_QKVW, 1, &d, 1235, 0, 64);
+  assert_memory_not_equal(buf, wf_model_param(m, WF_P_QKVW, 1, 0), 64 * sizeof(float));
   /* Different layers and kinds draw different numbers. */
-  assert_true(wf_gpt_param(m, WF_P_QKVW, 0, 0)[0] != wf_gpt_param(m, WF_P_QKVW, 1, 0)[0]);
-  wf_gpt_destroy(m);
+  assert_true(wf_model_param(m, WF_P_QKVW, 0, 0)[0] != wf_model_param(m, WF_P_QKVW, 1, 0)[0]);
+  wf_model_destroy(m);
 }
 
 /* Move every parameter away from the initial point (which has zero biases, unit
  * layernorm weights and tiny weights) so that every path of the backward carries a
  * gradient of order one; padding rows of wte stay zero. */
-static void perturb(wf_gpt *m, uint64_t seed)
+static void perturb(wf_model *m, uint64_t seed)
 {
-  const wf_gpt_dims *d = wf_gpt_get_dims(m);
-  float *p = wf_gpt_params(m);
-  size_t n = wf_gpt_num_params(d), wte_real = (size_t)d->V * d->C;
+  const wf_model_dims *d = wf_model_get_dims(m);
+  float *p = wf_model_params(m);
+  size_t n = wf_model_num_params(d), wte_real = (size_t)d->V * d->C;
   size_t wte_end = (size_t)d->Vp * d->C;
   for (size_t i = 0; i < n; i++)
     if (i < wte_real || i >= wte_end)
       p[i] += 0.3f * wf_rng_normal(seed, 99, i);
 }
 
-static double loss_at(wf_gpt *m, const int *in, const int *tg, int B, int T)
+static double loss_at(wf_model *m, const int *in, const int *tg, int B, int T)
 {
   return forward_loss(m, in, tg, B, T);
 }
@@ -203,25 +213,25 @@ static void test_gradcheck(void **state)
   (void)state;
   enum { B = 2, T = 5 };
   int in[B * T], tg[B * T];
-  wf_gpt *m;
-  assert_int_equal(wf_gpt_create(&m, &tiny, B, T), WF_OK);
-  wf_gpt_init(m, 7);
+  wf_model *m;
+  assert_int_equal(wf_model_create(&m, &tiny, B, T), WF_OK);
+  wf_model_init(m, 7);
   perturb(m, 8);
   make_batch(in, tg, B, T, tiny.V, 1);
-  wf_gpt_zero_grad(m);
+  wf_model_zero_grad(m);
   float loss = forward_loss(m, in, tg, B, T);
   assert_true(loss > 0.5f && loss < 20.0f);
-  wf_gpt_backward(m, 1.0f);
+  wf_model_backward(m, 1.0f);
   const float h = 1e-2f;
   int checked = 0, big = 0;
   for (int k = 0; k < WF_GPT_NUM_KINDS; k++) {
-    int layers = wf_gpt_kind_is_layered((wf_param_kind)k) ? tiny.L : 1;
-    size_t n = wf_gpt_layer_numel(&tiny, (wf_param_kind)k);
+    int layers = gpt2_layered(k) ? tiny.L : 1;
+    size_t n = wf_model_layer_numel(&tiny, k);
     if (k == WF_P_WTE)
       n = (size_t)tiny.V * tiny.C; /* sample real rows; padding checked below */
     for (int l = 0; l < layers; l++) {
-      float *p = wf_gpt_param(m, (wf_param_kind)k, l, 0);
-      const float *g = wf_gpt_param(m, (wf_param_kind)k, l, 1);
+      float *p = wf_model_param(m, k, l, 0);
+      const float *g = wf_model_param(m, k, l, 1);
       for (int s = 0; s < 6; s++) {
         size_t i = (size_t)(wf_rng_u64(5, (uint64_t)k * 64 + l, s) % n);
         float save = p[i];
@@ -232,11 +242,10 @@ static void test_gradcheck(void **state)
         p[i] = save;
         double num = (lp - lm) / (2.0 * h), an = g[i];
         if (getenv("WF_GRADCHECK_VERBOSE"))
-          printf("%-8s l%d %4zu num %+.6f an %+.6f diff %.2e\n", wf_gpt_kind_name((wf_param_kind)k),
-                 l, i, num, an, fabs(num - an));
+          printf("%-8s l%d %4zu num %+.6f an %+.6f diff %.2e\n", gpt2_name(k), l, i, num, an,
+                 fabs(num - an));
         if (fabs(num - an) > 5e-4 + 5e-3 * fabs(an))
-          fail_msg("%s layer %d [%zu]: numeric %.6g analytic %.6g",
-                   wf_gpt_kind_name((wf_param_kind)k), l, i, num, an);
+          fail_msg("%s layer %d [%zu]: numeric %.6g analytic %.6g", gpt2_name(k), l, i, num, an);
         checked++;
         big += fabs(an) > 1e-2;
       }
@@ -245,10 +254,10 @@ static void test_gradcheck(void **state)
   /* The check is only meaningful if most gradients are well above the tolerance. */
   assert_true(checked == 6 * (4 + 12 * tiny.L));
   assert_true(big > checked / 2);
-  const float *gwte = wf_gpt_param(m, WF_P_WTE, 0, 1);
+  const float *gwte = wf_model_param(m, WF_P_WTE, 0, 1);
   for (size_t i = (size_t)tiny.V * tiny.C; i < (size_t)tiny.Vp * tiny.C; i++)
     assert_true(gwte[i] == 0.0f);
-  wf_gpt_destroy(m);
+  wf_model_destroy(m);
 }
 
 /* Backward adds, and dloss_scale scales what it adds: a pass with scale 1 then one
@@ -259,24 +268,24 @@ static void test_backward_accumulates(void **state)
   (void)state;
   enum { B = 2, T = 6 };
   int in[B * T], tg[B * T];
-  wf_gpt *m;
-  assert_int_equal(wf_gpt_create(&m, &tiny, B, T), WF_OK);
-  wf_gpt_init(m, 3);
+  wf_model *m;
+  assert_int_equal(wf_model_create(&m, &tiny, B, T), WF_OK);
+  wf_model_init(m, 3);
   perturb(m, 4);
   make_batch(in, tg, B, T, tiny.V, 2);
-  size_t n = wf_gpt_num_params(&tiny);
+  size_t n = wf_model_num_params(&tiny);
   float *one = malloc(n * sizeof(float));
   assert_non_null(one);
-  wf_gpt_zero_grad(m);
+  wf_model_zero_grad(m);
   float l1 = forward_loss(m, in, tg, B, T);
-  wf_gpt_backward(m, 1.0f);
-  memcpy(one, wf_gpt_grads(m), n * sizeof(float));
+  wf_model_backward(m, 1.0f);
+  memcpy(one, wf_model_grads(m), n * sizeof(float));
   float norm1 = grad_norm(m);
   assert_true(norm1 > 0.0f);
   float l2 = forward_loss(m, in, tg, B, T);
   assert_true(l1 == l2); /* forward does not depend on the gradients */
-  wf_gpt_backward(m, 0.5f);
-  const float *g = wf_gpt_grads(m);
+  wf_model_backward(m, 0.5f);
+  const float *g = wf_model_grads(m);
   float gmax = 0.0f;
   for (size_t i = 0; i < n; i++)
     gmax = fmaxf(gmax, fabsf(one[i]));
@@ -289,10 +298,10 @@ static void test_backward_accumulates(void **state)
   /* Backward without a forward with targets is refused and changes nothing. */
   forward_loss(m, in, NULL, B, T);
   memcpy(one, g, n * sizeof(float));
-  assert_int_equal(wf_gpt_backward(m, 1.0f), WF_EINVAL);
+  assert_int_equal(wf_model_backward(m, 1.0f), WF_EINVAL);
   assert_memory_equal(one, g, n * sizeof(float));
   free(one);
-  wf_gpt_destroy(m);
+  wf_model_destroy(m);
 }
 
 /* Loss normalisation: two micro-batches of 2 sequences with dloss_scale 1/2 give the
@@ -302,26 +311,26 @@ static void test_microbatches_match_batch(void **state)
   (void)state;
   enum { B = 4, T = 6 };
   int in[B * T], tg[B * T];
-  wf_gpt *m;
-  assert_int_equal(wf_gpt_create(&m, &tiny, B, T), WF_OK);
-  wf_gpt_init(m, 5);
+  wf_model *m;
+  assert_int_equal(wf_model_create(&m, &tiny, B, T), WF_OK);
+  wf_model_init(m, 5);
   perturb(m, 6);
   make_batch(in, tg, B, T, tiny.V, 3);
-  size_t n = wf_gpt_num_params(&tiny);
+  size_t n = wf_model_num_params(&tiny);
   float *full = malloc(n * sizeof(float));
   assert_non_null(full);
-  wf_gpt_zero_grad(m);
+  wf_model_zero_grad(m);
   float loss = forward_loss(m, in, tg, B, T);
-  wf_gpt_backward(m, 1.0f);
-  memcpy(full, wf_gpt_grads(m), n * sizeof(float));
-  wf_gpt_zero_grad(m);
+  wf_model_backward(m, 1.0f);
+  memcpy(full, wf_model_grads(m), n * sizeof(float));
+  wf_model_zero_grad(m);
   float l0 = forward_loss(m, in, tg, B / 2, T);
-  wf_gpt_backward(m, 0.5f);
+  wf_model_backward(m, 0.5f);
   float l1 = forward_loss(m, in + B * T / 2, tg + B * T / 2, B / 2, T);
-  wf_gpt_backward(m, 0.5f);
+  wf_model_backward(m, 0.5f);
   /* float32 means of 24 vs 2 x 12 terms: a few ulps of a loss of about 2.5. */
   assert_true(fabsf(0.5f * (l0 + l1) - loss) < 1e-5f);
-  const float *g = wf_gpt_grads(m);
+  const float *g = wf_model_grads(m);
   float gmax = 0.0f;
   for (size_t i = 0; i < n; i++)
     gmax = fmaxf(gmax, fabsf(full[i]));
@@ -329,7 +338,7 @@ static void test_microbatches_match_batch(void **state)
   for (size_t i = 0; i < n; i++)
     assert_true(fabsf(g[i] - full[i]) <= 1e-5f * gmax);
   free(full);
-  wf_gpt_destroy(m);
+  wf_model_destroy(m);
 }
 
 /* Out-of-vocabulary tokens are an error (WF_EINVAL, logged with the position and
@@ -339,24 +348,24 @@ static void test_forward_rejects_bad_tokens(void **state)
   (void)state;
   int in[4] = {0, 1, 2, 11}, tg[4] = {1, 2, 3, 4};
   float loss = -1;
-  wf_gpt *m;
-  assert_int_equal(wf_gpt_create(&m, &tiny, 1, 4), WF_OK);
-  assert_int_equal(wf_gpt_init(m, 1), WF_OK);
-  assert_int_equal(wf_gpt_forward(m, in, tg, 1, 4, &loss), WF_EINVAL);
+  wf_model *m;
+  assert_int_equal(wf_model_create(&m, &tiny, 1, 4), WF_OK);
+  assert_int_equal(wf_model_init(m, 1), WF_OK);
+  assert_int_equal(wf_model_forward(m, in, tg, 1, 4, &loss), WF_EINVAL);
   in[3] = 0, tg[2] = -1;
-  assert_int_equal(wf_gpt_forward(m, in, tg, 1, 4, &loss), WF_EINVAL);
+  assert_int_equal(wf_model_forward(m, in, tg, 1, 4, &loss), WF_EINVAL);
   tg[2] = 3;
-  assert_int_equal(wf_gpt_forward(m, in, tg, 2, 4, &loss), WF_EINVAL); /* bigger than created */
-  assert_int_equal(wf_gpt_forward(m, in, tg, 1, 4, &loss), WF_OK);
+  assert_int_equal(wf_model_forward(m, in, tg, 2, 4, &loss), WF_EINVAL); /* bigger than created */
+  assert_int_equal(wf_model_forward(m, in, tg, 1, 4, &loss), WF_OK);
   assert_true(loss > 0 && isfinite(loss));
-  wf_gpt_destroy(m);
+  wf_model_destroy(m);
 }
 
 /* Train a small model on one fixed batch of a repeating sequence; returns the losses. */
 static void train_run(float *losses, int steps)
 {
   enum { B = 4, T = 16 };
-  wf_gpt_dims d = {.L = 2, .NH = 2, .C = 32, .maxT = 16, .V = 27, .Vp = 32};
+  wf_model_dims d = {.L = 2, .NH = 2, .C = 32, .maxT = 16, .V = 27, .Vp = 32};
   int in[B * T], tg[B * T];
   for (int b = 0; b < B; b++)
     for (int t = 0; t < T; t++) {
@@ -370,28 +379,29 @@ static void train_run(float *losses, int steps)
   cfg.train.lr = cfg.train.min_lr = 1e-2, cfg.train.warmup = 0, cfg.train.steps = steps;
   cfg.optim.beta1 = 0.9, cfg.optim.beta2 = 0.95, cfg.optim.eps = 1e-8;
   cfg.optim.weight_decay = 0.1, cfg.optim.clip = 1.0, cfg.precision = WF_PREC_NO;
-  wf_gpt *m;
+  wf_model *m;
   wf_optim *o;
-  assert_int_equal(wf_gpt_create(&m, &d, B, T), WF_OK);
-  assert_int_equal(wf_gpt_init(m, 42), WF_OK);
-  wf_optim_opts oo = {&cfg, m, 0, wf_gpt_local_params(m), 1, NULL};
+  assert_int_equal(wf_model_create(&m, &d, B, T), WF_OK);
+  assert_int_equal(wf_model_init(m, 42), WF_OK);
+  wf_optim_opts oo = {&cfg, m, 0, wf_model_local_params(m), 1, NULL};
   assert_int_equal(wf_optim_create(&o, &oo), WF_OK);
   for (int s = 0; s < steps; s++) {
     wf_optim_step_info oi;
-    assert_int_equal(wf_gpt_zero_grad(m), WF_OK);
+    assert_int_equal(wf_model_zero_grad(m), WF_OK);
     losses[s] = forward_loss(m, in, tg, B, T);
     if (getenv("WF_TRAIN_VERBOSE"))
       printf("step %d loss %.5f\n", s, losses[s]);
-    assert_int_equal(wf_gpt_backward(m, 1.0f), WF_OK);
-    assert_int_equal(wf_optim_step(o, s + 1, losses[s], grad_norm(m), wf_gpt_grads(m), &oi), WF_OK);
-    assert_int_equal(wf_gpt_params_changed(m), WF_OK);
+    assert_int_equal(wf_model_backward(m, 1.0f), WF_OK);
+    assert_int_equal(wf_optim_step(o, s + 1, losses[s], grad_norm(m), wf_model_grads(m), &oi),
+                     WF_OK);
+    assert_int_equal(wf_model_params_changed(m), WF_OK);
   }
   wf_optim_destroy(o);
   /* Padding rows of wte are still exactly zero after training. */
-  const float *wte = wf_gpt_param(m, WF_P_WTE, 0, 0);
+  const float *wte = wf_model_param(m, WF_P_WTE, 0, 0);
   for (size_t i = (size_t)d.V * d.C; i < (size_t)d.Vp * d.C; i++)
     assert_true(wte[i] == 0.0f);
-  wf_gpt_destroy(m);
+  wf_model_destroy(m);
 }
 
 /* 30 AdamW steps memorise a batch whose next token is a fixed function of the

@@ -38,7 +38,7 @@
 
 #include "../common/mpi_check.h"
 
-static const wf_gpt_dims DIMS = {.L = 4, .NH = 4, .C = 64, .maxT = 64, .V = 256, .Vp = 256};
+static const wf_model_dims DIMS = {.L = 4, .NH = 4, .C = 64, .maxT = 64, .V = 256, .Vp = 256};
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 
 static int64_t held(void)
@@ -49,9 +49,9 @@ static int64_t held(void)
 }
 
 /* The independent count (elements) of the gradient memory at zero z. */
-static size_t expected_grad(wf_gpt *m, int z, int D)
+static size_t expected_grad(wf_model *m, int z, int D)
 {
-  size_t n = wf_gpt_local_params(m), shard = (n + (size_t)D - 1) / (size_t)D, C = DIMS.C;
+  size_t n = wf_model_local_params(m), shard = (n + (size_t)D - 1) / (size_t)D, C = DIMS.C;
   size_t layer = 12 * C * C + 13 * C; /* qkv 3C^2+3C, attproj C^2+C, fc 4C^2+4C, fcproj
                                          4C^2+C, ln1 and ln2 4C */
   size_t edge = (size_t)DIMS.Vp * C + (size_t)DIMS.maxT * C + 2 * C; /* wte, wpe, lnf */
@@ -66,11 +66,11 @@ static size_t expected_grad(wf_gpt *m, int z, int D)
 static void check_zero(wf_comm *dp, int z, size_t grad_bytes[4])
 {
   int D = wf_comm_size(dp), rank = wf_comm_rank(dp);
-  wf_gpt *m = NULL;
-  CHECK(wf_gpt_create(&m, &DIMS, 2, 16) == WF_OK, "model");
+  wf_model *m = NULL;
+  CHECK(wf_model_create(&m, &DIMS, 2, 16) == WF_OK, "model");
   wf_config cfg;
   wf_config_init(&cfg);
-  size_t n = wf_gpt_local_params(m), f = sizeof(float);
+  size_t n = wf_model_local_params(m), f = sizeof(float);
   wf_mem_kinds plan;
   CHECK(wf_zero_mem(m, D, rank, z, 0, false, &plan) == WF_OK, "wf_zero_mem");
   int64_t before = held();
@@ -84,10 +84,11 @@ static void check_zero(wf_comm *dp, int z, size_t grad_bytes[4])
   CHECK(wf_grads_zero(g) == WF_OK, "the first step's start (ZeRO-3 shards the parameters)");
   int64_t delta = held() - before;
   size_t grads = wf_grads_bytes(g), extra = wf_grads_param_bytes(g), optim = wf_optim_bytes(o);
-  size_t param = wf_gpt_param_bytes(m) + extra;
-  /* created: the reduction's buffers and the optimizer; freed: ZeRO-2's flat gradient
-   * and ZeRO-3's flat parameters */
-  int64_t want = (int64_t)(grads + extra + optim + sizeof(double)) - (int64_t)(n * f) -
+  size_t param = wf_model_param_bytes(m) + extra;
+  /* created: the reduction's buffers, the optimizer and the gradient path's two device
+   * words (the norm's sum of squares and the tied check's word); freed: ZeRO-2's flat
+   * gradient and ZeRO-3's flat parameters */
+  int64_t want = (int64_t)(grads + extra + optim + 2 * sizeof(double)) - (int64_t)(n * f) -
                  (z == 3 ? (int64_t)(n * f) : 0);
   CHECK(delta == want, "zero %d: allocations grew by %lld bytes, the accounting says %lld", z,
         (long long)delta, (long long)want);
@@ -118,7 +119,7 @@ static void check_zero(wf_comm *dp, int z, size_t grad_bytes[4])
            param, grads, optim, (long long)delta);
   wf_optim_destroy(o);
   wf_grads_destroy(g);
-  wf_gpt_destroy(m);
+  wf_model_destroy(m);
 }
 
 int main(int argc, char **argv)

@@ -258,12 +258,12 @@ static void test_init_from_checkpoint(void **state)
   close(fd);
   wf_config c;
   tiny_config(&c, 4, 11);
-  wf_gpt_dims d = wf_gpt_dims_from_config(&c);
-  wf_gpt *m = NULL;
-  assert_int_equal(wf_gpt_create(&m, &d, 1, 8), WF_OK);
-  wf_gpt_init(m, 11);
-  assert_int_equal(wf_gpt_save_llmc(m, path), WF_OK);
-  wf_gpt_destroy(m);
+  wf_model_dims d = wf_model_dims_from_config(&c);
+  wf_model *m = NULL;
+  assert_int_equal(wf_model_create(&m, &d, 1, 8), WF_OK);
+  wf_model_init(m, 11);
+  assert_int_equal(wf_model_save_llmc(m, path), WF_OK);
+  wf_model_destroy(m);
   static record a, b;
   run(&c, &a);
   c.model.layers = 5; /* ignored: the checkpoint says 2 */
@@ -337,15 +337,15 @@ static float *run_params(const wf_config *c, record *r, size_t *n)
 /* The initial parameters of seed (what a run whose every step was skipped must hold). */
 static float *initial_params(const wf_config *c, size_t *n)
 {
-  wf_gpt_dims d = wf_gpt_dims_from_config(c);
-  wf_gpt *m = NULL;
-  assert_int_equal(wf_gpt_create(&m, &d, 1, 1), WF_OK);
-  wf_gpt_init(m, c->train.seed);
-  *n = wf_gpt_num_params(&d);
+  wf_model_dims d = wf_model_dims_from_config(c);
+  wf_model *m = NULL;
+  assert_int_equal(wf_model_create(&m, &d, 1, 1), WF_OK);
+  wf_model_init(m, c->train.seed);
+  *n = wf_model_num_params(&d);
   float *p = malloc(*n * sizeof *p);
   assert_non_null(p);
-  memcpy(p, wf_gpt_params(m), *n * sizeof *p);
-  wf_gpt_destroy(m);
+  memcpy(p, wf_model_params(m), *n * sizeof *p);
+  wf_model_destroy(m);
   return p;
 }
 

@@ -4,12 +4,13 @@
  *
  * Files of a checkpoint (wf_ckpt.h has the directory layout):
  *  - model-ppPP-tpTT.bin: the parameters of the (pp, tp) shard, written by its dp rank 0.
- *    While the shard is the whole model (tp = pp = 1) the file is llm.c's GPT-2
- *    checkpoint (the llm.c header codec of wf_model.h, then the float32 parameters), so
- *    it is also a valid model.init. A real shard is a weft shard file: a 128-byte header
- *    {magic "WFMS", version 1, L, NH, C, maxT, V, Vp, tp, tp_rank, l0, l1, chunks,
- *    chunk_stride, first, last, n} then the n float32 parameters of the shard's flat
- *    vector (wf_gpt_params' local layout). The manifest names each model file's format
+ *    While the shard is a whole GPT-2 (tp = pp = 1) the file is llm.c's GPT-2 checkpoint
+ *    (the llm.c header codec of wf_model.h, then the float32 parameters), so it is also
+ *    a valid model.init. Any other shard, and any other family's whole model, is a weft
+ *    shard file: a 128-byte header {magic "WFMS", version 1, L, NH, C, maxT, V, Vp, tp,
+ *    tp_rank, l0, l1, chunks, chunk_stride, first, last, n, KV, F (0: NH, 4C)} then the
+ *    n float32 parameters of the shard's flat
+ *    vector (wf_model_params' local layout). The manifest names each model file's format
  *    and records the same geometry.
  *  - optim-ppPP-tpTT[-dpDD].bin: a 64-byte header {magic "WFOP", version 1, n, lo, hi,
  *    t, pp, tp, dp, dp size} then float32 m[lo, hi) and float32 v[lo, hi) of the (pp, tp)
@@ -70,7 +71,8 @@ typedef struct wf__shard_header {
   int32_t L, NH, C, maxT, V, Vp;
   int32_t tp, tp_rank, l0, l1, chunks, chunk_stride, first, last;
   uint64_t n;
-  uint8_t pad[WF__SHARD_HEADER - 72];
+  int32_t KV, F; /* kv heads and the MLP's width; 0: the defaults (NH, 4C), GPT-2's */
+  uint8_t pad[WF__SHARD_HEADER - 80];
 } wf__shard_header;
 _Static_assert(sizeof(wf__shard_header) == WF__SHARD_HEADER, "model shard header is 128 bytes");
 
@@ -87,15 +89,15 @@ typedef struct wf__entry {
   int pp, tp, dp;  /* dp -1: unsharded (or the model) */
   uint64_t lo, hi; /* element range of the (pp, tp) shard's flat parameter vector */
   uint64_t bytes, hash;
-  bool llmc;        /* model: an llm.c file (the whole model), else a weft shard file */
-  wf_gpt_shard geo; /* model: the shard's geometry (wf__saved_geo) */
+  bool llmc;          /* model: an llm.c file (the whole model), else a weft shard file */
+  wf_model_shard geo; /* model: the shard's geometry (wf__saved_geo) */
 } wf__entry;
 
 typedef struct wf__manifest {
   int step, dp, tp, pp, zero;
   int replicas; /* HSDP: the fsdp groups of dp ranks that held this state (1 without) */
   uint64_t n, seed;
-  wf_gpt_dims dims;
+  wf_model_dims dims;
   int n_files;
   wf__entry *files;
   bool has_scaler; /* "loss_scaler": written by precision=fp16 runs */
@@ -143,9 +145,10 @@ wf_status wf__resolve(const char *path, char *dir, size_t len);
 
 /* ---- shard files (shard.c) -------------------------------------------------------------- */
 
-wf_gpt_shard wf__saved_geo(const wf_gpt_shard *s);
-bool wf__same_geo(const wf_gpt_shard *a, const wf_gpt_shard *b);
-bool wf__whole_geo(const wf_gpt_shard *g);
+wf_model_shard wf__saved_geo(const wf_model_shard *s);
+bool wf__same_geo(const wf_model_shard *a, const wf_model_shard *b);
+bool wf__whole_geo(const wf_model_shard *g);
+bool wf__llmc_geo(const wf_model_dims *d, const wf_model_shard *g);
 void wf__model_name(char *buf, size_t len, int pp, int tp);
 void wf__optim_name(char *buf, size_t len, int pp, int tp, int dp);
 /* This rank's optimizer range and whether it is a dp shard (per-dp-rank files). */
@@ -154,7 +157,8 @@ wf_status wf__write_model(const wf_ckpt_target *t, const char *stage, wf__shard_
 wf_status wf__write_optim(const wf_ckpt_target *t, const char *stage, int step, wf__shard_rec *r);
 /* The whole model file of entry e into params (its e->hi floats, host memory), hashed
  * and checked, and its header against the manifest's entry. */
-wf_status wf__read_model(const char *dir, const wf__entry *e, const wf_gpt_dims *d, float *params);
+wf_status wf__read_model(const char *dir, const wf__entry *e, const wf_model_dims *d,
+                         float *params);
 /* Read all of an optimizer file, check its checksum, keep what the span needs; or read
  * only the span's part of a file another rank verifies. */
 wf_status wf__verify_optim(const char *dir, const wf__entry *e, uint64_t n, const wf__span *sp);
@@ -167,6 +171,13 @@ wf_status wf__verify_file(const char *dir, const wf__entry *e);
 #define WF__REC_LEN 20 /* uint64 per rank in the save gather (see wf__pack_rec) */
 void wf__pack_rec(uint64_t *x, const wf_ckpt_target *t, const wf__shard_rec *r);
 char *wf__manifest_text(const wf_ckpt_target *t, int step, const uint64_t *recs, int n);
+/* Every config key as a JSON string, as the manifest's "config" holds them. */
+struct json_t;
+struct json_t *wf__config_json(const wf_config *cfg);
+/* train.resume: "" resumes the run train.checkpoint_dir holds (the same run only),
+ * "never" starts over there, "auto" is "" for restarts, anything else names one. */
+bool wf__resume_implicit(const wf_config *cfg);
+bool wf__resume_never(const wf_config *cfg);
 wf_status wf__manifest_parse(const char *text, const char *path, wf__manifest *m);
 /* Read and parse dir's manifest; *text (may be NULL) gets its bytes (to free). */
 wf_status wf__manifest_read(const char *dir, wf__manifest *m, char **text);
@@ -183,9 +194,9 @@ wf_status wf__add_model_file(const char *dir, const wf__manifest *m, const wf__e
                              float *full);
 wf_status wf__load_resharded(const wf_ckpt_target *t, const wf__manifest *m, const char *dir);
 /* The whole model of checkpoint `dir` (saved on any mesh): its dims, and its parameters
- * assembled into full (wf_gpt_num_params(d) floats), every file's checksum verified.
+ * assembled into full (wf_model_num_params(d) floats), every file's checksum verified.
  * A checkpoint of other dims than d is refused. Not collective. */
-wf_status wf__ckpt_model_dims(const char *dir, wf_gpt_dims *d);
-wf_status wf__ckpt_model_read(const char *dir, const wf_gpt_dims *d, float *full);
+wf_status wf__ckpt_model_dims(const char *dir, wf_model_dims *d);
+wf_status wf__ckpt_model_read(const char *dir, const wf_model_dims *d, float *full);
 
 #endif /* WF_CKPT_INT_H */

@@ -18,7 +18,7 @@
 /* ---- writing -------------------------------------------------------------------------------- */
 
 /* The config as {key: value} from wf_config_print's "key = value  (source)" lines. */
-static json_t *config_json(const wf_config *cfg)
+json_t *wf__config_json(const wf_config *cfg)
 {
   char *text = NULL, *save = NULL;
   size_t len = 0;
@@ -67,13 +67,13 @@ static json_t *file_json(const char *name, const char *kind, int pp, int tp, int
 }
 
 /* A model file's entry: its format and the shard geometry it holds (n parameters). */
-static json_t *model_json(const char *name, int pp, const wf_gpt_shard *g, uint64_t n,
-                          uint64_t bytes, uint64_t hash)
+static json_t *model_json(const char *name, int pp, const wf_model_dims *d, const wf_model_shard *g,
+                          uint64_t n, uint64_t bytes, uint64_t hash)
 {
   json_t *o = file_json(name, "model", pp, g->tp_rank, -1, 0, n, bytes, hash);
   if (!o)
     return NULL;
-  json_object_set_new(o, "format", json_string(wf__whole_geo(g) ? WF__FMT_LLMC : WF__FMT_SHARD));
+  json_object_set_new(o, "format", json_string(wf__llmc_geo(d, g) ? WF__FMT_LLMC : WF__FMT_SHARD));
   json_object_set_new(o, "shard",
                       json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:b, s:I}", "tp", g->tp,
                                 "tp_rank", g->tp_rank, "l0", g->l0, "l1", g->l1, "chunks",
@@ -88,7 +88,7 @@ static json_t *model_json(const char *name, int pp, const wf_gpt_shard *g, uint6
  * chunk_stride, first | last << 1, and its parameter count. */
 void wf__pack_rec(uint64_t *x, const wf_ckpt_target *t, const wf__shard_rec *r)
 {
-  wf_gpt_shard g = wf__saved_geo(wf_gpt_get_shard(t->model));
+  wf_model_shard g = wf__saved_geo(wf_model_get_shard(t->model));
   uint64_t v[WF__REC_LEN] = {0,
                              (uint64_t)t->pp_rank,
                              (uint64_t)t->tp_rank,
@@ -108,33 +108,33 @@ void wf__pack_rec(uint64_t *x, const wf_ckpt_target *t, const wf__shard_rec *r)
                              (uint64_t)g.chunks,
                              (uint64_t)g.chunk_stride,
                              (uint64_t)g.first | (uint64_t)g.last << 1,
-                             wf_gpt_local_params(t->model)};
+                             wf_model_local_params(t->model)};
   memcpy(x, v, sizeof v);
 }
 
-static wf_gpt_shard unpack_geo(const uint64_t *x)
+static wf_model_shard unpack_geo(const uint64_t *x)
 {
-  return (wf_gpt_shard){.tp = (int)x[13],
-                        .tp_rank = (int)x[2],
-                        .l0 = (int)x[14],
-                        .l1 = (int)x[15],
-                        .chunks = (int)x[16],
-                        .chunk_stride = (int)x[17],
-                        .first = x[18] & 1,
-                        .last = (x[18] >> 1) & 1};
+  return (wf_model_shard){.tp = (int)x[13],
+                          .tp_rank = (int)x[2],
+                          .l0 = (int)x[14],
+                          .l1 = (int)x[15],
+                          .chunks = (int)x[16],
+                          .chunk_stride = (int)x[17],
+                          .first = x[18] & 1,
+                          .last = (x[18] >> 1) & 1};
 }
 
-static json_t *files_json(const uint64_t *recs, int n)
+static json_t *files_json(const wf_model_dims *d, const uint64_t *recs, int n)
 {
   json_t *a = json_array();
   for (int r = 0; a && r < n; r++) {
     const uint64_t *x = recs + (size_t)r * WF__REC_LEN;
     int pp = (int)x[1], tp = (int)x[2], dp = x[8] ? (int)x[3] : -1;
-    wf_gpt_shard g = unpack_geo(x);
+    wf_model_shard g = unpack_geo(x);
     char name[64];
     if (x[4]) {
       wf__model_name(name, sizeof name, pp, tp);
-      json_array_append_new(a, model_json(name, pp, &g, x[19], x[5], x[6]));
+      json_array_append_new(a, model_json(name, pp, d, &g, x[19], x[5], x[6]));
     }
     if (x[7]) {
       wf__optim_name(name, sizeof name, pp, tp, dp);
@@ -147,10 +147,10 @@ static json_t *files_json(const uint64_t *recs, int n)
 char *wf__manifest_text(const wf_ckpt_target *t, int step, const uint64_t *recs, int n)
 {
   const wf_config *cfg = t->cfg;
-  const wf_gpt_dims *d = wf_gpt_get_dims(t->model);
+  const wf_model_dims *d = wf_model_get_dims(t->model);
   const wf_optim_scaler *ls = wf_optim_get_scaler(t->optim);
   bool fp16 = cfg->precision == WF_PREC_FP16;
-  uint64_t np = wf_gpt_num_params(d);
+  uint64_t np = wf_model_num_params(d);
   int zero = t->optim_sharded ? cfg->optim.zero : 0;
   json_t *o = json_pack(
       "{s:s, s:i, s:s, s:f, s:i, s:i, s:{s:i, s:i, s:i, s:i}, s:{s:i, s:i, s:i, s:i, s:i, s:i, "
@@ -170,12 +170,20 @@ char *wf__manifest_text(const wf_ckpt_target *t, int step, const uint64_t *recs,
   /* HSDP: mesh.dp is the fsdp group (the files are a dp = F run's), replicas its copies */
   json_object_set_new(json_object_get(o, "mesh"), "replicas",
                       json_integer(t->replicas > 0 ? t->replicas : 1));
-  json_object_set_new(o, "config", config_json(cfg));
+  json_object_set_new(o, "config", wf__config_json(cfg));
+  /* the family and what GPT-2 leaves at its defaults (older manifests have neither) */
+  json_t *mo = json_object_get(o, "model");
+  json_object_set_new(mo, "family", json_string(wf_model_family_name(d)));
+  json_object_set_new(mo, "kv_heads", json_integer(d->KV));
+  json_object_set_new(mo, "ffn", json_integer(d->F));
+  json_object_set_new(mo, "tie_embeddings", json_boolean(d->tie == WF_TIE_YES));
+  json_object_set_new(mo, "rope_theta", json_real(d->rope_theta));
+  json_object_set_new(mo, "norm_eps", json_real(d->norm_eps));
   if (fp16) /* fp16 loss scaling: the scale and its counters go on with the run */
     json_object_set_new(o, "loss_scaler",
                         json_pack("{s:f, s:i, s:i}", "scale", ls->scale, "good_steps",
                                   ls->good_steps, "skipped", ls->skipped));
-  json_object_set_new(o, "files", files_json(recs, n));
+  json_object_set_new(o, "files", files_json(d, recs, n));
   char *text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
   json_decref(o);
   return text;
@@ -193,8 +201,8 @@ static wf_status parse_model(json_t *o, wf__entry *e, const wf__manifest *m, con
   json_t *fmt = json_object_get(o, "format"), *sh = json_object_get(o, "shard");
   int first = 1, last = 1;
   json_int_t n = (json_int_t)m->n;
-  wf_gpt_shard *g = &e->geo;
-  *g = wf__saved_geo(&(wf_gpt_shard){.tp = 1, .l1 = m->dims.L, .first = true, .last = true});
+  wf_model_shard *g = &e->geo;
+  *g = wf__saved_geo(&(wf_model_shard){.tp = 1, .l1 = m->dims.L, .first = true, .last = true});
   const char *f = fmt ? json_string_value(fmt) : WF__FMT_LLMC; /* NULL: not a string */
   if (sh && json_unpack_ex(sh, &je, 0, "{s:i, s:i, s:i, s:i, s:i, s:i, s:b, s:b, s:I}", "tp",
                            &g->tp, "tp_rank", &g->tp_rank, "l0", &g->l0, "l1", &g->l1, "chunks",
@@ -204,12 +212,12 @@ static wf_status parse_model(json_t *o, wf__entry *e, const wf__manifest *m, con
     return WF_EFORMAT;
   }
   g->first = first, g->last = last;
-  const char *bad = wf_gpt_shard_check(&m->dims, g);
-  if (!bad && (uint64_t)n != wf_gpt_shard_params(&m->dims, g))
+  const char *bad = wf_model_shard_check(&m->dims, g);
+  if (!bad && (uint64_t)n != wf_model_shard_params(&m->dims, g))
     bad = "its parameter count does not fit its geometry";
   if (!bad && (e->lo != 0 || e->hi != (uint64_t)n || e->tp != g->tp_rank))
     bad = "its range or tp coordinate disagrees with its geometry";
-  e->llmc = wf__whole_geo(g);
+  e->llmc = wf__llmc_geo(&m->dims, g);
   if (!bad && (!f || strcmp(f, e->llmc ? WF__FMT_LLMC : WF__FMT_SHARD)))
     bad = e->llmc ? "the whole model's file must have format " WF__FMT_LLMC
                   : "a shard's file must have format " WF__FMT_SHARD;
@@ -260,6 +268,27 @@ fail:
   return st;
 }
 
+/* The family and its dims beyond GPT-2's (absent in manifests written before families:
+ * those are GPT-2's). */
+static wf_status parse_family(json_t *mo, wf_model_dims *d, const char *path)
+{
+  wf_status st = WF_OK;
+  json_error_t je;
+  const char *fam = "gpt2";
+  int tie = -1;
+  double eps = 0;
+  WF_CHECK(json_unpack_ex(mo, &je, 0, "{s?s, s?i, s?i, s?b, s?F, s?F}", "family", &fam, "kv_heads",
+                          &d->KV, "ffn", &d->F, "tie_embeddings", &tie, "rope_theta",
+                          &d->rope_theta, "norm_eps", &eps) == 0,
+           WF_EFORMAT, "%s: model: %s", path, je.text);
+  d->norm_eps = (float)eps;
+  d->fam = wf_model_family_find(fam);
+  WF_CHECK(d->fam, WF_EFORMAT, "%s: model family '%s' is not one this weft knows", path, fam);
+  d->tie = tie < 0 ? WF_TIE_AUTO : tie ? WF_TIE_YES : WF_TIE_NO;
+fail:
+  return st;
+}
+
 static wf_status parse_fields(json_t *o, wf__manifest *m, const char *path, json_t **files)
 {
   wf_status st = WF_OK;
@@ -267,7 +296,7 @@ static wf_status parse_fields(json_t *o, wf__manifest *m, const char *path, json
   const char *format;
   int version;
   json_int_t n, seed;
-  wf_gpt_dims *d = &m->dims;
+  wf_model_dims *d = &m->dims;
   WF_CHECK(json_unpack_ex(o, &je, 0,
                           "{s:s, s:i, s:i, s:{s:i, s:i, s:i}, s:{s:i, s:i, s:i, s:i, s:i, s:i, "
                           "s:I}, s:{s:I}, s:{s:i}, s:o}",
@@ -280,8 +309,9 @@ static wf_status parse_fields(json_t *o, wf__manifest *m, const char *path, json
   WF_CHECK(!strcmp(format, WF__FORMAT_NAME) && version == WF__FORMAT_VERSION, WF_EFORMAT,
            "%s: format '%s' version %d; this weft reads '%s' version %d", path, format, version,
            WF__FORMAT_NAME, WF__FORMAT_VERSION);
-  WF_CHECK(!wf_gpt_dims_check(d) && (uint64_t)n == wf_gpt_num_params(d) && m->step >= 0, WF_EFORMAT,
-           "%s: inconsistent model dims or step", path);
+  WF_TRY(parse_family(json_object_get(o, "model"), d, path));
+  WF_CHECK(!wf_model_dims_check(d) && (uint64_t)n == wf_model_num_params(d) && m->step >= 0,
+           WF_EFORMAT, "%s: inconsistent model dims or step", path);
   m->n = (uint64_t)n, m->seed = (uint64_t)seed;
   m->replicas = 1; /* written before HSDP had checkpoints: one replica */
   WF_CHECK(json_unpack(o, "{s:{s?i}}", "mesh", "replicas", &m->replicas) == 0 && m->replicas >= 1,
@@ -351,7 +381,7 @@ typedef struct run_list {
   bool oom;
 } run_list;
 
-static void collect_run(void *user, const wf_gpt_run *r)
+static void collect_run(void *user, const wf_model_run *r)
 {
   run_list *l = user;
   if (!r->counted || l->oom)
@@ -375,13 +405,15 @@ static int cmp_run(const void *a, const void *b)
   return (x > y) - (x < y);
 }
 
-/* The llm.c name of the tensor holding full element x. */
-static const char *kind_at(const wf_gpt_dims *d, uint64_t x)
+/* The name of the tensor holding full element x. */
+static const char *kind_at(const wf_model_dims *d, uint64_t x)
 {
-  int k = WF_GPT_NUM_KINDS - 1;
-  while (k > 0 && wf_gpt_kind_offset(d, (wf_param_kind)k) > x)
+  wf_model_desc desc;
+  wf_model_describe(d, &desc); /* its names are the family's string constants */
+  int k = desc.n - 1;
+  while (k > 0 && wf_model_tensor_offset(d, k) > x)
     k--;
-  return wf_gpt_kind_name((wf_param_kind)k);
+  return desc.t[k].name;
 }
 
 /* Whether the sorted runs tile [0, n); *where is the first element missing or held twice. */
@@ -408,7 +440,7 @@ wf_status wf__check_model_cover(const wf__manifest *m, const char *dir)
              "checkpoint %s: the manifest lists two model files of stage %d shard %d", dir, e->pp,
              e->tp);
     if (!e->optim)
-      wf_gpt_shard_runs(&m->dims, &e->geo, collect_run, &l);
+      wf_model_shard_runs(&m->dims, &e->geo, collect_run, &l);
   }
   WF_CHECK(!l.oom, WF_ENOMEM, "checkpoint %s: out of memory checking its model files", dir);
   qsort(l.r, l.len, sizeof *l.r, cmp_run);

@@ -1,8 +1,8 @@
 /*
  * reshard.c - a checkpoint saved on another tensor or pipeline layout, and export.
  *
- * The ranks share out the files; each adds the counted runs (wf_gpt_shard_runs: tp
- * rank 0's copy of replicated tensors, the first stage's tied wte) of its files into
+ * The ranks share out the files; each adds the counted runs (wf_model_shard_runs: tp
+ * rank 0's copy of replicated tensors, the first stage's tied embedding) of its files into
  * whole-model parameters and AdamW m and v on the host, a sum over the job assembles
  * them, and every rank copies out its slices (and its ZeRO-1 range) into its device.
  * That costs three whole-model float32 vectors per rank while loading, plus one shard
@@ -33,7 +33,7 @@ wf_status wf__add_model_file(const char *dir, const wf__manifest *m, const wf__e
   float *buf = alloc_floats(e->hi, e->name, dir);
   wf_status st = buf ? wf__read_model(dir, e, &m->dims, buf) : WF_ENOMEM;
   if (st == WF_OK)
-    wf_gpt_shard_exchange(&m->dims, &e->geo, buf, 0, e->hi, full, true);
+    wf_model_shard_exchange(&m->dims, &e->geo, buf, 0, e->hi, full, true);
   wf_mem_free(buf);
   return st;
 }
@@ -47,8 +47,8 @@ static wf_status add_optim_file(const char *dir, const wf__manifest *m, const wf
   sp.v = sp.m ? alloc_floats(e->hi - e->lo, e->name, dir) : NULL;
   wf_status st = sp.v ? wf__verify_optim(dir, e, model->hi, &sp) : WF_ENOMEM;
   if (st == WF_OK) {
-    wf_gpt_shard_exchange(&m->dims, &model->geo, sp.m, e->lo, e->hi, fm, true);
-    wf_gpt_shard_exchange(&m->dims, &model->geo, sp.v, e->lo, e->hi, fv, true);
+    wf_model_shard_exchange(&m->dims, &model->geo, sp.m, e->lo, e->hi, fm, true);
+    wf_model_shard_exchange(&m->dims, &model->geo, sp.v, e->lo, e->hi, fv, true);
   }
   wf_mem_free(sp.m);
   wf_mem_free(sp.v);
@@ -57,7 +57,7 @@ static wf_status add_optim_file(const char *dir, const wf__manifest *m, const wf
 
 /* Whole-model parameters and AdamW m and v, assembled from every file of a checkpoint. */
 typedef struct whole_state {
-  float *x[3]; /* parameters, m, v: (n) each, llm.c layout, host memory */
+  float *x[3]; /* parameters, m, v: (n) each, the model's layout, host memory */
 } whole_state;
 
 /* Rank r reads and verifies files r, r + W, ...; every element has exactly one
@@ -86,13 +86,13 @@ fail:
 static wf_status slice_into(const wf_ckpt_target *t, float *dev_p, size_t lo, size_t hi,
                             float *full)
 {
-  wf_dev *dev = wf_gpt_dev(t->model);
-  wf_gpt_shard g = wf__saved_geo(wf_gpt_get_shard(t->model));
+  wf_dev *dev = wf_model_dev(t->model);
+  wf_model_shard g = wf__saved_geo(wf_model_get_shard(t->model));
   wf_dev_view v;
   wf_status st = wf_dev_map(dev, &v, dev_p, (hi - lo) * sizeof(float), WF_MAP_WRITE);
   if (st != WF_OK)
     return st;
-  wf_gpt_shard_exchange(wf_gpt_get_dims(t->model), &g, v.host, lo, hi, full, false);
+  wf_model_shard_exchange(wf_model_get_dims(t->model), &g, v.host, lo, hi, full, false);
   return wf_dev_unmap(dev, &v);
 }
 
@@ -104,7 +104,7 @@ wf_status wf__load_resharded(const wf_ckpt_target *t, const wf__manifest *m, con
   float *mb, *vb;
   wf_optim_state(t->optim, &lo, &hi, &mb, &vb);
   WF_TRY(assemble(t, m, dir, &w));
-  WF_TRY(wf_gpt_import_full(t->model, 0, w.x[0]));
+  WF_TRY(wf_model_import_full(t->model, 0, w.x[0]));
   WF_TRY(slice_into(t, mb, lo, hi, w.x[1]));
   WF_TRY(slice_into(t, vb, lo, hi, w.x[2]));
 fail:
@@ -113,7 +113,7 @@ fail:
   return st;
 }
 
-wf_status wf__ckpt_model_dims(const char *dir, wf_gpt_dims *d)
+wf_status wf__ckpt_model_dims(const char *dir, wf_model_dims *d)
 {
   wf__manifest m = {0};
   wf_status st = wf__manifest_read(dir, &m, NULL);
@@ -123,7 +123,7 @@ wf_status wf__ckpt_model_dims(const char *dir, wf_gpt_dims *d)
   return st;
 }
 
-wf_status wf__ckpt_model_read(const char *dir, const wf_gpt_dims *d, float *full)
+wf_status wf__ckpt_model_read(const char *dir, const wf_model_dims *d, float *full)
 {
   wf_status st = WF_OK;
   wf__manifest m = {0};

@@ -56,9 +56,9 @@ static void test_delay(void)
 
 /* What a checkpoint records of a shard: the fields that decide its parameter layout
  * (sequence parallelism does not change it; chunk_stride matters only with chunks). */
-wf_gpt_shard wf__saved_geo(const wf_gpt_shard *s)
+wf_model_shard wf__saved_geo(const wf_model_shard *s)
 {
-  wf_gpt_shard g = *s;
+  wf_model_shard g = *s;
   g.sequence = false;
   g.chunks = WF_MAX(g.chunks, 1);
   if (g.chunks == 1)
@@ -66,20 +66,26 @@ wf_gpt_shard wf__saved_geo(const wf_gpt_shard *s)
   return g;
 }
 
-bool wf__same_geo(const wf_gpt_shard *a, const wf_gpt_shard *b)
+bool wf__same_geo(const wf_model_shard *a, const wf_model_shard *b)
 {
   return a->tp == b->tp && a->tp_rank == b->tp_rank && a->l0 == b->l0 && a->l1 == b->l1 &&
          a->chunks == b->chunks && a->chunk_stride == b->chunk_stride && a->first == b->first &&
          a->last == b->last;
 }
 
-/* The whole model: its file is a plain llm.c checkpoint. */
-bool wf__whole_geo(const wf_gpt_shard *g)
+/* The whole model. */
+bool wf__whole_geo(const wf_model_shard *g)
 {
   return g->tp == 1 && g->first && g->last && g->chunks == 1;
 }
 
-static void describe_geo(char *buf, size_t len, const wf_gpt_shard *g)
+/* The whole model of a family llm.c holds (GPT-2): its file is a plain llm.c checkpoint. */
+bool wf__llmc_geo(const wf_model_dims *d, const wf_model_shard *g)
+{
+  return wf__whole_geo(g) && wf_model_family(d)->llmc;
+}
+
+static void describe_geo(char *buf, size_t len, const wf_model_shard *g)
 {
   char chunks[64] = "";
   if (g->chunks > 1)
@@ -89,11 +95,12 @@ static void describe_geo(char *buf, size_t len, const wf_gpt_shard *g)
 }
 
 /* The header of the model file of shard g with n parameters; returns its bytes. */
-static size_t model_header(wf__model_hdr *h, const wf_gpt_dims *d, const wf_gpt_shard *g,
+static size_t model_header(wf__model_hdr *h, const wf_model_dims *d, const wf_model_shard *g,
                            uint64_t n)
 {
+  wf_model_dims r = wf_model_dims_resolve(d);
   memset(h, 0, sizeof *h);
-  if (wf__whole_geo(g)) {
+  if (wf__llmc_geo(d, g)) {
     wf_llmc_header_encode(h->llmc, d);
     return WF_LLMC_HEADER_BYTES;
   }
@@ -114,6 +121,8 @@ static size_t model_header(wf__model_hdr *h, const wf_gpt_dims *d, const wf_gpt_
                                 g->first,
                                 g->last,
                                 n,
+                                r.KV == r.NH ? 0 : r.KV,
+                                r.F == 4 * r.C ? 0 : r.F,
                                 {0}};
   return WF__SHARD_HEADER;
 }
@@ -156,9 +165,9 @@ static wf_status write_dev(wf_afile *f, wf_dev *dev, const float *p, size_t byte
 wf_status wf__write_model(const wf_ckpt_target *t, const char *stage, wf__shard_rec *r)
 {
   wf_status st = WF_OK;
-  const wf_gpt_dims *d = wf_gpt_get_dims(t->model);
-  wf_gpt_shard g = wf__saved_geo(wf_gpt_get_shard(t->model));
-  size_t n = wf_gpt_local_params(t->model);
+  const wf_model_dims *d = wf_model_get_dims(t->model);
+  wf_model_shard g = wf__saved_geo(wf_model_get_shard(t->model));
+  size_t n = wf_model_local_params(t->model);
   wf__model_hdr h;
   size_t hb = model_header(&h, d, &g, n);
   char path[WF__PATH_LEN], name[64];
@@ -168,7 +177,7 @@ wf_status wf__write_model(const wf_ckpt_target *t, const char *stage, wf__shard_
   WF_TRY(wf_afile_open(&f, path, 0644, WF_AFILE_HASH));
   WF_TRY(wf_afile_write(&f, &h, hb));
   test_delay();
-  st = write_dev(&f, wf_gpt_dev(t->model), wf_gpt_params(t->model), n * sizeof(float));
+  st = write_dev(&f, wf_model_dev(t->model), wf_model_params(t->model), n * sizeof(float));
   if (st != WF_OK) {
     wf_afile_abort(&f);
     goto fail;
@@ -191,7 +200,7 @@ wf_status wf__write_optim(const wf_ckpt_target *t, const char *stage, int step, 
     return WF_OK; /* unsharded: dp 0 writes it */
   wf__optim_header h = {WF__OPT_MAGIC,
                         WF__OPT_VERSION,
-                        wf_gpt_local_params(t->model),
+                        wf_model_local_params(t->model),
                         lo,
                         hi,
                         (uint64_t)step,
@@ -202,7 +211,7 @@ wf_status wf__write_optim(const wf_ckpt_target *t, const char *stage, int step, 
                         {0}};
   char path[WF__PATH_LEN], name[64];
   wf_afile f;
-  wf_dev *dev = wf_gpt_dev(t->model);
+  wf_dev *dev = wf_model_dev(t->model);
   wf__optim_name(name, sizeof name, t->pp_rank, t->tp_rank, dpi);
   wf__pathf(path, sizeof path, "%s/%s", stage, name);
   WF_TRY(wf_afile_open(&f, path, 0644, WF_AFILE_HASH));
@@ -291,14 +300,14 @@ static wf_status header_mismatch(const char *path, const wf__entry *e, const wf_
     return WF_EFORMAT;
   }
   describe_geo(saw, sizeof saw,
-               &(wf_gpt_shard){.tp = s->tp,
-                               .tp_rank = s->tp_rank,
-                               .l0 = s->l0,
-                               .l1 = s->l1,
-                               .chunks = s->chunks,
-                               .chunk_stride = s->chunk_stride,
-                               .first = s->first,
-                               .last = s->last});
+               &(wf_model_shard){.tp = s->tp,
+                                 .tp_rank = s->tp_rank,
+                                 .l0 = s->l0,
+                                 .l1 = s->l1,
+                                 .chunks = s->chunks,
+                                 .chunk_stride = s->chunk_stride,
+                                 .first = s->first,
+                                 .last = s->last});
   WF_ERROR("%s: its header does not match the manifest: the file holds %s (%llu parameters of "
            "L=%d C=%d), the manifest lists %s (%llu); the file was moved or replaced: resume from "
            "an older checkpoint",
@@ -325,7 +334,7 @@ fail:
   return st;
 }
 
-wf_status wf__read_model(const char *dir, const wf__entry *e, const wf_gpt_dims *d, float *params)
+wf_status wf__read_model(const char *dir, const wf__entry *e, const wf_model_dims *d, float *params)
 {
   char path[WF__PATH_LEN];
   wf__model_hdr h, want;

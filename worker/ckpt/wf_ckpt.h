@@ -57,7 +57,7 @@
 /* What a checkpoint saves and restores on this rank (everything borrowed). */
 typedef struct wf_ckpt_target {
   const wf_config *cfg;
-  wf_gpt *model;         /* this rank's parameters (the full model while tp = pp = 1) */
+  wf_model *model;       /* this rank's parameters (the full model while tp = pp = 1) */
   wf_optim *optim;       /* this rank's optimizer state (a dp shard under ZeRO-1) */
   bool optim_sharded;    /* the optimizer holds this rank's ZeRO shard: one file per dp rank */
   wf_comm *dp_comm;      /* this rank's dp group (HSDP: its fsdp group); NULL = one rank alone */
@@ -96,10 +96,13 @@ wf_status wf_ckpt_locate(const wf_config *cfg, char *dir, size_t dir_len);
 /* ---- weights (weights.c) ---------------------------------------------------------------
  * The whole model's weights in and out of a job, whatever holds them, in one place: what
  * model.init and --generate read, what --save and --export write. Every format goes
- * through the whole model's flat float32 array in llm.c layout (wf_model.h):
- *  - llm.c GPT-2 checkpoints: version 3 (float32) and 5 (bf16), told by the header;
- *  - Hugging Face safetensors (GPT2LMHeadModel names), told by the name's .safetensors
- *    or by the header;
+ * through the whole model's flat float32 array (wf_model.h's layout of its family):
+ *  - llm.c GPT-2 checkpoints: version 3 (float32) and 5 (bf16), told by the header
+ *    (GPT-2 only);
+ *  - Hugging Face safetensors (the family's Hugging Face names: GPT2LMHeadModel's,
+ *    LlamaForCausalLM's), told by the name's .safetensors or by the header; a sharded
+ *    model's .safetensors.index.json; a Hugging Face model folder (config.json and the
+ *    weights);
  *  - a weft checkpoint (a directory with a manifest, saved on any mesh), or a
  *    checkpoint directory whose `latest` names one (read only).
  * Not collective; errors are logged where they arise, naming the file. */
@@ -113,21 +116,31 @@ bool wf_weights_fmt_parse(const char *name, wf_weights_fmt *f);
 const char *wf_weights_fmt_describe(wf_weights_fmt f);
 /* The dims of the model at `path`, which names it in its error messages as `what`
  * (e.g. "model.init"). */
-wf_status wf_weights_peek(const char *path, const char *what, wf_gpt_dims *d);
+wf_status wf_weights_peek(const char *path, const char *what, wf_model_dims *d);
 /* The same, quietly: false when `path` holds no model weft can read (a checkpoint
  * directory whose `latest` or manifest is broken is the exception: its reader logs). */
-bool wf_weights_probe(const char *path, wf_gpt_dims *d);
-/* The parameters into full (wf_gpt_num_params(d) floats); refuses other dims. */
-wf_status wf_weights_read(const char *path, const char *what, const wf_gpt_dims *d, float *full);
+bool wf_weights_probe(const char *path, wf_model_dims *d);
+/* The parameters into full (wf_model_num_params(d) floats); refuses other dims. */
+wf_status wf_weights_read(const char *path, const char *what, const wf_model_dims *d, float *full);
 /* Peek and read into a scratch array: everything that can be wrong with the weights,
  * found before a job starts (its dims in *d). */
-wf_status wf_weights_check(const char *path, const char *what, wf_gpt_dims *d);
-/* Write a model atomically in format f. */
-wf_status wf_weights_write(const char *path, wf_weights_fmt f, const wf_gpt_dims *d,
-                           const float *full);
+wf_status wf_weights_check(const char *path, const char *what, wf_model_dims *d);
+/* Write a model atomically in format f. Safetensors to a folder (a path ending in '/' or
+ * an existing directory) or to a .safetensors.index.json path is a Hugging Face model
+ * folder with config.json, sharded above shard_bytes (0: 5 GB, save_pretrained's). */
+wf_status wf_weights_write(const char *path, wf_weights_fmt f, const wf_model_dims *d,
+                           const float *full, size_t shard_bytes);
 
 /* Not collective. Write the model of checkpoint `dir` (from any mesh) at `out_path` in
  * format f, after verifying every model file's checksum. */
-wf_status wf_ckpt_export(const char *dir, const char *out_path, wf_weights_fmt f);
+wf_status wf_ckpt_export(const char *dir, const char *out_path, wf_weights_fmt f,
+                         size_t shard_bytes);
+
+/* worker --export: the weights the config names - model.init (any format above), else
+ * the checkpoint train.resume names (else the latest in train.checkpoint_dir) - written
+ * at out_path in format f, without training. The source's path into src. Not
+ * collective. */
+wf_status wf_weights_export(const wf_config *cfg, const char *out_path, wf_weights_fmt f, char *src,
+                            size_t src_len);
 
 #endif /* WF_CKPT_H */

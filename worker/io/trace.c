@@ -1,7 +1,6 @@
 /*
- * trace.c - the span recorder and the Chrome trace writer (see wf_trace.h).
- *
- * Recording is a bounds check and a store into an array allocated at creation.
+ * trace.c - the Chrome trace writer (wf_io.h): every rank's spans (the runtime's
+ * recorder, wf_trace.h) into one file on rank 0.
  *
  * Layout of the file: one process per rank (pid = world rank, named by its label, e.g.
  * "rank 3 (pp 1, dp 0, tp 1)", sorted by rank) and in each a thread per kind of work
@@ -42,147 +41,21 @@
 #include "wf_file.h"
 #include "wf_io.h"
 
-#define LABEL_MAX 128
-#define PINGS     8
-#define CHUNK     4096
+#define PINGS 8
+#define CHUNK 4096
 enum { TAG_PING = 1, TAG_PONG, TAG_HDR, TAG_SPANS };
 
 /* The threads of a rank's process (tid), by span category. */
 enum { THREAD_COMPUTE, THREAD_COMM, THREAD_OPTIM, THREADS };
 static const char *const thread_names[THREADS] = {"compute", "communication", "optimizer step"};
 
-typedef struct span {
-  double t0, t1; /* wf_now() seconds on the recording rank */
-  int step, mb;  /* -1 when none */
-  char name[WF_TRACE_NAME_MAX + 1];
-  char cat[WF_TRACE_CAT_MAX + 1];
-} span;
-
-struct wf_trace {
-  span *spans; /* (cap) */
-  size_t cap, n, dropped;
-  bool on;
-  char label[LABEL_MAX];
-};
+typedef wf_trace_rec span;
 
 /* What a rank sends ahead of its spans. */
 typedef struct rank_hdr {
   long long n, dropped;
-  char label[LABEL_MAX];
+  char label[WF_TRACE_LABEL_MAX];
 } rank_hdr;
-
-/* ---- recording -------------------------------------------------------------------------- */
-
-wf_status wf_trace_create(wf_trace **out, const char *label, size_t max_spans)
-{
-  if (!out || max_spans == 0 || max_spans > SIZE_MAX / sizeof(span)) {
-    WF_ERROR("wf_trace_create: need an output pointer and 1 <= max_spans (got %zu)", max_spans);
-    return WF_EINVAL;
-  }
-  *out = NULL;
-  wf_trace *t = calloc(1, sizeof(*t));
-  if (!t)
-    return WF_ENOMEM;
-  /* Through the memory layer: a long trace buffer is a large host allocation. */
-  t->spans = wf_mem_alloc(max_spans * sizeof(span));
-  if (!t->spans) {
-    WF_ERROR("wf_trace_create: cannot allocate %zu spans", max_spans);
-    free(t);
-    return WF_ENOMEM;
-  }
-  t->cap = max_spans;
-  snprintf(t->label, sizeof(t->label), "%s", label ? label : "");
-  *out = t;
-  return WF_OK;
-}
-
-void wf_trace_destroy(wf_trace *t)
-{
-  if (!t)
-    return;
-  wf_mem_free(t->spans);
-  free(t);
-}
-
-void wf_trace_set_on(wf_trace *t, bool on)
-{
-  if (t)
-    t->on = on;
-}
-
-bool wf_trace_on(const wf_trace *t) { return t && t->on; }
-size_t wf_trace_count(const wf_trace *t) { return t ? t->n : 0; }
-size_t wf_trace_dropped(const wf_trace *t) { return t ? t->dropped : 0; }
-
-void wf_trace_span(wf_trace *t, const char *name, const char *cat, double t0, double t1, int step,
-                   int mb)
-{
-  if (!t || !t->on)
-    return;
-  if (t->n == t->cap) {
-    t->dropped++;
-    return;
-  }
-  span *s = &t->spans[t->n++];
-  s->t0 = t0;
-  s->t1 = t1 < t0 ? t0 : t1;
-  s->step = step;
-  s->mb = mb;
-  snprintf(s->name, sizeof(s->name), "%s", name ? name : "");
-  snprintf(s->cat, sizeof(s->cat), "%s", cat ? cat : "");
-}
-
-/* ---- busy time -------------------------------------------------------------------------- */
-
-typedef struct ival {
-  double a, b;
-} ival;
-
-static int ival_cmp(const void *x, const void *y)
-{
-  const ival *p = x, *q = y;
-  return (p->a > q->a) - (p->a < q->a);
-}
-
-/* Length of the union of iv[0..n), sorted here by start. */
-static double union_length(ival *iv, size_t n)
-{
-  qsort(iv, n, sizeof(*iv), ival_cmp);
-  double total = 0, end = -INFINITY;
-  for (size_t i = 0; i < n; i++) {
-    double a = iv[i].a > end ? iv[i].a : end; /* skip the part already counted */
-    if (iv[i].b > a)
-      total += iv[i].b - a;
-    if (iv[i].b > end)
-      end = iv[i].b;
-  }
-  return total;
-}
-
-double wf_trace_busy(const wf_trace *t, const char *cat, double t0, double t1)
-{
-  if (!t || t->n == 0 || t1 <= t0)
-    return 0;
-  /* Spans of one category may overlap (nested or on several streams), so take the union;
-   * this runs once per step, not per span, so a temporary array is fine. */
-  ival *iv = malloc(t->n * sizeof(*iv));
-  if (!iv) {
-    WF_WARN("wf_trace_busy: out of memory, reporting 0");
-    return 0;
-  }
-  size_t k = 0;
-  for (size_t i = 0; i < t->n; i++) {
-    const span *s = &t->spans[i];
-    if (cat && strcmp(s->cat, cat) != 0)
-      continue;
-    double a = s->t0 > t0 ? s->t0 : t0, b = s->t1 < t1 ? s->t1 : t1;
-    if (b > a)
-      iv[k++] = (ival){a, b};
-  }
-  double busy = union_length(iv, k);
-  free(iv);
-  return busy;
-}
 
 /* ---- JSON events -------------------------------------------------------------------------- */
 
@@ -321,11 +194,13 @@ static wf_status send_to_root(const wf_trace *t, MPI_Comm comm)
     WF_CHECK_MPI(MPI_Send(&now, 1, MPI_DOUBLE, 0, TAG_PONG, comm));
   }
   rank_hdr h = {.n = (long long)wf_trace_count(t), .dropped = (long long)wf_trace_dropped(t)};
-  snprintf(h.label, sizeof(h.label), "%s", t ? t->label : "");
+  size_t n;
+  const span *spans = wf_trace_records(t, &n);
+  snprintf(h.label, sizeof(h.label), "%s", wf_trace_label(t));
   WF_CHECK_MPI(MPI_Send(&h, (int)sizeof(h), MPI_BYTE, 0, TAG_HDR, comm));
   for (size_t i = 0; i < (size_t)h.n; i += CHUNK) {
     size_t m = (size_t)h.n - i < CHUNK ? (size_t)h.n - i : CHUNK;
-    WF_CHECK_MPI(MPI_Send(&t->spans[i], (int)(m * sizeof(span)), MPI_BYTE, 0, TAG_SPANS, comm));
+    WF_CHECK_MPI(MPI_Send(&spans[i], (int)(m * sizeof(span)), MPI_BYTE, 0, TAG_SPANS, comm));
   }
 exit:
   return st;
@@ -342,7 +217,7 @@ static wf_status recv_peer(MPI_Comm comm, int peer, json_t *events, span *buf, j
   rank_hdr h;
   WF_TRY(measure_offset(comm, peer, &offset, &rtt));
   WF_CHECK_MPI(MPI_Recv(&h, (int)sizeof(h), MPI_BYTE, peer, TAG_HDR, comm, MPI_STATUS_IGNORE));
-  h.label[LABEL_MAX - 1] = '\0';
+  h.label[WF_TRACE_LABEL_MAX - 1] = '\0';
   if (events)
     build = add_process(events, peer, h.label);
   for (long long i = 0; i < h.n; i += CHUNK) {
@@ -399,9 +274,11 @@ static wf_status gather_and_write(const wf_trace *t, MPI_Comm comm, int size, co
     build = WF_ENOMEM, events = NULL, info = NULL;
   }
   if (events) {
-    build = add_process(events, 0, t ? t->label : "");
+    size_t n;
+    const span *spans = wf_trace_records(t, &n);
+    build = add_process(events, 0, wf_trace_label(t));
     if (build == WF_OK && t)
-      build = add_spans(events, t->spans, t->n, 0, 0.0);
+      build = add_spans(events, spans, n, 0, 0.0);
   }
   for (int peer = 1; peer < size; peer++) {
     wf_status s = recv_peer(comm, peer, build == WF_OK ? events : NULL, buf, info);

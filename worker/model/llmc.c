@@ -40,14 +40,14 @@ _Static_assert(sizeof(float) == 4, "llm.c files hold IEEE float32");
 
 /* ---- the header codec ------------------------------------------------------------------ */
 
-static void header_encode(int32_t h[WF_LLMC_HEADER_INTS], const wf_gpt_dims *d, int version)
+static void header_encode(int32_t h[WF_LLMC_HEADER_INTS], const wf_model_dims *d, int version)
 {
   memset(h, 0, WF_LLMC_HEADER_BYTES);
   int32_t v[8] = {WF_LLMC_MAGIC, version, d->maxT, d->V, d->L, d->NH, d->C, d->Vp};
   memcpy(h, v, sizeof v);
 }
 
-void wf_llmc_header_encode(int32_t h[WF_LLMC_HEADER_INTS], const wf_gpt_dims *d)
+void wf_llmc_header_encode(int32_t h[WF_LLMC_HEADER_INTS], const wf_model_dims *d)
 {
   header_encode(h, d, WF_LLMC_VERSION);
 }
@@ -67,18 +67,18 @@ static float bf16_to_f32(uint16_t b)
 }
 
 wf_status wf_llmc_header_decode(const int32_t h[WF_LLMC_HEADER_INTS], const char *path,
-                                wf_gpt_dims *d)
+                                wf_model_dims *d)
 {
   wf_status st = WF_OK;
   const char *bad;
-  *d = (wf_gpt_dims){.maxT = h[2], .V = h[3], .L = h[4], .NH = h[5], .C = h[6], .Vp = h[7]};
+  *d = (wf_model_dims){.maxT = h[2], .V = h[3], .L = h[4], .NH = h[5], .C = h[6], .Vp = h[7]};
   WF_CHECK(h[0] == WF_LLMC_MAGIC, WF_EFORMAT,
            "%s: not an llm.c GPT-2 checkpoint: magic %d, expected %d", path, h[0], WF_LLMC_MAGIC);
   WF_CHECK(known_version(h[1]), WF_EFORMAT,
            "%s: llm.c checkpoint version %d: weft reads version %d (float32) and %d (bf16), the "
            "formats with the padded vocab in the header",
            path, h[1], WF_LLMC_VERSION, WF_LLMC_VERSION_BF16);
-  bad = wf_gpt_dims_check(d);
+  bad = wf_model_dims_check(d);
   WF_CHECK(bad == NULL, WF_EFORMAT, "%s: bad header dims maxT=%d V=%d L=%d NH=%d C=%d Vp=%d: %s",
            path, d->maxT, d->V, d->L, d->NH, d->C, d->Vp, bad);
 fail:
@@ -89,7 +89,7 @@ fail:
 
 /* Open `path`, read and decode the header, check the file length against it; *version
  * gets the header's version (3 or 5). */
-static wf_status open_checkpoint(FILE **out, const char *path, wf_gpt_dims *d, int *version)
+static wf_status open_checkpoint(FILE **out, const char *path, wf_model_dims *d, int *version)
 {
   wf_status st = WF_OK;
   int32_t h[WF_LLMC_HEADER_INTS];
@@ -102,7 +102,7 @@ static wf_status open_checkpoint(FILE **out, const char *path, wf_gpt_dims *d, i
            WF_LLMC_HEADER_BYTES);
   WF_TRY(wf_llmc_header_decode(h, path, d));
   long long want =
-      WF_LLMC_HEADER_BYTES + (long long)wf_gpt_num_params(d) * (long long)elem_bytes(h[1]);
+      WF_LLMC_HEADER_BYTES + (long long)wf_model_num_params(d) * (long long)elem_bytes(h[1]);
   WF_CHECK((long long)sb.st_size == want, WF_EFORMAT,
            "%s: %s llm.c checkpoint (version %d, %s): file is %lld bytes, expected %lld for its "
            "header dims L=%d NH=%d C=%d maxT=%d V=%d Vp=%d",
@@ -119,7 +119,7 @@ fail:
   return st;
 }
 
-bool wf_llmc_dims(const char *path, wf_gpt_dims *d)
+bool wf_llmc_dims(const char *path, wf_model_dims *d)
 {
   int32_t h[WF_LLMC_HEADER_INTS];
   FILE *f = fopen(path, "rb");
@@ -129,11 +129,11 @@ bool wf_llmc_dims(const char *path, wf_gpt_dims *d)
     fclose(f);
   if (!ok)
     return false;
-  *d = (wf_gpt_dims){.maxT = h[2], .V = h[3], .L = h[4], .NH = h[5], .C = h[6], .Vp = h[7]};
-  return !wf_gpt_dims_check(d);
+  *d = (wf_model_dims){.maxT = h[2], .V = h[3], .L = h[4], .NH = h[5], .C = h[6], .Vp = h[7]};
+  return !wf_model_dims_check(d);
 }
 
-wf_status wf_llmc_peek(const char *path, wf_gpt_dims *d)
+wf_status wf_llmc_peek(const char *path, wf_model_dims *d)
 {
   FILE *f;
   wf_status st = open_checkpoint(&f, path, d, NULL);
@@ -143,7 +143,7 @@ wf_status wf_llmc_peek(const char *path, wf_gpt_dims *d)
 }
 
 /* NULL when equal, else the name of the first field that differs (values in *a, *b). */
-static const char *dims_diff(const wf_gpt_dims *x, const wf_gpt_dims *y, int *a, int *b)
+static const char *dims_diff(const wf_model_dims *x, const wf_model_dims *y, int *a, int *b)
 {
   struct {
     const char *name;
@@ -158,6 +158,17 @@ static const char *dims_diff(const wf_gpt_dims *x, const wf_gpt_dims *y, int *a,
     }
   }
   return NULL;
+}
+
+/* llm.c's files hold GPT-2 alone. */
+static wf_status gpt2_only(const char *path, const wf_model_dims *d)
+{
+  if (wf_model_family(d)->llmc)
+    return WF_OK;
+  WF_ERROR("%s: llm.c checkpoints hold GPT-2 only, and this model is model.family=%s; write "
+           "Hugging Face safetensors instead (--save-format safetensors, --export safetensors)",
+           path, wf_model_family_name(d));
+  return WF_EINVAL;
 }
 
 /* n bf16 values widened into full, through a bounded buffer. */
@@ -180,19 +191,20 @@ fail:
   return st;
 }
 
-wf_status wf_llmc_read(const char *path, const wf_gpt_dims *d, float *full)
+wf_status wf_llmc_read(const char *path, const wf_model_dims *d, float *full)
 {
   wf_status st = WF_OK;
   FILE *f = NULL;
-  wf_gpt_dims fd;
+  wf_model_dims fd;
   int a, b, version;
+  WF_TRY(gpt2_only(path, d));
   WF_TRY(open_checkpoint(&f, path, &fd, &version));
   const char *field = dims_diff(&fd, d, &a, &b);
   WF_CHECK(!field, WF_EFORMAT,
            "%s: checkpoint has %s = %d but the model has %d; set the model's dimensions to the "
            "checkpoint's",
            path, field, a, b);
-  size_t n = wf_gpt_num_params(d);
+  size_t n = wf_model_num_params(d);
   if (version == WF_LLMC_VERSION_BF16)
     WF_TRY(read_bf16(f, path, full, n));
   else
@@ -234,13 +246,14 @@ fail:
   return st;
 }
 
-wf_status wf_llmc_write_version(const char *path, const wf_gpt_dims *d, const float *full,
+wf_status wf_llmc_write_version(const char *path, const wf_model_dims *d, const float *full,
                                 int version)
 {
   wf_status st = WF_OK;
   int32_t h[WF_LLMC_HEADER_INTS];
   wf_afile f;
-  size_t n = wf_gpt_num_params(d);
+  size_t n = wf_model_num_params(d);
+  WF_TRY(gpt2_only(path, d));
   WF_CHECK(known_version(version), WF_EINVAL, "%s: cannot write llm.c checkpoint version %d", path,
            version);
   header_encode(h, d, version);
@@ -259,56 +272,63 @@ fail:
   return st;
 }
 
-wf_status wf_llmc_write(const char *path, const wf_gpt_dims *d, const float *full)
+wf_status wf_llmc_write(const char *path, const wf_model_dims *d, const float *full)
 {
   return wf_llmc_write_version(path, d, full, WF_LLMC_VERSION);
 }
 
 /* A whole model on one rank: the file passes through one host array of parameters. */
-static wf_status whole_only(const wf_gpt *m, const char *path, float **full)
+static wf_status whole_only(const wf_model *m, const char *path, float **full)
 {
-  const wf_gpt_shard *s = wf_gpt_get_shard(m);
+  const wf_model_shard *s = wf_model_get_shard(m);
   *full = NULL;
   if (s->tp != 1 || !s->first || !s->last || s->chunks > 1) {
     WF_ERROR("%s: an llm.c checkpoint holds the whole model; this rank holds a shard (use "
-             "wf_gpt_gather_full or wf_gpt_import_full)",
+             "wf_gather_full or wf_model_import_full)",
              path);
     return WF_EINVAL;
   }
-  *full = malloc(wf_gpt_num_params(wf_gpt_get_dims(m)) * sizeof **full);
+  *full = malloc(wf_model_num_params(wf_model_get_dims(m)) * sizeof **full);
   if (*full)
     return WF_OK;
   WF_ERROR("%s: out of memory for the model's parameters", path);
   return WF_ENOMEM;
 }
 
-wf_status wf_gpt_load_llmc(wf_gpt *m, const char *path)
+/* The parameters (which 0) or gradients (1) of a whole model into full. */
+static wf_status export_whole(wf_model *m, int which, float *full)
+{
+  memset(full, 0, wf_model_num_params(wf_model_get_dims(m)) * sizeof *full);
+  return wf_model_export_full(m, which, full);
+}
+
+wf_status wf_model_load_llmc(wf_model *m, const char *path)
 {
   float *full;
   wf_status st = whole_only(m, path, &full);
   if (st == WF_OK)
-    st = wf_llmc_read(path, wf_gpt_get_dims(m), full);
+    st = wf_llmc_read(path, wf_model_get_dims(m), full);
   if (st == WF_OK)
-    st = wf_gpt_import_full(m, 0, full);
+    st = wf_model_import_full(m, 0, full);
   free(full);
   return st;
 }
 
-wf_status wf_gpt_save_llmc(wf_gpt *m, const char *path)
+wf_status wf_model_save_llmc(wf_model *m, const char *path)
 {
   float *full;
   wf_status st = whole_only(m, path, &full);
   if (st == WF_OK)
-    st = wf_gpt_gather_full(m, 0, full, NULL, true);
+    st = export_whole(m, 0, full);
   if (st == WF_OK)
-    st = wf_llmc_write(path, wf_gpt_get_dims(m), full);
+    st = wf_llmc_write(path, wf_model_get_dims(m), full);
   free(full);
   return st;
 }
 
 /* ---- debug state ------------------------------------------------------------------------ */
 
-wf_status wf_llmc_write_state(const char *path, const wf_gpt_dims *d, int B, int T,
+wf_status wf_llmc_write_state(const char *path, const wf_model_dims *d, int B, int T,
                               const int *inputs, const int *targets, const float *logits,
                               float loss, const float *grads)
 {
@@ -323,17 +343,17 @@ wf_status wf_llmc_write_state(const char *path, const wf_gpt_dims *d, int B, int
   for (size_t i = 0; i < N; i++) /* the unpadded columns of each row */
     WF_TRY(wf_afile_write(&f, logits + i * (size_t)d->Vp, (size_t)d->V * sizeof *logits));
   WF_TRY(wf_afile_write(&f, &loss, sizeof loss));
-  WF_TRY(wf_afile_write(&f, grads, wf_gpt_num_params(d) * sizeof *grads));
+  WF_TRY(wf_afile_write(&f, grads, wf_model_num_params(d) * sizeof *grads));
   st = wf_afile_commit(&f, NULL, NULL);
 fail:
   return st;
 }
 
-wf_status wf_gpt_dump_state(wf_gpt *m, const char *path, const int *inputs, const int *targets,
-                            int B, int T)
+wf_status wf_model_dump_state(wf_model *m, const char *path, const int *inputs, const int *targets,
+                              int B, int T)
 {
   wf_status st = WF_OK;
-  const wf_gpt_dims *d = wf_gpt_get_dims(m);
+  const wf_model_dims *d = wf_model_get_dims(m);
   size_t nl = (size_t)B * (size_t)T * (size_t)d->Vp;
   float loss = 0, *logits = NULL, *grads = NULL;
   WF_CHECK(inputs && targets, WF_EINVAL, "%s: the debug state needs inputs and targets", path);
@@ -343,12 +363,12 @@ wf_status wf_gpt_dump_state(wf_gpt *m, const char *path, const int *inputs, cons
            path, B, T, m->Bmax, m->Tmax);
   WF_TRY(whole_only(m, path, &grads));
   WF_CHECK_ALLOC(logits = malloc(nl * sizeof *logits));
-  WF_TRY(wf_gpt_zero_grad(m));
-  WF_TRY(wf_gpt_forward(m, inputs, targets, B, T, &loss));
+  WF_TRY(wf_model_zero_grad(m));
+  WF_TRY(wf_model_forward(m, inputs, targets, B, T, &loss));
   /* The logits become their gradient in backward, so they are kept first. */
-  WF_TRY(wf_dev_read(wf_gpt_dev(m), logits, wf_gpt_logits(m), nl * sizeof *logits));
-  WF_TRY(wf_gpt_backward(m, 1.0f));
-  WF_TRY(wf_gpt_gather_full(m, 1, grads, NULL, true));
+  WF_TRY(wf_dev_read(wf_model_dev(m), logits, wf_model_logits(m), nl * sizeof *logits));
+  WF_TRY(wf_model_backward(m, 1.0f));
+  WF_TRY(export_whole(m, 1, grads));
   st = wf_llmc_write_state(path, d, B, T, inputs, targets, logits, loss, grads);
 fail:
   free(logits);

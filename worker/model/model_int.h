@@ -1,6 +1,6 @@
 /*
- * model_int.h - private to worker/model: the model's struct, its activation slots,
- * and the tensor-parallel region operators its forward and backward are built from.
+ * model_int.h - private to worker/model: the model's struct, its activation slots, the
+ * family's compute table, and the helpers both families' blocks are built from.
  *
  * Error idiom (the worker's): every function that can fail returns a wf_status, logs
  * what failed where it failed, and callers propagate with WF_TRY / goto fail. Kernel
@@ -21,133 +21,113 @@
 #include <stddef.h>
 
 #include "wf_check.h"
-#include "wf_collectives.h"
 #include "wf_device.h"
-#include "wf_io.h"
 #include "wf_model.h"
 
-/* ---- tensor-parallel regions (tp.c) ---------------------------------------------
- * A transformer block alternates replicated regions (layernorm, residual) and
- * tensor-parallel regions (column-parallel -> local op -> row-parallel). Crossing into
- * a tensor-parallel region and out of it are conjugate operators (Megatron's f and g):
- *
- *   enter (f):  forward identity,    backward all-reduce       (tp)
- *   leave (g):  forward all-reduce,  backward identity         (tp)
- *
- * With sequence parallelism the replicated regions hold only N/tp token rows per
- * rank, and the pair becomes
- *
- *   enter:  forward all-gather,      backward reduce-scatter   (tp + sequence)
- *   leave:  forward reduce-scatter,  backward all-gather       (tp + sequence)
- *
- * so a block's communication reads off its code: enter before each column-parallel
- * matmul, leave after each row-parallel one. Rank r of the tp group owns token rows
- * [r*N/tp, (r+1)*N/tp) of the (B*T, C) activations in the sequence-parallel regions
- * (contiguous blocks of the flattened batch x sequence, which the collectives scatter
- * and gather without a copy; layernorm and residuals are per token, so which rows a
- * rank holds does not change the mathematics). With tp = 1 every operator is the
- * identity and communicates nothing. */
-typedef struct wf_tp {
-  wf_comm *comm; /* the tp group; NULL when tp = 1 */
-  wf_dev *dev;   /* where the activations live (the copies of the identity cases) */
-  int size, rank;
-  bool sequence;          /* sequence parallelism */
-  double comm_s;          /* seconds spent in tp collectives (for the step log) */
-  double comm_bytes;      /* bytes this rank sent into tp collectives */
-  struct wf_trace *trace; /* spans of each collective while it records; NULL = none */
-} wf_tp;
+/* ---- carving one allocation into tensors ------------------------------------------- */
 
-/* Rows of the replicated regions on this rank: N, or N / size with sequence parallelism. */
-static inline size_t wf__tp_rows(const wf_tp *tp, size_t N)
-{
-  return tp->sequence ? N / (size_t)tp->size : N;
-}
+/* One tensor to carve: where its pointer goes, and its floats. */
+typedef struct wf__carve_item {
+  float **p;
+  size_t n;
+} wf__carve_item;
 
-/* enter, forward: x (rows(N), C) -> *out, the full (N, C) input of a column-parallel
- * layer: x itself without sequence parallelism, else `full` after the all-gather. */
-wf_status wf__tp_enter_fwd(wf_tp *tp, const float **out, const float *x, float *full, size_t N,
-                           size_t C);
-/* enter, backward: dfull (N, C) holds this rank's partial input gradient; the result,
- * summed over tp, lands in dx (rows(N), C): all-reduce in place (dx == dfull allowed)
- * or reduce-scatter. */
-wf_status wf__tp_enter_bwd(wf_tp *tp, float *dx, float *dfull, size_t N, size_t C);
-/* leave, forward: partial (N, C) outputs of a row-parallel layer -> their sum over tp
- * in y (rows(N), C): all-reduce or reduce-scatter. y may equal partial. */
-wf_status wf__tp_leave_fwd(wf_tp *tp, float *y, float *partial, size_t N, size_t C);
-/* leave, backward: dy (rows(N), C) -> *out, the full (N, C) output gradient: dy itself
- * without sequence parallelism, else `full` after the all-gather. */
-wf_status wf__tp_leave_bwd(wf_tp *tp, const float **out, const float *dy, float *full, size_t N,
-                           size_t C);
-/* Gather n floats of every tp rank into all (tp * n), rank-major. */
-wf_status wf__tp_allgather(wf_tp *tp, const float *x, float *all, size_t n);
+/* Point each item into `mem` (or just count, when mem is NULL), 64-byte aligned; the
+ * floats the items take together. */
+size_t wf__carve(const wf__carve_item *t, size_t n, float *mem);
+
+/* ---- geometry ------------------------------------------------------------------------ */
+
+/* The sizes every carve is made of, from the model's options alone: the resolved dims,
+ * tp, the micro-batch (B x T, N = B*T rows, R replicated rows), local heads, local
+ * vocabulary rows, whether GEMM operands are rounded (mixed precision), and the
+ * kernels whose attention sizes apply. */
+typedef struct wf__geo {
+  wf_model_dims d;
+  size_t B, T, N, R, C, tp, Vl;
+  int NHl, KVl;
+  bool low;
+  const wf_ktable *k;
+} wf__geo;
 
 /* ---- activations ------------------------------------------------------------------ */
 
-/* Activations of one micro-batch in one slot, for this stage's nl = l1 - l0 layers,
- * carved from one allocation sized for Bmax x Tmax. Per-layer tensors use a fixed
- * stride of the Bmax x Tmax size, and the first rows of each are live. The tensor-
- * parallel regions hold all N rows of the local heads (NHl = NH/tp) and hidden units
- * (4C/tp). */
-typedef struct wf__acts {
-  float *encoded;                   /* (R,C) the stage's input */
-  float *ln1, *ln1_mean, *ln1_rstd; /* (nl,R,C), (nl,R), (nl,R) */
-  float *qkv;                       /* (nl,N,3C/tp) */
-  float *atty;                      /* (nl,N,C/tp) */
-  float *att;                       /* (nl, attention_saved): (B,NHl,T,T) on the CPU */
-  float *residual2;                 /* (nl,R,C) */
-  float *ln2, *ln2_mean, *ln2_rstd; /* (nl,R,C), (nl,R), (nl,R) */
-  float *fch, *fch_gelu;            /* (nl,N,4C/tp) */
-  float *residual3;                 /* (nl,R,C) */
-  float *lnf, *lnf_mean, *lnf_rstd; /* (R,C), (R), (R): last stage */
-  float *logits;                    /* (N,Vp/tp): last stage; dlogits after backward */
-  float *row_max, *row_sumexp;      /* (N) global over the vocabulary */
-  float *target_logit, *losses;     /* (N) */
-  int *inputs, *targets;            /* (N) this micro-batch's tokens */
+/* Activations of one micro-batch in one slot, for one chunk's layers, carved from one
+ * allocation sized for Bmax x Tmax. A layer's saved intermediates are the family's
+ * (family ops' layer_floats each, `saved`); every layer's output (the residual stream
+ * entering the next) is `out`; the head's norm is the family's (`head`), its logits and
+ * loss are the engine's. */
+typedef struct wf__slot {
+  float *encoded;               /* (R,C) the stage's input */
+  float *saved;                 /* (nl, layer_floats) */
+  float *out;                   /* (nl,R,C) */
+  float *head;                  /* (head_floats): last stage */
+  float *logits;                /* (N,Vp/tp): last stage; dlogits after backward */
+  float *row_max, *row_sumexp;  /* (N) global over the vocabulary */
+  float *target_logit, *losses; /* (N) */
+  int *inputs, *targets;        /* (N) this micro-batch's tokens */
   int B, T, chunk;
   bool live;         /* forward done, backward not */
   bool have_targets; /* computed a loss, so backward may run */
-} wf__acts;
-
-/* The sizes the carves are made of (gpt.c), from the model's options: C, tp, N = Bmax *
- * Tmax rows, R replicated rows, the device's attention sizes (floats), the local
- * vocabulary rows, and whether GEMM operands are rounded (mixed precision). */
-typedef struct wf__geo {
-  size_t C, tp, N, R, att_saved, att_scratch, Vl;
-  bool low;
-} wf__geo;
+} wf__slot;
 
 /* Scratch shared by all slots: one layer's worth, reused layer after layer. */
 typedef struct wf__dacts {
-  float *proj;    /* (N,C) row-parallel partial output */
-  float *full;    /* (N,C) a gathered input or output gradient (sequence parallelism) */
-  float *dres;    /* (R,C) gradient of the residual stream */
-  float *dc;      /* (N,C) partial input gradient of a column-parallel matmul */
-  float *dl;      /* (R,C) dln1, dln2, dlnf after the tp reduction */
-  float *d4a;     /* (N,4C/tp) dfch_gelu, then dqkv (N,3C/tp) */
-  float *d4b;     /* (N,4C/tp) dfch */
-  float *scratch; /* (attention_scratch) attention backward scratch */
-  float *stats;   /* (tp+1,N,3) every rank's packed xent row statistics, then this rank's */
-  float *rdy;     /* (N,C) a GEMM's rounded output gradient (mixed precision; else empty) */
+  float *proj;   /* (N,C) row-parallel partial output */
+  float *full;   /* (N,C) a gathered input or output gradient (sequence parallelism) */
+  float *dres;   /* (N,C) gradient of the residual stream (R rows used) */
+  float *dc;     /* (N,C) partial input gradient of a column-parallel matmul */
+  float *dl;     /* (N,C) a norm's output gradient after the tp reduction (R rows) */
+  float *stats;  /* (tp+1,N,3) every rank's packed xent row statistics, then this rank's */
+  float *rdy;    /* (N,C) a GEMM's rounded output gradient (mixed precision; else empty) */
+  float *fam;    /* (scratch_floats) the family's backward scratch */
+  float *consts; /* (const_floats) the family's tables, written once (RoPE's angles) */
 } wf__dacts;
 
-/* Layer j's intermediates: in the slot, or in the shared recompute buffer. */
-typedef struct wf__layer {
-  float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch,
-      *fchg;
-} wf__layer;
+/* ---- a family's compute ------------------------------------------------------------- */
 
-struct wf_gpt {
-  wf_gpt_dims d;
-  wf_gpt_shard s;
+/* What a family computes, in the model's own memory. Sizes are floats for geometry g.
+ * `saved` is one layer's intermediates (layer_floats). A block's forward reads x (R,C)
+ * and writes y (R,C); its backward finds d y in m->da.dres and leaves d x there, adding
+ * into the parameter gradients. The head reads the last layer's output x and ends in
+ * the loss (wf__head_loss_forward); its backward leaves d x in m->da.dres. The
+ * embedding writes a->encoded from a->inputs; its backward reads m->da.dres. The memory
+ * plan is the family's: what a layer and the head save for backward, backward's scratch
+ * and its constant tables (wf_model_mem_plan adds them up; everything is fp32 today). */
+typedef struct wf__family_ops {
+  size_t (*layer_floats)(const wf__geo *g);
+  size_t (*head_floats)(const wf__geo *g);
+  size_t (*scratch_floats)(const wf__geo *g);
+  /* tables the family computes with and never changes (0: none), filled by prepare once
+   * the model is allocated (NULL: nothing to fill) */
+  size_t (*const_floats)(const wf__geo *g);
+  wf_status (*prepare)(wf_model *m);
+  wf_status (*embed_forward)(wf_model *m, wf__slot *a);
+  wf_status (*embed_backward)(wf_model *m, wf__slot *a);
+  wf_status (*block_forward)(wf_model *m, float *saved, const float *x, float *y, int l, int B,
+                             int T);
+  wf_status (*block_backward)(wf_model *m, float *saved, const float *x, int l, int B, int T);
+  wf_status (*head_forward)(wf_model *m, wf__slot *a, const float *x);
+  wf_status (*head_backward)(wf_model *m, wf__slot *a, const float *x, float dloss);
+} wf__family_ops;
+
+struct wf_model {
+  wf_model_dims d; /* resolved */
+  const wf_family *fam;
+  const wf__family_ops *ops;
+  wf_model_desc desc;
+  wf_model_shard s;
   wf_dev *dev;        /* borrowed */
   const wf_ktable *k; /* the device's kernels */
-  wf_tp tp;
-  int nl; /* layers on this rank: v chunks of lc layers */
+  wf_tp_regions tp;   /* the region operators (ops NULL: identity) */
+  bool sequence;      /* sequence parallelism is on (tp > 1) */
+  int nl;             /* layers on this rank: v chunks of lc layers */
   int nchunk, lc;
-  int NHl, Vl; /* local heads, local vocabulary rows */
+  int NHl, KVl, Vl; /* local heads, local kv heads, local vocabulary rows */
   int Bmax, Tmax, n_slots, in_use, peak;
-  size_t num_params;                /* local */
-  size_t off[WF_GPT_NUM_KINDS + 1]; /* local offset of each kind; [16] = total */
+  size_t num_params;              /* local */
+  size_t off[WF_MAX_TENSORS + 1]; /* local offset of each tensor; [n] = total */
+  size_t layer_floats;            /* one layer's saved intermediates */
   size_t slot_floats;
   wf__geo g; /* the carves' sizes */
   float *params, *grads;
@@ -155,52 +135,86 @@ struct wf_gpt {
   float *wlow;       /* mixed precision: the GEMM weights rounded (params layout), else NULL */
   float loss_scale;  /* backward's loss gradient is multiplied by it (fp16 loss scaling) */
   float *act_mem, *dact_mem, *re_mem;
-  double *loss_acc; /* (1) the sum of micro-batch losses since wf_gpt_take_loss */
+  double *loss_acc; /* (1) the sum of micro-batch losses since wf_model_take_loss */
   int *bad_token;   /* (2) wf_tokens_check's answer */
-  wf__acts *a;      /* n_slots */
+  wf__slot *a;      /* n_slots */
   bool recompute;   /* activation checkpointing: slots keep layer outputs only */
-  wf__acts re;      /* recompute: one layer's intermediates */
+  float *re_saved;  /* recompute: one layer's intermediates, shared */
   wf__dacts da;
-  wf_gpt_grad_hook hook; /* told when each group of gradients is final (dp overlap) */
-  /* ZeRO-2: where each (kind, local layer) gradient tensor lives instead of `grads`
-   * (WF_GPT_NUM_KINDS x gstride entries, NULL = in `grads`); see wf_gpt_set_grad_tensor */
+  wf_model_grad_hook hook; /* told when each group of gradients is final (dp overlap) */
+  void *hook_user;
+  /* ZeRO-2: where each (tensor, local layer) gradient lives instead of `grads`
+   * (WF_MAX_TENSORS x gstride entries, NULL = in `grads`); see wf_model_set_grad_tensor */
   float **gptr;
-  float **pptr; /* ZeRO-3: the same for the parameters (wf_gpt_set_param_tensor) */
+  float **pptr; /* ZeRO-3: the same for the parameters (wf_model_set_param_tensor) */
   float **lptr; /* ZeRO-3 with mixed precision: a GEMM weight's rounded copy, else NULL */
   int gstride;
-  wf_gpt_unit_hook unit_hook; /* ZeRO-3: told before each layer's forward and backward */
+  wf_model_unit_hook unit_hook; /* ZeRO-3: told before each layer's forward and backward */
   void *unit_user;
-  void *hook_user;
 };
 
 /* ---- shared across the model's files --------------------------------------------- */
 
 /* layout.c: local layer i (chunk-major) <-> global layer l, and the shard geometry the
- * initialisation walks row by row. */
-int wf__global_layer(const wf_gpt *m, int i);
-int wf__local_layer(const wf_gpt *m, int l);
+ * initialisation walks row by row: local tensor (t, layer) as `rows` rows of `cols`
+ * elements; local row i is a run of full row full_row(i), from column col0, of a full
+ * row of full_cols elements. */
+int wf__global_layer(const wf_model *m, int i);
+int wf__local_layer(const wf_model *m, int l);
 typedef struct wf__geom {
   size_t rows, cols, full_cols, col0;
 } wf__geom;
-wf__geom wf__tensor_geom(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_param_kind k);
-size_t wf__full_index(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_param_kind k,
+wf__geom wf__tensor_geom(const wf_model_dims *d, const wf_tensor_desc *t, const wf_model_shard *s);
+size_t wf__full_index(const wf_model_dims *d, const wf_tensor_desc *t, const wf_model_shard *s,
                       const wf__geom *g, size_t i);
-bool wf__kind_present(const wf_gpt_shard *s, wf_param_kind k);
+bool wf__tensor_present(const wf_tensor_desc *t, const wf_model_shard *s);
 
-/* gpt.c: layer j's intermediates, the residual entering local layer j, GEMM weights
- * (rounded under mixed precision), and rounding an activation or gradient. */
-wf__layer wf__layer_at(const wf_gpt *m, const wf__acts *a, int j);
-float *wf__layer_input(const wf_gpt *m, const wf__acts *a, int j);
-const float *wf__gemm_weight(wf_gpt *m, wf_param_kind k, int layer);
-void wf__round_operand(const wf_gpt *m, float *x, size_t n);
-const float *wf__rounded_grad(wf_gpt *m, const float *dy, size_t n);
+/* model.c: the slot's layer j intermediates (or the shared recompute buffer), the
+ * residual entering local layer j (j = lc: the chunk's output), GEMM weights (rounded
+ * under mixed precision), rounding an activation or gradient. */
+float *wf__layer_saved(const wf_model *m, const wf__slot *a, int j);
+float *wf__layer_input(const wf_model *m, const wf__slot *a, int j);
+const float *wf__gemm_weight(wf_model *m, int t, int layer);
+void wf__round_operand(const wf_model *m, float *x, size_t n);
+const float *wf__rounded_grad(wf_model *m, const float *dy, size_t n);
 /* The chunk of slot work: whether it holds the embeddings / the head. */
-bool wf__chunk_first(const wf_gpt *m, int c);
-bool wf__chunk_last(const wf_gpt *m, int c);
+bool wf__chunk_first(const wf_model *m, int c);
+bool wf__chunk_last(const wf_model *m, int c);
 /* Real (non-padding) vocabulary columns in this rank's slice. */
-int wf__local_real_vocab(const wf_gpt *m);
+int wf__local_real_vocab(const wf_model *m);
+/* Rows of the replicated regions for N tokens: N, or N / tp with sequence parallelism. */
+size_t wf__rows(const wf_model *m, size_t N);
 
-/* forward.c: one block forward (backward recomputes with it under checkpointing). */
-wf_status wf__block_forward(wf_gpt *m, wf__acts *a, int j, int B, int T);
+/* ops.c: the region operators (through m->tp, the identity without it), and the
+ * pieces of a Megatron block both families share. */
+wf_status wf__enter_fwd(wf_model *m, const float **out, const float *x, float *full, size_t N,
+                        size_t C);
+wf_status wf__enter_bwd(wf_model *m, float *dx, float *dfull, size_t N, size_t C);
+wf_status wf__leave_fwd(wf_model *m, float *y, float *partial, size_t N, size_t C);
+wf_status wf__leave_bwd(wf_model *m, const float **out, const float *dy, float *full, size_t N,
+                        size_t C);
+wf_status wf__zero(wf_model *m, float *p, size_t n);
+/* Row-parallel matmul of x (N, IC) by weight tensor w of layer l into y (rows(N), C):
+ * the partial product (with bias tensor b, -1 none, added on tp rank 0 only so the sum
+ * adds it once), then leaving the tp region. */
+wf_status wf__row_parallel(wf_model *m, float *y, const float *x, int w, int b, int l, int N,
+                           int IC);
+/* Column-parallel matmul backward from the full input x (N, C): dout (N, OC) is scratch
+ * that only this GEMM reads (mixed precision rounds it in place); weight w, bias b (-1
+ * none) gradients are added to; the input gradient, summed over tp by entering's
+ * backward, lands in m->da.dl (rows(N), C). */
+wf_status wf__column_backward(wf_model *m, float *dout, const float *x, int w, int b, int l, int N,
+                              int OC);
+/* The vocabulary-parallel head after the family's final norm xn (rows(N), C, rounded
+ * under mixed precision): logits of this rank's vocabulary slice by weight tensor w,
+ * and with targets the mean cross-entropy, combined over tp, added to the loss sum. */
+wf_status wf__head_loss_forward(wf_model *m, wf__slot *a, const float *xn, int w);
+/* Its backward: the logits become their gradient (loss gradient dloss / N per position
+ * times the loss scale), then the column-parallel backward through w: d xn in m->da.dl. */
+wf_status wf__head_loss_backward(wf_model *m, wf__slot *a, const float *xn, int w, float dloss);
+
+/* The families (gpt2/, llama/). */
+extern const wf_family wf__family_gpt2;
+extern const wf_family wf__family_llama;
 
 #endif /* WF_MODEL_INT_H */

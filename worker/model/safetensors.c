@@ -1,28 +1,34 @@
 /*
- * safetensors.c - GPT-2 weights in Hugging Face's safetensors format, to and from the
- * whole model's flat float32 array in llm.c layout (wf_model.h).
+ * safetensors.c - a model's weights in Hugging Face's safetensors format, to and from
+ * the whole model's flat float32 array (wf_model.h), read off the family's tensor
+ * descriptions: which Hugging Face tensors a weft tensor holds, and how.
  *
  * The format (huggingface/safetensors): an unsigned 64-bit little-endian header length
  * N, N bytes of JSON {name: {"dtype", "shape", "data_offsets": [begin, end]}, ...,
  * "__metadata__": {string: string}}, then the raw little-endian tensors, offsets counted
  * from the end of the header. The writer pads the header with spaces to a multiple of 8
- * (the reference writer's alignment) and stores every tensor as F32.
+ * (the reference writer's alignment) and stores every tensor as F32. A model too large
+ * for one file is sharded as transformers' save_pretrained does: model-0000N-of-0000M.
+ * safetensors files and model.safetensors.index.json, whose weight_map names each
+ * tensor's file.
  *
- * Names are GPT2LMHeadModel's: transformer.wte.weight (V, C), transformer.wpe.weight
- * (maxT, C), transformer.h.N.{ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc,
- * mlp.c_proj}.{weight, bias}, transformer.ln_f.{weight, bias}. GPT-2's linear layers are
- * Conv1D, stored (in, out): the transpose of llm.c's (out, in). lm_head.weight is the tied
- * wte: the writer leaves it out; a reader accepts it only when it equals wte. Readers also
- * accept the names without "transformer." (GPT2Model's, as on the Hub) and skip the
- * causal-mask buffers attn.bias and attn.masked_bias that old files carry.
+ * The mapping (wf_hf_part): a weft tensor is one Hugging Face tensor, or several, one
+ * per row group (Llama's qkv = q_proj | k_proj | v_proj, gate_up = gate_proj | up_proj).
+ * GPT-2's linear layers are Conv1D, stored (in, out): the transpose of weft's (out, in).
+ * Llama's query and key rows are read as stored: Hugging Face's checkpoints are laid out
+ * for rotate-half RoPE, which is how weft's kernel pairs them. A tied head is left out by
+ * the writer and accepted by a reader only when it equals the embedding. Readers also
+ * accept names without the family's optional prefix (GPT2Model's files) and skip the
+ * buffers the family lists (old GPT-2 files' causal masks).
  *
- * Invariants: llm.c's padded vocabulary rows [V, Vp) are zero in memory and absent from
- * the file; nothing is read past what the header and the file size agree on; every
+ * Invariants: padded vocabulary rows [V, Vp) are zero in memory and absent from the
+ * file; nothing is read past what the header and the file size agree on; every
  * malformed file is WF_EFORMAT with one message naming the file and the tensor.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,35 +43,10 @@
 #error "safetensors files are little-endian; add byte swapping for this host"
 #endif
 
-#define HEADER_MAX (100u << 20) /* the reference reader's limit on the JSON header */
-#define HEAD_SIZE  64           /* GPT-2's head size: n_head = C / 64 when a file does not say */
-
-/* One tensor of the file, against the llm.c layout. */
-typedef struct spec {
-  char name[96];
-  int ndim;
-  int64_t shape[2]; /* the file's shape (Conv1D: (in, out)) */
-  bool transpose;   /* the file holds the transpose of llm.c's (out, in) */
-  size_t off;       /* first element in the full llm.c array */
-} spec;
-
-static const struct {
-  wf_param_kind kind;
-  const char *name;
-} layer_names[] = {
-    {WF_P_LN1W, "ln_1.weight"},
-    {WF_P_LN1B, "ln_1.bias"},
-    {WF_P_QKVW, "attn.c_attn.weight"},
-    {WF_P_QKVB, "attn.c_attn.bias"},
-    {WF_P_ATTPROJW, "attn.c_proj.weight"},
-    {WF_P_ATTPROJB, "attn.c_proj.bias"},
-    {WF_P_LN2W, "ln_2.weight"},
-    {WF_P_LN2B, "ln_2.bias"},
-    {WF_P_FCW, "mlp.c_fc.weight"},
-    {WF_P_FCB, "mlp.c_fc.bias"},
-    {WF_P_FCPROJW, "mlp.c_proj.weight"},
-    {WF_P_FCPROJB, "mlp.c_proj.bias"},
-};
+#define HEADER_MAX  (100u << 20)    /* the reference reader's limit on the JSON header */
+#define HEAD_SIZE   64              /* the head size when a file says nothing of the heads */
+#define SHARD_BYTES (5000000000ull) /* save_pretrained's max_shard_size "5GB" */
+#define MAX_FILES   4096
 
 static wf_status failf(char *err, size_t len, wf_status st, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -83,88 +64,210 @@ static wf_status failf(char *err, size_t len, wf_status st, const char *fmt, ...
   return st;
 }
 
-/* llm.c's (rows, cols) of one layer's tensor of kind k; cols 0 for vectors. */
-static void llmc_shape(const wf_gpt_dims *d, wf_param_kind k, int64_t *rows, int64_t *cols)
+static bool ends_with(const char *s, const char *suffix)
 {
-  int64_t C = d->C;
-  *cols = C;
-  switch (k) {
-  case WF_P_QKVW: *rows = 3 * C; return;
-  case WF_P_ATTPROJW: *rows = C; return;
-  case WF_P_FCW: *rows = 4 * C; return;
-  case WF_P_FCPROJW: *rows = C, *cols = 4 * C; return;
-  default: *rows = (int64_t)wf_gpt_layer_numel(d, k), *cols = 0; return;
-  }
+  size_t n = strlen(s), m = strlen(suffix);
+  return n >= m && !strcmp(s + n - m, suffix);
 }
 
-static void global_spec(spec *s, const wf_gpt_dims *d, const char *name, wf_param_kind k,
-                        int64_t rows, int64_t cols)
+/* ---- the mapping ----------------------------------------------------------------------- */
+
+/* One Hugging Face tensor against the flat array: rows x cols of weft's layout from
+ * `off` (a row group of a tensor, or all of it), the file's shape. */
+typedef struct spec {
+  char name[128];
+  int ndim;
+  int64_t shape[2]; /* the file's shape (transposed: (cols, rows)) */
+  bool transpose;
+  size_t off; /* first element in `full` */
+  size_t rows, cols;
+  int tensor;
+} spec;
+
+static size_t spec_numel(const spec *s) { return s->rows * s->cols; }
+
+/* The spec of part p of tensor t, layer l (d resolved). */
+static void make_spec(spec *s, const wf_model_dims *d, const wf_tensor_desc *t, int ti, int p,
+                      int l)
 {
-  snprintf(s->name, sizeof s->name, "transformer.%s", name);
-  s->ndim = cols ? 2 : 1;
-  s->shape[0] = rows, s->shape[1] = cols;
-  s->transpose = false;
-  s->off = wf_gpt_kind_offset(d, k);
+  const wf_hf_part *h = &t->hf[p];
+  size_t cols = wf_tensor_cols(d, t), base = 0, rows = wf_tensor_rows(d, t);
+  for (int g = 0; h->group >= 0 && g < h->group; g++)
+    base += wf_tensor_group_rows(d, t, g);
+  if (h->group >= 0)
+    rows = wf_tensor_group_rows(d, t, h->group);
+  if (t->split == WF_SPLIT_VOCAB) /* the padding rows are not in the file */
+    rows = (size_t)d->V;
+  snprintf(s->name, sizeof s->name, h->name, l);
+  s->tensor = ti;
+  s->rows = rows, s->cols = cols;
+  s->off = wf_model_tensor_offset(d, ti) + (size_t)l * wf_model_layer_numel(d, ti) + base * cols;
+  s->transpose = h->transpose && cols > 1;
+  s->ndim = cols > 1 ? 2 : 1;
+  s->shape[0] = (int64_t)(s->transpose ? cols : rows);
+  s->shape[1] = cols > 1 ? (int64_t)(s->transpose ? rows : cols) : 0;
 }
 
-/* Every tensor of the model, in file order; returns how many (4 + 12 L). */
-static int build_specs(const wf_gpt_dims *d, spec *out)
+static int add_tensor(spec *out, int n, const wf_model_dims *d, const wf_model_desc *desc, int ti,
+                      int l)
 {
-  int n = 0;
-  global_spec(&out[n++], d, "wte.weight", WF_P_WTE, d->V, d->C);
-  global_spec(&out[n++], d, "wpe.weight", WF_P_WPE, d->maxT, d->C);
-  for (int l = 0; l < d->L; l++) {
-    for (size_t i = 0; i < WF_ARRAY_LEN(layer_names); i++) {
-      spec *s = &out[n++];
-      wf_param_kind k = layer_names[i].kind;
-      int64_t rows, cols;
-      llmc_shape(d, k, &rows, &cols);
-      snprintf(s->name, sizeof s->name, "transformer.h.%d.%s", l, layer_names[i].name);
-      s->ndim = cols ? 2 : 1;
-      s->transpose = cols != 0;
-      s->shape[0] = cols ? cols : rows, s->shape[1] = cols ? rows : 0;
-      s->off = wf_gpt_kind_offset(d, k) + (size_t)l * wf_gpt_layer_numel(d, k);
-    }
-  }
-  global_spec(&out[n++], d, "ln_f.weight", WF_P_LNFW, d->C, 0);
-  global_spec(&out[n++], d, "ln_f.bias", WF_P_LNFB, d->C, 0);
+  for (int p = 0; p < desc->t[ti].n_hf; p++)
+    make_spec(&out[n++], d, &desc->t[ti], ti, p, l);
   return n;
 }
 
-static size_t spec_numel(const spec *s)
+/* Every Hugging Face tensor of the model, in file order (the embeddings, then layer by
+ * layer, then the last stage's); returns how many. out NULL: just count. */
+static int build_specs(const wf_model_dims *d, const wf_model_desc *desc, spec *out)
 {
-  return (size_t)s->shape[0] * (size_t)(s->ndim == 2 ? s->shape[1] : 1);
+  int n = 0;
+  spec dummy[WF_MAX_HF];
+  for (int pass = 0; pass < 3; pass++) {
+    for (int l = 0; l < (pass == 1 ? d->L : 1); l++) {
+      for (int t = 0; t < desc->n; t++) {
+        wf_place pl = desc->t[t].place;
+        bool here = pass == 0   ? pl == WF_PLACE_FIRST || pl == WF_PLACE_TIED
+                    : pass == 1 ? pl == WF_PLACE_LAYER
+                                : pl == WF_PLACE_LAST;
+        if (!here)
+          continue;
+        if (out)
+          n = add_tensor(out, n, d, desc, t, l);
+        else
+          n += add_tensor(dummy, 0, d, desc, t, l);
+      }
+    }
+  }
+  return n;
 }
 
-static spec *alloc_specs(const wf_gpt_dims *d, int *n)
+/* The specs of dims d (resolved into *r), allocated; NULL when out of memory. */
+static spec *alloc_specs(const wf_model_dims *d, wf_model_dims *r, wf_model_desc *desc, int *n)
 {
-  spec *s = calloc(4 + 12 * (size_t)d->L, sizeof *s);
+  *r = wf_model_dims_resolve(d);
+  wf_model_describe(r, desc);
+  *n = build_specs(r, desc, NULL);
+  spec *s = calloc((size_t)*n + 1, sizeof *s);
   if (s)
-    *n = build_specs(d, s);
+    build_specs(r, desc, s);
   return s;
+}
+
+/* Index in the file's layout of weft element (r, c) of spec s. */
+static size_t file_index(const spec *s, size_t r, size_t c)
+{
+  return s->transpose ? c * s->rows + r : r * s->cols + c;
+}
+
+/* The part's elements between weft's layout (w, from full) and the file's (f). */
+static void to_file(const spec *s, const float *w, float *f)
+{
+  for (size_t r = 0; r < s->rows; r++)
+    for (size_t c = 0; c < s->cols; c++)
+      f[file_index(s, r, c)] = w[r * s->cols + c];
+}
+
+static void from_file(const spec *s, const float *f, float *w)
+{
+  for (size_t r = 0; r < s->rows; r++)
+    for (size_t c = 0; c < s->cols; c++)
+      w[r * s->cols + c] = f[file_index(s, r, c)];
+}
+
+static bool plain(const spec *s) { return !s->transpose; }
+
+/* The largest part, in elements (the scratch a transpose or permutation needs). */
+static size_t largest(const spec *s, int n)
+{
+  size_t big = 1;
+  for (int i = 0; i < n; i++)
+    big = WF_MAX(big, spec_numel(&s[i]));
+  return big;
+}
+
+/* ---- Hugging Face's names for the dimensions ------------------------------------------- */
+
+/* The value of field f of resolved dims d as JSON. */
+static json_t *field_json(const wf_model_dims *d, wf_hf_field f)
+{
+  switch (f) {
+  case WF_HF_L: return json_integer(d->L);
+  case WF_HF_NH: return json_integer(d->NH);
+  case WF_HF_KV: return json_integer(d->KV);
+  case WF_HF_C: return json_integer(d->C);
+  case WF_HF_F: return json_integer(d->F);
+  case WF_HF_T: return json_integer(d->maxT);
+  case WF_HF_V: return json_integer(d->V);
+  case WF_HF_THETA: return json_real(d->rope_theta);
+  case WF_HF_EPS: return json_real(d->norm_eps);
+  default: return json_boolean(d->tie == WF_TIE_YES);
+  }
+}
+
+/* A JSON value as a number: integers, reals, booleans and strings of them (weft's
+ * __metadata__ holds strings); NAN when none. */
+static double json_num(json_t *v)
+{
+  if (json_is_number(v))
+    return json_number_value(v);
+  if (json_is_boolean(v))
+    return json_is_true(v);
+  if (!json_is_string(v))
+    return NAN;
+  const char *s = json_string_value(v);
+  char *end;
+  double x = strtod(s, &end);
+  if (end != s && *end == '\0')
+    return x;
+  return !strcmp(s, "true") ? 1 : !strcmp(s, "false") ? 0 : NAN;
+}
+
+static void field_set(wf_model_dims *d, wf_hf_field f, double x)
+{
+  switch (f) {
+  case WF_HF_L: d->L = (int)x; return;
+  case WF_HF_NH: d->NH = (int)x; return;
+  case WF_HF_KV: d->KV = (int)x; return;
+  case WF_HF_C: d->C = (int)x; return;
+  case WF_HF_F: d->F = (int)x; return;
+  case WF_HF_T: d->maxT = (int)x; return;
+  case WF_HF_V: d->V = (int)x; return;
+  case WF_HF_THETA: d->rope_theta = x; return;
+  case WF_HF_EPS: d->norm_eps = (float)x; return;
+  default: d->tie = x != 0 ? WF_TIE_YES : WF_TIE_NO; return;
+  }
 }
 
 /* ---- writing ------------------------------------------------------------------------------ */
 
-static json_t *header_json(const wf_gpt_dims *d, const spec *specs, int n)
+/* __metadata__: format pt (transformers requires it), the producer, the family and its
+ * dims under Hugging Face's names, all strings as the format wants. */
+static json_t *metadata_json(const wf_model_dims *d)
 {
-  json_t *h = json_object(), *meta = json_object();
-  char v[32];
-  json_object_set_new(meta, "format", json_string("pt")); /* transformers requires "pt" */
+  const wf_family *f = d->fam;
+  json_t *meta = json_object();
+  json_object_set_new(meta, "format", json_string("pt"));
   json_object_set_new(meta, "producer", json_string("weft"));
-  const struct {
-    const char *k;
-    int v;
-  } dims[] = {{"n_layer", d->L},
-              {"n_head", d->NH},
-              {"n_embd", d->C},
-              {"n_ctx", d->maxT},
-              {"vocab_size", d->V}};
-  for (size_t i = 0; i < WF_ARRAY_LEN(dims); i++) {
-    snprintf(v, sizeof v, "%d", dims[i].v);
-    json_object_set_new(meta, dims[i].k, json_string(v));
+  json_object_set_new(meta, "weft_family", json_string(f->name));
+  for (int i = 0; i < f->n_hf_keys; i++) {
+    json_t *v = field_json(d, f->hf_keys[i].field);
+    char buf[64];
+    if (json_is_integer(v))
+      snprintf(buf, sizeof buf, "%lld", (long long)json_integer_value(v));
+    else if (json_is_real(v))
+      snprintf(buf, sizeof buf, "%.17g", json_real_value(v));
+    else
+      snprintf(buf, sizeof buf, "%s", json_is_true(v) ? "true" : "false");
+    json_object_set_new(meta, f->hf_keys[i].key, json_string(buf));
+    json_decref(v);
   }
-  json_object_set_new(h, "__metadata__", meta);
+  return meta;
+}
+
+static json_t *header_json(const wf_model_dims *d, const spec *specs, int n)
+{
+  json_t *h = json_object();
+  json_object_set_new(h, "__metadata__", metadata_json(d));
   size_t at = 0;
   for (int i = 0; i < n; i++) {
     const spec *s = &specs[i];
@@ -180,17 +283,14 @@ static json_t *header_json(const wf_gpt_dims *d, const spec *specs, int n)
   return h;
 }
 
-/* One tensor in the file's layout: Conv1D weights transposed through `tmp`. */
+/* One part in the file's layout (through tmp unless it is stored as weft holds it). */
 static wf_status write_tensor(wf_afile *f, const spec *s, const float *full, float *tmp)
 {
   const float *src = full + s->off;
-  if (!s->transpose)
+  if (plain(s))
     return wf_afile_write(f, src, spec_numel(s) * sizeof(float));
-  size_t in = (size_t)s->shape[0], out = (size_t)s->shape[1]; /* llm.c: (out, in) */
-  for (size_t o = 0; o < out; o++)
-    for (size_t i = 0; i < in; i++)
-      tmp[i * out + o] = src[o * in + i];
-  return wf_afile_write(f, tmp, in * out * sizeof(float));
+  to_file(s, src, tmp);
+  return wf_afile_write(f, tmp, spec_numel(s) * sizeof(float));
 }
 
 static wf_status write_body(wf_afile *f, const char *js, const spec *specs, int n,
@@ -209,18 +309,13 @@ static wf_status write_body(wf_afile *f, const char *js, const spec *specs, int 
   return st;
 }
 
-wf_status wf_safetensors_write(const char *path, const wf_gpt_dims *d, const float *full, char *err,
-                               size_t len)
+/* One file of the parts specs[0 .. n), atomically. */
+static wf_status write_file(const char *path, const wf_model_dims *d, const spec *specs, int n,
+                            const float *full, float *tmp)
 {
-  const char *bad = wf_gpt_dims_check(d);
-  if (bad)
-    return failf(err, len, WF_EINVAL, "safetensors '%s': bad model dimensions: %s", path, bad);
-  int n = 0;
-  spec *specs = alloc_specs(d, &n);
-  float *tmp = malloc(4 * (size_t)d->C * (size_t)d->C * sizeof *tmp); /* largest weight */
-  json_t *h = specs ? header_json(d, specs, n) : NULL;
+  json_t *h = header_json(d, specs, n);
   char *js = h ? json_dumps(h, JSON_COMPACT) : NULL;
-  wf_status st = specs && tmp && js ? WF_OK : WF_ENOMEM;
+  wf_status st = js ? WF_OK : WF_ENOMEM;
   wf_afile f;
   if (st == WF_OK)
     st = wf_afile_open(&f, path, 0644, 0);
@@ -231,11 +326,106 @@ wf_status wf_safetensors_write(const char *path, const wf_gpt_dims *d, const flo
     else
       wf_afile_abort(&f);
   }
+  free(js);
+  json_decref(h);
+  return st;
+}
+
+/* The folder of `path` (with its slash; "" for a bare name). */
+static void dir_of(char *out, size_t len, const char *path)
+{
+  const char *slash = strrchr(path, '/');
+  snprintf(out, len, "%.*s", slash ? (int)(slash - path + 1) : 0, path);
+}
+
+static wf_status write_json(const char *path, json_t *j)
+{
+  char *js = json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS);
+  wf_status st = js ? WF_OK : WF_ENOMEM;
+  if (st == WF_OK)
+    st = wf_file_write_atomic(path, js, strlen(js), 0644);
+  free(js);
+  return st;
+}
+
+/* config.json of the model beside its weights: what transformers' from_pretrained reads. */
+static wf_status write_config(const char *dir, const wf_model_dims *d)
+{
+  const wf_family *f = d->fam;
+  char path[WF_PATH_MAX + 16];
+  json_t *c = f->hf_config ? json_loads(f->hf_config, 0, NULL) : json_object();
+  if (!c)
+    return WF_ENOMEM;
+  json_object_set_new(c, "model_type", json_string(f->hf_model_type));
+  json_object_set_new(c, "architectures", json_pack("[s]", f->hf_architecture));
+  json_object_set_new(c, "torch_dtype", json_string("float32"));
+  for (int i = 0; i < f->n_hf_keys; i++)
+    json_object_set_new(c, f->hf_keys[i].key, field_json(d, f->hf_keys[i].field));
+  snprintf(path, sizeof path, "%sconfig.json", dir);
+  wf_status st = write_json(path, c);
+  json_decref(c);
+  return st;
+}
+
+/* Shards of at most shard_bytes (a part larger than that is a shard alone) beside the
+ * index at `path`, named model-0000N-of-0000M.safetensors, then the index. */
+static wf_status write_sharded(const char *path, const wf_model_dims *d, const spec *specs, int n,
+                               const float *full, float *tmp, size_t shard_bytes)
+{
+  wf_status st = WF_OK;
+  char dir[WF_PATH_MAX], file[WF_PATH_MAX + 64], name[64];
+  int first[MAX_FILES + 1], nf = 0;
+  size_t bytes = 0, total = 0;
+  dir_of(dir, sizeof dir, path);
+  for (int i = 0; i < n; i++) {
+    size_t b = spec_numel(&specs[i]) * sizeof(float);
+    if (i == 0 || (bytes + b > shard_bytes && bytes > 0)) {
+      if (nf == MAX_FILES)
+        return WF_EINVAL;
+      first[nf++] = i, bytes = 0;
+    }
+    bytes += b, total += b;
+  }
+  first[nf] = n;
+  json_t *map = json_object();
+  for (int k = 0; st == WF_OK && k < nf; k++) {
+    snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", k + 1, nf);
+    snprintf(file, sizeof file, "%s%s", dir, name);
+    st = write_file(file, d, specs + first[k], first[k + 1] - first[k], full, tmp);
+    for (int i = first[k]; i < first[k + 1]; i++)
+      json_object_set_new(map, specs[i].name, json_string(name));
+  }
+  json_t *index =
+      json_pack("{s:{s:I}, s:o}", "metadata", "total_size", (json_int_t)total, "weight_map", map);
+  if (st == WF_OK)
+    st = index ? write_json(path, index) : WF_ENOMEM;
+  json_decref(index);
+  return st;
+}
+
+wf_status wf_safetensors_write(const char *path, const wf_model_dims *dd, const float *full,
+                               size_t shard_bytes, bool config, char *err, size_t len)
+{
+  const char *bad = wf_model_dims_check(dd);
+  if (bad)
+    return failf(err, len, WF_EINVAL, "safetensors '%s': bad model dimensions: %s", path, bad);
+  int n = 0;
+  wf_model_dims d;
+  wf_model_desc desc;
+  spec *specs = alloc_specs(dd, &d, &desc, &n);
+  float *tmp = specs ? malloc(largest(specs, n) * sizeof *tmp) : NULL;
+  wf_status st = specs && tmp ? WF_OK : WF_ENOMEM;
+  char dir[WF_PATH_MAX];
+  dir_of(dir, sizeof dir, path);
+  if (st == WF_OK && ends_with(path, ".index.json"))
+    st = write_sharded(path, &d, specs, n, full, tmp, shard_bytes ? shard_bytes : SHARD_BYTES);
+  else if (st == WF_OK)
+    st = write_file(path, &d, specs, n, full, tmp);
+  if (st == WF_OK && config)
+    st = write_config(dir, &d);
   if (st != WF_OK)
     failf(err, len, st, "safetensors '%s': cannot write it: %s (see the log above)", path,
           wf_status_str(st));
-  free(js);
-  json_decref(h);
   free(tmp);
   free(specs);
   return st;
@@ -309,16 +499,6 @@ static wf_status st_open(st_file *f, const char *path, char *err, size_t len)
   if (!json_is_object(f->header))
     return failf(err, len, WF_EFORMAT, "safetensors '%s': the header is not a JSON object", path);
   return WF_OK;
-}
-
-/* The entry of `name`, with or without GPT2LMHeadModel's "transformer." prefix. */
-static json_t *find_tensor(const st_file *f, const char *name)
-{
-  json_t *t = json_object_get(f->header, name);
-  static const char prefix[] = "transformer.";
-  if (!t && !strncmp(name, prefix, sizeof prefix - 1))
-    t = json_object_get(f->header, name + sizeof prefix - 1);
-  return t;
 }
 
 typedef enum dtype { DT_F32 = 0, DT_BF16, DT_F16 } dtype;
@@ -436,8 +616,8 @@ static wf_status read_values(st_file *f, const tinfo *ti, float *out, size_t n, 
   return st;
 }
 
-static wf_status check_shape(const st_file *f, const spec *s, const tinfo *ti, const wf_gpt_dims *d,
-                             char *err, size_t len)
+static wf_status check_shape(const st_file *f, const spec *s, const tinfo *ti,
+                             const wf_model_dims *d, char *err, size_t len)
 {
   if (ti->ndim == s->ndim && ti->shape[0] == s->shape[0] &&
       (s->ndim == 1 || ti->shape[1] == s->shape[1]))
@@ -446,18 +626,109 @@ static wf_status check_shape(const st_file *f, const spec *s, const tinfo *ti, c
   shape_str(saw, sizeof saw, ti->ndim, ti->shape);
   shape_str(want, sizeof want, s->ndim, s->shape);
   return failf(err, len, WF_EFORMAT,
-               "safetensors '%s': tensor '%s' has shape %s, but the model (n_layer %d, n_embd %d, "
-               "n_ctx %d, vocab %d) expects %s",
-               f->path, s->name, saw, d->L, d->C, d->maxT, d->V, want);
+               "safetensors '%s': tensor '%s' has shape %s, but the model (%s: n_layer %d, n_embd "
+               "%d, n_head %d, kv heads %d, ffn %d, n_ctx %d, vocab %d) expects %s",
+               f->path, s->name, saw, d->fam->name, d->L, d->C, d->NH, d->KV, d->F, d->maxT, d->V,
+               want);
 }
 
-/* One spec into its place in `full`, transposing Conv1D weights through tmp. */
-static wf_status read_spec(st_file *f, const spec *s, const wf_gpt_dims *d, float *full, float *tmp,
-                           uint16_t *raw, char *err, size_t len)
+/* A model's files: one, or a sharded model's (the index's weight_map names each
+ * tensor's); opened on first use. */
+typedef struct source {
+  const char *path; /* what the caller named */
+  const wf_family *fam;
+  json_t *index; /* the weight_map, or NULL for one file */
+  st_file files[MAX_FILES];
+  char names[MAX_FILES][WF_PATH_MAX];
+  int n;
+} source;
+
+static void src_close(source *s)
 {
-  json_t *t = find_tensor(f, s->name);
+  for (int i = 0; i < s->n; i++)
+    st_close(&s->files[i]);
+  json_decref(s->index);
+  free(s);
+}
+
+static bool is_index(const char *path) { return ends_with(path, ".index.json"); }
+
+/* The file named `file` (relative to the index's folder), opened once. */
+static wf_status src_file(source *s, const char *file, st_file **out, char *err, size_t len)
+{
+  char dir[WF_PATH_MAX];
+  for (int i = 0; i < s->n; i++)
+    if (!strcmp(s->names[i], file))
+      return *out = &s->files[i], WF_OK;
+  if (s->n == MAX_FILES || strchr(file, '/'))
+    return failf(err, len, WF_EFORMAT, "safetensors index '%s': bad file name '%s'", s->path, file);
+  dir_of(dir, sizeof dir, s->path);
+  snprintf(s->names[s->n], sizeof s->names[s->n], "%s%s", dir, file);
+  wf_status st = st_open(&s->files[s->n], s->names[s->n], err, len);
+  if (st != WF_OK)
+    return st;
+  snprintf(s->names[s->n], sizeof s->names[s->n], "%s", file);
+  *out = &s->files[s->n++];
+  return WF_OK;
+}
+
+static wf_status src_open(source **out, const char *path, char *err, size_t len)
+{
+  source *s = calloc(1, sizeof *s);
+  wf_status st = s ? WF_OK : WF_ENOMEM;
+  json_error_t je;
+  *out = NULL;
+  if (st != WF_OK)
+    return failf(err, len, st, "safetensors '%s': out of memory", path);
+  s->path = path;
+  if (!is_index(path)) {
+    snprintf(s->names[0], sizeof s->names[0], "%s", path);
+    st = st_open(&s->files[0], path, err, len);
+    s->n = st == WF_OK ? 1 : 0;
+  } else {
+    json_t *j = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    s->index = j ? json_incref(json_object_get(j, "weight_map")) : NULL;
+    json_decref(j);
+    if (!s->index || !json_is_object(s->index))
+      st = failf(err, len, WF_EFORMAT,
+                 "safetensors index '%s': no \"weight_map\" object (%s); a sharded model's "
+                 "model.safetensors.index.json maps every tensor to its file",
+                 path, j ? "missing" : je.text);
+  }
+  if (st != WF_OK) {
+    src_close(s);
+    return st;
+  }
+  *out = s;
+  return WF_OK;
+}
+
+/* The entry of `name` (or of it without the family's optional prefix) and its file. */
+static json_t *src_find(source *s, const char *name, st_file **f, char *err, size_t len)
+{
+  const char *pre = s->fam ? s->fam->hf_prefix : NULL;
+  const char *alt = pre && !strncmp(name, pre, strlen(pre)) ? name + strlen(pre) : NULL;
+  if (!s->index) {
+    *f = &s->files[0];
+    json_t *t = json_object_get(s->files[0].header, name);
+    return t || !alt ? t : json_object_get(s->files[0].header, alt);
+  }
+  json_t *file = json_object_get(s->index, name);
+  if (!file && alt)
+    file = json_object_get(s->index, alt), name = alt;
+  if (!json_is_string(file) || src_file(s, json_string_value(file), f, err, len) != WF_OK)
+    return NULL;
+  return json_object_get((*f)->header, name);
+}
+
+/* One spec into its place in `full` (through tmp unless the file holds it as weft does). */
+static wf_status read_spec(source *src, const spec *s, const wf_model_dims *d, float *full,
+                           float *tmp, uint16_t *raw, char *err, size_t len)
+{
+  st_file *f = NULL;
+  json_t *t = src_find(src, s->name, &f, err, len);
   if (!t)
-    return failf(err, len, WF_EFORMAT, "safetensors '%s': tensor '%s' is missing", f->path,
+    return failf(err, len, WF_EFORMAT, "safetensors '%s': tensor '%s' is missing", src->path,
                  s->name);
   tinfo ti;
   wf_status st = parse_info(f, s->name, t, &ti, err, len);
@@ -465,202 +736,376 @@ static wf_status read_spec(st_file *f, const spec *s, const wf_gpt_dims *d, floa
     st = check_shape(f, s, &ti, d, err, len);
   if (st != WF_OK)
     return st;
-  size_t n = spec_numel(s);
-  st = read_values(f, &ti, s->transpose ? tmp : full + s->off, n, raw);
+  st = read_values(f, &ti, plain(s) ? full + s->off : tmp, spec_numel(s), raw);
   if (st != WF_OK)
     return failf(err, len, WF_EIO, "safetensors '%s': cannot read tensor '%s'", f->path, s->name);
-  if (s->transpose) {
-    size_t in = (size_t)s->shape[0], out = (size_t)s->shape[1];
-    float *dst = full + s->off;
-    for (size_t i = 0; i < in; i++)
-      for (size_t o = 0; o < out; o++)
-        dst[o * in + i] = tmp[i * out + o];
-  }
+  if (!plain(s))
+    from_file(s, tmp, full + s->off);
   return WF_OK;
 }
 
-static bool ends_with(const char *s, const char *suffix)
+/* A tensor the family lists as a buffer to skip. */
+static bool skipped(const wf_family *fam, const char *name)
 {
-  size_t n = strlen(s), m = strlen(suffix);
-  return n >= m && !strcmp(s + n - m, suffix);
+  for (int i = 0; i < 4 && fam->hf_skip[i]; i++)
+    if (ends_with(name, fam->hf_skip[i]))
+      return true;
+  return false;
 }
 
-/* Layer index of "h.N.rest" (after the optional prefix) and rest; -1 when not a layer. */
-static long layer_of(const char *name, const char **rest)
+static bool known_name(const wf_family *fam, const spec *specs, int n, const char *key)
 {
-  if (!strncmp(name, "transformer.", 12))
-    name += 12;
-  if (strncmp(name, "h.", 2))
-    return -1;
-  char *end;
-  long l = strtol(name + 2, &end, 10);
-  if (end == name + 2 || *end != '.' || l < 0)
-    return -1;
-  *rest = end + 1;
-  return l;
+  const char *pre = fam->hf_prefix;
+  size_t pl = pre ? strlen(pre) : 0;
+  for (int i = 0; i < n; i++)
+    if (!strcmp(specs[i].name, key) ||
+        (pl && !strncmp(specs[i].name, pre, pl) && !strcmp(specs[i].name + pl, key)))
+      return true;
+  return false;
 }
 
-/* A tensor that is GPT-2's but not weft's to read: the causal-mask buffers. */
-static bool skipped(const char *name)
+/* Every entry of one file must be one weft reads, the tied head, or a skipped buffer: a
+ * tensor of another architecture (or a layer past n_layer) is an error, not silently
+ * dropped. */
+static wf_status check_extras(const st_file *f, const wf_model_dims *d, const spec *specs, int n,
+                              char *err, size_t len)
 {
-  return ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias");
-}
-
-/* Every entry must be one weft reads, the tied head, or a skipped buffer: a tensor of
- * another architecture (or a layer past n_layer) is an error, not silently dropped. */
-static wf_status check_extras(const st_file *f, const spec *specs, int n, char *err, size_t len)
-{
+  const wf_family *fam = d->fam;
   const char *key;
   json_t *v;
   json_object_foreach(f->header, key, v)
   {
-    if (!strcmp(key, "__metadata__") || !strcmp(key, "lm_head.weight") || skipped(key))
+    bool head = fam->hf_head && !strcmp(key, fam->hf_head) && d->tie == WF_TIE_YES;
+    if (!strcmp(key, "__metadata__") || head || skipped(fam, key) || known_name(fam, specs, n, key))
       continue;
-    bool known = false;
-    for (int i = 0; i < n && !known; i++)
-      known = !strcmp(specs[i].name, key) || !strcmp(specs[i].name + 12, key);
-    if (!known)
-      return failf(err, len, WF_EFORMAT,
-                   "safetensors '%s': unexpected tensor '%s'; a GPT-2 of %d layers has "
-                   "transformer.{wte, wpe, h.0-%d, ln_f} (Hugging Face's GPT2LMHeadModel names)",
-                   f->path, key, (n - 4) / 12, (n - 4) / 12 - 1);
+    return failf(err, len, WF_EFORMAT,
+                 "safetensors '%s': unexpected tensor '%s'; a %s of %d layers has %s ... %s "
+                 "(Hugging Face's %s names)",
+                 f->path, key, fam->name, d->L, specs[0].name, specs[n - 1].name,
+                 fam->hf_architecture);
   }
   return WF_OK;
 }
 
-/* lm_head.weight, when present, must be the tied wte (llm.c and weft tie them). */
-static wf_status check_head(st_file *f, const wf_gpt_dims *d, const float *full, float *tmp,
-                            uint16_t *raw, char *err, size_t len)
+static wf_status check_all_extras(source *s, const wf_model_dims *d, const spec *specs, int n,
+                                  char *err, size_t len)
 {
-  json_t *t = json_object_get(f->header, "lm_head.weight");
-  if (!t)
+  wf_status st = WF_OK;
+  if (s->index) { /* every tensor the index names, in whichever shard */
+    const char *key;
+    json_t *v;
+    json_object_foreach(s->index, key, v)
+    {
+      bool head = d->fam->hf_head && !strcmp(key, d->fam->hf_head) && d->tie == WF_TIE_YES;
+      if (!head && !skipped(d->fam, key) && !known_name(d->fam, specs, n, key))
+        return failf(err, len, WF_EFORMAT,
+                     "safetensors index '%s': unexpected tensor '%s'; a %s of %d layers has %s "
+                     "... %s",
+                     s->path, key, d->fam->name, d->L, specs[0].name, specs[n - 1].name);
+    }
     return WF_OK;
+  }
+  for (int i = 0; st == WF_OK && i < s->n; i++)
+    st = check_extras(&s->files[i], d, specs, n, err, len);
+  return st;
+}
+
+/* The head, when present in a tied model's file, must equal the embedding (rows V of
+ * the embedding spec, which is specs[0]). */
+static wf_status check_head(source *s, const wf_model_dims *d, const spec *emb, const float *full,
+                            float *tmp, uint16_t *raw, char *err, size_t len)
+{
+  st_file *f = NULL;
+  const char *name = d->fam->hf_head;
+  if (!name || d->tie != WF_TIE_YES)
+    return WF_OK;
+  if (s->index ? !json_object_get(s->index, name) : !json_object_get(s->files[0].header, name))
+    return WF_OK;
+  json_t *t = src_find(s, name, &f, err, len);
+  if (!t)
+    return failf(err, len, WF_EFORMAT, "safetensors '%s': tensor '%s' is missing", s->path, name);
   tinfo ti;
-  spec s = {.name = "lm_head.weight", .ndim = 2, .shape = {d->V, d->C}};
-  wf_status st = parse_info(f, s.name, t, &ti, err, len);
+  spec h = *emb;
+  snprintf(h.name, sizeof h.name, "%s", name);
+  wf_status st = parse_info(f, name, t, &ti, err, len);
   if (st == WF_OK)
-    st = check_shape(f, &s, &ti, d, err, len);
-  for (int64_t r = 0; st == WF_OK && r < d->V; r++) {
+    st = check_shape(f, &h, &ti, d, err, len);
+  for (size_t r = 0; st == WF_OK && r < emb->rows; r++) {
     tinfo row = ti;
-    row.begin = ti.begin + (uint64_t)r * (uint64_t)d->C * dtype_size(ti.dt);
-    st = read_values(f, &row, tmp, (size_t)d->C, raw);
-    if (st == WF_OK && memcmp(tmp, full + (size_t)r * (size_t)d->C, (size_t)d->C * sizeof *tmp))
+    row.begin = ti.begin + (uint64_t)r * (uint64_t)emb->cols * dtype_size(ti.dt);
+    st = read_values(f, &row, tmp, emb->cols, raw);
+    if (st == WF_OK && memcmp(tmp, full + emb->off + r * emb->cols, emb->cols * sizeof *tmp))
       return failf(err, len, WF_EFORMAT,
-                   "safetensors '%s': lm_head.weight differs from transformer.wte.weight (row "
-                   "%lld); weft ties the output head to the embedding, as GPT-2 does",
-                   f->path, (long long)r);
+                   "safetensors '%s': %s differs from %s (row %zu); this model ties its head to "
+                   "the embedding (model.tie_embeddings), so they must be equal",
+                   f->path, name, emb->name, r);
   }
   return st;
 }
 
-wf_status wf_safetensors_read(const char *path, const wf_gpt_dims *d, float *full, char *err,
-                              size_t len)
+static wf_status read_all(source *src, const wf_model_dims *d, const spec *specs, int n,
+                          float *full, char *err, size_t len)
 {
-  const char *bad = wf_gpt_dims_check(d);
-  if (bad)
-    return failf(err, len, WF_EINVAL, "safetensors '%s': bad model dimensions: %s", path, bad);
-  st_file f;
-  wf_status st = st_open(&f, path, err, len);
-  int n = 0;
-  spec *specs = st == WF_OK ? alloc_specs(d, &n) : NULL;
-  size_t big = (size_t)WF_MAX((int64_t)d->V, 4 * (int64_t)d->C) * (size_t)d->C; /* wte, fc */
-  big = WF_MAX(big, (size_t)d->maxT * (size_t)d->C);
-  float *tmp = st == WF_OK ? malloc(big * sizeof *tmp) : NULL;
-  uint16_t *raw = st == WF_OK ? malloc(big * sizeof *raw) : NULL;
-  if (st == WF_OK && (!specs || !tmp || !raw))
-    st = failf(err, len, WF_ENOMEM, "safetensors '%s': out of memory", path);
+  size_t big = largest(specs, n);
+  float *tmp = malloc(big * sizeof *tmp);
+  uint16_t *raw = malloc(big * sizeof *raw);
+  wf_status st =
+      tmp && raw ? WF_OK : failf(err, len, WF_ENOMEM, "safetensors '%s': out of memory", src->path);
   if (st == WF_OK)
-    st = check_extras(&f, specs, n, err, len);
+    st = check_all_extras(src, d, specs, n, err, len);
+  memset(full, 0, wf_model_num_params(d) * sizeof *full); /* the padded vocabulary rows */
   for (int i = 0; st == WF_OK && i < n; i++)
-    st = read_spec(&f, &specs[i], d, full, tmp, raw, err, len);
-  if (st == WF_OK) /* llm.c's padded vocabulary rows */
-    memset(full + (size_t)d->V * (size_t)d->C, 0,
-           (size_t)(d->Vp - d->V) * (size_t)d->C * sizeof *full);
-  if (st == WF_OK)
-    st = check_head(&f, d, full, tmp, raw, err, len);
-  st_close(&f);
-  free(specs);
+    st = read_spec(src, &specs[i], d, full, tmp, raw, err, len);
+  for (int i = 0; st == WF_OK && i < n; i++) /* the tied head, against the embedding */
+    if (specs[i].tensor >= 0 && i == 0)
+      st = check_head(src, d, &specs[0], full, tmp, raw, err, len);
   free(tmp);
   free(raw);
   return st;
 }
 
-/* ---- dimensions ------------------------------------------------------------------------------ */
-
-static int meta_int(json_t *obj, const char *key)
+wf_status wf_safetensors_read(const char *path, const wf_model_dims *dd, float *full, char *err,
+                              size_t len)
 {
-  json_t *v = json_object_get(obj, key);
-  if (json_is_integer(v))
-    return (int)json_integer_value(v);
-  return json_is_string(v) ? atoi(json_string_value(v)) : 0;
-}
-
-/* n_head: the file's __metadata__ (weft writes it), else a Hugging Face config.json beside
- * the file, else C / 64 (every GPT-2 size has 64-wide heads). */
-static int heads_of(const st_file *f, int C)
-{
-  int nh = meta_int(json_object_get(f->header, "__metadata__"), "n_head");
-  if (nh > 0)
-    return nh;
-  char cfg[WF_PATH_MAX + 16];
-  const char *slash = strrchr(f->path, '/');
-  snprintf(cfg, sizeof cfg, "%.*sconfig.json", slash ? (int)(slash - f->path + 1) : 0, f->path);
-  struct stat sb;
-  json_t *c = stat(cfg, &sb) == 0 && S_ISREG(sb.st_mode) ? json_load_file(cfg, 0, NULL) : NULL;
-  nh = meta_int(c, "n_head");
-  json_decref(c);
-  return nh > 0 ? nh : C % HEAD_SIZE == 0 ? C / HEAD_SIZE : 0;
-}
-
-static wf_status shape2(const st_file *f, const char *name, int64_t *rows, int64_t *cols, char *err,
-                        size_t len)
-{
-  json_t *t = find_tensor(f, name);
-  tinfo ti;
-  if (!t)
-    return failf(err, len, WF_EFORMAT, "safetensors '%s': tensor '%s' is missing", f->path, name);
-  wf_status st = parse_info(f, name, t, &ti, err, len);
-  if (st == WF_OK && ti.ndim != 2)
-    st = failf(err, len, WF_EFORMAT, "safetensors '%s': tensor '%s' is not 2-D", f->path, name);
-  *rows = ti.shape[0], *cols = ti.shape[1];
+  const char *bad = wf_model_dims_check(dd);
+  if (bad)
+    return failf(err, len, WF_EINVAL, "safetensors '%s': bad model dimensions: %s", path, bad);
+  source *src = NULL;
+  wf_model_dims d;
+  wf_model_desc desc;
+  int n = 0;
+  wf_status st = src_open(&src, path, err, len);
+  spec *specs = st == WF_OK ? alloc_specs(dd, &d, &desc, &n) : NULL;
+  if (st == WF_OK && !specs)
+    st = failf(err, len, WF_ENOMEM, "safetensors '%s': out of memory", path);
+  if (st == WF_OK) {
+    src->fam = d.fam;
+    st = read_all(src, &d, specs, n, full, err, len);
+  }
+  if (src)
+    src_close(src);
+  free(specs);
   return st;
 }
 
-wf_status wf_safetensors_peek(const char *path, wf_gpt_dims *d, char *err, size_t len)
+/* ---- dimensions ------------------------------------------------------------------------------ */
+
+/* config.json beside path (NULL when there is none or it is not JSON). */
+static json_t *config_beside(const char *path)
 {
-  st_file f;
-  int64_t V = 0, C = 0, T = 0, C2 = 0;
-  wf_status st = st_open(&f, path, err, len);
-  if (st == WF_OK)
-    st = shape2(&f, "transformer.wte.weight", &V, &C, err, len);
-  if (st == WF_OK)
-    st = shape2(&f, "transformer.wpe.weight", &T, &C2, err, len);
-  long L = 0;
-  const char *key, *rest;
+  char dir[WF_PATH_MAX], cfg[WF_PATH_MAX + 16];
+  struct stat sb;
+  dir_of(dir, sizeof dir, path);
+  snprintf(cfg, sizeof cfg, "%sconfig.json", dir);
+  return stat(cfg, &sb) == 0 && S_ISREG(sb.st_mode) ? json_load_file(cfg, 0, NULL) : NULL;
+}
+
+/* Whether the model's files hold `name` (with or without the optional prefix). */
+static bool src_has(source *s, const wf_family *fam, const char *name)
+{
+  const char *pre = fam->hf_prefix;
+  const char *alt = pre && !strncmp(name, pre, strlen(pre)) ? name + strlen(pre) : name;
+  json_t *h = s->index ? s->index : s->files[0].header;
+  return json_object_get(h, name) || json_object_get(h, alt);
+}
+
+/* The first Hugging Face name of the family's embedding (its first tensor). */
+static void embedding_name(const wf_family *fam, char *out, size_t len)
+{
+  wf_model_dims d = {.fam = fam, .L = 1, .NH = 1, .C = 1, .maxT = 1, .V = 1, .Vp = 1};
+  wf_model_desc desc;
+  wf_model_describe(&d, &desc);
+  snprintf(out, len, desc.t[0].hf[0].name, 0);
+}
+
+/* The family: config.json's model_type, else weft's __metadata__, else the one whose
+ * embedding the file holds. */
+static const wf_family *family_of(source *s, json_t *meta, json_t *cfg)
+{
+  int n;
+  const wf_family *const *all = wf_model_families(&n);
+  const char *mt = json_string_value(json_object_get(cfg, "model_type"));
+  const char *wf = json_string_value(json_object_get(meta, "weft_family"));
+  for (int i = 0; i < n; i++)
+    if ((mt && !strcmp(mt, all[i]->hf_model_type)) || (!mt && wf && !strcmp(wf, all[i]->name)))
+      return all[i];
+  for (int i = 0; !mt && i < n; i++) {
+    char name[128];
+    embedding_name(all[i], name, sizeof name);
+    if (src_has(s, all[i], name))
+      return all[i];
+  }
+  return NULL;
+}
+
+/* The metadata of the file (of a sharded model: of the first tensor's file). */
+static json_t *src_metadata(source *s)
+{
+  if (!s->index)
+    return json_object_get(s->files[0].header, "__metadata__");
+  const char *key;
   json_t *v;
-  json_object_foreach(st == WF_OK ? f.header : NULL, key, v)
+  st_file *f = NULL;
+  char quiet[256]; /* a missing shard is the reader's to report */
+  json_object_foreach(s->index, key, v)
   {
-    long l = layer_of(key, &rest);
-    L = l >= L ? l + 1 : L;
+    if (json_is_string(v) && src_file(s, json_string_value(v), &f, quiet, sizeof quiet) == WF_OK)
+      return json_object_get(f->header, "__metadata__");
+    break;
   }
-  if (st == WF_OK && (C2 != C || L < 1 || L > (1 << 16)))
-    st =
-        failf(err, len, WF_EFORMAT,
-              "safetensors '%s': wte is [%lld, %lld], wpe [%lld, %lld] and %ld layers: not a GPT-2",
-              path, (long long)V, (long long)C, (long long)T, (long long)C2, L);
-  if (st == WF_OK) {
-    *d = (wf_gpt_dims){.L = (int)L,
-                       .NH = heads_of(&f, (int)C),
-                       .C = (int)C,
-                       .maxT = (int)T,
-                       .V = (int)V,
-                       .Vp = (int)((V + 127) / 128 * 128)};
-    const char *bad = wf_gpt_dims_check(d);
-    if (bad)
-      st = failf(err, len, WF_EFORMAT,
-                 "safetensors '%s': n_layer %d, n_head %d, n_embd %d, n_ctx %d, vocab %d: %s", path,
-                 d->L, d->NH, d->C, d->maxT, d->V, bad);
+  return NULL;
+}
+
+/* The dims config.json and the metadata name (the metadata wins: weft writes it). */
+static void dims_from_keys(wf_model_dims *d, json_t *meta, json_t *cfg)
+{
+  const wf_family *f = d->fam;
+  for (int pass = 0; pass < 2; pass++) {
+    json_t *obj = pass ? meta : cfg;
+    for (int i = 0; obj && i < f->n_hf_keys; i++) {
+      double x = json_num(json_object_get(obj, f->hf_keys[i].key));
+      if (!isnan(x))
+        field_set(d, f->hf_keys[i].field, x);
+    }
   }
-  st_close(&f);
+}
+
+/* A tied model's file may leave its head out: a Llama without lm_head.weight ties. */
+static void tie_from_tensors(source *s, wf_model_dims *d)
+{
+  wf_model_dims u = *d;
+  wf_model_desc desc;
+  u.tie = WF_TIE_NO;
+  wf_model_describe(&u, &desc);
+  for (int t = 0; t < desc.n && d->fam->hf_head; t++)
+    for (int p = 0; p < desc.t[t].n_hf; p++)
+      if (!strcmp(desc.t[t].hf[p].name, d->fam->hf_head) && !src_has(s, d->fam, d->fam->hf_head))
+        d->tie = WF_TIE_YES;
+}
+
+/* The file's shape of `name` as weft's (rows, cols); false when absent. */
+static bool weft_shape(source *s, const char *name, bool transpose, int64_t *rows, int64_t *cols)
+{
+  st_file *f = NULL;
+  tinfo ti;
+  char quiet[256]; /* a broken tensor is the reader's to report, once */
+  json_t *t = src_find(s, name, &f, quiet, sizeof quiet);
+  if (!t || parse_info(f, name, t, &ti, quiet, sizeof quiet) != WF_OK || ti.ndim < 1 || ti.ndim > 2)
+    return false;
+  *rows = ti.shape[0], *cols = ti.ndim == 2 ? ti.shape[1] : 1;
+  if (transpose && ti.ndim == 2)
+    *rows = ti.shape[1], *cols = ti.shape[0];
+  return true;
+}
+
+/* The extents of the dimension symbols read off the tensors' shapes (layer 0). */
+static void extents_from_shapes(source *s, const wf_model_dims *d, int64_t ext[WF_DIM_T + 1])
+{
+  wf_model_desc desc;
+  wf_model_dims probe = *d;
+  probe.L = probe.NH = probe.C = probe.maxT = probe.V = probe.Vp = 1;
+  wf_model_describe(&probe, &desc);
+  for (int t = 0; t < desc.n; t++) {
+    const wf_tensor_desc *td = &desc.t[t];
+    for (int p = 0; p < td->n_hf; p++) {
+      char name[128];
+      int64_t rows, cols;
+      int g = td->hf[p].group >= 0 ? td->hf[p].group : td->n_groups == 1 ? 0 : -1;
+      snprintf(name, sizeof name, td->hf[p].name, 0);
+      if (!weft_shape(s, name, td->hf[p].transpose, &rows, &cols))
+        continue;
+      if (g >= 0 && !ext[td->rows[g]])
+        ext[td->rows[g]] = rows;
+      if (!ext[td->cols])
+        ext[td->cols] = cols;
+    }
+  }
+}
+
+/* Layers: one past the largest N of the first layered tensor's names. */
+static int layers_of(source *s, const wf_model_dims *d)
+{
+  wf_model_desc desc;
+  wf_model_describe(d, &desc);
+  const char *fmt = NULL;
+  for (int t = 0; t < desc.n && !fmt; t++)
+    if (desc.t[t].place == WF_PLACE_LAYER && desc.t[t].n_hf > 0)
+      fmt = desc.t[t].hf[0].name;
+  const char *at = fmt ? strstr(fmt, "%d") : NULL;
+  if (!at)
+    return 0;
+  const char *pre = d->fam->hf_prefix;
+  size_t np = (size_t)(at - fmt), pl = pre ? strlen(pre) : 0;
+  long L = 0;
+  const char *key;
+  json_t *v, *h = s->index ? s->index : s->files[0].header;
+  json_object_foreach(h, key, v)
+  {
+    for (int alt = 0; alt < (pl && !strncmp(fmt, pre, pl) ? 2 : 1); alt++) {
+      const char *f = alt ? fmt + pl : fmt;
+      size_t n = alt ? np - pl : np;
+      char *end;
+      if (strncmp(key, f, n))
+        continue;
+      long l = strtol(key + n, &end, 10);
+      if (end != key + n && l >= 0 && l < (1 << 16) && !strcmp(end, at + 2))
+        L = WF_MAX(L, l + 1);
+    }
+  }
+  return (int)L;
+}
+
+static wf_status peek_dims(source *s, wf_model_dims *out, char *err, size_t len)
+{
+  json_t *cfg = config_beside(s->path), *meta = src_metadata(s);
+  wf_model_dims d = {.fam = family_of(s, meta, cfg)};
+  wf_status st = WF_OK;
+  if (!d.fam) {
+    st = failf(err, len, WF_EFORMAT,
+               "safetensors '%s': not a model family weft knows (no config.json model_type, no "
+               "GPT-2 or Llama embedding among its tensors)",
+               s->path);
+    goto done;
+  }
+  s->fam = d.fam;
+  dims_from_keys(&d, meta, cfg);
+  if (d.tie == WF_TIE_AUTO)
+    tie_from_tensors(s, &d);
+  int64_t ext[WF_DIM_T + 1] = {0};
+  extents_from_shapes(s, &d, ext);
+  d.C = d.C ? d.C : (int)ext[WF_DIM_C];
+  d.V = d.V ? d.V : (int)ext[WF_DIM_VP];
+  d.maxT = d.maxT ? d.maxT : (int)ext[WF_DIM_T];
+  d.F = d.F ? d.F : (int)ext[WF_DIM_F];
+  d.L = d.L ? d.L : layers_of(s, &d);
+  int64_t q = ext[WF_DIM_Q] ? ext[WF_DIM_Q] : d.C;
+  if (!d.NH && q % HEAD_SIZE == 0) /* every GPT-2 size has 64-wide heads */
+    d.NH = (int)(q / HEAD_SIZE);
+  if (!d.KV && d.NH && ext[WF_DIM_KV] && q % d.NH == 0)
+    d.KV = (int)(ext[WF_DIM_KV] / (q / d.NH));
+  d.Vp = (d.V + 127) / 128 * 128;
+  const char *bad = d.L > 0 && d.NH > 0 && d.C > 0 && d.maxT > 0 && d.V > 0
+                        ? wf_model_dims_check(&d)
+                        : "a dimension is missing (no config.json beside it?)";
+  if (bad)
+    st = failf(err, len, WF_EFORMAT,
+               "safetensors '%s': %s with n_layer %d, n_head %d, kv heads %d, n_embd %d, ffn %d, "
+               "n_ctx %d, vocab %d: %s",
+               s->path, d.fam->name, d.L, d.NH, d.KV, d.C, d.F, d.maxT, d.V, bad);
+  else
+    *out = wf_model_dims_resolve(&d);
+done:
+  json_decref(cfg);
+  return st;
+}
+
+wf_status wf_safetensors_peek(const char *path, wf_model_dims *d, char *err, size_t len)
+{
+  source *s = NULL;
+  wf_status st = src_open(&s, path, err, len);
+  if (st == WF_OK)
+    st = peek_dims(s, d, err, len);
+  if (s)
+    src_close(s);
   return st;
 }

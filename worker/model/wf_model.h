@@ -1,21 +1,35 @@
 /*
- * wf_model.h - GPT-2 on one rank or one shard: layout, parameters, activations, forward,
- * backward, and the llm.c file formats.
+ * wf_model.h - a transformer of any family on one rank or one shard: the family
+ * interface (tensor descriptions and what a family computes), the parameter layout of
+ * the whole model and of a shard, the model object (parameters, gradients, activation
+ * slots, forward and backward), and the weight formats (llm.c, Hugging Face
+ * safetensors).
  *
- * Pre-LayerNorm GPT-2 with learned positions and a tied input/output embedding, on
- * one device (wf_device.h): every buffer is device memory, every op a kernel of the
- * device's table. All parameters live in one allocation and all gradients in another
- * with the same layout: the llm.c checkpoint order (wte, wpe, ln1w, ln1b, qkvw, qkvb,
- * attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb, lnfw, lnfb; all layers
- * of a kind together). Tensor and pipeline ranks hold shards of this layout, so
- * parameter tensors are addressed by (kind, layer) through wf_gpt_param().
+ * A family (GPT-2, Llama) is a versioned table (wf_family), as the device seam is: it
+ * DESCRIBES its tensors (wf_tensor_desc: name, shape by rows and columns of the model's
+ * dimensions, how tensor parallelism splits it, where it lives, weight decay,
+ * initialisation, whether it is tied, whether its gradient is a tp-partial sum under
+ * sequence parallelism, its Hugging Face names and layout) and PROVIDES a block's
+ * forward and backward, the embedding and the head (model_int.h's ops, private to this
+ * folder), its FLOPs and the kernels a step runs (wf_model_costs, for the planner).
+ * Layout, shards, the gradient path, ZeRO's units, checkpoints, weight import and
+ * export and the planner read the description, never a family's own tensor names: a
+ * tensor is an index into the description (wf_model_desc), ordered as the family's
+ * checkpoint layout.
  *
- * Initialisation is GPT-2's (normal std 0.02; residual projections attprojw and
- * fcprojw std 0.02/sqrt(2L); layernorm weights 1; biases 0), each element drawn
- * from wf_rng_normal(seed, stream = parameter kind * 4096 + layer, index = element
- * index in the full tensor), so any slice can be produced alone.
+ * Layout: all parameters live in one allocation and all gradients in another with the
+ * same layout: tensors in description order, the layers of a layered tensor together
+ * (GPT-2's is llm.c's checkpoint order: wte, wpe, ln1w, ln1b, qkvw, ...). Tensor and
+ * pipeline ranks hold shards of this layout, addressed by (tensor, layer) through
+ * wf_model_param().
  *
- * Shapes: B batch, T time, C d_model, L layers, NH heads, V vocab, Vp padded vocab.
+ * Initialisation: each element of tensor t, layer l is drawn from wf_rng_normal(seed,
+ * stream = t * 4096 + l, index = element index in the full tensor) by the tensor's
+ * rule (normal of its std, the same over sqrt(2L) for residual projections, ones,
+ * zeros), so any slice can be produced alone; vocabulary rows [V, Vp) are zero.
+ *
+ * Shapes: B batch, T time, C d_model, L layers, NH heads, KV key/value heads, hs = C/NH
+ * head size, F the MLP's hidden width, V vocab, Vp padded vocab.
  */
 #ifndef WF_MODEL_H
 #define WF_MODEL_H
@@ -27,237 +41,470 @@
 #include "wf_config.h"
 #include "wf_runtime.h"
 
-#define WF_GPT_NUM_KINDS 16
+/* ---- dimensions ------------------------------------------------------------------- */
 
-typedef enum wf_param_kind {
-  WF_P_WTE = 0,  /* (Vp, C) */
-  WF_P_WPE,      /* (maxT, C) */
-  WF_P_LN1W,     /* (L, C) */
-  WF_P_LN1B,     /* (L, C) */
-  WF_P_QKVW,     /* (L, 3C, C) */
-  WF_P_QKVB,     /* (L, 3C) */
-  WF_P_ATTPROJW, /* (L, C, C) */
-  WF_P_ATTPROJB, /* (L, C) */
-  WF_P_LN2W,     /* (L, C) */
-  WF_P_LN2B,     /* (L, C) */
-  WF_P_FCW,      /* (L, 4C, C) */
-  WF_P_FCB,      /* (L, 4C) */
-  WF_P_FCPROJW,  /* (L, C, 4C) */
-  WF_P_FCPROJB,  /* (L, C) */
-  WF_P_LNFW,     /* (C) */
-  WF_P_LNFB,     /* (C) */
-} wf_param_kind;
+typedef struct wf_family wf_family;
 
-typedef struct wf_gpt_dims {
+/* The whole model's dimensions. fam NULL is GPT-2 (literals in tests and the llm.c
+ * header leave it out); KV 0 is NH, F 0 is 4C, tie WF_TIE_AUTO the family's choice
+ * (GPT-2 ties, Llama does not), rope_theta and norm_eps 0 the family's: all resolved by
+ * wf_model_dims_resolve, which every function here applies first. */
+typedef struct wf_model_dims {
+  const wf_family *fam;
   int L, NH, C, maxT, V, Vp;
-} wf_gpt_dims;
+  int KV;            /* key/value heads (grouped-query attention); NH = multi-head */
+  int F;             /* the MLP's hidden width */
+  wf_tie tie;        /* WF_TIE_YES: the head reads the embedding's weight */
+  double rope_theta; /* rotary embeddings' base (families with RoPE) */
+  float norm_eps;    /* the normalisation's epsilon (families that take one) */
+} wf_model_dims;
 
-typedef struct wf_gpt wf_gpt;
-
-/* Dimensions from a validated config. */
-wf_gpt_dims wf_gpt_dims_from_config(const wf_config *cfg);
-/* Number of elements of each parameter kind (all layers together) and in total. */
-size_t wf_gpt_kind_numel(const wf_gpt_dims *d, wf_param_kind k);
-size_t wf_gpt_num_params(const wf_gpt_dims *d);
-/* Elements of one layer's tensor of kind k (the whole tensor for WTE, WPE, LNFW,
- * LNFB), and the offset of kind k (layer 0) in the parameter layout. */
-size_t wf_gpt_layer_numel(const wf_gpt_dims *d, wf_param_kind k);
-size_t wf_gpt_kind_offset(const wf_gpt_dims *d, wf_param_kind k);
-/* Whether kind k has one tensor per layer; whether AdamW decays it (2-D weights). */
-bool wf_gpt_kind_is_layered(wf_param_kind k);
-bool wf_gpt_kind_decays(wf_param_kind k);
-/* "wte", "wpe", "ln1w", ... (the llm.c names). */
-const char *wf_gpt_kind_name(wf_param_kind k);
+/* d with its defaults filled in (fam, KV, F, norm_eps, rope_theta). */
+wf_model_dims wf_model_dims_resolve(const wf_model_dims *d);
+/* Dimensions from a validated config (model.family, model.* keys). */
+wf_model_dims wf_model_dims_from_config(const wf_config *cfg);
 /* NULL when the dims are usable, else what is wrong with them. */
-const char *wf_gpt_dims_check(const wf_gpt_dims *d);
+const char *wf_model_dims_check(const wf_model_dims *d);
+/* Whether two dims describe the same model (after resolving), and if not the first
+ * field that differs with both values (for messages). */
+bool wf_model_dims_same(const wf_model_dims *a, const wf_model_dims *b, const char **field,
+                        double *va, double *vb);
+/* The family's name ("gpt2", "llama"). */
+const char *wf_model_family_name(const wf_model_dims *d);
 
-/* Which part of the model this rank holds (the whole model on one rank).
- *  - tensor parallelism: tp ranks split the heads of attention (qkv rows [q|k|v] of
- *    the local heads, attproj columns), the MLP's hidden units (fc rows, fcproj
- *    columns) and the vocabulary (wte rows [tp_rank*Vp/tp, ...)); layernorms, wpe and
- *    the row-parallel biases are replicated. Every local tensor is a slice of the
- *    one-rank tensor, initialised from the same (seed, kind, layer, index) stream.
- *  - pipeline parallelism: layers [l0, l1); the first stage holds the embeddings
- *    (wte, wpe), the last the final layernorm and the loss, which uses the tied wte:
- *    with pp > 1 the first and last stage each hold a copy of (their tp slice of)
- *    wte, kept identical by summing its gradient over the embedding group.
- * The local parameters are laid out as the full model's: kinds in llm.c order, the
- * local layers of a kind together, absent kinds empty. */
-typedef struct wf_gpt_shard {
+/* ---- the family interface: tensor descriptions ------------------------------------ */
+
+/* A tensor's extent along one axis, in the model's dimensions. */
+typedef enum wf_dim {
+  WF_DIM_ONE = 0, /* 1: a vector is (rows, ONE) */
+  WF_DIM_C,       /* d_model */
+  WF_DIM_Q,       /* NH * hs: the query heads' width (C) */
+  WF_DIM_KV,      /* KV * hs: the key or value heads' width */
+  WF_DIM_F,       /* the MLP's hidden width */
+  WF_DIM_VP,      /* the padded vocabulary */
+  WF_DIM_T,       /* the context length (maxT) */
+} wf_dim;
+
+/* How tensor parallelism splits a tensor (Megatron's):
+ *  - COLUMN: output rows split; a tensor of several row groups (GPT-2's qkv = [q|k|v],
+ *    Llama's [q|k|v] with kv heads, SwiGLU's [gate|up]) splits each group separately
+ *    and a rank holds its part of each, in group order;
+ *  - ROW: input columns split;
+ *  - VOCAB: rows split as the vocabulary (Vp / tp each);
+ *  - REPLICATED: every tp rank holds it whole (counted on tp rank 0). */
+typedef enum wf_tp_split {
+  WF_SPLIT_REPLICATED = 0,
+  WF_SPLIT_COLUMN,
+  WF_SPLIT_ROW,
+  WF_SPLIT_VOCAB
+} wf_tp_split;
+
+/* Where a tensor lives: every layer; the first stage (embeddings); the last stage (the
+ * final norm, an untied head); or TIED: the embedding the head also reads, held by the
+ * first and the last stage (counted on the first; with stages its gradient is summed
+ * over the embedding group and the copies are checked equal after each step). */
+typedef enum wf_place { WF_PLACE_LAYER = 0, WF_PLACE_FIRST, WF_PLACE_LAST, WF_PLACE_TIED } wf_place;
+
+typedef enum wf_init_rule {
+  WF_INIT_ZEROS = 0,
+  WF_INIT_ONES,
+  WF_INIT_NORMAL,       /* normal(0, std) */
+  WF_INIT_NORMAL_DEPTH, /* normal(0, std / sqrt(2L)): residual projections (GPT-2) */
+} wf_init_rule;
+
+/* One Hugging Face tensor a weft tensor holds (per layer when layered): `name` is a
+ * printf format taking the layer (e.g. "model.layers.%d.self_attn.k_proj.weight");
+ * `group` the row group it is (-1: the whole tensor); `transpose` when the file stores
+ * it (in, out) as GPT-2's Conv1D does. (Query and key rows need no permutation: weft's
+ * RoPE pairs them as Hugging Face's checkpoints are stored, rotate-half, kernels/rope.h.) */
+typedef struct wf_hf_part {
+  const char *name;
+  int group;
+  bool transpose;
+} wf_hf_part;
+
+#define WF_MAX_GROUPS  3
+#define WF_MAX_HF      3
+#define WF_MAX_TENSORS 24
+
+typedef struct wf_tensor_desc {
+  const char *name; /* short name, checkpoints' and messages' ("wte", "qkvw") */
+  wf_place place;
+  wf_dim rows[WF_MAX_GROUPS]; /* row groups; the rows are their concatenation */
+  int n_groups;               /* >= 1 */
+  wf_dim cols;                /* ONE for a vector */
+  wf_tp_split split;
+  bool decay;      /* AdamW decays it (2-D weights) */
+  bool gemm;       /* a GEMM operand: mixed precision keeps it rounded */
+  bool sp_partial; /* gradient is a tp-partial sum under sequence parallelism
+                    * (norms of the replicated regions: each rank saw its rows) */
+  wf_init_rule init;
+  float std;                /* of the normal rules */
+  wf_hf_part hf[WF_MAX_HF]; /* its Hugging Face tensors (none: not in the HF model) */
+  int n_hf;
+} wf_tensor_desc;
+
+/* A model's tensors, concrete for its dims (a tied embedding's head is absent). */
+typedef struct wf_model_desc {
+  int n;
+  wf_tensor_desc t[WF_MAX_TENSORS];
+} wf_model_desc;
+
+/* ---- the family interface: what the planner counts -------------------------------- */
+
+/* One item of a block's forward work for the time model: a GEMM (m rows, n, k), the
+ * attention kernel (m = batch x local heads, n = T, k = head size), elementwise work
+ * priced at the measured norm or activation kernel (m elements) or at memory bandwidth
+ * (m bytes), or a tp all-reduce (m bytes). */
+typedef enum wf_cost_kind {
+  WF_COST_GEMM = 0,
+  WF_COST_ATTENTION,
+  WF_COST_NORM,
+  WF_COST_ACT,
+  WF_COST_BYTES,
+  WF_COST_TP,
+} wf_cost_kind;
+
+typedef struct wf_cost {
+  wf_cost_kind kind;
+  double m, n, k;
+} wf_cost;
+
+/* The shape of one micro-batch on one rank: B x T tokens, N = B*T rows, R rows of the
+ * replicated regions (N / tp under sequence parallelism), tp, and whether the device
+ * keeps attention's probabilities (the CPU does: (B, NH/tp, T, T)). */
+typedef struct wf_cost_geo {
+  double B, T, N, R, tp;
+  bool keeps_probs;
+} wf_cost_geo;
+
+#define WF_MAX_COSTS 16
+typedef struct wf_model_costs {
+  wf_cost block[WF_MAX_COSTS]; /* one block's forward */
+  int n_block;
+  int block_fwd_ops, block_bwd_ops; /* kernel launches of a block's forward, backward */
+  int head_ops;                     /* of the head's forward (norm, logits, the loss) */
+} wf_model_costs;
+
+/* ---- the family interface: Hugging Face's names for the dimensions ------------------ */
+
+/* A dimension as Hugging Face's config.json (and weft's safetensors __metadata__) names
+ * it: "n_layer" or "num_hidden_layers" for L, ... */
+typedef enum wf_hf_field {
+  WF_HF_L = 0,
+  WF_HF_NH,
+  WF_HF_KV,
+  WF_HF_C,
+  WF_HF_F,
+  WF_HF_T,
+  WF_HF_V,
+  WF_HF_THETA,
+  WF_HF_EPS,
+  WF_HF_TIE,
+} wf_hf_field;
+
+typedef struct wf_hf_key {
+  const char *key;
+  wf_hf_field field;
+} wf_hf_key;
+
+#define WF_MAX_HF_KEYS 12
+
+/* ---- the family table -------------------------------------------------------------- */
+
+#define WF_FAMILY_VERSION 1
+
+struct wf__family_ops; /* model_int.h: the family's compute (block, embedding, head) */
+
+struct wf_family {
+  int version;                 /* WF_FAMILY_VERSION */
+  const char *name;            /* model.family */
+  const char *hf_model_type;   /* config.json's model_type ("gpt2", "llama") */
+  const char *hf_architecture; /* config.json's architectures[0] */
+  bool llmc;                   /* llm.c's GPT-2 files hold it */
+  /* defaults and checks */
+  void (*resolve)(wf_model_dims *d);
+  const char *(*check)(const wf_model_dims *d);
+  /* its tensors for dims d (resolved), in layout order */
+  void (*describe)(const wf_model_dims *d, wf_model_desc *out);
+  /* forward FLOPs per token of one layer over T positions (the stage partition's cost),
+   * and of one training step (forward and backward) on B x T tokens */
+  double (*layer_flops)(const wf_model_dims *d, int T);
+  double (*step_flops)(const wf_model_dims *d, int B, int T);
+  /* the kernels a block runs, for the time model */
+  void (*costs)(const wf_model_dims *d, const wf_cost_geo *g, wf_model_costs *out);
+  /* Hugging Face: the dims' names in config.json; a prefix readers also accept the
+   * names without (GPT2Model's files lack GPT2LMHeadModel's "transformer."); suffixes of
+   * buffers readers skip (old files' causal masks, rotary tables); the head's name,
+   * absent or equal to the embedding when they are tied */
+  wf_hf_key hf_keys[WF_MAX_HF_KEYS];
+  int n_hf_keys;
+  const char *hf_prefix;
+  const char *hf_skip[4];
+  const char *hf_head;
+  const char *hf_config; /* config.json's other keys, as JSON ("hidden_act": "silu", ...) */
+  const struct wf__family_ops *ops;
+};
+
+/* The registered families (GPT-2, Llama), and one by name (NULL: none). */
+const wf_family *const *wf_model_families(int *n);
+const wf_family *wf_model_family_find(const char *name);
+/* The family of d (GPT-2 when d->fam is NULL). */
+const wf_family *wf_model_family(const wf_model_dims *d);
+
+/* d's tensors. */
+void wf_model_describe(const wf_model_dims *d, wf_model_desc *out);
+/* A tensor's rows, columns and elements (one layer's when layered) for dims d. */
+size_t wf_tensor_rows(const wf_model_dims *d, const wf_tensor_desc *t);
+size_t wf_tensor_cols(const wf_model_dims *d, const wf_tensor_desc *t);
+size_t wf_tensor_group_rows(const wf_model_dims *d, const wf_tensor_desc *t, int g);
+/* Extent of one dimension symbol. */
+size_t wf_dim_size(const wf_model_dims *d, wf_dim x);
+
+/* Elements of one layer's tensor t (the whole tensor when not layered), of all its
+ * layers, its offset in the layout, and the number of parameters. */
+size_t wf_model_layer_numel(const wf_model_dims *d, int t);
+size_t wf_model_tensor_numel(const wf_model_dims *d, int t);
+size_t wf_model_tensor_offset(const wf_model_dims *d, int t);
+size_t wf_model_num_params(const wf_model_dims *d);
+/* Tensors of d, and the one of a given short name (-1: none). */
+int wf_model_num_tensors(const wf_model_dims *d);
+int wf_model_tensor_find(const wf_model_dims *d, const char *name);
+/* FLOPs of one training step (forward + backward) on B*T tokens (the family's count:
+ * 6 x parameters x tokens plus attention over the full T x T square), and forward FLOPs
+ * per token of one layer. */
+double wf_model_flops_per_step(const wf_model_dims *d, int B, int T);
+double wf_model_layer_flops(const wf_model_dims *d, int T);
+/* The kernels of one block's forward at geometry g (the planner's time model). */
+void wf_model_costs_get(const wf_model_dims *d, const wf_cost_geo *g, wf_model_costs *out);
+
+/* ---- shards --------------------------------------------------------------------------
+ * Which part of the model this rank holds (the whole model on one rank).
+ *  - tensor parallelism: tp ranks split each tensor as its description says; every
+ *    local tensor is a slice of the one-rank tensor, initialised from the same (seed,
+ *    tensor, layer, index) stream.
+ *  - pipeline parallelism: layers [l0, l1); the first stage holds the FIRST tensors,
+ *    the last the LAST ones, both the TIED embedding (see wf_place).
+ * The local parameters are laid out as the full model's: tensors in description order,
+ * the local layers of a tensor together, absent tensors empty. */
+typedef struct wf_model_shard {
   int tp, tp_rank; /* 1, 0 without tensor parallelism */
   bool sequence;   /* sequence parallelism over the tp group */
   int l0, l1;      /* this stage's layers (its first chunk's, with chunks) */
   int chunks;      /* v model chunks (interleaved schedule; 0 or 1 = one): chunk c
                     * holds layers [l0 + c*chunk_stride, l1 + c*chunk_stride) */
   int chunk_stride;
-  bool first, last; /* holds the embeddings / the final layernorm, head and loss */
-} wf_gpt_shard;
+  bool first, last; /* holds the embeddings / the final norm, head and loss */
+} wf_model_shard;
 
 /* The whole model: tp 1, layers [0, L), first and last. */
-wf_gpt_shard wf_gpt_shard_whole(const wf_gpt_dims *d);
+wf_model_shard wf_model_shard_whole(const wf_model_dims *d);
 /* NULL when the shard fits the dims, else what is wrong. */
-const char *wf_gpt_shard_check(const wf_gpt_dims *d, const wf_gpt_shard *s);
-/* Elements of shard s's flat parameter vector (wf_gpt_local_params of its model); its
- * layers over all chunks, one layer's elements of kind k, kind k's elements and offset
- * in it, and whether its gradient is a tp-partial sum (wf_gpt_local_layers,
- * _layer_numel, _numel, _offset and wf_gpt_kind_tp_partial of its model, without one). */
-size_t wf_gpt_shard_params(const wf_gpt_dims *d, const wf_gpt_shard *s);
-int wf_gpt_shard_layers(const wf_gpt_shard *s);
-size_t wf_gpt_shard_layer_numel(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_param_kind k);
-size_t wf_gpt_shard_numel(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_param_kind k);
-size_t wf_gpt_shard_offset(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_param_kind k);
-bool wf_gpt_shard_kind_tp_partial(const wf_gpt_shard *s, wf_param_kind k);
+const char *wf_model_shard_check(const wf_model_dims *d, const wf_model_shard *s);
+/* Elements of shard s's flat parameter vector; its layers over all chunks; one layer's
+ * elements of tensor t, t's elements and offset in it; whether t's gradient is a
+ * tp-partial sum (sp_partial under sequence parallelism); whether s holds t; whether
+ * its global sums (the gradient norm) count t: tp-replicated tensors only on tp rank 0,
+ * the tied embedding only on the first stage. */
+size_t wf_model_shard_params(const wf_model_dims *d, const wf_model_shard *s);
+int wf_model_shard_layers(const wf_model_shard *s);
+size_t wf_model_shard_layer_numel(const wf_model_dims *d, const wf_model_shard *s, int t);
+size_t wf_model_shard_numel(const wf_model_dims *d, const wf_model_shard *s, int t);
+size_t wf_model_shard_offset(const wf_model_dims *d, const wf_model_shard *s, int t);
+bool wf_model_shard_tp_partial(const wf_model_dims *d, const wf_model_shard *s, int t);
+bool wf_model_shard_holds(const wf_model_dims *d, const wf_model_shard *s, int t);
+bool wf_model_shard_counted(const wf_model_dims *d, const wf_model_shard *s, int t);
+/* Whether t has one tensor per layer. */
+bool wf_model_tensor_layered(const wf_model_dims *d, int t);
 
 /* The local <-> full mapping of a shard, as runs: elements [local, local + n) of the
- * shard's flat parameter vector are elements [full, full + n) of the whole model's
- * (llm.c layout). Runs are maximal within one tensor (kind, layer) and come in local
- * order; together they cover the local vector exactly once. counted is
- * wf_gpt_kind_counted: over all shards of a mesh, the counted runs cover the full
- * layout exactly once (tp-replicated kinds count on tp rank 0, the tied wte on the
- * first stage). It is a pure function of (dims, shard), so a checkpoint loader can
- * map a saved shard without its model; wf_gpt_export_full and wf_gpt_import_full are
- * built on it. */
-typedef struct wf_gpt_run {
-  wf_param_kind kind;
-  int layer; /* global layer; 0 for wte, wpe, lnfw, lnfb */
+ * shard's flat parameter vector are elements [full, full + n) of the whole model's.
+ * Runs are maximal within one tensor (t, layer) and come in local order; together they
+ * cover the local vector exactly once. counted is wf_model_shard_counted: over all
+ * shards of a mesh, the counted runs cover the full layout exactly once. A pure
+ * function of (dims, shard), so a checkpoint loader can map a saved shard without its
+ * model; wf_model_export_full and wf_model_import_full are built on it. */
+typedef struct wf_model_run {
+  int tensor;
+  int layer; /* global layer; 0 for tensors that are not layered */
   bool counted;
   size_t full, local, n;
-} wf_gpt_run;
-typedef void (*wf_gpt_run_fn)(void *user, const wf_gpt_run *run);
-void wf_gpt_shard_runs(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_gpt_run_fn fn, void *user);
+} wf_model_run;
+typedef void (*wf_model_run_fn)(void *user, const wf_model_run *run);
+void wf_model_shard_runs(const wf_model_dims *d, const wf_model_shard *s, wf_model_run_fn fn,
+                         void *user);
 /* Elements [lo, hi) of shard s's flat vector, held in local[0 .. hi - lo), against the
- * whole model's vector `full` (llm.c layout), through the runs above: to_full adds the
- * counted ones into full (every shard's adds into zeros assemble the model exactly);
- * else every one of them is copied out of full. A saved shard needs no model for it. */
-void wf_gpt_shard_exchange(const wf_gpt_dims *d, const wf_gpt_shard *s, float *local, size_t lo,
-                           size_t hi, float *full, bool to_full);
+ * whole model's vector `full`, through the runs above: to_full adds the counted ones
+ * into full (every shard's adds into zeros assemble the model exactly); else every one
+ * of them is copied out of full. */
+void wf_model_shard_exchange(const wf_model_dims *d, const wf_model_shard *s, float *local,
+                             size_t lo, size_t hi, float *full, bool to_full);
 
-typedef struct wf_gpt_opts {
-  wf_gpt_dims dims;
-  wf_gpt_shard shard;
-  struct wf_dev *dev;      /* where the model lives and computes (borrowed); NULL = the CPU */
-  struct wf_comm *tp_comm; /* the tp group when shard.tp > 1 (borrowed) */
-  int B, T;                /* largest micro-batch */
-  int slots;               /* micro-batches whose activations live at once (>= 1) */
-  bool recompute;          /* activation checkpointing: a slot keeps each layer's output only, and
-                            * backward recomputes the layer's intermediates (one more forward) */
-  wf_precision precision;  /* GEMM operands in bf16/fp16 (see "Mixed precision" below) */
-} wf_gpt_opts;
+/* ---- tensor parallelism's region operators -----------------------------------------
+ * A transformer block alternates replicated regions (norms, residuals) and tensor-
+ * parallel regions (column-parallel -> local op -> row-parallel). Crossing into a
+ * tensor-parallel region and out of it are conjugate operators (Megatron's f and g):
+ *
+ *   enter (f):  forward identity,    backward all-reduce       (tp)
+ *   leave (g):  forward all-reduce,  backward identity         (tp)
+ *
+ * and with sequence parallelism (the replicated regions hold N/tp token rows per rank,
+ * rank r rows [r*N/tp, (r+1)*N/tp) of the flattened batch):
+ *
+ *   enter:  forward all-gather,      backward reduce-scatter
+ *   leave:  forward reduce-scatter,  backward all-gather
+ *
+ * plus a plain all-gather (the vocabulary-parallel loss's row statistics). The model
+ * computes and never communicates: worker/parallel provides these (wf_tp_regions, over
+ * the tp group) and the model calls them where its forward and backward cross a region.
+ * Without a table (tp = 1) every operator is the identity. */
+#define WF_TP_OPS_VERSION 1
+typedef struct wf_tp_ops {
+  int version; /* WF_TP_OPS_VERSION */
+  /* x (rows(N), C) -> *out, the full (N, C) input of a column-parallel layer: x itself,
+   * or `full` after the all-gather */
+  wf_status (*enter_fwd)(void *ctx, const float **out, const float *x, float *full, size_t N,
+                         size_t C);
+  /* dfull (N, C), this rank's partial input gradient -> its sum over tp in dx
+   * (rows(N), C): all-reduce in place (dx == dfull allowed) or reduce-scatter */
+  wf_status (*enter_bwd)(void *ctx, float *dx, float *dfull, size_t N, size_t C);
+  /* partial (N, C) outputs of a row-parallel layer -> their sum in y (rows(N), C) */
+  wf_status (*leave_fwd)(void *ctx, float *y, float *partial, size_t N, size_t C);
+  /* dy (rows(N), C) -> *out, the full (N, C) output gradient */
+  wf_status (*leave_bwd)(void *ctx, const float **out, const float *dy, float *full, size_t N,
+                         size_t C);
+  /* n floats of every tp rank into all (tp * n), rank-major */
+  wf_status (*gather)(void *ctx, const float *x, float *all, size_t n);
+} wf_tp_ops;
 
-/* What a model of options o allocates, in bytes: wf_gpt_create_shard allocates exactly
- * these, so an estimate made from them (worker --estimate) is the trainer's own
- * arithmetic. k: the kernels whose attention sizes apply (what the device keeps per
- * layer and its backward scratch); NULL = o->dev's (or the CPU's). A pure function. */
-typedef struct wf_gpt_mem {
+typedef struct wf_tp_regions {
+  const wf_tp_ops *ops; /* NULL: tp = 1, every operator the identity */
+  void *ctx;
+} wf_tp_regions;
+
+/* ---- the model object ---------------------------------------------------------------- */
+
+typedef struct wf_model wf_model;
+
+typedef struct wf_model_opts {
+  wf_model_dims dims;
+  wf_model_shard shard;
+  struct wf_dev *dev;     /* where the model lives and computes (borrowed); NULL = the CPU */
+  wf_tp_regions tp;       /* the region operators when shard.tp > 1 (borrowed) */
+  int B, T;               /* largest micro-batch */
+  int slots;              /* micro-batches whose activations live at once (>= 1) */
+  bool recompute;         /* activation checkpointing: a slot keeps each layer's output only, and
+                           * backward recomputes the layer's intermediates (one more forward) */
+  wf_precision precision; /* GEMM operands in bf16/fp16 (see "Mixed precision" below) */
+} wf_model_opts;
+
+/* What a model of options o allocates, in bytes: wf_model_create_shard allocates
+ * exactly these, so an estimate made from them (worker --estimate) is the trainer's own
+ * arithmetic. The activations are the family's plan (what a block saves for backward,
+ * its head's, its backward scratch), in fp32. k: the kernels whose attention sizes
+ * apply; NULL = o->dev's (or the CPU's). A pure function. */
+typedef struct wf_model_mem {
   size_t params, grads; /* fp32 masters and their gradients */
   size_t wlow;          /* mixed precision's rounded GEMM weights (0 at precision no) */
   size_t slot;          /* one activation slot: one micro-batch of one model chunk */
   size_t slots;         /* slot x o->slots */
   size_t recompute;     /* activation checkpointing's shared layer of intermediates */
-  size_t scratch;       /* backward's scratch, shared by the slots */
+  size_t scratch;       /* backward's scratch, shared by the slots, and the family's
+                         * constant tables (RoPE's angles) */
   size_t io;            /* floats of the stage's input or output, (rows, C) */
   size_t total;         /* all of the above that is allocated (not io) */
-} wf_gpt_mem;
+} wf_model_mem;
 struct wf_ktable;
-wf_gpt_mem wf_gpt_mem_plan(const wf_gpt_opts *o, const struct wf_ktable *k);
+wf_model_mem wf_model_mem_plan(const wf_model_opts *o, const struct wf_ktable *k);
 
 /* Allocate parameters, gradients and activations for micro-batches of at most B x T
  * tokens, on the CPU. Parameters are zero until initialised or loaded. The optimizer's
  * state is not the model's (worker/optim owns it). */
-wf_status wf_gpt_create(wf_gpt **out, const wf_gpt_dims *d, int B, int T);
+wf_status wf_model_create(wf_model **out, const wf_model_dims *d, int B, int T);
 /* The same for one shard on a device, with `slots` activation slots (pipeline
  * micro-batches in flight). */
-wf_status wf_gpt_create_shard(wf_gpt **out, const wf_gpt_opts *o);
-void wf_gpt_destroy(wf_gpt *m); /* accepts NULL */
+wf_status wf_model_create_shard(wf_model **out, const wf_model_opts *o);
+void wf_model_destroy(wf_model *m); /* accepts NULL */
 
-const wf_gpt_dims *wf_gpt_get_dims(const wf_gpt *m); /* the whole model's dims */
-const wf_gpt_shard *wf_gpt_get_shard(const wf_gpt *m);
-struct wf_dev *wf_gpt_dev(const wf_gpt *m);
-/* This rank's parameters: count, and each kind's local offset and size. */
-size_t wf_gpt_local_params(const wf_gpt *m);
-int wf_gpt_local_layers(const wf_gpt *m); /* layers on this rank, all chunks */
-size_t wf_gpt_local_offset(const wf_gpt *m, wf_param_kind k);
-size_t wf_gpt_local_numel(const wf_gpt *m, wf_param_kind k);
-size_t wf_gpt_local_layer_numel(const wf_gpt *m, wf_param_kind k);
-/* Whether this rank counts kind k in global sums over the model (the gradient norm):
- * tp-replicated kinds only on tp rank 0, the tied wte only on the first stage. */
-bool wf_gpt_kind_counted(const wf_gpt *m, wf_param_kind k);
-/* Whether kind k's gradient is a partial sum over the tp group (layernorms under
- * sequence parallelism: each rank saw its own token rows). */
-bool wf_gpt_kind_tp_partial(const wf_gpt *m, wf_param_kind k);
-/* The parameters and the gradients: one allocation each, in device memory, llm.c
- * layout. Host code reads or writes them through wf_dev_map (or the full-model
- * exchange below), never directly. */
-float *wf_gpt_params(wf_gpt *m);
-float *wf_gpt_grads(wf_gpt *m);
-/* Pointer to parameter (or gradient, grads != 0) tensor `k` of layer `layer` (a
- * global layer index in [l0, l1); ignored for WTE, WPE, LNFW, LNFB). */
-float *wf_gpt_param(wf_gpt *m, wf_param_kind k, int layer, int grads);
-/* ZeRO-2's gradient windows. Backward writes the gradient of kind k, local layer j
- * (0 for the unlayered kinds) at p from now on (NULL: back in the flat buffer). Once
- * wf_gpt_drop_grads has freed the flat buffer, every tensor backward writes must have
- * been placed so; wf_gpt_zero_grad then does nothing (the windows' owner zeroes them)
+const wf_model_dims *wf_model_get_dims(const wf_model *m); /* the whole model's (resolved) */
+const wf_model_shard *wf_model_get_shard(const wf_model *m);
+const wf_model_desc *wf_model_get_desc(const wf_model *m);
+struct wf_dev *wf_model_dev(const wf_model *m);
+/* This rank's parameters: count, layers (all chunks), and each tensor's local offset
+ * and size. */
+size_t wf_model_local_params(const wf_model *m);
+int wf_model_local_layers(const wf_model *m);
+size_t wf_model_local_offset(const wf_model *m, int t);
+size_t wf_model_local_numel(const wf_model *m, int t);
+size_t wf_model_local_layer_numel(const wf_model *m, int t);
+/* Whether this rank counts tensor t in global sums over the model (the gradient norm),
+ * and whether t's gradient is a partial sum over the tp group (wf_model_shard_counted,
+ * wf_model_shard_tp_partial of its dims and shard). */
+bool wf_model_counted(const wf_model *m, int t);
+bool wf_model_tp_partial(const wf_model *m, int t);
+/* The parameters and the gradients: one allocation each, in device memory. Host code
+ * reads or writes them through wf_dev_map (or the full-model exchange below). */
+float *wf_model_params(wf_model *m);
+float *wf_model_grads(wf_model *m);
+/* Pointer to parameter (or gradient, grads != 0) tensor t of layer `layer` (a global
+ * layer in [l0, l1); ignored for tensors that are not layered). */
+float *wf_model_param(wf_model *m, int t, int layer, int grads);
+/* ZeRO-2's gradient windows. Backward writes the gradient of tensor t, local layer j
+ * (0 for the unlayered ones) at p from now on (NULL: back in the flat buffer). Once
+ * wf_model_drop_grads has freed the flat buffer, every tensor backward writes must have
+ * been placed so; wf_model_zero_grad then does nothing (the windows' owner zeroes them)
  * and the whole-model gradient exports fail. */
-void wf_gpt_set_grad_tensor(wf_gpt *m, wf_param_kind k, int j, float *p);
-void wf_gpt_drop_grads(wf_gpt *m);
-/* ZeRO-3's parameter windows, as the gradients': forward and backward read kind k of
- * local layer j at p (NULL: the flat buffer); wf_gpt_drop_params frees the flat buffer
- * (after which wf_gpt_params is NULL, wf_gpt_params_changed does nothing and the
- * whole-model exports fail) and wf_gpt_restore_params allocates it again (contents
- * undefined; the caller fills it, clears the windows and calls wf_gpt_params_changed).
+void wf_model_set_grad_tensor(wf_model *m, int t, int j, float *p);
+void wf_model_drop_grads(wf_model *m);
+/* ZeRO-3's parameter windows, as the gradients': forward and backward read tensor t of
+ * local layer j at p (NULL: the flat buffer); wf_model_drop_params frees the flat buffer
+ * (after which wf_model_params is NULL, wf_model_params_changed does nothing and the
+ * whole-model exports fail) and wf_model_restore_params allocates it again (contents
+ * undefined; the caller fills it, clears the windows and calls wf_model_params_changed).
  * Under mixed precision the flat rounded copy goes and comes with it, and `low` (room
  * for the tensor) receives the window's GEMM weights rounded, which the GEMMs then read
- * (NULL: no rounded copy, e.g. for a kind that is no GEMM weight). */
-void wf_gpt_set_param_tensor(wf_gpt *m, wf_param_kind k, int j, float *p, float *low);
-void wf_gpt_drop_params(wf_gpt *m);
-wf_status wf_gpt_restore_params(wf_gpt *m);
+ * (NULL: no rounded copy, e.g. for a tensor that is no GEMM weight). */
+void wf_model_set_param_tensor(wf_model *m, int t, int j, float *p, float *low);
+void wf_model_drop_params(wf_model *m);
+wf_status wf_model_restore_params(wf_model *m);
 /* Told before local layer j's forward (backward = false) and before its backward (and
  * its recomputation), so ZeRO-3 can gather that layer's parameters. */
-typedef void (*wf_gpt_unit_hook)(void *user, int j, bool backward);
-void wf_gpt_set_unit_hook(wf_gpt *m, wf_gpt_unit_hook fn, void *user); /* fn NULL = off */
-/* The gradient of kind k's first local layer (for a kind placed contiguously: all of it). */
-float *wf_gpt_grad_kind(wf_gpt *m, wf_param_kind k);
+typedef void (*wf_model_unit_hook)(void *user, int j, bool backward);
+void wf_model_set_unit_hook(wf_model *m, wf_model_unit_hook fn, void *user); /* fn NULL = off */
+/* The gradient of tensor t's first local layer (for a tensor placed contiguously: all). */
+float *wf_model_grad_tensor(wf_model *m, int t);
 /* Bytes of the flat gradient buffer (0 once dropped). */
-size_t wf_gpt_grad_bytes(const wf_gpt *m);
+size_t wf_model_grad_bytes(const wf_model *m);
 /* Bytes of the parameters and (mixed precision) their rounded GEMM copy. */
-size_t wf_gpt_param_bytes(const wf_gpt *m);
+size_t wf_model_param_bytes(const wf_model *m);
 
-/* Full-layout exchange with the host (buffers of wf_gpt_num_params(dims) floats, llm.c
- * layout), staged through the device. export ADDS the elements this rank owns
- * (wf_gpt_kind_counted) into `full`, so summing every model-parallel rank's export
- * gives the whole model; import copies this rank's slices out of a whole model.
- * which: 0 parameters, 1 gradients. */
-wf_status wf_gpt_export_full(wf_gpt *m, int which, float *full);
-wf_status wf_gpt_import_full(wf_gpt *m, int which, const float *full);
-/* The whole model's parameters (which 0) or gradients (1) in `full` on every rank of
- * `world`: the ranks with `contribute` add their counted slices into zeros and a sum
- * over the world assembles the model (one model-parallel replica contributes; world
- * NULL: this rank alone). `full` is the only whole-model allocation it needs. */
-wf_status wf_gpt_gather_full(wf_gpt *m, int which, float *full, struct wf_comm *world,
-                             bool contribute);
-
-/* GPT-2 initialisation of every parameter (see above), written through the device. */
-wf_status wf_gpt_init(wf_gpt *m, uint64_t seed);
-/* Elements [first, first + n) of the initial value of tensor (k, layer), as laid out
- * in the full tensor; equal to the same range of wf_gpt_init's result. */
-void wf_gpt_init_slice(float *dst, wf_param_kind k, int layer, const wf_gpt_dims *d, uint64_t seed,
-                       size_t first, size_t n);
+/* Full-layout exchange with the host (buffers of wf_model_num_params(dims) floats),
+ * staged through the device. export ADDS the elements this rank owns (counted) into
+ * `full`, so summing every model-parallel rank's export gives the whole model; import
+ * copies this rank's slices out of a whole model. which: 0 parameters, 1 gradients. */
+wf_status wf_model_export_full(wf_model *m, int which, float *full);
+wf_status wf_model_import_full(wf_model *m, int which, const float *full);
+/* The family's initialisation of every parameter (see above), through the device. */
+wf_status wf_model_init(wf_model *m, uint64_t seed);
+/* Elements [first, first + n) of the initial value of tensor (t, layer), as laid out in
+ * the full tensor; equal to the same range of wf_model_init's result. */
+void wf_model_init_slice(float *dst, int t, int layer, const wf_model_dims *d, uint64_t seed,
+                         size_t first, size_t n);
 
 /* Forward one micro-batch on one rank holding the whole model. inputs, targets (B, T)
  * int32 token ids in host memory; *loss (may be NULL) gets the mean cross-entropy loss
  * over the B*T positions when targets != NULL (else 0). */
-wf_status wf_gpt_forward(wf_gpt *m, const int *inputs, const int *targets, int B, int T,
-                         float *loss);
-/* Logits of the last forward (B, T, Vp), device memory; valid until the next
+wf_status wf_model_forward(wf_model *m, const int *inputs, const int *targets, int B, int T,
+                           float *loss);
+/* Logits of the last forward (B, T, Vp/tp), device memory; valid until the next
  * forward/backward. */
-const float *wf_gpt_logits(const wf_gpt *m);
+const float *wf_model_logits(const wf_model *m);
 
 /* Zero the gradients (on the model's default stream). */
-wf_status wf_gpt_zero_grad(wf_gpt *m);
-/* Backward of the last forward, ADDING into the gradients. The loss gradient of
- * each position is dloss_scale / (B*T): pass 1 for one micro-batch, 1/M when
- * accumulating M micro-batches. */
-wf_status wf_gpt_backward(wf_gpt *m, float dloss_scale);
+wf_status wf_model_zero_grad(wf_model *m);
+/* Backward of the last forward, ADDING into the gradients. The loss gradient of each
+ * position is dloss_scale / (B*T): 1 for one micro-batch, 1/M accumulating M. */
+wf_status wf_model_backward(wf_model *m, float dloss_scale);
 
 /* Pipeline stages. A stage runs micro-batches in activation slots 0 .. slots-1. Its
  * input and output are (rows, C) activations in device memory, rows = B*T, or B*T/tp
@@ -266,139 +513,113 @@ wf_status wf_gpt_backward(wf_gpt *m, float dloss_scale);
  * interleaving): inputs (B,T) (host) are needed by the first chunk, x (the previous
  * stage's output, device) by the others, targets (host) by the last (NULL: no loss).
  * The last chunk's mean loss over the micro-batch is added to the model's loss sum
- * (wf_gpt_take_loss). Backward knows the slot's chunk. */
-wf_status wf_gpt_chunk_forward(wf_gpt *m, int slot, int chunk, const int *inputs, const float *x,
-                               const int *targets, int B, int T);
+ * (wf_model_take_loss). Backward knows the slot's chunk. */
+wf_status wf_model_chunk_forward(wf_model *m, int slot, int chunk, const int *inputs,
+                                 const float *x, const int *targets, int B, int T);
 /* The sum of the micro-batch losses of the forwards since the last call (0 on a rank
  * without the head), read back from the device; the sum starts again at 0. */
-wf_status wf_gpt_take_loss(wf_gpt *m, double *sum);
-const float *wf_gpt_stage_output(const wf_gpt *m, int slot);
-size_t wf_gpt_stage_io_numel(const wf_gpt *m, int B, int T); /* rows * C */
-/* Backward of the slot's forward, adding into the gradients; dy is the gradient of
- * this stage's output (ignored on the last stage, whose loss gradient per position is
- * dloss_scale / (B*T)). Afterwards wf_gpt_stage_dinput holds the gradient of the
+wf_status wf_model_take_loss(wf_model *m, double *sum);
+const float *wf_model_stage_output(const wf_model *m, int slot);
+size_t wf_model_stage_io_numel(const wf_model *m, int B, int T); /* rows * C */
+/* Backward of the slot's forward, adding into the gradients; dy is the gradient of this
+ * stage's output (ignored on the last stage, whose loss gradient per position is
+ * dloss_scale / (B*T)). Afterwards wf_model_stage_dinput holds the gradient of the
  * stage's input until the next backward (not on the first stage). */
-wf_status wf_gpt_stage_backward(wf_gpt *m, int slot, const float *dy, float dloss_scale);
-const float *wf_gpt_stage_dinput(const wf_gpt *m);
+wf_status wf_model_stage_backward(wf_model *m, int slot, const float *dy, float dloss_scale);
+const float *wf_model_stage_dinput(const wf_model *m);
 /* Drop a slot's activations without a backward (evaluation). */
-void wf_gpt_stage_release(wf_gpt *m, int slot);
+void wf_model_stage_release(wf_model *m, int slot);
 /* Bytes of one slot's activations, and the most slots that held a forward's
  * activations at once since the last call (then reset). */
-size_t wf_gpt_slot_bytes(const wf_gpt *m);
+size_t wf_model_slot_bytes(const wf_model *m);
 /* Activations held with `slots` slots in use, with activation checkpointing's one
  * shared layer of recomputed intermediates. */
-size_t wf_gpt_act_bytes(const wf_gpt *m, int slots);
-int wf_gpt_peak_slots(wf_gpt *m);
-/* Sum n floats of device memory in place over the model's tp group, counted in the tp
- * time like the model's own collectives (gradients of replicated parameters that each
- * tp rank computed from its own token rows). A no-op without tp. */
-wf_status wf_gpt_tp_allreduce(wf_gpt *m, float *x, size_t n);
-/* Record each tp collective as a "comm" span while `trace` is on (NULL = none). */
-struct wf_trace;
-void wf_gpt_set_trace(wf_gpt *m, struct wf_trace *trace);
-/* Seconds and bytes of tp communication since the last call (then reset). */
-void wf_gpt_tp_stats(wf_gpt *m, double *seconds, double *bytes);
+size_t wf_model_act_bytes(const wf_model *m, int slots);
+int wf_model_peak_slots(wf_model *m);
 
-/* Told during backward when a group of gradients is final and will not change
- * again in this backward: group 0 = final layernorm, 1..n = this stage's layer l1-g
- * (layers finish from the last to the first), n+1 = the embeddings (wte, wpe), n =
- * l1 - l0. With pipeline stages the embeddings' group is never announced: the tied
- * wte is summed over the embedding group after the step's last backward. Data
- * parallelism starts reducing a bucket as soon as its groups are final. */
-typedef void (*wf_gpt_grad_hook)(void *user, int group);
-void wf_gpt_set_grad_hook(wf_gpt *m, wf_gpt_grad_hook fn, void *user); /* fn NULL = off */
+/* Told during backward when a group of gradients is final and will not change again
+ * in this backward: group 0 = the LAST tensors (final norm, an untied head), 1..n =
+ * this stage's layer l1-g (layers finish from the last to the first), n+1 = the FIRST
+ * and TIED ones (embeddings), n = l1 - l0. With pipeline stages the embeddings' group
+ * is never announced: the tied embedding is summed over the embedding group after the
+ * step's last backward. Data parallelism starts reducing a bucket as soon as its
+ * groups are final. */
+typedef void (*wf_model_grad_hook)(void *user, int group);
+void wf_model_set_grad_hook(wf_model *m, wf_model_grad_hook fn, void *user); /* NULL = off */
 
-/* Mixed precision (wf_gpt_opts.precision bf16 or fp16), as tensor cores compute:
+/* Mixed precision (wf_model_opts.precision bf16 or fp16), as tensor cores compute:
  * every GEMM operand is rounded to the narrow format and the products accumulate in
- * fp32. The operands are the weights of the linear layers (qkv, attproj, fc, fcproj and
- * the tied wte in the head), used through a rounded copy the model keeps; the
- * activations entering each GEMM (layernorm outputs, attention output, GELU output,
- * the final layernorm output), rounded in place as they are made; and in backward the
- * output gradient entering each GEMM (the activation gradient, fp16's overflow risk).
- * The parameters stay the fp32 masters; gradients, the embedding lookup, layernorm,
- * attention's softmax and its two batched products, GELU, residuals and the loss stay
- * fp32. With precision no, nothing is rounded and nothing is copied.
+ * fp32. The operands are the GEMM weights (the tensors described `gemm`), used through
+ * a rounded copy the model keeps; the activations entering each GEMM, rounded in place
+ * as they are made; and in backward the output gradient entering each GEMM. The
+ * parameters stay the fp32 masters; gradients, norms, attention's softmax, the
+ * activations' nonlinearity, residuals and the loss stay fp32. With precision no,
+ * nothing is rounded and nothing is copied.
  *
  * Whoever writes the parameters other than through this header's init, import and
- * load (which do it themselves) must call wf_gpt_params_changed() afterwards, before
+ * load (which do it themselves) must call wf_model_params_changed() afterwards, before
  * the next forward, so the rounded copy follows: the optimizer's update, the ZeRO-1
  * all-gather of updated shards, a checkpoint restore. A no-op with precision no. */
-wf_status wf_gpt_params_changed(wf_gpt *m);
-wf_precision wf_gpt_precision(const wf_gpt *m);
+wf_status wf_model_params_changed(wf_model *m);
+wf_precision wf_model_precision(const wf_model *m);
 /* Loss scaling (fp16): backward multiplies the loss gradient by s (default 1), so every
  * gradient comes out scaled by s; the optimizer unscales. */
-void wf_gpt_set_loss_scale(wf_gpt *m, float s);
+void wf_model_set_loss_scale(wf_model *m, float s);
 
-/* ---- llm.c files (llmc.c) ------------------------------------------------------------
+/* ---- llm.c files (llmc.c): GPT-2 only ------------------------------------------------
  * GPT-2 checkpoint (train_gpt2.c, magic 20240326, version 3): an int32[256] header
  * {magic, version, maxT, V, L, NH, C, Vp, 0...} then the float32 parameters in llm.c
- * order, which is exactly the whole model's flat layout. Version 5 (train_gpt2.cu) is the
- * same with bf16 parameters; readers take either, widening bf16 exactly. One codec for the header
- * serves every reader and writer of it (these functions, checkpoints, the data loader's
- * mix-up check). Errors are logged, naming the file and what was expected. */
+ * order, which is exactly the GPT-2 family's flat layout. Version 5 (train_gpt2.cu) is
+ * the same with bf16 parameters; readers take either, widening bf16 exactly. One codec
+ * for the header serves every reader and writer of it. Errors are logged, naming the
+ * file and what was expected; a model of another family is refused. */
 #define WF_LLMC_MAGIC        20240326
 #define WF_LLMC_VERSION      3 /* float32 parameters: what weft writes by default */
 #define WF_LLMC_VERSION_BF16 5 /* bf16 parameters (llm.c's GPU trainer) */
 #define WF_LLMC_STATE_MAGIC  20240327
 #define WF_LLMC_HEADER_INTS  256
 #define WF_LLMC_HEADER_BYTES (WF_LLMC_HEADER_INTS * 4)
-/* The header of a checkpoint of dims d. */
-void wf_llmc_header_encode(int32_t h[WF_LLMC_HEADER_INTS], const wf_gpt_dims *d);
-/* The dims of header h; WF_EFORMAT (logged, naming `path`) when h is not a valid
- * version-3 or version-5 GPT-2 checkpoint header. */
+void wf_llmc_header_encode(int32_t h[WF_LLMC_HEADER_INTS], const wf_model_dims *d);
 wf_status wf_llmc_header_decode(const int32_t h[WF_LLMC_HEADER_INTS], const char *path,
-                                wf_gpt_dims *d);
-/* Whether `path` starts with a valid checkpoint header, and its dims: a quiet probe that
- * logs nothing (for descriptions; wf_llmc_peek is the check). */
-bool wf_llmc_dims(const char *path, wf_gpt_dims *d);
-/* Just the dims of a checkpoint file (to size a model from it); checks its length. */
-wf_status wf_llmc_peek(const char *path, wf_gpt_dims *d);
-/* The parameters of a checkpoint into full (wf_gpt_num_params(d) floats); refuses a
- * file of other dims, naming the field that differs. */
-wf_status wf_llmc_read(const char *path, const wf_gpt_dims *d, float *full);
-/* Write a checkpoint atomically (runtime/wf_file.h): version 3; or version 3 or 5, the
- * latter with every parameter rounded to the nearest bf16 (ties to even). */
-wf_status wf_llmc_write(const char *path, const wf_gpt_dims *d, const float *full);
-wf_status wf_llmc_write_version(const char *path, const wf_gpt_dims *d, const float *full,
+                                wf_model_dims *d);
+bool wf_llmc_dims(const char *path, wf_model_dims *d);
+wf_status wf_llmc_peek(const char *path, wf_model_dims *d);
+wf_status wf_llmc_read(const char *path, const wf_model_dims *d, float *full);
+wf_status wf_llmc_write(const char *path, const wf_model_dims *d, const float *full);
+wf_status wf_llmc_write_version(const char *path, const wf_model_dims *d, const float *full,
                                 int version);
 /* A whole model on one rank from / to a checkpoint (staged through the device). */
-wf_status wf_gpt_load_llmc(wf_gpt *m, const char *path);
-wf_status wf_gpt_save_llmc(wf_gpt *m, const char *path);
-
+wf_status wf_model_load_llmc(wf_model *m, const char *path);
+wf_status wf_model_save_llmc(wf_model *m, const char *path);
 /* llm.c debug state (magic 20240327, version 2) for one batch: inputs, targets, logits
  * (B,T,V unpadded), loss, and gradients in checkpoint layout. dump_state runs a forward
- * and backward of a whole model on a fresh gradient buffer: the model's gradients are
- * zeroed first and hold this batch's gradients afterwards. */
-wf_status wf_gpt_dump_state(wf_gpt *m, const char *path, const int *inputs, const int *targets,
-                            int B, int T);
-/* The same file from whole-model host arrays: logits (B*T, Vp), gradients in
- * checkpoint layout (a model-parallel run assembles them first). */
-wf_status wf_llmc_write_state(const char *path, const wf_gpt_dims *d, int B, int T,
+ * and backward of a whole model on a fresh gradient buffer. */
+wf_status wf_model_dump_state(wf_model *m, const char *path, const int *inputs, const int *targets,
+                              int B, int T);
+wf_status wf_llmc_write_state(const char *path, const wf_model_dims *d, int B, int T,
                               const int *inputs, const int *targets, const float *logits,
                               float loss, const float *grads);
 
-/* Hugging Face safetensors (GPT2LMHeadModel names: transformer.wte.weight, ...,
- * transformer.h.N.attn.c_attn.weight, ...; Conv1D weights stored (in, out), the transpose
- * of llm.c's (out, in); lm_head.weight tied, so absent) to and from the whole model's
- * flat float32 array `full` (wf_gpt_num_params(d) floats, llm.c layout; the padded
- * vocabulary rows [V, Vp) of wte are zero and not in the file). Pure functions over host
- * memory; errors name the file and the tensor.
- *  - read: every tensor must be there with the shape d implies (F32, BF16 or F16);
- *    lm_head.weight, if present, must equal wte; attn.bias / attn.masked_bias buffers
- *    are skipped; any other tensor is refused.
- *  - peek: the dims of a file: V, C from wte, maxT from wpe, L from the h.N names, NH
- *    from the file's __metadata__ n_head, else config.json beside it, else C / 64.
- *  - write: F32, atomically, with __metadata__ {format: pt, n_layer, n_head, ...}. */
-wf_status wf_safetensors_read(const char *path, const wf_gpt_dims *d, float *full, char *err,
+/* ---- Hugging Face safetensors (safetensors.c) ----------------------------------------
+ * The whole model's flat float32 array `full` (wf_model_num_params(d) floats; padded
+ * vocabulary rows zero and not in the file) to and from the family's Hugging Face
+ * tensors (wf_tensor_desc.hf: names, row groups, Conv1D transposes, RoPE's q/k row
+ * permutation). Pure functions over host memory; errors name the file and the tensor.
+ *  - read: every tensor must be there with the shape d implies (F32, BF16 or F16); a
+ *    tied head (lm_head.weight), if present, must equal the embedding; buffers the
+ *    family lists as skipped are; any other tensor is refused. `path` is one
+ *    .safetensors file or a sharded model's model.safetensors.index.json (whose
+ *    weight_map names the file of each tensor).
+ *  - peek: the family and dims of a file: from config.json beside it (Hugging Face's
+ *    keys), else the file's __metadata__ (weft writes it), else the tensor shapes.
+ *  - write: F32, atomically, with __metadata__ {format: pt, ...dims}. A path ending in
+ *    ".safetensors.index.json" writes shards of at most shard_bytes each (0: 5 GB, as
+ *    transformers' save_pretrained) beside it, model-0000N-of-0000M.safetensors, and
+ *    the index; config.json is written beside either (write_config). */
+wf_status wf_safetensors_read(const char *path, const wf_model_dims *d, float *full, char *err,
                               size_t len);
-wf_status wf_safetensors_peek(const char *path, wf_gpt_dims *d, char *err, size_t len);
-wf_status wf_safetensors_write(const char *path, const wf_gpt_dims *d, const float *full, char *err,
-                               size_t len);
-
-/* FLOPs of one training step (forward + backward) on B*T tokens:
- * 6 * num_params * B*T  +  12 * L * B * T*T * C
- * (attention: Q.K^T and att.V are 2 * B*NH*T*T*hs multiply-adds per layer forward,
- * counted over the full T x T square, backward twice the forward). */
-double wf_gpt_flops_per_step(const wf_gpt_dims *d, int B, int T);
+wf_status wf_safetensors_peek(const char *path, wf_model_dims *d, char *err, size_t len);
+wf_status wf_safetensors_write(const char *path, const wf_model_dims *d, const float *full,
+                               size_t shard_bytes, bool write_config, char *err, size_t len);
 
 #endif /* WF_MODEL_H */

@@ -17,13 +17,13 @@ wf_status wf_optim_create(wf_optim **out, const wf_optim_opts *oo)
   wf_optim *o = NULL;
   const wf_config *cfg = oo->cfg;
   *out = NULL;
-  WF_CHECK(oo->lo <= oo->hi && oo->hi <= wf_gpt_local_params(oo->model), WF_EINVAL,
+  WF_CHECK(oo->lo <= oo->hi && oo->hi <= wf_model_local_params(oo->model), WF_EINVAL,
            "optimizer range [%zu, %zu) outside the %zu parameters", oo->lo, oo->hi,
-           wf_gpt_local_params(oo->model));
+           wf_model_local_params(oo->model));
   WF_CHECK_ALLOC(o = calloc(1, sizeof *o));
   o->cfg = cfg;
   o->model = oo->model;
-  o->dev = wf_gpt_dev(oo->model);
+  o->dev = wf_model_dev(oo->model);
   o->lo = oo->lo, o->hi = oo->hi;
   o->plo = oo->params;
   o->D = oo->dp_size > 0 ? oo->dp_size : 1;
@@ -62,21 +62,22 @@ size_t wf_optim_mem_plan(size_t lo, size_t hi) { return 2 * (hi - lo) * sizeof(f
 size_t wf_optim_bytes(const wf_optim *o) { return wf_optim_mem_plan(o->lo, o->hi); }
 
 /* AdamW at step t over [lo, hi), gradients multiplied by grad_scale first. */
-static wf_status adamw(wf_optim *o, const float *grads, float lr, float grad_scale, int t)
+static wf_status adamw(wf_optim *o, const float *grads, float lr, float grad_scale, int step)
 {
   const wf_config *cfg = o->cfg;
   const wf_ktable *k = wf_dev_kernels(o->dev);
   float b1 = (float)cfg->optim.beta1, b2 = (float)cfg->optim.beta2, eps = (float)cfg->optim.eps;
-  for (int kind = 0; kind < WF_GPT_NUM_KINDS; kind++) {
-    size_t off = wf_gpt_local_offset(o->model, (wf_param_kind)kind);
+  const wf_model_desc *desc = wf_model_get_desc(o->model);
+  for (int t = 0; t < desc->n; t++) {
+    size_t off = wf_model_local_offset(o->model, t);
     size_t a = WF_MAX(o->lo, off);
-    size_t b = WF_MIN(o->hi, off + wf_gpt_local_numel(o->model, (wf_param_kind)kind));
+    size_t b = WF_MIN(o->hi, off + wf_model_local_numel(o->model, t));
     if (a >= b)
       continue;
-    float wd = wf_gpt_kind_decays((wf_param_kind)kind) ? (float)cfg->optim.weight_decay : 0.0f;
-    float *p = o->plo ? o->plo + (a - o->lo) : wf_gpt_params(o->model) + a;
+    float wd = desc->t[t].decay ? (float)cfg->optim.weight_decay : 0.0f;
+    float *p = o->plo ? o->plo + (a - o->lo) : wf_model_params(o->model) + a;
     k->adamw_update(p, o->m + (a - o->lo), o->v + (a - o->lo), grads + (a - o->lo), b - a, lr, b1,
-                    b2, eps, wd, t, grad_scale, NULL);
+                    b2, eps, wd, step, grad_scale, NULL);
   }
   return wf_dev_check(o->dev);
 }

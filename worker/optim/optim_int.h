@@ -12,7 +12,7 @@
 
 struct wf_optim {
   const wf_config *cfg;
-  wf_gpt *model;
+  wf_model *model;
   wf_dev *dev;
   size_t lo, hi; /* the element range of the flat parameter vector held here */
   float *m, *v;  /* (hi - lo) AdamW moments, device memory */

@@ -4,7 +4,7 @@
  * model holds parameters and gradients only.
  *
  * A rank's optimizer holds AdamW's m and v for one element range [lo, hi) of its flat
- * parameter vector (wf_gpt_params' layout): the whole vector, or, under ZeRO, the dp
+ * parameter vector (wf_model_params' layout): the whole vector, or, under ZeRO, the dp
  * shard the gradient path reduces onto this rank (under ZeRO-3 the parameters of that
  * range live in the gradient path's shard, wf_optim_opts.params). A step is
  *
@@ -46,7 +46,7 @@ typedef struct wf_optim_scaler {
 
 typedef struct wf_optim_opts {
   const wf_config *cfg; /* optim.* and train.lr / warmup / min_lr / steps, precision */
-  wf_gpt *model;        /* the parameters it updates (borrowed) */
+  wf_model *model;      /* the parameters it updates (borrowed) */
   size_t lo, hi;        /* the element range whose state this rank holds */
   int dp_size;          /* D, for fp16's backward scale S / D */
   float *params;        /* ZeRO-3: where parameter lo lives (hi - lo floats, the rank's

@@ -1,8 +1,8 @@
 /*
  * fsdp.c - ZeRO-3's sharded parameters (parallel_int.h; zero.c reduces its gradients as
  * ZeRO-2's). The rank keeps its shard of the parameters (pshard) and no flat vector.
- * Units are the layer buckets and the late kinds (wte, wpe, the final layernorm:
- * `pedge`, gathered once after every update and kept, since the tied wte is read at both
+ * Units are the layer buckets and the late tensors (the embeddings, the final norm, a head:
+ * `pedge`, gathered once after every update and kept, since a tied embedding is read at both
  * ends of a step). A layer bucket is gathered into a window just before its first
  * layer's forward and again before its backward (the unit hook), the next unit's gather
  * is started before the current one computes (prefetch), and a window is reused by the
@@ -27,8 +27,8 @@
 static void redirect_params(wf__zero *z, const wf__zbucket *b, float *base, float *low)
 {
   for (int i = 0; i < b->nr; i++)
-    wf_gpt_set_param_tensor(z->m, (wf_param_kind)b->r[i].kind, b->r[i].j,
-                            base ? base + b->r[i].pos : NULL, low ? low + b->r[i].pos : NULL);
+    wf_model_set_param_tensor(z->m, b->r[i].tensor, b->r[i].j, base ? base + b->r[i].pos : NULL,
+                              low ? low + b->r[i].pos : NULL);
 }
 
 /* Start gathering b into win (natural order): my pieces into my segment, then each
@@ -147,7 +147,7 @@ wf_status wf__fsdp_refresh(wf__zero *z)
   }
   z->pcur = -1;
   st = gather_start(z, &z->late, z->pedge, NULL);
-  if (st == WF_OK && z->sharded) /* the edge's rounded wte follows the update */
+  if (st == WF_OK && z->sharded) /* the edge's rounded weights follow the update */
     redirect_params(z, &z->late, z->pedge, z->pedge_low);
   if (st == WF_OK)
     st = z->hook_err;
@@ -167,7 +167,7 @@ wf_status wf__fsdp_alloc(wf__zero *z)
   WF_CHECK_ALLOC(z->pwin_req =
                      calloc((size_t)WF_MAX(z->npw, 1) * (size_t)z->size, sizeof *z->pwin_req));
   WF_CHECK_ALLOC(z->plow = calloc((size_t)WF_MAX(z->npw, 1), sizeof *z->plow));
-  z->low = wf_gpt_precision(z->m) != WF_PREC_NO;
+  z->low = wf_model_precision(z->m) != WF_PREC_NO;
   if (z->low)
     WF_TRY(wf_dev_alloc_floats(z->dev, &z->pedge_low, WF_MAX(z->edge_count, (size_t)1)));
   for (int w = 0; w < z->npw; w++) {
@@ -188,11 +188,11 @@ wf_status wf__fsdp_reshard(wf__zero *z)
   wf_status st = WF_OK;
   if (z->stage != 3 || z->sharded)
     return WF_OK;
-  WF_TRY(wf__zero_copy(z, z->pshard, wf_gpt_params(z->m) + z->s0, z->s1 - z->s0));
+  WF_TRY(wf__zero_copy(z, z->pshard, wf_model_params(z->m) + z->s0, z->s1 - z->s0));
   WF_TRY(wf__fsdp_refresh(z));
   redirect_params(z, &z->late, z->pedge, z->pedge_low);
-  wf_gpt_drop_params(z->m);
-  wf_gpt_set_unit_hook(z->m, wf__zero_unit_hook, z);
+  wf_model_drop_params(z->m);
+  wf_model_set_unit_hook(z->m, wf__zero_unit_hook, z);
   z->sharded = true;
 fail:
   return st;
@@ -203,11 +203,11 @@ wf_status wf__zero_unshard(wf__zero *z)
   wf_status st = WF_OK;
   if (z->stage != 3 || !z->sharded)
     return WF_OK;
-  wf_gpt_set_unit_hook(z->m, NULL, NULL);
+  wf_model_set_unit_hook(z->m, NULL, NULL);
   WF_TRY(wf__fsdp_refresh(z));
-  WF_TRY(wf_gpt_restore_params(z->m));
+  WF_TRY(wf_model_restore_params(z->m));
   WF_TRY(wf__zero_gather_whole(z));
-  WF_TRY(wf_gpt_params_changed(z->m)); /* mixed precision: the flat rounded copy */
+  WF_TRY(wf_model_params_changed(z->m)); /* mixed precision: the flat rounded copy */
   for (int i = 0; i <= z->nb; i++)
     redirect_params(z, i < z->nb ? &z->b[i] : &z->late, NULL, NULL);
   z->sharded = false; /* the next step shards again */

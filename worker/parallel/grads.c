@@ -3,22 +3,31 @@
  * overlapped, or ZeRO's, zero.c), tp and tied-embedding sums, the global norm, and the
  * parameter sync after a sharded update.
  *
- * Buckets. The llm.c layout keeps all layers of one kind together, so the gradients
+ * Buckets. The layout keeps all layers of one tensor together, so the gradients
  * that become final together (one layer's) are not contiguous. A bucket is a list of
  * (offset, count) ranges in the flat gradient buffer, gathered in the order backward
- * finalises them: the final layernorm, then layer L-1 down to 0, then the embeddings.
+ * finalises them: the last stage's tensors (the final norm, an untied head), then layer
+ * L-1 down to 0, then the embeddings (the model's description places each tensor).
  * It is packed into its own staging buffer on the device, all-reduced in place
  * (averaging), and unpacked in finish(). Packing costs one copy of the gradients,
  * small next to the GEMMs that produce them. Open MPI progresses non-blocking
  * collectives only inside MPI calls, so every readiness event also tests the buckets
  * already in flight.
  *
- * Scalars (the sum of squares) are accumulated on the device and read back once.
+ * Scalars (the sum of squares) are accumulated on the device and read back once. The
+ * tied embedding's check rides on that read: after each update, a checksum of each
+ * stage's copy (one negated) is summed over the embedding group into the word beside
+ * the norm's accumulator, on the device, and the next norm (or wf_grads_check_tied_end)
+ * reads both at once; a non-zero word means the copies differ. So a step waits for the
+ * device once for the norm, never for the check.
+ *
+ * Test hook (read once, at creation): WEFT_TEST_TIED_UNSUMMED=1 halves the last stage's
+ * summed tied gradient, so its copy drifts from the first stage's and the check must
+ * catch it.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <xxhash.h>
 
 #include "parallel_int.h"
 
@@ -36,15 +45,18 @@ typedef struct bucket {
 } bucket;
 
 struct wf_grads {
-  wf_gpt *model;
+  wf_model *model;
   wf_dev *dev;
   wf_comm *dp, *pp, *emb, *tp;
+  wf_tp *tpr; /* the tp group's operators (the partial sums' all-reduce) */
   int rank, size, zero, n_groups;
   bucket *buckets;
   int n_buckets;
   bool armed;
   wf_grads_stats stats;
-  double *acc;                    /* (1) device scalar: a sum of squares */
+  double *acc;                    /* (2) device: a sum of squares, then the tied check's word */
+  int tied_step;                  /* the step whose tied check awaits its read; 0: none */
+  bool tied_unsummed;             /* WEFT_TEST_TIED_UNSUMMED: the test hook above */
   size_t n;                       /* parameters */
   wf__zero *z;                    /* ZeRO-1 and 2's sharded reduction (zero.c); NULL without ZeRO */
   wf_comm *shard_comm, *rep_comm; /* ZeRO's: the dp group, or HSDP's fsdp and replica groups */
@@ -60,27 +72,27 @@ static wf_status copy(wf_grads *g, float *dst, const float *src, size_t n)
 
 /* ---- buckets ---------------------------------------------------------------------------- */
 
-/* The ranges that become final with readiness group gr: 0 = final layernorm,
- * 1..n = this stage's local layer n-gr, n+1 = embeddings (n = layers on this stage).
- * Kinds this stage does not hold are empty ranges. Returns how many were written.
- * A pure function of the shard, so the planner sizes buckets without a model. */
-static int group_ranges(const wf_gpt_dims *d, const wf_gpt_shard *s, int gr, range *out)
+/* The ranges that become final with readiness group gr: 0 = the last stage's tensors
+ * (final norm, an untied head), 1..n = this stage's local layer n-gr, n+1 = the first
+ * stage's and the tied embedding (n = layers on this stage). Tensors this stage does
+ * not hold are empty ranges. Returns how many were written. A pure function of the
+ * shard, so the planner sizes buckets without a model. */
+static int group_ranges(const wf_model_dims *d, const wf_model_shard *s, int gr, range *out)
 {
-  int n = 0, nl = wf_gpt_shard_layers(s);
-  static const wf_param_kind head[] = {WF_P_LNFW, WF_P_LNFB}, emb[] = {WF_P_WTE, WF_P_WPE};
-  if (gr == 0 || gr == nl + 1) {
-    const wf_param_kind *k = gr == 0 ? head : emb;
-    for (int i = 0; i < 2; i++)
-      out[n++] = (range){wf_gpt_shard_offset(d, s, k[i]),
-                         wf_gpt_shard_layer_numel(d, s, k[i])}; /* not layered: the tensor */
-    return n;
-  }
-  int j = nl - gr;
-  for (int k = 0; k < WF_GPT_NUM_KINDS; k++) {
-    if (!wf_gpt_kind_is_layered((wf_param_kind)k))
+  wf_model_desc desc;
+  int n = 0, nl = wf_model_shard_layers(s);
+  wf_model_describe(d, &desc);
+  for (int t = 0; t < desc.n; t++) {
+    wf_place p = desc.t[t].place;
+    bool layer = p == WF_PLACE_LAYER;
+    bool in = gr == 0        ? p == WF_PLACE_LAST
+              : gr == nl + 1 ? p == WF_PLACE_FIRST || p == WF_PLACE_TIED
+                             : layer;
+    if (!in)
       continue;
-    size_t ln = wf_gpt_shard_layer_numel(d, s, (wf_param_kind)k);
-    out[n++] = (range){wf_gpt_shard_offset(d, s, (wf_param_kind)k) + (size_t)j * ln, ln};
+    size_t ln = wf_model_shard_layer_numel(d, s, t); /* not layered: the tensor */
+    size_t at = layer ? (size_t)(nl - gr) * ln : 0;
+    out[n++] = (range){wf_model_shard_offset(d, s, t) + at, ln};
   }
   return n;
 }
@@ -89,10 +101,11 @@ static int group_ranges(const wf_gpt_dims *d, const wf_gpt_shard *s, int gr, ran
  * the groups run out. Writes each bucket's last group (last may be NULL) and returns
  * how many buckets there are. The groups cover the shard once, so the buckets' staging
  * holds its parameters plus one float per bucket. */
-static int bucket_plan(const wf_gpt_dims *d, const wf_gpt_shard *s, size_t bucket_bytes, int *last)
+static int bucket_plan(const wf_model_dims *d, const wf_model_shard *s, size_t bucket_bytes,
+                       int *last)
 {
-  int n_groups = wf_gpt_shard_layers(s) + 2, nb = 0;
-  range r[WF_GPT_NUM_KINDS];
+  int n_groups = wf_model_shard_layers(s) + 2, nb = 0;
+  range r[WF_MAX_TENSORS];
   size_t count = 0;
   for (int gr = 0; gr < n_groups; gr++) {
     int k = group_ranges(d, s, gr, r);
@@ -111,16 +124,16 @@ static int bucket_plan(const wf_gpt_dims *d, const wf_gpt_shard *s, size_t bucke
 static wf_status plan_buckets(wf_grads *g, size_t bucket_bytes)
 {
   wf_status st = WF_OK;
-  const wf_gpt_dims *d = wf_gpt_get_dims(g->model);
-  const wf_gpt_shard *s = wf_gpt_get_shard(g->model);
+  const wf_model_dims *d = wf_model_get_dims(g->model);
+  const wf_model_shard *s = wf_model_get_shard(g->model);
   int *last = NULL;
-  g->n_groups = wf_gpt_shard_layers(s) + 2;
+  g->n_groups = wf_model_shard_layers(s) + 2;
   WF_CHECK_ALLOC(last = calloc((size_t)g->n_groups, sizeof *last));
   WF_CHECK_ALLOC(g->buckets = calloc((size_t)g->n_groups, sizeof *g->buckets));
   g->n_buckets = bucket_plan(d, s, bucket_bytes, last);
   for (int i = 0, gr = 0; i < g->n_buckets; i++) {
     bucket *b = &g->buckets[i];
-    WF_CHECK_ALLOC(b->ranges = calloc((size_t)g->n_groups * WF_GPT_NUM_KINDS, sizeof *b->ranges));
+    WF_CHECK_ALLOC(b->ranges = calloc((size_t)g->n_groups * WF_MAX_TENSORS, sizeof *b->ranges));
     for (; gr <= last[i]; gr++)
       b->n_ranges += group_ranges(d, s, gr, b->ranges + b->n_ranges);
     for (int r = 0; r < b->n_ranges; r++)
@@ -136,7 +149,7 @@ fail:
 static wf_status launch(wf_grads *g, bucket *b)
 {
   wf_status st = WF_OK;
-  float *grads = wf_gpt_grads(g->model), *p = b->stage;
+  float *grads = wf_model_grads(g->model), *p = b->stage;
   for (int i = 0; i < b->n_ranges; i++) {
     WF_TRY(copy(g, p, grads + b->ranges[i].off, b->ranges[i].n));
     p += b->ranges[i].n;
@@ -178,7 +191,7 @@ static void on_grads_ready(void *user, int gr)
 static wf_status finish_buckets(wf_grads *g)
 {
   wf_status st = WF_OK;
-  float *grads = wf_gpt_grads(g->model);
+  float *grads = wf_model_grads(g->model);
   for (int i = 0; i < g->n_buckets; i++)
     if (!g->buckets[i].launched)
       WF_TRY(launch(g, &g->buckets[i]));
@@ -201,12 +214,12 @@ fail:
 /* HSDP's group: the fsdp ranks the shards span (all of dp when fsdp is 0 or dp). */
 static int shard_group(int dp, int fsdp) { return fsdp > 0 && fsdp < dp ? fsdp : dp; }
 
-wf_status wf_grads_mem_plan(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_precision prec,
+wf_status wf_grads_mem_plan(const wf_model_dims *d, const wf_model_shard *s, wf_precision prec,
                             int dp_size, int dp_rank, int zero, int fsdp, size_t bucket_bytes,
                             bool keep, wf_grads_mem *out)
 {
   wf_status st = WF_OK;
-  size_t n = wf_gpt_shard_params(d, s);
+  size_t n = wf_model_shard_params(d, s);
   *out = (wf_grads_mem){.model_params = true, .model_grads = true, .lo = 0, .hi = n};
   if (dp_size >= 1 && zero) { /* zero.c's plan, over the group the shards span */
     int f = shard_group(dp_size, fsdp);
@@ -216,17 +229,18 @@ wf_status wf_grads_mem_plan(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_prec
     out->grad = (n + (size_t)out->n_buckets) * sizeof(float); /* each bucket count + 1 */
   }
 fail:
-  out->scalar = sizeof(double); /* the device's sum of squares */
+  out->scalar = 2 * sizeof(double); /* the device's sum of squares and tied-check word */
   out->total = out->param + out->grad + out->scalar;
   return st;
 }
 
-wf_status wf_zero_mem_plan(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_precision prec, int dp,
-                           int rank, int zero, size_t bucket_bytes, bool keep, wf_mem_kinds *out)
+wf_status wf_zero_mem_plan(const wf_model_dims *d, const wf_model_shard *s, wf_precision prec,
+                           int dp, int rank, int zero, size_t bucket_bytes, bool keep,
+                           wf_mem_kinds *out)
 {
   wf_status st = WF_OK;
   wf_grads_mem g;
-  size_t nb = wf_gpt_shard_params(d, s) * sizeof(float);
+  size_t nb = wf_model_shard_params(d, s) * sizeof(float);
   WF_TRY(wf_grads_mem_plan(d, s, prec, dp, rank, zero, 0, bucket_bytes, keep, &g));
   *out =
       (wf_mem_kinds){.param = (g.model_params ? (prec != WF_PREC_NO ? 2 : 1) * nb : 0) + g.param,
@@ -236,11 +250,11 @@ fail:
   return st;
 }
 
-wf_status wf_zero_mem(wf_gpt *m, int dp, int rank, int zero, size_t bucket_bytes, bool keep,
+wf_status wf_zero_mem(wf_model *m, int dp, int rank, int zero, size_t bucket_bytes, bool keep,
                       wf_mem_kinds *out)
 {
-  return wf_zero_mem_plan(wf_gpt_get_dims(m), wf_gpt_get_shard(m), wf_gpt_precision(m), dp, rank,
-                          zero, bucket_bytes, keep, out);
+  return wf_zero_mem_plan(wf_model_get_dims(m), wf_model_get_shard(m), wf_model_precision(m), dp,
+                          rank, zero, bucket_bytes, keep, out);
 }
 
 /* ---- life cycle ------------------------------------------------------------------------- */
@@ -268,13 +282,15 @@ wf_status wf_grads_create(wf_grads **out, const wf_grads_opts *o)
   *out = NULL;
   WF_CHECK_ALLOC(g = calloc(1, sizeof *g));
   g->model = o->model;
-  g->dev = wf_gpt_dev(o->model);
-  g->dp = o->dp, g->pp = o->pp, g->emb = o->emb, g->tp = o->tp;
+  g->dev = wf_model_dev(o->model);
+  g->dp = o->dp, g->pp = o->pp, g->emb = o->emb, g->tp = o->tp, g->tpr = o->tp_regions;
   g->zero = o->dp ? o->zero : 0;
   g->rank = o->dp ? wf_comm_rank(o->dp) : 0;
   g->size = o->dp ? wf_comm_size(o->dp) : 1;
-  g->n = wf_gpt_local_params(o->model);
-  WF_TRY(wf_dev_alloc(g->dev, (void **)&g->acc, sizeof *g->acc));
+  g->n = wf_model_local_params(o->model);
+  const char *hook = getenv("WEFT_TEST_TIED_UNSUMMED");
+  g->tied_unsummed = hook && !strcmp(hook, "1");
+  WF_TRY(wf_dev_alloc(g->dev, (void **)&g->acc, 2 * sizeof *g->acc));
   if (g->zero) {
     WF_TRY(split_hsdp(g, o->fsdp));
     WF_TRY(wf__zero_create(&g->z, g->model, g->shard_comm, g->rep_comm, g->zero, o->bucket_bytes,
@@ -293,7 +309,7 @@ void wf_grads_destroy(wf_grads *g)
 {
   if (!g)
     return;
-  wf_gpt_set_grad_hook(g->model, NULL, NULL);
+  wf_model_set_grad_hook(g->model, NULL, NULL);
   for (int i = 0; i < g->n_buckets; i++) {
     wf_req_wait(&g->buckets[i].req);
     free(g->buckets[i].ranges);
@@ -319,11 +335,11 @@ wf_status wf_grads_zero(wf_grads *g)
   g->stats.launched_early = 0;
   g->hook_err = WF_OK;
   g->fin_ms = 0;
-  WF_TRY(wf_gpt_zero_grad(g->model));
+  WF_TRY(wf_model_zero_grad(g->model));
   if (g->z) {
     WF_TRY(wf__zero_begin(g->z));
     g->armed = g->zero >= 2;
-    wf_gpt_set_grad_hook(g->model, g->armed ? on_grads_ready : NULL, g);
+    wf_model_set_grad_hook(g->model, g->armed ? on_grads_ready : NULL, g);
   }
 fail:
   return st;
@@ -334,13 +350,13 @@ void wf_grads_arm(wf_grads *g)
   g->armed = g->dp && g->size > 1;
   if (g->z)
     wf__zero_arm(g->z);
-  wf_gpt_set_grad_hook(g->model, g->armed ? on_grads_ready : NULL, g);
+  wf_model_set_grad_hook(g->model, g->armed ? on_grads_ready : NULL, g);
 }
 
 static void disarm(wf_grads *g)
 {
   g->armed = false;
-  wf_gpt_set_grad_hook(g->model, NULL, NULL);
+  wf_model_set_grad_hook(g->model, NULL, NULL);
 }
 
 /* The dp reduction; the time it takes is what backward did not hide. */
@@ -376,27 +392,43 @@ static wf_status finish_zero(wf_grads *g, bool late)
   return st;
 }
 
-/* Sequence-parallel layernorms: each tp rank saw its own token rows. */
+/* Sequence-parallel norms: each tp rank saw its own token rows. */
 static wf_status sum_tp_partials(wf_grads *g)
 {
   wf_status st = WF_OK;
-  for (int k = 0; k < WF_GPT_NUM_KINDS; k++)
-    if (wf_gpt_kind_tp_partial(g->model, (wf_param_kind)k))
-      WF_TRY(wf_gpt_tp_allreduce(g->model, wf_gpt_grad_kind(g->model, (wf_param_kind)k),
-                                 wf_gpt_local_numel(g->model, (wf_param_kind)k)));
+  for (int t = 0; t < wf_model_get_desc(g->model)->n; t++)
+    if (wf_model_tp_partial(g->model, t))
+      WF_TRY(wf_tp_allreduce(g->tpr, wf_model_grad_tensor(g->model, t),
+                             wf_model_local_numel(g->model, t)));
 fail:
   return st;
 }
 
-/* The tied embedding: the first and the last stage each hold wte (their tp slice); its
+/* The tied embedding (the tensor placed TIED), or -1 when the model has none. */
+static int tied_tensor(const wf_grads *g)
+{
+  const wf_model_desc *desc = wf_model_get_desc(g->model);
+  for (int t = 0; t < desc->n; t++)
+    if (desc->t[t].place == WF_PLACE_TIED)
+      return t;
+  return -1;
+}
+
+/* The tied embedding: the first and the last stage each hold it (their tp slice); its
  * gradient is the sum of both stages' contributions. */
 static wf_status sum_tied_embedding(wf_grads *g)
 {
-  if (!g->pp || wf_comm_size(g->pp) == 1 || !g->emb)
+  int t = tied_tensor(g);
+  if (!g->pp || wf_comm_size(g->pp) == 1 || !g->emb || t < 0)
     return WF_OK;
-  float *w = wf_gpt_grad_kind(g->model, WF_P_WTE);
-  size_t n = wf_gpt_local_numel(g->model, WF_P_WTE);
-  return wf_comm_allreduce(g->emb, w, w, n, WF_COMM_F32, WF_COMM_SUM);
+  wf_status st = WF_OK;
+  float *w = wf_model_grad_tensor(g->model, t);
+  size_t n = wf_model_local_numel(g->model, t);
+  WF_TRY(wf_comm_allreduce(g->emb, w, w, n, WF_COMM_F32, WF_COMM_SUM));
+  if (g->tied_unsummed && wf_comm_rank(g->emb) == 1) /* the test hook */
+    wf_dev_kernels(g->dev)->scale(w, 0.5f, n, NULL);
+fail:
+  return st;
 }
 
 wf_status wf_grads_finish(wf_grads *g)
@@ -416,22 +448,45 @@ fail:
 
 /* ---- the norm --------------------------------------------------------------------------- */
 
-/* Sum of squares of the gradients this rank counts (wf_gpt_kind_counted), kind by kind
- * over [lo, hi) of the flat vector, whose gradient starts at `grads`. */
+/* The tied check of step g->tied_step, from its word as read (see the top of the file). */
+static wf_status tied_verdict(wf_grads *g, uint64_t word)
+{
+  wf_status st = WF_OK;
+  int step = g->tied_step;
+  if (!step)
+    return WF_OK;
+  g->tied_step = 0;
+  WF_CHECK(word == 0, WF_EINVAL,
+           "step %d: the tied embedding's copies on the first and last pipeline stage differ "
+           "after the update; their gradients were not summed over the embedding group",
+           step);
+  g->stats.tied_checks++;
+fail:
+  return st;
+}
+
+/* Sum of squares of the gradients this rank counts (wf_model_counted), tensor by tensor
+ * over [lo, hi) of the flat vector, whose gradient starts at `grads`; the pending tied
+ * check's word comes back with it. */
 static wf_status counted_sumsq(wf_grads *g, const float *grads, size_t lo, size_t hi, double *ss)
 {
   wf_status st = WF_OK;
   const wf_ktable *k = wf_dev_kernels(g->dev);
+  double both[2];
   WF_TRY(wf_dev_memset(g->dev, g->acc, 0, sizeof *g->acc, NULL));
-  for (int kind = 0; kind < WF_GPT_NUM_KINDS; kind++) {
-    size_t off = wf_gpt_local_offset(g->model, (wf_param_kind)kind);
+  for (int t = 0; t < wf_model_get_desc(g->model)->n; t++) {
+    size_t off = wf_model_local_offset(g->model, t);
     size_t a = WF_MAX(lo, off);
-    size_t b = WF_MIN(hi, off + wf_gpt_local_numel(g->model, (wf_param_kind)kind));
-    if (a < b && wf_gpt_kind_counted(g->model, (wf_param_kind)kind))
+    size_t b = WF_MIN(hi, off + wf_model_local_numel(g->model, t));
+    if (a < b && wf_model_counted(g->model, t))
       k->sumsq_acc(g->acc, grads + (a - lo), b - a, NULL);
   }
   WF_TRY(wf_dev_check(g->dev));
-  st = wf_dev_read(g->dev, ss, g->acc, sizeof *ss);
+  WF_TRY(wf_dev_read(g->dev, both, g->acc, sizeof both));
+  *ss = both[0];
+  uint64_t word;
+  memcpy(&word, &both[1], sizeof word);
+  st = tied_verdict(g, word);
 fail:
   return st;
 }
@@ -450,7 +505,7 @@ wf_status wf_grads_norm(wf_grads *g, double scale, float *norm)
     WF_TRY(wf_comm_allreduce(g->shard_comm, &x, &x, 1, WF_COMM_F32, WF_COMM_SUM));
     ss = x;
   } else {
-    WF_TRY(counted_sumsq(g, wf_gpt_grads(g->model), 0, g->n, &ss));
+    WF_TRY(counted_sumsq(g, wf_model_grads(g->model), 0, g->n, &ss));
   }
   if (scale != 1.0)
     ss /= scale * scale;
@@ -475,30 +530,44 @@ void wf_grads_range(const wf_grads *g, size_t *lo, size_t *hi)
 
 const float *wf_grads_for_update(wf_grads *g)
 {
-  return g->z ? wf__zero_shard(g->z) : wf_gpt_grads(g->model);
+  return g->z ? wf__zero_shard(g->z) : wf_model_grads(g->model);
 }
 
-/* The two copies of the tied embedding must stay bit-identical: compare a hash of each
- * over the embedding group (staged to the host; the check runs on the first and last
- * stage only). */
+/* The two copies of the tied embedding must stay bit-identical: the first stage's
+ * checksum plus the last's negated, summed over the embedding group (its two ranks)
+ * into the word beside the norm's accumulator, all on the device; the next read of
+ * the accumulator tells (see the top of the file). First and last stage only. */
 wf_status wf_grads_check_tied(wf_grads *g, int step)
 {
   wf_status st = WF_OK;
-  wf_dev_view v;
-  uint64_t h[2];
-  size_t n = wf_gpt_local_numel(g->model, WF_P_WTE);
-  if (!g->pp || wf_comm_size(g->pp) == 1 || !g->emb)
+  uint64_t *word = (uint64_t *)(g->acc + 1);
+  int t = tied_tensor(g);
+  if (!g->pp || wf_comm_size(g->pp) == 1 || !g->emb || t < 0)
     return WF_OK;
-  WF_TRY(wf_dev_map(g->dev, &v, wf_gpt_param(g->model, WF_P_WTE, 0, 0), n * sizeof(float),
-                    WF_MAP_READ));
-  uint64_t mine = XXH3_64bits(v.host, n * sizeof(float));
-  WF_TRY(wf_dev_unmap(g->dev, &v));
-  WF_TRY(wf_comm_allgather(g->emb, &mine, h, 1, WF_COMM_U64));
-  WF_CHECK(h[0] == h[1], WF_EINVAL,
-           "step %d: the tied embedding's copies on the first and last pipeline stage differ; "
-           "their gradients were not summed over the embedding group",
-           step);
-  g->stats.tied_checks++;
+  size_t n = wf_model_local_numel(g->model, t);
+  WF_CHECK(wf_comm_size(g->emb) == 2, WF_EINVAL,
+           "the embedding group has %d ranks; the tied check compares the first and last stage",
+           wf_comm_size(g->emb));
+  WF_TRY(wf_grads_check_tied_end(g)); /* not read by a norm since (a failed step): now */
+  wf_dev_kernels(g->dev)->checksum(word, wf_model_param(g->model, t, 0, 0), n,
+                                   wf_comm_rank(g->emb) == 1, NULL);
+  WF_TRY(wf_dev_check(g->dev));
+  WF_TRY(wf_comm_allreduce(g->emb, word, word, 1, WF_COMM_U64, WF_COMM_SUM));
+  g->tied_step = step;
+fail:
+  return st;
+}
+
+wf_status wf_grads_check_tied_end(wf_grads *g)
+{
+  wf_status st = WF_OK;
+  double both[2];
+  uint64_t word;
+  if (!g->tied_step)
+    return WF_OK;
+  WF_TRY(wf_dev_read(g->dev, both, g->acc, sizeof both));
+  memcpy(&word, &both[1], sizeof word);
+  st = tied_verdict(g, word);
 fail:
   return st;
 }
@@ -508,7 +577,7 @@ wf_status wf_grads_sync_params(wf_grads *g)
   wf_status st = WF_OK;
   if (g->z)
     WF_TRY(wf__zero_gather(g->z));
-  st = wf_gpt_params_changed(g->model);
+  st = wf_model_params_changed(g->model);
 fail:
   return st;
 }
@@ -519,7 +588,7 @@ void wf_grads_get_stats(const wf_grads *g, wf_grads_stats *out) { *out = g->stat
  * bucket stages or ZeRO's buffers (zero.c). */
 size_t wf_grads_bytes(const wf_grads *g)
 {
-  size_t b = wf_gpt_grad_bytes(g->model);
+  size_t b = wf_model_grad_bytes(g->model);
   if (g->z)
     return b + wf__zero_grad_bytes(g->z);
   for (int i = 0; i < g->n_buckets; i++)
@@ -537,5 +606,5 @@ wf_comm *wf_grads_hsdp_group(const wf_grads *g, int *replica)
 
 wf_status wf_grads_unshard(wf_grads *g) { return g->z ? wf__zero_unshard(g->z) : WF_OK; }
 
-/* Parameter memory: the model's own (wf_gpt_param_bytes) and ZeRO-3's shard and units. */
+/* Parameter memory: the model's own (wf_model_param_bytes) and ZeRO-3's shard and units. */
 size_t wf_grads_param_bytes(const wf_grads *g) { return g->z ? wf__zero_param_bytes(g->z) : 0; }

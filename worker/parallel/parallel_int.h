@@ -44,7 +44,7 @@ void wf__sched_sim_free(wf__sched_sim *m);
 typedef struct wf__zero wf__zero;
 /* dp: the group the shards span; rep: HSDP's replica group (NULL = none), across which
  * the finished shard is all-reduced (averaged). */
-wf_status wf__zero_create(wf__zero **out, wf_gpt *m, wf_comm *dp, wf_comm *rep, int stage,
+wf_status wf__zero_create(wf__zero **out, wf_model *m, wf_comm *dp, wf_comm *rep, int stage,
                           size_t bucket_bytes, bool keep);
 /* ZeRO-3: the rank's parameter shard (NULL below ZeRO-3), and the flat parameters put
  * back (gathered whole, windows cleared) for --save at the end. */
@@ -67,7 +67,7 @@ size_t wf__zero_param_bytes(const wf__zero *z);
  * of the `size` ranks the shards span), by the same plan, without a model: ZeRO's
  * parameter and gradient buffers, whether the model keeps its flat vectors, the
  * optimizer's range and the buckets (wf_grads_mem's fields but scalar and total). */
-wf_status wf__zero_mem_plan(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_precision prec,
+wf_status wf__zero_mem_plan(const wf_model_dims *d, const wf_model_shard *s, wf_precision prec,
                             int size, int rank, int stage, size_t bucket_bytes, bool keep,
                             wf_grads_mem *out);
 
@@ -77,7 +77,7 @@ wf_status wf__zero_mem_plan(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_prec
 
 typedef struct wf__zrange {
   size_t flat, n, pos; /* flat offset, length, offset in the bucket's natural order */
-  int kind, j;         /* the tensor: kind and local layer (0 for unlayered kinds) */
+  int tensor, j;       /* the tensor (its description's index), local layer (0: unlayered) */
 } wf__zrange;
 
 typedef struct wf__zpiece {
@@ -98,13 +98,14 @@ typedef struct wf__zbucket {
 } wf__zbucket;
 
 struct wf__zero {
-  wf_gpt *m;   /* NULL in a memory plan (wf__zero_mem_plan) */
+  wf_model *m; /* NULL in a memory plan (wf__zero_mem_plan) */
   wf_dev *dev; /* NULL in a memory plan */
-  wf_gpt_dims d;
-  wf_gpt_shard s; /* the model's: the plan reads its layout from these alone */
+  wf_model_dims d;
+  wf_model_shard s; /* the model's: the plan reads its layout from these alone */
   wf_precision prec;
   wf_comm *dp, *rep; /* the shards' group; HSDP's replica group (NULL = none) */
   int stage, rank, size, nl;
+  int nt;    /* the model's tensors (its description's) */
   int lc;    /* local layers per model chunk (nl without interleaving) */
   bool lazy; /* ZeRO-2/3 over chunks (interleaved): buckets stay inside a chunk and a
               * window opens when backward reaches its bucket (the unit hook), not in
@@ -114,7 +115,7 @@ struct wf__zero {
   int nb;
   float *gshard; /* (shard) this rank's averaged gradient */
   /* ZeRO-2 */
-  float *edge, *win[WF__ZPOOL]; /* the late kinds' gradients; the bucket windows */
+  float *edge, *win[WF__ZPOOL]; /* the late tensors' gradients; the bucket windows */
   size_t win_count, edge_count;
   int win_bucket[WF__ZPOOL];  /* the bucket a window holds, -1 free */
   wf_req *win_req[WF__ZPOOL]; /* its all-reduce */
@@ -123,7 +124,7 @@ struct wf__zero {
   int open; /* the window backward writes into now, -1 none */
   /* ZeRO-3 (fsdp.c's part of this file, below) */
   float *pshard;            /* (shard) this rank's parameters: what AdamW updates */
-  float *pedge;             /* the late kinds' parameters, gathered for the whole step */
+  float *pedge;             /* the late tensors' parameters, gathered for the whole step */
   float **pwin;             /* npw windows of one layer bucket's parameters (natural order) */
   float **plow, *pedge_low; /* mixed precision: their GEMM weights rounded (else NULL) */
   bool low;                 /* mixed precision */

@@ -7,15 +7,11 @@
 
 #include "parallel_int.h"
 
-/* Forward FLOPs per token of a layer (24 C^2 in the four matmuls, 4 T C in attention
- * over the full square), and of the head (the vocabulary matmul 2 C Vp; the final
- * layernorm is noise). The embedding is a lookup (~0). Backward is twice forward for
- * all of them, so forward costs rank the splits as whole steps do. */
-static double layer_cost(const wf_gpt_dims *d, int T)
-{
-  double C = d->C;
-  return 24.0 * C * C + 4.0 * T * C;
-}
+/* Forward FLOPs per token of a layer (the family's count: its matmuls and attention over
+ * the full square), and of the head (the vocabulary matmul 2 C Vp; the final norm is
+ * noise). The embedding is a lookup (~0). Backward is twice forward for all of them, so
+ * forward costs rank the splits as whole steps do. */
+static double layer_cost(const wf_model_dims *d, int T) { return wf_model_layer_flops(d, T); }
 
 static wf_status fixed_split(int L, int pp, const int *pp_layers, int n, int *bounds)
 {
@@ -32,7 +28,7 @@ fail:
   return st;
 }
 
-wf_status wf_pipe_partition(const wf_gpt_dims *d, int T, int pp, const int *pp_layers, int n,
+wf_status wf_pipe_partition(const wf_model_dims *d, int T, int pp, const int *pp_layers, int n,
                             int *bounds)
 {
   wf_status st = WF_OK;
@@ -91,7 +87,7 @@ fail:
   return st;
 }
 
-wf_status wf_pipe_stage_shard(const wf_pipe_stage_opts *o, wf_gpt_shard *out)
+wf_status wf_pipe_stage_shard(const wf_pipe_stage_opts *o, wf_model_shard *out)
 {
   wf_status st = WF_OK;
   int bounds[WF_MAX_STAGES + 1], l0, l1, v = 1;
@@ -102,15 +98,15 @@ wf_status wf_pipe_stage_shard(const wf_pipe_stage_opts *o, wf_gpt_shard *out)
     WF_TRY(wf_pipe_partition(o->dims, o->T, o->pp, o->pp_layers, o->n_pp_layers, bounds));
     l0 = bounds[o->rank], l1 = bounds[o->rank + 1];
   }
-  *out = (wf_gpt_shard){.tp = o->tp,
-                        .tp_rank = o->tp_rank,
-                        .sequence = o->sequence && o->tp > 1,
-                        .l0 = l0,
-                        .l1 = l1,
-                        .chunks = v,
-                        .chunk_stride = o->pp * (l1 - l0),
-                        .first = o->rank == 0,
-                        .last = o->rank == o->pp - 1};
+  *out = (wf_model_shard){.tp = o->tp,
+                          .tp_rank = o->tp_rank,
+                          .sequence = o->sequence && o->tp > 1,
+                          .l0 = l0,
+                          .l1 = l1,
+                          .chunks = v,
+                          .chunk_stride = o->pp * (l1 - l0),
+                          .first = o->rank == 0,
+                          .last = o->rank == o->pp - 1};
 fail:
   return st;
 }

@@ -30,7 +30,7 @@ typedef struct timed {
 
 struct wf_pipe {
   wf_comm *pp;
-  wf_gpt *model;
+  wf_model *model;
   wf_dev *dev;
   wf_schedule sched;
   wf_trace *trace;
@@ -108,7 +108,7 @@ wf_status wf_pipe_create(wf_pipe **out, const wf_pipe_opts *o)
   WF_CHECK_ALLOC(p);
   p->pp = o->pp;
   p->model = o->model;
-  p->dev = wf_gpt_dev(o->model);
+  p->dev = wf_model_dev(o->model);
   p->trace = o->trace;
   p->p = o->pp ? wf_comm_size(o->pp) : 1;
   p->rank = o->pp ? wf_comm_rank(o->pp) : 0;
@@ -117,7 +117,7 @@ wf_status wf_pipe_create(wf_pipe **out, const wf_pipe_opts *o)
   wf_sched_params prm = {p->p > 1 ? o->kind : WF_SCHED_1F1B, p->p, p->m, p->v};
   st = wf_schedule_init(&p->sched, &prm, p->rank, err, sizeof err);
   WF_REFUSE(st == WF_OK, st, "%s", err); /* the same parameters on every rank */
-  p->io = wf_gpt_stage_io_numel(o->model, o->B, o->T);
+  p->io = wf_model_stage_io_numel(o->model, o->B, o->T);
   p->n_slots = wf_pipe_slots(prm.kind, p->p, p->rank, p->m, p->v);
   /* interleaved lists post receives further ahead: one buffer per work item */
   p->n_ring = ring_len(prm.kind, p->p, p->rank, p->m, p->v);
@@ -245,12 +245,12 @@ static wf_status span_end(wf_pipe *p, char op, int mb, int chunk)
   return wf_dev_event_record(p->dev, t->b, NULL);
 }
 
-/* The step's compute seconds (busy_s) and its trace spans. */
+/* The step's compute seconds (busy_s) and its trace spans, once the host has waited
+ * for the end event (recorded before the loss was read, which waited for it: the step
+ * waits for the device there once, not twice). */
 static wf_status spans_close(wf_pipe *p)
 {
   wf_status st = WF_OK;
-  WF_TRY(wf_dev_event_record(p->dev, p->end, NULL));
-  WF_TRY(wf_dev_event_sync(p->dev, p->end));
   double t_end = wf_now();
   for (int i = 0; i < p->n_timed; i++) {
     double da = 0, db = 0;
@@ -268,12 +268,12 @@ fail:
 /* Whether this rank's chunk holds the embeddings (first) or the loss (last). */
 static bool is_first(const wf_pipe *p, int chunk)
 {
-  return wf_gpt_get_shard(p->model)->first && chunk == 0;
+  return wf_model_get_shard(p->model)->first && chunk == 0;
 }
 
 static bool is_last(const wf_pipe *p, int chunk)
 {
-  return wf_gpt_get_shard(p->model)->last && chunk == p->v - 1;
+  return wf_model_get_shard(p->model)->last && chunk == p->v - 1;
 }
 
 static int key(const wf_pipe *p, int mb, int chunk) { return mb * p->v + chunk; }
@@ -293,8 +293,8 @@ static wf_status do_forward(wf_pipe *p, int mb, int chunk, wf_pipe_batch_fn batc
   int slot = take_slot(p, k);
   WF_CHECK(slot >= 0, WF_EINVAL, "pipeline: no activation slot for micro-batch %d", mb);
   WF_TRY(span_begin(p));
-  wf_status ran = wf_gpt_chunk_forward(p->model, slot, chunk, first ? p->inputs : NULL, x,
-                                       last ? p->targets : NULL, p->B, p->T);
+  wf_status ran = wf_model_chunk_forward(p->model, slot, chunk, first ? p->inputs : NULL, x,
+                                         last ? p->targets : NULL, p->B, p->T);
   WF_TRY(span_end(p, 'F', mb, chunk));
   st = ran;
   if (!first)
@@ -315,7 +315,7 @@ static wf_status do_backward(wf_pipe *p, int mb, int chunk)
     WF_TRY(wait(p, &p->req_sf[k], "send activation", mb));
   }
   WF_TRY(span_begin(p));
-  wf_status ran = wf_gpt_stage_backward(p->model, p->slot_of[k], dy, 1.0f / (float)p->m);
+  wf_status ran = wf_model_stage_backward(p->model, p->slot_of[k], dy, 1.0f / (float)p->m);
   WF_TRY(span_end(p, 'B', mb, chunk));
   st = ran;
   p->slot_busy[p->slot_of[k]] = false;
@@ -337,8 +337,8 @@ static wf_status do_send_b(wf_pipe *p, int k, int peer)
   }
   float *buf = ring_take(p, &p->sb, k);
   WF_CHECK(buf, WF_EINVAL, "pipeline: no send buffer for work item %d", k);
-  WF_TRY(wf_dev_copy(p->dev, buf, wf_gpt_stage_dinput(p->model), p->io * sizeof(float), WF_COPY_D2D,
-                     NULL));
+  WF_TRY(wf_dev_copy(p->dev, buf, wf_model_stage_dinput(p->model), p->io * sizeof(float),
+                     WF_COPY_D2D, NULL));
   st = wf_comm_isend(p->pp, buf, p->io, WF_COMM_F32, peer, &p->req_sb[k]);
 fail:
   return st;
@@ -352,7 +352,7 @@ static wf_status do_action(wf_pipe *p, const wf_sched_action *a, wf_pipe_batch_f
   case WF_ACT_FORWARD: return do_forward(p, a->mb, a->chunk, batch, user);
   case WF_ACT_BACKWARD: return do_backward(p, a->mb, a->chunk);
   case WF_ACT_SEND_F:
-    return wf_comm_isend(p->pp, wf_gpt_stage_output(p->model, p->slot_of[k]), p->io, WF_COMM_F32,
+    return wf_comm_isend(p->pp, wf_model_stage_output(p->model, p->slot_of[k]), p->io, WF_COMM_F32,
                          a->peer, &p->req_sf[k]);
   case WF_ACT_RECV_F:
     if (!(buf = ring_take(p, &p->rf, k)))
@@ -403,12 +403,14 @@ wf_status wf_pipe_step(wf_pipe *p, int step, wf_pipe_batch_fn batch, wf_pipe_arm
   for (int i = 0; i < p->n_ring; i++)
     p->sb.owner[i] = -1;
   if (st == WF_OK)
-    st = wf_gpt_take_loss(p->model, loss_sum);
+    st = wf_dev_event_record(p->dev, p->end, NULL);
+  if (st == WF_OK)
+    st = wf_model_take_loss(p->model, loss_sum);
   if (st == WF_OK)
     st = spans_close(p);
   p->st.wall_s = wf_now() - t0;
-  p->st.peak_slots = wf_gpt_peak_slots(p->model);
-  p->st.act_bytes = wf_gpt_act_bytes(p->model, p->st.peak_slots);
+  p->st.peak_slots = wf_model_peak_slots(p->model);
+  p->st.act_bytes = wf_model_act_bytes(p->model, p->st.peak_slots);
   if (stats)
     *stats = p->st;
   return st;
@@ -429,12 +431,12 @@ static wf_status forward_chain(wf_pipe *p, int mb, wf_pipe_batch_fn batch, void 
       WF_TRY(wf_comm_recv(p->pp, x, p->io, WF_COMM_F32, prev));
     if (first || last)
       WF_TRY(batch(user, mb, p->inputs, p->targets));
-    st = wf_gpt_chunk_forward(p->model, 0, c, first ? p->inputs : NULL, x, last ? p->targets : NULL,
-                              p->B, p->T);
-    wf_gpt_stage_release(p->model, 0);
+    st = wf_model_chunk_forward(p->model, 0, c, first ? p->inputs : NULL, x,
+                                last ? p->targets : NULL, p->B, p->T);
+    wf_model_stage_release(p->model, 0);
     WF_TRY(st);
     if (!last)
-      WF_TRY(wf_comm_send(p->pp, wf_gpt_stage_output(p->model, 0), p->io, WF_COMM_F32, next));
+      WF_TRY(wf_comm_send(p->pp, wf_model_stage_output(p->model, 0), p->io, WF_COMM_F32, next));
   }
 fail:
   return st;
@@ -447,7 +449,7 @@ wf_status wf_pipe_forward(wf_pipe *p, wf_pipe_batch_fn batch, void *user, double
   for (int mb = 0; mb < p->m && st == WF_OK; mb++)
     st = forward_chain(p, mb, batch, user);
   if (st == WF_OK)
-    st = wf_gpt_take_loss(p->model, loss_sum);
-  wf_gpt_peak_slots(p->model); /* evaluation does not count towards training's peak */
+    st = wf_model_take_loss(p->model, loss_sum);
+  wf_model_peak_slots(p->model); /* evaluation does not count towards training's peak */
   return st;
 }

@@ -2,9 +2,9 @@
  * wf_parallel.h - data and pipeline parallelism: pipeline schedules as data
  * (wf_schedule_*), the engine that runs them (wf_pipe_*), the partition of layers into
  * stages, and the gradient path (wf_grads_*): data-parallel reduction and ZeRO
- * sharding, tensor-parallel and tied-embedding sums, the global norm. Tensor
- * parallelism's region operators live inside the model (model/tp.c), whose forward and
- * backward they are part of.
+ * sharding, tensor-parallel and tied-embedding sums, the global norm; and tensor
+ * parallelism's region operators (wf_tp_*), which the model's forward and backward call
+ * through the table wf_model.h defines.
  */
 #ifndef WF_PARALLEL_H
 #define WF_PARALLEL_H
@@ -14,10 +14,38 @@
 #include <stdio.h>
 
 #include "wf_collectives.h"
-#include "wf_io.h"
+#include "wf_device.h"
+#include "wf_trace.h"
 #include "wf_config.h" /* wf_schedule_kind: WF_SCHED_1F1B, WF_SCHED_GPIPE, WF_SCHED_INTERLEAVED */
 #include "wf_model.h"
 #include "wf_runtime.h"
+
+/*
+ * Tensor parallelism (tp.c): the region operators over the tp group (copy-to /
+ * reduce-from / gather / scatter and their sequence-parallel forms, wf_model.h's
+ * wf_tp_ops), handed to the model as wf_tp_regions_of(tp); the time and bytes they
+ * spend (the step log's tp figures) and a trace span per collective.
+ */
+typedef struct wf_tp wf_tp;
+/* Over tp group `comm` (size >= 1), activations on `dev`, with sequence parallelism. */
+wf_status wf_tp_create(wf_tp **out, wf_comm *comm, wf_dev *dev, bool sequence);
+void wf_tp_destroy(wf_tp *tp); /* accepts NULL */
+/* The operators for wf_model_opts.tp: none (the identity) with one tp rank. */
+wf_tp_regions wf_tp_regions_of(wf_tp *tp);
+/* Sum n floats of device memory in place over the tp group, counted in the tp time like
+ * the region operators (gradients of replicated parameters that each tp rank computed
+ * from its own token rows). A no-op for NULL or one rank. */
+wf_status wf_tp_allreduce(wf_tp *tp, float *x, size_t n);
+/* Record each tp collective as a "comm" span while `trace` is on (NULL = none). */
+void wf_tp_set_trace(wf_tp *tp, wf_trace *trace);
+/* Seconds and bytes of tp communication since the last call (then reset). */
+void wf_tp_stats(wf_tp *tp, double *seconds, double *bytes);
+
+/* The whole model's parameters (which 0) or gradients (1) in `full` on every rank of
+ * `world`: the ranks with `contribute` add their counted slices into zeros and a sum
+ * over the world assembles the model (one model-parallel replica contributes; world
+ * NULL: this rank alone). `full` is the only whole-model allocation it needs. */
+wf_status wf_gather_full(wf_model *m, int which, float *full, wf_comm *world, bool contribute);
 
 /*
  * wf_schedule.h - pipeline schedules as data.
@@ -141,7 +169,7 @@ const char *wf_schedule_kind_str(wf_schedule_kind kind);
  * pp group, and the stage partition.
  *
  * One training step on a rank: the schedule's actions in order. FORWARD and BACKWARD
- * run the local stage (wf_gpt_stage_*) in an activation slot taken at the forward
+ * run the local stage (wf_model_stage_*) in an activation slot taken at the forward
  * and given back when its backward ends, so a stage holds exactly the micro-batches
  * the schedule has in flight (1F1B: min(p - r, m); GPipe: m). SEND and RECV are
  * non-blocking point-to-point on the pp communicator, posted where the list puts
@@ -153,14 +181,14 @@ const char *wf_schedule_kind_str(wf_schedule_kind kind);
  *
  * With pp = 1 the schedule is 1F1B on one stage (F0 B0 F1 B1 ...): one slot, plain
  * gradient accumulation, no messages. With the interleaved schedule the rank's model
- * holds v chunks (wf_gpt_chunk_forward) and work items are (micro-batch, chunk).
+ * holds v chunks (wf_model_chunk_forward) and work items are (micro-batch, chunk).
  */
 
 typedef struct wf_pipe wf_pipe;
 
 typedef struct wf_pipe_opts {
-  wf_comm *pp;   /* the pp group; NULL with one stage */
-  wf_gpt *model; /* this rank's stage (borrowed) */
+  wf_comm *pp;     /* the pp group; NULL with one stage */
+  wf_model *model; /* this rank's stage (borrowed) */
   wf_schedule_kind kind;
   int microbatches;   /* m */
   int virtual_stages; /* v: model chunks per rank (interleaved); the model holds them */
@@ -187,7 +215,7 @@ typedef struct wf_pipe_stats {
 int wf_pipe_slots(wf_schedule_kind kind, int pp, int rank, int microbatches, int v);
 
 /* Bytes the engine of pp rank `rank` allocates (wf_pipe_create's own arithmetic): its
- * three p2p rings of stage inputs/outputs of io floats (wf_gpt_mem.io) and the token
+ * three p2p rings of stage inputs/outputs of io floats (wf_model_mem.io) and the token
  * batch of B x T. */
 size_t wf_pipe_mem_plan(wf_schedule_kind kind, int pp, int rank, int m, int v, size_t io, int B,
                         int T);
@@ -204,10 +232,10 @@ wf_status wf_pipe_forward(wf_pipe *p, wf_pipe_batch_fn batch, void *user, double
 
 /* Split L layers into pp stages. With pp_layers (n == pp entries) that split; else
  * balanced by cost: a layer costs its forward FLOPs, the first stage also pays the
- * embedding and the last the final layernorm and the vocabulary head, and the split
+ * embedding and the last the final norm and the vocabulary head, and the split
  * minimises the most expensive stage (ties: earlier stages lighter). bounds[0..pp]:
  * stage s holds layers [bounds[s], bounds[s+1]). */
-wf_status wf_pipe_partition(const wf_gpt_dims *d, int T, int pp, const int *pp_layers, int n,
+wf_status wf_pipe_partition(const wf_model_dims *d, int T, int pp, const int *pp_layers, int n,
                             int *bounds);
 
 /* The shard pp rank `rank` (tp rank tp_rank of tp) holds: its layers from
@@ -215,7 +243,7 @@ wf_status wf_pipe_partition(const wf_gpt_dims *d, int T, int pp, const int *pp_l
  * The trainer builds its model from it and the planner sizes one from it. Refusals
  * (a bad parallel.pp_layers, interleaving on one stage) are logged once per job. */
 typedef struct wf_pipe_stage_opts {
-  const wf_gpt_dims *dims;
+  const wf_model_dims *dims;
   int T, pp, rank;
   wf_schedule_kind kind;
   int v; /* parallel.virtual_stages (interleaved only) */
@@ -224,7 +252,7 @@ typedef struct wf_pipe_stage_opts {
   int tp, tp_rank;
   bool sequence;
 } wf_pipe_stage_opts;
-wf_status wf_pipe_stage_shard(const wf_pipe_stage_opts *o, wf_gpt_shard *out);
+wf_status wf_pipe_stage_shard(const wf_pipe_stage_opts *o, wf_model_shard *out);
 
 /*
  * The gradient path (wf_grads_*): the one owner of a step's gradients from zero to
@@ -237,7 +265,7 @@ wf_status wf_pipe_stage_shard(const wf_pipe_stage_opts *o, wf_gpt_shard *out);
  *                 dp as soon as backward has finished it (the model's grad hook), so
  *                 communication overlaps the rest of backward;
  *   finish        the rest of the dp reduction, the sums over tp of the sequence-
- *                 parallel layernorms' partial gradients, and the sum of the tied
+ *                 parallel norms' partial gradients, and the sum of the tied
  *                 embedding's gradient over the embedding group;
  *   norm          the global gradient norm over dp (ZeRO shards), tp and pp;
  *   (the optimizer updates the range [lo, hi) with wf_grads_for_update's gradients)
@@ -260,16 +288,17 @@ wf_status wf_pipe_stage_shard(const wf_pipe_stage_opts *o, wf_gpt_shard *out);
  *
  * The linear sums over tp and the embedding group commute with the dp average: without
  * ZeRO they follow the dp reduction (which may have started during backward); under
- * ZeRO the kinds they touch (wte, the sequence-parallel layernorms) are reduced last,
+ * ZeRO the tensors they touch (the tied embedding, the sequence-parallel norms) are reduced last,
  * after them, since each rank then holds only its shard.
  */
 typedef struct wf_grads wf_grads;
 
 typedef struct wf_grads_opts {
-  wf_gpt *model;       /* borrowed */
+  wf_model *model;     /* borrowed */
   wf_comm *dp;         /* the dp group; NULL = one rank alone (no dp at all) */
   wf_comm *pp, *emb;   /* the pp and embedding groups; NULL = one stage */
   wf_comm *tp;         /* the tp group; NULL = no tp */
+  wf_tp *tp_regions;   /* its region operators (the tp-partial sums go through them) */
   size_t bucket_bytes; /* optim.bucket_mb; 0 = one bucket per layer */
   int zero;            /* 0, 1 (optimizer state sharded) or 2 (and gradients) */
   bool keep_gathered;  /* ZeRO-3: parallel.reshard_after_forward=false */
@@ -298,7 +327,7 @@ typedef struct wf_grads_mem {
  * (HSDP's group, 0 = the whole dp group), bucket_bytes and keep (ZeRO-3's
  * reshard_after_forward=false) as in wf_grads_opts. Fails only for want of host memory
  * (the buckets' lists). */
-wf_status wf_grads_mem_plan(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_precision prec,
+wf_status wf_grads_mem_plan(const wf_model_dims *d, const wf_model_shard *s, wf_precision prec,
                             int dp_size, int dp_rank, int zero, int fsdp, size_t bucket_bytes,
                             bool keep, wf_grads_mem *out);
 
@@ -338,16 +367,18 @@ typedef struct wf_mem_kinds {
  *   optim = 8n, or 8 (s1 - s0) under ZeRO (AdamW's m and v of the shard);
  *   grad  zero 0: 4n, + 4 (n + buckets) of staging when dp > 1;
  *         zero 1: 4n + 4 shard (the 4n re-laid bucket by bucket, reduced in place);
- *         zero 2 and 3: 4 shard + 4 edge + 4 x 2 x the largest layer bucket, edge = wte,
- *                 wpe, the final layernorm and the tp-partial layernorms.
+ *         zero 2 and 3: 4 shard + 4 edge + 4 x 2 x the largest layer bucket, edge = the
+ *                 tensors that are not layered (embeddings, final norm, head) and the
+ *                 tp-partial norms.
  * So ZeRO-2's params + grads + optim <= 4n + 12n / dp + 4 (edge + 2 bucket)
  * (+ 4 x 3 for the shard's rounding), and ZeRO-3's <= 16n / dp + 8 (edge + 2 bucket)
  * + 16 x 3: the whole model's 1/dp plus two gathered units (edge and a layer
  * bucket, in parameters and gradients) and their in-flight successors. */
-wf_status wf_zero_mem_plan(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_precision prec, int dp,
-                           int rank, int zero, size_t bucket_bytes, bool keep, wf_mem_kinds *out);
+wf_status wf_zero_mem_plan(const wf_model_dims *d, const wf_model_shard *s, wf_precision prec,
+                           int dp, int rank, int zero, size_t bucket_bytes, bool keep,
+                           wf_mem_kinds *out);
 /* The same for model m's dims, shard and precision. */
-wf_status wf_zero_mem(wf_gpt *m, int dp, int rank, int zero, size_t bucket_bytes, bool keep,
+wf_status wf_zero_mem(wf_model *m, int dp, int rank, int zero, size_t bucket_bytes, bool keep,
                       wf_mem_kinds *out);
 void wf_grads_destroy(wf_grads *g); /* accepts NULL */
 
@@ -366,9 +397,14 @@ const float *wf_grads_for_update(wf_grads *g);
  * then the rounded weights of mixed precision follow. */
 wf_status wf_grads_sync_params(wf_grads *g);
 /* After every step (with pipeline stages): the first and last stage's copies of the
- * tied embedding must still be identical (a hash of each, compared over the embedding
- * group); an error names the step. */
+ * tied embedding must still be identical. A checksum of each is compared over the
+ * embedding group on the device; the answer comes back with the next norm (no wait of
+ * its own), or with wf_grads_check_tied_end after the last step. An error names the
+ * step. */
 wf_status wf_grads_check_tied(wf_grads *g, int step);
+/* The last step's tied check, read now (one wait for the device); WF_OK when none is
+ * pending. */
+wf_status wf_grads_check_tied_end(wf_grads *g);
 void wf_grads_get_stats(const wf_grads *g, wf_grads_stats *out);
 
 #endif /* WF_PARALLEL_H */

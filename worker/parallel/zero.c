@@ -6,7 +6,7 @@
  * shards ZeRO-1 always had (the optimizer state and the checkpoints' geometry).
  *
  * Overlap. Backward finalises gradients layer by layer (readiness groups 1..nl, see
- * grads.c), but a layer's tensors are scattered over the llm.c layout, so a layer's
+ * grads.c), but a layer's tensors are scattered over the layout, so a layer's
  * elements belong to several ranks' shards in uneven amounts. A bucket (one or more
  * layers' ranges) has a natural order, its ranges sorted by flat offset, in which each
  * rank's pieces (the ranges cut at the shard boundaries) form one contiguous segment.
@@ -17,16 +17,16 @@
  * on, and this rank then copies its pieces into its gradient shard. That is plain dp's
  * volume and no more: a reduce-scatter would move half of it, but the pieces are uneven
  * (a rank-major packing padded to the longest share cost a staging copy and, at dp 2,
- * up to twice the bytes where one rank owns all of a bucket, as with wte), and MPI's
+ * up to twice the bytes where one rank owns all of a bucket, as with an embedding), and MPI's
  * non-blocking reduce-scatter is a reduce to one rank followed by a scatter. Each
  * element is the plain dp average of the same values, so dp 2 ZeRO-1 stays
  * bit-identical to plain dp.
  *
- * Late kinds. The unlayered tensors (wte, wpe, the final layernorm) and the layernorms
+ * Late tensors. The unlayered tensors (the embeddings, the final norm, a head) and norms
  * that are partial sums over tp (sequence parallelism) are not in the layer buckets:
  * they are reduced by one last bucket after backward, once grads.c has summed the tied
  * embedding over the embedding group and the partials over tp. They are small, except
- * wte, whose gradient is ready only at the end of backward anyway (the embeddings'
+ * the embedding, whose gradient is ready only at the end of backward anyway (the embeddings'
  * backward adds into it last). ZeRO-1 all-reduces them in place in the re-laid buffer,
  * ZeRO-2 in `edge`, below.
  *
@@ -34,13 +34,13 @@
  * backward finishes them (armed before it, as plain dp does).
  *
  * ZeRO-2 never holds the flat gradient: the model's flat buffer is dropped and its
- * gradient tensors are redirected (wf_gpt_set_grad_tensor) into windows of WF__ZPOOL
+ * gradient tensors are redirected (wf_model_set_grad_tensor) into windows of WF__ZPOOL
  * one-bucket buffers. Every micro-batch's backward fills a window; when its bucket is
  * final the window is all-reduced in place (AVG: no staging copy, no padding, plain dp's
  * volume) and the next bucket opens in a free window, waiting for the oldest reduction
  * when none is (counted as exposed time). A completed window's pieces of this rank's
  * shard are added into the shard, which so accumulates the micro-batches' averages (the
- * loss gradient already carries 1/M). The late kinds live in one persistent buffer
+ * loss gradient already carries 1/M). The late tensors live in one persistent buffer
  * `edge`, all-reduced in place once after the step's backward. Gradient memory per rank
  * is then shard + edge + WF__ZPOOL x the largest bucket, instead of the whole vector
  * (wf__zero_grad_bytes; the formulas are in wf_parallel.h).
@@ -74,20 +74,20 @@ wf_status wf__zero_copy(wf__zero *z, float *dst, const float *src, size_t n)
 
 /* ---- planning ------------------------------------------------------------------------ */
 
-/* Reduced by the last bucket: the unlayered kinds and the tp-partial ones. */
-static bool is_late(const wf__zero *z, wf_param_kind k)
+/* Reduced by the last bucket: the unlayered tensors and the tp-partial ones. */
+static bool is_late(const wf__zero *z, int t)
 {
-  return !wf_gpt_kind_is_layered(k) || wf_gpt_shard_kind_tp_partial(&z->s, k);
+  return !wf_model_tensor_layered(&z->d, t) || wf_model_shard_tp_partial(&z->d, &z->s, t);
 }
 
-/* Layer j of kind k (n elements from its start) into b, from the shard's layout alone:
+/* Layer j of tensor k (n elements from its start) into b, from the shard's layout alone:
  * the planner plans a rank without a model. */
-static void add_range(wf__zbucket *b, const wf__zero *z, wf_param_kind k, int j, size_t n)
+static void add_range(wf__zbucket *b, const wf__zero *z, int k, int j, size_t n)
 {
   if (n == 0)
     return;
-  size_t flat =
-      wf_gpt_shard_offset(&z->d, &z->s, k) + (size_t)j * wf_gpt_shard_layer_numel(&z->d, &z->s, k);
+  size_t flat = wf_model_shard_offset(&z->d, &z->s, k) +
+                (size_t)j * wf_model_shard_layer_numel(&z->d, &z->s, k);
   b->r[b->nr++] = (wf__zrange){flat, n, b->count, (int)k, j};
   b->count += n;
 }
@@ -151,13 +151,12 @@ static wf_status plan_layers(wf__zero *z, size_t bucket_bytes)
   for (int gr = 1; gr <= z->nl; gr++) {
     if (!b) {
       b = &z->b[z->nb++];
-      WF_TRY(new_bucket(z, b, z->nl * WF_GPT_NUM_KINDS));
+      WF_TRY(new_bucket(z, b, z->nl * z->nt));
       b->first_group = gr;
     }
-    for (int k = 0; k < WF_GPT_NUM_KINDS; k++)
-      if (!is_late(z, (wf_param_kind)k))
-        add_range(b, z, (wf_param_kind)k, z->nl - gr,
-                  wf_gpt_shard_layer_numel(&z->d, &z->s, (wf_param_kind)k));
+    for (int k = 0; k < z->nt; k++)
+      if (!is_late(z, k))
+        add_range(b, z, k, z->nl - gr, wf_model_shard_layer_numel(&z->d, &z->s, k));
     b->last_group = gr;
     /* over chunks a bucket ends with its chunk: each chunk's backward is a separate
      * call, and the schedule interleaves other chunks between them */
@@ -171,21 +170,20 @@ fail:
   return st;
 }
 
-/* The late bucket: whole kinds, in layout order (each kind contiguous). */
+/* The late bucket: whole tensors, in layout order (each tensor contiguous). */
 static wf_status plan_late(wf__zero *z)
 {
   wf_status st = WF_OK;
   wf__zbucket *b = &z->late;
-  WF_TRY(new_bucket(z, b, WF_GPT_NUM_KINDS * (z->nl > 0 ? z->nl : 1)));
-  for (int k = 0; k < WF_GPT_NUM_KINDS; k++) {
-    if (!is_late(z, (wf_param_kind)k))
+  WF_TRY(new_bucket(z, b, z->nt * (z->nl > 0 ? z->nl : 1)));
+  for (int k = 0; k < z->nt; k++) {
+    if (!is_late(z, k))
       continue;
-    if (!wf_gpt_kind_is_layered((wf_param_kind)k))
-      add_range(b, z, (wf_param_kind)k, 0, wf_gpt_shard_numel(&z->d, &z->s, (wf_param_kind)k));
+    if (!wf_model_tensor_layered(&z->d, k))
+      add_range(b, z, k, 0, wf_model_shard_numel(&z->d, &z->s, k));
     else
       for (int j = 0; j < z->nl; j++)
-        add_range(b, z, (wf_param_kind)k, j,
-                  wf_gpt_shard_layer_numel(&z->d, &z->s, (wf_param_kind)k));
+        add_range(b, z, k, j, wf_model_shard_layer_numel(&z->d, &z->s, k));
   }
   st = cut(z, b);
 fail:
@@ -196,7 +194,7 @@ fail:
 static void redirect(wf__zero *z, const wf__zbucket *b, float *base)
 {
   for (int i = 0; i < b->nr; i++)
-    wf_gpt_set_grad_tensor(z->m, (wf_param_kind)b->r[i].kind, b->r[i].j, base + b->r[i].pos);
+    wf_model_set_grad_tensor(z->m, b->r[i].tensor, b->r[i].j, base + b->r[i].pos);
 }
 
 /* The buffers' sizes, from the plan: ZeRO-2's window (the largest layer bucket) and
@@ -220,7 +218,7 @@ static void sizes(wf__zero *z)
  * (no staging copy, no padding) and the late one is as well. */
 static void relay_grads(wf__zero *z)
 {
-  float *flat = wf_gpt_grads(z->m);
+  float *flat = wf_model_grads(z->m);
   for (int i = 0; i <= z->nb; i++) {
     const wf__zbucket *b = i < z->nb ? &z->b[i] : &z->late;
     redirect(z, b, flat + b->base);
@@ -240,7 +238,7 @@ static wf_status alloc_buffers(wf__zero *z)
       z->win_bucket[i] = -1;
     }
     redirect(z, &z->late, z->edge);
-    wf_gpt_drop_grads(z->m);
+    wf_model_drop_grads(z->m);
   }
   if (z->stage == 3)
     WF_TRY(wf__fsdp_alloc(z));
@@ -251,7 +249,7 @@ fail:
 /* The shard geometry and the buckets of dp rank `rank` of `size`, from the model's
  * dims and shard alone: wf__zero_create allocates by this plan and wf__zero_mem_plan
  * sizes the same buffers without a model. */
-static wf_status plan(wf__zero **out, const wf_gpt_dims *d, const wf_gpt_shard *s,
+static wf_status plan(wf__zero **out, const wf_model_dims *d, const wf_model_shard *s,
                       wf_precision prec, int size, int rank, int stage, size_t bucket_bytes,
                       bool keep)
 {
@@ -261,10 +259,11 @@ static wf_status plan(wf__zero **out, const wf_gpt_dims *d, const wf_gpt_shard *
   WF_CHECK_ALLOC(z = calloc(1, sizeof *z));
   z->d = *d, z->s = *s, z->prec = prec, z->stage = stage;
   z->rank = rank, z->size = size;
-  z->nl = wf_gpt_shard_layers(s);
+  z->nl = wf_model_shard_layers(s);
+  z->nt = wf_model_num_tensors(d);
   z->lc = s->chunks > 1 ? z->nl / s->chunks : z->nl;
   z->lazy = stage >= 2 && s->chunks > 1;
-  z->n = wf_gpt_shard_params(d, s);
+  z->n = wf_model_shard_params(d, s);
   z->shard = (z->n + (size_t)z->size - 1) / (size_t)z->size;
   z->s0 = WF_MIN((size_t)z->rank * z->shard, z->n);
   z->s1 = WF_MIN(z->s0 + z->shard, z->n);
@@ -280,20 +279,20 @@ fail:
   return st;
 }
 
-wf_status wf__zero_create(wf__zero **out, wf_gpt *m, wf_comm *dp, wf_comm *rep, int stage,
+wf_status wf__zero_create(wf__zero **out, wf_model *m, wf_comm *dp, wf_comm *rep, int stage,
                           size_t bucket_bytes, bool keep)
 {
   wf_status st = WF_OK;
   wf__zero *z = NULL;
   *out = NULL;
-  WF_TRY(plan(&z, wf_gpt_get_dims(m), wf_gpt_get_shard(m), wf_gpt_precision(m), wf_comm_size(dp),
-              wf_comm_rank(dp), stage, bucket_bytes, keep));
-  z->m = m, z->dev = wf_gpt_dev(m);
+  WF_TRY(plan(&z, wf_model_get_dims(m), wf_model_get_shard(m), wf_model_precision(m),
+              wf_comm_size(dp), wf_comm_rank(dp), stage, bucket_bytes, keep));
+  z->m = m, z->dev = wf_model_dev(m);
   z->dp = dp;
   z->rep = rep;
   WF_TRY(alloc_buffers(z));
   if (z->lazy && stage == 2) /* ZeRO-3 sets it at its first step (wf__fsdp_reshard) */
-    wf_gpt_set_unit_hook(m, wf__zero_unit_hook, z);
+    wf_model_set_unit_hook(m, wf__zero_unit_hook, z);
   *out = z;
   return WF_OK;
 fail:
@@ -314,7 +313,7 @@ void wf__zero_destroy(wf__zero *z)
   if (!z)
     return;
   if ((z->stage == 3 || z->lazy) && z->dp) /* created (not a memory plan): the hook is ours */
-    wf_gpt_set_unit_hook(z->m, NULL, NULL);
+    wf_model_set_unit_hook(z->m, NULL, NULL);
   for (int i = 0; i < z->nb; i++)
     free_bucket(&z->b[i]);
   free_bucket(&z->late);
@@ -335,7 +334,7 @@ void wf__zero_destroy(wf__zero *z)
  * late bucket under ZeRO-2/3) edge. */
 static float *run_of(wf__zero *z, const wf__zbucket *b)
 {
-  return z->stage == 1 ? wf_gpt_grads(z->m) + b->base : z->edge;
+  return z->stage == 1 ? wf_model_grads(z->m) + b->base : z->edge;
 }
 
 /* ZeRO-1's buckets and the late one: start b's in-place all-reduce (AVG). */
@@ -533,7 +532,7 @@ wf_status wf__zero_ready(wf__zero *z, int gr)
   if (!z->armed)
     return WF_OK;
   progress(z);
-  /* one stage, the last micro-batch's embeddings done: the late kinds are final (the
+  /* one stage, the last micro-batch's embeddings done: the late tensors are final (the
    * tied and tp sums are linear, so the dp average may come first; launch_layers waits
    * for it before they run) */
   if (gr == z->nl + 1 && z->final && !z->late.launched && z->late.count > 0) {
@@ -624,7 +623,7 @@ wf_status wf__zero_gather(wf__zero *z)
 wf_status wf__zero_gather_whole(wf__zero *z)
 {
   wf_status st = WF_OK;
-  float *params = wf_gpt_params(z->m);
+  float *params = wf_model_params(z->m);
   if (z->pshard)
     WF_TRY(wf__zero_copy(z, params + z->s0, z->pshard, z->s1 - z->s0));
   for (int r = 0; r < z->size; r++) {
@@ -672,7 +671,7 @@ size_t wf__zero_param_bytes(const wf__zero *z)
 
 /* ---- the memory formulas (wf_parallel.h) ---------------------------------------------- */
 
-wf_status wf__zero_mem_plan(const wf_gpt_dims *d, const wf_gpt_shard *s, wf_precision prec,
+wf_status wf__zero_mem_plan(const wf_model_dims *d, const wf_model_shard *s, wf_precision prec,
                             int size, int rank, int stage, size_t bucket_bytes, bool keep,
                             wf_grads_mem *out)
 {

@@ -64,7 +64,7 @@ wf_status wf__plan_hw(const wf_config *cfg, const wf_plan_cli *cli, int world, w
   if (cli->hw) {
     st = wf_hw_load(cli->hw, hw, err, len);
   } else {
-    wf_gpt_dims d = wf_gpt_dims_from_config(cfg);
+    wf_model_dims d = wf_model_dims_from_config(cfg);
     int T = cfg->train.seq_len > 0 ? cfg->train.seq_len : cfg->model.seq_len;
     st = wf__plan_measure(&d, cfg->train.batch_size * T, T, world, hw);
     if (st != WF_OK)
@@ -140,7 +140,7 @@ static void dump_json(FILE *out, json_t *o)
 static int estimate_out(const wf_config *cfg, const wf_plan_cli *cli, const wf_hw *hw,
                         const wf_plan_mesh *m, FILE *out)
 {
-  wf_gpt_dims d = wf_gpt_dims_from_config(cfg);
+  wf_model_dims d = wf_model_dims_from_config(cfg);
   const wf_ktable *k = wf__plan_kernels(hw);
   wf_plan_time t;
   char desc[256];
@@ -219,7 +219,7 @@ void wf_plan_check_print(const wf_config *cfg, int pp_rank, int dp_rank, int ran
   wf_plan_mesh m;
   wf_plan_stage_mem sm;
   wf_plan_rss now;
-  wf_gpt_dims d = wf_gpt_dims_from_config(cfg);
+  wf_model_dims d = wf_model_dims_from_config(cfg);
   wf_plan_rss_read(&now);
   if (wf_plan_mesh_from_config(cfg, cfg->mesh.dp * cfg->mesh.tp * cfg->mesh.pp, &m) != WF_OK ||
       wf_plan_stage_mem_get(&d, &m, pp_rank, dp_rank, k, &sm) != WF_OK)

@@ -82,22 +82,27 @@ static void add_attention(bench *b, wf_hw *hw, int T, int hs, int threads)
       (wf_hw_gemm){T, T, hs, threads, 4.0 * heads * T * T * hs / t * 1e-12, true};
 }
 
-/* Every GEMM shape of the model's layers and head for micro-batches of T .. N rows and
- * tp sizes 1, 2, 4 ... up to tpmax that divide the heads. */
-static void model_shapes(bench *b, wf_hw *hw, const wf_gpt_dims *d, int N, int T, int tpmax,
+/* Every GEMM shape of the model's layers (its family's block kernels) and head for
+ * micro-batches of T .. N rows and tp sizes 1, 2, 4 ... up to tpmax that divide the
+ * heads (and the kv heads and the MLP). */
+static void model_shapes(bench *b, wf_hw *hw, const wf_model_dims *dd, int N, int T, int tpmax,
                          int threads)
 {
-  int C = d->C;
-  for (int tp = 1; tp <= tpmax && d->NH % tp == 0 && C % tp == 0; tp *= 2) {
+  wf_model_dims d = wf_model_dims_resolve(dd);
+  int C = d.C;
+  for (int tp = 1; tp <= tpmax && d.NH % tp == 0 && d.KV % tp == 0 && C % tp == 0 && d.F % tp == 0;
+       tp *= 2) {
     for (int rows = T; rows <= N; rows *= 4) {
-      add_gemm(b, hw, rows, 3 * C / tp, C, threads);
-      add_gemm(b, hw, rows, C, C / tp, threads);
-      add_gemm(b, hw, rows, 4 * C / tp, C, threads);
-      add_gemm(b, hw, rows, C, 4 * C / tp, threads);
-      add_gemm(b, hw, rows, d->Vp / tp, C, threads);
+      wf_model_costs k;
+      wf_cost_geo g = {.B = rows / T, .T = T, .N = rows, .R = rows, .tp = tp};
+      wf_model_costs_get(&d, &g, &k);
+      for (int i = 0; i < k.n_block; i++)
+        if (k.block[i].kind == WF_COST_GEMM)
+          add_gemm(b, hw, (int)k.block[i].m, (int)k.block[i].n, (int)k.block[i].k, threads);
+      add_gemm(b, hw, rows, d.Vp / tp, C, threads);
     }
   }
-  add_attention(b, hw, T, C / d->NH, threads);
+  add_attention(b, hw, T, C / d.NH, threads);
 }
 
 /* Bytes per second of a residual add over 64 MiB (two reads and a write). */
@@ -209,7 +214,7 @@ static double host_memory(void)
   return pages > 0 && size > 0 ? (double)pages * size : 0;
 }
 
-wf_status wf__plan_measure(const wf_gpt_dims *d, int N, int T, int tpmax, wf_hw *hw)
+wf_status wf__plan_measure(const wf_model_dims *d, int N, int T, int tpmax, wf_hw *hw)
 {
   wf_status st = WF_OK;
   bench b = {.dev = wf_dev_cpu(), .n = (size_t)48 << 20};
@@ -420,9 +425,9 @@ fail:
  * least that size). A collective's rate depends on its size (caches, the transport's
  * protocol switches), so it is measured at the job's (tp's activations, B x T x C
  * floats per plan, take the same rate). */
-static size_t msg_floats(const wf_config *cfg, const wf_gpt_dims *d)
+static size_t msg_floats(const wf_config *cfg, const wf_model_dims *d)
 {
-  size_t n = wf_gpt_num_params(d), bucket = ((size_t)cfg->optim.bucket_mb << 20) / sizeof(float);
+  size_t n = wf_model_num_params(d), bucket = ((size_t)cfg->optim.bucket_mb << 20) / sizeof(float);
   if (bucket > 0 && bucket < n)
     n = bucket;
   return WF_MAX(n, MIN_MSG);
@@ -471,7 +476,7 @@ int wf_plan_profile_hw(const wf_config *cfg, wf_comm *world, const char *path, F
 {
   wf_hw hw = {0};
   char err[512] = "";
-  wf_gpt_dims d = wf_gpt_dims_from_config(cfg);
+  wf_model_dims d = wf_model_dims_from_config(cfg);
   int T = cfg->train.seq_len > 0 ? cfg->train.seq_len : cfg->model.seq_len;
   int rank = world ? wf_comm_rank(world) : 0, W = world ? wf_comm_size(world) : 1;
   wf_status st = WF_OK;

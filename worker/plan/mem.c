@@ -1,7 +1,7 @@
 /*
  * mem.c - a rank's memory, by kind, from the functions the trainer allocates with:
  * wf_pipe_stage_shard (its stage), wf_pipe_slots (micro-batches in flight),
- * wf_gpt_mem_plan (the model), wf_grads_mem_plan (the gradient path and the
+ * wf_model_mem_plan (the model), wf_grads_mem_plan (the gradient path and the
  * optimizer's range), wf_optim_mem_plan (AdamW) and wf_pipe_mem_plan (the engine).
  * Nothing here sizes a buffer itself, except the trainer's token batch (two B x T int
  * arrays, setup.c's setup_data).
@@ -33,6 +33,8 @@ static size_t gpu_saved(int B, int T, int C, int NH)
   return ((lse + 15) & ~(size_t)15) + ((out + 15) & ~(size_t)15);
 }
 
+static size_t gpu_workspace(void) { return WF_KTABLE_GPU_WORKSPACE; }
+
 const wf_ktable *wf__plan_kernels(const wf_hw *hw)
 {
   static wf_ktable gpu;
@@ -42,6 +44,7 @@ const wf_ktable *wf__plan_kernels(const wf_hw *hw)
   gpu = *cpu;
   gpu.attention_saved = gpu_saved;
   gpu.attention_scratch = flash_saved;
+  gpu.workspace_bytes = gpu_workspace;
   return &gpu;
 }
 
@@ -51,7 +54,7 @@ const char *wf_plan_mem_kind_name(wf_plan_mem_kind k)
   return (unsigned)k < WF_PM_N ? names[k] : "?";
 }
 
-wf_status wf_plan_stage_mem_get(const wf_gpt_dims *d, const wf_plan_mesh *m, int pp_rank,
+wf_status wf_plan_stage_mem_get(const wf_model_dims *d, const wf_plan_mesh *m, int pp_rank,
                                 int dp_rank, const struct wf_ktable *k, wf_plan_stage_mem *out)
 {
   wf_status st = WF_OK;
@@ -65,12 +68,12 @@ wf_status wf_plan_stage_mem_get(const wf_gpt_dims *d, const wf_plan_mesh *m, int
                            .n_pp_layers = m->n_pp_layers,
                            .tp = m->tp,
                            .sequence = m->sp};
-  wf_gpt_opts o = {
+  wf_model_opts o = {
       .dims = *d, .B = m->B, .T = m->T, .recompute = m->recompute, .precision = m->prec};
   memset(out, 0, sizeof *out);
   WF_TRY(wf_pipe_stage_shard(&so, &o.shard));
   o.slots = wf_pipe_slots(m->kind, m->pp, pp_rank, m->M, o.shard.chunks);
-  wf_gpt_mem gm = wf_gpt_mem_plan(&o, k);
+  wf_model_mem gm = wf_model_mem_plan(&o, k);
   wf_grads_mem gr;
   WF_TRY(wf_grads_mem_plan(d, &o.shard, m->prec, m->dp, dp_rank, m->zero, m->fsdp, m->bucket_bytes,
                            m->keep, &gr));
@@ -81,11 +84,12 @@ wf_status wf_plan_stage_mem_get(const wf_gpt_dims *d, const wf_plan_mesh *m, int
   out->bytes[WF_PM_OPTIM] = wf_optim_mem_plan(gr.lo, gr.hi);
   out->bytes[WF_PM_ACTS] = gm.slots + gm.recompute + gm.scratch;
   out->bytes[WF_PM_COMM] = gr.scalar + (pipe - tokens); /* the engine's rings */
-  out->bytes[WF_PM_OTHER] = tokens + tokens;            /* the engine's and the trainer's */
+  size_t own = k ? k->workspace_bytes() : 0;       /* the kernels' workspace (NULL: the CPU's) */
+  out->bytes[WF_PM_OTHER] = tokens + tokens + own; /* + the engine's and the trainer's */
   for (int i = 0; i < WF_PM_N; i++)
     out->total += out->bytes[i];
   out->slots = o.slots;
-  out->params = wf_gpt_shard_params(d, &o.shard);
+  out->params = wf_model_shard_params(d, &o.shard);
   out->l0 = o.shard.l0, out->l1 = o.shard.l1, out->chunks = o.shard.chunks;
   out->n_buckets = gr.n_buckets;
 fail:

@@ -37,7 +37,7 @@ wf_status wf__plan_hw(const wf_config *cfg, const wf_plan_cli *cli, int world, w
 /* This machine: GEMMs at the model's shapes for micro-batch rows N and tp 1..tpmax, and
  * memory bandwidth, measured on this process's threads; collectives are left to the
  * defaults (shared memory) unless a communicator is given. */
-wf_status wf__plan_measure(const wf_gpt_dims *d, int N, int T, int tpmax, wf_hw *hw);
+wf_status wf__plan_measure(const wf_model_dims *d, int N, int T, int tpmax, wf_hw *hw);
 /* A mesh's key=value arguments (the line that runs it). */
 void wf__plan_keys(const wf_plan_mesh *m, char *buf, size_t len);
 /* Mesh in words: "dp 2 x tp 2 x pp 2, 1f1b, m 4 x B 2, zero 1, sp, recompute, bf16". */

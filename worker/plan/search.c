@@ -26,7 +26,7 @@
 
 typedef struct search {
   const wf_config *cfg;
-  wf_gpt_dims d;
+  wf_model_dims d;
   const wf_hw *hw;
   const wf_ktable *k;
   int world;
@@ -60,9 +60,11 @@ static bool valid(const search *s, const wf_plan_mesh *m, char *reason, size_t l
   c.parallel.activation_checkpointing = m->recompute;
   c.precision = m->prec;
   c.dist.world_size = 0, c.dist.num_nodes = 0, c.dist.procs_per_node = 0;
-  if (s->d.NH % m->tp || s->d.C % m->tp || s->d.Vp % m->tp) {
-    snprintf(reason, len, "tp %d does not divide the %d heads, d_model %d and padded vocab %d",
-             m->tp, s->d.NH, s->d.C, s->d.Vp);
+  if (s->d.NH % m->tp || s->d.KV % m->tp || s->d.C % m->tp || s->d.F % m->tp || s->d.Vp % m->tp) {
+    snprintf(reason, len,
+             "tp %d does not divide the %d heads (%d kv), d_model %d, the MLP's %d and padded "
+             "vocab %d",
+             m->tp, s->d.NH, s->d.KV, s->d.C, s->d.F, s->d.Vp);
     return false;
   }
   if (m->sp && ((size_t)m->B * m->T) % (size_t)m->tp) {
@@ -258,7 +260,7 @@ static void print_table(const search *s, int kept, int top, FILE *out)
           "tokens, model L=%d C=%d NH=%d V=%d (%.1fM parameters): %d ranked, %d left out\n",
           s->world, s->hw->name, WF_MIN(s->world, s->hw->gpus_per_node), s->limit / GIB,
           s->cfg->train.batch_size, s->plans ? s->plans[0].m.T : 0, s->d.L, s->d.C, s->d.NH, s->d.V,
-          wf_gpt_num_params(&s->d) * 1e-6, kept, s->n - kept);
+          wf_model_num_params(&s->d) * 1e-6, kept, s->n - kept);
   fprintf(out, "   # tokens/s   step_ms  peak_GiB  bubble_ms  dp_exp_ms  tp_ms  plan\n");
   for (int i = 0; i < kept && i < top; i++) {
     const wf__plan *p = &s->plans[i];
@@ -300,7 +302,7 @@ static void say_none(const search *s)
 
 int wf_plan_search(const wf_config *cfg, const wf_plan_cli *cli, FILE *out)
 {
-  search s = {.cfg = cfg, .d = wf_gpt_dims_from_config(cfg)};
+  search s = {.cfg = cfg, .d = wf_model_dims_from_config(cfg)};
   wf_hw hw;
   wf_plan_mesh base;
   char err[1024] = "";

@@ -1,15 +1,14 @@
 /*
  * time.c - the step time model.
  *
- * A stage's forward of one micro-batch (one model chunk): its GEMMs at the rates of
- * their shapes (qkv (N,C)x(C,3C/tp), attproj (N,C/tp)x(C/tp,C), fc (N,C)x(C,4C/tp),
- * fcproj (N,4C/tp)x(4C/tp,C), the head (N,C)x(C,Vp/tp)), attention (Q.K^T and att.V
- * per head, at the rate of a (T,hs)x(hs,T) GEMM), elementwise work (layernorms,
- * residuals, GELU, the CPU's softmax over T x T, the loss) at memory bandwidth, and its
- * tp collectives (two all-reduces of (N,C) per layer, or their reduce-scatter +
- * all-gather halves under sequence parallelism: the same bytes). Backward is twice the
- * forward's arithmetic and the same collectives; activation checkpointing adds one
- * forward of the layers. Each p2p message costs latency plus bytes over bandwidth.
+ * A stage's forward of one micro-batch (one model chunk): the kernels its family's
+ * block runs (wf_model_costs_get: GEMMs at the rates of their shapes, attention at the
+ * rate of a (T,hs)x(hs,T) GEMM per local head, norms and activations at their measured
+ * per-element costs, the rest at memory bandwidth, its tp collectives: all-reduces of
+ * (N,C), or their reduce-scatter + all-gather halves under sequence parallelism, the
+ * same bytes), the head (N,C)x(C,Vp/tp) and the loss. Backward is twice the forward's
+ * arithmetic and the same collectives; activation checkpointing adds one forward of the
+ * layers. Each p2p message costs latency plus bytes over bandwidth.
  *
  * The step: the schedule's own action lists run on a clock (wf_schedule_simulate) with
  * the slowest stage's forward and backward costs, then the dp communication's exposed
@@ -29,7 +28,7 @@
 #include "plan_int.h"
 
 typedef struct ctx {
-  const wf_gpt_dims *d;
+  const wf_model_dims *d;
   const wf_plan_mesh *m;
   const wf_hw *hw;
   int threads;
@@ -52,35 +51,39 @@ static double tp_allreduce(const ctx *c, double bytes)
   return wf_hw_allreduce_s(c->hw, bytes, c->m->tp, c->tp_intra);
 }
 
-/* Kernel calls of a block's forward and backward (forward.c, backward.c: layernorm, qkv,
- * attention, attproj, residual + layernorm, fc + GELU, fcproj, residual; backward about
- * twice as many), and of the head's (layernorm, logits, the loss's pack and combine). */
-#define BLOCK_FWD_OPS 8
-#define BLOCK_BWD_OPS 14
-#define HEAD_OPS      6
-
 static double ops(const ctx *c, int n) { return busy(c, n * c->hw->op_s); }
 
 typedef struct layer_cost {
   double fwd, bwd, tp; /* seconds: forward, backward (without recompute), tp collectives */
 } layer_cost;
 
-/* Elementwise work of a block, forward and backward: measured kernel costs (CPU
- * profiles: two layernorms and a GELU, per element, at the rank's threads) plus the
- * residuals and the CPU's softmax at memory bandwidth; else all of it at memory
- * bandwidth. */
-static void block_elem(const ctx *c, double N, double R, double C, double tp, double *f, double *b)
+/* The family's kernels of one block, at this mesh's micro-batch. */
+static void block_kernels(const ctx *c, wf_model_costs *k)
 {
   const wf_plan_mesh *m = c->m;
-  double T = m->T, NHl = (double)c->d->NH / tp;
-  double soft = c->hw->gpu ? 0 : 3 * m->B * NHl * T * T; /* the CPU keeps att (B,NH,T,T) */
+  double N = (double)m->B * m->T;
+  wf_cost_geo g = {.B = m->B,
+                   .T = m->T,
+                   .N = N,
+                   .R = m->sp ? N / m->tp : N,
+                   .tp = m->tp,
+                   .keeps_probs = !c->hw->gpu};
+  wf_model_costs_get(c->d, &g, k);
+}
+
+/* Elementwise work of a block, forward and backward: measured kernel costs (CPU
+ * profiles: the norms and the activation, per element, at the rank's threads) plus the
+ * rest (residuals, the CPU's softmax) at memory bandwidth; else all of it at memory
+ * bandwidth, a norm's or activation's element read and written (8 bytes). */
+static void block_elem(const ctx *c, double norm, double act, double bytes, double *f, double *b)
+{
   if (c->hw->ln_s > 0) {
-    double k = busy(c, (2 * R * C * c->hw->ln_s + N * 4 * C / tp * c->hw->gelu_s) / c->threads);
-    double r = mem(c, 4 * (6 * R * C + soft));
+    double k = busy(c, (norm * c->hw->ln_s + act * c->hw->gelu_s) / c->threads);
+    double r = mem(c, bytes);
     *f = k / 3 + r, *b = 2 * k / 3 + 2 * r;
     return;
   }
-  double e = mem(c, 4 * (10 * R * C + 2 * N * 4 * C / tp + soft));
+  double e = mem(c, bytes + 8 * norm + 8 * act);
   *f = e, *b = 2 * e;
 }
 
@@ -88,17 +91,28 @@ static void block_elem(const ctx *c, double N, double R, double C, double tp, do
 static layer_cost block(const ctx *c)
 {
   const wf_plan_mesh *m = c->m;
-  double N = (double)m->B * m->T, C = c->d->C, tp = m->tp, T = m->T;
-  double NHl = (double)c->d->NH / tp, hs = C / c->d->NH, R = m->sp ? N / tp : N;
-  double g = gemm(c, N, 3 * C / tp, C) + gemm(c, N, C, C / tp) + gemm(c, N, 4 * C / tp, C) +
-             gemm(c, N, C, 4 * C / tp);
-  double att = busy(c, wf_hw_attention_s(c->hw, m->B * NHl, T, hs, c->threads, m->prec));
+  wf_model_costs k;
+  double g = 0, att = 0, norm = 0, act = 0, bytes = 0, tpc = 0;
+  block_kernels(c, &k);
+  for (int i = 0; i < k.n_block; i++) {
+    const wf_cost *x = &k.block[i];
+    switch (x->kind) {
+    case WF_COST_GEMM: g += gemm(c, x->m, x->n, x->k); break;
+    case WF_COST_ATTENTION:
+      att += busy(c, wf_hw_attention_s(c->hw, x->m, x->n, x->k, c->threads, m->prec));
+      break;
+    case WF_COST_NORM: norm += x->m; break;
+    case WF_COST_ACT: act += x->m; break;
+    case WF_COST_BYTES: bytes += x->m; break;
+    case WF_COST_TP: tpc += m->tp > 1 ? tp_allreduce(c, x->m) : 0; break;
+    }
+  }
   double gb = c->hw->matmul_bwd > 0 ? c->hw->matmul_bwd : 2; /* backward over forward */
   double ab = c->hw->attn_bwd > 0 ? c->hw->attn_bwd : 2;
-  double ef, eb, tpc = m->tp > 1 ? 2 * tp_allreduce(c, N * C * 4) : 0;
-  block_elem(c, N, R, C, tp, &ef, &eb);
-  return (layer_cost){g + att + ef + ops(c, BLOCK_FWD_OPS) + tpc,
-                      gb * g + ab * att + eb + ops(c, BLOCK_BWD_OPS) + tpc, tpc};
+  double ef, eb;
+  block_elem(c, norm, act, bytes, &ef, &eb);
+  return (layer_cost){g + att + ef + ops(c, k.block_fwd_ops) + tpc,
+                      gb * g + ab * att + eb + ops(c, k.block_bwd_ops) + tpc, tpc};
 }
 
 /* The embedding (first chunk of the first stage) and the head (last chunk of the last). */
@@ -113,7 +127,9 @@ static layer_cost ends(const ctx *c, bool first, bool last)
     r.fwd += e + tpc, r.bwd += 2 * e + tpc, r.tp += tpc;
   }
   if (last) {
-    double g = gemm(c, N, Vl, C), e = mem(c, 4 * (3 * N * Vl + 4 * N * C)) + ops(c, HEAD_OPS);
+    wf_model_costs k;
+    block_kernels(c, &k);
+    double g = gemm(c, N, Vl, C), e = mem(c, 4 * (3 * N * Vl + 4 * N * C)) + ops(c, k.head_ops);
     r.fwd += g + e, r.bwd += 2 * (g + e);
   }
   return r;
@@ -174,7 +190,7 @@ fail:
   return st;
 }
 
-static ctx make_ctx(const wf_gpt_dims *d, const wf_plan_mesh *m, const wf_hw *hw)
+static ctx make_ctx(const wf_model_dims *d, const wf_plan_mesh *m, const wf_hw *hw)
 {
   int world = m->dp * m->tp * m->pp, node = WF_MAX(1, hw->gpus_per_node);
   ctx c = {d, m, hw, 1, 1, true, true, true};
@@ -233,7 +249,18 @@ static void dp_time(const ctx *c, double n, int nb, double F, double B, wf_plan_
   out->dp_exposed = fmax(0, red + gathers - hide) + after;
 }
 
-wf_status wf_plan_time_get(const wf_gpt_dims *d, const wf_plan_mesh *m, const wf_hw *hw,
+/* Bytes of a rank's slice of the tied embedding (0: the family's head is untied). */
+static double tied_bytes(const wf_model_dims *d, const wf_plan_mesh *m)
+{
+  wf_model_desc desc;
+  wf_model_describe(d, &desc);
+  for (int t = 0; t < desc.n; t++)
+    if (desc.t[t].place == WF_PLACE_TIED)
+      return (double)wf_model_tensor_numel(d, t) / m->tp * 4;
+  return 0;
+}
+
+wf_status wf_plan_time_get(const wf_model_dims *d, const wf_plan_mesh *m, const wf_hw *hw,
                            wf_plan_time *out)
 {
   wf_status st = WF_OK;
@@ -252,10 +279,8 @@ wf_status wf_plan_time_get(const wf_gpt_dims *d, const wf_plan_mesh *m, const wf
   wf_plan_stage_mem sm;
   WF_TRY(wf_plan_stage_mem_get(d, m, 0, 0, NULL, &sm));
   dp_time(&c, (double)sm.params, WF_MAX(1, sm.n_buckets), F, B, out);
-  if (m->pp > 1) { /* the tied embedding over the first and last stages */
-    double wte = (double)d->Vp * d->C / m->tp * 4;
-    out->pp_comm += wf_hw_allreduce_s(hw, wte, 2, c.pp_intra);
-  }
+  if (m->pp > 1 && tied_bytes(d, m) > 0) /* the tied embedding over the first and last stages */
+    out->pp_comm += wf_hw_allreduce_s(hw, tied_bytes(d, m), 2, c.pp_intra);
   double n = (double)sm.params, range = m->zero ? n / shard_group(m) : n;
   out->optim = mem(&c, 28 * range + 8 * n + (m->prec != WF_PREC_NO ? 8 * n : 0));
   out->step =

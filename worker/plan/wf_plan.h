@@ -4,7 +4,7 @@
  * predicted tokens/s (worker --estimate, --plan, --profile-hw).
  *
  * Memory is the trainer's own allocation arithmetic: wf_plan_stage_mem adds up
- * wf_gpt_mem_plan, wf_grads_mem_plan and wf_pipe_mem_plan, the functions the model,
+ * wf_model_mem_plan, wf_grads_mem_plan and wf_pipe_mem_plan, the functions the model,
  * the gradient path and the pipeline engine allocate with, for the shard
  * wf_pipe_stage_shard gives the trainer. On the CPU device it equals the memory the
  * trainer reports (mem= in the step line) byte for byte, train.trace's recorder aside.
@@ -145,7 +145,7 @@ typedef struct wf_plan_stage_mem {
 /* Memory of pp rank `pp_rank`, dp rank `dp_rank` (tp ranks all hold the same). k: the
  * kernels whose attention sizes apply (NULL = the CPU's). Refuses (WF_ECONFIG, logged
  * once) what the trainer refuses. */
-wf_status wf_plan_stage_mem_get(const wf_gpt_dims *d, const wf_plan_mesh *m, int pp_rank,
+wf_status wf_plan_stage_mem_get(const wf_model_dims *d, const wf_plan_mesh *m, int pp_rank,
                                 int dp_rank, const struct wf_ktable *k, wf_plan_stage_mem *out);
 const char *wf_plan_mem_kind_name(wf_plan_mem_kind k);
 
@@ -163,7 +163,7 @@ typedef struct wf_plan_time {
   double sim_bubble; /* idle share of the simulated schedule */
 } wf_plan_time;
 
-wf_status wf_plan_time_get(const wf_gpt_dims *d, const wf_plan_mesh *m, const wf_hw *hw,
+wf_status wf_plan_time_get(const wf_model_dims *d, const wf_plan_mesh *m, const wf_hw *hw,
                            wf_plan_time *out);
 
 /* A mesh from a validated config (world: dist.world_size, nodes x procs per node, or the

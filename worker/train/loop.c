@@ -22,7 +22,7 @@ static bool eval_due(const wf__trainer *tr, int step)
 
 /* After step's on_step: write a checkpoint when one is due. stopping: on_step ended the
  * run (SIGTERM, the console's stop), so this is the last chance. */
-static wf_status maybe_checkpoint(wf__trainer *tr, int step, bool stopping)
+static wf_status maybe_checkpoint(wf__trainer *tr, int step, bool stopping, bool *wrote)
 {
   const wf_config *cfg = tr->cfg;
   const wf_train_hooks *h = tr->hooks;
@@ -33,11 +33,17 @@ static wf_status maybe_checkpoint(wf__trainer *tr, int step, bool stopping)
              (h && h->checkpoint_now && h->checkpoint_now(h->user));
   if (!due)
     return WF_OK;
+  *wrote = true;
+  tr->saved_step = step;
   if (h && h->on_phase)
     h->on_phase(h->user, "checkpoint");
-  /* ZeRO-3: the flat parameters gathered whole for the writer; the next step shards
-   * them again (the checkpoint is ZeRO-1/2's format: optimizer shards, whole model) */
-  wf_status st = wf_grads_unshard(tr->grads);
+  /* The step's tied check is read now, not with the next norm: no checkpoint holds
+   * copies that differ. ZeRO-3: the flat parameters gathered whole for the writer; the
+   * next step shards them again (the checkpoint is ZeRO-1/2's format: optimizer shards,
+   * whole model) */
+  wf_status st = wf_grads_check_tied_end(tr->grads);
+  if (st == WF_OK)
+    st = wf_grads_unshard(tr->grads);
   if (st == WF_OK)
     st = wf_ckpt_save(&tr->ck, step);
   if (h && h->on_phase)
@@ -86,7 +92,10 @@ static wf_status one_step(wf__trainer *tr, int step, bool *go_on)
   tr->aside_s += wf_now() - t;
   *go_on = !tr->hooks || !tr->hooks->on_step || tr->hooks->on_step(tr->hooks->user, &info);
   t = wf_now();
-  st = maybe_checkpoint(tr, step, !*go_on);
+  bool wrote = false;
+  st = maybe_checkpoint(tr, step, !*go_on, &wrote);
+  if (st == WF_OK && wrote && *go_on && tr->hooks && tr->hooks->after_checkpoint)
+    *go_on = tr->hooks->after_checkpoint(tr->hooks->user);
   tr->aside_s += wf_now() - t;
 fail:
   return st;
@@ -100,8 +109,11 @@ static wf_status run_loop(wf__trainer *tr)
   if (tr->start >= tr->steps && tr->talk)
     fprintf(tr->out, "the checkpoint is at step %d of train.steps %d: nothing to train\n",
             tr->start, tr->steps);
+  tr->done = tr->start, tr->first_loss = tr->last_val = NAN;
   for (int step = tr->start + 1; step <= tr->steps && go_on; step++)
     WF_TRY(one_step(tr, step, &go_on));
+  tr->stopped = !go_on && tr->done < tr->steps;
+  st = wf_grads_check_tied_end(tr->grads); /* the last step's */
 fail:
   wf__clear_bar(tr);
   return st;
@@ -116,12 +128,13 @@ static wf_status save_final(wf__trainer *tr)
   float *full = NULL;
   if (!path)
     return WF_OK;
-  WF_CHECK_ALLOC(full = malloc(wf_gpt_num_params(&tr->dims) * sizeof *full));
+  WF_CHECK_ALLOC(full = malloc(wf_model_num_params(&tr->dims) * sizeof *full));
   WF_TRY(wf_grads_unshard(tr->grads)); /* ZeRO-3: the flat parameters back, gathered */
   bool parallel = tr->tp > 1 || tr->pp > 1;
-  WF_TRY(wf_gpt_gather_full(tr->model, 0, full, parallel ? tr->world : NULL, tr->dp_rank == 0));
+  WF_TRY(wf_gather_full(tr->model, 0, full, parallel ? tr->world : NULL, tr->dp_rank == 0));
   if (wf_rt_rank() <= 0)
-    st = wf_weights_write(path, tr->hooks->save_format, &tr->dims, full);
+    st = wf_weights_write(path, tr->hooks->save_format, &tr->dims, full,
+                          (size_t)(tr->cfg->model.shard_mb * 1e6));
 fail:
   free(full);
   return st;
@@ -132,11 +145,7 @@ static wf_status write_trace(wf__trainer *tr)
 {
   if (!tr->trace)
     return WF_OK;
-  wf_status st = wf_trace_write(tr->trace, tr->world, tr->cfg->train.trace);
-  if (st == WF_OK && tr->talk)
-    fprintf(tr->out, "trace: steps %d..%d of every rank in %s\n", tr->cfg->train.trace_steps[0],
-            tr->cfg->train.trace_steps[1], tr->cfg->train.trace);
-  return st;
+  return wf_trace_write(tr->trace, tr->world, tr->cfg->train.trace); /* the summary says where */
 }
 
 wf_status wf_train_run(const wf_config *cfg, const wf_train_hooks *hooks)
@@ -154,6 +163,7 @@ wf_status wf_train_run(const wf_config *cfg, const wf_train_hooks *hooks)
             "tied embedding: the first and last stage's copies were identical after each of %ld "
             "steps\n",
             gs.tied_checks);
+  wf__print_summary(&tr);
 fail:
   wf__train_teardown(&tr);
   return st;
@@ -168,7 +178,7 @@ static wf_status place_logits(wf__trainer *tr, float *logits, size_t N)
   int Vl = tr->dims.Vp / tr->tp, r = wf__comm_rank(tr->tp_comm);
   float *mine = NULL;
   WF_CHECK_ALLOC(mine = malloc(N * (size_t)Vl * sizeof *mine));
-  WF_TRY(wf_dev_read(tr->dev, mine, wf_gpt_logits(tr->model), N * (size_t)Vl * sizeof *mine));
+  WF_TRY(wf_dev_read(tr->dev, mine, wf_model_logits(tr->model), N * (size_t)Vl * sizeof *mine));
   for (size_t i = 0; i < N; i++)
     memcpy(logits + i * tr->dims.Vp + (size_t)r * Vl, mine + i * Vl, Vl * sizeof(float));
 fail:
@@ -183,7 +193,7 @@ fail:
 static wf_status dump_state(wf__trainer *tr, const char *path, int dp_rank)
 {
   wf_status st = WF_OK;
-  size_t np = wf_gpt_num_params(&tr->dims), N = (size_t)tr->B * tr->T;
+  size_t np = wf_model_num_params(&tr->dims), N = (size_t)tr->B * tr->T;
   size_t nl = N * (size_t)tr->dims.Vp;
   double loss = 0;
   float *grads = NULL, *logits = NULL;
@@ -192,11 +202,11 @@ static wf_status dump_state(wf__trainer *tr, const char *path, int dp_rank)
   tr->split = WF_DATA_TRAIN, tr->step = 1;
   /* the logits of the forward, before backward turns them into their gradient */
   WF_TRY(wf_pipe_forward(tr->pipe, wf__batch_cb, tr, &loss));
-  if (wf_gpt_get_shard(tr->model)->last && dp_rank == 0)
+  if (wf_model_get_shard(tr->model)->last && dp_rank == 0)
     WF_TRY(place_logits(tr, logits, N));
   WF_TRY(wf__accumulate(tr, 1, &loss, NULL));
   WF_TRY(wf_grads_finish(tr->grads));
-  WF_TRY(wf_gpt_gather_full(tr->model, 1, grads, tr->world, dp_rank == 0));
+  WF_TRY(wf_gather_full(tr->model, 1, grads, tr->world, dp_rank == 0));
   if (tr->world)
     WF_TRY(wf_comm_allreduce(tr->world, logits, logits, nl, WF_COMM_F32, WF_COMM_SUM));
   if (wf_rt_rank() <= 0) {
@@ -230,7 +240,7 @@ wf_status wf_train_dump_state(const wf_config *cfg, const char *path, const wf_t
     st = dump_state(&tr, path, comms && comms->dp ? wf_comm_rank(comms->dp) : 0);
   } else {
     WF_TRY(wf_data_batch(tr.data, tr.inputs, tr.targets, WF_DATA_TRAIN, 0, 0, 1, 0, 1));
-    st = wf_gpt_dump_state(tr.model, path, tr.inputs, tr.targets, tr.B, tr.T);
+    st = wf_model_dump_state(tr.model, path, tr.inputs, tr.targets, tr.B, tr.T);
   }
 fail:
   wf__train_teardown(&tr);

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "train_int.h"
+#include "wf_file.h"
 
 int wf__comm_size(wf_comm *c) { return c ? wf_comm_size(c) : 1; }
 int wf__comm_rank(wf_comm *c) { return c ? wf_comm_rank(c) : 0; }
@@ -69,7 +70,7 @@ static wf_status setup_dims(wf__trainer *tr)
 {
   wf_status st = WF_OK;
   const wf_config *cfg = tr->cfg;
-  tr->dims = wf_gpt_dims_from_config(cfg);
+  tr->dims = wf_model_dims_from_config(cfg);
   if (cfg->model.init[0])
     WF_TRY(rank0_first(tr, peek_init, NULL));
   /* model.init's context bounds a derived length (model.seq_len is the file's) */
@@ -80,6 +81,12 @@ static wf_status setup_dims(wf__trainer *tr)
   WF_REFUSE(tr->T <= tr->dims.maxT, WF_ECONFIG,
             "train.seq_len %d exceeds the model's context %d (model.seq_len)", tr->T,
             tr->dims.maxT);
+  /* llm.c's format holds GPT-2 alone: say so now, not after training */
+  bool llmc = tr->hooks && tr->hooks->save_llmc && tr->hooks->save_format != WF_WEIGHTS_SAFETENSORS;
+  WF_REFUSE(!llmc || wf_model_family(&tr->dims)->llmc, WF_ECONFIG,
+            "--save %s writes an llm.c checkpoint (the default --save-format), which holds "
+            "GPT-2 only, and this model is model.family=%s: add --save-format safetensors",
+            tr->hooks->save_llmc, wf_model_family_name(&tr->dims));
 fail:
   return st;
 }
@@ -96,9 +103,9 @@ static wf_status load_init(wf__trainer *tr)
 {
   wf_status st = WF_OK;
   float *full = NULL;
-  WF_CHECK_ALLOC(full = malloc(wf_gpt_num_params(&tr->dims) * sizeof *full));
+  WF_CHECK_ALLOC(full = malloc(wf_model_num_params(&tr->dims) * sizeof *full));
   WF_TRY(rank0_first(tr, read_init, full));
-  st = wf_gpt_import_full(tr->model, 0, full);
+  st = wf_model_import_full(tr->model, 0, full);
 fail:
   free(full);
   return st;
@@ -122,16 +129,15 @@ static wf_status setup_stage(wf__trainer *tr)
                            .tp = tr->tp,
                            .tp_rank = wf__comm_rank(tr->tp_comm),
                            .sequence = cfg->parallel.sequence};
-  wf_gpt_opts o = {.dims = tr->dims,
-                   .dev = tr->dev,
-                   .tp_comm = tr->tp_comm,
-                   .B = tr->B,
-                   .T = tr->T,
-                   .recompute = cfg->parallel.activation_checkpointing,
-                   .precision = cfg->precision};
+  wf_model_opts o = {.dims = tr->dims,
+                     .dev = tr->dev,
+                     .B = tr->B,
+                     .T = tr->T,
+                     .recompute = cfg->parallel.activation_checkpointing,
+                     .precision = cfg->precision};
   /* every stage's layers, for the banner; this rank's shard among them */
   for (int s = 0; s < tr->pp; s++) {
-    wf_gpt_shard sh;
+    wf_model_shard sh;
     so.rank = s;
     WF_TRY(wf_pipe_stage_shard(&so, &sh));
     tr->bounds[s] = sh.l0;
@@ -141,8 +147,12 @@ static wf_status setup_stage(wf__trainer *tr)
   }
   tr->chunks = o.shard.chunks;
   o.slots = wf_pipe_slots(cfg->train.schedule, tr->pp, r, tr->M, tr->chunks);
-  WF_TRY(wf_gpt_create_shard(&tr->model, &o));
-  wf_gpt_set_trace(tr->model, tr->trace);
+  if (tr->tp > 1) {
+    WF_TRY(wf_tp_create(&tr->tpr, tr->tp_comm, tr->dev, o.shard.sequence));
+    wf_tp_set_trace(tr->tpr, tr->trace);
+    o.tp = wf_tp_regions_of(tr->tpr);
+  }
+  WF_TRY(wf_model_create_shard(&tr->model, &o));
 fail:
   return st;
 }
@@ -157,6 +167,7 @@ static wf_status setup_optim(wf__trainer *tr)
                       .pp = tr->pp_comm,
                       .emb = tr->emb_comm,
                       .tp = tr->tp_comm,
+                      .tp_regions = tr->tpr,
                       .bucket_bytes = (size_t)cfg->optim.bucket_mb << 20,
                       .zero = cfg->optim.zero,
                       .fsdp = cfg->mesh.fsdp,
@@ -178,8 +189,8 @@ static wf_status setup_model(wf__trainer *tr)
   if (cfg->model.init[0])
     WF_TRY(load_init(tr));
   else
-    WF_TRY(wf_gpt_init(tr->model, cfg->train.seed));
-  tr->flops = wf_gpt_flops_per_step(&tr->dims, tr->B * tr->M * tr->D, tr->T);
+    WF_TRY(wf_model_init(tr->model, cfg->train.seed));
+  tr->flops = wf_model_flops_per_step(&tr->dims, tr->B * tr->M * tr->D, tr->T);
   wf_pipe_opts po = {tr->pp_comm, tr->model, cfg->train.schedule, tr->M, tr->chunks, tr->B,
                      tr->T,       tr->trace};
   WF_TRY(wf_pipe_create(&tr->pipe, &po));
@@ -252,6 +263,8 @@ static wf_status trace_dir_ok(const char *path)
   char dir[WF_PATH_MAX];
   struct stat sb;
   const char *slash = strrchr(path, '/'), *why = NULL;
+  if (wf_file_make_parent(path, "train.trace") != WF_OK) /* said why */
+    return WF_EIO;
   if (!slash)
     snprintf(dir, sizeof dir, ".");
   else
@@ -342,7 +355,8 @@ void wf__train_teardown(wf__trainer *tr)
   wf_optim_destroy(tr->optim);
   wf_grads_destroy(tr->grads);
   wf_pipe_destroy(tr->pipe);
-  wf_gpt_destroy(tr->model);
+  wf_model_destroy(tr->model);
+  wf_tp_destroy(tr->tpr);
   wf_trace_destroy(tr->trace);
   wf_tokenizer_destroy(tr->tok);
 }

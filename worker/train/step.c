@@ -10,7 +10,9 @@
  *   2. the gradient path: the rest of the reductions, then the global norm;
  *   3. the optimizer: clip, fp16 loss scaling (an overflow skips the update), AdamW;
  *   4. the gradient path again: parameters synchronised (ZeRO), the tied embedding's
- *      copies checked.
+ *      copies checked (on the device; the answer comes with the next norm).
+ * The host waits for the device twice a step, where a value must reach it: the loss
+ * (the pipeline's end) and the norm (info->host_syncs counts it).
  * Evaluation runs the forward pass on train.eval_batches fixed validation batches (the
  * same ones every time, so the curve is comparable across evaluations).
  *
@@ -135,7 +137,7 @@ static void fill_info(wf__trainer *tr, int step, double dt, double loss, float n
   double tp_s = 0, tp_bytes = 0;
   wf_mem_get_stats(&ms);
   wf_grads_get_stats(tr->grads, &gs);
-  wf_gpt_tp_stats(tr->model, &tp_s, &tp_bytes);
+  wf_tp_stats(tr->tpr, &tp_s, &tp_bytes);
   *info = (wf_train_step_info){
       .step = step,
       .steps = tr->steps,
@@ -152,11 +154,11 @@ static void fill_info(wf__trainer *tr, int step, double dt, double loss, float n
       .tp_ms = tp_s * 1e3,
       .optim_bytes = (int64_t)wf_optim_bytes(tr->optim),
       .peak_tflops = tr->peak_tflops,
-      .params = (int64_t)wf_gpt_local_params(tr->model),
+      .params = (int64_t)wf_model_local_params(tr->model),
       .loss_scale = oi->scale,
       .skipped = oi->skipped,
       .skipped_steps = wf_optim_get_scaler(tr->optim)->skipped,
-      .param_bytes = (int64_t)(wf_gpt_param_bytes(tr->model) + wf_grads_param_bytes(tr->grads)),
+      .param_bytes = (int64_t)(wf_model_param_bytes(tr->model) + wf_grads_param_bytes(tr->grads)),
       .grad_bytes = (int64_t)wf_grads_bytes(tr->grads),
   };
   /* The peak is per rank; the job has world_size such ranks. */
@@ -186,9 +188,10 @@ wf_status wf__train_step(wf__trainer *tr, int step, wf_train_step_info *info)
   float norm = 0;
   wf_optim_step_info oi = {0};
   wf_pipe_stats ps = {0};
+  uint64_t syncs = wf_dev_host_syncs(tr->dev);
   if (tr->trace)
     wf_trace_set_on(tr->trace, tracing(tr, step));
-  wf_gpt_set_loss_scale(tr->model, (float)wf_optim_backward_scale(tr->optim));
+  wf_model_set_loss_scale(tr->model, (float)wf_optim_backward_scale(tr->optim));
   WF_TRY(wf__accumulate(tr, step, &loss, &ps));
   double tr0 = wf_now();
   WF_TRY(reduce_and_update(tr, step, loss, &norm, &oi));
@@ -197,6 +200,7 @@ wf_status wf__train_step(wf__trainer *tr, int step, wf_train_step_info *info)
   if (tr->trace && wf_trace_on(tr->trace))
     wf_trace_span(tr->trace, "step end (reduction, norm, AdamW)", "optim", tr0, wf_now(), step, -1);
   fill_info(tr, step, dt, loss, norm, &oi, info);
+  info->host_syncs = (int)(wf_dev_host_syncs(tr->dev) - syncs);
   info->compute_ms = ps.busy_s * 1e3;
   info->p2p_wait_ms = ps.wait_s * 1e3;
   info->act_bytes = (int64_t)ps.act_bytes;

@@ -29,7 +29,8 @@ typedef struct wf__trainer {
   bool bar;  /* progress bar on stderr (stdout is a terminal) */
   bool can_eval;
   wf_dev *dev;
-  wf_gpt *model;
+  wf_model *model;
+  wf_tp *tpr;      /* tensor parallelism's region operators (tp > 1), the model's */
   wf_grads *grads; /* the gradient path: zero, reductions, norm, parameter sync */
   wf_optim *optim; /* AdamW state (this rank's dp shard under ZeRO-1), clip, scaler, lr */
   wf_comm *dp_comm, *tp_comm, *pp_comm, *emb_comm, *world; /* borrowed; NULL = size 1 */
@@ -42,7 +43,7 @@ typedef struct wf__trainer {
   int step;   /* the step being run (for the batch callback) */
   wf_data_split split;
   wf_data *data;
-  wf_gpt_dims dims;
+  wf_model_dims dims;
   int B, T, M, steps;    /* micro-batch rows, sequence length, micro-batches, steps */
   int *inputs, *targets; /* (B, T), host */
   FILE *metrics;
@@ -58,7 +59,14 @@ typedef struct wf__trainer {
   double loss_mean;        /* the loss-jump watch's running mean (report.c) */
   int loss_n;              /* steps in it */
   wf_tokenizer *tok;       /* data.tokenizer, loaded by the first sample; NULL = bytes */
-  uint64_t launches;       /* the device's launch count at the last metrics line */
+  /* for the end-of-run summary (report.c): */
+  int done;          /* the last step trained (tr->start before the first) */
+  bool stopped;      /* on_step stopped the run before train.steps */
+  double first_loss; /* the first step's loss this run; NAN before it */
+  double last_loss;  /* the last step's */
+  double last_val;   /* the last evaluation's; NAN when none ran */
+  int saved_step;    /* the last checkpoint written this run; 0 = none */
+  uint64_t launches; /* the device's launch count at the last metrics line */
 } wf__trainer;
 
 /* Hooks for a one-off run inside the job (--dump-state, --generate): comms' groups and
@@ -93,6 +101,9 @@ void wf__print_banner(const wf__trainer *tr);
 wf_status wf__setup_peak(wf__trainer *tr);
 void wf__report_step(wf__trainer *tr, const wf_train_step_info *in, double eta, double eval_ms);
 void wf__clear_bar(const wf__trainer *tr);
+/* Rank 0, after the run: steps, wall time, tokens/s, the losses and where every output
+ * went (checkpoint, metrics, trace, saved model). */
+void wf__print_summary(const wf__trainer *tr);
 wf_status wf__open_metrics(wf__trainer *tr);
 
 #endif /* WF_TRAIN_INT_H */

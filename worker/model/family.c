@@ -1,0 +1,198 @@
+/*
+ * family.c - the registry of model families and what every caller asks of one through
+ * its description: dimensions (defaults, checks, from the config), the tensors and
+ * their sizes, FLOPs and the planner's kernel costs.
+ *
+ * A family is data plus its compute: adding one is a folder under model/ (its
+ * wf_family table, its tensors' descriptions, its block's forward and backward) and a
+ * line in `families` below. Nothing outside model/ names a family's tensors.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "model_int.h"
+
+static const wf_family *const families[] = {&wf__family_gpt2};
+
+const wf_family *const *wf_model_families(int *n)
+{
+  *n = (int)WF_ARRAY_LEN(families);
+  return families;
+}
+
+const wf_family *wf_model_family_find(const char *name)
+{
+  for (size_t i = 0; name && i < WF_ARRAY_LEN(families); i++)
+    if (!strcmp(families[i]->name, name) && families[i]->version == WF_FAMILY_VERSION)
+      return families[i];
+  return NULL;
+}
+
+const wf_family *wf_model_family(const wf_model_dims *d)
+{
+  return d->fam ? d->fam : &wf__family_gpt2;
+}
+
+const char *wf_model_family_name(const wf_model_dims *d) { return wf_model_family(d)->name; }
+
+/* ---- dimensions -------------------------------------------------------------------- */
+
+wf_model_dims wf_model_dims_resolve(const wf_model_dims *d)
+{
+  wf_model_dims r = *d;
+  r.fam = wf_model_family(d);
+  if (r.KV <= 0)
+    r.KV = r.NH;
+  if (r.F <= 0)
+    r.F = 4 * r.C;
+  r.fam->resolve(&r);
+  return r;
+}
+
+wf_model_dims wf_model_dims_from_config(const wf_config *cfg)
+{
+  wf_model_dims d = {
+      .fam = wf_model_family_find(cfg->model.family),
+      .L = cfg->model.layers,
+      .NH = cfg->model.heads,
+      .C = cfg->model.d_model,
+      .maxT = cfg->model.seq_len,
+      .V = cfg->model.vocab,
+      .Vp = cfg->model.padded_vocab,
+      .KV = cfg->model.kv_heads,
+      .F = cfg->model.ffn,
+      .tie = cfg->model.tie_embeddings,
+      .rope_theta = cfg->model.rope_theta,
+      .norm_eps = (float)cfg->model.norm_eps,
+  };
+  if (d.Vp < d.V) /* not derived yet: round up to a multiple of 128 as validate does */
+    d.Vp = (d.V + 127) / 128 * 128;
+  return wf_model_dims_resolve(&d);
+}
+
+const char *wf_model_dims_check(const wf_model_dims *dd)
+{
+  wf_model_dims r = wf_model_dims_resolve(dd), *d = &r;
+  if (d->L <= 0 || d->NH <= 0 || d->C <= 0 || d->maxT <= 0 || d->V <= 0 || d->Vp <= 0 ||
+      d->KV <= 0 || d->F <= 0)
+    return "every dimension must be positive";
+  /* Bounds that keep every size_t product exact and every (B*T, C) int index valid. */
+  if (d->L > (1 << 16) || d->C > (1 << 20) || d->NH > d->C || d->maxT > (1 << 20) ||
+      d->Vp > (1 << 24) || d->F > (1 << 22) ||
+      (double)d->L * (4.0 * d->C * d->C + 3.0 * d->C * d->F) > 1e12)
+    return "dimensions too large";
+  if (d->C % d->NH != 0)
+    return "d_model must be a multiple of the number of heads";
+  if (d->NH % d->KV != 0)
+    return "the heads must be a multiple of the key/value heads";
+  if (d->Vp < d->V)
+    return "padded vocab must be at least the vocab";
+  return d->fam->check(d);
+}
+
+bool wf_model_dims_same(const wf_model_dims *a, const wf_model_dims *b, const char **field,
+                        double *va, double *vb)
+{
+  wf_model_dims x = wf_model_dims_resolve(a), y = wf_model_dims_resolve(b);
+  const struct {
+    const char *name;
+    double a, b;
+  } f[] = {
+      {"family", x.fam == y.fam ? 0 : 1, 0},
+      {"layers", x.L, y.L},
+      {"heads", x.NH, y.NH},
+      {"kv_heads", x.KV, y.KV},
+      {"d_model", x.C, y.C},
+      {"ffn", x.F, y.F},
+      {"seq_len", x.maxT, y.maxT},
+      {"vocab", x.V, y.V},
+      {"padded_vocab", x.Vp, y.Vp},
+      {"tie_embeddings", x.tie == WF_TIE_YES, y.tie == WF_TIE_YES},
+      {"rope_theta", x.rope_theta, y.rope_theta},
+      {"norm_eps", x.norm_eps, y.norm_eps},
+  };
+  for (size_t i = 0; i < WF_ARRAY_LEN(f); i++) {
+    if (f[i].a != f[i].b) {
+      if (field)
+        *field = f[i].name, *va = f[i].a, *vb = f[i].b;
+      return false;
+    }
+  }
+  return true;
+}
+
+/* ---- tensors ------------------------------------------------------------------------ */
+
+size_t wf_dim_size(const wf_model_dims *d, wf_dim x)
+{
+  size_t hs = (size_t)(d->C / d->NH);
+  switch (x) {
+  case WF_DIM_C: return (size_t)d->C;
+  case WF_DIM_Q: return (size_t)d->NH * hs;
+  case WF_DIM_KV: return (size_t)d->KV * hs;
+  case WF_DIM_F: return (size_t)d->F;
+  case WF_DIM_VP: return (size_t)d->Vp;
+  case WF_DIM_T: return (size_t)d->maxT;
+  default: return 1;
+  }
+}
+
+size_t wf_tensor_group_rows(const wf_model_dims *d, const wf_tensor_desc *t, int g)
+{
+  return wf_dim_size(d, t->rows[g]);
+}
+
+size_t wf_tensor_rows(const wf_model_dims *d, const wf_tensor_desc *t)
+{
+  size_t n = 0;
+  for (int g = 0; g < t->n_groups; g++)
+    n += wf_tensor_group_rows(d, t, g);
+  return n;
+}
+
+size_t wf_tensor_cols(const wf_model_dims *d, const wf_tensor_desc *t)
+{
+  return wf_dim_size(d, t->cols);
+}
+
+void wf_model_describe(const wf_model_dims *d, wf_model_desc *out)
+{
+  wf_model_dims r = wf_model_dims_resolve(d);
+  r.fam->describe(&r, out);
+}
+
+int wf_model_num_tensors(const wf_model_dims *d)
+{
+  wf_model_desc desc;
+  wf_model_describe(d, &desc);
+  return desc.n;
+}
+
+int wf_model_tensor_find(const wf_model_dims *d, const char *name)
+{
+  wf_model_desc desc;
+  wf_model_describe(d, &desc);
+  for (int i = 0; i < desc.n; i++)
+    if (!strcmp(desc.t[i].name, name))
+      return i;
+  return -1;
+}
+
+double wf_model_flops_per_step(const wf_model_dims *d, int B, int T)
+{
+  wf_model_dims r = wf_model_dims_resolve(d);
+  return r.fam->step_flops(&r, B, T);
+}
+
+double wf_model_layer_flops(const wf_model_dims *d, int T)
+{
+  wf_model_dims r = wf_model_dims_resolve(d);
+  return r.fam->layer_flops(&r, T);
+}
+
+void wf_model_costs_get(const wf_model_dims *d, const wf_cost_geo *g, wf_model_costs *out)
+{
+  wf_model_dims r = wf_model_dims_resolve(d);
+  memset(out, 0, sizeof *out);
+  r.fam->costs(&r, g, out);
+}

@@ -1,0 +1,138 @@
+/*
+ * ops.c - the pieces of a Megatron block that every family is built from: crossing the
+ * tensor-parallel regions (through the operators worker/parallel gives the model, the
+ * identity without them), the row-parallel product, the column-parallel backward, and
+ * the vocabulary-parallel head with its cross-entropy loss.
+ *
+ * The model never communicates itself: every collective is behind m->tp (wf_tp_ops).
+ * With tp = 1 the operators are the identity here, which copies where the caller asked
+ * for a result in another buffer (so the two paths leave the same bytes in the same
+ * places).
+ */
+#include "model_int.h"
+
+/* ---- tensor-parallel regions ------------------------------------------------------- */
+
+static wf_status copy(wf_model *m, float *dst, const float *src, size_t n)
+{
+  if (dst == src)
+    return WF_OK;
+  return wf_dev_copy(m->dev, dst, src, n * sizeof(float), WF_COPY_D2D, NULL);
+}
+
+wf_status wf__enter_fwd(wf_model *m, const float **out, const float *x, float *full, size_t N,
+                        size_t C)
+{
+  if (m->tp.ops)
+    return m->tp.ops->enter_fwd(m->tp.ctx, out, x, full, N, C);
+  *out = x;
+  return WF_OK;
+}
+
+wf_status wf__enter_bwd(wf_model *m, float *dx, float *dfull, size_t N, size_t C)
+{
+  if (m->tp.ops)
+    return m->tp.ops->enter_bwd(m->tp.ctx, dx, dfull, N, C);
+  return copy(m, dx, dfull, N * C);
+}
+
+wf_status wf__leave_fwd(wf_model *m, float *y, float *partial, size_t N, size_t C)
+{
+  if (m->tp.ops)
+    return m->tp.ops->leave_fwd(m->tp.ctx, y, partial, N, C);
+  return copy(m, y, partial, N * C);
+}
+
+wf_status wf__leave_bwd(wf_model *m, const float **out, const float *dy, float *full, size_t N,
+                        size_t C)
+{
+  if (m->tp.ops)
+    return m->tp.ops->leave_bwd(m->tp.ctx, out, dy, full, N, C);
+  *out = dy;
+  return WF_OK;
+}
+
+wf_status wf__zero(wf_model *m, float *p, size_t n)
+{
+  return wf_dev_memset(m->dev, p, 0, n * sizeof *p, NULL);
+}
+
+/* ---- the two halves of a tensor-parallel region ---------------------------------------- */
+
+wf_status wf__row_parallel(wf_model *m, float *y, const float *x, int w, int b, int l, int N,
+                           int IC)
+{
+  int C = m->d.C;
+  const float *bias = b >= 0 && m->s.tp_rank == 0 ? wf_model_param(m, b, l, 0) : NULL;
+  m->k->matmul_forward(m->da.proj, x, wf__gemm_weight(m, w, l), bias, N, IC, C, m->prec, NULL);
+  return wf__leave_fwd(m, y, m->da.proj, (size_t)N, (size_t)C);
+}
+
+wf_status wf__column_backward(wf_model *m, float *dout, const float *x, int w, int b, int l, int N,
+                              int OC)
+{
+  wf_status st = WF_OK;
+  int C = m->d.C;
+  wf__round_operand(m, dout, (size_t)N * OC);
+  WF_TRY(wf__zero(m, m->da.dc, (size_t)N * C));
+  m->k->matmul_backward(m->da.dc, wf_model_param(m, w, l, 1),
+                        b >= 0 ? wf_model_param(m, b, l, 1) : NULL, dout, x,
+                        wf__gemm_weight(m, w, l), N, C, OC, m->prec, NULL);
+  st = wf__enter_bwd(m, m->da.dl, m->da.dc, (size_t)N, (size_t)C);
+fail:
+  return st;
+}
+
+/* ---- the vocabulary-parallel head ----------------------------------------------------- */
+
+/* Combine the tp ranks' row statistics of the vocabulary-parallel softmax: the global
+ * max M, sum_r sumexp_r * exp(max_r - M), and the target logit of the rank holding the
+ * target. One all-gather of 3 floats per row; nobody holds full-vocabulary logits. */
+static wf_status xent_combine(wf_model *m, wf__slot *a, int N)
+{
+  wf_status st = WF_OK;
+  int tp = m->s.tp;
+  if (tp == 1 || !m->tp.ops)
+    return WF_OK;
+  float *all = m->da.stats, *mine = all + (size_t)3 * tp * N; /* (tp,N,3) then (N,3) */
+  m->k->xent_pack(mine, a->row_max, a->row_sumexp, a->target_logit, N, NULL);
+  WF_TRY(m->tp.ops->gather(m->tp.ctx, mine, all, (size_t)3 * N));
+  m->k->xent_combine(a->row_max, a->row_sumexp, a->target_logit, all, N, tp, NULL);
+fail:
+  return st;
+}
+
+wf_status wf__head_loss_forward(wf_model *m, wf__slot *a, const float *xn, int w)
+{
+  wf_status st = WF_OK;
+  const wf_ktable *k = m->k;
+  int C = m->d.C, N = a->B * a->T;
+  const float *x;
+  WF_TRY(wf__enter_fwd(m, &x, xn, m->da.full, (size_t)N, (size_t)C));
+  /* padding rows of the weight give padding columns the loss ignores */
+  k->matmul_forward(a->logits, x, wf__gemm_weight(m, w, 0), NULL, N, C, m->Vl, m->prec, NULL);
+  if (!a->have_targets)
+    return WF_OK;
+  k->xent_stats(a->row_max, a->row_sumexp, a->target_logit, a->logits, a->targets, N,
+                wf__local_real_vocab(m), m->Vl, m->s.tp_rank * m->Vl, NULL);
+  WF_TRY(xent_combine(m, a, N));
+  k->xent_loss(a->losses, a->row_max, a->row_sumexp, a->target_logit, N, NULL);
+  k->loss_accumulate(m->loss_acc, a->losses, N, NULL);
+fail:
+  return st;
+}
+
+wf_status wf__head_loss_backward(wf_model *m, wf__slot *a, const float *xn, int w, float dloss)
+{
+  wf_status st = WF_OK;
+  int N = a->B * a->T, C = m->d.C;
+  const float *x;
+  /* loss_scale is 1 unless fp16 loss scaling is on: x * 1.0f is x, bit for bit. */
+  m->k->xent_backward(a->logits, a->logits, a->row_max, a->row_sumexp, a->targets,
+                      dloss * m->loss_scale / (float)N, N, wf__local_real_vocab(m), m->Vl,
+                      m->s.tp_rank * m->Vl, NULL);
+  WF_TRY(wf__enter_fwd(m, &x, xn, m->da.full, (size_t)N, (size_t)C));
+  st = wf__column_backward(m, a->logits, x, w, -1, 0, N, m->Vl);
+fail:
+  return st;
+}
