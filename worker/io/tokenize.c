@@ -146,8 +146,8 @@ wf_status wf_tokenize_config(const wf_config *cfg, const char *in, const char *p
   if (!cfg->data.tokenizer[0])
     st = wf__io_failf(err, sizeof err, WF_ECONFIG,
                       "--tokenize needs a tokenizer: add data.tokenizer=FILE (GPT-2's "
-                      "tokenizer.json, or vocab.json with merges.txt beside it, or the folder "
-                      "holding them)");
+                      "tokenizer.json, or vocab.json with merges.txt beside it; Llama 3's "
+                      "tokenizer.model; or the folder holding them)");
   if (st == WF_OK)
     st = wf_tokenizer_load(&tok, cfg->data.tokenizer, err, sizeof err);
   if (st == WF_OK)
