@@ -33,6 +33,9 @@
 #include "adamw.h"
 #include "norm.h"
 #include "round.h"
+#include "bf16.h"
+#include "attention_bf16.h"
+#include "classifier.h"
 #include "tokens.h"
 #include "checksum.h"
 
