@@ -556,7 +556,7 @@ static void matmul_backward(float *dinp, float *dweight, float *dbias, const voi
 /* Backward's scratch: the fp32 kernels' own, then room for the widened qkv (B,T,3C). */
 static size_t attention_scratch16(int B, int T, int C, int NH)
 {
-  size_t own = wf_cuda_attention_scratch(B, T, C, NH);
+  size_t own = wf_cuda_attn_scratch(B, T, C, NH);
   return (own + 63) / 64 * 64 + (size_t)B * T * 3 * C;
 }
 
@@ -570,7 +570,7 @@ static void attention_forward(void *out, void *att, const void *qkv, int B, int 
   if (nq == 0 || !WF_CUDA_OK(cudaMallocAsync((void **)&w, (nq + no) * sizeof(float), s)))
     return;
   load<E>(w, qkv, nq, stream);
-  wf_cuda_attention_forward(w + nq, (float *)att, w, B, T, C, NH, stream);
+  wf_cuda_attn_forward(w + nq, (float *)att, w, B, T, C, NH, stream);
   store<E>(out, w + nq, no, stream);
   WF_CUDA_OK(cudaFreeAsync(w, s));
 }
@@ -579,10 +579,10 @@ template <typename E>
 static void attention_backward(float *dqkv, float *scratch, const float *dout, const void *qkv,
                                const void *att, int B, int T, int C, int NH, wf_stream *stream)
 {
-  size_t own = (wf_cuda_attention_scratch(B, T, C, NH) + 63) / 64 * 64;
+  size_t own = (wf_cuda_attn_scratch(B, T, C, NH) + 63) / 64 * 64;
   float *w = scratch + own;
   load<E>(w, qkv, (size_t)B * T * 3 * C, stream);
-  wf_cuda_attention_backward(dqkv, scratch, dout, w, (const float *)att, B, T, C, NH, stream);
+  wf_cuda_attn_backward(dqkv, scratch, dout, w, (const float *)att, B, T, C, NH, stream);
 }
 
 /* ---- the fp32 table's activation entries ------------------------------------------------------
@@ -641,13 +641,13 @@ void wf__cuda32_matmul_backward(float *dinp, float *dw, float *db, const void *d
 void wf__cuda32_attention_forward(void *out, void *att, const void *qkv, int B, int T, int C,
                                   int NH, wf_stream *s)
 {
-  wf_cuda_attention_forward((float *)out, (float *)att, (const float *)qkv, B, T, C, NH, s);
+  wf_cuda_attn_forward((float *)out, (float *)att, (const float *)qkv, B, T, C, NH, s);
 }
 
 void wf__cuda32_attention_backward(float *dqkv, float *scratch, const float *dout, const void *qkv,
                                    const void *att, int B, int T, int C, int NH, wf_stream *s)
 {
-  wf_cuda_attention_backward(dqkv, scratch, dout, (const float *)qkv, (const float *)att, B, T, C,
+  wf_cuda_attn_backward(dqkv, scratch, dout, (const float *)qkv, (const float *)att, B, T, C,
                              NH, s);
 }
 

@@ -22,8 +22,20 @@ static size_t flash_saved(int B, int T, int C, int NH)
   return NH > 0 && C % NH == 0 && C / NH <= 128 ? (size_t)B * NH * T : (size_t)B * NH * T * T;
 }
 
+/* What the GPU keeps between attention's forward and backward (attention_impl.cu's
+ * wf_cuda_attn_saved): up to head size 128, the lse and the output in bf16, each
+ * rounded up to 16 floats. */
+static size_t gpu_saved(int B, int T, int C, int NH)
+{
+  if (!(NH > 0 && C % NH == 0 && C / NH <= 128))
+    return flash_saved(B, T, C, NH);
+  size_t lse = (size_t)B * NH * T, out = ((size_t)B * T * C + 1) / 2;
+  return ((lse + 15) & ~(size_t)15) + ((out + 15) & ~(size_t)15);
+}
+
 /* A GPU's tables as the planner sees them: the CPU's, with the flash-style attention's
- * sizes (one fp32 log-sum-exp per row kept, in every format: kernels/cuda). */
+ * sizes (gpu_saved, in every format: storage.cu's 16-bit attention runs the fp32 entries
+ * on widened copies). */
 static wf_ktable gpu_tables[3]; /* indexed by wf_precision */
 
 static const wf_ktable *gpu_storage(int format)
@@ -40,7 +52,7 @@ const wf_ktable *wf__plan_kernels(const wf_hw *hw)
     return cpu;
   for (int f = 0; f < 3; f++) {
     gpu_tables[f] = *cpu->storage(f);
-    gpu_tables[f].attention_saved = flash_saved;
+    gpu_tables[f].attention_saved = gpu_saved;
     gpu_tables[f].attention_scratch = flash_saved;
     gpu_tables[f].storage = gpu_storage;
     gpu_tables[f].workspace_bytes = gpu_workspace;

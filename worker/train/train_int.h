@@ -66,6 +66,7 @@ typedef struct wf__trainer {
   double last_loss;  /* the last step's */
   double last_val;   /* the last evaluation's; NAN when none ran */
   int saved_step;    /* the last checkpoint written this run; 0 = none */
+  uint64_t launches; /* the device's launch count at the last metrics line */
 } wf__trainer;
 
 /* Hooks for a one-off run inside the job (--dump-state, --generate): comms' groups and
