@@ -146,7 +146,8 @@ def measure_loss(c, ctx, tag, w, t0, before, culprit, killed=(), far=()):
     check(sorted(logs) == [0, 1, 2, 3], f"a log from every rank ({sorted(logs)})")
     for r, text in logs.items():
         if r in far:
-            check("weft: error: job aborted" in text, f"rank {r} says it was aborted, and why", text)
+            check(re.search(r"weft: error: (rank \d+ \(\S+\): )?job aborted: \S", text),
+                  f"rank {r} says it was aborted, and why", text)
         elif r == 0:
             check("aborting job" in text, "rank 0 says why the job ends", text)
         elif r not in killed:
