@@ -1,6 +1,6 @@
 /*
  * check.h - helpers for the kernel tests: a seeded generator, float <-> double
- * copies, and the finite-difference gradient check.
+ * copies, the finite-difference gradient check, and the "backward adds" check.
  *
  * How a backward is checked: each test writes a reference forward in double
  * (naive loops, independent of the kernel code) and a scalar L = sum(out * w) with
@@ -115,6 +115,24 @@ static inline void check_grad(const char *what, loss_fn loss, void *ctx, double 
   }
   free(fd);
   free(at);
+}
+
+/* Backward twice from zero gives 2x the first result. Exactly so where each call adds
+ * one finished value; where a call adds its terms one by one into the gradient
+ * (dbias over N rows, GEMM K-blocks with beta = 1), the second call's additions round
+ * differently: up to N eps32 ~ 2e-5 of the gradient's scale for N <= 301, and
+ * ~sqrt(N) eps32 typically. A backward that overwrites instead gives 1x and fails. */
+static inline void check_doubled(const char *what, const float *g2, const float *g1, size_t n)
+{
+  double scale = 0.0;
+  for (size_t i = 0; i < n; i++)
+    scale = fmax(scale, fabs(2.0 * g1[i]));
+  for (size_t i = 0; i < n; i++) {
+    if (fabs(g2[i] - 2.0 * g1[i]) > 2e-5 * (fabs(2.0 * g1[i]) + scale)) {
+      print_error("%s[%zu]: second call gave %.9g, expected 2 x %.9g\n", what, i, g2[i], g1[i]);
+      fail();
+    }
+  }
 }
 
 #endif /* WF_TESTS_KERNELS_CHECK_H */

@@ -9,24 +9,6 @@
 #include "check.h"
 #include "wf_kernels.h"
 
-/* Backward twice from zero gives 2x the first result. Exactly so where each call adds
- * one finished value; where a call adds its terms one by one into the gradient
- * (dbias over N rows, GEMM K-blocks with beta = 1), the second call's additions round
- * differently: up to N eps32 ~ 2e-5 of the gradient's scale for N <= 301, and
- * ~sqrt(N) eps32 typically. A backward that overwrites instead gives 1x and fails. */
-static void check_doubled(const char *what, const float *g2, const float *g1, size_t n)
-{
-  double scale = 0.0;
-  for (size_t i = 0; i < n; i++)
-    scale = fmax(scale, fabs(2.0 * g1[i]));
-  for (size_t i = 0; i < n; i++) {
-    if (fabs(g2[i] - 2.0 * g1[i]) > 2e-5 * (fabs(2.0 * g1[i]) + scale)) {
-      print_error("%s[%zu]: second call gave %.9g, expected 2 x %.9g\n", what, i, g2[i], g1[i]);
-      fail();
-    }
-  }
-}
-
 /* ---- encoder ------------------------------------------------------------------- */
 
 struct enc {

@@ -17,22 +17,6 @@
 #include "wf_device.h"
 #include "wf_kernels.h"
 
-/* As test_grad.c: a second backward from the first's result doubles it, up to the
- * rounding of the second addition (2e-5 of the scale leaves room for sums of up to a
- * few hundred terms). A backward that overwrites gives 1x and fails. */
-static void check_doubled(const char *what, const float *g2, const float *g1, size_t n)
-{
-  double scale = 0.0;
-  for (size_t i = 0; i < n; i++)
-    scale = fmax(scale, fabs(2.0 * g1[i]));
-  for (size_t i = 0; i < n; i++) {
-    if (fabs(g2[i] - 2.0 * g1[i]) > 2e-5 * (fabs(2.0 * g1[i]) + scale)) {
-      print_error("%s[%zu]: second call gave %.9g, expected 2 x %.9g\n", what, i, g2[i], g1[i]);
-      fail();
-    }
-  }
-}
-
 /* ---- RMSNorm ------------------------------------------------------------------- */
 
 struct rms {
