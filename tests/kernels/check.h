@@ -1,6 +1,7 @@
 /*
  * check.h - helpers for the kernel tests: a seeded generator, float <-> double
- * copies, the finite-difference gradient check, and the "backward adds" check.
+ * copies, the finite-difference gradient check, the "backward adds" check and the
+ * attention reference.
  *
  * How a backward is checked: each test writes a reference forward in double
  * (naive loops, independent of the kernel code) and a scalar L = sum(out * w) with
@@ -133,6 +134,44 @@ static inline void check_doubled(const char *what, const float *g2, const float 
       fail();
     }
   }
+}
+
+/* Causal softmax attention in double, written from its definition (tests' reference):
+ * qkv (B,T,C + 2 NKV hs) = [q heads | k heads | v heads], hs = C / NH, query head h
+ * reading kv head h / (NH / NKV) (Llama's repeat_kv as an index; NKV == NH is GPT-2's
+ * multi-head attention); out (B,T,C), att (B,NH,T,T) the probabilities, 0 above the
+ * diagonal. */
+static inline void ref_attention(double *out, double *att, const double *qkv, int B, int T, int C,
+                                 int NH, int NKV)
+{
+  const int hs = C / NH, G = NH / NKV;
+  const size_t ld = (size_t)C + 2 * (size_t)NKV * hs, koff = C, voff = C + (size_t)NKV * hs;
+  double scale = 1.0 / sqrt(hs);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++)
+      for (int i = 0; i < T; i++) {
+        const double *q = qkv + ((size_t)b * T + i) * ld + h * hs;
+        double *arow = att + (((size_t)b * NH + h) * T + i) * T, mx = -INFINITY, sum = 0;
+        for (int j = 0; j < T; j++) {
+          const double *k = qkv + ((size_t)b * T + j) * ld + koff + (h / G) * hs;
+          double dot = 0;
+          for (int d = 0; d < hs; d++)
+            dot += q[d] * k[d];
+          arow[j] = j <= i ? dot * scale : -INFINITY;
+          mx = fmax(mx, arow[j]);
+        }
+        for (int j = 0; j < T; j++)
+          sum += arow[j] = exp(arow[j] - mx);
+        for (int j = 0; j < T; j++)
+          arow[j] /= sum;
+        double *o = out + ((size_t)b * T + i) * C + h * hs;
+        for (int d = 0; d < hs; d++) {
+          double acc = 0;
+          for (int j = 0; j <= i; j++)
+            acc += arow[j] * qkv[((size_t)b * T + j) * ld + voff + (h / G) * hs + d];
+          o[d] = acc;
+        }
+      }
 }
 
 #endif /* WF_TESTS_KERNELS_CHECK_H */
