@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 pkgs=(gcc clang libclang-rt-14-dev clang-format pkg-config git meson ninja-build python3
       libopenmpi-dev openmpi-bin libhwloc-dev hwloc libuv1-dev libopenblas-dev
       libyaml-dev libprotobuf-c-dev protobuf-c-compiler libjansson-dev libxxhash-dev
+      python3-torch # test-only: tests/model/llama_ref.py, the PyTorch reference of Llama
       libedit-dev libcmocka-dev libpcre2-dev slurm-wlm munge prometheus)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -341,6 +341,9 @@ static int op_device_attrs(int device, int *sm_count, int *cc_major, int *cc_min
 
 /* ---- the tables ------------------------------------------------------------------ */
 
+/* Positional, in wf_ktable's order. Not reflowed by clang-format, which would realign
+ * every line whenever an entry is added. */
+// clang-format off
 static const wf_ktable kernels = {
     WF_KTABLE_VERSION,           wf_cuda_encoder_forward,
     wf_cuda_encoder_backward,    wf_cuda_encoder_forward_vp,
@@ -359,7 +362,13 @@ static const wf_ktable kernels = {
     wf_cuda_sumsq_acc,           wf_cuda_scale,
     wf_cuda_round_bf16,          wf_cuda_round_fp16,
     wf_cuda_last_error,
+    wf_cuda_rmsnorm_forward,          wf_cuda_rmsnorm_backward,
+    wf_cuda_residual_rmsnorm_forward, wf_cuda_rope_forward,
+    wf_cuda_rope_backward,            wf_cuda_swiglu_forward,
+    wf_cuda_swiglu_backward,          wf_cuda_attention_gqa_forward,
+    wf_cuda_attention_gqa_backward,
 };
+// clang-format on
 
 static const wf_gpu_ops ops = {
     WF_GPU_MODULE_ABI, "cuda",
