@@ -2,7 +2,7 @@
 """GPT-2 124M training on one GPU: weft against PyTorch in the same session.
 
     bench/gpu_train.py build/worker/worker [--batch 8] [--steps 30] [--warmup 5]
-                       [--precision bf16] [--no-torch]
+                       [--precision bf16] [--no-torch] [--json FILE] [--timeout S]
 
 Runs weft's worker (model.preset=gpt2-small: 12 layers, 12 heads, d_model 768, T 1024,
 runtime.device=cuda), then bench/torch_gpt2.py with the same model, batch and precision,
@@ -11,9 +11,15 @@ warm-up), step time, MFU and device memory. MFU is weft's: its FLOPs per token (
 worker's tflops / tokens_per_s, the 6N + attention count of wf_model_flops_per_step) over
 the GPU's nominal dense peak that the worker's banner names (989.4 TFLOP/s for an H100
 SXM at bf16); the PyTorch rows use the same two numbers, so the column compares speed.
-Without a GPU it says so and exits 0: benchmarks are never tests.
+Peak device memory is measured the same way for every row: the most the driver (NVML)
+reports in use on the GPU while the run's process lives, less what was in use before it
+started (CUDA context, caching allocators and workspaces included); each framework's own
+figure is printed beside it (weft's accounted mem, PyTorch's max_memory_allocated).
+--json writes the rows. Without a GPU it says so and exits 0: benchmarks are never
+tests (scripts/gpu-check.sh asks tests/gpu/gpu_probe first).
 """
 import argparse
+import ctypes
 import json
 import os
 import re
@@ -21,8 +27,57 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class DeviceMemory:
+    """The most device memory in use on GPU 0 while a child process runs, in MiB above
+    what was in use when it started, polled from NVML every 20 ms; None without NVML."""
+
+    class Info(ctypes.Structure):
+        _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
+                    ("used", ctypes.c_ulonglong)]
+
+    def __init__(self):
+        self.nvml, self.handle = None, ctypes.c_void_p()
+        try:
+            nvml = ctypes.CDLL("libnvidia-ml.so.1")
+            if nvml.nvmlInit_v2() == 0 and \
+                    nvml.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(self.handle)) == 0:
+                self.nvml = nvml
+        except OSError:
+            pass
+
+    def used(self):
+        info = self.Info()
+        if self.nvml.nvmlDeviceGetMemoryInfo(self.handle, ctypes.byref(info)) != 0:
+            return 0
+        return info.used
+
+    def run(self, cmd, timeout, env=None):
+        """subprocess.run(cmd) while polling; returns (CompletedProcess, peak MiB or None)."""
+        if not self.nvml:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                                  env=env), None
+        base, peak, done = self.used(), [0], threading.Event()
+
+        def poll():
+            while not done.wait(0.02):
+                peak[0] = max(peak[0], self.used())
+        t = threading.Thread(target=poll, daemon=True)
+        t.start()
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        finally:
+            done.set()
+            t.join()
+        return p, max(0, peak[0] - base) / 2**20
+
+
+MEMORY = DeviceMemory()
 
 
 def weft(o, tmp):
@@ -30,7 +85,7 @@ def weft(o, tmp):
     cmd = [o.worker, "model.preset=gpt2-small", f"train.batch_size={o.batch}",
            f"train.steps={o.warmup + o.steps}", "train.eval_every=0", "runtime.device=cuda",
            f"precision={o.precision}", f"train.metrics={metrics}"]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    p, dev_mib = MEMORY.run(cmd, left(o))
     if p.returncode != 0:
         text = (p.stdout + p.stderr).strip()
         if "no GPU is usable" in text:
@@ -43,7 +98,7 @@ def weft(o, tmp):
     tps = statistics.median(r["tokens_per_s"] for r in rows)
     return {"name": "weft", "tokens_per_s": tps,
             "step_ms": statistics.median(r["step_ms"] for r in rows),
-            "mem_mib": max(r["mem_mib"] for r in rows),
+            "mem_mib": max(r["mem_mib"] for r in rows), "device_mib": dev_mib,
             "flops_per_token": statistics.median(r["tflops"] * 1e12 / r["tokens_per_s"]
                                                  for r in rows),
             "peak": float(peak.group(1)) if peak else 0.0,
@@ -56,13 +111,30 @@ def torch_peer(o, compiled):
            "--steps", str(o.steps), "--warmup", str(o.warmup)]
     cmd += ["--bf16"] if o.precision == "bf16" else []
     cmd += ["--compile"] if compiled else []
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    name = "PyTorch" + (" compiled" if compiled else "")
+    try:
+        p, dev_mib = MEMORY.run(cmd, left(o), env=torch_env())
+    except subprocess.TimeoutExpired:
+        return {"name": name, "error": "did not finish in the time --timeout left it"}
     if p.returncode != 0:
-        return {"name": "PyTorch" + (" compiled" if compiled else ""),
-                "error": (p.stderr.strip().splitlines() or ["?"])[-1]}
+        return {"name": name, "error": (p.stderr.strip().splitlines() or ["?"])[-1]}
     r = json.loads(p.stdout.strip().splitlines()[-1])
     return {"name": r["peer"], "tokens_per_s": r["tokens_per_s"], "step_ms": r["step_ms"],
-            "mem_mib": r["peak_mib"], "loss": r["loss"]}
+            "mem_mib": r["peak_mib"], "device_mib": dev_mib, "loss": r["loss"]}
+
+
+def left(o):
+    return max(1.0, o.deadline - time.monotonic())
+
+
+def torch_env():
+    """PyTorch loads the CUDA libraries of its own wheels: a weft bundle's env.sh puts
+    CUDA folders on LD_LIBRARY_PATH for weft's modules, so they are taken out here."""
+    env = dict(os.environ)
+    cuda = set(filter(None, env.get("WEFT_CUDA_LIBS", "").split(":")))
+    keep = [d for d in env.get("LD_LIBRARY_PATH", "").split(":") if d and d not in cuda]
+    env["LD_LIBRARY_PATH"] = ":".join(keep)
+    return env
 
 
 def main():
@@ -73,7 +145,11 @@ def main():
     a.add_argument("--warmup", type=int, default=5)
     a.add_argument("--precision", default="bf16", choices=["no", "bf16", "fp16"])
     a.add_argument("--no-torch", action="store_true")
+    a.add_argument("--json", help="write the rows and settings to this file")
+    a.add_argument("--timeout", type=float, default=3600,
+                   help="seconds for all runs together (torch.compile, last, gets what is left)")
     o = a.parse_args()
+    o.deadline = time.monotonic() + o.timeout
     with tempfile.TemporaryDirectory() as tmp:
         rows = [weft(o, tmp)]
     w = rows[0]
@@ -82,15 +158,24 @@ def main():
     print(f"GPT-2 124M, B={o.batch} T=1024, precision {o.precision}, on {w['gpu']}; MFU over "
           f"{w['peak']:.1f} TFLOP/s ({w['peak_source']}) at {w['flops_per_token'] / 1e9:.3f} "
           f"GFLOP per token")
-    print("| | tokens/s | step ms | MFU | memory MiB | last loss |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| | tokens/s | step ms | MFU | device memory MiB (NVML) | own figure MiB | "
+          "last loss |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         if "error" in r:
-            print(f"| {r['name']} | failed: {r['error']} | | | | |")
+            print(f"| {r['name']} | failed: {r['error']} | | | | | |")
             continue
-        mfu = r["tokens_per_s"] * w["flops_per_token"] / (w["peak"] * 1e12) if w["peak"] else 0
+        r["mfu"] = r["tokens_per_s"] * w["flops_per_token"] / (w["peak"] * 1e12) \
+            if w["peak"] else 0
+        dev = f"{r['device_mib']:.0f}" if r.get("device_mib") is not None else "n/a"
         print(f"| {r['name']} | {r['tokens_per_s']:.0f} | {r['step_ms']:.1f} | "
-              f"{100 * mfu:.1f}% | {r['mem_mib']:.0f} | {r['loss']:.3f} |")
+              f"{100 * r['mfu']:.1f}% | {dev} | {r['mem_mib']:.0f} | {r['loss']:.3f} |")
+    if o.json:
+        with open(o.json, "w") as f:
+            json.dump({"batch": o.batch, "seq": 1024, "precision": o.precision,
+                       "steps": o.steps, "warmup": o.warmup, "gpu": w["gpu"],
+                       "peak_tflops": w["peak"], "peak_source": w["peak_source"],
+                       "flops_per_token": w["flops_per_token"], "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

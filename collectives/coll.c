@@ -1,9 +1,9 @@
 /*
- * coll.c - the collective operations: argument checks, backend choice, recording.
+ * coll.c - the collective operations: argument checks, transport choice, recording.
  *
  * Each public call fills a wf__op and goes through wf__coll_run(): validate (cheap, local),
- * pick the backend from where the buffer lives, optionally check agreement across
- * ranks, take a sequence number, then hand over to the MPI or NCCL poster. Blocking
+ * pick the transport from where the buffer lives (comm_int.h), optionally check
+ * agreement across ranks, take a sequence number, then hand over to the transport. Blocking
  * MPI calls go straight to the blocking MPI function (MPI_Allreduce, not
  * Iallreduce + Wait), so the host path costs one MPI call plus a few stores.
  */
@@ -128,37 +128,51 @@ static size_t trace_bytes(const wf_comm *c, const wf__op *d)
   return d->op == WF_OP_REDUCE_SCATTER ? b * (size_t)c->size : b;
 }
 
+/* The transport for an operation on `buf`: the device path's for device memory, MPI's
+ * for host memory (and for operations without a buffer, the barrier). */
+static const wf__transport *transport_of(const wf_comm *c, const void *buf)
+{
+  return c->dev && buf && wf_gpu_is_device_ptr(c->gpu, buf) ? c->dev : &wf__mpi_transport;
+}
+
+/* What the chosen transport cannot carry, refused before anything is posted. */
+static wf_status check_transport(const wf_comm *c, const wf__op *d, const wf__transport *tp)
+{
+  if (atomic_load_explicit(&((wf_comm *)c)->aborted, memory_order_relaxed)) {
+    WF_ERROR("comm '%s' %s: the communicator was aborted (the job is ending)", c->name,
+             wf_comm_op_name(d->op));
+    return WF_EABORTED;
+  }
+  if (d->dt == WF_COMM_BF16 && !tp->bf16) {
+    WF_ERROR("comm '%s' %s: bf16 needs device buffers on NCCL; the %s transport has no bf16 "
+             "(MPI has no such type)",
+             c->name, wf_comm_op_name(d->op), tp->name);
+    return WF_EUNSUPPORTED;
+  }
+  if (c->group_depth > 0 && !tp->groupable) {
+    WF_ERROR("comm '%s': a grouped %s of a device buffer needs NCCL, and this communicator "
+             "stages device buffers through MPI (ranks share a GPU); post it on its own",
+             c->name, wf_comm_op_name(d->op));
+    return WF_EUNSUPPORTED;
+  }
+  return WF_OK;
+}
+
 wf_status wf__coll_run(wf_comm *c, const wf__op *d, wf_req **req)
 {
   wf_status st = WF_OK;
   if (req)
     *req = NULL;
   WF_TRY(validate(c, d));
-  const void *buf = d->op == WF_OP_SEND ? d->send : d->recv;
-  bool dev = wf__coll_on_device(c, buf);
-  if (!dev && d->dt == WF_COMM_BF16) {
-    WF_ERROR("comm '%s' %s: bf16 needs device buffers (NCCL); MPI has no bf16 type", c->name,
-             wf_comm_op_name(d->op));
-    return WF_EUNSUPPORTED;
-  }
-  if (c->group_depth > 0 && !dev && wf__coll_staged(c, buf)) {
-    WF_ERROR("comm '%s': a grouped %s of a device buffer needs NCCL, and this communicator "
-             "stages device buffers through MPI (ranks share a GPU); post it on its own",
-             c->name, wf_comm_op_name(d->op));
-    return WF_EUNSUPPORTED;
-  }
+  const wf__transport *tp = transport_of(c, d->op == WF_OP_SEND ? d->send : d->recv);
+  WF_TRY(check_transport(c, d, tp));
   if (c->group_depth > 0)
-    return wf__coll_group_add(c, d, dev);
+    return wf__coll_group_add(c, d, tp);
   if (c->check && d->op != WF_OP_SEND && d->op != WF_OP_RECV)
     WF_TRY(check_args(c, d));
-  uint64_t seq = wf__coll_rec_begin(c, d->op, d->count, d->dt, trace_bytes(c, d), d->peer, dev,
-                                    WF_STATE_RUNNING);
-  if (dev)
-    st = wf__coll_nccl_post(c, d, seq, req);
-  else if (wf__coll_staged(c, buf))
-    st = wf__coll_staged_post(c, d, seq, req);
-  else
-    st = wf__coll_mpi_post(c, d, seq, req);
+  uint64_t seq = wf__coll_rec_begin(c, d->op, d->count, d->dt, trace_bytes(c, d), d->peer,
+                                    tp->on_device, WF_STATE_RUNNING);
+  st = tp->post(c, d, seq, req);
   if (st != WF_OK || !req)
     wf__coll_rec_end(c, seq, st);
 fail:

@@ -1,6 +1,19 @@
 /*
  * comm_int.h - private structures of the collectives module.
  *
+ * Transports. An operation runs on one of three transports, each a versioned table
+ * (wf__transport), as NCCL's transports are: MPI for host buffers (mpi.c), and for
+ * device buffers either NCCL (nccl.c) or MPI with host staging (staged.c). A
+ * communicator holds the MPI table and, once it has a device path, the device table
+ * (`dev`); coll.c asks the GPU backend where a buffer lives and hands the operation to
+ * that table, and nothing else tests which transport it holds. A communicator made
+ * from another (split, group) gets its parent's device path when it is made, so no
+ * communicator of a job can miss it.
+ *
+ * Family. Every communicator made from one world communicator shares its `family`
+ * (reference counted, its member list under a mutex), so the watchdog's thread can
+ * abort all of them (wf_comm_abort_all) while the main thread may be blocked in one.
+ *
  * Flight recorder: each communicator owns a ring of WF_COMM_TRACE_LEN slots.
  * `next_seq` is the single atomic index: an operation takes seq = next_seq and
  * writes slot seq % WF_COMM_TRACE_LEN. Each slot is a seqlock: its `version` is odd
@@ -8,11 +21,15 @@
  * another thread (the watchdog) copies a slot, re-reads the version and retries on a
  * change. Fields are relaxed atomics, so the C11 memory model has no data race and
  * x86 pays nothing for them. Only the thread driving the communicator writes.
+ *
+ * Errors: WF_TRY, WF_CHECK and goto fail, one cleanup path per function (wf_check.h);
+ * every failure is logged once, where it arises.
  */
 #ifndef WF_COMM_INT_H
 #define WF_COMM_INT_H
 
 #include <mpi.h>
+#include <pthread.h>
 #include <stdatomic.h>
 
 #include "nccl_int.h"
@@ -33,26 +50,37 @@ typedef struct wf__p2p {
   int peer;
   wf_comm_dtype dt;
   bool is_send;
-  bool device;
+  const struct wf__transport *tp; /* the transport its buffer belongs to */
   uint64_t seq;
 } wf__p2p;
+
+/* The communicators made from one world communicator (see the top of the file). */
+typedef struct wf__family {
+  pthread_mutex_t lock;
+  wf_comm **members;
+  int n, cap;
+  int refs; /* members plus wf_comm_abort_all calls in progress */
+} wf__family;
 
 /* Hot fields (read by every operation) first; the ring is cache-line aligned, so
  * the struct is allocated with aligned_alloc. */
 struct wf_comm {
   MPI_Comm mpi;
   int rank, size;
-  bool check;         /* cross-rank agreement check before each collective */
-  bool precise_clock; /* recorder times from CLOCK_MONOTONIC, not its coarse twin */
-  int group_depth;    /* open wf_comm_group_start calls */
-  void *nc;           /* NCCL communicator (module-side), NULL when not enabled */
-  wf_gpu *gpu;        /* borrowed (enable_nccl or enable_staging): device vs host */
-  bool staged;        /* device buffers go through MPI via host staging (no NCCL) */
+  bool check;                      /* cross-rank agreement check before each collective */
+  bool precise_clock;              /* recorder times from CLOCK_MONOTONIC, not its coarse twin */
+  int group_depth;                 /* open wf_comm_group_start calls */
+  const struct wf__transport *dev; /* device buffers' transport; NULL: none (a CPU rank) */
+  wf_gpu *gpu;                     /* borrowed with the device path: device vs host */
+  void *nc;                        /* NCCL communicator (module-side), NULL when not NCCL */
   const wf__nccl_ops *nccl;
   wf_req *spare; /* one finished request kept for reuse: most calls never malloc */
   atomic_uint_fast64_t next_seq;
+  atomic_bool aborted;             /* wf_comm_abort(_all): every later operation fails */
+  atomic_uint_fast64_t host_syncs; /* times a device transport blocked the host */
 
   char name[32];
+  wf__family *family;
   void *nccl_module;
   wf__p2p *group; /* queued operations of the open group */
   int group_len, group_cap;
@@ -86,6 +114,8 @@ struct wf_req {
   void *stage_mem;
   /* NCCL path: an event on the communication stream. */
   void *event;
+  /* The transport that finishes the request after its MPI part (MPI's own: nothing). */
+  const struct wf__transport *tp;
 };
 
 /* One operation as the public call described it. `count` is per the public API
@@ -102,6 +132,39 @@ typedef struct wf__op {
   bool has_peer;
 } wf__op;
 
+/* One transport: how an operation on buffers of its kind runs (see the top of the
+ * file). Every entry is required. */
+#define WF__TRANSPORT_VERSION 1
+typedef struct wf__transport {
+  int version;      /* WF__TRANSPORT_VERSION */
+  const char *name; /* "mpi", "staged", "nccl" */
+  bool on_device;   /* the flight recorder's `device`: the operation runs on the GPU */
+  bool bf16;        /* carries bf16 (MPI has no such type) */
+  bool groupable;   /* may be queued in a group of point-to-point operations */
+  /* Post d; blocking when req == NULL. Blocking device operations are ordered before
+   * later work on the compute stream, and need not have finished on return. */
+  wf_status (*post)(wf_comm *c, const wf__op *d, uint64_t seq, wf_req **req);
+  /* Post the open group's entries of this transport into r. */
+  wf_status (*group_post)(wf_comm *c, wf_req *r);
+  /* Whether r's own part (beyond its MPI requests) has completed; never blocks. */
+  wf_status (*test)(wf_req *r, bool *done);
+  /* After r's MPI requests completed and their host results were post-processed:
+   * what the transport still owes (the device ordering, the copies back). */
+  wf_status (*finish)(wf_req *r);
+  /* Make a stuck operation return (the watchdog); WF_EUNSUPPORTED where it cannot. */
+  wf_status (*abort)(wf_comm *c);
+  /* Give `child`, just made from `parent` (whose device transport this is), the same
+   * device path; collective over the child where the path needs it (NCCL). */
+  wf_status (*inherit)(const wf_comm *parent, wf_comm *child);
+  void (*fini)(wf_comm *c); /* release the transport's state on c */
+} wf__transport;
+
+extern const wf__transport wf__mpi_transport, wf__staged_transport, wf__nccl_transport;
+/* mpi.c: the entries of a transport with nothing of its own to wait for or interrupt
+ * (MPI's, shared by staging): test says done, abort says it cannot. */
+wf_status wf__coll_test_done(wf_req *r, bool *done);
+wf_status wf__coll_no_abort(wf_comm *c);
+
 /* coll.c: validate, record and dispatch; req == NULL means blocking. */
 wf_status wf__coll_run(wf_comm *c, const wf__op *d, wf_req **req);
 
@@ -114,7 +177,7 @@ wf_status wf__coll_finish_post(wf_req *r);
 void wf__coll_req_free(wf_req *r);
 
 /* group.c */
-wf_status wf__coll_group_add(wf_comm *c, const wf__op *d, bool device);
+wf_status wf__coll_group_add(wf_comm *c, const wf__op *d, const wf__transport *tp);
 
 /* trace.c */
 uint64_t wf__coll_rec_begin(wf_comm *c, wf_comm_op op, size_t count, wf_comm_dtype dt, size_t bytes,
@@ -126,15 +189,7 @@ void wf__coll_rec_end(wf_comm *c, uint64_t seq, wf_status st);
 /* The recorder's clock: wf_now_ns's clock, coarse unless WEFT_COMM_TRACE_CLOCK=precise. */
 uint64_t wf__coll_rec_now(const wf_comm *c);
 
-/* staged.c: a device buffer through MPI via host staging (comm staged, no NCCL). */
-bool wf__coll_staged(const wf_comm *c, const void *ptr);
-wf_status wf__coll_staged_post(wf_comm *c, const wf__op *d, uint64_t seq, wf_req **req);
-/* The request's host result back to the device, and its staging freed. */
-wf_status wf__coll_unstage(wf_req *r);
-
-/* nccl.c */
-bool wf__coll_on_device(const wf_comm *c, const void *ptr);
-wf_status wf__coll_nccl_post(wf_comm *c, const wf__op *d, uint64_t seq, wf_req **req);
-void wf__coll_nccl_fini(wf_comm *c);
+/* nccl.c: bootstrap NCCL on c (collective over c); see wf_comm_enable_nccl. */
+wf_status wf__coll_nccl_start(wf_comm *c, wf_gpu *gpu, char *why, size_t why_len);
 
 #endif /* WF_COMM_INT_H */

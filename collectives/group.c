@@ -5,7 +5,8 @@
  * the flight recorder). group_end posts every queued operation before waiting for
  * any, so a ring exchange (everyone sends right and receives left) cannot deadlock
  * whatever the order of the calls. Host buffers become MPI_Isend/MPI_Irecv completed
- * by one MPI_Waitall; device buffers become one ncclGroupStart/End block. Groups
+ * by one MPI_Waitall; device buffers go to their transport's group_post (NCCL: one
+ * ncclGroupStart/End block). Groups
  * nest; only the outermost end posts. Queued operations have contiguous sequence
  * numbers because nothing else may be called on the communicator inside a group.
  */
@@ -13,8 +14,6 @@
 
 #include "comm_int.h"
 #include "wf_check.h"
-
-#define TAG 0x77ef
 
 wf_status wf_comm_group_start(wf_comm *c)
 {
@@ -24,7 +23,7 @@ wf_status wf_comm_group_start(wf_comm *c)
   return WF_OK;
 }
 
-wf_status wf__coll_group_add(wf_comm *c, const wf__op *d, bool device)
+wf_status wf__coll_group_add(wf_comm *c, const wf__op *d, const wf__transport *tp)
 {
   if (c->group_len == c->group_cap) {
     int cap = c->group_cap ? 2 * c->group_cap : 16;
@@ -39,55 +38,11 @@ wf_status wf__coll_group_add(wf_comm *c, const wf__op *d, bool device)
   e->buf = e->is_send ? (void *)d->send : d->recv;
   e->count = (int)d->count;
   e->peer = d->peer;
-  e->device = device;
+  e->tp = tp;
   e->dt = d->dt;
   e->seq = wf__coll_rec_begin(c, d->op, d->count, d->dt, d->count * wf_comm_dtype_size(d->dt),
-                              d->peer, device, WF_STATE_QUEUED);
+                              d->peer, tp->on_device, WF_STATE_QUEUED);
   return WF_OK;
-}
-
-/* One NCCL group for the device entries; an event on the stream marks its end. */
-static wf_status post_device(wf_comm *c, wf_req *r)
-{
-  wf_status st = WF_OK;
-  const wf__nccl_ops *o = c->nccl;
-  WF_TRY(o->group_start());
-  for (int i = 0; i < c->group_len; i++) {
-    wf__p2p *e = &c->group[i];
-    if (!e->device)
-      continue;
-    st = e->is_send ? o->send(c->nc, e->buf, (size_t)e->count, e->dt, e->peer)
-                    : o->recv(c->nc, e->buf, (size_t)e->count, e->dt, e->peer);
-    if (st != WF_OK)
-      break;
-  }
-  wf_status st_end = o->group_end();
-  WF_TRY(st != WF_OK ? st : st_end);
-  WF_TRY(o->event_record(c->nc, &r->event));
-fail:
-  return st;
-}
-
-static wf_status post_host(wf_comm *c, wf_req *r)
-{
-  wf_status st = WF_OK;
-  int k = 0;
-  for (int i = 0; i < c->group_len; i++) {
-    wf__p2p *e = &c->group[i];
-    if (e->device)
-      continue;
-    if (e->is_send) {
-      WF_CHECK_MPI(
-          MPI_Isend(e->buf, e->count, wf__coll_mpi_type(e->dt), e->peer, TAG, c->mpi, &r->mreq[k]));
-    } else {
-      r->expect[k] = e->count * (int)wf_comm_dtype_size(e->dt);
-      WF_CHECK_MPI(
-          MPI_Irecv(e->buf, e->count, wf__coll_mpi_type(e->dt), e->peer, TAG, c->mpi, &r->mreq[k]));
-    }
-    k++;
-  }
-fail:
-  return st;
 }
 
 static wf_status group_post(wf_comm *c, wf_req **out)
@@ -96,16 +51,16 @@ static wf_status group_post(wf_comm *c, wf_req **out)
   wf_req *r = NULL;
   int n_host = 0, n_dev = 0;
   for (int i = 0; i < c->group_len; i++)
-    c->group[i].device ? n_dev++ : n_host++;
+    c->group[i].tp == &wf__mpi_transport ? n_host++ : n_dev++;
   WF_TRY(wf__coll_req_new(c, n_host, &r));
   r->seq_first = c->group[0].seq;
   r->nseq = c->group_len;
   uint64_t now = wf__coll_rec_now(c);
   for (int i = 0; i < c->group_len; i++)
     wf__coll_rec_set_state(c, c->group[i].seq, WF_STATE_RUNNING, now);
-  if (n_dev)
-    WF_TRY(post_device(c, r));
-  WF_TRY(post_host(c, r));
+  if (n_dev) /* the device entries are all of the device path's transport */
+    WF_TRY(c->dev->group_post(c, r));
+  WF_TRY(wf__mpi_transport.group_post(c, r));
   c->group_len = 0;
   *out = r;
   return WF_OK;

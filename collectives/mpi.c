@@ -1,5 +1,7 @@
 /*
- * mpi.c - the MPI backend (host buffers) and request completion.
+ * mpi.c - the MPI transport (host buffers; comm_int.h) and request completion, which
+ * every transport shares: a request's MPI part completes here, then its transport
+ * finishes what it owes (finish).
  *
  * The caller's buffers go to MPI untouched: no staging copies. Two operations need
  * work after the transfer, done in finish() after the blocking call or at wait/test:
@@ -54,6 +56,7 @@ wf_status wf__coll_req_new(wf_comm *c, int n, wf_req **out)
     return WF_ENOMEM;
   memset(r, 0, sizeof *r);
   r->c = c;
+  r->tp = &wf__mpi_transport;
   r->n = n;
   r->mreq = r->inline_req;
   r->expect = r->inline_expect;
@@ -206,18 +209,14 @@ static wf_status complete(wf_req *r, MPI_Status *statuses, wf_status st)
   for (int i = 0; st == WF_OK && i < r->n; i++)
     if (r->expect[i] >= 0)
       st = check_recv(r->c, &statuses[i], r->expect[i], statuses[i].MPI_SOURCE);
-  if (st == WF_OK && r->event)
-    st = r->c->nccl->event_wait(r->event);
   if (st == WF_OK)
     st = wf__coll_finish_post(r);
-  wf_status u = wf__coll_unstage(r); /* frees the staging whatever the outcome */
-  st = st == WF_OK ? u : st;
+  wf_status f = r->tp->finish(r); /* releases the transport's part whatever the outcome */
+  st = st == WF_OK ? f : st;
   uint64_t now = wf__coll_rec_now(r->c);
   wf_comm_state state = st == WF_OK ? WF_STATE_DONE : WF_STATE_FAILED;
   for (int i = 0; i < r->nseq; i++)
     wf__coll_rec_set_state(r->c, r->seq_first + (uint64_t)i, state, now);
-  if (r->event)
-    r->c->nccl->event_destroy(r->event);
   wf__coll_req_free(r);
   return st;
 }
@@ -265,8 +264,8 @@ wf_status wf_req_test(wf_req **req, bool *done)
   WF_CHECK_ALLOC(stat);
   if (r->n)
     WF_CHECK_MPI(MPI_Testall(r->n, r->mreq, &flag, stat));
-  if (flag && r->event)
-    WF_TRY(r->c->nccl->event_query(r->event, &ev_done));
+  if (flag)
+    WF_TRY(r->tp->test(r, &ev_done));
   if (flag && ev_done) {
     *done = true;
     *req = NULL;
@@ -293,3 +292,71 @@ wf_status wf_req_waitall(wf_req **reqs, int n)
   }
   return first;
 }
+
+/* ---- the transport --------------------------------------------------------------- */
+
+/* The open group's host entries as MPI_Isend/MPI_Irecv, in r's MPI requests. */
+static wf_status mpi_group_post(wf_comm *c, wf_req *r)
+{
+  wf_status st = WF_OK;
+  int k = 0;
+  for (int i = 0; i < c->group_len; i++) {
+    wf__p2p *e = &c->group[i];
+    if (e->tp != &wf__mpi_transport)
+      continue;
+    MPI_Datatype t = wf__coll_mpi_type(e->dt);
+    if (e->is_send) {
+      WF_CHECK_MPI(MPI_Isend(e->buf, e->count, t, e->peer, TAG, c->mpi, &r->mreq[k]));
+    } else {
+      r->expect[k] = e->count * (int)wf_comm_dtype_size(e->dt);
+      WF_CHECK_MPI(MPI_Irecv(e->buf, e->count, t, e->peer, TAG, c->mpi, &r->mreq[k]));
+    }
+    k++;
+  }
+fail:
+  return st;
+}
+
+wf_status wf__coll_test_done(wf_req *r, bool *done)
+{
+  (void)r;
+  *done = true;
+  return WF_OK;
+}
+
+static wf_status mpi_finish(wf_req *r)
+{
+  (void)r;
+  return WF_OK;
+}
+
+/* An MPI call in progress cannot be interrupted (MPI_Abort from main ends it);
+ * wf_comm_abort marks the communicator so no later operation starts. */
+wf_status wf__coll_no_abort(wf_comm *c)
+{
+  (void)c;
+  return WF_EUNSUPPORTED;
+}
+
+static wf_status mpi_inherit(const wf_comm *parent, wf_comm *child)
+{
+  (void)parent, (void)child;
+  return WF_OK; /* host buffers: nothing to carry over */
+}
+
+static void mpi_fini(wf_comm *c) { (void)c; }
+
+const wf__transport wf__mpi_transport = {
+    .version = WF__TRANSPORT_VERSION,
+    .name = "mpi",
+    .on_device = false,
+    .bf16 = false,
+    .groupable = true,
+    .post = wf__coll_mpi_post,
+    .group_post = mpi_group_post,
+    .test = wf__coll_test_done,
+    .finish = mpi_finish,
+    .abort = wf__coll_no_abort,
+    .inherit = mpi_inherit,
+    .fini = mpi_fini,
+};

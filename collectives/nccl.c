@@ -1,5 +1,6 @@
 /*
- * nccl.c - the device (NCCL) side of a communicator, as seen from the static library.
+ * nccl.c - the NCCL transport (comm_int.h): device buffers through NCCL, as seen from
+ * the static library.
  *
  * NCCL and the CUDA runtime live in the weft_nccl module (collectives/nccl/), loaded
  * with dlopen so that this library, and the worker, start on machines without CUDA.
@@ -8,6 +9,11 @@
  * Before that, all ranks agree (one MPI_Allreduce) that each of them can go on, so a
  * rank without a GPU makes every rank return WF_ENODEV instead of leaving the others
  * blocked in NCCL's bootstrap.
+ *
+ * Nothing here blocks the host: a blocking operation, and the wait of a non-blocking
+ * one, only make the compute stream wait for the communication stream (an event and
+ * cudaStreamWaitEvent), so the kernels after it see its result. The host learns a
+ * device value by copying it, which waits for the compute stream anyway.
  */
 #include <stdio.h>
 #include <string.h>
@@ -89,7 +95,7 @@ fail:
   return st;
 }
 
-wf_status wf_comm_enable_nccl(wf_comm *c, wf_gpu *gpu, char *why, size_t why_len)
+wf_status wf__coll_nccl_start(wf_comm *c, wf_gpu *gpu, char *why, size_t why_len)
 {
   wf_status st = WF_OK;
   char local[512] = "";
@@ -97,10 +103,6 @@ wf_status wf_comm_enable_nccl(wf_comm *c, wf_gpu *gpu, char *why, size_t why_len
   const wf__nccl_ops *o = NULL;
   unsigned char id[WF__NCCL_ID_BYTES];
   int bad = -1;
-  if (!c)
-    return WF_EINVAL;
-  if (c->nc)
-    return WF_OK;
   wf_status local_st = load_usable(gpu, &mod, &o, local, sizeof local);
   st = wf_comm_agree(c, local_st, &bad);
   if (st != WF_OK) {
@@ -117,6 +119,7 @@ wf_status wf_comm_enable_nccl(wf_comm *c, wf_gpu *gpu, char *why, size_t why_len
   c->nccl = o;
   c->nc = nc;
   c->gpu = gpu;
+  c->dev = &wf__nccl_transport;
   WF_DEBUG("comm '%s': NCCL enabled (%d ranks)", c->name, c->size);
   return WF_OK;
 fail:
@@ -128,6 +131,15 @@ fail:
   return st;
 }
 
+wf_status wf_comm_enable_nccl(wf_comm *c, wf_gpu *gpu, char *why, size_t why_len)
+{
+  if (!c)
+    return WF_EINVAL;
+  if (c->nc)
+    return WF_OK;
+  return wf__coll_nccl_start(c, gpu, why, why_len);
+}
+
 bool wf_comm_has_nccl(const wf_comm *c) { return c && c->nc; }
 
 void wf_comm_set_compute_stream(wf_comm *c, void *stream)
@@ -136,16 +148,17 @@ void wf_comm_set_compute_stream(wf_comm *c, void *stream)
     c->nccl->set_dep_stream(c->nc, stream);
 }
 
-wf_status wf_comm_abort(wf_comm *c)
+/* ---- the transport ---------------------------------------------------------------- */
+
+static wf_status nccl_abort(wf_comm *c) { return c->nccl->comm_abort(c->nc); }
+
+/* NCCL on the child too (collective over it), or staging where it cannot start. */
+static wf_status nccl_inherit(const wf_comm *parent, wf_comm *child)
 {
-  if (!c)
-    return WF_EINVAL;
-  if (!c->nc)
-    return WF_EUNSUPPORTED;
-  return c->nccl->comm_abort(c->nc);
+  return wf_comm_set_device_path(child, parent->gpu, true, NULL, 0);
 }
 
-void wf__coll_nccl_fini(wf_comm *c)
+static void nccl_fini(wf_comm *c)
 {
   if (c->nc)
     c->nccl->comm_destroy(c->nc);
@@ -153,13 +166,6 @@ void wf__coll_nccl_fini(wf_comm *c)
   c->nc = NULL;
   c->nccl = NULL;
   c->nccl_module = NULL;
-  c->gpu = NULL;
-}
-
-/* The GPU backend decides what is device memory, for the whole process alike. */
-bool wf__coll_on_device(const wf_comm *c, const void *ptr)
-{
-  return c->nc && ptr && wf_gpu_is_device_ptr(c->gpu, ptr);
 }
 
 static wf_status enqueue(wf_comm *c, const wf__op *d)
@@ -177,18 +183,22 @@ static wf_status enqueue(wf_comm *c, const wf__op *d)
   }
 }
 
-/* Blocking: enqueue, then wait for the communication stream. Non-blocking: an event
- * after the operation, waited for by wf_req_wait. */
-wf_status wf__coll_nccl_post(wf_comm *c, const wf__op *d, uint64_t seq, wf_req **req)
+/* Blocking: enqueue, then make the compute stream wait for the communication stream,
+ * so the kernels after it see the result and the host is not held up (it reads a
+ * device result through a copy, which waits for the compute stream anyway).
+ * Non-blocking: an event after the operation, which wf_req_wait has the compute stream
+ * wait for in the same way. */
+static wf_status nccl_post(wf_comm *c, const wf__op *d, uint64_t seq, wf_req **req)
 {
   wf_status st = WF_OK;
   wf_req *r = NULL;
   WF_TRY(enqueue(c, d));
   if (!req)
-    return c->nccl->stream_sync(c->nc);
+    return c->nccl->order_dep(c->nc);
   WF_TRY(wf__coll_req_new(c, 0, &r));
   r->seq_first = seq;
   r->nseq = 1;
+  r->tp = &wf__nccl_transport;
   st = c->nccl->event_record(c->nc, &r->event);
   if (st != WF_OK) {
     r->nseq = 0;
@@ -199,3 +209,60 @@ wf_status wf__coll_nccl_post(wf_comm *c, const wf__op *d, uint64_t seq, wf_req *
 fail:
   return st;
 }
+
+/* One NCCL group for the open group's device entries; an event on the stream marks its
+ * end. */
+static wf_status nccl_group_post(wf_comm *c, wf_req *r)
+{
+  wf_status st = WF_OK;
+  const wf__nccl_ops *o = c->nccl;
+  WF_TRY(o->group_start());
+  for (int i = 0; i < c->group_len; i++) {
+    wf__p2p *e = &c->group[i];
+    if (e->tp != &wf__nccl_transport)
+      continue;
+    st = e->is_send ? o->send(c->nc, e->buf, (size_t)e->count, e->dt, e->peer)
+                    : o->recv(c->nc, e->buf, (size_t)e->count, e->dt, e->peer);
+    if (st != WF_OK)
+      break;
+  }
+  wf_status st_end = o->group_end();
+  WF_TRY(st != WF_OK ? st : st_end);
+  WF_TRY(o->event_record(c->nc, &r->event));
+  r->tp = &wf__nccl_transport;
+fail:
+  return st;
+}
+
+static wf_status nccl_test(wf_req *r, bool *done)
+{
+  *done = true;
+  return r->event ? r->c->nccl->event_query(r->event, done) : WF_OK;
+}
+
+/* The compute stream waits for the operation's event; the host does not. */
+static wf_status nccl_finish(wf_req *r)
+{
+  wf_status st = WF_OK;
+  if (!r->event)
+    return WF_OK;
+  st = r->c->nccl->event_order(r->c->nc, r->event);
+  r->c->nccl->event_destroy(r->event); /* released by CUDA once it has completed */
+  r->event = NULL;
+  return st;
+}
+
+const wf__transport wf__nccl_transport = {
+    .version = WF__TRANSPORT_VERSION,
+    .name = "nccl",
+    .on_device = true,
+    .bf16 = true,
+    .groupable = true,
+    .post = nccl_post,
+    .group_post = nccl_group_post,
+    .test = nccl_test,
+    .finish = nccl_finish,
+    .abort = nccl_abort,
+    .inherit = nccl_inherit,
+    .fini = nccl_fini,
+};

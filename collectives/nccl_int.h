@@ -9,7 +9,8 @@
  * is broadcast by the caller (rank 0 get_unique_id -> MPI_Bcast -> comm_init).
  *
  * Every function returns a wf_status; errors are logged by the module through the
- * log function handed to init().
+ * log function handed to init(). No entry but comm_destroy blocks the host on the
+ * device: completion is ordered on streams (event_order, order_dep).
  */
 #ifndef WF_NCCL_INT_H
 #define WF_NCCL_INT_H
@@ -21,7 +22,7 @@
 #include "wf_collectives.h"
 
 /* Bumped whenever the table changes, so a stale module is refused, not misused. */
-#define WF__NCCL_ABI 2
+#define WF__NCCL_ABI 3
 /* The symbol the module exports: const wf__nccl_ops *wf__nccl_ops_v1(void). */
 #define WF__NCCL_ENTRY "wf__nccl_ops_v1"
 /* sizeof(ncclUniqueId); checked with a static assertion inside the module. */
@@ -55,9 +56,11 @@ typedef struct wf__nccl_ops {
   /* Completion: an event recorded on the communication stream after the op. */
   wf_status (*event_record)(void *nc, void **event);
   wf_status (*event_query)(void *event, bool *done);
-  wf_status (*event_wait)(void *event);
+  /* The dependency (compute) stream waits for `event`; the host does not. */
+  wf_status (*event_order)(void *nc, void *event);
   void (*event_destroy)(void *event);
-  wf_status (*stream_sync)(void *nc);
+  /* The dependency stream waits for everything queued on the communication stream. */
+  wf_status (*order_dep)(void *nc);
 } wf__nccl_ops;
 
 typedef const wf__nccl_ops *(*wf__nccl_entry_fn)(void);

@@ -1,10 +1,13 @@
 /*
  * wf_collectives.h - one communicator type over a group of ranks.
  *
- * A wf_comm wraps an MPI communicator (always) and, once wf_comm_enable_nccl()
- * succeeded, an NCCL communicator over the same ranks. Every operation picks its
- * backend from where the buffer lives: device memory goes to NCCL, host memory to
- * MPI. The public API carries no MPI, NCCL or CUDA types.
+ * A wf_comm wraps an MPI communicator (always) and, once it has a device path
+ * (wf_comm_set_device_path), a transport for device buffers: NCCL over the same ranks,
+ * or MPI with host staging where NCCL cannot run. Every operation picks its transport
+ * from where the buffer lives: device memory goes to the device path, host memory to
+ * MPI. A communicator made from another (split, group) takes its parent's device path,
+ * so every communicator of a job carries device buffers alike. The public API carries
+ * no MPI, NCCL or CUDA types.
  *
  * Invariants and rules:
  *  - Functions return WF_OK or a negative wf_status; they never exit or abort.
@@ -39,6 +42,11 @@
  *    comes from rank b. In place when send == recv + r * send_count.
  *  - bcast(buf, count, root): buf of every rank becomes root's buf.
  *  - WF_COMM_AVG divides the sum by n (after summing, in float32).
+ *
+ * Device buffers on NCCL never block the host: a blocking call (and wf_req_wait) returns
+ * once the compute stream (wf_comm_set_compute_stream) is ordered after the operation,
+ * so later kernels and copies on it see the result. Read a device result through a
+ * copy, which waits for the compute stream.
  *
  * Non-blocking calls return a wf_req. The buffers belong to the operation until
  * wf_req_wait() returns, or wf_req_test() reports it done; both free the request and
@@ -139,12 +147,15 @@ wf_status wf_comm_world_create(wf_comm **out);
  * communicator, ordered by key (ties by parent rank). A negative color means "not in
  * any": *out is set to NULL and WF_OK returned. Collective over `parent`. The child
  * inherits the parent's check setting. `name` (e.g. "tp", "dp") labels logs and the
- * console; it is copied. The NCCL side is not inherited: enable it per child. */
+ * console; it is copied. The child takes the parent's device path: staging at once,
+ * NCCL through its own bootstrap over the child's ranks (collective over the child,
+ * falling back to staging, agreed, where NCCL cannot start). */
 wf_status wf_comm_split(wf_comm *parent, int color, int key, const char *name, wf_comm **out);
 
 /* A communicator over ranks[0..n) of `parent`, in that order (ranks[i] becomes rank
  * i). Only the listed ranks communicate; a rank not in the list gets *out = NULL and
- * WF_OK without communicating. Every listed rank must pass the same list. */
+ * WF_OK without communicating. Every listed rank must pass the same list. The child
+ * takes the parent's device path, as with wf_comm_split. */
 wf_status wf_comm_create_group(wf_comm *parent, const int *ranks, int n, const char *name,
                                wf_comm **out);
 
@@ -158,7 +169,19 @@ int wf_comm_world_rank(const wf_comm *c, int r);
 /* Turn the cross-rank agreement check on or off (default: $WEFT_COMM_CHECK). */
 void wf_comm_set_check(wf_comm *c, bool on);
 
-/* ---- NCCL ------------------------------------------------------------------- */
+/* ---- device buffers ------------------------------------------------------------ */
+
+/* Give c its device path: NCCL when `nccl` and it starts on every rank of c (agreed,
+ * see wf_comm_enable_nccl), else MPI with host staging (rank 0 of c says why NCCL did
+ * not start, and `why` gets it; "" otherwise). Collective over c when `nccl`; every rank
+ * must pass the same `nccl`. gpu NULL (a CPU rank): nothing to do. The communicators
+ * made from c later take the same path. */
+wf_status wf_comm_set_device_path(wf_comm *c, wf_gpu *gpu, bool nccl, char *why, size_t why_len);
+/* "nccl", "staged" or "none" (host buffers only). */
+const char *wf_comm_device_path(const wf_comm *c);
+/* Times an operation on c held the host until the device was done: each copy of
+ * host staging (to the host and back) counts one; NCCL counts none. */
+uint64_t wf_comm_host_syncs(const wf_comm *c);
 
 /* Bootstrap NCCL over this communicator's MPI group: rank 0 calls ncclGetUniqueId,
  * MPI_Bcast sends the id, every rank calls ncclCommInitRank on the current CUDA
@@ -185,11 +208,17 @@ wf_status wf_comm_nccl_probe(int *nccl_version, char *why, size_t why_len);
  * cudaStream_t, the compute stream) before each device operation. NULL (the default):
  * the legacy default stream, where the model computes. */
 void wf_comm_set_compute_stream(wf_comm *c, void *stream);
-/* Abort the NCCL communicator so that a rank stuck in a device collective returns.
- * Safe from another thread (the watchdog). The communicator is unusable afterwards;
- * destroy it. WF_EUNSUPPORTED when NCCL is not enabled (a stuck MPI call is ended
- * by MPI_Abort from main). */
+/* Abort c: every later operation on it fails with WF_EABORTED, and on NCCL the
+ * communicator is aborted (ncclCommAbort) so that an operation stuck on the device
+ * returns. Safe from another thread (the watchdog). The communicator is unusable
+ * afterwards; destroy it. WF_EUNSUPPORTED when nothing in flight can be interrupted
+ * (MPI, staging: a stuck MPI call is ended by MPI_Abort from main). */
 wf_status wf_comm_abort(wf_comm *c);
+/* wf_comm_abort on every communicator of c's family: the world communicator c was made
+ * from and every communicator made from it since, still alive. Safe from another
+ * thread while the driving thread is blocked in one of them. Returns how many were
+ * aborted; `names` (may be NULL) gets them as "name(path) ...". */
+int wf_comm_abort_all(wf_comm *c, char *names, size_t len);
 
 /* ---- blocking operations ---------------------------------------------------- */
 

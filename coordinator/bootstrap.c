@@ -3,7 +3,8 @@
  *
  * Collective over MPI_COMM_WORLD. Each mesh axis gets a communicator from
  * MPI_Comm_split with colour = the group's first world rank and key = world rank,
- * so group rank order equals the order wf_mesh_group() lists. After the split the
+ * so group rank order equals the order wf_mesh_group() lists. The world communicator
+ * gets the job's device path first (wf_job_opts), and the axes inherit it. After the split the
  * communicators are checked against the pure mesh arithmetic (size and members),
  * so a mistake in either shows up at start-up rather than as a wrong gradient.
  */
@@ -85,6 +86,73 @@ fail:
   return st;
 }
 
+/* Append ranks [first, last] to buf as "a" or "a-b", with a separator. */
+static void add_span(char *buf, size_t len, int first, int last, bool sep)
+{
+  size_t at = strlen(buf);
+  if (first == last)
+    snprintf(buf + at, len - at, "%s%d", sep ? "," : "", first);
+  else
+    snprintf(buf + at, len - at, "%s%d-%d", sep ? "," : "", first, last);
+}
+
+/* Index of the host of rank r among the job's hosts in order of first appearance. */
+static int host_index(const wf_job *job, int r)
+{
+  int idx = 0;
+  for (int i = 0; i < r; i++) {
+    bool seen = false;
+    for (int j = 0; j < i && !seen; j++)
+      seen = strcmp(job->facts[j].host, job->facts[i].host) == 0;
+    if (!seen && strcmp(job->facts[i].host, job->facts[r].host) == 0)
+      return idx;
+    idx += !seen;
+  }
+  return idx;
+}
+
+/* Rank 0, once: which host runs which ranks ("2 hosts: node0 ranks 0-1, node1 ranks
+ * 2-3"), and a warning for each tensor-parallel group that spans hosts (its all-reduces,
+ * two per layer and direction, then cross the network instead of NVLink). */
+static void log_hosts(const wf_job *job)
+{
+  char line[1024] = "";
+  int hosts = 0;
+  for (int r = 0; r < job->world; r++) {
+    if (host_index(job, r) < hosts)
+      continue; /* this host was listed with its first rank */
+    size_t at = strlen(line);
+    snprintf(line + at, sizeof line - at, "%s%s ranks ", hosts ? ", " : "", job->facts[r].host);
+    int run = -1, prev = -2, spans = 0;
+    for (int q = r; q < job->world; q++) {
+      if (strcmp(job->facts[q].host, job->facts[r].host) != 0)
+        continue;
+      if (q != prev + 1) {
+        if (run >= 0)
+          add_span(line, sizeof line, run, prev, spans++ > 0);
+        run = q;
+      }
+      prev = q;
+    }
+    add_span(line, sizeof line, run, prev, spans > 0);
+    hosts++;
+  }
+  WF_INFO("job %s: %d ranks on %d host%s: %s", job->id, job->world, hosts, hosts == 1 ? "" : "s",
+          line);
+  for (int r = 0; job->mesh.tp > 1 && r < job->world; r += job->mesh.tp) {
+    int other = -1;
+    for (int q = r + 1; q < r + job->mesh.tp && other < 0; q++)
+      if (strcmp(job->facts[q].host, job->facts[r].host) != 0)
+        other = q;
+    if (other >= 0)
+      WF_WARN("tensor-parallel group of ranks %d-%d spans hosts %s and %s: its all-reduces "
+              "cross the network; place mesh.tp=%d consecutive ranks on each host (mpirun "
+              "--map-by ppr:N:node with N a multiple of %d)",
+              r, r + job->mesh.tp - 1, job->facts[r].host, job->facts[other].host, job->mesh.tp,
+              job->mesh.tp);
+  }
+}
+
 wf_status wf_job_bootstrap(wf_job **out, const wf_job_opts *o)
 {
   wf_status st = WF_OK;
@@ -104,12 +172,15 @@ wf_status wf_job_bootstrap(wf_job **out, const wf_job_opts *o)
   WF_CHECK_MPI(MPI_Gather(&job->mine, sizeof job->mine, MPI_BYTE, job->facts, sizeof job->mine,
                           MPI_BYTE, 0, MPI_COMM_WORLD));
   WF_TRY(wf_comm_world_create(&job->world_comm));
-  for (int a = 0; a < WF_NUM_AXES; a++) {
+  WF_TRY(wf_comm_set_device_path(job->world_comm, o->gpu, o->nccl, NULL, 0));
+  for (int a = 0; a < WF_NUM_AXES; a++) { /* each inherits the world's device path */
     int color = wf_mesh_group_color(&job->mesh, (wf_axis)a, job->rank);
     WF_TRY(
         wf_comm_split(job->world_comm, color, job->rank, wf_axis_name((wf_axis)a), &job->comms[a]));
     WF_TRY(verify_axis(job, (wf_axis)a));
   }
+  if (job->rank == 0)
+    log_hosts(job);
   *out = job;
   return WF_OK;
 fail:

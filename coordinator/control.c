@@ -30,7 +30,10 @@ struct wf_control {
   void *user;
   bool is_unix;
   struct sockaddr_storage addr;
-  double deadline; /* ms: give up connecting */
+  char addr_str[80]; /* addr as numbers, "10.0.0.1 port 29500", for errors */
+  double deadline;   /* ms: give up connecting */
+  int connect_timeout_ms;
+  int last_err; /* the last failed connect's libuv error; 0 = none yet */
 
   uv_loop_t loop;
   uv_thread_t thread;
@@ -42,11 +45,12 @@ struct wf_control {
   } sock;
   bool sock_open;
   uv_connect_t connect_req;
-  uv_timer_t timer, close_timer;
+  uv_timer_t timer, close_timer, deadline_timer, silence_timer;
   uv_async_t async;
   wf_proto_reader rd;
   int heartbeat_ms, silence_ms;
-  double t_rx, t_timer; /* ms: last message from the coordinator, last timer run */
+  double t_rx, t_timer;   /* ms: last message from the coordinator, last timer run */
+  double echo_ms, t_echo; /* the coordinator's last heartbeat stamp, and when it came */
   bool welcomed, shutdown_seen, closed;
 
   pthread_mutex_t lock; /* locked: */
@@ -67,7 +71,9 @@ struct wf_control {
   char err_msg[512];
 
   atomic_bool stop_req, ckpt_req, aborted;
-  wf_nvml *nvml; /* the rank's GPU, when NVML is there; sampled on the control thread */
+  double abort_silent_ms; /* > 0: aborted because peers went silent (unreachable); set
+                           * before on_abort runs, on the control thread */
+  wf_nvml *nvml;          /* the rank's GPU, when NVML is there; sampled on the control thread */
 };
 
 static void start_done(wf_control *c, int result, const char *err)
@@ -91,14 +97,19 @@ static void close_all(wf_control *c)
     uv_close(&c->sock.h, NULL);
   uv_close((uv_handle_t *)&c->timer, NULL);
   uv_close((uv_handle_t *)&c->close_timer, NULL);
+  uv_close((uv_handle_t *)&c->deadline_timer, NULL);
+  uv_close((uv_handle_t *)&c->silence_timer, NULL);
   uv_close((uv_handle_t *)&c->async, NULL);
 }
 
-static void do_abort(wf_control *c, const char *reason)
+/* said: the coordinator already logged the reason (once, for the whole job), so this
+ * rank ends quietly; a rank that lost the coordinator says why itself. */
+static void do_abort(wf_control *c, const char *reason, bool said)
 {
   if (atomic_exchange(&c->aborted, true))
     return;
-  WF_ERROR("job aborted: %s", reason);
+  if (!said)
+    WF_ERROR("job aborted: %s", reason);
   if (c->on_abort)
     c->on_abort(c->user, reason);
 }
@@ -106,9 +117,11 @@ static void do_abort(wf_control *c, const char *reason)
 static void on_abort_msg(wf_control *c, const Weft__Abort *a)
 {
   char reason[2300], clean[2048];
+  if (!atomic_load(&c->aborted) && a->unreachable)
+    c->abort_silent_ms = a->silent_ms > 0 ? a->silent_ms : 1;
   wf__sanitize(clean, sizeof clean, a->reason);
   snprintf(reason, sizeof reason, "the coordinator aborted the job: %s", clean);
-  do_abort(c, reason);
+  do_abort(c, reason, true);
 }
 
 #define TRACE_BUF   (32 << 10)
@@ -212,17 +225,25 @@ static void send_heartbeat(wf_control *c)
   }
   hb.phase = phase;
   hb.coll_op = op;
+  if (c->echo_ms > 0) { /* the coordinator's last stamp, for its round-trip time */
+    hb.echo_ms = c->echo_ms;
+    hb.echo_held_ms = wf__now_ms() - c->t_echo;
+  }
   env.msg_case = WEFT__ENVELOPE__MSG_HEARTBEAT;
   env.heartbeat = &hb;
   wf__send(&c->sock.s, &env);
 }
 
 /* A coordinator that stopped talking (rank 0 frozen, its host gone without a reset)
- * leaves the connection open: only its silence tells. */
-static void check_coordinator(wf_control *c)
+ * leaves the connection open: only its silence tells. Judged every SILENCE_TICK_MS, so
+ * that a rank cut off from rank 0 leaves silence_ms after it last heard from it, not
+ * up to a heartbeat later. */
+#define SILENCE_TICK_MS 100
+static void check_coordinator(uv_timer_t *t)
 {
+  wf_control *c = t->data;
   double now = wf__now_ms();
-  bool stalled = c->t_timer > 0 && now - c->t_timer > 2.0 * c->heartbeat_ms;
+  bool stalled = c->t_timer > 0 && now - c->t_timer > 5.0 * SILENCE_TICK_MS;
   c->t_timer = now;
   if (stalled) { /* our own thread was held up: judge after reading what arrived */
     c->t_rx = WF_MAX(c->t_rx, now - c->heartbeat_ms);
@@ -230,20 +251,22 @@ static void check_coordinator(wf_control *c)
   }
   if (c->shutdown_seen || atomic_load(&c->aborted) || now - c->t_rx <= c->silence_ms)
     return;
-  char reason[1024];
+  char reason[1024], where[200] = "";
+  bool here = strcmp(c->coord_host, c->facts.host) == 0;
+  if (!here) /* on another host it may also be out of reach */
+    snprintf(where, sizeof where,
+             ", or its host is down or cut off from this one (%s): a partition", c->facts.host);
   snprintf(reason, sizeof reason,
            "the coordinator at %s has been silent for %.1f s: rank 0 (host %s, pid %d) is "
-           "frozen (SIGSTOP?) or unreachable, so this rank stops",
+           "frozen (SIGSTOP?)%s; so this rank stops",
            c->endpoint, (now - c->t_rx) / 1000.0, c->coord_host[0] ? c->coord_host : "?",
-           c->coord_pid);
-  do_abort(c, reason);
+           c->coord_pid, where);
+  /* only a silence across hosts may be a partition for the launcher to see too */
+  c->abort_silent_ms = here ? 0 : now - c->t_rx;
+  do_abort(c, reason, false);
 }
 
-static void on_heartbeat_timer(uv_timer_t *t)
-{
-  send_heartbeat(t->data);
-  check_coordinator(t->data);
-}
+static void on_heartbeat_timer(uv_timer_t *t) { send_heartbeat(t->data); }
 
 static void on_message(wf_control *c, const Weft__Envelope *env)
 {
@@ -260,6 +283,7 @@ static void on_message(wf_control *c, const Weft__Envelope *env)
     send_heartbeat(c);
     uv_timer_start(&c->timer, on_heartbeat_timer, (uint64_t)c->heartbeat_ms,
                    (uint64_t)c->heartbeat_ms);
+    uv_timer_start(&c->silence_timer, check_coordinator, SILENCE_TICK_MS, SILENCE_TICK_MS);
     start_done(c, 1, NULL);
     break;
   case WEFT__ENVELOPE__MSG_ERROR:
@@ -271,6 +295,10 @@ static void on_message(wf_control *c, const Weft__Envelope *env)
     break;
   case WEFT__ENVELOPE__MSG_ABORT: on_abort_msg(c, env->abort); break;
   case WEFT__ENVELOPE__MSG_COMMAND: on_command(c, env->command); break;
+  case WEFT__ENVELOPE__MSG_HEARTBEAT:
+    c->echo_ms = env->heartbeat->sent_ms;
+    c->t_echo = c->t_rx;
+    break;
   default: break;
   }
 }
@@ -302,7 +330,7 @@ static void connection_lost(wf_control *c, const char *why)
            "runs it, died or was killed after step %" PRId64
            " (this rank's last), so this rank stops too",
            c->endpoint, why, c->coord_host[0] ? c->coord_host : "?", c->coord_pid, step);
-  do_abort(c, reason);
+  do_abort(c, reason, false);
 }
 
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
@@ -368,6 +396,34 @@ static void on_sock_closed_retry(uv_handle_t *h)
   uv_timer_start(&c->timer, on_retry_timer, 200, 0);
 }
 
+/* Registration failed for good: say which address and port were tried, for how long,
+ * and the last error (a refused port, no route to the host, no answer at all). */
+static void give_up_connecting(wf_control *c, wf_status st, const char *what)
+{
+  char msg[1024], within[80] = "";
+  if (st == WF_ETIMEOUT)
+    snprintf(within, sizeof within, " within runtime.connect_timeout=%g s",
+             c->connect_timeout_ms / 1000.0);
+  snprintf(msg, sizeof msg,
+           "cannot reach the coordinator at %s (%s)%s: %s (is rank 0 running, and is "
+           "MASTER_ADDR:MASTER_PORT reachable from this host?)",
+           c->endpoint, c->addr_str, within, what);
+  start_done(c, st, msg);
+}
+
+/* The deadline also covers a connect the network never answers (SYNs dropped: the
+ * kernel would retry for about two minutes), and a Hello that gets no Welcome. */
+static void on_deadline(uv_timer_t *t)
+{
+  wf_control *c = t->data;
+  if (c->welcomed || c->closed)
+    return;
+  give_up_connecting(c, WF_ETIMEOUT,
+                     c->last_err    ? uv_strerror(c->last_err)
+                     : c->sock_open ? "no answer (the connection attempt timed out)"
+                                    : "no answer");
+}
+
 static void on_connect(uv_connect_t *req, int status)
 {
   wf_control *c = req->data;
@@ -376,15 +432,11 @@ static void on_connect(uv_connect_t *req, int status)
     send_hello(c);
     return;
   }
-  if (c->closed)
+  if (c->closed || status == UV_ECANCELED)
     return;
+  c->last_err = status;
   if (wf__now_ms() > c->deadline) {
-    char msg[1024];
-    snprintf(msg, sizeof msg,
-             "cannot reach the coordinator at %s: %s (is rank 0 running, and is "
-             "MASTER_ADDR:MASTER_PORT reachable from this host?)",
-             c->endpoint, uv_strerror(status));
-    start_done(c, WF_ETIMEOUT, msg);
+    give_up_connecting(c, WF_ETIMEOUT, uv_strerror(status));
     return;
   }
   uv_close(&c->sock.h, on_sock_closed_retry);
@@ -406,12 +458,8 @@ static void try_connect(wf_control *c)
   c->sock.h.data = c;
   uv_tcp_nodelay(&c->sock.tcp, 1);
   rc = uv_tcp_connect(&c->connect_req, &c->sock.tcp, (const struct sockaddr *)&c->addr, on_connect);
-  if (rc < 0) {
-    char msg[1024];
-    snprintf(msg, sizeof msg, "cannot connect to the coordinator at %s: %s", c->endpoint,
-             uv_strerror(rc));
-    start_done(c, WF_EUV, msg);
-  }
+  if (rc < 0) /* no route to it at all: retrying would not help */
+    give_up_connecting(c, WF_EUV, uv_strerror(rc));
 }
 
 /* ---- posted work (async) ------------------------------------------------------------ */
@@ -500,6 +548,7 @@ static void on_async(uv_async_t *a)
     env.msg_case = WEFT__ENVELOPE__MSG_BYE;
     env.bye = &bye;
     uv_timer_stop(&c->timer);
+    uv_timer_stop(&c->silence_timer);
     if (!send_tracked(c, &env, false, true))
       close_all(c);
     else
@@ -510,6 +559,7 @@ static void on_async(uv_async_t *a)
 static void control_thread(void *arg)
 {
   wf_control *c = arg;
+  uv_timer_start(&c->deadline_timer, on_deadline, (uint64_t)c->connect_timeout_ms, 0);
   try_connect(c);
   uv_run(&c->loop, UV_RUN_DEFAULT);
 }
@@ -539,6 +589,9 @@ static wf_status resolve(wf_control *c)
     return WF_EINVAL;
   }
   memcpy(&c->addr, res->ai_addr, res->ai_addrlen);
+  char num[64] = "?";
+  getnameinfo(res->ai_addr, res->ai_addrlen, num, sizeof num, NULL, 0, NI_NUMERICHOST);
+  snprintf(c->addr_str, sizeof c->addr_str, "%s port %d", num, port);
   freeaddrinfo(res);
   return WF_OK;
 }
@@ -561,8 +614,9 @@ static wf_control *control_new(const wf_control_opts *o)
   char why[256];
   if (o->gpu_bus && o->gpu_bus[0] && wf_nvml_open(&c->nvml, o->gpu_bus, why, sizeof why) != WF_OK)
     WF_DEBUG("control: no GPU figures for the console: %s", why);
-  int timeout = o->connect_timeout_ms > 0 ? o->connect_timeout_ms : 30000;
-  c->deadline = wf__now_ms() + timeout;
+  c->connect_timeout_ms = o->connect_timeout_ms > 0 ? o->connect_timeout_ms : 30000;
+  c->deadline = wf__now_ms() + c->connect_timeout_ms;
+  wf_strlcpy(c->addr_str, "a Unix socket", sizeof c->addr_str);
   pthread_mutex_init(&c->lock, NULL);
   pthread_cond_init(&c->cond, NULL);
   wf_proto_reader_init(&c->rd, 0);
@@ -629,8 +683,11 @@ wf_status wf_control_start(wf_control **out, const wf_control_opts *o)
   }
   uv_timer_init(&c->loop, &c->timer);
   uv_timer_init(&c->loop, &c->close_timer);
+  uv_timer_init(&c->loop, &c->deadline_timer);
+  uv_timer_init(&c->loop, &c->silence_timer);
   uv_async_init(&c->loop, &c->async, on_async);
-  c->timer.data = c->close_timer.data = c->async.data = c;
+  c->timer.data = c->close_timer.data = c->deadline_timer.data = c->silence_timer.data =
+      c->async.data = c;
   if (uv_thread_create(&c->thread, control_thread, c) < 0) {
     close_all(c);
     uv_run(&c->loop, UV_RUN_DEFAULT);
@@ -778,3 +835,5 @@ bool wf_control_checkpoint_requested(wf_control *c)
   return c && atomic_exchange(&c->ckpt_req, false);
 }
 bool wf_control_aborted(wf_control *c) { return c && atomic_load(&c->aborted); }
+
+double wf_control_abort_silent_ms(const wf_control *c) { return c ? c->abort_silent_ms : 0; }

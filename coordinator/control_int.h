@@ -33,7 +33,8 @@
 #define WF__MAX_QUEUED           (16u << 20) /* unsent bytes before a slow reader is dropped */
 #define WF__CONSOLE_MAX_IN       (64u << 10) /* largest frame accepted from any peer */
 #define WF__WATCHDOG_MS          100
-#define WF__RANK0_ABORT_DELAY_MS 300 /* see wf__abort_job() */
+#define WF__RANK0_ABORT_DELAY_MS 300  /* see wf__abort_job() */
+#define WF__STALL_AFTERMATH_MS   1000 /* see wf__stalled_ms() */
 
 /* ---- shared helpers (util.c) ------------------------------------------------------ */
 
@@ -120,6 +121,7 @@ typedef struct wf__rank {
   uint64_t gpu_mem_used, gpu_mem_total;
   double cpu_s, cpu_pct; /* CPU seconds so far; % of one core over the last interval */
   double t_cpu;          /* ms: when cpu_s was taken */
+  double rtt_ms;         /* control-plane round trip from the heartbeats; NAN = none yet */
   char error[256];       /* last Error message from this rank */
   char *trace;           /* lines of the TraceReport for the pending `trace`, malloc()ed */
   bool traced;           /* answered the pending `trace` */
@@ -167,8 +169,9 @@ struct wf_service {
   wf__ratelimit rl_cap[WF__LSN_COUNT], rl_auth, rl_hello, rl_frame;
   wf__ratelimit rl_http;
   wf__rank *ranks;
-  double t_start, t_progress; /* ms */
-  double t_tick, t_ping;      /* ms: last watchdog tick, last heartbeat sent to workers */
+  double t_start, t_progress;   /* ms */
+  double t_tick, t_ping;        /* ms: last watchdog tick, last heartbeat sent to workers */
+  double t_stall_end, stall_ms; /* ms: when this thread was last found held up, and how long */
   int registered;
   bool shutting_down;
   /* latest job-level numbers, from step reports */
@@ -182,6 +185,7 @@ struct wf_service {
   char *schedule;          /* wf_service_set_schedule() */
   char abort_reason[2048]; /* written once, by the loop thread */
   int abort_rank;          /* loop thread only */
+  double abort_silent_ms;  /* loop thread: > 0 when the lost ranks went silent (unreachable) */
   uv_timer_t abort_timer;
 };
 
@@ -196,6 +200,11 @@ void wf__conn_send(wf__conn *c, Weft__Envelope *env);
 /* watchdog.c */
 void wf__watchdog_tick(uv_timer_t *t);
 void wf__rank_lost(wf_service *svc, int rank, const char *why);
+/* How long this thread was just held up (rank 0 stopped or starved): > 0 while the
+ * watchdog has not run for 5 ticks, and for WF__STALL_AFTERMATH_MS after it found that.
+ * Ranks that leave then left because of it: wf__rank_left_stalled() says so. */
+double wf__stalled_ms(const wf_service *svc, double now);
+void wf__rank_left_stalled(wf_service *svc, int rank, double stalled_ms);
 void wf__abort_job(wf_service *svc, int rank, const char *reason);
 /* query.c: the JSON answer to a console query; NULL with `msg` when unavailable. */
 char *wf__query_json(wf_service *svc, int kind, char *msg, size_t msg_len);

@@ -164,6 +164,7 @@ static double r_mem(const wf__rank *r, double now) { return (double)r->mem_bytes
 static double r_rss(const wf__rank *r, double now) { return (double)r->rss_bytes; }
 static double r_cpu(const wf__rank *r, double now) { return r->cpu_s; }
 static double r_up(const wf__rank *r, double now) { return r->state == WF__RANK_ALIVE; }
+static double r_rtt(const wf__rank *r, double now) { return r->rtt_ms / 1000.0; }
 static double r_hb(const wf__rank *r, double now)
 {
   return r->state == WF__RANK_WAITING ? NAN : (now - r->t_heartbeat) / 1000.0;
@@ -173,6 +174,8 @@ static double r_hb(const wf__rank *r, double now)
 static const rank_metric rank_metrics[] = {
     {"weft_rank_up", "gauge", "1 while the rank is registered and heartbeating", r_up},
     {"weft_rank_heartbeat_age_seconds", "gauge", "seconds since the rank's last heartbeat", r_hb},
+    {"weft_rank_control_rtt_seconds", "gauge",
+     "round trip of the control plane between rank 0's host and the rank's", r_rtt},
     {"weft_rank_step_seconds", "gauge", "wall time of the rank's last step", r_step},
     {"weft_rank_compute_seconds", "gauge", "forward + backward compute in the rank's last step",
      r_compute},

@@ -101,6 +101,8 @@ static json_t *rank_usage(json_t *j, const wf__rank *r, int world)
   json_object_set_new(j, "gpu_mem_total_bytes",
                       r->gpu ? json_integer((json_int_t)r->gpu_mem_total) : json_null());
   json_object_set_new(j, "cpu_percent", r->t_cpu > 0 ? json_real(r->cpu_pct) : json_null());
+  /* the control plane's round trip to the rank: its network path to rank 0's host */
+  json_object_set_new(j, "rtt_ms", num_or_null(r->rtt_ms));
   return j;
 }
 

@@ -107,12 +107,13 @@ static void render_ranks(json_t *j, FILE *out)
 {
   size_t i;
   json_t *r;
-  char age[32], mem[32], rss[32], ms[32], tps[32], cpu[32], coll[96], kinds[96], gpu[80];
+  char age[32], rtt[32], mem[32], rss[32], ms[32], tps[32], cpu[32], coll[96], kinds[96], gpu[80];
   fprintf(out,
-          "%4s %-12s %7s %-8s %-16s %-8s %-16s %-7s %5s %6s %8s %9s %9s %-30s %9s %5s %-20s %s\n",
-          "rank", "host", "pid", "device", "binding", "pp/dp/tp", "stage", "state", "hb", "step",
-          "step ms", "tok/s", "memory", "mem params/grads/optim/act", "rss", "cpu%", "gpu util mem",
-          "last collective");
+          "%4s %-12s %7s %-8s %-16s %-8s %-16s %-7s %5s %7s %6s %8s %9s %9s %-30s %9s %5s %-20s "
+          "%s\n",
+          "rank", "host", "pid", "device", "binding", "pp/dp/tp", "stage", "state", "hb", "rtt ms",
+          "step", "step ms", "tok/s", "memory", "mem params/grads/optim/act", "rss", "cpu%",
+          "gpu util mem", "last collective");
   json_array_foreach(json_object_get(j, "ranks"), i, r)
   {
     json_t *c = json_object_get(r, "coords"), *k = json_object_get(r, "collective");
@@ -128,11 +129,12 @@ static void render_ranks(json_t *j, FILE *out)
     char steps[32];
     snprintf(steps, sizeof steps, step < 0 ? "-" : "%" JSON_INTEGER_FORMAT, step);
     fprintf(out,
-            "%4d %-12.12s %7d %-8.8s %-16.16s %-8s %-16.16s %-7s %5s %6s %8s %9s %9s %-30s %9s %5s "
-            "%-20s %s\n",
+            "%4d %-12.12s %7d %-8.8s %-16.16s %-8s %-16.16s %-7s %5s %7s %6s %8s %9s %9s %-30s %9s "
+            "%5s %-20s %s\n",
             (int)num_i(r, "rank"), str(r, "host"), (int)num_i(r, "pid"), str(r, "device"),
             str(r, "binding"), coords, str(r, "stage"), str(r, "state"),
-            num_s(age, sizeof age, r, "heartbeat_age_s", "%.1fs"), steps,
+            num_s(age, sizeof age, r, "heartbeat_age_s", "%.1fs"),
+            num_s(rtt, sizeof rtt, r, "rtt_ms", "%.1f"), steps,
             num_s(ms, sizeof ms, r, "step_ms", "%.1f"),
             num_s(tps, sizeof tps, r, "tokens_per_s_per_rank", "%.0f"),
             bytes_s(mem, sizeof mem, (double)num_i(r, "mem_bytes")),

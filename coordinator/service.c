@@ -60,7 +60,10 @@ static void conn_retire(wf__conn *c)
   if (c->role == WF__CONN_WORKER && c->rank >= 0 && c->svc->ranks[c->rank].conn == c) {
     wf__rank *r = &c->svc->ranks[c->rank];
     r->conn = NULL;
-    if (r->state == WF__RANK_ALIVE && !c->svc->shutting_down)
+    double stalled = wf__stalled_ms(c->svc, wf__now_ms());
+    if (r->state == WF__RANK_ALIVE && !c->svc->shutting_down && stalled > 0)
+      wf__rank_left_stalled(c->svc, c->rank, stalled); /* it left because we were frozen */
+    else if (r->state == WF__RANK_ALIVE && !c->svc->shutting_down)
       wf__rank_lost(c->svc, c->rank,
                     "its connection to the coordinator closed (the process exited or was "
                     "killed)");
@@ -254,6 +257,12 @@ static void on_heartbeat(wf__conn *c, const Weft__Heartbeat *hb)
     r->cpu_pct = 100.0 * (hb->cpu_s - r->cpu_s) / ((now - r->t_cpu) / 1000.0);
   r->cpu_s = hb->cpu_s;
   r->t_cpu = now;
+  /* The round trip of our stamp, less the time the worker held it (one clock), smoothed
+   * as TCP smooths its RTT (RFC 6298), with a gain of 1/4 rather than 1/8 as there is one
+   * sample a second: one quiet moment on a busy link does not hide it. */
+  double rtt = now - hb->echo_ms - hb->echo_held_ms;
+  if (hb->echo_ms > 0 && rtt >= 0)
+    r->rtt_ms = isnan(r->rtt_ms) ? rtt : 0.75 * r->rtt_ms + 0.25 * rtt;
   wf__sanitize(r->phase, sizeof r->phase, hb->phase);
   wf__sanitize(r->coll_op, sizeof r->coll_op, hb->coll_op);
 }
@@ -831,7 +840,7 @@ static wf_status service_config(wf_service *svc, const wf_service_opts *o)
                                     .tp = i % svc->mesh.tp};
     r->facts.rank = i;
     r->step = -1;
-    r->loss = r->tokens_per_s = r->step_ms = NAN;
+    r->loss = r->tokens_per_s = r->step_ms = r->rtt_ms = NAN;
     r->rep = (wf_step_report){.step = -1, .bubble = NAN};
   }
   return WF_OK;
@@ -844,7 +853,8 @@ static wf_status service_handles(wf_service *svc)
     return st;
   if (svc->unix_path[0])
     listen_unix(svc);
-  if (svc->metrics_port > 0 && wf__metrics_start(svc) != WF_OK)
+  bool metrics = svc->metrics_port > 0 && wf__metrics_start(svc) == WF_OK;
+  if (svc->metrics_port > 0 && !metrics)
     WF_WARN("control: Prometheus metrics are off (runtime.metrics_port=%d)", svc->metrics_port);
   uv_timer_init(&svc->loop, &svc->watchdog);
   svc->watchdog.data = svc;
@@ -854,6 +864,9 @@ static wf_status service_handles(wf_service *svc)
   uv_async_init(&svc->loop, &svc->stop_async, on_stop);
   svc->stop_async.data = svc;
   size_t n = strlen(svc->endpoint);
+  if (metrics) /* the endpoint is the advertised host here, before its port is added */
+    WF_INFO("control: Prometheus metrics at http://%s:%d/metrics", svc->endpoint,
+            svc->metrics_port);
   snprintf(svc->endpoint + n, sizeof svc->endpoint - n, ":%d", svc->port);
   return WF_OK;
 }
@@ -915,6 +928,29 @@ void wf_service_destroy(wf_service *svc)
 const char *wf_service_endpoint(const wf_service *svc) { return svc->endpoint; }
 const char *wf_service_unix_path(const wf_service *svc) { return svc->unix_path; }
 const char *wf_service_job_file(const wf_service *svc) { return svc->job_file; }
+
+bool wf_service_port_taken(int port)
+{
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0)
+    return false;
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  bool taken = bind(fd, (struct sockaddr *)&a, sizeof a) != 0;
+  close(fd);
+  return taken;
+}
+
+void wf_service_remove_files(const wf_service *svc)
+{
+  if (!svc)
+    return;
+  unlink(svc->job_file);
+  if (svc->unix_path[0])
+    unlink(svc->unix_path);
+}
 const char *wf_service_token(const wf_service *svc) { return svc->token; }
 int wf_service_port(const wf_service *svc) { return svc->port; }
 

@@ -10,7 +10,9 @@
  * gets Abort and exits, so nothing waits for a 30-minute NCCL timeout.
  *
  * The first cause wins: once aborted, later losses (the other ranks exiting) are
- * only recorded.
+ * only recorded. A loss names the lost rank's host and every rank it runs; ranks that
+ * fall silent together (a host down or cut off) are named together, and the Abort says
+ * they went silent (unreachable) rather than closing their connections (dead).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -134,6 +136,8 @@ static void send_abort(wf_service *svc, bool rank0)
   a.reason = svc->abort_reason; /* written once, before this thread's first send */
   a.dead_rank = rank;
   a.step = svc->step;
+  a.unreachable = svc->abort_silent_ms > 0;
+  a.silent_ms = svc->abort_silent_ms;
   if (rank >= 0) {
     const wf__rank *r = &svc->ranks[rank];
     a.host = (char *)r->facts.host;
@@ -154,8 +158,9 @@ static void on_abort_rank0(uv_timer_t *t) { send_abort(t->data, true); }
 
 /* Rank 0's worker shares this process, and its abort handler ends the process: tell
  * it last, once the others have had time to read their Abort, or they would only
- * see the connection drop and not learn why. */
-void wf__abort_job(wf_service *svc, int rank, const char *reason)
+ * see the connection drop and not learn why. `silent_ms` > 0: the lost ranks went
+ * silent rather than closing their connections (unreachable), for that long. */
+static void abort_job(wf_service *svc, int rank, const char *reason, double silent_ms)
 {
   pthread_mutex_lock(&svc->lock);
   bool first = !svc->aborted;
@@ -168,23 +173,75 @@ void wf__abort_job(wf_service *svc, int rank, const char *reason)
     return;
   WF_ERROR("control: aborting job %s: %s", svc->job_id, reason);
   svc->abort_rank = rank;
+  svc->abort_silent_ms = silent_ms;
   send_abort(svc, false);
   uv_timer_start(&svc->abort_timer, on_abort_rank0, WF__RANK0_ABORT_DELAY_MS, 0);
 }
 
-void wf__rank_lost(wf_service *svc, int rank, const char *why)
+void wf__abort_job(wf_service *svc, int rank, const char *reason)
+{
+  abort_job(svc, rank, reason, 0);
+}
+
+/* "host node1 runs ranks 2-3" for the host of rank `rank`, so that a lost node is
+ * named with everything it took down. */
+static void append_host_ranks(wf_service *svc, int rank, char *buf, size_t len)
+{
+  bool *sel = calloc((size_t)svc->world, 1);
+  const char *host = svc->ranks[rank].facts.host;
+  if (!sel || !host[0]) {
+    free(sel);
+    return;
+  }
+  for (int i = 0; i < svc->world; i++)
+    sel[i] = strcmp(svc->ranks[i].facts.host, host) == 0;
+  size_t at = strlen(buf);
+  snprintf(buf + at, len - at, " Host %s runs ranks ", host);
+  append_ranks(buf, len, sel, svc->world);
+  at = strlen(buf);
+  snprintf(buf + at, len - at, ".");
+  free(sel);
+}
+
+static void rank_lost(wf_service *svc, int rank, const char *why, double silent_ms)
 {
   wf__rank *r = &svc->ranks[rank];
   char reason[2048], colls[1200];
   r->state = WF__RANK_DEAD;
   collective_summary(svc, colls, sizeof colls);
   snprintf(reason, sizeof reason,
-           "rank %d (host %s, pid %d, device %s, pp %d dp %d tp %d) died at step %" PRId64
-           ": %s. Last collectives: %s",
+           "rank %d (host %s, pid %d, device %s, pp %d dp %d tp %d) died at step %" PRId64 ": %s.",
            rank, r->facts.host[0] ? r->facts.host : "?", r->facts.pid,
            r->facts.device[0] ? r->facts.device : "?", r->facts.coords.pp, r->facts.coords.dp,
-           r->facts.coords.tp, r->step, why, colls);
-  wf__abort_job(svc, rank, reason);
+           r->facts.coords.tp, r->step, why);
+  append_host_ranks(svc, rank, reason, sizeof reason);
+  size_t at = strlen(reason);
+  snprintf(reason + at, sizeof reason - at, " Last collectives: %s", colls);
+  abort_job(svc, rank, reason, silent_ms);
+}
+
+void wf__rank_lost(wf_service *svc, int rank, const char *why) { rank_lost(svc, rank, why, 0); }
+
+double wf__stalled_ms(const wf_service *svc, double now)
+{
+  if (svc->t_tick > 0 && now - svc->t_tick > 5 * WF__WATCHDOG_MS)
+    return now - svc->t_tick; /* held up until now: the watchdog has not run since */
+  if (svc->t_stall_end > 0 && now - svc->t_stall_end < WF__STALL_AFTERMATH_MS)
+    return svc->stall_ms;
+  return 0;
+}
+
+void wf__rank_left_stalled(wf_service *svc, int rank, double stalled_ms)
+{
+  char reason[1024];
+  const wf_rank_facts *f = &svc->ranks[0].facts;
+  svc->ranks[rank].state = WF__RANK_DEAD;
+  snprintf(reason, sizeof reason,
+           "the coordinator at %s has been silent for %.1f s: rank 0 (host %s, pid %d), which "
+           "runs it, was frozen (SIGSTOP?) or starved until now, and the other ranks took it for "
+           "lost and left (rank %d's connection closed first)",
+           svc->endpoint, stalled_ms / 1000.0, f->host[0] ? f->host : "?", f->pid, rank);
+  wf__abort_job(svc, -1, reason);
 }
 
 /* Every deadline runs from a fixed point (the connection, the frame's first byte, the
@@ -223,20 +280,58 @@ static void check_conns(wf_service *svc, double now)
   }
 }
 
+/* Every rank silent for dead_after_ms is lost at once: a host that went down or was cut
+ * off takes all its ranks, and the diagnosis names them together. Their connections
+ * stay open (a frozen process may still be sent the Abort; an unreachable one never
+ * closes), which is what tells this apart from a process that died. */
 static void check_heartbeats(wf_service *svc, double now)
 {
-  for (int i = 0; i < svc->world; i++) {
-    wf__rank *r = &svc->ranks[i];
+  int n = svc->world, first = -1;
+  bool *sel = calloc((size_t)n, 1);
+  double silent = 0;
+  if (!sel)
+    return;
+  for (int i = 0; i < n; i++) {
+    const wf__rank *r = &svc->ranks[i];
     if (r->state != WF__RANK_ALIVE || now - r->t_heartbeat <= svc->dead_after_ms)
       continue;
-    char why[256];
-    snprintf(why, sizeof why,
-             "no heartbeat for %.1f s: the process is frozen (SIGSTOP?) or its control thread "
-             "cannot run",
-             (now - r->t_heartbeat) / 1000.0);
-    /* Its connection stays open: a frozen process may still be sent the Abort. */
-    wf__rank_lost(svc, i, why);
+    sel[i] = true;
+    first = first < 0 ? i : first;
+    silent = WF_MAX(silent, now - r->t_heartbeat);
   }
+  /* Ranks beat out of phase: a lost host's other ranks may still be inside the window,
+   * but one that has also missed a beat and a half is lost with it. */
+  for (int i = 0; first >= 0 && i < n; i++) {
+    const wf__rank *r = &svc->ranks[i];
+    for (int j = 0; j < n && !sel[i] && r->state == WF__RANK_ALIVE; j++)
+      sel[i] = sel[j] && strcmp(svc->ranks[j].facts.host, r->facts.host) == 0 &&
+               now - r->t_heartbeat > 1.5 * svc->heartbeat_ms;
+  }
+  if (first >= 0) {
+    const char *home = svc->ranks[0].facts.host;
+    bool remote = false;
+    for (int i = 0; i < n; i++)
+      remote |= sel[i] && strcmp(svc->ranks[i].facts.host, home) != 0;
+    char why[700];
+    snprintf(why, sizeof why, "no heartbeat for %.1f s from ranks ", silent / 1000.0);
+    append_ranks(why, sizeof why, sel, n);
+    size_t at = strlen(why);
+    if (remote)
+      snprintf(why + at, sizeof why - at,
+               ": their host is down or cut off from rank 0's host %s (a partition), or the "
+               "processes are frozen (SIGSTOP?)",
+               home[0] ? home : "?");
+    else
+      snprintf(why + at, sizeof why - at,
+               ": the process is frozen (SIGSTOP?) or its control thread cannot run");
+    for (int i = 0; i < n; i++)
+      if (sel[i])
+        svc->ranks[i].state = WF__RANK_DEAD;
+    svc->ranks[first].state = WF__RANK_ALIVE; /* rank_lost marks it */
+    /* Only another host can be unreachable: on this one they can only be frozen. */
+    rank_lost(svc, first, why, remote ? silent : 0);
+  }
+  free(sel);
 }
 
 static void check_registration(wf_service *svc, double now)
@@ -302,6 +397,7 @@ void wf__watchdog_tick(uv_timer_t *t)
   if (now - svc->t_ping >= svc->heartbeat_ms) {
     Weft__Envelope env = WEFT__ENVELOPE__INIT;
     Weft__Heartbeat hb = WEFT__HEARTBEAT__INIT;
+    hb.sent_ms = now; /* echoed back: each rank's round-trip time */
     env.msg_case = WEFT__ENVELOPE__MSG_HEARTBEAT;
     env.heartbeat = &hb;
     wf__broadcast(svc, &env);
@@ -311,6 +407,10 @@ void wf__watchdog_tick(uv_timer_t *t)
    * (rank 0 starved or stopped), heartbeats that did arrive are still unread. Judge
    * liveness on the next tick, once they have been. */
   bool stalled = svc->t_tick > 0 && now - svc->t_tick > 5 * WF__WATCHDOG_MS;
+  if (stalled) {
+    svc->t_stall_end = now;
+    svc->stall_ms = now - svc->t_tick;
+  }
   svc->t_tick = now;
   pthread_mutex_lock(&svc->lock);
   bool aborted = svc->aborted;

@@ -74,6 +74,12 @@ int wf_service_port(const wf_service *svc);          /* the bound TCP port */
  * the console's `schedule`; until it is set, `schedule` says it is not available.
  * Copied; any thread. */
 wf_status wf_service_set_schedule(wf_service *svc, const char *text);
+/* Whether some process on this host already holds TCP `port` (on any address): the
+ * default port then yields to a job already there. */
+bool wf_service_port_taken(int port);
+/* Remove the job file and the Unix socket now, for a process about to end without
+ * wf_service_destroy (an abort, a second SIGINT). Async-signal-safe; accepts NULL. */
+void wf_service_remove_files(const wf_service *svc);
 /* True once the watchdog aborted the job; copies the reason. */
 bool wf_service_aborted(wf_service *svc, char *reason, size_t reason_len);
 
@@ -95,7 +101,8 @@ typedef struct wf_control_opts {
   const char *stage_desc; /* e.g. "layers 0-5"; NULL = "" */
   wf_control_abort_fn on_abort;
   void *user;
-  int connect_timeout_ms; /* keep retrying while rank 0 starts; 0 = 30000 */
+  int connect_timeout_ms; /* keep retrying while rank 0 starts, then fail naming the
+                           * address and port tried; 0 = 30000 */
   const char *gpu_bus;    /* the rank's GPU's PCI bus id: heartbeats carry its NVML
                            * utilisation and memory; NULL or "" = no GPU */
 } wf_control_opts;
@@ -151,6 +158,11 @@ void wf_control_report_error(wf_control *ctl, wf_status code, const char *messag
 bool wf_control_stop_requested(wf_control *ctl);       /* console `stop` (sticky) */
 bool wf_control_checkpoint_requested(wf_control *ctl); /* console `checkpoint`; consumes it */
 bool wf_control_aborted(wf_control *ctl);
+/* For on_abort: > 0 when the job ends because peers went silent with their connections
+ * open (a host down or cut off: the coordinator heard nothing from ranks elsewhere, or
+ * this rank nothing from the coordinator), for that many ms; 0 when a peer died (its
+ * connection closed) or reported an error. */
+double wf_control_abort_silent_ms(const wf_control *ctl);
 
 /* ---- console client ------------------------------------------------------------- */
 

@@ -20,6 +20,7 @@
 
 #include "wf_bind.h"
 #include "wf_config.h"
+#include "wf_gpu.h"
 #include "wf_launch.h"
 #include "wf_runtime.h"
 
@@ -65,6 +66,13 @@ typedef struct wf_job_opts {
   wf_launch *launch;    /* cross-checked */
   const char *device;   /* this rank's device description */
   const wf_binding *binding;
+  /* The device path of the job's communicators (wf_comm_set_device_path), given to its
+   * world communicator when it is made, so that every communicator made from it (the
+   * mesh axes here, and any the worker makes later) carries device buffers alike:
+   * NCCL when `nccl` (every rank has a GPU of its own), else host staging. gpu NULL: a
+   * CPU rank, host buffers only. */
+  wf_gpu *gpu;
+  bool nccl;
 } wf_job_opts;
 
 /* Gather facts, build the mesh communicators and verify them against MPI. Every
@@ -90,5 +98,20 @@ wf_comm *wf_job_world_comm(const wf_job *job);
 
 /* Rank 0: print the mesh table, one row per rank. */
 void wf_job_print_table(const wf_job *job, FILE *out);
+
+/* Whether every rank trains on the same kind of device (facts' device: "cpu" or
+ * "cuda:N (MODEL)"). MODELS: GPUs of different models; MIXED: some ranks on the CPU,
+ * others on GPUs. msg names the ranks of each kind ("ranks 0-3 on NVIDIA H100, rank 4
+ * on the CPU"). Pure, for tests. */
+typedef enum wf_devices_verdict {
+  WF_DEVICES_SAME = 0,
+  WF_DEVICES_MODELS,
+  WF_DEVICES_MIXED
+} wf_devices_verdict;
+wf_devices_verdict wf_devices_compare(const wf_rank_facts *facts, int n, char *msg, size_t len);
+/* Rank 0 checks every rank's device: GPUs of different models are a warning, ranks on
+ * the CPU beside GPUs an error (WF_ECONFIG, said once); other ranks return WF_OK, so
+ * the caller agrees on the outcome. */
+wf_status wf_job_check_devices(const wf_job *job);
 
 #endif /* WF_COORDINATOR_H */

@@ -3,9 +3,15 @@
  * and the staged views, over any implementation's table.
  *
  * Invariants: a device's ops table has every entry (checked at creation); a view with
- * a staging buffer owns it until unmap; the CPU device is a constant object that no
- * call mutates, so it is the one shared instance every CPU rank and test uses.
+ * a staging buffer owns it until unmap; the CPU device is one object that no call
+ * mutates but its sync counter, so it is the one shared instance every CPU rank and
+ * test uses.
+ *
+ * Host synchronisations are counted here, above every implementation, by what the
+ * call means (the host waits until the device is done), so the CPU device counts what
+ * a GPU would wait for: a test of the CPU path sees how often a step would stall a GPU.
  */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,13 +24,16 @@ struct wf_dev {
   void *impl;
   const wf_ktable *k;
   char name[32];
+  atomic_uint_fast64_t syncs; /* host synchronisations so far */
 };
+
+static void synced(wf_dev *d) { atomic_fetch_add_explicit(&d->syncs, 1, memory_order_relaxed); }
 
 /* kernels/cpu/device.c */
 extern const wf_dev_ops wf__cpu_dev_ops;
 extern const wf_ktable wf__cpu_ktable;
 
-static wf_dev cpu_dev = {&wf__cpu_dev_ops, NULL, &wf__cpu_ktable, "cpu"};
+static wf_dev cpu_dev = {.ops = &wf__cpu_dev_ops, .k = &wf__cpu_ktable, .name = "cpu"};
 
 wf_dev *wf_dev_cpu(void) { return &cpu_dev; }
 
@@ -92,11 +101,14 @@ wf_status wf_dev_memset(wf_dev *d, void *p, int value, size_t bytes, wf_stream *
   return bytes ? d->ops->memset(d->impl, p, value, bytes, s) : WF_OK;
 }
 
+/* A copy to the host returns once it has finished: a synchronisation. */
 wf_status wf_dev_copy(wf_dev *d, void *dst, const void *src, size_t bytes, wf_copy_kind k,
                       wf_stream *s)
 {
   if (!bytes || dst == src)
     return WF_OK;
+  if (k == WF_COPY_D2H)
+    synced(d);
   return d->ops->copy(d->impl, dst, src, bytes, k, s);
 }
 
@@ -111,7 +123,11 @@ void wf_dev_stream_destroy(wf_dev *d, wf_stream *s)
     d->ops->stream_destroy(d->impl, s);
 }
 
-wf_status wf_dev_stream_sync(wf_dev *d, wf_stream *s) { return d->ops->stream_sync(d->impl, s); }
+wf_status wf_dev_stream_sync(wf_dev *d, wf_stream *s)
+{
+  synced(d);
+  return d->ops->stream_sync(d->impl, s);
+}
 wf_status wf_dev_event_create(wf_dev *d, wf_event **e) { return d->ops->event_create(d->impl, e); }
 
 void wf_dev_event_destroy(wf_dev *d, wf_event *e)
@@ -130,7 +146,11 @@ wf_status wf_dev_stream_wait(wf_dev *d, wf_stream *s, wf_event *e)
   return d->ops->stream_wait(d->impl, s, e);
 }
 
-wf_status wf_dev_event_sync(wf_dev *d, wf_event *e) { return d->ops->event_sync(d->impl, e); }
+wf_status wf_dev_event_sync(wf_dev *d, wf_event *e)
+{
+  synced(d);
+  return d->ops->event_sync(d->impl, e);
+}
 
 wf_status wf_dev_event_elapsed(wf_dev *d, wf_event *a, wf_event *b, double *seconds)
 {
@@ -165,17 +185,29 @@ wf_status wf_dev_unmap(wf_dev *d, wf_dev_view *v)
   return st;
 }
 
-/* The default stream's earlier work first, so the bytes read are its results. */
+/* The default stream's earlier work first, so the bytes read are its results. One
+ * synchronisation: the copy and the wait end together. */
 wf_status wf_dev_read(wf_dev *d, void *host, const void *p, size_t bytes)
 {
-  wf_status st = wf_dev_copy(d, host, p, bytes, WF_COPY_D2H, NULL);
-  return st == WF_OK ? wf_dev_stream_sync(d, NULL) : st;
+  if (!bytes)
+    return WF_OK;
+  synced(d);
+  wf_status st = host == p ? WF_OK : d->ops->copy(d->impl, host, p, bytes, WF_COPY_D2H, NULL);
+  return st == WF_OK ? d->ops->stream_sync(d->impl, NULL) : st;
 }
 
 wf_status wf_dev_write(wf_dev *d, void *p, const void *host, size_t bytes)
 {
-  wf_status st = wf_dev_copy(d, p, host, bytes, WF_COPY_H2D, NULL);
-  return st == WF_OK ? wf_dev_stream_sync(d, NULL) : st;
+  if (!bytes || p == host)
+    return WF_OK;
+  synced(d);
+  wf_status st = d->ops->copy(d->impl, p, host, bytes, WF_COPY_H2D, NULL);
+  return st == WF_OK ? d->ops->stream_sync(d->impl, NULL) : st;
+}
+
+uint64_t wf_dev_host_syncs(const wf_dev *d)
+{
+  return atomic_load_explicit(&((wf_dev *)d)->syncs, memory_order_relaxed);
 }
 
 wf_status wf_dev_check(wf_dev *d) { return d->k->last_error(); }

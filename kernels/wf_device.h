@@ -33,6 +33,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "wf_gpu.h"
 #include "wf_ktable.h"
@@ -127,6 +128,12 @@ wf_status wf_dev_unmap(wf_dev *d, wf_dev_view *v);
 /* Host <-> device scalars and small arrays, synchronously (a loss, a norm, a flag). */
 wf_status wf_dev_read(wf_dev *d, void *host, const void *p, size_t bytes);
 wf_status wf_dev_write(wf_dev *d, void *p, const void *host, size_t bytes);
+
+/* How many times the host has waited for the device through d: each stream or event
+ * synchronisation, copy to the host, wf_dev_read and wf_dev_write (one each), counted
+ * by what the call means on any device, so the CPU device counts what a GPU would wait
+ * for. A training step may wait only where a value must reach the host. */
+uint64_t wf_dev_host_syncs(const wf_dev *d);
 
 /* The first kernel launch that failed since the last check (then cleared): WF_OK, or
  * WF_ECUDA after the launcher logged which kernel failed and why. */

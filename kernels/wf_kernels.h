@@ -38,5 +38,6 @@
 #include "rmsnorm.h"
 #include "rope.h"
 #include "swiglu.h"
+#include "checksum.h"
 
 #endif /* WF_KERNELS_H */

@@ -16,7 +16,7 @@
  * file and line, and keeps the first for last_error(), which the device reports at
  * the next wf_dev_check() (after every step, and before any result is read back).
  *
- * Ops that produce a scalar (loss_accumulate, sumsq_acc, tokens_check) write it into
+ * Ops that produce a scalar (loss_accumulate, sumsq_acc, tokens_check, checksum) write it into
  * device memory rather than returning it, so nothing here waits for the device; the
  * caller reads the scalar back through the device when it needs it.
  *
@@ -37,6 +37,7 @@
 #define WF_KTABLE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "wf_gpu.h"
 #include "wf_runtime.h"
@@ -46,7 +47,13 @@ extern "C" {
 #endif
 
 /* Bump when the table changes; the GPU module and the host must agree. */
-#define WF_KTABLE_VERSION 6
+#define WF_KTABLE_VERSION 7
+
+/* Device memory the CUDA kernels keep per device besides what their callers allocate:
+ * cuBLASLt's workspace (32 MiB) and the column reductions' partial sums (4 MiB),
+ * allocated when the device is selected and counted with the rest (backend.cu). The
+ * planner adds it to a GPU rank's memory; the CPU keeps none. */
+#define WF_KTABLE_GPU_WORKSPACE ((size_t)36 << 20)
 
 /* A stream of the device (a cudaStream_t on the GPU; the CPU has one, implicit). */
 typedef struct wf_stream wf_stream;
@@ -90,6 +97,10 @@ typedef struct wf_ktable {
    * scratch, for a (B, T) batch of NH heads over C channels. */
   size_t (*attention_saved)(int B, int T, int C, int NH);
   size_t (*attention_scratch)(int B, int T, int C, int NH);
+  /* Bytes of device memory the implementation keeps for itself per device (its
+   * workspace, WF_KTABLE_GPU_WORKSPACE on a GPU, 0 on the CPU), counted with the rest
+   * from the moment the device is selected. */
+  size_t (*workspace_bytes)(void);
   void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
                             wf_stream *s);
   void (*attention_backward)(float *dqkv, float *scratch, const float *dout, const float *qkv,
@@ -120,6 +131,9 @@ typedef struct wf_ktable {
                        float grad_scale, wf_stream *s);
   void (*sumsq_acc)(double *acc, const float *x, size_t n, wf_stream *s);
   void (*scale)(float *x, float f, size_t n, wf_stream *s);
+
+  /* *out = the 64-bit checksum of x (n floats), negated when `negate` (checksum.h). */
+  void (*checksum)(uint64_t *out, const float *x, size_t n, int negate, wf_stream *s);
 
   /* Mixed precision: dst = src rounded to the nearest bf16 / fp16 value (round.h). */
   void (*round_bf16)(float *dst, const float *src, size_t n, wf_stream *s);

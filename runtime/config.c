@@ -463,8 +463,13 @@ wf_status wf__cfg_set_mesh_shape(wf_config *cfg, const char *name, const char *c
                                  int n_sizes, const char *const *axes, int n_axes, wf__cfg_ctx *ctx)
 {
   static const wf__cfg_key size_key = {.name = "mesh_shape", .min = 1, .max = 1 << 24};
+  bool fsdp = false; /* an axis named fsdp, as the seeds and JAX mean it: sharded params */
+  for (int i = 0; axes && i < n_axes; i++)
+    fsdp |= strcasecmp(axes[i], "fsdp") == 0;
   if (n_sizes >= 2 && n_sizes <= 4) {
     int h = set_hsdp_shape(cfg, name, sizes, n_sizes, axes, n_axes, ctx);
+    if (h > 0 && cfg->source[wf__cfg_key_index("mesh.dp")] == ctx->src)
+      cfg->mesh.fsdp_axis = true;
     if (h != 0)
       return h > 0 ? WF_OK : WF_ECONFIG;
   }
@@ -494,6 +499,8 @@ wf_status wf__cfg_set_mesh_shape(wf_config *cfg, const char *name, const char *c
       *fields[a] = dims[a];
   if (axes)
     store_axes(cfg, order, ctx->src);
+  if (cfg->source[wf__cfg_key_index("mesh.dp")] == ctx->src)
+    cfg->mesh.fsdp_axis = fsdp;
   return WF_OK;
 }
 

@@ -156,11 +156,16 @@ const wf__cfg_key wf__cfg_keys[] = {
     K_INT("train.checkpoint_every", train.checkpoint_every, "0", 0, INT_MAX,
           "steps between checkpoints; 0 = only at the end"),
     K_INT("train.keep", train.keep, "3", 0, 1 << 20, "checkpoints kept; 0 = all"),
-    K_STR("train.resume", train.resume, "", "\"\", \"auto\" or a checkpoint path"),
+    K_STR("train.resume", train.resume, "",
+          "\"\" (resume the run train.checkpoint_dir holds, if any), \"never\" (start over "
+          "there), \"auto\" or a checkpoint path"),
     K_DBL("train.peak_tflops", train.peak_tflops, "0", 0, 1e9, 0,
           "device peak for MFU; 0 = unknown"),
     K_DBL("train.loss_jump_factor", train.loss_jump_factor, "3", 0, 1e9, 0,
           "warn when a step's loss exceeds this times its running mean; 0 = never"),
+    K_INT("train.log_every", train.log_every, "1", 1, INT_MAX,
+          "steps between step lines (the first, the last and evaluated steps always print; "
+          "train.metrics has every step)"),
     K_INT("train.sample_every", train.sample_every, "0", 0, INT_MAX,
           "steps between printed samples; 0 = never"),
     K_INT("train.sample_tokens", train.sample_tokens, "64", 1, 1 << 20,
@@ -182,7 +187,8 @@ const wf__cfg_key wf__cfg_keys[] = {
     K_STR("data.val_path", data.val_path, "",
           "validation text file or glob of llm.c shards; \"\" = hold out data.val_fraction"),
     K_STR("data.tokenizer", data.tokenizer, "",
-          "GPT-2 BPE for text: tokenizer.json, vocab.json (merges.txt beside it) or a folder"),
+          "tokenizer for text: GPT-2's tokenizer.json or vocab.json (merges.txt beside it), Llama "
+          "3's tokenizer.model, or a folder"),
     K_INT("optim.zero", optim.zero, "0", 0, 3,
           "1 = shard optimizer state over dp (ZeRO-1), 2 = and gradients (ZeRO-2), 3 = and "
           "parameters (FSDP)"),
@@ -223,6 +229,12 @@ const wf__cfg_key wf__cfg_keys[] = {
           "compute threads per rank; 0 = the cores the rank is bound to"),
     K_DBL("runtime.hang_timeout", runtime.hang_timeout, "300", 0, 1e7, 0,
           "seconds without progress before abort; 0 = off"),
+    K_DBL("runtime.heartbeat_timeout", runtime.heartbeat_timeout, "2", 0.5, 3600, 0,
+          "seconds without a heartbeat after which rank 0 takes a rank for lost (a rank takes "
+          "rank 0 for lost one heartbeat later); a lost host ends the job this long after"),
+    K_DBL("runtime.connect_timeout", runtime.connect_timeout, "30", 0.5, 3600, 0,
+          "seconds a rank keeps trying to reach the coordinator (MASTER_ADDR:MASTER_PORT) at "
+          "start before it fails, naming the address and port"),
     K_INT("runtime.metrics_port", runtime.metrics_port, "0", 0, 65535, "Prometheus port; 0 = off"),
     K_STR("runtime.listen_addr", runtime.listen_addr, "",
           "address rank 0's control and metrics ports listen on; \"\" = MASTER_ADDR's "
@@ -305,6 +317,9 @@ static const char *const env_skip[] = {
     "WEFT_BENCH_",       /* benchmarks */
     "WEFT_MAX_RESTARTS", /* scripts/weft-run and the Slurm scripts */
     "WEFT_RESTART_",     /* scripts/weft-run: WEFT_RESTART_BACKOFF, ..._MAX */
+    "WEFT_BUNDLE",       /* a GPU bundle's env.sh (scripts/gpu-bundle-env.sh) */
+    "WEFT_BUNDLE_",      /* scripts/gpu_bundle.py: WEFT_BUNDLE_JOBS */
+    "WEFT_CUDA_LIBS",    /* a GPU bundle's env.sh: the CUDA library folders */
 };
 
 int wf__cfg_key_index(const char *name)

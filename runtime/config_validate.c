@@ -164,7 +164,15 @@ static wf_status rule_mesh(vctx *v)
 static wf_status rule_fsdp(vctx *v)
 {
   wf_config *c = v->c;
-  int f = c->mesh.fsdp, dp = c->mesh.dp;
+  int f = c->mesh.fsdp, dp = c->mesh.dp, zk = wf_config_key_find("optim.zero");
+  /* An fsdp axis (or mesh.fsdp) shards the parameters within it, as the seeds and JAX
+   * mean it: ZeRO-3, unless optim.zero is given. One dp rank has nothing to shard. */
+  bool given = c->source[zk] != WF_SRC_DEFAULT && c->source[zk] != WF_SRC_PRESET &&
+               c->source[zk] != WF_SRC_DERIVED;
+  if ((c->mesh.fsdp_axis || f > 0) && !given && v->world && dp > 1) {
+    c->optim.zero = 3;
+    c->source[zk] = WF_SRC_DERIVED;
+  }
   if (c->optim.zero > 0 && v->world && dp == 1)
     return fail(v,
                 "optim.zero=%d shards over the data-parallel ranks, but mesh.dp=1 has one: "
@@ -175,7 +183,8 @@ static wf_status rule_fsdp(vctx *v)
   if (c->optim.zero == 0)
     return fail(v,
                 "mesh.fsdp=%d shards with ZeRO inside groups of %d dp ranks, but optim.zero=0 "
-                "shards nothing; set optim.zero=1 or 2, or remove mesh.fsdp",
+                "shards nothing; set optim.zero=1, 2 or 3 (3, FSDP, is what an fsdp axis means "
+                "when optim.zero is not given), or remove mesh.fsdp",
                 f, f);
   if (dp > 0 && dp % f != 0)
     return fail(v,

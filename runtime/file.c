@@ -34,6 +34,52 @@ wf_status wf_file_sync_dir(const char *dir)
   return WF_OK;
 }
 
+wf_status wf_file_mkdirs(const char *dir, const char *what)
+{
+  char path[WF_FILE_PATH_MAX];
+  struct stat sb;
+  if (strlen(dir) >= sizeof path) {
+    WF_ERROR("'%.200s': the path is longer than %d bytes", dir, WF_FILE_PATH_MAX - 1);
+    return WF_EINVAL;
+  }
+  wf_strlcpy(path, dir, sizeof path);
+  for (char *p = path + 1; *p; p++) { /* each parent, then the directory itself */
+    if (*p != '/')
+      continue;
+    *p = '\0';
+    if (mkdir(path, 0755) != 0 && errno != EEXIST)
+      break; /* the last mkdir says why */
+    *p = '/';
+  }
+  if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+    if (what)
+      WF_ERROR("%s: cannot create %s: %s; point it at a writable directory", what, path,
+               strerror(errno));
+    else
+      WF_ERROR("cannot create the directory %s: %s; name a writable place", path, strerror(errno));
+    return WF_EIO;
+  }
+  if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+    WF_ERROR("%s: not a directory", what ? what : dir);
+    return WF_EIO;
+  }
+  return WF_OK;
+}
+
+wf_status wf_file_make_parent(const char *path, const char *what)
+{
+  char copy[WF_FILE_PATH_MAX], named[WF_FILE_PATH_MAX + 64];
+  struct stat sb;
+  wf_strlcpy(copy, path, sizeof copy);
+  const char *dir = dirname(copy);
+  /* Only what is missing: a parent that exists but is no directory is the opener's to
+   * report, with its own reason. */
+  if (stat(dir, &sb) == 0 || errno != ENOENT)
+    return WF_OK;
+  snprintf(named, sizeof named, "%s%s%s", what ? what : "", what ? "=" : "", path);
+  return wf_file_mkdirs(dir, named);
+}
+
 /* dir and tmp of `path`: the temporary file lives beside the target, so the rename
  * never crosses a file system. */
 static wf_status name_parts(wf_afile *f, const char *path)
@@ -62,6 +108,7 @@ wf_status wf_afile_open(wf_afile *f, const char *path, unsigned mode, int flags)
   f->fd = -1;
   f->mode = mode;
   WF_TRY(name_parts(f, path));
+  WF_TRY(wf_file_make_parent(path, NULL));
   if (flags & WF_AFILE_HASH) {
     f->xx = XXH3_createState();
     WF_CHECK(f->xx && XXH3_64bits_reset(f->xx) == XXH_OK, WF_ENOMEM,

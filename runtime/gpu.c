@@ -7,14 +7,19 @@
  * machine without CUDA. The module exports one entry symbol that returns a table
  * of function pointers (wf_gpu_module.h).
  *
- * wf_gpu_open() fails with WF_ENODEV and one sentence saying why, in the order the
- * checks run:
+ * wf_gpu_open() fails with one sentence saying why, in the order the checks run:
  *   1. the module was not found (not built, or not on the search path);
  *   2. the module was found but could not load (a CUDA library is missing: the
  *      dynamic linker's own message names it);
  *   3. the module is not a weft GPU module or has another ABI version;
  *   4. there is no CUDA driver (cudaErrorInsufficientDriver, 35: no libcuda.so.1);
  *   5. there is a driver but no device (cudaErrorNoDevice, 100, or a count of 0).
+ * The status tells "this machine has no GPU" from "a GPU is here but weft cannot use
+ * it": after any failure the NVIDIA driver itself is asked (libcuda.so.1, which does
+ * not need the module or any CUDA toolkit library; wf_gpu_driver_probe). No driver, or
+ * a driver that reports no device, is WF_ENODEV; a driver that sees a GPU (or fails in
+ * another way) makes the failure WF_ECUDA. Fallback to the CPU may follow either; a
+ * GPU test skips only on WF_ENODEV.
  *
  * Invariants:
  *  - Every byte of device memory handed out by wf_gpu_malloc is counted in
@@ -55,7 +60,9 @@ struct wf_gpu {
   size_t n_allocs, cap_allocs;
 };
 
-static const wf_gpu_host host_services = {.vlog = wf_vlog};
+static void account_device(int64_t bytes) { wf_mem_account(WF_MEM_DEVICE, bytes); }
+
+static const wf_gpu_host host_services = {.vlog = wf_vlog, .account_device = account_device};
 
 static void say(char *why, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
@@ -165,6 +172,70 @@ static void pin_module(wf_gpu *g)
     dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
 }
 
+/* The driver API entry points the probe calls (CUresult is an int, 0 = success). */
+#define CU_ERROR_STUB_LIBRARY 34 /* the toolkit's stub libcuda, not a driver */
+#define CU_ERROR_NO_DEVICE    100
+
+wf_status wf_gpu_driver_probe(int *devices, int *version, char *why, size_t why_len)
+{
+  int n = 0, v = 0, (*cu_init)(unsigned) = NULL, (*cu_count)(int *) = NULL,
+      (*cu_version)(int *) = NULL;
+  *devices = 0;
+  if (version)
+    *version = 0;
+  /* RTLD_NODELETE: after cuInit the driver may run threads; it must stay mapped. */
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+  if (!lib) {
+    const char *e = dlerror();
+    say(why, why_len, "no NVIDIA driver (%s)", e ? e : "libcuda.so.1 not found");
+    return WF_ENODEV;
+  }
+  *(void **)&cu_init = dlsym(lib, "cuInit");
+  *(void **)&cu_count = dlsym(lib, "cuDeviceGetCount");
+  *(void **)&cu_version = dlsym(lib, "cuDriverGetVersion");
+  if (!cu_init || !cu_count || !cu_version) {
+    say(why, why_len, "libcuda.so.1 lacks cuInit, cuDeviceGetCount or cuDriverGetVersion");
+    return WF_ECUDA;
+  }
+  if (cu_version(&v) == 0 && version)
+    *version = v;
+  int err = cu_init(0);
+  if (err == CU_ERROR_STUB_LIBRARY) {
+    say(why, why_len, "no NVIDIA driver (libcuda.so.1 is the CUDA toolkit's stub)");
+    return WF_ENODEV;
+  }
+  if (err == 0)
+    err = cu_count(&n);
+  if (err == CU_ERROR_NO_DEVICE || (err == 0 && n == 0)) {
+    say(why, why_len, "the NVIDIA driver (CUDA %d.%d) reports no device", v / 1000, v % 1000 / 10);
+    return WF_ENODEV;
+  }
+  if (err != 0) {
+    say(why, why_len, "the NVIDIA driver (CUDA %d.%d) fails: cuInit or cuDeviceGetCount error %d",
+        v / 1000, v % 1000 / 10, err);
+    return WF_ECUDA;
+  }
+  *devices = n;
+  say(why, why_len, "the NVIDIA driver (CUDA %d.%d) reports %d device(s)", v / 1000, v % 1000 / 10,
+      n);
+  return WF_OK;
+}
+
+/* After a failed open: WF_ENODEV when the driver confirms there is no GPU; otherwise
+ * WF_ECUDA, with what the driver says added to `why`. */
+static wf_status classify_failure(char *why, size_t len)
+{
+  char driver[256] = "";
+  int devices = 0;
+  if (wf_gpu_driver_probe(&devices, NULL, driver, sizeof driver) == WF_ENODEV)
+    return WF_ENODEV;
+  if (why && len) {
+    size_t used = strlen(why);
+    snprintf(why + used, len - used, "; yet %s: a GPU is here and weft cannot use it", driver);
+  }
+  return WF_ECUDA;
+}
+
 wf_status wf_gpu_open(wf_gpu **out, char *why, size_t why_len)
 {
   if (!out)
@@ -182,9 +253,11 @@ wf_status wf_gpu_open(wf_gpu **out, char *why, size_t why_len)
   if (st == WF_OK)
     st = probe_devices(g, why, why_len);
   if (st != WF_OK) {
+    wf_gpu_close(g);
+    if (st == WF_ENODEV)
+      st = classify_failure(why, why_len);
     if (why && why_len)
       WF_DEBUG("wf_gpu_open: %s", why);
-    wf_gpu_close(g);
     return st;
   }
   pin_module(g);

@@ -226,6 +226,23 @@ wf_status wf_launch_precheck(wf_getenv_fn getenv_fn, void *ctx, char *err, size_
   return WF_ELAUNCH;
 }
 
+bool wf_launch_is_singleton(wf_getenv_fn getenv_fn, void *ctx)
+{
+  /* mpirun's ranks, PMIx clients (srun --mpi=pmix, prterun) and PMI-1/2 clients. */
+  static const char *const launched[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMIX_NAMESPACE",
+                                         "PMI_FD", "PMI_RANK"};
+  for (size_t i = 0; i < WF_ARRAY_LEN(launched); i++)
+    if (getenv_fn(ctx, launched[i]))
+      return false;
+  return true;
+}
+
+void wf_launch_isolate_singleton(void)
+{
+  if (wf_launch_is_singleton(wf_launch_getenv, NULL))
+    setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
+}
+
 /* The message for N processes that each found an MPI world of one. */
 static void singleton_message(const wf_launch *l, char *err, size_t err_len)
 {

@@ -6,6 +6,7 @@
  * lines from concurrent ranks and threads do not interleave mid-line.
  */
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,8 +78,16 @@ void wf_vlog(int level, const char *file, int line, const char *fmt, va_list ap)
     return;
   char buf[4096];
   int rank = atomic_load(&rt.rank);
+  bool debug = atomic_load(&rt.level) >= WF_LOG_DEBUG;
   int n;
-  if (rank >= 0)
+  /* An error is a sentence for the user, in one form wherever it arises: "weft: error:
+   * ...", naming the rank and host when it is not rank 0's (every rank checks the same
+   * config, and rank 0 says what they all found). */
+  if (level == WF_LOG_ERROR && !debug && rank > 0)
+    n = snprintf(buf, sizeof buf, "weft: error: rank %d (%s): ", rank, rt.host);
+  else if (level == WF_LOG_ERROR && !debug)
+    n = snprintf(buf, sizeof buf, "weft: error: ");
+  else if (rank >= 0)
     n = snprintf(buf, sizeof buf, "[weft %c %s:%d:r%d] ", tag[level & 3], rt.host, rt.pid, rank);
   else
     n = snprintf(buf, sizeof buf, "[weft %c %s:%d] ", tag[level & 3], rt.host, rt.pid);
@@ -90,8 +99,9 @@ void wf_vlog(int level, const char *file, int line, const char *fmt, va_list ap)
   size_t len = (size_t)n + (size_t)m;
   if (len > sizeof buf - 64)
     len = sizeof buf - 64;
-  /* Errors carry their origin; info lines stay clean for users. */
-  if (level == WF_LOG_ERROR || level == WF_LOG_DEBUG)
+  /* The source of a line only at debug level: users read what went wrong and what to do;
+   * developers asking for debug output get where. */
+  if (debug && (level == WF_LOG_ERROR || level == WF_LOG_DEBUG))
     len += (size_t)snprintf(buf + len, sizeof buf - len, " (%s:%d)", file, line);
   buf[len++] = '\n';
   ssize_t w = write(STDERR_FILENO, buf, len);

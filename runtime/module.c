@@ -3,10 +3,12 @@
  *
  * Search order: when $WEFT_MODULE_PATH is set, its entries and nothing else;
  * otherwise the executable's directory, its ../kernels/cuda, ../collectives/nccl,
- * ../kernels and ../collectives (the meson build tree), its ../lib/weft (an
- * install), then the dynamic linker's own path. A module that exists but fails to
- * load gives the most useful reason ("libcudart.so.13: cannot open ..."), so that
- * one is kept.
+ * ../kernels and ../collectives (the meson build tree, for build/worker/worker and
+ * the benches in build/bench), ../../kernels/cuda and ../../collectives/nccl (for the tests, two
+ * folders down in build/tests/<area>), its ../lib/weft (an install), then the dynamic
+ * linker's own path. Everything is relative to the executable, so a build tree (or
+ * scripts/gpu-bundle.sh's copy of one) works wherever it is moved. A module that exists but fails
+ * to load gives the most useful reason ("libcudart.so.13: cannot open ..."), so that one is kept.
  */
 #include <dlfcn.h>
 #include <limits.h>
@@ -68,6 +70,8 @@ void *wf_module_open(const char *name, char *why, size_t why_len)
                                 "/../collectives/nccl",
                                 "/../kernels",
                                 "/../collectives",
+                                "/../../kernels/cuda",
+                                "/../../collectives/nccl",
                                 "/../lib/weft"};
     for (size_t i = 0; i < WF_ARRAY_LEN(rel) && !h; i++) {
       snprintf(dir, sizeof dir, "%s%s", exe, rel[i]);

@@ -59,6 +59,8 @@ typedef struct wf_config {
                               across the dp / fsdp groups; 0 = one group of all dp ranks */
     char axis_names[3][8]; /* order of mesh_shape axes as given, e.g. dp,tp,pp; always a
                               permutation of "dp","tp","pp" (axes not given follow) */
+    bool fsdp_axis;        /* mesh_shape names an "fsdp" axis: its ranks shard the
+                              parameters (optim.zero 3 unless it is given) */
   } mesh;
   struct {
     char family[16];                     /* gpt2, llama (worker/model's families) */
@@ -96,6 +98,8 @@ typedef struct wf_config {
      * --generate, sample_tokens tokens after sample_prompt, from the top sample_top_k
      * (0 = all) of the logits / sample_temperature, drawn from sample_seed */
     int sample_every, sample_tokens, sample_top_k;
+    int log_every; /* a step line every log_every steps (and the first, the last, and
+                      each evaluated one); the metrics file has every step */
     double sample_temperature;
     uint64_t sample_seed;
     char sample_prompt[1024];
@@ -104,7 +108,7 @@ typedef struct wf_config {
     char path[WF_PATH_MAX]; /* text file, glob of llm.c shards, or "" = synthetic */
     double val_fraction;
     char val_path[WF_PATH_MAX];  /* validation data (file or glob); "" = the held-out tail */
-    char tokenizer[WF_PATH_MAX]; /* GPT-2 BPE for text: tokenizer.json, vocab.json or a dir */
+    char tokenizer[WF_PATH_MAX]; /* tokenizer.json, vocab.json, tokenizer.model or a dir */
   } data;
   struct {
     int zero; /* 0 or 1 */
@@ -126,10 +130,12 @@ typedef struct wf_config {
   wf_precision precision;
   struct {
     bool bind;
-    int threads;          /* compute threads per rank; 0 = the binding's share */
-    double hang_timeout;  /* seconds */
-    int metrics_port;     /* 0 = off */
-    char listen_addr[64]; /* the listeners' address; "" = MASTER_ADDR's interface */
+    int threads;              /* compute threads per rank; 0 = the binding's share */
+    double hang_timeout;      /* seconds */
+    double heartbeat_timeout; /* seconds of silence after which a rank, or rank 0, is lost */
+    double connect_timeout;   /* seconds a rank tries to reach the coordinator at start */
+    int metrics_port;         /* 0 = off */
+    char listen_addr[64];     /* the listeners' address; "" = MASTER_ADDR's interface */
     int log_level;
     wf_device_pref device;
     bool allow_tf32; /* GPU fp32 GEMMs may use TF32 tensor cores */

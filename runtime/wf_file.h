@@ -39,7 +39,8 @@ enum {
   WF_AFILE_HASH = 1, /* hash the contents (wf_afile_commit's *hash) */
 };
 
-/* Start writing `path` (its directory must exist) with permission bits `mode`
+/* Start writing `path` (its directory and the missing parents are created) with
+ * permission bits `mode`
  * (e.g. 0644; 0600 for files holding secrets). */
 wf_status wf_afile_open(wf_afile *f, const char *path, unsigned mode, int flags);
 wf_status wf_afile_write(wf_afile *f, const void *buf, size_t n);
@@ -52,6 +53,14 @@ void wf_afile_abort(wf_afile *f);
 
 /* The whole file at once. */
 wf_status wf_file_write_atomic(const char *path, const void *buf, size_t n, unsigned mode);
+
+/* Create dir and its missing parents (0755), as mkdir -p; an error names `what` (e.g.
+ * "train.checkpoint_dir /x/ck"; NULL: dir) and the part that could not be made. */
+wf_status wf_file_mkdirs(const char *dir, const char *what);
+/* Create the missing directories that will hold the file `path`: every output path the
+ * user names (--save, --export, train.metrics, ...) may be in a new folder. An error
+ * names `what` (the key, e.g. "train.metrics"; NULL: nothing) and path. */
+wf_status wf_file_make_parent(const char *path, const char *what);
 
 /* fsync a directory (after creating, renaming or removing entries in it). */
 wf_status wf_file_sync_dir(const char *dir);

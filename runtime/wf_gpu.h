@@ -17,9 +17,18 @@
 
 typedef struct wf_gpu wf_gpu;
 
-/* Load the module and count devices. On failure *out is NULL, the status is
- * WF_ENODEV and `why` holds the reason for the "falling back to CPU" log line. */
+/* Load the module and count devices. On failure *out is NULL and `why` holds the
+ * reason for the "falling back to CPU" log line. The status is WF_ENODEV when the
+ * machine has no GPU (no NVIDIA driver, or a driver that reports no device), and
+ * WF_ECUDA when a GPU is present but unusable (the module or a CUDA library does not
+ * load, the driver is too old, initialisation fails): a test skips only on the first. */
 wf_status wf_gpu_open(wf_gpu **out, char *why, size_t why_len);
+
+/* Ask the NVIDIA driver (libcuda.so.1) directly, without the module: WF_OK with
+ * *devices >= 1; WF_ENODEV when there is no driver (or only the toolkit's stub) or it
+ * reports no device; WF_ECUDA when it fails otherwise. *version is the CUDA version the
+ * driver supports (13000 = 13.0), 0 when unknown; `why` says what was found. */
+wf_status wf_gpu_driver_probe(int *devices, int *version, char *why, size_t why_len);
 void wf_gpu_close(wf_gpu *g); /* accepts NULL */
 
 int wf_gpu_device_count(const wf_gpu *g);

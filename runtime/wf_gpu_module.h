@@ -13,8 +13,9 @@
  *    errors are the backend's int codes (0 = success) turned into text by
  *    error_str().
  *  - The module is not linked against the runtime (that would give it a second
- *    copy of the runtime's globals). What it needs from the host, logging, it gets
- *    through wf_gpu_host at init(). Memory accounting stays on the runtime side.
+ *    copy of the runtime's globals). What it needs from the host, logging and the
+ *    accounting of the device memory it keeps for itself (its workspace), it gets
+ *    through wf_gpu_host at init(). Every other allocation is the runtime's.
  *  - init()/fini() are reference counted by the module: each wf_gpu_open() calls
  *    init() once and its wf_gpu_close() calls fini() once.
  *  - `abi` must equal WF_GPU_MODULE_ABI; bump it whenever this struct changes.
@@ -24,12 +25,13 @@
 
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define WF_GPU_MODULE_ABI   2
+#define WF_GPU_MODULE_ABI   3
 #define WF_GPU_MODULE_ENTRY "wf_gpu_module_entry"
 
 /* What probe() found. */
@@ -43,6 +45,9 @@ enum {
 /* Services the host lends the module. */
 typedef struct wf_gpu_host {
   void (*vlog)(int level, const char *file, int line, const char *fmt, va_list ap);
+  /* Device memory the module allocated (bytes > 0) or freed (< 0) for itself, counted
+   * with the runtime's (wf_mem_get_stats), so that mem= and the metrics include it. */
+  void (*account_device)(int64_t bytes);
 } wf_gpu_host;
 
 typedef struct wf_gpu_ops {

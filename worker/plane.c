@@ -12,15 +12,14 @@
  * Failure to start the service (a port in use, say) is agreed on with MPI, so every
  * rank exits with rank 0's message rather than waiting to connect.
  */
-#include <arpa/inet.h>
 #include <inttypes.h>
 #include <math.h>
 #include <mpi.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -31,6 +30,10 @@
 #include "wf_parallel.h"
 #include "plane.h"
 
+/* The control thread's heartbeat interval (the coordinator's default, which plane.c
+ * does not change). */
+#define WF_PLANE_HEARTBEAT_MS 1000
+
 typedef struct plane_facts {
   int ok;
   char endpoint[300];
@@ -38,21 +41,102 @@ typedef struct plane_facts {
   char err[512];
 } plane_facts;
 
+/* The longest the launcher can take to see, on its own, that a host it cannot reach
+ * is gone, in ms; 0 when that is unknown or too long to wait for.
+ *
+ * Open MPI's mpirun learns that a host's daemon is gone only from its TCP connection to
+ * it: a keepalive that goes unanswered (oob_tcp_keepalive_time, _intvl, _probes; 300 s
+ * + 9 x 20 s by default), or a send that fails. A send never fails fast over a link that
+ * is down: TCP retransmits it for tcp_retries2 (about 15 minutes), and keepalive stops
+ * as soon as data is waiting. The first rank to exit non-zero makes mpirun send every
+ * daemon the order to kill its ranks, so a rank that exits before mpirun has seen the
+ * lost host queues that order on the dead link, and mpirun then waits for its answer
+ * (issue 30: ~2 minutes, then a crash inside Open MPI). Waiting out the keepalive
+ * instead lets mpirun mark the host's daemon lost while its link is idle; it then kills
+ * the ranks it can reach and exits, and the lost host's daemon, seeing mpirun gone the
+ * same way, kills its own. mpirun passes its --mca settings to the ranks as
+ * OMPI_MCA_* variables, which is where they are read. Under srun (no OMPI_COMM_WORLD_*)
+ * Slurm's own node health checks decide, and nothing is waited for. */
+static double launcher_detect_ms(void)
+{
+  if (!getenv("OMPI_COMM_WORLD_SIZE"))
+    return 0;
+  const char *t = getenv("OMPI_MCA_oob_tcp_keepalive_time");
+  const char *i = getenv("OMPI_MCA_oob_tcp_keepalive_intvl");
+  const char *n = getenv("OMPI_MCA_oob_tcp_keepalive_probes");
+  double ms = ((t ? atof(t) : 300) + (i ? atof(i) : 20) * (n ? atof(n) : 9)) * 1000.0;
+  return ms > 0 && ms <= 30000 ? ms : 0;
+}
+
+static void on_signal_while_leaving(int sig)
+{
+  static const char msg[] = "weft: error: ended by the launcher while leaving an aborted job\n";
+  (void)sig;
+  if (write(STDERR_FILENO, msg, sizeof msg - 1) < 0) {
+  }
+  _exit(3);
+}
+
+/* The job ends because peers went silent (a host down or cut off): stay until the
+ * launcher has seen it too (launcher_detect_ms), or until it ends this process, which
+ * it does with SIGTERM. The peers were last heard `silent` ms ago, and at most one
+ * heartbeat before the link went, so that is where the launcher's clock started. */
+static void leave_after_launcher(const wf_plane *p)
+{
+  double silent = wf_control_abort_silent_ms(p->ctl);
+  double bound = launcher_detect_ms();
+  if (silent <= 0)
+    return;
+  if (bound <= 0) {
+    if (getenv("OMPI_COMM_WORLD_SIZE") && p->local_rank == 0)
+      fprintf(stderr, "weft: mpirun may wait for the lost host's daemon until TCP gives up "
+                      "(minutes): launch with OMPI_MCA_oob_tcp_keepalive_time=1 "
+                      "OMPI_MCA_oob_tcp_keepalive_intvl=1 OMPI_MCA_oob_tcp_keepalive_probes=2 "
+                      "so that it sees a lost host in seconds (docs/multi-node.md)\n");
+    return;
+  }
+  double wait_ms = bound + WF_PLANE_HEARTBEAT_MS + 250 - silent;
+  if (wait_ms <= 0)
+    return;
+  /* the launcher's "end now" replaces main's graceful stop, which would wait for a step
+   * boundary that will not come */
+  signal(SIGTERM, on_signal_while_leaving);
+  signal(SIGINT, on_signal_while_leaving);
+  fprintf(stderr,
+          "weft: waiting up to %.1f s for mpirun to see the lost host (its daemons' "
+          "keepalive), so that it ends too\n",
+          wait_ms / 1000.0);
+  fflush(stderr);
+  struct timespec ts = {(time_t)(wait_ms / 1000), (long)(fmod(wait_ms, 1000) * 1e6)};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
+}
+
 static void on_abort(void *user, const char *reason)
 {
   wf_plane *p = user;
-  /* Called on the control thread: the main thread may be stuck inside MPI, so the
-   * only safe way out is to end the process here. On rank 0 that skips
+  (void)reason; /* logged once for the job: by the coordinator, or by the control thread */
+  /* Called on the control thread: the main thread may be stuck inside MPI or waiting
+   * for a kernel NCCL runs, so the only safe way out is to end the process here. First
+   * abort every communicator of the job (NCCL's ncclCommAbort), so that no NCCL kernel
+   * keeps this GPU, or a peer's, waiting for a rank that is gone. On rank 0 that skips
    * wf_service_destroy(), so remove the job file (it holds the token) and the socket
    * here: an aborted job leaves nothing behind for a console to find. */
-  if (p && p->svc) {
-    unlink(wf_service_job_file(p->svc));
-    if (wf_service_unix_path(p->svc)[0])
-      unlink(wf_service_unix_path(p->svc));
+  if (p && p->job) {
+    char names[1024];
+    int n = wf_comm_abort_all(wf_job_world_comm(p->job), names, sizeof names);
+    fprintf(stderr, "weft: aborted %d communicators: %s\n", n, names);
   }
-  fprintf(stderr, "weft: error: job aborted by the coordinator: %s\n", reason);
-  fflush(stderr);
+  wf_plane_remove_files(p);
+  if (p && p->ctl)
+    leave_after_launcher(p);
   _exit(3);
+}
+
+void wf_plane_remove_files(const wf_plane *p)
+{
+  if (p)
+    wf_service_remove_files(p->svc);
 }
 
 /* The job's communicators, for the flight-recorder feeds below. */
@@ -230,21 +314,6 @@ static void publish_schedule(wf_service *svc, const wf_config *cfg)
   free(text);
 }
 
-/* Whether some process on this host already holds TCP `port` (on any address). */
-static bool port_taken(int port)
-{
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0)
-    return false;
-  int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-  a.sin_addr.s_addr = htonl(INADDR_ANY);
-  bool taken = bind(fd, (struct sockaddr *)&a, sizeof a) != 0;
-  close(fd);
-  return taken;
-}
-
 /* The port rank 0 listens on. A port the user named (MASTER_PORT, dist.master_port)
  * is kept, and a clash is an error. The default one (29500, or Slurm's 20000 + job id)
  * yields to a job already there: the coordinator takes any free port, which reaches
@@ -252,7 +321,7 @@ static bool port_taken(int port)
 static int service_port(const wf_plane_opts *o)
 {
   int port = o->launch->master_port;
-  if (!o->port_default || !port_taken(port))
+  if (!o->port_default || !wf_service_port_taken(port))
     return port;
   WF_INFO("port %d is taken (another job on this host?); the coordinator listens on a free "
           "port instead, recorded in the job file",
@@ -277,6 +346,7 @@ static void start_service(wf_plane *p, const wf_plane_opts *o, plane_facts *pf)
       .model_desc = model,
       .total_steps = cfg->train.steps,
       .hang_timeout_s = cfg->runtime.hang_timeout,
+      .dead_after_ms = (int)(cfg->runtime.heartbeat_timeout * 1000.0),
       .metrics_port = cfg->runtime.metrics_port,
       .checkpoint_dir = cfg->train.checkpoint_dir,
   };
@@ -304,6 +374,8 @@ wf_status wf_plane_start(wf_plane *p, const wf_plane_opts *o, char *err, size_t 
   plane_facts pf;
   memset(p, 0, sizeof *p);
   memset(&pf, 0, sizeof pf);
+  p->job = o->job;
+  p->local_rank = wf_job_my_facts(o->job)->local_rank;
   if (wf_job_rank(o->job) == 0)
     start_service(p, o, &pf);
   MPI_Bcast(&pf, sizeof pf, MPI_BYTE, 0, MPI_COMM_WORLD);
@@ -321,6 +393,7 @@ wf_status wf_plane_start(wf_plane *p, const wf_plane_opts *o, char *err, size_t 
       .stage_desc = stage,
       .on_abort = on_abort,
       .user = p,
+      .connect_timeout_ms = (int)(o->cfg->runtime.connect_timeout * 1000.0),
       .gpu_bus = o->gpu_bus,
   };
   wf_status st = wf_control_start(&p->ctl, &co);
@@ -328,10 +401,26 @@ wf_status wf_plane_start(wf_plane *p, const wf_plane_opts *o, char *err, size_t 
     wf_control_set_collective_fn(p->ctl, last_collective, (void *)o->job);
     wf_control_set_trace_fn(p->ctl, recent_collectives, (void *)o->job);
   }
-  int mine = st == WF_OK, all = 0;
-  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (!all) {
-    snprintf(err, err_len, "a rank could not register with the coordinator at %s", pf.endpoint);
+  /* Which ranks could not register, so that the one message names them (each says why
+   * in its own log: the address and port it tried, and the error). */
+  int n = wf_job_world(o->job), mine = st == WF_OK, bad = 0;
+  int *ok = calloc((size_t)n, sizeof *ok);
+  if (!ok)
+    return WF_ENOMEM;
+  MPI_Allgather(&mine, 1, MPI_INT, ok, 1, MPI_INT, MPI_COMM_WORLD);
+  size_t at = 0;
+  for (int r = 0; r < n; r++) {
+    if (ok[r])
+      continue;
+    if (bad++ < 16 && at < err_len)
+      at += (size_t)snprintf(err + at, err_len - at, "%s%d", bad > 1 ? "," : "rank(s) ", r);
+  }
+  free(ok);
+  if (bad) {
+    if (at < err_len)
+      snprintf(err + at, err_len - at,
+               "%s could not register with the coordinator at %s (each says why above)",
+               bad > 16 ? ",..." : "", pf.endpoint);
     wf_plane_stop(p);
     return WF_EUV;
   }

@@ -19,6 +19,8 @@ struct wf_control;
 typedef struct wf_plane {
   struct wf_service *svc; /* rank 0 only */
   struct wf_control *ctl; /* every rank */
+  const wf_job *job;      /* borrowed: its communicators are aborted with the job */
+  int local_rank;         /* this rank's on its host */
 } wf_plane;
 
 typedef struct wf_plane_opts {
@@ -35,6 +37,9 @@ wf_status wf_plane_start(wf_plane *p, const wf_plane_opts *o, char *err, size_t 
  * wall time its last checkpoint ended (0 = none yet) and how many it wrote. */
 void wf_plane_report_step(wf_plane *p, const wf_job *job, const wf_train_step_info *info,
                           double ckpt_wall, int64_t checkpoints);
+/* Rank 0: remove the job file and the socket now, for a process about to end without
+ * wf_plane_stop. Async-signal-safe; accepts NULL and a plane without the service. */
+void wf_plane_remove_files(const wf_plane *p);
 /* Collective: every rank says Bye, then rank 0 stops the service. */
 void wf_plane_stop(wf_plane *p);
 /* After this rank's training failed with `st` (message `what`): wait up to timeout_ms

@@ -7,8 +7,10 @@
  * communication stream, created on the current device (the one the GPU backend
  * selected: both modules share the process's libcudart), so communication overlaps
  * compute. The compute stream (by default the legacy default stream) is waited on
- * through an event before each operation. Aborting (the watchdog) only calls ncclCommAbort
- * and marks the communicator, which destroy then skips freeing twice.
+ * through an event before each operation, and waits in turn, through another event,
+ * for what the caller completes (a blocking operation, a request's wait): no call but
+ * comm_destroy holds the host until the device is done. Aborting (the watchdog) only calls
+ * ncclCommAbort and marks the communicator, which destroy then skips freeing twice.
  *
  * The module does not link the runtime library: logging goes through the function
  * the static side hands to init(), reached by a local wf_log.
@@ -27,8 +29,9 @@ _Static_assert(sizeof(ncclUniqueId) == WF__NCCL_ID_BYTES, "ncclUniqueId size cha
 typedef struct ncomm {
   ncclComm_t comm;
   cudaStream_t stream;
-  cudaStream_t dep; /* borrowed; NULL: the legacy default stream (cudaStreamLegacy) */
-  cudaEvent_t dep_event;
+  cudaStream_t dep;       /* borrowed; NULL: the legacy default stream (cudaStreamLegacy) */
+  cudaEvent_t dep_event;  /* compute stream -> communication stream */
+  cudaEvent_t done_event; /* communication stream -> compute stream (blocking ops) */
   atomic_int aborted;
 } ncomm;
 
@@ -79,10 +82,13 @@ static wf_status comm_create(void **out, const void *id, int nranks, int rank)
   memcpy(&uid, id, sizeof uid);
   WF_CHECK_CUDA(cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking));
   WF_CHECK_CUDA(cudaEventCreateWithFlags(&n->dep_event, cudaEventDisableTiming));
+  WF_CHECK_CUDA(cudaEventCreateWithFlags(&n->done_event, cudaEventDisableTiming));
   WF_CHECK_NCCL(ncclCommInitRank(&n->comm, nranks, uid, rank));
   *out = n;
   return WF_OK;
 fail:
+  if (n && n->done_event)
+    cudaEventDestroy(n->done_event);
   if (n && n->dep_event)
     cudaEventDestroy(n->dep_event);
   if (n && n->stream)
@@ -100,6 +106,7 @@ static void comm_destroy(void *p)
     cudaStreamSynchronize(n->stream);
     ncclCommDestroy(n->comm);
   }
+  cudaEventDestroy(n->done_event);
   cudaEventDestroy(n->dep_event);
   cudaStreamDestroy(n->stream);
   free(n);
@@ -118,6 +125,8 @@ fail:
 
 static void set_dep_stream(void *p, void *stream) { ((ncomm *)p)->dep = stream; }
 
+static cudaStream_t dep_of(const ncomm *n) { return n->dep ? n->dep : cudaStreamLegacy; }
+
 /* The communication stream waits for the work already on the dependency stream: the
  * compute stream, or by default the legacy default stream, where the model computes.
  * The communication stream is non-blocking (it must overlap compute), so without this
@@ -125,7 +134,7 @@ static void set_dep_stream(void *p, void *stream) { ((ncomm *)p)->dep = stream; 
 static wf_status order_after_dep(ncomm *n)
 {
   wf_status st = WF_OK;
-  WF_CHECK_CUDA(cudaEventRecord(n->dep_event, n->dep ? n->dep : cudaStreamLegacy));
+  WF_CHECK_CUDA(cudaEventRecord(n->dep_event, dep_of(n)));
   WF_CHECK_CUDA(cudaStreamWaitEvent(n->stream, n->dep_event, 0));
 fail:
   return st;
@@ -254,20 +263,23 @@ fail:
   return st;
 }
 
-static wf_status event_wait(void *ev)
+static wf_status event_order(void *p, void *ev)
 {
   wf_status st = WF_OK;
-  WF_CHECK_CUDA(cudaEventSynchronize((cudaEvent_t)ev));
+  WF_CHECK_CUDA(cudaStreamWaitEvent(dep_of(p), (cudaEvent_t)ev, 0));
 fail:
   return st;
 }
 
 static void event_destroy(void *ev) { cudaEventDestroy((cudaEvent_t)ev); }
 
-static wf_status stream_sync(void *p)
+/* A blocking operation: the compute stream waits for it, the host does not. */
+static wf_status order_dep(void *p)
 {
   wf_status st = WF_OK;
-  WF_CHECK_CUDA(cudaStreamSynchronize(((ncomm *)p)->stream));
+  ncomm *n = p;
+  WF_CHECK_CUDA(cudaEventRecord(n->done_event, n->stream));
+  WF_CHECK_CUDA(cudaStreamWaitEvent(dep_of(n), n->done_event, 0));
 fail:
   return st;
 }
@@ -290,9 +302,9 @@ static const wf__nccl_ops ops = {
     .group_end = group_end,
     .event_record = event_record,
     .event_query = event_query,
-    .event_wait = event_wait,
+    .event_order = event_order,
     .event_destroy = event_destroy,
-    .stream_sync = stream_sync,
+    .order_dep = order_dep,
 };
 
 __attribute__((visibility("default"))) const wf__nccl_ops *wf__nccl_ops_v1(void) { return &ops; }

@@ -275,6 +275,12 @@ static void adamw_update(float *params, float *m, float *v, const float *grads, 
   wf_adamw_update(params, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale);
 }
 
+static void checksum(uint64_t *out, const float *x, size_t n, int negate, wf_stream *s)
+{
+  (void)s;
+  wf_checksum(out, x, n, negate);
+}
+
 static void sumsq_acc(double *acc, const float *x, size_t n, wf_stream *s)
 {
   wf_sumsq_acc(acc, x, n);
@@ -348,6 +354,9 @@ static void attention_gqa_backward(float *dqkv, float *scratch, const float *dou
   wf_attention_gqa_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH, NKV);
 }
 
+/* The CPU kernels allocate nothing for themselves. */
+static size_t workspace_bytes(void) { return 0; }
+
 /* CPU kernels cannot fail once their arguments are valid. */
 static wf_status last_error(void) { return WF_OK; }
 
@@ -366,6 +375,7 @@ const wf_ktable wf__cpu_ktable = {
     .set_tf32 = set_tf32,
     .attention_saved = attention_tt,
     .attention_scratch = attention_tt,
+    .workspace_bytes = workspace_bytes,
     .attention_forward = attention_forward,
     .attention_backward = attention_backward,
     .gelu_forward = gelu_forward,
@@ -381,6 +391,7 @@ const wf_ktable wf__cpu_ktable = {
     .tokens_check = tokens_check,
     .adamw_update = adamw_update,
     .sumsq_acc = sumsq_acc,
+    .checksum = checksum,
     .scale = scale,
     .round_bf16 = round_bf16,
     .round_fp16 = round_fp16,

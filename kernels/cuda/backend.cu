@@ -8,14 +8,21 @@
  * a second copy of the runtime's globals; instead it defines its own wf_log and
  * wf_vlog, which forward to the host's logger handed over at init().
  *
- * cuBLAS(Lt): one cuBLASLt handle and one workspace per device, created lazily at
- * the first GEMM and kept in the module until the last fini(). One module-level
- * handle is enough because weft drives one device per process from one compute
- * thread (one rank per GPU), and a handle is costly to create (it loads kernels),
- * so a handle per call would only add latency. The workspace is stream-ordered
- * memory: GEMMs of a device are all issued on its compute stream, so consecutive
- * GEMMs reuse it in order; the module's lock is held while a GEMM is enqueued so
- * that two threads never interleave their use of it.
+ * Workspace: one device allocation per device, made when the device is selected and
+ * kept until the last fini(), holding cuBLASLt's workspace and the column reductions'
+ * partial sums (WF_KTABLE_GPU_WORKSPACE bytes, which the planner adds too). It is the
+ * only device memory the module allocates for itself, and it is counted with the
+ * runtime's through the host (account_device), so mem=, the metrics and --estimate
+ * all see it. Nothing here allocates per call: no stream-ordered pool keeps memory
+ * out of sight.
+ *
+ * cuBLAS(Lt): one cuBLASLt handle per device, created lazily at the first GEMM. One
+ * module-level handle is enough because weft drives one device per process from one
+ * compute thread (one rank per GPU), and a handle is costly to create (it loads
+ * kernels), so a handle per call would only add latency. The workspace is used in
+ * stream order: GEMMs and column reductions of a device are all issued on its compute
+ * stream, so consecutive ones reuse it in order; the module's lock is held while a GEMM
+ * is enqueued so that two threads never interleave their use of it.
  *
  * Errors: launches are asynchronous and the launchers return void like their CPU
  * twins, so the first failure is kept in g_first_error and handed out (then
@@ -31,16 +38,25 @@
 
 static std::atomic<const wf_gpu_host *> g_host{nullptr};
 static std::atomic<int> g_first_error{0};
-/* cuBLASLt's workspace: what NVIDIA recommends for Hopper (32 MiB; 4 MiB suffices
- * before it), enough for every algorithm its heuristics return for weft's shapes. */
+/* cuBLASLt's part of the workspace: what NVIDIA recommends for Hopper (32 MiB; 4 MiB
+ * suffices before it), enough for every algorithm its heuristics return for weft's
+ * shapes. The rest holds the column reductions' partial sums. */
 #define LT_WORKSPACE_BYTES ((size_t)32 << 20)
+static_assert(WF_KTABLE_GPU_WORKSPACE > LT_WORKSPACE_BYTES, "no room for partial sums");
 
-static std::mutex g_lock; /* guards g_refs and g_lt */
+static std::mutex g_lock; /* guards g_refs and g_dev */
 static int g_refs;
 static struct {
   cublasLtHandle_t handle;
-  void *workspace;
-} g_lt[MAX_DEVICES];
+  void *workspace; /* WF_KTABLE_GPU_WORKSPACE bytes */
+} g_dev[MAX_DEVICES];
+
+static void account(int64_t bytes)
+{
+  const wf_gpu_host *h = g_host.load();
+  if (h && h->account_device)
+    h->account_device(bytes);
+}
 
 /* ---- logging through the host ------------------------------------------------- */
 
@@ -100,53 +116,73 @@ static bool lt_failed(cublasStatus_t st, const char *file, int line, const char 
   return true;
 }
 
-/* Create the current device's handle and workspace if missing; g_lock held. */
+/* The current device's workspace, allocated (and counted) if missing; g_lock held. */
+static bool workspace_ensure(int dev, const char *file, int line)
+{
+  if (g_dev[dev].workspace)
+    return true;
+  void *ws = NULL;
+  if (!wf__cuda_check(cudaMalloc(&ws, WF_KTABLE_GPU_WORKSPACE), file, line,
+                      "cudaMalloc (the module's workspace)"))
+    return false;
+  g_dev[dev].workspace = ws;
+  account((int64_t)WF_KTABLE_GPU_WORKSPACE);
+  return true;
+}
+
+/* The current device's handle, created if missing, and its workspace; g_lock held. */
 static bool lt_ensure(int dev, const char *file, int line)
 {
-  if (g_lt[dev].handle)
+  if (!workspace_ensure(dev, file, line))
+    return false;
+  if (g_dev[dev].handle)
     return true;
   cublasLtHandle_t h = NULL;
   if (lt_failed(cublasLtCreate(&h), file, line, "cublasLtCreate"))
     return false;
-  void *ws = NULL;
-  if (!wf__cuda_check(cudaMalloc(&ws, LT_WORKSPACE_BYTES), file, line,
-                      "cudaMalloc (cuBLASLt workspace)")) {
-    cublasLtDestroy(h);
-    return false;
-  }
-  /* Mixed-precision GEMMs take their 16-bit operand copies from the stream-ordered pool
-   * (matmul.cu); by default the pool returns its memory to the driver at every
-   * synchronization, which would make each step allocate them anew. Keep it. */
-  cudaMemPool_t pool;
-  uint64_t keep = UINT64_MAX;
-  if (wf__cuda_check(cudaDeviceGetDefaultMemPool(&pool, dev), file, line,
-                     "cudaDeviceGetDefaultMemPool"))
-    wf__cuda_check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), file,
-                   line, "cudaMemPoolSetAttribute (release threshold)");
-  g_lt[dev].handle = h;
-  g_lt[dev].workspace = ws;
+  g_dev[dev].handle = h;
   return true;
+}
+
+/* The current device's number, checked against MAX_DEVICES. */
+static bool current_device(int *dev, const char *file, int line)
+{
+  if (!wf__cuda_check(cudaGetDevice(dev), file, line, "cudaGetDevice"))
+    return false;
+  if (*dev >= 0 && *dev < MAX_DEVICES)
+    return true;
+  wf_log(WF_LOG_ERROR, file, line, "CUDA device %d: weft supports devices 0..%d", *dev,
+         MAX_DEVICES - 1);
+  wf__cuda_record(-1);
+  return false;
 }
 
 bool wf__lt_begin(wf__lt *lt, const char *file, int line)
 {
   int dev = 0;
-  if (!wf__cuda_check(cudaGetDevice(&dev), file, line, "cudaGetDevice"))
+  if (!current_device(&dev, file, line))
     return false;
-  if (dev < 0 || dev >= MAX_DEVICES) {
-    wf_log(WF_LOG_ERROR, file, line, "CUDA device %d: weft supports devices 0..%d", dev,
-           MAX_DEVICES - 1);
-    wf__cuda_record(-1);
-    return false;
-  }
   g_lock.lock();
   if (!lt_ensure(dev, file, line)) {
     g_lock.unlock();
     return false;
   }
-  lt->handle = g_lt[dev].handle;
-  lt->workspace = g_lt[dev].workspace;
+  lt->handle = g_dev[dev].handle;
+  lt->workspace = g_dev[dev].workspace;
   lt->workspace_bytes = LT_WORKSPACE_BYTES;
+  return true;
+}
+
+bool wf__partials(float **part, size_t *floats, const char *file, int line)
+{
+  int dev = 0;
+  if (!current_device(&dev, file, line))
+    return false;
+  std::lock_guard<std::mutex> guard(g_lock);
+  if (!workspace_ensure(dev, file, line))
+    return false;
+  *part = (float *)((char *)g_dev[dev].workspace + LT_WORKSPACE_BYTES);
+  *floats = (WF_KTABLE_GPU_WORKSPACE - LT_WORKSPACE_BYTES) / sizeof(float);
   return true;
 }
 
@@ -158,19 +194,23 @@ bool wf__lt_end(cublasStatus_t st, const char *file, int line, const char *what)
 
 /* Destroy every handle and workspace, each with its own device current, then restore
  * the current device. */
-static void destroy_lt_handles(void)
+static void destroy_workspaces(void)
 {
   int cur = 0;
   bool have_cur = cudaGetDevice(&cur) == cudaSuccess;
   for (int d = 0; d < MAX_DEVICES; d++) {
-    if (!g_lt[d].handle)
+    if (!g_dev[d].handle && !g_dev[d].workspace)
       continue;
     if (cudaSetDevice(d) == cudaSuccess) {
-      cudaFree(g_lt[d].workspace);
-      cublasLtDestroy(g_lt[d].handle);
+      if (g_dev[d].workspace) {
+        cudaFree(g_dev[d].workspace);
+        account(-(int64_t)WF_KTABLE_GPU_WORKSPACE);
+      }
+      if (g_dev[d].handle)
+        cublasLtDestroy(g_dev[d].handle);
     }
-    g_lt[d].handle = NULL;
-    g_lt[d].workspace = NULL;
+    g_dev[d].handle = NULL;
+    g_dev[d].workspace = NULL;
   }
   if (have_cur)
     cudaSetDevice(cur);
@@ -190,7 +230,7 @@ static void op_fini(void)
 {
   std::lock_guard<std::mutex> guard(g_lock);
   if (g_refs > 0 && --g_refs == 0)
-    destroy_lt_handles();
+    destroy_workspaces();
 }
 
 static const char *op_error_str(int err)
@@ -225,7 +265,16 @@ static int op_probe(int *count, char *detail, size_t len)
   }
 }
 
-static int op_set_device(int device) { return (int)cudaSetDevice(device); }
+/* The device's workspace comes with it, so that the memory counted from here on is
+ * what the device keeps (the planner counts it too). */
+static int op_set_device(int device)
+{
+  cudaError_t e = cudaSetDevice(device);
+  if (e != cudaSuccess || device >= MAX_DEVICES)
+    return (int)e;
+  std::lock_guard<std::mutex> guard(g_lock);
+  return workspace_ensure(device, __FILE__, __LINE__) ? 0 : (int)cudaErrorMemoryAllocation;
+}
 
 static int op_device_name(int device, char *name, size_t len)
 {
@@ -339,33 +388,57 @@ static int op_device_attrs(int device, int *sm_count, int *cc_major, int *cc_min
   return (int)e;
 }
 
+static size_t op_workspace_bytes(void) { return WF_KTABLE_GPU_WORKSPACE; }
+
 /* ---- the tables ------------------------------------------------------------------ */
 
 /* Positional, in wf_ktable's order. Not reflowed by clang-format, which would realign
  * every line whenever an entry is added. */
 // clang-format off
 static const wf_ktable kernels = {
-    WF_KTABLE_VERSION,           wf_cuda_encoder_forward,
-    wf_cuda_encoder_backward,    wf_cuda_encoder_forward_vp,
-    wf_cuda_encoder_backward_vp, wf_cuda_layernorm_forward,
-    wf_cuda_layernorm_backward,  wf_cuda_residual_layernorm_forward,
-    wf_cuda_matmul_forward,      wf_cuda_matmul_gelu_forward,
-    wf_cuda_matmul_backward,     wf_cuda_set_tf32,
-    wf_cuda_attention_saved,     wf_cuda_attention_scratch,
-    wf_cuda_attention_forward,   wf_cuda_attention_backward,
-    wf_cuda_gelu_forward,        wf_cuda_gelu_backward,
-    wf_cuda_residual_forward,    wf_cuda_residual_backward,
-    wf_cuda_xent_stats,          wf_cuda_xent_pack,
-    wf_cuda_xent_combine,        wf_cuda_xent_loss,
-    wf_cuda_xent_backward,       wf_cuda_loss_accumulate,
-    wf_cuda_tokens_check,        wf_cuda_adamw_update,
-    wf_cuda_sumsq_acc,           wf_cuda_scale,
-    wf_cuda_round_bf16,          wf_cuda_round_fp16,
+    WF_KTABLE_VERSION,
+    wf_cuda_encoder_forward,
+    wf_cuda_encoder_backward,
+    wf_cuda_encoder_forward_vp,
+    wf_cuda_encoder_backward_vp,
+    wf_cuda_layernorm_forward,
+    wf_cuda_layernorm_backward,
+    wf_cuda_residual_layernorm_forward,
+    wf_cuda_matmul_forward,
+    wf_cuda_matmul_gelu_forward,
+    wf_cuda_matmul_backward,
+    wf_cuda_set_tf32,
+    wf_cuda_attention_saved,
+    wf_cuda_attention_scratch,
+    op_workspace_bytes,
+    wf_cuda_attention_forward,
+    wf_cuda_attention_backward,
+    wf_cuda_gelu_forward,
+    wf_cuda_gelu_backward,
+    wf_cuda_residual_forward,
+    wf_cuda_residual_backward,
+    wf_cuda_xent_stats,
+    wf_cuda_xent_pack,
+    wf_cuda_xent_combine,
+    wf_cuda_xent_loss,
+    wf_cuda_xent_backward,
+    wf_cuda_loss_accumulate,
+    wf_cuda_tokens_check,
+    wf_cuda_adamw_update,
+    wf_cuda_sumsq_acc,
+    wf_cuda_scale,
+    wf_cuda_checksum,
+    wf_cuda_round_bf16,
+    wf_cuda_round_fp16,
     wf_cuda_last_error,
-    wf_cuda_rmsnorm_forward,          wf_cuda_rmsnorm_backward,
-    wf_cuda_residual_rmsnorm_forward, wf_cuda_rope_forward,
-    wf_cuda_rope_backward,            wf_cuda_swiglu_forward,
-    wf_cuda_swiglu_backward,          wf_cuda_attention_gqa_forward,
+    wf_cuda_rmsnorm_forward,
+    wf_cuda_rmsnorm_backward,
+    wf_cuda_residual_rmsnorm_forward,
+    wf_cuda_rope_forward,
+    wf_cuda_rope_backward,
+    wf_cuda_swiglu_forward,
+    wf_cuda_swiglu_backward,
+    wf_cuda_attention_gqa_forward,
     wf_cuda_attention_gqa_backward,
 };
 // clang-format on

@@ -60,6 +60,10 @@ typedef struct wf__lt {
 bool wf__lt_begin(wf__lt *lt, const char *file, int line);
 bool wf__lt_end(cublasStatus_t st, const char *file, int line, const char *what);
 
+/* The current device's room for partial sums in the module's workspace (backend.cu):
+ * *floats floats at *part, used in stream order by the column reductions. */
+bool wf__partials(float **part, size_t *floats, const char *file, int line);
+
 wf_status wf_cuda_last_error(void);
 
 /* ---- launch geometry ---------------------------------------------------------- */
@@ -133,6 +137,47 @@ __device__ __forceinline__ float wf__block_max(float v, float *shared)
   float r = shared[0];
   __syncthreads();
   return r;
+}
+
+/* ---- column sums (colsum.cu) ------------------------------------------------------------ */
+
+/* Stage 1 blocks are (WF__COLSUM_TILE, WF__COLSUM_LANES) threads: 32 columns, 8 lanes of
+ * rows; the grid is (col_blocks, R). */
+#define WF__COLSUM_TILE  32
+#define WF__COLSUM_LANES 8
+
+/* How a column sum over N rows of C columns is cut: R row blocks of `rows` rows, and
+ * the partial sums (R, C) per summed array at part + a * R * C (NULL when R == 1:
+ * stage 1 then adds into the gradient itself). */
+typedef struct wf__colsum {
+  int col_blocks, R, rows;
+  float *part;
+} wf__colsum;
+/* The cut of an N x C sum of `arrays` gradients (see colsum.cu); false on an error
+ * (logged and recorded). */
+bool wf__colsum_plan(wf__colsum *p, int N, int C, int arrays, const char *file, int line);
+/* Stage 2: dst (C) += the R partial sums at part (R, C) in order; nothing when dst is
+ * NULL or R == 1. */
+bool wf__colsum_finish(float *dst, const float *part, const wf__colsum *p, int C, cudaStream_t s);
+
+/* Stage 1's epilogue: a block's 8 lanes' sums of one column, added in lane order, then
+ * stored as the block's partial sum, or added into the gradient when R == 1 (nothing
+ * when dst is NULL: that gradient is not wanted). `sh` holds WF__COLSUM_LANES x
+ * (WF__COLSUM_TILE + 1) floats. Every thread of the block calls it. */
+__device__ __forceinline__ void wf__colsum_store(float acc, float *sh, float *dst, float *part,
+                                                 int R, int C, int c)
+{
+  sh[threadIdx.y * (WF__COLSUM_TILE + 1) + threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C && dst) {
+    for (int r = 1; r < WF__COLSUM_LANES; r++)
+      acc += sh[r * (WF__COLSUM_TILE + 1) + threadIdx.x];
+    if (R == 1)
+      dst[c] += acc;
+    else
+      part[(size_t)blockIdx.y * C + c] = acc;
+  }
+  __syncthreads(); /* sh free again for the next array */
 }
 
 /* ---- attention that keeps (T, T) probabilities (attention.cu), the fallback of the
@@ -225,6 +270,7 @@ void wf_cuda_attention_gqa_forward(float *out, float *att, const float *qkv, int
 void wf_cuda_attention_gqa_backward(float *dqkv, float *scratch, const float *dout,
                                     const float *qkv, const float *att, int B, int T, int C, int NH,
                                     int NKV, wf_stream *stream);
+void wf_cuda_checksum(uint64_t *out, const float *x, size_t n, int negate, wf_stream *stream);
 }
 
 #endif /* WF_CUDA_INT_H */

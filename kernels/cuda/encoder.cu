@@ -2,9 +2,17 @@
  * encoder.cu - token + position embedding on the GPU (twin of wf_encoder_*), whole
  * or split over the vocabulary (wf_encoder_*_vp).
  *
- * Forward: one thread per output element. Backward: dwte rows are shared by every
- * occurrence of a token, so they take atomicAdd; dwpe[t] is summed over the batch
- * by one thread per (t, c), which needs no atomics and is deterministic.
+ * Forward: one thread per output element. Backward adds in the CPU twin's order, so
+ * the gradients are the twin's bit for bit, run after run:
+ *  - dwte: a row is shared by every occurrence of its token. Block y of ROW_PARTS owns
+ *    the rows r with r % ROW_PARTS == y, so no two blocks touch one element and no
+ *    atomics are needed; each block reads the tokens in (b, t) order (staged in shared
+ *    memory, a tile at a time) and its threads, one per channel, add dout into the rows
+ *    it owns in that order, as the twin's loop over (b, t) does. Every block reads all
+ *    the tokens (B*T ints from shared memory), and a block adds one row's occurrences
+ *    one after another: a token that fills the batch makes one block do all the work.
+ *  - dwpe[t] is summed over the batch by one thread per (t, c), starting from dwpe's
+ *    value and adding b = 0, 1, ... as the twin does.
  * The whole-vocabulary launchers are the split ones with v_offset = 0 and every
  * token in range. A token outside [v_offset, v_offset + Vl) contributes a zero row
  * to out and touches no row of dwte.
@@ -42,31 +50,45 @@ __global__ static void encoder_forward_kernel(float *out, const int *inp, const 
   }
 }
 
-/* dwte (Vl,C) += dout (B,T,C) at the local rows named by inp (B,T) */
-__global__ static void encoder_backward_wte_kernel(float *dwte, const float *dout, const int *inp,
-                                                   int v_offset, int Vl, int C, size_t n)
+#define ROW_PARTS   64   /* blocks that split dwte's rows (grid y) */
+#define TOKEN_TILE  1024 /* tokens staged in shared memory at a time */
+#define WTE_THREADS 128  /* channels per block (grid x covers C) */
+
+/* dwte (Vl,C) += dout (B*T,C) at the local rows named by inp (B*T), in (b, t) order:
+ * block y adds only into its own rows (r % ROW_PARTS == y). Block (WTE_THREADS). */
+__global__ static void encoder_backward_wte_kernel(float *__restrict__ dwte,
+                                                   const float *__restrict__ dout,
+                                                   const int *__restrict__ inp, int v_offset,
+                                                   int Vl, int C, int BT)
 {
-  WF_GRID_STRIDE(i, n)
-  {
-    size_t bt = i / (size_t)C;
-    size_t c = i % (size_t)C;
-    long long r = local_row(inp[bt], v_offset, Vl);
-    if (r >= 0)
-      atomicAdd(&dwte[(size_t)r * C + c], dout[i]);
+  __shared__ int rows[TOKEN_TILE];
+  int c = blockIdx.x * blockDim.x + threadIdx.x;
+  for (int t0 = 0; t0 < BT; t0 += TOKEN_TILE) {
+    int nt = min(TOKEN_TILE, BT - t0);
+    for (int i = threadIdx.x; i < nt; i += blockDim.x) {
+      long long r = local_row(inp[t0 + i], v_offset, Vl);
+      rows[i] = r >= 0 && r % ROW_PARTS == (long long)blockIdx.y ? (int)r : -1;
+    }
+    __syncthreads();
+    if (c < C)
+      for (int i = 0; i < nt; i++) /* rows[i] is the same for every thread: no divergence */
+        if (rows[i] >= 0)
+          dwte[(size_t)rows[i] * C + c] += dout[(size_t)(t0 + i) * C + c];
+    __syncthreads();
   }
 }
 
-/* dwpe (maxT,C): rows 0..T-1 += sum over b of dout[b,t,:] */
+/* dwpe (maxT,C): rows 0..T-1 += dout[b,t,:] for b = 0, 1, ..., one add at a time */
 __global__ static void encoder_backward_wpe_kernel(float *dwpe, const float *dout, int B, int T,
                                                    int C)
 {
   size_t n = (size_t)T * C;
   WF_GRID_STRIDE(i, n)
   {
-    float acc = 0.0f;
+    float acc = dwpe[i];
     for (int b = 0; b < B; b++)
       acc += dout[(size_t)b * n + i];
-    dwpe[i] += acc;
+    dwpe[i] = acc;
   }
 }
 
@@ -93,12 +115,12 @@ extern "C" void wf_cuda_encoder_backward_vp(float *dwte, float *dwpe, const floa
                                             int C, wf_stream *stream)
 {
   cudaStream_t s = (cudaStream_t)stream;
-  size_t n = (size_t)B * T * C;
   if (B <= 0 || T <= 0 || C <= 0)
     return;
   if (dwte) {
-    encoder_backward_wte_kernel<<<wf__grid_1d(n, 256), 256, 0, s>>>(dwte, dout, inp, v_offset, Vl,
-                                                                    C, n);
+    dim3 grid((unsigned)((C + WTE_THREADS - 1) / WTE_THREADS), ROW_PARTS);
+    encoder_backward_wte_kernel<<<grid, WTE_THREADS, 0, s>>>(dwte, dout, inp, v_offset, Vl, C,
+                                                             B * T);
     if (!WF_CUDA_LAUNCHED("encoder_backward_wte_kernel"))
       return;
   }

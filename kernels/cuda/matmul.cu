@@ -18,10 +18,14 @@
  *
  * Precision. With lowp = WF_PREC_NO the GEMM is true fp32 (CUBLAS_COMPUTE_32F) unless
  * TF32 was allowed (set_tf32, runtime.allow_tf32). With lowp = BF16 or FP16 the model
- * has already rounded every operand to that format (wf_ktable.h), so converting them to
- * 16-bit scratch loses nothing; the tensor cores multiply them and accumulate in fp32,
- * and the result stays fp32. The scratch is stream-ordered (cudaMallocAsync), so the
- * driver's pool hands back the same bytes step after step without a synchronization.
+ * has already rounded every operand to that format (wf_ktable.h), so the GEMM takes
+ * the fp32 operands as they are and lets cuBLASLt narrow them on the way into the
+ * tensor cores (CUBLAS_COMPUTE_32F_FAST_16BF / _16F, what PyTorch's "medium" matmul
+ * precision uses): exact for such operands, products accumulated in fp32, the result
+ * fp32. No 16-bit copies, so no scratch: a GEMM allocates nothing (a stream-ordered
+ * pool of copies held 1.6 GB at GPT-2 124M, B 16, out of every count). Where the
+ * heuristics offer no fast-16-bit algorithm the GEMM runs in fp32 (CUBLAS_COMPUTE_32F),
+ * which computes the same exact products.
  *
  * Epilogues. The bias add (BIAS) and the MLP's bias + GELU (GELU_AUX_BIAS, which also
  * writes the pre-GELU values that backward needs) run inside the GEMM. cuBLASLt's GELU
@@ -29,19 +33,13 @@
  * heuristics find no algorithm with the epilogue (an aux leading dimension not a
  * multiple of 8, say), the GEMM runs plain and the epilogue's kernels follow it.
  *
- * dbias is a column sum of dout done like layernorm's parameter gradients (32 columns
- * per block, 8 thread rows over N, combined in shared memory): deterministic, unlike
- * cuBLASLt's BGRAD epilogues, which do not promise it.
+ * dbias is a column sum of dout, cut over rows as well as columns so that it fills the
+ * GPU (colsum.cu): deterministic, unlike cuBLASLt's BGRAD epilogues, which do not
+ * promise it.
  */
 #include <atomic>
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include "cuda_int.h"
-
-#define COL_TILE  32
-#define ROW_LANES 8
 
 static std::atomic<int> g_allow_tf32{0};
 
@@ -55,31 +53,19 @@ __global__ static void add_bias_kernel(float *out, const float *bias, int OC, si
   WF_GRID_STRIDE(i, n) { out[i] += bias[i % (size_t)OC]; }
 }
 
-/* dbias (OC) += sum over rows of dout (N,OC). Block (32, 8). */
-__global__ static void bias_backward_kernel(float *dbias, const float *dout, int N, int OC)
+/* Stage 1 of dbias (OC) += sum over rows of dout (N,OC) (colsum.cu): block (x, r) sums
+ * rows [r * rows, (r + 1) * rows) of 32 columns. Block (32, 8). */
+__global__ static void bias_backward_kernel(float *dbias, float *part, const float *dout, int N,
+                                            int OC, int rows, int R)
 {
-  __shared__ float part[ROW_LANES][COL_TILE + 1];
-  int c = blockIdx.x * COL_TILE + threadIdx.x;
+  __shared__ float sh[WF__COLSUM_LANES * (WF__COLSUM_TILE + 1)];
+  int c = blockIdx.x * WF__COLSUM_TILE + threadIdx.x;
+  int n0 = blockIdx.y * rows, n1 = min(N, n0 + rows);
   float acc = 0.0f;
   if (c < OC)
-    for (int n = threadIdx.y; n < N; n += ROW_LANES)
+    for (int n = n0 + threadIdx.y; n < n1; n += WF__COLSUM_LANES)
       acc += dout[(size_t)n * OC + c];
-  part[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  if (threadIdx.y != 0 || c >= OC)
-    return;
-  for (int r = 1; r < ROW_LANES; r++)
-    acc += part[r][threadIdx.x];
-  dbias[c] += acc;
-}
-
-/* dst = src in 16 bits; exact, since the model rounded src to that format. */
-__device__ static void store16(__nv_bfloat16 *p, float x) { *p = __float2bfloat16_rn(x); }
-__device__ static void store16(__half *p, float x) { *p = __float2half_rn(x); }
-
-template <typename T> __global__ static void narrow_kernel(T *dst, const float *src, size_t n)
-{
-  WF_GRID_STRIDE(i, n) { store16(dst + i, src[i]); }
+  wf__colsum_store(acc, sh, dbias, part, R, OC, c);
 }
 
 /* ---- one GEMM ----------------------------------------------------------------------- */
@@ -96,7 +82,7 @@ struct gemm {
   int ldb;
   float beta;
   float *D;
-  cudaDataType_t ab; /* A and B: CUDA_R_32F, CUDA_R_16BF or CUDA_R_16F */
+  cublasComputeType_t compute; /* fp32 operands always; see the top of the file */
   const float *bias;
   float *pre;
 };
@@ -139,10 +125,7 @@ static cublasStatus_t set_attr(cublasLtMatmulDesc_t op, cublasLtMatmulDescAttrib
 static cublasStatus_t descs_make(lt_descs *x, const gemm *g, cublasLtEpilogue_t epi,
                                  size_t workspace)
 {
-  cublasComputeType_t compute = g->ab == CUDA_R_32F && g_allow_tf32.load()
-                                    ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                    : CUBLAS_COMPUTE_32F;
-  LT_TRY(cublasLtMatmulDescCreate(&x->op, compute, CUDA_R_32F));
+  LT_TRY(cublasLtMatmulDescCreate(&x->op, g->compute, CUDA_R_32F));
   LT_TRY(set_attr(x->op, CUBLASLT_MATMUL_DESC_TRANSA, &g->ta, sizeof g->ta));
   LT_TRY(set_attr(x->op, CUBLASLT_MATMUL_DESC_TRANSB, &g->tb, sizeof g->tb));
   LT_TRY(set_attr(x->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
@@ -154,8 +137,8 @@ static cublasStatus_t descs_make(lt_descs *x, const gemm *g, cublasLtEpilogue_t 
     LT_TRY(set_attr(x->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
   }
   bool at = g->ta == CUBLAS_OP_T, bt = g->tb == CUBLAS_OP_T;
-  LT_TRY(cublasLtMatrixLayoutCreate(&x->a, g->ab, at ? g->k : g->m, at ? g->m : g->k, g->lda));
-  LT_TRY(cublasLtMatrixLayoutCreate(&x->b, g->ab, bt ? g->n : g->k, bt ? g->k : g->n, g->ldb));
+  LT_TRY(cublasLtMatrixLayoutCreate(&x->a, CUDA_R_32F, at ? g->k : g->m, at ? g->m : g->k, g->lda));
+  LT_TRY(cublasLtMatrixLayoutCreate(&x->b, CUDA_R_32F, bt ? g->n : g->k, bt ? g->k : g->n, g->ldb));
   LT_TRY(cublasLtMatrixLayoutCreate(&x->d, CUDA_R_32F, g->m, g->n, g->m));
   LT_TRY(cublasLtMatmulPreferenceCreate(&x->pref));
   LT_TRY(cublasLtMatmulPreferenceSetAttribute(x->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -216,6 +199,11 @@ static bool run_gemm(const gemm *g, cudaStream_t s)
     fused = st == CUBLAS_STATUS_SUCCESS;
     if (st == CUBLAS_STATUS_NOT_SUPPORTED)
       st = lt_enqueue(&lt, g, plain_out, CUBLASLT_EPILOGUE_DEFAULT, s);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED && g->compute != CUBLAS_COMPUTE_32F) {
+      gemm exact = *g; /* the same products in fp32 (see the top of the file) */
+      exact.compute = CUBLAS_COMPUTE_32F;
+      st = lt_enqueue(&lt, &exact, plain_out, CUBLASLT_EPILOGUE_DEFAULT, s);
+    }
     char what[96];
     snprintf(what, sizeof what, "cublasLtMatmul (m %d, n %d, k %d)", g->m, g->n, g->k);
     if (!wf__lt_end(st, __FILE__, __LINE__, what))
@@ -233,57 +221,16 @@ static bool run_gemm(const gemm *g, cudaStream_t s)
   return true;
 }
 
-/* ---- operands in 16 bits -------------------------------------------------------------- */
+/* ---- precision -------------------------------------------------------------------------- */
 
-static cudaDataType_t operand_type(int lowp)
+/* The compute type of a GEMM whose operands are representable in `lowp` (a wf_precision). */
+static cublasComputeType_t compute_of(int lowp)
 {
-  return lowp == WF_PREC_BF16 ? CUDA_R_16BF : lowp == WF_PREC_FP16 ? CUDA_R_16F : CUDA_R_32F;
-}
-
-/* Up to three fp32 operands as the GEMM's operand type: themselves in fp32, else
- * copies in one stream-ordered scratch allocation, freed by operands_free. */
-struct operands {
-  const void *p[3];
-  void *scratch;
-};
-
-#define SCRATCH_ALIGN 256 /* cudaMalloc's alignment, for each copy */
-
-static bool operands_make(operands *o, const float *const src[3], const size_t n[3], int lowp,
-                          cudaStream_t s)
-{
-  size_t off[3], total = 0;
-  *o = operands{};
-  for (int i = 0; i < 3; i++)
-    o->p[i] = src[i];
-  if (operand_type(lowp) == CUDA_R_32F)
-    return true;
-  for (int i = 0; i < 3; i++) {
-    off[i] = total;
-    total += src[i] ? (n[i] * 2 + SCRATCH_ALIGN - 1) / SCRATCH_ALIGN * SCRATCH_ALIGN : 0;
-  }
-  if (!WF_CUDA_OK(cudaMallocAsync(&o->scratch, total, s)))
-    return false;
-  for (int i = 0; i < 3; i++) {
-    if (!src[i] || n[i] == 0)
-      continue;
-    void *dst = (char *)o->scratch + off[i];
-    unsigned grid = wf__grid_1d(n[i], 256);
-    if (lowp == WF_PREC_BF16)
-      narrow_kernel<<<grid, 256, 0, s>>>((__nv_bfloat16 *)dst, src[i], n[i]);
-    else
-      narrow_kernel<<<grid, 256, 0, s>>>((__half *)dst, src[i], n[i]);
-    if (!WF_CUDA_LAUNCHED("narrow_kernel"))
-      return false;
-    o->p[i] = dst;
-  }
-  return true;
-}
-
-static void operands_free(operands *o, cudaStream_t s)
-{
-  if (o->scratch)
-    WF_CUDA_OK(cudaFreeAsync(o->scratch, s));
+  if (lowp == WF_PREC_BF16)
+    return CUBLAS_COMPUTE_32F_FAST_16BF;
+  if (lowp == WF_PREC_FP16)
+    return CUBLAS_COMPUTE_32F_FAST_16F;
+  return g_allow_tf32.load() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
 }
 
 /* ---- the launchers ------------------------------------------------------------------ */
@@ -294,15 +241,9 @@ static void forward(float *out, float *pre, const float *inp, const float *weigh
 {
   if (N <= 0 || OC <= 0 || C < 0)
     return;
-  const float *src[3] = {weight, inp, NULL};
-  size_t n[3] = {(size_t)OC * C, (size_t)N * C, 0};
-  operands o;
-  if (operands_make(&o, src, n, lowp, s)) {
-    gemm g = {CUBLAS_OP_T, CUBLAS_OP_N,        OC,   N,  C, o.p[0], C, o.p[1], C, 0.0f,
-              out,         operand_type(lowp), bias, pre};
-    run_gemm(&g, s);
-  }
-  operands_free(&o, s);
+  gemm g = {CUBLAS_OP_T, CUBLAS_OP_N,      OC,   N,  C, weight, C, inp, C, 0.0f,
+            out,         compute_of(lowp), bias, pre};
+  run_gemm(&g, s);
 }
 
 extern "C" void wf_cuda_matmul_forward(float *out, const float *inp, const float *weight,
@@ -319,6 +260,19 @@ extern "C" void wf_cuda_matmul_gelu_forward(float *gelu_out, float *pre, const f
   forward(gelu_out, pre, inp, weight, bias, N, C, OC, lowp, (cudaStream_t)stream);
 }
 
+/* dbias (OC) += the column sums of dout (N,OC), in two deterministic stages. */
+static void bias_backward(float *dbias, const float *dout, int N, int OC, cudaStream_t s)
+{
+  wf__colsum p;
+  if (!wf__colsum_plan(&p, N, OC, 1, __FILE__, __LINE__))
+    return;
+  dim3 grid((unsigned)p.col_blocks, (unsigned)p.R);
+  bias_backward_kernel<<<grid, dim3(WF__COLSUM_TILE, WF__COLSUM_LANES), 0, s>>>(dbias, p.part, dout,
+                                                                                N, OC, p.rows, p.R);
+  if (WF_CUDA_LAUNCHED("bias_backward_kernel"))
+    wf__colsum_finish(dbias, p.part, &p, OC, s);
+}
+
 extern "C" void wf_cuda_matmul_backward(float *dinp, float *dweight, float *dbias,
                                         const float *dout, const float *inp, const float *weight,
                                         int N, int C, int OC, int lowp, wf_stream *stream)
@@ -326,24 +280,11 @@ extern "C" void wf_cuda_matmul_backward(float *dinp, float *dweight, float *dbia
   cudaStream_t s = (cudaStream_t)stream;
   if (N <= 0 || OC <= 0 || C < 0)
     return;
-  if (C > 0 && (dinp || dweight)) {
-    const float *src[3] = {dinp ? weight : NULL, dout, dweight ? inp : NULL};
-    size_t n[3] = {(size_t)OC * C, (size_t)N * OC, (size_t)N * C};
-    cudaDataType_t t = operand_type(lowp);
-    operands o;
-    bool ok = operands_make(&o, src, n, lowp, s);
-    gemm gi = {CUBLAS_OP_N, CUBLAS_OP_N, C,    N,    OC, o.p[0], C,
-               o.p[1],      OC,          1.0f, dinp, t,  NULL,   NULL};
-    gemm gw = {CUBLAS_OP_N, CUBLAS_OP_T, C,    OC,      N, o.p[2], C,
-               o.p[1],      OC,          1.0f, dweight, t, NULL,   NULL};
-    ok = ok && (!dinp || run_gemm(&gi, s)) && (!dweight || run_gemm(&gw, s));
-    operands_free(&o, s);
-    if (!ok)
-      return;
-  }
-  if (!dbias)
+  cublasComputeType_t t = compute_of(lowp);
+  gemm gi = {CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, weight, C, dout, OC, 1.0f, dinp, t, NULL, NULL};
+  gemm gw = {CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, inp, C, dout, OC, 1.0f, dweight, t, NULL, NULL};
+  if (C > 0 && ((dinp && !run_gemm(&gi, s)) || (dweight && !run_gemm(&gw, s))))
     return;
-  unsigned grid = (unsigned)((OC + COL_TILE - 1) / COL_TILE);
-  bias_backward_kernel<<<grid, dim3(COL_TILE, ROW_LANES), 0, s>>>(dbias, dout, N, OC);
-  WF_CUDA_LAUNCHED("bias_backward_kernel");
+  if (dbias)
+    bias_backward(dbias, dout, N, OC, s);
 }

@@ -4,9 +4,9 @@
  *
  * Two passes, deterministic for a given n: a fixed grid of blocks each reduces a
  * grid-stride share into one partial, then one block reduces the partials. The
- * partials live in stream-ordered memory (cudaMallocAsync), so concurrent calls
- * on different streams share nothing. The sum is added into a device double (the CPU
- * twin's *acc += wf_sumsq), so nothing waits for the device here.
+ * partials live in the module's workspace (backend.cu), used in stream order like the
+ * column sums', so nothing is allocated per call. The sum is added into a device
+ * double (the CPU twin's *acc += wf_sumsq), so nothing waits for the device here.
  */
 #include "cuda_int.h"
 
@@ -48,14 +48,15 @@ extern "C" void wf_cuda_sumsq_acc(double *acc, const float *x, size_t n, wf_stre
   unsigned grid = wf__grid_1d(n, SUMSQ_THREADS);
   if (grid > SUMSQ_BLOCKS)
     grid = SUMSQ_BLOCKS;
-  void *mem = NULL;
-  if (!WF_CUDA_OK(cudaMallocAsync(&mem, grid * sizeof(double), s)))
+  float *room = NULL;
+  size_t floats = 0;
+  if (!wf__partials(&room, &floats, __FILE__, __LINE__))
     return;
-  double *partial = (double *)mem;
+  static_assert(SUMSQ_BLOCKS * sizeof(double) <= ((size_t)1 << 20), "partials outgrow the room");
+  double *partial = (double *)room; /* 256-byte aligned: the workspace's offset is */
   sumsq_partial_kernel<<<grid, SUMSQ_THREADS, 0, s>>>(partial, x, n);
   if (WF_CUDA_LAUNCHED("sumsq_partial_kernel")) {
     sumsq_final_kernel<<<1, SUMSQ_THREADS, 0, s>>>(acc, partial, grid);
     WF_CUDA_LAUNCHED("sumsq_final_kernel");
   }
-  WF_CUDA_OK(cudaFreeAsync(mem, s));
 }

@@ -1,7 +1,9 @@
 /*
  * test_nccl_gpu.c - the NCCL path of the collectives, on device buffers.
  *
- * Exits 77 (meson: skipped) on every rank when a rank sees no GPU. With a GPU per
+ * Exits 77 (meson: skipped) on every rank when a rank sees no GPU (no NVIDIA driver,
+ * or a driver that reports no device); a rank whose GPU is there but unusable (the
+ * module or a CUDA library does not load) fails the test on every rank. With a GPU per
  * rank: NCCL bootstrapped over MPI on the world and on a split, then each collective
  * on device memory against the same serial reference as the MPI test (small integers,
  * so float sums are exact), in place and out of place, float32 and bf16, integer MIN,
@@ -10,12 +12,18 @@
  * than ranks (NCCL refuses duplicate GPUs) the same collectives run host-staged
  * through MPI (collectives/staged.c), which has no grouped point-to-point and, like
  * MPI, no bf16.
+ * Also: a split takes its parent's device path; NCCL never makes the host wait (each
+ * operation leaves wf_comm_host_syncs unchanged) while staging waits twice (down and up);
+ * and, with a GPU per rank, the watchdog's abort (wf_comm_abort_all from another thread)
+ * frees a rank whose copy of a result waits for an all-reduce its peer never joined.
  * A failed check on any rank calls MPI_Abort.
  */
 #include <mpi.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "wf_collectives.h"
 #include "wf_gpu.h"
@@ -110,6 +118,7 @@ static void test_allreduce(dev *d, wf_comm *c, size_t count, bool in_place, bool
   wf_comm_dtype dt = bf16 ? WF_COMM_BF16 : WF_COMM_F32;
   void *out = in_place ? d->a : d->b;
   upload_f(d, d->a, count, r, salt, bf16);
+  uint64_t s0 = wf_comm_host_syncs(c);
   if (nonblocking) {
     wf_req *req = NULL;
     OK(wf_comm_iallreduce(c, d->a, out, count, dt, WF_COMM_SUM, &req));
@@ -117,6 +126,9 @@ static void test_allreduce(dev *d, wf_comm *c, size_t count, bool in_place, bool
   } else {
     OK(wf_comm_allreduce(c, d->a, out, count, dt, WF_COMM_SUM));
   }
+  /* NCCL orders the compute stream after the operation and never waits on the host;
+   * staging waits for its copy down and its copy back. */
+  CHECK(wf_comm_host_syncs(c) - s0 == (wf_comm_has_nccl(c) ? 0u : 2u));
   float *y = download_f(d, out, count, bf16);
   for (size_t i = 0; i < count; i++)
     CHECK(y[i] == (float)ref_sum(n, i, salt)); /* |sum| <= 88: exact in bf16 too */
@@ -242,6 +254,48 @@ static void run_on(dev *d, wf_comm *c, wf_gpu *g, bool staged)
   CHECK(h[0] == (float)wf_comm_size(c));
 }
 
+static void *abort_later(void *family)
+{
+  sleep(1);
+  wf_comm_abort_all(family, NULL, 0);
+  return NULL;
+}
+
+/* Rank 1 never joins the all-reduce rank 0 posts on their NCCL pair; rank 0's copy of
+ * the result waits for it (the compute stream waits for the communication stream), and
+ * would wait forever, until another thread aborts the family (as the watchdog's abort
+ * does in the worker). The copy must return within 30 s of the abort (NCCL's abort
+ * makes its kernels return; a hang here is the defect). Only with a GPU per rank: NCCL
+ * refuses ranks that share one. Run last: the aborted communicators are not used again. */
+static void test_abort(dev *d, wf_gpu *g)
+{
+  wf_comm *w = NULL, *pair = NULL;
+  int ranks[2] = {0, 1};
+  float x = 0;
+  OK(wf_comm_world_create(&w));
+  OK(wf_comm_set_device_path(w, g, true, NULL, 0));
+  CHECK(wf_comm_has_nccl(w));
+  OK(wf_comm_create_group(w, ranks, 2, "pair", &pair));
+  CHECK(!pair || wf_comm_has_nccl(pair)); /* inherited */
+  if (world_rank == 0) {
+    pthread_t t;
+    upload_f(d, d->a, 1024, 0, 5, false);
+    OK(wf_comm_allreduce(pair, d->a, d->a, 1024, WF_COMM_F32, WF_COMM_SUM)); /* returns */
+    CHECK(pthread_create(&t, NULL, abort_later, w) == 0);
+    double t0 = MPI_Wtime();
+    wf_gpu_memcpy_d2h(g, &x, d->a, sizeof x); /* waits for the all-reduce, until aborted */
+    double dt = MPI_Wtime() - t0;
+    pthread_join(t, NULL);
+    printf("abort: the stuck all-reduce's wait ended %.2f s after it began (abort at 1 s)\n", dt);
+    CHECK(dt < 31.0);
+    CHECK(wf_comm_allreduce(pair, d->a, d->a, 1, WF_COMM_F32, WF_COMM_SUM) == WF_EABORTED);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  wf_comm_abort_all(w, NULL, 0); /* the peers' too: destroying them must not wait for rank 0 */
+  wf_comm_destroy(pair);
+  wf_comm_destroy(w);
+}
+
 int main(int argc, char **argv)
 {
   int provided, n;
@@ -249,11 +303,20 @@ int main(int argc, char **argv)
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
   wf_rt_set_rank(world_rank);
-  char why[256] = "";
+  char why[512] = "";
   wf_gpu *g = NULL;
-  int have = wf_gpu_open(&g, why, sizeof why) == WF_OK ? wf_gpu_device_count(g) : 0, least = 0;
+  wf_status st = wf_gpu_open(&g, why, sizeof why);
+  int have = st == WF_OK ? wf_gpu_device_count(g) : 0, least = 0;
+  int unusable = st != WF_OK && st != WF_ENODEV, any_unusable = 0;
   MPI_Allreduce(&have, &least, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (least == 0) { /* every rank takes the same decision */
+  MPI_Allreduce(&unusable, &any_unusable, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (any_unusable) { /* a GPU that weft cannot use is a failure, never a skip */
+    if (unusable)
+      fprintf(stderr, "[rank %d] FAIL: %s\n", world_rank, why);
+    MPI_Finalize();
+    return 1;
+  }
+  if (least == 0) { /* a rank has no GPU: every rank takes the same decision */
     if (world_rank == 0)
       printf("skipped: a rank sees no GPU%s%s\n", why[0] ? ": " : "", why);
     wf_gpu_close(g);
@@ -269,9 +332,15 @@ int main(int argc, char **argv)
   OK(wf_comm_world_create(&world));
   run_on(&d, world, g, staged);
   OK(wf_comm_split(world, world_rank % 2, -world_rank, "half", &half));
+  CHECK(!strcmp(wf_comm_device_path(half), staged ? "staged" : "nccl")); /* inherited */
   run_on(&d, half, g, staged);
   wf_comm_destroy(half);
   wf_comm_destroy(world);
+  if (!staged && n >= 2)
+    test_abort(&d, g);
+  else if (world_rank == 0)
+    printf("abort of a stuck NCCL operation: not run (%s)\n",
+           staged ? "ranks share a GPU: no NCCL" : "needs 2 ranks");
   wf_gpu_free(g, d.a);
   wf_gpu_free(g, d.b);
   wf_gpu_close(g);

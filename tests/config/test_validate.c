@@ -296,7 +296,7 @@ static void test_zero_is_0_to_3(void **state)
   BAD(2, "optim.zero=2 shards over the data-parallel ranks, but mesh.dp=1", "optim.zero=2",
       "mesh.tp=2");
   BAD(4, "mesh.fsdp=3 does not divide mesh.dp=4", "mesh.fsdp=3", "optim.zero=1");
-  BAD(4, "mesh.fsdp=2 shards with ZeRO", "mesh.fsdp=2");
+  BAD(4, "optim.zero=0 shards nothing; set optim.zero=1, 2 or 3", "mesh.fsdp=2", "optim.zero=0");
   GOOD(4, "mesh.fsdp=2", "optim.zero=2");
   /* HSDP checkpoints: fsdp group 0 writes a dp = 2 run's files */
   GOOD(4, "mesh.fsdp=2", "optim.zero=3", "train.checkpoint_dir=/tmp/weft-validate-hsdp");
@@ -310,6 +310,43 @@ static void test_zero_is_0_to_3(void **state)
   t.cfg.precision = (wf_precision)7;
   assert_int_equal(check(&t, 0), WF_ECONFIG);
   assert_non_null(strstr(t.err, "precision=7 is not one of no|fp16|bf16"));
+}
+
+/* An fsdp axis (or mesh.fsdp) shards the parameters, as the seeds and JAX mean it:
+ * optim.zero becomes 3 (derived) unless it is given; one dp rank shards nothing. */
+static void test_fsdp_axis_means_zero3(void **state)
+{
+  (void)state;
+  int zk = wf_config_key_find("optim.zero");
+  const struct {
+    const char *shape;
+    int world;
+    const char *zero; /* NULL: not given */
+    int want, want_dp, want_fsdp;
+  } cases[] = {
+      {"[[2, 2], [data, fsdp]]", 4, NULL, 3, 4, 2}, /* HSDP: 2 replicas of 2 */
+      {"[[4, 1], [fsdp, tp]]", 4, NULL, 3, 4, 0},   /* seed 001: FSDP over dp */
+      {"[[4, 1], [fsdp, tp]]", 4, "1", 1, 4, 0},    /* optim.zero says otherwise */
+      {"[[1, 1], [fsdp, tp]]", 1, NULL, 0, 1, 0},   /* one rank: nothing to shard */
+      {"[[2, 2], [dp, tp]]", 4, NULL, 0, 2, 0},     /* no fsdp axis */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    case_ t;
+    build(&t, NULL);
+    assert_int_equal(
+        wf_config_set(&t.cfg, "mesh_shape", cases[i].shape, WF_SRC_FILE, t.err, sizeof t.err),
+        WF_OK);
+    if (cases[i].zero)
+      assert_int_equal(
+          wf_config_set(&t.cfg, "optim.zero", cases[i].zero, WF_SRC_CLI, t.err, sizeof t.err),
+          WF_OK);
+    if (check(&t, cases[i].world) != WF_OK)
+      fail_msg("%s: %s", cases[i].shape, t.err);
+    assert_int_equal(t.cfg.optim.zero, cases[i].want);
+    assert_int_equal(t.cfg.mesh.dp, cases[i].want_dp);
+    assert_int_equal(t.cfg.mesh.fsdp, cases[i].want_fsdp);
+    assert_int_equal(t.cfg.source[zk] == WF_SRC_DERIVED, !cases[i].zero && cases[i].want == 3);
+  }
 }
 
 /* Loss scaling is fp16's: its keys are refused for bf16 and fp32 (they would do
@@ -360,6 +397,7 @@ int main(void)
       cmocka_unit_test(test_positive_values),
       cmocka_unit_test(test_ports),
       cmocka_unit_test(test_zero_is_0_to_3),
+      cmocka_unit_test(test_fsdp_axis_means_zero3),
       cmocka_unit_test(test_loss_scale_needs_fp16),
       cmocka_unit_test(test_deterministic_and_untouched_on_failure),
   };

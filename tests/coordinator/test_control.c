@@ -25,6 +25,7 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "../common/capture.h"
 #include "wf_control.h"
 #include "wf_proto.h"
 
@@ -847,6 +848,49 @@ static void test_port_in_use_and_unreachable(void **state)
   fx_stop(fx);
 }
 
+/* A listener whose accept queue is full drops SYNs, as a host behind a firewall that
+ * drops them, or one cut off, does: the connect never completes. The worker gives up
+ * at its connect timeout all the same, naming the address and port it tried (issue 30),
+ * not after the kernel's two minutes of SYN retries. */
+static void test_connect_deadline(void **state)
+{
+  (void)state;
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  socklen_t len = sizeof sa;
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+  assert_int_equal(listen(lfd, 0), 0);
+  getsockname(lfd, (struct sockaddr *)&sa, &len);
+  int fill[4]; /* never accepted: the queue (backlog 0 holds one) is full after these */
+  for (int i = 0; i < 4; i++) {
+    fill[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    connect(fill[i], (struct sockaddr *)&sa, sizeof sa);
+  }
+  char ep[64], want[96], log[4096];
+  snprintf(ep, sizeof ep, "127.0.0.1:%d", ntohs(sa.sin_port));
+  snprintf(want, sizeof want, "(127.0.0.1 port %d) within runtime.connect_timeout=0.5 s",
+           ntohs(sa.sin_port));
+  wf_mesh m = {1, 1, 1};
+  wf_control_opts co = {
+      .endpoint = ep, .token = "t", .facts = facts_for(0, &m), .connect_timeout_ms = 500};
+  wf_control *ctl = NULL;
+  double t0 = wf_now();
+  capture_begin();
+  wf_status st = wf_control_start(&ctl, &co);
+  capture_end(log, sizeof log);
+  assert_int_equal(st, WF_ETIMEOUT);
+  assert_null(ctl);
+  /* the 0.5 s timeout plus start-up; before the deadline covered a pending connect it
+   * took the timeout plus 5 s */
+  assert_true(wf_now() - t0 < 2.0);
+  assert_non_null(strstr(log, "cannot reach the coordinator at 127.0.0.1:"));
+  assert_non_null(strstr(log, want));
+  for (int i = 0; i < 4; i++)
+    close(fill[i]);
+  close(lfd);
+}
+
 static void test_metrics(void **state)
 {
   fixture *fx = calloc(1, sizeof *fx);
@@ -934,6 +978,7 @@ int main(int argc, char **argv)
       cmocka_unit_test(test_coordinator_death),
       cmocka_unit_test(test_coordinator_frozen),
       cmocka_unit_test(test_port_in_use_and_unreachable),
+      cmocka_unit_test(test_connect_deadline),
       cmocka_unit_test(test_listen_address),
       cmocka_unit_test(test_metrics),
       cmocka_unit_test(test_unix_worker_and_files),

@@ -1,14 +1,20 @@
 #!/usr/bin/env python3
-"""Training on a GPU computes what training on the CPU computes (`train_gpu.py WORKER CASE`).
+"""Training on a GPU computes what training on the CPU computes.
 
-Exits 77 (skipped) when the worker finds no usable GPU (runtime.device=cuda refuses).
+    train_gpu.py WORKER CASE [GPU_PROBE]
+
+Exits 77 (skipped) only when the machine has no GPU, as tests/gpu/gpu_probe decides
+(GPU_PROBE, by default WORKER's ../tests/gpu/gpu_probe): no NVIDIA driver, or one that
+reports no device. A GPU that is there but that weft cannot use fails the case.
 
 Cases (gpt2-tiny, 20 steps, the global batch of tests/mpi/equiv.py):
   np1-fp32   one rank on the GPU vs one rank on the CPU, fp32 GEMMs without TF32
   np1-bf16   the same with precision=bf16 on both
-  dp2, tp2, pp2, dp2tp2
+  dp2, tp2, pp2, dp2tp2, hsdp
              ranks that share the one GPU (NCCL refuses duplicate GPUs, so their
-             collectives go through MPI with host staging) vs one rank on the GPU
+             collectives go through MPI with host staging) vs one rank on the GPU; hsdp
+             is ZeRO-3 over 2 fsdp groups of 2, whose fsdp and replica communicators the
+             gradient path makes itself (they must carry device buffers too)
   resume     10 steps on the GPU with a checkpoint, resumed on the GPU and on the CPU,
              vs 20 uninterrupted steps on the GPU; and a CPU checkpoint resumed on the GPU
              vs 20 uninterrupted steps on the CPU
@@ -17,8 +23,8 @@ Tolerances. Parameters are compared outside the attention key biases, whose grad
 zero in exact arithmetic and whose Adam updates are therefore rounding noise amplified
 to lr-sized steps (tests/mpi/equiv.py); the key biases are printed and held to the
 mixed-precision bound.
-* GPU vs CPU (np1-*, resume on the CPU): the GPU sums GEMMs, layernorms, attention (an
-  online softmax over key tiles) and the embedding gradient (atomics) in other orders,
+* GPU vs CPU (np1-*, resume on the CPU): the GPU sums GEMMs, layernorms and attention (an
+  online softmax over key tiles) in other orders (the embedding gradient in the CPU's),
   and cuBLASLt's GELU epilogue may evaluate tanh with the hardware approximation (2^-11
   relative). Each perturbation is at most the one bf16 rounding makes (2^-9 relative per
   element), so equiv.py's mixed-precision bounds, measured with bf16 against one rank,
@@ -52,7 +58,8 @@ BASE = ["model.preset=gpt2-tiny", "train.batch_size=8", "train.eval_every=0",
         "train.seed=1234", "train.warmup=5"]
 MESHES = {"dp2": (2, ["mesh.dp=2"]), "tp2": (2, ["mesh.tp=2"]),
           "pp2": (2, ["mesh.pp=2", "train.microbatches=4"]),
-          "dp2tp2": (4, ["mesh.dp=2", "mesh.tp=2"])}
+          "dp2tp2": (4, ["mesh.dp=2", "mesh.tp=2"]),
+          "hsdp": (4, ["mesh.dp=4", "mesh.fsdp=2", "optim.zero=3"])}
 
 
 def fail(msg):
@@ -67,10 +74,16 @@ def run(n, args, timeout=300):
 
 
 def require_gpu():
-    _, p = run(1, BASE + ["train.steps=1", "runtime.device=cuda"])
-    if p.returncode != 0 and "no GPU is usable" in p.stderr + p.stdout:
-        print("skip: no GPU: " + (p.stderr + p.stdout).strip().splitlines()[-1])
+    probe = sys.argv[3] if len(sys.argv) > 3 else os.path.join(
+        os.path.dirname(os.path.abspath(WORKER)), "..", "tests", "gpu", "gpu_probe")
+    p = subprocess.run([probe], capture_output=True, text=True, timeout=120)
+    facts = json.loads(p.stdout) if p.stdout.strip().startswith("{") else {}
+    if p.returncode == 77:
+        print("skip: no GPU: " + facts.get("why", "?"))
         sys.exit(77)
+    if p.returncode != 0:
+        fail(f"{probe} exited {p.returncode}: {facts.get('why', p.stdout + p.stderr)}")
+    _, p = run(1, BASE + ["train.steps=1", "runtime.device=cuda"])
     if p.returncode != 0:
         fail(f"one step on the GPU exited {p.returncode}\n{p.stdout}\n{p.stderr}")
     print("GPU: " + next((l for l in p.stdout.splitlines() + p.stderr.splitlines()

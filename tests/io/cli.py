@@ -88,20 +88,20 @@ def test_errors(d):
         f.write("some text\n")
     rc, out, err = run([WORKER, "--tokenize", corpus, os.path.join(d, "x")])
     print(err)
-    assert rc == 1 and len(error_lines(err)) == 1 and "data.tokenizer" in err, (rc, err)
+    assert rc == 2 and len(error_lines(err)) == 1 and "data.tokenizer" in err, (rc, err)
     bad = os.path.join(d, "bad_tokenizer.json")
     with open(bad, "w") as f:
         f.write('{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [}')
     rc, out, err = run([WORKER, "--tokenize", corpus, os.path.join(d, "x"), "data.tokenizer=" + bad])
     print(err)
-    assert rc == 1 and len(error_lines(err)) == 1, (rc, err)
+    assert rc == 2 and len(error_lines(err)) == 1, (rc, err)
     assert "bad_tokenizer.json" in err and "not valid JSON" in err, err
     fifo = os.path.join(d, "in.fifo")
     os.mkfifo(fifo)
     rc, out, err = run([WORKER, "--tokenize", fifo, os.path.join(d, "x"),
                         "data.tokenizer=" + os.path.join(d, "tokenizer.json")], timeout=30)
     print(err)
-    assert rc == 1 and "not a regular file" in err and "in.fifo" in err, (rc, err)
+    assert rc == 2 and "not a regular file" in err and "in.fifo" in err, (rc, err)
     assert not os.path.exists(os.path.join(d, "x_train_000000.bin"))
 
 

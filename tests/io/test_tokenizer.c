@@ -22,15 +22,10 @@
 #include <jansson.h>
 
 #include "wf_io.h"
+#include "tok_files.h"
 
-static char tmpdir[256];
 static const char *python, *script;
 static json_t *expected;
-
-static void path_of(char *out, size_t len, const char *name)
-{
-  snprintf(out, len, "%s/%s", tmpdir, name);
-}
 
 static int setup(void **state)
 {
@@ -55,18 +50,6 @@ static int teardown(void **state)
   json_decref(expected);
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
   return system(cmd) == 0 ? 0 : -1;
-}
-
-static wf_tokenizer *load_ok(const char *name)
-{
-  char path[512], err[1024] = "";
-  path_of(path, sizeof path, name);
-  wf_tokenizer *t = NULL;
-  wf_status st = wf_tokenizer_load(&t, path, err, sizeof err);
-  if (st != WF_OK)
-    fprintf(stderr, "%s: %s\n", name, err);
-  assert_int_equal(st, WF_OK);
-  return t;
 }
 
 /* Base64 of the fixture texts (they hold control characters and NUL-free binary). */
@@ -196,31 +179,6 @@ static void test_bytes_roundtrip(void **state)
   assert_memory_equal(back, "hell", 4);
   wf_tokens_free(&tok);
   wf_tokenizer_destroy(t);
-}
-
-static void write_file(const char *name, const char *text)
-{
-  char path[512];
-  path_of(path, sizeof path, name);
-  FILE *f = fopen(path, "w");
-  assert_non_null(f);
-  fputs(text, f);
-  fclose(f);
-}
-
-/* One load of `name`: fails with status st and a message holding each of the words. */
-static void expect_error(const char *name, wf_status st, const char *w1, const char *w2)
-{
-  char path[512], err[1024] = "";
-  path_of(path, sizeof path, name);
-  wf_tokenizer *t = NULL;
-  assert_int_equal(wf_tokenizer_load(&t, path, err, sizeof err), st);
-  assert_null(t);
-  printf("%s: %s\n", name, err);
-  assert_non_null(strstr(err, name));
-  assert_non_null(strstr(err, w1));
-  if (w2)
-    assert_non_null(strstr(err, w2));
 }
 
 static void test_errors(void **state)

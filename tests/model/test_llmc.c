@@ -328,12 +328,19 @@ static void test_missing_file(void **state)
 {
   fixture *f = *state;
   expect_error(f, WF_EIO, "cannot open", "No such file");
-  /* Saving into a directory that does not exist fails cleanly too. */
+  /* Saving where no directory can be made (under a regular file) fails cleanly too; a
+   * missing directory would be created. */
   char path[160];
-  snprintf(path, sizeof path, "%s/nodir/x.bin", f->dir);
+  snprintf(path, sizeof path, "%s/plain", f->dir);
+  FILE *plain = fopen(path, "w");
+  assert_non_null(plain);
+  fclose(plain);
+  snprintf(path, sizeof path, "%s/plain/x.bin", f->dir);
   capture_begin();
   assert_int_equal(wf_model_save_llmc(f->m, path), WF_EIO);
   assert_non_null(strstr(capture_end(f->err, sizeof f->err), path));
+  snprintf(path, sizeof path, "%s/plain", f->dir);
+  remove(path);
 }
 
 /* The debug state: header, sizes, unpadded logits, loss and gradients as computed. */

@@ -282,6 +282,31 @@ def case_hang_pp(port):
               f"after it started\n  {line}")
 
 
+def case_hang_hsdp(port):
+    """The watchdog's abort reaches every communicator the worker made, the ones the
+    gradient path splits off for HSDP included (on a GPU it aborts their NCCL
+    communicators, so no rank is left in an NCCL kernel). dp 4 as 2 fsdp groups of 2
+    with ZeRO-3; rank 0 stalls at step 3 (WEFT_TEST_DATA_STALL) and every rank that is
+    told to abort names what it aborted."""
+    with tempfile.TemporaryDirectory() as jobdir:
+        job = start(4, jobdir, port, mesh=["mesh.dp=4", "mesh.fsdp=2", "optim.zero=3"],
+                    env_extra={"WEFT_TEST_DATA_STALL": "0:3"})
+        try:
+            out, err = job.communicate(timeout=START_BOUND_S + 5 + EXIT_BOUND_S)
+        except subprocess.TimeoutExpired:
+            fail("job still running past the hang timeout", job)
+        if job.returncode == 0:
+            fail(f"job exited 0\n{err[-2000:]}")
+        lines = [l for l in err.splitlines() if "weft: aborted" in l]
+        if not lines:
+            fail(f"no rank says what it aborted\n{err[-3000:]}")
+        for l in lines:
+            for name in ("world(", "dp(", "tp(", "pp(", "fsdp(", "replica("):
+                if name not in l:
+                    fail(f"the abort missed {name[:-1]!r}: {l}\n{err[-3000:]}")
+        print(f"ok: {len(lines)} ranks aborted every communicator, e.g.\n  {lines[0]}")
+
+
 CASES = {
     "console-np4": lambda: case_console(4, 29611),
     "console-np8": lambda: case_console(8, 29612),
@@ -301,6 +326,7 @@ CASES = {
         signal.SIGSTOP, 2, 29618, "rank 2", mesh=["mesh.pp=4", "train.microbatches=8"],
         also=("no heartbeat",)),
     "hang-pp": lambda: case_hang_pp(29620),
+    "hang-hsdp": lambda: case_hang_hsdp(29624),
 }
 
 if __name__ == "__main__":

@@ -290,12 +290,14 @@ def case(name):
                 print(f"FAIL: {name}: ZeRO-3 did not train: {got[0][0]} -> {got[0][-1]}")
                 sys.exit(1)
         elif name == "hsdp-mesh-shape":
-            # the seeds' form mesh_shape [[2, 2], [data, fsdp]] is mesh.dp=4 mesh.fsdp=2
-            args = ["optim.zero=3", "optim.bucket_mb=0"]
+            # the seeds' form mesh_shape [[2, 2], [data, fsdp]] is mesh.dp=4 mesh.fsdp=2,
+            # and its fsdp axis shards the parameters: ZeRO-3 without optim.zero
+            args = ["optim.bucket_mb=0"]
             got = train(4, args + ["mesh_shape=[[2, 2], [data, fsdp]]"], tmp, name)
-            compare(ref, got, "mesh_shape [[2, 2], [data, fsdp]] ZeRO-3")
-            same_bits(got, train(4, args + ["mesh.dp=4", "mesh.fsdp=2"], tmp, name + "-keys"),
-                      "mesh_shape [[2, 2], [data, fsdp]]", "mesh.dp=4 mesh.fsdp=2")
+            compare(ref, got, "mesh_shape [[2, 2], [data, fsdp]] (ZeRO-3 by the fsdp axis)")
+            same_bits(got, train(4, args + ["mesh.dp=4", "mesh.fsdp=2", "optim.zero=3"], tmp,
+                                 name + "-keys"),
+                      "mesh_shape [[2, 2], [data, fsdp]]", "mesh.dp=4 mesh.fsdp=2 optim.zero=3")
         elif name in ("dp2-zero3", "dp4-zero3"):
             # ZeRO-3 gathers every parameter exactly (broadcast copies from the owners)
             # and reduces gradients as ZeRO-2 does, so it must train bit for bit as ZeRO-2:

@@ -135,6 +135,7 @@ CASES = {
         *run([WORKER, "--dry-run"], env={"SLURM_PROCID": "2", "SLURM_NTASKS": "4",
                                           "SLURM_JOB_ID": "77"}), "srun --mpi=pmix"),
     "cpu-fallback": lambda: cpu_fallback(),
+    "singleton-no-orted": lambda: singleton_no_orted(),
 }
 
 
@@ -189,6 +190,59 @@ def cpu_fallback():
         check("libweft_test_absent.so: cannot open" in err, "reason names the library", out,
               err)
     print(lines[0])
+
+
+def fake_ompi_prefix(d):
+    """An Open MPI prefix (OPAL_PREFIX) with the system's libraries, components and help
+    files but no bin/orted: a singleton that forks its daemon fails in MPI_Init there."""
+    prefix = os.path.join(d, "ompi")
+    os.makedirs(os.path.join(prefix, "bin"))
+    lib = subprocess.run(["ompi_info", "--path", "libdir", "--parsable"], capture_output=True,
+                         text=True).stdout
+    libdir = lib.strip().split(":")[-1] if lib.strip() else "/usr/lib/x86_64-linux-gnu/openmpi/lib"
+    # Debian: prefix /usr, libdir /usr/lib/<triplet>/openmpi/lib, data in /usr/share.
+    check(libdir.startswith("/usr/lib/"), f"Open MPI's libdir {libdir} is under /usr/lib")
+    os.symlink("/usr/lib", os.path.join(prefix, "lib"))
+    os.symlink("/usr/share", os.path.join(prefix, "share"))
+    return prefix
+
+
+def singleton_no_orted():
+    """Started without mpirun, one rank and every tool start as an isolated singleton:
+    no orted is forked. OPAL_PREFIX names a prefix without orted, so a fork would fail
+    MPI_Init; the same run without the isolation is shown to fail there (the control)."""
+    import tempfile
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "io"))
+    import gpt2_ref
+    with tempfile.TemporaryDirectory() as d:
+        env = {"OPAL_PREFIX": fake_ompi_prefix(d)}
+        rc, out, err, _ = run([WORKER, "--dry-run"],
+                              env=dict(env, OMPI_MCA_ess_singleton_isolated="0"))
+        check(rc != 0, "control: a singleton that forks orted fails without one", out, err)
+        tiny = ["model.preset=gpt2-tiny", "train.batch_size=2", "model.seq_len=32",
+                "runtime.threads=1", "train.eval_every=0"]
+        gpt2_ref.write_fixtures(d)
+        text = os.path.join(d, "text.txt")
+        with open(text, "w") as f:
+            f.write(gpt2_ref.CORPUS * 4)
+        ck, model = os.path.join(d, "ck"), os.path.join(d, "m.bin")
+        runs = [
+            ("one rank", tiny + ["train.steps=2", "train.checkpoint_dir=" + ck, "--save", model]),
+            ("--estimate", tiny + ["--estimate"]),
+            ("--plan", tiny + ["--plan"]),
+            ("--print-schedule", tiny + ["mesh.pp=2", "train.microbatches=2",
+                                         "--print-schedule"]),
+            ("--tokenize", ["--tokenize", text, os.path.join(d, "tok"),
+                            "data.tokenizer=" + os.path.join(d, "tokenizer.json")]),
+            ("--generate", tiny + ["model.init=" + model, "train.sample_tokens=4",
+                                   "--generate", "ab"]),
+            ("--export", tiny + ["train.resume=" + ck, "--export", "llmc",
+                                 os.path.join(d, "x.bin")]),
+        ]
+        for what, args in runs:
+            rc, out, err, dt = run([WORKER] + args, env=env, timeout=120)
+            check(rc == 0, f"{what} without mpirun and without orted", out, err)
+            print(f"ok: {what} ({dt:.2f} s)")
 
 
 if __name__ == "__main__":

@@ -489,7 +489,9 @@ def refuse(eq, name, tmp):
                                           "parallel.virtual_stages=2", "model.layers=4",
                                           "train.microbatches=4", "parallel.pp_layers=[1,3]"],
                                          ["parallel.pp_layers", "interleaved"]),
-        "refuse-fsdp-zero0": (["mesh.dp=2", "mesh.fsdp=2"], ["mesh.fsdp=2", "optim.zero=0"]),
+        # (mesh.fsdp alone means ZeRO-3: only an explicit optim.zero=0 is refused)
+        "refuse-fsdp-zero0": (["mesh.dp=2", "mesh.fsdp=2", "optim.zero=0"],
+                              ["mesh.fsdp=2", "optim.zero=0", "1, 2 or 3"]),
         "refuse-fsdp-divide": (["mesh.dp=2", "mesh.fsdp=3", "optim.zero=1"],
                                ["mesh.fsdp=3", "mesh.dp=2"]),
     }[name]

@@ -85,9 +85,10 @@ static void check_zero(wf_comm *dp, int z, size_t grad_bytes[4])
   int64_t delta = held() - before;
   size_t grads = wf_grads_bytes(g), extra = wf_grads_param_bytes(g), optim = wf_optim_bytes(o);
   size_t param = wf_model_param_bytes(m) + extra;
-  /* created: the reduction's buffers and the optimizer; freed: ZeRO-2's flat gradient
-   * and ZeRO-3's flat parameters */
-  int64_t want = (int64_t)(grads + extra + optim + sizeof(double)) - (int64_t)(n * f) -
+  /* created: the reduction's buffers, the optimizer and the gradient path's two device
+   * words (the norm's sum of squares and the tied check's word); freed: ZeRO-2's flat
+   * gradient and ZeRO-3's flat parameters */
+  int64_t want = (int64_t)(grads + extra + optim + 2 * sizeof(double)) - (int64_t)(n * f) -
                  (z == 3 ? (int64_t)(n * f) : 0);
   CHECK(delta == want, "zero %d: allocations grew by %lld bytes, the accounting says %lld", z,
         (long long)delta, (long long)want);

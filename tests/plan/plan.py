@@ -162,6 +162,13 @@ def est_case(worker):
     for k, v in want.items():
         if b[k] != v:
             fail(f"--estimate {k} = {b[k]}, want {v}")
+    # A GPU rank also holds the CUDA kernels' workspace (cuBLASLt's 32 MiB and 4 MiB of
+    # partial sums: WF_KTABLE_GPU_WORKSPACE), allocated and counted when the device is
+    # selected; nothing else of theirs is allocated per call.
+    gpu = json.loads(run([worker, "--estimate", "--json", "--hw", "h100-sxm"] + MODEL).stdout)
+    if gpu["stages"][0]["bytes"]["other"] != want["other"] + (36 << 20):
+        fail(f"--estimate on h100-sxm: other = {gpu['stages'][0]['bytes']['other']}, want "
+             f"{want['other']} + the kernels' 36 MiB workspace")
     # ZeRO-1 over 4 ranks: dp rank 0 keeps ceil(n/4) elements of AdamW state
     est = json.loads(run([worker, "--estimate", "--json", "mesh.dp=4", "optim.zero=1"] +
                          MODEL).stdout)

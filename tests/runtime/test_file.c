@@ -95,13 +95,28 @@ static void test_replace_and_abort(void **state)
   assert_int_equal(entries(), 1);
 }
 
+/* Every output path may be in a new folder: the writer makes the missing ones. */
+static void test_makes_parents(void **state)
+{
+  char path[300], got[16];
+  snprintf(path, sizeof path, "%s/new/deeper/c.txt", dir);
+  assert_int_equal(wf_file_write_atomic(path, "made", 4, 0644), WF_OK);
+  read_back(path, got, sizeof got);
+  assert_string_equal(got, "made");
+}
+
 static void test_failures(void **state)
 {
   char path[300];
-  snprintf(path, sizeof path, "%s/missing/c.txt", dir);
+  /* a folder that cannot be made: its parent is a regular file (a missing one is made) */
+  snprintf(path, sizeof path, "%s/plain", dir);
+  assert_int_equal(wf_file_write_atomic(path, "x", 1, 0644), WF_OK);
+  snprintf(path, sizeof path, "%s/plain/sub/c.txt", dir);
   wf_afile f;
-  assert_int_equal(wf_afile_open(&f, path, 0644, 0), WF_EIO); /* no such directory */
+  assert_int_equal(wf_afile_open(&f, path, 0644, 0), WF_EIO);
   assert_int_equal(f.fd, -1);
+  snprintf(path, sizeof path, "%s/plain", dir);
+  assert_int_equal(unlink(path), 0);
   assert_int_equal(wf_afile_write(&f, "x", 1), WF_EINVAL); /* a closed writer */
   assert_int_equal(wf_afile_commit(&f, NULL, NULL), WF_EINVAL);
   assert_int_equal(wf_file_write_atomic("", "x", 1, 0644), WF_EINVAL);
@@ -118,6 +133,7 @@ int main(void)
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_write_commit, setup, teardown),
       cmocka_unit_test_setup_teardown(test_replace_and_abort, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_makes_parents, setup, teardown),
       cmocka_unit_test_setup_teardown(test_failures, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -229,6 +229,23 @@ static void test_slurm_precheck(void **state)
   assert_int_equal(wf_launch_precheck(wf_launch_getenv, (void *)plain, err, sizeof err), WF_OK);
 }
 
+/* Which processes MPI_Init makes singletons (those get OMPI_MCA_ess_singleton_isolated). */
+static void test_singleton_mpi_init(void **state)
+{
+  const char *plain[] = {NULL};
+  const char *torchrun[] = {"RANK=0", "WORLD_SIZE=1", NULL};
+  const char *batch[] = {"SLURM_JOB_ID=9", "SLURM_PROCID=0", "SLURM_NTASKS=4", NULL};
+  const char *mpirun[] = {"OMPI_COMM_WORLD_SIZE=2", "OMPI_COMM_WORLD_RANK=1", NULL};
+  const char *pmix[] = {"SLURM_PROCID=0", "PMIX_RANK=0", "PMIX_NAMESPACE=slurm.pmix.5.0", NULL};
+  const char *pmi2[] = {"PMI_FD=13", "PMI_RANK=0", "PMI_SIZE=2", NULL};
+  assert_true(wf_launch_is_singleton(wf_launch_getenv, (void *)plain));
+  assert_true(wf_launch_is_singleton(wf_launch_getenv, (void *)torchrun));
+  assert_true(wf_launch_is_singleton(wf_launch_getenv, (void *)batch));
+  assert_false(wf_launch_is_singleton(wf_launch_getenv, (void *)mpirun));
+  assert_false(wf_launch_is_singleton(wf_launch_getenv, (void *)pmix));
+  assert_false(wf_launch_is_singleton(wf_launch_getenv, (void *)pmi2));
+}
+
 /* The worker run straight from an sbatch script of 4 tasks: the batch step has
  * SLURM_PROCID=0 and the allocation's SLURM_NTASKS but no step id. */
 static void test_slurm_batch_step(void **state)
@@ -262,6 +279,7 @@ int main(void)
       cmocka_unit_test(test_bad_environment),
       cmocka_unit_test(test_disagreements),
       cmocka_unit_test(test_slurm_precheck),
+      cmocka_unit_test(test_singleton_mpi_init),
       cmocka_unit_test(test_slurm_batch_step),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -493,7 +493,7 @@ def case_console_and_preempt():
     info = wait_job(jobid, 60)
     text = read(out)
     check_completed(info, text, "scancel --signal=TERM")
-    m = re.search(r"stopping after step (\d+): a rank received SIGTERM", text)
+    m = re.search(r"stopping after step (\d+): SIGTERM", text)
     check(m is not None, "rank 0 says it stops because of SIGTERM", text)
     last = re.findall(r"^step (\d+)/100000 ", text, re.M)
     check(last and last[-1] == m.group(1),
@@ -522,6 +522,41 @@ def case_preempt_mpirun():
           "weft stopped at a step boundary on the console's request", text)
     check("training exited with status 0" in text, "mpirun exited 0", text)
     check_checkpoint("preempt-mpirun", text)
+
+
+def case_scancel():
+    """A plain `scancel JOB` (Slurm's SIGCONT and SIGTERM to every task, SIGKILL after
+    KillWait) is a graceful stop: every rank stops after the same step and writes its
+    checkpoint before Slurm's KillWait runs out."""
+    jobid, out = start_long("scancel")
+    run(["scancel", str(jobid)], timeout=10, check=True)
+    info = wait_job(jobid, 60)
+    text = read(out)
+    check(info.get("JobState") == "CANCELLED", f"job state {info.get('JobState')}, want CANCELLED",
+          text)
+    check(re.search(r"stopping after step \d+: (the launcher is ending the job|SIGTERM)", text)
+          is not None, "the ranks took Slurm's signals for a stop request", text)
+    check("stopping at once" not in text, "Slurm's repeated signals did not stop it at once", text)
+    check_checkpoint("scancel", text)
+    log("  ...\n" + "\n".join("  " + l for l in text.splitlines()[-6:]))
+
+
+def case_config_error():
+    """A config error fails the job in its first seconds with status 2, said once, and
+    neither weft-run nor the script runs it again."""
+    jobid, out = sbatch("single-node.sbatch", "config-error",
+                        ["train.step=5", "train.checkpoint_dir=" + os.path.join(scratch, "ck-ce")],
+                        ["--gpus-per-task=0", f"--ntasks-per-node={NTASKS}"])
+    info = wait_job(jobid, 60)
+    text = read(out)
+    check(info.get("JobState") == "FAILED" and info.get("ExitCode") == "2:0",
+          f"job state {info.get('JobState')} exit {info.get('ExitCode')}, want FAILED 2:0", text)
+    errors = [l for l in text.splitlines() if l.startswith("weft: error:")]
+    check(len(errors) == 1 and "did you mean 'train.steps'" in errors[0],
+          f"one error line naming the fix, got {errors}", text)
+    check("restart" not in text and "step 1/" not in text, "nothing retried, nothing trained",
+          text)
+    log(f"  {errors[0]}")
 
 
 def case_restart():
@@ -566,7 +601,8 @@ def case_restart():
 CASES = [("sbatch", case_sbatch), ("srun-pmix", case_srun_pmix), ("srun-none", case_srun_none),
          ("srun-pmi2", case_srun_pmi2), ("console-preempt", case_console_and_preempt),
          ("sbatch-mpirun", case_sbatch_mpirun), ("preempt-mpirun", case_preempt_mpirun),
-         ("multi-node-script", case_multinode_script), ("restart", case_restart)]
+         ("multi-node-script", case_multinode_script), ("restart", case_restart),
+         ("scancel", case_scancel), ("config-error", case_config_error)]
 
 
 def on_signal(sig, frame):

@@ -6,7 +6,7 @@
   units (tokens_per_s_per_gpu, tflops_per_gpu, mfu_pct a percent like the line's
   mfu=...%), a wall-clock time (unix seconds and ISO 8601) and the writing rank, and
   MFU divides tflops/gpu by train.peak_tflops when it is given.
-* loss-jump (np 1): a run whose learning rate warms up to 2 (far past stable for
+* loss-jump (np 1): a run whose learning rate warms up to 8 (far past stable for
   gpt2-tiny) blows up after a few steps; every step whose loss exceeds
   train.loss_jump_factor (3) times the running mean of the losses before it gets one
   WARN naming the step, the loss and the mean, and no other step does. The expected
@@ -16,6 +16,15 @@
   chunks: interleaved with 2 chunks per stage puts virtual stage c * pp + r (of
   L / (pp * v) layers) on stage r (DESIGN.md, setup.c), parallel.pp_layers=[3,5] is
   [0,3) and [3,8) under 1F1B.
+* host-syncs (np 4): a step waits for its device only where a value must reach the host,
+  the loss and the norm: the metrics' host_syncs (the device seam's count of waits, which
+  the CPU device keeps as a GPU would) is 2 at every step of rank 0, the first pipeline
+  stage, with 2 micro-batches (whose tokens were each checked with a wait before), tp
+  collectives and the tied embedding's check (which read the embedding back), and of a
+  ZeRO-3 HSDP job.
+* tied-check (np 2, pp 2): the tied embedding's check, done on the device and read with
+  the next norm, still catches copies that drift apart: with the last stage's tied
+  gradient halved (WEFT_TEST_TIED_UNSUMMED) the job fails at step 2's norm naming step 1.
 """
 import datetime
 import json
@@ -141,7 +150,7 @@ def expected_jumps(losses, factor):
 
 def case_loss_jump(tmp):
     metrics = os.path.join(tmp, "m.jsonl")
-    args = ["train.steps=14", "train.lr=2", "train.warmup=25", f"train.metrics={metrics}"]
+    args = ["train.steps=14", "train.lr=8", "train.warmup=25", f"train.metrics={metrics}"]
     out = run(1, args, tmp)
     losses = [(r["step"], r["loss"]) for r in rows(metrics)]
     want = expected_jumps(losses, 3.0)
@@ -197,7 +206,39 @@ def case_banner(tmp):
         print(f"ok: banner: {mesh[0]}")
 
 
-CASES = {"per-gpu": case_per_gpu, "loss-jump": case_loss_jump, "banner": case_banner}
+def case_host_syncs(tmp):
+    for extra in (["mesh.tp=2", "mesh.pp=2", "train.microbatches=2"],
+                  ["mesh.dp=4", "mesh.fsdp=2", "optim.zero=3", "train.microbatches=2"]):
+        metrics = os.path.join(tmp, "s.jsonl")
+        if os.path.exists(metrics):
+            os.unlink(metrics)
+        run(4, extra + ["train.steps=3", f"train.metrics={metrics}"], tmp)
+        got = [(r["step"], r["host_syncs"]) for r in rows(metrics)]
+        if got != [(1, 2), (2, 2), (3, 2)]:
+            fail(f"{' '.join(extra)}: (step, host_syncs) {got}, want 2 at each of 3 steps: "
+                 "the loss and the norm")
+        print(f"ok: host-syncs: {' '.join(extra)}: 2 per step (the loss and the norm)")
+
+
+def case_tied_check(tmp):
+    env = dict(os.environ, MASTER_PORT=str(free_ports(1)[0]), WEFT_JOB_DIR=os.path.join(tmp, "job"),
+               OMP_WAIT_POLICY="passive", WEFT_TEST_TIED_UNSUMMED="1")
+    cmd = MPIRUN + ["-np", "2", "-x", "MASTER_PORT", "-x", "WEFT_JOB_DIR", "-x", "OMP_WAIT_POLICY",
+                    "-x", "WEFT_TEST_TIED_UNSUMMED", WORKER] + BASE + \
+        ["mesh.pp=2", "train.microbatches=2", "train.steps=3"]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240,
+                       stdin=subprocess.DEVNULL)
+    out = p.stdout + p.stderr
+    want = ("step 1: the tied embedding's copies on the first and last pipeline stage differ")
+    if p.returncode == 0 or want not in out:
+        fail(f"exit {p.returncode}; want a failure saying {want!r}", out)
+    if re.search(r"^step 2/3 ", out, re.M):
+        fail("step 2 was reported although its norm found the copies different", out)
+    print(f"ok: tied-check: drifted copies caught at step 2's norm (exit {p.returncode})")
+
+
+CASES = {"per-gpu": case_per_gpu, "loss-jump": case_loss_jump, "banner": case_banner,
+         "host-syncs": case_host_syncs, "tied-check": case_tied_check}
 
 if __name__ == "__main__":
     with tempfile.TemporaryDirectory(prefix="weft-steplog-") as d:

@@ -294,8 +294,11 @@ int main(int argc, char **argv)
     check_file(path, size);
     check_no_tmp(dir);
   }
-  /* Rank 0 cannot create the file; every rank must get the same error back. */
-  CHECK(wf_trace_write(t, g_world, "/nonexistent/dir/x.json") == WF_EIO);
+  /* Rank 0 cannot create the file (its folder would be under a regular file; a missing
+   * folder is created); every rank must get the same error back. */
+  char bad[320];
+  snprintf(bad, sizeof(bad), "%s/trace.json/x.json", dir);
+  CHECK(wf_trace_write(t, g_world, bad) == WF_EIO);
   wf_trace_destroy(t);
   if (g_rank == 0)
     remove(path);

@@ -171,6 +171,13 @@ wf_status wf__verify_file(const char *dir, const wf__entry *e);
 #define WF__REC_LEN 20 /* uint64 per rank in the save gather (see wf__pack_rec) */
 void wf__pack_rec(uint64_t *x, const wf_ckpt_target *t, const wf__shard_rec *r);
 char *wf__manifest_text(const wf_ckpt_target *t, int step, const uint64_t *recs, int n);
+/* Every config key as a JSON string, as the manifest's "config" holds them. */
+struct json_t;
+struct json_t *wf__config_json(const wf_config *cfg);
+/* train.resume: "" resumes the run train.checkpoint_dir holds (the same run only),
+ * "never" starts over there, "auto" is "" for restarts, anything else names one. */
+bool wf__resume_implicit(const wf_config *cfg);
+bool wf__resume_never(const wf_config *cfg);
 wf_status wf__manifest_parse(const char *text, const char *path, wf__manifest *m);
 /* Read and parse dir's manifest; *text (may be NULL) gets its bytes (to free). */
 wf_status wf__manifest_read(const char *dir, wf__manifest *m, char **text);

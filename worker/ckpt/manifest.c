@@ -18,7 +18,7 @@
 /* ---- writing -------------------------------------------------------------------------------- */
 
 /* The config as {key: value} from wf_config_print's "key = value  (source)" lines. */
-static json_t *config_json(const wf_config *cfg)
+json_t *wf__config_json(const wf_config *cfg)
 {
   char *text = NULL, *save = NULL;
   size_t len = 0;
@@ -170,7 +170,7 @@ char *wf__manifest_text(const wf_ckpt_target *t, int step, const uint64_t *recs,
   /* HSDP: mesh.dp is the fsdp group (the files are a dp = F run's), replicas its copies */
   json_object_set_new(json_object_get(o, "mesh"), "replicas",
                       json_integer(t->replicas > 0 ? t->replicas : 1));
-  json_object_set_new(o, "config", config_json(cfg));
+  json_object_set_new(o, "config", wf__config_json(cfg));
   /* the family and what GPT-2 leaves at its defaults (older manifests have neither) */
   json_t *mo = json_object_get(o, "model");
   json_object_set_new(mo, "family", json_string(wf_model_family_name(d)));

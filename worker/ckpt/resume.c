@@ -14,9 +14,23 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "ckpt_int.h"
 
 /* ---- the manifest, read once --------------------------------------------------------- */
+
+/* A checkpoint_dir resumed without naming a checkpoint holds another run: say what
+ * differs and the two ways on. */
+static wf_status another_run(const wf_ckpt_target *t, const char *dir, const char *key,
+                             const char *saved, const char *now)
+{
+  WF_ERROR("train.checkpoint_dir=%s holds another run: its checkpoint %s has %s=%s, this run "
+           "has %s=%s; use another train.checkpoint_dir, or add train.resume=never to start "
+           "over there (its checkpoints are removed)",
+           t->cfg->train.checkpoint_dir, dir, key, saved, key, now);
+  return WF_ECONFIG;
+}
 
 /* The model shape must match; name the first config key that differs. */
 static wf_status check_compat(const wf_ckpt_target *t, const wf__manifest *m, const char *dir)
@@ -25,7 +39,19 @@ static wf_status check_compat(const wf_ckpt_target *t, const wf__manifest *m, co
   double saved, now;
   if (wf_model_dims_same(&m->dims, wf_model_get_dims(t->model), &field, &saved, &now))
     return WF_OK;
-  if (!strcmp(field, "family")) {
+  bool family = !strcmp(field, "family");
+  if (wf__resume_implicit(t->cfg)) {
+    char key[64], was[64], is[64];
+    wf__pathf(key, sizeof key, "model.%s", field);
+    wf__pathf(was, sizeof was, "%g", saved);
+    wf__pathf(is, sizeof is, "%g", now);
+    if (family) {
+      wf_strlcpy(was, wf_model_family_name(&m->dims), sizeof was);
+      wf_strlcpy(is, wf_model_family_name(wf_model_get_dims(t->model)), sizeof is);
+    }
+    return another_run(t, dir, key, was, is);
+  }
+  if (family) {
     WF_ERROR("checkpoint %s is incompatible: it holds a %s, this run trains a %s; set "
              "model.family=%s to resume it, or start a fresh train.checkpoint_dir",
              dir, wf_model_family_name(&m->dims), wf_model_family_name(wf_model_get_dims(t->model)),
@@ -36,6 +62,27 @@ static wf_status check_compat(const wf_ckpt_target *t, const wf__manifest *m, co
            "model.%s = %g; set model.%s=%g to resume it, or start a fresh train.checkpoint_dir",
            dir, field, saved, field, now, field, saved);
   return WF_ECONFIG;
+}
+
+/* Resuming train.checkpoint_dir without naming a checkpoint continues the run it holds,
+ * as torchtitan and Megatron-LM do, when that run trained this model family on this
+ * data; another run's checkpoints are refused (a named train.resume may fine-tune). */
+static wf_status check_same_run(const wf_ckpt_target *t, const char *text, const char *dir)
+{
+  static const char *const keys[] = {"model.family", "data.path", "data.val_path",
+                                     "data.tokenizer"};
+  wf_status st = WF_OK;
+  json_t *o = json_loads(text, 0, NULL), *now = wf__config_json(t->cfg);
+  json_t *was = o ? json_object_get(o, "config") : NULL;
+  for (size_t i = 0; was && now && st == WF_OK && i < WF_ARRAY_LEN(keys); i++) {
+    const char *a = json_string_value(json_object_get(was, keys[i]));
+    const char *b = json_string_value(json_object_get(now, keys[i]));
+    if (a && b && strcmp(a, b))
+      st = another_run(t, dir, keys[i], a[0] ? a : "\"\"", b[0] ? b : "\"\"");
+  }
+  json_decref(o);
+  json_decref(now);
+  return st;
 }
 
 /* Rank 0: locate, read and check the manifest; its text (empty when there is no
@@ -51,6 +98,8 @@ static wf_status read_rank0(const wf_ckpt_target *t, char *dir, size_t len, char
     return WF_OK;
   WF_TRY(wf__manifest_read(dir, &m, text));
   WF_TRY(check_compat(t, &m, dir));
+  if (wf__resume_implicit(t->cfg))
+    WF_TRY(check_same_run(t, *text, dir));
   WF_TRY(wf__check_model_cover(&m, dir));
   WF_TRY(wf__check_optim_cover(&m, dir));
 fail:
@@ -303,15 +352,19 @@ wf_status wf_ckpt_resume(const wf_ckpt_target *t, int *step)
   bool none = false;
   wf__manifest m = {0};
   *step = 0;
-  if (!cfg->train.resume[0])
+  if (wf__resume_never(cfg) || (!cfg->train.resume[0] && !cfg->train.checkpoint_dir[0]))
     return WF_OK;
   WF_TRY(read_manifest(t, dir, sizeof dir, &m, &none));
   if (none) {
-    if (wf__rank_of(wf__ckpt_world(t)) == 0)
+    if (wf__rank_of(wf__ckpt_world(t)) == 0 && cfg->train.resume[0])
       WF_INFO("checkpoint: train.resume=auto and no checkpoint in %s yet: starting fresh",
               cfg->train.checkpoint_dir);
     goto fail;
   }
+  if (!cfg->train.resume[0] && wf__rank_of(wf__ckpt_world(t)) == 0)
+    WF_INFO("checkpoint: %s holds this run (model and data match): resuming it; "
+            "train.resume=never starts over",
+            cfg->train.checkpoint_dir);
   WF_TRY(load(t, &m, dir));
   *step = m.step;
   if (cfg->precision == WF_PREC_FP16 && m.has_scaler) /* else fp16 starts its scaler afresh */

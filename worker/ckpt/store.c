@@ -327,13 +327,20 @@ fail:
   return st;
 }
 
+bool wf__resume_never(const wf_config *cfg) { return !strcmp(cfg->train.resume, "never"); }
+
+bool wf__resume_implicit(const wf_config *cfg)
+{
+  return !cfg->train.resume[0] || !strcmp(cfg->train.resume, "auto");
+}
+
 wf_status wf__locate(const wf_config *cfg, char *dir, size_t len, bool *none)
 {
   wf_status st = WF_OK;
   const char *r = cfg->train.resume, *root = cfg->train.checkpoint_dir;
   char path[WF__PATH_LEN];
   *none = false;
-  if (r[0] && strcmp(r, "auto")) {
+  if (!wf__resume_implicit(cfg) && !wf__resume_never(cfg)) {
     wf__pathf(path, sizeof path, "%s/" WF__LATEST, r);
     if (wf__has_manifest(r)) {
       wf_strlcpy(dir, r, len);
@@ -358,37 +365,41 @@ wf_status wf_ckpt_locate(const wf_config *cfg, char *dir, size_t dir_len)
   wf_status st = WF_OK;
   bool none = false;
   WF_TRY(wf__locate(cfg, dir, dir_len, &none));
-  WF_CHECK(!none, WF_EIO, "%s: no checkpoint there yet", cfg->train.checkpoint_dir);
+  WF_CHECK(!none, WF_ECONFIG, "%s: no checkpoint there yet",
+           cfg->train.resume[0] && strcmp(cfg->train.resume, "auto") ? cfg->train.resume
+                                                                     : cfg->train.checkpoint_dir);
 fail:
   return st;
 }
 
 /* ---- before training ------------------------------------------------------------------------ */
 
-static wf_status mkdir_p(const char *dir)
+/* train.resume=never: the run train.checkpoint_dir holds is over; its step directories
+ * and `latest` go (through the trash, as pruning does), so the new run's steps are the
+ * only ones there. */
+static wf_status start_over(const char *root)
 {
-  wf_status st = WF_OK;
-  char path[WF__PATH_LEN];
-  struct stat sb;
-  wf_strlcpy(path, dir, sizeof path);
-  for (char *p = path + 1; *p; p++) {
-    if (*p != '/')
-      continue;
-    *p = '\0';
-    if (mkdir(path, 0755) != 0 && errno != EEXIST)
-      break;
-    *p = '/';
+  int n = 0, *steps = list_steps(root, -1, true, &n);
+  char latest[WF__PATH_LEN];
+  wf__pathf(latest, sizeof latest, "%s/" WF__LATEST, root);
+  if (n == 0 && !wf__is_file(latest)) {
+    free(steps);
+    return WF_OK;
   }
-  WF_CHECK(mkdir(path, 0755) == 0 || errno == EEXIST, WF_EIO,
-           "train.checkpoint_dir %s: cannot create %s: %s; point it at a writable directory", dir,
-           path, strerror(errno));
-  WF_CHECK(stat(dir, &sb) == 0 && S_ISDIR(sb.st_mode), WF_EIO,
-           "train.checkpoint_dir %s: not a directory", dir);
-fail:
-  return st;
+  if (wf__is_file(latest) && unlink(latest) != 0)
+    WF_WARN("checkpoint: cannot remove %s: %s", latest, strerror(errno));
+  for (int i = 0; i < n; i++) {
+    char name[32];
+    wf__step_name(name, sizeof name, steps[i]);
+    remove_entry(root, name, true);
+  }
+  WF_INFO("checkpoint: train.resume=never: removed the previous run's %d checkpoint%s from %s "
+          "(newest step %d); this run starts at step 0",
+          n, n == 1 ? "" : "s", root, n ? steps[0] : 0);
+  free(steps);
+  return wf_file_sync_dir(root);
 }
 
-/* Write, fsync and remove a small file, as each rank will write its shards. */
 static wf_status probe(const char *dir, int rank)
 {
   char path[WF__PATH_LEN], block[4096] = {0};
@@ -444,7 +455,12 @@ wf_status wf_ckpt_prepare(const wf_ckpt_target *t)
               cfg->train.checkpoint_every > 0 ? "checkpoint_every" : "resume=auto");
     return WF_OK;
   }
-  WF_TRY(wf__ckpt_agree(t, me == 0 ? mkdir_p(root) : WF_OK, "creating train.checkpoint_dir"));
+  char what[WF__PATH_LEN + 32];
+  wf__pathf(what, sizeof what, "train.checkpoint_dir %s", root);
+  WF_TRY(wf__ckpt_agree(t, me == 0 ? wf_file_mkdirs(root, what) : WF_OK,
+                        "creating train.checkpoint_dir"));
+  if (wf__resume_never(cfg))
+    WF_TRY(wf__ckpt_agree(t, me == 0 ? start_over(root) : WF_OK, "starting over"));
   WF_TRY(wf__ckpt_agree(t, probe(root, me), "checking train.checkpoint_dir"));
   st = wf__ckpt_agree(t, me == 0 ? check_space(t, root) : WF_OK,
                       "checking the free space in train.checkpoint_dir");

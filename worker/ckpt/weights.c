@@ -241,3 +241,29 @@ fail:
   free(full);
   return st;
 }
+
+wf_status wf_weights_export(const wf_config *cfg, const char *out_path, wf_weights_fmt f, char *src,
+                            size_t src_len)
+{
+  wf_status st = WF_OK;
+  wf_model_dims d;
+  float *full = NULL;
+  size_t shard = (size_t)(cfg->model.shard_mb * 1e6); /* a safetensors folder's shards */
+  WF_CHECK(cfg->model.init[0] || cfg->train.resume[0] || cfg->train.checkpoint_dir[0], WF_ECONFIG,
+           "--export needs weights to convert: model.init=FILE (an llm.c or safetensors file, or "
+           "a weft checkpoint), train.resume=DIR or train.checkpoint_dir=DIR");
+  if (!cfg->model.init[0]) { /* train.resume's checkpoint, or the latest in checkpoint_dir */
+    WF_TRY(wf_ckpt_locate(cfg, src, src_len));
+    return wf_ckpt_export(src, out_path, f, shard);
+  }
+  wf_strlcpy(src, cfg->model.init, src_len);
+  WF_TRY(wf_weights_peek(src, "model.init", &d));
+  WF_CHECK(full = malloc(wf_model_num_params(&d) * sizeof *full), WF_ENOMEM,
+           "model.init=%s: out of memory for the model's %zu parameters", src,
+           wf_model_num_params(&d));
+  WF_TRY(wf_weights_read(src, "model.init", &d, full));
+  st = wf_weights_write(out_path, f, &d, full, shard);
+fail:
+  free(full);
+  return st;
+}

@@ -136,4 +136,11 @@ wf_status wf_weights_write(const char *path, wf_weights_fmt f, const wf_model_di
 wf_status wf_ckpt_export(const char *dir, const char *out_path, wf_weights_fmt f,
                          size_t shard_bytes);
 
+/* worker --export: the weights the config names - model.init (any format above), else
+ * the checkpoint train.resume names (else the latest in train.checkpoint_dir) - written
+ * at out_path in format f, without training. The source's path into src. Not
+ * collective. */
+wf_status wf_weights_export(const wf_config *cfg, const char *out_path, wf_weights_fmt f,
+                            char *src, size_t src_len);
+
 #endif /* WF_CKPT_H */

@@ -43,8 +43,6 @@
 
 #include "io_int.h"
 
-#define SHARD_MAGIC        20240520
-#define SHARD_VERSION      1
 #define SHARD_HEADER_BYTES 1024     /* int32[256] */
 #define CKPT_MAGIC         20240326 /* an llm.c model checkpoint, a common mix-up */
 #define DATA_TAG           0xDA7Aull
@@ -53,7 +51,7 @@ typedef struct span {
   void *map;        /* the whole file */
   size_t map_len;   /* bytes mapped */
   int32_t *own;     /* tokenized text: the ids (malloc'd), else NULL */
-  const void *tok;  /* first token: uint8 (text), uint16 (shard) or int32 (tokenized) */
+  const void *tok;  /* first token: uint8 (text), uint16 or uint32 (shard), int32 (tokenized) */
   int width;        /* bytes per token */
   int64_t first, n; /* position of the first token in the stream, token count */
 } span;
@@ -153,8 +151,16 @@ static wf_status map_file(span *sp, const char *key, const char *path, char *err
   return st;
 }
 
-static wf_status check_shard_header(const void *head, size_t file_len, const char *path, char *err,
-                                    size_t err_len)
+/* The header's token width: 2 for GPT-2's form, 4 for the "llama-3" form, 0 for neither. */
+static int shard_width(const int32_t h[2])
+{
+  return h[0] == WF__SHARD_MAGIC16 && h[1] == WF__SHARD_VERSION16   ? 2
+         : h[0] == WF__SHARD_MAGIC32 && h[1] == WF__SHARD_VERSION32 ? 4
+                                                                    : 0;
+}
+
+static wf_status check_shard_header(const void *head, size_t file_len, const char *path, int *width,
+                                    char *err, size_t err_len)
 {
   int32_t h[3];
   if (file_len < SHARD_HEADER_BYTES) {
@@ -165,15 +171,16 @@ static wf_status check_shard_header(const void *head, size_t file_len, const cha
     return WF_EFORMAT;
   }
   memcpy(h, head, sizeof h);
-  if (h[0] != SHARD_MAGIC) {
-    snprintf(err, err_len, "llm.c shard '%s': bad magic %d, expected %d (a token shard)%s", path,
-             h[0], SHARD_MAGIC,
+  if (h[0] != WF__SHARD_MAGIC16 && h[0] != WF__SHARD_MAGIC32) {
+    snprintf(err, err_len,
+             "llm.c shard '%s': bad magic %d, expected %d (uint16 tokens) or %d (uint32 tokens)%s",
+             path, h[0], WF__SHARD_MAGIC16, WF__SHARD_MAGIC32,
              h[0] == CKPT_MAGIC ? "; this is a model checkpoint, pass it as model.init" : "");
     return WF_EFORMAT;
   }
-  if (h[1] != SHARD_VERSION) {
-    snprintf(err, err_len, "llm.c shard '%s': unsupported version %d, expected %d", path, h[1],
-             SHARD_VERSION);
+  if (!(*width = shard_width(h))) {
+    snprintf(err, err_len, "llm.c shard '%s': unsupported version %d, expected %d (magic %d)", path,
+             h[1], h[0] == WF__SHARD_MAGIC16 ? WF__SHARD_VERSION16 : WF__SHARD_VERSION32, h[0]);
     return WF_EFORMAT;
   }
   if (h[2] <= 0) {
@@ -181,7 +188,7 @@ static wf_status check_shard_header(const void *head, size_t file_len, const cha
              h[2]);
     return WF_EFORMAT;
   }
-  size_t need = SHARD_HEADER_BYTES + 2 * (size_t)h[2];
+  size_t need = SHARD_HEADER_BYTES + (size_t)*width * (size_t)h[2];
   if (file_len < need) {
     snprintf(err, err_len,
              "llm.c shard '%s' is truncated: the header says %d tokens (%zu bytes with the "
@@ -192,29 +199,35 @@ static wf_status check_shard_header(const void *head, size_t file_len, const cha
   if (file_len > need) {
     snprintf(err, err_len,
              "llm.c shard '%s': the header's token count %d disagrees with the file size: "
-             "%zu bytes after the header hold %zu tokens",
-             path, h[2], file_len - SHARD_HEADER_BYTES, (file_len - SHARD_HEADER_BYTES) / 2);
+             "%zu bytes after the header hold %zu tokens of %d bytes",
+             path, h[2], file_len - SHARD_HEADER_BYTES,
+             (file_len - SHARD_HEADER_BYTES) / (size_t)*width, *width);
     return WF_EFORMAT;
   }
   return WF_OK;
 }
 
-/* Header, size and token range of one mapped shard; sets sp->tok and sp->n. */
+/* The token at index i of a mapped shard. */
+static uint32_t shard_token(const span *sp, int64_t i)
+{
+  return sp->width == 2 ? ((const uint16_t *)sp->tok)[i] : ((const uint32_t *)sp->tok)[i];
+}
+
+/* Header, size and token range of one mapped shard; sets sp->tok, width and n. */
 static wf_status check_shard(span *sp, const char *path, int vocab, char *err, size_t err_len)
 {
-  wf_status st = check_shard_header(sp->map, sp->map_len, path, err, err_len);
+  wf_status st = check_shard_header(sp->map, sp->map_len, path, &sp->width, err, err_len);
   if (st != WF_OK)
     return st;
   sp->tok = (const unsigned char *)sp->map + SHARD_HEADER_BYTES;
-  sp->width = 2;
-  sp->n = (int64_t)(sp->map_len - SHARD_HEADER_BYTES) / 2;
-  const uint16_t *tok = sp->tok;
+  sp->n = (int64_t)(sp->map_len - SHARD_HEADER_BYTES) / sp->width;
   for (int64_t i = 0; i < sp->n; i++) {
-    if (tok[i] >= vocab) {
+    if (shard_token(sp, i) >= (uint32_t)vocab) {
       snprintf(err, err_len,
                "llm.c shard '%s': token %u at index %lld is not below the model's vocabulary "
-               "%d; use a model whose vocabulary covers the tokenizer (GPT-2: 50257)",
-               path, tok[i], (long long)i, vocab);
+               "%d; use a model whose vocabulary covers the tokenizer (GPT-2: 50257, Llama 3: "
+               "128256)",
+               path, shard_token(sp, i), (long long)i, vocab);
       return WF_EFORMAT;
     }
   }
@@ -237,7 +250,8 @@ static wf_status classify(const char *key, const char *path, src_kind *kind, cha
     return st;
   int32_t magic = 0;
   bool shard = (n >= 4 && !strcmp(path + n - 4, ".bin")) ||
-               (read(fd, &magic, sizeof magic) == sizeof magic && magic == SHARD_MAGIC);
+               (read(fd, &magic, sizeof magic) == sizeof magic &&
+                (magic == WF__SHARD_MAGIC16 || magic == WF__SHARD_MAGIC32));
   close(fd);
   *kind = shard ? SRC_SHARDS : SRC_TEXT;
   return WF_OK;
@@ -293,9 +307,10 @@ static wf_status open_shards(wf_data *d, const char *key, const char *pattern, c
 
 static const char bytes_refusal[] =
     "%s: text file '%s' would be read as bytes (token ids 0-255), but the model's "
-    "vocabulary is %d: set data.tokenizer to GPT-2's tokenizer.json (or vocab.json, with "
-    "merges.txt beside it) to encode it as GPT-2 tokens, tokenize it once into llm.c shards "
-    "with `worker --tokenize`, or train a byte-level model (model.vocab=256)";
+    "vocabulary is %d: set data.tokenizer to the model's tokenizer (GPT-2's tokenizer.json, "
+    "or vocab.json with merges.txt beside it; Llama 3's tokenizer.model) to encode it as "
+    "tokens, tokenize it once into llm.c shards with `worker --tokenize`, or train a "
+    "byte-level model (model.vocab=256)";
 
 /* The model must have an id for every token the tokenizer can give. */
 static wf_status check_tokenizer_vocab(const wf_tokenizer *tok, int vocab, char *err,
@@ -305,7 +320,7 @@ static wf_status check_tokenizer_vocab(const wf_tokenizer *tok, int vocab, char 
     return WF_OK;
   snprintf(err, err_len,
            "data.tokenizer: %s, but the model's vocabulary is %d; use a model whose "
-           "model.vocab covers the tokenizer (GPT-2: 50257)",
+           "model.vocab covers the tokenizer (GPT-2: 50257, Llama 3: 128256)",
            wf_tokenizer_describe(tok), vocab);
   return WF_ECONFIG;
 }
@@ -366,7 +381,7 @@ static wf_status open_text(wf_data *d, const char *key, const char *path, const 
   else
     snprintf(desc, desc_len,
              "text file '%s' read as bytes: the model sees byte values 0-255, not words "
-             "(data.tokenizer encodes text as GPT-2 tokens)",
+             "(data.tokenizer encodes text as tokens)",
              path);
   return st;
 }
@@ -524,7 +539,8 @@ static wf_status check_shard_file(const char *key, const char *path, char *err, 
     snprintf(err, err_len, "%s: cannot read '%s': %s", key, path, strerror(errno));
     return WF_EIO;
   }
-  return check_shard_header(head, (size_t)sb.st_size, path, err, err_len);
+  int width = 0;
+  return check_shard_header(head, (size_t)sb.st_size, path, &width, err, err_len);
 }
 
 static wf_status check_source(const char *key, const char *path, const wf_tokenizer *tok, int vocab,
@@ -583,9 +599,9 @@ static void read_tokens(const wf_data *d, int *out, int64_t pos, int n)
     const span *sp = &d->spans[s];
     int64_t off = pos + i - sp->first;
     for (; i < n && off < sp->n; i++, off++)
-      out[i] = sp->width == 1   ? ((const uint8_t *)sp->tok)[off]
-               : sp->width == 2 ? ((const uint16_t *)sp->tok)[off]
-                                : ((const int32_t *)sp->tok)[off];
+      out[i] = sp->width == 1 ? ((const uint8_t *)sp->tok)[off]
+               : sp->own      ? sp->own[off]
+                              : (int)shard_token(sp, off);
   }
 }
 

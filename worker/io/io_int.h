@@ -1,10 +1,11 @@
 /*
  * io_int.h - private to worker/io: what its files share.
  *
- *  - tokenizer.c (the BPE tables, encoding, decoding) and tokenizer_load.c (reading
- *    tokenizer.json, or vocab.json with merges.txt, into those tables) share the
- *    tokenizer's struct and the functions that fill its tables; tokenize.c (`worker
- *    --tokenize`) uses wf_io.h's wf_tokenizer_* and wf__tokens_push only.
+ *  - tokenizer.c (the BPE core: tables, loading through a kind, encoding, decoding) and
+ *    the kinds, tokenizer_gpt2.c (tokenizer.json, or vocab.json with merges.txt) and
+ *    tokenizer_llama3.c (tiktoken's ranks file), share the tokenizer's struct, the kind
+ *    table and the functions that fill the tables; tokenize.c (`worker --tokenize`) uses
+ *    wf_io.h's wf_tokenizer_* and wf__tokens_push only.
  *  - data.c (the data sources) holds the synthetic source's Markov chain, which
  *    synthetic.c builds and samples.
  *
@@ -25,18 +26,55 @@
 
 #include "wf_io.h"
 
+/* llm.c's token shards (dev/data/data_common.py): an int32[256] header {magic, version,
+ * n}, then n tokens, uint16 (GPT-2's form) or uint32 (its "llama-3" form). */
+#define WF__SHARD_MAGIC16   20240520
+#define WF__SHARD_VERSION16 1
+#define WF__SHARD_MAGIC32   20240801
+#define WF__SHARD_VERSION32 7
+
 /* Write the printf-style message into err[0 .. len) (when err) and return st. */
 wf_status wf__io_failf(char *err, size_t len, wf_status st, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
 /* ---- the tokenizer ------------------------------------------------------------------ */
 
+/*
+ * The seam: a tokenizer kind is a table (STYLE rule 21). Both kinds weft knows are
+ * byte-level BPE, so one core (tokenizer.c) encodes and decodes for both: the
+ * vocabulary is keyed by each token's raw bytes, a pair of ids maps to (rank, merged id),
+ * and BPE merges the lowest-ranked adjacent pair, leftmost first. What a kind supplies
+ * is everything that differs: which files are its own, how they fill those tables (GPT-2:
+ * merges.txt's line order ranks the pairs; Llama 3: a pair's rank is the rank of the
+ * token it makes, as tiktoken does), its pre-tokenizer pattern and its special tokens.
+ * Callers of wf_io.h never see the kind.
+ */
+#define WF__TOK_KIND_VERSION 1
+
+typedef struct wf__tok_kind {
+  int version;       /* WF__TOK_KIND_VERSION */
+  const char *name;  /* "GPT-2 BPE", "Llama 3 BPE": the head of wf_tokenizer_describe */
+  const char *files; /* what it reads, for errors: "tokenizer.json or vocab.json" */
+  /* Whether the file whose first bytes are head[0 .. n) is this kind's (a predicate:
+   * true for exactly one kind, or detection reports the file as neither). */
+  bool (*claims)(const char *path, const unsigned char *head, size_t n);
+  /* Fill t from path through the wf__tok_* builders below: tables, specials, bos/eot,
+   * the pattern. Errors name the file (and line) in err. */
+  wf_status (*load)(wf_tokenizer *t, const char *path, char *err, size_t err_len);
+} wf__tok_kind;
+
+extern const wf__tok_kind wf__tok_gpt2;   /* tokenizer_gpt2.c */
+extern const wf__tok_kind wf__tok_llama3; /* tokenizer_llama3.c */
+
+/* The pre-tokenizer patterns (PCRE2, Unicode properties; \s spelled out as Unicode's
+ * White_Space, which Python's regex and Rust's regex, hence tiktoken, match). */
+extern const char wf__tok_gpt2_pattern[], wf__tok_llama3_pattern[];
+
 #define WF__TOK_MAX_SPECIALS 1024
-#define WF__TOK_EOT_TEXT     "<|endoftext|>"
 
 typedef struct wf__tok_str {
-  const char *s; /* NULL: empty slot */
-  uint32_t len;
+  const unsigned char *s; /* NULL: empty slot */
+  uint32_t len, hash;     /* hash: the key's, checked before its bytes (a cache miss) */
   int32_t id;
 } wf__tok_str;
 
@@ -52,33 +90,42 @@ typedef struct wf__tok_special {
 } wf__tok_special;
 
 struct wf_tokenizer {
-  wf__tok_str *vocab;
+  const wf__tok_kind *kind;
+  const char *name;   /* the kind's, unless its loader knows better (describe's head) */
+  wf__tok_str *vocab; /* token bytes -> id (open addressing, never grows) */
   size_t vocab_cap, vocab_n;
-  wf__tok_pair *pairs;
+  wf__tok_pair *pairs; /* (a, b) -> (rank, merged) */
   size_t pairs_cap, n_merges;
-  int32_t n_ids;             /* largest id + 1 */
-  unsigned char **tok_bytes; /* per id: its bytes (NULL: unused id) */
+  int32_t n_ids;                   /* largest id + 1 */
+  const unsigned char **tok_bytes; /* per id: its bytes (NULL: unused id); borrowed */
   uint32_t *tok_len;
   int32_t byte_id[256];
+  unsigned char special_first[256]; /* 1 where some special token starts with the byte */
   wf__tok_special specials[WF__TOK_MAX_SPECIALS];
   int n_specials;
-  int32_t eot;
-  bool add_prefix_space, ignore_merges;
+  int32_t eot, bos;      /* -1: none */
+  bool adds_bos;         /* a text to continue (a prompt) starts with bos */
+  bool add_prefix_space; /* HF ByteLevel: a segment gets a leading space */
+  bool whole_first;      /* a pre-token that is a token is taken whole (tiktoken, and
+                          * HF's ignore_merges) before any merging */
+  const char *pattern;   /* the kind's pre-tokenizer pattern (static) */
   pcre2_code *re;
   char desc[WF_PATH_MAX + 128];
 };
 
-/* tokenizer.c: the tables. Sized once for n tokens and n_merges merges (the hash maps
- * never grow), then filled; path and the merge's line number go into error messages. */
-wf_status wf__tok_tables_init(wf_tokenizer *t, size_t n, size_t n_merges);
-wf_status wf__tok_vocab_add(wf_tokenizer *t, const char *s, size_t len, int32_t id,
+/* tokenizer.c: the tables. Sized once for n tokens and n_pairs merge pairs (the hash maps
+ * never grow), then filled; path and line go into error messages. */
+wf_status wf__tok_tables_init(wf_tokenizer *t, size_t n, size_t n_pairs);
+/* Token bytes s[0 .. len) is id; the same bytes twice keep the first id (*added false). */
+wf_status wf__tok_vocab_add(wf_tokenizer *t, const void *s, size_t len, int32_t id, bool *added,
                             const char *path, char *err, size_t err_len);
-wf_status wf__tok_merge_add(wf_tokenizer *t, const char *a, size_t la, const char *b, size_t lb,
-                            const char *path, size_t line, char *err, size_t err_len);
+/* The id of token bytes s[0 .. len), or -1. */
+int32_t wf__tok_vocab_find(const wf_tokenizer *t, const void *s, size_t len);
+/* Pair (a, b) merges into `merged` at `rank`; a pair already present keeps its first
+ * (lower) rank. */
+wf_status wf__tok_pair_add(wf_tokenizer *t, int32_t a, int32_t b, int32_t rank, int32_t merged);
 wf_status wf__tok_special_add(wf_tokenizer *t, const char *s, size_t len, int32_t id);
-/* The id of vocabulary string s[0 .. len), or -1. */
-int32_t wf__tok_vocab_find(const wf_tokenizer *t, const char *s, size_t len);
-/* After the last add: each id's bytes, each byte's token, GPT-2's compiled pattern. */
+/* After the last add: each id's bytes, each byte's token, the compiled pattern. */
 wf_status wf__tok_finish(wf_tokenizer *t, const char *path, char *err, size_t err_len);
 
 /* Append one id to a wf_tokens (WF_ENOMEM only). */

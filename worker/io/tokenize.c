@@ -3,11 +3,13 @@
  * wf_tokenizer into llm.c token shards, so a large corpus is tokenized once rather than at
  * every data.path open.
  *
- * Uses the tokenizer through wf_io.h only. Shards are llm.c's (int32[256] header
- * {SHARD_MAGIC, SHARD_VERSION, n}, then uint16 tokens), SHARD_TOKENS per training file as
- * fineweb.py writes them; each file is written atomically (wf_afile), so an interrupted
- * run leaves no half shard under a final name. The text is mapped, not read, and opened
- * O_NONBLOCK after stat() says it is a regular file, so a FIFO cannot block it.
+ * Uses the tokenizer through wf_io.h only. Shards are llm.c's (data_common.py): an
+ * int32[256] header {magic, version, n}, then the tokens; {20240520, 1} with uint16 tokens
+ * when every id fits (GPT-2), else llm.c's "llama-3" form {20240801, 7} with uint32 tokens;
+ * SHARD_TOKENS per training file as fineweb.py writes them; each file is written atomically
+ * (wf_afile), so an interrupted run leaves no half shard under a final name. The text is mapped,
+ * not read, and opened O_NONBLOCK after stat() says it is a regular file, so a FIFO cannot block
+ * it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -20,25 +22,31 @@
 #include "io_int.h"
 #include "wf_file.h"
 
-#define SHARD_MAGIC   20240520
-#define SHARD_VERSION 1
-#define SHARD_TOKENS  100000000LL /* llm.c's fineweb.py: 10^8 tokens per shard */
+#define SHARD_TOKENS 100000000LL /* llm.c's fineweb.py: 10^8 tokens per shard */
 
-/* One llm.c token shard, atomically. */
-static wf_status write_shard(const char *path, const int32_t *ids, size_t n)
+/* One llm.c token shard of `width` bytes per token (2 or 4), atomically. */
+static wf_status write_shard(const char *path, const int32_t *ids, size_t n, int width)
 {
-  int32_t header[256] = {SHARD_MAGIC, SHARD_VERSION, (int32_t)n};
+  int32_t header[256] = {width == 2 ? WF__SHARD_MAGIC16 : WF__SHARD_MAGIC32,
+                         width == 2 ? WF__SHARD_VERSION16 : WF__SHARD_VERSION32, (int32_t)n};
   wf_afile f;
   wf_status st = wf_afile_open(&f, path, 0644, 0);
   if (st != WF_OK)
     return st;
   st = wf_afile_write(&f, header, sizeof header);
-  uint16_t buf[4096];
-  for (size_t i = 0; st == WF_OK && i < n; i += WF_ARRAY_LEN(buf)) {
-    size_t m = WF_MIN(n - i, WF_ARRAY_LEN(buf));
-    for (size_t j = 0; j < m; j++)
-      buf[j] = (uint16_t)ids[i + j];
-    st = wf_afile_write(&f, buf, m * sizeof *buf);
+  union {
+    uint16_t u16[4096];
+    uint32_t u32[4096];
+  } buf;
+  for (size_t i = 0; st == WF_OK && i < n; i += 4096) {
+    size_t m = WF_MIN(n - i, (size_t)4096);
+    for (size_t j = 0; j < m; j++) {
+      if (width == 2)
+        buf.u16[j] = (uint16_t)ids[i + j];
+      else
+        buf.u32[j] = (uint32_t)ids[i + j];
+    }
+    st = wf_afile_write(&f, &buf, m * (size_t)width);
   }
   if (st != WF_OK) {
     wf_afile_abort(&f);
@@ -68,8 +76,8 @@ static wf_status read_text(const char *in, wf_tokenizer const *t, wf_tokens *out
   if (map == MAP_FAILED)
     return wf__io_failf(err, err_len, WF_EIO, "--tokenize: cannot map '%s': %s", in,
                         strerror(errno));
-  int eot = wf_tokenizer_eot(t);
-  wf_status st = eot >= 0 ? wf__tokens_push(out, eot) : WF_OK;
+  int bos = wf_tokenizer_bos(t);
+  wf_status st = bos >= 0 ? wf__tokens_push(out, bos) : WF_OK;
   if (st == WF_OK)
     st = wf_tokenizer_encode(t, map, (size_t)sb.st_size, out);
   if (map)
@@ -80,19 +88,20 @@ static wf_status read_text(const char *in, wf_tokenizer const *t, wf_tokens *out
 }
 
 /* Train shards of SHARD_TOKENS each, then the validation shard. */
-static wf_status write_shards(const wf_tokens *tok, size_t n_train, const char *prefix,
+static wf_status write_shards(const wf_tokens *tok, size_t n_train, int width, const char *prefix,
                               int *n_files, char *err, size_t err_len)
 {
   char path[WF_PATH_MAX + 64];
   *n_files = 0;
   for (size_t at = 0; at < n_train; at += SHARD_TOKENS) {
     snprintf(path, sizeof path, "%s_train_%06d.bin", prefix, (*n_files)++);
-    if (write_shard(path, tok->ids + at, WF_MIN(n_train - at, (size_t)SHARD_TOKENS)) != WF_OK)
+    if (write_shard(path, tok->ids + at, WF_MIN(n_train - at, (size_t)SHARD_TOKENS), width) !=
+        WF_OK)
       return wf__io_failf(err, err_len, WF_EIO, "--tokenize: cannot write '%s' (see the log above)",
                           path);
   }
   snprintf(path, sizeof path, "%s_val_%06d.bin", prefix, 0);
-  if (tok->n > n_train && write_shard(path, tok->ids + n_train, tok->n - n_train) != WF_OK)
+  if (tok->n > n_train && write_shard(path, tok->ids + n_train, tok->n - n_train, width) != WF_OK)
     return wf__io_failf(err, err_len, WF_EIO, "--tokenize: cannot write '%s' (see the log above)",
                         path);
   return WF_OK;
@@ -102,11 +111,7 @@ wf_status wf_tokenize_file(const wf_tokenizer *t, const char *in, const char *pr
                            double val_fraction, char *summary, size_t summary_len, char *err,
                            size_t err_len)
 {
-  if (wf_tokenizer_vocab(t) > 65536)
-    return wf__io_failf(
-        err, err_len, WF_EUNSUPPORTED,
-        "--tokenize: %s has ids up to %d, but llm.c shards store uint16 tokens (< 65536)",
-        wf_tokenizer_describe(t), wf_tokenizer_vocab(t) - 1);
+  int width = wf_tokenizer_vocab(t) <= 65536 ? 2 : 4;
   if (!(val_fraction >= 0 && val_fraction < 1))
     return wf__io_failf(err, err_len, WF_ECONFIG,
                         "--tokenize: data.val_fraction=%g is not in [0, 1)", val_fraction);
@@ -120,13 +125,47 @@ wf_status wf_tokenize_file(const wf_tokenizer *t, const char *in, const char *pr
                       in, tok.n, val_fraction);
   int files = 0;
   if (st == WF_OK)
-    st = write_shards(&tok, tok.n - n_val, prefix, &files, err, err_len);
+    st = write_shards(&tok, tok.n - n_val, width, prefix, &files, err, err_len);
   if (st == WF_OK)
     snprintf(summary, summary_len,
-             "tokenized '%s' with %s: %zu tokens; train %zu in %s_train_%06d.bin%s, val %zu%s%s%s",
-             in, wf_tokenizer_describe(t), tok.n, tok.n - n_val, prefix, 0,
+             "tokenized '%s' with %s: %zu tokens (uint%d); train %zu in %s_train_%06d.bin%s, val "
+             "%zu%s%s%s",
+             in, wf_tokenizer_describe(t), tok.n, 8 * width, tok.n - n_val, prefix, 0,
              files > 1 ? " and on" : "", n_val, n_val ? " in " : "", n_val ? prefix : "",
              n_val ? "_val_000000.bin" : " (no file)");
   wf_tokens_free(&tok);
   return st;
+}
+
+wf_status wf_tokenize_config(const wf_config *cfg, const char *in, const char *prefix,
+                             char *summary, size_t summary_len)
+{
+  char err[2048] = "";
+  wf_tokenizer *tok = NULL;
+  wf_status st = WF_OK;
+  if (!cfg->data.tokenizer[0])
+    st = wf__io_failf(err, sizeof err, WF_ECONFIG,
+                      "--tokenize needs a tokenizer: add data.tokenizer=FILE (GPT-2's "
+                      "tokenizer.json, or vocab.json with merges.txt beside it; Llama 3's "
+                      "tokenizer.model; or the folder holding them)");
+  if (st == WF_OK)
+    st = wf_tokenizer_load(&tok, cfg->data.tokenizer, err, sizeof err);
+  if (st == WF_OK)
+    st = wf_tokenize_file(tok, in, prefix, cfg->data.val_fraction, summary, summary_len, err,
+                          sizeof err);
+  wf_tokenizer_destroy(tok);
+  if (st != WF_OK)
+    WF_ERROR("%s", err);
+  /* a text or tokenizer that cannot be read is the user's to fix, as a missing one is */
+  return st == WF_OK || st == WF_ENOMEM ? st : WF_ECONFIG;
+}
+
+wf_status wf_tokenizer_vocab_of(const char *path, int *vocab, char *err, size_t err_len)
+{
+  wf_tokenizer *tok = NULL;
+  wf_status st = wf_tokenizer_load(&tok, path, err, err_len);
+  if (st == WF_OK)
+    *vocab = wf_tokenizer_vocab(tok);
+  wf_tokenizer_destroy(tok);
+  return st == WF_OK || st == WF_ENOMEM ? st : WF_ECONFIG;
 }

@@ -1,7 +1,7 @@
 /*
  * wf_io.h - what the worker reads and writes besides checkpoints: training data
- * (wf_data_*), the GPT-2 tokenizer (wf_tokenizer_*) and the Chrome/Perfetto trace of
- * the job (wf_trace_*).
+ * (wf_data_*), the tokenizers (wf_tokenizer_*: GPT-2's and Llama 3's BPE) and the Chrome/Perfetto
+ * trace of the job (wf_trace_*).
  */
 #ifndef WF_IO_H
 #define WF_IO_H
@@ -22,8 +22,9 @@
  *                         over the first K = min(V, 64) symbols whose entropy rate (the
  *                         loss floor) is computed exactly;
  *  - a glob or a *.bin  : llm.c token shards (int32[256] header: magic 20240520,
- *                         version 1, token count; then uint16 tokens), concatenated in
- *                         sorted order;
+ *                         version 1, token count, then uint16 tokens (GPT-2); or magic
+ *                         20240801, version 7, then uint32 tokens (Llama 3)),
+ *                         concatenated in sorted order;
  *  - any other file     : raw text, one token per byte (vocabulary 256).
  * For files the last data.val_fraction of the tokens is the validation split; windows
  * never cross from one split into the other.
@@ -53,7 +54,7 @@ typedef struct wf_data_opts {
   const char *val_path;  /* "" or NULL: the held-out tail; else validation data of the
                           * same kind as path (text, or llm.c shards), used instead */
   const char *tokenizer; /* "" or NULL: text is read as bytes (vocab <= 256 only); else a
-                          * GPT-2 BPE (wf_tokenizer_load) that encodes text files */
+                          * tokenizer (wf_tokenizer_load) that encodes text files */
 } wf_data_opts;
 
 /* Open a source. On error writes what was wrong, naming the file and what was expected,
@@ -94,25 +95,32 @@ wf_status wf_data_batch(const wf_data *d, int *inputs, int *targets, wf_data_spl
 wf_status wf_data_row(const wf_data *d, int *win, wf_data_split split, int64_t index, int64_t row);
 
 /*
- * wf_tokenizer - GPT-2's byte-level BPE (Radford et al. 2019; OpenAI's encoder.py, Hugging
- * Face's ByteLevel BPE), in C.
+ * wf_tokenizer - byte-level BPE, in C: GPT-2's (Radford et al. 2019; OpenAI's encoder.py,
+ * Hugging Face's ByteLevel BPE) and Llama 3's (Meta's tokenizer.py over tiktoken).
+ * docs/tokenizers.md is the reference.
  *
- * Files: a Hugging Face tokenizer.json (model.type "BPE" with a ByteLevel pre-tokenizer;
- * vocab, merges as "a b" strings or [a, b] pairs, added_tokens), or GPT-2's vocab.json
- * with merges.txt; wf_tokenizer_load takes either file, or a folder holding them.
+ * Files (the kind is told from the file's content, never from a key):
+ *  - GPT-2: a Hugging Face tokenizer.json (model.type "BPE" with a ByteLevel
+ *    pre-tokenizer; vocab, merges as "a b" strings or [a, b] pairs, added_tokens), or
+ *    GPT-2's vocab.json with merges.txt beside it;
+ *  - Llama 3: tiktoken's ranks file (Meta's tokenizer.model: one "BASE64 RANK" line per
+ *    token, ranks 0, 1, 2, ... in order) and the 256 special tokens that follow the ranks
+ *    (<|begin_of_text|> = 128000, <|end_of_text|> = 128001, ..., <|eot_id|> = 128009).
+ * wf_tokenizer_load takes a file or a folder holding one of them.
  *
- * Encoding: special tokens (added_tokens marked special; <|endoftext|> for vocab.json)
- * are cut out of the text first and map to their ids; each piece between them is split
- * by GPT-2's pattern 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
- * (PCRE2, Unicode properties; \s is Unicode White_Space, as in Python's regex module),
- * each pre-token's UTF-8 bytes are mapped to GPT-2's printable byte alphabet and merged
- * by BPE: repeatedly the adjacent pair with the lowest merge rank, leftmost first.
- * Decoding maps the byte alphabet back, so decode(encode(text)) == text for any bytes,
- * valid UTF-8 or not.
+ * Encoding: special tokens are cut out of the text first and map to their ids; each
+ * piece between them is split by the kind's pattern (PCRE2, Unicode properties; \s is
+ * Unicode White_Space), and each pre-token is taken whole when it is a token and the
+ * kind says so (Llama 3, as tiktoken; HF's ignore_merges), else merged by BPE: the
+ * adjacent pair of lowest rank first, the leftmost of equals.
+ * Decoding concatenates each id's bytes, so decode(encode(text)) == text for any bytes,
+ * valid UTF-8 or not. One token may hold part of a character (byte-level BPE splits
+ * characters whose bytes are rare): decoding such a token alone gives those bytes,
+ * not a character; wf_utf8_char_len tells a printer where characters end.
  *
  * Invariants: a loaded tokenizer is immutable (share it between threads); every merge's
  * parts and result are in the vocabulary (checked at load); ids are < wf_tokenizer_vocab.
- * Errors name the file and what was wrong in it.
+ * Errors name the file and what was wrong in it (and the line, for line-based files).
  */
 
 typedef struct wf_tokenizer wf_tokenizer;
@@ -124,14 +132,25 @@ typedef struct wf_tokens {
 } wf_tokens;
 void wf_tokens_free(wf_tokens *t);
 
-/* path: tokenizer.json, vocab.json (merges.txt beside it) or a folder with either. */
+/* path: tokenizer.json, vocab.json (merges.txt beside it), tokenizer.model, or a folder
+ * holding one of them. */
 wf_status wf_tokenizer_load(wf_tokenizer **out, const char *path, char *err, size_t err_len);
 void wf_tokenizer_destroy(wf_tokenizer *t); /* accepts NULL */
-/* Largest id + 1 (GPT-2: 50257). */
+/* Largest id + 1, specials included: the least model.vocab (GPT-2: 50257; Llama 3: 128256). */
 int wf_tokenizer_vocab(const wf_tokenizer *t);
-/* The id of <|endoftext|>, or -1 when the vocabulary has none (GPT-2: 50256). */
+/* The id that ends a text, or -1 (GPT-2: <|endoftext|> 50256; Llama 3: <|end_of_text|>
+ * 128001). */
 int wf_tokenizer_eot(const wf_tokenizer *t);
-/* "GPT-2 BPE 'tokenizer.json': 50257 tokens, 50000 merges". */
+/* The id that starts a document, or -1 (GPT-2: <|endoftext|> 50256, as llm.c separates
+ * documents; Llama 3: <|begin_of_text|> 128000). */
+int wf_tokenizer_bos(const wf_tokenizer *t);
+/* Whether a text to continue (a sample's prompt) starts with wf_tokenizer_bos: Llama 3's
+ * (Meta's generation encodes prompts with bos=True; Hugging Face's template adds it); not
+ * GPT-2's. */
+bool wf_tokenizer_adds_bos(const wf_tokenizer *t);
+/* The id of special token `text` (e.g. "<|eot_id|>"), or -1. */
+int wf_tokenizer_special(const wf_tokenizer *t, const char *text);
+/* "GPT-2 BPE 'tokenizer.json': 50257 tokens (1 special), 50000 merges". */
 const char *wf_tokenizer_describe(const wf_tokenizer *t);
 
 /* Append the ids of text[0 .. len) (any bytes) to out. WF_ENOMEM only. */
@@ -142,15 +161,27 @@ wf_status wf_tokenizer_encode(const wf_tokenizer *t, const char *text, size_t le
 wf_status wf_tokenizer_decode(const wf_tokenizer *t, const int32_t *ids, size_t n, char *out,
                               size_t cap, size_t *len);
 
-/* worker --tokenize: encode text file `in` and write llm.c token shards (int32[256]
- * header {20240520, 1, n}, uint16 tokens) PREFIX_val_000000.bin (the last val_fraction
- * of the tokens) and PREFIX_train_000000.bin, ... (100M tokens per file, as llm.c's
- * fineweb.py), each written atomically. The stream starts with <|endoftext|> when the
- * vocabulary has one (llm.c's documents start with it). Ids must fit uint16. A summary
- * line goes to `summary`. */
+/* Bytes of the whole, valid UTF-8 character at s[0 .. n): 1-4, or 0 when s starts none
+ * (a continuation byte, an overlong form, a surrogate, or a character cut short). */
+size_t wf_utf8_char_len(const void *s, size_t n);
+
+/* worker --tokenize: encode text file `in` and write llm.c token shards
+ * PREFIX_val_000000.bin (the last val_fraction of the tokens) and PREFIX_train_000000.bin,
+ * ... (100M tokens per file, as llm.c's fineweb.py), each written atomically. The format
+ * is llm.c's for the vocabulary: int32[256] header {20240520, 1, n} and uint16 tokens up
+ * to 65536 ids (GPT-2), else header {20240801, 7, n} and uint32 tokens (llm.c's
+ * "llama-3"). The stream starts with the tokenizer's document start when it has one
+ * (wf_tokenizer_bos: llm.c's documents start with it). A summary line goes to `summary`. */
 wf_status wf_tokenize_file(const wf_tokenizer *t, const char *in, const char *prefix,
                            double val_fraction, char *summary, size_t summary_len, char *err,
                            size_t err_len);
+/* The vocabulary size of the tokenizer at path (loaded and dropped); else the reason in
+ * err. */
+wf_status wf_tokenizer_vocab_of(const char *path, int *vocab, char *err, size_t err_len);
+/* worker --tokenize IN PREFIX: the same with data.tokenizer and data.val_fraction of
+ * cfg; an error is logged (WF_ECONFIG: the text, the tokenizer or the keys are wrong). */
+wf_status wf_tokenize_config(const wf_config *cfg, const char *in, const char *prefix,
+                             char *summary, size_t summary_len);
 
 /*
  * The job's trace file: every rank's spans (the runtime's recorder, wf_trace.h) in one

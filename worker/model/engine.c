@@ -36,17 +36,18 @@ fail:
   return st;
 }
 
-/* Move n host tokens into the device buffer `dev` and check them against the
- * vocabulary there (the first bad one comes back to the host for the message). */
+/* Check n host tokens against the vocabulary where they are, on the host (the CPU
+ * device's kernel), then move them into the device buffer `dev`: checked on the device,
+ * the answer would have to come back, and the host would wait for the device twice per
+ * micro-batch. */
 static wf_status load_tokens(wf_model *m, int *dev, const int *host, size_t n, const char *what)
 {
   wf_status st = WF_OK;
   int bad[2];
-  WF_TRY(wf_dev_copy(m->dev, dev, host, n * sizeof *host, WF_COPY_H2D, NULL));
-  m->k->tokens_check(m->bad_token, dev, n, m->d.V, NULL);
-  WF_TRY(wf_dev_read(m->dev, bad, m->bad_token, sizeof bad));
+  wf_dev_kernels(wf_dev_cpu())->tokens_check(bad, host, n, m->d.V, NULL);
   WF_CHECK(bad[0] < 0, WF_EINVAL, "%s[%d] = %d is outside the vocabulary [0, %d)", what, bad[0],
            bad[1], m->d.V);
+  WF_TRY(wf_dev_copy(m->dev, dev, host, n * sizeof *host, WF_COPY_H2D, NULL));
 fail:
   return st;
 }

@@ -14,12 +14,20 @@
  * collectives only inside MPI calls, so every readiness event also tests the buckets
  * already in flight.
  *
- * Scalars (the sum of squares) are accumulated on the device and read back once.
+ * Scalars (the sum of squares) are accumulated on the device and read back once. The
+ * tied embedding's check rides on that read: after each update, a checksum of each
+ * stage's copy (one negated) is summed over the embedding group into the word beside
+ * the norm's accumulator, on the device, and the next norm (or wf_grads_check_tied_end)
+ * reads both at once; a non-zero word means the copies differ. So a step waits for the
+ * device once for the norm, never for the check.
+ *
+ * Test hook (read once, at creation): WEFT_TEST_TIED_UNSUMMED=1 halves the last stage's
+ * summed tied gradient, so its copy drifts from the first stage's and the check must
+ * catch it.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <xxhash.h>
 
 #include "parallel_int.h"
 
@@ -46,7 +54,9 @@ struct wf_grads {
   int n_buckets;
   bool armed;
   wf_grads_stats stats;
-  double *acc;                    /* (1) device scalar: a sum of squares */
+  double *acc;                    /* (2) device: a sum of squares, then the tied check's word */
+  int tied_step;                  /* the step whose tied check awaits its read; 0: none */
+  bool tied_unsummed;             /* WEFT_TEST_TIED_UNSUMMED: the test hook above */
   size_t n;                       /* parameters */
   wf__zero *z;                    /* ZeRO-1 and 2's sharded reduction (zero.c); NULL without ZeRO */
   wf_comm *shard_comm, *rep_comm; /* ZeRO's: the dp group, or HSDP's fsdp and replica groups */
@@ -219,7 +229,7 @@ wf_status wf_grads_mem_plan(const wf_model_dims *d, const wf_model_shard *s, wf_
     out->grad = (n + (size_t)out->n_buckets) * sizeof(float); /* each bucket count + 1 */
   }
 fail:
-  out->scalar = sizeof(double); /* the device's sum of squares */
+  out->scalar = 2 * sizeof(double); /* the device's sum of squares and tied-check word */
   out->total = out->param + out->grad + out->scalar;
   return st;
 }
@@ -278,7 +288,9 @@ wf_status wf_grads_create(wf_grads **out, const wf_grads_opts *o)
   g->rank = o->dp ? wf_comm_rank(o->dp) : 0;
   g->size = o->dp ? wf_comm_size(o->dp) : 1;
   g->n = wf_model_local_params(o->model);
-  WF_TRY(wf_dev_alloc(g->dev, (void **)&g->acc, sizeof *g->acc));
+  const char *hook = getenv("WEFT_TEST_TIED_UNSUMMED");
+  g->tied_unsummed = hook && !strcmp(hook, "1");
+  WF_TRY(wf_dev_alloc(g->dev, (void **)&g->acc, 2 * sizeof *g->acc));
   if (g->zero) {
     WF_TRY(split_hsdp(g, o->fsdp));
     WF_TRY(wf__zero_create(&g->z, g->model, g->shard_comm, g->rep_comm, g->zero, o->bucket_bytes,
@@ -409,9 +421,14 @@ static wf_status sum_tied_embedding(wf_grads *g)
   int t = tied_tensor(g);
   if (!g->pp || wf_comm_size(g->pp) == 1 || !g->emb || t < 0)
     return WF_OK;
+  wf_status st = WF_OK;
   float *w = wf_model_grad_tensor(g->model, t);
   size_t n = wf_model_local_numel(g->model, t);
-  return wf_comm_allreduce(g->emb, w, w, n, WF_COMM_F32, WF_COMM_SUM);
+  WF_TRY(wf_comm_allreduce(g->emb, w, w, n, WF_COMM_F32, WF_COMM_SUM));
+  if (g->tied_unsummed && wf_comm_rank(g->emb) == 1) /* the test hook */
+    wf_dev_kernels(g->dev)->scale(w, 0.5f, n, NULL);
+fail:
+  return st;
 }
 
 wf_status wf_grads_finish(wf_grads *g)
@@ -431,12 +448,31 @@ fail:
 
 /* ---- the norm --------------------------------------------------------------------------- */
 
+/* The tied check of step g->tied_step, from its word as read (see the top of the file). */
+static wf_status tied_verdict(wf_grads *g, uint64_t word)
+{
+  wf_status st = WF_OK;
+  int step = g->tied_step;
+  if (!step)
+    return WF_OK;
+  g->tied_step = 0;
+  WF_CHECK(word == 0, WF_EINVAL,
+           "step %d: the tied embedding's copies on the first and last pipeline stage differ "
+           "after the update; their gradients were not summed over the embedding group",
+           step);
+  g->stats.tied_checks++;
+fail:
+  return st;
+}
+
 /* Sum of squares of the gradients this rank counts (wf_model_counted), tensor by tensor
- * over [lo, hi) of the flat vector, whose gradient starts at `grads`. */
+ * over [lo, hi) of the flat vector, whose gradient starts at `grads`; the pending tied
+ * check's word comes back with it. */
 static wf_status counted_sumsq(wf_grads *g, const float *grads, size_t lo, size_t hi, double *ss)
 {
   wf_status st = WF_OK;
   const wf_ktable *k = wf_dev_kernels(g->dev);
+  double both[2];
   WF_TRY(wf_dev_memset(g->dev, g->acc, 0, sizeof *g->acc, NULL));
   for (int t = 0; t < wf_model_get_desc(g->model)->n; t++) {
     size_t off = wf_model_local_offset(g->model, t);
@@ -446,7 +482,11 @@ static wf_status counted_sumsq(wf_grads *g, const float *grads, size_t lo, size_
       k->sumsq_acc(g->acc, grads + (a - lo), b - a, NULL);
   }
   WF_TRY(wf_dev_check(g->dev));
-  st = wf_dev_read(g->dev, ss, g->acc, sizeof *ss);
+  WF_TRY(wf_dev_read(g->dev, both, g->acc, sizeof both));
+  *ss = both[0];
+  uint64_t word;
+  memcpy(&word, &both[1], sizeof word);
+  st = tied_verdict(g, word);
 fail:
   return st;
 }
@@ -493,27 +533,41 @@ const float *wf_grads_for_update(wf_grads *g)
   return g->z ? wf__zero_shard(g->z) : wf_model_grads(g->model);
 }
 
-/* The two copies of the tied embedding must stay bit-identical: compare a hash of each
- * over the embedding group (staged to the host; the check runs on the first and last
- * stage only). */
+/* The two copies of the tied embedding must stay bit-identical: the first stage's
+ * checksum plus the last's negated, summed over the embedding group (its two ranks)
+ * into the word beside the norm's accumulator, all on the device; the next read of
+ * the accumulator tells (see the top of the file). First and last stage only. */
 wf_status wf_grads_check_tied(wf_grads *g, int step)
 {
   wf_status st = WF_OK;
-  wf_dev_view v;
-  uint64_t h[2];
+  uint64_t *word = (uint64_t *)(g->acc + 1);
   int t = tied_tensor(g);
   if (!g->pp || wf_comm_size(g->pp) == 1 || !g->emb || t < 0)
     return WF_OK;
   size_t n = wf_model_local_numel(g->model, t);
-  WF_TRY(wf_dev_map(g->dev, &v, wf_model_param(g->model, t, 0, 0), n * sizeof(float), WF_MAP_READ));
-  uint64_t mine = XXH3_64bits(v.host, n * sizeof(float));
-  WF_TRY(wf_dev_unmap(g->dev, &v));
-  WF_TRY(wf_comm_allgather(g->emb, &mine, h, 1, WF_COMM_U64));
-  WF_CHECK(h[0] == h[1], WF_EINVAL,
-           "step %d: the tied embedding's copies on the first and last pipeline stage differ; "
-           "their gradients were not summed over the embedding group",
-           step);
-  g->stats.tied_checks++;
+  WF_CHECK(wf_comm_size(g->emb) == 2, WF_EINVAL,
+           "the embedding group has %d ranks; the tied check compares the first and last stage",
+           wf_comm_size(g->emb));
+  WF_TRY(wf_grads_check_tied_end(g)); /* not read by a norm since (a failed step): now */
+  wf_dev_kernels(g->dev)->checksum(word, wf_model_param(g->model, t, 0, 0), n,
+                                   wf_comm_rank(g->emb) == 1, NULL);
+  WF_TRY(wf_dev_check(g->dev));
+  WF_TRY(wf_comm_allreduce(g->emb, word, word, 1, WF_COMM_U64, WF_COMM_SUM));
+  g->tied_step = step;
+fail:
+  return st;
+}
+
+wf_status wf_grads_check_tied_end(wf_grads *g)
+{
+  wf_status st = WF_OK;
+  double both[2];
+  uint64_t word;
+  if (!g->tied_step)
+    return WF_OK;
+  WF_TRY(wf_dev_read(g->dev, both, g->acc, sizeof both));
+  memcpy(&word, &both[1], sizeof word);
+  st = tied_verdict(g, word);
 fail:
   return st;
 }

@@ -245,12 +245,12 @@ static wf_status span_end(wf_pipe *p, char op, int mb, int chunk)
   return wf_dev_event_record(p->dev, t->b, NULL);
 }
 
-/* The step's compute seconds (busy_s) and its trace spans. */
+/* The step's compute seconds (busy_s) and its trace spans, once the host has waited
+ * for the end event (recorded before the loss was read, which waited for it: the step
+ * waits for the device there once, not twice). */
 static wf_status spans_close(wf_pipe *p)
 {
   wf_status st = WF_OK;
-  WF_TRY(wf_dev_event_record(p->dev, p->end, NULL));
-  WF_TRY(wf_dev_event_sync(p->dev, p->end));
   double t_end = wf_now();
   for (int i = 0; i < p->n_timed; i++) {
     double da = 0, db = 0;
@@ -402,6 +402,8 @@ wf_status wf_pipe_step(wf_pipe *p, int step, wf_pipe_batch_fn batch, wf_pipe_arm
   }
   for (int i = 0; i < p->n_ring; i++)
     p->sb.owner[i] = -1;
+  if (st == WF_OK)
+    st = wf_dev_event_record(p->dev, p->end, NULL);
   if (st == WF_OK)
     st = wf_model_take_loss(p->model, loss_sum);
   if (st == WF_OK)

@@ -397,9 +397,14 @@ const float *wf_grads_for_update(wf_grads *g);
  * then the rounded weights of mixed precision follow. */
 wf_status wf_grads_sync_params(wf_grads *g);
 /* After every step (with pipeline stages): the first and last stage's copies of the
- * tied embedding must still be identical (a hash of each, compared over the embedding
- * group); an error names the step. */
+ * tied embedding must still be identical. A checksum of each is compared over the
+ * embedding group on the device; the answer comes back with the next norm (no wait of
+ * its own), or with wf_grads_check_tied_end after the last step. An error names the
+ * step. */
 wf_status wf_grads_check_tied(wf_grads *g, int step);
+/* The last step's tied check, read now (one wait for the device); WF_OK when none is
+ * pending. */
+wf_status wf_grads_check_tied_end(wf_grads *g);
 void wf_grads_get_stats(const wf_grads *g, wf_grads_stats *out);
 
 #endif /* WF_PARALLEL_H */

@@ -22,6 +22,8 @@ static size_t flash_saved(int B, int T, int C, int NH)
   return NH > 0 && C % NH == 0 && C / NH <= 128 ? (size_t)B * NH * T : (size_t)B * NH * T * T;
 }
 
+static size_t gpu_workspace(void) { return WF_KTABLE_GPU_WORKSPACE; }
+
 const wf_ktable *wf__plan_kernels(const wf_hw *hw)
 {
   static wf_ktable gpu;
@@ -31,6 +33,7 @@ const wf_ktable *wf__plan_kernels(const wf_hw *hw)
   gpu = *cpu;
   gpu.attention_saved = flash_saved;
   gpu.attention_scratch = flash_saved;
+  gpu.workspace_bytes = gpu_workspace;
   return &gpu;
 }
 
@@ -70,7 +73,8 @@ wf_status wf_plan_stage_mem_get(const wf_model_dims *d, const wf_plan_mesh *m, i
   out->bytes[WF_PM_OPTIM] = wf_optim_mem_plan(gr.lo, gr.hi);
   out->bytes[WF_PM_ACTS] = gm.slots + gm.recompute + gm.scratch;
   out->bytes[WF_PM_COMM] = gr.scalar + (pipe - tokens); /* the engine's rings */
-  out->bytes[WF_PM_OTHER] = tokens + tokens;            /* the engine's and the trainer's */
+  size_t own = k ? k->workspace_bytes() : 0;       /* the kernels' workspace (NULL: the CPU's) */
+  out->bytes[WF_PM_OTHER] = tokens + tokens + own; /* + the engine's and the trainer's */
   for (int i = 0; i < WF_PM_N; i++)
     out->total += out->bytes[i];
   out->slots = o.slots;

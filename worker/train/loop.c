@@ -22,7 +22,7 @@ static bool eval_due(const wf__trainer *tr, int step)
 
 /* After step's on_step: write a checkpoint when one is due. stopping: on_step ended the
  * run (SIGTERM, the console's stop), so this is the last chance. */
-static wf_status maybe_checkpoint(wf__trainer *tr, int step, bool stopping)
+static wf_status maybe_checkpoint(wf__trainer *tr, int step, bool stopping, bool *wrote)
 {
   const wf_config *cfg = tr->cfg;
   const wf_train_hooks *h = tr->hooks;
@@ -33,11 +33,17 @@ static wf_status maybe_checkpoint(wf__trainer *tr, int step, bool stopping)
              (h && h->checkpoint_now && h->checkpoint_now(h->user));
   if (!due)
     return WF_OK;
+  *wrote = true;
+  tr->saved_step = step;
   if (h && h->on_phase)
     h->on_phase(h->user, "checkpoint");
-  /* ZeRO-3: the flat parameters gathered whole for the writer; the next step shards
-   * them again (the checkpoint is ZeRO-1/2's format: optimizer shards, whole model) */
-  wf_status st = wf_grads_unshard(tr->grads);
+  /* The step's tied check is read now, not with the next norm: no checkpoint holds
+   * copies that differ. ZeRO-3: the flat parameters gathered whole for the writer; the
+   * next step shards them again (the checkpoint is ZeRO-1/2's format: optimizer shards,
+   * whole model) */
+  wf_status st = wf_grads_check_tied_end(tr->grads);
+  if (st == WF_OK)
+    st = wf_grads_unshard(tr->grads);
   if (st == WF_OK)
     st = wf_ckpt_save(&tr->ck, step);
   if (h && h->on_phase)
@@ -86,7 +92,10 @@ static wf_status one_step(wf__trainer *tr, int step, bool *go_on)
   tr->aside_s += wf_now() - t;
   *go_on = !tr->hooks || !tr->hooks->on_step || tr->hooks->on_step(tr->hooks->user, &info);
   t = wf_now();
-  st = maybe_checkpoint(tr, step, !*go_on);
+  bool wrote = false;
+  st = maybe_checkpoint(tr, step, !*go_on, &wrote);
+  if (st == WF_OK && wrote && *go_on && tr->hooks && tr->hooks->after_checkpoint)
+    *go_on = tr->hooks->after_checkpoint(tr->hooks->user);
   tr->aside_s += wf_now() - t;
 fail:
   return st;
@@ -100,8 +109,11 @@ static wf_status run_loop(wf__trainer *tr)
   if (tr->start >= tr->steps && tr->talk)
     fprintf(tr->out, "the checkpoint is at step %d of train.steps %d: nothing to train\n",
             tr->start, tr->steps);
+  tr->done = tr->start, tr->first_loss = tr->last_val = NAN;
   for (int step = tr->start + 1; step <= tr->steps && go_on; step++)
     WF_TRY(one_step(tr, step, &go_on));
+  tr->stopped = !go_on && tr->done < tr->steps;
+  st = wf_grads_check_tied_end(tr->grads); /* the last step's */
 fail:
   wf__clear_bar(tr);
   return st;
@@ -133,11 +145,7 @@ static wf_status write_trace(wf__trainer *tr)
 {
   if (!tr->trace)
     return WF_OK;
-  wf_status st = wf_trace_write(tr->trace, tr->world, tr->cfg->train.trace);
-  if (st == WF_OK && tr->talk)
-    fprintf(tr->out, "trace: steps %d..%d of every rank in %s\n", tr->cfg->train.trace_steps[0],
-            tr->cfg->train.trace_steps[1], tr->cfg->train.trace);
-  return st;
+  return wf_trace_write(tr->trace, tr->world, tr->cfg->train.trace); /* the summary says where */
 }
 
 wf_status wf_train_run(const wf_config *cfg, const wf_train_hooks *hooks)
@@ -155,6 +163,7 @@ wf_status wf_train_run(const wf_config *cfg, const wf_train_hooks *hooks)
             "tied embedding: the first and last stage's copies were identical after each of %ld "
             "steps\n",
             gs.tied_checks);
+  wf__print_summary(&tr);
 fail:
   wf__train_teardown(&tr);
   return st;

@@ -158,6 +158,21 @@ static void chunk_layers(const wf__trainer *tr, int s, int c, int *l0, int *l1)
 /* The mesh, the schedule and the layers of every stage's chunks, e.g.
  *   mesh dp 1 x tp 1 x pp 2, interleaved 1F1B schedule with 2 chunks per stage: layers
  *   pp 0 [0,2) [4,6), pp 1 [2,4) [6,8) of 8; rank 0 holds 220416 of 420480 parameters */
+/* A pipeline whose stages wait for half of every step or more: (p - 1) / (v m + p - 1)
+ * of the schedule is bubble (the interleaved schedule's v chunks divide it). */
+static void warn_idle(const wf__trainer *tr)
+{
+  const wf_config *cfg = tr->cfg;
+  wf_sched_params prm = {cfg->train.schedule, tr->pp, tr->M, tr->chunks};
+  double idle = tr->pp > 1 ? wf_schedule_bubble_theory(&prm) : 0;
+  if (idle < 0.5)
+    return;
+  WF_WARN("mesh.pp=%d with train.microbatches=%d: every pipeline stage idles %.0f%% of each "
+          "step ((p - 1) / (m + p - 1)); use train.microbatches=%d or more (4 x pp) to bring "
+          "it under 20%%",
+          tr->pp, tr->M, idle * 100, 4 * tr->pp);
+}
+
 static void print_mesh(const wf__trainer *tr)
 {
   const wf_config *cfg = tr->cfg;
@@ -181,6 +196,29 @@ static void print_mesh(const wf__trainer *tr)
   }
   fprintf(tr->out, "; rank %d holds %zu of %zu parameters\n", wf_rt_rank() < 0 ? 0 : wf_rt_rank(),
           wf_model_local_params(tr->model), wf_model_num_params(&tr->dims));
+  warn_idle(tr);
+}
+
+/* What the dp ranks shard, over which ranks, and why (an fsdp axis chooses ZeRO-3). */
+static void print_sharding(const wf__trainer *tr)
+{
+  const wf_config *cfg = tr->cfg;
+  static const char *const what[] = {
+      "", "the optimizer state (ZeRO-1)", "the optimizer state and gradients (ZeRO-2)",
+      "the parameters, gradients and optimizer state (ZeRO-3, FSDP)"};
+  int z = cfg->optim.zero, f = cfg->mesh.fsdp, dp = tr->D;
+  if (z <= 0 || z > 3)
+    return;
+  const char *why = cfg->source[wf_config_key_find("optim.zero")] == WF_SRC_DERIVED
+                        ? " (optim.zero=3, chosen by the fsdp mesh axis)"
+                        : "";
+  if (f > 0 && f < dp)
+    fprintf(tr->out,
+            "sharding: HSDP: %s sharded within %d fsdp groups of %d dp ranks, replicated across "
+            "the groups%s\n",
+            what[z], dp / f, f, why);
+  else
+    fprintf(tr->out, "sharding: %s sharded over the %d dp ranks%s\n", what[z], dp, why);
 }
 
 void wf__print_banner(const wf__trainer *tr)
@@ -197,14 +235,11 @@ void wf__print_banner(const wf__trainer *tr)
     fprintf(tr->out, "entropy floor H = %.4f nats\n", H);
   fprintf(tr->out,
           "training %d steps of %d x %d tokens (dp %d x %d micro-batch%s of %d), lr %.2e "
-          "warm-up %d cosine to %.2e, clip %g, weight decay %g, seed %llu%s\n",
+          "warm-up %d cosine to %.2e, clip %g, weight decay %g, seed %llu\n",
           tr->steps, tr->B * tr->M * tr->D, tr->T, tr->D, tr->M, tr->M == 1 ? "" : "es", tr->B,
           cfg->train.lr, cfg->train.warmup, cfg->train.min_lr, cfg->optim.clip,
-          cfg->optim.weight_decay, (unsigned long long)cfg->train.seed,
-          cfg->optim.zero == 3   ? ", ZeRO-3 optimizer, gradients and parameters"
-          : cfg->optim.zero == 2 ? ", ZeRO-2 optimizer and gradients"
-          : cfg->optim.zero      ? ", ZeRO-1 optimizer"
-                                 : "");
+          cfg->optim.weight_decay, (unsigned long long)cfg->train.seed);
+  print_sharding(tr);
   if (tr->tp > 1 || tr->pp > 1)
     print_mesh(tr);
   if (cfg->parallel.activation_checkpointing)
@@ -339,6 +374,7 @@ static void write_metrics(wf__trainer *tr, const wf_train_step_info *in, double 
   json_object_set_new(o, "grad_bytes", json_integer(in->grad_bytes));
   json_object_set_new(o, "optim_bytes", json_integer(in->optim_bytes));
   json_object_set_new(o, "act_bytes", json_integer(in->act_bytes));
+  json_object_set_new(o, "host_syncs", json_integer(in->host_syncs));
   if (!isnan(in->val_loss)) {
     json_object_set_new(o, "val_loss", real_or_null(in->val_loss));
     json_object_set_new(o, "eval_ms", real_or_null(eval_ms)); /* not in step_ms */
@@ -378,18 +414,33 @@ static void watch_loss(wf__trainer *tr, const wf_train_step_info *in)
   tr->loss_mean += (x - tr->loss_mean) / WF_MIN(tr->loss_n, LOSS_WINDOW);
 }
 
+/* train.log_every: a step line every N steps, and always for the first step of the run,
+ * the last, and one evaluated. */
+static bool log_due(const wf__trainer *tr, const wf_train_step_info *in)
+{
+  int every = tr->cfg->train.log_every;
+  return every <= 1 || in->step == tr->start + 1 || in->step == tr->steps ||
+         in->step % every == 0 || !isnan(in->val_loss);
+}
+
 void wf__report_step(wf__trainer *tr, const wf_train_step_info *in, double eta, double eval_ms)
 {
   watch_loss(tr, in);
-  if (tr->talk) {
+  tr->done = in->step;
+  if (isnan(tr->first_loss))
+    tr->first_loss = in->loss;
+  tr->last_loss = in->loss;
+  if (!isnan(in->val_loss))
+    tr->last_val = in->val_loss;
+  if (tr->talk && log_due(tr, in)) {
     print_step(tr, in, eta);
     print_parallel(tr, in);
     if (!isnan(in->val_loss))
       print_eval(tr, in, eval_ms);
     fflush(tr->out);
-    if (tr->bar)
-      draw_bar(tr, in, eta);
   }
+  if (tr->talk && tr->bar)
+    draw_bar(tr, in, eta);
   if (tr->metrics)
     write_metrics(tr, in, eval_ms);
 }
@@ -442,9 +493,61 @@ wf_status wf__open_metrics(wf__trainer *tr)
    * run starts a new one. */
   if (tr->start > 0 && trim_metrics(path, tr->start) != WF_OK)
     WF_WARN("train.metrics: %s: cannot drop the steps after %d (see above)", path, tr->start);
+  WF_TRY(wf_file_make_parent(path, "train.metrics"));
   tr->metrics = fopen(path, tr->start > 0 ? "a" : "w");
   WF_CHECK(tr->metrics, WF_EIO, "train.metrics: cannot open '%s' for writing: %s", path,
            strerror(errno));
 fail:
   return st;
+}
+
+/* ---- the end of the run ------------------------------------------------------------------ */
+
+static void human_time(double s, char *buf, size_t len)
+{
+  if (s < 120)
+    snprintf(buf, len, "%.1f s", s);
+  else if (s < 7200)
+    snprintf(buf, len, "%dm%02ds", (int)s / 60, (int)s % 60);
+  else
+    snprintf(buf, len, "%dh%02dm", (int)s / 3600, (int)s % 3600 / 60);
+}
+
+void wf__print_summary(const wf__trainer *tr)
+{
+  const wf_config *cfg = tr->cfg;
+  int n = tr->done - tr->start;
+  char took[32], val[48] = "";
+  if (!tr->talk)
+    return;
+  double wall = wf_now() - tr->t0;
+  double tokens = (double)n * tr->B * tr->M * tr->D * tr->T;
+  human_time(wall, took, sizeof took);
+  if (!isnan(tr->last_val))
+    snprintf(val, sizeof val, ", val_loss %.4f", tr->last_val);
+  if (n <= 0) {
+    fprintf(tr->out, "done: nothing to train (step %d of %d)\n", tr->start, tr->steps);
+  } else {
+    char what[64];
+    if (tr->stopped)
+      snprintf(what, sizeof what, "stopped after step %d of %d:", tr->done, tr->steps);
+    else
+      snprintf(what, sizeof what, "done:");
+    fprintf(tr->out, "%s %d steps in %s, %.0f tokens/s; loss %.4f (first %.4f)%s\n", what, n, took,
+            wall > 0 ? tokens / wall : 0.0, tr->last_loss, tr->first_loss, val);
+  }
+  if (tr->saved_step > 0)
+    fprintf(tr->out,
+            "  checkpoint: %s/step-%06d (train.resume=auto, or the same command, "
+            "continues from it)\n",
+            cfg->train.checkpoint_dir, tr->saved_step);
+  if (cfg->train.metrics[0])
+    fprintf(tr->out, "  metrics: %s (one JSON object per step)\n", cfg->train.metrics);
+  if (tr->trace)
+    fprintf(tr->out, "  trace: %s, steps %d..%d of every rank (open it in ui.perfetto.dev)\n",
+            cfg->train.trace, cfg->train.trace_steps[0], cfg->train.trace_steps[1]);
+  if (tr->hooks && tr->hooks->save_llmc) /* --save's confirmation */
+    fprintf(tr->out, "  saved: %s (%s)\n", tr->hooks->save_llmc,
+            wf_weights_fmt_describe(tr->hooks->save_format));
+  fflush(tr->out);
 }

@@ -3,8 +3,9 @@
  * worker --generate from model.init.
  *
  * A sample is train.sample_tokens tokens drawn one at a time after the prompt
- * (train.sample_prompt, or --generate's; "" starts from <|endoftext|>, or a newline byte
- * without a tokenizer). Each draw runs the model's forward pass through the pipeline on
+ * (train.sample_prompt, or --generate's; "" starts a document: the tokenizer's
+ * wf_tokenizer_bos, GPT-2's <|endoftext|> or Llama 3's <|begin_of_text|>, or a newline
+ * byte without a tokenizer). Each draw runs the model's forward pass through the pipeline on
  * the context (the prompt and the tokens drawn so far; its last T tokens once longer),
  * padded to the training length T with token 0: attention is causal, so the padding
  * cannot reach the logits at the context's last position, which are the ones read. Every
@@ -91,7 +92,8 @@ static wf_status push(context *c, int id)
 }
 
 /* The prompt's ids (tok, else bytes) into c, each checked against the vocabulary V; an
- * empty prompt is the start of a document. */
+ * empty prompt is the start of a document, and so is every prompt's head under a
+ * tokenizer that says so (wf_tokenizer_adds_bos: Llama 3). */
 static wf_status prompt_ids(const wf_tokenizer *tok, int V, const char *prompt, context *c,
                             char *err, size_t len)
 {
@@ -100,8 +102,11 @@ static wf_status prompt_ids(const wf_tokenizer *tok, int V, const char *prompt, 
   if (tok && wf_tokenizer_encode(tok, prompt, strlen(prompt), &t) != WF_OK)
     st = WF_ENOMEM;
   size_t n = tok ? t.n : strlen(prompt);
-  for (size_t i = 0; st == WF_OK && i < n; i++) {
-    int id = tok ? t.ids[i] : (unsigned char)prompt[i];
+  int bos = tok ? wf_tokenizer_bos(tok) : -1;
+  /* Llama 3's prompts start a document, as Meta's generation encodes them */
+  size_t lead = tok && n > 0 && bos >= 0 && wf_tokenizer_adds_bos(tok) && t.ids[0] != bos;
+  for (size_t i = 0; st == WF_OK && i < n + lead; i++) {
+    int id = i < lead ? bos : tok ? t.ids[i - lead] : (unsigned char)prompt[i];
     if (id >= V) {
       snprintf(err, len, "the sample's prompt has %s %d, outside the model's vocabulary of %d: %s",
                tok ? "token" : "byte", id, V,
@@ -112,10 +117,8 @@ static wf_status prompt_ids(const wf_tokenizer *tok, int V, const char *prompt, 
       st = push(c, id);
     }
   }
-  if (st == WF_OK && c->n == 0) {
-    int eot = tok ? wf_tokenizer_eot(tok) : -1;
-    st = push(c, eot >= 0 && eot < V ? eot : V > '\n' ? '\n' : 0);
-  }
+  if (st == WF_OK && c->n == 0)
+    st = push(c, bos >= 0 && bos < V ? bos : V > '\n' ? '\n' : 0);
   if (st == WF_ENOMEM)
     snprintf(err, len, "out of memory encoding the sample's prompt");
   wf_tokens_free(&t);
@@ -185,16 +188,22 @@ fail:
 
 /* ---- text ------------------------------------------------------------------------------- */
 
+/* Text as the terminal should show it: with a tokenizer, whole UTF-8 characters as they
+ * are; a byte that starts none (a token may hold part of a character, and a sample may
+ * end inside one) is written \xNN, as are control bytes. */
 static void put_escaped(FILE *out, const unsigned char *s, size_t n, bool utf8, bool one_line)
 {
   for (size_t i = 0; i < n; i++) {
     unsigned char ch = s[i];
+    size_t len = utf8 && ch >= 0x80 ? wf_utf8_char_len(s + i, n - i) : 0;
     if (ch == '\n' || ch == '\t')
       one_line ? fprintf(out, "\\%c", ch == '\n' ? 'n' : 't') : fputc(ch, out);
     else if (ch == '\\')
       fputs("\\\\", out);
-    else if ((ch >= 0x20 && ch < 0x7f) || (utf8 && ch >= 0x80))
+    else if (ch >= 0x20 && ch < 0x7f)
       fputc(ch, out);
+    else if (len > 0)
+      fwrite(s + i, 1, len, out), i += len - 1;
     else
       fprintf(out, "\\x%02x", ch);
   }

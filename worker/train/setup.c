@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "train_int.h"
+#include "wf_file.h"
 
 int wf__comm_size(wf_comm *c) { return c ? wf_comm_size(c) : 1; }
 int wf__comm_rank(wf_comm *c) { return c ? wf_comm_rank(c) : 0; }
@@ -262,6 +263,8 @@ static wf_status trace_dir_ok(const char *path)
   char dir[WF_PATH_MAX];
   struct stat sb;
   const char *slash = strrchr(path, '/'), *why = NULL;
+  if (wf_file_make_parent(path, "train.trace") != WF_OK) /* said why */
+    return WF_EIO;
   if (!slash)
     snprintf(dir, sizeof dir, ".");
   else

@@ -10,7 +10,9 @@
  *   2. the gradient path: the rest of the reductions, then the global norm;
  *   3. the optimizer: clip, fp16 loss scaling (an overflow skips the update), AdamW;
  *   4. the gradient path again: parameters synchronised (ZeRO), the tied embedding's
- *      copies checked.
+ *      copies checked (on the device; the answer comes with the next norm).
+ * The host waits for the device twice a step, where a value must reach it: the loss
+ * (the pipeline's end) and the norm (info->host_syncs counts it).
  * Evaluation runs the forward pass on train.eval_batches fixed validation batches (the
  * same ones every time, so the curve is comparable across evaluations).
  *
@@ -186,6 +188,7 @@ wf_status wf__train_step(wf__trainer *tr, int step, wf_train_step_info *info)
   float norm = 0;
   wf_optim_step_info oi = {0};
   wf_pipe_stats ps = {0};
+  uint64_t syncs = wf_dev_host_syncs(tr->dev);
   if (tr->trace)
     wf_trace_set_on(tr->trace, tracing(tr, step));
   wf_model_set_loss_scale(tr->model, (float)wf_optim_backward_scale(tr->optim));
@@ -197,6 +200,7 @@ wf_status wf__train_step(wf__trainer *tr, int step, wf_train_step_info *info)
   if (tr->trace && wf_trace_on(tr->trace))
     wf_trace_span(tr->trace, "step end (reduction, norm, AdamW)", "optim", tr0, wf_now(), step, -1);
   fill_info(tr, step, dt, loss, norm, &oi, info);
+  info->host_syncs = (int)(wf_dev_host_syncs(tr->dev) - syncs);
   info->compute_ms = ps.busy_s * 1e3;
   info->p2p_wait_ms = ps.wait_s * 1e3;
   info->act_bytes = (int64_t)ps.act_bytes;

@@ -59,6 +59,13 @@ typedef struct wf__trainer {
   double loss_mean;        /* the loss-jump watch's running mean (report.c) */
   int loss_n;              /* steps in it */
   wf_tokenizer *tok;       /* data.tokenizer, loaded by the first sample; NULL = bytes */
+  /* for the end-of-run summary (report.c): */
+  int done;               /* the last step trained (tr->start before the first) */
+  bool stopped;           /* on_step stopped the run before train.steps */
+  double first_loss;      /* the first step's loss this run; NAN before it */
+  double last_loss;       /* the last step's */
+  double last_val;        /* the last evaluation's; NAN when none ran */
+  int saved_step;         /* the last checkpoint written this run; 0 = none */
 } wf__trainer;
 
 /* Hooks for a one-off run inside the job (--dump-state, --generate): comms' groups and
@@ -93,6 +100,9 @@ void wf__print_banner(const wf__trainer *tr);
 wf_status wf__setup_peak(wf__trainer *tr);
 void wf__report_step(wf__trainer *tr, const wf_train_step_info *in, double eta, double eval_ms);
 void wf__clear_bar(const wf__trainer *tr);
+/* Rank 0, after the run: steps, wall time, tokens/s, the losses and where every output
+ * went (checkpoint, metrics, trace, saved model). */
+void wf__print_summary(const wf__trainer *tr);
 wf_status wf__open_metrics(wf__trainer *tr);
 
 #endif /* WF_TRAIN_INT_H */

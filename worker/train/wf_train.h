@@ -16,11 +16,12 @@
  * (floor and gap only for the synthetic source). Every step is also appended to
  * train.metrics as one JSON object (step, time (unix seconds), timestamp (ISO 8601 UTC),
  * rank (the writer's), loss, lr, grad_norm, tokens_per_s, tokens_per_s_per_gpu, step_ms,
- * tflops, tflops_per_gpu, mfu_pct (a percent, as on the line), mem_mib; val_loss when
- * evaluated; with tp or pp > 1 also tp_ms, bubble, bubble_theory, and per stage act_mib
- * and act_slots; with precision=fp16 also loss_scale, skipped_steps and step_skipped,
- * which the step line shows as "loss_scale=65536 skipped=0" after eta). A step whose loss
- * exceeds train.loss_jump_factor times its running mean gets one WARN.
+ * tflops, tflops_per_gpu, mfu_pct (a percent, as on the line), mem_mib, host_syncs (the
+ * times the writer's host waited for its device in the step: 2, the loss and the norm); val_loss
+ * when evaluated; with tp or pp > 1 also tp_ms, bubble, bubble_theory, and per stage act_mib and
+ * act_slots; with precision=fp16 also loss_scale, skipped_steps and step_skipped, which the step
+ * line shows as "loss_scale=65536 skipped=0" after eta). A step whose loss exceeds
+ * train.loss_jump_factor times its running mean gets one WARN.
  */
 #ifndef WF_TRAIN_H
 #define WF_TRAIN_H
@@ -70,6 +71,7 @@ typedef struct wf_train_step_info {
    * wf_parallel.h has the formulas): */
   int64_t param_bytes; /* parameters, their bf16/fp16 GEMM copy, ZeRO-3's shard and units */
   int64_t grad_bytes;  /* gradients and the dp reduction's buffers (wf_grads_bytes) */
+  int host_syncs;      /* the step's waits of the host for the device (wf_dev_host_syncs) */
   int64_t act_bytes;   /* activations this step held at its peak (the pipeline's slots) */
 } wf_train_step_info;
 
@@ -91,6 +93,10 @@ typedef struct wf_train_hooks {
    * "train" after (NULL = nobody). world is every rank of the job, for agreeing on
    * checkpoint errors (NULL = dp). */
   bool (*checkpoint_now)(void *user);
+  /* Asked after a checkpoint written at a step boundary where the run goes on; false
+   * stops the run there (a stop request that came during the write). It must answer
+   * the same on every rank (NULL = go on). */
+  bool (*after_checkpoint)(void *user);
   void (*on_phase)(void *user, const char *phase);
   struct wf_comm *world;
   /* Model parallelism: the tp group (heads, MLP and vocabulary split over it), the pp

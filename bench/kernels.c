@@ -1,0 +1,688 @@
+/*
+ * kernels.c - every entry of the device's kernel table (kernels/wf_ktable.h), timed at
+ * given shapes, against the device's peaks.
+ *
+ *   kernels [--device auto|cpu|cuda] [--precision fp32|bf16] [-B 16] [-T 1024] [-C 768]
+ *           [--heads 12] [-V 50257] [--layers 12] [--threads N] [--reps N]
+ *           [--only SUBSTRING] [--json FILE]
+ *
+ * Defaults are GPT-2 124M (gpt2-small) at B 16, T 1024. The device is the GPU when one
+ * is usable (auto), else the CPU; --device cuda without a GPU exits 77 (no GPU) or 1
+ * (a GPU weft cannot use), as the GPU tests do.
+ *
+ * Columns: ms per call (events around `reps` back-to-back calls on one stream, after
+ * two warm-up calls; reps chosen so a row takes ~50 ms, unless --reps), FLOPs and bytes
+ * per call, achieved TFLOP/s and GB/s, and each as a percent of the device's peak:
+ *  - FLOPs are the op's arithmetic: 2·m·n·k per GEMM; causal attention 2·B·T²·C forward
+ *    and 2.5 times that backward (FlashAttention's convention); elementwise and
+ *    reduction ops count the operations of their formula with exp, tanh, log and sqrt
+ *    as one each (nominal: their figure of merit is GB/s).
+ *  - Bytes are the least the op must move as the table defines it: each input read
+ *    once, each output written once, an output it adds into ("backward adds into
+ *    gradients") read and written; fp32 (the table's storage in every precision).
+ *  - Peak FLOP/s: GEMMs at --precision bf16 against the 16-bit tensor cores, at fp32
+ *    against fp32 without TF32 (weft's default, runtime.allow_tf32 false); everything
+ *    else against fp32. GPU: runtime/peak.c's datasheet table (what MFU divides by) and
+ *    the datasheet's HBM bandwidth. CPU: the nominal fp32 peak of the threads' cores,
+ *    and a bandwidth measured here (a STREAM triad over 3 x 128 MiB on those threads).
+ *
+ * Adding a kernel to the table is one KERNEL row below (the table member it times, a
+ * label, FLOPs, bytes, the call). The bench refuses to run when a member of the table
+ * has no row (exit 1, naming it), so a new entry cannot go unmeasured. Buffers are
+ * named by role (act, wt, rows, ...: see `roles`), allocated and filled with values
+ * of the right kind on first use; rows run in table order, so a backward row finds
+ * what its forward row saved.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <jansson.h>
+
+#include "threads.h"
+#include "wf_config.h"
+#include "wf_device.h"
+#include "wf_gpu.h"
+#include "wf_ktable.h"
+#include "wf_peak.h"
+
+/* ---- shapes and buffers ------------------------------------------------------------ */
+
+typedef struct shape {
+  int B, T, C, NH, V, L; /* batch, sequence, channels, heads, vocabulary, layers */
+  int lowp;              /* wf_precision of the GEMMs' operands */
+} shape;
+
+/* Buffer roles: what a row may use. Sizes in elements of the shape; values drawn in
+ * [lo, hi) so that every kernel sees the inputs it expects (positive rstd and second
+ * moments, tokens inside the vocabulary). */
+typedef enum role {
+  ACT0,
+  ACT1,
+  ACT2,
+  ACT3,
+  ACT4, /* (N, 4C) activations and their gradients */
+  WT0,
+  WT1,
+  WT2,
+  WT3, /* (max(V, 4C), C) weights and their gradients */
+  ROW0,
+  ROW1,
+  ROW2,
+  ROW3, /* (N, 3 x 2): per-row statistics, signed */
+  POS0,
+  POS1,   /* the same, positive (rstd, sumexp) */
+  LOGITS, /* (N, V) */
+  TOK,    /* (N) tokens in [0, V), int */
+  PAR0,
+  PAR1,
+  PAR2,
+  PAR3, /* the model's parameters, AdamW's m, v (positive), grads */
+  ATT,
+  SCRATCH, /* attention's saved floats and backward's scratch */
+  ACC,
+  BAD, /* a double accumulator, an int flag */
+  N_ROLES
+} role;
+
+typedef struct bench {
+  wf_dev *dev;
+  const wf_ktable *k;
+  wf_stream *s;
+  shape sh;
+  void *buf[N_ROLES];
+  int failed; /* a buffer could not be made */
+} bench;
+
+static size_t params_of(const shape *s)
+{
+  size_t C = (size_t)s->C;
+  return (size_t)s->V * C + (size_t)s->T * C + (size_t)s->L * (12 * C * C + 13 * C) + 2 * C;
+}
+
+/* Elements of a role's buffer, and its element size. */
+static size_t role_elems(const bench *b, role r, size_t *esize)
+{
+  const shape *s = &b->sh;
+  size_t N = (size_t)s->B * s->T, C = (size_t)s->C;
+  *esize = sizeof(float);
+  if (r <= ACT4)
+    return N * 4 * C;
+  if (r <= WT3)
+    return (size_t)WF_MAX(s->V, 4 * s->C) * C;
+  if (r <= POS1)
+    return N * 6;
+  if (r == LOGITS)
+    return N * (size_t)s->V;
+  if (r == TOK)
+    return *esize = sizeof(int), N;
+  if (r <= PAR3)
+    return params_of(s);
+  if (r == ATT)
+    return b->k->attention_saved(s->B, s->T, s->C, s->NH);
+  if (r == SCRATCH)
+    return b->k->attention_scratch(s->B, s->T, s->C, s->NH);
+  if (r == ACC)
+    return *esize = sizeof(double), 1;
+  return *esize = sizeof(int), 1;
+}
+
+static void role_range(role r, float *lo, float *hi)
+{
+  *lo = -1.0f, *hi = 1.0f;
+  if (r >= WT0 && r <= WT3)
+    *lo = -0.05f, *hi = 0.05f;
+  else if (r == POS0 || r == POS1 || r == PAR2)
+    *lo = 0.5f, *hi = 1.5f;
+  else if (r == LOGITS)
+    *lo = -4.0f, *hi = 4.0f;
+  else if (r >= PAR0 && r <= PAR3)
+    *lo = -1e-3f, *hi = 1e-3f;
+}
+
+/* Fill `n` elements at device pointer p from a host pattern of random values (a tile of
+ * up to 1 Mi elements copied over and over: big buffers fill in one pass of copies). */
+static wf_status fill(bench *b, role r, void *p, size_t n, size_t esize)
+{
+  size_t tile = WF_MIN(n, (size_t)1 << 20), done = 0;
+  unsigned char *h = malloc(tile * esize);
+  float lo, hi;
+  wf_status st = h ? WF_OK : WF_ENOMEM;
+  role_range(r, &lo, &hi);
+  for (size_t i = 0; h && i < tile; i++) {
+    float u = wf_rng_uniform(20250101u, (uint64_t)r, i);
+    if (r == TOK || r == BAD) {
+      int t = (int)(wf_rng_u64(20250101u, (uint64_t)r, i) % (uint64_t)b->sh.V);
+      memcpy(h + i * esize, &t, sizeof t);
+    } else if (esize == sizeof(float)) {
+      float v = lo + (hi - lo) * u;
+      memcpy(h + i * esize, &v, sizeof v);
+    } else {
+      memset(h + i * esize, 0, esize);
+    }
+  }
+  for (; st == WF_OK && done < n; done += tile) {
+    size_t m = WF_MIN(tile, n - done);
+    st = wf_dev_copy(b->dev, (char *)p + done * esize, h, m * esize, WF_COPY_H2D, b->s);
+  }
+  if (st == WF_OK)
+    st = wf_dev_stream_sync(b->dev, b->s);
+  free(h);
+  return st;
+}
+
+/* The buffer of role r, made on first use. */
+static void *buf(bench *b, role r)
+{
+  if (b->buf[r] || b->failed)
+    return b->buf[r];
+  size_t esize, n = role_elems(b, r, &esize);
+  if (wf_dev_alloc(b->dev, &b->buf[r], WF_MAX(n, 1) * esize) != WF_OK ||
+      fill(b, r, b->buf[r], n, esize) != WF_OK) {
+    fprintf(stderr, "kernels: cannot make a buffer of %zu bytes (role %d)\n", n * esize, r);
+    b->failed = 1;
+  }
+  return b->buf[r];
+}
+
+/* ---- the rows ---------------------------------------------------------------------- */
+
+/* Inside a row: the shape as ints (for the call) and as doubles (for FLOPs and bytes),
+ * the table `k`, the stream `s`, and buffers by role: F(role) floats, I(role) ints. */
+#define SHAPE_VARS(b)                                                                              \
+  const wf_ktable *k = (b)->k;                                                                     \
+  wf_stream *s = (b)->s;                                                                           \
+  int B = (b)->sh.B, T = (b)->sh.T, C = (b)->sh.C, NH = (b)->sh.NH, V = (b)->sh.V;                 \
+  int lowp = (b)->sh.lowp, N = B * T;                                                              \
+  size_t n4 = (size_t)N * 4 * (size_t)C, np = params_of(&(b)->sh);                                 \
+  double dB = B, dT = T, dC = C, dV = V, dN = N, dP = (double)np;                                  \
+  (void)k, (void)s, (void)NH, (void)lowp, (void)n4, (void)dB, (void)dT, (void)dC, (void)dV,        \
+      (void)dN, (void)dP
+#define F(r) ((float *)buf(b, (r)))
+#define I(r) ((int *)buf(b, (r)))
+
+/* The table's rows: KERNEL(id, member, label, FLOPs, bytes, gemm, call), in model order.
+ * `member` is the wf_ktable entry timed; `gemm` is 1 where the precision's GEMM peak
+ * applies. Shapes: N = B*T tokens; a GEMM (N, C) x (OC, C)^T. */
+#define KERNELS(KERNEL)                                                                            \
+  KERNEL(enc_f, encoder_forward, "encoder_forward", dN *dC, 4 * (3 * dN * dC + dN), 0,             \
+         k->encoder_forward(F(ACT0), I(TOK), F(WT0), F(WT1), B, T, C, s))                          \
+  KERNEL(enc_b, encoder_backward, "encoder_backward", 2 * dN * dC,                                 \
+         4 * (dN * dC + 2 * dN * dC + 2 * dT * dC + dN), 0,                                        \
+         k->encoder_backward(F(WT2), F(WT3), F(ACT0), I(TOK), B, T, C, s))                         \
+  KERNEL(enc_vf, encoder_forward_vp, "encoder_forward_vp (one shard)", dN *dC,                     \
+         4 * (3 * dN * dC + dN), 0,                                                                \
+         k->encoder_forward_vp(F(ACT0), I(TOK), F(WT0), 0, V, F(WT1), B, T, C, s))                 \
+  KERNEL(enc_vb, encoder_backward_vp, "encoder_backward_vp (one shard)", 2 * dN * dC,              \
+         4 * (dN * dC + 2 * dN * dC + 2 * dT * dC + dN), 0,                                        \
+         k->encoder_backward_vp(F(WT2), F(WT3), F(ACT0), I(TOK), 0, V, B, T, C, s))                \
+  KERNEL(ln_f, layernorm_forward, "layernorm_forward", 8 * dN * dC,                                \
+         4 * (2 * dN * dC + 2 * dN + 2 * dC), 0,                                                   \
+         k->layernorm_forward(F(ACT1), F(ROW0), F(POS0), F(ACT0), F(WT0), F(WT1), N, C, s))        \
+  KERNEL(ln_b, layernorm_backward, "layernorm_backward", 14 * dN * dC,                             \
+         4 * (4 * dN * dC + 2 * dN + 5 * dC), 0,                                                   \
+         k->layernorm_backward(F(ACT2), F(WT2), F(WT3), F(ACT1), F(ACT0), F(WT0), F(ROW0),         \
+                               F(POS0), N, C, s))                                                  \
+  KERNEL(resln_f, residual_layernorm_forward, "residual_layernorm_forward", 9 * dN * dC,           \
+         4 * (4 * dN * dC + 2 * dN + 2 * dC), 0,                                                   \
+         k->residual_layernorm_forward(F(ACT3), F(ACT1), F(ROW0), F(POS0), F(ACT0), F(ACT2),       \
+                                       F(WT0), F(WT1), N, C, s))                                   \
+  KERNEL(qkv_f, matmul_forward, "matmul_forward qkv (C -> 3C)", 2 * dN * dC * 3 * dC,              \
+         4 * (dN * dC + 3 * dC * dC + 3 * dC + 3 * dN * dC), 1,                                    \
+         k->matmul_forward(F(ACT1), F(ACT0), F(WT0), F(WT1), N, C, 3 * C, lowp, s))                \
+  KERNEL(att_f, attention_forward, "attention_forward (causal)", 2 * dB * dT * dT * dC,            \
+         4 * (4 * dN * dC + (double)k->attention_saved(B, T, C, NH)), 0,                           \
+         k->attention_forward(F(ACT2), F(ATT), F(ACT1), B, T, C, NH, s))                           \
+  KERNEL(proj_f, matmul_forward, "matmul_forward attproj (C -> C)", 2 * dN * dC * dC,              \
+         4 * (2 * dN * dC + dC * dC + dC), 1,                                                      \
+         k->matmul_forward(F(ACT3), F(ACT2), F(WT0), F(WT1), N, C, C, lowp, s))                    \
+  KERNEL(fcg_f, matmul_gelu_forward, "matmul_gelu_forward fc (C -> 4C)",                           \
+         2 * dN * dC * 4 * dC + 8 * 4 * dN * dC,                                                   \
+         4 * (dN * dC + 4 * dC * dC + 4 * dC + 8 * dN * dC), 1,                                    \
+         k->matmul_gelu_forward(F(ACT1), F(ACT2), F(ACT0), F(WT0), F(WT1), N, C, 4 * C, lowp, s))  \
+  KERNEL(fc_f, matmul_forward, "matmul_forward fc (C -> 4C)", 2 * dN * dC * 4 * dC,                \
+         4 * (dN * dC + 4 * dC * dC + 4 * dC + 4 * dN * dC), 1,                                    \
+         k->matmul_forward(F(ACT2), F(ACT0), F(WT0), F(WT1), N, C, 4 * C, lowp, s))                \
+  KERNEL(gelu_f, gelu_forward, "gelu_forward (N, 4C)", 8 * (double)n4, 4 * 2 * (double)n4, 0,      \
+         k->gelu_forward(F(ACT1), F(ACT2), n4, s))                                                 \
+  KERNEL(fcp_f, matmul_forward, "matmul_forward fcproj (4C -> C)", 2 * dN * 4 * dC * dC,           \
+         4 * (4 * dN * dC + 4 * dC * dC + dC + dN * dC), 1,                                        \
+         k->matmul_forward(F(ACT3), F(ACT1), F(WT0), F(WT1), N, 4 * C, C, lowp, s))                \
+  KERNEL(res_f, residual_forward, "residual_forward (N, C)", dN *dC, 4 * 3 * dN * dC, 0,           \
+         k->residual_forward(F(ACT3), F(ACT0), F(ACT2), (size_t)N * C, s))                         \
+  KERNEL(head_f, matmul_forward, "matmul_forward lm head (C -> V)", 2 * dN * dC * dV,              \
+         4 * (dN * dC + dV * dC + dN * dV), 1,                                                     \
+         k->matmul_forward(F(LOGITS), F(ACT0), F(WT0), NULL, N, C, V, lowp, s))                    \
+  KERNEL(xs, xent_stats, "xent_stats (N, V)", 4 * dN * dV, 4 * (dN * dV + 4 * dN), 0,              \
+         k->xent_stats(F(ROW1), F(POS1), F(ROW2), F(LOGITS), I(TOK), N, V, V, 0, s))               \
+  KERNEL(xpack, xent_pack, "xent_pack", 0, 4 * 6 * dN, 0,                                          \
+         k->xent_pack(F(ROW3), F(ROW1), F(POS1), F(ROW2), N, s))                                   \
+  KERNEL(xcomb, xent_combine, "xent_combine (2 parts)", 8 * dN, 4 * (6 * dN + 3 * dN), 0,          \
+         k->xent_combine(F(ROW1), F(POS1), F(ROW2), F(ROW3), N, 2, s))                             \
+  KERNEL(xloss, xent_loss, "xent_loss", 3 * dN, 4 * 4 * dN, 0,                                     \
+         k->xent_loss(F(ROW0), F(ROW1), F(POS1), F(ROW2), N, s))                                   \
+  KERNEL(lacc, loss_accumulate, "loss_accumulate", dN, 4 * dN + 16, 0,                             \
+         k->loss_accumulate(buf(b, ACC), F(ROW0), N, s))                                           \
+  KERNEL(                                                                                          \
+      xb, xent_backward, "xent_backward (N, V, in place)", 4 * dN * dV,                            \
+      4 * (2 * dN * dV + 3 * dN), 0,                                                               \
+      k->xent_backward(F(LOGITS), F(LOGITS), F(ROW1), F(POS1), I(TOK), 1.0f / N, N, V, V, 0, s))   \
+  KERNEL(head_b, matmul_backward, "matmul_backward lm head", 4 * dN * dC * dV,                     \
+         4 * (dN * dV + 3 * dN * dC + 3 * dV * dC), 1,                                             \
+         k->matmul_backward(F(ACT1), F(WT2), NULL, F(LOGITS), F(ACT0), F(WT0), N, C, V, lowp, s))  \
+  KERNEL(res_b, residual_backward, "residual_backward (N, C)", 2 * dN * dC, 4 * 5 * dN * dC, 0,    \
+         k->residual_backward(F(ACT1), F(ACT2), F(ACT3), (size_t)N * C, s))                        \
+  KERNEL(                                                                                          \
+      fcp_b, matmul_backward, "matmul_backward fcproj", 4 * dN * 4 * dC * dC,                      \
+      4 * (dN * dC + 3 * 4 * dN * dC + 3 * 4 * dC * dC + 2 * dC), 1,                               \
+      k->matmul_backward(F(ACT1), F(WT2), F(WT3), F(ACT0), F(ACT2), F(WT0), N, 4 * C, C, lowp, s)) \
+  KERNEL(gelu_b, gelu_backward, "gelu_backward (N, 4C)", 16 * (double)n4, 4 * 4 * (double)n4, 0,   \
+         k->gelu_backward(F(ACT1), F(ACT2), F(ACT3), n4, s))                                       \
+  KERNEL(                                                                                          \
+      fc_b, matmul_backward, "matmul_backward fc", 4 * dN * dC * 4 * dC,                           \
+      4 * (4 * dN * dC + 3 * dN * dC + 3 * 4 * dC * dC + 2 * 4 * dC), 1,                           \
+      k->matmul_backward(F(ACT1), F(WT2), F(WT3), F(ACT3), F(ACT0), F(WT0), N, C, 4 * C, lowp, s)) \
+  KERNEL(proj_b, matmul_backward, "matmul_backward attproj", 4 * dN * dC * dC,                     \
+         4 * (dN * dC + 3 * dN * dC + 3 * dC * dC + 2 * dC), 1,                                    \
+         k->matmul_backward(F(ACT1), F(WT2), F(WT3), F(ACT3), F(ACT0), F(WT0), N, C, C, lowp, s))  \
+  KERNEL(att_b, attention_backward, "attention_backward (causal)", 5 * dB * dT * dT * dC,          \
+         4 * (dN * dC + 3 * dN * dC + 2 * 3 * dN * dC + (double)k->attention_saved(B, T, C, NH) +  \
+              (double)k->attention_scratch(B, T, C, NH)),                                          \
+         0, k->attention_backward(F(ACT3), F(SCRATCH), F(ACT2), F(ACT1), F(ATT), B, T, C, NH, s))  \
+  KERNEL(                                                                                          \
+      qkv_b, matmul_backward, "matmul_backward qkv", 4 * dN * dC * 3 * dC,                         \
+      4 * (3 * dN * dC + 3 * dN * dC + 3 * 3 * dC * dC + 2 * 3 * dC), 1,                           \
+      k->matmul_backward(F(ACT1), F(WT2), F(WT3), F(ACT3), F(ACT0), F(WT0), N, C, 3 * C, lowp, s)) \
+  KERNEL(sumsq, sumsq_acc, "sumsq_acc (all parameters)", 2 * dP, 4 * dP + 16, 0,                   \
+         k->sumsq_acc(buf(b, ACC), F(PAR3), np, s))                                                \
+  KERNEL(scale, scale, "scale (all parameters)", dP, 4 * 2 * dP, 0,                                \
+         k->scale(F(PAR3), 1.0f, np, s))                                                           \
+  KERNEL(adamw, adamw_update, "adamw_update (all parameters)", 12 * dP, 4 * 7 * dP, 0,             \
+         k->adamw_update(F(PAR0), F(PAR1), F(PAR2), F(PAR3), np, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f,  \
+                         2, 1.0f, s))                                                              \
+  KERNEL(rbf16, round_bf16, "round_bf16 (all parameters)", dP, 4 * 2 * dP, 0,                      \
+         k->round_bf16(F(PAR1), F(PAR0), np, s))                                                   \
+  KERNEL(rfp16, round_fp16, "round_fp16 (all parameters)", dP, 4 * 2 * dP, 0,                      \
+         k->round_fp16(F(PAR1), F(PAR0), np, s))                                                   \
+  KERNEL(tokchk, tokens_check, "tokens_check (N)", dN, 4 * dN + 4, 0,                              \
+         k->tokens_check(I(BAD), I(TOK), (size_t)N, V, s))                                         \
+  KERNEL(cksum, checksum, "checksum (all parameters)", dP, 4 * dP + 8, 0,                          \
+         k->checksum((uint64_t *)buf(b, ACC), F(PAR0), np, 0, s))
+
+/* Entries of the table that launch nothing (answers and settings), so have no row. */
+static const size_t not_kernels[] = {
+    offsetof(wf_ktable, set_tf32), offsetof(wf_ktable, attention_saved),
+    offsetof(wf_ktable, attention_scratch), offsetof(wf_ktable, workspace_bytes),
+    offsetof(wf_ktable, last_error)};
+
+#define KERNEL_FN(id, member, label, flops, bytes, gemm, call)                                     \
+  static void run_##id(bench *b)                                                                   \
+  {                                                                                                \
+    SHAPE_VARS(b);                                                                                 \
+    call;                                                                                          \
+  }                                                                                                \
+  static void cost_##id(bench *b, double *fl, double *by)                                          \
+  {                                                                                                \
+    SHAPE_VARS(b);                                                                                 \
+    *fl = (flops);                                                                                 \
+    *by = (bytes);                                                                                 \
+  }
+KERNELS(KERNEL_FN)
+
+typedef struct row {
+  const char *label;
+  size_t member; /* offsetof(wf_ktable, member) */
+  int gemm;
+  void (*run)(bench *b);
+  void (*cost)(bench *b, double *flops, double *bytes);
+} row;
+
+#define KERNEL_ROW(id, member_, label_, flops, bytes, gemm_, call)                                 \
+  {.label = label_,                                                                                \
+   .member = offsetof(wf_ktable, member_),                                                         \
+   .gemm = gemm_,                                                                                  \
+   .run = run_##id,                                                                                \
+   .cost = cost_##id},
+static const row rows[] = {KERNELS(KERNEL_ROW)};
+
+/* Every function pointer of wf_ktable (they follow `version`) is a row or listed as
+ * launching nothing; returns how many are neither, after naming their offsets. */
+static int unbenched(void)
+{
+  int missing = 0;
+  size_t first = offsetof(wf_ktable, encoder_forward), fn = sizeof(void (*)(void));
+  for (size_t off = first; off + fn <= sizeof(wf_ktable); off += fn) {
+    int found = 0;
+    for (size_t i = 0; i < WF_ARRAY_LEN(rows) && !found; i++)
+      found = rows[i].member == off;
+    for (size_t i = 0; i < WF_ARRAY_LEN(not_kernels) && !found; i++)
+      found = not_kernels[i] == off;
+    if (!found) {
+      fprintf(stderr,
+              "kernels: the kernel table's entry at byte %zu (entry %zu after encoder_forward) "
+              "has no row: add a KERNEL row to bench/kernels.c\n",
+              off, (off - first) / fn);
+      missing++;
+    }
+  }
+  return missing;
+}
+
+/* ---- timing ------------------------------------------------------------------------ */
+
+static double now_s(void)
+{
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Seconds per call of `reps` back-to-back calls, between two events on the stream. */
+static double time_calls(bench *b, const row *r, int reps)
+{
+  wf_event *e0 = NULL, *e1 = NULL;
+  double sec = -1;
+  if (wf_dev_event_create(b->dev, &e0) != WF_OK || wf_dev_event_create(b->dev, &e1) != WF_OK)
+    goto out;
+  wf_dev_event_record(b->dev, e0, b->s);
+  for (int i = 0; i < reps; i++)
+    r->run(b);
+  wf_dev_event_record(b->dev, e1, b->s);
+  if (wf_dev_event_sync(b->dev, e1) == WF_OK && wf_dev_event_elapsed(b->dev, e0, e1, &sec) == WF_OK)
+    sec /= reps;
+out:
+  wf_dev_event_destroy(b->dev, e0);
+  wf_dev_event_destroy(b->dev, e1);
+  return sec;
+}
+
+/* Two warm-up calls (they also make the row's buffers), one timed call to size the
+ * run, then `reps` calls (or enough for ~50 ms, 3 to 1000). Negative on failure. */
+static double time_row(bench *b, const row *r, int reps)
+{
+  r->run(b);
+  r->run(b);
+  if (b->failed || wf_dev_stream_sync(b->dev, b->s) != WF_OK || wf_dev_check(b->dev) != WF_OK)
+    return -1;
+  if (reps <= 0) {
+    double once = time_calls(b, r, 1);
+    if (once < 0)
+      return -1;
+    reps = once > 0 ? (int)WF_MIN(1000.0, WF_MAX(3.0, 0.05 / once)) : 1000;
+  }
+  double sec = time_calls(b, r, reps);
+  return wf_dev_check(b->dev) == WF_OK ? sec : -1;
+}
+
+/* ---- the CPU's memory bandwidth: a STREAM triad on the kernels' threads ------------- */
+
+typedef struct triad {
+  float *a, *b, *c;
+  size_t lo, hi;
+} triad;
+
+static void *triad_run(void *arg)
+{
+  triad *t = arg;
+  for (size_t i = t->lo; i < t->hi; i++)
+    t->a[i] = t->b[i] + 3.0f * t->c[i];
+  return NULL;
+}
+
+/* GB/s of a[i] = b[i] + 3 c[i] over 3 x 128 MiB, best of 5, counting 12 bytes per
+ * element (STREAM's convention). 0 when it cannot run. */
+static double cpu_bandwidth_gbs(int threads)
+{
+  size_t n = (size_t)32 << 20;
+  float *a = malloc(n * 4), *b = malloc(n * 4), *c = malloc(n * 4);
+  double best = 0;
+  pthread_t tid[256];
+  triad parts[256];
+  threads = WF_MAX(1, WF_MIN(threads, 256));
+  for (size_t i = 0; a && b && c && i < n; i++)
+    a[i] = 0, b[i] = 1, c[i] = 2; /* touch every page before timing */
+  for (int rep = 0; a && b && c && rep < 5; rep++) {
+    double t0 = now_s();
+    for (int t = 0; t < threads; t++) {
+      parts[t] = (triad){a, b, c, n * t / threads, n * (t + 1) / threads};
+      pthread_create(&tid[t], NULL, triad_run, &parts[t]);
+    }
+    for (int t = 0; t < threads; t++)
+      pthread_join(tid[t], NULL);
+    best = WF_MAX(best, 12.0 * n / (now_s() - t0) / 1e9);
+  }
+  free(a), free(b), free(c);
+  return best;
+}
+
+/* ---- the device, the peaks, the table ----------------------------------------------- */
+
+typedef struct opts {
+  const char *device, *only, *json;
+  int reps, threads, tf32;
+  shape sh;
+} opts;
+
+typedef struct peaks {
+  double gemm, fp32, mem_gbs; /* TFLOP/s, TFLOP/s, GB/s; 0 = unknown */
+  char what[512];
+} peaks;
+
+static int usage(const char *msg)
+{
+  fprintf(stderr,
+          "kernels: %s\nusage: kernels [--device auto|cpu|cuda] [--precision fp32|bf16] [-B 16] "
+          "[-T 1024] [-C 768] [--heads 12] [-V 50257] [--layers 12] [--threads N] [--tf32] "
+          "[--reps N] [--only SUBSTRING] [--json FILE]\n",
+          msg);
+  return 2;
+}
+
+static int parse(int argc, char **argv, opts *o)
+{
+  *o = (opts){.device = "auto", .sh = {16, 1024, 768, 12, 50257, 12, WF_PREC_NO}};
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    int *num = !strcmp(a, "-B")          ? &o->sh.B
+               : !strcmp(a, "-T")        ? &o->sh.T
+               : !strcmp(a, "-C")        ? &o->sh.C
+               : !strcmp(a, "--heads")   ? &o->sh.NH
+               : !strcmp(a, "-V")        ? &o->sh.V
+               : !strcmp(a, "--layers")  ? &o->sh.L
+               : !strcmp(a, "--threads") ? &o->threads
+               : !strcmp(a, "--reps")    ? &o->reps
+                                         : NULL;
+    if (!strcmp(a, "--tf32")) {
+      o->tf32 = 1;
+      continue;
+    }
+    if (!v)
+      return usage(a);
+    i++;
+    if (num)
+      *num = atoi(v);
+    else if (!strcmp(a, "--device"))
+      o->device = v;
+    else if (!strcmp(a, "--only"))
+      o->only = v;
+    else if (!strcmp(a, "--json"))
+      o->json = v;
+    else if (!strcmp(a, "--precision") && (!strcmp(v, "fp32") || !strcmp(v, "bf16")))
+      o->sh.lowp = !strcmp(v, "bf16") ? WF_PREC_BF16 : WF_PREC_NO;
+    else
+      return usage(a);
+  }
+  const shape *s = &o->sh;
+  if (s->B < 1 || s->T < 1 || s->C < 1 || s->NH < 1 || s->C % s->NH || s->V < 1 || s->L < 1)
+    return usage("shapes must be positive and C a multiple of the heads");
+  return 0;
+}
+
+/* The device: the GPU (auto or cuda) or the CPU. Returns 0, or the exit status. */
+static int open_device(const opts *o, bench *b, wf_gpu **gpu, char *name, size_t len)
+{
+  char why[1024] = "";
+  wf_status st = WF_ENODEV;
+  if (strcmp(o->device, "cpu") != 0)
+    st = wf_gpu_open(gpu, why, sizeof why);
+  if (st == WF_OK && wf_gpu_set_device(*gpu, 0) == WF_OK &&
+      wf_dev_open_cuda(&b->dev, *gpu, why, sizeof why) == WF_OK) {
+    wf_gpu_device_name(*gpu, 0, name, len);
+    return 0;
+  }
+  if (!strcmp(o->device, "cuda")) {
+    printf("kernels: no GPU: %s\n", why);
+    return st == WF_ENODEV ? 77 : 1;
+  }
+  if (strcmp(o->device, "cpu") != 0)
+    printf("kernels: no GPU (%s); timing the CPU\n", why);
+  b->dev = wf_dev_cpu();
+  if (o->threads > 0)
+    wf_kernels_set_threads(o->threads);
+  snprintf(name, len, "CPU, %d thread(s)", wf_kernels_threads());
+  return 0;
+}
+
+static void device_peaks(const opts *o, wf_gpu *gpu, const char *name, peaks *p)
+{
+  wf_peak pk;
+  int bf16 = o->sh.lowp != WF_PREC_NO;
+  *p = (peaks){0};
+  if (gpu && wf_peak_gpu(name, &pk)) {
+    p->gemm = bf16 ? pk.bf16 : o->tf32 ? pk.tf32 : pk.fp32;
+    p->fp32 = pk.fp32;
+    p->mem_gbs = pk.mem_gbs;
+    snprintf(p->what, sizeof p->what, "%s", pk.source);
+  } else if (gpu) {
+    snprintf(p->what, sizeof p->what, "%s is not in runtime/peak.c's table: no percentages", name);
+  } else {
+    int threads = wf_kernels_threads();
+    double gbs = cpu_bandwidth_gbs(threads);
+    if (wf_peak_cpu(threads, &pk))
+      p->gemm = p->fp32 = pk.fp32;
+    p->mem_gbs = gbs;
+    snprintf(p->what, sizeof p->what, "%s; memory %.1f GB/s measured (STREAM triad, %d threads)",
+             p->fp32 > 0 ? pk.source : "CPU peak unknown", gbs, threads);
+  }
+}
+
+static json_t *row_json(const row *r, double sec, double fl, double by, int gemm, const peaks *p)
+{
+  double pk = gemm ? p->gemm : p->fp32;
+  json_t *o = json_pack("{s:s, s:f, s:f, s:f}", "kernel", r->label, "ms", sec * 1e3, "flops", fl,
+                        "bytes", by);
+  json_object_set_new(o, "tflops", json_real(sec > 0 ? fl / sec / 1e12 : 0));
+  json_object_set_new(o, "gbs", json_real(sec > 0 ? by / sec / 1e9 : 0));
+  json_object_set_new(o, "pct_peak_flops",
+                      pk > 0 && sec > 0 ? json_real(100 * fl / sec / 1e12 / pk) : json_null());
+  json_object_set_new(o, "pct_peak_bw",
+                      p->mem_gbs > 0 && sec > 0 ? json_real(100 * by / sec / 1e9 / p->mem_gbs)
+                                                : json_null());
+  return o;
+}
+
+static void print_row(const json_t *o)
+{
+  json_t *pf = json_object_get(o, "pct_peak_flops"), *pb = json_object_get(o, "pct_peak_bw");
+  char f[16] = "-", m[16] = "-";
+  if (json_is_real(pf))
+    snprintf(f, sizeof f, "%.1f", json_real_value(pf));
+  if (json_is_real(pb))
+    snprintf(m, sizeof m, "%.1f", json_real_value(pb));
+  printf("| %-38s | %9.4f | %9.3f | %9.1f | %8.2f | %8.1f | %6s | %6s |\n",
+         json_string_value(json_object_get(o, "kernel")), json_real_value(json_object_get(o, "ms")),
+         json_real_value(json_object_get(o, "flops")) / 1e9,
+         json_real_value(json_object_get(o, "bytes")) / 1e6,
+         json_real_value(json_object_get(o, "tflops")), json_real_value(json_object_get(o, "gbs")),
+         f, m);
+}
+
+/* Time every row (or those whose label contains --only); failures are rows too. */
+static int run_rows(bench *b, const opts *o, const peaks *p, json_t *out)
+{
+  int failures = 0;
+  double total = 0;
+  printf("| %-38s | %9s | %9s | %9s | %8s | %8s | %6s | %6s |\n", "kernel", "ms", "GFLOP", "MB",
+         "TFLOP/s", "GB/s", "%FLOP", "%BW");
+  printf("|%s|%s|%s|%s|%s|%s|%s|%s|\n", "----------------------------------------", "----------:",
+         "----------:", "----------:", "---------:", "---------:", "-------:", "-------:");
+  for (size_t i = 0; i < WF_ARRAY_LEN(rows); i++) {
+    const row *r = &rows[i];
+    if (o->only && !strstr(r->label, o->only))
+      continue;
+    double fl = 0, by = 0, sec = time_row(b, r, o->reps);
+    r->cost(b, &fl, &by);
+    if (sec < 0) {
+      printf("| %-38s | FAILED (see the log above) | | | | | | |\n", r->label);
+      json_array_append_new(out, json_pack("{s:s, s:s}", "kernel", r->label, "error",
+                                           "the launch or its buffers failed"));
+      failures++;
+      b->failed = 0;
+      continue;
+    }
+    json_t *j = row_json(r, sec, fl, by, r->gemm, p);
+    print_row(j);
+    json_array_append_new(out, j);
+    total += sec;
+  }
+  printf("total of the rows: %.3f ms\n", total * 1e3);
+  return failures;
+}
+
+static void write_json(const char *path, const opts *o, const char *name, const peaks *p,
+                       json_t *rows_json)
+{
+  const shape *s = &o->sh;
+  json_t *j = json_pack("{s:s, s:s, s:{s:i, s:i, s:i, s:i, s:i, s:i}, s:{s:f, s:f, s:f, s:s}, s:O}",
+                        "device", name, "precision", s->lowp == WF_PREC_NO ? "fp32" : "bf16",
+                        "shape", "B", s->B, "T", s->T, "C", s->C, "NH", s->NH, "V", s->V, "layers",
+                        s->L, "peaks", "gemm_tflops", p->gemm, "fp32_tflops", p->fp32, "mem_gbs",
+                        p->mem_gbs, "source", p->what, "rows", rows_json);
+  if (!j || json_dump_file(j, path, JSON_INDENT(1)) != 0)
+    fprintf(stderr, "kernels: cannot write %s\n", path);
+  json_decref(j);
+}
+
+int main(int argc, char **argv)
+{
+  opts o;
+  bench b = {0};
+  wf_gpu *gpu = NULL;
+  char name[160] = "";
+  peaks p;
+  int rc = parse(argc, argv, &o);
+  if (rc)
+    return rc;
+  if (unbenched())
+    return 1;
+  if ((rc = open_device(&o, &b, &gpu, name, sizeof name)) != 0)
+    return rc;
+  b.k = wf_dev_kernels(b.dev);
+  b.sh = o.sh;
+  b.k->set_tf32(o.tf32);
+  if (wf_dev_stream_create(b.dev, &b.s) != WF_OK)
+    return 1;
+  device_peaks(&o, gpu, name, &p);
+  const shape *s = &o.sh;
+  printf("bench/kernels on %s: %s GEMMs%s; B %d, T %d, C %d, heads %d, V %d, %d layers "
+         "(%.1fM parameters)\npeaks: GEMMs %.1f TFLOP/s, the rest %.1f TFLOP/s, memory %.0f GB/s "
+         "(%s)\n",
+         name, s->lowp == WF_PREC_NO ? "fp32" : "bf16",
+         s->lowp == WF_PREC_NO && o.tf32 ? " (TF32)" : "", s->B, s->T, s->C, s->NH, s->V, s->L,
+         params_of(s) / 1e6, p.gemm, p.fp32, p.mem_gbs, p.what);
+  json_t *out = json_array();
+  int failures = run_rows(&b, &o, &p, out);
+  if (o.json)
+    write_json(o.json, &o, name, &p, out);
+  json_decref(out);
+  for (int r = 0; r < N_ROLES; r++)
+    wf_dev_free(b.dev, b.buf[r]);
+  wf_dev_stream_destroy(b.dev, b.s);
+  wf_dev_close(b.dev);
+  wf_gpu_close(gpu);
+  return failures ? 1 : 0;
+}

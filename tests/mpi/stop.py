@@ -1,0 +1,253 @@
+#!/usr/bin/env python3
+"""Stopping a job the way a user does: Ctrl-C in a real terminal (a pty) running mpirun
+or the worker alone, SIGTERM and SIGINT to mpirun, a second Ctrl-C, and Ctrl-C while a
+checkpoint is being written.
+
+`stop.py WORKER CASE`. A graceful stop (README "Stopping") means: every rank stops after
+the same step, a checkpoint of that step is written (train.checkpoint_dir is set) and is
+complete (its checksums verify: --export reads it), the job file and the socket are
+gone, and the job ends within STOP_BOUND_S of the request. mpirun itself exits 1 after a
+signal whatever its ranks did (Open MPI's rule), so under mpirun the test checks what
+the ranks did; alone, the worker exits 0 (a graceful stop) or 130 (a second Ctrl-C).
+"""
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "common"))
+from testlib import fail, free_ports  # noqa: E402
+
+WORKER, CASE = sys.argv[1], sys.argv[2]
+MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
+# Open MPI kills a rank 2 s after it starts ending the job (SIGCONT, SIGTERM 1 s later,
+# SIGKILL 1 s after that: odls_base_sigkill_timeout=1), so a stop under mpirun is over
+# by then; 10 s leaves room for mpirun's own exit on 2 loaded cores.
+STOP_BOUND_S = 10.0
+TINY = ["train.steps=100000", "train.eval_every=0", "model.layers=2", "train.batch_size=4"]
+
+
+class Job:
+    """A command on a pty (stdin, stdout and stderr: a terminal), read as it runs."""
+
+    def __init__(self, cmd, env):
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:
+            os.execvpe(cmd[0], cmd, env)
+        self.out, self.t0, self.rc = b"", time.monotonic(), None
+
+    def pump(self, timeout=0.02):
+        r, _, _ = select.select([self.fd], [], [], timeout)
+        if r:
+            try:
+                data = os.read(self.fd, 65536)
+            except OSError:
+                data = b""
+            self.out += data
+        if self.rc is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.rc = os.waitstatus_to_exitcode(status)
+        return self.rc is None
+
+    def text(self):
+        return self.out.decode(errors="replace")
+
+    def wait_for(self, pattern, bound=120.0):
+        t = time.monotonic()
+        while not re.search(pattern, self.text()):
+            if not self.pump() or time.monotonic() - t > bound:
+                self.kill()
+                fail(f"never saw {pattern!r}", self.text())
+
+    def ctrl_c(self):
+        os.write(self.fd, b"\x03")  # the terminal turns it into SIGINT for its foreground
+
+    def finish(self, bound):
+        t = time.monotonic()
+        while self.pump():
+            if time.monotonic() - t > bound:
+                self.kill()
+                fail(f"still running {bound} s after the stop request", self.text())
+        for _ in range(50):  # the rest of the output
+            r, _, _ = select.select([self.fd], [], [], 0.02)
+            if not r:
+                break
+            try:
+                self.out += os.read(self.fd, 65536)
+            except OSError:
+                break
+        return time.monotonic() - t
+
+    def kill(self):
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def launch(d, np_, extra=(), port=None):
+    env = dict(os.environ, WEFT_JOB_DIR=os.path.join(d, "jobs"),
+               MASTER_PORT=str(port or free_ports(1)[0]), OMPI_MCA_ess_singleton_isolated="1")
+    args = [WORKER] + TINY + [f"train.checkpoint_dir={d}/ck", f"mesh.dp={np_}"] + list(extra)
+    cmd = MPIRUN + ["-np", str(np_), "-x", "WEFT_JOB_DIR", "-x", "MASTER_PORT"] + args \
+        if np_ > 1 else args
+    return Job(cmd, env)
+
+
+def steps_printed(text):
+    # (in a terminal the worker draws a progress bar: step lines follow \r and ESC[K)
+    return [int(s) for s in re.findall(r"step (\d+)/\d+ loss=", text)]
+
+
+def check_graceful(job, d, took, how):
+    """One stop line, after step N, nothing trained after it, checkpoint N complete and
+    named by latest, no job file or socket left."""
+    out = job.text()
+    stops = re.findall(r"stopping after step (\d+): (.*)", out)
+    if len(stops) != 1:
+        fail(f"{how}: want one 'stopping after step N' line, got {stops}", out)
+    n = int(stops[0][0])
+    if max(steps_printed(out)) != n:
+        fail(f"{how}: stopped after step {n} but printed step {max(steps_printed(out))}", out)
+    latest = open(os.path.join(d, "ck", "latest")).read().strip()
+    if latest != f"step-{n:06d}":
+        fail(f"{how}: latest names {latest}, not the stop's step {n}", out)
+    left = os.listdir(os.path.join(d, "jobs"))
+    if left:
+        fail(f"{how}: the job left {left} in its job directory", out)
+    p = subprocess.run([WORKER, f"train.resume={d}/ck", "--export", "llmc", f"{d}/out.bin"],
+                       capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, OMPI_MCA_ess_singleton_isolated="1"))
+    if p.returncode != 0:  # --export verifies every model file's checksum
+        fail(f"{how}: the checkpoint of step {n} does not read back", p.stdout + p.stderr)
+    print(f"ok: {how}: stopped after step {n} ({stops[0][1]}), {took:.2f} s after the "
+          f"request; exit {job.rc}; checkpoint step {n} complete; job file and socket removed")
+    return n
+
+
+def case_ctrlc(np_):
+    with tempfile.TemporaryDirectory() as d:
+        job = launch(d, np_)
+        job.wait_for(r"step 3/")
+        job.ctrl_c()
+        took = job.finish(STOP_BOUND_S)
+        where = f"mpirun -np {np_}" if np_ > 1 else "the worker alone"
+        check_graceful(job, d, took, f"Ctrl-C in the terminal running {where}")
+        if np_ == 1 and job.rc != 0:
+            fail(f"the worker alone exits {job.rc} after a graceful stop, not 0", job.text())
+        print("\n".join(job.text().replace("\r", "\n").splitlines()[-8:]))
+
+
+def case_signal_mpirun(sig):
+    with tempfile.TemporaryDirectory() as d:
+        job = launch(d, 2)
+        job.wait_for(r"step 3/")
+        os.kill(job.pid, sig)  # to mpirun itself, as `kill` or a batch system would
+        took = job.finish(STOP_BOUND_S)
+        check_graceful(job, d, took, f"{signal.Signals(sig).name} to mpirun")
+
+
+def case_twice():
+    """Ctrl-C twice: the second stops at once, exit 130, no checkpoint after the first
+    request, the job file and socket removed."""
+    with tempfile.TemporaryDirectory() as d:
+        job = launch(d, 1, ["model.d_model=256", "model.heads=4"])
+        job.wait_for(r"step 2/")
+        job.ctrl_c()
+        job.wait_for(r"SIGINT: stopping at the next step boundary")
+        job.ctrl_c()
+        took = job.finish(STOP_BOUND_S)
+        out = job.text()
+        if job.rc != 130:
+            fail(f"a second Ctrl-C: exit {job.rc}, want 130 (128 + SIGINT)", out)
+        if "a second SIGINT: stopping at once" not in out or "stopping after step" in out:
+            fail("a second Ctrl-C must stop at once, not at a step boundary", out)
+        if os.path.exists(os.path.join(d, "ck", "latest")):
+            fail("a second Ctrl-C wrote a checkpoint", out)
+        if os.listdir(os.path.join(d, "jobs")):
+            fail(f"left {os.listdir(os.path.join(d, 'jobs'))} behind", out)
+        print(f"ok: a second Ctrl-C stopped the worker at once ({took:.2f} s), exit 130, no "
+              f"checkpoint, job file and socket removed")
+
+
+def children(pid):
+    try:
+        out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    except OSError:
+        return []
+    return [int(x) for x in out.split()]
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie waiting for its reaper is gone too
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def case_twice_mpirun():
+    """Ctrl-C twice to mpirun: Open MPI then exits at once, and its ranks with it (the
+    kernel's SIGTERM when their launcher dies stops them at once): nothing is left
+    running, no job file or socket."""
+    with tempfile.TemporaryDirectory() as d:
+        job = launch(d, 2, ["model.d_model=256", "model.heads=4", "train.checkpoint_every=1"])
+        job.wait_for(r"step 2/")
+        ranks = children(job.pid)
+        job.ctrl_c()
+        job.wait_for(r"the launcher is ending the job")
+        job.ctrl_c()
+        took = job.finish(STOP_BOUND_S)
+        t = time.monotonic()
+        while any(alive(p) for p in ranks) and time.monotonic() - t < STOP_BOUND_S:
+            time.sleep(0.1)
+        left = [p for p in ranks if alive(p)]
+        if not ranks or left:
+            fail(f"ranks {ranks}: {left} still running after mpirun exited", job.text())
+        if os.listdir(os.path.join(d, "jobs")):
+            fail(f"left {os.listdir(os.path.join(d, 'jobs'))} behind", job.text())
+        print(f"ok: a second Ctrl-C ended mpirun in {took:.2f} s and its ranks "
+              f"{ranks} {time.monotonic() - t:.2f} s later; job file and socket removed")
+
+
+def case_during_checkpoint():
+    """Ctrl-C while a checkpoint is being written (seen as its staging directory): the
+    write completes and the job stops right there, at that checkpoint's step."""
+    with tempfile.TemporaryDirectory() as d:
+        # d_model 256: a 38 MB checkpoint that takes 0.2-0.4 s to write and fsync here
+        job = launch(d, 2, ["model.d_model=256", "model.heads=4", "train.seq_len=16",
+                            "train.checkpoint_every=1"])
+        job.wait_for(r"step 2/")
+        ck, staged, t = os.path.join(d, "ck"), None, time.monotonic()
+        while staged is None:
+            staged = next((n for n in os.listdir(ck) if n.startswith(".tmp-step-")), None)
+            if time.monotonic() - t > 60 or not job.pump(0.0005):
+                fail("never saw a checkpoint being written", job.text())
+        job.ctrl_c()
+        took = job.finish(STOP_BOUND_S)
+        n = check_graceful(job, d, took, f"Ctrl-C during the write of {staged}")
+        if f"{n:06d}" not in staged:
+            fail(f"the stop came after step {n}, not at the checkpoint being written "
+                 f"({staged})", job.text())
+        print(f"ok: the request during {staged}'s write stopped the job at that checkpoint")
+
+
+CASES = {
+    "ctrlc-mpirun": lambda: case_ctrlc(2),
+    "ctrlc-np1": lambda: case_ctrlc(1),
+    "sigterm-mpirun": lambda: case_signal_mpirun(signal.SIGTERM),
+    "sigint-mpirun": lambda: case_signal_mpirun(signal.SIGINT),
+    "ctrlc-twice": case_twice,
+    "ctrlc-twice-mpirun": case_twice_mpirun,
+    "ctrlc-during-checkpoint": case_during_checkpoint,
+}
+
+if __name__ == "__main__":
+    CASES[CASE]()

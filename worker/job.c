@@ -1,0 +1,350 @@
+/*
+ * job.c - the training job on the mesh: the control plane, the stop requests and the
+ * way a failure ends the job; and --generate and --dump-state, which use the mesh's
+ * groups without the control plane.
+ *
+ * Stopping. SIGINT and SIGTERM ask for a graceful stop, as the console's `stop` does:
+ * the signal handler only sets a flag, every rank agrees on it at the next step
+ * boundary (an all-reduce: a signal reaches ranks at different moments, and one rank
+ * leaving the loop alone would leave the others waiting in the next step's
+ * collectives), the trainer writes its checkpoint when train.checkpoint_dir is set,
+ * and the job exits 0 with its job file and socket removed. A request that arrives
+ * while a checkpoint is being written stops the job right after that checkpoint.
+ *
+ * Launchers do not pass a terminal's Ctrl-C on: mpirun and orted end a job by sending
+ * each rank SIGCONT, then SIGTERM a second later (Open MPI's odls_base_sigkill_timeout,
+ * 1 s), then SIGKILL after as long again; slurmstepd sends SIGCONT and SIGTERM, then
+ * SIGKILL after KillWait (30 s). So a SIGCONT from the parent process while this rank
+ * was not stopped by job control is the launcher ending the job: it starts the graceful
+ * stop at once (under mpirun it has to be done within those 2 s), and what the launcher
+ * sends next belongs to the same request. Any other second SIGINT or SIGTERM (Ctrl-C
+ * twice in a terminal, a second `kill`, the launcher's death) stops at once: rank 0
+ * removes the job file and the socket, and the process exits with 128 + the signal.
+ */
+#include <mpi.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include "commands.h"
+#include "plane.h"
+#include "wf_control.h"
+#include "wf_kernels.h"
+#include "wf_train.h"
+
+int wf__exit_status(wf_status st)
+{
+  switch (st) {
+  case WF_OK: return WF_EXIT_OK;
+  case WF_ECONFIG:
+  case WF_ELAUNCH:
+  case WF_EFORMAT: return WF_EXIT_INPUT;
+  case WF_EABORTED: return WF_EXIT_ABORTED;
+  default: return WF_EXIT_FAILED;
+  }
+}
+
+/* ---- stop requests ------------------------------------------------------------------ */
+
+static volatile sig_atomic_t stop_sig;       /* the request's signal; 0 = none */
+static volatile sig_atomic_t job_stopped;    /* stopped by SIGTSTP: the next SIGCONT resumes */
+static volatile sig_atomic_t launcher_asked; /* the request came from the launcher, which
+                                                repeats itself (SIGCONT, SIGTERM, ...) */
+static const wf_plane *sig_plane;            /* rank 0: the job file and socket to remove */
+static int sig_rank = -1;
+
+static void say(const char *msg)
+{
+  ssize_t w = write(STDERR_FILENO, msg, strlen(msg));
+  (void)w;
+}
+
+/* A second request: end here. Only async-signal-safe calls (write, unlink, _exit). */
+static void stop_at_once(int sig)
+{
+  wf_plane_remove_files(sig_plane);
+  say(sig == SIGINT ? "weft: a second SIGINT: stopping at once, without a checkpoint\n"
+                    : "weft: a second SIGTERM: stopping at once, without a checkpoint\n");
+  _exit(WF_EXIT_SIGNAL + sig);
+}
+
+static void on_signal(int sig, siginfo_t *si, void *uc)
+{
+  (void)uc;
+  bool from_launcher = si && si->si_code == SI_USER && si->si_pid == getppid();
+  if (sig == SIGTSTP) { /* Ctrl-Z, or mpirun passing it on: stop as the default would */
+    job_stopped = 1;
+    raise(SIGSTOP);
+    return;
+  }
+  if (sig == SIGCONT && (job_stopped || !from_launcher)) { /* `fg`, or someone else's */
+    job_stopped = 0;
+    return;
+  }
+  if (stop_sig) {
+    if (launcher_asked && from_launcher)
+      return; /* the launcher's next signal of the same request */
+    stop_at_once(sig);
+  }
+  stop_sig = sig;
+  launcher_asked = from_launcher;
+  if (sig_rank == 0)
+    say(sig == SIGCONT
+            ? "weft: the launcher is ending the job: stopping at the next step boundary\n"
+        : sig == SIGINT
+            ? "weft: SIGINT: stopping at the next step boundary (Ctrl-C again stops at once)\n"
+            : "weft: SIGTERM: stopping at the next step boundary (a second one stops at once)\n");
+}
+
+static void install_signals(const wf_plane *plane, int rank, const wf_launch *launch)
+{
+  struct sigaction sa;
+  sig_plane = rank == 0 ? plane : NULL;
+  sig_rank = rank;
+  /* A rank never outlives its launcher (mpirun, orted, slurmstepd): when it dies (a
+   * second Ctrl-C to mpirun, kill -9), the kernel sends SIGTERM, which stops at once if
+   * a request came before and gracefully otherwise. Not for a worker started by hand or
+   * by a script (alone, or with RANK/WORLD_SIZE): `nohup worker &` must survive its
+   * shell. */
+  wf_launch_source s = launch->source;
+  if (s == WF_LAUNCH_OMPI || s == WF_LAUNCH_PMI || s == WF_LAUNCH_SLURM)
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = on_signal;
+  sa.sa_flags = SA_SIGINFO | SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGCONT, &sa, NULL);
+  sigaction(SIGTSTP, &sa, NULL);
+}
+
+/* Back to the defaults before the plane goes: a signal now ends the process. */
+static void restore_signals(void)
+{
+  signal(SIGTERM, SIG_DFL);
+  signal(SIGINT, SIG_DFL);
+  signal(SIGCONT, SIG_DFL);
+  signal(SIGTSTP, SIG_DFL);
+  prctl(PR_SET_PDEATHSIG, 0);
+  sig_plane = NULL;
+}
+
+static const char *stop_reason(int sig)
+{
+  switch (sig) {
+  case SIGINT: return "SIGINT (Ctrl-C)";
+  case SIGTERM: return "SIGTERM";
+  case SIGCONT: return "the launcher is ending the job (SIGCONT, then SIGTERM)";
+  default: return "a signal";
+  }
+}
+
+/* ---- the step boundary ---------------------------------------------------------------- */
+
+/* What the step boundary agreed on, for the trainer's hooks. */
+typedef struct boundary {
+  wf_plane *plane;
+  const wf_job *job;
+  wf_control *ctl;
+  wf_comm *world;   /* the agreement is a collective like any other: flight-recorded */
+  bool checkpoint;  /* the console asked for a checkpoint */
+  bool failed;      /* the agreement itself failed: stop, and exit non-zero */
+  int last_step;    /* the last step reported (0 before the first) */
+  bool in_ckpt;     /* inside the "checkpoint" phase */
+  double ckpt_wall; /* when the last checkpoint after a step ended (wall time); 0 = none */
+  int64_t checkpoints;
+  /* --check-estimate: after the first step, predicted beside measured memory */
+  const wf_config *check_cfg; /* NULL = no check */
+  int rank, pp_rank, dp_rank;
+  const wf_ktable *k;
+  wf_plan_rss base;
+} boundary;
+
+/* Whether any rank has a stop request (a signal or the console's stop), agreed by all;
+ * *checkpoint: whether any rank's console asked for a checkpoint. */
+static bool agree_stop(boundary *b, int step, bool *checkpoint)
+{
+  /* Each rank's signal (the largest wins, for the message), the console's stop and its
+   * checkpoint. */
+  int32_t req[3] = {stop_sig, wf_control_stop_requested(b->ctl),
+                    checkpoint ? wf_control_checkpoint_requested(b->ctl) : 0};
+  if (wf_comm_allreduce(b->world, req, req, 3, WF_COMM_I32, WF_COMM_MAX) != WF_OK) {
+    b->failed = true; /* logged where it failed */
+    return true;
+  }
+  if (checkpoint)
+    *checkpoint = req[2] > 0;
+  bool stop = req[0] > 0 || req[1] > 0;
+  if (stop && wf_rt_rank() == 0)
+    WF_INFO("stopping after step %d: %s", step,
+            req[0] > 0 ? stop_reason(req[0]) : "the console asked");
+  return stop;
+}
+
+/* After every step: tell the coordinator, then agree with every rank whether to stop or
+ * checkpoint. The trainer checkpoints before it stops. */
+static bool on_step(void *user, const wf_train_step_info *info)
+{
+  boundary *b = user;
+  b->last_step = info->step;
+  wf_plane_report_step(b->plane, b->job, info, b->ckpt_wall, b->checkpoints);
+  if (b->check_cfg) {
+    wf_plan_check_print(b->check_cfg, b->pp_rank, b->dp_rank, b->rank, b->k, &b->base,
+                        (long long)info->mem_bytes, stdout);
+    b->check_cfg = NULL;
+  }
+  return !agree_stop(b, info->step, &b->checkpoint);
+}
+
+static bool checkpoint_now(void *user) { return ((boundary *)user)->checkpoint; }
+
+/* A checkpoint just written at a step boundary: a request that came in during it stops
+ * the job here, its checkpoint being this one. */
+static bool after_checkpoint(void *user)
+{
+  boundary *b = user;
+  return !agree_stop(b, b->last_step, NULL);
+}
+
+/* The checkpoint phase also covers reading one at start-up; only those after a step are
+ * written ones, whose age /metrics reports. */
+static void on_phase(void *user, const char *phase)
+{
+  boundary *b = user;
+  bool ckpt = strcmp(phase, "checkpoint") == 0;
+  if (b->in_ckpt && !ckpt && b->last_step > 0) {
+    b->ckpt_wall = wf_wall_time();
+    b->checkpoints++;
+  }
+  b->in_ckpt = ckpt;
+  wf_control_set_phase(b->ctl, phase);
+}
+
+/* ---- failure ------------------------------------------------------------------------ */
+
+/* How long a rank whose training failed waits for the others to fail with it before
+ * it takes the failure for its own and has the coordinator abort the job. Ranks that
+ * agreed on a failure arrive within milliseconds of each other. */
+#define FAIL_SETTLE_MS 3000
+
+/* Whether every rank reaches this call within timeout_ms (a failure they agreed on),
+ * by a non-blocking barrier over the world; one that does not complete stays posted
+ * (the process then ends by the coordinator's Abort). wf_plane_fail waits the same way
+ * for its own barrier, which follows at once when this one completed. */
+static bool all_arrive(int timeout_ms)
+{
+  MPI_Request req;
+  int done = 0;
+  if (MPI_Ibarrier(MPI_COMM_WORLD, &req) != MPI_SUCCESS)
+    return false;
+  double end = wf_now() + timeout_ms * 1e-3;
+  while (MPI_Test(&req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done && wf_now() < end)
+    usleep(1000);
+  return done != 0;
+}
+
+/* Training failed with st on this rank: say so once for the job, agree on the exit
+ * status when every rank failed together, or have the coordinator end the job when
+ * this rank failed alone (the others wait in a collective). Returns the exit status. */
+static int training_failed(wf_plane *plane, wf_status st, int rank)
+{
+  /* A failure every rank agreed on meets here at once: rank 0 says so once for the
+   * job (the error itself was logged once, where it arose), and the job exits with the
+   * most telling status any rank has (a user error over a failure). */
+  bool together = all_arrive(FAIL_SETTLE_MS);
+  int rc = wf__exit_status(st);
+  if (together)
+    MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (together && rank == 0)
+    WF_ERROR("training failed on every rank: %s (see the log above)", wf_status_str(st));
+  else if (!together)
+    WF_ERROR("training failed on rank %d: %s (see the log above)", rank, wf_status_str(st));
+  char what[64];
+  snprintf(what, sizeof what, "its first error is in rank %d's log above", rank);
+  if (!wf_plane_fail(plane, st, what, together ? FAIL_SETTLE_MS : 0)) {
+    sleep(10);             /* the coordinator's Abort ends this process (exit 3) well before */
+    _exit(WF_EXIT_FAILED); /* the control plane is gone too: MPI_Finalize would wait */
+  }
+  return rc;
+}
+
+/* ---- the commands ------------------------------------------------------------------- */
+
+/* The mesh's groups as the trainer's hooks. */
+static wf_train_hooks mesh_hooks(const wf__cmd_ctx *c)
+{
+  const wf_job *job = c->job;
+  bool tp = c->cfg->mesh.tp > 1, pp = c->cfg->mesh.pp > 1;
+  return (wf_train_hooks){.dp = wf_job_comm(job, WF_AXIS_DP),
+                          .world = wf_job_world_comm(job),
+                          .tp = tp ? wf_job_comm(job, WF_AXIS_TP) : NULL,
+                          .pp = pp ? wf_job_comm(job, WF_AXIS_PP) : NULL,
+                          .emb = pp ? wf_job_comm(job, WF_AXIS_EMB) : NULL,
+                          .dev = c->rd->dev,
+                          .peak_tflops = c->rd->peak_tflops,
+                          .peak_source = c->rd->peak_source};
+}
+
+int wf__cmd_generate(const wf__cmd_ctx *c)
+{
+  wf_train_hooks comms = mesh_hooks(c);
+  return wf__exit_status(wf_train_generate(c->cfg, c->a->val[0], &comms));
+}
+
+int wf__cmd_dump_state(const wf__cmd_ctx *c)
+{
+  wf_train_hooks comms = mesh_hooks(c);
+  return wf__exit_status(wf_train_dump_state(c->cfg, c->a->val[0], &comms));
+}
+
+static wf_status start_plane(const wf__cmd_ctx *c, wf_plane *plane)
+{
+  char err[1024];
+  wf_launch *launch = c->launch;
+  if (c->cfg->dist.master_port)
+    launch->master_port = c->cfg->dist.master_port; /* the key beats MASTER_PORT */
+  bool port_default = launch->master_port == 0;
+  wf_launch_default_master(launch, wf_rt_host());
+  wf_plane_opts po = {c->cfg, launch, c->job, port_default, c->rd->bus};
+  wf_status st = wf_plane_start(plane, &po, err, sizeof err);
+  if (st != WF_OK && c->rank == 0)
+    WF_ERROR("%s", err);
+  return st;
+}
+
+/* Train on this rank's share of the mesh, with the control plane up so the console can
+ * attach and the watchdog can act. */
+int wf__cmd_train(const wf__cmd_ctx *c)
+{
+  wf_plane plane;
+  const wf_job *job = c->job;
+  if (start_plane(c, &plane) != WF_OK)
+    return WF_EXIT_FAILED;
+  install_signals(&plane, c->rank, c->launch);
+  wf_control_set_phase(plane.ctl, "train");
+  boundary bd = {.plane = &plane, .job = job, .ctl = plane.ctl, .world = wf_job_world_comm(job)};
+  if (c->a->check_estimate) {
+    bd.check_cfg = c->cfg, bd.rank = c->rank, bd.k = wf_dev_kernels(c->rd->dev);
+    bd.pp_rank = wf_comm_rank(wf_job_comm(job, WF_AXIS_PP));
+    bd.dp_rank = wf_comm_rank(wf_job_comm(job, WF_AXIS_DP));
+    wf_plan_rss_read(&bd.base);
+  }
+  wf_train_hooks hooks = mesh_hooks(c);
+  hooks.user = &bd;
+  hooks.on_step = on_step;
+  hooks.checkpoint_now = checkpoint_now;
+  hooks.after_checkpoint = after_checkpoint;
+  hooks.on_phase = on_phase;
+  hooks.save_llmc = c->a->save;
+  hooks.save_format = c->a->format;
+  wf_status st = wf_train_run(c->cfg, &hooks);
+  if (st == WF_OK && bd.failed)
+    st = WF_EMPI;
+  int rc = st == WF_OK ? WF_EXIT_OK : training_failed(&plane, st, c->rank);
+  restore_signals();
+  wf_plane_stop(&plane);
+  return rc;
+}
