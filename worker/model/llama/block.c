@@ -163,10 +163,7 @@ fail:
 /* Vocabulary-parallel embedding (no positions: RoPE turns q and k instead). */
 static wf_status embed_forward(wf_model *m, wf__slot *a)
 {
-  int N = a->B * a->T, C = m->d.C;
-  m->k->encoder_forward_vp(m->da.proj, a->inputs, P(m, LL_EMB, 0), m->s.tp_rank * m->Vl, m->Vl,
-                           NULL, a->B, a->T, C, NULL);
-  return wf__leave_fwd(m, a->encoded, m->da.proj, (size_t)N, (size_t)C);
+  return wf__embed_forward(m, a, LL_EMB, -1);
 }
 
 static wf_status head_forward(wf_model *m, wf__slot *a, const float *x)
@@ -256,14 +253,7 @@ fail:
 
 static wf_status embed_backward(wf_model *m, wf__slot *a)
 {
-  wf_status st = WF_OK;
-  int C = m->d.C, N = a->B * a->T;
-  const float *dout;
-  WF_TRY(wf__leave_bwd(m, &dout, m->da.dres, m->da.full, (size_t)N, (size_t)C));
-  m->k->encoder_backward_vp(G(m, LL_EMB, 0), NULL, dout, a->inputs, m->s.tp_rank * m->Vl, m->Vl,
-                            a->B, a->T, C, NULL);
-fail:
-  return st;
+  return wf__embed_backward(m, a, LL_EMB, -1);
 }
 
 const wf__family_ops wf__llama_ops = {
