@@ -20,10 +20,12 @@ training, once under mpirun -np 4.
 """
 import json
 import os
-import struct
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import st_ref  # noqa: E402  the safetensors reader
 
 WORKER, MPIRUN = sys.argv[1], sys.argv[2]
 MPI_ARGS = ["--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
@@ -48,21 +50,6 @@ def run_ok(args, np=1):
     return out
 
 
-def read_st(path):
-    """{name: (shape, values)} of an F32 safetensors file."""
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    head = json.loads(data[8:8 + n])
-    head.pop("__metadata__", None)
-    body, out = data[8 + n:], {}
-    for name, h in head.items():
-        assert h["dtype"] == "F32", (path, name, h)
-        b, e = h["data_offsets"]
-        out[name] = (h["shape"], struct.unpack(f"<{(e - b) // 4}f", body[b:e]))
-    return out
-
-
 def expected_shapes():
     want = {"model.embed_tokens.weight": [V, C], "model.norm.weight": [C],
             "lm_head.weight": [V, C]}
@@ -77,7 +64,7 @@ def expected_shapes():
 
 
 def check_single(path):
-    t = read_st(path)
+    t = st_ref.read_f32(path)
     want = expected_shapes()
     assert {n: s for n, (s, _) in t.items()} == want, sorted(t)
     print(f"one file: {len(t)} tensors in Hugging Face's names and shapes")
@@ -99,7 +86,7 @@ def check_folder(d, single, limit):
     assert len(files) > 1 and files[0] == f"model-00001-of-{len(files):05d}.safetensors", files
     total = 0
     for f in files:
-        t = read_st(os.path.join(d, f))
+        t = st_ref.read_f32(os.path.join(d, f))
         size = sum(4 * len(v) for _, v in t.values())
         total += size
         assert size <= limit or len(t) == 1, (f, size, limit)
@@ -147,7 +134,7 @@ def main():
                        idx, "--save-format", "safetensors"])
         saved = {}
         for f in set(json.load(open(idx))["weight_map"].values()):
-            saved.update(read_st(os.path.join(os.path.dirname(idx), f)))
+            saved.update(st_ref.read_f32(os.path.join(os.path.dirname(idx), f)))
         assert sorted(saved) == sorted(single) and saved != single
         print(f"--save to an index path: {len(saved)} tensors in shards, trained one step on")
         rc, out, err = run(TINY + ["train.steps=1", "--save", os.path.join(d, "x.bin")], np=4)

@@ -35,7 +35,6 @@ forward and backward) within the STATE_* tolerances. Cases:
 import json
 import os
 import re
-import struct
 import subprocess
 import sys
 import tempfile
@@ -43,6 +42,9 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import equiv  # noqa: E402  the tolerances (and their reasons)
 import mp_checks  # noqa: E402  the one-step bf16 check
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "io"))
+import st_ref  # noqa: E402  the safetensors reader
 
 WORKER, CASE = sys.argv[1], sys.argv[2]
 MPIRUN = equiv.MPIRUN
@@ -63,22 +65,6 @@ def fail(msg):
     sys.exit(1)
 
 
-def read_safetensors(path):
-    """{name: tuple of floats} of an F32 safetensors file (struct and json only)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    head = json.loads(data[8:8 + n])
-    head.pop("__metadata__", None)
-    body, out = data[8 + n:], {}
-    for name, h in head.items():
-        if h["dtype"] != "F32":
-            fail(f"{path}: {name} is {h['dtype']}, weft writes F32")
-        b, e = h["data_offsets"]
-        out[name] = struct.unpack(f"<{(e - b) // 4}f", body[b:e])
-    return out
-
-
 def train(n, extra, tmp, tag, steps=STEPS, base=BASE):
     metrics = os.path.join(tmp, f"{tag}.jsonl")
     save = os.path.join(tmp, f"{tag}.safetensors")
@@ -91,7 +77,8 @@ def train(n, extra, tmp, tag, steps=STEPS, base=BASE):
     rows = [json.loads(l) for l in open(metrics) if l.strip()]
     if len(rows) != steps:
         fail(f"{tag}: {len(rows)} metric lines, want {steps}")
-    return [r["loss"] for r in rows], read_safetensors(save), p.stdout, rows
+    params = {n: v for n, (_, v) in st_ref.read_f32(save).items()}
+    return [r["loss"] for r in rows], params, p.stdout, rows
 
 
 def diffs(ref, got):
@@ -198,18 +185,10 @@ def case_mixed(tmp):
 
 
 def dump_state(n, extra, tmp, tag):
-    path = os.path.join(tmp, f"{tag}.state")
-    args = [WORKER] + BASE + extra + ["--dump-state", path]
-    cmd = (MPIRUN + ["-np", str(n)] + args) if n > 1 else args
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
-    if p.returncode != 0:
-        fail(f"{' '.join(cmd)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
-    with open(path, "rb") as f:
-        data = f.read()
-    h = struct.unpack("<256i", data[:1024])
-    B, T = h[2], h[3]
-    rest = data[1024 + 8 * B * T:]
-    return struct.unpack(f"<{len(rest) // 4}f", rest), B * T
+    """The floats of a --dump-state file (logits, loss, gradients) and B*T."""
+    states = mp_checks.dump_states(equiv, tmp, BASE, {tag: (n, extra)})
+    (B, T), _, _, floats = states[tag]
+    return floats, B * T
 
 
 def case_dump_state(tmp):
