@@ -785,6 +785,9 @@ static void test_gqa(ctx *c)
   gqa_case(c, 1, 33, 4, 2, 160); /* past the flash kernels: the (T, T) fallback */
   end_case(c);
   gqa_case(c, 1, 21, 2, 2, 160); /* the fallback with NKV == NH */
+  end_case(c);
+}
+
 /* Column sums at GPT-2's width over many rows (colsum.cu cuts them over rows too):
  * layernorm's dweight and dbias and a linear layer's dbias at C = 768, N = 8192, against
  * the twin within TOL_COLSUM, and a second run from the same start gives the same bits. */

@@ -184,7 +184,8 @@ def plan_llama_1b(worker):
     """Llama 3.2 1B (the llama-1b preset) on 8 H100s (one node), global batch 64 x 2048:
     --estimate of the default mesh (dp 8) gives its figures and --plan picks a plan that
     fits 80 GB, keeps tp inside the node and ranks the others; the parameter count is
-    Llama 3.2 1B's published 1.24B (1,235,814,400 with the tied embedding)."""
+    Llama 3.2 1B's published 1.24B (1,235,814,400 with the tied embedding). Then
+    llama-8b's --estimate on this machine."""
     args = ["model.preset=llama-1b", "dist.world_size=8", "train.batch_size=64",
             "train.seq_len=2048", "--hw", "h100-sxm"]
     est = json.loads(run([worker, "--estimate", "--json", "mesh.dp=8"] + args).stdout)
@@ -198,7 +199,15 @@ def plan_llama_1b(worker):
     speeds = [p["tokens_per_s"] for p in out["plans"]]
     if speeds != sorted(speeds, reverse=True):
         fail("plans are not ranked by tokens/s")
-    print(f"plan-llama-1b: OK, {n} parameters; best {best['plan']} at "
+    # Llama 3 8B (llama-8b): its published 8,030,261,248 parameters, and --estimate on
+    # this machine's profile, whose measurement runs the kernels at d_model 4096 and
+    # the 8192-token context
+    est8 = json.loads(run([worker, "--estimate", "--json", "model.preset=llama-8b",
+                           "dist.world_size=8", "mesh.dp=8"]).stdout)
+    n8 = est8["stages"][0]["params"]
+    if n8 != 8030261248:
+        fail(f"llama-8b holds {n8} parameters, Llama 3 8B has 8,030,261,248")
+    print(f"plan-llama-1b: OK, {n} parameters (llama-8b {n8}); best {best['plan']} at "
           f"{best['tokens_per_s']:.0f} tokens/s, peak {best['peak_bytes'] / 2**30:.1f} GiB, "
           f"{len(out['plans'])} ranked, {len(out['left_out'])} left out")
 
