@@ -3,8 +3,9 @@
  * given shapes, against the device's peaks.
  *
  *   kernels [--device auto|cpu|cuda] [--precision fp32|bf16] [-B 16] [-T 1024] [-C 768]
- *           [--heads 12] [-V 50257] [--layers 12] [--threads N] [--reps N]
- *           [--only SUBSTRING] [--json FILE]
+ *           [--heads 12] [-V 50257] [--layers 12] [--threads N] [--tf32]
+ *           [--attention auto|cudnn|flash|reference] [--reps N] [--only SUBSTRING]
+ *           [--json FILE]
  *
  * Defaults are GPT-2 124M (gpt2-small) at B 16, T 1024. The device is the GPU when one
  * is usable (auto), else the CPU; --device cuda without a GPU exits 77 (no GPU) or 1
@@ -19,12 +20,16 @@
  *    as one each (nominal: their figure of merit is GB/s).
  *  - Bytes are the least the op must move as the table defines it: each input read
  *    once, each output written once, an output it adds into ("backward adds into
- *    gradients") read and written; fp32 (the table's storage in every precision).
+ *    gradients") read and written; fp32 (the table's storage in every precision), 2
+ *    bytes an element for the bf16 entries' bf16 tensors.
  *  - Peak FLOP/s: GEMMs at --precision bf16 against the 16-bit tensor cores, at fp32
- *    against fp32 without TF32 (weft's default, runtime.allow_tf32 false); everything
- *    else against fp32. GPU: runtime/peak.c's datasheet table (what MFU divides by) and
- *    the datasheet's HBM bandwidth. CPU: the nominal fp32 peak of the threads' cores,
- *    and a bandwidth measured here (a STREAM triad over 3 x 128 MiB on those threads).
+ *    against fp32 without TF32 (weft's default, runtime.allow_tf32 false); the bf16
+ *    attention entries against the 16-bit tensor cores; everything else against fp32.
+ *  - Attention runs the path runtime.attention would take (--attention; default as the
+ *    worker: auto, i.e. cuDNN else the flash kernels, at bf16, the fp32 reference at
+ *    fp32); the module logs the path each shape takes. GPU: runtime/peak.c's datasheet table (what
+ * MFU divides by) and the datasheet's HBM bandwidth. CPU: the nominal fp32 peak of the threads'
+ * cores, and a bandwidth measured here (a STREAM triad over 3 x 128 MiB on those threads).
  *
  * Adding a kernel to the table is one KERNEL row below (the table member it times, a
  * label, FLOPs, bytes, the call). The bench refuses to run when a member of the table
@@ -86,6 +91,13 @@ typedef enum role {
   SCRATCH, /* attention's saved floats and backward's scratch */
   ACC,
   BAD, /* a double accumulator, an int flag */
+  QKV16,
+  OUT16,
+  DOUT16,
+  DQKV16,   /* bf16 attention: (N, 3C) in and its gradient, (N, C) out and its gradient */
+  LOGITS16, /* (N, V) bf16 */
+  LSE,
+  SCRATCH16, /* bf16 attention's lse (B, NH, T) and its backward's scratch, floats */
   N_ROLES
 } role;
 
@@ -128,7 +140,19 @@ static size_t role_elems(const bench *b, role r, size_t *esize)
     return b->k->attention_scratch(s->B, s->T, s->C, s->NH);
   if (r == ACC)
     return *esize = sizeof(double), 1;
-  return *esize = sizeof(int), 1;
+  if (r == BAD)
+    return *esize = sizeof(int), 1;
+  if (r <= LOGITS16)
+    *esize = sizeof(wf_bf16);
+  if (r == QKV16 || r == DQKV16)
+    return N * 3 * C;
+  if (r == OUT16 || r == DOUT16)
+    return N * C;
+  if (r == LOGITS16)
+    return N * (size_t)s->V;
+  if (r == LSE)
+    return (size_t)s->B * s->NH * s->T;
+  return b->k->attention_bf16_scratch(s->B, s->T, s->C, s->NH, s->NH);
 }
 
 static void role_range(role r, float *lo, float *hi)
@@ -138,7 +162,7 @@ static void role_range(role r, float *lo, float *hi)
     *lo = -0.05f, *hi = 0.05f;
   else if (r == POS0 || r == POS1 || r == PAR2)
     *lo = 0.5f, *hi = 1.5f;
-  else if (r == LOGITS)
+  else if (r == LOGITS || r == LOGITS16)
     *lo = -4.0f, *hi = 4.0f;
   else if (r >= PAR0 && r <= PAR3)
     *lo = -1e-3f, *hi = 1e-3f;
@@ -160,6 +184,9 @@ static wf_status fill(bench *b, role r, void *p, size_t n, size_t esize)
       memcpy(h + i * esize, &t, sizeof t);
     } else if (esize == sizeof(float)) {
       float v = lo + (hi - lo) * u;
+      memcpy(h + i * esize, &v, sizeof v);
+    } else if (esize == sizeof(wf_bf16)) {
+      wf_bf16 v = wf_bf16_from_float(lo + (hi - lo) * u);
       memcpy(h + i * esize, &v, sizeof v);
     } else {
       memset(h + i * esize, 0, esize);
@@ -206,10 +233,12 @@ static void *buf(bench *b, role r)
       (void)dN, (void)dP, (void)KV, (void)dQK
 #define F(r) ((float *)buf(b, (r)))
 #define I(r) ((int *)buf(b, (r)))
+#define H(r) ((wf_bf16 *)buf(b, (r)))
 
 /* The table's rows: KERNEL(id, member, label, FLOPs, bytes, gemm, call), in model order.
  * `member` is the wf_ktable entry timed; `gemm` is 1 where the precision's GEMM peak
- * applies. Shapes: N = B*T tokens; a GEMM (N, C) x (OC, C)^T. */
+ * applies, 2 where the 16-bit tensor cores' applies in every precision (bf16 attention). Shapes: N
+ * = B*T tokens; a GEMM (N, C) x (OC, C)^T. */
 #define KERNELS(KERNEL)                                                                            \
   KERNEL(enc_f, encoder_forward, "encoder_forward", dN *dC, 4 * (3 * dN * dC + dN), 0,             \
          k->encoder_forward(F(ACT0), I(TOK), F(WT0), F(WT1), B, T, C, s))                          \
@@ -239,6 +268,9 @@ static void *buf(bench *b, role r)
   KERNEL(att_f, attention_forward, "attention_forward (causal)", 2 * dB * dT * dT * dC,            \
          4 * (4 * dN * dC + (double)k->attention_saved(B, T, C, NH)), 0,                           \
          k->attention_forward(F(ACT2), F(ATT), F(ACT1), B, T, C, NH, s))                           \
+  KERNEL(att16_f, attention_bf16_forward, "attention_bf16_forward (causal)",                       \
+         2 * dB * dT * dT * dC, 2 * 4 * dN * dC + 4 * dB * NH * dT, 2,                             \
+         k->attention_bf16_forward(H(OUT16), F(LSE), H(QKV16), B, T, C, NH, NH, s))                \
   KERNEL(proj_f, matmul_forward, "matmul_forward attproj (C -> C)", 2 * dN * dC * dC,              \
          4 * (2 * dN * dC + dC * dC + dC), 1,                                                      \
          k->matmul_forward(F(ACT3), F(ACT2), F(WT0), F(WT1), N, C, C, lowp, s))                    \
@@ -259,6 +291,15 @@ static void *buf(bench *b, role r)
   KERNEL(head_f, matmul_forward, "matmul_forward lm head (C -> V)", 2 * dN * dC * dV,              \
          4 * (dN * dC + dV * dC + dN * dV), 1,                                                     \
          k->matmul_forward(F(LOGITS), F(ACT0), F(WT0), NULL, N, C, V, lowp, s))                    \
+  KERNEL(cls16, classifier_bf16, "classifier_bf16 (N, V, in place)", 7 * dN * dV,                  \
+         2 * 2 * dN * dV + 4 * 2 * dN, 0,                                                          \
+         k->classifier_bf16(H(LOGITS16), F(ROW0), I(TOK), 1.0f / N, N, V, V, s))                   \
+  KERNEL(xs16, xent_stats_bf16, "xent_stats_bf16 (N, V)", 4 * dN * dV, 2 * dN * dV + 4 * 4 * dN,   \
+         0, k->xent_stats_bf16(F(ROW1), F(POS1), F(ROW2), H(LOGITS16), I(TOK), N, V, V, 0, s))     \
+  KERNEL(xb16, xent_backward_bf16, "xent_backward_bf16 (N, V, in place)", 4 * dN * dV,             \
+         2 * 2 * dN * dV + 4 * 3 * dN, 0,                                                          \
+         k->xent_backward_bf16(H(LOGITS16), H(LOGITS16), F(ROW1), F(POS1), I(TOK), 1.0f / N, N, V, \
+                               V, 0, s))                                                           \
   KERNEL(xs, xent_stats, "xent_stats (N, V)", 4 * dN * dV, 4 * (dN * dV + 4 * dN), 0,              \
          k->xent_stats(F(ROW1), F(POS1), F(ROW2), F(LOGITS), I(TOK), N, V, V, 0, s))               \
   KERNEL(xpack, xent_pack, "xent_pack", 0, 4 * 6 * dN, 0,                                          \
@@ -295,6 +336,13 @@ static void *buf(bench *b, role r)
          4 * (dN * dC + 3 * dN * dC + 2 * 3 * dN * dC + (double)k->attention_saved(B, T, C, NH) +  \
               (double)k->attention_scratch(B, T, C, NH)),                                          \
          0, k->attention_backward(F(ACT3), F(SCRATCH), F(ACT2), F(ACT1), F(ATT), B, T, C, NH, s))  \
+  KERNEL(att16_b, attention_bf16_backward, "attention_bf16_backward (causal)",                     \
+         5 * dB * dT * dT * dC,                                                                    \
+         2 * (dN * dC + 3 * dN * dC + dN * dC + 3 * dN * dC) + 4 * dB * NH * dT +                  \
+             4 * (double)k->attention_bf16_scratch(B, T, C, NH, NH),                               \
+         2,                                                                                        \
+         k->attention_bf16_backward(H(DQKV16), F(SCRATCH16), H(DOUT16), H(QKV16), H(OUT16),        \
+                                    F(LSE), B, T, C, NH, NH, s))                                   \
   KERNEL(                                                                                          \
       qkv_b, matmul_backward, "matmul_backward qkv", 4 * dN * dC * 3 * dC,                         \
       4 * (3 * dN * dC + 3 * dN * dC + 3 * 3 * dC * dC + 2 * 3 * dC), 1,                           \
@@ -353,9 +401,11 @@ static void *buf(bench *b, role r)
 
 /* Entries of the table that launch nothing (answers and settings), so have no row. */
 static const size_t not_kernels[] = {
-    offsetof(wf_ktable, set_tf32), offsetof(wf_ktable, attention_saved),
+    offsetof(wf_ktable, set_tf32),          offsetof(wf_ktable, attention_saved),
     offsetof(wf_ktable, attention_scratch), offsetof(wf_ktable, workspace_bytes),
-    offsetof(wf_ktable, last_error)};
+    offsetof(wf_ktable, last_error),        offsetof(wf_ktable, set_attention),
+    offsetof(wf_ktable, attention_path),    offsetof(wf_ktable, attention_bf16_scratch),
+    offsetof(wf_ktable, launches)};
 
 #define KERNEL_FN(id, member, label, flops, bytes, gemm, call)                                     \
   static void run_##id(bench *b)                                                                   \
@@ -502,11 +552,12 @@ static double cpu_bandwidth_gbs(int threads)
 typedef struct opts {
   const char *device, *only, *json;
   int reps, threads, tf32;
+  int attention; /* a wf_attention_impl, or -1: the worker's rule for the precision */
   shape sh;
 } opts;
 
 typedef struct peaks {
-  double gemm, fp32, mem_gbs; /* TFLOP/s, TFLOP/s, GB/s; 0 = unknown */
+  double gemm, bf16, fp32, mem_gbs; /* TFLOP/s, TFLOP/s, TFLOP/s, GB/s; 0 = unknown */
   char what[512];
 } peaks;
 
@@ -515,14 +566,24 @@ static int usage(const char *msg)
   fprintf(stderr,
           "kernels: %s\nusage: kernels [--device auto|cpu|cuda] [--precision fp32|bf16] [-B 16] "
           "[-T 1024] [-C 768] [--heads 12] [-V 50257] [--layers 12] [--threads N] [--tf32] "
-          "[--reps N] [--only SUBSTRING] [--json FILE]\n",
+          "[--attention auto|cudnn|flash|reference] [--reps N] [--only SUBSTRING] [--json FILE]\n",
           msg);
   return 2;
 }
 
+/* --attention's value as a wf_attention_impl, or -1 */
+static int attention_arg(const char *v)
+{
+  static const char *names[] = {"auto", "cudnn", "flash", "reference"};
+  for (int i = 0; i < (int)WF_ARRAY_LEN(names); i++)
+    if (!strcmp(v, names[i]))
+      return i;
+  return -1;
+}
+
 static int parse(int argc, char **argv, opts *o)
 {
-  *o = (opts){.device = "auto", .sh = {16, 1024, 768, 12, 50257, 12, WF_PREC_NO}};
+  *o = (opts){.device = "auto", .attention = -1, .sh = {16, 1024, 768, 12, 50257, 12, WF_PREC_NO}};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     int *num = !strcmp(a, "-B")          ? &o->sh.B
@@ -545,6 +606,10 @@ static int parse(int argc, char **argv, opts *o)
       *num = atoi(v);
     else if (!strcmp(a, "--device"))
       o->device = v;
+    else if (!strcmp(a, "--attention") && (o->attention = attention_arg(v)) < 0)
+      return usage(a);
+    else if (!strcmp(a, "--attention"))
+      continue;
     else if (!strcmp(a, "--only"))
       o->only = v;
     else if (!strcmp(a, "--json"))
@@ -592,6 +657,7 @@ static void device_peaks(const opts *o, wf_gpu *gpu, const char *name, peaks *p)
   *p = (peaks){0};
   if (gpu && wf_peak_gpu(name, &pk)) {
     p->gemm = bf16 ? pk.bf16 : o->tf32 ? pk.tf32 : pk.fp32;
+    p->bf16 = pk.bf16;
     p->fp32 = pk.fp32;
     p->mem_gbs = pk.mem_gbs;
     snprintf(p->what, sizeof p->what, "%s", pk.source);
@@ -601,7 +667,7 @@ static void device_peaks(const opts *o, wf_gpu *gpu, const char *name, peaks *p)
     int threads = wf_kernels_threads();
     double gbs = cpu_bandwidth_gbs(threads);
     if (wf_peak_cpu(threads, &pk))
-      p->gemm = p->fp32 = pk.fp32;
+      p->gemm = p->bf16 = p->fp32 = pk.fp32;
     p->mem_gbs = gbs;
     snprintf(p->what, sizeof p->what, "%s; memory %.1f GB/s measured (STREAM triad, %d threads)",
              p->fp32 > 0 ? pk.source : "CPU peak unknown", gbs, threads);
@@ -610,7 +676,7 @@ static void device_peaks(const opts *o, wf_gpu *gpu, const char *name, peaks *p)
 
 static json_t *row_json(const row *r, double sec, double fl, double by, int gemm, const peaks *p)
 {
-  double pk = gemm ? p->gemm : p->fp32;
+  double pk = gemm == 2 ? p->bf16 : gemm ? p->gemm : p->fp32;
   json_t *o = json_pack("{s:s, s:f, s:f, s:f}", "kernel", r->label, "ms", sec * 1e3, "flops", fl,
                         "bytes", by);
   json_object_set_new(o, "tflops", json_real(sec > 0 ? fl / sec / 1e12 : 0));
@@ -702,6 +768,11 @@ int main(int argc, char **argv)
   b.k = wf_dev_kernels(b.dev);
   b.sh = o.sh;
   b.k->set_tf32(o.tf32);
+  /* as the worker sets runtime.attention: auto takes the tensor-core paths only in bf16 */
+  b.k->set_attention(o.attention >= 0 && !(o.attention == WF_ATTN_AUTO && o.sh.lowp == WF_PREC_NO)
+                         ? o.attention
+                     : o.sh.lowp == WF_PREC_NO ? WF_ATTN_REFERENCE
+                                               : WF_ATTN_AUTO);
   if (wf_dev_stream_create(b.dev, &b.s) != WF_OK)
     return 1;
   device_peaks(&o, gpu, name, &p);

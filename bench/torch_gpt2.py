@@ -3,13 +3,16 @@
 
     torch_gpt2.py [--layers 12 --heads 12 --d-model 768 --seq 1024 --vocab 50304]
                   [--batch 8] [--steps 30] [--warmup 5] [--device cuda] [--bf16]
-                  [--compile]
+                  [--compile] [--data SHARD]
 
 The model is GPT-2 as weft and llm.c define it (learned positions, pre-layernorm blocks,
-tanh GELU, tied embedding, causal attention through scaled_dot_product_attention, which
-picks a flash kernel on a GPU), trained with AdamW (fused on a GPU) on random tokens.
-Prints one JSON line: tokens/s (median step after the warm-up), step_ms, peak device
-memory in MiB and the settings. No weft code runs here; this is the yardstick.
+tanh GELU, tied embedding, causal attention through scaled_dot_product_attention, held
+to its flash backend on a GPU), trained with AdamW (fused on a GPU), under bf16 autocast
+with --bf16 and torch.compile with --compile: PyTorch at its best settings. The batches
+are consecutive windows of B x (T + 1) tokens of an llm.c token shard (--data: the file
+bench/gpu_train.py also gives weft), else random tokens. Prints one JSON line: tokens/s
+(median step after the warm-up), step_ms, peak device memory in MiB and the settings.
+No weft code runs here; this is the yardstick.
 """
 import argparse
 import json
@@ -20,6 +23,39 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+
+def sdpa_backend():
+    """FlashAttention's kernel where PyTorch has one (CUDA, 16-bit inputs), else its
+    default choice: the same algorithm weft's attention runs."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:  # PyTorch before 2.3: let it choose
+        import contextlib
+        return contextlib.nullcontext()
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                        SDPBackend.MATH])
+
+
+def batches(path, B, T, vocab, dev):
+    """(x, y) pairs: consecutive windows of an llm.c shard (int32[256] header, uint16
+    tokens), wrapping around; random tokens without a shard."""
+    if not path:
+        idx = torch.randint(0, vocab, (B, T + 1), device=dev)
+        while True:
+            yield idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
+    with open(path, "rb") as f:
+        head = torch.frombuffer(bytearray(f.read(1024)), dtype=torch.int32)
+        assert int(head[0]) == 20240520, f"{path}: not an llm.c token shard"
+        tok = torch.frombuffer(bytearray(f.read()), dtype=torch.int16).to(torch.int64) & 0xFFFF
+    n, pos = B * (T + 1), 0
+    assert tok.numel() >= n, f"{path}: {tok.numel()} tokens, a batch needs {n}"
+    while True:
+        if pos + n > tok.numel():
+            pos = 0
+        w = tok[pos:pos + n].view(B, T + 1).to(dev)
+        pos += n
+        yield w[:, :-1].contiguous(), w[:, 1:].contiguous()
 
 
 class Block(nn.Module):
@@ -34,7 +70,8 @@ class Block(nn.Module):
         b, t, c = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
         q, k, v = (y.view(b, t, self.nh, c // self.nh).transpose(1, 2) for y in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        with sdpa_backend():
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
         return x + self.fcproj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
 
@@ -65,22 +102,26 @@ def main():
     a.add_argument("--device", default="cuda")
     a.add_argument("--bf16", action="store_true")
     a.add_argument("--compile", action="store_true")
+    a.add_argument("--data", help="an llm.c token shard (bench/gpu_train.py writes one)")
     o = a.parse_args()
     dev = torch.device(o.device)
     torch.manual_seed(1234)
     model = GPT(o.layers, o.heads, o.d_model, o.seq, o.vocab).to(dev)
     n_params = sum(p.numel() for p in model.parameters())
-    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, weight_decay=0.0,
-                            fused=dev.type == "cuda")
+    fused = {"fused": True} if dev.type == "cuda" else {}  # (PyTorch 1.13 on a CPU has none)
+    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, weight_decay=0.0, **fused)
     step_fn = torch.compile(model) if o.compile else model
-    idx = torch.randint(0, o.vocab, (o.batch, o.seq + 1), device=dev)
-    x, y = idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
+    if dev.type == "cuda":  # what stays fp32 under autocast may use TF32, as weft's may not
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    data = batches(o.data, o.batch, o.seq, o.vocab, dev)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     times, loss = [], math.nan
     for s in range(o.warmup + o.steps):
         sync()
+        x, y = next(data)
         t0 = time.perf_counter()
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=o.bf16):
             l = step_fn(x, y)

@@ -39,6 +39,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "bf16.h"
 #include "wf_gpu.h"
 #include "wf_runtime.h"
 
@@ -47,7 +48,7 @@ extern "C" {
 #endif
 
 /* Bump when the table changes; the GPU module and the host must agree. */
-#define WF_KTABLE_VERSION 7
+#define WF_KTABLE_VERSION 8
 
 /* Device memory the CUDA kernels keep per device besides what their callers allocate:
  * cuBLASLt's workspace (32 MiB) and the column reductions' partial sums (4 MiB),
@@ -167,6 +168,41 @@ typedef struct wf_ktable {
   void (*attention_gqa_backward)(float *dqkv, float *scratch, const float *dout, const float *qkv,
                                  const float *att, int B, int T, int C, int NH, int NKV,
                                  wf_stream *s);
+  /* ---- Tensor-core attention and the fused classifier (docs/gpu-performance.md) ---- */
+
+  /* How attention_forward / attention_backward (and attention_gqa_forward / _backward)
+   * compute on this device, a
+   * wf_attention_impl (wf_config.h): the GPU's fp32 entries run the fp32 reference
+   * kernels (REFERENCE) or convert to bf16 and run the bf16 paths below (CUDNN, FLASH,
+   * AUTO: cuDNN where it loads and accepts the shape, else the flash kernel where it
+   * applies, else the reference), falling back with one log line per shape. Process-wide
+   * like set_tf32, and set before attention_saved sizes the buffers (its answer depends
+   * on it). The CPU has one implementation and ignores it. */
+  void (*set_attention)(int impl);
+  /* The implementation attention takes for this shape under the current setting:
+   * WF_ATTN_CUDNN, WF_ATTN_FLASH or WF_ATTN_REFERENCE (the CPU: REFERENCE). On a GPU the
+   * first call for a shape may build cuDNN's plans to find out (they are cached). */
+  int (*attention_path)(int B, int T, int C, int NH, int NKV);
+  /* Attention over bf16 tensors (attention_bf16.h): NKV kv heads (NKV == NH: multi-head),
+   * lse (B,NH,T) kept from forward; backward WRITES dqkv. Scratch in floats. */
+  void (*attention_bf16_forward)(wf_bf16 *out, float *lse, const wf_bf16 *qkv, int B, int T, int C,
+                                 int NH, int NKV, wf_stream *s);
+  void (*attention_bf16_backward)(wf_bf16 *dqkv, float *scratch, const wf_bf16 *dout,
+                                  const wf_bf16 *qkv, const wf_bf16 *out, const float *lse, int B,
+                                  int T, int C, int NH, int NKV, wf_stream *s);
+  size_t (*attention_bf16_scratch)(int B, int T, int C, int NH, int NKV);
+  /* The fused classifier over bf16 logits (classifier.h). */
+  void (*classifier_bf16)(wf_bf16 *logits, float *losses, const int *targets, float dloss, int N,
+                          int V, int ld, wf_stream *s);
+  void (*xent_stats_bf16)(float *row_max, float *row_sumexp, float *target_logit,
+                          const wf_bf16 *logits, const int *targets, int N, int V, int ld,
+                          int v_offset, wf_stream *s);
+  void (*xent_backward_bf16)(wf_bf16 *dlogits, const wf_bf16 *logits, const float *row_max,
+                             const float *row_sumexp, const int *targets, float dloss, int N, int V,
+                             int ld, int v_offset, wf_stream *s);
+  /* Kernel launches and library calls (cuBLASLt, cuDNN) issued since the module loaded,
+   * for measuring launch overhead (bench); the CPU counts none. */
+  uint64_t (*launches)(void);
 } wf_ktable;
 
 /* The CUDA kernels of an open GPU, or NULL (no GPU, or a module built against another

@@ -46,6 +46,7 @@
 
 /* Enum-typed fields are stored through an int pointer. */
 _Static_assert(sizeof(wf_precision) == sizeof(int), "enum storage");
+_Static_assert(sizeof(wf_attention_impl) == sizeof(int), "enum storage");
 _Static_assert(sizeof(wf_schedule_kind) == sizeof(int), "enum storage");
 _Static_assert(sizeof(wf_device_pref) == sizeof(int), "enum storage");
 _Static_assert(sizeof(wf_tie) == sizeof(int), "enum storage");
@@ -68,6 +69,11 @@ static const wf__cfg_enum devices[] = {{"auto", WF_DEV_AUTO},
                                        {"cuda", WF_DEV_CUDA},
                                        {"gpu", WF_DEV_CUDA},
                                        {NULL, 0}};
+static const wf__cfg_enum attention_impls[] = {{"auto", WF_ATTN_AUTO},
+                                               {"cudnn", WF_ATTN_CUDNN},
+                                               {"flash", WF_ATTN_FLASH},
+                                               {"reference", WF_ATTN_REFERENCE},
+                                               {NULL, 0}};
 
 const wf__cfg_key wf__cfg_keys[] = {
     K_INT("dist.world_size", dist.world_size, "0", 0, 1 << 24,
@@ -243,6 +249,10 @@ const wf__cfg_key wf__cfg_keys[] = {
     K_ENUM("runtime.device", runtime.device, "auto", devices, "auto, cpu, cuda"),
     K_BOOL("runtime.allow_tf32", runtime.allow_tf32, "false",
            "GPU: fp32 GEMMs on TF32 tensor cores (10-bit mantissa inputs)"),
+    K_ENUM("runtime.attention", runtime.attention, "auto", attention_impls,
+           "GPU attention: auto (precision=bf16: cudnn, else flash, else reference; "
+           "otherwise reference), cudnn, flash (bf16 tensor cores, head size 64 or 128), "
+           "reference (fp32)"),
 };
 const int wf__cfg_nkeys = (int)WF_ARRAY_LEN(wf__cfg_keys);
 _Static_assert(WF_ARRAY_LEN(wf__cfg_keys) <= WF_CONFIG_MAX_KEYS, "cfg->source is too small");

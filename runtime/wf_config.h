@@ -32,6 +32,15 @@ typedef enum wf_schedule_kind {
   WF_SCHED_INTERLEAVED
 } wf_schedule_kind;
 typedef enum wf_device_pref { WF_DEV_AUTO = 0, WF_DEV_CPU, WF_DEV_CUDA } wf_device_pref;
+/* How a GPU computes attention (runtime.attention; docs/gpu-performance.md): cuDNN's fused
+ * attention, weft's own bf16 flash kernel on tensor cores, or the fp32 reference kernels;
+ * auto takes the first that applies. The CPU has one implementation. */
+typedef enum wf_attention_impl {
+  WF_ATTN_AUTO = 0,
+  WF_ATTN_CUDNN,
+  WF_ATTN_FLASH,
+  WF_ATTN_REFERENCE
+} wf_attention_impl;
 /* model.tie_embeddings: the family's choice (GPT-2 ties, Llama does not), or forced. */
 typedef enum wf_tie { WF_TIE_AUTO = 0, WF_TIE_YES, WF_TIE_NO } wf_tie;
 typedef enum wf_config_source {
@@ -138,7 +147,8 @@ typedef struct wf_config {
     char listen_addr[64];     /* the listeners' address; "" = MASTER_ADDR's interface */
     int log_level;
     wf_device_pref device;
-    bool allow_tf32; /* GPU fp32 GEMMs may use TF32 tensor cores */
+    bool allow_tf32;             /* GPU fp32 GEMMs may use TF32 tensor cores */
+    wf_attention_impl attention; /* GPU attention: auto, cudnn, flash, reference */
   } runtime;
 
   /* Which source set each key, indexed by the key's position in the key table. */

@@ -269,7 +269,7 @@ def part_vs_torch(r, deadline, res):
     path = os.path.join(r.logs, "gpu_train.json")
     left = max(10, deadline - time.monotonic() - 5)  # for its three runs together
     rc, out = r.run("gpu_train", [sys.executable, os.path.join(ROOT, "bench", "gpu_train.py"),
-                                  bundle_path("build/worker/worker"), "--batch", "16",
+                                  bundle_path("build/worker/worker"), "--batch", "16", "--eager",
                                   "--steps", "20", "--warmup", "5", "--precision", "bf16",
                                   "--json", path, "--timeout", str(int(left))], deadline)
     res["vs_torch"] = load(path)

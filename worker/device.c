@@ -30,6 +30,24 @@ static void nominal_peak(wf__rank_device *rd, const char *name, const wf_config 
   snprintf(rd->peak_source, sizeof rd->peak_source, "nominal dense peak of the %s, %s", name, what);
 }
 
+/* runtime.attention as the GPU's kernels take it: auto means the tensor-core paths
+ * (cuDNN, else weft's flash kernels, chosen per shape by the module) only under
+ * precision=bf16, whose activations they round to bf16 anyway; otherwise the fp32
+ * reference. An explicit cudnn or flash is taken as asked. */
+static int attention_impl(const wf_config *cfg)
+{
+  if (cfg->runtime.attention == WF_ATTN_AUTO && cfg->precision != WF_PREC_BF16)
+    return WF_ATTN_REFERENCE;
+  return cfg->runtime.attention;
+}
+
+static const char *attention_name(int impl)
+{
+  static const char *names[] = {"auto: cudnn, else flash, else reference", "cudnn", "flash",
+                                "reference (fp32)"};
+  return impl >= 0 && impl < (int)WF_ARRAY_LEN(names) ? names[impl] : "?";
+}
+
 /* Open GPU `d` of rd->gpu as the rank's device; describe it. */
 static wf_status open_gpu(wf__rank_device *rd, const wf_config *cfg, int d, int n, char *why,
                           size_t why_len)
@@ -40,14 +58,16 @@ static wf_status open_gpu(wf__rank_device *rd, const wf_config *cfg, int d, int 
   WF_TRY(wf_gpu_set_device(rd->gpu, d));
   WF_TRY(wf_dev_open_cuda(&rd->dev, rd->gpu, why, why_len));
   wf_dev_kernels(rd->dev)->set_tf32(cfg->runtime.allow_tf32);
+  wf_dev_kernels(rd->dev)->set_attention(attention_impl(cfg));
   wf_gpu_device_name(rd->gpu, d, name, sizeof name);
   wf_gpu_pci_bus_id(rd->gpu, d, rd->bus, sizeof rd->bus);
   wf_gpu_mem_info(rd->gpu, &free_b, &total);
   snprintf(rd->desc, sizeof rd->desc, "cuda:%d", d);
   nominal_peak(rd, name, cfg);
-  WF_INFO("using GPU %d of %d: %s, PCI %s, %.1f GiB (%.1f GiB free), TF32 %s", d, n, name, rd->bus,
-          (double)total / (1 << 30), (double)free_b / (1 << 30),
-          cfg->runtime.allow_tf32 ? "allowed" : "off (runtime.allow_tf32)");
+  WF_INFO("using GPU %d of %d: %s, PCI %s, %.1f GiB (%.1f GiB free), TF32 %s, attention %s", d, n,
+          name, rd->bus, (double)total / (1 << 30), (double)free_b / (1 << 30),
+          cfg->runtime.allow_tf32 ? "allowed" : "off (runtime.allow_tf32)",
+          attention_name(attention_impl(cfg)));
 fail:
   if (st != WF_OK && !why[0])
     snprintf(why, why_len, "could not select CUDA device %d", d);

@@ -161,7 +161,7 @@ static int run_dry_run(const wf__cmd_ctx *c)
 static const command commands[] = {
     {"--dry-run", 0, "", W_LAUNCH, true, 0, run_dry_run,
      "set up the mesh, print one row per rank, exit"},
-    {"--print-config", 0, "", W_LAUNCH, false, 0, run_print_config,
+    {"--print-config", 0, "", W_MESH, false, 0, run_print_config,
      "print the effective config and where each value came from"},
     {"--print-schedule", 0, "", W_MESH, false, 0, run_print_schedule,
      "draw the pipeline schedule of the configured mesh, run nothing"},

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "cpu_int.h"
+#include "wf_config.h" /* wf_attention_impl */
 #include "wf_device.h"
 #include "wf_kernels.h"
 
@@ -360,6 +361,46 @@ static size_t workspace_bytes(void) { return 0; }
 /* CPU kernels cannot fail once their arguments are valid. */
 static wf_status last_error(void) { return WF_OK; }
 
+/* The CPU has one attention, the (T, T) one above. */
+static void set_attention(int impl) {}
+
+static int attention_path(int B, int T, int C, int NH, int NKV) { return WF_ATTN_REFERENCE; }
+
+static void attention_bf16_forward(wf_bf16 *out, float *lse, const wf_bf16 *qkv, int B, int T,
+                                   int C, int NH, int NKV, wf_stream *s)
+{
+  wf_attention_bf16_forward(out, lse, qkv, B, T, C, NH, NKV);
+}
+
+static void attention_bf16_backward(wf_bf16 *dqkv, float *scratch, const wf_bf16 *dout,
+                                    const wf_bf16 *qkv, const wf_bf16 *out, const float *lse, int B,
+                                    int T, int C, int NH, int NKV, wf_stream *s)
+{
+  wf_attention_bf16_backward(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, NKV);
+}
+
+static void classifier_bf16(wf_bf16 *logits, float *losses, const int *targets, float dloss, int N,
+                            int V, int ld, wf_stream *s)
+{
+  wf_classifier_bf16(logits, losses, targets, dloss, N, V, ld);
+}
+
+static void xent_stats_bf16(float *row_max, float *row_sumexp, float *target_logit,
+                            const wf_bf16 *logits, const int *targets, int N, int V, int ld,
+                            int v_offset, wf_stream *s)
+{
+  wf_xent_stats_bf16(row_max, row_sumexp, target_logit, logits, targets, N, V, ld, v_offset);
+}
+
+static void xent_backward_bf16(wf_bf16 *dlogits, const wf_bf16 *logits, const float *row_max,
+                               const float *row_sumexp, const int *targets, float dloss, int N,
+                               int V, int ld, int v_offset, wf_stream *s)
+{
+  wf_xent_backward_bf16(dlogits, logits, row_max, row_sumexp, targets, dloss, N, V, ld, v_offset);
+}
+
+static uint64_t launches(void) { return 0; }
+
 const wf_ktable wf__cpu_ktable = {
     .version = WF_KTABLE_VERSION,
     .encoder_forward = encoder_forward,
@@ -405,4 +446,13 @@ const wf_ktable wf__cpu_ktable = {
     .swiglu_backward = swiglu_backward,
     .attention_gqa_forward = attention_gqa_forward,
     .attention_gqa_backward = attention_gqa_backward,
+    .set_attention = set_attention,
+    .attention_path = attention_path,
+    .attention_bf16_forward = attention_bf16_forward,
+    .attention_bf16_backward = attention_bf16_backward,
+    .attention_bf16_scratch = wf_attention_bf16_scratch,
+    .classifier_bf16 = classifier_bf16,
+    .xent_stats_bf16 = xent_stats_bf16,
+    .xent_backward_bf16 = xent_backward_bf16,
+    .launches = launches,
 };

@@ -102,3 +102,17 @@ void wf_round_fp16(float *dst, const float *src, size_t n)
   struct round_task t = {dst, src, n, true};
   wf__parallel(wf__threads_for(n), round_share, &t);
 }
+
+/* ---- bf16 tensors (bf16.h) ------------------------------------------------------------ */
+
+void wf_bf16_from_floats(wf_bf16 *dst, const float *src, size_t n)
+{
+  for (size_t i = 0; i < n; i++)
+    dst[i] = wf_bf16_from_float(src[i]);
+}
+
+void wf_bf16_to_floats(float *dst, const wf_bf16 *src, size_t n)
+{
+  for (size_t i = 0; i < n; i++)
+    dst[i] = wf_bf16_to_float(src[i]);
+}

@@ -13,8 +13,9 @@
  * partial sums (WF_KTABLE_GPU_WORKSPACE bytes, which the planner adds too). It is the
  * only device memory the module allocates for itself, and it is counted with the
  * runtime's through the host (account_device), so mem=, the metrics and --estimate
- * all see it. Nothing here allocates per call: no stream-ordered pool keeps memory
- * out of sight.
+ * all see it. Nothing here allocates per call. The exception is attention's bf16 paths
+ * under runtime.attention (attention_impl.cu, cudnn_sdpa.cu): their bf16 copies of fp32
+ * operands and cuDNN's workspace still come from the stream-ordered pool, uncounted.
  *
  * cuBLAS(Lt): one cuBLASLt handle per device, created lazily at the first GEMM. One
  * module-level handle is enough because weft drives one device per process from one
@@ -32,12 +33,14 @@
 #include <mutex>
 #include <stdio.h>
 
+#include "attn_int.h"
 #include "cuda_int.h"
 
 #define MAX_DEVICES 64
 
 static std::atomic<const wf_gpu_host *> g_host{nullptr};
 static std::atomic<int> g_first_error{0};
+static std::atomic<uint64_t> g_launches{0};
 /* cuBLASLt's part of the workspace: what NVIDIA recommends for Hopper (32 MiB; 4 MiB
  * suffices before it), enough for every algorithm its heuristics return for weft's
  * shapes. The rest holds the column reductions' partial sums. */
@@ -97,8 +100,13 @@ bool wf__cuda_check(cudaError_t e, const char *file, int line, const char *what)
   return false;
 }
 
+void wf__cuda_count_launch(void) { g_launches.fetch_add(1, std::memory_order_relaxed); }
+
+extern "C" uint64_t wf_cuda_launches(void) { return g_launches.load(std::memory_order_relaxed); }
+
 bool wf__cuda_check_launch(const char *file, int line, const char *what)
 {
+  wf__cuda_count_launch();
   return wf__cuda_check(cudaGetLastError(), file, line, what);
 }
 
@@ -189,6 +197,7 @@ bool wf__partials(float **part, size_t *floats, const char *file, int line)
 bool wf__lt_end(cublasStatus_t st, const char *file, int line, const char *what)
 {
   g_lock.unlock();
+  wf__cuda_count_launch();
   return !lt_failed(st, file, line, what);
 }
 
@@ -229,8 +238,10 @@ static int op_init(const wf_gpu_host *host)
 static void op_fini(void)
 {
   std::lock_guard<std::mutex> guard(g_lock);
-  if (g_refs > 0 && --g_refs == 0)
+  if (g_refs > 0 && --g_refs == 0) {
     destroy_workspaces();
+    wf__cudnn_sdpa_release();
+  }
 }
 
 static const char *op_error_str(int err)
@@ -392,9 +403,7 @@ static size_t op_workspace_bytes(void) { return WF_KTABLE_GPU_WORKSPACE; }
 
 /* ---- the tables ------------------------------------------------------------------ */
 
-/* Positional, in wf_ktable's order. Not reflowed by clang-format, which would realign
- * every line whenever an entry is added. */
-// clang-format off
+/* Positional, in wf_ktable's order, one entry a line. */
 static const wf_ktable kernels = {
     WF_KTABLE_VERSION,
     wf_cuda_encoder_forward,
@@ -408,11 +417,11 @@ static const wf_ktable kernels = {
     wf_cuda_matmul_gelu_forward,
     wf_cuda_matmul_backward,
     wf_cuda_set_tf32,
-    wf_cuda_attention_saved,
-    wf_cuda_attention_scratch,
+    wf_cuda_attn_saved,
+    wf_cuda_attn_scratch,
     op_workspace_bytes,
-    wf_cuda_attention_forward,
-    wf_cuda_attention_backward,
+    wf_cuda_attn_forward,
+    wf_cuda_attn_backward,
     wf_cuda_gelu_forward,
     wf_cuda_gelu_backward,
     wf_cuda_residual_forward,
@@ -438,10 +447,18 @@ static const wf_ktable kernels = {
     wf_cuda_rope_backward,
     wf_cuda_swiglu_forward,
     wf_cuda_swiglu_backward,
-    wf_cuda_attention_gqa_forward,
-    wf_cuda_attention_gqa_backward,
+    wf_cuda_attn_gqa_forward,
+    wf_cuda_attn_gqa_backward,
+    wf_cuda_set_attention,
+    wf_cuda_attention_path,
+    wf_cuda_attention_bf16_forward,
+    wf_cuda_attention_bf16_backward,
+    wf_cuda_attention_bf16_scratch,
+    wf_cuda_classifier_bf16,
+    wf_cuda_xent_stats_bf16,
+    wf_cuda_xent_backward_bf16,
+    wf_cuda_launches,
 };
-// clang-format on
 
 static const wf_gpu_ops ops = {
     WF_GPU_MODULE_ABI, "cuda",

@@ -44,6 +44,9 @@ void wf__cuda_record(int err);
 bool wf__cuda_check_launch(const char *file, int line, const char *what);
 /* Logs and records a failed CUDA runtime call; true when `e` is cudaSuccess. */
 bool wf__cuda_check(cudaError_t e, const char *file, int line, const char *what);
+/* Count one launch (or library call) for the table's launches(); check_launch and
+ * wf__lt_end count theirs. */
+void wf__cuda_count_launch(void);
 #define WF_CUDA_LAUNCHED(what) wf__cuda_check_launch(__FILE__, __LINE__, (what))
 #define WF_CUDA_OK(call)       wf__cuda_check((call), __FILE__, __LINE__, #call)
 
@@ -271,6 +274,39 @@ void wf_cuda_attention_gqa_backward(float *dqkv, float *scratch, const float *do
                                     const float *qkv, const float *att, int B, int T, int C, int NH,
                                     int NKV, wf_stream *stream);
 void wf_cuda_checksum(uint64_t *out, const float *x, size_t n, int negate, wf_stream *stream);
+uint64_t wf_cuda_launches(void);
+
+/* Attention as the table runs it (attention_impl.cu): the choice among cuDNN, the bf16
+ * flash kernels and the fp32 reference above (wf_cuda_attention_*), and the bf16 entries. */
+void wf_cuda_set_attention(int impl);
+int wf_cuda_attention_path(int B, int T, int C, int NH, int NKV);
+size_t wf_cuda_attn_saved(int B, int T, int C, int NH);
+size_t wf_cuda_attn_scratch(int B, int T, int C, int NH);
+void wf_cuda_attn_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
+                          wf_stream *stream);
+void wf_cuda_attn_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                           const float *att, int B, int T, int C, int NH, wf_stream *stream);
+void wf_cuda_attn_gqa_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
+                              int NKV, wf_stream *stream);
+void wf_cuda_attn_gqa_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                               const float *att, int B, int T, int C, int NH, int NKV,
+                               wf_stream *stream);
+void wf_cuda_attention_bf16_forward(wf_bf16 *out, float *lse, const wf_bf16 *qkv, int B, int T,
+                                    int C, int NH, int NKV, wf_stream *stream);
+void wf_cuda_attention_bf16_backward(wf_bf16 *dqkv, float *scratch, const wf_bf16 *dout,
+                                     const wf_bf16 *qkv, const wf_bf16 *out, const float *lse,
+                                     int B, int T, int C, int NH, int NKV, wf_stream *stream);
+size_t wf_cuda_attention_bf16_scratch(int B, int T, int C, int NH, int NKV);
+
+/* The fused classifier (classifier.cu). */
+void wf_cuda_classifier_bf16(wf_bf16 *logits, float *losses, const int *targets, float dloss, int N,
+                             int V, int ld, wf_stream *stream);
+void wf_cuda_xent_stats_bf16(float *row_max, float *row_sumexp, float *target_logit,
+                             const wf_bf16 *logits, const int *targets, int N, int V, int ld,
+                             int v_offset, wf_stream *stream);
+void wf_cuda_xent_backward_bf16(wf_bf16 *dlogits, const wf_bf16 *logits, const float *row_max,
+                                const float *row_sumexp, const int *targets, float dloss, int N,
+                                int V, int ld, int v_offset, wf_stream *stream);
 }
 
 #endif /* WF_CUDA_INT_H */

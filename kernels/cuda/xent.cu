@@ -1,7 +1,8 @@
 /*
  * xent.cu - fused softmax + cross-entropy on the GPU (twin of wf_xent_*), in the
  * same three pieces as the CPU so vocabulary-parallel ranks can reduce between
- * them. One block per row for the row passes.
+ * them. One block per row for the row passes. The loss mean (loss_accumulate) is
+ * sumsq.cu's deterministic sum in double.
  *
  * Legend: N rows (B*T), V vocabulary columns present, ld row stride (>= V),
  * v_offset the global column of local column 0. Columns [V, ld) are padding:
@@ -127,18 +128,6 @@ __global__ static void xent_combine_kernel(float *row_max, float *row_sumexp, fl
   }
 }
 
-/* *acc += (float)(mean of losses (N)), the sum in double; one block */
-__global__ static void loss_accumulate_kernel(double *acc, const float *losses, int N)
-{
-  __shared__ double red[32];
-  double sum = 0.0;
-  for (int i = threadIdx.x; i < N; i += blockDim.x)
-    sum += losses[i];
-  sum = wf__block_sum(sum, red);
-  if (threadIdx.x == 0)
-    acc[0] += (double)(float)(sum / N);
-}
-
 extern "C" void wf_cuda_xent_pack(float *stats, const float *row_max, const float *row_sumexp,
                                   const float *target_logit, int N, wf_stream *stream)
 {
@@ -157,12 +146,4 @@ extern "C" void wf_cuda_xent_combine(float *row_max, float *row_sumexp, float *t
   xent_combine_kernel<<<wf__grid_1d((size_t)N, 256), 256, 0, (cudaStream_t)stream>>>(
       row_max, row_sumexp, target_logit, all, (size_t)N, parts);
   WF_CUDA_LAUNCHED("xent_combine_kernel");
-}
-
-extern "C" void wf_cuda_loss_accumulate(double *acc, const float *losses, int N, wf_stream *stream)
-{
-  if (N <= 0)
-    return;
-  loss_accumulate_kernel<<<1, 1024, 0, (cudaStream_t)stream>>>(acc, losses, N);
-  WF_CUDA_LAUNCHED("loss_accumulate_kernel");
 }

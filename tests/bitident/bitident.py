@@ -19,6 +19,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from testlib import free_ports  # noqa: E402
+
 WORKER, BUILD_REF, SRC, BUILD_ROOT, CASE = sys.argv[1:6]
 REF_COMMIT = "46d31cd"
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
@@ -44,7 +47,9 @@ STEP = re.compile(r"^step (\d+)/\d+ loss=(\S+) .*?grad_norm=(\S+)")
 
 def run(worker, n, args, save):
     cmd = MPIRUN + ["-np", str(n), worker] + args + ["--save", save]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    # a free port each: another job on the default 29500 is not this test's failure
+    env = dict(os.environ, MASTER_PORT=str(free_ports(1)[0]))
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     if p.returncode != 0:
         print(f"FAIL: {' '.join(cmd)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
         sys.exit(1)

@@ -121,6 +121,7 @@ static void test_defaults(void **state)
   assert_true(c->runtime.hang_timeout == 300);
   assert_int_equal(c->runtime.log_level, WF_LOG_INFO);
   assert_int_equal(c->runtime.device, WF_DEV_AUTO);
+  assert_int_equal(c->runtime.attention, WF_ATTN_AUTO);
   assert_string_equal(c->mesh.axis_names[0], "dp");
   assert_string_equal(c->mesh.axis_names[2], "pp");
   for (int i = 0; i < wf_config_key_count(); i++)
@@ -356,6 +357,16 @@ static void test_cli_values_and_lists(void **state)
   assert_int_equal(f->cfg.runtime.log_level, WF_LOG_DEBUG);
   assert_int_equal(set(f, "runtime.device", "cpu", WF_SRC_CLI), WF_OK);
   assert_int_equal(f->cfg.runtime.device, WF_DEV_CPU);
+  assert_int_equal(set(f, "runtime.attention", "flash", WF_SRC_CLI), WF_OK);
+  assert_int_equal(f->cfg.runtime.attention, WF_ATTN_FLASH);
+  assert_int_equal(set(f, "runtime.attention", "cudnn", WF_SRC_CLI), WF_OK);
+  assert_int_equal(f->cfg.runtime.attention, WF_ATTN_CUDNN);
+  assert_int_equal(set(f, "runtime.attention", "reference", WF_SRC_CLI), WF_OK);
+  assert_int_equal(f->cfg.runtime.attention, WF_ATTN_REFERENCE);
+  assert_int_equal(set(f, "runtime.attention", "sdpa", WF_SRC_CLI), WF_ECONFIG);
+  assert_err_has(f->err, "command line: runtime.attention: expected one of "
+                         "auto|cudnn|flash|reference, got 'sdpa'");
+  assert_int_equal(f->cfg.runtime.attention, WF_ATTN_REFERENCE); /* unchanged */
   assert_int_equal(set(f, "parallel.pp_layers", "[1,3", WF_SRC_CLI), WF_ECONFIG);
   assert_err_has(f->err, "command line: parallel.pp_layers: cannot parse '[1,3' as a YAML list");
   assert_int_equal(set(f, "parallel.pp_layers", "13", WF_SRC_CLI), WF_ECONFIG);

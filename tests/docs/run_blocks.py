@@ -112,7 +112,10 @@ def check_keys(text, env, d):
 def check_quick_start(out):
     """The README's quick start samples text: words of English, not ids or bytes."""
     gen = out.split("--generate", 1)[-1] if "--generate" in out else out
-    sample = gen.strip().splitlines()[-1] if gen.strip() else ""
+    # the worker's own lines ("[weft I host:pid:r0] ...", "weft: ...") are not the sample
+    text = [l for l in gen.strip().splitlines()
+            if l.strip() and not l.startswith("[weft ") and not l.startswith("weft:")]
+    sample = text[-1] if text else ""
     words = re.findall(r"[A-Za-z]+", sample)
     common = {"the", "a", "and", "of", "to", "is", "in", "you", "it", "that", "i", "for",
               "be", "not", "are", "your", "with", "as", "on", "have", "all", "but"}

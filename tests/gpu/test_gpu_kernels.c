@@ -31,6 +31,14 @@
  *    or doubled row block (32 or more rows, each term up to 1) is off by far more.
  *  - round_bf16 / round_fp16 must agree bit for bit (the CPU twin's bit arithmetic
  *    against CUDA's __float2bfloat16_rn / __float2half_rn), NaN against NaN.
+ *  - attention on tensor cores (cuDNN, the bf16 flash kernels) against the fp32 CPU
+ *    attention: tests/common/att16_bound.h's per-element bound, derived there from bf16's
+ *    unit roundoff 2^-8 at the points the bf16 paths round (weft's flash kernels round
+ *    exactly where the bound assumes; cuDNN's internal rounding points are not
+ *    documented, so it gets twice the bound).
+ *  - the fused bf16 classifier against its CPU twin: statistics and losses TOL_SUM
+ *    (fp32 sums against the twin's double); each dlogit within one bf16 step of the
+ *    twin's (both round an fp32 value that differs in its last bits: 2^-7 relative).
  *
  * Exits 77 (meson: skipped) only when the machine has no GPU (wf_gpu_open says
  * WF_ENODEV: no NVIDIA driver, or it reports no device), after printing why. A GPU
@@ -42,6 +50,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../common/att16_bound.h"
 #include "wf_config.h"
 #include "wf_device.h"
 #include "wf_gpu.h"
@@ -424,6 +433,320 @@ static void test_attention(ctx *c)
   attention_case(c, 1, 33, 2, 160); /* past the flash kernels: the (T, T) fallback */
 }
 
+/* ---- attention on tensor cores ------------------------------------------------------- */
+
+static const char *path_name(int p)
+{
+  return p == WF_ATTN_CUDNN ? "cudnn" : p == WF_ATTN_FLASH ? "flash" : "reference";
+}
+
+/* Device result d against the fp32 CPU result ref within factor x the bf16 bound. */
+static void expect_bound(ctx *c, const char *what, const float *ref, const float *d,
+                         const double *bound, size_t n, double factor)
+{
+  float *got = hzero(c, n);
+  size_t bad = n;
+  double worst = 0.0;
+  if (wf_gpu_stream_sync(c->g, c->stream) != WF_OK ||
+      wf_gpu_memcpy_d2h(c->g, got, d, n * sizeof(float)) != WF_OK)
+    bad = 0;
+  for (size_t i = 0; i < n && bad == n; i++) {
+    worst = fmax(worst, fabs((double)got[i] - ref[i]) / (factor * bound[i] + ATT16_SLACK));
+    if (!att16_within(got[i], ref[i], factor * bound[i]))
+      bad = i;
+  }
+  if (bad == n) {
+    printf("  ok   %-28s n=%-7zu worst |err| / bound %.3f\n", what, n, worst);
+    return;
+  }
+  printf("  FAIL %-28s n=%-7zu at %zu: cpu %.9g gpu %.9g bound %.3g\n", what, n, bad, ref[bad],
+         got[bad], factor * bound[bad]);
+  c->failures++;
+}
+
+/* Whether the path taken is the one this case must take (see test_attention_paths). */
+static void expect_path(ctx *c, int impl, int path, bool cudnn_shape)
+{
+  bool ok = impl == WF_ATTN_REFERENCE ? path == WF_ATTN_REFERENCE
+            : impl == WF_ATTN_FLASH
+                ? path == WF_ATTN_FLASH
+                : path == WF_ATTN_CUDNN || (!cudnn_shape && path == WF_ATTN_FLASH);
+  if (!ok) {
+    printf("  FAIL runtime.attention=%s ran %s (the module logged why)\n", path_name(impl),
+           path_name(path));
+    c->failures++;
+  }
+}
+
+/* The table's fp32 entries under setting `impl`, forward then backward (under `impl_bwd`),
+ * against the fp32 CPU attention, on bf16 inputs (the bf16 paths round nothing more). */
+static void attention_path_case(ctx *c, int B, int T, int NH, int hs, int impl, int impl_bwd)
+{
+  const int C = NH * hs;
+  const size_t BTC = (size_t)B * T * C, QKV = 3 * BTC, ATT = (size_t)B * NH * T * T;
+  char name[96];
+  c->k->set_attention(impl);
+  int path = c->k->attention_path(B, T, C, NH, NH);
+  printf(" B %d T %d, %d heads of %d, runtime.attention=%s: %s\n", B, T, NH, hs, path_name(impl),
+         path_name(path));
+  expect_path(c, impl, path, T % 128 == 0);
+  const size_t saved = c->k->attention_saved(B, T, C, NH),
+               scratch = c->k->attention_scratch(B, T, C, NH);
+  float *qkv = operand(c, QKV, WF_PREC_BF16), *dout = operand(c, BTC, WF_PREC_BF16);
+  float *out = hzero(c, BTC), *att = hzero(c, ATT), *dqkv = hrand(c, QKV, -1, 1);
+  float *d_out = df(c, out, BTC), *d_qkv = df(c, qkv, QKV), *d_att = df(c, hzero(c, saved), saved);
+  float *d_dqkv = df(c, dqkv, QKV), *d_scratch = df(c, hzero(c, scratch), scratch);
+  wf_attention_forward(out, att, qkv, B, T, C, NH);
+  wf_attention_backward(dqkv, hzero(c, ATT), dout, qkv, att, B, T, C, NH);
+  c->k->attention_forward(d_out, d_att, d_qkv, B, T, C, NH, c->stream);
+  c->k->set_attention(impl_bwd);
+  c->k->attention_backward(d_dqkv, d_scratch, df(c, dout, BTC), d_qkv, d_att, B, T, C, NH,
+                           c->stream);
+  int p2 = c->k->attention_path(B, T, C, NH, NH);
+  att16_bound bd = att16_bound_make(qkv, dout, B, T, C, NH);
+  double f_out = path == WF_ATTN_CUDNN ? 2 : 1,
+         f_bwd = path == WF_ATTN_CUDNN || p2 == WF_ATTN_CUDNN ? 2 : 1;
+  snprintf(name, sizeof name, "attention %s out", path_name(path));
+  if (path == WF_ATTN_REFERENCE)
+    expect_close(c, name, out, d_out, BTC, TOL_SUM, TOL_SUM);
+  else
+    expect_bound(c, name, out, d_out, bd.out, BTC, f_out);
+  snprintf(name, sizeof name, "attention %s dqkv", path_name(p2));
+  if (path == WF_ATTN_REFERENCE && p2 == WF_ATTN_REFERENCE)
+    expect_close(c, name, dqkv, d_dqkv, QKV, TOL_SUM, TOL_SUM);
+  else /* a backward after the reference forward reads its output rounded: the bound holds */
+    expect_bound(c, name, dqkv, d_dqkv, bd.dqkv, QKV, f_bwd);
+  att16_bound_free(&bd);
+}
+
+/* Every setting on shapes that are no multiple of any tile (T 77 and 130, B x NH 3 and 1),
+ * and on one cuDNN must take (T 128): there runtime.attention=cudnn must run cuDNN (a GPU
+ * machine without a loadable cuDNN 9 fails here, with the module's reason in the log). */
+static void test_attention_paths(ctx *c)
+{
+  static const int impls[] = {WF_ATTN_REFERENCE, WF_ATTN_FLASH, WF_ATTN_CUDNN};
+  for (size_t i = 0; i < WF_ARRAY_LEN(impls); i++) {
+    attention_path_case(c, 1, 77, 3, 64, impls[i], impls[i]);
+    end_case(c);
+    attention_path_case(c, 1, 130, 1, 128, impls[i], impls[i]);
+    end_case(c);
+    attention_path_case(c, 3, 128, 1, 64, impls[i], impls[i]);
+    end_case(c);
+  }
+  printf(" forward and backward under different settings\n");
+  attention_path_case(c, 1, 77, 3, 64, WF_ATTN_REFERENCE, WF_ATTN_FLASH);
+  end_case(c);
+  attention_path_case(c, 1, 77, 3, 64, WF_ATTN_FLASH, WF_ATTN_REFERENCE);
+  c->k->set_attention(WF_ATTN_REFERENCE);
+}
+
+/* bf16 device buffer d (n) against bf16 host values ref within rel |ref| + atol. */
+static void expect_close16(ctx *c, const char *what, const wf_bf16 *ref, const wf_bf16 *d, size_t n,
+                           float atol, float rel)
+{
+  float *r = hzero(c, n), *g = hzero(c, n);
+  wf_bf16 *got = keep_host(c, calloc(n ? n : 1, sizeof *got));
+  size_t bad = n;
+  if (wf_gpu_stream_sync(c->g, c->stream) != WF_OK ||
+      wf_gpu_memcpy_d2h(c->g, got, d, n * sizeof *got) != WF_OK)
+    bad = 0;
+  wf_bf16_to_floats(r, ref, n);
+  wf_bf16_to_floats(g, got, n);
+  for (size_t i = 0; i < n && bad == n; i++)
+    if (!(fabsf(g[i] - r[i]) <= atol + rel * fabsf(r[i])))
+      bad = i;
+  if (bad == n) {
+    printf("  ok   %-28s n=%zu\n", what, n);
+    return;
+  }
+  printf("  FAIL %-28s n=%-7zu at %zu: cpu %.9g gpu %.9g\n", what, n, bad, r[bad], g[bad]);
+  c->failures++;
+}
+
+static wf_bf16 *h16(ctx *c, const float *f, size_t n)
+{
+  wf_bf16 *h = keep_host(c, calloc(n ? n : 1, sizeof *h));
+  wf_bf16_from_floats(h, f, n);
+  return h;
+}
+
+/* A device buffer of n bf16, read back widened. */
+static float *read16(ctx *c, const wf_bf16 *d, size_t n)
+{
+  wf_bf16 *h = keep_host(c, calloc(n ? n : 1, sizeof *h));
+  float *f = hzero(c, n);
+  if (wf_gpu_stream_sync(c->g, c->stream) != WF_OK ||
+      wf_gpu_memcpy_d2h(c->g, h, d, n * sizeof *h) != WF_OK)
+    return NULL;
+  wf_bf16_to_floats(f, h, n);
+  return f;
+}
+
+static void expect_true(ctx *c, const char *what, bool ok)
+{
+  printf("  %-4s %s\n", ok ? "ok" : "FAIL", what);
+  c->failures += !ok;
+}
+
+/* test_attention_gqa16's verdicts: (g) grouped-query against (m) its multi-head expansion. */
+typedef struct gqa16 {
+  int B, T, NH, NKV, hs;
+  const wf_bf16 *yg, *ym, *dg, *dm;
+  const float *lg, *lm;
+} gqa16;
+
+static void gqa16_compare(ctx *c, const gqa16 *x)
+{
+  const int C = x->NH * x->hs, LG = C + 2 * x->NKV * x->hs, hs = x->hs;
+  const size_t rows = (size_t)x->B * x->T, ny = rows * C, nl = (size_t)x->B * x->NH * x->T;
+  float *yg = read16(c, x->yg, ny), *ym = read16(c, x->ym, ny);
+  float *dg = read16(c, x->dg, rows * LG), *dm = read16(c, x->dm, rows * 3 * C);
+  float *lg = hzero(c, nl), *lm = hzero(c, nl), *sum = hzero(c, rows * LG),
+        *mag = hzero(c, rows * LG);
+  bool ok = yg && ym && dg && dm && wf_gpu_memcpy_d2h(c->g, lg, x->lg, nl * 4) == WF_OK &&
+            wf_gpu_memcpy_d2h(c->g, lm, x->lm, nl * 4) == WF_OK;
+  expect_true(c, "gqa out, lse bit for bit",
+              ok && !memcmp(yg, ym, ny * 4) && !memcmp(lg, lm, nl * 4));
+  bool dq = ok, dkv = ok;
+  for (size_t r = 0; ok && r < rows; r++)
+    for (int h = 0; h < x->NH; h++)
+      for (int d = 0; d < hs; d++) {
+        float k = dm[r * 3 * C + C + h * hs + d], v = dm[r * 3 * C + 2 * C + h * hs + d];
+        int j = h / (x->NH / x->NKV);
+        size_t kk = r * LG + C + (size_t)j * hs + d,
+               vv = r * LG + C + (size_t)(x->NKV + j) * hs + d;
+        dq = dq && dg[r * LG + h * hs + d] == dm[r * 3 * C + h * hs + d];
+        sum[kk] += k, mag[kk] += fabsf(k), sum[vv] += v, mag[vv] += fabsf(v);
+      }
+  for (size_t i = 0; ok && i < rows * LG; i++)
+    if (i % LG >= (size_t)C)
+      dkv = dkv && fabs(dg[i] - sum[i]) <= ATT16_U * (fabs(sum[i]) + mag[i]) + 1e-6;
+  expect_true(c, "gqa dq bit for bit", dq);
+  expect_true(c, "gqa dk, dv: the group's sum", dkv);
+}
+
+/* The bf16 entries with grouped-query attention (NH 3 sharing one kv head), under the flash
+ * kernels, against the same entries on multi-head inputs with each kv head repeated:
+ * out, lse and dq must be bit for bit the same (the same kernel on the same values); dk
+ * and dv of a kv head are the group's sum in fp32 rounded once, against per-head
+ * gradients rounded then summed: u (|sum| + sum |term|). The multi-head results
+ * themselves are held to the fp32 attention by test_attention_paths. */
+static void test_attention_gqa16(ctx *c)
+{
+  enum {
+    B = 1,
+    T = 77,
+    NH = 3,
+    NKV = 1,
+    G = NH / NKV,
+    hs = 64,
+    C = NH * hs,
+    LG = C + 2 * NKV * hs
+  };
+  const size_t ng = (size_t)B * T * LG, nm = (size_t)B * T * 3 * C, ny = (size_t)B * T * C;
+  const size_t nl = (size_t)B * NH * T;
+  c->k->set_attention(WF_ATTN_FLASH);
+  float *xg = operand(c, ng, WF_PREC_BF16), *dy = operand(c, ny, WF_PREC_BF16), *xm = hzero(c, nm);
+  for (size_t r = 0; r < (size_t)B * T; r++)
+    for (int h = 0; h < NH; h++)
+      for (int d = 0; d < hs; d++) {
+        xm[r * 3 * C + h * hs + d] = xg[r * LG + h * hs + d];
+        xm[r * 3 * C + C + h * hs + d] = xg[r * LG + C + (h / G) * hs + d];
+        xm[r * 3 * C + 2 * C + h * hs + d] = xg[r * LG + C + (NKV + h / G) * hs + d];
+      }
+  wf_bf16 *d_xg = dcopy(c, h16(c, xg, ng), ng * 2), *d_xm = dcopy(c, h16(c, xm, nm), nm * 2);
+  wf_bf16 *d_dy = dcopy(c, h16(c, dy, ny), ny * 2), *zero16 = h16(c, hzero(c, ng), ng);
+  wf_bf16 *d_yg = dcopy(c, zero16, ny * 2), *d_ym = dcopy(c, zero16, ny * 2);
+  wf_bf16 *d_dg = dcopy(c, zero16, ng * 2), *d_dm = dcopy(c, h16(c, hzero(c, nm), nm), nm * 2);
+  float *d_lg = df(c, hzero(c, nl), nl), *d_lm = df(c, hzero(c, nl), nl);
+  float *d_sg = df(c, hzero(c, c->k->attention_bf16_scratch(B, T, C, NH, NKV)),
+                   c->k->attention_bf16_scratch(B, T, C, NH, NKV));
+  float *d_sm = df(c, hzero(c, c->k->attention_bf16_scratch(B, T, C, NH, NH)),
+                   c->k->attention_bf16_scratch(B, T, C, NH, NH));
+  c->k->attention_bf16_forward(d_yg, d_lg, d_xg, B, T, C, NH, NKV, c->stream);
+  c->k->attention_bf16_forward(d_ym, d_lm, d_xm, B, T, C, NH, NH, c->stream);
+  c->k->attention_bf16_backward(d_dg, d_sg, d_dy, d_xg, d_yg, d_lg, B, T, C, NH, NKV, c->stream);
+  c->k->attention_bf16_backward(d_dm, d_sm, d_dy, d_xm, d_ym, d_lm, B, T, C, NH, NH, c->stream);
+  gqa16 x = {B, T, NH, NKV, hs, d_yg, d_ym, d_dg, d_dm, d_lg, d_lm};
+  gqa16_compare(c, &x);
+  c->k->set_attention(WF_ATTN_REFERENCE);
+}
+
+/* ---- the fused classifier ------------------------------------------------------------- */
+
+#define TOL_BF16_STEP 0x1p-7f /* one bf16 step: 2^-7 of the value at most */
+
+/* logits (N, ld) as bf16 in [-6, 6), padding NaN (never read); targets in [0, V). */
+static wf_bf16 *cls_logits(ctx *c, int N, int V, int ld)
+{
+  float *f = hrand(c, (size_t)N * ld, -6, 6);
+  for (int i = 0; i < N; i++)
+    for (int j = V; j < ld; j++)
+      f[(size_t)i * ld + j] = NAN;
+  return h16(c, f, (size_t)N * ld);
+}
+
+/* The whole-vocabulary classifier in place: ld 40 (element by element) and 64 (16-byte
+ * loads with a tail: V 61). */
+static void classifier_case(ctx *c, int N, int V, int ld)
+{
+  const size_t NL = (size_t)N * ld;
+  wf_bf16 *x = cls_logits(c, N, V, ld);
+  int *t = hints(c, N, 0, V);
+  float *loss = hzero(c, N), *d_loss = df(c, loss, N);
+  wf_bf16 *d_x = dcopy(c, x, NL * 2);
+  c->k->classifier_bf16(d_x, d_loss, di(c, t, N), 1.0f / N, N, V, ld, c->stream);
+  wf_classifier_bf16(x, loss, t, 1.0f / N, N, V, ld);
+  expect_close(c, "classifier_bf16 losses", loss, d_loss, N, TOL_SUM, TOL_SUM);
+  expect_close16(c, "classifier_bf16 dlogits", x, d_x, NL, 1e-9f, TOL_BF16_STEP);
+}
+
+/* One vocabulary slice at v_offset 5 with some targets outside it: its statistics, then
+ * the gradient from them out of place and in place. */
+static void xent16_case(ctx *c)
+{
+  const int N = 13, V = 37, ld = 40, v_offset = 5;
+  const size_t NL = (size_t)N * ld;
+  wf_bf16 *x = cls_logits(c, N, V, ld), *d_x = dcopy(c, x, NL * 2);
+  int *t = hints(c, N, 0, v_offset + V + 8), *d_t = di(c, t, N);
+  float *mx = hzero(c, N), *se = hzero(c, N), *tl = hzero(c, N);
+  float *d_mx = df(c, mx, N), *d_se = df(c, se, N), *d_tl = df(c, tl, N);
+  wf_xent_stats_bf16(mx, se, tl, x, t, N, V, ld, v_offset);
+  c->k->xent_stats_bf16(d_mx, d_se, d_tl, d_x, d_t, N, V, ld, v_offset, c->stream);
+  expect_close(c, "xent_stats_bf16 row_max", mx, d_mx, N, 0, 0);
+  expect_close(c, "xent_stats_bf16 row_sumexp", se, d_se, N, TOL_SUM, TOL_SUM);
+  expect_close(c, "xent_stats_bf16 target_logit", tl, d_tl, N, 0, 0);
+  wf_bf16 *d = keep_host(c, calloc(NL, sizeof *d)), *d_d = dcopy(c, d, NL * 2);
+  float *cm = df(c, mx, N), *cs = df(c, se, N); /* both sides from the CPU statistics */
+  wf_xent_backward_bf16(d, x, mx, se, t, 0.5f, N, V, ld, v_offset);
+  c->k->xent_backward_bf16(d_d, d_x, cm, cs, d_t, 0.5f, N, V, ld, v_offset, c->stream);
+  expect_close16(c, "xent_backward_bf16", d, d_d, NL, 1e-9f, TOL_BF16_STEP);
+  c->k->xent_backward_bf16(d_x, d_x, cm, cs, d_t, 0.5f, N, V, ld, v_offset, c->stream);
+  expect_close16(c, "xent_backward_bf16 in place", d, d_x, NL, 1e-9f, TOL_BF16_STEP);
+}
+
+static void test_classifier(ctx *c)
+{
+  classifier_case(c, 13, 37, 40);
+  end_case(c);
+  classifier_case(c, 5, 61, 64);
+  end_case(c);
+  xent16_case(c);
+}
+
+/* The launch count grows by one per launch (and by none for an empty call). */
+static void test_launches(ctx *c)
+{
+  float x = 1.0f, *d_x = df(c, &x, 1);
+  uint64_t a = c->k->launches();
+  c->k->scale(d_x, 2.0f, 1, c->stream);
+  c->k->scale(d_x, 2.0f, 0, c->stream);
+  uint64_t b = c->k->launches();
+  printf("  %-4s launches: %llu -> %llu\n", b == a + 1 ? "ok" : "FAIL", (unsigned long long)a,
+         (unsigned long long)b);
+  c->failures += b != a + 1;
+}
+
 static void test_gelu_residual(ctx *c)
 {
   const size_t N = 1001;
@@ -522,6 +845,12 @@ static void test_sumsq_scale(ctx *c)
   expect_double(c, "sumsq_acc", acc, read_double(c, d_acc), 1e-9);
   c->k->sumsq_acc(d_acc, d_x, 0, c->stream); /* empty: adds nothing */
   expect_double(c, "sumsq_acc empty", acc, read_double(c, d_acc), 0);
+  wf_sumsq_acc(&acc, x + 1, n - 1); /* not 16-byte aligned: the element-wise loads */
+  c->k->sumsq_acc(d_acc, d_x + 1, n - 1, c->stream);
+  expect_double(c, "sumsq_acc unaligned", acc, read_double(c, d_acc), 1e-9);
+  wf_sumsq_acc(&acc, x + 3, 1001); /* one block, one launch */
+  c->k->sumsq_acc(d_acc, d_x + 3, 1001, c->stream);
+  expect_double(c, "sumsq_acc small", acc, read_double(c, d_acc), 1e-9);
   wf_scale(x, -0.37f, n);
   c->k->scale(d_x, -0.37f, n, c->stream);
   expect_close(c, "scale", x, d_x, n, TOL_EXACT, TOL_EXACT);
@@ -556,6 +885,11 @@ static void test_xent_parts(ctx *c)
   wf_loss_accumulate(&acc, losses, N);
   c->k->loss_accumulate(d_acc, df(c, losses, N), N, c->stream);
   expect_double(c, "loss_accumulate", acc, read_double(c, d_acc), 1e-9);
+  const int NB = 40001; /* a B x T of several blocks: the two-pass sum */
+  float *many = hrand(c, NB, 0, 11);
+  wf_loss_accumulate(&acc, many, NB);
+  c->k->loss_accumulate(d_acc, df(c, many, NB), NB, c->stream);
+  expect_double(c, "loss_accumulate (40001)", acc, read_double(c, d_acc), 1e-9);
 }
 
 /* The first bad token of a long batch (two of them: the first must win), none, and
@@ -950,6 +1284,10 @@ static const struct {
     {"matmul+gelu", test_matmul_gelu},
     {"residual+layernorm", test_residual_layernorm},
     {"attention", test_attention},
+    {"attention paths", test_attention_paths},
+    {"attention bf16 gqa", test_attention_gqa16},
+    {"classifier bf16", test_classifier},
+    {"launches", test_launches},
     {"gelu+residual", test_gelu_residual},
     {"xent", test_xent},
     {"adamw", test_adamw},

@@ -91,9 +91,10 @@ class Job:
             pass
 
 
-def launch(d, np_, extra=(), port=None):
+def launch(d, np_, extra=(), port=None, env_extra=None):
     env = dict(os.environ, WEFT_JOB_DIR=os.path.join(d, "jobs"),
-               MASTER_PORT=str(port or free_ports(1)[0]), OMPI_MCA_ess_singleton_isolated="1")
+               MASTER_PORT=str(port or free_ports(1)[0]), OMPI_MCA_ess_singleton_isolated="1",
+               **(env_extra or {}))
     args = [WORKER] + TINY + [f"train.checkpoint_dir={d}/ck", f"mesh.dp={np_}"] + list(extra)
     cmd = MPIRUN + ["-np", str(np_), "-x", "WEFT_JOB_DIR", "-x", "MASTER_PORT"] + args \
         if np_ > 1 else args
@@ -155,9 +156,10 @@ def case_signal_mpirun(sig):
 
 def case_twice():
     """Ctrl-C twice: the second stops at once, exit 130, no checkpoint after the first
-    request, the job file and socket removed."""
+    request, the job file and socket removed. Step 3's data read never returns
+    (WEFT_TEST_DATA_STALL), so no step boundary can come between the two."""
     with tempfile.TemporaryDirectory() as d:
-        job = launch(d, 1, ["model.d_model=256", "model.heads=4"])
+        job = launch(d, 1, env_extra={"WEFT_TEST_DATA_STALL": "0:3"})
         job.wait_for(r"step 2/")
         job.ctrl_c()
         job.wait_for(r"SIGINT: stopping at the next step boundary")

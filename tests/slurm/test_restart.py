@@ -116,12 +116,14 @@ print("--save files: %d bytes each, %s" % (len(ref), "identical" if ref == got e
 if ref != got:
     fail("the restarted job's parameters differ from the uninterrupted run's", log)
 
-# 3. WEFT_MAX_RESTARTS=0: the first failure is final, with the job's own status.
+# 3. WEFT_MAX_RESTARTS=0: the first failure is final, with the job's own status. The
+# failure is one a restart could cure (status 1: an injected read error of step 1's batch,
+# WEFT_TEST_DATA_FAIL), not a configuration error (status 2), which weft-run never retries.
 env = job_env("norestart")
-env["WEFT_MAX_RESTARTS"] = "0"
+env.update(WEFT_MAX_RESTARTS="0", WEFT_TEST_DATA_FAIL="0:1")
 r = subprocess.run([weft_run, mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "1",
-                    worker, "train.steps=2", "model.layers=-1"], env=env, capture_output=True,
-                   text=True, timeout=120)
+                    "-x", "WEFT_TEST_DATA_FAIL", worker, "train.steps=2"], env=env,
+                   capture_output=True, text=True, timeout=120)
 if r.returncode == 0 or "0 of WEFT_MAX_RESTARTS=0 restarts are spent; giving up" not in r.stderr:
     print(r.stdout[-2000:], r.stderr[-2000:])
     fail("WEFT_MAX_RESTARTS=0 did not give up at once")
@@ -130,9 +132,9 @@ print("WEFT_MAX_RESTARTS=0: gave up at once with status %d" % r.returncode)
 # 4. A job Slurm requeued (SLURM_RESTART_COUNT=1) resumes from its checkpoints at once,
 # and that requeue counts against WEFT_MAX_RESTARTS=1: the next failure is final.
 env = job_env("requeued")
-env.update(WEFT_MAX_RESTARTS="1", SLURM_RESTART_COUNT="1")
+env.update(WEFT_MAX_RESTARTS="1", SLURM_RESTART_COUNT="1", WEFT_TEST_DATA_FAIL="0:1")
 r = subprocess.run([weft_run, mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "1",
-                    worker, "train.steps=2", "model.layers=-1",
+                    "-x", "WEFT_TEST_DATA_FAIL", worker, "train.steps=2",
                     "train.checkpoint_dir=" + os.path.join(tmp, "ck-requeued")],
                    env=env, capture_output=True, text=True, timeout=120)
 if r.returncode == 0 or "SLURM_RESTART_COUNT=1): resuming from the last checkpoint" not in \

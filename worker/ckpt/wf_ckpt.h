@@ -140,7 +140,7 @@ wf_status wf_ckpt_export(const char *dir, const char *out_path, wf_weights_fmt f
  * the checkpoint train.resume names (else the latest in train.checkpoint_dir) - written
  * at out_path in format f, without training. The source's path into src. Not
  * collective. */
-wf_status wf_weights_export(const wf_config *cfg, const char *out_path, wf_weights_fmt f,
-                            char *src, size_t src_len);
+wf_status wf_weights_export(const wf_config *cfg, const char *out_path, wf_weights_fmt f, char *src,
+                            size_t src_len);
 
 #endif /* WF_CKPT_H */

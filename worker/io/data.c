@@ -742,7 +742,8 @@ wf_status wf_data_batch(const wf_data *d, int *inputs, int *targets, wf_data_spl
     return WF_EIO;
   }
   if (test_hook("WEFT_TEST_DATA_STALL", &stall_r, &stall_s, split, index))
-    sleep(3600); /* a read that never returns: the process lives, training does not */
+    while (sleep(3600)) /* a read that never returns, signals or not: the process */
+      ;                 /* lives, training does not */
   int rows = wf_data_rows(d, dp_size, micro_count);
   if (rows == 0 || dp_rank < 0 || dp_rank >= dp_size || micro < 0 || micro >= micro_count)
     return WF_EINVAL;

@@ -22,6 +22,17 @@ static size_t flash_saved(int B, int T, int C, int NH)
   return NH > 0 && C % NH == 0 && C / NH <= 128 ? (size_t)B * NH * T : (size_t)B * NH * T * T;
 }
 
+/* What the GPU keeps between attention's forward and backward (attention_impl.cu's
+ * wf_cuda_attn_saved): up to head size 128, the lse and the output in bf16, each
+ * rounded up to 16 floats. */
+static size_t gpu_saved(int B, int T, int C, int NH)
+{
+  if (!(NH > 0 && C % NH == 0 && C / NH <= 128))
+    return flash_saved(B, T, C, NH);
+  size_t lse = (size_t)B * NH * T, out = ((size_t)B * T * C + 1) / 2;
+  return ((lse + 15) & ~(size_t)15) + ((out + 15) & ~(size_t)15);
+}
+
 static size_t gpu_workspace(void) { return WF_KTABLE_GPU_WORKSPACE; }
 
 const wf_ktable *wf__plan_kernels(const wf_hw *hw)
@@ -31,7 +42,7 @@ const wf_ktable *wf__plan_kernels(const wf_hw *hw)
   if (!hw || !hw->gpu)
     return cpu;
   gpu = *cpu;
-  gpu.attention_saved = flash_saved;
+  gpu.attention_saved = gpu_saved;
   gpu.attention_scratch = flash_saved;
   gpu.workspace_bytes = gpu_workspace;
   return &gpu;

@@ -375,6 +375,11 @@ static void write_metrics(wf__trainer *tr, const wf_train_step_info *in, double 
   json_object_set_new(o, "optim_bytes", json_integer(in->optim_bytes));
   json_object_set_new(o, "act_bytes", json_integer(in->act_bytes));
   json_object_set_new(o, "host_syncs", json_integer(in->host_syncs));
+  /* GPU kernel launches and library calls since the last line (the CPU counts none): a
+   * step's, evaluation's included when it ran (docs/gpu-performance.md, launch overhead) */
+  uint64_t launches = wf_dev_kernels(tr->dev)->launches();
+  json_object_set_new(o, "launches", json_integer((json_int_t)(launches - tr->launches)));
+  tr->launches = launches;
   if (!isnan(in->val_loss)) {
     json_object_set_new(o, "val_loss", real_or_null(in->val_loss));
     json_object_set_new(o, "eval_ms", real_or_null(eval_ms)); /* not in step_ms */

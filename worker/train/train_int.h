@@ -60,12 +60,13 @@ typedef struct wf__trainer {
   int loss_n;              /* steps in it */
   wf_tokenizer *tok;       /* data.tokenizer, loaded by the first sample; NULL = bytes */
   /* for the end-of-run summary (report.c): */
-  int done;               /* the last step trained (tr->start before the first) */
-  bool stopped;           /* on_step stopped the run before train.steps */
-  double first_loss;      /* the first step's loss this run; NAN before it */
-  double last_loss;       /* the last step's */
-  double last_val;        /* the last evaluation's; NAN when none ran */
-  int saved_step;         /* the last checkpoint written this run; 0 = none */
+  int done;          /* the last step trained (tr->start before the first) */
+  bool stopped;      /* on_step stopped the run before train.steps */
+  double first_loss; /* the first step's loss this run; NAN before it */
+  double last_loss;  /* the last step's */
+  double last_val;   /* the last evaluation's; NAN when none ran */
+  int saved_step;    /* the last checkpoint written this run; 0 = none */
+  uint64_t launches; /* the device's launch count at the last metrics line */
 } wf__trainer;
 
 /* Hooks for a one-off run inside the job (--dump-state, --generate): comms' groups and
