@@ -37,8 +37,8 @@ struct rope {
 };
 
 /* x1' = x1 c - x2 (sign s), x2' = x2 c + x1 (sign s) for each of `heads` heads of a row. */
-WF__CLONES static void rotate_row(float *x, const float *c, const float *s, int heads, int hs,
-                                  float sign)
+WF__CLONES static void rope_rotate_row(float *x, const float *c, const float *s, int heads, int hs,
+                                       float sign)
 {
   const int h2 = hs / 2;
   for (int j = 0; j < heads; j++, x += hs) {
@@ -59,7 +59,7 @@ static void rope_share(void *p, int tid, int nt)
   wf__split((size_t)r->B * r->T, tid, nt, 1, &lo, &hi);
   for (size_t bt = lo; bt < hi; bt++) {
     const float *c = r->cs + (bt % (size_t)r->T) * r->hs;
-    rotate_row(r->x + bt * W, c, c + r->hs / 2, r->NH + r->NKV, r->hs, r->sign);
+    rope_rotate_row(r->x + bt * W, c, c + r->hs / 2, r->NH + r->NKV, r->hs, r->sign);
   }
 }
 

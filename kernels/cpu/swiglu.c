@@ -15,7 +15,7 @@ struct glu {
   int N, F;
 };
 
-WF__CLONES static void forward_row(float *o, const float *gate, const float *up, int F)
+WF__CLONES static void swiglu_forward_row(float *o, const float *gate, const float *up, int F)
 {
 #pragma omp simd
   for (int i = 0; i < F; i++) {
@@ -25,8 +25,8 @@ WF__CLONES static void forward_row(float *o, const float *gate, const float *up,
 }
 
 /* d silu / dx = s (1 + x (1 - s)), s = sigmoid(x) */
-WF__CLONES static void backward_row(float *dgate, float *dup, const float *gate, const float *up,
-                                    const float *dy, int F)
+WF__CLONES static void swiglu_backward_row(float *dgate, float *dup, const float *gate,
+                                           const float *up, const float *dy, int F)
 {
 #pragma omp simd
   for (int i = 0; i < F; i++) {
@@ -43,7 +43,7 @@ static void forward_share(void *p, int tid, int nt)
   size_t lo, hi;
   wf__split((size_t)e->N, tid, nt, 1, &lo, &hi);
   for (size_t n = lo; n < hi; n++)
-    forward_row(e->out + n * F, e->inp + n * 2 * F, e->inp + n * 2 * F + F, e->F);
+    swiglu_forward_row(e->out + n * F, e->inp + n * 2 * F, e->inp + n * 2 * F + F, e->F);
 }
 
 void wf_swiglu_forward(float *out, const float *inp, int N, int F)
@@ -61,7 +61,7 @@ static void backward_share(void *p, int tid, int nt)
   for (size_t n = lo; n < hi; n++) {
     float *d = e->out + n * 2 * F;
     const float *x = e->inp + n * 2 * F;
-    backward_row(d, d + F, x, x + F, e->dout + n * F, e->F);
+    swiglu_backward_row(d, d + F, x, x + F, e->dout + n * F, e->F);
   }
 }
 
