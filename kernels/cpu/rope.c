@@ -14,6 +14,12 @@
 #include "cpu_int.h"
 #include "wf_kernels.h"
 
+/* clang contracts x * c + y * s into an FMA unless told not to (gcc does not under ISO
+ * C); the products must round as Hugging Face's separate fp32 ops do. */
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
+
 void wf_rope_table(float *cs, int T, int hs, double theta)
 {
   const int h2 = hs / 2;
