@@ -299,6 +299,62 @@ static void round_fp16(float *dst, const float *src, size_t n, wf_stream *s)
   wf_round_fp16(dst, src, n);
 }
 
+static void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+                            float eps, int N, int C, wf_stream *s)
+{
+  wf_rmsnorm_forward(out, rstd, inp, weight, eps, N, C);
+}
+
+static void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                             const float *weight, const float *rstd, int N, int C, wf_stream *s)
+{
+  wf_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
+}
+
+static void residual_rmsnorm_forward(float *res, float *out, float *rstd, const float *a,
+                                     const float *b, const float *weight, float eps, int N, int C,
+                                     wf_stream *s)
+{
+  wf_residual_forward(res, a, b, (size_t)N * C);
+  wf_rmsnorm_forward(out, rstd, res, weight, eps, N, C);
+}
+
+static void rope_forward(float *qkv, const float *cs, int B, int T, int NH, int NKV, int hs,
+                         wf_stream *s)
+{
+  wf_rope_forward(qkv, cs, B, T, NH, NKV, hs);
+}
+
+static void rope_backward(float *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs,
+                          wf_stream *s)
+{
+  wf_rope_backward(dqkv, cs, B, T, NH, NKV, hs);
+}
+
+static void swiglu_forward(float *out, const float *inp, int N, int F, wf_stream *s)
+{
+  wf_swiglu_forward(out, inp, N, F);
+}
+
+static void swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int F,
+                            wf_stream *s)
+{
+  wf_swiglu_backward(dinp, inp, dout, N, F);
+}
+
+static void attention_gqa_forward(float *out, float *att, const float *qkv, int B, int T, int C,
+                                  int NH, int NKV, wf_stream *s)
+{
+  wf_attention_gqa_forward(out, att, qkv, B, T, C, NH, NKV);
+}
+
+static void attention_gqa_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                                   const float *att, int B, int T, int C, int NH, int NKV,
+                                   wf_stream *s)
+{
+  wf_attention_gqa_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH, NKV);
+}
+
 /* The CPU kernels allocate nothing for themselves. */
 static size_t workspace_bytes(void) { return 0; }
 
@@ -381,6 +437,15 @@ const wf_ktable wf__cpu_ktable = {
     .round_bf16 = round_bf16,
     .round_fp16 = round_fp16,
     .last_error = last_error,
+    .rmsnorm_forward = rmsnorm_forward,
+    .rmsnorm_backward = rmsnorm_backward,
+    .residual_rmsnorm_forward = residual_rmsnorm_forward,
+    .rope_forward = rope_forward,
+    .rope_backward = rope_backward,
+    .swiglu_forward = swiglu_forward,
+    .swiglu_backward = swiglu_backward,
+    .attention_gqa_forward = attention_gqa_forward,
+    .attention_gqa_backward = attention_gqa_backward,
     .set_attention = set_attention,
     .attention_path = attention_path,
     .attention_bf16_forward = attention_bf16_forward,

@@ -186,10 +186,10 @@ __device__ __forceinline__ void wf__colsum_store(float acc, float *sh, float *ds
 /* ---- attention that keeps (T, T) probabilities (attention.cu), the fallback of the
  * flash-style kernels (flash.cu) for heads larger than they handle ------------------- */
 void wf__cuda_attention_forward_tt(float *out, float *att, const float *qkv, int B, int T, int C,
-                                   int NH, wf_stream *stream);
+                                   int NH, int NKV, wf_stream *stream);
 void wf__cuda_attention_backward_tt(float *dqkv, float *scratch, const float *dout,
                                     const float *qkv, const float *att, int B, int T, int C, int NH,
-                                    wf_stream *stream);
+                                    int NKV, wf_stream *stream);
 
 /* ---- launchers (one .cu per op) ----------------------------------------------- */
 
@@ -253,6 +253,26 @@ void wf_cuda_tokens_check(int *bad, const int *tokens, size_t n, int V, wf_strea
 void wf_cuda_scale(float *x, float s, size_t n, wf_stream *stream);
 void wf_cuda_round_bf16(float *dst, const float *src, size_t n, wf_stream *stream);
 void wf_cuda_round_fp16(float *dst, const float *src, size_t n, wf_stream *stream);
+void wf_cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+                             float eps, int N, int C, wf_stream *stream);
+void wf_cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                              const float *weight, const float *rstd, int N, int C,
+                              wf_stream *stream);
+void wf_cuda_residual_rmsnorm_forward(float *res, float *out, float *rstd, const float *a,
+                                      const float *b, const float *weight, float eps, int N, int C,
+                                      wf_stream *stream);
+void wf_cuda_rope_forward(float *qkv, const float *cs, int B, int T, int NH, int NKV, int hs,
+                          wf_stream *stream);
+void wf_cuda_rope_backward(float *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs,
+                           wf_stream *stream);
+void wf_cuda_swiglu_forward(float *out, const float *inp, int N, int F, wf_stream *stream);
+void wf_cuda_swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int F,
+                             wf_stream *stream);
+void wf_cuda_attention_gqa_forward(float *out, float *att, const float *qkv, int B, int T, int C,
+                                   int NH, int NKV, wf_stream *stream);
+void wf_cuda_attention_gqa_backward(float *dqkv, float *scratch, const float *dout,
+                                    const float *qkv, const float *att, int B, int T, int C, int NH,
+                                    int NKV, wf_stream *stream);
 void wf_cuda_checksum(uint64_t *out, const float *x, size_t n, int negate, wf_stream *stream);
 uint64_t wf_cuda_launches(void);
 
@@ -266,6 +286,11 @@ void wf_cuda_attn_forward(float *out, float *att, const float *qkv, int B, int T
                           wf_stream *stream);
 void wf_cuda_attn_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
                            const float *att, int B, int T, int C, int NH, wf_stream *stream);
+void wf_cuda_attn_gqa_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
+                              int NKV, wf_stream *stream);
+void wf_cuda_attn_gqa_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                               const float *att, int B, int T, int C, int NH, int NKV,
+                               wf_stream *stream);
 void wf_cuda_attention_bf16_forward(wf_bf16 *out, float *lse, const wf_bf16 *qkv, int B, int T,
                                     int C, int NH, int NKV, wf_stream *stream);
 void wf_cuda_attention_bf16_backward(wf_bf16 *dqkv, float *scratch, const wf_bf16 *dout,
