@@ -227,8 +227,10 @@ static void *buf(bench *b, role r)
   int lowp = (b)->sh.lowp, N = B * T;                                                              \
   size_t n4 = (size_t)N * 4 * (size_t)C, np = params_of(&(b)->sh);                                 \
   double dB = B, dT = T, dC = C, dV = V, dN = N, dP = (double)np;                                  \
+  int KV = NH % 2 ? NH : NH / 2;                  /* Llama's rows: kv heads */                     \
+  double dQK = dN * (NH + KV) * (double)(C / NH); /* elements of the q and k heads */              \
   (void)k, (void)s, (void)NH, (void)lowp, (void)n4, (void)dB, (void)dT, (void)dC, (void)dV,        \
-      (void)dN, (void)dP
+      (void)dN, (void)dP, (void)KV, (void)dQK
 #define F(r) ((float *)buf(b, (r)))
 #define I(r) ((int *)buf(b, (r)))
 #define H(r) ((wf_bf16 *)buf(b, (r)))
@@ -366,7 +368,43 @@ static void *buf(bench *b, role r)
   KERNEL(store, store, "store (N, 4C)", (double)n4, 4 * 2 * (double)n4, 0,                         \
          k->store(F(ACT2), F(ACT1), n4, s))                                                        \
   KERNEL(load, load, "load (N, 4C)", (double)n4, 4 * 2 * (double)n4, 0,                            \
-         k->load(F(ACT2), F(ACT1), n4, s))
+         k->load(F(ACT2), F(ACT1), n4, s))                                                         \
+  LLAMA_KERNELS(KERNEL)
+
+/* Llama's block at the same shape: NKV = NH/2 kv heads (grouped-query attention), head
+ * size hs = C/NH, SwiGLU F = 2C wide (its [gate | up] input is (N, 4C), the activations'
+ * width); RoPE rotates the q and k heads of a packed qkv, its (T, hs) table in ACT4. */
+#define LLAMA_KERNELS(KERNEL)                                                                      \
+  KERNEL(rms_f, rmsnorm_forward, "rmsnorm_forward", 4 * dN * dC, 4 * (2 * dN * dC + dN + dC), 0,   \
+         k->rmsnorm_forward(F(ACT1), F(POS0), F(ACT0), F(WT0), 1e-5f, N, C, s))                    \
+  KERNEL(resrms_f, residual_rmsnorm_forward, "residual_rmsnorm_forward", 5 * dN * dC,              \
+         4 * (4 * dN * dC + dN + dC), 0,                                                           \
+         k->residual_rmsnorm_forward(F(ACT3), F(ACT1), F(POS0), F(ACT0), F(ACT2), F(WT0), 1e-5f,   \
+                                     N, C, s))                                                     \
+  KERNEL(rope_f, rope_forward, "rope_forward (q, k; NKV = NH/2)", 3 * dQK,                         \
+         4 * (2 * dQK + dT * dC / NH), 0,                                                          \
+         k->rope_forward(F(ACT1), F(ACT4), B, T, NH, KV, C / NH, s))                               \
+  KERNEL(gqa_f, attention_gqa_forward, "attention_gqa_forward (NKV = NH/2)",                       \
+         2 * dB * dT * dT * dC,                                                                    \
+         4 * (dN * dC * (2 + 2.0 * KV / NH) + (double)k->attention_saved(B, T, C, NH)), 0,         \
+         k->attention_gqa_forward(F(ACT2), F(ATT), F(ACT1), B, T, C, NH, KV, s))                   \
+  KERNEL(swi_f, swiglu_forward, "swiglu_forward (N, 2C)", 5 * dN * 2 * dC, 4 * 3 * dN * 2 * dC, 0, \
+         k->swiglu_forward(F(ACT1), F(ACT2), N, 2 * C, s))                                         \
+  KERNEL(swi_b, swiglu_backward, "swiglu_backward (N, 2C)", 10 * dN * 2 * dC, 4 * 5 * dN * 2 * dC, \
+         0, k->swiglu_backward(F(ACT3), F(ACT2), F(ACT1), N, 2 * C, s))                            \
+  KERNEL(                                                                                          \
+      gqa_b, attention_gqa_backward, "attention_gqa_backward (NKV = NH/2)", 5 * dB * dT * dT * dC, \
+      4 * (dN * dC + 2 * dN * dC * (1 + 2.0 * KV / NH) + dN * dC +                                 \
+           (double)k->attention_saved(B, T, C, NH) + (double)k->attention_scratch(B, T, C, NH)),   \
+      0,                                                                                           \
+      k->attention_gqa_backward(F(ACT3), F(SCRATCH), F(ACT2), F(ACT1), F(ATT), B, T, C, NH, KV,    \
+                                s))                                                                \
+  KERNEL(rope_b, rope_backward, "rope_backward (q, k; NKV = NH/2)", 3 * dQK,                       \
+         4 * (2 * dQK + dT * dC / NH), 0,                                                          \
+         k->rope_backward(F(ACT3), F(ACT4), B, T, NH, KV, C / NH, s))                              \
+  KERNEL(rms_b, rmsnorm_backward, "rmsnorm_backward", 8 * dN * dC,                                 \
+         4 * (4 * dN * dC + dN + 3 * dC), 0,                                                       \
+         k->rmsnorm_backward(F(ACT2), F(WT2), F(ACT1), F(ACT0), F(WT0), F(POS0), N, C, s))
 
 /* Entries of the table that launch nothing (answers and settings), so have no row. */
 static const size_t not_kernels[] = {offsetof(wf_ktable, set_tf32),

@@ -1,8 +1,9 @@
 /*
  * train.c - whole training steps (forward, backward, grad norm, AdamW) on one rank.
  *
- * Prints, for gpt2-small at batch 4 x seq 64 and a 4-layer d_model 256 model (4 heads,
- * vocab 256) at batch 8 x seq 128: step time, tokens/s and achieved GFLOP/s
+ * Prints, for GPT-2 and Llama pairs of the same shape (the tiny presets at batch 8 x seq
+ * 64; 4 layers of d_model 256, 4 heads, vocab 256 at batch 8 x seq 128) and for
+ * gpt2-small at batch 4 x seq 64: step time, tokens/s and achieved GFLOP/s
  * (wf_model_flops_per_step: 6 x params x tokens plus attention), next to the machine's
  * sgemm rate: a 2048^3 GEMM through wf_matmul_forward, i.e. cblas_sgemm split over the
  * kernels' thread pool the way the model calls it, measured just before each model so
@@ -187,9 +188,40 @@ int main(int argc, char **argv)
          wf_kernels_threads(), steps);
   printf("%-17s %-6s %-7s %8s %9s %8s %8s %7s %8s %8s %7s %7s\n", "model", "stat", "BxT", "params",
          "step_ms", "fwd_ms", "bwd_ms", "opt_ms", "tok/s", "GFLOP/s", "sgemm", "%sgemm");
-  const shape shapes[] = {
-      {"gpt2-small", {.L = 12, .NH = 12, .C = 768, .maxT = 1024, .V = 50257, .Vp = 50304}, 4, 64},
+  /* GPT-2 and Llama pairs of the same depth, width and heads (Llama: 2 kv heads, SwiGLU
+   * 3 x C wide at the tiny size, ~8/3 x C at d_model 256, as Llama sizes it), then
+   * gpt2-small. The family is looked up by name (the dims literal's NULL is GPT-2). */
+  const wf_family *llama = wf_model_family_find("llama");
+  shape shapes[] = {
+      {"gpt2-tiny", {.L = 4, .NH = 4, .C = 64, .maxT = 64, .V = 256, .Vp = 256}, 8, 64},
+      {"llama-tiny",
+       {.fam = llama,
+        .L = 4,
+        .NH = 4,
+        .C = 64,
+        .maxT = 64,
+        .V = 256,
+        .Vp = 256,
+        .KV = 2,
+        .F = 192,
+        .rope_theta = 10000},
+       8,
+       64},
       {"L4 C256 NH4 V256", {.L = 4, .NH = 4, .C = 256, .maxT = 128, .V = 256, .Vp = 256}, 8, 128},
+      {"llama L4 C256 KV2",
+       {.fam = llama,
+        .L = 4,
+        .NH = 4,
+        .C = 256,
+        .maxT = 128,
+        .V = 256,
+        .Vp = 256,
+        .KV = 2,
+        .F = 688,
+        .rope_theta = 10000},
+       8,
+       128},
+      {"gpt2-small", {.L = 12, .NH = 12, .C = 768, .maxT = 1024, .V = 50257, .Vp = 50304}, 4, 64},
   };
   int rc = 0;
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)

@@ -1,5 +1,5 @@
 /*
- * attention.h - causal multi-head self-attention.
+ * attention.h - causal multi-head and grouped-query self-attention.
  * Part of the kernels module; include wf_kernels.h, which states the conventions
  * (outputs first, backward adds into gradients, shape legend). The CPU code is
  * kernels/cpu/attention.c; the CUDA twin has the same arguments plus a stream.
@@ -28,5 +28,28 @@ void wf_attention_forward16(void *out, void *att, const void *qkv, int B, int T,
                             int fmt);
 void wf_attention_backward16(float *dqkv, float *scratch, const float *dout, const void *qkv,
                              const void *att, int B, int T, int C, int NH, int fmt);
+/* Grouped-query attention (Llama): NH query heads share NKV key/value heads, NKV
+ * dividing NH; query head h reads kv head h / (NH / NKV). C = NH * hs is the width of
+ * q and of out; qkv (B,T,C + 2 NKV hs) holds the q heads, then the k heads, then the
+ * v heads: q = [0,C), k = [C, C + NKV hs), v = [C + NKV hs, C + 2 NKV hs), head j of
+ * each at [j*hs, (j+1)*hs) of its part. Under tensor parallelism NH, NKV and C are the
+ * rank's own (kv heads split with their query groups). out (B,T,C), att as in
+ * wf_attention_forward ((B,NH,T,T): one softmax per query head). Scale 1/sqrt(hs).
+ * With NKV == NH this is wf_attention_forward, which calls it: the same floats in the
+ * same order, bit for bit. The table's attention_saved / attention_scratch size the
+ * buffers of both (they depend on the query heads only). */
+void wf_attention_gqa_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
+                              int NKV);
+/* dqkv (B,T,C + 2 NKV hs) accumulated: dk and dv of a kv head sum over its NH / NKV
+ * query heads (in head order); scratch (B,NH,T,T) is overwritten. */
+void wf_attention_gqa_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                               const float *att, int B, int T, int C, int NH, int NKV);
+
+/* Grouped-query attention with out, qkv and att stored in 16-bit format fmt, as the
+ * multi-head 16-bit forms above (which call these with NKV = NH). */
+void wf_attention_gqa_forward16(void *out, void *att, const void *qkv, int B, int T, int C, int NH,
+                                int NKV, int fmt);
+void wf_attention_gqa_backward16(float *dqkv, float *scratch, const float *dout, const void *qkv,
+                                 const void *att, int B, int T, int C, int NH, int NKV, int fmt);
 
 #endif /* WF_KERNELS_ATTENTION_H */

@@ -1,5 +1,5 @@
 /*
- * wf_kernels.h - forward and backward of every op of the GPT model, on the CPU.
+ * wf_kernels.h - forward and backward of every op of the models (GPT-2, Llama), on the CPU.
  *
  * Conventions (llm.c's):
  *  - outputs first, then inputs, then sizes;
@@ -7,6 +7,7 @@
  *    gradient accumulation over micro-batches and tied weights come for free;
  *  - shapes in comments use  B batch, T time, C channels, OC output channels,
  *    NH heads (local to this rank under tensor parallelism), hs = C / NH,
+ *    NKV key/value heads (grouped-query attention; NKV divides NH), F the MLP's width,
  *    V vocabulary columns present in `logits`, ld the row stride (>= V), N rows;
  *  - kernels never communicate: pieces that need a reduction across ranks are split
  *    so the caller can reduce between them (see the cross-entropy pair).
@@ -38,6 +39,9 @@
 #include "classifier.h"
 #include "storage.h"
 #include "tokens.h"
+#include "rmsnorm.h"
+#include "rope.h"
+#include "swiglu.h"
 #include "checksum.h"
 
 #endif /* WF_KERNELS_H */

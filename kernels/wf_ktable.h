@@ -44,8 +44,9 @@
  * fp32 operands already rounded to that format (tests and benchmarks), which a GPU may
  * then multiply on 16-bit tensor cores: the same exact products, summed in another
  * order. Products always accumulate in fp32.
- * Fused ops (matmul_gelu_forward, residual_layernorm_forward) are defined as the
- * composition of the unfused ones; the CPU computes exactly that composition.
+ * Fused ops (matmul_gelu_forward, residual_layernorm_forward, residual_rmsnorm_forward)
+ * are defined as the composition of the unfused ones; the CPU computes exactly that
+ * composition.
  */
 #ifndef WF_KTABLE_H
 #define WF_KTABLE_H
@@ -62,7 +63,7 @@ extern "C" {
 #endif
 
 /* Bump when the table changes; the GPU module and the host must agree. */
-#define WF_KTABLE_VERSION 8
+#define WF_KTABLE_VERSION 9
 
 /* Device memory the CUDA kernels keep per device besides what their callers allocate:
  * cuBLASLt's workspace (32 MiB) and the column reductions' partial sums (4 MiB),
@@ -165,9 +166,36 @@ typedef struct wf_ktable {
    * it happened. */
   wf_status (*last_error)(void);
 
+  /* ---- Llama's ops (rmsnorm.h, rope.h, swiglu.h, attention.h) ----
+   * Activations (void *) in the table's format, as above; gradients, rstd and the RoPE
+   * table fp32. */
+  void (*rmsnorm_forward)(void *out, float *rstd, const void *inp, const float *weight, float eps,
+                          int N, int C, wf_stream *s);
+  void (*rmsnorm_backward)(float *dinp, float *dweight, const float *dout, const void *inp,
+                           const float *weight, const float *rstd, int N, int C, wf_stream *s);
+  /* residual then RMSNorm: res = a + b (res may alias a), out = rmsnorm(res); b is fp32
+   * (a branch's output after the tp reduction). */
+  void (*residual_rmsnorm_forward)(void *res, void *out, float *rstd, const void *a, const float *b,
+                                   const float *weight, float eps, int N, int C, wf_stream *s);
+  /* In place on the q and k heads of qkv; cs is the device copy of a wf_rope_table. */
+  void (*rope_forward)(void *qkv, const float *cs, int B, int T, int NH, int NKV, int hs,
+                       wf_stream *s);
+  void (*rope_backward)(float *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs,
+                        wf_stream *s);
+  void (*swiglu_forward)(void *out, const void *inp, int N, int F, wf_stream *s);
+  void (*swiglu_backward)(float *dinp, const void *inp, const float *dout, int N, int F,
+                          wf_stream *s);
+  /* Grouped-query attention; attention_saved / attention_scratch size its buffers too,
+   * and NKV == NH computes what attention_forward / attention_backward compute. */
+  void (*attention_gqa_forward)(void *out, void *att, const void *qkv, int B, int T, int C, int NH,
+                                int NKV, wf_stream *s);
+  void (*attention_gqa_backward)(float *dqkv, float *scratch, const float *dout, const void *qkv,
+                                 const void *att, int B, int T, int C, int NH, int NKV,
+                                 wf_stream *s);
   /* ---- Tensor-core attention and the fused classifier (docs/gpu-performance.md) ---- */
 
-  /* How attention_forward / attention_backward compute on this device, a
+  /* How attention_forward / attention_backward (and attention_gqa_forward / _backward)
+   * compute on this device, a
    * wf_attention_impl (wf_config.h): the GPU's fp32 entries run the fp32 reference
    * kernels (REFERENCE) or convert to bf16 and run the bf16 paths below (CUDNN, FLASH,
    * AUTO: cuDNN where it loads and accepts the shape, else the flash kernel where it

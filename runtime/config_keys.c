@@ -107,9 +107,10 @@ const wf__cfg_key wf__cfg_keys[] = {
      .off = OFF(mesh.axis_names),
      .def = "[dp, tp, pp]",
      .doc = "order of the mesh_shape axes as given"},
-    K_STR("model.family", model.family, "gpt2", "model family: gpt2"),
+    K_STR("model.family", model.family, "gpt2", "model family: gpt2, llama"),
     K_STR("model.preset", model.preset, "gpt2-tiny",
-          "gpt2-tiny, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl"),
+          "gpt2-tiny, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl, llama-tiny, llama-1b, "
+          "llama-8b"),
     K_INT("model.layers", model.layers, "4", 1, 4096, "transformer blocks (L)"),
     K_INT("model.heads", model.heads, "4", 1, 4096, "attention heads (NH)"),
     K_INT("model.d_model", model.d_model, "64", 1, 1 << 20, "channels (C)"),
@@ -288,9 +289,12 @@ const wf__cfg_preset wf__cfg_presets[] = {
     {"gpt2-medium", "gpt2", 24, 16, 1024, 1024, 50257, 3e-4, 0, 0, 0, WF_TIE_AUTO},
     {"gpt2-large", "gpt2", 36, 20, 1280, 1024, 50257, 2.5e-4, 0, 0, 0, WF_TIE_AUTO},
     {"gpt2-xl", "gpt2", 48, 25, 1600, 1024, 50257, 2e-4, 0, 0, 0, WF_TIE_AUTO},
+    {"llama-tiny", "llama", 4, 4, 64, 64, 256, 3e-3, 2, 192, 10000, WF_TIE_AUTO},
+    {"llama-1b", "llama", 16, 32, 2048, 8192, 128256, 3e-4, 8, 8192, 500000, WF_TIE_YES},
+    {"llama-8b", "llama", 32, 32, 4096, 8192, 128256, 3e-4, 8, 14336, 500000, WF_TIE_NO},
 };
 /* The families worker/model registers (model.family); a new family adds its name. */
-const char *const wf__cfg_families[] = {"gpt2", NULL};
+const char *const wf__cfg_families[] = {"gpt2", "llama", NULL};
 const int wf__cfg_npresets = (int)WF_ARRAY_LEN(wf__cfg_presets);
 
 /* The seeds' names (a DistributedConfig) and other spellings users bring along. */

@@ -1,21 +1,30 @@
 /*
- * attention.c - causal multi-head self-attention.
+ * attention.c - causal multi-head and grouped-query self-attention.
  *
- * Legend: B batch, T time, C channels, NH heads, hs = C / NH head size.
- * qkv (B,T,3C) holds q, k, v side by side; head h owns columns [h*hs, (h+1)*hs) of
- * each, so a head's Q, K and V are strided (ld 3C) matrices used in place by sgemm.
+ * Legend: B batch, T time, C channels of q and out, NH query heads, NKV key/value
+ * heads (NKV divides NH; multi-head attention is NKV == NH), hs = C / NH head size,
+ * G = NH / NKV query heads per kv head, ld = C + 2 NKV hs the row of qkv.
+ * qkv (B,T,ld) holds the q heads, then the k heads, then the v heads; query head h
+ * owns columns [h*hs, (h+1)*hs) of q and reads kv head h / G, so a head's Q, K and V
+ * are strided (ld) matrices used in place by sgemm. Multi-head attention is the case
+ * NKV == NH (ld = 3C): wf_attention_* call the grouped kernels with it, and those then
+ * make the same sgemm calls on the same pointers as the multi-head code always did,
+ * so its results are unchanged bit for bit.
  *
- * Work is split over the B*NH (batch, head) pairs; each pair runs single-threaded
- * OpenBLAS calls. Causality is exploited by row blocks of BLK queries: block
- * [i0, i1) only needs keys [0, i1), so the GEMMs do about half of the full T x T
- * work at long T. Entries above the diagonal of att are written as 0, so att is a
- * full (T,T) softmax matrix per head, as the CUDA twin and the backward expect.
+ * Forward work is split over the B*NH (batch, query head) pairs; backward over the
+ * B*NKV (batch, kv head) groups, whose G query heads run one after another in head
+ * order because they all add into the group's dK and dV (no two threads write one
+ * row, and the order of the additions is fixed). Each runs single-threaded OpenBLAS
+ * calls. Causality is exploited by row blocks of BLK queries: block [i0, i1) only
+ * needs keys [0, i1), so the GEMMs do about half of the full T x T work at long T. Entries above
+ * the diagonal of att are written as 0, so att is a full (T,T) softmax matrix per head, as the CUDA
+ * twin and the backward expect.
  *
- * The 16-bit forms (storage.h) load one (batch, head) pair's q, k, v into this thread's
+ * The 16-bit forms (storage.h) load one (batch, query head) pair's q, k, v into this thread's
  * working memory as a (T, 3 hs) matrix, run the same head functions on it with hs as
  * the width (so every GEMM has the fp32 kernel's shape), and store out and the
- * probabilities rounded; backward accumulates the head's dq, dk, dv in working memory
- * and adds them into dqkv.
+ * probabilities rounded; backward, split over kv-head groups like the fp32 one, accumulates
+ * each query head's dq, dk, dv in working memory and adds them into dqkv in head order.
  */
 #include <math.h>
 
@@ -45,9 +54,8 @@ WF__CLONES static void softmax_rows(float *A, int T, int i0, int i1)
 }
 
 static void head_forward(float *out, float *A, const float *q, const float *k, const float *v,
-                         int T, int C, int hs)
+                         int T, int C, int ld, int hs)
 {
-  const int ld = 3 * C;
   const float scale = 1.0f / sqrtf((float)hs);
   for (int i0 = 0; i0 < T; i0 += BLK) {
     int i1 = i0 + BLK < T ? i0 + BLK : T, m = i1 - i0;
@@ -65,27 +73,48 @@ static void head_forward(float *out, float *A, const float *q, const float *k, c
 struct att {
   float *out, *att, *dqkv, *scratch;
   const float *qkv, *catt, *dout;
-  int B, T, C, NH;
+  int B, T, C, NH, NKV;
 };
+
+/* Offsets in a row of qkv of query head h's q, k and v columns. */
+struct cols {
+  size_t q, k, v;
+};
+
+static struct cols cols_of(const struct att *a, size_t h)
+{
+  size_t hs = (size_t)(a->C / a->NH), kvh = h / (size_t)(a->NH / a->NKV);
+  struct cols c = {h * hs, (size_t)a->C + kvh * hs, (size_t)a->C + ((size_t)a->NKV + kvh) * hs};
+  return c;
+}
+
+static int row_of(const struct att *a) { return a->C + 2 * a->NKV * (a->C / a->NH); }
 
 static void forward_share(void *p, int tid, int nt)
 {
   const struct att *a = p;
-  const int T = a->T, C = a->C, NH = a->NH, hs = C / NH;
+  const int T = a->T, C = a->C, NH = a->NH, hs = C / NH, ld = row_of(a);
   size_t lo, hi;
   wf__split((size_t)a->B * NH, tid, nt, 1, &lo, &hi);
   for (size_t bh = lo; bh < hi; bh++) {
     size_t b = bh / NH, h = bh % NH;
-    const float *base = a->qkv + b * T * 3 * C + h * hs;
-    head_forward(a->out + b * T * C + h * hs, a->att + bh * T * T, base, base + C, base + 2 * C, T,
-                 C, hs);
+    const float *base = a->qkv + b * T * ld;
+    struct cols c = cols_of(a, h);
+    head_forward(a->out + b * T * C + h * hs, a->att + bh * T * T, base + c.q, base + c.k,
+                 base + c.v, T, C, ld, hs);
   }
+}
+
+void wf_attention_gqa_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
+                              int NKV)
+{
+  struct att a = {.out = out, .att = att, .qkv = qkv, .B = B, .T = T, .C = C, .NH = NH, .NKV = NKV};
+  wf__parallel(wf__threads_for((size_t)B * NH * T * T * (C / NH) / 64), forward_share, &a);
 }
 
 void wf_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH)
 {
-  struct att a = {.out = out, .att = att, .qkv = qkv, .B = B, .T = T, .C = C, .NH = NH};
-  wf__parallel(wf__threads_for((size_t)B * NH * T * T * (C / NH) / 64), forward_share, &a);
+  wf_attention_gqa_forward(out, att, qkv, B, T, C, NH, NH);
 }
 
 /* Rows [i0, i1) of one head: dS = att * (dA - rowsum(att * dA)), in place in D. */
@@ -112,9 +141,9 @@ struct head_grad {
   const float *q, *k, *v, *dout;
 };
 
-static void head_backward(const struct head_grad *g, float *D, const float *A, int T, int C, int hs)
+static void head_backward(const struct head_grad *g, float *D, const float *A, int T, int C, int ld,
+                          int hs)
 {
-  const int ld = 3 * C;
   const float scale = 1.0f / sqrtf((float)hs);
   for (int i0 = 0; i0 < T; i0 += BLK) {
     int i1 = i0 + BLK < T ? i0 + BLK : T, m = i1 - i0;
@@ -135,30 +164,39 @@ static void head_backward(const struct head_grad *g, float *D, const float *A, i
   }
 }
 
+/* Query head h of batch b, whose kv head is in the caller's group. */
+static void query_head_backward(const struct att *a, size_t b, size_t h)
+{
+  const int T = a->T, C = a->C, hs = C / a->NH, ld = row_of(a);
+  const size_t row0 = b * T * ld, bh = b * a->NH + h;
+  struct cols c = cols_of(a, h);
+  struct head_grad g = {
+      .dq = a->dqkv + row0 + c.q,
+      .dk = a->dqkv + row0 + c.k,
+      .dv = a->dqkv + row0 + c.v,
+      .q = a->qkv + row0 + c.q,
+      .k = a->qkv + row0 + c.k,
+      .v = a->qkv + row0 + c.v,
+      .dout = a->dout + b * T * C + h * hs,
+  };
+  head_backward(&g, a->scratch + bh * T * T, a->catt + bh * T * T, T, C, ld, hs);
+}
+
 static void backward_share(void *p, int tid, int nt)
 {
   const struct att *a = p;
-  const int T = a->T, C = a->C, NH = a->NH, hs = C / NH;
+  const size_t G = (size_t)(a->NH / a->NKV);
   size_t lo, hi;
-  wf__split((size_t)a->B * NH, tid, nt, 1, &lo, &hi);
-  for (size_t bh = lo; bh < hi; bh++) {
-    size_t b = bh / NH, h = bh % NH;
-    size_t off = b * T * 3 * C + h * hs;
-    struct head_grad g = {
-        .dq = a->dqkv + off,
-        .dk = a->dqkv + off + C,
-        .dv = a->dqkv + off + 2 * C,
-        .q = a->qkv + off,
-        .k = a->qkv + off + C,
-        .v = a->qkv + off + 2 * C,
-        .dout = a->dout + b * T * C + h * hs,
-    };
-    head_backward(&g, a->scratch + bh * T * T, a->catt + bh * T * T, T, C, hs);
+  wf__split((size_t)a->B * a->NKV, tid, nt, 1, &lo, &hi);
+  for (size_t bk = lo; bk < hi; bk++) {
+    size_t b = bk / a->NKV, kvh = bk % a->NKV;
+    for (size_t h = kvh * G; h < (kvh + 1) * G; h++)
+      query_head_backward(a, b, h);
   }
 }
 
-void wf_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                           const float *att, int B, int T, int C, int NH)
+void wf_attention_gqa_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                               const float *att, int B, int T, int C, int NH, int NKV)
 {
   struct att a = {.dqkv = dqkv,
                   .scratch = scratch,
@@ -168,7 +206,8 @@ void wf_attention_backward(float *dqkv, float *scratch, const float *dout, const
                   .B = B,
                   .T = T,
                   .C = C,
-                  .NH = NH};
+                  .NH = NH,
+                  .NKV = NKV};
   wf__parallel(wf__threads_for((size_t)B * NH * T * T * (C / NH) / 32), backward_share, &a);
 }
 
@@ -179,17 +218,19 @@ struct att16 {
   float *dqkv;
   const void *qkv, *catt;
   const float *dout;
-  int B, T, C, NH, fmt;
+  int B, T, C, NH, NKV, fmt;
 };
 
-/* Head h of batch b's q, k, v rows -> w (T, 3 hs): q at column 0, k at hs, v at 2 hs. */
+/* Query head h of batch b's q, k, v rows -> w (T, 3 hs): q at column 0, k at hs, v at
+ * 2 hs (k and v those of its kv head). */
 static void load_head(float *w, const struct att16 *a, size_t b, size_t h)
 {
-  size_t T = (size_t)a->T, C = (size_t)a->C, hs = C / (size_t)a->NH;
+  size_t T = (size_t)a->T, C = (size_t)a->C, hs = C / (size_t)a->NH, NKV = (size_t)a->NKV;
+  size_t ld = C + 2 * NKV * hs, kvh = h / ((size_t)a->NH / NKV);
+  size_t col[3] = {h * hs, C + kvh * hs, C + (NKV + kvh) * hs};
   for (size_t t = 0; t < T; t++)
     for (size_t part = 0; part < 3; part++)
-      wf__load(w + t * 3 * hs + part * hs, a->qkv, (b * T + t) * 3 * C + part * C + h * hs, hs,
-               a->fmt);
+      wf__load(w + t * 3 * hs + part * hs, a->qkv, (b * T + t) * ld + col[part], hs, a->fmt);
 }
 
 static void forward16_share(void *p, int tid, int nt)
@@ -203,51 +244,68 @@ static void forward16_share(void *p, int tid, int nt)
   for (size_t bh = lo; bh < hi; bh++) {
     size_t b = bh / a->NH, h = bh % a->NH;
     load_head(w, a, b, h);
-    head_forward(o, A, w, w + hs, w + 2 * hs, (int)T, (int)hs, (int)hs);
+    head_forward(o, A, w, w + hs, w + 2 * hs, (int)T, (int)hs, (int)(3 * hs), (int)hs);
     for (size_t t = 0; t < T; t++)
       wf__store(a->out, (b * T + t) * C + h * hs, o + t * hs, hs, a->fmt);
     wf__store(a->att, bh * T * T, A, T * T, a->fmt);
   }
 }
 
+void wf_attention_gqa_forward16(void *out, void *att, const void *qkv, int B, int T, int C, int NH,
+                                int NKV, int fmt)
+{
+  struct att16 a = {
+      .out = out, .att = att, .qkv = qkv, .B = B, .T = T, .C = C, .NH = NH, .NKV = NKV, .fmt = fmt};
+  wf__parallel(wf__threads_for((size_t)B * NH * T * T * (C / NH) / 64), forward16_share, &a);
+}
+
 void wf_attention_forward16(void *out, void *att, const void *qkv, int B, int T, int C, int NH,
                             int fmt)
 {
-  struct att16 a = {
-      .out = out, .att = att, .qkv = qkv, .B = B, .T = T, .C = C, .NH = NH, .fmt = fmt};
-  wf__parallel(wf__threads_for((size_t)B * NH * T * T * (C / NH) / 64), forward16_share, &a);
+  wf_attention_gqa_forward16(out, att, qkv, B, T, C, NH, NH, fmt);
+}
+
+/* Query head h of batch b: its gradients in working memory, then added into dqkv. */
+static void head_backward16(const struct att16 *a, size_t b, size_t h, float *w[5])
+{
+  size_t T = (size_t)a->T, C = (size_t)a->C, hs = C / (size_t)a->NH, NKV = (size_t)a->NKV;
+  size_t ld = C + 2 * NKV * hs, kvh = h / ((size_t)a->NH / NKV), bh = b * (size_t)a->NH + h;
+  size_t col[3] = {h * hs, C + kvh * hs, C + (NKV + kvh) * hs};
+  float *x = w[0], *A = w[1], *D = w[2], *dw = w[3], *dO = w[4];
+  load_head(x, a, b, h);
+  wf__load(A, a->catt, bh * T * T, T * T, a->fmt);
+  for (size_t t = 0; t < T; t++)
+    memcpy(dO + t * hs, a->dout + (b * T + t) * C + h * hs, hs * sizeof(float));
+  memset(dw, 0, T * 3 * hs * sizeof(float));
+  struct head_grad g = {dw, dw + hs, dw + 2 * hs, x, x + hs, x + 2 * hs, dO};
+  head_backward(&g, D, A, (int)T, (int)hs, (int)(3 * hs), (int)hs);
+  for (size_t t = 0; t < T; t++)
+    for (size_t part = 0; part < 3; part++) {
+      float *dst = a->dqkv + (b * T + t) * ld + col[part];
+      const float *src = dw + t * 3 * hs + part * hs;
+      for (size_t j = 0; j < hs; j++)
+        dst[j] += src[j];
+    }
 }
 
 static void backward16_share(void *p, int tid, int nt)
 {
   const struct att16 *a = p;
-  size_t T = (size_t)a->T, C = (size_t)a->C, hs = C / (size_t)a->NH, lo, hi;
-  float *w = wf__work(0, T * 3 * hs), *A = wf__work(1, T * T), *D = wf__work(2, T * T);
-  float *dw = wf__work(3, T * 3 * hs), *dO = wf__work(4, T * hs);
-  if (!w || !A || !D || !dw || !dO)
+  size_t T = (size_t)a->T, hs = (size_t)(a->C / a->NH), G = (size_t)(a->NH / a->NKV), lo, hi;
+  float *w[5] = {wf__work(0, T * 3 * hs), wf__work(1, T * T), wf__work(2, T * T),
+                 wf__work(3, T * 3 * hs), wf__work(4, T * hs)};
+  if (!w[0] || !w[1] || !w[2] || !w[3] || !w[4])
     return;
-  wf__split((size_t)a->B * a->NH, tid, nt, 1, &lo, &hi);
-  for (size_t bh = lo; bh < hi; bh++) {
-    size_t b = bh / a->NH, h = bh % a->NH;
-    load_head(w, a, b, h);
-    wf__load(A, a->catt, bh * T * T, T * T, a->fmt);
-    for (size_t t = 0; t < T; t++)
-      memcpy(dO + t * hs, a->dout + (b * T + t) * C + h * hs, hs * sizeof(float));
-    memset(dw, 0, T * 3 * hs * sizeof(float));
-    struct head_grad g = {dw, dw + hs, dw + 2 * hs, w, w + hs, w + 2 * hs, dO};
-    head_backward(&g, D, A, (int)T, (int)hs, (int)hs);
-    for (size_t t = 0; t < T; t++)
-      for (size_t part = 0; part < 3; part++) {
-        float *dst = a->dqkv + (b * T + t) * 3 * C + part * C + h * hs;
-        const float *src = dw + t * 3 * hs + part * hs;
-        for (size_t j = 0; j < hs; j++)
-          dst[j] += src[j];
-      }
+  wf__split((size_t)a->B * a->NKV, tid, nt, 1, &lo, &hi);
+  for (size_t bk = lo; bk < hi; bk++) {
+    size_t b = bk / a->NKV, kvh = bk % a->NKV;
+    for (size_t h = kvh * G; h < (kvh + 1) * G; h++)
+      head_backward16(a, b, h, w);
   }
 }
 
-void wf_attention_backward16(float *dqkv, float *scratch, const float *dout, const void *qkv,
-                             const void *att, int B, int T, int C, int NH, int fmt)
+void wf_attention_gqa_backward16(float *dqkv, float *scratch, const float *dout, const void *qkv,
+                                 const void *att, int B, int T, int C, int NH, int NKV, int fmt)
 {
   (void)scratch;
   struct att16 a = {.dqkv = dqkv,
@@ -258,6 +316,19 @@ void wf_attention_backward16(float *dqkv, float *scratch, const float *dout, con
                     .T = T,
                     .C = C,
                     .NH = NH,
+                    .NKV = NKV,
                     .fmt = fmt};
   wf__parallel(wf__threads_for((size_t)B * NH * T * T * (C / NH) / 32), backward16_share, &a);
+}
+
+void wf_attention_backward16(float *dqkv, float *scratch, const float *dout, const void *qkv,
+                             const void *att, int B, int T, int C, int NH, int fmt)
+{
+  wf_attention_gqa_backward16(dqkv, scratch, dout, qkv, att, B, T, C, NH, NH, fmt);
+}
+
+void wf_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                           const float *att, int B, int T, int C, int NH)
+{
+  wf_attention_gqa_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH, NH);
 }

@@ -31,7 +31,9 @@
  * best one is picked at load time (ifunc): the build stays portable, and the exp/tanh
  * loops run ~3x faster on this project's machines than with SSE2 alone. With gcc
  * (ISO C: no FMA contraction) elementwise results are the same in every clone; sums
- * may round differently on machines with other vector widths, never between runs. */
+ * may round differently on machines with other vector widths, never between runs.
+ * A cloned function's name must be unique among the kernels' files even when static:
+ * clang makes its ifunc resolver (NAME.resolver) a global symbol. */
 /* No clones under ThreadSanitizer: it instruments the ifunc resolver, which runs
  * before the sanitizer's runtime is up, and crashes. */
 #if defined(__has_feature)

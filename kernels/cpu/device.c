@@ -307,6 +307,62 @@ static void round_fp16(float *dst, const float *src, size_t n, wf_stream *s)
   wf_round_fp16(dst, src, n);
 }
 
+static void rmsnorm_forward(void *out, float *rstd, const void *inp, const float *weight, float eps,
+                            int N, int C, wf_stream *s)
+{
+  wf_rmsnorm_forward(out, rstd, inp, weight, eps, N, C);
+}
+
+static void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const void *inp,
+                             const float *weight, const float *rstd, int N, int C, wf_stream *s)
+{
+  wf_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
+}
+
+static void residual_rmsnorm_forward(void *res, void *out, float *rstd, const void *a,
+                                     const float *b, const float *weight, float eps, int N, int C,
+                                     wf_stream *s)
+{
+  wf_residual_forward(res, a, b, (size_t)N * C);
+  wf_rmsnorm_forward(out, rstd, res, weight, eps, N, C);
+}
+
+static void rope_forward(void *qkv, const float *cs, int B, int T, int NH, int NKV, int hs,
+                         wf_stream *s)
+{
+  wf_rope_forward(qkv, cs, B, T, NH, NKV, hs);
+}
+
+static void rope_backward(float *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs,
+                          wf_stream *s)
+{
+  wf_rope_backward(dqkv, cs, B, T, NH, NKV, hs);
+}
+
+static void swiglu_forward(void *out, const void *inp, int N, int F, wf_stream *s)
+{
+  wf_swiglu_forward(out, inp, N, F);
+}
+
+static void swiglu_backward(float *dinp, const void *inp, const float *dout, int N, int F,
+                            wf_stream *s)
+{
+  wf_swiglu_backward(dinp, inp, dout, N, F);
+}
+
+static void attention_gqa_forward(void *out, void *att, const void *qkv, int B, int T, int C,
+                                  int NH, int NKV, wf_stream *s)
+{
+  wf_attention_gqa_forward(out, att, qkv, B, T, C, NH, NKV);
+}
+
+static void attention_gqa_backward(float *dqkv, float *scratch, const float *dout, const void *qkv,
+                                   const void *att, int B, int T, int C, int NH, int NKV,
+                                   wf_stream *s)
+{
+  wf_attention_gqa_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH, NKV);
+}
+
 /* The CPU kernels allocate nothing for themselves (the 16-bit kernels' working rows are
  * per thread and small: storage.c). */
 static size_t workspace_bytes(void) { return 0; }
@@ -408,6 +464,15 @@ const wf_ktable wf__cpu_ktable = {
     .round_bf16 = round_bf16,
     .round_fp16 = round_fp16,
     .last_error = last_error,
+    .rmsnorm_forward = rmsnorm_forward,
+    .rmsnorm_backward = rmsnorm_backward,
+    .residual_rmsnorm_forward = residual_rmsnorm_forward,
+    .rope_forward = rope_forward,
+    .rope_backward = rope_backward,
+    .swiglu_forward = swiglu_forward,
+    .swiglu_backward = swiglu_backward,
+    .attention_gqa_forward = attention_gqa_forward,
+    .attention_gqa_backward = attention_gqa_backward,
     .set_attention = set_attention,
     .attention_path = attention_path,
     .attention_bf16_forward = attention_bf16_forward,
@@ -519,6 +584,49 @@ const wf_ktable wf__cpu_ktable = {
   {                                                                                                \
     wf_xent_backward16(dlogits, logits, mx, se, targets, dloss, N, V, ld, v0, FMT);                \
   }                                                                                                \
+  static void NAME##_rmsnorm_forward(void *out, float *rstd, const void *inp, const float *w,      \
+                                     float eps, int N, int C, wf_stream *s)                        \
+  {                                                                                                \
+    wf_rmsnorm_forward16(out, rstd, inp, w, eps, N, C, FMT);                                       \
+  }                                                                                                \
+  static void NAME##_rmsnorm_backward(float *dinp, float *dw, const float *dout, const void *inp,  \
+                                      const float *w, const float *rstd, int N, int C,             \
+                                      wf_stream *s)                                                \
+  {                                                                                                \
+    wf_rmsnorm_backward16(dinp, dw, dout, inp, w, rstd, N, C, FMT);                                \
+  }                                                                                                \
+  static void NAME##_residual_rmsnorm_forward(void *res, void *out, float *rstd, const void *a,    \
+                                              const float *b, const float *w, float eps, int N,    \
+                                              int C, wf_stream *s)                                 \
+  {                                                                                                \
+    wf_residual_forward16(res, a, b, (size_t)N *C, FMT);                                           \
+    wf_rmsnorm_forward16(out, rstd, res, w, eps, N, C, FMT);                                       \
+  }                                                                                                \
+  static void NAME##_rope_forward(void *qkv, const float *cs, int B, int T, int NH, int NKV,       \
+                                  int hs, wf_stream *s)                                            \
+  {                                                                                                \
+    wf_rope_forward16(qkv, cs, B, T, NH, NKV, hs, FMT);                                            \
+  }                                                                                                \
+  static void NAME##_swiglu_forward(void *out, const void *inp, int N, int F, wf_stream *s)        \
+  {                                                                                                \
+    wf_swiglu_forward16(out, inp, N, F, FMT);                                                      \
+  }                                                                                                \
+  static void NAME##_swiglu_backward(float *dinp, const void *inp, const float *dout, int N,       \
+                                     int F, wf_stream *s)                                          \
+  {                                                                                                \
+    wf_swiglu_backward16(dinp, inp, dout, N, F, FMT);                                              \
+  }                                                                                                \
+  static void NAME##_attention_gqa_forward(void *out, void *att, const void *qkv, int B, int T,    \
+                                           int C, int NH, int NKV, wf_stream *s)                   \
+  {                                                                                                \
+    wf_attention_gqa_forward16(out, att, qkv, B, T, C, NH, NKV, FMT);                              \
+  }                                                                                                \
+  static void NAME##_attention_gqa_backward(float *dqkv, float *scratch, const float *dout,        \
+                                            const void *qkv, const void *att, int B, int T, int C, \
+                                            int NH, int NKV, wf_stream *s)                         \
+  {                                                                                                \
+    wf_attention_gqa_backward16(dqkv, scratch, dout, qkv, att, B, T, C, NH, NKV, FMT);             \
+  }                                                                                                \
   static void NAME##_store(void *dst, const float *src, size_t n, wf_stream *s)                    \
   {                                                                                                \
     wf_storage_store(dst, src, n, FMT);                                                            \
@@ -551,6 +659,14 @@ STORAGE_ENTRIES(fp16, WF_PREC_FP16)
     (t).residual_forward = NAME##_residual_forward;                                                \
     (t).xent_stats = NAME##_xent_stats;                                                            \
     (t).xent_backward = NAME##_xent_backward;                                                      \
+    (t).rmsnorm_forward = NAME##_rmsnorm_forward;                                                  \
+    (t).rmsnorm_backward = NAME##_rmsnorm_backward;                                                \
+    (t).residual_rmsnorm_forward = NAME##_residual_rmsnorm_forward;                                \
+    (t).rope_forward = NAME##_rope_forward;                                                        \
+    (t).swiglu_forward = NAME##_swiglu_forward;                                                    \
+    (t).swiglu_backward = NAME##_swiglu_backward;                                                  \
+    (t).attention_gqa_forward = NAME##_attention_gqa_forward;                                      \
+    (t).attention_gqa_backward = NAME##_attention_gqa_backward;                                    \
     (t).format = (FMT);                                                                            \
     (t).store = NAME##_store;                                                                      \
     (t).load = NAME##_load;                                                                        \

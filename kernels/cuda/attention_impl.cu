@@ -223,16 +223,22 @@ static wf_bf16 *saved_out(float *att, int B, int T, int NH)
 
 /* ---- bf16 paths -------------------------------------------------------------------- */
 
-/* The fp32 kernels on widened copies (multi-head only): out and lse from qkv. */
-static void reference16_forward(wf_bf16 *out, float *lse, const wf_bf16 *qkv, int B, int T, int C,
-                                int NH, cudaStream_t s)
+/* Floats of a packed qkv of NH query and NKV kv heads: (B, T, C + 2 NKV hs). */
+static size_t qkv_elems(int B, int T, int C, int NH, int NKV)
 {
-  size_t nx = (size_t)B * T * 3 * C, ny = (size_t)B * T * C;
+  return (size_t)B * T * (C + 2 * (size_t)NKV * (C / NH));
+}
+
+/* The fp32 (grouped-query) kernels on widened copies: out and lse from qkv. */
+static void reference16_forward(wf_bf16 *out, float *lse, const wf_bf16 *qkv, int B, int T, int C,
+                                int NH, int NKV, cudaStream_t s)
+{
+  size_t nx = qkv_elems(B, T, C, NH, NKV), ny = (size_t)B * T * C;
   float *x = (float *)pool_alloc(nx * sizeof(float), s);
   float *y = (float *)pool_alloc(ny * sizeof(float), s);
   if (x && y) {
     widen(x, qkv, nx, 0, s);
-    wf_cuda_attention_forward(y, lse, x, B, T, C, NH, (wf_stream *)s);
+    wf_cuda_attention_gqa_forward(y, lse, x, B, T, C, NH, NKV, (wf_stream *)s);
     narrow(out, y, ny, s);
   }
   pool_free(y, s);
@@ -240,16 +246,17 @@ static void reference16_forward(wf_bf16 *out, float *lse, const wf_bf16 *qkv, in
 }
 
 static void reference16_backward(wf_bf16 *dqkv, float *D, const wf_bf16 *dout, const wf_bf16 *qkv,
-                                 const float *lse, int B, int T, int C, int NH, cudaStream_t s)
+                                 const float *lse, int B, int T, int C, int NH, int NKV,
+                                 cudaStream_t s)
 {
-  size_t nx = (size_t)B * T * 3 * C, ny = (size_t)B * T * C;
+  size_t nx = qkv_elems(B, T, C, NH, NKV), ny = (size_t)B * T * C;
   float *x = (float *)pool_alloc(nx * sizeof(float), s);
   float *dx = (float *)pool_alloc(nx * sizeof(float), s);
   float *dy = (float *)pool_alloc(ny * sizeof(float), s);
   if (x && dx && dy && WF_CUDA_OK(cudaMemsetAsync(dx, 0, nx * sizeof(float), s))) {
     widen(x, qkv, nx, 0, s);
     widen(dy, dout, ny, 0, s);
-    wf_cuda_attention_backward(dx, D, dy, x, lse, B, T, C, NH, (wf_stream *)s);
+    wf_cuda_attention_gqa_backward(dx, D, dy, x, lse, B, T, C, NH, NKV, (wf_stream *)s);
     narrow(dqkv, dx, nx, s);
   }
   pool_free(dy, s);
@@ -257,11 +264,11 @@ static void reference16_backward(wf_bf16 *dqkv, float *D, const wf_bf16 *dout, c
   pool_free(x, s);
 }
 
-/* Whether the reference can stand in for a bf16 call (it has no kv heads of its own, and
- * its lse-only saved state exists up to head size 128). */
+/* Whether the reference can stand in for a bf16 call (its lse-only saved state exists up
+ * to head size 128; it takes kv heads through the grouped-query kernels). */
 static bool reference16_ok(int C, int NH, int NKV)
 {
-  if (NKV == NH && C / NH <= 128)
+  if (C / NH <= 128)
     return true;
   WF_ERROR("attention (bf16): %d heads of %d with %d kv heads need cuDNN or the flash kernels, "
            "and neither takes the shape (see the log line above)",
@@ -278,7 +285,7 @@ static void forward16(int path, wf_bf16 *out, float *lse, const wf_bf16 *qkv, in
   else if (path == WF_ATTN_FLASH)
     wf__flash16_forward(out, lse, qkv, B, T, C, NH, NKV, s);
   else if (reference16_ok(C, NH, NKV))
-    reference16_forward(out, lse, qkv, B, T, C, NH, s);
+    reference16_forward(out, lse, qkv, B, T, C, NH, NKV, s);
 }
 
 static void backward16(int path, wf_bf16 *dqkv, float *D, const wf_bf16 *dout, const wf_bf16 *qkv,
@@ -290,7 +297,7 @@ static void backward16(int path, wf_bf16 *dqkv, float *D, const wf_bf16 *dout, c
   else if (path == WF_ATTN_FLASH)
     wf__flash16_backward(dqkv, D, dout, qkv, out, lse, B, T, C, NH, NKV, s);
   else if (reference16_ok(C, NH, NKV))
-    reference16_backward(dqkv, D, dout, qkv, lse, B, T, C, NH, s);
+    reference16_backward(dqkv, D, dout, qkv, lse, B, T, C, NH, NKV, s);
 }
 
 extern "C" void wf_cuda_attention_bf16_forward(wf_bf16 *out, float *lse, const wf_bf16 *qkv, int B,
@@ -321,16 +328,18 @@ extern "C" size_t wf_cuda_attention_bf16_scratch(int B, int T, int C, int NH, in
 
 /* ---- the fp32 entries --------------------------------------------------------------- */
 
-extern "C" void wf_cuda_attn_forward(float *out, float *att, const float *qkv, int B, int T, int C,
-                                     int NH, wf_stream *stream)
+/* The table's fp32 attention entries (grouped-query; multi-head is NKV = NH): the path
+ * runtime.attention picks for the shape, on bf16 copies, or the fp32 kernels. */
+extern "C" void wf_cuda_attn_gqa_forward(float *out, float *att, const float *qkv, int B, int T,
+                                         int C, int NH, int NKV, wf_stream *stream)
 {
   cudaStream_t s = (cudaStream_t)stream;
-  if (!shape_ok(B, T, C, NH, NH))
+  if (!shape_ok(B, T, C, NH, NKV))
     return;
-  size_t nx = (size_t)B * T * 3 * C, ny = (size_t)B * T * C;
-  int path = path_for(B, T, C, NH, NH, g_impl.load());
+  size_t nx = qkv_elems(B, T, C, NH, NKV), ny = (size_t)B * T * C;
+  int path = path_for(B, T, C, NH, NKV, g_impl.load());
   if (path == WF_ATTN_REFERENCE) {
-    wf_cuda_attention_forward(out, att, qkv, B, T, C, NH, stream);
+    wf_cuda_attention_gqa_forward(out, att, qkv, B, T, C, NH, NKV, stream);
     if (bf16_layout(C, NH)) /* O for a bf16 backward, should the setting change */
       narrow(saved_out(att, B, T, NH), out, ny, s);
     return;
@@ -339,22 +348,28 @@ extern "C" void wf_cuda_attn_forward(float *out, float *att, const float *qkv, i
   if (!x)
     return;
   narrow(x, qkv, nx, s);
-  forward16(path, saved_out(att, B, T, NH), att, x, B, T, C, NH, NH, s);
+  forward16(path, saved_out(att, B, T, NH), att, x, B, T, C, NH, NKV, s);
   widen(out, saved_out(att, B, T, NH), ny, 0, s);
   pool_free(x, s);
 }
 
-extern "C" void wf_cuda_attn_backward(float *dqkv, float *scratch, const float *dout,
-                                      const float *qkv, const float *att, int B, int T, int C,
-                                      int NH, wf_stream *stream)
+extern "C" void wf_cuda_attn_forward(float *out, float *att, const float *qkv, int B, int T, int C,
+                                     int NH, wf_stream *stream)
+{
+  wf_cuda_attn_gqa_forward(out, att, qkv, B, T, C, NH, NH, stream);
+}
+
+extern "C" void wf_cuda_attn_gqa_backward(float *dqkv, float *scratch, const float *dout,
+                                          const float *qkv, const float *att, int B, int T, int C,
+                                          int NH, int NKV, wf_stream *stream)
 {
   cudaStream_t s = (cudaStream_t)stream;
-  if (!shape_ok(B, T, C, NH, NH))
+  if (!shape_ok(B, T, C, NH, NKV))
     return;
-  size_t nx = (size_t)B * T * 3 * C, ny = (size_t)B * T * C;
-  int path = path_for(B, T, C, NH, NH, g_impl.load());
+  size_t nx = qkv_elems(B, T, C, NH, NKV), ny = (size_t)B * T * C;
+  int path = path_for(B, T, C, NH, NKV, g_impl.load());
   if (path == WF_ATTN_REFERENCE) {
-    wf_cuda_attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH, stream);
+    wf_cuda_attention_gqa_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH, NKV, stream);
     return;
   }
   wf_bf16 *x = (wf_bf16 *)pool_alloc(nx * sizeof(wf_bf16), s);
@@ -364,10 +379,17 @@ extern "C" void wf_cuda_attn_backward(float *dqkv, float *scratch, const float *
     narrow(x, qkv, nx, s);
     narrow(dy, dout, ny, s);
     backward16(path, dx, scratch, dy, x, saved_out(const_cast<float *>(att), B, T, NH), att, B, T,
-               C, NH, NH, s);
+               C, NH, NKV, s);
     widen(dqkv, dx, nx, 1, s);
   }
   pool_free(dy, s);
   pool_free(dx, s);
   pool_free(x, s);
+}
+
+extern "C" void wf_cuda_attn_backward(float *dqkv, float *scratch, const float *dout,
+                                      const float *qkv, const float *att, int B, int T, int C,
+                                      int NH, wf_stream *stream)
+{
+  wf_cuda_attn_gqa_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH, NH, stream);
 }

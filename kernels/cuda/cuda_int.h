@@ -216,10 +216,10 @@ __device__ __forceinline__ void wf__colsum_store(float acc, float *sh, float *ds
 /* ---- attention that keeps (T, T) probabilities (attention.cu), the fallback of the
  * flash-style kernels (flash.cu) for heads larger than they handle ------------------- */
 void wf__cuda_attention_forward_tt(float *out, float *att, const float *qkv, int B, int T, int C,
-                                   int NH, wf_stream *stream);
+                                   int NH, int NKV, wf_stream *stream);
 void wf__cuda_attention_backward_tt(float *dqkv, float *scratch, const float *dout,
                                     const float *qkv, const float *att, int B, int T, int C, int NH,
-                                    wf_stream *stream);
+                                    int NKV, wf_stream *stream);
 
 /* ---- launchers (one .cu per op) ----------------------------------------------- */
 
@@ -283,6 +283,26 @@ void wf_cuda_tokens_check(int *bad, const int *tokens, size_t n, int V, wf_strea
 void wf_cuda_scale(float *x, float s, size_t n, wf_stream *stream);
 void wf_cuda_round_bf16(float *dst, const float *src, size_t n, wf_stream *stream);
 void wf_cuda_round_fp16(float *dst, const float *src, size_t n, wf_stream *stream);
+void wf_cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
+                             float eps, int N, int C, wf_stream *stream);
+void wf_cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                              const float *weight, const float *rstd, int N, int C,
+                              wf_stream *stream);
+void wf_cuda_residual_rmsnorm_forward(float *res, float *out, float *rstd, const float *a,
+                                      const float *b, const float *weight, float eps, int N, int C,
+                                      wf_stream *stream);
+void wf_cuda_rope_forward(float *qkv, const float *cs, int B, int T, int NH, int NKV, int hs,
+                          wf_stream *stream);
+void wf_cuda_rope_backward(float *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs,
+                           wf_stream *stream);
+void wf_cuda_swiglu_forward(float *out, const float *inp, int N, int F, wf_stream *stream);
+void wf_cuda_swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int F,
+                             wf_stream *stream);
+void wf_cuda_attention_gqa_forward(float *out, float *att, const float *qkv, int B, int T, int C,
+                                   int NH, int NKV, wf_stream *stream);
+void wf_cuda_attention_gqa_backward(float *dqkv, float *scratch, const float *dout,
+                                    const float *qkv, const float *att, int B, int T, int C, int NH,
+                                    int NKV, wf_stream *stream);
 void wf_cuda_checksum(uint64_t *out, const float *x, size_t n, int negate, wf_stream *stream);
 uint64_t wf_cuda_launches(void);
 
@@ -296,6 +316,11 @@ void wf_cuda_attn_forward(float *out, float *att, const float *qkv, int B, int T
                           wf_stream *stream);
 void wf_cuda_attn_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
                            const float *att, int B, int T, int C, int NH, wf_stream *stream);
+void wf_cuda_attn_gqa_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
+                              int NKV, wf_stream *stream);
+void wf_cuda_attn_gqa_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                               const float *att, int B, int T, int C, int NH, int NKV,
+                               wf_stream *stream);
 void wf_cuda_attention_bf16_forward(wf_bf16 *out, float *lse, const wf_bf16 *qkv, int B, int T,
                                     int C, int NH, int NKV, wf_stream *stream);
 void wf_cuda_attention_bf16_backward(wf_bf16 *dqkv, float *scratch, const wf_bf16 *dout,
@@ -350,6 +375,23 @@ void wf__cuda32_xent_stats(float *mx, float *se, float *tl, const void *logits, 
 void wf__cuda32_xent_backward(void *dlogits, const void *logits, const float *mx, const float *se,
                               const int *targets, float dloss, int N, int V, int ld, int v0,
                               wf_stream *s);
+void wf__cuda32_rmsnorm_forward(void *out, float *rstd, const void *inp, const float *w, float eps,
+                                int N, int C, wf_stream *s);
+void wf__cuda32_rmsnorm_backward(float *dinp, float *dw, const float *dout, const void *inp,
+                                 const float *w, const float *rstd, int N, int C, wf_stream *s);
+void wf__cuda32_residual_rmsnorm_forward(void *res, void *out, float *rstd, const void *a,
+                                         const float *b, const float *w, float eps, int N, int C,
+                                         wf_stream *s);
+void wf__cuda32_rope_forward(void *qkv, const float *cs, int B, int T, int NH, int NKV, int hs,
+                             wf_stream *s);
+void wf__cuda32_swiglu_forward(void *out, const void *inp, int N, int F, wf_stream *s);
+void wf__cuda32_swiglu_backward(float *dinp, const void *inp, const float *dout, int N, int F,
+                                wf_stream *s);
+void wf__cuda32_attention_gqa_forward(void *out, void *att, const void *qkv, int B, int T, int C,
+                                      int NH, int NKV, wf_stream *s);
+void wf__cuda32_attention_gqa_backward(float *dqkv, float *scratch, const float *dout,
+                                       const void *qkv, const void *att, int B, int T, int C,
+                                       int NH, int NKV, wf_stream *s);
 void wf__cuda32_store(void *dst, const float *src, size_t n, wf_stream *s);
 void wf__cuda32_load(float *dst, const void *src, size_t n, wf_stream *s);
 }

@@ -23,8 +23,16 @@
  * arrays); larger ones fall back to attention.cu, which keeps (T, T) probabilities, and
  * the buffer sizes below say so.
  *
- * Legend: B batch, T time, C channels (local), NH heads (local), hs = C / NH; qkv
- * (B,T,3C) with q = [0,C), k = [C,2C), v = [2C,3C), head h owning [h*hs, (h+1)*hs).
+ * Grouped-query attention (NKV kv heads, G = NH / NKV query heads each) changes only
+ * where a head's k and v columns are, and backward 2: its block takes key rows of one
+ * (b, kv head) and walks the G query heads of the group one after another, adding their
+ * terms into the same dk and dv registers (still no atomics). Multi-head attention is
+ * G = 1, the same operations in the same order.
+ *
+ * Legend: B batch, T time, C channels of q and out (local), NH query heads (local),
+ * NKV kv heads (local), hs = C / NH; qkv (B,T,ld), ld = C + 2 NKV hs, with
+ * q = [0,C), k = [C, C + NKV hs), v = [C + NKV hs, ld): query head h owns
+ * [h*hs, (h+1)*hs) of q and reads kv head h / G.
  */
 #include "cuda_int.h"
 
@@ -45,23 +53,33 @@ extern "C" size_t wf_cuda_attention_scratch(int B, int T, int C, int NH)
 
 /* Where the geometry of one (b, h) lives. */
 struct head {
-  const float *qkv;  /* (T, 3C) rows of batch b */
-  int T, C, hs, off; /* off = h * hs */
+  const float *qkv; /* (T, ld) rows of batch b */
+  int T, C, hs, ld; /* ld = C + 2 NKV hs */
+  int col[3];       /* first column of query head h's q, of its kv head's k and v */
+  int off;          /* col[0] = h * hs, where the head's out and dout live */
 };
 
-__device__ static head head_of(const float *qkv, int T, int C, int NH, unsigned bh)
+__device__ static head head_of(const float *qkv, int T, int C, int NH, int NKV, int b, int h)
 {
   head g;
-  int b = (int)(bh / (unsigned)NH), h = (int)(bh % (unsigned)NH);
-  g.qkv = qkv + (size_t)b * T * 3 * C;
-  g.T = T, g.C = C, g.hs = C / NH, g.off = h * g.hs;
+  int hs = C / NH, kvh = h / (NH / NKV);
+  g.ld = C + 2 * NKV * hs;
+  g.qkv = qkv + (size_t)b * T * g.ld;
+  g.T = T, g.C = C, g.hs = hs, g.off = h * hs;
+  g.col[0] = h * hs, g.col[1] = C + kvh * hs, g.col[2] = C + (NKV + kvh) * hs;
   return g;
+}
+
+/* (b, h) of query-head block y of a (B * NH) grid. */
+__device__ static head head_of_block(const float *qkv, int T, int C, int NH, int NKV, unsigned y)
+{
+  return head_of(qkv, T, C, NH, NKV, (int)(y / (unsigned)NH), (int)(y % (unsigned)NH));
 }
 
 /* Element d of part (0 q, 1 k, 2 v) at time t. */
 __device__ static float at(const head &g, int part, int t, int d)
 {
-  return g.qkv[(size_t)t * 3 * g.C + (size_t)part * g.C + g.off + d];
+  return g.qkv[(size_t)t * g.ld + g.col[part] + d];
 }
 
 /* Stage rows [t0, t0 + BC) of parts pa and pb (zeros past T) into two tiles. */
@@ -88,10 +106,10 @@ __device__ static float dot_row(const float *x, const float (*tile)[HS], int j, 
 /* out (B,T,C), lse (B,NH,T); grid (ceil(T / BR), B * NH), block BR */
 template <int HS>
 __global__ static void flash_forward_kernel(float *out, float *lse, const float *qkv, int T, int C,
-                                            int NH)
+                                            int NH, int NKV)
 {
   __shared__ float ks[BC][HS], vs[BC][HS];
-  head g = head_of(qkv, T, C, NH, blockIdx.y);
+  head g = head_of_block(qkv, T, C, NH, NKV, blockIdx.y);
   const float scale = rsqrtf((float)g.hs);
   int q0 = (int)blockIdx.x * BR, i = q0 + (int)threadIdx.x, last = min(q0 + BR, T) - 1;
   bool live = i < T;
@@ -138,10 +156,10 @@ __global__ static void flash_forward_kernel(float *out, float *lse, const float 
 template <int HS>
 __global__ static void flash_backward_dq_kernel(float *dqkv, float *D, const float *dout,
                                                 const float *qkv, const float *lse, int T, int C,
-                                                int NH)
+                                                int NH, int NKV)
 {
   __shared__ float ks[BC][HS], vs[BC][HS];
-  head g = head_of(qkv, T, C, NH, blockIdx.y);
+  head g = head_of_block(qkv, T, C, NH, NKV, blockIdx.y);
   const float scale = rsqrtf((float)g.hs);
   int b = (int)(blockIdx.y / (unsigned)NH);
   int q0 = (int)blockIdx.x * BR, i = q0 + (int)threadIdx.x, last = min(q0 + BR, T) - 1;
@@ -172,45 +190,35 @@ __global__ static void flash_backward_dq_kernel(float *dqkv, float *D, const flo
   if (!live)
     return;
   D[(size_t)blockIdx.y * T + i] = Di;
-  float *row = dqkv + ((size_t)b * T + i) * 3 * C + g.off;
+  float *row = dqkv + ((size_t)b * T + i) * g.ld + g.col[0];
   for (int d = 0; d < g.hs; d++)
     row[d] += dq[d];
 }
 
-/* Backward 2: dk and dv of key rows; grid (ceil(T / BR), B * NH), block BR. */
+/* Backward 2, query head h's share of dk and dv of key rows j (in k[], v[], dk[], dv[]
+ * of the calling thread): the queries i >= j of that head, BC at a time. */
 template <int HS>
-__global__ static void flash_backward_dkv_kernel(float *dqkv, const float *D, const float *dout,
-                                                 const float *qkv, const float *lse, int T, int C,
-                                                 int NH)
+__device__ __forceinline__ static void
+dkv_of_head(float *dk, float *dv, const float *k, const float *v, float (*qs)[HS], float (*dys)[HS],
+            float *Ls, float *Ds, const head &g, const float *D, const float *dout,
+            const float *lse, size_t bh, int b, int j0, int j, bool live)
 {
-  __shared__ float qs[BC][HS], dys[BC][HS];
-  __shared__ float Ls[BC], Ds[BC];
-  head g = head_of(qkv, T, C, NH, blockIdx.y);
   const float scale = rsqrtf((float)g.hs);
-  int b = (int)(blockIdx.y / (unsigned)NH);
-  int j0 = (int)blockIdx.x * BR, j = j0 + (int)threadIdx.x;
-  bool live = j < T;
-  float k[HS], v[HS], dk[HS], dv[HS];
-  for (int d = 0; d < g.hs; d++) {
-    k[d] = live ? at(g, 1, j, d) : 0.0f;
-    v[d] = live ? at(g, 2, j, d) : 0.0f;
-    dk[d] = dv[d] = 0.0f;
-  }
-  for (int i0 = j0 / BC * BC; i0 < T; i0 += BC) { /* queries i >= j */
+  for (int i0 = j0 / BC * BC; i0 < g.T; i0 += BC) { /* queries i >= j */
     for (int e = threadIdx.x; e < BC * g.hs; e += blockDim.x) {
       int r = e / g.hs, d = e % g.hs, t = i0 + r;
-      qs[r][d] = t < T ? at(g, 0, t, d) * scale : 0.0f;
-      dys[r][d] = t < T ? dout[((size_t)b * T + t) * C + g.off + d] : 0.0f;
+      qs[r][d] = t < g.T ? at(g, 0, t, d) * scale : 0.0f;
+      dys[r][d] = t < g.T ? dout[((size_t)b * g.T + t) * g.C + g.off + d] : 0.0f;
     }
     for (int r = threadIdx.x; r < BC; r += blockDim.x) {
       int t = i0 + r;
-      Ls[r] = t < T ? lse[(size_t)blockIdx.y * T + t] : 0.0f;
-      Ds[r] = t < T ? D[(size_t)blockIdx.y * T + t] : 0.0f;
+      Ls[r] = t < g.T ? lse[bh * g.T + t] : 0.0f;
+      Ds[r] = t < g.T ? D[bh * g.T + t] : 0.0f;
     }
     __syncthreads();
     for (int r = 0; live && r < BC; r++) {
       int t = i0 + r;
-      if (t < j || t >= T)
+      if (t < j || t >= g.T)
         continue;
       float p = expf(dot_row<HS>(k, qs, r, g.hs) - Ls[r]), dp = dot_row<HS>(v, dys, r, g.hs);
       float ds = p * (dp - Ds[r]);
@@ -221,68 +229,109 @@ __global__ static void flash_backward_dkv_kernel(float *dqkv, const float *D, co
     }
     __syncthreads();
   }
+}
+
+/* Backward 2: dk and dv of key rows of one (b, kv head), summed over the group's query
+ * heads in head order; grid (ceil(T / BR), B * NKV), block BR. */
+template <int HS>
+__global__ static void flash_backward_dkv_kernel(float *dqkv, const float *D, const float *dout,
+                                                 const float *qkv, const float *lse, int T, int C,
+                                                 int NH, int NKV)
+{
+  __shared__ float qs[BC][HS], dys[BC][HS];
+  __shared__ float Ls[BC], Ds[BC];
+  const int G = NH / NKV, b = (int)(blockIdx.y / (unsigned)NKV);
+  const int kvh = (int)(blockIdx.y % (unsigned)NKV);
+  head g = head_of(qkv, T, C, NH, NKV, b, kvh * G); /* the group's first query head */
+  int j0 = (int)blockIdx.x * BR, j = j0 + (int)threadIdx.x;
+  bool live = j < T;
+  float k[HS], v[HS], dk[HS], dv[HS];
+  for (int d = 0; d < g.hs; d++) {
+    k[d] = live ? at(g, 1, j, d) : 0.0f;
+    v[d] = live ? at(g, 2, j, d) : 0.0f;
+    dk[d] = dv[d] = 0.0f;
+  }
+  for (int h = kvh * G; h < (kvh + 1) * G; h++) {
+    head gh = head_of(qkv, T, C, NH, NKV, b, h);
+    dkv_of_head<HS>(dk, dv, k, v, qs, dys, Ls, Ds, gh, D, dout, lse, (size_t)b * NH + h, b, j0, j,
+                    live);
+  }
   if (!live)
     return;
-  float *row = dqkv + ((size_t)b * T + j) * 3 * C + g.off;
+  float *row = dqkv + ((size_t)b * T + j) * g.ld;
   for (int d = 0; d < g.hs; d++) {
-    row[C + d] += dk[d];
-    row[2 * C + d] += dv[d];
+    row[g.col[1] + d] += dk[d];
+    row[g.col[2] + d] += dv[d];
   }
 }
 
-static bool shape_ok(int B, int T, int C, int NH)
+static bool shape_ok(int B, int T, int C, int NH, int NKV)
 {
-  return B > 0 && T > 0 && NH > 0 && C > 0 && C % NH == 0;
+  return B > 0 && T > 0 && NH > 0 && C > 0 && C % NH == 0 && NKV > 0 && NH % NKV == 0;
 }
 
 /* The smallest instantiated head-size bound that holds hs. */
 static int bound_of(int hs) { return hs <= 32 ? 32 : hs <= 64 ? 64 : 128; }
 
-extern "C" void wf_cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T,
-                                          int C, int NH, wf_stream *stream)
+extern "C" void wf_cuda_attention_gqa_forward(float *out, float *att, const float *qkv, int B,
+                                              int T, int C, int NH, int NKV, wf_stream *stream)
 {
   cudaStream_t s = (cudaStream_t)stream;
-  if (!shape_ok(B, T, C, NH))
+  if (!shape_ok(B, T, C, NH, NKV))
     return;
   if (!flash_fits(C, NH)) {
-    wf__cuda_attention_forward_tt(out, att, qkv, B, T, C, NH, stream);
+    wf__cuda_attention_forward_tt(out, att, qkv, B, T, C, NH, NKV, stream);
     return;
   }
   dim3 grid((unsigned)((T + BR - 1) / BR), (unsigned)(B * NH));
   switch (bound_of(C / NH)) {
-  case 32: flash_forward_kernel<32><<<grid, BR, 0, s>>>(out, att, qkv, T, C, NH); break;
-  case 64: flash_forward_kernel<64><<<grid, BR, 0, s>>>(out, att, qkv, T, C, NH); break;
-  default: flash_forward_kernel<128><<<grid, BR, 0, s>>>(out, att, qkv, T, C, NH); break;
+  case 32: flash_forward_kernel<32><<<grid, BR, 0, s>>>(out, att, qkv, T, C, NH, NKV); break;
+  case 64: flash_forward_kernel<64><<<grid, BR, 0, s>>>(out, att, qkv, T, C, NH, NKV); break;
+  default: flash_forward_kernel<128><<<grid, BR, 0, s>>>(out, att, qkv, T, C, NH, NKV); break;
   }
   WF_CUDA_LAUNCHED("flash_forward_kernel");
 }
 
+extern "C" void wf_cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T,
+                                          int C, int NH, wf_stream *stream)
+{
+  wf_cuda_attention_gqa_forward(out, att, qkv, B, T, C, NH, NH, stream);
+}
+
 template <int HS>
 static bool backward_launch(float *dqkv, float *D, const float *dout, const float *qkv,
-                            const float *lse, int B, int T, int C, int NH, cudaStream_t s)
+                            const float *lse, int B, int T, int C, int NH, int NKV, cudaStream_t s)
 {
-  dim3 grid((unsigned)((T + BR - 1) / BR), (unsigned)(B * NH));
-  flash_backward_dq_kernel<HS><<<grid, BR, 0, s>>>(dqkv, D, dout, qkv, lse, T, C, NH);
+  dim3 grid_q((unsigned)((T + BR - 1) / BR), (unsigned)(B * NH));
+  flash_backward_dq_kernel<HS><<<grid_q, BR, 0, s>>>(dqkv, D, dout, qkv, lse, T, C, NH, NKV);
   if (!WF_CUDA_LAUNCHED("flash_backward_dq_kernel"))
     return false;
-  flash_backward_dkv_kernel<HS><<<grid, BR, 0, s>>>(dqkv, D, dout, qkv, lse, T, C, NH);
+  dim3 grid_kv((unsigned)((T + BR - 1) / BR), (unsigned)(B * NKV));
+  flash_backward_dkv_kernel<HS><<<grid_kv, BR, 0, s>>>(dqkv, D, dout, qkv, lse, T, C, NH, NKV);
   return WF_CUDA_LAUNCHED("flash_backward_dkv_kernel");
+}
+
+extern "C" void wf_cuda_attention_gqa_backward(float *dqkv, float *scratch, const float *dout,
+                                               const float *qkv, const float *att, int B, int T,
+                                               int C, int NH, int NKV, wf_stream *stream)
+{
+  cudaStream_t s = (cudaStream_t)stream;
+  if (!shape_ok(B, T, C, NH, NKV))
+    return;
+  if (!flash_fits(C, NH)) {
+    wf__cuda_attention_backward_tt(dqkv, scratch, dout, qkv, att, B, T, C, NH, NKV, stream);
+    return;
+  }
+  switch (bound_of(C / NH)) {
+  case 32: backward_launch<32>(dqkv, scratch, dout, qkv, att, B, T, C, NH, NKV, s); break;
+  case 64: backward_launch<64>(dqkv, scratch, dout, qkv, att, B, T, C, NH, NKV, s); break;
+  default: backward_launch<128>(dqkv, scratch, dout, qkv, att, B, T, C, NH, NKV, s); break;
+  }
 }
 
 extern "C" void wf_cuda_attention_backward(float *dqkv, float *scratch, const float *dout,
                                            const float *qkv, const float *att, int B, int T, int C,
                                            int NH, wf_stream *stream)
 {
-  cudaStream_t s = (cudaStream_t)stream;
-  if (!shape_ok(B, T, C, NH))
-    return;
-  if (!flash_fits(C, NH)) {
-    wf__cuda_attention_backward_tt(dqkv, scratch, dout, qkv, att, B, T, C, NH, stream);
-    return;
-  }
-  switch (bound_of(C / NH)) {
-  case 32: backward_launch<32>(dqkv, scratch, dout, qkv, att, B, T, C, NH, s); break;
-  case 64: backward_launch<64>(dqkv, scratch, dout, qkv, att, B, T, C, NH, s); break;
-  default: backward_launch<128>(dqkv, scratch, dout, qkv, att, B, T, C, NH, s); break;
-  }
+  wf_cuda_attention_gqa_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH, NH, stream);
 }

@@ -16,7 +16,8 @@
  * pre-activation, then the GELU of it. dbias is a column sum of the 16-bit dout, rows
  * in a fixed order per column (deterministic).
  *
- * Attention (until bf16 tensor-core attention takes these entries): q, k, v are
+ * Attention, multi-head and grouped-query (until bf16 tensor-core attention takes these
+ * entries), and Llama's RMSNorm, RoPE and SwiGLU: their 16-bit operands are
  * widened into fp32, the fp32 kernels (flash.cu, attention.cu) run on them, and the
  * output is stored in 16 bits; the state kept for backward is theirs (fp32: one
  * log-sum-exp per row for head sizes up to 128). The forward's fp32 copies are
@@ -585,6 +586,128 @@ static void attention_backward(float *dqkv, float *scratch, const float *dout, c
   wf_cuda_attn_backward(dqkv, scratch, dout, w, (const float *)att, B, T, C, NH, stream);
 }
 
+/* ---- Llama's ops: the fp32 kernels on widened activations ----------------------------------
+ * RMSNorm, RoPE, SwiGLU and grouped-query attention load their 16-bit operands into
+ * stream-ordered fp32 copies, run the fp32 launchers and store their activation outputs
+ * rounded: what the fp32 kernels compute on the widened activations, as on the CPU
+ * (kernels/cpu/llama16.c). Backward's attention copy comes out of its scratch. */
+
+/* n floats of stream-ordered device memory, or NULL (the failure logged and kept). */
+static float *widened(size_t n, wf_stream *stream)
+{
+  float *w = NULL;
+  if (n == 0 || !WF_CUDA_OK(cudaMallocAsync((void **)&w, n * sizeof(float), (cudaStream_t)stream)))
+    return NULL;
+  return w;
+}
+
+static void release(float *w, wf_stream *stream)
+{
+  WF_CUDA_OK(cudaFreeAsync(w, (cudaStream_t)stream));
+}
+
+template <typename E>
+static void rmsnorm_forward(void *out, float *rstd, const void *inp, const float *w, float eps,
+                            int N, int C, wf_stream *stream)
+{
+  size_t n = (size_t)N * C;
+  float *x = widened(2 * n, stream);
+  if (!x)
+    return;
+  load<E>(x, inp, n, stream);
+  wf_cuda_rmsnorm_forward(x + n, rstd, x, w, eps, N, C, stream);
+  store<E>(out, x + n, n, stream);
+  release(x, stream);
+}
+
+template <typename E>
+static void rmsnorm_backward(float *dinp, float *dw, const float *dout, const void *inp,
+                             const float *w, const float *rstd, int N, int C, wf_stream *stream)
+{
+  size_t n = (size_t)N * C;
+  float *x = widened(n, stream);
+  if (!x)
+    return;
+  load<E>(x, inp, n, stream);
+  wf_cuda_rmsnorm_backward(dinp, dw, dout, x, w, rstd, N, C, stream);
+  release(x, stream);
+}
+
+template <typename E>
+static void residual_rmsnorm_forward(void *res, void *out, float *rstd, const void *a,
+                                     const float *b, const float *w, float eps, int N, int C,
+                                     wf_stream *stream)
+{
+  residual_forward<E>(res, a, b, (size_t)N * C, stream);
+  rmsnorm_forward<E>(out, rstd, res, w, eps, N, C, stream);
+}
+
+template <typename E>
+static void rope_forward(void *qkv, const float *cs, int B, int T, int NH, int NKV, int hs,
+                         wf_stream *stream)
+{
+  size_t n = (size_t)B * T * (size_t)(NH + 2 * NKV) * hs;
+  float *x = widened(n, stream);
+  if (!x)
+    return;
+  load<E>(x, qkv, n, stream);
+  wf_cuda_rope_forward(x, cs, B, T, NH, NKV, hs, stream);
+  store<E>(qkv, x, n, stream);
+  release(x, stream);
+}
+
+template <typename E>
+static void swiglu_forward(void *out, const void *inp, int N, int F, wf_stream *stream)
+{
+  size_t n = (size_t)N * F;
+  float *x = widened(3 * n, stream);
+  if (!x)
+    return;
+  load<E>(x, inp, 2 * n, stream);
+  wf_cuda_swiglu_forward(x + 2 * n, x, N, F, stream);
+  store<E>(out, x + 2 * n, n, stream);
+  release(x, stream);
+}
+
+template <typename E>
+static void swiglu_backward(float *dinp, const void *inp, const float *dout, int N, int F,
+                            wf_stream *stream)
+{
+  size_t n = (size_t)N * 2 * F;
+  float *x = widened(n, stream);
+  if (!x)
+    return;
+  load<E>(x, inp, n, stream);
+  wf_cuda_swiglu_backward(dinp, x, dout, N, F, stream);
+  release(x, stream);
+}
+
+template <typename E>
+static void attention_gqa_forward(void *out, void *att, const void *qkv, int B, int T, int C,
+                                  int NH, int NKV, wf_stream *stream)
+{
+  size_t nq = (size_t)B * T * (C + 2 * (size_t)NKV * (C / NH)), no = (size_t)B * T * C;
+  float *w = widened(nq + no, stream);
+  if (!w)
+    return;
+  load<E>(w, qkv, nq, stream);
+  wf_cuda_attn_gqa_forward(w + nq, (float *)att, w, B, T, C, NH, NKV, stream);
+  store<E>(out, w + nq, no, stream);
+  release(w, stream);
+}
+
+/* The widened qkv (at most (B,T,3C): NKV <= NH) in the scratch attention_scratch16 sized. */
+template <typename E>
+static void attention_gqa_backward(float *dqkv, float *scratch, const float *dout, const void *qkv,
+                                   const void *att, int B, int T, int C, int NH, int NKV,
+                                   wf_stream *stream)
+{
+  size_t own = (wf_cuda_attn_scratch(B, T, C, NH) + 63) / 64 * 64;
+  float *w = scratch + own;
+  load<E>(w, qkv, (size_t)B * T * (C + 2 * (size_t)NKV * (C / NH)), stream);
+  wf_cuda_attn_gqa_backward(dqkv, scratch, dout, w, (const float *)att, B, T, C, NH, NKV, stream);
+}
+
 /* ---- the fp32 table's activation entries ------------------------------------------------------
  */
 
@@ -647,8 +770,8 @@ void wf__cuda32_attention_forward(void *out, void *att, const void *qkv, int B, 
 void wf__cuda32_attention_backward(float *dqkv, float *scratch, const float *dout, const void *qkv,
                                    const void *att, int B, int T, int C, int NH, wf_stream *s)
 {
-  wf_cuda_attn_backward(dqkv, scratch, dout, (const float *)qkv, (const float *)att, B, T, C,
-                             NH, s);
+  wf_cuda_attn_backward(dqkv, scratch, dout, (const float *)qkv, (const float *)att, B, T, C, NH,
+                        s);
 }
 
 void wf__cuda32_gelu_forward(void *out, const void *inp, size_t N, wf_stream *s)
@@ -681,6 +804,57 @@ void wf__cuda32_xent_backward(void *dlogits, const void *logits, const float *mx
                         v0, s);
 }
 
+void wf__cuda32_rmsnorm_forward(void *out, float *rstd, const void *inp, const float *w, float eps,
+                                int N, int C, wf_stream *s)
+{
+  wf_cuda_rmsnorm_forward((float *)out, rstd, (const float *)inp, w, eps, N, C, s);
+}
+
+void wf__cuda32_rmsnorm_backward(float *dinp, float *dw, const float *dout, const void *inp,
+                                 const float *w, const float *rstd, int N, int C, wf_stream *s)
+{
+  wf_cuda_rmsnorm_backward(dinp, dw, dout, (const float *)inp, w, rstd, N, C, s);
+}
+
+void wf__cuda32_residual_rmsnorm_forward(void *res, void *out, float *rstd, const void *a,
+                                         const float *b, const float *w, float eps, int N, int C,
+                                         wf_stream *s)
+{
+  wf_cuda_residual_rmsnorm_forward((float *)res, (float *)out, rstd, (const float *)a, b, w, eps, N,
+                                   C, s);
+}
+
+void wf__cuda32_rope_forward(void *qkv, const float *cs, int B, int T, int NH, int NKV, int hs,
+                             wf_stream *s)
+{
+  wf_cuda_rope_forward((float *)qkv, cs, B, T, NH, NKV, hs, s);
+}
+
+void wf__cuda32_swiglu_forward(void *out, const void *inp, int N, int F, wf_stream *s)
+{
+  wf_cuda_swiglu_forward((float *)out, (const float *)inp, N, F, s);
+}
+
+void wf__cuda32_swiglu_backward(float *dinp, const void *inp, const float *dout, int N, int F,
+                                wf_stream *s)
+{
+  wf_cuda_swiglu_backward(dinp, (const float *)inp, dout, N, F, s);
+}
+
+void wf__cuda32_attention_gqa_forward(void *out, void *att, const void *qkv, int B, int T, int C,
+                                      int NH, int NKV, wf_stream *s)
+{
+  wf_cuda_attn_gqa_forward((float *)out, (float *)att, (const float *)qkv, B, T, C, NH, NKV, s);
+}
+
+void wf__cuda32_attention_gqa_backward(float *dqkv, float *scratch, const float *dout,
+                                       const void *qkv, const void *att, int B, int T, int C,
+                                       int NH, int NKV, wf_stream *s)
+{
+  wf_cuda_attn_gqa_backward(dqkv, scratch, dout, (const float *)qkv, (const float *)att, B, T, C,
+                            NH, NKV, s);
+}
+
 void wf__cuda32_store(void *dst, const float *src, size_t n, wf_stream *s)
 {
   if (n > 0 && dst != src)
@@ -711,6 +885,14 @@ template <typename T> static wf_ktable storage_table(const wf_ktable *k32, int f
   t.attention_scratch = attention_scratch16;
   t.attention_forward = attention_forward<T>;
   t.attention_backward = attention_backward<T>;
+  t.rmsnorm_forward = rmsnorm_forward<T>;
+  t.rmsnorm_backward = rmsnorm_backward<T>;
+  t.residual_rmsnorm_forward = residual_rmsnorm_forward<T>;
+  t.rope_forward = rope_forward<T>;
+  t.swiglu_forward = swiglu_forward<T>;
+  t.swiglu_backward = swiglu_backward<T>;
+  t.attention_gqa_forward = attention_gqa_forward<T>;
+  t.attention_gqa_backward = attention_gqa_backward<T>;
   t.gelu_forward = gelu_forward<T>;
   t.gelu_backward = gelu_backward<T>;
   t.residual_forward = residual_forward<T>;

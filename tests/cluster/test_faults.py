@@ -126,10 +126,12 @@ def finish(p, out, what, deadline_s=300):
     return text
 
 
-def measure_loss(c, ctx, tag, w, t0, before, culprit, killed=()):
+def measure_loss(c, ctx, tag, w, t0, before, culprit, killed=(), far=()):
     """After a fault at t0: when the coordinator named the culprit, and when the rank
-    processes, mpirun and the daemons that ran at the fault (`before`) were all gone;
-    every rank that could say why it stopped did."""
+    processes, mpirun and the daemons that ran at the fault (`before`) were all gone.
+    The job's reason is said once, by rank 0; a rank the coordinator's abort reached
+    says what it aborted; a rank cut off from rank 0 (`far`) decided alone, so it says
+    why itself."""
     rank0 = os.path.join(ctx["dir"], tag + ".rank0")
     pat = r"aborting job \S+: (.*)"
     detect = wait_for(lambda: re.search(pat, read(rank0)) and time.monotonic(),
@@ -143,8 +145,13 @@ def measure_loss(c, ctx, tag, w, t0, before, culprit, killed=()):
     logs = rank_logs(ctx, tag)
     check(sorted(logs) == [0, 1, 2, 3], f"a log from every rank ({sorted(logs)})")
     for r, text in logs.items():
-        if r not in killed:
-            check("weft: error: job aborted" in text, f"rank {r} says it was aborted, and why", text)
+        if r in far:
+            check(re.search(r"weft: error: (rank \d+ \(\S+\): )?job aborted: \S", text),
+                  f"rank {r} says it was aborted, and why", text)
+        elif r == 0:
+            check("aborting job" in text, "rank 0 says why the job ends", text)
+        elif r not in killed:
+            check("weft: aborted" in text, f"rank {r} says it aborted its communicators", text)
     return detect - t0, t["worker"], t["mpirun"], t["orted"], reason, logs
 
 
@@ -159,8 +166,8 @@ def fault_then_resume(c, ctx, tag, inject, culprit, far_side, killed=()):
         before = set(w.alive())
         t0 = time.monotonic()
         inject()
-        det, t_ranks, t_mpi, t_orted, reason, logs = measure_loss(c, ctx, tag, w, t0, before,
-                                                                  culprit, killed)
+        det, t_ranks, t_mpi, t_orted, reason, logs = measure_loss(
+            c, ctx, tag, w, t0, before, culprit, killed, (2, 3) if far_side else ())
     finally:
         w.close()
     log(f"  abort: {reason[:400]}")

@@ -1200,6 +1200,150 @@ static void test_storage(ctx *c)
   }
 }
 
+/* ---- Llama's kernels ------------------------------------------------------------- */
+
+/* RMSNorm and the fused residual + RMSNorm: reductions over C (TOL_SUM); the sum of the
+ * fused op is one addition (TOL_EXACT). Rows of very different scale (x1e3, x1e-3: eps
+ * dominates) exercise the statistics. */
+static void test_rmsnorm(ctx *c)
+{
+  const int N = 37, C = 45;
+  const size_t NC = (size_t)N * C;
+  const float eps = 1e-5f;
+  float *inp = hrand(c, NC, -2, 2), *w = hrand(c, C, 0.5f, 1.5f);
+  for (int i = 0; i < C; i++)
+    inp[i] *= 1e3f, inp[C + i] *= 1e-3f;
+  float *out = hzero(c, NC), *rstd = hzero(c, N);
+  float *d_out = df(c, out, NC), *d_rstd = df(c, rstd, N), *d_inp = df(c, inp, NC);
+  float *d_w = df(c, w, C);
+  wf_rmsnorm_forward(out, rstd, inp, w, eps, N, C);
+  c->k->rmsnorm_forward(d_out, d_rstd, d_inp, d_w, eps, N, C, c->stream);
+  expect_close(c, "rmsnorm_forward out", out, d_out, NC, TOL_SUM, TOL_SUM);
+  expect_close(c, "rmsnorm_forward rstd", rstd, d_rstd, N, 0, TOL_SUM);
+
+  float *dout = hrand(c, NC, -1, 1), *dinp = hrand(c, NC, -1, 1), *dw = hrand(c, C, -1, 1);
+  float *d_dinp = df(c, dinp, NC), *d_dw = df(c, dw, C), *d_dout = df(c, dout, NC);
+  float *d_crstd = df(c, rstd, N); /* both sides use the CPU's rstd */
+  wf_rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
+  c->k->rmsnorm_backward(d_dinp, d_dw, d_dout, d_inp, d_w, d_crstd, N, C, c->stream);
+  expect_close(c, "rmsnorm_backward dinp", dinp, d_dinp, NC, TOL_SUM, TOL_SUM);
+  expect_close(c, "rmsnorm_backward dweight", dw, d_dw, C, TOL_SUM, TOL_SUM);
+  wf_rmsnorm_backward(NULL, dw, dout, inp, w, rstd, N, C); /* NULL dinp: only dweight */
+  c->k->rmsnorm_backward(NULL, d_dw, d_dout, d_inp, d_w, d_crstd, N, C, c->stream);
+  expect_close(c, "rmsnorm_backward dweight only", dw, d_dw, C, TOL_SUM, TOL_SUM);
+  wf_rmsnorm_backward(dinp, NULL, dout, inp, w, rstd, N, C); /* NULL dweight */
+  c->k->rmsnorm_backward(d_dinp, NULL, d_dout, d_inp, d_w, d_crstd, N, C, c->stream);
+  expect_close(c, "rmsnorm_backward dinp only", dinp, d_dinp, NC, TOL_SUM, TOL_SUM);
+
+  float *a = hrand(c, NC, -2, 2), *b = hrand(c, NC, -2, 2), *res = hzero(c, NC);
+  float *d_a = df(c, a, NC), *d_b = df(c, b, NC), *d_res = df(c, res, NC);
+  wf_residual_forward(res, a, b, NC);
+  wf_rmsnorm_forward(out, rstd, res, w, eps, N, C);
+  c->k->residual_rmsnorm_forward(d_res, d_out, d_rstd, d_a, d_b, d_w, eps, N, C, c->stream);
+  expect_close(c, "residual_rmsnorm res", res, d_res, NC, TOL_EXACT, TOL_EXACT);
+  expect_close(c, "residual_rmsnorm out", out, d_out, NC, TOL_SUM, TOL_SUM);
+  expect_close(c, "residual_rmsnorm rstd", rstd, d_rstd, N, 0, TOL_SUM);
+  c->k->residual_rmsnorm_forward(d_a, d_out, NULL, d_a, d_b, d_w, eps, N, C, c->stream);
+  expect_close(c, "residual_rmsnorm in place", res, d_a, NC, TOL_EXACT, TOL_EXACT);
+  expect_close(c, "residual_rmsnorm out (in place)", out, d_out, NC, TOL_SUM, TOL_SUM);
+}
+
+/* RoPE in place on a packed qkv, forward and backward, with the same table on both
+ * sides: each output is two products and a sum of values in [-1, 1] (the GPU may fuse
+ * them into an FMA), so TOL_EXACT; v heads must come back untouched, which the same
+ * comparison checks. hs = 10 (h2 = 5) and 13 rows are no multiple of anything. */
+static void rope_case(ctx *c, int B, int T, int NH, int NKV, int hs, double theta)
+{
+  const size_t n = (size_t)B * T * (NH + 2 * NKV) * hs, ncs = (size_t)T * hs;
+  float *cs = hzero(c, ncs), *x = hrand(c, n, -1, 1), *dx = hrand(c, n, -1, 1);
+  wf_rope_table(cs, T, hs, theta);
+  float *d_cs = df(c, cs, ncs), *d_x = df(c, x, n), *d_dx = df(c, dx, n);
+  wf_rope_forward(x, cs, B, T, NH, NKV, hs);
+  c->k->rope_forward(d_x, d_cs, B, T, NH, NKV, hs, c->stream);
+  expect_close(c, "rope_forward qkv", x, d_x, n, TOL_EXACT, TOL_EXACT);
+  wf_rope_backward(dx, cs, B, T, NH, NKV, hs);
+  c->k->rope_backward(d_dx, d_cs, B, T, NH, NKV, hs, c->stream);
+  expect_close(c, "rope_backward dqkv", dx, d_dx, n, TOL_EXACT, TOL_EXACT);
+}
+
+static void test_rope(ctx *c)
+{
+  rope_case(c, 3, 13, 6, 2, 10, 500000.0);
+  end_case(c);
+  rope_case(c, 2, 77, 4, 4, 64, 10000.0); /* multi-head, a Llama head size */
+}
+
+/* SwiGLU: exp on both sides (TOL_ELEM), tails where exp over/underflows included. */
+static void test_swiglu(ctx *c)
+{
+  const int N = 37, F = 45;
+  const size_t NI = (size_t)N * 2 * F, NO = (size_t)N * F;
+  float *x = hrand(c, NI, -6, 6);
+  x[0] = -30.0f, x[1] = 30.0f, x[2] = -95.0f, x[3] = 95.0f, x[4] = 0.0f;
+  float *out = hzero(c, NO), *d_out = df(c, out, NO), *d_x = df(c, x, NI);
+  wf_swiglu_forward(out, x, N, F);
+  c->k->swiglu_forward(d_out, d_x, N, F, c->stream);
+  expect_close(c, "swiglu_forward out", out, d_out, NO, TOL_ELEM, TOL_ELEM);
+  float *dout = hrand(c, NO, -1, 1), *dinp = hrand(c, NI, -1, 1), *d_dinp = df(c, dinp, NI);
+  wf_swiglu_backward(dinp, x, dout, N, F);
+  c->k->swiglu_backward(d_dinp, d_x, df(c, dout, NO), N, F, c->stream);
+  expect_close(c, "swiglu_backward dinp", dinp, d_dinp, NI, TOL_ELEM, TOL_ELEM);
+}
+
+/* Grouped-query attention, each side with the buffers its own table sizes (as
+ * attention_case): out and dqkv within TOL_SUM. With NKV == NH the GPU's grouped entry
+ * must also give exactly what its multi-head entry gives (the same kernels). */
+static void gqa_case(ctx *c, int B, int T, int NH, int NKV, int hs)
+{
+  const int C = NH * hs;
+  const size_t BTC = (size_t)B * T * C, QKV = (size_t)B * T * (C + 2 * NKV * hs);
+  const size_t ATT = (size_t)B * NH * T * T;
+  const size_t saved = c->k->attention_saved(B, T, C, NH);
+  const size_t scratch = c->k->attention_scratch(B, T, C, NH);
+  char name[96];
+  float *qkv = hrand(c, QKV, -1, 1), *out = hzero(c, BTC), *att = hzero(c, ATT);
+  float *d_out = df(c, out, BTC), *d_qkv = df(c, qkv, QKV);
+  float *d_att = df(c, hzero(c, saved), saved);
+  wf_attention_gqa_forward(out, att, qkv, B, T, C, NH, NKV);
+  c->k->attention_gqa_forward(d_out, d_att, d_qkv, B, T, C, NH, NKV, c->stream);
+  snprintf(name, sizeof name, "gqa_forward %d/%d hs=%d T=%d", NH, NKV, hs, T);
+  expect_close(c, name, out, d_out, BTC, TOL_SUM, TOL_SUM);
+
+  float *dout = hrand(c, BTC, -1, 1), *dqkv = hrand(c, QKV, -1, 1);
+  float *d_dout = df(c, dout, BTC), *d_dqkv = df(c, dqkv, QKV);
+  float *d_scratch = df(c, hzero(c, scratch), scratch);
+  wf_attention_gqa_backward(dqkv, hzero(c, ATT), dout, qkv, att, B, T, C, NH, NKV);
+  c->k->attention_gqa_backward(d_dqkv, d_scratch, d_dout, d_qkv, d_att, B, T, C, NH, NKV,
+                               c->stream);
+  snprintf(name, sizeof name, "gqa_backward %d/%d hs=%d dqkv", NH, NKV, hs);
+  expect_close(c, name, dqkv, d_dqkv, QKV, TOL_SUM, TOL_SUM);
+  if (NKV != NH)
+    return;
+  float *d_out2 = df(c, hzero(c, BTC), BTC), *d_att2 = df(c, hzero(c, saved), saved);
+  c->k->attention_forward(d_out2, d_att2, d_qkv, B, T, C, NH, c->stream);
+  float *got = hzero(c, BTC);
+  if (wf_gpu_stream_sync(c->g, c->stream) != WF_OK ||
+      wf_gpu_memcpy_d2h(c->g, got, d_out2, BTC * sizeof(float)) != WF_OK)
+    got[0] = NAN;
+  expect_close(c, "gqa_forward = attention_forward", got, d_out, BTC, 0, 0);
+}
+
+static void test_gqa(ctx *c)
+{
+  gqa_case(c, 2, 9, 4, 2, 5);
+  end_case(c);
+  gqa_case(c, 2, 77, 4, 1, 64); /* one kv head (multi-query); T past a 64-row block */
+  end_case(c);
+  gqa_case(c, 1, 77, 6, 3, 128);
+  end_case(c);
+  gqa_case(c, 2, 33, 3, 3, 32); /* NKV == NH */
+  end_case(c);
+  gqa_case(c, 1, 33, 4, 2, 160); /* past the flash kernels: the (T, T) fallback */
+  end_case(c);
+  gqa_case(c, 1, 21, 2, 2, 160); /* the fallback with NKV == NH */
+  end_case(c);
+}
+
 /* Column sums at GPT-2's width over many rows (colsum.cu cuts them over rows too):
  * layernorm's dweight and dbias and a linear layer's dbias at C = 768, N = 8192, against
  * the twin within TOL_COLSUM, and a second run from the same start gives the same bits. */
@@ -1374,6 +1518,10 @@ static const struct {
     {"tokens", test_tokens},
     {"round", test_round},
     {"16-bit storage", test_storage},
+    {"rmsnorm", test_rmsnorm},
+    {"rope", test_rope},
+    {"swiglu", test_swiglu},
+    {"attention (grouped-query)", test_gqa},
 };
 
 int main(void)

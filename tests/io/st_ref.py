@@ -9,6 +9,9 @@ assumed. The values are k/64 with |k| <= 125, exact in F32, BF16 and F16.
     st_ref.py write PATH L NH C T V [--dtype F32|BF16|F16] [--bare] [--drop NAME]
               [--lm-head tied|diff] [--buffers] [--meta-heads N] [--config-heads N]
     st_ref.py check PATH L NH C T V     verify a file weft wrote
+
+read_f32(PATH) is the reader the Llama tests share: {name: (shape, values)} of an F32
+file as weft writes it.
 """
 import argparse
 import json
@@ -20,6 +23,22 @@ LAYER = [("ln_1.weight", "v"), ("ln_1.bias", "v"), ("attn.c_attn.weight", (1, 3)
          ("attn.c_attn.bias", 3), ("attn.c_proj.weight", (1, 1)), ("attn.c_proj.bias", 1),
          ("ln_2.weight", "v"), ("ln_2.bias", "v"), ("mlp.c_fc.weight", (1, 4)),
          ("mlp.c_fc.bias", 4), ("mlp.c_proj.weight", (4, 1)), ("mlp.c_proj.bias", 1)]
+
+
+def read_f32(path):
+    """{name: (shape, tuple of floats)} of an F32 safetensors file (weft writes F32)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    head = json.loads(data[8:8 + n])
+    head.pop("__metadata__", None)
+    body, out = data[8 + n:], {}
+    for name, h in head.items():
+        if h["dtype"] != "F32":
+            raise ValueError(f"{path}: {name} is {h['dtype']}, weft writes F32")
+        b, e = h["data_offsets"]
+        out[name] = (h["shape"], struct.unpack(f"<{(e - b) // 4}f", body[b:e]))
+    return out
 
 
 def value(name, i):

@@ -1,6 +1,7 @@
 /*
  * check.h - helpers for the kernel tests: a seeded generator, float <-> double
- * copies, and the finite-difference gradient check.
+ * copies, the finite-difference gradient check, the "backward adds" check and the
+ * attention reference.
  *
  * How a backward is checked: each test writes a reference forward in double
  * (naive loops, independent of the kernel code) and a scalar L = sum(out * w) with
@@ -115,6 +116,62 @@ static inline void check_grad(const char *what, loss_fn loss, void *ctx, double 
   }
   free(fd);
   free(at);
+}
+
+/* Backward twice from zero gives 2x the first result. Exactly so where each call adds
+ * one finished value; where a call adds its terms one by one into the gradient
+ * (dbias over N rows, GEMM K-blocks with beta = 1), the second call's additions round
+ * differently: up to N eps32 ~ 2e-5 of the gradient's scale for N <= 301, and
+ * ~sqrt(N) eps32 typically. A backward that overwrites instead gives 1x and fails. */
+static inline void check_doubled(const char *what, const float *g2, const float *g1, size_t n)
+{
+  double scale = 0.0;
+  for (size_t i = 0; i < n; i++)
+    scale = fmax(scale, fabs(2.0 * g1[i]));
+  for (size_t i = 0; i < n; i++) {
+    if (fabs(g2[i] - 2.0 * g1[i]) > 2e-5 * (fabs(2.0 * g1[i]) + scale)) {
+      print_error("%s[%zu]: second call gave %.9g, expected 2 x %.9g\n", what, i, g2[i], g1[i]);
+      fail();
+    }
+  }
+}
+
+/* Causal softmax attention in double, written from its definition (tests' reference):
+ * qkv (B,T,C + 2 NKV hs) = [q heads | k heads | v heads], hs = C / NH, query head h
+ * reading kv head h / (NH / NKV) (Llama's repeat_kv as an index; NKV == NH is GPT-2's
+ * multi-head attention); out (B,T,C), att (B,NH,T,T) the probabilities, 0 above the
+ * diagonal. */
+static inline void ref_attention(double *out, double *att, const double *qkv, int B, int T, int C,
+                                 int NH, int NKV)
+{
+  const int hs = C / NH, G = NH / NKV;
+  const size_t ld = (size_t)C + 2 * (size_t)NKV * hs, koff = C, voff = C + (size_t)NKV * hs;
+  double scale = 1.0 / sqrt(hs);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++)
+      for (int i = 0; i < T; i++) {
+        const double *q = qkv + ((size_t)b * T + i) * ld + h * hs;
+        double *arow = att + (((size_t)b * NH + h) * T + i) * T, mx = -INFINITY, sum = 0;
+        for (int j = 0; j < T; j++) {
+          const double *k = qkv + ((size_t)b * T + j) * ld + koff + (h / G) * hs;
+          double dot = 0;
+          for (int d = 0; d < hs; d++)
+            dot += q[d] * k[d];
+          arow[j] = j <= i ? dot * scale : -INFINITY;
+          mx = fmax(mx, arow[j]);
+        }
+        for (int j = 0; j < T; j++)
+          sum += arow[j] = exp(arow[j] - mx);
+        for (int j = 0; j < T; j++)
+          arow[j] /= sum;
+        double *o = out + ((size_t)b * T + i) * C + h * hs;
+        for (int d = 0; d < hs; d++) {
+          double acc = 0;
+          for (int j = 0; j <= i; j++)
+            acc += arow[j] * qkv[((size_t)b * T + j) * ld + voff + (h / G) * hs + d];
+          o[d] = acc;
+        }
+      }
 }
 
 #endif /* WF_TESTS_KERNELS_CHECK_H */

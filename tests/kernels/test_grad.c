@@ -9,24 +9,6 @@
 #include "check.h"
 #include "wf_kernels.h"
 
-/* Backward twice from zero gives 2x the first result. Exactly so where each call adds
- * one finished value; where a call adds its terms one by one into the gradient
- * (dbias over N rows, GEMM K-blocks with beta = 1), the second call's additions round
- * differently: up to N eps32 ~ 2e-5 of the gradient's scale for N <= 301, and
- * ~sqrt(N) eps32 typically. A backward that overwrites instead gives 1x and fails. */
-static void check_doubled(const char *what, const float *g2, const float *g1, size_t n)
-{
-  double scale = 0.0;
-  for (size_t i = 0; i < n; i++)
-    scale = fmax(scale, fabs(2.0 * g1[i]));
-  for (size_t i = 0; i < n; i++) {
-    if (fabs(g2[i] - 2.0 * g1[i]) > 2e-5 * (fabs(2.0 * g1[i]) + scale)) {
-      print_error("%s[%zu]: second call gave %.9g, expected 2 x %.9g\n", what, i, g2[i], g1[i]);
-      fail();
-    }
-  }
-}
-
 /* ---- encoder ------------------------------------------------------------------- */
 
 struct enc {
@@ -216,34 +198,8 @@ struct at {
 static double at_loss(void *p)
 {
   struct at *a = p;
-  int B = a->B, T = a->T, C = a->C, NH = a->NH, hs = C / NH;
-  double scale = 1.0 / sqrt(hs);
-  for (int b = 0; b < B; b++)
-    for (int h = 0; h < NH; h++)
-      for (int i = 0; i < T; i++) {
-        const double *q = a->qkv + ((size_t)b * T + i) * 3 * C + h * hs;
-        double *arow = a->att + (((size_t)b * NH + h) * T + i) * T, mx = -INFINITY, sum = 0;
-        for (int j = 0; j < T; j++) {
-          const double *k = a->qkv + ((size_t)b * T + j) * 3 * C + C + h * hs;
-          double dot = 0;
-          for (int d = 0; d < hs; d++)
-            dot += q[d] * k[d];
-          arow[j] = j <= i ? dot * scale : -INFINITY;
-          mx = fmax(mx, arow[j]);
-        }
-        for (int j = 0; j < T; j++)
-          sum += arow[j] = exp(arow[j] - mx);
-        for (int j = 0; j < T; j++)
-          arow[j] /= sum;
-        double *o = a->out + ((size_t)b * T + i) * C + h * hs;
-        for (int d = 0; d < hs; d++) {
-          double acc = 0;
-          for (int j = 0; j <= i; j++)
-            acc += arow[j] * a->qkv[((size_t)b * T + j) * 3 * C + 2 * C + h * hs + d];
-          o[d] = acc;
-        }
-      }
-  return dot_w(a->out, a->w, (size_t)B * T * C);
+  ref_attention(a->out, a->att, a->qkv, a->B, a->T, a->C, a->NH, a->NH);
+  return dot_w(a->out, a->w, (size_t)a->B * a->T * a->C);
 }
 
 static void run_attention(int B, int T, int C, int NH, uint64_t seed)

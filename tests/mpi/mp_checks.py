@@ -364,12 +364,14 @@ def dump_state(eq, tmp, init=False):
           f"inputs/targets identical, loss {loss:.6f}")
 
 
-def dump_state_bf16(eq, tmp):
+def dump_state_bf16(eq, tmp, base=("model.preset=gpt2-tiny", "train.batch_size=8",
+                                    "train.seed=1234"), what="bf16-dump-state"):
     """One forward and backward under bf16 (--dump-state): one rank against tp2 x pp2, and
     against fp32. A mesh sums in another order, and an fp32 ulp that crosses a bf16
     rounding boundary flips one operand by a bf16 ulp, so a few token rows differ
-    visibly; without rounding nearly every logit would (equiv.py: MP_STATE_*)."""
-    base = ["model.preset=gpt2-tiny", "train.batch_size=8", "train.seed=1234"]
+    visibly; without rounding nearly every logit would (equiv.py: MP_STATE_*). base: the
+    model's arguments (a vocabulary of 256)."""
+    base = list(base)
     runs = {"bf16": (1, ["precision=bf16"]), "bf16 tp2 pp2":
             (4, ["precision=bf16", "mesh.tp=2", "mesh.pp=2"]), "fp32": (1, [])}
     states = {}
@@ -386,13 +388,13 @@ def dump_state_bf16(eq, tmp):
               f"gradients by {gmean:.2e} on average")
     (ms, mg), (fs, fg) = figures["bf16 tp2 pp2"], figures["fp32"]
     if ms > eq.MP_STATE_SHARE or mg > eq.MP_STATE_GRAD:
-        fail(f"bf16-dump-state: tp2 x pp2 differs from one rank in {100 * ms:.1f}% of the "
+        fail(f"{what}: tp2 x pp2 differs from one rank in {100 * ms:.1f}% of the "
              f"logits (tol {100 * eq.MP_STATE_SHARE:.0f}%), gradients {mg:.2e} on average "
              f"(tol {eq.MP_STATE_GRAD})")
     if fs < 0.5:
-        fail(f"bf16-dump-state: only {100 * fs:.1f}% of the logits differ from fp32's: were "
+        fail(f"{what}: only {100 * fs:.1f}% of the logits differ from fp32's: were "
              f"the GEMM operands rounded?")
-    print(f"ok: bf16-dump-state: the mesh is within {100 * eq.MP_STATE_SHARE:.0f}% / "
+    print(f"ok: {what}: the mesh is within {100 * eq.MP_STATE_SHARE:.0f}% / "
           f"{eq.MP_STATE_GRAD} of one rank, fp32 is not")
 
 

@@ -12,7 +12,7 @@
 
 #include "model_int.h"
 
-static const wf_family *const families[] = {&wf__family_gpt2};
+static const wf_family *const families[] = {&wf__family_gpt2, &wf__family_llama};
 
 const wf_family *const *wf_model_families(int *n)
 {

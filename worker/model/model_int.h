@@ -256,6 +256,13 @@ wf_status wf__head_loss_forward(wf_model *m, wf__slot *a, const void *xn, int w)
  * times the loss scale), then the column-parallel backward through w: d xn in m->da.dl. */
 wf_status wf__head_loss_backward(wf_model *m, wf__slot *a, const void *xn, int w, float dloss);
 
+/* The embedding (first chunk): this rank's vocabulary rows of token table wte, plus
+ * position table wpe (-1: none; added on tp rank 0 only) leaving the tp region into
+ * a->encoded; its backward: the residual gradient leaves the tp region and lands in
+ * wte's rows and in wpe. */
+wf_status wf__embed_forward(wf_model *m, wf__slot *a, int wte, int wpe);
+wf_status wf__embed_backward(wf_model *m, wf__slot *a, int wte, int wpe);
+
 /* The families (gpt2/, llama/). */
 extern const wf_family wf__family_gpt2;
 extern const wf_family wf__family_llama;

@@ -142,3 +142,30 @@ wf_status wf__head_loss_backward(wf_model *m, wf__slot *a, const void *xn, int w
 fail:
   return st;
 }
+
+wf_status wf__embed_forward(wf_model *m, wf__slot *a, int wte, int wpe)
+{
+  wf_status st = WF_OK;
+  int N = a->B * a->T, C = m->d.C;
+  const float *pos = wpe >= 0 && m->s.tp_rank == 0 ? wf_model_param(m, wpe, 0, 0) : NULL;
+  m->k->encoder_forward_vp(m->da.proj, a->inputs, wf_model_param(m, wte, 0, 0),
+                           m->s.tp_rank * m->Vl, m->Vl, pos, a->B, a->T, C, NULL);
+  /* summed over tp in fp32, then stored in the model's format */
+  WF_TRY(wf__leave_fwd(m, m->da.ysum, m->da.proj, (size_t)N, (size_t)C));
+  m->k->store(a->encoded, m->da.ysum, wf__rows(m, (size_t)N) * (size_t)C, NULL);
+fail:
+  return st;
+}
+
+wf_status wf__embed_backward(wf_model *m, wf__slot *a, int wte, int wpe)
+{
+  wf_status st = WF_OK;
+  int C = m->d.C, N = a->B * a->T;
+  const float *dout;
+  WF_TRY(wf__leave_bwd(m, &dout, m->da.dres, m->da.full, (size_t)N, (size_t)C));
+  m->k->encoder_backward_vp(wf_model_param(m, wte, 0, 1),
+                            wpe >= 0 ? wf_model_param(m, wpe, 0, 1) : NULL, dout, a->inputs,
+                            m->s.tp_rank * m->Vl, m->Vl, a->B, a->T, C, NULL);
+fail:
+  return st;
+}

@@ -187,6 +187,19 @@ static size_t largest(const spec *s, int n)
 
 /* ---- Hugging Face's names for the dimensions ------------------------------------------- */
 
+/* A float as the shortest decimal that reads back as it (1e-5f as 1e-05, not
+ * 9.99999974738e-06), as Hugging Face's config.json writes its Python floats. */
+static double float_decimal(float x)
+{
+  char buf[32];
+  for (int digits = 1; digits <= 9; digits++) { /* 9 always does */
+    snprintf(buf, sizeof buf, "%.*g", digits, (double)x);
+    if ((float)strtod(buf, NULL) == x)
+      break;
+  }
+  return strtod(buf, NULL);
+}
+
 /* The value of field f of resolved dims d as JSON. */
 static json_t *field_json(const wf_model_dims *d, wf_hf_field f)
 {
@@ -199,7 +212,7 @@ static json_t *field_json(const wf_model_dims *d, wf_hf_field f)
   case WF_HF_T: return json_integer(d->maxT);
   case WF_HF_V: return json_integer(d->V);
   case WF_HF_THETA: return json_real(d->rope_theta);
-  case WF_HF_EPS: return json_real(d->norm_eps);
+  case WF_HF_EPS: return json_real(float_decimal(d->norm_eps));
   default: return json_boolean(d->tie == WF_TIE_YES);
   }
 }
@@ -1084,9 +1097,18 @@ static wf_status peek_dims(source *s, wf_model_dims *out, char *err, size_t len)
   if (!d.KV && d.NH && ext[WF_DIM_KV] && q % d.NH == 0)
     d.KV = (int)(ext[WF_DIM_KV] / (q / d.NH));
   d.Vp = (d.V + 127) / 128 * 128;
+  json_t *hd = json_object_get(cfg, "head_dim");
   const char *bad = d.L > 0 && d.NH > 0 && d.C > 0 && d.maxT > 0 && d.V > 0
                         ? wf_model_dims_check(&d)
                         : "a dimension is missing (no config.json beside it?)";
+  if (!bad && json_is_integer(hd) && json_integer_value(hd) * d.NH != d.C)
+    bad = "config.json's head_dim is not hidden_size / num_attention_heads, as weft's heads are";
+  json_t *rs = json_object_get(cfg, "rope_scaling");
+  if (!bad && rs && !json_is_null(rs))
+    WF_WARN("safetensors '%s': config.json has rope_scaling (Llama 3.1's long-context "
+            "frequencies); weft's RoPE does not apply it, so its angles differ from the "
+            "checkpoint's training at every position",
+            s->path);
   if (bad)
     st = failf(err, len, WF_EFORMAT,
                "safetensors '%s': %s with n_layer %d, n_head %d, kv heads %d, n_embd %d, ffn %d, "

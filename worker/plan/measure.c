@@ -198,14 +198,32 @@ static void att_bwd(bench *b, int T, int hs)
   b->k->attention_backward(dqkv, scratch, dout, qkv, att, 1, T, 4 * hs, 4, NULL);
 }
 
-/* The model's non-GEMM kernels at one thread, at its width C, head size hs and T. */
+/* Floats mm_bwd's and att_bwd's buffers take (the forwards take fewer). */
+static size_t mm_floats(int rows, int C)
+{
+  return (size_t)rows * C * 6 + (size_t)C * C * 8 + (size_t)C * 4;
+}
+
+static size_t att_floats(const bench *b, int T, int hs)
+{
+  return (size_t)T * 28 * hs + (size_t)4 * T * T + b->k->attention_scratch(1, T, 4 * hs, 4);
+}
+
+/* The model's non-GEMM kernels at one thread, at its width C, head size hs and T. The
+ * backward-to-forward ratios are measured at C and T halved until their buffers fit the
+ * scratch (Llama 8B's C 4096 and T 8192 do not): a ratio of two runs of the same shape
+ * depends little on the shape, and the profile stays seconds long. */
 static void kernel_costs(bench *b, wf_hw *hw, int C, int hs, int T)
 {
-  int rows = 256;
+  int rows = 256, Cm = C, Tm = T;
+  while (Cm > 64 && mm_floats(rows, Cm) > b->n)
+    Cm /= 2;
+  while (Tm > 64 && att_floats(b, Tm, hs) > b->n)
+    Tm /= 2;
   hw->ln_s = best_time(b, ln_pair, rows, C) / ((double)rows * C);
   hw->gelu_s = best_time(b, gelu_pair, rows, 4 * C) / ((double)rows * 4 * C);
-  hw->matmul_bwd = best_time(b, mm_bwd, rows, C) / best_time(b, mm_fwd, rows, C);
-  hw->attn_bwd = best_time(b, att_bwd, T, hs) / best_time(b, att_fwd, T, hs);
+  hw->matmul_bwd = best_time(b, mm_bwd, rows, Cm) / best_time(b, mm_fwd, rows, Cm);
+  hw->attn_bwd = best_time(b, att_bwd, Tm, hs) / best_time(b, att_fwd, Tm, hs);
 }
 
 static double host_memory(void)

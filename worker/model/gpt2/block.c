@@ -168,15 +168,7 @@ static wf_status core_forward(wf_model *m, wf__layer_mem mem, int l, int B, int 
  * stored as the stage's input. */
 static wf_status embed_forward(wf_model *m, wf__slot *a)
 {
-  wf_status st = WF_OK;
-  int N = a->B * a->T, C = m->d.C;
-  const float *wpe = m->s.tp_rank == 0 ? P(m, G_WPE, 0) : NULL;
-  m->k->encoder_forward_vp(m->da.proj, a->inputs, P(m, G_WTE, 0), m->s.tp_rank * m->Vl, m->Vl, wpe,
-                           a->B, a->T, C, NULL);
-  WF_TRY(wf__leave_fwd(m, m->da.ysum, m->da.proj, (size_t)N, (size_t)C));
-  m->k->store(a->encoded, m->da.ysum, wf__rows(m, (size_t)N) * (size_t)C, NULL);
-fail:
-  return st;
+  return wf__embed_forward(m, a, G_WTE, G_WPE);
 }
 
 /* Final layernorm, then the tied wte's logits and the loss. */
@@ -270,14 +262,7 @@ fail:
  * and lands in this rank's vocabulary rows of wte and in wpe. */
 static wf_status embed_backward(wf_model *m, wf__slot *a)
 {
-  wf_status st = WF_OK;
-  int C = m->d.C, N = a->B * a->T;
-  const float *dout;
-  WF_TRY(wf__leave_bwd(m, &dout, m->da.dres, m->da.full, (size_t)N, (size_t)C));
-  m->k->encoder_backward_vp(G(m, G_WTE, 0), G(m, G_WPE, 0), dout, a->inputs, m->s.tp_rank * m->Vl,
-                            m->Vl, a->B, a->T, C, NULL);
-fail:
-  return st;
+  return wf__embed_backward(m, a, G_WTE, G_WPE);
 }
 
 const wf__family_ops wf__gpt2_ops = {

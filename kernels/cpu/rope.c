@@ -1,0 +1,86 @@
+/*
+ * rope.c - rotary position embeddings on the q and k heads of a packed qkv, in place,
+ * Hugging Face's rotate-half convention (rope.h states the contract and why the table).
+ *
+ * Legend: B batch, T time, NH query heads, NKV key/value heads, hs head size (even),
+ * W = (NH + 2 NKV) hs the row of qkv, h2 = hs / 2.
+ * Rows (b, t) are independent and split over threads; within a row the rotation of a
+ * pair reads both elements before writing them, so it is safe in place. The products
+ * are taken as Hugging Face writes them (x1 cos + (-x2) sin, x2 cos + x1 sin; no FMA
+ * under ISO C), so with its table the forward rounds as its fp32 forward does.
+ */
+#include <math.h>
+
+#include "cpu_int.h"
+#include "wf_kernels.h"
+
+/* clang contracts x * c + y * s into an FMA unless told not to (gcc does not under ISO
+ * C); the products must round as Hugging Face's separate fp32 ops do. */
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+void wf_rope_table(float *cs, int T, int hs, double theta)
+{
+  const int h2 = hs / 2;
+  for (int i = 0; i < h2; i++) {
+    /* Hugging Face: inv_freq = 1.0 / (base ** (arange(0, dim, 2).float() / dim)), in fp32 */
+    float e = (float)(2 * i) / (float)hs;
+    float inv = 1.0f / powf((float)theta, e);
+    for (int t = 0; t < T; t++) {
+      float angle = (float)t * inv; /* positions (fp32) @ inv_freq: one rounded product */
+      cs[(size_t)t * hs + i] = (float)cos((double)angle);
+      cs[(size_t)t * hs + h2 + i] = (float)sin((double)angle);
+    }
+  }
+}
+
+struct rope {
+  float *x;
+  const float *cs;
+  int B, T, NH, NKV, hs;
+  float sign; /* +1 rotates forward, -1 backward (the transpose) */
+};
+
+/* x1' = x1 c - x2 (sign s), x2' = x2 c + x1 (sign s) for each of `heads` heads of a row. */
+WF__CLONES static void rope_rotate_row(float *x, const float *c, const float *s, int heads, int hs,
+                                       float sign)
+{
+  const int h2 = hs / 2;
+  for (int j = 0; j < heads; j++, x += hs) {
+#pragma omp simd
+    for (int i = 0; i < h2; i++) {
+      float x1 = x[i], x2 = x[i + h2], si = sign * s[i];
+      x[i] = x1 * c[i] + (-x2) * si;
+      x[i + h2] = x2 * c[i] + x1 * si;
+    }
+  }
+}
+
+static void rope_share(void *p, int tid, int nt)
+{
+  const struct rope *r = p;
+  const size_t W = (size_t)(r->NH + 2 * r->NKV) * r->hs;
+  size_t lo, hi;
+  wf__split((size_t)r->B * r->T, tid, nt, 1, &lo, &hi);
+  for (size_t bt = lo; bt < hi; bt++) {
+    const float *c = r->cs + (bt % (size_t)r->T) * r->hs;
+    rope_rotate_row(r->x + bt * W, c, c + r->hs / 2, r->NH + r->NKV, r->hs, r->sign);
+  }
+}
+
+static void rope_apply(float *x, const float *cs, int B, int T, int NH, int NKV, int hs, float sign)
+{
+  struct rope r = {x, cs, B, T, NH, NKV, hs, sign};
+  wf__parallel(wf__threads_for((size_t)B * T * (NH + NKV) * hs), rope_share, &r);
+}
+
+void wf_rope_forward(float *qkv, const float *cs, int B, int T, int NH, int NKV, int hs)
+{
+  rope_apply(qkv, cs, B, T, NH, NKV, hs, 1.0f);
+}
+
+void wf_rope_backward(float *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs)
+{
+  rope_apply(dqkv, cs, B, T, NH, NKV, hs, -1.0f);
+}

@@ -1,0 +1,145 @@
+/*
+ * rmsnorm.cu - RMSNorm on the GPU (twin of wf_rmsnorm_*), laid out as layernorm.cu:
+ *
+ * Forward and the dinp part of backward: one warp per row, reductions with warp
+ * shuffles, 4 rows per 128-thread block; statistics in fp32. The dweight part of
+ * backward sums over rows, so it runs as a column reduction: a block of 32 x 8 threads
+ * owns 32 columns, its 8 thread rows stride over the N rows, and the 8 partial sums are
+ * combined in shared memory. No atomics, so the result is deterministic.
+ * Legend: N rows (B*T), C channels. rstd = 1 / sqrt(mean(x^2) + eps),
+ * out = weight * (x * rstd).
+ */
+#include "cuda_int.h"
+
+#define ROWS_PER_BLOCK 4 /* warps per 128-thread block */
+#define COL_TILE       32
+#define ROW_LANES      8
+
+/* One warp normalizes row x (C) into o; lane 0 keeps its rstd when asked. */
+__device__ static void rms_row(float *o, float *rstd, const float *x, const float *weight,
+                               float eps, int C, int row)
+{
+  int lane = threadIdx.x % 32;
+  float ss = 0.0f;
+  for (int c = lane; c < C; c += 32)
+    ss += x[c] * x[c];
+  float rs = rsqrtf(wf__warp_sum(ss) / C + eps);
+  for (int c = lane; c < C; c += 32)
+    o[c] = weight[c] * (x[c] * rs);
+  if (lane == 0 && rstd)
+    rstd[row] = rs;
+}
+
+/* out (N,C), rstd (N) or NULL, inp (N,C), weight (C) */
+__global__ static void rmsnorm_forward_kernel(float *out, float *rstd, const float *inp,
+                                              const float *weight, float eps, int N, int C)
+{
+  int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+  if (row >= N) /* uniform over the warp, so the shuffles stay full */
+    return;
+  size_t at = (size_t)row * C;
+  rms_row(out + at, rstd, inp + at, weight, eps, C, row);
+}
+
+/* res (N,C) = a + b, then out = rmsnorm(res). res may alias a or b: each lane reads
+ * then writes the same elements, and reads back only what it wrote. */
+__global__ static void residual_rmsnorm_kernel(float *res, float *out, float *rstd, const float *a,
+                                               const float *b, const float *weight, float eps,
+                                               int N, int C)
+{
+  int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+  if (row >= N)
+    return;
+  size_t at = (size_t)row * C;
+  for (int c = threadIdx.x % 32; c < C; c += 32)
+    res[at + c] = a[at + c] + b[at + c];
+  rms_row(out + at, rstd, res + at, weight, eps, C, row);
+}
+
+/* dinp (N,C) += rstd (w dout - xhat mean(w dout xhat)), xhat = x rstd */
+__global__ static void rmsnorm_backward_dinp_kernel(float *dinp, const float *dout,
+                                                    const float *inp, const float *weight,
+                                                    const float *rstd, int N, int C)
+{
+  int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+  int lane = threadIdx.x % 32;
+  if (row >= N)
+    return;
+  const float *x = inp + (size_t)row * C, *dy = dout + (size_t)row * C;
+  float rs = rstd[row], acc = 0.0f;
+  for (int c = lane; c < C; c += 32)
+    acc += weight[c] * dy[c] * (x[c] * rs);
+  float mean_gx = wf__warp_sum(acc) / C;
+  float *dx = dinp + (size_t)row * C;
+  for (int c = lane; c < C; c += 32)
+    dx[c] += rs * (weight[c] * dy[c] - (x[c] * rs) * mean_gx);
+}
+
+/* dweight (C) += sum_n dout xhat. Block (32, 8). */
+__global__ static void rmsnorm_backward_dweight_kernel(float *dweight, const float *dout,
+                                                       const float *inp, const float *rstd, int N,
+                                                       int C)
+{
+  __shared__ float sw[ROW_LANES][COL_TILE + 1];
+  int c = blockIdx.x * COL_TILE + threadIdx.x;
+  float w = 0.0f;
+  if (c < C) {
+    for (int n = threadIdx.y; n < N; n += ROW_LANES) {
+      size_t i = (size_t)n * C + c;
+      w += dout[i] * (inp[i] * rstd[n]);
+    }
+  }
+  sw[threadIdx.y][threadIdx.x] = w;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= C)
+    return;
+  for (int r = 1; r < ROW_LANES; r++)
+    w += sw[r][threadIdx.x];
+  dweight[c] += w;
+}
+
+static unsigned row_blocks(int N) { return (unsigned)((N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK); }
+
+extern "C" void wf_cuda_rmsnorm_forward(float *out, float *rstd, const float *inp,
+                                        const float *weight, float eps, int N, int C,
+                                        wf_stream *stream)
+{
+  if (N <= 0 || C <= 0)
+    return;
+  rmsnorm_forward_kernel<<<row_blocks(N), 32 * ROWS_PER_BLOCK, 0, (cudaStream_t)stream>>>(
+      out, rstd, inp, weight, eps, N, C);
+  WF_CUDA_LAUNCHED("rmsnorm_forward_kernel");
+}
+
+extern "C" void wf_cuda_residual_rmsnorm_forward(float *res, float *out, float *rstd,
+                                                 const float *a, const float *b,
+                                                 const float *weight, float eps, int N, int C,
+                                                 wf_stream *stream)
+{
+  if (N <= 0 || C <= 0)
+    return;
+  residual_rmsnorm_kernel<<<row_blocks(N), 32 * ROWS_PER_BLOCK, 0, (cudaStream_t)stream>>>(
+      res, out, rstd, a, b, weight, eps, N, C);
+  WF_CUDA_LAUNCHED("residual_rmsnorm_kernel");
+}
+
+extern "C" void wf_cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout,
+                                         const float *inp, const float *weight, const float *rstd,
+                                         int N, int C, wf_stream *stream)
+{
+  cudaStream_t s = (cudaStream_t)stream;
+  if (N <= 0 || C <= 0)
+    return;
+  if (dinp) {
+    rmsnorm_backward_dinp_kernel<<<row_blocks(N), 32 * ROWS_PER_BLOCK, 0, s>>>(dinp, dout, inp,
+                                                                               weight, rstd, N, C);
+    if (!WF_CUDA_LAUNCHED("rmsnorm_backward_dinp_kernel"))
+      return;
+  }
+  if (dweight) {
+    unsigned grid = (unsigned)((C + COL_TILE - 1) / COL_TILE);
+    rmsnorm_backward_dweight_kernel<<<grid, dim3(COL_TILE, ROW_LANES), 0, s>>>(dweight, dout, inp,
+                                                                               rstd, N, C);
+    WF_CUDA_LAUNCHED("rmsnorm_backward_dweight_kernel");
+  }
+}

@@ -1,0 +1,54 @@
+/*
+ * rope.cu - rotary position embeddings on the GPU (twin of wf_rope_*), in place on the
+ * q and k heads of a packed qkv, Hugging Face's rotate-half convention (rope.h).
+ *
+ * One thread per rotated pair, grid-stride: pair p of B*T*(NH+NKV)*h2 is element i of
+ * head j of row bt (i fastest, so a warp reads consecutive elements of a head). The
+ * thread reads both elements of its pair and the angle's cos/sin from the table (row
+ * t of cs), then writes both: no other thread touches them, so in place is safe.
+ * Legend: B batch, T time, NH query heads, NKV kv heads, hs head size (even),
+ * h2 = hs / 2, W = (NH + 2 NKV) hs the row of qkv; cs (T, hs) = [cos | sin] per row.
+ */
+#include "cuda_int.h"
+
+/* x (B,T,W) in place; sign +1 turns forward, -1 backward (the transpose). */
+__global__ static void rope_kernel(float *x, const float *cs, int T, int heads, int W, int hs,
+                                   float sign, size_t pairs)
+{
+  const int h2 = hs / 2;
+  WF_GRID_STRIDE(p, pairs)
+  {
+    int i = (int)(p % (size_t)h2);
+    size_t r = p / (size_t)h2;
+    int j = (int)(r % (size_t)heads);
+    size_t bt = r / (size_t)heads;
+    const float *c = cs + (bt % (size_t)T) * hs;
+    float *e = x + bt * W + (size_t)j * hs + i;
+    float x1 = e[0], x2 = e[h2], co = c[i], si = sign * c[h2 + i];
+    e[0] = x1 * co - x2 * si;
+    e[h2] = x2 * co + x1 * si;
+  }
+}
+
+static void rope_launch(float *x, const float *cs, int B, int T, int NH, int NKV, int hs,
+                        float sign, wf_stream *stream, const char *what)
+{
+  if (B <= 0 || T <= 0 || NH + NKV <= 0 || hs < 2)
+    return;
+  size_t pairs = (size_t)B * T * (NH + NKV) * (hs / 2);
+  rope_kernel<<<wf__grid_1d(pairs, 256), 256, 0, (cudaStream_t)stream>>>(
+      x, cs, T, NH + NKV, (NH + 2 * NKV) * hs, hs, sign, pairs);
+  WF_CUDA_LAUNCHED(what);
+}
+
+extern "C" void wf_cuda_rope_forward(float *qkv, const float *cs, int B, int T, int NH, int NKV,
+                                     int hs, wf_stream *stream)
+{
+  rope_launch(qkv, cs, B, T, NH, NKV, hs, 1.0f, stream, "rope_kernel (forward)");
+}
+
+extern "C" void wf_cuda_rope_backward(float *dqkv, const float *cs, int B, int T, int NH, int NKV,
+                                      int hs, wf_stream *stream)
+{
+  rope_launch(dqkv, cs, B, T, NH, NKV, hs, -1.0f, stream, "rope_kernel (backward)");
+}

@@ -1,0 +1,30 @@
+/*
+ * swiglu.h - the SwiGLU gate of Llama's MLP.
+ * Part of the kernels module; include wf_kernels.h, which states the conventions
+ * (outputs first, backward adds into gradients, shape legend). The CPU code is
+ * kernels/cpu/swiglu.c; the CUDA twin has the same arguments plus a stream.
+ *
+ * Llama's MLP is down(silu(gate(x)) * up(x)). gate and up are one GEMM whose output
+ * rows are [gate | up] (F columns each), which is what inp holds. Under tensor
+ * parallelism gate and up are column-split separately, so a tp rank holds
+ * [gate_local | up_local] with F = F_global / tp: the same layout with a smaller F.
+ */
+#ifndef WF_KERNELS_SWIGLU_H
+#define WF_KERNELS_SWIGLU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* out (N,F) = silu(gate) * up, silu(x) = x / (1 + exp(-x)); inp (N,2F) row n =
+ * [gate (F) | up (F)]. out must not overlap inp. */
+void wf_swiglu_forward(float *out, const float *inp, int N, int F);
+/* dinp (N,2F) += [dout * up * silu'(gate) | dout * silu(gate)], with
+ * silu'(x) = s (1 + x (1 - s)), s = sigmoid(x); dout (N,F). dinp must not overlap
+ * inp or dout. */
+void wf_swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int F);
+
+/* The same with inp and out stored in 16-bit format fmt (storage.h). */
+void wf_swiglu_forward16(void *out, const void *inp, int N, int F, int fmt);
+void wf_swiglu_backward16(float *dinp, const void *inp, const float *dout, int N, int F, int fmt);
+
+#endif /* WF_KERNELS_SWIGLU_H */
