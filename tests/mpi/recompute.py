@@ -16,7 +16,8 @@ layer's input and recomputes the whole layer), and requires:
    with T = 64 and d_model 64 the probabilities are the largest thing a layer keeps.
 The meshes cover tensor parallelism with sequence parallelism (the tp collectives run
 again in a full recompute), pipelines (slots in flight, interleaved chunks), ZeRO-3
-(parameters gathered again for the recompute) and mixed precision.
+(parameters gathered again for the recompute) and mixed precision, for GPT-2 and for
+Llama (llama-*: grouped-query attention's core state rebuilt from the rotated qkv).
 """
 import json
 import os
@@ -29,7 +30,7 @@ from testlib import fail  # noqa: E402
 
 WORKER, CASE = sys.argv[1], sys.argv[2]
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
-BASE = ["model.preset=gpt2-tiny", "train.steps=6", "train.batch_size=8", "train.eval_every=0",
+BASE = ["train.steps=6", "train.batch_size=8", "train.eval_every=0",
         "train.seed=7", "train.warmup=2", "runtime.threads=1"]
 CASES = {
     "np1-fp32": (1, []),
@@ -43,14 +44,24 @@ CASES = {
                            "precision=bf16"]),
     "3d-bf16": (8, ["mesh.dp=2", "mesh.tp=2", "mesh.pp=2", "train.microbatches=2",
                     "parallel.sequence=true", "precision=bf16"]),
+    "llama-np1-bf16": (1, ["model.preset=llama-tiny", "precision=bf16"]),
+    "llama-tp2-seq-bf16": (2, ["model.preset=llama-tiny", "mesh.tp=2", "parallel.sequence=true",
+                               "precision=bf16"]),
 }
+
+
+def preset(args):
+    """gpt2-tiny unless the case names the model (the llama-* cases: llama-tiny)."""
+    return [] if any(a.startswith("model.preset=") for a in args) else ["model.preset=gpt2-tiny"]
 
 
 def train(n, args, tmp, mode):
     metrics = os.path.join(tmp, f"{mode}.jsonl")
     save = os.path.join(tmp, f"{mode}.bin")
-    cmd = [WORKER] + BASE + args + [f"parallel.activation_checkpointing={mode}",
-                                    f"train.metrics={metrics}", "--save", save]
+    # llm.c checkpoints hold GPT-2 only; Llama saves safetensors
+    fmt = ["--save-format", "safetensors"] if not preset(args) else []
+    cmd = [WORKER] + preset(args) + BASE + args + [f"parallel.activation_checkpointing={mode}",
+                                                   f"train.metrics={metrics}", "--save", save] + fmt
     if n > 1:
         cmd = MPIRUN + ["-np", str(n)] + cmd
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
