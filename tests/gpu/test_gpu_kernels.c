@@ -1169,6 +1169,68 @@ static void storage_attention(ctx *c, const tables16 *t, int B, int T, int NH, i
   expect_close(c, "attention_backward dqkv", dqkv, d_dqkv, QKV, tol, TOL_SUM);
 }
 
+/* Llama's ops in 16 bits: the GPU's fp32 launchers on widened copies against the CPU's
+ * row blocks; the same tolerances as their fp32 twins (test_rmsnorm, test_swiglu,
+ * test_rope, test_gqa) plus one step of the format on each stored output. */
+static void storage_llama(ctx *c, const tables16 *t)
+{
+  const int N = 37, C = 48, F = 40, B = 2, T = 29, NH = 4, NKV = 2, hs = 8;
+  const size_t NC = (size_t)N * C, W = (size_t)(NH + 2 * NKV) * hs, BTW = (size_t)B * T * W;
+  const size_t BTQ = (size_t)B * T * NH * hs;
+  uint16_t *x = hact(c, NC, t->fmt, -2, 2), *out = hact0(c, NC);
+  float *w = hrand(c, C, 0.5f, 1.5f), *rstd = hzero(c, N), *d_rstd = df(c, rstd, N);
+  void *d_x = d16(c, x, NC), *d_out = d16(c, out, NC);
+  t->cpu->rmsnorm_forward(out, rstd, x, w, 1e-5f, N, C, NULL);
+  t->gpu->rmsnorm_forward(d_out, d_rstd, d_x, df(c, w, C), 1e-5f, N, C, c->stream);
+  expect_stored16(c, t, "rmsnorm_forward out", out, d_out, NC, TOL_SUM, TOL_SUM);
+  expect_close(c, "rmsnorm_forward rstd", rstd, d_rstd, N, 0, TOL_SUM);
+  float *dout = hrand(c, NC, -1, 1), *dinp = hrand(c, NC, -1, 1), *dw = hrand(c, C, -1, 1);
+  float *d_dinp = df(c, dinp, NC), *d_dw = df(c, dw, C);
+  t->cpu->rmsnorm_backward(dinp, dw, dout, x, w, rstd, N, C, NULL);
+  t->gpu->rmsnorm_backward(d_dinp, d_dw, df(c, dout, NC), d_x, df(c, w, C), df(c, rstd, N), N, C,
+                           c->stream);
+  expect_close(c, "rmsnorm_backward dinp", dinp, d_dinp, NC, TOL_SUM, TOL_SUM);
+  expect_close(c, "rmsnorm_backward dweight", dw, d_dw, C, TOL_SUM, TOL_SUM);
+
+  uint16_t *gu = hact(c, (size_t)N * 2 * F, t->fmt, -4, 4), *h = hact0(c, (size_t)N * F);
+  void *d_gu = d16(c, gu, (size_t)N * 2 * F), *d_h = d16(c, h, (size_t)N * F);
+  t->cpu->swiglu_forward(h, gu, N, F, NULL);
+  t->gpu->swiglu_forward(d_h, d_gu, N, F, c->stream);
+  expect_stored16(c, t, "swiglu_forward", h, d_h, (size_t)N * F, TOL_ELEM, TOL_ELEM);
+  float *dh = hrand(c, (size_t)N * F, -1, 1), *dgu = hrand(c, (size_t)N * 2 * F, -1, 1);
+  float *d_dgu = df(c, dgu, (size_t)N * 2 * F);
+  t->cpu->swiglu_backward(dgu, gu, dh, N, F, NULL);
+  t->gpu->swiglu_backward(d_dgu, d_gu, df(c, dh, (size_t)N * F), N, F, c->stream);
+  expect_close(c, "swiglu_backward", dgu, d_dgu, (size_t)N * 2 * F, TOL_ELEM, TOL_ELEM);
+
+  float *cs = hzero(c, (size_t)T * hs);
+  wf_rope_table(cs, T, hs, 10000.0);
+  uint16_t *qkv = hact(c, BTW, t->fmt, -1, 1);
+  void *d_qkv = d16(c, qkv, BTW);
+  t->cpu->rope_forward(qkv, cs, B, T, NH, NKV, hs, NULL);
+  t->gpu->rope_forward(d_qkv, df(c, cs, (size_t)T * hs), B, T, NH, NKV, hs, c->stream);
+  expect_stored16(c, t, "rope_forward", qkv, d_qkv, BTW, TOL_ELEM, TOL_ELEM);
+
+  size_t as = t->cpu->attention_saved(B, T, NH * hs, NH);
+  size_t gs = t->gpu->attention_saved(B, T, NH * hs, NH);
+  size_t gx = t->gpu->attention_scratch(B, T, NH * hs, NH);
+  uint16_t *o = hact0(c, BTQ), *q = hact(c, BTW, t->fmt, -1, 1); /* unrotated: both sides' */
+  void *d_q = d16(c, q, BTW);
+  float *att = hzero(c, as), *d_att = df(c, hzero(c, gs), gs);
+  void *d_o = d16(c, o, BTQ);
+  t->cpu->attention_gqa_forward(o, att, q, B, T, NH * hs, NH, NKV, NULL);
+  t->gpu->attention_gqa_forward(d_o, d_att, d_q, B, T, NH * hs, NH, NKV, c->stream);
+  expect_stored16(c, t, "attention_gqa_forward out", o, d_o, BTQ, TOL_SUM, TOL_SUM);
+  float *dat = hrand(c, BTQ, -1, 1), *dq = hrand(c, BTW, -1, 1), *d_dq = df(c, dq, BTW);
+  t->cpu->attention_gqa_backward(dq, NULL, dat, q, att, B, T, NH * hs, NH, NKV, NULL);
+  t->gpu->attention_gqa_backward(d_dq, df(c, hzero(c, gx), gx), df(c, dat, BTQ), d_q, d_att, B, T,
+                                 NH * hs, NH, NKV, c->stream);
+  /* as storage_attention: the CPU reads 16-bit probabilities, the GPU recomputes them in
+   * fp32; dk and dv sum over the NH / NKV query heads of their group: step * T * G */
+  float tol = (float)(T * (NH / NKV) * (t->fmt == WF_PREC_BF16 ? 0x1p-8 : 0x1p-11));
+  expect_close(c, "attention_gqa_backward dqkv", dq, d_dq, BTW, tol, TOL_SUM);
+}
+
 static void test_storage(ctx *c)
 {
   const int fmts[2] = {WF_PREC_BF16, WF_PREC_FP16};
@@ -1196,6 +1258,8 @@ static void test_storage(ctx *c)
     storage_attention(c, &t, 2, 77, 2, 64);
     end_case(c);
     storage_attention(c, &t, 1, 33, 2, 160); /* the (T, T) fallback on the GPU */
+    end_case(c);
+    storage_llama(c, &t);
     end_case(c);
   }
 }

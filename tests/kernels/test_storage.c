@@ -309,6 +309,81 @@ static void test_attention(void **state)
   }
 }
 
+/* Llama's ops: RMSNorm, SwiGLU and RoPE at shapes that cross the CPU forms' row blocks
+ * (llama16.c: 2^16 floats of one operand per block), grouped-query attention with
+ * NKV = NH / 2. */
+static void test_llama(void **state)
+{
+  const wf_ktable *k32 = wf_dev_kernels(wf_dev_cpu());
+  const int R = 1500, CR = 96, F = 96, B = 2, T = 1100, NH = 4, NKV = 2, hs = 16;
+  const size_t nr = (size_t)R * CR, nw = (size_t)(NH + 2 * NKV) * hs, nq = (size_t)B * T * nw;
+  for (int f = 0; f < 2; f++) {
+    int fmt = FMTS[f];
+    const wf_ktable *k = table(fmt);
+    uint64_t s = 61 + f;
+    act x = act_new(nr, fmt, -3, 3, &s), gu = act_new((size_t)R * 2 * F, fmt, -4, 4, &s);
+    float w[96], *y32 = zeros(nr), r32[1500], r16[1500], *h32 = zeros((size_t)R * F);
+    uint16_t *y16 = calloc(nr, 2), *h16 = calloc((size_t)R * F, 2);
+    fill(w, CR, 0.5, 1.5, &s);
+    k32->rmsnorm_forward(y32, r32, x.x, w, 1e-5f, R, CR, NULL);
+    k->rmsnorm_forward(y16, r16, x.h, w, 1e-5f, R, CR, NULL);
+    expect_stored("rmsnorm_forward out", fmt, y16, y32, nr);
+    expect_equal("rmsnorm_forward rstd", fmt, r16, r32, R);
+    float *dy = zeros(nr), *dx32 = zeros(nr), *dx16 = zeros(nr), dw32[96] = {0}, dw16[96] = {0};
+    fill(dy, nr, -1, 1, &s);
+    k32->rmsnorm_backward(dx32, dw32, dy, x.x, w, r32, R, CR, NULL);
+    k->rmsnorm_backward(dx16, dw16, dy, x.h, w, r32, R, CR, NULL);
+    expect_equal("rmsnorm_backward dinp", fmt, dx16, dx32, nr);
+    expect_equal("rmsnorm_backward dweight", fmt, dw16, dw32, CR);
+    k32->swiglu_forward(h32, gu.x, R, F, NULL);
+    k->swiglu_forward(h16, gu.h, R, F, NULL);
+    expect_stored("swiglu_forward", fmt, h16, h32, (size_t)R * F);
+    float *dh = zeros((size_t)R * F), *dg32 = zeros((size_t)R * 2 * F);
+    float *dg16 = zeros((size_t)R * 2 * F);
+    fill(dh, (size_t)R * F, -1, 1, &s);
+    k32->swiglu_backward(dg32, gu.x, dh, R, F, NULL);
+    k->swiglu_backward(dg16, gu.h, dh, R, F, NULL);
+    expect_equal("swiglu_backward", fmt, dg16, dg32, (size_t)R * 2 * F);
+    /* RoPE in place: the rotated fp32 copy stored is the 16-bit kernel's */
+    act q = act_new(nq, fmt, -2, 2, &s);
+    float *cs = zeros((size_t)T * hs);
+    wf_rope_table(cs, T, hs, 10000.0);
+    k32->rope_forward(q.x, cs, B, T, NH, NKV, hs, NULL);
+    k->rope_forward(q.h, cs, B, T, NH, NKV, hs, NULL);
+    expect_stored("rope_forward", fmt, q.h, q.x, nq);
+    act_free(&x), act_free(&gu), act_free(&q);
+    free(y32), free(h32), free(y16), free(h16), free(dy), free(dx32), free(dx16), free(dh);
+    free(dg32), free(dg16), free(cs);
+  }
+  /* grouped-query attention: as test_attention, kv heads shared by two query heads */
+  const int TA = 37, CH = NH * hs;
+  size_t na = (size_t)B * TA * nw, no = (size_t)B * TA * CH, nt = (size_t)B * NH * TA * TA;
+  for (int f = 0; f < 2; f++) {
+    int fmt = FMTS[f];
+    const wf_ktable *k = table(fmt);
+    uint64_t s = 71 + f;
+    act qkv = act_new(na, fmt, -2, 2, &s);
+    float *o32 = zeros(no), *a32 = zeros(nt), *a16w = zeros(nt);
+    uint16_t *o16 = calloc(no, 2);
+    void *a16 = calloc(k->attention_saved(B, TA, CH, NH), sizeof(float));
+    k32->attention_gqa_forward(o32, a32, qkv.x, B, TA, CH, NH, NKV, NULL);
+    k->attention_gqa_forward(o16, a16, qkv.h, B, TA, CH, NH, NKV, NULL);
+    expect_stored("attention_gqa_forward out", fmt, o16, o32, no);
+    expect_stored("attention_gqa_forward att", fmt, a16, a32, nt);
+    float *dout = zeros(no), *dq32 = zeros(na), *dq16 = zeros(na);
+    float *sc = zeros(k32->attention_scratch(B, TA, CH, NH));
+    fill(dout, no, -1, 1, &s), fill(dq32, na, -1, 1, &s);
+    memcpy(dq16, dq32, na * sizeof(float));
+    wf_storage_load(a16w, a16, nt, fmt);
+    k32->attention_gqa_backward(dq32, sc, dout, qkv.x, a16w, B, TA, CH, NH, NKV, NULL);
+    k->attention_gqa_backward(dq16, NULL, dout, qkv.h, a16, B, TA, CH, NH, NKV, NULL);
+    expect_equal("attention_gqa_backward dqkv", fmt, dq16, dq32, na);
+    act_free(&qkv);
+    free(o32), free(a32), free(a16w), free(o16), free(a16), free(dout), free(dq32), free(dq16);
+    free(sc);
+  }
+}
+
 /* |got - want| <= 2 K u sum_k |a_k b_k| + slack (see the top). */
 static void expect_within_sum_bound(const char *what, int fmt, const float *got, const float *want,
                                     const double *abs_sum, size_t n, int K, const float *ulp_of)
@@ -428,6 +503,7 @@ int main(void)
       cmocka_unit_test(test_elementwise),
       cmocka_unit_test(test_xent),
       cmocka_unit_test(test_attention),
+      cmocka_unit_test(test_llama),
       cmocka_unit_test(test_matmul),
       cmocka_unit_test(test_bf16_gemm_path),
   };
