@@ -561,31 +561,6 @@ static size_t attention_scratch16(int B, int T, int C, int NH)
   return (own + 63) / 64 * 64 + (size_t)B * T * 3 * C;
 }
 
-template <typename E>
-static void attention_forward(void *out, void *att, const void *qkv, int B, int T, int C, int NH,
-                              wf_stream *stream)
-{
-  cudaStream_t s = (cudaStream_t)stream;
-  size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
-  float *w = NULL;
-  if (nq == 0 || !WF_CUDA_OK(cudaMallocAsync((void **)&w, (nq + no) * sizeof(float), s)))
-    return;
-  load<E>(w, qkv, nq, stream);
-  wf_cuda_attn_forward(w + nq, (float *)att, w, B, T, C, NH, stream);
-  store<E>(out, w + nq, no, stream);
-  WF_CUDA_OK(cudaFreeAsync(w, s));
-}
-
-template <typename E>
-static void attention_backward(float *dqkv, float *scratch, const float *dout, const void *qkv,
-                               const void *att, int B, int T, int C, int NH, wf_stream *stream)
-{
-  size_t own = (wf_cuda_attn_scratch(B, T, C, NH) + 63) / 64 * 64;
-  float *w = scratch + own;
-  load<E>(w, qkv, (size_t)B * T * 3 * C, stream);
-  wf_cuda_attn_backward(dqkv, scratch, dout, w, (const float *)att, B, T, C, NH, stream);
-}
-
 /* ---- Llama's ops: the fp32 kernels on widened activations ----------------------------------
  * RMSNorm, RoPE, SwiGLU and grouped-query attention load their 16-bit operands into
  * stream-ordered fp32 copies, run the fp32 launchers and store their activation outputs
@@ -706,6 +681,21 @@ static void attention_gqa_backward(float *dqkv, float *scratch, const float *dou
   float *w = scratch + own;
   load<E>(w, qkv, (size_t)B * T * (C + 2 * (size_t)NKV * (C / NH)), stream);
   wf_cuda_attn_gqa_backward(dqkv, scratch, dout, w, (const float *)att, B, T, C, NH, NKV, stream);
+}
+
+/* Multi-head attention is the grouped case NKV = NH (as the fp32 launchers define it). */
+template <typename E>
+static void attention_forward(void *out, void *att, const void *qkv, int B, int T, int C, int NH,
+                              wf_stream *stream)
+{
+  attention_gqa_forward<E>(out, att, qkv, B, T, C, NH, NH, stream);
+}
+
+template <typename E>
+static void attention_backward(float *dqkv, float *scratch, const float *dout, const void *qkv,
+                               const void *att, int B, int T, int C, int NH, wf_stream *stream)
+{
+  attention_gqa_backward<E>(dqkv, scratch, dout, qkv, att, B, T, C, NH, NH, stream);
 }
 
 /* ---- the fp32 table's activation entries ------------------------------------------------------
