@@ -159,6 +159,10 @@ wf_status wf__write_optim(const wf_ckpt_target *t, const char *stage, int step, 
  * and checked, and its header against the manifest's entry. */
 wf_status wf__read_model(const char *dir, const wf__entry *e, const wf_model_dims *d,
                          float *params);
+/* Elements [lo, hi) of model file e alone into dst, the whole file hashed as it streams
+ * past (ZeRO-3's shard). */
+wf_status wf__read_model_range(const char *dir, const wf__entry *e, const wf_model_dims *d,
+                               uint64_t lo, uint64_t hi, float *dst);
 /* Read all of an optimizer file, check its checksum, keep what the span needs; or read
  * only the span's part of a file another rank verifies. */
 wf_status wf__verify_optim(const char *dir, const wf__entry *e, uint64_t n, const wf__span *sp);

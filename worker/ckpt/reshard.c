@@ -104,7 +104,10 @@ wf_status wf__load_resharded(const wf_ckpt_target *t, const wf__manifest *m, con
   float *mb, *vb;
   wf_optim_state(t->optim, &lo, &hi, &mb, &vb);
   WF_TRY(assemble(t, m, dir, &w));
-  WF_TRY(wf_model_import_full(t->model, 0, w.x[0]));
+  if (t->param_shard) /* ZeRO-3: its dp shard, the optimizer's range */
+    WF_TRY(slice_into(t, t->param_shard, lo, hi, w.x[0]));
+  else
+    WF_TRY(wf_model_import_full(t->model, 0, w.x[0]));
   WF_TRY(slice_into(t, mb, lo, hi, w.x[1]));
   WF_TRY(slice_into(t, vb, lo, hi, w.x[2]));
 fail:

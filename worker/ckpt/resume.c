@@ -182,10 +182,30 @@ static wf_status same_layout(const wf_ckpt_target *t, const wf__manifest *m, boo
   return st;
 }
 
+/* ZeRO-3: each rank reads the range of its (pp, tp) shard's model file that its dp shard
+ * holds (the optimizer's range), straight into its parameter shard. */
+static wf_status load_param_shard(const wf_ckpt_target *t, const wf__manifest *m, const char *dir)
+{
+  wf_dev *dev = wf_model_dev(t->model);
+  size_t lo, hi;
+  float *mb, *vb;
+  wf_dev_view v;
+  wf_optim_state(t->optim, &lo, &hi, &mb, &vb);
+  wf_status st = wf_dev_map(dev, &v, t->param_shard, (hi - lo) * sizeof(float), WF_MAP_WRITE);
+  if (st == WF_OK) {
+    st = wf__read_model_range(dir, my_model(t, m), wf_model_get_dims(t->model), lo, hi, v.host);
+    wf_status u = wf_dev_unmap(dev, &v);
+    st = st == WF_OK ? u : st;
+  }
+  return wf__ckpt_agree(t, st, "restoring the parameters");
+}
+
 /* dp rank 0 of each (pp, tp) reads its model shard and broadcasts it over dp. */
 static wf_status load_params(const wf_ckpt_target *t, const wf__manifest *m, const char *dir)
 {
   wf_status st = WF_OK;
+  if (t->param_shard)
+    return load_param_shard(t, m, dir);
   wf_dev *dev = wf_model_dev(t->model);
   size_t n = wf_model_local_params(t->model);
   if (wf__rank_of(t->dp_comm) == 0) {

@@ -350,6 +350,47 @@ wf_status wf__read_model(const char *dir, const wf__entry *e, const wf_model_dim
   return st;
 }
 
+/* Elements [lo, hi) of model file e into dst (ZeRO-3's shard): the file streams past in
+ * chunks, every byte hashed against the manifest and the header checked, and only the
+ * range is kept, so no rank holds the whole shard's vector. */
+wf_status wf__read_model_range(const char *dir, const wf__entry *e, const wf_model_dims *d,
+                               uint64_t lo, uint64_t hi, float *dst)
+{
+  char path[WF__PATH_LEN], *buf = NULL;
+  wf__model_hdr want;
+  XXH3_state_t *xx = NULL;
+  int fd;
+  size_t hb = model_header(&want, d, &e->geo, e->hi);
+  wf_status st = open_checked(dir, e, &fd, path);
+  if (st != WF_OK)
+    return st;
+  WF_CHECK(e->bytes == hb + e->hi * sizeof(float), WF_EFORMAT,
+           "%s: %llu bytes, but its shard needs %zu", path, (unsigned long long)e->bytes,
+           hb + (size_t)e->hi * sizeof(float));
+  WF_CHECK((buf = malloc(WF__CHUNK)) && (xx = XXH3_createState()), WF_ENOMEM, "%s: out of memory",
+           path);
+  XXH3_64bits_reset(xx);
+  uint64_t want0 = hb + 4 * lo, want1 = hb + 4 * hi; /* the range's bytes in the file */
+  for (uint64_t off = 0; off < e->bytes; off += WF__CHUNK) {
+    size_t len = (size_t)WF_MIN((uint64_t)WF__CHUNK, e->bytes - off);
+    WF_TRY(pread_all(fd, buf, len, off, path));
+    if (off == 0 && memcmp(buf, &want, hb) != 0) {
+      st = header_mismatch(path, e, (const wf__model_hdr *)buf);
+      goto fail;
+    }
+    XXH3_64bits_update(xx, buf, len);
+    uint64_t c0 = WF_MAX(want0, off), c1 = WF_MIN(want1, off + len);
+    if (c0 < c1)
+      memcpy((char *)dst + (c0 - want0), buf + (c0 - off), c1 - c0);
+  }
+  st = check_hash(XXH3_64bits_digest(xx), e, path);
+fail:
+  XXH3_freeState(xx);
+  free(buf);
+  close(fd);
+  return st;
+}
+
 static wf_status check_opt_header(const wf__optim_header *h, const wf__entry *e, uint64_t n,
                                   const char *path)
 {

@@ -60,6 +60,9 @@ typedef struct wf_ckpt_target {
   wf_model *model;       /* this rank's parameters (the full model while tp = pp = 1) */
   wf_optim *optim;       /* this rank's optimizer state (a dp shard under ZeRO-1) */
   bool optim_sharded;    /* the optimizer holds this rank's ZeRO shard: one file per dp rank */
+  float *param_shard;    /* ZeRO-3: the parameters of the optimizer's range (the model has no
+                          * flat vector then); a resume writes them there alone. NULL = the
+                          * model's flat parameters */
   wf_comm *dp_comm;      /* this rank's dp group (HSDP: its fsdp group); NULL = one rank alone */
   int replica, replicas; /* HSDP: this rank's fsdp group and how many (0, 1 without HSDP; 0
                           * reads as 1): replica 0 writes, every replica reads */

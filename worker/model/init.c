@@ -9,6 +9,7 @@
  * the device takes back.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "model_int.h"
@@ -94,4 +95,69 @@ wf_status wf_model_init(wf_model *m, uint64_t seed)
   }
   st = wf_dev_unmap(m->dev, &v);
   return st == WF_OK ? wf_model_params_changed(m) : st;
+}
+
+/* ---- a range of the flat vector (ZeRO-3's shard) ------------------------------------ */
+
+/* One piece of a range: n elements of tensor (t, layer) from index `first` of its full
+ * layer, bound for dst. Pieces are at most CHUNK long, so the threads share them out. */
+typedef struct piece {
+  float *dst;
+  int t, layer;
+  size_t first, n;
+} piece;
+
+typedef struct ranged {
+  const wf_model *m;
+  float *dst; /* host view of [lo, hi) */
+  size_t lo, hi;
+  piece *p; /* NULL: count only */
+  size_t np;
+  size_t off[WF_MAX_TENSORS], layer_n[WF_MAX_TENSORS]; /* each tensor in the whole model */
+} ranged;
+
+enum { CHUNK = 65536 };
+
+/* The run's part inside [lo, hi), cut into pieces (wf_model_shard_runs' callback). */
+static void range_run(void *user, const wf_model_run *r)
+{
+  ranged *x = user;
+  size_t a = WF_MAX(r->local, x->lo), b = WF_MIN(r->local + r->n, x->hi);
+  size_t base = x->off[r->tensor] + (size_t)r->layer * x->layer_n[r->tensor];
+  for (size_t first = r->full - base + (a > r->local ? a - r->local : 0); a < b;) {
+    size_t n = WF_MIN((size_t)CHUNK, b - a);
+    if (x->p)
+      x->p[x->np] = (piece){x->dst + (a - x->lo), r->tensor, r->layer, first, n};
+    x->np++, a += n, first += n;
+  }
+}
+
+wf_status wf_model_init_range(wf_model *m, uint64_t seed, float *dst, size_t lo, size_t hi)
+{
+  wf_dev_view v;
+  ranged x = {.m = m, .lo = lo, .hi = hi};
+  if (hi <= lo)
+    return WF_OK;
+  wf_status st = wf_dev_map(m->dev, &v, dst, (hi - lo) * sizeof(float), WF_MAP_WRITE);
+  if (st != WF_OK)
+    return st;
+  x.dst = v.host;
+  for (int t = 0; t < m->desc.n; t++) {
+    x.off[t] = wf_model_tensor_offset(&m->d, t);
+    x.layer_n[t] = wf_model_layer_numel(&m->d, t);
+  }
+  wf_model_shard_runs(&m->d, &m->s, range_run, &x); /* count */
+  WF_CHECK_ALLOC(x.p = malloc((x.np ? x.np : 1) * sizeof *x.p));
+  x.np = 0;
+  wf_model_shard_runs(&m->d, &m->s, range_run, &x);
+  const ranged *cx = &x;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(wf_kernels_threads()) if (x.np > 1)
+  for (long i = 0; i < (long)cx->np; i++) {
+    const piece *p = &cx->p[i];
+    init_desc(p->dst, &cx->m->desc.t[p->t], p->t, p->layer, &cx->m->d, seed, p->first, p->n);
+  }
+fail:
+  free(x.p);
+  wf_status u = wf_dev_unmap(m->dev, &v);
+  return st == WF_OK ? u : st;
 }

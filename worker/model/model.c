@@ -274,9 +274,14 @@ wf_status wf_model_create_shard(wf_model **out, const wf_model_opts *o)
   WF_CHECK_ALLOC(m = calloc(1, sizeof *m));
   set_geometry(m, o);
   wf_model_mem mp = wf_model_mem_plan(o, m->k);
-  WF_TRY(wf_dev_alloc_floats(m->dev, &m->params, mp.params / sizeof(float)));
-  WF_TRY(wf_dev_alloc_floats(m->dev, &m->grads, mp.grads / sizeof(float)));
-  WF_TRY(wf_dev_alloc(m->dev, &m->wlow, mp.wlow)); /* 0: none */
+  /* ZeRO-2/3 own the gradients (and ZeRO-3 the parameters) as dp shards from the start:
+   * the flat vectors are never allocated, so set-up's peak is the steady state */
+  if (o->zero < 3) {
+    WF_TRY(wf_dev_alloc_floats(m->dev, &m->params, mp.params / sizeof(float)));
+    WF_TRY(wf_dev_alloc(m->dev, &m->wlow, mp.wlow)); /* 0: none */
+  }
+  if (o->zero < 2)
+    WF_TRY(wf_dev_alloc_floats(m->dev, &m->grads, mp.grads / sizeof(float)));
   m->gstride = m->nl > 0 ? m->nl : 1;
   size_t slots = (size_t)WF_MAX_TENSORS * (size_t)m->gstride;
   WF_CHECK_ALLOC(m->gptr = calloc(slots, sizeof *m->gptr));

@@ -400,6 +400,11 @@ typedef struct wf_model_opts {
                            * backward recomputes the layer's intermediates (one more forward);
                            * selective drops attention's core state and recomputes it */
   wf_precision precision; /* activations stored in bf16/fp16 (see "Mixed precision" below) */
+  int zero;               /* ZeRO stage whose gradient path will own this model (worker/parallel):
+                           * 2 = no flat gradient buffer is ever allocated (ZeRO-2's windows
+                           * take every gradient), 3 = no flat parameters nor their 16-bit copy
+                           * either (ZeRO-3's shard and windows hold them): set-up never holds
+                           * the whole shard's vectors; 0 or 1 = both allocated */
 } wf_model_opts;
 
 /* What a model of options o allocates, in bytes: wf_model_create_shard allocates
@@ -497,6 +502,10 @@ wf_status wf_model_export_full(wf_model *m, int which, float *full);
 wf_status wf_model_import_full(wf_model *m, int which, const float *full);
 /* The family's initialisation of every parameter (see above), through the device. */
 wf_status wf_model_init(wf_model *m, uint64_t seed);
+/* The same values for elements [lo, hi) of this rank's flat parameter vector alone,
+ * written to dst (hi - lo floats of device memory): a dp shard (ZeRO-3) initialises
+ * without the flat vector, bit for bit the slice wf_model_init would make. */
+wf_status wf_model_init_range(wf_model *m, uint64_t seed, float *dst, size_t lo, size_t hi);
 /* Elements [first, first + n) of the initial value of tensor (t, layer), as laid out in
  * the full tensor; equal to the same range of wf_model_init's result. */
 void wf_model_init_slice(float *dst, int t, int layer, const wf_model_dims *d, uint64_t seed,

@@ -157,8 +157,9 @@ fail:
   return st;
 }
 
-/* Creation: the shard, edge and windows (filled by reshard at the first step, once the
- * trainer has initialised or resumed the flat parameters). */
+/* Creation: the shard, edge and windows. A model created without flat parameters has its
+ * shard filled by the trainer (initialised or resumed into it); one created with them by
+ * reshard at the first step. */
 wf_status wf__fsdp_alloc(wf__zero *z)
 {
   wf_status st = WF_OK;
@@ -184,8 +185,17 @@ fail:
   return st;
 }
 
-/* The rank's shard taken from the model's whole flat parameters, the edge gathered,
- * then the flat vector freed and the hook set. */
+/* From here the model reads its parameters from edge and the windows (the unit hook). */
+void wf__fsdp_start_sharded(wf__zero *z)
+{
+  redirect_params(z, &z->late, z->pedge, z->pedge_low);
+  wf_model_set_unit_hook(z->m, wf__zero_unit_hook, z);
+  z->sharded = true;
+}
+
+/* A model that holds its flat parameters (created with them, or unsharded for a
+ * checkpoint): the rank's shard taken from them, the edge gathered, then the flat vector
+ * freed and the hook set. */
 wf_status wf__fsdp_reshard(wf__zero *z)
 {
   wf_status st = WF_OK;
@@ -193,10 +203,8 @@ wf_status wf__fsdp_reshard(wf__zero *z)
     return WF_OK;
   WF_TRY(wf__zero_copy(z, z->pshard, wf_model_params(z->m) + z->s0, z->s1 - z->s0));
   WF_TRY(wf__fsdp_refresh(z));
-  redirect_params(z, &z->late, z->pedge, z->pedge_low);
+  wf__fsdp_start_sharded(z);
   wf_model_drop_params(z->m);
-  wf_model_set_unit_hook(z->m, wf__zero_unit_hook, z);
-  z->sharded = true;
 fail:
   return st;
 }

@@ -54,6 +54,9 @@ wf_status wf__zero_create(wf__zero **out, wf_model *m, wf_comm *dp, wf_comm *rep
  * back (gathered whole, windows cleared) for --save at the end. */
 float *wf__zero_param_shard(wf__zero *z);
 wf_status wf__zero_unshard(wf__zero *z);
+/* fsdp.c: the model was created without flat parameters: the shard holds them from the
+ * start (filled by initialisation or a checkpoint, then gathered by wf__zero_gather). */
+void wf__fsdp_start_sharded(wf__zero *z);
 void wf__zero_destroy(wf__zero *z);
 wf_status wf__zero_begin(wf__zero *z);
 void wf__zero_arm(wf__zero *z);
@@ -96,7 +99,8 @@ typedef struct wf__zbucket {
   int nr, np, first_group, last_group;
   size_t count; /* elements */
   size_t base;  /* ZeRO-1: where the bucket lies in the model's (re-laid) gradient buffer */
-  wf_req *req;
+  size_t sent;  /* elements whose all-reduce has started (a bucket goes in parts: zero.c) */
+  wf_req *req;  /* the part in flight */
   bool launched;
   unsigned long seq; /* launch order */
 } wf__zbucket;
@@ -121,6 +125,7 @@ struct wf__zero {
   /* ZeRO-2 */
   float *edge, *win[WF__ZPOOL]; /* the late tensors' gradients; the bucket windows */
   size_t win_count, edge_count;
+  size_t part; /* the most elements one all-reduce of a bucket carries (zero.c's launch) */
   int win_bucket[WF__ZPOOL];  /* the bucket a window holds, -1 free */
   wf_req *win_req[WF__ZPOOL]; /* its all-reduce */
   bool win_flying[WF__ZPOOL];
@@ -136,8 +141,10 @@ struct wf__zero {
   wf_req **pwin_req;       /* (npw x size) its gather in flight: one broadcast per owner */
   int npw, pcur;           /* windows (2, or every bucket's with keep); the one in use */
   bool keep;               /* parallel.reshard_after_forward=false */
-  bool sharded;            /* the model's flat parameters are dropped (else whole: after
-                            * creation and resume, and for a checkpoint or --save) */
+  bool sharded;            /* the model has no flat parameters: created without them
+                            * (wf_model_opts.zero = 3), or dropped at the first step
+                            * (else whole: a model created with them, and for a checkpoint
+                            * or --save) */
   wf_status hook_err;      /* the first failure in the unit hook, for finish */
   unsigned long seq;
   double wait_ms, comm_bytes;

@@ -91,23 +91,65 @@ fail:
   return st;
 }
 
+/* The ZeRO stage the gradient path runs (wf_grads_create's: none without a dp group). */
+static int zero_stage(const wf__trainer *tr) { return tr->dp_comm ? tr->cfg->optim.zero : 0; }
+
 static wf_status read_init(wf__trainer *tr, void *full)
 {
   return wf_weights_read(tr->cfg->model.init, "model.init", &tr->dims, full);
 }
 
+/* Whole-model host array `full` into this rank's parameters: its slices of the flat
+ * vector, or under ZeRO-3 (no flat vector) its dp shard's range of them. */
+static wf_status import_full(wf__trainer *tr, float *full)
+{
+  wf_dev_view v;
+  size_t lo, hi;
+  float *shard = wf_grads_param_shard(tr->grads);
+  if (!shard)
+    return wf_model_import_full(tr->model, 0, full);
+  wf_grads_range(tr->grads, &lo, &hi);
+  wf_status st = wf_dev_map(tr->dev, &v, shard, (hi - lo) * sizeof(float), WF_MAP_WRITE);
+  if (st != WF_OK)
+    return st;
+  wf_model_shard_exchange(&tr->dims, wf_model_get_shard(tr->model), v.host, lo, hi, full, false);
+  return wf_dev_unmap(tr->dev, &v);
+}
+
 /* model.init into this rank's shard: the whole model is read into one host array of
  * parameters (wf_weights_read: llm.c, safetensors or a weft checkpoint) and this rank's
- * slices copied out. */
+ * slices copied out. The array is a transient beside the model (docs/memory.md). */
 static wf_status load_init(wf__trainer *tr)
 {
   wf_status st = WF_OK;
   float *full = NULL;
   WF_CHECK_ALLOC(full = malloc(wf_model_num_params(&tr->dims) * sizeof *full));
   WF_TRY(rank0_first(tr, read_init, full));
-  st = wf_model_import_full(tr->model, 0, full);
+  st = import_full(tr, full);
 fail:
   free(full);
+  return st;
+}
+
+/* The initial parameters: model.init's or the family's initialisation, written where
+ * the parameters live (ZeRO-3: the dp shard alone, bit for bit its slice of the flat
+ * vector), then the copies that follow them (ZeRO-3's gathered embeddings, mixed
+ * precision's 16-bit weights) refreshed. */
+static wf_status init_params(wf__trainer *tr)
+{
+  wf_status st = WF_OK;
+  size_t lo, hi;
+  float *shard = wf_grads_param_shard(tr->grads);
+  wf_grads_range(tr->grads, &lo, &hi);
+  if (tr->cfg->model.init[0])
+    WF_TRY(load_init(tr));
+  else if (shard)
+    WF_TRY(wf_model_init_range(tr->model, tr->cfg->train.seed, shard, lo, hi));
+  else
+    WF_TRY(wf_model_init(tr->model, tr->cfg->train.seed));
+  if (shard)
+    st = wf_grads_sync_params(tr->grads);
+fail:
   return st;
 }
 
@@ -134,7 +176,8 @@ static wf_status setup_stage(wf__trainer *tr)
                      .B = tr->B,
                      .T = tr->T,
                      .recompute = cfg->parallel.activation_checkpointing,
-                     .precision = cfg->precision};
+                     .precision = cfg->precision,
+                     .zero = zero_stage(tr)};
   /* every stage's layers, for the banner; this rank's shard among them */
   for (int s = 0; s < tr->pp; s++) {
     wf_model_shard sh;
@@ -169,7 +212,7 @@ static wf_status setup_optim(wf__trainer *tr)
                       .tp = tr->tp_comm,
                       .tp_regions = tr->tpr,
                       .bucket_bytes = (size_t)cfg->optim.bucket_mb << 20,
-                      .zero = cfg->optim.zero,
+                      .zero = zero_stage(tr),
                       .fsdp = cfg->mesh.fsdp,
                       .keep_gathered = !cfg->parallel.reshard_after_forward};
   WF_TRY(wf_grads_create(&tr->grads, &go));
@@ -186,15 +229,12 @@ static wf_status setup_model(wf__trainer *tr)
   wf_status st = WF_OK;
   const wf_config *cfg = tr->cfg;
   WF_TRY(setup_stage(tr));
-  if (cfg->model.init[0])
-    WF_TRY(load_init(tr));
-  else
-    WF_TRY(wf_model_init(tr->model, cfg->train.seed));
   tr->flops = wf_model_flops_per_step(&tr->dims, tr->B * tr->M * tr->D, tr->T);
   wf_pipe_opts po = {tr->pp_comm, tr->model, cfg->train.schedule, tr->M, tr->chunks, tr->B,
                      tr->T,       tr->trace};
   WF_TRY(wf_pipe_create(&tr->pipe, &po));
-  st = setup_optim(tr);
+  WF_TRY(setup_optim(tr));
+  st = init_params(tr); /* once ZeRO-3's shard exists: the parameters go there alone */
 fail:
   return st;
 }
@@ -210,6 +250,7 @@ static wf_status setup_checkpoint(wf__trainer *tr)
                             .model = tr->model,
                             .optim = tr->optim,
                             .optim_sharded = tr->dp_comm && tr->cfg->optim.zero,
+                            .param_shard = wf_grads_param_shard(tr->grads),
                             .dp_comm = fsdp ? fsdp : tr->dp_comm,
                             .replica = replica,
                             .replicas = fsdp ? tr->D / wf_comm_size(fsdp) : 1,
@@ -221,6 +262,8 @@ static wf_status setup_checkpoint(wf__trainer *tr)
   st = wf_ckpt_prepare(&tr->ck);
   if (st == WF_OK)
     st = wf_ckpt_resume(&tr->ck, &tr->start);
+  if (st == WF_OK && tr->ck.param_shard) /* ZeRO-3: the gathered embeddings follow */
+    st = wf_grads_sync_params(tr->grads);
   if (h && h->on_phase)
     h->on_phase(h->user, "train");
   return st;
