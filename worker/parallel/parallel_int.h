@@ -163,8 +163,8 @@ wf_status wf__fsdp_unit(wf__zero *z, int i, bool backward); /* bucket i gathered
 /* Every rank's shard of the parameters into the model's flat vector. */
 wf_status wf__zero_gather_whole(wf__zero *z);
 /* fsdp.c: ZeRO-3's buffers (at creation), the shard taken from the flat parameters and
- * these dropped (at a step's start, when whole), the embeddings regathered and the
- * units forgotten (after an update), and the buffers freed. */
+ * these dropped (at a step's start, when the model holds them whole), the embeddings regathered and
+ * the units forgotten (after an update), and the buffers freed. */
 wf_status wf__fsdp_alloc(wf__zero *z);
 wf_status wf__fsdp_reshard(wf__zero *z);
 wf_status wf__fsdp_refresh(wf__zero *z);

@@ -259,8 +259,10 @@ wf_status wf_pipe_stage_shard(const wf_pipe_stage_opts *o, wf_model_shard *out);
  * the update. In order:
  *
  *   zero          before the step's first backward (ZeRO-2/3 listen to every
- *                 micro-batch's backward from here; ZeRO-3 shards the parameters at
- *                 the first step, once they are initialised or resumed);
+ *                 micro-batch's backward from here; ZeRO-3 shards the parameters of a
+ *                 model that holds them whole: one created without them
+ *                 (wf_model_opts.zero = 3) is sharded from the start, its shard
+ *                 initialised or resumed in place, then wf_grads_sync_params);
  *   arm           before its last backward: each bucket of gradients is reduced over
  *                 dp as soon as backward has finished it (the model's grad hook), so
  *                 communication overlaps the rest of backward;

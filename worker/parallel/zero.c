@@ -719,8 +719,8 @@ wf_status wf__zero_mem_plan(const wf_model_dims *d, const wf_model_shard *s, wf_
   WF_TRY(plan(&z, d, s, prec, size, rank, stage, bucket_bytes, keep));
   out->param = wf__zero_param_bytes(z);
   out->grad = wf__zero_grad_bytes(z);
-  out->model_params = stage < 3; /* ZeRO-3 drops them at its first step */
-  out->model_grads = stage < 2;  /* ZeRO-2/3 at creation */
+  out->model_params = stage < 3; /* the trainer's ZeRO-3 model never allocates them */
+  out->model_grads = stage < 2;  /* nor its ZeRO-2/3 model these (wf_model_opts.zero) */
   out->lo = z->s0, out->hi = z->s1;
   out->n_buckets = z->nb + 1;
   wf__zero_destroy(z);
