@@ -173,6 +173,24 @@ fail:
   return st;
 }
 
+wf_status wf_weights_read_shard(const char *path, const char *what, const wf_model_dims *d,
+                                const wf_model_shard *s, size_t lo, size_t hi, float *dst)
+{
+  wf_status st = WF_OK;
+  char file[WF__PATH_LEN];
+  float *full = NULL;
+  kind k;
+  WF_TRY(kind_of(path, what, &k, file, sizeof file));
+  if (k == K_LLMC)
+    return wf_llmc_read_shard(path, d, s, lo, hi, dst);
+  WF_CHECK_ALLOC(full = malloc(wf_model_num_params(d) * sizeof *full));
+  WF_TRY(wf_weights_read(path, what, d, full));
+  wf_model_shard_exchange(d, s, dst, lo, hi, full, false);
+fail:
+  free(full);
+  return st;
+}
+
 wf_status wf_weights_check(const char *path, const char *what, wf_model_dims *d)
 {
   wf_status st = WF_OK;

@@ -191,19 +191,80 @@ fail:
   return st;
 }
 
-wf_status wf_llmc_read(const char *path, const wf_model_dims *d, float *full)
+/* The checkpoint at path opened for the model of dims d (its header checked against
+ * them), positioned at its parameters. */
+static wf_status open_for(FILE **f, const char *path, const wf_model_dims *d, int *version)
 {
   wf_status st = WF_OK;
-  FILE *f = NULL;
   wf_model_dims fd;
-  int a, b, version;
+  int a, b;
   WF_TRY(gpt2_only(path, d));
-  WF_TRY(open_checkpoint(&f, path, &fd, &version));
+  WF_TRY(open_checkpoint(f, path, &fd, version));
   const char *field = dims_diff(&fd, d, &a, &b);
   WF_CHECK(!field, WF_EFORMAT,
            "%s: checkpoint has %s = %d but the model has %d; set the model's dimensions to the "
            "checkpoint's",
            path, field, a, b);
+fail:
+  if (st != WF_OK && *f) {
+    fclose(*f);
+    *f = NULL;
+  }
+  return st;
+}
+
+/* wf_llmc_read_shard over one run, clipped to [lo, hi): its elements read where the
+ * file holds them (the file is the whole model's flat vector after the header). */
+typedef struct shard_read {
+  FILE *f;
+  const char *path;
+  int version;
+  float *dst;
+  size_t lo, hi;
+  wf_status st;
+} shard_read;
+
+static void read_run(void *user, const wf_model_run *r)
+{
+  shard_read *x = user;
+  size_t a = WF_MAX(r->local, x->lo), b = WF_MIN(r->local + r->n, x->hi);
+  if (a >= b || x->st != WF_OK)
+    return;
+  size_t eb = elem_bytes(x->version);
+  long long at = WF_LLMC_HEADER_BYTES + (long long)(r->full + (a - r->local)) * (long long)eb;
+  wf_status st = WF_OK;
+  FILE *f = x->f;
+  const char *path = x->path;
+  WF_CHECK(fseeko(f, (off_t)at, SEEK_SET) == 0, WF_EIO, "%s: cannot seek to byte %lld: %s", path,
+           at, strerror(errno));
+  if (x->version == WF_LLMC_VERSION_BF16)
+    st = read_bf16(f, path, x->dst + (a - x->lo), b - a);
+  else
+    WF_CHECK(fread(x->dst + (a - x->lo), sizeof(float), b - a, f) == b - a, WF_EIO,
+             "%s: read error in the parameters: %s", path,
+             ferror(f) ? strerror(errno) : "unexpected end of file");
+fail:
+  x->st = st;
+}
+
+wf_status wf_llmc_read_shard(const char *path, const wf_model_dims *d, const wf_model_shard *s,
+                             size_t lo, size_t hi, float *dst)
+{
+  shard_read x = {.path = path, .dst = dst, .lo = lo, .hi = hi};
+  wf_status st = open_for(&x.f, path, d, &x.version);
+  if (st != WF_OK)
+    return st;
+  wf_model_shard_runs(d, s, read_run, &x);
+  fclose(x.f);
+  return x.st;
+}
+
+wf_status wf_llmc_read(const char *path, const wf_model_dims *d, float *full)
+{
+  wf_status st = WF_OK;
+  FILE *f = NULL;
+  int version;
+  WF_TRY(open_for(&f, path, d, &version));
   size_t n = wf_model_num_params(d);
   if (version == WF_LLMC_VERSION_BF16)
     WF_TRY(read_bf16(f, path, full, n));

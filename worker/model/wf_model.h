@@ -610,6 +610,10 @@ wf_status wf_llmc_header_decode(const int32_t h[WF_LLMC_HEADER_INTS], const char
 bool wf_llmc_dims(const char *path, wf_model_dims *d);
 wf_status wf_llmc_peek(const char *path, wf_model_dims *d);
 wf_status wf_llmc_read(const char *path, const wf_model_dims *d, float *full);
+/* Elements [lo, hi) of shard s's flat parameter vector alone, read from where the file
+ * holds them, into dst (host memory, hi - lo floats): no whole-model array. */
+wf_status wf_llmc_read_shard(const char *path, const wf_model_dims *d, const wf_model_shard *s,
+                             size_t lo, size_t hi, float *dst);
 wf_status wf_llmc_write(const char *path, const wf_model_dims *d, const float *full);
 wf_status wf_llmc_write_version(const char *path, const wf_model_dims *d, const float *full,
                                 int version);

@@ -94,41 +94,38 @@ fail:
 /* The ZeRO stage the gradient path runs (wf_grads_create's: none without a dp group). */
 static int zero_stage(const wf__trainer *tr) { return tr->dp_comm ? tr->cfg->optim.zero : 0; }
 
-static wf_status read_init(wf__trainer *tr, void *full)
-{
-  return wf_weights_read(tr->cfg->model.init, "model.init", &tr->dims, full);
-}
-
-/* Whole-model host array `full` into this rank's parameters: its slices of the flat
- * vector, or under ZeRO-3 (no flat vector) its dp shard's range of them. */
-static wf_status import_full(wf__trainer *tr, float *full)
-{
+/* Where model.init goes: [lo, hi) of this rank's flat parameters, a host view (v) of
+ * the model's flat vector, or under ZeRO-3 (no flat vector) of its dp shard. */
+typedef struct init_dst {
   wf_dev_view v;
   size_t lo, hi;
-  float *shard = wf_grads_param_shard(tr->grads);
-  if (!shard)
-    return wf_model_import_full(tr->model, 0, full);
-  wf_grads_range(tr->grads, &lo, &hi);
-  wf_status st = wf_dev_map(tr->dev, &v, shard, (hi - lo) * sizeof(float), WF_MAP_WRITE);
-  if (st != WF_OK)
-    return st;
-  wf_model_shard_exchange(&tr->dims, wf_model_get_shard(tr->model), v.host, lo, hi, full, false);
-  return wf_dev_unmap(tr->dev, &v);
+} init_dst;
+
+static wf_status read_init(wf__trainer *tr, void *arg)
+{
+  init_dst *o = arg;
+  return wf_weights_read_shard(tr->cfg->model.init, "model.init", &tr->dims,
+                               wf_model_get_shard(tr->model), o->lo, o->hi, o->v.host);
 }
 
-/* model.init into this rank's shard: the whole model is read into one host array of
- * parameters (wf_weights_read: llm.c, safetensors or a weft checkpoint) and this rank's
- * slices copied out. The array is a transient beside the model (docs/memory.md). */
+/* model.init into this rank's slices of the parameters (wf_weights_read_shard: an llm.c
+ * file is read at those elements alone; safetensors and weft checkpoints go through a
+ * whole-model host array, a transient beside the model, docs/memory.md). */
 static wf_status load_init(wf__trainer *tr)
 {
-  wf_status st = WF_OK;
-  float *full = NULL;
-  WF_CHECK_ALLOC(full = malloc(wf_model_num_params(&tr->dims) * sizeof *full));
-  WF_TRY(rank0_first(tr, read_init, full));
-  st = import_full(tr, full);
-fail:
-  free(full);
-  return st;
+  init_dst o = {.lo = 0, .hi = wf_model_local_params(tr->model)};
+  float *shard = wf_grads_param_shard(tr->grads), *dst = wf_model_params(tr->model);
+  if (shard) {
+    wf_grads_range(tr->grads, &o.lo, &o.hi);
+    dst = shard;
+  }
+  wf_status st = wf_dev_map(tr->dev, &o.v, dst, (o.hi - o.lo) * sizeof(float), WF_MAP_WRITE);
+  if (st != WF_OK)
+    return st;
+  st = rank0_first(tr, read_init, &o);
+  wf_status u = wf_dev_unmap(tr->dev, &o.v);
+  st = st == WF_OK ? u : st;
+  return st == WF_OK && !shard ? wf_model_params_changed(tr->model) : st;
 }
 
 /* The initial parameters: model.init's or the family's initialisation, written where
