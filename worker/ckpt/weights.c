@@ -191,11 +191,33 @@ fail:
   return st;
 }
 
+/* An llm.c file read through, a bounded piece at a time: every parameter is read as
+ * model.init will read it, without a whole-model array. */
+static wf_status check_llmc(const char *path, const wf_model_dims *d)
+{
+  enum { PIECE = 1 << 20 };
+  wf_status st = WF_OK;
+  wf_model_shard whole = wf_model_shard_whole(d);
+  size_t n = wf_model_num_params(d);
+  float *buf = NULL;
+  WF_CHECK_ALLOC(buf = malloc(PIECE * sizeof *buf));
+  for (size_t i = 0; i < n && st == WF_OK; i += PIECE)
+    st = wf_llmc_read_shard(path, d, &whole, i, WF_MIN(n, i + PIECE), buf);
+fail:
+  free(buf);
+  return st;
+}
+
 wf_status wf_weights_check(const char *path, const char *what, wf_model_dims *d)
 {
   wf_status st = WF_OK;
+  char file[WF__PATH_LEN];
   float *full = NULL;
+  kind k;
   WF_TRY(wf_weights_peek(path, what, d));
+  WF_TRY(kind_of(path, what, &k, file, sizeof file));
+  if (k == K_LLMC)
+    return check_llmc(path, d);
   WF_CHECK(full = malloc(wf_model_num_params(d) * sizeof *full), WF_ENOMEM,
            "%s=%s: out of memory for the model's %zu parameters", what, path,
            wf_model_num_params(d));
