@@ -602,10 +602,12 @@ int main(int argc, char **argv)
   char err[512];
   int provided, rank = 0, size = 1;
 #ifdef __GLIBC__
-  /* Large blocks stay mmapped, so what is freed goes back to the system: ZeRO-2 and 3
-   * free the model's flat gradients and parameters after set-up, and glibc's default
-   * (a threshold that rises to the largest block freed) would then serve later blocks
-   * from the heap and keep the freed vector resident, out of --check-estimate's sight. */
+  /* Large blocks stay mmapped, so what is freed goes back to the system: Open MPI's
+   * reduction buffers, model.init's whole-model array (safetensors, checkpoints) and
+   * ZeRO-3's flat parameters gathered for a checkpoint are freed after use, and glibc's
+   * default (a threshold that rises to the largest block freed) would then serve later
+   * blocks from the heap and keep the freed block resident, out of --check-estimate's
+   * sight. */
   mallopt(M_MMAP_THRESHOLD, 128 * 1024);
 #endif
   if (parse_args(argc, argv, &a, err, sizeof err) < 0) {
