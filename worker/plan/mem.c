@@ -85,6 +85,7 @@ wf_status wf_plan_stage_mem_get(const wf_model_dims *d, const wf_plan_mesh *m, i
   memset(out, 0, sizeof *out);
   WF_TRY(wf_pipe_stage_shard(&so, &o.shard));
   o.slots = wf_pipe_slots(m->kind, m->pp, pp_rank, m->M, o.shard.chunks);
+  o.inbox = wf_pipe_buffers(m->kind, m->pp, pp_rank, m->M, o.shard.chunks).recv_f;
   wf_model_mem gm = wf_model_mem_plan(&o, k);
   wf_grads_mem gr;
   WF_TRY(wf_grads_mem_plan(d, &o.shard, m->prec, m->dp, dp_rank, m->zero, m->fsdp, m->bucket_bytes,
@@ -95,7 +96,8 @@ wf_status wf_plan_stage_mem_get(const wf_model_dims *d, const wf_plan_mesh *m, i
   out->bytes[WF_PM_GRADS] = (gr.model_grads ? gm.grads : 0) + gr.grad;
   out->bytes[WF_PM_OPTIM] = wf_optim_mem_plan(gr.lo, gr.hi);
   out->bytes[WF_PM_ACTS] = gm.slots + gm.recompute + gm.scratch;
-  out->bytes[WF_PM_COMM] = gr.scalar + (pipe - tokens); /* the engine's rings */
+  /* the engine's gradient buffers and the model's spare inputs (activations received) */
+  out->bytes[WF_PM_COMM] = gr.scalar + (pipe - tokens) + gm.inbox;
   size_t own = k ? k->workspace_bytes() : 0;       /* the kernels' workspace (NULL: the CPU's) */
   out->bytes[WF_PM_OTHER] = tokens + tokens + own; /* + the engine's and the trainer's */
   for (int i = 0; i < WF_PM_N; i++)
