@@ -46,13 +46,13 @@ struct wf_pipe {
   wf_schedule sched;
   wf_trace *trace;
   int p, rank, m, v, B, T; /* work items are (mb, chunk): key = mb * v + chunk */
-  size_t io;                       /* elements of one stage input/output */
-  size_t io_bytes;                 /* ... in the model's format */
-  wf_comm_dtype dt;                /* that format's element type */
-  pool rf;        /* activations: indices of the model's spare stage inputs (mem NULL) */
-  pool rb, sb;    /* receive gradients, send gradients */
-  int sb_next;    /* the send buffer the next gradient takes (round robin) */
-  void **rf_buf;  /* per key: the spare input its activation is received into */
+  size_t io;               /* elements of one stage input/output */
+  size_t io_bytes;         /* ... in the model's format */
+  wf_comm_dtype dt;        /* that format's element type */
+  pool rf;                 /* activations: indices of the model's spare stage inputs (mem NULL) */
+  pool rb, sb;             /* receive gradients, send gradients */
+  int sb_next;             /* the send buffer the next gradient takes (round robin) */
+  void **rf_buf;           /* per key: the spare input its activation is received into */
   wf_req **req_rf, **req_rb, **req_sf, **req_sb; /* per key */
   int *slot_of;                                  /* per key; -1 = none */
   bool *slot_busy;
