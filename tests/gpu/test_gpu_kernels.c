@@ -446,16 +446,13 @@ static const char *path_name(int p)
   return p == WF_ATTN_CUDNN ? "cudnn" : p == WF_ATTN_FLASH ? "flash" : "reference";
 }
 
-/* Device result d against the fp32 CPU result ref within factor x the bf16 bound. */
-static void expect_bound(ctx *c, const char *what, const float *ref, const float *d,
-                         const double *bound, size_t n, double factor)
+/* Result got (host; NULL: it could not be read) against the fp32 CPU result ref within
+ * factor x the bf16 bound. */
+static void bound_verdict(ctx *c, const char *what, const float *ref, const float *got,
+                          const double *bound, size_t n, double factor)
 {
-  float *got = hzero(c, n);
-  size_t bad = n;
+  size_t bad = got ? n : 0;
   double worst = 0.0;
-  if (wf_gpu_stream_sync(c->g, c->stream) != WF_OK ||
-      wf_gpu_memcpy_d2h(c->g, got, d, n * sizeof(float)) != WF_OK)
-    bad = 0;
   for (size_t i = 0; i < n && bad == n; i++) {
     worst = fmax(worst, fabs((double)got[i] - ref[i]) / (factor * bound[i] + ATT16_SLACK));
     if (!att16_within(got[i], ref[i], factor * bound[i]))
@@ -466,8 +463,19 @@ static void expect_bound(ctx *c, const char *what, const float *ref, const float
     return;
   }
   printf("  FAIL %-28s n=%-7zu at %zu: cpu %.9g gpu %.9g bound %.3g\n", what, n, bad, ref[bad],
-         got[bad], factor * bound[bad]);
+         got ? got[bad] : NAN, factor * bound[bad]);
   c->failures++;
+}
+
+/* Device result d (fp32) against the fp32 CPU result ref within factor x the bf16 bound. */
+static void expect_bound(ctx *c, const char *what, const float *ref, const float *d,
+                         const double *bound, size_t n, double factor)
+{
+  float *got = hzero(c, n);
+  if (wf_gpu_stream_sync(c->g, c->stream) != WF_OK ||
+      wf_gpu_memcpy_d2h(c->g, got, d, n * sizeof(float)) != WF_OK)
+    got = NULL;
+  bound_verdict(c, what, ref, got, bound, n, factor);
 }
 
 /* Whether the path taken is the one this case must take (see test_attention_paths). */
@@ -1001,6 +1009,16 @@ static uint16_t *hact(ctx *c, size_t n, int fmt, float lo, float hi)
 }
 
 static uint16_t *hact0(ctx *c, size_t n) { return keep_host(c, calloc(n ? n : 1, 2)); }
+
+/* n fp32 values in [lo, hi) that the format holds exactly (a gradient the bf16
+ * attention rounds to bf16 loses nothing). */
+static float *hexact(ctx *c, size_t n, int fmt, float lo, float hi)
+{
+  uint16_t *h = hact(c, n, fmt, lo, hi);
+  float *x = hzero(c, n);
+  wf_storage_load(x, h, n, fmt);
+  return x;
+}
 static void *d16(ctx *c, const uint16_t *h, size_t n) { return dcopy(c, h, n * 2); }
 
 /* A 16-bit device output against the CPU's: the fp32 tolerance plus one step of the
@@ -1144,8 +1162,11 @@ static void storage_matmul(ctx *c, const tables16 *t, int N, int C, int OC)
   expect_close(c, "matmul_backward dbias", db, d_db, OC, TOL_SUM, TOL_SUM);
 }
 
-/* Each side keeps what its own table keeps (the CPU 16-bit probabilities, the GPU
- * fp32 state of its fp32 kernels); out and dqkv are compared. */
+/* Each side keeps what its own table keeps (the CPU 16-bit probabilities, the GPU its
+ * lse, and for bf16 its output); out and dqkv are compared. Under the tests' setting
+ * (runtime.attention=reference) the GPU runs the fp32 kernels on widened q, k, v; in
+ * bf16 its backward also rounds dout (drawn exact in bf16 here: no change) and the dqkv
+ * it adds (2^-8 |dqkv|, inside the bound below: |dqkv| < T here). */
 static void storage_attention(ctx *c, const tables16 *t, int B, int T, int NH, int hs)
 {
   const int C = NH * hs;
@@ -1158,7 +1179,8 @@ static void storage_attention(ctx *c, const tables16 *t, int B, int T, int NH, i
   t->cpu->attention_forward(out, att, qkv, B, T, C, NH, NULL);
   t->gpu->attention_forward(d_out, d_att, d_qkv, B, T, C, NH, c->stream);
   expect_stored16(c, t, "attention_forward out", out, d_out, BTC, TOL_SUM, TOL_SUM);
-  float *dout = hrand(c, BTC, -1, 1), *dqkv = hrand(c, QKV, -1, 1), *d_dqkv = df(c, dqkv, QKV);
+  float *dout = hexact(c, BTC, t->fmt, -1, 1), *dqkv = hrand(c, QKV, -1, 1);
+  float *d_dqkv = df(c, dqkv, QKV);
   t->cpu->attention_backward(dqkv, NULL, dout, qkv, att, B, T, C, NH, NULL);
   t->gpu->attention_backward(d_dqkv, df(c, hzero(c, gx), gx), df(c, dout, BTC), d_qkv, d_att, B, T,
                              C, NH, c->stream);
@@ -1169,9 +1191,122 @@ static void storage_attention(ctx *c, const tables16 *t, int B, int T, int NH, i
   expect_close(c, "attention_backward dqkv", dqkv, d_dqkv, QKV, tol, TOL_SUM);
 }
 
-/* Llama's ops in 16 bits: the GPU's fp32 launchers on widened copies against the CPU's
- * row blocks; the same tolerances as their fp32 twins (test_rmsnorm, test_swiglu,
- * test_rope, test_gqa) plus one step of the format on each stored output. */
+/* The bf16 table's attention on tensor cores (runtime.attention=flash, cudnn: the path
+ * the setting must take, as test_attention_paths) against the fp32 CPU attention on the
+ * widened inputs, within att16_bound.h's bound (twice it for cuDNN): out as stored in
+ * bf16, and dqkv added into a random fp32 gradient. */
+static void storage_attention_tc(ctx *c, const tables16 *t, int B, int T, int NH, int hs)
+{
+  static const int impls[] = {WF_ATTN_FLASH, WF_ATTN_CUDNN};
+  const int C = NH * hs;
+  const size_t BTC = (size_t)B * T * C, QKV = 3 * BTC, ATT = (size_t)B * NH * T * T;
+  for (size_t i = 0; i < WF_ARRAY_LEN(impls); i++) {
+    c->k->set_attention(impls[i]);
+    int path = c->k->attention_path(B, T, C, NH, NH);
+    printf(" %s table, B %d T %d, %d heads of %d, runtime.attention=%s: %s\n",
+           wf_storage_name(t->fmt), B, T, NH, hs, path_name(impls[i]), path_name(path));
+    expect_path(c, impls[i], path, T % 128 == 0);
+    size_t gs = t->gpu->attention_saved(B, T, C, NH), gx = t->gpu->attention_scratch(B, T, C, NH);
+    uint16_t *q16 = hact(c, QKV, t->fmt, -1, 1);
+    float *qkv = hzero(c, QKV), *dout = hexact(c, BTC, t->fmt, -1, 1);
+    float *out = hzero(c, BTC), *att = hzero(c, ATT), *dqkv = hrand(c, QKV, -1, 1);
+    wf_storage_load(qkv, q16, QKV, t->fmt);
+    void *d_qkv = d16(c, q16, QKV), *d_out = d16(c, hact0(c, BTC), BTC);
+    float *d_att = df(c, hzero(c, gs), gs), *d_dqkv = df(c, dqkv, QKV);
+    wf_attention_forward(out, att, qkv, B, T, C, NH);
+    wf_attention_backward(dqkv, hzero(c, ATT), dout, qkv, att, B, T, C, NH);
+    t->gpu->attention_forward(d_out, d_att, d_qkv, B, T, C, NH, c->stream);
+    t->gpu->attention_backward(d_dqkv, df(c, hzero(c, gx), gx), df(c, dout, BTC), d_qkv, d_att, B,
+                               T, C, NH, c->stream);
+    att16_bound bd = att16_bound_make(qkv, dout, B, T, C, NH);
+    double f = path == WF_ATTN_CUDNN ? 2 : 1;
+    bound_verdict(c, "attention_forward out (bf16)", out, read16(c, d_out, BTC), bd.out, BTC, f);
+    expect_bound(c, "attention_backward dqkv", dqkv, d_dqkv, bd.dqkv, QKV, f);
+    att16_bound_free(&bd);
+    end_case(c);
+  }
+  c->k->set_attention(WF_ATTN_REFERENCE);
+}
+
+/* Two device buffers of `bytes` hold the same bits. */
+static void expect_same_bytes(ctx *c, const char *what, const void *want, const void *got,
+                              size_t bytes)
+{
+  unsigned char *a = keep_host(c, calloc(bytes ? bytes : 1, 1));
+  unsigned char *b = keep_host(c, calloc(bytes ? bytes : 1, 1));
+  bool ok = wf_gpu_stream_sync(c->g, c->stream) == WF_OK &&
+            wf_gpu_memcpy_d2h(c->g, a, want, bytes) == WF_OK &&
+            wf_gpu_memcpy_d2h(c->g, b, got, bytes) == WF_OK && memcmp(a, b, bytes) == 0;
+  printf("  %-4s %-28s %zu bytes, bit for bit\n", ok ? "ok" : "FAIL", what, bytes);
+  c->failures += !ok;
+}
+
+/* Llama's 16-bit kernels are the fp32 kernels' code on loaded operands (act_int.h):
+ * each equals, bit for bit, the GPU's fp32 entry on the widened operands with its
+ * activation outputs stored (the GPU's `store`), as storage.h defines the 16-bit forms. */
+static void storage_llama_exact(ctx *c, const tables16 *t)
+{
+  const wf_ktable *k32 = c->k;
+  const int N = 37, C = 48, F = 40, B = 2, T = 29, NH = 4, NKV = 2, hs = 8;
+  const size_t NC = (size_t)N * C, NF = (size_t)N * F, BTW = (size_t)B * T * (NH + 2 * NKV) * hs;
+  uint16_t *x = hact(c, NC, t->fmt, -2, 2), *gu = hact(c, 2 * NF, t->fmt, -4, 4);
+  uint16_t *q = hact(c, BTW, t->fmt, -1, 1);
+  float *w = df(c, hrand(c, C, 0.5f, 1.5f), C), *b = df(c, hrand(c, NC, -1, 1), NC);
+  float *dy = df(c, hrand(c, NC, -1, 1), NC), *dh = df(c, hrand(c, NF, -1, 1), NF);
+  float *cs = hzero(c, (size_t)T * hs);
+  wf_rope_table(cs, T, hs, 10000.0);
+  float *d_cs = df(c, cs, (size_t)T * hs);
+  void *x16 = d16(c, x, NC), *y16 = d16(c, hact0(c, NC), NC), *r16 = d16(c, hact0(c, NC), NC);
+  float *x32 = df(c, hzero(c, NC), NC), *y32 = df(c, hzero(c, NC), NC);
+  void *want = d16(c, hact0(c, 2 * NF + BTW), 2 * NF + BTW); /* the largest stored output */
+  float *rs16 = df(c, hzero(c, N), N), *rs32 = df(c, hzero(c, N), N);
+  t->gpu->load(x32, x16, NC, c->stream);
+  t->gpu->rmsnorm_forward(y16, rs16, x16, w, 1e-5f, N, C, c->stream);
+  k32->rmsnorm_forward(y32, rs32, x32, w, 1e-5f, N, C, c->stream);
+  t->gpu->store(want, y32, NC, c->stream);
+  expect_same_bytes(c, "rmsnorm_forward out", want, y16, NC * 2);
+  expect_same_bytes(c, "rmsnorm_forward rstd", rs32, rs16, N * 4);
+  float *dx16 = df(c, hzero(c, NC), NC), *dx32 = df(c, hzero(c, NC), NC);
+  float *dw16 = df(c, hzero(c, C), C), *dw32 = df(c, hzero(c, C), C);
+  t->gpu->rmsnorm_backward(dx16, dw16, dy, x16, w, rs32, N, C, c->stream);
+  k32->rmsnorm_backward(dx32, dw32, dy, x32, w, rs32, N, C, c->stream);
+  expect_same_bytes(c, "rmsnorm_backward dinp", dx32, dx16, NC * 4);
+  expect_same_bytes(c, "rmsnorm_backward dweight", dw32, dw16, C * 4);
+  /* residual then RMSNorm: res = store(a + b), out = rmsnorm(load(res)) */
+  t->gpu->residual_rmsnorm_forward(r16, y16, rs16, x16, b, w, 1e-5f, N, C, c->stream);
+  k32->residual_forward(y32, x32, b, NC, c->stream);
+  t->gpu->store(want, y32, NC, c->stream);
+  expect_same_bytes(c, "residual_rmsnorm res", want, r16, NC * 2);
+  t->gpu->load(x32, want, NC, c->stream);
+  k32->rmsnorm_forward(y32, rs32, x32, w, 1e-5f, N, C, c->stream);
+  t->gpu->store(want, y32, NC, c->stream);
+  expect_same_bytes(c, "residual_rmsnorm out", want, y16, NC * 2);
+  expect_same_bytes(c, "residual_rmsnorm rstd", rs32, rs16, N * 4);
+
+  void *gu16 = d16(c, gu, 2 * NF), *h16o = d16(c, hact0(c, NF), NF);
+  float *gu32 = df(c, hzero(c, 2 * NF), 2 * NF), *h32 = df(c, hzero(c, NF), NF);
+  float *dg16 = df(c, hzero(c, 2 * NF), 2 * NF), *dg32 = df(c, hzero(c, 2 * NF), 2 * NF);
+  t->gpu->load(gu32, gu16, 2 * NF, c->stream);
+  t->gpu->swiglu_forward(h16o, gu16, N, F, c->stream);
+  k32->swiglu_forward(h32, gu32, N, F, c->stream);
+  t->gpu->store(want, h32, NF, c->stream);
+  expect_same_bytes(c, "swiglu_forward", want, h16o, NF * 2);
+  t->gpu->swiglu_backward(dg16, gu16, dh, N, F, c->stream);
+  k32->swiglu_backward(dg32, gu32, dh, N, F, c->stream);
+  expect_same_bytes(c, "swiglu_backward", dg32, dg16, 2 * NF * 4);
+
+  void *q16 = d16(c, q, BTW);
+  float *q32 = df(c, hzero(c, BTW), BTW);
+  t->gpu->load(q32, q16, BTW, c->stream);
+  t->gpu->rope_forward(q16, d_cs, B, T, NH, NKV, hs, c->stream);
+  k32->rope_forward(q32, d_cs, B, T, NH, NKV, hs, c->stream);
+  t->gpu->store(want, q32, BTW, c->stream);
+  expect_same_bytes(c, "rope_forward", want, q16, BTW * 2);
+}
+
+/* Llama's ops in 16 bits: the GPU's 16-bit kernels against the CPU's row blocks; the
+ * same tolerances as their fp32 twins (test_rmsnorm, test_swiglu, test_rope, test_gqa)
+ * plus one step of the format on each stored output. */
 static void storage_llama(ctx *c, const tables16 *t)
 {
   const int N = 37, C = 48, F = 40, B = 2, T = 29, NH = 4, NKV = 2, hs = 8;
@@ -1221,7 +1356,8 @@ static void storage_llama(ctx *c, const tables16 *t)
   t->cpu->attention_gqa_forward(o, att, q, B, T, NH * hs, NH, NKV, NULL);
   t->gpu->attention_gqa_forward(d_o, d_att, d_q, B, T, NH * hs, NH, NKV, c->stream);
   expect_stored16(c, t, "attention_gqa_forward out", o, d_o, BTQ, TOL_SUM, TOL_SUM);
-  float *dat = hrand(c, BTQ, -1, 1), *dq = hrand(c, BTW, -1, 1), *d_dq = df(c, dq, BTW);
+  float *dat = hexact(c, BTQ, t->fmt, -1, 1), *dq = hrand(c, BTW, -1, 1);
+  float *d_dq = df(c, dq, BTW);
   t->cpu->attention_gqa_backward(dq, NULL, dat, q, att, B, T, NH * hs, NH, NKV, NULL);
   t->gpu->attention_gqa_backward(d_dq, df(c, hzero(c, gx), gx), df(c, dat, BTQ), d_q, d_att, B, T,
                                  NH * hs, NH, NKV, c->stream);
@@ -1261,6 +1397,13 @@ static void test_storage(ctx *c)
     end_case(c);
     storage_llama(c, &t);
     end_case(c);
+    storage_llama_exact(c, &t);
+    end_case(c);
+    if (t.fmt == WF_PREC_BF16) {
+      storage_attention_tc(c, &t, 1, 77, 3, 64);
+      storage_attention_tc(c, &t, 3, 128, 1, 64); /* a shape cuDNN must take */
+      storage_attention_tc(c, &t, 1, 130, 1, 128);
+    }
   }
 }
 
