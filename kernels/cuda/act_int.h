@@ -1,7 +1,7 @@
 /*
  * act_int.h - private to the weft_cuda module: activations in a storage format (fp32,
  * bf16, fp16: storage.h) read and written element by element, and the launchers of the
- * kernels that take them in any format. rmsnorm.cu, rope.cu and swiglu.cu instantiate
+ * kernels that take them in any format. rmsnorm.cu, rope.cu, swiglu.cu and adamw.cu instantiate
  * their kernels for float (the fp32 launchers of cuda_int.h), __nv_bfloat16 and __half
  * (storage.cu's 16-bit tables): one algorithm, so each 16-bit form computes, bit for
  * bit, what its fp32 kernel computes on the widened values, rounding only what it
@@ -48,5 +48,11 @@ void wf__swiglu_forward(E *out, const E *inp, int N, int F, wf_stream *stream);
 template <typename E>
 void wf__swiglu_backward(float *dinp, const E *inp, const float *dout, int N, int F,
                          wf_stream *stream);
+
+/* AdamW, the updated parameters also stored into low (E; NULL: not stored). */
+template <typename E>
+void wf__adamw_update_store(float *params, E *low, float *m, float *v, const float *grads, size_t n,
+                            float lr, float beta1, float beta2, float eps, float weight_decay,
+                            int t, float grad_scale, wf_stream *stream);
 
 #endif /* WF_CUDA_ACT_INT_H */

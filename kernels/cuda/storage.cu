@@ -750,6 +750,17 @@ template <> void set_attention<__nv_bfloat16>(wf_ktable *t)
   t->attention_gqa_backward = attention_gqa_backward_bf16;
 }
 
+/* ---- AdamW writing the model's 16-bit copy (adamw.cu) -------------------------------------- */
+
+template <typename E>
+static void adamw_update_store(float *params, void *low, float *m, float *v, const float *grads,
+                               size_t n, float lr, float beta1, float beta2, float eps,
+                               float weight_decay, int t, float grad_scale, wf_stream *stream)
+{
+  wf__adamw_update_store(params, (E *)low, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, t,
+                         grad_scale, stream);
+}
+
 /* ---- the fp32 table's activation entries ------------------------------------------------------
  */
 
@@ -939,6 +950,7 @@ template <typename T> static wf_ktable storage_table(const wf_ktable *k32, int f
   t.format = format;
   t.store = store<T>;
   t.load = load<T>;
+  t.adamw_update_store = adamw_update_store<T>;
   return t;
 }
 

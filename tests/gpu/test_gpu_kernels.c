@@ -1407,6 +1407,40 @@ static void test_storage(ctx *c)
   }
 }
 
+/* AdamW writing the model's 16-bit copy (each table's adamw_update_store): bit for bit
+ * the fp32 update then the table's store on the GPU (the pass it replaces), and the
+ * copy within one step of the format of the CPU twin's (the parameters agree within
+ * TOL_ELEM, so a stored value may round the other way: expect_stored16). */
+static void test_adamw_store(ctx *c)
+{
+  const size_t n = 100003; /* several blocks, a ragged tail */
+  const int fmts[2] = {WF_PREC_BF16, WF_PREC_FP16};
+  for (int f = 0; f < 2; f++) {
+    tables16 t = {fmts[f], wf_dev_kernels(wf_dev_cpu())->storage(fmts[f]), c->k->storage(fmts[f])};
+    float *p = hrand(c, n, -1, 1), *m = hrand(c, n, -0.1f, 0.1f), *v = hrand(c, n, 0, 0.01f);
+    float *g = df(c, hrand(c, n, -1, 1), n);
+    uint16_t *low = hact0(c, n);
+    float *p1 = df(c, p, n), *m1 = df(c, m, n), *v1 = df(c, v, n);
+    float *p2 = df(c, p, n), *m2 = df(c, m, n), *v2 = df(c, v, n);
+    void *want = d16(c, low, n), *got = d16(c, low, n);
+    c->k->adamw_update(p1, m1, v1, g, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f, c->stream);
+    t.gpu->store(want, p1, n, c->stream);
+    t.gpu->adamw_update_store(p2, got, m2, v2, g, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f,
+                              c->stream);
+    printf(" %s\n", wf_storage_name(t.fmt));
+    expect_same_bytes(c, "adamw_update_store params", p1, p2, n * 4);
+    expect_same_bytes(c, "adamw_update_store m", m1, m2, n * 4);
+    expect_same_bytes(c, "adamw_update_store v", v1, v2, n * 4);
+    expect_same_bytes(c, "adamw_update_store copy", want, got, n * 2);
+    float *hg = hzero(c, n);
+    wf_gpu_stream_sync(c->g, c->stream);
+    wf_gpu_memcpy_d2h(c->g, hg, g, n * 4);
+    t.cpu->adamw_update_store(p, low, m, v, hg, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f, NULL);
+    expect_stored16(c, &t, "adamw_update_store copy (cpu)", low, got, n, TOL_ELEM, TOL_ELEM);
+    end_case(c);
+  }
+}
+
 /* ---- Llama's kernels ------------------------------------------------------------- */
 
 /* RMSNorm and the fused residual + RMSNorm: reductions over C (TOL_SUM); the sum of the
@@ -1720,6 +1754,7 @@ static const struct {
     {"gelu+residual", test_gelu_residual},
     {"xent", test_xent},
     {"adamw", test_adamw},
+    {"adamw writing the 16-bit copy", test_adamw_store},
     {"sumsq+scale", test_sumsq_scale},
     {"xent parts+loss", test_xent_parts},
     {"tokens", test_tokens},
