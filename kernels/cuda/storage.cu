@@ -12,8 +12,10 @@
  * fp32 bias added before the one rounding of a 16-bit output (the BIAS epilogue with
  * an fp32 bias vector; where the heuristics offer none, the GEMM runs plain and a
  * kernel adds the bias to the stored output, which rounds twice: within the twin
- * tests' bound). The fused matmul + GELU is the composition, as on the CPU: the stored
- * pre-activation, then the GELU of it. dbias is a column sum of the 16-bit dout, rows
+ * tests' bound). The fused matmul + GELU is one GEMM with cuBLASLt's GELU_AUX_BIAS
+ * epilogue where it runs (gelu_epilogue: the GELU of the unrounded product, so it may
+ * differ from the CPU's composition by a step of the format), else the composition, as on
+ * the CPU: the stored pre-activation, then the GELU of it. dbias is a column sum of the 16-bit dout, rows
  * in a fixed order per column (deterministic).
  *
  * Attention in bf16 (up to head size 128): runtime.attention's path (attention_impl.cu:
@@ -27,6 +29,8 @@
  *
  * Legend: N rows, C channels, OC output channels, V vocabulary columns, ld row stride.
  */
+#include <atomic>
+
 #include "act_int.h"
 #include "attn_int.h"
 
@@ -357,7 +361,8 @@ template <> cudaDataType_t cuda_type<__nv_bfloat16>() { return CUDA_R_16BF; }
 template <> cudaDataType_t cuda_type<__half>() { return CUDA_R_16F; }
 
 /* D (m,n) = op(A) op(B) + beta D (+ bias, m fp32 values) in cuBLAS's column-major terms,
- * A and B of type ab, D of type dt (fp32 or ab). */
+ * A and B of type ab, D of type dt (fp32 or ab); with aux (m,n, type dt, ld m), the GELU
+ * epilogue: aux = the biased product, D = its GELU. */
 struct gemm16 {
   cublasOperation_t ta, tb;
   int m, n, k;
@@ -369,12 +374,16 @@ struct gemm16 {
   void *D;
   cudaDataType_t ab, dt;
   const float *bias;
+  void *aux;
 };
 
 static cublasStatus_t descs16_make(wf__lt_descs *x, const gemm16 *g, bool bias, size_t workspace)
 {
-  cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  cublasLtEpilogue_t epi = g->aux ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                           : bias ? CUBLASLT_EPILOGUE_BIAS
+                                  : CUBLASLT_EPILOGUE_DEFAULT;
   cudaDataType_t bias_type = CUDA_R_32F;
+  int64_t aux_ld = g->m;
   WF__LT_TRY(cublasLtMatmulDescCreate(&x->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   WF__LT_TRY(
       cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_TRANSA, &g->ta, sizeof g->ta));
@@ -387,6 +396,12 @@ static cublasStatus_t descs16_make(wf__lt_descs *x, const gemm16 *g, bool bias, 
                                               sizeof g->bias));
     WF__LT_TRY(cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                               &bias_type, sizeof bias_type));
+  }
+  if (g->aux) {
+    WF__LT_TRY(cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                              &g->aux, sizeof g->aux));
+    WF__LT_TRY(cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
+                                              sizeof aux_ld));
   }
   bool at = g->ta == CUBLAS_OP_T, bt = g->tb == CUBLAS_OP_T;
   WF__LT_TRY(cublasLtMatrixLayoutCreate(&x->a, g->ab, at ? g->k : g->m, at ? g->m : g->k, g->lda));
@@ -466,9 +481,39 @@ static void forward16(void *out, cudaDataType_t dt, const void *inp, const void 
 {
   if (N <= 0 || OC <= 0 || C < 0)
     return;
-  gemm16 g = {CUBLAS_OP_T, CUBLAS_OP_N,    OC, N,   C, w, C, inp, C, 0.0f,
-              out,         cuda_type<T>(), dt, bias};
+  gemm16 g = {CUBLAS_OP_T, CUBLAS_OP_N,    OC, N,    C,   w, C, inp, C, 0.0f,
+              out,         cuda_type<T>(), dt, bias, NULL};
   run16<T>(&g, (cudaStream_t)stream);
+}
+
+/* The fused matmul + GELU in one GEMM: cuBLASLt's GELU_AUX_BIAS epilogue writes pre (the
+ * aux output) = the biased fp32 product rounded, and gelu_out = cuBLASLt's GELU (the tanh
+ * form, with the hardware's approximate tanh) of the unrounded product, rounded. Its
+ * conditions: a bias, C > 0, OC a multiple of 8 (the aux leading dimension), and an
+ * algorithm for the shape (the same answer for a shape every time, so a recomputed
+ * forward takes the path the first took). False (nothing written) where it does not run:
+ * the caller composes. */
+template <typename T>
+static bool gelu_epilogue(void *gelu_out, void *pre, const void *inp, const void *w,
+                          const float *bias, int N, int C, int OC, cudaStream_t s)
+{
+  static std::atomic<bool> said{false};
+  if (!bias || N <= 0 || C <= 0 || OC <= 0 || OC % 8 != 0)
+    return false;
+  gemm16 g = {CUBLAS_OP_T,    CUBLAS_OP_N,    OC,   N,  C, w, C, inp, C, 0.0f, gelu_out,
+              cuda_type<T>(), cuda_type<T>(), bias, pre};
+  wf__lt lt;
+  if (!wf__lt_begin(&lt, __FILE__, __LINE__))
+    return false;
+  cublasStatus_t st = lt16_enqueue(&lt, &g, true, s);
+  wf__lt_end(CUBLAS_STATUS_SUCCESS, __FILE__, __LINE__, "cublasLtMatmul 16-bit GELU epilogue");
+  if (st == CUBLAS_STATUS_SUCCESS)
+    return true;
+  if (!said.exchange(true)) /* one line per process */
+    WF_INFO("matmul + GELU (16-bit): cuBLASLt's GELU_AUX_BIAS epilogue refused (status %d, m %d, "
+            "n %d, k %d): the GEMM with its bias, then the GELU kernel, for such shapes",
+            (int)st, OC, N, C);
+  return false;
 }
 
 template <typename T>
@@ -490,6 +535,8 @@ static void matmul_gelu_forward(void *gelu_out, void *pre, const void *inp, cons
                                 const float *bias, int N, int C, int OC, int /* lowp: the format */,
                                 wf_stream *s)
 {
+  if (gelu_epilogue<T>(gelu_out, pre, inp, w, bias, N, C, OC, (cudaStream_t)s))
+    return;
   forward16<T>(pre, cuda_type<T>(), inp, w, bias, N, C, OC, s);
   gelu_forward<T>(gelu_out, pre, (size_t)N * OC, s);
 }
@@ -524,9 +571,10 @@ static void matmul_backward(float *dinp, float *dweight, float *dbias, const voi
   cudaDataType_t t = cuda_type<T>();
   if (N <= 0 || OC <= 0 || C < 0)
     return;
-  gemm16 gi = {CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, w, C, dout, OC, 1.0f, dinp, t, CUDA_R_32F, NULL};
-  gemm16 gw = {CUBLAS_OP_N, CUBLAS_OP_T, C,    OC,      N, inp,        C,
-               dout,        OC,          1.0f, dweight, t, CUDA_R_32F, NULL};
+  gemm16 gi = {CUBLAS_OP_N, CUBLAS_OP_N, C,    N, OC,         w,    C,   dout,
+               OC,          1.0f,        dinp, t, CUDA_R_32F, NULL, NULL};
+  gemm16 gw = {CUBLAS_OP_N, CUBLAS_OP_T, C,       OC, N,          inp,  C,   dout,
+               OC,          1.0f,        dweight, t,  CUDA_R_32F, NULL, NULL};
   if (C > 0 && dinp && !run16<T>(&gi, s))
     return;
   if (C > 0 && dweight && !run16<T>(&gw, s))
