@@ -1021,13 +1021,26 @@ static float *hexact(ctx *c, size_t n, int fmt, float lo, float hi)
 }
 static void *d16(ctx *c, const uint16_t *h, size_t n) { return dcopy(c, h, n * 2); }
 
+static void expect_stored16_by(ctx *c, const tables16 *t, const char *what, const uint16_t *ref,
+                               const void *d, size_t n, float atol, float rtol, const uint16_t *by,
+                               double per_by);
+
 /* A 16-bit device output against the CPU's: the fp32 tolerance plus one step of the
  * format (see the top). */
 static void expect_stored16(ctx *c, const tables16 *t, const char *what, const uint16_t *ref,
                             const void *d, size_t n, float atol, float rtol)
 {
+  expect_stored16_by(c, t, what, ref, d, n, atol, rtol, NULL, 0);
+}
+
+/* The same, the tolerance of element i widened by per_by |by[i]| (by: 16-bit host
+ * values of another tensor the output is a function of; NULL: none). */
+static void expect_stored16_by(ctx *c, const tables16 *t, const char *what, const uint16_t *ref,
+                               const void *d, size_t n, float atol, float rtol, const uint16_t *by,
+                               double per_by)
+{
   uint16_t *got = hact0(c, n);
-  float *r = hzero(c, n), *g = hzero(c, n);
+  float *r = hzero(c, n), *g = hzero(c, n), *p = hzero(c, n);
   double step = t->fmt == WF_PREC_BF16 ? 0x1p-7 : 0x1p-10;
   size_t bad = n;
   if (wf_gpu_stream_sync(c->g, c->stream) != WF_OK ||
@@ -1035,8 +1048,10 @@ static void expect_stored16(ctx *c, const tables16 *t, const char *what, const u
     bad = 0;
   wf_storage_load(r, ref, n, t->fmt);
   wf_storage_load(g, got, n, t->fmt);
+  if (by)
+    wf_storage_load(p, by, n, t->fmt);
   for (size_t i = 0; i < n && bad == n; i++) {
-    double tol = atol + (rtol + step) * fabs(r[i]) + 0x1p-24;
+    double tol = atol + (rtol + step) * fabs(r[i]) + per_by * fabs(p[i]) + 0x1p-24;
     if (!(fabs((double)g[i] - r[i]) <= tol))
       bad = i;
   }
@@ -1144,29 +1159,9 @@ static void storage_xent(ctx *c, const tables16 *t)
 static void expect_gelu16(ctx *c, const tables16 *t, const uint16_t *ref, const uint16_t *pre,
                           const void *d, size_t n)
 {
-  uint16_t *got = hact0(c, n);
-  float *r = hzero(c, n), *g = hzero(c, n), *p = hzero(c, n);
-  double half = t->fmt == WF_PREC_BF16 ? 0x1p-9 : 0x1p-12, step = 4 * half;
-  size_t bad = n;
-  if (wf_gpu_stream_sync(c->g, c->stream) != WF_OK ||
-      wf_gpu_memcpy_d2h(c->g, got, d, n * 2) != WF_OK)
-    bad = 0;
-  wf_storage_load(r, ref, n, t->fmt);
-  wf_storage_load(g, got, n, t->fmt);
-  wf_storage_load(p, pre, n, t->fmt);
-  for (size_t i = 0; i < n && bad == n; i++) {
-    double tol = (1.13 * half + 0.5 * 0x1p-10 + TOL_SUM) * fabs(p[i]) +
-                 (step + TOL_ELEM) * fabs(r[i]) + TOL_SUM;
-    if (!(fabs((double)g[i] - r[i]) <= tol))
-      bad = i;
-  }
-  if (bad == n) {
-    printf("  ok   %-28s n=%zu (%s)\n", "matmul_gelu_forward out", n, wf_storage_name(t->fmt));
-    return;
-  }
-  printf("  FAIL %-28s n=%-7zu at %zu (%s): cpu %.9g gpu %.9g (pre %.9g)\n",
-         "matmul_gelu_forward out", n, bad, wf_storage_name(t->fmt), r[bad], g[bad], p[bad]);
-  c->failures++;
+  double half = t->fmt == WF_PREC_BF16 ? 0x1p-9 : 0x1p-12;
+  expect_stored16_by(c, t, "matmul_gelu_forward out", ref, d, n, TOL_SUM, TOL_ELEM, pre,
+                     1.13 * half + 0.5 * 0x1p-10 + TOL_SUM);
 }
 
 /* 16-bit operands: exact products on both sides, summed in other orders (TOL_SUM); the
