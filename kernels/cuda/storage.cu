@@ -15,8 +15,8 @@
  * tests' bound). The fused matmul + GELU is one GEMM with cuBLASLt's GELU_AUX_BIAS
  * epilogue where it runs (gelu_epilogue: the GELU of the unrounded product, so it may
  * differ from the CPU's composition by a step of the format), else the composition, as on
- * the CPU: the stored pre-activation, then the GELU of it. dbias is a column sum of the 16-bit dout, rows
- * in a fixed order per column (deterministic).
+ * the CPU: the stored pre-activation, then the GELU of it. dbias is a column sum of the 16-bit
+ * dout, rows in a fixed order per column (deterministic).
  *
  * Attention in bf16 (up to head size 128): runtime.attention's path (attention_impl.cu:
  * cuDNN, weft's flash kernels, or the fp32 reference) on the stored qkv, its output
