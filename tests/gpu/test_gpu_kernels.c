@@ -639,13 +639,15 @@ static void gqa16_compare(ctx *c, const gqa16 *x)
   expect_true(c, "gqa dk, dv: the group's sum", dkv);
 }
 
-/* The bf16 entries with grouped-query attention (NH 3 sharing one kv head), under the flash
- * kernels, against the same entries on multi-head inputs with each kv head repeated:
- * out, lse and dq must be bit for bit the same (the same kernel on the same values); dk
- * and dv of a kv head are the group's sum in fp32 rounded once, against per-head
- * gradients rounded then summed: u (|sum| + sum |term|). The multi-head results
- * themselves are held to the fp32 attention by test_attention_paths. */
-static void test_attention_gqa16(ctx *c)
+/* Grouped-query attention (NH 3 sharing one kv head), under the flash kernels, against
+ * the same entries on multi-head inputs with each kv head repeated: out, lse and dq must
+ * be bit for bit the same (the same kernel on the same values); dk and dv of a kv head
+ * are the group's sum in fp32 rounded once, against per-head gradients rounded then
+ * summed: u (|sum| + sum |term|). The multi-head results themselves are held to the fp32
+ * attention by test_attention_paths and storage_attention_tc. Two sets of entries: the
+ * bf16 entries (attention_bf16_*; k16 NULL), and the bf16 table's (k16: its attention_gqa
+ * and attention entries; dqkv added into zeros in fp32, so stored back in bf16 exactly). */
+static void gqa16_case(ctx *c, const wf_ktable *k16)
 {
   enum {
     B = 1,
@@ -669,21 +671,44 @@ static void test_attention_gqa16(ctx *c)
         xm[r * 3 * C + 2 * C + h * hs + d] = xg[r * LG + C + (NKV + h / G) * hs + d];
       }
   wf_bf16 *d_xg = dcopy(c, h16(c, xg, ng), ng * 2), *d_xm = dcopy(c, h16(c, xm, nm), nm * 2);
-  wf_bf16 *d_dy = dcopy(c, h16(c, dy, ny), ny * 2), *zero16 = h16(c, hzero(c, ng), ng);
+  wf_bf16 *d_dy = dcopy(c, h16(c, dy, ny), ny * 2), *zero16 = h16(c, hzero(c, nm), nm);
   wf_bf16 *d_yg = dcopy(c, zero16, ny * 2), *d_ym = dcopy(c, zero16, ny * 2);
-  wf_bf16 *d_dg = dcopy(c, zero16, ng * 2), *d_dm = dcopy(c, h16(c, hzero(c, nm), nm), nm * 2);
-  float *d_lg = df(c, hzero(c, nl), nl), *d_lm = df(c, hzero(c, nl), nl);
-  float *d_sg = df(c, hzero(c, c->k->attention_bf16_scratch(B, T, C, NH, NKV)),
-                   c->k->attention_bf16_scratch(B, T, C, NH, NKV));
-  float *d_sm = df(c, hzero(c, c->k->attention_bf16_scratch(B, T, C, NH, NH)),
-                   c->k->attention_bf16_scratch(B, T, C, NH, NH));
-  c->k->attention_bf16_forward(d_yg, d_lg, d_xg, B, T, C, NH, NKV, c->stream);
-  c->k->attention_bf16_forward(d_ym, d_lm, d_xm, B, T, C, NH, NH, c->stream);
-  c->k->attention_bf16_backward(d_dg, d_sg, d_dy, d_xg, d_yg, d_lg, B, T, C, NH, NKV, c->stream);
-  c->k->attention_bf16_backward(d_dm, d_sm, d_dy, d_xm, d_ym, d_lm, B, T, C, NH, NH, c->stream);
-  gqa16 x = {B, T, NH, NKV, hs, d_yg, d_ym, d_dg, d_dm, d_lg, d_lm};
+  wf_bf16 *d_dg = dcopy(c, zero16, ng * 2), *d_dm = dcopy(c, zero16, nm * 2);
+  gqa16 x = {B, T, NH, NKV, hs, d_yg, d_ym, d_dg, d_dm, NULL, NULL};
+  if (!k16) {
+    float *d_lg = df(c, hzero(c, nl), nl), *d_lm = df(c, hzero(c, nl), nl);
+    size_t sg = c->k->attention_bf16_scratch(B, T, C, NH, NKV),
+           sm = c->k->attention_bf16_scratch(B, T, C, NH, NH);
+    float *d_sg = df(c, hzero(c, sg), sg), *d_sm = df(c, hzero(c, sm), sm);
+    c->k->attention_bf16_forward(d_yg, d_lg, d_xg, B, T, C, NH, NKV, c->stream);
+    c->k->attention_bf16_forward(d_ym, d_lm, d_xm, B, T, C, NH, NH, c->stream);
+    c->k->attention_bf16_backward(d_dg, d_sg, d_dy, d_xg, d_yg, d_lg, B, T, C, NH, NKV, c->stream);
+    c->k->attention_bf16_backward(d_dm, d_sm, d_dy, d_xm, d_ym, d_lm, B, T, C, NH, NH, c->stream);
+    x.lg = d_lg, x.lm = d_lm;
+  } else {
+    size_t sv = k16->attention_saved(B, T, C, NH), sx = k16->attention_scratch(B, T, C, NH);
+    float *d_ag = df(c, hzero(c, sv), sv), *d_am = df(c, hzero(c, sv), sv);
+    float *d_sx = df(c, hzero(c, sx), sx), *d_dy32 = df(c, dy, ny);
+    float *d_dg32 = df(c, hzero(c, nm), ng), *d_dm32 = df(c, hzero(c, nm), nm);
+    k16->attention_gqa_forward(d_yg, d_ag, d_xg, B, T, C, NH, NKV, c->stream);
+    k16->attention_forward(d_ym, d_am, d_xm, B, T, C, NH, c->stream);
+    k16->attention_gqa_backward(d_dg32, d_sx, d_dy32, d_xg, d_ag, B, T, C, NH, NKV, c->stream);
+    k16->attention_backward(d_dm32, d_sx, d_dy32, d_xm, d_am, B, T, C, NH, c->stream);
+    k16->store(d_dg, d_dg32, ng, c->stream);
+    k16->store(d_dm, d_dm32, nm, c->stream);
+    x.lg = d_ag, x.lm = d_am; /* att begins with the lse (B,NH,T) */
+  }
   gqa16_compare(c, &x);
   c->k->set_attention(WF_ATTN_REFERENCE);
+}
+
+static void test_attention_gqa16(ctx *c)
+{
+  printf(" the bf16 entries\n");
+  gqa16_case(c, NULL);
+  end_case(c);
+  printf(" the bf16 table's attention entries\n");
+  gqa16_case(c, c->k->storage(WF_PREC_BF16));
 }
 
 /* ---- the fused classifier ------------------------------------------------------------- */
