@@ -544,6 +544,7 @@ wf_status wf_model_params_changed(wf_model *m)
 }
 
 wf_precision wf_model_precision(const wf_model *m) { return m->prec; }
+void *wf_model_params_low(wf_model *m) { return m->params ? m->wlow : NULL; }
 void wf_model_set_loss_scale(wf_model *m, float s) { m->loss_scale = s; }
 
 /* ---- whole-model arrays ------------------------------------------------------------------- */

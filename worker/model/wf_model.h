@@ -585,6 +585,11 @@ void wf_model_set_grad_hook(wf_model *m, wf_model_grad_hook fn, void *user); /* 
  * all-gather of updated shards, a checkpoint restore. A no-op with precision no. */
 wf_status wf_model_params_changed(wf_model *m);
 wf_precision wf_model_precision(const wf_model *m);
+/* Mixed precision's 16-bit copy of the flat parameters (num_params elements of the
+ * model's format, device memory), or NULL (precision no, or ZeRO-3 dropped the flat
+ * vector). An optimizer that updates the whole flat vector writes it in the same pass
+ * (wf_ktable's adamw_update_store) instead of calling wf_model_params_changed. */
+void *wf_model_params_low(wf_model *m);
 /* Loss scaling (fp16): backward multiplies the loss gradient by s (default 1), so every
  * gradient comes out scaled by s; the optimizer unscales. */
 void wf_model_set_loss_scale(wf_model *m, float s);

@@ -413,8 +413,9 @@ wf_status wf_grads_norm(wf_grads *g, double scale, float *norm);
 void wf_grads_range(const wf_grads *g, size_t *lo, size_t *hi);
 const float *wf_grads_for_update(wf_grads *g);
 /* After an update: ZeRO's parameter all-gather (ZeRO-3: the gathered units go stale),
- * then the rounded weights of mixed precision follow. */
-wf_status wf_grads_sync_params(wf_grads *g);
+ * then the rounded weights of mixed precision follow, unless the update wrote them
+ * itself (low_written: wf_optim_writes_low) and no gather changed the parameters since. */
+wf_status wf_grads_sync_params(wf_grads *g, bool low_written);
 /* After every step (with pipeline stages): the first and last stage's copies of the
  * tied embedding must still be identical. A checksum of each is compared over the
  * embedding group on the device; the answer comes back with the next norm (no wait of

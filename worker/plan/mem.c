@@ -33,9 +33,28 @@ static size_t gpu_saved(int B, int T, int C, int NH)
   return ((lse + 15) & ~(size_t)15) + ((out + 15) & ~(size_t)15);
 }
 
-/* A GPU's tables as the planner sees them: the CPU's, with the flash-style attention's
- * sizes (gpu_saved, in every format: storage.cu's 16-bit attention runs the fp32 entries
- * on widened copies). */
+/* Floats, each part of a buffer rounded up to 64 of them (storage.cu's parts). */
+static size_t part(size_t floats) { return (floats + 63) / 64 * 64; }
+
+/* Attention backward's scratch in the GPU's 16-bit tables (kernels/cuda/storage.cu):
+ * fp16 (and any format above head size 128) widens qkv, (B,T,3C) floats after the fp32
+ * kernels' own; bf16 up to head size 128 runs the tensor-core paths on the stored
+ * operands and needs D (B,NH,T), dout in bf16 and the bf16 dqkv (at most (B,T,3C)). */
+static size_t gpu_scratch_widened(int B, int T, int C, int NH)
+{
+  return part(flash_saved(B, T, C, NH)) + (size_t)B * T * 3 * C;
+}
+
+static size_t gpu_scratch_bf16(int B, int T, int C, int NH)
+{
+  if (!(NH > 0 && C % NH == 0 && C / NH <= 128))
+    return gpu_scratch_widened(B, T, C, NH);
+  size_t ny = (size_t)B * T * C;
+  return part((size_t)B * NH * T) + part((ny + 1) / 2) + part((3 * ny + 1) / 2);
+}
+
+/* A GPU's tables as the planner sees them: the CPU's, with the GPU's attention sizes
+ * (gpu_saved in every format; backward's scratch as each format's table sizes it). */
 static wf_ktable gpu_tables[3]; /* indexed by wf_precision */
 
 static const wf_ktable *gpu_storage(int format)
@@ -53,7 +72,9 @@ const wf_ktable *wf__plan_kernels(const wf_hw *hw)
   for (int f = 0; f < 3; f++) {
     gpu_tables[f] = *cpu->storage(f);
     gpu_tables[f].attention_saved = gpu_saved;
-    gpu_tables[f].attention_scratch = flash_saved;
+    gpu_tables[f].attention_scratch = f == WF_PREC_BF16   ? gpu_scratch_bf16
+                                      : f == WF_PREC_FP16 ? gpu_scratch_widened
+                                                          : flash_saved;
     gpu_tables[f].storage = gpu_storage;
     gpu_tables[f].workspace_bytes = gpu_workspace;
   }
