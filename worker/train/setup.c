@@ -145,7 +145,7 @@ static wf_status init_params(wf__trainer *tr)
   else
     WF_TRY(wf_model_init(tr->model, tr->cfg->train.seed));
   if (shard)
-    st = wf_grads_sync_params(tr->grads);
+    st = wf_grads_sync_params(tr->grads, false);
 fail:
   return st;
 }
@@ -261,7 +261,7 @@ static wf_status setup_checkpoint(wf__trainer *tr)
   if (st == WF_OK)
     st = wf_ckpt_resume(&tr->ck, &tr->start);
   if (st == WF_OK && tr->ck.param_shard) /* ZeRO-3: the gathered embeddings follow */
-    st = wf_grads_sync_params(tr->grads);
+    st = wf_grads_sync_params(tr->grads, false);
   if (h && h->on_phase)
     h->on_phase(h->user, "train");
   return st;
