@@ -1204,7 +1204,7 @@ static void storage_llama(ctx *c, const tables16 *t)
   expect_close(c, "swiglu_backward", dgu, d_dgu, (size_t)N * 2 * F, TOL_ELEM, TOL_ELEM);
 
   float *cs = hzero(c, (size_t)T * hs);
-  wf_rope_table(cs, T, hs, 10000.0);
+  wf_rope_table(cs, T, hs, 10000.0, NULL);
   uint16_t *qkv = hact(c, BTW, t->fmt, -1, 1);
   void *d_qkv = d16(c, qkv, BTW);
   t->cpu->rope_forward(qkv, cs, B, T, NH, NKV, hs, NULL);
@@ -1320,7 +1320,7 @@ static void rope_case(ctx *c, int B, int T, int NH, int NKV, int hs, double thet
 {
   const size_t n = (size_t)B * T * (NH + 2 * NKV) * hs, ncs = (size_t)T * hs;
   float *cs = hzero(c, ncs), *x = hrand(c, n, -1, 1), *dx = hrand(c, n, -1, 1);
-  wf_rope_table(cs, T, hs, theta);
+  wf_rope_table(cs, T, hs, theta, NULL);
   float *d_cs = df(c, cs, ncs), *d_x = df(c, x, n), *d_dx = df(c, dx, n);
   wf_rope_forward(x, cs, B, T, NH, NKV, hs);
   c->k->rope_forward(d_x, d_cs, B, T, NH, NKV, hs, c->stream);
