@@ -290,7 +290,7 @@ _Static_assert(WF_ARRAY_LEN(wf__cfg_keys) <= WF_CONFIG_MAX_KEYS, "cfg->source is
 
 const wf__cfg_preset wf__cfg_presets[] = {
     /* name, family, layers, heads, d_model, seq_len, vocab, lr; then kv_heads, ffn,
-     * rope_theta and tie_embeddings (0 / auto: the family's). GPT-2 sizes as in llm.c.
+     * rope_theta, tie_embeddings (0 / auto: the family's) and rope_scaling. GPT-2 sizes as in llm.c.
      * lr: the tiny test models' 3e-3; GPT-2 small 6e-4 as llm.c and nanoGPT train it;
      * the larger sizes take the GPT-3 paper's (Table 2.1) rates for the same sizes.
      * Llama: llama-1b is Llama 3.2 1B (16 layers, d 2048, 32 heads, 8 kv heads, ffn
@@ -300,40 +300,20 @@ const wf__cfg_preset wf__cfg_presets[] = {
      * for 3.2 1B and 8 for 3.1 8B, low_freq_factor 1, high_freq_factor 4, original
      * context 8192), an 8192-token context (Llama 3's pre-training length; their
      * 131072 is longer than a training run here holds) and Llama 3's peak rate 3e-4;
-     * llama-tiny is a test model (grouped-query attention
-     * with 2 kv heads, a 192-wide SwiGLU, theta 10000 so short contexts rotate). */
+     * llama-tiny is a test model (grouped-query attention with 2 kv heads, a 192-wide
+     * SwiGLU, theta 10000 so short contexts rotate, no scaling). */
+    /* clang-format off */
     {"gpt2-tiny", "gpt2", 4, 4, 64, 64, 256, 3e-3, 0, 0, 0, WF_TIE_AUTO, {0}},
     {"gpt2-small", "gpt2", 12, 12, 768, 1024, 50257, 6e-4, 0, 0, 0, WF_TIE_AUTO, {0}},
     {"gpt2-medium", "gpt2", 24, 16, 1024, 1024, 50257, 3e-4, 0, 0, 0, WF_TIE_AUTO, {0}},
     {"gpt2-large", "gpt2", 36, 20, 1280, 1024, 50257, 2.5e-4, 0, 0, 0, WF_TIE_AUTO, {0}},
     {"gpt2-xl", "gpt2", 48, 25, 1600, 1024, 50257, 2e-4, 0, 0, 0, WF_TIE_AUTO, {0}},
     {"llama-tiny", "llama", 4, 4, 64, 64, 256, 3e-3, 2, 192, 10000, WF_TIE_AUTO, {0}},
-    {"llama-1b",
-     "llama",
-     16,
-     32,
-     2048,
-     8192,
-     128256,
-     3e-4,
-     8,
-     8192,
-     500000,
-     WF_TIE_YES,
+    {"llama-1b", "llama", 16, 32, 2048, 8192, 128256, 3e-4, 8, 8192, 500000, WF_TIE_YES,
      {WF_ROPE_LLAMA3, 32, 1, 4, 8192}},
-    {"llama-8b",
-     "llama",
-     32,
-     32,
-     4096,
-     8192,
-     128256,
-     3e-4,
-     8,
-     14336,
-     500000,
-     WF_TIE_NO,
+    {"llama-8b", "llama", 32, 32, 4096, 8192, 128256, 3e-4, 8, 14336, 500000, WF_TIE_NO,
      {WF_ROPE_LLAMA3, 8, 1, 4, 8192}},
+    /* clang-format on */
 };
 /* The families worker/model registers (model.family); a new family adds its name. */
 const char *const wf__cfg_families[] = {"gpt2", "llama", NULL};
