@@ -1016,8 +1016,8 @@ const char *wf_rope_scaling_parse(json_t *v, wf_rope_scaling *out, char *buf, si
     return NULL;
   if (strcmp(type, "llama3")) {
     snprintf(buf, len,
-             "rope_scaling's rope_type '%s' is not one weft implements (llama3, Llama 3.1's; "
-             "default); weft would rotate by other angles than the checkpoint was trained with",
+             "rope_scaling's rope_type '%s' is not one weft implements (only llama3, Llama 3.1's, "
+             "and default): weft would rotate by other angles than the checkpoint was trained with",
              type);
     return buf;
   }
