@@ -290,18 +290,17 @@ _Static_assert(WF_ARRAY_LEN(wf__cfg_keys) <= WF_CONFIG_MAX_KEYS, "cfg->source is
 
 const wf__cfg_preset wf__cfg_presets[] = {
     /* name, family, layers, heads, d_model, seq_len, vocab, lr; then kv_heads, ffn,
-     * rope_theta, tie_embeddings (0 / auto: the family's) and rope_scaling. GPT-2 sizes as in llm.c.
-     * lr: the tiny test models' 3e-3; GPT-2 small 6e-4 as llm.c and nanoGPT train it;
-     * the larger sizes take the GPT-3 paper's (Table 2.1) rates for the same sizes.
-     * Llama: llama-1b is Llama 3.2 1B (16 layers, d 2048, 32 heads, 8 kv heads, ffn
-     * 8192, vocabulary 128256, theta 500000, its embedding tied to the head as Meta
-     * ships it) and llama-8b Llama 3.1 8B (32 layers, d 4096, ffn 14336, untied), both
-     * with their published RoPE scaling (config.json's rope_scaling: llama3, factor 32
-     * for 3.2 1B and 8 for 3.1 8B, low_freq_factor 1, high_freq_factor 4, original
-     * context 8192), an 8192-token context (Llama 3's pre-training length; their
-     * 131072 is longer than a training run here holds) and Llama 3's peak rate 3e-4;
-     * llama-tiny is a test model (grouped-query attention with 2 kv heads, a 192-wide
-     * SwiGLU, theta 10000 so short contexts rotate, no scaling). */
+     * rope_theta, tie_embeddings (0 / auto: the family's), rope_scaling (none: {0}).
+     * GPT-2 sizes as in llm.c. lr: the tiny test models' 3e-3; GPT-2 small 6e-4 as llm.c and
+     * nanoGPT train it; the larger sizes take the GPT-3 paper's (Table 2.1) rates for the same
+     * sizes. Llama: llama-1b is Llama 3.2 1B (16 layers, d 2048, 32 heads, 8 kv heads, ffn 8192,
+     * vocabulary 128256, theta 500000, its embedding tied to the head as Meta ships it) and
+     * llama-8b Llama 3.1 8B (32 layers, d 4096, ffn 14336, untied), both with their published RoPE
+     * scaling (config.json's rope_scaling: llama3, factor 32 for 3.2 1B and 8 for 3.1 8B,
+     * low_freq_factor 1, high_freq_factor 4, original context 8192), an 8192-token context (Llama
+     * 3's pre-training length; their 131072 is longer than a training run here holds) and Llama 3's
+     * peak rate 3e-4; llama-tiny is a test model (grouped-query attention with 2 kv heads, a
+     * 192-wide SwiGLU, theta 10000 so short contexts rotate, no scaling). */
     /* clang-format off */
     {"gpt2-tiny", "gpt2", 4, 4, 64, 64, 256, 3e-3, 0, 0, 0, WF_TIE_AUTO, {0}},
     {"gpt2-small", "gpt2", 12, 12, 768, 1024, 50257, 6e-4, 0, 0, 0, WF_TIE_AUTO, {0}},
