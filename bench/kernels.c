@@ -96,6 +96,7 @@ typedef enum role {
   DOUT16,
   DQKV16,   /* bf16 attention: (N, 3C) in and its gradient, (N, C) out and its gradient */
   LOGITS16, /* (N, V) bf16 */
+  PAR16,    /* (the parameters) bf16: the model's 16-bit weight copy */
   LSE,
   SCRATCH16, /* bf16 attention's lse (B, NH, T) and its backward's scratch, floats */
   N_ROLES
@@ -142,8 +143,10 @@ static size_t role_elems(const bench *b, role r, size_t *esize)
     return *esize = sizeof(double), 1;
   if (r == BAD)
     return *esize = sizeof(int), 1;
-  if (r <= LOGITS16)
+  if (r <= PAR16)
     *esize = sizeof(wf_bf16);
+  if (r == PAR16)
+    return params_of(s);
   if (r == QKV16 || r == DQKV16)
     return N * 3 * C;
   if (r == OUT16 || r == DOUT16)
@@ -354,6 +357,11 @@ static void *buf(bench *b, role r)
   KERNEL(adamw, adamw_update, "adamw_update (all parameters)", 12 * dP, 4 * 7 * dP, 0,             \
          k->adamw_update(F(PAR0), F(PAR1), F(PAR2), F(PAR3), np, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f,  \
                          2, 1.0f, s))                                                              \
+  KERNEL(adamw16, adamw_update_store, "adamw_update_store (all parameters, bf16 copy)", 12 * dP,   \
+         4 * 7 * dP + 2 * dP, 0,                                                                   \
+         k->storage(WF_PREC_BF16)                                                                  \
+             ->adamw_update_store(F(PAR0), H(PAR16), F(PAR1), F(PAR2), F(PAR3), np, 1e-4f, 0.9f,   \
+                                  0.95f, 1e-8f, 0.1f, 2, 1.0f, s))                                 \
   KERNEL(rbf16, round_bf16, "round_bf16 (all parameters)", dP, 4 * 2 * dP, 0,                      \
          k->round_bf16(F(PAR1), F(PAR0), np, s))                                                   \
   KERNEL(rfp16, round_fp16, "round_fp16 (all parameters)", dP, 4 * 2 * dP, 0,                      \

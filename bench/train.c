@@ -100,7 +100,7 @@ static void one_step(rank *r, const int *in, const int *tg, int B, int T, int t,
   wf_grads_norm(r->g, 1.0, &norm);
   double t3 = wf_now();
   wf_optim_step(r->o, t, loss, norm, wf_grads_for_update(r->g), &oi);
-  wf_grads_sync_params(r->g);
+  wf_grads_sync_params(r->g, wf_optim_writes_low(r->o));
   double t4 = wf_now();
   *p = (phases){t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0};
 }

@@ -17,4 +17,13 @@ void wf_adamw_update(float *params, float *m, float *v, const float *grads, size
                      float beta1, float beta2, float eps, float weight_decay, int t,
                      float grad_scale);
 
+/* wf_adamw_update, and low (n, format fmt: storage.h) = the updated parameters stored,
+ * in the same pass (a block of parameters updated, then stored while in cache): mixed
+ * precision's 16-bit copy of the weights written by the optimizer. Bit for bit
+ * wf_adamw_update followed by wf_storage_store(low, params, n, fmt); fmt WF_PREC_NO
+ * copies; low NULL updates only. */
+void wf_adamw_update_store(float *params, void *low, float *m, float *v, const float *grads,
+                           size_t n, float lr, float beta1, float beta2, float eps,
+                           float weight_decay, int t, float grad_scale, int fmt);
+
 #endif /* WF_KERNELS_ADAMW_H */

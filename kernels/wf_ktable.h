@@ -63,7 +63,7 @@ extern "C" {
 #endif
 
 /* Bump when the table changes; the GPU module and the host must agree. */
-#define WF_KTABLE_VERSION 9
+#define WF_KTABLE_VERSION 10
 
 /* Device memory the CUDA kernels keep per device besides what their callers allocate:
  * cuBLASLt's workspace (32 MiB) and the column reductions' partial sums (4 MiB),
@@ -236,6 +236,13 @@ typedef struct wf_ktable {
    * fp32 table both copy. */
   void (*store)(void *dst, const float *src, size_t n, wf_stream *s);
   void (*load)(float *dst, const void *src, size_t n, wf_stream *s);
+  /* adamw_update, and low (n, this table's format) = the updated parameters as `store`
+   * writes them, in the same pass (adamw.h's wf_adamw_update_store): mixed precision's
+   * 16-bit copy of the weights written by the optimizer, bit for bit what adamw_update
+   * then store give. low NULL: adamw_update alone. */
+  void (*adamw_update_store)(float *params, void *low, float *m, float *v, const float *grads,
+                             size_t n, float lr, float beta1, float beta2, float eps,
+                             float weight_decay, int t, float grad_scale, wf_stream *s);
 } wf_ktable;
 
 /* The CUDA kernels of an open GPU, or NULL (no GPU, or a module built against another

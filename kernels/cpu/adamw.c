@@ -4,6 +4,8 @@
  * This streams 7 floats per parameter (read p, m, v, g; write p, m, v), ~3.5 GB for
  * GPT-2 124M, so it is memory-bound: one vectorised pass, split over threads in
  * cache-line-aligned chunks, with every per-step constant hoisted out of the loop.
+ * Under mixed precision the same pass stores the updated parameters into the model's
+ * 16-bit copy (wf_adamw_update_store), a block at a time while they are in cache.
  */
 #include <math.h>
 
@@ -29,9 +31,15 @@ WF__CLONES static void adamw_range(float *p, float *m, float *v, const float *g,
   }
 }
 
+/* Parameters a thread updates, then stores, at a time: 16 KiB of each stream, so the
+ * store reads what the update just wrote from L1. */
+#define STORE_BLOCK 4096
+
 struct adamw_task {
   float *p, *m, *v;
   const float *g;
+  void *low; /* NULL: update only */
+  int fmt;
   size_t n;
   const struct adamw_consts *k;
 };
@@ -41,12 +49,20 @@ static void adamw_share(void *p, int tid, int nt)
   const struct adamw_task *a = p;
   size_t lo, hi;
   wf__split(a->n, tid, nt, 16, &lo, &hi);
-  adamw_range(a->p, a->m, a->v, a->g, lo, hi, a->k);
+  if (!a->low) {
+    adamw_range(a->p, a->m, a->v, a->g, lo, hi, a->k);
+    return;
+  }
+  for (size_t b = lo; b < hi; b += STORE_BLOCK) {
+    size_t e = WF_MIN(hi, b + STORE_BLOCK);
+    adamw_range(a->p, a->m, a->v, a->g, b, e, a->k);
+    wf__store(a->low, b, a->p + b, e - b, a->fmt);
+  }
 }
 
-void wf_adamw_update(float *params, float *m, float *v, const float *grads, size_t n, float lr,
-                     float beta1, float beta2, float eps, float weight_decay, int t,
-                     float grad_scale)
+void wf_adamw_update_store(float *params, void *low, float *m, float *v, const float *grads,
+                           size_t n, float lr, float beta1, float beta2, float eps,
+                           float weight_decay, int t, float grad_scale, int fmt)
 {
   if (t < 1)
     t = 1;
@@ -62,6 +78,14 @@ void wf_adamw_update(float *params, float *m, float *v, const float *grads, size
       .ibc2 = (float)(1.0 / (1.0 - pow(beta2, t))),
       .gs = grad_scale,
   };
-  struct adamw_task a = {params, m, v, grads, n, &k};
+  struct adamw_task a = {params, m, v, grads, low, fmt, n, &k};
   wf__parallel(wf__threads_for(n), adamw_share, &a);
+}
+
+void wf_adamw_update(float *params, float *m, float *v, const float *grads, size_t n, float lr,
+                     float beta1, float beta2, float eps, float weight_decay, int t,
+                     float grad_scale)
+{
+  wf_adamw_update_store(params, NULL, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, t,
+                        grad_scale, WF_PREC_NO);
 }

@@ -284,6 +284,14 @@ static void adamw_update(float *params, float *m, float *v, const float *grads, 
   wf_adamw_update(params, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale);
 }
 
+static void adamw_update_store(float *params, void *low, float *m, float *v, const float *grads,
+                               size_t n, float lr, float beta1, float beta2, float eps,
+                               float weight_decay, int t, float grad_scale, wf_stream *s)
+{
+  wf_adamw_update_store(params, low, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, t,
+                        grad_scale, WF_PREC_NO);
+}
+
 static void checksum(uint64_t *out, const float *x, size_t n, int negate, wf_stream *s)
 {
   (void)s;
@@ -486,6 +494,7 @@ const wf_ktable wf__cpu_ktable = {
     .storage = storage,
     .store = store32,
     .load = load32,
+    .adamw_update_store = adamw_update_store,
 };
 
 /* ---- the 16-bit tables --------------------------------------------------------------------- */
@@ -634,6 +643,14 @@ const wf_ktable wf__cpu_ktable = {
   static void NAME##_load(float *dst, const void *src, size_t n, wf_stream *s)                     \
   {                                                                                                \
     wf_storage_load(dst, src, n, FMT);                                                             \
+  }                                                                                                \
+  static void NAME##_adamw_update_store(float *params, void *low, float *m, float *v,              \
+                                        const float *grads, size_t n, float lr, float beta1,       \
+                                        float beta2, float eps, float weight_decay, int t,         \
+                                        float grad_scale, wf_stream *s)                            \
+  {                                                                                                \
+    wf_adamw_update_store(params, low, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, t,     \
+                          grad_scale, FMT);                                                        \
   }
 
 STORAGE_ENTRIES(bf16, WF_PREC_BF16)
@@ -670,6 +687,7 @@ STORAGE_ENTRIES(fp16, WF_PREC_FP16)
     (t).format = (FMT);                                                                            \
     (t).store = NAME##_store;                                                                      \
     (t).load = NAME##_load;                                                                        \
+    (t).adamw_update_store = NAME##_adamw_update_store;                                            \
   } while (0)
 
 /* The 16-bit attention keeps its (T, T) scratch in each thread's working memory. */

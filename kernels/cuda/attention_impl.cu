@@ -221,6 +221,8 @@ static wf_bf16 *saved_out(float *att, int B, int T, int NH)
   return reinterpret_cast<wf_bf16 *>(att + align16((size_t)B * NH * T));
 }
 
+wf_bf16 *wf__attn_saved_out(float *att, int B, int T, int NH) { return saved_out(att, B, T, NH); }
+
 /* ---- bf16 paths -------------------------------------------------------------------- */
 
 /* Floats of a packed qkv of NH query and NKV kv heads: (B, T, C + 2 NKV hs). */

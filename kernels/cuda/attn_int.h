@@ -16,6 +16,11 @@
 
 #include "cuda_int.h"
 
+/* Where the bf16 output O (B,T,C) lies inside a saved buffer `att` that
+ * wf_cuda_attn_saved sized for head sizes up to 128: after the lse (B,NH,T), 64-byte
+ * aligned. */
+wf_bf16 *wf__attn_saved_out(float *att, int B, int T, int NH);
+
 /* Compute capability major of the current device; 0 when it cannot be read. */
 int wf__cuda_cc_major(void);
 

@@ -463,6 +463,7 @@ extern "C" const wf_ktable wf__cuda_kernels = {
     wf__cuda_storage,
     wf__cuda32_store,
     wf__cuda32_load,
+    wf_cuda_adamw_update_store,
 };
 
 static const wf_gpu_ops ops = {

@@ -273,6 +273,9 @@ void wf_cuda_xent_backward(float *dlogits, const float *logits, const float *row
 void wf_cuda_adamw_update(float *params, float *m, float *v, const float *grads, size_t n, float lr,
                           float beta1, float beta2, float eps, float weight_decay, int t,
                           float grad_scale, wf_stream *stream);
+void wf_cuda_adamw_update_store(float *params, void *low, float *m, float *v, const float *grads,
+                                size_t n, float lr, float beta1, float beta2, float eps,
+                                float weight_decay, int t, float grad_scale, wf_stream *stream);
 void wf_cuda_sumsq_acc(double *acc, const float *x, size_t n, wf_stream *stream);
 void wf_cuda_xent_pack(float *stats, const float *row_max, const float *row_sumexp,
                        const float *target_logit, int N, wf_stream *stream);

@@ -8,30 +8,37 @@
  * combined in shared memory. No atomics, so the result is deterministic.
  * Legend: N rows (B*T), C channels. rstd = 1 / sqrt(mean(x^2) + eps),
  * out = weight * (x * rstd).
+ * Activations (x, out, res) are of type E (act_int.h): fp32 for the fp32 launchers, bf16
+ * or fp16 for the 16-bit tables (storage.cu), loaded widened and stored rounded; dout,
+ * dinp, dweight, rstd and the weight are fp32 in every form.
  */
-#include "cuda_int.h"
+#include "act_int.h"
 
 #define ROWS_PER_BLOCK 4 /* warps per 128-thread block */
 #define COL_TILE       32
 #define ROW_LANES      8
 
 /* One warp normalizes row x (C) into o; lane 0 keeps its rstd when asked. */
-__device__ static void rms_row(float *o, float *rstd, const float *x, const float *weight,
-                               float eps, int C, int row)
+template <typename E>
+__device__ static void rms_row(E *o, float *rstd, const E *x, const float *weight, float eps, int C,
+                               int row)
 {
   int lane = threadIdx.x % 32;
   float ss = 0.0f;
-  for (int c = lane; c < C; c += 32)
-    ss += x[c] * x[c];
+  for (int c = lane; c < C; c += 32) {
+    float xc = wf__ld(x, c);
+    ss += xc * xc;
+  }
   float rs = rsqrtf(wf__warp_sum(ss) / C + eps);
   for (int c = lane; c < C; c += 32)
-    o[c] = weight[c] * (x[c] * rs);
+    wf__st(o, c, weight[c] * (wf__ld(x, c) * rs));
   if (lane == 0 && rstd)
     rstd[row] = rs;
 }
 
 /* out (N,C), rstd (N) or NULL, inp (N,C), weight (C) */
-__global__ static void rmsnorm_forward_kernel(float *out, float *rstd, const float *inp,
+template <typename E>
+__global__ static void rmsnorm_forward_kernel(E *out, float *rstd, const E *inp,
                                               const float *weight, float eps, int N, int C)
 {
   int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
@@ -41,9 +48,11 @@ __global__ static void rmsnorm_forward_kernel(float *out, float *rstd, const flo
   rms_row(out + at, rstd, inp + at, weight, eps, C, row);
 }
 
-/* res (N,C) = a + b, then out = rmsnorm(res). res may alias a or b: each lane reads
- * then writes the same elements, and reads back only what it wrote. */
-__global__ static void residual_rmsnorm_kernel(float *res, float *out, float *rstd, const float *a,
+/* res (N,C) = a + b (stored: rounded in a 16-bit format), then out = rmsnorm(res) of the
+ * stored res. res may alias a or b: each lane reads then writes the same elements, and
+ * reads back only what it wrote. */
+template <typename E>
+__global__ static void residual_rmsnorm_kernel(E *res, E *out, float *rstd, const E *a,
                                                const float *b, const float *weight, float eps,
                                                int N, int C)
 {
@@ -52,32 +61,35 @@ __global__ static void residual_rmsnorm_kernel(float *res, float *out, float *rs
     return;
   size_t at = (size_t)row * C;
   for (int c = threadIdx.x % 32; c < C; c += 32)
-    res[at + c] = a[at + c] + b[at + c];
+    wf__st(res, at + c, wf__ld(a, at + c) + b[at + c]);
   rms_row(out + at, rstd, res + at, weight, eps, C, row);
 }
 
 /* dinp (N,C) += rstd (w dout - xhat mean(w dout xhat)), xhat = x rstd */
-__global__ static void rmsnorm_backward_dinp_kernel(float *dinp, const float *dout,
-                                                    const float *inp, const float *weight,
-                                                    const float *rstd, int N, int C)
+template <typename E>
+__global__ static void rmsnorm_backward_dinp_kernel(float *dinp, const float *dout, const E *inp,
+                                                    const float *weight, const float *rstd, int N,
+                                                    int C)
 {
   int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
   int lane = threadIdx.x % 32;
   if (row >= N)
     return;
-  const float *x = inp + (size_t)row * C, *dy = dout + (size_t)row * C;
+  const E *x = inp + (size_t)row * C;
+  const float *dy = dout + (size_t)row * C;
   float rs = rstd[row], acc = 0.0f;
   for (int c = lane; c < C; c += 32)
-    acc += weight[c] * dy[c] * (x[c] * rs);
+    acc += weight[c] * dy[c] * (wf__ld(x, c) * rs);
   float mean_gx = wf__warp_sum(acc) / C;
   float *dx = dinp + (size_t)row * C;
   for (int c = lane; c < C; c += 32)
-    dx[c] += rs * (weight[c] * dy[c] - (x[c] * rs) * mean_gx);
+    dx[c] += rs * (weight[c] * dy[c] - (wf__ld(x, c) * rs) * mean_gx);
 }
 
 /* dweight (C) += sum_n dout xhat. Block (32, 8). */
+template <typename E>
 __global__ static void rmsnorm_backward_dweight_kernel(float *dweight, const float *dout,
-                                                       const float *inp, const float *rstd, int N,
+                                                       const E *inp, const float *rstd, int N,
                                                        int C)
 {
   __shared__ float sw[ROW_LANES][COL_TILE + 1];
@@ -86,7 +98,7 @@ __global__ static void rmsnorm_backward_dweight_kernel(float *dweight, const flo
   if (c < C) {
     for (int n = threadIdx.y; n < N; n += ROW_LANES) {
       size_t i = (size_t)n * C + c;
-      w += dout[i] * (inp[i] * rstd[n]);
+      w += dout[i] * (wf__ld(inp, i) * rstd[n]);
     }
   }
   sw[threadIdx.y][threadIdx.x] = w;
@@ -100,15 +112,65 @@ __global__ static void rmsnorm_backward_dweight_kernel(float *dweight, const flo
 
 static unsigned row_blocks(int N) { return (unsigned)((N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK); }
 
+template <typename E>
+void wf__rmsnorm_forward(E *out, float *rstd, const E *inp, const float *weight, float eps, int N,
+                         int C, wf_stream *stream)
+{
+  if (N <= 0 || C <= 0)
+    return;
+  rmsnorm_forward_kernel<E><<<row_blocks(N), 32 * ROWS_PER_BLOCK, 0, (cudaStream_t)stream>>>(
+      out, rstd, inp, weight, eps, N, C);
+  WF_CUDA_LAUNCHED("rmsnorm_forward_kernel");
+}
+
+template <typename E>
+void wf__residual_rmsnorm_forward(E *res, E *out, float *rstd, const E *a, const float *b,
+                                  const float *weight, float eps, int N, int C, wf_stream *stream)
+{
+  if (N <= 0 || C <= 0)
+    return;
+  residual_rmsnorm_kernel<E><<<row_blocks(N), 32 * ROWS_PER_BLOCK, 0, (cudaStream_t)stream>>>(
+      res, out, rstd, a, b, weight, eps, N, C);
+  WF_CUDA_LAUNCHED("residual_rmsnorm_kernel");
+}
+
+template <typename E>
+void wf__rmsnorm_backward(float *dinp, float *dweight, const float *dout, const E *inp,
+                          const float *weight, const float *rstd, int N, int C, wf_stream *stream)
+{
+  cudaStream_t s = (cudaStream_t)stream;
+  if (N <= 0 || C <= 0)
+    return;
+  if (dinp) {
+    rmsnorm_backward_dinp_kernel<E>
+        <<<row_blocks(N), 32 * ROWS_PER_BLOCK, 0, s>>>(dinp, dout, inp, weight, rstd, N, C);
+    if (!WF_CUDA_LAUNCHED("rmsnorm_backward_dinp_kernel"))
+      return;
+  }
+  if (dweight) {
+    unsigned grid = (unsigned)((C + COL_TILE - 1) / COL_TILE);
+    rmsnorm_backward_dweight_kernel<E>
+        <<<grid, dim3(COL_TILE, ROW_LANES), 0, s>>>(dweight, dout, inp, rstd, N, C);
+    WF_CUDA_LAUNCHED("rmsnorm_backward_dweight_kernel");
+  }
+}
+
+#define WF_RMSNORM_FORMS(E)                                                                        \
+  template void wf__rmsnorm_forward<E>(E *, float *, const E *, const float *, float, int, int,    \
+                                       wf_stream *);                                               \
+  template void wf__residual_rmsnorm_forward<E>(E *, E *, float *, const E *, const float *,       \
+                                                const float *, float, int, int, wf_stream *);      \
+  template void wf__rmsnorm_backward<E>(float *, float *, const float *, const E *, const float *, \
+                                        const float *, int, int, wf_stream *);
+WF_RMSNORM_FORMS(float)
+WF_RMSNORM_FORMS(__nv_bfloat16)
+WF_RMSNORM_FORMS(__half)
+
 extern "C" void wf_cuda_rmsnorm_forward(float *out, float *rstd, const float *inp,
                                         const float *weight, float eps, int N, int C,
                                         wf_stream *stream)
 {
-  if (N <= 0 || C <= 0)
-    return;
-  rmsnorm_forward_kernel<<<row_blocks(N), 32 * ROWS_PER_BLOCK, 0, (cudaStream_t)stream>>>(
-      out, rstd, inp, weight, eps, N, C);
-  WF_CUDA_LAUNCHED("rmsnorm_forward_kernel");
+  wf__rmsnorm_forward(out, rstd, inp, weight, eps, N, C, stream);
 }
 
 extern "C" void wf_cuda_residual_rmsnorm_forward(float *res, float *out, float *rstd,
@@ -116,30 +178,12 @@ extern "C" void wf_cuda_residual_rmsnorm_forward(float *res, float *out, float *
                                                  const float *weight, float eps, int N, int C,
                                                  wf_stream *stream)
 {
-  if (N <= 0 || C <= 0)
-    return;
-  residual_rmsnorm_kernel<<<row_blocks(N), 32 * ROWS_PER_BLOCK, 0, (cudaStream_t)stream>>>(
-      res, out, rstd, a, b, weight, eps, N, C);
-  WF_CUDA_LAUNCHED("residual_rmsnorm_kernel");
+  wf__residual_rmsnorm_forward(res, out, rstd, a, b, weight, eps, N, C, stream);
 }
 
 extern "C" void wf_cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout,
                                          const float *inp, const float *weight, const float *rstd,
                                          int N, int C, wf_stream *stream)
 {
-  cudaStream_t s = (cudaStream_t)stream;
-  if (N <= 0 || C <= 0)
-    return;
-  if (dinp) {
-    rmsnorm_backward_dinp_kernel<<<row_blocks(N), 32 * ROWS_PER_BLOCK, 0, s>>>(dinp, dout, inp,
-                                                                               weight, rstd, N, C);
-    if (!WF_CUDA_LAUNCHED("rmsnorm_backward_dinp_kernel"))
-      return;
-  }
-  if (dweight) {
-    unsigned grid = (unsigned)((C + COL_TILE - 1) / COL_TILE);
-    rmsnorm_backward_dweight_kernel<<<grid, dim3(COL_TILE, ROW_LANES), 0, s>>>(dweight, dout, inp,
-                                                                               rstd, N, C);
-    WF_CUDA_LAUNCHED("rmsnorm_backward_dweight_kernel");
-  }
+  wf__rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C, stream);
 }

@@ -8,11 +8,15 @@
  * t of cs), then writes both: no other thread touches them, so in place is safe.
  * Legend: B batch, T time, NH query heads, NKV kv heads, hs head size (even),
  * h2 = hs / 2, W = (NH + 2 NKV) hs the row of qkv; cs (T, hs) = [cos | sin] per row.
+ * The forward's qkv is an activation of type E (act_int.h: fp32, or bf16 / fp16 for the
+ * 16-bit tables: both elements loaded widened, rotated in fp32, stored rounded); the
+ * backward's dqkv is an fp32 gradient.
  */
-#include "cuda_int.h"
+#include "act_int.h"
 
 /* x (B,T,W) in place; sign +1 turns forward, -1 backward (the transpose). */
-__global__ static void rope_kernel(float *x, const float *cs, int T, int heads, int W, int hs,
+template <typename E>
+__global__ static void rope_kernel(E *x, const float *cs, int T, int heads, int W, int hs,
                                    float sign, size_t pairs)
 {
   const int h2 = hs / 2;
@@ -23,28 +27,42 @@ __global__ static void rope_kernel(float *x, const float *cs, int T, int heads, 
     int j = (int)(r % (size_t)heads);
     size_t bt = r / (size_t)heads;
     const float *c = cs + (bt % (size_t)T) * hs;
-    float *e = x + bt * W + (size_t)j * hs + i;
-    float x1 = e[0], x2 = e[h2], co = c[i], si = sign * c[h2 + i];
-    e[0] = x1 * co - x2 * si;
-    e[h2] = x2 * co + x1 * si;
+    E *e = x + bt * W + (size_t)j * hs + i;
+    float x1 = wf__ld(e, 0), x2 = wf__ld(e, h2), co = c[i], si = sign * c[h2 + i];
+    wf__st(e, 0, x1 * co - x2 * si);
+    wf__st(e, h2, x2 * co + x1 * si);
   }
 }
 
-static void rope_launch(float *x, const float *cs, int B, int T, int NH, int NKV, int hs,
-                        float sign, wf_stream *stream, const char *what)
+template <typename E>
+static void rope_launch(E *x, const float *cs, int B, int T, int NH, int NKV, int hs, float sign,
+                        wf_stream *stream, const char *what)
 {
   if (B <= 0 || T <= 0 || NH + NKV <= 0 || hs < 2)
     return;
   size_t pairs = (size_t)B * T * (NH + NKV) * (hs / 2);
-  rope_kernel<<<wf__grid_1d(pairs, 256), 256, 0, (cudaStream_t)stream>>>(
+  rope_kernel<E><<<wf__grid_1d(pairs, 256), 256, 0, (cudaStream_t)stream>>>(
       x, cs, T, NH + NKV, (NH + 2 * NKV) * hs, hs, sign, pairs);
   WF_CUDA_LAUNCHED(what);
 }
 
+template <typename E>
+void wf__rope_forward(E *qkv, const float *cs, int B, int T, int NH, int NKV, int hs,
+                      wf_stream *stream)
+{
+  rope_launch(qkv, cs, B, T, NH, NKV, hs, 1.0f, stream, "rope_kernel (forward)");
+}
+
+template void wf__rope_forward<float>(float *, const float *, int, int, int, int, int, wf_stream *);
+template void wf__rope_forward<__nv_bfloat16>(__nv_bfloat16 *, const float *, int, int, int, int,
+                                              int, wf_stream *);
+template void wf__rope_forward<__half>(__half *, const float *, int, int, int, int, int,
+                                       wf_stream *);
+
 extern "C" void wf_cuda_rope_forward(float *qkv, const float *cs, int B, int T, int NH, int NKV,
                                      int hs, wf_stream *stream)
 {
-  rope_launch(qkv, cs, B, T, NH, NKV, hs, 1.0f, stream, "rope_kernel (forward)");
+  wf__rope_forward(qkv, cs, B, T, NH, NKV, hs, stream);
 }
 
 extern "C" void wf_cuda_rope_backward(float *dqkv, const float *cs, int B, int T, int NH, int NKV,

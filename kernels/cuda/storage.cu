@@ -12,24 +12,27 @@
  * fp32 bias added before the one rounding of a 16-bit output (the BIAS epilogue with
  * an fp32 bias vector; where the heuristics offer none, the GEMM runs plain and a
  * kernel adds the bias to the stored output, which rounds twice: within the twin
- * tests' bound). The fused matmul + GELU is the composition, as on the CPU: the stored
- * pre-activation, then the GELU of it. dbias is a column sum of the 16-bit dout, rows
- * in a fixed order per column (deterministic).
+ * tests' bound). The fused matmul + GELU is one GEMM with cuBLASLt's GELU_AUX_BIAS
+ * epilogue where it runs (gelu_epilogue: the GELU of the unrounded product, so it may
+ * differ from the CPU's composition by a step of the format), else the composition, as on
+ * the CPU: the stored pre-activation, then the GELU of it. dbias is a column sum of the 16-bit
+ * dout, rows in a fixed order per column (deterministic).
  *
- * Attention, multi-head and grouped-query (until bf16 tensor-core attention takes these
- * entries), and Llama's RMSNorm, RoPE and SwiGLU: their 16-bit operands are
- * widened into fp32, the fp32 kernels (flash.cu, attention.cu) run on them, and the
- * output is stored in 16 bits; the state kept for backward is theirs (fp32: one
- * log-sum-exp per row for head sizes up to 128). The forward's fp32 copies are
- * stream-ordered allocations (the entry has no scratch argument); backward's come out
- * of its scratch, which attention_scratch sizes for them.
+ * Attention in bf16 (up to head size 128): runtime.attention's path (attention_impl.cu:
+ * cuDNN, weft's flash kernels, or the fp32 reference) on the stored qkv, its output
+ * written in bf16; backward rounds dout to bf16 and adds the bf16 dqkv the path writes
+ * into the fp32 gradient (attention_bf16.h's precision). fp16 attention, and any head
+ * size above 128: the fp32 kernels on widened copies, the output stored in 16 bits.
+ *
+ * Llama's RMSNorm, RoPE and SwiGLU: the fp32 kernels' own code instantiated for the
+ * format (act_int.h): 16-bit loads, fp32 math, 16-bit stores, no copies.
  *
  * Legend: N rows, C channels, OC output channels, V vocabulary columns, ld row stride.
  */
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include <atomic>
 
-#include "cuda_int.h"
+#include "act_int.h"
+#include "attn_int.h"
 
 #define LN_EPS         1e-5f
 #define ROWS_PER_BLOCK 4 /* warps per 128-thread block */
@@ -38,31 +41,18 @@
 #define XENT_THREADS   256
 #define GELU_K         0.7978845608028654f /* sqrt(2 / pi) */
 
-/* ---- one element each way ---------------------------------------------------------------- */
-
-__device__ __forceinline__ float ld16(const __nv_bfloat16 *p, size_t i)
-{
-  return __bfloat162float(p[i]);
-}
-__device__ __forceinline__ float ld16(const __half *p, size_t i) { return __half2float(p[i]); }
-__device__ __forceinline__ void st16(__nv_bfloat16 *p, size_t i, float x)
-{
-  p[i] = __float2bfloat16_rn(x);
-}
-__device__ __forceinline__ void st16(__half *p, size_t i, float x) { p[i] = __float2half_rn(x); }
-
 static unsigned rows_grid(int N) { return (unsigned)((N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK); }
 
 /* ---- store and load ------------------------------------------------------------------------ */
 
 template <typename T> __global__ static void store_kernel(T *dst, const float *src, size_t n)
 {
-  WF_GRID_STRIDE(i, n) { st16(dst, i, src[i]); }
+  WF_GRID_STRIDE(i, n) { wf__st(dst, i, src[i]); }
 }
 
 template <typename T> __global__ static void load_kernel(float *dst, const T *src, size_t n)
 {
-  WF_GRID_STRIDE(i, n) { dst[i] = ld16(src, i); }
+  WF_GRID_STRIDE(i, n) { dst[i] = wf__ld(src, i); }
 }
 
 template <typename T> static void store(void *dst, const float *src, size_t n, wf_stream *s)
@@ -91,16 +81,16 @@ __device__ static void normalize_row(T *o, float *mean, float *rstd, const T *x,
   int lane = threadIdx.x % 32;
   float s = 0.0f;
   for (int c = lane; c < C; c += 32)
-    s += ld16(x, c);
+    s += wf__ld(x, c);
   float m = wf__warp_sum(s) / C;
   float v = 0.0f;
   for (int c = lane; c < C; c += 32) {
-    float d = ld16(x, c) - m;
+    float d = wf__ld(x, c) - m;
     v += d * d;
   }
   float rs = rsqrtf(wf__warp_sum(v) / C + LN_EPS);
   for (int c = lane; c < C; c += 32)
-    st16(o, c, (ld16(x, c) - m) * rs * w[c] + b[c]);
+    wf__st(o, c, (wf__ld(x, c) - m) * rs * w[c] + b[c]);
   if (lane == 0 && mean)
     mean[row] = m;
   if (lane == 0 && rstd)
@@ -130,7 +120,7 @@ __global__ static void residual_layernorm_kernel(T *res, T *ln, float *mean, flo
     return;
   size_t at = (size_t)row * C;
   for (int c = threadIdx.x % 32; c < C; c += 32)
-    st16(res, at + c, ld16(a, at + c) + b[at + c]);
+    wf__st(res, at + c, wf__ld(a, at + c) + b[at + c]);
   __syncwarp();
   normalize_row(ln + at, mean, rstd, res + at, w, bias, C, row);
 }
@@ -149,12 +139,12 @@ __global__ static void layernorm_backward_dinp_kernel(float *dinp, const float *
   for (int c = lane; c < C; c += 32) {
     float wdy = w[c] * dy[c];
     a += wdy;
-    bb += wdy * (ld16(x, c) - m) * rs;
+    bb += wdy * (wf__ld(x, c) - m) * rs;
   }
   float mean_wdy = wf__warp_sum(a) / C, mean_wdy_norm = wf__warp_sum(bb) / C;
   float *dx = dinp + (size_t)row * C;
   for (int c = lane; c < C; c += 32) {
-    float norm = (ld16(x, c) - m) * rs;
+    float norm = (wf__ld(x, c) - m) * rs;
     dx[c] += (w[c] * dy[c] - mean_wdy - norm * mean_wdy_norm) * rs;
   }
 }
@@ -171,7 +161,7 @@ layernorm_backward_params_kernel(float *dweight, float *dbias, const float *dout
   if (c < C)
     for (int n = threadIdx.y; n < N; n += ROW_LANES) {
       size_t i = (size_t)n * C + c;
-      w += (ld16(inp, i) - mean[n]) * rstd[n] * dout[i];
+      w += (wf__ld(inp, i) - mean[n]) * rstd[n] * dout[i];
       b += dout[i];
     }
   sw[threadIdx.y][threadIdx.x] = w;
@@ -239,7 +229,7 @@ static void layernorm_backward(float *dinp, float *dweight, float *dbias, const 
 template <typename T>
 __global__ static void residual_kernel(T *out, const T *a, const float *b, size_t n)
 {
-  WF_GRID_STRIDE(i, n) { st16(out, i, ld16(a, i) + b[i]); }
+  WF_GRID_STRIDE(i, n) { wf__st(out, i, wf__ld(a, i) + b[i]); }
 }
 
 __device__ __forceinline__ float gelu(float x)
@@ -250,7 +240,7 @@ __device__ __forceinline__ float gelu(float x)
 
 template <typename T> __global__ static void gelu_forward_kernel(T *out, const T *inp, size_t n)
 {
-  WF_GRID_STRIDE(i, n) { st16(out, i, gelu(ld16(inp, i))); }
+  WF_GRID_STRIDE(i, n) { wf__st(out, i, gelu(wf__ld(inp, i))); }
 }
 
 template <typename T>
@@ -258,7 +248,7 @@ __global__ static void gelu_backward_kernel(float *dinp, const T *inp, const flo
 {
   WF_GRID_STRIDE(i, n)
   {
-    float x = ld16(inp, i);
+    float x = wf__ld(inp, i);
     float th = tanhf(GELU_K * (x + 0.044715f * x * x * x));
     float grad = 0.5f * (1.0f + th) +
                  0.5f * x * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
@@ -306,18 +296,18 @@ __global__ static void xent_stats_kernel(float *row_max, float *row_sumexp, floa
   const T *l = logits + (size_t)blockIdx.x * ld;
   float mx = -INFINITY;
   for (int c = threadIdx.x; c < V; c += blockDim.x)
-    mx = fmaxf(mx, ld16(l, c));
+    mx = fmaxf(mx, wf__ld(l, c));
   mx = wf__block_max(mx, red);
   float s = 0.0f;
   for (int c = threadIdx.x; c < V; c += blockDim.x)
-    s += expf(ld16(l, c) - mx);
+    s += expf(wf__ld(l, c) - mx);
   s = wf__block_sum(s, red);
   if (threadIdx.x != 0)
     return;
   int tg = targets[blockIdx.x] - v_offset;
   row_max[blockIdx.x] = mx;
   row_sumexp[blockIdx.x] = s;
-  target_logit[blockIdx.x] = tg >= 0 && tg < V ? ld16(l, tg) : 0.0f;
+  target_logit[blockIdx.x] = tg >= 0 && tg < V ? wf__ld(l, tg) : 0.0f;
 }
 
 /* dlogits = store(dloss (softmax - onehot)); may alias logits (read, then written, by
@@ -335,8 +325,8 @@ __global__ static void xent_backward_kernel(T *dlogits, const T *logits, const f
   for (int c = threadIdx.x; c < ld; c += blockDim.x) {
     float g = 0.0f;
     if (c < V)
-      g = dloss * (expf(ld16(l, c) - mx) * inv - (c == tg ? 1.0f : 0.0f));
-    st16(d, c, g);
+      g = dloss * (expf(wf__ld(l, c) - mx) * inv - (c == tg ? 1.0f : 0.0f));
+    wf__st(d, c, g);
   }
 }
 
@@ -371,7 +361,8 @@ template <> cudaDataType_t cuda_type<__nv_bfloat16>() { return CUDA_R_16BF; }
 template <> cudaDataType_t cuda_type<__half>() { return CUDA_R_16F; }
 
 /* D (m,n) = op(A) op(B) + beta D (+ bias, m fp32 values) in cuBLAS's column-major terms,
- * A and B of type ab, D of type dt (fp32 or ab). */
+ * A and B of type ab, D of type dt (fp32 or ab); with aux (m,n, type dt, ld m), the GELU
+ * epilogue: aux = the biased product, D = its GELU. */
 struct gemm16 {
   cublasOperation_t ta, tb;
   int m, n, k;
@@ -383,12 +374,16 @@ struct gemm16 {
   void *D;
   cudaDataType_t ab, dt;
   const float *bias;
+  void *aux;
 };
 
 static cublasStatus_t descs16_make(wf__lt_descs *x, const gemm16 *g, bool bias, size_t workspace)
 {
-  cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  cublasLtEpilogue_t epi = g->aux ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                           : bias ? CUBLASLT_EPILOGUE_BIAS
+                                  : CUBLASLT_EPILOGUE_DEFAULT;
   cudaDataType_t bias_type = CUDA_R_32F;
+  int64_t aux_ld = g->m;
   WF__LT_TRY(cublasLtMatmulDescCreate(&x->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   WF__LT_TRY(
       cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_TRANSA, &g->ta, sizeof g->ta));
@@ -401,6 +396,12 @@ static cublasStatus_t descs16_make(wf__lt_descs *x, const gemm16 *g, bool bias, 
                                               sizeof g->bias));
     WF__LT_TRY(cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                               &bias_type, sizeof bias_type));
+  }
+  if (g->aux) {
+    WF__LT_TRY(cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                              &g->aux, sizeof g->aux));
+    WF__LT_TRY(cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
+                                              sizeof aux_ld));
   }
   bool at = g->ta == CUBLAS_OP_T, bt = g->tb == CUBLAS_OP_T;
   WF__LT_TRY(cublasLtMatrixLayoutCreate(&x->a, g->ab, at ? g->k : g->m, at ? g->m : g->k, g->lda));
@@ -436,7 +437,7 @@ static cublasStatus_t lt16_enqueue(const wf__lt *lt, const gemm16 *g, bool bias,
 template <typename T>
 __global__ static void add_bias_kernel(T *out, const float *bias, int m, size_t n)
 {
-  WF_GRID_STRIDE(i, n) { st16(out, i, ld16(out, i) + bias[i % (size_t)m]); }
+  WF_GRID_STRIDE(i, n) { wf__st(out, i, wf__ld(out, i) + bias[i % (size_t)m]); }
 }
 __global__ static void add_bias32_kernel(float *out, const float *bias, int m, size_t n)
 {
@@ -480,9 +481,39 @@ static void forward16(void *out, cudaDataType_t dt, const void *inp, const void 
 {
   if (N <= 0 || OC <= 0 || C < 0)
     return;
-  gemm16 g = {CUBLAS_OP_T, CUBLAS_OP_N,    OC, N,   C, w, C, inp, C, 0.0f,
-              out,         cuda_type<T>(), dt, bias};
+  gemm16 g = {CUBLAS_OP_T, CUBLAS_OP_N,    OC, N,    C,   w, C, inp, C, 0.0f,
+              out,         cuda_type<T>(), dt, bias, NULL};
   run16<T>(&g, (cudaStream_t)stream);
+}
+
+/* The fused matmul + GELU in one GEMM: cuBLASLt's GELU_AUX_BIAS epilogue writes pre (the
+ * aux output) = the biased fp32 product rounded, and gelu_out = cuBLASLt's GELU (the tanh
+ * form, with the hardware's approximate tanh) of the unrounded product, rounded. Its
+ * conditions: a bias, C > 0, OC a multiple of 8 (the aux leading dimension), and an
+ * algorithm for the shape (the same answer for a shape every time, so a recomputed
+ * forward takes the path the first took). False (nothing written) where it does not run:
+ * the caller composes. */
+template <typename T>
+static bool gelu_epilogue(void *gelu_out, void *pre, const void *inp, const void *w,
+                          const float *bias, int N, int C, int OC, cudaStream_t s)
+{
+  static std::atomic<bool> said{false};
+  if (!bias || N <= 0 || C <= 0 || OC <= 0 || OC % 8 != 0)
+    return false;
+  gemm16 g = {CUBLAS_OP_T,    CUBLAS_OP_N,    OC,   N,  C, w, C, inp, C, 0.0f, gelu_out,
+              cuda_type<T>(), cuda_type<T>(), bias, pre};
+  wf__lt lt;
+  if (!wf__lt_begin(&lt, __FILE__, __LINE__))
+    return false;
+  cublasStatus_t st = lt16_enqueue(&lt, &g, true, s);
+  wf__lt_end(CUBLAS_STATUS_SUCCESS, __FILE__, __LINE__, "cublasLtMatmul 16-bit GELU epilogue");
+  if (st == CUBLAS_STATUS_SUCCESS)
+    return true;
+  if (!said.exchange(true)) /* one line per process */
+    WF_INFO("matmul + GELU (16-bit): cuBLASLt's GELU_AUX_BIAS epilogue refused (status %d, m %d, "
+            "n %d, k %d): the GEMM with its bias, then the GELU kernel, for such shapes",
+            (int)st, OC, N, C);
+  return false;
 }
 
 template <typename T>
@@ -504,6 +535,8 @@ static void matmul_gelu_forward(void *gelu_out, void *pre, const void *inp, cons
                                 const float *bias, int N, int C, int OC, int /* lowp: the format */,
                                 wf_stream *s)
 {
+  if (gelu_epilogue<T>(gelu_out, pre, inp, w, bias, N, C, OC, (cudaStream_t)s))
+    return;
   forward16<T>(pre, cuda_type<T>(), inp, w, bias, N, C, OC, s);
   gelu_forward<T>(gelu_out, pre, (size_t)N * OC, s);
 }
@@ -517,7 +550,7 @@ __global__ static void bias_backward_kernel(float *dbias, const T *dout, int N, 
   float acc = 0.0f;
   if (c < OC)
     for (int n = threadIdx.y; n < N; n += ROW_LANES)
-      acc += ld16(dout, (size_t)n * OC + c);
+      acc += wf__ld(dout, (size_t)n * OC + c);
   part[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
   if (threadIdx.y != 0 || c >= OC)
@@ -538,9 +571,10 @@ static void matmul_backward(float *dinp, float *dweight, float *dbias, const voi
   cudaDataType_t t = cuda_type<T>();
   if (N <= 0 || OC <= 0 || C < 0)
     return;
-  gemm16 gi = {CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, w, C, dout, OC, 1.0f, dinp, t, CUDA_R_32F, NULL};
-  gemm16 gw = {CUBLAS_OP_N, CUBLAS_OP_T, C,    OC,      N, inp,        C,
-               dout,        OC,          1.0f, dweight, t, CUDA_R_32F, NULL};
+  gemm16 gi = {CUBLAS_OP_N, CUBLAS_OP_N, C,    N, OC,         w,    C,   dout,
+               OC,          1.0f,        dinp, t, CUDA_R_32F, NULL, NULL};
+  gemm16 gw = {CUBLAS_OP_N, CUBLAS_OP_T, C,       OC, N,          inp,  C,   dout,
+               OC,          1.0f,        dweight, t,  CUDA_R_32F, NULL, NULL};
   if (C > 0 && dinp && !run16<T>(&gi, s))
     return;
   if (C > 0 && dweight && !run16<T>(&gw, s))
@@ -552,20 +586,59 @@ static void matmul_backward(float *dinp, float *dweight, float *dbias, const voi
   WF_CUDA_LAUNCHED("bias_backward_kernel (16-bit)");
 }
 
-/* ---- attention: the fp32 kernels on widened q, k, v ---------------------------------------- */
+/* ---- Llama's ops: 16-bit forms of the fp32 kernels ------------------------------------------
+ * RMSNorm, RoPE and SwiGLU are rmsnorm.cu's, rope.cu's and swiglu.cu's kernels
+ * instantiated for the format (act_int.h): they load their 16-bit operands, compute in
+ * fp32 and store their activation outputs rounded, what the fp32 kernels compute on the
+ * widened activations, as on the CPU (kernels/cpu/llama16.c), with no copy. */
 
-/* Backward's scratch: the fp32 kernels' own, then room for the widened qkv (B,T,3C). */
-static size_t attention_scratch16(int B, int T, int C, int NH)
+template <typename E>
+static void rmsnorm_forward(void *out, float *rstd, const void *inp, const float *w, float eps,
+                            int N, int C, wf_stream *stream)
 {
-  size_t own = wf_cuda_attn_scratch(B, T, C, NH);
-  return (own + 63) / 64 * 64 + (size_t)B * T * 3 * C;
+  wf__rmsnorm_forward((E *)out, rstd, (const E *)inp, w, eps, N, C, stream);
 }
 
-/* ---- Llama's ops: the fp32 kernels on widened activations ----------------------------------
- * RMSNorm, RoPE, SwiGLU and grouped-query attention load their 16-bit operands into
- * stream-ordered fp32 copies, run the fp32 launchers and store their activation outputs
- * rounded: what the fp32 kernels compute on the widened activations, as on the CPU
- * (kernels/cpu/llama16.c). Backward's attention copy comes out of its scratch. */
+template <typename E>
+static void rmsnorm_backward(float *dinp, float *dw, const float *dout, const void *inp,
+                             const float *w, const float *rstd, int N, int C, wf_stream *stream)
+{
+  wf__rmsnorm_backward(dinp, dw, dout, (const E *)inp, w, rstd, N, C, stream);
+}
+
+template <typename E>
+static void residual_rmsnorm_forward(void *res, void *out, float *rstd, const void *a,
+                                     const float *b, const float *w, float eps, int N, int C,
+                                     wf_stream *stream)
+{
+  wf__residual_rmsnorm_forward((E *)res, (E *)out, rstd, (const E *)a, b, w, eps, N, C, stream);
+}
+
+template <typename E>
+static void rope_forward(void *qkv, const float *cs, int B, int T, int NH, int NKV, int hs,
+                         wf_stream *stream)
+{
+  wf__rope_forward((E *)qkv, cs, B, T, NH, NKV, hs, stream);
+}
+
+template <typename E>
+static void swiglu_forward(void *out, const void *inp, int N, int F, wf_stream *stream)
+{
+  wf__swiglu_forward((E *)out, (const E *)inp, N, F, stream);
+}
+
+template <typename E>
+static void swiglu_backward(float *dinp, const void *inp, const float *dout, int N, int F,
+                            wf_stream *stream)
+{
+  wf__swiglu_backward(dinp, (const E *)inp, dout, N, F, stream);
+}
+
+/* ---- attention, fp16 and head sizes above 128: the fp32 kernels on widened copies ----------
+ * q, k, v are loaded into fp32 copies, the fp32 launchers run on them and the output is
+ * stored in 16 bits; the state kept for backward is theirs. The forward's copies are
+ * stream-ordered allocations (the entry has no scratch argument); backward's come out of
+ * its scratch, which attention_scratch16 sizes for them. */
 
 /* n floats of stream-ordered device memory, or NULL (the failure logged and kept). */
 static float *widened(size_t n, wf_stream *stream)
@@ -581,80 +654,13 @@ static void release(float *w, wf_stream *stream)
   WF_CUDA_OK(cudaFreeAsync(w, (cudaStream_t)stream));
 }
 
-template <typename E>
-static void rmsnorm_forward(void *out, float *rstd, const void *inp, const float *w, float eps,
-                            int N, int C, wf_stream *stream)
-{
-  size_t n = (size_t)N * C;
-  float *x = widened(2 * n, stream);
-  if (!x)
-    return;
-  load<E>(x, inp, n, stream);
-  wf_cuda_rmsnorm_forward(x + n, rstd, x, w, eps, N, C, stream);
-  store<E>(out, x + n, n, stream);
-  release(x, stream);
-}
+/* Floats, each part of a buffer rounded up to 64 of them (256 bytes). */
+static size_t part(size_t floats) { return (floats + 63) / 64 * 64; }
 
-template <typename E>
-static void rmsnorm_backward(float *dinp, float *dw, const float *dout, const void *inp,
-                             const float *w, const float *rstd, int N, int C, wf_stream *stream)
+/* Backward's scratch: the fp32 kernels' own, then room for the widened qkv (B,T,3C). */
+static size_t attention_scratch16(int B, int T, int C, int NH)
 {
-  size_t n = (size_t)N * C;
-  float *x = widened(n, stream);
-  if (!x)
-    return;
-  load<E>(x, inp, n, stream);
-  wf_cuda_rmsnorm_backward(dinp, dw, dout, x, w, rstd, N, C, stream);
-  release(x, stream);
-}
-
-template <typename E>
-static void residual_rmsnorm_forward(void *res, void *out, float *rstd, const void *a,
-                                     const float *b, const float *w, float eps, int N, int C,
-                                     wf_stream *stream)
-{
-  residual_forward<E>(res, a, b, (size_t)N * C, stream);
-  rmsnorm_forward<E>(out, rstd, res, w, eps, N, C, stream);
-}
-
-template <typename E>
-static void rope_forward(void *qkv, const float *cs, int B, int T, int NH, int NKV, int hs,
-                         wf_stream *stream)
-{
-  size_t n = (size_t)B * T * (size_t)(NH + 2 * NKV) * hs;
-  float *x = widened(n, stream);
-  if (!x)
-    return;
-  load<E>(x, qkv, n, stream);
-  wf_cuda_rope_forward(x, cs, B, T, NH, NKV, hs, stream);
-  store<E>(qkv, x, n, stream);
-  release(x, stream);
-}
-
-template <typename E>
-static void swiglu_forward(void *out, const void *inp, int N, int F, wf_stream *stream)
-{
-  size_t n = (size_t)N * F;
-  float *x = widened(3 * n, stream);
-  if (!x)
-    return;
-  load<E>(x, inp, 2 * n, stream);
-  wf_cuda_swiglu_forward(x + 2 * n, x, N, F, stream);
-  store<E>(out, x + 2 * n, n, stream);
-  release(x, stream);
-}
-
-template <typename E>
-static void swiglu_backward(float *dinp, const void *inp, const float *dout, int N, int F,
-                            wf_stream *stream)
-{
-  size_t n = (size_t)N * 2 * F;
-  float *x = widened(n, stream);
-  if (!x)
-    return;
-  load<E>(x, inp, n, stream);
-  wf_cuda_swiglu_backward(dinp, x, dout, N, F, stream);
-  release(x, stream);
+  return part(wf_cuda_attn_scratch(B, T, C, NH)) + (size_t)B * T * 3 * C;
 }
 
 template <typename E>
@@ -677,10 +683,73 @@ static void attention_gqa_backward(float *dqkv, float *scratch, const float *dou
                                    const void *att, int B, int T, int C, int NH, int NKV,
                                    wf_stream *stream)
 {
-  size_t own = (wf_cuda_attn_scratch(B, T, C, NH) + 63) / 64 * 64;
-  float *w = scratch + own;
+  float *w = scratch + part(wf_cuda_attn_scratch(B, T, C, NH));
   load<E>(w, qkv, (size_t)B * T * (C + 2 * (size_t)NKV * (C / NH)), stream);
   wf_cuda_attn_gqa_backward(dqkv, scratch, dout, w, (const float *)att, B, T, C, NH, NKV, stream);
+}
+
+/* ---- attention in bf16: runtime.attention's path on the stored operands ------------------
+ * Up to head size 128 the bf16 table's attention is attention_bf16's (attention_impl.cu:
+ * cuDNN, the flash kernels, or the fp32 reference kernels, as runtime.attention picks for
+ * the shape), reading qkv as stored. `att` has the fp32 table's layout
+ * (wf_cuda_attn_saved): the lse (B,NH,T), then the output O (B,T,C) in bf16, which the
+ * forward writes there and copies to `out` (backward reads O from `att`: the table's
+ * backward is not handed the output). Backward's scratch (attention_scratch_bf16): the
+ * flash kernels' D (B,NH,T), dout rounded to bf16, and the bf16 dqkv the path writes,
+ * which is then added into the fp32 gradient. Above head size 128, and for fp16 (the
+ * tensor-core paths take bf16 only), the fp32 kernels on widened copies (above). */
+
+static bool tensor_core_heads(int C, int NH) { return NH > 0 && C % NH == 0 && C / NH <= 128; }
+
+static size_t attention_scratch_bf16(int B, int T, int C, int NH)
+{
+  if (!tensor_core_heads(C, NH))
+    return attention_scratch16(B, T, C, NH);
+  size_t ny = (size_t)B * T * C; /* dout; dqkv is at most 3 ny (NKV <= NH) */
+  return part((size_t)B * NH * T) + part((ny + 1) / 2) + part((3 * ny + 1) / 2);
+}
+
+/* dst (n) += src (n) widened */
+template <typename T> __global__ static void add_widened_kernel(float *dst, const T *src, size_t n)
+{
+  WF_GRID_STRIDE(i, n) { dst[i] += wf__ld(src, i); }
+}
+
+static void attention_gqa_forward_bf16(void *out, void *att, const void *qkv, int B, int T, int C,
+                                       int NH, int NKV, wf_stream *stream)
+{
+  if (!tensor_core_heads(C, NH)) {
+    attention_gqa_forward<__nv_bfloat16>(out, att, qkv, B, T, C, NH, NKV, stream);
+    return;
+  }
+  size_t ny = (size_t)B * T * C;
+  wf_bf16 *o = wf__attn_saved_out((float *)att, B, T, NH);
+  wf_cuda_attention_bf16_forward(o, (float *)att, (const wf_bf16 *)qkv, B, T, C, NH, NKV, stream);
+  if (ny > 0)
+    WF_CUDA_OK(cudaMemcpyAsync(out, o, ny * sizeof(wf_bf16), cudaMemcpyDeviceToDevice,
+                               (cudaStream_t)stream));
+}
+
+static void attention_gqa_backward_bf16(float *dqkv, float *scratch, const float *dout,
+                                        const void *qkv, const void *att, int B, int T, int C,
+                                        int NH, int NKV, wf_stream *stream)
+{
+  if (!tensor_core_heads(C, NH)) {
+    attention_gqa_backward<__nv_bfloat16>(dqkv, scratch, dout, qkv, att, B, T, C, NH, NKV, stream);
+    return;
+  }
+  size_t ny = (size_t)B * T * C, nx = (size_t)B * T * (C + 2 * (size_t)NKV * (C / NH));
+  float *D = scratch, *lse = (float *)att;
+  __nv_bfloat16 *dy = (__nv_bfloat16 *)(scratch + part((size_t)B * NH * T));
+  __nv_bfloat16 *dx = (__nv_bfloat16 *)((float *)dy + part((ny + 1) / 2));
+  if (nx == 0)
+    return;
+  store<__nv_bfloat16>(dy, dout, ny, stream);
+  wf_cuda_attention_bf16_backward((wf_bf16 *)dx, D, (const wf_bf16 *)dy, (const wf_bf16 *)qkv,
+                                  wf__attn_saved_out(lse, B, T, NH), lse, B, T, C, NH, NKV, stream);
+  add_widened_kernel<__nv_bfloat16>
+      <<<wf__grid_1d(nx, 256), 256, 0, (cudaStream_t)stream>>>(dqkv, dx, nx);
+  WF_CUDA_LAUNCHED("add_widened_kernel (attention's bf16 dqkv)");
 }
 
 /* Multi-head attention is the grouped case NKV = NH (as the fp32 launchers define it). */
@@ -696,6 +765,48 @@ static void attention_backward(float *dqkv, float *scratch, const float *dout, c
                                const void *att, int B, int T, int C, int NH, wf_stream *stream)
 {
   attention_gqa_backward<E>(dqkv, scratch, dout, qkv, att, B, T, C, NH, NH, stream);
+}
+
+static void attention_forward_bf16(void *out, void *att, const void *qkv, int B, int T, int C,
+                                   int NH, wf_stream *stream)
+{
+  attention_gqa_forward_bf16(out, att, qkv, B, T, C, NH, NH, stream);
+}
+
+static void attention_backward_bf16(float *dqkv, float *scratch, const float *dout, const void *qkv,
+                                    const void *att, int B, int T, int C, int NH, wf_stream *stream)
+{
+  attention_gqa_backward_bf16(dqkv, scratch, dout, qkv, att, B, T, C, NH, NH, stream);
+}
+
+/* The attention entries of T's table: bf16's tensor-core paths, fp16's widened copies. */
+template <typename T> static void set_attention(wf_ktable *t)
+{
+  t->attention_scratch = attention_scratch16;
+  t->attention_forward = attention_forward<T>;
+  t->attention_backward = attention_backward<T>;
+  t->attention_gqa_forward = attention_gqa_forward<T>;
+  t->attention_gqa_backward = attention_gqa_backward<T>;
+}
+
+template <> void set_attention<__nv_bfloat16>(wf_ktable *t)
+{
+  t->attention_scratch = attention_scratch_bf16;
+  t->attention_forward = attention_forward_bf16;
+  t->attention_backward = attention_backward_bf16;
+  t->attention_gqa_forward = attention_gqa_forward_bf16;
+  t->attention_gqa_backward = attention_gqa_backward_bf16;
+}
+
+/* ---- AdamW writing the model's 16-bit copy (adamw.cu) -------------------------------------- */
+
+template <typename E>
+static void adamw_update_store(float *params, void *low, float *m, float *v, const float *grads,
+                               size_t n, float lr, float beta1, float beta2, float eps,
+                               float weight_decay, int t, float grad_scale, wf_stream *stream)
+{
+  wf__adamw_update_store(params, (E *)low, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, t,
+                         grad_scale, stream);
 }
 
 /* ---- the fp32 table's activation entries ------------------------------------------------------
@@ -872,17 +983,13 @@ template <typename T> static wf_ktable storage_table(const wf_ktable *k32, int f
   t.matmul_forward_f32 = matmul_forward_f32<T>;
   t.matmul_gelu_forward = matmul_gelu_forward<T>;
   t.matmul_backward = matmul_backward<T>;
-  t.attention_scratch = attention_scratch16;
-  t.attention_forward = attention_forward<T>;
-  t.attention_backward = attention_backward<T>;
+  set_attention<T>(&t);
   t.rmsnorm_forward = rmsnorm_forward<T>;
   t.rmsnorm_backward = rmsnorm_backward<T>;
   t.residual_rmsnorm_forward = residual_rmsnorm_forward<T>;
   t.rope_forward = rope_forward<T>;
   t.swiglu_forward = swiglu_forward<T>;
   t.swiglu_backward = swiglu_backward<T>;
-  t.attention_gqa_forward = attention_gqa_forward<T>;
-  t.attention_gqa_backward = attention_gqa_backward<T>;
   t.gelu_forward = gelu_forward<T>;
   t.gelu_backward = gelu_backward<T>;
   t.residual_forward = residual_forward<T>;
@@ -891,6 +998,7 @@ template <typename T> static wf_ktable storage_table(const wf_ktable *k32, int f
   t.format = format;
   t.store = store<T>;
   t.load = load<T>;
+  t.adamw_update_store = adamw_update_store<T>;
   return t;
 }
 

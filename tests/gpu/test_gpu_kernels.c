@@ -446,16 +446,13 @@ static const char *path_name(int p)
   return p == WF_ATTN_CUDNN ? "cudnn" : p == WF_ATTN_FLASH ? "flash" : "reference";
 }
 
-/* Device result d against the fp32 CPU result ref within factor x the bf16 bound. */
-static void expect_bound(ctx *c, const char *what, const float *ref, const float *d,
-                         const double *bound, size_t n, double factor)
+/* Result got (host; NULL: it could not be read) against the fp32 CPU result ref within
+ * factor x the bf16 bound. */
+static void bound_verdict(ctx *c, const char *what, const float *ref, const float *got,
+                          const double *bound, size_t n, double factor)
 {
-  float *got = hzero(c, n);
-  size_t bad = n;
+  size_t bad = got ? n : 0;
   double worst = 0.0;
-  if (wf_gpu_stream_sync(c->g, c->stream) != WF_OK ||
-      wf_gpu_memcpy_d2h(c->g, got, d, n * sizeof(float)) != WF_OK)
-    bad = 0;
   for (size_t i = 0; i < n && bad == n; i++) {
     worst = fmax(worst, fabs((double)got[i] - ref[i]) / (factor * bound[i] + ATT16_SLACK));
     if (!att16_within(got[i], ref[i], factor * bound[i]))
@@ -466,8 +463,19 @@ static void expect_bound(ctx *c, const char *what, const float *ref, const float
     return;
   }
   printf("  FAIL %-28s n=%-7zu at %zu: cpu %.9g gpu %.9g bound %.3g\n", what, n, bad, ref[bad],
-         got[bad], factor * bound[bad]);
+         got ? got[bad] : NAN, factor * bound[bad]);
   c->failures++;
+}
+
+/* Device result d (fp32) against the fp32 CPU result ref within factor x the bf16 bound. */
+static void expect_bound(ctx *c, const char *what, const float *ref, const float *d,
+                         const double *bound, size_t n, double factor)
+{
+  float *got = hzero(c, n);
+  if (wf_gpu_stream_sync(c->g, c->stream) != WF_OK ||
+      wf_gpu_memcpy_d2h(c->g, got, d, n * sizeof(float)) != WF_OK)
+    got = NULL;
+  bound_verdict(c, what, ref, got, bound, n, factor);
 }
 
 /* Whether the path taken is the one this case must take (see test_attention_paths). */
@@ -631,13 +639,15 @@ static void gqa16_compare(ctx *c, const gqa16 *x)
   expect_true(c, "gqa dk, dv: the group's sum", dkv);
 }
 
-/* The bf16 entries with grouped-query attention (NH 3 sharing one kv head), under the flash
- * kernels, against the same entries on multi-head inputs with each kv head repeated:
- * out, lse and dq must be bit for bit the same (the same kernel on the same values); dk
- * and dv of a kv head are the group's sum in fp32 rounded once, against per-head
- * gradients rounded then summed: u (|sum| + sum |term|). The multi-head results
- * themselves are held to the fp32 attention by test_attention_paths. */
-static void test_attention_gqa16(ctx *c)
+/* Grouped-query attention (NH 3 sharing one kv head), under the flash kernels, against
+ * the same entries on multi-head inputs with each kv head repeated: out, lse and dq must
+ * be bit for bit the same (the same kernel on the same values); dk and dv of a kv head
+ * are the group's sum in fp32 rounded once, against per-head gradients rounded then
+ * summed: u (|sum| + sum |term|). The multi-head results themselves are held to the fp32
+ * attention by test_attention_paths and storage_attention_tc. Two sets of entries: the
+ * bf16 entries (attention_bf16_*; k16 NULL), and the bf16 table's (k16: its attention_gqa
+ * and attention entries; dqkv added into zeros in fp32, so stored back in bf16 exactly). */
+static void gqa16_case(ctx *c, const wf_ktable *k16)
 {
   enum {
     B = 1,
@@ -661,21 +671,44 @@ static void test_attention_gqa16(ctx *c)
         xm[r * 3 * C + 2 * C + h * hs + d] = xg[r * LG + C + (NKV + h / G) * hs + d];
       }
   wf_bf16 *d_xg = dcopy(c, h16(c, xg, ng), ng * 2), *d_xm = dcopy(c, h16(c, xm, nm), nm * 2);
-  wf_bf16 *d_dy = dcopy(c, h16(c, dy, ny), ny * 2), *zero16 = h16(c, hzero(c, ng), ng);
+  wf_bf16 *d_dy = dcopy(c, h16(c, dy, ny), ny * 2), *zero16 = h16(c, hzero(c, nm), nm);
   wf_bf16 *d_yg = dcopy(c, zero16, ny * 2), *d_ym = dcopy(c, zero16, ny * 2);
-  wf_bf16 *d_dg = dcopy(c, zero16, ng * 2), *d_dm = dcopy(c, h16(c, hzero(c, nm), nm), nm * 2);
-  float *d_lg = df(c, hzero(c, nl), nl), *d_lm = df(c, hzero(c, nl), nl);
-  float *d_sg = df(c, hzero(c, c->k->attention_bf16_scratch(B, T, C, NH, NKV)),
-                   c->k->attention_bf16_scratch(B, T, C, NH, NKV));
-  float *d_sm = df(c, hzero(c, c->k->attention_bf16_scratch(B, T, C, NH, NH)),
-                   c->k->attention_bf16_scratch(B, T, C, NH, NH));
-  c->k->attention_bf16_forward(d_yg, d_lg, d_xg, B, T, C, NH, NKV, c->stream);
-  c->k->attention_bf16_forward(d_ym, d_lm, d_xm, B, T, C, NH, NH, c->stream);
-  c->k->attention_bf16_backward(d_dg, d_sg, d_dy, d_xg, d_yg, d_lg, B, T, C, NH, NKV, c->stream);
-  c->k->attention_bf16_backward(d_dm, d_sm, d_dy, d_xm, d_ym, d_lm, B, T, C, NH, NH, c->stream);
-  gqa16 x = {B, T, NH, NKV, hs, d_yg, d_ym, d_dg, d_dm, d_lg, d_lm};
+  wf_bf16 *d_dg = dcopy(c, zero16, ng * 2), *d_dm = dcopy(c, zero16, nm * 2);
+  gqa16 x = {B, T, NH, NKV, hs, d_yg, d_ym, d_dg, d_dm, NULL, NULL};
+  if (!k16) {
+    float *d_lg = df(c, hzero(c, nl), nl), *d_lm = df(c, hzero(c, nl), nl);
+    size_t sg = c->k->attention_bf16_scratch(B, T, C, NH, NKV),
+           sm = c->k->attention_bf16_scratch(B, T, C, NH, NH);
+    float *d_sg = df(c, hzero(c, sg), sg), *d_sm = df(c, hzero(c, sm), sm);
+    c->k->attention_bf16_forward(d_yg, d_lg, d_xg, B, T, C, NH, NKV, c->stream);
+    c->k->attention_bf16_forward(d_ym, d_lm, d_xm, B, T, C, NH, NH, c->stream);
+    c->k->attention_bf16_backward(d_dg, d_sg, d_dy, d_xg, d_yg, d_lg, B, T, C, NH, NKV, c->stream);
+    c->k->attention_bf16_backward(d_dm, d_sm, d_dy, d_xm, d_ym, d_lm, B, T, C, NH, NH, c->stream);
+    x.lg = d_lg, x.lm = d_lm;
+  } else {
+    size_t sv = k16->attention_saved(B, T, C, NH), sx = k16->attention_scratch(B, T, C, NH);
+    float *d_ag = df(c, hzero(c, sv), sv), *d_am = df(c, hzero(c, sv), sv);
+    float *d_sx = df(c, hzero(c, sx), sx), *d_dy32 = df(c, dy, ny);
+    float *d_dg32 = df(c, hzero(c, nm), ng), *d_dm32 = df(c, hzero(c, nm), nm);
+    k16->attention_gqa_forward(d_yg, d_ag, d_xg, B, T, C, NH, NKV, c->stream);
+    k16->attention_forward(d_ym, d_am, d_xm, B, T, C, NH, c->stream);
+    k16->attention_gqa_backward(d_dg32, d_sx, d_dy32, d_xg, d_ag, B, T, C, NH, NKV, c->stream);
+    k16->attention_backward(d_dm32, d_sx, d_dy32, d_xm, d_am, B, T, C, NH, c->stream);
+    k16->store(d_dg, d_dg32, ng, c->stream);
+    k16->store(d_dm, d_dm32, nm, c->stream);
+    x.lg = d_ag, x.lm = d_am; /* att begins with the lse (B,NH,T) */
+  }
   gqa16_compare(c, &x);
   c->k->set_attention(WF_ATTN_REFERENCE);
+}
+
+static void test_attention_gqa16(ctx *c)
+{
+  printf(" the bf16 entries\n");
+  gqa16_case(c, NULL);
+  end_case(c);
+  printf(" the bf16 table's attention entries\n");
+  gqa16_case(c, c->k->storage(WF_PREC_BF16));
 }
 
 /* ---- the fused classifier ------------------------------------------------------------- */
@@ -1001,15 +1034,38 @@ static uint16_t *hact(ctx *c, size_t n, int fmt, float lo, float hi)
 }
 
 static uint16_t *hact0(ctx *c, size_t n) { return keep_host(c, calloc(n ? n : 1, 2)); }
+
+/* n fp32 values in [lo, hi) that the format holds exactly (a gradient the bf16
+ * attention rounds to bf16 loses nothing). */
+static float *hexact(ctx *c, size_t n, int fmt, float lo, float hi)
+{
+  uint16_t *h = hact(c, n, fmt, lo, hi);
+  float *x = hzero(c, n);
+  wf_storage_load(x, h, n, fmt);
+  return x;
+}
 static void *d16(ctx *c, const uint16_t *h, size_t n) { return dcopy(c, h, n * 2); }
+
+static void expect_stored16_by(ctx *c, const tables16 *t, const char *what, const uint16_t *ref,
+                               const void *d, size_t n, float atol, float rtol, const uint16_t *by,
+                               double per_by);
 
 /* A 16-bit device output against the CPU's: the fp32 tolerance plus one step of the
  * format (see the top). */
 static void expect_stored16(ctx *c, const tables16 *t, const char *what, const uint16_t *ref,
                             const void *d, size_t n, float atol, float rtol)
 {
+  expect_stored16_by(c, t, what, ref, d, n, atol, rtol, NULL, 0);
+}
+
+/* The same, the tolerance of element i widened by per_by |by[i]| (by: 16-bit host
+ * values of another tensor the output is a function of; NULL: none). */
+static void expect_stored16_by(ctx *c, const tables16 *t, const char *what, const uint16_t *ref,
+                               const void *d, size_t n, float atol, float rtol, const uint16_t *by,
+                               double per_by)
+{
   uint16_t *got = hact0(c, n);
-  float *r = hzero(c, n), *g = hzero(c, n);
+  float *r = hzero(c, n), *g = hzero(c, n), *p = hzero(c, n);
   double step = t->fmt == WF_PREC_BF16 ? 0x1p-7 : 0x1p-10;
   size_t bad = n;
   if (wf_gpu_stream_sync(c->g, c->stream) != WF_OK ||
@@ -1017,8 +1073,10 @@ static void expect_stored16(ctx *c, const tables16 *t, const char *what, const u
     bad = 0;
   wf_storage_load(r, ref, n, t->fmt);
   wf_storage_load(g, got, n, t->fmt);
+  if (by)
+    wf_storage_load(p, by, n, t->fmt);
   for (size_t i = 0; i < n && bad == n; i++) {
-    double tol = atol + (rtol + step) * fabs(r[i]) + 0x1p-24;
+    double tol = atol + (rtol + step) * fabs(r[i]) + per_by * fabs(p[i]) + 0x1p-24;
     if (!(fabs((double)g[i] - r[i]) <= tol))
       bad = i;
   }
@@ -1116,8 +1174,24 @@ static void storage_xent(ctx *c, const tables16 *t)
   expect_stored16(c, t, "xent_backward in place", l, d_l, NL, TOL_ELEM, TOL_ELEM);
 }
 
+/* The fused matmul + GELU's output where the GPU may run cuBLASLt's GELU_AUX_BIAS
+ * epilogue (storage.cu), against the CPU's composition gelu(stored pre): the GPU takes
+ * the GELU of the unrounded pre, which the CPU's stored pre misses by half a step of the
+ * format (2^-9 |pre| bf16, 2^-12 fp16), times GELU's slope (at most 1.13); and its GELU
+ * uses the hardware's approximate tanh (absolute error 2^-10.9 at most, PTX's tanh.approx),
+ * times d gelu / d tanh = |pre| / 2. On top: the GEMM's TOL_SUM, one step of the output
+ * and TOL_ELEM. A wrong bias, layout or activation is off by O(|pre|) and fails. */
+static void expect_gelu16(ctx *c, const tables16 *t, const uint16_t *ref, const uint16_t *pre,
+                          const void *d, size_t n)
+{
+  double half = t->fmt == WF_PREC_BF16 ? 0x1p-9 : 0x1p-12;
+  expect_stored16_by(c, t, "matmul_gelu_forward out", ref, d, n, TOL_SUM, TOL_ELEM, pre,
+                     1.13 * half + 0.5 * 0x1p-10 + TOL_SUM);
+}
+
 /* 16-bit operands: exact products on both sides, summed in other orders (TOL_SUM); the
- * fused GELU is the composition on both sides (no epilogue tanh): TOL_ELEM on top. */
+ * fused GELU: expect_gelu16 (the epilogue where OC is a multiple of 8, else the
+ * composition on both sides). */
 static void storage_matmul(ctx *c, const tables16 *t, int N, int C, int OC)
 {
   const size_t NC = (size_t)N * C, NO = (size_t)N * OC, OCC = (size_t)OC * C;
@@ -1134,7 +1208,8 @@ static void storage_matmul(ctx *c, const tables16 *t, int N, int C, int OC)
   expect_close(c, "matmul_forward_f32 out", y32, d_y32, NO, TOL_SUM, TOL_SUM);
   t->cpu->matmul_gelu_forward(g, y, x, w, b, N, C, OC, t->fmt, NULL);
   t->gpu->matmul_gelu_forward(d_g, d_y, d_x, d_w, d_b, N, C, OC, t->fmt, c->stream);
-  expect_stored16(c, t, "matmul_gelu_forward out", g, d_g, NO, TOL_SUM, TOL_SUM + TOL_ELEM);
+  expect_stored16(c, t, "matmul_gelu_forward pre", y, d_y, NO, TOL_SUM, TOL_SUM);
+  expect_gelu16(c, t, g, y, d_g, NO);
   float *dx = hrand(c, NC, -1, 1), *dw = hrand(c, OCC, -1, 1), *db = hrand(c, OC, -1, 1);
   float *d_dx = df(c, dx, NC), *d_dw = df(c, dw, OCC), *d_db = df(c, db, OC);
   t->cpu->matmul_backward(dx, dw, db, dy, x, w, N, C, OC, t->fmt, NULL);
@@ -1144,8 +1219,11 @@ static void storage_matmul(ctx *c, const tables16 *t, int N, int C, int OC)
   expect_close(c, "matmul_backward dbias", db, d_db, OC, TOL_SUM, TOL_SUM);
 }
 
-/* Each side keeps what its own table keeps (the CPU 16-bit probabilities, the GPU
- * fp32 state of its fp32 kernels); out and dqkv are compared. */
+/* Each side keeps what its own table keeps (the CPU 16-bit probabilities, the GPU its
+ * lse, and for bf16 its output); out and dqkv are compared. Under the tests' setting
+ * (runtime.attention=reference) the GPU runs the fp32 kernels on widened q, k, v; in
+ * bf16 its backward also rounds dout (drawn exact in bf16 here: no change) and the dqkv
+ * it adds (2^-8 |dqkv|, inside the bound below: |dqkv| < T here). */
 static void storage_attention(ctx *c, const tables16 *t, int B, int T, int NH, int hs)
 {
   const int C = NH * hs;
@@ -1158,7 +1236,8 @@ static void storage_attention(ctx *c, const tables16 *t, int B, int T, int NH, i
   t->cpu->attention_forward(out, att, qkv, B, T, C, NH, NULL);
   t->gpu->attention_forward(d_out, d_att, d_qkv, B, T, C, NH, c->stream);
   expect_stored16(c, t, "attention_forward out", out, d_out, BTC, TOL_SUM, TOL_SUM);
-  float *dout = hrand(c, BTC, -1, 1), *dqkv = hrand(c, QKV, -1, 1), *d_dqkv = df(c, dqkv, QKV);
+  float *dout = hexact(c, BTC, t->fmt, -1, 1), *dqkv = hrand(c, QKV, -1, 1);
+  float *d_dqkv = df(c, dqkv, QKV);
   t->cpu->attention_backward(dqkv, NULL, dout, qkv, att, B, T, C, NH, NULL);
   t->gpu->attention_backward(d_dqkv, df(c, hzero(c, gx), gx), df(c, dout, BTC), d_qkv, d_att, B, T,
                              C, NH, c->stream);
@@ -1169,9 +1248,122 @@ static void storage_attention(ctx *c, const tables16 *t, int B, int T, int NH, i
   expect_close(c, "attention_backward dqkv", dqkv, d_dqkv, QKV, tol, TOL_SUM);
 }
 
-/* Llama's ops in 16 bits: the GPU's fp32 launchers on widened copies against the CPU's
- * row blocks; the same tolerances as their fp32 twins (test_rmsnorm, test_swiglu,
- * test_rope, test_gqa) plus one step of the format on each stored output. */
+/* The bf16 table's attention on tensor cores (runtime.attention=flash, cudnn: the path
+ * the setting must take, as test_attention_paths) against the fp32 CPU attention on the
+ * widened inputs, within att16_bound.h's bound (twice it for cuDNN): out as stored in
+ * bf16, and dqkv added into a random fp32 gradient. */
+static void storage_attention_tc(ctx *c, const tables16 *t, int B, int T, int NH, int hs)
+{
+  static const int impls[] = {WF_ATTN_FLASH, WF_ATTN_CUDNN};
+  const int C = NH * hs;
+  const size_t BTC = (size_t)B * T * C, QKV = 3 * BTC, ATT = (size_t)B * NH * T * T;
+  for (size_t i = 0; i < WF_ARRAY_LEN(impls); i++) {
+    c->k->set_attention(impls[i]);
+    int path = c->k->attention_path(B, T, C, NH, NH);
+    printf(" %s table, B %d T %d, %d heads of %d, runtime.attention=%s: %s\n",
+           wf_storage_name(t->fmt), B, T, NH, hs, path_name(impls[i]), path_name(path));
+    expect_path(c, impls[i], path, T % 128 == 0);
+    size_t gs = t->gpu->attention_saved(B, T, C, NH), gx = t->gpu->attention_scratch(B, T, C, NH);
+    uint16_t *q16 = hact(c, QKV, t->fmt, -1, 1);
+    float *qkv = hzero(c, QKV), *dout = hexact(c, BTC, t->fmt, -1, 1);
+    float *out = hzero(c, BTC), *att = hzero(c, ATT), *dqkv = hrand(c, QKV, -1, 1);
+    wf_storage_load(qkv, q16, QKV, t->fmt);
+    void *d_qkv = d16(c, q16, QKV), *d_out = d16(c, hact0(c, BTC), BTC);
+    float *d_att = df(c, hzero(c, gs), gs), *d_dqkv = df(c, dqkv, QKV);
+    wf_attention_forward(out, att, qkv, B, T, C, NH);
+    wf_attention_backward(dqkv, hzero(c, ATT), dout, qkv, att, B, T, C, NH);
+    t->gpu->attention_forward(d_out, d_att, d_qkv, B, T, C, NH, c->stream);
+    t->gpu->attention_backward(d_dqkv, df(c, hzero(c, gx), gx), df(c, dout, BTC), d_qkv, d_att, B,
+                               T, C, NH, c->stream);
+    att16_bound bd = att16_bound_make(qkv, dout, B, T, C, NH);
+    double f = path == WF_ATTN_CUDNN ? 2 : 1;
+    bound_verdict(c, "attention_forward out (bf16)", out, read16(c, d_out, BTC), bd.out, BTC, f);
+    expect_bound(c, "attention_backward dqkv", dqkv, d_dqkv, bd.dqkv, QKV, f);
+    att16_bound_free(&bd);
+    end_case(c);
+  }
+  c->k->set_attention(WF_ATTN_REFERENCE);
+}
+
+/* Two device buffers of `bytes` hold the same bits. */
+static void expect_same_bytes(ctx *c, const char *what, const void *want, const void *got,
+                              size_t bytes)
+{
+  unsigned char *a = keep_host(c, calloc(bytes ? bytes : 1, 1));
+  unsigned char *b = keep_host(c, calloc(bytes ? bytes : 1, 1));
+  bool ok = wf_gpu_stream_sync(c->g, c->stream) == WF_OK &&
+            wf_gpu_memcpy_d2h(c->g, a, want, bytes) == WF_OK &&
+            wf_gpu_memcpy_d2h(c->g, b, got, bytes) == WF_OK && memcmp(a, b, bytes) == 0;
+  printf("  %-4s %-28s %zu bytes, bit for bit\n", ok ? "ok" : "FAIL", what, bytes);
+  c->failures += !ok;
+}
+
+/* Llama's 16-bit kernels are the fp32 kernels' code on loaded operands (act_int.h):
+ * each equals, bit for bit, the GPU's fp32 entry on the widened operands with its
+ * activation outputs stored (the GPU's `store`), as storage.h defines the 16-bit forms. */
+static void storage_llama_exact(ctx *c, const tables16 *t)
+{
+  const wf_ktable *k32 = c->k;
+  const int N = 37, C = 48, F = 40, B = 2, T = 29, NH = 4, NKV = 2, hs = 8;
+  const size_t NC = (size_t)N * C, NF = (size_t)N * F, BTW = (size_t)B * T * (NH + 2 * NKV) * hs;
+  uint16_t *x = hact(c, NC, t->fmt, -2, 2), *gu = hact(c, 2 * NF, t->fmt, -4, 4);
+  uint16_t *q = hact(c, BTW, t->fmt, -1, 1);
+  float *w = df(c, hrand(c, C, 0.5f, 1.5f), C), *b = df(c, hrand(c, NC, -1, 1), NC);
+  float *dy = df(c, hrand(c, NC, -1, 1), NC), *dh = df(c, hrand(c, NF, -1, 1), NF);
+  float *cs = hzero(c, (size_t)T * hs);
+  wf_rope_table(cs, T, hs, 10000.0);
+  float *d_cs = df(c, cs, (size_t)T * hs);
+  void *x16 = d16(c, x, NC), *y16 = d16(c, hact0(c, NC), NC), *r16 = d16(c, hact0(c, NC), NC);
+  float *x32 = df(c, hzero(c, NC), NC), *y32 = df(c, hzero(c, NC), NC);
+  void *want = d16(c, hact0(c, 2 * NF + BTW), 2 * NF + BTW); /* the largest stored output */
+  float *rs16 = df(c, hzero(c, N), N), *rs32 = df(c, hzero(c, N), N);
+  t->gpu->load(x32, x16, NC, c->stream);
+  t->gpu->rmsnorm_forward(y16, rs16, x16, w, 1e-5f, N, C, c->stream);
+  k32->rmsnorm_forward(y32, rs32, x32, w, 1e-5f, N, C, c->stream);
+  t->gpu->store(want, y32, NC, c->stream);
+  expect_same_bytes(c, "rmsnorm_forward out", want, y16, NC * 2);
+  expect_same_bytes(c, "rmsnorm_forward rstd", rs32, rs16, N * 4);
+  float *dx16 = df(c, hzero(c, NC), NC), *dx32 = df(c, hzero(c, NC), NC);
+  float *dw16 = df(c, hzero(c, C), C), *dw32 = df(c, hzero(c, C), C);
+  t->gpu->rmsnorm_backward(dx16, dw16, dy, x16, w, rs32, N, C, c->stream);
+  k32->rmsnorm_backward(dx32, dw32, dy, x32, w, rs32, N, C, c->stream);
+  expect_same_bytes(c, "rmsnorm_backward dinp", dx32, dx16, NC * 4);
+  expect_same_bytes(c, "rmsnorm_backward dweight", dw32, dw16, C * 4);
+  /* residual then RMSNorm: res = store(a + b), out = rmsnorm(load(res)) */
+  t->gpu->residual_rmsnorm_forward(r16, y16, rs16, x16, b, w, 1e-5f, N, C, c->stream);
+  k32->residual_forward(y32, x32, b, NC, c->stream);
+  t->gpu->store(want, y32, NC, c->stream);
+  expect_same_bytes(c, "residual_rmsnorm res", want, r16, NC * 2);
+  t->gpu->load(x32, want, NC, c->stream);
+  k32->rmsnorm_forward(y32, rs32, x32, w, 1e-5f, N, C, c->stream);
+  t->gpu->store(want, y32, NC, c->stream);
+  expect_same_bytes(c, "residual_rmsnorm out", want, y16, NC * 2);
+  expect_same_bytes(c, "residual_rmsnorm rstd", rs32, rs16, N * 4);
+
+  void *gu16 = d16(c, gu, 2 * NF), *h16o = d16(c, hact0(c, NF), NF);
+  float *gu32 = df(c, hzero(c, 2 * NF), 2 * NF), *h32 = df(c, hzero(c, NF), NF);
+  float *dg16 = df(c, hzero(c, 2 * NF), 2 * NF), *dg32 = df(c, hzero(c, 2 * NF), 2 * NF);
+  t->gpu->load(gu32, gu16, 2 * NF, c->stream);
+  t->gpu->swiglu_forward(h16o, gu16, N, F, c->stream);
+  k32->swiglu_forward(h32, gu32, N, F, c->stream);
+  t->gpu->store(want, h32, NF, c->stream);
+  expect_same_bytes(c, "swiglu_forward", want, h16o, NF * 2);
+  t->gpu->swiglu_backward(dg16, gu16, dh, N, F, c->stream);
+  k32->swiglu_backward(dg32, gu32, dh, N, F, c->stream);
+  expect_same_bytes(c, "swiglu_backward", dg32, dg16, 2 * NF * 4);
+
+  void *q16 = d16(c, q, BTW);
+  float *q32 = df(c, hzero(c, BTW), BTW);
+  t->gpu->load(q32, q16, BTW, c->stream);
+  t->gpu->rope_forward(q16, d_cs, B, T, NH, NKV, hs, c->stream);
+  k32->rope_forward(q32, d_cs, B, T, NH, NKV, hs, c->stream);
+  t->gpu->store(want, q32, BTW, c->stream);
+  expect_same_bytes(c, "rope_forward", want, q16, BTW * 2);
+}
+
+/* Llama's ops in 16 bits: the GPU's 16-bit kernels against the CPU's row blocks; the
+ * same tolerances as their fp32 twins (test_rmsnorm, test_swiglu, test_rope, test_gqa)
+ * plus one step of the format on each stored output. */
 static void storage_llama(ctx *c, const tables16 *t)
 {
   const int N = 37, C = 48, F = 40, B = 2, T = 29, NH = 4, NKV = 2, hs = 8;
@@ -1221,7 +1413,8 @@ static void storage_llama(ctx *c, const tables16 *t)
   t->cpu->attention_gqa_forward(o, att, q, B, T, NH * hs, NH, NKV, NULL);
   t->gpu->attention_gqa_forward(d_o, d_att, d_q, B, T, NH * hs, NH, NKV, c->stream);
   expect_stored16(c, t, "attention_gqa_forward out", o, d_o, BTQ, TOL_SUM, TOL_SUM);
-  float *dat = hrand(c, BTQ, -1, 1), *dq = hrand(c, BTW, -1, 1), *d_dq = df(c, dq, BTW);
+  float *dat = hexact(c, BTQ, t->fmt, -1, 1), *dq = hrand(c, BTW, -1, 1);
+  float *d_dq = df(c, dq, BTW);
   t->cpu->attention_gqa_backward(dq, NULL, dat, q, att, B, T, NH * hs, NH, NKV, NULL);
   t->gpu->attention_gqa_backward(d_dq, df(c, hzero(c, gx), gx), df(c, dat, BTQ), d_q, d_att, B, T,
                                  NH * hs, NH, NKV, c->stream);
@@ -1260,6 +1453,47 @@ static void test_storage(ctx *c)
     storage_attention(c, &t, 1, 33, 2, 160); /* the (T, T) fallback on the GPU */
     end_case(c);
     storage_llama(c, &t);
+    end_case(c);
+    storage_llama_exact(c, &t);
+    end_case(c);
+    if (t.fmt == WF_PREC_BF16) {
+      storage_attention_tc(c, &t, 1, 77, 3, 64);
+      storage_attention_tc(c, &t, 3, 128, 1, 64); /* a shape cuDNN must take */
+      storage_attention_tc(c, &t, 1, 130, 1, 128);
+    }
+  }
+}
+
+/* AdamW writing the model's 16-bit copy (each table's adamw_update_store): bit for bit
+ * the fp32 update then the table's store on the GPU (the pass it replaces), and the
+ * copy within one step of the format of the CPU twin's (the parameters agree within
+ * TOL_ELEM, so a stored value may round the other way: expect_stored16). */
+static void test_adamw_store(ctx *c)
+{
+  const size_t n = 100003; /* several blocks, a ragged tail */
+  const int fmts[2] = {WF_PREC_BF16, WF_PREC_FP16};
+  for (int f = 0; f < 2; f++) {
+    tables16 t = {fmts[f], wf_dev_kernels(wf_dev_cpu())->storage(fmts[f]), c->k->storage(fmts[f])};
+    float *p = hrand(c, n, -1, 1), *m = hrand(c, n, -0.1f, 0.1f), *v = hrand(c, n, 0, 0.01f);
+    float *g = df(c, hrand(c, n, -1, 1), n);
+    uint16_t *low = hact0(c, n);
+    float *p1 = df(c, p, n), *m1 = df(c, m, n), *v1 = df(c, v, n);
+    float *p2 = df(c, p, n), *m2 = df(c, m, n), *v2 = df(c, v, n);
+    void *want = d16(c, low, n), *got = d16(c, low, n);
+    c->k->adamw_update(p1, m1, v1, g, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f, c->stream);
+    t.gpu->store(want, p1, n, c->stream);
+    t.gpu->adamw_update_store(p2, got, m2, v2, g, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f,
+                              c->stream);
+    printf(" %s\n", wf_storage_name(t.fmt));
+    expect_same_bytes(c, "adamw_update_store params", p1, p2, n * 4);
+    expect_same_bytes(c, "adamw_update_store m", m1, m2, n * 4);
+    expect_same_bytes(c, "adamw_update_store v", v1, v2, n * 4);
+    expect_same_bytes(c, "adamw_update_store copy", want, got, n * 2);
+    float *hg = hzero(c, n);
+    wf_gpu_stream_sync(c->g, c->stream);
+    wf_gpu_memcpy_d2h(c->g, hg, g, n * 4);
+    t.cpu->adamw_update_store(p, low, m, v, hg, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f, NULL);
+    expect_stored16(c, &t, "adamw_update_store copy (cpu)", low, got, n, TOL_ELEM, TOL_ELEM);
     end_case(c);
   }
 }
@@ -1577,6 +1811,7 @@ static const struct {
     {"gelu+residual", test_gelu_residual},
     {"xent", test_xent},
     {"adamw", test_adamw},
+    {"adamw writing the 16-bit copy", test_adamw_store},
     {"sumsq+scale", test_sumsq_scale},
     {"xent parts+loss", test_xent_parts},
     {"tokens", test_tokens},

@@ -216,6 +216,42 @@ static void test_layernorm(void **state)
   }
 }
 
+/* AdamW writing the 16-bit copy (adamw_update_store): bit for bit adamw_update then
+ * store, in every table, on a vector the threads split unevenly and whose blocks
+ * (4096) end mid-thread; low NULL is adamw_update alone. */
+static void test_adamw_store(void **state)
+{
+  enum { P = 100003 };
+  const wf_ktable *k32 = wf_dev_kernels(wf_dev_cpu());
+  for (int f = -1; f < 2; f++) {
+    int fmt = f < 0 ? WF_PREC_NO : FMTS[f];
+    const wf_ktable *k = f < 0 ? k32 : table(fmt);
+    uint64_t s = 41 + f;
+    float *p[2], *m[2], *v[2], *g = zeros(P);
+    void *low = calloc(P, 4), *want = calloc(P, 4);
+    for (int i = 0; i < 2; i++)
+      p[i] = zeros(P), m[i] = zeros(P), v[i] = zeros(P);
+    fill(p[0], P, -1, 1, &s), fill(m[0], P, -0.1, 0.1, &s), fill(v[0], P, 0, 0.01, &s);
+    fill(g, P, -1, 1, &s);
+    memcpy(p[1], p[0], P * 4), memcpy(m[1], m[0], P * 4), memcpy(v[1], v[0], P * 4);
+    k32->adamw_update(p[0], m[0], v[0], g, P, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f, NULL);
+    k->store(want, p[0], P, NULL);
+    k->adamw_update_store(p[1], low, m[1], v[1], g, P, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f,
+                          NULL);
+    assert_memory_equal(p[1], p[0], P * 4);
+    assert_memory_equal(m[1], m[0], P * 4);
+    assert_memory_equal(v[1], v[0], P * 4);
+    assert_memory_equal(low, want, P * wf_storage_size(fmt));
+    k->adamw_update_store(p[1], NULL, m[1], v[1], g, P, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 6, 0.5f,
+                          NULL);
+    k32->adamw_update(p[0], m[0], v[0], g, P, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 6, 0.5f, NULL);
+    assert_memory_equal(p[1], p[0], P * 4);
+    for (int i = 0; i < 2; i++)
+      free(p[i]), free(m[i]), free(v[i]);
+    free(g), free(low), free(want);
+  }
+}
+
 static void test_elementwise(void **state)
 {
   const wf_ktable *k32 = wf_dev_kernels(wf_dev_cpu());
@@ -499,6 +535,7 @@ int main(void)
       cmocka_unit_test(test_store_matches_round),
       cmocka_unit_test(test_load_exact),
       cmocka_unit_test(test_tables),
+      cmocka_unit_test(test_adamw_store),
       cmocka_unit_test(test_layernorm),
       cmocka_unit_test(test_elementwise),
       cmocka_unit_test(test_xent),

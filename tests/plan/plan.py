@@ -58,6 +58,10 @@ MESHES = {
     "pp4-1f1b-recompute": (4, ["mesh.pp=4", "train.microbatches=4", "model.layers=8",
                                "train.batch_size=64", "parallel.activation_checkpointing=true"]),
     "np1-recompute": (1, ["parallel.activation_checkpointing=true"]),
+    # many micro-batches: receive-in-place buffers (a constant number of messages)
+    "pp2-1f1b-m32": (2, ["mesh.pp=2", "train.microbatches=32", "train.batch_size=32"]),
+    "pp4-gpipe-m8": (4, ["mesh.pp=4", "train.microbatches=8", "model.layers=8",
+                         "train.batch_size=64", "train.schedule=gpipe"]),
     # selective recompute: one layer's attention core in the shared buffer, 16-bit slots
     "tp2-sp-selective-bf16": (2, ["mesh.tp=2", "parallel.sequence=true", "precision=bf16",
                                   "parallel.activation_checkpointing=selective"]),
@@ -190,6 +194,37 @@ def est_case(worker):
     if not (t["step_ms"] > 0 and t["tokens_per_s"] > 0 and t["dp_comm_ms"] > 0):
         fail(f"time breakdown {t}")
     print(f"est: OK ({n} parameters)")
+
+
+def pipe_comm(worker):
+    """A stage's communication memory does not grow with the pipeline depth or the
+    micro-batches (issue 27): --estimate's comm bytes of stage 0 are the same under 1F1B
+    at pp 2 and pp 8 with m = 32, and under GPipe at pp 4 with m = 8 and m = 32 (one-row
+    micro-batches throughout, so a message is the same size), and every stage holds at
+    most 4 messages (wf_schedule_buffers: one activation and one gradient received, two
+    gradients sent). A message is a (rows, C) activation, io = 1*32*128*4 bytes at fp32;
+    the engine's gradient buffers keep 64 bytes more each. Stage 0 under 1F1B receives
+    gradients only: one buffer on top of what one stage holds (the gradient path's
+    scalars, comm at pp 1)."""
+    io = 32 * 128 * 4
+    def comm(pp, m, kind):
+        keys = [f"mesh.pp={pp}", f"train.microbatches={m}", f"train.batch_size={m}",
+                f"train.schedule={kind}", "model.layers=8"]
+        est = json.loads(run([worker, "--estimate", "--json"] + MODEL + keys).stdout)
+        return [s["bytes"]["comm"] for s in est["stages"]]
+    alone = comm(1, 8, "1f1b")[0]
+    for a, b, what in [(comm(2, 32, "1f1b"), comm(8, 32, "1f1b"), "1f1b pp 2 vs pp 8, m 32"),
+                       (comm(4, 8, "gpipe"), comm(4, 32, "gpipe"), "gpipe pp 4, m 8 vs m 32")]:
+        print(f"pipe-comm {what}: stage 0 comm {a[0]} and {b[0]} bytes; all stages {a} {b}")
+        for s, c in enumerate(a + b):
+            if c - alone > 4 * (io + 64):
+                fail(f"{what}: a stage holds {c - alone} bytes of messages, more than 4")
+        if a[0] != b[0]:
+            fail(f"{what}: stage 0's communication memory changed: {a[0]} vs {b[0]}")
+        if a[0] - alone != io + 64:
+            fail(f"{what}: stage 0 holds {a[0] - alone} bytes of messages, want one gradient "
+                 f"buffer of {io + 64}")
+    print("pipe-comm: OK")
 
 
 def plan_llama_1b(worker):
@@ -381,6 +416,8 @@ def main():
         mem_case(worker, case[4:])
     elif case == "est":
         est_case(worker)
+    elif case == "pipe-comm":
+        pipe_comm(worker)
     elif case == "plan-h100":
         plan_h100(worker)
     elif case == "plan-llama-1b":

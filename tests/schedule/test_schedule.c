@@ -389,8 +389,50 @@ static void test_print(void **state)
   assert_non_null(strstr(text, "theoretical (p-1)/(m+p-1) = 3/11 = 0.2727; simulated 0.2727 "
                                "(makespan 22 ticks"));
   assert_non_null(strstr(text, "rank 0 | F0 F1 F2 F3 .. .. .. B0 F4 B1"));
-  assert_non_null(strstr(text, "rank 3 (32 actions, peak in flight 1):"));
+  assert_non_null(strstr(text, "rank 3 (32 actions, peak in flight 1, message buffers 1+0+2):"));
   free(text);
+}
+
+/* rank r's message buffers for prm */
+static wf_sched_bufs bufs_of(const wf_sched_params *prm, int r)
+{
+  wf_schedule s;
+  char err[256];
+  assert_int_equal(wf_schedule_init(&s, prm, r, err, sizeof err), WF_OK);
+  wf_sched_bufs b = wf_schedule_buffers(&s);
+  wf_schedule_fini(&s);
+  return b;
+}
+
+/* A stage's message buffers do not grow with p or m. GPipe and 1F1B post each receive
+ * one action ahead of its consumer (schedule.c places it where the data comes into
+ * being), so: the first stage receives gradients only (one buffer), the last
+ * activations only (one), a middle stage one of each, and a stage that sends
+ * gradients has two send buffers. Before receive-in-place the engine kept up to
+ * min(m, slots + 2) buffers per kind (m under GPipe). Interleaved lists post further
+ * ahead, but still a constant: two of each at p = 4, v = 2, m = 8 and m = 32 alike. */
+static void test_buffers(void **state)
+{
+  wf_schedule_kind kinds[] = {WF_SCHED_1F1B, WF_SCHED_GPIPE};
+  for (int kind = 0; kind < 2; kind++)
+    for (int p = 2; p <= 8; p *= 2)
+      for (int m = 8; m <= 32; m *= 4)
+        for (int r = 0; r < p; r++) {
+          wf_sched_bufs b = bufs_of(&(wf_sched_params){kinds[kind], p, m, 1}, r);
+          assert_int_equal(b.recv_f, r > 0);
+          assert_int_equal(b.recv_b, r < p - 1);
+          assert_int_equal(b.send_b, r > 0 ? 2 : 0);
+        }
+  for (int r = 0; r < 4; r++) {
+    wf_sched_bufs a = bufs_of(&(wf_sched_params){WF_SCHED_INTERLEAVED, 4, 8, 2}, r);
+    wf_sched_bufs b = bufs_of(&(wf_sched_params){WF_SCHED_INTERLEAVED, 4, 32, 2}, r);
+    assert_memory_equal(&a, &b, sizeof a);
+    assert_true(a.recv_f >= 1 && a.recv_f <= 2 && a.recv_b >= 1 && a.recv_b <= 2);
+    assert_int_equal(a.send_b, 2);
+  }
+  /* one stage: no messages */
+  wf_sched_bufs one = bufs_of(&(wf_sched_params){WF_SCHED_1F1B, 1, 8, 1}, 0);
+  assert_int_equal(one.recv_f + one.recv_b + one.send_b, 0);
 }
 
 int main(int argc, char **argv)
@@ -409,6 +451,7 @@ int main(int argc, char **argv)
       cmocka_unit_test(test_params_rejected),
       cmocka_unit_test(test_draw),
       cmocka_unit_test(test_print),
+      cmocka_unit_test(test_buffers),
   };
   if (argc > 1)
     cmocka_set_test_filter(argv[1]);

@@ -55,6 +55,26 @@ fail:
   return st;
 }
 
+/* If x is a spare stage input, the slot keeps it as its input (received in place) and
+ * its old input becomes that spare: no copy. */
+static bool take_inbox(wf_model *m, wf__slot *a, const void *x)
+{
+  for (int i = 0; i < m->n_inbox; i++)
+    if (m->inbox[i] == x) {
+      m->inbox[i] = a->encoded;
+      a->encoded = (void *)x;
+      return true;
+    }
+  return false;
+}
+
+void *wf_model_stage_inbox(const wf_model *m, int i)
+{
+  return i >= 0 && i < m->n_inbox ? m->inbox[i] : NULL;
+}
+
+int wf_model_stage_inboxes(const wf_model *m) { return m->n_inbox; }
+
 /* The slot's input: the tokens (and the embedding) on the first chunk, else the
  * previous stage's output; the targets on the last. */
 static wf_status load_inputs(wf_model *m, wf__slot *a, const int *inputs, const void *x,
@@ -67,7 +87,7 @@ static wf_status load_inputs(wf_model *m, wf__slot *a, const int *inputs, const 
   if (wf__chunk_first(m, a->chunk)) {
     WF_TRY(load_tokens(m, a->inputs, inputs, N, "inputs"));
     WF_TRY(m->ops->embed_forward(m, a));
-  } else {
+  } else if (!take_inbox(m, a, x)) {
     WF_TRY(wf_dev_copy(m->dev, a->encoded, x, wf_model_stage_io_bytes(m, a->B, a->T), WF_COPY_D2D,
                        NULL));
   }

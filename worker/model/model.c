@@ -145,6 +145,10 @@ static const wf__family_ops *ops_of(const wf_model_dims *d) { return wf_model_fa
 
 size_t wf_model_low_bytes(wf_precision p) { return p == WF_PREC_NO ? 0 : 2; }
 
+/* One spare stage input: a message, 64-byte aligned like the slot's input it trades
+ * places with. */
+static size_t inbox_bytes(size_t io) { return (io + 63) & ~(size_t)63; }
+
 wf_model_mem wf_model_mem_plan(const wf_model_opts *o, const struct wf_ktable *k)
 {
   wf_model_mem r = {0};
@@ -169,7 +173,8 @@ wf_model_mem wf_model_mem_plan(const wf_model_opts *o, const struct wf_ktable *k
   r.recompute = (full ? layer + core : sel ? core : 0) * sizeof(float);
   r.scratch = carve_dacts(&da, &acc, &bad, NULL, &z, ops) * sizeof(float);
   r.io = z.R * z.C * wf_storage_size(z.fmt);
-  r.total = r.params + r.grads + r.wlow + r.slots + r.recompute + r.scratch;
+  r.inbox = (size_t)WF_MAX(o->inbox, 0) * inbox_bytes(r.io);
+  r.total = r.params + r.grads + r.wlow + r.slots + r.recompute + r.scratch + r.inbox;
   return r;
 }
 
@@ -202,6 +207,11 @@ static wf_status alloc_acts(wf_model *m, const wf_model_mem *mp)
   WF_TRY(wf_dev_alloc_floats(m->dev, &m->re_saved, mp->recompute / sizeof(float)));
   WF_TRY(wf_dev_alloc_floats(m->dev, &m->dact_mem, mp->scratch / sizeof(float)));
   carve_dacts(&m->da, &m->loss_acc, &m->bad_token, m->dact_mem, &m->g, m->ops);
+  /* spare stage inputs: pipeline receives land in them (wf_model_stage_inbox) */
+  WF_TRY(wf_dev_alloc(m->dev, &m->inbox_mem, mp->inbox));
+  WF_CHECK_ALLOC(m->inbox = calloc((size_t)m->n_inbox + 1, sizeof *m->inbox));
+  for (int i = 0; i < m->n_inbox; i++)
+    m->inbox[i] = (char *)m->inbox_mem + (size_t)i * inbox_bytes(mp->io);
 fail:
   return st;
 }
@@ -256,6 +266,7 @@ static void set_geometry(wf_model *m, const wf_model_opts *o)
   m->KVl = m->d.KV / o->shard.tp;
   m->Vl = m->d.Vp / o->shard.tp;
   m->Bmax = o->B, m->Tmax = o->T, m->n_slots = o->slots;
+  m->n_inbox = WF_MAX(o->inbox, 0);
   m->recompute = o->recompute;
   m->prec = o->precision;
   m->esize = wf_storage_size((int)o->precision);
@@ -310,6 +321,8 @@ void wf_model_destroy(wf_model *m)
   wf_dev_free(m->dev, m->act_mem);
   wf_dev_free(m->dev, m->dact_mem);
   wf_dev_free(m->dev, m->re_saved);
+  wf_dev_free(m->dev, m->inbox_mem); /* slots and spares may have traded places: both freed */
+  free(m->inbox);
   free(m->a);
   free(m->gptr);
   free(m->pptr);
@@ -531,6 +544,7 @@ wf_status wf_model_params_changed(wf_model *m)
 }
 
 wf_precision wf_model_precision(const wf_model *m) { return m->prec; }
+void *wf_model_params_low(wf_model *m) { return m->params ? m->wlow : NULL; }
 void wf_model_set_loss_scale(wf_model *m, float s) { m->loss_scale = s; }
 
 /* ---- whole-model arrays ------------------------------------------------------------------- */

@@ -177,9 +177,13 @@ struct wf_model {
   void *wlow;        /* mixed precision: the 16-bit copy of the parameters, else NULL */
   float loss_scale;  /* backward's loss gradient is multiplied by it (fp16 loss scaling) */
   float *act_mem, *dact_mem;
-  double *loss_acc;       /* (1) the sum of micro-batch losses since wf_model_take_loss */
-  int *bad_token;         /* (2) wf_tokens_check's answer */
-  wf__slot *a;            /* n_slots */
+  double *loss_acc; /* (1) the sum of micro-batch losses since wf_model_take_loss */
+  int *bad_token;   /* (2) wf_tokens_check's answer */
+  wf__slot *a;      /* n_slots */
+  void *inbox_mem;  /* the spare stage inputs' allocation */
+  void **inbox;     /* n_inbox: spare stage inputs (each a slot's input, or one of
+                     * inbox_mem's: forwards trade them, see wf_model_stage_inbox) */
+  int n_inbox;
   wf_recompute recompute; /* full: slots keep layer outputs only; selective: no core state */
   float *re_saved;        /* full: one layer's intermediates; selective: one core state */
   wf__dacts da;

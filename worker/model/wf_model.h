@@ -399,6 +399,7 @@ typedef struct wf_model_opts {
   wf_tp_regions tp;       /* the region operators when shard.tp > 1 (borrowed) */
   int B, T;               /* largest micro-batch */
   int slots;              /* micro-batches whose activations live at once (>= 1) */
+  int inbox;              /* spare stage inputs a pipeline receives activations into (>= 0) */
   wf_recompute recompute; /* activation checkpointing: full keeps each layer's output only, and
                            * backward recomputes the layer's intermediates (one more forward);
                            * selective drops attention's core state and recomputes it */
@@ -423,6 +424,7 @@ typedef struct wf_model_mem {
                          * constant tables (RoPE's angles) */
   size_t io;            /* bytes of the stage's input or output, (rows, C) activations: one
                          * pipeline message */
+  size_t inbox;         /* o->inbox spare stage inputs (communication memory) */
   size_t total;         /* all of the above that is allocated (not io) */
 } wf_model_mem;
 struct wf_ktable;
@@ -535,6 +537,11 @@ wf_status wf_model_chunk_forward(wf_model *m, int slot, int chunk, const int *in
  * without the head), read back from the device; the sum starts again at 0. */
 wf_status wf_model_take_loss(wf_model *m, double *sum);
 const void *wf_model_stage_output(const wf_model *m, int slot);
+/* Spare stage input i (0 <= i < wf_model_stage_inboxes): a pipeline receives an
+ * activation into it, and chunk_forward, given it as x, keeps it as the slot's input
+ * without a copy (the slot's previous input becomes spare input i). */
+void *wf_model_stage_inbox(const wf_model *m, int i);
+int wf_model_stage_inboxes(const wf_model *m);
 size_t wf_model_stage_io_numel(const wf_model *m, int B, int T); /* rows * C */
 size_t wf_model_stage_io_bytes(const wf_model *m, int B, int T); /* in the model's format */
 /* Backward of the slot's forward, adding into the gradients; dy is the gradient of this
@@ -581,6 +588,11 @@ void wf_model_set_grad_hook(wf_model *m, wf_model_grad_hook fn, void *user); /* 
  * all-gather of updated shards, a checkpoint restore. A no-op with precision no. */
 wf_status wf_model_params_changed(wf_model *m);
 wf_precision wf_model_precision(const wf_model *m);
+/* Mixed precision's 16-bit copy of the flat parameters (num_params elements of the
+ * model's format, device memory), or NULL (precision no, or ZeRO-3 dropped the flat
+ * vector). An optimizer that updates the whole flat vector writes it in the same pass
+ * (wf_ktable's adamw_update_store) instead of calling wf_model_params_changed. */
+void *wf_model_params_low(wf_model *m);
 /* Loss scaling (fp16): backward multiplies the loss gradient by s (default 1), so every
  * gradient comes out scaled by s; the optimizer unscales. */
 void wf_model_set_loss_scale(wf_model *m, float s);

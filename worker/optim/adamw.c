@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include "optim_int.h"
+#include "storage.h" /* wf_storage_size */
 
 wf_status wf_optim_create(wf_optim **out, const wf_optim_opts *oo)
 {
@@ -26,6 +27,10 @@ wf_status wf_optim_create(wf_optim **out, const wf_optim_opts *oo)
   o->dev = wf_model_dev(oo->model);
   o->lo = oo->lo, o->hi = oo->hi;
   o->plo = oo->params;
+  /* Updating every parameter of the model's own vector, the update writes the 16-bit
+   * copy too; on a shard (ZeRO) the copy follows the all-gather instead. */
+  if (!o->plo && o->lo == 0 && o->hi == wf_model_local_params(oo->model))
+    o->low = wf_model_params_low(oo->model);
   o->D = oo->dp_size > 0 ? oo->dp_size : 1;
   o->fp16 = cfg->precision == WF_PREC_FP16;
   /* a fixed optim.loss_scale, or the dynamic one's start (a resumed checkpoint
@@ -61,11 +66,14 @@ size_t wf_optim_mem_plan(size_t lo, size_t hi) { return 2 * (hi - lo) * sizeof(f
 
 size_t wf_optim_bytes(const wf_optim *o) { return wf_optim_mem_plan(o->lo, o->hi); }
 
-/* AdamW at step t over [lo, hi), gradients multiplied by grad_scale first. */
+/* AdamW at step t over [lo, hi), gradients multiplied by grad_scale first; with the
+ * model's 16-bit copy (o->low) the same kernel stores the updated parameters into it
+ * (the format's table). */
 static wf_status adamw(wf_optim *o, const float *grads, float lr, float grad_scale, int step)
 {
   const wf_config *cfg = o->cfg;
   const wf_ktable *k = wf_dev_kernels(o->dev);
+  const wf_ktable *kl = o->low ? k->storage((int)wf_model_precision(o->model)) : NULL;
   float b1 = (float)cfg->optim.beta1, b2 = (float)cfg->optim.beta2, eps = (float)cfg->optim.eps;
   const wf_model_desc *desc = wf_model_get_desc(o->model);
   for (int t = 0; t < desc->n; t++) {
@@ -76,8 +84,13 @@ static wf_status adamw(wf_optim *o, const float *grads, float lr, float grad_sca
       continue;
     float wd = desc->t[t].decay ? (float)cfg->optim.weight_decay : 0.0f;
     float *p = o->plo ? o->plo + (a - o->lo) : wf_model_params(o->model) + a;
-    k->adamw_update(p, o->m + (a - o->lo), o->v + (a - o->lo), grads + (a - o->lo), b - a, lr, b1,
-                    b2, eps, wd, step, grad_scale, NULL);
+    if (kl)
+      kl->adamw_update_store(p, (char *)o->low + a * wf_storage_size(kl->format),
+                             o->m + (a - o->lo), o->v + (a - o->lo), grads + (a - o->lo), b - a, lr,
+                             b1, b2, eps, wd, step, grad_scale, NULL);
+    else
+      k->adamw_update(p, o->m + (a - o->lo), o->v + (a - o->lo), grads + (a - o->lo), b - a, lr, b1,
+                      b2, eps, wd, step, grad_scale, NULL);
   }
   return wf_dev_check(o->dev);
 }
@@ -93,6 +106,8 @@ static wf_status update(wf_optim *o, int step, float norm, const float *grads, d
   wf__optim_good(o);
   return adamw(o, grads, (float)lr, scale, t);
 }
+
+bool wf_optim_writes_low(const wf_optim *o) { return o->low != NULL; }
 
 wf_status wf_optim_step(wf_optim *o, int step, double loss, float norm, const float *grads,
                         wf_optim_step_info *info)

@@ -85,6 +85,10 @@ wf_optim_scaler *wf_optim_get_scaler(wf_optim *o);
 /* Bytes of optimizer state this rank holds; and what a rank holding the range [lo, hi)
  * holds (AdamW's m and v, as wf_optim_create allocates them; the planner's figure). */
 size_t wf_optim_bytes(const wf_optim *o);
+/* Whether a step's update also writes the model's 16-bit copy of the parameters
+ * (wf_model_params_low: mixed precision, the optimizer holding the whole flat vector),
+ * so that no wf_model_params_changed pass need follow it. */
+bool wf_optim_writes_low(const wf_optim *o);
 size_t wf_optim_mem_plan(size_t lo, size_t hi);
 
 #endif /* WF_OPTIM_H */

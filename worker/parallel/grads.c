@@ -572,12 +572,13 @@ fail:
   return st;
 }
 
-wf_status wf_grads_sync_params(wf_grads *g)
+wf_status wf_grads_sync_params(wf_grads *g, bool low_written)
 {
   wf_status st = WF_OK;
   if (g->z)
     WF_TRY(wf__zero_gather(g->z));
-  st = wf_model_params_changed(g->model);
+  if (g->z || !low_written)
+    st = wf_model_params_changed(g->model);
 fail:
   return st;
 }

@@ -1,13 +1,16 @@
 /*
  * pipeline.c - the pipeline engine and the stage partition (see wf_pipe.h).
  *
- * Buffers. Activations are received into a ring of `ring` buffers, gradients into
- * another, and gradients are sent from a third; buffer i serves micro-batch
- * mb % ring. A generated list posts a receive at most a few micro-batches ahead of
- * its consumer, and the engine refuses (rather than corrupts) a list that would
- * reuse a buffer still in use. Requests are per micro-batch. The rings are device
- * memory (the model's device); the token batch is host memory, which the model moves
- * in itself.
+ * Buffers. An activation is received in place: into one of the model's spare stage
+ * inputs (wf_model_stage_inbox), which its forward then keeps as the slot's input, and
+ * the slot's old input becomes the spare. Gradients are received into a pool of their
+ * own and sent from another. Each pool holds what the rank's list needs at its peak
+ * (wf_schedule_buffers: a receive holds its buffer from its post to its consumer), a
+ * number that does not grow with the pipeline depth or the micro-batches for GPipe and
+ * 1F1B: a stage's communication memory is a constant number of messages. A free buffer
+ * is taken per work item, and the engine refuses (rather than corrupts) a list that
+ * would need more. Requests are per work item. The pools are device memory (the
+ * model's device); the token batch is host memory, which the model moves in itself.
  *
  * Messages are activations and their gradients in the model's storage format (16 bits
  * under mixed precision: WF_COMM_BF16 or WF_COMM_F16, which NCCL sends as its 16-bit
@@ -21,10 +24,13 @@
 
 #include "parallel_int.h"
 
-typedef struct ring {
+/* A pool of n message buffers; `at` maps a work item to the buffer it holds. */
+typedef struct pool {
   void *mem;
-  int *owner; /* micro-batch using buffer i, -1 when free */
-} ring;
+  int n;
+  int *owner; /* the work item using buffer i, -1 when free */
+  int *at;    /* per work item: its buffer, -1 = none */
+} pool;
 
 /* A forward or backward, timed by device events (see spans_close). */
 typedef struct timed {
@@ -39,11 +45,14 @@ struct wf_pipe {
   wf_dev *dev;
   wf_schedule sched;
   wf_trace *trace;
-  int p, rank, m, v, B, T, n_ring; /* work items are (mb, chunk): key = mb * v + chunk */
-  size_t io;                       /* elements of one stage input/output */
-  size_t io_bytes;                 /* ... in the model's format */
-  wf_comm_dtype dt;                /* that format's element type */
-  ring rf, rb, sb;                 /* receive activations, receive gradients, send gradients */
+  int p, rank, m, v, B, T; /* work items are (mb, chunk): key = mb * v + chunk */
+  size_t io;               /* elements of one stage input/output */
+  size_t io_bytes;         /* ... in the model's format */
+  wf_comm_dtype dt;        /* that format's element type */
+  pool rf;                 /* activations: indices of the model's spare stage inputs (mem NULL) */
+  pool rb, sb;             /* receive gradients, send gradients */
+  int sb_next;             /* the send buffer the next gradient takes (round robin) */
+  void **rf_buf;           /* per key: the spare input its activation is received into */
   wf_req **req_rf, **req_rb, **req_sf, **req_sb; /* per key */
   int *slot_of;                                  /* per key; -1 = none */
   bool *slot_busy;
@@ -72,41 +81,53 @@ int wf_pipe_slots(wf_schedule_kind kind, int pp, int rank, int microbatches, int
   return n;
 }
 
-/* Buffers per ring: interleaved lists post receives further ahead (one per work item);
- * otherwise a few micro-batches past the slots. kind is the effective one (1F1B for
- * one stage), v 1 unless interleaved over pp > 1. */
-static int ring_len(wf_schedule_kind kind, int pp, int rank, int m, int v)
+wf_sched_bufs wf_pipe_buffers(wf_schedule_kind kind, int pp, int rank, int microbatches, int v)
 {
-  return v > 1 ? m * v : WF_MIN(m, wf_pipe_slots(kind, pp, rank, m, v) + 2);
+  wf_sched_bufs b = {0};
+  if (pp <= 1)
+    return b; /* one stage: no messages */
+  wf_schedule s = {0};
+  wf_sched_params prm = {kind, pp, microbatches, kind == WF_SCHED_INTERLEAVED ? v : 1};
+  char err[256];
+  if (wf_schedule_init(&s, &prm, rank, err, sizeof err) == WF_OK)
+    b = wf_schedule_buffers(&s);
+  wf_schedule_fini(&s);
+  return b;
 }
 
-/* Bytes of one ring buffer: a message and 64 bytes. */
+/* Bytes of one gradient buffer: a message and 64 bytes. */
 static size_t buf_bytes(size_t io_bytes) { return io_bytes + 64; }
 
 size_t wf_pipe_mem_plan(wf_schedule_kind kind, int pp, int rank, int m, int v, size_t io, int B,
                         int T)
 {
-  kind = pp > 1 ? kind : WF_SCHED_1F1B;
-  v = kind == WF_SCHED_INTERLEAVED && pp > 1 ? v : 1;
-  size_t rings = 3 * (size_t)ring_len(kind, pp, rank, m, v) * buf_bytes(io);
-  return rings + 2 * (size_t)B * (size_t)T * sizeof(int); /* + the token batch */
+  wf_sched_bufs b = wf_pipe_buffers(kind, pp, rank, m, v);
+  size_t pools = (size_t)(b.recv_b + b.send_b) * buf_bytes(io);
+  return pools + 2 * (size_t)B * (size_t)T * sizeof(int); /* + the token batch */
 }
 
-static wf_status ring_alloc(wf_dev *dev, ring *r, int n, size_t io_bytes)
+/* n buffers of io_bytes (none when io_bytes is 0: indices only) for m work items. */
+static wf_status pool_alloc(wf_dev *dev, pool *r, int n, size_t io_bytes, size_t m)
 {
   wf_status st = WF_OK;
-  WF_TRY(wf_dev_alloc(dev, &r->mem, (size_t)n * buf_bytes(io_bytes)));
-  WF_CHECK_ALLOC(r->owner = malloc((size_t)n * sizeof *r->owner));
+  r->n = n;
+  if (io_bytes && n)
+    WF_TRY(wf_dev_alloc(dev, &r->mem, (size_t)n * buf_bytes(io_bytes)));
+  WF_CHECK_ALLOC(r->owner = malloc(((size_t)n + 1) * sizeof *r->owner));
+  WF_CHECK_ALLOC(r->at = malloc(m * sizeof *r->at));
   for (int i = 0; i < n; i++)
     r->owner[i] = -1;
+  for (size_t k = 0; k < m; k++)
+    r->at[k] = -1;
 fail:
   return st;
 }
 
-static void ring_free(wf_dev *dev, ring *r)
+static void pool_free(wf_dev *dev, pool *r)
 {
   wf_dev_free(dev, r->mem);
   free(r->owner);
+  free(r->at);
 }
 
 wf_status wf_pipe_create(wf_pipe **out, const wf_pipe_opts *o)
@@ -131,12 +152,16 @@ wf_status wf_pipe_create(wf_pipe **out, const wf_pipe_opts *o)
   p->io_bytes = wf_model_stage_io_bytes(o->model, o->B, o->T);
   p->dt = wf__comm_dtype_of(wf_model_precision(o->model));
   p->n_slots = wf_pipe_slots(prm.kind, p->p, p->rank, p->m, p->v);
-  /* interleaved lists post receives further ahead: one buffer per work item */
-  p->n_ring = ring_len(prm.kind, p->p, p->rank, p->m, p->v);
-  WF_TRY(ring_alloc(p->dev, &p->rf, p->n_ring, p->io_bytes));
-  WF_TRY(ring_alloc(p->dev, &p->rb, p->n_ring, p->io_bytes));
-  WF_TRY(ring_alloc(p->dev, &p->sb, p->n_ring, p->io_bytes));
+  wf_sched_bufs b = wf_schedule_buffers(&p->sched);
+  WF_REFUSE(b.recv_f <= wf_model_stage_inboxes(o->model), WF_EINVAL,
+            "pipeline: the schedule receives %d activations ahead, the model has %d spare "
+            "stage inputs (wf_pipe_buffers sizes them)",
+            b.recv_f, wf_model_stage_inboxes(o->model));
   size_t m = (size_t)p->m * (size_t)p->v;
+  WF_TRY(pool_alloc(p->dev, &p->rf, b.recv_f, 0, m));
+  WF_TRY(pool_alloc(p->dev, &p->rb, b.recv_b, p->io_bytes, m));
+  WF_TRY(pool_alloc(p->dev, &p->sb, b.send_b, p->io_bytes, m));
+  WF_CHECK_ALLOC(p->rf_buf = calloc(m, sizeof *p->rf_buf));
   WF_CHECK_ALLOC(p->req_rf = calloc(m, sizeof(wf_req *)));
   WF_CHECK_ALLOC(p->req_rb = calloc(m, sizeof(wf_req *)));
   WF_CHECK_ALLOC(p->req_sf = calloc(m, sizeof(wf_req *)));
@@ -168,9 +193,10 @@ void wf_pipe_destroy(wf_pipe *p)
     wf_req_wait(&p->req_sf[i]);
     wf_req_wait(&p->req_sb[i]);
   }
-  ring_free(p->dev, &p->rf);
-  ring_free(p->dev, &p->rb);
-  ring_free(p->dev, &p->sb);
+  pool_free(p->dev, &p->rf);
+  pool_free(p->dev, &p->rb);
+  pool_free(p->dev, &p->sb);
+  free(p->rf_buf);
   free(p->req_rf);
   free(p->req_rb);
   free(p->req_sf);
@@ -191,20 +217,33 @@ void wf_pipe_destroy(wf_pipe *p)
 
 /* ---- buffers and waits ------------------------------------------------------------ */
 
-static void *ring_take(wf_pipe *p, ring *r, int mb)
+/* A free buffer of pool r for work item k: its index, or -1 (logged) when all are
+ * held, which a list sized by wf_schedule_buffers never meets. */
+static int pool_take(pool *r, int k, const char *what)
 {
-  int i = mb % p->n_ring;
-  if (r->owner[i] >= 0 && r->owner[i] != mb) {
-    WF_ERROR("pipeline: micro-batch %d needs a buffer still held by micro-batch %d: the "
-             "schedule posts too far ahead for %d buffers",
-             mb, r->owner[i], p->n_ring);
-    return NULL;
-  }
-  r->owner[i] = mb;
+  for (int i = 0; i < r->n; i++)
+    if (r->owner[i] < 0) {
+      r->owner[i] = k;
+      r->at[k] = i;
+      return i;
+    }
+  WF_ERROR("pipeline: no free %s buffer for work item %d (%d buffers): the schedule posts "
+           "further ahead than it was sized for",
+           what, k, r->n);
+  return -1;
+}
+
+static void *pool_buf(const wf_pipe *p, const pool *r, int i)
+{
   return (char *)r->mem + (size_t)i * buf_bytes(p->io_bytes);
 }
 
-static void ring_give(wf_pipe *p, ring *r, int mb) { r->owner[mb % p->n_ring] = -1; }
+static void pool_give(pool *r, int k)
+{
+  if (r->at[k] >= 0)
+    r->owner[r->at[k]] = -1;
+  r->at[k] = -1;
+}
 
 static wf_status wait(wf_pipe *p, wf_req **req, const char *what, int mb)
 {
@@ -298,7 +337,8 @@ static wf_status do_forward(wf_pipe *p, int mb, int chunk, wf_pipe_batch_fn batc
   const void *x = NULL;
   if (!first) {
     WF_TRY(wait(p, &p->req_rf[k], "recv activation", mb));
-    x = ring_take(p, &p->rf, k);
+    x = p->rf_buf[k];
+    WF_CHECK(x, WF_EINVAL, "pipeline: forward of work item %d before its receive", k);
   }
   if (first || last)
     WF_TRY(batch(user, mb, p->inputs, p->targets));
@@ -309,8 +349,8 @@ static wf_status do_forward(wf_pipe *p, int mb, int chunk, wf_pipe_batch_fn batc
                                          last ? p->targets : NULL, p->B, p->T);
   WF_TRY(span_end(p, 'F', mb, chunk));
   st = ran;
-  if (!first)
-    ring_give(p, &p->rf, k);
+  if (!first) /* the forward kept x as the slot's input; the spare is the slot's old one */
+    pool_give(&p->rf, k), p->rf_buf[k] = NULL;
 fail:
   return st;
 }
@@ -322,7 +362,9 @@ static wf_status do_backward(wf_pipe *p, int mb, int chunk)
   const void *dy = NULL;
   if (!is_last(p, chunk)) {
     WF_TRY(wait(p, &p->req_rb[k], "recv gradient", mb));
-    dy = ring_take(p, &p->rb, k);
+    WF_CHECK(p->rb.at[k] >= 0, WF_EINVAL, "pipeline: backward of work item %d before its receive",
+             k);
+    dy = pool_buf(p, &p->rb, p->rb.at[k]);
     /* the slot's output must not be in flight when its activations are released */
     WF_TRY(wait(p, &p->req_sf[k], "send activation", mb));
   }
@@ -333,7 +375,7 @@ static wf_status do_backward(wf_pipe *p, int mb, int chunk)
   p->slot_busy[p->slot_of[k]] = false;
   p->slot_of[k] = -1;
   if (!is_last(p, chunk))
-    ring_give(p, &p->rb, k);
+    pool_give(&p->rb, k);
 fail:
   return st;
 }
@@ -341,14 +383,15 @@ fail:
 static wf_status do_send_b(wf_pipe *p, int k, int peer)
 {
   wf_status st = WF_OK;
-  /* the send ring buffer of k % n_ring may still be sending an older work item */
-  int old = p->sb.owner[k % p->n_ring];
+  /* Round robin: the next buffer may still be sending an older work item. Waiting for
+   * it is safe: the lists run even with blocking sends (schedule.c). */
+  int i = p->sb_next++ % p->sb.n, old = p->sb.owner[i];
   if (old >= 0) {
     WF_TRY(wait(p, &p->req_sb[old], "send gradient", old / p->v));
-    ring_give(p, &p->sb, old);
+    pool_give(&p->sb, old);
   }
-  void *buf = ring_take(p, &p->sb, k);
-  WF_CHECK(buf, WF_EINVAL, "pipeline: no send buffer for work item %d", k);
+  p->sb.owner[i] = k, p->sb.at[k] = i;
+  void *buf = pool_buf(p, &p->sb, i);
   WF_TRY(wf_model_stage_dinput(p->model, buf));
   st = wf_comm_isend(p->pp, buf, p->io, p->dt, peer, &p->req_sb[k]);
 fail:
@@ -357,23 +400,23 @@ fail:
 
 static wf_status do_action(wf_pipe *p, const wf_sched_action *a, wf_pipe_batch_fn batch, void *user)
 {
-  int k = key(p, a->mb, a->chunk);
-  void *buf;
+  int k = key(p, a->mb, a->chunk), i;
   switch (a->op) {
   case WF_ACT_FORWARD: return do_forward(p, a->mb, a->chunk, batch, user);
   case WF_ACT_BACKWARD: return do_backward(p, a->mb, a->chunk);
   case WF_ACT_SEND_F:
     return wf_comm_isend(p->pp, wf_model_stage_output(p->model, p->slot_of[k]), p->io, p->dt,
                          a->peer, &p->req_sf[k]);
-  case WF_ACT_RECV_F:
-    if (!(buf = ring_take(p, &p->rf, k)))
+  case WF_ACT_RECV_F: /* in place: into a spare input, which the forward keeps */
+    if ((i = pool_take(&p->rf, k, "activation")) < 0)
       return WF_EINVAL;
-    return wf_comm_irecv(p->pp, buf, p->io, p->dt, a->peer, &p->req_rf[k]);
+    p->rf_buf[k] = wf_model_stage_inbox(p->model, i);
+    return wf_comm_irecv(p->pp, p->rf_buf[k], p->io, p->dt, a->peer, &p->req_rf[k]);
   case WF_ACT_SEND_B: return do_send_b(p, k, a->peer);
   case WF_ACT_RECV_B:
-    if (!(buf = ring_take(p, &p->rb, k)))
+    if ((i = pool_take(&p->rb, k, "gradient")) < 0)
       return WF_EINVAL;
-    return wf_comm_irecv(p->pp, buf, p->io, p->dt, a->peer, &p->req_rb[k]);
+    return wf_comm_irecv(p->pp, pool_buf(p, &p->rb, i), p->io, p->dt, a->peer, &p->req_rb[k]);
   }
   return WF_EINVAL;
 }
@@ -411,8 +454,11 @@ wf_status wf_pipe_step(wf_pipe *p, int step, wf_pipe_batch_fn batch, wf_pipe_arm
     wf_status v = wait(p, &p->req_sb[k], "send gradient", k / p->v);
     st = st != WF_OK ? st : w != WF_OK ? w : v;
   }
-  for (int i = 0; i < p->n_ring; i++)
+  for (int i = 0; i < p->sb.n; i++)
     p->sb.owner[i] = -1;
+  for (int k = 0; k < p->m * p->v; k++)
+    p->sb.at[k] = -1;
+  p->sb_next = 0;
   if (st == WF_OK)
     st = wf_dev_event_record(p->dev, p->end, NULL);
   if (st == WF_OK)
@@ -434,12 +480,16 @@ wf_status wf_pipe_step(wf_pipe *p, int step, wf_pipe_batch_fn batch, wf_pipe_arm
 static wf_status forward_chain(wf_pipe *p, int mb, wf_pipe_batch_fn batch, void *user)
 {
   wf_status st = WF_OK;
-  void *x = p->rf.mem;
+  void *x = NULL;
   int prev = (p->rank + p->p - 1) % p->p, next = (p->rank + 1) % p->p;
   for (int c = 0; c < p->v; c++) {
     bool first = is_first(p, c), last = is_last(p, c);
-    if (!first)
+    if (!first) { /* in place, as in training: spare input 0 */
+      WF_CHECK(wf_model_stage_inboxes(p->model) > 0, WF_EINVAL,
+               "pipeline: stage %d receives but its model has no spare input", p->rank);
+      x = wf_model_stage_inbox(p->model, 0);
       WF_TRY(wf_comm_recv(p->pp, x, p->io, p->dt, prev));
+    }
     if (first || last)
       WF_TRY(batch(user, mb, p->inputs, p->targets));
     st = wf_model_chunk_forward(p->model, 0, c, first ? p->inputs : NULL, x,

@@ -329,3 +329,38 @@ int wf_schedule_peak_inflight(const wf_schedule *s)
   }
   return peak;
 }
+
+/* Receives posted and not yet consumed, at their peak. A work item's key is mb * v +
+ * chunk; `posted` marks the keys whose message is waiting for its consumer. */
+static int peak_pending(const wf_schedule *s, wf_sched_op recv, wf_sched_op consumer)
+{
+  int v = s->prm.virtual_stages, now = 0, peak = 0;
+  bool *posted = calloc((size_t)s->prm.microbatches * (size_t)v, sizeof *posted);
+  if (!posted)
+    return s->prm.microbatches * v; /* the most there can be */
+  for (int i = 0; i < s->n; i++) {
+    const wf_sched_action *a = &s->actions[i];
+    int k = a->mb * v + a->chunk;
+    if (a->op == recv && !posted[k]) {
+      posted[k] = true;
+      peak = ++now > peak ? now : peak;
+    } else if (a->op == consumer && posted[k]) {
+      posted[k] = false;
+      now--;
+    }
+  }
+  free(posted);
+  return peak;
+}
+
+wf_sched_bufs wf_schedule_buffers(const wf_schedule *s)
+{
+  wf_sched_bufs b = {0};
+  if (!s || s->n == 0)
+    return b;
+  b.recv_f = peak_pending(s, WF_ACT_RECV_F, WF_ACT_FORWARD);
+  b.recv_b = peak_pending(s, WF_ACT_RECV_B, WF_ACT_BACKWARD);
+  for (int i = 0; i < s->n && b.send_b < 2; i++)
+    b.send_b += s->actions[i].op == WF_ACT_SEND_B;
+  return b;
+}

@@ -181,10 +181,13 @@ static void print_actions(FILE *out, const wf_schedule *ranks, int p)
 {
   char buf[64];
   fprintf(out, "\nactions (SFk>r: send micro-batch k's activation to rank r, RFk<r: receive it "
-               "from r; SB/RB: the same for its gradient):\n");
+               "from r; SB/RB: the same for its gradient; message buffers: activations "
+               "received + gradients received + gradients sent):\n");
   for (int r = 0; r < p; r++) {
     const wf_schedule *s = &ranks[r];
-    fprintf(out, "rank %d (%d actions, peak in flight %d):", r, s->n, wf_schedule_peak_inflight(s));
+    wf_sched_bufs b = wf_schedule_buffers(s);
+    fprintf(out, "rank %d (%d actions, peak in flight %d, message buffers %d+%d+%d):", r, s->n,
+            wf_schedule_peak_inflight(s), b.recv_f, b.recv_b, b.send_b);
     for (int i = 0; i < s->n; i++) {
       wf_schedule_action_str(s, &s->actions[i], buf, sizeof buf);
       fprintf(out, " %s", buf);

@@ -138,6 +138,19 @@ wf_status wf_schedule_validate(const wf_schedule *ranks, char *err, size_t err_l
  * With v = 1 this is micro-batches in flight: min(p - r, m) under 1F1B, m under GPipe. */
 int wf_schedule_peak_inflight(const wf_schedule *s);
 
+/* The message buffers a list needs, when a received message occupies its buffer from
+ * the receive's post until its consumer (the forward or backward of its work item) has
+ * run, and a gradient to send occupies one until the send completes. The engine sizes
+ * its buffers by these, so they are exact, not bounds. Receives are posted where the
+ * data comes into being (see schedule.c), a few actions ahead of their consumer: for
+ * GPipe and 1F1B the counts do not grow with p or m. */
+typedef struct wf_sched_bufs {
+  int recv_f; /* activations received whose forward has not run */
+  int recv_b; /* gradients received whose backward has not run */
+  int send_b; /* gradients being sent: at most 2 (a third send waits for the oldest) */
+} wf_sched_bufs;
+wf_sched_bufs wf_schedule_buffers(const wf_schedule *s);
+
 /* Run all ranks' lists on a clock, as an engine with non-blocking p2p would: compute
  * takes its cost, SENDs and RECV posts take none and never wait, and a compute starts
  * once its rank is free and the SEND of its input has been issued. Gives the makespan
@@ -214,9 +227,15 @@ typedef struct wf_pipe_stats {
  * one micro-batch). */
 int wf_pipe_slots(wf_schedule_kind kind, int pp, int rank, int microbatches, int v);
 
-/* Bytes the engine of pp rank `rank` allocates (wf_pipe_create's own arithmetic): its
- * three p2p rings of stage inputs/outputs of io bytes each (wf_model_mem.io: in the
- * model's storage format, 16 bits under mixed precision) and the token batch of B x T. */
+/* The message buffers of pp rank `rank` (wf_schedule_buffers of its list; none with
+ * one stage). recv_f is the spare stage inputs its model must hold (wf_model_opts.inbox):
+ * activations are received in place. */
+wf_sched_bufs wf_pipe_buffers(wf_schedule_kind kind, int pp, int rank, int microbatches, int v);
+
+/* Bytes the engine of pp rank `rank` allocates (wf_pipe_create's own arithmetic): the
+ * gradients' receive and send buffers (wf_pipe_buffers), io bytes each (wf_model_mem.io:
+ * in the model's storage format, 16 bits under mixed precision) and the token batch of
+ * B x T. */
 size_t wf_pipe_mem_plan(wf_schedule_kind kind, int pp, int rank, int m, int v, size_t io, int B,
                         int T);
 
@@ -394,8 +413,9 @@ wf_status wf_grads_norm(wf_grads *g, double scale, float *norm);
 void wf_grads_range(const wf_grads *g, size_t *lo, size_t *hi);
 const float *wf_grads_for_update(wf_grads *g);
 /* After an update: ZeRO's parameter all-gather (ZeRO-3: the gathered units go stale),
- * then the rounded weights of mixed precision follow. */
-wf_status wf_grads_sync_params(wf_grads *g);
+ * then the rounded weights of mixed precision follow, unless the update wrote them
+ * itself (low_written: wf_optim_writes_low) and no gather changed the parameters since. */
+wf_status wf_grads_sync_params(wf_grads *g, bool low_written);
 /* After every step (with pipeline stages): the first and last stage's copies of the
  * tied embedding must still be identical. A checksum of each is compared over the
  * embedding group on the device; the answer comes back with the next norm (no wait of

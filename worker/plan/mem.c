@@ -33,9 +33,28 @@ static size_t gpu_saved(int B, int T, int C, int NH)
   return ((lse + 15) & ~(size_t)15) + ((out + 15) & ~(size_t)15);
 }
 
-/* A GPU's tables as the planner sees them: the CPU's, with the flash-style attention's
- * sizes (gpu_saved, in every format: storage.cu's 16-bit attention runs the fp32 entries
- * on widened copies). */
+/* Floats, each part of a buffer rounded up to 64 of them (storage.cu's parts). */
+static size_t part(size_t floats) { return (floats + 63) / 64 * 64; }
+
+/* Attention backward's scratch in the GPU's 16-bit tables (kernels/cuda/storage.cu):
+ * fp16 (and any format above head size 128) widens qkv, (B,T,3C) floats after the fp32
+ * kernels' own; bf16 up to head size 128 runs the tensor-core paths on the stored
+ * operands and needs D (B,NH,T), dout in bf16 and the bf16 dqkv (at most (B,T,3C)). */
+static size_t gpu_scratch_widened(int B, int T, int C, int NH)
+{
+  return part(flash_saved(B, T, C, NH)) + (size_t)B * T * 3 * C;
+}
+
+static size_t gpu_scratch_bf16(int B, int T, int C, int NH)
+{
+  if (!(NH > 0 && C % NH == 0 && C / NH <= 128))
+    return gpu_scratch_widened(B, T, C, NH);
+  size_t ny = (size_t)B * T * C;
+  return part((size_t)B * NH * T) + part((ny + 1) / 2) + part((3 * ny + 1) / 2);
+}
+
+/* A GPU's tables as the planner sees them: the CPU's, with the GPU's attention sizes
+ * (gpu_saved in every format; backward's scratch as each format's table sizes it). */
 static wf_ktable gpu_tables[3]; /* indexed by wf_precision */
 
 static const wf_ktable *gpu_storage(int format)
@@ -53,7 +72,9 @@ const wf_ktable *wf__plan_kernels(const wf_hw *hw)
   for (int f = 0; f < 3; f++) {
     gpu_tables[f] = *cpu->storage(f);
     gpu_tables[f].attention_saved = gpu_saved;
-    gpu_tables[f].attention_scratch = flash_saved;
+    gpu_tables[f].attention_scratch = f == WF_PREC_BF16   ? gpu_scratch_bf16
+                                      : f == WF_PREC_FP16 ? gpu_scratch_widened
+                                                          : flash_saved;
     gpu_tables[f].storage = gpu_storage;
     gpu_tables[f].workspace_bytes = gpu_workspace;
   }
@@ -85,6 +106,7 @@ wf_status wf_plan_stage_mem_get(const wf_model_dims *d, const wf_plan_mesh *m, i
   memset(out, 0, sizeof *out);
   WF_TRY(wf_pipe_stage_shard(&so, &o.shard));
   o.slots = wf_pipe_slots(m->kind, m->pp, pp_rank, m->M, o.shard.chunks);
+  o.inbox = wf_pipe_buffers(m->kind, m->pp, pp_rank, m->M, o.shard.chunks).recv_f;
   wf_model_mem gm = wf_model_mem_plan(&o, k);
   wf_grads_mem gr;
   WF_TRY(wf_grads_mem_plan(d, &o.shard, m->prec, m->dp, dp_rank, m->zero, m->fsdp, m->bucket_bytes,
@@ -95,7 +117,8 @@ wf_status wf_plan_stage_mem_get(const wf_model_dims *d, const wf_plan_mesh *m, i
   out->bytes[WF_PM_GRADS] = (gr.model_grads ? gm.grads : 0) + gr.grad;
   out->bytes[WF_PM_OPTIM] = wf_optim_mem_plan(gr.lo, gr.hi);
   out->bytes[WF_PM_ACTS] = gm.slots + gm.recompute + gm.scratch;
-  out->bytes[WF_PM_COMM] = gr.scalar + (pipe - tokens); /* the engine's rings */
+  /* the engine's gradient buffers and the model's spare inputs (activations received) */
+  out->bytes[WF_PM_COMM] = gr.scalar + (pipe - tokens) + gm.inbox;
   size_t own = k ? k->workspace_bytes() : 0;       /* the kernels' workspace (NULL: the CPU's) */
   out->bytes[WF_PM_OTHER] = tokens + tokens + own; /* + the engine's and the trainer's */
   for (int i = 0; i < WF_PM_N; i++)

@@ -147,6 +147,7 @@ static wf_status setup_stage(wf__trainer *tr)
   }
   tr->chunks = o.shard.chunks;
   o.slots = wf_pipe_slots(cfg->train.schedule, tr->pp, r, tr->M, tr->chunks);
+  o.inbox = wf_pipe_buffers(cfg->train.schedule, tr->pp, r, tr->M, tr->chunks).recv_f;
   if (tr->tp > 1) {
     WF_TRY(wf_tp_create(&tr->tpr, tr->tp_comm, tr->dev, o.shard.sequence));
     wf_tp_set_trace(tr->tpr, tr->trace);

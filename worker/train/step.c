@@ -85,7 +85,7 @@ static wf_status reduce_and_update(wf__trainer *tr, int step, double loss, float
   WF_TRY(wf_grads_norm(tr->grads, wf_optim_backward_scale(tr->optim), norm));
   WF_TRY(wf_optim_step(tr->optim, step, loss, *norm, wf_grads_for_update(tr->grads), oi));
   if (!oi->skipped)
-    WF_TRY(wf_grads_sync_params(tr->grads));
+    WF_TRY(wf_grads_sync_params(tr->grads, wf_optim_writes_low(tr->optim)));
 fail:
   return st;
 }
