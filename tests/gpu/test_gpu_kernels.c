@@ -1311,7 +1311,7 @@ static void storage_llama_exact(ctx *c, const tables16 *t)
   float *w = df(c, hrand(c, C, 0.5f, 1.5f), C), *b = df(c, hrand(c, NC, -1, 1), NC);
   float *dy = df(c, hrand(c, NC, -1, 1), NC), *dh = df(c, hrand(c, NF, -1, 1), NF);
   float *cs = hzero(c, (size_t)T * hs);
-  wf_rope_table(cs, T, hs, 10000.0);
+  wf_rope_table(cs, T, hs, 10000.0, NULL);
   float *d_cs = df(c, cs, (size_t)T * hs);
   void *x16 = d16(c, x, NC), *y16 = d16(c, hact0(c, NC), NC), *r16 = d16(c, hact0(c, NC), NC);
   float *x32 = df(c, hzero(c, NC), NC), *y32 = df(c, hzero(c, NC), NC);
