@@ -15,7 +15,8 @@
  * once, on the host, by wf_rope_table, exactly as Hugging Face rounds it (fp32 inverse
  * frequencies, fp32 angles), so CPU and GPU rotate by the same numbers, a GPU kernel
  * does one load instead of a sincosf of an angle up to T radians, and another frequency
- * rule (Llama 3.1's scaled frequencies) is another table, not another kernel.
+ * rule (Llama 3.1's scaled frequencies, wf_rope_scaling) is another table, not another
+ * kernel.
  * Sizing and ownership: the table of a model is (T_max, hs) floats (T_max the longest
  * sequence it runs; 8192 x 128 is 4 MiB), built by whoever builds the model, copied to
  * its device once and freed with it; kernels borrow it read-only. Positions are
@@ -33,11 +34,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "wf_config.h" /* wf_rope_scaling */
+
 /* cs (T, hs), host memory: row t = [cos(t f_0) .. cos(t f_{hs/2-1}),
  * sin(t f_0) .. sin(t f_{hs/2-1})] with f_i = 1 / fp32(theta^(fp32(2i / hs))) and the
  * angle fp32(t * f_i), each rounded to fp32 as Hugging Face computes them (Llama 3:
- * theta = 500000, Llama 2: 10000). hs even, theta > 0. */
-void wf_rope_table(float *cs, int T, int hs, double theta);
+ * theta = 500000, Llama 2: 10000). hs even, theta > 0.
+ * scaling (NULL or rope_type none: none) rescales each f_i first, as transformers'
+ * rope_type "llama3" does (Llama 3.1, 3.2), in its fp32 steps: with the wavelength
+ * w = 2 pi / f_i and old = original_max_position_embeddings, w < old / high_freq_factor
+ * keeps f_i, w > old / low_freq_factor divides it by factor, and in between
+ * s = (old / w - low_freq_factor) / (high_freq_factor - low_freq_factor) gives
+ * (1 - s) f_i / factor + s f_i. The scaling is resolved (wf_rope_scaling_resolve). */
+void wf_rope_table(float *cs, int T, int hs, double theta, const wf_rope_scaling *scaling);
 
 /* qkv (B, T, (NH + 2 NKV) hs), in place: the NH q heads and then the NKV k heads of
  * each (b, t) are rotated by row t of cs (T, hs); the NKV v heads are untouched.

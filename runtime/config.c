@@ -240,6 +240,13 @@ static wf_status set_preset(wf_config *cfg, int k, const char *name, const char 
   preset_int(cfg, "model.ffn", p->ffn, ctx->src);
   preset_dbl(cfg, "model.rope_theta", p->rope_theta, ctx->src);
   preset_int(cfg, "model.tie_embeddings", p->tie, ctx->src);
+  const wf_rope_scaling *rs = &p->rope_scaling;
+  preset_int(cfg, "model.rope_scaling.rope_type", (int)rs->rope_type, ctx->src);
+  preset_dbl(cfg, "model.rope_scaling.factor", rs->factor, ctx->src);
+  preset_dbl(cfg, "model.rope_scaling.low_freq_factor", rs->low_freq_factor, ctx->src);
+  preset_dbl(cfg, "model.rope_scaling.high_freq_factor", rs->high_freq_factor, ctx->src);
+  preset_int(cfg, "model.rope_scaling.original_max_position_embeddings",
+             rs->original_max_position_embeddings, ctx->src);
   preset_dbl(cfg, "train.lr", p->lr, ctx->src);
   /* the cosine ends at a tenth of the peak, as llm.c and nanoGPT decay (gpt2-tiny's 3e-4
    * is the key's default) */

@@ -75,7 +75,8 @@ typedef struct wf__cfg_preset {
   double lr; /* train.lr for this size (peak learning rate) */
   int kv_heads, ffn;
   double rope_theta;
-  int tie; /* wf_tie */
+  int tie;                      /* wf_tie */
+  wf_rope_scaling rope_scaling; /* none unless given */
 } wf__cfg_preset;
 
 /* Where a value came from, for error messages. */

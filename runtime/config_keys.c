@@ -51,6 +51,7 @@ _Static_assert(sizeof(wf_schedule_kind) == sizeof(int), "enum storage");
 _Static_assert(sizeof(wf_device_pref) == sizeof(int), "enum storage");
 _Static_assert(sizeof(wf_tie) == sizeof(int), "enum storage");
 _Static_assert(sizeof(wf_recompute) == sizeof(int), "enum storage");
+_Static_assert(sizeof(wf_rope_type) == sizeof(int), "enum storage");
 
 static const wf__cfg_enum schedules[] = {{"1f1b", WF_SCHED_1F1B},
                                          {"gpipe", WF_SCHED_GPIPE},
@@ -73,6 +74,8 @@ static const wf__cfg_enum log_levels[] = {{"error", WF_LOG_ERROR},  {"warn", WF_
 static const wf__cfg_enum ties[] = {{"auto", WF_TIE_AUTO}, {"true", WF_TIE_YES},
                                     {"false", WF_TIE_NO},  {"yes", WF_TIE_YES},
                                     {"no", WF_TIE_NO},     {NULL, 0}};
+static const wf__cfg_enum rope_types[] = {
+    {"none", WF_ROPE_NONE}, {"llama3", WF_ROPE_LLAMA3}, {NULL, 0}};
 static const wf__cfg_enum devices[] = {{"auto", WF_DEV_AUTO},
                                        {"cpu", WF_DEV_CPU},
                                        {"cuda", WF_DEV_CUDA},
@@ -124,6 +127,18 @@ const wf__cfg_key wf__cfg_keys[] = {
            "not), true, false"),
     K_DBL("model.rope_theta", model.rope_theta, "0", 0, 1e12, 0,
           "RoPE's base theta (llama); 0 = 500000 (Llama 3)"),
+    K_ENUM("model.rope_scaling.rope_type", model.rope_scaling.rope_type, "none", rope_types,
+           "RoPE's frequency scaling (llama): none, llama3 (Llama 3.1's; config.json's "
+           "rope_scaling)"),
+    K_DBL("model.rope_scaling.factor", model.rope_scaling.factor, "0", 0, 1e6, 0,
+          "llama3: the long wavelengths' divisor; 0 = 8 (Llama 3.1)"),
+    K_DBL("model.rope_scaling.low_freq_factor", model.rope_scaling.low_freq_factor, "0", 0, 1e6, 0,
+          "llama3: wavelengths above original / this are divided by factor; 0 = 1"),
+    K_DBL("model.rope_scaling.high_freq_factor", model.rope_scaling.high_freq_factor, "0", 0, 1e6,
+          0, "llama3: wavelengths below original / this are kept; 0 = 4"),
+    K_INT("model.rope_scaling.original_max_position_embeddings",
+          model.rope_scaling.original_max_position_embeddings, "0", 0, 1 << 24,
+          "llama3: the pre-training context (original); 0 = 8192"),
     K_DBL("model.norm_eps", model.norm_eps, "0", 0, 1, 0, "RMSNorm's epsilon (llama); 0 = 1e-5"),
     K_DBL("model.shard_mb", model.shard_mb, "0", 0, 1e9, 0,
           "safetensors model folders: the largest file in MB (1e6 bytes) before sharding "
@@ -275,23 +290,29 @@ _Static_assert(WF_ARRAY_LEN(wf__cfg_keys) <= WF_CONFIG_MAX_KEYS, "cfg->source is
 
 const wf__cfg_preset wf__cfg_presets[] = {
     /* name, family, layers, heads, d_model, seq_len, vocab, lr; then kv_heads, ffn,
-     * rope_theta and tie_embeddings (0 / auto: the family's). GPT-2 sizes as in llm.c.
-     * lr: the tiny test models' 3e-3; GPT-2 small 6e-4 as llm.c and nanoGPT train it;
-     * the larger sizes take the GPT-3 paper's (Table 2.1) rates for the same sizes.
-     * Llama: llama-1b is Llama 3.2 1B (16 layers, d 2048, 32 heads, 8 kv heads, ffn
-     * 8192, vocabulary 128256, theta 500000, its embedding tied to the head as Meta
-     * ships it) and llama-8b Llama 3 8B (32 layers, d 4096, ffn 14336, untied), both
-     * with an 8192-token context (Llama 3's pre-training length; no RoPE scaling) and
-     * Llama 3's peak rate 3e-4; llama-tiny is a test model (grouped-query attention
-     * with 2 kv heads, a 192-wide SwiGLU, theta 10000 so short contexts rotate). */
-    {"gpt2-tiny", "gpt2", 4, 4, 64, 64, 256, 3e-3, 0, 0, 0, WF_TIE_AUTO},
-    {"gpt2-small", "gpt2", 12, 12, 768, 1024, 50257, 6e-4, 0, 0, 0, WF_TIE_AUTO},
-    {"gpt2-medium", "gpt2", 24, 16, 1024, 1024, 50257, 3e-4, 0, 0, 0, WF_TIE_AUTO},
-    {"gpt2-large", "gpt2", 36, 20, 1280, 1024, 50257, 2.5e-4, 0, 0, 0, WF_TIE_AUTO},
-    {"gpt2-xl", "gpt2", 48, 25, 1600, 1024, 50257, 2e-4, 0, 0, 0, WF_TIE_AUTO},
-    {"llama-tiny", "llama", 4, 4, 64, 64, 256, 3e-3, 2, 192, 10000, WF_TIE_AUTO},
-    {"llama-1b", "llama", 16, 32, 2048, 8192, 128256, 3e-4, 8, 8192, 500000, WF_TIE_YES},
-    {"llama-8b", "llama", 32, 32, 4096, 8192, 128256, 3e-4, 8, 14336, 500000, WF_TIE_NO},
+     * rope_theta, tie_embeddings (0 / auto: the family's), rope_scaling (none: {0}).
+     * GPT-2 sizes as in llm.c. lr: the tiny test models' 3e-3; GPT-2 small 6e-4 as llm.c and
+     * nanoGPT train it; the larger sizes take the GPT-3 paper's (Table 2.1) rates for the same
+     * sizes. Llama: llama-1b is Llama 3.2 1B (16 layers, d 2048, 32 heads, 8 kv heads, ffn 8192,
+     * vocabulary 128256, theta 500000, its embedding tied to the head as Meta ships it) and
+     * llama-8b Llama 3.1 8B (32 layers, d 4096, ffn 14336, untied), both with their published RoPE
+     * scaling (config.json's rope_scaling: llama3, factor 32 for 3.2 1B and 8 for 3.1 8B,
+     * low_freq_factor 1, high_freq_factor 4, original context 8192), an 8192-token context (Llama
+     * 3's pre-training length; their 131072 is longer than a training run here holds) and Llama 3's
+     * peak rate 3e-4; llama-tiny is a test model (grouped-query attention with 2 kv heads, a
+     * 192-wide SwiGLU, theta 10000 so short contexts rotate, no scaling). */
+    /* clang-format off */
+    {"gpt2-tiny", "gpt2", 4, 4, 64, 64, 256, 3e-3, 0, 0, 0, WF_TIE_AUTO, {0}},
+    {"gpt2-small", "gpt2", 12, 12, 768, 1024, 50257, 6e-4, 0, 0, 0, WF_TIE_AUTO, {0}},
+    {"gpt2-medium", "gpt2", 24, 16, 1024, 1024, 50257, 3e-4, 0, 0, 0, WF_TIE_AUTO, {0}},
+    {"gpt2-large", "gpt2", 36, 20, 1280, 1024, 50257, 2.5e-4, 0, 0, 0, WF_TIE_AUTO, {0}},
+    {"gpt2-xl", "gpt2", 48, 25, 1600, 1024, 50257, 2e-4, 0, 0, 0, WF_TIE_AUTO, {0}},
+    {"llama-tiny", "llama", 4, 4, 64, 64, 256, 3e-3, 2, 192, 10000, WF_TIE_AUTO, {0}},
+    {"llama-1b", "llama", 16, 32, 2048, 8192, 128256, 3e-4, 8, 8192, 500000, WF_TIE_YES,
+     {WF_ROPE_LLAMA3, 32, 1, 4, 8192}},
+    {"llama-8b", "llama", 32, 32, 4096, 8192, 128256, 3e-4, 8, 14336, 500000, WF_TIE_NO,
+     {WF_ROPE_LLAMA3, 8, 1, 4, 8192}},
+    /* clang-format on */
 };
 /* The families worker/model registers (model.family); a new family adds its name. */
 const char *const wf__cfg_families[] = {"gpt2", "llama", NULL};

@@ -226,6 +226,55 @@ static wf_status rule_family(vctx *v)
   if (c->model.tie_embeddings == WF_TIE_NO)
     return fail(v, "model.tie_embeddings=false: GPT-2 ties its head to the embedding "
                    "(model.family=gpt2); leave it at auto, or use model.family=llama");
+  if (c->model.rope_scaling.rope_type != WF_ROPE_NONE)
+    return fail(v, "model.rope_scaling.rope_type=llama3: GPT-2 has no rotary embeddings "
+                   "(model.family=gpt2); leave it at none, or use model.family=llama");
+  return WF_OK;
+}
+
+/* ---- RoPE scaling (shared with worker/model, which resolves and checks model dims) ---- */
+
+wf_rope_scaling wf_rope_scaling_resolve(const wf_rope_scaling *s)
+{
+  if (s->rope_type == WF_ROPE_NONE) /* nothing to compare or record */
+    return (wf_rope_scaling){0};
+  wf_rope_scaling r = *s;
+  r.factor = r.factor > 0 ? r.factor : 8.0;
+  r.low_freq_factor = r.low_freq_factor > 0 ? r.low_freq_factor : 1.0;
+  r.high_freq_factor = r.high_freq_factor > 0 ? r.high_freq_factor : 4.0;
+  if (r.original_max_position_embeddings <= 0)
+    r.original_max_position_embeddings = 8192;
+  return r;
+}
+
+/* Hugging Face's _validate_llama3_parameters, with its warnings as errors: a scaling
+ * outside them is not one a checkpoint was trained with. */
+const char *wf_rope_scaling_check(const wf_rope_scaling *s)
+{
+  if (s->rope_type == WF_ROPE_NONE)
+    return NULL;
+  if (s->rope_type != WF_ROPE_LLAMA3)
+    return "rope_scaling's rope_type is not one weft implements (none, llama3)";
+  if (!(s->factor >= 1))
+    return "rope_scaling's factor must be at least 1";
+  if (!(s->low_freq_factor > 0 && s->high_freq_factor > s->low_freq_factor))
+    return "rope_scaling's high_freq_factor must exceed its low_freq_factor (> 0)";
+  if (s->original_max_position_embeddings <= 0)
+    return "rope_scaling's original_max_position_embeddings must be positive";
+  return NULL;
+}
+
+static wf_status rule_rope_scaling(vctx *v)
+{
+  wf_rope_scaling r = wf_rope_scaling_resolve(&v->c->model.rope_scaling);
+  const char *bad = wf_rope_scaling_check(&r);
+  if (bad)
+    return fail(v,
+                "model.rope_scaling (factor %g, low_freq_factor %g, high_freq_factor %g, "
+                "original_max_position_embeddings %d): %s; 0 leaves a field at Llama 3.1's "
+                "value (8, 1, 4, 8192)",
+                r.factor, r.low_freq_factor, r.high_freq_factor, r.original_max_position_embeddings,
+                bad);
   return WF_OK;
 }
 
@@ -260,6 +309,8 @@ static wf_status rule_model(vctx *v)
   int tp = c->mesh.tp, vp = wf__cfg_pad_vocab(c->model.vocab);
   c->model.padded_vocab = vp;
   wf_status st = rule_family(v);
+  if (st == WF_OK)
+    st = rule_rope_scaling(v);
   if (st != WF_OK)
     return st;
   if (c->model.d_model % c->model.heads != 0)

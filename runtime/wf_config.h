@@ -50,6 +50,18 @@ typedef enum wf_attention_impl {
 } wf_attention_impl;
 /* model.tie_embeddings: the family's choice (GPT-2 ties, Llama does not), or forced. */
 typedef enum wf_tie { WF_TIE_AUTO = 0, WF_TIE_YES, WF_TIE_NO } wf_tie;
+/* RoPE's frequency rule (model.rope_scaling.rope_type; Hugging Face's rope_type): the
+ * plain theta^(-2i/hs), or Llama 3.1's rescaled low frequencies. */
+typedef enum wf_rope_type { WF_ROPE_NONE = 0, WF_ROPE_LLAMA3 } wf_rope_type;
+/* RoPE's frequency scaling, as Hugging Face's config.json `rope_scaling` names it (the
+ * kernels' wf_rope_table applies it, kernels/rope.h). Fields 0 are the family's. */
+typedef struct wf_rope_scaling {
+  wf_rope_type rope_type;
+  double factor;                        /* the longest wavelengths are divided by it */
+  double low_freq_factor;               /* wavelengths above old_ctx / this: scaled */
+  double high_freq_factor;              /* wavelengths below old_ctx / this: kept */
+  int original_max_position_embeddings; /* old_ctx: the context it was pre-trained at */
+} wf_rope_scaling;
 typedef enum wf_config_source {
   WF_SRC_DEFAULT = 0,
   WF_SRC_PRESET,
@@ -86,6 +98,7 @@ typedef struct wf_config {
     int ffn;                             /* the MLP's hidden width; 0 = 4 x d_model */
     wf_tie tie_embeddings;               /* the head reads the embedding's weight */
     double rope_theta;                   /* RoPE's base; 0 = the family's (Llama 3: 500000) */
+    wf_rope_scaling rope_scaling;        /* RoPE's frequency scaling (none by default) */
     double norm_eps;                     /* RMSNorm's epsilon; 0 = the family's (1e-5) */
     double shard_mb;        /* safetensors folders: the largest file (MB); 0 = 5000 (5 GB) */
     int vocab;              /* real vocabulary size V */
@@ -194,5 +207,12 @@ const char *wf_config_source_str(wf_config_source s);
 int wf_config_key_count(void);
 const char *wf_config_key_name(int index);
 int wf_config_key_find(const char *key);
+
+/* A rope scaling with its unset (0) fields filled: Llama 3.1's published values for a
+ * llama3 scaling (factor 8, low_freq_factor 1, high_freq_factor 4, original context
+ * 8192); all zero for none. */
+wf_rope_scaling wf_rope_scaling_resolve(const wf_rope_scaling *s);
+/* NULL when a resolved scaling is usable, else what is wrong (in config.json's names). */
+const char *wf_rope_scaling_check(const wf_rope_scaling *s);
 
 #endif /* WF_CONFIG_H */

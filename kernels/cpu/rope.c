@@ -20,13 +20,40 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-void wf_rope_table(float *cs, int T, int hs, double theta)
+/* Llama 3.1's rescaled inverse frequency (transformers' _compute_llama3_parameters),
+ * each step one fp32 op as PyTorch computes it on fp32 tensors: a Python scalar is
+ * rounded to fp32 first, `scalar / tensor` is reciprocal(tensor) * scalar, and
+ * `tensor / scalar` a true division. The band limits are the Python quotients old_ctx /
+ * low_freq_factor and old_ctx / high_freq_factor (double), rounded to fp32 to compare. */
+static float llama3_inv_freq(float inv, const wf_rope_scaling *s)
+{
+  const float factor = (float)s->factor, lo = (float)s->low_freq_factor;
+  const float old_ctx = (float)s->original_max_position_embeddings;
+  const float low_wavelen = (float)(s->original_max_position_embeddings / s->low_freq_factor);
+  const float high_wavelen = (float)(s->original_max_position_embeddings / s->high_freq_factor);
+  const float span = (float)(s->high_freq_factor - s->low_freq_factor);
+  float wavelen = (1.0f / inv) * (float)(2 * M_PI);
+  if (wavelen < high_wavelen) /* high frequencies: kept */
+    return inv;
+  if (wavelen > low_wavelen) /* low frequencies: divided by factor */
+    return inv / factor;
+  float smooth = ((1.0f / wavelen) * old_ctx - lo) / span; /* in between: interpolated */
+  float scaled = (1.0f - smooth) * inv;
+  scaled = scaled / factor;
+  float kept = smooth * inv;
+  return scaled + kept;
+}
+
+void wf_rope_table(float *cs, int T, int hs, double theta, const wf_rope_scaling *scaling)
 {
   const int h2 = hs / 2;
+  const bool llama3 = scaling && scaling->rope_type == WF_ROPE_LLAMA3;
   for (int i = 0; i < h2; i++) {
     /* Hugging Face: inv_freq = 1.0 / (base ** (arange(0, dim, 2).float() / dim)), in fp32 */
     float e = (float)(2 * i) / (float)hs;
     float inv = 1.0f / powf((float)theta, e);
+    if (llama3)
+      inv = llama3_inv_freq(inv, scaling);
     for (int t = 0; t < T; t++) {
       float angle = (float)t * inv; /* positions (fp32) @ inv_freq: one rounded product */
       cs[(size_t)t * hs + i] = (float)cos((double)angle);

@@ -363,6 +363,41 @@ static void test_loss_scale_needs_fp16(void **state)
       "precision=fp16", "optim.loss_scale=1024", "optim.loss_scale_init=4096");
 }
 
+/* RoPE scaling: the Llama presets carry their checkpoints' published values; GPT-2 has
+ * no RoPE; a llama3 scaling outside Hugging Face's rules is refused, 0 = Llama 3.1's. */
+static void test_rope_scaling(void **state)
+{
+  static const struct {
+    const char *preset;
+    wf_rope_scaling want;
+  } presets[] = {{"llama-tiny", {WF_ROPE_NONE, 0, 0, 0, 0}},
+                 {"llama-1b", {WF_ROPE_LLAMA3, 32, 1, 4, 8192}},
+                 {"llama-8b", {WF_ROPE_LLAMA3, 8, 1, 4, 8192}}};
+  for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
+    case_ t;
+    char kv[64];
+    snprintf(kv, sizeof kv, "model.preset=%s", presets[i].preset);
+    build(&t, (const char *const[]){kv, NULL});
+    const wf_rope_scaling *got = &t.cfg.model.rope_scaling, *w = &presets[i].want;
+    assert_int_equal(got->rope_type, w->rope_type);
+    assert_true(got->factor == w->factor && got->low_freq_factor == w->low_freq_factor &&
+                got->high_freq_factor == w->high_freq_factor);
+    assert_int_equal(got->original_max_position_embeddings, w->original_max_position_embeddings);
+  }
+  GOOD(1, "model.preset=llama-tiny", "model.rope_scaling.rope_type=llama3");
+  GOOD(1, "model.preset=llama-1b", "model.rope_scaling.factor=16");
+  BAD(1, "GPT-2 has no rotary embeddings", "model.rope_scaling.rope_type=llama3");
+  BAD(1, "factor must be at least 1", "model.preset=llama-tiny",
+      "model.rope_scaling.rope_type=llama3", "model.rope_scaling.factor=0.5");
+  BAD(1, "high_freq_factor must exceed its low_freq_factor", "model.preset=llama-tiny",
+      "model.rope_scaling.rope_type=llama3", "model.rope_scaling.low_freq_factor=4");
+  wf_rope_scaling r = wf_rope_scaling_resolve(&(wf_rope_scaling){WF_ROPE_LLAMA3, 0, 2, 0, 0});
+  assert_true(r.factor == 8 && r.low_freq_factor == 2 && r.high_freq_factor == 4);
+  assert_int_equal(r.original_max_position_embeddings, 8192);
+  r = wf_rope_scaling_resolve(&(wf_rope_scaling){WF_ROPE_NONE, 8, 1, 4, 8192});
+  assert_true(r.factor == 0 && r.original_max_position_embeddings == 0); /* none: all zero */
+}
+
 static void test_deterministic_and_untouched_on_failure(void **state)
 {
   case_ a, b;
@@ -399,6 +434,7 @@ int main(void)
       cmocka_unit_test(test_zero_is_0_to_3),
       cmocka_unit_test(test_fsdp_axis_means_zero3),
       cmocka_unit_test(test_loss_scale_needs_fp16),
+      cmocka_unit_test(test_rope_scaling),
       cmocka_unit_test(test_deterministic_and_untouched_on_failure),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

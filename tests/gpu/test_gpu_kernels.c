@@ -1311,7 +1311,7 @@ static void storage_llama_exact(ctx *c, const tables16 *t)
   float *w = df(c, hrand(c, C, 0.5f, 1.5f), C), *b = df(c, hrand(c, NC, -1, 1), NC);
   float *dy = df(c, hrand(c, NC, -1, 1), NC), *dh = df(c, hrand(c, NF, -1, 1), NF);
   float *cs = hzero(c, (size_t)T * hs);
-  wf_rope_table(cs, T, hs, 10000.0);
+  wf_rope_table(cs, T, hs, 10000.0, NULL);
   float *d_cs = df(c, cs, (size_t)T * hs);
   void *x16 = d16(c, x, NC), *y16 = d16(c, hact0(c, NC), NC), *r16 = d16(c, hact0(c, NC), NC);
   float *x32 = df(c, hzero(c, NC), NC), *y32 = df(c, hzero(c, NC), NC);
@@ -1396,7 +1396,7 @@ static void storage_llama(ctx *c, const tables16 *t)
   expect_close(c, "swiglu_backward", dgu, d_dgu, (size_t)N * 2 * F, TOL_ELEM, TOL_ELEM);
 
   float *cs = hzero(c, (size_t)T * hs);
-  wf_rope_table(cs, T, hs, 10000.0);
+  wf_rope_table(cs, T, hs, 10000.0, NULL);
   uint16_t *qkv = hact(c, BTW, t->fmt, -1, 1);
   void *d_qkv = d16(c, qkv, BTW);
   t->cpu->rope_forward(qkv, cs, B, T, NH, NKV, hs, NULL);
@@ -1554,7 +1554,7 @@ static void rope_case(ctx *c, int B, int T, int NH, int NKV, int hs, double thet
 {
   const size_t n = (size_t)B * T * (NH + 2 * NKV) * hs, ncs = (size_t)T * hs;
   float *cs = hzero(c, ncs), *x = hrand(c, n, -1, 1), *dx = hrand(c, n, -1, 1);
-  wf_rope_table(cs, T, hs, theta);
+  wf_rope_table(cs, T, hs, theta, NULL);
   float *d_cs = df(c, cs, ncs), *d_x = df(c, x, n), *d_dx = df(c, dx, n);
   wf_rope_forward(x, cs, B, T, NH, NKV, hs);
   c->k->rope_forward(d_x, d_cs, B, T, NH, NKV, hs, c->stream);

@@ -4,7 +4,9 @@
  * (tests/model/llama_ref.py).
  *
  *   llama_ops DIR rmsnorm N C EPS          x, w, dout    -> out, rstd, dinp, dweight
- *   llama_ops DIR rope_table T HS THETA                  -> cs
+ *   llama_ops DIR rope_table T HS THETA [FACTOR LOW HIGH OLD]  -> cs
+ *       (with the four numbers: rope_scaling llama3, factor, low_freq_factor,
+ *       high_freq_factor, original_max_position_embeddings)
  *   llama_ops DIR rope B T NH NKV HS       qkv, cs, dout -> out, dinp
  *   llama_ops DIR swiglu N F               x, dout       -> out, dinp
  *   llama_ops DIR gqa B T NH NKV HS        qkv, dout     -> out, dqkv
@@ -62,10 +64,10 @@ static void rmsnorm(int N, int C, float eps)
   free(x), free(w), free(dout), free(out), free(rstd), free(dinp), free(dw);
 }
 
-static void rope_table(int T, int hs, double theta)
+static void rope_table(int T, int hs, double theta, const wf_rope_scaling *scaling)
 {
   float *cs = zeros((size_t)T * hs);
-  wf_rope_table(cs, T, hs, theta);
+  wf_rope_table(cs, T, hs, theta, scaling);
   save("cs", cs, (size_t)T * hs);
   free(cs);
 }
@@ -106,22 +108,26 @@ static void gqa(int B, int T, int NH, int NKV, int hs)
 int main(int argc, char **argv)
 {
   const char *op = argc > 2 ? argv[2] : "";
-  int n = argc - 3, v[5] = {0};
-  for (int i = 0; i < n && i < 5; i++)
+  int n = argc - 3, v[7] = {0};
+  for (int i = 0; i < n && i < 7; i++)
     v[i] = atoi(argv[3 + i]);
   dir = argc > 1 ? argv[1] : ".";
   if (!strcmp(op, "rmsnorm") && n == 3)
     rmsnorm(v[0], v[1], strtof(argv[5], NULL));
   else if (!strcmp(op, "rope_table") && n == 3)
-    rope_table(v[0], v[1], strtod(argv[5], NULL));
-  else if (!strcmp(op, "rope") && n == 5)
+    rope_table(v[0], v[1], strtod(argv[5], NULL), NULL);
+  else if (!strcmp(op, "rope_table") && n == 7) {
+    wf_rope_scaling sc = {WF_ROPE_LLAMA3, strtod(argv[6], NULL), strtod(argv[7], NULL),
+                          strtod(argv[8], NULL), atoi(argv[9])};
+    rope_table(v[0], v[1], strtod(argv[5], NULL), &sc);
+  } else if (!strcmp(op, "rope") && n == 5)
     rope(v[0], v[1], v[2], v[3], v[4]);
   else if (!strcmp(op, "swiglu") && n == 2)
     swiglu(v[0], v[1]);
   else if (!strcmp(op, "gqa") && n == 5)
     gqa(v[0], v[1], v[2], v[3], v[4]);
   else {
-    fprintf(stderr, "usage: llama_ops DIR rmsnorm N C EPS | rope_table T HS THETA |\n"
+    fprintf(stderr, "usage: llama_ops DIR rmsnorm N C EPS | rope_table T HS THETA [F LO HI OLD] |\n"
                     "       rope B T NH NKV HS | swiglu N F | gqa B T NH NKV HS\n");
     return 2;
   }

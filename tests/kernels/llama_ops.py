@@ -90,26 +90,52 @@ def test_rope_table(g):
     (glibc's, torch's): inv_freq may differ by an ulp (2^-23 relative) and so the
     angles by |angle| 2^-23, plus a rounding of the angle (2^-24 |angle|) and of
     cos/sin (2^-24 each side): |diff| <= 2^-22 |angle| + 2^-23, checked element by
-    element."""
+    element.
+
+    With Llama 3.1's scaling (rope_type llama3; original context 64 so that a
+    1024-long table has all three bands: wavelengths under 16 kept, over 64 divided by
+    factor 32, between interpolated) the rescaling is the same float32 ops on both
+    sides, so a pair of inv_freq that agree stays equal; one that differs by its ulp
+    moves the interpolated frequency (1 - s) f / factor + s f, s linear in f, by at
+    most 1 + factor high / (high - low) times that relative amount (d ln / d ln f at
+    s = 0): the tolerance's 2^-23 |angle| term is scaled by it."""
     global failures
-    for T, hs, theta in ((1024, 128, 500000.0), (64, 16, 10000.0)):
-        k = run("rope_table", {}, T, hs, repr(theta))["cs"].reshape(T, hs)
-        cos, sin = ref.rope_cos_sin(T, hs, theta, torch.float32)
+    scaled = {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 64}
+    for T, hs, theta, sc in ((1024, 128, 500000.0, None), (64, 16, 10000.0, None),
+                             (1024, 128, 500000.0, scaled)):
+        extra = [] if sc is None else [repr(sc["factor"]), repr(sc["low_freq_factor"]),
+                                       repr(sc["high_freq_factor"]),
+                                       str(sc["original_max_position_embeddings"])]
+        k = run("rope_table", {}, T, hs, repr(theta), *extra)["cs"].reshape(T, hs)
+        cos, sin = ref.rope_cos_sin(T, hs, theta, torch.float32, sc)
         h2 = hs // 2
         inv = 1.0 / theta ** (np.arange(0, hs, 2) / hs)
+        gain = 1.0
+        if sc is not None:
+            old, lo, hi = (sc["original_max_position_embeddings"], sc["low_freq_factor"],
+                           sc["high_freq_factor"])
+            wl = 2 * np.pi / inv
+            s = np.clip((old / wl - lo) / (hi - lo), 0, 1)
+            bands = (int((wl < old / hi).sum()), int((wl > old / lo).sum()))
+            assert bands[0] > 0 and bands[1] > 0 and bands[0] + bands[1] < h2, bands
+            inv = np.where(wl > old / lo, inv / sc["factor"],
+                           np.where(wl < old / hi, inv, (1 - s) * inv / sc["factor"] + s * inv))
+            gain = 1 + sc["factor"] * hi / (hi - lo)
         angle = np.arange(T)[:, None] * inv[None, :]
-        tol = 2.0 ** -22 * angle + 2.0 ** -23
+        tol = (gain * 2.0 ** -23 + 2.0 ** -24) * angle + 2.0 ** -23
+        tag = f"T={T} hs={hs} theta={theta:g}" + ("" if sc is None else " llama3 x32")
         for what, got, want in (("cos", k[:, :h2], cos.numpy()[:, :h2]),
                                 ("sin", k[:, h2:], sin.numpy()[:, :h2])):
             err = np.abs(got.astype(np.float64) - want)
             n_exact = int((err == 0).sum())
             if (err > tol).any():
                 t, i = np.argwhere(err > tol)[0]
-                print(f"  FAIL rope table {what} T={T} hs={hs}: [{t},{i}] {got[t, i]:.9g} "
+                print(f"  FAIL rope table {what} {tag}: [{t},{i}] {got[t, i]:.9g} "
                       f"vs {want[t, i]:.9g}")
                 failures += 1
             else:
-                print(f"  ok   rope table {what} T={T} hs={hs} theta={theta:g}: max |err| "
+                print(f"  ok   rope table {what} {tag}: max |err| "
                       f"{err.max():.2e}, {n_exact} of {err.size} bit for bit")
         # Hugging Face's duplicated half: columns i and i + h2 hold one angle
         assert torch.equal(cos[:, :h2], cos[:, h2:]) and torch.equal(sin[:, :h2], sin[:, h2:])

@@ -124,7 +124,7 @@ static void test_residual_rmsnorm(void **state)
 static void run_rope_table(int T, int hs, double theta)
 {
   float *cs = zeros((size_t)T * hs);
-  wf_rope_table(cs, T, hs, theta);
+  wf_rope_table(cs, T, hs, theta, NULL);
   for (int t = 0; t < T; t++)
     for (int i = 0; i < hs / 2; i++) {
       double angle = t * pow(theta, -2.0 * i / hs);
@@ -144,6 +144,72 @@ static void test_rope_table(void **state)
   run_rope_table(67, 16, 10000.0);
   run_rope_table(2048, 128, 500000.0);
   run_rope_table(5, 2, 500000.0);
+}
+
+/* Llama 3.1's rescaled frequency of f (rope_type llama3), in double from the formula:
+ * with the wavelength w = 2 pi / f, w < old / high keeps f, w > old / low divides it by
+ * factor, and in between s = (old / w - low) / (high - low) interpolates. *band is 0
+ * (kept), 1 (interpolated) or 2 (divided). */
+static double llama3_freq(double f, const wf_rope_scaling *sc, int *band)
+{
+  double old = sc->original_max_position_embeddings, w = 2 * M_PI / f;
+  double lo = sc->low_freq_factor, hi = sc->high_freq_factor;
+  *band = w < old / hi ? 0 : w > old / lo ? 2 : 1;
+  double s = (old / w - lo) / (hi - lo);
+  return *band == 0 ? f : *band == 2 ? f / sc->factor : (1 - s) * f / sc->factor + s * f;
+}
+
+/* The scaled table against cos/sin of t times that in double. The fp32 frequency
+ * before scaling is within e0 = 20 2^-24 of theta^(-2i/hs) (run_rope_table's bound,
+ * for the angle of an unscaled table, holds for f). Kept and divided bands add at most
+ * one rounding (a division by factor). In between, fp32 computes w (2 roundings, and
+ * 2 pi's), old / w (2) and s (2 more): s is off by at most (high / (high - low))
+ * (e0 + 6 2^-24) + 2^-24, and the frequency f ((1 - s) / factor + s), relative to
+ * itself, by factor times that (its sensitivity to s, largest at s = 0), plus e0 and 5
+ * roundings of the products and sum. The angle t f adds one rounding, cos/sin theirs. */
+static void run_rope_table_llama3(int T, int hs, double theta, const wf_rope_scaling *sc)
+{
+  const double u = 0x1p-24, e0 = 20 * u;
+  const double hi = sc->high_freq_factor, span = hi - sc->low_freq_factor;
+  const double mid = e0 + sc->factor * (hi / span * (e0 + 6 * u) + u) + 5 * u;
+  int seen[3] = {0};
+  float *cs = zeros((size_t)T * hs);
+  wf_rope_table(cs, T, hs, theta, sc);
+  for (int i = 0; i < hs / 2; i++) {
+    int band;
+    double f = llama3_freq(pow(theta, -2.0 * i / hs), sc, &band);
+    double rel = (band == 1 ? mid : e0 + u) + u;
+    seen[band]++;
+    for (int t = 0; t < T; t++) {
+      double angle = t * f, tol = rel * angle + u;
+      double c = cs[(size_t)t * hs + i], sn = cs[(size_t)t * hs + hs / 2 + i];
+      if (fabs(c - cos(angle)) > tol || fabs(sn - sin(angle)) > tol) {
+        print_error("llama3 rope table t=%d i=%d (band %d): cos %.9g sin %.9g, expected %.9g "
+                    "%.9g (tol %.3g)\n",
+                    t, i, band, c, sn, cos(angle), sin(angle), tol);
+        fail();
+      }
+    }
+  }
+  assert_true(seen[0] > 0 && seen[1] > 0 && seen[2] > 0); /* every band is checked */
+  free(cs);
+}
+
+static void test_rope_table_llama3(void **state)
+{
+  /* Llama 3.2 1B's scaling at its head size; then a test-size head (hs 16, theta 10000,
+   * factor 8) whose original context (12) is shorter than the table, with wavelengths
+   * under 8 kept and over 24 divided. */
+  const wf_rope_scaling l32 = {WF_ROPE_LLAMA3, 32, 1, 4, 8192};
+  const wf_rope_scaling tiny = {WF_ROPE_LLAMA3, 8, 0.5, 1.5, 12};
+  run_rope_table_llama3(4096, 64, 500000.0, &l32);
+  run_rope_table_llama3(64, 16, 10000.0, &tiny);
+  /* rope_type none is the unscaled table, bit for bit */
+  const wf_rope_scaling none = {WF_ROPE_NONE, 8, 1, 4, 12};
+  float a[64 * 16], b[64 * 16];
+  wf_rope_table(a, 64, 16, 10000.0, NULL);
+  wf_rope_table(b, 64, 16, 10000.0, &none);
+  assert_memory_equal(a, b, sizeof a);
 }
 
 struct rope {
@@ -180,7 +246,7 @@ static void run_rope(int B, int T, int NH, int NKV, int hs, double theta, uint64
   uint64_t s = seed;
   const size_t n = (size_t)B * T * (NH + 2 * NKV) * hs;
   float *cs = zeros((size_t)T * hs), *x = zeros(n), *y = zeros(n), *w = zeros(n), *d = zeros(n);
-  wf_rope_table(cs, T, hs, theta);
+  wf_rope_table(cs, T, hs, theta, NULL);
   fill(x, n, -1.5, 1.5, &s);
   fill(w, n, -1, 1, &s);
   double *ro = malloc(n * sizeof *ro);
@@ -362,13 +428,10 @@ int main(void)
   /* two threads even on one core, so the threaded paths run */
   wf_kernels_set_threads(2);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_rmsnorm),
-      cmocka_unit_test(test_residual_rmsnorm),
-      cmocka_unit_test(test_rope_table),
-      cmocka_unit_test(test_rope),
-      cmocka_unit_test(test_swiglu),
-      cmocka_unit_test(test_gqa),
-      cmocka_unit_test(test_gqa_is_repeated_kv),
+      cmocka_unit_test(test_rmsnorm),    cmocka_unit_test(test_residual_rmsnorm),
+      cmocka_unit_test(test_rope_table), cmocka_unit_test(test_rope_table_llama3),
+      cmocka_unit_test(test_rope),       cmocka_unit_test(test_swiglu),
+      cmocka_unit_test(test_gqa),        cmocka_unit_test(test_gqa_is_repeated_kv),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -383,7 +383,7 @@ static void test_llama(void **state)
     /* RoPE in place: the rotated fp32 copy stored is the 16-bit kernel's */
     act q = act_new(nq, fmt, -2, 2, &s);
     float *cs = zeros((size_t)T * hs);
-    wf_rope_table(cs, T, hs, 10000.0);
+    wf_rope_table(cs, T, hs, 10000.0, NULL);
     k32->rope_forward(q.x, cs, B, T, NH, NKV, hs, NULL);
     k->rope_forward(q.h, cs, B, T, NH, NKV, hs, NULL);
     expect_stored("rope_forward", fmt, q.h, q.x, nq);

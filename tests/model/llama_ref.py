@@ -18,7 +18,8 @@ it, op by op:
   loss = mean over the B*T positions of cross_entropy(logits, targets)
 
 RoPE's angles are computed as Hugging Face computes them whatever the model's dtype:
-inv_freq = 1 / theta^(arange(0, hs, 2) / hs) and the angles t * inv_freq in float32,
+inv_freq = 1 / theta^(arange(0, hs, 2) / hs), rescaled when config.json has a llama3
+rope_scaling (Llama 3.1, 3.2: llama3_inv_freq), and the angles t * inv_freq in float32,
 cos/sin in float32, then cast (LlamaRotaryEmbedding). Everything else runs in the
 chosen dtype (float64 by default: a ground truth for weft's float32).
 
@@ -77,8 +78,11 @@ class Config:
         self.eps = float(d.get("rms_norm_eps", 1e-6))  # LlamaConfig's default
         self.theta = float(d.get("rope_theta", 10000.0))
         self.tied = bool(d.get("tie_word_embeddings", False))
-        if d.get("rope_scaling"):
-            raise ValueError("rope_scaling is not modelled by llama_ref.py")
+        self.scaling = d.get("rope_scaling") or None
+        if self.scaling:
+            kind = self.scaling.get("rope_type", self.scaling.get("type"))
+            if kind != "llama3":
+                raise ValueError(f"rope_scaling {kind!r} is not modelled by llama_ref.py (llama3)")
         if self.NH % self.NKV or self.hs % 2:
             raise ValueError("num_key_value_heads must divide num_attention_heads, head_dim be even")
 
@@ -169,11 +173,32 @@ def rms_norm(x, weight, eps):
     return weight * (x * torch.rsqrt(var + eps))
 
 
-def rope_cos_sin(T, hs, theta, dtype=torch.float64):
+def llama3_inv_freq(inv_freq, scaling):
+    """Llama 3.1's rescaled frequencies (rope_type "llama3"): wavelengths shorter than
+    old_ctx / high_freq_factor keep their frequency, longer than old_ctx /
+    low_freq_factor divide it by factor, and those in between interpolate linearly in
+    old_ctx / wavelength. The same float32 tensor ops as Hugging Face's
+    _compute_llama3_parameters (Python scalars against float32 tensors)."""
+    factor = scaling["factor"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_ctx = scaling["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+    wavelen = 2 * math.pi / inv_freq
+    out = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * out / factor + smooth * out
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, out)
+
+
+def rope_cos_sin(T, hs, theta, dtype=torch.float64, scaling=None):
     """cos, sin (T, hs) of positions 0..T-1, as LlamaRotaryEmbedding computes them: in
     float32 (inv_freq, the angles, cos and sin), then cast to dtype. Columns i and
-    i + hs/2 hold the same angle (emb = cat(freqs, freqs))."""
+    i + hs/2 hold the same angle (emb = cat(freqs, freqs)). scaling: config.json's
+    rope_scaling (llama3) or None."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, hs, 2, dtype=torch.int64).float() / hs))
+    if scaling:
+        inv_freq = llama3_inv_freq(inv_freq, scaling)
     t = torch.arange(T, dtype=torch.int64).float()
     freqs = t[:, None] * inv_freq[None, :]  # HF: inv_freq (hs/2, 1) @ positions (1, T)
     emb = torch.cat((freqs, freqs), dim=-1)
@@ -237,7 +262,8 @@ def block(cfg, W, l, h, cos, sin):
 def forward(cfg, W, tokens, targets):
     """W: name -> tensor; tokens, targets (B, T) int64. Returns logits (B, T, V), loss."""
     T = tokens.shape[1]
-    cos, sin = rope_cos_sin(T, cfg.hs, cfg.theta, W["model.embed_tokens.weight"].dtype)
+    cos, sin = rope_cos_sin(T, cfg.hs, cfg.theta, W["model.embed_tokens.weight"].dtype,
+                            cfg.scaling)
     h = W["model.embed_tokens.weight"][tokens]
     for l in range(cfg.L):
         h = block(cfg, W, l, h, cos, sin)

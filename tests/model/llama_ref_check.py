@@ -2,7 +2,8 @@
 """weft's Llama against an independent reference of Hugging Face's LlamaForCausalLM.
 
 `llama_ref_check.py HF_DUMP`: for a tiny Llama with grouped-query attention (4 query
-heads, 2 kv heads), untied and tied: llama_ref.py writes random weights in Hugging Face's
+heads, 2 kv heads), untied, tied, and untied with Llama 3.1's RoPE scaling (config.json's
+rope_scaling, rope_type llama3, every band of frequencies): llama_ref.py writes random weights in Hugging Face's
 names and layouts (matrices normal(0, 0.3), norm weights 1 + normal(0, 0.1), so every
 path carries an O(1) signal) and a config.json beside them; weft (hf_dump: the
 safetensors codec, the Llama family, its kernels) runs one forward and backward of a
@@ -44,6 +45,12 @@ CONFIG = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 96, "num_hid
           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 16,
           "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "model_type": "llama",
           "architectures": ["LlamaForCausalLM"]}
+# Llama 3.1's rope_scaling with factor 8 and an original context (12) shorter than T, so
+# that the head's 8 frequencies (theta 10000, head size 16: wavelengths 2 pi 10000^(i/8),
+# 6.3 to 19869) fall in all three bands: under 12 / 1.5 = 8 kept (i = 0), between 8 and
+# 12 / 0.5 = 24 interpolated (i = 1), above 24 divided by 8 (i >= 2).
+SCALED = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 0.5, "high_freq_factor": 1.5,
+          "original_max_position_embeddings": 12}
 
 
 def fail(msg):
@@ -51,10 +58,11 @@ def fail(msg):
     sys.exit(1)
 
 
-def check(tied, tmp):
-    d = os.path.join(tmp, "tied" if tied else "untied")
+def check(tied, tmp, scaling=None):
+    tag = f"tied={tied}" + (" rope_scaling=llama3" if scaling else "")
+    d = os.path.join(tmp, ("tied" if tied else "untied") + ("-scaled" if scaling else ""))
     os.makedirs(d)
-    cfg = dict(CONFIG, tie_word_embeddings=tied)
+    cfg = dict(CONFIG, tie_word_embeddings=tied, rope_scaling=scaling)
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(cfg, f)
     weights = os.path.join(d, "model.safetensors")
@@ -82,14 +90,14 @@ def check(tied, tmp):
     (loss,) = struct.unpack("<f", open(out + ".loss", "rb").read())
     dl = float(np.abs(logits - want["logits"]).max())
     if not dl <= LOGIT_ATOL:
-        fail(f"tied={tied}: logits differ by {dl:.3e} > {LOGIT_ATOL}")
+        fail(f"{tag}: logits differ by {dl:.3e} > {LOGIT_ATOL}")
     rl = abs(loss - float(want["loss"][0])) / float(want["loss"][0])
     if not rl <= LOSS_RTOL:
-        fail(f"tied={tied}: loss {loss} vs {want['loss'][0]} (rel {rl:.2e})")
+        fail(f"{tag}: loss {loss} vs {want['loss'][0]} (rel {rl:.2e})")
     grads = llama_ref.st_read(out + ".grads.safetensors")
     names = [n for n, _ in llama_ref.param_shapes(llama_ref.Config(cfg))]
     if sorted(grads) != sorted(names):
-        fail(f"tied={tied}: weft's gradient tensors {sorted(grads)} vs {sorted(names)}")
+        fail(f"{tag}: weft's gradient tensors {sorted(grads)} vs {sorted(names)}")
     worst = 0.0
     for n in names:
         r = want["grad." + n]
@@ -97,8 +105,8 @@ def check(tied, tmp):
         e = float(np.abs(grads[n] - r).max()) / scale
         worst = max(worst, e)
         if not e <= GRAD_RTOL:
-            fail(f"tied={tied}: gradient of {n} differs by {e:.3e} of its largest {scale:.3e}")
-    print(f"ok: tied={tied}: logits (largest {np.abs(want['logits']).max():.1f}) within {dl:.2e} "
+            fail(f"{tag}: gradient of {n} differs by {e:.3e} of its largest {scale:.3e}")
+    print(f"ok: {tag}: logits (largest {np.abs(want['logits']).max():.1f}) within {dl:.2e} "
           f"(tol {LOGIT_ATOL}), loss {loss:.6f} "
           f"(rel {rl:.1e}), {len(names)} gradients within {worst:.2e} of their largest "
           f"(tol {GRAD_RTOL})")
@@ -108,6 +116,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for tied in (False, True):
             check(tied, tmp)
+        check(False, tmp, SCALED)
 
 
 main()

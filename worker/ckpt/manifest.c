@@ -179,6 +179,7 @@ char *wf__manifest_text(const wf_ckpt_target *t, int step, const uint64_t *recs,
   json_object_set_new(mo, "tie_embeddings", json_boolean(d->tie == WF_TIE_YES));
   json_object_set_new(mo, "rope_theta", json_real(d->rope_theta));
   json_object_set_new(mo, "norm_eps", json_real(d->norm_eps));
+  json_object_set_new(mo, "rope_scaling", wf_rope_scaling_json(&d->rope_scaling));
   if (fp16) /* fp16 loss scaling: the scale and its counters go on with the run */
     json_object_set_new(o, "loss_scaler",
                         json_pack("{s:f, s:i, s:i}", "scale", ls->scale, "good_steps",
@@ -269,7 +270,7 @@ fail:
 }
 
 /* The family and its dims beyond GPT-2's (absent in manifests written before families:
- * those are GPT-2's). */
+ * those are GPT-2's; a manifest without rope_scaling has none). */
 static wf_status parse_family(json_t *mo, wf_model_dims *d, const char *path)
 {
   wf_status st = WF_OK;
@@ -282,6 +283,10 @@ static wf_status parse_family(json_t *mo, wf_model_dims *d, const char *path)
                           &d->rope_theta, "norm_eps", &eps) == 0,
            WF_EFORMAT, "%s: model: %s", path, je.text);
   d->norm_eps = (float)eps;
+  char why[256]; /* absent (written before scaling) or null: none */
+  WF_CHECK(!wf_rope_scaling_parse(json_object_get(mo, "rope_scaling"), &d->rope_scaling, why,
+                                  sizeof why),
+           WF_EFORMAT, "%s: model: %s", path, why);
   d->fam = wf_model_family_find(fam);
   WF_CHECK(d->fam, WF_EFORMAT, "%s: model family '%s' is not one this weft knows", path, fam);
   d->tie = tie < 0 ? WF_TIE_AUTO : tie ? WF_TIE_YES : WF_TIE_NO;

@@ -32,6 +32,15 @@ static wf_status another_run(const wf_ckpt_target *t, const char *dir, const cha
   return WF_ECONFIG;
 }
 
+/* A dims field's value as its config key takes it (rope_type by name). */
+static void value_text(const char *field, double v, char *buf, size_t len)
+{
+  if (!strcmp(field, "rope_scaling.rope_type"))
+    wf__pathf(buf, len, "%s", v == WF_ROPE_LLAMA3 ? "llama3" : "none");
+  else
+    wf__pathf(buf, len, "%g", v);
+}
+
 /* The model shape must match; name the first config key that differs. */
 static wf_status check_compat(const wf_ckpt_target *t, const wf__manifest *m, const char *dir)
 {
@@ -40,11 +49,12 @@ static wf_status check_compat(const wf_ckpt_target *t, const wf__manifest *m, co
   if (wf_model_dims_same(&m->dims, wf_model_get_dims(t->model), &field, &saved, &now))
     return WF_OK;
   bool family = !strcmp(field, "family");
+  char was[64], is[64];
+  value_text(field, saved, was, sizeof was);
+  value_text(field, now, is, sizeof is);
   if (wf__resume_implicit(t->cfg)) {
-    char key[64], was[64], is[64];
+    char key[64];
     wf__pathf(key, sizeof key, "model.%s", field);
-    wf__pathf(was, sizeof was, "%g", saved);
-    wf__pathf(is, sizeof is, "%g", now);
     if (family) {
       wf_strlcpy(was, wf_model_family_name(&m->dims), sizeof was);
       wf_strlcpy(is, wf_model_family_name(wf_model_get_dims(t->model)), sizeof is);
@@ -58,9 +68,9 @@ static wf_status check_compat(const wf_ckpt_target *t, const wf__manifest *m, co
              wf_model_family_name(&m->dims));
     return WF_ECONFIG;
   }
-  WF_ERROR("checkpoint %s is incompatible: it was saved with model.%s = %g, this run has "
-           "model.%s = %g; set model.%s=%g to resume it, or start a fresh train.checkpoint_dir",
-           dir, field, saved, field, now, field, saved);
+  WF_ERROR("checkpoint %s is incompatible: it was saved with model.%s = %s, this run has "
+           "model.%s = %s; set model.%s=%s to resume it, or start a fresh train.checkpoint_dir",
+           dir, field, was, field, is, field, was);
   return WF_ECONFIG;
 }
 

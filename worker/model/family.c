@@ -63,6 +63,7 @@ wf_model_dims wf_model_dims_from_config(const wf_config *cfg)
       .F = cfg->model.ffn,
       .tie = cfg->model.tie_embeddings,
       .rope_theta = cfg->model.rope_theta,
+      .rope_scaling = cfg->model.rope_scaling,
       .norm_eps = (float)cfg->model.norm_eps,
   };
   if (d.Vp < d.V) /* not derived yet: round up to a multiple of 128 as validate does */
@@ -109,6 +110,15 @@ bool wf_model_dims_same(const wf_model_dims *a, const wf_model_dims *b, const ch
       {"padded_vocab", x.Vp, y.Vp},
       {"tie_embeddings", x.tie == WF_TIE_YES, y.tie == WF_TIE_YES},
       {"rope_theta", x.rope_theta, y.rope_theta},
+      {"rope_scaling.rope_type", x.rope_scaling.rope_type, y.rope_scaling.rope_type},
+      {"rope_scaling.factor", x.rope_scaling.factor, y.rope_scaling.factor},
+      {"rope_scaling.low_freq_factor", x.rope_scaling.low_freq_factor,
+       y.rope_scaling.low_freq_factor},
+      {"rope_scaling.high_freq_factor", x.rope_scaling.high_freq_factor,
+       y.rope_scaling.high_freq_factor},
+      {"rope_scaling.original_max_position_embeddings",
+       x.rope_scaling.original_max_position_embeddings,
+       y.rope_scaling.original_max_position_embeddings},
       {"norm_eps", x.norm_eps, y.norm_eps},
   };
   for (size_t i = 0; i < WF_ARRAY_LEN(f); i++) {

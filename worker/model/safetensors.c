@@ -213,6 +213,7 @@ static json_t *field_json(const wf_model_dims *d, wf_hf_field f)
   case WF_HF_V: return json_integer(d->V);
   case WF_HF_THETA: return json_real(d->rope_theta);
   case WF_HF_EPS: return json_real(float_decimal(d->norm_eps));
+  case WF_HF_ROPE_SCALING: return wf_rope_scaling_json(&d->rope_scaling);
   default: return json_boolean(d->tie == WF_TIE_YES);
   }
 }
@@ -247,6 +248,7 @@ static void field_set(wf_model_dims *d, wf_hf_field f, double x)
   case WF_HF_V: d->V = (int)x; return;
   case WF_HF_THETA: d->rope_theta = x; return;
   case WF_HF_EPS: d->norm_eps = (float)x; return;
+  case WF_HF_ROPE_SCALING: return; /* not a number: scaling_of reads it */
   default: d->tie = x != 0 ? WF_TIE_YES : WF_TIE_NO; return;
   }
 }
@@ -264,14 +266,16 @@ static json_t *metadata_json(const wf_model_dims *d)
   json_object_set_new(meta, "weft_family", json_string(f->name));
   for (int i = 0; i < f->n_hf_keys; i++) {
     json_t *v = field_json(d, f->hf_keys[i].field);
-    char buf[64];
+    char buf[64] = "";
     if (json_is_integer(v))
       snprintf(buf, sizeof buf, "%lld", (long long)json_integer_value(v));
     else if (json_is_real(v))
       snprintf(buf, sizeof buf, "%.17g", json_real_value(v));
-    else
+    else if (json_is_boolean(v))
       snprintf(buf, sizeof buf, "%s", json_is_true(v) ? "true" : "false");
-    json_object_set_new(meta, f->hf_keys[i].key, json_string(buf));
+    char *js = buf[0] ? NULL : json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_object_set_new(meta, f->hf_keys[i].key, json_string(js ? js : buf)); /* objects as JSON */
+    free(js);
     json_decref(v);
   }
   return meta;
@@ -983,6 +987,77 @@ static void dims_from_keys(wf_model_dims *d, json_t *meta, json_t *cfg)
   }
 }
 
+/* ---- RoPE scaling (config.json's rope_scaling) -------------------------------------------- */
+
+json_t *wf_rope_scaling_json(const wf_rope_scaling *s)
+{
+  if (s->rope_type == WF_ROPE_NONE)
+    return json_null();
+  return json_pack("{s:s, s:f, s:f, s:f, s:i}", "rope_type", "llama3", "factor", s->factor,
+                   "low_freq_factor", s->low_freq_factor, "high_freq_factor", s->high_freq_factor,
+                   "original_max_position_embeddings", s->original_max_position_embeddings);
+}
+
+const char *wf_rope_scaling_parse(json_t *v, wf_rope_scaling *out, char *buf, size_t len)
+{
+  static const char *const keys[] = {"factor", "low_freq_factor", "high_freq_factor",
+                                     "original_max_position_embeddings"};
+  double x[4];
+  *out = (wf_rope_scaling){0};
+  if (!v || json_is_null(v))
+    return NULL;
+  json_t *t = json_object_get(v, "rope_type"); /* "type" in configs before transformers 4.43 */
+  const char *type = json_string_value(t ? t : json_object_get(v, "type"));
+  if (!json_is_object(v) || !type) {
+    snprintf(buf, len, "rope_scaling is not an object with a rope_type");
+    return buf;
+  }
+  if (!strcmp(type, "default"))
+    return NULL;
+  if (strcmp(type, "llama3")) {
+    snprintf(buf, len,
+             "rope_scaling's rope_type '%s' is not one weft implements (only llama3, Llama 3.1's, "
+             "and default): weft would rotate by other angles than the checkpoint was trained with",
+             type);
+    return buf;
+  }
+  for (int i = 0; i < 4; i++) {
+    json_t *k = json_object_get(v, keys[i]);
+    x[i] = json_is_number(k) ? json_number_value(k) : NAN;
+    if (isnan(x[i])) {
+      snprintf(buf, len, "rope_scaling (llama3) has no number %s", keys[i]);
+      return buf;
+    }
+  }
+  *out = (wf_rope_scaling){WF_ROPE_LLAMA3, x[0], x[1], x[2], (int)x[3]};
+  if (x[3] != (int)x[3]) {
+    snprintf(buf, len, "rope_scaling's original_max_position_embeddings %g is not an integer",
+             x[3]);
+    return buf;
+  }
+  return NULL;
+}
+
+/* d's rope_scaling from weft's __metadata__ (a JSON string, written by weft: it wins as
+ * the other keys do), else config.json's object; NULL, or what is wrong with it. */
+static const char *scaling_of(json_t *meta, json_t *cfg, wf_model_dims *d, char *buf, size_t len)
+{
+  const char *where = "config.json's";
+  json_t *own = NULL, *v = json_object_get(cfg, "rope_scaling");
+  const char *text = json_string_value(json_object_get(meta, "rope_scaling"));
+  if (text) {
+    own = json_loads(text, JSON_DECODE_ANY, NULL);
+    where = "__metadata__'s";
+    v = own ? own : json_true(); /* not JSON: refused below */
+  }
+  char why[224];
+  const char *bad = wf_rope_scaling_parse(v, &d->rope_scaling, why, sizeof why);
+  json_decref(own);
+  if (bad)
+    snprintf(buf, len, "%s %s", where, bad);
+  return bad ? buf : NULL;
+}
+
 /* A tied model's file may leave its head out: a Llama without lm_head.weight ties. */
 static void tie_from_tensors(source *s, wf_model_dims *d)
 {
@@ -1098,17 +1173,14 @@ static wf_status peek_dims(source *s, wf_model_dims *out, char *err, size_t len)
     d.KV = (int)(ext[WF_DIM_KV] / (q / d.NH));
   d.Vp = (d.V + 127) / 128 * 128;
   json_t *hd = json_object_get(cfg, "head_dim");
-  const char *bad = d.L > 0 && d.NH > 0 && d.C > 0 && d.maxT > 0 && d.V > 0
-                        ? wf_model_dims_check(&d)
-                        : "a dimension is missing (no config.json beside it?)";
+  char why[256];
+  const char *bad = scaling_of(meta, cfg, &d, why, sizeof why);
+  if (!bad)
+    bad = d.L > 0 && d.NH > 0 && d.C > 0 && d.maxT > 0 && d.V > 0
+              ? wf_model_dims_check(&d)
+              : "a dimension is missing (no config.json beside it?)";
   if (!bad && json_is_integer(hd) && json_integer_value(hd) * d.NH != d.C)
     bad = "config.json's head_dim is not hidden_size / num_attention_heads, as weft's heads are";
-  json_t *rs = json_object_get(cfg, "rope_scaling");
-  if (!bad && rs && !json_is_null(rs))
-    WF_WARN("safetensors '%s': config.json has rope_scaling (Llama 3.1's long-context "
-            "frequencies); weft's RoPE does not apply it, so its angles differ from the "
-            "checkpoint's training at every position",
-            s->path);
   if (bad)
     st = failf(err, len, WF_EFORMAT,
                "safetensors '%s': %s with n_layer %d, n_head %d, kv heads %d, n_embd %d, ffn %d, "

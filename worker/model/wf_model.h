@@ -47,19 +47,21 @@ typedef struct wf_family wf_family;
 
 /* The whole model's dimensions. fam NULL is GPT-2 (literals in tests and the llm.c
  * header leave it out); KV 0 is NH, F 0 is 4C, tie WF_TIE_AUTO the family's choice
- * (GPT-2 ties, Llama does not), rope_theta and norm_eps 0 the family's: all resolved by
+ * (GPT-2 ties, Llama does not), rope_theta, norm_eps and a llama3 rope_scaling's
+ * fields 0 the family's: all resolved by
  * wf_model_dims_resolve, which every function here applies first. */
 typedef struct wf_model_dims {
   const wf_family *fam;
   int L, NH, C, maxT, V, Vp;
-  int KV;            /* key/value heads (grouped-query attention); NH = multi-head */
-  int F;             /* the MLP's hidden width */
-  wf_tie tie;        /* WF_TIE_YES: the head reads the embedding's weight */
-  double rope_theta; /* rotary embeddings' base (families with RoPE) */
-  float norm_eps;    /* the normalisation's epsilon (families that take one) */
+  int KV;                       /* key/value heads (grouped-query attention); NH = multi-head */
+  int F;                        /* the MLP's hidden width */
+  wf_tie tie;                   /* WF_TIE_YES: the head reads the embedding's weight */
+  double rope_theta;            /* rotary embeddings' base (families with RoPE) */
+  wf_rope_scaling rope_scaling; /* RoPE's frequency scaling (Llama 3.1); zero: none */
+  float norm_eps;               /* the normalisation's epsilon (families that take one) */
 } wf_model_dims;
 
-/* d with its defaults filled in (fam, KV, F, norm_eps, rope_theta). */
+/* d with its defaults filled in (fam, KV, F, norm_eps, rope_theta, rope_scaling). */
 wf_model_dims wf_model_dims_resolve(const wf_model_dims *d);
 /* Dimensions from a validated config (model.family, model.* keys). */
 wf_model_dims wf_model_dims_from_config(const wf_config *cfg);
@@ -201,6 +203,7 @@ typedef enum wf_hf_field {
   WF_HF_THETA,
   WF_HF_EPS,
   WF_HF_TIE,
+  WF_HF_ROPE_SCALING, /* an object (wf_rope_scaling_json), not a number */
 } wf_hf_field;
 
 typedef struct wf_hf_key {
@@ -662,5 +665,13 @@ wf_status wf_safetensors_read(const char *path, const wf_model_dims *d, float *f
 wf_status wf_safetensors_peek(const char *path, wf_model_dims *d, char *err, size_t len);
 wf_status wf_safetensors_write(const char *path, const wf_model_dims *d, const float *full,
                                size_t shard_bytes, bool write_config, char *err, size_t len);
+
+/* RoPE's scaling as config.json's `rope_scaling` (and the checkpoint manifest) hold it:
+ * null for none, else {"rope_type": "llama3", "factor", "low_freq_factor",
+ * "high_freq_factor", "original_max_position_embeddings"}. parse takes NULL, null or
+ * rope_type "default" as none, a llama3 object whose four numbers are all there, and
+ * refuses anything else: NULL when *out is set, else what is wrong (in buf). */
+struct json_t *wf_rope_scaling_json(const wf_rope_scaling *s);
+const char *wf_rope_scaling_parse(struct json_t *v, wf_rope_scaling *out, char *buf, size_t len);
 
 #endif /* WF_MODEL_H */

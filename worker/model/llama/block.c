@@ -105,7 +105,7 @@ static wf_status prepare(wf_model *m)
   size_t n = const_floats(&m->g);
   float *cs = NULL;
   WF_CHECK_ALLOC(cs = malloc(n * sizeof *cs));
-  wf_rope_table(cs, m->Tmax, (int)hs_of(&m->g), m->d.rope_theta);
+  wf_rope_table(cs, m->Tmax, (int)hs_of(&m->g), m->d.rope_theta, &m->d.rope_scaling);
   st = wf_dev_copy(m->dev, m->da.consts, cs, n * sizeof *cs, WF_COPY_H2D, NULL);
 fail:
   free(cs);

@@ -82,7 +82,8 @@ static void describe(const wf_model_dims *d, wf_model_desc *out)
   }
 }
 
-/* Llama 3's defaults: untied (8B; the 1B preset ties), theta 500000, eps 1e-5. */
+/* Llama 3's defaults: untied (8B; the 1B preset ties), theta 500000, eps 1e-5; no RoPE
+ * scaling, and a llama3 scaling's unset fields Llama 3.1's. */
 static void resolve(wf_model_dims *d)
 {
   if (d->tie == WF_TIE_AUTO)
@@ -91,13 +92,14 @@ static void resolve(wf_model_dims *d)
     d->rope_theta = 500000.0;
   if (d->norm_eps <= 0)
     d->norm_eps = 1e-5f;
+  d->rope_scaling = wf_rope_scaling_resolve(&d->rope_scaling);
 }
 
 static const char *check(const wf_model_dims *d)
 {
   if ((d->C / d->NH) % 2)
     return "RoPE needs an even head size (d_model / heads)";
-  return NULL;
+  return wf_rope_scaling_check(&d->rope_scaling);
 }
 
 /* One layer's GEMM weights per token: C (NH hs + 2 KV hs) + NH hs C + 3 F C. */
@@ -174,8 +176,9 @@ const wf_family wf__family_llama = {
                 {"vocab_size", WF_HF_V},
                 {"rope_theta", WF_HF_THETA},
                 {"rms_norm_eps", WF_HF_EPS},
-                {"tie_word_embeddings", WF_HF_TIE}},
-    .n_hf_keys = 10,
+                {"tie_word_embeddings", WF_HF_TIE},
+                {"rope_scaling", WF_HF_ROPE_SCALING}},
+    .n_hf_keys = 11,
     .hf_prefix = NULL,
     .hf_skip = {"rotary_emb.inv_freq"},
     .hf_head = "lm_head.weight",
