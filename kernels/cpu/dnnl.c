@@ -116,28 +116,33 @@ static dnnl_primitive_t make(const shape *s)
   return ok ? prim : NULL;
 }
 
-/* The cached primitive of shape s, made on first use; NULL if oneDNN cannot make it. */
-static dnnl_primitive_t lookup(const shape *s)
+/* The cached primitive of shape s, made on first use; NULL if oneDNN cannot make it.
+ * Beyond CACHE shapes (rare: a process training several models) a primitive is made for
+ * the call alone, and *own says the caller destroys it. */
+static dnnl_primitive_t lookup(const shape *s, bool *own)
 {
   dnnl_primitive_t p = NULL;
+  *own = false;
   pthread_mutex_lock(&g.lock);
   for (int i = 0; i < g.n && !p; i++)
     if (!memcmp(&g.e[i].key, s, sizeof *s))
       p = g.e[i].prim;
-  if (!p && (p = make(s)) && g.n < CACHE)
-    g.e[g.n++] = (entry){*s, p};
+  if (!p && (p = make(s))) {
+    if (g.n < CACHE)
+      g.e[g.n++] = (entry){*s, p};
+    else
+      *own = true;
+  }
   pthread_mutex_unlock(&g.lock);
-  return p; /* beyond CACHE shapes a primitive is made per call and kept (rare) */
+  return p;
 }
 
 static __thread dnnl_stream_t t_stream;
 
 /* Runs shape s on the calling pool thread: dst (+)= src . wei (+ bias). */
-static bool run(const shape *s, const void *src, const void *wei, const float *bias, void *dst)
+static bool execute(dnnl_primitive_t p, const shape *s, const void *src, const void *wei,
+                    const float *bias, void *dst)
 {
-  dnnl_primitive_t p = lookup(s);
-  if (!p)
-    return false;
   if (!t_stream &&
       dnnl_stream_create(&t_stream, g.engine, dnnl_stream_default_flags) != dnnl_success)
     return false;
@@ -175,6 +180,18 @@ static bool run(const shape *s, const void *src, const void *wei, const float *b
   for (int i = 0; i < 5; i++)
     if (mem[i])
       dnnl_memory_destroy(mem[i]);
+  return ok;
+}
+
+static bool run(const shape *s, const void *src, const void *wei, const float *bias, void *dst)
+{
+  bool own;
+  dnnl_primitive_t p = lookup(s, &own);
+  if (!p)
+    return false;
+  bool ok = execute(p, s, src, wei, bias, dst);
+  if (own)
+    dnnl_primitive_destroy(p);
   return ok;
 }
 

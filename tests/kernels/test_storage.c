@@ -84,8 +84,9 @@ static void test_store_matches_round(void **state)
     for (uint32_t e = 0; e < 255; e++)
       for (int r = 0; r < 64; r++) {
         uint32_t m = (uint32_t)(urand(&s) * 8388608.0);
-        check_store_one(FMTS[f], from_bits((r & 1) << 31 | e << 23 | m));
-        check_store_one(FMTS[f], from_bits((r & 1) << 31 | e << 23 | (m & ~0xfffu) | 0x1000u));
+        uint32_t sign = (uint32_t)(r & 1) << 31;
+        check_store_one(FMTS[f], from_bits(sign | e << 23 | m));
+        check_store_one(FMTS[f], from_bits(sign | e << 23 | (m & ~0xfffu) | 0x1000u));
       }
   }
 }
