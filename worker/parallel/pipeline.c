@@ -52,7 +52,6 @@ struct wf_pipe {
   pool rf;                 /* activations: indices of the model's spare stage inputs (mem NULL) */
   pool rb, sb;             /* receive gradients, send gradients */
   int sb_next;             /* the send buffer the next gradient takes (round robin) */
-  void **rf_buf;           /* per key: the spare input its activation is received into */
   wf_req **req_rf, **req_rb, **req_sf, **req_sb; /* per key */
   int *slot_of;                                  /* per key; -1 = none */
   bool *slot_busy;
@@ -161,7 +160,6 @@ wf_status wf_pipe_create(wf_pipe **out, const wf_pipe_opts *o)
   WF_TRY(pool_alloc(p->dev, &p->rf, b.recv_f, 0, m));
   WF_TRY(pool_alloc(p->dev, &p->rb, b.recv_b, p->io_bytes, m));
   WF_TRY(pool_alloc(p->dev, &p->sb, b.send_b, p->io_bytes, m));
-  WF_CHECK_ALLOC(p->rf_buf = calloc(m, sizeof *p->rf_buf));
   WF_CHECK_ALLOC(p->req_rf = calloc(m, sizeof(wf_req *)));
   WF_CHECK_ALLOC(p->req_rb = calloc(m, sizeof(wf_req *)));
   WF_CHECK_ALLOC(p->req_sf = calloc(m, sizeof(wf_req *)));
@@ -196,7 +194,6 @@ void wf_pipe_destroy(wf_pipe *p)
   pool_free(p->dev, &p->rf);
   pool_free(p->dev, &p->rb);
   pool_free(p->dev, &p->sb);
-  free(p->rf_buf);
   free(p->req_rf);
   free(p->req_rb);
   free(p->req_sf);
@@ -337,7 +334,8 @@ static wf_status do_forward(wf_pipe *p, int mb, int chunk, wf_pipe_batch_fn batc
   const void *x = NULL;
   if (!first) {
     WF_TRY(wait(p, &p->req_rf[k], "recv activation", mb));
-    x = p->rf_buf[k];
+    /* spare input rf.at[k] is the buffer received into: only this forward trades it */
+    x = wf_model_stage_inbox(p->model, p->rf.at[k]);
     WF_CHECK(x, WF_EINVAL, "pipeline: forward of work item %d before its receive", k);
   }
   if (first || last)
@@ -350,7 +348,7 @@ static wf_status do_forward(wf_pipe *p, int mb, int chunk, wf_pipe_batch_fn batc
   WF_TRY(span_end(p, 'F', mb, chunk));
   st = ran;
   if (!first) /* the forward kept x as the slot's input; the spare is the slot's old one */
-    pool_give(&p->rf, k), p->rf_buf[k] = NULL;
+    pool_give(&p->rf, k);
 fail:
   return st;
 }
@@ -410,8 +408,8 @@ static wf_status do_action(wf_pipe *p, const wf_sched_action *a, wf_pipe_batch_f
   case WF_ACT_RECV_F: /* in place: into a spare input, which the forward keeps */
     if ((i = pool_take(&p->rf, k, "activation")) < 0)
       return WF_EINVAL;
-    p->rf_buf[k] = wf_model_stage_inbox(p->model, i);
-    return wf_comm_irecv(p->pp, p->rf_buf[k], p->io, p->dt, a->peer, &p->req_rf[k]);
+    return wf_comm_irecv(p->pp, wf_model_stage_inbox(p->model, i), p->io, p->dt, a->peer,
+                         &p->req_rf[k]);
   case WF_ACT_SEND_B: return do_send_b(p, k, a->peer);
   case WF_ACT_RECV_B:
     if ((i = pool_take(&p->rb, k, "gradient")) < 0)
