@@ -1,8 +1,8 @@
 /*
  * act_int.h - private to the weft_cuda module: activations in a storage format (fp32,
  * bf16, fp16: storage.h) read and written element by element, and the launchers of the
- * kernels that take them in any format. rmsnorm.cu, rope.cu, swiglu.cu and adamw.cu instantiate
- * their kernels for float (the fp32 launchers of cuda_int.h), __nv_bfloat16 and __half
+ * kernels that take them in any format. rmsnorm.cu, rope.cu, swiglu.cu, xent.cu and adamw.cu
+ * instantiate their kernels for float (the fp32 launchers of cuda_int.h), __nv_bfloat16 and __half
  * (storage.cu's 16-bit tables): one algorithm, so each 16-bit form computes, bit for
  * bit, what its fp32 kernel computes on the widened values, rounding only what it
  * stores (to nearest even, as wf_storage_store).
@@ -48,6 +48,15 @@ void wf__swiglu_forward(E *out, const E *inp, int N, int F, wf_stream *stream);
 template <typename E>
 void wf__swiglu_backward(float *dinp, const E *inp, const float *dout, int N, int F,
                          wf_stream *stream);
+
+/* Cross-entropy's row statistics and logit gradient (xent.cu), logits of type E. */
+template <typename E>
+void wf__xent_stats(float *row_max, float *row_sumexp, float *target_logit, const void *logits,
+                    const int *targets, int N, int V, int ld, int v_offset, wf_stream *stream);
+template <typename E>
+void wf__xent_backward(void *dlogits, const void *logits, const float *row_max,
+                       const float *row_sumexp, const int *targets, float dloss, int N, int V,
+                       int ld, int v_offset, wf_stream *stream);
 
 /* AdamW, the updated parameters also stored into low (E; NULL: not stored). */
 template <typename E>

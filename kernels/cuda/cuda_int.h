@@ -85,6 +85,12 @@ static inline void wf__lt_descs_destroy(wf__lt_descs *x)
     cublasLtMatmulDescDestroy(x->op);
 }
 
+/* One GEMM on descriptors x that `made` reports on: D = A.B (+ beta D) with the
+ * heuristics' first algorithm, NOT_SUPPORTED when they find none; destroys x
+ * (matmul.cu). */
+cublasStatus_t wf__lt_run(const wf__lt *lt, wf__lt_descs *x, cublasStatus_t made, const void *A,
+                          const void *B, const float *beta, void *D, cudaStream_t s);
+
 /* Returns the status of a cuBLAS call from the enclosing function unless it succeeded. */
 #define WF__LT_TRY(call)                                                                           \
   do {                                                                                             \

@@ -123,24 +123,31 @@ static cublasStatus_t descs_make(wf__lt_descs *x, const gemm *g, cublasLtEpilogu
 
 /* Enqueue g into `out` with epilogue `epi` on s; NOT_SUPPORTED when the heuristics
  * find no algorithm for it. */
-static cublasStatus_t lt_enqueue(const wf__lt *lt, const gemm *g, float *out,
-                                 cublasLtEpilogue_t epi, cudaStream_t s)
+cublasStatus_t wf__lt_run(const wf__lt *lt, wf__lt_descs *x, cublasStatus_t made, const void *A,
+                          const void *B, const float *beta, void *D, cudaStream_t s)
 {
-  wf__lt_descs x = {};
-  cublasStatus_t st = descs_make(&x, g, epi, lt->workspace_bytes);
+  cublasStatus_t st = made;
   cublasLtMatmulHeuristicResult_t h = {};
   int found = 0;
   if (st == CUBLAS_STATUS_SUCCESS)
-    st =
-        cublasLtMatmulAlgoGetHeuristic(lt->handle, x.op, x.a, x.b, x.d, x.d, x.pref, 1, &h, &found);
+    st = cublasLtMatmulAlgoGetHeuristic(lt->handle, x->op, x->a, x->b, x->d, x->d, x->pref, 1, &h,
+                                        &found);
   if (st == CUBLAS_STATUS_SUCCESS && found == 0)
     st = CUBLAS_STATUS_NOT_SUPPORTED;
   const float one = 1.0f;
   if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmul(lt->handle, x.op, &one, g->A, x.a, g->B, x.b, &g->beta, out, x.d, out, x.d,
-                        &h.algo, lt->workspace, lt->workspace_bytes, s);
-  wf__lt_descs_destroy(&x);
+    st = cublasLtMatmul(lt->handle, x->op, &one, A, x->a, B, x->b, beta, D, x->d, D, x->d, &h.algo,
+                        lt->workspace, lt->workspace_bytes, s);
+  wf__lt_descs_destroy(x);
   return st;
+}
+
+static cublasStatus_t lt_enqueue(const wf__lt *lt, const gemm *g, float *out,
+                                 cublasLtEpilogue_t epi, cudaStream_t s)
+{
+  wf__lt_descs x = {};
+  cublasStatus_t made = descs_make(&x, g, epi, lt->workspace_bytes);
+  return wf__lt_run(lt, &x, made, g->A, g->B, &g->beta, out, s);
 }
 
 /* The fused epilogue for g, or DEFAULT where cuBLASLt cannot do it: a GELU's aux

@@ -38,7 +38,6 @@
 #define ROWS_PER_BLOCK 4 /* warps per 128-thread block */
 #define COL_TILE       32
 #define ROW_LANES      8
-#define XENT_THREADS   256
 #define GELU_K         0.7978845608028654f /* sqrt(2 / pi) */
 
 static unsigned rows_grid(int N) { return (unsigned)((N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK); }
@@ -285,74 +284,6 @@ static void gelu_backward(float *dinp, const void *inp, const float *dout, size_
   WF_CUDA_LAUNCHED("gelu_backward_kernel (16-bit)");
 }
 
-/* ---- cross-entropy over 16-bit logits (xent.cu's algorithm: a block per row) --------------- */
-
-template <typename T>
-__global__ static void xent_stats_kernel(float *row_max, float *row_sumexp, float *target_logit,
-                                         const T *logits, const int *targets, int V, int ld,
-                                         int v_offset)
-{
-  __shared__ float red[32];
-  const T *l = logits + (size_t)blockIdx.x * ld;
-  float mx = -INFINITY;
-  for (int c = threadIdx.x; c < V; c += blockDim.x)
-    mx = fmaxf(mx, wf__ld(l, c));
-  mx = wf__block_max(mx, red);
-  float s = 0.0f;
-  for (int c = threadIdx.x; c < V; c += blockDim.x)
-    s += expf(wf__ld(l, c) - mx);
-  s = wf__block_sum(s, red);
-  if (threadIdx.x != 0)
-    return;
-  int tg = targets[blockIdx.x] - v_offset;
-  row_max[blockIdx.x] = mx;
-  row_sumexp[blockIdx.x] = s;
-  target_logit[blockIdx.x] = tg >= 0 && tg < V ? wf__ld(l, tg) : 0.0f;
-}
-
-/* dlogits = store(dloss (softmax - onehot)); may alias logits (read, then written, by
- * the same thread). */
-template <typename T>
-__global__ static void xent_backward_kernel(T *dlogits, const T *logits, const float *row_max,
-                                            const float *row_sumexp, const int *targets,
-                                            float dloss, int V, int ld, int v_offset)
-{
-  size_t row = blockIdx.x;
-  const T *l = logits + row * ld;
-  T *d = dlogits + row * ld;
-  float mx = row_max[row], inv = 1.0f / row_sumexp[row];
-  int tg = targets[row] - v_offset;
-  for (int c = threadIdx.x; c < ld; c += blockDim.x) {
-    float g = 0.0f;
-    if (c < V)
-      g = dloss * (expf(wf__ld(l, c) - mx) * inv - (c == tg ? 1.0f : 0.0f));
-    wf__st(d, c, g);
-  }
-}
-
-template <typename T>
-static void xent_stats(float *mx, float *se, float *tl, const void *logits, const int *targets,
-                       int N, int V, int ld, int v0, wf_stream *s)
-{
-  if (N <= 0)
-    return;
-  xent_stats_kernel<T><<<(unsigned)N, XENT_THREADS, 0, (cudaStream_t)s>>>(
-      mx, se, tl, (const T *)logits, targets, V, ld, v0);
-  WF_CUDA_LAUNCHED("xent_stats_kernel (16-bit)");
-}
-
-template <typename T>
-static void xent_backward(void *dlogits, const void *logits, const float *mx, const float *se,
-                          const int *targets, float dloss, int N, int V, int ld, int v0,
-                          wf_stream *s)
-{
-  if (N <= 0 || ld <= 0)
-    return;
-  xent_backward_kernel<T><<<(unsigned)N, XENT_THREADS, 0, (cudaStream_t)s>>>(
-      (T *)dlogits, (const T *)logits, mx, se, targets, dloss, V, ld, v0);
-  WF_CUDA_LAUNCHED("xent_backward_kernel (16-bit)");
-}
-
 /* ---- GEMMs over 16-bit operands ---------------------------------------------------------------
  */
 
@@ -417,20 +348,8 @@ static cublasStatus_t descs16_make(wf__lt_descs *x, const gemm16 *g, bool bias, 
 static cublasStatus_t lt16_enqueue(const wf__lt *lt, const gemm16 *g, bool bias, cudaStream_t s)
 {
   wf__lt_descs x = {};
-  cublasStatus_t st = descs16_make(&x, g, bias, lt->workspace_bytes);
-  cublasLtMatmulHeuristicResult_t h = {};
-  int found = 0;
-  if (st == CUBLAS_STATUS_SUCCESS)
-    st =
-        cublasLtMatmulAlgoGetHeuristic(lt->handle, x.op, x.a, x.b, x.d, x.d, x.pref, 1, &h, &found);
-  if (st == CUBLAS_STATUS_SUCCESS && found == 0)
-    st = CUBLAS_STATUS_NOT_SUPPORTED;
-  const float one = 1.0f;
-  if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmul(lt->handle, x.op, &one, g->A, x.a, g->B, x.b, &g->beta, g->D, x.d, g->D,
-                        x.d, &h.algo, lt->workspace, lt->workspace_bytes, s);
-  wf__lt_descs_destroy(&x);
-  return st;
+  cublasStatus_t made = descs16_make(&x, g, bias, lt->workspace_bytes);
+  return wf__lt_run(lt, &x, made, g->A, g->B, &g->beta, g->D, s);
 }
 
 /* out (m x n, column-major: rows of n, m columns each) += bias after a plain GEMM */
@@ -993,8 +912,8 @@ template <typename T> static wf_ktable storage_table(const wf_ktable *k32, int f
   t.gelu_forward = gelu_forward<T>;
   t.gelu_backward = gelu_backward<T>;
   t.residual_forward = residual_forward<T>;
-  t.xent_stats = xent_stats<T>;
-  t.xent_backward = xent_backward<T>;
+  t.xent_stats = wf__xent_stats<T>;
+  t.xent_backward = wf__xent_backward<T>;
   t.format = format;
   t.store = store<T>;
   t.load = load<T>;

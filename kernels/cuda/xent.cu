@@ -8,31 +8,33 @@
  * v_offset the global column of local column 0. Columns [V, ld) are padding:
  * ignored by the statistics and set to 0 in dlogits.
  */
-#include "cuda_int.h"
+#include "act_int.h"
 
 #define XENT_THREADS 256
 
-/* row_max, row_sumexp, target_logit (N); logits (N,ld); targets (N) */
+/* row_max, row_sumexp, target_logit (N); logits (N,ld) of type E (act_int.h: fp32, or
+ * the 16-bit tables' bf16 / fp16, read widened); targets (N) */
+template <typename E>
 __global__ static void xent_stats_kernel(float *row_max, float *row_sumexp, float *target_logit,
-                                         const float *logits, const int *targets, int V, int ld,
+                                         const E *logits, const int *targets, int V, int ld,
                                          int v_offset)
 {
   __shared__ float red[32];
-  const float *l = logits + (size_t)blockIdx.x * ld;
+  const E *l = logits + (size_t)blockIdx.x * ld;
   float mx = -INFINITY;
   for (int c = threadIdx.x; c < V; c += blockDim.x)
-    mx = fmaxf(mx, l[c]);
+    mx = fmaxf(mx, wf__ld(l, c));
   mx = wf__block_max(mx, red);
   float s = 0.0f;
   for (int c = threadIdx.x; c < V; c += blockDim.x)
-    s += expf(l[c] - mx);
+    s += expf(wf__ld(l, c) - mx);
   s = wf__block_sum(s, red);
   if (threadIdx.x != 0)
     return;
   int tg = targets[blockIdx.x] - v_offset;
   row_max[blockIdx.x] = mx;
   row_sumexp[blockIdx.x] = s;
-  target_logit[blockIdx.x] = tg >= 0 && tg < V ? l[tg] : 0.0f;
+  target_logit[blockIdx.x] = tg >= 0 && tg < V ? wf__ld(l, tg) : 0.0f;
 }
 
 /* losses (N) */
@@ -43,36 +45,65 @@ __global__ static void xent_loss_kernel(float *losses, const float *row_max,
   WF_GRID_STRIDE(i, n) { losses[i] = logf(row_sumexp[i]) + row_max[i] - target_logit[i]; }
 }
 
-/* dlogits (N,ld) = dloss (softmax - onehot). dlogits may alias logits: every
- * element is read and then written by the same thread, hence no __restrict__. */
-__global__ static void xent_backward_kernel(float *dlogits, const float *logits,
-                                            const float *row_max, const float *row_sumexp,
-                                            const int *targets, float dloss, int V, int ld,
-                                            int v_offset)
+/* dlogits (N,ld) = dloss (softmax - onehot), stored in E. dlogits may alias logits:
+ * every element is read and then written by the same thread, hence no __restrict__. */
+template <typename E>
+__global__ static void xent_backward_kernel(E *dlogits, const E *logits, const float *row_max,
+                                            const float *row_sumexp, const int *targets,
+                                            float dloss, int V, int ld, int v_offset)
 {
   size_t row = blockIdx.x;
-  const float *l = logits + row * ld;
-  float *d = dlogits + row * ld;
+  const E *l = logits + row * ld;
+  E *d = dlogits + row * ld;
   float mx = row_max[row];
   float inv = 1.0f / row_sumexp[row];
   int tg = targets[row] - v_offset;
   for (int c = threadIdx.x; c < ld; c += blockDim.x) {
     float g = 0.0f;
     if (c < V)
-      g = dloss * (expf(l[c] - mx) * inv - (c == tg ? 1.0f : 0.0f));
-    d[c] = g;
+      g = dloss * (expf(wf__ld(l, c) - mx) * inv - (c == tg ? 1.0f : 0.0f));
+    wf__st(d, c, g);
   }
 }
+
+template <typename E>
+void wf__xent_stats(float *row_max, float *row_sumexp, float *target_logit, const void *logits,
+                    const int *targets, int N, int V, int ld, int v_offset, wf_stream *stream)
+{
+  if (N <= 0)
+    return;
+  xent_stats_kernel<E><<<(unsigned)N, XENT_THREADS, 0, (cudaStream_t)stream>>>(
+      row_max, row_sumexp, target_logit, (const E *)logits, targets, V, ld, v_offset);
+  WF_CUDA_LAUNCHED("xent_stats_kernel");
+}
+
+template <typename E>
+void wf__xent_backward(void *dlogits, const void *logits, const float *row_max,
+                       const float *row_sumexp, const int *targets, float dloss, int N, int V,
+                       int ld, int v_offset, wf_stream *stream)
+{
+  if (N <= 0 || ld <= 0)
+    return;
+  xent_backward_kernel<E><<<(unsigned)N, XENT_THREADS, 0, (cudaStream_t)stream>>>(
+      (E *)dlogits, (const E *)logits, row_max, row_sumexp, targets, dloss, V, ld, v_offset);
+  WF_CUDA_LAUNCHED("xent_backward_kernel");
+}
+
+#define WF_XENT_FORMS(E)                                                                           \
+  template void wf__xent_stats<E>(float *, float *, float *, const void *, const int *, int, int,  \
+                                  int, int, wf_stream *);                                          \
+  template void wf__xent_backward<E>(void *, const void *, const float *, const float *,           \
+                                     const int *, float, int, int, int, int, wf_stream *);
+WF_XENT_FORMS(float)
+WF_XENT_FORMS(__nv_bfloat16)
+WF_XENT_FORMS(__half)
 
 extern "C" void wf_cuda_xent_stats(float *row_max, float *row_sumexp, float *target_logit,
                                    const float *logits, const int *targets, int N, int V, int ld,
                                    int v_offset, wf_stream *stream)
 {
-  if (N <= 0)
-    return;
-  xent_stats_kernel<<<(unsigned)N, XENT_THREADS, 0, (cudaStream_t)stream>>>(
-      row_max, row_sumexp, target_logit, logits, targets, V, ld, v_offset);
-  WF_CUDA_LAUNCHED("xent_stats_kernel");
+  wf__xent_stats<float>(row_max, row_sumexp, target_logit, logits, targets, N, V, ld, v_offset,
+                        stream);
 }
 
 extern "C" void wf_cuda_xent_loss(float *losses, const float *row_max, const float *row_sumexp,
@@ -89,11 +120,8 @@ extern "C" void wf_cuda_xent_backward(float *dlogits, const float *logits, const
                                       const float *row_sumexp, const int *targets, float dloss,
                                       int N, int V, int ld, int v_offset, wf_stream *stream)
 {
-  if (N <= 0 || ld <= 0)
-    return;
-  xent_backward_kernel<<<(unsigned)N, XENT_THREADS, 0, (cudaStream_t)stream>>>(
-      dlogits, logits, row_max, row_sumexp, targets, dloss, V, ld, v_offset);
-  WF_CUDA_LAUNCHED("xent_backward_kernel");
+  wf__xent_backward<float>(dlogits, logits, row_max, row_sumexp, targets, dloss, N, V, ld, v_offset,
+                           stream);
 }
 
 /* stats (N,3) = {row_max, row_sumexp, target_logit} of each row */
