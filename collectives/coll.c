@@ -151,6 +151,14 @@ static wf_status check_transport(const wf_comm *c, const wf__op *d, const wf__tr
              c->name, wf_comm_op_name(d->op), wf_comm_dtype_name(d->dt), tp->name);
     return WF_EUNSUPPORTED;
   }
+  bool p2p = d->op == WF_OP_SEND || d->op == WF_OP_RECV;
+  if (p2p && d->peer == c->rank && tp->on_device && c->group_depth == 0) {
+    WF_ERROR("comm '%s' %s of a device buffer to itself (rank %d): NCCL pairs a rank's send "
+             "to itself only with its receive in the same group; post both between "
+             "wf_comm_group_start and wf_comm_group_end",
+             c->name, wf_comm_op_name(d->op), c->rank);
+    return WF_EUNSUPPORTED;
+  }
   if (c->group_depth > 0 && !tp->groupable) {
     WF_ERROR("comm '%s': a grouped %s of a device buffer needs NCCL, and this communicator "
              "stages device buffers through MPI (ranks share a GPU); post it on its own",

@@ -13,7 +13,8 @@ each run whatever the others did:
                  (tests/gpu/gpu_probe); every shared library of every binary of the bundle
                  resolves, to the bundle, glibc or CUDA (ld.so --list); the bundle's
                  mpirun starts two CPU ranks that train 3 steps.
-  2 kernels      every CUDA kernel against its CPU twin (test_gpu_kernels), then the
+  2 kernels      every CUDA kernel against its CPU twin (test_gpu_kernels), cuDNN's
+                 attention graphs (test_cudnn_graphs), then the
                  collectives on device buffers: NCCL (1 rank) and host-staged (2 ranks
                  sharing the GPU; test_nccl_gpu).
   3 training     tests/gpu/train_gpu.py: one rank GPU vs CPU (fp32, bf16); 2 and 4 ranks
@@ -207,6 +208,10 @@ def part_kernels(r, deadline, res):
                     deadline)
     results.append(("every CUDA kernel vs its CPU twin",) + judge(rc, out, "test_gpu_kernels"))
     res["kernel_lines"] = [l for l in out.splitlines() if l.strip().startswith(("ok", "FAIL"))]
+    rc, out = r.run("test_cudnn_graphs", [bundle_path("build/tests/gpu/test_cudnn_graphs")],
+                    deadline)
+    results.append(("cuDNN's attention graphs vs the reference",) +
+                   judge(rc, out, "test_cudnn_graphs"))
     nccl = bundle_path("build/tests/collectives/test_nccl_gpu")
     for n, what in ((1, "collectives on NCCL (1 rank)"),
                     (2, "collectives host-staged (2 ranks share the GPU)")):

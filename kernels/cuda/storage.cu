@@ -8,15 +8,18 @@
  * non-GEMM weights stay fp32.
  *
  * GEMMs: cuBLASLt with the 16-bit operands as they are stored (the activations, the
- * model's 16-bit weight copy, the output gradient), fp32 compute and accumulation, an
- * fp32 bias added before the one rounding of a 16-bit output (the BIAS epilogue with
- * an fp32 bias vector; where the heuristics offer none, the GEMM runs plain and a
- * kernel adds the bias to the stored output, which rounds twice: within the twin
- * tests' bound). The fused matmul + GELU is one GEMM with cuBLASLt's GELU_AUX_BIAS
- * epilogue where it runs (gelu_epilogue: the GELU of the unrounded product, so it may
- * differ from the CPU's composition by a step of the format), else the composition, as on
- * the CPU: the stored pre-activation, then the GELU of it. dbias is a column sum of the 16-bit
- * dout, rows in a fixed order per column (deterministic).
+ * model's 16-bit weight copy, the output gradient), fp32 compute and accumulation. An
+ * fp32 output gets its fp32 bias from the BIAS epilogue. A 16-bit output with a bias
+ * cannot: cuBLASLt takes a bias only of the output's type (an fp32 bias with a bf16 D
+ * is CUBLAS_STATUS_INVALID_VALUE, seen on an H100 with cuBLASLt 13.1), and adding the
+ * bias to an already rounded output rounds twice, which loses the product's low bits
+ * where the bias cancels it. So such a GEMM writes fp32 blocks with the bias epilogue
+ * and one kernel rounds them once, as the CPU's oneDNN and widened paths do
+ * (run16_rounded); the matmul + GELU's kernel also stores the GELU of the rounded
+ * pre-activation, the CPU's composition. The price is the fp32 block's traffic; a bias
+ * read from the 16-bit weight copy (llm.c's and PyTorch autocast's choice) would let the
+ * epilogue run, and would change the CPU twin. dbias is a column sum of the 16-bit dout,
+ * rows in a fixed order per column (deterministic).
  *
  * Attention in bf16 (up to head size 128): runtime.attention's path (attention_impl.cu:
  * cuDNN, weft's flash kernels, or the fp32 reference) on the stored qkv, its output
@@ -29,8 +32,6 @@
  *
  * Legend: N rows, C channels, OC output channels, V vocabulary columns, ld row stride.
  */
-#include <atomic>
-
 #include "act_int.h"
 #include "attn_int.h"
 
@@ -242,6 +243,19 @@ template <typename T> __global__ static void gelu_forward_kernel(T *out, const T
   WF_GRID_STRIDE(i, n) { wf__st(out, i, gelu(wf__ld(inp, i))); }
 }
 
+/* out = x rounded to T; with gelu_out, also the GELU of that stored value, as the CPU's
+ * composition computes it. */
+template <typename T>
+__global__ static void round_gelu_kernel(T *out, T *gelu_out, const float *x, size_t n)
+{
+  WF_GRID_STRIDE(i, n)
+  {
+    wf__st(out, i, x[i]);
+    if (gelu_out)
+      wf__st(gelu_out, i, gelu(wf__ld(out, i)));
+  }
+}
+
 template <typename T>
 __global__ static void gelu_backward_kernel(float *dinp, const T *inp, const float *dout, size_t n)
 {
@@ -292,8 +306,7 @@ template <> cudaDataType_t cuda_type<__nv_bfloat16>() { return CUDA_R_16BF; }
 template <> cudaDataType_t cuda_type<__half>() { return CUDA_R_16F; }
 
 /* D (m,n) = op(A) op(B) + beta D (+ bias, m fp32 values) in cuBLAS's column-major terms,
- * A and B of type ab, D of type dt (fp32 or ab); with aux (m,n, type dt, ld m), the GELU
- * epilogue: aux = the biased product, D = its GELU. */
+ * A and B of type ab, D of type dt (fp32 or ab). */
 struct gemm16 {
   cublasOperation_t ta, tb;
   int m, n, k;
@@ -305,16 +318,12 @@ struct gemm16 {
   void *D;
   cudaDataType_t ab, dt;
   const float *bias;
-  void *aux;
 };
 
 static cublasStatus_t descs16_make(wf__lt_descs *x, const gemm16 *g, bool bias, size_t workspace)
 {
-  cublasLtEpilogue_t epi = g->aux ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
-                           : bias ? CUBLASLT_EPILOGUE_BIAS
-                                  : CUBLASLT_EPILOGUE_DEFAULT;
+  cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
   cudaDataType_t bias_type = CUDA_R_32F;
-  int64_t aux_ld = g->m;
   WF__LT_TRY(cublasLtMatmulDescCreate(&x->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   WF__LT_TRY(
       cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_TRANSA, &g->ta, sizeof g->ta));
@@ -327,12 +336,6 @@ static cublasStatus_t descs16_make(wf__lt_descs *x, const gemm16 *g, bool bias, 
                                               sizeof g->bias));
     WF__LT_TRY(cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                               &bias_type, sizeof bias_type));
-  }
-  if (g->aux) {
-    WF__LT_TRY(cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-                                              &g->aux, sizeof g->aux));
-    WF__LT_TRY(cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
-                                              sizeof aux_ld));
   }
   bool at = g->ta == CUBLAS_OP_T, bt = g->tb == CUBLAS_OP_T;
   WF__LT_TRY(cublasLtMatrixLayoutCreate(&x->a, g->ab, at ? g->k : g->m, at ? g->m : g->k, g->lda));
@@ -353,18 +356,14 @@ static cublasStatus_t lt16_enqueue(const wf__lt *lt, const gemm16 *g, bool bias,
 }
 
 /* out (m x n, column-major: rows of n, m columns each) += bias after a plain GEMM */
-template <typename T>
-__global__ static void add_bias_kernel(T *out, const float *bias, int m, size_t n)
-{
-  WF_GRID_STRIDE(i, n) { wf__st(out, i, wf__ld(out, i) + bias[i % (size_t)m]); }
-}
 __global__ static void add_bias32_kernel(float *out, const float *bias, int m, size_t n)
 {
   WF_GRID_STRIDE(i, n) { out[i] += bias[i % (size_t)m]; }
 }
 
-/* Run g under the GEMM lock: with the bias epilogue where cuBLASLt has one, else plain
- * and the bias added by a kernel. k = 0 is an empty sum: D = bias (beta is 0 there). */
+/* Run g under the GEMM lock: an fp32 output with the bias epilogue where cuBLASLt has
+ * one, else plain and the bias added by a kernel; a 16-bit output without a bias (those
+ * with one go through run16_rounded). k = 0 is an empty sum: D = bias (beta is 0 there). */
 template <typename T> static bool run16(const gemm16 *g, cudaStream_t s)
 {
   size_t n = (size_t)g->m * g->n, es = g->dt == CUDA_R_32F ? 4 : 2;
@@ -375,9 +374,10 @@ template <typename T> static bool run16(const gemm16 *g, cudaStream_t s)
     wf__lt lt;
     if (!wf__lt_begin(&lt, __FILE__, __LINE__))
       return false;
-    cublasStatus_t st = g->bias ? lt16_enqueue(&lt, g, true, s) : CUBLAS_STATUS_NOT_SUPPORTED;
+    bool epilogue = g->bias && g->dt == CUDA_R_32F; /* see the top of the file */
+    cublasStatus_t st = epilogue ? lt16_enqueue(&lt, g, true, s) : CUBLAS_STATUS_NOT_SUPPORTED;
     fused = st == CUBLAS_STATUS_SUCCESS;
-    if (st == CUBLAS_STATUS_NOT_SUPPORTED)
+    if (!fused) /* no algorithm for the epilogue, or none at all: say so below */
       st = lt16_enqueue(&lt, g, false, s);
     char what[96];
     snprintf(what, sizeof what, "cublasLtMatmul 16-bit (m %d, n %d, k %d)", g->m, g->n, g->k);
@@ -386,11 +386,37 @@ template <typename T> static bool run16(const gemm16 *g, cudaStream_t s)
   }
   if (fused || !g->bias)
     return true;
-  if (g->dt == CUDA_R_32F)
-    add_bias32_kernel<<<wf__grid_1d(n, 256), 256, 0, s>>>((float *)g->D, g->bias, g->m, n);
-  else
-    add_bias_kernel<T><<<wf__grid_1d(n, 256), 256, 0, s>>>((T *)g->D, g->bias, g->m, n);
-  return WF_CUDA_LAUNCHED("add_bias_kernel (16-bit)");
+  add_bias32_kernel<<<wf__grid_1d(n, 256), 256, 0, s>>>((float *)g->D, g->bias, g->m, n);
+  return WF_CUDA_LAUNCHED("add_bias32_kernel");
+}
+
+/* A 16-bit output g->D (beta 0, B not transposed) rounded once from the fp32 sum with
+ * its bias, as the CPU's (see the top of the file): fp32 column blocks of at most
+ * 32 MiB from CUDA's stream-ordered pool, each with the bias epilogue, then rounded by a
+ * kernel that also writes the GELU into gelu_out where one is given. */
+template <typename T> static bool run16_rounded(const gemm16 *g, void *gelu_out, cudaStream_t s)
+{
+  const size_t cap = ((size_t)32 << 20) / sizeof(float);
+  int cols = (int)WF_MIN((size_t)g->n, WF_MAX((size_t)1, cap / (size_t)g->m));
+  float *tmp = NULL;
+  if (!WF_CUDA_OK(cudaMallocAsync((void **)&tmp, (size_t)cols * g->m * sizeof(float), s)))
+    return false;
+  bool ok = true;
+  for (int j = 0; ok && j < g->n; j += cols) {
+    gemm16 b = *g;
+    b.n = WF_MIN(cols, g->n - j);
+    b.B = (const T *)g->B + (size_t)j * (size_t)g->ldb;
+    b.D = tmp;
+    b.dt = CUDA_R_32F;
+    size_t n = (size_t)b.n * (size_t)g->m, at = (size_t)j * (size_t)g->m;
+    ok = run16<T>(&b, s);
+    if (ok) {
+      round_gelu_kernel<T><<<wf__grid_1d(n, 256), 256, 0, s>>>(
+          (T *)g->D + at, gelu_out ? (T *)gelu_out + at : NULL, tmp, n);
+      ok = WF_CUDA_LAUNCHED("round_gelu_kernel (16-bit)");
+    }
+  }
+  return WF_CUDA_OK(cudaFreeAsync(tmp, s)) && ok;
 }
 
 /* out^T (OC,N) = W (OC,C)^T-view . inp^T (+ bias): matmul.cu's forward, out of type dt */
@@ -400,39 +426,12 @@ static void forward16(void *out, cudaDataType_t dt, const void *inp, const void 
 {
   if (N <= 0 || OC <= 0 || C < 0)
     return;
-  gemm16 g = {CUBLAS_OP_T, CUBLAS_OP_N,    OC, N,    C,   w, C, inp, C, 0.0f,
-              out,         cuda_type<T>(), dt, bias, NULL};
-  run16<T>(&g, (cudaStream_t)stream);
-}
-
-/* The fused matmul + GELU in one GEMM: cuBLASLt's GELU_AUX_BIAS epilogue writes pre (the
- * aux output) = the biased fp32 product rounded, and gelu_out = cuBLASLt's GELU (the tanh
- * form, with the hardware's approximate tanh) of the unrounded product, rounded. Its
- * conditions: a bias, C > 0, OC a multiple of 8 (the aux leading dimension), and an
- * algorithm for the shape (the same answer for a shape every time, so a recomputed
- * forward takes the path the first took). False (nothing written) where it does not run:
- * the caller composes. */
-template <typename T>
-static bool gelu_epilogue(void *gelu_out, void *pre, const void *inp, const void *w,
-                          const float *bias, int N, int C, int OC, cudaStream_t s)
-{
-  static std::atomic<bool> said{false};
-  if (!bias || N <= 0 || C <= 0 || OC <= 0 || OC % 8 != 0)
-    return false;
-  gemm16 g = {CUBLAS_OP_T,    CUBLAS_OP_N,    OC,   N,  C, w, C, inp, C, 0.0f, gelu_out,
-              cuda_type<T>(), cuda_type<T>(), bias, pre};
-  wf__lt lt;
-  if (!wf__lt_begin(&lt, __FILE__, __LINE__))
-    return false;
-  cublasStatus_t st = lt16_enqueue(&lt, &g, true, s);
-  wf__lt_end(CUBLAS_STATUS_SUCCESS, __FILE__, __LINE__, "cublasLtMatmul 16-bit GELU epilogue");
-  if (st == CUBLAS_STATUS_SUCCESS)
-    return true;
-  if (!said.exchange(true)) /* one line per process */
-    WF_INFO("matmul + GELU (16-bit): cuBLASLt's GELU_AUX_BIAS epilogue refused (status %d, m %d, "
-            "n %d, k %d): the GEMM with its bias, then the GELU kernel, for such shapes",
-            (int)st, OC, N, C);
-  return false;
+  gemm16 g = {CUBLAS_OP_T, CUBLAS_OP_N,    OC, N,   C, w, C, inp, C, 0.0f,
+              out,         cuda_type<T>(), dt, bias};
+  if (bias && dt != CUDA_R_32F)
+    run16_rounded<T>(&g, NULL, (cudaStream_t)stream);
+  else
+    run16<T>(&g, (cudaStream_t)stream);
 }
 
 template <typename T>
@@ -454,10 +453,11 @@ static void matmul_gelu_forward(void *gelu_out, void *pre, const void *inp, cons
                                 const float *bias, int N, int C, int OC, int /* lowp: the format */,
                                 wf_stream *s)
 {
-  if (gelu_epilogue<T>(gelu_out, pre, inp, w, bias, N, C, OC, (cudaStream_t)s))
+  if (N <= 0 || OC <= 0 || C < 0)
     return;
-  forward16<T>(pre, cuda_type<T>(), inp, w, bias, N, C, OC, s);
-  gelu_forward<T>(gelu_out, pre, (size_t)N * OC, s);
+  gemm16 g = {CUBLAS_OP_T,    CUBLAS_OP_N,    OC,  N, C, w, C, inp, C, 0.0f, pre,
+              cuda_type<T>(), cuda_type<T>(), bias};
+  run16_rounded<T>(&g, gelu_out, (cudaStream_t)s);
 }
 
 /* dbias (OC) += the column sums of dout (N,OC), 16-bit; block (32, 8). */
@@ -490,10 +490,9 @@ static void matmul_backward(float *dinp, float *dweight, float *dbias, const voi
   cudaDataType_t t = cuda_type<T>();
   if (N <= 0 || OC <= 0 || C < 0)
     return;
-  gemm16 gi = {CUBLAS_OP_N, CUBLAS_OP_N, C,    N, OC,         w,    C,   dout,
-               OC,          1.0f,        dinp, t, CUDA_R_32F, NULL, NULL};
-  gemm16 gw = {CUBLAS_OP_N, CUBLAS_OP_T, C,       OC, N,          inp,  C,   dout,
-               OC,          1.0f,        dweight, t,  CUDA_R_32F, NULL, NULL};
+  gemm16 gi = {CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, w, C, dout, OC, 1.0f, dinp, t, CUDA_R_32F, NULL};
+  gemm16 gw = {CUBLAS_OP_N, CUBLAS_OP_T, C,    OC,      N, inp,        C,
+               dout,        OC,          1.0f, dweight, t, CUDA_R_32F, NULL};
   if (C > 0 && dinp && !run16<T>(&gi, s))
     return;
   if (C > 0 && dweight && !run16<T>(&gw, s))

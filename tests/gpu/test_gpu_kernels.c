@@ -151,7 +151,8 @@ static void expect_close(ctx *c, const char *what, const float *ref, const float
       wf_gpu_memcpy_d2h(c->g, got, d, n * sizeof(float)) != WF_OK)
     bad = 0;
   for (size_t i = 0; i < n && bad == n; i++) {
-    double err = fabs((double)got[i] - ref[i]);
+    /* equal values match, infinities too (a 16-bit store's overflow on both sides) */
+    double err = got[i] == ref[i] ? 0.0 : fabs((double)got[i] - ref[i]);
     if (!(err <= atol + rtol * fabs(ref[i])))
       bad = i;
     if (err > worst) {
@@ -881,9 +882,10 @@ static void test_sumsq_scale(ctx *c)
   double acc = 2.5, *d_acc = dcopy(c, &acc, sizeof acc);
   wf_sumsq_acc(&acc, x, n);
   c->k->sumsq_acc(d_acc, d_x, n, c->stream);
-  expect_double(c, "sumsq_acc", acc, read_double(c, d_acc), 1e-9);
-  c->k->sumsq_acc(d_acc, d_x, 0, c->stream); /* empty: adds nothing */
-  expect_double(c, "sumsq_acc empty", acc, read_double(c, d_acc), 0);
+  double before = read_double(c, d_acc);
+  expect_double(c, "sumsq_acc", acc, before, 1e-9);
+  c->k->sumsq_acc(d_acc, d_x, 0, c->stream); /* empty: adds nothing, to the GPU's own sum */
+  expect_double(c, "sumsq_acc empty", before, read_double(c, d_acc), 0);
   wf_sumsq_acc(&acc, x + 1, n - 1); /* not 16-byte aligned: the element-wise loads */
   c->k->sumsq_acc(d_acc, d_x + 1, n - 1, c->stream);
   expect_double(c, "sumsq_acc unaligned", acc, read_double(c, d_acc), 1e-9);
@@ -1174,24 +1176,21 @@ static void storage_xent(ctx *c, const tables16 *t)
   expect_stored16(c, t, "xent_backward in place", l, d_l, NL, TOL_ELEM, TOL_ELEM);
 }
 
-/* The fused matmul + GELU's output where the GPU may run cuBLASLt's GELU_AUX_BIAS
- * epilogue (storage.cu), against the CPU's composition gelu(stored pre): the GPU takes
- * the GELU of the unrounded pre, which the CPU's stored pre misses by half a step of the
- * format (2^-9 |pre| bf16, 2^-12 fp16), times GELU's slope (at most 1.13); and its GELU
- * uses the hardware's approximate tanh (absolute error 2^-10.9 at most, PTX's tanh.approx),
- * times d gelu / d tanh = |pre| / 2. On top: the GEMM's TOL_SUM, one step of the output
- * and TOL_ELEM. A wrong bias, layout or activation is off by O(|pre|) and fails. */
+/* The fused matmul + GELU's output against the CPU's: both take the GELU of the stored
+ * pre-activation (storage.cu), which their different sum orders may put a step of the
+ * format apart where the fp32 sum lies near a rounding boundary (2^-7 |pre| bf16, 2^-10
+ * fp16), times GELU's slope (at most 1.13). On top: the GEMM's TOL_SUM, one step of the
+ * output and TOL_ELEM. A wrong bias, layout or activation is off by O(|pre|) and fails. */
 static void expect_gelu16(ctx *c, const tables16 *t, const uint16_t *ref, const uint16_t *pre,
                           const void *d, size_t n)
 {
-  double half = t->fmt == WF_PREC_BF16 ? 0x1p-9 : 0x1p-12;
+  double step = t->fmt == WF_PREC_BF16 ? 0x1p-7 : 0x1p-10;
   expect_stored16_by(c, t, "matmul_gelu_forward out", ref, d, n, TOL_SUM, TOL_ELEM, pre,
-                     1.13 * half + 0.5 * 0x1p-10 + TOL_SUM);
+                     1.13 * step + TOL_SUM);
 }
 
 /* 16-bit operands: exact products on both sides, summed in other orders (TOL_SUM); the
- * fused GELU: expect_gelu16 (the epilogue where OC is a multiple of 8, else the
- * composition on both sides). */
+ * fused GELU: expect_gelu16. */
 static void storage_matmul(ctx *c, const tables16 *t, int N, int C, int OC)
 {
   const size_t NC = (size_t)N * C, NO = (size_t)N * OC, OCC = (size_t)OC * C;
