@@ -111,6 +111,10 @@ typedef struct bench {
   int failed; /* a buffer could not be made */
 } bench;
 
+/* The model's GEMM width of the vocabulary (worker/model/family.c): a multiple of 128,
+ * for the tensor cores' tiles. The loss kernels read the V real columns of rows of Vp. */
+static int padded_vocab(const shape *s) { return (s->V + 127) / 128 * 128; }
+
 static size_t params_of(const shape *s)
 {
   size_t C = (size_t)s->C;
@@ -126,11 +130,11 @@ static size_t role_elems(const bench *b, role r, size_t *esize)
   if (r <= ACT4)
     return N * 4 * C;
   if (r <= WT3)
-    return (size_t)WF_MAX(s->V, 4 * s->C) * C;
+    return (size_t)WF_MAX(padded_vocab(s), 4 * s->C) * C;
   if (r <= POS1)
     return N * 6;
   if (r == LOGITS)
-    return N * (size_t)s->V;
+    return N * (size_t)padded_vocab(s);
   if (r == TOK)
     return *esize = sizeof(int), N;
   if (r <= PAR3)
@@ -152,7 +156,7 @@ static size_t role_elems(const bench *b, role r, size_t *esize)
   if (r == OUT16 || r == DOUT16)
     return N * C;
   if (r == LOGITS16)
-    return N * (size_t)s->V;
+    return N * (size_t)padded_vocab(s);
   if (r == LSE)
     return (size_t)s->B * s->NH * s->T;
   return b->k->attention_bf16_scratch(s->B, s->T, s->C, s->NH, s->NH);
@@ -227,13 +231,13 @@ static void *buf(bench *b, role r)
   const wf_ktable *k = (b)->k;                                                                     \
   wf_stream *s = (b)->s;                                                                           \
   int B = (b)->sh.B, T = (b)->sh.T, C = (b)->sh.C, NH = (b)->sh.NH, V = (b)->sh.V;                 \
-  int lowp = (b)->sh.lowp, N = B * T;                                                              \
+  int Vp = padded_vocab(&(b)->sh), lowp = (b)->sh.lowp, N = B * T;                                 \
   size_t n4 = (size_t)N * 4 * (size_t)C, np = params_of(&(b)->sh);                                 \
-  double dB = B, dT = T, dC = C, dV = V, dN = N, dP = (double)np;                                  \
+  double dB = B, dT = T, dC = C, dV = V, dVp = Vp, dN = N, dP = (double)np;                        \
   int KV = NH % 2 ? NH : NH / 2;                  /* Llama's rows: kv heads */                     \
   double dQK = dN * (NH + KV) * (double)(C / NH); /* elements of the q and k heads */              \
   (void)k, (void)s, (void)NH, (void)lowp, (void)n4, (void)dB, (void)dT, (void)dC, (void)dV,        \
-      (void)dN, (void)dP, (void)KV, (void)dQK
+      (void)dN, (void)dP, (void)KV, (void)dQK, (void)Vp, (void)dVp
 #define F(r) ((float *)buf(b, (r)))
 #define I(r) ((int *)buf(b, (r)))
 #define H(r) ((wf_bf16 *)buf(b, (r)))
@@ -291,20 +295,20 @@ static void *buf(bench *b, role r)
          k->matmul_forward(F(ACT3), F(ACT1), F(WT0), F(WT1), N, 4 * C, C, lowp, s))                \
   KERNEL(res_f, residual_forward, "residual_forward (N, C)", dN *dC, 4 * 3 * dN * dC, 0,           \
          k->residual_forward(F(ACT3), F(ACT0), F(ACT2), (size_t)N * C, s))                         \
-  KERNEL(head_f, matmul_forward, "matmul_forward lm head (C -> V)", 2 * dN * dC * dV,              \
-         4 * (dN * dC + dV * dC + dN * dV), 1,                                                     \
-         k->matmul_forward(F(LOGITS), F(ACT0), F(WT0), NULL, N, C, V, lowp, s))                    \
+  KERNEL(head_f, matmul_forward, "matmul_forward lm head (C -> Vp)", 2 * dN * dC * dVp,            \
+         4 * (dN * dC + dVp * dC + dN * dVp), 1,                                                   \
+         k->matmul_forward(F(LOGITS), F(ACT0), F(WT0), NULL, N, C, Vp, lowp, s))                   \
   KERNEL(cls16, classifier_bf16, "classifier_bf16 (N, V, in place)", 7 * dN * dV,                  \
          2 * 2 * dN * dV + 4 * 2 * dN, 0,                                                          \
-         k->classifier_bf16(H(LOGITS16), F(ROW0), I(TOK), 1.0f / N, N, V, V, s))                   \
+         k->classifier_bf16(H(LOGITS16), F(ROW0), I(TOK), 1.0f / N, N, V, Vp, s))                  \
   KERNEL(xs16, xent_stats_bf16, "xent_stats_bf16 (N, V)", 4 * dN * dV, 2 * dN * dV + 4 * 4 * dN,   \
-         0, k->xent_stats_bf16(F(ROW1), F(POS1), F(ROW2), H(LOGITS16), I(TOK), N, V, V, 0, s))     \
+         0, k->xent_stats_bf16(F(ROW1), F(POS1), F(ROW2), H(LOGITS16), I(TOK), N, V, Vp, 0, s))    \
   KERNEL(xb16, xent_backward_bf16, "xent_backward_bf16 (N, V, in place)", 4 * dN * dV,             \
          2 * 2 * dN * dV + 4 * 3 * dN, 0,                                                          \
          k->xent_backward_bf16(H(LOGITS16), H(LOGITS16), F(ROW1), F(POS1), I(TOK), 1.0f / N, N, V, \
-                               V, 0, s))                                                           \
+                               Vp, 0, s))                                                          \
   KERNEL(xs, xent_stats, "xent_stats (N, V)", 4 * dN * dV, 4 * (dN * dV + 4 * dN), 0,              \
-         k->xent_stats(F(ROW1), F(POS1), F(ROW2), F(LOGITS), I(TOK), N, V, V, 0, s))               \
+         k->xent_stats(F(ROW1), F(POS1), F(ROW2), F(LOGITS), I(TOK), N, V, Vp, 0, s))              \
   KERNEL(xpack, xent_pack, "xent_pack", 0, 4 * 6 * dN, 0,                                          \
          k->xent_pack(F(ROW3), F(ROW1), F(POS1), F(ROW2), N, s))                                   \
   KERNEL(xcomb, xent_combine, "xent_combine (2 parts)", 8 * dN, 4 * (6 * dN + 3 * dN), 0,          \
@@ -316,10 +320,10 @@ static void *buf(bench *b, role r)
   KERNEL(                                                                                          \
       xb, xent_backward, "xent_backward (N, V, in place)", 4 * dN * dV,                            \
       4 * (2 * dN * dV + 3 * dN), 0,                                                               \
-      k->xent_backward(F(LOGITS), F(LOGITS), F(ROW1), F(POS1), I(TOK), 1.0f / N, N, V, V, 0, s))   \
-  KERNEL(head_b, matmul_backward, "matmul_backward lm head", 4 * dN * dC * dV,                     \
-         4 * (dN * dV + 3 * dN * dC + 3 * dV * dC), 1,                                             \
-         k->matmul_backward(F(ACT1), F(WT2), NULL, F(LOGITS), F(ACT0), F(WT0), N, C, V, lowp, s))  \
+      k->xent_backward(F(LOGITS), F(LOGITS), F(ROW1), F(POS1), I(TOK), 1.0f / N, N, V, Vp, 0, s))  \
+  KERNEL(head_b, matmul_backward, "matmul_backward lm head (Vp)", 4 * dN * dC * dVp,               \
+         4 * (dN * dVp + 3 * dN * dC + 3 * dVp * dC), 1,                                           \
+         k->matmul_backward(F(ACT1), F(WT2), NULL, F(LOGITS), F(ACT0), F(WT0), N, C, Vp, lowp, s)) \
   KERNEL(res_b, residual_backward, "residual_backward (N, C)", 2 * dN * dC, 4 * 5 * dN * dC, 0,    \
          k->residual_backward(F(ACT1), F(ACT2), F(ACT3), (size_t)N * C, s))                        \
   KERNEL(                                                                                          \
