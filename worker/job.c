@@ -156,7 +156,8 @@ typedef struct boundary {
   bool in_ckpt;     /* inside the "checkpoint" phase */
   double ckpt_wall; /* when the last checkpoint after a step ended (wall time); 0 = none */
   int64_t checkpoints;
-  /* --check-estimate: after the first step, predicted beside measured memory */
+  /* --check-estimate: after the first step (with train.checkpoint_every, the first that
+   * follows a checkpoint, whose peak it then includes), predicted beside measured memory */
   const wf_config *check_cfg; /* NULL = no check */
   int rank, pp_rank, dp_rank;
   const wf_ktable *k;
@@ -184,6 +185,15 @@ static bool agree_stop(boundary *b, int step, bool *checkpoint)
   return stop;
 }
 
+/* --check-estimate waits for the first step after a checkpoint while checkpoints are due
+ * before the last step. */
+static bool check_waits(const boundary *b, int step)
+{
+  const wf_config *c = b->check_cfg;
+  return c->train.checkpoint_dir[0] && c->train.checkpoint_every > 0 && b->checkpoints == 0 &&
+         c->train.checkpoint_every < c->train.steps && step < c->train.steps;
+}
+
 /* After every step: tell the coordinator, then agree with every rank whether to stop or
  * checkpoint. The trainer checkpoints before it stops. */
 static bool on_step(void *user, const wf_train_step_info *info)
@@ -191,7 +201,7 @@ static bool on_step(void *user, const wf_train_step_info *info)
   boundary *b = user;
   b->last_step = info->step;
   wf_plane_report_step(b->plane, b->job, info, b->ckpt_wall, b->checkpoints);
-  if (b->check_cfg) {
+  if (b->check_cfg && !check_waits(b, info->step)) {
     wf_plan_check_print(b->check_cfg, b->pp_rank, b->dp_rank, b->rank, b->k, &b->base,
                         (long long)info->mem_bytes, stdout);
     b->check_cfg = NULL;

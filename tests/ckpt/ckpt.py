@@ -285,6 +285,37 @@ def case_export_sharded():
           "loads as model.init")
 
 
+def case_zero3_stream():
+    """ZeRO-3 writes a checkpoint's model file and --save's model from its dp shards
+    streamed to one writer in 4 MiB chunks (no rank gathers the parameters): at dp 3,
+    with a 65536-token vocabulary (4.3M parameters, so every shard spans two chunks and
+    no shard ends at a chunk's end), both files are byte for byte what ZeRO-2 writes
+    from the whole flat vector (ZeRO-3 trains bit for bit as ZeRO-2: equiv.py), and the
+    manifests record the same size and checksum."""
+    args = ["mesh.dp=3", "optim.bucket_mb=0", "model.vocab=65536", "train.batch_size=6",
+            "train.steps=2"]
+    files = {}
+    for z in (3, 2):
+        ck, final = path(f"ck{z}"), path(f"final{z}.bin")
+        run(3, args + [f"optim.zero={z}", f"train.checkpoint_dir={ck}", "--save", final])
+        step = os.path.join(ck, "step-000002")
+        man = json.load(open(os.path.join(step, "manifest.json")))
+        entry = [(f["bytes"], f["xxh3_64"]) for f in man["files"]
+                 if f["name"] == "model-pp00-tp00.bin"]
+        files[z] = (open(os.path.join(step, "model-pp00-tp00.bin"), "rb").read(),
+                    open(final, "rb").read(), entry)
+    (m3, s3, e3), (m2, s2, e2) = files[3], files[2]
+    if len(m3) // 3 <= 4 << 20:
+        fail(f"the model file is {len(m3)} bytes: a dp shard of it fits one 4 MiB chunk")
+    if m3 != m2 or e3 != e2:
+        fail(f"ZeRO-3's streamed model file ({len(m3)} bytes, manifest {e3}) differs from "
+             f"ZeRO-2's ({len(m2)} bytes, manifest {e2})")
+    if s3 != s2 or s3 != m3:
+        fail("ZeRO-3's --save differs from ZeRO-2's or from the checkpoint's llm.c file")
+    print(f"zero3-stream: dp 3 model file and --save ({len(m3)} bytes, xxh3 {e3[0][1]}) equal "
+          "ZeRO-2's byte for byte")
+
+
 def edit_manifest(step_dir, fn):
     mf = os.path.join(step_dir, "manifest.json")
     m = json.load(open(mf))
@@ -656,7 +687,8 @@ CASES = {
                                                    "train.microbatches=2"]),
     "reshard-dp2zero2-dp2zero1": lambda: case_reshard(2, ["optim.zero=2"], 2, ["optim.zero=1"]),
     "reshard-dp4zero2-np1": lambda: case_reshard(4, ["optim.zero=2"], 1, []),
-    # ZeRO-3 writes its parameters gathered whole and the same optimizer shards
+    # ZeRO-3 streams its parameter shards into one model file and writes the same
+    # optimizer shards
     "resume-dp2-zero3": lambda: case_resume(2, ["optim.zero=3"]),
     "resume-dp2pp2-zero3": lambda: case_resume(4, ["mesh.pp=2", "optim.zero=3",
                                                    "train.microbatches=2"]),
@@ -688,6 +720,7 @@ CASES = {
         8, HSDP + ["mesh.tp=2", "optim.zero=2"], 1, [], MODEL),
     "export": case_export,
     "export-tp2pp2": case_export_sharded,
+    "zero3-stream": case_zero3_stream,
     "bad-shards-tp2pp2": case_bad_shards,
     "kill-np1": lambda: kill_mid_write(1, [], 0, ".model-pp00-tp00.bin.tmp.*"),
     "kill-dp2-zero1": lambda: kill_mid_write(2, ["optim.zero=1"], 1,

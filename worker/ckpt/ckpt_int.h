@@ -170,6 +170,27 @@ wf_status wf__read_optim_part(const char *dir, const wf__entry *e, uint64_t n, c
 /* Read all of entry e's file and check its size and checksum (nothing is kept). */
 wf_status wf__verify_file(const char *dir, const wf__entry *e);
 
+/* ---- streaming parameters to a writer (stream.c) ------------------------------------------ */
+
+/* What a rank passes to the writer: elements [lo, hi) of the flat vector of its (pp, tp)
+ * shard of geometry geo (lo == hi: nothing). */
+typedef struct wf__piece {
+  uint64_t lo, hi;
+  wf_model_shard geo;
+} wf__piece;
+
+/* The writer's use of x, elements [lo, hi) of piece p (host memory, at most WF__CHUNK
+ * bytes). */
+typedef wf_status (*wf__sink)(void *user, const wf__piece *p, const float *x, uint64_t lo,
+                              uint64_t hi);
+
+/* Collective over c (NULL: this rank alone): every rank's piece, mine (x: its elements,
+ * device memory), reaches the sink on rank `root` in chunks, rank by rank in rank order.
+ * It always runs to the end (a failed sink is skipped after its failure, a failed device
+ * read sends zeros), so the caller agrees on the returned statuses. */
+wf_status wf__stream_pieces(wf_comm *c, int root, const wf__piece *mine, wf_dev *dev,
+                            const float *x, wf__sink sink, void *user);
+
 /* ---- the manifest (manifest.c) ---------------------------------------------------------- */
 
 #define WF__REC_LEN 20 /* uint64 per rank in the save gather (see wf__pack_rec) */

@@ -74,7 +74,8 @@ wf_status wf_ckpt_save(const wf_ckpt_target *t, int step)
   wf__pathf(stage, sizeof stage, "%s/.tmp-step-%06d", root, step);
   wf__pathf(what, sizeof what, "the checkpoint of step %d", step);
   WF_TRY(wf__ckpt_agree(t, me == 0 ? make_stage(root, stage) : WF_OK, what));
-  if (t->replica == 0 && wf__rank_of(t->dp_comm) == 0)
+  /* dp rank 0 writes the model file; under ZeRO-3 every dp rank streams its shard to it */
+  if (t->replica == 0 && (wf__rank_of(t->dp_comm) == 0 || t->param_shard))
     st = wf__write_model(t, stage, &rec);
   if (st == WF_OK && t->replica == 0) /* HSDP: the other fsdp groups hold the same state */
     st = wf__write_optim(t, stage, step, &rec);

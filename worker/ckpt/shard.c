@@ -162,30 +162,83 @@ static wf_status write_dev(wf_afile *f, wf_dev *dev, const float *p, size_t byte
   return st == WF_OK ? u : st;
 }
 
+/* ZeRO-3's dp shards into the model file, in order: they tile its flat vector. */
+typedef struct file_sink {
+  wf_afile *f;
+  uint64_t next; /* the element the next chunk must start at */
+  wf_status st;  /* the first failure; the rest of the stream is skipped */
+} file_sink;
+
+static wf_status to_file(void *user, const wf__piece *p, const float *x, uint64_t lo, uint64_t hi)
+{
+  file_sink *s = user;
+  (void)p;
+  if (s->st == WF_OK && lo != s->next) {
+    WF_ERROR("%s: the dp shards do not tile the parameters (element %llu follows %llu)", s->f->path,
+             (unsigned long long)lo, (unsigned long long)s->next);
+    s->st = WF_EINVAL;
+  }
+  if (s->st == WF_OK)
+    s->st = wf_afile_write(s->f, x, (size_t)(hi - lo) * sizeof *x);
+  s->next = hi;
+  return s->st;
+}
+
+/* The parameters after the header: the model's flat vector, or under ZeRO-3 every dp
+ * rank's shard streamed to dp rank 0 (collective over the dp group; f is open on dp rank
+ * 0 alone, when opened is WF_OK), so no rank gathers them whole. */
+static wf_status write_params(const wf_ckpt_target *t, wf_afile *f, wf_status opened, size_t n)
+{
+  wf_dev *dev = wf_model_dev(t->model);
+  if (!t->param_shard)
+    return opened != WF_OK ? opened
+                           : write_dev(f, dev, wf_model_params(t->model), n * sizeof(float));
+  bool sharded;
+  wf__piece mine = {.geo = wf__saved_geo(wf_model_get_shard(t->model))};
+  wf__optim_range(t, &mine.lo, &mine.hi, &sharded);
+  file_sink s = {f, 0, opened};
+  wf_status st = wf__stream_pieces(t->dp_comm, 0, &mine, dev, t->param_shard, to_file, &s);
+  if (wf__rank_of(t->dp_comm) != 0)
+    return st;
+  st = s.st != WF_OK ? s.st : st;
+  if (st == WF_OK && s.next != n) {
+    WF_ERROR("%s: the dp shards hold %llu of the %zu parameters", f->path,
+             (unsigned long long)s.next, n);
+    st = WF_EINVAL;
+  }
+  return st;
+}
+
 wf_status wf__write_model(const wf_ckpt_target *t, const char *stage, wf__shard_rec *r)
 {
   wf_status st = WF_OK;
   const wf_model_dims *d = wf_model_get_dims(t->model);
   wf_model_shard g = wf__saved_geo(wf_model_get_shard(t->model));
   size_t n = wf_model_local_params(t->model);
+  bool writer = wf__rank_of(t->dp_comm) == 0;
   wf__model_hdr h;
   size_t hb = model_header(&h, d, &g, n);
   char path[WF__PATH_LEN], name[64];
   wf_afile f;
-  wf__model_name(name, sizeof name, t->pp_rank, t->tp_rank);
-  wf__pathf(path, sizeof path, "%s/%s", stage, name);
-  WF_TRY(wf_afile_open(&f, path, 0644, WF_AFILE_HASH));
-  WF_TRY(wf_afile_write(&f, &h, hb));
-  test_delay();
-  st = write_dev(&f, wf_model_dev(t->model), wf_model_params(t->model), n * sizeof(float));
+  wf_status opened = WF_OK;
+  if (writer) {
+    wf__model_name(name, sizeof name, t->pp_rank, t->tp_rank);
+    wf__pathf(path, sizeof path, "%s/%s", stage, name);
+    if ((opened = wf_afile_open(&f, path, 0644, WF_AFILE_HASH)) == WF_OK &&
+        (opened = wf_afile_write(&f, &h, hb)) != WF_OK)
+      wf_afile_abort(&f);
+    if (opened == WF_OK)
+      test_delay();
+  }
+  st = write_params(t, &f, opened, n); /* every dp rank under ZeRO-3 */
+  if (!writer || opened != WF_OK)
+    return opened != WF_OK ? opened : st;
   if (st != WF_OK) {
     wf_afile_abort(&f);
-    goto fail;
+    return st;
   }
   r->has_model = true;
-  st = wf_afile_commit(&f, &r->model_bytes, &r->model_hash);
-fail:
-  return st;
+  return wf_afile_commit(&f, &r->model_bytes, &r->model_hash);
 }
 
 wf_status wf__write_optim(const wf_ckpt_target *t, const char *stage, int step, wf__shard_rec *r)

@@ -92,6 +92,12 @@ wf_status wf_ckpt_resume(const wf_ckpt_target *t, int *step);
 /* Write the checkpoint of `step` (the last completed step) and prune. */
 wf_status wf_ckpt_save(const wf_ckpt_target *t, int step);
 
+/* --save's whole model (wf_model_num_params floats, the full layout) into *full on rank 0
+ * of the job (malloc'd, the caller frees it; NULL on every other rank). Each rank passes
+ * its parameters to rank 0 in bounded chunks: under ZeRO-3 its dp shard (HSDP: fsdp group
+ * 0's), so no rank gathers the flat parameters; otherwise dp rank 0 its (pp, tp) shard. */
+wf_status wf_ckpt_collect_model(const wf_ckpt_target *t, float **full);
+
 /* Not collective. Resolve the checkpoint named by train.resume (a path), else the one
  * `latest` names in train.checkpoint_dir, into `dir`. */
 wf_status wf_ckpt_locate(const wf_config *cfg, char *dir, size_t dir_len);

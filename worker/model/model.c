@@ -384,17 +384,6 @@ void wf_model_drop_params(wf_model *m)
   m->params = m->wlow = NULL;
 }
 
-wf_status wf_model_restore_params(wf_model *m)
-{
-  wf_status st = WF_OK;
-  if (!m->params)
-    WF_TRY(wf_dev_alloc_floats(m->dev, &m->params, m->num_params));
-  if (m->prec != WF_PREC_NO && !m->wlow)
-    WF_TRY(wf_dev_alloc(m->dev, &m->wlow, m->num_params * wf_model_low_bytes(m->prec)));
-fail:
-  return st;
-}
-
 void wf_model_set_unit_hook(wf_model *m, wf_model_unit_hook fn, void *user)
 {
   m->unit_hook = fn;

@@ -477,17 +477,14 @@ void wf_model_drop_grads(wf_model *m);
 /* ZeRO-3's parameter windows, as the gradients': forward and backward read tensor t of
  * local layer j at p (NULL: the flat buffer); wf_model_drop_params frees the flat buffer
  * (after which wf_model_params is NULL, wf_model_params_changed does nothing and the
- * whole-model exports fail) and wf_model_restore_params allocates it again (contents
- * undefined; the caller fills it, clears the windows and calls wf_model_params_changed).
- * Under mixed precision the flat 16-bit copy goes and comes with it, and `low` (room
- * for the tensor in the 16-bit format, wf_model_low_bytes per element) receives the
- * window's GEMM weights in 16 bits, which the GEMMs then read (NULL: no 16-bit copy,
- * e.g. for a tensor that is no GEMM weight). */
+ * whole-model exports fail). Under mixed precision the flat 16-bit copy goes with it, and `low`
+ * (room for the tensor in the 16-bit format, wf_model_low_bytes per element) receives the window's
+ * GEMM weights in 16 bits, which the GEMMs then read (NULL: no 16-bit copy, e.g. for a tensor that
+ * is no GEMM weight). */
 void wf_model_set_param_tensor(wf_model *m, int t, int j, float *p, void *low);
 /* Bytes of one element of the 16-bit weight copy (2), or 0 at precision no. */
 size_t wf_model_low_bytes(wf_precision p);
 void wf_model_drop_params(wf_model *m);
-wf_status wf_model_restore_params(wf_model *m);
 /* Told before local layer j's forward (backward = false) and before its backward (and
  * its recomputation), so ZeRO-3 can gather that layer's parameters. */
 typedef void (*wf_model_unit_hook)(void *user, int j, bool backward);

@@ -193,8 +193,8 @@ void wf__fsdp_start_sharded(wf__zero *z)
   z->sharded = true;
 }
 
-/* A model that holds its flat parameters (created with them, or unsharded for a
- * checkpoint): the rank's shard taken from them, the edge gathered, then the flat vector
+/* A model that holds its flat parameters (created with them): the rank's shard taken
+ * from them, the edge gathered, then the flat vector
  * freed and the hook set. */
 wf_status wf__fsdp_reshard(wf__zero *z)
 {
@@ -205,23 +205,6 @@ wf_status wf__fsdp_reshard(wf__zero *z)
   WF_TRY(wf__fsdp_refresh(z));
   wf__fsdp_start_sharded(z);
   wf_model_drop_params(z->m);
-fail:
-  return st;
-}
-
-wf_status wf__zero_unshard(wf__zero *z)
-{
-  wf_status st = WF_OK;
-  if (z->stage != 3 || !z->sharded)
-    return WF_OK;
-  wf_model_set_unit_hook(z->m, NULL, NULL);
-  WF_TRY(wf__fsdp_refresh(z));
-  WF_TRY(wf_model_restore_params(z->m));
-  WF_TRY(wf__zero_gather_whole(z));
-  WF_TRY(wf_model_params_changed(z->m)); /* mixed precision: the flat rounded copy */
-  for (int i = 0; i <= z->nb; i++)
-    redirect_params(z, i < z->nb ? &z->b[i] : &z->late, NULL, NULL);
-  z->sharded = false; /* the next step shards again */
 fail:
   return st;
 }

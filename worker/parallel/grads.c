@@ -605,7 +605,5 @@ wf_comm *wf_grads_hsdp_group(const wf_grads *g, int *replica)
   return g->rep_comm ? g->shard_comm : NULL;
 }
 
-wf_status wf_grads_unshard(wf_grads *g) { return g->z ? wf__zero_unshard(g->z) : WF_OK; }
-
 /* Parameter memory: the model's own (wf_model_param_bytes) and ZeRO-3's shard and units. */
 size_t wf_grads_param_bytes(const wf_grads *g) { return g->z ? wf__zero_param_bytes(g->z) : 0; }

@@ -53,7 +53,6 @@ wf_status wf__zero_create(wf__zero **out, wf_model *m, wf_comm *dp, wf_comm *rep
 /* ZeRO-3: the rank's parameter shard (NULL below ZeRO-3), and the flat parameters put
  * back (gathered whole, windows cleared) for --save at the end. */
 float *wf__zero_param_shard(wf__zero *z);
-wf_status wf__zero_unshard(wf__zero *z);
 /* fsdp.c: the model was created without flat parameters: the shard holds them from the
  * start (filled by initialisation or a checkpoint, then gathered by wf__zero_gather). */
 void wf__fsdp_start_sharded(wf__zero *z);
@@ -160,8 +159,6 @@ int wf__zero_chunk_of(const wf__zero *z, int i); /* the model chunk bucket i lie
 /* The model's unit hook (ZeRO-3, and ZeRO-2 over chunks): local layer j computes next. */
 void wf__zero_unit_hook(void *user, int j, bool backward);
 wf_status wf__fsdp_unit(wf__zero *z, int i, bool backward); /* bucket i gathered */
-/* Every rank's shard of the parameters into the model's flat vector. */
-wf_status wf__zero_gather_whole(wf__zero *z);
 /* fsdp.c: ZeRO-3's buffers (at creation), the shard taken from the flat parameters and
  * these dropped (at a step's start, when the model holds them whole), the embeddings regathered and
  * the units forgotten (after an update), and the buffers freed. */

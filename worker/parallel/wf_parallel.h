@@ -365,12 +365,11 @@ wf_status wf_grads_create(wf_grads **out, const wf_grads_opts *o);
 size_t wf_grads_bytes(const wf_grads *g);
 size_t wf_grads_param_bytes(const wf_grads *g);
 /* ZeRO-3: where the rank's parameter shard lives (the optimizer's parameters), NULL
- * below ZeRO-3; and the model's flat parameters put back whole (for --save). */
+ * below ZeRO-3 (checkpoints and --save stream it to their writer, wf_ckpt.h). */
 float *wf_grads_param_shard(wf_grads *g);
 /* HSDP: the fsdp group this rank shards within, and its replica index (which fsdp group
  * it is in, 0 first); NULL (replica 0) without HSDP. */
 wf_comm *wf_grads_hsdp_group(const wf_grads *g, int *replica);
-wf_status wf_grads_unshard(wf_grads *g);
 
 /* Memory by kind of one rank, in bytes. */
 typedef struct wf_mem_kinds {

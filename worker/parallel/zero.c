@@ -647,25 +647,14 @@ fail:
 
 /* ---- the parameters --------------------------------------------------------------------- */
 
-/* Every rank's updated shard into every rank's parameters (ZeRO-1/2), or ZeRO-3's
- * gathered units forgotten. */
-wf_status wf__zero_gather(wf__zero *z)
-{
-  if (z->stage == 3)
-    return wf__fsdp_refresh(z);
-  return wf__zero_gather_whole(z);
-}
-
-/* Every rank's shard of the parameters into the model's flat vector, where shard r is
- * the contiguous run [r * shard, (r + 1) * shard) cut at n: an all-gather with uneven
- * counts done in place, one broadcast from each owner (ZeRO-3 first copies its own
- * shard in from pshard). No staging buffer, and an all-gather's bytes. */
-wf_status wf__zero_gather_whole(wf__zero *z)
+/* Every rank's shard of the parameters into the model's flat vector (ZeRO-1/2), where
+ * shard r is the contiguous run [r * shard, (r + 1) * shard) cut at n: an all-gather with
+ * uneven counts done in place, one broadcast from each owner. No staging buffer, and an
+ * all-gather's bytes. */
+static wf_status gather_whole(wf__zero *z)
 {
   wf_status st = WF_OK;
   float *params = wf_model_params(z->m);
-  if (z->pshard)
-    WF_TRY(wf__zero_copy(z, params + z->s0, z->pshard, z->s1 - z->s0));
   for (int r = 0; r < z->size; r++) {
     size_t a = WF_MIN((size_t)r * z->shard, z->n), b = WF_MIN(a + z->shard, z->n);
     if (b > a)
@@ -673,6 +662,15 @@ wf_status wf__zero_gather_whole(wf__zero *z)
   }
 fail:
   return st;
+}
+
+/* Every rank's updated shard into every rank's parameters (ZeRO-1/2), or ZeRO-3's
+ * gathered units forgotten. */
+wf_status wf__zero_gather(wf__zero *z)
+{
+  if (z->stage == 3)
+    return wf__fsdp_refresh(z);
+  return gather_whole(z);
 }
 
 /* ---- accessors --------------------------------------------------------------------------- */

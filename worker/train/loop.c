@@ -38,12 +38,10 @@ static wf_status maybe_checkpoint(wf__trainer *tr, int step, bool stopping, bool
   if (h && h->on_phase)
     h->on_phase(h->user, "checkpoint");
   /* The step's tied check is read now, not with the next norm: no checkpoint holds
-   * copies that differ. ZeRO-3: the flat parameters gathered whole for the writer; the
-   * next step shards them again (the checkpoint is ZeRO-1/2's format: optimizer shards,
-   * whole model) */
+   * copies that differ. ZeRO-3 stays sharded: each dp rank streams its shard to the
+   * model file's writer (the checkpoint is ZeRO-1/2's format: optimizer shards, whole
+   * model) */
   wf_status st = wf_grads_check_tied_end(tr->grads);
-  if (st == WF_OK)
-    st = wf_grads_unshard(tr->grads);
   if (st == WF_OK)
     st = wf_ckpt_save(&tr->ck, step);
   if (h && h->on_phase)
@@ -119,8 +117,10 @@ fail:
   return st;
 }
 
-/* The final model (--save, in --save-format), written by world rank 0: the parameters
- * of dp rank 0's model-parallel replica, assembled into one host array. */
+/* The final model (--save, in --save-format), written by world rank 0: every rank passes
+ * its parameters to it in bounded chunks (wf_ckpt_collect_model; under ZeRO-3 its dp
+ * shard, so no rank gathers the flat parameters), which assemble the whole model on rank 0
+ * alone, the array the format writers take. */
 static wf_status save_final(wf__trainer *tr)
 {
   wf_status st = WF_OK;
@@ -128,10 +128,7 @@ static wf_status save_final(wf__trainer *tr)
   float *full = NULL;
   if (!path)
     return WF_OK;
-  WF_CHECK_ALLOC(full = malloc(wf_model_num_params(&tr->dims) * sizeof *full));
-  WF_TRY(wf_grads_unshard(tr->grads)); /* ZeRO-3: the flat parameters back, gathered */
-  bool parallel = tr->tp > 1 || tr->pp > 1;
-  WF_TRY(wf_gather_full(tr->model, 0, full, parallel ? tr->world : NULL, tr->dp_rank == 0));
+  WF_TRY(wf_ckpt_collect_model(&tr->ck, &full));
   if (wf_rt_rank() <= 0)
     st = wf_weights_write(path, tr->hooks->save_format, &tr->dims, full,
                           (size_t)(tr->cfg->model.shard_mb * 1e6));
