@@ -489,6 +489,27 @@ def case_write_fail():
     print("write failure on rank 1: every rank stopped at step 10, latest = step-000005")
 
 
+def case_write_fail_zero3():
+    """Under ZeRO-3 the model file's writer (rank 0) fails where rank 1's streamed shard
+    begins: rank 1 still sends all of it, so neither waits for the other; every rank
+    stops with the message, and the previous checkpoint stays `latest`."""
+    ck, metrics = path("ck"), path("m.jsonl")
+    t0 = time.time()
+    out = run(2, ["optim.zero=3", "train.steps=12", "train.checkpoint_every=5",
+                  f"train.checkpoint_dir={ck}", f"train.metrics={metrics}"],
+              {"WEFT_TEST_CKPT_FAIL": "0:10"}, expect_rc=1)
+    expect_in(out, ["No space left on device", "model-pp00-tp00.bin",
+                    "the checkpoint could not be written"], "streamed write failure")
+    if out.count("training failed on every rank") != 1:
+        fail("not every rank stopped with the error, said once", out)
+    if max(losses(metrics)) != 10:
+        fail(f"training went on past the failed checkpoint (last step {max(losses(metrics))})")
+    if latest(ck) != "step-000005" or os.path.exists(os.path.join(ck, "step-000010")):
+        fail("the failed checkpoint replaced the previous one")
+    print(f"ZeRO-3 write failure mid-stream on rank 0: both ranks stopped at step 10 in "
+          f"{time.time() - t0:.1f} s, latest = step-000005")
+
+
 def case_keep():
     ck = path("ck")
     os.makedirs(os.path.join(ck, ".tmp-step-000003"))  # leftover of a killed write
@@ -730,6 +751,7 @@ CASES = {
     "incompatible": case_incompatible,
     "unwritable": case_unwritable,
     "write-fail": case_write_fail,
+    "write-fail-zero3": case_write_fail_zero3,
     "keep": case_keep,
     "auto": case_auto,
     "auto-lag": case_auto_lag,

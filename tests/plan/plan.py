@@ -182,7 +182,7 @@ PEAK_MESHES = {
     "dp2-zero3-bf16": ["optim.zero=3", "precision=bf16"],
     # a checkpoint after step 1 (--check-estimate then reports after step 2, its peak
     # included): each dp rank streams its shard to the model file's writer in 4 MiB
-    # chunks; gathering the flat parameters whole for it put a rank ~1.2x above steady
+    # chunks; gathering the flat parameters whole for it put a rank 1.21x above steady
     "dp2-zero3-ckpt": ["optim.zero=3", "train.steps=2", "train.checkpoint_every=1",
                        "train.checkpoint_dir={tmp}/ck"],
 }

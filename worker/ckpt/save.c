@@ -76,7 +76,7 @@ wf_status wf_ckpt_save(const wf_ckpt_target *t, int step)
   WF_TRY(wf__ckpt_agree(t, me == 0 ? make_stage(root, stage) : WF_OK, what));
   /* dp rank 0 writes the model file; under ZeRO-3 every dp rank streams its shard to it */
   if (t->replica == 0 && (wf__rank_of(t->dp_comm) == 0 || t->param_shard))
-    st = wf__write_model(t, stage, &rec);
+    st = wf__write_model(t, stage, step, &rec);
   if (st == WF_OK && t->replica == 0) /* HSDP: the other fsdp groups hold the same state */
     st = wf__write_optim(t, stage, step, &rec);
   if ((st = wf__ckpt_agree(t, st, what)) != WF_OK) {

@@ -5,7 +5,9 @@
  *
  * Test hooks (read once): WEFT_TEST_CKPT_DELAY_MS sleeps inside each data-file write,
  * after its first bytes, so a test can kill a rank mid-write; WEFT_TEST_CKPT_FAIL=R:S
- * makes world rank R's write of the step-S checkpoint fail as a full disk would.
+ * makes world rank R's write of the step-S checkpoint fail as a full disk would (its
+ * optimizer file after the header; under ZeRO-3, a model file it writes where the next
+ * dp rank's shard begins, mid-stream).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -167,12 +169,17 @@ typedef struct file_sink {
   wf_afile *f;
   uint64_t next; /* the element the next chunk must start at */
   wf_status st;  /* the first failure; the rest of the stream is skipped */
+  bool fail;     /* test hook: fail where another rank's shard begins */
 } file_sink;
 
 static wf_status to_file(void *user, const wf__piece *p, const float *x, uint64_t lo, uint64_t hi)
 {
   file_sink *s = user;
-  (void)p;
+  if (s->st == WF_OK && s->fail && lo == p->lo && lo > 0) {
+    WF_ERROR("%s: write failed after %llu bytes: %s (injected by WEFT_TEST_CKPT_FAIL)", s->f->path,
+             (unsigned long long)s->f->bytes, strerror(ENOSPC));
+    s->st = WF_EIO;
+  }
   if (s->st == WF_OK && lo != s->next) {
     WF_ERROR("%s: the dp shards do not tile the parameters (element %llu follows %llu)", s->f->path,
              (unsigned long long)lo, (unsigned long long)s->next);
@@ -187,7 +194,8 @@ static wf_status to_file(void *user, const wf__piece *p, const float *x, uint64_
 /* The parameters after the header: the model's flat vector, or under ZeRO-3 every dp
  * rank's shard streamed to dp rank 0 (collective over the dp group; f is open on dp rank
  * 0 alone, when opened is WF_OK), so no rank gathers them whole. */
-static wf_status write_params(const wf_ckpt_target *t, wf_afile *f, wf_status opened, size_t n)
+static wf_status write_params(const wf_ckpt_target *t, int step, wf_afile *f, wf_status opened,
+                              size_t n)
 {
   wf_dev *dev = wf_model_dev(t->model);
   if (!t->param_shard)
@@ -196,7 +204,7 @@ static wf_status write_params(const wf_ckpt_target *t, wf_afile *f, wf_status op
   bool sharded;
   wf__piece mine = {.geo = wf__saved_geo(wf_model_get_shard(t->model))};
   wf__optim_range(t, &mine.lo, &mine.hi, &sharded);
-  file_sink s = {f, 0, opened};
+  file_sink s = {f, 0, opened, test_fail(wf__rank_of(wf__ckpt_world(t)), step)};
   wf_status st = wf__stream_pieces(t->dp_comm, 0, &mine, dev, t->param_shard, to_file, &s);
   if (wf__rank_of(t->dp_comm) != 0)
     return st;
@@ -209,7 +217,7 @@ static wf_status write_params(const wf_ckpt_target *t, wf_afile *f, wf_status op
   return st;
 }
 
-wf_status wf__write_model(const wf_ckpt_target *t, const char *stage, wf__shard_rec *r)
+wf_status wf__write_model(const wf_ckpt_target *t, const char *stage, int step, wf__shard_rec *r)
 {
   wf_status st = WF_OK;
   const wf_model_dims *d = wf_model_get_dims(t->model);
@@ -230,7 +238,7 @@ wf_status wf__write_model(const wf_ckpt_target *t, const char *stage, wf__shard_
     if (opened == WF_OK)
       test_delay();
   }
-  st = write_params(t, &f, opened, n); /* every dp rank under ZeRO-3 */
+  st = write_params(t, step, &f, opened, n); /* every dp rank under ZeRO-3 */
   if (!writer || opened != WF_OK)
     return opened != WF_OK ? opened : st;
   if (st != WF_OK) {
