@@ -204,7 +204,8 @@ static const option options[] = {
     OPT("--save", "FILE", save, "after training, write the model (llm.c v3 unless --save-format)"),
     OPT("--save-format", "F", save_format, "what --save writes: llmc, llmc-bf16 or safetensors"),
     OPT("--check-estimate", "", check_estimate,
-        "train, and print each rank's predicted beside measured memory"),
+        "train, and print each rank's predicted beside measured memory after the first "
+        "step (the first after a checkpoint with train.checkpoint_every)"),
     OPT("--json", "", json, "the planner's output as JSON"),
     OPT("--hw", "PROFILE", hw, "the planner's hardware: a file, h100-sxm, h200 or a100-80gb"),
     OPT("--device-mem", "GIB", device_mem, "the planner's memory per rank"),
@@ -604,7 +605,7 @@ int main(int argc, char **argv)
 #ifdef __GLIBC__
   /* Large blocks stay mmapped, so what is freed goes back to the system: Open MPI's
    * reduction buffers, model.init's whole-model array (safetensors, checkpoints) and
-   * ZeRO-3's flat parameters gathered for a checkpoint are freed after use, and glibc's
+   * --save's whole model on rank 0 are freed after use, and glibc's
    * default (a threshold that rises to the largest block freed) would then serve later
    * blocks from the heap and keep the freed block resident, out of --check-estimate's
    * sight. */

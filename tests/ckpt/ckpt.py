@@ -470,44 +470,35 @@ def case_unwritable():
         print(f"unwritable checkpoint_dir on {n} rank(s): error before the first step")
 
 
-def case_write_fail():
-    """A write that fails on one rank (disk full, injected) stops every rank with a
-    message; the previous checkpoint stays `latest`."""
+def write_fail(zero, rank, needles):
+    """A write that fails on one rank (disk full, injected into world rank `rank`'s write
+    of step 10) stops every rank with a message; the previous checkpoint stays `latest`."""
     ck = path("ck")
     metrics = path("m.jsonl")
-    out = run(2, ["optim.zero=1", "train.steps=12", "train.checkpoint_every=5",
+    t0 = time.time()
+    out = run(2, [f"optim.zero={zero}", "train.steps=12", "train.checkpoint_every=5",
                   f"train.checkpoint_dir={ck}", f"train.metrics={metrics}"],
-              {"WEFT_TEST_CKPT_FAIL": "1:10"}, expect_rc=1)
-    expect_in(out, ["No space left on device", "optim-pp00-tp00-dp01.bin",
-                    "failed on rank 1", "the checkpoint could not be written"], "write failure")
+              {"WEFT_TEST_CKPT_FAIL": f"{rank}:10"}, expect_rc=1)
+    expect_in(out, ["No space left on device", "the checkpoint could not be written"] + needles,
+              "write failure")
     if out.count("training failed on every rank") != 1:
         fail("not every rank stopped with the error, said once", out)
     if max(losses(metrics)) != 10:
         fail(f"training went on past the failed checkpoint (last step {max(losses(metrics))})")
     if latest(ck) != "step-000005" or os.path.exists(os.path.join(ck, "step-000010")):
         fail("the failed checkpoint replaced the previous one")
-    print("write failure on rank 1: every rank stopped at step 10, latest = step-000005")
+    print(f"ZeRO-{zero} write failure on rank {rank}: every rank stopped at step 10 in "
+          f"{time.time() - t0:.1f} s, latest = step-000005")
+
+
+def case_write_fail():
+    write_fail(1, 1, ["optim-pp00-tp00-dp01.bin", "failed on rank 1"])
 
 
 def case_write_fail_zero3():
     """Under ZeRO-3 the model file's writer (rank 0) fails where rank 1's streamed shard
-    begins: rank 1 still sends all of it, so neither waits for the other; every rank
-    stops with the message, and the previous checkpoint stays `latest`."""
-    ck, metrics = path("ck"), path("m.jsonl")
-    t0 = time.time()
-    out = run(2, ["optim.zero=3", "train.steps=12", "train.checkpoint_every=5",
-                  f"train.checkpoint_dir={ck}", f"train.metrics={metrics}"],
-              {"WEFT_TEST_CKPT_FAIL": "0:10"}, expect_rc=1)
-    expect_in(out, ["No space left on device", "model-pp00-tp00.bin",
-                    "the checkpoint could not be written"], "streamed write failure")
-    if out.count("training failed on every rank") != 1:
-        fail("not every rank stopped with the error, said once", out)
-    if max(losses(metrics)) != 10:
-        fail(f"training went on past the failed checkpoint (last step {max(losses(metrics))})")
-    if latest(ck) != "step-000005" or os.path.exists(os.path.join(ck, "step-000010")):
-        fail("the failed checkpoint replaced the previous one")
-    print(f"ZeRO-3 write failure mid-stream on rank 0: both ranks stopped at step 10 in "
-          f"{time.time() - t0:.1f} s, latest = step-000005")
+    begins: rank 1 still sends all of it, so neither waits for the other."""
+    write_fail(3, 0, ["model-pp00-tp00.bin", "injected by WEFT_TEST_CKPT_FAIL"])
 
 
 def case_keep():

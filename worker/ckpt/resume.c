@@ -312,7 +312,7 @@ fail:
 /* ---- resume ----------------------------------------------------------------------------- */
 
 /* ZeRO-1, 2 and 3 keep the same optimizer shards (gradients are not saved, and ZeRO-3
- * writes its parameters whole, gathered). */
+ * writes the same whole model file, streamed from its shards). */
 static const char *zero_name(int zero)
 {
   return zero == 1 ? " (ZeRO-1)" : zero == 2 ? " (ZeRO-2)" : zero == 3 ? " (ZeRO-3)" : "";

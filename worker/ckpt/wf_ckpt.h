@@ -5,7 +5,8 @@
  *
  *   step-000120/
  *     model-pp00-tp00.bin          parameters of stage pp, tensor shard tp (dp 0
- *                                  writes it). With tp = pp = 1 the shard is the
+ *                                  writes it; under ZeRO-3 from every dp rank's
+ *                                  shard, streamed to it). With tp = pp = 1 the shard is the
  *                                  whole model and the file is an llm.c checkpoint;
  *                                  otherwise a weft shard file whose header gives the
  *                                  shard's geometry (see ckpt_int.h).

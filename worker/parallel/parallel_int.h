@@ -50,8 +50,7 @@ typedef struct wf__zero wf__zero;
  * the finished shard is all-reduced (averaged). */
 wf_status wf__zero_create(wf__zero **out, wf_model *m, wf_comm *dp, wf_comm *rep, int stage,
                           size_t bucket_bytes, bool keep);
-/* ZeRO-3: the rank's parameter shard (NULL below ZeRO-3), and the flat parameters put
- * back (gathered whole, windows cleared) for --save at the end. */
+/* ZeRO-3: the rank's parameter shard (NULL below ZeRO-3). */
 float *wf__zero_param_shard(wf__zero *z);
 /* fsdp.c: the model was created without flat parameters: the shard holds them from the
  * start (filled by initialisation or a checkpoint, then gathered by wf__zero_gather). */
