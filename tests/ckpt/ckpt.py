@@ -28,9 +28,9 @@ Why the comparisons are what they are:
   of one rank over 20 steps). A mis-mapped tensor (a transposed qkv head block, the
   last stage's wte taken for the first's, a replicated layernorm from the wrong rank)
   puts O(1) errors into the parameters and the loss would jump at step 11.
-* Export from shards (export-tp2pp2): --save sums every rank's export into zeros and
-  --export adds every shard's counted runs into zeros, so the files are equal byte
-  for byte.
+* Export from shards (export-tp2pp2): --save adds every rank's counted runs, streamed
+  to rank 0, into zeros and --export adds every shard's counted runs into zeros, so the
+  files are equal byte for byte.
 """
 import glob
 import json
