@@ -107,7 +107,8 @@ def bundle_path(rel):
 def driver_version():
     try:
         with open("/proc/driver/nvidia/version") as f:
-            m = re.search(r"Kernel Module\s+(\S+)", f.read())
+            # "... Kernel Module  580.159.04 ..." or "... Open Kernel Module for x86_64  580.159.04"
+            m = re.search(r"Kernel Module.*?\s(\d+\.\d+(?:\.\d+)?)\s", f.read())
             return m.group(1) if m else "?"
     except OSError:
         return None
