@@ -29,6 +29,15 @@ __device__ __forceinline__ void wf__st(__nv_bfloat16 *p, size_t i, float x)
 }
 __device__ __forceinline__ void wf__st(__half *p, size_t i, float x) { p[i] = __float2half_rn(x); }
 
+/* Column sums over rows (colsum.cu), reading E: dbias (OC) += the column sums of dout
+ * (N, OC); a norm's dweight (C) += sum_n (x - mean) rstd dout (mean NULL: x rstd, RMSNorm)
+ * and dbias (C) += sum_n dout, either gradient NULL when not wanted. Deterministic. */
+template <typename E>
+void wf__bias_grad(float *dbias, const E *dout, int N, int OC, cudaStream_t s);
+template <typename E>
+void wf__norm_param_grads(float *dweight, float *dbias, const float *dout, const E *inp,
+                          const float *mean, const float *rstd, int N, int C, cudaStream_t s);
+
 /* The table's arguments (wf_ktable.h), activations of type E; E is float, __nv_bfloat16
  * or __half. */
 template <typename E>

@@ -9,7 +9,7 @@
  * and the partial sums are added in order. No atomics, so the result is deterministic.
  * Legend: N rows (B*T), C channels. eps = 1e-5.
  */
-#include "cuda_int.h"
+#include "act_int.h"
 
 #define LN_EPS         1e-5f
 #define ROWS_PER_BLOCK 4 /* warps per 128-thread block */
@@ -93,45 +93,6 @@ __global__ static void layernorm_backward_dinp_kernel(float *dinp, const float *
   }
 }
 
-/* Stage 1 of dweight (C) += sum_n norm * dout and dbias (C) += sum_n dout (colsum.cu):
- * block (x, r) sums rows [r * rows, (r + 1) * rows) of 32 columns; its partial sums go
- * to part (dweight's) and part + R * C (dbias's). Block (32, 8). */
-__global__ static void layernorm_backward_params_kernel(float *dweight, float *dbias, float *part,
-                                                        const float *dout, const float *inp,
-                                                        const float *mean, const float *rstd, int N,
-                                                        int C, int rows, int R)
-{
-  __shared__ float sh[WF__COLSUM_LANES * (WF__COLSUM_TILE + 1)];
-  int c = blockIdx.x * WF__COLSUM_TILE + threadIdx.x;
-  int n0 = blockIdx.y * rows, n1 = min(N, n0 + rows);
-  float w = 0.0f, b = 0.0f;
-  if (c < C) {
-    for (int n = n0 + threadIdx.y; n < n1; n += WF__COLSUM_LANES) {
-      size_t i = (size_t)n * C + c;
-      w += (inp[i] - mean[n]) * rstd[n] * dout[i];
-      b += dout[i];
-    }
-  }
-  wf__colsum_store(w, sh, dweight, part, R, C, c);
-  wf__colsum_store(b, sh, dbias, part ? part + (size_t)R * C : NULL, R, C, c);
-}
-
-/* dweight and dbias (either may be NULL) in two deterministic stages (colsum.cu). */
-static void params_backward(float *dweight, float *dbias, const float *dout, const float *inp,
-                            const float *mean, const float *rstd, int N, int C, cudaStream_t s)
-{
-  wf__colsum p;
-  if (!wf__colsum_plan(&p, N, C, 2, __FILE__, __LINE__))
-    return;
-  dim3 grid((unsigned)p.col_blocks, (unsigned)p.R);
-  layernorm_backward_params_kernel<<<grid, dim3(WF__COLSUM_TILE, WF__COLSUM_LANES), 0, s>>>(
-      dweight, dbias, p.part, dout, inp, mean, rstd, N, C, p.rows, p.R);
-  if (!WF_CUDA_LAUNCHED("layernorm_backward_params_kernel"))
-    return;
-  if (wf__colsum_finish(dweight, p.part, &p, C, s))
-    wf__colsum_finish(dbias, p.part ? p.part + (size_t)p.R * C : NULL, &p, C, s);
-}
-
 extern "C" void wf_cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                                           const float *weight, const float *bias, int N, int C,
                                           wf_stream *stream)
@@ -172,6 +133,5 @@ extern "C" void wf_cuda_layernorm_backward(float *dinp, float *dweight, float *d
     if (!WF_CUDA_LAUNCHED("layernorm_backward_dinp_kernel"))
       return;
   }
-  if (dweight || dbias)
-    params_backward(dweight, dbias, dout, inp, mean, rstd, N, C, s);
+  wf__norm_param_grads(dweight, dbias, dout, inp, mean, rstd, N, C, s);
 }

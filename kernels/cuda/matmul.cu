@@ -39,7 +39,7 @@
  */
 #include <atomic>
 
-#include "cuda_int.h"
+#include "act_int.h"
 
 static std::atomic<int> g_allow_tf32{0};
 
@@ -51,21 +51,6 @@ extern "C" void wf_cuda_set_tf32(int allow) { g_allow_tf32.store(allow != 0); }
 __global__ static void add_bias_kernel(float *out, const float *bias, int OC, size_t n)
 {
   WF_GRID_STRIDE(i, n) { out[i] += bias[i % (size_t)OC]; }
-}
-
-/* Stage 1 of dbias (OC) += sum over rows of dout (N,OC) (colsum.cu): block (x, r) sums
- * rows [r * rows, (r + 1) * rows) of 32 columns. Block (32, 8). */
-__global__ static void bias_backward_kernel(float *dbias, float *part, const float *dout, int N,
-                                            int OC, int rows, int R)
-{
-  __shared__ float sh[WF__COLSUM_LANES * (WF__COLSUM_TILE + 1)];
-  int c = blockIdx.x * WF__COLSUM_TILE + threadIdx.x;
-  int n0 = blockIdx.y * rows, n1 = min(N, n0 + rows);
-  float acc = 0.0f;
-  if (c < OC)
-    for (int n = n0 + threadIdx.y; n < n1; n += WF__COLSUM_LANES)
-      acc += dout[(size_t)n * OC + c];
-  wf__colsum_store(acc, sh, dbias, part, R, OC, c);
 }
 
 /* ---- one GEMM ----------------------------------------------------------------------- */
@@ -244,19 +229,6 @@ extern "C" void wf_cuda_matmul_gelu_forward(float *gelu_out, float *pre, const f
   forward(gelu_out, pre, inp, weight, bias, N, C, OC, lowp, (cudaStream_t)stream);
 }
 
-/* dbias (OC) += the column sums of dout (N,OC), in two deterministic stages. */
-static void bias_backward(float *dbias, const float *dout, int N, int OC, cudaStream_t s)
-{
-  wf__colsum p;
-  if (!wf__colsum_plan(&p, N, OC, 1, __FILE__, __LINE__))
-    return;
-  dim3 grid((unsigned)p.col_blocks, (unsigned)p.R);
-  bias_backward_kernel<<<grid, dim3(WF__COLSUM_TILE, WF__COLSUM_LANES), 0, s>>>(dbias, p.part, dout,
-                                                                                N, OC, p.rows, p.R);
-  if (WF_CUDA_LAUNCHED("bias_backward_kernel"))
-    wf__colsum_finish(dbias, p.part, &p, OC, s);
-}
-
 extern "C" void wf_cuda_matmul_backward(float *dinp, float *dweight, float *dbias,
                                         const float *dout, const float *inp, const float *weight,
                                         int N, int C, int OC, int lowp, wf_stream *stream)
@@ -270,5 +242,5 @@ extern "C" void wf_cuda_matmul_backward(float *dinp, float *dweight, float *dbia
   if (C > 0 && ((dinp && !run_gemm(&gi, s)) || (dweight && !run_gemm(&gw, s))))
     return;
   if (dbias)
-    bias_backward(dbias, dout, N, OC, s);
+    wf__bias_grad(dbias, dout, N, OC, s);
 }

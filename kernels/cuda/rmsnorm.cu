@@ -15,8 +15,6 @@
 #include "act_int.h"
 
 #define ROWS_PER_BLOCK 4 /* warps per 128-thread block */
-#define COL_TILE       32
-#define ROW_LANES      8
 
 /* One warp normalizes row x (C) into o; lane 0 keeps its rstd when asked. */
 template <typename E>
@@ -86,30 +84,6 @@ __global__ static void rmsnorm_backward_dinp_kernel(float *dinp, const float *do
     dx[c] += rs * (weight[c] * dy[c] - (wf__ld(x, c) * rs) * mean_gx);
 }
 
-/* dweight (C) += sum_n dout xhat. Block (32, 8). */
-template <typename E>
-__global__ static void rmsnorm_backward_dweight_kernel(float *dweight, const float *dout,
-                                                       const E *inp, const float *rstd, int N,
-                                                       int C)
-{
-  __shared__ float sw[ROW_LANES][COL_TILE + 1];
-  int c = blockIdx.x * COL_TILE + threadIdx.x;
-  float w = 0.0f;
-  if (c < C) {
-    for (int n = threadIdx.y; n < N; n += ROW_LANES) {
-      size_t i = (size_t)n * C + c;
-      w += dout[i] * (wf__ld(inp, i) * rstd[n]);
-    }
-  }
-  sw[threadIdx.y][threadIdx.x] = w;
-  __syncthreads();
-  if (threadIdx.y != 0 || c >= C)
-    return;
-  for (int r = 1; r < ROW_LANES; r++)
-    w += sw[r][threadIdx.x];
-  dweight[c] += w;
-}
-
 static unsigned row_blocks(int N) { return (unsigned)((N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK); }
 
 template <typename E>
@@ -147,12 +121,7 @@ void wf__rmsnorm_backward(float *dinp, float *dweight, const float *dout, const 
     if (!WF_CUDA_LAUNCHED("rmsnorm_backward_dinp_kernel"))
       return;
   }
-  if (dweight) {
-    unsigned grid = (unsigned)((C + COL_TILE - 1) / COL_TILE);
-    rmsnorm_backward_dweight_kernel<E>
-        <<<grid, dim3(COL_TILE, ROW_LANES), 0, s>>>(dweight, dout, inp, rstd, N, C);
-    WF_CUDA_LAUNCHED("rmsnorm_backward_dweight_kernel");
-  }
+  wf__norm_param_grads(dweight, (float *)NULL, dout, inp, (const float *)NULL, rstd, N, C, s);
 }
 
 #define WF_RMSNORM_FORMS(E)                                                                        \

@@ -18,8 +18,8 @@
  * (run16_rounded); the matmul + GELU's kernel also stores the GELU of the rounded
  * pre-activation, the CPU's composition. The price is the fp32 block's traffic; a bias
  * read from the 16-bit weight copy (llm.c's and PyTorch autocast's choice) would let the
- * epilogue run, and would change the CPU twin. dbias is a column sum of the 16-bit dout,
- * rows in a fixed order per column (deterministic).
+ * epilogue run, and would change the CPU twin. dbias, like every column sum, is
+ * colsum.cu's: cut over rows and columns to fill the GPU, added in a fixed order.
  *
  * Attention in bf16 (up to head size 128): runtime.attention's path (attention_impl.cu:
  * cuDNN, weft's flash kernels, or the fp32 reference) on the stored qkv, its output
@@ -36,9 +36,7 @@
 #include "attn_int.h"
 
 #define LN_EPS         1e-5f
-#define ROWS_PER_BLOCK 4 /* warps per 128-thread block */
-#define COL_TILE       32
-#define ROW_LANES      8
+#define ROWS_PER_BLOCK 4                   /* warps per 128-thread block */
 #define GELU_K         0.7978845608028654f /* sqrt(2 / pi) */
 
 static unsigned rows_grid(int N) { return (unsigned)((N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK); }
@@ -149,36 +147,6 @@ __global__ static void layernorm_backward_dinp_kernel(float *dinp, const float *
   }
 }
 
-/* dweight += sum_n norm dout, dbias += sum_n dout; block (32, 8), rows in a fixed order. */
-template <typename T>
-__global__ static void
-layernorm_backward_params_kernel(float *dweight, float *dbias, const float *dout, const T *inp,
-                                 const float *mean, const float *rstd, int N, int C)
-{
-  __shared__ float sw[ROW_LANES][COL_TILE + 1], sb[ROW_LANES][COL_TILE + 1];
-  int c = blockIdx.x * COL_TILE + threadIdx.x;
-  float w = 0.0f, b = 0.0f;
-  if (c < C)
-    for (int n = threadIdx.y; n < N; n += ROW_LANES) {
-      size_t i = (size_t)n * C + c;
-      w += (wf__ld(inp, i) - mean[n]) * rstd[n] * dout[i];
-      b += dout[i];
-    }
-  sw[threadIdx.y][threadIdx.x] = w;
-  sb[threadIdx.y][threadIdx.x] = b;
-  __syncthreads();
-  if (threadIdx.y != 0 || c >= C)
-    return;
-  for (int r = 1; r < ROW_LANES; r++) {
-    w += sw[r][threadIdx.x];
-    b += sb[r][threadIdx.x];
-  }
-  if (dweight)
-    dweight[c] += w;
-  if (dbias)
-    dbias[c] += b;
-}
-
 template <typename T>
 static void layernorm_forward(void *out, float *mean, float *rstd, const void *inp, const float *w,
                               const float *b, int N, int C, wf_stream *s)
@@ -216,12 +184,7 @@ static void layernorm_backward(float *dinp, float *dweight, float *dbias, const 
     if (!WF_CUDA_LAUNCHED("layernorm_backward_dinp_kernel (16-bit)"))
       return;
   }
-  if (dweight || dbias) {
-    unsigned grid = (unsigned)((C + COL_TILE - 1) / COL_TILE);
-    layernorm_backward_params_kernel<T><<<grid, dim3(COL_TILE, ROW_LANES), 0, s>>>(
-        dweight, dbias, dout, (const T *)inp, mean, rstd, N, C);
-    WF_CUDA_LAUNCHED("layernorm_backward_params_kernel (16-bit)");
-  }
+  wf__norm_param_grads(dweight, dbias, dout, (const T *)inp, mean, rstd, N, C, s);
 }
 
 /* ---- elementwise ----------------------------------------------------------------------------- */
@@ -465,25 +428,6 @@ static void matmul_gelu_forward(void *gelu_out, void *pre, const void *inp, cons
   run16_rounded<T>(&g, gelu_out, (cudaStream_t)s);
 }
 
-/* dbias (OC) += the column sums of dout (N,OC), 16-bit; block (32, 8). */
-template <typename T>
-__global__ static void bias_backward_kernel(float *dbias, const T *dout, int N, int OC)
-{
-  __shared__ float part[ROW_LANES][COL_TILE + 1];
-  int c = blockIdx.x * COL_TILE + threadIdx.x;
-  float acc = 0.0f;
-  if (c < OC)
-    for (int n = threadIdx.y; n < N; n += ROW_LANES)
-      acc += wf__ld(dout, (size_t)n * OC + c);
-  part[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  if (threadIdx.y != 0 || c >= OC)
-    return;
-  for (int r = 1; r < ROW_LANES; r++)
-    acc += part[r][threadIdx.x];
-  dbias[c] += acc;
-}
-
 /* dinp (N,C) += dout . W and dweight (OC,C) += dout^T . inp, both fp32: matmul.cu's
  * backward with 16-bit operands. */
 template <typename T>
@@ -502,11 +446,7 @@ static void matmul_backward(float *dinp, float *dweight, float *dbias, const voi
     return;
   if (C > 0 && dweight && !run16<T>(&gw, s))
     return;
-  if (!dbias)
-    return;
-  unsigned grid = (unsigned)((OC + COL_TILE - 1) / COL_TILE);
-  bias_backward_kernel<T><<<grid, dim3(COL_TILE, ROW_LANES), 0, s>>>(dbias, (const T *)dout, N, OC);
-  WF_CUDA_LAUNCHED("bias_backward_kernel (16-bit)");
+  wf__bias_grad(dbias, (const T *)dout, N, OC, s);
 }
 
 /* ---- Llama's ops: 16-bit forms of the fp32 kernels ------------------------------------------
@@ -895,6 +835,26 @@ void wf__cuda32_load(float *dst, const void *src, size_t n, wf_stream *s)
 /* ---- the 16-bit tables -------------------------------------------------------------------------
  */
 
+/* bf16 logits' cross-entropy: classifier.cu's kernels (a block per row, 16-byte loads),
+ * which read the logits at about 3 TB/s on an H100 where xent.cu's templated ones read
+ * them at 0.6 (GPT-2 small, B 16: 0.55 against 2.6 ms for the statistics, 1.1 against
+ * 2.7 for the gradient). The same sums to within their order; fp16 keeps xent.cu's. */
+static void xent_stats_rows(float *row_max, float *row_sumexp, float *target_logit,
+                            const void *logits, const int *targets, int N, int V, int ld,
+                            int v_offset, wf_stream *s)
+{
+  wf_cuda_xent_stats_bf16(row_max, row_sumexp, target_logit, (const wf_bf16 *)logits, targets, N, V,
+                          ld, v_offset, s);
+}
+
+static void xent_backward_rows(void *dlogits, const void *logits, const float *row_max,
+                               const float *row_sumexp, const int *targets, float dloss, int N,
+                               int V, int ld, int v_offset, wf_stream *s)
+{
+  wf_cuda_xent_backward_bf16((wf_bf16 *)dlogits, (const wf_bf16 *)logits, row_max, row_sumexp,
+                             targets, dloss, N, V, ld, v_offset, s);
+}
+
 /* The fp32 table with its activation entries and format replaced by T's. */
 template <typename T> static wf_ktable storage_table(const wf_ktable *k32, int format)
 {
@@ -916,8 +876,8 @@ template <typename T> static wf_ktable storage_table(const wf_ktable *k32, int f
   t.gelu_forward = gelu_forward<T>;
   t.gelu_backward = gelu_backward<T>;
   t.residual_forward = residual_forward<T>;
-  t.xent_stats = wf__xent_stats<T>;
-  t.xent_backward = wf__xent_backward<T>;
+  t.xent_stats = format == WF_PREC_BF16 ? xent_stats_rows : wf__xent_stats<T>;
+  t.xent_backward = format == WF_PREC_BF16 ? xent_backward_rows : wf__xent_backward<T>;
   t.format = format;
   t.store = store<T>;
   t.load = load<T>;

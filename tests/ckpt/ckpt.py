@@ -455,6 +455,19 @@ def case_incompatible():
         print(f"incompatible {key}: refused, naming it")
 
 
+def case_schedule():
+    """A checkpoint of a run with another train.steps (so another learning-rate schedule
+    before it) resumes with a warning that says so; one of the same schedule, without."""
+    _, ck = reference(1, [], "ref", steps=12, every=10)
+    warn = "was saved by a run of train.steps=12, this run has 20"
+    out = run(1, ["train.steps=20", f"train.resume={ck}/step-000010"])
+    expect_in(out, [warn, "not that run's continuation"], "another train.steps")
+    out = run(1, ["train.steps=12", f"train.resume={ck}/step-000010"])
+    if "was saved by a run of train.steps" in out:
+        fail("the same train.steps warned of another schedule", out)
+    print("another train.steps: resumed with the schedule's warning; the same: without")
+
+
 def case_unwritable():
     blocker = path("a-file")
     open(blocker, "w").write("not a directory\n")
@@ -686,6 +699,7 @@ CASES = {
     "resume-dp2": lambda: case_resume(2, []),
     "resume-dp2-zero1": lambda: case_resume(2, ["optim.zero=1"]),
     "reshard-dp2-dp1": lambda: case_reshard(2, [], 1, []),
+    "schedule": case_schedule,
     "reshard-dp2zero-dp4zero": lambda: case_reshard(2, ["optim.zero=1"], 4, ["optim.zero=1"]),
     "reshard-dp2zero-dp2": lambda: case_reshard(2, ["optim.zero=1"], 2, []),
     "reshard-dp1-dp2zero": lambda: case_reshard(1, [], 2, ["optim.zero=1"]),

@@ -95,6 +95,7 @@ typedef struct wf__entry {
 
 typedef struct wf__manifest {
   int step, dp, tp, pp, zero;
+  int steps;    /* the saving run's train.steps (its learning-rate schedule); 0: not recorded */
   int replicas; /* HSDP: the fsdp groups of dp ranks that held this state (1 without) */
   uint64_t n, seed;
   wf_model_dims dims;

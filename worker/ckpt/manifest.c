@@ -318,6 +318,8 @@ static wf_status parse_fields(json_t *o, wf__manifest *m, const char *path, json
   WF_CHECK(!wf_model_dims_check(d) && (uint64_t)n == wf_model_num_params(d) && m->step >= 0,
            WF_EFORMAT, "%s: inconsistent model dims or step", path);
   m->n = (uint64_t)n, m->seed = (uint64_t)seed;
+  m->steps = 0;
+  (void)json_unpack(o, "{s?i}", "steps", &m->steps);
   m->replicas = 1; /* written before HSDP had checkpoints: one replica */
   WF_CHECK(json_unpack(o, "{s:{s?i}}", "mesh", "replicas", &m->replicas) == 0 && m->replicas >= 1,
            WF_EFORMAT, "%s: mesh.replicas must be an integer >= 1", path);

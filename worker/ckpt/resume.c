@@ -341,6 +341,11 @@ static void note_differences(const wf_ckpt_target *t, const wf__manifest *m, con
     WF_WARN("checkpoint %s was trained with train.seed=%llu, this run has %llu: the data order "
             "changes from here on",
             dir, (unsigned long long)m->seed, (unsigned long long)cfg->train.seed);
+  if (m->steps > 0 && m->steps != cfg->train.steps && m->step > cfg->train.warmup)
+    WF_WARN("checkpoint %s was saved by a run of train.steps=%d, this run has %d: the "
+            "learning-rate schedule (cosine decay to train.min_lr at the last step) differed "
+            "before step %d, so this is not that run's continuation",
+            dir, m->steps, cfg->train.steps, m->step);
   if (!same)
     WF_INFO("checkpoint: resharding the model and optimizer state from %s x tp %d x pp %d%s "
             "to %s x tp %d x pp %d%s",
