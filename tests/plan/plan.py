@@ -181,6 +181,7 @@ PEAK_MESHES = {
     "dp2-zero2-bf16": ["optim.zero=2", "precision=bf16"],
     "dp2-zero3-bf16": ["optim.zero=3", "precision=bf16"],
     "dp2-zero3-init-st": ["optim.zero=3"],
+    "dp2-zero3-reshard": ["optim.zero=3"],
 }
 PEAK = re.compile(r"estimate check: rank (\d+) .*predicted (\d+) bytes, .*rss growth (-?\d+) "
                   r".*hwm growth (-?\d+) .*peak/steady (\d+\.\d+)")
@@ -194,12 +195,18 @@ def with_keys(base, keys):
 
 def peak_weights(worker, name, d):
     """The keys of a peak case whose set-up reads weights, after writing them: model.init
-    from a safetensors file one rank saved (-init-st). A whole-model array (58 MB here)
-    would show as +20%."""
+    from a safetensors file one rank saved (-init-st), or train.resume from a checkpoint
+    saved at tp 2 (-reshard: another layout, so each rank maps its ZeRO-3 range out of
+    the tp shards' files). A whole-model array (58 MB here) would show as +20%."""
     if name.endswith("-init-st"):
         st = os.path.join(d, "m.safetensors")
         run([worker, "--save", st, "--save-format", "safetensors"] + PEAK_MODEL)
         return ["model.init=" + st]
+    if name.endswith("-reshard"):
+        ck = os.path.join(d, "ck")
+        run(mpirun(2) + [worker, "mesh.tp=2", "train.checkpoint_dir=" + ck,
+                         "train.checkpoint_every=1"] + PEAK_MODEL)
+        return ["train.resume=" + ck, "train.steps=2"]
     return []
 
 

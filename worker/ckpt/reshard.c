@@ -2,7 +2,7 @@
  * reshard.c - a checkpoint saved on another tensor or pipeline layout, a weft checkpoint
  * as model.init, and export.
  *
- * model.init from a checkpoint maps through the whole model's layout without holding it: a rank's runs
+ * Resharding maps through the whole model's layout without holding it: a rank's runs
  * (wf_model_shard_runs) inside what it restores (its parameters, its ZeRO range of AdamW
  * m and v) are matched, by their place in the whole model, with each saved file's
  * counted runs (tp rank 0's copy of replicated tensors, the first stage's tied
@@ -146,81 +146,49 @@ static wf_status read_wanted(const wf__manifest *m, const wanted *w, const char 
   return st;
 }
 
-/* Read and verify optimizer file e; add its counted m and v into fm and fv. */
-static wf_status add_optim_file(const char *dir, const wf__manifest *m, const wf__entry *e,
-                                float *fm, float *fv)
-{
-  const wf__entry *model = wf__find_model(m, e->pp, e->tp); /* the cover check: there is one */
-  wf__span sp = {e->lo, e->hi, alloc_floats(e->hi - e->lo, e->name, dir), NULL};
-  sp.v = sp.m ? alloc_floats(e->hi - e->lo, e->name, dir) : NULL;
-  wf_status st = sp.v ? wf__verify_optim(dir, e, model->hi, &sp) : WF_ENOMEM;
-  if (st == WF_OK) {
-    wf_model_shard_exchange(&m->dims, &model->geo, sp.m, e->lo, e->hi, fm, true);
-    wf_model_shard_exchange(&m->dims, &model->geo, sp.v, e->lo, e->hi, fv, true);
-  }
-  wf_mem_free(sp.m);
-  wf_mem_free(sp.v);
-  return st;
-}
-
-/* Whole-model parameters and AdamW m and v, assembled from every file of a checkpoint. */
-typedef struct whole_state {
-  float *x[3]; /* parameters, m, v: (n) each, the model's layout, host memory */
-} whole_state;
-
-/* Rank r reads and verifies files r, r + W, ...; every element has exactly one
- * contributor (the cover checks), so the sums over the job are exact. */
-static wf_status assemble(const wf_ckpt_target *t, const wf__manifest *m, const char *dir,
-                          whole_state *w)
+static wf_status map_views(wf_dev *dev, wf_dev_view v[3], float *const at[3], const size_t n[3])
 {
   wf_status st = WF_OK;
-  wf_comm *c = wf__ckpt_world(t);
-  int W = wf__size_of(c);
-  for (int i = 0; i < 3 && st == WF_OK; i++)
-    st = (w->x[i] = alloc_floats(m->n, "the whole model", dir)) ? WF_OK : WF_ENOMEM;
-  for (int i = wf__rank_of(c); st == WF_OK && i < m->n_files; i += W) {
-    const wf__entry *e = &m->files[i];
-    st = e->optim ? add_optim_file(dir, m, e, w->x[1], w->x[2])
-                  : wf__add_model_file(dir, m, e, w->x[0]);
-  }
-  WF_TRY(wf__ckpt_agree(t, st, "reading the checkpoint's shards"));
-  for (int i = 0; i < 3 && W > 1; i++)
-    WF_TRY(wf_comm_allreduce(c, w->x[i], w->x[i], (size_t)m->n, WF_COMM_F32, WF_COMM_SUM));
-fail:
+  for (int i = 0; st == WF_OK && i < 3; i++)
+    st = wf_dev_map(dev, &v[i], at[i], n[i] * sizeof(float), WF_MAP_WRITE);
   return st;
-}
-
-/* This rank's range [lo, hi) of a whole-model vector into device memory at `dev_p`. */
-static wf_status slice_into(const wf_ckpt_target *t, float *dev_p, size_t lo, size_t hi,
-                            float *full)
-{
-  wf_dev *dev = wf_model_dev(t->model);
-  wf_model_shard g = wf__saved_geo(wf_model_get_shard(t->model));
-  wf_dev_view v;
-  wf_status st = wf_dev_map(dev, &v, dev_p, (hi - lo) * sizeof(float), WF_MAP_WRITE);
-  if (st != WF_OK)
-    return st;
-  wf_model_shard_exchange(wf_model_get_dims(t->model), &g, v.host, lo, hi, full, false);
-  return wf_dev_unmap(dev, &v);
 }
 
 wf_status wf__load_resharded(const wf_ckpt_target *t, const wf__manifest *m, const char *dir)
 {
-  wf_status st = WF_OK;
-  whole_state w = {{NULL}};
+  wf_status st = WF_OK, u;
+  wf_dev *dev = wf_model_dev(t->model);
+  const wf_model_dims *d = wf_model_get_dims(t->model);
+  wf_model_shard g = wf__saved_geo(wf_model_get_shard(t->model));
   size_t lo, hi;
   float *mb, *vb;
   wf_optim_state(t->optim, &lo, &hi, &mb, &vb);
-  WF_TRY(assemble(t, m, dir, &w));
-  if (t->param_shard) /* ZeRO-3: its dp shard, the optimizer's range */
-    WF_TRY(slice_into(t, t->param_shard, lo, hi, w.x[0]));
-  else
-    WF_TRY(wf_model_import_full(t->model, 0, w.x[0]));
-  WF_TRY(slice_into(t, mb, lo, hi, w.x[1]));
-  WF_TRY(slice_into(t, vb, lo, hi, w.x[2]));
+  /* ZeRO-3: its dp shard, the optimizer's range; else the whole local vector */
+  size_t plo = t->param_shard ? lo : 0;
+  size_t phi = t->param_shard ? hi : wf_model_local_params(t->model);
+  float *at[3] = {t->param_shard ? t->param_shard : wf_model_params(t->model), mb, vb};
+  wf_dev_view v[3] = {{0}};
+  wanted w = {.plo = plo, .lo = lo};
+  st = map_views(dev, v, at, (size_t[3]){phi - plo, hi - lo, hi - lo});
+  if (st == WF_OK &&
+      (!collect(&w.params, d, &g, plo, phi, false) || !collect(&w.optim, d, &g, lo, hi, false))) {
+    WF_ERROR("checkpoint %s: out of memory mapping this rank's shard", dir);
+    st = WF_ENOMEM;
+  }
+  w.p = v[0].host, w.m = v[1].host, w.v = v[2].host;
+  if (st == WF_OK)
+    st = read_wanted(m, &w, dir, true, wf__rank_of(wf__ckpt_world(t)),
+                     wf__size_of(wf__ckpt_world(t)));
+  for (int i = 0; i < 3; i++) {
+    u = v[i].host ? wf_dev_unmap(dev, &v[i]) : WF_OK;
+    st = st == WF_OK ? u : st;
+  }
+  free(w.params.r);
+  free(w.optim.r);
+  WF_TRY(wf__ckpt_agree(t, st, "reading the checkpoint's shards"));
+  if (!t->param_shard) /* mixed precision's rounded weights follow */
+    st = wf_model_params_changed(t->model);
 fail:
-  for (int i = 0; i < 3; i++)
-    wf_mem_free(w.x[i]);
   return st;
 }
 
