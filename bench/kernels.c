@@ -189,6 +189,15 @@ static wf_status fill(bench *b, role r, void *p, size_t n, size_t esize)
     if (r == TOK || r == BAD) {
       int t = (int)(wf_rng_u64(20250101u, (uint64_t)r, i) % (uint64_t)b->sh.V);
       memcpy(h + i * esize, &t, sizeof t);
+    } else if (esize == sizeof(float) && b->sh.lowp == WF_PREC_BF16) {
+      /* The bf16 table's entries read activations and weights as pairs of bf16: two
+       * values in range (a float's low half read as bf16 has any exponent, NaN and Inf
+       * included: not what a model's GEMMs see). An fp32 reader sees the second (the
+       * high half), with extra low bits. */
+      float u2 = wf_rng_uniform(20250102u, (uint64_t)r, i);
+      wf_bf16 v[2] = {wf_bf16_from_float(lo + (hi - lo) * u),
+                      wf_bf16_from_float(lo + (hi - lo) * u2)};
+      memcpy(h + i * esize, v, sizeof v);
     } else if (esize == sizeof(float)) {
       float v = lo + (hi - lo) * u;
       memcpy(h + i * esize, &v, sizeof v);

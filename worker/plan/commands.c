@@ -15,6 +15,7 @@
 #include <jansson.h>
 
 #include "plan_int.h"
+#include "wf_gpu.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 #define MIB (1024.0 * 1024.0)
@@ -205,11 +206,16 @@ int wf_plan_estimate(const wf_config *cfg, const wf_plan_cli *cli, FILE *out)
 
 /* ---- --check-estimate ------------------------------------------------------------------ */
 
-void wf_plan_rss_read(wf_plan_rss *r)
+void wf_plan_rss_read(wf_plan_rss *r, struct wf_gpu *gpu)
 {
   char line[256];
+  size_t free_b = 0, total = 0;
   FILE *f = fopen("/proc/self/status", "r");
   r->rss_kb = r->hwm_kb = -1;
+  r->gpu = gpu;
+  r->dev_used = gpu && wf_gpu_mem_info(gpu, &free_b, &total) == WF_OK
+                    ? (long long)total - (long long)free_b
+                    : -1;
   while (f && fgets(line, sizeof line, f)) {
     if (!strncmp(line, "VmRSS:", 6))
       r->rss_kb = strtol(line + 6, NULL, 10);
@@ -228,10 +234,21 @@ void wf_plan_check_print(const wf_config *cfg, int pp_rank, int dp_rank, int ran
   wf_plan_stage_mem sm;
   wf_plan_rss now;
   wf_model_dims d = wf_model_dims_from_config(cfg);
-  wf_plan_rss_read(&now);
+  wf_plan_rss_read(&now, base->gpu);
   if (wf_plan_mesh_from_config(cfg, cfg->mesh.dp * cfg->mesh.tp * cfg->mesh.pp, &m) != WF_OK ||
       wf_plan_stage_mem_get(&d, &m, pp_rank, dp_rank, k, &sm) != WF_OK)
     return;
+  if (base->dev_used >= 0 && now.dev_used >= 0) {
+    double used = (double)(now.dev_used - base->dev_used);
+    fprintf(out,
+            "estimate check: rank %d stage %d dp %d predicted %zu bytes, reported %lld (%+.3f%%), "
+            "device used growth %.0f (%+.2f%%)\n",
+            rank, pp_rank, dp_rank, sm.total, reported,
+            100.0 * ((double)sm.total - (double)reported) / (double)reported, used,
+            100.0 * ((double)sm.total - used) / used);
+    fflush(out);
+    return;
+  }
   /* rss growth is the steady state after the step, hwm growth the peak since set-up
    * began: their ratio says how far set-up or the step rose above it */
   double rss = (now.rss_kb - base->rss_kb) * 1024.0, hwm = (now.hwm_kb - base->hwm_kb) * 1024.0;

@@ -499,6 +499,9 @@ int wf_plan_profile_hw(const wf_config *cfg, wf_comm *world, const char *path, F
   int rank = world ? wf_comm_rank(world) : 0, W = world ? wf_comm_size(world) : 1;
   wf_status st = WF_OK;
   size_t msg = msg_floats(cfg, &d);
+  if (rank == 0 && cfg->runtime.device == WF_DEV_CUDA) /* the planner's GPUs are its tables */
+    fprintf(stderr, "weft: --profile-hw measures this machine's CPU cores and MPI; for a GPU, "
+                    "plan with --hw h100-sxm, h200 or a100-80gb\n");
   if (rank == 0)
     st = wf__plan_measure(&d, cfg->train.batch_size * T, T, WF_MAX(W, 1), &hw);
   if (world && agree_quietly(world, st) != WF_OK)

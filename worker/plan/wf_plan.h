@@ -192,15 +192,20 @@ void wf_plan_reset_mesh(wf_config *cfg);
 int wf_plan_estimate(const wf_config *cfg, const wf_plan_cli *cli, FILE *out);
 int wf_plan_search(const wf_config *cfg, const wf_plan_cli *cli, FILE *out);
 struct wf_comm;
+struct wf_gpu;
 int wf_plan_profile_hw(const wf_config *cfg, struct wf_comm *world, const char *path, FILE *out);
 
 /* worker --check-estimate: train as usual, and after the first step every rank prints
  * its predicted memory beside what the trainer reports (mem=) and the growth of the
- * process's resident memory since `base` (read before the trainer's set-up). */
+ * process's resident memory since `base` (read before the trainer's set-up); on a GPU,
+ * the growth of the device's used memory (cudaMemGetInfo) instead, which is where the
+ * model lives there (a GPU has no high-water mark to read: no peak/steady). */
 typedef struct wf_plan_rss {
   long rss_kb, hwm_kb; /* VmRSS and VmHWM of /proc/self/status */
+  long long dev_used;  /* the GPU's used bytes; -1: on the CPU */
+  struct wf_gpu *gpu;  /* NULL: on the CPU */
 } wf_plan_rss;
-void wf_plan_rss_read(wf_plan_rss *r);
+void wf_plan_rss_read(wf_plan_rss *r, struct wf_gpu *gpu);
 void wf_plan_check_print(const wf_config *cfg, int pp_rank, int dp_rank, int rank,
                          const struct wf_ktable *k, const wf_plan_rss *base, long long reported,
                          FILE *out);
