@@ -18,8 +18,8 @@ Why the comparisons are what they are:
   after resuming would show.
 * Another tensor or pipeline layout (reshard-tp2pp2-np1, reshard-np1-tp2pp2,
   reshard-tp2seq-pp2, reshard-interleaved-dp2tp2zero): the loaded state is the saved
-  one exactly (the whole model is assembled from the shards and re-sliced, pure copies
-  and sums with zeros); what differs is the arithmetic after it. Tensor parallelism
+  one exactly (each rank's elements are copied out of the shard files); what differs is
+  the arithmetic after it. Tensor parallelism
   splits the row-parallel matmuls' C- or 4C-long dot products (64 or 256 terms) over tp
   ranks and adds the partial sums in another order, error ~sqrt(256) * eps ~ 1e-6
   relative, no larger than dp's 512-row argument above; pipeline stages run the same
@@ -28,6 +28,10 @@ Why the comparisons are what they are:
   of one rank over 20 steps). A mis-mapped tensor (a transposed qkv head block, the
   last stage's wte taken for the first's, a replicated layernorm from the wrong rank)
   puts O(1) errors into the parameters and the loss would jump at step 11.
+* Resharded into ZeRO-3 (reshard-dp2pp2zero1-dp4zero3): ZeRO-3 reduces as ZeRO-2 does,
+  so from the same loaded state the two train bit for bit alike; a ZeRO-3 rank maps
+  only its dp range out of the files, a ZeRO-2 rank its whole copy, so any element the
+  range read got wrong shows as unequal losses.
 * Export from shards (export-tp2pp2): --save adds every rank's counted runs, streamed
   to rank 0, into zeros and --export adds every shard's counted runs into zeros, so the
   files are equal byte for byte.
@@ -155,14 +159,14 @@ def wait_for(cond, what, p=None, timeout=120):
     fail(f"timed out waiting for {what}")
 
 
-def same_losses(ref, got, first, last, what):
+def same_losses(ref, got, first, last, what, of="the uninterrupted run"):
     for s in range(first, last + 1):
         if s not in got:
             fail(f"{what}: no loss for step {s}")
         if got[s] != ref[s]:
-            fail(f"{what}: step {s} loss {got[s]!r} differs from the uninterrupted run's "
-                 f"{ref[s]!r}: resume is not bit-exact")
-    print(f"{what}: steps {first}..{last} equal the uninterrupted run bit for bit "
+            fail(f"{what}: step {s} loss {got[s]!r} differs from {of}'s {ref[s]!r}: not "
+                 f"bit-exact")
+    print(f"{what}: steps {first}..{last} equal {of} bit for bit "
           f"(step {last}: {got[last]!r})")
 
 
@@ -222,6 +226,23 @@ def case_reshard(n_from, extra_from, n_to, extra_to, what="the optimizer state")
     expect_in(out, ["resharding " + what, "at step 10"], "reshard")
     close_losses(ref, losses(path("res.jsonl")), 11, 20,
                  f"reshard {n_from} ranks {extra_from} -> {n_to} ranks {extra_to}")
+
+
+def case_reshard_zero3(n_from, extra_from, n_to, extra_to):
+    """A resharded resume under ZeRO-3 (each rank maps its dp range out of the saved
+    shards) trains bit for bit as one under ZeRO-2 (each rank maps its whole copy), as
+    ZeRO-3 and ZeRO-2 do from any start; and both continue the saved run."""
+    ref, ck = reference(n_from, extra_from, "ref")
+    got = {}
+    for zero in (2, 3):
+        out = run(n_to, extra_to + [f"optim.zero={zero}", "train.steps=20",
+                                    f"train.metrics={path(f'res{zero}.jsonl')}",
+                                    f"train.resume={ck}/step-000010"])
+        expect_in(out, ["resharding ", "at step 10"], "reshard")
+        got[zero] = losses(path(f"res{zero}.jsonl"))
+    what = f"reshard {n_from} ranks {extra_from} -> {n_to} ranks {extra_to}"
+    same_losses(got[2], got[3], 11, 20, what + ", ZeRO-3", of="ZeRO-2")
+    close_losses(ref, got[3], 11, 20, what + ", ZeRO-3")
 
 
 TP2PP2 = ["mesh.tp=2", "mesh.pp=2", "train.microbatches=2"]
@@ -723,6 +744,8 @@ CASES = {
     "resume-dp2pp2-interleaved-zero2": lambda: case_resume(4, ILV + ["optim.zero=2"]),
     "resume-dp2pp2-interleaved-zero3": lambda: case_resume(4, ILV + ["optim.zero=3"]),
     "reshard-dp2zero3-dp4zero1": lambda: case_reshard(2, ["optim.zero=3"], 4, ["optim.zero=1"]),
+    "reshard-dp2pp2zero1-dp4zero3": lambda: case_reshard_zero3(
+        4, ["mesh.pp=2", "train.microbatches=2", "optim.zero=1"], 4, []),
     "reshard-np1-dp2tp2zero2": lambda: case_reshard(1, [], 4, ["mesh.tp=2", "optim.zero=2"],
                                                     MODEL),
     "reshard-np1-tp2pp2": lambda: case_reshard(1, [], 4, TP2PP2, MODEL),

@@ -26,6 +26,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import st_ref  # noqa: E402  the safetensors reader
+import weights  # noqa: E402  zero3_same_as_zero2
 
 WORKER, MPIRUN = sys.argv[1], sys.argv[2]
 MPI_ARGS = ["--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
@@ -123,6 +124,11 @@ def main():
             assert got == ref, f"--dump-state from {tag} differs from the checkpoint's"
         print("--dump-state: the checkpoint, the file, the folder and the index give the same "
               "bytes")
+        # ZeRO-3 at dp 2 and 3 from the file, the folder and the checkpoint saved at
+        # tp 2 x pp 2: the same --save bytes as ZeRO-2 (weights.py's check)
+        weights.zero3_same_as_zero2(d, TINY, (("file", one), ("folder", hf),
+                                              ("checkpoint dir", ck)),
+                                    ["--save-format", "safetensors"])
         # the sharded model on a tp 2 x pp 2 mesh against one rank: equal but for float32
         # summation order (equiv.py's STATE_* tolerances, checked by llama_equiv.py
         # dump-state); here just that it loads and trains from the index

@@ -148,6 +148,106 @@ static void test_not_weights(void **state)
   assert_false(wf_weights_probe(f->dir, &d));
 }
 
+/* ---- ranged reads ------------------------------------------------------------------
+ * wf_weights_read_shard of every format against the whole read sliced
+ * (wf_model_shard_exchange), bit for bit: the whole model and shards of tp 2, pp 2
+ * and both, each cut into the ranges ZeRO-3 gives dp 1 and dp 3. The models are big enough that a
+ * tensor spans several of safetensors' pieces (2^20 elements): GPT-2's Conv1D weights
+ * (transposed in the file) and its 3000-token embedding, Llama's untied head. */
+
+static const struct wf_shard_case {
+  int tp, tp_rank, l0, l1;
+  bool first, last;
+} shard_cases[] = {
+    {1, 0, 0, 2, true, true},
+    {2, 1, 0, 2, true, true},
+    {1, 0, 0, 1, true, false},
+    {2, 1, 1, 2, false, true},
+};
+
+/* Every shard and dp range of `path` read ranged equals `full` sliced. */
+static void check_ranged(const char *path, const wf_model_dims *d, const float *full)
+{
+  for (size_t i = 0; i < sizeof shard_cases / sizeof *shard_cases; i++) {
+    const struct wf_shard_case *c = &shard_cases[i];
+    wf_model_shard s = {.tp = c->tp,
+                        .tp_rank = c->tp_rank,
+                        .l0 = c->l0,
+                        .l1 = c->l1,
+                        .first = c->first,
+                        .last = c->last};
+    size_t n = wf_model_shard_params(d, &s);
+    float *want = malloc(n * sizeof *want), *got = malloc(n * sizeof *got);
+    assert_non_null(want);
+    assert_non_null(got);
+    wf_model_shard_exchange(d, &s, want, 0, n, (float *)full, false);
+    for (size_t dp = 1; dp <= 3; dp += 2) {
+      size_t per = (n + dp - 1) / dp;
+      memset(got, 0xff, n * sizeof *got);
+      for (size_t lo = 0; lo < n; lo += per) {
+        size_t hi = lo + per < n ? lo + per : n;
+        assert_int_equal(wf_weights_read_shard(path, "model.init", d, &s, lo, hi, got + lo), WF_OK);
+      }
+      if (memcmp(want, got, n * sizeof *got)) {
+        size_t k = 0;
+        while (!memcmp(&want[k], &got[k], sizeof *got))
+          k++;
+        fail_msg("%s: shard %zu at dp %zu: element %zu is %g, the whole read's %g", path, i, dp, k,
+                 got[k], want[k]);
+      }
+    }
+    free(want);
+    free(got);
+  }
+}
+
+/* A model of dims d with random parameters (zero padding rows) written as safetensors
+ * (one file, and a folder of shards of shard_bytes), each read ranged. */
+static void ranged_safetensors(fixture *f, const wf_model_dims *dims, size_t shard_bytes)
+{
+  wf_model_dims d = wf_model_dims_resolve(dims);
+  size_t n = wf_model_num_params(&d);
+  float *p = malloc(n * sizeof *p), *whole = malloc(n * sizeof *whole);
+  assert_non_null(p);
+  assert_non_null(whole);
+  for (size_t i = 0; i < n; i++)
+    p[i] = wf_rng_normal(7, 0, i) * 0.02f;
+  const char *names[] = {"r.safetensors", "folder/"};
+  for (int k = 0; k < 2; k++) {
+    snprintf(f->path, sizeof f->path, "%s/%s", f->dir, names[k]);
+    assert_int_equal(wf_weights_write(f->path, WF_WEIGHTS_SAFETENSORS, &d, p, shard_bytes), WF_OK);
+    if (k == 1) {
+      char index[200];
+      snprintf(index, sizeof index, "%s/model.safetensors.index.json", f->path);
+      assert_true(access(index, F_OK) == 0); /* sharded */
+    }
+    assert_int_equal(wf_weights_read(f->path, "model.init", &d, whole), WF_OK);
+    check_ranged(f->path, &d, whole);
+  }
+  free(p);
+  free(whole);
+}
+
+static void test_ranged_gpt2(void **state)
+{
+  wf_model_dims d = {.L = 2, .NH = 10, .C = 640, .maxT = 64, .V = 3000, .Vp = 3072};
+  ranged_safetensors(*state, &d, 4000000);
+}
+
+static void test_ranged_llama(void **state)
+{
+  wf_model_dims d = {.fam = wf_model_family_find("llama"),
+                     .L = 2,
+                     .NH = 8,
+                     .KV = 2,
+                     .C = 640,
+                     .maxT = 64,
+                     .V = 3000,
+                     .Vp = 3072,
+                     .F = 1792};
+  ranged_safetensors(*state, &d, 4000000);
+}
+
 static void test_format_names(void **state)
 {
   (void)state;
@@ -162,8 +262,8 @@ int main(void)
 {
 #define T_(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
   const struct CMUnitTest tests[] = {
-      T_(test_llmc),        T_(test_llmc_bf16),    T_(test_safetensors),
-      T_(test_not_weights), T_(test_format_names),
+      T_(test_llmc),         T_(test_llmc_bf16),   T_(test_safetensors),  T_(test_not_weights),
+      T_(test_format_names), T_(test_ranged_gpt2), T_(test_ranged_llama),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

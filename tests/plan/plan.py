@@ -185,19 +185,43 @@ PEAK_MESHES = {
     # chunks; gathering the flat parameters whole for it put a rank 1.21x above steady
     "dp2-zero3-ckpt": ["optim.zero=3", "train.steps=2", "train.checkpoint_every=1",
                        "train.checkpoint_dir={tmp}/ck"],
+    "dp2-zero3-init-st": ["optim.zero=3"],
+    "dp2-zero3-reshard": ["optim.zero=3"],
 }
 PEAK = re.compile(r"estimate check: rank (\d+) .*predicted (\d+) bytes, .*rss growth (-?\d+) "
                   r".*hwm growth (-?\d+) .*peak/steady (\d+\.\d+)")
 
 
+def with_keys(base, keys):
+    """base with keys set (a key in both takes the value in keys)."""
+    names = {k.split("=")[0] for k in keys}
+    return [k for k in base if k.split("=")[0] not in names] + keys
+
+
+def peak_weights(worker, name, d):
+    """The keys of a peak case whose set-up reads weights, after writing them: model.init
+    from a safetensors file one rank saved (-init-st), or train.resume from a checkpoint
+    saved at tp 2 (-reshard: another layout, so each rank maps its ZeRO-3 range out of
+    the tp shards' files). A whole-model array (58 MB here) would show as +20%."""
+    if name.endswith("-init-st"):
+        st = os.path.join(d, "m.safetensors")
+        run([worker, "--save", st, "--save-format", "safetensors"] + PEAK_MODEL)
+        return ["model.init=" + st]
+    if name.endswith("-reshard"):
+        ck = os.path.join(d, "ck")
+        run(mpirun(2) + [worker, "mesh.tp=2", "train.checkpoint_dir=" + ck,
+                         "train.checkpoint_every=1"] + PEAK_MODEL)
+        return ["train.resume=" + ck, "train.steps=2"]
+    return []
+
+
 def peak_case(worker, name):
-    with tempfile.TemporaryDirectory() as tmp:
-        keys = [k.format(tmp=tmp) for k in PEAK_MESHES[name]]
-        out = run(mpirun(2) + [worker, "--check-estimate", "mesh.dp=2"] + PEAK_MODEL +
-                  keys).stdout
-        if "train.checkpoint_dir" in PEAK_MESHES[name][-1] and \
-                not os.path.isfile(f"{tmp}/ck/step-000001/manifest.json"):
-            fail(f"no checkpoint of step 1 in {tmp}/ck:\n{out}")
+    with tempfile.TemporaryDirectory() as d:
+        mesh = [k.format(tmp=d) for k in PEAK_MESHES[name]]
+        keys = with_keys(PEAK_MODEL, peak_weights(worker, name, d) + mesh)
+        out = run(mpirun(2) + [worker, "--check-estimate", "mesh.dp=2"] + keys).stdout
+        if name.endswith("-ckpt") and not os.path.isfile(f"{d}/ck/step-000001/manifest.json"):
+            fail(f"no checkpoint of step 1 in {d}/ck:\n{out}")
     rows = [m.groups() for m in PEAK.finditer(out)]
     if len(rows) != 2:
         fail(f"{len(rows)} estimate-check lines from 2 ranks:\n{out}")

@@ -160,6 +160,23 @@ wf_status wf__write_optim(const wf_ckpt_target *t, const char *stage, int step, 
  * and checked, and its header against the manifest's entry. */
 wf_status wf__read_model(const char *dir, const wf__entry *e, const wf_model_dims *d,
                          float *params);
+/* One piece a streamed read keeps: `bytes` of a file's data (past its header) from
+ * byte `off`, into dst. A read's copies are sorted by off and do not overlap. */
+typedef struct wf__copy {
+  uint64_t off, bytes;
+  char *dst;
+} wf__copy;
+/* Model file e streamed past (its header checked, every byte hashed against the
+ * manifest), keeping only what the copies want: no rank holds the file whole. */
+wf_status wf__read_model_copies(const char *dir, const wf__entry *e, const wf_model_dims *d,
+                                const wf__copy *c, size_t nc);
+/* The same of optimizer file e, of a shard of n parameters: its data is m then v. */
+wf_status wf__read_optim_copies(const char *dir, const wf__entry *e, uint64_t n, const wf__copy *c,
+                                size_t nc);
+/* The copies of file e (model or optimizer) read where they lie, unverified: for a rank
+ * whose file another rank streams and verifies (the job agrees on the outcome). */
+wf_status wf__read_copies(const char *dir, const wf__entry *e, const wf_model_dims *d,
+                          const wf__copy *c, size_t nc);
 /* Elements [lo, hi) of model file e alone into dst, the whole file hashed as it streams
  * past (ZeRO-3's shard). */
 wf_status wf__read_model_range(const char *dir, const wf__entry *e, const wf_model_dims *d,
@@ -208,6 +225,23 @@ wf_status wf__manifest_parse(const char *text, const char *path, wf__manifest *m
 /* Read and parse dir's manifest; *text (may be NULL) gets its bytes (to free). */
 wf_status wf__manifest_read(const char *dir, wf__manifest *m, char **text);
 const wf__entry *wf__find_model(const wf__manifest *m, int pp, int tp);
+/* Runs of shards (wf_model_shard_runs) clipped to their local elements [lo, hi): where
+ * each lies in the whole model (full) and in the shard (local). */
+typedef struct wf__run {
+  uint64_t full, local, n;
+} wf__run;
+typedef struct wf__runs {
+  wf__run *r;
+  size_t len, cap;
+  uint64_t lo, hi;
+  bool counted, oom;
+} wf__runs;
+/* Append shard g's runs inside [lo, hi) to s (the counted alone: counted, as a saved
+ * file's, each element once over a mesh); false when out of memory. */
+bool wf__runs_add(wf__runs *s, const wf_model_dims *d, const wf_model_shard *g, uint64_t lo,
+                  uint64_t hi, bool counted);
+/* By their place in the whole model. */
+void wf__runs_sort(wf__runs *s);
 /* The model files hold every parameter exactly once; every optimizer file belongs to a
  * model file, and each model file's state is covered. */
 wf_status wf__check_model_cover(const wf__manifest *m, const char *dir);
@@ -224,5 +258,10 @@ wf_status wf__load_resharded(const wf_ckpt_target *t, const wf__manifest *m, con
  * A checkpoint of other dims than d is refused. Not collective. */
 wf_status wf__ckpt_model_dims(const char *dir, wf_model_dims *d);
 wf_status wf__ckpt_model_read(const char *dir, const wf_model_dims *d, float *full);
+/* Elements [lo, hi) of shard s's flat parameter vector alone from checkpoint dir (any
+ * mesh), into dst: every model file streamed past and verified as the whole read does,
+ * only the range kept. Not collective. */
+wf_status wf__ckpt_model_read_shard(const char *dir, const wf_model_dims *d,
+                                    const wf_model_shard *s, size_t lo, size_t hi, float *dst);
 
 #endif /* WF_CKPT_INT_H */

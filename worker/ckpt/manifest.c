@@ -381,35 +381,42 @@ const wf__entry *wf__find_model(const wf__manifest *m, int pp, int tp)
   return NULL;
 }
 
-/* The counted runs of every model file, as (full offset, length) pairs. */
-typedef struct run_list {
-  uint64_t (*r)[2];
-  size_t len, cap;
-  bool oom;
-} run_list;
-
-static void collect_run(void *user, const wf_model_run *r)
+static void add_run(void *user, const wf_model_run *r)
 {
-  run_list *l = user;
-  if (!r->counted || l->oom)
+  wf__runs *s = user;
+  uint64_t a = WF_MAX(r->local, s->lo), b = WF_MIN(r->local + r->n, s->hi);
+  if (a >= b || (s->counted && !r->counted) || s->oom)
     return;
-  if (l->len == l->cap) {
-    size_t cap = l->cap ? 2 * l->cap : 1024;
-    void *p = realloc(l->r, cap * sizeof *l->r);
+  if (s->len == s->cap) {
+    size_t cap = s->cap ? 2 * s->cap : 256;
+    void *p = realloc(s->r, cap * sizeof *s->r);
     if (!p) {
-      l->oom = true;
+      s->oom = true;
       return;
     }
-    l->r = p, l->cap = cap;
+    s->r = p, s->cap = cap;
   }
-  l->r[l->len][0] = r->full, l->r[l->len][1] = r->n;
-  l->len++;
+  s->r[s->len++] = (wf__run){r->full + (a - r->local), a, b - a};
 }
 
-static int cmp_run(const void *a, const void *b)
+static int cmp_full(const void *a, const void *b)
 {
-  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  uint64_t x = ((const wf__run *)a)->full, y = ((const wf__run *)b)->full;
   return (x > y) - (x < y);
+}
+
+bool wf__runs_add(wf__runs *s, const wf_model_dims *d, const wf_model_shard *g, uint64_t lo,
+                  uint64_t hi, bool counted)
+{
+  s->lo = lo, s->hi = hi, s->counted = counted;
+  wf_model_shard_runs(d, g, add_run, s);
+  return !s->oom;
+}
+
+void wf__runs_sort(wf__runs *s)
+{
+  if (s->len)
+    qsort(s->r, s->len, sizeof *s->r, cmp_full);
 }
 
 /* The name of the tensor holding full element x. */
@@ -424,21 +431,21 @@ static const char *kind_at(const wf_model_dims *d, uint64_t x)
 }
 
 /* Whether the sorted runs tile [0, n); *where is the first element missing or held twice. */
-static bool tiled(const run_list *l, uint64_t n, uint64_t *where, bool *twice)
+static bool tiled(const wf__runs *l, uint64_t n, uint64_t *where, bool *twice)
 {
   uint64_t at = 0;
   size_t i = 0;
-  for (; i < l->len && l->r[i][0] == at; i++)
-    at += l->r[i][1];
-  *twice = i < l->len && l->r[i][0] < at;
-  *where = *twice ? l->r[i][0] : at;
+  for (; i < l->len && l->r[i].full == at; i++)
+    at += l->r[i].n;
+  *twice = i < l->len && l->r[i].full < at;
+  *where = *twice ? l->r[i].full : at;
   return i == l->len && at == n;
 }
 
 wf_status wf__check_model_cover(const wf__manifest *m, const char *dir)
 {
   wf_status st = WF_OK;
-  run_list l = {0};
+  wf__runs l = {0};
   uint64_t where;
   bool twice;
   for (int i = 0; i < m->n_files; i++) {
@@ -447,10 +454,10 @@ wf_status wf__check_model_cover(const wf__manifest *m, const char *dir)
              "checkpoint %s: the manifest lists two model files of stage %d shard %d", dir, e->pp,
              e->tp);
     if (!e->optim)
-      wf_model_shard_runs(&m->dims, &e->geo, collect_run, &l);
+      wf__runs_add(&l, &m->dims, &e->geo, 0, UINT64_MAX, true);
   }
   WF_CHECK(!l.oom, WF_ENOMEM, "checkpoint %s: out of memory checking its model files", dir);
-  qsort(l.r, l.len, sizeof *l.r, cmp_run);
+  wf__runs_sort(&l);
   WF_CHECK(tiled(&l, m->n, &where, &twice), WF_EFORMAT,
            "checkpoint %s: its model files do not hold every parameter exactly once (parameter "
            "%llu, in %s, is %s): the manifest lists an incomplete or overlapping set of shards",

@@ -411,45 +411,114 @@ wf_status wf__read_model(const char *dir, const wf__entry *e, const wf_model_dim
   return st;
 }
 
-/* Elements [lo, hi) of model file e into dst (ZeRO-3's shard): the file streams past in
- * chunks, every byte hashed against the manifest and the header checked, and only the
- * range is kept, so no rank holds the whole shard's vector. */
-wf_status wf__read_model_range(const char *dir, const wf__entry *e, const wf_model_dims *d,
-                               uint64_t lo, uint64_t hi, float *dst)
+/* The first chunk's header against what the manifest's entry says (a model file's
+ * encoded header, or an optimizer file's range of n). */
+typedef struct head_check {
+  const wf__model_hdr *want; /* a model file's, hb bytes */
+  size_t hb;
+  bool optim; /* else, with no want, the header is hashed alone */
+  uint64_t n;
+} head_check;
+
+static wf_status check_opt_header(const wf__optim_header *h, const wf__entry *e, uint64_t n,
+                                  const char *path);
+
+static wf_status check_head(const head_check *hc, const char *buf, const wf__entry *e,
+                            const char *path)
 {
-  char path[WF__PATH_LEN], *buf = NULL;
-  wf__model_hdr want;
+  if (!hc->want)
+    return hc->optim ? check_opt_header((const wf__optim_header *)buf, e, hc->n, path) : WF_OK;
+  return memcmp(buf, hc->want, hc->hb) ? header_mismatch(path, e, (const wf__model_hdr *)buf)
+                                       : WF_OK;
+}
+
+/* Copy the file bytes [off, off + len) (in buf) that copies c (sorted, the data's byte
+ * offsets past hb header bytes) want; *i: the first copy not yet behind. */
+static void copy_out(const wf__copy *c, size_t nc, size_t *i, uint64_t hb, uint64_t off,
+                     const char *buf, size_t len)
+{
+  while (*i < nc && hb + c[*i].off + c[*i].bytes <= off)
+    (*i)++;
+  for (size_t j = *i; j < nc && hb + c[j].off < off + len; j++) {
+    uint64_t a = WF_MAX(hb + c[j].off, off), b = WF_MIN(hb + c[j].off + c[j].bytes, off + len);
+    if (a < b)
+      memcpy(c[j].dst + (a - hb - c[j].off), buf + (a - off), b - a);
+  }
+}
+
+/* All of open file e, streamed in chunks: every byte hashed against the manifest, the
+ * header checked, and the bytes the copies want kept, so no rank holds the file whole. */
+static wf_status stream(int fd, const char *path, const wf__entry *e, const head_check *hc,
+                        const wf__copy *c, size_t nc)
+{
+  wf_status st = WF_OK;
+  char *buf = NULL;
   XXH3_state_t *xx = NULL;
-  int fd;
-  size_t hb = model_header(&want, d, &e->geo, e->hi);
-  wf_status st = open_checked(dir, e, &fd, path);
-  if (st != WF_OK)
-    return st;
-  WF_CHECK(e->bytes == hb + e->hi * sizeof(float), WF_EFORMAT,
-           "%s: %llu bytes, but its shard needs %zu", path, (unsigned long long)e->bytes,
-           hb + (size_t)e->hi * sizeof(float));
+  size_t i = 0;
+  uint64_t hb = hc->want ? hc->hb : WF__OPT_HEADER;
   WF_CHECK((buf = malloc(WF__CHUNK)) && (xx = XXH3_createState()), WF_ENOMEM, "%s: out of memory",
            path);
   XXH3_64bits_reset(xx);
-  uint64_t want0 = hb + 4 * lo, want1 = hb + 4 * hi; /* the range's bytes in the file */
   for (uint64_t off = 0; off < e->bytes; off += WF__CHUNK) {
     size_t len = (size_t)WF_MIN((uint64_t)WF__CHUNK, e->bytes - off);
     WF_TRY(pread_all(fd, buf, len, off, path));
-    if (off == 0 && memcmp(buf, &want, hb) != 0) {
-      st = header_mismatch(path, e, (const wf__model_hdr *)buf);
-      goto fail;
-    }
+    if (off == 0)
+      WF_TRY(check_head(hc, buf, e, path));
     XXH3_64bits_update(xx, buf, len);
-    uint64_t c0 = WF_MAX(want0, off), c1 = WF_MIN(want1, off + len);
-    if (c0 < c1)
-      memcpy((char *)dst + (c0 - want0), buf + (c0 - off), c1 - c0);
+    copy_out(c, nc, &i, hb, off, buf, len);
   }
   st = check_hash(XXH3_64bits_digest(xx), e, path);
 fail:
   XXH3_freeState(xx);
   free(buf);
+  return st;
+}
+
+static wf_status verify(const char *dir, const wf__entry *e, const head_check *hc,
+                        const wf__copy *c, size_t nc)
+{
+  char path[WF__PATH_LEN];
+  int fd;
+  wf_status st = open_checked(dir, e, &fd, path);
+  if (st != WF_OK)
+    return st;
+  st = stream(fd, path, e, hc, c, nc);
   close(fd);
   return st;
+}
+
+wf_status wf__read_model_copies(const char *dir, const wf__entry *e, const wf_model_dims *d,
+                                const wf__copy *c, size_t nc)
+{
+  wf__model_hdr want;
+  head_check hc = {&want, model_header(&want, d, &e->geo, e->hi), false, 0};
+  if (e->bytes == hc.hb + e->hi * sizeof(float))
+    return verify(dir, e, &hc, c, nc);
+  WF_ERROR("%s/%s: %llu bytes, but its shard needs %zu", dir, e->name, (unsigned long long)e->bytes,
+           hc.hb + (size_t)e->hi * sizeof(float));
+  return WF_EFORMAT;
+}
+
+wf_status wf__read_copies(const char *dir, const wf__entry *e, const wf_model_dims *d,
+                          const wf__copy *c, size_t nc)
+{
+  char path[WF__PATH_LEN];
+  wf__model_hdr want;
+  int fd;
+  uint64_t hb = e->optim ? WF__OPT_HEADER : model_header(&want, d, &e->geo, e->hi);
+  wf_status st = open_checked(dir, e, &fd, path);
+  for (size_t i = 0; st == WF_OK && i < nc; i++)
+    st = pread_all(fd, c[i].dst, c[i].bytes, hb + c[i].off, path);
+  if (fd >= 0)
+    close(fd);
+  return st;
+}
+
+wf_status wf__read_model_range(const char *dir, const wf__entry *e, const wf_model_dims *d,
+                               uint64_t lo, uint64_t hi, float *dst)
+{
+  wf__copy c = {4 * lo, 4 * (hi - lo), (char *)dst};
+  return wf__read_model_copies(dir, e, d, &c, 1);
 }
 
 static wf_status check_opt_header(const wf__optim_header *h, const wf__entry *e, uint64_t n,
@@ -470,67 +539,35 @@ static uint64_t part_offset(const wf__entry *e, int part, uint64_t x)
   return WF__OPT_HEADER + (uint64_t)part * 4 * (e->hi - e->lo) + 4 * (x - e->lo);
 }
 
-/* Copy the file bytes [off, off + n) (in buf) that fall in the span into it. */
-static void scatter(const wf__entry *e, const wf__span *sp, uint64_t off, const char *buf, size_t n)
+/* The copies of an optimizer file that fill span sp: m's part, then v's. */
+static size_t span_copies(const wf__entry *e, const wf__span *sp, wf__copy c[2])
 {
   uint64_t x0 = WF_MAX(e->lo, sp->lo), x1 = WF_MIN(e->hi, sp->hi);
-  for (int part = 0; part < 2 && x0 < x1; part++) {
-    uint64_t b0 = part_offset(e, part, x0), b1 = part_offset(e, part, x1);
-    uint64_t c0 = WF_MAX(b0, off), c1 = WF_MIN(b1, off + n);
-    if (c0 >= c1)
-      continue;
-    char *dst = (char *)((part ? sp->v : sp->m) + (x0 - sp->lo));
-    memcpy(dst + (c0 - b0), buf + (c0 - off), c1 - c0);
-  }
+  size_t nc = 0;
+  for (int part = 0; part < 2 && x0 < x1; part++)
+    c[nc++] = (wf__copy){part_offset(e, part, x0) - WF__OPT_HEADER, 4 * (x1 - x0),
+                         (char *)((part ? sp->v : sp->m) + (x0 - sp->lo))};
+  return nc;
 }
 
-/* Hash every byte of entry e's open file against its manifest; with a span (an optimizer
- * file), also check its header and scatter the state into sp as it streams past. */
-static wf_status verify_chunks(int fd, const char *path, const wf__entry *e, uint64_t n,
-                               const wf__span *sp)
+wf_status wf__read_optim_copies(const char *dir, const wf__entry *e, uint64_t n, const wf__copy *c,
+                                size_t nc)
 {
-  wf_status st = WF_OK;
-  char *buf = NULL;
-  XXH3_state_t *xx = NULL;
-  WF_CHECK((buf = malloc(WF__CHUNK)) && (xx = XXH3_createState()), WF_ENOMEM, "%s: out of memory",
-           path);
-  XXH3_64bits_reset(xx);
-  for (uint64_t off = 0; off < e->bytes; off += WF__CHUNK) {
-    size_t len = (size_t)WF_MIN((uint64_t)WF__CHUNK, e->bytes - off);
-    WF_TRY(pread_all(fd, buf, len, off, path));
-    if (sp && off == 0)
-      WF_TRY(check_opt_header((const wf__optim_header *)buf, e, n, path));
-    XXH3_64bits_update(xx, buf, len);
-    if (sp)
-      scatter(e, sp, off, buf, len);
-  }
-  st = check_hash(XXH3_64bits_digest(xx), e, path);
-fail:
-  XXH3_freeState(xx);
-  free(buf);
-  return st;
-}
-
-static wf_status verify(const char *dir, const wf__entry *e, uint64_t n, const wf__span *sp)
-{
-  char path[WF__PATH_LEN];
-  int fd;
-  wf_status st = open_checked(dir, e, &fd, path);
-  if (st != WF_OK)
-    return st;
-  st = verify_chunks(fd, path, e, n, sp);
-  close(fd);
-  return st;
+  return verify(dir, e, &(head_check){NULL, 0, true, n}, c, nc);
 }
 
 wf_status wf__verify_optim(const char *dir, const wf__entry *e, uint64_t n, const wf__span *sp)
 {
-  return verify(dir, e, n, sp);
+  wf__copy c[2];
+  return wf__read_optim_copies(dir, e, n, c, span_copies(e, sp, c));
 }
 
 /* The whole file of entry e: its size and XXH3-64 (model and optimizer files hash every
  * byte, header included). */
-wf_status wf__verify_file(const char *dir, const wf__entry *e) { return verify(dir, e, 0, NULL); }
+wf_status wf__verify_file(const char *dir, const wf__entry *e)
+{
+  return verify(dir, e, &(head_check){NULL, 0, false, 0}, NULL, 0);
+}
 
 wf_status wf__read_optim_part(const char *dir, const wf__entry *e, uint64_t n, const wf__span *sp)
 {

@@ -177,32 +177,34 @@ wf_status wf_weights_read_shard(const char *path, const char *what, const wf_mod
                                 const wf_model_shard *s, size_t lo, size_t hi, float *dst)
 {
   wf_status st = WF_OK;
-  char file[WF__PATH_LEN];
-  float *full = NULL;
+  char dir[WF__PATH_LEN], file[WF__PATH_LEN];
   kind k;
   WF_TRY(kind_of(path, what, &k, file, sizeof file));
   if (k == K_LLMC)
     return wf_llmc_read_shard(path, d, s, lo, hi, dst);
-  WF_CHECK_ALLOC(full = malloc(wf_model_num_params(d) * sizeof *full));
-  WF_TRY(wf_weights_read(path, what, d, full));
-  wf_model_shard_exchange(d, s, dst, lo, hi, full, false);
+  if (k == K_SAFETENSORS)
+    return wf_safetensors_read_shard(file, d, s, lo, hi, dst, NULL, 0);
+  WF_TRY(ckpt_dir(path, dir, sizeof dir));
+  st = wf__ckpt_model_read_shard(dir, d, s, lo, hi, dst);
 fail:
-  free(full);
   return st;
 }
 
-/* An llm.c file read through, a bounded piece at a time: every parameter is read as
- * model.init will read it, without a whole-model array. */
-static wf_status check_llmc(const char *path, const wf_model_dims *d)
+/* A file read through as model.init reads it, a bounded piece at a time, with no
+ * whole-model array: an llm.c or safetensors file piece by piece, a checkpoint's files
+ * streamed past once (an empty range: every check, nothing kept). */
+static wf_status check_pieces(const char *path, const char *what, const wf_model_dims *d, kind k)
 {
   enum { PIECE = 1 << 20 };
   wf_status st = WF_OK;
   wf_model_shard whole = wf_model_shard_whole(d);
   size_t n = wf_model_num_params(d);
   float *buf = NULL;
+  if (k == K_CKPT)
+    return wf_weights_read_shard(path, what, d, &whole, 0, 0, NULL);
   WF_CHECK_ALLOC(buf = malloc(PIECE * sizeof *buf));
   for (size_t i = 0; i < n && st == WF_OK; i += PIECE)
-    st = wf_llmc_read_shard(path, d, &whole, i, WF_MIN(n, i + PIECE), buf);
+    st = wf_weights_read_shard(path, what, d, &whole, i, WF_MIN(n, i + PIECE), buf);
 fail:
   free(buf);
   return st;
@@ -212,18 +214,11 @@ wf_status wf_weights_check(const char *path, const char *what, wf_model_dims *d)
 {
   wf_status st = WF_OK;
   char file[WF__PATH_LEN];
-  float *full = NULL;
   kind k;
   WF_TRY(wf_weights_peek(path, what, d));
   WF_TRY(kind_of(path, what, &k, file, sizeof file));
-  if (k == K_LLMC)
-    return check_llmc(path, d);
-  WF_CHECK(full = malloc(wf_model_num_params(d) * sizeof *full), WF_ENOMEM,
-           "%s=%s: out of memory for the model's %zu parameters", what, path,
-           wf_model_num_params(d));
-  st = wf_weights_read(path, what, d, full);
+  st = check_pieces(path, what, d, k);
 fail:
-  free(full);
   return st;
 }
 

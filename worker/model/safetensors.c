@@ -905,6 +905,237 @@ wf_status wf_safetensors_read(const char *path, const wf_model_dims *dd, float *
   return st;
 }
 
+/* ---- a ranged read ------------------------------------------------------------------------- */
+
+/* wf_safetensors_read_shard: every tensor's header checked as read_all checks it, then
+ * the shard's runs inside [lo, hi) filled from the file, a bounded piece of one part at
+ * a time (PIECE elements of weft's layout: rows of a part, read straight, or for a
+ * transposed part column by column), so no rank holds the whole model or a whole
+ * tensor. A tied head is compared with the embedding over the pieces of it read. */
+enum { PIECE = 1 << 20 };
+
+typedef struct part_at {
+  st_file *f;
+  tinfo ti;
+} part_at;
+
+/* A part's offset in the flat vector, and its index (what the ranged read sorts). */
+typedef struct by_off {
+  size_t off;
+  int k;
+} by_off;
+
+static int cmp_off(const void *a, const void *b)
+{
+  size_t x = ((const by_off *)a)->off, y = ((const by_off *)b)->off;
+  return (x > y) - (x < y);
+}
+
+typedef struct ranged {
+  source *src;
+  const wf_model_dims *d;
+  const spec *specs;
+  int n;
+  by_off *order; /* the parts by their offset in the flat vector */
+  part_at *at, head;
+  bool has_head;
+  float *dst;
+  size_t lo, hi;
+  int cur; /* the part whose rows [r0, r1) buf holds (-1: none) */
+  size_t r0, r1;
+  float *buf, *col, *hbuf;
+  uint16_t *raw;
+  wf_status st;
+  char *err;
+  size_t len;
+} ranged;
+
+/* Rows [r0, r1) of part s (its entry ti in f), weft's layout, into out. */
+static wf_status read_rows(st_file *f, const tinfo *ti, const spec *s, size_t r0, size_t r1,
+                           float *out, float *col, uint16_t *raw)
+{
+  size_t es = dtype_size(ti->dt);
+  tinfo p = *ti;
+  if (plain(s)) {
+    p.begin += (uint64_t)(r0 * s->cols * es);
+    return read_values(f, &p, out, (r1 - r0) * s->cols, raw);
+  }
+  for (size_t c = 0; c < s->cols; c++) { /* the file's row c holds weft's column c */
+    p.begin = ti->begin + (uint64_t)((c * s->rows + r0) * es);
+    wf_status st = read_values(f, &p, col, r1 - r0, raw);
+    if (st != WF_OK)
+      return st;
+    for (size_t r = 0; r < r1 - r0; r++)
+      out[r * s->cols + c] = col[r];
+  }
+  return WF_OK;
+}
+
+/* Part k's rows from `row` (as many as a piece holds) into x->buf; the embedding's are
+ * checked against a tied head's. */
+static wf_status load_rows(ranged *x, int k, size_t row)
+{
+  const spec *s = &x->specs[k];
+  size_t r1 = WF_MIN(s->rows, row + WF_MAX((size_t)1, PIECE / s->cols));
+  x->cur = -1;
+  if (read_rows(x->at[k].f, &x->at[k].ti, s, row, r1, x->buf, x->col, x->raw) != WF_OK)
+    return failf(x->err, x->len, WF_EIO, "safetensors '%s': cannot read tensor '%s'",
+                 x->at[k].f->path, s->name);
+  if (k == 0 && x->has_head) {
+    if (read_rows(x->head.f, &x->head.ti, s, row, r1, x->hbuf, x->col, x->raw) != WF_OK)
+      return failf(x->err, x->len, WF_EIO, "safetensors '%s': cannot read tensor '%s'",
+                   x->head.f->path, x->d->fam->hf_head);
+    for (size_t r = row; r < r1; r++)
+      if (memcmp(x->hbuf + (r - row) * s->cols, x->buf + (r - row) * s->cols,
+                 s->cols * sizeof *x->buf))
+        return failf(x->err, x->len, WF_EFORMAT,
+                     "safetensors '%s': %s differs from %s (row %zu); this model ties its head to "
+                     "the embedding (model.tie_embeddings), so they must be equal",
+                     x->head.f->path, x->d->fam->hf_head, s->name, r);
+  }
+  x->cur = k, x->r0 = row, x->r1 = r1;
+  return WF_OK;
+}
+
+/* The first part (in offset order) that ends past flat element f; x->n when none. */
+static int part_after(const ranged *x, size_t f)
+{
+  int a = 0, b = x->n;
+  while (a < b) {
+    int m = (a + b) / 2;
+    const spec *s = &x->specs[x->order[m].k];
+    if (s->off + spec_numel(s) <= f)
+      a = m + 1;
+    else
+      b = m;
+  }
+  return a;
+}
+
+/* Flat elements [f, f + n) into out: the parts' values, zeros where no part lies (the
+ * padded vocabulary's rows). */
+static wf_status fill(ranged *x, size_t f, size_t n, float *out)
+{
+  while (n > 0) {
+    int i = part_after(x, f), k = i < x->n ? x->order[i].k : -1;
+    const spec *s = k >= 0 ? &x->specs[k] : NULL;
+    size_t m;
+    if (!s || s->off > f) {
+      m = s ? WF_MIN(n, s->off - f) : n;
+      memset(out, 0, m * sizeof *out);
+    } else {
+      size_t e = f - s->off, row = e / s->cols;
+      if (x->cur != k || row < x->r0 || row >= x->r1) {
+        wf_status st = load_rows(x, k, row);
+        if (st != WF_OK)
+          return st;
+      }
+      m = WF_MIN(n, x->r1 * s->cols - e);
+      memcpy(out, x->buf + (e - x->r0 * s->cols), m * sizeof *out);
+    }
+    f += m, out += m, n -= m;
+  }
+  return WF_OK;
+}
+
+static void ranged_run(void *user, const wf_model_run *r)
+{
+  ranged *x = user;
+  size_t a = WF_MAX(r->local, x->lo), b = WF_MIN(r->local + r->n, x->hi);
+  if (a < b && x->st == WF_OK)
+    x->st = fill(x, r->full + (a - r->local), b - a, x->dst + (a - x->lo));
+}
+
+/* Every part's entry found and checked (dtype, shape, extent), and the extras and the
+ * tied head's entry, as read_all checks them before it reads. */
+static wf_status check_parts(ranged *x)
+{
+  wf_status st = check_all_extras(x->src, x->d, x->specs, x->n, x->err, x->len);
+  for (int i = 0; st == WF_OK && i < x->n; i++) {
+    const spec *s = &x->specs[i];
+    json_t *t = src_find(x->src, s->name, &x->at[i].f, x->err, x->len);
+    if (!t)
+      return failf(x->err, x->len, WF_EFORMAT, "safetensors '%s': tensor '%s' is missing",
+                   x->src->path, s->name);
+    st = parse_info(x->at[i].f, s->name, t, &x->at[i].ti, x->err, x->len);
+    if (st == WF_OK)
+      st = check_shape(x->at[i].f, s, &x->at[i].ti, x->d, x->err, x->len);
+  }
+  const char *name = x->d->fam->hf_head;
+  source *src = x->src;
+  if (st != WF_OK || !name || x->d->tie != WF_TIE_YES ||
+      !(src->index ? json_object_get(src->index, name)
+                   : json_object_get(src->files[0].header, name)))
+    return st;
+  json_t *t = src_find(src, name, &x->head.f, x->err, x->len);
+  if (!t)
+    return failf(x->err, x->len, WF_EFORMAT, "safetensors '%s': tensor '%s' is missing", src->path,
+                 name);
+  spec h = x->specs[0];
+  snprintf(h.name, sizeof h.name, "%s", name);
+  st = parse_info(x->head.f, name, t, &x->head.ti, x->err, x->len);
+  if (st == WF_OK)
+    st = check_shape(x->head.f, &h, &x->head.ti, x->d, x->err, x->len);
+  x->has_head = st == WF_OK;
+  return st;
+}
+
+static wf_status read_ranged(ranged *x, const wf_model_shard *sh)
+{
+  size_t piece = WF_MIN((size_t)PIECE, largest(x->specs, x->n)), widest = 1;
+  for (int i = 0; i < x->n; i++)
+    widest = WF_MAX(widest, x->specs[i].cols); /* a piece is at least one row */
+  piece = WF_MAX(piece, widest);
+  x->order = malloc((size_t)x->n * sizeof *x->order);
+  x->at = calloc((size_t)x->n, sizeof *x->at);
+  x->buf = malloc(piece * sizeof *x->buf);
+  x->hbuf = malloc(piece * sizeof *x->hbuf);
+  x->col = malloc(piece * sizeof *x->col);
+  x->raw = malloc(piece * sizeof *x->raw);
+  if (!x->order || !x->at || !x->buf || !x->hbuf || !x->col || !x->raw)
+    return failf(x->err, x->len, WF_ENOMEM, "safetensors '%s': out of memory", x->src->path);
+  wf_status st = check_parts(x);
+  if (st != WF_OK)
+    return st;
+  for (int i = 0; i < x->n; i++)
+    x->order[i] = (by_off){x->specs[i].off, i};
+  qsort(x->order, (size_t)x->n, sizeof *x->order, cmp_off);
+  x->cur = -1;
+  wf_model_shard_runs(x->d, sh, ranged_run, x);
+  return x->st;
+}
+
+wf_status wf_safetensors_read_shard(const char *path, const wf_model_dims *dd,
+                                    const wf_model_shard *sh, size_t lo, size_t hi, float *dst,
+                                    char *err, size_t len)
+{
+  const char *bad = wf_model_dims_check(dd);
+  if (bad)
+    return failf(err, len, WF_EINVAL, "safetensors '%s': bad model dimensions: %s", path, bad);
+  wf_model_dims d;
+  wf_model_desc desc;
+  ranged x = {.d = &d, .dst = dst, .lo = lo, .hi = hi, .err = err, .len = len};
+  wf_status st = src_open(&x.src, path, err, len);
+  spec *specs = st == WF_OK ? alloc_specs(dd, &d, &desc, &x.n) : NULL;
+  if (st == WF_OK && !specs)
+    st = failf(err, len, WF_ENOMEM, "safetensors '%s': out of memory", path);
+  x.specs = specs;
+  if (st == WF_OK) {
+    x.src->fam = d.fam;
+    st = read_ranged(&x, sh);
+  }
+  if (x.src)
+    src_close(x.src);
+  free(specs);
+  free(x.order);
+  free(x.at);
+  free(x.buf);
+  free(x.hbuf);
+  free(x.col);
+  free(x.raw);
+  return st;
+}
+
 /* ---- dimensions ------------------------------------------------------------------------------ */
 
 /* config.json beside path (NULL when there is none or it is not JSON). */

@@ -659,6 +659,13 @@ wf_status wf_llmc_write_state(const char *path, const wf_model_dims *d, int B, i
  *    the index; config.json is written beside either (write_config). */
 wf_status wf_safetensors_read(const char *path, const wf_model_dims *d, float *full, char *err,
                               size_t len);
+/* Elements [lo, hi) of shard s's flat parameter vector alone (wf_llmc_read_shard's
+ * contract), with every check wf_safetensors_read makes of the file; a tied head is
+ * compared with the embedding over the rows the range reads. Holds a bounded piece of
+ * one tensor at a time, never the whole model. */
+wf_status wf_safetensors_read_shard(const char *path, const wf_model_dims *d,
+                                    const wf_model_shard *s, size_t lo, size_t hi, float *dst,
+                                    char *err, size_t len);
 wf_status wf_safetensors_peek(const char *path, wf_model_dims *d, char *err, size_t len);
 wf_status wf_safetensors_write(const char *path, const wf_model_dims *d, const float *full,
                                size_t shard_bytes, bool write_config, char *err, size_t len);

@@ -108,9 +108,8 @@ static wf_status read_init(wf__trainer *tr, void *arg)
                                wf_model_get_shard(tr->model), o->lo, o->hi, o->v.host);
 }
 
-/* model.init into this rank's slices of the parameters (wf_weights_read_shard: an llm.c
- * file is read at those elements alone; safetensors and weft checkpoints go through a
- * whole-model host array, a transient beside the model, docs/memory.md). */
+/* model.init into this rank's slices of the parameters (wf_weights_read_shard: each
+ * format read at those elements alone, with no whole-model host array, docs/memory.md). */
 static wf_status load_init(wf__trainer *tr)
 {
   init_dst o = {.lo = 0, .hi = wf_model_local_params(tr->model)};
