@@ -32,7 +32,6 @@
 #include <atomic>
 #include <mutex>
 #include <stdio.h>
-#include <string.h>
 
 #include "attn_int.h"
 #include "cuda_int.h"
@@ -54,16 +53,6 @@ static struct {
   cublasLtHandle_t handle;
   void *workspace; /* WF_KTABLE_GPU_WORKSPACE bytes */
 } g_dev[MAX_DEVICES];
-
-/* The heuristics' answers by (device, key) (wf__lt_algo), open addressing; g_lock held.
- * Full, a new key is asked every time (weft's models have a few dozen shapes). */
-#define LT_ALGOS 1024
-static struct {
-  bool used, none; /* none: the heuristics found no algorithm */
-  int dev;
-  wf__lt_key key;
-  cublasLtMatmulAlgo_t algo;
-} g_algos[LT_ALGOS];
 
 static void account(int64_t bytes)
 {
@@ -189,43 +178,7 @@ bool wf__lt_begin(wf__lt *lt, const char *file, int line)
   lt->handle = g_dev[dev].handle;
   lt->workspace = g_dev[dev].workspace;
   lt->workspace_bytes = LT_WORKSPACE_BYTES;
-  lt->dev = dev;
   return true;
-}
-
-static size_t key_hash(int dev, const wf__lt_key *k)
-{
-  const unsigned char *p = (const unsigned char *)k;
-  uint64_t h = 1469598103934665603ull ^ (uint64_t)dev; /* FNV-1a */
-  for (size_t i = 0; i < sizeof *k; i++)
-    h = (h ^ p[i]) * 1099511628211ull;
-  return (size_t)(h % LT_ALGOS);
-}
-
-cublasStatus_t wf__lt_algo(const wf__lt *lt, const wf__lt_key *key, const wf__lt_descs *x,
-                           cublasLtMatmulAlgo_t *algo)
-{
-  size_t i = key_hash(lt->dev, key), probes = 0;
-  for (; probes < LT_ALGOS && g_algos[i].used; probes++, i = (i + 1) % LT_ALGOS)
-    if (g_algos[i].dev == lt->dev && !memcmp(&g_algos[i].key, key, sizeof *key)) {
-      *algo = g_algos[i].algo;
-      return g_algos[i].none ? CUBLAS_STATUS_NOT_SUPPORTED : CUBLAS_STATUS_SUCCESS;
-    }
-  cublasLtMatmulHeuristicResult_t h = {};
-  int found = 0;
-  cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt->handle, x->op, x->a, x->b, x->d, x->d,
-                                                     x->pref, 1, &h, &found);
-  if (st != CUBLAS_STATUS_SUCCESS) /* an error, not an answer: not kept */
-    return st;
-  *algo = h.algo;
-  if (probes < LT_ALGOS) {
-    g_algos[i].used = true;
-    g_algos[i].none = found == 0;
-    g_algos[i].dev = lt->dev;
-    g_algos[i].key = *key;
-    g_algos[i].algo = h.algo;
-  }
-  return found ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED;
 }
 
 bool wf__partials(float **part, size_t *floats, const char *file, int line)
@@ -268,7 +221,6 @@ static void destroy_workspaces(void)
     g_dev[d].handle = NULL;
     g_dev[d].workspace = NULL;
   }
-  memset(g_algos, 0, sizeof g_algos); /* a new handle asks again */
   if (have_cur)
     cudaSetDevice(cur);
 }

@@ -59,7 +59,6 @@ typedef struct wf__lt {
   cublasLtHandle_t handle;
   void *workspace;
   size_t workspace_bytes;
-  int dev; /* the current device's number */
 } wf__lt;
 bool wf__lt_begin(wf__lt *lt, const char *file, int line);
 bool wf__lt_end(cublasStatus_t st, const char *file, int line, const char *what);
@@ -86,26 +85,11 @@ static inline void wf__lt_descs_destroy(wf__lt_descs *x)
     cublasLtMatmulDescDestroy(x->op);
 }
 
-/* What makes a GEMM's descriptors, and so the heuristics' answer for them: every field
- * set (the rest zero, so that keys compare as bytes). */
-typedef struct wf__lt_key {
-  int ta, tb, m, n, k, lda, ldb;
-  int compute, ab, dt;        /* compute type, operand type, output type */
-  int epilogue, bias, aux_ld; /* bias: whether the epilogue takes one */
-} wf__lt_key;
-
-/* The heuristics' first algorithm for descriptors x made from `key`, asked once per key
- * and device and then kept (backend.cu): asking costs the host tens of microseconds per
- * GEMM, longer than many of the GEMMs take. NOT_SUPPORTED when they find none. Between
- * wf__lt_begin and wf__lt_end. */
-cublasStatus_t wf__lt_algo(const wf__lt *lt, const wf__lt_key *key, const wf__lt_descs *x,
-                           cublasLtMatmulAlgo_t *algo);
-
-/* One GEMM on descriptors x (made from `key`) that `made` reports on: D = A.B (+ beta D)
- * with wf__lt_algo's algorithm; destroys x (matmul.cu). */
-cublasStatus_t wf__lt_run(const wf__lt *lt, const wf__lt_key *key, wf__lt_descs *x,
-                          cublasStatus_t made, const void *A, const void *B, const float *beta,
-                          void *D, cudaStream_t s);
+/* One GEMM on descriptors x that `made` reports on: D = A.B (+ beta D) with the
+ * heuristics' first algorithm, NOT_SUPPORTED when they find none; destroys x
+ * (matmul.cu). */
+cublasStatus_t wf__lt_run(const wf__lt *lt, wf__lt_descs *x, cublasStatus_t made, const void *A,
+                          const void *B, const float *beta, void *D, cudaStream_t s);
 
 /* Returns the status of a cuBLAS call from the enclosing function unless it succeeded. */
 #define WF__LT_TRY(call)                                                                           \

@@ -108,17 +108,20 @@ static cublasStatus_t descs_make(wf__lt_descs *x, const gemm *g, cublasLtEpilogu
 
 /* Enqueue g into `out` with epilogue `epi` on s; NOT_SUPPORTED when the heuristics
  * find no algorithm for it. */
-cublasStatus_t wf__lt_run(const wf__lt *lt, const wf__lt_key *key, wf__lt_descs *x,
-                          cublasStatus_t made, const void *A, const void *B, const float *beta,
-                          void *D, cudaStream_t s)
+cublasStatus_t wf__lt_run(const wf__lt *lt, wf__lt_descs *x, cublasStatus_t made, const void *A,
+                          const void *B, const float *beta, void *D, cudaStream_t s)
 {
   cublasStatus_t st = made;
-  cublasLtMatmulAlgo_t algo;
+  cublasLtMatmulHeuristicResult_t h = {};
+  int found = 0;
   if (st == CUBLAS_STATUS_SUCCESS)
-    st = wf__lt_algo(lt, key, x, &algo);
+    st = cublasLtMatmulAlgoGetHeuristic(lt->handle, x->op, x->a, x->b, x->d, x->d, x->pref, 1, &h,
+                                        &found);
+  if (st == CUBLAS_STATUS_SUCCESS && found == 0)
+    st = CUBLAS_STATUS_NOT_SUPPORTED;
   const float one = 1.0f;
   if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmul(lt->handle, x->op, &one, A, x->a, B, x->b, beta, D, x->d, D, x->d, &algo,
+    st = cublasLtMatmul(lt->handle, x->op, &one, A, x->a, B, x->b, beta, D, x->d, D, x->d, &h.algo,
                         lt->workspace, lt->workspace_bytes, s);
   wf__lt_descs_destroy(x);
   return st;
@@ -129,12 +132,7 @@ static cublasStatus_t lt_enqueue(const wf__lt *lt, const gemm *g, float *out,
 {
   wf__lt_descs x = {};
   cublasStatus_t made = descs_make(&x, g, epi, lt->workspace_bytes);
-  wf__lt_key key = {};
-  key.ta = g->ta, key.tb = g->tb, key.m = g->m, key.n = g->n, key.k = g->k;
-  key.lda = g->lda, key.ldb = g->ldb, key.compute = g->compute, key.ab = CUDA_R_32F;
-  key.dt = CUDA_R_32F, key.epilogue = epi, key.bias = g->bias != NULL;
-  key.aux_ld = g->pre ? g->m : 0;
-  return wf__lt_run(lt, &key, &x, made, g->A, g->B, &g->beta, out, s);
+  return wf__lt_run(lt, &x, made, g->A, g->B, &g->beta, out, s);
 }
 
 /* The fused epilogue for g, or DEFAULT where cuBLASLt cannot do it: a GELU's aux

@@ -315,12 +315,7 @@ static cublasStatus_t lt16_enqueue(const wf__lt *lt, const gemm16 *g, bool bias,
 {
   wf__lt_descs x = {};
   cublasStatus_t made = descs16_make(&x, g, bias, lt->workspace_bytes);
-  wf__lt_key key = {};
-  key.ta = g->ta, key.tb = g->tb, key.m = g->m, key.n = g->n, key.k = g->k;
-  key.lda = g->lda, key.ldb = g->ldb, key.compute = CUBLAS_COMPUTE_32F, key.ab = g->ab;
-  key.dt = g->dt, key.epilogue = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-  key.bias = bias;
-  return wf__lt_run(lt, &key, &x, made, g->A, g->B, &g->beta, g->D, s);
+  return wf__lt_run(lt, &x, made, g->A, g->B, &g->beta, g->D, s);
 }
 
 /* out (m x n, column-major: rows of n, m columns each) += bias after a plain GEMM */
