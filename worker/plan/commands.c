@@ -238,26 +238,20 @@ void wf_plan_check_print(const wf_config *cfg, int pp_rank, int dp_rank, int ran
   if (wf_plan_mesh_from_config(cfg, cfg->mesh.dp * cfg->mesh.tp * cfg->mesh.pp, &m) != WF_OK ||
       wf_plan_stage_mem_get(&d, &m, pp_rank, dp_rank, k, &sm) != WF_OK)
     return;
+  double pred = (double)sm.total;
+  fprintf(out,
+          "estimate check: rank %d stage %d dp %d predicted %zu bytes, reported %lld (%+.3f%%), ",
+          rank, pp_rank, dp_rank, sm.total, reported,
+          100.0 * (pred - (double)reported) / (double)reported);
   if (base->dev_used >= 0 && now.dev_used >= 0) {
     double used = (double)(now.dev_used - base->dev_used);
-    fprintf(out,
-            "estimate check: rank %d stage %d dp %d predicted %zu bytes, reported %lld (%+.3f%%), "
-            "device used growth %.0f (%+.2f%%)\n",
-            rank, pp_rank, dp_rank, sm.total, reported,
-            100.0 * ((double)sm.total - (double)reported) / (double)reported, used,
-            100.0 * ((double)sm.total - used) / used);
-    fflush(out);
-    return;
+    fprintf(out, "device used growth %.0f (%+.2f%%)\n", used, 100.0 * (pred - used) / used);
+  } else {
+    /* rss growth is the steady state after the step, hwm growth the peak since set-up
+     * began: their ratio says how far set-up or the step rose above it */
+    double rss = (now.rss_kb - base->rss_kb) * 1024.0, hwm = (now.hwm_kb - base->hwm_kb) * 1024.0;
+    fprintf(out, "rss growth %.0f (%+.2f%%), hwm growth %.0f (%+.2f%%), peak/steady %.3f\n", rss,
+            100.0 * (pred - rss) / rss, hwm, 100.0 * (pred - hwm) / hwm, hwm / rss);
   }
-  /* rss growth is the steady state after the step, hwm growth the peak since set-up
-   * began: their ratio says how far set-up or the step rose above it */
-  double rss = (now.rss_kb - base->rss_kb) * 1024.0, hwm = (now.hwm_kb - base->hwm_kb) * 1024.0;
-  fprintf(out,
-          "estimate check: rank %d stage %d dp %d predicted %zu bytes, reported %lld (%+.3f%%), "
-          "rss growth %.0f (%+.2f%%), hwm growth %.0f (%+.2f%%), peak/steady %.3f\n",
-          rank, pp_rank, dp_rank, sm.total, reported,
-          100.0 * ((double)sm.total - (double)reported) / (double)reported, rss,
-          100.0 * ((double)sm.total - rss) / rss, hwm, 100.0 * ((double)sm.total - hwm) / hwm,
-          hwm / rss);
   fflush(out);
 }
