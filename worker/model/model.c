@@ -167,6 +167,10 @@ wf_model_mem wf_model_mem_plan(const wf_model_opts *o, const struct wf_ktable *k
   r.params = n * sizeof(float);
   r.grads = n * sizeof(float);
   r.wlow = n * wf_model_low_bytes(o->precision);
+  if (o->zero >= 3) /* ZeRO-3's shard and windows hold the parameters and their copy */
+    r.params = r.wlow = 0;
+  if (o->zero >= 2) /* ZeRO-2/3's windows take every gradient */
+    r.grads = 0;
   r.slot = carve_slot(&a, NULL, &z, sel ? layer : layer + core, full ? 0 : lc, lc, s->last, ops) *
            sizeof(float);
   r.slots = r.slot * (size_t)o->slots;
@@ -285,14 +289,10 @@ wf_status wf_model_create_shard(wf_model **out, const wf_model_opts *o)
   WF_CHECK_ALLOC(m = calloc(1, sizeof *m));
   set_geometry(m, o);
   wf_model_mem mp = wf_model_mem_plan(o, m->k);
-  /* ZeRO-2/3 own the gradients (and ZeRO-3 the parameters) as dp shards from the start:
-   * the flat vectors are never allocated, so set-up's peak is the steady state */
-  if (o->zero < 3) {
-    WF_TRY(wf_dev_alloc_floats(m->dev, &m->params, mp.params / sizeof(float)));
-    WF_TRY(wf_dev_alloc(m->dev, &m->wlow, mp.wlow)); /* 0: none */
-  }
-  if (o->zero < 2)
-    WF_TRY(wf_dev_alloc_floats(m->dev, &m->grads, mp.grads / sizeof(float)));
+  /* 0 bytes (ZeRO-2/3's flat vectors, an fp32 run's copy): none, NULL */
+  WF_TRY(wf_dev_alloc_floats(m->dev, &m->params, mp.params / sizeof(float)));
+  WF_TRY(wf_dev_alloc(m->dev, &m->wlow, mp.wlow));
+  WF_TRY(wf_dev_alloc_floats(m->dev, &m->grads, mp.grads / sizeof(float)));
   m->gstride = m->nl > 0 ? m->nl : 1;
   size_t slots = (size_t)WF_MAX_TENSORS * (size_t)m->gstride;
   WF_CHECK_ALLOC(m->gptr = calloc(slots, sizeof *m->gptr));
@@ -538,7 +538,7 @@ wf_status wf_model_params_changed(wf_model *m)
 }
 
 wf_precision wf_model_precision(const wf_model *m) { return m->prec; }
-void *wf_model_params_low(wf_model *m) { return m->params ? m->wlow : NULL; }
+void *wf_model_params_low(wf_model *m) { return m->wlow; /* NULL when the params are */ }
 void wf_model_set_loss_scale(wf_model *m, float s) { m->loss_scale = s; }
 
 /* ---- whole-model arrays ------------------------------------------------------------------- */

@@ -141,8 +141,7 @@ struct wf__zero {
   bool keep;               /* parallel.reshard_after_forward=false */
   bool sharded;            /* the model has no flat parameters: created without them
                             * (wf_model_opts.zero = 3), or dropped at the first step
-                            * (else whole: a model created with them, and for a checkpoint
-                            * or --save) */
+                            * (else whole: a model created with them) */
   wf_status hook_err;      /* the first failure in the unit hook, for finish */
   unsigned long seq;
   double wait_ms, comm_bytes;

@@ -384,11 +384,9 @@ static wf_status do_send_b(wf_pipe *p, int k, int peer)
   /* Round robin: the next buffer may still be sending an older work item. Waiting for
    * it is safe: the lists run even with blocking sends (schedule.c). */
   int i = p->sb_next++ % p->sb.n, old = p->sb.owner[i];
-  if (old >= 0) {
+  if (old >= 0)
     WF_TRY(wait(p, &p->req_sb[old], "send gradient", old / p->v));
-    pool_give(&p->sb, old);
-  }
-  p->sb.owner[i] = k, p->sb.at[k] = i;
+  p->sb.owner[i] = k; /* its index is i: the send pool keeps no `at` */
   void *buf = pool_buf(p, &p->sb, i);
   WF_TRY(wf_model_stage_dinput(p->model, buf));
   st = wf_comm_isend(p->pp, buf, p->io, p->dt, peer, &p->req_sb[k]);
@@ -454,8 +452,6 @@ wf_status wf_pipe_step(wf_pipe *p, int step, wf_pipe_batch_fn batch, wf_pipe_arm
   }
   for (int i = 0; i < p->sb.n; i++)
     p->sb.owner[i] = -1;
-  for (int k = 0; k < p->m * p->v; k++)
-    p->sb.at[k] = -1;
   p->sb_next = 0;
   if (st == WF_OK)
     st = wf_dev_event_record(p->dev, p->end, NULL);

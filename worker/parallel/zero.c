@@ -344,7 +344,8 @@ static float *run_of(wf__zero *z, const wf__zbucket *b)
  * layer bucket. Open MPI's non-blocking all-reduce in place stages its whole message in a
  * temporary buffer, and the late bucket holds the embedding (a third of GPT-2 124M):
  * reduced whole, it lifted a ZeRO-2 rank's peak 12% above its steady state. Parts
- * reduce the same elements by the same algorithm, so the result is the same bits. */
+ * reduce the same elements, equal up to the order of the sums (the same bits at dp 2,
+ * where each element is one addition). */
 static wf_status launch_part(wf__zero *z, wf__zbucket *b)
 {
   float *run = run_of(z, b) + b->sent;

@@ -17,9 +17,12 @@
 #include "plan_int.h"
 #include "wf_optim.h"
 
+/* The head sizes the GPU's flash and tensor-core kernels take (storage.cu's rule). */
+static bool tensor_core_heads(int C, int NH) { return NH > 0 && C % NH == 0 && C / NH <= 128; }
+
 static size_t flash_saved(int B, int T, int C, int NH)
 {
-  return NH > 0 && C % NH == 0 && C / NH <= 128 ? (size_t)B * NH * T : (size_t)B * NH * T * T;
+  return tensor_core_heads(C, NH) ? (size_t)B * NH * T : (size_t)B * NH * T * T;
 }
 
 /* What the GPU keeps between attention's forward and backward (attention_impl.cu's
@@ -27,7 +30,7 @@ static size_t flash_saved(int B, int T, int C, int NH)
  * rounded up to 16 floats. */
 static size_t gpu_saved(int B, int T, int C, int NH)
 {
-  if (!(NH > 0 && C % NH == 0 && C / NH <= 128))
+  if (!tensor_core_heads(C, NH))
     return flash_saved(B, T, C, NH);
   size_t lse = (size_t)B * NH * T, out = ((size_t)B * T * C + 1) / 2;
   return ((lse + 15) & ~(size_t)15) + ((out + 15) & ~(size_t)15);
@@ -47,7 +50,7 @@ static size_t gpu_scratch_widened(int B, int T, int C, int NH)
 
 static size_t gpu_scratch_bf16(int B, int T, int C, int NH)
 {
-  if (!(NH > 0 && C % NH == 0 && C / NH <= 128))
+  if (!tensor_core_heads(C, NH))
     return gpu_scratch_widened(B, T, C, NH);
   size_t ny = (size_t)B * T * C;
   return part((size_t)B * NH * T) + part((ny + 1) / 2) + part((3 * ny + 1) / 2);
