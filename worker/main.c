@@ -604,8 +604,7 @@ int main(int argc, char **argv)
   int provided, rank = 0, size = 1;
 #ifdef __GLIBC__
   /* Large blocks stay mmapped, so what is freed goes back to the system: Open MPI's
-   * reduction buffers, model.init's whole-model array (safetensors, checkpoints) and
-   * --save's whole model on rank 0 are freed after use, and glibc's
+   * reduction buffers and --save's whole model on rank 0 are freed after use, and glibc's
    * default (a threshold that rises to the largest block freed) would then serve later
    * blocks from the heap and keep the freed block resident, out of --check-estimate's
    * sight. */

@@ -153,7 +153,7 @@ bool wf__llmc_geo(const wf_model_dims *d, const wf_model_shard *g);
 void wf__model_name(char *buf, size_t len, int pp, int tp);
 void wf__optim_name(char *buf, size_t len, int pp, int tp, int dp);
 /* This rank's optimizer range and whether it is a dp shard (per-dp-rank files). */
-void wf__optim_range(const wf_ckpt_target *t, uint64_t *lo, uint64_t *hi, bool *sharded);
+void wf__optim_range(const wf_ckpt_target *t, uint64_t *lo, uint64_t *hi);
 wf_status wf__write_model(const wf_ckpt_target *t, const char *stage, int step, wf__shard_rec *r);
 wf_status wf__write_optim(const wf_ckpt_target *t, const char *stage, int step, wf__shard_rec *r);
 /* The whole model file of entry e into params (its e->hi floats, host memory), hashed

@@ -192,8 +192,9 @@ static wf_status same_layout(const wf_ckpt_target *t, const wf__manifest *m, boo
   return st;
 }
 
-/* ZeRO-3: each rank reads the range of its (pp, tp) shard's model file that its dp shard
- * holds (the optimizer's range), straight into its parameter shard. */
+/* ZeRO-3: each rank keeps the range of its (pp, tp) shard's model file that its dp shard
+ * holds (the optimizer's range), straight into its parameter shard; each streams the
+ * whole file past to check its XXH3 (every dp rank of the group reads the file). */
 static wf_status load_param_shard(const wf_ckpt_target *t, const wf__manifest *m, const char *dir)
 {
   wf_dev *dev = wf_model_dev(t->model);

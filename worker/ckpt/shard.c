@@ -142,12 +142,12 @@ void wf__optim_name(char *buf, size_t len, int pp, int tp, int dp)
     wf__pathf(buf, len, "optim-pp%02d-tp%02d-dp%02d.bin", pp, tp, dp);
 }
 
-void wf__optim_range(const wf_ckpt_target *t, uint64_t *lo, uint64_t *hi, bool *sharded)
+void wf__optim_range(const wf_ckpt_target *t, uint64_t *lo, uint64_t *hi)
 {
   size_t a, b;
   float *m, *v;
   wf_optim_state(t->optim, &a, &b, &m, &v);
-  *lo = a, *hi = b, *sharded = t->optim_sharded;
+  *lo = a, *hi = b;
 }
 
 /* ---- writing ----------------------------------------------------------------------------------
@@ -201,9 +201,8 @@ static wf_status write_params(const wf_ckpt_target *t, int step, wf_afile *f, wf
   if (!t->param_shard)
     return opened != WF_OK ? opened
                            : write_dev(f, dev, wf_model_params(t->model), n * sizeof(float));
-  bool sharded;
   wf__piece mine = {.geo = wf__saved_geo(wf_model_get_shard(t->model))};
-  wf__optim_range(t, &mine.lo, &mine.hi, &sharded);
+  wf__optim_range(t, &mine.lo, &mine.hi);
   file_sink s = {f, 0, opened, test_fail(wf__rank_of(wf__ckpt_world(t)), step)};
   wf_status st = wf__stream_pieces(t->dp_comm, 0, &mine, dev, t->param_shard, to_file, &s);
   if (wf__rank_of(t->dp_comm) != 0)

@@ -109,7 +109,6 @@ wf_status wf_ckpt_collect_model(const wf_ckpt_target *t, float **full)
   const wf_model_dims *d = wf_model_get_dims(t->model);
   wf__piece mine = {.geo = *wf_model_get_shard(t->model)};
   const float *x = t->param_shard;
-  bool sharded;
   *full = NULL;
   if (wf__rank_of(w) == 0 && !(*full = calloc(wf_model_num_params(d), sizeof **full)))
     WF_ERROR("--save: out of memory for the model's %zu parameters", wf_model_num_params(d));
@@ -117,7 +116,7 @@ wf_status wf_ckpt_collect_model(const wf_ckpt_target *t, float **full)
   if (t->replica != 0) /* HSDP: fsdp group 0 holds the same parameters */
     x = NULL;
   else if (x)
-    wf__optim_range(t, &mine.lo, &mine.hi, &sharded);
+    wf__optim_range(t, &mine.lo, &mine.hi);
   else if (wf__rank_of(t->dp_comm) == 0)
     x = wf_model_params(t->model), mine.hi = wf_model_local_params(t->model);
   full_sink s = {d, *full};

@@ -50,50 +50,11 @@ void wf_model_init_slice(float *dst, int t, int layer, const wf_model_dims *dd, 
   init_desc(dst, &desc.t[t], t, layer, &d, seed, first, n);
 }
 
-/* Initialise this rank's slice of tensor (t, layer), row by row of the local tensor
- * (each a contiguous run of the full tensor), spread over the kernels' thread budget;
- * each element is a pure function of its full index, so the result does not depend on
- * the split. */
-static void init_tensor(wf_model *m, float *params, int t, int layer, uint64_t seed)
-{
-  /* the tensor in the host view `params` of the parameters */
-  float *dst = params + (wf_model_param(m, t, layer, 0) - m->params);
-  const wf_tensor_desc *td = &m->desc.t[t];
-  wf__geom g = wf__tensor_geom(&m->d, td, &m->s);
-  const wf_model *cm = m;
-  if (g.rows == 1) { /* one contiguous run: split it in chunks */
-    enum { CHUNK = 65536 };
-    long chunks = (long)((g.cols + CHUNK - 1) / CHUNK);
-#pragma omp parallel for schedule(dynamic, 1) num_threads(wf_kernels_threads()) if (chunks > 1)
-    for (long c = 0; c < chunks; c++) {
-      size_t first = (size_t)c * CHUNK;
-      init_desc(dst + first, td, t, layer, &cm->d, seed, first, WF_MIN(CHUNK, g.cols - first));
-    }
-    return;
-  }
-#pragma omp parallel for schedule(static) num_threads(wf_kernels_threads()) if (g.rows > 64)
-  for (long i = 0; i < (long)g.rows; i++)
-    init_desc(dst + (size_t)i * g.cols, td, t, layer, &cm->d, seed,
-              wf__full_index(&cm->d, td, &cm->s, &g, (size_t)i), g.cols);
-}
-
 wf_status wf_model_init(wf_model *m, uint64_t seed)
 {
-  wf_dev_view v;
-  wf_status st = wf_dev_map(m->dev, &v, m->params, m->num_params * sizeof(float), WF_MAP_WRITE);
-  if (st != WF_OK)
-    return st;
-  for (int t = 0; t < m->desc.n; t++) {
-    const wf_tensor_desc *td = &m->desc.t[t];
-    if (!wf__tensor_present(td, &m->s))
-      continue;
-    if (td->place != WF_PLACE_LAYER)
-      init_tensor(m, v.host, t, 0, seed);
-    else
-      for (int i = 0; i < m->nl; i++)
-        init_tensor(m, v.host, t, wf__global_layer(m, i), seed);
-  }
-  st = wf_dev_unmap(m->dev, &v);
+  /* every element is a pure function of its full index: the whole local vector is the
+   * range [0, n) of it */
+  wf_status st = wf_model_init_range(m, seed, m->params, 0, m->num_params);
   return st == WF_OK ? wf_model_params_changed(m) : st;
 }
 
@@ -124,7 +85,7 @@ static void range_run(void *user, const wf_model_run *r)
   ranged *x = user;
   size_t a = WF_MAX(r->local, x->lo), b = WF_MIN(r->local + r->n, x->hi);
   size_t base = x->off[r->tensor] + (size_t)r->layer * x->layer_n[r->tensor];
-  for (size_t first = r->full - base + (a > r->local ? a - r->local : 0); a < b;) {
+  for (size_t first = r->full - base + (a - r->local); a < b;) {
     size_t n = WF_MIN((size_t)CHUNK, b - a);
     if (x->p)
       x->p[x->np] = (piece){x->dst + (a - x->lo), r->tensor, r->layer, first, n};
