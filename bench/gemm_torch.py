@@ -20,7 +20,10 @@ def main():
     a.add_argument("-T", type=int, default=1024)
     a.add_argument("--json")
     o = a.parse_args()
-    import torch
+    try:
+        import torch
+    except ImportError:
+        sys.exit(f"gemm_torch: {sys.executable} has no PyTorch (the GPU machines' python3 has it)")
     if not torch.cuda.is_available():
         print("skip: no GPU")
         sys.exit(77)
