@@ -10,7 +10,8 @@
  * float32 below 2^24), so a misplaced element shows as a wrong number. Spot checks
  * against the slicing wf_model.h describes (q|k|v head rows, fc rows, fcproj and
  * attproj columns, vocabulary rows, chunk layers) keep the mapping honest on its own
- * terms, not only consistent with itself.
+ * terms, not only consistent with itself. The runs clipped to a window [lo, hi) of the
+ * local vector (wf_model_shard_runs_in) tile exactly that window, with the same mapping.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -156,6 +157,40 @@ static void check_mesh(const mesh *me)
   free(cover);
 }
 
+/* Windows [lo, hi) of shard s's local vector that cut runs at both ends, empty ones and
+ * the whole vector: the clipped runs tile each window in order, mapped as import maps. */
+static void check_windows(const wf_model_shard *s, const float *full, int *cover)
+{
+  wf_model *m = make_shard(s);
+  size_t n = wf_model_local_params(m);
+  wf_model_import_full(m, 0, full);
+  const size_t win[][2] = {{0, n}, {n / 3, 2 * n / 3 + 1}, {1, n - 1}, {n / 2, n / 2}, {n, n}};
+  for (size_t w = 0; w < sizeof win / sizeof win[0]; w++) {
+    size_t lo = WF_MIN(win[w][0], n), hi = WF_MAX(lo, WF_MIN(win[w][1], n));
+    visit v = {cover, lo, wf_model_num_params(&dims), wf_model_params(m)};
+    wf_model_shard_runs_in(&dims, s, lo, hi, check_run, &v);
+    assert_int_equal(v.next, hi);
+  }
+  wf_model_destroy(m);
+}
+
+static void test_windows_clip(void **state)
+{
+  (void)state;
+  size_t n = wf_model_num_params(&dims);
+  float *full = index_vector(n);
+  int *cover = calloc(n, sizeof *cover);
+  assert_non_null(cover);
+  for (size_t i = 0; i < sizeof meshes / sizeof meshes[0]; i++)
+    for (int p = 0; p < meshes[i].pp; p++)
+      for (int t = 0; t < meshes[i].tp; t++) {
+        wf_model_shard s = shard_of(&meshes[i], p, t);
+        check_windows(&s, full, cover);
+      }
+  free(full);
+  free(cover);
+}
+
 static void test_meshes_cover_once(void **state)
 {
   (void)state;
@@ -228,6 +263,7 @@ int main(void)
       cmocka_unit_test(test_meshes_cover_once),
       cmocka_unit_test(test_spot_checks),
       cmocka_unit_test(test_whole_is_identity),
+      cmocka_unit_test(test_windows_clip),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

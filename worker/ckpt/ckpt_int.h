@@ -225,7 +225,7 @@ wf_status wf__manifest_parse(const char *text, const char *path, wf__manifest *m
 /* Read and parse dir's manifest; *text (may be NULL) gets its bytes (to free). */
 wf_status wf__manifest_read(const char *dir, wf__manifest *m, char **text);
 const wf__entry *wf__find_model(const wf__manifest *m, int pp, int tp);
-/* Runs of shards (wf_model_shard_runs) clipped to their local elements [lo, hi): where
+/* Runs of shards (wf_model_shard_runs_in) clipped to their local elements [lo, hi): where
  * each lies in the whole model (full) and in the shard (local). */
 typedef struct wf__run {
   uint64_t full, local, n;
@@ -233,7 +233,6 @@ typedef struct wf__run {
 typedef struct wf__runs {
   wf__run *r;
   size_t len, cap;
-  uint64_t lo, hi;
   bool counted, oom;
 } wf__runs;
 /* Append shard g's runs inside [lo, hi) to s (the counted alone: counted, as a saved

@@ -384,8 +384,7 @@ const wf__entry *wf__find_model(const wf__manifest *m, int pp, int tp)
 static void add_run(void *user, const wf_model_run *r)
 {
   wf__runs *s = user;
-  uint64_t a = WF_MAX(r->local, s->lo), b = WF_MIN(r->local + r->n, s->hi);
-  if (a >= b || (s->counted && !r->counted) || s->oom)
+  if ((s->counted && !r->counted) || s->oom)
     return;
   if (s->len == s->cap) {
     size_t cap = s->cap ? 2 * s->cap : 256;
@@ -396,7 +395,7 @@ static void add_run(void *user, const wf_model_run *r)
     }
     s->r = p, s->cap = cap;
   }
-  s->r[s->len++] = (wf__run){r->full + (a - r->local), a, b - a};
+  s->r[s->len++] = (wf__run){r->full, r->local, r->n};
 }
 
 static int cmp_full(const void *a, const void *b)
@@ -408,8 +407,8 @@ static int cmp_full(const void *a, const void *b)
 bool wf__runs_add(wf__runs *s, const wf_model_dims *d, const wf_model_shard *g, uint64_t lo,
                   uint64_t hi, bool counted)
 {
-  s->lo = lo, s->hi = hi, s->counted = counted;
-  wf_model_shard_runs(d, g, add_run, s);
+  s->counted = counted;
+  wf_model_shard_runs_in(d, g, (size_t)lo, (size_t)hi, add_run, s);
   return !s->oom;
 }
 

@@ -71,7 +71,7 @@ typedef struct piece {
 typedef struct ranged {
   const wf_model *m;
   float *dst; /* host view of [lo, hi) */
-  size_t lo, hi;
+  size_t lo;
   piece *p; /* NULL: count only */
   size_t np;
   size_t off[WF_MAX_TENSORS], layer_n[WF_MAX_TENSORS]; /* each tensor in the whole model */
@@ -79,13 +79,13 @@ typedef struct ranged {
 
 enum { CHUNK = 65536 };
 
-/* The run's part inside [lo, hi), cut into pieces (wf_model_shard_runs' callback). */
+/* A run inside [lo, hi), cut into pieces (wf_model_shard_runs_in's callback). */
 static void range_run(void *user, const wf_model_run *r)
 {
   ranged *x = user;
-  size_t a = WF_MAX(r->local, x->lo), b = WF_MIN(r->local + r->n, x->hi);
+  size_t a = r->local, b = r->local + r->n;
   size_t base = x->off[r->tensor] + (size_t)r->layer * x->layer_n[r->tensor];
-  for (size_t first = r->full - base + (a - r->local); a < b;) {
+  for (size_t first = r->full - base; a < b;) {
     size_t n = WF_MIN((size_t)CHUNK, b - a);
     if (x->p)
       x->p[x->np] = (piece){x->dst + (a - x->lo), r->tensor, r->layer, first, n};
@@ -96,7 +96,7 @@ static void range_run(void *user, const wf_model_run *r)
 wf_status wf_model_init_range(wf_model *m, uint64_t seed, float *dst, size_t lo, size_t hi)
 {
   wf_dev_view v;
-  ranged x = {.m = m, .lo = lo, .hi = hi};
+  ranged x = {.m = m, .lo = lo};
   if (hi <= lo)
     return WF_OK;
   wf_status st = wf_dev_map(m->dev, &v, dst, (hi - lo) * sizeof(float), WF_MAP_WRITE);
@@ -107,10 +107,10 @@ wf_status wf_model_init_range(wf_model *m, uint64_t seed, float *dst, size_t lo,
     x.off[t] = wf_model_tensor_offset(&m->d, t);
     x.layer_n[t] = wf_model_layer_numel(&m->d, t);
   }
-  wf_model_shard_runs(&m->d, &m->s, range_run, &x); /* count */
+  wf_model_shard_runs_in(&m->d, &m->s, lo, hi, range_run, &x); /* count */
   WF_CHECK_ALLOC(x.p = malloc((x.np ? x.np : 1) * sizeof *x.p));
   x.np = 0;
-  wf_model_shard_runs(&m->d, &m->s, range_run, &x);
+  wf_model_shard_runs_in(&m->d, &m->s, lo, hi, range_run, &x);
   const ranged *cx = &x;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(wf_kernels_threads()) if (x.np > 1)
   for (long i = 0; i < (long)cx->np; i++) {

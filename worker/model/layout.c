@@ -320,31 +320,55 @@ void wf_model_shard_runs(const wf_model_dims *d, const wf_model_shard *s, wf_mod
   }
 }
 
-/* wf_model_shard_exchange over one run, clipped to the elements [lo, hi) held. */
+/* A caller's callback, given only the part of each run inside [lo, hi). */
+typedef struct clip {
+  size_t lo, hi;
+  wf_model_run_fn fn;
+  void *user;
+} clip;
+
+static void clip_run(void *user, const wf_model_run *r)
+{
+  const clip *c = user;
+  size_t a = WF_MAX(r->local, c->lo), b = WF_MIN(r->local + r->n, c->hi);
+  if (a >= b)
+    return;
+  wf_model_run part = *r;
+  part.full += a - r->local, part.local = a, part.n = b - a;
+  c->fn(c->user, &part);
+}
+
+void wf_model_shard_runs_in(const wf_model_dims *d, const wf_model_shard *s, size_t lo, size_t hi,
+                            wf_model_run_fn fn, void *user)
+{
+  clip c = {lo, hi, fn, user};
+  wf_model_shard_runs(d, s, clip_run, &c);
+}
+
+/* wf_model_shard_exchange over one run inside [lo, hi). */
 typedef struct exchange {
   float *local, *full;
-  size_t lo, hi;
+  size_t lo;
   bool to_full;
 } exchange;
 
 static void exchange_run(void *user, const wf_model_run *r)
 {
   const exchange *x = user;
-  size_t a = WF_MAX(r->local, x->lo), b = WF_MIN(r->local + r->n, x->hi);
-  if (a >= b || (x->to_full && !r->counted))
+  if (x->to_full && !r->counted)
     return;
-  float *f = x->full + r->full + (a - r->local), *l = x->local + (a - x->lo);
+  float *f = x->full + r->full, *l = x->local + (r->local - x->lo);
   if (!x->to_full) {
-    memcpy(l, f, (b - a) * sizeof *l);
+    memcpy(l, f, r->n * sizeof *l);
     return;
   }
-  for (size_t i = 0; i < b - a; i++)
+  for (size_t i = 0; i < r->n; i++)
     f[i] += l[i];
 }
 
 void wf_model_shard_exchange(const wf_model_dims *d, const wf_model_shard *s, float *local,
                              size_t lo, size_t hi, float *full, bool to_full)
 {
-  exchange x = {local, full, lo, hi, to_full};
-  wf_model_shard_runs(d, s, exchange_run, &x);
+  exchange x = {local, full, lo, to_full};
+  wf_model_shard_runs_in(d, s, lo, hi, exchange_run, &x);
 }

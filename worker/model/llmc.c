@@ -213,34 +213,33 @@ fail:
   return st;
 }
 
-/* wf_llmc_read_shard over one run, clipped to [lo, hi): its elements read where the
- * file holds them (the file is the whole model's flat vector after the header). */
+/* wf_llmc_read_shard over one run inside [lo, hi): its elements read where the file
+ * holds them (the file is the whole model's flat vector after the header). */
 typedef struct shard_read {
   FILE *f;
   const char *path;
   int version;
   float *dst;
-  size_t lo, hi;
+  size_t lo;
   wf_status st;
 } shard_read;
 
 static void read_run(void *user, const wf_model_run *r)
 {
   shard_read *x = user;
-  size_t a = WF_MAX(r->local, x->lo), b = WF_MIN(r->local + r->n, x->hi);
-  if (a >= b || x->st != WF_OK)
+  if (x->st != WF_OK)
     return;
   size_t eb = elem_bytes(x->version);
-  long long at = WF_LLMC_HEADER_BYTES + (long long)(r->full + (a - r->local)) * (long long)eb;
+  long long at = WF_LLMC_HEADER_BYTES + (long long)r->full * (long long)eb;
   wf_status st = WF_OK;
   FILE *f = x->f;
   const char *path = x->path;
   WF_CHECK(fseeko(f, (off_t)at, SEEK_SET) == 0, WF_EIO, "%s: cannot seek to byte %lld: %s", path,
            at, strerror(errno));
   if (x->version == WF_LLMC_VERSION_BF16)
-    st = read_bf16(f, path, x->dst + (a - x->lo), b - a);
+    st = read_bf16(f, path, x->dst + (r->local - x->lo), r->n);
   else
-    WF_CHECK(fread(x->dst + (a - x->lo), sizeof(float), b - a, f) == b - a, WF_EIO,
+    WF_CHECK(fread(x->dst + (r->local - x->lo), sizeof(float), r->n, f) == r->n, WF_EIO,
              "%s: read error in the parameters: %s", path,
              ferror(f) ? strerror(errno) : "unexpected end of file");
 fail:
@@ -250,11 +249,11 @@ fail:
 wf_status wf_llmc_read_shard(const char *path, const wf_model_dims *d, const wf_model_shard *s,
                              size_t lo, size_t hi, float *dst)
 {
-  shard_read x = {.path = path, .dst = dst, .lo = lo, .hi = hi};
+  shard_read x = {.path = path, .dst = dst, .lo = lo};
   wf_status st = open_for(&x.f, path, d, &x.version);
   if (st != WF_OK)
     return st;
-  wf_model_shard_runs(d, s, read_run, &x);
+  wf_model_shard_runs_in(d, s, lo, hi, read_run, &x);
   fclose(x.f);
   return x.st;
 }

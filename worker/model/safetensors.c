@@ -1041,9 +1041,8 @@ static wf_status fill(ranged *x, size_t f, size_t n, float *out)
 static void ranged_run(void *user, const wf_model_run *r)
 {
   ranged *x = user;
-  size_t a = WF_MAX(r->local, x->lo), b = WF_MIN(r->local + r->n, x->hi);
-  if (a < b && x->st == WF_OK)
-    x->st = fill(x, r->full + (a - r->local), b - a, x->dst + (a - x->lo));
+  if (x->st == WF_OK)
+    x->st = fill(x, r->full, r->n, x->dst + (r->local - x->lo));
 }
 
 /* Every part's entry found and checked (dtype, shape, extent), and the extras and the
@@ -1101,7 +1100,7 @@ static wf_status read_ranged(ranged *x, const wf_model_shard *sh)
     x->order[i] = (by_off){x->specs[i].off, i};
   qsort(x->order, (size_t)x->n, sizeof *x->order, cmp_off);
   x->cur = -1;
-  wf_model_shard_runs(x->d, sh, ranged_run, x);
+  wf_model_shard_runs_in(x->d, sh, x->lo, x->hi, ranged_run, x);
   return x->st;
 }
 

@@ -336,6 +336,10 @@ typedef struct wf_model_run {
 typedef void (*wf_model_run_fn)(void *user, const wf_model_run *run);
 void wf_model_shard_runs(const wf_model_dims *d, const wf_model_shard *s, wf_model_run_fn fn,
                          void *user);
+/* The same runs clipped to the local elements [lo, hi): fn sees only each run's part
+ * inside it (full, local and n narrowed alike), and no run that misses it. */
+void wf_model_shard_runs_in(const wf_model_dims *d, const wf_model_shard *s, size_t lo, size_t hi,
+                            wf_model_run_fn fn, void *user);
 /* Elements [lo, hi) of shard s's flat vector, held in local[0 .. hi - lo), against the
  * whole model's vector `full`, through the runs above: to_full adds the counted ones
  * into full (every shard's adds into zeros assemble the model exactly); else every one
