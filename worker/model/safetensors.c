@@ -738,19 +738,44 @@ static json_t *src_find(source *s, const char *name, st_file **f, char *err, siz
   return json_object_get((*f)->header, name);
 }
 
+/* The entry of spec s in src: its file and info, with the shape the model expects. */
+static wf_status find_spec(source *src, const spec *s, const wf_model_dims *d, st_file **f,
+                           tinfo *ti, char *err, size_t len)
+{
+  json_t *t = src_find(src, s->name, f, err, len);
+  if (!t)
+    return failf(err, len, WF_EFORMAT, "safetensors '%s': tensor '%s' is missing", src->path,
+                 s->name);
+  wf_status st = parse_info(*f, s->name, t, ti, err, len);
+  return st == WF_OK ? check_shape(*f, s, ti, d, err, len) : st;
+}
+
+/* A tied model's head entry, found as find_spec finds a part (the embedding's shape,
+ * emb), when the file holds one: *found says whether it does. */
+static wf_status find_head(source *src, const wf_model_dims *d, const spec *emb, st_file **f,
+                           tinfo *ti, bool *found, char *err, size_t len)
+{
+  const char *name = d->fam->hf_head;
+  *found = false;
+  if (!name || d->tie != WF_TIE_YES)
+    return WF_OK;
+  if (src->index ? !json_object_get(src->index, name)
+                 : !json_object_get(src->files[0].header, name))
+    return WF_OK;
+  spec h = *emb;
+  snprintf(h.name, sizeof h.name, "%s", name);
+  wf_status st = find_spec(src, &h, d, f, ti, err, len);
+  *found = st == WF_OK;
+  return st;
+}
+
 /* One spec into its place in `full` (through tmp unless the file holds it as weft does). */
 static wf_status read_spec(source *src, const spec *s, const wf_model_dims *d, float *full,
                            float *tmp, uint16_t *raw, char *err, size_t len)
 {
   st_file *f = NULL;
-  json_t *t = src_find(src, s->name, &f, err, len);
-  if (!t)
-    return failf(err, len, WF_EFORMAT, "safetensors '%s': tensor '%s' is missing", src->path,
-                 s->name);
   tinfo ti;
-  wf_status st = parse_info(f, s->name, t, &ti, err, len);
-  if (st == WF_OK)
-    st = check_shape(f, s, &ti, d, err, len);
+  wf_status st = find_spec(src, s, d, &f, &ti, err, len);
   if (st != WF_OK)
     return st;
   st = read_values(f, &ti, plain(s) ? full + s->off : tmp, spec_numel(s), raw);
@@ -781,6 +806,15 @@ static bool known_name(const wf_family *fam, const spec *specs, int n, const cha
   return false;
 }
 
+/* An entry a model of d may hold: one of its parts, a tied model's head, or a buffer the
+ * family skips. */
+static bool expected(const wf_model_dims *d, const spec *specs, int n, const char *key)
+{
+  const wf_family *fam = d->fam;
+  bool head = fam->hf_head && !strcmp(key, fam->hf_head) && d->tie == WF_TIE_YES;
+  return head || skipped(fam, key) || known_name(fam, specs, n, key);
+}
+
 /* Every entry of one file must be one weft reads, the tied head, or a skipped buffer: a
  * tensor of another architecture (or a layer past n_layer) is an error, not silently
  * dropped. */
@@ -792,8 +826,7 @@ static wf_status check_extras(const st_file *f, const wf_model_dims *d, const sp
   json_t *v;
   json_object_foreach(f->header, key, v)
   {
-    bool head = fam->hf_head && !strcmp(key, fam->hf_head) && d->tie == WF_TIE_YES;
-    if (!strcmp(key, "__metadata__") || head || skipped(fam, key) || known_name(fam, specs, n, key))
+    if (!strcmp(key, "__metadata__") || expected(d, specs, n, key))
       continue;
     return failf(err, len, WF_EFORMAT,
                  "safetensors '%s': unexpected tensor '%s'; a %s of %d layers has %s ... %s "
@@ -813,8 +846,7 @@ static wf_status check_all_extras(source *s, const wf_model_dims *d, const spec 
     json_t *v;
     json_object_foreach(s->index, key, v)
     {
-      bool head = d->fam->hf_head && !strcmp(key, d->fam->hf_head) && d->tie == WF_TIE_YES;
-      if (!head && !skipped(d->fam, key) && !known_name(d->fam, specs, n, key))
+      if (!expected(d, specs, n, key))
         return failf(err, len, WF_EFORMAT,
                      "safetensors index '%s': unexpected tensor '%s'; a %s of %d layers has %s "
                      "... %s",
@@ -833,21 +865,10 @@ static wf_status check_head(source *s, const wf_model_dims *d, const spec *emb, 
                             float *tmp, uint16_t *raw, char *err, size_t len)
 {
   st_file *f = NULL;
-  const char *name = d->fam->hf_head;
-  if (!name || d->tie != WF_TIE_YES)
-    return WF_OK;
-  if (s->index ? !json_object_get(s->index, name) : !json_object_get(s->files[0].header, name))
-    return WF_OK;
-  json_t *t = src_find(s, name, &f, err, len);
-  if (!t)
-    return failf(err, len, WF_EFORMAT, "safetensors '%s': tensor '%s' is missing", s->path, name);
   tinfo ti;
-  spec h = *emb;
-  snprintf(h.name, sizeof h.name, "%s", name);
-  wf_status st = parse_info(f, name, t, &ti, err, len);
-  if (st == WF_OK)
-    st = check_shape(f, &h, &ti, d, err, len);
-  for (size_t r = 0; st == WF_OK && r < emb->rows; r++) {
+  bool found;
+  wf_status st = find_head(s, d, emb, &f, &ti, &found, err, len);
+  for (size_t r = 0; found && st == WF_OK && r < emb->rows; r++) {
     tinfo row = ti;
     row.begin = ti.begin + (uint64_t)r * (uint64_t)emb->cols * dtype_size(ti.dt);
     st = read_values(f, &row, tmp, emb->cols, raw);
@@ -855,7 +876,7 @@ static wf_status check_head(source *s, const wf_model_dims *d, const spec *emb, 
       return failf(err, len, WF_EFORMAT,
                    "safetensors '%s': %s differs from %s (row %zu); this model ties its head to "
                    "the embedding (model.tie_embeddings), so they must be equal",
-                   f->path, name, emb->name, r);
+                   f->path, d->fam->hf_head, emb->name, r);
   }
   return st;
 }
@@ -1050,32 +1071,11 @@ static void ranged_run(void *user, const wf_model_run *r)
 static wf_status check_parts(ranged *x)
 {
   wf_status st = check_all_extras(x->src, x->d, x->specs, x->n, x->err, x->len);
-  for (int i = 0; st == WF_OK && i < x->n; i++) {
-    const spec *s = &x->specs[i];
-    json_t *t = src_find(x->src, s->name, &x->at[i].f, x->err, x->len);
-    if (!t)
-      return failf(x->err, x->len, WF_EFORMAT, "safetensors '%s': tensor '%s' is missing",
-                   x->src->path, s->name);
-    st = parse_info(x->at[i].f, s->name, t, &x->at[i].ti, x->err, x->len);
-    if (st == WF_OK)
-      st = check_shape(x->at[i].f, s, &x->at[i].ti, x->d, x->err, x->len);
-  }
-  const char *name = x->d->fam->hf_head;
-  source *src = x->src;
-  if (st != WF_OK || !name || x->d->tie != WF_TIE_YES ||
-      !(src->index ? json_object_get(src->index, name)
-                   : json_object_get(src->files[0].header, name)))
-    return st;
-  json_t *t = src_find(src, name, &x->head.f, x->err, x->len);
-  if (!t)
-    return failf(x->err, x->len, WF_EFORMAT, "safetensors '%s': tensor '%s' is missing", src->path,
-                 name);
-  spec h = x->specs[0];
-  snprintf(h.name, sizeof h.name, "%s", name);
-  st = parse_info(x->head.f, name, t, &x->head.ti, x->err, x->len);
+  for (int i = 0; st == WF_OK && i < x->n; i++)
+    st = find_spec(x->src, &x->specs[i], x->d, &x->at[i].f, &x->at[i].ti, x->err, x->len);
   if (st == WF_OK)
-    st = check_shape(x->head.f, &h, &x->head.ti, x->d, x->err, x->len);
-  x->has_head = st == WF_OK;
+    st = find_head(x->src, x->d, &x->specs[0], &x->head.f, &x->head.ti, &x->has_head, x->err,
+                   x->len);
   return st;
 }
 
