@@ -6,6 +6,7 @@
  * A tiny GPT-2 (L=2, NH=2, C=8, maxT=8, V=11 padded to 16) with random parameters; the
  * padded rows of wte are zero, as the model keeps them (safetensors leaves them out).
  */
+#include <glob.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -223,7 +224,21 @@ static void ranged_safetensors(fixture *f, const wf_model_dims *dims, size_t sha
     }
     assert_int_equal(wf_weights_read(f->path, "model.init", &d, whole), WF_OK);
     check_ranged(f->path, &d, whole);
+    wf_model_dims got;
+    assert_int_equal(wf_weights_check(f->path, "model.init", &got), WF_OK);
+    assert_true(wf_model_dims_same(&got, &d, NULL, NULL, NULL));
   }
+  /* the check opens every shard: one cut short (its last tensor's bytes missing) fails it */
+  char pattern[200];
+  glob_t g;
+  struct stat sb;
+  snprintf(pattern, sizeof pattern, "%s/model-00002-of-*.safetensors", f->path);
+  assert_int_equal(glob(pattern, 0, NULL, &g), 0);
+  assert_int_equal(stat(g.gl_pathv[0], &sb), 0);
+  assert_int_equal(truncate(g.gl_pathv[0], sb.st_size - 4), 0);
+  globfree(&g);
+  wf_model_dims got;
+  assert_int_not_equal(wf_weights_check(f->path, "model.init", &got), WF_OK);
   free(p);
   free(whole);
 }

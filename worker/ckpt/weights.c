@@ -190,34 +190,12 @@ fail:
   return st;
 }
 
-/* A file read through as model.init reads it, a bounded piece at a time, with no
- * whole-model array: an llm.c or safetensors file piece by piece, a checkpoint's files
- * streamed past once (an empty range: every check, nothing kept). */
-static wf_status check_pieces(const char *path, const char *what, const wf_model_dims *d, kind k)
-{
-  enum { PIECE = 1 << 20 };
-  wf_status st = WF_OK;
-  wf_model_shard whole = wf_model_shard_whole(d);
-  size_t n = wf_model_num_params(d);
-  float *buf = NULL;
-  if (k == K_CKPT)
-    return wf_weights_read_shard(path, what, d, &whole, 0, 0, NULL);
-  WF_CHECK_ALLOC(buf = malloc(PIECE * sizeof *buf));
-  for (size_t i = 0; i < n && st == WF_OK; i += PIECE)
-    st = wf_weights_read_shard(path, what, d, &whole, i, WF_MIN(n, i + PIECE), buf);
-fail:
-  free(buf);
-  return st;
-}
-
 wf_status wf_weights_check(const char *path, const char *what, wf_model_dims *d)
 {
   wf_status st = WF_OK;
-  char file[WF__PATH_LEN];
-  kind k;
   WF_TRY(wf_weights_peek(path, what, d));
-  WF_TRY(kind_of(path, what, &k, file, sizeof file));
-  st = check_pieces(path, what, d, k);
+  wf_model_shard whole = wf_model_shard_whole(d);
+  st = wf_weights_read_shard(path, what, d, &whole, 0, wf_model_num_params(d), NULL);
 fail:
   return st;
 }

@@ -135,11 +135,13 @@ wf_status wf_weights_read(const char *path, const char *what, const wf_model_dim
 /* Elements [lo, hi) of shard s's flat parameter vector into dst (host, hi - lo floats),
  * with every check the whole read makes, and no whole-model array: an llm.c file is
  * read at those elements alone, safetensors a bounded piece of a tensor at a time, a
- * weft checkpoint's files streamed past (all verified), only the range kept. */
+ * weft checkpoint's files streamed past (all verified), only the range kept. dst NULL
+ * checks the range and keeps nothing, each file opened once. */
 wf_status wf_weights_read_shard(const char *path, const char *what, const wf_model_dims *d,
                                 const wf_model_shard *s, size_t lo, size_t hi, float *dst);
-/* Peek and read through in bounded pieces: everything that can be wrong with the
- * weights, found before a job starts (its dims in *d). */
+/* Peek and read through, bounded, keeping nothing (wf_weights_read_shard's check of
+ * the whole model): everything that can be wrong with the weights, found before a job
+ * starts (its dims in *d). */
 wf_status wf_weights_check(const char *path, const char *what, wf_model_dims *d);
 /* Write a model atomically in format f. Safetensors to a folder (a path ending in '/' or
  * an existing directory) or to a .safetensors.index.json path is a Hugging Face model

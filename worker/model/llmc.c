@@ -171,23 +171,27 @@ static wf_status gpt2_only(const char *path, const wf_model_dims *d)
   return WF_EINVAL;
 }
 
-/* n bf16 values widened into full, through a bounded buffer. */
-static wf_status read_bf16(FILE *f, const char *path, float *full, size_t n)
+/* n parameters from the file's position into out: float32 read straight, bf16 widened
+ * through a bounded buffer; out NULL: read through a bounded buffer and dropped (a
+ * check, which holds no range). */
+static wf_status read_params(FILE *f, const char *path, int version, float *out, size_t n)
 {
   wf_status st = WF_OK;
   enum { CHUNK = 1 << 16 };
-  uint16_t *raw = NULL;
-  WF_CHECK_ALLOC(raw = malloc(CHUNK * sizeof *raw));
-  for (size_t i = 0; i < n;) {
-    size_t k = WF_MIN((size_t)CHUNK, n - i);
-    WF_CHECK(fread(raw, sizeof *raw, k, f) == k, WF_EIO, "%s: read error in the parameters: %s",
-             path, ferror(f) ? strerror(errno) : "unexpected end of file");
-    for (size_t j = 0; j < k; j++)
-      full[i + j] = bf16_to_f32(raw[j]);
-    i += k;
+  size_t eb = elem_bytes(version);
+  bool straight = out && eb == sizeof *out;
+  void *raw = straight ? (void *)out : malloc(CHUNK * eb);
+  WF_CHECK_ALLOC(raw);
+  for (size_t i = 0, k; i < n; i += k) {
+    k = straight ? n : WF_MIN((size_t)CHUNK, n - i);
+    WF_CHECK(fread(raw, eb, k, f) == k, WF_EIO, "%s: read error in the parameters: %s", path,
+             ferror(f) ? strerror(errno) : "unexpected end of file");
+    for (size_t j = 0; out && !straight && j < k; j++)
+      out[i + j] = bf16_to_f32(((const uint16_t *)raw)[j]);
   }
 fail:
-  free(raw);
+  if (!straight)
+    free(raw);
   return st;
 }
 
@@ -214,7 +218,8 @@ fail:
 }
 
 /* wf_llmc_read_shard over one run inside [lo, hi): its elements read where the file
- * holds them (the file is the whole model's flat vector after the header). */
+ * holds them (the file is the whole model's flat vector after the header), into dst
+ * (NULL: dropped). */
 typedef struct shard_read {
   FILE *f;
   const char *path;
@@ -236,12 +241,7 @@ static void read_run(void *user, const wf_model_run *r)
   const char *path = x->path;
   WF_CHECK(fseeko(f, (off_t)at, SEEK_SET) == 0, WF_EIO, "%s: cannot seek to byte %lld: %s", path,
            at, strerror(errno));
-  if (x->version == WF_LLMC_VERSION_BF16)
-    st = read_bf16(f, path, x->dst + (r->local - x->lo), r->n);
-  else
-    WF_CHECK(fread(x->dst + (r->local - x->lo), sizeof(float), r->n, f) == r->n, WF_EIO,
-             "%s: read error in the parameters: %s", path,
-             ferror(f) ? strerror(errno) : "unexpected end of file");
+  st = read_params(f, path, x->version, x->dst ? x->dst + (r->local - x->lo) : NULL, r->n);
 fail:
   x->st = st;
 }
@@ -264,12 +264,7 @@ wf_status wf_llmc_read(const char *path, const wf_model_dims *d, float *full)
   FILE *f = NULL;
   int version;
   WF_TRY(open_for(&f, path, d, &version));
-  size_t n = wf_model_num_params(d);
-  if (version == WF_LLMC_VERSION_BF16)
-    WF_TRY(read_bf16(f, path, full, n));
-  else
-    WF_CHECK(fread(full, sizeof(float), n, f) == n, WF_EIO, "%s: read error in the parameters: %s",
-             path, ferror(f) ? strerror(errno) : "unexpected end of file");
+  st = read_params(f, path, version, full, wf_model_num_params(d));
 fail:
   if (f)
     fclose(f);

@@ -1034,7 +1034,7 @@ static int part_after(const ranged *x, size_t f)
 }
 
 /* Flat elements [f, f + n) into out: the parts' values, zeros where no part lies (the
- * padded vocabulary's rows). */
+ * padded vocabulary's rows). out NULL: read and checked, not kept. */
 static wf_status fill(ranged *x, size_t f, size_t n, float *out)
 {
   while (n > 0) {
@@ -1043,7 +1043,8 @@ static wf_status fill(ranged *x, size_t f, size_t n, float *out)
     size_t m;
     if (!s || s->off > f) {
       m = s ? WF_MIN(n, s->off - f) : n;
-      memset(out, 0, m * sizeof *out);
+      if (out)
+        memset(out, 0, m * sizeof *out);
     } else {
       size_t e = f - s->off, row = e / s->cols;
       if (x->cur != k || row < x->r0 || row >= x->r1) {
@@ -1052,9 +1053,11 @@ static wf_status fill(ranged *x, size_t f, size_t n, float *out)
           return st;
       }
       m = WF_MIN(n, x->r1 * s->cols - e);
-      memcpy(out, x->buf + (e - x->r0 * s->cols), m * sizeof *out);
+      if (out)
+        memcpy(out, x->buf + (e - x->r0 * s->cols), m * sizeof *out);
     }
-    f += m, out += m, n -= m;
+    f += m, n -= m;
+    out = out ? out + m : NULL;
   }
   return WF_OK;
 }
@@ -1063,7 +1066,7 @@ static void ranged_run(void *user, const wf_model_run *r)
 {
   ranged *x = user;
   if (x->st == WF_OK)
-    x->st = fill(x, r->full, r->n, x->dst + (r->local - x->lo));
+    x->st = fill(x, r->full, r->n, x->dst ? x->dst + (r->local - x->lo) : NULL);
 }
 
 /* Every part's entry found and checked (dtype, shape, extent), and the extras and the

@@ -627,7 +627,8 @@ bool wf_llmc_dims(const char *path, wf_model_dims *d);
 wf_status wf_llmc_peek(const char *path, wf_model_dims *d);
 wf_status wf_llmc_read(const char *path, const wf_model_dims *d, float *full);
 /* Elements [lo, hi) of shard s's flat parameter vector alone, read from where the file
- * holds them, into dst (host memory, hi - lo floats): no whole-model array. */
+ * holds them, into dst (host memory, hi - lo floats): no whole-model array. dst NULL
+ * checks: the range read through a bounded buffer with one open, nothing kept. */
 wf_status wf_llmc_read_shard(const char *path, const wf_model_dims *d, const wf_model_shard *s,
                              size_t lo, size_t hi, float *dst);
 wf_status wf_llmc_write(const char *path, const wf_model_dims *d, const float *full);
@@ -664,9 +665,10 @@ wf_status wf_llmc_write_state(const char *path, const wf_model_dims *d, int B, i
 wf_status wf_safetensors_read(const char *path, const wf_model_dims *d, float *full, char *err,
                               size_t len);
 /* Elements [lo, hi) of shard s's flat parameter vector alone (wf_llmc_read_shard's
- * contract), with every check wf_safetensors_read makes of the file; a tied head is
- * compared with the embedding over the rows the range reads. Holds a bounded piece of
- * one tensor at a time, never the whole model. */
+ * contract, dst NULL included), with every check wf_safetensors_read makes of the file;
+ * a tied head is compared with the embedding over the rows the range reads. Holds a
+ * bounded piece of one tensor at a time, never the whole model; each file is opened and
+ * its header parsed once per call, so a check of a whole model is one call. */
 wf_status wf_safetensors_read_shard(const char *path, const wf_model_dims *d,
                                     const wf_model_shard *s, size_t lo, size_t hi, float *dst,
                                     char *err, size_t len);
