@@ -441,21 +441,40 @@ def kill_mid_write(n, extra, victim_rank, tmp_glob):
         fail(f"after the resumed run: stale {stage} still there or latest {latest(ck)}")
 
 
+def flip_byte(f, at):
+    with open(f, "r+b") as h:
+        h.seek(at)
+        b = h.read(1)
+        h.seek(at)
+        h.write(bytes([b[0] ^ 0x01]))
+
+
 def case_corrupt():
+    """One flipped byte in a model or optimizer file is refused on the same mesh, naming
+    the file, by every rank. Under ZeRO-3 one dp rank hashes the model file and the other
+    reads its range alone: a byte in either rank's range fails both (the verdict is
+    agreed), whichever of them verifies."""
     _, ck = reference(2, ["optim.zero=1"], "ref", steps=6, every=3)
-    for name in ["optim-pp00-tp00-dp01.bin", "model-pp00-tp00.bin"]:
-        bad = path("bad-" + name)
-        shutil.copytree(ck, bad)
+    _, ck3 = reference(2, ["optim.zero=3"], "ref3", steps=6, every=3)
+    model = "model-pp00-tp00.bin"
+    cases = [(ck, "optim.zero=1", "optim-pp00-tp00-dp01.bin", 4000),
+             (ck, "optim.zero=1", model, 4000),
+             (ck3, "optim.zero=3", model, 4000),  # dp rank 0's range (past the header)
+             (ck3, "optim.zero=3", model, -4000)]  # dp rank 1's
+    for src, zero, name, at in cases:
+        bad = path(f"bad-{zero}-{name}-{at}")
+        shutil.copytree(src, bad)
         f = os.path.join(bad, "step-000006", name)
-        with open(f, "r+b") as h:
-            h.seek(4000)  # past either header: a parameter or AdamW value
-            b = h.read(1)
-            h.seek(4000)
-            h.write(bytes([b[0] ^ 0x01]))
-        out = run(2, ["optim.zero=1", "train.steps=8", "train.resume=auto",
-                      f"train.checkpoint_dir={bad}"], expect_rc=1)
-        expect_in(out, [f, "checksum mismatch"], "corrupt " + name)
-        print(f"corrupt {name}: refused, naming {f}")
+        flip_byte(f, at if at >= 0 else os.path.getsize(f) + at)
+        out = run(2, [zero, "train.steps=8", "train.resume=auto", f"train.checkpoint_dir={bad}"],
+                  expect_rc=1)
+        expect_in(out, [f, "checksum mismatch"], f"corrupt {name} at {zero}")
+        if re.search(r"^step \d+/", out, re.M):
+            fail(f"corrupt {name} at {zero}: trained from a bad checkpoint", out)
+        if out.count("training failed on every rank") != 1:
+            fail(f"corrupt {name} at {zero}: not every rank stopped with the error, said once",
+                 out)
+        print(f"corrupt {name} (byte {at}) at dp 2 {zero}: refused by every rank, naming {f}")
 
 
 def case_truncated():

@@ -177,10 +177,11 @@ wf_status wf__read_optim_copies(const char *dir, const wf__entry *e, uint64_t n,
  * whose file another rank streams and verifies (the job agrees on the outcome). */
 wf_status wf__read_copies(const char *dir, const wf__entry *e, const wf_model_dims *d,
                           const wf__copy *c, size_t nc);
-/* Elements [lo, hi) of model file e alone into dst, the whole file hashed as it streams
- * past (ZeRO-3's shard). */
+/* Elements [lo, hi) of model file e alone into dst (ZeRO-3's shard): verify, the whole
+ * file hashed as it streams past; else the range read where it lies (another rank
+ * verifies the file). */
 wf_status wf__read_model_range(const char *dir, const wf__entry *e, const wf_model_dims *d,
-                               uint64_t lo, uint64_t hi, float *dst);
+                               uint64_t lo, uint64_t hi, float *dst, bool verify);
 /* Read all of an optimizer file, check its checksum, keep what the span needs; or read
  * only the span's part of a file another rank verifies. */
 wf_status wf__verify_optim(const char *dir, const wf__entry *e, uint64_t n, const wf__span *sp);

@@ -192,19 +192,50 @@ static wf_status same_layout(const wf_ckpt_target *t, const wf__manifest *m, boo
   return st;
 }
 
+/* Elements whose AdamW state dp rank r (of D) restores: its ZeRO shard, or everything
+ * on dp rank 0 (which then broadcasts it). */
+static void restore_range(int r, int D, bool zero, uint64_t n, uint64_t *lo, uint64_t *hi)
+{
+  uint64_t shard = (n + (uint64_t)D - 1) / (uint64_t)D;
+  *lo = zero ? WF_MIN((uint64_t)r * shard, n) : 0;
+  *hi = zero ? WF_MIN(*lo + shard, n) : r == 0 ? n : 0;
+}
+
+/* Whether this rank reads file i (of the manifest) whole and checks its checksum, once
+ * over the job: in HSDP's replica 0 alone (the others read the same files), the dp rank
+ * of the (pp, tp) group that restores exactly the file's range (it reads it whole
+ * anyway), else rank i mod D. The others read what they restore where it lies, and the
+ * job agrees on the verdict (wf__ckpt_agree). */
+static bool verifies(const wf_ckpt_target *t, const wf__entry *e, int i, bool zero, uint64_t n)
+{
+  int me = wf__rank_of(t->dp_comm), D = wf__size_of(t->dp_comm);
+  if (t->replica > 0)
+    return false;
+  for (int r = 0; r < D; r++) {
+    uint64_t lo, hi;
+    restore_range(r, D, zero, n, &lo, &hi);
+    if (lo == e->lo && hi == e->hi)
+      return r == me;
+  }
+  return i % D == me;
+}
+
 /* ZeRO-3: each rank keeps the range of its (pp, tp) shard's model file that its dp shard
- * holds (the optimizer's range), straight into its parameter shard; each streams the
- * whole file past to check its XXH3 (every dp rank of the group reads the file). */
+ * holds (the optimizer's range), straight into its parameter shard. One rank streams the
+ * whole file past to check its XXH3 (verifies: once per job, as the optimizer files);
+ * the others read their range alone, and a bad file fails every rank. */
 static wf_status load_param_shard(const wf_ckpt_target *t, const wf__manifest *m, const char *dir)
 {
   wf_dev *dev = wf_model_dev(t->model);
+  const wf__entry *e = my_model(t, m);
   size_t lo, hi;
   float *mb, *vb;
   wf_dev_view v;
   wf_optim_state(t->optim, &lo, &hi, &mb, &vb);
+  bool verify = verifies(t, e, (int)(e - m->files), true, e->hi);
   wf_status st = wf_dev_map(dev, &v, t->param_shard, (hi - lo) * sizeof(float), WF_MAP_WRITE);
   if (st == WF_OK) {
-    st = wf__read_model_range(dir, my_model(t, m), wf_model_get_dims(t->model), lo, hi, v.host);
+    st = wf__read_model_range(dir, e, wf_model_get_dims(t->model), lo, hi, v.host, verify);
     wf_status u = wf_dev_unmap(dev, &v);
     st = st == WF_OK ? u : st;
   }
@@ -236,40 +267,17 @@ fail:
   return st;
 }
 
-/* Elements whose AdamW state dp rank r (of D) restores: its ZeRO shard, or everything
- * on dp rank 0 (which then broadcasts it). */
-static void restore_range(int r, int D, bool zero, uint64_t n, uint64_t *lo, uint64_t *hi)
-{
-  uint64_t shard = (n + (uint64_t)D - 1) / (uint64_t)D;
-  *lo = zero ? WF_MIN((uint64_t)r * shard, n) : 0;
-  *hi = zero ? WF_MIN(*lo + shard, n) : r == 0 ? n : 0;
-}
-
-/* Which dp rank of the (pp, tp) group reads file i whole and checks its checksum: the
- * lowest that restores exactly its range (it reads it whole anyway), else i mod D. */
-static int verifier(const wf__entry *e, int i, int D, bool zero, uint64_t n)
-{
-  for (int r = 0; r < D; r++) {
-    uint64_t lo, hi;
-    restore_range(r, D, zero, n, &lo, &hi);
-    if (lo == e->lo && hi == e->hi)
-      return r;
-  }
-  return i % D;
-}
-
 /* Read this rank's span of the (pp, tp) shard's optimizer files into host views. */
 static wf_status read_span(const wf_ckpt_target *t, const wf__manifest *m, const char *dir,
                            const wf__span *sp, bool zero)
 {
   wf_status st = WF_OK;
-  int me = wf__rank_of(t->dp_comm), D = wf__size_of(t->dp_comm);
   uint64_t n = my_model(t, m)->hi; /* the shard's flat vector */
   for (int i = 0; i < m->n_files; i++) {
     const wf__entry *e = &m->files[i];
     if (!e->optim || e->pp != t->pp_rank || e->tp != t->tp_rank)
       continue;
-    if (verifier(e, i, D, zero, n) == me)
+    if (verifies(t, e, i, zero, n))
       WF_TRY(wf__verify_optim(dir, e, n, sp));
     else if (WF_MAX(e->lo, sp->lo) < WF_MIN(e->hi, sp->hi))
       WF_TRY(wf__read_optim_part(dir, e, n, sp));
