@@ -129,24 +129,27 @@ static wf_status load_init(wf__trainer *tr)
 
 /* The initial parameters: model.init's or the family's initialisation, written where
  * the parameters live (ZeRO-3: the dp shard alone, bit for bit its slice of the flat
- * vector), then the copies that follow them (ZeRO-3's gathered embeddings, mixed
- * precision's 16-bit weights) refreshed. */
+ * vector; sync_shard refreshes what follows it, once a resume has had its turn). */
 static wf_status init_params(wf__trainer *tr)
 {
-  wf_status st = WF_OK;
   size_t lo, hi;
   float *shard = wf_grads_param_shard(tr->grads);
   wf_grads_range(tr->grads, &lo, &hi);
   if (tr->cfg->model.init[0])
-    WF_TRY(load_init(tr));
-  else if (shard)
-    WF_TRY(wf_model_init_range(tr->model, tr->cfg->train.seed, shard, lo, hi));
-  else
-    WF_TRY(wf_model_init(tr->model, tr->cfg->train.seed));
+    return load_init(tr);
   if (shard)
-    st = wf_grads_sync_params(tr->grads, false);
-fail:
-  return st;
+    return wf_model_init_range(tr->model, tr->cfg->train.seed, shard, lo, hi);
+  return wf_model_init(tr->model, tr->cfg->train.seed);
+}
+
+/* ZeRO-3: the copies that follow the parameter shard (the gathered embeddings, mixed
+ * precision's 16-bit weights) refreshed from it, once, after init_params and any resume
+ * have written it. The refresh is a pure function of the shards (an all-gather, then a
+ * rounding) and overwrites all it writes, and nothing reads those copies in between: a
+ * refresh after the init alone was redundant without a resume and overwritten with one. */
+static wf_status sync_shard(wf__trainer *tr)
+{
+  return wf_grads_param_shard(tr->grads) ? wf_grads_sync_params(tr->grads, false) : WF_OK;
 }
 
 /* This rank's stage (wf_pipe_stage_shard, which the planner sizes too) on its device,
@@ -258,9 +261,7 @@ static wf_status setup_checkpoint(wf__trainer *tr)
     h->on_phase(h->user, "checkpoint");
   st = wf_ckpt_prepare(&tr->ck);
   if (st == WF_OK)
-    st = wf_ckpt_resume(&tr->ck, &tr->start);
-  if (st == WF_OK && tr->ck.param_shard) /* ZeRO-3: the gathered embeddings follow */
-    st = wf_grads_sync_params(tr->grads, false);
+    st = wf_ckpt_resume(&tr->ck, &tr->start); /* ZeRO-3: into the shard (sync_shard follows) */
   if (h && h->on_phase)
     h->on_phase(h->user, "train");
   return st;
@@ -375,6 +376,7 @@ wf_status wf__train_setup(wf__trainer *tr, const wf_config *cfg, const wf_train_
   WF_TRY(setup_model(tr));
   if (checkpoints)
     WF_TRY(setup_checkpoint(tr));
+  WF_TRY(sync_shard(tr));
   WF_TRY(setup_data(tr));
   /* rank 0 alone opens it: agreed, so its failure stops every rank at once */
   WF_TRY(wf_comm_agree(tr->world, wf__open_metrics(tr), NULL));
