@@ -91,6 +91,11 @@ static inline void wf__lt_descs_destroy(wf__lt_descs *x)
 cublasStatus_t wf__lt_run(const wf__lt *lt, wf__lt_descs *x, cublasStatus_t made, const void *A,
                           const void *B, const float *beta, void *D, cudaStream_t s);
 
+/* A backward GEMM's dinp (n floats, NULL: none) is written, not added into
+ * (matmul.h): whether its reduction over OC has terms; when it has none, dinp is written
+ * with the empty sum, 0, and there is no GEMM to run (false). */
+bool wf__dinp_nonempty(float *dinp, size_t n, int OC, cudaStream_t s);
+
 /* Returns the status of a cuBLAS call from the enclosing function unless it succeeded. */
 #define WF__LT_TRY(call)                                                                           \
   do {                                                                                             \

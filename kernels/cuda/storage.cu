@@ -423,8 +423,8 @@ static void matmul_gelu_forward(void *gelu_out, void *pre, const void *inp, cons
   run16_rounded<T>(&g, gelu_out, (cudaStream_t)s);
 }
 
-/* dinp (N,C) += dout . W and dweight (OC,C) += dout^T . inp, both fp32: matmul.cu's
- * backward with 16-bit operands. */
+/* dinp (N,C) = dout . W (written) and dweight (OC,C) += dout^T . inp, both fp32:
+ * matmul.cu's backward with 16-bit operands. */
 template <typename T>
 static void matmul_backward(float *dinp, float *dweight, float *dbias, const void *dout,
                             const void *inp, const void *w, int N, int C, int OC,
@@ -432,9 +432,9 @@ static void matmul_backward(float *dinp, float *dweight, float *dbias, const voi
 {
   cudaStream_t s = (cudaStream_t)stream;
   cudaDataType_t t = cuda_type<T>();
-  if (N <= 0 || OC <= 0 || C < 0)
+  if (N <= 0 || C < 0 || !wf__dinp_nonempty(dinp, (size_t)N * C, OC, s))
     return;
-  gemm16 gi = {CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, w, C, dout, OC, 1.0f, dinp, t, CUDA_R_32F, NULL};
+  gemm16 gi = {CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, w, C, dout, OC, 0.0f, dinp, t, CUDA_R_32F, NULL};
   gemm16 gw = {CUBLAS_OP_N, CUBLAS_OP_T, C,    OC,      N, inp,        C,
                dout,        OC,          1.0f, dweight, t, CUDA_R_32F, NULL};
   if (C > 0 && dinp && !run16<T>(&gi, s))

@@ -483,8 +483,8 @@ static void test_matmul(void **state)
     wf_storage_load(y, y16, (size_t)M * OC, fmt);
     k32->gelu_forward(g32, y, (size_t)M * OC, NULL);
     expect_stored("matmul_gelu_forward gelu", fmt, g16, g32, (size_t)M * OC);
-    /* backward: dinp (M,K), dweight (OC,K), dbias (OC), each added into zeros */
-    float *dx32 = zeros((size_t)M * K), *dx = zeros((size_t)M * K);
+    /* backward: dinp (M,K) written over NaN; dweight (OC,K), dbias (OC) added into zeros */
+    float *dx32 = nans((size_t)M * K), *dx = nans((size_t)M * K);
     float *dw32 = zeros((size_t)OC * K), *dw = zeros((size_t)OC * K), *db32 = zeros(OC),
           *db = zeros(OC);
     double *bx = calloc((size_t)M * K, sizeof(double)),

@@ -104,11 +104,12 @@ typedef struct wf__slot {
 /* Scratch shared by all slots: one layer's worth, reused layer after layer. fp32 but
  * for rdy; `full` holds an activation (in its format) or a gradient. */
 typedef struct wf__dacts {
-  float *proj;   /* (N,C) row-parallel partial output */
+  float *proj;   /* (N,C) row-parallel partial output (tp > 1; else ysum takes it) */
   float *ysum;   /* (R,C) its sum over tp, which the residual stream then stores */
   float *full;   /* (N,C) a gathered input or output gradient (sequence parallelism) */
   float *dres;   /* (N,C) gradient of the residual stream (R rows used) */
-  float *dc;     /* (N,C) partial input gradient of a column-parallel matmul */
+  float *dc;     /* (N,C) partial input gradient of a column-parallel matmul (tp > 1; else
+                  * dl takes it) */
   float *dl;     /* (N,C) a norm's output gradient after the tp reduction (R rows) */
   float *stats;  /* (tp+1,N,3) every rank's packed xent row statistics, then this rank's */
   void *rdy;     /* (N, widest GEMM output) a GEMM's output gradient in the activation

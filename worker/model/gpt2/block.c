@@ -194,7 +194,6 @@ static wf_status mlp_backward(wf_model *m, const layer *v, const scratch *s, int
   const float *dy;
   const void *x;
   WF_TRY(wf__leave_bwd(m, &dy, g->dres, g->full, (size_t)N, (size_t)C));
-  WF_TRY(wf__zero(m, s->d4a, n4));
   m->k->matmul_backward(s->d4a, G(m, G_FCPROJW, l), G(m, G_FCPROJB, l),
                         wf__act_grad(m, dy, (size_t)N * C), v->fchg,
                         wf__gemm_weight(m, G_FCPROJW, l), N, 4 * C / tp, C, m->prec, NULL);
@@ -217,7 +216,6 @@ static wf_status attention_backward(wf_model *m, const layer *v, const scratch *
   const float *dy;
   const void *x;
   WF_TRY(wf__leave_bwd(m, &dy, g->dres, g->full, (size_t)N, (size_t)C));
-  WF_TRY(wf__zero(m, s->d4b, (size_t)N * C / tp));
   m->k->matmul_backward(s->d4b, G(m, G_ATTPROJW, l), G(m, G_ATTPROJB, l),
                         wf__act_grad(m, dy, (size_t)N * C), v->atty,
                         wf__gemm_weight(m, G_ATTPROJW, l), N, C / tp, C, m->prec, NULL);

@@ -212,7 +212,6 @@ static wf_status mlp_backward(wf_model *m, const layer *v, const scratch *s, int
   const float *dy;
   const void *xin;
   WF_TRY(wf__leave_bwd(m, &dy, g->dres, g->full, (size_t)N, (size_t)C));
-  WF_TRY(wf__zero(m, s->db, (size_t)N * F));
   m->k->matmul_backward(s->db, G(m, LL_DOWNW, l), NULL, wf__act_grad(m, dy, (size_t)N * C), v->h,
                         wf__gemm_weight(m, LL_DOWNW, l), N, F, C, m->prec, NULL);
   WF_TRY(wf__zero(m, s->da, (size_t)N * 2 * F));
@@ -235,7 +234,6 @@ static wf_status attention_backward(wf_model *m, const layer *v, const scratch *
   const float *dy;
   const void *xin;
   WF_TRY(wf__leave_bwd(m, &dy, g->dres, g->full, (size_t)N, (size_t)C));
-  WF_TRY(wf__zero(m, s->db, (size_t)N * q));
   m->k->matmul_backward(s->db, G(m, LL_OW, l), NULL, wf__act_grad(m, dy, (size_t)N * C), v->atty,
                         wf__gemm_weight(m, LL_OW, l), N, q, C, m->prec, NULL);
   WF_TRY(wf__zero(m, s->da, (size_t)N * qkv));
