@@ -247,11 +247,11 @@ wf_status wf__zero(wf_model *m, float *p, size_t n);
  * sum adds it once), then leaving the tp region: the sum, fp32 (rows(N), C), in
  * m->da.ysum, for the residual stream to add and store. */
 wf_status wf__row_parallel(wf_model *m, const void *x, int w, int b, int l, int N, int IC);
-/* Column-parallel matmul backward from the full input x (N, C): dout (N, OC) fp32
- * (stored in the activation format for the GEMM: wf__act_grad); weight w, bias b (-1
- * none) gradients are added to; the input gradient, summed over tp by entering's
- * backward, lands in m->da.dl (rows(N), C). */
-wf_status wf__column_backward(wf_model *m, const float *dout, const void *x, int w, int b, int l,
+/* Column-parallel matmul backward from the full input x (N, C): dout (N, OC) in the
+ * activation format (as gelu/swiglu backward write it, or an fp32 gradient stored by
+ * wf__act_grad); weight w, bias b (-1 none) gradients are added to; the input gradient,
+ * summed over tp by entering's backward, lands in m->da.dl (rows(N), C). */
+wf_status wf__column_backward(wf_model *m, const void *dout, const void *x, int w, int b, int l,
                               int N, int OC);
 /* The vocabulary-parallel head after the family's final norm xn (rows(N), C, an
  * activation): logits of this rank's vocabulary slice by weight tensor w, and with

@@ -73,23 +73,16 @@ wf_status wf__row_parallel(wf_model *m, const void *x, int w, int b, int l, int 
   return wf__leave_fwd(m, m->da.ysum, part, (size_t)N, (size_t)C);
 }
 
-/* The column-parallel backward with dout already in the activation format. The GEMM
- * writes its dinp (matmul.h): straight into da.dl without tensor parallelism, else into
- * da.dc, which entering's backward reduces over tp into da.dl. */
-static wf_status column_backward(wf_model *m, const void *dout, const void *x, int w, int b, int l,
-                                 int N, int OC)
+/* The GEMM writes its dinp (matmul.h): straight into da.dl without tensor parallelism,
+ * else into da.dc, which entering's backward reduces over tp into da.dl. */
+wf_status wf__column_backward(wf_model *m, const void *dout, const void *x, int w, int b, int l,
+                              int N, int OC)
 {
   int C = m->d.C;
   float *dx = m->tp.ops ? m->da.dc : m->da.dl;
   m->k->matmul_backward(dx, wf_model_param(m, w, l, 1), b >= 0 ? wf_model_param(m, b, l, 1) : NULL,
                         dout, x, wf__gemm_weight(m, w, l), N, C, OC, m->prec, NULL);
   return wf__enter_bwd(m, m->da.dl, dx, (size_t)N, (size_t)C);
-}
-
-wf_status wf__column_backward(wf_model *m, const float *dout, const void *x, int w, int b, int l,
-                              int N, int OC)
-{
-  return column_backward(m, wf__act_grad(m, dout, (size_t)N * OC), x, w, b, l, N, OC);
 }
 
 /* ---- the vocabulary-parallel head ----------------------------------------------------- */
@@ -141,7 +134,7 @@ wf_status wf__head_loss_backward(wf_model *m, wf__slot *a, const void *xn, int w
                       dloss * m->loss_scale / (float)N, N, wf__local_real_vocab(m), m->Vl,
                       m->s.tp_rank * m->Vl, NULL);
   WF_TRY(wf__enter_fwd(m, &x, xn, m->da.full, (size_t)N, (size_t)C));
-  st = column_backward(m, a->logits, x, w, -1, 0, N, m->Vl); /* dlogits: already stored */
+  st = wf__column_backward(m, a->logits, x, w, -1, 0, N, m->Vl); /* dlogits: already stored */
 fail:
   return st;
 }
