@@ -8,7 +8,7 @@
  * For each linear layer of GPT-2 124M (qkv, attproj, fc, fcproj, the lm head at the padded
  * vocabulary), three GEMMs in weft's column-major terms (kernels/cuda/storage.cu):
  *   fwd    out (OC, N) = W^T-view . x       bf16 out, beta 0            (TN)
- *   dinp   dx  (C, N) += W . dout           fp32 out, beta 1 (weft)     (NN)
+ *   dinp   dx  (C, N) = W . dout            fp32 out, beta 0 (weft)     (NN)
  *   dw     dW  (C, OC) += x . dout^T        fp32 out, beta 1 (weft)     (NT)
  * and the two backward ones again with bf16 outputs and beta 0 (what a trainer that keeps
  * 16-bit gradients computes). Each row: the heuristics' first algorithm, the fastest of
@@ -164,7 +164,7 @@ int main(int argc, char **argv)
   for (auto &l : lins) {
     gs.push_back({l.name, "fwd", CUBLAS_OP_T, CUBLAS_OP_N, l.out, N, l.in, CUDA_R_16BF, 0.0f});
     gs.push_back(
-        {l.name, "dinp f32+=", CUBLAS_OP_N, CUBLAS_OP_N, l.in, N, l.out, CUDA_R_32F, 1.0f});
+        {l.name, "dinp f32", CUBLAS_OP_N, CUBLAS_OP_N, l.in, N, l.out, CUDA_R_32F, 0.0f});
     gs.push_back({l.name, "dw f32+=", CUBLAS_OP_N, CUBLAS_OP_T, l.in, l.out, N, CUDA_R_32F, 1.0f});
     gs.push_back(
         {l.name, "dinp bf16", CUBLAS_OP_N, CUBLAS_OP_N, l.in, N, l.out, CUDA_R_16BF, 0.0f});

@@ -14,7 +14,10 @@
  * out (N,OC), inp (N,C), weight (OC,C), bias (OC) or NULL */
 void wf_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,
                        int C, int OC);
-/* dinp (N,C) may be NULL (first layer); dbias may be NULL (and dweight, if frozen). */
+/* dinp (N,C) = dout . weight, WRITTEN (the one backward output here that is not added
+ * into: it feeds one consumer, so writing it spares a zeroing pass and a read); dweight
+ * (OC,C) += dout^T . inp and dbias (OC) += dout's rows. dinp may be NULL (first layer);
+ * dbias may be NULL (and dweight, if frozen). */
 void wf_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                         const float *inp, const float *weight, int N, int C, int OC);
 

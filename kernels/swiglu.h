@@ -18,13 +18,13 @@
 /* out (N,F) = silu(gate) * up, silu(x) = x / (1 + exp(-x)); inp (N,2F) row n =
  * [gate (F) | up (F)]. out must not overlap inp. */
 void wf_swiglu_forward(float *out, const float *inp, int N, int F);
-/* dinp (N,2F) += [dout * up * silu'(gate) | dout * silu(gate)], with
- * silu'(x) = s (1 + x (1 - s)), s = sigmoid(x); dout (N,F). dinp must not overlap
- * inp or dout. */
+/* dinp (N,2F) = [dout * up * silu'(gate) | dout * silu(gate)], WRITTEN (it feeds only
+ * the gate/up GEMM's backward: matmul.h), with silu'(x) = s (1 + x (1 - s)),
+ * s = sigmoid(x); dout (N,F). dinp must not overlap inp or dout. */
 void wf_swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int F);
 
-/* The same with inp and out stored in 16-bit format fmt (storage.h). */
+/* The same with inp, out and dinp stored in 16-bit format fmt (storage.h); dout fp32. */
 void wf_swiglu_forward16(void *out, const void *inp, int N, int F, int fmt);
-void wf_swiglu_backward16(float *dinp, const void *inp, const float *dout, int N, int F, int fmt);
+void wf_swiglu_backward16(void *dinp, const void *inp, const float *dout, int N, int F, int fmt);
 
 #endif /* WF_KERNELS_SWIGLU_H */

@@ -9,7 +9,7 @@
  * holds. Each entry has the CPU function's arguments plus a trailing stream (NULL: the
  * device's default stream); every pointer is memory of the table's device. Shapes and
  * semantics are exactly those of wf_kernels.h, including "backward adds into
- * gradients".
+ * gradients" and its exceptions (matmul's dinp, gelu's and swiglu's are written).
  *
  * Storage formats. A device has one table per format its activations can be stored in
  * (storage.h: fp32, bf16, fp16); `storage(format)` gives the sibling table of another
@@ -63,7 +63,7 @@ extern "C" {
 #endif
 
 /* Bump when the table changes; the GPU module and the host must agree. */
-#define WF_KTABLE_VERSION 10
+#define WF_KTABLE_VERSION 11
 
 /* Device memory the CUDA kernels keep per device besides what their callers allocate:
  * cuBLASLt's workspace (32 MiB) and the column reductions' partial sums (4 MiB),
@@ -128,7 +128,8 @@ typedef struct wf_ktable {
                              const void *att, int B, int T, int C, int NH, wf_stream *s);
 
   void (*gelu_forward)(void *out, const void *inp, size_t N, wf_stream *s);
-  void (*gelu_backward)(float *dinp, const void *inp, const float *dout, size_t N, wf_stream *s);
+  /* dinp WRITTEN in the table's format (gelu.h): the fc GEMM's output gradient */
+  void (*gelu_backward)(void *dinp, const void *inp, const float *dout, size_t N, wf_stream *s);
 
   /* out = a + b; b is fp32 (a branch's output after the tp reduction) */
   void (*residual_forward)(void *out, const void *a, const float *b, size_t N, wf_stream *s);
@@ -183,7 +184,8 @@ typedef struct wf_ktable {
   void (*rope_backward)(float *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs,
                         wf_stream *s);
   void (*swiglu_forward)(void *out, const void *inp, int N, int F, wf_stream *s);
-  void (*swiglu_backward)(float *dinp, const void *inp, const float *dout, int N, int F,
+  /* dinp WRITTEN in the table's format (swiglu.h): the gate/up GEMM's output gradient */
+  void (*swiglu_backward)(void *dinp, const void *inp, const float *dout, int N, int F,
                           wf_stream *s);
   /* Grouped-query attention; attention_saved / attention_scratch size its buffers too,
    * and NKV == NH computes what attention_forward / attention_backward compute. */

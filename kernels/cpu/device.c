@@ -221,7 +221,7 @@ static void gelu_forward(void *out, const void *inp, size_t N, wf_stream *s)
   wf_gelu_forward(out, inp, N);
 }
 
-static void gelu_backward(float *dinp, const void *inp, const float *dout, size_t N, wf_stream *s)
+static void gelu_backward(void *dinp, const void *inp, const float *dout, size_t N, wf_stream *s)
 {
   wf_gelu_backward(dinp, inp, dout, N);
 }
@@ -352,7 +352,7 @@ static void swiglu_forward(void *out, const void *inp, int N, int F, wf_stream *
   wf_swiglu_forward(out, inp, N, F);
 }
 
-static void swiglu_backward(float *dinp, const void *inp, const float *dout, int N, int F,
+static void swiglu_backward(void *dinp, const void *inp, const float *dout, int N, int F,
                             wf_stream *s)
 {
   wf_swiglu_backward(dinp, inp, dout, N, F);
@@ -548,7 +548,7 @@ const wf_ktable wf__cpu_ktable = {
                                      const void *inp, const void *w, int N, int C, int OC,         \
                                      int lowp, wf_stream *s)                                       \
   {                                                                                                \
-    if (FMT == WF_PREC_BF16 && wf__dnnl_bf16())                                                    \
+    if (FMT == WF_PREC_BF16 && OC > 0 && wf__dnnl_bf16())                                          \
       wf__dnnl_backward(dinp, dw, db, dout, inp, w, N, C, OC);                                     \
     else                                                                                           \
       wf_matmul_backward16(dinp, dw, db, dout, inp, w, N, C, OC, FMT);                             \
@@ -572,7 +572,7 @@ const wf_ktable wf__cpu_ktable = {
   {                                                                                                \
     wf_gelu_forward16(out, inp, N, FMT);                                                           \
   }                                                                                                \
-  static void NAME##_gelu_backward(float *dinp, const void *inp, const float *dout, size_t N,      \
+  static void NAME##_gelu_backward(void *dinp, const void *inp, const float *dout, size_t N,       \
                                    wf_stream *s)                                                   \
   {                                                                                                \
     wf_gelu_backward16(dinp, inp, dout, N, FMT);                                                   \
@@ -620,8 +620,8 @@ const wf_ktable wf__cpu_ktable = {
   {                                                                                                \
     wf_swiglu_forward16(out, inp, N, F, FMT);                                                      \
   }                                                                                                \
-  static void NAME##_swiglu_backward(float *dinp, const void *inp, const float *dout, int N,       \
-                                     int F, wf_stream *s)                                          \
+  static void NAME##_swiglu_backward(void *dinp, const void *inp, const float *dout, int N, int F, \
+                                     wf_stream *s)                                                 \
   {                                                                                                \
     wf_swiglu_backward16(dinp, inp, dout, N, F, FMT);                                              \
   }                                                                                                \

@@ -280,7 +280,7 @@ static void forward_share(void *p, int tid, int nt)
     j->failed = true;
 }
 
-/* dinp[:, lo:hi] += dout (N, OC) . W[:, lo:hi] */
+/* dinp[:, lo:hi] = dout (N, OC) . W[:, lo:hi], written */
 static void dinp_share(void *p, int tid, int nt)
 {
   job *j = p;
@@ -292,8 +292,7 @@ static void dinp_share(void *p, int tid, int nt)
              .n = (dnnl_dim_t)(hi - lo),
              .k = j->OC,
              .stride = {{j->OC, 1}, {j->C, 1}, {j->C, 1}},
-             .dst_type = dnnl_f32,
-             .accumulate = 1};
+             .dst_type = dnnl_f32};
   if (!run(&s, j->dout, j->weight + lo, NULL, j->dinp + lo))
     j->failed = true;
 }

@@ -52,7 +52,7 @@ WF__CLONES static void backward_range(float *dinp, const float *inp, const float
     float t = wf__tanhf(GELU_K * (x + GELU_A * x * x * x));
     float g =
         0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_A * x * x);
-    dinp[i] += g * dout[i];
+    dinp[i] = g * dout[i];
   }
 }
 
@@ -75,8 +75,7 @@ void wf_gelu_backward(float *dinp, const float *inp, const float *dout, size_t N
 #define BLOCK 256
 
 struct ew16 {
-  void *out;
-  float *dinp;
+  void *out; /* the output, forward's or backward's dinp, in fmt */
   const void *inp;
   const float *dout;
   size_t n;
@@ -107,17 +106,18 @@ static void backward16_share(void *p, int tid, int nt)
 {
   const struct ew16 *e = p;
   size_t lo, hi;
-  float x[BLOCK];
+  float x[BLOCK], d[BLOCK];
   wf__split(e->n, tid, nt, 32, &lo, &hi);
   for (size_t i = lo; i < hi; i += BLOCK) {
     size_t n = hi - i < BLOCK ? hi - i : BLOCK;
     wf__load(x, e->inp, i, n, e->fmt);
-    backward_range(e->dinp + i, x, e->dout + i, 0, n);
+    backward_range(d, x, e->dout + i, 0, n);
+    wf__store(e->out, i, d, n, e->fmt);
   }
 }
 
-void wf_gelu_backward16(float *dinp, const void *inp, const float *dout, size_t N, int fmt)
+void wf_gelu_backward16(void *dinp, const void *inp, const float *dout, size_t N, int fmt)
 {
-  struct ew16 e = {.dinp = dinp, .inp = inp, .dout = dout, .n = N, .fmt = fmt};
+  struct ew16 e = {.out = dinp, .inp = inp, .dout = dout, .n = N, .fmt = fmt};
   wf__parallel(wf__threads_for(N), backward16_share, &e);
 }

@@ -86,14 +86,15 @@ void wf_swiglu_forward16(void *out, const void *inp, int N, int F, int fmt)
   }
 }
 
-void wf_swiglu_backward16(float *dinp, const void *inp, const float *dout, int N, int F, int fmt)
+void wf_swiglu_backward16(void *dinp, const void *inp, const float *dout, int N, int F, int fmt)
 {
   size_t blk = block_rows(2 * (size_t)F);
   for (size_t r0 = 0; r0 < (size_t)N; r0 += blk) {
     size_t n = WF_MIN(blk, (size_t)N - r0);
-    float *x = widened(W_IN, inp, r0, n, 2 * (size_t)F, fmt);
-    if (!x)
+    float *x = widened(W_IN, inp, r0, n, 2 * (size_t)F, fmt), *d = wf__work(W_OUT, n * 2 * F);
+    if (!x || !d)
       return;
-    wf_swiglu_backward(dinp + r0 * 2 * F, x, dout + r0 * F, (int)n, F);
+    wf_swiglu_backward(d, x, dout + r0 * F, (int)n, F);
+    wf__store(dinp, r0 * 2 * F, d, n * 2 * F, fmt);
   }
 }

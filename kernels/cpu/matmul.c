@@ -129,11 +129,16 @@ static void bias_backward_share(void *p, int tid, int nt)
 void wf_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                         const float *inp, const float *weight, int N, int C, int OC)
 {
-  if (N <= 0 || OC <= 0 || C <= 0)
+  if (N <= 0 || C <= 0)
     return;
-  /* dinp (N,C) += dout (N,OC) . weight (OC,C) */
+  if (OC <= 0) { /* dinp is an empty sum; the parameters' gradients get nothing */
+    if (dinp)
+      memset(dinp, 0, (size_t)N * C * sizeof *dinp);
+    return;
+  }
+  /* dinp (N,C) = dout (N,OC) . weight (OC,C), written */
   if (dinp)
-    wf__sgemm(CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C);
+    wf__sgemm(CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
   /* dweight (OC,C) += dout^T (OC,N) . inp (N,C) */
   if (dweight)
     wf__sgemm(CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
@@ -219,7 +224,8 @@ void wf_matmul_forward16_f32(float *out, const void *inp, const void *weight, co
 }
 
 /* dinp: this thread's columns of dinp (N, C), PANEL of the OC reduction at a time:
- * dinp[:, cols] += dout[:, panel] . W[panel, cols]. */
+ * dinp[:, cols] = dout[:, first panel] . W[first panel, cols], then += each further
+ * panel's product. */
 static void dinp16_share(void *p, int tid, int nt)
 {
   const struct mm16 *f = p;
@@ -236,7 +242,7 @@ static void dinp16_share(void *p, int tid, int nt)
     load_panel(d, f->dout, OC, 0, N, k0, k, f->fmt);
     load_panel(w, f->weight, C, k0, k, lo, nc, f->fmt);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)nc, (int)k, 1.0f, d, (int)k,
-                w, (int)nc, 1.0f, f->dinp + lo, (int)C);
+                w, (int)nc, k0 == 0 ? 0.0f : 1.0f, f->dinp + lo, (int)C);
   }
 }
 
@@ -280,8 +286,13 @@ void wf_matmul_backward16(float *dinp, float *dweight, float *dbias, const void 
                    .C = C,
                    .OC = OC,
                    .fmt = fmt};
-  if (N <= 0 || OC <= 0 || C <= 0)
+  if (N <= 0 || C <= 0)
     return;
+  if (OC <= 0) { /* dinp is an empty sum */
+    if (dinp)
+      memset(dinp, 0, (size_t)N * C * sizeof *dinp);
+    return;
+  }
   int nt = wf__threads_for((size_t)N * C * OC / 64);
   if (dinp)
     wf__parallel(nt, dinp16_share, &f);

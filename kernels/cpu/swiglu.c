@@ -31,8 +31,8 @@ WF__CLONES static void swiglu_backward_row(float *dgate, float *dup, const float
 #pragma omp simd
   for (int i = 0; i < F; i++) {
     float g = gate[i], s = 1.0f / (1.0f + wf__expf(-g));
-    dgate[i] += dy[i] * up[i] * (s * (1.0f + g * (1.0f - s)));
-    dup[i] += dy[i] * (g * s);
+    dgate[i] = dy[i] * up[i] * (s * (1.0f + g * (1.0f - s)));
+    dup[i] = dy[i] * (g * s);
   }
 }
 

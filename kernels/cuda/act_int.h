@@ -55,8 +55,7 @@ void wf__rope_forward(E *qkv, const float *cs, int B, int T, int NH, int NKV, in
 template <typename E>
 void wf__swiglu_forward(E *out, const E *inp, int N, int F, wf_stream *stream);
 template <typename E>
-void wf__swiglu_backward(float *dinp, const E *inp, const float *dout, int N, int F,
-                         wf_stream *stream);
+void wf__swiglu_backward(E *dinp, const E *inp, const float *dout, int N, int F, wf_stream *stream);
 
 /* Cross-entropy's row statistics and logit gradient (xent.cu), logits of type E. */
 template <typename E>

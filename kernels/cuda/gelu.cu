@@ -3,7 +3,7 @@
  *
  * gelu(x) = 0.5 x (1 + tanh(k (x + 0.044715 x^3))), k = sqrt(2/pi).
  * The backward uses sech^2 = 1 - tanh^2, which cannot overflow as cosh^2 can.
- * Backward adds into dinp.
+ * Backward writes dinp (gelu.h).
  */
 #include "cuda_int.h"
 
@@ -20,7 +20,7 @@ __global__ static void gelu_forward_kernel(float *out, const float *inp, size_t 
   }
 }
 
-/* dinp (N) += gelu'(inp) * dout */
+/* dinp (N) = gelu'(inp) * dout, written */
 __global__ static void gelu_backward_kernel(float *dinp, const float *inp, const float *dout,
                                             size_t n)
 {
@@ -31,7 +31,7 @@ __global__ static void gelu_backward_kernel(float *dinp, const float *inp, const
     float th = tanhf(u);
     float sech2 = 1.0f - th * th;
     float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
-    dinp[i] += grad * dout[i];
+    dinp[i] = grad * dout[i];
   }
 }
 

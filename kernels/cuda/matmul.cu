@@ -9,9 +9,9 @@
  *   forward   out (N,OC) = inp (N,C) . W^T        out^T (OC,N) = W (OC,C) . inp^T (C,N)
  *             col-major: W is (C,OC), ld C, so op T; inp is (C,N), ld C, op N
  *             -> gemm(T, N, m=OC, n=N, k=C, W, C, inp, C, out, OC)
- *   dinp      dinp (N,C) += dout (N,OC) . W (OC,C)  dinp^T (C,N) = W^T (C,OC) . dout^T (OC,N)
+ *   dinp      dinp (N,C) = dout (N,OC) . W (OC,C)   dinp^T (C,N) = W^T (C,OC) . dout^T (OC,N)
  *             W col-major (C,OC) op N; dout col-major (OC,N), ld OC, op N
- *             -> gemm(N, N, m=C, n=N, k=OC, W, C, dout, OC, beta 1, dinp, C)
+ *             -> gemm(N, N, m=C, n=N, k=OC, W, C, dout, OC, beta 0, dinp, C)
  *   dweight   dW (OC,C) += dout^T (OC,N) . inp (N,C) dW^T (C,OC) = inp^T (C,N) . dout (N,OC)
  *             inp col-major (C,N) op N; dout col-major (OC,N) op T
  *             -> gemm(N, T, m=C, n=OC, k=N, inp, C, dout, OC, beta 1, dW, C)
@@ -227,15 +227,24 @@ extern "C" void wf_cuda_matmul_gelu_forward(float *gelu_out, float *pre, const f
   forward(gelu_out, pre, inp, weight, bias, N, C, OC, lowp, (cudaStream_t)stream);
 }
 
+bool wf__dinp_nonempty(float *dinp, size_t n, int OC, cudaStream_t s)
+{
+  if (OC > 0)
+    return true;
+  if (dinp && n > 0)
+    WF_CUDA_OK(cudaMemsetAsync(dinp, 0, n * sizeof *dinp, s));
+  return false;
+}
+
 extern "C" void wf_cuda_matmul_backward(float *dinp, float *dweight, float *dbias,
                                         const float *dout, const float *inp, const float *weight,
                                         int N, int C, int OC, int lowp, wf_stream *stream)
 {
   cudaStream_t s = (cudaStream_t)stream;
-  if (N <= 0 || OC <= 0 || C < 0)
+  if (N <= 0 || C < 0 || !wf__dinp_nonempty(dinp, (size_t)N * C, OC, s))
     return;
   cublasComputeType_t t = compute_of(lowp);
-  gemm gi = {CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, weight, C, dout, OC, 1.0f, dinp, t, NULL, NULL};
+  gemm gi = {CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, weight, C, dout, OC, 0.0f, dinp, t, NULL, NULL};
   gemm gw = {CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, inp, C, dout, OC, 1.0f, dweight, t, NULL, NULL};
   if (C > 0 && ((dinp && !run_gemm(&gi, s)) || (dweight && !run_gemm(&gw, s))))
     return;

@@ -219,8 +219,9 @@ __global__ static void round_gelu_kernel(T *out, T *gelu_out, const float *x, si
   }
 }
 
+/* dinp = gelu'(inp) * dout, stored in the format (gelu.h) */
 template <typename T>
-__global__ static void gelu_backward_kernel(float *dinp, const T *inp, const float *dout, size_t n)
+__global__ static void gelu_backward_kernel(T *dinp, const T *inp, const float *dout, size_t n)
 {
   WF_GRID_STRIDE(i, n)
   {
@@ -228,7 +229,7 @@ __global__ static void gelu_backward_kernel(float *dinp, const T *inp, const flo
     float th = tanhf(GELU_K * (x + 0.044715f * x * x * x));
     float grad = 0.5f * (1.0f + th) +
                  0.5f * x * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
-    dinp[i] += grad * dout[i];
+    wf__st(dinp, i, grad * dout[i]);
   }
 }
 
@@ -252,12 +253,12 @@ template <typename T> static void gelu_forward(void *out, const void *inp, size_
 }
 
 template <typename T>
-static void gelu_backward(float *dinp, const void *inp, const float *dout, size_t n, wf_stream *s)
+static void gelu_backward(void *dinp, const void *inp, const float *dout, size_t n, wf_stream *s)
 {
   if (n == 0)
     return;
   gelu_backward_kernel<T>
-      <<<wf__grid_1d(n, 256), 256, 0, (cudaStream_t)s>>>(dinp, (const T *)inp, dout, n);
+      <<<wf__grid_1d(n, 256), 256, 0, (cudaStream_t)s>>>((T *)dinp, (const T *)inp, dout, n);
   WF_CUDA_LAUNCHED("gelu_backward_kernel (16-bit)");
 }
 
@@ -423,8 +424,8 @@ static void matmul_gelu_forward(void *gelu_out, void *pre, const void *inp, cons
   run16_rounded<T>(&g, gelu_out, (cudaStream_t)s);
 }
 
-/* dinp (N,C) += dout . W and dweight (OC,C) += dout^T . inp, both fp32: matmul.cu's
- * backward with 16-bit operands. */
+/* dinp (N,C) = dout . W (written) and dweight (OC,C) += dout^T . inp, both fp32:
+ * matmul.cu's backward with 16-bit operands. */
 template <typename T>
 static void matmul_backward(float *dinp, float *dweight, float *dbias, const void *dout,
                             const void *inp, const void *w, int N, int C, int OC,
@@ -432,9 +433,9 @@ static void matmul_backward(float *dinp, float *dweight, float *dbias, const voi
 {
   cudaStream_t s = (cudaStream_t)stream;
   cudaDataType_t t = cuda_type<T>();
-  if (N <= 0 || OC <= 0 || C < 0)
+  if (N <= 0 || C < 0 || !wf__dinp_nonempty(dinp, (size_t)N * C, OC, s))
     return;
-  gemm16 gi = {CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, w, C, dout, OC, 1.0f, dinp, t, CUDA_R_32F, NULL};
+  gemm16 gi = {CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, w, C, dout, OC, 0.0f, dinp, t, CUDA_R_32F, NULL};
   gemm16 gw = {CUBLAS_OP_N, CUBLAS_OP_T, C,    OC,      N, inp,        C,
                dout,        OC,          1.0f, dweight, t, CUDA_R_32F, NULL};
   if (C > 0 && dinp && !run16<T>(&gi, s))
@@ -486,10 +487,10 @@ static void swiglu_forward(void *out, const void *inp, int N, int F, wf_stream *
 }
 
 template <typename E>
-static void swiglu_backward(float *dinp, const void *inp, const float *dout, int N, int F,
+static void swiglu_backward(void *dinp, const void *inp, const float *dout, int N, int F,
                             wf_stream *stream)
 {
-  wf__swiglu_backward(dinp, (const E *)inp, dout, N, F, stream);
+  wf__swiglu_backward((E *)dinp, (const E *)inp, dout, N, F, stream);
 }
 
 /* ---- attention, fp16 and head sizes above 128: the fp32 kernels on widened copies ----------
@@ -738,10 +739,10 @@ void wf__cuda32_gelu_forward(void *out, const void *inp, size_t N, wf_stream *s)
   wf_cuda_gelu_forward((float *)out, (const float *)inp, N, s);
 }
 
-void wf__cuda32_gelu_backward(float *dinp, const void *inp, const float *dout, size_t N,
+void wf__cuda32_gelu_backward(void *dinp, const void *inp, const float *dout, size_t N,
                               wf_stream *s)
 {
-  wf_cuda_gelu_backward(dinp, (const float *)inp, dout, N, s);
+  wf_cuda_gelu_backward((float *)dinp, (const float *)inp, dout, N, s);
 }
 
 void wf__cuda32_residual_forward(void *out, const void *a, const float *b, size_t N, wf_stream *s)
@@ -794,10 +795,10 @@ void wf__cuda32_swiglu_forward(void *out, const void *inp, int N, int F, wf_stre
   wf_cuda_swiglu_forward((float *)out, (const float *)inp, N, F, s);
 }
 
-void wf__cuda32_swiglu_backward(float *dinp, const void *inp, const float *dout, int N, int F,
+void wf__cuda32_swiglu_backward(void *dinp, const void *inp, const float *dout, int N, int F,
                                 wf_stream *s)
 {
-  wf_cuda_swiglu_backward(dinp, (const float *)inp, dout, N, F, s);
+  wf_cuda_swiglu_backward((float *)dinp, (const float *)inp, dout, N, F, s);
 }
 
 void wf__cuda32_attention_gqa_forward(void *out, void *att, const void *qkv, int B, int T, int C,

@@ -22,6 +22,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <cmocka.h>
 
@@ -131,6 +132,28 @@ static inline void check_doubled(const char *what, const float *g2, const float 
   for (size_t i = 0; i < n; i++) {
     if (fabs(g2[i] - 2.0 * g1[i]) > 2e-5 * (fabs(2.0 * g1[i]) + scale)) {
       print_error("%s[%zu]: second call gave %.9g, expected 2 x %.9g\n", what, i, g2[i], g1[i]);
+      fail();
+    }
+  }
+}
+
+/* A float buffer of n NaNs: an output a backward WRITES (matmul's dinp, ...) starts
+ * so, and any element it does not write stays NaN and fails the comparison. */
+static inline float *nans(size_t n)
+{
+  float *x = malloc(n * sizeof *x);
+  for (size_t i = 0; i < n; i++)
+    x[i] = NAN;
+  return x;
+}
+
+/* A written output computed twice, from NaN and from the first call's result: equal bit
+ * for bit (a backward that added into it would give 2x, or NaN). */
+static inline void check_rewritten(const char *what, const float *g2, const float *g1, size_t n)
+{
+  for (size_t i = 0; i < n; i++) {
+    if (memcmp(&g2[i], &g1[i], sizeof *g1) != 0) {
+      print_error("%s[%zu]: second call gave %.9g, the first %.9g\n", what, i, g2[i], g1[i]);
       fail();
     }
   }

@@ -120,14 +120,6 @@ static void expect_same(const char *what, int tp, const float *got, const float 
   }
 }
 
-static float *nans(size_t n)
-{
-  float *x = malloc(n * sizeof *x);
-  for (size_t i = 0; i < n; i++)
-    x[i] = NAN;
-  return x;
-}
-
 /* ---- forward ------------------------------------------------------------------- */
 
 /* One rank's output by the definition in encoder.h. */

@@ -41,8 +41,8 @@ size_t wf__carve(const wf__carve_item *t, size_t n, const wf__carve_to *to, size
   for (size_t i = 0; i < n; i++) {
     int r = t[i].core ? 1 : 0;
     size_t bytes = t[i].n * (t[i].act ? wf_storage_size(to->fmt) : sizeof(float));
-    if (base[r])
-      *t[i].p = base[r] + used[r];
+    if (base[r]) /* an empty item is NULL, so a use of it fails where it happens */
+      *t[i].p = bytes ? base[r] + used[r] : NULL;
     used[r] += ((bytes + 3) / 4 + 15) & ~(size_t)15; /* floats, 64-byte aligned */
   }
   if (core_floats)
@@ -125,11 +125,11 @@ static size_t carve_dacts(wf__dacts *g, double **loss_acc, int **bad_token, void
 {
   size_t C = z->C, tp = z->tp, N = z->N, R = z->R;
   wf__carve_item t[] = {
-      WF__F32(&g->proj, N * C),
+      WF__F32(&g->proj, tp > 1 ? N * C : 0), /* tp 1: products land in ysum, */
       WF__F32(&g->ysum, R * C),
       WF__F32(&g->full, N * C),
       WF__F32(&g->dres, N * C),
-      WF__F32(&g->dc, N * C),
+      WF__F32(&g->dc, tp > 1 ? N * C : 0), /* input gradients in dl (ops.c) */
       WF__F32(&g->dl, N * C),
       WF__F32(&g->stats, 3 * (tp + 1) * N),
       WF__ACT(&g->rdy, z->fmt != WF_PREC_NO ? N * widest_gemm(z) : 0),

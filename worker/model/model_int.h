@@ -104,11 +104,12 @@ typedef struct wf__slot {
 /* Scratch shared by all slots: one layer's worth, reused layer after layer. fp32 but
  * for rdy; `full` holds an activation (in its format) or a gradient. */
 typedef struct wf__dacts {
-  float *proj;   /* (N,C) row-parallel partial output */
+  float *proj;   /* (N,C) row-parallel partial output (tp > 1; else ysum takes it) */
   float *ysum;   /* (R,C) its sum over tp, which the residual stream then stores */
   float *full;   /* (N,C) a gathered input or output gradient (sequence parallelism) */
   float *dres;   /* (N,C) gradient of the residual stream (R rows used) */
-  float *dc;     /* (N,C) partial input gradient of a column-parallel matmul */
+  float *dc;     /* (N,C) partial input gradient of a column-parallel matmul (tp > 1; else
+                  * dl takes it) */
   float *dl;     /* (N,C) a norm's output gradient after the tp reduction (R rows) */
   float *stats;  /* (tp+1,N,3) every rank's packed xent row statistics, then this rank's */
   void *rdy;     /* (N, widest GEMM output) a GEMM's output gradient in the activation
@@ -246,11 +247,11 @@ wf_status wf__zero(wf_model *m, float *p, size_t n);
  * sum adds it once), then leaving the tp region: the sum, fp32 (rows(N), C), in
  * m->da.ysum, for the residual stream to add and store. */
 wf_status wf__row_parallel(wf_model *m, const void *x, int w, int b, int l, int N, int IC);
-/* Column-parallel matmul backward from the full input x (N, C): dout (N, OC) fp32
- * (stored in the activation format for the GEMM: wf__act_grad); weight w, bias b (-1
- * none) gradients are added to; the input gradient, summed over tp by entering's
- * backward, lands in m->da.dl (rows(N), C). */
-wf_status wf__column_backward(wf_model *m, const float *dout, const void *x, int w, int b, int l,
+/* Column-parallel matmul backward from the full input x (N, C): dout (N, OC) in the
+ * activation format (as gelu/swiglu backward write it, or an fp32 gradient stored by
+ * wf__act_grad); weight w, bias b (-1 none) gradients are added to; the input gradient,
+ * summed over tp by entering's backward, lands in m->da.dl (rows(N), C). */
+wf_status wf__column_backward(wf_model *m, const void *dout, const void *x, int w, int b, int l,
                               int N, int OC);
 /* The vocabulary-parallel head after the family's final norm xn (rows(N), C, an
  * activation): logits of this rank's vocabulary slice by weight tensor w, and with

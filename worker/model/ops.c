@@ -60,33 +60,29 @@ wf_status wf__zero(wf_model *m, float *p, size_t n)
 
 /* ---- the two halves of a tensor-parallel region ---------------------------------------- */
 
+/* Where a row-parallel product lands before its sum over tp: da.proj under tensor
+ * parallelism, else da.ysum itself (the sum of one part; da.proj is not carved). */
+static float *partial_out(wf_model *m) { return m->tp.ops ? m->da.proj : m->da.ysum; }
+
 wf_status wf__row_parallel(wf_model *m, const void *x, int w, int b, int l, int N, int IC)
 {
   int C = m->d.C;
   const float *bias = b >= 0 && m->s.tp_rank == 0 ? wf_model_param(m, b, l, 0) : NULL;
-  m->k->matmul_forward_f32(m->da.proj, x, wf__gemm_weight(m, w, l), bias, N, IC, C, m->prec, NULL);
-  return wf__leave_fwd(m, m->da.ysum, m->da.proj, (size_t)N, (size_t)C);
+  float *part = partial_out(m);
+  m->k->matmul_forward_f32(part, x, wf__gemm_weight(m, w, l), bias, N, IC, C, m->prec, NULL);
+  return wf__leave_fwd(m, m->da.ysum, part, (size_t)N, (size_t)C);
 }
 
-/* The column-parallel backward with dout already in the activation format. */
-static wf_status column_backward(wf_model *m, const void *dout, const void *x, int w, int b, int l,
-                                 int N, int OC)
-{
-  wf_status st = WF_OK;
-  int C = m->d.C;
-  WF_TRY(wf__zero(m, m->da.dc, (size_t)N * C));
-  m->k->matmul_backward(m->da.dc, wf_model_param(m, w, l, 1),
-                        b >= 0 ? wf_model_param(m, b, l, 1) : NULL, dout, x,
-                        wf__gemm_weight(m, w, l), N, C, OC, m->prec, NULL);
-  st = wf__enter_bwd(m, m->da.dl, m->da.dc, (size_t)N, (size_t)C);
-fail:
-  return st;
-}
-
-wf_status wf__column_backward(wf_model *m, const float *dout, const void *x, int w, int b, int l,
+/* The GEMM writes its dinp (matmul.h): straight into da.dl without tensor parallelism,
+ * else into da.dc, which entering's backward reduces over tp into da.dl. */
+wf_status wf__column_backward(wf_model *m, const void *dout, const void *x, int w, int b, int l,
                               int N, int OC)
 {
-  return column_backward(m, wf__act_grad(m, dout, (size_t)N * OC), x, w, b, l, N, OC);
+  int C = m->d.C;
+  float *dx = m->tp.ops ? m->da.dc : m->da.dl;
+  m->k->matmul_backward(dx, wf_model_param(m, w, l, 1), b >= 0 ? wf_model_param(m, b, l, 1) : NULL,
+                        dout, x, wf__gemm_weight(m, w, l), N, C, OC, m->prec, NULL);
+  return wf__enter_bwd(m, m->da.dl, dx, (size_t)N, (size_t)C);
 }
 
 /* ---- the vocabulary-parallel head ----------------------------------------------------- */
@@ -138,7 +134,7 @@ wf_status wf__head_loss_backward(wf_model *m, wf__slot *a, const void *xn, int w
                       dloss * m->loss_scale / (float)N, N, wf__local_real_vocab(m), m->Vl,
                       m->s.tp_rank * m->Vl, NULL);
   WF_TRY(wf__enter_fwd(m, &x, xn, m->da.full, (size_t)N, (size_t)C));
-  st = column_backward(m, a->logits, x, w, -1, 0, N, m->Vl); /* dlogits: already stored */
+  st = wf__column_backward(m, a->logits, x, w, -1, 0, N, m->Vl); /* dlogits: already stored */
 fail:
   return st;
 }
@@ -148,10 +144,11 @@ wf_status wf__embed_forward(wf_model *m, wf__slot *a, int wte, int wpe)
   wf_status st = WF_OK;
   int N = a->B * a->T, C = m->d.C;
   const float *pos = wpe >= 0 && m->s.tp_rank == 0 ? wf_model_param(m, wpe, 0, 0) : NULL;
-  m->k->encoder_forward_vp(m->da.proj, a->inputs, wf_model_param(m, wte, 0, 0),
-                           m->s.tp_rank * m->Vl, m->Vl, pos, a->B, a->T, C, NULL);
+  float *part = partial_out(m);
+  m->k->encoder_forward_vp(part, a->inputs, wf_model_param(m, wte, 0, 0), m->s.tp_rank * m->Vl,
+                           m->Vl, pos, a->B, a->T, C, NULL);
   /* summed over tp in fp32, then stored in the model's format */
-  WF_TRY(wf__leave_fwd(m, m->da.ysum, m->da.proj, (size_t)N, (size_t)C));
+  WF_TRY(wf__leave_fwd(m, m->da.ysum, part, (size_t)N, (size_t)C));
   m->k->store(a->encoded, m->da.ysum, wf__rows(m, (size_t)N) * (size_t)C, NULL);
 fail:
   return st;

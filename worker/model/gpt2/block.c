@@ -41,7 +41,8 @@ typedef struct head {
 
 typedef struct scratch {
   float *d4a;     /* (N,4C/tp) dfchg, then dqkv (N,3C/tp) */
-  float *d4b;     /* (N,4C/tp) dfch, then datty; a recomputed attention output */
+  void *d4b;      /* (N,4C/tp) in the activation format: dfch (gelu's backward writes it
+                   * so); then datty (N,C/tp) fp32, or a recomputed attention output */
   float *scratch; /* (attention_scratch) attention backward scratch */
 } scratch;
 
@@ -75,7 +76,8 @@ static size_t carve_scratch(scratch *s, void *mem, const wf__geo *z)
 {
   size_t n4 = z->N * 4 * z->C / z->tp;
   size_t att = z->k->attention_scratch((int)z->B, (int)z->T, (int)(z->C / z->tp), z->NHl);
-  wf__carve_item t[] = {WF__F32(&s->d4a, n4), WF__F32(&s->d4b, n4), WF__F32(&s->scratch, att)};
+  /* d4b: n4 16-bit values hold datty's N C/tp floats (n4 = 4 N C/tp) */
+  wf__carve_item t[] = {WF__F32(&s->d4a, n4), WF__ACT(&s->d4b, n4), WF__F32(&s->scratch, att)};
   return wf__carve(t, WF_ARRAY_LEN(t), &(wf__carve_to){mem, NULL, z->fmt}, NULL);
 }
 
@@ -194,12 +196,10 @@ static wf_status mlp_backward(wf_model *m, const layer *v, const scratch *s, int
   const float *dy;
   const void *x;
   WF_TRY(wf__leave_bwd(m, &dy, g->dres, g->full, (size_t)N, (size_t)C));
-  WF_TRY(wf__zero(m, s->d4a, n4));
   m->k->matmul_backward(s->d4a, G(m, G_FCPROJW, l), G(m, G_FCPROJB, l),
                         wf__act_grad(m, dy, (size_t)N * C), v->fchg,
                         wf__gemm_weight(m, G_FCPROJW, l), N, 4 * C / tp, C, m->prec, NULL);
-  WF_TRY(wf__zero(m, s->d4b, n4));
-  m->k->gelu_backward(s->d4b, v->fch, s->d4a, n4, NULL);
+  m->k->gelu_backward(s->d4b, v->fch, s->d4a, n4, NULL); /* in the activation format */
   WF_TRY(wf__enter_fwd(m, &x, v->ln2, g->full, (size_t)N, (size_t)C)); /* re-gathered */
   WF_TRY(wf__column_backward(m, s->d4b, x, G_FCW, G_FCB, l, N, 4 * C / tp));
   m->k->layernorm_backward(g->dres, G(m, G_LN2W, l), G(m, G_LN2B, l), g->dl, v->res2,
@@ -216,15 +216,16 @@ static wf_status attention_backward(wf_model *m, const layer *v, const scratch *
   int C = m->d.C, tp = m->s.tp, N = B * T, R = (int)wf__rows(m, (size_t)N);
   const float *dy;
   const void *x;
+  float *datty = s->d4b; /* fp32 (scratch) */
+  size_t n3 = (size_t)N * 3 * C / tp;
   WF_TRY(wf__leave_bwd(m, &dy, g->dres, g->full, (size_t)N, (size_t)C));
-  WF_TRY(wf__zero(m, s->d4b, (size_t)N * C / tp));
-  m->k->matmul_backward(s->d4b, G(m, G_ATTPROJW, l), G(m, G_ATTPROJB, l),
+  m->k->matmul_backward(datty, G(m, G_ATTPROJW, l), G(m, G_ATTPROJB, l),
                         wf__act_grad(m, dy, (size_t)N * C), v->atty,
                         wf__gemm_weight(m, G_ATTPROJW, l), N, C / tp, C, m->prec, NULL);
-  WF_TRY(wf__zero(m, s->d4a, (size_t)N * 3 * C / tp));
-  m->k->attention_backward(s->d4a, s->scratch, s->d4b, v->qkv, v->att, B, T, C / tp, m->NHl, NULL);
+  WF_TRY(wf__zero(m, s->d4a, n3));
+  m->k->attention_backward(s->d4a, s->scratch, datty, v->qkv, v->att, B, T, C / tp, m->NHl, NULL);
   WF_TRY(wf__enter_fwd(m, &x, v->ln1, g->full, (size_t)N, (size_t)C));
-  WF_TRY(wf__column_backward(m, s->d4a, x, G_QKVW, G_QKVB, l, N, 3 * C / tp));
+  WF_TRY(wf__column_backward(m, wf__act_grad(m, s->d4a, n3), x, G_QKVW, G_QKVB, l, N, 3 * C / tp));
   m->k->layernorm_backward(g->dres, G(m, G_LN1W, l), G(m, G_LN1B, l), g->dl, residual,
                            P(m, G_LN1W, l), v->ln1_mean, v->ln1_rstd, R, C, NULL);
 fail:

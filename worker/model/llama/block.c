@@ -45,7 +45,8 @@ typedef struct head {
 } head;
 
 typedef struct scratch {
-  float *da;      /* (N, max(2F, (NH + 2 KV) hs) / tp): dgu, then dqkv */
+  float *da;      /* (N, max(2F, (NH + 2 KV) hs) / tp): dgu (in the activation format, as
+                   * SwiGLU's backward writes it), then dqkv (fp32) */
   float *db;      /* (N, max(F, NH hs) / tp): dh, then datty; a recomputed attention output */
   float *scratch; /* (attention_scratch) */
 } scratch;
@@ -212,10 +213,8 @@ static wf_status mlp_backward(wf_model *m, const layer *v, const scratch *s, int
   const float *dy;
   const void *xin;
   WF_TRY(wf__leave_bwd(m, &dy, g->dres, g->full, (size_t)N, (size_t)C));
-  WF_TRY(wf__zero(m, s->db, (size_t)N * F));
   m->k->matmul_backward(s->db, G(m, LL_DOWNW, l), NULL, wf__act_grad(m, dy, (size_t)N * C), v->h,
                         wf__gemm_weight(m, LL_DOWNW, l), N, F, C, m->prec, NULL);
-  WF_TRY(wf__zero(m, s->da, (size_t)N * 2 * F));
   m->k->swiglu_backward(s->da, v->gu, s->db, N, F, NULL);
   WF_TRY(wf__enter_fwd(m, &xin, v->n2, g->full, (size_t)N, (size_t)C)); /* re-gathered */
   WF_TRY(wf__column_backward(m, s->da, xin, LL_GUW, -1, l, N, 2 * F));
@@ -235,7 +234,6 @@ static wf_status attention_backward(wf_model *m, const layer *v, const scratch *
   const float *dy;
   const void *xin;
   WF_TRY(wf__leave_bwd(m, &dy, g->dres, g->full, (size_t)N, (size_t)C));
-  WF_TRY(wf__zero(m, s->db, (size_t)N * q));
   m->k->matmul_backward(s->db, G(m, LL_OW, l), NULL, wf__act_grad(m, dy, (size_t)N * C), v->atty,
                         wf__gemm_weight(m, LL_OW, l), N, q, C, m->prec, NULL);
   WF_TRY(wf__zero(m, s->da, (size_t)N * qkv));
@@ -243,7 +241,8 @@ static wf_status attention_backward(wf_model *m, const layer *v, const scratch *
                                NULL);
   m->k->rope_backward(s->da, m->da.consts, B, T, m->NHl, m->KVl, hs, NULL);
   WF_TRY(wf__enter_fwd(m, &xin, v->n1, g->full, (size_t)N, (size_t)C));
-  WF_TRY(wf__column_backward(m, s->da, xin, LL_QKVW, -1, l, N, qkv));
+  WF_TRY(
+      wf__column_backward(m, wf__act_grad(m, s->da, (size_t)N * qkv), xin, LL_QKVW, -1, l, N, qkv));
   m->k->rmsnorm_backward(g->dres, G(m, LL_LN1W, l), g->dl, x, P(m, LL_LN1W, l), v->n1_rstd, R, C,
                          NULL);
 fail:
