@@ -48,7 +48,8 @@ MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none
 LIMITS = {"environment": 45, "kernels": 75, "training": 135, "kernel table": 45,
           "vs PyTorch": 150}
 TOTAL = 465  # s: the last part may use what the others left of it (8 minutes in all)
-TRAIN_CASES = ["np1-fp32", "np1-bf16", "resume", "dp2", "tp2", "pp2", "dp2tp2", "hsdp"]
+TRAIN_CASES = ["np1-fp32", "np1-bf16", "curve-bf16", "resume", "dp2", "tp2", "pp2", "dp2tp2",
+               "hsdp"]
 LD_SO = "/lib64/ld-linux-x86-64.so.2"
 GLIBC = re.compile(r"^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libresolv|libutil|"
                    r"libanl|libmvec|libnsl)\.so")
