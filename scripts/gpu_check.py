@@ -17,7 +17,8 @@ each run whatever the others did:
                  attention graphs (test_cudnn_graphs), then the
                  collectives on device buffers: NCCL (1 rank) and host-staged (2 ranks
                  sharing the GPU; test_nccl_gpu).
-  3 training     tests/gpu/train_gpu.py: one rank GPU vs CPU (fp32, bf16); 2 and 4 ranks
+  3 training     tests/gpu/train_gpu.py: one rank GPU vs CPU (fp32, bf16, and bf16's loss
+                 curve over 200 steps); 2 and 4 ranks
                  sharing the GPU (dp, tp, pp, dp x tp) vs one rank; checkpoints GPU->CPU
                  and CPU->GPU. Cases run 4 at a time.
   4 kernel table bench/kernels at GPT-2 124M shapes (B 16, T 1024), bf16 then fp32. Without
