@@ -163,8 +163,7 @@ int main(int argc, char **argv)
   std::vector<gemm> gs;
   for (auto &l : lins) {
     gs.push_back({l.name, "fwd", CUBLAS_OP_T, CUBLAS_OP_N, l.out, N, l.in, CUDA_R_16BF, 0.0f});
-    gs.push_back(
-        {l.name, "dinp f32", CUBLAS_OP_N, CUBLAS_OP_N, l.in, N, l.out, CUDA_R_32F, 0.0f});
+    gs.push_back({l.name, "dinp f32", CUBLAS_OP_N, CUBLAS_OP_N, l.in, N, l.out, CUDA_R_32F, 0.0f});
     gs.push_back({l.name, "dw f32+=", CUBLAS_OP_N, CUBLAS_OP_T, l.in, l.out, N, CUDA_R_32F, 1.0f});
     gs.push_back(
         {l.name, "dinp bf16", CUBLAS_OP_N, CUBLAS_OP_N, l.in, N, l.out, CUDA_R_16BF, 0.0f});

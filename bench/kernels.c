@@ -331,25 +331,25 @@ static void *buf(bench *b, role r)
       4 * (2 * dN * dV + 3 * dN), 0,                                                               \
       k->xent_backward(F(LOGITS), F(LOGITS), F(ROW1), F(POS1), I(TOK), 1.0f / N, N, V, Vp, 0, s))  \
   KERNEL(head_b, matmul_backward, "matmul_backward lm head (Vp)", 4 * dN * dC * dVp,               \
-         4 * (dN * dVp + 3 * dN * dC + 3 * dVp * dC), 1,                                           \
+         4 * (dN * dVp + 2 * dN * dC + 3 * dVp * dC), 1,                                           \
          k->matmul_backward(F(ACT1), F(WT2), NULL, F(LOGITS), F(ACT0), F(WT0), N, C, Vp, lowp, s)) \
   KERNEL(res_b, residual_backward, "residual_backward (N, C)", 2 * dN * dC, 4 * 5 * dN * dC, 0,    \
          k->residual_backward(F(ACT1), F(ACT2), F(ACT3), (size_t)N * C, s))                        \
   KERNEL(                                                                                          \
       fcp_b, matmul_backward, "matmul_backward fcproj", 4 * dN * 4 * dC * dC,                      \
-      4 * (dN * dC + 3 * 4 * dN * dC + 3 * 4 * dC * dC + 2 * dC), 1,                               \
+      4 * (dN * dC + 2 * 4 * dN * dC + 3 * 4 * dC * dC + 2 * dC), 1,                               \
       k->matmul_backward(F(ACT1), F(WT2), F(WT3), F(ACT0), F(ACT2), F(WT0), N, 4 * C, C, lowp, s)) \
-  KERNEL(gelu_b, gelu_backward, "gelu_backward (N, 4C)", 16 * (double)n4, 4 * 4 * (double)n4, 0,   \
+  KERNEL(gelu_b, gelu_backward, "gelu_backward (N, 4C)", 16 * (double)n4, 4 * 3 * (double)n4, 0,   \
          k->gelu_backward(F(ACT1), F(ACT2), F(ACT3), n4, s))                                       \
   KERNEL(                                                                                          \
       fc_b, matmul_backward, "matmul_backward fc", 4 * dN * dC * 4 * dC,                           \
-      4 * (4 * dN * dC + 3 * dN * dC + 3 * 4 * dC * dC + 2 * 4 * dC), 1,                           \
+      4 * (4 * dN * dC + 2 * dN * dC + 3 * 4 * dC * dC + 2 * 4 * dC), 1,                           \
       k->matmul_backward(F(ACT1), F(WT2), F(WT3), F(ACT3), F(ACT0), F(WT0), N, C, 4 * C, lowp, s)) \
   KERNEL(proj_b, matmul_backward, "matmul_backward attproj", 4 * dN * dC * dC,                     \
-         4 * (dN * dC + 3 * dN * dC + 3 * dC * dC + 2 * dC), 1,                                    \
+         4 * (dN * dC + 2 * dN * dC + 3 * dC * dC + 2 * dC), 1,                                    \
          k->matmul_backward(F(ACT1), F(WT2), F(WT3), F(ACT3), F(ACT0), F(WT0), N, C, C, lowp, s))  \
   KERNEL(att_b, attention_backward, "attention_backward (causal)", 5 * dB * dT * dT * dC,          \
-         4 * (dN * dC + 3 * dN * dC + 2 * 3 * dN * dC + (double)k->attention_saved(B, T, C, NH) +  \
+         4 * (dN * dC + 3 * dN * dC + 3 * dN * dC + (double)k->attention_saved(B, T, C, NH) +      \
               (double)k->attention_scratch(B, T, C, NH)),                                          \
          0, k->attention_backward(F(ACT3), F(SCRATCH), F(ACT2), F(ACT1), F(ATT), B, T, C, NH, s))  \
   KERNEL(att16_b, attention_bf16_backward, "attention_bf16_backward (causal)",                     \
@@ -361,7 +361,7 @@ static void *buf(bench *b, role r)
                                     F(LSE), B, T, C, NH, NH, s))                                   \
   KERNEL(                                                                                          \
       qkv_b, matmul_backward, "matmul_backward qkv", 4 * dN * dC * 3 * dC,                         \
-      4 * (3 * dN * dC + 3 * dN * dC + 3 * 3 * dC * dC + 2 * 3 * dC), 1,                           \
+      4 * (3 * dN * dC + 2 * dN * dC + 3 * 3 * dC * dC + 2 * 3 * dC), 1,                           \
       k->matmul_backward(F(ACT1), F(WT2), F(WT3), F(ACT3), F(ACT0), F(WT0), N, C, 3 * C, lowp, s)) \
   KERNEL(sumsq, sumsq_acc, "sumsq_acc (all parameters)", 2 * dP, 4 * dP + 16, 0,                   \
          k->sumsq_acc(buf(b, ACC), F(PAR3), np, s))                                                \
@@ -415,7 +415,7 @@ static void *buf(bench *b, role r)
          0, k->swiglu_backward(F(ACT3), F(ACT2), F(ACT1), N, 2 * C, s))                            \
   KERNEL(                                                                                          \
       gqa_b, attention_gqa_backward, "attention_gqa_backward (NKV = NH/2)", 5 * dB * dT * dT * dC, \
-      4 * (dN * dC + 2 * dN * dC * (1 + 2.0 * KV / NH) + dN * dC +                                 \
+      4 * (dN * dC + dN * dC * (1 + 2.0 * KV / NH) + dN * dC +                                     \
            (double)k->attention_saved(B, T, C, NH) + (double)k->attention_scratch(B, T, C, NH)),   \
       0,                                                                                           \
       k->attention_gqa_backward(F(ACT3), F(SCRATCH), F(ACT2), F(ACT1), F(ATT), B, T, C, NH, KV,    \

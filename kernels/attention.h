@@ -16,14 +16,15 @@
  * [h*hs, (h+1)*hs) of each. Scale 1/sqrt(hs); NH divides C. att entries above the
  * diagonal are written as 0. */
 void wf_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
-/* dqkv (B,T,3C) accumulated; scratch (B,NH,T,T) is overwritten. */
+/* dqkv (B,T,3C) WRITTEN (it feeds only the qkv GEMM's backward, through RoPE's
+ * in-place map for Llama: wf_kernels.h); scratch (B,NH,T,T) is overwritten. */
 void wf_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
                            const float *att, int B, int T, int C, int NH);
 
 /* The same with out, qkv and att stored in 16-bit format fmt (storage.h): each head's
  * q, k and v loaded, the fp32 kernel's computation, out and the probabilities att
- * (B,NH,T,T) stored rounded. Backward loads them and adds into dqkv (fp32) exactly what
- * the fp32 backward adds; its (T, T) scratch is this thread's (scratch unused). */
+ * (B,NH,T,T) stored rounded. Backward loads them and writes dqkv (fp32) exactly as the
+ * fp32 backward does; its (T, T) scratch is this thread's (scratch unused). */
 void wf_attention_forward16(void *out, void *att, const void *qkv, int B, int T, int C, int NH,
                             int fmt);
 void wf_attention_backward16(float *dqkv, float *scratch, const float *dout, const void *qkv,
@@ -40,8 +41,8 @@ void wf_attention_backward16(float *dqkv, float *scratch, const float *dout, con
  * buffers of both (they depend on the query heads only). */
 void wf_attention_gqa_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
                               int NKV);
-/* dqkv (B,T,C + 2 NKV hs) accumulated: dk and dv of a kv head sum over its NH / NKV
- * query heads (in head order); scratch (B,NH,T,T) is overwritten. */
+/* dqkv (B,T,C + 2 NKV hs) WRITTEN: dk and dv of a kv head sum over its NH / NKV query
+ * heads (in head order, from zero); scratch (B,NH,T,T) is overwritten. */
 void wf_attention_gqa_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
                                const float *att, int B, int T, int C, int NH, int NKV);
 

@@ -7,8 +7,8 @@
  *    gradient accumulation over micro-batches, tied weights and the residual stream's
  *    branches come for free. Except the input gradients that feed one consumer, which
  *    are WRITTEN: matmul's dinp, GELU's and SwiGLU's (whose only reader is the GEMM
- *    before them), and RoPE's in-place map. Adding them into zeros cost a zeroing pass
- *    and a read of the zeros for nothing;
+ *    before them), attention's dqkv, and RoPE's in-place map. Adding them into zeros cost a zeroing
+ * pass and a read of the zeros for nothing;
  *  - shapes in comments use  B batch, T time, C channels, OC output channels,
  *    NH heads (local to this rank under tensor parallelism), hs = C / NH,
  *    NKV key/value heads (grouped-query attention; NKV divides NH), F the MLP's width,

@@ -9,7 +9,8 @@
  * holds. Each entry has the CPU function's arguments plus a trailing stream (NULL: the
  * device's default stream); every pointer is memory of the table's device. Shapes and
  * semantics are exactly those of wf_kernels.h, including "backward adds into
- * gradients" and its exceptions (matmul's dinp, gelu's and swiglu's are written).
+ * gradients" and its exceptions (matmul's dinp, gelu's, swiglu's and attention's dqkv
+ * are written).
  *
  * Storage formats. A device has one table per format its activations can be stored in
  * (storage.h: fp32, bf16, fp16); `storage(format)` gives the sibling table of another
@@ -98,10 +99,15 @@ typedef struct wf_ktable {
                                      const float *b, const float *weight, const float *bias, int N,
                                      int C, wf_stream *s);
 
+  /* In a 16-bit table the bias is rounded to the format before it is added (the value
+   * the model's 16-bit weight copy holds, as llm.c and PyTorch's autocast add it, which
+   * lets cuBLASLt's epilogue add it): out = round(sum + widen(round(bias))), one rounding
+   * of the fp32 sum. matmul_gelu_forward's pre the same. */
   void (*matmul_forward)(void *out, const void *inp, const void *weight, const float *bias, int N,
                          int C, int OC, int lowp, wf_stream *s);
-  /* The same product left in fp32: a row-parallel layer's partial sums, which the tp
-   * reduction adds in fp32 before the residual stream stores them. */
+  /* The same product left in fp32, its fp32 bias added exactly: a row-parallel layer's
+   * partial sums, which the tp reduction adds in fp32 before the residual stream stores
+   * them. */
   void (*matmul_forward_f32)(float *out, const void *inp, const void *weight, const float *bias,
                              int N, int C, int OC, int lowp, wf_stream *s);
   /* pre = inp . weight^T + bias, gelu_out = gelu(pre) (the MLP's fc and its GELU). */
@@ -124,6 +130,7 @@ typedef struct wf_ktable {
   size_t (*workspace_bytes)(void);
   void (*attention_forward)(void *out, void *att, const void *qkv, int B, int T, int C, int NH,
                             wf_stream *s);
+  /* dqkv (fp32) WRITTEN (attention.h) */
   void (*attention_backward)(float *dqkv, float *scratch, const float *dout, const void *qkv,
                              const void *att, int B, int T, int C, int NH, wf_stream *s);
 

@@ -17,7 +17,8 @@ each run whatever the others did:
                  attention graphs (test_cudnn_graphs), then the
                  collectives on device buffers: NCCL (1 rank) and host-staged (2 ranks
                  sharing the GPU; test_nccl_gpu).
-  3 training     tests/gpu/train_gpu.py: one rank GPU vs CPU (fp32, bf16); 2 and 4 ranks
+  3 training     tests/gpu/train_gpu.py: one rank GPU vs CPU (fp32, bf16, and bf16's loss
+                 curve over 200 steps); 2 and 4 ranks
                  sharing the GPU (dp, tp, pp, dp x tp) vs one rank; checkpoints GPU->CPU
                  and CPU->GPU. Cases run 4 at a time.
   4 kernel table bench/kernels at GPT-2 124M shapes (B 16, T 1024), bf16 then fp32. Without
@@ -48,7 +49,8 @@ MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none
 LIMITS = {"environment": 45, "kernels": 75, "training": 135, "kernel table": 45,
           "vs PyTorch": 150}
 TOTAL = 465  # s: the last part may use what the others left of it (8 minutes in all)
-TRAIN_CASES = ["np1-fp32", "np1-bf16", "resume", "dp2", "tp2", "pp2", "dp2tp2", "hsdp"]
+TRAIN_CASES = ["np1-fp32", "np1-bf16", "curve-bf16", "resume", "dp2", "tp2", "pp2", "dp2tp2",
+               "hsdp"]
 LD_SO = "/lib64/ld-linux-x86-64.so.2"
 GLIBC = re.compile(r"^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libresolv|libutil|"
                    r"libanl|libmvec|libnsl)\.so")

@@ -14,11 +14,12 @@
  * Forward work is split over the B*NH (batch, query head) pairs; backward over the
  * B*NKV (batch, kv head) groups, whose G query heads run one after another in head
  * order because they all add into the group's dK and dV (no two threads write one
- * row, and the order of the additions is fixed). Each runs single-threaded OpenBLAS
- * calls. Causality is exploited by row blocks of BLK queries: block [i0, i1) only
- * needs keys [0, i1), so the GEMMs do about half of the full T x T work at long T. Entries above
- * the diagonal of att are written as 0, so att is a full (T,T) softmax matrix per head, as the CUDA
- * twin and the backward expect.
+ * row, and the order of the additions is fixed). dqkv is written (attention.h): each
+ * thread zeroes its groups' columns first, where the caller used to zero the whole. Each runs
+ * single-threaded OpenBLAS calls. Causality is exploited by row blocks of BLK queries: block [i0,
+ * i1) only needs keys [0, i1), so the GEMMs do about half of the full T x T work at long T. Entries
+ * above the diagonal of att are written as 0, so att is a full (T,T) softmax matrix per head, as
+ * the CUDA twin and the backward expect.
  *
  * The 16-bit forms (storage.h) load one (batch, query head) pair's q, k, v into this thread's
  * working memory as a (T, 3 hs) matrix, run the same head functions on it with hs as
@@ -182,6 +183,17 @@ static void query_head_backward(const struct att *a, size_t b, size_t h)
   head_backward(&g, a->scratch + bh * T * T, a->catt + bh * T * T, T, C, ld, hs);
 }
 
+/* Zero the columns of dqkv (B, T, ld) that group kvh of batch b writes: its G query
+ * heads' q columns, its k and its v head. */
+static void zero_group(float *dqkv, size_t b, size_t kvh, int T, int C, int NH, int NKV)
+{
+  size_t hs = (size_t)(C / NH), G = (size_t)(NH / NKV), ld = (size_t)C + 2 * NKV * hs;
+  size_t col[3] = {kvh * G * hs, C + kvh * hs, C + (NKV + kvh) * hs}, w[3] = {G * hs, hs, hs};
+  for (size_t t = 0; t < (size_t)T; t++)
+    for (int part = 0; part < 3; part++)
+      memset(dqkv + (b * T + t) * ld + col[part], 0, w[part] * sizeof *dqkv);
+}
+
 static void backward_share(void *p, int tid, int nt)
 {
   const struct att *a = p;
@@ -190,6 +202,7 @@ static void backward_share(void *p, int tid, int nt)
   wf__split((size_t)a->B * a->NKV, tid, nt, 1, &lo, &hi);
   for (size_t bk = lo; bk < hi; bk++) {
     size_t b = bk / a->NKV, kvh = bk % a->NKV;
+    zero_group(a->dqkv, b, kvh, a->T, a->C, a->NH, a->NKV);
     for (size_t h = kvh * G; h < (kvh + 1) * G; h++)
       query_head_backward(a, b, h);
   }
@@ -299,6 +312,7 @@ static void backward16_share(void *p, int tid, int nt)
   wf__split((size_t)a->B * a->NKV, tid, nt, 1, &lo, &hi);
   for (size_t bk = lo; bk < hi; bk++) {
     size_t b = bk / a->NKV, kvh = bk % a->NKV;
+    zero_group(a->dqkv, b, kvh, a->T, a->C, a->NH, a->NKV);
     for (size_t h = kvh * G; h < (kvh + 1) * G; h++)
       head_backward16(a, b, h, w);
   }

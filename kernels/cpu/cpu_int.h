@@ -91,6 +91,10 @@ void wf__store(void *dst, size_t first, const float *src, size_t n, int fmt);
  * wf__work_failed). */
 float *wf__work(int slot, size_t n);
 bool wf__work_failed(void);
+/* A GEMM's bias (n) rounded to format fmt and widened, as a 16-bit output's GEMM adds it
+ * (wf_ktable.h): in this thread's working slot 3 (free while a GEMM runs: matmul.c's
+ * take 0-2, oneDNN's 7). NULL when bias is NULL or memory ran out (wf__work_failed). */
+const float *wf__bias_rounded(const float *bias, size_t n, int fmt);
 
 /* ---- bf16 GEMMs through oneDNN (dnnl.c) ----------------------------------------------
  * Whether bf16 GEMMs go through oneDNN on this CPU (AVX512_BF16 and a bf16 kernel), and

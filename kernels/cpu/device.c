@@ -523,10 +523,13 @@ const wf_ktable wf__cpu_ktable = {
   static void NAME##_matmul_forward(void *out, const void *inp, const void *w, const float *bias,  \
                                     int N, int C, int OC, int lowp, wf_stream *s)                  \
   {                                                                                                \
+    const float *rb = OC > 0 ? wf__bias_rounded(bias, (size_t)OC, FMT) : bias;                     \
+    if (bias && !rb) /* no memory: reported by last_error */                                       \
+      return;                                                                                      \
     if (FMT == WF_PREC_BF16 && wf__dnnl_bf16())                                                    \
-      wf__dnnl_forward(out, NULL, inp, w, bias, N, C, OC);                                         \
+      wf__dnnl_forward(out, NULL, inp, w, rb, N, C, OC);                                           \
     else                                                                                           \
-      wf_matmul_forward16(out, inp, w, bias, N, C, OC, FMT);                                       \
+      wf_matmul_forward16(out, inp, w, rb, N, C, OC, FMT);                                         \
   }                                                                                                \
   static void NAME##_matmul_forward_f32(float *out, const void *inp, const void *w,                \
                                         const float *bias, int N, int C, int OC, int lowp,         \

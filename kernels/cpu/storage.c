@@ -110,6 +110,18 @@ void wf_storage_load(float *dst, const void *src, size_t n, int fmt)
   wf__parallel(wf__threads_for(n), conv_share, &c);
 }
 
+const float *wf__bias_rounded(const float *bias, size_t n, int fmt)
+{
+  float *r = bias ? wf__work(3, n) : NULL;
+  uint16_t low[256];
+  for (size_t i = 0; r && i < n; i += 256) {
+    size_t k = n - i < 256 ? n - i : 256;
+    wf__store(low, 0, bias + i, k, fmt);
+    wf__load(r + i, low, 0, k, fmt);
+  }
+  return r;
+}
+
 /* ---- per-thread working memory --------------------------------------------------------- */
 
 #define WORK_SLOTS 8

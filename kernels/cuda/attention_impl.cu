@@ -141,9 +141,8 @@ __global__ static void narrow_kernel(__nv_bfloat16 *dst, const float *src, size_
   WF_GRID_STRIDE(i, n - start) { dst[start + i] = __float2bfloat16_rn(src[start + i]); }
 }
 
-/* dst (n) = src widened (add 0) or dst += src widened (add 1); vectorised alike. */
-__global__ static void widen_kernel(float *dst, const __nv_bfloat16 *src, size_t n, int add,
-                                    int vec)
+/* dst (n) = src widened, 4 at a time where both are 16-byte aligned (vec). */
+__global__ static void widen_kernel(float *dst, const __nv_bfloat16 *src, size_t n, int vec)
 {
   size_t start = 0;
   if (vec) {
@@ -151,17 +150,11 @@ __global__ static void widen_kernel(float *dst, const __nv_bfloat16 *src, size_t
     {
       const __nv_bfloat162 *x = reinterpret_cast<const __nv_bfloat162 *>(src + 4 * i);
       float2 a = __bfloat1622float2(x[0]), b = __bfloat1622float2(x[1]);
-      float4 *d = reinterpret_cast<float4 *>(dst) + i;
-      float4 o = add ? *d : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      *d = make_float4(o.x + a.x, o.y + a.y, o.z + b.x, o.w + b.y);
+      reinterpret_cast<float4 *>(dst)[i] = make_float4(a.x, a.y, b.x, b.y);
     }
     start = n / 4 * 4;
   }
-  WF_GRID_STRIDE(i, n - start)
-  {
-    size_t j = start + i;
-    dst[j] = (add ? dst[j] : 0.0f) + __bfloat162float(src[j]);
-  }
+  WF_GRID_STRIDE(i, n - start) { dst[start + i] = __bfloat162float(src[start + i]); }
 }
 
 static int aligned(const void *a, const void *b)
@@ -176,11 +169,11 @@ static void narrow(wf_bf16 *dst, const float *src, size_t n, cudaStream_t s)
   WF_CUDA_LAUNCHED("narrow_kernel (attention's bf16 operands)");
 }
 
-/* dst = src (add 0) or dst += src (add 1), widened. */
-static void widen(float *dst, const wf_bf16 *src, size_t n, int add, cudaStream_t s)
+/* dst = src widened. */
+static void widen(float *dst, const wf_bf16 *src, size_t n, cudaStream_t s)
 {
   widen_kernel<<<wf__grid_1d((n + 3) / 4, 256), 256, 0, s>>>(
-      dst, reinterpret_cast<const __nv_bfloat16 *>(src), n, add, aligned(dst, src));
+      dst, reinterpret_cast<const __nv_bfloat16 *>(src), n, aligned(dst, src));
   WF_CUDA_LAUNCHED("widen_kernel (attention's bf16 results)");
 }
 
@@ -239,7 +232,7 @@ static void reference16_forward(wf_bf16 *out, float *lse, const wf_bf16 *qkv, in
   float *x = (float *)pool_alloc(nx * sizeof(float), s);
   float *y = (float *)pool_alloc(ny * sizeof(float), s);
   if (x && y) {
-    widen(x, qkv, nx, 0, s);
+    widen(x, qkv, nx, s);
     wf_cuda_attention_gqa_forward(y, lse, x, B, T, C, NH, NKV, (wf_stream *)s);
     narrow(out, y, ny, s);
   }
@@ -255,9 +248,9 @@ static void reference16_backward(wf_bf16 *dqkv, float *D, const wf_bf16 *dout, c
   float *x = (float *)pool_alloc(nx * sizeof(float), s);
   float *dx = (float *)pool_alloc(nx * sizeof(float), s);
   float *dy = (float *)pool_alloc(ny * sizeof(float), s);
-  if (x && dx && dy && WF_CUDA_OK(cudaMemsetAsync(dx, 0, nx * sizeof(float), s))) {
-    widen(x, qkv, nx, 0, s);
-    widen(dy, dout, ny, 0, s);
+  if (x && dx && dy) { /* the fp32 backward writes dx */
+    widen(x, qkv, nx, s);
+    widen(dy, dout, ny, s);
     wf_cuda_attention_gqa_backward(dx, D, dy, x, lse, B, T, C, NH, NKV, (wf_stream *)s);
     narrow(dqkv, dx, nx, s);
   }
@@ -351,7 +344,7 @@ extern "C" void wf_cuda_attn_gqa_forward(float *out, float *att, const float *qk
     return;
   narrow(x, qkv, nx, s);
   forward16(path, saved_out(att, B, T, NH), att, x, B, T, C, NH, NKV, s);
-  widen(out, saved_out(att, B, T, NH), ny, 0, s);
+  widen(out, saved_out(att, B, T, NH), ny, s);
   pool_free(x, s);
 }
 
@@ -382,7 +375,7 @@ extern "C" void wf_cuda_attn_gqa_backward(float *dqkv, float *scratch, const flo
     narrow(dy, dout, ny, s);
     backward16(path, dx, scratch, dy, x, saved_out(const_cast<float *>(att), B, T, NH), att, B, T,
                C, NH, NKV, s);
-    widen(dqkv, dx, nx, 1, s);
+    widen(dqkv, dx, nx, s); /* written (attention.h) */
   }
   pool_free(dy, s);
   pool_free(dx, s);

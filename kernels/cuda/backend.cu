@@ -124,13 +124,30 @@ static bool lt_failed(cublasStatus_t st, const char *file, int line, const char 
   return true;
 }
 
-/* The current device's workspace, allocated (and counted) if missing; g_lock held. */
+/* The device's stream-ordered pool keeps what it has allocated (cuDNN's workspace, a
+ * GEMM's bias copy) instead of returning it to the driver at every synchronization, its
+ * default: the training step synchronizes every step (the loss), and each step's first
+ * cudaMallocAsync would otherwise map memory anew. The pool holds at most the largest
+ * set of stream-ordered buffers live at once. */
+static bool pool_keep(int dev, const char *file, int line)
+{
+  cudaMemPool_t pool = NULL;
+  uint64_t keep = UINT64_MAX;
+  return wf__cuda_check(cudaDeviceGetDefaultMemPool(&pool, dev), file, line,
+                        "cudaDeviceGetDefaultMemPool") &&
+         wf__cuda_check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), file,
+                        line, "cudaMemPoolSetAttribute (release threshold)");
+}
+
+/* The current device's workspace, allocated (and counted) if missing, and its pool set
+ * to keep its memory; g_lock held. */
 static bool workspace_ensure(int dev, const char *file, int line)
 {
   if (g_dev[dev].workspace)
     return true;
   void *ws = NULL;
-  if (!wf__cuda_check(cudaMalloc(&ws, WF_KTABLE_GPU_WORKSPACE), file, line,
+  if (!pool_keep(dev, file, line) ||
+      !wf__cuda_check(cudaMalloc(&ws, WF_KTABLE_GPU_WORKSPACE), file, line,
                       "cudaMalloc (the module's workspace)"))
     return false;
   g_dev[dev].workspace = ws;

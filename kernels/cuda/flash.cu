@@ -16,6 +16,8 @@
  *     dq_i += scale sum_j p_ij (dout_i . v_j - D_i) k_j; D goes to `scratch` (B, NH, T);
  *  2. per key row j: dv_j += sum_{i >= j} p_ij dout_i and
  *     dk_j += sum_{i >= j} p_ij (dout_i . v_j - D_i) scale q_i.
+ * Both add into dqkv, which the entry zeroes first: the table's backward writes dqkv
+ * (attention.h). The bf16 paths, the fast ones, write it without that pass.
  * D is computed from the probabilities, not from the output (dout . out), so it is exact
  * even where the model rounded the attention output in place for a bf16 GEMM.
  *
@@ -317,6 +319,9 @@ extern "C" void wf_cuda_attention_gqa_backward(float *dqkv, float *scratch, cons
 {
   cudaStream_t s = (cudaStream_t)stream;
   if (!shape_ok(B, T, C, NH, NKV))
+    return;
+  size_t nx = (size_t)B * T * (C + 2 * (size_t)NKV * (C / NH));
+  if (!WF_CUDA_OK(cudaMemsetAsync(dqkv, 0, nx * sizeof *dqkv, s)))
     return;
   if (!flash_fits(C, NH)) {
     wf__cuda_attention_backward_tt(dqkv, scratch, dout, qkv, att, B, T, C, NH, NKV, stream);

@@ -9,29 +9,31 @@
  *
  * GEMMs: cuBLASLt with the 16-bit operands as they are stored (the activations, the
  * model's 16-bit weight copy, the output gradient), fp32 compute and accumulation. An
- * fp32 output gets its fp32 bias from the BIAS epilogue. A 16-bit output with a bias
- * cannot: cuBLASLt takes a bias only of the output's type (an fp32 bias with a bf16 D
- * is CUBLAS_STATUS_INVALID_VALUE, seen on an H100 with cuBLASLt 13.1), and adding the
- * bias to an already rounded output rounds twice, which loses the product's low bits
- * where the bias cancels it. So such a GEMM writes fp32 blocks with the bias epilogue
- * and one kernel rounds them once, as the CPU's oneDNN and widened paths do
- * (run16_rounded); the matmul + GELU's kernel also stores the GELU of the rounded
- * pre-activation, the CPU's composition. The price is the fp32 block's traffic; a bias
- * read from the 16-bit weight copy (llm.c's and PyTorch autocast's choice) would let the
- * epilogue run, and would change the CPU twin. dbias, like every column sum, is
- * colsum.cu's: cut over rows and columns to fill the GPU, added in a fixed order.
+ * fp32 output gets its fp32 bias from the BIAS epilogue. A 16-bit output adds its bias
+ * rounded to the format (wf_ktable.h), the value the model's 16-bit weight copy holds,
+ * as llm.c and PyTorch's autocast do: cuBLASLt takes a bias only of the output's type
+ * (an fp32 bias with a bf16 D is CUBLAS_STATUS_INVALID_VALUE on an H100, cuBLASLt
+ * 13.1), so the rounded bias lets the BIAS epilogue write D once from the fp32 sum
+ * (run16_biased). Where cuBLASLt refuses that, the GEMM writes fp32 blocks with the
+ * rounded bias widened and one kernel rounds them once (run16_rounded), the same
+ * arithmetic; adding a bias to an already rounded output would round twice. The matmul +
+ * GELU then stores the GELU of the stored pre-activation, the CPU's composition. dbias,
+ * like every column sum, is colsum.cu's: cut over rows and columns to fill the GPU,
+ * added in a fixed order.
  *
  * Attention in bf16 (up to head size 128): runtime.attention's path (attention_impl.cu:
  * cuDNN, weft's flash kernels, or the fp32 reference) on the stored qkv, its output
- * written in bf16; backward rounds dout to bf16 and adds the bf16 dqkv the path writes
- * into the fp32 gradient (attention_bf16.h's precision). fp16 attention, and any head
- * size above 128: the fp32 kernels on widened copies, the output stored in 16 bits.
+ * written in bf16; backward rounds dout to bf16 and widens the bf16 dqkv the path writes
+ * into the fp32 gradient, which it writes (attention_bf16.h's precision). fp16 attention, and any
+ * head size above 128: the fp32 kernels on widened copies, the output stored in 16 bits.
  *
  * Llama's RMSNorm, RoPE and SwiGLU: the fp32 kernels' own code instantiated for the
  * format (act_int.h): 16-bit loads, fp32 math, 16-bit stores, no copies.
  *
  * Legend: N rows, C channels, OC output channels, V vocabulary columns, ld row stride.
  */
+#include <atomic>
+
 #include "act_int.h"
 #include "attn_int.h"
 
@@ -269,8 +271,8 @@ template <typename T> static cudaDataType_t cuda_type();
 template <> cudaDataType_t cuda_type<__nv_bfloat16>() { return CUDA_R_16BF; }
 template <> cudaDataType_t cuda_type<__half>() { return CUDA_R_16F; }
 
-/* D (m,n) = op(A) op(B) + beta D (+ bias, m fp32 values) in cuBLAS's column-major terms,
- * A and B of type ab, D of type dt (fp32 or ab). */
+/* D (m,n) = op(A) op(B) + beta D (+ bias, m values of bias_type: fp32 unless set) in
+ * cuBLAS's column-major terms, A and B of type ab, D of type dt (fp32 or ab). */
 struct gemm16 {
   cublasOperation_t ta, tb;
   int m, n, k;
@@ -281,13 +283,14 @@ struct gemm16 {
   float beta;
   void *D;
   cudaDataType_t ab, dt;
-  const float *bias;
+  const void *bias;
+  cudaDataType_t bias_type; /* CUDA_R_32F (0) unless set */
 };
 
 static cublasStatus_t descs16_make(wf__lt_descs *x, const gemm16 *g, bool bias, size_t workspace)
 {
   cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-  cudaDataType_t bias_type = CUDA_R_32F;
+  cudaDataType_t bias_type = g->bias_type;
   WF__LT_TRY(cublasLtMatmulDescCreate(&x->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   WF__LT_TRY(
       cublasLtMatmulDescSetAttribute(x->op, CUBLASLT_MATMUL_DESC_TRANSA, &g->ta, sizeof g->ta));
@@ -350,7 +353,8 @@ template <typename T> static bool run16(const gemm16 *g, cudaStream_t s)
   }
   if (fused || !g->bias)
     return true;
-  add_bias32_kernel<<<wf__grid_1d(n, 256), 256, 0, s>>>((float *)g->D, g->bias, g->m, n);
+  add_bias32_kernel<<<wf__grid_1d(n, 256), 256, 0, s>>>((float *)g->D, (const float *)g->bias, g->m,
+                                                        n);
   return WF_CUDA_LAUNCHED("add_bias32_kernel");
 }
 
@@ -383,6 +387,60 @@ template <typename T> static bool run16_rounded(const gemm16 *g, void *gelu_out,
   return WF_CUDA_OK(cudaFreeAsync(tmp, s)) && ok;
 }
 
+/* b16 (n) = b rounded to the format, b32 (n) = b16 widened */
+template <typename T>
+__global__ static void bias_rounded_kernel(T *b16, float *b32, const float *b, size_t n)
+{
+  WF_GRID_STRIDE(i, n)
+  {
+    wf__st(b16, i, b[i]);
+    b32[i] = wf__ld(b16, i);
+  }
+}
+
+/* Whether cuBLASLt has refused a 16-bit bias with a 16-bit output (logged once; each
+ * call still asks, as the answer may depend on the shape). */
+static std::atomic<bool> g_bias16_refused{false};
+
+/* g's 16-bit output D with its fp32 bias rounded to the format first, the value the
+ * model's 16-bit copy of the bias holds (wf_ktable.h): one GEMM with cuBLASLt's BIAS
+ * epilogue on the 16-bit bias, the fp32 sum rounded once into D; where cuBLASLt refuses
+ * that, run16_rounded's fp32 blocks with the rounded bias widened, the same arithmetic.
+ * Then, where gelu_out is given, the GELU of the stored pre-activation (the CPU's
+ * composition). */
+template <typename T> static bool run16_biased(const gemm16 *g, void *gelu_out, cudaStream_t s)
+{
+  size_t m = (size_t)g->m, n = m * (size_t)g->n, off = (m * sizeof(T) + 255) / 256 * 256;
+  char *tmp = NULL;
+  if (!WF_CUDA_OK(cudaMallocAsync((void **)&tmp, off + m * sizeof(float), s)))
+    return false;
+  T *b16 = (T *)tmp;
+  float *b32 = (float *)(tmp + off);
+  bias_rounded_kernel<T><<<wf__grid_1d(m, 256), 256, 0, s>>>(b16, b32, (const float *)g->bias, m);
+  bool ok = WF_CUDA_LAUNCHED("bias_rounded_kernel (16-bit)"), fused = false;
+  wf__lt lt;
+  if (ok && g->k > 0 && wf__lt_begin(&lt, __FILE__, __LINE__)) { /* k 0: run16's empty sum */
+    gemm16 f = *g;
+    f.bias = b16, f.bias_type = cuda_type<T>();
+    cublasStatus_t st = lt16_enqueue(&lt, &f, true, s);
+    fused = st == CUBLAS_STATUS_SUCCESS;
+    wf__lt_end(CUBLAS_STATUS_SUCCESS, __FILE__, __LINE__, "cublasLtMatmul 16-bit bias");
+    if (!fused && !g_bias16_refused.exchange(true))
+      WF_INFO("cuBLASLt refuses a 16-bit bias with a 16-bit output (m %d, n %d, k %d: cuBLAS "
+              "status %d): 16-bit GEMMs with a bias go through fp32 blocks",
+              g->m, g->n, g->k, (int)st);
+  }
+  if (ok && !fused) {
+    gemm16 f = *g;
+    f.bias = b32, f.bias_type = CUDA_R_32F;
+    ok = run16_rounded<T>(&f, gelu_out, s);
+  } else if (ok && gelu_out) {
+    gelu_forward_kernel<T><<<wf__grid_1d(n, 256), 256, 0, s>>>((T *)gelu_out, (const T *)g->D, n);
+    ok = WF_CUDA_LAUNCHED("gelu_forward_kernel (16-bit, after the biased GEMM)");
+  }
+  return WF_CUDA_OK(cudaFreeAsync(tmp, s)) && ok;
+}
+
 /* out^T (OC,N) = W (OC,C)^T-view . inp^T (+ bias): matmul.cu's forward, out of type dt */
 template <typename T>
 static void forward16(void *out, cudaDataType_t dt, const void *inp, const void *w,
@@ -390,10 +448,10 @@ static void forward16(void *out, cudaDataType_t dt, const void *inp, const void 
 {
   if (N <= 0 || OC <= 0 || C < 0)
     return;
-  gemm16 g = {CUBLAS_OP_T, CUBLAS_OP_N,    OC, N,   C, w, C, inp, C, 0.0f,
-              out,         cuda_type<T>(), dt, bias};
+  gemm16 g = {CUBLAS_OP_T, CUBLAS_OP_N,    OC, N,    C,         w, C, inp, C, 0.0f,
+              out,         cuda_type<T>(), dt, bias, CUDA_R_32F};
   if (bias && dt != CUDA_R_32F)
-    run16_rounded<T>(&g, NULL, (cudaStream_t)stream);
+    run16_biased<T>(&g, NULL, (cudaStream_t)stream);
   else
     run16<T>(&g, (cudaStream_t)stream);
 }
@@ -419,9 +477,12 @@ static void matmul_gelu_forward(void *gelu_out, void *pre, const void *inp, cons
 {
   if (N <= 0 || OC <= 0 || C < 0)
     return;
-  gemm16 g = {CUBLAS_OP_T,    CUBLAS_OP_N,    OC,  N, C, w, C, inp, C, 0.0f, pre,
-              cuda_type<T>(), cuda_type<T>(), bias};
-  run16_rounded<T>(&g, gelu_out, (cudaStream_t)s);
+  gemm16 g = {CUBLAS_OP_T,    CUBLAS_OP_N,    OC,   N,         C, w, C, inp, C, 0.0f, pre,
+              cuda_type<T>(), cuda_type<T>(), bias, CUDA_R_32F};
+  if (bias)
+    run16_biased<T>(&g, gelu_out, (cudaStream_t)s);
+  else
+    run16_rounded<T>(&g, gelu_out, (cudaStream_t)s);
 }
 
 /* dinp (N,C) = dout . W (written) and dweight (OC,C) += dout^T . inp, both fp32:
@@ -435,9 +496,10 @@ static void matmul_backward(float *dinp, float *dweight, float *dbias, const voi
   cudaDataType_t t = cuda_type<T>();
   if (N <= 0 || C < 0 || !wf__dinp_nonempty(dinp, (size_t)N * C, OC, s))
     return;
-  gemm16 gi = {CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, w, C, dout, OC, 0.0f, dinp, t, CUDA_R_32F, NULL};
-  gemm16 gw = {CUBLAS_OP_N, CUBLAS_OP_T, C,    OC,      N, inp,        C,
-               dout,        OC,          1.0f, dweight, t, CUDA_R_32F, NULL};
+  gemm16 gi = {CUBLAS_OP_N, CUBLAS_OP_N, C,    N, OC,         w,    C,         dout,
+               OC,          0.0f,        dinp, t, CUDA_R_32F, NULL, CUDA_R_32F};
+  gemm16 gw = {CUBLAS_OP_N, CUBLAS_OP_T, C,       OC, N,          inp,  C,         dout,
+               OC,          1.0f,        dweight, t,  CUDA_R_32F, NULL, CUDA_R_32F};
   if (C > 0 && dinp && !run16<T>(&gi, s))
     return;
   if (C > 0 && dweight && !run16<T>(&gw, s))
@@ -568,10 +630,10 @@ static size_t attention_scratch_bf16(int B, int T, int C, int NH)
   return part((size_t)B * NH * T) + part((ny + 1) / 2) + part((3 * ny + 1) / 2);
 }
 
-/* dst (n) += src (n) widened */
-template <typename T> __global__ static void add_widened_kernel(float *dst, const T *src, size_t n)
+/* dst (n) = src (n) widened */
+template <typename T> __global__ static void widened_kernel(float *dst, const T *src, size_t n)
 {
-  WF_GRID_STRIDE(i, n) { dst[i] += wf__ld(src, i); }
+  WF_GRID_STRIDE(i, n) { dst[i] = wf__ld(src, i); }
 }
 
 static void attention_gqa_forward_bf16(void *out, void *att, const void *qkv, int B, int T, int C,
@@ -606,9 +668,9 @@ static void attention_gqa_backward_bf16(float *dqkv, float *scratch, const float
   store<__nv_bfloat16>(dy, dout, ny, stream);
   wf_cuda_attention_bf16_backward((wf_bf16 *)dx, D, (const wf_bf16 *)dy, (const wf_bf16 *)qkv,
                                   wf__attn_saved_out(lse, B, T, NH), lse, B, T, C, NH, NKV, stream);
-  add_widened_kernel<__nv_bfloat16>
+  widened_kernel<__nv_bfloat16>
       <<<wf__grid_1d(nx, 256), 256, 0, (cudaStream_t)stream>>>(dqkv, dx, nx);
-  WF_CUDA_LAUNCHED("add_widened_kernel (attention's bf16 dqkv)");
+  WF_CUDA_LAUNCHED("widened_kernel (attention's bf16 dqkv, written)");
 }
 
 /* Multi-head attention is the grouped case NKV = NH (as the fp32 launchers define it). */

@@ -7,7 +7,9 @@
  * copies of the same buffers, and compares every output element:
  *     |gpu - cpu| <= atol + rtol * |cpu|
  * Backward cases start the gradient buffers from random values, not zeros, so
- * that "adds into" is checked as well as the value added.
+ * that "adds into" is checked as well as the value added, and so is "writes" (matmul's
+ * dinp, GELU's, SwiGLU's and attention's input gradients: wf_kernels.h), where an
+ * addition would leave the random start in.
  *
  * Tolerances, and why:
  *  - TOL_EXACT (1e-6): one or two float operations per element (residual,
@@ -1297,6 +1299,38 @@ static void expect_same_bytes(ctx *c, const char *what, const void *want, const 
   c->failures += !ok;
 }
 
+/* A 16-bit output adds its bias rounded to the format (wf_ktable.h), on cuBLASLt's
+ * epilogue or its fp32-block fallback alike: tests/kernels/test_storage.c's case (bias
+ * 1 + 0.6u, product -u/4: 1 + u rounded, where the exact bias gives 1), the pre of the
+ * fused GELU too. */
+static void storage_bias_rounded(ctx *c, const tables16 *t)
+{
+  const int N = 8, C = 8, OC = 16;
+  const float u = t->fmt == WF_PREC_FP16 ? 0x1p-10f : 0x1p-7f;
+  float *x = hzero(c, (size_t)N * C), *w = hzero(c, (size_t)OC * C), *b = hzero(c, OC);
+  float *y = hzero(c, (size_t)N * OC);
+  for (int r = 0; r < N; r++)
+    x[r * C] = 1.0f;
+  for (int o = 0; o < OC; o++)
+    w[o * C] = -0.25f * u, b[o] = 1.0f + 0.6f * u;
+  for (int i = 0; i < N * OC; i++)
+    y[i] = 1.0f + u;
+  uint16_t *x16 = hact0(c, (size_t)N * C), *w16 = hact0(c, (size_t)OC * C);
+  uint16_t *want = hact0(c, (size_t)N * OC);
+  wf_storage_store(x16, x, (size_t)N * C, t->fmt);
+  wf_storage_store(w16, w, (size_t)OC * C, t->fmt);
+  wf_storage_store(want, y, (size_t)N * OC, t->fmt);
+  void *d_x = d16(c, x16, (size_t)N * C), *d_w = d16(c, w16, (size_t)OC * C);
+  void *d_y = d16(c, hact0(c, (size_t)N * OC), (size_t)N * OC);
+  void *d_g = d16(c, hact0(c, (size_t)N * OC), (size_t)N * OC);
+  void *d_want = d16(c, want, (size_t)N * OC);
+  float *d_b = df(c, b, OC);
+  t->gpu->matmul_forward(d_y, d_x, d_w, d_b, N, C, OC, t->fmt, c->stream);
+  expect_same_bytes(c, "matmul_forward rounded bias", d_want, d_y, (size_t)N * OC * 2);
+  t->gpu->matmul_gelu_forward(d_g, d_y, d_x, d_w, d_b, N, C, OC, t->fmt, c->stream);
+  expect_same_bytes(c, "matmul_gelu_forward pre, bias", d_want, d_y, (size_t)N * OC * 2);
+}
+
 /* Llama's 16-bit kernels are the fp32 kernels' code on loaded operands (act_int.h):
  * each equals, bit for bit, the GPU's fp32 entry on the widened operands with its
  * activation outputs stored (the GPU's `store`), as storage.h defines the 16-bit forms. */
@@ -1449,6 +1483,8 @@ static void test_storage(ctx *c)
     storage_matmul(c, &t, 37, 45, 29);
     end_case(c);
     storage_matmul(c, &t, 40, 72, 64);
+    end_case(c);
+    storage_bias_rounded(c, &t);
     end_case(c);
     storage_attention(c, &t, 2, 77, 2, 64);
     end_case(c);

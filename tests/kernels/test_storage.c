@@ -332,10 +332,9 @@ static void test_attention(void **state)
     expect_stored("attention_forward out", fmt, o16, o32, no);
     expect_stored("attention_forward att", fmt, a16, a32, na);
     /* backward from the stored probabilities: the fp32 kernel on them */
-    float *dout = zeros(no), *dq32 = zeros(nq), *dq16 = zeros(nq);
+    float *dout = zeros(no), *dq32 = zeros(nq), *dq16 = nans(nq); /* dqkv is written */
     float *sc = zeros(k32->attention_scratch(B, T, CH, NH));
     fill(dout, no, -1, 1, &s), fill(dq32, nq, -1, 1, &s);
-    memcpy(dq16, dq32, nq * sizeof(float));
     wf_storage_load(a16w, a16, na, fmt);
     k32->attention_backward(dq32, sc, dout, qkv.x, a16w, B, T, CH, NH, NULL);
     k->attention_backward(dq16, NULL, dout, qkv.h, a16, B, T, CH, NH, NULL);
@@ -407,10 +406,9 @@ static void test_llama(void **state)
     k->attention_gqa_forward(o16, a16, qkv.h, B, TA, CH, NH, NKV, NULL);
     expect_stored("attention_gqa_forward out", fmt, o16, o32, no);
     expect_stored("attention_gqa_forward att", fmt, a16, a32, nt);
-    float *dout = zeros(no), *dq32 = zeros(na), *dq16 = zeros(na);
+    float *dout = zeros(no), *dq32 = zeros(na), *dq16 = nans(na); /* dqkv is written */
     float *sc = zeros(k32->attention_scratch(B, TA, CH, NH));
     fill(dout, no, -1, 1, &s), fill(dq32, na, -1, 1, &s);
-    memcpy(dq16, dq32, na * sizeof(float));
     wf_storage_load(a16w, a16, nt, fmt);
     k32->attention_gqa_backward(dq32, sc, dout, qkv.x, a16w, B, TA, CH, NH, NKV, NULL);
     k->attention_gqa_backward(dq16, NULL, dout, qkv.h, a16, B, TA, CH, NH, NKV, NULL);
@@ -435,6 +433,41 @@ static void expect_within_sum_bound(const char *what, int fmt, const float *got,
       fail();
     }
   }
+}
+
+/* The bias a 16-bit output adds is rounded to the format first (wf_ktable.h), so where
+ * the product nearly cancels its rounding the two conventions part: with u the format's
+ * step at 1, bias 1 + 0.6u (rounded: 1 + u) and a product of -u/4, the exact bias gives
+ * round(1 + 0.35u) = 1, the rounded one round(1 + 0.75u) = 1 + u. Every path: fp16, bf16
+ * on the widened twins and through oneDNN, and the fused GELU's pre. */
+static void test_bias_rounded(void **state)
+{
+  enum { R = 4, K = 3, O = 5 };
+  for (int path = 0; path < 3; path++) {
+    int fmt = path == 0 ? WF_PREC_FP16 : WF_PREC_BF16;
+    float u = path == 0 ? 0x1p-10f : 0x1p-7f;
+    wf_kernels_allow_bf16_gemm(path == 2);
+    if (path == 2 && !wf_kernels_bf16_gemm_fast())
+      break;
+    const wf_ktable *k = table(fmt);
+    float x[R * K] = {0}, w[O * K] = {0}, bias[O], y[R * O], want = 1.0f + u;
+    for (int r = 0; r < R; r++)
+      x[r * K] = 1.0f;
+    for (int o = 0; o < O; o++)
+      w[o * K] = -0.25f * u, bias[o] = 1.0f + 0.6f * u;
+    uint16_t x16[R * K], w16[O * K], y16[R * O], g16[R * O];
+    wf_storage_store(x16, x, R * K, fmt);
+    wf_storage_store(w16, w, O * K, fmt);
+    k->matmul_forward(y16, x16, w16, bias, R, K, O, fmt, NULL);
+    wf_storage_load(y, y16, R * O, fmt);
+    for (int i = 0; i < R * O; i++)
+      assert_true(y[i] == want);
+    k->matmul_gelu_forward(g16, y16, x16, w16, bias, R, K, O, fmt, NULL);
+    wf_storage_load(y, y16, R * O, fmt);
+    for (int i = 0; i < R * O; i++)
+      assert_true(y[i] == want);
+  }
+  wf_kernels_allow_bf16_gemm(1);
 }
 
 /* The 16-bit GEMMs against fp32 on the same operands, for bf16 and fp16, and for bf16
@@ -473,9 +506,15 @@ static void test_matmul(void **state)
     k32->matmul_forward(y32, x.x, w.x, bias, M, K, OC, WF_PREC_NO, NULL);
     k->matmul_forward_f32(y, x.h, w.h, bias, M, K, OC, fmt, NULL);
     expect_within_sum_bound("matmul_forward_f32", fmt, y, y32, fs, (size_t)M * OC, K + 1, NULL);
+    /* a 16-bit output adds the bias rounded to the format (wf_ktable.h) */
+    float *rb = zeros(OC), *yr = zeros((size_t)M * OC);
+    uint16_t *b16 = calloc(OC, 2);
+    wf_storage_store(b16, bias, OC, fmt);
+    wf_storage_load(rb, b16, OC, fmt);
+    k32->matmul_forward(yr, x.x, w.x, rb, M, K, OC, WF_PREC_NO, NULL);
     k->matmul_forward(y16, x.h, w.h, bias, M, K, OC, fmt, NULL);
     wf_storage_load(y, y16, (size_t)M * OC, fmt);
-    expect_within_sum_bound("matmul_forward", fmt, y, y32, fs, (size_t)M * OC, K + 1, y32);
+    expect_within_sum_bound("matmul_forward", fmt, y, yr, fs, (size_t)M * OC, K + 1, yr);
     /* the fused GELU: pre as matmul_forward stores it, the GELU of the stored pre */
     uint16_t *g16 = calloc((size_t)M * OC, 2);
     k->matmul_gelu_forward(g16, y16, x.h, w.h, bias, M, K, OC, fmt, NULL);
@@ -506,6 +545,7 @@ static void test_matmul(void **state)
     expect_within_sum_bound("matmul_backward dbias", fmt, db, db32, bb, OC, M, NULL);
     act_free(&x), act_free(&w), act_free(&dy);
     free(bias), free(y32), free(y), free(y16), free(fs), free(g16), free(g32);
+    free(rb), free(yr), free(b16);
     free(dx32), free(dx), free(dw32), free(dw), free(db32), free(db), free(bx), free(bw), free(bb);
   }
   wf_kernels_allow_bf16_gemm(1);
@@ -543,6 +583,7 @@ int main(void)
       cmocka_unit_test(test_attention),
       cmocka_unit_test(test_llama),
       cmocka_unit_test(test_matmul),
+      cmocka_unit_test(test_bias_rounded),
       cmocka_unit_test(test_bf16_gemm_path),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -222,7 +222,6 @@ static wf_status attention_backward(wf_model *m, const layer *v, const scratch *
   m->k->matmul_backward(datty, G(m, G_ATTPROJW, l), G(m, G_ATTPROJB, l),
                         wf__act_grad(m, dy, (size_t)N * C), v->atty,
                         wf__gemm_weight(m, G_ATTPROJW, l), N, C / tp, C, m->prec, NULL);
-  WF_TRY(wf__zero(m, s->d4a, n3));
   m->k->attention_backward(s->d4a, s->scratch, datty, v->qkv, v->att, B, T, C / tp, m->NHl, NULL);
   WF_TRY(wf__enter_fwd(m, &x, v->ln1, g->full, (size_t)N, (size_t)C));
   WF_TRY(wf__column_backward(m, wf__act_grad(m, s->d4a, n3), x, G_QKVW, G_QKVB, l, N, 3 * C / tp));

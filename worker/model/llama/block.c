@@ -236,7 +236,6 @@ static wf_status attention_backward(wf_model *m, const layer *v, const scratch *
   WF_TRY(wf__leave_bwd(m, &dy, g->dres, g->full, (size_t)N, (size_t)C));
   m->k->matmul_backward(s->db, G(m, LL_OW, l), NULL, wf__act_grad(m, dy, (size_t)N * C), v->atty,
                         wf__gemm_weight(m, LL_OW, l), N, q, C, m->prec, NULL);
-  WF_TRY(wf__zero(m, s->da, (size_t)N * qkv));
   m->k->attention_gqa_backward(s->da, s->scratch, s->db, v->qkv, v->att, B, T, q, m->NHl, m->KVl,
                                NULL);
   m->k->rope_backward(s->da, m->da.consts, B, T, m->NHl, m->KVl, hs, NULL);
