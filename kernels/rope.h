@@ -59,7 +59,10 @@ void wf_rope_forward(float *qkv, const float *cs, int B, int T, int NH, int NKV,
  * finished gradient (attention's backward has added all of it) to another, in place. */
 void wf_rope_backward(float *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs);
 
-/* The same on qkv stored in 16-bit format fmt (storage.h): rotated in fp32, rounded. */
+/* The same on qkv (dqkv) stored in 16-bit format fmt (storage.h): rotated in fp32,
+ * rounded. */
 void wf_rope_forward16(void *qkv, const float *cs, int B, int T, int NH, int NKV, int hs, int fmt);
+void wf_rope_backward16(void *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs,
+                        int fmt);
 
 #endif /* WF_KERNELS_ROPE_H */

@@ -64,7 +64,7 @@ extern "C" {
 #endif
 
 /* Bump when the table changes; the GPU module and the host must agree. */
-#define WF_KTABLE_VERSION 11
+#define WF_KTABLE_VERSION 12
 
 /* Device memory the CUDA kernels keep per device besides what their callers allocate:
  * cuBLASLt's workspace (32 MiB) and the column reductions' partial sums (4 MiB),
@@ -130,8 +130,8 @@ typedef struct wf_ktable {
   size_t (*workspace_bytes)(void);
   void (*attention_forward)(void *out, void *att, const void *qkv, int B, int T, int C, int NH,
                             wf_stream *s);
-  /* dqkv (fp32) WRITTEN (attention.h) */
-  void (*attention_backward)(float *dqkv, float *scratch, const float *dout, const void *qkv,
+  /* dqkv WRITTEN in the table's format (attention.h): the qkv GEMM's output gradient */
+  void (*attention_backward)(void *dqkv, float *scratch, const float *dout, const void *qkv,
                              const void *att, int B, int T, int C, int NH, wf_stream *s);
 
   void (*gelu_forward)(void *out, const void *inp, size_t N, wf_stream *s);
@@ -175,8 +175,9 @@ typedef struct wf_ktable {
   wf_status (*last_error)(void);
 
   /* ---- Llama's ops (rmsnorm.h, rope.h, swiglu.h, attention.h) ----
-   * Activations (void *) in the table's format, as above; gradients, rstd and the RoPE
-   * table fp32. */
+   * Activations (void *) in the table's format, as above, and so are the gradients a
+   * GEMM's backward reads next (SwiGLU's dinp, attention's dqkv, which RoPE's backward
+   * maps in place); other gradients, rstd and the RoPE table fp32. */
   void (*rmsnorm_forward)(void *out, float *rstd, const void *inp, const float *weight, float eps,
                           int N, int C, wf_stream *s);
   void (*rmsnorm_backward)(float *dinp, float *dweight, const float *dout, const void *inp,
@@ -188,7 +189,7 @@ typedef struct wf_ktable {
   /* In place on the q and k heads of qkv; cs is the device copy of a wf_rope_table. */
   void (*rope_forward)(void *qkv, const float *cs, int B, int T, int NH, int NKV, int hs,
                        wf_stream *s);
-  void (*rope_backward)(float *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs,
+  void (*rope_backward)(void *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs,
                         wf_stream *s);
   void (*swiglu_forward)(void *out, const void *inp, int N, int F, wf_stream *s);
   /* dinp WRITTEN in the table's format (swiglu.h): the gate/up GEMM's output gradient */
@@ -198,7 +199,7 @@ typedef struct wf_ktable {
    * and NKV == NH computes what attention_forward / attention_backward compute. */
   void (*attention_gqa_forward)(void *out, void *att, const void *qkv, int B, int T, int C, int NH,
                                 int NKV, wf_stream *s);
-  void (*attention_gqa_backward)(float *dqkv, float *scratch, const float *dout, const void *qkv,
+  void (*attention_gqa_backward)(void *dqkv, float *scratch, const float *dout, const void *qkv,
                                  const void *att, int B, int T, int C, int NH, int NKV,
                                  wf_stream *s);
   /* ---- Tensor-core attention and the fused classifier (docs/gpu-performance.md) ---- */

@@ -24,8 +24,9 @@
  * The 16-bit forms (storage.h) load one (batch, query head) pair's q, k, v into this thread's
  * working memory as a (T, 3 hs) matrix, run the same head functions on it with hs as
  * the width (so every GEMM has the fp32 kernel's shape), and store out and the
- * probabilities rounded; backward, split over kv-head groups like the fp32 one, accumulates
- * each query head's dq, dk, dv in working memory and adds them into dqkv in head order.
+ * probabilities rounded; backward, split over kv-head groups like the fp32 one, computes
+ * each query head's dq, dk, dv in working memory, stores dq rounded and adds dk and dv
+ * into the group's fp32 sums in head order, which it stores rounded after the group.
  */
 #include <math.h>
 
@@ -227,8 +228,7 @@ void wf_attention_gqa_backward(float *dqkv, float *scratch, const float *dout, c
 /* ---- 16-bit storage ------------------------------------------------------------------------ */
 
 struct att16 {
-  void *out, *att;
-  float *dqkv;
+  void *out, *att, *dqkv;
   const void *qkv, *catt;
   const float *dout;
   int B, T, C, NH, NKV, fmt;
@@ -278,13 +278,13 @@ void wf_attention_forward16(void *out, void *att, const void *qkv, int B, int T,
   wf_attention_gqa_forward16(out, att, qkv, B, T, C, NH, NH, fmt);
 }
 
-/* Query head h of batch b: its gradients in working memory, then added into dqkv. */
-static void head_backward16(const struct att16 *a, size_t b, size_t h, float *w[5])
+/* Query head h of batch b: its gradients in working memory; dq stored rounded into dqkv,
+ * dk and dv added into the group's sums dkv (T, 2 hs). */
+static void head_backward16(const struct att16 *a, size_t b, size_t h, float *w[6])
 {
   size_t T = (size_t)a->T, C = (size_t)a->C, hs = C / (size_t)a->NH, NKV = (size_t)a->NKV;
-  size_t ld = C + 2 * NKV * hs, kvh = h / ((size_t)a->NH / NKV), bh = b * (size_t)a->NH + h;
-  size_t col[3] = {h * hs, C + kvh * hs, C + (NKV + kvh) * hs};
-  float *x = w[0], *A = w[1], *D = w[2], *dw = w[3], *dO = w[4];
+  size_t ld = C + 2 * NKV * hs, bh = b * (size_t)a->NH + h;
+  float *x = w[0], *A = w[1], *D = w[2], *dw = w[3], *dO = w[4], *dkv = w[5];
   load_head(x, a, b, h);
   wf__load(A, a->catt, bh * T * T, T * T, a->fmt);
   for (size_t t = 0; t < T; t++)
@@ -292,33 +292,44 @@ static void head_backward16(const struct att16 *a, size_t b, size_t h, float *w[
   memset(dw, 0, T * 3 * hs * sizeof(float));
   struct head_grad g = {dw, dw + hs, dw + 2 * hs, x, x + hs, x + 2 * hs, dO};
   head_backward(&g, D, A, (int)T, (int)hs, (int)(3 * hs), (int)hs);
-  for (size_t t = 0; t < T; t++)
-    for (size_t part = 0; part < 3; part++) {
-      float *dst = a->dqkv + (b * T + t) * ld + col[part];
-      const float *src = dw + t * 3 * hs + part * hs;
-      for (size_t j = 0; j < hs; j++)
-        dst[j] += src[j];
-    }
+  for (size_t t = 0; t < T; t++) {
+    wf__store(a->dqkv, (b * T + t) * ld + h * hs, dw + t * 3 * hs, hs, a->fmt);
+    float *dst = dkv + t * 2 * hs;
+    const float *src = dw + t * 3 * hs + hs;
+    for (size_t j = 0; j < 2 * hs; j++)
+      dst[j] += src[j];
+  }
+}
+
+/* Group kvh of batch b: its query heads in head order, then its dk and dv stored. */
+static void group_backward16(const struct att16 *a, size_t b, size_t kvh, float *w[6])
+{
+  size_t T = (size_t)a->T, C = (size_t)a->C, hs = C / (size_t)a->NH, NKV = (size_t)a->NKV;
+  size_t G = (size_t)(a->NH / a->NKV), ld = C + 2 * NKV * hs;
+  memset(w[5], 0, T * 2 * hs * sizeof(float));
+  for (size_t h = kvh * G; h < (kvh + 1) * G; h++)
+    head_backward16(a, b, h, w);
+  for (size_t t = 0; t < T; t++) {
+    size_t row = (b * T + t) * ld;
+    wf__store(a->dqkv, row + C + kvh * hs, w[5] + t * 2 * hs, hs, a->fmt);
+    wf__store(a->dqkv, row + C + (NKV + kvh) * hs, w[5] + t * 2 * hs + hs, hs, a->fmt);
+  }
 }
 
 static void backward16_share(void *p, int tid, int nt)
 {
   const struct att16 *a = p;
-  size_t T = (size_t)a->T, hs = (size_t)(a->C / a->NH), G = (size_t)(a->NH / a->NKV), lo, hi;
-  float *w[5] = {wf__work(0, T * 3 * hs), wf__work(1, T * T), wf__work(2, T * T),
-                 wf__work(3, T * 3 * hs), wf__work(4, T * hs)};
-  if (!w[0] || !w[1] || !w[2] || !w[3] || !w[4])
+  size_t T = (size_t)a->T, hs = (size_t)(a->C / a->NH), lo, hi;
+  float *w[6] = {wf__work(0, T * 3 * hs), wf__work(1, T * T),  wf__work(2, T * T),
+                 wf__work(3, T * 3 * hs), wf__work(4, T * hs), wf__work(5, T * 2 * hs)};
+  if (!w[0] || !w[1] || !w[2] || !w[3] || !w[4] || !w[5])
     return;
   wf__split((size_t)a->B * a->NKV, tid, nt, 1, &lo, &hi);
-  for (size_t bk = lo; bk < hi; bk++) {
-    size_t b = bk / a->NKV, kvh = bk % a->NKV;
-    zero_group(a->dqkv, b, kvh, a->T, a->C, a->NH, a->NKV);
-    for (size_t h = kvh * G; h < (kvh + 1) * G; h++)
-      head_backward16(a, b, h, w);
-  }
+  for (size_t bk = lo; bk < hi; bk++)
+    group_backward16(a, bk / a->NKV, bk % a->NKV, w);
 }
 
-void wf_attention_gqa_backward16(float *dqkv, float *scratch, const float *dout, const void *qkv,
+void wf_attention_gqa_backward16(void *dqkv, float *scratch, const float *dout, const void *qkv,
                                  const void *att, int B, int T, int C, int NH, int NKV, int fmt)
 {
   (void)scratch;
@@ -335,7 +346,7 @@ void wf_attention_gqa_backward16(float *dqkv, float *scratch, const float *dout,
   wf__parallel(wf__threads_for((size_t)B * NH * T * T * (C / NH) / 32), backward16_share, &a);
 }
 
-void wf_attention_backward16(float *dqkv, float *scratch, const float *dout, const void *qkv,
+void wf_attention_backward16(void *dqkv, float *scratch, const float *dout, const void *qkv,
                              const void *att, int B, int T, int C, int NH, int fmt)
 {
   wf_attention_gqa_backward16(dqkv, scratch, dout, qkv, att, B, T, C, NH, NH, fmt);

@@ -210,7 +210,7 @@ static void attention_forward(void *out, void *att, const void *qkv, int B, int 
   wf_attention_forward(out, att, qkv, B, T, C, NH);
 }
 
-static void attention_backward(float *dqkv, float *scratch, const float *dout, const void *qkv,
+static void attention_backward(void *dqkv, float *scratch, const float *dout, const void *qkv,
                                const void *att, int B, int T, int C, int NH, wf_stream *s)
 {
   wf_attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH);
@@ -341,7 +341,7 @@ static void rope_forward(void *qkv, const float *cs, int B, int T, int NH, int N
   wf_rope_forward(qkv, cs, B, T, NH, NKV, hs);
 }
 
-static void rope_backward(float *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs,
+static void rope_backward(void *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs,
                           wf_stream *s)
 {
   wf_rope_backward(dqkv, cs, B, T, NH, NKV, hs);
@@ -364,7 +364,7 @@ static void attention_gqa_forward(void *out, void *att, const void *qkv, int B, 
   wf_attention_gqa_forward(out, att, qkv, B, T, C, NH, NKV);
 }
 
-static void attention_gqa_backward(float *dqkv, float *scratch, const float *dout, const void *qkv,
+static void attention_gqa_backward(void *dqkv, float *scratch, const float *dout, const void *qkv,
                                    const void *att, int B, int T, int C, int NH, int NKV,
                                    wf_stream *s)
 {
@@ -565,7 +565,7 @@ const wf_ktable wf__cpu_ktable = {
   {                                                                                                \
     wf_attention_forward16(out, att, qkv, B, T, C, NH, FMT);                                       \
   }                                                                                                \
-  static void NAME##_attention_backward(float *dqkv, float *scratch, const float *dout,            \
+  static void NAME##_attention_backward(void *dqkv, float *scratch, const float *dout,             \
                                         const void *qkv, const void *att, int B, int T, int C,     \
                                         int NH, wf_stream *s)                                      \
   {                                                                                                \
@@ -619,6 +619,11 @@ const wf_ktable wf__cpu_ktable = {
   {                                                                                                \
     wf_rope_forward16(qkv, cs, B, T, NH, NKV, hs, FMT);                                            \
   }                                                                                                \
+  static void NAME##_rope_backward(void *dqkv, const float *cs, int B, int T, int NH, int NKV,     \
+                                   int hs, wf_stream *s)                                           \
+  {                                                                                                \
+    wf_rope_backward16(dqkv, cs, B, T, NH, NKV, hs, FMT);                                          \
+  }                                                                                                \
   static void NAME##_swiglu_forward(void *out, const void *inp, int N, int F, wf_stream *s)        \
   {                                                                                                \
     wf_swiglu_forward16(out, inp, N, F, FMT);                                                      \
@@ -633,7 +638,7 @@ const wf_ktable wf__cpu_ktable = {
   {                                                                                                \
     wf_attention_gqa_forward16(out, att, qkv, B, T, C, NH, NKV, FMT);                              \
   }                                                                                                \
-  static void NAME##_attention_gqa_backward(float *dqkv, float *scratch, const float *dout,        \
+  static void NAME##_attention_gqa_backward(void *dqkv, float *scratch, const float *dout,         \
                                             const void *qkv, const void *att, int B, int T, int C, \
                                             int NH, int NKV, wf_stream *s)                         \
   {                                                                                                \
@@ -683,6 +688,7 @@ STORAGE_ENTRIES(fp16, WF_PREC_FP16)
     (t).rmsnorm_backward = NAME##_rmsnorm_backward;                                                \
     (t).residual_rmsnorm_forward = NAME##_residual_rmsnorm_forward;                                \
     (t).rope_forward = NAME##_rope_forward;                                                        \
+    (t).rope_backward = NAME##_rope_backward;                                                      \
     (t).swiglu_forward = NAME##_swiglu_forward;                                                    \
     (t).swiglu_backward = NAME##_swiglu_backward;                                                  \
     (t).attention_gqa_forward = NAME##_attention_gqa_forward;                                      \

@@ -11,7 +11,7 @@
 #include "cpu_int.h"
 #include "wf_kernels.h"
 
-/* Working slots, beside attention's (0..4), which never runs inside these. */
+/* Working slots (attention's 0..5 and the GEMMs' never run inside these). */
 enum { W_IN = 5, W_OUT = 6 };
 
 /* Floats of one operand's block: large enough for the fp32 kernel to split over the
@@ -58,8 +58,12 @@ void wf_rmsnorm_backward16(float *dinp, float *dweight, const float *dout, const
   }
 }
 
-/* Rows [t0, t0 + n) of batch b: a (1, n) batch whose angles start at row t0 of cs. */
-void wf_rope_forward16(void *qkv, const float *cs, int B, int T, int NH, int NKV, int hs, int fmt)
+typedef void rope_fn(float *qkv, const float *cs, int B, int T, int NH, int NKV, int hs);
+
+/* fn (RoPE's forward or backward) on rows [t0, t0 + n) of batch b at a time: a (1, n)
+ * batch whose angles start at row t0 of cs. */
+static void rope16(rope_fn *fn, void *qkv, const float *cs, int B, int T, int NH, int NKV, int hs,
+                   int fmt)
 {
   size_t width = (size_t)(NH + 2 * NKV) * hs, blk = block_rows(width);
   for (size_t b = 0; b < (size_t)B; b++)
@@ -68,9 +72,19 @@ void wf_rope_forward16(void *qkv, const float *cs, int B, int T, int NH, int NKV
       float *x = widened(W_IN, qkv, r0, n, width, fmt);
       if (!x)
         return;
-      wf_rope_forward(x, cs + t0 * hs, 1, (int)n, NH, NKV, hs);
+      fn(x, cs + t0 * hs, 1, (int)n, NH, NKV, hs);
       wf__store(qkv, r0 * width, x, n * width, fmt);
     }
+}
+
+void wf_rope_forward16(void *qkv, const float *cs, int B, int T, int NH, int NKV, int hs, int fmt)
+{
+  rope16(wf_rope_forward, qkv, cs, B, T, NH, NKV, hs, fmt);
+}
+
+void wf_rope_backward16(void *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs, int fmt)
+{
+  rope16(wf_rope_backward, dqkv, cs, B, T, NH, NKV, hs, fmt);
 }
 
 void wf_swiglu_forward16(void *out, const void *inp, int N, int F, int fmt)

@@ -53,6 +53,9 @@ template <typename E>
 void wf__rope_forward(E *qkv, const float *cs, int B, int T, int NH, int NKV, int hs,
                       wf_stream *stream);
 template <typename E>
+void wf__rope_backward(E *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs,
+                       wf_stream *stream);
+template <typename E>
 void wf__swiglu_forward(E *out, const E *inp, int N, int F, wf_stream *stream);
 template <typename E>
 void wf__swiglu_backward(E *dinp, const E *inp, const float *dout, int N, int F, wf_stream *stream);

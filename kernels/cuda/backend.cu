@@ -146,9 +146,8 @@ static bool workspace_ensure(int dev, const char *file, int line)
   if (g_dev[dev].workspace)
     return true;
   void *ws = NULL;
-  if (!pool_keep(dev, file, line) ||
-      !wf__cuda_check(cudaMalloc(&ws, WF_KTABLE_GPU_WORKSPACE), file, line,
-                      "cudaMalloc (the module's workspace)"))
+  if (!pool_keep(dev, file, line) || !wf__cuda_check(cudaMalloc(&ws, WF_KTABLE_GPU_WORKSPACE), file,
+                                                     line, "cudaMalloc (the module's workspace)"))
     return false;
   g_dev[dev].workspace = ws;
   account((int64_t)WF_KTABLE_GPU_WORKSPACE);
@@ -462,7 +461,7 @@ extern "C" const wf_ktable wf__cuda_kernels = {
     wf__cuda32_rmsnorm_backward,
     wf__cuda32_residual_rmsnorm_forward,
     wf__cuda32_rope_forward,
-    wf_cuda_rope_backward,
+    wf__cuda32_rope_backward,
     wf__cuda32_swiglu_forward,
     wf__cuda32_swiglu_backward,
     wf__cuda32_attention_gqa_forward,

@@ -378,7 +378,7 @@ void wf__cuda32_matmul_backward(float *dinp, float *dw, float *db, const void *d
                                 wf_stream *s);
 void wf__cuda32_attention_forward(void *out, void *att, const void *qkv, int B, int T, int C,
                                   int NH, wf_stream *s);
-void wf__cuda32_attention_backward(float *dqkv, float *scratch, const float *dout, const void *qkv,
+void wf__cuda32_attention_backward(void *dqkv, float *scratch, const float *dout, const void *qkv,
                                    const void *att, int B, int T, int C, int NH, wf_stream *s);
 void wf__cuda32_gelu_forward(void *out, const void *inp, size_t N, wf_stream *s);
 void wf__cuda32_gelu_backward(void *dinp, const void *inp, const float *dout, size_t N,
@@ -398,12 +398,14 @@ void wf__cuda32_residual_rmsnorm_forward(void *res, void *out, float *rstd, cons
                                          wf_stream *s);
 void wf__cuda32_rope_forward(void *qkv, const float *cs, int B, int T, int NH, int NKV, int hs,
                              wf_stream *s);
+void wf__cuda32_rope_backward(void *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs,
+                              wf_stream *s);
 void wf__cuda32_swiglu_forward(void *out, const void *inp, int N, int F, wf_stream *s);
 void wf__cuda32_swiglu_backward(void *dinp, const void *inp, const float *dout, int N, int F,
                                 wf_stream *s);
 void wf__cuda32_attention_gqa_forward(void *out, void *att, const void *qkv, int B, int T, int C,
                                       int NH, int NKV, wf_stream *s);
-void wf__cuda32_attention_gqa_backward(float *dqkv, float *scratch, const float *dout,
+void wf__cuda32_attention_gqa_backward(void *dqkv, float *scratch, const float *dout,
                                        const void *qkv, const void *att, int B, int T, int C,
                                        int NH, int NKV, wf_stream *s);
 void wf__cuda32_store(void *dst, const float *src, size_t n, wf_stream *s);

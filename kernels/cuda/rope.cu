@@ -59,6 +59,20 @@ template void wf__rope_forward<__nv_bfloat16>(__nv_bfloat16 *, const float *, in
 template void wf__rope_forward<__half>(__half *, const float *, int, int, int, int, int,
                                        wf_stream *);
 
+template <typename E>
+void wf__rope_backward(E *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs,
+                       wf_stream *stream)
+{
+  rope_launch(dqkv, cs, B, T, NH, NKV, hs, -1.0f, stream, "rope_kernel (backward)");
+}
+
+template void wf__rope_backward<float>(float *, const float *, int, int, int, int, int,
+                                       wf_stream *);
+template void wf__rope_backward<__nv_bfloat16>(__nv_bfloat16 *, const float *, int, int, int, int,
+                                               int, wf_stream *);
+template void wf__rope_backward<__half>(__half *, const float *, int, int, int, int, int,
+                                        wf_stream *);
+
 extern "C" void wf_cuda_rope_forward(float *qkv, const float *cs, int B, int T, int NH, int NKV,
                                      int hs, wf_stream *stream)
 {
@@ -68,5 +82,5 @@ extern "C" void wf_cuda_rope_forward(float *qkv, const float *cs, int B, int T, 
 extern "C" void wf_cuda_rope_backward(float *dqkv, const float *cs, int B, int T, int NH, int NKV,
                                       int hs, wf_stream *stream)
 {
-  rope_launch(dqkv, cs, B, T, NH, NKV, hs, -1.0f, stream, "rope_kernel (backward)");
+  wf__rope_backward(dqkv, cs, B, T, NH, NKV, hs, stream);
 }

@@ -23,9 +23,9 @@
  *
  * Attention in bf16 (up to head size 128): runtime.attention's path (attention_impl.cu:
  * cuDNN, weft's flash kernels, or the fp32 reference) on the stored qkv, its output
- * written in bf16; backward rounds dout to bf16 and widens the bf16 dqkv the path writes
- * into the fp32 gradient, which it writes (attention_bf16.h's precision). fp16 attention, and any
- * head size above 128: the fp32 kernels on widened copies, the output stored in 16 bits.
+ * written in bf16; backward rounds dout to bf16 and the path writes dqkv in bf16, the
+ * table's format (attention_bf16.h's precision). fp16 attention, and any head size above
+ * 128: the fp32 kernels on widened copies, the output and dqkv stored in 16 bits.
  *
  * Llama's RMSNorm, RoPE and SwiGLU: the fp32 kernels' own code instantiated for the
  * format (act_int.h): 16-bit loads, fp32 math, 16-bit stores, no copies.
@@ -543,6 +543,13 @@ static void rope_forward(void *qkv, const float *cs, int B, int T, int NH, int N
 }
 
 template <typename E>
+static void rope_backward(void *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs,
+                          wf_stream *stream)
+{
+  wf__rope_backward((E *)dqkv, cs, B, T, NH, NKV, hs, stream);
+}
+
+template <typename E>
 static void swiglu_forward(void *out, const void *inp, int N, int F, wf_stream *stream)
 {
   wf__swiglu_forward((E *)out, (const E *)inp, N, F, stream);
@@ -556,10 +563,10 @@ static void swiglu_backward(void *dinp, const void *inp, const float *dout, int 
 }
 
 /* ---- attention, fp16 and head sizes above 128: the fp32 kernels on widened copies ----------
- * q, k, v are loaded into fp32 copies, the fp32 launchers run on them and the output is
- * stored in 16 bits; the state kept for backward is theirs. The forward's copies are
- * stream-ordered allocations (the entry has no scratch argument); backward's come out of
- * its scratch, which attention_scratch16 sizes for them. */
+ * q, k, v are loaded into fp32 copies, the fp32 launchers run on them and the output (and
+ * backward's dqkv) is stored in 16 bits; the state kept for backward is theirs. The
+ * forward's copies are stream-ordered allocations (the entry has no scratch argument);
+ * backward's come out of its scratch, which attention_scratch16 sizes for them. */
 
 /* n floats of stream-ordered device memory, or NULL (the failure logged and kept). */
 static float *widened(size_t n, wf_stream *stream)
@@ -578,10 +585,11 @@ static void release(float *w, wf_stream *stream)
 /* Floats, each part of a buffer rounded up to 64 of them (256 bytes). */
 static size_t part(size_t floats) { return (floats + 63) / 64 * 64; }
 
-/* Backward's scratch: the fp32 kernels' own, then room for the widened qkv (B,T,3C). */
+/* Backward's scratch: the fp32 kernels' own, then room for the widened qkv and for the
+ * fp32 dqkv (B,T,3C each at most: NKV <= NH). */
 static size_t attention_scratch16(int B, int T, int C, int NH)
 {
-  return part(wf_cuda_attn_scratch(B, T, C, NH)) + (size_t)B * T * 3 * C;
+  return part(wf_cuda_attn_scratch(B, T, C, NH)) + 2 * part((size_t)B * T * 3 * C);
 }
 
 template <typename E>
@@ -598,15 +606,19 @@ static void attention_gqa_forward(void *out, void *att, const void *qkv, int B, 
   release(w, stream);
 }
 
-/* The widened qkv (at most (B,T,3C): NKV <= NH) in the scratch attention_scratch16 sized. */
+/* The widened qkv and the fp32 dqkv in the scratch attention_scratch16 sized; dqkv
+ * stored in 16 bits from it. */
 template <typename E>
-static void attention_gqa_backward(float *dqkv, float *scratch, const float *dout, const void *qkv,
+static void attention_gqa_backward(void *dqkv, float *scratch, const float *dout, const void *qkv,
                                    const void *att, int B, int T, int C, int NH, int NKV,
                                    wf_stream *stream)
 {
+  size_t nx = (size_t)B * T * (C + 2 * (size_t)NKV * (C / NH));
   float *w = scratch + part(wf_cuda_attn_scratch(B, T, C, NH));
-  load<E>(w, qkv, (size_t)B * T * (C + 2 * (size_t)NKV * (C / NH)), stream);
-  wf_cuda_attn_gqa_backward(dqkv, scratch, dout, w, (const float *)att, B, T, C, NH, NKV, stream);
+  float *dw = w + part((size_t)B * T * 3 * C);
+  load<E>(w, qkv, nx, stream);
+  wf_cuda_attn_gqa_backward(dw, scratch, dout, w, (const float *)att, B, T, C, NH, NKV, stream);
+  store<E>(dqkv, dw, nx, stream);
 }
 
 /* ---- attention in bf16: runtime.attention's path on the stored operands ------------------
@@ -616,9 +628,10 @@ static void attention_gqa_backward(float *dqkv, float *scratch, const float *dou
  * (wf_cuda_attn_saved): the lse (B,NH,T), then the output O (B,T,C) in bf16, which the
  * forward writes there and copies to `out` (backward reads O from `att`: the table's
  * backward is not handed the output). Backward's scratch (attention_scratch_bf16): the
- * flash kernels' D (B,NH,T), dout rounded to bf16, and the bf16 dqkv the path writes,
- * which is then added into the fp32 gradient. Above head size 128, and for fp16 (the
- * tensor-core paths take bf16 only), the fp32 kernels on widened copies (above). */
+ * flash kernels' D (B,NH,T) and dout rounded to bf16; the path writes the bf16 dqkv
+ * straight into the table's (a bf16 activation gradient). Above head size 128, and for
+ * fp16 (the tensor-core paths take bf16 only), the fp32 kernels on widened copies
+ * (above). */
 
 static bool tensor_core_heads(int C, int NH) { return NH > 0 && C % NH == 0 && C / NH <= 128; }
 
@@ -626,14 +639,8 @@ static size_t attention_scratch_bf16(int B, int T, int C, int NH)
 {
   if (!tensor_core_heads(C, NH))
     return attention_scratch16(B, T, C, NH);
-  size_t ny = (size_t)B * T * C; /* dout; dqkv is at most 3 ny (NKV <= NH) */
-  return part((size_t)B * NH * T) + part((ny + 1) / 2) + part((3 * ny + 1) / 2);
-}
-
-/* dst (n) = src (n) widened */
-template <typename T> __global__ static void widened_kernel(float *dst, const T *src, size_t n)
-{
-  WF_GRID_STRIDE(i, n) { dst[i] = wf__ld(src, i); }
+  size_t ny = (size_t)B * T * C; /* dout */
+  return part((size_t)B * NH * T) + part((ny + 1) / 2);
 }
 
 static void attention_gqa_forward_bf16(void *out, void *att, const void *qkv, int B, int T, int C,
@@ -651,7 +658,7 @@ static void attention_gqa_forward_bf16(void *out, void *att, const void *qkv, in
                                (cudaStream_t)stream));
 }
 
-static void attention_gqa_backward_bf16(float *dqkv, float *scratch, const float *dout,
+static void attention_gqa_backward_bf16(void *dqkv, float *scratch, const float *dout,
                                         const void *qkv, const void *att, int B, int T, int C,
                                         int NH, int NKV, wf_stream *stream)
 {
@@ -662,15 +669,11 @@ static void attention_gqa_backward_bf16(float *dqkv, float *scratch, const float
   size_t ny = (size_t)B * T * C, nx = (size_t)B * T * (C + 2 * (size_t)NKV * (C / NH));
   float *D = scratch, *lse = (float *)att;
   __nv_bfloat16 *dy = (__nv_bfloat16 *)(scratch + part((size_t)B * NH * T));
-  __nv_bfloat16 *dx = (__nv_bfloat16 *)((float *)dy + part((ny + 1) / 2));
   if (nx == 0)
     return;
   store<__nv_bfloat16>(dy, dout, ny, stream);
-  wf_cuda_attention_bf16_backward((wf_bf16 *)dx, D, (const wf_bf16 *)dy, (const wf_bf16 *)qkv,
+  wf_cuda_attention_bf16_backward((wf_bf16 *)dqkv, D, (const wf_bf16 *)dy, (const wf_bf16 *)qkv,
                                   wf__attn_saved_out(lse, B, T, NH), lse, B, T, C, NH, NKV, stream);
-  widened_kernel<__nv_bfloat16>
-      <<<wf__grid_1d(nx, 256), 256, 0, (cudaStream_t)stream>>>(dqkv, dx, nx);
-  WF_CUDA_LAUNCHED("widened_kernel (attention's bf16 dqkv, written)");
 }
 
 /* Multi-head attention is the grouped case NKV = NH (as the fp32 launchers define it). */
@@ -682,7 +685,7 @@ static void attention_forward(void *out, void *att, const void *qkv, int B, int 
 }
 
 template <typename E>
-static void attention_backward(float *dqkv, float *scratch, const float *dout, const void *qkv,
+static void attention_backward(void *dqkv, float *scratch, const float *dout, const void *qkv,
                                const void *att, int B, int T, int C, int NH, wf_stream *stream)
 {
   attention_gqa_backward<E>(dqkv, scratch, dout, qkv, att, B, T, C, NH, NH, stream);
@@ -694,7 +697,7 @@ static void attention_forward_bf16(void *out, void *att, const void *qkv, int B,
   attention_gqa_forward_bf16(out, att, qkv, B, T, C, NH, NH, stream);
 }
 
-static void attention_backward_bf16(float *dqkv, float *scratch, const float *dout, const void *qkv,
+static void attention_backward_bf16(void *dqkv, float *scratch, const float *dout, const void *qkv,
                                     const void *att, int B, int T, int C, int NH, wf_stream *stream)
 {
   attention_gqa_backward_bf16(dqkv, scratch, dout, qkv, att, B, T, C, NH, NH, stream);
@@ -789,11 +792,11 @@ void wf__cuda32_attention_forward(void *out, void *att, const void *qkv, int B, 
   wf_cuda_attn_forward((float *)out, (float *)att, (const float *)qkv, B, T, C, NH, s);
 }
 
-void wf__cuda32_attention_backward(float *dqkv, float *scratch, const float *dout, const void *qkv,
+void wf__cuda32_attention_backward(void *dqkv, float *scratch, const float *dout, const void *qkv,
                                    const void *att, int B, int T, int C, int NH, wf_stream *s)
 {
-  wf_cuda_attn_backward(dqkv, scratch, dout, (const float *)qkv, (const float *)att, B, T, C, NH,
-                        s);
+  wf_cuda_attn_backward((float *)dqkv, scratch, dout, (const float *)qkv, (const float *)att, B, T,
+                        C, NH, s);
 }
 
 void wf__cuda32_gelu_forward(void *out, const void *inp, size_t N, wf_stream *s)
@@ -852,6 +855,12 @@ void wf__cuda32_rope_forward(void *qkv, const float *cs, int B, int T, int NH, i
   wf_cuda_rope_forward((float *)qkv, cs, B, T, NH, NKV, hs, s);
 }
 
+void wf__cuda32_rope_backward(void *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs,
+                              wf_stream *s)
+{
+  wf_cuda_rope_backward((float *)dqkv, cs, B, T, NH, NKV, hs, s);
+}
+
 void wf__cuda32_swiglu_forward(void *out, const void *inp, int N, int F, wf_stream *s)
 {
   wf_cuda_swiglu_forward((float *)out, (const float *)inp, N, F, s);
@@ -869,12 +878,12 @@ void wf__cuda32_attention_gqa_forward(void *out, void *att, const void *qkv, int
   wf_cuda_attn_gqa_forward((float *)out, (float *)att, (const float *)qkv, B, T, C, NH, NKV, s);
 }
 
-void wf__cuda32_attention_gqa_backward(float *dqkv, float *scratch, const float *dout,
+void wf__cuda32_attention_gqa_backward(void *dqkv, float *scratch, const float *dout,
                                        const void *qkv, const void *att, int B, int T, int C,
                                        int NH, int NKV, wf_stream *s)
 {
-  wf_cuda_attn_gqa_backward(dqkv, scratch, dout, (const float *)qkv, (const float *)att, B, T, C,
-                            NH, NKV, s);
+  wf_cuda_attn_gqa_backward((float *)dqkv, scratch, dout, (const float *)qkv, (const float *)att, B,
+                            T, C, NH, NKV, s);
 }
 
 void wf__cuda32_store(void *dst, const float *src, size_t n, wf_stream *s)
@@ -929,6 +938,7 @@ template <typename T> static wf_ktable storage_table(const wf_ktable *k32, int f
   t.rmsnorm_backward = rmsnorm_backward<T>;
   t.residual_rmsnorm_forward = residual_rmsnorm_forward<T>;
   t.rope_forward = rope_forward<T>;
+  t.rope_backward = rope_backward<T>;
   t.swiglu_forward = swiglu_forward<T>;
   t.swiglu_backward = swiglu_backward<T>;
   t.gelu_forward = gelu_forward<T>;

@@ -693,13 +693,11 @@ static void gqa16_case(ctx *c, const wf_ktable *k16)
     size_t sv = k16->attention_saved(B, T, C, NH), sx = k16->attention_scratch(B, T, C, NH);
     float *d_ag = df(c, hzero(c, sv), sv), *d_am = df(c, hzero(c, sv), sv);
     float *d_sx = df(c, hzero(c, sx), sx), *d_dy32 = df(c, dy, ny);
-    float *d_dg32 = df(c, hzero(c, nm), ng), *d_dm32 = df(c, hzero(c, nm), nm);
     k16->attention_gqa_forward(d_yg, d_ag, d_xg, B, T, C, NH, NKV, c->stream);
     k16->attention_forward(d_ym, d_am, d_xm, B, T, C, NH, c->stream);
-    k16->attention_gqa_backward(d_dg32, d_sx, d_dy32, d_xg, d_ag, B, T, C, NH, NKV, c->stream);
-    k16->attention_backward(d_dm32, d_sx, d_dy32, d_xm, d_am, B, T, C, NH, c->stream);
-    k16->store(d_dg, d_dg32, ng, c->stream);
-    k16->store(d_dm, d_dm32, nm, c->stream);
+    /* the table writes dqkv in bf16 itself */
+    k16->attention_gqa_backward(d_dg, d_sx, d_dy32, d_xg, d_ag, B, T, C, NH, NKV, c->stream);
+    k16->attention_backward(d_dm, d_sx, d_dy32, d_xm, d_am, B, T, C, NH, c->stream);
     x.lg = d_ag, x.lm = d_am; /* att begins with the lse (B,NH,T) */
   }
   gqa16_compare(c, &x);
@@ -1223,8 +1221,8 @@ static void storage_matmul(ctx *c, const tables16 *t, int N, int C, int OC)
 /* Each side keeps what its own table keeps (the CPU 16-bit probabilities, the GPU its
  * lse, and for bf16 its output); out and dqkv are compared. Under the tests' setting
  * (runtime.attention=reference) the GPU runs the fp32 kernels on widened q, k, v; in
- * bf16 its backward also rounds dout (drawn exact in bf16 here: no change) and the dqkv
- * it adds (2^-8 |dqkv|, inside the bound below: |dqkv| < T here). */
+ * bf16 its backward also rounds dout (drawn exact in bf16 here: no change); both store
+ * dqkv rounded to the format. */
 static void storage_attention(ctx *c, const tables16 *t, int B, int T, int NH, int hs)
 {
   const int C = NH * hs;
@@ -1237,22 +1235,24 @@ static void storage_attention(ctx *c, const tables16 *t, int B, int T, int NH, i
   t->cpu->attention_forward(out, att, qkv, B, T, C, NH, NULL);
   t->gpu->attention_forward(d_out, d_att, d_qkv, B, T, C, NH, c->stream);
   expect_stored16(c, t, "attention_forward out", out, d_out, BTC, TOL_SUM, TOL_SUM);
-  float *dout = hexact(c, BTC, t->fmt, -1, 1), *dqkv = hrand(c, QKV, -1, 1);
-  float *d_dqkv = df(c, dqkv, QKV);
+  float *dout = hexact(c, BTC, t->fmt, -1, 1);
+  uint16_t *dqkv = hact(c, QKV, t->fmt, -1, 1); /* written over, in the format */
+  void *d_dqkv = d16(c, dqkv, QKV);
   t->cpu->attention_backward(dqkv, NULL, dout, qkv, att, B, T, C, NH, NULL);
   t->gpu->attention_backward(d_dqkv, df(c, hzero(c, gx), gx), df(c, dout, BTC), d_qkv, d_att, B, T,
                              C, NH, c->stream);
   /* the CPU's backward reads the probabilities stored in 16 bits, the GPU's recomputes
    * them in fp32: one rounding of each, 2^-8 (bf16) or 2^-11 (fp16) relative, in sums
-   * of T terms of |dout| <= 1 and |q|, |k|, |v| <= 1: step * T absolute */
+   * of T terms of |dout| <= 1 and |q|, |k|, |v| <= 1: step * T absolute; both store
+   * dqkv rounded (expect_stored16's step) */
   float tol = (float)(T * (t->fmt == WF_PREC_BF16 ? 0x1p-8 : 0x1p-11));
-  expect_close(c, "attention_backward dqkv", dqkv, d_dqkv, QKV, tol, TOL_SUM);
+  expect_stored16(c, t, "attention_backward dqkv", dqkv, d_dqkv, QKV, tol, TOL_SUM);
 }
 
 /* The bf16 table's attention on tensor cores (runtime.attention=flash, cudnn: the path
  * the setting must take, as test_attention_paths) against the fp32 CPU attention on the
- * widened inputs, within att16_bound.h's bound (twice it for cuDNN): out as stored in
- * bf16, and dqkv added into a random fp32 gradient. */
+ * widened inputs, within att16_bound.h's bound (twice it for cuDNN): out and dqkv as
+ * stored in bf16 (dqkv written over a random start). */
 static void storage_attention_tc(ctx *c, const tables16 *t, int B, int T, int NH, int hs)
 {
   static const int impls[] = {WF_ATTN_FLASH, WF_ATTN_CUDNN};
@@ -1270,7 +1270,8 @@ static void storage_attention_tc(ctx *c, const tables16 *t, int B, int T, int NH
     float *out = hzero(c, BTC), *att = hzero(c, ATT), *dqkv = hrand(c, QKV, -1, 1);
     wf_storage_load(qkv, q16, QKV, t->fmt);
     void *d_qkv = d16(c, q16, QKV), *d_out = d16(c, hact0(c, BTC), BTC);
-    float *d_att = df(c, hzero(c, gs), gs), *d_dqkv = df(c, dqkv, QKV);
+    void *d_dqkv = d16(c, hact(c, QKV, t->fmt, -1, 1), QKV);
+    float *d_att = df(c, hzero(c, gs), gs);
     wf_attention_forward(out, att, qkv, B, T, C, NH);
     wf_attention_backward(dqkv, hzero(c, ATT), dout, qkv, att, B, T, C, NH);
     t->gpu->attention_forward(d_out, d_att, d_qkv, B, T, C, NH, c->stream);
@@ -1279,7 +1280,8 @@ static void storage_attention_tc(ctx *c, const tables16 *t, int B, int T, int NH
     att16_bound bd = att16_bound_make(qkv, dout, B, T, C, NH);
     double f = path == WF_ATTN_CUDNN ? 2 : 1;
     bound_verdict(c, "attention_forward out (bf16)", out, read16(c, d_out, BTC), bd.out, BTC, f);
-    expect_bound(c, "attention_backward dqkv", dqkv, d_dqkv, bd.dqkv, QKV, f);
+    bound_verdict(c, "attention_backward dqkv (bf16)", dqkv,
+                  read16(c, (const wf_bf16 *)d_dqkv, QKV), bd.dqkv, QKV, f);
     att16_bound_free(&bd);
     end_case(c);
   }
@@ -1394,6 +1396,11 @@ static void storage_llama_exact(ctx *c, const tables16 *t)
   k32->rope_forward(q32, d_cs, B, T, NH, NKV, hs, c->stream);
   t->gpu->store(want, q32, BTW, c->stream);
   expect_same_bytes(c, "rope_forward", want, q16, BTW * 2);
+  t->gpu->load(q32, q16, BTW, c->stream); /* the backward map on the rotated values */
+  t->gpu->rope_backward(q16, d_cs, B, T, NH, NKV, hs, c->stream);
+  k32->rope_backward(q32, d_cs, B, T, NH, NKV, hs, c->stream);
+  t->gpu->store(want, q32, BTW, c->stream);
+  expect_same_bytes(c, "rope_backward", want, q16, BTW * 2);
 }
 
 /* Llama's ops in 16 bits: the GPU's 16-bit kernels against the CPU's row blocks; the
@@ -1449,15 +1456,22 @@ static void storage_llama(ctx *c, const tables16 *t)
   t->cpu->attention_gqa_forward(o, att, q, B, T, NH * hs, NH, NKV, NULL);
   t->gpu->attention_gqa_forward(d_o, d_att, d_q, B, T, NH * hs, NH, NKV, c->stream);
   expect_stored16(c, t, "attention_gqa_forward out", o, d_o, BTQ, TOL_SUM, TOL_SUM);
-  float *dat = hexact(c, BTQ, t->fmt, -1, 1), *dq = hrand(c, BTW, -1, 1);
-  float *d_dq = df(c, dq, BTW);
+  float *dat = hexact(c, BTQ, t->fmt, -1, 1);
+  uint16_t *dq = hact(c, BTW, t->fmt, -1, 1); /* written over, in the format */
+  void *d_dq = d16(c, dq, BTW);
   t->cpu->attention_gqa_backward(dq, NULL, dat, q, att, B, T, NH * hs, NH, NKV, NULL);
   t->gpu->attention_gqa_backward(d_dq, df(c, hzero(c, gx), gx), df(c, dat, BTQ), d_q, d_att, B, T,
                                  NH * hs, NH, NKV, c->stream);
   /* as storage_attention: the CPU reads 16-bit probabilities, the GPU recomputes them in
-   * fp32; dk and dv sum over the NH / NKV query heads of their group: step * T * G */
+   * fp32; dk and dv sum over the NH / NKV query heads of their group: step * T * G; both
+   * store dqkv rounded (expect_stored16's step) */
   float tol = (float)(T * (NH / NKV) * (t->fmt == WF_PREC_BF16 ? 0x1p-8 : 0x1p-11));
-  expect_close(c, "attention_gqa_backward dqkv", dq, d_dq, BTW, tol, TOL_SUM);
+  expect_stored16(c, t, "attention_gqa_backward dqkv", dq, d_dq, BTW, tol, TOL_SUM);
+  /* RoPE's backward in place on the same stored gradient (the CPU's) */
+  void *d_dr = d16(c, dq, BTW);
+  t->cpu->rope_backward(dq, cs, B, T, NH, NKV, hs, NULL);
+  t->gpu->rope_backward(d_dr, df(c, cs, (size_t)T * hs), B, T, NH, NKV, hs, c->stream);
+  expect_stored16(c, t, "rope_backward", dq, d_dr, BTW, TOL_ELEM, TOL_ELEM);
 }
 
 static void test_storage(ctx *c)

@@ -331,14 +331,15 @@ static void test_attention(void **state)
     k->attention_forward(o16, a16, qkv.h, B, T, CH, NH, NULL);
     expect_stored("attention_forward out", fmt, o16, o32, no);
     expect_stored("attention_forward att", fmt, a16, a32, na);
-    /* backward from the stored probabilities: the fp32 kernel on them */
-    float *dout = zeros(no), *dq32 = zeros(nq), *dq16 = nans(nq); /* dqkv is written */
+    /* backward from the stored probabilities: the fp32 kernel on them, dqkv stored */
+    float *dout = zeros(no), *dq32 = zeros(nq);
+    uint16_t *dq16 = calloc(nq, 2);
     float *sc = zeros(k32->attention_scratch(B, T, CH, NH));
     fill(dout, no, -1, 1, &s), fill(dq32, nq, -1, 1, &s);
     wf_storage_load(a16w, a16, na, fmt);
     k32->attention_backward(dq32, sc, dout, qkv.x, a16w, B, T, CH, NH, NULL);
     k->attention_backward(dq16, NULL, dout, qkv.h, a16, B, T, CH, NH, NULL);
-    expect_equal("attention_backward dqkv", fmt, dq16, dq32, nq);
+    expect_stored("attention_backward dqkv", fmt, dq16, dq32, nq);
     act_free(&qkv);
     free(o32), free(a32), free(a16w), free(o16), free(a16), free(dout), free(dq32), free(dq16);
     free(sc);
@@ -406,13 +407,23 @@ static void test_llama(void **state)
     k->attention_gqa_forward(o16, a16, qkv.h, B, TA, CH, NH, NKV, NULL);
     expect_stored("attention_gqa_forward out", fmt, o16, o32, no);
     expect_stored("attention_gqa_forward att", fmt, a16, a32, nt);
-    float *dout = zeros(no), *dq32 = zeros(na), *dq16 = nans(na); /* dqkv is written */
+    /* dk and dv sum the group's query heads in fp32 before they are stored */
+    float *dout = zeros(no), *dq32 = zeros(na);
+    uint16_t *dq16 = calloc(na, 2);
     float *sc = zeros(k32->attention_scratch(B, TA, CH, NH));
     fill(dout, no, -1, 1, &s), fill(dq32, na, -1, 1, &s);
     wf_storage_load(a16w, a16, nt, fmt);
     k32->attention_gqa_backward(dq32, sc, dout, qkv.x, a16w, B, TA, CH, NH, NKV, NULL);
     k->attention_gqa_backward(dq16, NULL, dout, qkv.h, a16, B, TA, CH, NH, NKV, NULL);
-    expect_equal("attention_gqa_backward dqkv", fmt, dq16, dq32, na);
+    expect_stored("attention_gqa_backward dqkv", fmt, dq16, dq32, na);
+    /* RoPE's backward in place on the stored gradient: rotated in fp32, stored */
+    float *cs = zeros((size_t)TA * hs);
+    wf_rope_table(cs, TA, hs, 10000.0, NULL);
+    wf_storage_load(dq32, dq16, na, fmt);
+    k32->rope_backward(dq32, cs, B, TA, NH, NKV, hs, NULL);
+    k->rope_backward(dq16, cs, B, TA, NH, NKV, hs, NULL);
+    expect_stored("rope_backward", fmt, dq16, dq32, na);
+    free(cs);
     act_free(&qkv);
     free(o32), free(a32), free(a16w), free(o16), free(a16), free(dout), free(dq32), free(dq16);
     free(sc);

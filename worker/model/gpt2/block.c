@@ -40,7 +40,7 @@ typedef struct head {
 } head;
 
 typedef struct scratch {
-  float *d4a;     /* (N,4C/tp) dfchg, then dqkv (N,3C/tp) */
+  float *d4a;     /* (N,4C/tp) dfchg, then dqkv (N,3C/tp) in the activation format */
   void *d4b;      /* (N,4C/tp) in the activation format: dfch (gelu's backward writes it
                    * so); then datty (N,C/tp) fp32, or a recomputed attention output */
   float *scratch; /* (attention_scratch) attention backward scratch */
@@ -217,14 +217,13 @@ static wf_status attention_backward(wf_model *m, const layer *v, const scratch *
   const float *dy;
   const void *x;
   float *datty = s->d4b; /* fp32 (scratch) */
-  size_t n3 = (size_t)N * 3 * C / tp;
   WF_TRY(wf__leave_bwd(m, &dy, g->dres, g->full, (size_t)N, (size_t)C));
   m->k->matmul_backward(datty, G(m, G_ATTPROJW, l), G(m, G_ATTPROJB, l),
                         wf__act_grad(m, dy, (size_t)N * C), v->atty,
                         wf__gemm_weight(m, G_ATTPROJW, l), N, C / tp, C, m->prec, NULL);
   m->k->attention_backward(s->d4a, s->scratch, datty, v->qkv, v->att, B, T, C / tp, m->NHl, NULL);
   WF_TRY(wf__enter_fwd(m, &x, v->ln1, g->full, (size_t)N, (size_t)C));
-  WF_TRY(wf__column_backward(m, wf__act_grad(m, s->d4a, n3), x, G_QKVW, G_QKVB, l, N, 3 * C / tp));
+  WF_TRY(wf__column_backward(m, s->d4a, x, G_QKVW, G_QKVB, l, N, 3 * C / tp)); /* stored */
   m->k->layernorm_backward(g->dres, G(m, G_LN1W, l), G(m, G_LN1B, l), g->dl, residual,
                            P(m, G_LN1W, l), v->ln1_mean, v->ln1_rstd, R, C, NULL);
 fail:

@@ -45,8 +45,8 @@ typedef struct head {
 } head;
 
 typedef struct scratch {
-  float *da;      /* (N, max(2F, (NH + 2 KV) hs) / tp): dgu (in the activation format, as
-                   * SwiGLU's backward writes it), then dqkv (fp32) */
+  float *da;      /* (N, max(2F, (NH + 2 KV) hs) / tp): dgu, then dqkv, both in the activation
+                   * format, as SwiGLU's and attention's backward write them */
   float *db;      /* (N, max(F, NH hs) / tp): dh, then datty; a recomputed attention output */
   float *scratch; /* (attention_scratch) */
 } scratch;
@@ -240,8 +240,7 @@ static wf_status attention_backward(wf_model *m, const layer *v, const scratch *
                                NULL);
   m->k->rope_backward(s->da, m->da.consts, B, T, m->NHl, m->KVl, hs, NULL);
   WF_TRY(wf__enter_fwd(m, &xin, v->n1, g->full, (size_t)N, (size_t)C));
-  WF_TRY(
-      wf__column_backward(m, wf__act_grad(m, s->da, (size_t)N * qkv), xin, LL_QKVW, -1, l, N, qkv));
+  WF_TRY(wf__column_backward(m, s->da, xin, LL_QKVW, -1, l, N, qkv)); /* stored */
   m->k->rmsnorm_backward(g->dres, G(m, LL_LN1W, l), g->dl, x, P(m, LL_LN1W, l), v->n1_rstd, R, C,
                          NULL);
 fail:
