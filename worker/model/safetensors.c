@@ -894,9 +894,8 @@ static wf_status read_all(source *src, const wf_model_dims *d, const spec *specs
   memset(full, 0, wf_model_num_params(d) * sizeof *full); /* the padded vocabulary rows */
   for (int i = 0; st == WF_OK && i < n; i++)
     st = read_spec(src, &specs[i], d, full, tmp, raw, err, len);
-  for (int i = 0; st == WF_OK && i < n; i++) /* the tied head, against the embedding */
-    if (specs[i].tensor >= 0 && i == 0)
-      st = check_head(src, d, &specs[0], full, tmp, raw, err, len);
+  if (st == WF_OK && n > 0 && specs[0].tensor >= 0) /* the tied head, against the embedding */
+    st = check_head(src, d, &specs[0], full, tmp, raw, err, len);
   free(tmp);
   free(raw);
   return st;
