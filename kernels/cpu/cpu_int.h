@@ -80,6 +80,11 @@ static inline void wf__split(size_t n, int tid, int nt, size_t align, size_t *lo
 void wf__sgemm(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha,
                const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
 
+/* A backward GEMM's dinp (N, C; NULL: none) is written, not added into (matmul.h):
+ * whether there is a GEMM to run (N, C and OC positive); with no OC the empty sum, 0, is
+ * written into dinp (matmul.c). */
+bool wf__dinp_has_terms(float *dinp, int N, int C, int OC);
+
 /* ---- 16-bit storage (storage.c) ------------------------------------------------------
  * dst[0, n) = elements [first, first + n) of src, stored in format fmt (storage.h),
  * widened; and elements [first, first + n) of dst = src[0, n) stored rounded. Serial

@@ -551,7 +551,7 @@ const wf_ktable wf__cpu_ktable = {
                                      const void *inp, const void *w, int N, int C, int OC,         \
                                      int lowp, wf_stream *s)                                       \
   {                                                                                                \
-    if (FMT == WF_PREC_BF16 && OC > 0 && wf__dnnl_bf16())                                          \
+    if (FMT == WF_PREC_BF16 && wf__dnnl_bf16())                                                    \
       wf__dnnl_backward(dinp, dw, db, dout, inp, w, N, C, OC);                                     \
     else                                                                                           \
       wf_matmul_backward16(dinp, dw, db, dout, inp, w, N, C, OC, FMT);                             \

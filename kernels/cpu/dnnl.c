@@ -362,7 +362,7 @@ void wf__dnnl_backward(float *dinp, float *dweight, float *dbias, const void *do
            .N = N,
            .C = C,
            .OC = OC};
-  if (N <= 0 || OC <= 0 || C <= 0)
+  if (!wf__dinp_has_terms(dinp, N, C, OC))
     return;
   if (dinp)
     split(&j, dinp_share);

@@ -126,16 +126,20 @@ static void bias_backward_share(void *p, int tid, int nt)
   }
 }
 
+bool wf__dinp_has_terms(float *dinp, int N, int C, int OC)
+{
+  if (N <= 0 || C <= 0)
+    return false;
+  if (OC <= 0 && dinp)
+    memset(dinp, 0, (size_t)N * C * sizeof *dinp);
+  return OC > 0;
+}
+
 void wf_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                         const float *inp, const float *weight, int N, int C, int OC)
 {
-  if (N <= 0 || C <= 0)
+  if (!wf__dinp_has_terms(dinp, N, C, OC))
     return;
-  if (OC <= 0) { /* dinp is an empty sum; the parameters' gradients get nothing */
-    if (dinp)
-      memset(dinp, 0, (size_t)N * C * sizeof *dinp);
-    return;
-  }
   /* dinp (N,C) = dout (N,OC) . weight (OC,C), written */
   if (dinp)
     wf__sgemm(CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
@@ -286,13 +290,8 @@ void wf_matmul_backward16(float *dinp, float *dweight, float *dbias, const void 
                    .C = C,
                    .OC = OC,
                    .fmt = fmt};
-  if (N <= 0 || C <= 0)
+  if (!wf__dinp_has_terms(dinp, N, C, OC))
     return;
-  if (OC <= 0) { /* dinp is an empty sum */
-    if (dinp)
-      memset(dinp, 0, (size_t)N * C * sizeof *dinp);
-    return;
-  }
   int nt = wf__threads_for((size_t)N * C * OC / 64);
   if (dinp)
     wf__parallel(nt, dinp16_share, &f);
