@@ -103,23 +103,6 @@ static size_t carve_slot(wf__slot *a, void *mem, const wf__geo *z, size_t layer,
   return wf__carve(t, WF_ARRAY_LEN(t), &(wf__carve_to){mem, NULL, z->fmt}, NULL);
 }
 
-/* The widest output of a layer's GEMMs (local rows of its layered GEMM weights): the
- * most columns an output gradient entering a GEMM has. */
-static size_t widest_gemm(const wf__geo *z)
-{
-  wf_model_desc desc;
-  wf_model_describe(&z->d, &desc);
-  size_t w = z->C;
-  for (int t = 0; t < desc.n; t++) {
-    const wf_tensor_desc *x = &desc.t[t];
-    if (x->place != WF_PLACE_LAYER || !x->gemm)
-      continue;
-    size_t rows = wf_tensor_rows(&z->d, x);
-    w = WF_MAX(w, x->split == WF_SPLIT_COLUMN ? rows / z->tp : rows);
-  }
-  return w;
-}
-
 static size_t carve_dacts(wf__dacts *g, double **loss_acc, int **bad_token, void *mem,
                           const wf__geo *z, const wf__family_ops *ops)
 {
@@ -132,7 +115,7 @@ static size_t carve_dacts(wf__dacts *g, double **loss_acc, int **bad_token, void
       WF__F32(&g->dc, tp > 1 ? N * C : 0), /* input gradients in dl (ops.c) */
       WF__F32(&g->dl, N * C),
       WF__F32(&g->stats, 3 * (tp + 1) * N),
-      WF__ACT(&g->rdy, z->fmt != WF_PREC_NO ? N * widest_gemm(z) : 0),
+      WF__ACT(&g->rdy, z->fmt != WF_PREC_NO ? N * C : 0),
       WF__F32(&g->fam, ops->scratch_floats(z)),
       WF__F32(&g->consts, ops->const_floats(z)),
       WF__F32(loss_acc, 2), /* one double */
@@ -518,13 +501,15 @@ const void *wf__gemm_weight(wf_model *m, int t, int layer)
   return m->wlow ? (const char *)m->wlow + (size_t)(w - m->params) * m->esize : (const void *)w;
 }
 
-/* An fp32 output gradient (n) entering a GEMM, in the activation format: stored into
- * da.rdy, or itself at fp32. */
-const void *wf__act_grad(wf_model *m, const float *dy, size_t n)
+/* The residual stream's gradient dy (N, C, fp32) entering a row-parallel GEMM's backward,
+ * in the activation format: stored into da.rdy, or itself at fp32. It is the one output
+ * gradient a GEMM reads that is not written in the format already (GELU's, SwiGLU's and
+ * attention's are; the logits' gradient is written in place). */
+const void *wf__res_grad(wf_model *m, const float *dy, size_t N)
 {
   if (m->prec == WF_PREC_NO)
     return dy;
-  m->k->store(m->da.rdy, dy, n, NULL);
+  m->k->store(m->da.rdy, dy, N * (size_t)m->d.C, NULL);
   return m->da.rdy;
 }
 

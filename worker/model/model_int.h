@@ -112,8 +112,8 @@ typedef struct wf__dacts {
                   * dl takes it) */
   float *dl;     /* (N,C) a norm's output gradient after the tp reduction (R rows) */
   float *stats;  /* (tp+1,N,3) every rank's packed xent row statistics, then this rank's */
-  void *rdy;     /* (N, widest GEMM output) a GEMM's output gradient in the activation
-                  * format (16-bit formats; empty at fp32, where GEMMs read it in place) */
+  void *rdy;     /* (N,C) the residual stream's gradient in the activation format for a
+                  * GEMM (16-bit formats; empty at fp32, where GEMMs read it in place) */
   float *fam;    /* (scratch_floats) the family's backward scratch */
   float *consts; /* (const_floats) the family's tables, written once (RoPE's angles) */
 } wf__dacts;
@@ -219,12 +219,12 @@ bool wf__tensor_present(const wf_tensor_desc *t, const wf_model_shard *s);
 
 /* model.c: the slot's layer j intermediates (or the shared recompute buffers), the
  * residual entering local layer j (j = lc: the chunk's output), GEMM weights (their
- * 16-bit copy under mixed precision), and a GEMM's fp32 output gradient in the
- * activation format (stored into da.rdy; itself at fp32). */
+ * 16-bit copy under mixed precision), and the residual stream's fp32 gradient (N, C) in
+ * the activation format for a GEMM (stored into da.rdy; itself at fp32). */
 wf__layer_mem wf__layer_saved(const wf_model *m, const wf__slot *a, int j);
 void *wf__layer_input(const wf_model *m, const wf__slot *a, int j);
 const void *wf__gemm_weight(wf_model *m, int t, int layer);
-const void *wf__act_grad(wf_model *m, const float *dy, size_t n);
+const void *wf__res_grad(wf_model *m, const float *dy, size_t N);
 /* The chunk of slot work: whether it holds the embeddings / the head. */
 bool wf__chunk_first(const wf_model *m, int c);
 bool wf__chunk_last(const wf_model *m, int c);
@@ -248,8 +248,9 @@ wf_status wf__zero(wf_model *m, float *p, size_t n);
  * m->da.ysum, for the residual stream to add and store. */
 wf_status wf__row_parallel(wf_model *m, const void *x, int w, int b, int l, int N, int IC);
 /* Column-parallel matmul backward from the full input x (N, C): dout (N, OC) in the
- * activation format (as gelu/swiglu backward write it, or an fp32 gradient stored by
- * wf__act_grad); weight w, bias b (-1 none) gradients are added to; the input gradient,
+ * activation format (as GELU's, SwiGLU's and attention's backward write it, or the
+ * logits' gradient written in place); weight w, bias b (-1 none) gradients are added to;
+ * the input gradient,
  * summed over tp by entering's backward, lands in m->da.dl (rows(N), C). */
 wf_status wf__column_backward(wf_model *m, const void *dout, const void *x, int w, int b, int l,
                               int N, int OC);

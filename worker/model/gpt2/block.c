@@ -197,8 +197,8 @@ static wf_status mlp_backward(wf_model *m, const layer *v, const scratch *s, int
   const void *x;
   WF_TRY(wf__leave_bwd(m, &dy, g->dres, g->full, (size_t)N, (size_t)C));
   m->k->matmul_backward(s->d4a, G(m, G_FCPROJW, l), G(m, G_FCPROJB, l),
-                        wf__act_grad(m, dy, (size_t)N * C), v->fchg,
-                        wf__gemm_weight(m, G_FCPROJW, l), N, 4 * C / tp, C, m->prec, NULL);
+                        wf__res_grad(m, dy, (size_t)N), v->fchg, wf__gemm_weight(m, G_FCPROJW, l),
+                        N, 4 * C / tp, C, m->prec, NULL);
   m->k->gelu_backward(s->d4b, v->fch, s->d4a, n4, NULL); /* in the activation format */
   WF_TRY(wf__enter_fwd(m, &x, v->ln2, g->full, (size_t)N, (size_t)C)); /* re-gathered */
   WF_TRY(wf__column_backward(m, s->d4b, x, G_FCW, G_FCB, l, N, 4 * C / tp));
@@ -219,8 +219,8 @@ static wf_status attention_backward(wf_model *m, const layer *v, const scratch *
   float *datty = s->d4b; /* fp32 (scratch) */
   WF_TRY(wf__leave_bwd(m, &dy, g->dres, g->full, (size_t)N, (size_t)C));
   m->k->matmul_backward(datty, G(m, G_ATTPROJW, l), G(m, G_ATTPROJB, l),
-                        wf__act_grad(m, dy, (size_t)N * C), v->atty,
-                        wf__gemm_weight(m, G_ATTPROJW, l), N, C / tp, C, m->prec, NULL);
+                        wf__res_grad(m, dy, (size_t)N), v->atty, wf__gemm_weight(m, G_ATTPROJW, l),
+                        N, C / tp, C, m->prec, NULL);
   m->k->attention_backward(s->d4a, s->scratch, datty, v->qkv, v->att, B, T, C / tp, m->NHl, NULL);
   WF_TRY(wf__enter_fwd(m, &x, v->ln1, g->full, (size_t)N, (size_t)C));
   WF_TRY(wf__column_backward(m, s->d4a, x, G_QKVW, G_QKVB, l, N, 3 * C / tp)); /* stored */

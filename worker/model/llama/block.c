@@ -213,7 +213,7 @@ static wf_status mlp_backward(wf_model *m, const layer *v, const scratch *s, int
   const float *dy;
   const void *xin;
   WF_TRY(wf__leave_bwd(m, &dy, g->dres, g->full, (size_t)N, (size_t)C));
-  m->k->matmul_backward(s->db, G(m, LL_DOWNW, l), NULL, wf__act_grad(m, dy, (size_t)N * C), v->h,
+  m->k->matmul_backward(s->db, G(m, LL_DOWNW, l), NULL, wf__res_grad(m, dy, (size_t)N), v->h,
                         wf__gemm_weight(m, LL_DOWNW, l), N, F, C, m->prec, NULL);
   m->k->swiglu_backward(s->da, v->gu, s->db, N, F, NULL);
   WF_TRY(wf__enter_fwd(m, &xin, v->n2, g->full, (size_t)N, (size_t)C)); /* re-gathered */
@@ -234,7 +234,7 @@ static wf_status attention_backward(wf_model *m, const layer *v, const scratch *
   const float *dy;
   const void *xin;
   WF_TRY(wf__leave_bwd(m, &dy, g->dres, g->full, (size_t)N, (size_t)C));
-  m->k->matmul_backward(s->db, G(m, LL_OW, l), NULL, wf__act_grad(m, dy, (size_t)N * C), v->atty,
+  m->k->matmul_backward(s->db, G(m, LL_OW, l), NULL, wf__res_grad(m, dy, (size_t)N), v->atty,
                         wf__gemm_weight(m, LL_OW, l), N, q, C, m->prec, NULL);
   m->k->attention_gqa_backward(s->da, s->scratch, s->db, v->qkv, v->att, B, T, q, m->NHl, m->KVl,
                                NULL);
