@@ -250,8 +250,8 @@ wf_status wf__row_parallel(wf_model *m, const void *x, int w, int b, int l, int 
 /* Column-parallel matmul backward from the full input x (N, C): dout (N, OC) in the
  * activation format (as GELU's, SwiGLU's and attention's backward write it, or the
  * logits' gradient written in place); weight w, bias b (-1 none) gradients are added to;
- * the input gradient,
- * summed over tp by entering's backward, lands in m->da.dl (rows(N), C). */
+ * the input gradient, summed over tp by entering's backward, lands in m->da.dl (rows(N),
+ * C). */
 wf_status wf__column_backward(wf_model *m, const void *dout, const void *x, int w, int b, int l,
                               int N, int OC);
 /* The vocabulary-parallel head after the family's final norm xn (rows(N), C, an
