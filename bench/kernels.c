@@ -330,9 +330,10 @@ static void *buf(bench *b, role r)
       xb, xent_backward, "xent_backward (N, V, in place)", 4 * dN * dV,                            \
       4 * (2 * dN * dV + 3 * dN), 0,                                                               \
       k->xent_backward(F(LOGITS), F(LOGITS), F(ROW1), F(POS1), I(TOK), 1.0f / N, N, V, Vp, 0, s))  \
-  KERNEL(head_b, matmul_backward, "matmul_backward lm head (Vp)", 4 * dN * dC * dVp,               \
+  KERNEL(head_b, matmul_backward_f32, "matmul_backward_f32 lm head (Vp)", 4 * dN * dC * dVp,       \
          4 * (dN * dVp + 2 * dN * dC + 3 * dVp * dC), 1,                                           \
-         k->matmul_backward(F(ACT1), F(WT2), NULL, F(LOGITS), F(ACT0), F(WT0), N, C, Vp, lowp, s)) \
+         k->matmul_backward_f32(F(ACT1), F(WT2), NULL, F(LOGITS), F(ACT0), F(WT0), N, C, Vp, lowp, \
+                                s))                                                                \
   KERNEL(res_b, residual_backward, "residual_backward (N, C)", 2 * dN * dC, 4 * 5 * dN * dC, 0,    \
          k->residual_backward(F(ACT1), F(ACT2), F(ACT3), (size_t)N * C, s))                        \
   KERNEL(                                                                                          \
@@ -341,10 +342,10 @@ static void *buf(bench *b, role r)
       k->matmul_backward(F(ACT1), F(WT2), F(WT3), F(ACT0), F(ACT2), F(WT0), N, 4 * C, C, lowp, s)) \
   KERNEL(gelu_b, gelu_backward, "gelu_backward (N, 4C)", 16 * (double)n4, 4 * 3 * (double)n4, 0,   \
          k->gelu_backward(F(ACT1), F(ACT2), F(ACT3), n4, s))                                       \
-  KERNEL(                                                                                          \
-      fc_b, matmul_backward, "matmul_backward fc", 4 * dN * dC * 4 * dC,                           \
-      4 * (4 * dN * dC + 2 * dN * dC + 3 * 4 * dC * dC + 2 * 4 * dC), 1,                           \
-      k->matmul_backward(F(ACT1), F(WT2), F(WT3), F(ACT3), F(ACT0), F(WT0), N, C, 4 * C, lowp, s)) \
+  KERNEL(fc_b, matmul_backward_f32, "matmul_backward_f32 fc", 4 * dN * dC * 4 * dC,                \
+         4 * (4 * dN * dC + 2 * dN * dC + 3 * 4 * dC * dC + 2 * 4 * dC), 1,                        \
+         k->matmul_backward_f32(F(ACT1), F(WT2), F(WT3), F(ACT3), F(ACT0), F(WT0), N, C, 4 * C,    \
+                                lowp, s))                                                          \
   KERNEL(proj_b, matmul_backward, "matmul_backward attproj", 4 * dN * dC * dC,                     \
          4 * (dN * dC + 2 * dN * dC + 3 * dC * dC + 2 * dC), 1,                                    \
          k->matmul_backward(F(ACT1), F(WT2), F(WT3), F(ACT3), F(ACT0), F(WT0), N, C, C, lowp, s))  \
@@ -359,10 +360,10 @@ static void *buf(bench *b, role r)
          2,                                                                                        \
          k->attention_bf16_backward(H(DQKV16), F(SCRATCH16), H(DOUT16), H(QKV16), H(OUT16),        \
                                     F(LSE), B, T, C, NH, NH, s))                                   \
-  KERNEL(                                                                                          \
-      qkv_b, matmul_backward, "matmul_backward qkv", 4 * dN * dC * 3 * dC,                         \
-      4 * (3 * dN * dC + 2 * dN * dC + 3 * 3 * dC * dC + 2 * 3 * dC), 1,                           \
-      k->matmul_backward(F(ACT1), F(WT2), F(WT3), F(ACT3), F(ACT0), F(WT0), N, C, 3 * C, lowp, s)) \
+  KERNEL(qkv_b, matmul_backward_f32, "matmul_backward_f32 qkv", 4 * dN * dC * 3 * dC,              \
+         4 * (3 * dN * dC + 2 * dN * dC + 3 * 3 * dC * dC + 2 * 3 * dC), 1,                        \
+         k->matmul_backward_f32(F(ACT1), F(WT2), F(WT3), F(ACT3), F(ACT0), F(WT0), N, C, 3 * C,    \
+                                lowp, s))                                                          \
   KERNEL(sumsq, sumsq_acc, "sumsq_acc (all parameters)", 2 * dP, 4 * dP + 16, 0,                   \
          k->sumsq_acc(buf(b, ACC), F(PAR3), np, s))                                                \
   KERNEL(scale, scale, "scale (all parameters)", dP, 4 * 2 * dP, 0,                                \

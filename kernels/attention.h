@@ -23,14 +23,15 @@ void wf_attention_backward(float *dqkv, float *scratch, const float *dout, const
 
 /* The same with out, qkv and att stored in 16-bit format fmt (storage.h): each head's
  * q, k and v loaded, the fp32 kernel's computation, out and the probabilities att
- * (B,NH,T,T) stored rounded. Backward loads them, computes dqkv in fp32 exactly as the
+ * (B,NH,T,T) stored rounded. Backward loads them and dout (stored in fmt by the output
+ * projection's backward), computes dqkv in fp32 exactly as the
  * fp32 backward does (a kv head's dk and dv summed over its query heads in head order)
  * and writes it in fmt, rounded (the form the qkv GEMM's backward reads; the GPU's
  * tensor-core attention writes it so too); its (T, T) scratch is this thread's (scratch
  * unused). */
 void wf_attention_forward16(void *out, void *att, const void *qkv, int B, int T, int C, int NH,
                             int fmt);
-void wf_attention_backward16(void *dqkv, float *scratch, const float *dout, const void *qkv,
+void wf_attention_backward16(void *dqkv, float *scratch, const void *dout, const void *qkv,
                              const void *att, int B, int T, int C, int NH, int fmt);
 /* Grouped-query attention (Llama): NH query heads share NKV key/value heads, NKV
  * dividing NH; query head h reads kv head h / (NH / NKV). C = NH * hs is the width of
@@ -53,7 +54,7 @@ void wf_attention_gqa_backward(float *dqkv, float *scratch, const float *dout, c
  * multi-head 16-bit forms above (which call these with NKV = NH). */
 void wf_attention_gqa_forward16(void *out, void *att, const void *qkv, int B, int T, int C, int NH,
                                 int NKV, int fmt);
-void wf_attention_gqa_backward16(void *dqkv, float *scratch, const float *dout, const void *qkv,
+void wf_attention_gqa_backward16(void *dqkv, float *scratch, const void *dout, const void *qkv,
                                  const void *att, int B, int T, int C, int NH, int NKV, int fmt);
 
 #endif /* WF_KERNELS_ATTENTION_H */

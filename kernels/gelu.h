@@ -15,9 +15,10 @@ void wf_gelu_forward(float *out, const float *inp, size_t N);
 /* dinp (N) = gelu'(inp) * dout, WRITTEN (it feeds only the fc GEMM's backward, so it is
  * not added into: matmul.h); dinp must not alias inp or dout. */
 void wf_gelu_backward(float *dinp, const float *inp, const float *dout, size_t N);
-/* The same with out, inp and dinp stored in 16-bit format fmt (storage.h); dout fp32.
- * dinp is stored rounded from the fp32 product, as the GEMM that reads it takes it. */
+/* The same with out, inp, dout and dinp stored in 16-bit format fmt (storage.h): dout as
+ * the fcproj GEMM's backward stored it; dinp stored rounded from the fp32 product, as the
+ * fc GEMM's backward reads it. */
 void wf_gelu_forward16(void *out, const void *inp, size_t N, int fmt);
-void wf_gelu_backward16(void *dinp, const void *inp, const float *dout, size_t N, int fmt);
+void wf_gelu_backward16(void *dinp, const void *inp, const void *dout, size_t N, int fmt);
 
 #endif /* WF_KERNELS_GELU_H */

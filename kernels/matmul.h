@@ -22,17 +22,20 @@ void wf_matmul_backward(float *dinp, float *dweight, float *dbias, const float *
                         const float *inp, const float *weight, int N, int C, int OC);
 
 /* The same with the operands stored in 16-bit format fmt (storage.h): inp, weight and
- * (backward) dout load exactly, their products accumulate in fp32, out is stored
- * rounded (forward16) or left in fp32 (forward16_f32); dinp, dweight, dbias and bias
- * are fp32 (a 16-bit table's matmul_forward hands forward16 its bias rounded to the
- * format: wf_ktable.h). This is the reference the fast 16-bit GEMMs (oneDNN on the CPU, cuBLASLt on
- * the GPU) are checked against: the same exact products, summed in another order. */
+ * (backward) dout load exactly, their products accumulate in fp32, out and dinp are
+ * stored rounded (forward16, backward16) or left in fp32 (forward16_f32,
+ * backward16_f32); dweight, dbias and bias are fp32 (a 16-bit table's matmul_forward
+ * hands forward16 its bias rounded to the format: wf_ktable.h). This is the reference the fast
+ * 16-bit GEMMs (oneDNN on the CPU, cuBLASLt on the GPU) are checked against: the same exact
+ * products, summed in another order. */
 void wf_matmul_forward16(void *out, const void *inp, const void *weight, const float *bias, int N,
                          int C, int OC, int fmt);
 void wf_matmul_forward16_f32(float *out, const void *inp, const void *weight, const float *bias,
                              int N, int C, int OC, int fmt);
-void wf_matmul_backward16(float *dinp, float *dweight, float *dbias, const void *dout,
+void wf_matmul_backward16(void *dinp, float *dweight, float *dbias, const void *dout,
                           const void *inp, const void *weight, int N, int C, int OC, int fmt);
+void wf_matmul_backward16_f32(float *dinp, float *dweight, float *dbias, const void *dout,
+                              const void *inp, const void *weight, int N, int C, int OC, int fmt);
 
 /* Whether the CPU's bf16 GEMMs may use oneDNN (runtime.cpu_bf16_gemm; default yes).
  * Process-wide, like set_tf32. */

@@ -23,8 +23,9 @@ void wf_swiglu_forward(float *out, const float *inp, int N, int F);
  * s = sigmoid(x); dout (N,F). dinp must not overlap inp or dout. */
 void wf_swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int F);
 
-/* The same with inp, out and dinp stored in 16-bit format fmt (storage.h); dout fp32. */
+/* The same with inp, out, dout and dinp stored in 16-bit format fmt (storage.h), dout as
+ * the down GEMM's backward stored it. */
 void wf_swiglu_forward16(void *out, const void *inp, int N, int F, int fmt);
-void wf_swiglu_backward16(void *dinp, const void *inp, const float *dout, int N, int F, int fmt);
+void wf_swiglu_backward16(void *dinp, const void *inp, const void *dout, int N, int F, int fmt);
 
 #endif /* WF_KERNELS_SWIGLU_H */

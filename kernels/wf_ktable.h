@@ -17,7 +17,11 @@
  * format, and the model computes through the one of its precision. An argument typed
  * `void *` is an activation in the table's `format`: what a layer keeps for backward,
  * a GEMM's operands (its input, its weights from the model's 16-bit copy, the output
- * gradient it multiplies) and the logits. Everything else is fp32 in every table:
+ * gradient it multiplies), the logits, and the input gradients that a GEMM or an
+ * activation's backward reads next (matmul_backward's dinp, which GELU's, SwiGLU's and
+ * attention's backward read as their dout; their own dinp and dqkv, which a GEMM's
+ * backward reads), each the fp32 result rounded once, as PyTorch's autocast and llm.c
+ * keep them. Everything else is fp32 in every table:
  * gradients that are accumulated, norm statistics, non-GEMM weights (norms' gains,
  * biases), the loss and the reductions' partial sums. A 16-bit table computes what the
  * fp32 table computes on the widened activations, in fp32, and rounds each activation
@@ -64,7 +68,7 @@ extern "C" {
 #endif
 
 /* Bump when the table changes; the GPU module and the host must agree. */
-#define WF_KTABLE_VERSION 12
+#define WF_KTABLE_VERSION 13
 
 /* Device memory the CUDA kernels keep per device besides what their callers allocate:
  * cuBLASLt's workspace (32 MiB) and the column reductions' partial sums (4 MiB),
@@ -113,9 +117,16 @@ typedef struct wf_ktable {
   /* pre = inp . weight^T + bias, gelu_out = gelu(pre) (the MLP's fc and its GELU). */
   void (*matmul_gelu_forward)(void *gelu_out, void *pre, const void *inp, const void *weight,
                               const float *bias, int N, int C, int OC, int lowp, wf_stream *s);
-  void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const void *dout,
+  /* dinp WRITTEN in the table's format: the output gradient of the activation before a
+   * row-parallel layer (attention's, GELU's, SwiGLU's), which its backward reads as stored */
+  void (*matmul_backward)(void *dinp, float *dweight, float *dbias, const void *dout,
                           const void *inp, const void *weight, int N, int C, int OC, int lowp,
                           wf_stream *s);
+  /* The same with dinp WRITTEN in fp32: a column-parallel layer's input gradient, which the
+   * tp reduction adds in fp32 before the norm's backward reads it. */
+  void (*matmul_backward_f32)(float *dinp, float *dweight, float *dbias, const void *dout,
+                              const void *inp, const void *weight, int N, int C, int OC, int lowp,
+                              wf_stream *s);
   /* fp32 GEMMs (lowp = WF_PREC_NO) may use TF32 tensor cores: off unless allowed
    * (runtime.allow_tf32). Process-wide, like the math mode it sets. */
   void (*set_tf32)(int allow);
@@ -131,12 +142,12 @@ typedef struct wf_ktable {
   void (*attention_forward)(void *out, void *att, const void *qkv, int B, int T, int C, int NH,
                             wf_stream *s);
   /* dqkv WRITTEN in the table's format (attention.h): the qkv GEMM's output gradient */
-  void (*attention_backward)(void *dqkv, float *scratch, const float *dout, const void *qkv,
+  void (*attention_backward)(void *dqkv, float *scratch, const void *dout, const void *qkv,
                              const void *att, int B, int T, int C, int NH, wf_stream *s);
 
   void (*gelu_forward)(void *out, const void *inp, size_t N, wf_stream *s);
   /* dinp WRITTEN in the table's format (gelu.h): the fc GEMM's output gradient */
-  void (*gelu_backward)(void *dinp, const void *inp, const float *dout, size_t N, wf_stream *s);
+  void (*gelu_backward)(void *dinp, const void *inp, const void *dout, size_t N, wf_stream *s);
 
   /* out = a + b; b is fp32 (a branch's output after the tp reduction) */
   void (*residual_forward)(void *out, const void *a, const float *b, size_t N, wf_stream *s);
@@ -175,9 +186,10 @@ typedef struct wf_ktable {
   wf_status (*last_error)(void);
 
   /* ---- Llama's ops (rmsnorm.h, rope.h, swiglu.h, attention.h) ----
-   * Activations (void *) in the table's format, as above, and so are the gradients a
-   * GEMM's backward reads next (SwiGLU's dinp, attention's dqkv, which RoPE's backward
-   * maps in place); other gradients, rstd and the RoPE table fp32. */
+   * Activations (void *) in the table's format, as above, and so are the gradients
+   * between a GEMM and an activation (the dout SwiGLU's and attention's backward read;
+   * SwiGLU's dinp, attention's dqkv, which RoPE's backward maps in place); other
+   * gradients, rstd and the RoPE table fp32. */
   void (*rmsnorm_forward)(void *out, float *rstd, const void *inp, const float *weight, float eps,
                           int N, int C, wf_stream *s);
   void (*rmsnorm_backward)(float *dinp, float *dweight, const float *dout, const void *inp,
@@ -193,13 +205,13 @@ typedef struct wf_ktable {
                         wf_stream *s);
   void (*swiglu_forward)(void *out, const void *inp, int N, int F, wf_stream *s);
   /* dinp WRITTEN in the table's format (swiglu.h): the gate/up GEMM's output gradient */
-  void (*swiglu_backward)(void *dinp, const void *inp, const float *dout, int N, int F,
+  void (*swiglu_backward)(void *dinp, const void *inp, const void *dout, int N, int F,
                           wf_stream *s);
   /* Grouped-query attention; attention_saved / attention_scratch size its buffers too,
    * and NKV == NH computes what attention_forward / attention_backward compute. */
   void (*attention_gqa_forward)(void *out, void *att, const void *qkv, int B, int T, int C, int NH,
                                 int NKV, wf_stream *s);
-  void (*attention_gqa_backward)(void *dqkv, float *scratch, const float *dout, const void *qkv,
+  void (*attention_gqa_backward)(void *dqkv, float *scratch, const void *dout, const void *qkv,
                                  const void *att, int B, int T, int C, int NH, int NKV,
                                  wf_stream *s);
   /* ---- Tensor-core attention and the fused classifier (docs/gpu-performance.md) ---- */

@@ -229,8 +229,7 @@ void wf_attention_gqa_backward(float *dqkv, float *scratch, const float *dout, c
 
 struct att16 {
   void *out, *att, *dqkv;
-  const void *qkv, *catt;
-  const float *dout;
+  const void *qkv, *catt, *dout;
   int B, T, C, NH, NKV, fmt;
 };
 
@@ -288,7 +287,7 @@ static void head_backward16(const struct att16 *a, size_t b, size_t h, float *w[
   load_head(x, a, b, h);
   wf__load(A, a->catt, bh * T * T, T * T, a->fmt);
   for (size_t t = 0; t < T; t++)
-    memcpy(dO + t * hs, a->dout + (b * T + t) * C + h * hs, hs * sizeof(float));
+    wf__load(dO + t * hs, a->dout, (b * T + t) * C + h * hs, hs, a->fmt);
   memset(dw, 0, T * 3 * hs * sizeof(float));
   struct head_grad g = {dw, dw + hs, dw + 2 * hs, x, x + hs, x + 2 * hs, dO};
   head_backward(&g, D, A, (int)T, (int)hs, (int)(3 * hs), (int)hs);
@@ -329,7 +328,7 @@ static void backward16_share(void *p, int tid, int nt)
     group_backward16(a, bk / a->NKV, bk % a->NKV, w);
 }
 
-void wf_attention_gqa_backward16(void *dqkv, float *scratch, const float *dout, const void *qkv,
+void wf_attention_gqa_backward16(void *dqkv, float *scratch, const void *dout, const void *qkv,
                                  const void *att, int B, int T, int C, int NH, int NKV, int fmt)
 {
   (void)scratch;
@@ -346,7 +345,7 @@ void wf_attention_gqa_backward16(void *dqkv, float *scratch, const float *dout, 
   wf__parallel(wf__threads_for((size_t)B * NH * T * T * (C / NH) / 32), backward16_share, &a);
 }
 
-void wf_attention_backward16(void *dqkv, float *scratch, const float *dout, const void *qkv,
+void wf_attention_backward16(void *dqkv, float *scratch, const void *dout, const void *qkv,
                              const void *att, int B, int T, int C, int NH, int fmt)
 {
   wf_attention_gqa_backward16(dqkv, scratch, dout, qkv, att, B, T, C, NH, NH, fmt);

@@ -80,10 +80,10 @@ static inline void wf__split(size_t n, int tid, int nt, size_t align, size_t *lo
 void wf__sgemm(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha,
                const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
 
-/* A backward GEMM's dinp (N, C; NULL: none) is written, not added into (matmul.h):
- * whether there is a GEMM to run (N, C and OC positive); with no OC the empty sum, 0, is
- * written into dinp (matmul.c). */
-bool wf__dinp_has_terms(float *dinp, int N, int C, int OC);
+/* A backward GEMM's dinp (N, C of `width` bytes each; NULL: none) is written, not added
+ * into (matmul.h): whether there is a GEMM to run (N, C and OC positive); with no OC the
+ * empty sum, 0, is written into dinp (matmul.c). */
+bool wf__dinp_has_terms(void *dinp, size_t width, int N, int C, int OC);
 
 /* ---- 16-bit storage (storage.c) ------------------------------------------------------
  * dst[0, n) = elements [first, first + n) of src, stored in format fmt (storage.h),
@@ -104,12 +104,13 @@ const float *wf__bias_rounded(const float *bias, size_t n, int fmt);
 /* ---- bf16 GEMMs through oneDNN (dnnl.c) ----------------------------------------------
  * Whether bf16 GEMMs go through oneDNN on this CPU (AVX512_BF16 and a bf16 kernel), and
  * the GEMMs themselves: the arguments of matmul.h's 16-bit forms in bf16 (out, or out32
- * when not NULL). wf__dnnl_failed: a GEMM failed since the last call (logged). */
+ * when not NULL; dinp, or dinp32 when not NULL). wf__dnnl_failed: a GEMM failed since the last call
+ * (logged). */
 bool wf__dnnl_bf16(void);
 void wf__dnnl_forward(void *out, float *out32, const void *inp, const void *weight,
                       const float *bias, int N, int C, int OC);
-void wf__dnnl_backward(float *dinp, float *dweight, float *dbias, const void *dout, const void *inp,
-                       const void *weight, int N, int C, int OC);
+void wf__dnnl_backward(void *dinp, float *dinp32, float *dweight, float *dbias, const void *dout,
+                       const void *inp, const void *weight, int N, int C, int OC);
 bool wf__dnnl_failed(void);
 
 /* exp(x) in float, vectorisable (no libm call): n = round(x log2 e), r = x - n ln2 in

@@ -192,9 +192,16 @@ static void matmul_gelu_forward(void *gelu_out, void *pre, const void *inp, cons
   wf_gelu_forward(gelu_out, pre, (size_t)N * OC);
 }
 
-static void matmul_backward(float *dinp, float *dweight, float *dbias, const void *dout,
+static void matmul_backward(void *dinp, float *dweight, float *dbias, const void *dout,
                             const void *inp, const void *weight, int N, int C, int OC, int lowp,
                             wf_stream *s)
+{
+  wf_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+}
+
+static void matmul_backward_f32(float *dinp, float *dweight, float *dbias, const void *dout,
+                                const void *inp, const void *weight, int N, int C, int OC, int lowp,
+                                wf_stream *s)
 {
   wf_matmul_backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
 }
@@ -210,7 +217,7 @@ static void attention_forward(void *out, void *att, const void *qkv, int B, int 
   wf_attention_forward(out, att, qkv, B, T, C, NH);
 }
 
-static void attention_backward(void *dqkv, float *scratch, const float *dout, const void *qkv,
+static void attention_backward(void *dqkv, float *scratch, const void *dout, const void *qkv,
                                const void *att, int B, int T, int C, int NH, wf_stream *s)
 {
   wf_attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH);
@@ -221,7 +228,7 @@ static void gelu_forward(void *out, const void *inp, size_t N, wf_stream *s)
   wf_gelu_forward(out, inp, N);
 }
 
-static void gelu_backward(void *dinp, const void *inp, const float *dout, size_t N, wf_stream *s)
+static void gelu_backward(void *dinp, const void *inp, const void *dout, size_t N, wf_stream *s)
 {
   wf_gelu_backward(dinp, inp, dout, N);
 }
@@ -352,7 +359,7 @@ static void swiglu_forward(void *out, const void *inp, int N, int F, wf_stream *
   wf_swiglu_forward(out, inp, N, F);
 }
 
-static void swiglu_backward(void *dinp, const void *inp, const float *dout, int N, int F,
+static void swiglu_backward(void *dinp, const void *inp, const void *dout, int N, int F,
                             wf_stream *s)
 {
   wf_swiglu_backward(dinp, inp, dout, N, F);
@@ -364,7 +371,7 @@ static void attention_gqa_forward(void *out, void *att, const void *qkv, int B, 
   wf_attention_gqa_forward(out, att, qkv, B, T, C, NH, NKV);
 }
 
-static void attention_gqa_backward(void *dqkv, float *scratch, const float *dout, const void *qkv,
+static void attention_gqa_backward(void *dqkv, float *scratch, const void *dout, const void *qkv,
                                    const void *att, int B, int T, int C, int NH, int NKV,
                                    wf_stream *s)
 {
@@ -448,6 +455,7 @@ const wf_ktable wf__cpu_ktable = {
     .matmul_forward_f32 = matmul_forward_f32,
     .matmul_gelu_forward = matmul_gelu_forward,
     .matmul_backward = matmul_backward,
+    .matmul_backward_f32 = matmul_backward_f32,
     .set_tf32 = set_tf32,
     .attention_saved = attention_tt,
     .attention_scratch = attention_tt,
@@ -547,14 +555,23 @@ const wf_ktable wf__cpu_ktable = {
     NAME##_matmul_forward(pre, inp, w, bias, N, C, OC, lowp, s);                                   \
     wf_gelu_forward16(gelu_out, pre, (size_t)N *OC, FMT);                                          \
   }                                                                                                \
-  static void NAME##_matmul_backward(float *dinp, float *dw, float *db, const void *dout,          \
+  static void NAME##_matmul_backward(void *dinp, float *dw, float *db, const void *dout,           \
                                      const void *inp, const void *w, int N, int C, int OC,         \
                                      int lowp, wf_stream *s)                                       \
   {                                                                                                \
     if (FMT == WF_PREC_BF16 && wf__dnnl_bf16())                                                    \
-      wf__dnnl_backward(dinp, dw, db, dout, inp, w, N, C, OC);                                     \
+      wf__dnnl_backward(dinp, NULL, dw, db, dout, inp, w, N, C, OC);                               \
     else                                                                                           \
       wf_matmul_backward16(dinp, dw, db, dout, inp, w, N, C, OC, FMT);                             \
+  }                                                                                                \
+  static void NAME##_matmul_backward_f32(float *dinp, float *dw, float *db, const void *dout,      \
+                                         const void *inp, const void *w, int N, int C, int OC,     \
+                                         int lowp, wf_stream *s)                                   \
+  {                                                                                                \
+    if (FMT == WF_PREC_BF16 && wf__dnnl_bf16())                                                    \
+      wf__dnnl_backward(NULL, dinp, dw, db, dout, inp, w, N, C, OC);                               \
+    else                                                                                           \
+      wf_matmul_backward16_f32(dinp, dw, db, dout, inp, w, N, C, OC, FMT);                         \
   }                                                                                                \
   static size_t NAME##_attention_saved(int B, int T, int C, int NH)                                \
   {                                                                                                \
@@ -565,7 +582,7 @@ const wf_ktable wf__cpu_ktable = {
   {                                                                                                \
     wf_attention_forward16(out, att, qkv, B, T, C, NH, FMT);                                       \
   }                                                                                                \
-  static void NAME##_attention_backward(void *dqkv, float *scratch, const float *dout,             \
+  static void NAME##_attention_backward(void *dqkv, float *scratch, const void *dout,              \
                                         const void *qkv, const void *att, int B, int T, int C,     \
                                         int NH, wf_stream *s)                                      \
   {                                                                                                \
@@ -575,7 +592,7 @@ const wf_ktable wf__cpu_ktable = {
   {                                                                                                \
     wf_gelu_forward16(out, inp, N, FMT);                                                           \
   }                                                                                                \
-  static void NAME##_gelu_backward(void *dinp, const void *inp, const float *dout, size_t N,       \
+  static void NAME##_gelu_backward(void *dinp, const void *inp, const void *dout, size_t N,        \
                                    wf_stream *s)                                                   \
   {                                                                                                \
     wf_gelu_backward16(dinp, inp, dout, N, FMT);                                                   \
@@ -628,7 +645,7 @@ const wf_ktable wf__cpu_ktable = {
   {                                                                                                \
     wf_swiglu_forward16(out, inp, N, F, FMT);                                                      \
   }                                                                                                \
-  static void NAME##_swiglu_backward(void *dinp, const void *inp, const float *dout, int N, int F, \
+  static void NAME##_swiglu_backward(void *dinp, const void *inp, const void *dout, int N, int F,  \
                                      wf_stream *s)                                                 \
   {                                                                                                \
     wf_swiglu_backward16(dinp, inp, dout, N, F, FMT);                                              \
@@ -638,7 +655,7 @@ const wf_ktable wf__cpu_ktable = {
   {                                                                                                \
     wf_attention_gqa_forward16(out, att, qkv, B, T, C, NH, NKV, FMT);                              \
   }                                                                                                \
-  static void NAME##_attention_gqa_backward(void *dqkv, float *scratch, const float *dout,         \
+  static void NAME##_attention_gqa_backward(void *dqkv, float *scratch, const void *dout,          \
                                             const void *qkv, const void *att, int B, int T, int C, \
                                             int NH, int NKV, wf_stream *s)                         \
   {                                                                                                \
@@ -675,6 +692,7 @@ STORAGE_ENTRIES(fp16, WF_PREC_FP16)
     (t).matmul_forward_f32 = NAME##_matmul_forward_f32;                                            \
     (t).matmul_gelu_forward = NAME##_matmul_gelu_forward;                                          \
     (t).matmul_backward = NAME##_matmul_backward;                                                  \
+    (t).matmul_backward_f32 = NAME##_matmul_backward_f32;                                          \
     (t).attention_saved = NAME##_attention_saved;                                                  \
     (t).attention_scratch = no_scratch;                                                            \
     (t).attention_forward = NAME##_attention_forward;                                              \

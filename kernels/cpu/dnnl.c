@@ -39,8 +39,8 @@ void wf__dnnl_forward(void *out, float *out32, const void *inp, const void *weig
                       const float *bias, int N, int C, int OC)
 {
 }
-void wf__dnnl_backward(float *dinp, float *dweight, float *dbias, const void *dout, const void *inp,
-                       const void *weight, int N, int C, int OC)
+void wf__dnnl_backward(void *dinp, float *dinp32, float *dweight, float *dbias, const void *dout,
+                       const void *inp, const void *weight, int N, int C, int OC)
 {
 }
 bool wf__dnnl_failed(void) { return false; }
@@ -253,8 +253,8 @@ int wf_kernels_bf16_gemm_fast(void) { return wf__dnnl_bf16(); }
 /* ---- the three GEMMs, split over the pool as matmul.c's twins split them ------------- */
 
 typedef struct job {
-  void *out;
-  float *out32, *dinp, *dweight, *dbias;
+  void *out, *dinp; /* bf16, unless out32 / dinp32 is given */
+  float *out32, *dinp32, *dweight, *dbias;
   const wf_bf16 *inp, *weight, *dout;
   const float *bias;
   dnnl_dim_t N, C, OC;
@@ -280,7 +280,7 @@ static void forward_share(void *p, int tid, int nt)
     j->failed = true;
 }
 
-/* dinp[:, lo:hi] = dout (N, OC) . W[:, lo:hi], written */
+/* dinp[:, lo:hi] = dout (N, OC) . W[:, lo:hi], written (in bf16: the fp32 sum rounded once) */
 static void dinp_share(void *p, int tid, int nt)
 {
   job *j = p;
@@ -292,8 +292,9 @@ static void dinp_share(void *p, int tid, int nt)
              .n = (dnnl_dim_t)(hi - lo),
              .k = j->OC,
              .stride = {{j->OC, 1}, {j->C, 1}, {j->C, 1}},
-             .dst_type = dnnl_f32};
-  if (!run(&s, j->dout, j->weight + lo, NULL, j->dinp + lo))
+             .dst_type = j->dinp32 ? dnnl_f32 : dnnl_bf16};
+  void *dst = j->dinp32 ? (void *)(j->dinp32 + lo) : (void *)((wf_bf16 *)j->dinp + lo);
+  if (!run(&s, j->dout, j->weight + lo, NULL, dst))
     j->failed = true;
 }
 
@@ -350,10 +351,11 @@ void wf__dnnl_forward(void *out, float *out32, const void *inp, const void *weig
     split(&j, forward_share);
 }
 
-void wf__dnnl_backward(float *dinp, float *dweight, float *dbias, const void *dout, const void *inp,
-                       const void *weight, int N, int C, int OC)
+void wf__dnnl_backward(void *dinp, float *dinp32, float *dweight, float *dbias, const void *dout,
+                       const void *inp, const void *weight, int N, int C, int OC)
 {
   job j = {.dinp = dinp,
+           .dinp32 = dinp32,
            .dweight = dweight,
            .dbias = dbias,
            .dout = dout,
@@ -362,9 +364,10 @@ void wf__dnnl_backward(float *dinp, float *dweight, float *dbias, const void *do
            .N = N,
            .C = C,
            .OC = OC};
-  if (!wf__dinp_has_terms(dinp, N, C, OC))
+  void *di = dinp32 ? (void *)dinp32 : dinp;
+  if (!wf__dinp_has_terms(di, dinp32 ? sizeof(float) : sizeof(wf_bf16), N, C, OC))
     return;
-  if (dinp)
+  if (di)
     split(&j, dinp_share);
   if (dweight || dbias)
     split(&j, dweight_share);

@@ -77,7 +77,7 @@ void wf_gelu_backward(float *dinp, const float *inp, const float *dout, size_t N
 struct ew16 {
   void *out; /* the output, forward's or backward's dinp, in fmt */
   const void *inp;
-  const float *dout;
+  const void *dout; /* backward: in fmt */
   size_t n;
   int fmt;
 };
@@ -106,17 +106,18 @@ static void backward16_share(void *p, int tid, int nt)
 {
   const struct ew16 *e = p;
   size_t lo, hi;
-  float x[BLOCK], d[BLOCK];
+  float x[BLOCK], dy[BLOCK], d[BLOCK];
   wf__split(e->n, tid, nt, 32, &lo, &hi);
   for (size_t i = lo; i < hi; i += BLOCK) {
     size_t n = hi - i < BLOCK ? hi - i : BLOCK;
     wf__load(x, e->inp, i, n, e->fmt);
-    backward_range(d, x, e->dout + i, 0, n);
+    wf__load(dy, e->dout, i, n, e->fmt);
+    backward_range(d, x, dy, 0, n);
     wf__store(e->out, i, d, n, e->fmt);
   }
 }
 
-void wf_gelu_backward16(void *dinp, const void *inp, const float *dout, size_t N, int fmt)
+void wf_gelu_backward16(void *dinp, const void *inp, const void *dout, size_t N, int fmt)
 {
   struct ew16 e = {.out = dinp, .inp = inp, .dout = dout, .n = N, .fmt = fmt};
   wf__parallel(wf__threads_for(N), backward16_share, &e);

@@ -5,14 +5,15 @@
  * nearest even. Every op here is row by row (RMSNorm's dweight adds the rows in order),
  * so blocks compute what the fp32 kernel computes on the whole widened tensor, and the
  * 16-bit tables need no second copy of these kernels. Working memory stays at a block
- * (BLOCK_FLOATS per operand), whatever the batch. Gradients, rstd and the RoPE table
- * stay fp32.
+ * (BLOCK_FLOATS per operand), whatever the batch. The gradients SwiGLU's backward reads
+ * and writes are stored in the format, as the GEMMs beside it keep them; RMSNorm's
+ * gradients, rstd and the RoPE table stay fp32.
  */
 #include "cpu_int.h"
 #include "wf_kernels.h"
 
 /* Working slots (attention's 0..5 and the GEMMs' never run inside these). */
-enum { W_IN = 5, W_OUT = 6 };
+enum { W_DY = 4, W_IN = 5, W_OUT = 6 };
 
 /* Floats of one operand's block: large enough for the fp32 kernel to split over the
  * threads, small next to the activations. */
@@ -100,15 +101,16 @@ void wf_swiglu_forward16(void *out, const void *inp, int N, int F, int fmt)
   }
 }
 
-void wf_swiglu_backward16(void *dinp, const void *inp, const float *dout, int N, int F, int fmt)
+void wf_swiglu_backward16(void *dinp, const void *inp, const void *dout, int N, int F, int fmt)
 {
   size_t blk = block_rows(2 * (size_t)F);
   for (size_t r0 = 0; r0 < (size_t)N; r0 += blk) {
     size_t n = WF_MIN(blk, (size_t)N - r0);
     float *x = widened(W_IN, inp, r0, n, 2 * (size_t)F, fmt), *d = wf__work(W_OUT, n * 2 * F);
-    if (!x || !d)
+    float *dy = widened(W_DY, dout, r0, n, (size_t)F, fmt);
+    if (!x || !d || !dy)
       return;
-    wf_swiglu_backward(d, x, dout + r0 * F, (int)n, F);
+    wf_swiglu_backward(d, x, dy, (int)n, F);
     wf__store(dinp, r0 * 2 * F, d, n * 2 * F, fmt);
   }
 }

@@ -126,19 +126,19 @@ static void bias_backward_share(void *p, int tid, int nt)
   }
 }
 
-bool wf__dinp_has_terms(float *dinp, int N, int C, int OC)
+bool wf__dinp_has_terms(void *dinp, size_t width, int N, int C, int OC)
 {
   if (N <= 0 || C <= 0)
     return false;
   if (OC <= 0 && dinp)
-    memset(dinp, 0, (size_t)N * C * sizeof *dinp);
+    memset(dinp, 0, (size_t)N * C * width); /* 0 is all zero bits in every format */
   return OC > 0;
 }
 
 void wf_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                         const float *inp, const float *weight, int N, int C, int OC)
 {
-  if (!wf__dinp_has_terms(dinp, N, C, OC))
+  if (!wf__dinp_has_terms(dinp, sizeof *dinp, N, C, OC))
     return;
   /* dinp (N,C) = dout (N,OC) . weight (OC,C), written */
   if (dinp)
@@ -157,8 +157,8 @@ void wf_matmul_backward(float *dinp, float *dweight, float *dbias, const float *
 #define PANEL 256
 
 struct mm16 {
-  void *out;
-  float *out32, *dinp, *dweight, *dbias;
+  void *out, *dinp; /* in fmt, unless out32 / dinp32 is given */
+  float *out32, *dinp32, *dweight, *dbias;
   const void *inp, *weight, *dout;
   const float *bias;
   int N, C, OC, fmt;
@@ -229,7 +229,7 @@ void wf_matmul_forward16_f32(float *out, const void *inp, const void *weight, co
 
 /* dinp: this thread's columns of dinp (N, C), PANEL of the OC reduction at a time:
  * dinp[:, cols] = dout[:, first panel] . W[first panel, cols], then += each further
- * panel's product. */
+ * panel's product; in fp32 into dinp32, else in fp32 working memory, then stored. */
 static void dinp16_share(void *p, int tid, int nt)
 {
   const struct mm16 *f = p;
@@ -237,17 +237,20 @@ static void dinp16_share(void *p, int tid, int nt)
   wf__split(C, tid, nt, 16, &lo, &hi);
   if (lo >= hi)
     return;
-  size_t nc = hi - lo;
+  size_t nc = hi - lo, ldo = f->dinp32 ? C : nc;
   float *d = wf__work(0, N * PANEL), *w = wf__work(1, PANEL * nc);
-  if (!d || !w)
+  float *o = f->dinp32 ? f->dinp32 + lo : wf__work(2, N * nc);
+  if (!d || !w || !o)
     return;
   for (size_t k0 = 0; k0 < OC; k0 += PANEL) {
     size_t k = OC - k0 < PANEL ? OC - k0 : PANEL;
     load_panel(d, f->dout, OC, 0, N, k0, k, f->fmt);
     load_panel(w, f->weight, C, k0, k, lo, nc, f->fmt);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)nc, (int)k, 1.0f, d, (int)k,
-                w, (int)nc, k0 == 0 ? 0.0f : 1.0f, f->dinp + lo, (int)C);
+                w, (int)nc, k0 == 0 ? 0.0f : 1.0f, o, (int)ldo);
   }
+  for (size_t r = 0; !f->dinp32 && r < N; r++)
+    wf__store(f->dinp, r * C + lo, o + r * nc, nc, f->fmt);
 }
 
 /* dweight, dbias: this thread's rows of dweight (OC, C), PANEL at a time:
@@ -277,24 +280,45 @@ static void dweight16_share(void *p, int tid, int nt)
   }
 }
 
-void wf_matmul_backward16(float *dinp, float *dweight, float *dbias, const void *dout,
+static void backward16(const struct mm16 *f)
+{
+  int nt = wf__threads_for((size_t)f->N * f->C * f->OC / 64);
+  void *dinp = f->dinp32 ? (void *)f->dinp32 : f->dinp;
+  size_t width = f->dinp32 ? sizeof(float) : wf_storage_size(f->fmt);
+  if (!wf__dinp_has_terms(dinp, width, f->N, f->C, f->OC))
+    return;
+  if (dinp)
+    wf__parallel(nt, dinp16_share, (void *)f);
+  if (f->dweight || f->dbias)
+    wf__parallel(nt, dweight16_share, (void *)f);
+}
+
+void wf_matmul_backward16(void *dinp, float *dweight, float *dbias, const void *dout,
                           const void *inp, const void *weight, int N, int C, int OC, int fmt)
 {
-  struct mm16 f = {.dinp = dinp,
-                   .dweight = dweight,
-                   .dbias = dbias,
-                   .dout = dout,
-                   .inp = inp,
-                   .weight = weight,
-                   .N = N,
-                   .C = C,
-                   .OC = OC,
-                   .fmt = fmt};
-  if (!wf__dinp_has_terms(dinp, N, C, OC))
-    return;
-  int nt = wf__threads_for((size_t)N * C * OC / 64);
-  if (dinp)
-    wf__parallel(nt, dinp16_share, &f);
-  if (dweight || dbias)
-    wf__parallel(nt, dweight16_share, &f);
+  backward16(&(struct mm16){.dinp = dinp,
+                            .dweight = dweight,
+                            .dbias = dbias,
+                            .dout = dout,
+                            .inp = inp,
+                            .weight = weight,
+                            .N = N,
+                            .C = C,
+                            .OC = OC,
+                            .fmt = fmt});
+}
+
+void wf_matmul_backward16_f32(float *dinp, float *dweight, float *dbias, const void *dout,
+                              const void *inp, const void *weight, int N, int C, int OC, int fmt)
+{
+  backward16(&(struct mm16){.dinp32 = dinp,
+                            .dweight = dweight,
+                            .dbias = dbias,
+                            .dout = dout,
+                            .inp = inp,
+                            .weight = weight,
+                            .N = N,
+                            .C = C,
+                            .OC = OC,
+                            .fmt = fmt});
 }

@@ -58,7 +58,7 @@ void wf__rope_backward(E *dqkv, const float *cs, int B, int T, int NH, int NKV, 
 template <typename E>
 void wf__swiglu_forward(E *out, const E *inp, int N, int F, wf_stream *stream);
 template <typename E>
-void wf__swiglu_backward(E *dinp, const E *inp, const float *dout, int N, int F, wf_stream *stream);
+void wf__swiglu_backward(E *dinp, const E *inp, const E *dout, int N, int F, wf_stream *stream);
 
 /* Cross-entropy's row statistics and logit gradient (xent.cu), logits of type E. */
 template <typename E>

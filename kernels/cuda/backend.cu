@@ -433,6 +433,7 @@ extern "C" const wf_ktable wf__cuda_kernels = {
     wf__cuda32_matmul_forward_f32,
     wf__cuda32_matmul_gelu_forward,
     wf__cuda32_matmul_backward,
+    wf__cuda32_matmul_backward_f32,
     wf_cuda_set_tf32,
     wf_cuda_attn_saved,
     wf_cuda_attn_scratch,

@@ -91,10 +91,10 @@ static inline void wf__lt_descs_destroy(wf__lt_descs *x)
 cublasStatus_t wf__lt_run(const wf__lt *lt, wf__lt_descs *x, cublasStatus_t made, const void *A,
                           const void *B, const float *beta, void *D, cudaStream_t s);
 
-/* A backward GEMM's dinp (n floats, NULL: none) is written, not added into
+/* A backward GEMM's dinp (`bytes` of it, NULL: none) is written, not added into
  * (matmul.h): whether its reduction over OC has terms; when it has none, dinp is written
  * with the empty sum, 0, and there is no GEMM to run (false). */
-bool wf__dinp_nonempty(float *dinp, size_t n, int OC, cudaStream_t s);
+bool wf__dinp_nonempty(void *dinp, size_t bytes, int OC, cudaStream_t s);
 
 /* Returns the status of a cuBLAS call from the enclosing function unless it succeeded. */
 #define WF__LT_TRY(call)                                                                           \
@@ -373,15 +373,17 @@ void wf__cuda32_matmul_forward_f32(float *out, const void *inp, const void *w, c
 void wf__cuda32_matmul_gelu_forward(void *gelu_out, void *pre, const void *inp, const void *w,
                                     const float *bias, int N, int C, int OC, int lowp,
                                     wf_stream *s);
-void wf__cuda32_matmul_backward(float *dinp, float *dw, float *db, const void *dout,
-                                const void *inp, const void *w, int N, int C, int OC, int lowp,
-                                wf_stream *s);
+void wf__cuda32_matmul_backward(void *dinp, float *dw, float *db, const void *dout, const void *inp,
+                                const void *w, int N, int C, int OC, int lowp, wf_stream *s);
+void wf__cuda32_matmul_backward_f32(float *dinp, float *dw, float *db, const void *dout,
+                                    const void *inp, const void *w, int N, int C, int OC, int lowp,
+                                    wf_stream *s);
 void wf__cuda32_attention_forward(void *out, void *att, const void *qkv, int B, int T, int C,
                                   int NH, wf_stream *s);
-void wf__cuda32_attention_backward(void *dqkv, float *scratch, const float *dout, const void *qkv,
+void wf__cuda32_attention_backward(void *dqkv, float *scratch, const void *dout, const void *qkv,
                                    const void *att, int B, int T, int C, int NH, wf_stream *s);
 void wf__cuda32_gelu_forward(void *out, const void *inp, size_t N, wf_stream *s);
-void wf__cuda32_gelu_backward(void *dinp, const void *inp, const float *dout, size_t N,
+void wf__cuda32_gelu_backward(void *dinp, const void *inp, const void *dout, size_t N,
                               wf_stream *s);
 void wf__cuda32_residual_forward(void *out, const void *a, const float *b, size_t N, wf_stream *s);
 void wf__cuda32_xent_stats(float *mx, float *se, float *tl, const void *logits, const int *targets,
@@ -401,11 +403,11 @@ void wf__cuda32_rope_forward(void *qkv, const float *cs, int B, int T, int NH, i
 void wf__cuda32_rope_backward(void *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs,
                               wf_stream *s);
 void wf__cuda32_swiglu_forward(void *out, const void *inp, int N, int F, wf_stream *s);
-void wf__cuda32_swiglu_backward(void *dinp, const void *inp, const float *dout, int N, int F,
+void wf__cuda32_swiglu_backward(void *dinp, const void *inp, const void *dout, int N, int F,
                                 wf_stream *s);
 void wf__cuda32_attention_gqa_forward(void *out, void *att, const void *qkv, int B, int T, int C,
                                       int NH, int NKV, wf_stream *s);
-void wf__cuda32_attention_gqa_backward(void *dqkv, float *scratch, const float *dout,
+void wf__cuda32_attention_gqa_backward(void *dqkv, float *scratch, const void *dout,
                                        const void *qkv, const void *att, int B, int T, int C,
                                        int NH, int NKV, wf_stream *s);
 void wf__cuda32_store(void *dst, const float *src, size_t n, wf_stream *s);

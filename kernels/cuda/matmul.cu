@@ -227,12 +227,12 @@ extern "C" void wf_cuda_matmul_gelu_forward(float *gelu_out, float *pre, const f
   forward(gelu_out, pre, inp, weight, bias, N, C, OC, lowp, (cudaStream_t)stream);
 }
 
-bool wf__dinp_nonempty(float *dinp, size_t n, int OC, cudaStream_t s)
+bool wf__dinp_nonempty(void *dinp, size_t bytes, int OC, cudaStream_t s)
 {
   if (OC > 0)
     return true;
-  if (dinp && n > 0)
-    WF_CUDA_OK(cudaMemsetAsync(dinp, 0, n * sizeof *dinp, s));
+  if (dinp && bytes > 0) /* 0 is all zero bits in every format */
+    WF_CUDA_OK(cudaMemsetAsync(dinp, 0, bytes, s));
   return false;
 }
 
@@ -241,7 +241,7 @@ extern "C" void wf_cuda_matmul_backward(float *dinp, float *dweight, float *dbia
                                         int N, int C, int OC, int lowp, wf_stream *stream)
 {
   cudaStream_t s = (cudaStream_t)stream;
-  if (N <= 0 || C < 0 || !wf__dinp_nonempty(dinp, (size_t)N * C, OC, s))
+  if (N <= 0 || C < 0 || !wf__dinp_nonempty(dinp, (size_t)N * C * sizeof *dinp, OC, s))
     return;
   cublasComputeType_t t = compute_of(lowp);
   gemm gi = {CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, weight, C, dout, OC, 0.0f, dinp, t, NULL, NULL};

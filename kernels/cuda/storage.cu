@@ -19,11 +19,13 @@
  * arithmetic; adding a bias to an already rounded output would round twice. The matmul +
  * GELU then stores the GELU of the stored pre-activation, the CPU's composition. dbias,
  * like every column sum, is colsum.cu's: cut over rows and columns to fill the GPU,
- * added in a fixed order.
+ * added in a fixed order. Backward's dinp is written in the format (matmul_backward: the
+ * output gradient attention's, GELU's or SwiGLU's backward reads next) or in fp32
+ * (matmul_backward_f32: a column-parallel layer's, which the tp reduction adds).
  *
  * Attention in bf16 (up to head size 128): runtime.attention's path (attention_impl.cu:
  * cuDNN, weft's flash kernels, or the fp32 reference) on the stored qkv, its output
- * written in bf16; backward rounds dout to bf16 and the path writes dqkv in bf16, the
+ * written in bf16; backward reads dout in bf16 and the path writes dqkv in bf16, the
  * table's format (attention_bf16.h's precision). fp16 attention, and any head size above
  * 128: the fp32 kernels on widened copies, the output and dqkv stored in 16 bits.
  *
@@ -221,9 +223,9 @@ __global__ static void round_gelu_kernel(T *out, T *gelu_out, const float *x, si
   }
 }
 
-/* dinp = gelu'(inp) * dout, stored in the format (gelu.h) */
+/* dinp = gelu'(inp) * dout, dout and dinp in the format (gelu.h) */
 template <typename T>
-__global__ static void gelu_backward_kernel(T *dinp, const T *inp, const float *dout, size_t n)
+__global__ static void gelu_backward_kernel(T *dinp, const T *inp, const T *dout, size_t n)
 {
   WF_GRID_STRIDE(i, n)
   {
@@ -231,7 +233,7 @@ __global__ static void gelu_backward_kernel(T *dinp, const T *inp, const float *
     float th = tanhf(GELU_K * (x + 0.044715f * x * x * x));
     float grad = 0.5f * (1.0f + th) +
                  0.5f * x * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
-    wf__st(dinp, i, grad * dout[i]);
+    wf__st(dinp, i, grad * wf__ld(dout, i));
   }
 }
 
@@ -255,12 +257,12 @@ template <typename T> static void gelu_forward(void *out, const void *inp, size_
 }
 
 template <typename T>
-static void gelu_backward(void *dinp, const void *inp, const float *dout, size_t n, wf_stream *s)
+static void gelu_backward(void *dinp, const void *inp, const void *dout, size_t n, wf_stream *s)
 {
   if (n == 0)
     return;
-  gelu_backward_kernel<T>
-      <<<wf__grid_1d(n, 256), 256, 0, (cudaStream_t)s>>>((T *)dinp, (const T *)inp, dout, n);
+  gelu_backward_kernel<T><<<wf__grid_1d(n, 256), 256, 0, (cudaStream_t)s>>>(
+      (T *)dinp, (const T *)inp, (const T *)dout, n);
   WF_CUDA_LAUNCHED("gelu_backward_kernel (16-bit)");
 }
 
@@ -485,19 +487,23 @@ static void matmul_gelu_forward(void *gelu_out, void *pre, const void *inp, cons
     run16_rounded<T>(&g, gelu_out, (cudaStream_t)s);
 }
 
-/* dinp (N,C) = dout . W (written) and dweight (OC,C) += dout^T . inp, both fp32:
- * matmul.cu's backward with 16-bit operands. */
+/* dinp (N,C) = dout . W, written in type dt (the format, or fp32), and dweight (OC,C) +=
+ * dout^T . inp in fp32: matmul.cu's backward with 16-bit operands. A 16-bit dinp is the
+ * fp32 sum rounded once by cuBLASLt's output conversion, half the bytes written, and
+ * the faster GEMM (attproj's and fcproj's input gradients ran at 459 and 592 TFLOP/s
+ * with bf16 outputs against 258 and 303 with fp32 ones on an H100, bench/gemm_gpu). */
 template <typename T>
-static void matmul_backward(float *dinp, float *dweight, float *dbias, const void *dout,
-                            const void *inp, const void *w, int N, int C, int OC,
-                            int /* lowp: the format */, wf_stream *stream)
+static void backward16(void *dinp, cudaDataType_t dt, float *dweight, float *dbias,
+                       const void *dout, const void *inp, const void *w, int N, int C, int OC,
+                       wf_stream *stream)
 {
   cudaStream_t s = (cudaStream_t)stream;
   cudaDataType_t t = cuda_type<T>();
-  if (N <= 0 || C < 0 || !wf__dinp_nonempty(dinp, (size_t)N * C, OC, s))
+  size_t width = dt == CUDA_R_32F ? sizeof(float) : sizeof(T);
+  if (N <= 0 || C < 0 || !wf__dinp_nonempty(dinp, (size_t)N * C * width, OC, s))
     return;
-  gemm16 gi = {CUBLAS_OP_N, CUBLAS_OP_N, C,    N, OC,         w,    C,         dout,
-               OC,          0.0f,        dinp, t, CUDA_R_32F, NULL, CUDA_R_32F};
+  gemm16 gi = {CUBLAS_OP_N, CUBLAS_OP_N, C,    N, OC, w,    C,         dout,
+               OC,          0.0f,        dinp, t, dt, NULL, CUDA_R_32F};
   gemm16 gw = {CUBLAS_OP_N, CUBLAS_OP_T, C,       OC, N,          inp,  C,         dout,
                OC,          1.0f,        dweight, t,  CUDA_R_32F, NULL, CUDA_R_32F};
   if (C > 0 && dinp && !run16<T>(&gi, s))
@@ -505,6 +511,22 @@ static void matmul_backward(float *dinp, float *dweight, float *dbias, const voi
   if (C > 0 && dweight && !run16<T>(&gw, s))
     return;
   wf__bias_grad(dbias, (const T *)dout, N, OC, s);
+}
+
+template <typename T>
+static void matmul_backward(void *dinp, float *dweight, float *dbias, const void *dout,
+                            const void *inp, const void *w, int N, int C, int OC,
+                            int /* lowp: the format */, wf_stream *s)
+{
+  backward16<T>(dinp, cuda_type<T>(), dweight, dbias, dout, inp, w, N, C, OC, s);
+}
+
+template <typename T>
+static void matmul_backward_f32(float *dinp, float *dweight, float *dbias, const void *dout,
+                                const void *inp, const void *w, int N, int C, int OC,
+                                int /* lowp: the format */, wf_stream *s)
+{
+  backward16<T>(dinp, CUDA_R_32F, dweight, dbias, dout, inp, w, N, C, OC, s);
 }
 
 /* ---- Llama's ops: 16-bit forms of the fp32 kernels ------------------------------------------
@@ -556,10 +578,10 @@ static void swiglu_forward(void *out, const void *inp, int N, int F, wf_stream *
 }
 
 template <typename E>
-static void swiglu_backward(void *dinp, const void *inp, const float *dout, int N, int F,
+static void swiglu_backward(void *dinp, const void *inp, const void *dout, int N, int F,
                             wf_stream *stream)
 {
-  wf__swiglu_backward((E *)dinp, (const E *)inp, dout, N, F, stream);
+  wf__swiglu_backward((E *)dinp, (const E *)inp, (const E *)dout, N, F, stream);
 }
 
 /* ---- attention, fp16 and head sizes above 128: the fp32 kernels on widened copies ----------
@@ -586,10 +608,11 @@ static void release(float *w, wf_stream *stream)
 static size_t part(size_t floats) { return (floats + 63) / 64 * 64; }
 
 /* Backward's scratch: the fp32 kernels' own, then room for the widened qkv and for the
- * fp32 dqkv (B,T,3C each at most: NKV <= NH). */
+ * fp32 dqkv (B,T,3C each at most: NKV <= NH), then for the widened dout (B,T,C). */
 static size_t attention_scratch16(int B, int T, int C, int NH)
 {
-  return part(wf_cuda_attn_scratch(B, T, C, NH)) + 2 * part((size_t)B * T * 3 * C);
+  return part(wf_cuda_attn_scratch(B, T, C, NH)) + 2 * part((size_t)B * T * 3 * C) +
+         part((size_t)B * T * C);
 }
 
 template <typename E>
@@ -606,18 +629,19 @@ static void attention_gqa_forward(void *out, void *att, const void *qkv, int B, 
   release(w, stream);
 }
 
-/* The widened qkv and the fp32 dqkv in the scratch attention_scratch16 sized; dqkv
- * stored in 16 bits from it. */
+/* The widened qkv, the fp32 dqkv and the widened dout in the scratch attention_scratch16
+ * sized; dqkv stored in 16 bits from it. */
 template <typename E>
-static void attention_gqa_backward(void *dqkv, float *scratch, const float *dout, const void *qkv,
+static void attention_gqa_backward(void *dqkv, float *scratch, const void *dout, const void *qkv,
                                    const void *att, int B, int T, int C, int NH, int NKV,
                                    wf_stream *stream)
 {
-  size_t nx = (size_t)B * T * (C + 2 * (size_t)NKV * (C / NH));
+  size_t nx = (size_t)B * T * (C + 2 * (size_t)NKV * (C / NH)), ny = (size_t)B * T * C;
   float *w = scratch + part(wf_cuda_attn_scratch(B, T, C, NH));
-  float *dw = w + part((size_t)B * T * 3 * C);
+  float *dw = w + part((size_t)B * T * 3 * C), *dy = dw + part((size_t)B * T * 3 * C);
   load<E>(w, qkv, nx, stream);
-  wf_cuda_attn_gqa_backward(dw, scratch, dout, w, (const float *)att, B, T, C, NH, NKV, stream);
+  load<E>(dy, dout, ny, stream);
+  wf_cuda_attn_gqa_backward(dw, scratch, dy, w, (const float *)att, B, T, C, NH, NKV, stream);
   store<E>(dqkv, dw, nx, stream);
 }
 
@@ -627,9 +651,10 @@ static void attention_gqa_backward(void *dqkv, float *scratch, const float *dout
  * the shape), reading qkv as stored. `att` has the fp32 table's layout
  * (wf_cuda_attn_saved): the lse (B,NH,T), then the output O (B,T,C) in bf16, which the
  * forward writes there and copies to `out` (backward reads O from `att`: the table's
- * backward is not handed the output). Backward's scratch (attention_scratch_bf16): the
- * flash kernels' D (B,NH,T) and dout rounded to bf16; the path writes the bf16 dqkv
- * straight into the table's (a bf16 activation gradient). Above head size 128, and for
+ * backward is not handed the output). Backward reads dout as the output projection's
+ * backward stored it in bf16, and its scratch (attention_scratch_bf16) holds the flash
+ * kernels' D (B,NH,T); the path writes the bf16 dqkv straight into the table's (a bf16
+ * activation gradient). Above head size 128, and for
  * fp16 (the tensor-core paths take bf16 only), the fp32 kernels on widened copies
  * (above). */
 
@@ -639,8 +664,7 @@ static size_t attention_scratch_bf16(int B, int T, int C, int NH)
 {
   if (!tensor_core_heads(C, NH))
     return attention_scratch16(B, T, C, NH);
-  size_t ny = (size_t)B * T * C; /* dout */
-  return part((size_t)B * NH * T) + part((ny + 1) / 2);
+  return part((size_t)B * NH * T);
 }
 
 static void attention_gqa_forward_bf16(void *out, void *att, const void *qkv, int B, int T, int C,
@@ -658,7 +682,7 @@ static void attention_gqa_forward_bf16(void *out, void *att, const void *qkv, in
                                (cudaStream_t)stream));
 }
 
-static void attention_gqa_backward_bf16(void *dqkv, float *scratch, const float *dout,
+static void attention_gqa_backward_bf16(void *dqkv, float *scratch, const void *dout,
                                         const void *qkv, const void *att, int B, int T, int C,
                                         int NH, int NKV, wf_stream *stream)
 {
@@ -666,13 +690,11 @@ static void attention_gqa_backward_bf16(void *dqkv, float *scratch, const float 
     attention_gqa_backward<__nv_bfloat16>(dqkv, scratch, dout, qkv, att, B, T, C, NH, NKV, stream);
     return;
   }
-  size_t ny = (size_t)B * T * C, nx = (size_t)B * T * (C + 2 * (size_t)NKV * (C / NH));
+  size_t nx = (size_t)B * T * (C + 2 * (size_t)NKV * (C / NH));
   float *D = scratch, *lse = (float *)att;
-  __nv_bfloat16 *dy = (__nv_bfloat16 *)(scratch + part((size_t)B * NH * T));
   if (nx == 0)
     return;
-  store<__nv_bfloat16>(dy, dout, ny, stream);
-  wf_cuda_attention_bf16_backward((wf_bf16 *)dqkv, D, (const wf_bf16 *)dy, (const wf_bf16 *)qkv,
+  wf_cuda_attention_bf16_backward((wf_bf16 *)dqkv, D, (const wf_bf16 *)dout, (const wf_bf16 *)qkv,
                                   wf__attn_saved_out(lse, B, T, NH), lse, B, T, C, NH, NKV, stream);
 }
 
@@ -685,7 +707,7 @@ static void attention_forward(void *out, void *att, const void *qkv, int B, int 
 }
 
 template <typename E>
-static void attention_backward(void *dqkv, float *scratch, const float *dout, const void *qkv,
+static void attention_backward(void *dqkv, float *scratch, const void *dout, const void *qkv,
                                const void *att, int B, int T, int C, int NH, wf_stream *stream)
 {
   attention_gqa_backward<E>(dqkv, scratch, dout, qkv, att, B, T, C, NH, NH, stream);
@@ -697,7 +719,7 @@ static void attention_forward_bf16(void *out, void *att, const void *qkv, int B,
   attention_gqa_forward_bf16(out, att, qkv, B, T, C, NH, NH, stream);
 }
 
-static void attention_backward_bf16(void *dqkv, float *scratch, const float *dout, const void *qkv,
+static void attention_backward_bf16(void *dqkv, float *scratch, const void *dout, const void *qkv,
                                     const void *att, int B, int T, int C, int NH, wf_stream *stream)
 {
   attention_gqa_backward_bf16(dqkv, scratch, dout, qkv, att, B, T, C, NH, NH, stream);
@@ -778,9 +800,16 @@ void wf__cuda32_matmul_gelu_forward(void *gelu_out, void *pre, const void *inp, 
                               bias, N, C, OC, lowp, s);
 }
 
-void wf__cuda32_matmul_backward(float *dinp, float *dw, float *db, const void *dout,
-                                const void *inp, const void *w, int N, int C, int OC, int lowp,
-                                wf_stream *s)
+void wf__cuda32_matmul_backward(void *dinp, float *dw, float *db, const void *dout, const void *inp,
+                                const void *w, int N, int C, int OC, int lowp, wf_stream *s)
+{
+  wf_cuda_matmul_backward((float *)dinp, dw, db, (const float *)dout, (const float *)inp,
+                          (const float *)w, N, C, OC, lowp, s);
+}
+
+void wf__cuda32_matmul_backward_f32(float *dinp, float *dw, float *db, const void *dout,
+                                    const void *inp, const void *w, int N, int C, int OC, int lowp,
+                                    wf_stream *s)
 {
   wf_cuda_matmul_backward(dinp, dw, db, (const float *)dout, (const float *)inp, (const float *)w,
                           N, C, OC, lowp, s);
@@ -792,11 +821,11 @@ void wf__cuda32_attention_forward(void *out, void *att, const void *qkv, int B, 
   wf_cuda_attn_forward((float *)out, (float *)att, (const float *)qkv, B, T, C, NH, s);
 }
 
-void wf__cuda32_attention_backward(void *dqkv, float *scratch, const float *dout, const void *qkv,
+void wf__cuda32_attention_backward(void *dqkv, float *scratch, const void *dout, const void *qkv,
                                    const void *att, int B, int T, int C, int NH, wf_stream *s)
 {
-  wf_cuda_attn_backward((float *)dqkv, scratch, dout, (const float *)qkv, (const float *)att, B, T,
-                        C, NH, s);
+  wf_cuda_attn_backward((float *)dqkv, scratch, (const float *)dout, (const float *)qkv,
+                        (const float *)att, B, T, C, NH, s);
 }
 
 void wf__cuda32_gelu_forward(void *out, const void *inp, size_t N, wf_stream *s)
@@ -804,10 +833,9 @@ void wf__cuda32_gelu_forward(void *out, const void *inp, size_t N, wf_stream *s)
   wf_cuda_gelu_forward((float *)out, (const float *)inp, N, s);
 }
 
-void wf__cuda32_gelu_backward(void *dinp, const void *inp, const float *dout, size_t N,
-                              wf_stream *s)
+void wf__cuda32_gelu_backward(void *dinp, const void *inp, const void *dout, size_t N, wf_stream *s)
 {
-  wf_cuda_gelu_backward((float *)dinp, (const float *)inp, dout, N, s);
+  wf_cuda_gelu_backward((float *)dinp, (const float *)inp, (const float *)dout, N, s);
 }
 
 void wf__cuda32_residual_forward(void *out, const void *a, const float *b, size_t N, wf_stream *s)
@@ -866,10 +894,10 @@ void wf__cuda32_swiglu_forward(void *out, const void *inp, int N, int F, wf_stre
   wf_cuda_swiglu_forward((float *)out, (const float *)inp, N, F, s);
 }
 
-void wf__cuda32_swiglu_backward(void *dinp, const void *inp, const float *dout, int N, int F,
+void wf__cuda32_swiglu_backward(void *dinp, const void *inp, const void *dout, int N, int F,
                                 wf_stream *s)
 {
-  wf_cuda_swiglu_backward((float *)dinp, (const float *)inp, dout, N, F, s);
+  wf_cuda_swiglu_backward((float *)dinp, (const float *)inp, (const float *)dout, N, F, s);
 }
 
 void wf__cuda32_attention_gqa_forward(void *out, void *att, const void *qkv, int B, int T, int C,
@@ -878,12 +906,12 @@ void wf__cuda32_attention_gqa_forward(void *out, void *att, const void *qkv, int
   wf_cuda_attn_gqa_forward((float *)out, (float *)att, (const float *)qkv, B, T, C, NH, NKV, s);
 }
 
-void wf__cuda32_attention_gqa_backward(void *dqkv, float *scratch, const float *dout,
+void wf__cuda32_attention_gqa_backward(void *dqkv, float *scratch, const void *dout,
                                        const void *qkv, const void *att, int B, int T, int C,
                                        int NH, int NKV, wf_stream *s)
 {
-  wf_cuda_attn_gqa_backward((float *)dqkv, scratch, dout, (const float *)qkv, (const float *)att, B,
-                            T, C, NH, NKV, s);
+  wf_cuda_attn_gqa_backward((float *)dqkv, scratch, (const float *)dout, (const float *)qkv,
+                            (const float *)att, B, T, C, NH, NKV, s);
 }
 
 void wf__cuda32_store(void *dst, const float *src, size_t n, wf_stream *s)
@@ -933,6 +961,7 @@ template <typename T> static wf_ktable storage_table(const wf_ktable *k32, int f
   t.matmul_forward_f32 = matmul_forward_f32<T>;
   t.matmul_gelu_forward = matmul_gelu_forward<T>;
   t.matmul_backward = matmul_backward<T>;
+  t.matmul_backward_f32 = matmul_backward_f32<T>;
   set_attention<T>(&t);
   t.rmsnorm_forward = rmsnorm_forward<T>;
   t.rmsnorm_backward = rmsnorm_backward<T>;

@@ -4,9 +4,9 @@
  *
  * One thread per output element, grid-stride over N*F. silu(x) = x / (1 + exp(-x)),
  * with CUDA's expf (2 ulp); its derivative s (1 + x (1 - s)), s = sigmoid(x).
- * Backward adds into dinp (N, 2F). The input and the forward's output are activations
- * of type E (act_int.h: fp32, or bf16 / fp16 for the 16-bit tables, loaded widened and
- * stored rounded); dout and dinp are fp32 gradients.
+ * Backward writes dinp (N, 2F). The input, the forward's output and backward's dout and
+ * dinp are of type E (act_int.h: fp32, or bf16 / fp16 for the 16-bit tables, loaded
+ * widened and stored rounded), as the GEMMs beside them read and write them.
  */
 #include "act_int.h"
 
@@ -25,15 +25,15 @@ __global__ static void swiglu_forward_kernel(E *out, const E *inp, int F, size_t
 
 /* dinp (N,2F) = [dout up silu'(gate) | dout silu(gate)], written in E; dout (N,F) */
 template <typename E>
-__global__ static void swiglu_backward_kernel(E *dinp, const E *inp, const float *dout, int F,
-                                              size_t n)
+__global__ static void swiglu_backward_kernel(E *dinp, const E *inp, const E *dout, int F, size_t n)
 {
   WF_GRID_STRIDE(k, n)
   {
     size_t row = k / (size_t)F, i = k % (size_t)F;
     const E *x = inp + row * 2 * F;
     E *d = dinp + row * 2 * F;
-    float g = wf__ld(x, i), u = wf__ld(x, F + i), dy = dout[k], s = 1.0f / (1.0f + expf(-g));
+    float g = wf__ld(x, i), u = wf__ld(x, F + i), dy = wf__ld(dout, k),
+          s = 1.0f / (1.0f + expf(-g));
     wf__st(d, i, dy * u * (s * (1.0f + g * (1.0f - s))));
     wf__st(d, F + i, dy * (g * s));
   }
@@ -49,7 +49,7 @@ template <typename E> void wf__swiglu_forward(E *out, const E *inp, int N, int F
 }
 
 template <typename E>
-void wf__swiglu_backward(E *dinp, const E *inp, const float *dout, int N, int F, wf_stream *stream)
+void wf__swiglu_backward(E *dinp, const E *inp, const E *dout, int N, int F, wf_stream *stream)
 {
   if (N <= 0 || F <= 0)
     return;
@@ -61,7 +61,7 @@ void wf__swiglu_backward(E *dinp, const E *inp, const float *dout, int N, int F,
 
 #define WF_SWIGLU_FORMS(E)                                                                         \
   template void wf__swiglu_forward<E>(E *, const E *, int, int, wf_stream *);                      \
-  template void wf__swiglu_backward<E>(E *, const E *, const float *, int, int, wf_stream *);
+  template void wf__swiglu_backward<E>(E *, const E *, const E *, int, int, wf_stream *);
 WF_SWIGLU_FORMS(float)
 WF_SWIGLU_FORMS(__nv_bfloat16)
 WF_SWIGLU_FORMS(__half)

@@ -650,7 +650,7 @@ static void gqa16_compare(ctx *c, const gqa16 *x)
  * summed: u (|sum| + sum |term|). The multi-head results themselves are held to the fp32
  * attention by test_attention_paths and storage_attention_tc. Two sets of entries: the
  * bf16 entries (attention_bf16_*; k16 NULL), and the bf16 table's (k16: its attention_gqa
- * and attention entries; dqkv added into zeros in fp32, so stored back in bf16 exactly). */
+ * and attention entries, which read dout in bf16 and write dqkv in bf16). */
 static void gqa16_case(ctx *c, const wf_ktable *k16)
 {
   enum {
@@ -692,12 +692,11 @@ static void gqa16_case(ctx *c, const wf_ktable *k16)
   } else {
     size_t sv = k16->attention_saved(B, T, C, NH), sx = k16->attention_scratch(B, T, C, NH);
     float *d_ag = df(c, hzero(c, sv), sv), *d_am = df(c, hzero(c, sv), sv);
-    float *d_sx = df(c, hzero(c, sx), sx), *d_dy32 = df(c, dy, ny);
+    float *d_sx = df(c, hzero(c, sx), sx);
     k16->attention_gqa_forward(d_yg, d_ag, d_xg, B, T, C, NH, NKV, c->stream);
     k16->attention_forward(d_ym, d_am, d_xm, B, T, C, NH, c->stream);
-    /* the table writes dqkv in bf16 itself */
-    k16->attention_gqa_backward(d_dg, d_sx, d_dy32, d_xg, d_ag, B, T, C, NH, NKV, c->stream);
-    k16->attention_backward(d_dm, d_sx, d_dy32, d_xm, d_am, B, T, C, NH, c->stream);
+    k16->attention_gqa_backward(d_dg, d_sx, d_dy, d_xg, d_ag, B, T, C, NH, NKV, c->stream);
+    k16->attention_backward(d_dm, d_sx, d_dy, d_xm, d_am, B, T, C, NH, c->stream);
     x.lg = d_ag, x.lm = d_am; /* att begins with the lse (B,NH,T) */
   }
   gqa16_compare(c, &x);
@@ -1038,15 +1037,6 @@ static uint16_t *hact(ctx *c, size_t n, int fmt, float lo, float hi)
 
 static uint16_t *hact0(ctx *c, size_t n) { return keep_host(c, calloc(n ? n : 1, 2)); }
 
-/* n fp32 values in [lo, hi) that the format holds exactly (a gradient the bf16
- * attention rounds to bf16 loses nothing). */
-static float *hexact(ctx *c, size_t n, int fmt, float lo, float hi)
-{
-  uint16_t *h = hact(c, n, fmt, lo, hi);
-  float *x = hzero(c, n);
-  wf_storage_load(x, h, n, fmt);
-  return x;
-}
 static void *d16(ctx *c, const uint16_t *h, size_t n) { return dcopy(c, h, n * 2); }
 
 static void expect_stored16_by(ctx *c, const tables16 *t, const char *what, const uint16_t *ref,
@@ -1144,13 +1134,14 @@ static void storage_elementwise(ctx *c, const tables16 *t)
 {
   const size_t n = 1001;
   uint16_t *x = hact(c, n, t->fmt, -4, 4), *y = hact0(c, n), *dx = hact(c, n, t->fmt, -1, 1);
-  float *b = hrand(c, n, -1, 1), *dy = hrand(c, n, -1, 1);
+  uint16_t *dy = hact(c, n, t->fmt, -1, 1); /* as the fcproj GEMM's backward stores it */
+  float *b = hrand(c, n, -1, 1);
   void *d_x = d16(c, x, n), *d_y = d16(c, y, n), *d_dx = d16(c, dx, n);
   t->cpu->gelu_forward(y, x, n, NULL);
   t->gpu->gelu_forward(d_y, d_x, n, c->stream);
   expect_stored16(c, t, "gelu_forward", y, d_y, n, TOL_ELEM, TOL_ELEM);
   t->cpu->gelu_backward(dx, x, dy, n, NULL); /* written, in the format */
-  t->gpu->gelu_backward(d_dx, d_x, df(c, dy, n), n, c->stream);
+  t->gpu->gelu_backward(d_dx, d_x, d16(c, dy, n), n, c->stream);
   expect_stored16(c, t, "gelu_backward", dx, d_dx, n, TOL_ELEM, TOL_ELEM);
   t->cpu->residual_forward(y, x, b, n, NULL);
   t->gpu->residual_forward(d_y, d_x, df(c, b, n), n, c->stream);
@@ -1211,18 +1202,27 @@ static void storage_matmul(ctx *c, const tables16 *t, int N, int C, int OC)
   expect_gelu16(c, t, g, y, d_g, NO);
   float *dx = hrand(c, NC, -1, 1), *dw = hrand(c, OCC, -1, 1), *db = hrand(c, OC, -1, 1);
   float *d_dx = df(c, dx, NC), *d_dw = df(c, dw, OCC), *d_db = df(c, db, OC);
-  t->cpu->matmul_backward(dx, dw, db, dy, x, w, N, C, OC, t->fmt, NULL);
-  t->gpu->matmul_backward(d_dx, d_dw, d_db, d16(c, dy, NO), d_x, d_w, N, C, OC, t->fmt, c->stream);
-  expect_close(c, "matmul_backward dinp", dx, d_dx, NC, TOL_SUM, TOL_SUM);
+  void *d_dy = d16(c, dy, NO);
+  t->cpu->matmul_backward_f32(dx, dw, db, dy, x, w, N, C, OC, t->fmt, NULL);
+  t->gpu->matmul_backward_f32(d_dx, d_dw, d_db, d_dy, d_x, d_w, N, C, OC, t->fmt, c->stream);
+  expect_close(c, "matmul_backward_f32 dinp", dx, d_dx, NC, TOL_SUM, TOL_SUM);
   expect_close(c, "matmul_backward dweight", dw, d_dw, OCC, TOL_SUM, TOL_SUM);
   expect_close(c, "matmul_backward dbias", db, d_db, OC, TOL_SUM, TOL_SUM);
+  /* dinp in the format, written over a random start; dweight and dbias added again */
+  uint16_t *dx16 = hact0(c, NC);
+  void *d_dx16 = d16(c, hact(c, NC, t->fmt, -1, 1), NC);
+  t->cpu->matmul_backward(dx16, dw, db, dy, x, w, N, C, OC, t->fmt, NULL);
+  t->gpu->matmul_backward(d_dx16, d_dw, d_db, d_dy, d_x, d_w, N, C, OC, t->fmt, c->stream);
+  expect_stored16(c, t, "matmul_backward dinp", dx16, d_dx16, NC, TOL_SUM, TOL_SUM);
+  expect_close(c, "matmul_backward dweight, twice", dw, d_dw, OCC, TOL_SUM, TOL_SUM);
+  expect_close(c, "matmul_backward dbias, twice", db, d_db, OC, TOL_SUM, TOL_SUM);
 }
 
 /* Each side keeps what its own table keeps (the CPU 16-bit probabilities, the GPU its
  * lse, and for bf16 its output); out and dqkv are compared. Under the tests' setting
- * (runtime.attention=reference) the GPU runs the fp32 kernels on widened q, k, v; in
- * bf16 its backward also rounds dout (drawn exact in bf16 here: no change); both store
- * dqkv rounded to the format. */
+ * (runtime.attention=reference) the GPU runs the fp32 kernels on widened q, k, v and
+ * dout (stored in the format, as the output projection's backward writes it); both
+ * store dqkv rounded to the format. */
 static void storage_attention(ctx *c, const tables16 *t, int B, int T, int NH, int hs)
 {
   const int C = NH * hs;
@@ -1235,11 +1235,11 @@ static void storage_attention(ctx *c, const tables16 *t, int B, int T, int NH, i
   t->cpu->attention_forward(out, att, qkv, B, T, C, NH, NULL);
   t->gpu->attention_forward(d_out, d_att, d_qkv, B, T, C, NH, c->stream);
   expect_stored16(c, t, "attention_forward out", out, d_out, BTC, TOL_SUM, TOL_SUM);
-  float *dout = hexact(c, BTC, t->fmt, -1, 1);
+  uint16_t *dout = hact(c, BTC, t->fmt, -1, 1);
   uint16_t *dqkv = hact(c, QKV, t->fmt, -1, 1); /* written over, in the format */
   void *d_dqkv = d16(c, dqkv, QKV);
   t->cpu->attention_backward(dqkv, NULL, dout, qkv, att, B, T, C, NH, NULL);
-  t->gpu->attention_backward(d_dqkv, df(c, hzero(c, gx), gx), df(c, dout, BTC), d_qkv, d_att, B, T,
+  t->gpu->attention_backward(d_dqkv, df(c, hzero(c, gx), gx), d16(c, dout, BTC), d_qkv, d_att, B, T,
                              C, NH, c->stream);
   /* the CPU's backward reads the probabilities stored in 16 bits, the GPU's recomputes
    * them in fp32: one rounding of each, 2^-8 (bf16) or 2^-11 (fp16) relative, in sums
@@ -1265,17 +1265,18 @@ static void storage_attention_tc(ctx *c, const tables16 *t, int B, int T, int NH
            wf_storage_name(t->fmt), B, T, NH, hs, path_name(impls[i]), path_name(path));
     expect_path(c, impls[i], path, T % 128 == 0);
     size_t gs = t->gpu->attention_saved(B, T, C, NH), gx = t->gpu->attention_scratch(B, T, C, NH);
-    uint16_t *q16 = hact(c, QKV, t->fmt, -1, 1);
-    float *qkv = hzero(c, QKV), *dout = hexact(c, BTC, t->fmt, -1, 1);
+    uint16_t *q16 = hact(c, QKV, t->fmt, -1, 1), *dy16 = hact(c, BTC, t->fmt, -1, 1);
+    float *qkv = hzero(c, QKV), *dout = hzero(c, BTC);
     float *out = hzero(c, BTC), *att = hzero(c, ATT), *dqkv = hrand(c, QKV, -1, 1);
     wf_storage_load(qkv, q16, QKV, t->fmt);
+    wf_storage_load(dout, dy16, BTC, t->fmt);
     void *d_qkv = d16(c, q16, QKV), *d_out = d16(c, hact0(c, BTC), BTC);
     void *d_dqkv = d16(c, hact(c, QKV, t->fmt, -1, 1), QKV);
     float *d_att = df(c, hzero(c, gs), gs);
     wf_attention_forward(out, att, qkv, B, T, C, NH);
     wf_attention_backward(dqkv, hzero(c, ATT), dout, qkv, att, B, T, C, NH);
     t->gpu->attention_forward(d_out, d_att, d_qkv, B, T, C, NH, c->stream);
-    t->gpu->attention_backward(d_dqkv, df(c, hzero(c, gx), gx), df(c, dout, BTC), d_qkv, d_att, B,
+    t->gpu->attention_backward(d_dqkv, df(c, hzero(c, gx), gx), d16(c, dy16, BTC), d_qkv, d_att, B,
                                T, C, NH, c->stream);
     att16_bound bd = att16_bound_make(qkv, dout, B, T, C, NH);
     double f = path == WF_ATTN_CUDNN ? 2 : 1;
@@ -1344,7 +1345,8 @@ static void storage_llama_exact(ctx *c, const tables16 *t)
   uint16_t *x = hact(c, NC, t->fmt, -2, 2), *gu = hact(c, 2 * NF, t->fmt, -4, 4);
   uint16_t *q = hact(c, BTW, t->fmt, -1, 1);
   float *w = df(c, hrand(c, C, 0.5f, 1.5f), C), *b = df(c, hrand(c, NC, -1, 1), NC);
-  float *dy = df(c, hrand(c, NC, -1, 1), NC), *dh = df(c, hrand(c, NF, -1, 1), NF);
+  float *dy = df(c, hrand(c, NC, -1, 1), NC);
+  void *dh16 = d16(c, hact(c, NF, t->fmt, -1, 1), NF); /* as the down GEMM's backward stores it */
   float *cs = hzero(c, (size_t)T * hs);
   wf_rope_table(cs, T, hs, 10000.0, NULL);
   float *d_cs = df(c, cs, (size_t)T * hs);
@@ -1384,7 +1386,9 @@ static void storage_llama_exact(ctx *c, const tables16 *t)
   k32->swiglu_forward(h32, gu32, N, F, c->stream);
   t->gpu->store(want, h32, NF, c->stream);
   expect_same_bytes(c, "swiglu_forward", want, h16o, NF * 2);
-  t->gpu->swiglu_backward(dg16, gu16, dh, N, F, c->stream);
+  float *dh = df(c, hzero(c, NF), NF);
+  t->gpu->load(dh, dh16, NF, c->stream);
+  t->gpu->swiglu_backward(dg16, gu16, dh16, N, F, c->stream);
   k32->swiglu_backward(dg32, gu32, dh, N, F, c->stream);
   t->gpu->store(want, dg32, 2 * NF, c->stream);
   expect_same_bytes(c, "swiglu_backward", want, dg16, 2 * NF * 2);
@@ -1431,11 +1435,11 @@ static void storage_llama(ctx *c, const tables16 *t)
   t->cpu->swiglu_forward(h, gu, N, F, NULL);
   t->gpu->swiglu_forward(d_h, d_gu, N, F, c->stream);
   expect_stored16(c, t, "swiglu_forward", h, d_h, (size_t)N * F, TOL_ELEM, TOL_ELEM);
-  float *dh = hrand(c, (size_t)N * F, -1, 1);
+  uint16_t *dh = hact(c, (size_t)N * F, t->fmt, -1, 1);
   uint16_t *dgu = hact(c, (size_t)N * 2 * F, t->fmt, -1, 1); /* written over */
   void *d_dgu = d16(c, dgu, (size_t)N * 2 * F);
   t->cpu->swiglu_backward(dgu, gu, dh, N, F, NULL);
-  t->gpu->swiglu_backward(d_dgu, d_gu, df(c, dh, (size_t)N * F), N, F, c->stream);
+  t->gpu->swiglu_backward(d_dgu, d_gu, d16(c, dh, (size_t)N * F), N, F, c->stream);
   expect_stored16(c, t, "swiglu_backward", dgu, d_dgu, (size_t)N * 2 * F, TOL_ELEM, TOL_ELEM);
 
   float *cs = hzero(c, (size_t)T * hs);
@@ -1456,11 +1460,11 @@ static void storage_llama(ctx *c, const tables16 *t)
   t->cpu->attention_gqa_forward(o, att, q, B, T, NH * hs, NH, NKV, NULL);
   t->gpu->attention_gqa_forward(d_o, d_att, d_q, B, T, NH * hs, NH, NKV, c->stream);
   expect_stored16(c, t, "attention_gqa_forward out", o, d_o, BTQ, TOL_SUM, TOL_SUM);
-  float *dat = hexact(c, BTQ, t->fmt, -1, 1);
+  uint16_t *dat = hact(c, BTQ, t->fmt, -1, 1);
   uint16_t *dq = hact(c, BTW, t->fmt, -1, 1); /* written over, in the format */
   void *d_dq = d16(c, dq, BTW);
   t->cpu->attention_gqa_backward(dq, NULL, dat, q, att, B, T, NH * hs, NH, NKV, NULL);
-  t->gpu->attention_gqa_backward(d_dq, df(c, hzero(c, gx), gx), df(c, dat, BTQ), d_q, d_att, B, T,
+  t->gpu->attention_gqa_backward(d_dq, df(c, hzero(c, gx), gx), d16(c, dat, BTQ), d_q, d_att, B, T,
                                  NH * hs, NH, NKV, c->stream);
   /* as storage_attention: the CPU reads 16-bit probabilities, the GPU recomputes them in
    * fp32; dk and dv sum over the NH / NKV query heads of their group: step * T * G; both

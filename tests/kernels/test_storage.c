@@ -262,15 +262,16 @@ static void test_elementwise(void **state)
     const wf_ktable *k = table(fmt);
     uint64_t s = 21 + f;
     act x = act_new(n, fmt, -4, 4, &s), a = act_new(n, fmt, -4, 4, &s);
-    float *y32 = zeros(n), *b = zeros(n), *dy = zeros(n), *d32 = zeros(n), *d16 = zeros(n);
+    act dy = act_new(n, fmt, -1, 1, &s); /* stored, as the fcproj GEMM's backward writes it */
+    float *y32 = zeros(n), *b = zeros(n), *d32 = zeros(n), *d16 = zeros(n);
     uint16_t *y16 = calloc(n, 2);
-    fill(b, n, -1, 1, &s), fill(dy, n, -1, 1, &s), fill(d32, n, -1, 1, &s);
+    fill(b, n, -1, 1, &s), fill(d32, n, -1, 1, &s);
     memcpy(d16, d32, n * sizeof(float));
     k32->gelu_forward(y32, x.x, n, NULL);
     k->gelu_forward(y16, x.h, n, NULL);
     expect_stored("gelu_forward", fmt, y16, y32, n);
-    k32->gelu_backward(d32, x.x, dy, n, NULL); /* both write over what was there */
-    k->gelu_backward(y16, x.h, dy, n, NULL);
+    k32->gelu_backward(d32, x.x, dy.x, n, NULL); /* both write over what was there */
+    k->gelu_backward(y16, x.h, dy.h, n, NULL);
     expect_stored("gelu_backward", fmt, y16, d32, n);
     k32->residual_forward(y32, a.x, b, n, NULL);
     k->residual_forward(y16, a.h, b, n, NULL);
@@ -281,8 +282,8 @@ static void test_elementwise(void **state)
     k->load(d16, y16, n, NULL);
     k32->store(y32, d16, n, NULL); /* the fp32 table copies */
     expect_stored("store", fmt, y16, y32, n);
-    act_free(&x), act_free(&a);
-    free(y32), free(b), free(dy), free(d32), free(d16), free(y16);
+    act_free(&x), act_free(&a), act_free(&dy);
+    free(y32), free(b), free(d32), free(d16), free(y16);
   }
 }
 
@@ -332,16 +333,17 @@ static void test_attention(void **state)
     expect_stored("attention_forward out", fmt, o16, o32, no);
     expect_stored("attention_forward att", fmt, a16, a32, na);
     /* backward from the stored probabilities: the fp32 kernel on them, dqkv stored */
-    float *dout = zeros(no), *dq32 = zeros(nq);
+    act dout = act_new(no, fmt, -1, 1, &s); /* stored, as attproj's backward writes it */
+    float *dq32 = zeros(nq);
     uint16_t *dq16 = calloc(nq, 2);
     float *sc = zeros(k32->attention_scratch(B, T, CH, NH));
-    fill(dout, no, -1, 1, &s), fill(dq32, nq, -1, 1, &s);
+    fill(dq32, nq, -1, 1, &s);
     wf_storage_load(a16w, a16, na, fmt);
-    k32->attention_backward(dq32, sc, dout, qkv.x, a16w, B, T, CH, NH, NULL);
-    k->attention_backward(dq16, NULL, dout, qkv.h, a16, B, T, CH, NH, NULL);
+    k32->attention_backward(dq32, sc, dout.x, qkv.x, a16w, B, T, CH, NH, NULL);
+    k->attention_backward(dq16, NULL, dout.h, qkv.h, a16, B, T, CH, NH, NULL);
     expect_stored("attention_backward dqkv", fmt, dq16, dq32, nq);
-    act_free(&qkv);
-    free(o32), free(a32), free(a16w), free(o16), free(a16), free(dout), free(dq32), free(dq16);
+    act_free(&qkv), act_free(&dout);
+    free(o32), free(a32), free(a16w), free(o16), free(a16), free(dq32), free(dq16);
     free(sc);
   }
 }
@@ -375,11 +377,11 @@ static void test_llama(void **state)
     k32->swiglu_forward(h32, gu.x, R, F, NULL);
     k->swiglu_forward(h16, gu.h, R, F, NULL);
     expect_stored("swiglu_forward", fmt, h16, h32, (size_t)R * F);
-    float *dh = zeros((size_t)R * F), *dg32 = nans((size_t)R * 2 * F);
+    act dh = act_new((size_t)R * F, fmt, -1, 1, &s); /* as the down GEMM's backward writes it */
+    float *dg32 = nans((size_t)R * 2 * F);
     uint16_t *dg16 = calloc((size_t)R * 2 * F, 2);
-    fill(dh, (size_t)R * F, -1, 1, &s);
-    k32->swiglu_backward(dg32, gu.x, dh, R, F, NULL); /* written, from NaN */
-    k->swiglu_backward(dg16, gu.h, dh, R, F, NULL);
+    k32->swiglu_backward(dg32, gu.x, dh.x, R, F, NULL); /* written, from NaN */
+    k->swiglu_backward(dg16, gu.h, dh.h, R, F, NULL);
     expect_stored("swiglu_backward", fmt, dg16, dg32, (size_t)R * 2 * F);
     /* RoPE in place: the rotated fp32 copy stored is the 16-bit kernel's */
     act q = act_new(nq, fmt, -2, 2, &s);
@@ -388,8 +390,8 @@ static void test_llama(void **state)
     k32->rope_forward(q.x, cs, B, T, NH, NKV, hs, NULL);
     k->rope_forward(q.h, cs, B, T, NH, NKV, hs, NULL);
     expect_stored("rope_forward", fmt, q.h, q.x, nq);
-    act_free(&x), act_free(&gu), act_free(&q);
-    free(y32), free(h32), free(y16), free(h16), free(dy), free(dx32), free(dx16), free(dh);
+    act_free(&x), act_free(&gu), act_free(&q), act_free(&dh);
+    free(y32), free(h32), free(y16), free(h16), free(dy), free(dx32), free(dx16);
     free(dg32), free(dg16), free(cs);
   }
   /* grouped-query attention: as test_attention, kv heads shared by two query heads */
@@ -408,13 +410,14 @@ static void test_llama(void **state)
     expect_stored("attention_gqa_forward out", fmt, o16, o32, no);
     expect_stored("attention_gqa_forward att", fmt, a16, a32, nt);
     /* dk and dv sum the group's query heads in fp32 before they are stored */
-    float *dout = zeros(no), *dq32 = zeros(na);
+    act dout = act_new(no, fmt, -1, 1, &s);
+    float *dq32 = zeros(na);
     uint16_t *dq16 = calloc(na, 2);
     float *sc = zeros(k32->attention_scratch(B, TA, CH, NH));
-    fill(dout, no, -1, 1, &s), fill(dq32, na, -1, 1, &s);
+    fill(dq32, na, -1, 1, &s);
     wf_storage_load(a16w, a16, nt, fmt);
-    k32->attention_gqa_backward(dq32, sc, dout, qkv.x, a16w, B, TA, CH, NH, NKV, NULL);
-    k->attention_gqa_backward(dq16, NULL, dout, qkv.h, a16, B, TA, CH, NH, NKV, NULL);
+    k32->attention_gqa_backward(dq32, sc, dout.x, qkv.x, a16w, B, TA, CH, NH, NKV, NULL);
+    k->attention_gqa_backward(dq16, NULL, dout.h, qkv.h, a16, B, TA, CH, NH, NKV, NULL);
     expect_stored("attention_gqa_backward dqkv", fmt, dq16, dq32, na);
     /* RoPE's backward in place on the stored gradient: rotated in fp32, stored */
     float *cs = zeros((size_t)TA * hs);
@@ -424,8 +427,8 @@ static void test_llama(void **state)
     k->rope_backward(dq16, cs, B, TA, NH, NKV, hs, NULL);
     expect_stored("rope_backward", fmt, dq16, dq32, na);
     free(cs);
-    act_free(&qkv);
-    free(o32), free(a32), free(a16w), free(o16), free(a16), free(dout), free(dq32), free(dq16);
+    act_free(&qkv), act_free(&dout);
+    free(o32), free(a32), free(a16w), free(o16), free(a16), free(dq32), free(dq16);
     free(sc);
   }
 }
@@ -550,10 +553,31 @@ static void test_matmul(void **state)
         }
       }
     k32->matmul_backward(dx32, dw32, db32, dy.x, x.x, w.x, M, K, OC, WF_PREC_NO, NULL);
-    k->matmul_backward(dx, dw, db, dy.h, x.h, w.h, M, K, OC, fmt, NULL);
-    expect_within_sum_bound("matmul_backward dinp", fmt, dx, dx32, bx, (size_t)M * K, OC, NULL);
+    k->matmul_backward_f32(dx, dw, db, dy.h, x.h, w.h, M, K, OC, fmt, NULL);
+    expect_within_sum_bound("matmul_backward_f32 dinp", fmt, dx, dx32, bx, (size_t)M * K, OC, NULL);
     expect_within_sum_bound("matmul_backward dweight", fmt, dw, dw32, bw, (size_t)OC * K, M, NULL);
     expect_within_sum_bound("matmul_backward dbias", fmt, db, db32, bb, OC, M, NULL);
+    /* dinp in the format, written over NaN (0xffff in both formats); dweight and dbias
+     * added again */
+    uint16_t *dx16 = malloc((size_t)M * K * 2);
+    memset(dx16, 0xff, (size_t)M * K * 2);
+    k->matmul_backward(dx16, dw, db, dy.h, x.h, w.h, M, K, OC, fmt, NULL);
+    wf_storage_load(dx, dx16, (size_t)M * K, fmt);
+    expect_within_sum_bound("matmul_backward dinp", fmt, dx, dx32, bx, (size_t)M * K, OC, dx32);
+    for (size_t i = 0; i < (size_t)OC * K; i++)
+      dw32[i] *= 2.0f;
+    for (int o = 0; o < OC; o++)
+      db32[o] *= 2.0f, bb[o] *= 2.0;
+    for (size_t i = 0; i < (size_t)OC * K; i++)
+      bw[i] *= 2.0;
+    expect_within_sum_bound("matmul_backward dweight, twice", fmt, dw, dw32, bw, (size_t)OC * K,
+                            2 * M, NULL);
+    expect_within_sum_bound("matmul_backward dbias, twice", fmt, db, db32, bb, OC, 2 * M, NULL);
+    memset(dx16, 0xff, (size_t)M * K * 2); /* no OC: the empty sum, 0, written */
+    k->matmul_backward(dx16, NULL, NULL, dy.h, x.h, w.h, M, K, 0, fmt, NULL);
+    for (size_t i = 0; i < (size_t)M * K; i++)
+      assert_int_equal(dx16[i], 0);
+    free(dx16);
     act_free(&x), act_free(&w), act_free(&dy);
     free(bias), free(y32), free(y), free(y16), free(fs), free(g16), free(g32);
     free(rb), free(yr), free(b16);

@@ -73,15 +73,16 @@ wf_status wf__row_parallel(wf_model *m, const void *x, int w, int b, int l, int 
   return wf__leave_fwd(m, m->da.ysum, part, (size_t)N, (size_t)C);
 }
 
-/* The GEMM writes its dinp (matmul.h): straight into da.dl without tensor parallelism,
- * else into da.dc, which entering's backward reduces over tp into da.dl. */
+/* The GEMM writes its dinp in fp32 (matmul.h): straight into da.dl without tensor
+ * parallelism, else into da.dc, which entering's backward reduces over tp into da.dl. */
 wf_status wf__column_backward(wf_model *m, const void *dout, const void *x, int w, int b, int l,
                               int N, int OC)
 {
   int C = m->d.C;
   float *dx = m->tp.ops ? m->da.dc : m->da.dl;
-  m->k->matmul_backward(dx, wf_model_param(m, w, l, 1), b >= 0 ? wf_model_param(m, b, l, 1) : NULL,
-                        dout, x, wf__gemm_weight(m, w, l), N, C, OC, m->prec, NULL);
+  m->k->matmul_backward_f32(dx, wf_model_param(m, w, l, 1),
+                            b >= 0 ? wf_model_param(m, b, l, 1) : NULL, dout, x,
+                            wf__gemm_weight(m, w, l), N, C, OC, m->prec, NULL);
   return wf__enter_bwd(m, m->da.dl, dx, (size_t)N, (size_t)C);
 }
 

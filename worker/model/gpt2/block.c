@@ -40,9 +40,9 @@ typedef struct head {
 } head;
 
 typedef struct scratch {
-  float *d4a;     /* (N,4C/tp) dfchg, then dqkv (N,3C/tp) in the activation format */
-  void *d4b;      /* (N,4C/tp) in the activation format: dfch (gelu's backward writes it
-                   * so); then datty (N,C/tp) fp32, or a recomputed attention output */
+  void *d4a;      /* (N,4C/tp) in the activation format: dfchg, then dqkv (N,3C/tp) */
+  void *d4b;      /* (N,4C/tp) in the activation format: dfch, then datty (N,C/tp) or a
+                   * recomputed attention output */
   float *scratch; /* (attention_scratch) attention backward scratch */
 } scratch;
 
@@ -76,8 +76,7 @@ static size_t carve_scratch(scratch *s, void *mem, const wf__geo *z)
 {
   size_t n4 = z->N * 4 * z->C / z->tp;
   size_t att = z->k->attention_scratch((int)z->B, (int)z->T, (int)(z->C / z->tp), z->NHl);
-  /* d4b: n4 16-bit values hold datty's N C/tp floats (n4 = 4 N C/tp) */
-  wf__carve_item t[] = {WF__F32(&s->d4a, n4), WF__ACT(&s->d4b, n4), WF__F32(&s->scratch, att)};
+  wf__carve_item t[] = {WF__ACT(&s->d4a, n4), WF__ACT(&s->d4b, n4), WF__F32(&s->scratch, att)};
   return wf__carve(t, WF_ARRAY_LEN(t), &(wf__carve_to){mem, NULL, z->fmt}, NULL);
 }
 
@@ -216,7 +215,7 @@ static wf_status attention_backward(wf_model *m, const layer *v, const scratch *
   int C = m->d.C, tp = m->s.tp, N = B * T, R = (int)wf__rows(m, (size_t)N);
   const float *dy;
   const void *x;
-  float *datty = s->d4b; /* fp32 (scratch) */
+  void *datty = s->d4b;
   WF_TRY(wf__leave_bwd(m, &dy, g->dres, g->full, (size_t)N, (size_t)C));
   m->k->matmul_backward(datty, G(m, G_ATTPROJW, l), G(m, G_ATTPROJB, l),
                         wf__res_grad(m, dy, (size_t)N), v->atty, wf__gemm_weight(m, G_ATTPROJW, l),

@@ -45,9 +45,8 @@ typedef struct head {
 } head;
 
 typedef struct scratch {
-  float *da;      /* (N, max(2F, (NH + 2 KV) hs) / tp): dgu, then dqkv, both in the activation
-                   * format, as SwiGLU's and attention's backward write them */
-  float *db;      /* (N, max(F, NH hs) / tp): dh, then datty; a recomputed attention output */
+  void *da;       /* (N, max(2F, (NH + 2 KV) hs) / tp): dgu, then dqkv */
+  void *db;       /* (N, max(F, NH hs) / tp): dh, then datty; a recomputed attention output */
   float *scratch; /* (attention_scratch) */
 } scratch;
 
@@ -85,8 +84,8 @@ static size_t carve_scratch(scratch *s, void *mem, const wf__geo *z)
 {
   size_t N = z->N, F = f_local(z);
   size_t att = z->k->attention_scratch((int)z->B, (int)z->T, (int)q_local(z), z->NHl);
-  wf__carve_item t[] = {WF__F32(&s->da, N * WF_MAX(2 * F, qkv_local(z))),
-                        WF__F32(&s->db, N * WF_MAX(F, q_local(z))), WF__F32(&s->scratch, att)};
+  wf__carve_item t[] = {WF__ACT(&s->da, N * WF_MAX(2 * F, qkv_local(z))),
+                        WF__ACT(&s->db, N * WF_MAX(F, q_local(z))), WF__F32(&s->scratch, att)};
   return wf__carve(t, WF_ARRAY_LEN(t), &(wf__carve_to){mem, NULL, z->fmt}, NULL);
 }
 
