@@ -12,17 +12,17 @@ run prints are compared too (the step lines, not their timings).
 Nothing is tolerated: any changed byte fails, and the test prints the first parameter
 that differs. The reference is built once per build directory (build_ref.sh).
 
-The mixed-precision cases compare with the commits that changed their arithmetic by
-design (issue 27), from which a refactor must keep them bit for bit as the fp32 cases
-keep theirs: fp16-skips with 5a9b249, the first commit that stores activations and
-pipeline messages in 16 bits (every saved activation, each layer's output and every
-pipeline message rounded to bf16 / fp16, where 46d31cd kept fp32 and rounded only the
-GEMM operands); bf16-3d with a0e49c2, which (after 0736e71 ran bf16 GEMMs through
-oneDNN where the CPU has AVX512_BF16: the same exact products, summed in oneDNN's order)
-adds a 16-bit GEMM output's bias rounded to the format. fp16-skips still equals 5a9b249
-bit for bit: all 8 of its steps overflow and are skipped (the 2^30 loss scale is still
-2^22 at the end), so its biases stay 0, which rounding leaves alone. Both binaries run on the same CPU, so
-both take the same GEMM path.
+The mixed-precision cases compare with the last commit that changed their arithmetic
+by design, from which a refactor must keep them bit for bit as the fp32 cases keep
+theirs: 4e05021, which stores the gradients between a GEMM and an activation in 16 bits
+(attproj's and fcproj's input gradients, which attention's and GELU's backward read).
+Before it, in order: 5a9b249 stored activations and pipeline messages in 16 bits (where
+46d31cd kept fp32 and rounded only the GEMM operands), 0736e71 ran bf16 GEMMs through
+oneDNN where the CPU has AVX512_BF16 (the same exact products, summed in oneDNN's
+order), and a0e49c2 added a 16-bit GEMM output's bias rounded to the format. In
+fp16-skips the 2^30 loss scale overflows the first 7 steps, which are skipped, and the
+8th updates the model. Both binaries run on the same CPU, so both take the same GEMM
+path.
 """
 import os
 import re
@@ -36,8 +36,7 @@ from testlib import free_ports  # noqa: E402
 
 WORKER, BUILD_REF, SRC, BUILD_ROOT, CASE = sys.argv[1:6]
 REF_COMMIT = "46d31cd"  # the fp32 cases'
-REF_FP16 = "5a9b249"  # 16-bit storage (see above)
-REF_BF16 = "a0e49c2"  # 16-bit storage, oneDNN's bf16 GEMMs, the bias rounded
+REF_16 = "4e05021"  # the 16-bit cases' (see above)
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
 # Small but covering: 4 layers (2 per stage, 1 per interleaved chunk), 8 steps with
 # warm-up and decay, every schedule's code path.
@@ -52,10 +51,10 @@ CASES = {
                                       "parallel.virtual_stages=2", "train.microbatches=4",
                                       "parallel.activation_checkpointing=true"]),
     "bf16-3d": (8, ["mesh.dp=2", "mesh.tp=2", "mesh.pp=2", "train.microbatches=2",
-                    "parallel.sequence=true", "precision=bf16"], REF_BF16),
+                    "parallel.sequence=true", "precision=bf16"], REF_16),
     # a 2^30 start overflows fp16: the first steps are skipped and the scale halves
     "fp16-skips": (2, ["mesh.dp=2", "precision=fp16", "optim.loss_scale_init=1073741824"],
-                   REF_FP16),
+                   REF_16),
 }
 STEP = re.compile(r"^step (\d+)/\d+ loss=(\S+) .*?grad_norm=(\S+)")
 
