@@ -104,8 +104,8 @@ const float *wf__bias_rounded(const float *bias, size_t n, int fmt);
 /* ---- bf16 GEMMs through oneDNN (dnnl.c) ----------------------------------------------
  * Whether bf16 GEMMs go through oneDNN on this CPU (AVX512_BF16 and a bf16 kernel), and
  * the GEMMs themselves: the arguments of matmul.h's 16-bit forms in bf16 (out, or out32
- * when not NULL; dinp, or dinp32 when not NULL). wf__dnnl_failed: a GEMM failed since the last call
- * (logged). */
+ * when not NULL; dinp, or dinp32 when not NULL). wf__dnnl_failed: a GEMM failed since the
+ * last call (logged). */
 bool wf__dnnl_bf16(void);
 void wf__dnnl_forward(void *out, float *out32, const void *inp, const void *weight,
                       const float *bias, int N, int C, int OC);
