@@ -356,17 +356,18 @@ static const struct {
 /* WEFT_ variables that other parts of weft read; never config keys. A name ending
  * in '_' is a prefix. */
 static const char *const env_skip[] = {
-    "WEFT_LOG_LEVEL",    /* runtime/log.c, before any config exists */
-    "WEFT_MODULE_PATH",  /* runtime/module.c */
-    "WEFT_JOB_DIR",      /* coordinator job files */
-    "WEFT_COMM_CHECK",   /* collectives debugging */
-    "WEFT_TEST_",        /* test harnesses */
-    "WEFT_BENCH_",       /* benchmarks */
-    "WEFT_MAX_RESTARTS", /* scripts/weft-run and the Slurm scripts */
-    "WEFT_RESTART_",     /* scripts/weft-run: WEFT_RESTART_BACKOFF, ..._MAX */
-    "WEFT_BUNDLE",       /* a GPU bundle's env.sh (scripts/gpu-bundle-env.sh) */
-    "WEFT_BUNDLE_",      /* scripts/gpu_bundle.py: WEFT_BUNDLE_JOBS */
-    "WEFT_CUDA_LIBS",    /* a GPU bundle's env.sh: the CUDA library folders */
+    "WEFT_LOG_LEVEL",        /* runtime/log.c, before any config exists */
+    "WEFT_MODULE_PATH",      /* runtime/module.c */
+    "WEFT_JOB_DIR",          /* coordinator job files */
+    "WEFT_COMM_CHECK",       /* collectives debugging */
+    "WEFT_COMM_TRACE_CLOCK", /* collectives/comm.c: the trace recorder's clock */
+    "WEFT_TEST_",            /* test harnesses */
+    "WEFT_BENCH_",           /* benchmarks */
+    "WEFT_MAX_RESTARTS",     /* scripts/weft-run and the Slurm scripts */
+    "WEFT_RESTART_",         /* scripts/weft-run: WEFT_RESTART_BACKOFF, ..._MAX */
+    "WEFT_BUNDLE",           /* a GPU bundle's env.sh (scripts/gpu-bundle-env.sh) */
+    "WEFT_BUNDLE_",          /* scripts/gpu_bundle.py: WEFT_BUNDLE_JOBS */
+    "WEFT_CUDA_LIBS",        /* a GPU bundle's env.sh: the CUDA library folders */
 };
 
 int wf__cfg_key_index(const char *name)

@@ -293,10 +293,13 @@ static void backward16(const struct mm16 *f)
     wf__parallel(nt, dweight16_share, (void *)f);
 }
 
-void wf_matmul_backward16(void *dinp, float *dweight, float *dbias, const void *dout,
-                          const void *inp, const void *weight, int N, int C, int OC, int fmt)
+/* The 16-bit backward with dinp in fmt, or in fp32 when dinp32 is given. */
+static void backward16_into(void *dinp, float *dinp32, float *dweight, float *dbias,
+                            const void *dout, const void *inp, const void *weight, int N, int C,
+                            int OC, int fmt)
 {
   backward16(&(struct mm16){.dinp = dinp,
+                            .dinp32 = dinp32,
                             .dweight = dweight,
                             .dbias = dbias,
                             .dout = dout,
@@ -308,17 +311,14 @@ void wf_matmul_backward16(void *dinp, float *dweight, float *dbias, const void *
                             .fmt = fmt});
 }
 
+void wf_matmul_backward16(void *dinp, float *dweight, float *dbias, const void *dout,
+                          const void *inp, const void *weight, int N, int C, int OC, int fmt)
+{
+  backward16_into(dinp, NULL, dweight, dbias, dout, inp, weight, N, C, OC, fmt);
+}
+
 void wf_matmul_backward16_f32(float *dinp, float *dweight, float *dbias, const void *dout,
                               const void *inp, const void *weight, int N, int C, int OC, int fmt)
 {
-  backward16(&(struct mm16){.dinp32 = dinp,
-                            .dweight = dweight,
-                            .dbias = dbias,
-                            .dout = dout,
-                            .inp = inp,
-                            .weight = weight,
-                            .N = N,
-                            .C = C,
-                            .OC = OC,
-                            .fmt = fmt});
+  backward16_into(NULL, dinp, dweight, dbias, dout, inp, weight, N, C, OC, fmt);
 }

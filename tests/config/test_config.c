@@ -466,6 +466,7 @@ static void test_env_mapping_and_skip_list(void **state)
                  "WEFT_LOG_LEVEL=debug",
                  "WEFT_MODULE_PATH=/opt/weft",
                  "WEFT_JOB_DIR=/tmp/job",
+                 "WEFT_COMM_TRACE_CLOCK=precise",
                  "WEFT_TEST_ANYTHING=1",
                  "WEFTISH=1",
                  NULL};
