@@ -106,12 +106,16 @@ def write_shard(path, tokens, seed=1234):
         toks.tofile(f)
 
 
+def weft_command(o, batch, shard, metrics):
+    return [o.worker, "model.preset=gpt2-small", f"train.batch_size={batch}",
+            f"train.steps={o.warmup + o.steps}", "train.eval_every=0", "runtime.device=cuda",
+            f"precision={o.precision}", "runtime.allow_tf32=true", f"data.path={shard}",
+            f"train.metrics={metrics}"]
+
+
 def weft(o, batch, shard, tmp):
     metrics = os.path.join(tmp, f"weft-{batch}.jsonl")
-    cmd = [o.worker, "model.preset=gpt2-small", f"train.batch_size={batch}",
-           f"train.steps={o.warmup + o.steps}", "train.eval_every=0", "runtime.device=cuda",
-           f"precision={o.precision}", "runtime.allow_tf32=true", f"data.path={shard}",
-           f"train.metrics={metrics}"]
+    cmd = weft_command(o, batch, shard, metrics)
     try:
         p, dev_mib = MEMORY.run(cmd, left(o))
     except subprocess.TimeoutExpired:

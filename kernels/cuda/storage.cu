@@ -47,67 +47,110 @@ static unsigned rows_grid(int N) { return (unsigned)((N + ROWS_PER_BLOCK - 1) / 
 
 /* ---- store and load ------------------------------------------------------------------------ */
 
-template <typename T> __global__ static void store_kernel(T *dst, const float *src, size_t n)
+template <typename T>
+__global__ static void store_kernel(T *dst, const float *src, size_t n, bool vec)
 {
-  WF_GRID_STRIDE(i, n) { wf__st(dst, i, src[i]); }
+  WF_PACKS(i, n, vec)
+  {
+    float v[8];
+    wf__ld8(src, i, v);
+    wf__st8(dst, i, v);
+  }
+  WF_PACK_TAIL(i, n, vec) { wf__st(dst, i, src[i]); }
 }
 
-template <typename T> __global__ static void load_kernel(float *dst, const T *src, size_t n)
+template <typename T>
+__global__ static void load_kernel(float *dst, const T *src, size_t n, bool vec)
 {
-  WF_GRID_STRIDE(i, n) { dst[i] = wf__ld(src, i); }
+  WF_PACKS(i, n, vec)
+  {
+    float v[8];
+    wf__ld8(src, i, v);
+    wf__st8(dst, i, v);
+  }
+  WF_PACK_TAIL(i, n, vec) { dst[i] = wf__ld(src, i); }
 }
 
 template <typename T> static void store(void *dst, const float *src, size_t n, wf_stream *s)
 {
+  bool vec = wf__aligned16(dst, src);
   if (n == 0)
     return;
-  store_kernel<T><<<wf__grid_1d(n, 256), 256, 0, (cudaStream_t)s>>>((T *)dst, src, n);
+  store_kernel<T><<<wf__pack_grid(n, vec, 256), 256, 0, (cudaStream_t)s>>>((T *)dst, src, n, vec);
   WF_CUDA_LAUNCHED("store_kernel");
 }
 
 template <typename T> static void load(float *dst, const void *src, size_t n, wf_stream *s)
 {
+  bool vec = wf__aligned16(dst, src);
   if (n == 0)
     return;
-  load_kernel<T><<<wf__grid_1d(n, 256), 256, 0, (cudaStream_t)s>>>(dst, (const T *)src, n);
+  load_kernel<T>
+      <<<wf__pack_grid(n, vec, 256), 256, 0, (cudaStream_t)s>>>(dst, (const T *)src, n, vec);
   WF_CUDA_LAUNCHED("load_kernel");
 }
 
 /* ---- layernorm (layernorm.cu's algorithm: a warp per row) ---------------------------------- */
 
+/* A warp's columns of a row: WF_ROW_PACKS visits packs of 8 (c = 8 lane, then + 256) when
+ * `vec` (C a multiple of 8 and every tensor 16-byte aligned: row_packs), WF_ROW_ELEMS the
+ * columns one by one (c = lane, then + 32) when not. */
+#define WF_ROW_PACKS(c, C, vec)                                                                    \
+  for (int c = 8 * (int)(threadIdx.x % 32); (vec) && c < (C); c += 256)
+#define WF_ROW_ELEMS(c, C, vec)                                                                    \
+  for (int c = (vec) ? (C) : (int)(threadIdx.x % 32); c < (C); c += 32)
+
+static bool row_packs(int C, const void *a, const void *b, const void *c, const void *d)
+{
+  return C % 8 == 0 && wf__aligned16(a, b, c, d);
+}
+
 /* One warp normalises row x into o (both 16-bit); lane 0 keeps mean and rstd. */
 template <typename T>
 __device__ static void normalize_row(T *o, float *mean, float *rstd, const T *x, const float *w,
-                                     const float *b, int C, int row)
+                                     const float *b, int C, int row, bool vec)
 {
-  int lane = threadIdx.x % 32;
-  float s = 0.0f;
-  for (int c = lane; c < C; c += 32)
-    s += wf__ld(x, c);
-  float m = wf__warp_sum(s) / C;
-  float v = 0.0f;
-  for (int c = lane; c < C; c += 32) {
-    float d = wf__ld(x, c) - m;
-    v += d * d;
+  float s = 0.0f, q = 0.0f, v[8], wv[8], bv[8];
+  WF_ROW_PACKS(c, C, vec)
+  {
+    wf__ld8(x, c, v);
+    for (int k = 0; k < 8; k++)
+      s += v[k];
   }
-  float rs = rsqrtf(wf__warp_sum(v) / C + LN_EPS);
-  for (int c = lane; c < C; c += 32)
-    wf__st(o, c, (wf__ld(x, c) - m) * rs * w[c] + b[c]);
-  if (lane == 0 && mean)
+  WF_ROW_ELEMS(c, C, vec) { s += wf__ld(x, c); }
+  float m = wf__warp_sum(s) / C;
+  WF_ROW_PACKS(c, C, vec)
+  {
+    wf__ld8(x, c, v);
+    for (int k = 0; k < 8; k++)
+      q += (v[k] - m) * (v[k] - m);
+  }
+  WF_ROW_ELEMS(c, C, vec) { q += (wf__ld(x, c) - m) * (wf__ld(x, c) - m); }
+  float rs = rsqrtf(wf__warp_sum(q) / C + LN_EPS);
+  WF_ROW_PACKS(c, C, vec)
+  {
+    wf__ld8(x, c, v), wf__ld8(w, c, wv), wf__ld8(b, c, bv);
+    for (int k = 0; k < 8; k++)
+      v[k] = (v[k] - m) * rs * wv[k] + bv[k];
+    wf__st8(o, c, v);
+  }
+  WF_ROW_ELEMS(c, C, vec) { wf__st(o, c, (wf__ld(x, c) - m) * rs * w[c] + b[c]); }
+  if (threadIdx.x % 32 == 0 && mean)
     mean[row] = m;
-  if (lane == 0 && rstd)
+  if (threadIdx.x % 32 == 0 && rstd)
     rstd[row] = rs;
 }
 
 template <typename T>
 __global__ static void layernorm_forward_kernel(T *out, float *mean, float *rstd, const T *inp,
-                                                const float *w, const float *b, int N, int C)
+                                                const float *w, const float *b, int N, int C,
+                                                bool vec)
 {
   int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
   if (row >= N)
     return;
   size_t at = (size_t)row * C;
-  normalize_row(out + at, mean, rstd, inp + at, w, b, C, row);
+  normalize_row(out + at, mean, rstd, inp + at, w, b, C, row, vec);
 }
 
 /* res = store(a + b) (res may alias a: each lane reads then writes its own elements),
@@ -115,37 +158,61 @@ __global__ static void layernorm_forward_kernel(T *out, float *mean, float *rstd
 template <typename T>
 __global__ static void residual_layernorm_kernel(T *res, T *ln, float *mean, float *rstd,
                                                  const T *a, const float *b, const float *w,
-                                                 const float *bias, int N, int C)
+                                                 const float *bias, int N, int C, bool vec)
 {
   int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
   if (row >= N)
     return;
   size_t at = (size_t)row * C;
-  for (int c = threadIdx.x % 32; c < C; c += 32)
-    wf__st(res, at + c, wf__ld(a, at + c) + b[at + c]);
+  float x[8], y[8];
+  WF_ROW_PACKS(c, C, vec)
+  {
+    wf__ld8(a, at + c, x), wf__ld8(b, at + c, y);
+    for (int k = 0; k < 8; k++)
+      x[k] += y[k];
+    wf__st8(res, at + c, x);
+  }
+  WF_ROW_ELEMS(c, C, vec) { wf__st(res, at + c, wf__ld(a, at + c) + b[at + c]); }
   __syncwarp();
-  normalize_row(ln + at, mean, rstd, res + at, w, bias, C, row);
+  normalize_row(ln + at, mean, rstd, res + at, w, bias, C, row, vec);
 }
 
 template <typename T>
 __global__ static void layernorm_backward_dinp_kernel(float *dinp, const float *dout, const T *inp,
                                                       const float *w, const float *mean,
-                                                      const float *rstd, int N, int C)
+                                                      const float *rstd, int N, int C, bool vec)
 {
-  int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32, lane = threadIdx.x % 32;
+  int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
   if (row >= N)
     return;
   const T *x = inp + (size_t)row * C;
   const float *dy = dout + (size_t)row * C;
-  float m = mean[row], rs = rstd[row], a = 0.0f, bb = 0.0f;
-  for (int c = lane; c < C; c += 32) {
+  float *dx = dinp + (size_t)row * C;
+  float m = mean[row], rs = rstd[row], a = 0.0f, bb = 0.0f, xv[8], wv[8], dv[8], ov[8];
+  WF_ROW_PACKS(c, C, vec)
+  {
+    wf__ld8(x, c, xv), wf__ld8(w, c, wv), wf__ld8(dy, c, dv);
+    for (int k = 0; k < 8; k++) {
+      a += wv[k] * dv[k];
+      bb += wv[k] * dv[k] * (xv[k] - m) * rs;
+    }
+  }
+  WF_ROW_ELEMS(c, C, vec)
+  {
     float wdy = w[c] * dy[c];
     a += wdy;
     bb += wdy * (wf__ld(x, c) - m) * rs;
   }
   float mean_wdy = wf__warp_sum(a) / C, mean_wdy_norm = wf__warp_sum(bb) / C;
-  float *dx = dinp + (size_t)row * C;
-  for (int c = lane; c < C; c += 32) {
+  WF_ROW_PACKS(c, C, vec)
+  {
+    wf__ld8(x, c, xv), wf__ld8(w, c, wv), wf__ld8(dy, c, dv), wf__ld8(dx, c, ov);
+    for (int k = 0; k < 8; k++)
+      ov[k] += (wv[k] * dv[k] - mean_wdy - (xv[k] - m) * rs * mean_wdy_norm) * rs;
+    wf__st8(dx, c, ov);
+  }
+  WF_ROW_ELEMS(c, C, vec)
+  {
     float norm = (wf__ld(x, c) - m) * rs;
     dx[c] += (w[c] * dy[c] - mean_wdy - norm * mean_wdy_norm) * rs;
   }
@@ -157,8 +224,9 @@ static void layernorm_forward(void *out, float *mean, float *rstd, const void *i
 {
   if (N <= 0 || C <= 0)
     return;
+  bool vec = row_packs(C, out, inp, w, b);
   layernorm_forward_kernel<T><<<rows_grid(N), 32 * ROWS_PER_BLOCK, 0, (cudaStream_t)s>>>(
-      (T *)out, mean, rstd, (const T *)inp, w, b, N, C);
+      (T *)out, mean, rstd, (const T *)inp, w, b, N, C, vec);
   WF_CUDA_LAUNCHED("layernorm_forward_kernel (16-bit)");
 }
 
@@ -169,8 +237,9 @@ static void residual_layernorm_forward(void *res, void *ln, float *mean, float *
 {
   if (N <= 0 || C <= 0)
     return;
+  bool vec = row_packs(C, res, ln, a, b) && wf__aligned16(w, bias);
   residual_layernorm_kernel<T><<<rows_grid(N), 32 * ROWS_PER_BLOCK, 0, (cudaStream_t)s>>>(
-      (T *)res, (T *)ln, mean, rstd, (const T *)a, b, w, bias, N, C);
+      (T *)res, (T *)ln, mean, rstd, (const T *)a, b, w, bias, N, C, vec);
   WF_CUDA_LAUNCHED("residual_layernorm_kernel (16-bit)");
 }
 
@@ -183,8 +252,9 @@ static void layernorm_backward(float *dinp, float *dweight, float *dbias, const 
   if (N <= 0 || C <= 0)
     return;
   if (dinp) {
+    bool vec = row_packs(C, dinp, dout, inp, w);
     layernorm_backward_dinp_kernel<T><<<rows_grid(N), 32 * ROWS_PER_BLOCK, 0, s>>>(
-        dinp, dout, (const T *)inp, w, mean, rstd, N, C);
+        dinp, dout, (const T *)inp, w, mean, rstd, N, C, vec);
     if (!WF_CUDA_LAUNCHED("layernorm_backward_dinp_kernel (16-bit)"))
       return;
   }
@@ -194,9 +264,18 @@ static void layernorm_backward(float *dinp, float *dweight, float *dbias, const 
 /* ---- elementwise ----------------------------------------------------------------------------- */
 
 template <typename T>
-__global__ static void residual_kernel(T *out, const T *a, const float *b, size_t n)
+__global__ static void residual_kernel(T *out, const T *a, const float *b, size_t n, bool vec)
 {
-  WF_GRID_STRIDE(i, n) { wf__st(out, i, wf__ld(a, i) + b[i]); }
+  WF_PACKS(i, n, vec)
+  {
+    float x[8], y[8];
+    wf__ld8(a, i, x);
+    wf__ld8(b, i, y);
+    for (int k = 0; k < 8; k++)
+      x[k] += y[k];
+    wf__st8(out, i, x);
+  }
+  WF_PACK_TAIL(i, n, vec) { wf__st(out, i, wf__ld(a, i) + b[i]); }
 }
 
 __device__ __forceinline__ float gelu(float x)
@@ -205,9 +284,18 @@ __device__ __forceinline__ float gelu(float x)
   return 0.5f * x * (1.0f + tanhf(u));
 }
 
-template <typename T> __global__ static void gelu_forward_kernel(T *out, const T *inp, size_t n)
+template <typename T>
+__global__ static void gelu_forward_kernel(T *out, const T *inp, size_t n, bool vec)
 {
-  WF_GRID_STRIDE(i, n) { wf__st(out, i, gelu(wf__ld(inp, i))); }
+  WF_PACKS(i, n, vec)
+  {
+    float x[8];
+    wf__ld8(inp, i, x);
+    for (int k = 0; k < 8; k++)
+      x[k] = gelu(x[k]);
+    wf__st8(out, i, x);
+  }
+  WF_PACK_TAIL(i, n, vec) { wf__st(out, i, gelu(wf__ld(inp, i))); }
 }
 
 /* out = x rounded to T; with gelu_out, also the GELU of that stored value, as the CPU's
@@ -223,46 +311,59 @@ __global__ static void round_gelu_kernel(T *out, T *gelu_out, const float *x, si
   }
 }
 
+__device__ __forceinline__ float gelu_grad(float x)
+{
+  float th = tanhf(GELU_K * (x + 0.044715f * x * x * x));
+  return 0.5f * (1.0f + th) +
+         0.5f * x * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
 /* dinp = gelu'(inp) * dout, dout and dinp in the format (gelu.h) */
 template <typename T>
-__global__ static void gelu_backward_kernel(T *dinp, const T *inp, const T *dout, size_t n)
+__global__ static void gelu_backward_kernel(T *dinp, const T *inp, const T *dout, size_t n,
+                                            bool vec)
 {
-  WF_GRID_STRIDE(i, n)
+  WF_PACKS(i, n, vec)
   {
-    float x = wf__ld(inp, i);
-    float th = tanhf(GELU_K * (x + 0.044715f * x * x * x));
-    float grad = 0.5f * (1.0f + th) +
-                 0.5f * x * (1.0f - th * th) * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
-    wf__st(dinp, i, grad * wf__ld(dout, i));
+    float x[8], dy[8];
+    wf__ld8(inp, i, x);
+    wf__ld8(dout, i, dy);
+    for (int k = 0; k < 8; k++)
+      x[k] = gelu_grad(x[k]) * dy[k];
+    wf__st8(dinp, i, x);
   }
+  WF_PACK_TAIL(i, n, vec) { wf__st(dinp, i, gelu_grad(wf__ld(inp, i)) * wf__ld(dout, i)); }
 }
 
 template <typename T>
 static void residual_forward(void *out, const void *a, const float *b, size_t n, wf_stream *s)
 {
+  bool vec = wf__aligned16(out, a, b);
   if (n == 0)
     return;
   residual_kernel<T>
-      <<<wf__grid_1d(n, 256), 256, 0, (cudaStream_t)s>>>((T *)out, (const T *)a, b, n);
+      <<<wf__pack_grid(n, vec, 256), 256, 0, (cudaStream_t)s>>>((T *)out, (const T *)a, b, n, vec);
   WF_CUDA_LAUNCHED("residual_kernel (16-bit)");
 }
 
 template <typename T> static void gelu_forward(void *out, const void *inp, size_t n, wf_stream *s)
 {
+  bool vec = wf__aligned16(out, inp);
   if (n == 0)
     return;
   gelu_forward_kernel<T>
-      <<<wf__grid_1d(n, 256), 256, 0, (cudaStream_t)s>>>((T *)out, (const T *)inp, n);
+      <<<wf__pack_grid(n, vec, 256), 256, 0, (cudaStream_t)s>>>((T *)out, (const T *)inp, n, vec);
   WF_CUDA_LAUNCHED("gelu_forward_kernel (16-bit)");
 }
 
 template <typename T>
 static void gelu_backward(void *dinp, const void *inp, const void *dout, size_t n, wf_stream *s)
 {
+  bool vec = wf__aligned16(dinp, inp, dout);
   if (n == 0)
     return;
-  gelu_backward_kernel<T><<<wf__grid_1d(n, 256), 256, 0, (cudaStream_t)s>>>(
-      (T *)dinp, (const T *)inp, (const T *)dout, n);
+  gelu_backward_kernel<T><<<wf__pack_grid(n, vec, 256), 256, 0, (cudaStream_t)s>>>(
+      (T *)dinp, (const T *)inp, (const T *)dout, n, vec);
   WF_CUDA_LAUNCHED("gelu_backward_kernel (16-bit)");
 }
 
@@ -437,8 +538,7 @@ template <typename T> static bool run16_biased(const gemm16 *g, void *gelu_out, 
     f.bias = b32, f.bias_type = CUDA_R_32F;
     ok = run16_rounded<T>(&f, gelu_out, s);
   } else if (ok && gelu_out) {
-    gelu_forward_kernel<T><<<wf__grid_1d(n, 256), 256, 0, s>>>((T *)gelu_out, (const T *)g->D, n);
-    ok = WF_CUDA_LAUNCHED("gelu_forward_kernel (16-bit, after the biased GEMM)");
+    gelu_forward<T>(gelu_out, g->D, n, (wf_stream *)s); /* a launch failure is kept, as any */
   }
   return WF_CUDA_OK(cudaFreeAsync(tmp, s)) && ok;
 }

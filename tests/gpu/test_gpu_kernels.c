@@ -1101,9 +1101,10 @@ static void storage_convert(ctx *c, const tables16 *t)
   expect_close(c, "load", back, d_back, n, 0, 0);
 }
 
-static void storage_norms(ctx *c, const tables16 *t)
+/* C 45: the kernels' column-by-column loops; C 64: their packs of 8 (storage.cu). */
+static void storage_norms(ctx *c, const tables16 *t, int C)
 {
-  const int N = 37, C = 45;
+  const int N = 37;
   const size_t NC = (size_t)N * C;
   uint16_t *x = hact(c, NC, t->fmt, -2, 2), *out = hact0(c, NC), *res = hact0(c, NC);
   float *w = hrand(c, C, 0.5f, 1.5f), *b = hrand(c, C, -1, 1), *bsum = hrand(c, NC, -1, 1);
@@ -1140,6 +1141,11 @@ static void storage_elementwise(ctx *c, const tables16 *t)
   t->cpu->gelu_forward(y, x, n, NULL);
   t->gpu->gelu_forward(d_y, d_x, n, c->stream);
   expect_stored16(c, t, "gelu_forward", y, d_y, n, TOL_ELEM, TOL_ELEM);
+  /* operands off 16-byte alignment: the kernels go element by element (storage.cu) */
+  uint16_t *y1 = (uint16_t *)d_y + 1;
+  t->cpu->gelu_forward(y + 1, x + 1, n - 1, NULL);
+  t->gpu->gelu_forward(y1, (uint16_t *)d_x + 1, n - 1, c->stream);
+  expect_stored16(c, t, "gelu_forward, unaligned", y + 1, y1, n - 1, TOL_ELEM, TOL_ELEM);
   t->cpu->gelu_backward(dx, x, dy, n, NULL); /* written, in the format */
   t->gpu->gelu_backward(d_dx, d_x, d16(c, dy, n), n, c->stream);
   expect_stored16(c, t, "gelu_backward", dx, d_dx, n, TOL_ELEM, TOL_ELEM);
@@ -1492,7 +1498,9 @@ static void test_storage(ctx *c)
     printf(" %s\n", wf_storage_name(t.fmt));
     storage_convert(c, &t);
     end_case(c);
-    storage_norms(c, &t);
+    storage_norms(c, &t, 45);
+    end_case(c);
+    storage_norms(c, &t, 64);
     end_case(c);
     storage_elementwise(c, &t);
     end_case(c);
