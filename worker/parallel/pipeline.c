@@ -1,5 +1,5 @@
 /*
- * pipeline.c - the pipeline engine and the stage partition (see wf_pipe.h).
+ * pipeline.c - the pipeline engine and the stage partition (see wf_parallel.h).
  *
  * Buffers. An activation is received in place: into one of the model's spare stage
  * inputs (wf_model_stage_inbox), which its forward then keeps as the slot's input, and

@@ -1,6 +1,6 @@
 /*
- * hw.c - hardware profiles: the built-in GPUs (datasheet numbers; README.md, "Planning",
- * gives each one's source), the JSON file worker --profile-hw writes, and the rates the
+ * hw.c - hardware profiles: the built-in GPUs (datasheet numbers; docs/planning.md gives
+ * each one's source), the JSON file worker --profile-hw writes, and the rates the
  * time model reads from a profile: a GEMM's seconds at its shape, and an all-reduce's
  * and an all-gather's seconds by group size.
  *
@@ -22,7 +22,7 @@
 /* ---- built-in profiles ------------------------------------------------------------------ */
 
 /* Datasheet figures (dense, no sparsity); gemm_eff, alpha and overlap are the
- * planner's assumptions, not datasheet numbers (README.md says so). */
+ * planner's assumptions, not datasheet numbers (docs/planning.md says so). */
 static const wf_hw builtins[] = {
     {.name = "h100-sxm",
      .source = "NVIDIA H100 Tensor Core GPU datasheet (SXM5 80GB): TF32 494.7, BF16/FP16 989.4 "

@@ -6,11 +6,10 @@
  * GPipe, interleaved with 2 or 4 virtual stages); with dp > 1 ZeRO 1, 2 and 3 (3 also
  * with reshard_after_forward=false), each over all of dp or, as HSDP, over fsdp groups
  * of every proper divisor of dp; sequence parallelism (tp > 1); recompute; the
- * precision (fp32 and bf16 on a GPU; the config's on a CPU, where bf16 is emulated and
- * never faster). Each candidate goes through the config's own validation (which refuses
- * ZeRO with one dp rank; ZeRO-2/3 with the interleaved schedule and HSDP with
- * checkpoints are ranked like any other), the model's shard rules, then memory against
- * the limit.
+ * precision (fp32 and bf16 on a GPU; on a CPU, the config's). Each candidate goes through the
+ * config's own validation (which refuses ZeRO with one dp rank; ZeRO-2/3 with the interleaved
+ * schedule and HSDP with checkpoints are ranked like any other), the model's shard rules, then
+ * memory against the limit.
  */
 #include <math.h>
 #include <stdlib.h>
