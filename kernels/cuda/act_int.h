@@ -104,6 +104,20 @@ static inline unsigned wf__pack_grid(size_t n, bool vec, unsigned block)
   return wf__grid_1d(vec ? (n + 7) / 8 : n, block);
 }
 
+/* A warp's columns of a row (the norms' kernels, a warp per row): WF_ROW_PACKS visits
+ * packs of 8 (c = 8 lane, then + 256) when `vec` (wf__row_packs: C a multiple of 8 and
+ * every tensor 16-byte aligned, so every row is), WF_ROW_ELEMS the columns one by one
+ * (c = lane, then + 32) when not. */
+#define WF_ROW_PACKS(c, C, vec)                                                                    \
+  for (int c = 8 * (int)(threadIdx.x % 32); (vec) && c < (C); c += 256)
+#define WF_ROW_ELEMS(c, C, vec)                                                                    \
+  for (int c = (vec) ? (C) : (int)(threadIdx.x % 32); c < (C); c += 32)
+static inline bool wf__row_packs(int C, const void *a, const void *b, const void *c,
+                                 const void *d = NULL)
+{
+  return C % 8 == 0 && wf__aligned16(a, b, c, d);
+}
+
 /* Column sums over rows (colsum.cu), reading E: dbias (OC) += the column sums of dout
  * (N, OC); a norm's dweight (C) += sum_n (x - mean) rstd dout (mean NULL: x rstd, RMSNorm)
  * and dbias (C) += sum_n dout, either gradient NULL when not wanted. Deterministic. */

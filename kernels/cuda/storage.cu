@@ -92,19 +92,6 @@ template <typename T> static void load(float *dst, const void *src, size_t n, wf
 
 /* ---- layernorm (layernorm.cu's algorithm: a warp per row) ---------------------------------- */
 
-/* A warp's columns of a row: WF_ROW_PACKS visits packs of 8 (c = 8 lane, then + 256) when
- * `vec` (C a multiple of 8 and every tensor 16-byte aligned: row_packs), WF_ROW_ELEMS the
- * columns one by one (c = lane, then + 32) when not. */
-#define WF_ROW_PACKS(c, C, vec)                                                                    \
-  for (int c = 8 * (int)(threadIdx.x % 32); (vec) && c < (C); c += 256)
-#define WF_ROW_ELEMS(c, C, vec)                                                                    \
-  for (int c = (vec) ? (C) : (int)(threadIdx.x % 32); c < (C); c += 32)
-
-static bool row_packs(int C, const void *a, const void *b, const void *c, const void *d)
-{
-  return C % 8 == 0 && wf__aligned16(a, b, c, d);
-}
-
 /* One warp normalises row x into o (both 16-bit); lane 0 keeps mean and rstd. */
 template <typename T>
 __device__ static void normalize_row(T *o, float *mean, float *rstd, const T *x, const float *w,
@@ -224,7 +211,7 @@ static void layernorm_forward(void *out, float *mean, float *rstd, const void *i
 {
   if (N <= 0 || C <= 0)
     return;
-  bool vec = row_packs(C, out, inp, w, b);
+  bool vec = wf__row_packs(C, out, inp, w, b);
   layernorm_forward_kernel<T><<<rows_grid(N), 32 * ROWS_PER_BLOCK, 0, (cudaStream_t)s>>>(
       (T *)out, mean, rstd, (const T *)inp, w, b, N, C, vec);
   WF_CUDA_LAUNCHED("layernorm_forward_kernel (16-bit)");
@@ -237,7 +224,7 @@ static void residual_layernorm_forward(void *res, void *ln, float *mean, float *
 {
   if (N <= 0 || C <= 0)
     return;
-  bool vec = row_packs(C, res, ln, a, b) && wf__aligned16(w, bias);
+  bool vec = wf__row_packs(C, res, ln, a, b) && wf__aligned16(w, bias);
   residual_layernorm_kernel<T><<<rows_grid(N), 32 * ROWS_PER_BLOCK, 0, (cudaStream_t)s>>>(
       (T *)res, (T *)ln, mean, rstd, (const T *)a, b, w, bias, N, C, vec);
   WF_CUDA_LAUNCHED("residual_layernorm_kernel (16-bit)");
@@ -252,7 +239,7 @@ static void layernorm_backward(float *dinp, float *dweight, float *dbias, const 
   if (N <= 0 || C <= 0)
     return;
   if (dinp) {
-    bool vec = row_packs(C, dinp, dout, inp, w);
+    bool vec = wf__row_packs(C, dinp, dout, inp, w);
     layernorm_backward_dinp_kernel<T><<<rows_grid(N), 32 * ROWS_PER_BLOCK, 0, s>>>(
         dinp, dout, (const T *)inp, w, mean, rstd, N, C, vec);
     if (!WF_CUDA_LAUNCHED("layernorm_backward_dinp_kernel (16-bit)"))
