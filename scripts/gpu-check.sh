@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# weft's whole GPU check on a GPU machine, in one command (at most 8 minutes on one H100):
+# weft's whole GPU check on a GPU machine, in one command (at most 8 minutes; 125 s on one H100):
 #
 #     scripts/gpu-check.sh OUTDIR [--require-gpu] [--only PART,...]
 #

@@ -30,7 +30,7 @@ A part's status is pass, fail (with the reason) or "no GPU" (gpu_probe found no 
 driver, or one that reports no device; a GPU that is there but unusable fails every GPU
 part). Writes OUTDIR/gpu-report.md (the summary and the tables), OUTDIR/gpu-report.json
 and OUTDIR/logs/. Exits 1 when a part failed, and with --require-gpu also when there was
-no GPU. The limits add up to 450 s; on one H100 the whole check takes about 5 minutes.
+no GPU. The limits add up to 450 s; on one H100 the whole check took 125 s (2026-11-27).
 """
 import argparse
 import concurrent.futures
