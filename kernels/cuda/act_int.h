@@ -118,6 +118,25 @@ static inline bool wf__row_packs(int C, const void *a, const void *b, const void
   return C % 8 == 0 && wf__aligned16(a, b, c, d);
 }
 
+/* A warp's row of a residual stream: res (C) = a + b, stored (res may alias a: each lane
+ * reads, then writes, its own columns), then the warp synchronized, ready for the norm of
+ * res that the norms' fused kernels take next. */
+template <typename E>
+__device__ __forceinline__ void wf__residual_row(E *res, const E *a, const float *b, int C,
+                                                 bool vec)
+{
+  float x[8], y[8];
+  WF_ROW_PACKS(c, C, vec)
+  {
+    wf__ld8(a, c, x), wf__ld8(b, c, y);
+    for (int k = 0; k < 8; k++)
+      x[k] += y[k];
+    wf__st8(res, c, x);
+  }
+  WF_ROW_ELEMS(c, C, vec) { wf__st(res, c, wf__ld(a, c) + b[c]); }
+  __syncwarp();
+}
+
 /* Column sums over rows (colsum.cu), reading E: dbias (OC) += the column sums of dout
  * (N, OC); a norm's dweight (C) += sum_n (x - mean) rstd dout (mean NULL: x rstd, RMSNorm)
  * and dbias (C) += sum_n dout, either gradient NULL when not wanted. Deterministic. */

@@ -68,16 +68,7 @@ __global__ static void residual_rmsnorm_kernel(E *res, E *out, float *rstd, cons
   if (row >= N)
     return;
   size_t at = (size_t)row * C;
-  float x[8], y[8];
-  WF_ROW_PACKS(c, C, vec)
-  {
-    wf__ld8(a, at + c, x), wf__ld8(b, at + c, y);
-    for (int k = 0; k < 8; k++)
-      x[k] += y[k];
-    wf__st8(res, at + c, x);
-  }
-  WF_ROW_ELEMS(c, C, vec) { wf__st(res, at + c, wf__ld(a, at + c) + b[at + c]); }
-  __syncwarp();
+  wf__residual_row(res + at, a + at, b + at, C, vec);
   rms_row(out + at, rstd, res + at, weight, eps, C, row, vec);
 }
 
