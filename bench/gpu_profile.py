@@ -48,7 +48,7 @@ GROUPS = [
     ("layernorm, RMSNorm", r"layernorm|rmsnorm|normalize"),
     ("GELU, SwiGLU", r"gelu|swiglu"),
     ("residual", r"residual"),
-    ("cross-entropy", r"xent|classifier"),
+    ("cross-entropy", r"xent|classifier|::stats_kernel|::grad_kernel"),
     ("stores and loads (rounding to the format)", r"store_kernel|load_kernel|round"),
     ("AdamW", r"adamw"),
     ("reductions (norm, loss)", r"sumsq|small_kernel|grid_kernel|finish|loss"),
