@@ -557,8 +557,10 @@ static void test_matmul(void **state)
     expect_within_sum_bound("matmul_backward_f32 dinp", fmt, dx, dx32, bx, (size_t)M * K, OC, NULL);
     expect_within_sum_bound("matmul_backward dweight", fmt, dw, dw32, bw, (size_t)OC * K, M, NULL);
     expect_within_sum_bound("matmul_backward dbias", fmt, db, db32, bb, OC, M, NULL);
-    /* dinp in the format, written over NaN (0xffff in both formats); dweight and dbias
-     * added again */
+    /* dinp in the format, written over NaN (0xffff in both formats), within the sum bound
+     * plus one step of the format (the top); dweight and dbias added again: the twice
+     * accumulated sum is one sum of 2M terms against twice the reference, so the same
+     * bound with 2M terms and twice the absolute sums */
     uint16_t *dx16 = malloc((size_t)M * K * 2);
     memset(dx16, 0xff, (size_t)M * K * 2);
     k->matmul_backward(dx16, dw, db, dy.h, x.h, w.h, M, K, OC, fmt, NULL);
