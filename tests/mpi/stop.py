@@ -157,10 +157,11 @@ def case_signal_mpirun(sig):
 def case_twice():
     """Ctrl-C twice: the second stops at once, exit 130, no checkpoint after the first
     request, the job file and socket removed. Step 3's data read never returns
-    (WEFT_TEST_DATA_STALL), so no step boundary can come between the two."""
+    (WEFT_TEST_DATA_STALL), and the first Ctrl-C comes once the worker says it is in
+    that read, so no step boundary can come between the two."""
     with tempfile.TemporaryDirectory() as d:
         job = launch(d, 1, env_extra={"WEFT_TEST_DATA_STALL": "0:3"})
-        job.wait_for(r"step 2/")
+        job.wait_for(r"step 3's read stalls here")
         job.ctrl_c()
         job.wait_for(r"SIGINT: stopping at the next step boundary")
         job.ctrl_c()

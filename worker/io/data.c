@@ -741,9 +741,12 @@ wf_status wf_data_batch(const wf_data *d, int *inputs, int *targets, wf_data_spl
              (long long)index + 1);
     return WF_EIO;
   }
-  if (test_hook("WEFT_TEST_DATA_STALL", &stall_r, &stall_s, split, index))
+  if (test_hook("WEFT_TEST_DATA_STALL", &stall_r, &stall_s, split, index)) {
+    /* said first, so a test knows the job is past the last step boundary it will see */
+    WF_INFO("data: step %lld's read stalls here (WEFT_TEST_DATA_STALL)", (long long)index + 1);
     while (sleep(3600)) /* a read that never returns, signals or not: the process */
       ;                 /* lives, training does not */
+  }
   int rows = wf_data_rows(d, dp_size, micro_count);
   if (rows == 0 || dp_rank < 0 || dp_rank >= dp_size || micro < 0 || micro >= micro_count)
     return WF_EINVAL;
