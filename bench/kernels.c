@@ -29,7 +29,8 @@
  *    worker: auto, i.e. cuDNN else the flash kernels, at bf16, the fp32 reference at
  *    fp32); the module logs the path each shape takes. GPU: runtime/peak.c's datasheet table (what
  * MFU divides by) and the datasheet's HBM bandwidth. CPU: the nominal fp32 peak of the threads'
- * cores, and a bandwidth measured here (a STREAM triad over 3 x 128 MiB on those threads).
+ * cores (their bf16 dot-product peak for the bf16 GEMMs and attention when oneDNN runs the bf16
+ * GEMMs), and a bandwidth measured here (a STREAM triad over 3 x 128 MiB on those threads).
  *
  * Adding a kernel to the table is one KERNEL row below (the table member it times, a
  * label, FLOPs, bytes, the call). The bench refuses to run when a member of the table
@@ -52,6 +53,7 @@
 #include "wf_config.h"
 #include "wf_device.h"
 #include "wf_gpu.h"
+#include "wf_kernels.h"
 #include "wf_ktable.h"
 #include "wf_peak.h"
 
@@ -700,11 +702,19 @@ static void device_peaks(const opts *o, wf_gpu *gpu, const char *name, peaks *p)
   } else {
     int threads = wf_kernels_threads();
     double gbs = cpu_bandwidth_gbs(threads);
-    if (wf_peak_cpu(threads, &pk))
-      p->gemm = p->bf16 = p->fp32 = pk.fp32;
+    /* bf16 GEMMs on oneDNN run on the bf16 dot-product units; widened, on the FMAs */
+    bool dots = bf16 && wf_kernels_bf16_gemm_fast();
+    if (wf_peak_cpu(threads, &pk)) {
+      p->fp32 = pk.fp32;
+      p->bf16 = dots ? pk.bf16 : pk.fp32;
+      p->gemm = p->bf16;
+    }
     p->mem_gbs = gbs;
     snprintf(p->what, sizeof p->what, "%s; memory %.1f GB/s measured (STREAM triad, %d threads)",
-             p->fp32 > 0 ? pk.source : "CPU peak unknown", gbs, threads);
+             p->fp32 <= 0 ? "CPU peak unknown"
+             : dots       ? pk.source_bf16
+                          : pk.source,
+             gbs, threads);
   }
 }
 

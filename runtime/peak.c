@@ -35,6 +35,7 @@ bool wf_peak_gpu(const char *name, wf_peak *out)
     snprintf(out->source, sizeof out->source,
              "NVIDIA datasheet, %s: 16-bit %.1f, TF32 %.1f, fp32 %.1f TFLOP/s dense, %.0f GB/s",
              gpus[i].name, gpus[i].bf16, gpus[i].tf32, gpus[i].fp32, gpus[i].mem_gbs);
+    snprintf(out->source_bf16, sizeof out->source_bf16, "%s", out->source);
     return true;
   }
   return false;
@@ -67,6 +68,17 @@ static double cpu_ghz(double cpuinfo_mhz)
   return WF_MAX(khz / 1e6, cpuinfo_mhz / 1e3);
 }
 
+/* bf16 FLOP per cycle per core of the units oneDNN's bf16 GEMMs run on
+ * (kernels/cpu/dnnl.c): AMX tiles, 1024 (Intel's figure per core); AVX512_BF16's dot
+ * products, twice the fp32 FMA's (two bf16 products per fp32 lane); else the fp32
+ * FMAs, which widened operands run on. */
+static int cpu_bf16_flops_per_cycle(const char *flags, int fp32)
+{
+  if (strstr(flags, " amx_bf16"))
+    return 1024;
+  return strstr(flags, " avx512_bf16") ? 2 * fp32 : fp32;
+}
+
 bool wf_peak_cpu(double cores, wf_peak *out)
 {
   char line[4096], flags[4096] = "";
@@ -87,9 +99,9 @@ bool wf_peak_cpu(double cores, wf_peak *out)
   double ghz = cpu_ghz(mhz);
   if (!flags[0] || ghz <= 0 || cores <= 0)
     return false;
-  int fpc = cpu_flops_per_cycle(flags);
+  int fpc = cpu_flops_per_cycle(flags), bpc = cpu_bf16_flops_per_cycle(flags, fpc);
   double tflops = cores * ghz * fpc * 1e-3;
-  *out = (wf_peak){.bf16 = tflops, .tf32 = tflops, .fp32 = tflops};
+  *out = (wf_peak){.bf16 = cores * ghz * bpc * 1e-3, .tf32 = tflops, .fp32 = tflops};
   snprintf(out->source, sizeof out->source,
            "nominal fp32 peak: %.2f cores x %.2f GHz x %d FLOP/cycle (%s FMA, 2 pipes)", cores, ghz,
            fpc,
@@ -97,5 +109,11 @@ bool wf_peak_cpu(double cores, wf_peak *out)
            : fpc == 32 ? "AVX2"
            : fpc == 16 ? "AVX"
                        : "SSE");
+  if (bpc == fpc)
+    snprintf(out->source_bf16, sizeof out->source_bf16, "%s", out->source);
+  else
+    snprintf(out->source_bf16, sizeof out->source_bf16,
+             "nominal bf16 peak: %.2f cores x %.2f GHz x %d FLOP/cycle (%s)", cores, ghz, bpc,
+             bpc == 1024 ? "AMX tiles" : "AVX512_BF16 dot products, 2 pipes");
   return true;
 }

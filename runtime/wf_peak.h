@@ -17,14 +17,17 @@ typedef struct wf_peak {
   double bf16, tf32, fp32; /* TFLOP/s, dense: 16-bit tensor cores, TF32, fp32 */
   double mem_gbs;          /* GB/s (datasheet); 0 = not known */
   char source[160];        /* where the figures come from, for a banner */
+  char source_bf16[160];   /* the same for the bf16 figure alone */
 } wf_peak;
 
 /* The datasheet peaks of the GPU named `name` (as the driver names it, e.g. "NVIDIA
  * H100 80GB HBM3"); false when it is not listed. */
 bool wf_peak_gpu(const char *name, wf_peak *out);
 
-/* The nominal fp32 peak of `cores` cores of this machine's CPU (bf16 and tf32 set to
- * the same figure; mem_gbs 0); false when /proc/cpuinfo does not tell. */
+/* The nominal peaks of `cores` cores of this machine's CPU: fp32 (tf32 the same) from
+ * the widest FMA, bf16 from the bf16 dot-product units when it has them (AMX,
+ * AVX512_BF16), else the fp32 figure; mem_gbs 0. False when /proc/cpuinfo does not
+ * tell. */
 bool wf_peak_cpu(double cores, wf_peak *out);
 
 #endif /* WF_PEAK_H */

@@ -75,13 +75,15 @@ fail:
   return st;
 }
 
-void wf__cpu_peak(wf__rank_device *rd, double cores)
+void wf__cpu_peak(wf__rank_device *rd, double cores, const wf_config *cfg)
 {
   wf_peak p;
   if (!wf_peak_cpu(cores, &p))
     return;
-  rd->peak_tflops = p.fp32;
-  wf_strlcpy(rd->peak_source, p.source, sizeof rd->peak_source);
+  /* bf16 runs' GEMMs, the FLOPs that count, are oneDNN's when it takes them */
+  bool dots = cfg->precision == WF_PREC_BF16 && wf_kernels_bf16_gemm_fast();
+  rd->peak_tflops = dots ? p.bf16 : p.fp32;
+  wf_strlcpy(rd->peak_source, dots ? p.source_bf16 : p.source, sizeof rd->peak_source);
 }
 
 static void use_cpu(wf__rank_device *rd)

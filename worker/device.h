@@ -21,7 +21,7 @@ typedef struct wf__rank_device {
   char desc[32];      /* "cpu" or "cuda:N" */
   char bus[32];       /* the GPU's PCI bus id, or "" */
   double peak_tflops; /* the GPU's nominal dense peak at the run's precision; 0 = unknown */
-  char peak_source[128];
+  char peak_source[160];
 } wf__rank_device;
 
 /* The rank's device: GPU `local rank % visible` when runtime.device is auto or cuda and
@@ -32,11 +32,12 @@ wf_status wf__pick_device(const wf_config *cfg, const wf_launch *l, wf__rank_dev
                           size_t err_len);
 void wf__rank_device_close(wf__rank_device *rd);
 
-/* On the CPU: the nominal fp32 peak of the cores this rank computes on (`cores`, a
- * fraction when ranks share cores), from /proc/cpuinfo's widest FMA vector and the
- * highest clock it or cpufreq reports. An upper bound no GEMM can beat, as a GPU's data
- * sheet peak is; left 0 (MFU falls back to a measurement) where the CPU is not known. */
-void wf__cpu_peak(wf__rank_device *rd, double cores);
+/* On the CPU: the nominal peak of the cores this rank computes on (`cores`, a fraction
+ * when ranks share cores), from /proc/cpuinfo's widest FMA vector (its bf16 dot-product
+ * units when precision=bf16's GEMMs run on oneDNN) and the highest clock it or cpufreq
+ * reports. An upper bound no GEMM can beat, as a GPU's data sheet peak is; left 0 (MFU
+ * falls back to a measurement) where the CPU is not known. */
+void wf__cpu_peak(wf__rank_device *rd, double cores, const wf_config *cfg);
 
 /* One rank's GPU as the choice of NCCL sees it: its host and the PCI bus id of its
  * device ("" when the rank computes on the CPU). `rank` is filled in by the decision. */

@@ -531,9 +531,11 @@ static void bind_rank(const wf_config *cfg, const wf_launch *launch, wf__rank_de
     binding->threads = cfg->runtime.threads;
   }
   wf_kernels_set_threads(binding->threads);
-  if (!rd->gpu) /* ranks sharing cores share their peak too: the job's sum is the node's */
-    wf__cpu_peak(rd, binding->shared ? (double)binding->node_cores / launch->local_size
-                                     : binding->threads);
+  /* ranks sharing cores share their peak too: the job's sum is the node's */
+  double cores =
+      binding->shared ? (double)binding->node_cores / launch->local_size : binding->threads;
+  if (!rd->gpu)
+    wf__cpu_peak(rd, cores, cfg);
 }
 
 /* Pick the device, bind, bootstrap the mesh and run the command on it. */
