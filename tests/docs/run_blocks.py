@@ -28,9 +28,6 @@ import time
 
 SRC, BUILD, PAGE = (os.path.abspath(a) for a in sys.argv[1:4])
 SKIP_MARK = re.compile(r"<!-- not run by tests/docs: (.*?) -->")
-# Pages other sessions write may not be in this checkout yet; links to them are not
-# this page's errors. (Listed by name: any other missing page fails.)
-PENDING = {"docs/gpu.md", "docs/multi-node.md"}
 # The quick start's training is the longest block: about 2 minutes on an idle 2-core
 # machine, 15 under a loaded one's full test run; the bound is for a hang, not for speed.
 BLOCK_BOUND_S = 2400
@@ -94,8 +91,7 @@ def check_links(text):
         if re.match(r"^[a-z]+:", target):
             continue
         path = os.path.normpath(os.path.join(os.path.dirname(PAGE), target))
-        rel = os.path.relpath(path, SRC)
-        if not os.path.exists(path) and rel not in PENDING:
+        if not os.path.exists(path):
             fail(f"{os.path.relpath(PAGE, SRC)} links to {target}, which does not exist")
 
 
