@@ -10,8 +10,8 @@ DIR, which it empties first:
 
   build/...            weft's binaries at their build-tree paths (worker, coordinator, the
                        CUDA and NCCL modules, tests/gpu/gpu_probe, test_gpu_kernels,
-                       test_cudnn_graphs, tests/collectives/test_nccl_gpu, bench/kernels
-                       and gemm_gpu),
+                       test_cudnn_graphs, tests/collectives/test_nccl_gpu, bench/kernels,
+                       gemm_gpu and lt_bias16),
                        stripped; the binaries find the modules relative to themselves
                        (runtime/module.c)
   bin/                 Open MPI's mpirun (orterun) and orted
@@ -48,7 +48,7 @@ COMPRESS_OVER = 8 << 20
 TARGETS = ["worker/worker", "coordinator/coordinator", "kernels/cuda/libweft_cuda.so",
            "collectives/nccl/libweft_nccl.so", "tests/gpu/gpu_probe",
            "tests/gpu/test_gpu_kernels", "tests/gpu/test_cudnn_graphs",
-           "tests/collectives/test_nccl_gpu", "bench/kernels", "bench/gemm_gpu"]
+           "tests/collectives/test_nccl_gpu", "bench/kernels", "bench/gemm_gpu", "bench/lt_bias16"]
 # glibc's own libraries: the GPU machine's (newer) glibc provides them.
 GLIBC = {"linux-vdso.so.1", "ld-linux-x86-64.so.2", "libc.so.6", "libm.so.6", "libdl.so.2",
          "libpthread.so.0", "librt.so.1", "libresolv.so.2", "libutil.so.1", "libanl.so.1",

@@ -294,9 +294,9 @@ struct builder {
     op(o, "reshape operation");
   }
 
-  /* The operation graph of `ops`, the heuristics' engine configurations in order, and
-   * the first that finalizes into a plan. */
-  desc plan(cudnnHandle_t h, int64_t *workspace);
+  /* The operation graph of `ops` (`what`), the heuristics' engine configurations in
+   * order, and the first that finalizes into a plan. */
+  desc plan(cudnnHandle_t h, int64_t *workspace, const char *what);
 
   void release(void)
   {
@@ -307,7 +307,7 @@ struct builder {
   }
 };
 
-desc builder::plan(cudnnHandle_t h, int64_t *workspace)
+desc builder::plan(cudnnHandle_t h, int64_t *workspace, const char *what)
 {
   desc graph = make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
   set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, (int64_t)ops.size(),
@@ -342,6 +342,9 @@ desc builder::plan(cudnnHandle_t h, int64_t *workspace)
         g_api.get(p, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &got,
                   workspace) == CUDNN_STATUS_SUCCESS) {
       all.push_back(p);
+      WF_DEBUG("cuDNN %s graph: the heuristics offered %lld engine configurations; "
+               "configuration %lld made the plan",
+               what, (long long)n, (long long)i);
       return p;
     }
     g_api.unmake(p); /* this engine cannot run the graph; the next may */
@@ -493,10 +496,10 @@ plans *build(int dev, int B, int T, int C, int NH, cudnnHandle_t h)
   p->dev = dev, p->B = B, p->T = T, p->C = C, p->NH = NH;
   shape z = {B, NH, T, C / NH, 3 * (int64_t)C, C};
   forward_graph(p->fwd, z);
-  p->fwd_plan = p->fwd.plan(h, &p->fwd_ws);
+  p->fwd_plan = p->fwd.plan(h, &p->fwd_ws, "forward");
   if (p->fwd.ok) {
     backward_graph(p->bwd, z);
-    p->bwd_plan = p->bwd.plan(h, &p->bwd_ws);
+    p->bwd_plan = p->bwd.plan(h, &p->bwd_ws, "backward");
   }
   p->ok = p->fwd.ok && p->bwd.ok;
   if (!p->ok)
