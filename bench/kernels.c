@@ -20,8 +20,11 @@
  *    as one each (nominal: their figure of merit is GB/s).
  *  - Bytes are the least the op must move as the table defines it: each input read
  *    once, each output written once, an output it adds into ("backward adds into
- *    gradients") read and written; fp32 (the table's storage in every precision), 2
- *    bytes an element for the bf16 entries' bf16 tensors.
+ *    gradients") read and written; an activation (the table's `void *` arguments) in
+ *    the table's format, 2 bytes at bf16 and 4 at fp32, everything else 4, and 2 bytes an
+ *    element for the bf16 entries' bf16 tensors.
+ *  - The table: at --precision bf16, the device's bf16 table (storage.h), the kernels a
+ *    precision=bf16 run calls; at fp32 the fp32 table.
  *  - Peak FLOP/s: GEMMs at --precision bf16 against the 16-bit tensor cores, at fp32
  *    against fp32 without TF32 (weft's default, runtime.allow_tf32 false); the bf16
  *    attention entries against the 16-bit tensor cores; everything else against fp32.
@@ -247,8 +250,9 @@ static void *buf(bench *b, role r)
   double dB = B, dT = T, dC = C, dV = V, dVp = Vp, dN = N, dP = (double)np;                        \
   int KV = NH % 2 ? NH : NH / 2;                  /* Llama's rows: kv heads */                     \
   double dQK = dN * (NH + KV) * (double)(C / NH); /* elements of the q and k heads */              \
+  double A = k->format == WF_PREC_NO ? 4.0 : 2.0; /* bytes of a stored activation (void *) */      \
   (void)k, (void)s, (void)NH, (void)lowp, (void)n4, (void)dB, (void)dT, (void)dC, (void)dV,        \
-      (void)dN, (void)dP, (void)KV, (void)dQK, (void)Vp, (void)dVp
+      (void)dN, (void)dP, (void)KV, (void)dQK, (void)Vp, (void)dVp, (void)A
 #define F(r) ((float *)buf(b, (r)))
 #define I(r) ((int *)buf(b, (r)))
 #define H(r) ((wf_bf16 *)buf(b, (r)))
@@ -270,44 +274,45 @@ static void *buf(bench *b, role r)
          4 * (dN * dC + 2 * dN * dC + 2 * dT * dC + dN), 0,                                        \
          k->encoder_backward_vp(F(WT2), F(WT3), F(ACT0), I(TOK), 0, V, B, T, C, s))                \
   KERNEL(ln_f, layernorm_forward, "layernorm_forward", 8 * dN * dC,                                \
-         4 * (2 * dN * dC + 2 * dN + 2 * dC), 0,                                                   \
+         A * 2 * dN * dC + 4 * (2 * dN + 2 * dC), 0,                                               \
          k->layernorm_forward(F(ACT1), F(ROW0), F(POS0), F(ACT0), F(WT0), F(WT1), N, C, s))        \
   KERNEL(ln_b, layernorm_backward, "layernorm_backward", 14 * dN * dC,                             \
-         4 * (4 * dN * dC + 2 * dN + 5 * dC), 0,                                                   \
+         A * dN * dC + 4 * (3 * dN * dC + 2 * dN + 5 * dC), 0,                                     \
          k->layernorm_backward(F(ACT2), F(WT2), F(WT3), F(ACT1), F(ACT0), F(WT0), F(ROW0),         \
                                F(POS0), N, C, s))                                                  \
   KERNEL(resln_f, residual_layernorm_forward, "residual_layernorm_forward", 9 * dN * dC,           \
-         4 * (4 * dN * dC + 2 * dN + 2 * dC), 0,                                                   \
+         A * 3 * dN * dC + 4 * (dN * dC + 2 * dN + 2 * dC), 0,                                     \
          k->residual_layernorm_forward(F(ACT3), F(ACT1), F(ROW0), F(POS0), F(ACT0), F(ACT2),       \
                                        F(WT0), F(WT1), N, C, s))                                   \
   KERNEL(qkv_f, matmul_forward, "matmul_forward qkv (C -> 3C)", 2 * dN * dC * 3 * dC,              \
-         4 * (dN * dC + 3 * dC * dC + 3 * dC + 3 * dN * dC), 1,                                    \
+         A * (dN * dC + 3 * dC * dC + 3 * dN * dC) + 4 * 3 * dC, 1,                                \
          k->matmul_forward(F(ACT1), F(ACT0), F(WT0), F(WT1), N, C, 3 * C, lowp, s))                \
   KERNEL(att_f, attention_forward, "attention_forward (causal)", 2 * dB * dT * dT * dC,            \
-         4 * (4 * dN * dC + (double)k->attention_saved(B, T, C, NH)), 0,                           \
+         A * 4 * dN * dC + 4 * (double)k->attention_saved(B, T, C, NH), 0,                         \
          k->attention_forward(F(ACT2), F(ATT), F(ACT1), B, T, C, NH, s))                           \
   KERNEL(att16_f, attention_bf16_forward, "attention_bf16_forward (causal)",                       \
          2 * dB * dT * dT * dC, 2 * 4 * dN * dC + 4 * dB * NH * dT, 2,                             \
          k->attention_bf16_forward(H(OUT16), F(LSE), H(QKV16), B, T, C, NH, NH, s))                \
   KERNEL(proj_f, matmul_forward, "matmul_forward attproj (C -> C)", 2 * dN * dC * dC,              \
-         4 * (2 * dN * dC + dC * dC + dC), 1,                                                      \
+         A * (2 * dN * dC + dC * dC) + 4 * dC, 1,                                                  \
          k->matmul_forward(F(ACT3), F(ACT2), F(WT0), F(WT1), N, C, C, lowp, s))                    \
   KERNEL(fcg_f, matmul_gelu_forward, "matmul_gelu_forward fc (C -> 4C)",                           \
          2 * dN * dC * 4 * dC + 8 * 4 * dN * dC,                                                   \
-         4 * (dN * dC + 4 * dC * dC + 4 * dC + 8 * dN * dC), 1,                                    \
+         A * (dN * dC + 4 * dC * dC + 8 * dN * dC) + 4 * 4 * dC, 1,                                \
          k->matmul_gelu_forward(F(ACT1), F(ACT2), F(ACT0), F(WT0), F(WT1), N, C, 4 * C, lowp, s))  \
   KERNEL(fc_f, matmul_forward, "matmul_forward fc (C -> 4C)", 2 * dN * dC * 4 * dC,                \
-         4 * (dN * dC + 4 * dC * dC + 4 * dC + 4 * dN * dC), 1,                                    \
+         A * (dN * dC + 4 * dC * dC + 4 * dN * dC) + 4 * 4 * dC, 1,                                \
          k->matmul_forward(F(ACT2), F(ACT0), F(WT0), F(WT1), N, C, 4 * C, lowp, s))                \
-  KERNEL(gelu_f, gelu_forward, "gelu_forward (N, 4C)", 8 * (double)n4, 4 * 2 * (double)n4, 0,      \
+  KERNEL(gelu_f, gelu_forward, "gelu_forward (N, 4C)", 8 * (double)n4, A * 2 * (double)n4, 0,      \
          k->gelu_forward(F(ACT1), F(ACT2), n4, s))                                                 \
   KERNEL(fcp_f, matmul_forward, "matmul_forward fcproj (4C -> C)", 2 * dN * 4 * dC * dC,           \
-         4 * (4 * dN * dC + 4 * dC * dC + dC + dN * dC), 1,                                        \
+         A * (4 * dN * dC + 4 * dC * dC + dN * dC) + 4 * dC, 1,                                    \
          k->matmul_forward(F(ACT3), F(ACT1), F(WT0), F(WT1), N, 4 * C, C, lowp, s))                \
-  KERNEL(res_f, residual_forward, "residual_forward (N, C)", dN *dC, 4 * 3 * dN * dC, 0,           \
+  KERNEL(res_f, residual_forward, "residual_forward (N, C)", dN *dC,                               \
+         A * 2 * dN * dC + 4 * dN * dC, 0,                                                         \
          k->residual_forward(F(ACT3), F(ACT0), F(ACT2), (size_t)N * C, s))                         \
   KERNEL(head_f, matmul_forward, "matmul_forward lm head (C -> Vp)", 2 * dN * dC * dVp,            \
-         4 * (dN * dC + dVp * dC + dN * dVp), 1,                                                   \
+         A * (dN * dC + dVp * dC + dN * dVp), 1,                                                   \
          k->matmul_forward(F(LOGITS), F(ACT0), F(WT0), NULL, N, C, Vp, lowp, s))                   \
   KERNEL(cls16, classifier_bf16, "classifier_bf16 (N, V, in place)", 7 * dN * dV,                  \
          2 * 2 * dN * dV + 4 * 2 * dN, 0,                                                          \
@@ -318,7 +323,7 @@ static void *buf(bench *b, role r)
          2 * 2 * dN * dV + 4 * 3 * dN, 0,                                                          \
          k->xent_backward_bf16(H(LOGITS16), H(LOGITS16), F(ROW1), F(POS1), I(TOK), 1.0f / N, N, V, \
                                Vp, 0, s))                                                          \
-  KERNEL(xs, xent_stats, "xent_stats (N, V)", 4 * dN * dV, 4 * (dN * dV + 4 * dN), 0,              \
+  KERNEL(xs, xent_stats, "xent_stats (N, V)", 4 * dN * dV, A * dN * dV + 4 * 4 * dN, 0,            \
          k->xent_stats(F(ROW1), F(POS1), F(ROW2), F(LOGITS), I(TOK), N, V, Vp, 0, s))              \
   KERNEL(xpack, xent_pack, "xent_pack", 0, 4 * 6 * dN, 0,                                          \
          k->xent_pack(F(ROW3), F(ROW1), F(POS1), F(ROW2), N, s))                                   \
@@ -330,30 +335,32 @@ static void *buf(bench *b, role r)
          k->loss_accumulate(buf(b, ACC), F(ROW0), N, s))                                           \
   KERNEL(                                                                                          \
       xb, xent_backward, "xent_backward (N, V, in place)", 4 * dN * dV,                            \
-      4 * (2 * dN * dV + 3 * dN), 0,                                                               \
+      A * 2 * dN * dV + 4 * 3 * dN, 0,                                                             \
       k->xent_backward(F(LOGITS), F(LOGITS), F(ROW1), F(POS1), I(TOK), 1.0f / N, N, V, Vp, 0, s))  \
   KERNEL(head_b, matmul_backward_f32, "matmul_backward_f32 lm head (Vp)", 4 * dN * dC * dVp,       \
-         4 * (dN * dVp + 2 * dN * dC + 3 * dVp * dC), 1,                                           \
+         A * (dN * dVp + dN * dC + dVp * dC) + 4 * (dN * dC + 2 * dVp * dC), 1,                    \
          k->matmul_backward_f32(F(ACT1), F(WT2), NULL, F(LOGITS), F(ACT0), F(WT0), N, C, Vp, lowp, \
                                 s))                                                                \
   KERNEL(res_b, residual_backward, "residual_backward (N, C)", 2 * dN * dC, 4 * 5 * dN * dC, 0,    \
          k->residual_backward(F(ACT1), F(ACT2), F(ACT3), (size_t)N * C, s))                        \
   KERNEL(                                                                                          \
       fcp_b, matmul_backward, "matmul_backward fcproj", 4 * dN * 4 * dC * dC,                      \
-      4 * (dN * dC + 2 * 4 * dN * dC + 3 * 4 * dC * dC + 2 * dC), 1,                               \
+      A * (dN * dC + 2 * 4 * dN * dC + 4 * dC * dC) + 4 * (2 * 4 * dC * dC + 2 * dC), 1,           \
       k->matmul_backward(F(ACT1), F(WT2), F(WT3), F(ACT0), F(ACT2), F(WT0), N, 4 * C, C, lowp, s)) \
-  KERNEL(gelu_b, gelu_backward, "gelu_backward (N, 4C)", 16 * (double)n4, 4 * 3 * (double)n4, 0,   \
+  KERNEL(gelu_b, gelu_backward, "gelu_backward (N, 4C)", 16 * (double)n4, A * 3 * (double)n4, 0,   \
          k->gelu_backward(F(ACT1), F(ACT2), F(ACT3), n4, s))                                       \
   KERNEL(fc_b, matmul_backward_f32, "matmul_backward_f32 fc", 4 * dN * dC * 4 * dC,                \
-         4 * (4 * dN * dC + 2 * dN * dC + 3 * 4 * dC * dC + 2 * 4 * dC), 1,                        \
+         A * (4 * dN * dC + dN * dC + 4 * dC * dC) + 4 * (dN * dC + 2 * 4 * dC * dC + 2 * 4 * dC), \
+         1,                                                                                        \
          k->matmul_backward_f32(F(ACT1), F(WT2), F(WT3), F(ACT3), F(ACT0), F(WT0), N, C, 4 * C,    \
                                 lowp, s))                                                          \
   KERNEL(proj_b, matmul_backward, "matmul_backward attproj", 4 * dN * dC * dC,                     \
-         4 * (dN * dC + 2 * dN * dC + 3 * dC * dC + 2 * dC), 1,                                    \
+         A * (dN * dC + 2 * dN * dC + dC * dC) + 4 * (2 * dC * dC + 2 * dC), 1,                    \
          k->matmul_backward(F(ACT1), F(WT2), F(WT3), F(ACT3), F(ACT0), F(WT0), N, C, C, lowp, s))  \
   KERNEL(att_b, attention_backward, "attention_backward (causal)", 5 * dB * dT * dT * dC,          \
-         4 * (dN * dC + 3 * dN * dC + 3 * dN * dC + (double)k->attention_saved(B, T, C, NH) +      \
-              (double)k->attention_scratch(B, T, C, NH)),                                          \
+         A * (dN * dC + 3 * dN * dC + 3 * dN * dC) +                                               \
+             4 * ((double)k->attention_saved(B, T, C, NH) +                                        \
+                  (double)k->attention_scratch(B, T, C, NH)),                                      \
          0, k->attention_backward(F(ACT3), F(SCRATCH), F(ACT2), F(ACT1), F(ATT), B, T, C, NH, s))  \
   KERNEL(att16_b, attention_bf16_backward, "attention_bf16_backward (causal)",                     \
          5 * dB * dT * dT * dC,                                                                    \
@@ -363,7 +370,8 @@ static void *buf(bench *b, role r)
          k->attention_bf16_backward(H(DQKV16), F(SCRATCH16), H(DOUT16), H(QKV16), H(OUT16),        \
                                     F(LSE), B, T, C, NH, NH, s))                                   \
   KERNEL(qkv_b, matmul_backward_f32, "matmul_backward_f32 qkv", 4 * dN * dC * 3 * dC,              \
-         4 * (3 * dN * dC + 2 * dN * dC + 3 * 3 * dC * dC + 2 * 3 * dC), 1,                        \
+         A * (3 * dN * dC + dN * dC + 3 * dC * dC) + 4 * (dN * dC + 2 * 3 * dC * dC + 2 * 3 * dC), \
+         1,                                                                                        \
          k->matmul_backward_f32(F(ACT1), F(WT2), F(WT3), F(ACT3), F(ACT0), F(WT0), N, C, 3 * C,    \
                                 lowp, s))                                                          \
   KERNEL(sumsq, sumsq_acc, "sumsq_acc (all parameters)", 2 * dP, 4 * dP + 16, 0,                   \
@@ -387,11 +395,11 @@ static void *buf(bench *b, role r)
   KERNEL(cksum, checksum, "checksum (all parameters)", dP, 4 * dP + 8, 0,                          \
          k->checksum((uint64_t *)buf(b, ACC), F(PAR0), np, 0, s))                                  \
   KERNEL(proj32_f, matmul_forward_f32, "matmul_forward_f32 attproj (C -> C)", 2 * dN * dC * dC,    \
-         4 * (2 * dN * dC + dC * dC + dC), 1,                                                      \
+         A * (dN * dC + dC * dC) + 4 * (dN * dC + dC), 1,                                          \
          k->matmul_forward_f32(F(ACT3), F(ACT1), F(WT0), F(WT1), N, C, C, lowp, s))                \
-  KERNEL(store, store, "store (N, 4C)", (double)n4, 4 * 2 * (double)n4, 0,                         \
+  KERNEL(store, store, "store (N, 4C)", (double)n4, (A + 4) * (double)n4, 0,                       \
          k->store(F(ACT2), F(ACT1), n4, s))                                                        \
-  KERNEL(load, load, "load (N, 4C)", (double)n4, 4 * 2 * (double)n4, 0,                            \
+  KERNEL(load, load, "load (N, 4C)", (double)n4, (A + 4) * (double)n4, 0,                          \
          k->load(F(ACT2), F(ACT1), n4, s))                                                         \
   LLAMA_KERNELS(KERNEL)
 
@@ -399,35 +407,36 @@ static void *buf(bench *b, role r)
  * size hs = C/NH, SwiGLU F = 2C wide (its [gate | up] input is (N, 4C), the activations'
  * width); RoPE rotates the q and k heads of a packed qkv, its (T, hs) table in ACT4. */
 #define LLAMA_KERNELS(KERNEL)                                                                      \
-  KERNEL(rms_f, rmsnorm_forward, "rmsnorm_forward", 4 * dN * dC, 4 * (2 * dN * dC + dN + dC), 0,   \
-         k->rmsnorm_forward(F(ACT1), F(POS0), F(ACT0), F(WT0), 1e-5f, N, C, s))                    \
+  KERNEL(rms_f, rmsnorm_forward, "rmsnorm_forward", 4 * dN * dC, A * 2 * dN * dC + 4 * (dN + dC),  \
+         0, k->rmsnorm_forward(F(ACT1), F(POS0), F(ACT0), F(WT0), 1e-5f, N, C, s))                 \
   KERNEL(resrms_f, residual_rmsnorm_forward, "residual_rmsnorm_forward", 5 * dN * dC,              \
-         4 * (4 * dN * dC + dN + dC), 0,                                                           \
+         A * 3 * dN * dC + 4 * (dN * dC + dN + dC), 0,                                             \
          k->residual_rmsnorm_forward(F(ACT3), F(ACT1), F(POS0), F(ACT0), F(ACT2), F(WT0), 1e-5f,   \
                                      N, C, s))                                                     \
   KERNEL(rope_f, rope_forward, "rope_forward (q, k; NKV = NH/2)", 3 * dQK,                         \
-         4 * (2 * dQK + dT * dC / NH), 0,                                                          \
+         A * 2 * dQK + 4 * dT * dC / NH, 0,                                                        \
          k->rope_forward(F(ACT1), F(ACT4), B, T, NH, KV, C / NH, s))                               \
   KERNEL(gqa_f, attention_gqa_forward, "attention_gqa_forward (NKV = NH/2)",                       \
          2 * dB * dT * dT * dC,                                                                    \
-         4 * (dN * dC * (2 + 2.0 * KV / NH) + (double)k->attention_saved(B, T, C, NH)), 0,         \
+         A * dN * dC * (2 + 2.0 * KV / NH) + 4 * (double)k->attention_saved(B, T, C, NH), 0,       \
          k->attention_gqa_forward(F(ACT2), F(ATT), F(ACT1), B, T, C, NH, KV, s))                   \
-  KERNEL(swi_f, swiglu_forward, "swiglu_forward (N, 2C)", 5 * dN * 2 * dC, 4 * 3 * dN * 2 * dC, 0, \
+  KERNEL(swi_f, swiglu_forward, "swiglu_forward (N, 2C)", 5 * dN * 2 * dC, A * 3 * dN * 2 * dC, 0, \
          k->swiglu_forward(F(ACT1), F(ACT2), N, 2 * C, s))                                         \
-  KERNEL(swi_b, swiglu_backward, "swiglu_backward (N, 2C)", 10 * dN * 2 * dC, 4 * 5 * dN * 2 * dC, \
+  KERNEL(swi_b, swiglu_backward, "swiglu_backward (N, 2C)", 10 * dN * 2 * dC, A * 5 * dN * 2 * dC, \
          0, k->swiglu_backward(F(ACT3), F(ACT2), F(ACT1), N, 2 * C, s))                            \
-  KERNEL(                                                                                          \
-      gqa_b, attention_gqa_backward, "attention_gqa_backward (NKV = NH/2)", 5 * dB * dT * dT * dC, \
-      4 * (dN * dC + dN * dC * (1 + 2.0 * KV / NH) + dN * dC +                                     \
-           (double)k->attention_saved(B, T, C, NH) + (double)k->attention_scratch(B, T, C, NH)),   \
-      0,                                                                                           \
-      k->attention_gqa_backward(F(ACT3), F(SCRATCH), F(ACT2), F(ACT1), F(ATT), B, T, C, NH, KV,    \
-                                s))                                                                \
+  KERNEL(gqa_b, attention_gqa_backward, "attention_gqa_backward (NKV = NH/2)",                     \
+         5 * dB * dT * dT * dC,                                                                    \
+         A * (dN * dC + dN * dC * (1 + 2.0 * KV / NH) + dN * dC) +                                 \
+             4 * ((double)k->attention_saved(B, T, C, NH) +                                        \
+                  (double)k->attention_scratch(B, T, C, NH)),                                      \
+         0,                                                                                        \
+         k->attention_gqa_backward(F(ACT3), F(SCRATCH), F(ACT2), F(ACT1), F(ATT), B, T, C, NH, KV, \
+                                   s))                                                             \
   KERNEL(rope_b, rope_backward, "rope_backward (q, k; NKV = NH/2)", 3 * dQK,                       \
-         4 * (2 * dQK + dT * dC / NH), 0,                                                          \
+         A * 2 * dQK + 4 * dT * dC / NH, 0,                                                        \
          k->rope_backward(F(ACT3), F(ACT4), B, T, NH, KV, C / NH, s))                              \
   KERNEL(rms_b, rmsnorm_backward, "rmsnorm_backward", 8 * dN * dC,                                 \
-         4 * (4 * dN * dC + dN + 3 * dC), 0,                                                       \
+         A * dN * dC + 4 * (3 * dN * dC + dN + 3 * dC), 0,                                         \
          k->rmsnorm_backward(F(ACT2), F(WT2), F(ACT1), F(ACT0), F(WT0), F(POS0), N, C, s))
 
 /* Entries of the table that launch nothing (answers and settings), so have no row. */
@@ -809,7 +818,10 @@ int main(int argc, char **argv)
     return 1;
   if ((rc = open_device(&o, &b, &gpu, name, sizeof name)) != 0)
     return rc;
+  /* at 16 bits, the table of that format: the kernels a run at that precision calls */
   b.k = wf_dev_kernels(b.dev);
+  if (o.sh.lowp != WF_PREC_NO && b.k->storage && b.k->storage(o.sh.lowp))
+    b.k = b.k->storage(o.sh.lowp);
   b.sh = o.sh;
   b.k->set_tf32(o.tf32);
   /* as the worker sets runtime.attention: auto takes the tensor-core paths only in bf16 */
@@ -821,12 +833,17 @@ int main(int argc, char **argv)
     return 1;
   device_peaks(&o, gpu, name, &p);
   const shape *s = &o.sh;
-  printf("bench/kernels on %s: %s GEMMs%s; B %d, T %d, C %d, heads %d, V %d, %d layers "
+  printf("bench/kernels on %s: %s GEMMs%s, activations stored in %s; B %d, T %d, C %d, heads "
+         "%d, V %d, %d layers "
          "(%.1fM parameters)\npeaks: GEMMs %.1f TFLOP/s, the rest %.1f TFLOP/s, memory %.0f GB/s "
          "(%s)\n",
          name, s->lowp == WF_PREC_NO ? "fp32" : "bf16",
-         s->lowp == WF_PREC_NO && o.tf32 ? " (TF32)" : "", s->B, s->T, s->C, s->NH, s->V, s->L,
-         params_of(s) / 1e6, p.gemm, p.fp32, p.mem_gbs, p.what);
+         s->lowp == WF_PREC_NO && o.tf32 ? " (TF32)" : "",
+         b.k->format == WF_PREC_NO     ? "fp32"
+         : b.k->format == WF_PREC_BF16 ? "bf16"
+                                       : "fp16",
+         s->B, s->T, s->C, s->NH, s->V, s->L, params_of(s) / 1e6, p.gemm, p.fp32, p.mem_gbs,
+         p.what);
   json_t *out = json_array();
   int failures = run_rows(&b, &o, &p, out);
   if (o.json)
