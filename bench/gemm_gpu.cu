@@ -28,14 +28,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#define CK(x)                                                                                      \
-  do {                                                                                             \
-    cudaError_t e_ = (x);                                                                          \
-    if (e_ != cudaSuccess) {                                                                       \
-      fprintf(stderr, "gemm_gpu: %s: %s\n", #x, cudaGetErrorString(e_));                           \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
+#define BENCH_NAME "gemm_gpu"
+#include "cuda_check.h"
 
 struct gemm {
   const char *layer, *pass;

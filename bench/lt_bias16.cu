@@ -29,14 +29,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#define CK(x)                                                                                      \
-  do {                                                                                             \
-    cudaError_t e_ = (x);                                                                          \
-    if (e_ != cudaSuccess) {                                                                       \
-      fprintf(stderr, "lt_bias16: %s: %s\n", #x, cudaGetErrorString(e_));                          \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
+#define BENCH_NAME "lt_bias16"
+#include "cuda_check.h"
 
 static float bf16_value(uint16_t h)
 {
