@@ -201,7 +201,7 @@ int check_device(const char *what, const shape &z)
     builder g;
     int64_t ws = 0;
     (dir ? backward_graph : forward_graph)(g, z);
-    bool ok = h && g.plan(h, &ws) && g.ok;
+    bool ok = h && g.plan(h, &ws, dir ? "backward" : "forward") && g.ok;
     printf("  %-4s %s %s: %s (workspace %lld bytes)\n", ok ? "ok" : "FAIL", what,
            dir ? "backward" : "forward",
            ok  ? "a plan"
