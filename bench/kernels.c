@@ -75,7 +75,10 @@ typedef enum role {
   ACT1,
   ACT2,
   ACT3,
-  ACT4, /* (N, 4C) activations and their gradients */
+  ACT4, /* (N, 4C) activations and the gradients a table stores in its format */
+  GRAD0,
+  GRAD1, /* (N, 4C) fp32 outputs (float *): written only here, so that a 16-bit table never
+            reads an fp32 value's low half as an activation */
   WT0,
   WT1,
   WT2,
@@ -132,7 +135,7 @@ static size_t role_elems(const bench *b, role r, size_t *esize)
   const shape *s = &b->sh;
   size_t N = (size_t)s->B * s->T, C = (size_t)s->C;
   *esize = sizeof(float);
-  if (r <= ACT4)
+  if (r <= GRAD1)
     return N * 4 * C;
   if (r <= WT3)
     return (size_t)WF_MAX(padded_vocab(s), 4 * s->C) * C;
@@ -263,13 +266,13 @@ static void *buf(bench *b, role r)
  * = B*T tokens; a GEMM (N, C) x (OC, C)^T. */
 #define KERNELS(KERNEL)                                                                            \
   KERNEL(enc_f, encoder_forward, "encoder_forward", dN *dC, 4 * (3 * dN * dC + dN), 0,             \
-         k->encoder_forward(F(ACT0), I(TOK), F(WT0), F(WT1), B, T, C, s))                          \
+         k->encoder_forward(F(GRAD0), I(TOK), F(WT0), F(WT1), B, T, C, s))                         \
   KERNEL(enc_b, encoder_backward, "encoder_backward", 2 * dN * dC,                                 \
          4 * (dN * dC + 2 * dN * dC + 2 * dT * dC + dN), 0,                                        \
          k->encoder_backward(F(WT2), F(WT3), F(ACT0), I(TOK), B, T, C, s))                         \
   KERNEL(enc_vf, encoder_forward_vp, "encoder_forward_vp (one shard)", dN *dC,                     \
          4 * (3 * dN * dC + dN), 0,                                                                \
-         k->encoder_forward_vp(F(ACT0), I(TOK), F(WT0), 0, V, F(WT1), B, T, C, s))                 \
+         k->encoder_forward_vp(F(GRAD0), I(TOK), F(WT0), 0, V, F(WT1), B, T, C, s))                \
   KERNEL(enc_vb, encoder_backward_vp, "encoder_backward_vp (one shard)", 2 * dN * dC,              \
          4 * (dN * dC + 2 * dN * dC + 2 * dT * dC + dN), 0,                                        \
          k->encoder_backward_vp(F(WT2), F(WT3), F(ACT0), I(TOK), 0, V, B, T, C, s))                \
@@ -278,7 +281,7 @@ static void *buf(bench *b, role r)
          k->layernorm_forward(F(ACT1), F(ROW0), F(POS0), F(ACT0), F(WT0), F(WT1), N, C, s))        \
   KERNEL(ln_b, layernorm_backward, "layernorm_backward", 14 * dN * dC,                             \
          A * dN * dC + 4 * (3 * dN * dC + 2 * dN + 5 * dC), 0,                                     \
-         k->layernorm_backward(F(ACT2), F(WT2), F(WT3), F(ACT1), F(ACT0), F(WT0), F(ROW0),         \
+         k->layernorm_backward(F(GRAD0), F(WT2), F(WT3), F(ACT1), F(ACT0), F(WT0), F(ROW0),        \
                                F(POS0), N, C, s))                                                  \
   KERNEL(resln_f, residual_layernorm_forward, "residual_layernorm_forward", 9 * dN * dC,           \
          A * 3 * dN * dC + 4 * (dN * dC + 2 * dN + 2 * dC), 0,                                     \
@@ -339,10 +342,10 @@ static void *buf(bench *b, role r)
       k->xent_backward(F(LOGITS), F(LOGITS), F(ROW1), F(POS1), I(TOK), 1.0f / N, N, V, Vp, 0, s))  \
   KERNEL(head_b, matmul_backward_f32, "matmul_backward_f32 lm head (Vp)", 4 * dN * dC * dVp,       \
          A * (dN * dVp + dN * dC + dVp * dC) + 4 * (dN * dC + 2 * dVp * dC), 1,                    \
-         k->matmul_backward_f32(F(ACT1), F(WT2), NULL, F(LOGITS), F(ACT0), F(WT0), N, C, Vp, lowp, \
-                                s))                                                                \
+         k->matmul_backward_f32(F(GRAD0), F(WT2), NULL, F(LOGITS), F(ACT0), F(WT0), N, C, Vp,      \
+                                lowp, s))                                                          \
   KERNEL(res_b, residual_backward, "residual_backward (N, C)", 2 * dN * dC, 4 * 5 * dN * dC, 0,    \
-         k->residual_backward(F(ACT1), F(ACT2), F(ACT3), (size_t)N * C, s))                        \
+         k->residual_backward(F(GRAD0), F(GRAD1), F(ACT3), (size_t)N * C, s))                      \
   KERNEL(                                                                                          \
       fcp_b, matmul_backward, "matmul_backward fcproj", 4 * dN * 4 * dC * dC,                      \
       A * (dN * dC + 2 * 4 * dN * dC + 4 * dC * dC) + 4 * (2 * 4 * dC * dC + 2 * dC), 1,           \
@@ -352,7 +355,7 @@ static void *buf(bench *b, role r)
   KERNEL(fc_b, matmul_backward_f32, "matmul_backward_f32 fc", 4 * dN * dC * 4 * dC,                \
          A * (4 * dN * dC + dN * dC + 4 * dC * dC) + 4 * (dN * dC + 2 * 4 * dC * dC + 2 * 4 * dC), \
          1,                                                                                        \
-         k->matmul_backward_f32(F(ACT1), F(WT2), F(WT3), F(ACT3), F(ACT0), F(WT0), N, C, 4 * C,    \
+         k->matmul_backward_f32(F(GRAD0), F(WT2), F(WT3), F(ACT3), F(ACT0), F(WT0), N, C, 4 * C,   \
                                 lowp, s))                                                          \
   KERNEL(proj_b, matmul_backward, "matmul_backward attproj", 4 * dN * dC * dC,                     \
          A * (dN * dC + 2 * dN * dC + dC * dC) + 4 * (2 * dC * dC + 2 * dC), 1,                    \
@@ -372,7 +375,7 @@ static void *buf(bench *b, role r)
   KERNEL(qkv_b, matmul_backward_f32, "matmul_backward_f32 qkv", 4 * dN * dC * 3 * dC,              \
          A * (3 * dN * dC + dN * dC + 3 * dC * dC) + 4 * (dN * dC + 2 * 3 * dC * dC + 2 * 3 * dC), \
          1,                                                                                        \
-         k->matmul_backward_f32(F(ACT1), F(WT2), F(WT3), F(ACT3), F(ACT0), F(WT0), N, C, 3 * C,    \
+         k->matmul_backward_f32(F(GRAD0), F(WT2), F(WT3), F(ACT3), F(ACT0), F(WT0), N, C, 3 * C,   \
                                 lowp, s))                                                          \
   KERNEL(sumsq, sumsq_acc, "sumsq_acc (all parameters)", 2 * dP, 4 * dP + 16, 0,                   \
          k->sumsq_acc(buf(b, ACC), F(PAR3), np, s))                                                \
@@ -396,11 +399,11 @@ static void *buf(bench *b, role r)
          k->checksum((uint64_t *)buf(b, ACC), F(PAR0), np, 0, s))                                  \
   KERNEL(proj32_f, matmul_forward_f32, "matmul_forward_f32 attproj (C -> C)", 2 * dN * dC * dC,    \
          A * (dN * dC + dC * dC) + 4 * (dN * dC + dC), 1,                                          \
-         k->matmul_forward_f32(F(ACT3), F(ACT1), F(WT0), F(WT1), N, C, C, lowp, s))                \
+         k->matmul_forward_f32(F(GRAD0), F(ACT1), F(WT0), F(WT1), N, C, C, lowp, s))               \
   KERNEL(store, store, "store (N, 4C)", (double)n4, (A + 4) * (double)n4, 0,                       \
          k->store(F(ACT2), F(ACT1), n4, s))                                                        \
   KERNEL(load, load, "load (N, 4C)", (double)n4, (A + 4) * (double)n4, 0,                          \
-         k->load(F(ACT2), F(ACT1), n4, s))                                                         \
+         k->load(F(GRAD0), F(ACT1), n4, s))                                                        \
   LLAMA_KERNELS(KERNEL)
 
 /* Llama's block at the same shape: NKV = NH/2 kv heads (grouped-query attention), head
@@ -437,7 +440,7 @@ static void *buf(bench *b, role r)
          k->rope_backward(F(ACT3), F(ACT4), B, T, NH, KV, C / NH, s))                              \
   KERNEL(rms_b, rmsnorm_backward, "rmsnorm_backward", 8 * dN * dC,                                 \
          A * dN * dC + 4 * (3 * dN * dC + dN + 3 * dC), 0,                                         \
-         k->rmsnorm_backward(F(ACT2), F(WT2), F(ACT1), F(ACT0), F(WT0), F(POS0), N, C, s))
+         k->rmsnorm_backward(F(GRAD0), F(WT2), F(ACT1), F(ACT0), F(WT0), F(POS0), N, C, s))
 
 /* Entries of the table that launch nothing (answers and settings), so have no row. */
 static const size_t not_kernels[] = {offsetof(wf_ktable, set_tf32),
