@@ -29,7 +29,7 @@
 #include <cuda_runtime.h>
 
 #define BENCH_NAME "gemm_gpu"
-#include "cuda_check.h"
+#include "lt_common.h"
 
 struct gemm {
   const char *layer, *pass;
@@ -39,52 +39,19 @@ struct gemm {
   float beta;
 };
 
-struct descs {
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
-  ~descs()
-  {
-    if (pref)
-      cublasLtMatmulPreferenceDestroy(pref);
-    if (d)
-      cublasLtMatrixLayoutDestroy(d);
-    if (b)
-      cublasLtMatrixLayoutDestroy(b);
-    if (a)
-      cublasLtMatrixLayoutDestroy(a);
-    if (op)
-      cublasLtMatmulDescDestroy(op);
-  }
-};
-
 static const size_t WORKSPACE = (size_t)32 << 20; /* weft's (kernels/cuda/backend.cu) */
 
 /* weft's descriptors for g (storage.cu descs16_make, no epilogue). */
-static bool make(descs &x, const gemm &g)
+static bool make(lt_descs &x, const gemm &g)
 {
-  bool at = g.ta == CUBLAS_OP_T, bt = g.tb == CUBLAS_OP_T;
-  size_t ws = WORKSPACE;
-  return cublasLtMatmulDescCreate(&x.op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == 0 &&
-         cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_TRANSA, &g.ta, sizeof g.ta) ==
-             0 &&
-         cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_TRANSB, &g.tb, sizeof g.tb) ==
-             0 &&
-         cublasLtMatrixLayoutCreate(&x.a, CUDA_R_16BF, at ? g.k : g.m, at ? g.m : g.k,
-                                    at ? g.k : g.m) == 0 &&
-         cublasLtMatrixLayoutCreate(&x.b, CUDA_R_16BF, bt ? g.n : g.k, bt ? g.k : g.n,
-                                    bt ? g.n : g.k) == 0 &&
-         cublasLtMatrixLayoutCreate(&x.d, g.dt, g.m, g.n, g.m) == 0 &&
-         cublasLtMatmulPreferenceCreate(&x.pref) == 0 &&
-         cublasLtMatmulPreferenceSetAttribute(x.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                              sizeof ws) == 0;
+  return lt_make(x, g.ta, g.tb, g.m, g.n, g.k, g.dt, WORKSPACE);
 }
 
 struct bufs {
   void *A, *B, *D, *ws;
 };
 
-static double time_algo(cublasLtHandle_t h, const descs &x, const gemm &g, const bufs &b,
+static double time_algo(cublasLtHandle_t h, const lt_descs &x, const gemm &g, const bufs &b,
                         const cublasLtMatmulAlgo_t *algo, cudaEvent_t e0, cudaEvent_t e1)
 {
   const float one = 1.0f;
@@ -111,7 +78,7 @@ static double host_us(cublasLtHandle_t h, const gemm &g)
   const int reps = 200;
   auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < reps; i++) {
-    descs x;
+    lt_descs x;
     cublasLtMatmulHeuristicResult_t r;
     int found = 0;
     if (make(x, g))
@@ -198,7 +165,7 @@ int main(int argc, char **argv)
     fprintf(jf, "{\"device\": \"%s\", \"B\": %d, \"T\": %d, \"rows\": [", p.name, B, T);
   for (size_t i = 0; i < gs.size(); i++) {
     const gemm &g = gs[i];
-    descs x;
+    lt_descs x;
     std::vector<cublasLtMatmulHeuristicResult_t> r(cand);
     int found = 0;
     if (!make(x, g) ||

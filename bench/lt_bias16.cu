@@ -20,35 +20,18 @@
  * [-1, 1]. Exits 77 without a GPU, 1 when a call fails; never a test.
  */
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
-#include <cublasLt.h>
 #include <cuda_bf16.h>
-#include <cuda_runtime.h>
 
 #define BENCH_NAME "lt_bias16"
-#include "cuda_check.h"
+#include "lt_common.h"
 
-static float bf16_value(uint16_t h)
-{
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
+typedef __nv_bfloat16 bf16;
 
-/* round to nearest even, as __float2bfloat16_rn (no NaNs here) */
-static uint16_t to_bf16(double d)
-{
-  float f = (float)d;
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  u += 0x7fff + ((u >> 16) & 1);
-  return (uint16_t)(u >> 16);
-}
+/* the value rounded to bf16 (nearest even, through fp32), widened back */
+static double bf16_round(double d) { return __bfloat162float(__float2bfloat16_rn((float)d)); }
 
 /* the distance of x from exact in steps of bf16 at exact's magnitude */
 static double steps(double x, double exact)
@@ -73,53 +56,41 @@ static result run(cublasLtHandle_t h, const shape &s, int cand, bool f32, void *
                   const std::vector<double> &exact)
 {
   result r = {0, 0, false};
-  cublasLtMatmulDesc_t op;
-  cublasLtMatrixLayout_t a, b, d;
-  cublasLtMatmulPreference_t pref;
-  cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  lt_descs x;
   cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
   cudaDataType_t dt = f32 ? CUDA_R_32F : CUDA_R_16BF;
   void *bias = f32 ? dbias32 : dbias16;
-  cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
-  cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
-  cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
-  cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
-  cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
-  cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &dt, sizeof dt);
-  cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, s.k, s.m, s.k);
-  cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, s.k, s.n, s.k);
-  cublasLtMatrixLayoutCreate(&d, dt, s.m, s.n, s.m);
-  cublasLtMatmulPreferenceCreate(&pref);
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &work_bytes,
-                                       sizeof work_bytes);
+  if (!lt_make(x, CUBLAS_OP_T, CUBLAS_OP_N, s.m, s.n, s.k, dt, work_bytes) ||
+      cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) ||
+      cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias) ||
+      cublasLtMatmulDescSetAttribute(x.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &dt, sizeof dt)) {
+    fprintf(stderr, "lt_bias16: cuBLASLt refused the descriptors of m %d, n %d, k %d\n", s.m, s.n,
+            s.k);
+    exit(1);
+  }
   cublasLtMatmulHeuristicResult_t res[16];
   int found = 0;
-  cublasLtMatmulAlgoGetHeuristic(h, op, a, b, d, d, pref, cand + 1, res, &found);
+  cublasLtMatmulAlgoGetHeuristic(h, x.op, x.a, x.b, x.d, x.d, x.pref, cand + 1, res, &found);
   float alpha = 1, beta = 0;
   if (cand < found &&
-      cublasLtMatmul(h, op, &alpha, dA, a, dB, b, &beta, dD, d, dD, d, &res[cand].algo, work,
-                     work_bytes, 0) == CUBLAS_STATUS_SUCCESS) {
+      cublasLtMatmul(h, x.op, &alpha, dA, x.a, dB, x.b, &beta, dD, x.d, dD, x.d, &res[cand].algo,
+                     work, work_bytes, 0) == CUBLAS_STATUS_SUCCESS) {
     CK(cudaDeviceSynchronize());
     size_t n = (size_t)s.m * s.n;
     std::vector<float> out(n);
-    std::vector<uint16_t> out16(n);
+    std::vector<bf16> out16(n);
     if (f32)
       CK(cudaMemcpy(out.data(), dD, n * 4, cudaMemcpyDeviceToHost));
     else
       CK(cudaMemcpy(out16.data(), dD, n * 2, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < n; i++) {
-      double got = f32 ? bf16_value(to_bf16(out[i])) : bf16_value(out16[i]);
+      double got = f32 ? bf16_round(out[i]) : (double)__bfloat162float(out16[i]);
       double st = steps(got, exact[i]);
       r.worst = fmax(r.worst, st);
       r.bad += st > 1.0;
     }
     r.ran = true;
   }
-  cublasLtMatmulPreferenceDestroy(pref);
-  cublasLtMatrixLayoutDestroy(d);
-  cublasLtMatrixLayoutDestroy(b);
-  cublasLtMatrixLayoutDestroy(a);
-  cublasLtMatmulDescDestroy(op);
   return r;
 }
 
@@ -161,22 +132,25 @@ int main(int argc, char **argv)
   CK(cudaMalloc(&work, work_bytes));
   srand(1337);
   for (const shape &s : shapes) {
-    std::vector<uint16_t> A((size_t)s.m * s.k), B((size_t)s.n * s.k), bias(s.m);
+    std::vector<bf16> A((size_t)s.m * s.k), B((size_t)s.n * s.k), bias(s.m);
     std::vector<float> bias32(s.m);
     for (auto &x : A)
-      x = to_bf16(2.0 * rand() / RAND_MAX - 1);
+      x = __float2bfloat16_rn((float)(2.0 * rand() / RAND_MAX - 1));
     for (auto &x : B)
-      x = to_bf16(2.0 * rand() / RAND_MAX - 1);
-    for (int i = 0; i < s.m; i++)
-      bias[i] = to_bf16(2.0 * rand() / RAND_MAX - 1), bias32[i] = bf16_value(bias[i]);
+      x = __float2bfloat16_rn((float)(2.0 * rand() / RAND_MAX - 1));
+    for (int i = 0; i < s.m; i++) {
+      bias[i] = __float2bfloat16_rn((float)(2.0 * rand() / RAND_MAX - 1));
+      bias32[i] = __bfloat162float(bias[i]);
+    }
     /* exact: D[i + j m] = sum_p A[i k + p] B[j k + p] + bias[i], rounded once */
     std::vector<double> exact((size_t)s.m * s.n);
     for (int j = 0; j < s.n; j++)
       for (int i = 0; i < s.m; i++) {
         double acc = bias32[i];
         for (int p = 0; p < s.k; p++)
-          acc += (double)bf16_value(A[(size_t)i * s.k + p]) * bf16_value(B[(size_t)j * s.k + p]);
-        exact[(size_t)j * s.m + i] = bf16_value(to_bf16(acc));
+          acc += (double)__bfloat162float(A[(size_t)i * s.k + p]) *
+                 __bfloat162float(B[(size_t)j * s.k + p]);
+        exact[(size_t)j * s.m + i] = bf16_round(acc);
       }
     void *dA, *dB, *db16, *db32, *dD;
     CK(cudaMalloc(&dA, A.size() * 2));
