@@ -52,6 +52,44 @@ static wf_status check_layout(const wf_comm *c, const wf__op *d)
   return WF_OK;
 }
 
+/* Elements of one side of an all-to-all: the end of its last block. */
+static size_t a2a_extent(const wf_comm *c, const size_t *counts, const size_t *offs)
+{
+  size_t end = 0;
+  for (int p = 0; p < c->size; p++)
+    if (counts[p])
+      end = WF_MAX(end, offs[p] + counts[p]);
+  return end;
+}
+
+/* An all-to-all's per-peer arrays: given, each count and each side's extent within
+ * MPI's int, a buffer wherever something moves, and no overlap of the two sides. */
+static wf_status check_alltoall(const wf_comm *c, const wf__op *d)
+{
+  if (!d->scounts || !d->soffs || !d->rcounts || !d->roffs) {
+    WF_ERROR("comm '%s' alltoall: NULL count or offset array", c->name);
+    return WF_EINVAL;
+  }
+  size_t es = wf_comm_dtype_size(d->dt);
+  size_t ns = a2a_extent(c, d->scounts, d->soffs), nr = a2a_extent(c, d->rcounts, d->roffs);
+  if (ns > (size_t)INT_MAX || nr > (size_t)INT_MAX) {
+    WF_ERROR("comm '%s' alltoall: %zu elements sent or %zu received exceed the MPI int limit "
+             "(%d); split the exchange",
+             c->name, ns, nr, INT_MAX);
+    return WF_EINVAL;
+  }
+  if ((ns && !d->send) || (nr && !d->recv)) {
+    WF_ERROR("comm '%s' alltoall: NULL buffer with %zu elements to send and %zu to receive",
+             c->name, ns, nr);
+    return WF_EINVAL;
+  }
+  if (overlaps(d->send, ns * es, d->recv, nr * es)) {
+    WF_ERROR("comm '%s' alltoall: the send and receive buffers overlap; use two buffers", c->name);
+    return WF_EINVAL;
+  }
+  return WF_OK;
+}
+
 static wf_status validate(const wf_comm *c, const wf__op *d)
 {
   const char *name = wf_comm_op_name(d->op); /* a table load; used by messages only */
@@ -82,6 +120,8 @@ static wf_status validate(const wf_comm *c, const wf__op *d)
              c->name, name, d->count, blocks, INT_MAX);
     return WF_EINVAL;
   }
+  if (c->group_depth == 0 && d->op == WF_OP_ALLTOALL)
+    return check_alltoall(c, d);
   if (d->count && ((!d->send && d->op != WF_OP_RECV) || (!d->recv && d->op != WF_OP_SEND))) {
     WF_ERROR("comm '%s' %s: NULL buffer with count %zu", c->name, name, d->count);
     return WF_EINVAL;
@@ -119,6 +159,34 @@ static wf_status check_args(wf_comm *c, const wf__op *d)
              c->name, (unsigned long long)wf_comm_next_seq(c), wf_comm_op_name(d->op), what[i],
              (long long)-v[5 + i], (long long)v[i], (long long)mine[i]);
 fail:
+  return st;
+}
+
+/* WEFT_COMM_CHECK for an all-to-all: every rank's send counts reach their peers (an
+ * MPI_Alltoall of one count each) and must equal what each peer expects to receive;
+ * the verdict is agreed, so a mismatch fails on every rank alike. */
+static wf_status check_a2a_counts(wf_comm *c, const wf__op *d)
+{
+  wf_status st = WF_OK;
+  int64_t *mine = malloc(2 * (size_t)c->size * sizeof *mine), bad = -1;
+  WF_CHECK_ALLOC(mine);
+  int64_t *theirs = mine + c->size;
+  for (int p = 0; p < c->size; p++)
+    mine[p] = (int64_t)d->scounts[p];
+  WF_CHECK_MPI(MPI_Alltoall(mine, 1, MPI_INT64_T, theirs, 1, MPI_INT64_T, c->mpi));
+  for (int p = 0; p < c->size && bad < 0; p++)
+    if (theirs[p] != (int64_t)d->rcounts[p])
+      bad = p;
+  int64_t v[2] = {bad >= 0 ? c->rank : INT64_MAX, bad};
+  WF_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, v, 1, MPI_INT64_T, MPI_MIN, c->mpi));
+  WF_CHECK(v[0] == INT64_MAX, WF_EINVAL,
+           "comm '%s' seq %llu: alltoall counts disagree: rank %lld expects a count from a peer "
+           "other than the one that peer sends%s; each rank's send_counts[p] must equal rank "
+           "p's recv_counts[r]",
+           c->name, (unsigned long long)wf_comm_next_seq(c), (long long)v[0],
+           bad >= 0 ? " (this rank among them)" : "");
+fail:
+  free(mine);
   return st;
 }
 
@@ -174,11 +242,20 @@ wf_status wf__coll_run(wf_comm *c, const wf__op *d, wf_req **req)
   if (req)
     *req = NULL;
   WF_TRY(validate(c, d));
-  const wf__transport *tp = transport_of(c, d->op == WF_OP_SEND ? d->send : d->recv);
+  const void *buf =
+      d->op == WF_OP_SEND || (d->op == WF_OP_ALLTOALL && !d->recv) ? d->send : d->recv;
+  const wf__transport *tp = transport_of(c, buf);
+  WF_CHECK(d->op != WF_OP_ALLTOALL || !d->send || !d->recv || transport_of(c, d->send) == tp,
+           WF_EINVAL,
+           "comm '%s' alltoall: one buffer is device memory and the other host memory; pass "
+           "two of the same kind",
+           c->name);
   WF_TRY(check_transport(c, d, tp));
   if (c->group_depth > 0)
     return wf__coll_group_add(c, d, tp);
-  if (c->check && d->op != WF_OP_SEND && d->op != WF_OP_RECV)
+  if (c->check && d->op == WF_OP_ALLTOALL)
+    WF_TRY(check_a2a_counts(c, d));
+  else if (c->check && d->op != WF_OP_SEND && d->op != WF_OP_RECV)
     WF_TRY(check_args(c, d));
   uint64_t seq = wf__coll_rec_begin(c, d->op, d->count, d->dt, trace_bytes(c, d), d->peer,
                                     tp->on_device, WF_STATE_RUNNING);
@@ -193,7 +270,8 @@ static wf__op mk(wf_comm_op op, const void *send, void *recv, size_t count, wf_c
                  wf_comm_redop redop, int peer)
 {
   bool has_peer = op == WF_OP_BCAST || op == WF_OP_SEND || op == WF_OP_RECV;
-  wf__op d = {op, send, recv, count, dt, redop, has_peer ? peer : -1, has_peer};
+  wf__op d = {op,       send, recv, count, dt,  redop, has_peer ? peer : -1,
+              has_peer, NULL, NULL, NULL,  NULL};
   return d;
 }
 
@@ -294,6 +372,34 @@ wf_status wf_comm_irecv(wf_comm *c, void *buf, size_t count, wf_comm_dtype dt, i
     return WF_EINVAL;
   }
   return req ? wf__coll_run(c, &d, req) : WF_EINVAL;
+}
+
+wf_status wf_comm_alltoallv(wf_comm *c, const void *send, const size_t *send_counts,
+                            const size_t *send_offs, void *recv, const size_t *recv_counts,
+                            const size_t *recv_offs, wf_comm_dtype dt)
+{
+  size_t total = 0;
+  for (int p = 0; c && send_counts && p < c->size; p++)
+    total += send_counts[p];
+  wf__op d = mk(WF_OP_ALLTOALL, send, recv, total, dt, WF_COMM_SUM, -1);
+  d.scounts = send_counts, d.soffs = send_offs, d.rcounts = recv_counts, d.roffs = recv_offs;
+  return wf__coll_run(c, &d, NULL);
+}
+
+wf_status wf_comm_alltoall(wf_comm *c, const void *send, void *recv, size_t count, wf_comm_dtype dt)
+{
+  wf_status st = WF_OK;
+  size_t *a = NULL;
+  if (!c)
+    return wf_comm_alltoallv(c, send, NULL, NULL, recv, NULL, NULL, dt); /* says why */
+  size_t n = (size_t)c->size;
+  WF_CHECK_ALLOC(a = malloc(2 * n * sizeof *a));
+  for (size_t p = 0; p < n; p++)
+    a[p] = count, a[n + p] = p * count;
+  st = wf_comm_alltoallv(c, send, a, a + n, recv, a, a + n, dt);
+fail:
+  free(a);
+  return st;
 }
 
 size_t wf_comm_dtype_size(wf_comm_dtype dt)

@@ -130,6 +130,9 @@ typedef struct wf__op {
   wf_comm_redop redop;
   int peer;
   bool has_peer;
+  /* all-to-all: per-peer counts and offsets in elements (size entries each); `count` is
+   * then the total this rank sends */
+  const size_t *scounts, *soffs, *rcounts, *roffs;
 } wf__op;
 
 /* One transport: how an operation on buffers of its kind runs (see the top of the

@@ -125,6 +125,25 @@ static wf_status check_recv(wf_comm *c, const MPI_Status *s, int expect, int pee
   return WF_EINVAL;
 }
 
+/* MPI_Alltoallv of d: its size_t counts and offsets as MPI's ints (coll.c checked that
+ * they fit). Blocking only. */
+static wf_status alltoallv(wf_comm *c, const wf__op *d)
+{
+  wf_status st = WF_OK;
+  size_t n = (size_t)c->size;
+  int *a = malloc(4 * n * sizeof *a);
+  MPI_Datatype t = wf__coll_mpi_type(d->dt);
+  WF_CHECK_ALLOC(a);
+  for (size_t p = 0; p < n; p++) {
+    a[p] = (int)d->scounts[p], a[n + p] = d->scounts[p] ? (int)d->soffs[p] : 0;
+    a[2 * n + p] = (int)d->rcounts[p], a[3 * n + p] = d->rcounts[p] ? (int)d->roffs[p] : 0;
+  }
+  WF_CHECK_MPI(MPI_Alltoallv(d->send, a, a + n, t, d->recv, a + 2 * n, a + 3 * n, t, c->mpi));
+fail:
+  free(a);
+  return st;
+}
+
 /* Start the MPI operation; `r` receives the request (non-blocking) or is NULL. */
 static wf_status post(wf_comm *c, const wf__op *d, wf_req *r)
 {
@@ -172,6 +191,10 @@ static wf_status post(wf_comm *c, const wf__op *d, wf_req *r)
       WF_TRY(check_recv(c, &status, n * es, p));
     break;
   case WF_OP_BARRIER: WF_CHECK_MPI(q ? MPI_Ibarrier(c->mpi, q) : MPI_Barrier(c->mpi)); break;
+  case WF_OP_ALLTOALL:
+    WF_CHECK(!q, WF_EUNSUPPORTED, "comm '%s': alltoall is blocking only", c->name);
+    WF_TRY(alltoallv(c, d));
+    break;
   default: return WF_EINVAL;
   }
 fail:

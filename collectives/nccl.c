@@ -179,6 +179,9 @@ static wf_status enqueue(wf_comm *c, const wf__op *d)
   case WF_OP_BCAST: return o->bcast(c->nc, d->recv, d->count, d->dt, d->peer);
   case WF_OP_SEND: return o->send(c->nc, d->send, d->count, d->dt, d->peer);
   case WF_OP_RECV: return o->recv(c->nc, d->recv, d->count, d->dt, d->peer);
+  case WF_OP_ALLTOALL:
+    return o->alltoallv(c->nc, d->send, d->scounts, d->soffs, d->recv, d->rcounts, d->roffs, d->dt,
+                        c->size);
   default: return WF_EINVAL;
   }
 }

@@ -22,7 +22,7 @@
 #include "wf_collectives.h"
 
 /* Bumped whenever the table changes, so a stale module is refused, not misused. */
-#define WF__NCCL_ABI 3
+#define WF__NCCL_ABI 4
 /* The symbol the module exports: const wf__nccl_ops *wf__nccl_ops_v1(void). */
 #define WF__NCCL_ENTRY "wf__nccl_ops_v1"
 /* sizeof(ncclUniqueId); checked with a static assertion inside the module. */
@@ -51,6 +51,11 @@ typedef struct wf__nccl_ops {
   wf_status (*bcast)(void *nc, void *buf, size_t count, wf_comm_dtype dt, int root);
   wf_status (*send)(void *nc, const void *buf, size_t count, wf_comm_dtype dt, int peer);
   wf_status (*recv)(void *nc, void *buf, size_t count, wf_comm_dtype dt, int peer);
+  /* All-to-all as one NCCL group of a send and a receive per peer with a non-zero count
+   * (counts and offsets in elements, nranks entries each). */
+  wf_status (*alltoallv)(void *nc, const void *send, const size_t *scounts, const size_t *soffs,
+                         void *recv, const size_t *rcounts, const size_t *roffs, wf_comm_dtype dt,
+                         int nranks);
   wf_status (*group_start)(void);
   wf_status (*group_end)(void);
   /* Completion: an event recorded on the communication stream after the op. */

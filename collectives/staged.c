@@ -56,6 +56,14 @@ static void extents(const wf_comm *c, const wf__op *d, size_t *send, size_t *rec
   case WF_OP_BCAST: *send = *recv = b; break;
   case WF_OP_SEND: *send = b; break;
   case WF_OP_RECV: *recv = b; break;
+  case WF_OP_ALLTOALL: /* the ends of the last blocks */
+    for (size_t p = 0; p < n; p++) {
+      if (d->scounts[p])
+        *send = WF_MAX(*send, (d->soffs[p] + d->scounts[p]) * wf_comm_dtype_size(d->dt));
+      if (d->rcounts[p])
+        *recv = WF_MAX(*recv, (d->roffs[p] + d->rcounts[p]) * wf_comm_dtype_size(d->dt));
+    }
+    break;
   default: break;
   }
 }

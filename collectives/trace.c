@@ -162,7 +162,7 @@ bool wf_comm_last_op(const wf_comm *c, wf_trace_entry *out)
 const char *wf_comm_op_name(wf_comm_op op)
 {
   static const char *names[WF_OP_COUNT_] = {
-      "allreduce", "reduce_scatter", "allgather", "bcast", "send", "recv", "barrier",
+      "allreduce", "reduce_scatter", "allgather", "bcast", "send", "recv", "barrier", "alltoall",
   };
   return (unsigned)op < WF_OP_COUNT_ ? names[op] : "unknown";
 }

@@ -44,6 +44,14 @@
  *  - allgather(send, recv, send_count): recv holds n * send_count elements; block b
  *    comes from rank b. In place when send == recv + r * send_count.
  *  - bcast(buf, count, root): buf of every rank becomes root's buf.
+ *  - alltoallv(send, send_counts, send_offs, recv, recv_counts, recv_offs): rank r
+ *    sends send_counts[p] elements from send + send_offs[p] to rank p, and receives
+ *    recv_counts[p] elements from rank p into recv + recv_offs[p] (counts and offsets
+ *    in elements, n entries each). send_counts[p] on rank r must equal recv_counts[r]
+ *    on rank p. Any count may be 0, all of them too: a rank with nothing to send or
+ *    receive still takes part (an expert that receives no tokens joins the exchange).
+ *    send and recv must not overlap. alltoall(send, recv, count) is the case where
+ *    every count is `count` and block p lies at p * count on both sides.
  *  - WF_COMM_AVG divides the sum by n (after summing, in float32).
  *
  * Device buffers on NCCL never block the host: a blocking call (and wf_req_wait) returns
@@ -106,6 +114,7 @@ typedef enum wf_comm_op {
   WF_OP_SEND,
   WF_OP_RECV,
   WF_OP_BARRIER,
+  WF_OP_ALLTOALL, /* all-to-all with per-peer counts (wf_comm_alltoallv) */
   WF_OP_COUNT_
 } wf_comm_op;
 
@@ -238,6 +247,15 @@ wf_status wf_comm_bcast(wf_comm *c, void *buf, size_t count, wf_comm_dtype dt, i
 wf_status wf_comm_send(wf_comm *c, const void *buf, size_t count, wf_comm_dtype dt, int peer);
 wf_status wf_comm_recv(wf_comm *c, void *buf, size_t count, wf_comm_dtype dt, int peer);
 wf_status wf_comm_barrier(wf_comm *c);
+/* All-to-all, with per-peer counts and offsets (see the layouts above), and with one
+ * count for every peer. Blocking; the recorder counts the elements this rank sends.
+ * With WEFT_COMM_CHECK every rank also checks that what each peer says it sends is what
+ * it expects to receive. */
+wf_status wf_comm_alltoallv(wf_comm *c, const void *send, const size_t *send_counts,
+                            const size_t *send_offs, void *recv, const size_t *recv_counts,
+                            const size_t *recv_offs, wf_comm_dtype dt);
+wf_status wf_comm_alltoall(wf_comm *c, const void *send, void *recv, size_t count,
+                           wf_comm_dtype dt);
 
 /* Agree on an outcome: every rank passes its own status and gets the same answer,
  * WF_OK when every rank passed WF_OK, else the status of the lowest-numbered failing

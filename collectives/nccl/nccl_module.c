@@ -221,6 +221,44 @@ fail:
   return st;
 }
 
+static size_t dt_size(wf_comm_dtype dt)
+{
+  switch (dt) {
+  case WF_COMM_BF16:
+  case WF_COMM_F16: return 2;
+  case WF_COMM_I64:
+  case WF_COMM_U64: return 8;
+  case WF_COMM_U8: return 1;
+  default: return 4;
+  }
+}
+
+/* NCCL has no all-to-all-v: one group of point-to-point operations, the send to and
+ * receive from each peer that has something to move (the self pair included: NCCL
+ * matches a rank's send to itself with its receive in the same group). */
+static wf_status alltoallv(void *p, const void *send, const size_t *scounts, const size_t *soffs,
+                           void *recv, const size_t *rcounts, const size_t *roffs, wf_comm_dtype dt,
+                           int nranks)
+{
+  wf_status st = WF_OK;
+  ncomm *n = p;
+  size_t es = dt_size(dt);
+  WF_TRY(order_after_dep(n));
+  WF_CHECK_NCCL(ncclGroupStart());
+  for (int q = 0; q < nranks && st == WF_OK; q++) {
+    if (scounts[q] && ncclSend((const char *)send + soffs[q] * es, scounts[q], nt(dt), q, n->comm,
+                               n->stream) != ncclSuccess)
+      st = WF_ENCCL;
+    if (rcounts[q] && ncclRecv((char *)recv + roffs[q] * es, rcounts[q], nt(dt), q, n->comm,
+                               n->stream) != ncclSuccess)
+      st = WF_ENCCL;
+  }
+  WF_CHECK_NCCL(ncclGroupEnd());
+  WF_CHECK(st == WF_OK, st, "ncclSend/ncclRecv of an all-to-all over %d ranks failed", nranks);
+fail:
+  return st;
+}
+
 static wf_status group_start(void)
 {
   wf_status st = WF_OK;
@@ -299,6 +337,7 @@ static const wf__nccl_ops ops = {
     .bcast = bcast,
     .send = p2p_send,
     .recv = p2p_recv,
+    .alltoallv = alltoallv,
     .group_start = group_start,
     .group_end = group_end,
     .event_record = event_record,

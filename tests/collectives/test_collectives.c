@@ -16,7 +16,9 @@
  * a second thread seeing an allreduce "running" while the main thread waits in MPI);
  * the integer element types (i32, i64, u64) under SUM, MIN and MAX on every operation
  * that reduces or moves data, values beyond 2^53 (so a float or double disguise would
- * lose them), and the status agreement wf_comm_agree.
+ * lose them), and the status agreement wf_comm_agree; all-to-all with per-peer counts
+ * (zeros among them, all zero, offsets with gaps) and with one count, and its count
+ * mismatch caught by the check.
  * A failed check on any rank calls MPI_Abort, so the test fails instead of hanging.
  */
 #include <math.h>
@@ -195,6 +197,78 @@ static void test_collectives_on(wf_comm *c, size_t large)
   OK(wf_comm_barrier(c));
 }
 
+/* ---- all-to-all ------------------------------------------------------------------ */
+
+/* Rank r's count for peer p: 0 for some pairs (an expert that gets no tokens), up to
+ * `most`; salt changes the pattern. */
+static size_t a2a_count(int r, int p, int salt, size_t most)
+{
+  size_t k = (size_t)(r * 5 + p * 3 + salt) % 4;
+  return k == 0 ? 0 : k == 3 ? most : k;
+}
+
+/* Variable counts, blocks laid out in reverse peer order with a gap of 3 elements after
+ * each (offsets are honoured, not assumed contiguous), against the serial reference:
+ * block p of the receive holds rank p's elements meant for this rank. zero: nobody
+ * sends anything (every rank still calls). */
+static void test_alltoallv(wf_comm *c, int salt, size_t most, bool zero)
+{
+  int n = wf_comm_size(c), r = wf_comm_rank(c);
+  size_t *a = calloc(4 * (size_t)n, sizeof *a), ns = 0, nr = 0;
+  size_t *sc = a, *so = a + n, *rc = a + 2 * n, *ro = a + 3 * n;
+  for (int p = n - 1; p >= 0; p--) {
+    sc[p] = zero ? 0 : a2a_count(r, p, salt, most), so[p] = ns, ns += sc[p] + 3;
+    rc[p] = zero ? 0 : a2a_count(p, r, salt, most), ro[p] = nr, nr += rc[p] + 3;
+  }
+  float *x = alloc_f(ns), *y = alloc_f(nr);
+  for (int p = 0; p < n; p++)
+    for (size_t i = 0; i < sc[p]; i++)
+      x[so[p] + i] = val(r, (size_t)p * 100003u + i, salt);
+  for (size_t i = 0; i < nr; i++)
+    y[i] = 1e9f; /* the gaps must stay untouched */
+  OK(wf_comm_alltoallv(c, x, sc, so, y, rc, ro, WF_COMM_F32));
+  for (int p = 0; p < n; p++) {
+    for (size_t i = 0; i < rc[p]; i++)
+      CHECK(y[ro[p] + i] == val(p, (size_t)r * 100003u + i, salt));
+    for (size_t i = rc[p]; i < rc[p] + 3; i++)
+      CHECK(y[ro[p] + i] == 1e9f);
+  }
+  wf_trace_entry e;
+  CHECK(wf_comm_last_op(c, &e) && e.op == WF_OP_ALLTOALL && e.state == WF_STATE_DONE);
+  CHECK(e.count == ns - 3 * (size_t)n && e.bytes == e.count * sizeof(float));
+  free(x);
+  free(y);
+  free(a);
+}
+
+/* One count for every peer, int64 elements beyond 2^53 (moved, never touched). */
+static void test_alltoall_fixed(wf_comm *c, size_t count)
+{
+  int n = wf_comm_size(c), r = wf_comm_rank(c);
+  int64_t *x = calloc(count * (size_t)n + 1, sizeof *x), *y = calloc(count * (size_t)n + 1, 8);
+  for (int p = 0; p < n; p++)
+    for (size_t i = 0; i < count; i++)
+      x[(size_t)p * count + i] = ((int64_t)1 << 60) + r * 1000 + p * 10 + (int64_t)i;
+  OK(wf_comm_alltoall(c, x, y, count, WF_COMM_I64));
+  for (int p = 0; p < n; p++)
+    for (size_t i = 0; i < count; i++)
+      CHECK(y[(size_t)p * count + i] == ((int64_t)1 << 60) + p * 1000 + r * 10 + (int64_t)i);
+  free(x);
+  free(y);
+}
+
+static void test_alltoalls(wf_comm *c)
+{
+  for (int salt = 0; salt < 4; salt++) {
+    test_alltoallv(c, salt, 1031, false);
+    test_alltoallv(c, salt, 1, false);
+  }
+  test_alltoallv(c, 0, 5, true);
+  test_alltoall_fixed(c, 0);
+  test_alltoall_fixed(c, 1);
+  test_alltoall_fixed(c, 257);
+}
+
 /* ---- point-to-point ------------------------------------------------------------- */
 
 /* Everyone sends to both neighbours and receives from both, in one group. */
@@ -279,6 +353,13 @@ static void test_local_errors(wf_comm *c)
   CHECK(wf_comm_allreduce(c, buf, buf, 4, (wf_comm_dtype)7, WF_COMM_SUM) == WF_EINVAL);
   CHECK(wf_comm_bcast(c, buf, 4, WF_COMM_F32, n) == WF_EINVAL);
   CHECK(wf_comm_send(c, buf, 4, WF_COMM_F32, -1) == WF_EINVAL);
+  /* all-to-all: arrays missing, overlapping sides, a block past MPI's int */
+  size_t cnt[64] = {0}, off[64] = {0};
+  cnt[0] = 2;
+  CHECK(wf_comm_alltoallv(c, buf, NULL, off, buf + 8, cnt, off, WF_COMM_F32) == WF_EINVAL);
+  CHECK(wf_comm_alltoallv(c, buf, cnt, off, buf + 1, cnt, off, WF_COMM_F32) == WF_EINVAL);
+  off[0] = (size_t)1 << 40;
+  CHECK(wf_comm_alltoallv(c, buf, cnt, off, buf + 8, cnt, off, WF_COMM_F32) == WF_EINVAL);
   /* Reduce-scatter: recv inside send but not at block `rank`. */
   if (n > 1) {
     float *wrong = buf + 4 * ((r + 1) % n);
@@ -309,6 +390,10 @@ static void test_mismatch_errors(wf_comm *c)
   CHECK(wf_comm_bcast(c, buf, 10, WF_COMM_F32, r == n - 1) == WF_EINVAL);
   CHECK(wf_comm_reduce_scatter(c, buf, buf + 32, 3 + (r == 1), WF_COMM_F32, WF_COMM_AVG) ==
         WF_EINVAL);
+  /* all-to-all: rank 0 sends rank 1 two floats, rank 1 expects three */
+  size_t a[4 * 64] = {0}, *sc = a, *so = a + 64, *rc = a + 128, *ro = a + 192;
+  sc[1] = r == 0 ? 2 : 0, rc[0] = r == 1 ? 3 : 0, so[1] = 0, ro[0] = 0;
+  CHECK(wf_comm_alltoallv(c, buf, sc, so, buf + 32, rc, ro, WF_COMM_F32) == WF_EINVAL);
   CHECK(wf_comm_next_seq(c) == seq); /* a refused operation never started */
   OK(wf_comm_allreduce(c, buf, buf, 10, WF_COMM_F32, WF_COMM_SUM)); /* still usable */
   wf_comm_set_check(c, false);
@@ -617,6 +702,8 @@ static void run_all(wf_comm *world, size_t large)
   }
   test_pairs(world, 1031);
   test_pairs(world, 1);
+  test_alltoalls(world);
+  test_alltoalls(half);
   test_integers(world);
   test_integers(half);
   test_halves(world);

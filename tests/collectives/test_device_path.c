@@ -11,8 +11,8 @@
  *    device buffers reached plain MPI);
  *  - asking for NCCL where it cannot start falls back to staging on every rank, with
  *    the reason;
- *  - collectives on stand-in device buffers in those children give the serial
- *    reference's values, each costing the host the two copies staging needs
+ *  - collectives on stand-in device buffers in those children (all-to-all among them)
+ *    give the serial reference's values, each costing the host the two copies staging needs
  *    (wf_comm_host_syncs), and host buffers none;
  *  - wf_comm_abort_all from any member aborts the whole family and nothing else:
  *    every later operation fails with WF_EABORTED, a second world is untouched.
@@ -63,6 +63,25 @@ static void check_device_ops(wf_gpu *g, wf_comm *c)
   wf_trace_entry e;
   CHECK(wf_comm_last_op(c, &e) && e.op == WF_OP_ALLREDUCE && !e.device, "%s",
         "flight recorder entry"); /* staged: MPI */
+  /* all-to-all: rank r sends p + 1 elements to peer p, each block at p * N / n */
+  size_t cnt[16], off[16], rc[16], ro[16], blk = N / (size_t)n;
+  for (int p = 0; p < n; p++)
+    cnt[p] = (size_t)p + 1, off[p] = (size_t)p * blk, rc[p] = (size_t)r + 1, ro[p] = off[p];
+  for (int i = 0; i < N; i++)
+    h[i] = val(r, i);
+  float *e2 = NULL;
+  OK(wf_gpu_malloc(g, (void **)&e2, sizeof h));
+  OK(wf_gpu_memcpy_h2d(g, d, h, sizeof h));
+  uint64_t s1 = wf_comm_host_syncs(c);
+  OK(wf_comm_alltoallv(c, d, cnt, off, e2, rc, ro, WF_COMM_F32));
+  CHECK(wf_comm_host_syncs(c) == s1 + 2, "%s", "staging waits twice per device operation");
+  OK(wf_gpu_memcpy_d2h(g, h, e2, sizeof h));
+  for (int p = 0; p < n; p++)
+    for (size_t i = 0; i < rc[p]; i++)
+      CHECK(h[ro[p] + i] == val(p, (int)((size_t)r * blk + i)), "%s",
+            "all-to-all against the serial reference");
+  wf_gpu_free(g, e2);
+  s0 += 2;
   float host[2] = {1, (float)r};
   OK(wf_comm_bcast(c, host, 2, WF_COMM_F32, n - 1));
   CHECK(host[1] == (float)(n - 1) && wf_comm_host_syncs(c) == s0 + 4, "%s",

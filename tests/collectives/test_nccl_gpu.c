@@ -8,7 +8,8 @@
  * on device memory against the same serial reference as the MPI test (small integers,
  * so float sums are exact), in place and out of place, float32 and bf16, integer MIN,
  * MAX and SUM, blocking and non-blocking, a grouped ring exchange and an ungrouped
- * one, and the flight recorder marking the operations as device ones. With fewer GPUs
+ * one, all-to-all with per-peer counts (zeros among them; float32 and bf16), and the
+ * flight recorder marking the operations as device ones. With fewer GPUs
  * than ranks (NCCL refuses duplicate GPUs) the same collectives run host-staged
  * through MPI (collectives/staged.c), which has no grouped point-to-point and, like
  * MPI, no bf16.
@@ -225,6 +226,28 @@ static void test_ring(dev *d, wf_comm *c, size_t count)
   free(y);
 }
 
+/* All-to-all with per-peer counts on device buffers: rank r sends (r + 2p) % 3 * count
+ * elements to peer p (zero for some pairs), block p at p * 3 * count on both sides; the
+ * elements are rank p's values, in bf16 too (moved, never added). */
+static void test_alltoallv(dev *d, wf_comm *c, size_t count, bool bf16)
+{
+  int n = wf_comm_size(c), r = wf_comm_rank(c);
+  size_t *a = calloc(4 * (size_t)n, sizeof *a), span = 3 * count;
+  for (int p = 0; p < n; p++) {
+    a[p] = (size_t)((r + 2 * p) % 3) * count, a[n + p] = (size_t)p * span;
+    a[2 * n + p] = (size_t)((p + 2 * r) % 3) * count, a[3 * n + p] = (size_t)p * span;
+  }
+  upload_f(d, d->a, span * (size_t)n, r, 23, bf16);
+  OK(wf_comm_alltoallv(c, d->a, a, a + n, d->b, a + 2 * n, a + 3 * n,
+                       bf16 ? WF_COMM_BF16 : WF_COMM_F32));
+  float *y = download_f(d, d->b, span * (size_t)n, bf16);
+  for (int p = 0; p < n; p++)
+    for (size_t i = 0; i < a[2 * n + p]; i++) /* rank p's elements at its block for r */
+      CHECK(y[(size_t)p * span + i] == val(p, (size_t)r * span + i, 23));
+  free(y);
+  free(a);
+}
+
 /* Every collective on c, through NCCL or (staged) host staging. */
 static void run_on(dev *d, wf_comm *c, wf_gpu *g, bool staged)
 {
@@ -245,6 +268,8 @@ static void run_on(dev *d, wf_comm *c, wf_gpu *g, bool staged)
       test_allreduce(d, c, counts[k], ip, false, true);
     }
     test_avg_rs_ag_bcast(d, c, counts[k]);
+    test_alltoallv(d, c, counts[k], false);
+    test_alltoallv(d, c, counts[k], !staged || k == 0); /* bf16 moves on both paths */
     test_pair(d, c, counts[k]);
     if (!staged)
       test_ring(d, c, counts[k]);
