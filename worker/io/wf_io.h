@@ -201,4 +201,32 @@ struct wf_comm; /* wf_collectives.h */
  * rank 0 with the path and the reason). */
 wf_status wf_trace_write(wf_trace *t, struct wf_comm *world, const char *path);
 
+/*
+ * TensorBoard event files (train.tensorboard=DIR; tfevents.c has the format). One
+ * writer, on one rank: each step's scalars are one record, flushed at once, so
+ * TensorBoard can watch a running job. A write that fails later is said once and the
+ * writer goes quiet; training goes on.
+ */
+typedef struct wf_tfevents wf_tfevents;
+typedef struct wf_tfevents_scalar {
+  const char *tag;   /* "train/loss", "memory/params_mib", ... */
+  double value;      /* written as a float32, TensorBoard's scalar */
+  const char *about; /* the tag's description, sent with its first value in a file; NULL = none */
+} wf_tfevents_scalar;
+
+/* Create DIR (and its parents) when missing and start the first event file in it; a
+ * directory that cannot be written is WF_ECONFIG, said with the key and the fix.
+ * roll_bytes > 0: a file that grows past it is closed and the next one started. */
+wf_status wf_tfevents_open(wf_tfevents **out, const char *dir, int64_t roll_bytes);
+/* A run resumed from a checkpoint restarts at `step`: a SessionLog START there makes
+ * TensorBoard drop the steps >= step an earlier, killed run had written. */
+wf_status wf_tfevents_restart(wf_tfevents *w, int64_t step);
+/* One step's scalars (wall: seconds since the epoch). */
+wf_status wf_tfevents_write(wf_tfevents *w, int64_t step, double wall, const wf_tfevents_scalar *v,
+                            int n);
+const char *wf_tfevents_path(const wf_tfevents *w); /* the file now written */
+void wf_tfevents_close(wf_tfevents *w);             /* accepts NULL */
+/* CRC-32C (Castagnoli) of n bytes, unmasked: for tests. */
+uint32_t wf_tfevents_crc32c(const void *data, size_t n);
+
 #endif /* WF_IO_H */

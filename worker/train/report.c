@@ -402,10 +402,159 @@ static void write_metrics(wf__trainer *tr, const wf_train_step_info *in, double 
     json_object_set_new(o, "skipped_steps", json_integer(in->skipped_steps));
     json_object_set_new(o, "step_skipped", json_boolean(in->skipped));
   }
+  for (int i = 0; i < in->n_extra && i < WF_TRAIN_MAX_EXTRA; i++)
+    json_object_set_new(o, in->extra[i].name, real_or_null(in->extra[i].value));
   if (json_dumpf(o, tr->metrics, JSON_COMPACT) == 0)
     fputc('\n', tr->metrics);
   fflush(tr->metrics); /* one complete line per step, even if the run dies */
   json_decref(o);
+}
+
+/* ---- TensorBoard ------------------------------------------------------------------------ */
+
+/* The scalars of train.tensorboard, in TensorBoard's sections (the tag before '/'). A
+ * figure that does not apply to the run is NaN and left out: val_loss between
+ * evaluations, the pipeline's figures with one stage, tp's with one tensor rank, the
+ * loss scale outside fp16. Times and memory are the writing rank's (world rank 0's),
+ * as on the step line. The step's named extras (wf_train_step_info.extra: a MoE
+ * router's figures) follow under their own names. */
+typedef struct tb_scalar {
+  const char *tag, *about;
+  double (*get)(const wf__trainer *tr, const wf_train_step_info *in);
+} tb_scalar;
+
+static double nan_unless(bool applies, double v) { return applies ? v : NAN; }
+static double g_loss(const wf__trainer *tr, const wf_train_step_info *in) { return in->loss; }
+static double g_val(const wf__trainer *tr, const wf_train_step_info *in) { return in->val_loss; }
+static double g_lr(const wf__trainer *tr, const wf_train_step_info *in) { return in->lr; }
+static double g_norm(const wf__trainer *tr, const wf_train_step_info *in) { return in->grad_norm; }
+static double g_scale(const wf__trainer *tr, const wf_train_step_info *in)
+{
+  return nan_unless(tr->fp16, in->loss_scale);
+}
+static double g_skipped(const wf__trainer *tr, const wf_train_step_info *in)
+{
+  return nan_unless(tr->fp16, in->skipped_steps);
+}
+static double g_tok(const wf__trainer *tr, const wf_train_step_info *in)
+{
+  return in->tokens_per_s;
+}
+static double g_tok_gpu(const wf__trainer *tr, const wf_train_step_info *in)
+{
+  return in->tokens_per_s_gpu;
+}
+static double g_tflops(const wf__trainer *tr, const wf_train_step_info *in)
+{
+  return in->tflops_gpu;
+}
+static double g_mfu(const wf__trainer *tr, const wf_train_step_info *in)
+{
+  return nan_unless(tr->peak_tflops > 0, in->mfu * 100);
+}
+static double g_step(const wf__trainer *tr, const wf_train_step_info *in) { return in->step_ms; }
+static double g_compute(const wf__trainer *tr, const wf_train_step_info *in)
+{
+  return in->compute_ms;
+}
+static double g_dp(const wf__trainer *tr, const wf_train_step_info *in) { return in->comm_ms; }
+static double g_tp(const wf__trainer *tr, const wf_train_step_info *in)
+{
+  return nan_unless(tr->tp > 1, in->tp_ms);
+}
+static double g_p2p(const wf__trainer *tr, const wf_train_step_info *in)
+{
+  return nan_unless(tr->pp > 1, in->p2p_wait_ms);
+}
+static double g_bubble(const wf__trainer *tr, const wf_train_step_info *in)
+{
+  return nan_unless(tr->pp > 1, in->bubble * 100);
+}
+static double g_mem(const wf__trainer *tr, const wf_train_step_info *in)
+{
+  return mib(in->mem_bytes);
+}
+static double g_params(const wf__trainer *tr, const wf_train_step_info *in)
+{
+  return mib(in->param_bytes);
+}
+static double g_grads(const wf__trainer *tr, const wf_train_step_info *in)
+{
+  return mib(in->grad_bytes);
+}
+static double g_optim(const wf__trainer *tr, const wf_train_step_info *in)
+{
+  return mib(in->optim_bytes);
+}
+static double g_act(const wf__trainer *tr, const wf_train_step_info *in)
+{
+  return mib(in->act_bytes);
+}
+
+static const tb_scalar tb_scalars[] = {
+    {"loss/train", "mean cross-entropy of the step's global batch, nats per token", g_loss},
+    {"loss/val", "mean cross-entropy on the validation split, at evaluated steps", g_val},
+    {"optim/lr", "learning rate of the step's update", g_lr},
+    {"optim/grad_norm", "global gradient norm before clipping", g_norm},
+    {"optim/loss_scale", "fp16 loss scale of the step's backward", g_scale},
+    {"optim/skipped_steps", "fp16 steps skipped so far for overflowed gradients", g_skipped},
+    {"throughput/tokens_per_s", "the job's tokens per second (global batch / step time)", g_tok},
+    {"throughput/tokens_per_s_per_gpu", "tokens per second per rank (one GPU each)", g_tok_gpu},
+    {"throughput/tflops_per_gpu", "achieved TFLOP/s per rank", g_tflops},
+    {"throughput/mfu_pct", "model FLOP utilisation, % of the per-rank peak", g_mfu},
+    {"time/step_ms", "wall time of the step", g_step},
+    {"time/compute_ms", "forward + backward compute in the step (rank 0)", g_compute},
+    {"time/dp_comm_ms", "data-parallel gradient communication not hidden behind backward (rank 0)",
+     g_dp},
+    {"time/tp_ms", "in tensor-parallel collectives (rank 0)", g_tp},
+    {"time/p2p_wait_ms", "waiting in pipeline sends and receives (rank 0)", g_p2p},
+    {"time/bubble_pct", "pipeline idle share of the step, % (1 - mean busy / longest stage)",
+     g_bubble},
+    {"memory/total_mib", "all rank 0 holds through weft's allocator (host + device)", g_mem},
+    {"memory/params_mib", "parameters with their GEMM copy and ZeRO's gather buffers (rank 0)",
+     g_params},
+    {"memory/grads_mib", "gradients and the dp reduction's buffers (rank 0)", g_grads},
+    {"memory/optim_mib", "AdamW state (rank 0)", g_optim},
+    {"memory/act_mib", "peak activations of the step (rank 0)", g_act},
+};
+
+#define TB_MAX (WF_ARRAY_LEN(tb_scalars) + WF_TRAIN_MAX_EXTRA)
+
+/* The step's scalars that apply, into v (TB_MAX entries); returns the count. */
+static int tb_collect(const wf__trainer *tr, const wf_train_step_info *in, wf_tfevents_scalar *v)
+{
+  int n = 0;
+  for (size_t i = 0; i < WF_ARRAY_LEN(tb_scalars); i++) {
+    double x = tb_scalars[i].get(tr, in);
+    if (isfinite(x))
+      v[n++] = (wf_tfevents_scalar){tb_scalars[i].tag, x, tb_scalars[i].about};
+  }
+  for (int i = 0; i < in->n_extra && i < WF_TRAIN_MAX_EXTRA; i++)
+    if (in->extra[i].name && isfinite(in->extra[i].value))
+      v[n++] = (wf_tfevents_scalar){in->extra[i].name, in->extra[i].value, NULL};
+  return n;
+}
+
+static void write_tensorboard(wf__trainer *tr, const wf_train_step_info *in)
+{
+  wf_tfevents_scalar v[TB_MAX];
+  int n = tb_collect(tr, in, v);
+  wf_tfevents_write(tr->tb, in->step, wf_wall_time(), v, n); /* a failure is said there, once */
+}
+
+wf_status wf__open_tensorboard(wf__trainer *tr)
+{
+  wf_status st = WF_OK;
+  const wf_config *cfg = tr->cfg;
+  if (!cfg->train.tensorboard[0] || wf_rt_rank() > 0)
+    return WF_OK;
+  WF_TRY(wf_tfevents_open(&tr->tb, cfg->train.tensorboard,
+                          (int64_t)(cfg->train.tensorboard_roll_mb * 1e6)));
+  /* a resumed run redoes the steps after its checkpoint: TensorBoard drops them */
+  if (tr->start > 0)
+    wf_tfevents_restart(tr->tb, tr->start + 1);
+fail:
+  return st;
 }
 
 /* ---- the loss-jump watch ------------------------------------------------------------------ */
@@ -459,6 +608,8 @@ void wf__report_step(wf__trainer *tr, const wf_train_step_info *in, double eta, 
     draw_bar(tr, in, eta);
   if (tr->metrics)
     write_metrics(tr, in, eval_ms);
+  if (tr->tb)
+    write_tensorboard(tr, in);
 }
 
 static bool metrics_line_past(const char *line, int step)
@@ -559,6 +710,9 @@ void wf__print_summary(const wf__trainer *tr)
             cfg->train.checkpoint_dir, tr->saved_step);
   if (cfg->train.metrics[0])
     fprintf(tr->out, "  metrics: %s (one JSON object per step)\n", cfg->train.metrics);
+  if (tr->tb)
+    fprintf(tr->out, "  tensorboard: %s (tensorboard --logdir %s)\n", wf_tfevents_path(tr->tb),
+            cfg->train.tensorboard);
   if (tr->trace)
     fprintf(tr->out, "  trace: %s, steps %d..%d of every rank (open it in ui.perfetto.dev)\n",
             cfg->train.trace, cfg->train.trace_steps[0], cfg->train.trace_steps[1]);

@@ -380,6 +380,8 @@ wf_status wf__train_setup(wf__trainer *tr, const wf_config *cfg, const wf_train_
   WF_TRY(setup_data(tr));
   /* rank 0 alone opens it: agreed, so its failure stops every rank at once */
   WF_TRY(wf_comm_agree(tr->world, wf__open_metrics(tr), NULL));
+  if (checkpoints) /* a training run's; not --generate's or --dump-state's */
+    WF_TRY(wf_comm_agree(tr->world, wf__open_tensorboard(tr), NULL));
   WF_TRY(wf__setup_peak(tr)); /* before the banner, which says where the peak came from */
   if (tr->talk)
     wf__print_banner(tr);
@@ -391,6 +393,7 @@ void wf__train_teardown(wf__trainer *tr)
 {
   if (tr->metrics)
     fclose(tr->metrics);
+  wf_tfevents_close(tr->tb);
   wf_mem_free(tr->inputs);
   wf_mem_free(tr->targets);
   wf_data_destroy(tr->data);

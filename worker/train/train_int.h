@@ -47,6 +47,7 @@ typedef struct wf__trainer {
   int B, T, M, steps;    /* micro-batch rows, sequence length, micro-batches, steps */
   int *inputs, *targets; /* (B, T), host */
   FILE *metrics;
+  wf_tfevents *tb;         /* train.tensorboard's writer (world rank 0); NULL = none */
   double peak_tflops;      /* per rank, for MFU; 0 = unknown */
   const char *peak_source; /* how it was obtained, for the banner */
   double flops;            /* per step, for the whole global batch */
@@ -105,5 +106,8 @@ void wf__clear_bar(const wf__trainer *tr);
  * went (checkpoint, metrics, trace, saved model). */
 void wf__print_summary(const wf__trainer *tr);
 wf_status wf__open_metrics(wf__trainer *tr);
+/* train.tensorboard: world rank 0 opens its writer (WF_ECONFIG when the directory cannot
+ * be written); the other ranks return WF_OK. */
+wf_status wf__open_tensorboard(wf__trainer *tr);
 
 #endif /* WF_TRAIN_INT_H */

@@ -35,6 +35,8 @@
 #include "wf_config.h"
 #include "wf_runtime.h"
 
+#define WF_TRAIN_MAX_EXTRA 32 /* named figures a step can add (wf_train_step_info.extra) */
+
 typedef struct wf_train_step_info {
   int step, steps;      /* step is 1-based */
   double loss;          /* mean cross-entropy over the global batch, nats per token */
@@ -73,6 +75,15 @@ typedef struct wf_train_step_info {
   int64_t grad_bytes;  /* gradients and the dp reduction's buffers (wf_grads_bytes) */
   int host_syncs;      /* the step's waits of the host for the device (wf_dev_host_syncs) */
   int64_t act_bytes;   /* activations this step held at its peak (the pipeline's slots) */
+  /* Further figures of the step, by name, for a model family or feature that has them (a
+   * mixture-of-experts router's "router/aux_loss", "router/tokens_per_expert_min",
+   * "router/dropped_tokens", ...): train.tensorboard writes each as a scalar of that tag
+   * and train.metrics as a key of that name. Names are static strings. */
+  int n_extra;
+  struct {
+    const char *name;
+    double value;
+  } extra[WF_TRAIN_MAX_EXTRA];
 } wf_train_step_info;
 
 typedef struct wf_train_hooks {
