@@ -13,7 +13,10 @@ Each host is
     that maps every host of the cluster to its address (`ip netns exec` shows each
     namespace /etc/netns/<namespace>/hosts as /etc/hosts);
   * a login node (host "login") has a /tmp of its own; the other hosts share the
-    machine's file system, as a cluster's nodes share theirs;
+    machine's file system, as a cluster's nodes share theirs. The build and the
+    source are on every host wherever they live: those under /tmp are bind-mounted
+    into the login node's own /tmp at their own paths (`see`, below), and the cluster
+    checks that every host sees them before a test uses it (Unseen says which does not);
   * a CPU set of its own where the machine has the cpuset cgroup: the compute nodes
     get the machine's cores dealt out one by one (node i: core i mod cores), so hwloc
     and weft see a node's cores as on a machine of its own. Without it every node would
@@ -34,6 +37,7 @@ pid is gone is removed). A machine where namespaces cannot be made raises Skip.
 import atexit
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -49,6 +53,36 @@ PREFIX = "wfc"  # namespaces: wfc<pid>-<host>
 
 class Skip(Exception):
     """The machine cannot host the cluster (the reason is the message)."""
+
+
+class Unseen(Exception):
+    """A host cannot see a path the tests run from (the message says which and why)."""
+
+
+REPO = os.path.dirname(os.path.dirname(HERE))  # the source, seen by every host
+
+
+def build_root(path):
+    """The meson build folder that holds path (the nearest with build.ninja), else the
+    folder of path itself: what a host needs to run a binary of the build."""
+    d = path if os.path.isdir(path) else os.path.dirname(path)
+    while d != os.path.dirname(d):
+        if os.path.isfile(os.path.join(d, "build.ninja")):
+            return d
+        d = os.path.dirname(d)
+    return path if os.path.isdir(path) else os.path.dirname(path)
+
+
+def under(path, top):
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def private_tmp_shares(paths):
+    """The folders among paths' build roots and the source that lie under /tmp, none
+    inside another: what the login node's private /tmp must show."""
+    roots = sorted({build_root(os.path.abspath(p)) for p in paths} | {REPO})
+    tmp = [r for r in roots if under(r, "/tmp") and r != "/tmp"]
+    return [r for r in tmp if not any(o != r and under(r, o) for o in tmp)]
 
 
 def sh(cmd, check=True, timeout=30, **kw):
@@ -148,8 +182,10 @@ class Cluster:
     """Compute nodes `nodes` (node i gets 10.77.0.(11+i)) and service hosts `extra`
     (login, head: 10.77.0.(2+j)), up from __enter__ to __exit__."""
 
-    def __init__(self, nodes, extra=(), scratch=None, cpusets=True):
+    def __init__(self, nodes, extra=(), scratch=None, cpusets=True, see=()):
         self.nodes = list(nodes)
+        # What every host must see: the test's binaries and scripts, and the source.
+        self.see = [os.path.abspath(p) for p in see] + [REPO]
         self.extra = list(extra)
         self.hosts = self.nodes + self.extra
         self.run_id = f"{PREFIX}{os.getpid()}"
@@ -182,6 +218,7 @@ class Cluster:
             signal.signal(sig, self._on_signal)
         try:
             self._build()
+            self._check_seen()
         except BaseException:
             self.down()
             raise
@@ -201,6 +238,8 @@ class Cluster:
     def _build(self):
         os.makedirs(os.path.join(self.dir, "nodes"), exist_ok=True)
         os.makedirs(self.node_tmp(), mode=0o700, exist_ok=True)
+        os.makedirs(os.path.join(self.dir, "stage"), exist_ok=True)  # node-exec's, for /tmp
+        shares = "\n".join(private_tmp_shares(self.see))
         sw = self.ns("sw")
         self._netns_add(sw)
         sh(["ip", "-n", sw, "link", "add", "br0", "type", "bridge"])
@@ -223,6 +262,8 @@ class Cluster:
             with open(os.path.join(self.dir, "nodes", h), "w") as f:
                 f.write(f"netns={ns}\ncpuset={cg}\nmntns=/proc/{os.getpid()}/ns/mnt\n"
                         f"private_tmp={1 if h == 'login' else ''}\n"
+                        f"stage={shlex.quote(os.path.join(self.dir, 'stage'))}\n"
+                        f"shares={shlex.quote(shares)}\n"
                         f"cgroups='{cgroup_mounts()}'\n")
         with open(os.path.join(self.dir, "rsh"), "w") as f:
             # ssh gives the remote command a login environment, not the caller's: only
@@ -232,6 +273,28 @@ class Cluster:
                     f"exec env -i PATH=\"$PATH\" HOME=\"$HOME\" LANG=C.UTF-8 {NODE_EXEC} "
                     f"{self.dir} \"$host\" /bin/sh -c \"$*\"\n")
         os.chmod(os.path.join(self.dir, "rsh"), 0o755)
+
+    def _check_seen(self):
+        """Every host sees every path of self.see, or Unseen names the first host that
+        does not, the paths and why (one message: the test stops there)."""
+        gone = [p for p in self.see if not os.path.exists(p)]
+        if gone:
+            raise Unseen(f"cluster: {', '.join(gone)} not found on this machine")
+        probe = 'for p; do [ -e "$p" ] || echo "$p"; done'
+        runs = {h: self.popen(h, ["/bin/sh", "-c", probe, "sh"] + self.see, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                for h in self.hosts}  # all at once: a node-exec takes ~0.1-1 s
+        for h, p in runs.items():
+            out, err = p.communicate(timeout=60)
+            missing = out.split("\n")[:-1]
+            if p.returncode == 0 and not missing:
+                continue
+            why = err.strip() or (
+                "its /tmp is its own and shows only "
+                f"{', '.join(private_tmp_shares(self.see)) or 'nothing'} of the machine's"
+                if h == "login" else "it shares the machine's file system, yet does not")
+            raise Unseen(f"cluster: host {h} cannot see {', '.join(missing) or 'the build'}"
+                         f" (node-exec exit {p.returncode}): {why}")
 
     def _netns_add(self, ns):
         sh(["ip", "netns", "add", ns])

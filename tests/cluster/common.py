@@ -18,7 +18,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "common"))
-from cluster import Cluster, Skip  # noqa: E402,F401
+from cluster import Cluster, Skip, Unseen  # noqa: E402,F401
 
 SKIP = 77
 # Open MPI's daemons see a lost host from their TCP keepalive (worker/plane.c says why):
@@ -205,12 +205,13 @@ def wait_for(cond, what, deadline_s, p=None, out=None):
     raise Failed(f"{what}: not within {deadline_s} s\n{read(out)[-4000:] if out else ''}")
 
 
-def main(cases, argv, hosts, extra=("login",), setup=None):
-    """Run the named cases (all by default) on one cluster; exit 0, 1 or 77."""
+def main(cases, argv, hosts, extra=("login",), setup=None, see=()):
+    """Run the named cases (all by default) on one cluster whose every host sees `see`
+    (the test's binaries and scripts) and the source; exit 0, 1 or 77."""
     only = set(argv)
     failures = []
     try:
-        with Cluster(hosts, extra=extra) as c:
+        with Cluster(hosts, extra=extra, see=see) as c:
             if not c.cores:
                 log("note: no cpuset cgroup here: the nodes share every core, so the ranks run "
                     "one compute thread each (runtime.threads=1)")
@@ -231,5 +232,8 @@ def main(cases, argv, hosts, extra=("login",), setup=None):
     except Skip as e:
         log(f"SKIP: {e}")
         return SKIP
+    except Unseen as e:
+        log(f"FAIL: {e}")
+        return 1
     log(f"{len(failures)} failed: {' '.join(failures)}" if failures else "all cases passed")
     return 1 if failures else 0

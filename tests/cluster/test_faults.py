@@ -420,7 +420,8 @@ CASES = [("kill", case_kill), ("partition", case_partition), ("flap", case_flap)
          ("master", case_master), ("slow", case_slow), ("kills10", case_kills10)]
 
 if __name__ == "__main__":
-    rc = main(CASES, sys.argv[4:], ["node0", "node1", "node2"], setup=setup)
+    rc = main(CASES, sys.argv[4:], ["node0", "node1", "node2"], setup=setup,
+              see=[WORKER, COORDINATOR, WEFT_RUN])
     if figures:
         log("fault            detect s  ranks end s  mpirun end s  afterwards")
         for tag, det, ranks, mpi, what in figures:

@@ -206,4 +206,5 @@ CASES = [("dp", case_dp), ("tp2pp2", case_tp2pp2), ("3d", case_3d), ("placement"
          ("console", case_console)]
 
 if __name__ == "__main__":
-    sys.exit(main(CASES, sys.argv[3:], ["node0", "node1", "node2", "node3"], setup=setup))
+    sys.exit(main(CASES, sys.argv[3:], ["node0", "node1", "node2", "node3"], setup=setup,
+                  see=[WORKER, COORDINATOR]))

@@ -297,4 +297,5 @@ CASES = [("srun", case_srun), ("sbatch", case_sbatch), ("sbatch-mpirun", case_sb
          ("requeue", case_requeue)]
 
 if __name__ == "__main__":
-    sys.exit(main(CASES, sys.argv[4:], NODES, extra=("login", "head"), setup=setup))
+    sys.exit(main(CASES, sys.argv[4:], NODES, extra=("login", "head"), setup=setup,
+                  see=[WORKER, COORDINATOR, REPO]))
