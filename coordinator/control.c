@@ -559,6 +559,7 @@ static void on_async(uv_async_t *a)
 static void control_thread(void *arg)
 {
   wf_control *c = arg;
+  wf__block_sigpipe();
   uv_timer_start(&c->deadline_timer, on_deadline, (uint64_t)c->connect_timeout_ms, 0);
   try_connect(c);
   uv_run(&c->loop, UV_RUN_DEFAULT);

@@ -56,6 +56,9 @@ void wf__sanitize(char *dst, size_t dst_len, const char *src);
 wf_status wf__split_endpoint(const char *ep, char *host, size_t host_len, int *port);
 /* Encode and queue one envelope on a stream; the buffer is freed when written. */
 int wf__send(uv_stream_t *s, Weft__Envelope *env);
+/* Called first on each loop thread: a write into a connection whose peer has gone fails
+ * with EPIPE there instead of ending the process with SIGPIPE (util.c says how). */
+void wf__block_sigpipe(void);
 double wf__now_ms(void);
 /* True when a rate-limited line may be printed now; *suppressed gets (and clears) the
  * count of lines left out since the last one. */

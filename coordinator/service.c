@@ -721,6 +721,7 @@ static void on_stop(uv_async_t *a)
 static void service_thread(void *arg)
 {
   wf_service *svc = arg;
+  wf__block_sigpipe();
   uv_run(&svc->loop, UV_RUN_DEFAULT);
 }
 

@@ -4,6 +4,7 @@
  * queueing an encoded envelope on a libuv stream.
  */
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,6 +88,21 @@ wf_status wf__split_endpoint(const char *ep, char *host, size_t host_len, int *p
 }
 
 double wf__now_ms(void) { return (double)uv_hrtime() / 1e6; }
+
+/* libuv writes to sockets with write(2), not send(2) with MSG_NOSIGNAL, so a write into a
+ * connection whose peer has gone (a console that hung up, a rank or a coordinator that
+ * died) raises SIGPIPE, whose default ends the whole process: the library cannot rely
+ * on its host process ignoring it. The signal goes to the writing thread, so blocking
+ * it on the loop threads is enough: it stays pending there (and goes with the thread),
+ * the write fails with EPIPE, and the closed peer is seen as the read side's EOF or
+ * reset, which every connection already handles and reports. */
+void wf__block_sigpipe(void)
+{
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &set, NULL);
+}
 
 bool wf__ratelimit_ok(wf__ratelimit *rl, double now, long *suppressed)
 {

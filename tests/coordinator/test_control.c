@@ -650,6 +650,8 @@ static void test_orderly_shutdown(void **state)
 typedef struct fake_coord {
   int lfd, port;
   bool freeze; /* go silent with the connection open, instead of closing it */
+  bool keep;   /* leave the connection open in fd, for the test to end */
+  int fd;
   pthread_t thread;
 } fake_coord;
 
@@ -669,6 +671,10 @@ static void *fake_coord_main(void *arg)
   env.msg_case = WEFT__ENVELOPE__MSG_WELCOME;
   env.welcome = &w;
   raw_send(fd, &env);
+  if (fc->keep) {
+    fc->fd = fd;
+    return NULL;
+  }
   usleep((fc->freeze ? 2000 : 300) * 1000);
   close(fd);
   return NULL;
@@ -721,6 +727,71 @@ static void coordinator_fault(bool freeze)
 
 static void test_coordinator_death(void **state) { coordinator_fault(false); }
 static void test_coordinator_frozen(void **state) { coordinator_fault(true); }
+
+/* The coordinator resets the connection while the control thread is busy inside a
+ * heartbeat (held in its collective callback), and a step report is posted meanwhile:
+ * the heartbeat's write meets the reset (ECONNRESET) and the report's the closed
+ * socket (EPIPE), before the thread reads that the peer has gone. That write raises
+ * SIGPIPE, which killed the process; under load, coordinator_death lost this race now
+ * and then. Here it happens every run: the process must live and the rank report the
+ * lost coordinator. */
+enum { HOLD_OFF, HOLD_ARMED, HOLD_HELD, HOLD_GO };
+static atomic_int g_hold = HOLD_OFF;
+
+static void hold_in_heartbeat(void *user, uint64_t *seq, char *op, size_t op_len, bool *active)
+{
+  int armed = HOLD_ARMED;
+  if (!atomic_compare_exchange_strong(&g_hold, &armed, HOLD_HELD))
+    return;
+  while (atomic_load(&g_hold) != HOLD_GO)
+    usleep(1000);
+}
+
+static void test_coordinator_reset(void **state)
+{
+  fixture fx0;
+  memset(&fx0, 0, sizeof fx0);
+  g_fx = &fx0;
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  socklen_t len = sizeof sa;
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+  assert_int_equal(listen(lfd, 4), 0);
+  getsockname(lfd, (struct sockaddr *)&sa, &len);
+  char ep[64];
+  snprintf(ep, sizeof ep, "127.0.0.1:%d", ntohs(sa.sin_port));
+  wf_mesh m = {.dp = 1, .tp = 1, .pp = 1};
+  fx0.idx[0] = 0;
+  wf_control_opts co = {.endpoint = ep,
+                        .token = "t",
+                        .facts = facts_for(0, &m),
+                        .on_abort = on_abort,
+                        .user = &fx0.idx[0],
+                        .connect_timeout_ms = 2000};
+  /* wf_control_start waits for Welcome: the coordinator's side runs on a thread */
+  fake_coord fc = {.lfd = lfd, .keep = true};
+  pthread_create(&fc.thread, NULL, fake_coord_main, &fc);
+  wf_control *ctl;
+  assert_int_equal(wf_control_start(&ctl, &co), WF_OK);
+  pthread_join(fc.thread, NULL);
+  wf_control_set_collective_fn(ctl, hold_in_heartbeat, NULL);
+  atomic_store(&g_hold, HOLD_ARMED);
+  while (atomic_load(&g_hold) != HOLD_HELD)
+    usleep(1000);
+  struct linger lg = {.l_onoff = 1, .l_linger = 0};
+  assert_int_equal(setsockopt(fc.fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg), 0);
+  close(fc.fd); /* a reset, at once */
+  usleep(50 * 1000);
+  wf_control_report_step(ctl, 3, 2.5, 100, 10, 0);
+  atomic_store(&g_hold, HOLD_GO);
+  wait_for(&fx0.aborts, 1, 3.0);
+  assert_int_equal(atomic_load(&fx0.aborts), 1);
+  assert_non_null(strstr(fx0.abort_reason[0], "lost the connection to the coordinator"));
+  wf_control_destroy(ctl);
+  close(lfd);
+  g_fx = NULL;
+}
 
 static void test_unix_worker_and_files(void **state)
 {
@@ -977,6 +1048,7 @@ int main(int argc, char **argv)
       cmocka_unit_test(test_orderly_shutdown),
       cmocka_unit_test(test_coordinator_death),
       cmocka_unit_test(test_coordinator_frozen),
+      cmocka_unit_test(test_coordinator_reset),
       cmocka_unit_test(test_port_in_use_and_unreachable),
       cmocka_unit_test(test_connect_deadline),
       cmocka_unit_test(test_listen_address),
