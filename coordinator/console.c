@@ -14,9 +14,12 @@
  * /tmp/weft-$USER); JOB is a job id, a unique prefix of one, or a job file. With no
  * JOB and one running job, that job is used; with several, they are listed.
  * Every request is one connection (see client.c), so the console holds no state a
- * coordinator could lose. Exit status: 0 done, 1 failed, 2 usage.
+ * coordinator could lose. Exit status: 0 done, 1 failed, 2 usage. SIGPIPE is ignored:
+ * an output whose reader has gone (`coordinator top | head`) is said once, and ends
+ * the command with 1.
  */
 #include <editline/readline.h>
+#include <errno.h>
 #include <jansson.h>
 #include <signal.h>
 #include <stdio.h>
@@ -32,9 +35,10 @@
 typedef struct console {
   bool json;
   const char *dir;
-  int top_count;  /* refreshes of `top`; 0 = until Ctrl-C */
-  int rank;       /* `ranks` and `trace`: only this world rank; -1 = all */
-  char group[16]; /* `trace`: only this communicator's operations; "" = all */
+  int top_count;   /* refreshes of `top`; 0 = until Ctrl-C */
+  int rank;        /* `ranks` and `trace`: only this world rank; -1 = all */
+  char group[16];  /* `trace`: only this communicator's operations; "" = all */
+  bool out_closed; /* standard output's reader has gone */
   wf_console_job job;
 } console;
 
@@ -190,6 +194,17 @@ static int filter_reply(const console *con, wf_console_cmd cmd, char **json)
   return 0;
 }
 
+/* Whether standard output's reader has gone (EPIPE: SIGPIPE is ignored); said once. */
+static bool output_closed(console *con)
+{
+  if (!con->out_closed && fflush(stdout) == EOF && errno == EPIPE) {
+    con->out_closed = true;
+    fprintf(stderr, "coordinator: standard output is a closed pipe (its reader exited): "
+                    "stopping\n");
+  }
+  return con->out_closed;
+}
+
 /* One request, printed as text or JSON. Returns 0 or 1. */
 static int run_one(console *con, wf_console_cmd cmd)
 {
@@ -226,8 +241,7 @@ static int run_one(console *con, wf_console_cmd cmd)
   else
     wf_console_render(cmd, json, stdout);
   free(json);
-  fflush(stdout);
-  return 0;
+  return output_closed(con) ? 1 : 0;
 }
 
 static int run_top(console *con)
@@ -348,6 +362,10 @@ static int run_attach(console *con)
       run_command(con, cmd);
       con->top_count = saved;
     }
+    if (output_closed(con)) {
+      free(line);
+      return 1;
+    }
   }
   printf("\n");
   return 0;
@@ -417,6 +435,7 @@ static const char *take_filters(console *con, const char *cmd, char **pos, int n
 int main(int argc, char **argv)
 {
   console con = {.rank = -1};
+  signal(SIGPIPE, SIG_IGN);
   char *pos[4];
   int rc = 2, n = parse_args(&con, argc, argv, pos, 4, &rc);
   if (n < 0)

@@ -20,6 +20,10 @@
  * sends next belongs to the same request. Any other second SIGINT or SIGTERM (Ctrl-C
  * twice in a terminal, a second `kill`, the launcher's death) stops at once: rank 0
  * removes the job file and the socket, and the process exits with 128 + the signal.
+ *
+ * Rank 0's standard output closed by its reader (`worker ... | head`) stops the job the
+ * same graceful way: SIGPIPE is ignored (main.c), the trainer sees the step line's
+ * write fail with EPIPE, and this rank asks for the stop as a signal would.
  */
 #include <mpi.h>
 #include <signal.h>
@@ -138,6 +142,7 @@ static const char *stop_reason(int sig)
   case SIGINT: return "SIGINT (Ctrl-C)";
   case SIGTERM: return "SIGTERM";
   case SIGCONT: return "the launcher is ending the job (SIGCONT, then SIGTERM)";
+  case SIGPIPE: return "standard output is a closed pipe (its reader, e.g. `head`, exited)";
   default: return "a signal";
   }
 }
@@ -152,6 +157,7 @@ typedef struct boundary {
   wf_comm *world;   /* the agreement is a collective like any other: flight-recorded */
   bool checkpoint;  /* the console asked for a checkpoint */
   bool failed;      /* the agreement itself failed: stop, and exit non-zero */
+  bool out_closed;  /* this rank's step lines go to a pipe whose reader has gone */
   int last_step;    /* the last step reported (0 before the first) */
   bool in_ckpt;     /* inside the "checkpoint" phase */
   double ckpt_wall; /* when the last checkpoint after a step ended (wall time); 0 = none */
@@ -168,9 +174,10 @@ typedef struct boundary {
  * *checkpoint: whether any rank's console asked for a checkpoint. */
 static bool agree_stop(boundary *b, int step, bool *checkpoint)
 {
-  /* Each rank's signal (the largest wins, for the message), the console's stop and its
-   * checkpoint. */
-  int32_t req[3] = {stop_sig, wf_control_stop_requested(b->ctl),
+  /* Each rank's signal (the largest wins, for the message; a closed output counts as
+   * SIGPIPE), the console's stop and its checkpoint. */
+  int32_t sig = stop_sig ? stop_sig : b->out_closed ? SIGPIPE : 0;
+  int32_t req[3] = {sig, wf_control_stop_requested(b->ctl),
                     checkpoint ? wf_control_checkpoint_requested(b->ctl) : 0};
   if (wf_comm_allreduce(b->world, req, req, 3, WF_COMM_I32, WF_COMM_MAX) != WF_OK) {
     b->failed = true; /* logged where it failed */
@@ -200,6 +207,7 @@ static bool on_step(void *user, const wf_train_step_info *info)
 {
   boundary *b = user;
   b->last_step = info->step;
+  b->out_closed = info->out_closed;
   wf_plane_report_step(b->plane, b->job, info, b->ckpt_wall, b->checkpoints);
   if (b->check_cfg && !check_waits(b, info->step)) {
     wf_plan_check_print(b->check_cfg, b->pp_rank, b->dp_rank, b->rank, b->k, &b->base,

@@ -18,6 +18,7 @@
  * found them when only it knows), exit with WF_EXIT_INPUT, and never turn into a hang.
  */
 #include <mpi.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -612,6 +613,10 @@ int main(int argc, char **argv)
    * sight. */
   mallopt(M_MMAP_THRESHOLD, 128 * 1024);
 #endif
+  /* A write into a closed pipe or socket (`worker ... | head`, a console that hung up)
+   * fails with EPIPE instead of ending the process without a word: training then stops
+   * at the step boundary, checkpointed, and says why (job.c). */
+  signal(SIGPIPE, SIG_IGN);
   if (parse_args(argc, argv, &a, err, sizeof err) < 0) {
     WF_ERROR("%s", err);
     free(a.overrides);

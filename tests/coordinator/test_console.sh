@@ -98,6 +98,13 @@ grep -q "no rank 9" "$WEFT_JOB_DIR/err" || fail "ranks 9: message"
 if out=$("$con" checkpoint 2>&1); then fail "checkpoint without a directory accepted"; fi
 grep -q "train.checkpoint_dir" <<<"$out" || fail "checkpoint: the key is not named: $out"
 out=$("$con" --count 2 top); grep -q "last collective" <<<"$out" || fail "top"
+# top into a reader that exits (`| head`): said once, exit 1; not a death by SIGPIPE
+# without a word (141), nor refreshes forever into the closed pipe
+{ timeout 20 "$con" top 2>"$WEFT_JOB_DIR/err" && echo 0 >"$WEFT_JOB_DIR/rc" ||
+  echo $? >"$WEFT_JOB_DIR/rc"; } | head -n 1 >/dev/null
+[ "$(cat "$WEFT_JOB_DIR/rc")" = 1 ] || fail "top | head: exit $(cat "$WEFT_JOB_DIR/rc"), want 1"
+[ "$(grep -c 'closed pipe' "$WEFT_JOB_DIR/err")" = 1 ] ||
+  fail "top | head: the closed pipe not said once: $(cat "$WEFT_JOB_DIR/err")"
 out=$("$con" list); grep -q "$job" <<<"$out" || fail "list"
 out=$(printf 'status\nmesh\nhelp trace\nranks 2\nquit\n' | "$con" attach "$job")
 grep -q "pipeline stage pp=0" <<<"$out" || fail "attach"

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Stopping a job the way a user does: Ctrl-C in a real terminal (a pty) running mpirun
-or the worker alone, SIGTERM and SIGINT to mpirun, a second Ctrl-C, and Ctrl-C while a
-checkpoint is being written.
+or the worker alone, SIGTERM and SIGINT to mpirun, a second Ctrl-C, Ctrl-C while a
+checkpoint is being written, and the reader of the worker's output going away
+(`worker ... | head`).
 
 `stop.py WORKER CASE`. A graceful stop (README "Stopping") means: every rank stops after
 the same step, a checkpoint of that step is written (train.checkpoint_dir is set) and is
@@ -106,15 +107,17 @@ def steps_printed(text):
     return [int(s) for s in re.findall(r"step (\d+)/\d+ loss=", text)]
 
 
-def check_graceful(job, d, took, how):
-    """One stop line, after step N, nothing trained after it, checkpoint N complete and
-    named by latest, no job file or socket left."""
-    out = job.text()
+def check_graceful(job, d, took, how, out=None):
+    """One stop line, after step N, nothing trained after it (when the step lines are in
+    out: job's output, else the given text), checkpoint N complete and named by latest,
+    no job file or socket left."""
+    steps_in_out = out is None
+    out = job.text() if out is None else out
     stops = re.findall(r"stopping after step (\d+): (.*)", out)
     if len(stops) != 1:
         fail(f"{how}: want one 'stopping after step N' line, got {stops}", out)
     n = int(stops[0][0])
-    if max(steps_printed(out)) != n:
+    if steps_in_out and max(steps_printed(out)) != n:
         fail(f"{how}: stopped after step {n} but printed step {max(steps_printed(out))}", out)
     latest = open(os.path.join(d, "ck", "latest")).read().strip()
     if latest != f"step-{n:06d}":
@@ -128,7 +131,8 @@ def check_graceful(job, d, took, how):
     if p.returncode != 0:  # --export verifies every model file's checksum
         fail(f"{how}: the checkpoint of step {n} does not read back", p.stdout + p.stderr)
     print(f"ok: {how}: stopped after step {n} ({stops[0][1]}), {took:.2f} s after the "
-          f"request; exit {job.rc}; checkpoint step {n} complete; job file and socket removed")
+          f"request; exit {job.rc if job else 0}; checkpoint step {n} complete; job file and "
+          "socket removed")
     return n
 
 
@@ -242,6 +246,42 @@ def case_during_checkpoint():
         print(f"ok: the request during {staged}'s write stopped the job at that checkpoint")
 
 
+def case_closed_pipe():
+    """`worker ... | head`: the reader of the worker's standard output reads two step
+    lines and exits. The worker must not die of SIGPIPE (silently, with its job file
+    left and no checkpoint): it says once that its output is a closed pipe, stops at the
+    step boundary with a checkpoint, removes its job file and socket, and exits 0."""
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, WEFT_JOB_DIR=os.path.join(d, "jobs"),
+                   MASTER_PORT=str(free_ports(1)[0]), OMPI_MCA_ess_singleton_isolated="1")
+        with open(os.path.join(d, "stderr"), "w+") as err:
+            # (Popen gives the child SIGPIPE's default action back, as a shell does)
+            p = subprocess.Popen([WORKER] + TINY + [f"train.checkpoint_dir={d}/ck"],
+                                 stdout=subprocess.PIPE, stderr=err, env=env)
+            lines = []
+            while not lines or not lines[-1].startswith(b"step 2/"):
+                lines.append(p.stdout.readline())
+                if not lines[-1]:
+                    p.kill()
+                    fail("the worker's output ended before step 2", err.read())
+            p.stdout.close()  # as `head -n N` does once it has its lines
+            t = time.monotonic()
+            try:
+                rc = p.wait(timeout=STOP_BOUND_S)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                fail(f"still running {STOP_BOUND_S} s after its reader went away")
+            took = time.monotonic() - t
+            err.seek(0)
+            out = err.read()
+        if rc != 0:
+            fail(f"exit {rc} after its reader went away, want 0"
+                 f"{' (killed by SIGPIPE)' if rc == -signal.SIGPIPE else ''}", out)
+        if out.count("closed pipe") != 1:
+            fail("the closed pipe must be said once", out)
+        check_graceful(None, d, took, "the reader of its output gone", out)
+
+
 CASES = {
     "ctrlc-mpirun": lambda: case_ctrlc(2),
     "ctrlc-np1": lambda: case_ctrlc(1),
@@ -250,6 +290,7 @@ CASES = {
     "ctrlc-twice": case_twice,
     "ctrlc-twice-mpirun": case_twice_mpirun,
     "ctrlc-during-checkpoint": case_during_checkpoint,
+    "closed-pipe": case_closed_pipe,
 }
 
 if __name__ == "__main__":

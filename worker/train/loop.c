@@ -88,6 +88,7 @@ static wf_status one_step(wf__trainer *tr, int step, bool *go_on)
   if (sample_due(tr, step))
     WF_TRY(sample(tr, step));
   tr->aside_s += wf_now() - t;
+  info.out_closed = tr->out_closed;
   *go_on = !tr->hooks || !tr->hooks->on_step || tr->hooks->on_step(tr->hooks->user, &info);
   t = wf_now();
   bool wrote = false;

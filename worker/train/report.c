@@ -602,7 +602,8 @@ void wf__report_step(wf__trainer *tr, const wf_train_step_info *in, double eta, 
     print_parallel(tr, in);
     if (!isnan(in->val_loss))
       print_eval(tr, in, eval_ms);
-    fflush(tr->out);
+    if (fflush(tr->out) == EOF && errno == EPIPE)
+      tr->out_closed = true; /* SIGPIPE is ignored (main.c) */
   }
   if (tr->talk && tr->bar)
     draw_bar(tr, in, eta);

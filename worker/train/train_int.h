@@ -25,8 +25,9 @@ typedef struct wf__trainer {
   const wf_config *cfg;
   const wf_train_hooks *hooks;
   FILE *out;
-  bool talk; /* rank 0 and not quiet: banner and step lines */
-  bool bar;  /* progress bar on stderr (stdout is a terminal) */
+  bool talk;       /* rank 0 and not quiet: banner and step lines */
+  bool bar;        /* progress bar on stderr (stdout is a terminal) */
+  bool out_closed; /* writing to out failed with EPIPE: its reader has gone */
   bool can_eval;
   wf_dev *dev;
   wf_model *model;

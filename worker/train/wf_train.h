@@ -75,6 +75,8 @@ typedef struct wf_train_step_info {
   int64_t grad_bytes;  /* gradients and the dp reduction's buffers (wf_grads_bytes) */
   int host_syncs;      /* the step's waits of the host for the device (wf_dev_host_syncs) */
   int64_t act_bytes;   /* activations this step held at its peak (the pipeline's slots) */
+  bool out_closed;     /* the step lines' stream (hooks->out) is a pipe whose reader has
+                        * gone (`| head`): what follows is lost; on_step decides */
   /* Further figures of the step, by name, for a model family or feature that has them (a
    * mixture-of-experts router's "router/aux_loss", "router/tokens_per_expert_min",
    * "router/dropped_tokens", ...): train.tensorboard writes each as a scalar of that tag
