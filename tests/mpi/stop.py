@@ -252,8 +252,11 @@ def case_closed_pipe():
     left and no checkpoint): it says once that its output is a closed pipe, stops at the
     step boundary with a checkpoint, removes its job file and socket, and exits 0."""
     with tempfile.TemporaryDirectory() as d:
+        # no MASTER_PORT: a port found free here may be taken by another test before the
+        # worker binds it (exit 1 before any step); alone, the worker takes a free one
         env = dict(os.environ, WEFT_JOB_DIR=os.path.join(d, "jobs"),
-                   MASTER_PORT=str(free_ports(1)[0]), OMPI_MCA_ess_singleton_isolated="1")
+                   OMPI_MCA_ess_singleton_isolated="1")
+        env.pop("MASTER_PORT", None)
         with open(os.path.join(d, "stderr"), "w+") as err:
             # (Popen gives the child SIGPIPE's default action back, as a shell does)
             p = subprocess.Popen([WORKER] + TINY + [f"train.checkpoint_dir={d}/ck"],
@@ -263,7 +266,9 @@ def case_closed_pipe():
                 lines.append(p.stdout.readline())
                 if not lines[-1]:
                     p.kill()
-                    fail("the worker's output ended before step 2", err.read())
+                    err.seek(0)
+                    fail(f"the worker's output ended before step 2 (exit {p.wait()})",
+                         b"".join(lines).decode(errors="replace") + err.read())
             p.stdout.close()  # as `head -n N` does once it has its lines
             t = time.monotonic()
             try:
