@@ -6,6 +6,7 @@
  *   coordinator [--json] [--dir DIR] trace [RANK] [GROUP] [JOB]
  *   coordinator [--dir DIR] list
  *   coordinator [--dir DIR] attach [JOB]
+ *   coordinator [--dir DIR] view [JOB]
  *
  * Options may come anywhere (`coordinator ranks --json` as `coordinator --json ranks`).
  * RANK is a world rank; GROUP a communicator name (world, dp, tp, pp, emb): `ranks`
@@ -68,6 +69,9 @@ static const struct {
     {"stop", "", "stop gracefully at the next step boundary"},
     {"list", "", "the running jobs in the job directory"},
     {"attach", "", "an interactive prompt for the commands above, with completion"},
+    {"view", "",
+     "the address of the job's live view in a browser (it carries the job's token;\n"
+     "the job needs runtime.metrics_port)"},
 };
 
 /* `text`, its continuation lines indented by `indent` columns. */
@@ -371,6 +375,20 @@ static int run_attach(console *con)
   return 0;
 }
 
+/* `view`: the live view's address with the token, which the page turns into a cookie. */
+static int print_view(const console *con)
+{
+  if (!con->job.view[0]) {
+    fprintf(stderr,
+            "coordinator: job %s serves no live view: start it with runtime.metrics_port=PORT "
+            "(the view shares the Prometheus listener)\n",
+            con->job.id);
+    return 1;
+  }
+  printf("%s?token=%s\n", con->job.view, con->job.token);
+  return 0;
+}
+
 /* Options anywhere; the positionals, in order, into pos[] (at most max). Returns the
  * number of positionals, or -1 (usage printed; *rc set). */
 static int parse_args(console *con, int argc, char **argv, char **pos, int max, int *rc)
@@ -462,7 +480,8 @@ int main(int argc, char **argv)
     usage(stdout);
     return 0;
   }
-  if (strcmp(cmd, "top") != 0 && strcmp(cmd, "attach") != 0 && wf_console_cmd_parse(cmd) < 0) {
+  if (strcmp(cmd, "top") != 0 && strcmp(cmd, "attach") != 0 && strcmp(cmd, "view") != 0 &&
+      wf_console_cmd_parse(cmd) < 0) {
     fprintf(stderr, "coordinator: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;
@@ -471,5 +490,7 @@ int main(int argc, char **argv)
     return 1;
   if (strcmp(cmd, "attach") == 0)
     return run_attach(&con);
+  if (strcmp(cmd, "view") == 0)
+    return print_view(&con);
   return run_command(&con, cmd);
 }

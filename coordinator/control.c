@@ -21,6 +21,8 @@
 
 #include "control_int.h"
 
+#define REPORTS_QUEUED 64 /* step reports the control thread may fall behind by */
+
 struct wf_control {
   char endpoint[600], token[WF_TOKEN_HEX + 1], job_id[128], stage[64];
   char coord_host[64]; /* rank 0's host and pid, from Welcome */
@@ -65,8 +67,12 @@ struct wf_control {
   void *coll_user;
   wf_control_trace_fn trace_fn;
   void *trace_user;
-  bool report_pending, error_pending, error_sent, closing;
-  Weft__StepReport report;
+  bool error_pending, error_sent, closing;
+  /* Step reports not yet sent, oldest first: every step reaches the coordinator (the live
+   * view draws one point per step) unless the control thread falls REPORTS_QUEUED steps
+   * behind, when the oldest give way. */
+  Weft__StepReport reports[REPORTS_QUEUED];
+  int report_head, n_reports;
   int err_code;
   char err_msg[512];
 
@@ -510,28 +516,41 @@ fail:
 
 static void on_close_timer(uv_timer_t *t) { close_all(t->data); }
 
+/* Send the queued step reports, oldest first. */
+static void send_reports(wf_control *c, const Weft__StepReport *q, int n)
+{
+  Weft__Envelope env = WEFT__ENVELOPE__INIT;
+  bool sent = true;
+  for (int i = 0; i < n && sent; i++) {
+    Weft__StepReport sr = q[i];
+    env.msg_case = WEFT__ENVELOPE__MSG_STEP_REPORT;
+    env.step_report = &sr;
+    sent = send_tracked(c, &env, false, false);
+  }
+  if (n > 0 && sent)
+    send_heartbeat(c); /* so the registry's phase and collective are as fresh as the step */
+}
+
 static void on_async(uv_async_t *a)
 {
   wf_control *c = a->data;
   Weft__Envelope env = WEFT__ENVELOPE__INIT;
-  Weft__StepReport sr;
+  Weft__StepReport q[REPORTS_QUEUED];
   Weft__Error err = WEFT__ERROR__INIT;
   char msg[512];
   pthread_mutex_lock(&c->lock);
-  bool report = c->report_pending, error = c->error_pending, closing = c->closing;
-  sr = c->report;
+  bool error = c->error_pending, closing = c->closing;
+  int n = c->n_reports;
+  for (int i = 0; i < n; i++)
+    q[i] = c->reports[(c->report_head + i) % REPORTS_QUEUED];
+  c->n_reports = 0;
   err.code = c->err_code;
   wf_strlcpy(msg, c->err_msg, sizeof msg);
-  c->report_pending = c->error_pending = false;
+  c->error_pending = false;
   pthread_mutex_unlock(&c->lock);
   if (c->closed)
     return;
-  if (report) {
-    env.msg_case = WEFT__ENVELOPE__MSG_STEP_REPORT;
-    env.step_report = &sr;
-    if (send_tracked(c, &env, false, false))
-      send_heartbeat(c); /* so the registry's phase and collective are as fresh as the step */
-  }
+  send_reports(c, q, n);
   if (error) {
     err.message = msg;
     env.msg_case = WEFT__ENVELOPE__MSG_ERROR;
@@ -756,8 +775,11 @@ void wf_control_report(wf_control *c, const wf_step_report *r)
   sr.ckpt_wall = r->ckpt_wall;
   sr.checkpoints = r->checkpoints;
   pthread_mutex_lock(&c->lock);
-  c->report = sr; /* a report not yet sent is replaced by the newer one */
-  c->report_pending = true;
+  if (c->n_reports == REPORTS_QUEUED) { /* the control thread is far behind: drop the oldest */
+    c->report_head = (c->report_head + 1) % REPORTS_QUEUED;
+    c->n_reports--;
+  }
+  c->reports[(c->report_head + c->n_reports++) % REPORTS_QUEUED] = sr;
   c->step = r->step;
   c->mem_bytes = r->mem_bytes;
   pthread_mutex_unlock(&c->lock);

@@ -8,6 +8,7 @@
 #ifndef WF_CONTROL_INT_H
 #define WF_CONTROL_INT_H
 
+#include <jansson.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <uv.h>
@@ -20,10 +21,11 @@
 
 /* Deadlines are absolute per phase: bytes that trickle in do not extend them, so a
  * peer cannot hold a descriptor by sending one byte every few seconds. */
-#define WF__HANDSHAKE_MS    2000  /* a new connection must say Hello within this */
-#define WF__PARTIAL_MS      5000  /* a started frame must complete within this */
-#define WF__CONSOLE_IDLE_MS 30000 /* a console with no complete message is closed */
-#define WF__HTTP_MS         5000  /* a metrics request must arrive within this */
+#define WF__HANDSHAKE_MS    2000       /* a new connection must say Hello within this */
+#define WF__PARTIAL_MS      5000       /* a started frame must complete within this */
+#define WF__CONSOLE_IDLE_MS 30000      /* a console with no complete message is closed */
+#define WF__HTTP_MS         5000       /* an HTTP request must arrive within this */
+#define WF__HTTP_MAX_HEAD   (8u << 10) /* an HTTP request's head: a browser's fits in 2 KiB */
 /* Connection caps per listener. The control port must hold every worker plus a few
  * consoles; the metrics port needs one or two scrapers. At the cap the oldest
  * unauthenticated connection is evicted, or, when there is none, the newcomer. */
@@ -91,8 +93,7 @@ typedef struct wf__conn {
   double t_open, t_last; /* ms, monotonic: opened, last bytes (read, or our close) */
   double t_msg;          /* ms: last complete message (a console's idle deadline) */
   double t_frame;        /* ms: when the frame now partial began */
-  char http[1024];       /* WF__CONN_HTTP: the request so far */
-  size_t http_len;
+  struct wf__http *http; /* WF__CONN_HTTP: the request's parser (http.c) */
   struct wf__conn *next, *prev;
 } wf__conn;
 
@@ -131,6 +132,14 @@ typedef struct wf__rank {
 } wf__rank;
 
 #define WF__TRACE_WAIT_MS 1000 /* how long a `trace` waits for the ranks' answers */
+
+/* One step of the job, for the live view's curves (view.c). NAN where not known. */
+typedef struct wf__point {
+  int64_t step;
+  double wall; /* s since the epoch: when the coordinator heard of it */
+  double loss, val_loss, tokens_per_s, step_ms;
+} wf__point;
+#define WF__HISTORY_MAX (1u << 18) /* points kept; past it every other one is dropped */
 
 /* One `trace` at a time: sent to every live worker, answered when all replied or
  * the wait is over. `conn` is NULL once the asking console went away. */
@@ -182,6 +191,11 @@ struct wf_service {
   double loss, tokens_per_s, step_ms;
   wf_step_report job; /* each field the newest any rank reported (NAN until then) */
   wf__trace trace;
+  wf__point *hist; /* the job's steps, oldest first (view.c) */
+  size_t n_hist, cap_hist;
+  int64_t hist_every;  /* a point every this many steps (1, doubled at each thinning) */
+  bool stop_requested; /* a console or the page asked the job to stop */
+  char view_url[320];  /* http://HOST:PORT/ of the live view; "" = no HTTP listener */
 
   pthread_mutex_t lock; /* locked: */
   bool aborted;
@@ -222,7 +236,33 @@ wf_status wf__job_dir_prepare(const char *dir);
 wf_status wf__job_file_write(wf_service *svc);
 /* metrics.c */
 wf_status wf__metrics_start(wf_service *svc);
-void wf__metrics_read(wf__conn *c, const char *data, size_t len);
+void wf__metrics_serve(wf__conn *c);
+/* http.c: the HTTP listener's requests, parsed as they arrive, and its answers (each
+ * closes the connection once written; `headers` is "" or lines ending in \r\n). */
+typedef struct wf__http wf__http;
+wf__http *wf__http_new(void);
+void wf__http_free(wf__http *h);
+void wf__http_read(wf__conn *c, const char *data, size_t len);
+void wf__http_respond(wf__conn *c, const char *status, const char *type, const char *headers,
+                      const void *body, size_t len);
+void wf__http_text(wf__conn *c, const char *status, const char *text);
+/* view.c: the live view's pages and API (path without the query), after the token was
+ * checked; the step history its curves draw. */
+void wf__view_serve(wf__conn *c, bool post, const char *path, const char *query);
+void wf__history_add(wf_service *svc, const wf_step_report *r);
+/* query.c: the JSON documents of `status`, `ranks` and `mesh` (NULL when out of memory). */
+json_t *wf__json_status(wf_service *svc, double now);
+json_t *wf__json_ranks(wf_service *svc, double now);
+json_t *wf__json_mesh(wf_service *svc);
+json_t *wf__json_schedule(wf_service *svc);
+/* service.c: a console's (or the page's) STOP or CHECKPOINT, sent to every worker; false
+ * with the reason in msg when refused (checkpoint without a checkpoint directory). */
+bool wf__request(wf_service *svc, int kind, char *msg, size_t len);
+/* watchdog.c: the rank missed a heartbeat and a half (WF__LATE_BEATS), the mark by which
+ * the watchdog takes a lost host's other ranks with it; it is declared dead after
+ * runtime.heartbeat_timeout. */
+#define WF__LATE_BEATS 1.5
+bool wf__rank_late(const wf_service *svc, const wf__rank *r, double now);
 
 /* A step report before any step: no step, every figure unknown (NaN), counts zero. */
 static inline wf_step_report wf__step_report_none(void)

@@ -78,9 +78,10 @@ wf_status wf__job_dir_prepare(const char *dir)
 
 static json_t *job_json(const wf_service *svc)
 {
-  return json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:f, s:s}", "job_id", svc->job_id, "endpoint",
-                   svc->endpoint, "unix", svc->unix_path, "token", svc->token, "pid", (int)getpid(),
-                   "world_size", svc->world, "start_time", svc->start_wall, "model", svc->model);
+  return json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:f, s:s, s:s}", "job_id", svc->job_id,
+                   "endpoint", svc->endpoint, "unix", svc->unix_path, "token", svc->token, "pid",
+                   (int)getpid(), "world_size", svc->world, "start_time", svc->start_wall, "model",
+                   svc->model, "view", svc->view_url);
 }
 
 wf_status wf__job_file_write(wf_service *svc)
@@ -125,6 +126,7 @@ wf_status wf_console_job_load(const char *path, wf_console_job *out, char *err, 
   copy_str(out->endpoint, sizeof out->endpoint, j, "endpoint");
   copy_str(out->unix_path, sizeof out->unix_path, j, "unix");
   copy_str(out->token, sizeof out->token, j, "token");
+  copy_str(out->view, sizeof out->view, j, "view");
   out->pid = (int)json_integer_value(json_object_get(j, "pid"));
   out->world_size = (int)json_integer_value(json_object_get(j, "world_size"));
   out->start_time = json_number_value(json_object_get(j, "start_time"));

@@ -1,10 +1,8 @@
 /*
- * metrics.c - optional Prometheus endpoint (runtime.metrics_port): GET /metrics.
- *
- * A deliberately tiny HTTP/1.0 server on the service's loop: read one request (up
- * to 1 KiB, within WF__HTTP_MS of the connection, however it trickles in), answer in
- * Prometheus text format and close. At most WF__HTTP_MAX_CONNS at once. It exposes no
- * token-protected data: job-level numbers and per-rank heartbeat age and memory only.
+ * metrics.c - Prometheus's GET /metrics on the HTTP listener (runtime.metrics_port,
+ * http.c): the job's and every rank's figures in Prometheus's text format. It exposes
+ * no token-protected data (job-level numbers, per-rank heartbeat age, times and memory),
+ * so it is open to scrapers, as Prometheus expects.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -238,67 +236,14 @@ static char *metrics_text(wf_service *svc, size_t *len)
   return t.buf;
 }
 
-typedef struct http_write {
-  uv_write_t req;
-  char *data;
-} http_write;
-
-static void on_http_written(uv_write_t *req, int status)
+void wf__metrics_serve(wf__conn *c)
 {
-  http_write *w = (http_write *)req;
-  wf__conn_close((wf__conn *)req->handle);
-  free(w->data);
-  free(w);
-}
-
-static void http_respond(wf__conn *c, const char *status, const char *body, size_t body_len)
-{
-  http_write *w = calloc(1, sizeof *w);
-  size_t cap = body_len + 256;
-  if (!w || !(w->data = malloc(cap))) {
-    free(w);
-    wf__conn_close(c);
-    return;
-  }
-  int n = snprintf(w->data, cap,
-                   "HTTP/1.0 %s\r\nContent-Type: text/plain; version=0.0.4\r\n"
-                   "Content-Length: %zu\r\nConnection: close\r\n\r\n",
-                   status, body_len);
-  memcpy(w->data + n, body, body_len);
-  uv_buf_t buf = uv_buf_init(w->data, (unsigned)((size_t)n + body_len));
-  uv_read_stop(&c->u.s);
-  if (uv_write(&w->req, &c->u.s, &buf, 1, on_http_written) < 0) {
-    free(w->data);
-    free(w);
-    wf__conn_close(c);
-  }
-}
-
-/* A request is read whole before it is answered, within WF__HTTP_MS of the connection
- * (the watchdog enforces it). One that cannot be a scrape (too large for the buffer,
- * or with a NUL byte in it) is answered 400 at once rather than waited on. */
-void wf__metrics_read(wf__conn *c, const char *data, size_t len)
-{
-  if (c->http_len + len >= sizeof c->http || memchr(data, '\0', len)) {
-    static const char msg[] = "bad request: a scrape is GET /metrics, under 1 KiB, no NUL bytes\n";
-    http_respond(c, "400 Bad Request", msg, sizeof msg - 1);
-    return;
-  }
-  memcpy(c->http + c->http_len, data, len);
-  c->http_len += len;
-  c->http[c->http_len] = '\0';
-  if (!strstr(c->http, "\r\n\r\n") && !strstr(c->http, "\n\n"))
-    return;
-  if (strncmp(c->http, "GET /metrics", 12) != 0) {
-    http_respond(c, "404 Not Found", "try /metrics\n", 13);
-    return;
-  }
   size_t n = 0;
   char *body = metrics_text(c->svc, &n);
   if (!body) {
     wf__conn_close(c);
     return;
   }
-  http_respond(c, "200 OK", body, n);
+  wf__http_respond(c, "200 OK", "text/plain; version=0.0.4", "", body, n);
   free(body);
 }

@@ -33,7 +33,7 @@ static const char *job_state(wf_service *svc, char *reason, size_t len)
   return svc->registered < svc->world ? "starting" : "running";
 }
 
-static json_t *query_status(wf_service *svc, double now)
+json_t *wf__json_status(wf_service *svc, double now)
 {
   char reason[2048] = "";
   const char *state = job_state(svc, reason, sizeof reason);
@@ -106,7 +106,7 @@ static json_t *rank_usage(json_t *j, const wf__rank *r, int world)
   return j;
 }
 
-static json_t *query_ranks(wf_service *svc, double now)
+json_t *wf__json_ranks(wf_service *svc, double now)
 {
   json_t *arr = json_array();
   for (int i = 0; arr && i < svc->world; i++)
@@ -146,7 +146,7 @@ static json_t *groups_json(const wf_service *svc, wf_axis axis)
   return all;
 }
 
-static json_t *query_mesh(wf_service *svc)
+json_t *wf__json_mesh(wf_service *svc)
 {
   const wf_mesh *m = &svc->mesh;
   json_t *stages = json_array();
@@ -167,7 +167,7 @@ static json_t *query_mesh(wf_service *svc)
                    groups_json(svc, WF_AXIS_EMB));
 }
 
-static json_t *query_schedule(wf_service *svc)
+json_t *wf__json_schedule(wf_service *svc)
 {
   json_t *j = NULL;
   pthread_mutex_lock(&svc->lock);
@@ -182,11 +182,11 @@ char *wf__query_json(wf_service *svc, int kind, char *msg, size_t msg_len)
   double now = wf__now_ms();
   json_t *j = NULL;
   switch (kind) {
-  case WEFT__QUERY__KIND__STATUS: j = query_status(svc, now); break;
-  case WEFT__QUERY__KIND__RANKS: j = query_ranks(svc, now); break;
-  case WEFT__QUERY__KIND__MESH: j = query_mesh(svc); break;
+  case WEFT__QUERY__KIND__STATUS: j = wf__json_status(svc, now); break;
+  case WEFT__QUERY__KIND__RANKS: j = wf__json_ranks(svc, now); break;
+  case WEFT__QUERY__KIND__MESH: j = wf__json_mesh(svc); break;
   case WEFT__QUERY__KIND__SCHEDULE:
-    if (!(j = query_schedule(svc))) {
+    if (!(j = wf__json_schedule(svc))) {
       snprintf(msg, msg_len,
                "schedule: not available yet (this job has not published its "
                "pipeline schedule)");

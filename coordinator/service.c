@@ -44,6 +44,7 @@ static void on_conn_closed(uv_handle_t *h)
   if (c->next)
     c->next->prev = c->prev;
   wf_proto_reader_fini(&c->rd);
+  wf__http_free(c->http);
   free(c);
 }
 
@@ -348,6 +349,7 @@ static void on_step_report(wf__conn *c, const Weft__StepReport *sr)
       svc->step_ms = sr->step_ms;
     job_from_report(svc, &r->rep);
   }
+  wf__history_add(svc, &r->rep);
 }
 
 static void on_worker_error(wf__conn *c, const Weft__Error *e)
@@ -386,29 +388,43 @@ void wf__reply(wf__conn *c, bool ok, const char *json, const char *msg)
   wf__conn_send(c, &env);
 }
 
-static void on_command(wf__conn *c, const Weft__Command *cmd)
+bool wf__request(wf_service *svc, int kind, char *msg, size_t len)
 {
-  if (cmd->kind != WEFT__COMMAND__KIND__STOP && cmd->kind != WEFT__COMMAND__KIND__CHECKPOINT) {
-    wf__reply(c, false, NULL, "unknown command");
-    return;
+  bool stop = kind == WEFT__COMMAND__KIND__STOP;
+  if (!stop && kind != WEFT__COMMAND__KIND__CHECKPOINT) {
+    snprintf(msg, len, "unknown command");
+    return false;
   }
-  bool stop = cmd->kind == WEFT__COMMAND__KIND__STOP;
-  if (!stop && !c->svc->can_checkpoint) {
-    wf__reply(c, false, NULL,
-              "checkpoint refused: this job has no checkpoint directory; start it with "
-              "train.checkpoint_dir=DIR to write checkpoints");
-    return;
+  if (!stop && !svc->can_checkpoint) {
+    snprintf(msg, len,
+             "checkpoint refused: this job has no checkpoint directory; start it with "
+             "train.checkpoint_dir=DIR to write checkpoints");
+    return false;
   }
   Weft__Envelope env = WEFT__ENVELOPE__INIT;
   Weft__Command fwd = WEFT__COMMAND__INIT;
-  fwd.kind = cmd->kind;
+  fwd.kind = (Weft__Command__Kind)kind;
   env.msg_case = WEFT__ENVELOPE__MSG_COMMAND;
   env.command = &fwd;
-  wf__broadcast(c->svc, &env);
+  wf__broadcast(svc, &env);
+  svc->stop_requested |= stop;
   WF_INFO("control: console requested %s", stop ? "stop" : "a checkpoint");
-  wf__reply(c, true, stop ? "{\"requested\":\"stop\"}" : "{\"requested\":\"checkpoint\"}",
-            stop ? "stop requested: the job stops at the next step boundary"
-                 : "checkpoint requested: it is written at the next step boundary");
+  snprintf(msg, len, "%s",
+           stop ? "stop requested: the job stops at the next step boundary"
+                : "checkpoint requested: it is written at the next step boundary");
+  return true;
+}
+
+static void on_command(wf__conn *c, const Weft__Command *cmd)
+{
+  char msg[256];
+  bool stop = cmd->kind == WEFT__COMMAND__KIND__STOP;
+  bool ok = wf__request(c->svc, cmd->kind, msg, sizeof msg);
+  wf__reply(c, ok,
+            !ok    ? NULL
+            : stop ? "{\"requested\":\"stop\"}"
+                   : "{\"requested\":\"checkpoint\"}",
+            msg);
 }
 
 static void on_console_msg(wf__conn *c, const Weft__Envelope *env)
@@ -492,7 +508,7 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
     return;
   c->t_last = wf__now_ms();
   if (c->role == WF__CONN_HTTP) {
-    wf__metrics_read(c, buf->base, (size_t)n);
+    wf__http_read(c, buf->base, (size_t)n);
     return;
   }
   bool was_partial = wf_proto_reader_partial(&c->rd);
@@ -603,6 +619,11 @@ void wf__service_on_connection(uv_stream_t *server, int status)
   wf__conn *c = conn_new(svc, is_unix, l);
   if (!c)
     return;
+  if (l == WF__LSN_HTTP && !(c->http = wf__http_new())) { /* out of memory */
+    wf__conn_close(c);
+    refuse_pending(svc, server, is_unix);
+    return;
+  }
   if (l == WF__LSN_HTTP)
     c->role = WF__CONN_HTTP;
   if (uv_accept(server, &c->u.s) < 0) {
@@ -828,6 +849,7 @@ static wf_status service_config(wf_service *svc, const wf_service_opts *o)
   svc->step = -1;
   svc->loss = svc->tokens_per_s = svc->step_ms = NAN;
   svc->job = wf__step_report_none();
+  svc->hist_every = 1;
   svc->ranks = calloc((size_t)svc->world, sizeof *svc->ranks);
   if (!svc->ranks)
     return WF_ENOMEM;
@@ -865,9 +887,13 @@ static wf_status service_handles(wf_service *svc)
   uv_async_init(&svc->loop, &svc->stop_async, on_stop);
   svc->stop_async.data = svc;
   size_t n = strlen(svc->endpoint);
-  if (metrics) /* the endpoint is the advertised host here, before its port is added */
-    WF_INFO("control: Prometheus metrics at http://%s:%d/metrics", svc->endpoint,
-            svc->metrics_port);
+  if (metrics) { /* the endpoint is the advertised host here, before its port is added */
+    snprintf(svc->view_url, sizeof svc->view_url, "http://%s:%d/", svc->endpoint,
+             svc->metrics_port);
+    WF_INFO("control: Prometheus metrics at %smetrics; the live view at %s (`coordinator view` "
+            "prints its address with the job's token)",
+            svc->view_url, svc->view_url);
+  }
   snprintf(svc->endpoint + n, sizeof svc->endpoint - n, ":%d", svc->port);
   return WF_OK;
 }
@@ -919,6 +945,7 @@ void wf_service_destroy(wf_service *svc)
   if (svc->unix_path[0])
     unlink(svc->unix_path);
   free(svc->schedule);
+  free(svc->hist);
   pthread_mutex_destroy(&svc->lock);
   for (int i = 0; i < svc->world; i++)
     free(svc->ranks[i].trace);

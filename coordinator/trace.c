@@ -3,7 +3,8 @@
  *
  * The coordinator asks every live worker (Command TRACE with a fresh request id),
  * each control thread answers from its rank's flight recorder (TraceReport), and the
- * console gets one JSON reply once all answered or WF__TRACE_WAIT_MS passed. A rank
+ * console gets one JSON reply once all answered or WF__TRACE_WAIT_MS passed (the live
+ * view's download gets the same document over HTTP). A rank
  * that did not answer in time shows as such: that is itself a diagnosis (frozen).
  * One gather runs at a time; the loop thread owns all of it.
  */
@@ -46,7 +47,16 @@ static void trace_finish(wf_service *svc)
   if (t->conn) {
     json_t *j = trace_json(svc);
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
-    wf__reply(t->conn, s != NULL, s, s ? "" : "out of memory building the trace");
+    if (t->conn->role == WF__CONN_HTTP && s) { /* the live view's download */
+      char headers[256];
+      snprintf(headers, sizeof headers,
+               "Content-Disposition: attachment; filename=\"weft-trace-%s.json\"\r\n", svc->job_id);
+      wf__http_respond(t->conn, "200 OK", "application/json", headers, s, strlen(s));
+    } else if (t->conn->role == WF__CONN_HTTP) {
+      wf__http_text(t->conn, "500 Internal Server Error", "out of memory building the trace\n");
+    } else {
+      wf__reply(t->conn, s != NULL, s, s ? "" : "out of memory building the trace");
+    }
     free(s);
     json_decref(j);
   }
@@ -58,6 +68,11 @@ static void trace_finish(wf_service *svc)
 void wf__trace_start(wf_service *svc, wf__conn *console)
 {
   wf__trace *t = &svc->trace;
+  if (t->active && console->role == WF__CONN_HTTP) {
+    wf__http_text(console, "503 Service Unavailable",
+                  "another console's trace is being gathered; retry\n");
+    return;
+  }
   if (t->active) {
     wf__reply(console, false, NULL, "trace: another console's trace is being gathered; retry");
     return;

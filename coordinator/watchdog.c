@@ -305,7 +305,7 @@ static void check_heartbeats(wf_service *svc, double now)
     const wf__rank *r = &svc->ranks[i];
     for (int j = 0; j < n && !sel[i] && r->state == WF__RANK_ALIVE; j++)
       sel[i] = sel[j] && strcmp(svc->ranks[j].facts.host, r->facts.host) == 0 &&
-               now - r->t_heartbeat > 1.5 * svc->heartbeat_ms;
+               wf__rank_late(svc, r, now);
   }
   if (first >= 0) {
     const char *home = svc->ranks[0].facts.host;
@@ -332,6 +332,11 @@ static void check_heartbeats(wf_service *svc, double now)
     rank_lost(svc, first, why, remote ? silent : 0);
   }
   free(sel);
+}
+
+bool wf__rank_late(const wf_service *svc, const wf__rank *r, double now)
+{
+  return r->state == WF__RANK_ALIVE && now - r->t_heartbeat > WF__LATE_BEATS * svc->heartbeat_ms;
 }
 
 static void check_registration(wf_service *svc, double now)

@@ -171,6 +171,7 @@ typedef struct wf_console_job {
   char endpoint[300];  /* host:port */
   char unix_path[512]; /* "" when none */
   char token[WF_TOKEN_HEX + 1];
+  char view[320]; /* the live view's http://HOST:PORT/; "" when the job serves none */
   int pid, world_size;
   double start_time; /* seconds since the epoch */
   char file[600];    /* the job file it came from */

