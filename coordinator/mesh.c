@@ -1,35 +1,57 @@
 /*
- * mesh.c - coordinates and groups of the dp x tp x pp mesh (pure arithmetic).
+ * mesh.c - coordinates and groups of the dp x cp x tp x pp mesh (pure arithmetic).
  *
- * rank = tp + TP * (dp + DP * pp). Group members are listed in the order of the
- * varying coordinate, which is also their rank order inside the group's
- * communicator (wf_job_bootstrap splits with key = world rank).
+ * rank = tp + TP * (cp + CP * (dp + DP * pp)). Group members are listed in the order of
+ * the varying coordinates (for dp x cp: cp fastest), which is also their rank order
+ * inside the group's communicator (wf_job_bootstrap splits with key = world rank).
+ * A mesh's cp of 0 reads as 1, so meshes built without the axis keep their meaning.
  */
 #include "wf_coordinator.h"
 
-int wf_mesh_size(const wf_mesh *m) { return m->dp * m->tp * m->pp; }
+static int cp_of(const wf_mesh *m) { return m->cp > 0 ? m->cp : 1; }
+
+int wf_mesh_size(const wf_mesh *m) { return m->dp * m->tp * m->pp * cp_of(m); }
 
 wf_coords wf_mesh_coords(const wf_mesh *m, int rank)
 {
   wf_coords c;
+  int cp = cp_of(m);
   c.tp = rank % m->tp;
-  c.dp = (rank / m->tp) % m->dp;
-  c.pp = rank / (m->tp * m->dp);
+  c.cp = (rank / m->tp) % cp;
+  c.dp = (rank / (m->tp * cp)) % m->dp;
+  c.pp = rank / (m->tp * cp * m->dp);
   return c;
 }
 
-int wf_mesh_rank(const wf_mesh *m, wf_coords c) { return c.tp + m->tp * (c.dp + m->dp * c.pp); }
+int wf_mesh_rank(const wf_mesh *m, wf_coords c)
+{
+  return c.tp + m->tp * (c.cp + cp_of(m) * (c.dp + m->dp * c.pp));
+}
 
 const char *wf_axis_name(wf_axis a)
 {
-  static const char *names[] = {"tp", "dp", "pp", "emb"};
+  static const char *names[] = {"tp", "dp", "pp", "emb", "cp", "dpcp"};
   return a < WF_NUM_AXES ? names[a] : "?";
+}
+
+/* The embedding group: the first and the last stage of rank c's (dp, cp, tp). */
+static int emb_group(const wf_mesh *m, wf_coords c, int *members, int max)
+{
+  int n = 0;
+  if ((c.pp != 0 && c.pp != m->pp - 1) || max < 1)
+    return 0;
+  c.pp = 0;
+  members[n++] = wf_mesh_rank(m, c);
+  c.pp = m->pp - 1;
+  if (m->pp > 1 && n < max)
+    members[n++] = wf_mesh_rank(m, c);
+  return n;
 }
 
 int wf_mesh_group(const wf_mesh *m, wf_axis axis, int rank, int *members, int max)
 {
   wf_coords c = wf_mesh_coords(m, rank);
-  int n = 0;
+  int n = 0, cp = cp_of(m);
   switch (axis) {
   case WF_AXIS_TP:
     for (c.tp = 0; c.tp < m->tp && n < max; c.tp++)
@@ -43,15 +65,16 @@ int wf_mesh_group(const wf_mesh *m, wf_axis axis, int rank, int *members, int ma
     for (c.pp = 0; c.pp < m->pp && n < max; c.pp++)
       members[n++] = wf_mesh_rank(m, c);
     break;
-  case WF_AXIS_EMB:
-    if (c.pp != 0 && c.pp != m->pp - 1)
-      return 0;
-    c.pp = 0;
-    members[n++] = wf_mesh_rank(m, c);
-    c.pp = m->pp - 1;
-    if (m->pp > 1 && n < max)
+  case WF_AXIS_CP:
+    for (c.cp = 0; c.cp < cp && n < max; c.cp++)
       members[n++] = wf_mesh_rank(m, c);
     break;
+  case WF_AXIS_DPCP:
+    for (c.dp = 0; c.dp < m->dp; c.dp++)
+      for (c.cp = 0; c.cp < cp && n < max; c.cp++)
+        members[n++] = wf_mesh_rank(m, c);
+    break;
+  case WF_AXIS_EMB: return emb_group(m, c, members, max);
   default: return 0;
   }
   return n;

@@ -121,7 +121,7 @@ static int rank_at(const wf_service *svc, int pp, int dp, int tp)
 {
   for (int i = 0; i < svc->world; i++) {
     const wf_coords *c = &svc->ranks[i].facts.coords;
-    if (c->pp == pp && c->dp == dp && c->tp == tp)
+    if (c->pp == pp && c->dp == dp && c->tp == tp && c->cp == 0)
       return i;
   }
   return -1;
@@ -160,11 +160,13 @@ json_t *wf__json_mesh(wf_service *svc)
     }
     json_array_append_new(stages, json_pack("{s:i, s:o}", "pp", pp, "grid", grid));
   }
-  return json_pack("{s:s, s:i, s:i, s:i, s:i, s:o, s:{s:o, s:o, s:o, s:o}}", "job", svc->job_id,
-                   "world_size", svc->world, "dp", m->dp, "tp", m->tp, "pp", m->pp, "stages",
-                   stages, "groups", "tp", groups_json(svc, WF_AXIS_TP), "dp",
-                   groups_json(svc, WF_AXIS_DP), "pp", groups_json(svc, WF_AXIS_PP), "emb",
-                   groups_json(svc, WF_AXIS_EMB));
+  /* the grid shows cp rank 0 of each (pp, dp, tp); the cp groups list the rest */
+  return json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:o, s:{s:o, s:o, s:o, s:o, s:o}}", "job",
+                   svc->job_id, "world_size", svc->world, "dp", m->dp, "tp", m->tp, "pp", m->pp,
+                   "cp", m->cp > 0 ? m->cp : 1, "stages", stages, "groups", "tp",
+                   groups_json(svc, WF_AXIS_TP), "dp", groups_json(svc, WF_AXIS_DP), "pp",
+                   groups_json(svc, WF_AXIS_PP), "emb", groups_json(svc, WF_AXIS_EMB), "cp",
+                   groups_json(svc, WF_AXIS_CP));
 }
 
 json_t *wf__json_schedule(wf_service *svc)

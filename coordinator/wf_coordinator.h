@@ -1,14 +1,18 @@
 /*
- * wf_coordinator.h - job bootstrap and the 3-D mesh.
+ * wf_coordinator.h - job bootstrap and the 4-D mesh.
  *
- * Mesh layout (DESIGN.md): tp varies fastest, then dp, then pp, so tensor-parallel
- * peers are adjacent ranks on one node:
+ * Mesh layout (DESIGN.md, Megatron's tp-cp-dp-pp order): tp varies fastest, then cp,
+ * then dp, then pp, so tensor-parallel peers are adjacent ranks on one node and
+ * context-parallel peers the next nearest:
  *
- *     rank = tp + TP * (dp + DP * pp)
+ *     rank = tp + TP * (cp + CP * (dp + DP * pp))
  *
- * Groups: tp (same pp, dp), dp (same pp, tp), pp (same dp, tp), and the embedding
- * group (first and last pp stage with the same dp, tp) that holds the tied
- * embedding. The mesh math is pure; wf_job_bootstrap() builds MPI communicators
+ * Groups: tp (same pp, dp, cp), cp (same pp, dp, tp: a ring), dp (same pp, cp, tp),
+ * pp (same dp, cp, tp), the embedding group (first and last pp stage with the same dp,
+ * cp, tp) that holds the tied embedding, and dp x cp (same pp, tp), over which dense
+ * gradients are reduced and ZeRO shards (every cp rank of a dp replica holds the same
+ * parameters and computes gradients of its part of the sequence). With cp 1 the dp x
+ * cp group is the dp group. The mesh math is pure; wf_job_bootstrap() builds MPI communicators
  * for each group and gathers every rank's facts on rank 0.
  */
 #ifndef WF_COORDINATOR_H
@@ -28,13 +32,22 @@
 
 typedef struct wf_mesh {
   int dp, tp, pp;
+  int cp; /* 0 reads as 1: meshes written before context parallelism */
 } wf_mesh;
 
 typedef struct wf_coords {
-  int pp, dp, tp;
+  int pp, dp, tp, cp;
 } wf_coords;
 
-typedef enum wf_axis { WF_AXIS_TP = 0, WF_AXIS_DP, WF_AXIS_PP, WF_AXIS_EMB, WF_NUM_AXES } wf_axis;
+typedef enum wf_axis {
+  WF_AXIS_TP = 0,
+  WF_AXIS_DP,
+  WF_AXIS_PP,
+  WF_AXIS_EMB,
+  WF_AXIS_CP,
+  WF_AXIS_DPCP,
+  WF_NUM_AXES
+} wf_axis;
 
 int wf_mesh_size(const wf_mesh *m);
 wf_coords wf_mesh_coords(const wf_mesh *m, int rank);

@@ -332,34 +332,38 @@ wf_status wf__cfg_set_scalar(wf_config *cfg, wf__cfg_target t, const char *name,
 
 /* ---- lists ---------------------------------------------------------------------------- */
 
-/* dp/data/fsdp -> 0, tp/tensor/model -> 1, pp/pipe/pipeline -> 2; -1 if unknown. */
+/* dp/data/fsdp -> 0, tp/tensor/model -> 1, pp/pipe/pipeline -> 2, cp/context -> 3; -1 if
+ * unknown. */
+#define N_AXES 4
 static int axis_index(const char *s)
 {
-  static const char *const names[][3] = {
-      {"dp", "data", "fsdp"}, {"tp", "tensor", "model"}, {"pp", "pipe", "pipeline"}};
-  for (int a = 0; a < 3; a++)
+  static const char *const names[N_AXES][3] = {{"dp", "data", "fsdp"},
+                                               {"tp", "tensor", "model"},
+                                               {"pp", "pipe", "pipeline"},
+                                               {"cp", "context", "context"}};
+  for (int a = 0; a < N_AXES; a++)
     for (int j = 0; j < 3; j++)
       if (strcasecmp(s, names[a][j]) == 0)
         return a;
   return -1;
 }
 
-static const char *const axis_canon[3] = {"dp", "tp", "pp"};
+static const char *const axis_canon[N_AXES] = {"dp", "tp", "pp", "cp"};
 
-/* Parses 1..3 axis names into order[]: axis indices in the given order, then the
- * axes not named, so order[] is always a permutation of dp, tp, pp. */
-static wf_status parse_axes(const char *name, const char *const *items, int n, int order[3],
+/* Parses 1..4 axis names into order[]: axis indices in the given order, then the
+ * axes not named, so order[] is always a permutation of dp, tp, pp, cp. */
+static wf_status parse_axes(const char *name, const char *const *items, int n, int order[N_AXES],
                             const wf__cfg_ctx *ctx)
 {
-  bool seen[3] = {false, false, false};
-  if (n < 1 || n > 3)
-    return wf__cfg_fail(ctx, name, "expected 1 to 3 axis names (dp, tp, pp), got %d", n);
+  bool seen[N_AXES] = {false, false, false, false};
+  if (n < 1 || n > N_AXES)
+    return wf__cfg_fail(ctx, name, "expected 1 to 4 axis names (dp, tp, pp, cp), got %d", n);
   for (int i = 0; i < n; i++) {
     int a = axis_index(items[i]);
     if (a < 0)
       return wf__cfg_fail(ctx, name,
-                          "unknown mesh axis '%s'; use dp (data, fsdp), tp (tensor, model) "
-                          "or pp (pipe, pipeline)",
+                          "unknown mesh axis '%s'; use dp (data, fsdp), tp (tensor, model), "
+                          "pp (pipe, pipeline) or cp (context)",
                           items[i]);
     if (seen[a])
       return wf__cfg_fail(ctx, name, "mesh axis '%s' is named twice (as %s)", items[i],
@@ -367,18 +371,18 @@ static wf_status parse_axes(const char *name, const char *const *items, int n, i
     seen[a] = true;
     order[i] = a;
   }
-  for (int a = 0, i = n; a < 3; a++)
+  for (int a = 0, i = n; a < N_AXES; a++)
     if (!seen[a])
       order[i++] = a;
   return WF_OK;
 }
 
-static void store_axes(wf_config *cfg, const int order[3], wf_config_source src)
+static void store_axes(wf_config *cfg, const int order[N_AXES], wf_config_source src)
 {
   int k = wf__cfg_key_index("mesh.axis_names");
   if (!store(cfg, k, src))
     return;
-  for (int i = 0; i < 3; i++)
+  for (int i = 0; i < N_AXES; i++)
     wf_strlcpy(cfg->mesh.axis_names[i], axis_canon[order[i]], sizeof cfg->mesh.axis_names[i]);
 }
 
@@ -413,7 +417,7 @@ wf_status wf__cfg_set_list(wf_config *cfg, wf__cfg_target t, const char *name,
   if (key->type == WF__CT_INTLIST)
     return set_intlist(cfg, t.key, name, items, n, ctx);
   if (key->type == WF__CT_AXES) {
-    int order[3];
+    int order[N_AXES];
     if (parse_axes(name, items, n, order, ctx) != WF_OK)
       return WF_ECONFIG;
     store_axes(cfg, order, ctx->src);
@@ -423,9 +427,9 @@ wf_status wf__cfg_set_list(wf_config *cfg, wf__cfg_target t, const char *name,
 }
 
 /* Axis order in effect, for a flat mesh_shape. */
-static void current_axes(const wf_config *cfg, int order[3])
+static void current_axes(const wf_config *cfg, int order[N_AXES])
 {
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < N_AXES; i++) {
     int a = axis_index(cfg->mesh.axis_names[i]);
     order[i] = a >= 0 ? a : i;
   }
@@ -450,9 +454,9 @@ static int set_hsdp_shape(wf_config *cfg, const char *name, const char *const *s
     return 0;
   if (parse_int(&size_key, name, sizes[f], &fsdp, ctx) != WF_OK)
     return -1;
-  const char *s2[3], *a2[3];
+  const char *s2[N_AXES], *a2[N_AXES];
   int n = 0;
-  for (int i = 0; i < n_sizes && n < 3; i++)
+  for (int i = 0; i < n_sizes && n < N_AXES; i++)
     if (i != f)
       s2[n] = sizes[i], a2[n++] = axes[i];
   if (wf__cfg_set_mesh_shape(cfg, name, s2, n, a2, n, ctx) != WF_OK)
@@ -473,17 +477,17 @@ wf_status wf__cfg_set_mesh_shape(wf_config *cfg, const char *name, const char *c
   bool fsdp = false; /* an axis named fsdp, as the seeds and JAX mean it: sharded params */
   for (int i = 0; axes && i < n_axes; i++)
     fsdp |= strcasecmp(axes[i], "fsdp") == 0;
-  if (n_sizes >= 2 && n_sizes <= 4) {
+  if (n_sizes >= 2 && n_sizes <= N_AXES + 1) {
     int h = set_hsdp_shape(cfg, name, sizes, n_sizes, axes, n_axes, ctx);
     if (h > 0 && cfg->source[wf__cfg_key_index("mesh.dp")] == ctx->src)
       cfg->mesh.fsdp_axis = true;
     if (h != 0)
       return h > 0 ? WF_OK : WF_ECONFIG;
   }
-  int order[3], dims[3] = {0, 1, 1}; /* an axis left out: dp derived, tp and pp 1 */
-  if (n_sizes < 1 || n_sizes > 3)
+  int order[N_AXES], dims[N_AXES] = {0, 1, 1, 1}; /* left out: dp derived, the others 1 */
+  if (n_sizes < 1 || n_sizes > N_AXES)
     return wf__cfg_fail(ctx, name,
-                        "expected 1 to 3 axis sizes, got %d; write it like "
+                        "expected 1 to 4 axis sizes, got %d; write it like "
                         "[[2, 2, 2], [dp, tp, pp]]",
                         n_sizes);
   if (axes && n_axes != n_sizes)
@@ -496,12 +500,12 @@ wf_status wf__cfg_set_mesh_shape(wf_config *cfg, const char *name, const char *c
   for (int i = 0; i < n_sizes; i++)
     if (parse_int(&size_key, name, sizes[i], &dims[order[i]], ctx) != WF_OK)
       return WF_ECONFIG;
-  static const char *const keys[3] = {"mesh.dp", "mesh.tp", "mesh.pp"};
-  int *fields[3] = {&cfg->mesh.dp, &cfg->mesh.tp, &cfg->mesh.pp};
+  static const char *const keys[N_AXES] = {"mesh.dp", "mesh.tp", "mesh.pp", "mesh.cp"};
+  int *fields[N_AXES] = {&cfg->mesh.dp, &cfg->mesh.tp, &cfg->mesh.pp, &cfg->mesh.cp};
   if (dims[2] > WF_MAX_STAGES)
     return wf__cfg_fail(ctx, name, "pp size %d is out of range; it must be <= %d", dims[2],
                         WF_MAX_STAGES);
-  for (int a = 0; a < 3; a++)
+  for (int a = 0; a < N_AXES; a++)
     if (store(cfg, wf__cfg_key_index(keys[a]), ctx->src))
       *fields[a] = dims[a];
   if (axes)
@@ -627,8 +631,8 @@ static void format_value(const wf_config *cfg, const wf__cfg_key *k, char *out, 
     break;
   }
   case WF__CT_AXES:
-    snprintf(out, len, "[%s, %s, %s]", cfg->mesh.axis_names[0], cfg->mesh.axis_names[1],
-             cfg->mesh.axis_names[2]);
+    snprintf(out, len, "[%s, %s, %s, %s]", cfg->mesh.axis_names[0], cfg->mesh.axis_names[1],
+             cfg->mesh.axis_names[2], cfg->mesh.axis_names[3]);
     break;
   }
 }

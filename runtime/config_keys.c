@@ -68,6 +68,8 @@ static const wf__cfg_enum recomputes[] = {
     {"no", WF_RECOMPUTE_NONE},    {"on", WF_RECOMPUTE_FULL},
     {"off", WF_RECOMPUTE_NONE},   {"1", WF_RECOMPUTE_FULL},
     {"0", WF_RECOMPUTE_NONE},     {NULL, 0}};
+static const wf__cfg_enum cp_modes[] = {
+    {"ring", WF_CP_RING}, {"allgather", WF_CP_ALLGATHER}, {NULL, 0}};
 static const wf__cfg_enum log_levels[] = {{"error", WF_LOG_ERROR},  {"warn", WF_LOG_WARN},
                                           {"info", WF_LOG_INFO},    {"debug", WF_LOG_DEBUG},
                                           {"warning", WF_LOG_WARN}, {NULL, 0}};
@@ -99,16 +101,18 @@ const wf__cfg_key wf__cfg_keys[] = {
     K_STR("dist.master_addr", dist.master_addr, "", "rank 0's host; \"\" = detect"),
     K_INT("dist.master_port", dist.master_port, "0", 0, 65535,
           "rendezvous port; 0 = 29500 or from SLURM_JOB_ID"),
-    K_INT("mesh.dp", mesh.dp, "0", 0, 1 << 24, "data-parallel size; 0 = world / (tp * pp)"),
+    K_INT("mesh.dp", mesh.dp, "0", 0, 1 << 24, "data-parallel size; 0 = world / (tp * pp * cp)"),
     K_INT("mesh.tp", mesh.tp, "1", 1, 1 << 16, "tensor-parallel size"),
     K_INT("mesh.pp", mesh.pp, "1", 1, WF_MAX_STAGES, "pipeline-parallel size (stages)"),
+    K_INT("mesh.cp", mesh.cp, "1", 1, 1 << 16,
+          "context-parallel size: each sequence split over this many ranks (ring attention)"),
     K_INT("mesh.fsdp", mesh.fsdp, "0", 0, 1 << 24,
           "HSDP: ZeRO shards within groups of this many dp ranks and replicates across "
           "them; 0 = all dp ranks"),
     {.name = "mesh.axis_names",
      .type = WF__CT_AXES,
      .off = OFF(mesh.axis_names),
-     .def = "[dp, tp, pp]",
+     .def = "[dp, tp, pp, cp]",
      .doc = "order of the mesh_shape axes as given"},
     K_STR("model.family", model.family, "gpt2", "model family: gpt2, llama"),
     K_STR("model.preset", model.preset, "gpt2-tiny",
@@ -259,6 +263,9 @@ const wf__cfg_key wf__cfg_keys[] = {
     K_BOOL("parallel.reshard_after_forward", parallel.reshard_after_forward, "true",
            "optim.zero=3: gather each layer's parameters again for backward (false: keep "
            "them from forward)"),
+    K_ENUM("parallel.cp_mode", parallel.cp_mode, "ring", cp_modes,
+           "mesh.cp > 1: keys and values pass around the cp ring overlapped with attention "
+           "(ring), or are all-gathered once per layer (allgather)"),
     K_ENUM("precision", precision, "no", precisions,
            "mixed precision: no (fp32), bf16 or fp16: activations, pipeline messages and GEMM "
            "operands in 16 bits; fp32 masters, gradients, optimizer state and reductions"),
@@ -340,6 +347,7 @@ static const alias aliases[] = {
     {"tensor_parallel_size", "mesh.tp", WF__SP_NONE},
     {"pipeline_parallel_size", "mesh.pp", WF__SP_NONE},
     {"data_parallel_size", "mesh.dp", WF__SP_NONE},
+    {"context_parallel_size", "mesh.cp", WF__SP_NONE},
     {"mixed_precision", "precision", WF__SP_NONE},
     {"mesh_axis_names", "mesh.axis_names", WF__SP_NONE},
     {"mesh_shape", NULL, WF__SP_MESH_SHAPE},

@@ -136,27 +136,67 @@ static wf_status rule_world(vctx *v)
 static wf_status rule_mesh(vctx *v)
 {
   wf_config *c = v->c;
-  int tp = c->mesh.tp, pp = c->mesh.pp;
+  int tp = c->mesh.tp, pp = c->mesh.pp, cp = c->mesh.cp, mp = tp * pp * cp;
+  char xcp[32] = ""; /* the cp factor, named only when there is one */
+  if (cp > 1)
+    snprintf(xcp, sizeof xcp, " x mesh.cp=%d", cp);
   if (is_derived(c, "mesh.dp"))
     c->mesh.dp = 0;
   if (!v->world)
     return WF_OK;
   if (c->mesh.dp == 0) {
-    if (v->world % (tp * pp) != 0)
+    if (v->world % mp != 0)
       return fail(v,
-                  "mesh.tp=%d x mesh.pp=%d = %d does not divide the world size %d, so "
-                  "mesh.dp cannot be derived; choose mesh.tp and mesh.pp whose product "
+                  "mesh.tp=%d x mesh.pp=%d%s = %d does not divide the world size %d, so "
+                  "mesh.dp cannot be derived; choose mesh.tp%s and mesh.pp whose product "
                   "divides %d",
-                  tp, pp, tp * pp, v->world, v->world);
-    c->mesh.dp = v->world / (tp * pp);
+                  tp, pp, xcp, mp, v->world, cp > 1 ? ", mesh.cp" : "", v->world);
+    c->mesh.dp = v->world / mp;
     return WF_OK;
   }
-  long long prod = (long long)c->mesh.dp * tp * pp;
+  long long prod = (long long)c->mesh.dp * mp;
   if (prod != v->world)
     return fail(v,
-                "mesh.dp=%d x mesh.tp=%d x mesh.pp=%d = %lld, but the world size is %d; "
+                "mesh.dp=%d x mesh.tp=%d x mesh.pp=%d%s = %lld, but the world size is %d; "
                 "make the product %d, or leave mesh.dp unset (0) to derive it",
-                c->mesh.dp, tp, pp, prod, v->world, v->world);
+                c->mesh.dp, tp, pp, xcp, prod, v->world, v->world);
+  return WF_OK;
+}
+
+/* Context parallelism gives each cp rank chunks i and 2cp-1-i of every sequence (the
+ * causal work balanced), so a sequence is 2cp equal chunks; what runs on a whole
+ * sequence at once on one rank (a printed sample, HSDP's groups that would have to
+ * tile dp x cp) is refused rather than run wrong. */
+static wf_status rule_cp(vctx *v)
+{
+  const wf_config *c = v->c;
+  int cp = c->mesh.cp, T = c->train.seq_len ? c->train.seq_len : c->model.seq_len;
+  if (cp == 1)
+    return WF_OK;
+  if (T % (2 * cp) != 0)
+    return fail(v,
+                "mesh.cp=%d splits each sequence into 2 x cp = %d chunks (chunks i and "
+                "2cp-1-i per rank), but train.seq_len=%d is not divisible by %d; use a "
+                "seq_len that is a multiple of %d",
+                cp, 2 * cp, T, 2 * cp, 2 * cp);
+  if (c->parallel.sequence && (T / cp) % c->mesh.tp != 0)
+    return fail(v,
+                "parallel.sequence splits each cp rank's %d tokens (train.seq_len=%d / "
+                "mesh.cp=%d) over mesh.tp=%d, which does not divide them; use a seq_len "
+                "divisible by cp x tp = %d",
+                T / cp, T, cp, c->mesh.tp, cp * c->mesh.tp);
+  if (c->mesh.fsdp > 0 || c->mesh.fsdp_axis)
+    return fail(v,
+                "mesh.cp=%d cannot run with HSDP (mesh.fsdp or an fsdp mesh axis): its "
+                "shard groups would have to tile dp x cp; use optim.zero=1, 2 or 3 over "
+                "all dp x cp ranks instead",
+                cp);
+  if (c->train.sample_every > 0)
+    return fail(v,
+                "train.sample_every=%d generates from whole sequences on one rank, which "
+                "mesh.cp=%d splits over ranks; set train.sample_every=0 (or sample from a "
+                "saved model with --generate on a mesh without cp)",
+                c->train.sample_every, cp);
   return WF_OK;
 }
 
@@ -173,10 +213,10 @@ static wf_status rule_fsdp(vctx *v)
     c->optim.zero = 3;
     c->source[zk] = WF_SRC_DERIVED;
   }
-  if (c->optim.zero > 0 && v->world && dp == 1)
+  if (c->optim.zero > 0 && v->world && dp == 1 && c->mesh.cp == 1)
     return fail(v,
-                "optim.zero=%d shards over the data-parallel ranks, but mesh.dp=1 has one: "
-                "there is nothing to shard; remove optim.zero or use mesh.dp >= 2",
+                "optim.zero=%d shards over the data-parallel ranks (dp x cp), but mesh.dp=1 "
+                "has one: there is nothing to shard; remove optim.zero or use mesh.dp >= 2",
                 c->optim.zero);
   if (f == 0)
     return WF_OK;
@@ -509,9 +549,9 @@ static wf_status rule_data(vctx *v)
   return WF_OK;
 }
 
-static const rule_fn rules[] = {rule_ranges, rule_nodes, rule_world,     rule_mesh,
-                                rule_fsdp,   rule_model, rule_pipeline,  rule_batch,
-                                rule_seq,    rule_data,  rule_precision, rule_train};
+static const rule_fn rules[] = {rule_ranges, rule_nodes,     rule_world, rule_mesh, rule_fsdp,
+                                rule_model,  rule_pipeline,  rule_batch, rule_seq,  rule_cp,
+                                rule_data,   rule_precision, rule_train};
 
 /* A derived value is marked as such; a key that was derived before but is not now
  * (the world became unknown) goes back to its default's standing. */

@@ -38,6 +38,10 @@ typedef enum wf_schedule_kind {
   WF_SCHED_GPIPE,
   WF_SCHED_INTERLEAVED
 } wf_schedule_kind;
+/* parallel.cp_mode: how context parallelism's ranks see each other's keys and values:
+ * passed around the cp ring block by block, overlapped with the blocks' attention
+ * (ring), or all-gathered once per layer (allgather, as Llama 3's training did). */
+typedef enum wf_cp_mode { WF_CP_RING = 0, WF_CP_ALLGATHER } wf_cp_mode;
 typedef enum wf_device_pref { WF_DEV_AUTO = 0, WF_DEV_CPU, WF_DEV_CUDA } wf_device_pref;
 /* How a GPU computes attention (runtime.attention; docs/gpu-performance.md): cuDNN's fused
  * attention, weft's own bf16 flash kernel on tensor cores, or the fp32 reference kernels;
@@ -82,11 +86,12 @@ typedef struct wf_config {
     int master_port;       /* 0 = 29500 or derived from SLURM_JOB_ID */
   } dist;
   struct {
-    int dp, tp, pp;        /* dp 0 = derived as world / (tp * pp) */
+    int dp, tp, pp;        /* dp 0 = derived as world / (tp * pp * cp) */
+    int cp;                /* context parallelism: each sequence split over cp ranks */
     int fsdp;              /* HSDP: ZeRO shards within groups of fsdp dp ranks, replicated
                               across the dp / fsdp groups; 0 = one group of all dp ranks */
-    char axis_names[3][8]; /* order of mesh_shape axes as given, e.g. dp,tp,pp; always a
-                              permutation of "dp","tp","pp" (axes not given follow) */
+    char axis_names[4][8]; /* order of mesh_shape axes as given, e.g. dp,tp,pp,cp; always a
+                              permutation of "dp","tp","pp","cp" (axes not given follow) */
     bool fsdp_axis;        /* mesh_shape names an "fsdp" axis: its ranks shard the
                               parameters (optim.zero 3 unless it is given) */
   } mesh;
@@ -157,6 +162,7 @@ typedef struct wf_config {
     int virtual_stages;
     wf_recompute activation_checkpointing;
     bool reshard_after_forward; /* ZeRO-3: free a unit's gathered parameters after forward */
+    wf_cp_mode cp_mode;
   } parallel;
   wf_precision precision;
   struct {

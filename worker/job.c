@@ -295,8 +295,10 @@ static int training_failed(wf_plane *plane, wf_status st, int rank)
 static wf_train_hooks mesh_hooks(const wf__cmd_ctx *c)
 {
   const wf_job *job = c->job;
-  bool tp = c->cfg->mesh.tp > 1, pp = c->cfg->mesh.pp > 1;
+  bool tp = c->cfg->mesh.tp > 1, pp = c->cfg->mesh.pp > 1, cp = c->cfg->mesh.cp > 1;
   return (wf_train_hooks){.dp = wf_job_comm(job, WF_AXIS_DP),
+                          .cp = cp ? wf_job_comm(job, WF_AXIS_CP) : NULL,
+                          .dpcp = cp ? wf_job_comm(job, WF_AXIS_DPCP) : NULL,
                           .world = wf_job_world_comm(job),
                           .tp = tp ? wf_job_comm(job, WF_AXIS_TP) : NULL,
                           .pp = pp ? wf_job_comm(job, WF_AXIS_PP) : NULL,
@@ -306,14 +308,31 @@ static wf_train_hooks mesh_hooks(const wf__cmd_ctx *c)
                           .peak_source = c->rd->peak_source};
 }
 
+/* --generate and --dump-state run whole sequences on one rank's replica of the model;
+ * mesh.cp splits them, so both are refused there (said once, by rank 0). */
+static bool cp_refused(const wf__cmd_ctx *c, const char *what)
+{
+  if (c->cfg->mesh.cp <= 1)
+    return false;
+  if (c->rank == 0)
+    WF_ERROR("%s runs whole sequences, which mesh.cp=%d splits over ranks; run it on a mesh "
+             "without cp (mesh.cp=1)",
+             what, c->cfg->mesh.cp);
+  return true;
+}
+
 int wf__cmd_generate(const wf__cmd_ctx *c)
 {
+  if (cp_refused(c, "--generate"))
+    return wf__exit_status(WF_ECONFIG);
   wf_train_hooks comms = mesh_hooks(c);
   return wf__exit_status(wf_train_generate(c->cfg, c->a->val[0], &comms));
 }
 
 int wf__cmd_dump_state(const wf__cmd_ctx *c)
 {
+  if (cp_refused(c, "--dump-state"))
+    return wf__exit_status(WF_ECONFIG);
   wf_train_hooks comms = mesh_hooks(c);
   return wf__exit_status(wf_train_dump_state(c->cfg, c->a->val[0], &comms));
 }

@@ -553,8 +553,8 @@ static void test_mesh_shape_errors(void **state)
   assert_err_at(f, 1, "mesh_shape: has 3 sizes but 2 axis names");
   assert_int_equal(load(f, "mesh_shape: [[2, 0], [dp, tp]]\n"), WF_ECONFIG);
   assert_err_at(f, 1, "mesh_shape: 0 is out of range");
-  assert_int_equal(load(f, "mesh_shape: [1, 2, 3, 4]\n"), WF_ECONFIG);
-  assert_err_at(f, 1, "mesh_shape: expected 1 to 3 axis sizes, got 4");
+  assert_int_equal(load(f, "mesh_shape: [1, 2, 3, 4, 5]\n"), WF_ECONFIG);
+  assert_err_at(f, 1, "mesh_shape: expected 1 to 4 axis sizes, got 5");
   assert_int_equal(load(f, "mesh_shape: 8\n"), WF_ECONFIG);
   assert_err_at(f, 1, "mesh_shape: expected a list like [[2, 2], [dp, tp]], got '8'");
   assert_mesh(&f->cfg, 0, 1, 1, "dp", "tp", "pp"); /* untouched */

@@ -287,14 +287,37 @@ static void test_ports(void **state)
       "runtime.metrics_port=9000");
 }
 
+/* Context parallelism: the world is dp x tp x pp x cp, a sequence is 2cp chunks, and
+ * what cannot run split over cp is refused with the key to change. */
+static void test_cp(void **state)
+{
+  GOOD(4, "mesh.cp=2", "mesh.tp=2", "model.seq_len=64");
+  GOOD(8, "mesh.cp=2", "mesh.tp=2", "mesh.pp=2", "model.seq_len=64", "model.layers=2");
+  GOOD(4, "mesh.cp=4", "model.seq_len=64", "parallel.cp_mode=allgather");
+  BAD(4, "mesh.tp=1 x mesh.pp=1 x mesh.cp=3 = 3 does not divide the world size 4", "mesh.cp=3",
+      "model.seq_len=60");
+  BAD(4, "mesh.dp=4 x mesh.tp=1 x mesh.pp=1 x mesh.cp=2 = 8, but the world size is 4", "mesh.dp=4",
+      "mesh.cp=2", "model.seq_len=64");
+  /* 2 x cp = 8 chunks of a 60-token sequence */
+  BAD(4, "train.seq_len=60 is not divisible by 8", "mesh.cp=4", "model.seq_len=60");
+  /* 36 tokens over cp 2 are 18 per rank, which tp 4's sequence parallelism cannot split */
+  BAD(8, "does not divide them; use a seq_len divisible by cp x tp = 8", "mesh.cp=2", "mesh.tp=4",
+      "parallel.sequence=true", "model.seq_len=36");
+  BAD(4, "mesh.cp=2 cannot run with HSDP", "mesh.cp=2", "mesh.fsdp=2", "optim.zero=1",
+      "model.seq_len=64");
+  BAD(2, "train.sample_every=5 generates from whole sequences", "mesh.cp=2", "train.sample_every=5",
+      "model.seq_len=64");
+}
+
 static void test_zero_is_0_to_3(void **state)
 {
   GOOD(2, "optim.zero=1");
   GOOD(2, "optim.zero=2");
   GOOD(2, "optim.zero=3");
   GOOD(2, "optim.zero=3", "precision=bf16");
-  BAD(2, "optim.zero=2 shards over the data-parallel ranks, but mesh.dp=1", "optim.zero=2",
-      "mesh.tp=2");
+  BAD(2, "optim.zero=2 shards over the data-parallel ranks (dp x cp), but mesh.dp=1",
+      "optim.zero=2", "mesh.tp=2");
+  GOOD(2, "optim.zero=2", "mesh.cp=2"); /* ZeRO shards over dp x cp */
   BAD(4, "mesh.fsdp=3 does not divide mesh.dp=4", "mesh.fsdp=3", "optim.zero=1");
   BAD(4, "optim.zero=0 shards nothing; set optim.zero=1, 2 or 3", "mesh.fsdp=2", "optim.zero=0");
   GOOD(4, "mesh.fsdp=2", "optim.zero=2");
@@ -432,6 +455,7 @@ int main(void)
       cmocka_unit_test(test_positive_values),
       cmocka_unit_test(test_ports),
       cmocka_unit_test(test_zero_is_0_to_3),
+      cmocka_unit_test(test_cp),
       cmocka_unit_test(test_fsdp_axis_means_zero3),
       cmocka_unit_test(test_loss_scale_needs_fp16),
       cmocka_unit_test(test_rope_scaling),

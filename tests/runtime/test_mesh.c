@@ -1,11 +1,12 @@
 /*
  * test_mesh.c - mesh coordinates and groups over many shapes: coordinates round
  * trip, tp varies fastest, each axis's groups partition the world, every rank is
- * in exactly one group per axis, and the embedding group pairs the first and last
- * pipeline stage.
+ * in exactly one group per axis, the embedding group pairs the first and last
+ * pipeline stage, and the dp x cp group holds the dp and cp groups' ranks together.
  */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -13,29 +14,49 @@
 
 #include "wf_coordinator.h"
 
-static void check_shape(int dp, int tp, int pp)
+static int expected_size(wf_axis a, int dp, int tp, int pp, int cp)
 {
-  wf_mesh m = {dp, tp, pp};
-  int n = wf_mesh_size(&m), members[512];
+  switch (a) {
+  case WF_AXIS_TP: return tp;
+  case WF_AXIS_DP: return dp;
+  case WF_AXIS_PP: return pp;
+  case WF_AXIS_CP: return cp;
+  default: return dp * cp; /* WF_AXIS_DPCP */
+  }
+}
+
+/* Whether two ranks' coordinates may differ along group axis a. */
+static void same_but(wf_axis a, wf_coords c, wf_coords d)
+{
+  bool dpcp = a == WF_AXIS_DPCP;
+  assert_true(a == WF_AXIS_TP || c.tp == d.tp);
+  assert_true(a == WF_AXIS_DP || dpcp || c.dp == d.dp);
+  assert_true(a == WF_AXIS_PP || c.pp == d.pp);
+  assert_true(a == WF_AXIS_CP || dpcp || c.cp == d.cp);
+}
+
+static void check_shape(int dp, int tp, int pp, int cp)
+{
+  wf_mesh m = {dp, tp, pp, cp};
+  int n = wf_mesh_size(&m), members[4096];
   for (int r = 0; r < n; r++) {
     wf_coords c = wf_mesh_coords(&m, r);
     assert_int_equal(wf_mesh_rank(&m, c), r);
-    assert_int_equal(r, c.tp + tp * (c.dp + dp * c.pp)); /* DESIGN.md's formula */
+    assert_int_equal(r, c.tp + tp * (c.cp + cp * (c.dp + dp * c.pp))); /* DESIGN.md's formula */
   }
-  for (int a = 0; a < WF_AXIS_EMB; a++) {
-    int seen[512] = {0};
-    int expect = a == WF_AXIS_TP ? tp : a == WF_AXIS_DP ? dp : pp;
+  wf_axis axes[] = {WF_AXIS_TP, WF_AXIS_DP, WF_AXIS_PP, WF_AXIS_CP, WF_AXIS_DPCP};
+  for (size_t ai = 0; ai < sizeof axes / sizeof axes[0]; ai++) {
+    wf_axis a = axes[ai];
+    int seen[4096] = {0};
+    int expect = expected_size(a, dp, tp, pp, cp);
     for (int r = 0; r < n; r++) {
-      int k = wf_mesh_group(&m, (wf_axis)a, r, members, 512);
+      int k = wf_mesh_group(&m, a, r, members, 4096);
       assert_int_equal(k, expect);
       int in = 0;
       for (int i = 0; i < k; i++) {
         in += members[i] == r;
         /* members of one group share every other coordinate */
-        wf_coords c = wf_mesh_coords(&m, r), d = wf_mesh_coords(&m, members[i]);
-        assert_true(a == WF_AXIS_TP || c.tp == d.tp);
-        assert_true(a == WF_AXIS_DP || c.dp == d.dp);
-        assert_true(a == WF_AXIS_PP || c.pp == d.pp);
+        same_but(a, wf_mesh_coords(&m, r), wf_mesh_coords(&m, members[i]));
         if (i > 0)
           assert_true(members[i] > members[i - 1]);
       }
@@ -53,7 +74,7 @@ static void check_shape(int dp, int tp, int pp)
   }
   for (int r = 0; r < n; r++) {
     wf_coords c = wf_mesh_coords(&m, r);
-    int k = wf_mesh_group(&m, WF_AXIS_EMB, r, members, 512);
+    int k = wf_mesh_group(&m, WF_AXIS_EMB, r, members, 4096);
     if (c.pp != 0 && c.pp != pp - 1) {
       assert_int_equal(k, 0);
       assert_int_equal(wf_mesh_group_color(&m, WF_AXIS_EMB, r), -1);
@@ -71,13 +92,44 @@ static void test_many_shapes(void **state)
   for (size_t i = 0; i < 5; i++)
     for (size_t j = 0; j < 5; j++)
       for (size_t k = 0; k < 5; k++)
-        check_shape(dims[i], dims[j], dims[k]);
+        for (size_t l = 0; l < 4; l++)
+          check_shape(dims[i], dims[j], dims[k], dims[l]);
+}
+
+/* 2 x 2 x 2 x 2 (dp, cp, tp, pp): rank 13 = tp 1 + 2*(cp 0 + 2*(dp 1 + 2*pp 1)). */
+static void test_cp_layout(void **state)
+{
+  wf_mesh m = {.dp = 2, .tp = 2, .pp = 2, .cp = 2};
+  wf_coords c = wf_mesh_coords(&m, 13);
+  assert_int_equal(c.pp, 1);
+  assert_int_equal(c.dp, 1);
+  assert_int_equal(c.cp, 0);
+  assert_int_equal(c.tp, 1);
+  int g[16];
+  assert_int_equal(wf_mesh_group(&m, WF_AXIS_CP, 13, g, 16), 2); /* tp 1, cp 0 and 1 */
+  assert_int_equal(g[0], 13);
+  assert_int_equal(g[1], 15);
+  assert_int_equal(wf_mesh_group(&m, WF_AXIS_DP, 13, g, 16), 2); /* dp 0 and 1 */
+  assert_int_equal(g[0], 9);
+  assert_int_equal(g[1], 13);
+  assert_int_equal(wf_mesh_group(&m, WF_AXIS_DPCP, 13, g, 16), 4); /* (dp, cp), cp fastest */
+  assert_int_equal(g[0], 9);
+  assert_int_equal(g[1], 11);
+  assert_int_equal(g[2], 13);
+  assert_int_equal(g[3], 15);
+  assert_int_equal(wf_mesh_group(&m, WF_AXIS_TP, 13, g, 16), 2);
+  assert_int_equal(g[0], 12);
+  assert_int_equal(g[1], 13);
+  /* a mesh written without the axis (cp 0) is a cp 1 mesh */
+  wf_mesh old = {.dp = 2, .tp = 2, .pp = 2};
+  assert_int_equal(wf_mesh_size(&old), 8);
+  assert_int_equal(wf_mesh_coords(&old, 5).dp, 0);
 }
 
 static void test_2x2x2_layout(void **state)
 {
   /* The default demo mesh: rank 5 = tp 1 + 2*(dp 0 + 2*pp 1). */
-  wf_mesh m = {2, 2, 2};
+  wf_mesh m = {2, 2, 2, 1};
   wf_coords c = wf_mesh_coords(&m, 5);
   assert_int_equal(c.pp, 1);
   assert_int_equal(c.dp, 0);
@@ -100,6 +152,7 @@ static void test_2x2x2_layout(void **state)
 int main(void)
 {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_many_shapes),
-                                     cmocka_unit_test(test_2x2x2_layout)};
+                                     cmocka_unit_test(test_2x2x2_layout),
+                                     cmocka_unit_test(test_cp_layout)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -91,6 +91,8 @@ const char *wf_model_shard_check(const wf_model_dims *dd, const wf_model_shard *
   wf_model_dims d = wf_model_dims_resolve(dd);
   if (s->tp < 1 || s->tp_rank < 0 || s->tp_rank >= s->tp)
     return "tp rank outside the tp group";
+  if (s->cp > 1 && (s->cp_rank < 0 || s->cp_rank >= s->cp))
+    return "cp rank outside the cp group";
   if (d.NH % s->tp || d.KV % s->tp || d.C % s->tp || d.Vp % s->tp || d.F % s->tp)
     return "tp must divide the heads, the kv heads, d_model, the MLP's width and the padded "
            "vocabulary";

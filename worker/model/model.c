@@ -73,6 +73,7 @@ static wf__geo geometry(const wf_model_opts *o, const wf_ktable *k)
                    .R = seq ? N / tp : N,
                    .C = (size_t)d.C,
                    .tp = tp,
+                   .cp = o->shard.cp > 1 ? (size_t)o->shard.cp : 1,
                    .Vl = (size_t)(d.Vp / o->shard.tp),
                    .NHl = d.NH / o->shard.tp,
                    .KVl = d.KV / o->shard.tp,
@@ -225,6 +226,13 @@ static wf_status check_opts(const wf_model_opts *o)
   WF_CHECK(!o->shard.sequence || ((size_t)o->B * o->T) % (size_t)o->shard.tp == 0, WF_EINVAL,
            "sequence parallelism needs B*T = %d x %d tokens divisible by tp %d", o->B, o->T,
            o->shard.tp);
+  int cp = o->shard.cp > 1 ? o->shard.cp : 1;
+  WF_CHECK(cp == 1 || (o->cp.ops && o->cp.ops->version == WF_CP_OPS_VERSION), WF_EINVAL,
+           "cp %d needs context parallelism's attention (version %d)", cp, WF_CP_OPS_VERSION);
+  WF_CHECK(cp == 1 || ((long)o->T * cp <= d->maxT && o->T % 2 == 0), WF_EINVAL,
+           "context parallelism over %d ranks of %d rows each: the sequence (%d) must fit the "
+           "context length %d, and each rank holds two equal chunks",
+           cp, o->T, o->T * cp, d->maxT);
   const wf_ktable *k = wf_dev_kernels(o->dev ? o->dev : wf_dev_cpu());
   WF_CHECK(k->storage && k->storage((int)o->precision), WF_EUNSUPPORTED,
            "precision %s: device %s has no kernels for activations stored in %s; use "
@@ -245,6 +253,7 @@ static void set_geometry(wf_model *m, const wf_model_opts *o)
   m->dev = o->dev ? o->dev : wf_dev_cpu();
   m->k = format_kernels(wf_dev_kernels(m->dev), o->precision);
   m->tp = o->shard.tp > 1 ? o->tp : (wf_tp_regions){NULL, NULL};
+  m->cp = o->shard.cp > 1 ? o->cp : (wf_cp_regions){NULL, NULL};
   m->sequence = o->shard.sequence && o->shard.tp > 1;
   m->nchunk = o->shard.chunks > 1 ? o->shard.chunks : 1;
   m->lc = o->shard.l1 - o->shard.l0;

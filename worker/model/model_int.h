@@ -68,6 +68,7 @@ size_t wf__carve(const wf__carve_item *t, size_t n, const wf__carve_to *to, size
 typedef struct wf__geo {
   wf_model_dims d;
   size_t B, T, N, R, C, tp, Vl;
+  size_t cp; /* context-parallel ranks (1: none); T is this rank's rows per sequence */
   int NHl, KVl;
   int fmt;
   const wf_ktable *k;
@@ -161,6 +162,7 @@ struct wf_model {
   wf_dev *dev;        /* borrowed */
   const wf_ktable *k; /* the device's kernels for the model's storage format */
   wf_tp_regions tp;   /* the region operators (ops NULL: identity) */
+  wf_cp_regions cp;   /* context parallelism's attention (ops NULL: the device's kernels) */
   bool sequence;      /* sequence parallelism is on (tp > 1) */
   int nl;             /* layers on this rank: v chunks of lc layers */
   int nchunk, lc;
@@ -268,6 +270,23 @@ wf_status wf__head_loss_backward(wf_model *m, wf__slot *a, const void *xn, int w
  * wte's rows and in wpe. */
 wf_status wf__embed_forward(wf_model *m, wf__slot *a, int wte, int wpe);
 wf_status wf__embed_backward(wf_model *m, wf__slot *a, int wte, int wpe);
+
+/* Attention, wherever it runs: the device's kernels on this rank's whole sequences, or
+ * context parallelism's (m->cp), whose core state is the rows' log-sum-exp (B, NH, T)
+ * and whose scratch is its own. Sizes in floats for local heads NH of q width Cq;
+ * NKV 0 selects the multi-head kernels (GPT-2), else grouped-query ones. Backward reads
+ * the forward's output (context parallelism needs it; the kernels do not). */
+size_t wf__attention_saved(const wf__geo *g, int Cq, int NH);
+size_t wf__attention_scratch(const wf__geo *g, int Cq, int NH);
+wf_status wf__attention_forward(wf_model *m, void *out, void *att, const void *qkv, int B, int T,
+                                int Cq, int NH, int NKV);
+wf_status wf__attention_backward(wf_model *m, void *dqkv, float *scratch, const void *dout,
+                                 const void *qkv, const void *att, const void *out, int B, int T,
+                                 int Cq, int NH, int NKV);
+/* RoPE on the rows' global positions (context parallelism's two chunks each start at
+ * their own position), in place on qkv's q and k heads; backward likewise on dqkv. */
+void wf__rope_forward(wf_model *m, void *qkv, int B, int T, int hs);
+void wf__rope_backward(wf_model *m, void *dqkv, int B, int T, int hs);
 
 /* The families (gpt2/, llama/). */
 extern const wf_family wf__family_gpt2;

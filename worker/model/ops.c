@@ -86,6 +86,102 @@ wf_status wf__column_backward(wf_model *m, const void *dout, const void *x, int 
   return wf__enter_bwd(m, m->da.dl, dx, (size_t)N, (size_t)C);
 }
 
+/* ---- positions and attention ---------------------------------------------------------- */
+
+int wf_cp_position(int cp, int rank, int T, int t)
+{
+  if (cp <= 1)
+    return t;
+  int c = T / 2;
+  return t < c ? rank * c + t : (2 * cp - 1 - rank) * c + (t - c);
+}
+
+/* The runs of consecutive positions in a sequence of T local rows: rows [row, row + n)
+ * are positions [pos, pos + n). One run without context parallelism, else two. */
+typedef struct span {
+  int row, pos, n;
+} span;
+
+static int spans_of(const wf_model *m, int T, span sp[2])
+{
+  int cp = m->s.cp;
+  if (cp <= 1) {
+    sp[0] = (span){0, 0, T};
+    return 1;
+  }
+  for (int i = 0; i < 2; i++)
+    sp[i] = (span){i * T / 2, wf_cp_position(cp, m->s.cp_rank, T, i * T / 2), T / 2};
+  return 2;
+}
+
+/* Elements of one qkv row (local q heads, then k and v heads). */
+static size_t qkv_width(const wf_model *m, int hs) { return (size_t)(m->NHl + 2 * m->KVl) * hs; }
+
+static void rope_apply(wf_model *m, void *qkv, int B, int T, int hs, bool backward)
+{
+  span sp[2];
+  int n = spans_of(m, T, sp);
+  size_t row = qkv_width(m, hs) * m->esize;
+  for (int b = 0; b < (n > 1 ? B : 1); b++)
+    for (int i = 0; i < n; i++) {
+      char *x = (char *)qkv + ((size_t)b * T + (size_t)sp[i].row) * row;
+      const float *cs = m->da.consts + (size_t)sp[i].pos * hs;
+      int nb = n > 1 ? 1 : B, t = n > 1 ? sp[i].n : T; /* one call for all rows without cp */
+      if (backward)
+        m->k->rope_backward(x, cs, nb, t, m->NHl, m->KVl, hs, NULL);
+      else
+        m->k->rope_forward(x, cs, nb, t, m->NHl, m->KVl, hs, NULL);
+    }
+}
+
+void wf__rope_forward(wf_model *m, void *qkv, int B, int T, int hs)
+{
+  rope_apply(m, qkv, B, T, hs, false);
+}
+
+void wf__rope_backward(wf_model *m, void *dqkv, int B, int T, int hs)
+{
+  rope_apply(m, dqkv, B, T, hs, true);
+}
+
+size_t wf__attention_saved(const wf__geo *g, int Cq, int NH)
+{
+  if (g->cp > 1)
+    return g->B * (size_t)NH * g->T;
+  return g->k->attention_saved((int)g->B, (int)g->T, Cq, NH);
+}
+
+size_t wf__attention_scratch(const wf__geo *g, int Cq, int NH)
+{
+  return g->cp > 1 ? 0 : g->k->attention_scratch((int)g->B, (int)g->T, Cq, NH);
+}
+
+wf_status wf__attention_forward(wf_model *m, void *out, void *att, const void *qkv, int B, int T,
+                                int Cq, int NH, int NKV)
+{
+  if (m->cp.ops)
+    return m->cp.ops->forward(m->cp.ctx, out, att, qkv, B, T, Cq, NH, NKV ? NKV : NH, (int)m->prec);
+  if (NKV)
+    m->k->attention_gqa_forward(out, att, qkv, B, T, Cq, NH, NKV, NULL);
+  else
+    m->k->attention_forward(out, att, qkv, B, T, Cq, NH, NULL);
+  return WF_OK;
+}
+
+wf_status wf__attention_backward(wf_model *m, void *dqkv, float *scratch, const void *dout,
+                                 const void *qkv, const void *att, const void *out, int B, int T,
+                                 int Cq, int NH, int NKV)
+{
+  if (m->cp.ops)
+    return m->cp.ops->backward(m->cp.ctx, dqkv, dout, qkv, out, att, B, T, Cq, NH, NKV ? NKV : NH,
+                               (int)m->prec);
+  if (NKV)
+    m->k->attention_gqa_backward(dqkv, scratch, dout, qkv, att, B, T, Cq, NH, NKV, NULL);
+  else
+    m->k->attention_backward(dqkv, scratch, dout, qkv, att, B, T, Cq, NH, NULL);
+  return WF_OK;
+}
+
 /* ---- the vocabulary-parallel head ----------------------------------------------------- */
 
 /* Combine the tp ranks' row statistics of the vocabulary-parallel softmax: the global
@@ -140,14 +236,35 @@ fail:
   return st;
 }
 
+/* The embedding's lookup (backward: its gradients) of a micro-batch, a span of positions
+ * at a time: context parallelism's two chunks each read their own rows of wpe (one call
+ * for the whole micro-batch without it). */
+static void embed_spans(wf_model *m, wf__slot *a, float *part, const float *dout, int wte, int wpe)
+{
+  span sp[2];
+  int n = spans_of(m, a->T, sp), C = m->d.C, T = a->T;
+  bool fwd = part != NULL, pos = wpe >= 0 && (!fwd || m->s.tp_rank == 0);
+  for (int b = 0; b < (n > 1 ? a->B : 1); b++)
+    for (int i = 0; i < n; i++) {
+      size_t r = (size_t)b * T + (size_t)sp[i].row;
+      int nb = n > 1 ? 1 : a->B, t = n > 1 ? sp[i].n : T;
+      float *w = wf_model_param(m, wte, 0, fwd ? 0 : 1);
+      float *p = pos ? wf_model_param(m, wpe, 0, fwd ? 0 : 1) + (size_t)sp[i].pos * C : NULL;
+      if (fwd)
+        m->k->encoder_forward_vp(part + r * C, a->inputs + r, w, m->s.tp_rank * m->Vl, m->Vl, p, nb,
+                                 t, C, NULL);
+      else
+        m->k->encoder_backward_vp(w, p, dout + r * C, a->inputs + r, m->s.tp_rank * m->Vl, m->Vl,
+                                  nb, t, C, NULL);
+    }
+}
+
 wf_status wf__embed_forward(wf_model *m, wf__slot *a, int wte, int wpe)
 {
   wf_status st = WF_OK;
   int N = a->B * a->T, C = m->d.C;
-  const float *pos = wpe >= 0 && m->s.tp_rank == 0 ? wf_model_param(m, wpe, 0, 0) : NULL;
   float *part = partial_out(m);
-  m->k->encoder_forward_vp(part, a->inputs, wf_model_param(m, wte, 0, 0), m->s.tp_rank * m->Vl,
-                           m->Vl, pos, a->B, a->T, C, NULL);
+  embed_spans(m, a, part, NULL, wte, wpe);
   /* summed over tp in fp32, then stored in the model's format */
   WF_TRY(wf__leave_fwd(m, m->da.ysum, part, (size_t)N, (size_t)C));
   m->k->store(a->encoded, m->da.ysum, wf__rows(m, (size_t)N) * (size_t)C, NULL);
@@ -161,9 +278,7 @@ wf_status wf__embed_backward(wf_model *m, wf__slot *a, int wte, int wpe)
   int C = m->d.C, N = a->B * a->T;
   const float *dout;
   WF_TRY(wf__leave_bwd(m, &dout, m->da.dres, m->da.full, (size_t)N, (size_t)C));
-  m->k->encoder_backward_vp(wf_model_param(m, wte, 0, 1),
-                            wpe >= 0 ? wf_model_param(m, wpe, 0, 1) : NULL, dout, a->inputs,
-                            m->s.tp_rank * m->Vl, m->Vl, a->B, a->T, C, NULL);
+  embed_spans(m, a, NULL, dout, wte, wpe);
 fail:
   return st;
 }

@@ -298,6 +298,9 @@ typedef struct wf_model_shard {
                     * holds layers [l0 + c*chunk_stride, l1 + c*chunk_stride) */
   int chunk_stride;
   bool first, last; /* holds the embeddings / the final norm, head and loss */
+  int cp, cp_rank;  /* context parallelism (cp 0 or 1: none): this rank holds chunks cp_rank
+                     * and 2cp-1-cp_rank of 2cp equal chunks of every sequence, so a
+                     * micro-batch's T is that pair's length, the sequence's T / cp */
 } wf_model_shard;
 
 /* The whole model: tp 1, layers [0, L), first and last. */
@@ -392,6 +395,36 @@ typedef struct wf_tp_regions {
   void *ctx;
 } wf_tp_regions;
 
+/* ---- context parallelism's attention -------------------------------------------------
+ * Under context parallelism (shard.cp > 1) a rank holds two chunks of each sequence,
+ * cp_rank and 2cp-1-cp_rank (of 2cp; Megatron-Core's and torchtitan's load balance for
+ * causal masks), as its T rows: positions (learned or rotary) are the global ones, and
+ * everything but attention is row-wise, so only attention crosses ranks. worker/parallel
+ * provides it (wf_cp_create) and the model calls it where a block attends, as it calls
+ * the tp regions. qkv (B, T, C + 2 NKV hs) is this rank's rows as attention_gqa_forward
+ * reads them (q and k rotated for RoPE families); out (B, T, C) and dqkv in format fmt;
+ * lse (B, NH, T) fp32 is attention's core state (what backward needs beside qkv and
+ * out; selective recompute drops it and runs forward again). NKV == NH: multi-head.
+ * Backward WRITES dqkv, as the one-rank kernels do. */
+#define WF_CP_OPS_VERSION 1
+typedef struct wf_cp_ops {
+  int version; /* WF_CP_OPS_VERSION */
+  wf_status (*forward)(void *ctx, void *out, float *lse, const void *qkv, int B, int T, int C,
+                       int NH, int NKV, int fmt);
+  wf_status (*backward)(void *ctx, void *dqkv, const void *dout, const void *qkv, const void *out,
+                        const float *lse, int B, int T, int C, int NH, int NKV, int fmt);
+} wf_cp_ops;
+
+typedef struct wf_cp_regions {
+  const wf_cp_ops *ops; /* NULL: cp = 1 */
+  void *ctx;
+} wf_cp_regions;
+
+/* Where local row t of a micro-batch of T rows (per sequence) sits in its sequence under
+ * cp ranks (rank r): rows [0, T/2) are chunk r, rows [T/2, T) chunk 2cp-1-r; cp <= 1 is
+ * the identity. */
+int wf_cp_position(int cp, int rank, int T, int t);
+
 /* ---- the model object ---------------------------------------------------------------- */
 
 typedef struct wf_model wf_model;
@@ -401,7 +434,9 @@ typedef struct wf_model_opts {
   wf_model_shard shard;
   struct wf_dev *dev;     /* where the model lives and computes (borrowed); NULL = the CPU */
   wf_tp_regions tp;       /* the region operators when shard.tp > 1 (borrowed) */
-  int B, T;               /* largest micro-batch */
+  wf_cp_regions cp;       /* context parallelism's attention when shard.cp > 1 (borrowed) */
+  int B, T;               /* largest micro-batch (T: this rank's rows per sequence, the
+                           * sequence's T / cp under context parallelism) */
   int slots;              /* micro-batches whose activations live at once (>= 1) */
   int inbox;              /* spare stage inputs a pipeline receives activations into (>= 0) */
   wf_recompute recompute; /* activation checkpointing: full keeps each layer's output only, and

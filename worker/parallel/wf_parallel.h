@@ -41,6 +41,39 @@ void wf_tp_set_trace(wf_tp *tp, wf_trace *trace);
 /* Seconds and bytes of tp communication since the last call (then reset). */
 void wf_tp_stats(wf_tp *tp, double *seconds, double *bytes);
 
+/*
+ * Context parallelism (cp.c): attention of each cp rank's two chunks of every sequence
+ * against every rank's keys and values, by ring (K/V blocks passed around the cp group
+ * overlapped with each block's attention, dK/dV passed back) or by all-gather
+ * (parallel.cp_mode), merged by log-sum-exp; handed to the model as wf_cp_regions_of(cp)
+ * (wf_model.h's wf_cp_ops). The shape of the largest call sizes its buffers, which are
+ * the rank's communication scratch (wf_cp_scratch_bytes, which the planner counts too).
+ */
+typedef struct wf_cp wf_cp;
+typedef struct wf_cp_geo {
+  int B, T;  /* micro-batch rows and this rank's rows per sequence (T = the sequence / cp) */
+  int C, NH; /* width of q and out, query heads (this tp rank's) */
+  int KW;    /* width of one row of keys and values: 2 x kv heads x head size */
+  int fmt;   /* the activations' format (a wf_precision) */
+} wf_cp_geo;
+typedef struct wf_cp_opts {
+  wf_comm *comm; /* the cp group */
+  wf_dev *dev;
+  wf_cp_mode mode;
+  wf_cp_geo max;
+} wf_cp_opts;
+/* Fails (naming the device) where the device has no block attention kernels. */
+wf_status wf_cp_create(wf_cp **out, const wf_cp_opts *o);
+void wf_cp_destroy(wf_cp *cp); /* accepts NULL */
+wf_cp_regions wf_cp_regions_of(wf_cp *cp);
+size_t wf_cp_scratch_bytes(wf_cp_mode mode, int P, const wf_cp_geo *g);
+/* The geometry of a model of dims d on tp ranks: micro-batches of B sequences, T rows of
+ * each on this rank, activations in format fmt. */
+wf_cp_geo wf_cp_geo_of(const wf_model_dims *d, int tp, int B, int T, int fmt);
+/* Seconds spent waiting for cp communication (exposed) and bytes sent, since the last
+ * call (then reset). */
+void wf_cp_stats(wf_cp *cp, double *seconds, double *bytes);
+
 /* The whole model's parameters (which 0) or gradients (1) in `full` on every rank of
  * `world`: the ranks with `contribute` add their counted slices into zeros and a sum
  * over the world assembles the model (one model-parallel replica contributes; world

@@ -186,6 +186,9 @@ static void print_mesh(const wf__trainer *tr)
   const wf_config *cfg = tr->cfg;
   fprintf(tr->out, "mesh dp %d x tp %d x pp %d%s", tr->D, tr->tp, tr->pp,
           tr->tp > 1 && cfg->parallel.sequence ? " (sequence parallel)" : "");
+  if (tr->cp > 1)
+    fprintf(tr->out, " x cp %d (%s attention, %d tokens of each sequence per rank)", tr->cp,
+            cfg->parallel.cp_mode == WF_CP_ALLGATHER ? "all-gather" : "ring", tr->Tl);
   if (tr->pp == 1) {
     fprintf(tr->out, ": layers [0,%d) on every rank", tr->dims.L);
   } else {

@@ -33,8 +33,16 @@ static wf_status setup_geometry(wf__trainer *tr, int M)
   tr->tp = wf__comm_size(tr->tp_comm);
   tr->pp = wf__comm_size(tr->pp_comm);
   tr->pp_rank = wf__comm_rank(tr->pp_comm);
-  tr->world_size = tr->D * tr->tp * tr->pp;
+  tr->cp = wf__comm_size(tr->cp_comm);
+  tr->cp_rank = wf__comm_rank(tr->cp_comm);
+  tr->grad_size = wf__comm_size(tr->grad_comm);
+  tr->world_size = tr->D * tr->tp * tr->pp * tr->cp;
   tr->T = cfg->train.seq_len > 0 ? cfg->train.seq_len : cfg->model.seq_len;
+  tr->Tl = tr->T / tr->cp;
+  WF_REFUSE(tr->cp == 1 || tr->T % (2 * tr->cp) == 0, WF_ECONFIG,
+            "mesh.cp=%d splits each sequence into %d chunks, but train.seq_len=%d is not a "
+            "multiple of %d",
+            tr->cp, 2 * tr->cp, tr->T, 2 * tr->cp);
   tr->steps = cfg->train.steps;
   WF_REFUSE(cfg->train.batch_size > 0 && cfg->train.batch_size % (tr->M * tr->D) == 0 && tr->T > 0,
             WF_ECONFIG,
@@ -92,7 +100,7 @@ fail:
 }
 
 /* The ZeRO stage the gradient path runs (wf_grads_create's: none without a dp group). */
-static int zero_stage(const wf__trainer *tr) { return tr->dp_comm ? tr->cfg->optim.zero : 0; }
+static int zero_stage(const wf__trainer *tr) { return tr->grad_comm ? tr->cfg->optim.zero : 0; }
 
 /* Where model.init goes: [lo, hi) of this rank's flat parameters, a host view (v) of
  * the model's flat vector, or under ZeRO-3 (no flat vector) of its dp shard. */
@@ -152,6 +160,25 @@ static wf_status sync_shard(wf__trainer *tr)
   return wf_grads_param_shard(tr->grads) ? wf_grads_sync_params(tr->grads, false) : WF_OK;
 }
 
+/* Context parallelism's attention for the model of options o (its shard learns its cp
+ * position): buffers for the largest micro-batch of this rank's heads. */
+static wf_status setup_cp(wf__trainer *tr, wf_model_opts *o)
+{
+  wf_status st = WF_OK;
+  if (tr->cp == 1)
+    return WF_OK;
+  wf_model_dims d = wf_model_dims_resolve(&tr->dims);
+  o->shard.cp = tr->cp, o->shard.cp_rank = tr->cp_rank;
+  wf_cp_opts co = {.comm = tr->cp_comm,
+                   .dev = tr->dev,
+                   .mode = tr->cfg->parallel.cp_mode,
+                   .max = wf_cp_geo_of(&d, tr->tp, tr->B, tr->Tl, (int)tr->cfg->precision)};
+  WF_TRY(wf_cp_create(&tr->cpr, &co));
+  o->cp = wf_cp_regions_of(tr->cpr);
+fail:
+  return st;
+}
+
 /* This rank's stage (wf_pipe_stage_shard, which the planner sizes too) on its device,
  * with the slots its schedule keeps in flight. */
 static wf_status setup_stage(wf__trainer *tr)
@@ -173,7 +200,7 @@ static wf_status setup_stage(wf__trainer *tr)
   wf_model_opts o = {.dims = tr->dims,
                      .dev = tr->dev,
                      .B = tr->B,
-                     .T = tr->T,
+                     .T = tr->Tl,
                      .recompute = cfg->parallel.activation_checkpointing,
                      .precision = cfg->precision,
                      .zero = zero_stage(tr)};
@@ -195,6 +222,7 @@ static wf_status setup_stage(wf__trainer *tr)
     wf_tp_set_trace(tr->tpr, tr->trace);
     o.tp = wf_tp_regions_of(tr->tpr);
   }
+  WF_TRY(setup_cp(tr, &o));
   WF_TRY(wf_model_create_shard(&tr->model, &o));
 fail:
   return st;
@@ -206,7 +234,7 @@ static wf_status setup_optim(wf__trainer *tr)
   wf_status st = WF_OK;
   const wf_config *cfg = tr->cfg;
   wf_grads_opts go = {.model = tr->model,
-                      .dp = tr->dp_comm,
+                      .dp = tr->grad_comm,
                       .pp = tr->pp_comm,
                       .emb = tr->emb_comm,
                       .tp = tr->tp_comm,
@@ -216,8 +244,10 @@ static wf_status setup_optim(wf__trainer *tr)
                       .fsdp = cfg->mesh.fsdp,
                       .keep_gathered = !cfg->parallel.reshard_after_forward};
   WF_TRY(wf_grads_create(&tr->grads, &go));
-  wf_optim_opts oo = {
-      .cfg = cfg, .model = tr->model, .dp_size = tr->D, .params = wf_grads_param_shard(tr->grads)};
+  wf_optim_opts oo = {.cfg = cfg,
+                      .model = tr->model,
+                      .dp_size = tr->grad_size,
+                      .params = wf_grads_param_shard(tr->grads)};
   wf_grads_range(tr->grads, &oo.lo, &oo.hi);
   st = wf_optim_create(&tr->optim, &oo);
 fail:
@@ -231,7 +261,7 @@ static wf_status setup_model(wf__trainer *tr)
   WF_TRY(setup_stage(tr));
   tr->flops = wf_model_flops_per_step(&tr->dims, tr->B * tr->M * tr->D, tr->T);
   wf_pipe_opts po = {tr->pp_comm, tr->model, cfg->train.schedule, tr->M, tr->chunks, tr->B,
-                     tr->T,       tr->trace};
+                     tr->Tl,      tr->trace};
   WF_TRY(wf_pipe_create(&tr->pipe, &po));
   WF_TRY(setup_optim(tr));
   st = init_params(tr); /* once ZeRO-3's shard exists: the parameters go there alone */
@@ -249,9 +279,9 @@ static wf_status setup_checkpoint(wf__trainer *tr)
   tr->ck = (wf_ckpt_target){.cfg = tr->cfg,
                             .model = tr->model,
                             .optim = tr->optim,
-                            .optim_sharded = tr->dp_comm && tr->cfg->optim.zero,
+                            .optim_sharded = tr->grad_comm && tr->cfg->optim.zero,
                             .param_shard = wf_grads_param_shard(tr->grads),
-                            .dp_comm = fsdp ? fsdp : tr->dp_comm,
+                            .dp_comm = fsdp ? fsdp : tr->grad_comm,
                             .replica = replica,
                             .replicas = fsdp ? tr->D / wf_comm_size(fsdp) : 1,
                             .world = tr->world,
@@ -283,6 +313,10 @@ static wf_status setup_data(wf__trainer *tr)
     goto fail;
   WF_CHECK_ALLOC(tr->inputs = wf_mem_alloc(n * sizeof *tr->inputs));
   WF_CHECK_ALLOC(tr->targets = wf_mem_alloc(n * sizeof *tr->targets));
+  if (tr->cp > 1) {
+    WF_CHECK_ALLOC(tr->seq_in = wf_mem_alloc(n * sizeof *tr->seq_in));
+    WF_CHECK_ALLOC(tr->seq_tg = wf_mem_alloc(n * sizeof *tr->seq_tg));
+  }
   bool has_val = wf_data_get_kind(tr->data) == WF_DATA_SYNTHETIC ||
                  wf_data_num_tokens(tr->data, WF_DATA_VAL) > 0;
   tr->can_eval = has_val && tr->cfg->train.eval_batches > 0;
@@ -332,8 +366,12 @@ static wf_status setup_trace(wf__trainer *tr)
     return WF_OK;
   bool writer = wf__comm_rank(tr->world) == 0;
   WF_TRY(wf_comm_agree(tr->world, writer ? trace_dir_ok(cfg->train.trace) : WF_OK, NULL));
-  snprintf(label, sizeof label, "rank %d (pp %d, dp %d, tp %d)", wf_rt_rank(), tr->pp_rank,
-           tr->dp_rank, wf__comm_rank(tr->tp_comm));
+  if (tr->cp > 1)
+    snprintf(label, sizeof label, "rank %d (pp %d, dp %d, cp %d, tp %d)", wf_rt_rank(), tr->pp_rank,
+             tr->dp_rank, tr->cp_rank, wf__comm_rank(tr->tp_comm));
+  else
+    snprintf(label, sizeof label, "rank %d (pp %d, dp %d, tp %d)", wf_rt_rank(), tr->pp_rank,
+             tr->dp_rank, wf__comm_rank(tr->tp_comm));
   const int *ts = cfg->train.trace_steps;
   size_t steps = (size_t)(ts[1] - ts[0] + 1);
   size_t v = cfg->train.schedule == WF_SCHED_INTERLEAVED ? (size_t)cfg->parallel.virtual_stages : 1;
@@ -351,6 +389,8 @@ static void setup_hooks(wf__trainer *tr, const wf_config *cfg, const wf_train_ho
   tr->cfg = cfg;
   tr->hooks = hooks;
   tr->dp_comm = hooks ? hooks->dp : NULL;
+  tr->cp_comm = hooks ? hooks->cp : NULL;
+  tr->grad_comm = hooks && hooks->dpcp ? hooks->dpcp : tr->dp_comm;
   tr->tp_comm = hooks ? hooks->tp : NULL;
   tr->pp_comm = hooks ? hooks->pp : NULL;
   tr->emb_comm = hooks ? hooks->emb : NULL;
@@ -396,12 +436,15 @@ void wf__train_teardown(wf__trainer *tr)
   wf_tfevents_close(tr->tb);
   wf_mem_free(tr->inputs);
   wf_mem_free(tr->targets);
+  wf_mem_free(tr->seq_in);
+  wf_mem_free(tr->seq_tg);
   wf_data_destroy(tr->data);
   wf_optim_destroy(tr->optim);
   wf_grads_destroy(tr->grads);
   wf_pipe_destroy(tr->pipe);
   wf_model_destroy(tr->model);
   wf_tp_destroy(tr->tpr);
+  wf_cp_destroy(tr->cpr);
   wf_trace_destroy(tr->trace);
   wf_tokenizer_destroy(tr->tok);
 }

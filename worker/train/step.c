@@ -23,13 +23,14 @@
 
 #include "train_int.h"
 
-/* Mean of a per-rank value over the dp group (float32 on the wire). */
+/* Mean of a per-rank value over the dp (x cp) group (float32 on the wire): each cp rank's
+ * loss is the mean over its equal share of every sequence's tokens. */
 static wf_status dp_mean(wf__trainer *tr, double *x)
 {
-  if (tr->D == 1)
+  if (tr->grad_size == 1)
     return WF_OK;
   float v = (float)*x;
-  wf_status st = wf_comm_allreduce(tr->dp_comm, &v, &v, 1, WF_COMM_F32, WF_COMM_AVG);
+  wf_status st = wf_comm_allreduce(tr->grad_comm, &v, &v, 1, WF_COMM_F32, WF_COMM_AVG);
   *x = v;
   return st;
 }
@@ -45,11 +46,30 @@ static wf_status from_last_stage(wf__trainer *tr, double *x)
   return st;
 }
 
+/* This cp rank's rows of (B, T) sequences: chunks cp_rank and 2cp-1-cp_rank of each. */
+static void cp_rows(const wf__trainer *tr, int *dst, const int *seq)
+{
+  for (int b = 0; b < tr->B; b++)
+    for (int t = 0; t < tr->Tl; t++)
+      dst[(size_t)b * tr->Tl + t] =
+          seq[(size_t)b * tr->T + wf_cp_position(tr->cp, tr->cp_rank, tr->Tl, t)];
+}
+
 wf_status wf__batch_cb(void *user, int mb, int *inputs, int *targets)
 {
   wf__trainer *tr = user;
   int index = tr->split == WF_DATA_TRAIN ? tr->step - 1 : tr->step;
-  return wf_data_batch(tr->data, inputs, targets, tr->split, index, tr->dp_rank, tr->D, mb, tr->M);
+  if (tr->cp == 1)
+    return wf_data_batch(tr->data, inputs, targets, tr->split, index, tr->dp_rank, tr->D, mb,
+                         tr->M);
+  wf_status st = wf_data_batch(tr->data, tr->seq_in, tr->seq_tg, tr->split, index, tr->dp_rank,
+                               tr->D, mb, tr->M);
+  if (st != WF_OK)
+    return st;
+  cp_rows(tr, inputs, tr->seq_in);
+  if (targets)
+    cp_rows(tr, targets, tr->seq_tg);
+  return WF_OK;
 }
 
 static void arm_cb(void *user)

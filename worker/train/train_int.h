@@ -36,6 +36,14 @@ typedef struct wf__trainer {
   wf_optim *optim; /* AdamW state (this rank's dp shard under ZeRO-1), clip, scaler, lr */
   wf_comm *dp_comm, *tp_comm, *pp_comm, *emb_comm, *world; /* borrowed; NULL = size 1 */
   int dp_rank, D; /* this rank's data-parallel slice of D */
+  /* Context parallelism: the cp group (cp ranks, this one cp_rank) and the group
+   * gradients are averaged over and ZeRO shards (dp x cp; dp_comm without cp) of
+   * grad_size ranks. A micro-batch's sequences are T tokens, of which this rank holds
+   * Tl = T / cp (chunks cp_rank and 2cp-1-cp_rank), fetched whole into seq_in/seq_tg. */
+  wf_comm *cp_comm, *grad_comm;
+  int cp, cp_rank, grad_size, Tl;
+  wf_cp *cpr;
+  int *seq_in, *seq_tg; /* (B, T) host: a micro-batch's whole sequences (cp > 1) */
   int tp, pp, pp_rank, world_size;
   int bounds[WF_MAX_STAGES + 1]; /* stage s holds layers [bounds[s], bounds[s+1]) */
   wf_pipe *pipe;

@@ -116,6 +116,10 @@ typedef struct wf_train_hooks {
    * group (pipeline stages) and the embedding group (first and last stage, which both
    * hold the tied wte). NULL = size 1. */
   struct wf_comm *tp, *pp, *emb;
+  /* Context parallelism: the cp group (each sequence split over it, a ring) and the dp x
+   * cp group over which gradients are averaged and ZeRO shards (dp stays the group the
+   * data is split over). NULL = no context parallelism. */
+  struct wf_comm *cp, *dpcp;
   /* The device this rank trains on (borrowed; NULL = the CPU). */
   struct wf_dev *dev;
   /* Its nominal peak in TFLOP/s for MFU, and where that comes from (0: unknown, so it

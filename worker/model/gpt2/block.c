@@ -48,7 +48,7 @@ typedef struct scratch {
 
 static size_t att_saved(const wf__geo *z)
 {
-  return z->k->attention_saved((int)z->B, (int)z->T, (int)(z->C / z->tp), z->NHl);
+  return wf__attention_saved(z, (int)(z->C / z->tp), z->NHl);
 }
 
 static size_t carve_layer(layer *v, wf__layer_mem mem, const wf__geo *z, size_t *core)
@@ -75,7 +75,7 @@ static size_t carve_head(head *h, void *mem, const wf__geo *z)
 static size_t carve_scratch(scratch *s, void *mem, const wf__geo *z)
 {
   size_t n4 = z->N * 4 * z->C / z->tp;
-  size_t att = z->k->attention_scratch((int)z->B, (int)z->T, (int)(z->C / z->tp), z->NHl);
+  size_t att = wf__attention_scratch(z, (int)(z->C / z->tp), z->NHl);
   wf__carve_item t[] = {WF__ACT(&s->d4a, n4), WF__ACT(&s->d4b, n4), WF__F32(&s->scratch, att)};
   return wf__carve(t, WF_ARRAY_LEN(t), &(wf__carve_to){mem, NULL, z->fmt}, NULL);
 }
@@ -115,7 +115,7 @@ static wf_status attention_forward(wf_model *m, const layer *v, const void *resi
   WF_TRY(wf__enter_fwd(m, &x, v->ln1, m->da.full, (size_t)N, (size_t)C));
   k->matmul_forward(v->qkv, x, wf__gemm_weight(m, G_QKVW, l), P(m, G_QKVB, l), N, C, 3 * C / tp,
                     m->prec, NULL);
-  k->attention_forward(v->atty, v->att, v->qkv, B, T, C / tp, m->NHl, NULL);
+  WF_TRY(wf__attention_forward(m, v->atty, v->att, v->qkv, B, T, C / tp, m->NHl, 0));
   st = wf__row_parallel(m, v->atty, G_ATTPROJW, G_ATTPROJB, l, N, C / tp);
 fail:
   return st;
@@ -160,8 +160,7 @@ static wf_status core_forward(wf_model *m, wf__layer_mem mem, int l, int B, int 
   scratch s;
   carve_scratch(&s, m->da.fam, &m->g);
   (void)l;
-  m->k->attention_forward(s.d4b, v.att, v.qkv, B, T, m->d.C / m->s.tp, m->NHl, NULL);
-  return WF_OK;
+  return wf__attention_forward(m, s.d4b, v.att, v.qkv, B, T, m->d.C / m->s.tp, m->NHl, 0);
 }
 
 /* Vocabulary-parallel embedding: each tp rank looks up the tokens in its rows of wte
@@ -220,7 +219,8 @@ static wf_status attention_backward(wf_model *m, const layer *v, const scratch *
   m->k->matmul_backward(datty, G(m, G_ATTPROJW, l), G(m, G_ATTPROJB, l),
                         wf__res_grad(m, dy, (size_t)N), v->atty, wf__gemm_weight(m, G_ATTPROJW, l),
                         N, C / tp, C, m->prec, NULL);
-  m->k->attention_backward(s->d4a, s->scratch, datty, v->qkv, v->att, B, T, C / tp, m->NHl, NULL);
+  WF_TRY(wf__attention_backward(m, s->d4a, s->scratch, datty, v->qkv, v->att, v->atty, B, T, C / tp,
+                                m->NHl, 0));
   WF_TRY(wf__enter_fwd(m, &x, v->ln1, g->full, (size_t)N, (size_t)C));
   WF_TRY(wf__column_backward(m, s->d4a, x, G_QKVW, G_QKVB, l, N, 3 * C / tp)); /* stored */
   m->k->layernorm_backward(g->dres, G(m, G_LN1W, l), G(m, G_LN1B, l), g->dl, residual,

@@ -58,7 +58,7 @@ static size_t f_local(const wf__geo *z) { return (size_t)z->d.F / z->tp; }
 static size_t carve_layer(layer *v, wf__layer_mem mem, const wf__geo *z, size_t *core)
 {
   size_t C = z->C, N = z->N, R = z->R, F = f_local(z);
-  size_t att = z->k->attention_saved((int)z->B, (int)z->T, (int)q_local(z), z->NHl);
+  size_t att = wf__attention_saved(z, (int)q_local(z), z->NHl);
   wf__carve_item t[] = {
       WF__ACT(&v->n1, R * C),
       WF__F32(&v->n1_rstd, R),
@@ -83,7 +83,7 @@ static size_t carve_head(head *h, void *mem, const wf__geo *z)
 static size_t carve_scratch(scratch *s, void *mem, const wf__geo *z)
 {
   size_t N = z->N, F = f_local(z);
-  size_t att = z->k->attention_scratch((int)z->B, (int)z->T, (int)q_local(z), z->NHl);
+  size_t att = wf__attention_scratch(z, (int)q_local(z), z->NHl);
   wf__carve_item t[] = {WF__ACT(&s->da, N * WF_MAX(2 * F, qkv_local(z))),
                         WF__ACT(&s->db, N * WF_MAX(F, q_local(z))), WF__F32(&s->scratch, att)};
   return wf__carve(t, WF_ARRAY_LEN(t), &(wf__carve_to){mem, NULL, z->fmt}, NULL);
@@ -95,8 +95,9 @@ static size_t layer_floats(const wf__geo *z, size_t *core)
 }
 static size_t head_floats(const wf__geo *z) { return carve_head(&(head){0}, NULL, z); }
 static size_t scratch_floats(const wf__geo *z) { return carve_scratch(&(scratch){0}, NULL, z); }
-/* RoPE's (T, hs) table for the longest micro-batch. */
-static size_t const_floats(const wf__geo *z) { return z->T * hs_of(z); }
+/* RoPE's (T, hs) table for the longest micro-batch (its whole sequence under context
+ * parallelism, whose rows sit anywhere in it). */
+static size_t const_floats(const wf__geo *z) { return z->T * z->cp * hs_of(z); }
 
 /* The table, made on the host as Hugging Face rounds it and copied to the device. */
 static wf_status prepare(wf_model *m)
@@ -105,7 +106,7 @@ static wf_status prepare(wf_model *m)
   size_t n = const_floats(&m->g);
   float *cs = NULL;
   WF_CHECK_ALLOC(cs = malloc(n * sizeof *cs));
-  wf_rope_table(cs, m->Tmax, (int)hs_of(&m->g), m->d.rope_theta, &m->d.rope_scaling);
+  wf_rope_table(cs, m->Tmax * (int)m->g.cp, (int)hs_of(&m->g), m->d.rope_theta, &m->d.rope_scaling);
   st = wf_dev_copy(m->dev, m->da.consts, cs, n * sizeof *cs, WF_COPY_H2D, NULL);
 fail:
   free(cs);
@@ -138,8 +139,8 @@ static wf_status attention_forward(wf_model *m, const layer *v, const void *x, i
   k->rmsnorm_forward(v->n1, v->n1_rstd, x, P(m, LL_LN1W, l), m->d.norm_eps, R, C, NULL);
   WF_TRY(wf__enter_fwd(m, &xin, v->n1, m->da.full, (size_t)N, (size_t)C));
   k->matmul_forward(v->qkv, xin, wf__gemm_weight(m, LL_QKVW, l), NULL, N, C, qkv, m->prec, NULL);
-  k->rope_forward(v->qkv, m->da.consts, B, T, m->NHl, m->KVl, hs, NULL);
-  k->attention_gqa_forward(v->atty, v->att, v->qkv, B, T, q, m->NHl, m->KVl, NULL);
+  wf__rope_forward(m, v->qkv, B, T, hs);
+  WF_TRY(wf__attention_forward(m, v->atty, v->att, v->qkv, B, T, q, m->NHl, m->KVl));
   st = wf__row_parallel(m, v->atty, LL_OW, -1, l, N, q);
 fail:
   return st;
@@ -183,8 +184,7 @@ static wf_status core_forward(wf_model *m, wf__layer_mem mem, int l, int B, int 
   scratch s;
   carve_scratch(&s, m->da.fam, &m->g);
   (void)l;
-  m->k->attention_gqa_forward(s.db, v.att, v.qkv, B, T, (int)q_local(&m->g), m->NHl, m->KVl, NULL);
-  return WF_OK;
+  return wf__attention_forward(m, s.db, v.att, v.qkv, B, T, (int)q_local(&m->g), m->NHl, m->KVl);
 }
 
 /* Vocabulary-parallel embedding (no positions: RoPE turns q and k instead). */
@@ -235,9 +235,9 @@ static wf_status attention_backward(wf_model *m, const layer *v, const scratch *
   WF_TRY(wf__leave_bwd(m, &dy, g->dres, g->full, (size_t)N, (size_t)C));
   m->k->matmul_backward(s->db, G(m, LL_OW, l), NULL, wf__res_grad(m, dy, (size_t)N), v->atty,
                         wf__gemm_weight(m, LL_OW, l), N, q, C, m->prec, NULL);
-  m->k->attention_gqa_backward(s->da, s->scratch, s->db, v->qkv, v->att, B, T, q, m->NHl, m->KVl,
-                               NULL);
-  m->k->rope_backward(s->da, m->da.consts, B, T, m->NHl, m->KVl, hs, NULL);
+  WF_TRY(wf__attention_backward(m, s->da, s->scratch, s->db, v->qkv, v->att, v->atty, B, T, q,
+                                m->NHl, m->KVl));
+  wf__rope_backward(m, s->da, B, T, hs);
   WF_TRY(wf__enter_fwd(m, &xin, v->n1, g->full, (size_t)N, (size_t)C));
   WF_TRY(wf__column_backward(m, s->da, xin, LL_QKVW, -1, l, N, qkv)); /* stored */
   m->k->rmsnorm_backward(g->dres, G(m, LL_LN1W, l), g->dl, x, P(m, LL_LN1W, l), v->n1_rstd, R, C,
