@@ -40,6 +40,10 @@ void wf__plan_keys(const wf_plan_mesh *m, char *buf, size_t len)
            m->dp, m->tp, m->pp, m->fsdp, m->M, wf_schedule_kind_str(m->kind), m->v, m->zero,
            m->keep ? "false" : "true", m->sp ? "true" : "false", recompute_name(m->recompute),
            m->prec == WF_PREC_NO ? "no" : prec_name(m->prec));
+  size_t n = strlen(buf);
+  if (m->cp > 1 && n < len)
+    snprintf(buf + n, len - n, " mesh.cp=%d parallel.cp_mode=%s", m->cp,
+             m->cp_mode == WF_CP_ALLGATHER ? "allgather" : "ring");
 }
 
 void wf__plan_describe(const wf_plan_mesh *m, char *buf, size_t len)
@@ -50,8 +54,12 @@ void wf__plan_describe(const wf_plan_mesh *m, char *buf, size_t len)
   snprintf(z, sizeof z, "zero %d%s", m->zero, m->keep ? " kept" : "");
   if (m->fsdp > 0 && m->fsdp < m->dp) /* HSDP: replicas x fsdp groups */
     snprintf(z + strlen(z), sizeof z - strlen(z), " hsdp %dx%d", m->dp / m->fsdp, m->fsdp);
-  snprintf(buf, len, "dp %d x tp %d x pp %d, %s%s, %d x %d rows, %s%s%s, %s", m->dp, m->tp, m->pp,
-           m->pp > 1 ? wf_schedule_kind_str(m->kind) : "-", v, m->M, m->B, z, m->sp ? ", sp" : "",
+  char c[32] = "";
+  if (m->cp > 1)
+    snprintf(c, sizeof c, " x cp %d%s", m->cp, m->cp_mode == WF_CP_ALLGATHER ? " all-gather" : "");
+  snprintf(buf, len, "dp %d x tp %d x pp %d%s, %s%s, %d x %d rows, %s%s%s, %s", m->dp, m->tp, m->pp,
+           c, m->pp > 1 ? wf_schedule_kind_str(m->kind) : "-", v, m->M, m->B, z,
+           m->sp ? ", sp" : "",
            m->recompute == WF_RECOMPUTE_FULL        ? ", recompute"
            : m->recompute == WF_RECOMPUTE_SELECTIVE ? ", selective recompute"
                                                     : "",
@@ -103,27 +111,33 @@ static void print_time(FILE *out, const wf_plan_time *t)
           t->compute * 1e3, t->tp_comm * 1e3, t->pp_comm * 1e3, t->bubble * 1e3,
           t->sim_bubble * 100, t->dp_comm * 1e3, t->dp_exposed * 1e3, t->optim * 1e3, t->step * 1e3,
           t->tokens_per_s);
+  if (t->cp_comm > 0)
+    fprintf(out,
+            "  cp comm (keys and values) %.1f ms, of which exposed %.1f (%.1f%% of the step)\n",
+            t->cp_comm * 1e3, t->cp_exposed * 1e3, 100 * t->cp_exposed / t->step);
 }
 
 static json_t *time_json(const wf_plan_time *t)
 {
-  return json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "compute_ms",
+  return json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "compute_ms",
                    t->compute * 1e3, "tp_comm_ms", t->tp_comm * 1e3, "pp_comm_ms", t->pp_comm * 1e3,
                    "bubble_ms", t->bubble * 1e3, "schedule_idle", t->sim_bubble, "dp_comm_ms",
                    t->dp_comm * 1e3, "dp_exposed_ms", t->dp_exposed * 1e3, "optim_ms",
-                   t->optim * 1e3, "step_ms", t->step * 1e3, "tokens_per_s", t->tokens_per_s);
+                   t->optim * 1e3, "step_ms", t->step * 1e3, "tokens_per_s", t->tokens_per_s,
+                   "cp_comm_ms", t->cp_comm * 1e3, "cp_exposed_ms", t->cp_exposed * 1e3);
 }
 
 static json_t *mesh_json(const wf_plan_mesh *m)
 {
   char keys[512];
   wf__plan_keys(m, keys, sizeof keys);
-  return json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:i, s:i, s:i, s:b, s:b, s:s, s:s, s:s}",
-                   "dp", m->dp, "tp", m->tp, "pp", m->pp, "microbatches", m->M, "micro_batch_rows",
-                   m->B, "seq_len", m->T, "schedule", wf_schedule_kind_str(m->kind),
-                   "virtual_stages", m->v, "zero", m->zero, "fsdp", m->fsdp,
-                   "reshard_after_forward", !m->keep, "sequence", m->sp, "recompute",
-                   recompute_name(m->recompute), "precision", prec_name(m->prec), "keys", keys);
+  return json_pack(
+      "{s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:i, s:i, s:i, s:b, s:b, s:s, s:s, s:s, s:i, s:s}", "dp",
+      m->dp, "tp", m->tp, "pp", m->pp, "microbatches", m->M, "micro_batch_rows", m->B, "seq_len",
+      m->T, "schedule", wf_schedule_kind_str(m->kind), "virtual_stages", m->v, "zero", m->zero,
+      "fsdp", m->fsdp, "reshard_after_forward", !m->keep, "sequence", m->sp, "recompute",
+      recompute_name(m->recompute), "precision", prec_name(m->prec), "keys", keys, "cp",
+      m->cp > 1 ? m->cp : 1, "cp_mode", m->cp_mode == WF_CP_ALLGATHER ? "allgather" : "ring");
 }
 
 static json_t *stage_json(int r, const wf_plan_stage_mem *sm)
@@ -132,9 +146,10 @@ static json_t *stage_json(int r, const wf_plan_stage_mem *sm)
   for (int i = 0; i < WF_PM_N; i++)
     json_object_set_new(b, wf_plan_mem_kind_name((wf_plan_mem_kind)i),
                         json_integer((json_int_t)sm->bytes[i]));
-  return json_pack("{s:i, s:[i, i], s:i, s:o, s:I, s:i, s:I}", "stage", r, "layers", sm->l0, sm->l1,
-                   "chunks", sm->chunks, "bytes", b, "total_bytes", (json_int_t)sm->total, "slots",
-                   sm->slots, "params", (json_int_t)sm->params);
+  return json_pack("{s:i, s:[i, i], s:i, s:o, s:I, s:i, s:I, s:I}", "stage", r, "layers", sm->l0,
+                   sm->l1, "chunks", sm->chunks, "bytes", b, "total_bytes", (json_int_t)sm->total,
+                   "slots", sm->slots, "params", (json_int_t)sm->params, "act_bytes",
+                   (json_int_t)sm->act);
 }
 
 static void dump_json(FILE *out, json_t *o)

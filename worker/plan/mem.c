@@ -104,26 +104,34 @@ wf_status wf_plan_stage_mem_get(const wf_model_dims *d, const wf_plan_mesh *m, i
                            .n_pp_layers = m->n_pp_layers,
                            .tp = m->tp,
                            .sequence = m->sp};
+  int cp = m->cp > 1 ? m->cp : 1, T = m->T / cp; /* T: this rank's rows of a sequence */
   wf_model_opts o = {
-      .dims = *d, .B = m->B, .T = m->T, .recompute = m->recompute, .precision = m->prec};
+      .dims = *d, .B = m->B, .T = T, .recompute = m->recompute, .precision = m->prec};
   memset(out, 0, sizeof *out);
   WF_TRY(wf_pipe_stage_shard(&so, &o.shard));
+  o.shard.cp = cp;
   o.slots = wf_pipe_slots(m->kind, m->pp, pp_rank, m->M, o.shard.chunks);
   o.inbox = wf_pipe_buffers(m->kind, m->pp, pp_rank, m->M, o.shard.chunks).recv_f;
   wf_model_mem gm = wf_model_mem_plan(&o, k);
   wf_grads_mem gr;
-  WF_TRY(wf_grads_mem_plan(d, &o.shard, m->prec, m->dp, dp_rank, m->zero, m->fsdp, m->bucket_bytes,
-                           m->keep, &gr));
-  size_t tokens = 2 * (size_t)m->B * (size_t)m->T * sizeof(int); /* inputs and targets */
-  size_t pipe = wf_pipe_mem_plan(m->kind, m->pp, pp_rank, m->M, o.shard.chunks, gm.io, m->B, m->T);
+  WF_TRY(wf_grads_mem_plan(d, &o.shard, m->prec, m->dp * cp, dp_rank, m->zero, m->fsdp,
+                           m->bucket_bytes, m->keep, &gr));
+  /* inputs and targets: the engine's (this rank's rows), the trainer's (whole sequences;
+   * with cp also the micro-batch it picks this rank's chunks from) */
+  size_t tokens = 2 * (size_t)m->B * (size_t)T * sizeof(int);
+  size_t seqs = 2 * (size_t)m->B * (size_t)m->T * sizeof(int) * (cp > 1 ? 2 : 1);
+  size_t pipe = wf_pipe_mem_plan(m->kind, m->pp, pp_rank, m->M, o.shard.chunks, gm.io, m->B, T);
+  wf_cp_geo cg = wf_cp_geo_of(d, m->tp, m->B, T, (int)m->prec);
   out->bytes[WF_PM_PARAMS] = (gr.model_params ? gm.params + gm.wlow : 0) + gr.param;
   out->bytes[WF_PM_GRADS] = (gr.model_grads ? gm.grads : 0) + gr.grad;
   out->bytes[WF_PM_OPTIM] = wf_optim_mem_plan(gr.lo, gr.hi);
   out->bytes[WF_PM_ACTS] = gm.slots + gm.recompute + gm.scratch;
   /* the engine's gradient buffers and the model's spare inputs (activations received) */
-  out->bytes[WF_PM_COMM] = gr.scalar + (pipe - tokens) + gm.inbox;
-  size_t own = k ? k->workspace_bytes() : 0;       /* the kernels' workspace (NULL: the CPU's) */
-  out->bytes[WF_PM_OTHER] = tokens + tokens + own; /* + the engine's and the trainer's */
+  out->bytes[WF_PM_COMM] =
+      gr.scalar + (pipe - tokens) + gm.inbox + wf_cp_scratch_bytes(m->cp_mode, cp, &cg);
+  size_t own = k ? k->workspace_bytes() : 0;     /* the kernels' workspace (NULL: the CPU's) */
+  out->bytes[WF_PM_OTHER] = tokens + seqs + own; /* + the engine's and the trainer's */
+  out->act = gm.slots + gm.recompute;
   for (int i = 0; i < WF_PM_N; i++)
     out->total += out->bytes[i];
   out->slots = o.slots;
@@ -140,18 +148,20 @@ int wf_plan_world(const wf_config *cfg)
     return cfg->dist.world_size;
   if (cfg->dist.num_nodes > 0 && cfg->dist.procs_per_node > 0)
     return cfg->dist.num_nodes * cfg->dist.procs_per_node;
-  long long w = (long long)(cfg->mesh.dp > 0 ? cfg->mesh.dp : 1) * cfg->mesh.tp * cfg->mesh.pp;
+  long long w =
+      (long long)(cfg->mesh.dp > 0 ? cfg->mesh.dp : 1) * cfg->mesh.tp * cfg->mesh.pp * cfg->mesh.cp;
   return w > 0 && w <= 1 << 24 ? (int)w : 0;
 }
 
 wf_status wf_plan_mesh_from_config(const wf_config *cfg, int world, wf_plan_mesh *m)
 {
   wf_status st = WF_OK;
-  int tp = cfg->mesh.tp, pp = cfg->mesh.pp;
-  int dp = cfg->mesh.dp > 0 ? cfg->mesh.dp : (tp * pp > 0 ? world / (tp * pp) : 0);
+  int tp = cfg->mesh.tp, pp = cfg->mesh.pp, cp = cfg->mesh.cp;
+  int dp = cfg->mesh.dp > 0 ? cfg->mesh.dp : (tp * pp * cp > 0 ? world / (tp * pp * cp) : 0);
   int M = cfg->train.microbatches > 0 ? cfg->train.microbatches : 1;
-  WF_REFUSE(dp >= 1 && dp * tp * pp == world, WF_ECONFIG,
-            "world size %d is not mesh.dp %d x mesh.tp %d x mesh.pp %d", world, dp, tp, pp);
+  WF_REFUSE(dp >= 1 && dp * tp * pp * cp == world, WF_ECONFIG,
+            "world size %d is not mesh.dp %d x mesh.tp %d x mesh.pp %d x mesh.cp %d", world, dp, tp,
+            pp, cp);
   WF_REFUSE(cfg->train.batch_size % (dp * M) == 0, WF_ECONFIG,
             "train.batch_size %d must be a multiple of dp %d x train.microbatches %d",
             cfg->train.batch_size, dp, M);
@@ -173,7 +183,9 @@ wf_status wf_plan_mesh_from_config(const wf_config *cfg, int world, wf_plan_mesh
       .threads = cfg->runtime.threads,
       .bucket_bytes = (size_t)cfg->optim.bucket_mb << 20,
       .pp_layers = cfg->parallel.n_pp_layers ? cfg->parallel.pp_layers : NULL,
-      .n_pp_layers = cfg->parallel.n_pp_layers};
+      .n_pp_layers = cfg->parallel.n_pp_layers,
+      .cp = cp,
+      .cp_mode = cfg->parallel.cp_mode};
 fail:
   return st;
 }

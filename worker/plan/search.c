@@ -6,7 +6,9 @@
  * GPipe, interleaved with 2 or 4 virtual stages); with dp > 1 ZeRO 1, 2 and 3 (3 also
  * with reshard_after_forward=false), each over all of dp or, as HSDP, over fsdp groups
  * of every proper divisor of dp; sequence parallelism (tp > 1); recompute; the
- * precision (fp32 and bf16 on a GPU; on a CPU, the config's). Each candidate goes through the
+ * precision (fp32 and bf16 on a GPU; on a CPU, the config's); and, when sequences are long
+ * (CP_MIN_T tokens and more), context parallelism: every cp dividing the world whose 2 x cp
+ * chunks divide the sequence, ring and all-gather. Each candidate goes through the
  * config's own validation (which refuses ZeRO with one dp rank; ZeRO-2/3 with the interleaved
  * schedule and HSDP with checkpoints are ranked like any other), the model's shard rules, then
  * memory against the limit.
@@ -22,6 +24,11 @@
 #define GIB      (1024.0 * 1024.0 * 1024.0)
 #define MAX_M    64
 #define MAX_PLAN 200000
+/* Sequences from which --plan also tries context parallelism: at 4096 tokens a block's
+ * attention (4 T^2 hs per head, forward) passes its GEMMs (24 T C^2 / heads) at the
+ * head sizes and widths of the presets, so splitting the sequence starts to pay;
+ * Megatron-Core's and torchtitan's long-context recipes start there or later. */
+#define CP_MIN_T 4096
 
 typedef struct search {
   const wf_config *cfg;
@@ -36,7 +43,7 @@ typedef struct search {
 
 void wf_plan_reset_mesh(wf_config *cfg)
 {
-  cfg->mesh.dp = 0, cfg->mesh.tp = 1, cfg->mesh.pp = 1, cfg->mesh.fsdp = 0;
+  cfg->mesh.dp = 0, cfg->mesh.tp = 1, cfg->mesh.pp = 1, cfg->mesh.fsdp = 0, cfg->mesh.cp = 1;
   cfg->train.microbatches = 1;
   cfg->train.schedule = WF_SCHED_1F1B;
   cfg->parallel.virtual_stages = 1;
@@ -49,6 +56,8 @@ static bool valid(const search *s, const wf_plan_mesh *m, char *reason, size_t l
 {
   wf_config c = *s->cfg;
   c.mesh.dp = m->dp, c.mesh.tp = m->tp, c.mesh.pp = m->pp;
+  c.mesh.cp = m->cp > 1 ? m->cp : 1;
+  c.parallel.cp_mode = m->cp_mode;
   c.train.microbatches = m->M;
   c.train.schedule = m->kind;
   c.parallel.virtual_stages = m->v;
@@ -66,7 +75,7 @@ static bool valid(const search *s, const wf_plan_mesh *m, char *reason, size_t l
              m->tp, s->d.NH, s->d.KV, s->d.C, s->d.F, s->d.Vp);
     return false;
   }
-  if (m->sp && ((size_t)m->B * m->T) % (size_t)m->tp) {
+  if (m->sp && ((size_t)m->B * m->T / (size_t)(m->cp > 1 ? m->cp : 1)) % (size_t)m->tp) {
     snprintf(reason, len, "sequence parallelism needs B*T = %d x %d divisible by tp %d", m->B, m->T,
              m->tp);
     return false;
@@ -125,8 +134,8 @@ static wf_status add_sharding(search *s, wf_plan_mesh m)
     int zero;
     bool keep;
   } zs[] = {{0, false}, {1, false}, {2, false}, {3, false}, {3, true}};
-  for (int zi = 0; zi < (m.dp > 1 ? 5 : 1); zi++)
-    for (int f = 0; f < m.dp; f++) {
+  for (int zi = 0; zi < (m.dp * (m.cp > 1 ? m.cp : 1) > 1 ? 5 : 1); zi++)
+    for (int f = 0; f < (m.cp > 1 ? 1 : m.dp); f++) { /* HSDP does not run with cp */
       if (f == 1 || (f > 1 && (zs[zi].zero == 0 || m.dp % f)))
         continue;
       m.zero = zs[zi].zero, m.keep = zs[zi].keep, m.fsdp = f;
@@ -164,27 +173,46 @@ fail:
   return st;
 }
 
+/* The micro-batch counts of one (tp, cp, pp), each with its options; cp modes when
+ * cp > 1. */
+static wf_status add_batches(search *s, wf_plan_mesh m)
+{
+  wf_status st = WF_OK;
+  int GB = s->cfg->train.batch_size, dp = m.dp;
+  for (int M = 1; M <= GB / dp && M <= MAX_M; M++) {
+    if ((GB / dp) % M)
+      continue;
+    m.M = M, m.B = GB / (dp * M);
+    for (int mode = 0; mode < (m.cp > 1 ? 2 : 1); mode++) {
+      m.cp_mode = mode ? WF_CP_ALLGATHER : WF_CP_RING;
+      WF_TRY(add_options(s, m));
+    }
+  }
+fail:
+  return st;
+}
+
 static wf_status enumerate(search *s, const wf_plan_mesh *base)
 {
   wf_status st = WF_OK;
   int W = s->world, GB = s->cfg->train.batch_size;
-  int node = WF_MAX(1, s->hw->gpus_per_node);
+  int node = WF_MAX(1, s->hw->gpus_per_node), cpmax = base->T >= CP_MIN_T ? W : 1;
   for (int tp = 1; tp <= W && tp <= node; tp++) {
     if (W % tp)
       continue;
-    for (int pp = 1; pp <= W / tp && pp <= WF_MAX_STAGES; pp++) {
-      if ((W / tp) % pp)
+    for (int cp = 1; cp <= cpmax / tp; cp *= 2) {
+      if ((W / tp) % cp || base->T % (2 * cp))
         continue;
-      int dp = W / (tp * pp);
-      if (GB % dp)
-        continue;
-      for (int M = 1; M <= GB / dp && M <= MAX_M; M++) {
-        if ((GB / dp) % M)
+      for (int pp = 1; pp <= W / (tp * cp) && pp <= WF_MAX_STAGES; pp++) {
+        if ((W / (tp * cp)) % pp)
+          continue;
+        int dp = W / (tp * cp * pp);
+        if (GB % dp)
           continue;
         wf_plan_mesh m = *base;
-        m.dp = dp, m.tp = tp, m.pp = pp, m.M = M, m.B = GB / (dp * M);
+        m.dp = dp, m.tp = tp, m.pp = pp, m.cp = cp;
         m.pp_layers = NULL, m.n_pp_layers = 0;
-        WF_TRY(add_options(s, m));
+        WF_TRY(add_batches(s, m));
       }
     }
   }

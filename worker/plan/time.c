@@ -16,6 +16,17 @@
  * over the first and last stages, and AdamW (28 bytes per element of its range, plus
  * zeroing and the norm's pass) at memory bandwidth.
  *
+ * Context parallelism (cp > 1): a rank's micro-batch is B x T/cp rows, and its attention
+ * covers its T/cp query rows against all T keys under the causal mask, balanced (chunks i
+ * and 2cp-1-i): cp times the attention of T/cp rows alone. Ring attention moves a
+ * block's keys and values (B x T/cp rows of 2 x kv heads x head size, the activations'
+ * format) to the next rank cp-1 times per layer forward, each transfer behind one block's
+ * compute (a cp-th of the layer's attention); backward moves them again with the fp32
+ * sum of their gradients behind a block's backward, and the last sum's transfer home is
+ * exposed. What a transfer takes beyond its block is exposed. All-gather mode gathers the
+ * keys and values (again in backward, then reduce-scatters their gradients), all of it
+ * exposed. Gradients reduce over dp x cp.
+ *
  * CPU ranks share the node's cores: a rank computes with cores / ranks threads when
  * there are more cores than ranks, else with one thread and that share of a core (of
  * the cores they deliver when all compute at once, busy_cores, when measured).
@@ -34,7 +45,9 @@ typedef struct ctx {
   const wf_hw *hw;
   int threads;
   double share; /* the part of a core (CPU) a rank gets; 1 on a GPU */
-  bool tp_intra, pp_intra, dp_intra;
+  bool tp_intra, pp_intra, dp_intra, cp_intra;
+  int cp;    /* context-parallel ranks (1: none) */
+  double Tl; /* a rank's rows of a sequence: T / cp */
 } ctx;
 
 /* Seconds of compute a rank sees for `s` seconds of its own work. */
@@ -55,17 +68,18 @@ static double tp_allreduce(const ctx *c, double bytes)
 static double ops(const ctx *c, int n) { return busy(c, n * c->hw->op_s); }
 
 typedef struct layer_cost {
-  double fwd, bwd, tp; /* seconds: forward, backward (without recompute), tp collectives */
-  double core;         /* of fwd: attention's core, which selective recompute runs again */
+  double fwd, bwd, tp;   /* seconds: forward, backward (without recompute), tp collectives */
+  double core;           /* of fwd: attention's core, which selective recompute runs again */
+  double cp, cp_exposed; /* context parallelism's traffic, and the part in fwd and bwd */
 } layer_cost;
 
 /* The family's kernels of one block, at this mesh's micro-batch. */
 static void block_kernels(const ctx *c, wf_model_costs *k)
 {
   const wf_plan_mesh *m = c->m;
-  double N = (double)m->B * m->T;
+  double N = (double)m->B * c->Tl;
   wf_cost_geo g = {.B = m->B,
-                   .T = m->T,
+                   .T = c->Tl,
                    .N = N,
                    .R = m->sp ? N / m->tp : N,
                    .tp = m->tp,
@@ -89,6 +103,38 @@ static void block_elem(const ctx *c, double norm, double act, double bytes, doub
   *f = e, *b = 2 * e;
 }
 
+/* A message of `bytes` to a neighbour: half the bandwidth term of a two-rank all-reduce
+ * (the bytes it moves each way) and its latency. */
+static double p2p_s(const ctx *c, double bytes, bool intra)
+{
+  double lat2 = wf_hw_allreduce_s(c->hw, 0, 2, intra);
+  return (wf_hw_allreduce_s(c->hw, bytes, 2, intra) - lat2) / 2 + lat2;
+}
+
+/* Context parallelism's traffic for a layer whose attention takes att (forward) and
+ * ab x att (backward) seconds: *all of it, and the exposed part of forward and backward. */
+static void cp_traffic(const ctx *c, double att, double ab, double *all, double *xf, double *xb)
+{
+  const wf_plan_mesh *m = c->m;
+  wf_model_dims d = wf_model_dims_resolve(c->d);
+  int P = c->cp;
+  double kv = (double)m->B * c->Tl * 2 * (d.KV / m->tp) * (d.C / d.NH);
+  double kvb = kv * (double)wf_storage_size((int)m->prec), dkvb = kv * 4;
+  *all = *xf = *xb = 0;
+  if (P < 2)
+    return;
+  if (m->cp_mode == WF_CP_ALLGATHER) {
+    double ag = wf_hw_allgather_s(c->hw, kvb * P, P, c->cp_intra);
+    double rs = wf_hw_allgather_s(c->hw, dkvb * P, P, c->cp_intra); /* a reduce-scatter's bytes */
+    *all = 2 * ag + rs, *xf = ag, *xb = ag + rs;
+    return;
+  }
+  double xk = p2p_s(c, kvb, c->cp_intra), xd = p2p_s(c, dkvb, c->cp_intra);
+  *all = (P - 1) * (2 * xk + xd) + xd;
+  *xf = (P - 1) * fmax(0, xk - att / P);
+  *xb = (P - 1) * fmax(0, xk + xd - ab * att / P) + xd;
+}
+
 /* One transformer block, one micro-batch. */
 static layer_cost block(const ctx *c)
 {
@@ -100,8 +146,8 @@ static layer_cost block(const ctx *c)
     const wf_cost *x = &k.block[i];
     switch (x->kind) {
     case WF_COST_GEMM: g += gemm(c, x->m, x->n, x->k); break;
-    case WF_COST_ATTENTION:
-      att += busy(c, wf_hw_attention_s(c->hw, x->m, x->n, x->k, c->threads, m->prec));
+    case WF_COST_ATTENTION: /* T/cp query rows against T keys: cp x the (T/cp)^2 kernel */
+      att += c->cp * busy(c, wf_hw_attention_s(c->hw, x->m, x->n, x->k, c->threads, m->prec));
       break;
     case WF_COST_NORM: norm += x->m; break;
     case WF_COST_ACT: act += x->m; break;
@@ -111,18 +157,23 @@ static layer_cost block(const ctx *c)
   }
   double gb = c->hw->matmul_bwd > 0 ? c->hw->matmul_bwd : 2; /* backward over forward */
   double ab = c->hw->attn_bwd > 0 ? c->hw->attn_bwd : 2;
-  double ef, eb;
+  double ef, eb, cpa, xf, xb;
   block_elem(c, norm, act, bytes, &ef, &eb);
-  return (layer_cost){g + att + ef + ops(c, k.block_fwd_ops) + tpc,
-                      gb * g + ab * att + eb + ops(c, k.block_bwd_ops) + tpc, tpc, att};
+  cp_traffic(c, att, ab, &cpa, &xf, &xb);
+  return (layer_cost){g + att + ef + ops(c, k.block_fwd_ops) + tpc + xf,
+                      gb * g + ab * att + eb + ops(c, k.block_bwd_ops) + tpc + xb,
+                      tpc,
+                      att + xf,
+                      cpa,
+                      xf + xb};
 }
 
 /* The embedding (first chunk of the first stage) and the head (last chunk of the last). */
 static layer_cost ends(const ctx *c, bool first, bool last)
 {
   const wf_plan_mesh *m = c->m;
-  double N = (double)m->B * m->T, C = c->d->C, Vl = (double)c->d->Vp / m->tp;
-  layer_cost r = {0, 0, 0, 0};
+  double N = (double)m->B * c->Tl, C = c->d->C, Vl = (double)c->d->Vp / m->tp;
+  layer_cost r = {0, 0, 0, 0, 0, 0};
   if (first) {
     double e = mem(c, 4 * 3 * N * C) + ops(c, 1);
     double tpc = m->tp > 1 ? tp_allreduce(c, N * C * 4) : 0; /* vocabulary-parallel lookup */
@@ -140,12 +191,14 @@ static layer_cost ends(const ctx *c, bool first, bool last)
 /* The slowest chunk's forward and backward of one micro-batch over every stage (a
  * stage's [l0, l1) is one of its chunks under interleaving), and its
  * tp seconds; p2p added when there are stages. */
-static wf_status stage_costs(const ctx *c, double *F, double *Bk, double *tp_s, double *p2p)
+static wf_status stage_costs(const ctx *c, double *F, double *Bk, double *tp_s, double *p2p,
+                             layer_cost *Lc)
 {
   wf_status st = WF_OK;
   const wf_plan_mesh *m = c->m;
   layer_cost L = block(c);
-  double io = (double)m->B * m->T * c->d->C * (double)wf_storage_size((int)m->prec) /
+  *Lc = L;
+  double io = (double)m->B * c->Tl * c->d->C * (double)wf_storage_size((int)m->prec) /
               (m->sp ? m->tp : 1); /* a message, in the activations' format */
   /* a message moves the bytes an all-reduce of two ranks moves each way, half its
    * bandwidth term; its latency is hidden: the engine posts receives ahead */
@@ -197,17 +250,19 @@ fail:
 
 static ctx make_ctx(const wf_model_dims *d, const wf_plan_mesh *m, const wf_hw *hw)
 {
-  int world = m->dp * m->tp * m->pp, node = WF_MAX(1, hw->gpus_per_node);
-  ctx c = {d, m, hw, 1, 1, true, true, true};
+  int cp = m->cp > 1 ? m->cp : 1;
+  int world = m->dp * m->tp * m->pp * cp, node = WF_MAX(1, hw->gpus_per_node);
+  ctx c = {d, m, hw, 1, 1, true, true, true, true, cp, (double)m->T / cp};
   if (!hw->gpu && hw->cores > 0) {
     int ranks = WF_MIN(world, node);
     c.threads = m->threads > 0 ? m->threads : WF_MAX(1, hw->cores / ranks);
     double cores = hw->busy_cores > 0 ? hw->busy_cores : hw->cores;
     c.share = fmin(1.0, cores / (ranks * c.threads)); /* of a core per thread */
   }
-  /* tp is innermost (inside a node), then pp, then dp */
+  /* tp is innermost (inside a node), then cp, then pp, then dp */
   c.tp_intra = m->tp <= node;
-  c.pp_intra = m->tp * m->pp <= node;
+  c.cp_intra = m->tp * cp <= node;
+  c.pp_intra = m->tp * cp * m->pp <= node;
   c.dp_intra = world <= node;
   return c;
 }
@@ -272,8 +327,9 @@ wf_status wf_plan_time_get(const wf_model_dims *d, const wf_plan_mesh *m, const 
   ctx c = make_ctx(d, m, hw);
   double F, B, tp_s, p2p, span;
   int v = m->kind == WF_SCHED_INTERLEAVED ? m->v : 1;
+  layer_cost L;
   memset(out, 0, sizeof *out);
-  WF_TRY(stage_costs(&c, &F, &B, &tp_s, &p2p));
+  WF_TRY(stage_costs(&c, &F, &B, &tp_s, &p2p, &L));
   /* F and B are one chunk's: a shard's [l0, l1) is one chunk of its v */
   WF_TRY(pipeline_span(m, F, B, &span, &out->sim_bubble));
   double work = (double)m->M * v * (F + B);
@@ -283,11 +339,25 @@ wf_status wf_plan_time_get(const wf_model_dims *d, const wf_plan_mesh *m, const 
   out->bubble = fmax(0, span - work);
   wf_plan_stage_mem sm;
   WF_TRY(wf_plan_stage_mem_get(d, m, 0, 0, NULL, &sm));
-  dp_time(&c, (double)sm.params, WF_MAX(1, sm.n_buckets), F, B, out);
+  /* gradients reduce over dp x cp: the dp model over that many ranks */
+  wf_plan_mesh gm = *m;
+  gm.dp = m->dp * c.cp;
+  ctx gc = make_ctx(d, &gm, hw);
+  gc.dp_intra = c.dp_intra;
+  dp_time(&gc, (double)sm.params, WF_MAX(1, sm.n_buckets), F, B, out);
+  int lmax = 0; /* the slowest stage's layers: ring traffic per micro-batch and chunk */
+  for (int r = 0; r < m->pp; r++) {
+    wf_plan_stage_mem s2;
+    WF_TRY(wf_plan_stage_mem_get(d, m, r, 0, NULL, &s2));
+    lmax = WF_MAX(lmax, s2.l1 - s2.l0);
+  }
+  out->cp_comm = m->M * v * lmax * L.cp;
+  out->cp_exposed = m->M * v * lmax * L.cp_exposed;
   if (m->pp > 1 && tied_bytes(d, m) > 0) /* the tied embedding over the first and last stages */
     out->pp_comm += wf_hw_allreduce_s(hw, tied_bytes(d, m), 2, c.pp_intra);
   double n = (double)sm.params, range = m->zero ? n / shard_group(m) : n;
   out->optim = mem(&c, 28 * range + 8 * n + (m->prec != WF_PREC_NO ? 8 * n : 0));
+  out->compute -= out->cp_exposed; /* inside the layers' times, reported apart */
   out->step =
       span + out->dp_exposed + (m->pp > 1 ? out->pp_comm - m->M * v * 2 * p2p : 0) + out->optim;
   out->tokens_per_s = (double)m->dp * m->M * m->B * m->T / out->step;

@@ -119,6 +119,9 @@ typedef struct wf_plan_mesh {
   size_t bucket_bytes;
   const int *pp_layers; /* parallel.pp_layers, or NULL */
   int n_pp_layers;
+  int cp;             /* context parallelism (0 or 1: none): a rank holds T / cp of each
+                       * sequence, gradients and ZeRO over dp x cp */
+  wf_cp_mode cp_mode; /* parallel.cp_mode: its scratch (ring blocks, or every rank's K/V) */
 } wf_plan_mesh;
 
 /* What a rank holds, in bytes, by kind. */
@@ -141,6 +144,8 @@ typedef struct wf_plan_stage_mem {
   size_t params;      /* parameters (elements) on this rank */
   int l0, l1, chunks; /* layers */
   int n_buckets;      /* plain dp's gradient buckets */
+  size_t act;         /* the activation slots in flight and the recompute layer: the
+                       * trainer's act= (its step line) at the schedule's peak */
 } wf_plan_stage_mem;
 
 /* Memory of pp rank `pp_rank`, dp rank `dp_rank` (tp ranks all hold the same). k: the
@@ -162,6 +167,8 @@ typedef struct wf_plan_time {
   double step;
   double tokens_per_s;
   double sim_bubble; /* idle share of the simulated schedule */
+  double cp_comm;    /* context parallelism's K/V traffic (ring or all-gather) */
+  double cp_exposed; /* the part of cp_comm the blocks' compute does not hide (in step) */
 } wf_plan_time;
 
 wf_status wf_plan_time_get(const wf_model_dims *d, const wf_plan_mesh *m, const wf_hw *hw,

@@ -251,7 +251,7 @@ void wf__print_banner(const wf__trainer *tr)
           cfg->train.lr, cfg->train.warmup, cfg->train.min_lr, cfg->optim.clip,
           cfg->optim.weight_decay, (unsigned long long)cfg->train.seed);
   print_sharding(tr);
-  if (tr->tp > 1 || tr->pp > 1)
+  if (tr->tp > 1 || tr->pp > 1 || tr->cp > 1)
     print_mesh(tr);
   if (cfg->parallel.activation_checkpointing == WF_RECOMPUTE_FULL)
     fprintf(tr->out, "activation checkpointing: each layer's intermediates are recomputed in "
@@ -305,10 +305,12 @@ static void print_step(const wf__trainer *tr, const wf_train_step_info *in, doub
 /* Model-parallel figures, on the step line's continuation when there are any. */
 static void print_parallel(const wf__trainer *tr, const wf_train_step_info *in)
 {
-  if (tr->tp == 1 && tr->pp == 1)
+  if (tr->tp == 1 && tr->pp == 1 && tr->cp == 1)
     return;
   if (tr->tp > 1)
     fprintf(tr->out, "  tp_ms=%.1f", in->tp_ms);
+  if (tr->cp > 1)
+    fprintf(tr->out, "  cp_ms=%.1f", in->cp_ms);
   if (tr->pp > 1)
     fprintf(tr->out, "  bubble=%.1f%% theory=%.1f%%", in->bubble * 100, in->bubble_theory * 100);
   fprintf(tr->out, "  act_mib=[");
@@ -342,6 +344,8 @@ static void add_parallel_metrics(json_t *o, const wf_train_step_info *in)
     json_array_append_new(slots, json_integer(in->stage_peak_slots[s]));
   }
   json_object_set_new(o, "tp_ms", real_or_null(in->tp_ms));
+  json_object_set_new(o, "cp_ms", real_or_null(in->cp_ms));
+  json_object_set_new(o, "cp_mib", real_or_null(mib((int64_t)in->cp_bytes)));
   json_object_set_new(o, "bubble", real_or_null(in->bubble));
   json_object_set_new(o, "bubble_theory", real_or_null(in->bubble_theory));
   json_object_set_new(o, "act_mib", act);
@@ -398,7 +402,7 @@ static void write_metrics(wf__trainer *tr, const wf_train_step_info *in, double 
     json_object_set_new(o, "val_loss", real_or_null(in->val_loss));
     json_object_set_new(o, "eval_ms", real_or_null(eval_ms)); /* not in step_ms */
   }
-  if (tr->tp > 1 || tr->pp > 1)
+  if (tr->tp > 1 || tr->pp > 1 || tr->cp > 1)
     add_parallel_metrics(o, in);
   if (tr->fp16) {
     json_object_set_new(o, "loss_scale", real_or_null(in->loss_scale));

@@ -154,10 +154,11 @@ static void fill_info(wf__trainer *tr, int step, double dt, double loss, float n
 {
   wf_mem_stats ms;
   wf_grads_stats gs;
-  double tp_s = 0, tp_bytes = 0;
+  double tp_s = 0, tp_bytes = 0, cp_s = 0, cp_bytes = 0;
   wf_mem_get_stats(&ms);
   wf_grads_get_stats(tr->grads, &gs);
   wf_tp_stats(tr->tpr, &tp_s, &tp_bytes);
+  wf_cp_stats(tr->cpr, &cp_s, &cp_bytes);
   *info = (wf_train_step_info){
       .step = step,
       .steps = tr->steps,
@@ -172,6 +173,8 @@ static void fill_info(wf__trainer *tr, int step, double dt, double loss, float n
       .mem_bytes = ms.current[WF_MEM_HOST] + ms.current[WF_MEM_DEVICE],
       .comm_ms = gs.exposed_ms,
       .tp_ms = tp_s * 1e3,
+      .cp_ms = cp_s * 1e3,
+      .cp_bytes = cp_bytes,
       .optim_bytes = (int64_t)wf_optim_bytes(tr->optim),
       .peak_tflops = tr->peak_tflops,
       .params = (int64_t)wf_model_local_params(tr->model),

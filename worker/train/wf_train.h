@@ -18,10 +18,11 @@
  * rank (the writer's), loss, lr, grad_norm, tokens_per_s, tokens_per_s_per_gpu, step_ms,
  * tflops, tflops_per_gpu, mfu_pct (a percent, as on the line), mem_mib, host_syncs (the
  * times the writer's host waited for its device in the step: 2, the loss and the norm); val_loss
- * when evaluated; with tp or pp > 1 also tp_ms, bubble, bubble_theory, and per stage act_mib and
- * act_slots; with precision=fp16 also loss_scale, skipped_steps and step_skipped, which the step
- * line shows as "loss_scale=65536 skipped=0" after eta). A step whose loss exceeds
- * train.loss_jump_factor times its running mean gets one WARN.
+ * when evaluated; with tp, pp or cp > 1 also tp_ms, bubble, bubble_theory, and per stage act_mib
+ * and act_slots; with cp > 1 cp_ms (the wait for context parallelism's keys and values that
+ * compute did not hide) and cp_mib (what this rank sent); with precision=fp16 also loss_scale,
+ * skipped_steps and step_skipped, which the step line shows as "loss_scale=65536 skipped=0" after
+ * eta). A step whose loss exceeds train.loss_jump_factor times its running mean gets one WARN.
  */
 #ifndef WF_TRAIN_H
 #define WF_TRAIN_H
@@ -51,6 +52,8 @@ typedef struct wf_train_step_info {
   int64_t mem_bytes;    /* memory this rank holds (host + device) */
   double comm_ms;       /* gradient communication not hidden behind backward */
   double tp_ms;         /* time in tensor-parallel collectives (this rank) */
+  double cp_ms;         /* context parallelism: exposed K/V communication (this rank) */
+  double cp_bytes;      /* and the bytes it sent */
   double bubble;        /* pipeline: idle share of the schedule's span, 1 - mean busy / longest */
   double bubble_theory; /* (p - 1) / (m + p - 1) */
   int n_stages;         /* pp */
