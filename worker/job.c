@@ -366,7 +366,8 @@ int wf__cmd_train(const wf__cmd_ctx *c)
   if (c->a->check_estimate) {
     bd.check_cfg = c->cfg, bd.rank = c->rank, bd.k = wf_dev_kernels(c->rd->dev);
     bd.pp_rank = wf_comm_rank(wf_job_comm(job, WF_AXIS_PP));
-    bd.dp_rank = wf_comm_rank(wf_job_comm(job, WF_AXIS_DP));
+    /* the ZeRO shard's index: the rank in dp x cp (the dp group itself without cp) */
+    bd.dp_rank = wf_comm_rank(wf_job_comm(job, WF_AXIS_DPCP));
     wf_plan_rss_read(&bd.base, c->rd->gpu);
   }
   wf_train_hooks hooks = mesh_hooks(c);

@@ -75,7 +75,7 @@ def command(n, args, env_extra):
         fwd = []
         for k in ["WEFT_JOB_DIR", "MASTER_PORT", "OMP_WAIT_POLICY"] + list(env_extra):
             fwd += ["-x", k]
-        dp = n // (mesh_size(args, "tp") * mesh_size(args, "pp"))
+        dp = n // (mesh_size(args, "tp") * mesh_size(args, "pp") * mesh_size(args, "cp"))
         cmd = MPIRUN + ["-np", str(n)] + fwd + cmd + [f"mesh.dp={dp}"]
     return cmd, env
 
@@ -739,6 +739,11 @@ CASES = {
     "resume-dp2": lambda: case_resume(2, []),
     "resume-dp2-zero1": lambda: case_resume(2, ["optim.zero=1"]),
     "reshard-dp2-dp1": lambda: case_reshard(2, [], 1, []),
+    # context parallelism: cp ranks hold the same parameters and ZeRO shards over dp x cp,
+    # so a cp mesh saves and resumes like a dp mesh of dp x cp ranks
+    "resume-cp2-zero1": lambda: case_resume(2, ["mesh.cp=2", "optim.zero=1"]),
+    "reshard-cp2zero-np1": lambda: case_reshard(2, ["mesh.cp=2", "optim.zero=1"], 1, []),
+    "reshard-np1-cp4": lambda: case_reshard(1, [], 4, ["mesh.cp=4"]),
     "schedule": case_schedule,
     "reshard-dp2zero-dp4zero": lambda: case_reshard(2, ["optim.zero=1"], 4, ["optim.zero=1"]),
     "reshard-dp2zero-dp2": lambda: case_reshard(2, ["optim.zero=1"], 2, []),

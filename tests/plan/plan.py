@@ -71,6 +71,7 @@ MESHES = {
     # ZeRO-2/3 and HSDP: the gradient path's buffers and ZeRO-3's gathered units come
     # from zero.c's plan, the one the trainer allocates by
     "dp2-zero2": (2, ["mesh.dp=2", "optim.zero=2"]),
+    "cp2-zero1": (2, ["mesh.cp=2", "optim.zero=1"]),
     # one bucket per layer (bucket_mb 0): two windows of four units, or all four kept
     "dp2-zero3": (2, ["mesh.dp=2", "optim.zero=3", "optim.bucket_mb=0"]),
     "dp2-zero3-keep": (2, ["mesh.dp=2", "optim.zero=3", "optim.bucket_mb=0",
@@ -105,6 +106,7 @@ LLAMA_MESHES = {
     "pp2-interleaved": (2, ["mesh.pp=2", "train.microbatches=4", "train.schedule=interleaved",
                             "parallel.virtual_stages=2"]),
     "dp2-zero3": (2, ["mesh.dp=2", "optim.zero=3", "optim.bucket_mb=0"]),
+    "cp2": (2, ["mesh.cp=2"]),
     # a vocabulary of 16384: at 8192 the last stage's 11 MiB left ~1.1 MiB of margin for
     # the ~1 MiB the runtime does not account, and 8 ranks on 2 loaded cores once went
     # past it
@@ -472,6 +474,54 @@ def plan_zero(worker):
           f"bytes; at {mid:.4f} GiB ZeRO stages {sorted(zs)}")
 
 
+def plan_cp(worker):
+    """--plan over 4 ranks of this machine's CPU profile tries context parallelism when the
+    sequence is long (4096 tokens: mesh.cp 1, 2 and 4 all ranked) and not when it is short
+    (2048: no plan has mesh.cp); a cp plan's peak is --estimate's for its keys; and with
+    the memory per rank between the smallest peak of the plans without cp and the smallest
+    with cp 4 (one rank keeps attention's (T, T) probabilities per head, a cp rank T / cp
+    rows and their log-sum-exp), only cp plans are ranked."""
+    with tempfile.TemporaryDirectory() as tmp:
+        hw = os.path.join(tmp, "hw.json")
+        run([worker, "--profile-hw", hw] + ["runtime.threads=1"], timeout=600)
+        keys = ["model.preset=llama-tiny", "model.layers=2", "train.batch_size=4",
+                "runtime.threads=1"]
+        base = [worker, "--plan", "--json", "dist.world_size=4", "--hw", hw] + keys
+
+        def cp_of(p):  # plans without cp leave the key out
+            m = re.search(r"(?:^| )mesh\.cp=(\d+)", p["keys"])
+            return int(m.group(1)) if m else 1
+
+        def cps(plans):
+            return {cp_of(p) for p in plans}
+
+        short = json.loads(run(base + ["model.seq_len=2048"]).stdout)["plans"]
+        if cps(short) != {1}:
+            fail(f"at 2048 tokens --plan tried mesh.cp {sorted(cps(short))}")
+        long = keys + ["model.seq_len=4096"]
+        plans = json.loads(run(base + ["model.seq_len=4096"]).stdout)["plans"]
+        if cps(plans) != {1, 2, 4}:
+            fail(f"at 4096 tokens the ranked plans have mesh.cp {sorted(cps(plans))}, want 1, 2, 4")
+        for c in (2, 4):
+            p = next(p for p in plans if cp_of(p) == c)
+            est = json.loads(run([worker, "--estimate", "--json", "--hw", hw] + long +
+                                 p["keys"].split()).stdout)
+            if max(s["total_bytes"] for s in est["stages"]) != p["peak_bytes"]:
+                fail(f"{p['plan']}: --plan peak {p['peak_bytes']} is not --estimate's")
+        no_cp = min(p["peak_bytes"] for p in plans if cp_of(p) == 1)
+        cp4 = min(p["peak_bytes"] for p in plans if cp_of(p) == 4)
+        if cp4 >= no_cp:
+            fail(f"cp 4's smallest peak {cp4} is not below the plans without cp ({no_cp})")
+        mid = (cp4 + no_cp) / 2 / 2**30
+        tight = json.loads(run(base + ["model.seq_len=4096", "--device-mem", f"{mid:.6f}"])
+                           .stdout)["plans"]
+        if not tight or 1 in cps(tight):
+            fail(f"at {mid:.6f} GiB the ranked plans have mesh.cp {sorted(cps(tight))}")
+    print(f"plan-cp: OK, {len(plans)} ranked at 4096 tokens (mesh.cp {sorted(cps(plans))}), "
+          f"none with cp at 2048; peaks: cp 4 {cp4}, without cp {no_cp} bytes; at {mid:.4f} GiB "
+          f"only cp {sorted(cps(tight))}")
+
+
 def err_case(worker, name):
     if name == "err-fits-nothing":  # gpt2-xl on 2 ranks of 1 GiB
         p = run([worker, "--plan", "model.preset=gpt2-xl", "dist.world_size=2", "--hw",
@@ -506,6 +556,8 @@ def main():
         profile_case(worker)
     elif case == "plan-zero":
         plan_zero(worker)
+    elif case == "plan-cp":
+        plan_cp(worker)
     else:
         err_case(worker, case)
 

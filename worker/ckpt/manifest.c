@@ -170,6 +170,10 @@ char *wf__manifest_text(const wf_ckpt_target *t, int step, const uint64_t *recs,
   /* HSDP: mesh.dp is the fsdp group (the files are a dp = F run's), replicas its copies */
   json_object_set_new(json_object_get(o, "mesh"), "replicas",
                       json_integer(t->replicas > 0 ? t->replicas : 1));
+  /* context parallelism: mesh.dp counts dp x cp ranks (the group the optimizer state is
+   * sharded over); cp says how many of them split each sequence (for the reader: any mesh
+   * reshards it as a dp x cp one) */
+  json_object_set_new(json_object_get(o, "mesh"), "cp", json_integer(cfg->mesh.cp));
   json_object_set_new(o, "config", wf__config_json(cfg));
   /* the family and what GPT-2 leaves at its defaults (older manifests have neither) */
   json_t *mo = json_object_get(o, "model");

@@ -193,7 +193,9 @@ static int estimate_out(const wf_config *cfg, const wf_plan_cli *cli, const wf_h
   }
   if (!cli->json) {
     fprintf(out, "peak %.2f MiB per rank (%.3f GiB); limit %.2f GiB per rank on %s\n", peak / MIB,
-            peak / GIB, wf__plan_mem_limit(hw, cli, m->dp * m->tp * m->pp) / GIB, hw->name);
+            peak / GIB,
+            wf__plan_mem_limit(hw, cli, m->dp * m->tp * m->pp * (m->cp > 1 ? m->cp : 1)) / GIB,
+            hw->name);
     print_time(out, &t);
     json_decref(stages);
     return 0;
@@ -250,7 +252,8 @@ void wf_plan_check_print(const wf_config *cfg, int pp_rank, int dp_rank, int ran
   wf_plan_rss now;
   wf_model_dims d = wf_model_dims_from_config(cfg);
   wf_plan_rss_read(&now, base->gpu);
-  if (wf_plan_mesh_from_config(cfg, cfg->mesh.dp * cfg->mesh.tp * cfg->mesh.pp, &m) != WF_OK ||
+  int world = cfg->mesh.dp * cfg->mesh.tp * cfg->mesh.pp * cfg->mesh.cp;
+  if (wf_plan_mesh_from_config(cfg, world, &m) != WF_OK ||
       wf_plan_stage_mem_get(&d, &m, pp_rank, dp_rank, k, &sm) != WF_OK)
     return;
   double pred = (double)sm.total;

@@ -7,8 +7,9 @@
  * with reshard_after_forward=false), each over all of dp or, as HSDP, over fsdp groups
  * of every proper divisor of dp; sequence parallelism (tp > 1); recompute; the
  * precision (fp32 and bf16 on a GPU; on a CPU, the config's); and, when sequences are long
- * (CP_MIN_T tokens and more), context parallelism: every cp dividing the world whose 2 x cp
- * chunks divide the sequence, ring and all-gather. Each candidate goes through the
+ * (CP_MIN_T tokens and more) on hardware with block attention kernels (the CPU), context
+ * parallelism: every cp dividing the world whose 2 x cp chunks divide the sequence, ring
+ * and all-gather. Each candidate goes through the
  * config's own validation (which refuses ZeRO with one dp rank; ZeRO-2/3 with the interleaved
  * schedule and HSDP with checkpoints are ranked like any other), the model's shard rules, then
  * memory against the limit.
@@ -196,7 +197,9 @@ static wf_status enumerate(search *s, const wf_plan_mesh *base)
 {
   wf_status st = WF_OK;
   int W = s->world, GB = s->cfg->train.batch_size;
-  int node = WF_MAX(1, s->hw->gpus_per_node), cpmax = base->T >= CP_MIN_T ? W : 1;
+  /* cp only where its block attention kernels exist (the CPU's; GPU set-up refuses cp) */
+  bool cp_ok = base->T >= CP_MIN_T && !s->hw->gpu;
+  int node = WF_MAX(1, s->hw->gpus_per_node), cpmax = cp_ok ? W : 1;
   for (int tp = 1; tp <= W && tp <= node; tp++) {
     if (W % tp)
       continue;

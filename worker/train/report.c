@@ -228,6 +228,9 @@ static void print_sharding(const wf__trainer *tr)
             "sharding: HSDP: %s sharded within %d fsdp groups of %d dp ranks, replicated across "
             "the groups%s\n",
             what[z], dp / f, f, why);
+  else if (tr->cp > 1)
+    fprintf(tr->out, "sharding: %s sharded over the %d dp x %d cp ranks%s\n", what[z], dp, tr->cp,
+            why);
   else
     fprintf(tr->out, "sharding: %s sharded over the %d dp ranks%s\n", what[z], dp, why);
 }
