@@ -314,6 +314,8 @@ static wf_status set_number(wf_config *cfg, int k, const char *name, const char 
 wf_status wf__cfg_set_scalar(wf_config *cfg, wf__cfg_target t, const char *name, const char *text,
                              wf__cfg_ctx *ctx)
 {
+  if (wf__cfg_takes_one(t))
+    return wf__cfg_set_list(cfg, t, name, &text, 1, ctx);
   if (wf__cfg_target_is_list(t)) {
     const char *like = t.key < 0                                 ? "[[2, 2], [dp, tp]]"
                        : wf__cfg_keys[t.key].type == WF__CT_AXES ? "[dp, tp, pp]"
@@ -408,6 +410,46 @@ static wf_status set_intlist(wf_config *cfg, int k, const char *name, const char
   return WF_OK;
 }
 
+static wf_status set_strlist(wf_config *cfg, int k, const char *name, const char *const *items,
+                             int n, const wf__cfg_ctx *ctx)
+{
+  const wf__cfg_key *key = &wf__cfg_keys[k];
+  if (n > (int)key->items)
+    return wf__cfg_fail(ctx, name, "has %d entries; at most %zu are allowed", n, key->items);
+  for (int i = 0; i < n; i++) {
+    if (!items[i][0])
+      return wf__cfg_fail(ctx, name, "entry %d is empty", i);
+    if (strlen(items[i]) >= key->cap)
+      return wf__cfg_fail(ctx, name, "entry %d is %zu characters long; the limit is %zu", i,
+                          strlen(items[i]), key->cap - 1);
+  }
+  if (!store(cfg, k, ctx->src))
+    return WF_OK;
+  char *out = field(cfg, key);
+  memset(out, 0, key->cap * key->items);
+  for (int i = 0; i < n; i++)
+    wf_strlcpy(out + (size_t)i * key->cap, items[i], key->cap);
+  *(int *)((char *)cfg + key->count_off) = n;
+  return WF_OK;
+}
+
+static wf_status set_dbllist(wf_config *cfg, int k, const char *name, const char *const *items,
+                             int n, const wf__cfg_ctx *ctx)
+{
+  const wf__cfg_key *key = &wf__cfg_keys[k];
+  double vals[WF_DATA_MAX_SOURCES];
+  if (n > (int)key->cap || n > (int)WF_ARRAY_LEN(vals))
+    return wf__cfg_fail(ctx, name, "has %d entries; at most %zu are allowed", n, key->cap);
+  for (int i = 0; i < n; i++)
+    if (parse_double(key, name, items[i], &vals[i], ctx) != WF_OK)
+      return WF_ECONFIG;
+  if (!store(cfg, k, ctx->src))
+    return WF_OK;
+  memcpy(field(cfg, key), vals, (size_t)n * sizeof(double));
+  *(int *)((char *)cfg + key->count_off) = n;
+  return WF_OK;
+}
+
 wf_status wf__cfg_set_list(wf_config *cfg, wf__cfg_target t, const char *name,
                            const char *const *items, int n, wf__cfg_ctx *ctx)
 {
@@ -416,6 +458,10 @@ wf_status wf__cfg_set_list(wf_config *cfg, wf__cfg_target t, const char *name,
   const wf__cfg_key *key = &wf__cfg_keys[t.key];
   if (key->type == WF__CT_INTLIST)
     return set_intlist(cfg, t.key, name, items, n, ctx);
+  if (key->type == WF__CT_STRLIST)
+    return set_strlist(cfg, t.key, name, items, n, ctx);
+  if (key->type == WF__CT_DBLLIST)
+    return set_dbllist(cfg, t.key, name, items, n, ctx);
   if (key->type == WF__CT_AXES) {
     int order[N_AXES];
     if (parse_axes(name, items, n, order, ctx) != WF_OK)
@@ -605,6 +651,23 @@ static void format_list(const int *v, int n, char *out, size_t len)
     snprintf(out + w, len - w, "]");
 }
 
+/* "[a, b]" of a STRLIST or DBLLIST (strings as they are: paths and names). */
+static void format_items(const wf_config *cfg, const wf__cfg_key *k, char *out, size_t len)
+{
+  const char *p = (const char *)cfg + k->off;
+  int n = WF_MIN(*(const int *)((const char *)cfg + k->count_off),
+                 (int)(k->type == WF__CT_STRLIST ? k->items : k->cap));
+  size_t w = (size_t)snprintf(out, len, "[");
+  for (int i = 0; i < n && w < len; i++) {
+    if (k->type == WF__CT_STRLIST)
+      w += (size_t)snprintf(out + w, len - w, "%s%s", i ? ", " : "", p + (size_t)i * k->cap);
+    else
+      w += (size_t)snprintf(out + w, len - w, "%s%g", i ? ", " : "", ((const double *)p)[i]);
+  }
+  if (w < len)
+    snprintf(out + w, len - w, "]");
+}
+
 static void format_value(const wf_config *cfg, const wf__cfg_key *k, char *out, size_t len)
 {
   const void *p = (const char *)cfg + k->off;
@@ -634,12 +697,14 @@ static void format_value(const wf_config *cfg, const wf__cfg_key *k, char *out, 
     snprintf(out, len, "[%s, %s, %s, %s]", cfg->mesh.axis_names[0], cfg->mesh.axis_names[1],
              cfg->mesh.axis_names[2], cfg->mesh.axis_names[3]);
     break;
+  case WF__CT_STRLIST:
+  case WF__CT_DBLLIST: format_items(cfg, k, out, len); break;
   }
 }
 
 void wf_config_print(const wf_config *cfg, FILE *out)
 {
-  char val[WF_PATH_MAX + 8];
+  char val[WF_DATA_MAX_SOURCES * (WF_PATH_MAX + 2) + 8]; /* a whole data.source */
   int kw = 0, vw = 0;
   for (int i = 0; i < wf__cfg_nkeys; i++) {
     format_value(cfg, &wf__cfg_keys[i], val, sizeof val);

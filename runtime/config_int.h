@@ -33,6 +33,9 @@ typedef enum wf__cfg_type {
   WF__CT_ENUM,
   WF__CT_INTLIST, /* int array; variable length with a count, or fixed length */
   WF__CT_AXES,    /* mesh axis names: a permutation of dp, tp, pp */
+  WF__CT_STRLIST, /* strings of `cap` bytes, at most `items` of them, with a count; a
+                   * single value is a list of one */
+  WF__CT_DBLLIST, /* doubles, at most `cap`, with a count; a single value is a list of one */
 } wf__cfg_type;
 
 /* Key flags. */
@@ -51,8 +54,10 @@ typedef struct wf__cfg_key {
   const char *name;
   wf__cfg_type type;
   size_t off;                /* offsetof(wf_config, ...) */
-  size_t cap;                /* STRING: buffer size; INTLIST: max entries */
-  size_t count_off;          /* INTLIST without FIXED_LEN: offset of the int count */
+  size_t cap;                /* STRING, STRLIST: buffer size; INTLIST, DBLLIST: max entries */
+  size_t items;              /* STRLIST: max entries */
+  size_t count_off;          /* INTLIST without FIXED_LEN, STRLIST, DBLLIST: offset of the
+                              * int count */
   const char *def;           /* default in the key's own syntax; NULL = derived */
   double min, max;           /* numeric range (per entry for lists), inclusive */
   const wf__cfg_enum *enums; /* ENUM: terminated by a NULL name */
@@ -104,6 +109,8 @@ const char *wf__cfg_unsupported(const char *name); /* why a seed name is refused
 void wf__cfg_suggest(const char *name, bool env, char *out, size_t out_len);
 const wf__cfg_preset *wf__cfg_preset_find(const char *name);
 bool wf__cfg_target_is_list(wf__cfg_target t);
+/* A list key that also takes a single value as a list of one (STRLIST, DBLLIST). */
+bool wf__cfg_takes_one(wf__cfg_target t);
 
 /* Writes "<where>: <key>: <message>" into ctx->err and returns WF_ECONFIG. */
 wf_status wf__cfg_fail(const wf__cfg_ctx *ctx, const char *key, const char *fmt, ...)

@@ -227,6 +227,36 @@ const wf__cfg_key wf__cfg_keys[] = {
     K_STR("data.tokenizer", data.tokenizer, "",
           "tokenizer for text: GPT-2's tokenizer.json or vocab.json (merges.txt beside it), Llama "
           "3's tokenizer.model, or a folder"),
+    {.name = "data.source",
+     .type = WF__CT_STRLIST,
+     .off = OFF(data.source),
+     .cap = WF_PATH_MAX,
+     .items = WF_DATA_MAX_SOURCES,
+     .count_off = OFF(data.n_source),
+     .def = "[]",
+     .doc = "streaming JSON Lines corpora (plain or zstd), files or globs, one or a list; "
+            "[] = data.path"},
+    {.name = "data.mix",
+     .type = WF__CT_DBLLIST,
+     .off = OFF(data.mix),
+     .cap = WF_DATA_MAX_SOURCES,
+     .count_off = OFF(data.n_mix),
+     .def = "[]",
+     .min = 0,
+     .max = 1e9,
+     .flags = WF__KF_MIN_OPEN,
+     .doc = "data.source's mixing weights, by tokens, one per source; [] = equal"},
+    {.name = "data.field",
+     .type = WF__CT_STRLIST,
+     .off = OFF(data.field),
+     .cap = WF_DATA_FIELD_MAX,
+     .items = WF_DATA_MAX_SOURCES,
+     .count_off = OFF(data.n_field),
+     .def = "[text]",
+     .doc = "the JSON key of a document's text: one for every data.source, or one per source"},
+    K_BOOL("data.document_mask", data.document_mask, "false",
+           "data.source: attention stays inside each packed document and positions restart "
+           "at each"),
     K_INT("optim.zero", optim.zero, "0", 0, 3,
           "1 = shard optimizer state over dp (ZeRO-1), 2 = and gradients (ZeRO-2), 3 = and "
           "parameters (FSDP)"),
@@ -436,7 +466,13 @@ bool wf__cfg_target_is_list(wf__cfg_target t)
   if (t.key < 0)
     return true;
   wf__cfg_type ty = wf__cfg_keys[t.key].type;
-  return ty == WF__CT_INTLIST || ty == WF__CT_AXES;
+  return ty == WF__CT_INTLIST || ty == WF__CT_AXES || ty == WF__CT_STRLIST || ty == WF__CT_DBLLIST;
+}
+
+bool wf__cfg_takes_one(wf__cfg_target t)
+{
+  return t.key >= 0 &&
+         (wf__cfg_keys[t.key].type == WF__CT_STRLIST || wf__cfg_keys[t.key].type == WF__CT_DBLLIST);
 }
 
 /* "train.d_model" -> "WEFT_TRAIN_D_MODEL". */

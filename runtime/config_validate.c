@@ -79,6 +79,17 @@ static wf_status check_key(vctx *v, const wf__cfg_key *k)
     }
     return WF_OK;
   }
+  case WF__CT_DBLLIST: {
+    int n = *(const int *)((const char *)v->c + k->count_off);
+    if (n < 0 || n > (int)k->cap)
+      return fail(v, "%s has %d entries; at most %zu are allowed", k->name, n, k->cap);
+    for (int i = 0; i < n; i++) {
+      snprintf(idx, sizeof idx, "[%d]", i);
+      if (check_number(v, k, ((const double *)p)[i], idx) != WF_OK)
+        return WF_ECONFIG;
+    }
+    return WF_OK;
+  }
   default: return WF_OK;
   }
 }
@@ -540,7 +551,7 @@ static wf_status rule_data(vctx *v)
                 "data.val_fraction=%g is set but data.val_path='%s' names the validation "
                 "data, which replaces the held-out fraction; remove one of them",
                 c->data.val_fraction, c->data.val_path);
-  if (c->data.val_path[0] && !c->data.path[0])
+  if (c->data.val_path[0] && !c->data.path[0] && !c->data.n_source)
     return fail(v,
                 "data.val_path='%s' is set but data.path is empty (the synthetic source, "
                 "which makes its own validation batches); set data.path too, or remove "
@@ -549,9 +560,42 @@ static wf_status rule_data(vctx *v)
   return WF_OK;
 }
 
-static const rule_fn rules[] = {rule_ranges, rule_nodes,     rule_world, rule_mesh, rule_fsdp,
-                                rule_model,  rule_pipeline,  rule_batch, rule_seq,  rule_cp,
-                                rule_data,   rule_precision, rule_train};
+/* Streaming sources (data.source) replace data.path; their weights and text keys pair
+ * with them one to one. What the files hold is wf_data_check's. */
+static wf_status rule_stream(vctx *v)
+{
+  const wf_config *c = v->c;
+  int n = c->data.n_source;
+  if (n > 0 && c->data.path[0])
+    return fail(v,
+                "data.source (%d JSON Lines source%s) and data.path='%s' both name the training "
+                "data; keep one of them",
+                n, n == 1 ? "" : "s", c->data.path);
+  if (n == 0 && c->data.n_mix > 0)
+    return fail(v, "data.mix is set but data.source is empty; data.mix weighs data.source's "
+                   "sources, one weight each");
+  if (n == 0 && c->data.document_mask)
+    return fail(v, "data.document_mask=true needs data.source: documents are packed (and kept "
+                   "apart) only from JSON Lines sources");
+  if (c->data.n_mix > 0 && c->data.n_mix != n)
+    return fail(v,
+                "data.mix has %d weight%s but data.source has %d source%s; give one weight per "
+                "source, in the same order (or none, for equal weights)",
+                c->data.n_mix, c->data.n_mix == 1 ? "" : "s", n, n == 1 ? "" : "s");
+  if (n > 0 && c->data.n_field != 1 && c->data.n_field != n)
+    return fail(v,
+                "data.field has %d names but data.source has %d sources; give one name for "
+                "every source, or one per source",
+                c->data.n_field, n);
+  if (n > 0 && is_set(c, "data.val_fraction"))
+    return fail(v, "data.val_fraction is set but a data.source stream has no end to hold out; "
+                   "remove it, and name validation data (JSON Lines) with data.val_path");
+  return WF_OK;
+}
+
+static const rule_fn rules[] = {rule_ranges, rule_nodes,    rule_world,     rule_mesh, rule_fsdp,
+                                rule_model,  rule_pipeline, rule_batch,     rule_seq,  rule_cp,
+                                rule_data,   rule_stream,   rule_precision, rule_train};
 
 /* A derived value is marked as such; a key that was derived before but is not now
  * (the world became unknown) goes back to its default's standing. */

@@ -131,8 +131,9 @@ static wf_status apply_node(wf_config *cfg, wf__cfg_target t, const char *name,
 wf_status wf__cfg_apply_text(wf_config *cfg, wf__cfg_target t, const char *name, const char *text,
                              wf__cfg_ctx *ctx)
 {
-  if (!wf__cfg_target_is_list(t))
-    return wf__cfg_set_scalar(cfg, t, name, text, ctx);
+  const char *lead = text + strspn(text, " \t");
+  if (!wf__cfg_target_is_list(t) || (wf__cfg_takes_one(t) && *lead != '[' && *lead))
+    return wf__cfg_set_scalar(cfg, t, name, text, ctx); /* a path, as it is (a glob's '*') */
   yaml_parser_t parser;
   yaml_document_t doc;
   wf_status st;

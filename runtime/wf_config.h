@@ -21,9 +21,11 @@
 
 #include "wf_runtime.h"
 
-#define WF_PATH_MAX        512
-#define WF_MAX_STAGES      64
-#define WF_CONFIG_MAX_KEYS 128
+#define WF_PATH_MAX         512
+#define WF_MAX_STAGES       64
+#define WF_CONFIG_MAX_KEYS  128
+#define WF_DATA_MAX_SOURCES 16 /* data.source entries */
+#define WF_DATA_FIELD_MAX   64 /* a data.field name, with its NUL */
 
 typedef enum wf_precision { WF_PREC_NO = 0, WF_PREC_FP16, WF_PREC_BF16 } wf_precision;
 /* parallel.activation_checkpointing: none; selective (attention's core recomputed,
@@ -145,6 +147,16 @@ typedef struct wf_config {
     double val_fraction;
     char val_path[WF_PATH_MAX];  /* validation data (file or glob); "" = the held-out tail */
     char tokenizer[WF_PATH_MAX]; /* tokenizer.json, vocab.json, tokenizer.model or a dir */
+    /* streaming JSON Lines corpora (worker/io/stream.c): files or globs, plain or zstd;
+     * their mixing weights (n_mix 0: equal); the JSON key of each document's text (one
+     * for every source, or one per source); attention kept inside documents */
+    char source[WF_DATA_MAX_SOURCES][WF_PATH_MAX];
+    int n_source;
+    double mix[WF_DATA_MAX_SOURCES];
+    int n_mix;
+    char field[WF_DATA_MAX_SOURCES][WF_DATA_FIELD_MAX];
+    int n_field;
+    bool document_mask;
   } data;
   struct {
     int zero; /* 0 or 1 */

@@ -416,7 +416,12 @@ static void test_tokenize_shards(void **state)
   enum { T = 32 };
   char pattern[600];
   snprintf(pattern, sizeof pattern, "%s_train_*.bin", prefix);
-  wf_data_opts o = {pattern, 128256, T, 4, 7, 0.25, NULL, NULL};
+  wf_data_opts o = {.path = pattern,
+                    .vocab = 128256,
+                    .seq_len = T,
+                    .batch_size = 4,
+                    .seed = 7,
+                    .val_fraction = 0.25};
   wf_data *d = NULL;
   assert_int_equal(wf_data_open(&d, &o, err, sizeof err), WF_OK);
   printf("%s\n", wf_data_describe(d));

@@ -250,7 +250,13 @@ static void test_data_text(void **state)
   fclose(f);
   enum { T = 16 };
   int vocab = (int)json_integer_value(json_object_get(expected, "vocab"));
-  wf_data_opts o = {path, vocab, T, 4, 1, 0.25, NULL, tok};
+  wf_data_opts o = {.path = path,
+                    .vocab = vocab,
+                    .seq_len = T,
+                    .batch_size = 4,
+                    .seed = 1,
+                    .val_fraction = 0.25,
+                    .tokenizer = tok};
   wf_data *d = NULL;
   assert_int_equal(wf_data_open(&d, &o, err, sizeof err), WF_OK);
   printf("%s\n", wf_data_describe(d));

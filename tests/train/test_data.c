@@ -36,7 +36,12 @@ static int remove_tmpdir(void **state)
 
 static wf_data *open_ok(const char *path, int vocab, int T, int batch, uint64_t seed, double val)
 {
-  wf_data_opts o = {path, vocab, T, batch, seed, val, NULL, NULL};
+  wf_data_opts o = {.path = path,
+                    .vocab = vocab,
+                    .seq_len = T,
+                    .batch_size = batch,
+                    .seed = seed,
+                    .val_fraction = val};
   char err[1024] = "";
   wf_data *d = NULL;
   wf_status st = wf_data_open(&d, &o, err, sizeof err);
@@ -62,7 +67,7 @@ static void test_synthetic_floor(void **state)
   int in[ROWS * T], tg[ROWS * T];
   long n = 0;
   for (int s = 0; s < STEPS; s++) {
-    assert_int_equal(wf_data_batch(d, in, tg, WF_DATA_TRAIN, s, 0, 1, 0, 1), WF_OK);
+    assert_int_equal(wf_data_batch(d, in, tg, NULL, WF_DATA_TRAIN, s, 0, 1, 0, 1), WF_OK);
     for (int i = 0; i < ROWS * T; i++) {
       assert_true(in[i] >= 0 && in[i] < K && tg[i] >= 0 && tg[i] < K);
       counts[in[i]][tg[i]]++;
@@ -93,7 +98,7 @@ static void test_small_vocab(void **state)
 {
   wf_data *d = open_ok("", 10, 32, 4, 1, 0.0);
   int in[4 * 32], tg[4 * 32];
-  assert_int_equal(wf_data_batch(d, in, tg, WF_DATA_VAL, 3, 0, 1, 0, 1), WF_OK);
+  assert_int_equal(wf_data_batch(d, in, tg, NULL, WF_DATA_VAL, 3, 0, 1, 0, 1), WF_OK);
   for (int i = 0; i < 4 * 32; i++)
     assert_true(in[i] < 10 && tg[i] < 10);
   assert_true(wf_data_entropy_floor(d) < log(10.0));
@@ -106,7 +111,7 @@ static void test_small_vocab(void **state)
 static void check_slices(wf_data *d, int batch, int T, wf_data_split split, int64_t idx)
 {
   int full_in[batch * T], full_tg[batch * T], in[batch * T], tg[batch * T];
-  assert_int_equal(wf_data_batch(d, full_in, full_tg, split, idx, 0, 1, 0, 1), WF_OK);
+  assert_int_equal(wf_data_batch(d, full_in, full_tg, NULL, split, idx, 0, 1, 0, 1), WF_OK);
   for (int b = 0; b < batch * T; b++) /* targets are inputs shifted by one */
     if ((b + 1) % T)
       assert_int_equal(full_tg[b], full_in[b + 1]);
@@ -116,7 +121,7 @@ static void check_slices(wf_data *d, int batch, int T, wf_data_split split, int6
     assert_int_equal(rows, batch / (D * M));
     for (int r = 0; r < D; r++) {
       for (int m = 0; m < M; m++) {
-        assert_int_equal(wf_data_batch(d, in, tg, split, idx, r, D, m, M), WF_OK);
+        assert_int_equal(wf_data_batch(d, in, tg, NULL, split, idx, r, D, m, M), WF_OK);
         size_t first = ((size_t)r * (batch / D) + (size_t)m * rows) * T;
         assert_memory_equal(in, full_in + first, (size_t)rows * T * sizeof(int));
         assert_memory_equal(tg, full_tg + first, (size_t)rows * T * sizeof(int));
@@ -124,8 +129,8 @@ static void check_slices(wf_data *d, int batch, int T, wf_data_split split, int6
     }
   }
   assert_int_equal(wf_data_rows(d, 3, 1), 0); /* 8 rows do not split 3 ways */
-  assert_int_equal(wf_data_batch(d, in, tg, split, idx, 0, 3, 0, 1), WF_EINVAL);
-  assert_int_equal(wf_data_batch(d, in, tg, split, idx, 2, 2, 0, 1), WF_EINVAL);
+  assert_int_equal(wf_data_batch(d, in, tg, NULL, split, idx, 0, 3, 0, 1), WF_EINVAL);
+  assert_int_equal(wf_data_batch(d, in, tg, NULL, split, idx, 2, 2, 0, 1), WF_EINVAL);
 }
 
 static void write_file(const char *path, const void *data, size_t n)
@@ -170,16 +175,16 @@ static void test_seeds(void **state)
   wf_data *d1 = open_ok("", 256, T, B, 1, 0.0), *d1b = open_ok("", 256, T, B, 1, 0.0);
   wf_data *d2 = open_ok("", 256, T, B, 2, 0.0);
   int a[N], at[N], b[N], bt[N];
-  wf_data_batch(d1, a, at, WF_DATA_TRAIN, 9, 0, 1, 0, 1);
-  wf_data_batch(d1b, b, bt, WF_DATA_TRAIN, 9, 0, 1, 0, 1);
+  wf_data_batch(d1, a, at, NULL, WF_DATA_TRAIN, 9, 0, 1, 0, 1);
+  wf_data_batch(d1b, b, bt, NULL, WF_DATA_TRAIN, 9, 0, 1, 0, 1);
   assert_memory_equal(a, b, sizeof a); /* same seed and step: the same batch */
-  wf_data_batch(d2, b, bt, WF_DATA_TRAIN, 9, 0, 1, 0, 1);
+  wf_data_batch(d2, b, bt, NULL, WF_DATA_TRAIN, 9, 0, 1, 0, 1);
   /* Another seed, step or split: a different sample. Chance agreement between two
    * independent chain samples is roughly sum_i pi_i sum_j P_ij^2 < 0.4 per token. */
   assert_true(count_equal(a, b, N) < N / 2);
-  wf_data_batch(d1, b, bt, WF_DATA_TRAIN, 10, 0, 1, 0, 1);
+  wf_data_batch(d1, b, bt, NULL, WF_DATA_TRAIN, 10, 0, 1, 0, 1);
   assert_true(count_equal(a, b, N) < N / 2);
-  wf_data_batch(d1, b, bt, WF_DATA_VAL, 9, 0, 1, 0, 1);
+  wf_data_batch(d1, b, bt, NULL, WF_DATA_VAL, 9, 0, 1, 0, 1);
   assert_true(count_equal(a, b, N) < N / 2);
   wf_data_destroy(d1);
   wf_data_destroy(d1b);
@@ -246,7 +251,12 @@ static void test_shards_read(void **state)
 static void expect_error(const char *pattern, int vocab, wf_status code, const char *file,
                          const char *what)
 {
-  wf_data_opts o = {pattern, vocab, 8, 2, 1, 0.1, NULL, NULL};
+  wf_data_opts o = {.path = pattern,
+                    .vocab = vocab,
+                    .seq_len = 8,
+                    .batch_size = 2,
+                    .seed = 1,
+                    .val_fraction = 0.1};
   char err[1024] = "";
   wf_data *d = (wf_data *)1;
   wf_status st = wf_data_open(&d, &o, err, sizeof err);
@@ -348,7 +358,13 @@ static void test_text(void **state)
 static wf_data *open_val(const char *path, const char *val_path, int vocab, int T, char *err,
                          size_t len, wf_status *st)
 {
-  wf_data_opts o = {path, vocab, T, 4, 3, 0.1, val_path, NULL};
+  wf_data_opts o = {.path = path,
+                    .vocab = vocab,
+                    .seq_len = T,
+                    .batch_size = 4,
+                    .seed = 3,
+                    .val_fraction = 0.1,
+                    .val_path = val_path};
   wf_data *d = NULL;
   *st = wf_data_open(&d, &o, err, len);
   return d;

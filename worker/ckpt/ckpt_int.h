@@ -213,10 +213,12 @@ wf_status wf__stream_pieces(wf_comm *c, int root, const wf__piece *mine, wf_dev 
 /* ---- the manifest (manifest.c) ---------------------------------------------------------- */
 
 #define WF__REC_LEN 20 /* uint64 per rank in the save gather (see wf__pack_rec) */
-void wf__pack_rec(uint64_t *x, const wf_ckpt_target *t, const wf__shard_rec *r);
-char *wf__manifest_text(const wf_ckpt_target *t, int step, const uint64_t *recs, int n);
-/* Every config key as a JSON string, as the manifest's "config" holds them. */
 struct json_t;
+void wf__pack_rec(uint64_t *x, const wf_ckpt_target *t, const wf__shard_rec *r);
+/* stream: the data position's JSON (wf__data_state_capture; NULL: none), taken over. */
+char *wf__manifest_text(const wf_ckpt_target *t, int step, const uint64_t *recs, int n,
+                        struct json_t *stream);
+/* Every config key as a JSON string, as the manifest's "config" holds them. */
 struct json_t *wf__config_json(const wf_config *cfg);
 /* train.resume: "" resumes the run train.checkpoint_dir holds (the same run only),
  * "never" starts over there, "auto" is "" for restarts, anything else names one. */
@@ -246,6 +248,15 @@ void wf__runs_sort(wf__runs *s);
  * model file, and each model file's state is covered. */
 wf_status wf__check_model_cover(const wf__manifest *m, const char *dir);
 wf_status wf__check_optim_cover(const wf__manifest *m, const char *dir);
+
+/* ---- the data position (datastate.c) ------------------------------------------------------ */
+
+/* Collective over the job: a data.source stream's position before step + 1, as JSON on
+ * rank 0 (*stream, to json_decref; NULL elsewhere, and for other sources). */
+wf_status wf__data_state_capture(const wf_ckpt_target *t, int step, struct json_t **stream);
+/* Collective over the job: every rank's stream to the position in manifest `text` of
+ * checkpoint dir (a checkpoint without one: the stream starts over, said once). */
+wf_status wf__data_state_restore(const wf_ckpt_target *t, const char *text, const char *dir);
 
 /* ---- resharding (reshard.c) --------------------------------------------------------------- */
 

@@ -144,7 +144,8 @@ static json_t *files_json(const wf_model_dims *d, const uint64_t *recs, int n)
   return a;
 }
 
-char *wf__manifest_text(const wf_ckpt_target *t, int step, const uint64_t *recs, int n)
+char *wf__manifest_text(const wf_ckpt_target *t, int step, const uint64_t *recs, int n,
+                        json_t *stream)
 {
   const wf_config *cfg = t->cfg;
   const wf_model_dims *d = wf_model_get_dims(t->model);
@@ -160,13 +161,21 @@ char *wf__manifest_text(const wf_ckpt_target *t, int step, const uint64_t *recs,
       wf__size_of(t->dp_comm), "tp", cfg->mesh.tp, "pp", cfg->mesh.pp, "world",
       wf__size_of(wf__ckpt_world(t)), "model", "layers", d->L, "heads", d->NH, "d_model", d->C,
       "seq_len", d->maxT, "vocab", d->V, "padded_vocab", d->Vp, "params", (json_int_t)np, "data",
-      "position_step", step, "path", cfg->data.path[0] ? cfg->data.path : "synthetic", "batch_size",
-      cfg->train.batch_size, "rng", "kind", "philox4x32-10 counter-based: the state is the seed",
-      "seed", (json_int_t)cfg->train.seed, "optimizer", "kind", "adamw", "t", step - ls->skipped,
-      "zero", zero, "beta1", cfg->optim.beta1, "beta2", cfg->optim.beta2, "eps", cfg->optim.eps,
-      "weight_decay", cfg->optim.weight_decay);
-  if (!o)
+      "position_step", step, "path",
+      cfg->data.n_source  ? "data.source"
+      : cfg->data.path[0] ? cfg->data.path
+                          : "synthetic",
+      "batch_size", cfg->train.batch_size, "rng", "kind",
+      "philox4x32-10 counter-based: the state is the seed", "seed", (json_int_t)cfg->train.seed,
+      "optimizer", "kind", "adamw", "t", step - ls->skipped, "zero", zero, "beta1",
+      cfg->optim.beta1, "beta2", cfg->optim.beta2, "eps", cfg->optim.eps, "weight_decay",
+      cfg->optim.weight_decay);
+  if (!o) {
+    json_decref(stream);
     return NULL;
+  }
+  if (stream) /* a data.source stream's position (datastate.c) */
+    json_object_set_new(json_object_get(o, "data"), "stream", stream);
   /* HSDP: mesh.dp is the fsdp group (the files are a dp = F run's), replicas its copies */
   json_object_set_new(json_object_get(o, "mesh"), "replicas",
                       json_integer(t->replicas > 0 ? t->replicas : 1));

@@ -8,8 +8,9 @@
  *
  * Invariant: the RNG is counter-based (Philox keyed by train.seed) and data batches and
  * the learning rate are pure functions of the step, so (seed, step) is the whole RNG
- * state and data position: parameters, AdamW m and v, the fp16 scaler and the step make
- * the continuation bit-identical on the same mesh.
+ * state and data position, but for a data.source stream, whose position the manifest
+ * holds (datastate.c): parameters, AdamW m and v, the fp16 scaler, the step and that
+ * position make the continuation bit-identical on the same mesh.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -79,8 +80,8 @@ static wf_status check_compat(const wf_ckpt_target *t, const wf__manifest *m, co
  * data; another run's checkpoints are refused (a named train.resume may fine-tune). */
 static wf_status check_same_run(const wf_ckpt_target *t, const char *text, const char *dir)
 {
-  static const char *const keys[] = {"model.family", "data.path", "data.val_path",
-                                     "data.tokenizer"};
+  static const char *const keys[] = {"model.family",   "data.path",   "data.val_path",
+                                     "data.tokenizer", "data.source", "data.field"};
   wf_status st = WF_OK;
   json_t *o = json_loads(text, 0, NULL), *now = wf__config_json(t->cfg);
   json_t *was = o ? json_object_get(o, "config") : NULL;
@@ -145,7 +146,7 @@ fail:
  * (a checkpoint_dir that is not on a shared filesystem would fail here, said plainly).
  * *none: train.resume=auto found no checkpoint yet. */
 static wf_status read_manifest(const wf_ckpt_target *t, char *dir, size_t len, wf__manifest *m,
-                               bool *none)
+                               bool *none, char **text_out)
 {
   wf_status st = WF_OK;
   wf_comm *w = wf__ckpt_world(t);
@@ -165,6 +166,10 @@ static wf_status read_manifest(const wf_ckpt_target *t, char *dir, size_t len, w
     st = WF_EIO;
   }
   st = wf__ckpt_agree(t, st, "finding the checkpoint");
+  if (st == WF_OK) {
+    *text_out = text; /* the data position is read from it too */
+    text = NULL;
+  }
 fail:
   free(text);
   return st;
@@ -392,13 +397,13 @@ wf_status wf_ckpt_resume(const wf_ckpt_target *t, int *step)
 {
   wf_status st = WF_OK;
   const wf_config *cfg = t->cfg;
-  char dir[WF__PATH_LEN] = "";
+  char dir[WF__PATH_LEN] = "", *text = NULL;
   bool none = false;
   wf__manifest m = {0};
   *step = 0;
   if (wf__resume_never(cfg) || (!cfg->train.resume[0] && !cfg->train.checkpoint_dir[0]))
     return WF_OK;
-  WF_TRY(read_manifest(t, dir, sizeof dir, &m, &none));
+  WF_TRY(read_manifest(t, dir, sizeof dir, &m, &none, &text));
   if (none) {
     if (wf__rank_of(wf__ckpt_world(t)) == 0 && cfg->train.resume[0])
       WF_INFO("checkpoint: train.resume=auto and no checkpoint in %s yet: starting fresh",
@@ -410,10 +415,12 @@ wf_status wf_ckpt_resume(const wf_ckpt_target *t, int *step)
             "train.resume=never starts over",
             cfg->train.checkpoint_dir);
   WF_TRY(load(t, &m, dir));
+  WF_TRY(wf__data_state_restore(t, text, dir));
   *step = m.step;
   if (cfg->precision == WF_PREC_FP16 && m.has_scaler) /* else fp16 starts its scaler afresh */
     *wf_optim_get_scaler(t->optim) = m.scaler;
 fail:
+  free(text);
   free(m.files);
   return st;
 }

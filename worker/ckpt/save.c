@@ -7,6 +7,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <jansson.h>
+
 #include "ckpt_int.h"
 
 /* Rank 0: a fresh, empty staging directory. */
@@ -24,12 +26,12 @@ fail:
 
 /* Rank 0: the manifest into the staging directory, then publish it and prune. */
 static wf_status finalize(const wf_ckpt_target *t, int step, const char *stage,
-                          const uint64_t *recs)
+                          const uint64_t *recs, json_t *stream)
 {
   wf_status st = WF_OK;
   const char *root = t->cfg->train.checkpoint_dir;
   char name[32], final[WF__PATH_LEN], path[WF__PATH_LEN];
-  char *text = wf__manifest_text(t, step, recs, wf__size_of(wf__ckpt_world(t)));
+  char *text = wf__manifest_text(t, step, recs, wf__size_of(wf__ckpt_world(t)), stream);
   WF_CHECK(text, WF_ENOMEM, "checkpoint: cannot build the manifest (out of memory)");
   wf__pathf(path, sizeof path, "%s/" WF__MANIFEST, stage);
   WF_TRY(wf_file_write_atomic(path, text, strlen(text), 0644));
@@ -42,7 +44,8 @@ fail:
   return st;
 }
 
-/* Every rank's record of what it wrote, gathered on every rank; rank 0 finalizes. */
+/* Every rank's record of what it wrote, gathered on every rank, and the data position;
+ * rank 0 finalizes. */
 static wf_status gather_and_finalize(const wf_ckpt_target *t, int step, const char *stage,
                                      const wf__shard_rec *rec)
 {
@@ -50,15 +53,20 @@ static wf_status gather_and_finalize(const wf_ckpt_target *t, int step, const ch
   wf_comm *w = wf__ckpt_world(t);
   int n = wf__size_of(w);
   uint64_t mine[WF__REC_LEN], *recs = NULL;
+  json_t *stream = NULL;
+  WF_TRY(wf__data_state_capture(t, step, &stream));
   wf__pack_rec(mine, t, rec);
   WF_CHECK_ALLOC(recs = malloc((size_t)n * WF__REC_LEN * sizeof *recs));
   if (w)
     WF_TRY(wf_comm_allgather(w, mine, recs, WF__REC_LEN, WF_COMM_U64));
   else
     memcpy(recs, mine, sizeof mine);
-  if (wf__rank_of(w) == 0)
-    st = finalize(t, step, stage, recs);
+  if (wf__rank_of(w) == 0) {
+    st = finalize(t, step, stage, recs, stream);
+    stream = NULL; /* the manifest took it */
+  }
 fail:
+  json_decref(stream);
   free(recs);
   return st;
 }

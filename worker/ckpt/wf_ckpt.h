@@ -15,7 +15,9 @@
  *     optim-pp00-tp00.bin          under ZeRO-1, or the whole range, written by dp 0.
  *     manifest.json                config, mesh, step, data position, RNG, AdamW
  *                                  step, size and XXH3-64 of every file, and each
- *                                  model file's format and shard geometry.
+ *                                  model file's format and shard geometry; for a
+ *                                  data.source stream, its exact position (every
+ *                                  lane's: "data": {"stream": ...}, wf_data_state_json).
  *   latest                         "step-000120": the newest complete checkpoint.
  *
  * Atomicity: the files are written into a staging directory ".tmp-step-000120", each
@@ -55,6 +57,8 @@
 #include "wf_optim.h"
 #include "wf_runtime.h"
 
+struct wf_data; /* wf_io.h */
+
 /* What a checkpoint saves and restores on this rank (everything borrowed). */
 typedef struct wf_ckpt_target {
   const wf_config *cfg;
@@ -69,6 +73,8 @@ typedef struct wf_ckpt_target {
                           * reads as 1): replica 0 writes, every replica reads */
   wf_comm *world;        /* every rank of the job; NULL = dp_comm */
   int pp_rank, tp_rank;  /* this rank's pipeline stage and tensor shard (0, 0 = the whole model) */
+  struct wf_data *data;  /* the training data: a stream's position is saved and restored
+                          * (datastate.c); NULL or another source: none */
 } wf_ckpt_target;
 
 /* Before training: when train.checkpoint_dir is set, create it and prove every rank can
@@ -87,7 +93,9 @@ wf_status wf_ckpt_prepare(const wf_ckpt_target *t);
  * checkpoint completed. Refuses a checkpoint of another model shape, naming the config
  * key that differs; a manifest whose model files do not hold the whole model exactly
  * once; and any file that is missing or whose size, checksum or header disagrees with
- * the manifest, naming the file. */
+ * the manifest, naming the file. A data.source stream goes to the saved position (on any
+ * dp), or, when the checkpoint has none, starts from its beginning (said once); a
+ * position whose files, lanes or tokenizer are not this run's is refused. */
 wf_status wf_ckpt_resume(const wf_ckpt_target *t, int *step);
 
 /* Write the checkpoint of `step` (the last completed step) and prune. */

@@ -21,7 +21,8 @@
  * The tag keeps data streams apart from the model's init streams (kind * 4096 + layer),
  * which use the same seed.
  *
- * The synthetic source's Markov chain is synthetic.c's.
+ * The synthetic source's Markov chain is synthetic.c's; data.source's streams are
+ * datastream.c's (wf_data holds one and passes batches and positions through).
  * Invariants: every token handed out is < the model's vocabulary; files are checked
  * once, at open, so a batch can never fail on bad data half-way through training.
  *
@@ -61,6 +62,7 @@ typedef enum src_kind { SRC_TEXT = 0, SRC_SHARDS } src_kind;
 
 struct wf_data {
   wf_data_kind kind;
+  wf__dstream *ds; /* data.source's streams (datastream.c), else NULL */
   int vocab, T, batch_size;
   uint64_t seed;
   span *spans;
@@ -564,9 +566,67 @@ static wf_status check_source(const char *key, const char *path, const wf_tokeni
   return st;
 }
 
+/* A JSON Lines source before a job: a regular file behind every match, and each file's
+ * first document a JSON object whose `field` is a string (its first line read, through
+ * zstd when compressed: a damaged frame header or another compression is said here). */
+static wf_status check_jsonl(const char *key, const char *pattern, const char *field, char *err,
+                             size_t err_len)
+{
+  glob_t g;
+  int rc = glob(pattern, 0, NULL, &g);
+  if (rc != 0) {
+    if (rc != GLOB_NOMATCH)
+      globfree(&g);
+    snprintf(err, err_len,
+             "%s '%s' matches no file (expected JSON Lines, plain or "
+             "zstd-compressed)",
+             key, pattern);
+    return WF_ECONFIG;
+  }
+  wf_status st = WF_OK;
+  for (size_t i = 0; st == WF_OK && i < g.gl_pathc; i++) {
+    wf__lines *r = NULL;
+    const char *line;
+    size_t len;
+    bool got = false;
+    char *text = NULL, e[2 * WF_PATH_MAX + 256] = "";
+    st = check_regular(key, g.gl_pathv[i], err, err_len);
+    if (st == WF_OK && (st = wf__lines_open(&r, g.gl_pathv[i], e, sizeof e)) == WF_OK &&
+        (st = wf__lines_next(r, &line, &len, &got, e, sizeof e)) == WF_OK && got)
+      st = wf__jsonl_text(r, line, len, field, &text, &len, e, sizeof e);
+    if (e[0])
+      snprintf(err, err_len, "%s: %s", key, e);
+    free(text);
+    wf__lines_close(r);
+  }
+  globfree(&g);
+  return st;
+}
+
+static wf_status check_streams(const wf_config *cfg, int vocab, char *err, size_t err_len)
+{
+  wf_status st = WF_OK;
+  if (!cfg->data.tokenizer[0] && vocab > 256) {
+    snprintf(err, err_len, bytes_refusal, "data.source", cfg->data.source[0], vocab);
+    return WF_ECONFIG;
+  }
+  for (int i = 0; st == WF_OK && i < cfg->data.n_source; i++)
+    st = check_jsonl("data.source", cfg->data.source[i],
+                     cfg->data.field[cfg->data.n_field > 1 ? i : 0], err, err_len);
+  if (st == WF_OK && cfg->data.val_path[0])
+    st = check_jsonl("data.val_path", cfg->data.val_path, cfg->data.field[0], err, err_len);
+  return st;
+}
+
 wf_status wf_data_check(const wf_config *cfg, int vocab, char *err, size_t err_len)
 {
   const char *path = cfg->data.path, *val_path = cfg->data.val_path;
+  if (cfg->data.n_source > 0) {
+    wf_tokenizer *tok = NULL;
+    wf_status st = load_tokenizer(&tok, cfg->data.tokenizer, vocab, err, err_len);
+    wf_tokenizer_destroy(tok);
+    return st == WF_OK ? check_streams(cfg, vocab, err, err_len) : st;
+  }
   if (!path[0])
     return WF_OK;
   wf_tokenizer *tok = NULL;
@@ -622,6 +682,19 @@ static wf_status check_opts(const wf_data_opts *o, char *err, size_t err_len)
   return WF_OK;
 }
 
+/* data.source: the tokenizer goes to the streams, which own it from here. */
+static wf_status open_streams(wf_data *d, const wf_data_opts *o, char *err, size_t err_len)
+{
+  wf_tokenizer *tok = NULL;
+  d->kind = WF_DATA_STREAM;
+  wf_status st = load_tokenizer(&tok, o->tokenizer, d->vocab, err, err_len);
+  if (st != WF_OK) {
+    wf_tokenizer_destroy(tok);
+    return st;
+  }
+  return wf__dstream_open(&d->ds, o, tok, d->desc, sizeof d->desc, err, err_len);
+}
+
 wf_status wf_data_open(wf_data **out, const wf_data_opts *o, char *err, size_t err_len)
 {
   *out = NULL;
@@ -633,7 +706,9 @@ wf_status wf_data_open(wf_data **out, const wf_data_opts *o, char *err, size_t e
     return WF_ENOMEM;
   d->vocab = o->vocab, d->T = o->seq_len, d->batch_size = o->batch_size, d->seed = o->seed;
   const char *path = o->path ? o->path : "";
-  if (!path[0]) {
+  if (o->n_source > 0) {
+    st = open_streams(d, o, err, err_len);
+  } else if (!path[0]) {
     d->kind = WF_DATA_SYNTHETIC;
     wf__chain_build(&d->ch, d->vocab);
     snprintf(d->desc, sizeof d->desc,
@@ -651,19 +726,28 @@ wf_status wf_data_open(wf_data **out, const wf_data_opts *o, char *err, size_t e
   return WF_OK;
 }
 
-wf_status wf_data_open_config(wf_data **out, const wf_config *cfg, int vocab, char *err,
-                              size_t err_len)
+wf_status wf_data_open_config(wf_data **out, const wf_config *cfg, int vocab, int dp_rank,
+                              int dp_size, char *err, size_t err_len)
 {
+  int n = cfg->data.n_source, nf = cfg->data.n_field;
   wf_data_opts o = {
       .path = cfg->data.path,
       .vocab = vocab,
       .seq_len = cfg->train.seq_len > 0 ? cfg->train.seq_len : cfg->model.seq_len,
       .batch_size = cfg->train.batch_size,
       .seed = cfg->train.seed,
-      .val_fraction = cfg->data.val_fraction,
+      .val_fraction = n > 0 ? 0 : cfg->data.val_fraction,
       .val_path = cfg->data.val_path,
       .tokenizer = cfg->data.tokenizer,
+      .n_source = n,
+      .n_mix = cfg->data.n_mix,
+      .dp_rank = dp_rank,
+      .dp_size = dp_size,
   };
+  for (int i = 0; i < n; i++) {
+    o.source[i] = cfg->data.source[i], o.mix[i] = cfg->data.mix[i];
+    o.field[i] = cfg->data.field[nf > 1 ? i : 0];
+  }
   return wf_data_open(out, &o, err, err_len);
 }
 
@@ -671,6 +755,7 @@ void wf_data_destroy(wf_data *d)
 {
   if (!d)
     return;
+  wf__dstream_destroy(d->ds);
   for (int i = 0; i < d->n_spans; i++) {
     if (d->spans[i].map)
       munmap(d->spans[i].map, d->spans[i].map_len);
@@ -693,6 +778,12 @@ int64_t wf_data_num_tokens(const wf_data *d, wf_data_split split)
   return split == WF_DATA_TRAIN ? d->n_train : d->n_tokens - d->n_train;
 }
 
+bool wf_data_has_val(const wf_data *d)
+{
+  return d->kind == WF_DATA_SYNTHETIC ||
+         (d->ds ? wf__dstream_has_val(d->ds) : d->n_train < d->n_tokens);
+}
+
 int wf_data_rows(const wf_data *d, int dp_size, int micro_count)
 {
   if (dp_size <= 0 || micro_count <= 0 || d->batch_size % (dp_size * micro_count))
@@ -705,6 +796,8 @@ wf_status wf_data_row(const wf_data *d, int *win, wf_data_split split, int64_t i
   if (index < 0 || row < 0)
     return WF_EINVAL;
   uint64_t stream = data_stream(split, index);
+  if (d->ds)
+    return WF_EINVAL; /* a stream's rows are its position's, not the step's: wf_data_batch */
   if (d->kind == WF_DATA_SYNTHETIC) {
     wf__chain_window(win, &d->ch, d->seed, d->T, stream, row);
     return WF_OK;
@@ -731,7 +824,7 @@ static bool test_hook(const char *name, int *r, long long *step, wf_data_split s
   return split == WF_DATA_TRAIN && *r == wf_rt_rank() && index + 1 == *step;
 }
 
-wf_status wf_data_batch(const wf_data *d, int *inputs, int *targets, wf_data_split split,
+wf_status wf_data_batch(wf_data *d, int *inputs, int *targets, int *starts, wf_data_split split,
                         int64_t index, int dp_rank, int dp_size, int micro, int micro_count)
 {
   static int fail_r = -2, stall_r = -2;
@@ -751,10 +844,20 @@ wf_status wf_data_batch(const wf_data *d, int *inputs, int *targets, wf_data_spl
   if (rows == 0 || dp_rank < 0 || dp_rank >= dp_size || micro < 0 || micro >= micro_count)
     return WF_EINVAL;
   int T = d->T;
+  int64_t first = (int64_t)dp_rank * (d->batch_size / dp_size) + (int64_t)micro * rows;
+  if (d->ds) {
+    char err[2 * WF_PATH_MAX + 512] = "";
+    wf_status st = wf__dstream_batch(d->ds, inputs, targets, starts, split, index, first, rows, err,
+                                     sizeof err);
+    if (st != WF_OK)
+      WF_ERROR("%s", err[0] ? err : wf_status_str(st));
+    return st;
+  }
+  if (starts) /* one stretch of text per row: no document boundaries */
+    memset(starts, 0, (size_t)rows * T * sizeof *starts);
   int *win = malloc(((size_t)T + 1) * sizeof *win);
   if (!win)
     return WF_ENOMEM;
-  int64_t first = (int64_t)dp_rank * (d->batch_size / dp_size) + (int64_t)micro * rows;
   wf_status st = WF_OK;
   for (int b = 0; b < rows; b++) {
     st = wf_data_row(d, win, split, index, first + b);
@@ -765,4 +868,33 @@ wf_status wf_data_batch(const wf_data *d, int *inputs, int *targets, wf_data_spl
   }
   free(win);
   return st;
+}
+
+wf_status wf_data_ready(wf_data *d, wf_data_split split, int64_t index, char *err, size_t err_len)
+{
+  const int *win, *starts;
+  if (!d->ds || (split == WF_DATA_VAL && !wf__dstream_has_val(d->ds)))
+    return WF_OK;
+  return wf__dstream_rows(d->ds, split, index, &win, &starts, err, err_len);
+}
+
+/* ---- a stream's position ------------------------------------------------------------- */
+
+size_t wf_data_state_len(const wf_data *d) { return d->ds ? wf__dstream_state_len(d->ds) : 0; }
+
+wf_status wf_data_state_get(wf_data *d, int64_t index, uint64_t *v, char *err, size_t err_len)
+{
+  return d->ds ? wf__dstream_state_get(d->ds, index, v, err, err_len) : WF_OK;
+}
+
+char *wf_data_state_json(const wf_data *d, int64_t index, const uint64_t *v)
+{
+  return d->ds ? wf__dstream_state_json(d->ds, index, v) : NULL;
+}
+
+wf_status wf_data_state_set(wf_data *d, const char *json, char *err, size_t err_len)
+{
+  if (!d->ds)
+    return wf__io_failf(err, err_len, WF_EINVAL, "the data is not a data.source stream");
+  return wf__dstream_state_set(d->ds, json, err, err_len);
 }

@@ -8,6 +8,10 @@
  *    wf_io.h's wf_tokenizer_* and wf__tokens_push only.
  *  - data.c (the data sources) holds the synthetic source's Markov chain, which
  *    synthetic.c builds and samples.
+ *  - data.source's streams are three layers: jsonl.c reads JSON Lines files (plain or
+ *    zstd) a line at a time; stream.c deals their documents to lanes, mixes and packs
+ *    them and keeps their position; loader.c runs a stream on a thread of its own; and
+ *    datastream.c puts that behind wf_data (batches, validation, the checkpoint's JSON).
  *
  * Error idiom: functions return a wf_status. The data and tokenizer files write errors a
  * user can cause into the caller's err buffer (naming the file and what was wrong; for
@@ -130,6 +134,102 @@ wf_status wf__tok_finish(wf_tokenizer *t, const char *path, char *err, size_t er
 
 /* Append one id to a wf_tokens (WF_ENOMEM only). */
 wf_status wf__tokens_push(wf_tokens *o, int32_t id);
+
+/* ---- JSON Lines files (jsonl.c) ------------------------------------------------------ */
+
+/* A JSON Lines file, plain or zstd (told by its magic), read a line at a time. */
+typedef struct wf__lines wf__lines;
+wf_status wf__lines_open(wf__lines **out, const char *path, char *err, size_t err_len);
+void wf__lines_close(wf__lines *r); /* accepts NULL */
+/* The next document's line (any line but a blank one), without its newline, in *line
+ * (valid until the next call); *got false at the end of the file. */
+wf_status wf__lines_next(wf__lines *r, const char **line, size_t *len, bool *got, char *err,
+                         size_t err_len);
+int64_t wf__lines_lineno(const wf__lines *r); /* the last line's number, 1-based */
+const char *wf__lines_path(const wf__lines *r);
+/* The string at `key` of the JSON object `line` (r's last line, named in errors), copied
+ * into *text (malloc'd, NUL-terminated; it may hold NULs: *text_len). */
+wf_status wf__jsonl_text(const wf__lines *r, const char *line, size_t len, const char *key,
+                         char **text, size_t *text_len, char *err, size_t err_len);
+
+/* ---- streams: sources, lanes, packing (stream.c) ----------------------------------------- */
+
+typedef struct wf__stream wf__stream;
+typedef struct wf__stream_src {
+  const char *path;  /* a file or a glob */
+  const char *field; /* the JSON key of a document's text */
+  double weight;     /* > 0; normalised over the sources */
+} wf__stream_src;
+typedef struct wf__stream_opts {
+  const wf__stream_src *src;
+  int n_src;
+  int lanes, lane0, lane1; /* L lanes (the global batch's rows); this rank's [lane0, lane1) */
+  int T;                   /* tokens per row's inputs */
+  const wf_tokenizer *tok; /* borrowed; NULL: text as bytes */
+  int vocab;
+  const char *key; /* the config key, for errors ("data.source", "data.val_path") */
+} wf__stream_opts;
+wf_status wf__stream_open(wf__stream **out, const wf__stream_opts *o, char *err, size_t err_len);
+void wf__stream_destroy(wf__stream *s); /* accepts NULL */
+/* The next row of every local lane: win (lanes, T+1) tokens and starts (lanes, T), where
+ * each input position's document starts in its row. */
+wf_status wf__stream_rows(wf__stream *s, int *win, int *starts, char *err, size_t err_len);
+/* The position: uint64 per lane record, records of the local lanes into rec (lanes x
+ * rec), each file's documents + 1 (0: not counted yet) into docs (wf__stream_n_files). */
+size_t wf__stream_lane_rec(const wf__stream *s);
+size_t wf__stream_n_files(const wf__stream *s);
+void wf__stream_lanes_get(const wf__stream *s, uint64_t *rec);
+void wf__stream_docs_get(const wf__stream *s, uint64_t *docs);
+/* A fresh stream to a saved position: lanes holds every lane's record (L x rec; the
+ * local ones are read), docs the files' counts. */
+wf_status wf__stream_restore(wf__stream *s, const uint64_t *lanes, const uint64_t *docs, char *err,
+                             size_t err_len);
+int wf__stream_n_src(const wf__stream *s);
+int wf__stream_lanes(const wf__stream *s);
+int wf__stream_lane0(const wf__stream *s); /* this rank's first lane */
+void wf__stream_src_info(const wf__stream *s, int i, const char **pattern, const char **field,
+                         double *weight, int *n_files);
+void wf__stream_file_info(const wf__stream *s, int i, int f, const char **name, int64_t *bytes);
+
+/* ---- the loader thread (loader.c) ---------------------------------------------------------- */
+
+/* A stream's rows made `depth` steps ahead on a thread of its own (started by the first
+ * wf__loader_get). Steps are asked for in order; the one held stays valid until the
+ * next is asked for. */
+typedef struct wf__loader wf__loader;
+wf_status wf__loader_create(wf__loader **out, wf__stream *s, int n_lanes, int T, int depth);
+void wf__loader_destroy(wf__loader *ld); /* accepts NULL; stops the thread */
+/* Before the first get: the stream to a saved position, whose next step is `index`. */
+wf_status wf__loader_restore(wf__loader *ld, int64_t index, const uint64_t *lanes,
+                             const uint64_t *docs, char *err, size_t err_len);
+/* Step index's rows (wf__stream_rows' win and starts); waits for the thread. */
+wf_status wf__loader_get(wf__loader *ld, int64_t index, const int **win, const int **starts,
+                         char *err, size_t err_len);
+/* The local lanes' records and the files' counts before step index's rows: index is the
+ * held step + 1 (or the first step, before any is held). */
+wf_status wf__loader_state(wf__loader *ld, int64_t index, uint64_t *lanes, uint64_t *docs,
+                           char *err, size_t err_len);
+
+/* ---- data.source behind wf_data (datastream.c) --------------------------------------------- */
+
+typedef struct wf__dstream wf__dstream;
+/* Takes tok (NULL: bytes) in every case; desc gets the start-up line. */
+wf_status wf__dstream_open(wf__dstream **out, const wf_data_opts *o, wf_tokenizer *tok, char *desc,
+                           size_t desc_len, char *err, size_t err_len);
+void wf__dstream_destroy(wf__dstream *ds); /* accepts NULL */
+bool wf__dstream_has_val(const wf__dstream *ds);
+/* Step (or evaluation batch) index's rows (all local lanes). */
+wf_status wf__dstream_rows(wf__dstream *ds, wf_data_split split, int64_t index, const int **win,
+                           const int **starts, char *err, size_t err_len);
+/* rows global rows from `first` (this rank's lanes) of index's batch. starts may be NULL. */
+wf_status wf__dstream_batch(wf__dstream *ds, int *inputs, int *targets, int *starts,
+                            wf_data_split split, int64_t index, int64_t first, int rows, char *err,
+                            size_t err_len);
+size_t wf__dstream_state_len(const wf__dstream *ds);
+wf_status wf__dstream_state_get(wf__dstream *ds, int64_t index, uint64_t *v, char *err,
+                                size_t err_len);
+char *wf__dstream_state_json(const wf__dstream *ds, int64_t index, const uint64_t *v);
+wf_status wf__dstream_state_set(wf__dstream *ds, const char *text, char *err, size_t err_len);
 
 /* ---- the synthetic source's Markov chain ---------------------------------------------- */
 

@@ -28,20 +28,33 @@
  *  - any other file     : raw text, one token per byte (vocabulary 256).
  * For files the last data.val_fraction of the tokens is the validation split; windows
  * never cross from one split into the other.
+ * Or, with data.source, streams (worker/io/stream.c): JSON Lines files, plain or zstd,
+ * tokenized on a background thread, mixed by weight (data.mix) and packed into rows of
+ * whole documents one after another; validation from data.val_path (JSON Lines).
  *
  * Determinism (the equivalence principle): a batch is a pure function of
  * (seed, split, index, global row). The global batch has `batch_size` rows; dp rank r
  * of D, micro-batch m of M gets rows r*(batch_size/D) + m*rows .. + rows - 1 with
  * rows = batch_size / (D*M). So any mesh and any number of micro-batches sees the same
- * global batch, row for row, and a resumed run sees the same data.
+ * global batch, row for row, and a resumed run sees the same data. A stream is not a
+ * pure function of the step but of its position, which it keeps per global row (a lane)
+ * and a checkpoint saves (wf_data_state_*): its batches are asked for in step order, and
+ * a resumed run, on any dp, reads what the uninterrupted run reads.
  *
  * Shapes: B rows of a micro-batch, T tokens per row; a row is a window of T+1 tokens,
- * inputs are its first T, targets its last T.
+ * inputs are its first T, targets its last T. starts (B, T): where the document of each
+ * input position starts in its row (streams; 0 everywhere for the other sources, whose
+ * rows are one stretch of text).
  */
 
 typedef struct wf_data wf_data;
 
-typedef enum wf_data_kind { WF_DATA_SYNTHETIC = 0, WF_DATA_TEXT, WF_DATA_SHARDS } wf_data_kind;
+typedef enum wf_data_kind {
+  WF_DATA_SYNTHETIC = 0,
+  WF_DATA_TEXT,
+  WF_DATA_SHARDS,
+  WF_DATA_STREAM
+} wf_data_kind;
 typedef enum wf_data_split { WF_DATA_TRAIN = 0, WF_DATA_VAL = 1 } wf_data_split;
 
 typedef struct wf_data_opts {
@@ -55,14 +68,23 @@ typedef struct wf_data_opts {
                           * same kind as path (text, or llm.c shards), used instead */
   const char *tokenizer; /* "" or NULL: text is read as bytes (vocab <= 256 only); else a
                           * tokenizer (wf_tokenizer_load) that encodes text files */
+  /* data.source: JSON Lines streams instead of path (n_source > 0); val_path is then
+   * JSON Lines too */
+  int n_source;
+  const char *source[WF_DATA_MAX_SOURCES]; /* files or globs */
+  double mix[WF_DATA_MAX_SOURCES];         /* weights (n_mix of them; 0: equal) */
+  int n_mix;
+  const char *field[WF_DATA_MAX_SOURCES]; /* each source's JSON key of the text */
+  int dp_rank, dp_size; /* streams: the dp slice this rank reads (dp_size 0: all rows) */
 } wf_data_opts;
 
 /* Open a source. On error writes what was wrong, naming the file and what was expected,
  * into err and returns WF_EFORMAT (malformed file), WF_EIO (cannot open) or WF_ECONFIG. */
 wf_status wf_data_open(wf_data **out, const wf_data_opts *o, char *err, size_t err_len);
-/* The same with options from a validated config and the model's vocabulary. */
-wf_status wf_data_open_config(wf_data **out, const wf_config *cfg, int vocab, char *err,
-                              size_t err_len);
+/* The same with options from a validated config and the model's vocabulary; streams
+ * are read for dp rank dp_rank of dp_size. */
+wf_status wf_data_open_config(wf_data **out, const wf_config *cfg, int vocab, int dp_rank,
+                              int dp_size, char *err, size_t err_len);
 /* What can be checked before a job starts, cheaply and the same on every rank, so it is
  * reported once like a config error: data.path and data.val_path exist, are regular
  * files (a FIFO, device or directory is refused before any open that could block), a
@@ -79,17 +101,40 @@ wf_data_kind wf_data_get_kind(const wf_data *d);
 const char *wf_data_describe(const wf_data *d);
 /* Entropy rate of the synthetic chain in nats per token (the loss floor); NAN for files. */
 double wf_data_entropy_floor(const wf_data *d);
-/* Tokens in a split (for the synthetic source: 0, it is unbounded). */
+/* Tokens in a split (for the synthetic source and streams: 0, they are unbounded). */
 int64_t wf_data_num_tokens(const wf_data *d, wf_data_split split);
+/* Whether there are validation batches (the synthetic source's own, a file's held-out
+ * tail or data.val_path). */
+bool wf_data_has_val(const wf_data *d);
 /* Rows of one micro-batch: batch_size / (dp_size * micro_count); 0 if it does not divide. */
 int wf_data_rows(const wf_data *d, int dp_size, int micro_count);
 
-/* Fill inputs and targets (rows, T) with micro-batch `micro` of `micro_count` of dp rank
- * `dp_rank` of `dp_size`, from global batch `index` of `split` (the step, 0-based, for
- * training; the evaluation batch number for validation). WF_EINVAL when the slice does
- * not exist or the split is empty. */
-wf_status wf_data_batch(const wf_data *d, int *inputs, int *targets, wf_data_split split,
+/* Fill inputs and targets (rows, T), and starts (rows, T) unless NULL, with micro-batch
+ * `micro` of `micro_count` of dp rank `dp_rank` of `dp_size`, from global batch `index`
+ * of `split` (the step, 0-based, for training; the evaluation batch number for
+ * validation). WF_EINVAL when the slice does not exist or the split is empty. A stream
+ * gives the step it holds or the next one (the one before it is then gone); a stream's
+ * failure (a bad line) is logged here. */
+wf_status wf_data_batch(wf_data *d, int *inputs, int *targets, int *starts, wf_data_split split,
                         int64_t index, int dp_rank, int dp_size, int micro, int micro_count);
+/* Streams: wait until batch index of split is made, and say why it cannot be into err (a
+ * missing file, a line that is not JSON, a document without the data.field key: the file
+ * and line named). Every rank calls it before the step and agrees on the outcome, so a
+ * bad line found by one rank stops every rank alike. Other sources: WF_OK at once. */
+wf_status wf_data_ready(wf_data *d, wf_data_split split, int64_t index, char *err, size_t err_len);
+
+/* The position of a stream, for checkpoints (other sources are pure functions of the
+ * step and have none: length 0). wf_data_state_get writes this rank's part of it
+ * before step index's batch (the step after the last one trained) into v (len uint64,
+ * zero elsewhere): the element-wise maximum over every rank that read the stream is the
+ * whole position, which wf_data_state_json writes as JSON (malloc'd; NULL: out of
+ * memory). wf_data_state_set, before the first batch, puts a fresh stream there on any
+ * dp; WF_ECONFIG (the reason in err) when the JSON's data is not this run's (other
+ * files, sizes, lanes or tokenizer). */
+size_t wf_data_state_len(const wf_data *d);
+wf_status wf_data_state_get(wf_data *d, int64_t index, uint64_t *v, char *err, size_t err_len);
+char *wf_data_state_json(const wf_data *d, int64_t index, const uint64_t *v);
+wf_status wf_data_state_set(wf_data *d, const char *json, char *err, size_t err_len);
 
 /* The T+1 tokens of one global row (inputs are win[0..T-1], targets win[1..T]). */
 wf_status wf_data_row(const wf_data *d, int *win, wf_data_split split, int64_t index, int64_t row);

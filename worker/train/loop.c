@@ -208,7 +208,7 @@ static wf_status dump_state(wf__trainer *tr, const char *path, int dp_rank)
   if (tr->world)
     WF_TRY(wf_comm_allreduce(tr->world, logits, logits, nl, WF_COMM_F32, WF_COMM_SUM));
   if (wf_rt_rank() <= 0) {
-    WF_TRY(wf_data_batch(tr->data, tr->inputs, tr->targets, WF_DATA_TRAIN, 0, 0, 1, 0, 1));
+    WF_TRY(wf_data_batch(tr->data, tr->inputs, tr->targets, NULL, WF_DATA_TRAIN, 0, 0, 1, 0, 1));
     st = wf_llmc_write_state(path, &tr->dims, tr->B, tr->T, tr->inputs, tr->targets, logits,
                              (float)loss, grads);
   }
@@ -237,7 +237,7 @@ wf_status wf_train_dump_state(const wf_config *cfg, const char *path, const wf_t
   if (tr.tp > 1 || tr.pp > 1) {
     st = dump_state(&tr, path, comms && comms->dp ? wf_comm_rank(comms->dp) : 0);
   } else {
-    WF_TRY(wf_data_batch(tr.data, tr.inputs, tr.targets, WF_DATA_TRAIN, 0, 0, 1, 0, 1));
+    WF_TRY(wf_data_batch(tr.data, tr.inputs, tr.targets, NULL, WF_DATA_TRAIN, 0, 0, 1, 0, 1));
     st = wf_model_dump_state(tr.model, path, tr.inputs, tr.targets, tr.B, tr.T);
   }
 fail:

@@ -6,8 +6,8 @@
  *
  * Order matters in two places: the trace is sized from the model's dimensions before
  * the model that records into it exists, and a checkpoint is restored after the
- * optimizer exists (it restores the optimizer's state) and before the data (whose
- * position is the restored step).
+ * optimizer exists (it restores the optimizer's state) and after the data opens (a
+ * data.source stream's position is part of it; the other sources' is the step).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -286,7 +286,8 @@ static wf_status setup_checkpoint(wf__trainer *tr)
                             .replicas = fsdp ? tr->D / wf_comm_size(fsdp) : 1,
                             .world = tr->world,
                             .pp_rank = tr->pp_rank,
-                            .tp_rank = wf__comm_rank(tr->tp_comm)};
+                            .tp_rank = wf__comm_rank(tr->tp_comm),
+                            .data = tr->data};
   if (h && h->on_phase) /* reading a big checkpoint is not a hang */
     h->on_phase(h->user, "checkpoint");
   st = wf_ckpt_prepare(&tr->ck);
@@ -305,7 +306,8 @@ static wf_status setup_data(wf__trainer *tr)
   int bad = -1;
   /* Every rank opens (and checks) its source at once; a bad file fails alike on all of
    * them, so only the lowest failing rank says why: one line per job. */
-  wf_status mine = wf_data_open_config(&tr->data, tr->cfg, tr->dims.V, err, sizeof err);
+  wf_status mine =
+      wf_data_open_config(&tr->data, tr->cfg, tr->dims.V, tr->dp_rank, tr->D, err, sizeof err);
   st = wf_comm_agree(tr->world, mine, &bad);
   if (mine != WF_OK && bad == wf__comm_rank(tr->world))
     WF_ERROR("%s", err);
@@ -317,11 +319,11 @@ static wf_status setup_data(wf__trainer *tr)
     WF_CHECK_ALLOC(tr->seq_in = wf_mem_alloc(n * sizeof *tr->seq_in));
     WF_CHECK_ALLOC(tr->seq_tg = wf_mem_alloc(n * sizeof *tr->seq_tg));
   }
-  bool has_val = wf_data_get_kind(tr->data) == WF_DATA_SYNTHETIC ||
-                 wf_data_num_tokens(tr->data, WF_DATA_VAL) > 0;
+  bool has_val = wf_data_has_val(tr->data);
   tr->can_eval = has_val && tr->cfg->train.eval_batches > 0;
   if (!has_val && tr->talk)
-    WF_WARN("data.val_fraction = 0: no validation split, so no evaluation");
+    WF_WARN("%s: no validation split, so no evaluation",
+            tr->cfg->data.n_source ? "data.source without data.val_path" : "data.val_fraction = 0");
 fail:
   return st;
 }
@@ -414,10 +416,10 @@ wf_status wf__train_setup(wf__trainer *tr, const wf_config *cfg, const wf_train_
   WF_TRY(setup_dims(tr));
   WF_TRY(setup_trace(tr)); /* sized from the dims, before the model that records into it */
   WF_TRY(setup_model(tr));
+  WF_TRY(setup_data(tr));
   if (checkpoints)
     WF_TRY(setup_checkpoint(tr));
   WF_TRY(sync_shard(tr));
-  WF_TRY(setup_data(tr));
   /* rank 0 alone opens it: agreed, so its failure stops every rank at once */
   WF_TRY(wf_comm_agree(tr->world, wf__open_metrics(tr), NULL));
   if (checkpoints) /* a training run's; not --generate's or --dump-state's */

@@ -46,6 +46,11 @@ static wf_status from_last_stage(wf__trainer *tr, double *x)
   return st;
 }
 
+static int64_t batch_index(const wf__trainer *tr)
+{
+  return tr->split == WF_DATA_TRAIN ? tr->step - 1 : tr->step;
+}
+
 /* This cp rank's rows of (B, T) sequences: chunks cp_rank and 2cp-1-cp_rank of each. */
 static void cp_rows(const wf__trainer *tr, int *dst, const int *seq)
 {
@@ -58,18 +63,38 @@ static void cp_rows(const wf__trainer *tr, int *dst, const int *seq)
 wf_status wf__batch_cb(void *user, int mb, int *inputs, int *targets)
 {
   wf__trainer *tr = user;
-  int index = tr->split == WF_DATA_TRAIN ? tr->step - 1 : tr->step;
+  int64_t index = batch_index(tr);
   if (tr->cp == 1)
-    return wf_data_batch(tr->data, inputs, targets, tr->split, index, tr->dp_rank, tr->D, mb,
+    return wf_data_batch(tr->data, inputs, targets, NULL, tr->split, index, tr->dp_rank, tr->D, mb,
                          tr->M);
-  wf_status st = wf_data_batch(tr->data, tr->seq_in, tr->seq_tg, tr->split, index, tr->dp_rank,
-                               tr->D, mb, tr->M);
+  wf_status st = wf_data_batch(tr->data, tr->seq_in, tr->seq_tg, NULL, tr->split, index,
+                               tr->dp_rank, tr->D, mb, tr->M);
   if (st != WF_OK)
     return st;
   cp_rows(tr, inputs, tr->seq_in);
   if (targets)
     cp_rows(tr, targets, tr->seq_tg);
   return WF_OK;
+}
+
+/* A stream's batch made before the schedule asks for it, and the outcome agreed over the
+ * job: a bad line that one rank's loader met stops every rank here, together, said once
+ * by that rank, instead of one rank leaving its peers in a collective. Only the ranks
+ * that read data (the first and last stage) wait for it. */
+static wf_status data_ready(wf__trainer *tr)
+{
+  char err[2048] = "";
+  int bad = -1;
+  const wf_model_shard *sh = wf_model_get_shard(tr->model);
+  if (wf_data_get_kind(tr->data) != WF_DATA_STREAM)
+    return WF_OK;
+  wf_status mine = sh->first || sh->last
+                       ? wf_data_ready(tr->data, tr->split, batch_index(tr), err, sizeof err)
+                       : WF_OK;
+  wf_status st = wf_comm_agree(tr->world, mine, &bad);
+  if (mine != WF_OK && bad == wf__comm_rank(tr->world))
+    WF_ERROR("%s", err[0] ? err : wf_status_str(mine));
+  return st;
 }
 
 static void arm_cb(void *user)
@@ -83,6 +108,7 @@ wf_status wf__accumulate(wf__trainer *tr, int step, double *loss, wf_pipe_stats 
   wf_status st = WF_OK;
   tr->step = step;
   tr->split = WF_DATA_TRAIN;
+  WF_TRY(data_ready(tr));
   WF_TRY(wf_grads_zero(tr->grads));
   WF_TRY(wf_pipe_step(tr->pipe, step, wf__batch_cb, arm_cb, tr, loss, ps));
   *loss /= tr->M;
@@ -241,6 +267,7 @@ wf_status wf__evaluate(wf__trainer *tr, double *val_loss)
   for (int i = 0; i < n; i++) {
     double part = 0;
     tr->step = i;
+    WF_TRY(data_ready(tr));
     WF_TRY(wf_pipe_forward(tr->pipe, wf__batch_cb, tr, &part));
     sum += part;
   }
