@@ -574,9 +574,6 @@ static wf_status rule_stream(vctx *v)
   if (n == 0 && c->data.n_mix > 0)
     return fail(v, "data.mix is set but data.source is empty; data.mix weighs data.source's "
                    "sources, one weight each");
-  if (n == 0 && c->data.document_mask)
-    return fail(v, "data.document_mask=true needs data.source: documents are packed (and kept "
-                   "apart) only from JSON Lines sources");
   if (c->data.n_mix > 0 && c->data.n_mix != n)
     return fail(v,
                 "data.mix has %d weight%s but data.source has %d source%s; give one weight per "

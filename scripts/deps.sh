@@ -9,7 +9,8 @@
 #          libFuzzer runtime (build-san), clang-format (the format test), python3 (the
 #          multi-rank test drivers), git (the bit-identity test's reference build),
 #          Slurm with munge (tests/slurm), Prometheus (the metrics scrape test), patchelf
-#          (scripts/gpu-bundle.sh, run by the gpu-bundle-bare test), and for
+#          (scripts/gpu-bundle.sh, run by the gpu-bundle-bare test), zstd (the data.source
+#          tests compress their JSON Lines with it), and for
 #          the Llama 3 tokenizer's test node with Debian's Chinese and Russian fortunes
 #          (its npm packages: test_setup below), and PyTorch (python3-torch, CPU) for
 #          the independent Llama reference (tests/model/llama_ref.py), python3-protobuf
@@ -19,14 +20,14 @@
 MAIN=(gcc pkg-config meson ninja-build
       libopenmpi-dev openmpi-bin libhwloc-dev hwloc libuv1-dev libopenblas-dev
       libyaml-dev libprotobuf-c-dev protobuf-c-compiler libjansson-dev libxxhash-dev
-      libedit-dev libpcre2-dev libdnnl-dev libisal-dev libhttp-parser-dev
+      libedit-dev libpcre2-dev libdnnl-dev libisal-dev libhttp-parser-dev libzstd-dev
       fortunes)
 # npm: Debian's package, unless an npm is there already (NodeSource's nodejs brings its
 # own, and conflicts with Debian's).
 command -v npm >/dev/null 2>&1 || MAIN+=(npm)
 TESTS=(libcmocka-dev clang libclang-rt-14-dev clang-format python3 git
        slurm-wlm munge prometheus fortunes-zh fortunes-ru patchelf python3-torch
-       python3-protobuf python3-crcmod chromium)
+       python3-protobuf python3-crcmod chromium zstd)
 command -v node >/dev/null 2>&1 || TESTS+=(nodejs) # node may come from elsewhere
 
 # test_setup: what the tests need beyond packages: the npm packages that carry Llama 3's

@@ -421,6 +421,41 @@ static void test_rope_scaling(void **state)
   assert_true(r.factor == 0 && r.original_max_position_embeddings == 0); /* none: all zero */
 }
 
+/* data.source: one path or a list (a glob's '*' as it is), weights and text keys one per
+ * source, nothing beside data.path; the list values themselves as the table parses them. */
+static void test_stream_keys(void **state)
+{
+  case_ t;
+  GOOD(1, "data.source=web/*.jsonl.zst");
+  GOOD(1, "data.source=[a.jsonl, b.jsonl.zst]", "data.mix=[0.7, 0.3]", "data.field=content");
+  GOOD(1, "data.source=[a.jsonl, b.jsonl]", "data.field=[text, body]");
+  const char *kv[] = {"data.source=*.jsonl", "data.mix=2.5", NULL};
+  build(&t, kv);
+  assert_int_equal(t.cfg.data.n_source, 1);
+  assert_string_equal(t.cfg.data.source[0], "*.jsonl"); /* not a YAML alias */
+  assert_int_equal(t.cfg.data.n_mix, 1);
+  assert_true(t.cfg.data.mix[0] == 2.5);
+  assert_int_equal(t.cfg.data.n_field, 1);
+  assert_string_equal(t.cfg.data.field[0], "text"); /* the default */
+  BAD(1, "data.source (1 JSON Lines source) and data.path='x.txt' both name the training data",
+      "data.source=a.jsonl", "data.path=x.txt");
+  BAD(1, "data.mix has 1 weight but data.source has 2 sources", "data.source=[a.jsonl, b.jsonl]",
+      "data.mix=1");
+  BAD(1, "data.mix is set but data.source is empty", "data.mix=[1]");
+  BAD(1, "data.field has 2 names but data.source has 3 sources",
+      "data.source=[a.jsonl, b.jsonl, c.jsonl]", "data.field=[text, body]");
+  BAD(1, "a data.source stream has no end to hold out", "data.source=a.jsonl",
+      "data.val_fraction=0.2");
+  char err[512];
+  wf_config_init(&t.cfg);
+  assert_int_equal(wf_config_set(&t.cfg, "data.mix", "[1, 0]", WF_SRC_CLI, err, sizeof err),
+                   WF_ECONFIG);
+  assert_non_null(strstr(err, "data.mix: 0 is out of range; it must be > 0"));
+  assert_int_equal(wf_config_set(&t.cfg, "data.mix", "[1, nan]", WF_SRC_CLI, err, sizeof err),
+                   WF_ECONFIG);
+  assert_non_null(strstr(err, "expected a number, got 'nan'"));
+}
+
 static void test_deterministic_and_untouched_on_failure(void **state)
 {
   case_ a, b;
@@ -459,6 +494,7 @@ int main(void)
       cmocka_unit_test(test_fsdp_axis_means_zero3),
       cmocka_unit_test(test_loss_scale_needs_fp16),
       cmocka_unit_test(test_rope_scaling),
+      cmocka_unit_test(test_stream_keys),
       cmocka_unit_test(test_deterministic_and_untouched_on_failure),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -239,8 +239,8 @@ static void tok_identity(const wf_tokenizer *tok, char *buf, size_t len)
 {
   const char *d = tok ? wf_tokenizer_describe(tok) : "bytes";
   const char *q1 = strchr(d, '\''), *q2 = q1 ? strchr(q1 + 1, '\'') : NULL;
-  if (q1 && q2)
-    snprintf(buf, len, "%.*s%s", (int)(q1 - d), d, q2 + 1);
+  if (q1 && q2) /* "GPT-2 BPE 'vocab.json': 50257 tokens" -> "GPT-2 BPE: 50257 tokens" */
+    snprintf(buf, len, "%.*s%s", (int)(q1 - d - (q1 > d && q1[-1] == ' ')), d, q2 + 1);
   else
     snprintf(buf, len, "%s", d);
 }

@@ -1,6 +1,6 @@
 /*
  * stream.c - streaming corpora: JSON Lines sources mixed by weight and packed into rows
- * (data.source, data.mix, data.document_mask; docs/data-and-weights.md).
+ * (data.source, data.mix; docs/data-and-weights.md).
  *
  * Lanes. The global batch has L = train.batch_size rows, and row l of every step comes
  * from lane l: its own endless packed stream of documents. Lanes are the unit of
@@ -30,8 +30,8 @@
  * is its tokens [nT, nT + T + 1): inputs the first T, targets the last T, so every
  * token is a target once. A document longer than the rest of a row goes on in the next
  * row. starts[t] is where the document of input position t starts in the row (0 for
- * one that began in an earlier row): attention under data.document_mask stays in
- * [starts[t], t], and the position of t is t - starts[t].
+ * one that began in an earlier row): what keeps attention inside documents needs (keys
+ * [starts[t], t] for query t, position t - starts[t]).
  *
  * State. A lane's position is (for each source: documents taken, tokens taken; the
  * source of its current document and how many of its tokens the rows have used), all

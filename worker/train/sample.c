@@ -301,7 +301,7 @@ wf_status wf_train_generate(const wf_config *cfg, const char *prompt, const wf_t
   *one = *cfg;
   one->train.batch_size = 1;
   one->data.path[0] = one->data.val_path[0] = '\0';
-  one->data.n_source = one->data.n_mix = 0, one->data.document_mask = false;
+  one->data.n_source = one->data.n_mix = 0;
   /* Without the dp group: every dp replica runs the whole context (only dp rank 0's
    * logits count), as the debug state does. */
   st = wf__train_setup(&tr, one, &quiet, 1, false);
