@@ -199,7 +199,7 @@ static wf_status next_raw(wf__lines *r, const char **line, size_t *len, bool *go
   size_t scan = r->start;
   *got = false;
   for (;;) {
-    char *nl = memchr(r->buf + scan, '\n', r->end - scan);
+    char *nl = r->end > scan ? memchr(r->buf + scan, '\n', r->end - scan) : NULL;
     if (nl) {
       *line = r->buf + r->start, *len = (size_t)(nl - *line);
       r->start = (size_t)(nl - r->buf) + 1;
