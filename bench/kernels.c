@@ -53,6 +53,7 @@
 #include <jansson.h>
 
 #include "threads.h"
+#include "wf_build_id.h"
 #include "wf_config.h"
 #include "wf_device.h"
 #include "wf_gpu.h"
@@ -797,11 +798,13 @@ static void write_json(const char *path, const opts *o, const char *name, const 
                        json_t *rows_json)
 {
   const shape *s = &o->sh;
-  json_t *j = json_pack("{s:s, s:s, s:{s:i, s:i, s:i, s:i, s:i, s:i}, s:{s:f, s:f, s:f, s:s}, s:O}",
-                        "device", name, "precision", s->lowp == WF_PREC_NO ? "fp32" : "bf16",
-                        "shape", "B", s->B, "T", s->T, "C", s->C, "NH", s->NH, "V", s->V, "layers",
-                        s->L, "peaks", "gemm_tflops", p->gemm, "fp32_tflops", p->fp32, "mem_gbs",
-                        p->mem_gbs, "source", p->what, "rows", rows_json);
+  json_t *j = json_pack("{s:s, s:s, s:s, s:{s:i, s:i, s:i, s:i, s:i, s:i}, s:{s:f, s:f, s:f, s:s}, "
+                        "s:O}",
+                        "weft_build", wf_build_id(), "device", name, "precision",
+                        s->lowp == WF_PREC_NO ? "fp32" : "bf16", "shape", "B", s->B, "T", s->T, "C",
+                        s->C, "NH", s->NH, "V", s->V, "layers", s->L, "peaks", "gemm_tflops",
+                        p->gemm, "fp32_tflops", p->fp32, "mem_gbs", p->mem_gbs, "source", p->what,
+                        "rows", rows_json);
   if (!j || json_dump_file(j, path, JSON_INDENT(1)) != 0)
     fprintf(stderr, "kernels: cannot write %s\n", path);
   json_decref(j);

@@ -31,6 +31,7 @@
 #include "wf_bind.h"
 #include "wf_gpu.h"
 #include "wf_build_config.h"
+#include "wf_build_id.h"
 #include "wf_io.h"
 #include "wf_kernels.h"
 #include "wf_parallel.h"
@@ -590,8 +591,8 @@ static int run(wf_comm *world, wf__args *a, int rank, int size)
     return fail_all(world, !ok, err, rank);
   wf_log_set_level(cfg.runtime.log_level);
   if (rank == 0 && launched)
-    WF_INFO("launch: rank/size from %s; %d rank%s", wf_launch_source_str(launch.source), size,
-            size == 1 ? "" : "s");
+    WF_INFO("weft " WF_VERSION " (build %s); launch: rank/size from %s; %d rank%s", wf_build_id(),
+            wf_launch_source_str(launch.source), size, size == 1 ? "" : "s");
   wf__cmd_ctx c = {&cfg, a, world, rank, size, &launch, NULL, NULL};
   if (!cmd->mesh)
     return cmd->run(&c);
@@ -626,7 +627,7 @@ int main(int argc, char **argv)
     if (a.help)
       print_usage(stdout);
     else
-      printf("weft " WF_VERSION "\n");
+      printf("weft " WF_VERSION " (build %s)\n", wf_build_id());
     free(a.overrides);
     return WF_EXIT_OK;
   }

@@ -11,11 +11,11 @@
  * skip-or-fail decision from this exit status, so it is wf_gpu_open's own decision
  * (runtime/gpu.c): 77 never stands for a failure on a machine with a GPU.
  *
- * The object: {"status": "gpu" | "no-gpu" | "unusable", "why", "driver": {"cuda",
- * "devices", "detail"}, "devices": [{"index", "name", "pci", "memory_gib",
- * "free_gib", "sm_count", "cc"}], "libraries": {"cudart" | "cublas" | "cublasLt" |
- * "nccl" | "cudnn": {"version", "path"} or {"error"}}}. A library's path is the file
- * the dynamic linker chose, the one the GPU modules load (they resolve the same
+ * The object: {"weft_build" (wf_build_id.h), "status": "gpu" | "no-gpu" | "unusable",
+ * "why", "driver": {"cuda", "devices", "detail"}, "devices": [{"index", "name", "pci",
+ * "memory_gib", "free_gib", "sm_count", "cc"}], "libraries": {"cudart" | "cublas" |
+ * "cublasLt" | "nccl" | "cudnn": {"version", "path"} or {"error"}}}. A library's path is
+ * the file the dynamic linker chose, the one the GPU modules load (they resolve the same
  * sonames the same way); its version is the library's own answer.
  */
 #include <dlfcn.h>
@@ -26,6 +26,7 @@
 
 #include <jansson.h>
 
+#include "wf_build_id.h"
 #include "wf_gpu.h"
 
 /* The sonames the GPU modules link (kernels/cuda, collectives/nccl), and cuDNN's. */
@@ -124,10 +125,10 @@ int main(void)
     json_object_set_new(libs, libraries[i].key, library(i));
   char cuda_text[16];
   snprintf(cuda_text, sizeof cuda_text, "%d.%d", cuda / 1000, cuda % 1000 / 10);
-  json_t *out =
-      json_pack("{s:s, s:s, s:{s:s, s:i, s:s}, s:o, s:o}", "status", status, "why",
-                st == WF_OK ? "" : why, "driver", "cuda", cuda ? cuda_text : "", "devices",
-                n_driver, "detail", driver, "devices", devices, "libraries", libs);
+  json_t *out = json_pack("{s:s, s:s, s:s, s:{s:s, s:i, s:s}, s:o, s:o}", "weft_build",
+                          wf_build_id(), "status", status, "why", st == WF_OK ? "" : why, "driver",
+                          "cuda", cuda ? cuda_text : "", "devices", n_driver, "detail", driver,
+                          "devices", devices, "libraries", libs);
   char *text = out ? json_dumps(out, JSON_INDENT(2)) : NULL;
   printf("%s\n", text ? text : "{}");
   free(text);
