@@ -18,7 +18,9 @@ bytes) with the theory beside each, computed here from the llm.c layout by the f
 of README.md's ZeRO section (wf_zero_mem computes the same in C). A mismatch between a
 reported figure and its theory is flagged with '!='.
 
-Then PyTorch on the same model size, batch and threads, in the same run
+Every trainer, weft's and PyTorch's, runs with glibc's allocator told to keep freed
+memory (GLIBC_TUNABLES, bench/bench_env.py: PyTorch otherwise page-faults its gradients
+afresh every step). Then PyTorch on the same model size, batch and threads, in the same run
 (bench/zero_torch.py under /usr/bin/python3, Debian's python3-torch 1.13, gloo): DDP,
 and FSDP when torch's FSDP runs (Debian 12's 1.13 cannot import it under Python 3.11;
 the row then says why). Their memory is rank 0's tensors by kind (no activations, no comm_ms:
@@ -31,6 +33,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_env  # noqa: E402  glibc's allocator alike for weft and PyTorch
 
 MIB = 1 << 20
 
@@ -106,7 +111,8 @@ def run(a, zero, keep, tmp):
            f"model.seq_len={a.seq}", f"model.vocab={a.vocab}", f"train.batch_size={a.batch}",
            f"train.steps={a.steps}", "train.warmup=1", "train.eval_every=0", "runtime.threads=1",
            f"train.metrics={metrics}"]
-    p = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    p = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                       env=bench_env.alike())
     if p.returncode != 0:
         sys.exit(f"{' '.join(cmd)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
     return [json.loads(l) for l in open(metrics) if l.strip()]
@@ -190,7 +196,7 @@ def torch_rows(a):
                str(a.steps), "--layers", str(a.layers), "--d-model", str(a.d_model), "--vocab",
                str(a.vocab), "--seq", str(a.seq), "--batch", str(a.batch)]
         p = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                           env=dict(os.environ, OMP_NUM_THREADS="1"))
+                           env=bench_env.alike(OMP_NUM_THREADS="1"))
         lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
         r = json.loads(lines[-1]) if lines else {"error": f"exit {p.returncode}: "
                                                  f"{(p.stderr.strip().splitlines() or [''])[-1]}"}
