@@ -19,7 +19,9 @@ Inside, first a control: the build tree's own worker, which links the host's lib
 must fail to start there; the bundle's must start. Then the check: its environment part
 passes (libraries, the bundle's mpirun training 2 CPU ranks), the GPU parts report
 "no GPU", the kernel table part runs bench/kernels on the CPU, and gpu-check.sh exits 0,
-in under 8 minutes. On a machine with a GPU the GPU parts must pass instead.
+in under 8 minutes, leaving a valid results file (bench/results.py) that names the
+build tree's build id and all seven parts. On a machine with a GPU the GPU parts must
+pass instead.
 """
 import glob
 import json
@@ -112,7 +114,7 @@ def main():
         if not os.path.exists(path):
             fail(f"no report: the namespace's script exited {p.returncode}")
         report = json.load(open(path))
-        check(report, p.returncode, wall)
+        check(report, p.returncode, wall, out)
 
 
 def inside(spec):
@@ -142,7 +144,33 @@ def inside(spec):
     os.execvp("bash", ["bash", "scripts/gpu-check.sh", s["out"]])
 
 
-def check(report, rc, wall):
+def check_results(folder):
+    """The check's results file (bench/results.py's): valid, naming the build the bundle
+    was made from (the build tree's own `worker --version`) and every part."""
+    sys.path.insert(0, os.path.join(SRC, "bench"))
+    import results
+    files = sorted(glob.glob(os.path.join(folder, "*-gpu-check.json")))
+    if len(files) != 1:
+        fail(f"{folder}: {len(files)} gpu-check results files, want 1")
+    rec = json.load(open(files[0]))
+    try:
+        results.validate(rec, files[0])
+    except ValueError as e:
+        fail(str(e))
+    want = results.build_id(os.path.join(BUILD, "worker", "worker"))
+    if rec["weft"] != want:
+        fail(f"the results file names weft {rec['weft']}, the build is {want}")
+    if not want["commit"] and os.path.exists(os.path.join(SRC, ".git")):
+        fail(f"a git checkout's build has no build id: {want}")
+    parts = [p["part"] for p in rec["figures"]["parts"]]
+    if len(parts) != 7 or rec["figures"]["result"] != "pass":
+        fail(f"the results file has parts {parts}, result {rec['figures']['result']}")
+    print(f"ok: {os.path.basename(files[0])}: weft {want['commit']}"
+          f"{'-dirty' if want['dirty'] else ''}, {len(parts)} parts, "
+          f"machine {rec['machine']['gpu']}")
+
+
+def check(report, rc, wall, out):
     parts = {x["part"]: x for x in report["parts"]}
     gpu = report["environment"]["status"] == "gpu"
     want = "pass" if gpu else "no GPU"
@@ -152,11 +180,13 @@ def check(report, rc, wall):
         fail(f"gpu-check.sh exited {rc}")
     if parts["environment"]["status"] != "pass" or report["library_problems"]:
         fail("the environment part did not pass: " + parts["environment"]["reason"])
-    for name in ("kernels", "training", "kernel table", "vs PyTorch"):
+    for name in ("kernels", "training", "GPT-2 vs PyTorch", "Llama vs PyTorch", "kernel table",
+                 "max-autotune"):
         if parts[name]["status"] != want:
             fail(f"{name}: {parts[name]['status']}, expected {want}")
     if not gpu and not report.get("kernel_tables", {}).get("cpu (toy shape)"):
         fail("bench/kernels did not run on the CPU")
+    check_results(os.path.join(out, "results"))
     if wall > 480:
         fail(f"the check took {wall:.0f} s, over 8 minutes")
     print(f"ok: gpu-check.sh from the bundle with the host's Debian libraries hidden: "
