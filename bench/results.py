@@ -97,7 +97,8 @@ def record(kind, figures, mach, weft):
 def file_name(rec):
     gpu = slug(short_gpu(rec["machine"].get("gpu")))
     stamp = rec.get("time", rec["date"]).replace(":", "").replace("+0000", "")
-    extra = rec["figures"].get("model", "") if rec["kind"] == "gpu-train" else ""
+    extra = {"gpu-train": rec["figures"].get("model"),
+             "kernel-table": rec["figures"].get("precision")}.get(rec["kind"]) or ""
     return f"{stamp[:17]}-{gpu}-{rec['kind']}{'-' + slug(extra) if extra else ''}.json"
 
 

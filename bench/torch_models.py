@@ -1,5 +1,5 @@
-"""The PyTorch peers' models for bench/torch_train.py: GPT-2 as weft and llm.c define it,
-and Llama as Hugging Face's LlamaForCausalLM defines it. No weft code runs here; these
+"""The PyTorch peers' models for bench/torch_train.py (and bench/zero_torch.py's GPT-2):
+GPT-2 as weft and llm.c define it, and Llama as Hugging Face's LlamaForCausalLM defines it. No weft code runs here; these
 are the yardsticks.
 
 GPT: learned positions, pre-LayerNorm blocks, tanh GELU, biases, the head tied to the
@@ -67,9 +67,11 @@ class GPT(nn.Module):
         self.wte, self.wpe = nn.Embedding(vocab, c), nn.Embedding(seq, c)
         self.blocks = nn.ModuleList(Block(c, heads) for _ in range(layers))
         self.lnf = nn.LayerNorm(c)
-        for p in self.parameters():  # GPT-2's initialisation scale
-            if p.dim() > 1:
-                nn.init.normal_(p, std=0.02)
+        for m in self.modules():  # GPT-2's initialisation, as weft's (std 0.02, zero biases)
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+            if isinstance(m, nn.Linear):
+                nn.init.zeros_(m.bias)
 
     def forward(self, idx, targets):
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))

@@ -18,7 +18,6 @@ so only DDP runs here.
 """
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -27,52 +26,10 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import torch.nn as nn
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_models import GPT  # noqa: E402  (GPT-2 as weft defines it)
 from zero import run_args  # noqa: E402  (bench/zero.py: the shared run arguments)
-
-
-class Block(nn.Module):
-    def __init__(self, C, H):
-        super().__init__()
-        self.H = H
-        self.ln1, self.ln2 = nn.LayerNorm(C), nn.LayerNorm(C)
-        self.qkv, self.proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
-        self.fc, self.fcproj = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
-
-    def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.H, C // self.H).transpose(1, 2) for t in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(C // self.H)
-        mask = torch.ones(T, T, dtype=torch.bool).tril()
-        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-        x = x + self.proj((att @ v).transpose(1, 2).reshape(B, T, C))
-        h = self.fc(self.ln2(x))
-        h = 0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h ** 3)))
-        return x + self.fcproj(h)
-
-
-class GPT(nn.Module):
-    def __init__(self, L, C, V, T, H):
-        super().__init__()
-        self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
-        self.blocks = nn.ModuleList(Block(C, H) for _ in range(L))
-        self.lnf = nn.LayerNorm(C)
-        for m in self.modules():  # GPT-2's initialisation, as weft's (std 0.02, zero biases)
-            if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, std=0.02)
-            if isinstance(m, nn.Linear):
-                nn.init.zeros_(m.bias)
-
-    def forward(self, idx, targets):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
-        for b in self.blocks:
-            x = b(x)
-        logits = self.lnf(x) @ self.wte.weight.t()  # tied, as GPT-2's
-        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
 
 
 def tensor_bytes(ts):
@@ -95,7 +52,7 @@ def worker(rank, a, port):
 
 def train(rank, a):
     torch.manual_seed(1234)
-    model = GPT(a.layers, a.d_model, a.vocab, a.seq, 8)
+    model = GPT(a.layers, 8, a.d_model, a.seq, a.vocab)
     if a.mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
         model = DDP(model, gradient_as_bucket_view=True)
