@@ -3,11 +3,12 @@ PyTorch's own CUDA libraries on a GPU machine a weft bundle set up).
 
 glibc returns large freed blocks to the kernel (and trims the heap) after every step
 unless told not to, and PyTorch's per-step gradient tensors then page-fault afresh every
-step, which can make its steps several times slower (issue 41). So every bench that times PyTorch on a CPU runs every
-trainer with it: blocks up to 4 GiB come from the heap, and the heap is trimmed only
-past 16 GiB free. weft's worker sets its own mmap threshold at start (mallopt in
-worker/main.c, for --check-estimate's RSS accounting), which takes precedence over the
-tunable; the trim threshold applies to it as to PyTorch. docs/benchmarks.md says so.
+step, which can make its steps several times slower (issue 41). So every bench that
+times PyTorch on a CPU runs every trainer with it: blocks up to 4 GiB come from the heap,
+and the heap is trimmed only past 16 GiB free. weft's worker sets its own mmap threshold
+at start (mallopt in worker/main.c, for --check-estimate's RSS accounting), which takes
+precedence over the tunable; the trim threshold applies to it as to PyTorch.
+docs/benchmarks.md says so.
 """
 import os
 

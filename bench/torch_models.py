@@ -1,6 +1,6 @@
 """The PyTorch peers' models for bench/torch_train.py (and bench/zero_torch.py's GPT-2):
-GPT-2 as weft and llm.c define it, and Llama as Hugging Face's LlamaForCausalLM defines it. No weft code runs here; these
-are the yardsticks.
+GPT-2 as weft and llm.c define it, and Llama as Hugging Face's LlamaForCausalLM defines
+it. No weft code runs here; these are the yardsticks.
 
 GPT: learned positions, pre-LayerNorm blocks, tanh GELU, biases, the head tied to the
 token embedding, causal attention through scaled_dot_product_attention (SDPA).

@@ -13,7 +13,8 @@ exercise every piece the 1B model has: grouped-query attention (4 query heads ov
 heads), RoPE with Llama 3's llama3 frequency scaling (factor 8, low 1, high 4, an
 original context of 16, so of the head's four wavelengths, 6.3, 63, 628 and 6283
 positions, one is interpolated and three are divided by the factor), the tied head (as
-Llama 3.2 1B) and an untied one, and without scaling. Compared: the loss, and every parameter's gradient.
+Llama 3.2 1B) and an untied one, and without scaling. Compared: the loss, and every
+parameter's gradient.
 
 Tolerance: both are float64 computations of the same ops, differing only in the order
 of some sums (the bench model adds the repeated kv heads through SDPA or its explicit
