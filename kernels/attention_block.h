@@ -33,6 +33,10 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct wf_attn_block {
   int B, Tq, Tk;           /* batch, query rows, key/value rows */
   int NH, NKV, hs;         /* query heads, kv heads (dividing NH), head size */
@@ -93,5 +97,9 @@ typedef struct wf_attn_block_ops {
   void (*grad_add)(float *dst, const float *src, size_t n, struct wf_stream *s);
 } wf_attn_block_ops;
 const wf_attn_block_ops *wf_attn_block_ops_of(const struct wf_dev *d);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* WF_KERNELS_ATTENTION_BLOCK_H */
