@@ -384,6 +384,7 @@ static void send_hello(wf_control *c)
   h.pp = c->facts.coords.pp;
   h.dp = c->facts.coords.dp;
   h.tp = c->facts.coords.tp;
+  h.cp = c->facts.coords.cp;
   h.threads = c->facts.threads;
   h.stage = c->stage;
   env.msg_case = WEFT__ENVELOPE__MSG_HELLO;

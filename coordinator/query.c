@@ -63,14 +63,15 @@ static json_t *rank_json(const wf__rank *r, double now)
   json_t *age =
       r->state == WF__RANK_WAITING ? json_null() : json_real((now - r->t_heartbeat) / 1000.0);
   return json_pack(
-      "{s:i, s:s, s:i, s:i, s:s, s:s, s:{s:i, s:i, s:i}, s:s, s:s, s:o, s:I, s:s, "
+      "{s:i, s:s, s:i, s:i, s:s, s:s, s:{s:i, s:i, s:i, s:i}, s:s, s:s, s:o, s:I, s:s, "
       "s:I, s:o, s:o, s:{s:I, s:s, s:b}, s:s}",
       "rank", f->rank, "host", f->host, "pid", f->pid, "local_rank", f->local_rank, "device",
       f->device, "binding", f->binding, "coords", "pp", f->coords.pp, "dp", f->coords.dp, "tp",
-      f->coords.tp, "stage", r->stage, "state", state_name(r->state), "heartbeat_age_s", age,
-      "step", (json_int_t)r->step, "phase", r->phase, "mem_bytes", (json_int_t)r->mem_bytes, "loss",
-      num_or_null(r->loss), "step_ms", num_or_null(r->step_ms), "collective", "seq",
-      (json_int_t)r->coll_seq, "op", r->coll_op, "active", r->coll_active, "error", r->error);
+      f->coords.tp, "cp", f->coords.cp, "stage", r->stage, "state", state_name(r->state),
+      "heartbeat_age_s", age, "step", (json_int_t)r->step, "phase", r->phase, "mem_bytes",
+      (json_int_t)r->mem_bytes, "loss", num_or_null(r->loss), "step_ms", num_or_null(r->step_ms),
+      "collective", "seq", (json_int_t)r->coll_seq, "op", r->coll_op, "active", r->coll_active,
+      "error", r->error);
 }
 
 /* A rank's memory by kind from its last step report (the step line's figures); null

@@ -170,6 +170,7 @@ static void facts_from_hello(wf__rank *r, const Weft__Hello *h)
   f->coords.pp = h->pp;
   f->coords.dp = h->dp;
   f->coords.tp = h->tp;
+  f->coords.cp = h->cp;
   wf__sanitize(f->host, sizeof f->host, h->host);
   wf__sanitize(f->device, sizeof f->device, h->device);
   wf__sanitize(f->binding, sizeof f->binding, h->binding);
@@ -857,10 +858,8 @@ static wf_status service_config(wf_service *svc, const wf_service_opts *o)
     wf__rank *r = &svc->ranks[i];
     if (o->facts)
       r->facts = o->facts[i];
-    else /* rank = tp + TP * (dp + DP * pp), as wf_mesh_coords() */
-      r->facts.coords = (wf_coords){.pp = i / (svc->mesh.tp * svc->mesh.dp),
-                                    .dp = (i / svc->mesh.tp) % svc->mesh.dp,
-                                    .tp = i % svc->mesh.tp};
+    else
+      r->facts.coords = wf_mesh_coords(&svc->mesh, i);
     r->facts.rank = i;
     r->step = -1;
     r->loss = r->tokens_per_s = r->step_ms = r->rtt_ms = NAN;

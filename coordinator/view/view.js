@@ -72,7 +72,7 @@ function cell(r) {
   head.appendChild(el("span", "st", r.view_state));
   c.appendChild(head);
   c.appendChild(el("div", "coords", "pp " + r.coords.pp + " \u00b7 dp " + r.coords.dp +
-                   " \u00b7 tp " + r.coords.tp));
+                   (r.coords.cp ? " \u00b7 cp " + r.coords.cp : "") + " \u00b7 tp " + r.coords.tp));
   if (r.straggler)
     c.appendChild(el("div", "tag", "straggler: compute " + fmt(r.compute_ms, 1) + " ms vs stage median " +
                      fmt(r.stage_median_compute_ms, 1)));
