@@ -26,7 +26,8 @@ Cases:
   gpt2     cp 2 ring, cp 4 ring, cp 2 all-gather, cp 4 all-gather
   llama    the same on llama-tiny (grouped-query attention: 4 query heads over 2 kv
            heads, RoPE at each chunk's global positions)
-  compose  cp 2 x dp 2 with ZeRO-1, ZeRO-2 and ZeRO-3 (sharded over dp x cp = 4),
+  compose  the ring's waits in train.trace; cp 2 x dp 2 with ZeRO-1, ZeRO-2 and ZeRO-3
+           (sharded over dp x cp = 4),
            cp 2 with selective and with full recompute, cp 2 x tp 2 with sequence
            parallelism (Llama), and bf16 cp 2 against one rank at bf16 (equiv.py's
            MP_* tolerances, 6 steps as llama_equiv.py's mixed case)
@@ -121,7 +122,27 @@ def case_llama(tmp):
     family_cases("llama", tmp)
 
 
+def trace_waits(tmp):
+    """train.trace records each ring wait as a "cp wait" span: per layer and micro-batch
+    cp - 1 in forward (the next block's keys and values), 2 (cp - 1) + 1 in backward (keys
+    and values, the dK/dV sums, the own sum's return); 2 layers, cp 2, 2 traced steps of
+    one micro-batch, 2 ranks: 2 x 2 x 2 x (1 + 3) = 32."""
+    trace = os.path.join(tmp, "trace.json")
+    cmd, p = run(2, [WORKER] + FAMILY["gpt2"] + SMALL + ["train.steps=3", "mesh.cp=2",
+                                                         f"train.trace={trace}",
+                                                         "train.trace_steps=[2,3]"])
+    if p.returncode != 0:
+        fail(f"{' '.join(cmd)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
+    t = json.load(open(trace))
+    ev = t["traceEvents"] if isinstance(t, dict) else t
+    n = sum(1 for e in ev if e.get("name") == "cp wait")
+    if n != 32:
+        fail(f"{n} 'cp wait' spans in the trace, want 32")
+    print(f"ok: the trace holds the ring's {n} waits of 2 steps on 2 ranks")
+
+
 def case_compose(tmp):
+    trace_waits(tmp)
     ref = train(1, "gpt2", [], tmp, "ref")
     for z in (1, 2, 3):
         compare(ref, train(4, "gpt2", ["mesh.cp=2", "mesh.dp=2", f"optim.zero={z}"], tmp,

@@ -51,6 +51,7 @@ struct wf_cp {
   float *blse;    /* (B, NH, T) one block's lse; backward's D */
   void *mem;
   double wait_s, bytes;
+  wf_trace *trace; /* a span per wait while it records; NULL = none */
 };
 
 /* ---- sizes ---------------------------------------------------------------------------- */
@@ -182,13 +183,24 @@ fail:
   return st;
 }
 
-/* Wait for a request; the time counts as exposed communication. */
+/* Wait for a request; the time counts as exposed communication (a trace span). */
 static wf_status await(wf_cp *c, wf_req **req)
 {
+  if (!*req) /* nothing in flight (the ring's last step) */
+    return WF_OK;
   double t0 = wf_now();
   wf_status st = wf_req_wait(req);
-  c->wait_s += wf_now() - t0;
+  double t1 = wf_now();
+  c->wait_s += t1 - t0;
+  if (wf_trace_on(c->trace))
+    wf_trace_span(c->trace, "cp wait", "comm", t0, t1, -1, -1);
   return st;
+}
+
+void wf_cp_set_trace(wf_cp *c, wf_trace *trace)
+{
+  if (c)
+    c->trace = trace;
 }
 
 /* ---- the blocks --------------------------------------------------------------------- */

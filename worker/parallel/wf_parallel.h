@@ -73,6 +73,8 @@ wf_cp_geo wf_cp_geo_of(const wf_model_dims *d, int tp, int B, int T, int fmt);
 /* Seconds spent waiting for cp communication (exposed) and bytes sent, since the last
  * call (then reset). */
 void wf_cp_stats(wf_cp *cp, double *seconds, double *bytes);
+/* Record each wait as a "comm" span ("cp wait") while `trace` is on (NULL = none). */
+void wf_cp_set_trace(wf_cp *cp, wf_trace *trace);
 
 /* The whole model's parameters (which 0) or gradients (1) in `full` on every rank of
  * `world`: the ranks with `contribute` add their counted slices into zeros and a sum

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "attention_block.h" /* wf_attn_block_ops_of */
 #include "train_int.h"
 #include "wf_file.h"
 
@@ -168,12 +169,18 @@ static wf_status setup_cp(wf__trainer *tr, wf_model_opts *o)
   if (tr->cp == 1)
     return WF_OK;
   wf_model_dims d = wf_model_dims_resolve(&tr->dims);
+  /* every rank trains on the same kind of device (wf_job_check_devices): one refusal */
+  WF_REFUSE(wf_attn_block_ops_of(tr->dev) != NULL, WF_ECONFIG,
+            "mesh.cp=%d: device %s has no block attention kernels for context parallelism "
+            "yet; train with mesh.cp on the CPU (runtime.device=cpu) or without mesh.cp",
+            tr->cp, wf_dev_name(tr->dev));
   o->shard.cp = tr->cp, o->shard.cp_rank = tr->cp_rank;
   wf_cp_opts co = {.comm = tr->cp_comm,
                    .dev = tr->dev,
                    .mode = tr->cfg->parallel.cp_mode,
                    .max = wf_cp_geo_of(&d, tr->tp, tr->B, tr->Tl, (int)tr->cfg->precision)};
   WF_TRY(wf_cp_create(&tr->cpr, &co));
+  wf_cp_set_trace(tr->cpr, tr->trace);
   o->cp = wf_cp_regions_of(tr->cpr);
 fail:
   return st;
@@ -331,8 +338,8 @@ fail:
 /* train.trace: a recorder on every rank, on only for train.trace_steps. Per micro-batch
  * and model chunk: F, B and their p2p waits; with tp up to 14 collectives per layer
  * (sequence parallelism with recompute: 4 forward, 4 again, 6 backward; counted over
- * all L layers, a bound for any stage) and a few for the embedding and head; doubled
- * for margin; bounded by 1M spans. */
+ * all L layers, a bound for any stage) and a few for the embedding and head; cp's waits;
+ * doubled for margin; bounded by 1M spans. */
 /* Rank 0 writes the trace after the last traced step: a path it cannot write to is said
  * now, before training, not when the run is over. */
 static wf_status trace_dir_ok(const char *path)
@@ -378,6 +385,9 @@ static wf_status setup_trace(wf__trainer *tr)
   size_t steps = (size_t)(ts[1] - ts[0] + 1);
   size_t v = cfg->train.schedule == WF_SCHED_INTERLEAVED ? (size_t)cfg->parallel.virtual_stages : 1;
   size_t per_mb = 8 * v + (tr->tp > 1 ? 14 * (size_t)tr->dims.L + 8 : 0);
+  /* context parallelism: up to cp waits per layer forward, cp + 1 backward, cp again
+   * under selective recompute */
+  per_mb += tr->cp > 1 ? (3 * (size_t)tr->cp + 1) * (size_t)tr->dims.L : 0;
   size_t spans = WF_MIN(2 * steps * ((size_t)tr->M * per_mb + 16), (size_t)1 << 20);
   st = wf_trace_create(&tr->trace, label, spans);
   WF_CHECK(st == WF_OK, st, "cannot set up train.trace (%s)", wf_status_str(st));
