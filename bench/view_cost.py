@@ -8,8 +8,9 @@ The same 4-rank job (gpt2-tiny, pp 2 x tp 2, 4 micro-batches) runs N steps in ea
           2 cores as the ranks: its rendering counts against the job too)
   poll10  the listener and no browser, but /api/state fetched 10 times a second with the
           token: ten times the page's load on the coordinator's thread, alone
-The modes alternate within each round, so drift in the machine's load spreads over all
-of them. A run's figure is the median step_ms from its metrics file of the steps that began
+The modes alternate within each round, each round starting with the next mode, so a
+drift in the machine's load (other jobs starting or ending) favours none of them; each
+mode is also compared with the `off` run of its own round. A run's figure is the median step_ms from its metrics file of the steps that began
 SETTLE_S after the job published its address (the browser started and loaded the page by
 then; `off` waits alike), so start-up is in no mode's figure; the table gives each round's figure, their median,
 and the change against `off`, beside `off`'s own spread between rounds (the noise).
@@ -120,22 +121,24 @@ LOAD = os.getloadavg()[0]
 try:
     res = {k: [] for k in MODES}
     for r in range(args.rounds):
-        for k in MODES:
+        for k in MODES[r % 3:] + MODES[:r % 3]:
             res[k].append(run(k, r))
             print("round %d %-6s %.1f ms" % (r + 1, k, res[k][-1]), flush=True)
     off = statistics.median(res["off"])
     noise = (max(res["off"]) - min(res["off"])) / off * 100
+    ratio = {k: statistics.median(v / o for v, o in zip(res[k], res["off"])) for k in MODES}
     lines = ["weft live view: its cost to training (bench/view_cost.py --steps %d --rounds %d)"
              % (args.steps, args.rounds),
              "4 ranks on this machine's 2 cores, gpt2-tiny, pp 2 x tp 2, 4 micro-batches; median "
              "step_ms per run of the steps after %d s of settling; load average at the start %.1f"
              % (SETTLE_S, LOAD),
-             "%-7s %s %9s %9s" % ("mode", " ".join("round%-3d" % (i + 1) for i in range(args.rounds)),
-                                  "median", "vs off")]
+             "%-7s %s %9s %9s %15s" % ("mode", " ".join("round%-3d" % (i + 1) for i in range(args.rounds)),
+                                       "median", "vs off", "vs round's off")]
     for k in MODES:
         med = statistics.median(res[k])
-        lines.append("%-7s %s %9.1f %+8.1f%%" % (k, " ".join("%8.1f" % v for v in res[k]), med,
-                                                  (med / off - 1) * 100))
+        lines.append("%-7s %s %9.1f %+8.1f%% %+14.1f%%" % (k, " ".join("%8.1f" % v for v in res[k]),
+                                                            med, (med / off - 1) * 100,
+                                                            (ratio[k] - 1) * 100))
     lines.append("noise: off's rounds spread %.1f%% of its median" % noise)
     text = "\n".join(lines) + "\n"
     print(text)

@@ -833,8 +833,8 @@ static wf_status service_config(wf_service *svc, const wf_service_opts *o)
   wf_strlcpy(svc->job_id, o->job_id, sizeof svc->job_id);
   svc->world = o->world_size;
   svc->mesh = o->mesh;
-  if (svc->mesh.dp * svc->mesh.tp * svc->mesh.pp != svc->world)
-    svc->mesh = (wf_mesh){.dp = svc->world, .tp = 1, .pp = 1};
+  if (wf_mesh_size(&svc->mesh) != svc->world) /* cp included: a cp 2 mesh is no dp mesh */
+    svc->mesh = (wf_mesh){.dp = svc->world, .tp = 1, .pp = 1, .cp = 1};
   wf_strlcpy(svc->model, o->model_desc ? o->model_desc : "", sizeof svc->model);
   svc->total_steps = o->total_steps;
   svc->hang_timeout_ms = o->hang_timeout_s * 1000.0;
@@ -858,7 +858,7 @@ static wf_status service_config(wf_service *svc, const wf_service_opts *o)
     wf__rank *r = &svc->ranks[i];
     if (o->facts)
       r->facts = o->facts[i];
-    else
+    else /* rank = tp + TP * (cp + CP * (dp + DP * pp)) */
       r->facts.coords = wf_mesh_coords(&svc->mesh, i);
     r->facts.rank = i;
     r->step = -1;

@@ -62,7 +62,7 @@ function notice(text) {
 
 // ---- the mesh ------------------------------------------------------------------------
 
-function cell(r) {
+function cell(r, cp) {
   const c = el("div", "cell " + r.view_state + (r.straggler ? " straggler" : ""));
   c.dataset.rank = r.rank;
   c.dataset.state = r.view_state;
@@ -72,7 +72,7 @@ function cell(r) {
   head.appendChild(el("span", "st", r.view_state));
   c.appendChild(head);
   c.appendChild(el("div", "coords", "pp " + r.coords.pp + " \u00b7 dp " + r.coords.dp +
-                   (r.coords.cp ? " \u00b7 cp " + r.coords.cp : "") + " \u00b7 tp " + r.coords.tp));
+                   (cp > 1 ? " \u00b7 cp " + r.coords.cp : "") + " \u00b7 tp " + r.coords.tp));
   if (r.straggler)
     c.appendChild(el("div", "tag", "straggler: compute " + fmt(r.compute_ms, 1) + " ms vs stage median " +
                      fmt(r.stage_median_compute_ms, 1)));
@@ -90,24 +90,30 @@ function cell(r) {
   return c;
 }
 
-// One grid per pipeline stage: dp down, tp across, as `coordinator mesh` draws it.
+// One grid per pipeline stage: dp down, and across its tp ranks (within each cp rank when
+// the mesh has context parallelism), placed by each rank's own coordinates.
 function drawMesh(s) {
-  const m = s.mesh, byRank = new Map(s.ranks.map((r) => [r.rank, r]));
-  $("meshdesc").textContent = "dp " + m.dp + " \u00d7 tp " + m.tp + " \u00d7 pp " + m.pp + " = " +
-      m.world_size + " ranks";
+  const m = s.mesh, cp = m.cp || 1, cols = cp * m.tp;
+  $("meshdesc").textContent = "dp " + m.dp + (cp > 1 ? " \u00d7 cp " + cp : "") + " \u00d7 tp " + m.tp +
+      " \u00d7 pp " + m.pp + " = " + m.world_size + " ranks";
   const out = $("mesh");
   out.replaceChildren();
-  for (const stage of m.stages) {
+  for (let pp = 0; pp < m.pp; pp++) {
     const box = el("div", "stage");
-    box.appendChild(el("h3", "", "pipeline stage " + stage.pp));
+    box.appendChild(el("h3", "", "pipeline stage " + pp));
     const grid = el("div", "grid");
-    grid.style.gridTemplateColumns = "auto repeat(" + m.tp + ", auto)";
+    grid.style.gridTemplateColumns = "auto repeat(" + cols + ", auto)";
     grid.appendChild(el("span", "axis", ""));
-    for (let t = 0; t < m.tp; t++) grid.appendChild(el("span", "axis", "tp " + t));
-    stage.grid.forEach((row, d) => {
-      grid.appendChild(el("span", "axis", "dp " + d));
-      for (const rank of row) grid.appendChild(byRank.has(rank) ? cell(byRank.get(rank)) : el("div"));
-    });
+    for (let c = 0; c < cols; c++)
+      grid.appendChild(el("span", "axis", (cp > 1 ? "cp " + Math.floor(c / m.tp) + " \u00b7 " : "") + "tp " + (c % m.tp)));
+    for (let dp = 0; dp < m.dp; dp++) {
+      grid.appendChild(el("span", "axis", "dp " + dp));
+      for (let c = 0; c < cols; c++) {
+        const r = s.ranks.find((x) => x.coords.pp === pp && x.coords.dp === dp &&
+                                      (x.coords.cp || 0) === Math.floor(c / m.tp) && x.coords.tp === c % m.tp);
+        grid.appendChild(r ? cell(r, cp) : el("div"));
+      }
+    }
     box.appendChild(grid);
     out.appendChild(box);
   }

@@ -11,7 +11,7 @@
 //            the val_loss points are the evaluated steps'; the schedule is drawn and the
 //            trace downloads; the stop button stops the job at a step boundary with that
 //            step's checkpoint, and mpirun exits 0.
-//   hostile  2 ranks: oversized heads, a slowloris trickle and path traversals (with and
+//   hostile  2 ranks (cp 2, the grid placing them by their context-parallel rank): oversized heads, a slowloris trickle and path traversals (with and
 //            without the token) while the page polls; the job trains on, answers the
 //            page, and stops on its button.
 // Screenshots go to ARTIFACTS (refused.png, running.png, late.png, stopped.png).
@@ -212,12 +212,17 @@ function raw(base, chunks, gapMs) {
 }
 
 async function caseHostile() {
-  const { url, base } = await startJob(2, ["mesh.pp=2", "train.microbatches=2", "train.eval_every=0"]);
+  const { url, base } = await startJob(2, ["mesh.cp=2", "train.eval_every=0"]);
   const token = url.split("token=")[1];
   const ctx = await launch();
   const page = await ctx.newPage();
   await page.goto(url);
   await until(() => page.evaluate(() => window.weftView.steps.length >= 3), "3 steps", 120000);
+  // context parallelism: both ranks in stage 0's one row, rank = cp (tp 1, dp 1, pp 1)
+  const cpCells = await page.$$eval(".cell", (cs) => cs.map((c) => c.innerText));
+  for (let r = 0; r < 2; r++)
+    if (!cpCells[r] || !cpCells[r].includes("rank " + r) || !cpCells[r].includes("pp 0 \u00b7 dp 0 \u00b7 cp " + r + " \u00b7 tp 0"))
+      fail("cp 2: cell " + r + ": " + cpCells[r]);
   const stepBefore = await page.evaluate(() => window.weftView.state.status.step);
   const bearer = "Authorization: Bearer " + token + "\r\n";
   const big = "GET /api/state HTTP/1.1\r\n" + bearer + "X-Big: " + "a".repeat(16384) + "\r\n\r\n";
