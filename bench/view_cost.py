@@ -41,12 +41,15 @@ MODES = ["off", "page", "poll10"]
 SETTLE_S = 10
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+def free_ports(n):
+    """n distinct free ports (every socket stays bound until all are picked)."""
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
 
 
 def job_url(env, deadline, cmd="view"):
@@ -77,9 +80,10 @@ def run(mode, i):
     d = os.path.join(TMP, "%s-%d" % (mode, i))
     os.makedirs(d)
     m = os.path.join(d, "m.jsonl")
-    mport = free_port() if mode != "off" else 0
+    port, mport = free_ports(2)
+    mport = mport if mode != "off" else 0
     env = dict(os.environ, WEFT_JOB_DIR=os.path.join(d, "jobs"), MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(free_port()), OMP_WAIT_POLICY="passive",
+               MASTER_PORT=str(port), OMP_WAIT_POLICY="passive",
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_rmaps_base_oversubscribe="1")
     cmd = ["mpirun", "--bind-to", "none", "-np", "4", WORKER, "model.preset=gpt2-tiny",

@@ -59,18 +59,23 @@ async function until(pred, what, ms, jobMustRun = true) {
     await sleep(100);
   }
 }
-function freePort() {
-  return new Promise((res) => {
+// n distinct free ports: every server stays listening until all are picked, so the
+// kernel cannot hand out one port twice (the control and the HTTP port must differ).
+async function freePorts(n) {
+  const servers = await Promise.all(Array.from({ length: n }, () => new Promise((res) => {
     const s = net.createServer();
-    s.listen(0, "127.0.0.1", () => { const p = s.address().port; s.close(() => res(p)); });
-  });
+    s.listen(0, "127.0.0.1", () => res(s));
+  })));
+  const ports = servers.map((s) => s.address().port);
+  await Promise.all(servers.map((s) => new Promise((res) => s.close(res))));
+  return ports;
 }
 
 const env = { ...process.env, WEFT_JOB_DIR: path.join(tmp, "jobs"), MASTER_ADDR: "127.0.0.1",
               OMP_WAIT_POLICY: "passive" };
 async function startJob(np, keys) {
-  env.MASTER_PORT = String(await freePort());
-  const mport = await freePort();
+  const [port, mport] = await freePorts(2);
+  env.MASTER_PORT = String(port);
   const args = ["--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", String(np), WORKER,
     "model.preset=gpt2-tiny", "train.steps=100000", "train.warmup=2", "train.eval_batches=1",
     "train.checkpoint_dir=" + path.join(tmp, "ck"), "train.metrics=" + path.join(tmp, "m.jsonl"),
