@@ -159,7 +159,6 @@ static json_t *ranks_json(wf_service *svc, double now)
     double x = r->reports > 0 ? r->rep.compute_s : NAN;
     double m = pp >= 0 && pp < svc->mesh.pp ? med[pp] : NAN;
     bool slow = isfinite(x) && isfinite(m) && x > STRAGGLER_RATIO * m && x - m > STRAGGLER_MIN_S;
-    json_object_set_new(json_object_get(j, "coords"), "cp", json_integer(r->facts.coords.cp));
     json_object_set_new(j, "view_state", json_string(view_state(svc, r, now)));
     json_object_set_new(j, "compute_ms", num(x * 1e3));
     json_object_set_new(j, "stage_median_compute_ms", num(m * 1e3));
