@@ -48,6 +48,7 @@ COMPRESS_OVER = 8 << 20
 TARGETS = ["worker/worker", "coordinator/coordinator", "kernels/cuda/libweft_cuda.so",
            "collectives/nccl/libweft_nccl.so", "tests/gpu/gpu_probe",
            "tests/gpu/test_gpu_kernels", "tests/gpu/test_cudnn_graphs",
+           "tests/gpu/test_attention_block",
            "tests/collectives/test_nccl_gpu", "bench/kernels", "bench/gemm_gpu", "bench/lt_bias16"]
 # glibc's own libraries: the GPU machine's (newer) glibc provides them.
 GLIBC = {"linux-vdso.so.1", "ld-linux-x86-64.so.2", "libc.so.6", "libm.so.6", "libdl.so.2",

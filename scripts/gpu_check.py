@@ -14,7 +14,8 @@ part, each run whatever the others did, all within TOTAL (8 minutes):
                  --version`); every shared library of every binary of the bundle
                  resolves, to the bundle, glibc or CUDA (ld.so --list); the bundle's
                  mpirun starts two CPU ranks that train 3 steps.
-  2 kernels      every CUDA kernel against its CPU twin (test_gpu_kernels), cuDNN's
+  2 kernels      every CUDA kernel against its CPU twin (test_gpu_kernels, and context
+                 parallelism's block attention: test_attention_block), cuDNN's
                  attention graphs (test_cudnn_graphs), then the collectives on device
                  buffers: NCCL (1 rank) and host-staged (2 ranks sharing the GPU;
                  test_nccl_gpu).
@@ -243,6 +244,10 @@ def part_kernels(r, deadline, res):
                     deadline)
     results.append(("every CUDA kernel vs its CPU twin",) + judge(rc, out, "test_gpu_kernels"))
     res["kernel_lines"] = [l for l in out.splitlines() if l.strip().startswith(("ok", "FAIL"))]
+    rc, out = r.run("test_attention_block",
+                    [bundle_path("build/tests/gpu/test_attention_block")], deadline)
+    results.append(("context parallelism's block attention vs its CPU twin",) +
+                   judge(rc, out, "test_attention_block"))
     if not no_gpu(res):  # without a GPU it builds no plan: CI's cudnn_graphs covers that
         rc, out = r.run("test_cudnn_graphs",
                         [bundle_path("build/tests/gpu/test_cudnn_graphs")], deadline)
