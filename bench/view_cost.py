@@ -14,7 +14,9 @@ mode is also compared with the `off` run of its own round. A run's figure is the
 SETTLE_S after the job published its address (the browser started and loaded the page by
 then; `off` waits alike), so start-up is in no mode's figure; the table gives each round's figure, their median,
 and the change against `off`, beside `off`'s own spread between rounds (the noise).
-Prints the table; --out FILE also writes it there.
+The round trip of poll10's requests bounds the coordinator's work per poll from above
+(it includes the client and the scheduler's delays). Prints the table; --out FILE also
+writes it there.
 """
 import argparse
 import json
@@ -62,18 +64,20 @@ def job_url(env, deadline, cmd="view"):
     raise SystemExit("view_cost: the job never published its view")
 
 
+LATENCY = []  # seconds per /api/state answer (poll10), and its size in bytes
+
+
 def poller(url, stop):
     base, token = url.split("?token=")
     req = urllib.request.Request(base + "api/state", headers={"Authorization": "Bearer " + token})
-    n = 0
     while not stop.is_set():
+        t = time.perf_counter()
         try:
-            urllib.request.urlopen(req, timeout=2).read()
-            n += 1
+            n = len(urllib.request.urlopen(req, timeout=2).read())
+            LATENCY.append((time.perf_counter() - t, n))
         except OSError:
             pass
         stop.wait(0.1)
-    return n
 
 
 def run(mode, i):
@@ -144,6 +148,14 @@ try:
                                                             med, (med / off - 1) * 100,
                                                             (ratio[k] - 1) * 100))
     lines.append("noise: off's rounds spread %.1f%% of its median" % noise)
+    if LATENCY:
+        lat = sorted(t for t, _ in LATENCY)
+        lines.append("poll10: %d answers of /api/state, %.0f bytes each; round trip (connect, "
+                     "request, the coordinator's JSON, close) median %.2f ms, 90th percentile "
+                     "%.2f ms: at the page's one poll a second, under %.2f%% of one core"
+                     % (len(lat), statistics.median(n for _, n in LATENCY),
+                        statistics.median(lat) * 1e3, lat[int(0.9 * (len(lat) - 1))] * 1e3,
+                        statistics.median(lat) * 100))
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
