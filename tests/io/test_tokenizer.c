@@ -288,6 +288,27 @@ static void test_data_text(void **state)
   assert_non_null(strstr(err, "vocabulary is 256"));
 }
 
+/* A model fits a tokenizer both ways: the tokenizer's ids below the model's vocabulary,
+ * the model's no larger than the tokenizer's padded to a multiple of 1024 (n = 553 here,
+ * gpt2_ref.py's, padded to 1024); a larger one was trained with another tokenizer. */
+static void test_fits(void **state)
+{
+  (void)state;
+  char err[1024] = "";
+  wf_tokenizer *t = load_ok("tokenizer.json");
+  int n = wf_tokenizer_vocab(t);
+  assert_int_equal(wf_tokenizer_fits(t, n, err, sizeof err), WF_OK);
+  assert_int_equal(wf_tokenizer_fits(t, 1024, err, sizeof err), WF_OK); /* padding */
+  assert_int_equal(wf_tokenizer_fits(t, 0, err, sizeof err), WF_OK);    /* unknown */
+  assert_int_equal(wf_tokenizer_fits(t, n - 1, err, sizeof err), WF_ECONFIG);
+  assert_non_null(strstr(err, "past the model's embedding"));
+  assert_int_equal(wf_tokenizer_fits(t, 1025, err, sizeof err), WF_ECONFIG);
+  assert_non_null(strstr(err, "the model's vocabulary is 1025"));
+  assert_non_null(strstr(err, "trained with a larger tokenizer"));
+  printf("%s\n", err);
+  wf_tokenizer_destroy(t);
+}
+
 /* GPT-2's own files, when WEFT_TEST_GPT2_DIR names a folder holding them (no Debian
  * package ships them, so CI skips this): tiktoken's documented "hello world" ids. */
 static void test_real_gpt2(void **state)
@@ -324,7 +345,7 @@ int main(int argc, char **argv)
       cmocka_unit_test(test_vocab_merges), cmocka_unit_test(test_tokenizer_json),
       cmocka_unit_test(test_folder),       cmocka_unit_test(test_bytes_roundtrip),
       cmocka_unit_test(test_errors),       cmocka_unit_test(test_data_text),
-      cmocka_unit_test(test_real_gpt2),
+      cmocka_unit_test(test_real_gpt2),    cmocka_unit_test(test_fits),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

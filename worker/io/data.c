@@ -314,19 +314,6 @@ static const char bytes_refusal[] =
     "tokens, tokenize it once into llm.c shards with `worker --tokenize`, or train a "
     "byte-level model (model.vocab=256)";
 
-/* The model must have an id for every token the tokenizer can give. */
-static wf_status check_tokenizer_vocab(const wf_tokenizer *tok, int vocab, char *err,
-                                       size_t err_len)
-{
-  if (vocab <= 0 || wf_tokenizer_vocab(tok) <= vocab)
-    return WF_OK;
-  snprintf(err, err_len,
-           "data.tokenizer: %s, but the model's vocabulary is %d; use a model whose "
-           "model.vocab covers the tokenizer (GPT-2: 50257, Llama 3: 128256)",
-           wf_tokenizer_describe(tok), vocab);
-  return WF_ECONFIG;
-}
-
 /* Text under a tokenizer: encoded once into ids the span owns; the file is unmapped. */
 static wf_status tokenize_span(span *sp, const wf_tokenizer *tok, const char *path, char *err,
                                size_t err_len)
@@ -493,7 +480,7 @@ static wf_status load_tokenizer(wf_tokenizer **tok, const char *path, int vocab,
   if (!path || !path[0])
     return WF_OK;
   wf_status st = wf_tokenizer_load(tok, path, err, err_len);
-  return st == WF_OK ? check_tokenizer_vocab(*tok, vocab, err, err_len) : st;
+  return st == WF_OK ? wf_tokenizer_fits(*tok, vocab, err, err_len) : st;
 }
 
 static wf_status open_files(wf_data *d, const wf_data_opts *o, char *err, size_t err_len)

@@ -383,6 +383,26 @@ int wf_tokenizer_bos(const wf_tokenizer *t) { return t->bos; }
 bool wf_tokenizer_adds_bos(const wf_tokenizer *t) { return t->adds_bos; }
 const char *wf_tokenizer_describe(const wf_tokenizer *t) { return t->desc; }
 
+/* What the model's vocabulary may exceed the tokenizer's by: padding (to a multiple of 64
+ * or 128 in the models weft reads, 1024 at most), never a second tokenizer's worth. */
+#define VOCAB_PAD 1024
+
+wf_status wf_tokenizer_fits(const wf_tokenizer *t, int vocab, char *err, size_t err_len)
+{
+  int n = wf_tokenizer_vocab(t), padded = (n + VOCAB_PAD - 1) / VOCAB_PAD * VOCAB_PAD;
+  if (vocab <= 0 || (n <= vocab && vocab <= padded))
+    return WF_OK;
+  snprintf(err, err_len,
+           "data.tokenizer: %s, but the model's vocabulary is %d: %s; use the tokenizer the "
+           "model was trained with (GPT-2's has 50257 tokens, Llama 3's 128256), or a model "
+           "whose model.vocab is the tokenizer's",
+           t->desc, vocab,
+           n > vocab ? "the tokenizer gives ids past the model's embedding"
+                     : "the model was trained with a larger tokenizer, and would sample ids "
+                       "this one has no token for");
+  return WF_ECONFIG;
+}
+
 int wf_tokenizer_special(const wf_tokenizer *t, const char *text)
 {
   size_t len = strlen(text);

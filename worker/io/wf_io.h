@@ -183,6 +183,12 @@ wf_status wf_tokenizer_load(wf_tokenizer **out, const char *path, char *err, siz
 void wf_tokenizer_destroy(wf_tokenizer *t); /* accepts NULL */
 /* Largest id + 1, specials included: the least model.vocab (GPT-2: 50257; Llama 3: 128256). */
 int wf_tokenizer_vocab(const wf_tokenizer *t);
+/* Whether the tokenizer fits a model of `vocab` ids, both ways: every id it gives is
+ * below vocab, and the model has no more ids than the tokenizer's padded to a multiple
+ * of 1024 (GPT-2 checkpoints pad 50257 to 50304); a larger model was trained with
+ * another tokenizer, whose ids it would sample. WF_ECONFIG with the message otherwise;
+ * vocab <= 0: unknown, WF_OK. */
+wf_status wf_tokenizer_fits(const wf_tokenizer *t, int vocab, char *err, size_t err_len);
 /* The id that ends a text, or -1 (GPT-2: <|endoftext|> 50256; Llama 3: <|end_of_text|>
  * 128001). */
 int wf_tokenizer_eot(const wf_tokenizer *t);

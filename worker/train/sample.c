@@ -134,6 +134,8 @@ wf_status wf_sample_check(const wf_config *cfg, const char *prompt, int V, char 
     return WF_OK;
   if (cfg->data.tokenizer[0])
     st = wf_tokenizer_load(&tok, cfg->data.tokenizer, err, len);
+  if (st == WF_OK && tok)
+    st = wf_tokenizer_fits(tok, V, err, len);
   if (st == WF_OK)
     st = prompt_ids(tok, V, prompt ? prompt : cfg->train.sample_prompt, &c, err, len);
   free(c.ids);
