@@ -71,11 +71,13 @@ fail:
   return st;
 }
 
-static wf_status make_id(wf_job *job, const wf_launch *l)
+static wf_status make_id(wf_job *job, const wf_launch *l, const char *name)
 {
   wf_status st = WF_OK;
   if (job->rank == 0) {
-    if (l->slurm_job_id[0])
+    if (name && name[0]) /* runtime.job_name: validated, the same on every rank */
+      wf_strlcpy(job->id, name, sizeof job->id);
+    else if (l->slurm_job_id[0])
       snprintf(job->id, sizeof job->id, "slurm-%s", l->slurm_job_id);
     else
       snprintf(job->id, sizeof job->id, "%.40s-%d-%ld", wf_rt_host(), (int)getpid(),
@@ -164,7 +166,7 @@ wf_status wf_job_bootstrap(wf_job **out, const wf_job_opts *o)
   WF_CHECK(wf_mesh_size(&job->mesh) == job->world, WF_ECONFIG,
            "mesh %dx%dx%dx%d (dp x tp x pp x cp) does not cover %d ranks", job->mesh.dp,
            job->mesh.tp, job->mesh.pp, job->mesh.cp, job->world);
-  WF_TRY(make_id(job, o->launch));
+  WF_TRY(make_id(job, o->launch, o->cfg->runtime.job_name));
 
   fill_facts(&job->mine, job, o);
   if (job->rank == 0)

@@ -14,7 +14,10 @@
  * and `trace` show only those. Ranks are world ranks everywhere.
  * Jobs are found from the job files in the job directory ($WEFT_JOB_DIR, else
  * /tmp/weft-$USER); JOB is a job id, a unique prefix of one, or a job file. With no
- * JOB and one running job, that job is used; with several, they are listed.
+ * JOB and one running job, that job is used; with several, they are listed. --wait S
+ * waits up to S seconds for the job to appear (a job just launched writes its job file
+ * within seconds); a job file whose process is gone is named as stale, with the command
+ * that removes it.
  * Every request is one connection (see client.c), so the console holds no state a
  * coordinator could lose. Exit status: 0 done, 1 failed, 2 usage. SIGPIPE is ignored:
  * an output whose reader has gone (`coordinator top | head`) is said once, and ends
@@ -38,6 +41,7 @@
 typedef struct console {
   bool json;
   const char *dir;
+  double wait_s;   /* how long to wait for the job to appear; 0 = not at all */
   int top_count;   /* refreshes of `top`; 0 = until Ctrl-C */
   int rank;        /* `ranks` and `trace`: only this world rank; -1 = all */
   char group[16];  /* `trace`: only this communicator's operations; "" = all */
@@ -95,8 +99,9 @@ static void print_indented(FILE *out, const char *text, int indent)
 
 static void usage(FILE *out)
 {
-  fprintf(out, "usage: coordinator [--json] [--dir DIR] [--count N] COMMAND [ARGS] [JOB]\n"
-               "commands:\n");
+  fprintf(out,
+          "usage: coordinator [--json] [--dir DIR] [--count N] [--wait S] COMMAND [ARGS] [JOB]\n"
+          "commands:\n");
   for (size_t i = 0; i < sizeof help_text / sizeof help_text[0]; i++) {
     char head[32];
     snprintf(head, sizeof head, "%s %s", help_text[i].name, help_text[i].args);
@@ -104,8 +109,8 @@ static void usage(FILE *out)
     print_indented(out, help_text[i].text, 23);
   }
   fprintf(out, "JOB is a job id, a unique prefix of one, or a job file; the job directory is\n"
-               "$WEFT_JOB_DIR, else /tmp/weft-$USER (--dir overrides). Options may come\n"
-               "anywhere on the line.\n");
+               "$WEFT_JOB_DIR, else /tmp/weft-$USER (--dir overrides). --wait S waits up to S\n"
+               "seconds for JOB to start. Options may come anywhere on the line.\n");
 }
 
 static void list_jobs(const wf_console_job *jobs, int n, FILE *out)
@@ -120,7 +125,35 @@ static void list_jobs(const wf_console_job *jobs, int n, FILE *out)
   }
 }
 
-/* Pick the job named by `arg` (NULL = the only one). */
+/* Job files whose process is gone: named, with the command that removes them. */
+static void name_stale(const char *dir)
+{
+  static wf_console_job stale[MAX_JOBS];
+  int n = wf_console_find_stale(dir, stale, MAX_JOBS);
+  for (int i = 0; i < n; i++)
+    fprintf(stderr,
+            "coordinator: stale job file %s (job %s: its rank 0, pid %d, is gone); remove it: "
+            "rm -f %s%s%s\n",
+            stale[i].file, stale[i].id, stale[i].pid, stale[i].file,
+            stale[i].unix_path[0] ? " " : "", stale[i].unix_path);
+}
+
+/* The running job `arg` names (NULL = the only one): its index in jobs[0..n), -1 when
+ * none matches, -2 when several do. */
+static int match_job(const wf_console_job *jobs, int n, const char *arg)
+{
+  int match = -1, matches = 0;
+  for (int i = 0; i < n; i++) {
+    if (arg && strcmp(jobs[i].id, arg) == 0)
+      return i;
+    if (!arg || strncmp(jobs[i].id, arg, strlen(arg)) == 0)
+      match = i, matches++;
+  }
+  return matches > 1 ? -2 : match;
+}
+
+/* Pick the job named by `arg` (NULL = the only one), waiting up to con->wait_s for it to
+ * appear. Several that match are listed at once: waiting would not make one of them. */
 static int pick_job(console *con, const char *arg)
 {
   static wf_console_job jobs[MAX_JOBS];
@@ -132,31 +165,31 @@ static int pick_job(console *con, const char *arg)
     fprintf(stderr, "coordinator: %s\n", err);
     return 1;
   }
-  int n = wf_console_find_jobs(dir, jobs, MAX_JOBS), match = -1, matches = 0;
-  if (n <= 0) {
-    fprintf(stderr, "coordinator: no running weft job in %s (set WEFT_JOB_DIR or --dir)\n", dir);
-    return 1;
-  }
-  for (int i = 0; i < n; i++) {
-    if (!arg || strncmp(jobs[i].id, arg, strlen(arg)) == 0) {
-      match = i;
-      matches++;
-      if (arg && strcmp(jobs[i].id, arg) == 0) {
-        matches = 1;
-        break;
-      }
+  struct timespec t0, now;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (;;) {
+    int n = wf_console_find_jobs(dir, jobs, MAX_JOBS), i = n > 0 ? match_job(jobs, n, arg) : -1;
+    if (i >= 0) {
+      con->job = jobs[i];
+      return 0;
     }
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    double waited = (double)(now.tv_sec - t0.tv_sec) + (now.tv_nsec - t0.tv_nsec) * 1e-9;
+    if (i == -2 || waited >= con->wait_s) {
+      name_stale(dir);
+      if (n <= 0)
+        fprintf(stderr, "coordinator: no running weft job in %s (set WEFT_JOB_DIR or --dir)\n",
+                dir);
+      else if (i == -1)
+        fprintf(stderr, "coordinator: no running job '%s' in %s; running jobs:\n", arg, dir);
+      else
+        fprintf(stderr, "coordinator: %d running jobs; name one:\n", n);
+      if (n > 0)
+        list_jobs(jobs, n, stderr);
+      return 1;
+    }
+    usleep(200 * 1000);
   }
-  if (matches == 1) {
-    con->job = jobs[match];
-    return 0;
-  }
-  if (matches == 0)
-    fprintf(stderr, "coordinator: no running job '%s' in %s; running jobs:\n", arg, dir);
-  else
-    fprintf(stderr, "coordinator: %d running jobs; name one:\n", matches);
-  list_jobs(jobs, n, stderr);
-  return 1;
 }
 
 /* Keep only trace lines of `group` ("dp#12 allreduce ..."). */
@@ -407,6 +440,8 @@ static int parse_args(console *con, int argc, char **argv, char **pos, int max, 
       con->dir = argv[++i];
     } else if (strcmp(a, "--count") == 0 && i + 1 < argc) {
       con->top_count = atoi(argv[++i]);
+    } else if (strcmp(a, "--wait") == 0 && i + 1 < argc) {
+      con->wait_s = atof(argv[++i]);
     } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
       usage(stdout);
       *rc = 0;
@@ -481,6 +516,7 @@ int main(int argc, char **argv)
     char dirbuf[512];
     const char *dir = con.dir ? con.dir : wf_job_dir_default(dirbuf, sizeof dirbuf);
     int found = wf_console_find_jobs(dir, jobs, MAX_JOBS);
+    name_stale(dir);
     if (found <= 0) {
       printf("no running weft job in %s\n", dir);
       return 0;

@@ -77,6 +77,7 @@ struct wf_control {
   char err_msg[512];
 
   atomic_bool stop_req, ckpt_req, aborted;
+  bool spoke;             /* this rank said why the job was aborted (do_abort) */
   double abort_silent_ms; /* > 0: aborted because peers went silent (unreachable); set
                            * before on_abort runs, on the control thread */
   wf_nvml *nvml;          /* the rank's GPU, when NVML is there; sampled on the control thread */
@@ -110,14 +111,29 @@ static void close_all(wf_control *c)
 
 /* said: the coordinator already logged the reason (once, for the whole job), so this
  * rank ends quietly; a rank that lost the coordinator says why itself. */
+/* The job ends; `said`: the coordinator said why, once for the job. This rank says it
+ * when nobody else does, and is then the one that speaks for the job (spoke). */
 static void do_abort(wf_control *c, const char *reason, bool said)
 {
   if (atomic_exchange(&c->aborted, true))
     return;
+  c->spoke = !said || c->facts.rank == 0;
   if (!said)
     WF_ERROR("job aborted: %s", reason);
+  else if (c->facts.rank != 0)
+    WF_DEBUG("job aborted: %s", reason);
   if (c->on_abort)
     c->on_abort(c->user, reason);
+}
+
+/* Whether this rank says that the coordinator is lost (every rank sees it alike): the
+ * first rank after rank 0 on rank 0's host (rank 0 is its first under the launchers'
+ * mappings), and the first rank of each other host, which may have lost rank 0's host
+ * as a whole. The others say it at debug level. */
+static bool speaks_for_lost(const wf_control *c)
+{
+  bool here = strcmp(c->coord_host, c->facts.host) == 0;
+  return c->facts.local_rank == (here ? 1 : 0);
 }
 
 static void on_abort_msg(wf_control *c, const Weft__Abort *a)
@@ -269,7 +285,7 @@ static void check_coordinator(uv_timer_t *t)
            c->coord_pid, where);
   /* only a silence across hosts may be a partition for the launcher to see too */
   c->abort_silent_ms = here ? 0 : now - c->t_rx;
-  do_abort(c, reason, false);
+  do_abort(c, reason, !speaks_for_lost(c));
 }
 
 static void on_heartbeat_timer(uv_timer_t *t) { send_heartbeat(t->data); }
@@ -336,7 +352,7 @@ static void connection_lost(wf_control *c, const char *why)
            "runs it, died or was killed after step %" PRId64
            " (this rank's last), so this rank stops too",
            c->endpoint, why, c->coord_host[0] ? c->coord_host : "?", c->coord_pid, step);
-  do_abort(c, reason, false);
+  do_abort(c, reason, !speaks_for_lost(c));
 }
 
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
@@ -861,3 +877,5 @@ bool wf_control_checkpoint_requested(wf_control *c)
 bool wf_control_aborted(wf_control *c) { return c && atomic_load(&c->aborted); }
 
 double wf_control_abort_silent_ms(const wf_control *c) { return c ? c->abort_silent_ms : 0; }
+
+bool wf_control_abort_spoke(const wf_control *c) { return c && c->spoke; }

@@ -165,6 +165,7 @@ struct wf_service {
   int port, metrics_port;
   bool can_checkpoint; /* train.checkpoint_dir is set */
   double start_wall;
+  int reaper_fd; /* the write end of the reaper's pipe (jobfile.c); -1 = none */
 
   /* loop thread */
   uv_loop_t loop;
@@ -234,6 +235,13 @@ void wf__reply(wf__conn *c, bool ok, const char *json, const char *msg);
 /* jobfile.c */
 wf_status wf__job_dir_prepare(const char *dir);
 wf_status wf__job_file_write(wf_service *svc);
+/* Before the job file is written: a job file of the same name (runtime.job_name) whose
+ * job still runs on this host is refused (WF_ECONFIG, logged); one whose process is gone
+ * is removed, with its socket. */
+wf_status wf__job_file_claim(wf_service *svc);
+/* After: start the process that removes the job file and the socket once this one ends,
+ * however it ends (svc->reaper_fd holds its pipe; -1 when it could not start). */
+void wf__job_reaper_start(wf_service *svc);
 /* metrics.c */
 wf_status wf__metrics_start(wf_service *svc);
 void wf__metrics_serve(wf__conn *c);

@@ -658,21 +658,37 @@ int wf__listen_tcp(wf_service *svc, uv_tcp_t *h, int port, int backlog)
   return rc == 0 ? uv_listen((uv_stream_t *)h, backlog, wf__service_on_connection) : rc;
 }
 
+/* A port the user chose (the default one yields: plane.c) is held by another process. */
+static wf_status port_in_use(int port)
+{
+  WF_ERROR("control: port %d (MASTER_PORT) is already in use on this host, perhaps by another "
+           "job; choose another with MASTER_PORT=%d or dist.master_port=%d",
+           port, port + 1, port + 1);
+  return WF_ECONFIG;
+}
+
+static wf_status check_ip(const char *bind_addr)
+{
+  unsigned char probe[16];
+  if (uv_inet_pton(strchr(bind_addr, ':') ? AF_INET6 : AF_INET, bind_addr, probe) >= 0)
+    return WF_OK;
+  WF_ERROR("control: cannot listen on '%s' (runtime.listen_addr): not an IP address", bind_addr);
+  return WF_ECONFIG;
+}
+
 static wf_status listen_tcp(wf_service *svc)
 {
   struct sockaddr_storage addr;
-  unsigned char probe[16];
-  if (uv_inet_pton(strchr(svc->bind_addr, ':') ? AF_INET6 : AF_INET, svc->bind_addr, probe) < 0) {
-    WF_ERROR("control: cannot listen on '%s' (runtime.listen_addr): not an IP address",
-             svc->bind_addr);
-    return WF_EINVAL;
-  }
+  if (check_ip(svc->bind_addr) != WF_OK)
+    return WF_ECONFIG;
   int rc = wf__listen_tcp(svc, &svc->tcp, svc->port, 128);
-  if (rc == UV_EADDRINUSE) {
-    WF_ERROR("control: port %d (MASTER_PORT) is already in use on this host, perhaps by another "
-             "job; choose another with MASTER_PORT=%d or dist.master_port=%d",
-             svc->port, svc->port + 1, svc->port + 1);
-    return WF_EUV;
+  if (rc == UV_EADDRINUSE)
+    return port_in_use(svc->port);
+  if (rc == UV_EACCES || rc == UV_EADDRNOTAVAIL) { /* a port or an address not to be had here */
+    WF_ERROR("control: cannot listen on %s:%d: %s; choose another MASTER_PORT (1024 and up), "
+             "or a MASTER_ADDR (runtime.listen_addr) of this host",
+             svc->bind_addr, svc->port, uv_strerror(rc));
+    return WF_ECONFIG;
   }
   if (rc < 0) {
     WF_ERROR("control: cannot listen on %s:%d: %s", svc->bind_addr, svc->port, uv_strerror(rc));
@@ -776,7 +792,7 @@ static wf_status bind_address(const char *host, bool multi_host, char *out, size
     WF_ERROR("control: cannot resolve MASTER_ADDR '%s' to an address to listen on: %s; set "
              "MASTER_ADDR to this host's address, or runtime.listen_addr",
              host, gai_strerror(rc));
-    return WF_EINVAL;
+    return rc == EAI_AGAIN ? WF_ESYS : WF_ECONFIG; /* DNS down: a retry may do */
   }
   rc = getnameinfo(res->ai_addr, res->ai_addrlen, out, (socklen_t)out_len, NULL, 0, NI_NUMERICHOST);
   bool loopback = is_loopback(res->ai_addr);
@@ -842,6 +858,7 @@ static wf_status service_config(wf_service *svc, const wf_service_opts *o)
   svc->dead_after_ms = o->dead_after_ms > 0 ? o->dead_after_ms : 2000;
   svc->register_timeout_ms = o->register_timeout_ms > 0 ? o->register_timeout_ms : 120000;
   svc->port = o->port;
+  svc->reaper_fd = -1;
   svc->metrics_port = o->metrics_port;
   svc->can_checkpoint = o->checkpoint_dir && o->checkpoint_dir[0];
   svc->max_conns[WF__LSN_CONTROL] = svc->world + WF__CONTROL_SPARE;
@@ -908,11 +925,16 @@ wf_status wf_service_start(wf_service **out, const wf_service_opts *o)
   WF_TRY(service_config(svc, o));
   WF_TRY(wf__random_token(svc->token));
   WF_TRY(service_paths(svc, o));
+  if ((st = wf__job_file_claim(svc)) != WF_OK) { /* the name is another job's: leave its files */
+    svc->job_file[0] = svc->unix_path[0] = '\0';
+    goto fail;
+  }
   WF_CHECK_UV(uv_loop_init(&svc->loop));
   loop_ok = true;
   svc->t_start = svc->t_progress = wf__now_ms();
   WF_TRY(service_handles(svc));
   WF_TRY(wf__job_file_write(svc));
+  wf__job_reaper_start(svc);
   WF_CHECK_UV(uv_thread_create(&svc->thread, service_thread, svc));
   WF_INFO("control: coordinator for job %s listening on %s%s%s", svc->job_id, svc->endpoint,
           svc->unix_path[0] ? " and " : "", svc->unix_path);
@@ -943,6 +965,8 @@ void wf_service_destroy(wf_service *svc)
   unlink(svc->job_file);
   if (svc->unix_path[0])
     unlink(svc->unix_path);
+  if (svc->reaper_fd >= 0)
+    close(svc->reaper_fd); /* the reaper finds nothing left, and exits */
   free(svc->schedule);
   free(svc->hist);
   pthread_mutex_destroy(&svc->lock);
@@ -968,6 +992,16 @@ bool wf_service_port_taken(int port)
   bool taken = bind(fd, (struct sockaddr *)&a, sizeof a) != 0;
   close(fd);
   return taken;
+}
+
+wf_status wf_service_check_listen(const char *master_addr, const char *bind_addr, int port)
+{
+  char addr[256];
+  wf_status st = bind_addr && bind_addr[0] ? check_ip(bind_addr)
+                                           : bind_address(master_addr, false, addr, sizeof addr);
+  if (st != WF_OK)
+    return st;
+  return port > 0 && wf_service_port_taken(port) ? port_in_use(port) : WF_OK;
 }
 
 void wf_service_remove_files(const wf_service *svc)

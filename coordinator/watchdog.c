@@ -160,7 +160,11 @@ static void on_abort_rank0(uv_timer_t *t) { send_abort(t->data, true); }
  * it last, once the others have had time to read their Abort, or they would only
  * see the connection drop and not learn why. `silent_ms` > 0: the lost ranks went
  * silent rather than closing their connections (unreachable), for that long. */
-static void abort_job(wf_service *svc, int rank, const char *reason, double silent_ms)
+/* said_elsewhere: the ranks that left already said why (the coordinator was frozen, and
+ * the first rank after it on its host said so): logged as information, not again as an
+ * error. */
+static void abort_job(wf_service *svc, int rank, const char *reason, double silent_ms,
+                      bool said_elsewhere)
 {
   pthread_mutex_lock(&svc->lock);
   bool first = !svc->aborted;
@@ -171,7 +175,10 @@ static void abort_job(wf_service *svc, int rank, const char *reason, double sile
   pthread_mutex_unlock(&svc->lock);
   if (!first)
     return;
-  WF_ERROR("control: aborting job %s: %s", svc->job_id, reason);
+  if (said_elsewhere)
+    WF_INFO("control: aborting job %s: %s", svc->job_id, reason);
+  else
+    WF_ERROR("control: aborting job %s: %s", svc->job_id, reason);
   svc->abort_rank = rank;
   svc->abort_silent_ms = silent_ms;
   send_abort(svc, false);
@@ -180,7 +187,7 @@ static void abort_job(wf_service *svc, int rank, const char *reason, double sile
 
 void wf__abort_job(wf_service *svc, int rank, const char *reason)
 {
-  abort_job(svc, rank, reason, 0);
+  abort_job(svc, rank, reason, 0, false);
 }
 
 /* "host node1 runs ranks 2-3" for the host of rank `rank`, so that a lost node is
@@ -217,7 +224,7 @@ static void rank_lost(wf_service *svc, int rank, const char *why, double silent_
   append_host_ranks(svc, rank, reason, sizeof reason);
   size_t at = strlen(reason);
   snprintf(reason + at, sizeof reason - at, " Last collectives: %s", colls);
-  abort_job(svc, rank, reason, silent_ms);
+  abort_job(svc, rank, reason, silent_ms, false);
 }
 
 void wf__rank_lost(wf_service *svc, int rank, const char *why) { rank_lost(svc, rank, why, 0); }
@@ -241,7 +248,7 @@ void wf__rank_left_stalled(wf_service *svc, int rank, double stalled_ms)
            "runs it, was frozen (SIGSTOP?) or starved until now, and the other ranks took it for "
            "lost and left (rank %d's connection closed first)",
            svc->endpoint, stalled_ms / 1000.0, f->host[0] ? f->host : "?", f->pid, rank);
-  wf__abort_job(svc, -1, reason);
+  abort_job(svc, -1, reason, 0, true);
 }
 
 /* Every deadline runs from a fixed point (the connection, the frame's first byte, the

@@ -77,6 +77,16 @@ wf_status wf_service_set_schedule(wf_service *svc, const char *text);
 /* Whether some process on this host already holds TCP `port` (on any address): the
  * default port then yields to a job already there. */
 bool wf_service_port_taken(int port);
+/* Before the job starts (rank 0): whether the service could listen where it is asked to,
+ * on MASTER_ADDR's address (or bind_addr, when given) and on `port` when the user chose
+ * it (0: the default, which yields). Logs what is wrong, with its fix: WF_ECONFIG for a
+ * name that does not resolve, an address that is not one, a port another process
+ * holds. */
+wf_status wf_service_check_listen(const char *master_addr, const char *bind_addr, int port);
+/* Before the job starts (rank 0): WF_ECONFIG (logged) when a running job on this host
+ * already has the name runtime.job_name gives (a job file of that name in the job
+ * directory); WF_OK for "" (an id of its own) or a free name. */
+wf_status wf_service_check_name(const char *job_name);
 /* Remove the job file and the Unix socket now, for a process about to end without
  * wf_service_destroy (an abort, a second SIGINT). Async-signal-safe; accepts NULL. */
 void wf_service_remove_files(const wf_service *svc);
@@ -163,6 +173,10 @@ bool wf_control_aborted(wf_control *ctl);
  * this rank nothing from the coordinator), for that many ms; 0 when a peer died (its
  * connection closed) or reported an error. */
 double wf_control_abort_silent_ms(const wf_control *ctl);
+/* After on_abort: whether this rank speaks for the aborted job (rank 0, or the rank that
+ * said that the coordinator is lost): what else it says about the abort is said once
+ * for the job (or once per host, when rank 0's is lost) rather than by every rank. */
+bool wf_control_abort_spoke(const wf_control *ctl);
 
 /* ---- console client ------------------------------------------------------------- */
 
@@ -173,6 +187,7 @@ typedef struct wf_console_job {
   char token[WF_TOKEN_HEX + 1];
   char view[320]; /* the live view's http://HOST:PORT/; "" when the job serves none */
   int pid, world_size;
+  char host[256];    /* rank 0's host; "" in job files written before it was recorded */
   double start_time; /* seconds since the epoch */
   char file[600];    /* the job file it came from */
 } wf_console_job;
@@ -199,6 +214,11 @@ wf_status wf_console_job_load(const char *path, wf_console_job *out, char *err, 
 /* Jobs in `dir` (NULL = default) whose process is alive, newest first. Returns the
  * count (at most `max`), or -1 when the directory cannot be read. */
 int wf_console_find_jobs(const char *dir, wf_console_job *jobs, int max);
+/* Job files in `dir` whose process is gone (a job killed with its reaper, a host that
+ * went down): what the console names as stale. Same return as wf_console_find_jobs. */
+int wf_console_find_stale(const char *dir, wf_console_job *jobs, int max);
+/* Whether the job's rank 0 is known to be gone: its pid, on this host, is not running. */
+bool wf_console_job_stale(const wf_console_job *job);
 
 /* Send one query or command and wait for the reply (JSON, malloc()ed, caller
  * frees). Uses the Unix socket when the job has one, else TCP with the token. */

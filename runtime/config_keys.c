@@ -311,6 +311,9 @@ const wf__cfg_key wf__cfg_keys[] = {
     K_STR("runtime.listen_addr", runtime.listen_addr, "",
           "address rank 0's control and metrics ports listen on; \"\" = MASTER_ADDR's "
           "interface, 0.0.0.0 = every interface"),
+    K_STR("runtime.job_name", runtime.job_name, "",
+          "the job's id, which the console names it by (letters, digits, . _ -); \"\" = "
+          "host-pid-time, or slurm-JOBID under Slurm"),
     K_ENUM("runtime.log_level", runtime.log_level, "info", log_levels, "error, warn, info, debug"),
     K_ENUM("runtime.device", runtime.device, "auto", devices, "auto, cpu, cuda"),
     K_BOOL("runtime.allow_tf32", runtime.allow_tf32, "false",

@@ -502,6 +502,17 @@ static wf_status rule_train(vctx *v)
                 "dist.master_port and runtime.metrics_port are both %d; use two different "
                 "ports",
                 c->dist.master_port);
+  /* the job file's name and the console's argument: no path, no spaces, no prefix of an
+   * option */
+  const char *name = c->runtime.job_name;
+  if (name[0] &&
+      (strspn(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") !=
+           strlen(name) ||
+       name[0] == '-' || name[0] == '.'))
+    return fail(v,
+                "runtime.job_name='%s': a job name is letters, digits, '.', '_' and '-', and "
+                "starts with a letter or a digit (e.g. runtime.job_name=gpt2-run1)",
+                name);
   return WF_OK;
 }
 

@@ -184,6 +184,7 @@ typedef struct wf_config {
     double connect_timeout;   /* seconds a rank tries to reach the coordinator at start */
     int metrics_port;         /* 0 = off */
     char listen_addr[64];     /* the listeners' address; "" = MASTER_ADDR's interface */
+    char job_name[64];        /* the job's id for the console; "" = host-pid-time or slurm-ID */
     int log_level;
     wf_device_pref device;
     bool allow_tf32;             /* GPU fp32 GEMMs may use TF32 tensor cores */

@@ -66,6 +66,10 @@ typedef struct wf__cmd_ctx {
  * stop at a step boundary (the default command); and the mesh's groups as the trainer's
  * hooks, for --generate and --dump-state. */
 int wf__cmd_train(const wf__cmd_ctx *c);
+/* Before the mesh, on rank 0 (WF_OK elsewhere): whether the coordinator can listen where
+ * training would start it (MASTER_ADDR resolves, a chosen port is free); logs what is
+ * wrong. */
+wf_status wf__cmd_train_precheck(const wf__cmd_ctx *c);
 int wf__cmd_generate(const wf__cmd_ctx *c);
 int wf__cmd_dump_state(const wf__cmd_ctx *c);
 

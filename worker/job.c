@@ -276,7 +276,9 @@ static int training_failed(wf_plane *plane, wf_status st, int rank)
   int rc = wf__exit_status(st);
   if (together)
     MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (together && rank == 0)
+  /* A user error was said once where it was found, with its fix: a second line adds
+   * nothing (and a wrapper reading the last line would lose the fix). */
+  if (together && rank == 0 && rc != WF_EXIT_INPUT)
     WF_ERROR("training failed on every rank: %s (see the log above)", wf_status_str(st));
   else if (!together)
     WF_ERROR("training failed on rank %d: %s (see the log above)", rank, wf_status_str(st));
@@ -337,17 +339,37 @@ int wf__cmd_dump_state(const wf__cmd_ctx *c)
   return wf__exit_status(wf_train_dump_state(c->cfg, c->a->val[0], &comms));
 }
 
-static wf_status start_plane(const wf__cmd_ctx *c, wf_plane *plane)
+/* Where rank 0's coordinator listens: MASTER_ADDR and MASTER_PORT, dist.master_port
+ * beating the variable, the defaults where neither is given. Returns whether the port is
+ * the default (which yields to a job already there). */
+static bool master_endpoint(const wf__cmd_ctx *c, wf_launch *launch)
 {
-  char err[1024];
-  wf_launch *launch = c->launch;
   if (c->cfg->dist.master_port)
     launch->master_port = c->cfg->dist.master_port; /* the key beats MASTER_PORT */
   bool port_default = launch->master_port == 0;
   wf_launch_default_master(launch, wf_rt_host());
+  return port_default;
+}
+
+wf_status wf__cmd_train_precheck(const wf__cmd_ctx *c)
+{
+  wf_launch l = *c->launch;
+  if (c->rank != 0)
+    return WF_OK;
+  bool port_default = master_endpoint(c, &l);
+  wf_status st = wf_service_check_listen(l.master_addr, c->cfg->runtime.listen_addr,
+                                         port_default ? 0 : l.master_port);
+  return st == WF_OK ? wf_service_check_name(c->cfg->runtime.job_name) : st;
+}
+
+static wf_status start_plane(const wf__cmd_ctx *c, wf_plane *plane)
+{
+  char err[1024];
+  wf_launch *launch = c->launch;
+  bool port_default = master_endpoint(c, launch);
   wf_plane_opts po = {c->cfg, launch, c->job, port_default, c->rd->bus};
   wf_status st = wf_plane_start(plane, &po, err, sizeof err);
-  if (st != WF_OK && c->rank == 0)
+  if (st != WF_OK && c->rank == 0 && err[0])
     WF_ERROR("%s", err);
   return st;
 }
@@ -358,8 +380,9 @@ int wf__cmd_train(const wf__cmd_ctx *c)
 {
   wf_plane plane;
   const wf_job *job = c->job;
-  if (start_plane(c, &plane) != WF_OK)
-    return WF_EXIT_FAILED;
+  wf_status st = start_plane(c, &plane);
+  if (st != WF_OK)
+    return wf__exit_status(st);
   install_signals(&plane, c->rank, c->launch);
   wf_control_set_phase(plane.ctl, "train");
   boundary bd = {.plane = &plane, .job = job, .ctl = plane.ctl, .world = wf_job_world_comm(job)};
@@ -378,7 +401,7 @@ int wf__cmd_train(const wf__cmd_ctx *c)
   hooks.on_phase = on_phase;
   hooks.save_llmc = c->a->save;
   hooks.save_format = c->a->format;
-  wf_status st = wf_train_run(c->cfg, &hooks);
+  st = wf_train_run(c->cfg, &hooks);
   if (st == WF_OK && bd.failed)
     st = WF_EMPI;
   int rc = st == WF_OK ? WF_EXIT_OK : training_failed(&plane, st, c->rank);

@@ -36,9 +36,9 @@
 
 typedef struct plane_facts {
   int ok;
+  int status; /* rank 0's wf_service_start status when not ok */
   char endpoint[300];
   char token[WF_TOKEN_HEX + 1];
-  char err[512];
 } plane_facts;
 
 /* The longest the launcher can take to see, on its own, that a host it cannot reach
@@ -125,7 +125,10 @@ static void on_abort(void *user, const char *reason)
   if (p && p->job) {
     char names[1024];
     int n = wf_comm_abort_all(wf_job_world_comm(p->job), names, sizeof names);
-    fprintf(stderr, "weft: aborted %d communicators: %s\n", n, names);
+    if (wf_control_abort_spoke(p->ctl))
+      fprintf(stderr, "weft: aborted %d communicators: %s\n", n, names);
+    else
+      WF_DEBUG("aborted %d communicators: %s", n, names);
   }
   wf_plane_remove_files(p);
   if (p && p->ctl)
@@ -351,16 +354,8 @@ static void start_service(wf_plane *p, const wf_plane_opts *o, plane_facts *pf)
       .checkpoint_dir = cfg->train.checkpoint_dir,
   };
   wf_status st = wf_service_start(&p->svc, &so);
-  if (st == WF_EUV) { /* the port: in use, or not to be had */
-    snprintf(pf->err, sizeof pf->err,
-             "could not start the coordinator on %s:%d (see the log above); choose another "
-             "port with MASTER_PORT=... or dist.master_port=...",
-             o->launch->master_addr, o->launch->master_port);
-    return;
-  }
-  if (st != WF_OK) { /* the job directory or the listen address: the log says which */
-    snprintf(pf->err, sizeof pf->err, "could not start the coordinator: %s (see the log above)",
-             wf_status_str(st));
+  if (st != WF_OK) { /* logged once, with its fix, where it arose */
+    pf->status = st;
     return;
   }
   publish_schedule(p->svc, cfg);
@@ -380,8 +375,8 @@ wf_status wf_plane_start(wf_plane *p, const wf_plane_opts *o, char *err, size_t 
     start_service(p, o, &pf);
   MPI_Bcast(&pf, sizeof pf, MPI_BYTE, 0, MPI_COMM_WORLD);
   if (!pf.ok) {
-    snprintf(err, err_len, "%s", pf.err);
-    return WF_EUV;
+    err[0] = '\0'; /* rank 0 said why */
+    return (wf_status)pf.status;
   }
   char stage[64];
   stage_desc(o->cfg, wf_job_my_facts(o->job)->coords.pp, stage, sizeof stage);

@@ -893,7 +893,8 @@ static void test_listen_address(void **state)
 static void test_port_in_use_and_unreachable(void **state)
 {
   fixture *fx = fx_start(1, 0, 0);
-  /* A second service on the same port fails (the message names MASTER_PORT). */
+  /* A second service on the same port fails (the message names MASTER_PORT): a port the
+   * user chose, a user error (exit 2), never retried. */
   wf_service *other = NULL;
   wf_service_opts so = {.job_id = "other",
                         .world_size = 1,
@@ -901,7 +902,7 @@ static void test_port_in_use_and_unreachable(void **state)
                         .bind_addr = "127.0.0.1",
                         .port = wf_service_port(fx->svc),
                         .job_dir = fx->dir};
-  assert_int_equal(wf_service_start(&other, &so), WF_EUV);
+  assert_int_equal(wf_service_start(&other, &so), WF_ECONFIG);
   assert_null(other);
   /* A worker whose coordinator is not there gives up after its connect timeout. */
   char ep[64];

@@ -228,8 +228,107 @@ def case_fault(sig, victim, port, needle, mesh=None, also=()):
             if n not in err:
                 fail(f"diagnosis lacks {n!r}\n{err[-3000:]}")
         line = [l for l in err.splitlines() if needle in l][0]
+        errors = [l for l in err.splitlines() if l.startswith("weft: error:")]
+        if len(errors) != 1:
+            fail(f"the fault was said {len(errors)} times, want once:\n" + "\n".join(errors))
+        left = wait_empty(jobdir)
+        if left:
+            fail(f"the job left {left} in its job directory")
         print(f"ok: {signal.Signals(sig).name} of rank {victim}: job ended (exit "
-              f"{job.returncode}) {dt:.2f} s after the fault\n  {line}")
+              f"{job.returncode}) {dt:.2f} s after the fault, said once, nothing left in the "
+              f"job directory\n  {line}")
+
+
+def wait_empty(jobdir, bound_s=5.0):
+    """What is left of a job in its directory, once rank 0 (or its reaper, when rank 0 was
+    killed) had bound_s to remove it; [] when nothing."""
+    t0 = time.monotonic()
+    while True:
+        left = sorted(n for n in os.listdir(jobdir) if n.endswith((".json", ".sock")))
+        if not left or time.monotonic() - t0 > bound_s:
+            return left
+        time.sleep(0.1)
+
+
+def reaper_of(jobdir):
+    """The pid of the job's reaper (comm weft-reaper, this job directory in its
+    environment)."""
+    for pid in os.listdir("/proc"):
+        try:
+            comm = open(f"/proc/{pid}/comm").read().strip()
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if comm == "weft-reaper" and f"WEFT_JOB_DIR={jobdir}".encode() in env:
+            return int(pid)
+    return None
+
+
+def case_stale(port):
+    """A job whose rank 0 and reaper are both killed (as a Slurm step's cgroup kills
+    everything) leaves its job file and socket: the console names them with the command
+    that removes them, and a new job of the same name replaces them."""
+    with tempfile.TemporaryDirectory() as jobdir:
+        job = start(1, jobdir, port, extra=["runtime.job_name=stale"])
+        wait_running(job, jobdir, 1)
+        reaper = reaper_of(jobdir)
+        if not reaper:
+            fail("no weft-reaper process for the job", job)
+        os.kill(reaper, signal.SIGKILL)
+        _, out, _ = console(jobdir, "--json", "ranks", "stale")
+        os.kill(json.loads(out)["ranks"][0]["pid"], signal.SIGKILL)
+        job.communicate(timeout=60)
+        left = wait_empty(jobdir, 1.0)
+        if left != ["stale.json", "stale.sock"]:
+            fail(f"with rank 0 and its reaper killed, the job directory holds {left}")
+        rc, out, err = console(jobdir, "list")
+        want = (f"coordinator: stale job file {jobdir}/stale.json (job stale: its rank 0, pid "
+                f"")
+        line = [l for l in err.splitlines() if "stale job file" in l]
+        rm = f"remove it: rm -f {jobdir}/stale.json {jobdir}/stale.sock"
+        if rc != 0 or len(line) != 1 or not line[0].startswith(want) or rm not in line[0]:
+            fail(f"`coordinator list` exit {rc} does not name the stale file:\n{out}{err}")
+        print(f"ok: {line[0]}")
+        job = start(1, jobdir, port, extra=["runtime.job_name=stale"])
+        wait_running(job, jobdir, 1)
+        console(jobdir, "stop", "stale")
+        out, err = job.communicate(timeout=60)
+        if job.returncode != 0 or "removed the stale job file" not in err:
+            fail(f"a new job named stale: exit {job.returncode}\n{err[-2000:]}")
+        left = wait_empty(jobdir)
+        if left:
+            fail(f"the stopped job left {left}")
+        print("ok: a new job of the same name replaced the stale file, and left nothing")
+
+
+def case_console_wait(port):
+    """The console waits for a job it is told to (--wait), by its name; with two jobs and
+    no name it says so (exit 1), never silently."""
+    with tempfile.TemporaryDirectory() as jobdir:
+        env = dict(os.environ, WEFT_JOB_DIR=jobdir)
+        waiter = subprocess.Popen([CONSOLE, "--wait", "60", "status", "first"], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.0)  # the console is waiting before the job exists
+        a = start(1, jobdir, port, extra=["runtime.job_name=first"])
+        out, err = waiter.communicate(timeout=90)
+        if waiter.returncode != 0 or "job      first" not in out:
+            fail(f"--wait 60 status first: exit {waiter.returncode}\n{out}{err}", a)
+        print("ok: the console waited for the job named first")
+        b = start(1, jobdir, port + 1000, extra=["runtime.job_name=second"])
+        rc, out, err = console(jobdir, "--wait", "60", "status", "second")
+        if rc != 0:
+            fail(f"status second: exit {rc}\n{out}{err}", b)
+        rc, out, err = console(jobdir, "status")
+        if rc != 1 or "2 running jobs; name one" not in err or "first" not in err or \
+                "second" not in err:
+            fail(f"two jobs, no name: want exit 1 and both listed; got {rc}\n{out}{err}")
+        print("ok: " + err.splitlines()[0])
+        for name, job in (("first", a), ("second", b)):
+            console(jobdir, "stop", name)
+            job.communicate(timeout=60)
+            if job.returncode != 0:
+                fail(f"stop {name}: exit {job.returncode}")
+        print("ok: both stopped by name")
 
 
 def case_local_error(port):
@@ -326,6 +425,8 @@ CASES = {
         signal.SIGSTOP, 2, 29618, "rank 2", mesh=["mesh.pp=4", "train.microbatches=8"],
         also=("no heartbeat",)),
     "hang-pp": lambda: case_hang_pp(29620),
+    "stale-job-file": lambda: case_stale(29625),
+    "console-wait": lambda: case_console_wait(29626),
     "hang-hsdp": lambda: case_hang_hsdp(29624),
 }
 
