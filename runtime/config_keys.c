@@ -595,3 +595,15 @@ void wf__cfg_suggest(const char *name, bool env, char *out, size_t out_len)
   int limit = WF_MAX(2, (int)len / 3);
   wf_strlcpy(out, b.dist <= limit ? b.name : "", out_len);
 }
+
+const char *wf_closest_name(const char *typed, const char *const *names, size_t n)
+{
+  const char *best = NULL;
+  int dist = INT_MAX;
+  for (size_t i = 0; i < n; i++) {
+    int d = osa_distance(typed, names[i]);
+    if (d < dist)
+      dist = d, best = names[i];
+  }
+  return best && dist <= WF_MAX(2, (int)strlen(typed) / 3) ? best : NULL;
+}

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 
 #include <yaml.h>
 
@@ -248,8 +249,8 @@ static wf_status walk_mapping(walker *w, const yaml_node_t *map, const char *pre
 static wf_status load_doc(wf_config *cfg, yaml_document_t *doc, wf__cfg_ctx *ctx)
 {
   const yaml_node_t *root = yaml_document_get_root_node(doc);
-  if (!root)
-    return WF_OK; /* an empty file sets nothing */
+  if (!root || (root->type == YAML_SCALAR_NODE && root->data.scalar.length == 0))
+    return WF_OK; /* an empty document sets nothing (the caller refuses a file that does) */
   if (root->type != YAML_MAPPING_NODE) {
     ctx->line = line_of(root);
     return wf__cfg_fail(ctx, NULL,
@@ -309,11 +310,37 @@ static wf_status syntax_error(const yaml_parser_t *p, wf__cfg_ctx *ctx)
   return wf__cfg_fail(ctx, NULL, "YAML syntax error: %s", p->problem ? p->problem : "invalid YAML");
 }
 
+/* The path names a regular file: a directory would read as a YAML error, and a FIFO
+ * would block fopen() until someone writes to it. */
+static wf_status check_regular(const char *path, char *err, size_t err_len)
+{
+  struct stat st;
+  const char *what = NULL;
+  wf_status status = WF_ECONFIG;
+  if (stat(path, &st) != 0)
+    what = strerror(errno), status = WF_EIO;
+  else if (S_ISDIR(st.st_mode))
+    what = "it is a directory";
+  else if (!S_ISREG(st.st_mode))
+    what = "it is not a regular file";
+  if (!what)
+    return WF_OK;
+  if (err && err_len)
+    snprintf(err, err_len,
+             "--config %s: cannot read the config file: %s; --config takes a YAML file such as "
+             "examples/fortunes.yaml",
+             path, what);
+  return status;
+}
+
 wf_status wf_config_load_file(wf_config *cfg, const char *path, char *err, size_t err_len)
 {
   wf__cfg_ctx ctx = {.err = err, .err_len = err_len, .src = WF_SRC_FILE, .file = path};
   if (!cfg || !path)
     return WF_EINVAL;
+  wf_status st = check_regular(path, err, err_len);
+  if (st != WF_OK)
+    return st;
   FILE *f = fopen(path, "rb");
   if (!f) {
     if (err && err_len)
@@ -321,7 +348,7 @@ wf_status wf_config_load_file(wf_config *cfg, const char *path, char *err, size_
                strerror(errno));
     return WF_EIO;
   }
-  wf_status st = check_nesting(f, &ctx);
+  st = check_nesting(f, &ctx);
   wf_config tmp = *cfg;
   yaml_parser_t parser;
   yaml_document_t doc;
@@ -337,6 +364,17 @@ wf_status wf_config_load_file(wf_config *cfg, const char *path, char *err, size_
     goto out_parser;
   }
   st = load_doc(&tmp, &doc, &ctx);
+  if (st == WF_OK && memcmp(&tmp, cfg, sizeof tmp) == 0) {
+    /* a file that sets nothing is a mistake (the wrong file, or one not yet written),
+     * not a wish to train on the defaults */
+    if (err && err_len)
+      snprintf(err, err_len,
+               "--config %s: the file sets no config key (it is empty, or holds only comments "
+               "or empty sections); write keys into it, e.g. `train: {steps: 100}`, or leave "
+               "--config out to train on the defaults",
+               path);
+    st = WF_ECONFIG;
+  }
   if (st == WF_OK)
     *cfg = tmp;
   yaml_document_delete(&doc);

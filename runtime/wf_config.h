@@ -207,6 +207,10 @@ wf_status wf_config_load_file(wf_config *cfg, const char *path, char *err, size_
 wf_status wf_config_set(wf_config *cfg, const char *key, const char *value, wf_config_source src,
                         char *err, size_t err_len);
 
+/* The name among names[0..n) closest to `typed` (edit distance, as the config's "did you
+ * mean" measures it), or NULL when none is close enough to be what was meant. */
+const char *wf_closest_name(const char *typed, const char *const *names, size_t n);
+
 /* Apply WEFT_<SECTION>_<KEY> variables from `envp` (NULL-terminated, like environ).
  * Variables that are not config keys (WEFT_LOG_LEVEL, WEFT_MODULE_PATH...) are
  * listed in the implementation and skipped. */

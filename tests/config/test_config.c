@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -166,12 +167,36 @@ static void test_file_nested_and_dotted(void **state)
   assert_int_equal(source_of(c, "train.batch_size"), WF_SRC_DEFAULT);
 }
 
+/* A file that sets nothing is refused (the wrong file, or one not yet written): it is
+ * never taken for the defaults without a word. An empty section beside keys is fine. */
 static void test_empty_file_and_empty_section(void **state)
 {
   fixture *f = *state;
-  assert_int_equal(load(f, ""), WF_OK);
-  assert_int_equal(load(f, "train:\n"), WF_OK);
-  assert_int_equal(f->cfg.train.steps, 300);
+  const char *nothing[] = {"", "# only a comment\n", "train:\n", "---\n"};
+  for (size_t i = 0; i < sizeof nothing / sizeof nothing[0]; i++) {
+    assert_int_equal(load(f, nothing[i]), WF_ECONFIG);
+    assert_err_has(f->err, "the file sets no config key");
+    assert_err_has(f->err, "leave --config out");
+  }
+  assert_int_equal(load(f, "train:\nmodel:\n  layers: 3\n"), WF_OK);
+  assert_int_equal(f->cfg.train.steps, 300); /* the default (issue 2) */
+  assert_int_equal(f->cfg.model.layers, 3);
+}
+
+/* A directory or a FIFO given as the config: named as such, never read (a FIFO would
+ * block fopen until someone writes to it). */
+static void test_config_not_a_file(void **state)
+{
+  fixture *f = *state;
+  assert_int_equal(wf_config_load_file(&f->cfg, f->dir, f->err, sizeof f->err), WF_ECONFIG);
+  assert_err_has(f->err, "it is a directory");
+  assert_err_has(f->err, f->dir);
+  char fifo[200];
+  snprintf(fifo, sizeof fifo, "%s/fifo.yaml", f->dir);
+  assert_int_equal(mkfifo(fifo, 0600), 0);
+  assert_int_equal(wf_config_load_file(&f->cfg, fifo, f->err, sizeof f->err), WF_ECONFIG);
+  assert_err_has(f->err, "it is not a regular file");
+  unlink(fifo);
 }
 
 static void test_bad_yaml_syntax_names_line(void **state)
@@ -665,6 +690,7 @@ int main(void)
       cmocka_unit_test_setup_teardown(test_defaults, setup, teardown),
       cmocka_unit_test_setup_teardown(test_file_nested_and_dotted, setup, teardown),
       cmocka_unit_test_setup_teardown(test_empty_file_and_empty_section, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_config_not_a_file, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bad_yaml_syntax_names_line, setup, teardown),
       cmocka_unit_test_setup_teardown(test_top_level_must_be_mapping, setup, teardown),
       cmocka_unit_test_setup_teardown(test_deep_nesting_fails_fast, setup, teardown),

@@ -78,10 +78,21 @@ const char *wf_model_dims_check(const wf_model_dims *dd)
       d->KV <= 0 || d->F <= 0)
     return "every dimension must be positive";
   /* Bounds that keep every size_t product exact and every (B*T, C) int index valid. */
-  if (d->L > (1 << 16) || d->C > (1 << 20) || d->NH > d->C || d->maxT > (1 << 20) ||
-      d->Vp > (1 << 24) || d->F > (1 << 22) ||
-      (double)d->L * (4.0 * d->C * d->C + 3.0 * d->C * d->F) > 1e12)
-    return "dimensions too large";
+  if (d->L > (1 << 16))
+    return "more than 65536 layers";
+  if (d->C > (1 << 20))
+    return "d_model above 1048576";
+  if (d->NH > d->C)
+    return "more heads than d_model";
+  if (d->maxT > (1 << 20))
+    return "a context (seq_len) above 1048576";
+  if (d->Vp > (1 << 24))
+    return "a vocabulary above 16777216";
+  if (d->F > (1 << 22))
+    return "an MLP (ffn) wider than 4194304";
+  if ((double)d->L * (4.0 * d->C * d->C + 3.0 * d->C * d->F) > 1e12)
+    return "more than 1e12 parameters in the blocks (layers x (4 d_model^2 + 3 d_model ffn)), "
+           "beyond any memory";
   if (d->C % d->NH != 0)
     return "d_model must be a multiple of the number of heads";
   if (d->NH % d->KV != 0)
@@ -205,4 +216,145 @@ void wf_model_costs_get(const wf_model_dims *d, const wf_cost_geo *g, wf_model_c
   wf_model_dims r = wf_model_dims_resolve(d);
   memset(out, 0, sizeof *out);
   r.fam->costs(&r, g, out);
+}
+
+/* ---- model.init's shape, met by the config's model keys ------------------------------ */
+
+/* Whether the user gave `key` (a file, WEFT_* or the command line), not a default or a
+ * preset. */
+static bool user_set(const wf_config *cfg, const char *key)
+{
+  int s = cfg->source[wf_config_key_find(key)];
+  return s >= WF_SRC_FILE && s != WF_SRC_DERIVED;
+}
+
+typedef struct meeting {
+  const wf_config *cfg;
+  const char *init;
+  char *err;
+  size_t len;
+} meeting;
+
+/* A key the user set must say what the file says (callers pass the file's value for a 0
+ * that means "the family's default"). */
+static bool agrees(meeting *m, const char *key, double file, double mine, const char *file_text,
+                   const char *mine_text)
+{
+  char a[32], b[32];
+  if (!user_set(m->cfg, key) || file == mine)
+    return true;
+  if (!file_text)
+    snprintf(a, sizeof a, "%.9g", file), snprintf(b, sizeof b, "%.9g", mine);
+  snprintf(m->err, m->len,
+           "%s=%s, but model.init '%s' has %s: the file decides the model; remove %s, "
+           "or set it to %s",
+           key, mine_text ? mine_text : b, m->init, file_text ? file_text : a, key,
+           file_text ? file_text : a);
+  return false;
+}
+
+static const char *tie_text(bool tie) { return tie ? "true" : "false"; }
+
+static const char *rope_text(wf_rope_type t) { return t == WF_ROPE_LLAMA3 ? "llama3" : "none"; }
+
+/* The family and the integer sizes: those a user names most. */
+static bool shape_agrees(meeting *m, const wf_model_dims *f)
+{
+  const wf_config *c = m->cfg;
+  bool same_family = !strcmp(f->fam->name, c->model.family);
+  if (!same_family && user_set(c, "model.preset") && !user_set(c, "model.family")) {
+    snprintf(m->err, m->len,
+             "model.preset=%s is a %s model, but model.init '%s' is a %s one: the file decides "
+             "the model; remove model.preset",
+             c->model.preset, c->model.family, m->init, f->fam->name);
+    return false;
+  }
+  return agrees(m, "model.family", same_family, 1, f->fam->name, c->model.family) &&
+         agrees(m, "model.layers", f->L, c->model.layers, NULL, NULL) &&
+         agrees(m, "model.heads", f->NH, c->model.heads, NULL, NULL) &&
+         agrees(m, "model.kv_heads", f->KV, c->model.kv_heads ? c->model.kv_heads : f->NH, NULL,
+                NULL) &&
+         agrees(m, "model.d_model", f->C, c->model.d_model, NULL, NULL) &&
+         agrees(m, "model.ffn", f->F, c->model.ffn ? c->model.ffn : f->F, NULL, NULL) &&
+         agrees(m, "model.vocab", f->V, c->model.vocab, NULL, NULL);
+}
+
+/* What the family computes with beyond the sizes: ties, RoPE, the norm's epsilon. */
+static bool math_agrees(meeting *m, const wf_model_dims *f)
+{
+  const wf_config *c = m->cfg;
+  const wf_rope_scaling *fs = &f->rope_scaling, *ms = &c->model.rope_scaling;
+  bool ftie = f->tie == WF_TIE_YES;
+  bool mtie = c->model.tie_embeddings == WF_TIE_AUTO ? ftie : c->model.tie_embeddings == WF_TIE_YES;
+  return agrees(m, "model.tie_embeddings", ftie, mtie, tie_text(ftie), tie_text(mtie)) &&
+         agrees(m, "model.rope_theta", f->rope_theta,
+                c->model.rope_theta ? c->model.rope_theta : f->rope_theta, NULL, NULL) &&
+         agrees(m, "model.norm_eps", f->norm_eps,
+                c->model.norm_eps ? (float)c->model.norm_eps : f->norm_eps, NULL, NULL) &&
+         agrees(m, "model.rope_scaling.rope_type", fs->rope_type, ms->rope_type,
+                rope_text(fs->rope_type), rope_text(ms->rope_type)) &&
+         agrees(m, "model.rope_scaling.factor", fs->factor, ms->factor, NULL, NULL) &&
+         agrees(m, "model.rope_scaling.low_freq_factor", fs->low_freq_factor, ms->low_freq_factor,
+                NULL, NULL) &&
+         agrees(m, "model.rope_scaling.high_freq_factor", fs->high_freq_factor,
+                ms->high_freq_factor, NULL, NULL) &&
+         agrees(m, "model.rope_scaling.original_max_position_embeddings",
+                fs->original_max_position_embeddings, ms->original_max_position_embeddings, NULL,
+                NULL);
+}
+
+/* Key `key` now holds the file's value: derived from model.init, unless the user gave it
+ * (and it agreed). */
+static void from_file(wf_config *cfg, const char *key)
+{
+  if (!user_set(cfg, key))
+    cfg->source[wf_config_key_find(key)] = WF_SRC_DERIVED;
+}
+
+static void take_file(wf_config *c, const wf_model_dims *f)
+{
+  static const char *const keys[] = {"model.family",
+                                     "model.layers",
+                                     "model.heads",
+                                     "model.kv_heads",
+                                     "model.d_model",
+                                     "model.ffn",
+                                     "model.vocab",
+                                     "model.tie_embeddings",
+                                     "model.rope_theta",
+                                     "model.norm_eps",
+                                     "model.rope_scaling.rope_type",
+                                     "model.rope_scaling.factor",
+                                     "model.rope_scaling.low_freq_factor",
+                                     "model.rope_scaling.high_freq_factor",
+                                     "model.rope_scaling.original_max_position_embeddings"};
+  wf_strlcpy(c->model.family, f->fam->name, sizeof c->model.family);
+  c->model.layers = f->L, c->model.heads = f->NH, c->model.kv_heads = f->KV,
+  c->model.d_model = f->C;
+  c->model.ffn = f->F, c->model.vocab = f->V;
+  c->model.tie_embeddings = f->tie == WF_TIE_YES ? WF_TIE_YES : WF_TIE_NO;
+  c->model.rope_theta = f->rope_theta, c->model.norm_eps = f->norm_eps;
+  c->model.rope_scaling = f->rope_scaling;
+  for (size_t i = 0; i < WF_ARRAY_LEN(keys); i++)
+    from_file(c, keys[i]);
+}
+
+wf_status wf_model_dims_meet_config(const wf_model_dims *file, const char *init, wf_config *cfg,
+                                    char *err, size_t len)
+{
+  wf_model_dims f = wf_model_dims_resolve(file);
+  meeting m = {cfg, init, err, len};
+  if (!shape_agrees(&m, &f) || !math_agrees(&m, &f))
+    return WF_ECONFIG;
+  /* the context: a shorter one trains on shorter sequences (the file's first positions),
+   * a longer one the file has no positions for */
+  if (user_set(cfg, "model.seq_len") && cfg->model.seq_len > f.maxT) {
+    snprintf(err, len,
+             "model.seq_len=%d, but model.init '%s' has a context of %d positions: train on "
+             "at most %d (model.seq_len or train.seq_len), or leave model.seq_len out",
+             cfg->model.seq_len, init, f.maxT, f.maxT);
+    return WF_ECONFIG;
+  }
+  take_file(cfg, &f);
+  return WF_OK;
 }

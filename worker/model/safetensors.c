@@ -1395,7 +1395,7 @@ static wf_status peek_dims(source *s, wf_model_dims *out, char *err, size_t len)
   extents_from_shapes(s, &d, ext);
   d.C = d.C ? d.C : (int)ext[WF_DIM_C];
   d.V = d.V ? d.V : (int)ext[WF_DIM_VP];
-  d.maxT = d.maxT ? d.maxT : (int)ext[WF_DIM_T];
+  d.maxT = d.maxT ? d.maxT : ext[WF_DIM_T] ? (int)ext[WF_DIM_T] : d.fam->hf_max_positions;
   d.F = d.F ? d.F : (int)ext[WF_DIM_F];
   d.L = d.L ? d.L : layers_of(s, &d);
   int64_t q = ext[WF_DIM_Q] ? ext[WF_DIM_Q] : d.C;

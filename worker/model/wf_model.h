@@ -71,6 +71,12 @@ const char *wf_model_dims_check(const wf_model_dims *d);
  * field that differs with both values (for messages). */
 bool wf_model_dims_same(const wf_model_dims *a, const wf_model_dims *b, const char **field,
                         double *va, double *vb);
+/* model.init's dims `file` meet the config: a model.* key the user gave (a file, WEFT_*,
+ * the command line) that says otherwise is refused naming both values (model.seq_len may
+ * be shorter than the file's context: the length trained on); the others take the
+ * file's values (source derived). `init` names the file in messages. WF_ECONFIG. */
+wf_status wf_model_dims_meet_config(const wf_model_dims *file, const char *init, wf_config *cfg,
+                                    char *err, size_t len);
 /* The family's name ("gpt2", "llama"). */
 const char *wf_model_family_name(const wf_model_dims *d);
 
@@ -246,6 +252,9 @@ struct wf_family {
   const char *hf_skip[4];
   const char *hf_head;
   const char *hf_config; /* config.json's other keys, as JSON ("hidden_act": "silu", ...) */
+  /* the context (WF_HF_T) of a config.json that does not give one and of a model with no
+   * position table to read it from: transformers' default for the family's config class */
+  int hf_max_positions;
   const struct wf__family_ops *ops;
 };
 

@@ -189,3 +189,40 @@ wf_status wf_plan_mesh_from_config(const wf_config *cfg, int world, wf_plan_mesh
 fail:
   return st;
 }
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+wf_status wf_plan_fits(const wf_config *cfg, const wf_model_dims *d, double limit,
+                       const char *limit_desc, const struct wf_ktable *k, char *err, size_t len)
+{
+  wf_status st = WF_OK;
+  wf_plan_mesh m;
+  wf_plan_stage_mem sm, peak = {.total = 0};
+  int peak_stage = 0;
+  err[0] = '\0';
+  if (limit <= 0)
+    return WF_OK; /* unknown: the allocator finds out */
+  /* the planner refuses (rank 0 says why) what the trainer would refuse */
+  WF_TRY(
+      wf_plan_mesh_from_config(cfg, cfg->mesh.dp * cfg->mesh.tp * cfg->mesh.pp * cfg->mesh.cp, &m));
+  for (int r = 0; r < m.pp; r++) {
+    WF_TRY(wf_plan_stage_mem_get(d, &m, r, 0, k, &sm)); /* dp rank 0: the largest shard */
+    if (sm.total > peak.total)
+      peak = sm, peak_stage = r;
+  }
+  if ((double)peak.total <= limit)
+    return WF_OK;
+  snprintf(err, len,
+           "the model does not fit: a rank needs %.2f GiB (pp stage %d: params %.2f, grads %.2f, "
+           "optimizer %.2f, activations %.2f GiB; worker --estimate with these keys shows it "
+           "all) but has %.2f GiB (%s); choose a smaller model (model.d_model=%d, "
+           "model.layers=%d), fewer rows per step (train.batch_size=%d), or more ranks to share "
+           "it (mesh.tp, mesh.pp, optim.zero=3)",
+           peak.total / GIB, peak_stage, peak.bytes[WF_PM_PARAMS] / GIB,
+           peak.bytes[WF_PM_GRADS] / GIB, peak.bytes[WF_PM_OPTIM] / GIB,
+           peak.bytes[WF_PM_ACTS] / GIB, limit / GIB, limit_desc, d->C, d->L,
+           cfg->train.batch_size);
+  st = WF_ECONFIG;
+fail:
+  return st;
+}

@@ -155,6 +155,15 @@ wf_status wf_plan_stage_mem_get(const wf_model_dims *d, const wf_plan_mesh *m, i
                                 int dp_rank, const struct wf_ktable *k, wf_plan_stage_mem *out);
 const char *wf_plan_mem_kind_name(wf_plan_mem_kind k);
 
+/* Before the model is built: whether the largest stage's memory (dp rank 0's, as
+ * --estimate computes it for the config's mesh, of the model `d`) fits in `limit` bytes,
+ * the rank's memory, which `limit_desc` describes ("cuda:0, NVIDIA H100: 80.0 GiB").
+ * WF_ECONFIG with a message naming the sizes and the keys that shrink them when it does
+ * not; WF_OK when it does or limit is 0 (unknown). A mesh the planner refuses is
+ * refused (rank 0 says why; err is then empty). */
+wf_status wf_plan_fits(const wf_config *cfg, const wf_model_dims *d, double limit,
+                       const char *limit_desc, const struct wf_ktable *k, char *err, size_t len);
+
 /* Predicted step time, in seconds, by part. */
 typedef struct wf_plan_time {
   double compute;    /* one stage's forwards and backwards of all its micro-batches */

@@ -172,5 +172,6 @@ const wf_family wf__family_gpt2 = {
     .hf_skip = {".attn.bias", ".attn.masked_bias"},
     .hf_head = "lm_head.weight",
     .hf_config = "{\"activation_function\": \"gelu_new\", \"layer_norm_epsilon\": 1e-05}",
+    .hf_max_positions = 1024, /* transformers' GPT2Config(n_positions=1024) */
     .ops = &wf__gpt2_ops,
 };

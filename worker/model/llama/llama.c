@@ -184,5 +184,6 @@ const wf_family wf__family_llama = {
     .hf_head = "lm_head.weight",
     .hf_config = "{\"hidden_act\": \"silu\", \"attention_bias\": false, \"mlp_bias\": false, "
                  "\"initializer_range\": 0.02}",
+    .hf_max_positions = 2048, /* transformers' LlamaConfig(max_position_embeddings=2048) */
     .ops = &wf__llama_ops,
 };
