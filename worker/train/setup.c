@@ -85,8 +85,10 @@ static wf_status setup_dims(wf__trainer *tr)
   /* model.init's context bounds a derived length (model.seq_len is the file's) */
   bool derived =
       cfg->train.seq_len == 0 || cfg->source[wf_config_key_find("train.seq_len")] == WF_SRC_DERIVED;
-  if (cfg->model.init[0] && derived)
+  if (cfg->model.init[0] && derived) {
     tr->T = WF_MIN(tr->T, tr->dims.maxT);
+    tr->Tl = tr->T / tr->cp; /* each cp rank's share of the capped length */
+  }
   WF_REFUSE(tr->T <= tr->dims.maxT, WF_ECONFIG,
             "train.seq_len %d exceeds the model's context %d (model.seq_len)", tr->T,
             tr->dims.maxT);
