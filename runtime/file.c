@@ -34,6 +34,21 @@ wf_status wf_file_sync_dir(const char *dir)
   return WF_OK;
 }
 
+wf_status wf_file_errno_status(int err)
+{
+  switch (err) {
+  case ENOTDIR:
+  case EISDIR:
+  case EACCES:
+  case EPERM:
+  case EROFS:
+  case ENAMETOOLONG:
+  case ELOOP:
+  case EEXIST: return WF_ECONFIG;
+  default: return WF_EIO;
+  }
+}
+
 wf_status wf_file_mkdirs(const char *dir, const char *what)
 {
   char path[WF_FILE_PATH_MAX];
@@ -52,16 +67,17 @@ wf_status wf_file_mkdirs(const char *dir, const char *what)
     *p = '/';
   }
   if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+    int e = errno;
     if (what)
       WF_ERROR("%s: cannot create %s: %s; point it at a writable directory", what, path,
-               strerror(errno));
+               strerror(e));
     else
-      WF_ERROR("cannot create the directory %s: %s; name a writable place", path, strerror(errno));
-    return WF_EIO;
+      WF_ERROR("cannot create the directory %s: %s; name a writable place", path, strerror(e));
+    return wf_file_errno_status(e);
   }
   if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
     WF_ERROR("%s: not a directory", what ? what : dir);
-    return WF_EIO;
+    return WF_ECONFIG;
   }
   return WF_OK;
 }

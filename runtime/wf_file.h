@@ -54,6 +54,12 @@ void wf_afile_abort(wf_afile *f);
 /* The whole file at once. */
 wf_status wf_file_write_atomic(const char *path, const void *buf, size_t n, unsigned mode);
 
+/* The status of a path the user named that cannot be created or written, from errno:
+ * WF_ECONFIG (exit 2) when the path is the mistake (a parent that is a file, a directory
+ * where a file goes, no permission, a read-only file system, a name too long), WF_EIO
+ * (exit 1: a later try may do) when the machine is (no space, an I/O error, no fds). */
+wf_status wf_file_errno_status(int err);
+
 /* Create dir and its missing parents (0755), as mkdir -p; an error names `what` (e.g.
  * "train.checkpoint_dir /x/ck"; NULL: dir) and the part that could not be made. */
 wf_status wf_file_mkdirs(const char *dir, const char *what);

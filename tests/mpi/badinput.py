@@ -9,7 +9,7 @@ MPI_Init (the command line, the config file, WEFT_* variables, the config's rule
 model's shape, model.* keys against model.init's file, the files the config names,
 tokenizers against the model, where the coordinator listens, a job name in use); `late`
 those found once the ranks are up (the model's memory against the device's, the launch
-environment against MPI's). The cases run under mpirun with the ranks given, or alone for one rank.
+environment against MPI's, output paths the trainer creates). The cases run under mpirun with the ranks given, or alone for one rank.
 It ends with the table: case, exit status, weft's lines, seconds.
 
 Lines from Open MPI's mpirun (its "Primary job terminated normally..." box) are mpirun's
@@ -218,8 +218,14 @@ def input_cases():
 
 def late_cases():
     """What only the running ranks can find: the rank's memory (the device picked), the
-    launch environment against MPI's."""
+    launch environment against MPI's, output paths the trainer creates (a parent that is
+    a file)."""
+    blocker = write("a-file", "not a directory\n")
     return [
+        Case("a checkpoint_dir under a file, 2 ranks", [f"train.checkpoint_dir={blocker}/ck"],
+             f"train.checkpoint_dir {blocker}/ck", np=2, early=False),
+        Case("a metrics file under a file", [f"train.metrics={blocker}/m.jsonl"],
+             f"train.metrics: cannot open '{blocker}/m.jsonl'", early=False),
         Case("a model too large for the rank's memory, 4 ranks",
              ["model.d_model=65536", "model.heads=4"], "the model does not fit", np=4, early=False),
         Case("RANK exported to every rank, 2 ranks", ["--dry-run"], "disagrees with MPI rank 1",

@@ -415,7 +415,7 @@ static wf_status probe(const char *dir, int rank)
     return WF_OK;
   WF_ERROR("train.checkpoint_dir %s is not writable from rank %d on %s: %s", dir, rank,
            wf_rt_host(), strerror(e));
-  return WF_EIO;
+  return wf_file_errno_status(e);
 }
 
 /* One checkpoint must fit: model (header + params) and optimizer (m, v, headers) of the

@@ -673,8 +673,8 @@ wf_status wf__open_metrics(wf__trainer *tr)
     WF_WARN("train.metrics: %s: cannot drop the steps after %d (see above)", path, tr->start);
   WF_TRY(wf_file_make_parent(path, "train.metrics"));
   tr->metrics = fopen(path, tr->start > 0 ? "a" : "w");
-  WF_CHECK(tr->metrics, WF_EIO, "train.metrics: cannot open '%s' for writing: %s", path,
-           strerror(errno));
+  WF_CHECK(tr->metrics, wf_file_errno_status(errno),
+           "train.metrics: cannot open '%s' for writing: %s", path, strerror(errno));
 fail:
   return st;
 }

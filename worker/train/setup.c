@@ -349,23 +349,24 @@ static wf_status trace_dir_ok(const char *path)
   char dir[WF_PATH_MAX];
   struct stat sb;
   const char *slash = strrchr(path, '/'), *why = NULL;
-  if (wf_file_make_parent(path, "train.trace") != WF_OK) /* said why */
-    return WF_EIO;
+  wf_status st = wf_file_make_parent(path, "train.trace");
+  if (st != WF_OK) /* said why */
+    return st;
   if (!slash)
     snprintf(dir, sizeof dir, ".");
   else
     snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
   if (stat(dir, &sb) != 0)
-    why = strerror(errno);
+    why = strerror(errno), st = wf_file_errno_status(errno);
   else if (!S_ISDIR(sb.st_mode))
-    why = "not a directory";
+    why = "not a directory", st = WF_ECONFIG;
   else if (access(dir, W_OK | X_OK) != 0)
-    why = strerror(errno);
+    why = strerror(errno), st = wf_file_errno_status(errno);
   if (!why)
     return WF_OK;
   WF_ERROR("train.trace=%s: cannot write in %s: %s; point it at a writable directory", path, dir,
            why);
-  return WF_EIO;
+  return st;
 }
 
 static wf_status setup_trace(wf__trainer *tr)
