@@ -1,5 +1,6 @@
 /*
- * wf_kernels.h - forward and backward of every op of the models (GPT-2, Llama), on the CPU.
+ * wf_kernels.h - forward and backward of every op of the models (GPT-2, Llama, the
+ * mixture-of-experts families), on the CPU.
  *
  * Conventions (llm.c's):
  *  - outputs first, then inputs, then sizes;
@@ -47,5 +48,9 @@
 #include "rope.h"
 #include "swiglu.h"
 #include "checksum.h"
+#include "moe_route.h"
+#include "moe_dispatch.h"
+#include "moe_combine.h"
+#include "qknorm.h"
 
 #endif /* WF_KERNELS_H */

@@ -15,7 +15,8 @@
  *    explicit model keys win over a preset from any source.
  *  - A mesh_shape describes the whole mesh: it sets mesh.dp, mesh.tp and mesh.pp
  *    together. An axis it leaves out is 1 for tp and pp, and 0 (derived from the
- *    world size, as everywhere) for dp.
+ *    world size, as everywhere) for dp. Its fsdp and expert axes are carved from dp
+ *    (mesh.fsdp, mesh.ep).
  */
 #include <ctype.h>
 #include <errno.h>
@@ -220,7 +221,7 @@ static wf_status set_preset(wf_config *cfg, int k, const char *name, const char 
 {
   const wf__cfg_preset *p = wf__cfg_preset_find(text);
   if (!p) {
-    char known[256];
+    char known[512];
     size_t n = 0;
     for (int i = 0; i < wf__cfg_npresets && n < sizeof known; i++)
       n += (size_t)snprintf(known + n, sizeof known - n, "%s%s", i ? ", " : "",
@@ -247,6 +248,11 @@ static wf_status set_preset(wf_config *cfg, int k, const char *name, const char 
   preset_dbl(cfg, "model.rope_scaling.high_freq_factor", rs->high_freq_factor, ctx->src);
   preset_int(cfg, "model.rope_scaling.original_max_position_embeddings",
              rs->original_max_position_embeddings, ctx->src);
+  preset_int(cfg, "model.experts", p->experts, ctx->src);
+  preset_int(cfg, "model.experts_per_token", p->experts_per_token, ctx->src);
+  preset_int(cfg, "model.head_dim", p->head_dim, ctx->src);
+  preset_int(cfg, "model.norm_topk_prob", p->norm_topk, ctx->src);
+  preset_dbl(cfg, "model.router_aux_loss_coef", p->aux_coef > 0 ? p->aux_coef : -1, ctx->src);
   preset_dbl(cfg, "train.lr", p->lr, ctx->src);
   /* the cosine ends at a tenth of the peak, as llm.c and nanoGPT decay (gpt2-tiny's 3e-4
    * is the key's default) */
@@ -516,9 +522,59 @@ static int set_hsdp_shape(wf_config *cfg, const char *name, const char *const *s
   return 1;
 }
 
+static bool is_expert_axis(const char *a)
+{
+  return strcasecmp(a, "ep") == 0 || strcasecmp(a, "expert") == 0;
+}
+
+/* An "expert" (or "ep") axis, as Megatron-Core carves expert parallelism from the data-
+ * parallel ranks: it leaves the list and mesh.ep takes its size; a dp ("data") axis
+ * beside it grows by that size (the dp group holds both), and without one dp is derived
+ * from the world as always. Returns 0 when the shape has no such axis, 1 when it was set,
+ * -1 on an error (reported). */
+static int set_ep_shape(wf_config *cfg, const char *name, const char *const *sizes, int n_sizes,
+                        const char *const *axes, int n_axes, wf__cfg_ctx *ctx)
+{
+  static const wf__cfg_key size_key = {.name = "mesh_shape", .min = 1, .max = 1 << 16};
+  int e = -1, ep = 0;
+  bool dp = false;
+  for (int i = 0; axes && i < n_axes && i < n_sizes; i++) {
+    if (is_expert_axis(axes[i]))
+      e = i;
+    else if (axis_index(axes[i]) == 0)
+      dp = true;
+  }
+  if (e < 0 || n_axes != n_sizes)
+    return 0;
+  if (parse_int(&size_key, name, sizes[e], &ep, ctx) != WF_OK)
+    return -1;
+  const char *s2[4], *a2[4];
+  int n = 0;
+  for (int i = 0; i < n_sizes && n < 4; i++)
+    if (i != e)
+      s2[n] = sizes[i], a2[n++] = axes[i];
+  if (n == 0) /* the expert axis alone: the mesh is dp ranks, dp derived */
+    s2[0] = "1", a2[0] = "tp", n = 1;
+  if (wf__cfg_set_mesh_shape(cfg, name, s2, n, a2, n, ctx) != WF_OK)
+    return -1;
+  long long d = (long long)cfg->mesh.dp * ep;
+  if (dp && d > (1 << 24))
+    return wf__cfg_fail(ctx, name, "data x expert = %lld is out of range", d), -1;
+  if (dp)
+    cfg->mesh.dp = (int)d;
+  if (store(cfg, wf__cfg_key_index("mesh.ep"), ctx->src))
+    cfg->mesh.ep = ep;
+  return 1;
+}
+
 wf_status wf__cfg_set_mesh_shape(wf_config *cfg, const char *name, const char *const *sizes,
                                  int n_sizes, const char *const *axes, int n_axes, wf__cfg_ctx *ctx)
 {
+  if (n_sizes >= 1 && n_sizes <= 5) {
+    int e = set_ep_shape(cfg, name, sizes, n_sizes, axes, n_axes, ctx);
+    if (e != 0)
+      return e > 0 ? WF_OK : WF_ECONFIG;
+  }
   static const wf__cfg_key size_key = {.name = "mesh_shape", .min = 1, .max = 1 << 24};
   bool fsdp = false; /* an axis named fsdp, as the seeds and JAX mean it: sharded params */
   for (int i = 0; axes && i < n_axes; i++)

@@ -82,6 +82,10 @@ typedef struct wf__cfg_preset {
   double rope_theta;
   int tie;                      /* wf_tie */
   wf_rope_scaling rope_scaling; /* none unless given */
+  /* mixture of experts (0: the family's): experts, top-k, head size, wf_switch of
+   * norm_topk_prob, router_aux_loss_coef (0: the family's) */
+  int experts, experts_per_token, head_dim, norm_topk;
+  double aux_coef;
 } wf__cfg_preset;
 
 /* Where a value came from, for error messages. */

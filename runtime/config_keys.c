@@ -50,6 +50,7 @@ _Static_assert(sizeof(wf_attention_impl) == sizeof(int), "enum storage");
 _Static_assert(sizeof(wf_schedule_kind) == sizeof(int), "enum storage");
 _Static_assert(sizeof(wf_device_pref) == sizeof(int), "enum storage");
 _Static_assert(sizeof(wf_tie) == sizeof(int), "enum storage");
+_Static_assert(sizeof(wf_switch) == sizeof(int), "enum storage");
 _Static_assert(sizeof(wf_recompute) == sizeof(int), "enum storage");
 _Static_assert(sizeof(wf_rope_type) == sizeof(int), "enum storage");
 
@@ -76,6 +77,9 @@ static const wf__cfg_enum log_levels[] = {{"error", WF_LOG_ERROR},  {"warn", WF_
 static const wf__cfg_enum ties[] = {{"auto", WF_TIE_AUTO}, {"true", WF_TIE_YES},
                                     {"false", WF_TIE_NO},  {"yes", WF_TIE_YES},
                                     {"no", WF_TIE_NO},     {NULL, 0}};
+static const wf__cfg_enum switches[] = {
+    {"auto", WF_SWITCH_AUTO}, {"true", WF_SWITCH_ON}, {"false", WF_SWITCH_OFF},
+    {"yes", WF_SWITCH_ON},    {"no", WF_SWITCH_OFF},  {NULL, 0}};
 static const wf__cfg_enum rope_types[] = {
     {"none", WF_ROPE_NONE}, {"llama3", WF_ROPE_LLAMA3}, {NULL, 0}};
 static const wf__cfg_enum devices[] = {{"auto", WF_DEV_AUTO},
@@ -106,6 +110,9 @@ const wf__cfg_key wf__cfg_keys[] = {
     K_INT("mesh.pp", mesh.pp, "1", 1, WF_MAX_STAGES, "pipeline-parallel size (stages)"),
     K_INT("mesh.cp", mesh.cp, "1", 1, 1 << 16,
           "context-parallel size: each sequence split over this many ranks (ring attention)"),
+    K_INT("mesh.ep", mesh.ep, "1", 1, 1 << 16,
+          "expert-parallel size: the experts are sharded over groups of this many consecutive "
+          "dp ranks (it divides mesh.dp and the experts)"),
     K_INT("mesh.fsdp", mesh.fsdp, "0", 0, 1 << 24,
           "HSDP: ZeRO shards within groups of this many dp ranks and replicates across "
           "them; 0 = all dp ranks"),
@@ -114,10 +121,12 @@ const wf__cfg_key wf__cfg_keys[] = {
      .off = OFF(mesh.axis_names),
      .def = "[dp, tp, pp, cp]",
      .doc = "order of the mesh_shape axes as given"},
-    K_STR("model.family", model.family, "gpt2", "model family: gpt2, llama"),
+    K_STR("model.family", model.family, "gpt2",
+          "model family: gpt2, llama, olmoe, qwen3_moe, mixtral"),
     K_STR("model.preset", model.preset, "gpt2-tiny",
           "gpt2-tiny, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl, llama-tiny, llama-1b, "
-          "llama-8b"),
+          "llama-8b, olmoe-tiny, qwen3-moe-tiny, mixtral-tiny, olmoe-1b-7b, qwen3-30b-a3b, "
+          "mixtral-8x7b"),
     K_INT("model.layers", model.layers, "4", 1, 4096, "transformer blocks (L)"),
     K_INT("model.heads", model.heads, "4", 1, 4096, "attention heads (NH)"),
     K_INT("model.d_model", model.d_model, "64", 1, 1 << 20, "channels (C)"),
@@ -143,7 +152,27 @@ const wf__cfg_key wf__cfg_keys[] = {
     K_INT("model.rope_scaling.original_max_position_embeddings",
           model.rope_scaling.original_max_position_embeddings, "0", 0, 1 << 24,
           "llama3: the pre-training context (original); 0 = 8192"),
-    K_DBL("model.norm_eps", model.norm_eps, "0", 0, 1, 0, "RMSNorm's epsilon (llama); 0 = 1e-5"),
+    K_DBL("model.norm_eps", model.norm_eps, "0", 0, 1, 0,
+          "RMSNorm's epsilon (llama and the MoE families); 0 = the family's (1e-5; qwen3_moe "
+          "1e-6)"),
+    K_INT("model.head_dim", model.head_dim, "0", 0, 1 << 16,
+          "attention head size (qwen3_moe); 0 = d_model / heads"),
+    K_INT("model.experts", model.experts, "0", 0, 1 << 16,
+          "experts per layer (olmoe, qwen3_moe, mixtral: num_experts, num_local_experts)"),
+    K_INT("model.experts_per_token", model.experts_per_token, "0", 0, 1 << 16,
+          "experts each token is routed to, top-k (num_experts_per_tok); 0 = the family's"),
+    K_ENUM("model.norm_topk_prob", model.norm_topk_prob, "auto", switches,
+           "renormalise the top-k routing weights to sum 1: auto (the family's: olmoe and "
+           "qwen3_moe no, mixtral yes), true, false"),
+    K_DBL("model.router_aux_loss_coef", model.router_aux_loss_coef, "-1", -1, 1e6, 0,
+          "the load-balancing loss's coefficient (transformers' load_balancing_loss_func over "
+          "all layers); -1 = the model's (config.json's, or the family's)"),
+    K_DBL("model.router_z_loss_coef", model.router_z_loss_coef, "0", 0, 1e6, 0,
+          "router z-loss coefficient (the mean over layers and tokens of logsumexp(logits)^2); "
+          "0 = none"),
+    K_DBL("model.capacity_factor", model.capacity_factor, "0", 0, 1e6, 0,
+          "expert capacity: each expert takes at most ceil(factor x tokens x top-k / experts) "
+          "of a micro-batch's tokens and the rest are dropped (counted); 0 = dropless"),
     K_DBL("model.shard_mb", model.shard_mb, "0", 0, 1e9, 0,
           "safetensors model folders: the largest file in MB (1e6 bytes) before sharding "
           "with an index; 0 = 5000 (save_pretrained's 5GB)"),
@@ -341,22 +370,44 @@ const wf__cfg_preset wf__cfg_presets[] = {
      * low_freq_factor 1, high_freq_factor 4, original context 8192), an 8192-token context (Llama
      * 3's pre-training length; their 131072 is longer than a training run here holds) and Llama 3's
      * peak rate 3e-4; llama-tiny is a test model (grouped-query attention with 2 kv heads, a
-     * 192-wide SwiGLU, theta 10000 so short contexts rotate, no scaling). */
+     * 192-wide SwiGLU, theta 10000 so short contexts rotate, no scaling).
+     * Mixture of experts, then experts, top-k, head_dim, norm_topk_prob, router_aux_loss_coef:
+     * olmoe-1b-7b is allenai/OLMoE-1B-7B-0924 (16 layers, d 2048, 16 heads, 64 experts of
+     * width 1024, top-8, vocabulary 50304, theta 10000, aux 0.01) at its 4096-token context and
+     * the paper's peak rate 4e-4; qwen3-30b-a3b is Qwen/Qwen3-30B-A3B (48 layers, d 2048, 32
+     * heads of 128 over 4 kv heads, 128 experts of width 768, top-8 renormalised, vocabulary
+     * 151936, theta 1e6, aux 0.001) at its 4096-token pre-training context; mixtral-8x7b is
+     * mistralai/Mixtral-8x7B-v0.1 (32 layers, d 4096, 32 heads over 8 kv heads, 8 experts of
+     * width 14336, top-2, vocabulary 32000, theta 1e6, aux 0.02) at 4096 tokens. The *-tiny
+     * MoE presets are test models: 2 layers, d 64, 4 experts of width 96, top-2, a context of
+     * 32; qwen3-moe-tiny has 32-wide heads (head_dim != d_model / heads, as Qwen3's 128). */
     /* clang-format off */
-    {"gpt2-tiny", "gpt2", 4, 4, 64, 64, 256, 3e-3, 0, 0, 0, WF_TIE_AUTO, {0}},
-    {"gpt2-small", "gpt2", 12, 12, 768, 1024, 50257, 6e-4, 0, 0, 0, WF_TIE_AUTO, {0}},
-    {"gpt2-medium", "gpt2", 24, 16, 1024, 1024, 50257, 3e-4, 0, 0, 0, WF_TIE_AUTO, {0}},
-    {"gpt2-large", "gpt2", 36, 20, 1280, 1024, 50257, 2.5e-4, 0, 0, 0, WF_TIE_AUTO, {0}},
-    {"gpt2-xl", "gpt2", 48, 25, 1600, 1024, 50257, 2e-4, 0, 0, 0, WF_TIE_AUTO, {0}},
-    {"llama-tiny", "llama", 4, 4, 64, 64, 256, 3e-3, 2, 192, 10000, WF_TIE_AUTO, {0}},
+    {"gpt2-tiny", "gpt2", 4, 4, 64, 64, 256, 3e-3, 0, 0, 0, WF_TIE_AUTO, {0}, 0, 0, 0, 0, 0},
+    {"gpt2-small", "gpt2", 12, 12, 768, 1024, 50257, 6e-4, 0, 0, 0, WF_TIE_AUTO, {0}, 0, 0, 0, 0, 0},
+    {"gpt2-medium", "gpt2", 24, 16, 1024, 1024, 50257, 3e-4, 0, 0, 0, WF_TIE_AUTO, {0}, 0, 0, 0, 0, 0},
+    {"gpt2-large", "gpt2", 36, 20, 1280, 1024, 50257, 2.5e-4, 0, 0, 0, WF_TIE_AUTO, {0}, 0, 0, 0, 0, 0},
+    {"gpt2-xl", "gpt2", 48, 25, 1600, 1024, 50257, 2e-4, 0, 0, 0, WF_TIE_AUTO, {0}, 0, 0, 0, 0, 0},
+    {"llama-tiny", "llama", 4, 4, 64, 64, 256, 3e-3, 2, 192, 10000, WF_TIE_AUTO, {0}, 0, 0, 0, 0, 0},
     {"llama-1b", "llama", 16, 32, 2048, 8192, 128256, 3e-4, 8, 8192, 500000, WF_TIE_YES,
-     {WF_ROPE_LLAMA3, 32, 1, 4, 8192}},
+     {WF_ROPE_LLAMA3, 32, 1, 4, 8192}, 0, 0, 0, 0, 0},
     {"llama-8b", "llama", 32, 32, 4096, 8192, 128256, 3e-4, 8, 14336, 500000, WF_TIE_NO,
-     {WF_ROPE_LLAMA3, 8, 1, 4, 8192}},
+     {WF_ROPE_LLAMA3, 8, 1, 4, 8192}, 0, 0, 0, 0, 0},
+    {"olmoe-tiny", "olmoe", 2, 4, 64, 32, 256, 3e-3, 4, 96, 10000, WF_TIE_AUTO, {0},
+     4, 2, 0, WF_SWITCH_AUTO, 0.01},
+    {"qwen3-moe-tiny", "qwen3_moe", 2, 4, 64, 32, 256, 3e-3, 2, 96, 10000, WF_TIE_AUTO, {0},
+     4, 2, 32, WF_SWITCH_ON, 0.01},
+    {"mixtral-tiny", "mixtral", 2, 4, 64, 32, 256, 3e-3, 2, 96, 10000, WF_TIE_AUTO, {0},
+     4, 2, 0, WF_SWITCH_AUTO, 0.01},
+    {"olmoe-1b-7b", "olmoe", 16, 16, 2048, 4096, 50304, 4e-4, 16, 1024, 10000, WF_TIE_NO, {0},
+     64, 8, 0, WF_SWITCH_OFF, 0.01},
+    {"qwen3-30b-a3b", "qwen3_moe", 48, 32, 2048, 4096, 151936, 3e-4, 4, 768, 1e6, WF_TIE_NO, {0},
+     128, 8, 128, WF_SWITCH_ON, 0.001},
+    {"mixtral-8x7b", "mixtral", 32, 32, 4096, 4096, 32000, 3e-4, 8, 14336, 1e6, WF_TIE_NO, {0},
+     8, 2, 0, WF_SWITCH_ON, 0.02},
     /* clang-format on */
 };
 /* The families worker/model registers (model.family); a new family adds its name. */
-const char *const wf__cfg_families[] = {"gpt2", "llama", NULL};
+const char *const wf__cfg_families[] = {"gpt2", "llama", "olmoe", "qwen3_moe", "mixtral", NULL};
 const int wf__cfg_npresets = (int)WF_ARRAY_LEN(wf__cfg_presets);
 
 /* The seeds' names (a DistributedConfig) and other spellings users bring along. */
@@ -381,6 +432,11 @@ static const alias aliases[] = {
     {"mixed_precision", "precision", WF__SP_NONE},
     {"mesh_axis_names", "mesh.axis_names", WF__SP_NONE},
     {"mesh_shape", NULL, WF__SP_MESH_SHAPE},
+    {"expert_parallel_size", "mesh.ep", WF__SP_NONE},
+    /* Hugging Face's names of the MoE keys */
+    {"model.num_experts", "model.experts", WF__SP_NONE},
+    {"model.num_local_experts", "model.experts", WF__SP_NONE},
+    {"model.num_experts_per_tok", "model.experts_per_token", WF__SP_NONE},
     {"model.mesh_shape", NULL, WF__SP_MESH_SHAPE},
 };
 

@@ -211,6 +211,27 @@ static wf_status rule_cp(vctx *v)
   return WF_OK;
 }
 
+/* Expert parallelism: groups of ep consecutive dp ranks shard the experts (Megatron-Core
+ * carves it from the data-parallel ranks), so ep divides dp. */
+static wf_status rule_ep(vctx *v)
+{
+  const wf_config *c = v->c;
+  int ep = c->mesh.ep, dp = c->mesh.dp;
+  if (ep <= 1)
+    return WF_OK;
+  if (dp > 0 && dp % ep != 0)
+    return fail(v,
+                "mesh.ep=%d does not divide mesh.dp=%d; expert parallelism shards the experts over "
+                "groups of ep consecutive data-parallel ranks, so choose an ep that divides %d (or "
+                "more dp ranks)",
+                ep, dp, dp);
+  if (c->mesh.fsdp > 0 && c->mesh.fsdp < dp)
+    return fail(v, "mesh.ep=%d with mesh.fsdp=%d: expert parallelism beside HSDP's replicas is "
+                   "not supported; remove mesh.fsdp or set mesh.ep=1",
+                ep, c->mesh.fsdp);
+  return WF_OK;
+}
+
 /* ZeRO shards over dp ranks; HSDP's fsdp groups tile the dp axis and shard with ZeRO. */
 static wf_status rule_fsdp(vctx *v)
 {
@@ -280,6 +301,49 @@ static wf_status rule_family(vctx *v)
   if (c->model.rope_scaling.rope_type != WF_ROPE_NONE)
     return fail(v, "model.rope_scaling.rope_type=llama3: GPT-2 has no rotary embeddings "
                    "(model.family=gpt2); leave it at none, or use model.family=llama");
+  return WF_OK;
+}
+
+static bool moe_family(const char *f)
+{
+  return !strcmp(f, "olmoe") || !strcmp(f, "qwen3_moe") || !strcmp(f, "mixtral");
+}
+
+/* The mixture-of-experts keys: only the MoE families have experts (and an expert axis);
+ * each token picks experts_per_token distinct experts, so no more than there are; ep
+ * ranks hold equal shares of the experts. The family's own defaults (model.experts and
+ * model.experts_per_token 0) are checked with the model (wf_model_dims_check). */
+static wf_status rule_moe(vctx *v)
+{
+  const wf_config *c = v->c;
+  const char *f = c->model.family;
+  int E = c->model.experts, K = c->model.experts_per_token, ep = c->mesh.ep;
+  if (!moe_family(f)) {
+    if (E > 0 || K > 0 || ep > 1)
+      return fail(v,
+                  "%s=%d: model.family=%s has no experts; use model.family=olmoe, qwen3_moe or "
+                  "mixtral (or a preset such as olmoe-tiny), or remove it",
+                  E > 0 ? "model.experts" : K > 0 ? "model.experts_per_token" : "mesh.ep",
+                  E > 0 ? E : K > 0 ? K : ep, f);
+    if (c->model.head_dim && c->model.head_dim * c->model.heads != c->model.d_model)
+      return fail(v,
+                  "model.head_dim=%d: model.family=%s's heads are d_model / heads = %d wide; "
+                  "leave model.head_dim at 0",
+                  c->model.head_dim, f, c->model.d_model / c->model.heads);
+    return WF_OK;
+  }
+  if (E > 0 && K > E)
+    return fail(v,
+                "model.experts_per_token=%d is more than model.experts=%d: each token is routed "
+                "to that many distinct experts; choose experts_per_token <= %d",
+                K, E, E);
+  if (E > 0 && E % ep != 0)
+    return fail(v,
+                "mesh.ep=%d does not divide model.experts=%d; every expert-parallel rank holds an "
+                "equal share of the experts, so choose an ep that divides %d",
+                ep, E, E);
+  if (c->model.head_dim % 2)
+    return fail(v, "model.head_dim=%d: RoPE needs an even head size", c->model.head_dim);
   return WF_OK;
 }
 
@@ -360,6 +424,8 @@ static wf_status rule_model(vctx *v)
   int tp = c->mesh.tp, vp = wf__cfg_pad_vocab(c->model.vocab);
   c->model.padded_vocab = vp;
   wf_status st = rule_family(v);
+  if (st == WF_OK)
+    st = rule_moe(v);
   if (st == WF_OK)
     st = rule_rope_scaling(v);
   if (st != WF_OK)
@@ -601,7 +667,7 @@ static wf_status rule_stream(vctx *v)
   return WF_OK;
 }
 
-static const rule_fn rules[] = {rule_ranges, rule_nodes,    rule_world,     rule_mesh, rule_fsdp,
+static const rule_fn rules[] = {rule_ranges, rule_nodes,    rule_world,     rule_mesh, rule_ep, rule_fsdp,
                                 rule_model,  rule_pipeline, rule_batch,     rule_seq,  rule_cp,
                                 rule_data,   rule_stream,   rule_precision, rule_train};
 

@@ -56,6 +56,8 @@ typedef enum wf_attention_impl {
 } wf_attention_impl;
 /* model.tie_embeddings: the family's choice (GPT-2 ties, Llama does not), or forced. */
 typedef enum wf_tie { WF_TIE_AUTO = 0, WF_TIE_YES, WF_TIE_NO } wf_tie;
+/* A yes/no whose default is the model family's (model.norm_topk_prob). */
+typedef enum wf_switch { WF_SWITCH_AUTO = 0, WF_SWITCH_ON, WF_SWITCH_OFF } wf_switch;
 /* RoPE's frequency rule (model.rope_scaling.rope_type; Hugging Face's rope_type): the
  * plain theta^(-2i/hs), or Llama 3.1's rescaled low frequencies. */
 typedef enum wf_rope_type { WF_ROPE_NONE = 0, WF_ROPE_LLAMA3 } wf_rope_type;
@@ -90,6 +92,8 @@ typedef struct wf_config {
   struct {
     int dp, tp, pp;        /* dp 0 = derived as world / (tp * pp * cp) */
     int cp;                /* context parallelism: each sequence split over cp ranks */
+    int ep;                /* expert parallelism: experts sharded over groups of ep
+                              consecutive dp ranks (ep divides dp); 1 = none */
     int fsdp;              /* HSDP: ZeRO shards within groups of fsdp dp ranks, replicated
                               across the dp / fsdp groups; 0 = one group of all dp ranks */
     char axis_names[4][8]; /* order of mesh_shape axes as given, e.g. dp,tp,pp,cp; always a
@@ -107,6 +111,14 @@ typedef struct wf_config {
     double rope_theta;                   /* RoPE's base; 0 = the family's (Llama 3: 500000) */
     wf_rope_scaling rope_scaling;        /* RoPE's frequency scaling (none by default) */
     double norm_eps;                     /* RMSNorm's epsilon; 0 = the family's (1e-5) */
+    int head_dim;                        /* the attention head size; 0 = d_model / heads */
+    /* mixture of experts (model.family olmoe, qwen3_moe, mixtral) */
+    int experts;                   /* experts per layer (num_experts) */
+    int experts_per_token;         /* top-k (num_experts_per_tok) */
+    wf_switch norm_topk_prob;      /* renormalise the top-k weights; auto = the family's */
+    double router_aux_loss_coef;   /* load-balancing loss coefficient; -1 = the family's */
+    double router_z_loss_coef;     /* router z-loss coefficient; 0 = none */
+    double capacity_factor;        /* expert capacity; 0 = dropless */
     double shard_mb;        /* safetensors folders: the largest file (MB); 0 = 5000 (5 GB) */
     int vocab;              /* real vocabulary size V */
     int padded_vocab;       /* Vp, V rounded up to a multiple of 128 (derived) */

@@ -3,12 +3,16 @@
  * for llama_ref_check.py, which compares it with an independent reference of Hugging
  * Face's LlamaForCausalLM (tests/model/llama_ref.py).
  *
- * Usage: hf_dump WEIGHTS TOKENS TARGETS B OUT
+ * Usage: hf_dump WEIGHTS TOKENS TARGETS B OUT [Z [CAPACITY]]
  *   WEIGHTS: a .safetensors file (config.json beside it says the family and dims);
  *   TOKENS, TARGETS: raw little-endian int32 files of B*T ids each;
+ *   Z, CAPACITY: a mixture of experts' router z-loss coefficient and capacity factor
+ *   (default 0: none, dropless);
  *   writes OUT.logits (float32 (B*T, V), the real vocabulary columns), OUT.loss (one
- *   float32) and OUT.grads.safetensors: the gradient of the mean loss, written through
- *   the same codec as the weights (so in Hugging Face's names and layouts).
+ *   float32: the cross-entropy), OUT.aux (two float32: the load-balancing loss and the
+ *   z-loss, without their coefficients; 0 for a dense model) and OUT.grads.safetensors:
+ *   the gradient of the loss trained on (the cross-entropy plus the auxiliary terms),
+ *   written through the same codec as the weights (so in Hugging Face's names and layouts).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,11 +55,14 @@ static int dump(wf_model *m, const wf_model_dims *d, const int *in, const int *t
                 const char *out)
 {
   size_t N = (size_t)B * T, np = wf_model_num_params(d);
-  float loss = 0, *logits = malloc(N * (size_t)d->Vp * sizeof *logits);
+  double sums[2] = {0, 0};
+  float loss = 0, aux[2], *logits = malloc(N * (size_t)d->Vp * sizeof *logits);
   float *grads = calloc(np, sizeof *grads), *real = malloc(N * (size_t)d->V * sizeof *real);
   char path[4096];
   int rc = !logits || !grads || !real;
   rc = rc || wf_model_zero_grad(m) != WF_OK || wf_model_forward(m, in, tg, B, T, &loss) != WF_OK;
+  rc = rc || wf_model_take_aux(m, sums) != WF_OK;
+  aux[0] = (float)sums[0], aux[1] = (float)sums[1];
   rc = rc || wf_model_logits_read(m, logits, 0, N * (size_t)d->Vp) != WF_OK;
   rc = rc || wf_model_backward(m, 1.0f) != WF_OK || wf_model_export_full(m, 1, grads) != WF_OK;
   for (size_t i = 0; !rc && i < N; i++)
@@ -63,6 +70,7 @@ static int dump(wf_model *m, const wf_model_dims *d, const int *in, const int *t
       real[i * (size_t)d->V + (size_t)v] = logits[i * (size_t)d->Vp + (size_t)v];
   rc = rc || write_raw(out, ".logits", real, N * (size_t)d->V * sizeof *real);
   rc = rc || write_raw(out, ".loss", &loss, sizeof loss);
+  rc = rc || write_raw(out, ".aux", aux, sizeof aux);
   snprintf(path, sizeof path, "%s.grads.safetensors", out);
   rc = rc || wf_safetensors_write(path, d, grads, 0, false, NULL, 0) != WF_OK;
   free(logits);
@@ -73,8 +81,8 @@ static int dump(wf_model *m, const wf_model_dims *d, const int *in, const int *t
 
 int main(int argc, char **argv)
 {
-  if (argc != 6) {
-    fprintf(stderr, "usage: %s WEIGHTS TOKENS TARGETS B OUT\n", argv[0]);
+  if (argc < 6 || argc > 8) {
+    fprintf(stderr, "usage: %s WEIGHTS TOKENS TARGETS B OUT [Z [CAPACITY]]\n", argv[0]);
     return 2;
   }
   size_t n = 0, nt = 0;
@@ -88,8 +96,10 @@ int main(int argc, char **argv)
   }
   int T = (int)(n / (size_t)B), rc = 1;
   float *full = NULL;
-  if (wf_safetensors_peek(argv[1], &d, NULL, 0) == WF_OK &&
-      wf_model_create(&m, &d, B, T) == WF_OK &&
+  bool peeked = wf_safetensors_peek(argv[1], &d, NULL, 0) == WF_OK;
+  d.z_coef = argc > 6 ? atof(argv[6]) : 0;
+  d.capacity = argc > 7 ? atof(argv[7]) : 0;
+  if (peeked && wf_model_create(&m, &d, B, T) == WF_OK &&
       (full = malloc(wf_model_num_params(&d) * sizeof *full)) &&
       wf_safetensors_read(argv[1], &d, full, NULL, 0) == WF_OK &&
       wf_model_import_full(m, 0, full) == WF_OK)

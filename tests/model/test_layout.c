@@ -103,8 +103,14 @@ static wf_status never_gather(void *c, const float *x, float *a, size_t n)
   fail_msg("a tp region operator was called");
   return WF_EINVAL;
 }
-static const wf_tp_ops never = {WF_TP_OPS_VERSION, never_enter_fwd, never_bwd,
-                                never_bwd,         never_leave_bwd, never_gather};
+static wf_status never_sum(void *c, float *x, size_t n)
+{
+  (void)c, (void)x, (void)n;
+  fail_msg("a tp region operator was called");
+  return WF_EINVAL;
+}
+static const wf_tp_ops never = {WF_TP_OPS_VERSION, never_enter_fwd, never_bwd,   never_bwd,
+                                never_leave_bwd,   never_gather,    never_sum};
 
 static wf_model *make_shard(const wf_model_shard *s)
 {

@@ -193,6 +193,14 @@ char *wf__manifest_text(const wf_ckpt_target *t, int step, const uint64_t *recs,
   json_object_set_new(mo, "rope_theta", json_real(d->rope_theta));
   json_object_set_new(mo, "norm_eps", json_real(d->norm_eps));
   json_object_set_new(mo, "rope_scaling", wf_rope_scaling_json(&d->rope_scaling));
+  json_object_set_new(mo, "head_dim", json_integer(d->HD));
+  if (d->E > 0) /* the mixture of experts' (older manifests and dense models have none) */
+    json_object_set_new(mo, "moe",
+                        json_pack("{s:i, s:i, s:b, s:f, s:f, s:f}", "experts", d->E,
+                                  "experts_per_token", d->K, "norm_topk_prob",
+                                  d->norm_topk == WF_SWITCH_ON, "router_aux_loss_coef",
+                                  d->aux_coef, "router_z_loss_coef", d->z_coef,
+                                  "capacity_factor", d->capacity));
   if (fp16) /* fp16 loss scaling: the scale and its counters go on with the run */
     json_object_set_new(o, "loss_scaler",
                         json_pack("{s:f, s:i, s:i}", "scale", ls->scale, "good_steps",
@@ -282,6 +290,24 @@ fail:
   return st;
 }
 
+/* A mixture of experts' dims (absent: a dense model). */
+static wf_status parse_moe(json_t *o, wf_model_dims *d, const char *path)
+{
+  wf_status st = WF_OK;
+  json_error_t je;
+  int norm = 0;
+  if (!o)
+    return WF_OK;
+  WF_CHECK(json_unpack_ex(o, &je, 0, "{s:i, s:i, s:b, s:F, s:F, s:F}", "experts", &d->E,
+                          "experts_per_token", &d->K, "norm_topk_prob", &norm,
+                          "router_aux_loss_coef", &d->aux_coef, "router_z_loss_coef", &d->z_coef,
+                          "capacity_factor", &d->capacity) == 0,
+           WF_EFORMAT, "%s: model.moe: %s", path, je.text);
+  d->norm_topk = norm ? WF_SWITCH_ON : WF_SWITCH_OFF;
+fail:
+  return st;
+}
+
 /* The family and its dims beyond GPT-2's (absent in manifests written before families:
  * those are GPT-2's; a manifest without rope_scaling has none). */
 static wf_status parse_family(json_t *mo, wf_model_dims *d, const char *path)
@@ -303,6 +329,9 @@ static wf_status parse_family(json_t *mo, wf_model_dims *d, const char *path)
   d->fam = wf_model_family_find(fam);
   WF_CHECK(d->fam, WF_EFORMAT, "%s: model family '%s' is not one this weft knows", path, fam);
   d->tie = tie < 0 ? WF_TIE_AUTO : tie ? WF_TIE_YES : WF_TIE_NO;
+  WF_CHECK(json_unpack_ex(mo, &je, 0, "{s?i}", "head_dim", &d->HD) == 0, WF_EFORMAT,
+           "%s: model: %s", path, je.text);
+  WF_TRY(parse_moe(json_object_get(mo, "moe"), d, path));
 fail:
   return st;
 }

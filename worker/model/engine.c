@@ -87,6 +87,8 @@ static wf_status load_inputs(wf_model *m, wf__slot *a, const int *inputs, const 
   if (wf__chunk_first(m, a->chunk)) {
     WF_TRY(load_tokens(m, a->inputs, inputs, N, "inputs"));
     WF_TRY(m->ops->embed_forward(m, a));
+    if (m->side_floats) /* the side band's sums start here */
+      WF_TRY(wf__zero(m, wf__side(m, a->encoded, a->B, a->T), m->side_floats));
   } else if (!take_inbox(m, a, x)) {
     WF_TRY(wf_dev_copy(m->dev, a->encoded, x, wf_model_stage_io_bytes(m, a->B, a->T), WF_COPY_D2D,
                        NULL));
@@ -120,6 +122,8 @@ wf_status wf_model_chunk_forward(wf_model *m, int slot, int chunk, const int *in
       m->unit_hook(m->unit_user, chunk * m->lc + j, false);
     WF_TRY(block_forward(m, a, j));
   }
+  if (m->ops->side_forward)
+    WF_TRY(m->ops->side_forward(m, a));
   if (wf__chunk_last(m, chunk))
     WF_TRY(m->ops->head_forward(m, a, wf__layer_input(m, a, m->lc)));
   st = wf_dev_check(m->dev);
@@ -176,6 +180,10 @@ static wf_status chunk_backward(wf_model *m, wf__slot *a, const void *dy, float 
 {
   wf_status st = WF_OK;
   int base = a->chunk * m->lc;
+  const void *sums = wf__chunk_last(m, a->chunk) ? wf__layer_input(m, a, m->lc) : dy;
+  if (m->side_floats) /* the whole model's statistics: the last chunk's output has them */
+    WF_TRY(wf_dev_copy(m->dev, m->da.side, wf__side(m, sums, a->B, a->T),
+                       m->side_floats * sizeof(float), WF_COPY_D2D, NULL));
   if (wf__chunk_last(m, a->chunk)) {
     WF_TRY(m->ops->head_backward(m, a, wf__layer_input(m, a, m->lc), dloss_scale));
     announce(m, 0); /* the head's gradients are final */
@@ -206,6 +214,7 @@ wf_status wf_model_stage_backward(wf_model *m, int slot, const void *dy, float d
   wf__slot *a = &m->a[slot];
   a->have_targets = false; /* the logits become their gradient below */
   m->dres_n = wf_model_stage_io_numel(m, a->B, a->T);
+  m->dloss = dloss_scale * m->loss_scale;
   st = chunk_backward(m, a, dy, dloss_scale);
   a->live = false;
   m->in_use--;
@@ -218,7 +227,10 @@ fail:
 wf_status wf_model_stage_dinput(wf_model *m, void *dst)
 {
   m->k->store(dst, m->da.dres, m->dres_n, NULL);
-  return WF_OK;
+  if (!m->side_floats) /* the statistics go on to the stage before */
+    return WF_OK;
+  float *side = (float *)((char *)dst + ((m->dres_n * m->esize + 63) & ~(size_t)63));
+  return wf_dev_copy(m->dev, side, m->da.side, m->side_floats * sizeof(float), WF_COPY_D2D, NULL);
 }
 
 void wf_model_stage_release(wf_model *m, int slot)

@@ -12,7 +12,9 @@
 
 #include "model_int.h"
 
-static const wf_family *const families[] = {&wf__family_gpt2, &wf__family_llama};
+static const wf_family *const families[] = {&wf__family_gpt2, &wf__family_llama,
+                                            &wf__family_olmoe, &wf__family_qwen3_moe,
+                                            &wf__family_mixtral};
 
 const wf_family *const *wf_model_families(int *n)
 {
@@ -46,6 +48,8 @@ wf_model_dims wf_model_dims_resolve(const wf_model_dims *d)
   if (r.F <= 0)
     r.F = 4 * r.C;
   r.fam->resolve(&r);
+  if (r.HD <= 0 && r.NH > 0)
+    r.HD = r.C / r.NH;
   return r;
 }
 
@@ -65,6 +69,13 @@ wf_model_dims wf_model_dims_from_config(const wf_config *cfg)
       .rope_theta = cfg->model.rope_theta,
       .rope_scaling = cfg->model.rope_scaling,
       .norm_eps = (float)cfg->model.norm_eps,
+      .HD = cfg->model.head_dim,
+      .E = cfg->model.experts,
+      .K = cfg->model.experts_per_token,
+      .norm_topk = cfg->model.norm_topk_prob,
+      .aux_coef = cfg->model.router_aux_loss_coef,
+      .z_coef = cfg->model.router_z_loss_coef,
+      .capacity = cfg->model.capacity_factor,
   };
   if (d.Vp < d.V) /* not derived yet: round up to a multiple of 128 as validate does */
     d.Vp = (d.V + 127) / 128 * 128;
@@ -78,6 +89,7 @@ const char *wf_model_dims_check(const wf_model_dims *dd)
       d->KV <= 0 || d->F <= 0)
     return "every dimension must be positive";
   /* Bounds that keep every size_t product exact and every (B*T, C) int index valid. */
+  double experts = d->E > 0 ? d->E : 1;
   if (d->L > (1 << 16))
     return "more than 65536 layers";
   if (d->C > (1 << 20))
@@ -90,11 +102,15 @@ const char *wf_model_dims_check(const wf_model_dims *dd)
     return "a vocabulary above 16777216";
   if (d->F > (1 << 22))
     return "an MLP (ffn) wider than 4194304";
-  if ((double)d->L * (4.0 * d->C * d->C + 3.0 * d->C * d->F) > 1e12)
-    return "more than 1e12 parameters in the blocks (layers x (4 d_model^2 + 3 d_model ffn)), "
-           "beyond any memory";
-  if (d->C % d->NH != 0)
+  if (d->HD > (1 << 16) || d->E > (1 << 16))
+    return "a head_dim or a number of experts above 65536";
+  if ((double)d->L * (4.0 * d->C * d->C + 3.0 * experts * d->C * d->F) > 1e12)
+    return "more than 1e12 parameters in the blocks (layers x (4 d_model^2 + 3 d_model ffn x "
+           "experts)), beyond any memory";
+  if (d->C % d->NH != 0 && !d->fam->own_head_dim)
     return "d_model must be a multiple of the number of heads";
+  if (d->HD <= 0 || (d->HD * d->NH != d->C && !d->fam->own_head_dim))
+    return "the head size must be d_model / heads (this family has no head_dim of its own)";
   if (d->NH % d->KV != 0)
     return "the heads must be a multiple of the key/value heads";
   if (d->Vp < d->V)
@@ -131,6 +147,10 @@ bool wf_model_dims_same(const wf_model_dims *a, const wf_model_dims *b, const ch
        x.rope_scaling.original_max_position_embeddings,
        y.rope_scaling.original_max_position_embeddings},
       {"norm_eps", x.norm_eps, y.norm_eps},
+      {"head_dim", x.HD, y.HD},
+      {"experts", x.E, y.E},
+      {"experts_per_token", x.K, y.K},
+      {"norm_topk_prob", x.norm_topk == WF_SWITCH_ON, y.norm_topk == WF_SWITCH_ON},
   };
   for (size_t i = 0; i < WF_ARRAY_LEN(f); i++) {
     if (f[i].a != f[i].b) {
@@ -146,7 +166,7 @@ bool wf_model_dims_same(const wf_model_dims *a, const wf_model_dims *b, const ch
 
 size_t wf_dim_size(const wf_model_dims *d, wf_dim x)
 {
-  size_t hs = (size_t)(d->C / d->NH);
+  size_t hs = (size_t)(d->HD > 0 ? d->HD : d->C / d->NH);
   switch (x) {
   case WF_DIM_C: return (size_t)d->C;
   case WF_DIM_Q: return (size_t)d->NH * hs;
@@ -154,6 +174,8 @@ size_t wf_dim_size(const wf_model_dims *d, wf_dim x)
   case WF_DIM_F: return (size_t)d->F;
   case WF_DIM_VP: return (size_t)d->Vp;
   case WF_DIM_T: return (size_t)d->maxT;
+  case WF_DIM_E: return (size_t)d->E;
+  case WF_DIM_HD: return hs;
   default: return 1;
   }
 }

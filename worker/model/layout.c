@@ -7,7 +7,12 @@
  *
  * Invariant: the runs of every shard of a mesh, counted ones only, cover the whole
  * layout exactly once (tp-replicated tensors count on tp rank 0, the tied embedding on
- * the first stage), so adding every shard's counted runs into zeros assembles the model.
+ * the first stage, every tensor but the experts' on ep rank 0), so adding every shard's
+ * counted runs into zeros assembles the model.
+ *
+ * An expert tensor holds E copies of its (rows, cols) shape, expert after expert; an ep
+ * rank holds its E / ep consecutive experts, each sliced over tp as the tensor's split
+ * says, so its local rows are the experts' local rows one expert after the other.
  */
 #include <string.h>
 
@@ -15,9 +20,23 @@
 
 /* ---- the whole model --------------------------------------------------------------- */
 
+/* Experts of a tensor in the whole model (1: not an expert tensor), and on shard s. */
+static size_t experts_of(const wf_model_dims *d, const wf_tensor_desc *t)
+{
+  return t->experts ? (size_t)d->E : 1;
+}
+
+static int ep_of(const wf_model_shard *s) { return s->ep > 1 ? s->ep : 1; }
+
+static size_t local_experts(const wf_model_dims *d, const wf_tensor_desc *t,
+                            const wf_model_shard *s)
+{
+  return experts_of(d, t) / (t->experts ? (size_t)ep_of(s) : 1);
+}
+
 static size_t desc_layer_numel(const wf_model_dims *d, const wf_tensor_desc *t)
 {
-  return wf_tensor_rows(d, t) * wf_tensor_cols(d, t);
+  return experts_of(d, t) * wf_tensor_rows(d, t) * wf_tensor_cols(d, t);
 }
 
 static size_t desc_numel(const wf_model_dims *d, const wf_tensor_desc *t)
@@ -93,6 +112,8 @@ const char *wf_model_shard_check(const wf_model_dims *dd, const wf_model_shard *
     return "tp rank outside the tp group";
   if (s->cp > 1 && (s->cp_rank < 0 || s->cp_rank >= s->cp))
     return "cp rank outside the cp group";
+  if (ep_of(s) > 1 && (s->ep_rank < 0 || s->ep_rank >= s->ep || d.E % s->ep))
+    return "ep must divide the experts, and the ep rank lie inside the ep group";
   if (d.NH % s->tp || d.KV % s->tp || d.C % s->tp || d.Vp % s->tp || d.F % s->tp)
     return "tp must divide the heads, the kv heads, d_model, the MLP's width and the padded "
            "vocabulary";
@@ -141,7 +162,7 @@ static size_t shard_layer_numel(const wf_model_dims *d, const wf_tensor_desc *t,
 {
   if (!wf__tensor_present(t, s))
     return 0;
-  size_t n = desc_layer_numel(d, t);
+  size_t n = desc_layer_numel(d, t) / (t->experts ? (size_t)ep_of(s) : 1);
   return t->split != WF_SPLIT_REPLICATED ? n / (size_t)s->tp : n;
 }
 
@@ -156,6 +177,8 @@ static bool shard_counted(const wf_tensor_desc *t, const wf_model_shard *s)
   if (!wf__tensor_present(t, s))
     return false;
   if (t->place == WF_PLACE_TIED && !s->first) /* the last stage's copy of the embedding */
+    return false;
+  if (!t->experts && ep_of(s) > 1 && s->ep_rank > 0) /* every ep rank holds it whole */
     return false;
   return t->split != WF_SPLIT_REPLICATED || s->tp_rank == 0;
 }
@@ -210,11 +233,23 @@ bool wf_model_shard_counted(const wf_model_dims *d, const wf_model_shard *s, int
   return shard_counted(&v.desc.t[t], s);
 }
 
+static bool tp_partial(const wf_tensor_desc *t, const wf_model_shard *s, bool sequence)
+{
+  return (t->tp_partial || (t->sp_partial && sequence)) && s->tp > 1 && wf__tensor_present(t, s);
+}
+
 bool wf_model_shard_tp_partial(const wf_model_dims *d, const wf_model_shard *s, int t)
 {
   view v;
   view_of(&v, d);
-  return v.desc.t[t].sp_partial && s->sequence && s->tp > 1 && wf__tensor_present(&v.desc.t[t], s);
+  return tp_partial(&v.desc.t[t], s, s->sequence);
+}
+
+bool wf_model_shard_expert(const wf_model_dims *d, int t)
+{
+  view v;
+  view_of(&v, d);
+  return v.desc.t[t].experts;
 }
 
 /* The model's own, from its cached description (the hot paths). */
@@ -234,7 +269,7 @@ bool wf_model_counted(const wf_model *m, int t) { return shard_counted(&m->desc.
 
 bool wf_model_tp_partial(const wf_model *m, int t)
 {
-  return m->desc.t[t].sp_partial && m->sequence && wf__tensor_present(&m->desc.t[t], &m->s);
+  return tp_partial(&m->desc.t[t], &m->s, m->sequence);
 }
 
 /* ---- the local <-> full mapping ------------------------------------------------------ */
@@ -246,22 +281,28 @@ bool wf_model_tp_partial(const wf_model *m, int t)
 wf__geom wf__tensor_geom(const wf_model_dims *d, const wf_tensor_desc *t, const wf_model_shard *s)
 {
   size_t tp = (size_t)s->tp, r = (size_t)s->tp_rank, n = shard_layer_numel(d, t, s);
-  size_t cols = wf_tensor_cols(d, t);
+  size_t cols = wf_tensor_cols(d, t), ne = local_experts(d, t, s);
   switch (t->split) {
   case WF_SPLIT_COLUMN:
   case WF_SPLIT_VOCAB: return (wf__geom){n / cols, cols, cols, 0};
-  case WF_SPLIT_ROW: return (wf__geom){wf_tensor_rows(d, t), cols / tp, cols, r * cols / tp};
-  default: return (wf__geom){1, n, n, 0};
+  case WF_SPLIT_ROW: return (wf__geom){ne * wf_tensor_rows(d, t), cols / tp, cols, r * cols / tp};
+  default: /* one row per expert (a replicated expert tensor is each expert's whole copy) */
+    return (wf__geom){ne, n / ne, n / ne, 0};
   }
 }
 
 /* Full row of local row i: a column-split tensor holds, of each row group in turn, its
  * rank's 1/tp of the group's rows ([q | k | v] each by heads, [gate | up] each by
  * hidden units); the vocabulary split its rank's Vp/tp rows. */
+static size_t expert_row(const wf_model_dims *d, const wf_tensor_desc *t,
+                         const wf_model_shard *s, size_t i);
+
 static size_t full_row(const wf_model_dims *d, const wf_tensor_desc *t, const wf_model_shard *s,
                        size_t i)
 {
   size_t tp = (size_t)s->tp, r = (size_t)s->tp_rank, base = 0;
+  if (t->experts)
+    return expert_row(d, t, s, i);
   if (t->split == WF_SPLIT_VOCAB)
     return r * (wf_tensor_rows(d, t) / tp) + i;
   if (t->split != WF_SPLIT_COLUMN)
@@ -273,6 +314,20 @@ static size_t full_row(const wf_model_dims *d, const wf_tensor_desc *t, const wf
     i -= part, base += gr;
   }
   return base + i; /* past the end: not reached for a local row */
+}
+
+/* An expert tensor's local row i: local expert i / rl (rl rows each, as the geometry has
+ * them), which is expert ep_rank * E/ep + i / rl of the whole tensor, and within it the
+ * row the tensor's split gives row i % rl of one expert's copy. */
+static size_t expert_row(const wf_model_dims *d, const wf_tensor_desc *t,
+                         const wf_model_shard *s, size_t i)
+{
+  wf_tensor_desc one = *t;
+  one.experts = false;
+  size_t ne = local_experts(d, t, s), rl = wf__tensor_geom(d, t, s).rows / ne;
+  size_t e = (size_t)(ep_of(s) > 1 ? s->ep_rank : 0) * ne + i / rl;
+  size_t rows = t->split == WF_SPLIT_REPLICATED ? 1 : wf_tensor_rows(d, t);
+  return e * rows + full_row(d, &one, s, i % rl);
 }
 
 size_t wf__full_index(const wf_model_dims *d, const wf_tensor_desc *t, const wf_model_shard *s,

@@ -81,17 +81,46 @@ static wf__geo geometry(const wf_model_opts *o, const wf_ktable *k)
                    .k = format_kernels(k, o->precision)};
 }
 
+static size_t keep_of(const wf__family_ops *ops, const wf__geo *z)
+{
+  return ops->keep_floats ? ops->keep_floats(z) : 0;
+}
+
+static size_t side_of(const wf__family_ops *ops, const wf__geo *z)
+{
+  return ops->side_floats ? ops->side_floats(z) : 0;
+}
+
+/* Bytes of a stage message of `rows` activation rows: the activations, then the side
+ * band (if any) from the next 64-byte boundary. */
+static size_t message_bytes(size_t rows, size_t C, int fmt, size_t side)
+{
+  size_t act = rows * C * wf_storage_size(fmt);
+  return side ? ((act + 63) & ~(size_t)63) + side * sizeof(float) : act;
+}
+
+/* Elements of the format a stage buffer of R rows takes beyond its activations: room for
+ * the side band after them (wf__side). */
+static size_t side_room(const wf__geo *z, size_t side)
+{
+  size_t act = z->R * z->C * wf_storage_size(z->fmt);
+  return (message_bytes(z->R, z->C, z->fmt, side) - act) / wf_storage_size(z->fmt);
+}
+
 /* A slot for `inner` layers of intermediates and `outer` layer outputs, with the head's
  * when `head`; a slot is (lc, lc, last), or (0, lc, last) under full activation
- * checkpointing, whose one shared recompute buffer is the family's whole layer. */
+ * checkpointing, whose one shared recompute buffer is the family's whole layer. Each
+ * layer keeps the family's keep_floats in the slot whatever the recompute; the stage's
+ * input and output have room for the side band after them. */
 static size_t carve_slot(wf__slot *a, void *mem, const wf__geo *z, size_t layer, int inner,
                          int outer, bool head, const wf__family_ops *ops)
 {
-  size_t C = z->C, N = z->N, R = z->R, last = head ? 1 : 0;
+  size_t C = z->C, N = z->N, R = z->R, last = head ? 1 : 0, room = side_room(z, side_of(ops, z));
   wf__carve_item t[] = {
-      WF__ACT(&a->encoded, R * C),
+      WF__ACT(&a->encoded, R * C + room),
       WF__F32(&a->saved, (size_t)inner * layer),
-      WF__ACT(&a->out, (size_t)outer * R * C),
+      WF__ACT(&a->out, (size_t)outer * R * C + room),
+      WF__F32(&a->keep, (size_t)outer * keep_of(ops, z)),
       WF__F32(&a->head, last * ops->head_floats(z)),
       WF__ACT(&a->logits, last * N * z->Vl),
       WF__F32(&a->row_max, last * N),
@@ -119,7 +148,8 @@ static size_t carve_dacts(wf__dacts *g, double **loss_acc, int **bad_token, void
       WF__ACT(&g->rdy, z->fmt != WF_PREC_NO ? N * C : 0),
       WF__F32(&g->fam, ops->scratch_floats(z)),
       WF__F32(&g->consts, ops->const_floats(z)),
-      WF__F32(loss_acc, 2), /* one double */
+      WF__F32(&g->side, side_of(ops, z)),
+      WF__F32(loss_acc, 2 + 4), /* one double, then the two of aux_acc */
       WF__F32(bad_token, 2),
   };
   return wf__carve(t, WF_ARRAY_LEN(t), &(wf__carve_to){mem, NULL, z->fmt}, NULL);
@@ -160,7 +190,7 @@ wf_model_mem wf_model_mem_plan(const wf_model_opts *o, const struct wf_ktable *k
   r.slots = r.slot * (size_t)o->slots;
   r.recompute = (full ? layer + core : sel ? core : 0) * sizeof(float);
   r.scratch = carve_dacts(&da, &acc, &bad, NULL, &z, ops) * sizeof(float);
-  r.io = z.R * z.C * wf_storage_size(z.fmt);
+  r.io = message_bytes(z.R, z.C, z.fmt, side_of(ops, &z));
   r.inbox = (size_t)WF_MAX(o->inbox, 0) * inbox_bytes(r.io);
   r.total = r.params + r.grads + r.wlow + r.slots + r.recompute + r.scratch + r.inbox;
   return r;
@@ -195,6 +225,7 @@ static wf_status alloc_acts(wf_model *m, const wf_model_mem *mp)
   WF_TRY(wf_dev_alloc_floats(m->dev, &m->re_saved, mp->recompute / sizeof(float)));
   WF_TRY(wf_dev_alloc_floats(m->dev, &m->dact_mem, mp->scratch / sizeof(float)));
   carve_dacts(&m->da, &m->loss_acc, &m->bad_token, m->dact_mem, &m->g, m->ops);
+  m->aux_acc = m->loss_acc + 1;
   /* spare stage inputs: pipeline receives land in them (wf_model_stage_inbox) */
   WF_TRY(wf_dev_alloc(m->dev, &m->inbox_mem, mp->inbox));
   WF_CHECK_ALLOC(m->inbox = calloc((size_t)m->n_inbox + 1, sizeof *m->inbox));
@@ -269,6 +300,8 @@ static void set_geometry(wf_model *m, const wf_model_opts *o)
   m->loss_scale = 1.0f;
   m->g = geometry(o, wf_dev_kernels(m->dev));
   m->layer_floats = m->ops->layer_floats(&m->g, &m->core_floats);
+  m->keep_floats = keep_of(m->ops, &m->g);
+  m->side_floats = side_of(m->ops, &m->g);
   layout(m);
 }
 
@@ -453,7 +486,15 @@ size_t wf_model_stage_io_numel(const wf_model *m, int B, int T)
 
 size_t wf_model_stage_io_bytes(const wf_model *m, int B, int T)
 {
-  return wf_model_stage_io_numel(m, B, T) * m->esize;
+  return message_bytes(wf__rows(m, (size_t)B * T), (size_t)m->d.C, (int)m->prec, m->side_floats);
+}
+
+float *wf__side(const wf_model *m, const void *x, int B, int T)
+{
+  if (!m->side_floats)
+    return NULL;
+  size_t act = wf_model_stage_io_numel(m, B, T) * m->esize;
+  return (float *)((char *)x + ((act + 63) & ~(size_t)63));
 }
 
 const void *wf_model_stage_output(const wf_model *m, int slot)
@@ -478,18 +519,28 @@ wf_status wf_model_take_loss(wf_model *m, double *sum)
   return st;
 }
 
+wf_status wf_model_take_aux(wf_model *m, double sums[2])
+{
+  wf_status st = wf_dev_read(m->dev, sums, m->aux_acc, 2 * sizeof *sums);
+  if (st == WF_OK)
+    st = wf_dev_memset(m->dev, m->aux_acc, 0, 2 * sizeof *m->aux_acc, NULL);
+  return st;
+}
+
 /* ---- slot geometry ---------------------------------------------------------------------- */
 
 wf__layer_mem wf__layer_saved(const wf_model *m, const wf__slot *a, int j)
 {
   size_t layer = m->layer_floats, core = m->core_floats;
+  float *keep = m->keep_floats ? a->keep + (size_t)j * m->keep_floats : NULL;
   switch (m->recompute) {
-  case WF_RECOMPUTE_FULL: return (wf__layer_mem){m->re_saved, m->re_saved + layer};
-  case WF_RECOMPUTE_SELECTIVE: return (wf__layer_mem){a->saved + (size_t)j * layer, m->re_saved};
+  case WF_RECOMPUTE_FULL: return (wf__layer_mem){m->re_saved, m->re_saved + layer, keep};
+  case WF_RECOMPUTE_SELECTIVE:
+    return (wf__layer_mem){a->saved + (size_t)j * layer, m->re_saved, keep};
   default: break;
   }
   float *saved = a->saved + (size_t)j * (layer + core);
-  return (wf__layer_mem){saved, saved + layer};
+  return (wf__layer_mem){saved, saved + layer, keep};
 }
 
 void *wf__layer_input(const wf_model *m, const wf__slot *a, int j)

@@ -75,9 +75,12 @@ typedef struct wf__geo {
 } wf__geo;
 
 /* A layer's saved activations: the items kept in the slot, and attention's core state
- * (beside them, or in the shared core buffer under selective recompute). */
+ * (beside them, or in the shared core buffer under selective recompute); and what the
+ * layer keeps in the slot whatever the recompute (`keep`: a router's statistics, which
+ * the stage adds up before any backward). */
 typedef struct wf__layer_mem {
   void *saved, *core;
+  float *keep;
 } wf__layer_mem;
 
 /* ---- activations ------------------------------------------------------------------ */
@@ -97,6 +100,7 @@ typedef struct wf__slot {
   float *row_max, *row_sumexp;  /* (N) global over the vocabulary */
   float *target_logit, *losses; /* (N) */
   int *inputs, *targets;        /* (N) this micro-batch's tokens */
+  float *keep;                  /* (lc, keep_floats) what each layer keeps (wf__layer_mem) */
   int B, T, chunk;
   bool live;         /* forward done, backward not */
   bool have_targets; /* computed a loss, so backward may run */
@@ -117,6 +121,8 @@ typedef struct wf__dacts {
                   * GEMM (16-bit formats; empty at fp32, where GEMMs read it in place) */
   float *fam;    /* (scratch_floats) the family's backward scratch */
   float *consts; /* (const_floats) the family's tables, written once (RoPE's angles) */
+  float *side;   /* (side_floats) the side band of the micro-batch backward runs: its
+                  * statistics summed over every stage (wf__family_ops.side_floats) */
 } wf__dacts;
 
 /* ---- a family's compute ------------------------------------------------------------- */
@@ -151,6 +157,16 @@ typedef struct wf__family_ops {
   wf_status (*block_backward)(wf_model *m, wf__layer_mem mem, const void *x, int l, int B, int T);
   wf_status (*head_forward)(wf_model *m, wf__slot *a, const void *x);
   wf_status (*head_backward)(wf_model *m, wf__slot *a, const void *x, float dloss);
+  /* A family whose layers couple across the whole model (a load-balancing loss over every
+   * layer's routing) keeps per-layer statistics in the slot (keep_floats per layer) and
+   * carries their running sums across stages as a side band: side_floats floats that
+   * follow the activations in every stage input, output and gradient message. At the end
+   * of a chunk's forward side_forward writes its output's side band (its input's plus
+   * the chunk's layers'); the first chunk's input starts from zeros. Backward finds the
+   * whole model's sums in m->da.side. All NULL or 0: none. */
+  size_t (*keep_floats)(const wf__geo *g);
+  size_t (*side_floats)(const wf__geo *g);
+  wf_status (*side_forward)(wf_model *m, wf__slot *a);
 } wf__family_ops;
 
 struct wf_model {
@@ -179,8 +195,12 @@ struct wf_model {
   size_t esize;      /* bytes of one activation element */
   void *wlow;        /* mixed precision: the 16-bit copy of the parameters, else NULL */
   float loss_scale;  /* backward's loss gradient is multiplied by it (fp16 loss scaling) */
+  float dloss;       /* the running backward's loss gradient scale: dloss_scale x loss_scale
+                      * (what a family's losses outside the head are scaled by) */
   float *act_mem, *dact_mem;
   double *loss_acc; /* (1) the sum of micro-batch losses since wf_model_take_loss */
+  double *aux_acc;  /* (2) the sums of the auxiliary losses (wf_model_take_aux) */
+  size_t keep_floats, side_floats; /* the family's per layer and per stage message */
   int *bad_token;   /* (2) wf_tokens_check's answer */
   wf__slot *a;      /* n_slots */
   void *inbox_mem;  /* the spare stage inputs' allocation */
@@ -230,6 +250,9 @@ const void *wf__res_grad(wf_model *m, const float *dy, size_t N);
 /* The chunk of slot work: whether it holds the embeddings / the head. */
 bool wf__chunk_first(const wf_model *m, int c);
 bool wf__chunk_last(const wf_model *m, int c);
+/* The side band of a stage message (input, output or gradient) x of a B x T micro-batch:
+ * after its activations, at the next 64-byte boundary; NULL when the family has none. */
+float *wf__side(const wf_model *m, const void *x, int B, int T);
 /* Real (non-padding) vocabulary columns in this rank's slice. */
 int wf__local_real_vocab(const wf_model *m);
 /* Rows of the replicated regions for N tokens: N, or N / tp with sequence parallelism. */
@@ -244,6 +267,11 @@ wf_status wf__leave_fwd(wf_model *m, float *y, float *partial, size_t N, size_t 
 wf_status wf__leave_bwd(wf_model *m, const float **out, const float *dy, float *full, size_t N,
                         size_t C);
 wf_status wf__zero(wf_model *m, float *p, size_t n);
+/* n floats summed over tp in place (the identity without tensor parallelism). */
+wf_status wf__tp_sum(wf_model *m, float *x, size_t n);
+/* Where a row-parallel branch's fp32 partial output (N, C) lands before leaving the tp
+ * region (wf__leave_fwd into da.ysum): da.proj under tensor parallelism, else da.ysum. */
+float *wf__partial(wf_model *m);
 /* Row-parallel matmul of the activation x (N, IC) by weight tensor w of layer l: the
  * partial product in fp32 (with bias tensor b, -1 none, added on tp rank 0 only so the
  * sum adds it once), then leaving the tp region: the sum, fp32 (rows(N), C), in
@@ -291,5 +319,8 @@ void wf__rope_backward(wf_model *m, void *dqkv, int B, int T, int hs);
 /* The families (gpt2/, llama/). */
 extern const wf_family wf__family_gpt2;
 extern const wf_family wf__family_llama;
+extern const wf_family wf__family_olmoe;
+extern const wf_family wf__family_qwen3_moe;
+extern const wf_family wf__family_mixtral;
 
 #endif /* WF_MODEL_INT_H */

@@ -53,6 +53,11 @@ wf_status wf__leave_bwd(wf_model *m, const float **out, const float *dy, float *
   return WF_OK;
 }
 
+wf_status wf__tp_sum(wf_model *m, float *x, size_t n)
+{
+  return m->tp.ops ? m->tp.ops->sum(m->tp.ctx, x, n) : WF_OK;
+}
+
 wf_status wf__zero(wf_model *m, float *p, size_t n)
 {
   return wf_dev_memset(m->dev, p, 0, n * sizeof *p, NULL);
@@ -63,6 +68,8 @@ wf_status wf__zero(wf_model *m, float *p, size_t n)
 /* Where a row-parallel product lands before its sum over tp: da.proj under tensor
  * parallelism, else da.ysum itself (the sum of one part; da.proj is not carved). */
 static float *partial_out(wf_model *m) { return m->tp.ops ? m->da.proj : m->da.ysum; }
+
+float *wf__partial(wf_model *m) { return partial_out(m); }
 
 wf_status wf__row_parallel(wf_model *m, const void *x, int w, int b, int l, int N, int IC)
 {

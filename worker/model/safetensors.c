@@ -86,33 +86,42 @@ typedef struct spec {
 
 static size_t spec_numel(const spec *s) { return s->rows * s->cols; }
 
-/* The spec of part p of tensor t, layer l (d resolved). */
+/* The spec of part p of tensor t, layer l, expert e (0 when not an expert tensor; d
+ * resolved): an expert's copy follows the ones before it in the layer's tensor. */
 static void make_spec(spec *s, const wf_model_dims *d, const wf_tensor_desc *t, int ti, int p,
-                      int l)
+                      int l, int e)
 {
   const wf_hf_part *h = &t->hf[p];
   size_t cols = wf_tensor_cols(d, t), base = 0, rows = wf_tensor_rows(d, t);
+  size_t expert = (size_t)e * rows * cols;
   for (int g = 0; h->group >= 0 && g < h->group; g++)
     base += wf_tensor_group_rows(d, t, g);
   if (h->group >= 0)
     rows = wf_tensor_group_rows(d, t, h->group);
   if (t->split == WF_SPLIT_VOCAB) /* the padding rows are not in the file */
     rows = (size_t)d->V;
-  snprintf(s->name, sizeof s->name, h->name, l);
+  snprintf(s->name, sizeof s->name, h->name, l, e);
   s->tensor = ti;
   s->rows = rows, s->cols = cols;
-  s->off = wf_model_tensor_offset(d, ti) + (size_t)l * wf_model_layer_numel(d, ti) + base * cols;
+  s->off = wf_model_tensor_offset(d, ti) + (size_t)l * wf_model_layer_numel(d, ti) + expert +
+           base * cols;
   s->transpose = h->transpose && cols > 1;
   s->ndim = cols > 1 ? 2 : 1;
   s->shape[0] = (int64_t)(s->transpose ? cols : rows);
   s->shape[1] = cols > 1 ? (int64_t)(s->transpose ? rows : cols) : 0;
 }
 
+/* Tensor ti's parts of layer l, expert by expert for an expert tensor. */
 static int add_tensor(spec *out, int n, const wf_model_dims *d, const wf_model_desc *desc, int ti,
                       int l)
 {
-  for (int p = 0; p < desc->t[ti].n_hf; p++)
-    make_spec(&out[n++], d, &desc->t[ti], ti, p, l);
+  int experts = desc->t[ti].experts ? d->E : 1;
+  for (int e = 0; e < experts; e++)
+    for (int p = 0; p < desc->t[ti].n_hf; p++)
+      if (out)
+        make_spec(&out[n++], d, &desc->t[ti], ti, p, l, e);
+      else
+        n++;
   return n;
 }
 
@@ -121,7 +130,6 @@ static int add_tensor(spec *out, int n, const wf_model_dims *d, const wf_model_d
 static int build_specs(const wf_model_dims *d, const wf_model_desc *desc, spec *out)
 {
   int n = 0;
-  spec dummy[WF_MAX_HF];
   for (int pass = 0; pass < 3; pass++) {
     for (int l = 0; l < (pass == 1 ? d->L : 1); l++) {
       for (int t = 0; t < desc->n; t++) {
@@ -131,10 +139,7 @@ static int build_specs(const wf_model_dims *d, const wf_model_desc *desc, spec *
                                 : pl == WF_PLACE_LAST;
         if (!here)
           continue;
-        if (out)
-          n = add_tensor(out, n, d, desc, t, l);
-        else
-          n += add_tensor(dummy, 0, d, desc, t, l);
+        n = add_tensor(out, n, d, desc, t, l);
       }
     }
   }
@@ -214,6 +219,11 @@ static json_t *field_json(const wf_model_dims *d, wf_hf_field f)
   case WF_HF_THETA: return json_real(d->rope_theta);
   case WF_HF_EPS: return json_real(float_decimal(d->norm_eps));
   case WF_HF_ROPE_SCALING: return wf_rope_scaling_json(&d->rope_scaling);
+  case WF_HF_HD: return json_integer(d->HD);
+  case WF_HF_E: return json_integer(d->E);
+  case WF_HF_K: return json_integer(d->K);
+  case WF_HF_NORM_TOPK: return json_boolean(d->norm_topk == WF_SWITCH_ON);
+  case WF_HF_AUX: return json_real(d->aux_coef);
   default: return json_boolean(d->tie == WF_TIE_YES);
   }
 }
@@ -249,6 +259,11 @@ static void field_set(wf_model_dims *d, wf_hf_field f, double x)
   case WF_HF_THETA: d->rope_theta = x; return;
   case WF_HF_EPS: d->norm_eps = (float)x; return;
   case WF_HF_ROPE_SCALING: return; /* not a number: scaling_of reads it */
+  case WF_HF_HD: d->HD = (int)x; return;
+  case WF_HF_E: d->E = (int)x; return;
+  case WF_HF_K: d->K = (int)x; return;
+  case WF_HF_NORM_TOPK: d->norm_topk = x != 0 ? WF_SWITCH_ON : WF_SWITCH_OFF; return;
+  case WF_HF_AUX: d->aux_coef = x; return;
   default: d->tie = x != 0 ? WF_TIE_YES : WF_TIE_NO; return;
   }
 }
@@ -1319,7 +1334,7 @@ static bool weft_shape(source *s, const char *name, bool transpose, int64_t *row
 }
 
 /* The extents of the dimension symbols read off the tensors' shapes (layer 0). */
-static void extents_from_shapes(source *s, const wf_model_dims *d, int64_t ext[WF_DIM_T + 1])
+static void extents_from_shapes(source *s, const wf_model_dims *d, int64_t ext[WF_DIM_N_])
 {
   wf_model_desc desc;
   wf_model_dims probe = *d;
@@ -1331,7 +1346,7 @@ static void extents_from_shapes(source *s, const wf_model_dims *d, int64_t ext[W
       char name[128];
       int64_t rows, cols;
       int g = td->hf[p].group >= 0 ? td->hf[p].group : td->n_groups == 1 ? 0 : -1;
-      snprintf(name, sizeof name, td->hf[p].name, 0);
+      snprintf(name, sizeof name, td->hf[p].name, 0, 0);
       if (!weft_shape(s, name, td->hf[p].transpose, &rows, &cols))
         continue;
       if (g >= 0 && !ext[td->rows[g]])
@@ -1375,28 +1390,59 @@ static int layers_of(source *s, const wf_model_dims *d)
   return (int)L;
 }
 
+/* ", experts E, top-k K" for a family with experts, else "". */
+static const char *moe_str(const wf_model_dims *d, char *buf, size_t len)
+{
+  if (d->E <= 0 && d->K <= 0)
+    return "";
+  snprintf(buf, len, ", experts %d, top-k %d", d->E, d->K);
+  return buf;
+}
+
 static wf_status peek_dims(source *s, wf_model_dims *out, char *err, size_t len)
 {
   json_t *cfg = config_beside(s->path), *meta = src_metadata(s);
-  wf_model_dims d = {.fam = family_of(s, meta, cfg)};
+  wf_model_dims d = {.fam = family_of(s, meta, cfg), .aux_coef = -1};
   wf_status st = WF_OK;
+  char why[256], experts[64];
+  const char *mt = json_string_value(json_object_get(cfg, "model_type"));
   if (!d.fam) {
-    st = failf(err, len, WF_EFORMAT,
-               "safetensors '%s': not a model family weft knows (no config.json model_type, no "
-               "GPT-2 or Llama embedding among its tensors)",
-               s->path);
+    int n;
+    const wf_family *const *all = wf_model_families(&n);
+    char known[160] = "";
+    for (int i = 0; i < n; i++)
+      snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", i ? ", " : "",
+               all[i]->hf_model_type);
+    if (mt)
+      st = failf(err, len, WF_EFORMAT,
+                 "safetensors '%s': config.json's model_type '%s' is not a model family weft "
+                 "knows (%s)",
+                 s->path, mt, known);
+    else
+      st = failf(err, len, WF_EFORMAT,
+                 "safetensors '%s': not a model family weft knows (no config.json model_type, no "
+                 "embedding of %s among its tensors)",
+                 s->path, known);
+    goto done;
+  }
+  if (d.fam->hf_refuse && d.fam->hf_refuse(cfg, why, sizeof why)) {
+    st = failf(err, len, WF_EFORMAT, "safetensors '%s': %s (config.json): %s", s->path,
+               d.fam->name, why);
     goto done;
   }
   s->fam = d.fam;
   dims_from_keys(&d, meta, cfg);
   if (d.tie == WF_TIE_AUTO)
     tie_from_tensors(s, &d);
-  int64_t ext[WF_DIM_T + 1] = {0};
+  int64_t ext[WF_DIM_N_] = {0};
   extents_from_shapes(s, &d, ext);
   d.C = d.C ? d.C : (int)ext[WF_DIM_C];
   d.V = d.V ? d.V : (int)ext[WF_DIM_VP];
   d.maxT = d.maxT ? d.maxT : ext[WF_DIM_T] ? (int)ext[WF_DIM_T] : d.fam->hf_max_positions;
   d.F = d.F ? d.F : (int)ext[WF_DIM_F];
+  d.E = d.E ? d.E : (int)ext[WF_DIM_E];
+  if (!d.HD && d.fam->own_head_dim)
+    d.HD = (int)ext[WF_DIM_HD];
   d.L = d.L ? d.L : layers_of(s, &d);
   int64_t q = ext[WF_DIM_Q] ? ext[WF_DIM_Q] : d.C;
   if (!d.NH && q % HEAD_SIZE == 0) /* every GPT-2 size has 64-wide heads */
@@ -1404,8 +1450,7 @@ static wf_status peek_dims(source *s, wf_model_dims *out, char *err, size_t len)
   if (!d.KV && d.NH && ext[WF_DIM_KV] && q % d.NH == 0)
     d.KV = (int)(ext[WF_DIM_KV] / (q / d.NH));
   d.Vp = (d.V + 127) / 128 * 128;
-  json_t *hd = json_object_get(cfg, "head_dim");
-  char why[256];
+  json_t *hd = d.fam->own_head_dim ? NULL : json_object_get(cfg, "head_dim");
   const char *bad = scaling_of(meta, cfg, &d, why, sizeof why);
   if (!bad)
     bad = d.L > 0 && d.NH > 0 && d.C > 0 && d.maxT > 0 && d.V > 0
@@ -1416,8 +1461,9 @@ static wf_status peek_dims(source *s, wf_model_dims *out, char *err, size_t len)
   if (bad)
     st = failf(err, len, WF_EFORMAT,
                "safetensors '%s': %s with n_layer %d, n_head %d, kv heads %d, n_embd %d, ffn %d, "
-               "n_ctx %d, vocab %d: %s",
-               s->path, d.fam->name, d.L, d.NH, d.KV, d.C, d.F, d.maxT, d.V, bad);
+               "n_ctx %d, vocab %d%s: %s",
+               s->path, d.fam->name, d.L, d.NH, d.KV, d.C, d.F, d.maxT, d.V,
+               moe_str(&d, experts, sizeof experts), bad);
   else
     *out = wf_model_dims_resolve(&d);
 done:

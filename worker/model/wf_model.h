@@ -28,8 +28,15 @@
  * rule (normal of its std, the same over sqrt(2L) for residual projections, ones,
  * zeros), so any slice can be produced alone; vocabulary rows [V, Vp) are zero.
  *
- * Shapes: B batch, T time, C d_model, L layers, NH heads, KV key/value heads, hs = C/NH
- * head size, F the MLP's hidden width, V vocab, Vp padded vocab.
+ * Mixture of experts (families with experts, E > 0): each layer's MLP is E experts, each
+ * a SwiGLU of width F, and a router (E, C) that sends every token to its K best experts.
+ * An expert tensor (wf_tensor_desc.experts) holds the E experts' copies of one weight,
+ * expert after expert; expert parallelism gives each of ep ranks E / ep consecutive
+ * experts (wf_model_shard.ep), as tensor parallelism gives it a slice of each.
+ *
+ * Shapes: B batch, T time, C d_model, L layers, NH heads, KV key/value heads, hs head size
+ * (C/NH unless the family sets head_dim), F the MLP's (an expert's) hidden width, V
+ * vocab, Vp padded vocab, E experts, K experts per token.
  */
 #ifndef WF_MODEL_H
 #define WF_MODEL_H
@@ -44,12 +51,15 @@
 /* ---- dimensions ------------------------------------------------------------------- */
 
 typedef struct wf_family wf_family;
+struct json_t; /* jansson's, in the Hugging Face hooks below */
 
 /* The whole model's dimensions. fam NULL is GPT-2 (literals in tests and the llm.c
- * header leave it out); KV 0 is NH, F 0 is 4C, tie WF_TIE_AUTO the family's choice
- * (GPT-2 ties, Llama does not), rope_theta, norm_eps and a llama3 rope_scaling's
- * fields 0 the family's: all resolved by
- * wf_model_dims_resolve, which every function here applies first. */
+ * header leave it out); KV 0 is NH, F 0 is 4C, HD 0 is C/NH, tie WF_TIE_AUTO the
+ * family's choice (GPT-2 ties, Llama does not), rope_theta, norm_eps, a llama3
+ * rope_scaling's fields and the router's 0 (or -1 for the aux coefficient) the
+ * family's: all resolved by wf_model_dims_resolve, which every function here applies
+ * first. The router's coefficients and capacity shape the loss, not the tensors, so
+ * wf_model_dims_same does not compare them. */
 typedef struct wf_model_dims {
   const wf_family *fam;
   int L, NH, C, maxT, V, Vp;
@@ -59,6 +69,16 @@ typedef struct wf_model_dims {
   double rope_theta;            /* rotary embeddings' base (families with RoPE) */
   wf_rope_scaling rope_scaling; /* RoPE's frequency scaling (Llama 3.1); zero: none */
   float norm_eps;               /* the normalisation's epsilon (families that take one) */
+  int HD;                       /* the head size (head_dim); 0 = C / NH */
+  /* mixture of experts (0 for dense families) */
+  int E;               /* experts per layer */
+  int K;               /* experts each token is routed to (top-k) */
+  wf_switch norm_topk; /* the K routing weights renormalised to sum 1 (norm_topk_prob) */
+  double aux_coef;     /* load-balancing loss coefficient (router_aux_loss_coef); < 0 = the
+                        * family's */
+  double z_coef;       /* router z-loss coefficient; 0 = none */
+  double capacity;     /* capacity factor: an expert takes at most ceil(capacity N K / E) of
+                        * a micro-batch's N tokens, the rest are dropped; 0 = dropless */
 } wf_model_dims;
 
 /* d with its defaults filled in (fam, KV, F, norm_eps, rope_theta, rope_scaling). */
@@ -91,6 +111,9 @@ typedef enum wf_dim {
   WF_DIM_F,       /* the MLP's hidden width */
   WF_DIM_VP,      /* the padded vocabulary */
   WF_DIM_T,       /* the context length (maxT) */
+  WF_DIM_E,       /* the experts (a router's rows) */
+  WF_DIM_HD,      /* the head size */
+  WF_DIM_N_       /* (the number of symbols) */
 } wf_dim;
 
 /* How tensor parallelism splits a tensor (Megatron's):
@@ -121,7 +144,9 @@ typedef enum wf_init_rule {
 } wf_init_rule;
 
 /* One Hugging Face tensor a weft tensor holds (per layer when layered): `name` is a
- * printf format taking the layer (e.g. "model.layers.%d.self_attn.k_proj.weight");
+ * printf format taking the layer (e.g. "model.layers.%d.self_attn.k_proj.weight"), and
+ * for an expert tensor the layer then the expert
+ * ("model.layers.%d.mlp.experts.%d.gate_proj.weight");
  * `group` the row group it is (-1: the whole tensor); `transpose` when the file stores
  * it (in, out) as GPT-2's Conv1D does. (Query and key rows need no permutation: weft's
  * RoPE pairs them as Hugging Face's checkpoints are stored, rotate-half, kernels/rope.h.) */
@@ -150,6 +175,11 @@ typedef struct wf_tensor_desc {
   float std;                /* of the normal rules */
   wf_hf_part hf[WF_MAX_HF]; /* its Hugging Face tensors (none: not in the HF model) */
   int n_hf;
+  bool experts;    /* one copy per expert (E of rows x cols each, expert after expert),
+                    * split over ep ranks, each the expert's own as tp splits it */
+  bool tp_partial; /* replicated over tp, but each tp rank computes a part of its gradient
+                    * (per-head norms: the rank's heads; a router: the rank's slice of each
+                    * expert's output), summed over tp after backward */
 } wf_tensor_desc;
 
 /* A model's tensors, concrete for its dims (a tied embedding's head is absent). */
@@ -210,6 +240,11 @@ typedef enum wf_hf_field {
   WF_HF_EPS,
   WF_HF_TIE,
   WF_HF_ROPE_SCALING, /* an object (wf_rope_scaling_json), not a number */
+  WF_HF_HD,           /* head_dim */
+  WF_HF_E,            /* num_experts (Mixtral: num_local_experts) */
+  WF_HF_K,            /* num_experts_per_tok */
+  WF_HF_NORM_TOPK,    /* norm_topk_prob, a boolean */
+  WF_HF_AUX,          /* router_aux_loss_coef */
 } wf_hf_field;
 
 typedef struct wf_hf_key {
@@ -217,7 +252,7 @@ typedef struct wf_hf_key {
   wf_hf_field field;
 } wf_hf_key;
 
-#define WF_MAX_HF_KEYS 12
+#define WF_MAX_HF_KEYS 16
 
 /* ---- the family table -------------------------------------------------------------- */
 
@@ -231,6 +266,8 @@ struct wf_family {
   const char *hf_model_type;   /* config.json's model_type ("gpt2", "llama") */
   const char *hf_architecture; /* config.json's architectures[0] */
   bool llmc;                   /* llm.c's GPT-2 files hold it */
+  bool own_head_dim;           /* its head size is a dimension of its own (head_dim), not
+                                * d_model / heads */
   /* defaults and checks */
   void (*resolve)(wf_model_dims *d);
   const char *(*check)(const wf_model_dims *d);
@@ -255,7 +292,11 @@ struct wf_family {
   /* the context (WF_HF_T) of a config.json that does not give one and of a model with no
    * position table to read it from: transformers' default for the family's config class */
   int hf_max_positions;
+  /* What config.json may hold that the family cannot represent (NULL: nothing): the
+   * reason in buf, else NULL. */
+  const char *(*hf_refuse)(struct json_t *config, char *buf, size_t len);
   const struct wf__family_ops *ops;
+  const void *data; /* the family's own constants, read by its ops (NULL: none) */
 };
 
 /* The registered families (GPT-2, Llama), and one by name (NULL: none). */
@@ -301,6 +342,8 @@ void wf_model_costs_get(const wf_model_dims *d, const wf_cost_geo *g, wf_model_c
  * the local layers of a tensor together, absent tensors empty. */
 typedef struct wf_model_shard {
   int tp, tp_rank; /* 1, 0 without tensor parallelism */
+  int ep, ep_rank; /* expert parallelism: experts [ep_rank E / ep, (ep_rank + 1) E / ep) of
+                    * every expert tensor; 0 or 1 = all of them */
   bool sequence;   /* sequence parallelism over the tp group */
   int l0, l1;      /* this stage's layers (its first chunk's, with chunks) */
   int chunks;      /* v model chunks (interleaved schedule; 0 or 1 = one): chunk c
@@ -329,8 +372,9 @@ size_t wf_model_shard_offset(const wf_model_dims *d, const wf_model_shard *s, in
 bool wf_model_shard_tp_partial(const wf_model_dims *d, const wf_model_shard *s, int t);
 bool wf_model_shard_holds(const wf_model_dims *d, const wf_model_shard *s, int t);
 bool wf_model_shard_counted(const wf_model_dims *d, const wf_model_shard *s, int t);
-/* Whether t has one tensor per layer. */
+/* Whether t has one tensor per layer; whether it is an expert tensor (split over ep). */
 bool wf_model_tensor_layered(const wf_model_dims *d, int t);
+bool wf_model_shard_expert(const wf_model_dims *d, int t);
 
 /* The local <-> full mapping of a shard, as runs: elements [local, local + n) of the
  * shard's flat parameter vector are elements [full, full + n) of the whole model's.
@@ -373,13 +417,14 @@ void wf_model_shard_exchange(const wf_model_dims *d, const wf_model_shard *s, fl
  *   enter:  forward all-gather,      backward reduce-scatter
  *   leave:  forward reduce-scatter,  backward all-gather
  *
- * plus a plain all-gather (the vocabulary-parallel loss's row statistics). Entering
+ * plus a plain all-gather (the vocabulary-parallel loss's row statistics) and an all-reduce
+ * (the statistics of a norm over a projection split across ranks). Entering
  * forward moves activations, in the model's storage format; every reduction (and
  * leaving's backward, which moves gradients) is fp32. The model
  * computes and never communicates: worker/parallel provides these (wf_tp_regions, over
  * the tp group) and the model calls them where its forward and backward cross a region.
  * Without a table (tp = 1) every operator is the identity. */
-#define WF_TP_OPS_VERSION 2
+#define WF_TP_OPS_VERSION 3
 typedef struct wf_tp_ops {
   int version; /* WF_TP_OPS_VERSION */
   /* x (rows(N), C), an activation stored in format fmt (a wf_precision, storage.h) ->
@@ -397,6 +442,9 @@ typedef struct wf_tp_ops {
                          size_t C);
   /* n floats of every tp rank into all (tp * n), rank-major */
   wf_status (*gather)(void *ctx, const float *x, float *all, size_t n);
+  /* n floats summed over the tp group in place (statistics of a norm whose groups span
+   * the tp ranks) */
+  wf_status (*sum)(void *ctx, float *x, size_t n);
 } wf_tp_ops;
 
 typedef struct wf_tp_regions {
@@ -590,6 +638,13 @@ wf_status wf_model_chunk_forward(wf_model *m, int slot, int chunk, const int *in
 /* The sum of the micro-batch losses of the forwards since the last call (0 on a rank
  * without the head), read back from the device; the sum starts again at 0. */
 wf_status wf_model_take_loss(wf_model *m, double *sum);
+/* The same for the auxiliary losses of a family with experts (0 for others): sums[0] the
+ * load-balancing loss (transformers' load_balancing_loss_func over every layer, without its
+ * coefficient), sums[1] the router z-loss (without its coefficient), each the sum of the
+ * micro-batches' values, added by the last chunk; both start again at 0. What training
+ * minimises is the cross-entropy plus router_aux_loss_coef and router_z_loss_coef times
+ * these. */
+wf_status wf_model_take_aux(wf_model *m, double sums[2]);
 const void *wf_model_stage_output(const wf_model *m, int slot);
 /* Spare stage input i (0 <= i < wf_model_stage_inboxes): a pipeline receives an
  * activation into it, and chunk_forward, given it as x, keeps it as the slot's input

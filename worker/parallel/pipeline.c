@@ -46,7 +46,7 @@ struct wf_pipe {
   wf_schedule sched;
   wf_trace *trace;
   int p, rank, m, v, B, T; /* work items are (mb, chunk): key = mb * v + chunk */
-  size_t io;               /* elements of one stage input/output */
+  size_t io;               /* elements of one stage input/output message */
   size_t io_bytes;         /* ... in the model's format */
   wf_comm_dtype dt;        /* that format's element type */
   pool rf;                 /* activations: indices of the model's spare stage inputs (mem NULL) */
@@ -147,9 +147,9 @@ wf_status wf_pipe_create(wf_pipe **out, const wf_pipe_opts *o)
   wf_sched_params prm = {p->p > 1 ? o->kind : WF_SCHED_1F1B, p->p, p->m, p->v};
   st = wf_schedule_init(&p->sched, &prm, p->rank, err, sizeof err);
   WF_REFUSE(st == WF_OK, st, "%s", err); /* the same parameters on every rank */
-  p->io = wf_model_stage_io_numel(o->model, o->B, o->T);
   p->io_bytes = wf_model_stage_io_bytes(o->model, o->B, o->T);
   p->dt = wf__comm_dtype_of(wf_model_precision(o->model));
+  p->io = p->io_bytes / wf_comm_dtype_size(p->dt); /* a family's side band included */
   p->n_slots = wf_pipe_slots(prm.kind, p->p, p->rank, p->m, p->v);
   wf_sched_bufs b = wf_schedule_buffers(&p->sched);
   WF_REFUSE(b.recv_f <= wf_model_stage_inboxes(o->model), WF_EINVAL,

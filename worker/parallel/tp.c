@@ -119,6 +119,8 @@ static wf_status leave_bwd(void *ctx, const float **out, const float *dy, float 
   return allgather(tp, dy, full, rows(tp, N) * C);
 }
 
+static wf_status sum(void *ctx, float *x, size_t n) { return allreduce(ctx, x, n); }
+
 static const wf_tp_ops ops = {
     .version = WF_TP_OPS_VERSION,
     .enter_fwd = enter_fwd,
@@ -126,6 +128,7 @@ static const wf_tp_ops ops = {
     .leave_fwd = leave_fwd,
     .leave_bwd = leave_bwd,
     .gather = allgather,
+    .sum = sum,
 };
 
 wf_status wf_tp_create(wf_tp **out, wf_comm *comm, wf_dev *dev, bool sequence)

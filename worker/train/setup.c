@@ -80,8 +80,18 @@ static wf_status setup_dims(wf__trainer *tr)
   wf_status st = WF_OK;
   const wf_config *cfg = tr->cfg;
   tr->dims = wf_model_dims_from_config(cfg);
-  if (cfg->model.init[0])
+  if (cfg->model.init[0]) {
     WF_TRY(rank0_first(tr, peek_init, NULL));
+    /* the router's training knobs: the config's, and its aux coefficient when given */
+    int ak = wf_config_key_find("model.router_aux_loss_coef");
+    if (cfg->source[ak] != WF_SRC_DEFAULT && cfg->model.router_aux_loss_coef >= 0)
+      tr->dims.aux_coef = cfg->model.router_aux_loss_coef;
+    tr->dims.z_coef = cfg->model.router_z_loss_coef;
+    tr->dims.capacity = cfg->model.capacity_factor;
+  }
+  const char *bad = wf_model_dims_check(&tr->dims); /* the family's own rules */
+  WF_REFUSE(!bad, WF_ECONFIG, "model (model.family=%s, or model.init's): %s",
+            wf_model_family_name(&tr->dims), bad);
   /* model.init's context bounds a derived length (model.seq_len is the file's) */
   bool derived =
       cfg->train.seq_len == 0 || cfg->source[wf_config_key_find("train.seq_len")] == WF_SRC_DERIVED;

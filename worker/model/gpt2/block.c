@@ -82,7 +82,7 @@ static size_t carve_scratch(scratch *s, void *mem, const wf__geo *z)
 
 static size_t layer_floats(const wf__geo *z, size_t *core)
 {
-  return carve_layer(&(layer){0}, (wf__layer_mem){NULL, NULL}, z, core);
+  return carve_layer(&(layer){0}, (wf__layer_mem){NULL, NULL, NULL}, z, core);
 }
 
 static size_t head_floats(const wf__geo *z) { return carve_head(&(head){0}, NULL, z); }

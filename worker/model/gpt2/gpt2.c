@@ -11,7 +11,7 @@
  */
 #include "gpt2_int.h"
 
-#define HF(n, tr) {{.name = n, .group = -1, .transpose = tr}}, 1
+#define HF(n, tr) {{.name = n, .group = -1, .transpose = tr}}, 1, false, false
 #define ROWS1(r)  {r}, 1
 #define W2D(n, r, c, split, decay, init, std, hf, tr)                                              \
   {                                                                                                \

@@ -16,7 +16,7 @@
  */
 #include "llama_int.h"
 
-#define HF(n)    {{.name = n, .group = -1}}, 1
+#define HF(n)    {{.name = n, .group = -1}}, 1, false, false
 #define ROWS1(r) {r}, 1
 #define NORM(n, hf)                                                                                \
   {                                                                                                \
@@ -42,7 +42,9 @@ static const wf_tensor_desc tensors[LL_N] = {
      {{"model.layers.%d.self_attn.q_proj.weight", 0, false},
       {"model.layers.%d.self_attn.k_proj.weight", 1, false},
       {"model.layers.%d.self_attn.v_proj.weight", 2, false}},
-     3},
+     3,
+     false,
+     false},
     {"ow", WF_PLACE_LAYER, ROWS1(WF_DIM_C), WF_DIM_Q, WF_SPLIT_ROW, true, true, false,
      WF_INIT_NORMAL, 0.02f, HF("model.layers.%d.self_attn.o_proj.weight")},
     NORM("mlp_norm", "model.layers.%d.post_attention_layernorm.weight"),
@@ -59,7 +61,9 @@ static const wf_tensor_desc tensors[LL_N] = {
      0.02f,
      {{"model.layers.%d.mlp.gate_proj.weight", 0, false},
       {"model.layers.%d.mlp.up_proj.weight", 1, false}},
-     2},
+     2,
+     false,
+     false},
     {"downw", WF_PLACE_LAYER, ROWS1(WF_DIM_C), WF_DIM_F, WF_SPLIT_ROW, true, true, false,
      WF_INIT_NORMAL, 0.02f, HF("model.layers.%d.mlp.down_proj.weight")},
     {"norm", WF_PLACE_LAST, ROWS1(WF_DIM_C), WF_DIM_ONE, WF_SPLIT_REPLICATED, false, false, true,
