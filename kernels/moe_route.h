@@ -44,9 +44,10 @@ void wf_moe_route_backward(void *dlogits, const float *dw, const float *probs, c
                            const int *idx, const float *w, const float *cnt, float aux_scale,
                            float z_scale, int N, int E, int K, bool renorm, int fmt);
 
-/* acc[0] += E / R^2 sum_e cnt[e] psum[e], acc[1] += zsum / R, from the whole model's
- * statistics `sums` (WF_MOE_STATS(E)): one micro-batch's load-balancing loss and z-loss
- * (without their coefficients), R router rows. */
+/* acc[0] += E / R^2 sum_e cnt[e] psum[e], acc[1] += zsum / R, acc[2] += dropped, from the
+ * whole model's statistics `sums` (WF_MOE_STATS(E)): one micro-batch's load-balancing loss
+ * and z-loss (without their coefficients) and the choices a capacity dropped, R router
+ * rows. */
 void wf_moe_aux_accumulate(double *acc, const float *sums, int E, double R);
 
 #endif /* WF_KERNELS_MOE_ROUTE_H */

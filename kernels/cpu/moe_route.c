@@ -148,4 +148,5 @@ void wf_moe_aux_accumulate(double *acc, const float *sums, int E, double R)
     a += (double)sums[e] * sums[E + e];
   acc[0] += (double)E * a / (R * R);
   acc[1] += sums[2 * E] / R;
+  acc[2] += sums[2 * E + 1];
 }

@@ -55,7 +55,7 @@ static int dump(wf_model *m, const wf_model_dims *d, const int *in, const int *t
                 const char *out)
 {
   size_t N = (size_t)B * T, np = wf_model_num_params(d);
-  double sums[2] = {0, 0};
+  double sums[3] = {0, 0, 0};
   float loss = 0, aux[2], *logits = malloc(N * (size_t)d->Vp * sizeof *logits);
   float *grads = calloc(np, sizeof *grads), *real = malloc(N * (size_t)d->V * sizeof *real);
   char path[4096];

@@ -12,6 +12,9 @@
  * attproj columns, vocabulary rows, chunk layers) keep the mapping honest on its own
  * terms, not only consistent with itself. The runs clipped to a window [lo, hi) of the
  * local vector (wf_model_shard_runs_in) tile exactly that window, with the same mapping.
+ * The same for a mixture of experts (OLMoE's tensors) on meshes with expert parallelism:
+ * each ep rank holds its experts of every expert tensor, each split over tp, and only ep
+ * rank 0 counts the dense tensors; spot checks of an expert's rows and columns.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -26,25 +29,32 @@
 #include "../common/gpt2_kinds.h"
 
 /* L=4, NH=4, C=8, maxT=8, V=11 padded to 16: tp 4 divides the heads, C and Vp. */
-static const wf_model_dims dims = {.L = 4, .NH = 4, .C = 8, .maxT = 8, .V = 11, .Vp = 16};
+static const wf_model_dims gpt2_dims = {.L = 4, .NH = 4, .C = 8, .maxT = 8, .V = 11, .Vp = 16};
+/* The dims the checks run on (GPT-2's, then the MoE family's). */
+static wf_model_dims dims;
 
-/* A mesh: tp ranks x pp stages; stage s holds layers [bounds[s], bounds[s+1]), or with
- * chunks > 1 the interleaved schedule's chunk layers (stage c*pp + s). */
+/* A mesh: tp ranks x pp stages (x ep expert ranks); stage s holds layers
+ * [bounds[s], bounds[s+1]), or with chunks > 1 the interleaved schedule's chunk layers
+ * (stage c*pp + s). */
 typedef struct mesh {
   int tp, pp, chunks;
   int bounds[5];
+  int ep;
 } mesh;
 
 static const mesh meshes[] = {
-    {1, 1, 1, {0, 4}},    {2, 1, 1, {0, 4}},    {4, 1, 1, {0, 4}},          {1, 2, 1, {0, 2, 4}},
-    {2, 2, 1, {0, 1, 4}}, {2, 2, 2, {0, 1, 2}}, {4, 4, 1, {0, 1, 2, 3, 4}}, {1, 2, 2, {0, 1, 2}},
+    {1, 1, 1, {0, 4}, 1},    {2, 1, 1, {0, 4}, 1},    {4, 1, 1, {0, 4}, 1},
+    {1, 2, 1, {0, 2, 4}, 1}, {2, 2, 1, {0, 1, 4}, 1}, {2, 2, 2, {0, 1, 2}, 1},
+    {4, 4, 1, {0, 1, 2, 3, 4}, 1}, {1, 2, 2, {0, 1, 2}, 1},
 };
 
-static wf_model_shard shard_of(const mesh *m, int pp_rank, int tp_rank)
+static wf_model_shard shard_of(const mesh *m, int pp_rank, int tp_rank, int ep_rank)
 {
   int lc = m->bounds[pp_rank + 1] - m->bounds[pp_rank];
   return (wf_model_shard){.tp = m->tp,
                           .tp_rank = tp_rank,
+                          .ep = m->ep,
+                          .ep_rank = ep_rank,
                           .l0 = m->bounds[pp_rank],
                           .l1 = m->bounds[pp_rank + 1],
                           .chunks = m->chunks,
@@ -134,6 +144,8 @@ static float *index_vector(size_t n)
   return f;
 }
 
+static int eps_of(const mesh *me) { return me->ep > 1 ? me->ep : 1; }
+
 static void check_mesh(const mesh *me)
 {
   size_t n = wf_model_num_params(&dims);
@@ -141,8 +153,8 @@ static void check_mesh(const mesh *me)
   int *cover = calloc(n, sizeof *cover);
   assert_true(n < (1u << 24) && sum && cover);
   for (int p = 0; p < me->pp; p++) {
-    for (int t = 0; t < me->tp; t++) {
-      wf_model_shard s = shard_of(me, p, t);
+    for (int q = 0; q < me->tp * eps_of(me); q++) {
+      wf_model_shard s = shard_of(me, p, q % me->tp, q / me->tp);
       assert_null(wf_model_shard_check(&dims, &s));
       wf_model *m = make_shard(&s);
       assert_int_equal(wf_model_shard_params(&dims, &s), wf_model_local_params(m));
@@ -190,7 +202,7 @@ static void test_windows_clip(void **state)
   for (size_t i = 0; i < sizeof meshes / sizeof meshes[0]; i++)
     for (int p = 0; p < meshes[i].pp; p++)
       for (int t = 0; t < meshes[i].tp; t++) {
-        wf_model_shard s = shard_of(&meshes[i], p, t);
+        wf_model_shard s = shard_of(&meshes[i], p, t, 0);
         check_windows(&s, full, cover);
       }
   free(full);
@@ -202,6 +214,74 @@ static void test_meshes_cover_once(void **state)
   (void)state;
   for (size_t i = 0; i < sizeof meshes / sizeof meshes[0]; i++)
     check_mesh(&meshes[i]);
+}
+
+/* OLMoE's tensors (whole-projection q/k norms split over tp, a replicated router, the
+ * experts): 4 experts of width 8, top-2, meshes with ep 1, 2 and 4 beside tp and pp. */
+static wf_model_dims moe_dims(void)
+{
+  return (wf_model_dims){.fam = wf_model_family_find("olmoe"), .L = 4, .NH = 4, .KV = 4, .C = 8,
+                         .maxT = 8, .V = 11, .Vp = 16, .F = 8, .E = 4, .K = 2};
+}
+
+static const mesh moe_meshes[] = {
+    {1, 1, 1, {0, 4}, 2},    {1, 1, 1, {0, 4}, 4},          {2, 1, 1, {0, 4}, 2},
+    {2, 2, 1, {0, 1, 4}, 2}, {4, 4, 1, {0, 1, 2, 3, 4}, 4}, {2, 2, 2, {0, 1, 2}, 4},
+};
+
+static void test_moe_meshes_cover_once(void **state)
+{
+  (void)state;
+  dims = moe_dims();
+  for (size_t i = 0; i < sizeof moe_meshes / sizeof moe_meshes[0]; i++)
+    check_mesh(&moe_meshes[i]);
+  for (size_t i = 0; i < sizeof moe_meshes / sizeof moe_meshes[0]; i++) {
+    size_t n = wf_model_num_params(&dims);
+    float *full = index_vector(n);
+    int *cover = calloc(n, sizeof *cover);
+    wf_model_shard s = shard_of(&moe_meshes[i], 0, moe_meshes[i].tp - 1, moe_meshes[i].ep - 1);
+    check_windows(&s, full, cover);
+    free(full);
+    free(cover);
+  }
+  dims = gpt2_dims;
+}
+
+/* ep 2 rank 1 (experts 2 and 3), tp 2 rank 1, one stage: expert 2's [gate | up] rows are
+ * hidden units [F/2, F) of each of its groups, its down's columns [F/2, F); q_norm is the
+ * second half of the projection's; the router is whole; only ep rank 0 counts it. */
+static void test_moe_spot_checks(void **state)
+{
+  (void)state;
+  dims = moe_dims();
+  size_t n = wf_model_num_params(&dims), C = 8, F = 8;
+  float *full = index_vector(n);
+  mesh me = {2, 1, 1, {0, 4}, 2};
+  wf_model_shard s = shard_of(&me, 0, 1, 1);
+  wf_model *m = make_shard(&s);
+  wf_model_import_full(m, 0, full);
+  int gu = wf_model_tensor_find(&dims, "expert_gate_upw");
+  int down = wf_model_tensor_find(&dims, "expert_downw");
+  int qn = wf_model_tensor_find(&dims, "q_norm"), router = wf_model_tensor_find(&dims, "router");
+  assert_true(gu > 0 && down > 0 && qn > 0 && router > 0);
+  size_t gbase = wf_model_tensor_offset(&dims, gu) + wf_model_layer_numel(&dims, gu); /* layer 1 */
+  const float *g = wf_model_param(m, gu, 1, 0);
+  /* local expert 0 = expert 2: its gate rows F/2.., then its up rows F + F/2.. */
+  assert_true(g[0] == (float)(gbase + 2 * (2 * F * C) + (F / 2) * C));
+  assert_true(g[(F / 2) * C] == (float)(gbase + 2 * (2 * F * C) + (F + F / 2) * C));
+  /* local expert 1 = expert 3 */
+  assert_true(g[F * C] == (float)(gbase + 3 * (2 * F * C) + (F / 2) * C));
+  size_t dbase = wf_model_tensor_offset(&dims, down); /* layer 0 */
+  const float *d = wf_model_param(m, down, 0, 0);
+  assert_true(d[0] == (float)(dbase + 2 * (C * F) + F / 2)); /* row 0, column F/2 of expert 2 */
+  assert_true(d[F / 2] == (float)(dbase + 2 * (C * F) + F + F / 2)); /* row 1 */
+  assert_true(wf_model_param(m, qn, 0, 0)[0] == (float)(wf_model_tensor_offset(&dims, qn) + C / 2));
+  assert_true(wf_model_param(m, router, 0, 0)[0] == (float)wf_model_tensor_offset(&dims, router));
+  assert_true(wf_model_counted(m, gu) && !wf_model_counted(m, router) && !wf_model_counted(m, qn));
+  assert_true(wf_model_shard_expert(&dims, gu) && !wf_model_shard_expert(&dims, router));
+  wf_model_destroy(m);
+  free(full);
+  dims = gpt2_dims;
 }
 
 /* Full index of element (row, col) of tensor (k, layer) with rows of `cols`. */
@@ -218,7 +298,7 @@ static void test_spot_checks(void **state)
   (void)state;
   size_t n = wf_model_num_params(&dims), C = (size_t)dims.C;
   float *full = index_vector(n);
-  wf_model_shard s = shard_of(&meshes[5], 1, 1);
+  wf_model_shard s = shard_of(&meshes[5], 1, 1, 0);
   wf_model *m = make_shard(&s);
   wf_model_import_full(m, 0, full);
   /* qkv: local rows [q | k | v] of heads 2..3, i.e. full rows C/2, C + C/2, 2C + C/2 */
@@ -270,6 +350,9 @@ int main(void)
       cmocka_unit_test(test_spot_checks),
       cmocka_unit_test(test_whole_is_identity),
       cmocka_unit_test(test_windows_clip),
+      cmocka_unit_test(test_moe_meshes_cover_once),
+      cmocka_unit_test(test_moe_spot_checks),
   };
+  dims = gpt2_dims;
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

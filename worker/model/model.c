@@ -149,7 +149,7 @@ static size_t carve_dacts(wf__dacts *g, double **loss_acc, int **bad_token, void
       WF__F32(&g->fam, ops->scratch_floats(z)),
       WF__F32(&g->consts, ops->const_floats(z)),
       WF__F32(&g->side, side_of(ops, z)),
-      WF__F32(loss_acc, 2 + 4), /* one double, then the two of aux_acc */
+      WF__F32(loss_acc, 2 + 6), /* one double, then the three of aux_acc */
       WF__F32(bad_token, 2),
   };
   return wf__carve(t, WF_ARRAY_LEN(t), &(wf__carve_to){mem, NULL, z->fmt}, NULL);
@@ -224,6 +224,10 @@ static wf_status alloc_acts(wf_model *m, const wf_model_mem *mp)
    * layer and slot */
   WF_TRY(wf_dev_alloc_floats(m->dev, &m->re_saved, mp->recompute / sizeof(float)));
   WF_TRY(wf_dev_alloc_floats(m->dev, &m->dact_mem, mp->scratch / sizeof(float)));
+  if (m->keep_floats) { /* the layers' statistics, summed since the last take */
+    WF_TRY(wf_dev_alloc_floats(m->dev, &m->stats, (size_t)m->nl * m->keep_floats));
+    WF_TRY(wf__zero(m, m->stats, (size_t)m->nl * m->keep_floats));
+  }
   carve_dacts(&m->da, &m->loss_acc, &m->bad_token, m->dact_mem, &m->g, m->ops);
   m->aux_acc = m->loss_acc + 1;
   /* spare stage inputs: pipeline receives land in them (wf_model_stage_inbox) */
@@ -351,6 +355,7 @@ void wf_model_destroy(wf_model *m)
   wf_dev_free(m->dev, m->act_mem);
   wf_dev_free(m->dev, m->dact_mem);
   wf_dev_free(m->dev, m->re_saved);
+  wf_dev_free(m->dev, m->stats);
   wf_dev_free(m->dev, m->inbox_mem); /* slots and spares may have traded places: both freed */
   free(m->inbox);
   free(m->a);
@@ -519,11 +524,31 @@ wf_status wf_model_take_loss(wf_model *m, double *sum)
   return st;
 }
 
-wf_status wf_model_take_aux(wf_model *m, double sums[2])
+wf_status wf_model_take_aux(wf_model *m, double sums[3])
 {
-  wf_status st = wf_dev_read(m->dev, sums, m->aux_acc, 2 * sizeof *sums);
+  wf_status st = wf_dev_read(m->dev, sums, m->aux_acc, 3 * sizeof *sums);
   if (st == WF_OK)
-    st = wf_dev_memset(m->dev, m->aux_acc, 0, 2 * sizeof *m->aux_acc, NULL);
+    st = wf_dev_memset(m->dev, m->aux_acc, 0, 3 * sizeof *m->aux_acc, NULL);
+  return st;
+}
+
+size_t wf_model_stats_floats(const wf_model *m) { return m->keep_floats; }
+
+wf_status wf_model_take_stats(wf_model *m, float *full)
+{
+  wf_status st = WF_OK;
+  size_t k = m->keep_floats, n = (size_t)m->nl * k;
+  float *h = NULL;
+  if (!k)
+    return WF_OK;
+  WF_CHECK_ALLOC(h = malloc(n * sizeof *h));
+  WF_TRY(wf_dev_read(m->dev, h, m->stats, n * sizeof *h));
+  for (int j = 0; j < m->nl; j++)
+    for (size_t i = 0; i < k; i++)
+      full[(size_t)wf__global_layer(m, j) * k + i] += h[(size_t)j * k + i];
+  st = wf__zero(m, m->stats, n);
+fail:
+  free(h);
   return st;
 }
 

@@ -199,7 +199,8 @@ struct wf_model {
                       * (what a family's losses outside the head are scaled by) */
   float *act_mem, *dact_mem;
   double *loss_acc; /* (1) the sum of micro-batch losses since wf_model_take_loss */
-  double *aux_acc;  /* (2) the sums of the auxiliary losses (wf_model_take_aux) */
+  double *aux_acc;  /* (3) the sums of the auxiliary losses (wf_model_take_aux) */
+  float *stats;     /* (nl, keep_floats) the layers' kept statistics since wf_model_take_stats */
   size_t keep_floats, side_floats; /* the family's per layer and per stage message */
   int *bad_token;   /* (2) wf_tokens_check's answer */
   wf__slot *a;      /* n_slots */

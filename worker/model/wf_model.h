@@ -641,10 +641,16 @@ wf_status wf_model_take_loss(wf_model *m, double *sum);
 /* The same for the auxiliary losses of a family with experts (0 for others): sums[0] the
  * load-balancing loss (transformers' load_balancing_loss_func over every layer, without its
  * coefficient), sums[1] the router z-loss (without its coefficient), each the sum of the
- * micro-batches' values, added by the last chunk; both start again at 0. What training
- * minimises is the cross-entropy plus router_aux_loss_coef and router_z_loss_coef times
- * these. */
-wf_status wf_model_take_aux(wf_model *m, double sums[2]);
+ * micro-batches' values, and sums[2] the (token, expert) choices a capacity dropped in them,
+ * added by the last chunk; all start again at 0. What training minimises is the
+ * cross-entropy plus router_aux_loss_coef and router_z_loss_coef times sums[0], sums[1]. */
+wf_status wf_model_take_aux(wf_model *m, double sums[3]);
+/* The statistics each layer of this rank kept (a router's: wf_model_stats_floats of them a
+ * layer, its choices per expert first), summed over the forwards since the last call, ADDED
+ * into full (L rows of that many floats, host memory) at each layer's global row; they start
+ * again at 0. Nothing for a family that keeps none. */
+size_t wf_model_stats_floats(const wf_model *m);
+wf_status wf_model_take_stats(wf_model *m, float *full);
 const void *wf_model_stage_output(const wf_model *m, int slot);
 /* Spare stage input i (0 <= i < wf_model_stage_inboxes): a pipeline receives an
  * activation into it, and chunk_forward, given it as x, keeps it as the slot's input

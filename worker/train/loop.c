@@ -79,14 +79,17 @@ static wf_status one_step(wf__trainer *tr, int step, bool *go_on)
     double t = wf_now();
     wf_trace_set_on(tr->trace, false); /* the trace shows training steps */
     WF_TRY(wf__evaluate(tr, &info.val_loss));
+    WF_TRY(wf__discard_expert_figures(tr));
     eval_ms = (wf_now() - t) * 1e3;
     tr->aside_s += eval_ms * 1e-3;
   }
   double eta = (wf_now() - tr->t0) / (step - tr->start) * (tr->steps - step);
   wf__report_step(tr, &info, eta, eval_ms);
   double t = wf_now();
-  if (sample_due(tr, step))
+  if (sample_due(tr, step)) {
     WF_TRY(sample(tr, step));
+    WF_TRY(wf__discard_expert_figures(tr));
+  }
   tr->aside_s += wf_now() - t;
   info.out_closed = tr->out_closed;
   *go_on = !tr->hooks || !tr->hooks->on_step || tr->hooks->on_step(tr->hooks->user, &info);

@@ -288,6 +288,26 @@ static void draw_bar(const wf__trainer *tr, const wf_train_step_info *in, double
   fflush(stderr);
 }
 
+/* A mixture of experts' figures: the load-balancing loss (z-loss beside it when there is
+ * one), the fewest and most tokens an expert of any layer received, the worst layer's
+ * imbalance (its most chosen expert's tokens over the mean), and the choices a capacity
+ * dropped. */
+static void print_experts(const wf__trainer *tr, const wf_train_step_info *in)
+{
+  if (in->n_expert_layers <= 0)
+    return;
+  float lo = in->expert_load[0], hi = in->expert_load[1], imb = in->expert_load[2];
+  for (int l = 1; l < in->n_expert_layers; l++) {
+    const float *x = in->expert_load + 3 * (size_t)l;
+    lo = fminf(lo, x[0]), hi = fmaxf(hi, x[1]), imb = fmaxf(imb, x[2]);
+  }
+  fprintf(tr->out, " aux_loss=%.4f", in->aux_loss);
+  if (in->z_loss > 0 && tr->dims.z_coef > 0)
+    fprintf(tr->out, " z_loss=%.4f", in->z_loss);
+  fprintf(tr->out, " expert_tokens=%.0f..%.0f imbalance=%.2f dropped=%lld", lo, hi, imb,
+          (long long)in->dropped_tokens);
+}
+
 static void print_step(const wf__trainer *tr, const wf_train_step_info *in, double eta)
 {
   wf__clear_bar(tr);
@@ -302,6 +322,7 @@ static void print_step(const wf__trainer *tr, const wf_train_step_info *in, doub
   if (tr->fp16) /* the scale this step's backward used, and the skips so far */
     fprintf(tr->out, " loss_scale=%g skipped=%d%s", in->loss_scale, in->skipped_steps,
             in->skipped ? " (this step)" : "");
+  print_experts(tr, in);
   fputc('\n', tr->out);
 }
 
@@ -353,6 +374,21 @@ static void add_parallel_metrics(json_t *o, const wf_train_step_info *in)
   json_object_set_new(o, "bubble_theory", real_or_null(in->bubble_theory));
   json_object_set_new(o, "act_mib", act);
   json_object_set_new(o, "act_slots", slots);
+}
+
+/* A mixture of experts: aux_loss, z_loss, dropped_tokens, and expert_load, one
+ * [min, max, imbalance] of tokens per expert for each layer. */
+static void add_expert_metrics(json_t *o, const wf_train_step_info *in)
+{
+  json_t *load = json_array();
+  for (int l = 0; l < in->n_expert_layers; l++) {
+    const float *x = in->expert_load + 3 * (size_t)l;
+    json_array_append_new(load, json_pack("[f, f, f]", (double)x[0], (double)x[1], (double)x[2]));
+  }
+  json_object_set_new(o, "aux_loss", real_or_null(in->aux_loss));
+  json_object_set_new(o, "z_loss", real_or_null(in->z_loss));
+  json_object_set_new(o, "dropped_tokens", json_integer(in->dropped_tokens));
+  json_object_set_new(o, "expert_load", load);
 }
 
 /* When the line is written: unix seconds (with fractions) and the same instant in ISO
@@ -414,6 +450,8 @@ static void write_metrics(wf__trainer *tr, const wf_train_step_info *in, double 
   }
   for (int i = 0; i < in->n_extra && i < WF_TRAIN_MAX_EXTRA; i++)
     json_object_set_new(o, in->extra[i].name, real_or_null(in->extra[i].value));
+  if (in->n_expert_layers > 0)
+    add_expert_metrics(o, in);
   if (json_dumpf(o, tr->metrics, JSON_COMPACT) == 0)
     fputc('\n', tr->metrics);
   fflush(tr->metrics); /* one complete line per step, even if the run dies */

@@ -283,6 +283,11 @@ static wf_status setup_model(wf__trainer *tr)
                      tr->Tl,      tr->trace};
   WF_TRY(wf_pipe_create(&tr->pipe, &po));
   WF_TRY(setup_optim(tr));
+  size_t k = wf_model_stats_floats(tr->model);
+  if (k) { /* the experts' figures of each step (step.c) */
+    WF_CHECK_ALLOC(tr->router_stats = calloc((size_t)tr->dims.L * k, sizeof(float)));
+    WF_CHECK_ALLOC(tr->expert_load = calloc((size_t)tr->dims.L * 3, sizeof(float)));
+  }
   st = init_params(tr); /* once ZeRO-3's shard exists: the parameters go there alone */
 fail:
   return st;
@@ -463,6 +468,8 @@ void wf__train_teardown(wf__trainer *tr)
   wf_mem_free(tr->targets);
   wf_mem_free(tr->seq_in);
   wf_mem_free(tr->seq_tg);
+  free(tr->router_stats);
+  free(tr->expert_load);
   wf_data_destroy(tr->data);
   wf_optim_destroy(tr->optim);
   wf_grads_destroy(tr->grads);

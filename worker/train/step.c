@@ -168,6 +168,72 @@ fail:
   return st;
 }
 
+/* Each layer's least and most chosen expert and their imbalance (the most over the mean),
+ * from the routers' statistics summed over every stage and dp rank (tp ranks route alike:
+ * the pp and dp groups of one tp rank see every token once). */
+static wf_status expert_load(wf__trainer *tr, wf_train_step_info *info)
+{
+  wf_status st = WF_OK;
+  size_t k = wf_model_stats_floats(tr->model), n = (size_t)tr->dims.L * k;
+  int E = tr->dims.E;
+  memset(tr->router_stats, 0, n * sizeof *tr->router_stats);
+  WF_TRY(wf_model_take_stats(tr->model, tr->router_stats));
+  if (tr->pp > 1)
+    WF_TRY(wf_comm_allreduce(tr->pp_comm, tr->router_stats, tr->router_stats, n, WF_COMM_F32,
+                             WF_COMM_SUM));
+  if (tr->D > 1)
+    WF_TRY(wf_comm_allreduce(tr->dp_comm, tr->router_stats, tr->router_stats, n, WF_COMM_F32,
+                             WF_COMM_SUM));
+  for (int l = 0; l < tr->dims.L; l++) {
+    const float *cnt = tr->router_stats + (size_t)l * k; /* choices per expert first */
+    float lo = cnt[0], hi = cnt[0], sum = 0;
+    for (int e = 0; e < E; e++)
+      lo = WF_MIN(lo, cnt[e]), hi = WF_MAX(hi, cnt[e]), sum += cnt[e];
+    float *o = tr->expert_load + 3 * (size_t)l;
+    o[0] = lo, o[1] = hi, o[2] = sum > 0 ? hi * E / sum : 0;
+  }
+  info->n_expert_layers = tr->dims.L;
+  info->expert_load = tr->expert_load;
+fail:
+  return st;
+}
+
+/* A mixture of experts' figures of the step: the auxiliary losses of the last stage's
+ * micro-batches, averaged like the loss; the dropped choices, summed over dp; the load. */
+static wf_status expert_figures(wf__trainer *tr, wf_train_step_info *info)
+{
+  wf_status st = WF_OK;
+  double sums[3], dropped;
+  info->aux_loss = info->z_loss = NAN;
+  if (!tr->router_stats)
+    return WF_OK;
+  WF_TRY(wf_model_take_aux(tr->model, sums));
+  info->aux_loss = sums[0] / tr->M, info->z_loss = sums[1] / tr->M, dropped = sums[2];
+  WF_TRY(dp_mean(tr, &info->aux_loss));
+  WF_TRY(dp_mean(tr, &info->z_loss));
+  WF_TRY(dp_mean(tr, &dropped));
+  WF_TRY(from_last_stage(tr, &info->aux_loss));
+  WF_TRY(from_last_stage(tr, &info->z_loss));
+  WF_TRY(from_last_stage(tr, &dropped));
+  info->dropped_tokens = (int64_t)llround(dropped * tr->D);
+  st = expert_load(tr, info);
+fail:
+  return st;
+}
+
+/* After an evaluation or a sample: its forwards' expert figures are no step's. Local. */
+wf_status wf__discard_expert_figures(wf__trainer *tr)
+{
+  wf_status st = WF_OK;
+  double sums[3];
+  if (!tr->router_stats)
+    return WF_OK;
+  WF_TRY(wf_model_take_aux(tr->model, sums));
+  st = wf_model_take_stats(tr->model, tr->router_stats); /* overwritten by the next step */
+fail:
+  return st;
+}
+
 static bool tracing(const wf__trainer *tr, int step)
 {
   const int *ts = tr->cfg->train.trace_steps;
@@ -253,6 +319,7 @@ wf_status wf__train_step(wf__trainer *tr, int step, wf_train_step_info *info)
   info->compute_ms = ps.busy_s * 1e3;
   info->p2p_wait_ms = ps.wait_s * 1e3;
   info->act_bytes = (int64_t)ps.act_bytes;
+  WF_TRY(expert_figures(tr, info));
   st = stage_stats(tr, &ps, info);
 fail:
   return st;

@@ -77,6 +77,8 @@ typedef struct wf__trainer {
   double last_val;   /* the last evaluation's; NAN when none ran */
   int saved_step;    /* the last checkpoint written this run; 0 = none */
   uint64_t launches; /* the device's launch count at the last metrics line */
+  float *router_stats; /* (L, wf_model_stats_floats) a step's routers' statistics (MoE) */
+  float *expert_load;  /* (L, 3) the step's min, max and imbalance of each layer's experts */
 } wf__trainer;
 
 /* Hooks for a one-off run inside the job (--dump-state, --generate): comms' groups and
@@ -96,6 +98,8 @@ void wf__train_teardown(wf__trainer *tr);
  * mean over the global batch in *loss); the gradient path's finish. */
 wf_status wf__train_step(wf__trainer *tr, int step, wf_train_step_info *info);
 wf_status wf__evaluate(wf__trainer *tr, double *val_loss);
+/* A mixture of experts: the figures an evaluation's forwards added, dropped. */
+wf_status wf__discard_expert_figures(wf__trainer *tr);
 wf_status wf__accumulate(wf__trainer *tr, int step, double *loss, wf_pipe_stats *ps);
 wf_status wf__batch_cb(void *user, int mb, int *inputs, int *targets);
 

@@ -89,6 +89,16 @@ typedef struct wf_train_step_info {
     const char *name;
     double value;
   } extra[WF_TRAIN_MAX_EXTRA];
+  /* A mixture of experts (NAN and 0 for a dense family): the step's load-balancing loss and
+   * router z-loss, each the mean over its micro-batches (without their coefficients), the
+   * (token, expert) choices a capacity dropped in the global batch, and for each of its
+   * n_expert_layers layers the tokens its least and most chosen expert received over the
+   * global batch and their imbalance, the most over the mean (expert_load: min, max,
+   * imbalance for each layer; valid until the next step). */
+  double aux_loss, z_loss;
+  int64_t dropped_tokens;
+  int n_expert_layers;
+  const float *expert_load;
 } wf_train_step_info;
 
 typedef struct wf_train_hooks {

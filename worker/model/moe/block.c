@@ -276,15 +276,21 @@ static wf_status embed_forward(wf_model *m, wf__slot *a)
   return wf__embed_forward(m, a, wf__moe_tensor(m, MO_EMB), -1);
 }
 
-/* The chunk's output side band: its input's plus each of its layers' statistics. */
+/* The chunk's output side band: its input's plus each of its layers' statistics, which
+ * also join the model's running sums (wf_model_take_stats). Once per forward, never in a
+ * recompute. */
 static wf_status side_forward(wf_model *m, wf__slot *a)
 {
   const wf_ktable *k = wf_dev_kernels(m->dev); /* fp32: the statistics are not activations */
   float *in = wf__side(m, a->encoded, a->B, a->T);
   float *out = wf__side(m, wf__layer_input(m, a, m->lc), a->B, a->T);
-  for (int j = 0; j < m->lc; j++)
-    k->residual_forward(out, j ? out : in, a->keep + (size_t)j * m->keep_floats, m->keep_floats,
-                        NULL);
+  size_t n = m->keep_floats;
+  for (int j = 0; j < m->lc; j++) {
+    const float *keep = a->keep + (size_t)j * n;
+    float *sum = m->stats + (size_t)(a->chunk * m->lc + j) * n;
+    k->residual_forward(out, j ? out : in, keep, n, NULL);
+    k->residual_forward(sum, sum, keep, n, NULL);
+  }
   return WF_OK;
 }
 

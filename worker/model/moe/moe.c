@@ -21,9 +21,12 @@
 
 #define HF(n)    {{.name = n, .group = -1}}, 1
 #define ROWS1(r) {r}, 1
-#define NORM(n, r, split, partial, hf)                                                             \
+/* A norm's weight: sp, a replicated region's (its gradient a tp-partial sum under sequence
+ * parallelism: each rank saw its rows); partial, one inside the tp region that every tp rank
+ * holds whole but sees a part of (per-head q/k norms: its heads). */
+#define NORM(n, r, split, sp, partial, hf)                                                         \
   {                                                                                                \
-    n, WF_PLACE_LAYER, ROWS1(r), WF_DIM_ONE, split, false, false, false, WF_INIT_ONES, 0, HF(hf),  \
+    n, WF_PLACE_LAYER, ROWS1(r), WF_DIM_ONE, split, false, false, sp, WF_INIT_ONES, 0, HF(hf),     \
         false, partial                                                                             \
   }
 #define MATRIX(n, place, r, c, split, hf)                                                          \
@@ -34,7 +37,7 @@
 #define ATTENTION(pre)                                                                             \
   MATRIX("embed", WF_PLACE_FIRST, WF_DIM_VP, WF_DIM_C, WF_SPLIT_VOCAB,                             \
          "model.embed_tokens.weight"),                                                             \
-      NORM("attn_norm", WF_DIM_C, WF_SPLIT_REPLICATED, false,                                      \
+      NORM("attn_norm", WF_DIM_C, WF_SPLIT_REPLICATED, true, false,                                      \
            "model.layers.%d.input_layernorm.weight"),                                              \
       {"qkvw",                                                                                     \
        WF_PLACE_LAYER,                                                                             \
@@ -55,7 +58,7 @@
        false},                                                                                     \
       MATRIX("ow", WF_PLACE_LAYER, WF_DIM_C, WF_DIM_Q, WF_SPLIT_ROW,                               \
              "model.layers.%d.self_attn.o_proj.weight"),                                           \
-      NORM("mlp_norm", WF_DIM_C, WF_SPLIT_REPLICATED, false,                                       \
+      NORM("mlp_norm", WF_DIM_C, WF_SPLIT_REPLICATED, true, false,                                       \
            "model.layers.%d.post_attention_layernorm.weight"),                                     \
   {                                                                                                \
     "router", WF_PLACE_LAYER, ROWS1(WF_DIM_E), WF_DIM_C, WF_SPLIT_REPLICATED, true, true, false,   \
@@ -91,8 +94,10 @@
  * every tp rank, each rank computing its heads' share of their gradient. */
 static const wf_tensor_desc olmoe_tensors[MO_N] = {
     ATTENTION("model.layers.%d.mlp"),
-    NORM("q_norm", WF_DIM_Q, WF_SPLIT_COLUMN, false, "model.layers.%d.self_attn.q_norm.weight"),
-    NORM("k_norm", WF_DIM_KV, WF_SPLIT_COLUMN, false, "model.layers.%d.self_attn.k_norm.weight"),
+    NORM("q_norm", WF_DIM_Q, WF_SPLIT_COLUMN, false, false,
+         "model.layers.%d.self_attn.q_norm.weight"),
+    NORM("k_norm", WF_DIM_KV, WF_SPLIT_COLUMN, false, false,
+         "model.layers.%d.self_attn.k_norm.weight"),
     TAIL,
     EXPERTS("model.layers.%d.mlp.experts.%d.gate_proj.weight",
             "model.layers.%d.mlp.experts.%d.up_proj.weight",
@@ -101,8 +106,10 @@ static const wf_tensor_desc olmoe_tensors[MO_N] = {
 
 static const wf_tensor_desc qwen3_tensors[MO_N] = {
     ATTENTION("model.layers.%d.mlp"),
-    NORM("q_norm", WF_DIM_HD, WF_SPLIT_REPLICATED, true, "model.layers.%d.self_attn.q_norm.weight"),
-    NORM("k_norm", WF_DIM_HD, WF_SPLIT_REPLICATED, true, "model.layers.%d.self_attn.k_norm.weight"),
+    NORM("q_norm", WF_DIM_HD, WF_SPLIT_REPLICATED, false, true,
+         "model.layers.%d.self_attn.q_norm.weight"),
+    NORM("k_norm", WF_DIM_HD, WF_SPLIT_REPLICATED, false, true,
+         "model.layers.%d.self_attn.k_norm.weight"),
     TAIL,
     EXPERTS("model.layers.%d.mlp.experts.%d.gate_proj.weight",
             "model.layers.%d.mlp.experts.%d.up_proj.weight",
