@@ -713,14 +713,16 @@ wf_status wf_data_open(wf_data **out, const wf_data_opts *o, char *err, size_t e
   return WF_OK;
 }
 
-wf_status wf_data_open_config(wf_data **out, const wf_config *cfg, int vocab, int dp_rank,
-                              int dp_size, char *err, size_t err_len)
+wf_status wf_data_open_config(wf_data **out, const wf_config *cfg, int vocab, int seq_len,
+                              int dp_rank, int dp_size, char *err, size_t err_len)
 {
   int n = cfg->data.n_source, nf = cfg->data.n_field;
   wf_data_opts o = {
       .path = cfg->data.path,
       .vocab = vocab,
-      .seq_len = cfg->train.seq_len > 0 ? cfg->train.seq_len : cfg->model.seq_len,
+      .seq_len = seq_len > 0                ? seq_len
+                 : cfg->train.seq_len > 0 ? cfg->train.seq_len
+                                          : cfg->model.seq_len,
       .batch_size = cfg->train.batch_size,
       .seed = cfg->train.seed,
       .val_fraction = n > 0 ? 0 : cfg->data.val_fraction,

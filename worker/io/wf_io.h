@@ -81,10 +81,11 @@ typedef struct wf_data_opts {
 /* Open a source. On error writes what was wrong, naming the file and what was expected,
  * into err and returns WF_EFORMAT (malformed file), WF_EIO (cannot open) or WF_ECONFIG. */
 wf_status wf_data_open(wf_data **out, const wf_data_opts *o, char *err, size_t err_len);
-/* The same with options from a validated config and the model's vocabulary; streams
- * are read for dp rank dp_rank of dp_size. */
-wf_status wf_data_open_config(wf_data **out, const wf_config *cfg, int vocab, int dp_rank,
-                              int dp_size, char *err, size_t err_len);
+/* The same with options from a validated config and the model's vocabulary, sequences of
+ * seq_len tokens (0: the config's train.seq_len); streams are read for dp rank dp_rank of
+ * dp_size. */
+wf_status wf_data_open_config(wf_data **out, const wf_config *cfg, int vocab, int seq_len,
+                              int dp_rank, int dp_size, char *err, size_t err_len);
 /* What can be checked before a job starts, cheaply and the same on every rank, so it is
  * reported once like a config error: data.path and data.val_path exist, are regular
  * files (a FIFO, device or directory is refused before any open that could block), a

@@ -252,7 +252,7 @@ typedef struct wf_hf_key {
   wf_hf_field field;
 } wf_hf_key;
 
-#define WF_MAX_HF_KEYS 16
+#define WF_MAX_HF_KEYS 18
 
 /* ---- the family table -------------------------------------------------------------- */
 

@@ -330,8 +330,9 @@ static wf_status setup_data(wf__trainer *tr)
   int bad = -1;
   /* Every rank opens (and checks) its source at once; a bad file fails alike on all of
    * them, so only the lowest failing rank says why: one line per job. */
-  wf_status mine =
-      wf_data_open_config(&tr->data, tr->cfg, tr->dims.V, tr->dp_rank, tr->D, err, sizeof err);
+  /* the trainer's sequence length: model.init's context may have shortened a derived one */
+  wf_status mine = wf_data_open_config(&tr->data, tr->cfg, tr->dims.V, tr->T, tr->dp_rank,
+                                       tr->D, err, sizeof err);
   st = wf_comm_agree(tr->world, mine, &bad);
   if (mine != WF_OK && bad == wf__comm_rank(tr->world))
     WF_ERROR("%s", err);

@@ -319,12 +319,15 @@ const wf_family wf__family_qwen3_moe = {
     .layer_flops = layer_flops,
     .step_flops = step_flops,
     .costs = costs,
+    /* intermediate_size is the width of dense MLP layers, which an all-sparse model has
+     * none of: read first, so moe_intermediate_size (the experts') wins, and written as it */
     .hf_keys = {COMMON_KEYS,
+                {"intermediate_size", WF_HF_F},
                 {"moe_intermediate_size", WF_HF_F},
                 {"num_experts", WF_HF_E},
                 {"norm_topk_prob", WF_HF_NORM_TOPK},
                 {"head_dim", WF_HF_HD}},
-    .n_hf_keys = 16,
+    .n_hf_keys = 17,
     .hf_skip = {"rotary_emb.inv_freq"},
     .hf_head = "lm_head.weight",
     .hf_config = "{\"hidden_act\": \"silu\", \"attention_bias\": false, "
