@@ -115,7 +115,7 @@ static wf_status make_config(const bench_env *e, wf_config *cfg, const char *con
 
 static wf_status split_axes(const bench_env *e, const wf_config *cfg, wf_comm *axis[WF_NUM_AXES])
 {
-  wf_mesh mesh = {cfg->mesh.dp, cfg->mesh.tp, cfg->mesh.pp, cfg->mesh.cp};
+  wf_mesh mesh = {cfg->mesh.dp, cfg->mesh.tp, cfg->mesh.pp, cfg->mesh.cp, cfg->mesh.ep};
   for (int a = 0; a < WF_NUM_AXES; a++) {
     int color = wf_mesh_group_color(&mesh, (wf_axis)a, e->rank);
     wf_status st = wf_comm_split(e->world, color, e->rank, wf_axis_name((wf_axis)a), &axis[a]);

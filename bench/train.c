@@ -118,7 +118,8 @@ static wf_status rank_create(rank *r, const shape *s)
   wf_grads_opts go = {.model = r->m};
   if (st == WF_OK)
     st = wf_grads_create(&r->g, &go);
-  wf_optim_opts oo = {&r->cfg, r->m, 0, r->m ? wf_model_local_params(r->m) : 0, 1, NULL};
+  wf_optim_opts oo = {
+      .cfg = &r->cfg, .model = r->m, .hi = r->m ? wf_model_local_params(r->m) : 0, .dp_size = 1};
   if (st == WF_OK)
     st = wf_optim_create(&r->o, &oo);
   return st;

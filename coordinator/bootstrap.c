@@ -162,7 +162,8 @@ wf_status wf_job_bootstrap(wf_job **out, const wf_job_opts *o)
   WF_CHECK_ALLOC(job);
   WF_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &job->rank));
   WF_CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &job->world));
-  job->mesh = (wf_mesh){o->cfg->mesh.dp, o->cfg->mesh.tp, o->cfg->mesh.pp, o->cfg->mesh.cp};
+  job->mesh = (wf_mesh){o->cfg->mesh.dp, o->cfg->mesh.tp, o->cfg->mesh.pp, o->cfg->mesh.cp,
+                        o->cfg->mesh.ep};
   WF_CHECK(wf_mesh_size(&job->mesh) == job->world, WF_ECONFIG,
            "mesh %dx%dx%dx%d (dp x tp x pp x cp) does not cover %d ranks", job->mesh.dp,
            job->mesh.tp, job->mesh.pp, job->mesh.cp, job->world);
@@ -215,21 +216,43 @@ static void group_str(const wf_mesh *m, wf_axis axis, int rank, char *out, size_
 }
 
 /* The context-parallel columns (cp > 1 only: a mesh without cp prints as it always did). */
-static void print_header(const wf_job *job, FILE *out, bool cp)
+/* The optional columns after the emb group (the cp group, the ep and edp groups), each
+ * padded to the width of the one before it, and the line's end. */
+static void print_extra(FILE *out, const char *emb, const char *cp, const char *ep,
+                        const char *edp)
+{
+  const char *col[] = {emb, cp, ep, edp};
+  int last = 0;
+  for (int i = 1; i < 4; i++)
+    if (col[i])
+      last = i;
+  for (int i = 1, prev = 0; i <= last; i++) {
+    if (!col[i])
+      continue;
+    fprintf(out, "%*s %s", (int)(11 - strlen(col[prev])), "", col[i]);
+    prev = i;
+  }
+  fputc('\n', out);
+}
+
+static void print_header(const wf_job *job, FILE *out, bool cp, bool ep)
 {
   const wf_mesh *m = &job->mesh;
   if (cp)
     fprintf(out,
             "weft job %s: %d ranks, mesh dp=%d x cp=%d x tp=%d x pp=%d (rank = tp + %d*(cp + "
-            "%d*(dp + %d*pp)))\n",
+            "%d*(dp + %d*pp)))",
             job->id, job->world, m->dp, m->cp, m->tp, m->pp, m->tp, m->cp, m->dp);
   else
-    fprintf(out,
-            "weft job %s: %d ranks, mesh dp=%d x tp=%d x pp=%d (rank = tp + %d*(dp + %d*pp))\n",
+    fprintf(out, "weft job %s: %d ranks, mesh dp=%d x tp=%d x pp=%d (rank = tp + %d*(dp + %d*pp))",
             job->id, job->world, m->dp, m->tp, m->pp, m->tp, m->dp);
-  fprintf(out, "%4s  %-16s %8s %5s  %-10s %-18s %3s  %-10s %-11s %-11s %-11s %s%s\n", "rank",
-          "host", "pid", "local", "device", "binding", "thr", cp ? "(pp,dp,cp,tp)" : "(pp,dp,tp)",
-          "tp group", "dp group", "pp group", "emb group", cp ? "   cp group" : "");
+  if (ep)
+    fprintf(out, ", ep=%d inside dp", m->ep);
+  fprintf(out, "\n%4s  %-16s %8s %5s  %-10s %-18s %3s  %-10s %-11s %-11s %-11s %s", "rank", "host",
+          "pid", "local", "device", "binding", "thr", cp ? "(pp,dp,cp,tp)" : "(pp,dp,tp)",
+          "tp group", "dp group", "pp group", "emb group");
+  print_extra(out, "emb group", cp ? "cp group" : NULL, ep ? "ep group" : NULL,
+              ep ? "edp group" : NULL);
 }
 
 void wf_job_print_table(const wf_job *job, FILE *out)
@@ -237,8 +260,8 @@ void wf_job_print_table(const wf_job *job, FILE *out)
   if (!job->facts)
     return;
   const wf_mesh *m = &job->mesh;
-  bool cp = m->cp > 1;
-  print_header(job, out, cp);
+  bool cp = m->cp > 1, ep = m->ep > 1;
+  print_header(job, out, cp, ep);
   for (int r = 0; r < job->world; r++) {
     const wf_rank_facts *f = &job->facts[r];
     char coords[32], g[WF_NUM_AXES][64];
@@ -249,10 +272,10 @@ void wf_job_print_table(const wf_job *job, FILE *out)
       snprintf(coords, sizeof coords, "(%d,%d,%d)", f->coords.pp, f->coords.dp, f->coords.tp);
     for (int a = 0; a < WF_NUM_AXES; a++)
       group_str(m, (wf_axis)a, r, g[a], sizeof g[a]);
-    fprintf(out,
-            "%4d  %-16.16s %8d %2d/%-2d  %-10.10s %-18.18s %3d  %-10s %-11s %-11s %-11s %s%s%s\n",
-            r, f->host, f->pid, f->local_rank, f->local_size, f->device, f->binding, f->threads,
-            coords, g[WF_AXIS_TP], g[WF_AXIS_DP], g[WF_AXIS_PP], g[WF_AXIS_EMB], cp ? " " : "",
-            cp ? g[WF_AXIS_CP] : "");
+    fprintf(out, "%4d  %-16.16s %8d %2d/%-2d  %-10.10s %-18.18s %3d  %-10s %-11s %-11s %-11s %s", r,
+            f->host, f->pid, f->local_rank, f->local_size, f->device, f->binding, f->threads,
+            coords, g[WF_AXIS_TP], g[WF_AXIS_DP], g[WF_AXIS_PP], g[WF_AXIS_EMB]);
+    print_extra(out, g[WF_AXIS_EMB], cp ? g[WF_AXIS_CP] : NULL, ep ? g[WF_AXIS_EP] : NULL,
+                ep ? g[WF_AXIS_EDP] : NULL);
   }
 }

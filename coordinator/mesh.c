@@ -2,9 +2,11 @@
  * mesh.c - coordinates and groups of the dp x cp x tp x pp mesh (pure arithmetic).
  *
  * rank = tp + TP * (cp + CP * (dp + DP * pp)). Group members are listed in the order of
- * the varying coordinates (for dp x cp: cp fastest), which is also their rank order
- * inside the group's communicator (wf_job_bootstrap splits with key = world rank).
- * A mesh's cp of 0 reads as 1, so meshes built without the axis keep their meaning.
+ * the varying coordinates (for dp x cp and edp: cp fastest), which is also their rank
+ * order inside the group's communicator (wf_job_bootstrap splits with key = world rank).
+ * A mesh's cp of 0 reads as 1, so meshes built without the axis keep their meaning. The
+ * expert groups subdivide dp: ep group g holds dp ranks [g ep, (g + 1) ep) of one cp
+ * rank, edp group e the dp ranks with dp % ep == e of every cp rank.
  */
 #include "wf_coordinator.h"
 
@@ -30,7 +32,7 @@ int wf_mesh_rank(const wf_mesh *m, wf_coords c)
 
 const char *wf_axis_name(wf_axis a)
 {
-  static const char *names[] = {"tp", "dp", "pp", "emb", "cp", "dpcp"};
+  static const char *names[] = {"tp", "dp", "pp", "emb", "cp", "dpcp", "ep", "edp"};
   return a < WF_NUM_AXES ? names[a] : "?";
 }
 
@@ -45,6 +47,24 @@ static int emb_group(const wf_mesh *m, wf_coords c, int *members, int max)
   c.pp = m->pp - 1;
   if (m->pp > 1 && n < max)
     members[n++] = wf_mesh_rank(m, c);
+  return n;
+}
+
+static int ep_of(const wf_mesh *m) { return m->ep > 1 ? m->ep : 1; }
+
+/* The ranks of c's ep group (same dp / ep and cp) or edp group (same dp % ep, any cp). */
+static int expert_group(const wf_mesh *m, wf_axis axis, wf_coords c, int *members, int max)
+{
+  int ep = ep_of(m), n = 0, base = c.dp / ep * ep;
+  if (ep == 1)
+    return 0;
+  if (axis == WF_AXIS_EP)
+    for (c.dp = base; c.dp < base + ep && n < max; c.dp++)
+      members[n++] = wf_mesh_rank(m, c);
+  else
+    for (c.dp = c.dp % ep; c.dp < m->dp; c.dp += ep)
+      for (c.cp = 0; c.cp < cp_of(m) && n < max; c.cp++)
+        members[n++] = wf_mesh_rank(m, c);
   return n;
 }
 
@@ -75,6 +95,8 @@ int wf_mesh_group(const wf_mesh *m, wf_axis axis, int rank, int *members, int ma
         members[n++] = wf_mesh_rank(m, c);
     break;
   case WF_AXIS_EMB: return emb_group(m, c, members, max);
+  case WF_AXIS_EP:
+  case WF_AXIS_EDP: return expert_group(m, axis, c, members, max);
   default: return 0;
   }
   return n;

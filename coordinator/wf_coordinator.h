@@ -12,8 +12,12 @@
  * cp, tp) that holds the tied embedding, and dp x cp (same pp, tp), over which dense
  * gradients are reduced and ZeRO shards (every cp rank of a dp replica holds the same
  * parameters and computes gradients of its part of the sequence). With cp 1 the dp x
- * cp group is the dp group. The mesh math is pure; wf_job_bootstrap() builds MPI communicators
- * for each group and gathers every rank's facts on rank 0.
+ * cp group is the dp group. Expert parallelism is carved from dp (Megatron-Core's): the
+ * ep group is ep consecutive dp ranks (same pp, cp, tp), which shard the experts; the
+ * expert-data-parallel group (edp: the dp ranks with the same dp % ep, every cp rank,
+ * same pp, tp) holds the same experts and reduces their gradients. Both are absent (no
+ * group) with ep = 1. The mesh math is pure; wf_job_bootstrap() builds MPI
+ * communicators for each group and gathers every rank's facts on rank 0.
  */
 #ifndef WF_COORDINATOR_H
 #define WF_COORDINATOR_H
@@ -33,6 +37,7 @@
 typedef struct wf_mesh {
   int dp, tp, pp;
   int cp; /* 0 reads as 1: meshes written before context parallelism */
+  int ep; /* expert parallelism inside dp; 0 or 1 = none */
 } wf_mesh;
 
 typedef struct wf_coords {
@@ -46,6 +51,8 @@ typedef enum wf_axis {
   WF_AXIS_EMB,
   WF_AXIS_CP,
   WF_AXIS_DPCP,
+  WF_AXIS_EP,  /* ep consecutive dp ranks: the experts' shards */
+  WF_AXIS_EDP, /* the dp ranks holding the same experts */
   WF_NUM_AXES
 } wf_axis;
 
@@ -54,7 +61,8 @@ wf_coords wf_mesh_coords(const wf_mesh *m, int rank);
 int wf_mesh_rank(const wf_mesh *m, wf_coords c);
 const char *wf_axis_name(wf_axis a);
 /* Members (world ranks, in group-rank order) of `rank`'s group along `axis`.
- * Returns the count; 0 for the embedding group of a middle pipeline stage. */
+ * Returns the count; 0 for the embedding group of a middle pipeline stage and for the
+ * expert groups without expert parallelism. */
 int wf_mesh_group(const wf_mesh *m, wf_axis axis, int rank, int *members, int max);
 /* A colour identifying `rank`'s group along `axis` (equal colours = same group);
  * -1 when the rank is in no group of that axis. */

@@ -229,6 +229,15 @@ static wf_status rule_ep(vctx *v)
     return fail(v, "mesh.ep=%d with mesh.fsdp=%d: expert parallelism beside HSDP's replicas is "
                    "not supported; remove mesh.fsdp or set mesh.ep=1",
                 ep, c->mesh.fsdp);
+  if (c->train.checkpoint_dir[0] || c->train.resume[0])
+    return fail(v, "mesh.ep=%d with train.checkpoint_dir or train.resume: checkpoints of an "
+                   "expert-parallel mesh are not supported yet (each ep rank holds other experts); "
+                   "train with mesh.ep=1 to checkpoint, or keep the weights with --save",
+                ep);
+  if (c->precision == WF_PREC_FP16)
+    return fail(v, "mesh.ep=%d with precision=fp16: fp16 loss scaling is not supported under "
+                   "expert parallelism; use precision=bf16 or no",
+                ep);
   return WF_OK;
 }
 

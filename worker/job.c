@@ -301,6 +301,8 @@ static wf_train_hooks mesh_hooks(const wf__cmd_ctx *c)
   return (wf_train_hooks){.dp = wf_job_comm(job, WF_AXIS_DP),
                           .cp = cp ? wf_job_comm(job, WF_AXIS_CP) : NULL,
                           .dpcp = cp ? wf_job_comm(job, WF_AXIS_DPCP) : NULL,
+                          .ep = wf_job_comm(job, WF_AXIS_EP),
+                          .edp = wf_job_comm(job, WF_AXIS_EDP),
                           .world = wf_job_world_comm(job),
                           .tp = tp ? wf_job_comm(job, WF_AXIS_TP) : NULL,
                           .pp = pp ? wf_job_comm(job, WF_AXIS_PP) : NULL,

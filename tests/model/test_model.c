@@ -383,7 +383,7 @@ static void train_run(float *losses, int steps)
   wf_optim *o;
   assert_int_equal(wf_model_create(&m, &d, B, T), WF_OK);
   assert_int_equal(wf_model_init(m, 42), WF_OK);
-  wf_optim_opts oo = {&cfg, m, 0, wf_model_local_params(m), 1, NULL};
+  wf_optim_opts oo = {.cfg = &cfg, .model = m, .hi = wf_model_local_params(m), .dp_size = 1};
   assert_int_equal(wf_optim_create(&o, &oo), WF_OK);
   for (int s = 0; s < steps; s++) {
     wf_optim_step_info oi;

@@ -3,6 +3,8 @@
  * trip, tp varies fastest, each axis's groups partition the world, every rank is
  * in exactly one group per axis, the embedding group pairs the first and last
  * pipeline stage, and the dp x cp group holds the dp and cp groups' ranks together.
+ * The expert groups: ep groups of ep consecutive dp ranks and edp groups of the dp ranks
+ * ep apart (over every cp rank) partition the dp x cp groups, each pair meeting in one rank.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -37,7 +39,7 @@ static void same_but(wf_axis a, wf_coords c, wf_coords d)
 
 static void check_shape(int dp, int tp, int pp, int cp)
 {
-  wf_mesh m = {dp, tp, pp, cp};
+  wf_mesh m = {dp, tp, pp, cp, 1};
   int n = wf_mesh_size(&m), members[4096];
   for (int r = 0; r < n; r++) {
     wf_coords c = wf_mesh_coords(&m, r);
@@ -129,7 +131,7 @@ static void test_cp_layout(void **state)
 static void test_2x2x2_layout(void **state)
 {
   /* The default demo mesh: rank 5 = tp 1 + 2*(dp 0 + 2*pp 1). */
-  wf_mesh m = {2, 2, 2, 1};
+  wf_mesh m = {2, 2, 2, 1, 1};
   wf_coords c = wf_mesh_coords(&m, 5);
   assert_int_equal(c.pp, 1);
   assert_int_equal(c.dp, 0);
@@ -149,10 +151,49 @@ static void test_2x2x2_layout(void **state)
   assert_int_equal(g[1], 5);
 }
 
+/* dp 4 x tp 2 x pp 2 with ep 2: rank 11 = tp 1 + 2 (dp 1 + 4 pp 1) is ep rank 1 of dp ranks
+ * {0, 1} and edp rank 0 of dp ranks {1, 3}; with cp 2 the edp group takes both cp ranks of
+ * those dp ranks. Every dp x cp group splits into ep groups and edp groups that meet in
+ * exactly one rank, and ep = 1 has neither. */
+static void test_expert_groups(void **state)
+{
+  (void)state;
+  wf_mesh m = {.dp = 4, .tp = 2, .pp = 2, .cp = 1, .ep = 2}, none = {4, 2, 2, 1, 1};
+  int g[16], h[16], d[16];
+  assert_int_equal(wf_mesh_group(&m, WF_AXIS_EP, 11, g, 8), 2);
+  assert_true(g[0] == 9 && g[1] == 11);
+  assert_int_equal(wf_mesh_group(&m, WF_AXIS_EDP, 11, g, 8), 2);
+  assert_true(g[0] == 11 && g[1] == 15);
+  assert_int_equal(wf_mesh_group(&none, WF_AXIS_EP, 11, g, 8), 0);
+  assert_int_equal(wf_mesh_group_color(&none, WF_AXIS_EDP, 11), -1);
+  m.cp = 2; /* rank 11 = tp 1 + 2 (cp 1 + 2 (dp 2 + 4 pp 0)): dp 2 and 3 of cp 1; edp dp 0, 2 */
+  assert_int_equal(wf_mesh_group(&m, WF_AXIS_EP, 11, g, 8), 2);
+  assert_true(g[0] == 11 && g[1] == 15);
+  assert_int_equal(wf_mesh_group(&m, WF_AXIS_EDP, 11, g, 8), 4);
+  assert_true(g[0] == 1 && g[1] == 3 && g[2] == 9 && g[3] == 11);
+  for (m.cp = 1; m.cp <= 2; m.cp++)
+    for (int r = 0; r < wf_mesh_size(&m); r++) {
+      int ne = wf_mesh_group(&m, WF_AXIS_EP, r, g, 16), nd = wf_mesh_group(&m, WF_AXIS_EDP, r, h, 16);
+      int np = wf_mesh_group(&m, WF_AXIS_DPCP, r, d, 16), meet = 0;
+      assert_true(ne == 2 && nd == 2 * m.cp && np == 4 * m.cp);
+      for (int i = 0; i < ne; i++)
+        for (int j = 0; j < nd; j++)
+          meet += g[i] == h[j];
+      assert_int_equal(meet, 1); /* they meet in r alone */
+      for (int i = 0; i < nd; i++) { /* both inside r's dp x cp group */
+        bool in_e = i >= ne, in_d = false;
+        for (int k = 0; k < np; k++)
+          in_e |= i < ne && d[k] == g[i], in_d |= d[k] == h[i];
+        assert_true(in_e && in_d);
+      }
+    }
+}
+
 int main(void)
 {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_many_shapes),
                                      cmocka_unit_test(test_2x2x2_layout),
-                                     cmocka_unit_test(test_cp_layout)};
+                                     cmocka_unit_test(test_cp_layout),
+                                     cmocka_unit_test(test_expert_groups)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -117,10 +117,17 @@ wf_status wf_ckpt_collect_model(const wf_ckpt_target *t, float **full)
     x = NULL;
   else if (x)
     wf__optim_range(t, &mine.lo, &mine.hi);
-  else if (wf__rank_of(t->dp_comm) == 0)
+  else if (wf__rank_of(t->edp_comm ? t->edp_comm : t->dp_comm) == 0) /* each ep rank's experts */
     x = wf_model_params(t->model), mine.hi = wf_model_local_params(t->model);
+  if (x && t->expert_shard.params) /* every ep rank's dense shard is its own: counted */
+    mine.geo.ep_rank = 0;
   full_sink s = {d, *full};
   st = wf__stream_pieces(w, 0, &mine, wf_model_dev(t->model), x, to_full, &s);
+  if (st == WF_OK && t->expert_shard.params) { /* ZeRO-3 under ep: the experts' shards */
+    wf__piece ex = {.geo = *wf_model_get_shard(t->model), .lo = t->expert_shard.lo,
+                    .hi = t->expert_shard.hi};
+    st = wf__stream_pieces(w, 0, &ex, wf_model_dev(t->model), t->expert_shard.params, to_full, &s);
+  }
 fail:
   if (st != WF_OK) {
     free(*full);

@@ -58,6 +58,11 @@
 #include "wf_runtime.h"
 
 struct wf_data; /* wf_io.h */
+/* Elements [lo, hi) of a rank's flat parameter vector held apart at params (a ZeRO-3 shard). */
+typedef struct wf_ckpt_part {
+  float *params;
+  size_t lo, hi;
+} wf_ckpt_part;
 
 /* What a checkpoint saves and restores on this rank (everything borrowed). */
 typedef struct wf_ckpt_target {
@@ -68,7 +73,12 @@ typedef struct wf_ckpt_target {
   float *param_shard;    /* ZeRO-3: the parameters of the optimizer's range (the model has no
                           * flat vector then); a resume writes them there alone. NULL = the
                           * model's flat parameters */
+  wf_ckpt_part expert_shard; /* ZeRO-3 under expert parallelism: the experts' shard (over
+                              * their edp group) beside param_shard (the dense tensors' over
+                              * dp); params NULL otherwise */
   wf_comm *dp_comm;      /* this rank's dp group (HSDP: its fsdp group); NULL = one rank alone */
+  wf_comm *edp_comm;     /* expert parallelism: the dp ranks holding this rank's experts (its
+                          * rank 0 writes them, as dp rank 0 does without); NULL = none */
   int replica, replicas; /* HSDP: this rank's fsdp group and how many (0, 1 without HSDP; 0
                           * reads as 1): replica 0 writes, every replica reads */
   wf_comm *world;        /* every rank of the job; NULL = dp_comm */

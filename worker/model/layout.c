@@ -267,6 +267,13 @@ size_t wf_model_local_numel(const wf_model *m, int t)
 
 bool wf_model_counted(const wf_model *m, int t) { return shard_counted(&m->desc.t[t], &m->s); }
 
+bool wf_model_counted_any_ep(const wf_model *m, int t)
+{
+  wf_model_shard s = m->s;
+  s.ep_rank = 0; /* a dense tensor counts as on ep rank 0 */
+  return shard_counted(&m->desc.t[t], &s);
+}
+
 bool wf_model_tp_partial(const wf_model *m, int t)
 {
   return tp_partial(&m->desc.t[t], &m->s, m->sequence);

@@ -74,6 +74,7 @@ static wf__geo geometry(const wf_model_opts *o, const wf_ktable *k)
                    .C = (size_t)d.C,
                    .tp = tp,
                    .cp = o->shard.cp > 1 ? (size_t)o->shard.cp : 1,
+                   .ep = (size_t)(o->shard.ep > 1 ? o->shard.ep : 1),
                    .Vl = (size_t)(d.Vp / o->shard.tp),
                    .NHl = d.NH / o->shard.tp,
                    .KVl = d.KV / o->shard.tp,
@@ -258,6 +259,9 @@ static wf_status check_opts(const wf_model_opts *o)
   WF_CHECK(o->shard.tp == 1 || (o->tp.ops && o->tp.ops->version == WF_TP_OPS_VERSION), WF_EINVAL,
            "tp %d needs tensor parallelism's region operators (version %d)", o->shard.tp,
            WF_TP_OPS_VERSION);
+  WF_CHECK(o->shard.ep <= 1 || (o->ep.ops && o->ep.ops->version == WF_EP_OPS_VERSION), WF_EINVAL,
+           "ep %d needs expert parallelism's exchange (version %d)", o->shard.ep,
+           WF_EP_OPS_VERSION);
   WF_CHECK(!o->shard.sequence || ((size_t)o->B * o->T) % (size_t)o->shard.tp == 0, WF_EINVAL,
            "sequence parallelism needs B*T = %d x %d tokens divisible by tp %d", o->B, o->T,
            o->shard.tp);
@@ -289,6 +293,7 @@ static void set_geometry(wf_model *m, const wf_model_opts *o)
   m->k = format_kernels(wf_dev_kernels(m->dev), o->precision);
   m->tp = o->shard.tp > 1 ? o->tp : (wf_tp_regions){NULL, NULL};
   m->cp = o->shard.cp > 1 ? o->cp : (wf_cp_regions){NULL, NULL};
+  m->ep = o->shard.ep > 1 ? o->ep : (wf_ep_regions){NULL, NULL};
   m->sequence = o->shard.sequence && o->shard.tp > 1;
   m->nchunk = o->shard.chunks > 1 ? o->shard.chunks : 1;
   m->lc = o->shard.l1 - o->shard.l0;

@@ -69,6 +69,7 @@ typedef struct wf__geo {
   wf_model_dims d;
   size_t B, T, N, R, C, tp, Vl;
   size_t cp; /* context-parallel ranks (1: none); T is this rank's rows per sequence */
+  size_t ep; /* expert-parallel ranks (1: none) */
   int NHl, KVl;
   int fmt;
   const wf_ktable *k;
@@ -179,6 +180,7 @@ struct wf_model {
   const wf_ktable *k; /* the device's kernels for the model's storage format */
   wf_tp_regions tp;   /* the region operators (ops NULL: identity) */
   wf_cp_regions cp;   /* context parallelism's attention (ops NULL: the device's kernels) */
+  wf_ep_regions ep;   /* the experts' exchange (ops NULL: every expert local) */
   bool sequence;      /* sequence parallelism is on (tp > 1) */
   int nl;             /* layers on this rank: v chunks of lc layers */
   int nchunk, lc;

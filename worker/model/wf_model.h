@@ -481,6 +481,32 @@ typedef struct wf_cp_regions {
  * cp ranks (rank r): rows [0, T/2) are chunk r, rows [T/2, T) chunk 2cp-1-r; cp <= 1 is
  * the identity. */
 int wf_cp_position(int cp, int rank, int T, int t);
+/* ---- expert parallelism's exchange ---------------------------------------------------
+ * Under expert parallelism (wf_model_shard.ep > 1) each of the ep group's ranks holds
+ * E / ep experts, and tokens reach them and come back by all-to-all inside the group:
+ * rows of activations (a micro-batch's expert inputs, going; their outputs, coming back;
+ * the reverse in backward) and the counts that size them. As with tensor parallelism the
+ * model never communicates: worker/parallel provides these (wf_ep_regions, over the ep
+ * group) and the model calls them where its experts' forward and backward cross ranks.
+ * Every rank takes part in every exchange, whatever it sends or receives (an expert with
+ * no tokens included). */
+#define WF_EP_OPS_VERSION 1
+typedef struct wf_ep_ops {
+  int version; /* WF_EP_OPS_VERSION */
+  /* n ints to each ep rank: send (ep * n) block p to rank p, recv (ep * n) block p from
+   * rank p (host memory) */
+  wf_status (*counts)(void *ctx, const int *send, int *recv, size_t n);
+  /* rows of `width` elements of format fmt (a wf_precision: WF_PREC_NO is fp32; device
+   * memory): send_rows[p] consecutive rows from send to rank p, in rank order; recv_rows[p]
+   * rows from rank p into recv the same way (ep entries each) */
+  wf_status (*rows)(void *ctx, const void *send, const size_t *send_rows, void *recv,
+                    const size_t *recv_rows, size_t width, int fmt);
+} wf_ep_ops;
+
+typedef struct wf_ep_regions {
+  const wf_ep_ops *ops; /* NULL: ep = 1, every expert local */
+  void *ctx;
+} wf_ep_regions;
 
 /* ---- the model object ---------------------------------------------------------------- */
 
@@ -492,6 +518,7 @@ typedef struct wf_model_opts {
   struct wf_dev *dev;     /* where the model lives and computes (borrowed); NULL = the CPU */
   wf_tp_regions tp;       /* the region operators when shard.tp > 1 (borrowed) */
   wf_cp_regions cp;       /* context parallelism's attention when shard.cp > 1 (borrowed) */
+  wf_ep_regions ep;       /* the experts' exchange when shard.ep > 1 (borrowed) */
   int B, T;               /* largest micro-batch (T: this rank's rows per sequence, the
                            * sequence's T / cp under context parallelism) */
   int slots;              /* micro-batches whose activations live at once (>= 1) */
@@ -555,6 +582,9 @@ size_t wf_model_local_layer_numel(const wf_model *m, int t);
  * and whether t's gradient is a partial sum over the tp group (wf_model_shard_counted,
  * wf_model_shard_tp_partial of its dims and shard). */
 bool wf_model_counted(const wf_model *m, int t);
+/* The same as if this rank were ep rank 0: a sharded vector's (ZeRO's) dense elements
+ * count on every ep rank, each holding its own shard of them. */
+bool wf_model_counted_any_ep(const wf_model *m, int t);
 bool wf_model_tp_partial(const wf_model *m, int t);
 /* The parameters and the gradients: one allocation each, in device memory. Host code
  * reads or writes them through wf_dev_map (or the full-model exchange below). */

@@ -40,6 +40,13 @@ wf_status wf_optim_create(wf_optim **out, const wf_optim_opts *oo)
                                             : cfg->optim.loss_scale_init;
   WF_TRY(wf_dev_alloc_floats(o->dev, &o->m, o->hi - o->lo));
   WF_TRY(wf_dev_alloc_floats(o->dev, &o->v, o->hi - o->lo));
+  o->lo2 = oo->lo2, o->hi2 = oo->hi2, o->plo2 = oo->params2, o->grads2 = oo->grads2;
+  WF_CHECK(o->lo2 <= o->hi2 && o->hi2 <= wf_model_local_params(oo->model) &&
+               (o->hi2 == o->lo2 || (o->grads2 && !o->low)),
+           WF_EINVAL, "optimizer's second range [%zu, %zu) outside the %zu parameters", o->lo2,
+           o->hi2, wf_model_local_params(oo->model));
+  WF_TRY(wf_dev_alloc_floats(o->dev, &o->m2, o->hi2 - o->lo2));
+  WF_TRY(wf_dev_alloc_floats(o->dev, &o->v2, o->hi2 - o->lo2));
   *out = o;
   return WF_OK;
 fail:
@@ -53,6 +60,8 @@ void wf_optim_destroy(wf_optim *o)
     return;
   wf_dev_free(o->dev, o->m);
   wf_dev_free(o->dev, o->v);
+  wf_dev_free(o->dev, o->m2);
+  wf_dev_free(o->dev, o->v2);
   free(o);
 }
 
@@ -64,12 +73,23 @@ void wf_optim_state(wf_optim *o, size_t *lo, size_t *hi, float **m, float **v)
 wf_optim_scaler *wf_optim_get_scaler(wf_optim *o) { return &o->ls; }
 size_t wf_optim_mem_plan(size_t lo, size_t hi) { return 2 * (hi - lo) * sizeof(float); }
 
-size_t wf_optim_bytes(const wf_optim *o) { return wf_optim_mem_plan(o->lo, o->hi); }
+size_t wf_optim_bytes(const wf_optim *o)
+{
+  return wf_optim_mem_plan(o->lo, o->hi) + wf_optim_mem_plan(o->lo2, o->hi2);
+}
 
-/* AdamW at step t over [lo, hi), gradients multiplied by grad_scale first; with the
+/* One range of the state: [lo, hi), its parameters (plo, or the model's), moments and
+ * gradients. */
+typedef struct range {
+  size_t lo, hi;
+  float *plo, *m, *v;
+  const float *grads;
+} range;
+
+/* AdamW at step t over a range, gradients multiplied by grad_scale first; with the
  * model's 16-bit copy (o->low) the same kernel stores the updated parameters into it
  * (the format's table). */
-static wf_status adamw(wf_optim *o, const float *grads, float lr, float grad_scale, int step)
+static void adamw(wf_optim *o, const range *r, float lr, float grad_scale, int step)
 {
   const wf_config *cfg = o->cfg;
   const wf_ktable *k = wf_dev_kernels(o->dev);
@@ -80,17 +100,16 @@ static wf_status adamw(wf_optim *o, const float *grads, float lr, float grad_sca
   const wf_model_desc *desc = wf_model_get_desc(o->model);
   for (int t = 0; t < desc->n; t++) {
     size_t off = wf_model_local_offset(o->model, t);
-    size_t a = WF_MAX(o->lo, off);
-    size_t b = WF_MIN(o->hi, off + wf_model_local_numel(o->model, t));
+    size_t a = WF_MAX(r->lo, off);
+    size_t b = WF_MIN(r->hi, off + wf_model_local_numel(o->model, t));
     if (a >= b)
       continue;
     float wd = desc->t[t].decay ? (float)cfg->optim.weight_decay : 0.0f;
-    float *p = o->plo ? o->plo + (a - o->lo) : wf_model_params(o->model) + a;
+    float *p = r->plo ? r->plo + (a - r->lo) : wf_model_params(o->model) + a;
     void *low = o->low ? (char *)o->low + a * wf_storage_size(kl->format) : NULL;
-    kl->adamw_update_store(p, low, o->m + (a - o->lo), o->v + (a - o->lo), grads + (a - o->lo),
+    kl->adamw_update_store(p, low, r->m + (a - r->lo), r->v + (a - r->lo), r->grads + (a - r->lo),
                            b - a, lr, b1, b2, eps, wd, step, grad_scale, NULL);
   }
-  return wf_dev_check(o->dev);
 }
 
 /* Clip by the global norm (and unscale by 1/S in the same factor), AdamW at step t. */
@@ -102,7 +121,12 @@ static wf_status update(wf_optim *o, int step, float norm, const float *grads, d
     scale = (float)(scale / wf_optim_backward_scale(o));
   int t = step - o->ls.skipped; /* AdamW counts the updates it made */
   wf__optim_good(o);
-  return adamw(o, grads, (float)lr, scale, t);
+  range first = {o->lo, o->hi, o->plo, o->m, o->v, grads};
+  range second = {o->lo2, o->hi2, o->plo2, o->m2, o->v2, o->grads2};
+  adamw(o, &first, (float)lr, scale, t);
+  if (second.hi > second.lo)
+    adamw(o, &second, (float)lr, scale, t);
+  return wf_dev_check(o->dev);
 }
 
 bool wf_optim_writes_low(const wf_optim *o) { return o->low != NULL; }

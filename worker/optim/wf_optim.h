@@ -51,6 +51,12 @@ typedef struct wf_optim_opts {
   int dp_size;          /* D, for fp16's backward scale S / D */
   float *params;        /* ZeRO-3: where parameter lo lives (hi - lo floats, the rank's
                          * shard); NULL = the model's flat vector */
+  /* A second range [lo2, hi2) (empty: none): under ZeRO with expert parallelism the
+   * experts' edp shard beside the dense tensors' dp shard, its gradient at grads2 (its
+   * reduction's shard, fixed for the run) and under ZeRO-3 its parameters at params2 */
+  size_t lo2, hi2;
+  const float *grads2;
+  float *params2;
 } wf_optim_opts;
 
 wf_status wf_optim_create(wf_optim **out, const wf_optim_opts *o);
@@ -78,7 +84,7 @@ typedef struct wf_optim_step_info {
 wf_status wf_optim_step(wf_optim *o, int step, double loss, float norm, const float *grads,
                         wf_optim_step_info *info);
 
-/* The state, for checkpoints: the range, AdamW's m and v (device memory, hi - lo
+/* The state, for checkpoints: the (first) range, AdamW's m and v (device memory, hi - lo
  * floats each), and the loss scaler (its scale is 1 without fp16). */
 void wf_optim_state(wf_optim *o, size_t *lo, size_t *hi, float **m, float **v);
 wf_optim_scaler *wf_optim_get_scaler(wf_optim *o);

@@ -189,7 +189,7 @@ fail:
 void wf__fsdp_start_sharded(wf__zero *z)
 {
   redirect_params(z, &z->late, z->pedge, z->pedge_low);
-  wf_model_set_unit_hook(z->m, wf__zero_unit_hook, z);
+  wf__zero_set_hook(z);
   z->sharded = true;
 }
 

@@ -42,13 +42,16 @@ typedef struct bucket {
   float *stage;
   wf_req *req;
   bool launched;
+  wf_comm *comm; /* the dp group, or for the experts' tensors the edp group */
+  float post;    /* multiplied in after the average: the experts' 1 / ep, else 1 */
 } bucket;
 
 struct wf_grads {
   wf_model *model;
   wf_dev *dev;
   wf_comm *dp, *pp, *emb, *tp;
-  wf_tp *tpr; /* the tp group's operators (the partial sums' all-reduce) */
+  wf_comm *ep, *edp; /* expert parallelism's groups (NULL: none) */
+  wf_tp *tpr;        /* the tp group's operators (the partial sums' all-reduce) */
   int rank, size, zero, n_groups;
   bucket *buckets;
   int n_buckets;
@@ -59,6 +62,8 @@ struct wf_grads {
   bool tied_unsummed;             /* WEFT_TEST_TIED_UNSUMMED: the test hook above */
   size_t n;                       /* parameters */
   wf__zero *z;                    /* ZeRO-1 and 2's sharded reduction (zero.c); NULL without ZeRO */
+  wf__zero *zx;                   /* under expert parallelism the experts' (over edp), z the
+                                   * dense tensors'; NULL otherwise */
   wf_comm *shard_comm, *rep_comm; /* ZeRO's: the dp group, or HSDP's fsdp and replica groups */
   bool own_comms;
   wf_status hook_err; /* the first failure inside the grad hook (ZeRO-2), for finish */
@@ -72,18 +77,30 @@ static wf_status copy(wf_grads *g, float *dst, const float *src, size_t n)
 
 /* ---- buckets ---------------------------------------------------------------------------- */
 
+/* Which tensors a set of buckets reduces: all of them, or with expert parallelism the
+ * dense ones (over dp) and the experts' (over edp) apart. */
+typedef enum which { ALL = 0, DENSE, EXPERTS } which;
+
+static bool in_class(const wf_tensor_desc *t, which w)
+{
+  return w == ALL || (w == EXPERTS) == t->experts;
+}
+
 /* The ranges that become final with readiness group gr: 0 = the last stage's tensors
  * (final norm, an untied head), 1..n = this stage's local layer n-gr, n+1 = the first
- * stage's and the tied embedding (n = layers on this stage). Tensors this stage does
- * not hold are empty ranges. Returns how many were written. A pure function of the
- * shard, so the planner sizes buckets without a model. */
-static int group_ranges(const wf_model_dims *d, const wf_model_shard *s, int gr, range *out)
+ * stage's and the tied embedding (n = layers on this stage), of class w. Tensors this
+ * stage does not hold are empty ranges. Returns how many were written. A pure function of
+ * the shard, so the planner sizes buckets without a model. */
+static int group_ranges(const wf_model_dims *d, const wf_model_shard *s, int gr, which w,
+                        range *out)
 {
   wf_model_desc desc;
   int n = 0, nl = wf_model_shard_layers(s);
   wf_model_describe(d, &desc);
   for (int t = 0; t < desc.n; t++) {
     wf_place p = desc.t[t].place;
+    if (!in_class(&desc.t[t], w))
+      continue;
     bool layer = p == WF_PLACE_LAYER;
     bool in = gr == 0        ? p == WF_PLACE_LAST
               : gr == nl + 1 ? p == WF_PLACE_FIRST || p == WF_PLACE_TIED
@@ -102,13 +119,13 @@ static int group_ranges(const wf_model_dims *d, const wf_model_shard *s, int gr,
  * how many buckets there are. The groups cover the shard once, so the buckets' staging
  * holds its parameters plus one float per bucket. */
 static int bucket_plan(const wf_model_dims *d, const wf_model_shard *s, size_t bucket_bytes,
-                       int *last)
+                       which w, int *last)
 {
   int n_groups = wf_model_shard_layers(s) + 2, nb = 0;
   range r[WF_MAX_TENSORS];
   size_t count = 0;
   for (int gr = 0; gr < n_groups; gr++) {
-    int k = group_ranges(d, s, gr, r);
+    int k = group_ranges(d, s, gr, w, r);
     for (int i = 0; i < k; i++)
       count += r[i].n;
     if (count * sizeof(float) >= bucket_bytes || gr == n_groups - 1) {
@@ -121,28 +138,46 @@ static int bucket_plan(const wf_model_dims *d, const wf_model_shard *s, size_t b
   return nb;
 }
 
-static wf_status plan_buckets(wf_grads *g, size_t bucket_bytes)
+/* The buckets of class w, reduced over comm and multiplied by post, after those planned. */
+static wf_status plan_class(wf_grads *g, size_t bucket_bytes, which w, wf_comm *comm, float post)
 {
   wf_status st = WF_OK;
   const wf_model_dims *d = wf_model_get_dims(g->model);
   const wf_model_shard *s = wf_model_get_shard(g->model);
-  int *last = NULL;
-  g->n_groups = wf_model_shard_layers(s) + 2;
+  int *last = NULL, first = g->n_buckets;
   WF_CHECK_ALLOC(last = calloc((size_t)g->n_groups, sizeof *last));
-  WF_CHECK_ALLOC(g->buckets = calloc((size_t)g->n_groups, sizeof *g->buckets));
-  g->n_buckets = bucket_plan(d, s, bucket_bytes, last);
-  for (int i = 0, gr = 0; i < g->n_buckets; i++) {
+  g->n_buckets += bucket_plan(d, s, bucket_bytes, w, last);
+  for (int i = first, gr = 0; i < g->n_buckets; i++) {
     bucket *b = &g->buckets[i];
     WF_CHECK_ALLOC(b->ranges = calloc((size_t)g->n_groups * WF_MAX_TENSORS, sizeof *b->ranges));
-    for (; gr <= last[i]; gr++)
-      b->n_ranges += group_ranges(d, s, gr, b->ranges + b->n_ranges);
+    for (; gr <= last[i - first]; gr++)
+      b->n_ranges += group_ranges(d, s, gr, w, b->ranges + b->n_ranges);
     for (int r = 0; r < b->n_ranges; r++)
       b->count += b->ranges[r].n;
-    b->last_group = last[i];
+    b->last_group = last[i - first];
+    b->comm = comm, b->post = post;
     WF_TRY(wf_dev_alloc_floats(g->dev, &b->stage, b->count + 1));
   }
 fail:
   free(last);
+  return st;
+}
+
+/* Plain dp's buckets: every tensor's over dp; with expert parallelism the dense tensors'
+ * over dp and the experts' over edp, times 1 / ep: each expert's gradient holds every ep
+ * rank's tokens' share (their dispatch gathered them), so its average over the edp ranks,
+ * divided by ep, is the average over all dp ranks that a dense gradient gets (Megatron-
+ * Core scales its expert gradients by 1 / dp before summing them over edp, likewise). */
+static wf_status plan_buckets(wf_grads *g, size_t bucket_bytes)
+{
+  wf_status st = WF_OK;
+  g->n_groups = wf_model_shard_layers(wf_model_get_shard(g->model)) + 2;
+  WF_CHECK_ALLOC(g->buckets = calloc(2 * (size_t)g->n_groups, sizeof *g->buckets));
+  if (!g->ep)
+    return plan_class(g, bucket_bytes, ALL, g->dp, 1.0f);
+  WF_TRY(plan_class(g, bucket_bytes, DENSE, g->dp, 1.0f));
+  st = plan_class(g, bucket_bytes, EXPERTS, g->edp, 1.0f / (float)wf_comm_size(g->ep));
+fail:
   return st;
 }
 
@@ -156,7 +191,8 @@ static wf_status launch(wf_grads *g, bucket *b)
   }
   b->launched = true;
   g->stats.comm_bytes += (double)b->count * sizeof(float);
-  st = wf_comm_iallreduce(g->dp, b->stage, b->stage, b->count, WF_COMM_F32, WF_COMM_AVG, &b->req);
+  st = wf_comm_iallreduce(b->comm, b->stage, b->stage, b->count, WF_COMM_F32, WF_COMM_AVG,
+                          &b->req);
 fail:
   return st;
 }
@@ -170,6 +206,8 @@ static void on_grads_ready(void *user, int gr)
     return;
   if (g->z) {
     wf_status st = wf__zero_ready(g->z, gr);
+    if (st == WF_OK && g->zx)
+      st = wf__zero_ready(g->zx, gr);
     if (st != WF_OK && g->hook_err == WF_OK)
       g->hook_err = st;
     return;
@@ -198,6 +236,8 @@ static wf_status finish_buckets(wf_grads *g)
   for (int i = 0; i < g->n_buckets; i++) {
     bucket *b = &g->buckets[i];
     WF_TRY(wf_req_wait(&b->req));
+    if (b->post != 1.0f)
+      wf_dev_kernels(g->dev)->scale(b->stage, b->post, b->count, NULL);
     const float *p = b->stage;
     for (int r = 0; r < b->n_ranges; r++) {
       WF_TRY(copy(g, grads + b->ranges[r].off, p, b->ranges[r].n));
@@ -223,9 +263,10 @@ wf_status wf_grads_mem_plan(const wf_model_dims *d, const wf_model_shard *s, wf_
   *out = (wf_grads_mem){.model_params = true, .model_grads = true, .lo = 0, .hi = n};
   if (dp_size >= 1 && zero) { /* zero.c's plan, over the group the shards span */
     int f = shard_group(dp_size, fsdp);
-    WF_TRY(wf__zero_mem_plan(d, s, prec, f, dp_rank % f, zero, bucket_bytes, keep, out));
+    WF_TRY(wf__zero_mem_plan(d, s, prec, f, dp_rank % f, zero, bucket_bytes, keep, WF__Z_ALL,
+                             out));
   } else if (dp_size > 1) { /* one dp rank reduces nothing: no staging (wf_grads_create) */
-    out->n_buckets = bucket_plan(d, s, bucket_bytes, NULL);
+    out->n_buckets = bucket_plan(d, s, bucket_bytes, ALL, NULL);
     out->grad = (n + (size_t)out->n_buckets) * sizeof(float); /* each bucket count + 1 */
   }
 fail:
@@ -284,6 +325,7 @@ wf_status wf_grads_create(wf_grads **out, const wf_grads_opts *o)
   g->model = o->model;
   g->dev = wf_model_dev(o->model);
   g->dp = o->dp, g->pp = o->pp, g->emb = o->emb, g->tp = o->tp, g->tpr = o->tp_regions;
+  g->ep = o->ep && wf_comm_size(o->ep) > 1 ? o->ep : NULL, g->edp = g->ep ? o->edp : NULL;
   g->zero = o->dp ? o->zero : 0;
   g->rank = o->dp ? wf_comm_rank(o->dp) : 0;
   g->size = o->dp ? wf_comm_size(o->dp) : 1;
@@ -293,9 +335,14 @@ wf_status wf_grads_create(wf_grads **out, const wf_grads_opts *o)
   WF_TRY(wf_dev_alloc(g->dev, (void **)&g->acc, 2 * sizeof *g->acc));
   if (g->zero) {
     WF_TRY(split_hsdp(g, o->fsdp));
+    wf__zclass dense = g->ep ? WF__Z_DENSE : WF__Z_ALL;
     WF_TRY(wf__zero_create(&g->z, g->model, g->shard_comm, g->rep_comm, g->zero, o->bucket_bytes,
-                           o->keep_gathered));
-  } else if (g->dp && g->size > 1) /* one dp rank reduces nothing: no staging */
+                           o->keep_gathered, dense, 1.0f, NULL));
+    if (g->ep) /* the experts over edp, times 1 / ep (plan_buckets says why) */
+      WF_TRY(wf__zero_create(&g->zx, g->model, g->edp, NULL, g->zero, o->bucket_bytes,
+                             o->keep_gathered, WF__Z_EXPERTS, 1.0f / (float)wf_comm_size(g->ep),
+                             g->z));
+  } else if (g->dp && (g->size > 1 || g->ep)) /* one dp rank reduces nothing: no staging */
     WF_TRY(plan_buckets(g, o->bucket_bytes));
   g->stats.buckets = g->n_buckets;
   *out = g;
@@ -317,6 +364,7 @@ void wf_grads_destroy(wf_grads *g)
   }
   free(g->buckets);
   wf_dev_free(g->dev, g->acc);
+  wf__zero_destroy(g->zx);
   wf__zero_destroy(g->z);
   if (g->own_comms) {
     if (g->shard_comm != g->dp)
@@ -338,6 +386,8 @@ wf_status wf_grads_zero(wf_grads *g)
   WF_TRY(wf_model_zero_grad(g->model));
   if (g->z) {
     WF_TRY(wf__zero_begin(g->z));
+    if (g->zx)
+      WF_TRY(wf__zero_begin(g->zx));
     g->armed = g->zero >= 2;
     wf_model_set_grad_hook(g->model, g->armed ? on_grads_ready : NULL, g);
   }
@@ -350,6 +400,8 @@ void wf_grads_arm(wf_grads *g)
   g->armed = g->dp && g->size > 1;
   if (g->z)
     wf__zero_arm(g->z);
+  if (g->zx)
+    wf__zero_arm(g->zx);
   wf_model_set_grad_hook(g->model, g->armed ? on_grads_ready : NULL, g);
 }
 
@@ -378,14 +430,18 @@ static wf_status finish_zero(wf_grads *g, bool late)
 {
   double t0 = wf_now();
   wf_status st = g->hook_err;
-  if (st == WF_OK)
-    st = late ? wf__zero_finish(g->z) : wf__zero_launch_layers(g->z);
+  for (wf__zero *z = g->z; st == WF_OK && z; z = z == g->z ? g->zx : NULL)
+    st = late ? wf__zero_finish(z) : wf__zero_launch_layers(z);
   if (late) {
     disarm(g);
-    double wait_ms;
+    double wait_ms, wx = 0, bx = 0;
+    int ex = 0, nx = 0;
     wf__zero_stats(g->z, &wait_ms, &g->stats.comm_bytes, &g->stats.launched_early,
                    &g->stats.buckets);
-    g->stats.exposed_ms = g->fin_ms + (wf_now() - t0) * 1e3 + wait_ms;
+    if (g->zx)
+      wf__zero_stats(g->zx, &wx, &bx, &ex, &nx);
+    g->stats.comm_bytes += bx, g->stats.launched_early += ex, g->stats.buckets += nx;
+    g->stats.exposed_ms = g->fin_ms + (wf_now() - t0) * 1e3 + wait_ms + wx;
   } else {
     g->fin_ms = (wf_now() - t0) * 1e3;
   }
@@ -465,10 +521,12 @@ fail:
   return st;
 }
 
-/* Sum of squares of the gradients this rank counts (wf_model_counted), tensor by tensor
- * over [lo, hi) of the flat vector, whose gradient starts at `grads`; the pending tied
- * check's word comes back with it. */
-static wf_status counted_sumsq(wf_grads *g, const float *grads, size_t lo, size_t hi, double *ss)
+/* Sum of squares of the gradients this rank counts (wf_model_counted; sharded: whatever
+ * its ep rank, each shard being its own), tensor by tensor over [lo, hi) of the flat
+ * vector, whose gradient starts at `grads`; the pending tied check's word comes back with
+ * it. */
+static wf_status counted_sumsq(wf_grads *g, const float *grads, size_t lo, size_t hi,
+                               bool sharded, double *ss)
 {
   wf_status st = WF_OK;
   const wf_ktable *k = wf_dev_kernels(g->dev);
@@ -478,7 +536,8 @@ static wf_status counted_sumsq(wf_grads *g, const float *grads, size_t lo, size_
     size_t off = wf_model_local_offset(g->model, t);
     size_t a = WF_MAX(lo, off);
     size_t b = WF_MIN(hi, off + wf_model_local_numel(g->model, t));
-    if (a < b && wf_model_counted(g->model, t))
+    bool counted = sharded ? wf_model_counted_any_ep(g->model, t) : wf_model_counted(g->model, t);
+    if (a < b && counted)
       k->sumsq_acc(g->acc, grads + (a - lo), b - a, NULL);
   }
   WF_TRY(wf_dev_check(g->dev));
@@ -497,19 +556,25 @@ wf_status wf_grads_norm(wf_grads *g, double scale, float *norm)
 {
   wf_status st = WF_OK;
   double ss = 0;
-  if (g->z) {
-    size_t s0, s1;
-    wf__zero_bounds(g->z, &s0, &s1);
-    WF_TRY(counted_sumsq(g, wf__zero_shard(g->z), s0, s1, &ss));
+  if (g->z) { /* the experts' shards, over edp on each ep rank, tile them over dp too */
+    double part = 0;
+    for (wf__zero *z = g->z; z; z = z == g->z ? g->zx : NULL) {
+      size_t s0, s1;
+      wf__zero_bounds(z, &s0, &s1);
+      WF_TRY(counted_sumsq(g, wf__zero_shard(z), s0, s1, g->zx != NULL, &part));
+      ss += part;
+    }
     float x = (float)ss; /* HSDP: every replica group holds the same shards */
     WF_TRY(wf_comm_allreduce(g->shard_comm, &x, &x, 1, WF_COMM_F32, WF_COMM_SUM));
     ss = x;
   } else {
-    WF_TRY(counted_sumsq(g, wf_model_grads(g->model), 0, g->n, &ss));
+    WF_TRY(counted_sumsq(g, wf_model_grads(g->model), 0, g->n, false, &ss));
   }
   if (scale != 1.0)
     ss /= scale * scale;
   float x = (float)ss;
+  if (g->ep && !g->z) /* each ep rank counts its own experts (and rank 0 the rest) */
+    WF_TRY(wf_comm_allreduce(g->ep, &x, &x, 1, WF_COMM_F32, WF_COMM_SUM));
   if (g->tp && wf_comm_size(g->tp) > 1)
     WF_TRY(wf_comm_allreduce(g->tp, &x, &x, 1, WF_COMM_F32, WF_COMM_SUM));
   if (g->pp && wf_comm_size(g->pp) > 1)
@@ -577,6 +642,8 @@ wf_status wf_grads_sync_params(wf_grads *g, bool low_written)
   wf_status st = WF_OK;
   if (g->z)
     WF_TRY(wf__zero_gather(g->z));
+  if (g->zx)
+    WF_TRY(wf__zero_gather(g->zx));
   if (g->z || !low_written)
     st = wf_model_params_changed(g->model);
 fail:
@@ -591,7 +658,7 @@ size_t wf_grads_bytes(const wf_grads *g)
 {
   size_t b = wf_model_grad_bytes(g->model);
   if (g->z)
-    return b + wf__zero_grad_bytes(g->z);
+    return b + wf__zero_grad_bytes(g->z) + (g->zx ? wf__zero_grad_bytes(g->zx) : 0);
   for (int i = 0; i < g->n_buckets; i++)
     b += (g->buckets[i].count + 1) * sizeof(float);
   return b;
@@ -606,4 +673,22 @@ wf_comm *wf_grads_hsdp_group(const wf_grads *g, int *replica)
 }
 
 /* Parameter memory: the model's own (wf_model_param_bytes) and ZeRO-3's shard and units. */
-size_t wf_grads_param_bytes(const wf_grads *g) { return g->z ? wf__zero_param_bytes(g->z) : 0; }
+size_t wf_grads_param_bytes(const wf_grads *g)
+{
+  return (g->z ? wf__zero_param_bytes(g->z) : 0) + (g->zx ? wf__zero_param_bytes(g->zx) : 0);
+}
+
+int wf_grads_parts(wf_grads *g, wf_grads_part parts[WF_GRADS_PARTS])
+{
+  if (!g->z) {
+    parts[0] = (wf_grads_part){0, g->n, wf_model_grads(g->model), NULL};
+    return 1;
+  }
+  int n = 0;
+  for (wf__zero *z = g->z; z; z = z == g->z ? g->zx : NULL) {
+    wf_grads_part *p = &parts[n++];
+    wf__zero_bounds(z, &p->lo, &p->hi);
+    p->grads = wf__zero_shard(z), p->params = wf__zero_param_shard(z);
+  }
+  return n;
+}

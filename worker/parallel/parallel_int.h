@@ -46,10 +46,20 @@ void wf__sched_sim_free(wf__sched_sim *m);
 wf_comm_dtype wf__comm_dtype_of(wf_precision p);
 
 typedef struct wf__zero wf__zero;
+/* Which of a model's tensors a ZeRO instance shards: all of them, or under expert
+ * parallelism the dense ones (over dp) and the experts' (over edp) apart, each class a
+ * contiguous part of the flat vector (the families place the experts' tensors last). */
+typedef enum wf__zclass { WF__Z_ALL = 0, WF__Z_DENSE, WF__Z_EXPERTS } wf__zclass;
+/* The flat range [base, base + n) class c's tensors take on shard s of dims d. */
+void wf__zero_class_range(const wf_model_dims *d, const wf_model_shard *s, wf__zclass c,
+                          size_t *base, size_t *n);
 /* dp: the group the shards span; rep: HSDP's replica group (NULL = none), across which
- * the finished shard is all-reduced (averaged). */
+ * the finished shard is all-reduced (averaged); cls and post: the tensors it shards and
+ * the factor its averaged gradients are multiplied by (the experts' 1 / ep; grads.c);
+ * head: the instance whose unit hook calls this one's too (NULL: itself, the first). */
 wf_status wf__zero_create(wf__zero **out, wf_model *m, wf_comm *dp, wf_comm *rep, int stage,
-                          size_t bucket_bytes, bool keep);
+                          size_t bucket_bytes, bool keep, wf__zclass cls, float post,
+                          wf__zero *head);
 /* ZeRO-3: the rank's parameter shard (NULL below ZeRO-3). */
 float *wf__zero_param_shard(wf__zero *z);
 /* fsdp.c: the model was created without flat parameters: the shard holds them from the
@@ -74,7 +84,7 @@ size_t wf__zero_param_bytes(const wf__zero *z);
  * optimizer's range and the buckets (wf_grads_mem's fields but scalar and total). */
 wf_status wf__zero_mem_plan(const wf_model_dims *d, const wf_model_shard *s, wf_precision prec,
                             int size, int rank, int stage, size_t bucket_bytes, bool keep,
-                            wf_grads_mem *out);
+                            wf__zclass cls, wf_grads_mem *out);
 
 /* ---- ZeRO's state, shared by zero.c (gradients, HSDP, formulas) and fsdp.c (ZeRO-3's
  * parameters) -------------------------------------------------------------------- */
@@ -112,11 +122,16 @@ struct wf__zero {
   wf_comm *dp, *rep; /* the shards' group; HSDP's replica group (NULL = none) */
   int stage, rank, size, nl;
   int nt;    /* the model's tensors (its description's) */
+  wf__zclass cls;          /* the tensors it shards */
+  size_t base;             /* their flat range [base, base + n) */
+  float post;              /* the averaged gradients' factor (1: none) */
+  struct wf__zero *head;   /* the first instance: its unit hook runs every instance's */
+  struct wf__zero *next;   /* the next instance of the chain (NULL: the last) */
   int lc;    /* local layers per model chunk (nl without interleaving) */
   bool lazy; /* ZeRO-2/3 over chunks (interleaved): buckets stay inside a chunk and a
               * window opens when backward reaches its bucket (the unit hook), not in
               * 1F1B's predicted order */
-  size_t n, shard, s0, s1;
+  size_t n, shard, s0, s1; /* n of the class's elements; this rank's [s0, s1) of them */
   wf__zbucket *b, late;
   int nb;
   float *gshard; /* (shard) this rank's averaged gradient */
@@ -154,8 +169,10 @@ wf_status wf__zero_copy(wf__zero *z, float *dst, const float *src, size_t n);
 /* The layer bucket holding readiness group gr (-1 none). */
 int wf__zero_bucket_of(const wf__zero *z, int gr);
 int wf__zero_chunk_of(const wf__zero *z, int i); /* the model chunk bucket i lies in */
-/* The model's unit hook (ZeRO-3, and ZeRO-2 over chunks): local layer j computes next. */
+/* The model's unit hook (ZeRO-3, and ZeRO-2 over chunks): local layer j computes next; it
+ * runs the chain of instances from the first, which wf__zero_set_hook installs. */
 void wf__zero_unit_hook(void *user, int j, bool backward);
+void wf__zero_set_hook(wf__zero *z);
 wf_status wf__fsdp_unit(wf__zero *z, int i, bool backward); /* bucket i gathered */
 /* fsdp.c: ZeRO-3's buffers (at creation), the shard taken from the flat parameters and
  * these dropped (at a step's start, when the model holds them whole), the embeddings regathered and

@@ -100,6 +100,8 @@ wf_status wf_pipe_stage_shard(const wf_pipe_stage_opts *o, wf_model_shard *out)
   }
   *out = (wf_model_shard){.tp = o->tp,
                           .tp_rank = o->tp_rank,
+                          .ep = o->ep > 1 ? o->ep : 1,
+                          .ep_rank = o->ep > 1 ? o->ep_rank : 0,
                           .sequence = o->sequence && o->tp > 1,
                           .l0 = l0,
                           .l1 = l1,

@@ -76,6 +76,20 @@ void wf_cp_stats(wf_cp *cp, double *seconds, double *bytes);
 /* Record each wait as a "comm" span ("cp wait") while `trace` is on (NULL = none). */
 void wf_cp_set_trace(wf_cp *cp, wf_trace *trace);
 
+/*
+ * Expert parallelism (ep.c): the exchange of tokens and their counts over the ep group
+ * (all-to-all(v), wf_model.h's wf_ep_ops), handed to the model as wf_ep_regions_of(ep);
+ * the time and bytes it spends (the step log's ep figures) and a trace span per exchange.
+ */
+typedef struct wf_ep wf_ep;
+wf_status wf_ep_create(wf_ep **out, wf_comm *comm);
+void wf_ep_destroy(wf_ep *ep); /* accepts NULL */
+/* The exchange for wf_model_opts.ep: none with one ep rank. */
+wf_ep_regions wf_ep_regions_of(wf_ep *ep);
+void wf_ep_set_trace(wf_ep *ep, wf_trace *trace);
+/* Seconds and bytes of ep communication since the last call (then reset). */
+void wf_ep_stats(wf_ep *ep, double *seconds, double *bytes);
+
 /* The whole model's parameters (which 0) or gradients (1) in `full` on every rank of
  * `world`: the ranks with `contribute` add their counted slices into zeros and a sum
  * over the world assembles the model (one model-parallel replica contributes; world
@@ -305,6 +319,7 @@ typedef struct wf_pipe_stage_opts {
   int n_pp_layers;
   int tp, tp_rank;
   bool sequence;
+  int ep, ep_rank; /* expert parallelism (0 or 1: none) */
 } wf_pipe_stage_opts;
 wf_status wf_pipe_stage_shard(const wf_pipe_stage_opts *o, wf_model_shard *out);
 
@@ -354,6 +369,8 @@ typedef struct wf_grads_opts {
   wf_comm *dp;         /* the dp group; NULL = one rank alone (no dp at all) */
   wf_comm *pp, *emb;   /* the pp and embedding groups; NULL = one stage */
   wf_comm *tp;         /* the tp group; NULL = no tp */
+  wf_comm *ep, *edp;   /* expert parallelism's ep and expert-data-parallel groups; NULL =
+                        * none: the experts' gradients reduce over edp (wf_grads' top) */
   wf_tp *tp_regions;   /* its region operators (the tp-partial sums go through them) */
   size_t bucket_bytes; /* optim.bucket_mb; 0 = one bucket per layer */
   int zero;            /* 0, 1 (optimizer state sharded) or 2 (and gradients) */
@@ -444,8 +461,19 @@ wf_status wf_grads_finish(wf_grads *g);
  * the true ones (fp16 loss scaling's backward scale, else 1): the sum of squares is
  * divided by scale^2 (in double, before it narrows to float) so *norm is the true norm. */
 wf_status wf_grads_norm(wf_grads *g, double scale, float *norm);
-/* The element range [lo, hi) of the flat parameter vector this rank updates (all of it
- * without ZeRO), and the gradient of element lo (device memory). */
+/* The element ranges of the flat parameter vector this rank updates: one (all of it, or
+ * its ZeRO dp shard), or under ZeRO with expert parallelism two (the dense tensors' dp
+ * shard, then the experts' edp shard); each with the gradient of its element lo (device
+ * memory) and under ZeRO-3 where parameter lo lives (its shard; else NULL, the model's
+ * flat vector). Returns how many. */
+#define WF_GRADS_PARTS 2
+typedef struct wf_grads_part {
+  size_t lo, hi;
+  const float *grads;
+  float *params;
+} wf_grads_part;
+int wf_grads_parts(wf_grads *g, wf_grads_part parts[WF_GRADS_PARTS]);
+/* The first part's range and gradient (wf_grads_parts). */
 void wf_grads_range(const wf_grads *g, size_t *lo, size_t *hi);
 const float *wf_grads_for_update(wf_grads *g);
 /* After an update: ZeRO's parameter all-gather (ZeRO-3: the gathered units go stale),

@@ -61,6 +61,13 @@
  *
  * The parameters' all-gather after the update (ZeRO-1/2) is in place in the model's flat
  * vector: one broadcast of each rank's shard from its owner.
+ *
+ * Expert parallelism: ep ranks hold different experts at the same flat offsets, so the
+ * experts' tensors are sharded by a second instance over the expert-data-parallel group
+ * (the ranks holding the same experts), the dense ones by the first over dp (grads.c).
+ * Each instance shards its class's flat range [base, base + n) alone (the experts' tensors
+ * come last in every MoE family's layout), and the instances form a chain whose first
+ * runs every instance's unit hook (ZeRO-3's gathers, ZeRO-2's windows over chunks).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -74,10 +81,29 @@ wf_status wf__zero_copy(wf__zero *z, float *dst, const float *src, size_t n)
 
 /* ---- planning ------------------------------------------------------------------------ */
 
+/* Whether tensor t is this instance's to shard. */
+static bool mine(const wf__zero *z, int t)
+{
+  return z->cls == WF__Z_ALL || (z->cls == WF__Z_EXPERTS) == wf_model_shard_expert(&z->d, t);
+}
+
 /* Reduced by the last bucket: the unlayered tensors and the tp-partial ones. */
 static bool is_late(const wf__zero *z, int t)
 {
   return !wf_model_tensor_layered(&z->d, t) || wf_model_shard_tp_partial(&z->d, &z->s, t);
+}
+
+void wf__zero_class_range(const wf_model_dims *d, const wf_model_shard *s, wf__zclass c,
+                          size_t *base, size_t *n)
+{
+  size_t all = wf_model_shard_params(d, s), first = all;
+  for (int t = 0; t < wf_model_num_tensors(d) && c != WF__Z_ALL; t++)
+    if (wf_model_shard_expert(d, t)) { /* the experts' tensors are the layout's last */
+      first = wf_model_shard_offset(d, s, t);
+      break;
+    }
+  *base = c == WF__Z_EXPERTS ? first : 0;
+  *n = c == WF__Z_ALL ? all : c == WF__Z_DENSE ? first : all - first;
 }
 
 /* Layer j of tensor k (n elements from its start) into b, from the shard's layout alone:
@@ -119,8 +145,8 @@ static wf_status cut(wf__zero *z, wf__zbucket *b)
   for (int i = 0; i < b->nr; i++) {
     const wf__zrange *r = &b->r[i];
     for (size_t a = r->flat; a < r->flat + r->n;) {
-      int owner = (int)(a / z->shard);
-      size_t lim = WF_MIN(r->flat + r->n, (size_t)(owner + 1) * z->shard);
+      int owner = (int)((a - z->base) / z->shard);
+      size_t lim = WF_MIN(r->flat + r->n, z->base + (size_t)(owner + 1) * z->shard);
       b->p[b->np++] = (wf__zpiece){a, r->pos + (a - r->flat), lim - a, owner};
       b->seg[owner + 1] += lim - a;
       a = lim;
@@ -155,7 +181,7 @@ static wf_status plan_layers(wf__zero *z, size_t bucket_bytes)
       b->first_group = gr;
     }
     for (int k = 0; k < z->nt; k++)
-      if (!is_late(z, k))
+      if (mine(z, k) && !is_late(z, k))
         add_range(b, z, k, z->nl - gr, wf_model_shard_layer_numel(&z->d, &z->s, k));
     b->last_group = gr;
     /* over chunks a bucket ends with its chunk: each chunk's backward is a separate
@@ -177,7 +203,7 @@ static wf_status plan_late(wf__zero *z)
   wf__zbucket *b = &z->late;
   WF_TRY(new_bucket(z, b, z->nt * (z->nl > 0 ? z->nl : 1)));
   for (int k = 0; k < z->nt; k++) {
-    if (!is_late(z, k))
+    if (!mine(z, k) || !is_late(z, k))
       continue;
     if (!wf_model_tensor_layered(&z->d, k))
       add_range(b, z, k, 0, wf_model_shard_numel(&z->d, &z->s, k));
@@ -202,7 +228,7 @@ static void redirect(wf__zero *z, const wf__zbucket *b, float *base)
  * buckets one after another, then the late one: every element once). */
 static void sizes(wf__zero *z)
 {
-  size_t base = 0;
+  size_t base = z->base; /* ZeRO-1 re-lays the class's gradients inside its own range */
   for (int i = 0; i < z->nb; i++) {
     z->win_count = WF_MAX(z->win_count, z->b[i].count);
     z->b[i].base = base, base += z->b[i].count;
@@ -252,7 +278,7 @@ fail:
  * sizes the same buffers without a model. */
 static wf_status plan(wf__zero **out, const wf_model_dims *d, const wf_model_shard *s,
                       wf_precision prec, int size, int rank, int stage, size_t bucket_bytes,
-                      bool keep)
+                      bool keep, wf__zclass cls)
 {
   wf_status st = WF_OK;
   wf__zero *z = NULL;
@@ -264,10 +290,11 @@ static wf_status plan(wf__zero **out, const wf_model_dims *d, const wf_model_sha
   z->nt = wf_model_num_tensors(d);
   z->lc = s->chunks > 1 ? z->nl / s->chunks : z->nl;
   z->lazy = stage >= 2 && s->chunks > 1;
-  z->n = wf_model_shard_params(d, s);
+  z->cls = cls, z->post = 1.0f;
+  wf__zero_class_range(d, s, cls, &z->base, &z->n);
   z->shard = (z->n + (size_t)z->size - 1) / (size_t)z->size;
-  z->s0 = WF_MIN((size_t)z->rank * z->shard, z->n);
-  z->s1 = WF_MIN(z->s0 + z->shard, z->n);
+  z->s0 = z->base + WF_MIN((size_t)z->rank * z->shard, z->n);
+  z->s1 = WF_MIN(z->s0 + z->shard, z->base + z->n);
   z->open = -1, z->pcur = -1;
   z->keep = keep;
   WF_TRY(plan_layers(z, bucket_bytes));
@@ -280,22 +307,36 @@ fail:
   return st;
 }
 
+void wf__zero_set_hook(wf__zero *z)
+{
+  wf_model_set_unit_hook(z->m, wf__zero_unit_hook, z->head ? z->head : z);
+}
+
 wf_status wf__zero_create(wf__zero **out, wf_model *m, wf_comm *dp, wf_comm *rep, int stage,
-                          size_t bucket_bytes, bool keep)
+                          size_t bucket_bytes, bool keep, wf__zclass cls, float post,
+                          wf__zero *head)
 {
   wf_status st = WF_OK;
   wf__zero *z = NULL;
   *out = NULL;
   WF_TRY(plan(&z, wf_model_get_dims(m), wf_model_get_shard(m), wf_model_precision(m),
-              wf_comm_size(dp), wf_comm_rank(dp), stage, bucket_bytes, keep));
+              wf_comm_size(dp), wf_comm_rank(dp), stage, bucket_bytes, keep, cls));
   z->m = m, z->dev = wf_model_dev(m);
   z->dp = dp;
   z->rep = rep;
+  z->post = post;
+  z->head = head;
+  if (head) { /* the chain's first runs this one's unit hook after its own */
+    wf__zero *last = head;
+    while (last->next)
+      last = last->next;
+    last->next = z;
+  }
   WF_TRY(alloc_buffers(z));
   if (stage == 3 && !wf_model_params(m)) /* created shard-first (wf_model_opts.zero) */
     wf__fsdp_start_sharded(z);
   if (z->lazy && stage == 2) /* ZeRO-3 sets it when sharded (above, or wf__fsdp_reshard) */
-    wf_model_set_unit_hook(m, wf__zero_unit_hook, z);
+    wf__zero_set_hook(z);
   *out = z;
   return WF_OK;
 fail:
@@ -505,6 +546,8 @@ fail:
 void wf__zero_unit_hook(void *user, int j, bool backward)
 {
   wf__zero *z = user;
+  if (z->next) /* the chain's others, whose units are the same layers */
+    wf__zero_unit_hook(z->next, j, backward);
   if (z->hook_err != WF_OK)
     return;
   int i = wf__zero_bucket_of(z, z->nl - j);
@@ -641,6 +684,8 @@ wf_status wf__zero_finish(wf__zero *z)
     z->comm_bytes += (double)z->shard * sizeof(float);
     WF_TRY(wf_comm_allreduce(z->rep, z->gshard, z->gshard, z->shard, WF_COMM_F32, WF_COMM_AVG));
   }
+  if (z->post != 1.0f) /* the experts' average over all dp ranks (grads.c) */
+    wf_dev_kernels(z->dev)->scale(z->gshard, z->post, z->shard, NULL);
 fail:
   z->armed = false;
   return st;
@@ -659,7 +704,7 @@ static wf_status gather_whole(wf__zero *z)
   for (int r = 0; r < z->size; r++) {
     size_t a = WF_MIN((size_t)r * z->shard, z->n), b = WF_MIN(a + z->shard, z->n);
     if (b > a)
-      WF_TRY(wf_comm_bcast(z->dp, params + a, b - a, WF_COMM_F32, r));
+      WF_TRY(wf_comm_bcast(z->dp, params + z->base + a, b - a, WF_COMM_F32, r));
   }
 fail:
   return st;
@@ -711,11 +756,11 @@ size_t wf__zero_param_bytes(const wf__zero *z)
 
 wf_status wf__zero_mem_plan(const wf_model_dims *d, const wf_model_shard *s, wf_precision prec,
                             int size, int rank, int stage, size_t bucket_bytes, bool keep,
-                            wf_grads_mem *out)
+                            wf__zclass cls, wf_grads_mem *out)
 {
   wf_status st = WF_OK;
   wf__zero *z = NULL;
-  WF_TRY(plan(&z, d, s, prec, size, rank, stage, bucket_bytes, keep));
+  WF_TRY(plan(&z, d, s, prec, size, rank, stage, bucket_bytes, keep, cls));
   out->param = wf__zero_param_bytes(z);
   out->grad = wf__zero_grad_bytes(z);
   out->model_params = stage < 3; /* the trainer's ZeRO-3 model never allocates them */

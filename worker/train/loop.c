@@ -226,6 +226,7 @@ wf_train_hooks wf__quiet_hooks(const wf_train_hooks *comms)
   wf_train_hooks quiet = {.quiet = true};
   if (comms) {
     quiet.tp = comms->tp, quiet.pp = comms->pp, quiet.emb = comms->emb;
+    quiet.ep = comms->ep; /* the experts are sharded over it: every exchange needs it */
     quiet.world = comms->world, quiet.dev = comms->dev;
   }
   return quiet;

@@ -129,38 +129,45 @@ static wf_status read_init(wf__trainer *tr, void *arg)
                                wf_model_get_shard(tr->model), o->lo, o->hi, o->v.host);
 }
 
-/* model.init into this rank's slices of the parameters (wf_weights_read_shard: each
- * format read at those elements alone, with no whole-model host array, docs/memory.md). */
-static wf_status load_init(wf__trainer *tr)
+/* model.init into this rank's slices [lo, hi) of the parameters at dst
+ * (wf_weights_read_shard: each format read at those elements alone, with no whole-model
+ * host array, docs/memory.md). */
+static wf_status load_range(wf__trainer *tr, float *dst, size_t lo, size_t hi)
 {
-  init_dst o = {.lo = 0, .hi = wf_model_local_params(tr->model)};
-  float *shard = wf_grads_param_shard(tr->grads), *dst = wf_model_params(tr->model);
-  if (shard) {
-    wf_grads_range(tr->grads, &o.lo, &o.hi);
-    dst = shard;
-  }
+  init_dst o = {.lo = lo, .hi = hi};
   wf_status st = wf_dev_map(tr->dev, &o.v, dst, (o.hi - o.lo) * sizeof(float), WF_MAP_WRITE);
   if (st != WF_OK)
     return st;
   st = rank0_first(tr, read_init, &o);
   wf_status u = wf_dev_unmap(tr->dev, &o.v);
-  st = st == WF_OK ? u : st;
-  return st == WF_OK && !shard ? wf_model_params_changed(tr->model) : st;
+  return st == WF_OK ? u : st;
 }
 
 /* The initial parameters: model.init's or the family's initialisation, written where
- * the parameters live (ZeRO-3: the dp shard alone, bit for bit its slice of the flat
- * vector; sync_shard refreshes what follows it, once a resume has had its turn). */
+ * the parameters live (ZeRO-3: the dp shards alone, the dense tensors' and under expert
+ * parallelism the experts', bit for bit their slices of the flat vector; sync_shard
+ * refreshes what follows them, once a resume has had its turn). */
 static wf_status init_params(wf__trainer *tr)
 {
-  size_t lo, hi;
-  float *shard = wf_grads_param_shard(tr->grads);
-  wf_grads_range(tr->grads, &lo, &hi);
-  if (tr->cfg->model.init[0])
-    return load_init(tr);
-  if (shard)
-    return wf_model_init_range(tr->model, tr->cfg->train.seed, shard, lo, hi);
-  return wf_model_init(tr->model, tr->cfg->train.seed);
+  wf_status st = WF_OK;
+  wf_grads_part parts[WF_GRADS_PARTS];
+  int n = wf_grads_parts(tr->grads, parts);
+  bool init = tr->cfg->model.init[0] != '\0';
+  if (!parts[0].params) { /* the model's flat vector */
+    if (!init)
+      return wf_model_init(tr->model, tr->cfg->train.seed);
+    WF_TRY(load_range(tr, wf_model_params(tr->model), 0, wf_model_local_params(tr->model)));
+    return wf_model_params_changed(tr->model);
+  }
+  for (int i = 0; i < n; i++) {
+    const wf_grads_part *p = &parts[i];
+    if (init)
+      WF_TRY(load_range(tr, p->params, p->lo, p->hi));
+    else
+      WF_TRY(wf_model_init_range(tr->model, tr->cfg->train.seed, p->params, p->lo, p->hi));
+  }
+fail:
+  return st;
 }
 
 /* ZeRO-3: the copies that follow the parameter shard (the gathered embeddings, mixed
@@ -215,7 +222,9 @@ static wf_status setup_stage(wf__trainer *tr)
                            .n_pp_layers = cfg->parallel.n_pp_layers,
                            .tp = tr->tp,
                            .tp_rank = wf__comm_rank(tr->tp_comm),
-                           .sequence = cfg->parallel.sequence};
+                           .sequence = cfg->parallel.sequence,
+                           .ep = wf__comm_size(tr->ep_comm),
+                           .ep_rank = wf__comm_rank(tr->ep_comm)};
   wf_model_opts o = {.dims = tr->dims,
                      .dev = tr->dev,
                      .B = tr->B,
@@ -242,6 +251,11 @@ static wf_status setup_stage(wf__trainer *tr)
     o.tp = wf_tp_regions_of(tr->tpr);
   }
   WF_TRY(setup_cp(tr, &o));
+  if (tr->ep_comm) {
+    WF_TRY(wf_ep_create(&tr->epr, tr->ep_comm));
+    wf_ep_set_trace(tr->epr, tr->trace);
+    o.ep = wf_ep_regions_of(tr->epr);
+  }
   WF_TRY(wf_model_create_shard(&tr->model, &o));
 fail:
   return st;
@@ -258,16 +272,24 @@ static wf_status setup_optim(wf__trainer *tr)
                       .emb = tr->emb_comm,
                       .tp = tr->tp_comm,
                       .tp_regions = tr->tpr,
+                      .ep = tr->ep_comm,
+                      .edp = tr->edp_comm,
                       .bucket_bytes = (size_t)cfg->optim.bucket_mb << 20,
                       .zero = zero_stage(tr),
                       .fsdp = cfg->mesh.fsdp,
                       .keep_gathered = !cfg->parallel.reshard_after_forward};
   WF_TRY(wf_grads_create(&tr->grads, &go));
+  wf_grads_part parts[WF_GRADS_PARTS];
+  int n = wf_grads_parts(tr->grads, parts);
   wf_optim_opts oo = {.cfg = cfg,
                       .model = tr->model,
                       .dp_size = tr->grad_size,
-                      .params = wf_grads_param_shard(tr->grads)};
-  wf_grads_range(tr->grads, &oo.lo, &oo.hi);
+                      .lo = parts[0].lo,
+                      .hi = parts[0].hi,
+                      .params = parts[0].params};
+  if (n > 1) /* ZeRO under expert parallelism: the experts' edp shard too */
+    oo.lo2 = parts[1].lo, oo.hi2 = parts[1].hi, oo.grads2 = parts[1].grads,
+    oo.params2 = parts[1].params;
   st = wf_optim_create(&tr->optim, &oo);
 fail:
   return st;
@@ -293,6 +315,15 @@ fail:
   return st;
 }
 
+/* ZeRO-3 under expert parallelism: the experts' parameter shard (the second part). */
+static wf_ckpt_part expert_shard(wf__trainer *tr)
+{
+  wf_grads_part parts[WF_GRADS_PARTS];
+  if (wf_grads_parts(tr->grads, parts) < 2 || !parts[1].params)
+    return (wf_ckpt_part){0};
+  return (wf_ckpt_part){parts[1].params, parts[1].lo, parts[1].hi};
+}
+
 /* Check train.checkpoint_dir is writable, then resume from train.resume if set. */
 static wf_status setup_checkpoint(wf__trainer *tr)
 {
@@ -305,7 +336,9 @@ static wf_status setup_checkpoint(wf__trainer *tr)
                             .optim = tr->optim,
                             .optim_sharded = tr->grad_comm && tr->cfg->optim.zero,
                             .param_shard = wf_grads_param_shard(tr->grads),
+                            .expert_shard = expert_shard(tr),
                             .dp_comm = fsdp ? fsdp : tr->grad_comm,
+                            .edp_comm = tr->edp_comm,
                             .replica = replica,
                             .replicas = fsdp ? tr->D / wf_comm_size(fsdp) : 1,
                             .world = tr->world,
@@ -425,6 +458,8 @@ static void setup_hooks(wf__trainer *tr, const wf_config *cfg, const wf_train_ho
   tr->tp_comm = hooks ? hooks->tp : NULL;
   tr->pp_comm = hooks ? hooks->pp : NULL;
   tr->emb_comm = hooks ? hooks->emb : NULL;
+  tr->ep_comm = hooks ? hooks->ep : NULL;
+  tr->edp_comm = hooks ? hooks->edp : NULL;
   tr->world = hooks ? hooks->world : NULL;
   tr->dev = hooks && hooks->dev ? hooks->dev : wf_dev_cpu();
   tr->out = hooks && hooks->out ? hooks->out : stdout;
@@ -478,6 +513,7 @@ void wf__train_teardown(wf__trainer *tr)
   wf_model_destroy(tr->model);
   wf_tp_destroy(tr->tpr);
   wf_cp_destroy(tr->cpr);
+  wf_ep_destroy(tr->epr);
   wf_trace_destroy(tr->trace);
   wf_tokenizer_destroy(tr->tok);
 }

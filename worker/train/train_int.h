@@ -32,9 +32,11 @@ typedef struct wf__trainer {
   wf_dev *dev;
   wf_model *model;
   wf_tp *tpr;      /* tensor parallelism's region operators (tp > 1), the model's */
+  wf_ep *epr;      /* expert parallelism's exchange (ep > 1), the model's */
   wf_grads *grads; /* the gradient path: zero, reductions, norm, parameter sync */
   wf_optim *optim; /* AdamW state (this rank's dp shard under ZeRO-1), clip, scaler, lr */
   wf_comm *dp_comm, *tp_comm, *pp_comm, *emb_comm, *world; /* borrowed; NULL = size 1 */
+  wf_comm *ep_comm, *edp_comm; /* expert parallelism's groups (borrowed; NULL = none) */
   int dp_rank, D; /* this rank's data-parallel slice of D */
   /* Context parallelism: the cp group (cp ranks, this one cp_rank) and the group
    * gradients are averaged over and ZeRO shards (dp x cp; dp_comm without cp) of

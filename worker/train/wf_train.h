@@ -133,6 +133,10 @@ typedef struct wf_train_hooks {
    * cp group over which gradients are averaged and ZeRO shards (dp stays the group the
    * data is split over). NULL = no context parallelism. */
   struct wf_comm *cp, *dpcp;
+  /* Expert parallelism (NULL: none): the ep group of ep consecutive dp ranks, which shard
+   * the experts and exchange tokens by all-to-all, and the expert-data-parallel group of
+   * the dp ranks holding the same experts, over which their gradients reduce. */
+  struct wf_comm *ep, *edp;
   /* The device this rank trains on (borrowed; NULL = the CPU). */
   struct wf_dev *dev;
   /* Its nominal peak in TFLOP/s for MFU, and where that comes from (0: unknown, so it

@@ -19,6 +19,7 @@
  * losses from those sums, and backward, from the last stage down, hands the sums back in
  * every gradient message (engine.c), where each router's backward reads them.
  */
+#include <math.h>
 #include <stdlib.h>
 
 #include "moe_int.h"
@@ -38,6 +39,19 @@ size_t wf__moe_qkv_local(const wf__geo *z)
 size_t wf__moe_f_local(const wf__geo *z) { return (size_t)z->d.F / z->tp; }
 size_t wf__moe_rows(const wf__geo *z) { return z->N * (size_t)z->d.K; }
 
+size_t wf__moe_expert_rows(const wf__geo *z)
+{
+  size_t E = (size_t)z->d.E, K = (size_t)z->d.K, El = E / z->ep, N = z->N;
+  if (z->ep == 1)
+    return N * K;
+  size_t most = z->ep * N * WF_MIN(K, El); /* every rank's tokens, each choosing them */
+  if (z->d.capacity > 0) {
+    size_t cap = (size_t)ceil(z->d.capacity * (double)N * K / E);
+    most = WF_MIN(most, z->ep * El * cap);
+  }
+  return most;
+}
+
 static const moe_variant *variant_geo(const wf__geo *z) { return z->d.fam->data; }
 
 /* q/k norm groups a row: OLMoE's one q and one k group, Qwen3's one a head. */
@@ -53,8 +67,8 @@ static size_t qk_groups(const wf__geo *z)
 static size_t carve_layer(moe_layer *v, wf__layer_mem mem, const wf__geo *z, size_t *core)
 {
   size_t C = z->C, N = z->N, R = z->R, F = wf__moe_f_local(z), M = wf__moe_rows(z);
-  size_t E = (size_t)z->d.E, K = (size_t)z->d.K, G = qk_groups(z);
-  size_t q = wf__moe_q_local(z), kv = (size_t)z->KVl * wf__moe_hs(z);
+  size_t E = (size_t)z->d.E, K = (size_t)z->d.K, G = qk_groups(z), Me = wf__moe_expert_rows(z);
+  size_t q = wf__moe_q_local(z), kv = (size_t)z->KVl * wf__moe_hs(z), ep = z->ep > 1;
   size_t att = z->k->attention_saved((int)z->B, (int)z->T, (int)q, z->NHl);
   wf__carve_item t[] = {
       WF__ACT(&v->n1, R * C),
@@ -73,10 +87,12 @@ static size_t carve_layer(moe_layer *v, wf__layer_mem mem, const wf__geo *z, siz
       WF__F32(&v->w, N * K),
       WF__F32(&v->pos, N * K),
       WF__F32(&v->counts, E),
+      WF__F32(&v->rc, ep * E), /* ep blocks of El */
       WF__ACT(&v->xp, M * C),
-      WF__ACT(&v->gu, M * 2 * F),
-      WF__ACT(&v->h, M * F),
       WF__F32(&v->y, M * C),
+      WF__ACT(&v->xr, ep * Me * C),
+      WF__ACT(&v->gu, Me * 2 * F),
+      WF__ACT(&v->h, Me * F),
   };
   return wf__carve(t, WF_ARRAY_LEN(t), &(wf__carve_to){mem.saved, mem.core, z->fmt}, core);
 }
@@ -85,12 +101,15 @@ static size_t carve_scratch(moe_scratch *s, void *mem, const wf__geo *z)
 {
   size_t N = z->N, C = z->C, F = wf__moe_f_local(z), M = wf__moe_rows(z);
   size_t q = wf__moe_q_local(z), E = (size_t)z->d.E, K = (size_t)z->d.K;
+  size_t Me = wf__moe_expert_rows(z), ep = z->ep > 1;
   size_t att = z->k->attention_scratch((int)z->B, (int)z->T, (int)q, z->NHl);
   wf__carve_item t[] = {
-      WF__ACT(&s->da, WF_MAX(M * 2 * F, N * wf__moe_qkv_local(z))),
-      WF__ACT(&s->db, WF_MAX(M * F, N * q)),
+      WF__ACT(&s->da, WF_MAX(Me * 2 * F, N * wf__moe_qkv_local(z))),
+      WF__ACT(&s->db, WF_MAX(Me * F, N * q)),
       WF__ACT(&s->dyp, M * C),
       WF__F32(&s->dxp, M * C),
+      WF__ACT(&s->dyr, ep * Me * C),
+      WF__F32(&s->dxr, ep * Me * C),
       WF__ACT(&s->dlogits, N * E),
       WF__F32(&s->dw, N * K),
       WF__F32(&s->qk_sums, N * qk_groups(z)),

@@ -21,6 +21,7 @@
  */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "moe_int.h"
 #include "wf_kernels.h"
@@ -49,37 +50,108 @@ static void *act_row(const void *p, size_t r, size_t width, size_t esize)
   return (char *)p + r * width * esize;
 }
 
-/* The experts' rows on the host: counts (E) and their offsets. */
-typedef struct rows {
-  int *count, *off, E;
-} rows;
+/* Where a layer's rows go, on the host: the token side's experts in expert-major order
+ * (count, off: E each); under expert parallelism the rows each local expert receives from
+ * each rank (rc: ep blocks of El) and the rows to and from each rank (send, recv). The
+ * expert side is then rank-major (each rank's rows for this rank's experts, expert by
+ * expert), else the token side itself. */
+typedef struct plan {
+  int *count, *off, *rc;
+  size_t *send, *recv;
+  int E, ep, El, e0;
+} plan;
 
-static wf_status rows_read(wf_model *m, const moe_layer *v, rows *r)
+static void plan_free(plan *p)
+{
+  free(p->count);
+  free(p->send);
+}
+
+static wf_status plan_alloc(wf_model *m, plan *p)
 {
   wf_status st = WF_OK;
-  r->E = m->d.E;
-  WF_CHECK_ALLOC(r->count = malloc(2 * (size_t)r->E * sizeof *r->count));
-  r->off = r->count + r->E;
-  WF_TRY(wf_dev_read(m->dev, r->count, v->counts, (size_t)r->E * sizeof *r->count));
-  r->off[0] = 0;
-  for (int e = 1; e < r->E; e++)
-    r->off[e] = r->off[e - 1] + r->count[e - 1];
+  p->E = m->d.E, p->ep = m->s.ep > 1 ? m->s.ep : 1;
+  p->El = p->E / p->ep, p->e0 = (m->s.ep > 1 ? m->s.ep_rank : 0) * p->El;
+  WF_CHECK_ALLOC(p->count = malloc(3 * (size_t)p->E * sizeof *p->count));
+  WF_CHECK_ALLOC(p->send = malloc(2 * (size_t)p->ep * sizeof *p->send));
+  p->off = p->count + p->E, p->rc = p->off + p->E, p->recv = p->send + p->ep;
 fail:
   return st;
 }
 
-/* Expert e's SwiGLU over its rows of xp: gu, h, and its output y (fp32). */
-static void expert_forward(wf_model *m, const moe_layer *v, int l, int e, int off, int n)
+/* The per-rank row totals of the counts: to rank q the rows of its experts, from rank q
+ * what it sent this rank's experts. */
+static void plan_totals(plan *p)
 {
+  p->off[0] = 0;
+  for (int e = 1; e < p->E; e++)
+    p->off[e] = p->off[e - 1] + p->count[e - 1];
+  for (int q = 0; q < p->ep; q++) {
+    p->send[q] = p->recv[q] = 0;
+    for (int i = 0; i < p->El; i++)
+      p->send[q] += (size_t)p->count[q * p->El + i], p->recv[q] += (size_t)p->rc[q * p->El + i];
+  }
+}
+
+/* The layer's plan: its counts read back, and under expert parallelism exchanged (forward:
+ * fresh = true, the rows each rank sends each expert kept for backward) or read back. */
+static wf_status plan_read(wf_model *m, const moe_layer *v, plan *p, bool fresh)
+{
+  wf_status st = WF_OK;
+  size_t E = (size_t)p->E;
+  WF_TRY(wf_dev_read(m->dev, p->count, v->counts, E * sizeof *p->count));
+  if (p->ep == 1)
+    memcpy(p->rc, p->count, E * sizeof *p->rc); /* one rank: everything received is its own */
+  else if (fresh) {
+    WF_TRY(m->ep.ops->counts(m->ep.ctx, p->count, p->rc, (size_t)p->El));
+    WF_TRY(wf_dev_copy(m->dev, v->rc, p->rc, E * sizeof *p->rc, WF_COPY_H2D, NULL));
+  } else {
+    WF_TRY(wf_dev_read(m->dev, p->rc, v->rc, E * sizeof *p->rc));
+  }
+  plan_totals(p);
+fail:
+  return st;
+}
+
+/* The expert side's chunks in their order: rank q's rows for local expert i, each calls
+ * fn with (local expert, first row, rows) when it has any. */
+typedef void (*chunk_fn)(wf_model *m, const void *ctx, int l, int i, int off, int n);
+
+static void each_chunk(wf_model *m, const plan *p, chunk_fn fn, const void *ctx, int l)
+{
+  int at = 0;
+  for (int q = 0; q < p->ep; q++)
+    for (int i = 0; i < p->El; i++) {
+      int n = p->rc[q * p->El + i];
+      if (n > 0)
+        fn(m, ctx, l, i, at, n);
+      at += n;
+    }
+}
+
+/* The expert side's buffers of a pass: inputs (xe), outputs (ye, fp32), and in backward
+ * the output and input gradients (dye, dxe, fp32). */
+typedef struct side {
+  const moe_layer *v;
+  const moe_scratch *s;
+  const void *xe, *dye;
+  float *ye, *dxe;
+} side;
+
+/* Expert i's SwiGLU over its n rows from row off of the expert side. */
+static void expert_forward(wf_model *m, const void *ctx, int l, int i, int off, int n)
+{
+  const side *x = ctx;
   const wf_ktable *k = m->k;
   int C = m->d.C, F = (int)wf__moe_f_local(&m->g);
-  void *gu = act_row(v->gu, (size_t)off, 2 * (size_t)F, m->esize);
-  void *h = act_row(v->h, (size_t)off, (size_t)F, m->esize);
-  k->matmul_forward(gu, act_row(v->xp, (size_t)off, (size_t)C, m->esize),
-                    expert_weight(m, MO_GU, l, e), NULL, n, C, 2 * F, m->prec, NULL);
+  size_t o = (size_t)off;
+  void *gu = act_row(x->v->gu, o, 2 * (size_t)F, m->esize);
+  void *h = act_row(x->v->h, o, (size_t)F, m->esize);
+  k->matmul_forward(gu, act_row(x->xe, o, (size_t)C, m->esize), expert_weight(m, MO_GU, l, i),
+                    NULL, n, C, 2 * F, m->prec, NULL);
   k->swiglu_forward(h, gu, n, F, NULL);
-  k->matmul_forward_f32(v->y + (size_t)off * C, h, expert_weight(m, MO_DOWN, l, e), NULL, n, F, C,
-                        m->prec, NULL);
+  k->matmul_forward_f32(x->ye + o * C, h, expert_weight(m, MO_DOWN, l, i), NULL, n, F, C, m->prec,
+                        NULL);
 }
 
 /* The capacity of each expert for N tokens (0: dropless). */
@@ -89,45 +161,59 @@ static int capacity(const wf_model *m, int N)
   return c > 0 ? (int)ceil(c * (double)N * m->d.K / m->d.E) : 0;
 }
 
+/* Rows from the token side to the experts' ranks (forward's inputs, backward's output
+ * gradients: format fmt), or back (there = false: the reverse counts). */
+static wf_status exchange(wf_model *m, const plan *p, const void *from, void *to, int fmt,
+                          bool there)
+{
+  return m->ep.ops->rows(m->ep.ctx, from, there ? p->send : p->recv, to,
+                         there ? p->recv : p->send, (size_t)m->d.C, fmt);
+}
+
 wf_status wf__moe_mlp_forward(wf_model *m, const moe_layer *v, float *keep, const void *xin,
                               float *out, int l, int N)
 {
   wf_status st = WF_OK;
   const wf_ktable *k = m->k;
   int C = m->d.C, E = m->d.E, K = m->d.K;
-  rows r = {0};
+  moe_scratch s = wf__moe_scratch_at(m);
+  plan p = {0};
+  WF_TRY(plan_alloc(m, &p));
   k->matmul_forward_f32(v->probs, xin, wf__gemm_weight(m, wf__moe_tensor(m, MO_ROUTER), l), NULL,
                         N, C, E, m->prec, NULL);
   wf_moe_route_forward(v->probs, v->lse, v->idx, v->w, keep, v->probs, N, E, K,
                        m->d.norm_topk == WF_SWITCH_ON);
   wf_moe_dispatch(v->pos, v->counts, keep + 2 * E + 1, v->idx, N, E, K, capacity(m, N));
-  WF_TRY(rows_read(m, v, &r));
+  WF_TRY(plan_read(m, v, &p, true));
   wf_moe_permute(v->xp, xin, v->pos, N, K, C, (int)m->prec);
-  for (int e = 0; e < E; e++)
-    if (r.count[e] > 0)
-      expert_forward(m, v, l, e, r.off[e], r.count[e]);
+  side x = {.v = v, .xe = p.ep > 1 ? v->xr : v->xp, .ye = p.ep > 1 ? s.dxr : v->y};
+  if (p.ep > 1) /* every rank's tokens to their experts' ranks */
+    WF_TRY(exchange(m, &p, v->xp, v->xr, (int)m->prec, true));
+  each_chunk(m, &p, expert_forward, &x, l);
+  if (p.ep > 1) /* and the outputs back, in the token side's expert-major order */
+    WF_TRY(exchange(m, &p, s.dxr, v->y, WF_PREC_NO, false));
   wf_moe_combine(out, v->y, v->w, v->pos, N, K, C);
 fail:
-  free(r.count);
+  plan_free(&p);
   return st;
 }
 
-/* Expert e's backward from its output gradients (dyp): its weights' gradients added, its
- * inputs' gradient written into dxp. */
-static void expert_backward(wf_model *m, const moe_layer *v, const moe_scratch *s, int l, int e,
-                            int off, int n)
+/* Expert i's backward from its output gradients (dye): its weights' gradients added, its
+ * inputs' gradient written into dxe. */
+static void expert_backward(wf_model *m, const void *ctx, int l, int i, int off, int n)
 {
+  const side *x = ctx;
   const wf_ktable *k = m->k;
   int C = m->d.C, F = (int)wf__moe_f_local(&m->g);
-  size_t o = (size_t)off;
-  void *dh = act_row(s->db, o, (size_t)F, m->esize), *dgu = act_row(s->da, o, 2 * (size_t)F, m->esize);
-  k->matmul_backward(dh, expert_grad(m, MO_DOWN, l, e), NULL, act_row(s->dyp, o, (size_t)C, m->esize),
-                     act_row(v->h, o, (size_t)F, m->esize), expert_weight(m, MO_DOWN, l, e), n, F, C,
+  size_t o = (size_t)off, es = m->esize;
+  void *dh = act_row(x->s->db, o, (size_t)F, es), *dgu = act_row(x->s->da, o, 2 * (size_t)F, es);
+  k->matmul_backward(dh, expert_grad(m, MO_DOWN, l, i), NULL, act_row(x->dye, o, (size_t)C, es),
+                     act_row(x->v->h, o, (size_t)F, es), expert_weight(m, MO_DOWN, l, i), n, F, C,
                      m->prec, NULL);
-  k->swiglu_backward(dgu, act_row(v->gu, o, 2 * (size_t)F, m->esize), dh, n, F, NULL);
-  k->matmul_backward_f32(s->dxp + o * C, expert_grad(m, MO_GU, l, e), NULL, dgu,
-                         act_row(v->xp, o, (size_t)C, m->esize), expert_weight(m, MO_GU, l, e), n,
-                         C, 2 * F, m->prec, NULL);
+  k->swiglu_backward(dgu, act_row(x->v->gu, o, 2 * (size_t)F, es), dh, n, F, NULL);
+  k->matmul_backward_f32(x->dxe + o * C, expert_grad(m, MO_GU, l, i), NULL, dgu,
+                         act_row(x->xe, o, (size_t)C, es), expert_weight(m, MO_GU, l, i), n, C,
+                         2 * F, m->prec, NULL);
 }
 
 /* The router's backward into dx (WRITTEN): the routing weights' gradients (dw) with the
@@ -150,19 +236,25 @@ wf_status wf__moe_mlp_backward(wf_model *m, const moe_layer *v, const moe_scratc
                                const void *n2, const float *dy, float *dx, int l, int N)
 {
   wf_status st = WF_OK;
-  int C = m->d.C, E = m->d.E, K = m->d.K;
+  int C = m->d.C, K = m->d.K;
   const void *xin;
-  rows r = {0};
+  plan p = {0};
+  WF_TRY(plan_alloc(m, &p));
   wf_moe_combine_backward(s->dyp, s->dw, dy, v->y, v->w, v->pos, N, K, C, (int)m->prec);
-  WF_TRY(rows_read(m, v, &r));
-  for (int e = 0; e < E; e++)
-    if (r.count[e] > 0)
-      expert_backward(m, v, s, l, e, r.off[e], r.count[e]);
+  WF_TRY(plan_read(m, v, &p, false));
+  bool ep = p.ep > 1;
+  side x = {.v = v, .s = s, .xe = ep ? v->xr : v->xp, .dye = ep ? s->dyr : s->dyp,
+            .dxe = ep ? s->dxr : s->dxp};
+  if (ep) /* the output gradients to the experts' ranks */
+    WF_TRY(exchange(m, &p, s->dyp, s->dyr, (int)m->prec, true));
+  each_chunk(m, &p, expert_backward, &x, l);
+  if (ep) /* the inputs' gradients back to the tokens' ranks */
+    WF_TRY(exchange(m, &p, s->dxr, s->dxp, WF_PREC_NO, false));
   /* dy is read: the tp region's input may now be gathered again where dy was (da.full) */
   WF_TRY(wf__enter_fwd(m, &xin, n2, m->da.full, (size_t)N, (size_t)C));
   router_backward(m, v, s, xin, dx, l, N);
   wf_moe_unpermute(dx, s->dxp, v->pos, N, K, C);
 fail:
-  free(r.count);
+  plan_free(&p);
   return st;
 }

@@ -58,7 +58,11 @@ int wf__moe_tensor(const wf_model *m, int x);
 
 /* The layer's memory and its sizes (block.c), shared with experts.c. Activations (void *)
  * are stored in the model's format, the rest fp32 (or int). N tokens, R replicated rows,
- * M = N K expert rows, E experts, G q/k norm groups a row. */
+ * M = N K expert rows, E experts, G q/k norm groups a row; under expert parallelism (ep
+ * ranks of El = E / ep experts each) the rows this rank's experts receive, Me at most:
+ * dropless, every token of every ep rank may choose them (ep N min(K, El)); under a
+ * capacity, each expert takes at most its capacity from each rank (ep El cap). Without it
+ * the expert side is the token side (xr, dyr, dxr unused: xp, dyp, dxp serve). */
 typedef struct moe_layer {
   void *n1;        /* (R,C) */
   float *n1_rstd;  /* (R) */
@@ -76,17 +80,21 @@ typedef struct moe_layer {
   float *w;        /* (N K) their routing weights */
   int *pos;        /* (N K) each pair's expert-major row, -1 dropped */
   int *counts;     /* (E) each expert's rows */
+  int *rc;         /* (ep, El) expert parallelism: the rows each rank sent each local expert */
   void *xp;        /* (M, C) the expert inputs, expert-major */
-  void *gu;        /* (M, 2F_l) each expert's [gate | up] */
-  void *h;         /* (M, F_l) silu(gate) * up */
-  float *y;        /* (M, C) the experts' outputs (tp-partial sums) */
+  float *y;        /* (M, C) the experts' outputs (tp-partial sums), expert-major */
+  void *xr;        /* (Me, C) expert parallelism: the rows this rank's experts received */
+  void *gu;        /* (Me, 2F_l) each expert's [gate | up] */
+  void *h;         /* (Me, F_l) silu(gate) * up */
 } moe_layer;
 
 typedef struct moe_scratch {
-  void *da;        /* (max(M 2F_l, N qkv_l)): d[gate | up], then dqkv */
-  void *db;        /* (max(M F_l, N q_l)): dh, then datty; a recomputed attention output */
+  void *da;        /* (max(Me 2F_l, N qkv_l)): d[gate | up], then dqkv */
+  void *db;        /* (max(Me F_l, N q_l)): dh, then datty; a recomputed attention output */
   void *dyp;       /* (M, C) the experts' output gradients, expert-major */
   float *dxp;      /* (M, C) the experts' input gradients */
+  void *dyr;       /* (Me, C) expert parallelism: the output gradients this rank received */
+  float *dxr;      /* (Me, C) their input gradients; in forward, the experts' outputs */
   void *dlogits;   /* (N, E) */
   float *dw;       /* (N K) the routing weights' gradients */
   float *qk_sums;  /* (N, G) the q/k norms' partial sums (tp-reduced) */
@@ -99,7 +107,8 @@ size_t wf__moe_hs(const wf__geo *z);
 size_t wf__moe_q_local(const wf__geo *z);
 size_t wf__moe_qkv_local(const wf__geo *z);
 size_t wf__moe_f_local(const wf__geo *z);
-size_t wf__moe_rows(const wf__geo *z); /* M */
+size_t wf__moe_rows(const wf__geo *z);        /* M = N K */
+size_t wf__moe_expert_rows(const wf__geo *z); /* Me: the most rows this rank's experts take */
 
 /* experts.c: the sparse MLP of layer l on the MoE input xin (N, C, after entering the tp
  * region), its combined output (a tp-partial sum) into out (N, C) fp32, the layer's
