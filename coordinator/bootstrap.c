@@ -218,8 +218,7 @@ static void group_str(const wf_mesh *m, wf_axis axis, int rank, char *out, size_
 /* The context-parallel columns (cp > 1 only: a mesh without cp prints as it always did). */
 /* The optional columns after the emb group (the cp group, the ep and edp groups), each
  * padded to the width of the one before it, and the line's end. */
-static void print_extra(FILE *out, const char *emb, const char *cp, const char *ep,
-                        const char *edp)
+static void print_extra(FILE *out, const char *emb, const char *cp, const char *ep, const char *edp)
 {
   const char *col[] = {emb, cp, ep, edp};
   int last = 0;

@@ -71,7 +71,7 @@ struct wf_control {
   /* Step reports not yet sent, oldest first: every step reaches the coordinator (the live
    * view draws one point per step) unless the control thread falls REPORTS_QUEUED steps
    * behind, when the oldest give way. */
-  Weft__StepReport reports[REPORTS_QUEUED];
+  wf_step_report reports[REPORTS_QUEUED];
   int report_head, n_reports;
   int err_code;
   char err_msg[512];
@@ -533,13 +533,54 @@ fail:
 
 static void on_close_timer(uv_timer_t *t) { close_all(t->data); }
 
+/* The message of a report; its figures point into f and fp (WF_STEP_FIGURES each). */
+static void report_to_proto(const wf_step_report *r, Weft__StepReport *sr, Weft__Figure *f,
+                            Weft__Figure **fp)
+{
+  *sr = (Weft__StepReport)WEFT__STEP_REPORT__INIT;
+  sr->step = r->step;
+  sr->loss = r->loss;
+  sr->tokens_per_s = r->tokens_per_s;
+  sr->step_ms = r->step_ms;
+  sr->mem_bytes = r->mem_bytes;
+  sr->steps = r->steps;
+  sr->tokens = r->tokens;
+  sr->world_size = r->world_size;
+  sr->lr = r->lr;
+  sr->grad_norm = r->grad_norm;
+  sr->val_loss = r->val_loss;
+  sr->loss_scale = r->loss_scale;
+  sr->mfu = r->mfu;
+  sr->compute_s = r->compute_s;
+  sr->p2p_wait_s = r->p2p_wait_s;
+  sr->tp_s = r->tp_s;
+  sr->dp_s = r->dp_s;
+  sr->bubble = r->bubble;
+  sr->act_bytes = r->act_bytes;
+  sr->optim_bytes = r->optim_bytes;
+  sr->param_bytes = r->param_bytes;
+  sr->grad_bytes = r->grad_bytes;
+  sr->skipped_steps = r->skipped_steps;
+  sr->ckpt_wall = r->ckpt_wall;
+  sr->checkpoints = r->checkpoints;
+  int n = WF_MIN(r->n_figures, WF_STEP_FIGURES);
+  for (int i = 0; i < n; i++) {
+    f[i] = (Weft__Figure)WEFT__FIGURE__INIT;
+    f[i].name = (char *)r->figures[i].name, f[i].value = r->figures[i].value;
+    fp[i] = &f[i];
+  }
+  sr->n_figures = (size_t)n, sr->figures = n ? fp : NULL;
+}
+
 /* Send the queued step reports, oldest first. */
-static void send_reports(wf_control *c, const Weft__StepReport *q, int n)
+static void send_reports(wf_control *c, const wf_step_report *q, int n)
 {
   Weft__Envelope env = WEFT__ENVELOPE__INIT;
+  Weft__Figure f[WF_STEP_FIGURES], *fp[WF_STEP_FIGURES];
   bool sent = true;
   for (int i = 0; i < n && sent; i++) {
-    Weft__StepReport sr = q[i];
+    Weft__StepReport sr;
+    report_to_proto(&q[i], &sr, f, fp);
     env.msg_case = WEFT__ENVELOPE__MSG_STEP_REPORT;
     env.step_report = &sr;
     sent = send_tracked(c, &env, false, false);
@@ -552,7 +593,7 @@ static void on_async(uv_async_t *a)
 {
   wf_control *c = a->data;
   Weft__Envelope env = WEFT__ENVELOPE__INIT;
-  Weft__StepReport q[REPORTS_QUEUED];
+  static _Thread_local wf_step_report q[REPORTS_QUEUED]; /* 72 KiB: not on the loop's stack */
   Weft__Error err = WEFT__ERROR__INIT;
   char msg[512];
   pthread_mutex_lock(&c->lock);
@@ -765,38 +806,12 @@ void wf_control_report(wf_control *c, const wf_step_report *r)
 {
   if (!c)
     return;
-  Weft__StepReport sr = WEFT__STEP_REPORT__INIT;
-  sr.step = r->step;
-  sr.loss = r->loss;
-  sr.tokens_per_s = r->tokens_per_s;
-  sr.step_ms = r->step_ms;
-  sr.mem_bytes = r->mem_bytes;
-  sr.steps = r->steps;
-  sr.tokens = r->tokens;
-  sr.world_size = r->world_size;
-  sr.lr = r->lr;
-  sr.grad_norm = r->grad_norm;
-  sr.val_loss = r->val_loss;
-  sr.loss_scale = r->loss_scale;
-  sr.mfu = r->mfu;
-  sr.compute_s = r->compute_s;
-  sr.p2p_wait_s = r->p2p_wait_s;
-  sr.tp_s = r->tp_s;
-  sr.dp_s = r->dp_s;
-  sr.bubble = r->bubble;
-  sr.act_bytes = r->act_bytes;
-  sr.optim_bytes = r->optim_bytes;
-  sr.param_bytes = r->param_bytes;
-  sr.grad_bytes = r->grad_bytes;
-  sr.skipped_steps = r->skipped_steps;
-  sr.ckpt_wall = r->ckpt_wall;
-  sr.checkpoints = r->checkpoints;
   pthread_mutex_lock(&c->lock);
   if (c->n_reports == REPORTS_QUEUED) { /* the control thread is far behind: drop the oldest */
     c->report_head = (c->report_head + 1) % REPORTS_QUEUED;
     c->n_reports--;
   }
-  c->reports[(c->report_head + c->n_reports++) % REPORTS_QUEUED] = sr;
+  c->reports[(c->report_head + c->n_reports++) % REPORTS_QUEUED] = *r;
   c->step = r->step;
   c->mem_bytes = r->mem_bytes;
   pthread_mutex_unlock(&c->lock);

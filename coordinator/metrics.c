@@ -143,6 +143,23 @@ static void job_training_series(text *t, wf_service *svc)
              "estimated seconds to the last step, at the last step's pace", eta);
 }
 
+/* The model's named figures of the last step (a mixture of experts' router/aux_loss,
+ * ...) as gauges weft_<name>, '/' read as '_'. */
+static void job_figure_series(text *t, wf_service *svc)
+{
+  const wf_step_report *j = &svc->job;
+  for (int i = 0; i < j->n_figures && i < WF_STEP_FIGURES; i++) {
+    char name[64], help[128];
+    snprintf(name, sizeof name, "weft_%s", j->figures[i].name);
+    for (char *p = name; *p; p++)
+      if (*p == '/')
+        *p = '_';
+    snprintf(help, sizeof help, "the model's figure %s of the last step (as the metrics file's)",
+             j->figures[i].name);
+    job_sample(t, svc, name, "gauge", help, j->figures[i].value);
+  }
+}
+
 typedef struct rank_metric {
   const char *name, *type, *help;
   double (*get)(const wf__rank *r, double now);
@@ -227,6 +244,7 @@ static char *metrics_text(wf_service *svc, size_t *len)
     return NULL;
   job_series(&t, svc);
   job_training_series(&t, svc);
+  job_figure_series(&t, svc);
   rank_series(&t, svc, wf__now_ms());
   if (t.oom) {
     free(t.buf);

@@ -269,6 +269,19 @@ static void on_heartbeat(wf__conn *c, const Weft__Heartbeat *hb)
   wf__sanitize(r->coll_op, sizeof r->coll_op, hb->coll_op);
 }
 
+/* A figure's name as /metrics may print it: letters, digits, '_' and '/', else '_'. */
+static void figure_name(char *dst, size_t len, const char *src)
+{
+  size_t i = 0;
+  for (; src && src[i] && i + 1 < len; i++) {
+    char ch = src[i];
+    bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '_' || ch == '/';
+    dst[i] = ok ? ch : '_';
+  }
+  dst[i] = '\0';
+}
+
 static void report_from_proto(wf_step_report *r, const Weft__StepReport *sr)
 {
   *r = (wf_step_report){.step = sr->step,
@@ -296,6 +309,14 @@ static void report_from_proto(wf_step_report *r, const Weft__StepReport *sr)
                         .skipped_steps = sr->skipped_steps,
                         .ckpt_wall = sr->ckpt_wall,
                         .checkpoints = sr->checkpoints};
+  for (size_t i = 0; i < sr->n_figures && r->n_figures < WF_STEP_FIGURES; i++) {
+    const Weft__Figure *f = sr->figures[i];
+    if (!f || !f->name || !f->name[0])
+      continue;
+    wf_step_figure *d = &r->figures[r->n_figures++];
+    figure_name(d->name, sizeof d->name, f->name);
+    d->value = f->value;
+  }
 }
 
 #define TAKE(f)                                                                                    \
@@ -324,6 +345,10 @@ static void job_from_report(wf_service *svc, const wf_step_report *r)
   j->skipped_steps = WF_MAX(j->skipped_steps, r->skipped_steps);
   j->ckpt_wall = WF_MAX(j->ckpt_wall, r->ckpt_wall);
   j->checkpoints = WF_MAX(j->checkpoints, r->checkpoints);
+  if (r->n_figures > 0) { /* a model's figures, the same on every rank that has them */
+    j->n_figures = r->n_figures;
+    memcpy(j->figures, r->figures, sizeof j->figures);
+  }
 }
 #undef TAKE
 

@@ -130,6 +130,11 @@ void wf_control_report_step(wf_control *ctl, int64_t step, double loss, double t
 
 /* Everything a step tells the coordinator, for the console and /metrics. Times in
  * seconds and this rank's own; NAN where a figure does not apply (see weft.proto). */
+#define WF_STEP_FIGURES 16 /* named figures a report carries (a model's; weft.proto's Figure) */
+typedef struct wf_step_figure {
+  char name[48]; /* as the metrics file names it: letters, digits, '_' and '/' */
+  double value;
+} wf_step_figure;
 typedef struct wf_step_report {
   int64_t step, steps;
   double loss, tokens_per_s, step_ms;
@@ -142,6 +147,8 @@ typedef struct wf_step_report {
   int64_t skipped_steps;
   double ckpt_wall;    /* wall time (s since the epoch) the last checkpoint ended; 0 = none */
   int64_t checkpoints; /* checkpoints written by this run */
+  int n_figures;       /* a model's named figures of the step (a MoE router's) */
+  wf_step_figure figures[WF_STEP_FIGURES];
 } wf_step_report;
 void wf_control_report(wf_control *ctl, const wf_step_report *r);
 /* "forward", "backward", "optimizer", ... A phase beginning with "checkpoint" is never

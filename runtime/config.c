@@ -371,7 +371,7 @@ static wf_status parse_axes(const char *name, const char *const *items, int n, i
     if (a < 0)
       return wf__cfg_fail(ctx, name,
                           "unknown mesh axis '%s'; use dp (data, fsdp), tp (tensor, model), "
-                          "pp (pipe, pipeline) or cp (context)",
+                          "pp (pipe, pipeline), cp (context) or expert (ep)",
                           items[i]);
     if (seen[a])
       return wf__cfg_fail(ctx, name, "mesh axis '%s' is named twice (as %s)", items[i],

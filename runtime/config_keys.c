@@ -77,9 +77,9 @@ static const wf__cfg_enum log_levels[] = {{"error", WF_LOG_ERROR},  {"warn", WF_
 static const wf__cfg_enum ties[] = {{"auto", WF_TIE_AUTO}, {"true", WF_TIE_YES},
                                     {"false", WF_TIE_NO},  {"yes", WF_TIE_YES},
                                     {"no", WF_TIE_NO},     {NULL, 0}};
-static const wf__cfg_enum switches[] = {
-    {"auto", WF_SWITCH_AUTO}, {"true", WF_SWITCH_ON}, {"false", WF_SWITCH_OFF},
-    {"yes", WF_SWITCH_ON},    {"no", WF_SWITCH_OFF},  {NULL, 0}};
+static const wf__cfg_enum switches[] = {{"auto", WF_SWITCH_AUTO}, {"true", WF_SWITCH_ON},
+                                        {"false", WF_SWITCH_OFF}, {"yes", WF_SWITCH_ON},
+                                        {"no", WF_SWITCH_OFF},    {NULL, 0}};
 static const wf__cfg_enum rope_types[] = {
     {"none", WF_ROPE_NONE}, {"llama3", WF_ROPE_LLAMA3}, {NULL, 0}};
 static const wf__cfg_enum devices[] = {{"auto", WF_DEV_AUTO},

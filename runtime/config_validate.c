@@ -226,17 +226,20 @@ static wf_status rule_ep(vctx *v)
                 "more dp ranks)",
                 ep, dp, dp);
   if (c->mesh.fsdp > 0 && c->mesh.fsdp < dp)
-    return fail(v, "mesh.ep=%d with mesh.fsdp=%d: expert parallelism beside HSDP's replicas is "
-                   "not supported; remove mesh.fsdp or set mesh.ep=1",
+    return fail(v,
+                "mesh.ep=%d with mesh.fsdp=%d: expert parallelism beside HSDP's replicas is "
+                "not supported; remove mesh.fsdp or set mesh.ep=1",
                 ep, c->mesh.fsdp);
   if (c->train.checkpoint_dir[0] || c->train.resume[0])
-    return fail(v, "mesh.ep=%d with train.checkpoint_dir or train.resume: checkpoints of an "
-                   "expert-parallel mesh are not supported yet (each ep rank holds other experts); "
-                   "train with mesh.ep=1 to checkpoint, or keep the weights with --save",
+    return fail(v,
+                "mesh.ep=%d with train.checkpoint_dir or train.resume: checkpoints of an "
+                "expert-parallel mesh are not supported yet (each ep rank holds other experts); "
+                "train with mesh.ep=1 to checkpoint, or keep the weights with --save",
                 ep);
   if (c->precision == WF_PREC_FP16)
-    return fail(v, "mesh.ep=%d with precision=fp16: fp16 loss scaling is not supported under "
-                   "expert parallelism; use precision=bf16 or no",
+    return fail(v,
+                "mesh.ep=%d with precision=fp16: fp16 loss scaling is not supported under "
+                "expert parallelism; use precision=bf16 or no",
                 ep);
   return WF_OK;
 }
@@ -327,13 +330,23 @@ static wf_status rule_moe(vctx *v)
   const wf_config *c = v->c;
   const char *f = c->model.family;
   int E = c->model.experts, K = c->model.experts_per_token, ep = c->mesh.ep;
+  /* model.init names its own family: the trainer checks these against it once read */
+  bool from_file =
+      c->model.init[0] && c->source[wf_config_key_find("model.family")] == WF_SRC_DEFAULT;
   if (!moe_family(f)) {
+    if (from_file)
+      return WF_OK;
     if (E > 0 || K > 0 || ep > 1)
       return fail(v,
                   "%s=%d: model.family=%s has no experts; use model.family=olmoe, qwen3_moe or "
                   "mixtral (or a preset such as olmoe-tiny), or remove it",
-                  E > 0 ? "model.experts" : K > 0 ? "model.experts_per_token" : "mesh.ep",
-                  E > 0 ? E : K > 0 ? K : ep, f);
+                  E > 0   ? "model.experts"
+                  : K > 0 ? "model.experts_per_token"
+                          : "mesh.ep",
+                  E > 0   ? E
+                  : K > 0 ? K
+                          : ep,
+                  f);
     if (c->model.head_dim && c->model.head_dim * c->model.heads != c->model.d_model)
       return fail(v,
                   "model.head_dim=%d: model.family=%s's heads are d_model / heads = %d wide; "
@@ -353,6 +366,14 @@ static wf_status rule_moe(vctx *v)
                 ep, E, E);
   if (c->model.head_dim % 2)
     return fail(v, "model.head_dim=%d: RoPE needs an even head size", c->model.head_dim);
+  /* The load-balancing loss is a product of two means over a micro-batch's tokens, which
+   * context parallelism would split over its ranks (each would see part of the batch). */
+  if (c->mesh.cp > 1)
+    return fail(v,
+                "mesh.cp=%d with model.family=%s: the routers' load-balancing statistics are not "
+                "yet summed over the context-parallel ranks; set mesh.cp=1 (expert, tensor, "
+                "pipeline and data parallelism all apply)",
+                c->mesh.cp, f);
   return WF_OK;
 }
 
@@ -676,9 +697,9 @@ static wf_status rule_stream(vctx *v)
   return WF_OK;
 }
 
-static const rule_fn rules[] = {rule_ranges, rule_nodes,    rule_world,     rule_mesh, rule_ep, rule_fsdp,
-                                rule_model,  rule_pipeline, rule_batch,     rule_seq,  rule_cp,
-                                rule_data,   rule_stream,   rule_precision, rule_train};
+static const rule_fn rules[] = {rule_ranges, rule_nodes, rule_world,    rule_mesh,      rule_ep,
+                                rule_fsdp,   rule_model, rule_pipeline, rule_batch,     rule_seq,
+                                rule_cp,     rule_data,  rule_stream,   rule_precision, rule_train};
 
 /* A derived value is marked as such; a key that was derived before but is not now
  * (the world became unknown) goes back to its default's standing. */

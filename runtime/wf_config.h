@@ -113,16 +113,16 @@ typedef struct wf_config {
     double norm_eps;                     /* RMSNorm's epsilon; 0 = the family's (1e-5) */
     int head_dim;                        /* the attention head size; 0 = d_model / heads */
     /* mixture of experts (model.family olmoe, qwen3_moe, mixtral) */
-    int experts;                   /* experts per layer (num_experts) */
-    int experts_per_token;         /* top-k (num_experts_per_tok) */
-    wf_switch norm_topk_prob;      /* renormalise the top-k weights; auto = the family's */
-    double router_aux_loss_coef;   /* load-balancing loss coefficient; -1 = the family's */
-    double router_z_loss_coef;     /* router z-loss coefficient; 0 = none */
-    double capacity_factor;        /* expert capacity; 0 = dropless */
-    double shard_mb;        /* safetensors folders: the largest file (MB); 0 = 5000 (5 GB) */
-    int vocab;              /* real vocabulary size V */
-    int padded_vocab;       /* Vp, V rounded up to a multiple of 128 (derived) */
-    char init[WF_PATH_MAX]; /* llm.c checkpoint to start from; "" = random init */
+    int experts;                 /* experts per layer (num_experts) */
+    int experts_per_token;       /* top-k (num_experts_per_tok) */
+    wf_switch norm_topk_prob;    /* renormalise the top-k weights; auto = the family's */
+    double router_aux_loss_coef; /* load-balancing loss coefficient; -1 = the family's */
+    double router_z_loss_coef;   /* router z-loss coefficient; 0 = none */
+    double capacity_factor;      /* expert capacity; 0 = dropless */
+    double shard_mb;             /* safetensors folders: the largest file (MB); 0 = 5000 (5 GB) */
+    int vocab;                   /* real vocabulary size V */
+    int padded_vocab;            /* Vp, V rounded up to a multiple of 128 (derived) */
+    char init[WF_PATH_MAX];      /* llm.c checkpoint to start from; "" = random init */
   } model;
   struct {
     int steps;

@@ -154,9 +154,11 @@ static int run_profile_hw(const wf__cmd_ctx *c)
 static int run_dry_run(const wf__cmd_ctx *c)
 {
   if (c->rank == 0) {
+    const wf_mesh *m = wf_job_mesh(c->job);
     wf_job_print_table(c->job, stdout);
-    printf("groups verified against MPI: tp, dp, pp and embedding communicators match the "
-           "mesh\n");
+    printf("groups verified against MPI: tp, dp, pp%s%s and embedding communicators match the "
+           "mesh\n",
+           m->cp > 1 ? ", cp, dp x cp" : "", m->ep > 1 ? ", ep, edp" : "");
   }
   return WF_EXIT_OK;
 }

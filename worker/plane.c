@@ -472,6 +472,11 @@ void wf_plane_report_step(wf_plane *p, const wf_job *job, const wf_train_step_in
       .ckpt_wall = ckpt_wall,
       .checkpoints = checkpoints,
   };
+  for (int i = 0; i < info->n_extra && r.n_figures < WF_STEP_FIGURES; i++) {
+    wf_step_figure *f = &r.figures[r.n_figures++];
+    wf_strlcpy(f->name, info->extra[i].name, sizeof f->name);
+    f->value = info->extra[i].value;
+  }
   wf_control_report(p->ctl, &r);
 }
 

@@ -40,8 +40,7 @@ static void combine_share(void *ctx, int tid, int nt)
   }
 }
 
-void wf_moe_combine(float *out, const float *y, const float *w, const int *pos, int N, int K,
-                    int C)
+void wf_moe_combine(float *out, const float *y, const float *w, const int *pos, int N, int K, int C)
 {
   comb v = {.out = out, .y = y, .w = w, .pos = pos, .N = N, .K = K, .C = C};
   wf__parallel(wf__threads_for((size_t)N * (size_t)K * (size_t)C), combine_share, &v);
@@ -76,7 +75,15 @@ static void backward_share(void *ctx, int tid, int nt)
 void wf_moe_combine_backward(void *dyp, float *dw, const float *dout, const float *y,
                              const float *w, const int *pos, int N, int K, int C, int fmt)
 {
-  comb v = {.dyp = dyp, .dw = dw, .dout = dout, .y = y, .w = w, .pos = pos, .N = N, .K = K,
-            .C = C, .fmt = fmt};
+  comb v = {.dyp = dyp,
+            .dw = dw,
+            .dout = dout,
+            .y = y,
+            .w = w,
+            .pos = pos,
+            .N = N,
+            .K = K,
+            .C = C,
+            .fmt = fmt};
   wf__parallel(wf__threads_for((size_t)N * (size_t)K * (size_t)C), backward_share, &v);
 }

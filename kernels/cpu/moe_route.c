@@ -74,8 +74,15 @@ static void forward_share(void *ctx, int tid, int nt)
 void wf_moe_route_forward(float *probs, float *lse, int *idx, float *w, float *stats,
                           const float *logits, int N, int E, int K, bool renorm)
 {
-  route r = {.probs = probs, .lse = lse, .w = w, .idx = idx, .logits = logits, .N = N, .E = E,
-             .K = K, .renorm = renorm};
+  route r = {.probs = probs,
+             .lse = lse,
+             .w = w,
+             .idx = idx,
+             .logits = logits,
+             .N = N,
+             .E = E,
+             .K = K,
+             .renorm = renorm};
   wf__parallel(wf__threads_for((size_t)N * (size_t)E * (size_t)K), forward_share, &r);
   float *cnt = stats, *psum = stats + E;
   double z = 0;
@@ -135,9 +142,20 @@ void wf_moe_route_backward(void *dlogits, const float *dw, const float *probs, c
                            const int *idx, const float *w, const float *cnt, float aux_scale,
                            float z_scale, int N, int E, int K, bool renorm, int fmt)
 {
-  route r = {.probs = (float *)probs, .lse = (float *)lse, .w = (float *)w, .idx = (int *)idx,
-             .dw = dw, .cnt = cnt, .dlogits = dlogits, .aux_scale = aux_scale,
-             .z_scale = z_scale, .N = N, .E = E, .K = K, .fmt = fmt, .renorm = renorm};
+  route r = {.probs = (float *)probs,
+             .lse = (float *)lse,
+             .w = (float *)w,
+             .idx = (int *)idx,
+             .dw = dw,
+             .cnt = cnt,
+             .dlogits = dlogits,
+             .aux_scale = aux_scale,
+             .z_scale = z_scale,
+             .N = N,
+             .E = E,
+             .K = K,
+             .fmt = fmt,
+             .renorm = renorm};
   wf__parallel(wf__threads_for((size_t)N * (size_t)E * (size_t)K), backward_share, &r);
 }
 

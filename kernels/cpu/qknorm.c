@@ -63,8 +63,15 @@ static void sumsq_share(void *ctx, int tid, int nt)
 void wf_qknorm_sumsq(float *ss, const void *qkv, int N, int ld, int nq, int gq, int nk, int gk,
                      int fmt)
 {
-  qkn v = {.ss = ss, .qkv = (void *)qkv, .N = N, .ld = ld, .nq = nq, .gq = gq, .nk = nk,
-           .gk = gk, .fmt = fmt};
+  qkn v = {.ss = ss,
+           .qkv = (void *)qkv,
+           .N = N,
+           .ld = ld,
+           .nq = nq,
+           .gq = gq,
+           .nk = nk,
+           .gk = gk,
+           .fmt = fmt};
   wf__parallel(wf__threads_for((size_t)N * (size_t)(nq + nk)), sumsq_share, &v);
 }
 
@@ -95,8 +102,21 @@ void wf_qknorm_forward(void *qkv, void *raw, float *rstd, const float *ss, const
                        const float *wk, int N, int ld, int nq, int gq, int fq, int nk, int gk,
                        int fk, float eps, int fmt)
 {
-  qkn v = {.qkv = qkv, .raw = raw, .rstd = rstd, .ss = (float *)ss, .wq = wq, .wk = wk, .N = N,
-           .ld = ld, .nq = nq, .gq = gq, .fq = fq, .nk = nk, .gk = gk, .fk = fk, .eps = eps,
+  qkn v = {.qkv = qkv,
+           .raw = raw,
+           .rstd = rstd,
+           .ss = (float *)ss,
+           .wq = wq,
+           .wk = wk,
+           .N = N,
+           .ld = ld,
+           .nq = nq,
+           .gq = gq,
+           .fq = fq,
+           .nk = nk,
+           .gk = gk,
+           .fk = fk,
+           .eps = eps,
            .fmt = fmt};
   wf__parallel(wf__threads_for((size_t)N * (size_t)(nq + nk)), forward_share, &v);
 }
@@ -138,8 +158,18 @@ void wf_qknorm_dot(float *dot, const void *dqkv, const void *raw, const float *r
                    const float *wq, const float *wk, int N, int ld, int nq, int gq, int nk, int gk,
                    int fmt)
 {
-  qkn v = {.dot = dot, .dqkv = (void *)dqkv, .raw = (void *)raw, .rstd = (float *)rstd,
-           .wq = wq, .wk = wk, .N = N, .ld = ld, .nq = nq, .gq = gq, .nk = nk, .gk = gk,
+  qkn v = {.dot = dot,
+           .dqkv = (void *)dqkv,
+           .raw = (void *)raw,
+           .rstd = (float *)rstd,
+           .wq = wq,
+           .wk = wk,
+           .N = N,
+           .ld = ld,
+           .nq = nq,
+           .gq = gq,
+           .nk = nk,
+           .gk = gk,
            .fmt = fmt};
   wf__parallel(wf__threads_for((size_t)N * (size_t)(nq + nk)), dot_share, &v);
 }
@@ -194,9 +224,23 @@ void wf_qknorm_backward(void *dqkv, float *dwq, float *dwk, const void *raw, con
                         const float *dot, const float *wq, const float *wk, int N, int ld, int nq,
                         int gq, int fq, int nk, int gk, int fk, int fmt)
 {
-  qkn v = {.dqkv = dqkv, .dwq = dwq, .dwk = dwk, .raw = (void *)raw, .rstd = (float *)rstd,
-           .sums = dot, .wq = wq, .wk = wk, .N = N, .ld = ld, .nq = nq, .gq = gq, .fq = fq,
-           .nk = nk, .gk = gk, .fk = fk, .fmt = fmt};
+  qkn v = {.dqkv = dqkv,
+           .dwq = dwq,
+           .dwk = dwk,
+           .raw = (void *)raw,
+           .rstd = (float *)rstd,
+           .sums = dot,
+           .wq = wq,
+           .wk = wk,
+           .N = N,
+           .ld = ld,
+           .nq = nq,
+           .gq = gq,
+           .fq = fq,
+           .nk = nk,
+           .gk = gk,
+           .fk = fk,
+           .fmt = fmt};
   size_t work = (size_t)N * (size_t)(nq + nk);
   wf__parallel(wf__threads_for(work), dw_share, &v); /* before dy is overwritten */
   wf__parallel(wf__threads_for(work), backward_share, &v);

@@ -907,7 +907,7 @@ static void test_port_in_use_and_unreachable(void **state)
   /* A worker whose coordinator is not there gives up after its connect timeout. */
   char ep[64];
   snprintf(ep, sizeof ep, "127.0.0.1:%d", free_port());
-  wf_mesh m = {1, 1, 1, 1};
+  wf_mesh m = {1, 1, 1, 1, 1};
   wf_control_opts co = {
       .endpoint = ep, .token = "t", .facts = facts_for(0, &m), .connect_timeout_ms = 500};
   wf_control *ctl = NULL;
@@ -945,7 +945,7 @@ static void test_connect_deadline(void **state)
   snprintf(ep, sizeof ep, "127.0.0.1:%d", ntohs(sa.sin_port));
   snprintf(want, sizeof want, "(127.0.0.1 port %d) within runtime.connect_timeout=0.5 s",
            ntohs(sa.sin_port));
-  wf_mesh m = {1, 1, 1, 1};
+  wf_mesh m = {1, 1, 1, 1, 1};
   wf_control_opts co = {
       .endpoint = ep, .token = "t", .facts = facts_for(0, &m), .connect_timeout_ms = 500};
   wf_control *ctl = NULL;

@@ -6,6 +6,9 @@ A real 2-rank job (mesh.pp=2, so the pipeline's figures are real) serves /metric
                    and the figures in it agree with the job's own step lines.
   MODE prometheus: a real Prometheus server scrapes the job; its query API returns
                    the job's series with job_id beside Prometheus's own `job` label.
+  MODE moe:        a mixture of experts on 2 expert-parallel ranks (olmoe-tiny, mesh.ep=2):
+                   promtool accepts the scrape, and its router series (weft_router_*) are
+                   values the job's metrics file holds under the same names.
 Skipped (77) when promtool / prometheus is not installed (Debian: prometheus).
 """
 import json, os, re, shutil, subprocess, sys, tempfile, time, urllib.request
@@ -13,7 +16,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from testlib import free_ports  # noqa: E402
 
 mpirun, worker, coordinator, mode = sys.argv[1:5]
-tool = "promtool" if mode == "promtool" else "prometheus"
+tool = "prometheus" if mode == "prometheus" else "promtool"
 if not shutil.which(tool):
     print("SKIP: %s is not installed (apt-get install prometheus; scripts/setup.sh does)" % tool)
     sys.exit(77)
@@ -25,12 +28,16 @@ tmp = tempfile.mkdtemp(prefix="weft-prom-")
 jobdir, log = os.path.join(tmp, "jobs"), os.path.join(tmp, "log")
 port, mport = free_ports(2)
 env = dict(os.environ, WEFT_JOB_DIR=jobdir, MASTER_PORT=str(port), MASTER_ADDR="127.0.0.1")
+metrics = os.path.join(tmp, "m.jsonl")
+if mode == "moe":
+    shape = ["model.preset=olmoe-tiny", "mesh.ep=2", "train.metrics=" + metrics]
+else:
+    shape = ["mesh.pp=2", "train.microbatches=4", "train.checkpoint_every=20",
+             "train.checkpoint_dir=" + os.path.join(tmp, "ck")]
 job = subprocess.Popen([mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
-                        "-np", "2", worker, "mesh.pp=2", "train.microbatches=4",
-                        "train.batch_size=8", "train.steps=100000", "train.warmup=2",
-                        "train.lr=1e-3", "train.checkpoint_every=20",
-                        "train.checkpoint_dir=" + os.path.join(tmp, "ck"),
-                        "runtime.metrics_port=%d" % mport],
+                        "-np", "2", worker] + shape +
+                       ["train.batch_size=8", "train.steps=100000", "train.warmup=2",
+                        "train.lr=1e-3", "runtime.metrics_port=%d" % mport],
                        env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
 prom = None
 
@@ -95,7 +102,37 @@ wait(lambda: re.search(r"^step 25/", text(), re.M), "step 25 (after the checkpoi
 body = scrape()
 s = samples(body)
 
-if mode == "promtool":
+def moe_checks(body, s):
+    r = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True,
+                       text=True, timeout=30)
+    check(r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(),
+          "promtool check metrics rejected the scrape: %s%s" % (r.stdout, r.stderr))
+    names = ["router/aux_loss", "router/dropped_tokens", "router/tokens_per_expert_min",
+             "router/tokens_per_expert_max", "router/imbalance"]
+
+    def in_file():  # complete lines only: the job is still writing
+        with open(metrics) as f:
+            lines = [json.loads(l) for l in f if l.endswith("\n")]
+        return all(any(l.get(n) == value(s, "weft_" + n.replace("/", "_")) for l in lines)
+                   for n in names)
+
+    # each the same double the metrics file wrote for some step (the scrape's step is one
+    # the file has, or will within a step)
+    wait(in_file, "the scrape's router series among the metrics file's values", 20)
+    aux = value(s, "weft_router_aux_loss")
+    # transformers' load-balancing loss lies in [K, E] = [2, 4] for top-2 of 4 experts
+    check(2 <= aux <= 4, "weft_router_aux_loss %s outside [2, 4]" % aux)
+    check(value(s, "weft_router_dropped_tokens") == 0, "a dropless run dropped tokens")
+    check("weft_router_z_loss" not in body, "a z-loss series without model.router_z_loss_coef")
+    print("scrape: weft_router_aux_loss %.6f, tokens per expert %g..%g, imbalance %.4f: each a "
+          "value of the metrics file" % (aux, value(s, "weft_router_tokens_per_expert_min"),
+                                         value(s, "weft_router_tokens_per_expert_max"),
+                                         value(s, "weft_router_imbalance")))
+
+
+if mode == "moe":
+    moe_checks(body, s)
+elif mode == "promtool":
     r = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True,
                        text=True, timeout=30)
     print("promtool check metrics: exit %d %s%s" % (r.returncode, r.stdout.strip(),

@@ -233,6 +233,15 @@ def bad_inputs(tmp):
             "model.experts_per_token above model.experts", "model.experts_per_token=5")
     refused(["model.preset=mixtral-tiny", "mesh.ep=3", "train.steps=1"],
             "mesh.ep not dividing the experts", "mesh.ep=3", np=3)
+    # the family comes from the file: its experts are checked once it is read
+    good = os.path.join(tmp, "olmoe")
+    refused([f"model.init={good}", "mesh.cp=2", "train.steps=1"],
+            "model.init's mixture of experts under context parallelism", "mesh.cp=2", np=2)
+    dense = os.path.join(tmp, "dense.safetensors")
+    run_ok(["model.preset=llama-tiny", "model.layers=1", "train.steps=1", "--save", dense,
+            "--save-format", "safetensors"])
+    refused([f"model.init={dense}", "mesh.ep=2", "train.steps=1"],
+            "mesh.ep with model.init's dense model", "has no experts", np=2)
 
 
 def main():

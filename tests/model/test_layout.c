@@ -43,8 +43,8 @@ typedef struct mesh {
 } mesh;
 
 static const mesh meshes[] = {
-    {1, 1, 1, {0, 4}, 1},    {2, 1, 1, {0, 4}, 1},    {4, 1, 1, {0, 4}, 1},
-    {1, 2, 1, {0, 2, 4}, 1}, {2, 2, 1, {0, 1, 4}, 1}, {2, 2, 2, {0, 1, 2}, 1},
+    {1, 1, 1, {0, 4}, 1},          {2, 1, 1, {0, 4}, 1},    {4, 1, 1, {0, 4}, 1},
+    {1, 2, 1, {0, 2, 4}, 1},       {2, 2, 1, {0, 1, 4}, 1}, {2, 2, 2, {0, 1, 2}, 1},
     {4, 4, 1, {0, 1, 2, 3, 4}, 1}, {1, 2, 2, {0, 1, 2}, 1},
 };
 
@@ -119,14 +119,30 @@ static wf_status never_sum(void *c, float *x, size_t n)
   fail_msg("a tp region operator was called");
   return WF_EINVAL;
 }
-static const wf_tp_ops never = {WF_TP_OPS_VERSION, never_enter_fwd, never_bwd,   never_bwd,
+static const wf_tp_ops never = {WF_TP_OPS_VERSION, never_enter_fwd, never_bwd, never_bwd,
                                 never_leave_bwd,   never_gather,    never_sum};
+
+static wf_status never_counts(void *c, const int *send, int *recv, size_t n)
+{
+  (void)c, (void)send, (void)recv, (void)n;
+  fail_msg("an ep exchange was called");
+  return WF_EINVAL;
+}
+static wf_status never_rows(void *c, const void *send, const size_t *send_rows, void *recv,
+                            const size_t *recv_rows, size_t width, int fmt)
+{
+  (void)c, (void)send, (void)send_rows, (void)recv, (void)recv_rows, (void)width, (void)fmt;
+  fail_msg("an ep exchange was called");
+  return WF_EINVAL;
+}
+static const wf_ep_ops never_ep = {WF_EP_OPS_VERSION, never_counts, never_rows};
 
 static wf_model *make_shard(const wf_model_shard *s)
 {
   wf_model_opts o = {.dims = dims,
                      .shard = *s,
                      .tp = {s->tp > 1 ? &never : NULL, NULL},
+                     .ep = {s->ep > 1 ? &never_ep : NULL, NULL},
                      .B = 1,
                      .T = 1,
                      .slots = 1};
@@ -220,8 +236,17 @@ static void test_meshes_cover_once(void **state)
  * experts): 4 experts of width 8, top-2, meshes with ep 1, 2 and 4 beside tp and pp. */
 static wf_model_dims moe_dims(void)
 {
-  return (wf_model_dims){.fam = wf_model_family_find("olmoe"), .L = 4, .NH = 4, .KV = 4, .C = 8,
-                         .maxT = 8, .V = 11, .Vp = 16, .F = 8, .E = 4, .K = 2};
+  return (wf_model_dims){.fam = wf_model_family_find("olmoe"),
+                         .L = 4,
+                         .NH = 4,
+                         .KV = 4,
+                         .C = 8,
+                         .maxT = 8,
+                         .V = 11,
+                         .Vp = 16,
+                         .F = 8,
+                         .E = 4,
+                         .K = 2};
 }
 
 static const mesh moe_meshes[] = {
@@ -346,12 +371,9 @@ static void test_whole_is_identity(void **state)
 int main(void)
 {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_meshes_cover_once),
-      cmocka_unit_test(test_spot_checks),
-      cmocka_unit_test(test_whole_is_identity),
-      cmocka_unit_test(test_windows_clip),
-      cmocka_unit_test(test_moe_meshes_cover_once),
-      cmocka_unit_test(test_moe_spot_checks),
+      cmocka_unit_test(test_meshes_cover_once),     cmocka_unit_test(test_spot_checks),
+      cmocka_unit_test(test_whole_is_identity),     cmocka_unit_test(test_windows_clip),
+      cmocka_unit_test(test_moe_meshes_cover_once), cmocka_unit_test(test_moe_spot_checks),
   };
   dims = gpt2_dims;
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -109,7 +109,7 @@ def compare(ref, got, what, loss_rtol=equiv.LOSS_RTOL, param_atol=equiv.PARAM_AT
         d = max(abs(x - y) for x, y in zip(a, got[1][name]))
         if d > dmax:
             where, dmax = name, d
-    aux = [(r.get("aux_loss"), g.get("aux_loss")) for r, g in zip(ref[3], got[3])]
+    aux = [(r.get("router/aux_loss"), g.get("router/aux_loss")) for r, g in zip(ref[3], got[3])]
     daux = max(abs(a - b) / a for a, b in aux) if all(a and b for a, b in aux) else None
     if worst > loss_rtol or dmax > param_atol or daux is None or daux > aux_rtol:
         fail(f"{what}: loss rel diff {worst:.2e} (tol {loss_rtol}), aux_loss rel diff {daux} (tol "
@@ -120,8 +120,8 @@ def compare(ref, got, what, loss_rtol=equiv.LOSS_RTOL, param_atol=equiv.PARAM_AT
     print(f"ok: {what}: {len(l1)} steps, worst loss rel diff {worst:.2e} (tol {loss_rtol}), "
           f"aux_loss {daux:.2e} (tol {aux_rtol}), max param diff {dmax:.2e} in {where} (tol "
           f"{param_atol}); loss "
-          f"{l1[0]:.4f} -> {l1[-1]:.4f}, aux_loss {ref[3][0]['aux_loss']:.4f} -> "
-          f"{ref[3][-1]['aux_loss']:.4f}")
+          f"{l1[0]:.4f} -> {l1[-1]:.4f}, aux_loss {ref[3][0]['router/aux_loss']:.4f} -> "
+          f"{ref[3][-1]['router/aux_loss']:.4f}")
 
 
 def same_bits(a, b, what, other):
@@ -169,11 +169,11 @@ def case_dp_zero(tmp):
 def case_capacity(tmp):
     knobs = ["model.capacity_factor=1", "model.router_z_loss_coef=0.001"]
     ref = train(1, "olmoe-tiny", knobs + ["train.microbatches=2"], tmp, "ref")
-    if not any(r.get("dropped_tokens", 0) > 0 for r in ref[3]):
-        fail(f"capacity factor 1 dropped no tokens: {[r.get('dropped_tokens') for r in ref[3]]}")
+    if not any(r.get("router/dropped_tokens", 0) > 0 for r in ref[3]):
+        fail(f"capacity factor 1 dropped no tokens: {[r.get('router/dropped_tokens') for r in ref[3]]}")
     for tag, mesh in (("dp2", ["mesh.dp=2"]), ("ep2", ["mesh.dp=2", "mesh.ep=2"])):
         got = train(2, "olmoe-tiny", knobs + mesh, tmp, tag)
-        if [r["dropped_tokens"] for r in ref[3]] != [r["dropped_tokens"] for r in got[3]]:
+        if [r["router/dropped_tokens"] for r in ref[3]] != [r["router/dropped_tokens"] for r in got[3]]:
             fail(f"the dropped tokens differ between one rank and {tag}")
         compare(ref, got, f"olmoe capacity 1 {tag} with the z-loss")
 

@@ -173,13 +173,14 @@ static void test_expert_groups(void **state)
   assert_true(g[0] == 1 && g[1] == 3 && g[2] == 9 && g[3] == 11);
   for (m.cp = 1; m.cp <= 2; m.cp++)
     for (int r = 0; r < wf_mesh_size(&m); r++) {
-      int ne = wf_mesh_group(&m, WF_AXIS_EP, r, g, 16), nd = wf_mesh_group(&m, WF_AXIS_EDP, r, h, 16);
+      int ne = wf_mesh_group(&m, WF_AXIS_EP, r, g, 16),
+          nd = wf_mesh_group(&m, WF_AXIS_EDP, r, h, 16);
       int np = wf_mesh_group(&m, WF_AXIS_DPCP, r, d, 16), meet = 0;
       assert_true(ne == 2 && nd == 2 * m.cp && np == 4 * m.cp);
       for (int i = 0; i < ne; i++)
         for (int j = 0; j < nd; j++)
           meet += g[i] == h[j];
-      assert_int_equal(meet, 1); /* they meet in r alone */
+      assert_int_equal(meet, 1);     /* they meet in r alone */
       for (int i = 0; i < nd; i++) { /* both inside r's dp x cp group */
         bool in_e = i >= ne, in_d = false;
         for (int k = 0; k < np; k++)
@@ -191,9 +192,8 @@ static void test_expert_groups(void **state)
 
 int main(void)
 {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_many_shapes),
-                                     cmocka_unit_test(test_2x2x2_layout),
-                                     cmocka_unit_test(test_cp_layout),
-                                     cmocka_unit_test(test_expert_groups)};
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_many_shapes), cmocka_unit_test(test_2x2x2_layout),
+      cmocka_unit_test(test_cp_layout), cmocka_unit_test(test_expert_groups)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

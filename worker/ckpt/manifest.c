@@ -198,9 +198,8 @@ char *wf__manifest_text(const wf_ckpt_target *t, int step, const uint64_t *recs,
     json_object_set_new(mo, "moe",
                         json_pack("{s:i, s:i, s:b, s:f, s:f, s:f}", "experts", d->E,
                                   "experts_per_token", d->K, "norm_topk_prob",
-                                  d->norm_topk == WF_SWITCH_ON, "router_aux_loss_coef",
-                                  d->aux_coef, "router_z_loss_coef", d->z_coef,
-                                  "capacity_factor", d->capacity));
+                                  d->norm_topk == WF_SWITCH_ON, "router_aux_loss_coef", d->aux_coef,
+                                  "router_z_loss_coef", d->z_coef, "capacity_factor", d->capacity));
   if (fp16) /* fp16 loss scaling: the scale and its counters go on with the run */
     json_object_set_new(o, "loss_scaler",
                         json_pack("{s:f, s:i, s:i}", "scale", ls->scale, "good_steps",

@@ -124,8 +124,8 @@ wf_status wf_ckpt_collect_model(const wf_ckpt_target *t, float **full)
   full_sink s = {d, *full};
   st = wf__stream_pieces(w, 0, &mine, wf_model_dev(t->model), x, to_full, &s);
   if (st == WF_OK && t->expert_shard.params) { /* ZeRO-3 under ep: the experts' shards */
-    wf__piece ex = {.geo = *wf_model_get_shard(t->model), .lo = t->expert_shard.lo,
-                    .hi = t->expert_shard.hi};
+    wf__piece ex = {
+        .geo = *wf_model_get_shard(t->model), .lo = t->expert_shard.lo, .hi = t->expert_shard.hi};
     st = wf__stream_pieces(w, 0, &ex, wf_model_dev(t->model), t->expert_shard.params, to_full, &s);
   }
 fail:

@@ -67,12 +67,12 @@ typedef struct wf_ckpt_part {
 /* What a checkpoint saves and restores on this rank (everything borrowed). */
 typedef struct wf_ckpt_target {
   const wf_config *cfg;
-  wf_model *model;       /* this rank's parameters (the full model while tp = pp = 1) */
-  wf_optim *optim;       /* this rank's optimizer state (a dp shard under ZeRO-1) */
-  bool optim_sharded;    /* the optimizer holds this rank's ZeRO shard: one file per dp rank */
-  float *param_shard;    /* ZeRO-3: the parameters of the optimizer's range (the model has no
-                          * flat vector then); a resume writes them there alone. NULL = the
-                          * model's flat parameters */
+  wf_model *model;           /* this rank's parameters (the full model while tp = pp = 1) */
+  wf_optim *optim;           /* this rank's optimizer state (a dp shard under ZeRO-1) */
+  bool optim_sharded;        /* the optimizer holds this rank's ZeRO shard: one file per dp rank */
+  float *param_shard;        /* ZeRO-3: the parameters of the optimizer's range (the model has no
+                              * flat vector then); a resume writes them there alone. NULL = the
+                              * model's flat parameters */
   wf_ckpt_part expert_shard; /* ZeRO-3 under expert parallelism: the experts' shard (over
                               * their edp group) beside param_shard (the dense tensors' over
                               * dp); params NULL otherwise */

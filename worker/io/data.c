@@ -720,7 +720,7 @@ wf_status wf_data_open_config(wf_data **out, const wf_config *cfg, int vocab, in
   wf_data_opts o = {
       .path = cfg->data.path,
       .vocab = vocab,
-      .seq_len = seq_len > 0                ? seq_len
+      .seq_len = seq_len > 0              ? seq_len
                  : cfg->train.seq_len > 0 ? cfg->train.seq_len
                                           : cfg->model.seq_len,
       .batch_size = cfg->train.batch_size,

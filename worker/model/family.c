@@ -12,9 +12,8 @@
 
 #include "model_int.h"
 
-static const wf_family *const families[] = {&wf__family_gpt2, &wf__family_llama,
-                                            &wf__family_olmoe, &wf__family_qwen3_moe,
-                                            &wf__family_mixtral};
+static const wf_family *const families[] = {&wf__family_gpt2, &wf__family_llama, &wf__family_olmoe,
+                                            &wf__family_qwen3_moe, &wf__family_mixtral};
 
 const wf_family *const *wf_model_families(int *n)
 {

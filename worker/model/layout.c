@@ -301,8 +301,8 @@ wf__geom wf__tensor_geom(const wf_model_dims *d, const wf_tensor_desc *t, const 
 /* Full row of local row i: a column-split tensor holds, of each row group in turn, its
  * rank's 1/tp of the group's rows ([q | k | v] each by heads, [gate | up] each by
  * hidden units); the vocabulary split its rank's Vp/tp rows. */
-static size_t expert_row(const wf_model_dims *d, const wf_tensor_desc *t,
-                         const wf_model_shard *s, size_t i);
+static size_t expert_row(const wf_model_dims *d, const wf_tensor_desc *t, const wf_model_shard *s,
+                         size_t i);
 
 static size_t full_row(const wf_model_dims *d, const wf_tensor_desc *t, const wf_model_shard *s,
                        size_t i)
@@ -326,8 +326,8 @@ static size_t full_row(const wf_model_dims *d, const wf_tensor_desc *t, const wf
 /* An expert tensor's local row i: local expert i / rl (rl rows each, as the geometry has
  * them), which is expert ep_rank * E/ep + i / rl of the whole tensor, and within it the
  * row the tensor's split gives row i % rl of one expert's copy. */
-static size_t expert_row(const wf_model_dims *d, const wf_tensor_desc *t,
-                         const wf_model_shard *s, size_t i)
+static size_t expert_row(const wf_model_dims *d, const wf_tensor_desc *t, const wf_model_shard *s,
+                         size_t i)
 {
   wf_tensor_desc one = *t;
   one.experts = false;

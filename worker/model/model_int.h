@@ -204,11 +204,11 @@ struct wf_model {
   double *aux_acc;  /* (3) the sums of the auxiliary losses (wf_model_take_aux) */
   float *stats;     /* (nl, keep_floats) the layers' kept statistics since wf_model_take_stats */
   size_t keep_floats, side_floats; /* the family's per layer and per stage message */
-  int *bad_token;   /* (2) wf_tokens_check's answer */
-  wf__slot *a;      /* n_slots */
-  void *inbox_mem;  /* the spare stage inputs' allocation */
-  void **inbox;     /* n_inbox: spare stage inputs (each a slot's input, or one of
-                     * inbox_mem's: forwards trade them, see wf_model_stage_inbox) */
+  int *bad_token;                  /* (2) wf_tokens_check's answer */
+  wf__slot *a;                     /* n_slots */
+  void *inbox_mem;                 /* the spare stage inputs' allocation */
+  void **inbox;                    /* n_inbox: spare stage inputs (each a slot's input, or one of
+                                    * inbox_mem's: forwards trade them, see wf_model_stage_inbox) */
   int n_inbox;
   wf_recompute recompute; /* full: slots keep layer outputs only; selective: no core state */
   float *re_saved;        /* full: one layer's intermediates; selective: one core state */

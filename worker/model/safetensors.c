@@ -1426,8 +1426,8 @@ static wf_status peek_dims(source *s, wf_model_dims *out, char *err, size_t len)
     goto done;
   }
   if (d.fam->hf_refuse && d.fam->hf_refuse(cfg, why, sizeof why)) {
-    st = failf(err, len, WF_EFORMAT, "safetensors '%s': %s (config.json): %s", s->path,
-               d.fam->name, why);
+    st = failf(err, len, WF_EFORMAT, "safetensors '%s': %s (config.json): %s", s->path, d.fam->name,
+               why);
     goto done;
   }
   s->fam = d.fam;

@@ -14,16 +14,16 @@ struct wf_optim {
   const wf_config *cfg;
   wf_model *model;
   wf_dev *dev;
-  size_t lo, hi; /* the element range of the flat parameter vector held here */
-  float *m, *v;  /* (hi - lo) AdamW moments, device memory */
-  float *plo;    /* ZeRO-3: the parameter of element lo (the rank's shard); NULL = the model's */
-  size_t lo2, hi2;     /* a second range (wf_optim_opts), empty when none */
+  size_t lo, hi;   /* the element range of the flat parameter vector held here */
+  float *m, *v;    /* (hi - lo) AdamW moments, device memory */
+  float *plo;      /* ZeRO-3: the parameter of element lo (the rank's shard); NULL = the model's */
+  size_t lo2, hi2; /* a second range (wf_optim_opts), empty when none */
   float *m2, *v2, *plo2;
   const float *grads2;
-  void *low;     /* the model's 16-bit copy, written by the update (it covers the whole flat
-                  * vector), else NULL */
-  int D;         /* dp size, for fp16's S / D */
-  bool fp16;     /* dynamic or fixed loss scaling */
+  void *low; /* the model's 16-bit copy, written by the update (it covers the whole flat
+              * vector), else NULL */
+  int D;     /* dp size, for fp16's S / D */
+  bool fp16; /* dynamic or fixed loss scaling */
   wf_optim_scaler ls;
 };
 

@@ -121,16 +121,16 @@ struct wf__zero {
   wf_precision prec;
   wf_comm *dp, *rep; /* the shards' group; HSDP's replica group (NULL = none) */
   int stage, rank, size, nl;
-  int nt;    /* the model's tensors (its description's) */
+  int nt;                  /* the model's tensors (its description's) */
   wf__zclass cls;          /* the tensors it shards */
   size_t base;             /* their flat range [base, base + n) */
   float post;              /* the averaged gradients' factor (1: none) */
   struct wf__zero *head;   /* the first instance: its unit hook runs every instance's */
   struct wf__zero *next;   /* the next instance of the chain (NULL: the last) */
-  int lc;    /* local layers per model chunk (nl without interleaving) */
-  bool lazy; /* ZeRO-2/3 over chunks (interleaved): buckets stay inside a chunk and a
-              * window opens when backward reaches its bucket (the unit hook), not in
-              * 1F1B's predicted order */
+  int lc;                  /* local layers per model chunk (nl without interleaving) */
+  bool lazy;               /* ZeRO-2/3 over chunks (interleaved): buckets stay inside a chunk and a
+                            * window opens when backward reaches its bucket (the unit hook), not in
+                            * 1F1B's predicted order */
   size_t n, shard, s0, s1; /* n of the class's elements; this rank's [s0, s1) of them */
   wf__zbucket *b, late;
   int nb;

@@ -329,12 +329,14 @@ static void print_step(const wf__trainer *tr, const wf_train_step_info *in, doub
 /* Model-parallel figures, on the step line's continuation when there are any. */
 static void print_parallel(const wf__trainer *tr, const wf_train_step_info *in)
 {
-  if (tr->tp == 1 && tr->pp == 1 && tr->cp == 1)
+  if (tr->tp == 1 && tr->pp == 1 && tr->cp == 1 && !tr->epr)
     return;
   if (tr->tp > 1)
     fprintf(tr->out, "  tp_ms=%.1f", in->tp_ms);
   if (tr->cp > 1)
     fprintf(tr->out, "  cp_ms=%.1f", in->cp_ms);
+  if (tr->epr)
+    fprintf(tr->out, "  ep_ms=%.1f ep_mib=%.2f", in->ep_ms, mib((int64_t)in->ep_bytes));
   if (tr->pp > 1)
     fprintf(tr->out, "  bubble=%.1f%% theory=%.1f%%", in->bubble * 100, in->bubble_theory * 100);
   fprintf(tr->out, "  act_mib=[");
@@ -370,14 +372,16 @@ static void add_parallel_metrics(json_t *o, const wf_train_step_info *in)
   json_object_set_new(o, "tp_ms", real_or_null(in->tp_ms));
   json_object_set_new(o, "cp_ms", real_or_null(in->cp_ms));
   json_object_set_new(o, "cp_mib", real_or_null(mib((int64_t)in->cp_bytes)));
+  json_object_set_new(o, "ep_ms", real_or_null(in->ep_ms));
+  json_object_set_new(o, "ep_mib", real_or_null(mib((int64_t)in->ep_bytes)));
   json_object_set_new(o, "bubble", real_or_null(in->bubble));
   json_object_set_new(o, "bubble_theory", real_or_null(in->bubble_theory));
   json_object_set_new(o, "act_mib", act);
   json_object_set_new(o, "act_slots", slots);
 }
 
-/* A mixture of experts: aux_loss, z_loss, dropped_tokens, and expert_load, one
- * [min, max, imbalance] of tokens per expert for each layer. */
+/* A mixture of experts: expert_load, one [min, max, imbalance] of tokens per expert for
+ * each layer (the step's scalar router figures are its extras, router/...). */
 static void add_expert_metrics(json_t *o, const wf_train_step_info *in)
 {
   json_t *load = json_array();
@@ -385,9 +389,6 @@ static void add_expert_metrics(json_t *o, const wf_train_step_info *in)
     const float *x = in->expert_load + 3 * (size_t)l;
     json_array_append_new(load, json_pack("[f, f, f]", (double)x[0], (double)x[1], (double)x[2]));
   }
-  json_object_set_new(o, "aux_loss", real_or_null(in->aux_loss));
-  json_object_set_new(o, "z_loss", real_or_null(in->z_loss));
-  json_object_set_new(o, "dropped_tokens", json_integer(in->dropped_tokens));
   json_object_set_new(o, "expert_load", load);
 }
 
@@ -441,7 +442,7 @@ static void write_metrics(wf__trainer *tr, const wf_train_step_info *in, double 
     json_object_set_new(o, "val_loss", real_or_null(in->val_loss));
     json_object_set_new(o, "eval_ms", real_or_null(eval_ms)); /* not in step_ms */
   }
-  if (tr->tp > 1 || tr->pp > 1 || tr->cp > 1)
+  if (tr->tp > 1 || tr->pp > 1 || tr->cp > 1 || tr->epr)
     add_parallel_metrics(o, in);
   if (tr->fp16) {
     json_object_set_new(o, "loss_scale", real_or_null(in->loss_scale));
@@ -510,6 +511,10 @@ static double g_tp(const wf__trainer *tr, const wf_train_step_info *in)
 {
   return nan_unless(tr->tp > 1, in->tp_ms);
 }
+static double g_ep(const wf__trainer *tr, const wf_train_step_info *in)
+{
+  return nan_unless(tr->epr != NULL, in->ep_ms);
+}
 static double g_p2p(const wf__trainer *tr, const wf_train_step_info *in)
 {
   return nan_unless(tr->pp > 1, in->p2p_wait_ms);
@@ -555,6 +560,7 @@ static const tb_scalar tb_scalars[] = {
     {"time/dp_comm_ms", "data-parallel gradient communication not hidden behind backward (rank 0)",
      g_dp},
     {"time/tp_ms", "in tensor-parallel collectives (rank 0)", g_tp},
+    {"time/ep_ms", "in expert parallelism's all-to-all (rank 0)", g_ep},
     {"time/p2p_wait_ms", "waiting in pipeline sends and receives (rank 0)", g_p2p},
     {"time/bubble_pct", "pipeline idle share of the step, % (1 - mean busy / longest stage)",
      g_bubble},

@@ -89,6 +89,15 @@ static wf_status setup_dims(wf__trainer *tr)
     tr->dims.z_coef = cfg->model.router_z_loss_coef;
     tr->dims.capacity = cfg->model.capacity_factor;
   }
+  WF_REFUSE(tr->dims.E > 0 || (cfg->mesh.ep <= 1 && cfg->model.experts == 0), WF_ECONFIG,
+            "mesh.ep=%d, model.experts=%d: model.init's model (model.family=%s) has no experts; "
+            "remove them, or start from a mixture-of-experts model",
+            cfg->mesh.ep, cfg->model.experts, wf_model_family_name(&tr->dims));
+  WF_REFUSE(tr->dims.E == 0 || tr->cp == 1, WF_ECONFIG,
+            "mesh.cp=%d with model.init's mixture of experts (model.family=%s): the routers' "
+            "load-balancing statistics are not yet summed over the context-parallel ranks; set "
+            "mesh.cp=1",
+            tr->cp, wf_model_family_name(&tr->dims));
   const char *bad = wf_model_dims_check(&tr->dims); /* the family's own rules */
   WF_REFUSE(!bad, WF_ECONFIG, "model (model.family=%s, or model.init's): %s",
             wf_model_family_name(&tr->dims), bad);
@@ -364,8 +373,8 @@ static wf_status setup_data(wf__trainer *tr)
   /* Every rank opens (and checks) its source at once; a bad file fails alike on all of
    * them, so only the lowest failing rank says why: one line per job. */
   /* the trainer's sequence length: model.init's context may have shortened a derived one */
-  wf_status mine = wf_data_open_config(&tr->data, tr->cfg, tr->dims.V, tr->T, tr->dp_rank,
-                                       tr->D, err, sizeof err);
+  wf_status mine = wf_data_open_config(&tr->data, tr->cfg, tr->dims.V, tr->T, tr->dp_rank, tr->D,
+                                       err, sizeof err);
   st = wf_comm_agree(tr->world, mine, &bad);
   if (mine != WF_OK && bad == wf__comm_rank(tr->world))
     WF_ERROR("%s", err);

@@ -198,6 +198,30 @@ fail:
   return st;
 }
 
+static void add_extra(wf_train_step_info *info, const char *name, double v)
+{
+  if (info->n_extra < WF_TRAIN_MAX_EXTRA)
+    info->extra[info->n_extra].name = name, info->extra[info->n_extra++].value = v;
+}
+
+/* The figures as named scalars (train.metrics' keys, train.tensorboard's tags, the
+ * coordinator's Prometheus series): the losses, the dropped choices, and over every layer
+ * the fewest and most tokens an expert received and the worst imbalance. */
+static void expert_extras(const wf__trainer *tr, wf_train_step_info *info)
+{
+  const float *x = info->expert_load;
+  double lo = x[0], hi = x[1], imb = x[2];
+  for (int l = 1; l < info->n_expert_layers; l++)
+    lo = WF_MIN(lo, x[3 * l]), hi = WF_MAX(hi, x[3 * l + 1]), imb = WF_MAX(imb, x[3 * l + 2]);
+  add_extra(info, "router/aux_loss", info->aux_loss);
+  if (tr->dims.z_coef > 0)
+    add_extra(info, "router/z_loss", info->z_loss);
+  add_extra(info, "router/dropped_tokens", (double)info->dropped_tokens);
+  add_extra(info, "router/tokens_per_expert_min", lo);
+  add_extra(info, "router/tokens_per_expert_max", hi);
+  add_extra(info, "router/imbalance", imb);
+}
+
 /* A mixture of experts' figures of the step: the auxiliary losses of the last stage's
  * micro-batches, averaged like the loss; the dropped choices, summed over dp; the load. */
 static wf_status expert_figures(wf__trainer *tr, wf_train_step_info *info)
@@ -216,7 +240,8 @@ static wf_status expert_figures(wf__trainer *tr, wf_train_step_info *info)
   WF_TRY(from_last_stage(tr, &info->z_loss));
   WF_TRY(from_last_stage(tr, &dropped));
   info->dropped_tokens = (int64_t)llround(dropped * tr->D);
-  st = expert_load(tr, info);
+  WF_TRY(expert_load(tr, info));
+  expert_extras(tr, info);
 fail:
   return st;
 }
@@ -246,11 +271,12 @@ static void fill_info(wf__trainer *tr, int step, double dt, double loss, float n
 {
   wf_mem_stats ms;
   wf_grads_stats gs;
-  double tp_s = 0, tp_bytes = 0, cp_s = 0, cp_bytes = 0;
+  double tp_s = 0, tp_bytes = 0, cp_s = 0, cp_bytes = 0, ep_s = 0, ep_bytes = 0;
   wf_mem_get_stats(&ms);
   wf_grads_get_stats(tr->grads, &gs);
   wf_tp_stats(tr->tpr, &tp_s, &tp_bytes);
   wf_cp_stats(tr->cpr, &cp_s, &cp_bytes);
+  wf_ep_stats(tr->epr, &ep_s, &ep_bytes);
   *info = (wf_train_step_info){
       .step = step,
       .steps = tr->steps,
@@ -267,6 +293,8 @@ static void fill_info(wf__trainer *tr, int step, double dt, double loss, float n
       .tp_ms = tp_s * 1e3,
       .cp_ms = cp_s * 1e3,
       .cp_bytes = cp_bytes,
+      .ep_ms = ep_s * 1e3,
+      .ep_bytes = ep_bytes,
       .optim_bytes = (int64_t)wf_optim_bytes(tr->optim),
       .peak_tflops = tr->peak_tflops,
       .params = (int64_t)wf_model_local_params(tr->model),

@@ -37,7 +37,7 @@ typedef struct wf__trainer {
   wf_optim *optim; /* AdamW state (this rank's dp shard under ZeRO-1), clip, scaler, lr */
   wf_comm *dp_comm, *tp_comm, *pp_comm, *emb_comm, *world; /* borrowed; NULL = size 1 */
   wf_comm *ep_comm, *edp_comm; /* expert parallelism's groups (borrowed; NULL = none) */
-  int dp_rank, D; /* this rank's data-parallel slice of D */
+  int dp_rank, D;              /* this rank's data-parallel slice of D */
   /* Context parallelism: the cp group (cp ranks, this one cp_rank) and the group
    * gradients are averaged over and ZeRO shards (dp x cp; dp_comm without cp) of
    * grad_size ranks. A micro-batch's sequences are T tokens, of which this rank holds
@@ -72,13 +72,13 @@ typedef struct wf__trainer {
   int loss_n;              /* steps in it */
   wf_tokenizer *tok;       /* data.tokenizer, loaded by the first sample; NULL = bytes */
   /* for the end-of-run summary (report.c): */
-  int done;          /* the last step trained (tr->start before the first) */
-  bool stopped;      /* on_step stopped the run before train.steps */
-  double first_loss; /* the first step's loss this run; NAN before it */
-  double last_loss;  /* the last step's */
-  double last_val;   /* the last evaluation's; NAN when none ran */
-  int saved_step;    /* the last checkpoint written this run; 0 = none */
-  uint64_t launches; /* the device's launch count at the last metrics line */
+  int done;            /* the last step trained (tr->start before the first) */
+  bool stopped;        /* on_step stopped the run before train.steps */
+  double first_loss;   /* the first step's loss this run; NAN before it */
+  double last_loss;    /* the last step's */
+  double last_val;     /* the last evaluation's; NAN when none ran */
+  int saved_step;      /* the last checkpoint written this run; 0 = none */
+  uint64_t launches;   /* the device's launch count at the last metrics line */
   float *router_stats; /* (L, wf_model_stats_floats) a step's routers' statistics (MoE) */
   float *expert_load;  /* (L, 3) the step's min, max and imbalance of each layer's experts */
 } wf__trainer;

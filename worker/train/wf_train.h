@@ -54,6 +54,8 @@ typedef struct wf_train_step_info {
   double tp_ms;         /* time in tensor-parallel collectives (this rank) */
   double cp_ms;         /* context parallelism: exposed K/V communication (this rank) */
   double cp_bytes;      /* and the bytes it sent */
+  double ep_ms;         /* expert parallelism: in the tokens' all-to-all (this rank) */
+  double ep_bytes;      /* and the bytes it sent */
   double bubble;        /* pipeline: idle share of the schedule's span, 1 - mean busy / longest */
   double bubble_theory; /* (p - 1) / (m + p - 1) */
   int n_stages;         /* pp */

@@ -32,10 +32,7 @@ typedef struct head {
 
 size_t wf__moe_hs(const wf__geo *z) { return (size_t)z->d.HD; }
 size_t wf__moe_q_local(const wf__geo *z) { return (size_t)z->NHl * wf__moe_hs(z); }
-size_t wf__moe_qkv_local(const wf__geo *z)
-{
-  return (size_t)(z->NHl + 2 * z->KVl) * wf__moe_hs(z);
-}
+size_t wf__moe_qkv_local(const wf__geo *z) { return (size_t)(z->NHl + 2 * z->KVl) * wf__moe_hs(z); }
 size_t wf__moe_f_local(const wf__geo *z) { return (size_t)z->d.F / z->tp; }
 size_t wf__moe_rows(const wf__geo *z) { return z->N * (size_t)z->d.K; }
 
@@ -285,8 +282,8 @@ static wf_status core_forward(wf_model *m, wf__layer_mem mem, int l, int B, int 
   moe_layer v = wf__moe_layer_at(m, mem);
   moe_scratch s = wf__moe_scratch_at(m);
   (void)l;
-  m->k->attention_gqa_forward(s.db, v.att, v.qkv, B, T, (int)wf__moe_q_local(&m->g), m->NHl,
-                              m->KVl, NULL);
+  m->k->attention_gqa_forward(s.db, v.att, v.qkv, B, T, (int)wf__moe_q_local(&m->g), m->NHl, m->KVl,
+                              NULL);
   return WF_OK;
 }
 

@@ -147,8 +147,8 @@ static void expert_forward(wf_model *m, const void *ctx, int l, int i, int off, 
   size_t o = (size_t)off;
   void *gu = act_row(x->v->gu, o, 2 * (size_t)F, m->esize);
   void *h = act_row(x->v->h, o, (size_t)F, m->esize);
-  k->matmul_forward(gu, act_row(x->xe, o, (size_t)C, m->esize), expert_weight(m, MO_GU, l, i),
-                    NULL, n, C, 2 * F, m->prec, NULL);
+  k->matmul_forward(gu, act_row(x->xe, o, (size_t)C, m->esize), expert_weight(m, MO_GU, l, i), NULL,
+                    n, C, 2 * F, m->prec, NULL);
   k->swiglu_forward(h, gu, n, F, NULL);
   k->matmul_forward_f32(x->ye + o * C, h, expert_weight(m, MO_DOWN, l, i), NULL, n, F, C, m->prec,
                         NULL);
@@ -166,8 +166,8 @@ static int capacity(const wf_model *m, int N)
 static wf_status exchange(wf_model *m, const plan *p, const void *from, void *to, int fmt,
                           bool there)
 {
-  return m->ep.ops->rows(m->ep.ctx, from, there ? p->send : p->recv, to,
-                         there ? p->recv : p->send, (size_t)m->d.C, fmt);
+  return m->ep.ops->rows(m->ep.ctx, from, there ? p->send : p->recv, to, there ? p->recv : p->send,
+                         (size_t)m->d.C, fmt);
 }
 
 wf_status wf__moe_mlp_forward(wf_model *m, const moe_layer *v, float *keep, const void *xin,
@@ -179,8 +179,8 @@ wf_status wf__moe_mlp_forward(wf_model *m, const moe_layer *v, float *keep, cons
   moe_scratch s = wf__moe_scratch_at(m);
   plan p = {0};
   WF_TRY(plan_alloc(m, &p));
-  k->matmul_forward_f32(v->probs, xin, wf__gemm_weight(m, wf__moe_tensor(m, MO_ROUTER), l), NULL,
-                        N, C, E, m->prec, NULL);
+  k->matmul_forward_f32(v->probs, xin, wf__gemm_weight(m, wf__moe_tensor(m, MO_ROUTER), l), NULL, N,
+                        C, E, m->prec, NULL);
   wf_moe_route_forward(v->probs, v->lse, v->idx, v->w, keep, v->probs, N, E, K,
                        m->d.norm_topk == WF_SWITCH_ON);
   wf_moe_dispatch(v->pos, v->counts, keep + 2 * E + 1, v->idx, N, E, K, capacity(m, N));
@@ -219,14 +219,14 @@ static void expert_backward(wf_model *m, const void *ctx, int l, int i, int off,
 /* The router's backward into dx (WRITTEN): the routing weights' gradients (dw) with the
  * load-balancing loss's share (the whole model's counts, m->da.side) and the z-loss's, on
  * tp rank 0 alone. R = L N router rows. */
-static void router_backward(wf_model *m, const moe_layer *v, const moe_scratch *s,
-                            const void *xin, float *dx, int l, int N)
+static void router_backward(wf_model *m, const moe_layer *v, const moe_scratch *s, const void *xin,
+                            float *dx, int l, int N)
 {
   int C = m->d.C, E = m->d.E, K = m->d.K;
   double R = (double)m->d.L * N, one = m->s.tp_rank == 0 ? m->dloss : 0;
   float aux = (float)(one * m->d.aux_coef * E / (R * R)), z = (float)(one * m->d.z_coef * 2 / R);
-  wf_moe_route_backward(s->dlogits, s->dw, v->probs, v->lse, v->idx, v->w, m->da.side, aux, z, N,
-                        E, K, m->d.norm_topk == WF_SWITCH_ON, (int)m->prec);
+  wf_moe_route_backward(s->dlogits, s->dw, v->probs, v->lse, v->idx, v->w, m->da.side, aux, z, N, E,
+                        K, m->d.norm_topk == WF_SWITCH_ON, (int)m->prec);
   int t = wf__moe_tensor(m, MO_ROUTER);
   m->k->matmul_backward_f32(dx, wf_model_param(m, t, l, 1), NULL, s->dlogits, xin,
                             wf__gemm_weight(m, t, l), N, C, E, m->prec, NULL);
@@ -243,7 +243,10 @@ wf_status wf__moe_mlp_backward(wf_model *m, const moe_layer *v, const moe_scratc
   wf_moe_combine_backward(s->dyp, s->dw, dy, v->y, v->w, v->pos, N, K, C, (int)m->prec);
   WF_TRY(plan_read(m, v, &p, false));
   bool ep = p.ep > 1;
-  side x = {.v = v, .s = s, .xe = ep ? v->xr : v->xp, .dye = ep ? s->dyr : s->dyp,
+  side x = {.v = v,
+            .s = s,
+            .xe = ep ? v->xr : v->xp,
+            .dye = ep ? s->dyr : s->dyp,
             .dxe = ep ? s->dxr : s->dxp};
   if (ep) /* the output gradients to the experts' ranks */
     WF_TRY(exchange(m, &p, s->dyp, s->dyr, (int)m->prec, true));

@@ -37,7 +37,7 @@
 #define ATTENTION(pre)                                                                             \
   MATRIX("embed", WF_PLACE_FIRST, WF_DIM_VP, WF_DIM_C, WF_SPLIT_VOCAB,                             \
          "model.embed_tokens.weight"),                                                             \
-      NORM("attn_norm", WF_DIM_C, WF_SPLIT_REPLICATED, true, false,                                      \
+      NORM("attn_norm", WF_DIM_C, WF_SPLIT_REPLICATED, true, false,                                \
            "model.layers.%d.input_layernorm.weight"),                                              \
       {"qkvw",                                                                                     \
        WF_PLACE_LAYER,                                                                             \
@@ -58,15 +58,16 @@
        false},                                                                                     \
       MATRIX("ow", WF_PLACE_LAYER, WF_DIM_C, WF_DIM_Q, WF_SPLIT_ROW,                               \
              "model.layers.%d.self_attn.o_proj.weight"),                                           \
-      NORM("mlp_norm", WF_DIM_C, WF_SPLIT_REPLICATED, true, false,                                       \
+      NORM("mlp_norm", WF_DIM_C, WF_SPLIT_REPLICATED, true, false,                                 \
            "model.layers.%d.post_attention_layernorm.weight"),                                     \
   {                                                                                                \
     "router", WF_PLACE_LAYER, ROWS1(WF_DIM_E), WF_DIM_C, WF_SPLIT_REPLICATED, true, true, false,   \
         WF_INIT_NORMAL, 0.02f, HF(pre ".gate.weight"), false, true                                 \
   }
 #define TAIL                                                                                       \
-  {"norm", WF_PLACE_LAST, ROWS1(WF_DIM_C), WF_DIM_ONE, WF_SPLIT_REPLICATED, false, false, true,    \
-   WF_INIT_ONES, 0, HF("model.norm.weight"), false, false},                                        \
+  {"norm", WF_PLACE_LAST, ROWS1(WF_DIM_C), WF_DIM_ONE, WF_SPLIT_REPLICATED,     false,             \
+   false,  true,          WF_INIT_ONES,    0,          HF("model.norm.weight"), false,             \
+   false},                                                                                         \
       MATRIX("head", WF_PLACE_LAST, WF_DIM_VP, WF_DIM_C, WF_SPLIT_VOCAB, "lm_head.weight")
 #define EXPERTS(gate, up, down)                                                                    \
   {"expert_gate_upw",                                                                              \
@@ -128,11 +129,11 @@ static const wf_tensor_desc mixtral_tensors[MO_N] = {
 };
 
 /* Hugging Face's config defaults (OlmoeConfig, Qwen3MoeConfig, MixtralConfig). */
-static const moe_variant olmoe = {MOE_QK_WHOLE, 64, 8, WF_SWITCH_OFF, false, 0.01, 1e-5f, 10000.0,
-                                  olmoe_tensors};
-static const moe_variant qwen3 = {MOE_QK_HEAD, 128, 8, WF_SWITCH_OFF, false, 0.001, 1e-6f, 10000.0,
-                                  qwen3_tensors};
-static const moe_variant mixtral = {MOE_QK_NONE, 8,     2,        WF_SWITCH_ON,   true,
+static const moe_variant olmoe = {MOE_QK_WHOLE, 64,    8,       WF_SWITCH_OFF, false,
+                                  0.01,         1e-5f, 10000.0, olmoe_tensors};
+static const moe_variant qwen3 = {MOE_QK_HEAD, 128,   8,       WF_SWITCH_OFF, false,
+                                  0.001,       1e-6f, 10000.0, qwen3_tensors};
+static const moe_variant mixtral = {MOE_QK_NONE, 8,     2,         WF_SWITCH_ON,   true,
                                     0.001,       1e-5f, 1000000.0, mixtral_tensors};
 
 static const moe_variant *variant_of(const wf_model_dims *d) { return d->fam->data; }
@@ -235,12 +236,17 @@ static void costs(const wf_model_dims *d, const wf_cost_geo *g, wf_model_costs *
   double soft = g->keeps_probs ? 3 * g->B * NHl * T * T : 0;
   double moves = 3 * M * C + N * d->E;
   wf_cost c[] = {
-      {WF_COST_GEMM, N, (q + 2 * kv) / tp, C}, {WF_COST_GEMM, N, C, q / tp},
-      {WF_COST_GEMM, N, d->E, C},              {WF_COST_GEMM, M, 2 * F / tp, C},
-      {WF_COST_GEMM, M, C, F / tp},            {WF_COST_ATTENTION, g->B * NHl, T, hs},
-      {WF_COST_NORM, 2 * R * C, 0, 0},         {WF_COST_ACT, M * F / tp, 0, 0},
+      {WF_COST_GEMM, N, (q + 2 * kv) / tp, C},
+      {WF_COST_GEMM, N, C, q / tp},
+      {WF_COST_GEMM, N, d->E, C},
+      {WF_COST_GEMM, M, 2 * F / tp, C},
+      {WF_COST_GEMM, M, C, F / tp},
+      {WF_COST_ATTENTION, g->B * NHl, T, hs},
+      {WF_COST_NORM, 2 * R * C, 0, 0},
+      {WF_COST_ACT, M * F / tp, 0, 0},
       {WF_COST_BYTES, 4 * (6 * R * C + soft + 2 * N * (q + kv) / tp + moves), 0, 0},
-      {WF_COST_TP, N * C * 4, 0, 0},           {WF_COST_TP, N * C * 4, 0, 0},
+      {WF_COST_TP, N * C * 4, 0, 0},
+      {WF_COST_TP, N * C * 4, 0, 0},
   };
   for (size_t i = 0; i < WF_ARRAY_LEN(c); i++)
     out->block[out->n_block++] = c[i];
@@ -258,14 +264,17 @@ static const char *refuse(json_t *cfg, char *buf, size_t len)
   json_t *win = json_object_get(cfg, "use_sliding_window");
   json_t *sw = json_object_get(cfg, "sliding_window");
   if (step && !(json_is_integer(step) && json_integer_value(step) == 1))
-    snprintf(buf, len, "decoder_sparse_step is not 1: some layers would be dense MLPs, which "
-                       "weft's MoE families do not mix in");
+    snprintf(buf, len,
+             "decoder_sparse_step is not 1: some layers would be dense MLPs, which "
+             "weft's MoE families do not mix in");
   else if (json_array_size(dense) > 0)
-    snprintf(buf, len, "mlp_only_layers is not empty: those layers would be dense MLPs, which "
-                       "weft's MoE families do not mix in");
+    snprintf(buf, len,
+             "mlp_only_layers is not empty: those layers would be dense MLPs, which "
+             "weft's MoE families do not mix in");
   else if (json_is_true(win) || (!win && json_is_integer(sw)))
-    snprintf(buf, len, "a sliding attention window is set (sliding_window, use_sliding_window): "
-                       "weft attends over the whole context");
+    snprintf(buf, len,
+             "a sliding attention window is set (sliding_window, use_sliding_window): "
+             "weft attends over the whole context");
   else
     return NULL;
   return buf;

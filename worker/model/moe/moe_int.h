@@ -43,12 +43,12 @@ typedef enum moe_qk {
 
 typedef struct moe_variant {
   moe_qk qk;
-  int E, K;            /* default experts and top-k (Hugging Face's config defaults) */
-  wf_switch norm_topk; /* default norm_topk_prob */
-  bool renorm_fixed;   /* the model always renormalises (Mixtral has no switch) */
-  double aux;          /* default router_aux_loss_coef */
-  float eps;           /* default rms_norm_eps */
-  double theta;        /* default rope_theta */
+  int E, K;                      /* default experts and top-k (Hugging Face's config defaults) */
+  wf_switch norm_topk;           /* default norm_topk_prob */
+  bool renorm_fixed;             /* the model always renormalises (Mixtral has no switch) */
+  double aux;                    /* default router_aux_loss_coef */
+  float eps;                     /* default rms_norm_eps */
+  double theta;                  /* default rope_theta */
   const wf_tensor_desc *tensors; /* MO_N of them (the q/k norms ignored without qk) */
 } moe_variant;
 
@@ -64,41 +64,41 @@ int wf__moe_tensor(const wf_model *m, int x);
  * capacity, each expert takes at most its capacity from each rank (ep El cap). Without it
  * the expert side is the token side (xr, dyr, dxr unused: xp, dyp, dxp serve). */
 typedef struct moe_layer {
-  void *n1;        /* (R,C) */
-  float *n1_rstd;  /* (R) */
-  void *qkv;       /* (N, qkv_l) q and k normalised and rotated */
-  void *qk_raw;    /* (N, q_l + kv_l) q and k before their norm */
-  float *qk_rstd;  /* (N, G) */
-  void *atty;      /* (N, q_l) */
-  void *att;       /* attention's core state */
-  void *res2;      /* (R,C) the residual after attention */
-  void *n2;        /* (R,C) */
-  float *n2_rstd;  /* (R) */
-  float *probs;    /* (N,E) the router's softmax */
-  float *lse;      /* (N) its logsumexp */
-  int *idx;        /* (N K) the chosen experts */
-  float *w;        /* (N K) their routing weights */
-  int *pos;        /* (N K) each pair's expert-major row, -1 dropped */
-  int *counts;     /* (E) each expert's rows */
-  int *rc;         /* (ep, El) expert parallelism: the rows each rank sent each local expert */
-  void *xp;        /* (M, C) the expert inputs, expert-major */
-  float *y;        /* (M, C) the experts' outputs (tp-partial sums), expert-major */
-  void *xr;        /* (Me, C) expert parallelism: the rows this rank's experts received */
-  void *gu;        /* (Me, 2F_l) each expert's [gate | up] */
-  void *h;         /* (Me, F_l) silu(gate) * up */
+  void *n1;       /* (R,C) */
+  float *n1_rstd; /* (R) */
+  void *qkv;      /* (N, qkv_l) q and k normalised and rotated */
+  void *qk_raw;   /* (N, q_l + kv_l) q and k before their norm */
+  float *qk_rstd; /* (N, G) */
+  void *atty;     /* (N, q_l) */
+  void *att;      /* attention's core state */
+  void *res2;     /* (R,C) the residual after attention */
+  void *n2;       /* (R,C) */
+  float *n2_rstd; /* (R) */
+  float *probs;   /* (N,E) the router's softmax */
+  float *lse;     /* (N) its logsumexp */
+  int *idx;       /* (N K) the chosen experts */
+  float *w;       /* (N K) their routing weights */
+  int *pos;       /* (N K) each pair's expert-major row, -1 dropped */
+  int *counts;    /* (E) each expert's rows */
+  int *rc;        /* (ep, El) expert parallelism: the rows each rank sent each local expert */
+  void *xp;       /* (M, C) the expert inputs, expert-major */
+  float *y;       /* (M, C) the experts' outputs (tp-partial sums), expert-major */
+  void *xr;       /* (Me, C) expert parallelism: the rows this rank's experts received */
+  void *gu;       /* (Me, 2F_l) each expert's [gate | up] */
+  void *h;        /* (Me, F_l) silu(gate) * up */
 } moe_layer;
 
 typedef struct moe_scratch {
-  void *da;        /* (max(Me 2F_l, N qkv_l)): d[gate | up], then dqkv */
-  void *db;        /* (max(Me F_l, N q_l)): dh, then datty; a recomputed attention output */
-  void *dyp;       /* (M, C) the experts' output gradients, expert-major */
-  float *dxp;      /* (M, C) the experts' input gradients */
-  void *dyr;       /* (Me, C) expert parallelism: the output gradients this rank received */
-  float *dxr;      /* (Me, C) their input gradients; in forward, the experts' outputs */
-  void *dlogits;   /* (N, E) */
-  float *dw;       /* (N K) the routing weights' gradients */
-  float *qk_sums;  /* (N, G) the q/k norms' partial sums (tp-reduced) */
-  float *scratch;  /* (attention_scratch) */
+  void *da;       /* (max(Me 2F_l, N qkv_l)): d[gate | up], then dqkv */
+  void *db;       /* (max(Me F_l, N q_l)): dh, then datty; a recomputed attention output */
+  void *dyp;      /* (M, C) the experts' output gradients, expert-major */
+  float *dxp;     /* (M, C) the experts' input gradients */
+  void *dyr;      /* (Me, C) expert parallelism: the output gradients this rank received */
+  float *dxr;     /* (Me, C) their input gradients; in forward, the experts' outputs */
+  void *dlogits;  /* (N, E) */
+  float *dw;      /* (N K) the routing weights' gradients */
+  float *qk_sums; /* (N, G) the q/k norms' partial sums (tp-reduced) */
+  float *scratch; /* (attention_scratch) */
 } moe_scratch;
 
 moe_layer wf__moe_layer_at(const wf_model *m, wf__layer_mem mem);
