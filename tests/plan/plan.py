@@ -115,6 +115,22 @@ LLAMA_MESHES = {
                     "parallel.activation_checkpointing=true", "model.vocab=16384"]),
 }
 
+# The mixture of experts (olmoe-tiny's 4 experts, top-2, q/k norms) at d_model 128 and the
+# same large vocabulary: the experts' shards over ep, their two ZeRO ranges (the dense
+# tensors over dp, the experts over dp / ep) and the routers' statistics.
+MOE = ["model.preset=olmoe-tiny", "model.d_model=128", "model.ffn=192", "model.vocab=8192",
+       "train.steps=1", "train.batch_size=8", "train.peak_tflops=1", "runtime.threads=1",
+       "runtime.log_level=warn"]
+MOE_MESHES = {
+    "np1": (1, []),
+    "ep2": (2, ["mesh.dp=2", "mesh.ep=2"]),
+    "ep2-zero1": (2, ["mesh.dp=2", "mesh.ep=2", "optim.zero=1"]),
+    "ep2-zero3": (2, ["mesh.dp=2", "mesh.ep=2", "optim.zero=3", "optim.bucket_mb=0"]),
+    "dp4-ep2-zero2": (4, ["mesh.dp=4", "mesh.ep=2", "optim.zero=2"]),
+    "ep2-tp2-sp-bf16": (4, ["mesh.dp=2", "mesh.ep=2", "mesh.tp=2", "parallel.sequence=true",
+                            "precision=bf16"]),
+}
+
 CHECK = re.compile(r"estimate check: rank (\d+) stage (\d+) dp (\d+) predicted (\d+) bytes, "
                    r"reported (\d+) .*rss growth (-?\d+)")
 
@@ -137,9 +153,11 @@ def mpirun(np):
 
 
 def mem_case(worker, name):
-    llama = name.startswith("llama-")
-    np, keys = LLAMA_MESHES[name[6:]] if llama else MESHES[name]
-    args = (LLAMA if llama else MODEL) + keys
+    family = name.split("-")[0] if name.startswith(("llama-", "moe-")) else ""
+    meshes, base = {"llama": (LLAMA_MESHES, LLAMA), "moe": (MOE_MESHES, MOE)}.get(
+        family, (MESHES, MODEL))
+    np, keys = meshes[name[len(family) + 1:] if family else name]
+    args = base + keys
     if "precision=bf16" in keys:
         # oneDNN's bf16 GEMMs (runtime.cpu_bf16_gemm) keep JIT code, a primitive cache and
         # scratchpads in library memory the planner cannot see: 2.2-3 MiB per rank here
@@ -522,6 +540,47 @@ def plan_cp(worker):
           f"only cp {sorted(cps(tight))}")
 
 
+def plan_moe(worker):
+    """Expert parallelism in the planner, for Qwen3-30B-A3B (48 layers, 128 experts of
+    3 x 2048 x 768, top-8) on 16 H100s: --estimate's parameters of a rank are the dense
+    ones plus 1/ep of the experts', to the element, at ep 1, 2, 8 and 16; the all-to-all
+    time grows with ep (more of the rows leave the rank) and is 0 at ep 1; --plan ranks
+    plans of several ep, and its peak of an ep plan is --estimate's for its keys."""
+    base = ["model.preset=qwen3-30b-a3b", "dist.world_size=16", "--hw", "h100-sxm",
+            "train.batch_size=32"]
+    L, E, C, F = 48, 128, 2048, 768  # the preset's (config_keys.c)
+    n_exp = L * E * 3 * C * F
+    params, ep_ms = {}, {}
+    for ep in (1, 2, 8, 16):
+        est = json.loads(run([worker, "--estimate", "--json"] + base +
+                             [f"mesh.ep={ep}", "mesh.dp=16", "optim.zero=1"]).stdout)
+        params[ep] = est["stages"][0]["params"]
+        ep_ms[ep] = est["time"]["ep_comm_ms"]
+    dense = params[1] - n_exp
+    for ep in (2, 8, 16):
+        if params[ep] != dense + n_exp // ep:
+            fail(f"ep {ep}: a rank holds {params[ep]} parameters, not {dense} dense + "
+                 f"{n_exp // ep} of the experts")
+    if not (ep_ms[1] == 0 < ep_ms[2] < ep_ms[8] < ep_ms[16]):
+        fail(f"all-to-all ms by ep {ep_ms}: not 0 at ep 1 and growing with ep")
+    out = json.loads(run([worker, "--plan", "--json"] + base).stdout)
+    plans = out["plans"]
+
+    def ep_of(p):
+        m = re.search(r"mesh\.ep=(\d+)", p["keys"])
+        return int(m.group(1)) if m else 1
+    eps = {ep_of(p) for p in plans}
+    if len([e for e in eps if e > 1]) < 2:
+        fail(f"--plan ranked plans with ep {sorted(eps)} only")
+    p = next(p for p in plans if ep_of(p) > 1)
+    est = json.loads(run([worker, "--estimate", "--json"] + base + p["keys"].split()).stdout)
+    if est["peak_bytes"] != p["peak_bytes"] or not p["ep_comm_ms"] > 0:
+        fail(f"{p['plan']}: --plan peak {p['peak_bytes']} vs --estimate {est['peak_bytes']}, "
+             f"ep comm {p['ep_comm_ms']} ms")
+    print(f"plan-moe: OK, parameters per rank {params} (dense {dense}); all-to-all ms {ep_ms}; "
+          f"{len(plans)} ranked with ep {sorted(eps)}; best {out['best']}")
+
+
 def err_case(worker, name):
     if name == "err-fits-nothing":  # gpt2-xl on 2 ranks of 1 GiB
         p = run([worker, "--plan", "model.preset=gpt2-xl", "dist.world_size=2", "--hw",
@@ -558,6 +617,8 @@ def main():
         plan_zero(worker)
     elif case == "plan-cp":
         plan_cp(worker)
+    elif case == "plan-moe":
+        plan_moe(worker)
     else:
         err_case(worker, case)
 

@@ -52,8 +52,8 @@ static void allreduce_allgather(void **state)
 {
   (void)state;
   wf_hw hw = {.n_coll = 2, .intra_alpha_s = 1, .intra_bw = 1}; /* links never used here */
-  hw.coll[0] = (wf_hw_coll){2, 10e-6, 1e9, 4e9, 0.25e9};
-  hw.coll[1] = (wf_hw_coll){8, 30e-6, 0.5e9, 1e9, 0};
+  hw.coll[0] = (wf_hw_coll){2, 10e-6, 1e9, 4e9, 0.25e9, 2e9};
+  hw.coll[1] = (wf_hw_coll){8, 30e-6, 0.5e9, 1e9, 0, 0};
   double b = 1 << 20;
   near(wf_hw_allreduce_s(&hw, b, 2, true), 10e-6 + b / 1e9);
   near(wf_hw_allgather_s(&hw, b, 2, true), 10e-6 + b / 4e9);
@@ -62,6 +62,9 @@ static void allreduce_allgather(void **state)
   /* the gradient path's all-reduce: its own rate where measured, else a blocking one's */
   near(wf_hw_dp_allreduce_s(&hw, b, 2, true), 10e-6 + b / 0.25e9);
   near(wf_hw_dp_allreduce_s(&hw, b, 8, true), 30e-6 + b / 0.5e9);
+  /* expert parallelism's all-to-all: its own rate where measured, else an all-gather's */
+  near(wf_hw_alltoall_s(&hw, b, 2, true), 10e-6 + b / 2e9);
+  near(wf_hw_alltoall_s(&hw, b, 8, true), wf_hw_allgather_s(&hw, b, 8, true));
   hw.coll[1].ag_bw = 0; /* not measured: half an all-reduce */
   near(wf_hw_allgather_s(&hw, b, 8, true), (30e-6 + b / 0.5e9) / 2);
   near(wf_hw_allgather_s(&hw, b, 1, true), 0);

@@ -191,9 +191,10 @@ wf_model_mem wf_model_mem_plan(const wf_model_opts *o, const struct wf_ktable *k
   r.slots = r.slot * (size_t)o->slots;
   r.recompute = (full ? layer + core : sel ? core : 0) * sizeof(float);
   r.scratch = carve_dacts(&da, &acc, &bad, NULL, &z, ops) * sizeof(float);
+  r.stats = (size_t)wf_model_shard_layers(s) * keep_of(ops, &z) * sizeof(float);
   r.io = message_bytes(z.R, z.C, z.fmt, side_of(ops, &z));
   r.inbox = (size_t)WF_MAX(o->inbox, 0) * inbox_bytes(r.io);
-  r.total = r.params + r.grads + r.wlow + r.slots + r.recompute + r.scratch + r.inbox;
+  r.total = r.params + r.grads + r.wlow + r.slots + r.recompute + r.scratch + r.stats + r.inbox;
   return r;
 }
 

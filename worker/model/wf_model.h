@@ -550,6 +550,8 @@ typedef struct wf_model_mem {
                          * (full), one layer's attention core state (selective) */
   size_t scratch;       /* backward's scratch, shared by the slots, and the family's
                          * constant tables (RoPE's angles) */
+  size_t stats;         /* the layers' statistics summed over a step (a mixture of experts'
+                         * routers: wf_model_take_stats) */
   size_t io;            /* bytes of the stage's input or output, (rows, C) activations: one
                          * pipeline message */
   size_t inbox;         /* o->inbox spare stage inputs (communication memory) */

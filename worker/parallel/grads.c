@@ -191,8 +191,7 @@ static wf_status launch(wf_grads *g, bucket *b)
   }
   b->launched = true;
   g->stats.comm_bytes += (double)b->count * sizeof(float);
-  st = wf_comm_iallreduce(b->comm, b->stage, b->stage, b->count, WF_COMM_F32, WF_COMM_AVG,
-                          &b->req);
+  st = wf_comm_iallreduce(b->comm, b->stage, b->stage, b->count, WF_COMM_F32, WF_COMM_AVG, &b->req);
 fail:
   return st;
 }
@@ -260,13 +259,23 @@ wf_status wf_grads_mem_plan(const wf_model_dims *d, const wf_model_shard *s, wf_
 {
   wf_status st = WF_OK;
   size_t n = wf_model_shard_params(d, s);
+  bool ep = s->ep > 1 && dp_size >= s->ep; /* wf_grads_create's two classes */
   *out = (wf_grads_mem){.model_params = true, .model_grads = true, .lo = 0, .hi = n};
   if (dp_size >= 1 && zero) { /* zero.c's plan, over the group the shards span */
     int f = shard_group(dp_size, fsdp);
-    WF_TRY(wf__zero_mem_plan(d, s, prec, f, dp_rank % f, zero, bucket_bytes, keep, WF__Z_ALL,
-                             out));
+    WF_TRY(wf__zero_mem_plan(d, s, prec, f, dp_rank % f, zero, bucket_bytes, keep,
+                             ep ? WF__Z_DENSE : WF__Z_ALL, out));
+    if (ep) { /* the experts over edp: dp rank d is edp rank d / ep */
+      wf_grads_mem x;
+      WF_TRY(wf__zero_mem_plan(d, s, prec, dp_size / s->ep, dp_rank / s->ep, zero, bucket_bytes,
+                               keep, WF__Z_EXPERTS, &x));
+      out->param += x.param, out->grad += x.grad, out->n_buckets += x.n_buckets;
+      out->lo2 = x.lo, out->hi2 = x.hi;
+    }
   } else if (dp_size > 1) { /* one dp rank reduces nothing: no staging (wf_grads_create) */
-    out->n_buckets = bucket_plan(d, s, bucket_bytes, ALL, NULL);
+    out->n_buckets = ep ? bucket_plan(d, s, bucket_bytes, DENSE, NULL) +
+                              bucket_plan(d, s, bucket_bytes, EXPERTS, NULL)
+                        : bucket_plan(d, s, bucket_bytes, ALL, NULL);
     out->grad = (n + (size_t)out->n_buckets) * sizeof(float); /* each bucket count + 1 */
   }
 fail:
@@ -525,8 +534,8 @@ fail:
  * its ep rank, each shard being its own), tensor by tensor over [lo, hi) of the flat
  * vector, whose gradient starts at `grads`; the pending tied check's word comes back with
  * it. */
-static wf_status counted_sumsq(wf_grads *g, const float *grads, size_t lo, size_t hi,
-                               bool sharded, double *ss)
+static wf_status counted_sumsq(wf_grads *g, const float *grads, size_t lo, size_t hi, bool sharded,
+                               double *ss)
 {
   wf_status st = WF_OK;
   const wf_ktable *k = wf_dev_kernels(g->dev);

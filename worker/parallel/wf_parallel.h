@@ -393,10 +393,12 @@ typedef struct wf_grads_mem {
   bool model_params; /* the model keeps its flat parameters (and rounded copy): not ZeRO-3 */
   bool model_grads;  /* the model keeps its flat gradients: neither ZeRO-2 nor 3 */
   int n_buckets;
-  size_t lo, hi; /* wf_grads_range */
+  size_t lo, hi;   /* wf_grads_range */
+  size_t lo2, hi2; /* ZeRO under expert parallelism: the experts' range (wf_grads_parts) */
 } wf_grads_mem;
 /* The plan of a rank of dims d and shard s at precision prec: dp_size 0 = no dp group at
- * all (a model used alone), else the group's size, whose rank is dp_rank; zero, fsdp
+ * all (a model used alone), else the group's size, whose rank is dp_rank (with s->ep > 1
+ * the experts' group is its dp_size / ep ranks of the same dp_rank % ep); zero, fsdp
  * (HSDP's group, 0 = the whole dp group), bucket_bytes and keep (ZeRO-3's
  * reshard_after_forward=false) as in wf_grads_opts. Fails only for want of host memory
  * (the buckets' lists). */

@@ -733,12 +733,13 @@ void wf__zero_stats(const wf__zero *z, double *wait_ms, double *comm_bytes, int 
 }
 
 /* Gradient memory this rank holds beyond the model's flat buffer: the shard, and under
- * ZeRO-2/3 edge and the windows. */
+ * ZeRO-2/3 edge and the windows (each at least one float, as allocated: the experts'
+ * class has no unlayered tensors, so an empty edge). */
 size_t wf__zero_grad_bytes(const wf__zero *z)
 {
   size_t f = z->shard;
   if (z->stage >= 2)
-    f += z->edge_count + WF__ZPOOL * z->win_count;
+    f += WF_MAX(z->edge_count, (size_t)1) + WF__ZPOOL * WF_MAX(z->win_count, (size_t)1);
   return f * sizeof(float);
 }
 
@@ -748,7 +749,8 @@ size_t wf__zero_param_bytes(const wf__zero *z)
 {
   if (z->stage != 3)
     return 0;
-  size_t gathered = z->edge_count + (size_t)z->npw * z->win_count;
+  size_t gathered =
+      WF_MAX(z->edge_count, (size_t)1) + (size_t)z->npw * WF_MAX(z->win_count, (size_t)1);
   return z->shard * sizeof(float) + gathered * (sizeof(float) + wf_model_low_bytes(z->prec));
 }
 

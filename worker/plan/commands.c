@@ -44,6 +44,9 @@ void wf__plan_keys(const wf_plan_mesh *m, char *buf, size_t len)
   if (m->cp > 1 && n < len)
     snprintf(buf + n, len - n, " mesh.cp=%d parallel.cp_mode=%s", m->cp,
              m->cp_mode == WF_CP_ALLGATHER ? "allgather" : "ring");
+  n = strlen(buf);
+  if (m->ep > 1 && n < len)
+    snprintf(buf + n, len - n, " mesh.ep=%d", m->ep);
 }
 
 void wf__plan_describe(const wf_plan_mesh *m, char *buf, size_t len)
@@ -54,11 +57,13 @@ void wf__plan_describe(const wf_plan_mesh *m, char *buf, size_t len)
   snprintf(z, sizeof z, "zero %d%s", m->zero, m->keep ? " kept" : "");
   if (m->fsdp > 0 && m->fsdp < m->dp) /* HSDP: replicas x fsdp groups */
     snprintf(z + strlen(z), sizeof z - strlen(z), " hsdp %dx%d", m->dp / m->fsdp, m->fsdp);
-  char c[32] = "";
+  char c[32] = "", e[24] = "";
   if (m->cp > 1)
     snprintf(c, sizeof c, " x cp %d%s", m->cp, m->cp_mode == WF_CP_ALLGATHER ? " all-gather" : "");
-  snprintf(buf, len, "dp %d x tp %d x pp %d%s, %s%s, %d x %d rows, %s%s%s, %s", m->dp, m->tp, m->pp,
-           c, m->pp > 1 ? wf_schedule_kind_str(m->kind) : "-", v, m->M, m->B, z,
+  if (m->ep > 1) /* inside dp */
+    snprintf(e, sizeof e, " (ep %d)", m->ep);
+  snprintf(buf, len, "dp %d%s x tp %d x pp %d%s, %s%s, %d x %d rows, %s%s%s, %s", m->dp, e, m->tp,
+           m->pp, c, m->pp > 1 ? wf_schedule_kind_str(m->kind) : "-", v, m->M, m->B, z,
            m->sp ? ", sp" : "",
            m->recompute == WF_RECOMPUTE_FULL        ? ", recompute"
            : m->recompute == WF_RECOMPUTE_SELECTIVE ? ", selective recompute"
@@ -115,16 +120,22 @@ static void print_time(FILE *out, const wf_plan_time *t)
     fprintf(out,
             "  cp comm (keys and values) %.1f ms, of which exposed %.1f (%.1f%% of the step)\n",
             t->cp_comm * 1e3, t->cp_exposed * 1e3, 100 * t->cp_exposed / t->step);
+  if (t->ep_comm > 0)
+    fprintf(out,
+            "  ep comm (the tokens' all-to-alls, in compute's stages) %.1f ms (%.1f%% of the "
+            "step)\n",
+            t->ep_comm * 1e3, 100 * t->ep_comm / t->step);
 }
 
 static json_t *time_json(const wf_plan_time *t)
 {
-  return json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "compute_ms",
-                   t->compute * 1e3, "tp_comm_ms", t->tp_comm * 1e3, "pp_comm_ms", t->pp_comm * 1e3,
-                   "bubble_ms", t->bubble * 1e3, "schedule_idle", t->sim_bubble, "dp_comm_ms",
-                   t->dp_comm * 1e3, "dp_exposed_ms", t->dp_exposed * 1e3, "optim_ms",
+  return json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}",
+                   "compute_ms", t->compute * 1e3, "tp_comm_ms", t->tp_comm * 1e3, "pp_comm_ms",
+                   t->pp_comm * 1e3, "bubble_ms", t->bubble * 1e3, "schedule_idle", t->sim_bubble,
+                   "dp_comm_ms", t->dp_comm * 1e3, "dp_exposed_ms", t->dp_exposed * 1e3, "optim_ms",
                    t->optim * 1e3, "step_ms", t->step * 1e3, "tokens_per_s", t->tokens_per_s,
-                   "cp_comm_ms", t->cp_comm * 1e3, "cp_exposed_ms", t->cp_exposed * 1e3);
+                   "cp_comm_ms", t->cp_comm * 1e3, "cp_exposed_ms", t->cp_exposed * 1e3,
+                   "ep_comm_ms", t->ep_comm * 1e3);
 }
 
 static json_t *mesh_json(const wf_plan_mesh *m)
@@ -132,12 +143,13 @@ static json_t *mesh_json(const wf_plan_mesh *m)
   char keys[512];
   wf__plan_keys(m, keys, sizeof keys);
   return json_pack(
-      "{s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:i, s:i, s:i, s:b, s:b, s:s, s:s, s:s, s:i, s:s}", "dp",
-      m->dp, "tp", m->tp, "pp", m->pp, "microbatches", m->M, "micro_batch_rows", m->B, "seq_len",
-      m->T, "schedule", wf_schedule_kind_str(m->kind), "virtual_stages", m->v, "zero", m->zero,
-      "fsdp", m->fsdp, "reshard_after_forward", !m->keep, "sequence", m->sp, "recompute",
+      "{s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:i, s:i, s:i, s:b, s:b, s:s, s:s, s:s, s:i, s:s, s:i}",
+      "dp", m->dp, "tp", m->tp, "pp", m->pp, "microbatches", m->M, "micro_batch_rows", m->B,
+      "seq_len", m->T, "schedule", wf_schedule_kind_str(m->kind), "virtual_stages", m->v, "zero",
+      m->zero, "fsdp", m->fsdp, "reshard_after_forward", !m->keep, "sequence", m->sp, "recompute",
       recompute_name(m->recompute), "precision", prec_name(m->prec), "keys", keys, "cp",
-      m->cp > 1 ? m->cp : 1, "cp_mode", m->cp_mode == WF_CP_ALLGATHER ? "allgather" : "ring");
+      m->cp > 1 ? m->cp : 1, "cp_mode", m->cp_mode == WF_CP_ALLGATHER ? "allgather" : "ring", "ep",
+      m->ep > 1 ? m->ep : 1);
 }
 
 static json_t *stage_json(int r, const wf_plan_stage_mem *sm)

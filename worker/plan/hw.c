@@ -153,7 +153,7 @@ double wf_hw_gemm_s(const wf_hw *hw, double m, double n, double k, int threads, 
   return fmax(flops / (peak * 1e12 * hw->gemm_eff), bytes / hw->mem_bw);
 }
 
-typedef enum { ALLREDUCE, ALLGATHER, DP_ALLREDUCE } coll_kind;
+typedef enum { ALLREDUCE, ALLGATHER, DP_ALLREDUCE, ALLTOALL } coll_kind;
 
 /* The measured group nearest in size, or NULL. */
 static const wf_hw_coll *nearest_coll(const wf_hw *hw, int size)
@@ -173,11 +173,14 @@ static double coll_s(const wf_hw *hw, double bytes, int size, bool intra, coll_k
   double bw = !best                  ? 0
               : kind == ALLGATHER    ? best->ag_bw
               : kind == DP_ALLREDUCE ? best->dp_bw
+              : kind == ALLTOALL     ? best->a2a_bw
                                      : best->bw;
   if (kind == ALLGATHER && bw <= 0) /* not measured: half an all-reduce */
     return coll_s(hw, bytes, size, intra, ALLREDUCE) / 2;
   if (kind == DP_ALLREDUCE && bw <= 0) /* not measured: a blocking one's */
     return coll_s(hw, bytes, size, intra, ALLREDUCE);
+  if (kind == ALLTOALL && bw <= 0) /* not measured: the same bytes as an all-gather's */
+    return coll_s(hw, bytes, size, intra, ALLGATHER);
   if (best) {
     /* a group larger than any measured moves 2(g-1)/g of the bytes over the same links */
     double scale =
@@ -204,6 +207,11 @@ double wf_hw_dp_allreduce_s(const wf_hw *hw, double bytes, int size, bool intra)
   return coll_s(hw, bytes, size, intra, DP_ALLREDUCE);
 }
 
+double wf_hw_alltoall_s(const wf_hw *hw, double bytes, int size, bool intra)
+{
+  return coll_s(hw, bytes, size, intra, ALLTOALL);
+}
+
 /* ---- JSON --------------------------------------------------------------------------------- */
 
 static json_t *peaks_json(const wf_hw *hw)
@@ -221,6 +229,8 @@ static json_t *coll_json(const wf_hw_coll *c)
     json_object_set_new(o, "allgather_gbs", json_real(c->ag_bw * 1e-9));
   if (o && c->dp_bw > 0)
     json_object_set_new(o, "dp_allreduce_gbs", json_real(c->dp_bw * 1e-9));
+  if (o && c->a2a_bw > 0)
+    json_object_set_new(o, "alltoall_gbs", json_real(c->a2a_bw * 1e-9));
   return o;
 }
 
@@ -302,7 +312,7 @@ static bool read_colls(json_t *a, wf_hw *hw, const char *path, char *err, size_t
   json_t *e;
   json_array_foreach(a, i, e)
   {
-    double size, alpha, bw, ag = 0, dp = 0;
+    double size, alpha, bw, ag = 0, dp = 0, a2a = 0;
     if (hw->n_coll >= WF_HW_MAX_COLL)
       break;
     if (!num_field(e, "size", 2, 1 << 24, &size, path, err, len) ||
@@ -316,7 +326,11 @@ static bool read_colls(json_t *a, wf_hw *hw, const char *path, char *err, size_t
     if (json_object_get(e, "dp_allreduce_gbs") &&
         !num_field(e, "dp_allreduce_gbs", 1e-9, 1e9, &dp, path, err, len))
       return false;
-    hw->coll[hw->n_coll++] = (wf_hw_coll){(int)size, alpha * 1e-6, bw * 1e9, ag * 1e9, dp * 1e9};
+    if (json_object_get(e, "alltoall_gbs") &&
+        !num_field(e, "alltoall_gbs", 1e-9, 1e9, &a2a, path, err, len))
+      return false;
+    hw->coll[hw->n_coll++] =
+        (wf_hw_coll){(int)size, alpha * 1e-6, bw * 1e9, ag * 1e9, dp * 1e9, a2a * 1e9};
   }
   return true;
 }

@@ -280,9 +280,9 @@ static void work(const wf_ktable *k, float *buf, size_t n)
 #define BIG_ITERS  20    /* of the job's message: ~1-10 ms each here */
 #define BUSY_N     65536 /* floats a work step adds: ~50 us alone */
 #define BUSY_TRIES 3     /* the median of */
-#define MAX_OPS    4     /* collectives measured per group */
+#define MAX_OPS    5     /* collectives measured per group */
 
-typedef enum { OP_NONE, OP_ALLREDUCE, OP_DP_ALLREDUCE, OP_ALLGATHER } coll_op;
+typedef enum { OP_NONE, OP_ALLREDUCE, OP_DP_ALLREDUCE, OP_ALLGATHER, OP_ALLTOALL } coll_op;
 
 /* The scratch: the message (big floats), a second one (the all-gather's other side),
  * then a work step's 3 BUSY_N floats. */
@@ -315,6 +315,7 @@ static wf_status run_op(wf_comm *c, const coll_buf *b, coll_op op, size_t n)
     return st == WF_OK ? wf_req_wait(&r) : st;
   }
   case OP_ALLGATHER: return wf_comm_allgather(c, x, y, piece, WF_COMM_F32);
+  case OP_ALLTOALL: return wf_comm_alltoall(c, x, y, piece, WF_COMM_F32); /* ep's tokens */
   }
   return WF_EINVAL;
 }
@@ -395,14 +396,17 @@ static wf_status measure_group(wf_comm *world, int g, const coll_buf *b, wf_hw_c
   wf_comm *c = NULL;
   int rank = wf_comm_rank(world);
   size_t n = b->big / (size_t)g * (size_t)g; /* whole pieces */
-  const coll_op ops[MAX_OPS] = {OP_ALLREDUCE, OP_ALLREDUCE, OP_ALLGATHER, OP_DP_ALLREDUCE};
-  const size_t sizes[MAX_OPS] = {1, n, n, n};
-  const int iters[MAX_OPS] = {BUSY_ITERS, BIG_ITERS, BIG_ITERS, BIG_ITERS};
-  const int sync[MAX_OPS] = {WF_MIN(b->sync, BUSY_ITERS), 1, 1, 1};
-  double t[MAX_OPS]; /* alpha, then the vector's all-reduce, all-gather, dp all-reduce */
+  const coll_op ops[MAX_OPS] = {OP_ALLREDUCE, OP_ALLREDUCE, OP_ALLGATHER, OP_DP_ALLREDUCE,
+                                OP_ALLTOALL};
+  const size_t sizes[MAX_OPS] = {1, n, n, n, n};
+  const int iters[MAX_OPS] = {BUSY_ITERS, BIG_ITERS, BIG_ITERS, BIG_ITERS, BIG_ITERS};
+  const int sync[MAX_OPS] = {WF_MIN(b->sync, BUSY_ITERS), 1, 1, 1, 1};
+  double t[MAX_OPS]; /* alpha, then the vector's all-reduce, all-gather, dp all-reduce and
+                      * all-to-all */
   WF_TRY(wf_comm_split(world, rank / g, rank, "profile", &c));
   WF_TRY(added(world, c, b, ops, sizes, iters, sync, MAX_OPS, t));
-  *out = (wf_hw_coll){g, t[0], rate(n, t[1], t[0]), rate(n, t[2], t[0]), rate(n, t[3], t[0])};
+  *out = (wf_hw_coll){
+      g, t[0], rate(n, t[1], t[0]), rate(n, t[2], t[0]), rate(n, t[3], t[0]), rate(n, t[4], t[0])};
 fail:
   wf_comm_destroy(c);
   if (st == WF_OK)
@@ -525,8 +529,8 @@ int wf_plan_profile_hw(const wf_config *cfg, wf_comm *world, const char *path, F
   for (int i = 0; i < hw.n_coll; i++)
     fprintf(out,
             "  over %d ranks: alpha %.1f us; all-reduce %.2f (the gradient path's %.2f), "
-            "all-gather %.2f GB/s of the vector\n",
+            "all-gather %.2f, all-to-all %.2f GB/s of the vector\n",
             hw.coll[i].size, hw.coll[i].alpha_s * 1e6, hw.coll[i].bw * 1e-9,
-            hw.coll[i].dp_bw * 1e-9, hw.coll[i].ag_bw * 1e-9);
+            hw.coll[i].dp_bw * 1e-9, hw.coll[i].ag_bw * 1e-9, hw.coll[i].a2a_bw * 1e-9);
   return 0;
 }

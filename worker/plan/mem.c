@@ -84,6 +84,18 @@ const wf_ktable *wf__plan_kernels(const wf_hw *hw)
   return &gpu_tables[WF_PREC_NO];
 }
 
+/* Parameters of the experts' tensors on a shard (all of them layered). */
+static size_t expert_params(const wf_model_dims *d, const wf_model_shard *s)
+{
+  wf_model_desc desc;
+  size_t n = 0;
+  wf_model_describe(d, &desc);
+  for (int t = 0; t < desc.n; t++)
+    if (desc.t[t].experts)
+      n += wf_model_shard_layer_numel(d, s, t) * (size_t)wf_model_shard_layers(s);
+  return n;
+}
+
 const char *wf_plan_mem_kind_name(wf_plan_mem_kind k)
 {
   static const char *names[WF_PM_N] = {"params", "grads", "optim", "acts", "comm", "other"};
@@ -103,6 +115,8 @@ wf_status wf_plan_stage_mem_get(const wf_model_dims *d, const wf_plan_mesh *m, i
                            .pp_layers = m->pp_layers,
                            .n_pp_layers = m->n_pp_layers,
                            .tp = m->tp,
+                           .ep = m->ep,
+                           .ep_rank = m->ep > 1 ? dp_rank % m->ep : 0, /* ep: consecutive dp */
                            .sequence = m->sp};
   int cp = m->cp > 1 ? m->cp : 1, T = m->T / cp; /* T: this rank's rows of a sequence */
   wf_model_opts o = {
@@ -124,8 +138,8 @@ wf_status wf_plan_stage_mem_get(const wf_model_dims *d, const wf_plan_mesh *m, i
   wf_cp_geo cg = wf_cp_geo_of(d, m->tp, m->B, T, (int)m->prec);
   out->bytes[WF_PM_PARAMS] = (gr.model_params ? gm.params + gm.wlow : 0) + gr.param;
   out->bytes[WF_PM_GRADS] = (gr.model_grads ? gm.grads : 0) + gr.grad;
-  out->bytes[WF_PM_OPTIM] = wf_optim_mem_plan(gr.lo, gr.hi);
-  out->bytes[WF_PM_ACTS] = gm.slots + gm.recompute + gm.scratch;
+  out->bytes[WF_PM_OPTIM] = wf_optim_mem_plan(gr.lo, gr.hi) + wf_optim_mem_plan(gr.lo2, gr.hi2);
+  out->bytes[WF_PM_ACTS] = gm.slots + gm.recompute + gm.scratch + gm.stats;
   /* the engine's gradient buffers and the model's spare inputs (activations received) */
   out->bytes[WF_PM_COMM] =
       gr.scalar + (pipe - tokens) + gm.inbox + wf_cp_scratch_bytes(m->cp_mode, cp, &cg);
@@ -136,6 +150,7 @@ wf_status wf_plan_stage_mem_get(const wf_model_dims *d, const wf_plan_mesh *m, i
     out->total += out->bytes[i];
   out->slots = o.slots;
   out->params = wf_model_shard_params(d, &o.shard);
+  out->expert_params = expert_params(d, &o.shard);
   out->l0 = o.shard.l0, out->l1 = o.shard.l1, out->chunks = o.shard.chunks;
   out->n_buckets = gr.n_buckets;
 fail:
@@ -185,7 +200,8 @@ wf_status wf_plan_mesh_from_config(const wf_config *cfg, int world, wf_plan_mesh
       .pp_layers = cfg->parallel.n_pp_layers ? cfg->parallel.pp_layers : NULL,
       .n_pp_layers = cfg->parallel.n_pp_layers,
       .cp = cp,
-      .cp_mode = cfg->parallel.cp_mode};
+      .cp_mode = cfg->parallel.cp_mode,
+      .ep = cfg->mesh.ep};
 fail:
   return st;
 }

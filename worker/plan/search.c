@@ -9,7 +9,8 @@
  * precision (fp32 and bf16 on a GPU; on a CPU, the config's); and, when sequences are long
  * (CP_MIN_T tokens and more) on hardware with block attention kernels (the CPU), context
  * parallelism: every cp dividing the world whose 2 x cp chunks divide the sequence, ring
- * and all-gather. Each candidate goes through the
+ * and all-gather; for a mixture of experts, expert parallelism: every ep dividing dp and
+ * the experts. Each candidate goes through the
  * config's own validation (which refuses ZeRO with one dp rank; ZeRO-2/3 with the interleaved
  * schedule and HSDP with checkpoints are ranked like any other), the model's shard rules, then
  * memory against the limit.
@@ -58,6 +59,7 @@ static bool valid(const search *s, const wf_plan_mesh *m, char *reason, size_t l
   wf_config c = *s->cfg;
   c.mesh.dp = m->dp, c.mesh.tp = m->tp, c.mesh.pp = m->pp;
   c.mesh.cp = m->cp > 1 ? m->cp : 1;
+  c.mesh.ep = m->ep > 1 ? m->ep : 1;
   c.parallel.cp_mode = m->cp_mode;
   c.train.microbatches = m->M;
   c.train.schedule = m->kind;
@@ -136,7 +138,7 @@ static wf_status add_sharding(search *s, wf_plan_mesh m)
     bool keep;
   } zs[] = {{0, false}, {1, false}, {2, false}, {3, false}, {3, true}};
   for (int zi = 0; zi < (m.dp * (m.cp > 1 ? m.cp : 1) > 1 ? 5 : 1); zi++)
-    for (int f = 0; f < (m.cp > 1 ? 1 : m.dp); f++) { /* HSDP does not run with cp */
+    for (int f = 0; f < (m.cp > 1 || m.ep > 1 ? 1 : m.dp); f++) { /* HSDP: neither cp nor ep */
       if (f == 1 || (f > 1 && (zs[zi].zero == 0 || m.dp % f)))
         continue;
       m.zero = zs[zi].zero, m.keep = zs[zi].keep, m.fsdp = f;
@@ -199,6 +201,7 @@ static wf_status enumerate(search *s, const wf_plan_mesh *base)
   int W = s->world, GB = s->cfg->train.batch_size;
   /* cp only where its block attention kernels exist (the CPU's; GPU set-up refuses cp) */
   bool cp_ok = base->T >= CP_MIN_T && !s->hw->gpu;
+  int E = wf_model_dims_resolve(&s->d).E; /* 0: dense, no ep */
   int node = WF_MAX(1, s->hw->gpus_per_node), cpmax = cp_ok ? W : 1;
   for (int tp = 1; tp <= W && tp <= node; tp++) {
     if (W % tp)
@@ -215,7 +218,9 @@ static wf_status enumerate(search *s, const wf_plan_mesh *base)
         wf_plan_mesh m = *base;
         m.dp = dp, m.tp = tp, m.pp = pp, m.cp = cp;
         m.pp_layers = NULL, m.n_pp_layers = 0;
-        WF_TRY(add_batches(s, m));
+        for (m.ep = 1; m.ep <= (E > 0 && cp == 1 ? dp : 1); m.ep++)
+          if (dp % m.ep == 0 && (m.ep == 1 || E % m.ep == 0))
+            WF_TRY(add_batches(s, m));
       }
     }
   }
@@ -255,6 +260,7 @@ static json_t *plan_json(const wf__plan *p)
   json_object_set_new(o, "step_ms", json_real(p->t.step * 1e3));
   json_object_set_new(o, "compute_ms", json_real(p->t.compute * 1e3));
   json_object_set_new(o, "tp_comm_ms", json_real(p->t.tp_comm * 1e3));
+  json_object_set_new(o, "ep_comm_ms", json_real(p->t.ep_comm * 1e3));
   json_object_set_new(o, "pp_comm_ms", json_real(p->t.pp_comm * 1e3));
   json_object_set_new(o, "bubble_ms", json_real(p->t.bubble * 1e3));
   json_object_set_new(o, "dp_exposed_ms", json_real(p->t.dp_exposed * 1e3));

@@ -27,6 +27,14 @@
  * keys and values (again in backward, then reduce-scatters their gradients), all of it
  * exposed. Gradients reduce over dp x cp.
  *
+ * Expert parallelism (ep > 1): a rank's experts compute as many token rows as without it
+ * on average (ep ranks' tokens for E / ep experts), so compute is unchanged and the
+ * parameters (and their AdamW state) are the shard's. Each MoE layer's forward exchanges
+ * its tokens' counts (E integers) and then its N K rows of C in the activations' format
+ * to the experts' ranks and their outputs back (all-to-alls over the ep group, at the
+ * profile's all-to-all rate), and backward the same again; none of it overlaps compute.
+ * The experts' gradients reduce over dp / ep ranks, the dense ones' over dp.
+ *
  * CPU ranks share the node's cores: a rank computes with cores / ranks threads when
  * there are more cores than ranks, else with one thread and that share of a core (of
  * the cores they deliver when all compute at once, busy_cores, when measured).
@@ -45,7 +53,7 @@ typedef struct ctx {
   const wf_hw *hw;
   int threads;
   double share; /* the part of a core (CPU) a rank gets; 1 on a GPU */
-  bool tp_intra, pp_intra, dp_intra, cp_intra;
+  bool tp_intra, pp_intra, dp_intra, cp_intra, ep_intra;
   int cp;    /* context-parallel ranks (1: none) */
   double Tl; /* a rank's rows of a sequence: T / cp */
 } ctx;
@@ -69,6 +77,7 @@ static double ops(const ctx *c, int n) { return busy(c, n * c->hw->op_s); }
 
 typedef struct layer_cost {
   double fwd, bwd, tp;   /* seconds: forward, backward (without recompute), tp collectives */
+  double ep;             /* expert parallelism's all-to-alls of forward (backward's alike) */
   double core;           /* of fwd: attention's core, which selective recompute runs again */
   double cp, cp_exposed; /* context parallelism's traffic, and the part in fwd and bwd */
 } layer_cost;
@@ -135,6 +144,20 @@ static void cp_traffic(const ctx *c, double att, double ab, double *all, double 
   *xb = (P - 1) * fmax(0, xk + xd - ab * att / P) + xd;
 }
 
+/* Expert parallelism's exchanges of one layer's forward (backward makes the same): the
+ * counts, the N K token rows to the experts' ranks, their outputs back. */
+static double ep_traffic(const ctx *c)
+{
+  const wf_plan_mesh *m = c->m;
+  wf_model_dims d = wf_model_dims_resolve(c->d);
+  if (m->ep < 2 || d.E <= 0)
+    return 0;
+  double rows = (double)m->B * c->Tl * d.K; /* the router sees every row (sp gathers them) */
+  double bytes = rows * d.C * (double)wf_storage_size((int)m->prec);
+  double counts = wf_hw_alltoall_s(c->hw, (double)d.E * sizeof(int), m->ep, c->ep_intra);
+  return counts + 2 * wf_hw_alltoall_s(c->hw, bytes, m->ep, c->ep_intra);
+}
+
 /* One transformer block, one micro-batch. */
 static layer_cost block(const ctx *c)
 {
@@ -160,9 +183,11 @@ static layer_cost block(const ctx *c)
   double ef, eb, cpa, xf, xb;
   block_elem(c, norm, act, bytes, &ef, &eb);
   cp_traffic(c, att, ab, &cpa, &xf, &xb);
-  return (layer_cost){g + att + ef + ops(c, k.block_fwd_ops) + tpc + xf,
-                      gb * g + ab * att + eb + ops(c, k.block_bwd_ops) + tpc + xb,
+  double ep = ep_traffic(c);
+  return (layer_cost){g + att + ef + ops(c, k.block_fwd_ops) + tpc + xf + ep,
+                      gb * g + ab * att + eb + ops(c, k.block_bwd_ops) + tpc + xb + ep,
                       tpc,
+                      ep,
                       att + xf,
                       cpa,
                       xf + xb};
@@ -173,7 +198,7 @@ static layer_cost ends(const ctx *c, bool first, bool last)
 {
   const wf_plan_mesh *m = c->m;
   double N = (double)m->B * c->Tl, C = c->d->C, Vl = (double)c->d->Vp / m->tp;
-  layer_cost r = {0, 0, 0, 0, 0, 0};
+  layer_cost r = {0, 0, 0, 0, 0, 0, 0};
   if (first) {
     double e = mem(c, 4 * 3 * N * C) + ops(c, 1);
     double tpc = m->tp > 1 ? tp_allreduce(c, N * C * 4) : 0; /* vocabulary-parallel lookup */
@@ -190,9 +215,9 @@ static layer_cost ends(const ctx *c, bool first, bool last)
 
 /* The slowest chunk's forward and backward of one micro-batch over every stage (a
  * stage's [l0, l1) is one of its chunks under interleaving), and its
- * tp seconds; p2p added when there are stages. */
-static wf_status stage_costs(const ctx *c, double *F, double *Bk, double *tp_s, double *p2p,
-                             layer_cost *Lc)
+ * tp and ep seconds; p2p added when there are stages. */
+static wf_status stage_costs(const ctx *c, double *F, double *Bk, double *tp_s, double *ep_s,
+                             double *p2p, layer_cost *Lc)
 {
   wf_status st = WF_OK;
   const wf_plan_mesh *m = c->m;
@@ -204,7 +229,7 @@ static wf_status stage_costs(const ctx *c, double *F, double *Bk, double *tp_s, 
    * bandwidth term; its latency is hidden: the engine posts receives ahead */
   double lat2 = wf_hw_allreduce_s(c->hw, 0, 2, c->pp_intra);
   *p2p = m->pp > 1 ? (wf_hw_allreduce_s(c->hw, io, 2, c->pp_intra) - lat2) / 2 : 0;
-  *F = *Bk = *tp_s = 0;
+  *F = *Bk = *tp_s = *ep_s = 0;
   for (int r = 0; r < m->pp; r++) {
     wf_plan_stage_mem sm;
     WF_TRY(wf_plan_stage_mem_get(c->d, m, r, 0, NULL, &sm));
@@ -213,9 +238,9 @@ static wf_status stage_costs(const ctx *c, double *F, double *Bk, double *tp_s, 
     bool full = m->recompute == WF_RECOMPUTE_FULL;
     double re = full ? L.fwd : m->recompute == WF_RECOMPUTE_SELECTIVE ? L.core : 0;
     double f = lc * L.fwd + e.fwd, b = lc * L.bwd + e.bwd + lc * re;
-    double t = lc * L.tp * (full ? 3 : 2) + 2 * e.tp;
+    double t = lc * L.tp * (full ? 3 : 2) + 2 * e.tp, x = lc * L.ep * (full ? 3 : 2);
     if (f + b > *F + *Bk)
-      *F = f, *Bk = b, *tp_s = t;
+      *F = f, *Bk = b, *tp_s = t, *ep_s = x;
   }
   *F += *p2p, *Bk += *p2p;
 fail:
@@ -252,7 +277,7 @@ static ctx make_ctx(const wf_model_dims *d, const wf_plan_mesh *m, const wf_hw *
 {
   int cp = m->cp > 1 ? m->cp : 1;
   int world = m->dp * m->tp * m->pp * cp, node = WF_MAX(1, hw->gpus_per_node);
-  ctx c = {d, m, hw, 1, 1, true, true, true, true, cp, (double)m->T / cp};
+  ctx c = {d, m, hw, 1, 1, true, true, true, true, true, cp, (double)m->T / cp};
   if (!hw->gpu && hw->cores > 0) {
     int ranks = WF_MIN(world, node);
     c.threads = m->threads > 0 ? m->threads : WF_MAX(1, hw->cores / ranks);
@@ -262,6 +287,7 @@ static ctx make_ctx(const wf_model_dims *d, const wf_plan_mesh *m, const wf_hw *
   /* tp is innermost (inside a node), then cp, then pp, then dp */
   c.tp_intra = m->tp <= node;
   c.cp_intra = m->tp * cp <= node;
+  c.ep_intra = m->tp * cp * WF_MAX(1, m->ep) <= node; /* ep consecutive dp ranks */
   c.pp_intra = m->tp * cp * m->pp <= node;
   c.dp_intra = world <= node;
   return c;
@@ -281,32 +307,54 @@ static int shard_group(const wf_plan_mesh *m)
  * per step with reshard_after_forward=false; prefetched behind forward and backward),
  * and what follows the update, exposed: the parameters' all-gather (ZeRO-1/2) and
  * HSDP's sum of the shard over the replicas. All-gathers take the profile's measured
- * rate (wf_hw_allgather_s; half an all-reduce where it has none). */
-static void dp_time(const ctx *c, double n, int nb, double F, double B, wf_plan_time *out)
+ * rate (wf_hw_allgather_s; half an all-reduce where it has none). The n parameters'
+ * shards span f of the dp ranks (HSDP's group, else all of them). */
+typedef struct dp_parts {
+  double red, gathers, after, hide;
+} dp_parts;
+
+static dp_parts dp_class(const ctx *c, double n, int nb, int f, int dp, double F, double B)
 {
   const wf_plan_mesh *m = c->m;
   const wf_hw *hw = c->hw;
-  int f = shard_group(m), mv = m->M * (m->kind == WF_SCHED_INTERLEAVED ? m->v : 1);
-  if (m->dp < 2)
-    return;
+  int mv = m->M * (m->kind == WF_SCHED_INTERLEAVED ? m->v : 1);
   /* the shard group is f consecutive dp ranks: inside a node when tp x pp x f fit */
   bool intra = c->dp_intra || m->tp * m->pp * f <= WF_MAX(1, hw->gpus_per_node);
   double ar = wf_hw_dp_allreduce_s(hw, n * 4, f, intra);
   double ag = wf_hw_allgather_s(hw, n * 4, f, intra);
   double lat = (nb - 1) * wf_hw_allreduce_s(hw, 0, f, intra);
-  double red = ar + lat, gathers = 0, after = 0, hide = hw->overlap * B;
+  dp_parts r = {ar + lat, 0, 0, hw->overlap * B};
+  if (f < 2)
+    return (dp_parts){0, 0, 0, 0};
   if (m->zero >= 2)
-    red = mv * (ar + lat), hide = hw->overlap * mv * B;
+    r.red = mv * (ar + lat), r.hide = hw->overlap * mv * B;
   if (m->zero == 1 || m->zero == 2)
-    after = ag; /* the updated shards, one broadcast per owner: an all-gather's bytes */
+    r.after = ag; /* the updated shards, one broadcast per owner: an all-gather's bytes */
   if (m->zero == 3) {
-    gathers = (m->keep ? 1 : 2 * mv) * (ag + lat);
-    hide = hw->overlap * mv * (F + B);
+    r.gathers = (m->keep ? 1 : 2 * mv) * (ag + lat);
+    r.hide = hw->overlap * mv * (F + B);
   }
-  if (m->zero && f < m->dp)
-    after += wf_hw_allreduce_s(hw, n * 4 / f, m->dp / f, c->dp_intra);
+  if (m->zero && f < dp)
+    r.after += wf_hw_allreduce_s(hw, n * 4 / f, dp / f, c->dp_intra);
+  return r;
+}
+
+/* The dense parameters over dp (HSDP's shard groups), the experts' (ne of the n) over
+ * their dp / ep ranks, one after the other behind the same backward. */
+static void dp_time(const ctx *c, double n, double ne, int nb, double F, double B,
+                    wf_plan_time *out)
+{
+  const wf_plan_mesh *m = c->m;
+  int ep = m->ep > 1 ? m->ep : 1;
+  if (m->dp < 2)
+    return;
+  if (ep == 1)
+    ne = 0;
+  dp_parts d = dp_class(c, n - ne, nb, shard_group(m), m->dp, F, B);
+  dp_parts x = ne > 0 ? dp_class(c, ne, nb, m->dp / ep, m->dp / ep, F, B) : (dp_parts){0, 0, 0, 0};
+  double red = d.red + x.red, gathers = d.gathers + x.gathers, after = d.after + x.after;
   out->dp_comm = red + gathers + after;
-  out->dp_exposed = fmax(0, red + gathers - hide) + after;
+  out->dp_exposed = fmax(0, red + gathers - fmax(d.hide, x.hide)) + after;
 }
 
 /* Bytes of a rank's slice of the tied embedding (0: the family's head is untied). */
@@ -325,17 +373,18 @@ wf_status wf_plan_time_get(const wf_model_dims *d, const wf_plan_mesh *m, const 
 {
   wf_status st = WF_OK;
   ctx c = make_ctx(d, m, hw);
-  double F, B, tp_s, p2p, span;
+  double F, B, tp_s, ep_s, p2p, span;
   int v = m->kind == WF_SCHED_INTERLEAVED ? m->v : 1;
   layer_cost L;
   memset(out, 0, sizeof *out);
-  WF_TRY(stage_costs(&c, &F, &B, &tp_s, &p2p, &L));
+  WF_TRY(stage_costs(&c, &F, &B, &tp_s, &ep_s, &p2p, &L));
   /* F and B are one chunk's: a shard's [l0, l1) is one chunk of its v */
   WF_TRY(pipeline_span(m, F, B, &span, &out->sim_bubble));
   double work = (double)m->M * v * (F + B);
   out->tp_comm = m->M * v * tp_s;
+  out->ep_comm = m->M * v * ep_s;
   out->pp_comm = m->M * v * 2 * p2p;
-  out->compute = work - out->tp_comm - out->pp_comm;
+  out->compute = work - out->tp_comm - out->ep_comm - out->pp_comm;
   out->bubble = fmax(0, span - work);
   wf_plan_stage_mem sm;
   WF_TRY(wf_plan_stage_mem_get(d, m, 0, 0, NULL, &sm));
@@ -344,7 +393,7 @@ wf_status wf_plan_time_get(const wf_model_dims *d, const wf_plan_mesh *m, const 
   gm.dp = m->dp * c.cp;
   ctx gc = make_ctx(d, &gm, hw);
   gc.dp_intra = c.dp_intra;
-  dp_time(&gc, (double)sm.params, WF_MAX(1, sm.n_buckets), F, B, out);
+  dp_time(&gc, (double)sm.params, (double)sm.expert_params, WF_MAX(1, sm.n_buckets), F, B, out);
   int lmax = 0; /* the slowest stage's layers: ring traffic per micro-batch and chunk */
   for (int r = 0; r < m->pp; r++) {
     wf_plan_stage_mem s2;
@@ -355,7 +404,8 @@ wf_status wf_plan_time_get(const wf_model_dims *d, const wf_plan_mesh *m, const 
   out->cp_exposed = m->M * v * lmax * L.cp_exposed;
   if (m->pp > 1 && tied_bytes(d, m) > 0) /* the tied embedding over the first and last stages */
     out->pp_comm += wf_hw_allreduce_s(hw, tied_bytes(d, m), 2, c.pp_intra);
-  double n = (double)sm.params, range = m->zero ? n / shard_group(m) : n;
+  double n = (double)sm.params, ne = m->ep > 1 ? (double)sm.expert_params : 0;
+  double range = m->zero ? (n - ne) / shard_group(m) + ne * m->ep / m->dp : n;
   out->optim = mem(&c, 28 * range + 8 * n + (m->prec != WF_PREC_NO ? 8 * n : 0));
   out->compute -= out->cp_exposed; /* inside the layers' times, reported apart */
   out->step =

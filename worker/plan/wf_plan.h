@@ -41,12 +41,13 @@ typedef struct wf_hw_gemm {
 /* Collectives over a group of `size` ranks, measured: seconds = alpha + bytes / bw for
  * a (blocking) all-reduce of `bytes`, alpha + bytes / ag_bw for an all-gather into a
  * vector of `bytes` (each rank's piece bytes / size), alpha + bytes / dp_bw for the
- * gradient path's non-blocking all-reduce waited for. ag_bw 0: not measured (half an
- * all-reduce); dp_bw 0: not measured (bw). */
+ * gradient path's non-blocking all-reduce waited for, alpha + bytes / a2a_bw for an
+ * all-to-all of a rank's `bytes` (bytes / size to each rank). ag_bw 0: not measured (half
+ * an all-reduce); dp_bw 0: not measured (bw); a2a_bw 0: not measured (an all-gather's). */
 typedef struct wf_hw_coll {
   int size;
   double alpha_s, bw; /* seconds, bytes per second */
-  double ag_bw, dp_bw;
+  double ag_bw, dp_bw, a2a_bw;
 } wf_hw_coll;
 
 typedef struct wf_hw {
@@ -99,6 +100,10 @@ double wf_hw_allgather_s(const wf_hw *hw, double bytes, int size, bool intra);
  * issue it (non-blocking, then waited for), where the profile measured that; else
  * wf_hw_allreduce_s. */
 double wf_hw_dp_allreduce_s(const wf_hw *hw, double bytes, int size, bool intra);
+/* All-to-all seconds of a rank's `bytes` over `size` ranks (bytes / size to each, its own
+ * included), as expert parallelism exchanges tokens: measured where the profile has it,
+ * else an all-gather's of the same vector (each rank moves (size-1)/size of it). */
+double wf_hw_alltoall_s(const wf_hw *hw, double bytes, int size, bool intra);
 
 /* ---- one plan ---------------------------------------------------------------------- */
 
@@ -122,6 +127,8 @@ typedef struct wf_plan_mesh {
   int cp;             /* context parallelism (0 or 1: none): a rank holds T / cp of each
                        * sequence, gradients and ZeRO over dp x cp */
   wf_cp_mode cp_mode; /* parallel.cp_mode: its scratch (ring blocks, or every rank's K/V) */
+  int ep;             /* expert parallelism (0 or 1: none): groups of ep consecutive dp ranks
+                       * each hold E / ep experts; their gradients reduce over dp / ep */
 } wf_plan_mesh;
 
 /* What a rank holds, in bytes, by kind. */
@@ -140,12 +147,13 @@ typedef enum wf_plan_mem_kind {
 typedef struct wf_plan_stage_mem {
   size_t bytes[WF_PM_N];
   size_t total;
-  int slots;          /* activation slots the schedule keeps in flight */
-  size_t params;      /* parameters (elements) on this rank */
-  int l0, l1, chunks; /* layers */
-  int n_buckets;      /* plain dp's gradient buckets */
-  size_t act;         /* the activation slots in flight and the recompute layer: the
-                       * trainer's act= (its step line) at the schedule's peak */
+  int slots;            /* activation slots the schedule keeps in flight */
+  size_t params;        /* parameters (elements) on this rank */
+  size_t expert_params; /* of them, the experts' (their gradients reduce over dp / ep) */
+  int l0, l1, chunks;   /* layers */
+  int n_buckets;        /* plain dp's gradient buckets */
+  size_t act;           /* the activation slots in flight and the recompute layer: the
+                         * trainer's act= (its step line) at the schedule's peak */
 } wf_plan_stage_mem;
 
 /* Memory of pp rank `pp_rank`, dp rank `dp_rank` (tp ranks all hold the same). k: the
@@ -178,6 +186,7 @@ typedef struct wf_plan_time {
   double sim_bubble; /* idle share of the simulated schedule */
   double cp_comm;    /* context parallelism's K/V traffic (ring or all-gather) */
   double cp_exposed; /* the part of cp_comm the blocks' compute does not hide (in step) */
+  double ep_comm;    /* expert parallelism's all-to-alls of tokens (inside compute's stages) */
 } wf_plan_time;
 
 wf_status wf_plan_time_get(const wf_model_dims *d, const wf_plan_mesh *m, const wf_hw *hw,
