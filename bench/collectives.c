@@ -12,10 +12,11 @@
  * 64 KiB, 3 x 21 from 64 KiB to 4 MiB and 2 x 21 above.
  *
  * Units as in nccl-tests: size is the largest buffer of the call (allreduce: count
- * x 4; reduce_scatter: the full input; allgather: the full output; sendrecv: what
- * one rank sends), algbw = size / time, busbw = algbw x factor with factor
- * 2(n-1)/n for allreduce, (n-1)/n for reduce_scatter and allgather, and 1 for
- * bcast and sendrecv (each rank sends right and receives from the left at once).
+ * x 4; reduce_scatter: the full input; allgather: the full output; alltoall: a rank's
+ * whole send buffer, count / n to each rank; sendrecv: what one rank sends), algbw =
+ * size / time, busbw = algbw x factor with factor 2(n-1)/n for allreduce, (n-1)/n for
+ * reduce_scatter, allgather and alltoall, and 1 for bcast and sendrecv (each rank sends
+ * right and receives from the left at once).
  * ovh = median weft / median raw - 1. pair = the median over repeats of each repeat's
  * weft / raw - 1: the two halves of a repeat run back to back, so a time slice lost to
  * another process on a shared machine spoils one ratio (high or low, alike) rather
@@ -30,9 +31,9 @@
 
 #include "wf_collectives.h"
 
-enum { OP_ALLREDUCE, OP_REDUCE_SCATTER, OP_ALLGATHER, OP_BCAST, OP_SENDRECV, OP_N };
-static const char *op_names[OP_N] = {"allreduce", "reduce_scatter", "allgather", "bcast",
-                                     "sendrecv"};
+enum { OP_ALLREDUCE, OP_REDUCE_SCATTER, OP_ALLGATHER, OP_BCAST, OP_SENDRECV, OP_ALLTOALL, OP_N };
+static const char *op_names[OP_N] = {"allreduce", "reduce_scatter", "allgather",
+                                     "bcast",     "sendrecv",       "alltoall"};
 
 typedef struct bench {
   wf_comm *c;
@@ -66,6 +67,9 @@ static void call_weft(bench *b, int op, int count)
     st = wf_comm_allgather(b->c, b->send, b->recv, (size_t)count, WF_COMM_F32);
     break;
   case OP_BCAST: st = wf_comm_bcast(b->c, b->send, (size_t)count, WF_COMM_F32, 0); break;
+  case OP_ALLTOALL:
+    st = wf_comm_alltoall(b->c, b->send, b->recv, (size_t)count, WF_COMM_F32);
+    break;
   case OP_SENDRECV:
     st = wf_comm_group_start(b->c);
     if (st == WF_OK)
@@ -93,6 +97,9 @@ static void call_raw(bench *b, MPI_Comm comm, int op, int count)
     rc = MPI_Allgather(b->send, count, MPI_FLOAT, b->recv, count, MPI_FLOAT, comm);
     break;
   case OP_BCAST: rc = MPI_Bcast(b->send, count, MPI_FLOAT, 0, comm); break;
+  case OP_ALLTOALL:
+    rc = MPI_Alltoall(b->send, count, MPI_FLOAT, b->recv, count, MPI_FLOAT, comm);
+    break;
   case OP_SENDRECV:
     MPI_Irecv(b->recv, count, MPI_FLOAT, left, 1, comm, &q[0]);
     MPI_Isend(b->send, count, MPI_FLOAT, right, 1, comm, &q[1]);
@@ -137,7 +144,7 @@ static double bus_factor(int op, int n)
 {
   if (op == OP_ALLREDUCE)
     return 2.0 * (n - 1) / n;
-  if (op == OP_REDUCE_SCATTER || op == OP_ALLGATHER)
+  if (op == OP_REDUCE_SCATTER || op == OP_ALLGATHER || op == OP_ALLTOALL)
     return (double)(n - 1) / n;
   return 1.0;
 }
@@ -152,11 +159,11 @@ static void run_size(bench *b, int op, size_t bytes, worst *w)
 {
   int n = b->size;
   size_t total = bytes / sizeof(float);
-  int count = (int)(op == OP_REDUCE_SCATTER || op == OP_ALLGATHER ? total / (size_t)n : total);
+  bool split = op == OP_REDUCE_SCATTER || op == OP_ALLGATHER || op == OP_ALLTOALL;
+  int count = (int)(split ? total / (size_t)n : total); /* alltoall: to each rank */
   if (count == 0)
     return;
-  size_t shown = (size_t)count * sizeof(float) *
-                 (op == OP_REDUCE_SCATTER || op == OP_ALLGATHER ? (size_t)n : 1);
+  size_t shown = (size_t)count * sizeof(float) * (split ? (size_t)n : 1);
   /* Small sizes: many calls per repeat so that the clock resolves them. From 64 KiB
    * on, one call per repeat, so that a rank losing its core (the machine is shared)
    * spoils one sample of the median and not a whole repeat. */
@@ -212,7 +219,7 @@ int main(int argc, char **argv)
   int provided;
   size_t min = 8, max = (size_t)64 << 20;
   double step = 4;
-  const char *ops = "allreduce,reduce_scatter,allgather,bcast,sendrecv";
+  const char *ops = "allreduce,reduce_scatter,allgather,bcast,sendrecv,alltoall";
   bench b = {.reps = 21};
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   for (int i = 1; i + 1 < argc; i += 2) {

@@ -229,3 +229,109 @@ class Llama(nn.Module):
 
     def forward(self, idx, targets):
         return cross_entropy(self.lm_head(self.model(idx)), targets)
+
+
+# ---- Mixtral (Hugging Face's MixtralForCausalLM) -----------------------------------
+
+class MixtralBlockSparseTop2MLP(nn.Module):
+    """One expert: SwiGLU with Hugging Face's names (w1 gate, w3 up, w2 down)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.w1 = nn.Linear(cfg.C, cfg.F, bias=False)
+        self.w2 = nn.Linear(cfg.F, cfg.C, bias=False)
+        self.w3 = nn.Linear(cfg.C, cfg.F, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class MixtralSparseMoeBlock(nn.Module):
+    """Hugging Face's MixtralSparseMoeBlock: a router (no bias), softmax in float32, the
+    top-k experts renormalised, and the loop over experts, each taking its tokens by
+    index (torch.where of the one-hot choices) and adding its weighted output back with
+    index_add_. Returns the output and the router's logits."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.E, self.K = cfg.E, cfg.K
+        self.gate = nn.Linear(cfg.C, cfg.E, bias=False)
+        self.experts = nn.ModuleList(MixtralBlockSparseTop2MLP(cfg) for _ in range(cfg.E))
+
+    def forward(self, h):
+        b, t, c = h.shape
+        x = h.view(-1, c)
+        logits = self.gate(x)
+        # in float32 whatever the activations' type, as Hugging Face's (float64 stays float64)
+        w = F.softmax(logits, dim=1, dtype=torch.promote_types(logits.dtype, torch.float32))
+        w, chosen = torch.topk(w, self.K, dim=-1)
+        w = (w / w.sum(dim=-1, keepdim=True)).to(x.dtype)
+        out = torch.zeros_like(x)
+        mask = F.one_hot(chosen, num_classes=self.E).permute(2, 1, 0)
+        for e in range(self.E):
+            idx, top = torch.where(mask[e])
+            y = self.experts[e](x[top]) * w[top, idx, None]
+            out.index_add_(0, top, y.to(x.dtype))
+        return out.view(b, t, c), logits
+
+
+def load_balancing_loss(all_logits, E, K):
+    """transformers' load_balancing_loss_func: every layer's router logits together."""
+    probs = F.softmax(torch.cat(all_logits, dim=0), dim=-1)
+    _, chosen = torch.topk(probs, K, dim=-1)
+    mask = F.one_hot(chosen, E).to(probs.dtype)
+    tokens_per_expert = mask.mean(dim=0)
+    return (tokens_per_expert * probs.mean(dim=0).unsqueeze(0)).sum() * E
+
+
+class MixtralDecoderLayer(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.input_layernorm = LlamaRMSNorm(cfg.C, cfg.eps)
+        self.self_attn = LlamaAttention(cfg)
+        self.post_attention_layernorm = LlamaRMSNorm(cfg.C, cfg.eps)
+        self.block_sparse_moe = MixtralSparseMoeBlock(cfg)
+
+    def forward(self, h, cos, sin):
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin)
+        y, logits = self.block_sparse_moe(self.post_attention_layernorm(h))
+        return h + y, logits
+
+
+class MixtralModel(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.V, cfg.C)
+        self.layers = nn.ModuleList(MixtralDecoderLayer(cfg) for _ in range(cfg.L))
+        self.norm = LlamaRMSNorm(cfg.C, cfg.eps)
+        self.rotary_emb = LlamaRotaryEmbedding(cfg)
+
+    def forward(self, idx):
+        h = self.embed_tokens(idx)
+        cos, sin = self.rotary_emb(h, idx.shape[1])
+        logits = []
+        for layer in self.layers:
+            h, lg = layer(h, cos, sin)
+            logits.append(lg)
+        return self.norm(h), logits
+
+
+class Mixtral(nn.Module):
+    """MixtralForCausalLM with output_router_logits: the mean cross-entropy (on float32
+    logits) plus cfg.aux times the load-balancing loss; Hugging Face's module names, so
+    its state dict loads as is (tests/model/torch_mixtral_check.py). cfg: a LlamaConfig
+    with E, K and aux set."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.model = MixtralModel(cfg)
+        self.lm_head = nn.Linear(cfg.C, cfg.V, bias=False)
+        for m in self.modules():  # MixtralConfig's initializer_range
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+
+    def forward(self, idx, targets):
+        h, logits = self.model(idx)
+        ce = cross_entropy(self.lm_head(h), targets)
+        return ce + self.cfg.aux * load_balancing_loss(logits, self.cfg.E, self.cfg.K)

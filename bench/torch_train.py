@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """The PyTorch peer of bench/gpu_train.py: GPT-2 or Llama training steps, timed.
 
-    torch_train.py [--model gpt2|llama] [--layers 12 --heads 12 --d-model 768 --seq 1024
-                   --vocab 50304] [--kv-heads N --ffn N --rope-theta X --rope-scaling
-                   FACTOR,LOW,HIGH,OLD_CTX --untied] [--batch 8] [--steps 30] [--warmup 5]
+    torch_train.py [--model gpt2|llama|mixtral] [--layers 12 --heads 12 --d-model 768
+                   --seq 1024 --vocab 50304] [--kv-heads N --ffn N --rope-theta X
+                   --rope-scaling FACTOR,LOW,HIGH,OLD_CTX --untied] [--experts E --top-k K
+                   --aux A] [--batch 8] [--steps 30] [--warmup 5]
                    [--device cuda] [--bf16] [--compile none|default|max-autotune]
                    [--compile-optimizer] [--sdpa auto|cudnn|flash|efficient|math]
                    [--data SHARD]
 
 The models are bench/torch_models.py's (GPT-2 as weft and llm.c define it; Hugging
-Face's LlamaForCausalLM), trained with AdamW under bf16 autocast (--bf16), PyTorch at
+Face's LlamaForCausalLM, and MixtralForCausalLM with its loop over experts: bench/moe.py),
+trained with AdamW under bf16 autocast (--bf16), PyTorch at
 its best settings:
 
 - attention through scaled_dot_product_attention with every backend allowed and
@@ -128,6 +130,9 @@ def build(o):
     cfg = torch_models.LlamaConfig(o.layers, o.heads, o.kv_heads or o.heads, o.d_model, o.ffn,
                                    o.vocab, o.rope_theta, tied=not o.untied,
                                    rope_scaling=scaling)
+    if o.model == "mixtral":
+        cfg.E, cfg.K, cfg.aux = o.experts, o.top_k, o.aux
+        return torch_models.Mixtral(cfg)
     return torch_models.Llama(cfg)
 
 
@@ -199,12 +204,13 @@ def observe(o, fwd, opt, opt_step, data, dev):
 
 def main():
     a = argparse.ArgumentParser()
-    a.add_argument("--model", choices=["gpt2", "llama"], default="gpt2")
+    a.add_argument("--model", choices=["gpt2", "llama", "mixtral"], default="gpt2")
     for name, default in [("layers", 12), ("heads", 12), ("kv-heads", 0), ("d-model", 768),
                           ("ffn", 0), ("seq", 1024), ("vocab", 50304), ("batch", 8),
-                          ("steps", 30), ("warmup", 5)]:
+                          ("steps", 30), ("warmup", 5), ("experts", 8), ("top-k", 2)]:
         a.add_argument("--" + name, type=int, default=default)
     a.add_argument("--rope-theta", type=float, default=500000.0)
+    a.add_argument("--aux", type=float, default=0.02, help="mixtral: router_aux_loss_coef")
     a.add_argument("--rope-scaling", help="llama3 scaling: FACTOR,LOW,HIGH,OLD_CTX")
     a.add_argument("--untied", action="store_true", help="Llama's head its own weight")
     a.add_argument("--device", default="cuda")
