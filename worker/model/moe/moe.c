@@ -313,6 +313,7 @@ const wf_family wf__family_olmoe = {
                  "\"initializer_range\": 0.02, \"output_router_logits\": false}",
     .hf_refuse = refuse,
     .ops = &wf__moe_ops,
+    .hf_max_positions = 4096, /* transformers' OlmoeConfig(max_position_embeddings=4096) */
     .data = &olmoe,
 };
 
@@ -345,6 +346,7 @@ const wf_family wf__family_qwen3_moe = {
                  "\"output_router_logits\": false}",
     .hf_refuse = refuse,
     .ops = &wf__moe_ops,
+    .hf_max_positions = 32768, /* transformers' Qwen3MoeConfig(max_position_embeddings=32768) */
     .data = &qwen3,
 };
 
@@ -367,5 +369,6 @@ const wf_family wf__family_mixtral = {
                  "\"initializer_range\": 0.02, \"output_router_logits\": false}",
     .hf_refuse = refuse,
     .ops = &wf__moe_ops,
+    .hf_max_positions = 131072, /* transformers' MixtralConfig(max_position_embeddings=4096 * 32) */
     .data = &mixtral,
 };
