@@ -1,14 +1,14 @@
 /*
  * main.c - the worker: one process per rank.
  *
- * Start-up order (DESIGN.md): parse the command line against the tables below;
+ * Start-up order (docs/architecture.md): parse the command line against the tables below;
  * MPI_Init_thread; read the config (file, WEFT_* environment, key=value arguments);
  * read the launch environment and cross-check it with MPI; validate the config against
  * the world the command names; then either run the command at once (it needs no mesh:
  * --print-config, --export, --plan, ...) or pick the device, bind with hwloc, bootstrap
  * the mesh and run it there (training, --dry-run, --generate, --dump-state).
  *
- * The commands are one table (STYLE.md 21: seams as tables): a row says what a command
+ * The commands are one table (docs/architecture.md: seams as tables): a row says what a command
  * takes, what world its config is checked against, what it checks before the mesh and
  * which function runs it. The work is in each concern's folder; main only sequences.
  *

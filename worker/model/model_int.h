@@ -71,7 +71,7 @@ typedef struct wf__geo {
   size_t cp; /* context-parallel ranks (1: none); T is this rank's rows per sequence */
   int NHl, KVl;
   int fmt;
-  const wf_ktable *k;
+  const wf_kset *k;
 } wf__geo;
 
 /* A layer's saved activations: the items kept in the slot, and attention's core state
@@ -134,6 +134,10 @@ typedef struct wf__dacts {
  * Every op computes through m->k, the kernels of the model's storage format: a family
  * has one code path for every precision. */
 typedef struct wf__family_ops {
+  /* the kernel ops the family calls (wf_kreg.h), checked at set-up for the model's
+   * element type and device */
+  const wf_op_id *kernels;
+  int n_kernels;
   /* floats of one layer's saved activations besides attention's core state, and those
    * of the core state (*core) */
   size_t (*layer_floats)(const wf__geo *g, size_t *core);
@@ -160,7 +164,7 @@ struct wf_model {
   wf_model_desc desc;
   wf_model_shard s;
   wf_dev *dev;        /* borrowed */
-  const wf_ktable *k; /* the device's kernels for the model's storage format */
+  const wf_kset *k; /* the device's kernels for the model's storage format */
   wf_tp_regions tp;   /* the region operators (ops NULL: identity) */
   wf_cp_regions cp;   /* context parallelism's attention (ops NULL: the device's kernels) */
   bool sequence;      /* sequence parallelism is on (tp > 1) */

@@ -382,7 +382,7 @@ static wf_status wait_parts(wf__zero *z, wf__zbucket *b)
  * reduces once per step) or added (ZeRO-2, once per micro-batch). */
 static wf_status take_mine(wf__zero *z, const wf__zbucket *b, const float *src)
 {
-  const wf_ktable *k = wf_dev_kernels(z->dev);
+  const wf_kset *k = wf_dev_kernels(z->dev, WF_DT_F32);
   for (int i = 0; i < b->np; i++) {
     const wf__zpiece *p = &b->p[i];
     if (p->owner != z->rank)
@@ -393,7 +393,7 @@ static wf_status take_mine(wf__zero *z, const wf__zbucket *b, const float *src)
       if (st != WF_OK)
         return st;
     } else {
-      k->residual_forward(dst, dst, src + p->pos, p->n, NULL);
+      WF_K(k, residual)->forward(dst, dst, src + p->pos, p->n, NULL);
     }
   }
   return wf_dev_check(z->dev);
