@@ -58,7 +58,6 @@
 #include "wf_device.h"
 #include "wf_gpu.h"
 #include "wf_kernels.h"
-#include "wf_device.h"
 #include "wf_peak.h"
 
 /* ---- shapes and buffers ------------------------------------------------------------ */
@@ -246,7 +245,7 @@ static void *buf(bench *b, role r)
 /* Inside a row: the shape as ints (for the call) and as doubles (for FLOPs and bytes),
  * the table `k`, the stream `s`, and buffers by role: F(role) floats, I(role) ints. */
 #define SHAPE_VARS(b)                                                                              \
-  const wf_kset *k = (b)->k;                                                                     \
+  const wf_kset *k = (b)->k;                                                                       \
   wf_stream *s = (b)->s;                                                                           \
   int B = (b)->sh.B, T = (b)->sh.T, C = (b)->sh.C, NH = (b)->sh.NH, V = (b)->sh.V;                 \
   int Vp = padded_vocab(&(b)->sh), lowp = (b)->sh.lowp, N = B * T;                                 \
@@ -254,202 +253,263 @@ static void *buf(bench *b, role r)
   double dB = B, dT = T, dC = C, dV = V, dVp = Vp, dN = N, dP = (double)np;                        \
   int KV = NH % 2 ? NH : NH / 2;                  /* Llama's rows: kv heads */                     \
   double dQK = dN * (NH + KV) * (double)(C / NH); /* elements of the q and k heads */              \
-  const wf_kset *K16 = wf_kset_as(k, WF_DT_BF16); /* the bf16-only ops' */                        \
-  double A = k->dt == WF_DT_F32 ? 4.0 : 2.0; /* bytes of a stored activation (void *) */         \
-  (void)k, (void)K16, (void)s, (void)NH, (void)lowp, (void)n4, (void)dB, (void)dT, (void)dC, (void)dV,        \
-      (void)dN, (void)dP, (void)KV, (void)dQK, (void)Vp, (void)dVp, (void)A
+  const wf_kset *K16 = wf_kset_as(k, WF_DT_BF16); /* the bf16-only ops' */                         \
+  /* the whole sequence as one causal block (attention_block.h) */                                 \
+  wf_attn_block AB = {.B = B,                                                                      \
+                      .Tq = T,                                                                     \
+                      .Tk = T,                                                                     \
+                      .NH = NH,                                                                    \
+                      .NKV = NH,                                                                   \
+                      .hs = C / NH,                                                                \
+                      .causal = true,                                                              \
+                      .q_row = (size_t)C,                                                          \
+                      .q_batch = (size_t)T * C,                                                    \
+                      .kv_row = 2 * (size_t)C,                                                     \
+                      .kv_batch = 2 * (size_t)T * C,                                               \
+                      .o_row = (size_t)C,                                                          \
+                      .o_batch = (size_t)T * C,                                                    \
+                      .l_head = (size_t)T,                                                         \
+                      .l_batch = (size_t)NH * T,                                                   \
+                      .fmt = (int)k->dt};                                                          \
+  double A = k->dt == WF_DT_F32 ? 4.0 : 2.0; /* bytes of a stored activation (void *) */           \
+  (void)k, (void)K16, (void)AB, (void)s, (void)NH, (void)lowp, (void)n4, (void)dB, (void)dT,       \
+      (void)dC, (void)dV, (void)dN, (void)dP, (void)KV, (void)dQK, (void)Vp, (void)dVp, (void)A
 #define F(r) ((float *)buf(b, (r)))
 #define I(r) ((int *)buf(b, (r)))
 #define H(r) ((wf_bf16 *)buf(b, (r)))
 
 /* The rows: KERNEL(id, op, member, label, FLOPs, bytes, gemm, call), in model order.
- * `member` is the entry of op's table (wf_<op>_op) timed; `gemm` is 1 where the precision's GEMM peak
- * applies, 2 where the 16-bit tensor cores' applies in every precision (bf16 attention). Shapes: N
- * = B*T tokens; a GEMM (N, C) x (OC, C)^T. */
+ * `member` is the entry of op's table (wf_<op>_op) timed; `gemm` is 1 where the precision's GEMM
+ * peak applies, 2 where the 16-bit tensor cores' applies in every precision (bf16 attention).
+ * Shapes: N = B*T tokens; a GEMM (N, C) x (OC, C)^T. */
 #define KERNELS(KERNEL)                                                                            \
-  KERNEL(emb_f, embedding, forward, "embedding_forward", 0, 4 * (2 * dN * dC + dN), 0,            \
+  KERNEL(emb_f, embedding, forward, "embedding_forward", 0, 4 * (2 * dN * dC + dN), 0,             \
          WF_K(k, embedding)->forward(F(GRAD0), I(TOK), F(WT0), 0, V, N, C, s))                     \
   KERNEL(emb_b, embedding, backward, "embedding_backward", dN *dC, 4 * (3 * dN * dC + dN), 0,      \
-         WF_K(k, embedding)->backward(F(WT2), F(ACT0), I(TOK), 0, V, N, C, s))                      \
-  KERNEL(pos_f, position, forward, "position_forward", dN *dC, 4 * (2 * dN * dC + dT * dC), 0,    \
+         WF_K(k, embedding)->backward(F(WT2), F(ACT0), I(TOK), 0, V, N, C, s))                     \
+  KERNEL(pos_f, position, forward, "position_forward", dN *dC, 4 * (2 * dN * dC + dT * dC), 0,     \
          WF_K(k, position)->forward(F(GRAD0), F(WT1), NULL, B, T, C, s))                           \
-  KERNEL(pos_b, position, backward, "position_backward", dN *dC, 4 * (dN * dC + 2 * dT * dC), 0,  \
+  KERNEL(pos_b, position, backward, "position_backward", dN *dC, 4 * (dN * dC + 2 * dT * dC), 0,   \
          WF_K(k, position)->backward(F(WT3), F(ACT0), NULL, B, T, C, s))                           \
-  KERNEL(ln_f, layernorm, forward, "layernorm_forward", 8 * dN * dC,                                \
+  KERNEL(ln_f, layernorm, forward, "layernorm_forward", 8 * dN * dC,                               \
          A * 2 * dN * dC + 4 * (2 * dN + 2 * dC), 0,                                               \
-         WF_K(k, layernorm)->forward(F(ACT1), F(ROW0), F(POS0), F(ACT0), F(WT0), F(WT1), N, C, s))        \
-  KERNEL(ln_b, layernorm, backward, "layernorm_backward", 14 * dN * dC,                             \
+         WF_K(k, layernorm)->forward(F(ACT1), F(ROW0), F(POS0), F(ACT0), F(WT0), F(WT1), N, C, s)) \
+  KERNEL(ln_b, layernorm, backward, "layernorm_backward", 14 * dN * dC,                            \
          A * dN * dC + 4 * (3 * dN * dC + 2 * dN + 5 * dC), 0,                                     \
-         WF_K(k, layernorm)->backward(F(GRAD0), F(WT2), F(WT3), F(ACT1), F(ACT0), F(WT0), F(ROW0),        \
-                               F(POS0), N, C, s))                                                  \
-  KERNEL(resln_f, layernorm, residual_forward, "residual_layernorm_forward", 9 * dN * dC,           \
+         WF_K(k, layernorm)                                                                        \
+             ->backward(F(GRAD0), F(WT2), F(WT3), F(ACT1), F(ACT0), F(WT0), F(ROW0), F(POS0), N,   \
+                        C, s))                                                                     \
+  KERNEL(resln_f, layernorm, residual_forward, "residual_layernorm_forward", 9 * dN * dC,          \
          A * 3 * dN * dC + 4 * (dN * dC + 2 * dN + 2 * dC), 0,                                     \
-         WF_K(k, layernorm)->residual_forward(F(ACT3), F(ACT1), F(ROW0), F(POS0), F(ACT0), F(ACT2),       \
-                                       F(WT0), F(WT1), N, C, s))                                   \
-  KERNEL(qkv_f, matmul, forward, "matmul_forward qkv (C -> 3C)", 2 * dN * dC * 3 * dC,              \
+         WF_K(k, layernorm)                                                                        \
+             ->residual_forward(F(ACT3), F(ACT1), F(ROW0), F(POS0), F(ACT0), F(ACT2), F(WT0),      \
+                                F(WT1), N, C, s))                                                  \
+  KERNEL(qkv_f, matmul, forward, "matmul_forward qkv (C -> 3C)", 2 * dN * dC * 3 * dC,             \
          A * (dN * dC + 3 * dC * dC + 3 * dN * dC) + 4 * 3 * dC, 1,                                \
-         WF_K(k, matmul)->forward(F(ACT1), F(ACT0), F(WT0), F(WT1), N, C, 3 * C, lowp, s))                \
-  KERNEL(att_f, attention, forward, "attention_forward (causal)", 2 * dB * dT * dT * dC,            \
-         A * 4 * dN * dC + 4 * (double)WF_K(k, attention)->saved(B, T, C, NH), 0,                         \
-         WF_K(k, attention)->forward(F(ACT2), F(ATT), F(ACT1), B, T, C, NH, NH, s))                           \
+         WF_K(k, matmul)->forward(F(ACT1), F(ACT0), F(WT0), F(WT1), N, C, 3 * C, lowp, s))         \
+  KERNEL(att_f, attention, forward, "attention_forward (causal)", 2 * dB * dT * dT * dC,           \
+         A * 4 * dN * dC + 4 * (double)WF_K(k, attention)->saved(B, T, C, NH), 0,                  \
+         WF_K(k, attention)->forward(F(ACT2), F(ATT), F(ACT1), B, T, C, NH, NH, s))                \
   KERNEL(att16_f, attention_lse, forward, "attention_bf16_forward (causal)",                       \
          2 * dB * dT * dT * dC, 2 * 4 * dN * dC + 4 * dB * NH * dT, 2,                             \
-         WF_K(K16, attention_lse)->forward(H(OUT16), F(LSE), H(QKV16), B, T, C, NH, NH, s))                \
-  KERNEL(proj_f, matmul, forward, "matmul_forward attproj (C -> C)", 2 * dN * dC * dC,              \
+         WF_K(K16, attention_lse)->forward(H(OUT16), F(LSE), H(QKV16), B, T, C, NH, NH, s))        \
+  KERNEL(proj_f, matmul, forward, "matmul_forward attproj (C -> C)", 2 * dN * dC * dC,             \
          A * (2 * dN * dC + dC * dC) + 4 * dC, 1,                                                  \
-         WF_K(k, matmul)->forward(F(ACT3), F(ACT2), F(WT0), F(WT1), N, C, C, lowp, s))                    \
-  KERNEL(fcg_f, matmul, gelu_forward, "matmul_gelu_forward fc (C -> 4C)",                           \
+         WF_K(k, matmul)->forward(F(ACT3), F(ACT2), F(WT0), F(WT1), N, C, C, lowp, s))             \
+  KERNEL(fcg_f, matmul, gelu_forward, "matmul_gelu_forward fc (C -> 4C)",                          \
          2 * dN * dC * 4 * dC + 8 * 4 * dN * dC,                                                   \
          A * (dN * dC + 4 * dC * dC + 8 * dN * dC) + 4 * 4 * dC, 1,                                \
-         WF_K(k, matmul)->gelu_forward(F(ACT1), F(ACT2), F(ACT0), F(WT0), F(WT1), N, C, 4 * C, lowp, s))  \
-  KERNEL(fc_f, matmul, forward, "matmul_forward fc (C -> 4C)", 2 * dN * dC * 4 * dC,                \
+         WF_K(k, matmul)->gelu_forward(F(ACT1), F(ACT2), F(ACT0), F(WT0), F(WT1), N, C, 4 * C,     \
+                                       lowp, s))                                                   \
+  KERNEL(fc_f, matmul, forward, "matmul_forward fc (C -> 4C)", 2 * dN * dC * 4 * dC,               \
          A * (dN * dC + 4 * dC * dC + 4 * dN * dC) + 4 * 4 * dC, 1,                                \
-         WF_K(k, matmul)->forward(F(ACT2), F(ACT0), F(WT0), F(WT1), N, C, 4 * C, lowp, s))                \
-  KERNEL(gelu_f, gelu, forward, "gelu_forward (N, 4C)", 8 * (double)n4, A * 2 * (double)n4, 0,      \
-         WF_K(k, gelu)->forward(F(ACT1), F(ACT2), n4, s))                                                 \
-  KERNEL(fcp_f, matmul, forward, "matmul_forward fcproj (4C -> C)", 2 * dN * 4 * dC * dC,           \
+         WF_K(k, matmul)->forward(F(ACT2), F(ACT0), F(WT0), F(WT1), N, C, 4 * C, lowp, s))         \
+  KERNEL(gelu_f, gelu, forward, "gelu_forward (N, 4C)", 8 * (double)n4, A * 2 * (double)n4, 0,     \
+         WF_K(k, gelu)->forward(F(ACT1), F(ACT2), n4, s))                                          \
+  KERNEL(fcp_f, matmul, forward, "matmul_forward fcproj (4C -> C)", 2 * dN * 4 * dC * dC,          \
          A * (4 * dN * dC + 4 * dC * dC + dN * dC) + 4 * dC, 1,                                    \
-         WF_K(k, matmul)->forward(F(ACT3), F(ACT1), F(WT0), F(WT1), N, 4 * C, C, lowp, s))                \
-  KERNEL(res_f, residual, forward, "residual_forward (N, C)", dN *dC,                               \
+         WF_K(k, matmul)->forward(F(ACT3), F(ACT1), F(WT0), F(WT1), N, 4 * C, C, lowp, s))         \
+  KERNEL(res_f, residual, forward, "residual_forward (N, C)", dN *dC,                              \
          A * 2 * dN * dC + 4 * dN * dC, 0,                                                         \
-         WF_K(k, residual)->forward(F(ACT3), F(ACT0), F(ACT2), (size_t)N * C, s))                         \
-  KERNEL(head_f, matmul, forward, "matmul_forward lm head (C -> Vp)", 2 * dN * dC * dVp,            \
+         WF_K(k, residual)->forward(F(ACT3), F(ACT0), F(ACT2), (size_t)N * C, s))                  \
+  KERNEL(head_f, matmul, forward, "matmul_forward lm head (C -> Vp)", 2 * dN * dC * dVp,           \
          A * (dN * dC + dVp * dC + dN * dVp), 1,                                                   \
-         WF_K(k, matmul)->forward(F(LOGITS), F(ACT0), F(WT0), NULL, N, C, Vp, lowp, s))                   \
-  KERNEL(cls16, classifier, fused, "classifier_bf16 (N, V, in place)", 7 * dN * dV,                  \
+         WF_K(k, matmul)->forward(F(LOGITS), F(ACT0), F(WT0), NULL, N, C, Vp, lowp, s))            \
+  KERNEL(cls16, classifier, fused, "classifier_bf16 (N, V, in place)", 7 * dN * dV,                \
          2 * 2 * dN * dV + 4 * 2 * dN, 0,                                                          \
-         WF_K(K16, classifier)->fused(H(LOGITS16), F(ROW0), I(TOK), 1.0f / N, N, V, Vp, s))                  \
-  KERNEL(xs16, classifier, stats, "xent_stats_bf16 (N, V)", 4 * dN * dV, 2 * dN * dV + 4 * 4 * dN,   \
-         0, WF_K(K16, classifier)->stats(F(ROW1), F(POS1), F(ROW2), H(LOGITS16), I(TOK), N, V, Vp, 0, s))    \
-  KERNEL(xb16, classifier, backward, "xent_backward_bf16 (N, V, in place)", 4 * dN * dV,             \
+         WF_K(K16, classifier)->fused(H(LOGITS16), F(ROW0), I(TOK), 1.0f / N, N, V, Vp, s))        \
+  KERNEL(xs16, classifier, stats, "xent_stats_bf16 (N, V)", 4 * dN * dV, 2 * dN * dV + 4 * 4 * dN, \
+         0,                                                                                        \
+         WF_K(K16, classifier)                                                                     \
+             ->stats(F(ROW1), F(POS1), F(ROW2), H(LOGITS16), I(TOK), N, V, Vp, 0, s))              \
+  KERNEL(xb16, classifier, backward, "xent_backward_bf16 (N, V, in place)", 4 * dN * dV,           \
          2 * 2 * dN * dV + 4 * 3 * dN, 0,                                                          \
-         WF_K(K16, classifier)->backward(H(LOGITS16), H(LOGITS16), F(ROW1), F(POS1), I(TOK), 1.0f / N, N, V, \
-                               Vp, 0, s))                                                          \
-  KERNEL(xs, xent, stats, "xent_stats (N, V)", 4 * dN * dV, A * dN * dV + 4 * 4 * dN, 0,            \
-         WF_K(k, xent)->stats(F(ROW1), F(POS1), F(ROW2), F(LOGITS), I(TOK), N, V, Vp, 0, s))              \
-  KERNEL(xpack, xent, pack, "xent_pack", 0, 4 * 6 * dN, 0,                                          \
-         WF_K(k, xent)->pack(F(ROW3), F(ROW1), F(POS1), F(ROW2), N, s))                                   \
-  KERNEL(xcomb, xent, combine, "xent_combine (2 parts)", 8 * dN, 4 * (6 * dN + 3 * dN), 0,          \
-         WF_K(k, xent)->combine(F(ROW1), F(POS1), F(ROW2), F(ROW3), N, 2, s))                             \
-  KERNEL(xloss, xent, loss, "xent_loss", 3 * dN, 4 * 4 * dN, 0,                                     \
-         WF_K(k, xent)->loss(F(ROW0), F(ROW1), F(POS1), F(ROW2), N, s))                                   \
-  KERNEL(lacc, xent, accumulate, "loss_accumulate", dN, 4 * dN + 16, 0,                             \
-         WF_K(k, xent)->accumulate(buf(b, ACC), F(ROW0), N, s))                                           \
-  KERNEL(                                                                                          \
-      xb, xent, backward, "xent_backward (N, V, in place)", 4 * dN * dV,                            \
-      A * 2 * dN * dV + 4 * 3 * dN, 0,                                                             \
-      WF_K(k, xent)->backward(F(LOGITS), F(LOGITS), F(ROW1), F(POS1), I(TOK), 1.0f / N, N, V, Vp, 0, s))  \
-  KERNEL(head_b, matmul, backward_f32, "matmul_backward_f32 lm head (Vp)", 4 * dN * dC * dVp,       \
+         WF_K(K16, classifier)                                                                     \
+             ->backward(H(LOGITS16), H(LOGITS16), F(ROW1), F(POS1), I(TOK), 1.0f / N, N, V, Vp, 0, \
+                        s))                                                                        \
+  KERNEL(xs, xent, stats, "xent_stats (N, V)", 4 * dN * dV, A * dN * dV + 4 * 4 * dN, 0,           \
+         WF_K(k, xent)->stats(F(ROW1), F(POS1), F(ROW2), F(LOGITS), I(TOK), N, V, Vp, 0, s))       \
+  KERNEL(xpack, xent, pack, "xent_pack", 0, 4 * 6 * dN, 0,                                         \
+         WF_K(k, xent)->pack(F(ROW3), F(ROW1), F(POS1), F(ROW2), N, s))                            \
+  KERNEL(xcomb, xent, combine, "xent_combine (2 parts)", 8 * dN, 4 * (6 * dN + 3 * dN), 0,         \
+         WF_K(k, xent)->combine(F(ROW1), F(POS1), F(ROW2), F(ROW3), N, 2, s))                      \
+  KERNEL(xloss, xent, loss, "xent_loss", 3 * dN, 4 * 4 * dN, 0,                                    \
+         WF_K(k, xent)->loss(F(ROW0), F(ROW1), F(POS1), F(ROW2), N, s))                            \
+  KERNEL(lacc, xent, accumulate, "loss_accumulate", dN, 4 * dN + 16, 0,                            \
+         WF_K(k, xent)->accumulate(buf(b, ACC), F(ROW0), N, s))                                    \
+  KERNEL(xb, xent, backward, "xent_backward (N, V, in place)", 4 * dN * dV,                        \
+         A * 2 * dN * dV + 4 * 3 * dN, 0,                                                          \
+         WF_K(k, xent)->backward(F(LOGITS), F(LOGITS), F(ROW1), F(POS1), I(TOK), 1.0f / N, N, V,   \
+                                 Vp, 0, s))                                                        \
+  KERNEL(head_b, matmul, backward_f32, "matmul_backward_f32 lm head (Vp)", 4 * dN * dC * dVp,      \
          A * (dN * dVp + dN * dC + dVp * dC) + 4 * (dN * dC + 2 * dVp * dC), 1,                    \
-         WF_K(k, matmul)->backward_f32(F(GRAD0), F(WT2), NULL, F(LOGITS), F(ACT0), F(WT0), N, C, Vp,      \
-                                lowp, s))                                                          \
-  KERNEL(res_b, residual, backward, "residual_backward (N, C)", 2 * dN * dC, 4 * 5 * dN * dC, 0,    \
-         WF_K(k, residual)->backward(F(GRAD0), F(GRAD1), F(ACT3), (size_t)N * C, s))                      \
-  KERNEL(                                                                                          \
-      fcp_b, matmul, backward, "matmul_backward fcproj", 4 * dN * 4 * dC * dC,                      \
-      A * (dN * dC + 2 * 4 * dN * dC + 4 * dC * dC) + 4 * (2 * 4 * dC * dC + 2 * dC), 1,           \
-      WF_K(k, matmul)->backward(F(ACT1), F(WT2), F(WT3), F(ACT0), F(ACT2), F(WT0), N, 4 * C, C, lowp, s)) \
-  KERNEL(gelu_b, gelu, backward, "gelu_backward (N, 4C)", 16 * (double)n4, A * 3 * (double)n4, 0,   \
-         WF_K(k, gelu)->backward(F(ACT1), F(ACT2), F(ACT3), n4, s))                                       \
-  KERNEL(fc_b, matmul, backward_f32, "matmul_backward_f32 fc", 4 * dN * dC * 4 * dC,                \
+         WF_K(k, matmul)->backward_f32(F(GRAD0), F(WT2), NULL, F(LOGITS), F(ACT0), F(WT0), N, C,   \
+                                       Vp, lowp, s))                                               \
+  KERNEL(res_b, residual, backward, "residual_backward (N, C)", 2 * dN * dC, 4 * 5 * dN * dC, 0,   \
+         WF_K(k, residual)->backward(F(GRAD0), F(GRAD1), F(ACT3), (size_t)N * C, s))               \
+  KERNEL(fcp_b, matmul, backward, "matmul_backward fcproj", 4 * dN * 4 * dC * dC,                  \
+         A * (dN * dC + 2 * 4 * dN * dC + 4 * dC * dC) + 4 * (2 * 4 * dC * dC + 2 * dC), 1,        \
+         WF_K(k, matmul)->backward(F(ACT1), F(WT2), F(WT3), F(ACT0), F(ACT2), F(WT0), N, 4 * C, C, \
+                                   lowp, s))                                                       \
+  KERNEL(gelu_b, gelu, backward, "gelu_backward (N, 4C)", 16 * (double)n4, A * 3 * (double)n4, 0,  \
+         WF_K(k, gelu)->backward(F(ACT1), F(ACT2), F(ACT3), n4, s))                                \
+  KERNEL(fc_b, matmul, backward_f32, "matmul_backward_f32 fc", 4 * dN * dC * 4 * dC,               \
          A * (4 * dN * dC + dN * dC + 4 * dC * dC) + 4 * (dN * dC + 2 * 4 * dC * dC + 2 * 4 * dC), \
          1,                                                                                        \
-         WF_K(k, matmul)->backward_f32(F(GRAD0), F(WT2), F(WT3), F(ACT3), F(ACT0), F(WT0), N, C, 4 * C,   \
-                                lowp, s))                                                          \
-  KERNEL(proj_b, matmul, backward, "matmul_backward attproj", 4 * dN * dC * dC,                     \
+         WF_K(k, matmul)->backward_f32(F(GRAD0), F(WT2), F(WT3), F(ACT3), F(ACT0), F(WT0), N, C,   \
+                                       4 * C, lowp, s))                                            \
+  KERNEL(proj_b, matmul, backward, "matmul_backward attproj", 4 * dN * dC * dC,                    \
          A * (dN * dC + 2 * dN * dC + dC * dC) + 4 * (2 * dC * dC + 2 * dC), 1,                    \
-         WF_K(k, matmul)->backward(F(ACT1), F(WT2), F(WT3), F(ACT3), F(ACT0), F(WT0), N, C, C, lowp, s))  \
-  KERNEL(att_b, attention, backward, "attention_backward (causal)", 5 * dB * dT * dT * dC,          \
+         WF_K(k, matmul)->backward(F(ACT1), F(WT2), F(WT3), F(ACT3), F(ACT0), F(WT0), N, C, C,     \
+                                   lowp, s))                                                       \
+  KERNEL(att_b, attention, backward, "attention_backward (causal)", 5 * dB * dT * dT * dC,         \
          A * (dN * dC + 3 * dN * dC + 3 * dN * dC) +                                               \
-             4 * ((double)WF_K(k, attention)->saved(B, T, C, NH) +                                        \
-                  (double)WF_K(k, attention)->scratch(B, T, C, NH)),                                      \
-         0, WF_K(k, attention)->backward(F(ACT3), F(SCRATCH), F(ACT2), F(ACT1), F(ATT), B, T, C, NH, NH, s))  \
+             4 * ((double)WF_K(k, attention)->saved(B, T, C, NH) +                                 \
+                  (double)WF_K(k, attention)->scratch(B, T, C, NH)),                               \
+         0,                                                                                        \
+         WF_K(k, attention)                                                                        \
+             ->backward(F(ACT3), F(SCRATCH), F(ACT2), F(ACT1), F(ATT), B, T, C, NH, NH, s))        \
   KERNEL(att16_b, attention_lse, backward, "attention_bf16_backward (causal)",                     \
          5 * dB * dT * dT * dC,                                                                    \
          2 * (dN * dC + 3 * dN * dC + dN * dC + 3 * dN * dC) + 4 * dB * NH * dT +                  \
-             4 * (double)WF_K(K16, attention_lse)->scratch(B, T, C, NH, NH),                               \
+             4 * (double)WF_K(K16, attention_lse)->scratch(B, T, C, NH, NH),                       \
          2,                                                                                        \
-         WF_K(K16, attention_lse)->backward(H(DQKV16), F(SCRATCH16), H(DOUT16), H(QKV16), H(OUT16),        \
-                                    F(LSE), B, T, C, NH, NH, s))                                   \
-  KERNEL(qkv_b, matmul, backward_f32, "matmul_backward_f32 qkv", 4 * dN * dC * 3 * dC,              \
+         WF_K(K16, attention_lse)                                                                  \
+             ->backward(H(DQKV16), F(SCRATCH16), H(DOUT16), H(QKV16), H(OUT16), F(LSE), B, T, C,   \
+                        NH, NH, s))                                                                \
+  KERNEL(qkv_b, matmul, backward_f32, "matmul_backward_f32 qkv", 4 * dN * dC * 3 * dC,             \
          A * (3 * dN * dC + dN * dC + 3 * dC * dC) + 4 * (dN * dC + 2 * 3 * dC * dC + 2 * 3 * dC), \
          1,                                                                                        \
-         WF_K(k, matmul)->backward_f32(F(GRAD0), F(WT2), F(WT3), F(ACT3), F(ACT0), F(WT0), N, C, 3 * C,   \
-                                lowp, s))                                                          \
-  KERNEL(sumsq, norm, sumsq_acc, "sumsq_acc (all parameters)", 2 * dP, 4 * dP + 16, 0,                   \
-         WF_K(k, norm)->sumsq_acc(buf(b, ACC), F(PAR3), np, s))                                                \
-  KERNEL(scale, norm, scale, "scale (all parameters)", dP, 4 * 2 * dP, 0,                                \
-         WF_K(k, norm)->scale(F(PAR3), 1.0f, np, s))                                                           \
-  KERNEL(adamw, adamw, update, "adamw_update (all parameters)", 12 * dP, 4 * 7 * dP, 0,             \
-         WF_K(k, adamw)->update(F(PAR0), F(PAR1), F(PAR2), F(PAR3), np, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f,  \
-                         2, 1.0f, s))                                                              \
-  KERNEL(adamw16, adamw, update_store, "adamw_update_store (all parameters, bf16 copy)", 12 * dP,   \
+         WF_K(k, matmul)->backward_f32(F(GRAD0), F(WT2), F(WT3), F(ACT3), F(ACT0), F(WT0), N, C,   \
+                                       3 * C, lowp, s))                                            \
+  KERNEL(sumsq, norm, sumsq_acc, "sumsq_acc (all parameters)", 2 * dP, 4 * dP + 16, 0,             \
+         WF_K(k, norm)->sumsq_acc(buf(b, ACC), F(PAR3), np, s))                                    \
+  KERNEL(scale, norm, scale, "scale (all parameters)", dP, 4 * 2 * dP, 0,                          \
+         WF_K(k, norm)->scale(F(PAR3), 1.0f, np, s))                                               \
+  KERNEL(adamw, adamw, update, "adamw_update (all parameters)", 12 * dP, 4 * 7 * dP, 0,            \
+         WF_K(k, adamw)->update(F(PAR0), F(PAR1), F(PAR2), F(PAR3), np, 1e-4f, 0.9f, 0.95f, 1e-8f, \
+                                0.1f, 2, 1.0f, s))                                                 \
+  KERNEL(adamw16, adamw, update_store, "adamw_update_store (all parameters, bf16 copy)", 12 * dP,  \
          4 * 7 * dP + 2 * dP, 0,                                                                   \
-         WF_K(K16, adamw)->update_store(F(PAR0), H(PAR16), F(PAR1), F(PAR2), F(PAR3), np, 1e-4f,   \
-                                        0.9f, 0.95f, 1e-8f, 0.1f, 2, 1.0f, s))                                 \
-  KERNEL(rbf16, round, round, "round_bf16 (all parameters)", dP, 4 * 2 * dP, 0,                      \
-         WF_K(K16, round)->round(F(PAR1), F(PAR0), np, s))                                                   \
-  KERNEL(rfp16, round, round, "round_fp16 (all parameters)", dP, 4 * 2 * dP, 0,                      \
-         WF_K(wf_kset_as(k, WF_DT_F16), round)->round(F(PAR1), F(PAR0), np, s))                                                   \
-  KERNEL(tokchk, tokens, check, "tokens_check (N)", dN, 4 * dN + 4, 0,                              \
-         WF_K(k, tokens)->check(I(BAD), I(TOK), (size_t)N, V, s))                                         \
-  KERNEL(cksum, checksum, sum, "checksum (all parameters)", dP, 4 * dP + 8, 0,                          \
-         WF_K(k, checksum)->sum((uint64_t *)buf(b, ACC), F(PAR0), np, 0, s))                                  \
-  KERNEL(proj32_f, matmul, forward_f32, "matmul_forward_f32 attproj (C -> C)", 2 * dN * dC * dC,    \
+         WF_K(K16, adamw)                                                                          \
+             ->update_store(F(PAR0), H(PAR16), F(PAR1), F(PAR2), F(PAR3), np, 1e-4f, 0.9f, 0.95f,  \
+                            1e-8f, 0.1f, 2, 1.0f, s))                                              \
+  KERNEL(rbf16, round, round, "round_bf16 (all parameters)", dP, 4 * 2 * dP, 0,                    \
+         WF_K(K16, round)->round(F(PAR1), F(PAR0), np, s))                                         \
+  KERNEL(rfp16, round, round, "round_fp16 (all parameters)", dP, 4 * 2 * dP, 0,                    \
+         WF_K(wf_kset_as(k, WF_DT_F16), round)->round(F(PAR1), F(PAR0), np, s))                    \
+  KERNEL(tokchk, tokens, check, "tokens_check (N)", dN, 4 * dN + 4, 0,                             \
+         WF_K(k, tokens)->check(I(BAD), I(TOK), (size_t)N, V, s))                                  \
+  KERNEL(cksum, checksum, sum, "checksum (all parameters)", dP, 4 * dP + 8, 0,                     \
+         WF_K(k, checksum)->sum((uint64_t *)buf(b, ACC), F(PAR0), np, 0, s))                       \
+  KERNEL(proj32_f, matmul, forward_f32, "matmul_forward_f32 attproj (C -> C)", 2 * dN * dC * dC,   \
          A * (dN * dC + dC * dC) + 4 * (dN * dC + dC), 1,                                          \
-         WF_K(k, matmul)->forward_f32(F(GRAD0), F(ACT1), F(WT0), F(WT1), N, C, C, lowp, s))               \
-  KERNEL(store, cast, store, "store (N, 4C)", (double)n4, (A + 4) * (double)n4, 0,                       \
-         WF_K(k, cast)->store(F(ACT2), F(ACT1), n4, s))                                                        \
-  KERNEL(load, cast, load, "load (N, 4C)", (double)n4, (A + 4) * (double)n4, 0,                          \
-         WF_K(k, cast)->load(F(GRAD0), F(ACT1), n4, s))                                                        \
-  LLAMA_KERNELS(KERNEL)
+         WF_K(k, matmul)->forward_f32(F(GRAD0), F(ACT1), F(WT0), F(WT1), N, C, C, lowp, s))        \
+  KERNEL(store, cast, store, "store (N, 4C)", (double)n4, (A + 4) * (double)n4, 0,                 \
+         WF_K(k, cast)->store(F(ACT2), F(ACT1), n4, s))                                            \
+  KERNEL(load, cast, load, "load (N, 4C)", (double)n4, (A + 4) * (double)n4, 0,                    \
+         WF_K(k, cast)->load(F(GRAD0), F(ACT1), n4, s))                                            \
+  LLAMA_KERNELS(KERNEL)                                                                            \
+  CP_KERNELS(KERNEL)
+
+/* Context parallelism's block attention (attention_block.h) on the whole sequence as one
+ * causal block (q (N, C), kv (N, 2C) in the activations' format; out, lse, D and the
+ * gradients fp32), and its packing between qkv rows and blocks. */
+#define CP_KERNELS(KERNEL)                                                                         \
+  KERNEL(blk_f, attention_block, forward, "attention_block forward (causal, whole T)",             \
+         2 * dB * dT * dT * dC, A * 3 * dN * dC + 4 * (dN * dC + dB * NH * dT), 0,                 \
+         WF_K(k, attention_block)->forward(F(GRAD0), F(LSE), F(ACT1), F(ACT2), &AB, s))            \
+  KERNEL(blk_m, attention_block, merge, "attention_block merge", 6 * dN * dC,                      \
+         4 * (3 * dN * dC + 3 * dB * NH * dT), 0,                                                  \
+         WF_K(k, attention_block)->merge(F(GRAD0), F(LSE), F(GRAD1), F(SCRATCH16), &AB, s))        \
+  KERNEL(blk_d, attention_block, delta, "attention_block delta", 2 * dN * dC,                      \
+         A * 2 * dN * dC + 4 * dB * NH * dT, 0,                                                    \
+         WF_K(k, attention_block)->delta(F(SCRATCH16), F(ACT3), F(ACT1), &AB, s))                  \
+  KERNEL(                                                                                          \
+      blk_b, attention_block, backward, "attention_block backward (causal, whole T)",              \
+      5 * dB * dT * dT * dC, A * 4 * dN * dC + 4 * (6 * dN * dC + 2 * dB * NH * dT), 0,            \
+      WF_K(k, attention_block)                                                                     \
+          ->backward(F(GRAD0), F(GRAD1), F(ACT3), F(ACT1), F(ACT2), F(LSE), F(SCRATCH16), &AB, s)) \
+  KERNEL(blk_x, attention_block, kv_extract, "attention_block kv_extract (N, 2C)", 0,              \
+         A * 4 * dN * dC, 0,                                                                       \
+         WF_K(k, attention_block)->kv_extract(F(ACT2), F(ACT1), (size_t)N, C, 2 * C, k->dt, s))    \
+  KERNEL(blk_p, attention_block, grad_pack, "attention_block grad_pack (N, 3C)", 0,                \
+         4 * 3 * dN * dC + A * 3 * dN * dC, 0,                                                     \
+         WF_K(k, attention_block)                                                                  \
+             ->grad_pack(F(ACT4), F(GRAD0), F(GRAD1), (size_t)N, C, 2 * C, k->dt, s))              \
+  KERNEL(blk_a, attention_block, grad_add, "attention_block grad_add (N, 2C)", 2 * dN * dC,        \
+         4 * 3 * 2 * dN * dC, 0,                                                                   \
+         WF_K(k, attention_block)->grad_add(F(GRAD1), F(GRAD0), 2 * (size_t)N * C, s))
 
 /* Llama's block at the same shape: NKV = NH/2 kv heads (grouped-query attention), head
  * size hs = C/NH, SwiGLU F = 2C wide (its [gate | up] input is (N, 4C), the activations'
  * width); RoPE rotates the q and k heads of a packed qkv, its (T, hs) table in ACT4. */
 #define LLAMA_KERNELS(KERNEL)                                                                      \
-  KERNEL(rms_f, rmsnorm, forward, "rmsnorm_forward", 4 * dN * dC, A * 2 * dN * dC + 4 * (dN + dC),  \
-         0, WF_K(k, rmsnorm)->forward(F(ACT1), F(POS0), F(ACT0), F(WT0), 1e-5f, N, C, s))                 \
-  KERNEL(resrms_f, rmsnorm, residual_forward, "residual_rmsnorm_forward", 5 * dN * dC,              \
-         A * 3 * dN * dC + 4 * (dN * dC + dN + dC), 0,                                             \
-         WF_K(k, rmsnorm)->residual_forward(F(ACT3), F(ACT1), F(POS0), F(ACT0), F(ACT2), F(WT0), 1e-5f,   \
-                                     N, C, s))                                                     \
-  KERNEL(rope_f, rope, forward, "rope_forward (q, k; NKV = NH/2)", 3 * dQK,                         \
+  KERNEL(rms_f, rmsnorm, forward, "rmsnorm_forward", 4 * dN * dC, A * 2 * dN * dC + 4 * (dN + dC), \
+         0, WF_K(k, rmsnorm)->forward(F(ACT1), F(POS0), F(ACT0), F(WT0), 1e-5f, N, C, s))          \
+  KERNEL(                                                                                          \
+      resrms_f, rmsnorm, residual_forward, "residual_rmsnorm_forward", 5 * dN * dC,                \
+      A * 3 * dN * dC + 4 * (dN * dC + dN + dC), 0,                                                \
+      WF_K(k, rmsnorm)                                                                             \
+          ->residual_forward(F(ACT3), F(ACT1), F(POS0), F(ACT0), F(ACT2), F(WT0), 1e-5f, N, C, s)) \
+  KERNEL(rope_f, rope, forward, "rope_forward (q, k; NKV = NH/2)", 3 * dQK,                        \
          A * 2 * dQK + 4 * dT * dC / NH, 0,                                                        \
-         WF_K(k, rope)->forward(F(ACT1), F(ACT4), B, T, NH, KV, C / NH, s))                               \
-  KERNEL(gqa_f, attention, forward, "attention_gqa_forward (NKV = NH/2)",                       \
-         2 * dB * dT * dT * dC,                                                                    \
-         A * dN * dC * (2 + 2.0 * KV / NH) + 4 * (double)WF_K(k, attention)->saved(B, T, C, NH), 0,       \
-         WF_K(k, attention)->forward(F(ACT2), F(ATT), F(ACT1), B, T, C, NH, KV, s))                   \
-  KERNEL(swi_f, swiglu, forward, "swiglu_forward (N, 2C)", 5 * dN * 2 * dC, A * 3 * dN * 2 * dC, 0, \
-         WF_K(k, swiglu)->forward(F(ACT1), F(ACT2), N, 2 * C, s))                                         \
-  KERNEL(swi_b, swiglu, backward, "swiglu_backward (N, 2C)", 10 * dN * 2 * dC, A * 5 * dN * 2 * dC, \
-         0, WF_K(k, swiglu)->backward(F(ACT3), F(ACT2), F(ACT1), N, 2 * C, s))                            \
-  KERNEL(gqa_b, attention, backward, "attention_gqa_backward (NKV = NH/2)",                     \
-         5 * dB * dT * dT * dC,                                                                    \
+         WF_K(k, rope)->forward(F(ACT1), F(ACT4), B, T, NH, KV, C / NH, s))                        \
+  KERNEL(gqa_f, attention, forward, "attention_gqa_forward (NKV = NH/2)", 2 * dB * dT * dT * dC,   \
+         A * dN * dC * (2 + 2.0 * KV / NH) + 4 * (double)WF_K(k, attention)->saved(B, T, C, NH),   \
+         0, WF_K(k, attention)->forward(F(ACT2), F(ATT), F(ACT1), B, T, C, NH, KV, s))             \
+  KERNEL(swi_f, swiglu, forward, "swiglu_forward (N, 2C)", 5 * dN * 2 * dC, A * 3 * dN * 2 * dC,   \
+         0, WF_K(k, swiglu)->forward(F(ACT1), F(ACT2), N, 2 * C, s))                               \
+  KERNEL(swi_b, swiglu, backward, "swiglu_backward (N, 2C)", 10 * dN * 2 * dC,                     \
+         A * 5 * dN * 2 * dC, 0,                                                                   \
+         WF_K(k, swiglu)->backward(F(ACT3), F(ACT2), F(ACT1), N, 2 * C, s))                        \
+  KERNEL(gqa_b, attention, backward, "attention_gqa_backward (NKV = NH/2)", 5 * dB * dT * dT * dC, \
          A * (dN * dC + dN * dC * (1 + 2.0 * KV / NH) + dN * dC) +                                 \
-             4 * ((double)WF_K(k, attention)->saved(B, T, C, NH) +                                        \
-                  (double)WF_K(k, attention)->scratch(B, T, C, NH)),                                      \
+             4 * ((double)WF_K(k, attention)->saved(B, T, C, NH) +                                 \
+                  (double)WF_K(k, attention)->scratch(B, T, C, NH)),                               \
          0,                                                                                        \
-         WF_K(k, attention)->backward(F(ACT3), F(SCRATCH), F(ACT2), F(ACT1), F(ATT), B, T, C, NH, KV, \
-                                   s))                                                             \
-  KERNEL(rope_b, rope, backward, "rope_backward (q, k; NKV = NH/2)", 3 * dQK,                       \
+         WF_K(k, attention)                                                                        \
+             ->backward(F(ACT3), F(SCRATCH), F(ACT2), F(ACT1), F(ATT), B, T, C, NH, KV, s))        \
+  KERNEL(rope_b, rope, backward, "rope_backward (q, k; NKV = NH/2)", 3 * dQK,                      \
          A * 2 * dQK + 4 * dT * dC / NH, 0,                                                        \
-         WF_K(k, rope)->backward(F(ACT3), F(ACT4), B, T, NH, KV, C / NH, s))                              \
-  KERNEL(rms_b, rmsnorm, backward, "rmsnorm_backward", 8 * dN * dC,                                 \
+         WF_K(k, rope)->backward(F(ACT3), F(ACT4), B, T, NH, KV, C / NH, s))                       \
+  KERNEL(rms_b, rmsnorm, backward, "rmsnorm_backward", 8 * dN * dC,                                \
          A * dN * dC + 4 * (3 * dN * dC + dN + 3 * dC), 0,                                         \
          WF_K(k, rmsnorm)->backward(F(GRAD0), F(WT2), F(ACT1), F(ACT0), F(WT0), F(POS0), N, C, s))
 
 /* Entries of the ops' tables that launch nothing (answers and settings), so have no row. */
-#define NOT_KERNEL(op, member) {WF_OP_##op, offsetof(wf_##op##_op, member)}
+#define NOT_KERNEL(op, member)                                                                     \
+  {                                                                                                \
+    WF_OP_##op, offsetof(wf_##op##_op, member)                                                     \
+  }
 static const struct {
   int op;
   size_t member;
-} not_kernels[] = {NOT_KERNEL(matmul, set_tf32),          NOT_KERNEL(attention, saved),
-                   NOT_KERNEL(attention, scratch),        NOT_KERNEL(attention, set_impl),
-                   NOT_KERNEL(attention, path),           NOT_KERNEL(attention_lse, scratch)};
+} not_kernels[] = {NOT_KERNEL(matmul, set_tf32),   NOT_KERNEL(attention, saved),
+                   NOT_KERNEL(attention, scratch), NOT_KERNEL(attention, set_impl),
+                   NOT_KERNEL(attention, path),    NOT_KERNEL(attention_lse, scratch)};
 
-#define KERNEL_FN(id, op, member, label, flops, bytes, gemm, call)                                     \
+#define KERNEL_FN(id, op, member, label, flops, bytes, gemm, call)                                 \
   static void run_##id(bench *b)                                                                   \
   {                                                                                                \
     SHAPE_VARS(b);                                                                                 \
@@ -505,8 +565,9 @@ static int unbenched(void)
   for (int op = 0; op < WF_OP_COUNT; op++)
     for (size_t off = 0; off + fn <= size[op]; off += fn)
       if (!covered(op, off)) {
-        fprintf(stderr, "kernels: entry %zu of op '%s' has no row: add a KERNEL row to "
-                        "bench/kernels.c\n",
+        fprintf(stderr,
+                "kernels: entry %zu of op '%s' has no row: add a KERNEL row to "
+                "bench/kernels.c\n",
                 off / fn, wf_op_name(op));
         missing++;
       }
@@ -833,10 +894,11 @@ int main(int argc, char **argv)
   b.sh = o.sh;
   WF_K(b.k, matmul)->set_tf32(o.tf32);
   /* as the worker sets runtime.attention: auto takes the tensor-core paths only in bf16 */
-  WF_K(b.k, attention)->set_impl(o.attention >= 0 && !(o.attention == WF_ATTN_AUTO && o.sh.lowp == WF_PREC_NO)
-                         ? o.attention
-                     : o.sh.lowp == WF_PREC_NO ? WF_ATTN_REFERENCE
-                                               : WF_ATTN_AUTO);
+  WF_K(b.k, attention)
+      ->set_impl(o.attention >= 0 && !(o.attention == WF_ATTN_AUTO && o.sh.lowp == WF_PREC_NO)
+                     ? o.attention
+                 : o.sh.lowp == WF_PREC_NO ? WF_ATTN_REFERENCE
+                                           : WF_ATTN_AUTO);
   if (wf_dev_stream_create(b.dev, &b.s) != WF_OK)
     return 1;
   device_peaks(&o, gpu, name, &p);
@@ -846,10 +908,8 @@ int main(int argc, char **argv)
          "(%.1fM parameters)\npeaks: GEMMs %.1f TFLOP/s, the rest %.1f TFLOP/s, memory %.0f GB/s "
          "(%s)\n",
          name, s->lowp == WF_PREC_NO ? "fp32" : "bf16",
-         s->lowp == WF_PREC_NO && o.tf32 ? " (TF32)" : "",
-         wf_dtype_name(b.k->dt),
-         s->B, s->T, s->C, s->NH, s->V, s->L, params_of(s) / 1e6, p.gemm, p.fp32, p.mem_gbs,
-         p.what);
+         s->lowp == WF_PREC_NO && o.tf32 ? " (TF32)" : "", wf_dtype_name(b.k->dt), s->B, s->T, s->C,
+         s->NH, s->V, s->L, params_of(s) / 1e6, p.gemm, p.fp32, p.mem_gbs, p.what);
   json_t *out = json_array();
   int failures = run_rows(&b, &o, &p, out);
   if (o.json)

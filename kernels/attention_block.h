@@ -88,8 +88,7 @@ typedef struct wf_attention_block_op {
   void (*delta)(float *D, const void *dout, const void *out, const wf_attn_block *g, wf_stream *s);
   void (*backward)(float *dq, float *dkv, const void *dout, const void *q, const void *kv,
                    const float *lse, const float *D, const wf_attn_block *g, wf_stream *s);
-  void (*kv_extract)(void *kv, const void *qkv, size_t rows, int C, int KW, int fmt,
-                     wf_stream *s);
+  void (*kv_extract)(void *kv, const void *qkv, size_t rows, int C, int KW, int fmt, wf_stream *s);
   void (*grad_pack)(void *dqkv, const float *dq, const float *dkv, size_t rows, int C, int KW,
                     int fmt, wf_stream *s);
   void (*grad_add)(float *dst, const float *src, size_t n, wf_stream *s);

@@ -52,9 +52,9 @@ typedef struct wf_classifier_op {
                 wf_stream *s);
   void (*stats)(float *row_max, float *row_sumexp, float *target_logit, const void *logits,
                 const int *targets, int N, int V, int ld, int v_offset, wf_stream *s);
-  void (*backward)(void *dlogits, const void *logits, const float *row_max,
-                   const float *row_sumexp, const int *targets, float dloss, int N, int V, int ld,
-                   int v_offset, wf_stream *s);
+  void (*backward)(void *dlogits, const void *logits, const float *row_max, const float *row_sumexp,
+                   const int *targets, float dloss, int N, int V, int ld, int v_offset,
+                   wf_stream *s);
 } wf_classifier_op;
 
 #endif /* WF_KERNELS_CLASSIFIER_H */

@@ -79,9 +79,8 @@ typedef struct wf_matmul_op {
                    const void *weight, int N, int C, int OC, int lowp, wf_stream *s);
   /* The same with dinp WRITTEN in fp32: a column-parallel layer's input gradient, which the
    * tp reduction adds in fp32 before the norm's backward reads it. */
-  void (*backward_f32)(float *dinp, float *dweight, float *dbias, const void *dout,
-                       const void *inp, const void *weight, int N, int C, int OC, int lowp,
-                       wf_stream *s);
+  void (*backward_f32)(float *dinp, float *dweight, float *dbias, const void *dout, const void *inp,
+                       const void *weight, int N, int C, int OC, int lowp, wf_stream *s);
   /* fp32 GEMMs (lowp = WF_PREC_NO) may use TF32 tensor cores: off unless allowed
    * (runtime.allow_tf32). Process-wide, like the math mode it sets. */
   void (*set_tf32)(int allow);

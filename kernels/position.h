@@ -25,8 +25,7 @@ void wf_position_backward(float *dwpe, const float *dout, const int *pos, int B,
 /* ---- the op (wf_kreg.h): fp32 only, the same table for every element type ---- */
 #define WF_OP_VERSION_position 1
 typedef struct wf_position_op {
-  void (*forward)(float *out, const float *wpe, const int *pos, int B, int T, int C,
-                  wf_stream *s);
+  void (*forward)(float *out, const float *wpe, const int *pos, int B, int T, int C, wf_stream *s);
   void (*backward)(float *dwpe, const float *dout, const int *pos, int B, int T, int C,
                    wf_stream *s);
 } wf_position_op;

@@ -71,8 +71,7 @@ void wf_rope_backward16(void *dqkv, const float *cs, int B, int T, int NH, int N
  * device copy of a wf_rope_table, fp32 ---- */
 #define WF_OP_VERSION_rope 1
 typedef struct wf_rope_op {
-  void (*forward)(void *qkv, const float *cs, int B, int T, int NH, int NKV, int hs,
-                  wf_stream *s);
+  void (*forward)(void *qkv, const float *cs, int B, int T, int NH, int NKV, int hs, wf_stream *s);
   void (*backward)(void *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs,
                    wf_stream *s);
 } wf_rope_op;

@@ -38,7 +38,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "wf_config.h" /* wf_precision: the element types' values */
+#include "wf_config.h"  /* wf_precision: the element types' values */
 #include "wf_op_list.h" /* generated from kernels/meson.build: WF_OP_LIST(X) */
 #include "wf_runtime.h"
 
@@ -82,15 +82,17 @@ typedef struct wf_kvariants {
  * none), and with the same table for every type. Positional, so that C++ takes it too
  * (the values of wf_dtype are 0, 1, 2 in the order fp32, fp16, bf16). */
 #define WF_KV(name, ver, f32, bf16, f16)                                                           \
-  { #name, ver, { (f32), (f16), (bf16) } }
+  {                                                                                                \
+#name, ver, { (f32), (f16), (bf16) }                                                           \
+  }
 #define WF_KV_ANY(name, ver, t) WF_KV(name, ver, t, t, t)
 
 /* A device's kernels. */
 #define WF_KREG_ABI 1
 typedef struct wf_kreg {
-  int abi;                         /* WF_KREG_ABI */
-  const char *device;              /* "cpu", "cuda" */
-  int nops;                        /* entries of ops */
+  int abi;                        /* WF_KREG_ABI */
+  const char *device;             /* "cpu", "cuda" */
+  int nops;                       /* entries of ops */
   const wf_kvariants *const *ops; /* in any order: resolution matches names */
   /* Bytes of device memory the kernels keep for themselves per device (a GPU's
    * workspace, WF_KREG_GPU_WORKSPACE; 0 on the CPU), counted with the rest from the moment

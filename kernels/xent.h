@@ -68,9 +68,9 @@ typedef struct wf_xent_op {
                   int parts, wf_stream *s);
   void (*loss)(float *losses, const float *row_max, const float *row_sumexp,
                const float *target_logit, int N, wf_stream *s);
-  void (*backward)(void *dlogits, const void *logits, const float *row_max,
-                   const float *row_sumexp, const int *targets, float dloss, int N, int V, int ld,
-                   int v_offset, wf_stream *s);
+  void (*backward)(void *dlogits, const void *logits, const float *row_max, const float *row_sumexp,
+                   const int *targets, float dloss, int N, int V, int ld, int v_offset,
+                   wf_stream *s);
   /* wf_loss_accumulate; acc in device memory */
   void (*accumulate)(double *acc, const float *losses, int N, wf_stream *s);
 } wf_xent_op;

@@ -100,9 +100,9 @@ static void update(float *params, float *m, float *v, const float *grads, size_t
 }
 
 #define ADAMW_VARIANT(name, fmt)                                                                   \
-  static void name##_update_store(float *params, void *low, float *m, float *v,                   \
-                                  const float *grads, size_t n, float lr, float beta1,            \
-                                  float beta2, float eps, float weight_decay, int t,              \
+  static void name##_update_store(float *params, void *low, float *m, float *v,                    \
+                                  const float *grads, size_t n, float lr, float beta1,             \
+                                  float beta2, float eps, float weight_decay, int t,               \
                                   float grad_scale, wf_stream *s)                                  \
   {                                                                                                \
     wf_adamw_update_store(params, low, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, t,     \

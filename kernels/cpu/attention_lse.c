@@ -233,9 +233,8 @@ static void forward(void *out, float *lse, const void *qkv, int B, int T, int C,
   wf_attention_bf16_forward(out, lse, qkv, B, T, C, NH, NKV);
 }
 
-static void backward(void *dqkv, float *scratch, const void *dout, const void *qkv,
-                     const void *out, const float *lse, int B, int T, int C, int NH, int NKV,
-                     wf_stream *s)
+static void backward(void *dqkv, float *scratch, const void *dout, const void *qkv, const void *out,
+                     const float *lse, int B, int T, int C, int NH, int NKV, wf_stream *s)
 {
   wf_attention_bf16_backward(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, NKV);
 }

@@ -40,11 +40,11 @@ void wf_storage_load(float *dst, const void *src, size_t n, int fmt)
 /* ---- the op (wf_kreg.h): one variant per element type, the type bound ----------------- */
 
 #define CAST_VARIANT(name, fmt)                                                                    \
-  static void name##_store(void *dst, const float *src, size_t n, wf_stream *s)                   \
+  static void name##_store(void *dst, const float *src, size_t n, wf_stream *s)                    \
   {                                                                                                \
     wf_storage_store(dst, src, n, fmt);                                                            \
   }                                                                                                \
-  static void name##_load(float *dst, const void *src, size_t n, wf_stream *s)                    \
+  static void name##_load(float *dst, const void *src, size_t n, wf_stream *s)                     \
   {                                                                                                \
     wf_storage_load(dst, src, n, fmt);                                                             \
   }                                                                                                \

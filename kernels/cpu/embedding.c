@@ -77,8 +77,8 @@ static void forward(float *out, const int *idx, const float *table, int v_offset
   wf_embedding_forward(out, idx, table, v_offset, Vl, N, C);
 }
 
-static void backward(float *dtable, const float *dout, const int *idx, int v_offset, int Vl,
-                     int N, int C, wf_stream *s)
+static void backward(float *dtable, const float *dout, const int *idx, int v_offset, int Vl, int N,
+                     int C, wf_stream *s)
 {
   wf_embedding_backward(dtable, dout, idx, v_offset, Vl, N, C);
 }

@@ -134,11 +134,11 @@ void wf__gelu_forward_as(void *out, const void *inp, size_t N, int fmt)
 /* ---- the op (wf_kreg.h): one variant per element type, the type bound ----------------- */
 
 #define GELU_VARIANT(name, fmt)                                                                    \
-  static void name##_forward(void *out, const void *inp, size_t N, wf_stream *s)                  \
+  static void name##_forward(void *out, const void *inp, size_t N, wf_stream *s)                   \
   {                                                                                                \
     wf__gelu_forward_as(out, inp, N, fmt);                                                         \
   }                                                                                                \
-  static void name##_backward(void *dinp, const void *inp, const void *dout, size_t N,            \
+  static void name##_backward(void *dinp, const void *inp, const void *dout, size_t N,             \
                               wf_stream *s)                                                        \
   {                                                                                                \
     if (fmt == WF_DT_F32)                                                                          \

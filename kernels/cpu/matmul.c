@@ -363,30 +363,29 @@ static void backward_as(void *dinp, float *dinp32, float *dw, float *db, const v
 static void set_tf32(int allow) {}
 
 #define MATMUL_VARIANT(name, fmt)                                                                  \
-  static void name##_forward(void *out, const void *inp, const void *w, const float *bias, int N, \
+  static void name##_forward(void *out, const void *inp, const void *w, const float *bias, int N,  \
                              int C, int OC, int lowp, wf_stream *s)                                \
   {                                                                                                \
     forward_as(out, NULL, inp, w, bias, N, C, OC, fmt);                                            \
   }                                                                                                \
-  static void name##_forward_f32(float *out, const void *inp, const void *w, const float *bias,   \
+  static void name##_forward_f32(float *out, const void *inp, const void *w, const float *bias,    \
                                  int N, int C, int OC, int lowp, wf_stream *s)                     \
   {                                                                                                \
     forward_as(NULL, out, inp, w, bias, N, C, OC, fmt);                                            \
   }                                                                                                \
-  static void name##_gelu_forward(void *gelu_out, void *pre, const void *inp, const void *w,      \
+  static void name##_gelu_forward(void *gelu_out, void *pre, const void *inp, const void *w,       \
                                   const float *bias, int N, int C, int OC, int lowp, wf_stream *s) \
   {                                                                                                \
     forward_as(pre, NULL, inp, w, bias, N, C, OC, fmt);                                            \
-    wf__gelu_forward_as(gelu_out, pre, (size_t)N * OC, fmt);                                       \
+    wf__gelu_forward_as(gelu_out, pre, (size_t)N *OC, fmt);                                        \
   }                                                                                                \
-  static void name##_backward(void *dinp, float *dw, float *db, const void *dout,                 \
-                              const void *inp, const void *w, int N, int C, int OC, int lowp,     \
-                              wf_stream *s)                                                        \
+  static void name##_backward(void *dinp, float *dw, float *db, const void *dout, const void *inp, \
+                              const void *w, int N, int C, int OC, int lowp, wf_stream *s)         \
   {                                                                                                \
     backward_as(dinp, NULL, dw, db, dout, inp, w, N, C, OC, fmt);                                  \
   }                                                                                                \
-  static void name##_backward_f32(float *dinp, float *dw, float *db, const void *dout,            \
-                                  const void *inp, const void *w, int N, int C, int OC, int lowp, \
+  static void name##_backward_f32(float *dinp, float *dw, float *db, const void *dout,             \
+                                  const void *inp, const void *w, int N, int C, int OC, int lowp,  \
                                   wf_stream *s)                                                    \
   {                                                                                                \
     backward_as(NULL, dinp, dw, db, dout, inp, w, N, C, OC, fmt);                                  \

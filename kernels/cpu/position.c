@@ -52,8 +52,7 @@ void wf_position_backward(float *dwpe, const float *dout, const int *pos, int B,
 
 /* ---- the op (wf_kreg.h) ---------------------------------------------------------------- */
 
-static void forward(float *out, const float *wpe, const int *pos, int B, int T, int C,
-                    wf_stream *s)
+static void forward(float *out, const float *wpe, const int *pos, int B, int T, int C, wf_stream *s)
 {
   wf_position_forward(out, wpe, pos, B, T, C);
 }

@@ -98,7 +98,7 @@ static void backward(float *da, float *db, const float *dout, size_t N, wf_strea
 }
 
 #define RESIDUAL_VARIANT(name, fmt)                                                                \
-  static void name##_forward(void *out, const void *a, const float *b, size_t N, wf_stream *s)    \
+  static void name##_forward(void *out, const void *a, const float *b, size_t N, wf_stream *s)     \
   {                                                                                                \
     wf__residual_forward_as(out, a, b, N, fmt);                                                    \
   }                                                                                                \

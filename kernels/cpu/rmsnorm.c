@@ -142,7 +142,7 @@ void wf_rmsnorm_backward16(float *dinp, float *dweight, const float *dout, const
 /* ---- the op (wf_kreg.h): one variant per element type, the type bound ----------------- */
 
 #define RMSNORM_VARIANT(name, fmt)                                                                 \
-  static void name##_forward(void *out, float *rstd, const void *inp, const float *w, float eps,  \
+  static void name##_forward(void *out, float *rstd, const void *inp, const float *w, float eps,   \
                              int N, int C, wf_stream *s)                                           \
   {                                                                                                \
     if (fmt == WF_DT_F32)                                                                          \
@@ -150,7 +150,7 @@ void wf_rmsnorm_backward16(float *dinp, float *dweight, const float *dout, const
     else                                                                                           \
       wf_rmsnorm_forward16(out, rstd, inp, w, eps, N, C, fmt);                                     \
   }                                                                                                \
-  static void name##_backward(float *dinp, float *dw, const float *dout, const void *inp,         \
+  static void name##_backward(float *dinp, float *dw, const float *dout, const void *inp,          \
                               const float *w, const float *rstd, int N, int C, wf_stream *s)       \
   {                                                                                                \
     if (fmt == WF_DT_F32)                                                                          \
@@ -158,11 +158,11 @@ void wf_rmsnorm_backward16(float *dinp, float *dweight, const float *dout, const
     else                                                                                           \
       wf_rmsnorm_backward16(dinp, dw, dout, inp, w, rstd, N, C, fmt);                              \
   }                                                                                                \
-  static void name##_residual_forward(void *res, void *out, float *rstd, const void *a,           \
-                                      const float *b, const float *w, float eps, int N, int C,    \
+  static void name##_residual_forward(void *res, void *out, float *rstd, const void *a,            \
+                                      const float *b, const float *w, float eps, int N, int C,     \
                                       wf_stream *s)                                                \
   {                                                                                                \
-    wf__residual_forward_as(res, a, b, (size_t)N * C, fmt);                                        \
+    wf__residual_forward_as(res, a, b, (size_t)N *C, fmt);                                         \
     name##_forward(out, rstd, res, w, eps, N, C, s);                                               \
   }                                                                                                \
   static const wf_rmsnorm_op name = {name##_forward, name##_backward, name##_residual_forward}

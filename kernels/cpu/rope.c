@@ -146,7 +146,7 @@ void wf_rope_backward16(void *dqkv, const float *cs, int B, int T, int NH, int N
 /* ---- the op (wf_kreg.h): one variant per element type, the type bound ----------------- */
 
 #define ROPE_VARIANT(name, fmt)                                                                    \
-  static void name##_forward(void *qkv, const float *cs, int B, int T, int NH, int NKV, int hs,   \
+  static void name##_forward(void *qkv, const float *cs, int B, int T, int NH, int NKV, int hs,    \
                              wf_stream *s)                                                         \
   {                                                                                                \
     if (fmt == WF_DT_F32)                                                                          \
@@ -154,7 +154,7 @@ void wf_rope_backward16(void *dqkv, const float *cs, int B, int T, int NH, int N
     else                                                                                           \
       wf_rope_forward16(qkv, cs, B, T, NH, NKV, hs, fmt);                                          \
   }                                                                                                \
-  static void name##_backward(void *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs, \
+  static void name##_backward(void *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs,  \
                               wf_stream *s)                                                        \
   {                                                                                                \
     if (fmt == WF_DT_F32)                                                                          \

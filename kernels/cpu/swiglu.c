@@ -78,7 +78,8 @@ void wf_swiglu_forward16(void *out, const void *inp, int N, int F, int fmt)
   size_t blk = wf__block_rows(2 * (size_t)F);
   for (size_t r0 = 0; r0 < (size_t)N; r0 += blk) {
     size_t n = WF_MIN(blk, (size_t)N - r0);
-    float *x = wf__widened(WF__W_IN, inp, r0, n, 2 * (size_t)F, fmt), *y = wf__work(WF__W_OUT, n * F);
+    float *x = wf__widened(WF__W_IN, inp, r0, n, 2 * (size_t)F, fmt),
+          *y = wf__work(WF__W_OUT, n * F);
     if (!x || !y)
       return;
     wf_swiglu_forward(y, x, (int)n, F);
@@ -91,7 +92,8 @@ void wf_swiglu_backward16(void *dinp, const void *inp, const void *dout, int N, 
   size_t blk = wf__block_rows(2 * (size_t)F);
   for (size_t r0 = 0; r0 < (size_t)N; r0 += blk) {
     size_t n = WF_MIN(blk, (size_t)N - r0);
-    float *x = wf__widened(WF__W_IN, inp, r0, n, 2 * (size_t)F, fmt), *d = wf__work(WF__W_OUT, n * 2 * F);
+    float *x = wf__widened(WF__W_IN, inp, r0, n, 2 * (size_t)F, fmt),
+          *d = wf__work(WF__W_OUT, n * 2 * F);
     float *dy = wf__widened(WF__W_DY, dout, r0, n, (size_t)F, fmt);
     if (!x || !d || !dy)
       return;
@@ -103,14 +105,14 @@ void wf_swiglu_backward16(void *dinp, const void *inp, const void *dout, int N, 
 /* ---- the op (wf_kreg.h): one variant per element type, the type bound ----------------- */
 
 #define SWIGLU_VARIANT(name, fmt)                                                                  \
-  static void name##_forward(void *out, const void *inp, int N, int F, wf_stream *s)              \
+  static void name##_forward(void *out, const void *inp, int N, int F, wf_stream *s)               \
   {                                                                                                \
     if (fmt == WF_DT_F32)                                                                          \
       wf_swiglu_forward(out, inp, N, F);                                                           \
     else                                                                                           \
       wf_swiglu_forward16(out, inp, N, F, fmt);                                                    \
   }                                                                                                \
-  static void name##_backward(void *dinp, const void *inp, const void *dout, int N, int F,        \
+  static void name##_backward(void *dinp, const void *inp, const void *dout, int N, int F,         \
                               wf_stream *s)                                                        \
   {                                                                                                \
     if (fmt == WF_DT_F32)                                                                          \

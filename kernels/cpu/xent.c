@@ -223,8 +223,8 @@ static void pack(float *stats, const float *row_max, const float *row_sumexp,
   wf_xent_pack(stats, row_max, row_sumexp, target_logit, N);
 }
 
-static void combine(float *row_max, float *row_sumexp, float *target_logit, const float *all,
-                    int N, int parts, wf_stream *s)
+static void combine(float *row_max, float *row_sumexp, float *target_logit, const float *all, int N,
+                    int parts, wf_stream *s)
 {
   wf_xent_combine(row_max, row_sumexp, target_logit, all, N, parts);
 }
@@ -241,7 +241,7 @@ static void accumulate(double *acc, const float *losses, int N, wf_stream *s)
 }
 
 #define XENT_VARIANT(name, fmt)                                                                    \
-  static void name##_stats(float *mx, float *se, float *tl, const void *logits,                   \
+  static void name##_stats(float *mx, float *se, float *tl, const void *logits,                    \
                            const int *targets, int N, int V, int ld, int v0, wf_stream *s)         \
   {                                                                                                \
     if (fmt == WF_DT_F32)                                                                          \
@@ -249,17 +249,16 @@ static void accumulate(double *acc, const float *losses, int N, wf_stream *s)
     else                                                                                           \
       wf_xent_stats16(mx, se, tl, logits, targets, N, V, ld, v0, fmt);                             \
   }                                                                                                \
-  static void name##_backward(void *dlogits, const void *logits, const float *mx,                 \
-                              const float *se, const int *targets, float dloss, int N, int V,     \
-                              int ld, int v0, wf_stream *s)                                        \
+  static void name##_backward(void *dlogits, const void *logits, const float *mx, const float *se, \
+                              const int *targets, float dloss, int N, int V, int ld, int v0,       \
+                              wf_stream *s)                                                        \
   {                                                                                                \
     if (fmt == WF_DT_F32)                                                                          \
       wf_xent_backward(dlogits, logits, mx, se, targets, dloss, N, V, ld, v0);                     \
     else                                                                                           \
       wf_xent_backward16(dlogits, logits, mx, se, targets, dloss, N, V, ld, v0, fmt);              \
   }                                                                                                \
-  static const wf_xent_op name = {name##_stats, pack,           combine,                          \
-                                  loss,         name##_backward, accumulate}
+  static const wf_xent_op name = {name##_stats, pack, combine, loss, name##_backward, accumulate}
 
 XENT_VARIANT(f32, WF_DT_F32);
 XENT_VARIANT(bf16, WF_DT_BF16);

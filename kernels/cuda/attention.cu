@@ -115,9 +115,8 @@ static void backward_bf16(void *dqkv, float *scratch, const void *dout, const vo
   float *lse = (float *)att;
   if (qkv_floats(B, T, C, NH, NKV) == 0)
     return;
-  wf__attention_bf16_backward((wf_bf16 *)dqkv, scratch, (const wf_bf16 *)dout,
-                              (const wf_bf16 *)qkv, wf__attn_saved_out(lse, B, T, NH), lse, B, T,
-                              C, NH, NKV, stream);
+  wf__attention_bf16_backward((wf_bf16 *)dqkv, scratch, (const wf_bf16 *)dout, (const wf_bf16 *)qkv,
+                              wf__attn_saved_out(lse, B, T, NH), lse, B, T, C, NH, NKV, stream);
 }
 
 /* ---- fp32 ------------------------------------------------------------------------------ */
@@ -137,13 +136,12 @@ static void backward32(void *dqkv, float *scratch, const void *dout, const void 
 
 /* ---- the op (wf_kreg.h) ----------------------------------------------------------------- */
 
-static const wf_attention_op f32 = {wf__attn_saved,    wf__attn_scratch, forward32,
-                                    backward32,        wf__attention_set_impl,
-                                    wf__attention_path};
+static const wf_attention_op f32 = {wf__attn_saved, wf__attn_scratch,       forward32,
+                                    backward32,     wf__attention_set_impl, wf__attention_path};
 static const wf_attention_op bf16 = {wf__attn_saved, scratch_bf16,           forward_bf16,
                                      backward_bf16,  wf__attention_set_impl, wf__attention_path};
-static const wf_attention_op f16 = {wf__attn_saved,       scratch16,
-                                    forward16<__half>,    backward16<__half>,
+static const wf_attention_op f16 = {wf__attn_saved,         scratch16,
+                                    forward16<__half>,      backward16<__half>,
                                     wf__attention_set_impl, wf__attention_path};
 const wf_kvariants wf__cuda_attention =
     WF_KV(attention, WF_OP_VERSION_attention, &f32, &bf16, &f16);

@@ -190,8 +190,8 @@ void wf__classifier_stats(float *row_max, float *row_sumexp, float *target_logit
 }
 
 void wf__classifier_backward(void *dlogits, const void *logits, const float *row_max,
-                             const float *row_sumexp, const int *targets, float dloss, int N,
-                             int V, int ld, int v_offset, wf_stream *stream)
+                             const float *row_sumexp, const int *targets, float dloss, int N, int V,
+                             int ld, int v_offset, wf_stream *stream)
 {
   if (N <= 0 || ld <= 0)
     return;

@@ -255,7 +255,7 @@ void wf__classifier_stats(float *row_max, float *row_sumexp, float *target_logit
                           const void *logits, const int *targets, int N, int V, int ld,
                           int v_offset, wf_stream *stream);
 void wf__classifier_backward(void *dlogits, const void *logits, const float *row_max,
-                             const float *row_sumexp, const int *targets, float dloss, int N,
-                             int V, int ld, int v_offset, wf_stream *stream);
+                             const float *row_sumexp, const int *targets, float dloss, int N, int V,
+                             int ld, int v_offset, wf_stream *stream);
 
 #endif /* WF_CUDA_INT_H */

@@ -42,9 +42,9 @@ __global__ static void embedding_forward_kernel(float *out, const int *idx, cons
 /* dwte (Vl,C) += dout (BT,C) at the local rows named by inp (BT), in order: block y adds
  * only into its own rows (r % ROW_PARTS == y). Block (WTE_THREADS). */
 __global__ static void embedding_backward_kernel(float *__restrict__ dwte,
-                                                   const float *__restrict__ dout,
-                                                   const int *__restrict__ inp, int v_offset,
-                                                   int Vl, int C, int BT)
+                                                 const float *__restrict__ dout,
+                                                 const int *__restrict__ inp, int v_offset, int Vl,
+                                                 int C, int BT)
 {
   __shared__ int rows[TOKEN_TILE];
   int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -81,7 +81,7 @@ void wf__embedding_backward(float *dtable, const float *dout, const int *idx, in
     return;
   dim3 grid((unsigned)((C + WTE_THREADS - 1) / WTE_THREADS), ROW_PARTS);
   embedding_backward_kernel<<<grid, WTE_THREADS, 0, (cudaStream_t)stream>>>(dtable, dout, idx,
-                                                                             v_offset, Vl, C, N);
+                                                                            v_offset, Vl, C, N);
   WF_CUDA_LAUNCHED("embedding_backward_kernel");
 }
 

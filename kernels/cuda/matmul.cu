@@ -261,9 +261,8 @@ static void backward_f32_32(float *dinp, float *dweight, float *dbias, const voi
     wf__bias_grad(dbias, dout, N, OC, s);
 }
 
-static void backward_32(void *dinp, float *dweight, float *dbias, const void *dout,
-                        const void *inp, const void *weight, int N, int C, int OC, int lowp,
-                        wf_stream *stream)
+static void backward_32(void *dinp, float *dweight, float *dbias, const void *dout, const void *inp,
+                        const void *weight, int N, int C, int OC, int lowp, wf_stream *stream)
 {
   backward_f32_32((float *)dinp, dweight, dbias, dout, inp, weight, N, C, OC, lowp, stream);
 }
@@ -491,23 +490,23 @@ static void forward16(void *out, cudaDataType_t dt, const void *inp, const void 
 }
 
 template <typename T>
-static void forward_16(void *out, const void *inp, const void *w, const float *bias, int N,
-                           int C, int OC, int /* lowp: the format */, wf_stream *s)
+static void forward_16(void *out, const void *inp, const void *w, const float *bias, int N, int C,
+                       int OC, int /* lowp: the format */, wf_stream *s)
 {
   forward16<T>(out, cuda_type<T>(), inp, w, bias, N, C, OC, s);
 }
 
 template <typename T>
 static void forward_f32_16(float *out, const void *inp, const void *w, const float *bias, int N,
-                               int C, int OC, int /* lowp: the format */, wf_stream *s)
+                           int C, int OC, int /* lowp: the format */, wf_stream *s)
 {
   forward16<T>(out, CUDA_R_32F, inp, w, bias, N, C, OC, s);
 }
 
 template <typename T>
 static void gelu_forward_16(void *gelu_out, void *pre, const void *inp, const void *w,
-                                const float *bias, int N, int C, int OC, int /* lowp: the format */,
-                                wf_stream *s)
+                            const float *bias, int N, int C, int OC, int /* lowp: the format */,
+                            wf_stream *s)
 {
   if (N <= 0 || OC <= 0 || C < 0)
     return;
@@ -546,17 +545,17 @@ static void backward16(void *dinp, cudaDataType_t dt, float *dweight, float *dbi
 }
 
 template <typename T>
-static void backward_16(void *dinp, float *dweight, float *dbias, const void *dout,
-                            const void *inp, const void *w, int N, int C, int OC,
-                            int /* lowp: the format */, wf_stream *s)
+static void backward_16(void *dinp, float *dweight, float *dbias, const void *dout, const void *inp,
+                        const void *w, int N, int C, int OC, int /* lowp: the format */,
+                        wf_stream *s)
 {
   backward16<T>(dinp, cuda_type<T>(), dweight, dbias, dout, inp, w, N, C, OC, s);
 }
 
 template <typename T>
 static void backward_f32_16(float *dinp, float *dweight, float *dbias, const void *dout,
-                                const void *inp, const void *w, int N, int C, int OC,
-                                int /* lowp: the format */, wf_stream *s)
+                            const void *inp, const void *w, int N, int C, int OC,
+                            int /* lowp: the format */, wf_stream *s)
 {
   backward16<T>(dinp, CUDA_R_32F, dweight, dbias, dout, inp, w, N, C, OC, s);
 }

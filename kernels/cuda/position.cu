@@ -25,8 +25,7 @@ __global__ static void position_forward_kernel(float *out, const float *wpe, con
 }
 
 /* dwpe (maxT,C): rows 0..T-1 += dout[b,t,:] for b = 0, 1, ..., one add at a time */
-__global__ static void position_backward_kernel(float *dwpe, const float *dout, int B, int T,
-                                                   int C)
+__global__ static void position_backward_kernel(float *dwpe, const float *dout, int B, int T, int C)
 {
   size_t n = (size_t)T * C;
   WF_GRID_STRIDE(i, n)

@@ -45,8 +45,7 @@ __global__ static void residual_backward_kernel(float *da, float *db, const floa
   }
 }
 
-static void residual_backward(float *da, float *db, const float *dout, size_t N,
-                              wf_stream *stream)
+static void residual_backward(float *da, float *db, const float *dout, size_t N, wf_stream *stream)
 {
   if (N == 0)
     return;
@@ -56,7 +55,6 @@ static void residual_backward(float *da, float *db, const float *dout, size_t N,
 
 /* ---- the op (wf_kreg.h): one variant per element type --------------------------------- */
 
-template <typename E>
-static const wf_residual_op op = {residual_forward<E>, residual_backward};
+template <typename E> static const wf_residual_op op = {residual_forward<E>, residual_backward};
 const wf_kvariants wf__cuda_residual =
     WF_KV(residual, WF_OP_VERSION_residual, &op<float>, &op<__nv_bfloat16>, &op<__half>);

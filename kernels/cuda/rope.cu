@@ -48,14 +48,14 @@ static void rope_launch(E *x, const float *cs, int B, int T, int NH, int NKV, in
 
 template <typename E>
 static void rope_forward(void *qkv, const float *cs, int B, int T, int NH, int NKV, int hs,
-                      wf_stream *stream)
+                         wf_stream *stream)
 {
   rope_launch((E *)qkv, cs, B, T, NH, NKV, hs, 1.0f, stream, "rope_kernel (forward)");
 }
 
 template <typename E>
 static void rope_backward(void *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs,
-                       wf_stream *stream)
+                          wf_stream *stream)
 {
   rope_launch((E *)dqkv, cs, B, T, NH, NKV, hs, -1.0f, stream, "rope_kernel (backward)");
 }

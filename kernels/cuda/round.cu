@@ -41,8 +41,8 @@ static void round_fp16(float *dst, const float *src, size_t n, wf_stream *stream
 static void round_f32(float *dst, const float *src, size_t n, wf_stream *stream)
 {
   if (n > 0 && dst != src)
-    WF_CUDA_OK(cudaMemcpyAsync(dst, src, n * sizeof *dst, cudaMemcpyDeviceToDevice,
-                               (cudaStream_t)stream));
+    WF_CUDA_OK(
+        cudaMemcpyAsync(dst, src, n * sizeof *dst, cudaMemcpyDeviceToDevice, (cudaStream_t)stream));
 }
 
 /* ---- the op (wf_kreg.h): the variant's type is the one rounded to ---------------------- */

@@ -68,7 +68,7 @@ __global__ static void xent_backward_kernel(E *dlogits, const E *logits, const f
 
 template <typename E>
 static void xent_stats(float *row_max, float *row_sumexp, float *target_logit, const void *logits,
-                    const int *targets, int N, int V, int ld, int v_offset, wf_stream *stream)
+                       const int *targets, int N, int V, int ld, int v_offset, wf_stream *stream)
 {
   if (N <= 0)
     return;
@@ -79,8 +79,8 @@ static void xent_stats(float *row_max, float *row_sumexp, float *target_logit, c
 
 template <typename E>
 static void xent_backward(void *dlogits, const void *logits, const float *row_max,
-                       const float *row_sumexp, const int *targets, float dloss, int N, int V,
-                       int ld, int v_offset, wf_stream *stream)
+                          const float *row_sumexp, const int *targets, float dloss, int N, int V,
+                          int ld, int v_offset, wf_stream *stream)
 {
   if (N <= 0 || ld <= 0)
     return;
@@ -90,7 +90,7 @@ static void xent_backward(void *dlogits, const void *logits, const float *row_ma
 }
 
 static void xent_loss(float *losses, const float *row_max, const float *row_sumexp,
-                                  const float *target_logit, int N, wf_stream *stream)
+                      const float *target_logit, int N, wf_stream *stream)
 {
   if (N <= 0)
     return;
@@ -132,7 +132,7 @@ __global__ static void xent_combine_kernel(float *row_max, float *row_sumexp, fl
 }
 
 static void xent_pack(float *stats, const float *row_max, const float *row_sumexp,
-                                  const float *target_logit, int N, wf_stream *stream)
+                      const float *target_logit, int N, wf_stream *stream)
 {
   if (N <= 0)
     return;
@@ -141,8 +141,8 @@ static void xent_pack(float *stats, const float *row_max, const float *row_sumex
   WF_CUDA_LAUNCHED("xent_pack_kernel");
 }
 
-static void xent_combine(float *row_max, float *row_sumexp, float *target_logit,
-                                     const float *all, int N, int parts, wf_stream *stream)
+static void xent_combine(float *row_max, float *row_sumexp, float *target_logit, const float *all,
+                         int N, int parts, wf_stream *stream)
 {
   if (N <= 0)
     return;
@@ -161,7 +161,6 @@ static void xent_combine(float *row_max, float *row_sumexp, float *target_logit,
 template <typename E>
 static const wf_xent_op op = {xent_stats<E>, xent_pack,        xent_combine,
                               xent_loss,     xent_backward<E>, wf__mean_acc};
-static const wf_xent_op bf16 = {wf__classifier_stats, xent_pack,
-                                xent_combine,         xent_loss,
+static const wf_xent_op bf16 = {wf__classifier_stats,    xent_pack,   xent_combine, xent_loss,
                                 wf__classifier_backward, wf__mean_acc};
 const wf_kvariants wf__cuda_xent = WF_KV(xent, WF_OP_VERSION_xent, &op<float>, &bf16, &op<__half>);

@@ -65,7 +65,6 @@
 #include "wf_device.h"
 #include "wf_gpu.h"
 #include "wf_kernels.h"
-#include "wf_device.h"
 
 #define SEED       20241122u
 #define TOL_EXACT  1e-6f
@@ -189,8 +188,8 @@ static void gpu_encode(ctx *c, float *out, const int *inp, const float *wte, int
     WF_K(c->k, position)->forward(out, wpe, NULL, B, T, C, c->stream);
 }
 
-static void gpu_encode_backward(ctx *c, float *dwte, float *dwpe, const float *dout,
-                                const int *inp, int v_offset, int Vl, int B, int T, int C)
+static void gpu_encode_backward(ctx *c, float *dwte, float *dwpe, const float *dout, const int *inp,
+                                int v_offset, int Vl, int B, int T, int C)
 {
   if (dwte)
     WF_K(c->k, embedding)->backward(dwte, dout, inp, v_offset, Vl, B * T, C, c->stream);
@@ -302,8 +301,9 @@ static void test_layernorm(ctx *c)
   float *d_dinp = df(c, dinp, NC), *d_dw = df(c, dw, C), *d_db = df(c, db, C);
   /* Both sides use the CPU's mean and rstd, so only the backward is compared. */
   wf_layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
-  WF_K(c->k, layernorm)->backward(d_dinp, d_dw, d_db, df(c, dout, NC), d_inp, d_w, df(c, mean, N),
-                           df(c, rstd, N), N, C, c->stream);
+  WF_K(c->k, layernorm)
+      ->backward(d_dinp, d_dw, d_db, df(c, dout, NC), d_inp, d_w, df(c, mean, N), df(c, rstd, N), N,
+                 C, c->stream);
   expect_close(c, "layernorm_backward dinp", dinp, d_dinp, NC, TOL_SUM, TOL_SUM);
   expect_close(c, "layernorm_backward dweight", dw, d_dw, C, TOL_SUM, TOL_SUM);
   expect_close(c, "layernorm_backward dbias", db, d_db, C, TOL_SUM, TOL_SUM);
@@ -338,8 +338,8 @@ static void matmul_case(ctx *c, int N, int C, int OC, bool with_bias, bool with_
   float *d_inp = df(c, inp, NC), *d_w = df(c, w, OCC);
   WF_K(c->k, matmul)->set_tf32(tf32);
   wf_matmul_forward(out, inp, w, with_bias ? b : NULL, N, C, OC);
-  WF_K(c->k, matmul)->forward(d_out, d_inp, d_w, with_bias ? df(c, b, OC) : NULL, N, C, OC, lowp,
-                       c->stream);
+  WF_K(c->k, matmul)
+      ->forward(d_out, d_inp, d_w, with_bias ? df(c, b, OC) : NULL, N, C, OC, lowp, c->stream);
   snprintf(name, sizeof name, "matmul_forward out%s", with_bias ? "" : " (no bias)");
   expect_close(c, name, out, d_out, NO, tol_f, TOL_SUM);
 
@@ -347,8 +347,9 @@ static void matmul_case(ctx *c, int N, int C, int OC, bool with_bias, bool with_
   float *dw = hrand(c, OCC, -1, 1), *db = hrand(c, OC, -1, 1);
   float *d_dinp = df(c, dinp, NC), *d_dw = df(c, dw, OCC), *d_db = df(c, db, OC);
   wf_matmul_backward(with_dinp ? dinp : NULL, dw, with_bias ? db : NULL, dout, inp, w, N, C, OC);
-  WF_K(c->k, matmul)->backward(with_dinp ? d_dinp : NULL, d_dw, with_bias ? d_db : NULL, df(c, dout, NO),
-                        d_inp, d_w, N, C, OC, lowp, c->stream);
+  WF_K(c->k, matmul)
+      ->backward(with_dinp ? d_dinp : NULL, d_dw, with_bias ? d_db : NULL, df(c, dout, NO), d_inp,
+                 d_w, N, C, OC, lowp, c->stream);
   WF_K(c->k, matmul)->set_tf32(0);
   expect_close(c, "matmul_backward dinp", dinp, d_dinp, NC, tol_i, TOL_SUM);
   expect_close(c, "matmul_backward dweight", dw, d_dw, OCC, tol_b, TOL_SUM);
@@ -386,8 +387,9 @@ static void matmul_gelu_case(ctx *c, int N, int C, int OC, int lowp)
   float *pre = hzero(c, NO), *out = hzero(c, NO), *d_pre = df(c, pre, NO), *d_out = df(c, out, NO);
   wf_matmul_forward(pre, inp, w, b, N, C, OC);
   wf_gelu_forward(out, pre, NO);
-  WF_K(c->k, matmul)->gelu_forward(d_out, d_pre, df(c, inp, NC), df(c, w, OCC), df(c, b, OC), N, C, OC,
-                            lowp, c->stream);
+  WF_K(c->k, matmul)
+      ->gelu_forward(d_out, d_pre, df(c, inp, NC), df(c, w, OCC), df(c, b, OC), N, C, OC, lowp,
+                     c->stream);
   expect_close(c, "matmul_gelu_forward pre", pre, d_pre, NO, TOL_SUM, TOL_SUM);
   expect_close(c, "matmul_gelu_forward out", out, d_out, NO, TOL_GELU_EPI, TOL_GELU_EPI);
 }
@@ -415,13 +417,14 @@ static void test_residual_layernorm(ctx *c)
   float *d_rstd = df(c, rstd, N);
   wf_residual_forward(res, a, b, NC);
   wf_layernorm_forward(ln, mean, rstd, res, w, bias, N, C);
-  WF_K(c->k, layernorm)->residual_forward(d_res, d_ln, d_mean, d_rstd, d_a, d_b, d_w, d_bias, N, C,
-                                   c->stream);
+  WF_K(c->k, layernorm)
+      ->residual_forward(d_res, d_ln, d_mean, d_rstd, d_a, d_b, d_w, d_bias, N, C, c->stream);
   expect_close(c, "residual_layernorm res", res, d_res, NC, TOL_EXACT, TOL_EXACT);
   expect_close(c, "residual_layernorm ln", ln, d_ln, NC, TOL_SUM, TOL_SUM);
   expect_close(c, "residual_layernorm mean", mean, d_mean, N, TOL_SUM, TOL_SUM);
   expect_close(c, "residual_layernorm rstd", rstd, d_rstd, N, TOL_SUM, TOL_SUM);
-  WF_K(c->k, layernorm)->residual_forward(d_a, d_ln, NULL, NULL, d_a, d_b, d_w, d_bias, N, C, c->stream);
+  WF_K(c->k, layernorm)
+      ->residual_forward(d_a, d_ln, NULL, NULL, d_a, d_b, d_w, d_bias, N, C, c->stream);
   expect_close(c, "residual_layernorm in place", res, d_a, NC, TOL_EXACT, TOL_EXACT);
   expect_close(c, "residual_layernorm ln (in place)", ln, d_ln, NC, TOL_SUM, TOL_SUM);
 }
@@ -448,8 +451,8 @@ static void attention_case(ctx *c, int B, int T, int NH, int hs)
   float *dout = hrand(c, BTC, -1, 1), *dqkv = hrand(c, QKV, -1, 1);
   float *d_dqkv = df(c, dqkv, QKV), *d_scratch = df(c, hzero(c, scratch), scratch);
   wf_attention_backward(dqkv, hzero(c, ATT), dout, qkv, att, B, T, C, NH);
-  WF_K(c->k, attention)->backward(d_dqkv, d_scratch, df(c, dout, BTC), d_qkv, d_att, B, T, C, NH, NH,
-                           c->stream);
+  WF_K(c->k, attention)
+      ->backward(d_dqkv, d_scratch, df(c, dout, BTC), d_qkv, d_att, B, T, C, NH, NH, c->stream);
   snprintf(name, sizeof name, "attention_backward hs=%d dqkv", hs);
   expect_close(c, name, dqkv, d_dqkv, QKV, TOL_SUM, TOL_SUM);
 }
@@ -540,8 +543,8 @@ static void attention_path_case(ctx *c, int B, int T, int NH, int hs, int impl, 
   wf_attention_backward(dqkv, hzero(c, ATT), dout, qkv, att, B, T, C, NH);
   WF_K(c->k, attention)->forward(d_out, d_att, d_qkv, B, T, C, NH, NH, c->stream);
   WF_K(c->k, attention)->set_impl(impl_bwd);
-  WF_K(c->k, attention)->backward(d_dqkv, d_scratch, df(c, dout, BTC), d_qkv, d_att, B, T, C, NH, NH,
-                           c->stream);
+  WF_K(c->k, attention)
+      ->backward(d_dqkv, d_scratch, df(c, dout, BTC), d_qkv, d_att, B, T, C, NH, NH, c->stream);
   int p2 = WF_K(c->k, attention)->path(B, T, C, NH, NH);
   att16_bound bd = att16_bound_make(qkv, dout, B, T, C, NH);
   double f_out = path == WF_ATTN_CUDNN ? 2 : 1,
@@ -708,11 +711,14 @@ static void gqa16_case(ctx *c, const wf_kset *k16)
     float *d_sg = df(c, hzero(c, sg), sg), *d_sm = df(c, hzero(c, sm), sm);
     WF_K(bf16_of(c), attention_lse)->forward(d_yg, d_lg, d_xg, B, T, C, NH, NKV, c->stream);
     WF_K(bf16_of(c), attention_lse)->forward(d_ym, d_lm, d_xm, B, T, C, NH, NH, c->stream);
-    WF_K(bf16_of(c), attention_lse)->backward(d_dg, d_sg, d_dy, d_xg, d_yg, d_lg, B, T, C, NH, NKV, c->stream);
-    WF_K(bf16_of(c), attention_lse)->backward(d_dm, d_sm, d_dy, d_xm, d_ym, d_lm, B, T, C, NH, NH, c->stream);
+    WF_K(bf16_of(c), attention_lse)
+        ->backward(d_dg, d_sg, d_dy, d_xg, d_yg, d_lg, B, T, C, NH, NKV, c->stream);
+    WF_K(bf16_of(c), attention_lse)
+        ->backward(d_dm, d_sm, d_dy, d_xm, d_ym, d_lm, B, T, C, NH, NH, c->stream);
     x.lg = d_lg, x.lm = d_lm;
   } else {
-    size_t sv = WF_K(k16, attention)->saved(B, T, C, NH), sx = WF_K(k16, attention)->scratch(B, T, C, NH);
+    size_t sv = WF_K(k16, attention)->saved(B, T, C, NH),
+           sx = WF_K(k16, attention)->scratch(B, T, C, NH);
     float *d_ag = df(c, hzero(c, sv), sv), *d_am = df(c, hzero(c, sv), sv);
     float *d_sx = df(c, hzero(c, sx), sx);
     WF_K(k16, attention)->forward(d_yg, d_ag, d_xg, B, T, C, NH, NKV, c->stream);
@@ -781,9 +787,11 @@ static void xent16_case(ctx *c)
   wf_bf16 *d = keep_host(c, calloc(NL, sizeof *d)), *d_d = dcopy(c, d, NL * 2);
   float *cm = df(c, mx, N), *cs = df(c, se, N); /* both sides from the CPU statistics */
   wf_xent_backward_bf16(d, x, mx, se, t, 0.5f, N, V, ld, v_offset);
-  WF_K(bf16_of(c), classifier)->backward(d_d, d_x, cm, cs, d_t, 0.5f, N, V, ld, v_offset, c->stream);
+  WF_K(bf16_of(c), classifier)
+      ->backward(d_d, d_x, cm, cs, d_t, 0.5f, N, V, ld, v_offset, c->stream);
   expect_close16(c, "xent_backward_bf16", d, d_d, NL, 1e-9f, TOL_BF16_STEP);
-  WF_K(bf16_of(c), classifier)->backward(d_x, d_x, cm, cs, d_t, 0.5f, N, V, ld, v_offset, c->stream);
+  WF_K(bf16_of(c), classifier)
+      ->backward(d_x, d_x, cm, cs, d_t, 0.5f, N, V, ld, v_offset, c->stream);
   expect_close16(c, "xent_backward_bf16 in place", d, d_x, NL, 1e-9f, TOL_BF16_STEP);
 }
 
@@ -857,11 +865,13 @@ static void test_xent(ctx *c)
   expect_close(c, "xent_loss", loss, d_loss, N, TOL_ELEM, TOL_ELEM);
   float *dl = hrand(c, NL, -1, 1), *d_dl = df(c, dl, NL); /* padding must become 0 */
   wf_xent_backward(dl, logits, mx, se, targets, 1.0f / N, N, V, ld, v_offset);
-  WF_K(c->k, xent)->backward(d_dl, d_logits, dm, ds, d_targets, 1.0f / N, N, V, ld, v_offset, c->stream);
+  WF_K(c->k, xent)
+      ->backward(d_dl, d_logits, dm, ds, d_targets, 1.0f / N, N, V, ld, v_offset, c->stream);
   expect_close(c, "xent_backward dlogits", dl, d_dl, NL, TOL_ELEM, TOL_ELEM);
   /* In place, as the trainer calls it: dlogits aliases logits. */
   wf_xent_backward(logits, logits, mx, se, targets, 0.5f, N, V, ld, v_offset);
-  WF_K(c->k, xent)->backward(d_logits, d_logits, dm, ds, d_targets, 0.5f, N, V, ld, v_offset, c->stream);
+  WF_K(c->k, xent)
+      ->backward(d_logits, d_logits, dm, ds, d_targets, 0.5f, N, V, ld, v_offset, c->stream);
   expect_close(c, "xent_backward in place", logits, d_logits, NL, TOL_ELEM, TOL_ELEM);
 }
 
@@ -872,8 +882,8 @@ static void test_adamw(ctx *c)
   float *g = hrand(c, n, -1, 1);
   float *d_p = df(c, p, n), *d_m = df(c, m, n), *d_v = df(c, v, n);
   wf_adamw_update(p, m, v, g, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 3, 0.5f);
-  WF_K(c->k, adamw)->update(d_p, d_m, d_v, df(c, g, n), n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 3, 0.5f,
-                     c->stream);
+  WF_K(c->k, adamw)
+      ->update(d_p, d_m, d_v, df(c, g, n), n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 3, 0.5f, c->stream);
   expect_close(c, "adamw params", p, d_p, n, TOL_ELEM, TOL_ELEM);
   expect_close(c, "adamw m", m, d_m, n, TOL_ELEM, TOL_ELEM);
   expect_close(c, "adamw v", v, d_v, n, TOL_ELEM, TOL_ELEM);
@@ -906,7 +916,8 @@ static void test_sumsq_scale(ctx *c)
   WF_K(c->k, norm)->sumsq_acc(d_acc, d_x, n, c->stream);
   double before = read_double(c, d_acc);
   expect_double(c, "sumsq_acc", acc, before, 1e-9);
-  WF_K(c->k, norm)->sumsq_acc(d_acc, d_x, 0, c->stream); /* empty: adds nothing, to the GPU's own sum */
+  WF_K(c->k, norm)
+      ->sumsq_acc(d_acc, d_x, 0, c->stream); /* empty: adds nothing, to the GPU's own sum */
   expect_double(c, "sumsq_acc empty", before, read_double(c, d_acc), 0);
   wf_sumsq_acc(&acc, x + 1, n - 1); /* not 16-byte aligned: the element-wise loads */
   WF_K(c->k, norm)->sumsq_acc(d_acc, d_x + 1, n - 1, c->stream);
@@ -1141,14 +1152,16 @@ static void storage_norms(ctx *c, const tables16 *t, int C)
   float *db = hrand(c, C, -1, 1), *d_dinp = df(c, dinp, NC), *d_dw = df(c, dw, C);
   float *d_db = df(c, db, C);
   WF_K(t->cpu, layernorm)->backward(dinp, dw, db, dout, x, w, mean, rstd, N, C, NULL);
-  WF_K(t->gpu, layernorm)->backward(d_dinp, d_dw, d_db, df(c, dout, NC), d_x, d_w, df(c, mean, N),
-                             df(c, rstd, N), N, C, c->stream);
+  WF_K(t->gpu, layernorm)
+      ->backward(d_dinp, d_dw, d_db, df(c, dout, NC), d_x, d_w, df(c, mean, N), df(c, rstd, N), N,
+                 C, c->stream);
   expect_close(c, "layernorm_backward dinp", dinp, d_dinp, NC, TOL_SUM, TOL_SUM);
   expect_close(c, "layernorm_backward dweight", dw, d_dw, C, TOL_SUM, TOL_SUM);
   expect_close(c, "layernorm_backward dbias", db, d_db, C, TOL_SUM, TOL_SUM);
   WF_K(t->cpu, layernorm)->residual_forward(res, out, mean, rstd, x, bsum, w, b, N, C, NULL);
-  WF_K(t->gpu, layernorm)->residual_forward(d_x, d_out, d_mean, d_rstd, d_x, df(c, bsum, NC), d_w, d_b, N,
-                                     C, c->stream); /* res aliasing a, as the model calls it */
+  WF_K(t->gpu, layernorm)
+      ->residual_forward(d_x, d_out, d_mean, d_rstd, d_x, df(c, bsum, NC), d_w, d_b, N, C,
+                         c->stream); /* res aliasing a, as the model calls it */
   expect_stored16(c, t, "residual_layernorm res", res, d_x, NC, TOL_EXACT, TOL_EXACT);
   expect_stored16(c, t, "residual_layernorm ln", out, d_out, NC, TOL_SUM, TOL_SUM);
 }
@@ -1191,7 +1204,8 @@ static void storage_xent(ctx *c, const tables16 *t)
   expect_close(c, "xent_stats row_sumexp", se, d_se, N, TOL_SUM, TOL_SUM);
   expect_close(c, "xent_stats target_logit", tl, d_tl, N, TOL_EXACT, TOL_EXACT);
   WF_K(t->cpu, xent)->backward(l, l, mx, se, tg, 0.5f, N, V, ld, v0, NULL); /* in place */
-  WF_K(t->gpu, xent)->backward(d_l, d_l, df(c, mx, N), df(c, se, N), d_tg, 0.5f, N, V, ld, v0, c->stream);
+  WF_K(t->gpu, xent)
+      ->backward(d_l, d_l, df(c, mx, N), df(c, se, N), d_tg, 0.5f, N, V, ld, v0, c->stream);
   expect_stored16(c, t, "xent_backward in place", l, d_l, NL, TOL_ELEM, TOL_ELEM);
 }
 
@@ -1255,7 +1269,8 @@ static void storage_attention(ctx *c, const tables16 *t, int B, int T, int NH, i
 {
   const int C = NH * hs;
   const size_t BTC = (size_t)B * T * C, QKV = 3 * BTC;
-  size_t cs = WF_K(t->cpu, attention)->saved(B, T, C, NH), gs = WF_K(t->gpu, attention)->saved(B, T, C, NH);
+  size_t cs = WF_K(t->cpu, attention)->saved(B, T, C, NH),
+         gs = WF_K(t->gpu, attention)->saved(B, T, C, NH);
   size_t gx = WF_K(t->gpu, attention)->scratch(B, T, C, NH);
   uint16_t *qkv = hact(c, QKV, t->fmt, -1, 1), *out = hact0(c, BTC);
   float *att = hzero(c, cs), *d_att = df(c, hzero(c, gs), gs);
@@ -1267,8 +1282,9 @@ static void storage_attention(ctx *c, const tables16 *t, int B, int T, int NH, i
   uint16_t *dqkv = hact(c, QKV, t->fmt, -1, 1); /* written over, in the format */
   void *d_dqkv = d16(c, dqkv, QKV);
   WF_K(t->cpu, attention)->backward(dqkv, NULL, dout, qkv, att, B, T, C, NH, NH, NULL);
-  WF_K(t->gpu, attention)->backward(d_dqkv, df(c, hzero(c, gx), gx), d16(c, dout, BTC), d_qkv, d_att, B, T,
-                             C, NH, NH, c->stream);
+  WF_K(t->gpu, attention)
+      ->backward(d_dqkv, df(c, hzero(c, gx), gx), d16(c, dout, BTC), d_qkv, d_att, B, T, C, NH, NH,
+                 c->stream);
   /* the CPU's backward reads the probabilities stored in 16 bits, the GPU's recomputes
    * them in fp32: one rounding of each, 2^-8 (bf16) or 2^-11 (fp16) relative, in sums
    * of T terms of |dout| <= 1 and |q|, |k|, |v| <= 1: step * T absolute; both store
@@ -1292,7 +1308,8 @@ static void storage_attention_tc(ctx *c, const tables16 *t, int B, int T, int NH
     printf(" %s table, B %d T %d, %d heads of %d, runtime.attention=%s: %s\n",
            wf_storage_name(t->fmt), B, T, NH, hs, path_name(impls[i]), path_name(path));
     expect_path(c, impls[i], path, T % 128 == 0);
-    size_t gs = WF_K(t->gpu, attention)->saved(B, T, C, NH), gx = WF_K(t->gpu, attention)->scratch(B, T, C, NH);
+    size_t gs = WF_K(t->gpu, attention)->saved(B, T, C, NH),
+           gx = WF_K(t->gpu, attention)->scratch(B, T, C, NH);
     uint16_t *q16 = hact(c, QKV, t->fmt, -1, 1), *dy16 = hact(c, BTC, t->fmt, -1, 1);
     float *qkv = hzero(c, QKV), *dout = hzero(c, BTC);
     float *out = hzero(c, BTC), *att = hzero(c, ATT), *dqkv = hrand(c, QKV, -1, 1);
@@ -1304,8 +1321,9 @@ static void storage_attention_tc(ctx *c, const tables16 *t, int B, int T, int NH
     wf_attention_forward(out, att, qkv, B, T, C, NH);
     wf_attention_backward(dqkv, hzero(c, ATT), dout, qkv, att, B, T, C, NH);
     WF_K(t->gpu, attention)->forward(d_out, d_att, d_qkv, B, T, C, NH, NH, c->stream);
-    WF_K(t->gpu, attention)->backward(d_dqkv, df(c, hzero(c, gx), gx), d16(c, dy16, BTC), d_qkv, d_att, B,
-                               T, C, NH, NH, c->stream);
+    WF_K(t->gpu, attention)
+        ->backward(d_dqkv, df(c, hzero(c, gx), gx), d16(c, dy16, BTC), d_qkv, d_att, B, T, C, NH,
+                   NH, c->stream);
     att16_bound bd = att16_bound_make(qkv, dout, B, T, C, NH);
     double f = path == WF_ATTN_CUDNN ? 2 : 1;
     bound_verdict(c, "attention_forward out (bf16)", out, read16(c, d_out, BTC), bd.out, BTC, f);
@@ -1453,8 +1471,8 @@ static void storage_llama(ctx *c, const tables16 *t)
   float *dout = hrand(c, NC, -1, 1), *dinp = hrand(c, NC, -1, 1), *dw = hrand(c, C, -1, 1);
   float *d_dinp = df(c, dinp, NC), *d_dw = df(c, dw, C);
   WF_K(t->cpu, rmsnorm)->backward(dinp, dw, dout, x, w, rstd, N, C, NULL);
-  WF_K(t->gpu, rmsnorm)->backward(d_dinp, d_dw, df(c, dout, NC), d_x, df(c, w, C), df(c, rstd, N), N, C,
-                           c->stream);
+  WF_K(t->gpu, rmsnorm)
+      ->backward(d_dinp, d_dw, df(c, dout, NC), d_x, df(c, w, C), df(c, rstd, N), N, C, c->stream);
   expect_close(c, "rmsnorm_backward dinp", dinp, d_dinp, NC, TOL_SUM, TOL_SUM);
   expect_close(c, "rmsnorm_backward dweight", dw, d_dw, C, TOL_SUM, TOL_SUM);
 
@@ -1492,8 +1510,9 @@ static void storage_llama(ctx *c, const tables16 *t)
   uint16_t *dq = hact(c, BTW, t->fmt, -1, 1); /* written over, in the format */
   void *d_dq = d16(c, dq, BTW);
   WF_K(t->cpu, attention)->backward(dq, NULL, dat, q, att, B, T, NH * hs, NH, NKV, NULL);
-  WF_K(t->gpu, attention)->backward(d_dq, df(c, hzero(c, gx), gx), d16(c, dat, BTQ), d_q, d_att, B, T,
-                                 NH * hs, NH, NKV, c->stream);
+  WF_K(t->gpu, attention)
+      ->backward(d_dq, df(c, hzero(c, gx), gx), d16(c, dat, BTQ), d_q, d_att, B, T, NH * hs, NH,
+                 NKV, c->stream);
   /* as storage_attention: the CPU reads 16-bit probabilities, the GPU recomputes them in
    * fp32; dk and dv sum over the NH / NKV query heads of their group: step * T * G; both
    * store dqkv rounded (expect_stored16's step) */
@@ -1566,10 +1585,11 @@ static void test_adamw_store(ctx *c)
     float *p1 = df(c, p, n), *m1 = df(c, m, n), *v1 = df(c, v, n);
     float *p2 = df(c, p, n), *m2 = df(c, m, n), *v2 = df(c, v, n);
     void *want = d16(c, low, n), *got = d16(c, low, n);
-    WF_K(c->k, adamw)->update(p1, m1, v1, g, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f, c->stream);
+    WF_K(c->k, adamw)
+        ->update(p1, m1, v1, g, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f, c->stream);
     WF_K(t.gpu, cast)->store(want, p1, n, c->stream);
-    WF_K(t.gpu, adamw)->update_store(p2, got, m2, v2, g, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f,
-                              c->stream);
+    WF_K(t.gpu, adamw)
+        ->update_store(p2, got, m2, v2, g, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f, c->stream);
     printf(" %s\n", wf_storage_name(t.fmt));
     expect_same_bytes(c, "adamw_update_store params", p1, p2, n * 4);
     expect_same_bytes(c, "adamw_update_store m", m1, m2, n * 4);
@@ -1578,7 +1598,8 @@ static void test_adamw_store(ctx *c)
     float *hg = hzero(c, n);
     wf_gpu_stream_sync(c->g, c->stream);
     wf_gpu_memcpy_d2h(c->g, hg, g, n * 4);
-    WF_K(t.cpu, adamw)->update_store(p, low, m, v, hg, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f, NULL);
+    WF_K(t.cpu, adamw)
+        ->update_store(p, low, m, v, hg, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f, NULL);
     expect_stored16(c, &t, "adamw_update_store copy (cpu)", low, got, n, TOL_ELEM, TOL_ELEM);
     end_case(c);
   }
@@ -1697,8 +1718,8 @@ static void gqa_case(ctx *c, int B, int T, int NH, int NKV, int hs)
   float *d_dout = df(c, dout, BTC), *d_dqkv = df(c, dqkv, QKV);
   float *d_scratch = df(c, hzero(c, scratch), scratch);
   wf_attention_gqa_backward(dqkv, hzero(c, ATT), dout, qkv, att, B, T, C, NH, NKV);
-  WF_K(c->k, attention)->backward(d_dqkv, d_scratch, d_dout, d_qkv, d_att, B, T, C, NH, NKV,
-                               c->stream);
+  WF_K(c->k, attention)
+      ->backward(d_dqkv, d_scratch, d_dout, d_qkv, d_att, B, T, C, NH, NKV, c->stream);
   snprintf(name, sizeof name, "gqa_backward %d/%d hs=%d dqkv", NH, NKV, hs);
   expect_close(c, name, dqkv, d_dqkv, QKV, TOL_SUM, TOL_SUM);
   if (NKV != NH)
@@ -1743,10 +1764,10 @@ static void test_colsums(ctx *c)
   float *d_dw[2], *d_db[2], *d_dbias[2];
   for (int run = 0; run < 2; run++) {
     d_dw[run] = df(c, dw, C), d_db[run] = df(c, db, C), d_dbias[run] = df(c, dbias, C);
-    WF_K(c->k, layernorm)->backward(NULL, d_dw[run], d_db[run], d_dout, d_inp, d_w, d_mean, d_rstd, N, C,
-                             c->stream);
-    WF_K(c->k, matmul)->backward(NULL, NULL, d_dbias[run], d_dout, d_inp, d_w, N, C, C, WF_PREC_NO,
-                          c->stream);
+    WF_K(c->k, layernorm)
+        ->backward(NULL, d_dw[run], d_db[run], d_dout, d_inp, d_w, d_mean, d_rstd, N, C, c->stream);
+    WF_K(c->k, matmul)
+        ->backward(NULL, NULL, d_dbias[run], d_dout, d_inp, d_w, N, C, C, WF_PREC_NO, c->stream);
   }
   wf_layernorm_backward(NULL, dw, db, dout, inp, w, mean, rstd, N, C);
   wf_matmul_backward(NULL, NULL, dbias, dout, inp, w, N, C, C);
@@ -1779,7 +1800,8 @@ static void test_gemm_allocates_nothing(ctx *c)
   size_t free0 = 0, free1 = 0, total = 0;
   bool ok = wf_gpu_stream_sync(c->g, c->stream) == WF_OK &&
             wf_gpu_mem_info(c->g, &free0, &total) == WF_OK;
-  WF_K(c->k, matmul)->backward(d_dinp, d_dw, NULL, d_dout, d_inp, d_w, N, C, OC, WF_PREC_BF16, c->stream);
+  WF_K(c->k, matmul)
+      ->backward(d_dinp, d_dw, NULL, d_dout, d_inp, d_w, N, C, OC, WF_PREC_BF16, c->stream);
   ok = ok && wf_gpu_stream_sync(c->g, c->stream) == WF_OK &&
        wf_gpu_mem_info(c->g, &free1, &total) == WF_OK;
   double drop = ok ? ((double)free0 - (double)free1) / (1 << 20) : INFINITY;

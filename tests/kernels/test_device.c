@@ -89,7 +89,8 @@ static void test_table_is_the_cpu_kernels(void **state)
   for (size_t i = 0; i < WF_ARRAY_LEN(bias); i++)
     bias[i] = wf_rng_normal(3, 2, i);
   wf_matmul_forward(y1, x, w, bias, N, C, OC);
-  WF_K(k, matmul)->forward(y2, x, w, bias, N, C, OC, WF_PREC_BF16, NULL); /* lowp: fp32 on the CPU */
+  WF_K(k, matmul)->forward(y2, x, w, bias, N, C, OC, WF_PREC_BF16,
+                           NULL); /* lowp: fp32 on the CPU */
   assert_memory_equal(y1, y2, sizeof y1);
   wf_gelu_forward(y1, x, N * C);
   WF_K(k, gelu)->forward(y2, x, N * C, NULL);

@@ -152,8 +152,8 @@ static void check_forward(const struct shape *s)
     for (int r = 0; r < tp; r++) {
       for (size_t i = 0; i < N; i++)
         out[i] = NAN; /* an element the kernel leaves unwritten stays NaN and fails */
-      encode(out, f.inp, f.wte + (size_t)r * Vl * s->C, r * Vl, Vl,
-                            r == 0 ? f.wpe : NULL, s->B, s->T, s->C);
+      encode(out, f.inp, f.wte + (size_t)r * Vl * s->C, r * Vl, Vl, r == 0 ? f.wpe : NULL, s->B,
+             s->T, s->C);
       expect_rank_out(out, &f, tp, r);
       for (size_t i = 0; i < N; i++)
         sum[i] = r == 0 ? out[i] : sum[i] + out[i];
@@ -195,8 +195,8 @@ static void rank_backward(float *cat, const struct fix *f, int tp, int r, bool w
   float *dwte = buf + C;
   memcpy(dwte, f->dwte0 + (size_t)r * VlC, VlC * sizeof *dwte);
   float *dwpe = copy(f->dwpe0, PC);
-  encode_backward(with_dwte ? dwte : NULL, with_dwpe ? dwpe : NULL, f->dout, f->inp, r * Vl,
-                         Vl, s->B, s->T, C);
+  encode_backward(with_dwte ? dwte : NULL, with_dwpe ? dwpe : NULL, f->dout, f->inp, r * Vl, Vl,
+                  s->B, s->T, C);
   for (int c = 0; c < C; c++) {
     float g = GUARD;
     expect_same("guard row before the slice", tp, &buf[c], &g, 1);

@@ -108,7 +108,8 @@ static void test_residual_rmsnorm(void **state)
   assert_memory_equal(res, res2, sizeof res);
   assert_memory_equal(out, out2, sizeof out);
   assert_memory_equal(rstd, rstd2, sizeof rstd);
-  WF_K(k, rmsnorm)->residual_forward(a, out2, NULL, a, b, wt, 1e-5f, N, C, NULL); /* res aliases a */
+  WF_K(k, rmsnorm)
+      ->residual_forward(a, out2, NULL, a, b, wt, 1e-5f, N, C, NULL); /* res aliases a */
   assert_memory_equal(a, res, sizeof res);
   assert_memory_equal(out, out2, sizeof out);
 }

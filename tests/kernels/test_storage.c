@@ -236,17 +236,19 @@ static void test_adamw_store(void **state)
     fill(p[0], P, -1, 1, &s), fill(m[0], P, -0.1, 0.1, &s), fill(v[0], P, 0, 0.01, &s);
     fill(g, P, -1, 1, &s);
     memcpy(p[1], p[0], P * 4), memcpy(m[1], m[0], P * 4), memcpy(v[1], v[0], P * 4);
-    WF_K(k32, adamw)->update(p[0], m[0], v[0], g, P, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f, NULL);
+    WF_K(k32, adamw)
+        ->update(p[0], m[0], v[0], g, P, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f, NULL);
     WF_K(k, cast)->store(want, p[0], P, NULL);
-    WF_K(k, adamw)->update_store(p[1], low, m[1], v[1], g, P, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f,
-                          NULL);
+    WF_K(k, adamw)->update_store(p[1], low, m[1], v[1], g, P, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5,
+                                 0.5f, NULL);
     assert_memory_equal(p[1], p[0], P * 4);
     assert_memory_equal(m[1], m[0], P * 4);
     assert_memory_equal(v[1], v[0], P * 4);
     assert_memory_equal(low, want, P * wf_storage_size(fmt));
-    WF_K(k, adamw)->update_store(p[1], NULL, m[1], v[1], g, P, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 6, 0.5f,
-                          NULL);
-    WF_K(k32, adamw)->update(p[0], m[0], v[0], g, P, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 6, 0.5f, NULL);
+    WF_K(k, adamw)->update_store(p[1], NULL, m[1], v[1], g, P, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 6,
+                                 0.5f, NULL);
+    WF_K(k32, adamw)
+        ->update(p[0], m[0], v[0], g, P, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 6, 0.5f, NULL);
     assert_memory_equal(p[1], p[0], P * 4);
     for (int i = 0; i < 2; i++)
       free(p[i]), free(m[i]), free(v[i]);

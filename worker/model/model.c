@@ -372,7 +372,8 @@ void wf_model_set_param_tensor(wf_model *m, int t, int j, float *p, void *low)
   m->pptr[i] = p;
   m->lptr[i] = NULL;
   if (p && low && m->prec != WF_PREC_NO && m->desc.t[t].gemm) {
-    WF_K(m->k, cast)->store(low, p,
+    WF_K(m->k, cast)
+        ->store(low, p,
                 layered(m, t) ? wf_model_local_layer_numel(m, t) : wf_model_local_numel(m, t),
                 NULL);
     m->lptr[i] = low;

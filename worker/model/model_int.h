@@ -163,12 +163,12 @@ struct wf_model {
   const wf__family_ops *ops;
   wf_model_desc desc;
   wf_model_shard s;
-  wf_dev *dev;        /* borrowed */
+  wf_dev *dev;      /* borrowed */
   const wf_kset *k; /* the device's kernels for the model's storage format */
-  wf_tp_regions tp;   /* the region operators (ops NULL: identity) */
-  wf_cp_regions cp;   /* context parallelism's attention (ops NULL: the device's kernels) */
-  bool sequence;      /* sequence parallelism is on (tp > 1) */
-  int nl;             /* layers on this rank: v chunks of lc layers */
+  wf_tp_regions tp; /* the region operators (ops NULL: identity) */
+  wf_cp_regions cp; /* context parallelism's attention (ops NULL: the device's kernels) */
+  bool sequence;    /* sequence parallelism is on (tp > 1) */
+  int nl;           /* layers on this rank: v chunks of lc layers */
   int nchunk, lc;
   int NHl, KVl, Vl; /* local heads, local kv heads, local vocabulary rows */
   int Bmax, Tmax, n_slots, in_use, peak;

@@ -80,9 +80,9 @@ wf_status wf__column_backward(wf_model *m, const void *dout, const void *x, int 
 {
   int C = m->d.C;
   float *dx = m->tp.ops ? m->da.dc : m->da.dl;
-  WF_K(m->k, matmul)->backward_f32(dx, wf_model_param(m, w, l, 1),
-                            b >= 0 ? wf_model_param(m, b, l, 1) : NULL, dout, x,
-                            wf__gemm_weight(m, w, l), N, C, OC, m->prec, NULL);
+  WF_K(m->k, matmul)
+      ->backward_f32(dx, wf_model_param(m, w, l, 1), b >= 0 ? wf_model_param(m, b, l, 1) : NULL,
+                     dout, x, wf__gemm_weight(m, w, l), N, C, OC, m->prec, NULL);
   return wf__enter_bwd(m, m->da.dl, dx, (size_t)N, (size_t)C);
 }
 
@@ -172,7 +172,8 @@ wf_status wf__attention_backward(wf_model *m, void *dqkv, float *scratch, const 
   if (m->cp.ops)
     return m->cp.ops->backward(m->cp.ctx, dqkv, dout, qkv, out, att, B, T, Cq, NH, NKV ? NKV : NH,
                                (int)m->prec);
-  WF_K(m->k, attention)->backward(dqkv, scratch, dout, qkv, att, B, T, Cq, NH, NKV ? NKV : NH, NULL);
+  WF_K(m->k, attention)
+      ->backward(dqkv, scratch, dout, qkv, att, B, T, Cq, NH, NKV ? NKV : NH, NULL);
   return WF_OK;
 }
 
@@ -203,11 +204,12 @@ wf_status wf__head_loss_forward(wf_model *m, wf__slot *a, const void *xn, int w)
   const void *x;
   WF_TRY(wf__enter_fwd(m, &x, xn, m->da.full, (size_t)N, (size_t)C));
   /* padding rows of the weight give padding columns the loss ignores */
-  WF_K(k, matmul)->forward(a->logits, x, wf__gemm_weight(m, w, 0), NULL, N, C, m->Vl, m->prec, NULL);
+  WF_K(k, matmul)->forward(a->logits, x, wf__gemm_weight(m, w, 0), NULL, N, C, m->Vl, m->prec,
+                           NULL);
   if (!a->have_targets)
     return WF_OK;
   WF_K(k, xent)->stats(a->row_max, a->row_sumexp, a->target_logit, a->logits, a->targets, N,
-                wf__local_real_vocab(m), m->Vl, m->s.tp_rank * m->Vl, NULL);
+                       wf__local_real_vocab(m), m->Vl, m->s.tp_rank * m->Vl, NULL);
   WF_TRY(xent_combine(m, a, N));
   WF_K(k, xent)->loss(a->losses, a->row_max, a->row_sumexp, a->target_logit, N, NULL);
   WF_K(k, xent)->accumulate(m->loss_acc, a->losses, N, NULL);
@@ -221,9 +223,10 @@ wf_status wf__head_loss_backward(wf_model *m, wf__slot *a, const void *xn, int w
   int N = a->B * a->T, C = m->d.C;
   const void *x;
   /* loss_scale is 1 unless fp16 loss scaling is on: x * 1.0f is x, bit for bit. */
-  WF_K(m->k, xent)->backward(a->logits, a->logits, a->row_max, a->row_sumexp, a->targets,
-                      dloss * m->loss_scale / (float)N, N, wf__local_real_vocab(m), m->Vl,
-                      m->s.tp_rank * m->Vl, NULL);
+  WF_K(m->k, xent)
+      ->backward(a->logits, a->logits, a->row_max, a->row_sumexp, a->targets,
+                 dloss * m->loss_scale / (float)N, N, wf__local_real_vocab(m), m->Vl,
+                 m->s.tp_rank * m->Vl, NULL);
   WF_TRY(wf__enter_fwd(m, &x, xn, m->da.full, (size_t)N, (size_t)C));
   st = wf__column_backward(m, a->logits, x, w, -1, 0, N, m->Vl); /* dlogits: already stored */
 fail:
@@ -251,7 +254,8 @@ static void embed_spans(wf_model *m, wf__slot *a, float *part, const float *dout
           WF_K(m->k, position)->forward(part + r * C, p, NULL, nb, t, C, NULL);
       } else {
         WF_K(m->k, embedding)
-            ->backward(w, dout + r * C, a->inputs + r, m->s.tp_rank * m->Vl, m->Vl, nb * t, C, NULL);
+            ->backward(w, dout + r * C, a->inputs + r, m->s.tp_rank * m->Vl, m->Vl, nb * t, C,
+                       NULL);
         if (p)
           WF_K(m->k, position)->backward(p, dout + r * C, NULL, nb, t, C, NULL);
       }

@@ -87,8 +87,9 @@ static wf_status adamw(wf_optim *o, const float *grads, float lr, float grad_sca
     float wd = desc->t[t].decay ? (float)cfg->optim.weight_decay : 0.0f;
     float *p = o->plo ? o->plo + (a - o->lo) : wf_model_params(o->model) + a;
     void *low = o->low ? (char *)o->low + a * wf_storage_size(kl->dt) : NULL;
-    WF_K(kl, adamw)->update_store(p, low, o->m + (a - o->lo), o->v + (a - o->lo), grads + (a - o->lo),
-                           b - a, lr, b1, b2, eps, wd, step, grad_scale, NULL);
+    WF_K(kl, adamw)->update_store(p, low, o->m + (a - o->lo), o->v + (a - o->lo),
+                                  grads + (a - o->lo), b - a, lr, b1, b2, eps, wd, step, grad_scale,
+                                  NULL);
   }
   return wf_dev_check(o->dev);
 }

@@ -347,7 +347,7 @@ static wf_status cp_forward(void *ctx, void *out, float *lse, const void *qkv, i
     c->k->kv_extract(c->kv[0], qkv, (size_t)B * T, C, a.KW, fmt, NULL);
     WF_TRY(ring_forward(c, &a, qkv, lse));
   }
-  wf_dev_kernels(c->dev)->storage(fmt)->store(out, c->acc, (size_t)B * T * C, NULL);
+  WF_K(wf_dev_kernels(c->dev, fmt), cast)->store(out, c->acc, (size_t)B * T * C, NULL);
 fail:
   return st;
 }

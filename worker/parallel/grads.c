@@ -549,8 +549,8 @@ wf_status wf_grads_check_tied(wf_grads *g, int step)
            "the embedding group has %d ranks; the tied check compares the first and last stage",
            wf_comm_size(g->emb));
   WF_TRY(wf_grads_check_tied_end(g)); /* not read by a norm since (a failed step): now */
-  WF_K(wf_dev_kernels(g->dev, WF_DT_F32), checksum)->sum(word, wf_model_param(g->model, t, 0, 0), n,
-                                   wf_comm_rank(g->emb) == 1, NULL);
+  WF_K(wf_dev_kernels(g->dev, WF_DT_F32), checksum)
+      ->sum(word, wf_model_param(g->model, t, 0, 0), n, wf_comm_rank(g->emb) == 1, NULL);
   WF_TRY(wf_dev_check(g->dev));
   WF_TRY(wf_comm_allreduce(g->emb, word, word, 1, WF_COMM_U64, WF_COMM_SUM));
   g->tied_step = step;

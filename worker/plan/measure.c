@@ -425,7 +425,8 @@ static wf_status measure_busy_cores(wf_comm *world, const wf_hw *alone, float *b
     WF_TRY(wf_comm_barrier(world));
     double t0 = wf_now(), t = 0;
     while ((t = wf_now() - t0) < 0.3) { /* every rank at once for 0.3 s */
-      WF_K(k, matmul)->forward(buf + 2 * m * kk, buf, buf + m * kk, NULL, m, kk, n, WF_PREC_NO, NULL);
+      WF_K(k, matmul)->forward(buf + 2 * m * kk, buf, buf + m * kk, NULL, m, kk, n, WF_PREC_NO,
+                               NULL);
       reps++;
     }
     float sum = (float)(reps / t); /* GEMMs per second, then over all ranks */

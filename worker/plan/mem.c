@@ -17,7 +17,8 @@
 #include "plan_int.h"
 #include "wf_optim.h"
 
-/* The head sizes the GPU's flash and tensor-core kernels take (kernels/cuda/attention.cu's rule). */
+/* The head sizes the GPU's flash and tensor-core kernels take (kernels/cuda/attention.cu's rule).
+ */
 static bool tensor_core_heads(int C, int NH) { return NH > 0 && C % NH == 0 && C / NH <= 128; }
 
 static size_t flash_saved(int B, int T, int C, int NH)
@@ -77,7 +78,7 @@ const wf_kset *wf__plan_kernels(const wf_hw *hw)
     gpu_sets[t].reg = &gpu_reg, gpu_sets[t].sets = gpu_sets;
     gpu_attention[t] = *WF_K(&gpu_sets[t], attention);
     gpu_attention[t].saved = gpu_saved;
-    gpu_attention[t].scratch = t == WF_DT_BF16   ? gpu_scratch_bf16
+    gpu_attention[t].scratch = t == WF_DT_BF16  ? gpu_scratch_bf16
                                : t == WF_DT_F16 ? gpu_scratch_widened
                                                 : flash_saved;
     gpu_sets[t].op[WF_OP_attention] = &gpu_attention[t];
@@ -130,8 +131,8 @@ wf_status wf_plan_stage_mem_get(const wf_model_dims *d, const wf_plan_mesh *m, i
   /* the engine's gradient buffers and the model's spare inputs (activations received) */
   out->bytes[WF_PM_COMM] =
       gr.scalar + (pipe - tokens) + gm.inbox + wf_cp_scratch_bytes(m->cp_mode, cp, &cg);
-  size_t own = k ? k->reg->workspace_bytes() : 0;     /* the kernels' workspace (NULL: the CPU's) */
-  out->bytes[WF_PM_OTHER] = tokens + seqs + own; /* + the engine's and the trainer's */
+  size_t own = k ? k->reg->workspace_bytes() : 0; /* the kernels' workspace (NULL: the CPU's) */
+  out->bytes[WF_PM_OTHER] = tokens + seqs + own;  /* + the engine's and the trainer's */
   out->act = gm.slots + gm.recompute;
   for (int i = 0; i < WF_PM_N; i++)
     out->total += out->bytes[i];

@@ -138,7 +138,8 @@ static wf_status attention_forward(wf_model *m, const layer *v, const void *x, i
   const void *xin;
   WF_K(k, rmsnorm)->forward(v->n1, v->n1_rstd, x, P(m, LL_LN1W, l), m->d.norm_eps, R, C, NULL);
   WF_TRY(wf__enter_fwd(m, &xin, v->n1, m->da.full, (size_t)N, (size_t)C));
-  WF_K(k, matmul)->forward(v->qkv, xin, wf__gemm_weight(m, LL_QKVW, l), NULL, N, C, qkv, m->prec, NULL);
+  WF_K(k, matmul)->forward(v->qkv, xin, wf__gemm_weight(m, LL_QKVW, l), NULL, N, C, qkv, m->prec,
+                           NULL);
   wf__rope_forward(m, v->qkv, B, T, hs);
   WF_TRY(wf__attention_forward(m, v->atty, v->att, v->qkv, B, T, q, m->NHl, m->KVl));
   st = wf__row_parallel(m, v->atty, LL_OW, -1, l, N, q);
@@ -154,10 +155,12 @@ static wf_status mlp_forward(wf_model *m, const layer *v, const void *x, void *y
   const wf_kset *k = m->k;
   int C = m->d.C, R = (int)wf__rows(m, (size_t)N), F = (int)f_local(&m->g);
   const void *xin;
-  WF_K(k, rmsnorm)->residual_forward(v->res2, v->n2, v->n2_rstd, x, m->da.ysum, P(m, LL_LN2W, l),
-                              m->d.norm_eps, R, C, NULL);
+  WF_K(k, rmsnorm)
+      ->residual_forward(v->res2, v->n2, v->n2_rstd, x, m->da.ysum, P(m, LL_LN2W, l), m->d.norm_eps,
+                         R, C, NULL);
   WF_TRY(wf__enter_fwd(m, &xin, v->n2, m->da.full, (size_t)N, (size_t)C));
-  WF_K(k, matmul)->forward(v->gu, xin, wf__gemm_weight(m, LL_GUW, l), NULL, N, C, 2 * F, m->prec, NULL);
+  WF_K(k, matmul)->forward(v->gu, xin, wf__gemm_weight(m, LL_GUW, l), NULL, N, C, 2 * F, m->prec,
+                           NULL);
   WF_K(k, swiglu)->forward(v->h, v->gu, N, F, NULL);
   WF_TRY(wf__row_parallel(m, v->h, LL_DOWNW, -1, l, N, F));
   WF_K(k, residual)->forward(y, v->res2, m->da.ysum, (size_t)R * C, NULL);
@@ -212,13 +215,15 @@ static wf_status mlp_backward(wf_model *m, const layer *v, const scratch *s, int
   const float *dy;
   const void *xin;
   WF_TRY(wf__leave_bwd(m, &dy, g->dres, g->full, (size_t)N, (size_t)C));
-  WF_K(m->k, matmul)->backward(s->db, G(m, LL_DOWNW, l), NULL, wf__res_grad(m, dy, (size_t)N), v->h,
-                        wf__gemm_weight(m, LL_DOWNW, l), N, F, C, m->prec, NULL);
+  WF_K(m->k, matmul)
+      ->backward(s->db, G(m, LL_DOWNW, l), NULL, wf__res_grad(m, dy, (size_t)N), v->h,
+                 wf__gemm_weight(m, LL_DOWNW, l), N, F, C, m->prec, NULL);
   WF_K(m->k, swiglu)->backward(s->da, v->gu, s->db, N, F, NULL);
   WF_TRY(wf__enter_fwd(m, &xin, v->n2, g->full, (size_t)N, (size_t)C)); /* re-gathered */
   WF_TRY(wf__column_backward(m, s->da, xin, LL_GUW, -1, l, N, 2 * F));
-  WF_K(m->k, rmsnorm)->backward(g->dres, G(m, LL_LN2W, l), g->dl, v->res2, P(m, LL_LN2W, l), v->n2_rstd, R,
-                         C, NULL);
+  WF_K(m->k, rmsnorm)
+      ->backward(g->dres, G(m, LL_LN2W, l), g->dl, v->res2, P(m, LL_LN2W, l), v->n2_rstd, R, C,
+                 NULL);
 fail:
   return st;
 }
@@ -233,15 +238,16 @@ static wf_status attention_backward(wf_model *m, const layer *v, const scratch *
   const float *dy;
   const void *xin;
   WF_TRY(wf__leave_bwd(m, &dy, g->dres, g->full, (size_t)N, (size_t)C));
-  WF_K(m->k, matmul)->backward(s->db, G(m, LL_OW, l), NULL, wf__res_grad(m, dy, (size_t)N), v->atty,
-                        wf__gemm_weight(m, LL_OW, l), N, q, C, m->prec, NULL);
+  WF_K(m->k, matmul)
+      ->backward(s->db, G(m, LL_OW, l), NULL, wf__res_grad(m, dy, (size_t)N), v->atty,
+                 wf__gemm_weight(m, LL_OW, l), N, q, C, m->prec, NULL);
   WF_TRY(wf__attention_backward(m, s->da, s->scratch, s->db, v->qkv, v->att, v->atty, B, T, q,
                                 m->NHl, m->KVl));
   wf__rope_backward(m, s->da, B, T, hs);
   WF_TRY(wf__enter_fwd(m, &xin, v->n1, g->full, (size_t)N, (size_t)C));
   WF_TRY(wf__column_backward(m, s->da, xin, LL_QKVW, -1, l, N, qkv)); /* stored */
-  WF_K(m->k, rmsnorm)->backward(g->dres, G(m, LL_LN1W, l), g->dl, x, P(m, LL_LN1W, l), v->n1_rstd, R, C,
-                         NULL);
+  WF_K(m->k, rmsnorm)
+      ->backward(g->dres, G(m, LL_LN1W, l), g->dl, x, P(m, LL_LN1W, l), v->n1_rstd, R, C, NULL);
 fail:
   return st;
 }
@@ -266,8 +272,8 @@ static wf_status head_backward(wf_model *m, wf__slot *a, const void *x, float dl
   carve_head(&h, a->head, &m->g);
   WF_TRY(wf__head_loss_backward(m, a, h.n, head_tensor(m), dloss));
   WF_TRY(wf__zero(m, m->da.dres, (size_t)R * C));
-  WF_K(m->k, rmsnorm)->backward(m->da.dres, G(m, LL_NORMW, 0), m->da.dl, x, P(m, LL_NORMW, 0), h.rstd, R,
-                         C, NULL);
+  WF_K(m->k, rmsnorm)
+      ->backward(m->da.dres, G(m, LL_NORMW, 0), m->da.dl, x, P(m, LL_NORMW, 0), h.rstd, R, C, NULL);
 fail:
   return st;
 }
@@ -278,8 +284,8 @@ static wf_status embed_backward(wf_model *m, wf__slot *a)
 }
 
 /* The ops Llama's blocks, embedding and head call (besides the engine's: model.c). */
-static const wf_op_id kernels[] = {WF_OP_embedding, WF_OP_rmsnorm,  WF_OP_matmul, WF_OP_attention,
-                                   WF_OP_rope,      WF_OP_swiglu,   WF_OP_residual, WF_OP_xent};
+static const wf_op_id kernels[] = {WF_OP_embedding, WF_OP_rmsnorm, WF_OP_matmul,   WF_OP_attention,
+                                   WF_OP_rope,      WF_OP_swiglu,  WF_OP_residual, WF_OP_xent};
 
 const wf__family_ops wf__llama_ops = {
     .kernels = kernels,
