@@ -38,13 +38,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "wf_config.h"  /* wf_precision: the element types' values */
 #include "wf_op_list.h" /* generated from kernels/meson.build: WF_OP_LIST(X) */
-#include "wf_runtime.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+#include "wf_config.h" /* wf_precision: the element types' values */
+#include "wf_runtime.h"
 
 /* A stream of the device (a cudaStream_t on the GPU; the CPU has one, implicit). */
 typedef struct wf_stream wf_stream;
