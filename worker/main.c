@@ -632,7 +632,7 @@ static wf_status check_fits(const wf__cmd_ctx *c, const wf__rank_device *rd, cha
     snprintf(desc, sizeof desc, "%.1f GiB of memory on %s shared by %d rank%s", host / GIB,
              wf_rt_host(), ranks, ranks == 1 ? "" : "s");
   }
-  return wf_plan_fits(cfg, &d, limit, desc, wf_dev_kernels(rd->dev), err, len);
+  return wf_plan_fits(cfg, &d, limit, desc, wf_dev_kernels(rd->dev, WF_DT_F32), err, len);
 }
 
 /* Pick the device, bind, bootstrap the mesh and run the command on it. */

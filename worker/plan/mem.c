@@ -195,7 +195,7 @@ fail:
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
 wf_status wf_plan_fits(const wf_config *cfg, const wf_model_dims *d, double limit,
-                       const char *limit_desc, const struct wf_ktable *k, char *err, size_t len)
+                       const char *limit_desc, const struct wf_kset *k, char *err, size_t len)
 {
   wf_status st = WF_OK;
   wf_plan_mesh m;

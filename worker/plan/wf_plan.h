@@ -162,7 +162,7 @@ const char *wf_plan_mem_kind_name(wf_plan_mem_kind k);
  * not; WF_OK when it does or limit is 0 (unknown). A mesh the planner refuses is
  * refused (rank 0 says why; err is then empty). */
 wf_status wf_plan_fits(const wf_config *cfg, const wf_model_dims *d, double limit,
-                       const char *limit_desc, const struct wf_ktable *k, char *err, size_t len);
+                       const char *limit_desc, const struct wf_kset *k, char *err, size_t len);
 
 /* Predicted step time, in seconds, by part. */
 typedef struct wf_plan_time {
