@@ -6,7 +6,7 @@
  *     gemm_gpu [-B 16] [-T 1024] [--candidates 8] [--json FILE]
  *
  * For each linear layer of GPT-2 124M (qkv, attproj, fc, fcproj, the lm head at the padded
- * vocabulary), three GEMMs in weft's column-major terms (kernels/cuda/storage.cu):
+ * vocabulary), three GEMMs in weft's column-major terms (kernels/cuda/matmul.cu):
  *   fwd    out (OC, N) = W^T-view . x       bf16 out, beta 0            (TN)
  *   dinp   dx  (C, N) = W . dout            fp32 out, beta 0 (weft)     (NN)
  *   dw     dW  (C, OC) += x . dout^T        fp32 out, beta 1 (weft)     (NT)
@@ -41,7 +41,7 @@ struct gemm {
 
 static const size_t WORKSPACE = (size_t)32 << 20; /* weft's (kernels/cuda/backend.cu) */
 
-/* weft's descriptors for g (storage.cu descs16_make, no epilogue). */
+/* weft's descriptors for g (matmul.cu descs16_make, no epilogue). */
 static bool make(lt_descs &x, const gemm &g)
 {
   return lt_make(x, g.ta, g.tb, g.m, g.n, g.k, g.dt, WORKSPACE);

@@ -11,7 +11,7 @@ launches a step (the metrics' `launches`), then one under `ncu --metrics
 gpu__time_duration.sum` that profiles about three steps' kernels past set-up and the
 first steps (skipped by the plain run's counts; a cuBLASLt or cuDNN call is one launch to
 weft and may be several kernels to ncu, so the window starts early and runs long). One
-step is the kernels from an encoder_forward_kernel, each step's embedding, to the next.
+step is the kernels from an embedding_forward_kernel, each step's embedding, to the next.
 
 Prints each kernel's total time and count in that step, the time by what the kernels
 do (GEMMs, attention, column sums, elementwise, ...) and their sum against the plain
@@ -38,7 +38,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_train  # noqa: E402  (the shard, the worker's command line, the timeout)
 
-STEP_START = "encoder_forward_kernel"
+STEP_START = "embedding_forward_kernel"
 # What a kernel does, by its name (the first match wins); the order is the table's.
 GROUPS = [
     ("GEMMs (cuBLASLt)", r"nvjet|gemm|xmma|cutlass|splitKreduce"),

@@ -1,11 +1,11 @@
 /*
  * lt_bias16.cu - does cuBLASLt's BIAS epilogue with a 16-bit bias and a 16-bit output
  * write D = round(A.B + bias), the sum rounded once? A reproducer, outside weft, for
- * the shapes where storage.cu's run16_biased stopped using the epilogue.
+ * the shapes where matmul.cu's run16_biased stopped using the epilogue.
  *
  *     lt_bias16 [--candidates 8]
  *
- * weft's forward GEMM as storage.cu makes it: D (m x n, column-major, ld m) = W^T-view .
+ * weft's forward GEMM as matmul.cu makes it: D (m x n, column-major, ld m) = W^T-view .
  * x with A = W stored (m rows of k, lda k, transposed), B = x (n rows of k, ldb k), bf16
  * operands, fp32 compute, a bf16 bias of m, a bf16 D, beta 0. For each (m, n, k) of a
  * grid crossing odd and multiple-of-8 sizes, and for each of the heuristics' first

@@ -3,7 +3,7 @@
  * they link no weft code. Each defines BENCH_NAME before including it.
  *
  * CK(call): a failed CUDA runtime call prints the program, the call and CUDA's reason,
- * and exits 1. lt_descs / lt_make: one GEMM's descriptors as weft's storage.cu makes
+ * and exits 1. lt_descs / lt_make: one GEMM's descriptors as weft's matmul.cu makes
  * them (descs16_make: bf16 operands, fp32 compute, D column-major with ld m), destroyed
  * with the struct.
  */

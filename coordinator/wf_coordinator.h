@@ -1,7 +1,7 @@
 /*
  * wf_coordinator.h - job bootstrap and the 4-D mesh.
  *
- * Mesh layout (DESIGN.md, Megatron's tp-cp-dp-pp order): tp varies fastest, then cp,
+ * Mesh layout (docs/architecture.md, Megatron's tp-cp-dp-pp order): tp varies fastest, then cp,
  * then dp, then pp, so tensor-parallel peers are adjacent ranks on one node and
  * context-parallel peers the next nearest:
  *

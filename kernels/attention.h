@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "wf_kreg.h"
+
 /* Causal multi-head self-attention.
  * out (B,T,C), att (B,NH,T,T) softmax probabilities kept for backward,
  * qkv (B,T,3C): q = qkv[..., 0:C], k = [C:2C], v = [2C:3C], head h owns columns
@@ -56,5 +58,34 @@ void wf_attention_gqa_forward16(void *out, void *att, const void *qkv, int B, in
                                 int NKV, int fmt);
 void wf_attention_gqa_backward16(void *dqkv, float *scratch, const void *dout, const void *qkv,
                                  const void *att, int B, int T, int C, int NH, int NKV, int fmt);
+
+/* ---- the op (wf_kreg.h) ----
+ * Grouped-query causal attention (NKV == NH: multi-head) as wf_attention_gqa_*: out, qkv,
+ * dout, dqkv and what forward keeps in `att` in the variant's element type, scratch fp32.
+ * dqkv is WRITTEN: the qkv GEMM's output gradient (through RoPE's in-place map). */
+#define WF_OP_VERSION_attention 1
+typedef struct wf_attention_op {
+  /* Floats forward keeps in `att` for backward, and floats of backward's scratch, for a
+   * (B, T) batch of NH query heads over C channels (the CPU keeps the (T, T)
+   * probabilities; a flash-style GPU kernel one log-sum-exp per row), so the model sizes
+   * its buffers without knowing which it holds. */
+  size_t (*saved)(int B, int T, int C, int NH);
+  size_t (*scratch)(int B, int T, int C, int NH);
+  void (*forward)(void *out, void *att, const void *qkv, int B, int T, int C, int NH, int NKV,
+                  wf_stream *s);
+  void (*backward)(void *dqkv, float *scratch, const void *dout, const void *qkv, const void *att,
+                   int B, int T, int C, int NH, int NKV, wf_stream *s);
+  /* How attention computes on this device, a wf_attention_impl (wf_config.h): a GPU's
+   * fp32 variant runs the fp32 reference kernels (REFERENCE) or converts to bf16 and runs
+   * attention_lse's paths (CUDNN, FLASH; AUTO: cuDNN where it loads and accepts the shape,
+   * else the flash kernel where it applies, else the reference), falling back with one log
+   * line per shape. Process-wide, and set before `saved` sizes the buffers (its answer
+   * depends on it). The CPU has one implementation and ignores it. */
+  void (*set_impl)(int impl);
+  /* The implementation this shape takes under the current setting: WF_ATTN_CUDNN,
+   * WF_ATTN_FLASH or WF_ATTN_REFERENCE (the CPU: REFERENCE). On a GPU the first call for a
+   * shape may build cuDNN's plans to find out (they are cached). */
+  int (*path)(int B, int T, int C, int NH, int NKV);
+} wf_attention_op;
 
 #endif /* WF_KERNELS_ATTENTION_H */

@@ -3,7 +3,8 @@
  * rows that returns (forward) and takes (backward) the rows' log-sum-exp, and the merge
  * of partial outputs by it: what context parallelism's ring attention is built from
  * (worker/parallel/cp.c). Part of the kernels module; include wf_kernels.h, which states
- * the conventions. The CPU code is kernels/cpu/attention_block.c.
+ * the conventions. The CPU code is kernels/cpu/attention_block.c, the CUDA twin
+ * kernels/cuda/attention_block.cu.
  *
  * A block pairs Tq query rows with Tk key/value rows. Either every query row sees every
  * key (a block of earlier positions), or the block is causal: Tq == Tk, both at the same
@@ -32,6 +33,8 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+
+#include "wf_kreg.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -74,29 +77,22 @@ void wf_attention_grad_pack(void *dqkv, const float *dq, const float *dkv, size_
 /* dst (n) += src (n), fp32: a block's dk, dv added into the sum travelling the ring. */
 void wf_attention_grad_add(float *dst, const float *src, size_t n);
 
-/* The ops above as a device's table (the functions' arguments plus a stream), found by
- * device: NULL where the device has none yet (set-up then refuses context parallelism
- * there, naming the device). */
-struct wf_dev;
-struct wf_stream;
-#define WF_ATTN_BLOCK_OPS_VERSION 1
-typedef struct wf_attn_block_ops {
-  int version; /* WF_ATTN_BLOCK_OPS_VERSION */
+/* ---- the op (wf_kreg.h): the storage format travels in the arguments (g->fmt, fmt), so
+ * a device registers one table for every element type ---- */
+#define WF_OP_VERSION_attention_block 1
+typedef struct wf_attention_block_op {
   void (*forward)(float *out, float *lse, const void *q, const void *kv, const wf_attn_block *g,
-                  struct wf_stream *s);
+                  wf_stream *s);
   void (*merge)(float *acc, float *acc_lse, const float *out, const float *lse,
-                const wf_attn_block *g, struct wf_stream *s);
-  void (*delta)(float *D, const void *dout, const void *out, const wf_attn_block *g,
-                struct wf_stream *s);
+                const wf_attn_block *g, wf_stream *s);
+  void (*delta)(float *D, const void *dout, const void *out, const wf_attn_block *g, wf_stream *s);
   void (*backward)(float *dq, float *dkv, const void *dout, const void *q, const void *kv,
-                   const float *lse, const float *D, const wf_attn_block *g, struct wf_stream *s);
-  void (*kv_extract)(void *kv, const void *qkv, size_t rows, int C, int KW, int fmt,
-                     struct wf_stream *s);
+                   const float *lse, const float *D, const wf_attn_block *g, wf_stream *s);
+  void (*kv_extract)(void *kv, const void *qkv, size_t rows, int C, int KW, int fmt, wf_stream *s);
   void (*grad_pack)(void *dqkv, const float *dq, const float *dkv, size_t rows, int C, int KW,
-                    int fmt, struct wf_stream *s);
-  void (*grad_add)(float *dst, const float *src, size_t n, struct wf_stream *s);
-} wf_attn_block_ops;
-const wf_attn_block_ops *wf_attn_block_ops_of(const struct wf_dev *d);
+                    int fmt, wf_stream *s);
+  void (*grad_add)(float *dst, const float *src, size_t n, wf_stream *s);
+} wf_attention_block_op;
 
 #ifdef __cplusplus
 }

@@ -18,6 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "wf_kreg.h"
+
 /* *out = sum(x) (see above), or its negation mod 2^64 when `negate`: two copies'
  * checksums, one negated, add up to 0 exactly when they agree, so one all-reduce of
  * one word compares them. x (n) */
@@ -35,5 +37,12 @@ __host__ __device__
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
 }
+
+/* ---- the op (wf_kreg.h): fp32 only, the same table for every element type ---- */
+#define WF_OP_VERSION_checksum 1
+typedef struct wf_checksum_op {
+  /* *out (device memory) = the checksum above of x (n floats), negated when `negate` */
+  void (*sum)(uint64_t *out, const float *x, size_t n, int negate, wf_stream *s);
+} wf_checksum_op;
 
 #endif /* WF_KERNELS_CHECKSUM_H */

@@ -28,6 +28,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "wf_kreg.h"
+
 #include "bf16.h"
 
 /* logits (N,ld) in, dlogits out in place; losses (N) written; targets (N) in [0, V). */
@@ -42,5 +44,17 @@ void wf_xent_stats_bf16(float *row_max, float *row_sumexp, float *target_logit,
 void wf_xent_backward_bf16(wf_bf16 *dlogits, const wf_bf16 *logits, const float *row_max,
                            const float *row_sumexp, const int *targets, float dloss, int N, int V,
                            int ld, int v_offset);
+
+/* ---- the op (wf_kreg.h): bf16 only ---- */
+#define WF_OP_VERSION_classifier 1
+typedef struct wf_classifier_op {
+  void (*fused)(void *logits, float *losses, const int *targets, float dloss, int N, int V, int ld,
+                wf_stream *s);
+  void (*stats)(float *row_max, float *row_sumexp, float *target_logit, const void *logits,
+                const int *targets, int N, int V, int ld, int v_offset, wf_stream *s);
+  void (*backward)(void *dlogits, const void *logits, const float *row_max, const float *row_sumexp,
+                   const int *targets, float dloss, int N, int V, int ld, int v_offset,
+                   wf_stream *s);
+} wf_classifier_op;
 
 #endif /* WF_KERNELS_CLASSIFIER_H */

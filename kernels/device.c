@@ -11,6 +11,7 @@
  * call means (the host waits until the device is done), so the CPU device counts what
  * a GPU would wait for: a test of the CPU path sees how often a step would stall a GPU.
  */
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,20 +23,28 @@
 struct wf_dev {
   const wf_dev_ops *ops;
   void *impl;
-  const wf_ktable *k;
+  const wf_kreg *reg;
+  wf_kset sets[WF_DT_COUNT]; /* reg resolved, by element type */
   char name[32];
   atomic_uint_fast64_t syncs; /* host synchronisations so far */
 };
 
 static void synced(wf_dev *d) { atomic_fetch_add_explicit(&d->syncs, 1, memory_order_relaxed); }
 
-/* kernels/cpu/device.c */
+/* kernels/cpu/device.c, kernels/cpu/registry.c */
 extern const wf_dev_ops wf__cpu_dev_ops;
-extern const wf_ktable wf__cpu_ktable;
+extern const wf_kreg wf__cpu_kreg;
 
-static wf_dev cpu_dev = {.ops = &wf__cpu_dev_ops, .k = &wf__cpu_ktable, .name = "cpu"};
+static wf_dev cpu_dev = {.ops = &wf__cpu_dev_ops, .reg = &wf__cpu_kreg, .name = "cpu"};
+static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
 
-wf_dev *wf_dev_cpu(void) { return &cpu_dev; }
+static void cpu_resolve(void) { wf_kset_resolve(cpu_dev.sets, cpu_dev.reg); }
+
+wf_dev *wf_dev_cpu(void)
+{
+  pthread_once(&cpu_once, cpu_resolve);
+  return &cpu_dev;
+}
 
 static bool ops_complete(const wf_dev_ops *o)
 {
@@ -45,17 +54,18 @@ static bool ops_complete(const wf_dev_ops *o)
          o->event_elapsed && o->host_alloc && o->host_free && o->destroy;
 }
 
-wf_status wf_dev_create(wf_dev **out, const wf_dev_ops *ops, void *impl, const wf_ktable *k,
+wf_status wf_dev_create(wf_dev **out, const wf_dev_ops *ops, void *impl, const wf_kreg *reg,
                         const char *name)
 {
   wf_status st = WF_OK;
   wf_dev *d = NULL;
   *out = NULL;
-  WF_CHECK(ops_complete(ops) && k && k->version == WF_KTABLE_VERSION, WF_EINVAL,
-           "device '%s': incomplete device table or kernel table version %d (expected %d)", name,
-           k ? k->version : -1, WF_KTABLE_VERSION);
+  WF_CHECK(ops_complete(ops) && reg && reg->abi == WF_KREG_ABI, WF_EINVAL,
+           "device '%s': incomplete device table, or kernel registry ABI %d (expected %d)", name,
+           reg ? reg->abi : -1, WF_KREG_ABI);
   WF_CHECK_ALLOC(d = calloc(1, sizeof *d));
-  d->ops = ops, d->impl = impl, d->k = k;
+  d->ops = ops, d->impl = impl, d->reg = reg;
+  wf_kset_resolve(d->sets, reg);
   wf_strlcpy(d->name, name, sizeof d->name);
   *out = d;
 fail:
@@ -72,7 +82,10 @@ void wf_dev_close(wf_dev *d)
 
 const char *wf_dev_name(const wf_dev *d) { return d->name; }
 bool wf_dev_host_visible(const wf_dev *d) { return d->ops->host_visible; }
-const wf_ktable *wf_dev_kernels(const wf_dev *d) { return d->k; }
+const wf_kset *wf_dev_kernels(const wf_dev *d, int dt)
+{
+  return dt >= 0 && dt < WF_DT_COUNT ? &d->sets[dt] : NULL;
+}
 
 wf_status wf_dev_alloc(wf_dev *d, void **p, size_t bytes)
 {
@@ -210,4 +223,4 @@ uint64_t wf_dev_host_syncs(const wf_dev *d)
   return atomic_load_explicit(&((wf_dev *)d)->syncs, memory_order_relaxed);
 }
 
-wf_status wf_dev_check(wf_dev *d) { return d->k->last_error(); }
+wf_status wf_dev_check(wf_dev *d) { return d->reg->last_error(); }

@@ -1,7 +1,7 @@
 /*
  * device_cuda.c - the CUDA device (wf_device.h): one GPU's memory, streams, events and
  * page-locked staging through the runtime's GPU loader (runtime/gpu.c, which owns the
- * dlopen()ed weft_cuda module), and the module's kernel table.
+ * dlopen()ed weft_cuda module), and the module's kernel registry.
  *
  * Nothing here links CUDA: every call goes through wf_gpu_*, so a binary built with
  * this file still starts on a machine without CUDA (the device simply cannot be
@@ -130,14 +130,14 @@ static const wf_dev_ops cuda_ops = {
 
 wf_status wf_dev_open_cuda(wf_dev **out, wf_gpu *gpu, char *why, size_t why_len)
 {
-  const wf_ktable *k = wf_ktable_of_gpu(gpu);
-  const wf_ktable *raw = gpu ? (const wf_ktable *)wf_gpu_kernel_table(gpu) : NULL;
+  const void *raw = gpu ? wf_gpu_kernel_table(gpu) : NULL;
+  const wf_kreg *k = wf_kreg_check(raw);
   char name[32];
   *out = NULL;
   if (!k) {
     snprintf(why, why_len,
-             "the GPU module's kernel table is %s (this weft expects version %d); rebuild weft",
-             raw ? "of another version" : "missing", WF_KTABLE_VERSION);
+             "the GPU module's kernel registry is %s (this weft expects ABI %d); rebuild weft",
+             raw ? "of another ABI" : "missing", WF_KREG_ABI);
     return WF_ENODEV;
   }
   cuda_dev *impl = calloc(1, sizeof *impl);

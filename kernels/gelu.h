@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "wf_kreg.h"
+
 /* GELU, tanh approximation. out (N), inp (N). out may alias inp. */
 void wf_gelu_forward(float *out, const float *inp, size_t N);
 /* dinp (N) = gelu'(inp) * dout, WRITTEN (it feeds only the fc GEMM's backward, so it is
@@ -20,5 +22,13 @@ void wf_gelu_backward(float *dinp, const float *inp, const float *dout, size_t N
  * fc GEMM's backward reads it. */
 void wf_gelu_forward16(void *out, const void *inp, size_t N, int fmt);
 void wf_gelu_backward16(void *dinp, const void *inp, const void *dout, size_t N, int fmt);
+
+/* ---- the op (wf_kreg.h): every argument in the variant's element type ---- */
+#define WF_OP_VERSION_gelu 1
+typedef struct wf_gelu_op {
+  void (*forward)(void *out, const void *inp, size_t N, wf_stream *s);
+  /* dinp WRITTEN: the fc GEMM's output gradient */
+  void (*backward)(void *dinp, const void *inp, const void *dout, size_t N, wf_stream *s);
+} wf_gelu_op;
 
 #endif /* WF_KERNELS_GELU_H */

@@ -2,8 +2,8 @@
  * moe_route.h - a mixture-of-experts router: softmax over the experts' logits, the top-k
  * experts of each token with their routing weights, and the load-balancing and z-loss
  * terms, forward and backward.
- * Part of the kernels module; include wf_kernels.h, which states the conventions. The CPU
- * code is kernels/cpu/moe_route.c.
+ * Part of the kernels module; include wf_kernels.h, which states the conventions. The code
+ * is kernels/cpu/moe_route.c and kernels/cuda/moe_route.cu.
  *
  * Legend: N tokens, E experts, K experts per token. A layer's routing, as transformers'
  * OlmoeSparseMoeBlock / Qwen3MoeSparseMoeBlock / MixtralSparseMoeBlock compute it:
@@ -25,6 +25,12 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+
+#include "wf_kreg.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* Floats of one layer's statistics: cnt (E), psum (E), zsum, dropped. */
 #define WF_MOE_STATS(E) (2 * (size_t)(E) + 2)
@@ -49,5 +55,21 @@ void wf_moe_route_backward(void *dlogits, const float *dw, const float *probs, c
  * and z-loss (without their coefficients) and the choices a capacity dropped, R router
  * rows. */
 void wf_moe_aux_accumulate(double *acc, const float *sums, int E, double R);
+
+/* ---- the op (wf_kreg.h): the router computes in fp32 and dlogits' format is an argument,
+ * so one table serves every element type. Entries: the functions above plus the stream. */
+#define WF_OP_VERSION_moe_route 1
+typedef struct wf_moe_route_op {
+  void (*forward)(float *probs, float *lse, int *idx, float *w, float *stats, const float *logits,
+                  int N, int E, int K, bool renorm, wf_stream *s);
+  void (*backward)(void *dlogits, const float *dw, const float *probs, const float *lse,
+                   const int *idx, const float *w, const float *cnt, float aux_scale, float z_scale,
+                   int N, int E, int K, bool renorm, int fmt, wf_stream *s);
+  void (*aux_accumulate)(double *acc, const float *sums, int E, double R, wf_stream *s);
+} wf_moe_route_op;
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* WF_KERNELS_MOE_ROUTE_H */

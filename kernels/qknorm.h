@@ -2,8 +2,8 @@
  * qknorm.h - RMSNorm of the queries and keys inside the packed [q | k | v] rows of an
  * attention projection (OLMoE's q_norm and k_norm over the whole projection, Qwen3's per
  * head), in parts that let tensor parallelism sum a group's statistics across ranks.
- * Part of the kernels module; include wf_kernels.h, which states the conventions. The CPU
- * code is kernels/cpu/qknorm.c.
+ * Part of the kernels module; include wf_kernels.h, which states the conventions. The code
+ * is kernels/cpu/qknorm.c and kernels/cuda/qknorm.cu.
  *
  * Legend: N rows of ld elements, the first nq of them this rank's queries, the next nk its
  * keys (the values follow, untouched). The queries are normalised in groups of gq
@@ -23,6 +23,12 @@
 #define WF_KERNELS_QKNORM_H
 
 #include <stddef.h>
+
+#include "wf_kreg.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* ss (N, G) = the sum of squares of each group's elements on this rank, WRITTEN; qkv in
  * format fmt. */
@@ -47,5 +53,26 @@ void wf_qknorm_dot(float *dot, const void *dqkv, const void *raw, const float *r
 void wf_qknorm_backward(void *dqkv, float *dwq, float *dwk, const void *raw, const float *rstd,
                         const float *dot, const float *wq, const float *wk, int N, int ld, int nq,
                         int gq, int fq, int nk, int gk, int fk, int fmt);
+
+/* ---- the op (wf_kreg.h): the format of qkv is an argument (statistics in fp32), so one
+ * table serves every element type. Entries: the functions above plus the stream. */
+#define WF_OP_VERSION_qknorm 1
+typedef struct wf_qknorm_op {
+  void (*sumsq)(float *ss, const void *qkv, int N, int ld, int nq, int gq, int nk, int gk, int fmt,
+                wf_stream *s);
+  void (*forward)(void *qkv, void *raw, float *rstd, const float *ss, const float *wq,
+                  const float *wk, int N, int ld, int nq, int gq, int fq, int nk, int gk, int fk,
+                  float eps, int fmt, wf_stream *s);
+  void (*dot)(float *dot, const void *dqkv, const void *raw, const float *rstd, const float *wq,
+              const float *wk, int N, int ld, int nq, int gq, int nk, int gk, int fmt,
+              wf_stream *s);
+  void (*backward)(void *dqkv, float *dwq, float *dwk, const void *raw, const float *rstd,
+                   const float *dot, const float *wq, const float *wk, int N, int ld, int nq,
+                   int gq, int fq, int nk, int gk, int fk, int fmt, wf_stream *s);
+} wf_qknorm_op;
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* WF_KERNELS_QKNORM_H */

@@ -34,6 +34,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "wf_kreg.h"
+
 #include "wf_config.h" /* wf_rope_scaling */
 
 /* cs (T, hs), host memory: row t = [cos(t f_0) .. cos(t f_{hs/2-1}),
@@ -64,5 +66,14 @@ void wf_rope_backward(float *dqkv, const float *cs, int B, int T, int NH, int NK
 void wf_rope_forward16(void *qkv, const float *cs, int B, int T, int NH, int NKV, int hs, int fmt);
 void wf_rope_backward16(void *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs,
                         int fmt);
+
+/* ---- the op (wf_kreg.h): qkv and dqkv in the variant's element type; cs (T, hs) is the
+ * device copy of a wf_rope_table, fp32 ---- */
+#define WF_OP_VERSION_rope 1
+typedef struct wf_rope_op {
+  void (*forward)(void *qkv, const float *cs, int B, int T, int NH, int NKV, int hs, wf_stream *s);
+  void (*backward)(void *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs,
+                   wf_stream *s);
+} wf_rope_op;
 
 #endif /* WF_KERNELS_ROPE_H */

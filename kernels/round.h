@@ -24,9 +24,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "wf_kreg.h"
+
 /* dst (n) = src (n) rounded to the nearest bf16 value; dst may equal src. */
 void wf_round_bf16(float *dst, const float *src, size_t n);
 /* dst (n) = src (n) rounded to the nearest fp16 value; dst may equal src. */
 void wf_round_fp16(float *dst, const float *src, size_t n);
+
+/* ---- the op (wf_kreg.h) ----
+ * dst (n) = src (n) rounded to the nearest value of the variant's element type, kept in
+ * fp32 (dst may equal src): a GEMM fed with such operands computes what the 16-bit
+ * tensor cores compute. The fp32 variant copies. */
+#define WF_OP_VERSION_round 1
+typedef struct wf_round_op {
+  void (*round)(float *dst, const float *src, size_t n, wf_stream *s);
+} wf_round_op;
 
 #endif /* WF_KERNELS_ROUND_H */

@@ -40,11 +40,6 @@ static inline size_t wf_storage_size(int fmt) { return fmt == WF_PREC_NO ? 4 : 2
 /* "fp32", "bf16", "fp16". */
 const char *wf_storage_name(int fmt);
 
-/* dst (n, format fmt) = src (n) rounded; fmt WF_PREC_NO copies. */
-void wf_storage_store(void *dst, const float *src, size_t n, int fmt);
-/* dst (n) = src (n, format fmt) widened (exact). */
-void wf_storage_load(float *dst, const void *src, size_t n, int fmt);
-
 /* One fp16 value each way: round to nearest even (overflow to +-inf, the subnormal grid
  * 2^-24 below 2^-14, NaN kept and quiet), and exact widening. */
 static inline wf_f16 wf_f16_from_float(float x)

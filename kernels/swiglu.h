@@ -15,6 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "wf_kreg.h"
+
 /* out (N,F) = silu(gate) * up, silu(x) = x / (1 + exp(-x)); inp (N,2F) row n =
  * [gate (F) | up (F)]. out must not overlap inp. */
 void wf_swiglu_forward(float *out, const float *inp, int N, int F);
@@ -27,5 +29,13 @@ void wf_swiglu_backward(float *dinp, const float *inp, const float *dout, int N,
  * the down GEMM's backward stored it. */
 void wf_swiglu_forward16(void *out, const void *inp, int N, int F, int fmt);
 void wf_swiglu_backward16(void *dinp, const void *inp, const void *dout, int N, int F, int fmt);
+
+/* ---- the op (wf_kreg.h): every argument in the variant's element type ---- */
+#define WF_OP_VERSION_swiglu 1
+typedef struct wf_swiglu_op {
+  void (*forward)(void *out, const void *inp, int N, int F, wf_stream *s);
+  /* dinp WRITTEN: the gate/up GEMM's output gradient */
+  void (*backward)(void *dinp, const void *inp, const void *dout, int N, int F, wf_stream *s);
+} wf_swiglu_op;
 
 #endif /* WF_KERNELS_SWIGLU_H */

@@ -3,7 +3,7 @@
  *
  * The model, the parallel engines and the optimizer reach memory and kernels only
  * through a wf_dev. A device is a table of functions (wf_dev_ops, versioned) plus the
- * kernel table (wf_ktable.h), the way NCCL's transports and libuv's platform layer are
+ * kernel registry (wf_kreg.h), the way NCCL's transports and libuv's platform layer are
  * tables; callers never ask which implementation they hold. Two exist:
  *  - the CPU device (wf_dev_cpu): host memory from the runtime's accounted allocator,
  *    the OpenBLAS kernels of kernels/cpu, one implicit stream on which every op has
@@ -36,7 +36,8 @@
 #include <stdint.h>
 
 #include "wf_gpu.h"
-#include "wf_ktable.h"
+#include "wf_kreg.h"
+#include "wf_op_headers.h" /* the ops' tables, for WF_K */
 #include "wf_runtime.h"
 
 typedef struct wf_dev wf_dev;
@@ -86,7 +87,7 @@ typedef struct wf_dev_ops {
 /* The CPU device: no state, never destroyed (wf_dev_close ignores it). */
 wf_dev *wf_dev_cpu(void);
 /* A device over the GPU `gpu` has selected (wf_gpu_set_device); the GPU is borrowed and
- * must outlive the device. WF_ENODEV, with `why`, when the GPU module's kernel table is
+ * must outlive the device. WF_ENODEV, with `why`, when the GPU module's kernel registry is
  * missing or of another version. */
 wf_status wf_dev_open_cuda(wf_dev **out, wf_gpu *gpu, char *why, size_t why_len);
 void wf_dev_close(wf_dev *d); /* accepts NULL */
@@ -96,7 +97,9 @@ const char *wf_dev_name(const wf_dev *d);
 /* Whether device memory is host memory (the CPU device). For choices of cost, not of
  * correctness: code must work on both without asking. */
 bool wf_dev_host_visible(const wf_dev *d);
-const wf_ktable *wf_dev_kernels(const wf_dev *d);
+/* The device's ops of element type dt (a wf_dtype), or NULL for no such type. Before
+ * computing with a set, state the ops needed (wf_kset_need). */
+const wf_kset *wf_dev_kernels(const wf_dev *d, int dt);
 
 /* Memory: zeroed, 64-byte aligned, counted in the runtime's memory statistics (host or
  * device). bytes 0 gives NULL and WF_OK. */
@@ -139,9 +142,9 @@ uint64_t wf_dev_host_syncs(const wf_dev *d);
  * WF_ECUDA after the launcher logged which kernel failed and why. */
 wf_status wf_dev_check(wf_dev *d);
 
-/* For implementations: a device over `ops` with state `impl` and kernels `k`, named
+/* For implementations: a device over `ops` with state `impl` and kernels `reg`, named
  * `name`. The device owns impl (ops->destroy frees it). */
-wf_status wf_dev_create(wf_dev **out, const wf_dev_ops *ops, void *impl, const wf_ktable *k,
+wf_status wf_dev_create(wf_dev **out, const wf_dev_ops *ops, void *impl, const wf_kreg *reg,
                         const char *name);
 
 #endif /* WF_DEVICE_H */

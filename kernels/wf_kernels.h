@@ -18,7 +18,8 @@
  *    so the caller can reduce between them (see the cross-entropy pair).
  *
  * Every function has a CUDA twin in the GPU module (kernels/cuda/) with the same
- * arguments plus a stream; tests compare the two.
+ * arguments plus a stream, reached through the op's table (wf_kreg.h); tests compare
+ * the two.
  *
  * The declarations live in one header per op (kernels/<op>.h), included here.
  *
@@ -28,29 +29,9 @@
 #ifndef WF_KERNELS_H
 #define WF_KERNELS_H
 
-#include "threads.h"
-#include "encoder.h"
-#include "layernorm.h"
-#include "matmul.h"
-#include "attention.h"
-#include "gelu.h"
-#include "residual.h"
-#include "xent.h"
-#include "adamw.h"
-#include "norm.h"
-#include "round.h"
 #include "bf16.h"
-#include "attention_bf16.h"
-#include "classifier.h"
 #include "storage.h"
-#include "tokens.h"
-#include "rmsnorm.h"
-#include "rope.h"
-#include "swiglu.h"
-#include "checksum.h"
-#include "moe_route.h"
-#include "moe_dispatch.h"
-#include "moe_combine.h"
-#include "qknorm.h"
+#include "threads.h"
+#include "wf_op_headers.h" /* every op's header (kernels/meson.build's kernel_ops) */
 
 #endif /* WF_KERNELS_H */

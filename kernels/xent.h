@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "wf_kreg.h"
+
 /* Softmax + cross-entropy, split so vocabulary-parallel ranks can reduce between
  * the passes. logits (N, ld) hold V real columns of the vocabulary starting at
  * global column v_offset; columns >= V (padding) are ignored. V may be 0 (an empty
@@ -53,5 +55,24 @@ void wf_xent_backward16(void *dlogits, const void *logits, const float *row_max,
 /* *acc += the mean of losses (N), computed in double and rounded to float first: the
  * micro-batch's loss as a float, summed over micro-batches in double. */
 void wf_loss_accumulate(double *acc, const float *losses, int N);
+
+/* ---- the op (wf_kreg.h): logits and dlogits in the variant's element type; the
+ * statistics, losses and the accumulator fp32 (double) ---- */
+#define WF_OP_VERSION_xent 1
+typedef struct wf_xent_op {
+  void (*stats)(float *row_max, float *row_sumexp, float *target_logit, const void *logits,
+                const int *targets, int N, int V, int ld, int v_offset, wf_stream *s);
+  void (*pack)(float *stats, const float *row_max, const float *row_sumexp,
+               const float *target_logit, int N, wf_stream *s);
+  void (*combine)(float *row_max, float *row_sumexp, float *target_logit, const float *all, int N,
+                  int parts, wf_stream *s);
+  void (*loss)(float *losses, const float *row_max, const float *row_sumexp,
+               const float *target_logit, int N, wf_stream *s);
+  void (*backward)(void *dlogits, const void *logits, const float *row_max, const float *row_sumexp,
+                   const int *targets, float dloss, int N, int V, int ld, int v_offset,
+                   wf_stream *s);
+  /* wf_loss_accumulate; acc in device memory */
+  void (*accumulate)(double *acc, const float *losses, int N, wf_stream *s);
+} wf_xent_op;
 
 #endif /* WF_KERNELS_XENT_H */

@@ -75,7 +75,7 @@ int wf_gpu_is_device_ptr(wf_gpu *g, const void *ptr);
  * dlopen() handle, for wf_module_sym(). */
 void *wf_gpu_module_handle(wf_gpu *g);
 /* The module's kernel launchers, untyped so that runtime/ does not depend on
- * kernels/: use wf_ktable_of_gpu() from kernels/wf_ktable.h instead. */
+ * kernels/: use wf_kreg_check() from kernels/wf_kreg.h on it. */
 const void *wf_gpu_kernel_table(wf_gpu *g);
 
 #endif /* WF_GPU_H */

@@ -92,7 +92,7 @@ typedef struct wf_gpu_ops {
   int (*mem_info)(size_t *free_bytes, size_t *total_bytes);
   int (*device_attrs)(int device, int *sm_count, int *cc_major, int *cc_minor);
 
-  /* The kernel launchers: a `const wf_ktable *` (kernels/wf_ktable.h).
+  /* The kernels: a `const wf_kreg *` (kernels/wf_kreg.h).
    * The runtime hands it out untyped so that it does not depend on kernels/. */
   const void *kernels;
 } wf_gpu_ops;

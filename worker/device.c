@@ -3,7 +3,7 @@
  *
  * The choice is the DESIGN's: a CUDA device when one is visible and not disabled,
  * device `local rank % visible`; otherwise the CPU, said once per node. A GPU that
- * opens but whose module has no usable kernel table is a fallback too (auto) or an
+ * opens but whose module has no usable kernel registry is a fallback too (auto) or an
  * error (runtime.device=cuda), never a crash later.
  */
 #include <stdio.h>
@@ -58,8 +58,8 @@ static wf_status open_gpu(wf__rank_device *rd, const wf_config *cfg, int d, int 
   size_t free_b = 0, total = 0;
   WF_TRY(wf_gpu_set_device(rd->gpu, d));
   WF_TRY(wf_dev_open_cuda(&rd->dev, rd->gpu, why, why_len));
-  wf_dev_kernels(rd->dev)->set_tf32(cfg->runtime.allow_tf32);
-  wf_dev_kernels(rd->dev)->set_attention(attention_impl(cfg));
+  WF_K(wf_dev_kernels(rd->dev, WF_DT_F32), matmul)->set_tf32(cfg->runtime.allow_tf32);
+  WF_K(wf_dev_kernels(rd->dev, WF_DT_F32), attention)->set_impl(attention_impl(cfg));
   wf_gpu_device_name(rd->gpu, d, name, sizeof name);
   wf_gpu_pci_bus_id(rd->gpu, d, rd->bus, sizeof rd->bus);
   wf_gpu_mem_info(rd->gpu, &free_b, &total);

@@ -166,7 +166,7 @@ typedef struct boundary {
    * follows a checkpoint, whose peak it then includes), predicted beside measured memory */
   const wf_config *check_cfg; /* NULL = no check */
   int rank, pp_rank, dp_rank;
-  const wf_ktable *k;
+  const wf_kset *k;
   wf_plan_rss base;
 } boundary;
 
@@ -389,7 +389,7 @@ int wf__cmd_train(const wf__cmd_ctx *c)
   wf_control_set_phase(plane.ctl, "train");
   boundary bd = {.plane = &plane, .job = job, .ctl = plane.ctl, .world = wf_job_world_comm(job)};
   if (c->a->check_estimate) {
-    bd.check_cfg = c->cfg, bd.rank = c->rank, bd.k = wf_dev_kernels(c->rd->dev);
+    bd.check_cfg = c->cfg, bd.rank = c->rank, bd.k = wf_dev_kernels(c->rd->dev, WF_DT_F32);
     bd.pp_rank = wf_comm_rank(wf_job_comm(job, WF_AXIS_PP));
     /* the ZeRO shard's index: the rank in dp x cp (the dp group itself without cp) */
     bd.dp_rank = wf_comm_rank(wf_job_comm(job, WF_AXIS_DPCP));

@@ -1,14 +1,14 @@
 /*
  * main.c - the worker: one process per rank.
  *
- * Start-up order (DESIGN.md): parse the command line against the tables below;
+ * Start-up order (docs/architecture.md): parse the command line against the tables below;
  * MPI_Init_thread; read the config (file, WEFT_* environment, key=value arguments);
  * read the launch environment and cross-check it with MPI; validate the config against
  * the world the command names; then either run the command at once (it needs no mesh:
  * --print-config, --export, --plan, ...) or pick the device, bind with hwloc, bootstrap
  * the mesh and run it there (training, --dry-run, --generate, --dump-state).
  *
- * The commands are one table (STYLE.md 21: seams as tables): a row says what a command
+ * The commands are one table (docs/architecture.md: seams as tables): a row says what a command
  * takes, what world its config is checked against, what it checks before the mesh and
  * which function runs it. The work is in each concern's folder; main only sequences.
  *
@@ -634,7 +634,7 @@ static wf_status check_fits(const wf__cmd_ctx *c, const wf__rank_device *rd, cha
     snprintf(desc, sizeof desc, "%.1f GiB of memory on %s shared by %d rank%s", host / GIB,
              wf_rt_host(), ranks, ranks == 1 ? "" : "s");
   }
-  return wf_plan_fits(cfg, &d, limit, desc, wf_dev_kernels(rd->dev), err, len);
+  return wf_plan_fits(cfg, &d, limit, desc, wf_dev_kernels(rd->dev, WF_DT_F32), err, len);
 }
 
 /* Pick the device, bind, bootstrap the mesh and run the command on it. */

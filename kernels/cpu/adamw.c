@@ -89,3 +89,28 @@ void wf_adamw_update(float *params, float *m, float *v, const float *grads, size
   wf_adamw_update_store(params, NULL, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, t,
                         grad_scale, WF_PREC_NO);
 }
+
+/* ---- the op (wf_kreg.h): one variant per element type, the type bound ----------------- */
+
+static void update(float *params, float *m, float *v, const float *grads, size_t n, float lr,
+                   float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale,
+                   wf_stream *s)
+{
+  wf_adamw_update(params, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale);
+}
+
+#define ADAMW_VARIANT(name, fmt)                                                                   \
+  static void name##_update_store(float *params, void *low, float *m, float *v,                    \
+                                  const float *grads, size_t n, float lr, float beta1,             \
+                                  float beta2, float eps, float weight_decay, int t,               \
+                                  float grad_scale, wf_stream *s)                                  \
+  {                                                                                                \
+    wf_adamw_update_store(params, low, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, t,     \
+                          grad_scale, fmt);                                                        \
+  }                                                                                                \
+  static const wf_adamw_op name = {update, name##_update_store}
+
+ADAMW_VARIANT(f32, WF_DT_F32);
+ADAMW_VARIANT(bf16, WF_DT_BF16);
+ADAMW_VARIANT(f16, WF_DT_F16);
+const wf_kvariants wf__cpu_adamw = WF_KV(adamw, WF_OP_VERSION_adamw, &f32, &bf16, &f16);

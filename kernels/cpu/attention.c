@@ -356,3 +356,39 @@ void wf_attention_backward(float *dqkv, float *scratch, const float *dout, const
 {
   wf_attention_gqa_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH, NH);
 }
+
+/* ---- the op (wf_kreg.h): one variant per element type, the type bound -----------------
+ * fp32 keeps the (T, T) probabilities and takes a (T, T) scratch per head; a 16-bit type
+ * keeps the probabilities two to a float and computes backward in this thread's working
+ * memory (no scratch). The CPU has one implementation. */
+
+static size_t tt(int B, int T, int C, int NH) { return (size_t)B * NH * T * T; }
+static size_t tt16(int B, int T, int C, int NH) { return (tt(B, T, C, NH) + 1) / 2; }
+static size_t no_scratch(int B, int T, int C, int NH) { return 0; }
+static void set_impl(int impl) {}
+static int path(int B, int T, int C, int NH, int NKV) { return WF_ATTN_REFERENCE; }
+
+#define ATTENTION_VARIANT(name, fmt, saved, scratch)                                               \
+  static void name##_forward(void *out, void *att, const void *qkv, int B, int T, int C, int NH,   \
+                             int NKV, wf_stream *s)                                                \
+  {                                                                                                \
+    if (fmt == WF_DT_F32)                                                                          \
+      wf_attention_gqa_forward(out, att, qkv, B, T, C, NH, NKV);                                   \
+    else                                                                                           \
+      wf_attention_gqa_forward16(out, att, qkv, B, T, C, NH, NKV, fmt);                            \
+  }                                                                                                \
+  static void name##_backward(void *dqkv, float *scratch_, const void *dout, const void *qkv,      \
+                              const void *att, int B, int T, int C, int NH, int NKV, wf_stream *s) \
+  {                                                                                                \
+    if (fmt == WF_DT_F32)                                                                          \
+      wf_attention_gqa_backward(dqkv, scratch_, dout, qkv, att, B, T, C, NH, NKV);                 \
+    else                                                                                           \
+      wf_attention_gqa_backward16(dqkv, scratch_, dout, qkv, att, B, T, C, NH, NKV, fmt);          \
+  }                                                                                                \
+  static const wf_attention_op name = {saved,           scratch,  name##_forward,                  \
+                                       name##_backward, set_impl, path}
+
+ATTENTION_VARIANT(f32, WF_DT_F32, tt, tt);
+ATTENTION_VARIANT(bf16, WF_DT_BF16, tt16, no_scratch);
+ATTENTION_VARIANT(f16, WF_DT_F16, tt16, no_scratch);
+const wf_kvariants wf__cpu_attention = WF_KV(attention, WF_OP_VERSION_attention, &f32, &bf16, &f16);

@@ -317,3 +317,55 @@ void wf_attention_grad_add(float *dst, const float *src, size_t n)
   for (size_t i = 0; i < n; i++)
     dst[i] += src[i];
 }
+
+/* ---- the op (wf_kreg.h): one table for every element type (the format is an argument) -- */
+
+static void fwd(float *out, float *lse, const void *q, const void *kv, const wf_attn_block *g,
+                wf_stream *s)
+{
+  (void)s;
+  wf_attention_block_forward(out, lse, q, kv, g);
+}
+
+static void merge(float *acc, float *acc_lse, const float *out, const float *lse,
+                  const wf_attn_block *g, wf_stream *s)
+{
+  (void)s;
+  wf_attention_block_merge(acc, acc_lse, out, lse, g);
+}
+
+static void delta(float *D, const void *dout, const void *out, const wf_attn_block *g, wf_stream *s)
+{
+  (void)s;
+  wf_attention_block_delta(D, dout, out, g);
+}
+
+static void bwd(float *dq, float *dkv, const void *dout, const void *q, const void *kv,
+                const float *lse, const float *D, const wf_attn_block *g, wf_stream *s)
+{
+  (void)s;
+  wf_attention_block_backward(dq, dkv, dout, q, kv, lse, D, g);
+}
+
+static void extract(void *kv, const void *qkv, size_t rows, int C, int KW, int fmt, wf_stream *s)
+{
+  (void)s;
+  wf_attention_kv_extract(kv, qkv, rows, C, KW, fmt);
+}
+
+static void pack(void *dqkv, const float *dq, const float *dkv, size_t rows, int C, int KW, int fmt,
+                 wf_stream *s)
+{
+  (void)s;
+  wf_attention_grad_pack(dqkv, dq, dkv, rows, C, KW, fmt);
+}
+
+static void add(float *dst, const float *src, size_t n, wf_stream *s)
+{
+  (void)s;
+  wf_attention_grad_add(dst, src, n);
+}
+
+static const wf_attention_block_op op = {fwd, merge, delta, bwd, extract, pack, add};
+const wf_kvariants wf__cpu_attention_block =
+    WF_KV_ANY(attention_block, WF_OP_VERSION_attention_block, &op);

@@ -40,3 +40,13 @@ void wf_checksum(uint64_t *out, const float *x, size_t n, int negate)
     s += t.part[i];
   *out = negate ? 0 - s : s;
 }
+
+/* ---- the op (wf_kreg.h) ---------------------------------------------------------------- */
+
+static void sum(uint64_t *out, const float *x, size_t n, int negate, wf_stream *s)
+{
+  wf_checksum(out, x, n, negate);
+}
+
+static const wf_checksum_op op = {sum};
+const wf_kvariants wf__cpu_checksum = WF_KV_ANY(checksum, WF_OP_VERSION_checksum, &op);

@@ -135,3 +135,28 @@ void wf_xent_backward_bf16(wf_bf16 *dlogits, const wf_bf16 *logits, const float 
                   .v_offset = v_offset};
   wf__parallel(wf__threads_for((size_t)N * V), backward_share, &c);
 }
+
+/* ---- the op (wf_kreg.h): bf16 only ---------------------------------------------------- */
+
+static void fused(void *logits, float *losses, const int *targets, float dloss, int N, int V,
+                  int ld, wf_stream *s)
+{
+  wf_classifier_bf16(logits, losses, targets, dloss, N, V, ld);
+}
+
+static void stats(float *row_max, float *row_sumexp, float *target_logit, const void *logits,
+                  const int *targets, int N, int V, int ld, int v_offset, wf_stream *s)
+{
+  wf_xent_stats_bf16(row_max, row_sumexp, target_logit, logits, targets, N, V, ld, v_offset);
+}
+
+static void backward(void *dlogits, const void *logits, const float *row_max,
+                     const float *row_sumexp, const int *targets, float dloss, int N, int V, int ld,
+                     int v_offset, wf_stream *s)
+{
+  wf_xent_backward_bf16(dlogits, logits, row_max, row_sumexp, targets, dloss, N, V, ld, v_offset);
+}
+
+static const wf_classifier_op bf16 = {fused, stats, backward};
+const wf_kvariants wf__cpu_classifier =
+    WF_KV(classifier, WF_OP_VERSION_classifier, NULL, &bf16, NULL);

@@ -75,6 +75,14 @@ static inline void wf__split(size_t n, int tid, int nt, size_t align, size_t *lo
   *hi = a + per < n ? a + per : n;
 }
 
+/* dst[c] += src[c] for c in [lo, hi). */
+static inline void wf__add_row(float *dst, const float *src, size_t lo, size_t hi)
+{
+#pragma omp simd
+  for (size_t c = lo; c < hi; c++)
+    dst[c] += src[c];
+}
+
 /* Row-major C (M,N) = alpha op(A) op(B) + beta C, split over the larger of M and N
  * across the thread budget (single-threaded OpenBLAS inside each share). */
 void wf__sgemm(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha,
@@ -96,10 +104,26 @@ void wf__store(void *dst, size_t first, const float *src, size_t n, int fmt);
  * wf__work_failed). */
 float *wf__work(int slot, size_t n);
 bool wf__work_failed(void);
+/* Row-blocked 16-bit forms (rmsnorm.c, rope.c, swiglu.c): a block of rows at a time,
+ * the activations widened (exactly) into the calling thread's working memory, the fp32
+ * kernel run on the block, its activation output stored rounded. Rows of `width` floats
+ * per block (at least one), and rows [r0, r0 + n) of src widened into working slot
+ * `slot` (NULL when memory ran out). Their slots: 4, 5, 6 (attention's 0..5 and the
+ * GEMMs' never run inside them). */
+enum { WF__W_DY = 4, WF__W_IN = 5, WF__W_OUT = 6 };
+size_t wf__block_rows(size_t width);
+float *wf__widened(int slot, const void *src, size_t r0, size_t n, size_t width, int fmt);
 /* A GEMM's bias (n) rounded to format fmt and widened, as a 16-bit output's GEMM adds it
- * (wf_ktable.h): in this thread's working slot 3 (free while a GEMM runs: matmul.c's
+ * (matmul.h's op): in this thread's working slot 3 (free while a GEMM runs: matmul.c's
  * take 0-2, oneDNN's 7). NULL when bias is NULL or memory ran out (wf__work_failed). */
 const float *wf__bias_rounded(const float *bias, size_t n, int fmt);
+
+/* out (N) = a + b with out and a in format fmt (WF_DT_F32 or 16-bit), b fp32 (residual.c):
+ * the fused residual-and-norm ops compose it with their norm. */
+void wf__residual_forward_as(void *out, const void *a, const float *b, size_t N, int fmt);
+
+/* GELU's forward on out and inp in format fmt (gelu.c): the matmul + GELU op composes it. */
+void wf__gelu_forward_as(void *out, const void *inp, size_t N, int fmt);
 
 /* ---- bf16 GEMMs through oneDNN (dnnl.c) ----------------------------------------------
  * Whether bf16 GEMMs go through oneDNN on this CPU (AVX512_BF16 and a bf16 kernel), and

@@ -122,3 +122,33 @@ void wf_gelu_backward16(void *dinp, const void *inp, const void *dout, size_t N,
   struct ew16 e = {.out = dinp, .inp = inp, .dout = dout, .n = N, .fmt = fmt};
   wf__parallel(wf__threads_for(N), backward16_share, &e);
 }
+
+void wf__gelu_forward_as(void *out, const void *inp, size_t N, int fmt)
+{
+  if (fmt == WF_DT_F32)
+    wf_gelu_forward(out, inp, N);
+  else
+    wf_gelu_forward16(out, inp, N, fmt);
+}
+
+/* ---- the op (wf_kreg.h): one variant per element type, the type bound ----------------- */
+
+#define GELU_VARIANT(name, fmt)                                                                    \
+  static void name##_forward(void *out, const void *inp, size_t N, wf_stream *s)                   \
+  {                                                                                                \
+    wf__gelu_forward_as(out, inp, N, fmt);                                                         \
+  }                                                                                                \
+  static void name##_backward(void *dinp, const void *inp, const void *dout, size_t N,             \
+                              wf_stream *s)                                                        \
+  {                                                                                                \
+    if (fmt == WF_DT_F32)                                                                          \
+      wf_gelu_backward(dinp, inp, dout, N);                                                        \
+    else                                                                                           \
+      wf_gelu_backward16(dinp, inp, dout, N, fmt);                                                 \
+  }                                                                                                \
+  static const wf_gelu_op name = {name##_forward, name##_backward}
+
+GELU_VARIANT(f32, WF_DT_F32);
+GELU_VARIANT(bf16, WF_DT_BF16);
+GELU_VARIANT(f16, WF_DT_F16);
+const wf_kvariants wf__cpu_gelu = WF_KV(gelu, WF_OP_VERSION_gelu, &f32, &bf16, &f16);

@@ -239,3 +239,37 @@ void wf_layernorm_backward16(float *dinp, float *dweight, float *dbias, const fl
   if (dweight || dbias)
     wf__parallel(nt, params16_share, &l);
 }
+
+/* ---- the op (wf_kreg.h): one variant per element type, the type bound ----------------- */
+
+#define LAYERNORM_VARIANT(name, fmt)                                                               \
+  static void name##_forward(void *out, float *mean, float *rstd, const void *inp, const float *w, \
+                             const float *b, int N, int C, wf_stream *s)                           \
+  {                                                                                                \
+    if (fmt == WF_DT_F32)                                                                          \
+      wf_layernorm_forward(out, mean, rstd, inp, w, b, N, C);                                      \
+    else                                                                                           \
+      wf_layernorm_forward16(out, mean, rstd, inp, w, b, N, C, fmt);                               \
+  }                                                                                                \
+  static void name##_backward(float *dinp, float *dw, float *db, const float *dout,                \
+                              const void *inp, const float *w, const float *mean,                  \
+                              const float *rstd, int N, int C, wf_stream *s)                       \
+  {                                                                                                \
+    if (fmt == WF_DT_F32)                                                                          \
+      wf_layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);                         \
+    else                                                                                           \
+      wf_layernorm_backward16(dinp, dw, db, dout, inp, w, mean, rstd, N, C, fmt);                  \
+  }                                                                                                \
+  static void name##_residual_forward(void *res, void *out, float *mean, float *rstd,              \
+                                      const void *a, const float *b, const float *w,               \
+                                      const float *bias, int N, int C, wf_stream *s)               \
+  {                                                                                                \
+    wf__residual_forward_as(res, a, b, (size_t)N *C, fmt);                                         \
+    name##_forward(out, mean, rstd, res, w, bias, N, C, s);                                        \
+  }                                                                                                \
+  static const wf_layernorm_op name = {name##_forward, name##_backward, name##_residual_forward}
+
+LAYERNORM_VARIANT(f32, WF_DT_F32);
+LAYERNORM_VARIANT(bf16, WF_DT_BF16);
+LAYERNORM_VARIANT(f16, WF_DT_F16);
+const wf_kvariants wf__cpu_layernorm = WF_KV(layernorm, WF_OP_VERSION_layernorm, &f32, &bf16, &f16);

@@ -322,3 +322,78 @@ void wf_matmul_backward16_f32(float *dinp, float *dweight, float *dbias, const v
 {
   backward16_into(NULL, dinp, dweight, dbias, dout, inp, weight, N, C, OC, fmt);
 }
+
+/* ---- the op (wf_kreg.h): one variant per element type, the type bound -----------------
+ * fp32 is the plain GEMM above whatever `lowp` says (operands already rounded to lowp's
+ * format multiply exactly in fp32). A 16-bit type runs bf16 GEMMs through oneDNN where
+ * this CPU has it (dnnl.c), else the 16-bit forms above; a 16-bit output adds its bias
+ * rounded to the type (matmul.h's op). */
+
+static void forward_as(void *out, float *out32, const void *inp, const void *w, const float *bias,
+                       int N, int C, int OC, int fmt)
+{
+  if (fmt == WF_DT_F32) {
+    wf_matmul_forward(out32 ? out32 : out, inp, w, bias, N, C, OC);
+    return;
+  }
+  const float *rb = out32 || OC <= 0 ? bias : wf__bias_rounded(bias, (size_t)OC, fmt);
+  if (bias && !rb) /* no memory: reported by last_error */
+    return;
+  if (fmt == WF_DT_BF16 && wf__dnnl_bf16())
+    wf__dnnl_forward(out, out32, inp, w, rb, N, C, OC);
+  else if (out32)
+    wf_matmul_forward16_f32(out32, inp, w, rb, N, C, OC, fmt);
+  else
+    wf_matmul_forward16(out, inp, w, rb, N, C, OC, fmt);
+}
+
+static void backward_as(void *dinp, float *dinp32, float *dw, float *db, const void *dout,
+                        const void *inp, const void *w, int N, int C, int OC, int fmt)
+{
+  if (fmt == WF_DT_F32)
+    wf_matmul_backward(dinp32 ? dinp32 : dinp, dw, db, dout, inp, w, N, C, OC);
+  else if (fmt == WF_DT_BF16 && wf__dnnl_bf16())
+    wf__dnnl_backward(dinp, dinp32, dw, db, dout, inp, w, N, C, OC);
+  else if (dinp32)
+    wf_matmul_backward16_f32(dinp32, dw, db, dout, inp, w, N, C, OC, fmt);
+  else
+    wf_matmul_backward16(dinp, dw, db, dout, inp, w, N, C, OC, fmt);
+}
+
+static void set_tf32(int allow) {}
+
+#define MATMUL_VARIANT(name, fmt)                                                                  \
+  static void name##_forward(void *out, const void *inp, const void *w, const float *bias, int N,  \
+                             int C, int OC, int lowp, wf_stream *s)                                \
+  {                                                                                                \
+    forward_as(out, NULL, inp, w, bias, N, C, OC, fmt);                                            \
+  }                                                                                                \
+  static void name##_forward_f32(float *out, const void *inp, const void *w, const float *bias,    \
+                                 int N, int C, int OC, int lowp, wf_stream *s)                     \
+  {                                                                                                \
+    forward_as(NULL, out, inp, w, bias, N, C, OC, fmt);                                            \
+  }                                                                                                \
+  static void name##_gelu_forward(void *gelu_out, void *pre, const void *inp, const void *w,       \
+                                  const float *bias, int N, int C, int OC, int lowp, wf_stream *s) \
+  {                                                                                                \
+    forward_as(pre, NULL, inp, w, bias, N, C, OC, fmt);                                            \
+    wf__gelu_forward_as(gelu_out, pre, (size_t)N *OC, fmt);                                        \
+  }                                                                                                \
+  static void name##_backward(void *dinp, float *dw, float *db, const void *dout, const void *inp, \
+                              const void *w, int N, int C, int OC, int lowp, wf_stream *s)         \
+  {                                                                                                \
+    backward_as(dinp, NULL, dw, db, dout, inp, w, N, C, OC, fmt);                                  \
+  }                                                                                                \
+  static void name##_backward_f32(float *dinp, float *dw, float *db, const void *dout,             \
+                                  const void *inp, const void *w, int N, int C, int OC, int lowp,  \
+                                  wf_stream *s)                                                    \
+  {                                                                                                \
+    backward_as(NULL, dinp, dw, db, dout, inp, w, N, C, OC, fmt);                                  \
+  }                                                                                                \
+  static const wf_matmul_op name = {name##_forward,  name##_forward_f32,  name##_gelu_forward,     \
+                                    name##_backward, name##_backward_f32, set_tf32}
+
+MATMUL_VARIANT(f32, WF_DT_F32);
+MATMUL_VARIANT(bf16, WF_DT_BF16);
+MATMUL_VARIANT(f16, WF_DT_F16);
+const wf_kvariants wf__cpu_matmul = WF_KV(matmul, WF_OP_VERSION_matmul, &f32, &bf16, &f16);

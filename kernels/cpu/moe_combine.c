@@ -87,3 +87,22 @@ void wf_moe_combine_backward(void *dyp, float *dw, const float *dout, const floa
             .fmt = fmt};
   wf__parallel(wf__threads_for((size_t)N * (size_t)K * (size_t)C), backward_share, &v);
 }
+
+/* ---- the op (wf_kreg.h): the functions above, the stream unused ---------------------- */
+
+static void combine(float *out, const float *y, const float *w, const int *pos, int N, int K, int C,
+                    wf_stream *s)
+{
+  (void)s;
+  wf_moe_combine(out, y, w, pos, N, K, C);
+}
+
+static void bwd(void *dyp, float *dw, const float *dout, const float *y, const float *w,
+                const int *pos, int N, int K, int C, int fmt, wf_stream *s)
+{
+  (void)s;
+  wf_moe_combine_backward(dyp, dw, dout, y, w, pos, N, K, C, fmt);
+}
+
+static const wf_moe_combine_op op = {combine, bwd};
+const wf_kvariants wf__cpu_moe_combine = WF_KV_ANY(moe_combine, WF_OP_VERSION_moe_combine, &op);

@@ -90,3 +90,29 @@ void wf_moe_unpermute(float *dx, const float *dxp, const int *pos, int N, int K,
   moves v = {.dx = dx, .dxp = dxp, .pos = pos, .N = N, .K = K, .C = C};
   wf__parallel(wf__threads_for((size_t)N * (size_t)K * (size_t)C), unpermute_share, &v);
 }
+
+/* ---- the op (wf_kreg.h): the functions above, the stream unused ---------------------- */
+
+static void dispatch(int *pos, int *counts, float *dropped, const int *idx, int N, int E, int K,
+                     int cap, wf_stream *s)
+{
+  (void)s;
+  wf_moe_dispatch(pos, counts, dropped, idx, N, E, K, cap);
+}
+
+static void permute(void *xp, const void *x, const int *pos, int N, int K, int C, int fmt,
+                    wf_stream *s)
+{
+  (void)s;
+  wf_moe_permute(xp, x, pos, N, K, C, fmt);
+}
+
+static void unpermute(float *dx, const float *dxp, const int *pos, int N, int K, int C,
+                      wf_stream *s)
+{
+  (void)s;
+  wf_moe_unpermute(dx, dxp, pos, N, K, C);
+}
+
+static const wf_moe_dispatch_op op = {dispatch, permute, unpermute};
+const wf_kvariants wf__cpu_moe_dispatch = WF_KV_ANY(moe_dispatch, WF_OP_VERSION_moe_dispatch, &op);

@@ -168,3 +168,30 @@ void wf_moe_aux_accumulate(double *acc, const float *sums, int E, double R)
   acc[1] += sums[2 * E] / R;
   acc[2] += sums[2 * E + 1];
 }
+
+/* ---- the op (wf_kreg.h): the functions above, the stream unused ---------------------- */
+
+static void fwd(float *probs, float *lse, int *idx, float *w, float *stats, const float *logits,
+                int N, int E, int K, bool renorm, wf_stream *s)
+{
+  (void)s;
+  wf_moe_route_forward(probs, lse, idx, w, stats, logits, N, E, K, renorm);
+}
+
+static void bwd(void *dlogits, const float *dw, const float *probs, const float *lse,
+                const int *idx, const float *w, const float *cnt, float aux_scale, float z_scale,
+                int N, int E, int K, bool renorm, int fmt, wf_stream *s)
+{
+  (void)s;
+  wf_moe_route_backward(dlogits, dw, probs, lse, idx, w, cnt, aux_scale, z_scale, N, E, K, renorm,
+                        fmt);
+}
+
+static void aux(double *acc, const float *sums, int E, double R, wf_stream *s)
+{
+  (void)s;
+  wf_moe_aux_accumulate(acc, sums, E, R);
+}
+
+static const wf_moe_route_op op = {fwd, bwd, aux};
+const wf_kvariants wf__cpu_moe_route = WF_KV_ANY(moe_route, WF_OP_VERSION_moe_route, &op);

@@ -66,3 +66,14 @@ void wf_scale(float *x, float s, size_t n)
 }
 
 void wf_sumsq_acc(double *acc, const float *x, size_t n) { *acc += wf_sumsq(x, n); }
+
+/* ---- the op (wf_kreg.h) ---------------------------------------------------------------- */
+
+static void sumsq_acc(double *acc, const float *x, size_t n, wf_stream *s)
+{
+  wf_sumsq_acc(acc, x, n);
+}
+static void scale(float *x, float f, size_t n, wf_stream *s) { wf_scale(x, f, n); }
+
+static const wf_norm_op op = {sumsq_acc, scale};
+const wf_kvariants wf__cpu_norm = WF_KV_ANY(norm, WF_OP_VERSION_norm, &op);

@@ -245,3 +245,39 @@ void wf_qknorm_backward(void *dqkv, float *dwq, float *dwk, const void *raw, con
   wf__parallel(wf__threads_for(work), dw_share, &v); /* before dy is overwritten */
   wf__parallel(wf__threads_for(work), backward_share, &v);
 }
+
+/* ---- the op (wf_kreg.h): the functions above, the stream unused ---------------------- */
+
+static void sumsq(float *ss, const void *qkv, int N, int ld, int nq, int gq, int nk, int gk,
+                  int fmt, wf_stream *s)
+{
+  (void)s;
+  wf_qknorm_sumsq(ss, qkv, N, ld, nq, gq, nk, gk, fmt);
+}
+
+static void fwd(void *qkv, void *raw, float *rstd, const float *ss, const float *wq,
+                const float *wk, int N, int ld, int nq, int gq, int fq, int nk, int gk, int fk,
+                float eps, int fmt, wf_stream *s)
+{
+  (void)s;
+  wf_qknorm_forward(qkv, raw, rstd, ss, wq, wk, N, ld, nq, gq, fq, nk, gk, fk, eps, fmt);
+}
+
+static void dot(float *d, const void *dqkv, const void *raw, const float *rstd, const float *wq,
+                const float *wk, int N, int ld, int nq, int gq, int nk, int gk, int fmt,
+                wf_stream *s)
+{
+  (void)s;
+  wf_qknorm_dot(d, dqkv, raw, rstd, wq, wk, N, ld, nq, gq, nk, gk, fmt);
+}
+
+static void bwd(void *dqkv, float *dwq, float *dwk, const void *raw, const float *rstd,
+                const float *d, const float *wq, const float *wk, int N, int ld, int nq, int gq,
+                int fq, int nk, int gk, int fk, int fmt, wf_stream *s)
+{
+  (void)s;
+  wf_qknorm_backward(dqkv, dwq, dwk, raw, rstd, d, wq, wk, N, ld, nq, gq, fq, nk, gk, fk, fmt);
+}
+
+static const wf_qknorm_op op = {sumsq, fwd, dot, bwd};
+const wf_kvariants wf__cpu_qknorm = WF_KV_ANY(qknorm, WF_OP_VERSION_qknorm, &op);

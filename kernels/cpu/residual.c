@@ -81,3 +81,30 @@ void wf_residual_forward16(void *out, const void *a, const float *b, size_t N, i
   struct res16 r = {out, a, b, N, fmt};
   wf__parallel(wf__threads_for(N), forward16_share, &r);
 }
+
+void wf__residual_forward_as(void *out, const void *a, const float *b, size_t N, int fmt)
+{
+  if (fmt == WF_DT_F32)
+    wf_residual_forward(out, a, b, N);
+  else
+    wf_residual_forward16(out, a, b, N, fmt);
+}
+
+/* ---- the op (wf_kreg.h): one variant per element type, the type bound ----------------- */
+
+static void backward(float *da, float *db, const float *dout, size_t N, wf_stream *s)
+{
+  wf_residual_backward(da, db, dout, N);
+}
+
+#define RESIDUAL_VARIANT(name, fmt)                                                                \
+  static void name##_forward(void *out, const void *a, const float *b, size_t N, wf_stream *s)     \
+  {                                                                                                \
+    wf__residual_forward_as(out, a, b, N, fmt);                                                    \
+  }                                                                                                \
+  static const wf_residual_op name = {name##_forward, backward}
+
+RESIDUAL_VARIANT(f32, WF_DT_F32);
+RESIDUAL_VARIANT(bf16, WF_DT_BF16);
+RESIDUAL_VARIANT(f16, WF_DT_F16);
+const wf_kvariants wf__cpu_residual = WF_KV(residual, WF_OP_VERSION_residual, &f32, &bf16, &f16);

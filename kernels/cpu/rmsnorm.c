@@ -108,3 +108,66 @@ void wf_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const f
   if (dweight)
     wf__parallel(nt, dweight_share, &r);
 }
+
+/* ---- 16-bit storage: row blocks through this thread's working memory (cpu_int.h) --------- */
+
+void wf_rmsnorm_forward16(void *out, float *rstd, const void *inp, const float *weight, float eps,
+                          int N, int C, int fmt)
+{
+  size_t blk = wf__block_rows((size_t)C);
+  for (size_t r0 = 0; r0 < (size_t)N; r0 += blk) {
+    size_t n = WF_MIN(blk, (size_t)N - r0);
+    float *x = wf__widened(WF__W_IN, inp, r0, n, (size_t)C, fmt), *y = wf__work(WF__W_OUT, n * C);
+    if (!x || !y)
+      return;
+    wf_rmsnorm_forward(y, rstd ? rstd + r0 : NULL, x, weight, eps, (int)n, C);
+    wf__store(out, r0 * C, y, n * C, fmt);
+  }
+}
+
+void wf_rmsnorm_backward16(float *dinp, float *dweight, const float *dout, const void *inp,
+                           const float *weight, const float *rstd, int N, int C, int fmt)
+{
+  size_t blk = wf__block_rows((size_t)C);
+  for (size_t r0 = 0; r0 < (size_t)N; r0 += blk) {
+    size_t n = WF_MIN(blk, (size_t)N - r0);
+    float *x = wf__widened(WF__W_IN, inp, r0, n, (size_t)C, fmt);
+    if (!x)
+      return;
+    wf_rmsnorm_backward(dinp ? dinp + r0 * C : NULL, dweight, dout + r0 * C, x, weight, rstd + r0,
+                        (int)n, C);
+  }
+}
+
+/* ---- the op (wf_kreg.h): one variant per element type, the type bound ----------------- */
+
+#define RMSNORM_VARIANT(name, fmt)                                                                 \
+  static void name##_forward(void *out, float *rstd, const void *inp, const float *w, float eps,   \
+                             int N, int C, wf_stream *s)                                           \
+  {                                                                                                \
+    if (fmt == WF_DT_F32)                                                                          \
+      wf_rmsnorm_forward(out, rstd, inp, w, eps, N, C);                                            \
+    else                                                                                           \
+      wf_rmsnorm_forward16(out, rstd, inp, w, eps, N, C, fmt);                                     \
+  }                                                                                                \
+  static void name##_backward(float *dinp, float *dw, const float *dout, const void *inp,          \
+                              const float *w, const float *rstd, int N, int C, wf_stream *s)       \
+  {                                                                                                \
+    if (fmt == WF_DT_F32)                                                                          \
+      wf_rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);                                     \
+    else                                                                                           \
+      wf_rmsnorm_backward16(dinp, dw, dout, inp, w, rstd, N, C, fmt);                              \
+  }                                                                                                \
+  static void name##_residual_forward(void *res, void *out, float *rstd, const void *a,            \
+                                      const float *b, const float *w, float eps, int N, int C,     \
+                                      wf_stream *s)                                                \
+  {                                                                                                \
+    wf__residual_forward_as(res, a, b, (size_t)N *C, fmt);                                         \
+    name##_forward(out, rstd, res, w, eps, N, C, s);                                               \
+  }                                                                                                \
+  static const wf_rmsnorm_op name = {name##_forward, name##_backward, name##_residual_forward}
+
+RMSNORM_VARIANT(f32, WF_DT_F32);
+RMSNORM_VARIANT(bf16, WF_DT_BF16);
+RMSNORM_VARIANT(f16, WF_DT_F16);
+const wf_kvariants wf__cpu_rmsnorm = WF_KV(rmsnorm, WF_OP_VERSION_rmsnorm, &f32, &bf16, &f16);

@@ -111,3 +111,60 @@ void wf_rope_backward(float *dqkv, const float *cs, int B, int T, int NH, int NK
 {
   rope_apply(dqkv, cs, B, T, NH, NKV, hs, -1.0f);
 }
+
+/* ---- 16-bit storage: row blocks through this thread's working memory (cpu_int.h) --------- */
+
+typedef void rope_fn(float *qkv, const float *cs, int B, int T, int NH, int NKV, int hs);
+
+/* fn (RoPE's forward or backward) on rows [t0, t0 + n) of batch b at a time: a (1, n)
+ * batch whose angles start at row t0 of cs. */
+static void rope16(rope_fn *fn, void *qkv, const float *cs, int B, int T, int NH, int NKV, int hs,
+                   int fmt)
+{
+  size_t width = (size_t)(NH + 2 * NKV) * hs, blk = wf__block_rows(width);
+  for (size_t b = 0; b < (size_t)B; b++)
+    for (size_t t0 = 0; t0 < (size_t)T; t0 += blk) {
+      size_t n = WF_MIN(blk, (size_t)T - t0), r0 = b * T + t0;
+      float *x = wf__widened(WF__W_IN, qkv, r0, n, width, fmt);
+      if (!x)
+        return;
+      fn(x, cs + t0 * hs, 1, (int)n, NH, NKV, hs);
+      wf__store(qkv, r0 * width, x, n * width, fmt);
+    }
+}
+
+void wf_rope_forward16(void *qkv, const float *cs, int B, int T, int NH, int NKV, int hs, int fmt)
+{
+  rope16(wf_rope_forward, qkv, cs, B, T, NH, NKV, hs, fmt);
+}
+
+void wf_rope_backward16(void *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs, int fmt)
+{
+  rope16(wf_rope_backward, dqkv, cs, B, T, NH, NKV, hs, fmt);
+}
+
+/* ---- the op (wf_kreg.h): one variant per element type, the type bound ----------------- */
+
+#define ROPE_VARIANT(name, fmt)                                                                    \
+  static void name##_forward(void *qkv, const float *cs, int B, int T, int NH, int NKV, int hs,    \
+                             wf_stream *s)                                                         \
+  {                                                                                                \
+    if (fmt == WF_DT_F32)                                                                          \
+      wf_rope_forward(qkv, cs, B, T, NH, NKV, hs);                                                 \
+    else                                                                                           \
+      wf_rope_forward16(qkv, cs, B, T, NH, NKV, hs, fmt);                                          \
+  }                                                                                                \
+  static void name##_backward(void *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs,  \
+                              wf_stream *s)                                                        \
+  {                                                                                                \
+    if (fmt == WF_DT_F32)                                                                          \
+      wf_rope_backward(dqkv, cs, B, T, NH, NKV, hs);                                               \
+    else                                                                                           \
+      wf_rope_backward16(dqkv, cs, B, T, NH, NKV, hs, fmt);                                        \
+  }                                                                                                \
+  static const wf_rope_op name = {name##_forward, name##_backward}
+
+ROPE_VARIANT(f32, WF_DT_F32);
+ROPE_VARIANT(bf16, WF_DT_BF16);
+ROPE_VARIANT(f16, WF_DT_F16);
+const wf_kvariants wf__cpu_rope = WF_KV(rope, WF_OP_VERSION_rope, &f32, &bf16, &f16);

@@ -116,3 +116,24 @@ void wf_bf16_to_floats(float *dst, const wf_bf16 *src, size_t n)
   for (size_t i = 0; i < n; i++)
     dst[i] = wf_bf16_to_float(src[i]);
 }
+
+/* ---- the op (wf_kreg.h): the variant's type is the one rounded to ---------------------- */
+
+static void to_f32(float *dst, const float *src, size_t n, wf_stream *s)
+{
+  if (dst != src)
+    memmove(dst, src, n * sizeof *dst);
+}
+
+static void to_bf16(float *dst, const float *src, size_t n, wf_stream *s)
+{
+  wf_round_bf16(dst, src, n);
+}
+
+static void to_f16(float *dst, const float *src, size_t n, wf_stream *s)
+{
+  wf_round_fp16(dst, src, n);
+}
+
+static const wf_round_op f32 = {to_f32}, bf16 = {to_bf16}, f16 = {to_f16};
+const wf_kvariants wf__cpu_round = WF_KV(round, WF_OP_VERSION_round, &f32, &bf16, &f16);

@@ -1,7 +1,8 @@
 /*
- * storage.c - activations in a storage format (storage.h): storing fp32 values in
- * bf16 / fp16 and loading them back, and the per-thread working rows the 16-bit
- * kernels compute in.
+ * storage.c - the CPU's helpers for activations in a storage format (storage.h):
+ * storing fp32 values in bf16 / fp16 and loading them back a range at a time, and the
+ * per-thread working rows the 16-bit kernels compute in. The cast op (cast.c) is these
+ * conversions over a whole tensor.
  *
  * The 16-bit kernels of each op (layernorm.c, attention.c, ...) load a row or a block
  * of their 16-bit inputs into fp32 working memory, run the fp32 kernel's own row
@@ -79,37 +80,6 @@ void wf__load(float *dst, const void *src, size_t first, size_t n, int fmt)
   }
 }
 
-struct conv {
-  void *dst;
-  const void *src;
-  size_t n;
-  int fmt;
-  bool store;
-};
-
-static void conv_share(void *p, int tid, int nt)
-{
-  const struct conv *c = p;
-  size_t lo, hi;
-  wf__split(c->n, tid, nt, 32, &lo, &hi);
-  if (c->store)
-    wf__store(c->dst, lo, (const float *)c->src + lo, hi - lo, c->fmt);
-  else
-    wf__load((float *)c->dst + lo, c->src, lo, hi - lo, c->fmt);
-}
-
-void wf_storage_store(void *dst, const float *src, size_t n, int fmt)
-{
-  struct conv c = {dst, src, n, fmt, true};
-  wf__parallel(wf__threads_for(n), conv_share, &c);
-}
-
-void wf_storage_load(float *dst, const void *src, size_t n, int fmt)
-{
-  struct conv c = {dst, src, n, fmt, false};
-  wf__parallel(wf__threads_for(n), conv_share, &c);
-}
-
 const float *wf__bias_rounded(const float *bias, size_t n, int fmt)
 {
   float *r = bias ? wf__work(3, n) : NULL;
@@ -120,6 +90,20 @@ const float *wf__bias_rounded(const float *bias, size_t n, int fmt)
     wf__load(r + i, low, 0, k, fmt);
   }
   return r;
+}
+
+/* Floats of one operand's block: large enough for an fp32 kernel to split over the
+ * threads, small next to the activations. */
+#define BLOCK_FLOATS ((size_t)1 << 16)
+
+size_t wf__block_rows(size_t width) { return width < BLOCK_FLOATS ? BLOCK_FLOATS / width : 1; }
+
+float *wf__widened(int slot, const void *src, size_t r0, size_t n, size_t width, int fmt)
+{
+  float *w = wf__work(slot, n * width);
+  if (w)
+    wf__load(w, src, r0 * width, n * width, fmt);
+  return w;
 }
 
 /* ---- per-thread working memory --------------------------------------------------------- */

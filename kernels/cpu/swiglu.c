@@ -70,3 +70,59 @@ void wf_swiglu_backward(float *dinp, const float *inp, const float *dout, int N,
   struct glu e = {.out = dinp, .inp = inp, .dout = dout, .N = N, .F = F};
   wf__parallel(wf__threads_for((size_t)N * F), backward_share, &e);
 }
+
+/* ---- 16-bit storage: row blocks through this thread's working memory (cpu_int.h) --------- */
+
+void wf_swiglu_forward16(void *out, const void *inp, int N, int F, int fmt)
+{
+  size_t blk = wf__block_rows(2 * (size_t)F);
+  for (size_t r0 = 0; r0 < (size_t)N; r0 += blk) {
+    size_t n = WF_MIN(blk, (size_t)N - r0);
+    float *x = wf__widened(WF__W_IN, inp, r0, n, 2 * (size_t)F, fmt),
+          *y = wf__work(WF__W_OUT, n * F);
+    if (!x || !y)
+      return;
+    wf_swiglu_forward(y, x, (int)n, F);
+    wf__store(out, r0 * F, y, n * F, fmt);
+  }
+}
+
+void wf_swiglu_backward16(void *dinp, const void *inp, const void *dout, int N, int F, int fmt)
+{
+  size_t blk = wf__block_rows(2 * (size_t)F);
+  for (size_t r0 = 0; r0 < (size_t)N; r0 += blk) {
+    size_t n = WF_MIN(blk, (size_t)N - r0);
+    float *x = wf__widened(WF__W_IN, inp, r0, n, 2 * (size_t)F, fmt),
+          *d = wf__work(WF__W_OUT, n * 2 * F);
+    float *dy = wf__widened(WF__W_DY, dout, r0, n, (size_t)F, fmt);
+    if (!x || !d || !dy)
+      return;
+    wf_swiglu_backward(d, x, dy, (int)n, F);
+    wf__store(dinp, r0 * 2 * F, d, n * 2 * F, fmt);
+  }
+}
+
+/* ---- the op (wf_kreg.h): one variant per element type, the type bound ----------------- */
+
+#define SWIGLU_VARIANT(name, fmt)                                                                  \
+  static void name##_forward(void *out, const void *inp, int N, int F, wf_stream *s)               \
+  {                                                                                                \
+    if (fmt == WF_DT_F32)                                                                          \
+      wf_swiglu_forward(out, inp, N, F);                                                           \
+    else                                                                                           \
+      wf_swiglu_forward16(out, inp, N, F, fmt);                                                    \
+  }                                                                                                \
+  static void name##_backward(void *dinp, const void *inp, const void *dout, int N, int F,         \
+                              wf_stream *s)                                                        \
+  {                                                                                                \
+    if (fmt == WF_DT_F32)                                                                          \
+      wf_swiglu_backward(dinp, inp, dout, N, F);                                                   \
+    else                                                                                           \
+      wf_swiglu_backward16(dinp, inp, dout, N, F, fmt);                                            \
+  }                                                                                                \
+  static const wf_swiglu_op name = {name##_forward, name##_backward}
+
+SWIGLU_VARIANT(f32, WF_DT_F32);
+SWIGLU_VARIANT(bf16, WF_DT_BF16);
+SWIGLU_VARIANT(f16, WF_DT_F16);
+const wf_kvariants wf__cpu_swiglu = WF_KV(swiglu, WF_OP_VERSION_swiglu, &f32, &bf16, &f16);

@@ -17,3 +17,13 @@ void wf_tokens_check(int *bad, const int *tokens, size_t n, int V)
     }
   }
 }
+
+/* ---- the op (wf_kreg.h) ---------------------------------------------------------------- */
+
+static void check(int *bad, const int *tokens, size_t n, int V, wf_stream *s)
+{
+  wf_tokens_check(bad, tokens, n, V);
+}
+
+static const wf_tokens_op op = {check};
+const wf_kvariants wf__cpu_tokens = WF_KV_ANY(tokens, WF_OP_VERSION_tokens, &op);

@@ -214,3 +214,53 @@ void wf_xent_backward16(void *dlogits, const void *logits, const float *row_max,
                  .fmt = fmt};
   wf__parallel(wf__threads_for((size_t)N * V), backward16_share, &x);
 }
+
+/* ---- the op (wf_kreg.h): one variant per element type, the type bound ----------------- */
+
+static void pack(float *stats, const float *row_max, const float *row_sumexp,
+                 const float *target_logit, int N, wf_stream *s)
+{
+  wf_xent_pack(stats, row_max, row_sumexp, target_logit, N);
+}
+
+static void combine(float *row_max, float *row_sumexp, float *target_logit, const float *all, int N,
+                    int parts, wf_stream *s)
+{
+  wf_xent_combine(row_max, row_sumexp, target_logit, all, N, parts);
+}
+
+static void loss(float *losses, const float *row_max, const float *row_sumexp,
+                 const float *target_logit, int N, wf_stream *s)
+{
+  wf_xent_loss(losses, row_max, row_sumexp, target_logit, N);
+}
+
+static void accumulate(double *acc, const float *losses, int N, wf_stream *s)
+{
+  wf_loss_accumulate(acc, losses, N);
+}
+
+#define XENT_VARIANT(name, fmt)                                                                    \
+  static void name##_stats(float *mx, float *se, float *tl, const void *logits,                    \
+                           const int *targets, int N, int V, int ld, int v0, wf_stream *s)         \
+  {                                                                                                \
+    if (fmt == WF_DT_F32)                                                                          \
+      wf_xent_stats(mx, se, tl, logits, targets, N, V, ld, v0);                                    \
+    else                                                                                           \
+      wf_xent_stats16(mx, se, tl, logits, targets, N, V, ld, v0, fmt);                             \
+  }                                                                                                \
+  static void name##_backward(void *dlogits, const void *logits, const float *mx, const float *se, \
+                              const int *targets, float dloss, int N, int V, int ld, int v0,       \
+                              wf_stream *s)                                                        \
+  {                                                                                                \
+    if (fmt == WF_DT_F32)                                                                          \
+      wf_xent_backward(dlogits, logits, mx, se, targets, dloss, N, V, ld, v0);                     \
+    else                                                                                           \
+      wf_xent_backward16(dlogits, logits, mx, se, targets, dloss, N, V, ld, v0, fmt);              \
+  }                                                                                                \
+  static const wf_xent_op name = {name##_stats, pack, combine, loss, name##_backward, accumulate}
+
+XENT_VARIANT(f32, WF_DT_F32);
+XENT_VARIANT(bf16, WF_DT_BF16);
+XENT_VARIANT(f16, WF_DT_F16);
+const wf_kvariants wf__cpu_xent = WF_KV(xent, WF_OP_VERSION_xent, &f32, &bf16, &f16);

@@ -1,11 +1,10 @@
 /*
  * act_int.h - private to the weft_cuda module: activations in a storage format (fp32,
- * bf16, fp16: storage.h) read and written element by element, and the launchers of the
- * kernels that take them in any format. rmsnorm.cu, rope.cu, swiglu.cu, xent.cu and adamw.cu
- * instantiate their kernels for float (the fp32 launchers of cuda_int.h), __nv_bfloat16 and __half
- * (storage.cu's 16-bit tables): one algorithm, so each 16-bit form computes, bit for
- * bit, what its fp32 kernel computes on the widened values, rounding only what it
- * stores (to nearest even, as wf_storage_store).
+ * bf16, fp16: storage.h) read and written element by element or eight at a time. The ops
+ * that take activations instantiate their kernels for float, __nv_bfloat16 and __half
+ * (their fp32, bf16 and fp16 variants: wf_kreg.h): one algorithm, so each 16-bit form
+ * computes, bit for bit, what its fp32 kernel computes on the widened values, rounding
+ * only what it stores (to nearest even, as wf_storage_store).
  */
 #ifndef WF_CUDA_ACT_INT_H
 #define WF_CUDA_ACT_INT_H
@@ -146,41 +145,29 @@ template <typename E>
 void wf__norm_param_grads(float *dweight, float *dbias, const float *dout, const E *inp,
                           const float *mean, const float *rstd, int N, int C, cudaStream_t s);
 
-/* The table's arguments (wf_ktable.h), activations of type E; E is float, __nv_bfloat16
- * or __half. */
-template <typename E>
-void wf__rmsnorm_forward(E *out, float *rstd, const E *inp, const float *weight, float eps, int N,
-                         int C, wf_stream *stream);
-template <typename E>
-void wf__residual_rmsnorm_forward(E *res, E *out, float *rstd, const E *a, const float *b,
-                                  const float *weight, float eps, int N, int C, wf_stream *stream);
-template <typename E>
-void wf__rmsnorm_backward(float *dinp, float *dweight, const float *dout, const E *inp,
-                          const float *weight, const float *rstd, int N, int C, wf_stream *stream);
-template <typename E>
-void wf__rope_forward(E *qkv, const float *cs, int B, int T, int NH, int NKV, int hs,
-                      wf_stream *stream);
-template <typename E>
-void wf__rope_backward(E *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs,
-                       wf_stream *stream);
-template <typename E>
-void wf__swiglu_forward(E *out, const E *inp, int N, int F, wf_stream *stream);
-template <typename E>
-void wf__swiglu_backward(E *dinp, const E *inp, const E *dout, int N, int F, wf_stream *stream);
+/* cast.cu: dst (n, type T) = src rounded, and dst (n) = src (type T) widened, on the
+ * stream (T float copies): the cast op's entries, which the ops that widen or round whole
+ * tensors call too. */
+template <typename T> void wf__cast_store(void *dst, const float *src, size_t n, wf_stream *s);
+template <typename T> void wf__cast_load(float *dst, const void *src, size_t n, wf_stream *s);
 
-/* Cross-entropy's row statistics and logit gradient (xent.cu), logits of type E. */
-template <typename E>
-void wf__xent_stats(float *row_max, float *row_sumexp, float *target_logit, const void *logits,
-                    const int *targets, int N, int V, int ld, int v_offset, wf_stream *stream);
-template <typename E>
-void wf__xent_backward(void *dlogits, const void *logits, const float *row_max,
-                       const float *row_sumexp, const int *targets, float dloss, int N, int V,
-                       int ld, int v_offset, wf_stream *stream);
+/* gelu.cu: out (n, type T) = the GELU of inp (type T), on the stream: the gelu op's
+ * forward, which matmul.cu's GELU epilogue falls back to. */
+template <typename T> void wf__gelu_forward(void *out, const void *inp, size_t n, wf_stream *s);
 
-/* AdamW, the updated parameters also stored into low (E; NULL: not stored). */
-template <typename E>
-void wf__adamw_update_store(float *params, E *low, float *m, float *v, const float *grads, size_t n,
-                            float lr, float beta1, float beta2, float eps, float weight_decay,
-                            int t, float grad_scale, wf_stream *stream);
+/* GELU, tanh form, and its derivative (gelu.cu, and matmul.cu's GELU epilogue). The
+ * backward uses sech^2 = 1 - tanh^2, which cannot overflow as cosh^2 can. */
+#define WF__GELU_K 0.7978845608028654f /* sqrt(2 / pi) */
+__device__ __forceinline__ float wf__gelu(float x)
+{
+  float u = WF__GELU_K * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+__device__ __forceinline__ float wf__gelu_grad(float x)
+{
+  float th = tanhf(WF__GELU_K * (x + 0.044715f * x * x * x));
+  return 0.5f * (1.0f + th) +
+         0.5f * x * (1.0f - th * th) * WF__GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+}
 
 #endif /* WF_CUDA_ACT_INT_H */

@@ -8,7 +8,7 @@
  *   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
  *   p -= lr (m ibc1 / (sqrt(v ibc2) + eps) + weight_decay p),  ibc = 1 / (1 - beta^t)
  * Under mixed precision the same thread stores the new p into the model's 16-bit copy
- * (type E, act_int.h), rounded as storage.cu's store kernel rounds it: bit for bit the
+ * (type E, act_int.h), rounded as cast.cu's store kernel rounds it: bit for bit the
  * update followed by that separate pass, which it replaces.
  */
 #include "act_int.h"
@@ -35,9 +35,9 @@ __global__ static void adamw_kernel(float *params, E *low, float *m, float *v, c
 }
 
 template <typename E>
-void wf__adamw_update_store(float *params, E *low, float *m, float *v, const float *grads, size_t n,
-                            float lr, float beta1, float beta2, float eps, float weight_decay,
-                            int t, float grad_scale, wf_stream *stream)
+static void update_store(float *params, void *low, float *m, float *v, const float *grads, size_t n,
+                         float lr, float beta1, float beta2, float eps, float weight_decay, int t,
+                         float grad_scale, wf_stream *stream)
 {
   if (n == 0)
     return;
@@ -46,32 +46,21 @@ void wf__adamw_update_store(float *params, E *low, float *m, float *v, const flo
   float ibc1 = (float)(1.0 / (1.0 - pow((double)beta1, t)));
   float ibc2 = (float)(1.0 / (1.0 - pow((double)beta2, t)));
   adamw_kernel<E><<<wf__grid_1d(n, 256), 256, 0, (cudaStream_t)stream>>>(
-      params, low, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, ibc1, ibc2, grad_scale);
+      params, (E *)low, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, ibc1, ibc2,
+      grad_scale);
   WF_CUDA_LAUNCHED("adamw_kernel");
 }
 
-#define WF_ADAMW_FORMS(E)                                                                          \
-  template void wf__adamw_update_store<E>(float *, E *, float *, float *, const float *, size_t,   \
-                                          float, float, float, float, float, int, float,           \
-                                          wf_stream *);
-WF_ADAMW_FORMS(float)
-WF_ADAMW_FORMS(__nv_bfloat16)
-WF_ADAMW_FORMS(__half)
-
-extern "C" void wf_cuda_adamw_update(float *params, float *m, float *v, const float *grads,
-                                     size_t n, float lr, float beta1, float beta2, float eps,
-                                     float weight_decay, int t, float grad_scale, wf_stream *stream)
+static void update(float *params, float *m, float *v, const float *grads, size_t n, float lr,
+                   float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale,
+                   wf_stream *stream)
 {
-  wf__adamw_update_store<float>(params, NULL, m, v, grads, n, lr, beta1, beta2, eps, weight_decay,
-                                t, grad_scale, stream);
+  update_store<float>(params, NULL, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, t,
+                      grad_scale, stream);
 }
 
-/* The fp32 table's: the copy is fp32 too. */
-extern "C" void wf_cuda_adamw_update_store(float *params, void *low, float *m, float *v,
-                                           const float *grads, size_t n, float lr, float beta1,
-                                           float beta2, float eps, float weight_decay, int t,
-                                           float grad_scale, wf_stream *stream)
-{
-  wf__adamw_update_store((float *)params, (float *)low, m, v, grads, n, lr, beta1, beta2, eps,
-                         weight_decay, t, grad_scale, stream);
-}
+/* ---- the op (wf_kreg.h): one variant per element type (the copy's) --------------------- */
+
+template <typename E> static const wf_adamw_op op = {update, update_store<E>};
+const wf_kvariants wf__cuda_adamw =
+    WF_KV(adamw, WF_OP_VERSION_adamw, &op<float>, &op<__nv_bfloat16>, &op<__half>);

@@ -299,11 +299,11 @@ void add(float *dst, const float *src, size_t n, wf_stream *s)
   WF_CUDA_LAUNCHED("attention_block grad_add");
 }
 
-const wf_attn_block_ops ops = {
-    WF_ATTN_BLOCK_OPS_VERSION, fwd, merge, delta, bwd, extract, pack, add};
+const wf_attention_block_op op = {fwd, merge, delta, bwd, extract, pack, add};
 
 } // namespace
 
-/* The table, for the device seam to hand out once the module registers it
- * (wf_attn_block_ops_of answers NULL for CUDA devices until then). */
-const wf_attn_block_ops *wf__cuda_attn_block_ops(void) { return &ops; }
+/* ---- the op (wf_kreg.h): one table for every element type (the format is an argument) -- */
+
+const wf_kvariants wf__cuda_attention_block =
+    WF_KV_ANY(attention_block, WF_OP_VERSION_attention_block, &op);

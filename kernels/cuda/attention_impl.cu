@@ -1,9 +1,10 @@
 /*
  * attention_impl.cu - attention on the GPU: which implementation runs for a shape
- * (runtime.attention, through the table's set_attention) and the table's entries for it.
+ * (runtime.attention, through the attention op's set_impl) and the entries attention.cu
+ * (the fp32 variant) and attention_lse.cu (bf16) register.
  *
  * Implementations (attn_int.h): cuDNN's fused attention (cudnn_sdpa.cu), weft's bf16
- * flash kernels (flash_bf16.cu), the fp32 reference kernels (flash.cu, attention.cu).
+ * flash kernels (flash_bf16.cu), the fp32 reference kernels (flash.cu, attention_tt.cu).
  * The choice for a shape under a setting is made once, logged in one line, and cached:
  *   reference -> the fp32 kernels;
  *   cudnn, auto -> cuDNN if it loads and builds both plans for the shape, else
@@ -11,8 +12,8 @@
  *   else the fp32 kernels; head sizes above 128 always take the fp32 (T, T) kernels.
  * (The worker turns auto into reference unless precision is bf16: docs/gpu-performance.md.)
  *
- * The fp32 entries (attention_forward/backward: today's model keeps fp32 activations)
- * convert around the bf16 paths; issue 27's bf16 activations remove these conversions:
+ * The fp32 entries (wf__attn_forward/backward: the attention op's fp32 variant) convert
+ * around the bf16 paths:
  *   forward:  qkv (B,T,3C) fp32 -> bf16 copy (pool); the bf16 path writes O (bf16) and
  *             lse into `att`; O is widened into `out`;
  *   backward: qkv and dout -> bf16 copies (pool); the bf16 path writes dqkv (bf16, pool)
@@ -23,8 +24,9 @@
  * them is harmless. Its size does not depend on the setting, so buffers sized before a
  * change stay right. Above 128 `att` is the (T, T) fallback's (flash.cu).
  *
- * The bf16 entries (attention_bf16_*, for issue 27's data path) run cuDNN or flash, and
- * the fp32 kernels through conversions where neither applies (multi-head only).
+ * The bf16 entries (wf__attention_bf16_*: the attention_lse op, and the attention op's
+ * bf16 variant) run cuDNN or flash, and the fp32 kernels through conversions where
+ * neither applies.
  */
 #include <atomic>
 #include <mutex>
@@ -35,7 +37,7 @@
 
 static std::atomic<int> g_impl{WF_ATTN_REFERENCE}; /* until the worker says otherwise */
 
-extern "C" void wf_cuda_set_attention(int impl)
+void wf__attention_set_impl(int impl)
 {
   if (impl >= WF_ATTN_AUTO && impl <= WF_ATTN_REFERENCE)
     g_impl.store(impl);
@@ -116,7 +118,7 @@ static bool shape_ok(int B, int T, int C, int NH, int NKV)
   return B > 0 && T > 0 && C > 0 && NH > 0 && NKV > 0 && C % NH == 0 && NH % NKV == 0;
 }
 
-extern "C" int wf_cuda_attention_path(int B, int T, int C, int NH, int NKV)
+int wf__attention_path(int B, int T, int C, int NH, int NKV)
 {
   return shape_ok(B, T, C, NH, NKV) ? path_for(B, T, C, NH, NKV, g_impl.load()) : WF_ATTN_REFERENCE;
 }
@@ -196,16 +198,16 @@ static size_t align16(size_t n) { return (n + 15) & ~(size_t)15; }
 
 static bool bf16_layout(int C, int NH) { return NH > 0 && C % NH == 0 && C / NH <= 128; }
 
-extern "C" size_t wf_cuda_attn_saved(int B, int T, int C, int NH)
+size_t wf__attn_saved(int B, int T, int C, int NH)
 {
   if (!bf16_layout(C, NH))
-    return wf_cuda_attention_saved(B, T, C, NH);
+    return wf__attn32_saved(B, T, C, NH);
   return align16((size_t)B * NH * T) + align16(((size_t)B * T * C + 1) / 2);
 }
 
-extern "C" size_t wf_cuda_attn_scratch(int B, int T, int C, int NH)
+size_t wf__attn_scratch(int B, int T, int C, int NH)
 {
-  return wf_cuda_attention_scratch(B, T, C, NH); /* D (B,NH,T), or the (T, T) fallback's */
+  return wf__attn32_scratch(B, T, C, NH); /* D (B,NH,T), or the (T, T) fallback's */
 }
 
 /* O (B,T,C) bf16 inside `att`, after lse. */
@@ -233,7 +235,7 @@ static void reference16_forward(wf_bf16 *out, float *lse, const wf_bf16 *qkv, in
   float *y = (float *)pool_alloc(ny * sizeof(float), s);
   if (x && y) {
     widen(x, qkv, nx, s);
-    wf_cuda_attention_gqa_forward(y, lse, x, B, T, C, NH, NKV, (wf_stream *)s);
+    wf__attn32_forward(y, lse, x, B, T, C, NH, NKV, (wf_stream *)s);
     narrow(out, y, ny, s);
   }
   pool_free(y, s);
@@ -251,7 +253,7 @@ static void reference16_backward(wf_bf16 *dqkv, float *D, const wf_bf16 *dout, c
   if (x && dx && dy) { /* the fp32 backward writes dx */
     widen(x, qkv, nx, s);
     widen(dy, dout, ny, s);
-    wf_cuda_attention_gqa_backward(dx, D, dy, x, lse, B, T, C, NH, NKV, (wf_stream *)s);
+    wf__attn32_backward(dx, D, dy, x, lse, B, T, C, NH, NKV, (wf_stream *)s);
     narrow(dqkv, dx, nx, s);
   }
   pool_free(dy, s);
@@ -295,8 +297,8 @@ static void backward16(int path, wf_bf16 *dqkv, float *D, const wf_bf16 *dout, c
     reference16_backward(dqkv, D, dout, qkv, lse, B, T, C, NH, NKV, s);
 }
 
-extern "C" void wf_cuda_attention_bf16_forward(wf_bf16 *out, float *lse, const wf_bf16 *qkv, int B,
-                                               int T, int C, int NH, int NKV, wf_stream *stream)
+void wf__attention_bf16_forward(wf_bf16 *out, float *lse, const wf_bf16 *qkv, int B, int T, int C,
+                                int NH, int NKV, wf_stream *stream)
 {
   if (!shape_ok(B, T, C, NH, NKV))
     return;
@@ -304,10 +306,9 @@ extern "C" void wf_cuda_attention_bf16_forward(wf_bf16 *out, float *lse, const w
             (cudaStream_t)stream);
 }
 
-extern "C" void wf_cuda_attention_bf16_backward(wf_bf16 *dqkv, float *scratch, const wf_bf16 *dout,
-                                                const wf_bf16 *qkv, const wf_bf16 *out,
-                                                const float *lse, int B, int T, int C, int NH,
-                                                int NKV, wf_stream *stream)
+void wf__attention_bf16_backward(wf_bf16 *dqkv, float *scratch, const wf_bf16 *dout,
+                                 const wf_bf16 *qkv, const wf_bf16 *out, const float *lse, int B,
+                                 int T, int C, int NH, int NKV, wf_stream *stream)
 {
   if (!shape_ok(B, T, C, NH, NKV))
     return;
@@ -316,7 +317,7 @@ extern "C" void wf_cuda_attention_bf16_backward(wf_bf16 *dqkv, float *scratch, c
 }
 
 /* D (B,NH,T) for the flash kernels (cuDNN and the reference keep their own). */
-extern "C" size_t wf_cuda_attention_bf16_scratch(int B, int T, int C, int NH, int NKV)
+size_t wf__attention_bf16_scratch(int B, int T, int C, int NH, int NKV)
 {
   return shape_ok(B, T, C, NH, NKV) ? (size_t)B * NH * T : 0;
 }
@@ -325,8 +326,8 @@ extern "C" size_t wf_cuda_attention_bf16_scratch(int B, int T, int C, int NH, in
 
 /* The table's fp32 attention entries (grouped-query; multi-head is NKV = NH): the path
  * runtime.attention picks for the shape, on bf16 copies, or the fp32 kernels. */
-extern "C" void wf_cuda_attn_gqa_forward(float *out, float *att, const float *qkv, int B, int T,
-                                         int C, int NH, int NKV, wf_stream *stream)
+void wf__attn_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
+                      int NKV, wf_stream *stream)
 {
   cudaStream_t s = (cudaStream_t)stream;
   if (!shape_ok(B, T, C, NH, NKV))
@@ -334,7 +335,7 @@ extern "C" void wf_cuda_attn_gqa_forward(float *out, float *att, const float *qk
   size_t nx = qkv_elems(B, T, C, NH, NKV), ny = (size_t)B * T * C;
   int path = path_for(B, T, C, NH, NKV, g_impl.load());
   if (path == WF_ATTN_REFERENCE) {
-    wf_cuda_attention_gqa_forward(out, att, qkv, B, T, C, NH, NKV, stream);
+    wf__attn32_forward(out, att, qkv, B, T, C, NH, NKV, stream);
     if (bf16_layout(C, NH)) /* O for a bf16 backward, should the setting change */
       narrow(saved_out(att, B, T, NH), out, ny, s);
     return;
@@ -348,15 +349,8 @@ extern "C" void wf_cuda_attn_gqa_forward(float *out, float *att, const float *qk
   pool_free(x, s);
 }
 
-extern "C" void wf_cuda_attn_forward(float *out, float *att, const float *qkv, int B, int T, int C,
-                                     int NH, wf_stream *stream)
-{
-  wf_cuda_attn_gqa_forward(out, att, qkv, B, T, C, NH, NH, stream);
-}
-
-extern "C" void wf_cuda_attn_gqa_backward(float *dqkv, float *scratch, const float *dout,
-                                          const float *qkv, const float *att, int B, int T, int C,
-                                          int NH, int NKV, wf_stream *stream)
+void wf__attn_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                       const float *att, int B, int T, int C, int NH, int NKV, wf_stream *stream)
 {
   cudaStream_t s = (cudaStream_t)stream;
   if (!shape_ok(B, T, C, NH, NKV))
@@ -364,7 +358,7 @@ extern "C" void wf_cuda_attn_gqa_backward(float *dqkv, float *scratch, const flo
   size_t nx = qkv_elems(B, T, C, NH, NKV), ny = (size_t)B * T * C;
   int path = path_for(B, T, C, NH, NKV, g_impl.load());
   if (path == WF_ATTN_REFERENCE) {
-    wf_cuda_attention_gqa_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH, NKV, stream);
+    wf__attn32_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH, NKV, stream);
     return;
   }
   wf_bf16 *x = (wf_bf16 *)pool_alloc(nx * sizeof(wf_bf16), s);
@@ -380,11 +374,4 @@ extern "C" void wf_cuda_attn_gqa_backward(float *dqkv, float *scratch, const flo
   pool_free(dy, s);
   pool_free(dx, s);
   pool_free(x, s);
-}
-
-extern "C" void wf_cuda_attn_backward(float *dqkv, float *scratch, const float *dout,
-                                      const float *qkv, const float *att, int B, int T, int C,
-                                      int NH, wf_stream *stream)
-{
-  wf_cuda_attn_gqa_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH, NH, stream);
 }

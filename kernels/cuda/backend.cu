@@ -1,7 +1,7 @@
 /*
  * backend.cu - the weft_cuda module's entry point: the device-op table that
- * runtime/gpu.c loads (wf_gpu_module.h), the kernel-launcher table
- * (wf_ktable.h), the module's error state and its cuBLAS handles.
+ * runtime/gpu.c loads (wf_gpu_module.h), the kernel registry (wf_kreg.h: every op's
+ * variants, one .cu per op), the module's error state and its cuBLAS handles.
  *
  * Only wf_gpu_module_entry is exported (the module is built with hidden
  * visibility). The module does not link the runtime library, which would give it
@@ -10,7 +10,7 @@
  *
  * Workspace: one device allocation per device, made when the device is selected and
  * kept until the last fini(), holding cuBLASLt's workspace and the column reductions'
- * partial sums (WF_KTABLE_GPU_WORKSPACE bytes, which the planner adds too). It is the
+ * partial sums (WF_KREG_GPU_WORKSPACE bytes, which the planner adds too). It is the
  * only device memory the module allocates for itself, and it is counted with the
  * runtime's through the host (account_device), so mem=, the metrics and --estimate
  * all see it. Nothing here allocates per call. The exception is attention's bf16 paths
@@ -45,13 +45,13 @@ static std::atomic<uint64_t> g_launches{0};
  * suffices before it), enough for every algorithm its heuristics return for weft's
  * shapes. The rest holds the column reductions' partial sums. */
 #define LT_WORKSPACE_BYTES ((size_t)32 << 20)
-static_assert(WF_KTABLE_GPU_WORKSPACE > LT_WORKSPACE_BYTES, "no room for partial sums");
+static_assert(WF_KREG_GPU_WORKSPACE > LT_WORKSPACE_BYTES, "no room for partial sums");
 
 static std::mutex g_lock; /* guards g_refs and g_dev */
 static int g_refs;
 static struct {
   cublasLtHandle_t handle;
-  void *workspace; /* WF_KTABLE_GPU_WORKSPACE bytes */
+  void *workspace; /* WF_KREG_GPU_WORKSPACE bytes */
 } g_dev[MAX_DEVICES];
 
 static void account(int64_t bytes)
@@ -102,7 +102,7 @@ bool wf__cuda_check(cudaError_t e, const char *file, int line, const char *what)
 
 void wf__cuda_count_launch(void) { g_launches.fetch_add(1, std::memory_order_relaxed); }
 
-extern "C" uint64_t wf_cuda_launches(void) { return g_launches.load(std::memory_order_relaxed); }
+static uint64_t launches(void) { return g_launches.load(std::memory_order_relaxed); }
 
 bool wf__cuda_check_launch(const char *file, int line, const char *what)
 {
@@ -110,7 +110,7 @@ bool wf__cuda_check_launch(const char *file, int line, const char *what)
   return wf__cuda_check(cudaGetLastError(), file, line, what);
 }
 
-wf_status wf_cuda_last_error(void) { return g_first_error.exchange(0) ? WF_ECUDA : WF_OK; }
+wf_status wf__cuda_last_error(void) { return g_first_error.exchange(0) ? WF_ECUDA : WF_OK; }
 
 /* ---- cuBLASLt ---------------------------------------------------------------------- */
 
@@ -146,11 +146,11 @@ static bool workspace_ensure(int dev, const char *file, int line)
   if (g_dev[dev].workspace)
     return true;
   void *ws = NULL;
-  if (!pool_keep(dev, file, line) || !wf__cuda_check(cudaMalloc(&ws, WF_KTABLE_GPU_WORKSPACE), file,
+  if (!pool_keep(dev, file, line) || !wf__cuda_check(cudaMalloc(&ws, WF_KREG_GPU_WORKSPACE), file,
                                                      line, "cudaMalloc (the module's workspace)"))
     return false;
   g_dev[dev].workspace = ws;
-  account((int64_t)WF_KTABLE_GPU_WORKSPACE);
+  account((int64_t)WF_KREG_GPU_WORKSPACE);
   return true;
 }
 
@@ -206,7 +206,7 @@ bool wf__partials(float **part, size_t *floats, const char *file, int line)
   if (!workspace_ensure(dev, file, line))
     return false;
   *part = (float *)((char *)g_dev[dev].workspace + LT_WORKSPACE_BYTES);
-  *floats = (WF_KTABLE_GPU_WORKSPACE - LT_WORKSPACE_BYTES) / sizeof(float);
+  *floats = (WF_KREG_GPU_WORKSPACE - LT_WORKSPACE_BYTES) / sizeof(float);
   return true;
 }
 
@@ -229,7 +229,7 @@ static void destroy_workspaces(void)
     if (cudaSetDevice(d) == cudaSuccess) {
       if (g_dev[d].workspace) {
         cudaFree(g_dev[d].workspace);
-        account(-(int64_t)WF_KTABLE_GPU_WORKSPACE);
+        account(-(int64_t)WF_KREG_GPU_WORKSPACE);
       }
       if (g_dev[d].handle)
         cublasLtDestroy(g_dev[d].handle);
@@ -415,91 +415,58 @@ static int op_device_attrs(int device, int *sm_count, int *cc_major, int *cc_min
   return (int)e;
 }
 
-static size_t op_workspace_bytes(void) { return WF_KTABLE_GPU_WORKSPACE; }
+static size_t op_workspace_bytes(void) { return WF_KREG_GPU_WORKSPACE; }
 
-/* ---- the tables ------------------------------------------------------------------ */
+/* ---- the registry ------------------------------------------------------------------ */
 
-/* The fp32 table; storage.cu builds the 16-bit ones from it (its `storage` entry). */
-extern "C" const wf_ktable wf__cuda_kernels = {
-    WF_KTABLE_VERSION,
-    wf_cuda_encoder_forward,
-    wf_cuda_encoder_backward,
-    wf_cuda_encoder_forward_vp,
-    wf_cuda_encoder_backward_vp,
-    wf__cuda32_layernorm_forward,
-    wf__cuda32_layernorm_backward,
-    wf__cuda32_residual_layernorm_forward,
-    wf__cuda32_matmul_forward,
-    wf__cuda32_matmul_forward_f32,
-    wf__cuda32_matmul_gelu_forward,
-    wf__cuda32_matmul_backward,
-    wf__cuda32_matmul_backward_f32,
-    wf_cuda_set_tf32,
-    wf_cuda_attn_saved,
-    wf_cuda_attn_scratch,
+static const wf_kvariants *const kernel_ops[] = {
+#define WF__CUDA_OP_REF(name) &wf__cuda_##name,
+    WF_OP_LIST(WF__CUDA_OP_REF)
+#undef WF__CUDA_OP_REF
+};
+
+static const wf_kreg kreg = {
+    WF_KREG_ABI,
+    "cuda",
+    (int)(sizeof kernel_ops / sizeof *kernel_ops),
+    kernel_ops,
     op_workspace_bytes,
-    wf__cuda32_attention_forward,
-    wf__cuda32_attention_backward,
-    wf__cuda32_gelu_forward,
-    wf__cuda32_gelu_backward,
-    wf__cuda32_residual_forward,
-    wf_cuda_residual_backward,
-    wf__cuda32_xent_stats,
-    wf_cuda_xent_pack,
-    wf_cuda_xent_combine,
-    wf_cuda_xent_loss,
-    wf__cuda32_xent_backward,
-    wf_cuda_loss_accumulate,
-    wf_cuda_tokens_check,
-    wf_cuda_adamw_update,
-    wf_cuda_sumsq_acc,
-    wf_cuda_scale,
-    wf_cuda_checksum,
-    wf_cuda_round_bf16,
-    wf_cuda_round_fp16,
-    wf_cuda_last_error,
-    wf__cuda32_rmsnorm_forward,
-    wf__cuda32_rmsnorm_backward,
-    wf__cuda32_residual_rmsnorm_forward,
-    wf__cuda32_rope_forward,
-    wf__cuda32_rope_backward,
-    wf__cuda32_swiglu_forward,
-    wf__cuda32_swiglu_backward,
-    wf__cuda32_attention_gqa_forward,
-    wf__cuda32_attention_gqa_backward,
-    wf_cuda_set_attention,
-    wf_cuda_attention_path,
-    wf_cuda_attention_bf16_forward,
-    wf_cuda_attention_bf16_backward,
-    wf_cuda_attention_bf16_scratch,
-    wf_cuda_classifier_bf16,
-    wf_cuda_xent_stats_bf16,
-    wf_cuda_xent_backward_bf16,
-    wf_cuda_launches,
-    WF_PREC_NO,
-    wf__cuda_storage,
-    wf__cuda32_store,
-    wf__cuda32_load,
-    wf_cuda_adamw_update_store,
+    wf__cuda_last_error,
+    launches,
 };
 
 static const wf_gpu_ops ops = {
-    WF_GPU_MODULE_ABI, "cuda",
-    op_init,           op_fini,
-    op_error_str,      op_probe,
-    op_set_device,     op_device_name,
-    op_pci_bus_id,     op_malloc,
-    op_free,           op_memcpy_h2d,
-    op_memcpy_d2h,     op_memset,
-    op_stream_create,  op_stream_destroy,
-    op_stream_sync,    op_is_device_ptr,
-    op_memcpy_async,   op_memset_async,
-    op_event_create,   op_event_destroy,
-    op_event_record,   op_stream_wait_event,
-    op_event_sync,     op_event_elapsed_ms,
-    op_host_alloc,     op_host_free,
-    op_mem_info,       op_device_attrs,
-    &wf__cuda_kernels,
+    WF_GPU_MODULE_ABI,
+    "cuda",
+    op_init,
+    op_fini,
+    op_error_str,
+    op_probe,
+    op_set_device,
+    op_device_name,
+    op_pci_bus_id,
+    op_malloc,
+    op_free,
+    op_memcpy_h2d,
+    op_memcpy_d2h,
+    op_memset,
+    op_stream_create,
+    op_stream_destroy,
+    op_stream_sync,
+    op_is_device_ptr,
+    op_memcpy_async,
+    op_memset_async,
+    op_event_create,
+    op_event_destroy,
+    op_event_record,
+    op_stream_wait_event,
+    op_event_sync,
+    op_event_elapsed_ms,
+    op_host_alloc,
+    op_host_free,
+    op_mem_info,
+    op_device_attrs,
+    &kreg,
 };
 
 extern "C" WF_EXPORT const wf_gpu_ops *wf_gpu_module_entry(void) { return &ops; }

@@ -28,8 +28,7 @@ __global__ static void checksum_kernel(unsigned long long *out, const float *x, 
     atomicAdd(out, negate ? 0ull - s : s);
 }
 
-extern "C" void wf_cuda_checksum(uint64_t *out, const float *x, size_t n, int negate,
-                                 wf_stream *stream)
+static void sum(uint64_t *out, const float *x, size_t n, int negate, wf_stream *stream)
 {
   cudaStream_t s = (cudaStream_t)stream;
   if (!WF_CUDA_OK(cudaMemsetAsync(out, 0, sizeof *out, s)) || n == 0)
@@ -37,3 +36,8 @@ extern "C" void wf_cuda_checksum(uint64_t *out, const float *x, size_t n, int ne
   checksum_kernel<<<wf__grid_1d(n, 256), 256, 0, s>>>((unsigned long long *)out, x, n, negate);
   WF_CUDA_LAUNCHED("checksum_kernel");
 }
+
+/* ---- the op (wf_kreg.h) ---------------------------------------------------------------- */
+
+static const wf_checksum_op op = {sum};
+const wf_kvariants wf__cuda_checksum = WF_KV_ANY(checksum, WF_OP_VERSION_checksum, &op);

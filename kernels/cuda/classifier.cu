@@ -167,8 +167,8 @@ __global__ void grad_kernel(bf16 *dlogits, const bf16 *logits, const float *row_
 
 } /* namespace */
 
-extern "C" void wf_cuda_classifier_bf16(wf_bf16 *logits, float *losses, const int *targets,
-                                        float dloss, int N, int V, int ld, wf_stream *stream)
+static void fused(void *logits, float *losses, const int *targets, float dloss, int N, int V,
+                  int ld, wf_stream *stream)
 {
   if (N <= 0 || ld <= 0)
     return;
@@ -177,9 +177,9 @@ extern "C" void wf_cuda_classifier_bf16(wf_bf16 *logits, float *losses, const in
   WF_CUDA_LAUNCHED("classifier_kernel");
 }
 
-extern "C" void wf_cuda_xent_stats_bf16(float *row_max, float *row_sumexp, float *target_logit,
-                                        const wf_bf16 *logits, const int *targets, int N, int V,
-                                        int ld, int v_offset, wf_stream *stream)
+void wf__classifier_stats(float *row_max, float *row_sumexp, float *target_logit,
+                          const void *logits, const int *targets, int N, int V, int ld,
+                          int v_offset, wf_stream *stream)
 {
   if (N <= 0)
     return;
@@ -189,10 +189,9 @@ extern "C" void wf_cuda_xent_stats_bf16(float *row_max, float *row_sumexp, float
   WF_CUDA_LAUNCHED("stats_kernel (bf16 cross-entropy)");
 }
 
-extern "C" void wf_cuda_xent_backward_bf16(wf_bf16 *dlogits, const wf_bf16 *logits,
-                                           const float *row_max, const float *row_sumexp,
-                                           const int *targets, float dloss, int N, int V, int ld,
-                                           int v_offset, wf_stream *stream)
+void wf__classifier_backward(void *dlogits, const void *logits, const float *row_max,
+                             const float *row_sumexp, const int *targets, float dloss, int N, int V,
+                             int ld, int v_offset, wf_stream *stream)
 {
   if (N <= 0 || ld <= 0)
     return;
@@ -201,3 +200,9 @@ extern "C" void wf_cuda_xent_backward_bf16(wf_bf16 *dlogits, const wf_bf16 *logi
       row_sumexp, targets, dloss, V, ld, v_offset);
   WF_CUDA_LAUNCHED("grad_kernel (bf16 cross-entropy)");
 }
+
+/* ---- the op (wf_kreg.h): bf16 only ---------------------------------------------------- */
+
+static const wf_classifier_op bf16_op = {fused, wf__classifier_stats, wf__classifier_backward};
+const wf_kvariants wf__cuda_classifier =
+    WF_KV(classifier, WF_OP_VERSION_classifier, NULL, &bf16_op, NULL);

@@ -3,10 +3,10 @@
  * declarations, the launch and cuBLAS checks, and the device-side reductions.
  *
  * Invariants:
- *  - Launchers are `extern "C" wf_cuda_<op>` with the CPU kernel's arguments plus a
- *    trailing `wf_stream *stream` (a cudaStream_t). They return nothing, like the CPU
- *    kernels: each launch is checked with wf__cuda_check_launch(), which logs a
- *    failure with file and line and keeps the first one for last_error().
+ *  - An op's entries (wf_kreg.h) have the CPU kernel's arguments plus a trailing
+ *    `wf_stream *stream` (a cudaStream_t). They return nothing, like the CPU kernels:
+ *    each launch is checked with wf__cuda_check_launch(), which logs a failure with
+ *    file and line and keeps the first one for the registry's last_error().
  *  - A launcher with nothing to do (a zero size) launches nothing: a grid of 0
  *    blocks is itself an error.
  *  - Reductions assume blockDim.x is a multiple of 32 (full warps) and at most 1024.
@@ -29,7 +29,7 @@
 extern "C" {
 #include "wf_config.h" /* wf_precision, the GEMMs' lowp */
 #include "wf_gpu_module.h"
-#include "wf_ktable.h"
+#include "wf_kernels.h" /* the ops' headers and their tables */
 #include "wf_runtime.h"
 }
 
@@ -63,7 +63,7 @@ typedef struct wf__lt {
 bool wf__lt_begin(wf__lt *lt, const char *file, int line);
 bool wf__lt_end(cublasStatus_t st, const char *file, int line, const char *what);
 
-/* One cuBLASLt GEMM's descriptors (matmul.cu's fp32-operand GEMMs, storage.cu's 16-bit
+/* One cuBLASLt GEMM's descriptors (matmul.cu's fp32-operand GEMMs, and its 16-bit
  * ones), destroyed in reverse order of creation (NULL ones skipped). */
 typedef struct wf__lt_descs {
   cublasLtMatmulDesc_t op;
@@ -108,7 +108,7 @@ bool wf__dinp_nonempty(void *dinp, size_t bytes, int OC, cudaStream_t s);
  * *floats floats at *part, used in stream order by the column reductions. */
 bool wf__partials(float **part, size_t *floats, const char *file, int line);
 
-wf_status wf_cuda_last_error(void);
+wf_status wf__cuda_last_error(void);
 
 /* ---- launch geometry ---------------------------------------------------------- */
 
@@ -224,7 +224,7 @@ __device__ __forceinline__ void wf__colsum_store(float acc, float *sh, float *ds
   __syncthreads(); /* sh free again for the next array */
 }
 
-/* ---- attention that keeps (T, T) probabilities (attention.cu), the fallback of the
+/* ---- attention that keeps (T, T) probabilities (attention_tt.cu), the fallback of the
  * flash-style kernels (flash.cu) for heads larger than they handle ------------------- */
 void wf__cuda_attention_forward_tt(float *out, float *att, const float *qkv, int B, int T, int C,
                                    int NH, int NKV, wf_stream *stream);
@@ -232,186 +232,30 @@ void wf__cuda_attention_backward_tt(float *dqkv, float *scratch, const float *do
                                     const float *qkv, const float *att, int B, int T, int C, int NH,
                                     int NKV, wf_stream *stream);
 
-/* ---- launchers (one .cu per op) ----------------------------------------------- */
+/* ---- the ops (one .cu per op: wf_kreg.h) ---------------------------------------- */
 
-extern "C" {
-void wf_cuda_encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B,
-                             int T, int C, wf_stream *stream);
-void wf_cuda_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B,
-                              int T, int C, wf_stream *stream);
-void wf_cuda_encoder_forward_vp(float *out, const int *inp, const float *wte, int v_offset, int Vl,
-                                const float *wpe, int B, int T, int C, wf_stream *stream);
-void wf_cuda_encoder_backward_vp(float *dwte, float *dwpe, const float *dout, const int *inp,
-                                 int v_offset, int Vl, int B, int T, int C, wf_stream *stream);
-void wf_cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                               const float *weight, const float *bias, int N, int C,
-                               wf_stream *stream);
-void wf_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                                const float *inp, const float *weight, const float *mean,
-                                const float *rstd, int N, int C, wf_stream *stream);
-void wf_cuda_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
-                            int N, int C, int OC, int lowp, wf_stream *stream);
-void wf_cuda_matmul_gelu_forward(float *gelu_out, float *pre, const float *inp, const float *weight,
-                                 const float *bias, int N, int C, int OC, int lowp,
-                                 wf_stream *stream);
-void wf_cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                             const float *inp, const float *weight, int N, int C, int OC, int lowp,
-                             wf_stream *stream);
-void wf_cuda_set_tf32(int allow);
-void wf_cuda_residual_layernorm_forward(float *res, float *ln, float *mean, float *rstd,
-                                        const float *a, const float *b, const float *weight,
-                                        const float *bias, int N, int C, wf_stream *stream);
-size_t wf_cuda_attention_saved(int B, int T, int C, int NH);
-size_t wf_cuda_attention_scratch(int B, int T, int C, int NH);
-void wf_cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
-                               int NH, wf_stream *stream);
-void wf_cuda_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                                const float *att, int B, int T, int C, int NH, wf_stream *stream);
-void wf_cuda_gelu_forward(float *out, const float *inp, size_t N, wf_stream *stream);
-void wf_cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t N,
-                           wf_stream *stream);
-void wf_cuda_residual_forward(float *out, const float *a, const float *b, size_t N,
-                              wf_stream *stream);
-void wf_cuda_residual_backward(float *da, float *db, const float *dout, size_t N,
-                               wf_stream *stream);
-void wf_cuda_xent_stats(float *row_max, float *row_sumexp, float *target_logit, const float *logits,
-                        const int *targets, int N, int V, int ld, int v_offset, wf_stream *stream);
-void wf_cuda_xent_loss(float *losses, const float *row_max, const float *row_sumexp,
-                       const float *target_logit, int N, wf_stream *stream);
-void wf_cuda_xent_backward(float *dlogits, const float *logits, const float *row_max,
-                           const float *row_sumexp, const int *targets, float dloss, int N, int V,
-                           int ld, int v_offset, wf_stream *stream);
-void wf_cuda_adamw_update(float *params, float *m, float *v, const float *grads, size_t n, float lr,
-                          float beta1, float beta2, float eps, float weight_decay, int t,
-                          float grad_scale, wf_stream *stream);
-void wf_cuda_adamw_update_store(float *params, void *low, float *m, float *v, const float *grads,
-                                size_t n, float lr, float beta1, float beta2, float eps,
-                                float weight_decay, int t, float grad_scale, wf_stream *stream);
-void wf_cuda_sumsq_acc(double *acc, const float *x, size_t n, wf_stream *stream);
-void wf_cuda_xent_pack(float *stats, const float *row_max, const float *row_sumexp,
-                       const float *target_logit, int N, wf_stream *stream);
-void wf_cuda_xent_combine(float *row_max, float *row_sumexp, float *target_logit, const float *all,
-                          int N, int parts, wf_stream *stream);
-void wf_cuda_loss_accumulate(double *acc, const float *losses, int N, wf_stream *stream);
-void wf_cuda_tokens_check(int *bad, const int *tokens, size_t n, int V, wf_stream *stream);
-void wf_cuda_scale(float *x, float s, size_t n, wf_stream *stream);
-void wf_cuda_round_bf16(float *dst, const float *src, size_t n, wf_stream *stream);
-void wf_cuda_round_fp16(float *dst, const float *src, size_t n, wf_stream *stream);
-void wf_cuda_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight,
-                             float eps, int N, int C, wf_stream *stream);
-void wf_cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
-                              const float *weight, const float *rstd, int N, int C,
-                              wf_stream *stream);
-void wf_cuda_residual_rmsnorm_forward(float *res, float *out, float *rstd, const float *a,
-                                      const float *b, const float *weight, float eps, int N, int C,
-                                      wf_stream *stream);
-void wf_cuda_rope_forward(float *qkv, const float *cs, int B, int T, int NH, int NKV, int hs,
-                          wf_stream *stream);
-void wf_cuda_rope_backward(float *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs,
-                           wf_stream *stream);
-void wf_cuda_swiglu_forward(float *out, const float *inp, int N, int F, wf_stream *stream);
-void wf_cuda_swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int F,
-                             wf_stream *stream);
-void wf_cuda_attention_gqa_forward(float *out, float *att, const float *qkv, int B, int T, int C,
-                                   int NH, int NKV, wf_stream *stream);
-void wf_cuda_attention_gqa_backward(float *dqkv, float *scratch, const float *dout,
-                                    const float *qkv, const float *att, int B, int T, int C, int NH,
-                                    int NKV, wf_stream *stream);
-void wf_cuda_checksum(uint64_t *out, const float *x, size_t n, int negate, wf_stream *stream);
-uint64_t wf_cuda_launches(void);
+/* Each op's variants, by element type: the module's registry (backend.cu) lists them. */
+#define WF__CUDA_OP_DECL(name) extern const wf_kvariants wf__cuda_##name;
+WF_OP_LIST(WF__CUDA_OP_DECL)
+#undef WF__CUDA_OP_DECL
 
-/* Attention as the table runs it (attention_impl.cu): the choice among cuDNN, the bf16
- * flash kernels and the fp32 reference above (wf_cuda_attention_*), and the bf16 entries. */
-void wf_cuda_set_attention(int impl);
-int wf_cuda_attention_path(int B, int T, int C, int NH, int NKV);
-size_t wf_cuda_attn_saved(int B, int T, int C, int NH);
-size_t wf_cuda_attn_scratch(int B, int T, int C, int NH);
-void wf_cuda_attn_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
-                          wf_stream *stream);
-void wf_cuda_attn_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                           const float *att, int B, int T, int C, int NH, wf_stream *stream);
-void wf_cuda_attn_gqa_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
-                              int NKV, wf_stream *stream);
-void wf_cuda_attn_gqa_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                               const float *att, int B, int T, int C, int NH, int NKV,
-                               wf_stream *stream);
-void wf_cuda_attention_bf16_forward(wf_bf16 *out, float *lse, const wf_bf16 *qkv, int B, int T,
-                                    int C, int NH, int NKV, wf_stream *stream);
-void wf_cuda_attention_bf16_backward(wf_bf16 *dqkv, float *scratch, const wf_bf16 *dout,
-                                     const wf_bf16 *qkv, const wf_bf16 *out, const float *lse,
-                                     int B, int T, int C, int NH, int NKV, wf_stream *stream);
-size_t wf_cuda_attention_bf16_scratch(int B, int T, int C, int NH, int NKV);
+/* Sums in double (dsum.cu): *acc += the sum of squares of x (n), and the mean of x (N)
+ * rounded to float (wf_loss_accumulate's), on the stream. norm.cu's and xent.cu's. */
+void wf__sumsq_acc(double *acc, const float *x, size_t n, wf_stream *stream);
+void wf__mean_acc(double *acc, const float *x, int N, wf_stream *stream);
 
-/* The fused classifier (classifier.cu). */
-void wf_cuda_classifier_bf16(wf_bf16 *logits, float *losses, const int *targets, float dloss, int N,
-                             int V, int ld, wf_stream *stream);
-void wf_cuda_xent_stats_bf16(float *row_max, float *row_sumexp, float *target_logit,
-                             const wf_bf16 *logits, const int *targets, int N, int V, int ld,
-                             int v_offset, wf_stream *stream);
-void wf_cuda_xent_backward_bf16(wf_bf16 *dlogits, const wf_bf16 *logits, const float *row_max,
-                                const float *row_sumexp, const int *targets, float dloss, int N,
-                                int V, int ld, int v_offset, wf_stream *stream);
+/* dtable (Vl,C) += dout (N,C) at the local rows the indices name, in order (embedding.cu):
+ * the embedding op's backward, which the position op's takes for positions given. */
+void wf__embedding_backward(float *dtable, const float *dout, const int *idx, int v_offset, int Vl,
+                            int N, int C, wf_stream *stream);
 
-/* ---- storage formats (storage.cu) ---- */
-/* The fp32 table (backend.cu), and the table of each storage format (storage.cu). */
-extern const wf_ktable wf__cuda_kernels;
-const wf_ktable *wf__cuda_storage(int format);
-/* The fp32 table's entries that take activations (wf_ktable.h's `void *`): the fp32
- * launchers above. */
-void wf__cuda32_layernorm_forward(void *out, float *mean, float *rstd, const void *inp,
-                                  const float *w, const float *b, int N, int C, wf_stream *s);
-void wf__cuda32_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
-                                   const void *inp, const float *w, const float *mean,
-                                   const float *rstd, int N, int C, wf_stream *s);
-void wf__cuda32_residual_layernorm_forward(void *res, void *ln, float *mean, float *rstd,
-                                           const void *a, const float *b, const float *w,
-                                           const float *bias, int N, int C, wf_stream *s);
-void wf__cuda32_matmul_forward(void *out, const void *inp, const void *w, const float *bias, int N,
-                               int C, int OC, int lowp, wf_stream *s);
-void wf__cuda32_matmul_forward_f32(float *out, const void *inp, const void *w, const float *bias,
-                                   int N, int C, int OC, int lowp, wf_stream *s);
-void wf__cuda32_matmul_gelu_forward(void *gelu_out, void *pre, const void *inp, const void *w,
-                                    const float *bias, int N, int C, int OC, int lowp,
-                                    wf_stream *s);
-void wf__cuda32_matmul_backward(void *dinp, float *dw, float *db, const void *dout, const void *inp,
-                                const void *w, int N, int C, int OC, int lowp, wf_stream *s);
-void wf__cuda32_matmul_backward_f32(float *dinp, float *dw, float *db, const void *dout,
-                                    const void *inp, const void *w, int N, int C, int OC, int lowp,
-                                    wf_stream *s);
-void wf__cuda32_attention_forward(void *out, void *att, const void *qkv, int B, int T, int C,
-                                  int NH, wf_stream *s);
-void wf__cuda32_attention_backward(void *dqkv, float *scratch, const void *dout, const void *qkv,
-                                   const void *att, int B, int T, int C, int NH, wf_stream *s);
-void wf__cuda32_gelu_forward(void *out, const void *inp, size_t N, wf_stream *s);
-void wf__cuda32_gelu_backward(void *dinp, const void *inp, const void *dout, size_t N,
-                              wf_stream *s);
-void wf__cuda32_residual_forward(void *out, const void *a, const float *b, size_t N, wf_stream *s);
-void wf__cuda32_xent_stats(float *mx, float *se, float *tl, const void *logits, const int *targets,
-                           int N, int V, int ld, int v0, wf_stream *s);
-void wf__cuda32_xent_backward(void *dlogits, const void *logits, const float *mx, const float *se,
-                              const int *targets, float dloss, int N, int V, int ld, int v0,
-                              wf_stream *s);
-void wf__cuda32_rmsnorm_forward(void *out, float *rstd, const void *inp, const float *w, float eps,
-                                int N, int C, wf_stream *s);
-void wf__cuda32_rmsnorm_backward(float *dinp, float *dw, const float *dout, const void *inp,
-                                 const float *w, const float *rstd, int N, int C, wf_stream *s);
-void wf__cuda32_residual_rmsnorm_forward(void *res, void *out, float *rstd, const void *a,
-                                         const float *b, const float *w, float eps, int N, int C,
-                                         wf_stream *s);
-void wf__cuda32_rope_forward(void *qkv, const float *cs, int B, int T, int NH, int NKV, int hs,
-                             wf_stream *s);
-void wf__cuda32_rope_backward(void *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs,
-                              wf_stream *s);
-void wf__cuda32_swiglu_forward(void *out, const void *inp, int N, int F, wf_stream *s);
-void wf__cuda32_swiglu_backward(void *dinp, const void *inp, const void *dout, int N, int F,
-                                wf_stream *s);
-void wf__cuda32_attention_gqa_forward(void *out, void *att, const void *qkv, int B, int T, int C,
-                                      int NH, int NKV, wf_stream *s);
-void wf__cuda32_attention_gqa_backward(void *dqkv, float *scratch, const void *dout,
-                                       const void *qkv, const void *att, int B, int T, int C,
-                                       int NH, int NKV, wf_stream *s);
-void wf__cuda32_store(void *dst, const float *src, size_t n, wf_stream *s);
-void wf__cuda32_load(float *dst, const void *src, size_t n, wf_stream *s);
-}
+/* The bf16 cross-entropy's row statistics and gradient (classifier.cu: a block per row,
+ * 16-byte loads), which xent.cu's bf16 variant takes too. logits bf16. */
+void wf__classifier_stats(float *row_max, float *row_sumexp, float *target_logit,
+                          const void *logits, const int *targets, int N, int V, int ld,
+                          int v_offset, wf_stream *stream);
+void wf__classifier_backward(void *dlogits, const void *logits, const float *row_max,
+                             const float *row_sumexp, const int *targets, float dloss, int N, int V,
+                             int ld, int v_offset, wf_stream *stream);
 
 #endif /* WF_CUDA_INT_H */

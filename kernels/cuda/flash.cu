@@ -22,7 +22,7 @@
  * even where the model rounded the attention output in place for a bf16 GEMM.
  *
  * Head sizes up to 128 use these kernels (templated on a bound for the per-thread
- * arrays); larger ones fall back to attention.cu, which keeps (T, T) probabilities, and
+ * arrays); larger ones fall back to attention_tt.cu, which keeps (T, T) probabilities, and
  * the buffer sizes below say so.
  *
  * Grouped-query attention (NKV kv heads, G = NH / NKV query heads each) changes only
@@ -36,19 +36,19 @@
  * q = [0,C), k = [C, C + NKV hs), v = [C + NKV hs, ld): query head h owns
  * [h*hs, (h+1)*hs) of q and reads kv head h / G.
  */
-#include "cuda_int.h"
+#include "attn_int.h"
 
 #define BR 64 /* query (or key) rows per block: one per thread */
 #define BC 32 /* rows per shared-memory tile */
 
 static bool flash_fits(int C, int NH) { return NH > 0 && C % NH == 0 && C / NH <= 128; }
 
-extern "C" size_t wf_cuda_attention_saved(int B, int T, int C, int NH)
+size_t wf__attn32_saved(int B, int T, int C, int NH)
 {
   return flash_fits(C, NH) ? (size_t)B * NH * T : (size_t)B * NH * T * T;
 }
 
-extern "C" size_t wf_cuda_attention_scratch(int B, int T, int C, int NH)
+size_t wf__attn32_scratch(int B, int T, int C, int NH)
 {
   return flash_fits(C, NH) ? (size_t)B * NH * T : (size_t)B * NH * T * T;
 }
@@ -275,8 +275,8 @@ static bool shape_ok(int B, int T, int C, int NH, int NKV)
 /* The smallest instantiated head-size bound that holds hs. */
 static int bound_of(int hs) { return hs <= 32 ? 32 : hs <= 64 ? 64 : 128; }
 
-extern "C" void wf_cuda_attention_gqa_forward(float *out, float *att, const float *qkv, int B,
-                                              int T, int C, int NH, int NKV, wf_stream *stream)
+void wf__attn32_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
+                        int NKV, wf_stream *stream)
 {
   cudaStream_t s = (cudaStream_t)stream;
   if (!shape_ok(B, T, C, NH, NKV))
@@ -294,12 +294,6 @@ extern "C" void wf_cuda_attention_gqa_forward(float *out, float *att, const floa
   WF_CUDA_LAUNCHED("flash_forward_kernel");
 }
 
-extern "C" void wf_cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T,
-                                          int C, int NH, wf_stream *stream)
-{
-  wf_cuda_attention_gqa_forward(out, att, qkv, B, T, C, NH, NH, stream);
-}
-
 template <int HS>
 static bool backward_launch(float *dqkv, float *D, const float *dout, const float *qkv,
                             const float *lse, int B, int T, int C, int NH, int NKV, cudaStream_t s)
@@ -313,9 +307,8 @@ static bool backward_launch(float *dqkv, float *D, const float *dout, const floa
   return WF_CUDA_LAUNCHED("flash_backward_dkv_kernel");
 }
 
-extern "C" void wf_cuda_attention_gqa_backward(float *dqkv, float *scratch, const float *dout,
-                                               const float *qkv, const float *att, int B, int T,
-                                               int C, int NH, int NKV, wf_stream *stream)
+void wf__attn32_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                         const float *att, int B, int T, int C, int NH, int NKV, wf_stream *stream)
 {
   cudaStream_t s = (cudaStream_t)stream;
   if (!shape_ok(B, T, C, NH, NKV))
@@ -332,11 +325,4 @@ extern "C" void wf_cuda_attention_gqa_backward(float *dqkv, float *scratch, cons
   case 64: backward_launch<64>(dqkv, scratch, dout, qkv, att, B, T, C, NH, NKV, s); break;
   default: backward_launch<128>(dqkv, scratch, dout, qkv, att, B, T, C, NH, NKV, s); break;
   }
-}
-
-extern "C" void wf_cuda_attention_backward(float *dqkv, float *scratch, const float *dout,
-                                           const float *qkv, const float *att, int B, int T, int C,
-                                           int NH, wf_stream *stream)
-{
-  wf_cuda_attention_gqa_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH, NH, stream);
 }

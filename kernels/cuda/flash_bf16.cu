@@ -1,7 +1,7 @@
 /*
  * flash_bf16.cu - causal (grouped-query) attention on tensor cores, FlashAttention-2's
  * algorithm: bf16 inputs, fp32 accumulation, no (T, T) matrix in memory; the twin of
- * wf_attention_bf16_* (kernels/cpu/attention_bf16.c, whose header defines the numerics).
+ * wf_attention_bf16_* (kernels/cpu/attention_lse.c; attention_lse.h defines the numerics).
  * Head sizes 64 and 128, a template parameter, so every per-thread array has a
  * compile-time size and lives in registers; the building blocks (cp.async, ldmatrix,
  * mma.sync m16n8k16) and their fragment layouts are in mma_int.h.

@@ -1,12 +1,14 @@
 /*
- * layernorm.cu - layer normalisation on the GPU (twin of wf_layernorm_*).
+ * layernorm.cu - layer normalisation on the GPU (twin of kernels/cpu/layernorm.c), one
+ * variant per element type of the activations (wf_kreg.h).
  *
  * Forward and the dinp part of backward: one warp per row, reductions with warp
- * shuffles, 4 rows per 128-thread block. The dweight/dbias part of backward sums
- * over rows, so it runs as a column reduction cut over rows and columns (colsum.cu): a
- * block of 32 x 8 threads owns 32 columns of a block of rows, its 8 thread rows stride
- * over them, the 8 sums are combined in shared memory into the block's partial sum,
- * and the partial sums are added in order. No atomics, so the result is deterministic.
+ * shuffles, 4 rows per 128-thread block, eight elements per 16-byte access where the
+ * row allows (act_int.h's packs). The dweight/dbias part of backward sums over rows, so
+ * it runs as a column reduction cut over rows and columns (colsum.cu), added in a fixed
+ * order: deterministic, no atomics. The activations (out, inp, res, a) are of the
+ * variant's type, loaded exactly and stored rounded; statistics, weights and gradients
+ * fp32.
  * Legend: N rows (B*T), C channels. eps = 1e-5.
  */
 #include "act_int.h"
@@ -14,124 +16,158 @@
 #define LN_EPS         1e-5f
 #define ROWS_PER_BLOCK 4 /* warps per 128-thread block */
 
-/* One warp normalizes row x (C) into o; lane 0 keeps its mean and rstd when asked. */
-__device__ static void normalize_row(float *o, float *mean, float *rstd, const float *x,
-                                     const float *weight, const float *bias, int C, int row)
+static unsigned rows_grid(int N) { return (unsigned)((N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK); }
+
+template <typename T>
+__device__ static void normalize_row(T *o, float *mean, float *rstd, const T *x, const float *w,
+                                     const float *b, int C, int row, bool vec)
 {
-  int lane = threadIdx.x % 32;
-  float s = 0.0f;
-  for (int c = lane; c < C; c += 32)
-    s += x[c];
-  float m = wf__warp_sum(s) / C;
-  float v = 0.0f;
-  for (int c = lane; c < C; c += 32) {
-    float d = x[c] - m;
-    v += d * d;
+  float s = 0.0f, q = 0.0f, v[8], wv[8], bv[8];
+  WF_ROW_PACKS(c, C, vec)
+  {
+    wf__ld8(x, c, v);
+    for (int k = 0; k < 8; k++)
+      s += v[k];
   }
-  float rs = rsqrtf(wf__warp_sum(v) / C + LN_EPS);
-  for (int c = lane; c < C; c += 32)
-    o[c] = (x[c] - m) * rs * weight[c] + bias[c];
-  if (lane == 0 && mean)
+  WF_ROW_ELEMS(c, C, vec) { s += wf__ld(x, c); }
+  float m = wf__warp_sum(s) / C;
+  WF_ROW_PACKS(c, C, vec)
+  {
+    wf__ld8(x, c, v);
+    for (int k = 0; k < 8; k++)
+      q += (v[k] - m) * (v[k] - m);
+  }
+  WF_ROW_ELEMS(c, C, vec) { q += (wf__ld(x, c) - m) * (wf__ld(x, c) - m); }
+  float rs = rsqrtf(wf__warp_sum(q) / C + LN_EPS);
+  WF_ROW_PACKS(c, C, vec)
+  {
+    wf__ld8(x, c, v), wf__ld8(w, c, wv), wf__ld8(b, c, bv);
+    for (int k = 0; k < 8; k++)
+      v[k] = (v[k] - m) * rs * wv[k] + bv[k];
+    wf__st8(o, c, v);
+  }
+  WF_ROW_ELEMS(c, C, vec) { wf__st(o, c, (wf__ld(x, c) - m) * rs * w[c] + b[c]); }
+  if (threadIdx.x % 32 == 0 && mean)
     mean[row] = m;
-  if (lane == 0 && rstd)
+  if (threadIdx.x % 32 == 0 && rstd)
     rstd[row] = rs;
 }
 
-/* out (N,C), mean (N) or NULL, rstd (N) or NULL, inp (N,C), weight (C), bias (C) */
-__global__ static void layernorm_forward_kernel(float *out, float *mean, float *rstd,
-                                                const float *inp, const float *weight,
-                                                const float *bias, int N, int C)
-{
-  int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
-  if (row >= N) /* uniform over the warp, so the shuffles stay full */
-    return;
-  size_t at = (size_t)row * C;
-  normalize_row(out + at, mean, rstd, inp + at, weight, bias, C, row);
-}
-
-/* res (N,C) = a + b, then ln = layernorm(res). res may alias a or b: each lane reads
- * then writes the same elements, and reads back only what it wrote. */
-__global__ static void residual_layernorm_kernel(float *res, float *ln, float *mean, float *rstd,
-                                                 const float *a, const float *b,
-                                                 const float *weight, const float *bias, int N,
-                                                 int C)
+template <typename T>
+__global__ static void layernorm_forward_kernel(T *out, float *mean, float *rstd, const T *inp,
+                                                const float *w, const float *b, int N, int C,
+                                                bool vec)
 {
   int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
   if (row >= N)
     return;
   size_t at = (size_t)row * C;
-  for (int c = threadIdx.x % 32; c < C; c += 32)
-    res[at + c] = a[at + c] + b[at + c];
-  normalize_row(ln + at, mean, rstd, res + at, weight, bias, C, row);
+  normalize_row(out + at, mean, rstd, inp + at, w, b, C, row, vec);
 }
 
-/* dinp (N,C) += rstd (w dout - mean(w dout) - norm mean(w dout norm)) */
-__global__ static void layernorm_backward_dinp_kernel(float *dinp, const float *dout,
-                                                      const float *inp, const float *weight,
-                                                      const float *mean, const float *rstd, int N,
-                                                      int C)
+/* res = store(a + b) (res may alias a: each lane reads then writes its own elements),
+ * then the layernorm of the stored res. */
+template <typename T>
+__global__ static void residual_layernorm_kernel(T *res, T *ln, float *mean, float *rstd,
+                                                 const T *a, const float *b, const float *w,
+                                                 const float *bias, int N, int C, bool vec)
 {
   int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
-  int lane = threadIdx.x % 32;
   if (row >= N)
     return;
-  const float *x = inp + (size_t)row * C;
+  size_t at = (size_t)row * C;
+  wf__residual_row(res + at, a + at, b + at, C, vec);
+  normalize_row(ln + at, mean, rstd, res + at, w, bias, C, row, vec);
+}
+
+template <typename T>
+__global__ static void layernorm_backward_dinp_kernel(float *dinp, const float *dout, const T *inp,
+                                                      const float *w, const float *mean,
+                                                      const float *rstd, int N, int C, bool vec)
+{
+  int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32;
+  if (row >= N)
+    return;
+  const T *x = inp + (size_t)row * C;
   const float *dy = dout + (size_t)row * C;
-  float m = mean[row], rs = rstd[row];
-  float a = 0.0f, b = 0.0f;
-  for (int c = lane; c < C; c += 32) {
-    float wdy = weight[c] * dy[c];
-    a += wdy;
-    b += wdy * (x[c] - m) * rs;
-  }
-  float mean_wdy = wf__warp_sum(a) / C;
-  float mean_wdy_norm = wf__warp_sum(b) / C;
   float *dx = dinp + (size_t)row * C;
-  for (int c = lane; c < C; c += 32) {
-    float norm = (x[c] - m) * rs;
-    dx[c] += (weight[c] * dy[c] - mean_wdy - norm * mean_wdy_norm) * rs;
+  float m = mean[row], rs = rstd[row], a = 0.0f, bb = 0.0f, xv[8], wv[8], dv[8], ov[8];
+  WF_ROW_PACKS(c, C, vec)
+  {
+    wf__ld8(x, c, xv), wf__ld8(w, c, wv), wf__ld8(dy, c, dv);
+    for (int k = 0; k < 8; k++) {
+      a += wv[k] * dv[k];
+      bb += wv[k] * dv[k] * (xv[k] - m) * rs;
+    }
+  }
+  WF_ROW_ELEMS(c, C, vec)
+  {
+    float wdy = w[c] * dy[c];
+    a += wdy;
+    bb += wdy * (wf__ld(x, c) - m) * rs;
+  }
+  float mean_wdy = wf__warp_sum(a) / C, mean_wdy_norm = wf__warp_sum(bb) / C;
+  WF_ROW_PACKS(c, C, vec)
+  {
+    wf__ld8(x, c, xv), wf__ld8(w, c, wv), wf__ld8(dy, c, dv), wf__ld8(dx, c, ov);
+    for (int k = 0; k < 8; k++)
+      ov[k] += (wv[k] * dv[k] - mean_wdy - (xv[k] - m) * rs * mean_wdy_norm) * rs;
+    wf__st8(dx, c, ov);
+  }
+  WF_ROW_ELEMS(c, C, vec)
+  {
+    float norm = (wf__ld(x, c) - m) * rs;
+    dx[c] += (w[c] * dy[c] - mean_wdy - norm * mean_wdy_norm) * rs;
   }
 }
 
-extern "C" void wf_cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                                          const float *weight, const float *bias, int N, int C,
-                                          wf_stream *stream)
+template <typename T>
+static void layernorm_forward(void *out, float *mean, float *rstd, const void *inp, const float *w,
+                              const float *b, int N, int C, wf_stream *s)
 {
   if (N <= 0 || C <= 0)
     return;
-  unsigned grid = (unsigned)((N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK);
-  layernorm_forward_kernel<<<grid, 32 * ROWS_PER_BLOCK, 0, (cudaStream_t)stream>>>(
-      out, mean, rstd, inp, weight, bias, N, C);
+  bool vec = wf__row_packs(C, out, inp, w, b);
+  layernorm_forward_kernel<T><<<rows_grid(N), 32 * ROWS_PER_BLOCK, 0, (cudaStream_t)s>>>(
+      (T *)out, mean, rstd, (const T *)inp, w, b, N, C, vec);
   WF_CUDA_LAUNCHED("layernorm_forward_kernel");
 }
 
-extern "C" void wf_cuda_residual_layernorm_forward(float *res, float *ln, float *mean, float *rstd,
-                                                   const float *a, const float *b,
-                                                   const float *weight, const float *bias, int N,
-                                                   int C, wf_stream *stream)
+template <typename T>
+static void residual_layernorm_forward(void *res, void *ln, float *mean, float *rstd, const void *a,
+                                       const float *b, const float *w, const float *bias, int N,
+                                       int C, wf_stream *s)
 {
   if (N <= 0 || C <= 0)
     return;
-  unsigned grid = (unsigned)((N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK);
-  residual_layernorm_kernel<<<grid, 32 * ROWS_PER_BLOCK, 0, (cudaStream_t)stream>>>(
-      res, ln, mean, rstd, a, b, weight, bias, N, C);
+  bool vec = wf__row_packs(C, res, ln, a, b) && wf__aligned16(w, bias);
+  residual_layernorm_kernel<T><<<rows_grid(N), 32 * ROWS_PER_BLOCK, 0, (cudaStream_t)s>>>(
+      (T *)res, (T *)ln, mean, rstd, (const T *)a, b, w, bias, N, C, vec);
   WF_CUDA_LAUNCHED("residual_layernorm_kernel");
 }
 
-extern "C" void wf_cuda_layernorm_backward(float *dinp, float *dweight, float *dbias,
-                                           const float *dout, const float *inp, const float *weight,
-                                           const float *mean, const float *rstd, int N, int C,
-                                           wf_stream *stream)
+template <typename T>
+static void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                               const void *inp, const float *w, const float *mean,
+                               const float *rstd, int N, int C, wf_stream *stream)
 {
   cudaStream_t s = (cudaStream_t)stream;
   if (N <= 0 || C <= 0)
     return;
   if (dinp) {
-    unsigned grid = (unsigned)((N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK);
-    layernorm_backward_dinp_kernel<<<grid, 32 * ROWS_PER_BLOCK, 0, s>>>(dinp, dout, inp, weight,
-                                                                        mean, rstd, N, C);
+    bool vec = wf__row_packs(C, dinp, dout, inp, w);
+    layernorm_backward_dinp_kernel<T><<<rows_grid(N), 32 * ROWS_PER_BLOCK, 0, s>>>(
+        dinp, dout, (const T *)inp, w, mean, rstd, N, C, vec);
     if (!WF_CUDA_LAUNCHED("layernorm_backward_dinp_kernel"))
       return;
   }
-  wf__norm_param_grads(dweight, dbias, dout, inp, mean, rstd, N, C, s);
+  wf__norm_param_grads(dweight, dbias, dout, (const T *)inp, mean, rstd, N, C, s);
 }
+
+/* ---- the op (wf_kreg.h): one variant per element type --------------------------------- */
+
+template <typename E>
+static const wf_layernorm_op op = {layernorm_forward<E>, layernorm_backward<E>,
+                                   residual_layernorm_forward<E>};
+const wf_kvariants wf__cuda_layernorm =
+    WF_KV(layernorm, WF_OP_VERSION_layernorm, &op<float>, &op<__nv_bfloat16>, &op<__half>);

@@ -10,7 +10,7 @@
  * Legend: N rows (B*T), C channels. rstd = 1 / sqrt(mean(x^2) + eps),
  * out = weight * (x * rstd).
  * Activations (x, out, res) are of type E (act_int.h): fp32 for the fp32 launchers, bf16
- * or fp16 for the 16-bit tables (storage.cu), loaded widened and stored rounded; dout,
+ * or fp16 for the 16-bit variants (wf_kreg.h), loaded widened and stored rounded; dout,
  * dinp, dweight, rstd and the weight are fp32 in every form.
  */
 #include "act_int.h"
@@ -106,9 +106,11 @@ __global__ static void rmsnorm_backward_dinp_kernel(float *dinp, const float *do
 static unsigned row_blocks(int N) { return (unsigned)((N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK); }
 
 template <typename E>
-void wf__rmsnorm_forward(E *out, float *rstd, const E *inp, const float *weight, float eps, int N,
-                         int C, wf_stream *stream)
+static void rmsnorm_forward(void *out_, float *rstd, const void *inp_, const float *weight,
+                            float eps, int N, int C, wf_stream *stream)
 {
+  E *out = (E *)out_;
+  const E *inp = (const E *)inp_;
   if (N <= 0 || C <= 0)
     return;
   bool vec = wf__row_packs(C, out, inp, weight);
@@ -118,9 +120,12 @@ void wf__rmsnorm_forward(E *out, float *rstd, const E *inp, const float *weight,
 }
 
 template <typename E>
-void wf__residual_rmsnorm_forward(E *res, E *out, float *rstd, const E *a, const float *b,
-                                  const float *weight, float eps, int N, int C, wf_stream *stream)
+static void residual_rmsnorm_forward(void *res_, void *out_, float *rstd, const void *a_,
+                                     const float *b, const float *weight, float eps, int N, int C,
+                                     wf_stream *stream)
 {
+  E *res = (E *)res_, *out = (E *)out_;
+  const E *a = (const E *)a_;
   if (N <= 0 || C <= 0)
     return;
   bool vec = wf__row_packs(C, res, out, a, b) && wf__aligned16(weight);
@@ -130,9 +135,11 @@ void wf__residual_rmsnorm_forward(E *res, E *out, float *rstd, const E *a, const
 }
 
 template <typename E>
-void wf__rmsnorm_backward(float *dinp, float *dweight, const float *dout, const E *inp,
-                          const float *weight, const float *rstd, int N, int C, wf_stream *stream)
+static void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const void *inp_,
+                             const float *weight, const float *rstd, int N, int C,
+                             wf_stream *stream)
 {
+  const E *inp = (const E *)inp_;
   cudaStream_t s = (cudaStream_t)stream;
   if (N <= 0 || C <= 0)
     return;
@@ -146,35 +153,10 @@ void wf__rmsnorm_backward(float *dinp, float *dweight, const float *dout, const 
   wf__norm_param_grads(dweight, (float *)NULL, dout, inp, (const float *)NULL, rstd, N, C, s);
 }
 
-#define WF_RMSNORM_FORMS(E)                                                                        \
-  template void wf__rmsnorm_forward<E>(E *, float *, const E *, const float *, float, int, int,    \
-                                       wf_stream *);                                               \
-  template void wf__residual_rmsnorm_forward<E>(E *, E *, float *, const E *, const float *,       \
-                                                const float *, float, int, int, wf_stream *);      \
-  template void wf__rmsnorm_backward<E>(float *, float *, const float *, const E *, const float *, \
-                                        const float *, int, int, wf_stream *);
-WF_RMSNORM_FORMS(float)
-WF_RMSNORM_FORMS(__nv_bfloat16)
-WF_RMSNORM_FORMS(__half)
+/* ---- the op (wf_kreg.h): one variant per element type --------------------------------- */
 
-extern "C" void wf_cuda_rmsnorm_forward(float *out, float *rstd, const float *inp,
-                                        const float *weight, float eps, int N, int C,
-                                        wf_stream *stream)
-{
-  wf__rmsnorm_forward(out, rstd, inp, weight, eps, N, C, stream);
-}
-
-extern "C" void wf_cuda_residual_rmsnorm_forward(float *res, float *out, float *rstd,
-                                                 const float *a, const float *b,
-                                                 const float *weight, float eps, int N, int C,
-                                                 wf_stream *stream)
-{
-  wf__residual_rmsnorm_forward(res, out, rstd, a, b, weight, eps, N, C, stream);
-}
-
-extern "C" void wf_cuda_rmsnorm_backward(float *dinp, float *dweight, const float *dout,
-                                         const float *inp, const float *weight, const float *rstd,
-                                         int N, int C, wf_stream *stream)
-{
-  wf__rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C, stream);
-}
+template <typename E>
+static const wf_rmsnorm_op op = {rmsnorm_forward<E>, rmsnorm_backward<E>,
+                                 residual_rmsnorm_forward<E>};
+const wf_kvariants wf__cuda_rmsnorm =
+    WF_KV(rmsnorm, WF_OP_VERSION_rmsnorm, &op<float>, &op<__nv_bfloat16>, &op<__half>);

@@ -47,40 +47,21 @@ static void rope_launch(E *x, const float *cs, int B, int T, int NH, int NKV, in
 }
 
 template <typename E>
-void wf__rope_forward(E *qkv, const float *cs, int B, int T, int NH, int NKV, int hs,
-                      wf_stream *stream)
+static void rope_forward(void *qkv, const float *cs, int B, int T, int NH, int NKV, int hs,
+                         wf_stream *stream)
 {
-  rope_launch(qkv, cs, B, T, NH, NKV, hs, 1.0f, stream, "rope_kernel (forward)");
+  rope_launch((E *)qkv, cs, B, T, NH, NKV, hs, 1.0f, stream, "rope_kernel (forward)");
 }
-
-template void wf__rope_forward<float>(float *, const float *, int, int, int, int, int, wf_stream *);
-template void wf__rope_forward<__nv_bfloat16>(__nv_bfloat16 *, const float *, int, int, int, int,
-                                              int, wf_stream *);
-template void wf__rope_forward<__half>(__half *, const float *, int, int, int, int, int,
-                                       wf_stream *);
 
 template <typename E>
-void wf__rope_backward(E *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs,
-                       wf_stream *stream)
+static void rope_backward(void *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs,
+                          wf_stream *stream)
 {
-  rope_launch(dqkv, cs, B, T, NH, NKV, hs, -1.0f, stream, "rope_kernel (backward)");
+  rope_launch((E *)dqkv, cs, B, T, NH, NKV, hs, -1.0f, stream, "rope_kernel (backward)");
 }
 
-template void wf__rope_backward<float>(float *, const float *, int, int, int, int, int,
-                                       wf_stream *);
-template void wf__rope_backward<__nv_bfloat16>(__nv_bfloat16 *, const float *, int, int, int, int,
-                                               int, wf_stream *);
-template void wf__rope_backward<__half>(__half *, const float *, int, int, int, int, int,
-                                        wf_stream *);
+/* ---- the op (wf_kreg.h): one variant per element type --------------------------------- */
 
-extern "C" void wf_cuda_rope_forward(float *qkv, const float *cs, int B, int T, int NH, int NKV,
-                                     int hs, wf_stream *stream)
-{
-  wf__rope_forward(qkv, cs, B, T, NH, NKV, hs, stream);
-}
-
-extern "C" void wf_cuda_rope_backward(float *dqkv, const float *cs, int B, int T, int NH, int NKV,
-                                      int hs, wf_stream *stream)
-{
-  wf__rope_backward(dqkv, cs, B, T, NH, NKV, hs, stream);
-}
+template <typename E> static const wf_rope_op op = {rope_forward<E>, rope_backward<E>};
+const wf_kvariants wf__cuda_rope =
+    WF_KV(rope, WF_OP_VERSION_rope, &op<float>, &op<__nv_bfloat16>, &op<__half>);

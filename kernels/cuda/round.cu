@@ -22,7 +22,7 @@ __global__ static void round_fp16_kernel(float *dst, const float *src, size_t n)
   WF_GRID_STRIDE(i, n) { dst[i] = __half2float(__float2half_rn(src[i])); }
 }
 
-extern "C" void wf_cuda_round_bf16(float *dst, const float *src, size_t n, wf_stream *stream)
+static void round_bf16(float *dst, const float *src, size_t n, wf_stream *stream)
 {
   if (n == 0)
     return;
@@ -30,10 +30,22 @@ extern "C" void wf_cuda_round_bf16(float *dst, const float *src, size_t n, wf_st
   WF_CUDA_LAUNCHED("round_bf16_kernel");
 }
 
-extern "C" void wf_cuda_round_fp16(float *dst, const float *src, size_t n, wf_stream *stream)
+static void round_fp16(float *dst, const float *src, size_t n, wf_stream *stream)
 {
   if (n == 0)
     return;
   round_fp16_kernel<<<wf__grid_1d(n, 256), 256, 0, (cudaStream_t)stream>>>(dst, src, n);
   WF_CUDA_LAUNCHED("round_fp16_kernel");
 }
+
+static void round_f32(float *dst, const float *src, size_t n, wf_stream *stream)
+{
+  if (n > 0 && dst != src)
+    WF_CUDA_OK(
+        cudaMemcpyAsync(dst, src, n * sizeof *dst, cudaMemcpyDeviceToDevice, (cudaStream_t)stream));
+}
+
+/* ---- the op (wf_kreg.h): the variant's type is the one rounded to ---------------------- */
+
+static const wf_round_op f32 = {round_f32}, bf16 = {round_bf16}, f16 = {round_fp16};
+const wf_kvariants wf__cuda_round = WF_KV(round, WF_OP_VERSION_round, &f32, &bf16, &f16);

@@ -67,8 +67,11 @@ __global__ static void swiglu_backward_kernel(E *dinp, const E *inp, const E *do
   }
 }
 
-template <typename E> void wf__swiglu_forward(E *out, const E *inp, int N, int F, wf_stream *stream)
+template <typename E>
+static void swiglu_forward(void *out_, const void *inp_, int N, int F, wf_stream *stream)
 {
+  E *out = (E *)out_;
+  const E *inp = (const E *)inp_;
   if (N <= 0 || F <= 0)
     return;
   size_t n = (size_t)N * F;
@@ -79,8 +82,11 @@ template <typename E> void wf__swiglu_forward(E *out, const E *inp, int N, int F
 }
 
 template <typename E>
-void wf__swiglu_backward(E *dinp, const E *inp, const E *dout, int N, int F, wf_stream *stream)
+static void swiglu_backward(void *dinp_, const void *inp_, const void *dout_, int N, int F,
+                            wf_stream *stream)
 {
+  E *dinp = (E *)dinp_;
+  const E *inp = (const E *)inp_, *dout = (const E *)dout_;
   if (N <= 0 || F <= 0)
     return;
   size_t n = (size_t)N * F;
@@ -90,21 +96,8 @@ void wf__swiglu_backward(E *dinp, const E *inp, const E *dout, int N, int F, wf_
   WF_CUDA_LAUNCHED("swiglu_backward_kernel");
 }
 
-#define WF_SWIGLU_FORMS(E)                                                                         \
-  template void wf__swiglu_forward<E>(E *, const E *, int, int, wf_stream *);                      \
-  template void wf__swiglu_backward<E>(E *, const E *, const E *, int, int, wf_stream *);
-WF_SWIGLU_FORMS(float)
-WF_SWIGLU_FORMS(__nv_bfloat16)
-WF_SWIGLU_FORMS(__half)
+/* ---- the op (wf_kreg.h): one variant per element type --------------------------------- */
 
-extern "C" void wf_cuda_swiglu_forward(float *out, const float *inp, int N, int F,
-                                       wf_stream *stream)
-{
-  wf__swiglu_forward(out, inp, N, F, stream);
-}
-
-extern "C" void wf_cuda_swiglu_backward(float *dinp, const float *inp, const float *dout, int N,
-                                        int F, wf_stream *stream)
-{
-  wf__swiglu_backward(dinp, inp, dout, N, F, stream);
-}
+template <typename E> static const wf_swiglu_op op = {swiglu_forward<E>, swiglu_backward<E>};
+const wf_kvariants wf__cuda_swiglu =
+    WF_KV(swiglu, WF_OP_VERSION_swiglu, &op<float>, &op<__nv_bfloat16>, &op<__half>);

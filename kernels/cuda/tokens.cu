@@ -34,9 +34,13 @@ __global__ static void tokens_check_kernel(int *bad, const int *tokens, size_t n
   }
 }
 
-extern "C" void wf_cuda_tokens_check(int *bad, const int *tokens, size_t n, int V,
-                                     wf_stream *stream)
+static void check(int *bad, const int *tokens, size_t n, int V, wf_stream *stream)
 {
   tokens_check_kernel<<<1, TOKENS_THREADS, 0, (cudaStream_t)stream>>>(bad, tokens, n, V);
   WF_CUDA_LAUNCHED("tokens_check_kernel");
 }
+
+/* ---- the op (wf_kreg.h) ---------------------------------------------------------------- */
+
+static const wf_tokens_op op = {check};
+const wf_kvariants wf__cuda_tokens = WF_KV_ANY(tokens, WF_OP_VERSION_tokens, &op);

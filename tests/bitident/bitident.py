@@ -23,6 +23,11 @@ order), and a0e49c2 added a 16-bit GEMM output's bias rounded to the format. In
 fp16-skips the 2^30 loss scale overflows the first 7 steps, which are skipped, and the
 8th updates the model. Both binaries run on the same CPU, so both take the same GEMM
 path.
+
+The Llama cases compare with 322efd3, the tree before the kernels became ops in a
+registry keyed by (op, element type, device): Llama's RMSNorm, RoPE, SwiGLU and grouped-
+query attention, fp32 on one rank and bf16 on the 3-D mesh with sequence parallelism,
+saved as safetensors.
 """
 import os
 import re
@@ -37,6 +42,8 @@ from testlib import free_ports  # noqa: E402
 WORKER, BUILD_REF, SRC, BUILD_ROOT, CASE = sys.argv[1:6]
 REF_COMMIT = "46d31cd"  # the fp32 cases'
 REF_16 = "4e05021"  # the 16-bit cases' (see above)
+REF_LLAMA = "322efd3"  # the Llama cases' (see above)
+LLAMA = ["model.family=llama", "model.preset=llama-tiny"]
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
 # Small but covering: 4 layers (2 per stage, 1 per interleaved chunk), 8 steps with
 # warm-up and decay, every schedule's code path.
@@ -55,12 +62,16 @@ CASES = {
     # a 2^30 start overflows fp16: the first steps are skipped and the scale halves
     "fp16-skips": (2, ["mesh.dp=2", "precision=fp16", "optim.loss_scale_init=1073741824"],
                    REF_16),
+    "llama-np1": (1, LLAMA, REF_LLAMA),
+    "llama-bf16-3d": (8, LLAMA + ["mesh.dp=2", "mesh.tp=2", "mesh.pp=2", "train.microbatches=2",
+                                  "parallel.sequence=true", "precision=bf16"], REF_LLAMA),
 }
 STEP = re.compile(r"^step (\d+)/\d+ loss=(\S+) .*?grad_norm=(\S+)")
 
 
 def run(worker, n, args, save):
-    cmd = MPIRUN + ["-np", str(n), worker] + args + ["--save", save]
+    fmt = ["--save-format", "safetensors"] if "model.family=llama" in args else []
+    cmd = MPIRUN + ["-np", str(n), worker] + args + ["--save", save] + fmt
     # a free port each: another job on the default 29500 is not this test's failure
     env = dict(os.environ, MASTER_PORT=str(free_ports(1)[0]))
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
@@ -71,7 +82,8 @@ def run(worker, n, args, save):
 
 
 def first_difference(a, b):
-    """(index, a value, b value) of the first differing float after the 1 KiB header."""
+    """(index, a value, b value) of the first differing float after the 1 KiB header
+    (llm.c's; a safetensors file's header is longer, so there the index is approximate)."""
     n = min(len(a), len(b))
     for off in range(1024, n, 4):
         if a[off:off + 4] != b[off:off + 4]:

@@ -1,5 +1,5 @@
 /*
- * att16_bound.h - how far attention computed in bf16 (attention_bf16.h: the CPU twin,
+ * att16_bound.h - how far attention computed in bf16 (attention_lse.h: the CPU twin,
  * the flash kernels, cuDNN) may lie from fp32 attention, element by element: the
  * mixed-precision tolerance of every attention test that compares the two.
  *

@@ -549,7 +549,7 @@ static void test_mesh_shape_yaml(void **state)
   /* Axes in another order, with long names; the given order is recorded. */
   assert_int_equal(load(f, "mesh_shape:\n  - [2, 4]\n  - [pipeline, data]\n"), WF_OK);
   assert_mesh(&f->cfg, 4, 1, 2, "pp", "dp", "tp");
-  /* One axis; a dp left out is derived from the world size (DESIGN.md, "The mesh"). */
+  /* One axis; a dp left out is derived from the world size (docs/architecture.md, "The mesh"). */
   assert_int_equal(load(f, "mesh_shape: [[8], [tensor]]\n"), WF_OK);
   assert_mesh(&f->cfg, 0, 8, 1, "tp", "dp", "pp");
   assert_int_equal(wf_config_set(&f->cfg, "model.heads", "8", WF_SRC_CLI, f->err, 64), WF_OK);

@@ -64,7 +64,7 @@ static wf_rank_facts facts_for(int rank, const wf_mesh *m)
   snprintf(f.device, sizeof f.device, "cpu");
   snprintf(f.binding, sizeof f.binding, "core %d", rank);
   f.threads = 1;
-  /* rank = tp + TP * (dp + DP * pp) (DESIGN.md) */
+  /* rank = tp + TP * (dp + DP * pp) (docs/architecture.md) */
   f.coords =
       (wf_coords){.pp = rank / (m->tp * m->dp), .dp = (rank / m->tp) % m->dp, .tp = rank % m->tp};
   return f;

@@ -15,7 +15,7 @@ test harness's Open MPI settings: a command that needs --allow-run-as-root or
 later block may use what an earlier one wrote.
 
 The file's own checks follow each run: the README's quick start must print a sample of
-real words. The test also checks that every relative link of the file names a page
+real words, and the README must stay a front page (at most 160 lines, no tables). The test also checks that every relative link of the file names a page
 that exists, and (for docs/configuration.md) that every config key is documented.
 """
 import os
@@ -123,9 +123,27 @@ def check_quick_start(out):
     print(f"ok: the quick start's sample reads: {sample!r}")
 
 
+# The README is a front page (what weft is, set-up, the quick start, the main commands,
+# where to read on): about 150 lines, with room for a line or two more; reference tables
+# belong in docs/.
+README_MAX_LINES = 160
+README_MAX_TABLE_ROWS = 0
+
+
+def check_front_page(text):
+    lines = text.count("\n")
+    rows = sum(1 for l in text.splitlines() if l.startswith("|"))
+    if lines > README_MAX_LINES or rows > README_MAX_TABLE_ROWS:
+        fail(f"the README has {lines} lines and {rows} table rows; a front page has at most "
+             f"{README_MAX_LINES} lines and no reference tables (move them to docs/)")
+    print(f"ok: the README is a front page: {lines} lines, no tables")
+
+
 def main():
     text = open(PAGE).read()
     check_links(text)
+    if os.path.basename(PAGE) == "README.md":
+        check_front_page(text)
     with tempfile.TemporaryDirectory(prefix="weft-docs-") as d:
         scratch_repo(d)
         env = user_env(d)

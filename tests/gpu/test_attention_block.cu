@@ -21,6 +21,12 @@
 #include "storage.h"
 
 /* What the module's backend.cu provides, for this test alone. */
+/* The module's table of the op (one for every element type: the format is an argument). */
+static const wf_attention_block_op *ops(void)
+{
+  return (const wf_attention_block_op *)wf__cuda_attention_block.v[WF_DT_F32];
+}
+
 extern "C" void wf_log(int level, const char *file, int line, const char *fmt, ...)
 {
   (void)level, (void)file, (void)line;
@@ -124,7 +130,7 @@ static void check(const char *name, bool causal, int Tq, int Tk, int fmt)
   wf_attention_block_forward(out, lse, q, kv, &g);
   float *o_d = dev_floats(out, no), *l_d = dev_floats(lse, nl); /* overwritten below */
   CK(cudaMemset(o_d, 0, no * 4));
-  wf__cuda_attn_block_ops()->forward(o_d, l_d, dq_, dkv_, &g, NULL);
+  ops()->forward(o_d, l_d, dq_, dkv_, &g, NULL);
   CK(cudaDeviceSynchronize());
   char what[128];
   snprintf(what, sizeof what, "%s forward out", name);
@@ -136,7 +142,7 @@ static void check(const char *name, bool causal, int Tq, int Tk, int fmt)
   memcpy(acc, out, no * 4), memcpy(acc_l, lse, nl * 4);
   wf_attention_block_merge(acc, acc_l, out, lse, &g);
   float *a_d = dev_floats(out, no), *al_d = dev_floats(lse, nl);
-  wf__cuda_attn_block_ops()->merge(a_d, al_d, o_d, l_d, &g, NULL);
+  ops()->merge(a_d, al_d, o_d, l_d, &g, NULL);
   snprintf(what, sizeof what, "%s merge lse", name);
   compare(what, acc_l, al_d, nl);
   /* D and backward, from the output stored in fmt (as the ring keeps it) */
@@ -147,14 +153,14 @@ static void check(const char *name, bool causal, int Tq, int Tk, int fmt)
   wf_attention_block_delta(D, dout, o16, &g);
   float *D_d = dev_floats(D, nl);
   CK(cudaMemset(D_d, 0, nl * 4));
-  wf__cuda_attn_block_ops()->delta(D_d, ddo, o16_d, &g, NULL);
+  ops()->delta(D_d, ddo, o16_d, &g, NULL);
   snprintf(what, sizeof what, "%s D", name);
   compare(what, D, D_d, nl);
   wf_attention_block_backward(gq, gkv, dout, q, kv, lse, D, &g);
   float *gq_d = dev_floats(gq, no), *gkv_d = dev_floats(gkv, nkv);
   CK(cudaMemset(gq_d, 0, no * 4));
   CK(cudaMemset(gkv_d, 0, nkv * 4));
-  wf__cuda_attn_block_ops()->backward(gq_d, gkv_d, ddo, dq_, dkv_, l_d, D_d, &g, NULL);
+  ops()->backward(gq_d, gkv_d, ddo, dq_, dkv_, l_d, D_d, &g, NULL);
   CK(cudaDeviceSynchronize());
   snprintf(what, sizeof what, "%s backward dq", name);
   compare(what, gq, gq_d, no);

@@ -24,7 +24,7 @@
 
 #include "wf_build_config.h"
 #include "wf_gpu.h"
-#include "wf_ktable.h"
+#include "wf_device.h"
 
 static int failures;
 
@@ -70,7 +70,7 @@ static int test_notfound(void)
   EXPECT(strstr(why, "not found") != NULL);
   /* The API is safe to call on "no GPU". */
   EXPECT(wf_gpu_device_count(NULL) == 0);
-  EXPECT(wf_ktable_of_gpu(NULL) == NULL);
+  EXPECT(wf_kreg_check(wf_gpu_kernel_table(NULL)) == NULL);
   EXPECT(wf_gpu_is_device_ptr(NULL, why) == 0);
   wf_gpu_close(NULL);
   return 0;

@@ -13,7 +13,7 @@
  *
  * Tolerances, and why:
  *  - TOL_EXACT (1e-6): one or two float operations per element (residual,
- *    scale, encoder forward): any difference is an indexing bug.
+ *    scale, embedding and position forward): any difference is an indexing bug.
  *  - TOL_ELEM (2e-5): elementwise with exp/tanh/sqrt (GELU, AdamW, the loss):
  *    CUDA's expf/tanhf are within 2 ulp and the CPU twin's vectorised ones within
  *    a few ulp, i.e. ~1e-6 relative; 2e-5 leaves margin, a wrong formula is off
@@ -25,7 +25,8 @@
  *    (the GPU adds in another order; double's 2^-53 over 3e5 terms is ~1e-11).
  *  - xent_pack, tokens_check, checksum: exact (they move or find values, or add
  *    integers).
- *  - encoder backward: bit for bit. It adds in the twin's order (encoder.cu), so any
+ *  - embedding and position backward: bit for bit. They add in the twin's order
+ *    (embedding.cu, position.cu), so any
  *    difference is an order or indexing bug; and run twice, it gives the same bits.
  *  - column sums over many rows (TOL_COLSUM, 2e-3 absolute): each side adds 8192 terms
  *    in [-1, 1] in its own order; a sum's rounding error grows like sqrt(n) 2^-24
@@ -59,11 +60,11 @@
 #include <string.h>
 
 #include "../common/att16_bound.h"
+#include "../common/encode.h"
 #include "wf_config.h"
 #include "wf_device.h"
 #include "wf_gpu.h"
 #include "wf_kernels.h"
-#include "wf_ktable.h"
 
 #define SEED       20241122u
 #define TOL_EXACT  1e-6f
@@ -74,7 +75,7 @@
 
 typedef struct ctx {
   wf_gpu *g;
-  const wf_ktable *k;
+  const wf_kset *k;
   wf_stream *stream;
   void *dev[MAX_BUFS]; /* device buffers of the current case */
   void *host[MAX_BUFS];
@@ -175,6 +176,27 @@ static void expect_bits(ctx *c, const char *what, const float *ref, const float 
 
 /* ---- the cases --------------------------------------------------------------------- */
 
+/* The bf16-only ops' set (attention_lse, classifier), and the GPU's twin of encode.h:
+ * GPT-2's input from the embedding and position ops. */
+static const wf_kset *bf16_of(const ctx *c) { return wf_kset_as(c->k, WF_DT_BF16); }
+
+static void gpu_encode(ctx *c, float *out, const int *inp, const float *wte, int v_offset, int Vl,
+                       const float *wpe, int B, int T, int C)
+{
+  WF_K(c->k, embedding)->forward(out, inp, wte, v_offset, Vl, B * T, C, c->stream);
+  if (wpe)
+    WF_K(c->k, position)->forward(out, wpe, NULL, B, T, C, c->stream);
+}
+
+static void gpu_encode_backward(ctx *c, float *dwte, float *dwpe, const float *dout, const int *inp,
+                                int v_offset, int Vl, int B, int T, int C)
+{
+  if (dwte)
+    WF_K(c->k, embedding)->backward(dwte, dout, inp, v_offset, Vl, B * T, C, c->stream);
+  if (dwpe)
+    WF_K(c->k, position)->backward(dwpe, dout, NULL, B, T, C, c->stream);
+}
+
 static void test_encoder(ctx *c)
 {
   const int B = 3, T = 7, C = 13, V = 11, maxT = 9;
@@ -183,21 +205,21 @@ static void test_encoder(ctx *c)
   float *wte = hrand(c, (size_t)V * C, -1, 1), *wpe = hrand(c, (size_t)maxT * C, -1, 1);
   float *out = hzero(c, BTC), *d_out = df(c, out, BTC);
   int *d_inp = di(c, inp, (size_t)B * T);
-  wf_encoder_forward(out, inp, wte, wpe, B, T, C);
-  c->k->encoder_forward(d_out, d_inp, df(c, wte, (size_t)V * C), df(c, wpe, (size_t)maxT * C), B, T,
-                        C, c->stream);
-  expect_close(c, "encoder_forward out", out, d_out, BTC, TOL_EXACT, TOL_EXACT);
+  encode(out, inp, wte, 0, INT_MAX, wpe, B, T, C);
+  gpu_encode(c, d_out, d_inp, df(c, wte, (size_t)V * C), 0, INT_MAX, df(c, wpe, (size_t)maxT * C),
+             B, T, C);
+  expect_close(c, "embedding+position forward out", out, d_out, BTC, TOL_EXACT, TOL_EXACT);
 
   float *dout = hrand(c, BTC, -1, 1);
   float *dwte = hrand(c, (size_t)V * C, -1, 1), *dwpe = hrand(c, (size_t)maxT * C, -1, 1);
   float *d_dwte = df(c, dwte, (size_t)V * C), *d_dwpe = df(c, dwpe, (size_t)maxT * C);
-  wf_encoder_backward(dwte, dwpe, dout, inp, B, T, C);
-  c->k->encoder_backward(d_dwte, d_dwpe, df(c, dout, BTC), d_inp, B, T, C, c->stream);
+  encode_backward(dwte, dwpe, dout, inp, 0, INT_MAX, B, T, C);
+  gpu_encode_backward(c, d_dwte, d_dwpe, df(c, dout, BTC), d_inp, 0, INT_MAX, B, T, C);
   expect_bits(c, "encoder_backward dwte", dwte, d_dwte, (size_t)V * C);
   expect_bits(c, "encoder_backward dwpe", dwpe, d_dwpe, (size_t)maxT * C);
 }
 
-/* The embedding's backward at GPT-2's width: 4096 tokens (4 of encoder.cu's token
+/* The embedding's backward at GPT-2's width: 4096 tokens (4 of embedding.cu's token
  * tiles), six in seven of them on 5 rows, the rest anywhere in 5000: dwte and dwpe are
  * the CPU twin's bit for bit, on two runs from the same start (same seed, same bits). */
 static void test_encoder_deterministic(ctx *c)
@@ -212,8 +234,8 @@ static void test_encoder_deterministic(ctx *c)
   int *d_inp = di(c, inp, BT);
   float *d_w[2] = {df(c, dwte, VC), df(c, dwte, VC)}, *d_p[2] = {df(c, dwpe, PC), df(c, dwpe, PC)};
   for (int run = 0; run < 2; run++)
-    c->k->encoder_backward(d_w[run], d_p[run], d_dout, d_inp, B, T, C, c->stream);
-  wf_encoder_backward(dwte, dwpe, dout, inp, B, T, C);
+    gpu_encode_backward(c, d_w[run], d_p[run], d_dout, d_inp, 0, INT_MAX, B, T, C);
+  encode_backward(dwte, dwpe, dout, inp, 0, INT_MAX, B, T, C);
   expect_bits(c, "encoder_backward dwte, run 1", dwte, d_w[0], VC);
   expect_bits(c, "encoder_backward dwte, run 2", dwte, d_w[1], VC);
   expect_bits(c, "encoder_backward dwpe, run 1", dwpe, d_p[0], PC);
@@ -233,18 +255,17 @@ static void encoder_vp_rank(ctx *c, const int *inp, const float *wte, const floa
   int *d_inp = di(c, inp, (size_t)B * T);
   const float *w = wte + (size_t)v_offset * C, *pe = r == 0 ? wpe : NULL;
   float *out = hzero(c, BTC), *d_out = df(c, out, BTC);
-  wf_encoder_forward_vp(out, inp, w, v_offset, Vl, pe, B, T, C);
-  c->k->encoder_forward_vp(d_out, d_inp, df(c, w, VlC), v_offset, Vl, pe ? df(c, pe, PC) : NULL, B,
-                           T, C, c->stream);
-  expect_close(c, "encoder_forward_vp out", out, d_out, BTC, TOL_EXACT, TOL_EXACT);
+  encode(out, inp, w, v_offset, Vl, pe, B, T, C);
+  gpu_encode(c, d_out, d_inp, df(c, w, VlC), v_offset, Vl, pe ? df(c, pe, PC) : NULL, B, T, C);
+  expect_close(c, "embedding+position forward (split) out", out, d_out, BTC, TOL_EXACT, TOL_EXACT);
 
   float *dout = hrand(c, BTC, -1, 1);
   float *dwte = hrand(c, VlC, -1, 1), *dwpe = hrand(c, PC, -1, 1);
   float *d_dwte = df(c, dwte, VlC), *d_dwpe = df(c, dwpe, PC);
   float *cw = nulls && r == 2 ? NULL : dwte, *cp = nulls && r == 1 ? NULL : dwpe;
-  wf_encoder_backward_vp(cw, cp, dout, inp, v_offset, Vl, B, T, C);
-  c->k->encoder_backward_vp(cw ? d_dwte : NULL, cp ? d_dwpe : NULL, df(c, dout, BTC), d_inp,
-                            v_offset, Vl, B, T, C, c->stream);
+  encode_backward(cw, cp, dout, inp, v_offset, Vl, B, T, C);
+  gpu_encode_backward(c, cw ? d_dwte : NULL, cp ? d_dwpe : NULL, df(c, dout, BTC), d_inp, v_offset,
+                      Vl, B, T, C);
   expect_bits(c, "encoder_backward_vp dwte", dwte, d_dwte, VlC);
   expect_bits(c, "encoder_backward_vp dwpe", dwpe, d_dwpe, PC);
 }
@@ -270,7 +291,7 @@ static void test_layernorm(ctx *c)
   float *d_out = df(c, out, NC), *d_mean = df(c, mean, N), *d_rstd = df(c, rstd, N);
   float *d_inp = df(c, inp, NC), *d_w = df(c, w, C);
   wf_layernorm_forward(out, mean, rstd, inp, w, b, N, C);
-  c->k->layernorm_forward(d_out, d_mean, d_rstd, d_inp, d_w, df(c, b, C), N, C, c->stream);
+  WF_K(c->k, layernorm)->forward(d_out, d_mean, d_rstd, d_inp, d_w, df(c, b, C), N, C, c->stream);
   expect_close(c, "layernorm_forward out", out, d_out, NC, TOL_SUM, TOL_SUM);
   expect_close(c, "layernorm_forward mean", mean, d_mean, N, TOL_SUM, TOL_SUM);
   expect_close(c, "layernorm_forward rstd", rstd, d_rstd, N, TOL_SUM, TOL_SUM);
@@ -280,8 +301,9 @@ static void test_layernorm(ctx *c)
   float *d_dinp = df(c, dinp, NC), *d_dw = df(c, dw, C), *d_db = df(c, db, C);
   /* Both sides use the CPU's mean and rstd, so only the backward is compared. */
   wf_layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
-  c->k->layernorm_backward(d_dinp, d_dw, d_db, df(c, dout, NC), d_inp, d_w, df(c, mean, N),
-                           df(c, rstd, N), N, C, c->stream);
+  WF_K(c->k, layernorm)
+      ->backward(d_dinp, d_dw, d_db, df(c, dout, NC), d_inp, d_w, df(c, mean, N), df(c, rstd, N), N,
+                 C, c->stream);
   expect_close(c, "layernorm_backward dinp", dinp, d_dinp, NC, TOL_SUM, TOL_SUM);
   expect_close(c, "layernorm_backward dweight", dw, d_dw, C, TOL_SUM, TOL_SUM);
   expect_close(c, "layernorm_backward dbias", db, d_db, C, TOL_SUM, TOL_SUM);
@@ -314,10 +336,10 @@ static void matmul_case(ctx *c, int N, int C, int OC, bool with_bias, bool with_
   float *inp = operand(c, NC, lowp), *w = operand(c, OCC, lowp), *b = hrand(c, OC, -1, 1);
   float *out = hzero(c, NO), *d_out = df(c, out, NO);
   float *d_inp = df(c, inp, NC), *d_w = df(c, w, OCC);
-  c->k->set_tf32(tf32);
+  WF_K(c->k, matmul)->set_tf32(tf32);
   wf_matmul_forward(out, inp, w, with_bias ? b : NULL, N, C, OC);
-  c->k->matmul_forward(d_out, d_inp, d_w, with_bias ? df(c, b, OC) : NULL, N, C, OC, lowp,
-                       c->stream);
+  WF_K(c->k, matmul)
+      ->forward(d_out, d_inp, d_w, with_bias ? df(c, b, OC) : NULL, N, C, OC, lowp, c->stream);
   snprintf(name, sizeof name, "matmul_forward out%s", with_bias ? "" : " (no bias)");
   expect_close(c, name, out, d_out, NO, tol_f, TOL_SUM);
 
@@ -325,9 +347,10 @@ static void matmul_case(ctx *c, int N, int C, int OC, bool with_bias, bool with_
   float *dw = hrand(c, OCC, -1, 1), *db = hrand(c, OC, -1, 1);
   float *d_dinp = df(c, dinp, NC), *d_dw = df(c, dw, OCC), *d_db = df(c, db, OC);
   wf_matmul_backward(with_dinp ? dinp : NULL, dw, with_bias ? db : NULL, dout, inp, w, N, C, OC);
-  c->k->matmul_backward(with_dinp ? d_dinp : NULL, d_dw, with_bias ? d_db : NULL, df(c, dout, NO),
-                        d_inp, d_w, N, C, OC, lowp, c->stream);
-  c->k->set_tf32(0);
+  WF_K(c->k, matmul)
+      ->backward(with_dinp ? d_dinp : NULL, d_dw, with_bias ? d_db : NULL, df(c, dout, NO), d_inp,
+                 d_w, N, C, OC, lowp, c->stream);
+  WF_K(c->k, matmul)->set_tf32(0);
   expect_close(c, "matmul_backward dinp", dinp, d_dinp, NC, tol_i, TOL_SUM);
   expect_close(c, "matmul_backward dweight", dw, d_dw, OCC, tol_b, TOL_SUM);
   expect_close(c, "matmul_backward dbias", db, d_db, OC, TOL_SUM, TOL_SUM);
@@ -364,8 +387,9 @@ static void matmul_gelu_case(ctx *c, int N, int C, int OC, int lowp)
   float *pre = hzero(c, NO), *out = hzero(c, NO), *d_pre = df(c, pre, NO), *d_out = df(c, out, NO);
   wf_matmul_forward(pre, inp, w, b, N, C, OC);
   wf_gelu_forward(out, pre, NO);
-  c->k->matmul_gelu_forward(d_out, d_pre, df(c, inp, NC), df(c, w, OCC), df(c, b, OC), N, C, OC,
-                            lowp, c->stream);
+  WF_K(c->k, matmul)
+      ->gelu_forward(d_out, d_pre, df(c, inp, NC), df(c, w, OCC), df(c, b, OC), N, C, OC, lowp,
+                     c->stream);
   expect_close(c, "matmul_gelu_forward pre", pre, d_pre, NO, TOL_SUM, TOL_SUM);
   expect_close(c, "matmul_gelu_forward out", out, d_out, NO, TOL_GELU_EPI, TOL_GELU_EPI);
 }
@@ -393,13 +417,14 @@ static void test_residual_layernorm(ctx *c)
   float *d_rstd = df(c, rstd, N);
   wf_residual_forward(res, a, b, NC);
   wf_layernorm_forward(ln, mean, rstd, res, w, bias, N, C);
-  c->k->residual_layernorm_forward(d_res, d_ln, d_mean, d_rstd, d_a, d_b, d_w, d_bias, N, C,
-                                   c->stream);
+  WF_K(c->k, layernorm)
+      ->residual_forward(d_res, d_ln, d_mean, d_rstd, d_a, d_b, d_w, d_bias, N, C, c->stream);
   expect_close(c, "residual_layernorm res", res, d_res, NC, TOL_EXACT, TOL_EXACT);
   expect_close(c, "residual_layernorm ln", ln, d_ln, NC, TOL_SUM, TOL_SUM);
   expect_close(c, "residual_layernorm mean", mean, d_mean, N, TOL_SUM, TOL_SUM);
   expect_close(c, "residual_layernorm rstd", rstd, d_rstd, N, TOL_SUM, TOL_SUM);
-  c->k->residual_layernorm_forward(d_a, d_ln, NULL, NULL, d_a, d_b, d_w, d_bias, N, C, c->stream);
+  WF_K(c->k, layernorm)
+      ->residual_forward(d_a, d_ln, NULL, NULL, d_a, d_b, d_w, d_bias, N, C, c->stream);
   expect_close(c, "residual_layernorm in place", res, d_a, NC, TOL_EXACT, TOL_EXACT);
   expect_close(c, "residual_layernorm ln (in place)", ln, d_ln, NC, TOL_SUM, TOL_SUM);
 }
@@ -412,22 +437,22 @@ static void attention_case(ctx *c, int B, int T, int NH, int hs)
 {
   const int C = NH * hs;
   const size_t BTC = (size_t)B * T * C, QKV = 3 * BTC, ATT = (size_t)B * NH * T * T;
-  const size_t saved = c->k->attention_saved(B, T, C, NH);
-  const size_t scratch = c->k->attention_scratch(B, T, C, NH);
+  const size_t saved = WF_K(c->k, attention)->saved(B, T, C, NH);
+  const size_t scratch = WF_K(c->k, attention)->scratch(B, T, C, NH);
   char name[96];
   float *qkv = hrand(c, QKV, -1, 1), *out = hzero(c, BTC), *att = hzero(c, ATT);
   float *d_out = df(c, out, BTC), *d_qkv = df(c, qkv, QKV);
   float *d_att = df(c, hzero(c, saved), saved);
   wf_attention_forward(out, att, qkv, B, T, C, NH);
-  c->k->attention_forward(d_out, d_att, d_qkv, B, T, C, NH, c->stream);
+  WF_K(c->k, attention)->forward(d_out, d_att, d_qkv, B, T, C, NH, NH, c->stream);
   snprintf(name, sizeof name, "attention_forward hs=%d T=%d", hs, T);
   expect_close(c, name, out, d_out, BTC, TOL_SUM, TOL_SUM);
 
   float *dout = hrand(c, BTC, -1, 1), *dqkv = hrand(c, QKV, -1, 1);
   float *d_dqkv = df(c, dqkv, QKV), *d_scratch = df(c, hzero(c, scratch), scratch);
   wf_attention_backward(dqkv, hzero(c, ATT), dout, qkv, att, B, T, C, NH);
-  c->k->attention_backward(d_dqkv, d_scratch, df(c, dout, BTC), d_qkv, d_att, B, T, C, NH,
-                           c->stream);
+  WF_K(c->k, attention)
+      ->backward(d_dqkv, d_scratch, df(c, dout, BTC), d_qkv, d_att, B, T, C, NH, NH, c->stream);
   snprintf(name, sizeof name, "attention_backward hs=%d dqkv", hs);
   expect_close(c, name, dqkv, d_dqkv, QKV, TOL_SUM, TOL_SUM);
 }
@@ -503,24 +528,24 @@ static void attention_path_case(ctx *c, int B, int T, int NH, int hs, int impl, 
   const int C = NH * hs;
   const size_t BTC = (size_t)B * T * C, QKV = 3 * BTC, ATT = (size_t)B * NH * T * T;
   char name[96];
-  c->k->set_attention(impl);
-  int path = c->k->attention_path(B, T, C, NH, NH);
+  WF_K(c->k, attention)->set_impl(impl);
+  int path = WF_K(c->k, attention)->path(B, T, C, NH, NH);
   printf(" B %d T %d, %d heads of %d, runtime.attention=%s: %s\n", B, T, NH, hs, path_name(impl),
          path_name(path));
   expect_path(c, impl, path, T % 128 == 0);
-  const size_t saved = c->k->attention_saved(B, T, C, NH),
-               scratch = c->k->attention_scratch(B, T, C, NH);
+  const size_t saved = WF_K(c->k, attention)->saved(B, T, C, NH),
+               scratch = WF_K(c->k, attention)->scratch(B, T, C, NH);
   float *qkv = operand(c, QKV, WF_PREC_BF16), *dout = operand(c, BTC, WF_PREC_BF16);
   float *out = hzero(c, BTC), *att = hzero(c, ATT), *dqkv = hrand(c, QKV, -1, 1);
   float *d_out = df(c, out, BTC), *d_qkv = df(c, qkv, QKV), *d_att = df(c, hzero(c, saved), saved);
   float *d_dqkv = df(c, dqkv, QKV), *d_scratch = df(c, hzero(c, scratch), scratch);
   wf_attention_forward(out, att, qkv, B, T, C, NH);
   wf_attention_backward(dqkv, hzero(c, ATT), dout, qkv, att, B, T, C, NH);
-  c->k->attention_forward(d_out, d_att, d_qkv, B, T, C, NH, c->stream);
-  c->k->set_attention(impl_bwd);
-  c->k->attention_backward(d_dqkv, d_scratch, df(c, dout, BTC), d_qkv, d_att, B, T, C, NH,
-                           c->stream);
-  int p2 = c->k->attention_path(B, T, C, NH, NH);
+  WF_K(c->k, attention)->forward(d_out, d_att, d_qkv, B, T, C, NH, NH, c->stream);
+  WF_K(c->k, attention)->set_impl(impl_bwd);
+  WF_K(c->k, attention)
+      ->backward(d_dqkv, d_scratch, df(c, dout, BTC), d_qkv, d_att, B, T, C, NH, NH, c->stream);
+  int p2 = WF_K(c->k, attention)->path(B, T, C, NH, NH);
   att16_bound bd = att16_bound_make(qkv, dout, B, T, C, NH);
   double f_out = path == WF_ATTN_CUDNN ? 2 : 1,
          f_bwd = path == WF_ATTN_CUDNN || p2 == WF_ATTN_CUDNN ? 2 : 1;
@@ -555,7 +580,7 @@ static void test_attention_paths(ctx *c)
   attention_path_case(c, 1, 77, 3, 64, WF_ATTN_REFERENCE, WF_ATTN_FLASH);
   end_case(c);
   attention_path_case(c, 1, 77, 3, 64, WF_ATTN_FLASH, WF_ATTN_REFERENCE);
-  c->k->set_attention(WF_ATTN_REFERENCE);
+  WF_K(c->k, attention)->set_impl(WF_ATTN_REFERENCE);
 }
 
 /* bf16 device buffer d (n) against bf16 host values ref within rel |ref| + atol. */
@@ -651,7 +676,7 @@ static void gqa16_compare(ctx *c, const gqa16 *x)
  * attention by test_attention_paths and storage_attention_tc. Two sets of entries: the
  * bf16 entries (attention_bf16_*; k16 NULL), and the bf16 table's (k16: its attention_gqa
  * and attention entries, which read dout in bf16 and write dqkv in bf16). */
-static void gqa16_case(ctx *c, const wf_ktable *k16)
+static void gqa16_case(ctx *c, const wf_kset *k16)
 {
   enum {
     B = 1,
@@ -665,7 +690,7 @@ static void gqa16_case(ctx *c, const wf_ktable *k16)
   };
   const size_t ng = (size_t)B * T * LG, nm = (size_t)B * T * 3 * C, ny = (size_t)B * T * C;
   const size_t nl = (size_t)B * NH * T;
-  c->k->set_attention(WF_ATTN_FLASH);
+  WF_K(c->k, attention)->set_impl(WF_ATTN_FLASH);
   float *xg = operand(c, ng, WF_PREC_BF16), *dy = operand(c, ny, WF_PREC_BF16), *xm = hzero(c, nm);
   for (size_t r = 0; r < (size_t)B * T; r++)
     for (int h = 0; h < NH; h++)
@@ -681,26 +706,29 @@ static void gqa16_case(ctx *c, const wf_ktable *k16)
   gqa16 x = {B, T, NH, NKV, hs, d_yg, d_ym, d_dg, d_dm, NULL, NULL};
   if (!k16) {
     float *d_lg = df(c, hzero(c, nl), nl), *d_lm = df(c, hzero(c, nl), nl);
-    size_t sg = c->k->attention_bf16_scratch(B, T, C, NH, NKV),
-           sm = c->k->attention_bf16_scratch(B, T, C, NH, NH);
+    size_t sg = WF_K(bf16_of(c), attention_lse)->scratch(B, T, C, NH, NKV),
+           sm = WF_K(bf16_of(c), attention_lse)->scratch(B, T, C, NH, NH);
     float *d_sg = df(c, hzero(c, sg), sg), *d_sm = df(c, hzero(c, sm), sm);
-    c->k->attention_bf16_forward(d_yg, d_lg, d_xg, B, T, C, NH, NKV, c->stream);
-    c->k->attention_bf16_forward(d_ym, d_lm, d_xm, B, T, C, NH, NH, c->stream);
-    c->k->attention_bf16_backward(d_dg, d_sg, d_dy, d_xg, d_yg, d_lg, B, T, C, NH, NKV, c->stream);
-    c->k->attention_bf16_backward(d_dm, d_sm, d_dy, d_xm, d_ym, d_lm, B, T, C, NH, NH, c->stream);
+    WF_K(bf16_of(c), attention_lse)->forward(d_yg, d_lg, d_xg, B, T, C, NH, NKV, c->stream);
+    WF_K(bf16_of(c), attention_lse)->forward(d_ym, d_lm, d_xm, B, T, C, NH, NH, c->stream);
+    WF_K(bf16_of(c), attention_lse)
+        ->backward(d_dg, d_sg, d_dy, d_xg, d_yg, d_lg, B, T, C, NH, NKV, c->stream);
+    WF_K(bf16_of(c), attention_lse)
+        ->backward(d_dm, d_sm, d_dy, d_xm, d_ym, d_lm, B, T, C, NH, NH, c->stream);
     x.lg = d_lg, x.lm = d_lm;
   } else {
-    size_t sv = k16->attention_saved(B, T, C, NH), sx = k16->attention_scratch(B, T, C, NH);
+    size_t sv = WF_K(k16, attention)->saved(B, T, C, NH),
+           sx = WF_K(k16, attention)->scratch(B, T, C, NH);
     float *d_ag = df(c, hzero(c, sv), sv), *d_am = df(c, hzero(c, sv), sv);
     float *d_sx = df(c, hzero(c, sx), sx);
-    k16->attention_gqa_forward(d_yg, d_ag, d_xg, B, T, C, NH, NKV, c->stream);
-    k16->attention_forward(d_ym, d_am, d_xm, B, T, C, NH, c->stream);
-    k16->attention_gqa_backward(d_dg, d_sx, d_dy, d_xg, d_ag, B, T, C, NH, NKV, c->stream);
-    k16->attention_backward(d_dm, d_sx, d_dy, d_xm, d_am, B, T, C, NH, c->stream);
+    WF_K(k16, attention)->forward(d_yg, d_ag, d_xg, B, T, C, NH, NKV, c->stream);
+    WF_K(k16, attention)->forward(d_ym, d_am, d_xm, B, T, C, NH, NH, c->stream);
+    WF_K(k16, attention)->backward(d_dg, d_sx, d_dy, d_xg, d_ag, B, T, C, NH, NKV, c->stream);
+    WF_K(k16, attention)->backward(d_dm, d_sx, d_dy, d_xm, d_am, B, T, C, NH, NH, c->stream);
     x.lg = d_ag, x.lm = d_am; /* att begins with the lse (B,NH,T) */
   }
   gqa16_compare(c, &x);
-  c->k->set_attention(WF_ATTN_REFERENCE);
+  WF_K(c->k, attention)->set_impl(WF_ATTN_REFERENCE);
 }
 
 static void test_attention_gqa16(ctx *c)
@@ -709,7 +737,7 @@ static void test_attention_gqa16(ctx *c)
   gqa16_case(c, NULL);
   end_case(c);
   printf(" the bf16 table's attention entries\n");
-  gqa16_case(c, c->k->storage(WF_PREC_BF16));
+  gqa16_case(c, bf16_of(c));
 }
 
 /* ---- the fused classifier ------------------------------------------------------------- */
@@ -735,7 +763,7 @@ static void classifier_case(ctx *c, int N, int V, int ld)
   int *t = hints(c, N, 0, V);
   float *loss = hzero(c, N), *d_loss = df(c, loss, N);
   wf_bf16 *d_x = dcopy(c, x, NL * 2);
-  c->k->classifier_bf16(d_x, d_loss, di(c, t, N), 1.0f / N, N, V, ld, c->stream);
+  WF_K(bf16_of(c), classifier)->fused(d_x, d_loss, di(c, t, N), 1.0f / N, N, V, ld, c->stream);
   wf_classifier_bf16(x, loss, t, 1.0f / N, N, V, ld);
   expect_close(c, "classifier_bf16 losses", loss, d_loss, N, TOL_SUM, TOL_SUM);
   expect_close16(c, "classifier_bf16 dlogits", x, d_x, NL, 1e-9f, TOL_BF16_STEP);
@@ -752,16 +780,18 @@ static void xent16_case(ctx *c)
   float *mx = hzero(c, N), *se = hzero(c, N), *tl = hzero(c, N);
   float *d_mx = df(c, mx, N), *d_se = df(c, se, N), *d_tl = df(c, tl, N);
   wf_xent_stats_bf16(mx, se, tl, x, t, N, V, ld, v_offset);
-  c->k->xent_stats_bf16(d_mx, d_se, d_tl, d_x, d_t, N, V, ld, v_offset, c->stream);
+  WF_K(bf16_of(c), classifier)->stats(d_mx, d_se, d_tl, d_x, d_t, N, V, ld, v_offset, c->stream);
   expect_close(c, "xent_stats_bf16 row_max", mx, d_mx, N, 0, 0);
   expect_close(c, "xent_stats_bf16 row_sumexp", se, d_se, N, TOL_SUM, TOL_SUM);
   expect_close(c, "xent_stats_bf16 target_logit", tl, d_tl, N, 0, 0);
   wf_bf16 *d = keep_host(c, calloc(NL, sizeof *d)), *d_d = dcopy(c, d, NL * 2);
   float *cm = df(c, mx, N), *cs = df(c, se, N); /* both sides from the CPU statistics */
   wf_xent_backward_bf16(d, x, mx, se, t, 0.5f, N, V, ld, v_offset);
-  c->k->xent_backward_bf16(d_d, d_x, cm, cs, d_t, 0.5f, N, V, ld, v_offset, c->stream);
+  WF_K(bf16_of(c), classifier)
+      ->backward(d_d, d_x, cm, cs, d_t, 0.5f, N, V, ld, v_offset, c->stream);
   expect_close16(c, "xent_backward_bf16", d, d_d, NL, 1e-9f, TOL_BF16_STEP);
-  c->k->xent_backward_bf16(d_x, d_x, cm, cs, d_t, 0.5f, N, V, ld, v_offset, c->stream);
+  WF_K(bf16_of(c), classifier)
+      ->backward(d_x, d_x, cm, cs, d_t, 0.5f, N, V, ld, v_offset, c->stream);
   expect_close16(c, "xent_backward_bf16 in place", d, d_x, NL, 1e-9f, TOL_BF16_STEP);
 }
 
@@ -778,10 +808,10 @@ static void test_classifier(ctx *c)
 static void test_launches(ctx *c)
 {
   float x = 1.0f, *d_x = df(c, &x, 1);
-  uint64_t a = c->k->launches();
-  c->k->scale(d_x, 2.0f, 1, c->stream);
-  c->k->scale(d_x, 2.0f, 0, c->stream);
-  uint64_t b = c->k->launches();
+  uint64_t a = c->k->reg->launches();
+  WF_K(c->k, norm)->scale(d_x, 2.0f, 1, c->stream);
+  WF_K(c->k, norm)->scale(d_x, 2.0f, 0, c->stream);
+  uint64_t b = c->k->reg->launches();
   printf("  %-4s launches: %llu -> %llu\n", b == a + 1 ? "ok" : "FAIL", (unsigned long long)a,
          (unsigned long long)b);
   c->failures += b != a + 1;
@@ -793,20 +823,20 @@ static void test_gelu_residual(ctx *c)
   float *x = hrand(c, N, -4, 4), *y = hrand(c, N, -1, 1), *out = hzero(c, N);
   float *d_x = df(c, x, N), *d_y = df(c, y, N), *d_out = df(c, out, N);
   wf_gelu_forward(out, x, N);
-  c->k->gelu_forward(d_out, d_x, N, c->stream);
+  WF_K(c->k, gelu)->forward(d_out, d_x, N, c->stream);
   expect_close(c, "gelu_forward out", out, d_out, N, TOL_ELEM, TOL_ELEM);
   float *dinp = hrand(c, N, -1, 1), *d_dinp = df(c, dinp, N);
   wf_gelu_backward(dinp, x, y, N);
-  c->k->gelu_backward(d_dinp, d_x, d_y, N, c->stream);
+  WF_K(c->k, gelu)->backward(d_dinp, d_x, d_y, N, c->stream);
   expect_close(c, "gelu_backward dinp", dinp, d_dinp, N, TOL_ELEM, TOL_ELEM);
 
   wf_residual_forward(out, x, y, N);
-  c->k->residual_forward(d_out, d_x, d_y, N, c->stream);
+  WF_K(c->k, residual)->forward(d_out, d_x, d_y, N, c->stream);
   expect_close(c, "residual_forward out", out, d_out, N, TOL_EXACT, TOL_EXACT);
   float *da = hrand(c, N, -1, 1), *db = hrand(c, N, -1, 1);
   float *d_da = df(c, da, N), *d_db = df(c, db, N);
   wf_residual_backward(da, db, y, N);
-  c->k->residual_backward(d_da, d_db, d_y, N, c->stream);
+  WF_K(c->k, residual)->backward(d_da, d_db, d_y, N, c->stream);
   expect_close(c, "residual_backward da", da, d_da, N, TOL_EXACT, TOL_EXACT);
   expect_close(c, "residual_backward db", db, d_db, N, TOL_EXACT, TOL_EXACT);
 }
@@ -824,22 +854,24 @@ static void test_xent(ctx *c)
   float *d_tl = df(c, tl, N), *d_loss = df(c, loss, N);
   int *d_targets = di(c, targets, N);
   wf_xent_stats(mx, se, tl, logits, targets, N, V, ld, v_offset);
-  c->k->xent_stats(d_mx, d_se, d_tl, d_logits, d_targets, N, V, ld, v_offset, c->stream);
+  WF_K(c->k, xent)->stats(d_mx, d_se, d_tl, d_logits, d_targets, N, V, ld, v_offset, c->stream);
   expect_close(c, "xent_stats row_max", mx, d_mx, N, TOL_EXACT, TOL_EXACT);
   expect_close(c, "xent_stats row_sumexp", se, d_se, N, TOL_SUM, TOL_SUM);
   expect_close(c, "xent_stats target_logit", tl, d_tl, N, TOL_EXACT, TOL_EXACT);
   /* From here both sides use the CPU statistics. */
   float *dm = df(c, mx, N), *ds = df(c, se, N);
   wf_xent_loss(loss, mx, se, tl, N);
-  c->k->xent_loss(d_loss, dm, ds, df(c, tl, N), N, c->stream);
+  WF_K(c->k, xent)->loss(d_loss, dm, ds, df(c, tl, N), N, c->stream);
   expect_close(c, "xent_loss", loss, d_loss, N, TOL_ELEM, TOL_ELEM);
   float *dl = hrand(c, NL, -1, 1), *d_dl = df(c, dl, NL); /* padding must become 0 */
   wf_xent_backward(dl, logits, mx, se, targets, 1.0f / N, N, V, ld, v_offset);
-  c->k->xent_backward(d_dl, d_logits, dm, ds, d_targets, 1.0f / N, N, V, ld, v_offset, c->stream);
+  WF_K(c->k, xent)
+      ->backward(d_dl, d_logits, dm, ds, d_targets, 1.0f / N, N, V, ld, v_offset, c->stream);
   expect_close(c, "xent_backward dlogits", dl, d_dl, NL, TOL_ELEM, TOL_ELEM);
   /* In place, as the trainer calls it: dlogits aliases logits. */
   wf_xent_backward(logits, logits, mx, se, targets, 0.5f, N, V, ld, v_offset);
-  c->k->xent_backward(d_logits, d_logits, dm, ds, d_targets, 0.5f, N, V, ld, v_offset, c->stream);
+  WF_K(c->k, xent)
+      ->backward(d_logits, d_logits, dm, ds, d_targets, 0.5f, N, V, ld, v_offset, c->stream);
   expect_close(c, "xent_backward in place", logits, d_logits, NL, TOL_ELEM, TOL_ELEM);
 }
 
@@ -850,8 +882,8 @@ static void test_adamw(ctx *c)
   float *g = hrand(c, n, -1, 1);
   float *d_p = df(c, p, n), *d_m = df(c, m, n), *d_v = df(c, v, n);
   wf_adamw_update(p, m, v, g, n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 3, 0.5f);
-  c->k->adamw_update(d_p, d_m, d_v, df(c, g, n), n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 3, 0.5f,
-                     c->stream);
+  WF_K(c->k, adamw)
+      ->update(d_p, d_m, d_v, df(c, g, n), n, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.1f, 3, 0.5f, c->stream);
   expect_close(c, "adamw params", p, d_p, n, TOL_ELEM, TOL_ELEM);
   expect_close(c, "adamw m", m, d_m, n, TOL_ELEM, TOL_ELEM);
   expect_close(c, "adamw v", v, d_v, n, TOL_ELEM, TOL_ELEM);
@@ -881,19 +913,20 @@ static void test_sumsq_scale(ctx *c)
   float *x = hrand(c, n, -1, 1), *d_x = df(c, x, n);
   double acc = 2.5, *d_acc = dcopy(c, &acc, sizeof acc);
   wf_sumsq_acc(&acc, x, n);
-  c->k->sumsq_acc(d_acc, d_x, n, c->stream);
+  WF_K(c->k, norm)->sumsq_acc(d_acc, d_x, n, c->stream);
   double before = read_double(c, d_acc);
   expect_double(c, "sumsq_acc", acc, before, 1e-9);
-  c->k->sumsq_acc(d_acc, d_x, 0, c->stream); /* empty: adds nothing, to the GPU's own sum */
+  WF_K(c->k, norm)
+      ->sumsq_acc(d_acc, d_x, 0, c->stream); /* empty: adds nothing, to the GPU's own sum */
   expect_double(c, "sumsq_acc empty", before, read_double(c, d_acc), 0);
   wf_sumsq_acc(&acc, x + 1, n - 1); /* not 16-byte aligned: the element-wise loads */
-  c->k->sumsq_acc(d_acc, d_x + 1, n - 1, c->stream);
+  WF_K(c->k, norm)->sumsq_acc(d_acc, d_x + 1, n - 1, c->stream);
   expect_double(c, "sumsq_acc unaligned", acc, read_double(c, d_acc), 1e-9);
   wf_sumsq_acc(&acc, x + 3, 1001); /* one block, one launch */
-  c->k->sumsq_acc(d_acc, d_x + 3, 1001, c->stream);
+  WF_K(c->k, norm)->sumsq_acc(d_acc, d_x + 3, 1001, c->stream);
   expect_double(c, "sumsq_acc small", acc, read_double(c, d_acc), 1e-9);
   wf_scale(x, -0.37f, n);
-  c->k->scale(d_x, -0.37f, n, c->stream);
+  WF_K(c->k, norm)->scale(d_x, -0.37f, n, c->stream);
   expect_close(c, "scale", x, d_x, n, TOL_EXACT, TOL_EXACT);
 }
 
@@ -906,7 +939,7 @@ static void test_xent_parts(ctx *c)
   float *mx = hrand(c, N, -3, 3), *se = hrand(c, N, 0.5f, 9), *tl = hrand(c, N, -2, 2);
   float *stats = hzero(c, S), *d_stats = df(c, stats, S);
   wf_xent_pack(stats, mx, se, tl, N);
-  c->k->xent_pack(d_stats, df(c, mx, N), df(c, se, N), df(c, tl, N), N, c->stream);
+  WF_K(c->k, xent)->pack(d_stats, df(c, mx, N), df(c, se, N), df(c, tl, N), N, c->stream);
   expect_close(c, "xent_pack", stats, d_stats, S, 0, 0);
   float *all = hrand(c, parts * S, -3, 3);
   for (int i = 0; i < N; i++) { /* sumexp > 0, and part 1 an empty slice */
@@ -917,19 +950,19 @@ static void test_xent_parts(ctx *c)
   float *cm = hzero(c, N), *cs = hzero(c, N), *ct = hzero(c, N);
   float *d_cm = df(c, cm, N), *d_cs = df(c, cs, N), *d_ct = df(c, ct, N);
   wf_xent_combine(cm, cs, ct, all, N, parts);
-  c->k->xent_combine(d_cm, d_cs, d_ct, df(c, all, parts * S), N, parts, c->stream);
+  WF_K(c->k, xent)->combine(d_cm, d_cs, d_ct, df(c, all, parts * S), N, parts, c->stream);
   expect_close(c, "xent_combine row_max", cm, d_cm, N, 0, 0);
   expect_close(c, "xent_combine row_sumexp", cs, d_cs, N, TOL_ELEM, TOL_ELEM);
   expect_close(c, "xent_combine target_logit", ct, d_ct, N, TOL_EXACT, TOL_EXACT);
   float *losses = hrand(c, N, 0, 11);
   double acc = 1.25, *d_acc = dcopy(c, &acc, sizeof acc);
   wf_loss_accumulate(&acc, losses, N);
-  c->k->loss_accumulate(d_acc, df(c, losses, N), N, c->stream);
+  WF_K(c->k, xent)->accumulate(d_acc, df(c, losses, N), N, c->stream);
   expect_double(c, "loss_accumulate", acc, read_double(c, d_acc), 1e-9);
   const int NB = 40001; /* a B x T of several blocks: the two-pass sum */
   float *many = hrand(c, NB, 0, 11);
   wf_loss_accumulate(&acc, many, NB);
-  c->k->loss_accumulate(d_acc, df(c, many, NB), NB, c->stream);
+  WF_K(c->k, xent)->accumulate(d_acc, df(c, many, NB), NB, c->stream);
   expect_double(c, "loss_accumulate (40001)", acc, read_double(c, d_acc), 1e-9);
 }
 
@@ -948,7 +981,7 @@ static void test_tokens(ctx *c)
     if (round == 2)
       tok[0] = -1, d_tok = di(c, tok, n);
     wf_tokens_check(bad, tok, n, V);
-    c->k->tokens_check(d_bad, d_tok, n, V, c->stream);
+    WF_K(c->k, tokens)->check(d_bad, d_tok, n, V, c->stream);
     bool ok = wf_gpu_stream_sync(c->g, c->stream) == WF_OK &&
               wf_gpu_memcpy_d2h(c->g, got, d_bad, sizeof got) == WF_OK && got[0] == bad[0] &&
               got[1] == bad[1];
@@ -1009,13 +1042,13 @@ static void test_round(ctx *c)
   memcpy(x + R, edge, sizeof edge);
   float *y = hzero(c, n), *d_x = df(c, x, n), *d_y = df(c, y, n);
   wf_round_bf16(y, x, n);
-  c->k->round_bf16(d_y, d_x, n, c->stream);
+  WF_K(bf16_of(c), round)->round(d_y, d_x, n, c->stream);
   expect_bits(c, "round_bf16", y, d_y, n);
   wf_round_fp16(y, x, n);
-  c->k->round_fp16(d_y, d_x, n, c->stream);
+  WF_K(wf_kset_as(c->k, WF_DT_F16), round)->round(d_y, d_x, n, c->stream);
   expect_bits(c, "round_fp16", y, d_y, n);
   wf_round_fp16(x, x, n); /* in place, as the model calls it */
-  c->k->round_fp16(d_x, d_x, n, c->stream);
+  WF_K(wf_kset_as(c->k, WF_DT_F16), round)->round(d_x, d_x, n, c->stream);
   expect_bits(c, "round_fp16 in place", x, d_x, n);
 }
 
@@ -1023,7 +1056,7 @@ static void test_round(ctx *c)
 
 typedef struct tables16 {
   int fmt;
-  const wf_ktable *cpu, *gpu;
+  const wf_kset *cpu, *gpu;
 } tables16;
 
 /* n activations in [lo, hi), stored in the format (host). */
@@ -1087,8 +1120,8 @@ static void storage_convert(ctx *c, const tables16 *t)
   const size_t n = 1001;
   float *x = hrand(c, n, -70000, 70000), *back = hzero(c, n), *d_back = df(c, back, n);
   uint16_t *h = hact0(c, n), *dh = d16(c, h, n);
-  t->cpu->store(h, x, n, NULL);
-  t->gpu->store(dh, df(c, x, n), n, c->stream);
+  WF_K(t->cpu, cast)->store(h, x, n, NULL);
+  WF_K(t->gpu, cast)->store(dh, df(c, x, n), n, c->stream);
   uint16_t *got = hact0(c, n);
   wf_gpu_stream_sync(c->g, c->stream);
   wf_gpu_memcpy_d2h(c->g, got, dh, n * 2);
@@ -1096,12 +1129,12 @@ static void storage_convert(ctx *c, const tables16 *t)
     printf("  FAIL store (%s): not bit for bit\n", wf_storage_name(t->fmt));
     c->failures++;
   }
-  t->cpu->load(back, h, n, NULL);
-  t->gpu->load(d_back, dh, n, c->stream);
+  WF_K(t->cpu, cast)->load(back, h, n, NULL);
+  WF_K(t->gpu, cast)->load(d_back, dh, n, c->stream);
   expect_close(c, "load", back, d_back, n, 0, 0);
 }
 
-/* C 45: the kernels' column-by-column loops; C 64: their packs of 8 (storage.cu). */
+/* C 45: the kernels' column-by-column loops; C 64: their packs of 8 (act_int.h). */
 static void storage_norms(ctx *c, const tables16 *t, int C)
 {
   const int N = 37;
@@ -1111,22 +1144,24 @@ static void storage_norms(ctx *c, const tables16 *t, int C)
   float *mean = hzero(c, N), *rstd = hzero(c, N), *d_mean = df(c, mean, N);
   float *d_rstd = df(c, rstd, N), *d_w = df(c, w, C), *d_b = df(c, b, C);
   void *d_x = d16(c, x, NC), *d_out = d16(c, out, NC);
-  t->cpu->layernorm_forward(out, mean, rstd, x, w, b, N, C, NULL);
-  t->gpu->layernorm_forward(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C, c->stream);
+  WF_K(t->cpu, layernorm)->forward(out, mean, rstd, x, w, b, N, C, NULL);
+  WF_K(t->gpu, layernorm)->forward(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C, c->stream);
   expect_stored16(c, t, "layernorm_forward out", out, d_out, NC, TOL_SUM, TOL_SUM);
   expect_close(c, "layernorm_forward rstd", rstd, d_rstd, N, TOL_SUM, TOL_SUM);
   float *dout = hrand(c, NC, -1, 1), *dinp = hrand(c, NC, -1, 1), *dw = hrand(c, C, -1, 1);
   float *db = hrand(c, C, -1, 1), *d_dinp = df(c, dinp, NC), *d_dw = df(c, dw, C);
   float *d_db = df(c, db, C);
-  t->cpu->layernorm_backward(dinp, dw, db, dout, x, w, mean, rstd, N, C, NULL);
-  t->gpu->layernorm_backward(d_dinp, d_dw, d_db, df(c, dout, NC), d_x, d_w, df(c, mean, N),
-                             df(c, rstd, N), N, C, c->stream);
+  WF_K(t->cpu, layernorm)->backward(dinp, dw, db, dout, x, w, mean, rstd, N, C, NULL);
+  WF_K(t->gpu, layernorm)
+      ->backward(d_dinp, d_dw, d_db, df(c, dout, NC), d_x, d_w, df(c, mean, N), df(c, rstd, N), N,
+                 C, c->stream);
   expect_close(c, "layernorm_backward dinp", dinp, d_dinp, NC, TOL_SUM, TOL_SUM);
   expect_close(c, "layernorm_backward dweight", dw, d_dw, C, TOL_SUM, TOL_SUM);
   expect_close(c, "layernorm_backward dbias", db, d_db, C, TOL_SUM, TOL_SUM);
-  t->cpu->residual_layernorm_forward(res, out, mean, rstd, x, bsum, w, b, N, C, NULL);
-  t->gpu->residual_layernorm_forward(d_x, d_out, d_mean, d_rstd, d_x, df(c, bsum, NC), d_w, d_b, N,
-                                     C, c->stream); /* res aliasing a, as the model calls it */
+  WF_K(t->cpu, layernorm)->residual_forward(res, out, mean, rstd, x, bsum, w, b, N, C, NULL);
+  WF_K(t->gpu, layernorm)
+      ->residual_forward(d_x, d_out, d_mean, d_rstd, d_x, df(c, bsum, NC), d_w, d_b, N, C,
+                         c->stream); /* res aliasing a, as the model calls it */
   expect_stored16(c, t, "residual_layernorm res", res, d_x, NC, TOL_EXACT, TOL_EXACT);
   expect_stored16(c, t, "residual_layernorm ln", out, d_out, NC, TOL_SUM, TOL_SUM);
 }
@@ -1138,19 +1173,19 @@ static void storage_elementwise(ctx *c, const tables16 *t)
   uint16_t *dy = hact(c, n, t->fmt, -1, 1); /* as the fcproj GEMM's backward stores it */
   float *b = hrand(c, n, -1, 1);
   void *d_x = d16(c, x, n), *d_y = d16(c, y, n), *d_dx = d16(c, dx, n);
-  t->cpu->gelu_forward(y, x, n, NULL);
-  t->gpu->gelu_forward(d_y, d_x, n, c->stream);
+  WF_K(t->cpu, gelu)->forward(y, x, n, NULL);
+  WF_K(t->gpu, gelu)->forward(d_y, d_x, n, c->stream);
   expect_stored16(c, t, "gelu_forward", y, d_y, n, TOL_ELEM, TOL_ELEM);
-  /* operands off 16-byte alignment: the kernels go element by element (storage.cu) */
+  /* operands off 16-byte alignment: the kernels go element by element (act_int.h) */
   uint16_t *y1 = (uint16_t *)d_y + 1;
-  t->cpu->gelu_forward(y + 1, x + 1, n - 1, NULL);
-  t->gpu->gelu_forward(y1, (uint16_t *)d_x + 1, n - 1, c->stream);
+  WF_K(t->cpu, gelu)->forward(y + 1, x + 1, n - 1, NULL);
+  WF_K(t->gpu, gelu)->forward(y1, (uint16_t *)d_x + 1, n - 1, c->stream);
   expect_stored16(c, t, "gelu_forward, unaligned", y + 1, y1, n - 1, TOL_ELEM, TOL_ELEM);
-  t->cpu->gelu_backward(dx, x, dy, n, NULL); /* written, in the format */
-  t->gpu->gelu_backward(d_dx, d_x, d16(c, dy, n), n, c->stream);
+  WF_K(t->cpu, gelu)->backward(dx, x, dy, n, NULL); /* written, in the format */
+  WF_K(t->gpu, gelu)->backward(d_dx, d_x, d16(c, dy, n), n, c->stream);
   expect_stored16(c, t, "gelu_backward", dx, d_dx, n, TOL_ELEM, TOL_ELEM);
-  t->cpu->residual_forward(y, x, b, n, NULL);
-  t->gpu->residual_forward(d_y, d_x, df(c, b, n), n, c->stream);
+  WF_K(t->cpu, residual)->forward(y, x, b, n, NULL);
+  WF_K(t->gpu, residual)->forward(d_y, d_x, df(c, b, n), n, c->stream);
   expect_stored16(c, t, "residual_forward", y, d_y, n, TOL_EXACT, TOL_EXACT);
 }
 
@@ -1163,18 +1198,19 @@ static void storage_xent(ctx *c, const tables16 *t)
   float *mx = hzero(c, N), *se = hzero(c, N), *tl = hzero(c, N);
   float *d_mx = df(c, mx, N), *d_se = df(c, se, N), *d_tl = df(c, tl, N);
   void *d_l = d16(c, l, NL);
-  t->cpu->xent_stats(mx, se, tl, l, tg, N, V, ld, v0, NULL);
-  t->gpu->xent_stats(d_mx, d_se, d_tl, d_l, d_tg, N, V, ld, v0, c->stream);
+  WF_K(t->cpu, xent)->stats(mx, se, tl, l, tg, N, V, ld, v0, NULL);
+  WF_K(t->gpu, xent)->stats(d_mx, d_se, d_tl, d_l, d_tg, N, V, ld, v0, c->stream);
   expect_close(c, "xent_stats row_max", mx, d_mx, N, TOL_EXACT, TOL_EXACT);
   expect_close(c, "xent_stats row_sumexp", se, d_se, N, TOL_SUM, TOL_SUM);
   expect_close(c, "xent_stats target_logit", tl, d_tl, N, TOL_EXACT, TOL_EXACT);
-  t->cpu->xent_backward(l, l, mx, se, tg, 0.5f, N, V, ld, v0, NULL); /* in place */
-  t->gpu->xent_backward(d_l, d_l, df(c, mx, N), df(c, se, N), d_tg, 0.5f, N, V, ld, v0, c->stream);
+  WF_K(t->cpu, xent)->backward(l, l, mx, se, tg, 0.5f, N, V, ld, v0, NULL); /* in place */
+  WF_K(t->gpu, xent)
+      ->backward(d_l, d_l, df(c, mx, N), df(c, se, N), d_tg, 0.5f, N, V, ld, v0, c->stream);
   expect_stored16(c, t, "xent_backward in place", l, d_l, NL, TOL_ELEM, TOL_ELEM);
 }
 
 /* The fused matmul + GELU's output against the CPU's: both take the GELU of the stored
- * pre-activation (storage.cu), which their different sum orders may put a step of the
+ * pre-activation (matmul.cu), which their different sum orders may put a step of the
  * format apart where the fp32 sum lies near a rounding boundary (2^-7 |pre| bf16, 2^-10
  * fp16), times GELU's slope (at most 1.13). On top: the GEMM's TOL_SUM, one step of the
  * output and TOL_ELEM. A wrong bias, layout or activation is off by O(|pre|) and fails. */
@@ -1196,29 +1232,29 @@ static void storage_matmul(ctx *c, const tables16 *t, int N, int C, int OC)
   float *b = hrand(c, OC, -1, 1), *y32 = hzero(c, NO), *d_b = df(c, b, OC);
   void *d_x = d16(c, x, NC), *d_w = d16(c, w, OCC), *d_y = d16(c, y, NO), *d_g = d16(c, g, NO);
   float *d_y32 = df(c, y32, NO);
-  t->cpu->matmul_forward(y, x, w, b, N, C, OC, t->fmt, NULL);
-  t->gpu->matmul_forward(d_y, d_x, d_w, d_b, N, C, OC, t->fmt, c->stream);
+  WF_K(t->cpu, matmul)->forward(y, x, w, b, N, C, OC, t->fmt, NULL);
+  WF_K(t->gpu, matmul)->forward(d_y, d_x, d_w, d_b, N, C, OC, t->fmt, c->stream);
   expect_stored16(c, t, "matmul_forward out", y, d_y, NO, TOL_SUM, TOL_SUM);
-  t->cpu->matmul_forward_f32(y32, x, w, b, N, C, OC, t->fmt, NULL);
-  t->gpu->matmul_forward_f32(d_y32, d_x, d_w, d_b, N, C, OC, t->fmt, c->stream);
+  WF_K(t->cpu, matmul)->forward_f32(y32, x, w, b, N, C, OC, t->fmt, NULL);
+  WF_K(t->gpu, matmul)->forward_f32(d_y32, d_x, d_w, d_b, N, C, OC, t->fmt, c->stream);
   expect_close(c, "matmul_forward_f32 out", y32, d_y32, NO, TOL_SUM, TOL_SUM);
-  t->cpu->matmul_gelu_forward(g, y, x, w, b, N, C, OC, t->fmt, NULL);
-  t->gpu->matmul_gelu_forward(d_g, d_y, d_x, d_w, d_b, N, C, OC, t->fmt, c->stream);
+  WF_K(t->cpu, matmul)->gelu_forward(g, y, x, w, b, N, C, OC, t->fmt, NULL);
+  WF_K(t->gpu, matmul)->gelu_forward(d_g, d_y, d_x, d_w, d_b, N, C, OC, t->fmt, c->stream);
   expect_stored16(c, t, "matmul_gelu_forward pre", y, d_y, NO, TOL_SUM, TOL_SUM);
   expect_gelu16(c, t, g, y, d_g, NO);
   float *dx = hrand(c, NC, -1, 1), *dw = hrand(c, OCC, -1, 1), *db = hrand(c, OC, -1, 1);
   float *d_dx = df(c, dx, NC), *d_dw = df(c, dw, OCC), *d_db = df(c, db, OC);
   void *d_dy = d16(c, dy, NO);
-  t->cpu->matmul_backward_f32(dx, dw, db, dy, x, w, N, C, OC, t->fmt, NULL);
-  t->gpu->matmul_backward_f32(d_dx, d_dw, d_db, d_dy, d_x, d_w, N, C, OC, t->fmt, c->stream);
+  WF_K(t->cpu, matmul)->backward_f32(dx, dw, db, dy, x, w, N, C, OC, t->fmt, NULL);
+  WF_K(t->gpu, matmul)->backward_f32(d_dx, d_dw, d_db, d_dy, d_x, d_w, N, C, OC, t->fmt, c->stream);
   expect_close(c, "matmul_backward_f32 dinp", dx, d_dx, NC, TOL_SUM, TOL_SUM);
   expect_close(c, "matmul_backward dweight", dw, d_dw, OCC, TOL_SUM, TOL_SUM);
   expect_close(c, "matmul_backward dbias", db, d_db, OC, TOL_SUM, TOL_SUM);
   /* dinp in the format, written over a random start; dweight and dbias added again */
   uint16_t *dx16 = hact0(c, NC);
   void *d_dx16 = d16(c, hact(c, NC, t->fmt, -1, 1), NC);
-  t->cpu->matmul_backward(dx16, dw, db, dy, x, w, N, C, OC, t->fmt, NULL);
-  t->gpu->matmul_backward(d_dx16, d_dw, d_db, d_dy, d_x, d_w, N, C, OC, t->fmt, c->stream);
+  WF_K(t->cpu, matmul)->backward(dx16, dw, db, dy, x, w, N, C, OC, t->fmt, NULL);
+  WF_K(t->gpu, matmul)->backward(d_dx16, d_dw, d_db, d_dy, d_x, d_w, N, C, OC, t->fmt, c->stream);
   expect_stored16(c, t, "matmul_backward dinp", dx16, d_dx16, NC, TOL_SUM, TOL_SUM);
   expect_close(c, "matmul_backward dweight, twice", dw, d_dw, OCC, TOL_SUM, TOL_SUM);
   expect_close(c, "matmul_backward dbias, twice", db, d_db, OC, TOL_SUM, TOL_SUM);
@@ -1233,20 +1269,22 @@ static void storage_attention(ctx *c, const tables16 *t, int B, int T, int NH, i
 {
   const int C = NH * hs;
   const size_t BTC = (size_t)B * T * C, QKV = 3 * BTC;
-  size_t cs = t->cpu->attention_saved(B, T, C, NH), gs = t->gpu->attention_saved(B, T, C, NH);
-  size_t gx = t->gpu->attention_scratch(B, T, C, NH);
+  size_t cs = WF_K(t->cpu, attention)->saved(B, T, C, NH),
+         gs = WF_K(t->gpu, attention)->saved(B, T, C, NH);
+  size_t gx = WF_K(t->gpu, attention)->scratch(B, T, C, NH);
   uint16_t *qkv = hact(c, QKV, t->fmt, -1, 1), *out = hact0(c, BTC);
   float *att = hzero(c, cs), *d_att = df(c, hzero(c, gs), gs);
   void *d_qkv = d16(c, qkv, QKV), *d_out = d16(c, out, BTC);
-  t->cpu->attention_forward(out, att, qkv, B, T, C, NH, NULL);
-  t->gpu->attention_forward(d_out, d_att, d_qkv, B, T, C, NH, c->stream);
+  WF_K(t->cpu, attention)->forward(out, att, qkv, B, T, C, NH, NH, NULL);
+  WF_K(t->gpu, attention)->forward(d_out, d_att, d_qkv, B, T, C, NH, NH, c->stream);
   expect_stored16(c, t, "attention_forward out", out, d_out, BTC, TOL_SUM, TOL_SUM);
   uint16_t *dout = hact(c, BTC, t->fmt, -1, 1);
   uint16_t *dqkv = hact(c, QKV, t->fmt, -1, 1); /* written over, in the format */
   void *d_dqkv = d16(c, dqkv, QKV);
-  t->cpu->attention_backward(dqkv, NULL, dout, qkv, att, B, T, C, NH, NULL);
-  t->gpu->attention_backward(d_dqkv, df(c, hzero(c, gx), gx), d16(c, dout, BTC), d_qkv, d_att, B, T,
-                             C, NH, c->stream);
+  WF_K(t->cpu, attention)->backward(dqkv, NULL, dout, qkv, att, B, T, C, NH, NH, NULL);
+  WF_K(t->gpu, attention)
+      ->backward(d_dqkv, df(c, hzero(c, gx), gx), d16(c, dout, BTC), d_qkv, d_att, B, T, C, NH, NH,
+                 c->stream);
   /* the CPU's backward reads the probabilities stored in 16 bits, the GPU's recomputes
    * them in fp32: one rounding of each, 2^-8 (bf16) or 2^-11 (fp16) relative, in sums
    * of T terms of |dout| <= 1 and |q|, |k|, |v| <= 1: step * T absolute; both store
@@ -1265,12 +1303,13 @@ static void storage_attention_tc(ctx *c, const tables16 *t, int B, int T, int NH
   const int C = NH * hs;
   const size_t BTC = (size_t)B * T * C, QKV = 3 * BTC, ATT = (size_t)B * NH * T * T;
   for (size_t i = 0; i < WF_ARRAY_LEN(impls); i++) {
-    c->k->set_attention(impls[i]);
-    int path = c->k->attention_path(B, T, C, NH, NH);
+    WF_K(c->k, attention)->set_impl(impls[i]);
+    int path = WF_K(c->k, attention)->path(B, T, C, NH, NH);
     printf(" %s table, B %d T %d, %d heads of %d, runtime.attention=%s: %s\n",
            wf_storage_name(t->fmt), B, T, NH, hs, path_name(impls[i]), path_name(path));
     expect_path(c, impls[i], path, T % 128 == 0);
-    size_t gs = t->gpu->attention_saved(B, T, C, NH), gx = t->gpu->attention_scratch(B, T, C, NH);
+    size_t gs = WF_K(t->gpu, attention)->saved(B, T, C, NH),
+           gx = WF_K(t->gpu, attention)->scratch(B, T, C, NH);
     uint16_t *q16 = hact(c, QKV, t->fmt, -1, 1), *dy16 = hact(c, BTC, t->fmt, -1, 1);
     float *qkv = hzero(c, QKV), *dout = hzero(c, BTC);
     float *out = hzero(c, BTC), *att = hzero(c, ATT), *dqkv = hrand(c, QKV, -1, 1);
@@ -1281,9 +1320,10 @@ static void storage_attention_tc(ctx *c, const tables16 *t, int B, int T, int NH
     float *d_att = df(c, hzero(c, gs), gs);
     wf_attention_forward(out, att, qkv, B, T, C, NH);
     wf_attention_backward(dqkv, hzero(c, ATT), dout, qkv, att, B, T, C, NH);
-    t->gpu->attention_forward(d_out, d_att, d_qkv, B, T, C, NH, c->stream);
-    t->gpu->attention_backward(d_dqkv, df(c, hzero(c, gx), gx), d16(c, dy16, BTC), d_qkv, d_att, B,
-                               T, C, NH, c->stream);
+    WF_K(t->gpu, attention)->forward(d_out, d_att, d_qkv, B, T, C, NH, NH, c->stream);
+    WF_K(t->gpu, attention)
+        ->backward(d_dqkv, df(c, hzero(c, gx), gx), d16(c, dy16, BTC), d_qkv, d_att, B, T, C, NH,
+                   NH, c->stream);
     att16_bound bd = att16_bound_make(qkv, dout, B, T, C, NH);
     double f = path == WF_ATTN_CUDNN ? 2 : 1;
     bound_verdict(c, "attention_forward out (bf16)", out, read16(c, d_out, BTC), bd.out, BTC, f);
@@ -1292,7 +1332,7 @@ static void storage_attention_tc(ctx *c, const tables16 *t, int B, int T, int NH
     att16_bound_free(&bd);
     end_case(c);
   }
-  c->k->set_attention(WF_ATTN_REFERENCE);
+  WF_K(c->k, attention)->set_impl(WF_ATTN_REFERENCE);
 }
 
 /* Two device buffers of `bytes` hold the same bits. */
@@ -1308,7 +1348,7 @@ static void expect_same_bytes(ctx *c, const char *what, const void *want, const 
   c->failures += !ok;
 }
 
-/* A 16-bit output adds its bias rounded to the format (wf_ktable.h), on cuBLASLt's
+/* A 16-bit output adds its bias rounded to the format (wf_kset.h), on cuBLASLt's
  * epilogue or its fp32-block fallback alike: tests/kernels/test_storage.c's case (bias
  * 1 + 0.6u, product -u/4: 1 + u rounded, where the exact bias gives 1), the pre of the
  * fused GELU too. */
@@ -1334,9 +1374,9 @@ static void storage_bias_rounded(ctx *c, const tables16 *t)
   void *d_g = d16(c, hact0(c, (size_t)N * OC), (size_t)N * OC);
   void *d_want = d16(c, want, (size_t)N * OC);
   float *d_b = df(c, b, OC);
-  t->gpu->matmul_forward(d_y, d_x, d_w, d_b, N, C, OC, t->fmt, c->stream);
+  WF_K(t->gpu, matmul)->forward(d_y, d_x, d_w, d_b, N, C, OC, t->fmt, c->stream);
   expect_same_bytes(c, "matmul_forward rounded bias", d_want, d_y, (size_t)N * OC * 2);
-  t->gpu->matmul_gelu_forward(d_g, d_y, d_x, d_w, d_b, N, C, OC, t->fmt, c->stream);
+  WF_K(t->gpu, matmul)->gelu_forward(d_g, d_y, d_x, d_w, d_b, N, C, OC, t->fmt, c->stream);
   expect_same_bytes(c, "matmul_gelu_forward pre, bias", d_want, d_y, (size_t)N * OC * 2);
 }
 
@@ -1345,7 +1385,7 @@ static void storage_bias_rounded(ctx *c, const tables16 *t)
  * activation outputs stored (the GPU's `store`), as storage.h defines the 16-bit forms. */
 static void storage_llama_exact(ctx *c, const tables16 *t)
 {
-  const wf_ktable *k32 = c->k;
+  const wf_kset *k32 = c->k;
   const int N = 37, C = 48, F = 40, B = 2, T = 29, NH = 4, NKV = 2, hs = 8;
   const size_t NC = (size_t)N * C, NF = (size_t)N * F, BTW = (size_t)B * T * (NH + 2 * NKV) * hs;
   uint16_t *x = hact(c, NC, t->fmt, -2, 2), *gu = hact(c, 2 * NF, t->fmt, -4, 4);
@@ -1360,26 +1400,26 @@ static void storage_llama_exact(ctx *c, const tables16 *t)
   float *x32 = df(c, hzero(c, NC), NC), *y32 = df(c, hzero(c, NC), NC);
   void *want = d16(c, hact0(c, 2 * NF + BTW), 2 * NF + BTW); /* the largest stored output */
   float *rs16 = df(c, hzero(c, N), N), *rs32 = df(c, hzero(c, N), N);
-  t->gpu->load(x32, x16, NC, c->stream);
-  t->gpu->rmsnorm_forward(y16, rs16, x16, w, 1e-5f, N, C, c->stream);
-  k32->rmsnorm_forward(y32, rs32, x32, w, 1e-5f, N, C, c->stream);
-  t->gpu->store(want, y32, NC, c->stream);
+  WF_K(t->gpu, cast)->load(x32, x16, NC, c->stream);
+  WF_K(t->gpu, rmsnorm)->forward(y16, rs16, x16, w, 1e-5f, N, C, c->stream);
+  WF_K(k32, rmsnorm)->forward(y32, rs32, x32, w, 1e-5f, N, C, c->stream);
+  WF_K(t->gpu, cast)->store(want, y32, NC, c->stream);
   expect_same_bytes(c, "rmsnorm_forward out", want, y16, NC * 2);
   expect_same_bytes(c, "rmsnorm_forward rstd", rs32, rs16, N * 4);
   float *dx16 = df(c, hzero(c, NC), NC), *dx32 = df(c, hzero(c, NC), NC);
   float *dw16 = df(c, hzero(c, C), C), *dw32 = df(c, hzero(c, C), C);
-  t->gpu->rmsnorm_backward(dx16, dw16, dy, x16, w, rs32, N, C, c->stream);
-  k32->rmsnorm_backward(dx32, dw32, dy, x32, w, rs32, N, C, c->stream);
+  WF_K(t->gpu, rmsnorm)->backward(dx16, dw16, dy, x16, w, rs32, N, C, c->stream);
+  WF_K(k32, rmsnorm)->backward(dx32, dw32, dy, x32, w, rs32, N, C, c->stream);
   expect_same_bytes(c, "rmsnorm_backward dinp", dx32, dx16, NC * 4);
   expect_same_bytes(c, "rmsnorm_backward dweight", dw32, dw16, C * 4);
   /* residual then RMSNorm: res = store(a + b), out = rmsnorm(load(res)) */
-  t->gpu->residual_rmsnorm_forward(r16, y16, rs16, x16, b, w, 1e-5f, N, C, c->stream);
-  k32->residual_forward(y32, x32, b, NC, c->stream);
-  t->gpu->store(want, y32, NC, c->stream);
+  WF_K(t->gpu, rmsnorm)->residual_forward(r16, y16, rs16, x16, b, w, 1e-5f, N, C, c->stream);
+  WF_K(k32, residual)->forward(y32, x32, b, NC, c->stream);
+  WF_K(t->gpu, cast)->store(want, y32, NC, c->stream);
   expect_same_bytes(c, "residual_rmsnorm res", want, r16, NC * 2);
-  t->gpu->load(x32, want, NC, c->stream);
-  k32->rmsnorm_forward(y32, rs32, x32, w, 1e-5f, N, C, c->stream);
-  t->gpu->store(want, y32, NC, c->stream);
+  WF_K(t->gpu, cast)->load(x32, want, NC, c->stream);
+  WF_K(k32, rmsnorm)->forward(y32, rs32, x32, w, 1e-5f, N, C, c->stream);
+  WF_K(t->gpu, cast)->store(want, y32, NC, c->stream);
   expect_same_bytes(c, "residual_rmsnorm out", want, y16, NC * 2);
   expect_same_bytes(c, "residual_rmsnorm rstd", rs32, rs16, N * 4);
 
@@ -1387,29 +1427,29 @@ static void storage_llama_exact(ctx *c, const tables16 *t)
   float *gu32 = df(c, hzero(c, 2 * NF), 2 * NF), *h32 = df(c, hzero(c, NF), NF);
   void *dg16 = d16(c, hact0(c, 2 * NF), 2 * NF);
   float *dg32 = df(c, hzero(c, 2 * NF), 2 * NF);
-  t->gpu->load(gu32, gu16, 2 * NF, c->stream);
-  t->gpu->swiglu_forward(h16o, gu16, N, F, c->stream);
-  k32->swiglu_forward(h32, gu32, N, F, c->stream);
-  t->gpu->store(want, h32, NF, c->stream);
+  WF_K(t->gpu, cast)->load(gu32, gu16, 2 * NF, c->stream);
+  WF_K(t->gpu, swiglu)->forward(h16o, gu16, N, F, c->stream);
+  WF_K(k32, swiglu)->forward(h32, gu32, N, F, c->stream);
+  WF_K(t->gpu, cast)->store(want, h32, NF, c->stream);
   expect_same_bytes(c, "swiglu_forward", want, h16o, NF * 2);
   float *dh = df(c, hzero(c, NF), NF);
-  t->gpu->load(dh, dh16, NF, c->stream);
-  t->gpu->swiglu_backward(dg16, gu16, dh16, N, F, c->stream);
-  k32->swiglu_backward(dg32, gu32, dh, N, F, c->stream);
-  t->gpu->store(want, dg32, 2 * NF, c->stream);
+  WF_K(t->gpu, cast)->load(dh, dh16, NF, c->stream);
+  WF_K(t->gpu, swiglu)->backward(dg16, gu16, dh16, N, F, c->stream);
+  WF_K(k32, swiglu)->backward(dg32, gu32, dh, N, F, c->stream);
+  WF_K(t->gpu, cast)->store(want, dg32, 2 * NF, c->stream);
   expect_same_bytes(c, "swiglu_backward", want, dg16, 2 * NF * 2);
 
   void *q16 = d16(c, q, BTW);
   float *q32 = df(c, hzero(c, BTW), BTW);
-  t->gpu->load(q32, q16, BTW, c->stream);
-  t->gpu->rope_forward(q16, d_cs, B, T, NH, NKV, hs, c->stream);
-  k32->rope_forward(q32, d_cs, B, T, NH, NKV, hs, c->stream);
-  t->gpu->store(want, q32, BTW, c->stream);
+  WF_K(t->gpu, cast)->load(q32, q16, BTW, c->stream);
+  WF_K(t->gpu, rope)->forward(q16, d_cs, B, T, NH, NKV, hs, c->stream);
+  WF_K(k32, rope)->forward(q32, d_cs, B, T, NH, NKV, hs, c->stream);
+  WF_K(t->gpu, cast)->store(want, q32, BTW, c->stream);
   expect_same_bytes(c, "rope_forward", want, q16, BTW * 2);
-  t->gpu->load(q32, q16, BTW, c->stream); /* the backward map on the rotated values */
-  t->gpu->rope_backward(q16, d_cs, B, T, NH, NKV, hs, c->stream);
-  k32->rope_backward(q32, d_cs, B, T, NH, NKV, hs, c->stream);
-  t->gpu->store(want, q32, BTW, c->stream);
+  WF_K(t->gpu, cast)->load(q32, q16, BTW, c->stream); /* the backward map on the rotated values */
+  WF_K(t->gpu, rope)->backward(q16, d_cs, B, T, NH, NKV, hs, c->stream);
+  WF_K(k32, rope)->backward(q32, d_cs, B, T, NH, NKV, hs, c->stream);
+  WF_K(t->gpu, cast)->store(want, q32, BTW, c->stream);
   expect_same_bytes(c, "rope_backward", want, q16, BTW * 2);
 }
 
@@ -1424,54 +1464,55 @@ static void storage_llama(ctx *c, const tables16 *t)
   uint16_t *x = hact(c, NC, t->fmt, -2, 2), *out = hact0(c, NC);
   float *w = hrand(c, C, 0.5f, 1.5f), *rstd = hzero(c, N), *d_rstd = df(c, rstd, N);
   void *d_x = d16(c, x, NC), *d_out = d16(c, out, NC);
-  t->cpu->rmsnorm_forward(out, rstd, x, w, 1e-5f, N, C, NULL);
-  t->gpu->rmsnorm_forward(d_out, d_rstd, d_x, df(c, w, C), 1e-5f, N, C, c->stream);
+  WF_K(t->cpu, rmsnorm)->forward(out, rstd, x, w, 1e-5f, N, C, NULL);
+  WF_K(t->gpu, rmsnorm)->forward(d_out, d_rstd, d_x, df(c, w, C), 1e-5f, N, C, c->stream);
   expect_stored16(c, t, "rmsnorm_forward out", out, d_out, NC, TOL_SUM, TOL_SUM);
   expect_close(c, "rmsnorm_forward rstd", rstd, d_rstd, N, 0, TOL_SUM);
   float *dout = hrand(c, NC, -1, 1), *dinp = hrand(c, NC, -1, 1), *dw = hrand(c, C, -1, 1);
   float *d_dinp = df(c, dinp, NC), *d_dw = df(c, dw, C);
-  t->cpu->rmsnorm_backward(dinp, dw, dout, x, w, rstd, N, C, NULL);
-  t->gpu->rmsnorm_backward(d_dinp, d_dw, df(c, dout, NC), d_x, df(c, w, C), df(c, rstd, N), N, C,
-                           c->stream);
+  WF_K(t->cpu, rmsnorm)->backward(dinp, dw, dout, x, w, rstd, N, C, NULL);
+  WF_K(t->gpu, rmsnorm)
+      ->backward(d_dinp, d_dw, df(c, dout, NC), d_x, df(c, w, C), df(c, rstd, N), N, C, c->stream);
   expect_close(c, "rmsnorm_backward dinp", dinp, d_dinp, NC, TOL_SUM, TOL_SUM);
   expect_close(c, "rmsnorm_backward dweight", dw, d_dw, C, TOL_SUM, TOL_SUM);
 
   uint16_t *gu = hact(c, (size_t)N * 2 * F, t->fmt, -4, 4), *h = hact0(c, (size_t)N * F);
   void *d_gu = d16(c, gu, (size_t)N * 2 * F), *d_h = d16(c, h, (size_t)N * F);
-  t->cpu->swiglu_forward(h, gu, N, F, NULL);
-  t->gpu->swiglu_forward(d_h, d_gu, N, F, c->stream);
+  WF_K(t->cpu, swiglu)->forward(h, gu, N, F, NULL);
+  WF_K(t->gpu, swiglu)->forward(d_h, d_gu, N, F, c->stream);
   expect_stored16(c, t, "swiglu_forward", h, d_h, (size_t)N * F, TOL_ELEM, TOL_ELEM);
   uint16_t *dh = hact(c, (size_t)N * F, t->fmt, -1, 1);
   uint16_t *dgu = hact(c, (size_t)N * 2 * F, t->fmt, -1, 1); /* written over */
   void *d_dgu = d16(c, dgu, (size_t)N * 2 * F);
-  t->cpu->swiglu_backward(dgu, gu, dh, N, F, NULL);
-  t->gpu->swiglu_backward(d_dgu, d_gu, d16(c, dh, (size_t)N * F), N, F, c->stream);
+  WF_K(t->cpu, swiglu)->backward(dgu, gu, dh, N, F, NULL);
+  WF_K(t->gpu, swiglu)->backward(d_dgu, d_gu, d16(c, dh, (size_t)N * F), N, F, c->stream);
   expect_stored16(c, t, "swiglu_backward", dgu, d_dgu, (size_t)N * 2 * F, TOL_ELEM, TOL_ELEM);
 
   float *cs = hzero(c, (size_t)T * hs);
   wf_rope_table(cs, T, hs, 10000.0, NULL);
   uint16_t *qkv = hact(c, BTW, t->fmt, -1, 1);
   void *d_qkv = d16(c, qkv, BTW);
-  t->cpu->rope_forward(qkv, cs, B, T, NH, NKV, hs, NULL);
-  t->gpu->rope_forward(d_qkv, df(c, cs, (size_t)T * hs), B, T, NH, NKV, hs, c->stream);
+  WF_K(t->cpu, rope)->forward(qkv, cs, B, T, NH, NKV, hs, NULL);
+  WF_K(t->gpu, rope)->forward(d_qkv, df(c, cs, (size_t)T * hs), B, T, NH, NKV, hs, c->stream);
   expect_stored16(c, t, "rope_forward", qkv, d_qkv, BTW, TOL_ELEM, TOL_ELEM);
 
-  size_t as = t->cpu->attention_saved(B, T, NH * hs, NH);
-  size_t gs = t->gpu->attention_saved(B, T, NH * hs, NH);
-  size_t gx = t->gpu->attention_scratch(B, T, NH * hs, NH);
+  size_t as = WF_K(t->cpu, attention)->saved(B, T, NH * hs, NH);
+  size_t gs = WF_K(t->gpu, attention)->saved(B, T, NH * hs, NH);
+  size_t gx = WF_K(t->gpu, attention)->scratch(B, T, NH * hs, NH);
   uint16_t *o = hact0(c, BTQ), *q = hact(c, BTW, t->fmt, -1, 1); /* unrotated: both sides' */
   void *d_q = d16(c, q, BTW);
   float *att = hzero(c, as), *d_att = df(c, hzero(c, gs), gs);
   void *d_o = d16(c, o, BTQ);
-  t->cpu->attention_gqa_forward(o, att, q, B, T, NH * hs, NH, NKV, NULL);
-  t->gpu->attention_gqa_forward(d_o, d_att, d_q, B, T, NH * hs, NH, NKV, c->stream);
+  WF_K(t->cpu, attention)->forward(o, att, q, B, T, NH * hs, NH, NKV, NULL);
+  WF_K(t->gpu, attention)->forward(d_o, d_att, d_q, B, T, NH * hs, NH, NKV, c->stream);
   expect_stored16(c, t, "attention_gqa_forward out", o, d_o, BTQ, TOL_SUM, TOL_SUM);
   uint16_t *dat = hact(c, BTQ, t->fmt, -1, 1);
   uint16_t *dq = hact(c, BTW, t->fmt, -1, 1); /* written over, in the format */
   void *d_dq = d16(c, dq, BTW);
-  t->cpu->attention_gqa_backward(dq, NULL, dat, q, att, B, T, NH * hs, NH, NKV, NULL);
-  t->gpu->attention_gqa_backward(d_dq, df(c, hzero(c, gx), gx), d16(c, dat, BTQ), d_q, d_att, B, T,
-                                 NH * hs, NH, NKV, c->stream);
+  WF_K(t->cpu, attention)->backward(dq, NULL, dat, q, att, B, T, NH * hs, NH, NKV, NULL);
+  WF_K(t->gpu, attention)
+      ->backward(d_dq, df(c, hzero(c, gx), gx), d16(c, dat, BTQ), d_q, d_att, B, T, NH * hs, NH,
+                 NKV, c->stream);
   /* as storage_attention: the CPU reads 16-bit probabilities, the GPU recomputes them in
    * fp32; dk and dv sum over the NH / NKV query heads of their group: step * T * G; both
    * store dqkv rounded (expect_stored16's step) */
@@ -1479,18 +1520,18 @@ static void storage_llama(ctx *c, const tables16 *t)
   expect_stored16(c, t, "attention_gqa_backward dqkv", dq, d_dq, BTW, tol, TOL_SUM);
   /* RoPE's backward in place on the same stored gradient (the CPU's) */
   void *d_dr = d16(c, dq, BTW);
-  t->cpu->rope_backward(dq, cs, B, T, NH, NKV, hs, NULL);
-  t->gpu->rope_backward(d_dr, df(c, cs, (size_t)T * hs), B, T, NH, NKV, hs, c->stream);
+  WF_K(t->cpu, rope)->backward(dq, cs, B, T, NH, NKV, hs, NULL);
+  WF_K(t->gpu, rope)->backward(d_dr, df(c, cs, (size_t)T * hs), B, T, NH, NKV, hs, c->stream);
   expect_stored16(c, t, "rope_backward", dq, d_dr, BTW, TOL_ELEM, TOL_ELEM);
 }
 
 static void test_storage(ctx *c)
 {
   const int fmts[2] = {WF_PREC_BF16, WF_PREC_FP16};
-  const wf_ktable *cpu32 = wf_dev_kernels(wf_dev_cpu());
+  const wf_kset *cpu32 = wf_dev_kernels(wf_dev_cpu(), WF_DT_F32);
   for (int f = 0; f < 2; f++) {
-    tables16 t = {fmts[f], cpu32->storage(fmts[f]), c->k->storage(fmts[f])};
-    if (!t.gpu || t.gpu->format != t.fmt) {
+    tables16 t = {fmts[f], wf_kset_as(cpu32, fmts[f]), wf_kset_as(c->k, fmts[f])};
+    if (!t.gpu || (int)t.gpu->dt != t.fmt) {
       printf("  FAIL the GPU has no %s table\n", wf_storage_name(t.fmt));
       c->failures++;
       continue;
@@ -1537,17 +1578,18 @@ static void test_adamw_store(ctx *c)
   const size_t n = 100003; /* several blocks, a ragged tail */
   const int fmts[2] = {WF_PREC_BF16, WF_PREC_FP16};
   for (int f = 0; f < 2; f++) {
-    tables16 t = {fmts[f], wf_dev_kernels(wf_dev_cpu())->storage(fmts[f]), c->k->storage(fmts[f])};
+    tables16 t = {fmts[f], wf_dev_kernels(wf_dev_cpu(), fmts[f]), wf_kset_as(c->k, fmts[f])};
     float *p = hrand(c, n, -1, 1), *m = hrand(c, n, -0.1f, 0.1f), *v = hrand(c, n, 0, 0.01f);
     float *g = df(c, hrand(c, n, -1, 1), n);
     uint16_t *low = hact0(c, n);
     float *p1 = df(c, p, n), *m1 = df(c, m, n), *v1 = df(c, v, n);
     float *p2 = df(c, p, n), *m2 = df(c, m, n), *v2 = df(c, v, n);
     void *want = d16(c, low, n), *got = d16(c, low, n);
-    c->k->adamw_update(p1, m1, v1, g, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f, c->stream);
-    t.gpu->store(want, p1, n, c->stream);
-    t.gpu->adamw_update_store(p2, got, m2, v2, g, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f,
-                              c->stream);
+    WF_K(c->k, adamw)
+        ->update(p1, m1, v1, g, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f, c->stream);
+    WF_K(t.gpu, cast)->store(want, p1, n, c->stream);
+    WF_K(t.gpu, adamw)
+        ->update_store(p2, got, m2, v2, g, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f, c->stream);
     printf(" %s\n", wf_storage_name(t.fmt));
     expect_same_bytes(c, "adamw_update_store params", p1, p2, n * 4);
     expect_same_bytes(c, "adamw_update_store m", m1, m2, n * 4);
@@ -1556,7 +1598,8 @@ static void test_adamw_store(ctx *c)
     float *hg = hzero(c, n);
     wf_gpu_stream_sync(c->g, c->stream);
     wf_gpu_memcpy_d2h(c->g, hg, g, n * 4);
-    t.cpu->adamw_update_store(p, low, m, v, hg, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f, NULL);
+    WF_K(t.cpu, adamw)
+        ->update_store(p, low, m, v, hg, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 5, 0.5f, NULL);
     expect_stored16(c, &t, "adamw_update_store copy (cpu)", low, got, n, TOL_ELEM, TOL_ELEM);
     end_case(c);
   }
@@ -1579,7 +1622,7 @@ static void test_rmsnorm(ctx *c)
   float *d_out = df(c, out, NC), *d_rstd = df(c, rstd, N), *d_inp = df(c, inp, NC);
   float *d_w = df(c, w, C);
   wf_rmsnorm_forward(out, rstd, inp, w, eps, N, C);
-  c->k->rmsnorm_forward(d_out, d_rstd, d_inp, d_w, eps, N, C, c->stream);
+  WF_K(c->k, rmsnorm)->forward(d_out, d_rstd, d_inp, d_w, eps, N, C, c->stream);
   expect_close(c, "rmsnorm_forward out", out, d_out, NC, TOL_SUM, TOL_SUM);
   expect_close(c, "rmsnorm_forward rstd", rstd, d_rstd, N, 0, TOL_SUM);
 
@@ -1587,25 +1630,25 @@ static void test_rmsnorm(ctx *c)
   float *d_dinp = df(c, dinp, NC), *d_dw = df(c, dw, C), *d_dout = df(c, dout, NC);
   float *d_crstd = df(c, rstd, N); /* both sides use the CPU's rstd */
   wf_rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
-  c->k->rmsnorm_backward(d_dinp, d_dw, d_dout, d_inp, d_w, d_crstd, N, C, c->stream);
+  WF_K(c->k, rmsnorm)->backward(d_dinp, d_dw, d_dout, d_inp, d_w, d_crstd, N, C, c->stream);
   expect_close(c, "rmsnorm_backward dinp", dinp, d_dinp, NC, TOL_SUM, TOL_SUM);
   expect_close(c, "rmsnorm_backward dweight", dw, d_dw, C, TOL_SUM, TOL_SUM);
   wf_rmsnorm_backward(NULL, dw, dout, inp, w, rstd, N, C); /* NULL dinp: only dweight */
-  c->k->rmsnorm_backward(NULL, d_dw, d_dout, d_inp, d_w, d_crstd, N, C, c->stream);
+  WF_K(c->k, rmsnorm)->backward(NULL, d_dw, d_dout, d_inp, d_w, d_crstd, N, C, c->stream);
   expect_close(c, "rmsnorm_backward dweight only", dw, d_dw, C, TOL_SUM, TOL_SUM);
   wf_rmsnorm_backward(dinp, NULL, dout, inp, w, rstd, N, C); /* NULL dweight */
-  c->k->rmsnorm_backward(d_dinp, NULL, d_dout, d_inp, d_w, d_crstd, N, C, c->stream);
+  WF_K(c->k, rmsnorm)->backward(d_dinp, NULL, d_dout, d_inp, d_w, d_crstd, N, C, c->stream);
   expect_close(c, "rmsnorm_backward dinp only", dinp, d_dinp, NC, TOL_SUM, TOL_SUM);
 
   float *a = hrand(c, NC, -2, 2), *b = hrand(c, NC, -2, 2), *res = hzero(c, NC);
   float *d_a = df(c, a, NC), *d_b = df(c, b, NC), *d_res = df(c, res, NC);
   wf_residual_forward(res, a, b, NC);
   wf_rmsnorm_forward(out, rstd, res, w, eps, N, C);
-  c->k->residual_rmsnorm_forward(d_res, d_out, d_rstd, d_a, d_b, d_w, eps, N, C, c->stream);
+  WF_K(c->k, rmsnorm)->residual_forward(d_res, d_out, d_rstd, d_a, d_b, d_w, eps, N, C, c->stream);
   expect_close(c, "residual_rmsnorm res", res, d_res, NC, TOL_EXACT, TOL_EXACT);
   expect_close(c, "residual_rmsnorm out", out, d_out, NC, TOL_SUM, TOL_SUM);
   expect_close(c, "residual_rmsnorm rstd", rstd, d_rstd, N, 0, TOL_SUM);
-  c->k->residual_rmsnorm_forward(d_a, d_out, NULL, d_a, d_b, d_w, eps, N, C, c->stream);
+  WF_K(c->k, rmsnorm)->residual_forward(d_a, d_out, NULL, d_a, d_b, d_w, eps, N, C, c->stream);
   expect_close(c, "residual_rmsnorm in place", res, d_a, NC, TOL_EXACT, TOL_EXACT);
   expect_close(c, "residual_rmsnorm out (in place)", out, d_out, NC, TOL_SUM, TOL_SUM);
 }
@@ -1621,10 +1664,10 @@ static void rope_case(ctx *c, int B, int T, int NH, int NKV, int hs, double thet
   wf_rope_table(cs, T, hs, theta, NULL);
   float *d_cs = df(c, cs, ncs), *d_x = df(c, x, n), *d_dx = df(c, dx, n);
   wf_rope_forward(x, cs, B, T, NH, NKV, hs);
-  c->k->rope_forward(d_x, d_cs, B, T, NH, NKV, hs, c->stream);
+  WF_K(c->k, rope)->forward(d_x, d_cs, B, T, NH, NKV, hs, c->stream);
   expect_close(c, "rope_forward qkv", x, d_x, n, TOL_EXACT, TOL_EXACT);
   wf_rope_backward(dx, cs, B, T, NH, NKV, hs);
-  c->k->rope_backward(d_dx, d_cs, B, T, NH, NKV, hs, c->stream);
+  WF_K(c->k, rope)->backward(d_dx, d_cs, B, T, NH, NKV, hs, c->stream);
   expect_close(c, "rope_backward dqkv", dx, d_dx, n, TOL_EXACT, TOL_EXACT);
 }
 
@@ -1644,11 +1687,11 @@ static void test_swiglu(ctx *c)
   x[0] = -30.0f, x[1] = 30.0f, x[2] = -95.0f, x[3] = 95.0f, x[4] = 0.0f;
   float *out = hzero(c, NO), *d_out = df(c, out, NO), *d_x = df(c, x, NI);
   wf_swiglu_forward(out, x, N, F);
-  c->k->swiglu_forward(d_out, d_x, N, F, c->stream);
+  WF_K(c->k, swiglu)->forward(d_out, d_x, N, F, c->stream);
   expect_close(c, "swiglu_forward out", out, d_out, NO, TOL_ELEM, TOL_ELEM);
   float *dout = hrand(c, NO, -1, 1), *dinp = hrand(c, NI, -1, 1), *d_dinp = df(c, dinp, NI);
   wf_swiglu_backward(dinp, x, dout, N, F);
-  c->k->swiglu_backward(d_dinp, d_x, df(c, dout, NO), N, F, c->stream);
+  WF_K(c->k, swiglu)->backward(d_dinp, d_x, df(c, dout, NO), N, F, c->stream);
   expect_close(c, "swiglu_backward dinp", dinp, d_dinp, NI, TOL_ELEM, TOL_ELEM);
 }
 
@@ -1660,14 +1703,14 @@ static void gqa_case(ctx *c, int B, int T, int NH, int NKV, int hs)
   const int C = NH * hs;
   const size_t BTC = (size_t)B * T * C, QKV = (size_t)B * T * (C + 2 * NKV * hs);
   const size_t ATT = (size_t)B * NH * T * T;
-  const size_t saved = c->k->attention_saved(B, T, C, NH);
-  const size_t scratch = c->k->attention_scratch(B, T, C, NH);
+  const size_t saved = WF_K(c->k, attention)->saved(B, T, C, NH);
+  const size_t scratch = WF_K(c->k, attention)->scratch(B, T, C, NH);
   char name[96];
   float *qkv = hrand(c, QKV, -1, 1), *out = hzero(c, BTC), *att = hzero(c, ATT);
   float *d_out = df(c, out, BTC), *d_qkv = df(c, qkv, QKV);
   float *d_att = df(c, hzero(c, saved), saved);
   wf_attention_gqa_forward(out, att, qkv, B, T, C, NH, NKV);
-  c->k->attention_gqa_forward(d_out, d_att, d_qkv, B, T, C, NH, NKV, c->stream);
+  WF_K(c->k, attention)->forward(d_out, d_att, d_qkv, B, T, C, NH, NKV, c->stream);
   snprintf(name, sizeof name, "gqa_forward %d/%d hs=%d T=%d", NH, NKV, hs, T);
   expect_close(c, name, out, d_out, BTC, TOL_SUM, TOL_SUM);
 
@@ -1675,14 +1718,14 @@ static void gqa_case(ctx *c, int B, int T, int NH, int NKV, int hs)
   float *d_dout = df(c, dout, BTC), *d_dqkv = df(c, dqkv, QKV);
   float *d_scratch = df(c, hzero(c, scratch), scratch);
   wf_attention_gqa_backward(dqkv, hzero(c, ATT), dout, qkv, att, B, T, C, NH, NKV);
-  c->k->attention_gqa_backward(d_dqkv, d_scratch, d_dout, d_qkv, d_att, B, T, C, NH, NKV,
-                               c->stream);
+  WF_K(c->k, attention)
+      ->backward(d_dqkv, d_scratch, d_dout, d_qkv, d_att, B, T, C, NH, NKV, c->stream);
   snprintf(name, sizeof name, "gqa_backward %d/%d hs=%d dqkv", NH, NKV, hs);
   expect_close(c, name, dqkv, d_dqkv, QKV, TOL_SUM, TOL_SUM);
   if (NKV != NH)
     return;
   float *d_out2 = df(c, hzero(c, BTC), BTC), *d_att2 = df(c, hzero(c, saved), saved);
-  c->k->attention_forward(d_out2, d_att2, d_qkv, B, T, C, NH, c->stream);
+  WF_K(c->k, attention)->forward(d_out2, d_att2, d_qkv, B, T, C, NH, NH, c->stream);
   float *got = hzero(c, BTC);
   if (wf_gpu_stream_sync(c->g, c->stream) != WF_OK ||
       wf_gpu_memcpy_d2h(c->g, got, d_out2, BTC * sizeof(float)) != WF_OK)
@@ -1721,10 +1764,10 @@ static void test_colsums(ctx *c)
   float *d_dw[2], *d_db[2], *d_dbias[2];
   for (int run = 0; run < 2; run++) {
     d_dw[run] = df(c, dw, C), d_db[run] = df(c, db, C), d_dbias[run] = df(c, dbias, C);
-    c->k->layernorm_backward(NULL, d_dw[run], d_db[run], d_dout, d_inp, d_w, d_mean, d_rstd, N, C,
-                             c->stream);
-    c->k->matmul_backward(NULL, NULL, d_dbias[run], d_dout, d_inp, d_w, N, C, C, WF_PREC_NO,
-                          c->stream);
+    WF_K(c->k, layernorm)
+        ->backward(NULL, d_dw[run], d_db[run], d_dout, d_inp, d_w, d_mean, d_rstd, N, C, c->stream);
+    WF_K(c->k, matmul)
+        ->backward(NULL, NULL, d_dbias[run], d_dout, d_inp, d_w, N, C, C, WF_PREC_NO, c->stream);
   }
   wf_layernorm_backward(NULL, dw, db, dout, inp, w, mean, rstd, N, C);
   wf_matmul_backward(NULL, NULL, dbias, dout, inp, w, N, C, C);
@@ -1757,7 +1800,8 @@ static void test_gemm_allocates_nothing(ctx *c)
   size_t free0 = 0, free1 = 0, total = 0;
   bool ok = wf_gpu_stream_sync(c->g, c->stream) == WF_OK &&
             wf_gpu_mem_info(c->g, &free0, &total) == WF_OK;
-  c->k->matmul_backward(d_dinp, d_dw, NULL, d_dout, d_inp, d_w, N, C, OC, WF_PREC_BF16, c->stream);
+  WF_K(c->k, matmul)
+      ->backward(d_dinp, d_dw, NULL, d_dout, d_inp, d_w, N, C, OC, WF_PREC_BF16, c->stream);
   ok = ok && wf_gpu_stream_sync(c->g, c->stream) == WF_OK &&
        wf_gpu_mem_info(c->g, &free1, &total) == WF_OK;
   double drop = ok ? ((double)free0 - (double)free1) / (1 << 20) : INFINITY;
@@ -1777,7 +1821,7 @@ static void test_checksum(ctx *c)
   uint64_t *d_h = dcopy(c, &(uint64_t){7}, sizeof(uint64_t)), want, got;
   for (int neg = 0; neg < 2; neg++) {
     wf_checksum(&want, x, n, neg);
-    c->k->checksum(d_h, d_x, n, neg, c->stream);
+    WF_K(c->k, checksum)->sum(d_h, d_x, n, neg, c->stream);
     bool ok = wf_gpu_stream_sync(c->g, c->stream) == WF_OK &&
               wf_gpu_memcpy_d2h(c->g, &got, d_h, sizeof got) == WF_OK && got == want;
     printf("  %-4s %-28s cpu %016llx gpu %016llx\n", ok ? "ok" : "FAIL",
@@ -1824,7 +1868,7 @@ static void test_host_syncs(ctx *c)
     wf_status st = WF_OK;
     switch (i) {
     case 0: st = wf_dev_copy(dev, d, h, sizeof h, WF_COPY_H2D, NULL); break;
-    case 1: wf_dev_kernels(dev)->scale(d, 2.0f, 64, NULL); break;
+    case 1: WF_K(wf_dev_kernels(dev, WF_DT_F32), norm)->scale(d, 2.0f, 64, NULL); break;
     case 2: st = wf_dev_read(dev, h, d, sizeof h); break;
     case 3:
       st = wf_dev_event_record(dev, ev, NULL);
@@ -1900,10 +1944,14 @@ int main(void)
     printf("FAIL: %s\n", why);
     return 1;
   }
-  c.k = wf_ktable_of_gpu(c.g);
+  const wf_kreg *reg = wf_kreg_check(wf_gpu_kernel_table(c.g));
+  wf_kset sets[WF_DT_COUNT];
+  if (reg)
+    wf_kset_resolve(sets, reg);
+  c.k = reg ? &sets[WF_DT_F32] : NULL;
   void *stream = NULL;
   if (!c.k || wf_gpu_set_device(c.g, 0) != WF_OK || wf_gpu_stream_create(c.g, &stream) != WF_OK) {
-    fprintf(stderr, "GPU present but the kernel table or a stream is unusable\n");
+    fprintf(stderr, "GPU present but the kernel registry or a stream is unusable\n");
     return 1;
   }
   c.stream = stream;
@@ -1914,7 +1962,7 @@ int main(void)
     cases[i].fn(&c);
     end_case(&c);
   }
-  if (c.k->last_error() != WF_OK) {
+  if (c.k->reg->last_error() != WF_OK) {
     printf("FAIL a launch reported an error (logged above)\n");
     c.failures++;
   }

@@ -15,6 +15,7 @@
 #ifndef WF_TESTS_KERNELS_CHECK_H
 #define WF_TESTS_KERNELS_CHECK_H
 
+#include <limits.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -25,6 +26,8 @@
 #include <string.h>
 
 #include <cmocka.h>
+
+#include "../common/encode.h"
 
 #define FD_H      1e-5
 #define GRAD_RTOL 1e-4

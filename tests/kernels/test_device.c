@@ -78,8 +78,9 @@ static void test_streams_events(void **state)
 static void test_table_is_the_cpu_kernels(void **state)
 {
   enum { N = 37, C = 24, OC = 40 };
-  const wf_ktable *k = wf_dev_kernels(wf_dev_cpu());
-  assert_int_equal(k->version, WF_KTABLE_VERSION);
+  const wf_kset *k = wf_dev_kernels(wf_dev_cpu(), WF_DT_F32);
+  assert_int_equal(k->reg->abi, WF_KREG_ABI);
+  assert_int_equal(wf_kset_need(k, (wf_op_id[]){WF_OP_matmul, WF_OP_gelu, WF_OP_round}, 3), WF_OK);
   float x[N * C], w[OC * C], bias[OC], y1[N * OC], y2[N * OC];
   for (size_t i = 0; i < WF_ARRAY_LEN(x); i++)
     x[i] = wf_rng_normal(3, 0, i);
@@ -88,19 +89,20 @@ static void test_table_is_the_cpu_kernels(void **state)
   for (size_t i = 0; i < WF_ARRAY_LEN(bias); i++)
     bias[i] = wf_rng_normal(3, 2, i);
   wf_matmul_forward(y1, x, w, bias, N, C, OC);
-  k->matmul_forward(y2, x, w, bias, N, C, OC, WF_PREC_BF16, NULL); /* lowp: fp32 on the CPU */
+  WF_K(k, matmul)->forward(y2, x, w, bias, N, C, OC, WF_PREC_BF16,
+                           NULL); /* lowp: fp32 on the CPU */
   assert_memory_equal(y1, y2, sizeof y1);
   wf_gelu_forward(y1, x, N * C);
-  k->gelu_forward(y2, x, N * C, NULL);
+  WF_K(k, gelu)->forward(y2, x, N * C, NULL);
   assert_memory_equal(y1, y2, N * C * sizeof(float));
   wf_round_bf16(y1, x, N * C);
-  k->round_bf16(y2, x, N * C, NULL);
+  WF_K(wf_kset_as(k, WF_DT_BF16), round)->round(y2, x, N * C, NULL);
   assert_memory_equal(y1, y2, N * C * sizeof(float));
   double s1 = 0.5, s2 = 0.5;
   wf_sumsq_acc(&s1, x, N * C);
-  k->sumsq_acc(&s2, x, N * C, NULL);
+  WF_K(k, norm)->sumsq_acc(&s2, x, N * C, NULL);
   assert_true(s1 == s2);
-  assert_int_equal(k->last_error(), WF_OK);
+  assert_int_equal(k->reg->last_error(), WF_OK);
 }
 
 int main(void)

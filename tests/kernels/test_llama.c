@@ -96,7 +96,7 @@ static void test_rmsnorm(void **state)
 static void test_residual_rmsnorm(void **state)
 {
   enum { N = 37, C = 45, NC = N * C };
-  const wf_ktable *k = wf_dev_kernels(wf_dev_cpu());
+  const wf_kset *k = wf_dev_kernels(wf_dev_cpu(), WF_DT_F32);
   uint64_t s = 24;
   float a[NC], b[NC], wt[C], res[NC], out[NC], rstd[N], res2[NC], out2[NC], rstd2[N];
   fill(a, NC, -2, 2, &s);
@@ -104,11 +104,12 @@ static void test_residual_rmsnorm(void **state)
   fill(wt, C, 0.5, 1.5, &s);
   wf_residual_forward(res, a, b, NC);
   wf_rmsnorm_forward(out, rstd, res, wt, 1e-5f, N, C);
-  k->residual_rmsnorm_forward(res2, out2, rstd2, a, b, wt, 1e-5f, N, C, NULL);
+  WF_K(k, rmsnorm)->residual_forward(res2, out2, rstd2, a, b, wt, 1e-5f, N, C, NULL);
   assert_memory_equal(res, res2, sizeof res);
   assert_memory_equal(out, out2, sizeof out);
   assert_memory_equal(rstd, rstd2, sizeof rstd);
-  k->residual_rmsnorm_forward(a, out2, NULL, a, b, wt, 1e-5f, N, C, NULL); /* res aliases a */
+  WF_K(k, rmsnorm)
+      ->residual_forward(a, out2, NULL, a, b, wt, 1e-5f, N, C, NULL); /* res aliases a */
   assert_memory_equal(a, res, sizeof res);
   assert_memory_equal(out, out2, sizeof out);
 }

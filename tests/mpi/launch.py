@@ -40,7 +40,7 @@ def check(cond, what, out="", err=""):
 
 
 def expected_groups(dp, tp, pp, r):
-    """The mesh arithmetic of DESIGN.md, written independently of coordinator/mesh.c."""
+    """The mesh arithmetic of docs/architecture.md, written independently of coordinator/mesh.c."""
     t, d, p = r % tp, (r // tp) % dp, r // (tp * dp)
     rank = lambda p_, d_, t_: t_ + tp * (d_ + dp * p_)
     g = {

@@ -400,7 +400,7 @@ def dump_state_bf16(eq, tmp, base=("model.preset=gpt2-tiny", "train.batch_size=8
 
 def trace_layout(ev, n, tp, dp):
     """One process per world rank (pid), named "rank R (pp P, dp D, tp T)" with the mesh
-    coordinates of rank = tp + TP * (dp + DP * pp) (DESIGN.md); threads 0 "compute",
+    coordinates of rank = tp + TP * (dp + DP * pp) (docs/architecture.md); threads 0 "compute",
     1 "communication", 2 "optimizer step", with the F/B spans on compute, the tp
     collectives and p2p waits on communication, and the optimizer step's whole name (it
     was once cut at 31 characters: "step end (reduction, norm, Adam")."""

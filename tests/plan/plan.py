@@ -277,7 +277,7 @@ def est_case(worker):
         if b[k] != v:
             fail(f"--estimate {k} = {b[k]}, want {v}")
     # A GPU rank also holds the CUDA kernels' workspace (cuBLASLt's 32 MiB and 4 MiB of
-    # partial sums: WF_KTABLE_GPU_WORKSPACE), allocated and counted when the device is
+    # partial sums: WF_KREG_GPU_WORKSPACE), allocated and counted when the device is
     # selected; nothing else of theirs is allocated per call.
     gpu = json.loads(run([worker, "--estimate", "--json", "--hw", "h100-sxm"] + MODEL).stdout)
     if gpu["stages"][0]["bytes"]["other"] != want["other"] + (36 << 20):

@@ -44,7 +44,8 @@ static void check_shape(int dp, int tp, int pp, int cp)
   for (int r = 0; r < n; r++) {
     wf_coords c = wf_mesh_coords(&m, r);
     assert_int_equal(wf_mesh_rank(&m, c), r);
-    assert_int_equal(r, c.tp + tp * (c.cp + cp * (c.dp + dp * c.pp))); /* DESIGN.md's formula */
+    assert_int_equal(
+        r, c.tp + tp * (c.cp + cp * (c.dp + dp * c.pp))); /* docs/architecture.md's formula */
   }
   wf_axis axes[] = {WF_AXIS_TP, WF_AXIS_DP, WF_AXIS_PP, WF_AXIS_CP, WF_AXIS_DPCP};
   for (size_t ai = 0; ai < sizeof axes / sizeof axes[0]; ai++) {

@@ -14,7 +14,7 @@
   loss_jump_factor=0 prints none.
 * banner (np 2): the mesh line names the schedule and the layers of every stage's
   chunks: interleaved with 2 chunks per stage puts virtual stage c * pp + r (of
-  L / (pp * v) layers) on stage r (DESIGN.md, setup.c), parallel.pp_layers=[3,5] is
+  L / (pp * v) layers) on stage r (docs/parallelism.md, setup.c), parallel.pp_layers=[3,5] is
   [0,3) and [3,8) under 1F1B.
 * host-syncs (np 4): a step waits for its device only where a value must reach the host,
   the loss and the norm: the metrics' host_syncs (the device seam's count of waits, which

@@ -47,7 +47,7 @@ static wf_status load_tokens(wf_model *m, int *dev, const int *host, size_t n, c
 {
   wf_status st = WF_OK;
   int bad[2];
-  wf_dev_kernels(wf_dev_cpu())->tokens_check(bad, host, n, m->d.V, NULL);
+  WF_K(wf_dev_kernels(wf_dev_cpu(), WF_DT_F32), tokens)->check(bad, host, n, m->d.V, NULL);
   WF_CHECK(bad[0] < 0, WF_EINVAL, "%s[%d] = %d is outside the vocabulary [0, %d)", what, bad[0],
            bad[1], m->d.V);
   WF_TRY(wf_dev_copy(m->dev, dev, host, n * sizeof *host, WF_COPY_H2D, NULL));
@@ -188,7 +188,7 @@ static wf_status chunk_backward(wf_model *m, wf__slot *a, const void *dy, float 
     WF_TRY(m->ops->head_backward(m, a, wf__layer_input(m, a, m->lc), dloss_scale));
     announce(m, 0); /* the head's gradients are final */
   } else {          /* the next stage's gradient, widened: inside a stage it is fp32 */
-    m->k->load(m->da.dres, dy, wf_model_stage_io_numel(m, a->B, a->T), NULL);
+    WF_K(m->k, cast)->load(m->da.dres, dy, wf_model_stage_io_numel(m, a->B, a->T), NULL);
   }
   for (int j = m->lc - 1; j >= 0; j--) {
     WF_TRY(block_backward(m, a, j));
@@ -226,7 +226,7 @@ fail:
 
 wf_status wf_model_stage_dinput(wf_model *m, void *dst)
 {
-  m->k->store(dst, m->da.dres, m->dres_n, NULL);
+  WF_K(m->k, cast)->store(dst, m->da.dres, m->dres_n, NULL);
   if (!m->side_floats) /* the statistics go on to the stage before */
     return WF_OK;
   float *side = (float *)((char *)dst + ((m->dres_n * m->esize + 63) & ~(size_t)63));

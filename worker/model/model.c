@@ -52,16 +52,31 @@ size_t wf__carve(const wf__carve_item *t, size_t n, const wf__carve_to *to, size
 
 /* ---- the memory plan ----------------------------------------------------------------- */
 
-/* The kernels of the model's format: the device's table of that format, or the fp32
- * table when the device has none (model creation refuses that). */
-static const wf_ktable *format_kernels(const wf_ktable *k, wf_precision p)
+/* The kernels of the model's format: the device's set of that element type. */
+static const wf_kset *format_kernels(const wf_kset *k, wf_precision p)
 {
-  const wf_ktable *f = k->storage ? k->storage((int)p) : NULL;
-  return f ? f : k;
+  return wf_kset_as(k, (int)p);
+}
+
+/* Every op the model computes with, in the model's element type on its device: the
+ * family's own and those the engine calls whatever the family (the head's GEMM, the
+ * loss, the stage messages' and the weights' casts, the token check). Missing ones fail
+ * here, at set-up, naming the op. */
+static wf_status kernels_present(const wf_model_opts *o)
+{
+  static const wf_op_id engine[] = {WF_OP_matmul, WF_OP_xent, WF_OP_cast, WF_OP_tokens};
+  const wf__family_ops *ops = wf_model_dims_resolve(&o->dims).fam->ops;
+  const wf_kset *k = wf_dev_kernels(o->dev ? o->dev : wf_dev_cpu(), (int)o->precision);
+  wf_status st = WF_OK;
+  WF_CHECK(k, WF_EINVAL, "precision %d is not an element type", (int)o->precision);
+  WF_TRY(wf_kset_need(k, engine, (int)(sizeof engine / sizeof *engine)));
+  WF_TRY(wf_kset_need(k, ops->kernels, ops->n_kernels));
+fail:
+  return st;
 }
 
 /* The sizes every carve is made of, from the options alone (no model needed). */
-static wf__geo geometry(const wf_model_opts *o, const wf_ktable *k)
+static wf__geo geometry(const wf_model_opts *o, const wf_kset *k)
 {
   wf_model_dims d = wf_model_dims_resolve(&o->dims);
   size_t tp = (size_t)o->shard.tp, N = (size_t)o->B * (size_t)o->T;
@@ -164,7 +179,7 @@ size_t wf_model_low_bytes(wf_precision p) { return p == WF_PREC_NO ? 0 : 2; }
  * places with. */
 static size_t inbox_bytes(size_t io) { return (io + 63) & ~(size_t)63; }
 
-wf_model_mem wf_model_mem_plan(const wf_model_opts *o, const struct wf_ktable *k)
+wf_model_mem wf_model_mem_plan(const wf_model_opts *o, const struct wf_kset *k)
 {
   wf_model_mem r = {0};
   wf__slot a;
@@ -173,7 +188,7 @@ wf_model_mem wf_model_mem_plan(const wf_model_opts *o, const struct wf_ktable *k
   int *bad;
   const wf_model_shard *s = &o->shard;
   const wf__family_ops *ops = ops_of(&o->dims);
-  k = k ? k : wf_dev_kernels(o->dev ? o->dev : wf_dev_cpu());
+  k = k ? k : wf_dev_kernels(o->dev ? o->dev : wf_dev_cpu(), WF_DT_F32);
   wf__geo z = geometry(o, k);
   size_t n = wf_model_shard_params(&o->dims, s), core = 0;
   size_t layer = ops->layer_floats(&z, &core);
@@ -273,12 +288,7 @@ static wf_status check_opts(const wf_model_opts *o)
            "context parallelism over %d ranks of %d rows each: the sequence (%d) must fit the "
            "context length %d, and each rank holds two equal chunks",
            cp, o->T, o->T * cp, d->maxT);
-  const wf_ktable *k = wf_dev_kernels(o->dev ? o->dev : wf_dev_cpu());
-  WF_CHECK(k->storage && k->storage((int)o->precision), WF_EUNSUPPORTED,
-           "precision %s: device %s has no kernels for activations stored in %s; use "
-           "precision=no",
-           wf_storage_name((int)o->precision), wf_dev_name(o->dev ? o->dev : wf_dev_cpu()),
-           wf_storage_name((int)o->precision));
+  WF_TRY(kernels_present(o));
 fail:
   return st;
 }
@@ -291,7 +301,7 @@ static void set_geometry(wf_model *m, const wf_model_opts *o)
   m->fam->describe(&m->d, &m->desc);
   m->s = o->shard;
   m->dev = o->dev ? o->dev : wf_dev_cpu();
-  m->k = format_kernels(wf_dev_kernels(m->dev), o->precision);
+  m->k = format_kernels(wf_dev_kernels(m->dev, WF_DT_F32), o->precision);
   m->tp = o->shard.tp > 1 ? o->tp : (wf_tp_regions){NULL, NULL};
   m->cp = o->shard.cp > 1 ? o->cp : (wf_cp_regions){NULL, NULL};
   m->ep = o->shard.ep > 1 ? o->ep : (wf_ep_regions){NULL, NULL};
@@ -308,7 +318,7 @@ static void set_geometry(wf_model *m, const wf_model_opts *o)
   m->prec = o->precision;
   m->esize = wf_storage_size((int)o->precision);
   m->loss_scale = 1.0f;
-  m->g = geometry(o, wf_dev_kernels(m->dev));
+  m->g = geometry(o, wf_dev_kernels(m->dev, WF_DT_F32));
   m->layer_floats = m->ops->layer_floats(&m->g, &m->core_floats);
   m->keep_floats = keep_of(m->ops, &m->g);
   m->side_floats = side_of(m->ops, &m->g);
@@ -406,7 +416,8 @@ void wf_model_set_param_tensor(wf_model *m, int t, int j, float *p, void *low)
   m->pptr[i] = p;
   m->lptr[i] = NULL;
   if (p && low && m->prec != WF_PREC_NO && m->desc.t[t].gemm) {
-    m->k->store(low, p,
+    WF_K(m->k, cast)
+        ->store(low, p,
                 layered(m, t) ? wf_model_local_layer_numel(m, t) : wf_model_local_numel(m, t),
                 NULL);
     m->lptr[i] = low;
@@ -600,7 +611,7 @@ const void *wf__res_grad(wf_model *m, const float *dy, size_t N)
 {
   if (m->prec == WF_PREC_NO)
     return dy;
-  m->k->store(m->da.rdy, dy, N * (size_t)m->d.C, NULL);
+  WF_K(m->k, cast)->store(m->da.rdy, dy, N * (size_t)m->d.C, NULL);
   return m->da.rdy;
 }
 
@@ -609,7 +620,7 @@ wf_status wf_model_params_changed(wf_model *m)
 {
   if (!m->wlow || !m->params) /* ZeRO-3 dropped the flat copy: its windows keep theirs */
     return WF_OK;
-  m->k->store(m->wlow, m->params, m->num_params, NULL);
+  WF_K(m->k, cast)->store(m->wlow, m->params, m->num_params, NULL);
   return wf_dev_check(m->dev);
 }
 

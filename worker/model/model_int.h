@@ -72,7 +72,7 @@ typedef struct wf__geo {
   size_t ep; /* expert-parallel ranks (1: none) */
   int NHl, KVl;
   int fmt;
-  const wf_ktable *k;
+  const wf_kset *k;
 } wf__geo;
 
 /* A layer's saved activations: the items kept in the slot, and attention's core state
@@ -141,6 +141,10 @@ typedef struct wf__dacts {
  * Every op computes through m->k, the kernels of the model's storage format: a family
  * has one code path for every precision. */
 typedef struct wf__family_ops {
+  /* the kernel ops the family calls (wf_kreg.h), checked at set-up for the model's
+   * element type and device */
+  const wf_op_id *kernels;
+  int n_kernels;
   /* floats of one layer's saved activations besides attention's core state, and those
    * of the core state (*core) */
   size_t (*layer_floats)(const wf__geo *g, size_t *core);
@@ -176,13 +180,13 @@ struct wf_model {
   const wf__family_ops *ops;
   wf_model_desc desc;
   wf_model_shard s;
-  wf_dev *dev;        /* borrowed */
-  const wf_ktable *k; /* the device's kernels for the model's storage format */
-  wf_tp_regions tp;   /* the region operators (ops NULL: identity) */
-  wf_cp_regions cp;   /* context parallelism's attention (ops NULL: the device's kernels) */
-  wf_ep_regions ep;   /* the experts' exchange (ops NULL: every expert local) */
-  bool sequence;      /* sequence parallelism is on (tp > 1) */
-  int nl;             /* layers on this rank: v chunks of lc layers */
+  wf_dev *dev;      /* borrowed */
+  const wf_kset *k; /* the device's kernels for the model's storage format */
+  wf_tp_regions tp; /* the region operators (ops NULL: identity) */
+  wf_cp_regions cp; /* context parallelism's attention (ops NULL: the device's kernels) */
+  wf_ep_regions ep; /* the experts' exchange (ops NULL: every expert local) */
+  bool sequence;    /* sequence parallelism is on (tp > 1) */
+  int nl;           /* layers on this rank: v chunks of lc layers */
   int nchunk, lc;
   int NHl, KVl, Vl; /* local heads, local kv heads, local vocabulary rows */
   int Bmax, Tmax, n_slots, in_use, peak;

@@ -76,7 +76,7 @@ wf_status wf__row_parallel(wf_model *m, const void *x, int w, int b, int l, int 
   int C = m->d.C;
   const float *bias = b >= 0 && m->s.tp_rank == 0 ? wf_model_param(m, b, l, 0) : NULL;
   float *part = partial_out(m);
-  m->k->matmul_forward_f32(part, x, wf__gemm_weight(m, w, l), bias, N, IC, C, m->prec, NULL);
+  WF_K(m->k, matmul)->forward_f32(part, x, wf__gemm_weight(m, w, l), bias, N, IC, C, m->prec, NULL);
   return wf__leave_fwd(m, m->da.ysum, part, (size_t)N, (size_t)C);
 }
 
@@ -87,9 +87,9 @@ wf_status wf__column_backward(wf_model *m, const void *dout, const void *x, int 
 {
   int C = m->d.C;
   float *dx = m->tp.ops ? m->da.dc : m->da.dl;
-  m->k->matmul_backward_f32(dx, wf_model_param(m, w, l, 1),
-                            b >= 0 ? wf_model_param(m, b, l, 1) : NULL, dout, x,
-                            wf__gemm_weight(m, w, l), N, C, OC, m->prec, NULL);
+  WF_K(m->k, matmul)
+      ->backward_f32(dx, wf_model_param(m, w, l, 1), b >= 0 ? wf_model_param(m, b, l, 1) : NULL,
+                     dout, x, wf__gemm_weight(m, w, l), N, C, OC, m->prec, NULL);
   return wf__enter_bwd(m, m->da.dl, dx, (size_t)N, (size_t)C);
 }
 
@@ -135,9 +135,9 @@ static void rope_apply(wf_model *m, void *qkv, int B, int T, int hs, bool backwa
       const float *cs = m->da.consts + (size_t)sp[i].pos * hs;
       int nb = n > 1 ? 1 : B, t = n > 1 ? sp[i].n : T; /* one call for all rows without cp */
       if (backward)
-        m->k->rope_backward(x, cs, nb, t, m->NHl, m->KVl, hs, NULL);
+        WF_K(m->k, rope)->backward(x, cs, nb, t, m->NHl, m->KVl, hs, NULL);
       else
-        m->k->rope_forward(x, cs, nb, t, m->NHl, m->KVl, hs, NULL);
+        WF_K(m->k, rope)->forward(x, cs, nb, t, m->NHl, m->KVl, hs, NULL);
     }
 }
 
@@ -155,12 +155,12 @@ size_t wf__attention_saved(const wf__geo *g, int Cq, int NH)
 {
   if (g->cp > 1)
     return g->B * (size_t)NH * g->T;
-  return g->k->attention_saved((int)g->B, (int)g->T, Cq, NH);
+  return WF_K(g->k, attention)->saved((int)g->B, (int)g->T, Cq, NH);
 }
 
 size_t wf__attention_scratch(const wf__geo *g, int Cq, int NH)
 {
-  return g->cp > 1 ? 0 : g->k->attention_scratch((int)g->B, (int)g->T, Cq, NH);
+  return g->cp > 1 ? 0 : WF_K(g->k, attention)->scratch((int)g->B, (int)g->T, Cq, NH);
 }
 
 wf_status wf__attention_forward(wf_model *m, void *out, void *att, const void *qkv, int B, int T,
@@ -168,10 +168,7 @@ wf_status wf__attention_forward(wf_model *m, void *out, void *att, const void *q
 {
   if (m->cp.ops)
     return m->cp.ops->forward(m->cp.ctx, out, att, qkv, B, T, Cq, NH, NKV ? NKV : NH, (int)m->prec);
-  if (NKV)
-    m->k->attention_gqa_forward(out, att, qkv, B, T, Cq, NH, NKV, NULL);
-  else
-    m->k->attention_forward(out, att, qkv, B, T, Cq, NH, NULL);
+  WF_K(m->k, attention)->forward(out, att, qkv, B, T, Cq, NH, NKV ? NKV : NH, NULL);
   return WF_OK;
 }
 
@@ -182,10 +179,8 @@ wf_status wf__attention_backward(wf_model *m, void *dqkv, float *scratch, const 
   if (m->cp.ops)
     return m->cp.ops->backward(m->cp.ctx, dqkv, dout, qkv, out, att, B, T, Cq, NH, NKV ? NKV : NH,
                                (int)m->prec);
-  if (NKV)
-    m->k->attention_gqa_backward(dqkv, scratch, dout, qkv, att, B, T, Cq, NH, NKV, NULL);
-  else
-    m->k->attention_backward(dqkv, scratch, dout, qkv, att, B, T, Cq, NH, NULL);
+  WF_K(m->k, attention)
+      ->backward(dqkv, scratch, dout, qkv, att, B, T, Cq, NH, NKV ? NKV : NH, NULL);
   return WF_OK;
 }
 
@@ -201,9 +196,9 @@ static wf_status xent_combine(wf_model *m, wf__slot *a, int N)
   if (tp == 1 || !m->tp.ops)
     return WF_OK;
   float *all = m->da.stats, *mine = all + (size_t)3 * tp * N; /* (tp,N,3) then (N,3) */
-  m->k->xent_pack(mine, a->row_max, a->row_sumexp, a->target_logit, N, NULL);
+  WF_K(m->k, xent)->pack(mine, a->row_max, a->row_sumexp, a->target_logit, N, NULL);
   WF_TRY(m->tp.ops->gather(m->tp.ctx, mine, all, (size_t)3 * N));
-  m->k->xent_combine(a->row_max, a->row_sumexp, a->target_logit, all, N, tp, NULL);
+  WF_K(m->k, xent)->combine(a->row_max, a->row_sumexp, a->target_logit, all, N, tp, NULL);
 fail:
   return st;
 }
@@ -211,19 +206,20 @@ fail:
 wf_status wf__head_loss_forward(wf_model *m, wf__slot *a, const void *xn, int w)
 {
   wf_status st = WF_OK;
-  const wf_ktable *k = m->k;
+  const wf_kset *k = m->k;
   int C = m->d.C, N = a->B * a->T;
   const void *x;
   WF_TRY(wf__enter_fwd(m, &x, xn, m->da.full, (size_t)N, (size_t)C));
   /* padding rows of the weight give padding columns the loss ignores */
-  k->matmul_forward(a->logits, x, wf__gemm_weight(m, w, 0), NULL, N, C, m->Vl, m->prec, NULL);
+  WF_K(k, matmul)->forward(a->logits, x, wf__gemm_weight(m, w, 0), NULL, N, C, m->Vl, m->prec,
+                           NULL);
   if (!a->have_targets)
     return WF_OK;
-  k->xent_stats(a->row_max, a->row_sumexp, a->target_logit, a->logits, a->targets, N,
-                wf__local_real_vocab(m), m->Vl, m->s.tp_rank * m->Vl, NULL);
+  WF_K(k, xent)->stats(a->row_max, a->row_sumexp, a->target_logit, a->logits, a->targets, N,
+                       wf__local_real_vocab(m), m->Vl, m->s.tp_rank * m->Vl, NULL);
   WF_TRY(xent_combine(m, a, N));
-  k->xent_loss(a->losses, a->row_max, a->row_sumexp, a->target_logit, N, NULL);
-  k->loss_accumulate(m->loss_acc, a->losses, N, NULL);
+  WF_K(k, xent)->loss(a->losses, a->row_max, a->row_sumexp, a->target_logit, N, NULL);
+  WF_K(k, xent)->accumulate(m->loss_acc, a->losses, N, NULL);
 fail:
   return st;
 }
@@ -234,9 +230,10 @@ wf_status wf__head_loss_backward(wf_model *m, wf__slot *a, const void *xn, int w
   int N = a->B * a->T, C = m->d.C;
   const void *x;
   /* loss_scale is 1 unless fp16 loss scaling is on: x * 1.0f is x, bit for bit. */
-  m->k->xent_backward(a->logits, a->logits, a->row_max, a->row_sumexp, a->targets,
-                      dloss * m->loss_scale / (float)N, N, wf__local_real_vocab(m), m->Vl,
-                      m->s.tp_rank * m->Vl, NULL);
+  WF_K(m->k, xent)
+      ->backward(a->logits, a->logits, a->row_max, a->row_sumexp, a->targets,
+                 dloss * m->loss_scale / (float)N, N, wf__local_real_vocab(m), m->Vl,
+                 m->s.tp_rank * m->Vl, NULL);
   WF_TRY(wf__enter_fwd(m, &x, xn, m->da.full, (size_t)N, (size_t)C));
   st = wf__column_backward(m, a->logits, x, w, -1, 0, N, m->Vl); /* dlogits: already stored */
 fail:
@@ -257,12 +254,18 @@ static void embed_spans(wf_model *m, wf__slot *a, float *part, const float *dout
       int nb = n > 1 ? 1 : a->B, t = n > 1 ? sp[i].n : T;
       float *w = wf_model_param(m, wte, 0, fwd ? 0 : 1);
       float *p = pos ? wf_model_param(m, wpe, 0, fwd ? 0 : 1) + (size_t)sp[i].pos * C : NULL;
-      if (fwd)
-        m->k->encoder_forward_vp(part + r * C, a->inputs + r, w, m->s.tp_rank * m->Vl, m->Vl, p, nb,
-                                 t, C, NULL);
-      else
-        m->k->encoder_backward_vp(w, p, dout + r * C, a->inputs + r, m->s.tp_rank * m->Vl, m->Vl,
-                                  nb, t, C, NULL);
+      if (fwd) {
+        WF_K(m->k, embedding)
+            ->forward(part + r * C, a->inputs + r, w, m->s.tp_rank * m->Vl, m->Vl, nb * t, C, NULL);
+        if (p)
+          WF_K(m->k, position)->forward(part + r * C, p, NULL, nb, t, C, NULL);
+      } else {
+        WF_K(m->k, embedding)
+            ->backward(w, dout + r * C, a->inputs + r, m->s.tp_rank * m->Vl, m->Vl, nb * t, C,
+                       NULL);
+        if (p)
+          WF_K(m->k, position)->backward(p, dout + r * C, NULL, nb, t, C, NULL);
+      }
     }
 }
 
@@ -274,7 +277,7 @@ wf_status wf__embed_forward(wf_model *m, wf__slot *a, int wte, int wpe)
   embed_spans(m, a, part, NULL, wte, wpe);
   /* summed over tp in fp32, then stored in the model's format */
   WF_TRY(wf__leave_fwd(m, m->da.ysum, part, (size_t)N, (size_t)C));
-  m->k->store(a->encoded, m->da.ysum, wf__rows(m, (size_t)N) * (size_t)C, NULL);
+  WF_K(m->k, cast)->store(a->encoded, m->da.ysum, wf__rows(m, (size_t)N) * (size_t)C, NULL);
 fail:
   return st;
 }

@@ -557,8 +557,8 @@ typedef struct wf_model_mem {
   size_t inbox;         /* o->inbox spare stage inputs (communication memory) */
   size_t total;         /* all of the above that is allocated (not io) */
 } wf_model_mem;
-struct wf_ktable;
-wf_model_mem wf_model_mem_plan(const wf_model_opts *o, const struct wf_ktable *k);
+struct wf_kset;
+wf_model_mem wf_model_mem_plan(const wf_model_opts *o, const struct wf_kset *k);
 
 /* Allocate parameters, gradients and activations for micro-batches of at most B x T
  * tokens, on the CPU. Parameters are zero until initialised or loaded. The optimizer's
@@ -726,7 +726,7 @@ void wf_model_set_grad_hook(wf_model *m, wf_model_grad_hook fn, void *user); /* 
  * bytes per parameter, and the output gradient in backward) and accumulate in fp32.
  * The fp32 masters, the gradients (parameters' and, inside a stage, the activations'),
  * the norms' statistics, the loss, the tp reductions and the optimizer's state stay
- * fp32. Each kernel computes in fp32 and rounds what it stores (wf_ktable.h). With
+ * fp32. Each kernel computes in fp32 and rounds what it stores (wf_kset.h). With
  * precision no everything is fp32 and nothing is copied.
  *
  * Whoever writes the parameters other than through this header's init, import and
@@ -738,7 +738,7 @@ wf_precision wf_model_precision(const wf_model *m);
 /* Mixed precision's 16-bit copy of the flat parameters (num_params elements of the
  * model's format, device memory), or NULL (precision no, or ZeRO-3 dropped the flat
  * vector). An optimizer that updates the whole flat vector writes it in the same pass
- * (wf_ktable's adamw_update_store) instead of calling wf_model_params_changed. */
+ * (wf_kset's adamw_update_store) instead of calling wf_model_params_changed. */
 void *wf_model_params_low(wf_model *m);
 /* Loss scaling (fp16): backward multiplies the loss gradient by s (default 1), so every
  * gradient comes out scaled by s; the optimizer unscales. */

@@ -92,10 +92,10 @@ typedef struct range {
 static void adamw(wf_optim *o, const range *r, float lr, float grad_scale, int step)
 {
   const wf_config *cfg = o->cfg;
-  const wf_ktable *k = wf_dev_kernels(o->dev);
+  const wf_kset *k = wf_dev_kernels(o->dev, WF_DT_F32);
   /* the format's table: with o->low its 16-bit copy written in the same pass, else
    * (fp32, or a copy refreshed after the gather) adamw_update alone */
-  const wf_ktable *kl = k->storage((int)wf_model_precision(o->model));
+  const wf_kset *kl = wf_kset_as(k, (int)wf_model_precision(o->model));
   float b1 = (float)cfg->optim.beta1, b2 = (float)cfg->optim.beta2, eps = (float)cfg->optim.eps;
   const wf_model_desc *desc = wf_model_get_desc(o->model);
   for (int t = 0; t < desc->n; t++) {
@@ -106,9 +106,10 @@ static void adamw(wf_optim *o, const range *r, float lr, float grad_scale, int s
       continue;
     float wd = desc->t[t].decay ? (float)cfg->optim.weight_decay : 0.0f;
     float *p = r->plo ? r->plo + (a - r->lo) : wf_model_params(o->model) + a;
-    void *low = o->low ? (char *)o->low + a * wf_storage_size(kl->format) : NULL;
-    kl->adamw_update_store(p, low, r->m + (a - r->lo), r->v + (a - r->lo), r->grads + (a - r->lo),
-                           b - a, lr, b1, b2, eps, wd, step, grad_scale, NULL);
+    void *low = o->low ? (char *)o->low + a * wf_storage_size(kl->dt) : NULL;
+    WF_K(kl, adamw)->update_store(p, low, r->m + (a - r->lo), r->v + (a - r->lo),
+                                  r->grads + (a - r->lo), b - a, lr, b1, b2, eps, wd, step,
+                                  grad_scale, NULL);
   }
 }
 

@@ -37,7 +37,7 @@
 struct wf_cp {
   wf_comm *comm;
   wf_dev *dev;
-  const wf_attn_block_ops *k;
+  const wf_attention_block_op *k;
   wf_cp_mode mode;
   int P, r;
   wf_cp_geo max;  /* the largest call the buffers hold */
@@ -121,8 +121,9 @@ wf_status wf_cp_create(wf_cp **out, const wf_cp_opts *o)
   wf_status st = WF_OK;
   wf_cp *c = NULL;
   *out = NULL;
-  const wf_attn_block_ops *k = wf_attn_block_ops_of(o->dev);
-  WF_CHECK(k && k->version == WF_ATTN_BLOCK_OPS_VERSION, WF_EUNSUPPORTED,
+  const wf_kset *ks = wf_dev_kernels(o->dev, WF_DT_F32);
+  const wf_attention_block_op *k = WF_K(ks, attention_block);
+  WF_CHECK(k, WF_EUNSUPPORTED,
            "context parallelism (mesh.cp=%d): device %s has no block attention kernels yet; "
            "train with mesh.cp on the CPU (runtime.device=cpu) or without mesh.cp",
            wf_comm_size(o->comm), wf_dev_name(o->dev));
@@ -346,7 +347,7 @@ static wf_status cp_forward(void *ctx, void *out, float *lse, const void *qkv, i
     c->k->kv_extract(c->kv[0], qkv, (size_t)B * T, C, a.KW, fmt, NULL);
     WF_TRY(ring_forward(c, &a, qkv, lse));
   }
-  wf_dev_kernels(c->dev)->storage(fmt)->store(out, c->acc, (size_t)B * T * C, NULL);
+  WF_K(wf_dev_kernels(c->dev, fmt), cast)->store(out, c->acc, (size_t)B * T * C, NULL);
 fail:
   return st;
 }

@@ -236,7 +236,7 @@ static wf_status finish_buckets(wf_grads *g)
     bucket *b = &g->buckets[i];
     WF_TRY(wf_req_wait(&b->req));
     if (b->post != 1.0f)
-      wf_dev_kernels(g->dev)->scale(b->stage, b->post, b->count, NULL);
+      WF_K(wf_dev_kernels(g->dev, WF_DT_F32), norm)->scale(b->stage, b->post, b->count, NULL);
     const float *p = b->stage;
     for (int r = 0; r < b->n_ranges; r++) {
       WF_TRY(copy(g, grads + b->ranges[r].off, p, b->ranges[r].n));
@@ -491,7 +491,7 @@ static wf_status sum_tied_embedding(wf_grads *g)
   size_t n = wf_model_local_numel(g->model, t);
   WF_TRY(wf_comm_allreduce(g->emb, w, w, n, WF_COMM_F32, WF_COMM_SUM));
   if (g->tied_unsummed && wf_comm_rank(g->emb) == 1) /* the test hook */
-    wf_dev_kernels(g->dev)->scale(w, 0.5f, n, NULL);
+    WF_K(wf_dev_kernels(g->dev, WF_DT_F32), norm)->scale(w, 0.5f, n, NULL);
 fail:
   return st;
 }
@@ -538,7 +538,7 @@ static wf_status counted_sumsq(wf_grads *g, const float *grads, size_t lo, size_
                                double *ss)
 {
   wf_status st = WF_OK;
-  const wf_ktable *k = wf_dev_kernels(g->dev);
+  const wf_kset *k = wf_dev_kernels(g->dev, WF_DT_F32);
   double both[2];
   WF_TRY(wf_dev_memset(g->dev, g->acc, 0, sizeof *g->acc, NULL));
   for (int t = 0; t < wf_model_get_desc(g->model)->n; t++) {
@@ -547,7 +547,7 @@ static wf_status counted_sumsq(wf_grads *g, const float *grads, size_t lo, size_
     size_t b = WF_MIN(hi, off + wf_model_local_numel(g->model, t));
     bool counted = sharded ? wf_model_counted_any_ep(g->model, t) : wf_model_counted(g->model, t);
     if (a < b && counted)
-      k->sumsq_acc(g->acc, grads + (a - lo), b - a, NULL);
+      WF_K(k, norm)->sumsq_acc(g->acc, grads + (a - lo), b - a, NULL);
   }
   WF_TRY(wf_dev_check(g->dev));
   WF_TRY(wf_dev_read(g->dev, both, g->acc, sizeof both));
@@ -623,8 +623,8 @@ wf_status wf_grads_check_tied(wf_grads *g, int step)
            "the embedding group has %d ranks; the tied check compares the first and last stage",
            wf_comm_size(g->emb));
   WF_TRY(wf_grads_check_tied_end(g)); /* not read by a norm since (a failed step): now */
-  wf_dev_kernels(g->dev)->checksum(word, wf_model_param(g->model, t, 0, 0), n,
-                                   wf_comm_rank(g->emb) == 1, NULL);
+  WF_K(wf_dev_kernels(g->dev, WF_DT_F32), checksum)
+      ->sum(word, wf_model_param(g->model, t, 0, 0), n, wf_comm_rank(g->emb) == 1, NULL);
   WF_TRY(wf_dev_check(g->dev));
   WF_TRY(wf_comm_allreduce(g->emb, word, word, 1, WF_COMM_U64, WF_COMM_SUM));
   g->tied_step = step;

@@ -423,7 +423,7 @@ static wf_status wait_parts(wf__zero *z, wf__zbucket *b)
  * reduces once per step) or added (ZeRO-2, once per micro-batch). */
 static wf_status take_mine(wf__zero *z, const wf__zbucket *b, const float *src)
 {
-  const wf_ktable *k = wf_dev_kernels(z->dev);
+  const wf_kset *k = wf_dev_kernels(z->dev, WF_DT_F32);
   for (int i = 0; i < b->np; i++) {
     const wf__zpiece *p = &b->p[i];
     if (p->owner != z->rank)
@@ -434,7 +434,7 @@ static wf_status take_mine(wf__zero *z, const wf__zbucket *b, const float *src)
       if (st != WF_OK)
         return st;
     } else {
-      k->residual_forward(dst, dst, src + p->pos, p->n, NULL);
+      WF_K(k, residual)->forward(dst, dst, src + p->pos, p->n, NULL);
     }
   }
   return wf_dev_check(z->dev);
@@ -685,7 +685,7 @@ wf_status wf__zero_finish(wf__zero *z)
     WF_TRY(wf_comm_allreduce(z->rep, z->gshard, z->gshard, z->shard, WF_COMM_F32, WF_COMM_AVG));
   }
   if (z->post != 1.0f) /* the experts' average over all dp ranks (grads.c) */
-    wf_dev_kernels(z->dev)->scale(z->gshard, z->post, z->shard, NULL);
+    WF_K(wf_dev_kernels(z->dev, WF_DT_F32), norm)->scale(z->gshard, z->post, z->shard, NULL);
 fail:
   z->armed = false;
   return st;

@@ -177,7 +177,7 @@ static int estimate_out(const wf_config *cfg, const wf_plan_cli *cli, const wf_h
                         const wf_plan_mesh *m, FILE *out)
 {
   wf_model_dims d = wf_model_dims_from_config(cfg);
-  const wf_ktable *k = wf__plan_kernels(hw);
+  const wf_kset *k = wf__plan_kernels(hw);
   wf_plan_time t;
   char desc[256];
   json_t *stages = json_array();
@@ -256,7 +256,7 @@ void wf_plan_rss_read(wf_plan_rss *r, struct wf_gpu *gpu)
 }
 
 void wf_plan_check_print(const wf_config *cfg, int pp_rank, int dp_rank, int rank,
-                         const struct wf_ktable *k, const wf_plan_rss *base, long long reported,
+                         const struct wf_kset *k, const wf_plan_rss *base, long long reported,
                          FILE *out)
 {
   wf_plan_mesh m;

@@ -1,6 +1,6 @@
 /*
  * measure.c - this machine's profile (worker --profile-hw, and the planner's default):
- * GEMMs at the model's shapes through the device's kernel table, the attention kernel,
+ * GEMMs at the model's shapes through the device's kernels, the attention kernel,
  * memory bandwidth, and under mpirun the collectives (all-reduce, blocking and as the
  * gradient path issues it, and all-gather) over groups of 2, 4, ... ranks at the job's
  * message size.
@@ -25,7 +25,7 @@
 
 typedef struct bench {
   wf_dev *dev;
-  const wf_ktable *k;
+  const wf_kset *k;
   float *buf; /* scratch of n floats */
   size_t n;
 } bench;
@@ -37,9 +37,9 @@ static double best_of(bench *b, int what, int m, int n, int k)
   for (int r = 0; r <= REPS; r++) {
     double t = wf_now();
     if (what == 0)
-      b->k->matmul_forward(y, x, w, NULL, m, k, n, WF_PREC_NO, NULL);
+      WF_K(b->k, matmul)->forward(y, x, w, NULL, m, k, n, WF_PREC_NO, NULL);
     else /* attention of one batch row over m heads: qkv (T, 3 hs m) */
-      b->k->attention_forward(y, w, x, 1, n, k * m, m, NULL);
+      WF_K(b->k, attention)->forward(y, w, x, 1, n, k * m, m, m, NULL);
     wf_dev_stream_sync(b->dev, NULL);
     t = wf_now() - t;
     if (r > 0 && t < best)
@@ -112,7 +112,7 @@ static double mem_bandwidth(bench *b)
   double best = INFINITY;
   for (int r = 0; r <= REPS; r++) {
     double t = wf_now();
-    b->k->residual_forward(b->buf, b->buf + n, b->buf + 2 * n, n, NULL);
+    WF_K(b->k, residual)->forward(b->buf, b->buf + n, b->buf + 2 * n, n, NULL);
     wf_dev_stream_sync(b->dev, NULL);
     t = wf_now() - t;
     if (r > 0 && t < best)
@@ -127,7 +127,7 @@ static double op_overhead(bench *b)
   double t[31];
   for (int r = 0; r < 31; r++) {
     t[r] = wf_now();
-    b->k->residual_forward(b->buf, b->buf + 256, b->buf + 512, 256, NULL);
+    WF_K(b->k, residual)->forward(b->buf, b->buf + 256, b->buf + 512, 256, NULL);
     wf_dev_stream_sync(b->dev, NULL);
     t[r] = wf_now() - t[r];
   }
@@ -160,42 +160,42 @@ static void ln_pair(bench *b, int rows, int C)
   size_t n = (size_t)rows * C;
   float *x = b->buf, *y = x + n, *dy = y + n, *dx = dy + n, *mean = dx + n, *rstd = mean + rows,
         *w = rstd + rows, *dw = w + C, *db = dw + C;
-  b->k->layernorm_forward(y, mean, rstd, x, w, db, rows, C, NULL);
-  b->k->layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, rows, C, NULL);
+  WF_K(b->k, layernorm)->forward(y, mean, rstd, x, w, db, rows, C, NULL);
+  WF_K(b->k, layernorm)->backward(dx, dw, db, dy, x, w, mean, rstd, rows, C, NULL);
 }
 
 static void gelu_pair(bench *b, int rows, int C)
 {
   size_t n = (size_t)rows * C;
-  b->k->gelu_forward(b->buf + n, b->buf, n, NULL);
-  b->k->gelu_backward(b->buf + 2 * n, b->buf, b->buf + n, n, NULL);
+  WF_K(b->k, gelu)->forward(b->buf + n, b->buf, n, NULL);
+  WF_K(b->k, gelu)->backward(b->buf + 2 * n, b->buf, b->buf + n, n, NULL);
 }
 
 static void mm_fwd(bench *b, int rows, int C)
 {
   float *x = b->buf, *w = x + (size_t)rows * C, *y = w + (size_t)4 * C * C;
-  b->k->matmul_forward(y, x, w, NULL, rows, C, 4 * C, WF_PREC_NO, NULL);
+  WF_K(b->k, matmul)->forward(y, x, w, NULL, rows, C, 4 * C, WF_PREC_NO, NULL);
 }
 
 static void mm_bwd(bench *b, int rows, int C)
 {
   float *x = b->buf, *w = x + (size_t)rows * C, *dy = w + (size_t)4 * C * C,
         *dx = dy + (size_t)rows * 4 * C, *dw = dx + (size_t)rows * C, *db = dw + (size_t)4 * C * C;
-  b->k->matmul_backward(dx, dw, db, dy, x, w, rows, C, 4 * C, WF_PREC_NO, NULL);
+  WF_K(b->k, matmul)->backward(dx, dw, db, dy, x, w, rows, C, 4 * C, WF_PREC_NO, NULL);
 }
 
 /* rows = T positions of one batch row, C = hs: four heads. */
 static void att_fwd(bench *b, int T, int hs)
 {
   float *qkv = b->buf, *att = qkv + (size_t)T * 12 * hs, *out = att + (size_t)4 * T * T;
-  b->k->attention_forward(out, att, qkv, 1, T, 4 * hs, 4, NULL);
+  WF_K(b->k, attention)->forward(out, att, qkv, 1, T, 4 * hs, 4, 4, NULL);
 }
 
 static void att_bwd(bench *b, int T, int hs)
 {
   float *qkv = b->buf, *att = qkv + (size_t)T * 12 * hs, *dout = att + (size_t)4 * T * T,
         *dqkv = dout + (size_t)T * 4 * hs, *scratch = dqkv + (size_t)T * 12 * hs;
-  b->k->attention_backward(dqkv, scratch, dout, qkv, att, 1, T, 4 * hs, 4, NULL);
+  WF_K(b->k, attention)->backward(dqkv, scratch, dout, qkv, att, 1, T, 4 * hs, 4, 4, NULL);
 }
 
 /* Floats mm_bwd's and att_bwd's buffers take (the forwards take fewer). */
@@ -206,7 +206,7 @@ static size_t mm_floats(int rows, int C)
 
 static size_t att_floats(const bench *b, int T, int hs)
 {
-  return (size_t)T * 28 * hs + (size_t)4 * T * T + b->k->attention_scratch(1, T, 4 * hs, 4);
+  return (size_t)T * 28 * hs + (size_t)4 * T * T + WF_K(b->k, attention)->scratch(1, T, 4 * hs, 4);
 }
 
 /* The model's non-GEMM kernels at one thread, at its width C, head size hs and T. The
@@ -237,7 +237,7 @@ wf_status wf__plan_measure(const wf_model_dims *d, int N, int T, int tpmax, wf_h
   wf_status st = WF_OK;
   bench b = {.dev = wf_dev_cpu(), .n = (size_t)48 << 20};
   int cores = (int)sysconf(_SC_NPROCESSORS_ONLN), saved = wf_kernels_threads();
-  b.k = wf_dev_kernels(b.dev);
+  b.k = wf_dev_kernels(b.dev, WF_DT_F32);
   memset(hw, 0, sizeof *hw);
   char host[64] = "";
   gethostname(host, sizeof host - 1);
@@ -271,9 +271,9 @@ fail:
 #define MIN_MSG ((size_t)1 << 16) /* floats: 256 KiB, where the bytes term dominates alpha */
 
 /* A busy rank's step between collectives: a residual add over n floats. */
-static void work(const wf_ktable *k, float *buf, size_t n)
+static void work(const wf_kset *k, float *buf, size_t n)
 {
-  k->residual_forward(buf, buf + n, buf + 2 * n, n, NULL);
+  WF_K(k, residual)->forward(buf, buf + n, buf + 2 * n, n, NULL);
 }
 
 #define BUSY_ITERS 100
@@ -326,7 +326,7 @@ static wf_status busy_loop(wf_comm *world, wf_comm *c, const coll_buf *b, coll_o
                            int iters, int sync, double *sec)
 {
   wf_status st = WF_OK;
-  const wf_ktable *k = wf_dev_kernels(wf_dev_cpu());
+  const wf_kset *k = wf_dev_kernels(wf_dev_cpu(), WF_DT_F32);
   WF_TRY(wf_comm_barrier(world));
   double t0 = wf_now();
   for (int i = 0; i < iters; i++) {
@@ -420,7 +420,7 @@ fail:
 static wf_status measure_busy_cores(wf_comm *world, const wf_hw *alone, float *buf, double *cores)
 {
   wf_status st = WF_OK;
-  const wf_ktable *k = wf_dev_kernels(wf_dev_cpu());
+  const wf_kset *k = wf_dev_kernels(wf_dev_cpu(), WF_DT_F32);
   int m = 256, n = 256, kk = 64, saved = wf_kernels_threads();
   double one = wf_hw_gemm_s(alone, m, n, kk, 1, WF_PREC_NO), d[BUSY_TRIES];
   wf_kernels_set_threads(1);
@@ -429,7 +429,8 @@ static wf_status measure_busy_cores(wf_comm *world, const wf_hw *alone, float *b
     WF_TRY(wf_comm_barrier(world));
     double t0 = wf_now(), t = 0;
     while ((t = wf_now() - t0) < 0.3) { /* every rank at once for 0.3 s */
-      k->matmul_forward(buf + 2 * m * kk, buf, buf + m * kk, NULL, m, kk, n, WF_PREC_NO, NULL);
+      WF_K(k, matmul)->forward(buf + 2 * m * kk, buf, buf + m * kk, NULL, m, kk, n, WF_PREC_NO,
+                               NULL);
       reps++;
     }
     float sum = (float)(reps / t); /* GEMMs per second, then over all ranks */

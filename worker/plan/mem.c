@@ -17,7 +17,8 @@
 #include "plan_int.h"
 #include "wf_optim.h"
 
-/* The head sizes the GPU's flash and tensor-core kernels take (storage.cu's rule). */
+/* The head sizes the GPU's flash and tensor-core kernels take (kernels/cuda/attention.cu's rule).
+ */
 static bool tensor_core_heads(int C, int NH) { return NH > 0 && C % NH == 0 && C / NH <= 128; }
 
 static size_t flash_saved(int B, int T, int C, int NH)
@@ -36,10 +37,10 @@ static size_t gpu_saved(int B, int T, int C, int NH)
   return ((lse + 15) & ~(size_t)15) + ((out + 15) & ~(size_t)15);
 }
 
-/* Floats, each part of a buffer rounded up to 64 of them (storage.cu's parts). */
+/* Floats, each part of a buffer rounded up to 64 of them (kernels/cuda/attention.cu's parts). */
 static size_t part(size_t floats) { return (floats + 63) / 64 * 64; }
 
-/* Attention backward's scratch in the GPU's 16-bit tables (kernels/cuda/storage.cu):
+/* Attention backward's scratch in the GPU's 16-bit variants (kernels/cuda/attention.cu):
  * fp16 (and any format above head size 128) widens qkv, (B,T,3C) floats after the fp32
  * kernels' own; bf16 up to head size 128 runs the tensor-core paths on the stored
  * operands and needs D (B,NH,T), dout in bf16 and the bf16 dqkv (at most (B,T,3C)). */
@@ -56,32 +57,33 @@ static size_t gpu_scratch_bf16(int B, int T, int C, int NH)
   return part((size_t)B * NH * T) + part((ny + 1) / 2) + part((3 * ny + 1) / 2);
 }
 
-/* A GPU's tables as the planner sees them: the CPU's, with the GPU's attention sizes
- * (gpu_saved in every format; backward's scratch as each format's table sizes it). */
-static wf_ktable gpu_tables[3]; /* indexed by wf_precision */
+/* A GPU's kernels as the planner sees them: the CPU's, with the GPU's attention sizes
+ * (gpu_saved in every element type; backward's scratch as each type's variant sizes it)
+ * and the GPU's workspace. */
+static wf_kreg gpu_reg;
+static wf_kset gpu_sets[WF_DT_COUNT];
+static wf_attention_op gpu_attention[WF_DT_COUNT];
 
-static const wf_ktable *gpu_storage(int format)
+static size_t gpu_workspace(void) { return WF_KREG_GPU_WORKSPACE; }
+
+const wf_kset *wf__plan_kernels(const wf_hw *hw)
 {
-  return format >= 0 && format < 3 ? &gpu_tables[format] : NULL;
-}
-
-static size_t gpu_workspace(void) { return WF_KTABLE_GPU_WORKSPACE; }
-
-const wf_ktable *wf__plan_kernels(const wf_hw *hw)
-{
-  const wf_ktable *cpu = wf_dev_kernels(wf_dev_cpu());
+  const wf_kset *cpu = wf_dev_kernels(wf_dev_cpu(), WF_DT_F32);
   if (!hw || !hw->gpu)
     return cpu;
-  for (int f = 0; f < 3; f++) {
-    gpu_tables[f] = *cpu->storage(f);
-    gpu_tables[f].attention_saved = gpu_saved;
-    gpu_tables[f].attention_scratch = f == WF_PREC_BF16   ? gpu_scratch_bf16
-                                      : f == WF_PREC_FP16 ? gpu_scratch_widened
-                                                          : flash_saved;
-    gpu_tables[f].storage = gpu_storage;
-    gpu_tables[f].workspace_bytes = gpu_workspace;
+  gpu_reg = *cpu->reg;
+  gpu_reg.workspace_bytes = gpu_workspace;
+  for (int t = 0; t < WF_DT_COUNT; t++) {
+    gpu_sets[t] = *wf_kset_as(cpu, t);
+    gpu_sets[t].reg = &gpu_reg, gpu_sets[t].sets = gpu_sets;
+    gpu_attention[t] = *WF_K(&gpu_sets[t], attention);
+    gpu_attention[t].saved = gpu_saved;
+    gpu_attention[t].scratch = t == WF_DT_BF16  ? gpu_scratch_bf16
+                               : t == WF_DT_F16 ? gpu_scratch_widened
+                                                : flash_saved;
+    gpu_sets[t].op[WF_OP_attention] = &gpu_attention[t];
   }
-  return &gpu_tables[WF_PREC_NO];
+  return &gpu_sets[WF_DT_F32];
 }
 
 /* Parameters of the experts' tensors on a shard (all of them layered). */
@@ -103,7 +105,7 @@ const char *wf_plan_mem_kind_name(wf_plan_mem_kind k)
 }
 
 wf_status wf_plan_stage_mem_get(const wf_model_dims *d, const wf_plan_mesh *m, int pp_rank,
-                                int dp_rank, const struct wf_ktable *k, wf_plan_stage_mem *out)
+                                int dp_rank, const struct wf_kset *k, wf_plan_stage_mem *out)
 {
   wf_status st = WF_OK;
   wf_pipe_stage_opts so = {.dims = d,
@@ -143,8 +145,8 @@ wf_status wf_plan_stage_mem_get(const wf_model_dims *d, const wf_plan_mesh *m, i
   /* the engine's gradient buffers and the model's spare inputs (activations received) */
   out->bytes[WF_PM_COMM] =
       gr.scalar + (pipe - tokens) + gm.inbox + wf_cp_scratch_bytes(m->cp_mode, cp, &cg);
-  size_t own = k ? k->workspace_bytes() : 0;     /* the kernels' workspace (NULL: the CPU's) */
-  out->bytes[WF_PM_OTHER] = tokens + seqs + own; /* + the engine's and the trainer's */
+  size_t own = k ? k->reg->workspace_bytes() : 0; /* the kernels' workspace (NULL: the CPU's) */
+  out->bytes[WF_PM_OTHER] = tokens + seqs + own;  /* + the engine's and the trainer's */
   out->act = gm.slots + gm.recompute;
   for (int i = 0; i < WF_PM_N; i++)
     out->total += out->bytes[i];
@@ -209,7 +211,7 @@ fail:
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
 wf_status wf_plan_fits(const wf_config *cfg, const wf_model_dims *d, double limit,
-                       const char *limit_desc, const struct wf_ktable *k, char *err, size_t len)
+                       const char *limit_desc, const struct wf_kset *k, char *err, size_t len)
 {
   wf_status st = WF_OK;
   wf_plan_mesh m;

@@ -14,11 +14,11 @@
 #include "wf_parallel.h"
 #include "wf_plan.h"
 
-/* The kernel table whose attention sizes apply on hw: the CPU device's own table, or
+/* The kernels whose attention sizes apply on hw: the CPU device's own, or
  * for a GPU profile a table carrying the CUDA flash kernel's sizes (B*NH*T floats kept
  * per layer, as kernels/cuda/flash.cu's wf_cuda_attention_saved says for head sizes up
  * to 128), so a CPU-only build can plan for GPUs. */
-const wf_ktable *wf__plan_kernels(const wf_hw *hw);
+const wf_kset *wf__plan_kernels(const wf_hw *hw);
 
 /* One enumerated plan and its predictions; reason is "" for a plan that fits. */
 typedef struct wf__plan {

@@ -36,7 +36,7 @@ typedef struct search {
   const wf_config *cfg;
   wf_model_dims d;
   const wf_hw *hw;
-  const wf_ktable *k;
+  const wf_kset *k;
   int world;
   double limit;
   wf__plan *plans;

@@ -160,7 +160,7 @@ typedef struct wf_plan_stage_mem {
  * kernels whose attention sizes apply (NULL = the CPU's). Refuses (WF_ECONFIG, logged
  * once) what the trainer refuses. */
 wf_status wf_plan_stage_mem_get(const wf_model_dims *d, const wf_plan_mesh *m, int pp_rank,
-                                int dp_rank, const struct wf_ktable *k, wf_plan_stage_mem *out);
+                                int dp_rank, const struct wf_kset *k, wf_plan_stage_mem *out);
 const char *wf_plan_mem_kind_name(wf_plan_mem_kind k);
 
 /* Before the model is built: whether the largest stage's memory (dp rank 0's, as
@@ -170,7 +170,7 @@ const char *wf_plan_mem_kind_name(wf_plan_mem_kind k);
  * not; WF_OK when it does or limit is 0 (unknown). A mesh the planner refuses is
  * refused (rank 0 says why; err is then empty). */
 wf_status wf_plan_fits(const wf_config *cfg, const wf_model_dims *d, double limit,
-                       const char *limit_desc, const struct wf_ktable *k, char *err, size_t len);
+                       const char *limit_desc, const struct wf_kset *k, char *err, size_t len);
 
 /* Predicted step time, in seconds, by part. */
 typedef struct wf_plan_time {
@@ -232,7 +232,7 @@ typedef struct wf_plan_rss {
 } wf_plan_rss;
 void wf_plan_rss_read(wf_plan_rss *r, struct wf_gpu *gpu);
 void wf_plan_check_print(const wf_config *cfg, int pp_rank, int dp_rank, int rank,
-                         const struct wf_ktable *k, const wf_plan_rss *base, long long reported,
+                         const struct wf_kset *k, const wf_plan_rss *base, long long reported,
                          FILE *out);
 
 #endif /* WF_PLAN_H */

@@ -49,12 +49,12 @@
 
 static double mib(int64_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
 
-/* Best of PEAK_REPS PEAK_N^3 GEMMs through the device's kernel table, in TFLOP/s. */
+/* Best of PEAK_REPS PEAK_N^3 GEMMs through the device's matmul op, in TFLOP/s. */
 static wf_status measure_peak(wf_dev *dev, double *tflops)
 {
   wf_status st = WF_OK;
   const size_t nn = (size_t)PEAK_N * PEAK_N;
-  const wf_ktable *k = wf_dev_kernels(dev);
+  const wf_kset *k = wf_dev_kernels(dev, WF_DT_F32);
   float *a = NULL;
   wf_dev_view v;
   double best = INFINITY;
@@ -66,7 +66,7 @@ static wf_status measure_peak(wf_dev *dev, double *tflops)
   for (int rep = 0; rep <= PEAK_REPS; rep++) {
     WF_TRY(wf_dev_stream_sync(dev, NULL));
     double t = wf_now();
-    k->matmul_forward(a + 2 * nn, a, a + nn, NULL, PEAK_N, PEAK_N, PEAK_N, WF_PREC_NO, NULL);
+    WF_K(k, matmul)->forward(a + 2 * nn, a, a + nn, NULL, PEAK_N, PEAK_N, PEAK_N, WF_PREC_NO, NULL);
     WF_TRY(wf_dev_stream_sync(dev, NULL));
     t = wf_now() - t;
     if (rep > 0 && t < best) /* rep 0 warms up threads and caches */
@@ -435,7 +435,7 @@ static void write_metrics(wf__trainer *tr, const wf_train_step_info *in, double 
   json_object_set_new(o, "host_syncs", json_integer(in->host_syncs));
   /* GPU kernel launches and library calls since the last line (the CPU counts none): a
    * step's, evaluation's included when it ran (docs/gpu-performance.md, launch overhead) */
-  uint64_t launches = wf_dev_kernels(tr->dev)->launches();
+  uint64_t launches = wf_dev_kernels(tr->dev, WF_DT_F32)->reg->launches();
   json_object_set_new(o, "launches", json_integer((json_int_t)(launches - tr->launches)));
   tr->launches = launches;
   if (!isnan(in->val_loss)) {

@@ -15,7 +15,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "attention_block.h" /* wf_attn_block_ops_of */
 #include "train_int.h"
 #include "wf_file.h"
 
@@ -198,7 +197,7 @@ static wf_status setup_cp(wf__trainer *tr, wf_model_opts *o)
     return WF_OK;
   wf_model_dims d = wf_model_dims_resolve(&tr->dims);
   /* every rank trains on the same kind of device (wf_job_check_devices): one refusal */
-  WF_REFUSE(wf_attn_block_ops_of(tr->dev) != NULL, WF_ECONFIG,
+  WF_REFUSE(WF_K(wf_dev_kernels(tr->dev, WF_DT_F32), attention_block) != NULL, WF_ECONFIG,
             "mesh.cp=%d: device %s has no block attention kernels for context parallelism "
             "yet; train with mesh.cp on the CPU (runtime.device=cpu) or without mesh.cp",
             tr->cp, wf_dev_name(tr->dev));

@@ -6,7 +6,7 @@
  * communicator gives them, host staging, inheritance of the device path, the host
  * synchronisations a path costs) runs on the CPU exactly as it does beside a GPU,
  * because the collectives ask the module, not the hardware, what is device memory.
- * What it is not: a GPU. It has no kernel table (so wf_dev_open_cuda refuses it), no
+ * What it is not: a GPU. It has no kernel registry (so wf_dev_open_cuda refuses it), no
  * NCCL, no streams (every operation is done when it returns). Its memory is plain
  * host memory, so nothing here can show a device pointer dereferenced on the host;
  * tests use it to check paths and values, never speed.

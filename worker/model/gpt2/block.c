@@ -107,14 +107,15 @@ static wf_status attention_forward(wf_model *m, const layer *v, const void *resi
                                    int T)
 {
   wf_status st = WF_OK;
-  const wf_ktable *k = m->k;
+  const wf_kset *k = m->k;
   int C = m->d.C, tp = m->s.tp, N = B * T, R = (int)wf__rows(m, (size_t)N);
   const void *x;
-  k->layernorm_forward(v->ln1, v->ln1_mean, v->ln1_rstd, residual, P(m, G_LN1W, l), P(m, G_LN1B, l),
-                       R, C, NULL);
+  WF_K(k, layernorm)
+      ->forward(v->ln1, v->ln1_mean, v->ln1_rstd, residual, P(m, G_LN1W, l), P(m, G_LN1B, l), R, C,
+                NULL);
   WF_TRY(wf__enter_fwd(m, &x, v->ln1, m->da.full, (size_t)N, (size_t)C));
-  k->matmul_forward(v->qkv, x, wf__gemm_weight(m, G_QKVW, l), P(m, G_QKVB, l), N, C, 3 * C / tp,
-                    m->prec, NULL);
+  WF_K(k, matmul)->forward(v->qkv, x, wf__gemm_weight(m, G_QKVW, l), P(m, G_QKVB, l), N, C,
+                           3 * C / tp, m->prec, NULL);
   WF_TRY(wf__attention_forward(m, v->atty, v->att, v->qkv, B, T, C / tp, m->NHl, 0));
   st = wf__row_parallel(m, v->atty, G_ATTPROJW, G_ATTPROJB, l, N, C / tp);
 fail:
@@ -127,16 +128,17 @@ static wf_status mlp_forward(wf_model *m, const layer *v, const void *residual, 
                              int N)
 {
   wf_status st = WF_OK;
-  const wf_ktable *k = m->k;
+  const wf_kset *k = m->k;
   int C = m->d.C, tp = m->s.tp, R = (int)wf__rows(m, (size_t)N);
   const void *x;
-  k->residual_layernorm_forward(v->res2, v->ln2, v->ln2_mean, v->ln2_rstd, residual, m->da.ysum,
-                                P(m, G_LN2W, l), P(m, G_LN2B, l), R, C, NULL);
+  WF_K(k, layernorm)
+      ->residual_forward(v->res2, v->ln2, v->ln2_mean, v->ln2_rstd, residual, m->da.ysum,
+                         P(m, G_LN2W, l), P(m, G_LN2B, l), R, C, NULL);
   WF_TRY(wf__enter_fwd(m, &x, v->ln2, m->da.full, (size_t)N, (size_t)C));
-  k->matmul_gelu_forward(v->fchg, v->fch, x, wf__gemm_weight(m, G_FCW, l), P(m, G_FCB, l), N, C,
-                         4 * C / tp, m->prec, NULL);
+  WF_K(k, matmul)->gelu_forward(v->fchg, v->fch, x, wf__gemm_weight(m, G_FCW, l), P(m, G_FCB, l), N,
+                                C, 4 * C / tp, m->prec, NULL);
   WF_TRY(wf__row_parallel(m, v->fchg, G_FCPROJW, G_FCPROJB, l, N, 4 * C / tp));
-  k->residual_forward(res3, v->res2, m->da.ysum, (size_t)R * C, NULL);
+  WF_K(k, residual)->forward(res3, v->res2, m->da.ysum, (size_t)R * C, NULL);
 fail:
   return st;
 }
@@ -177,8 +179,8 @@ static wf_status head_forward(wf_model *m, wf__slot *a, const void *x)
   head h;
   int C = m->d.C, R = (int)wf__rows(m, (size_t)a->B * a->T);
   carve_head(&h, a->head, &m->g);
-  m->k->layernorm_forward(h.lnf, h.lnf_mean, h.lnf_rstd, x, P(m, G_LNFW, 0), P(m, G_LNFB, 0), R, C,
-                          NULL);
+  WF_K(m->k, layernorm)
+      ->forward(h.lnf, h.lnf_mean, h.lnf_rstd, x, P(m, G_LNFW, 0), P(m, G_LNFB, 0), R, C, NULL);
   return wf__head_loss_forward(m, a, h.lnf, G_WTE);
 }
 
@@ -194,14 +196,15 @@ static wf_status mlp_backward(wf_model *m, const layer *v, const scratch *s, int
   const float *dy;
   const void *x;
   WF_TRY(wf__leave_bwd(m, &dy, g->dres, g->full, (size_t)N, (size_t)C));
-  m->k->matmul_backward(s->d4a, G(m, G_FCPROJW, l), G(m, G_FCPROJB, l),
-                        wf__res_grad(m, dy, (size_t)N), v->fchg, wf__gemm_weight(m, G_FCPROJW, l),
-                        N, 4 * C / tp, C, m->prec, NULL);
-  m->k->gelu_backward(s->d4b, v->fch, s->d4a, n4, NULL); /* in the activation format */
+  WF_K(m->k, matmul)
+      ->backward(s->d4a, G(m, G_FCPROJW, l), G(m, G_FCPROJB, l), wf__res_grad(m, dy, (size_t)N),
+                 v->fchg, wf__gemm_weight(m, G_FCPROJW, l), N, 4 * C / tp, C, m->prec, NULL);
+  WF_K(m->k, gelu)->backward(s->d4b, v->fch, s->d4a, n4, NULL); /* in the activation format */
   WF_TRY(wf__enter_fwd(m, &x, v->ln2, g->full, (size_t)N, (size_t)C)); /* re-gathered */
   WF_TRY(wf__column_backward(m, s->d4b, x, G_FCW, G_FCB, l, N, 4 * C / tp));
-  m->k->layernorm_backward(g->dres, G(m, G_LN2W, l), G(m, G_LN2B, l), g->dl, v->res2,
-                           P(m, G_LN2W, l), v->ln2_mean, v->ln2_rstd, R, C, NULL);
+  WF_K(m->k, layernorm)
+      ->backward(g->dres, G(m, G_LN2W, l), G(m, G_LN2B, l), g->dl, v->res2, P(m, G_LN2W, l),
+                 v->ln2_mean, v->ln2_rstd, R, C, NULL);
 fail:
   return st;
 }
@@ -216,15 +219,16 @@ static wf_status attention_backward(wf_model *m, const layer *v, const scratch *
   const void *x;
   void *datty = s->d4b;
   WF_TRY(wf__leave_bwd(m, &dy, g->dres, g->full, (size_t)N, (size_t)C));
-  m->k->matmul_backward(datty, G(m, G_ATTPROJW, l), G(m, G_ATTPROJB, l),
-                        wf__res_grad(m, dy, (size_t)N), v->atty, wf__gemm_weight(m, G_ATTPROJW, l),
-                        N, C / tp, C, m->prec, NULL);
+  WF_K(m->k, matmul)
+      ->backward(datty, G(m, G_ATTPROJW, l), G(m, G_ATTPROJB, l), wf__res_grad(m, dy, (size_t)N),
+                 v->atty, wf__gemm_weight(m, G_ATTPROJW, l), N, C / tp, C, m->prec, NULL);
   WF_TRY(wf__attention_backward(m, s->d4a, s->scratch, datty, v->qkv, v->att, v->atty, B, T, C / tp,
                                 m->NHl, 0));
   WF_TRY(wf__enter_fwd(m, &x, v->ln1, g->full, (size_t)N, (size_t)C));
   WF_TRY(wf__column_backward(m, s->d4a, x, G_QKVW, G_QKVB, l, N, 3 * C / tp)); /* stored */
-  m->k->layernorm_backward(g->dres, G(m, G_LN1W, l), G(m, G_LN1B, l), g->dl, residual,
-                           P(m, G_LN1W, l), v->ln1_mean, v->ln1_rstd, R, C, NULL);
+  WF_K(m->k, layernorm)
+      ->backward(g->dres, G(m, G_LN1W, l), G(m, G_LN1B, l), g->dl, residual, P(m, G_LN1W, l),
+                 v->ln1_mean, v->ln1_rstd, R, C, NULL);
 fail:
   return st;
 }
@@ -250,8 +254,9 @@ static wf_status head_backward(wf_model *m, wf__slot *a, const void *x, float dl
   carve_head(&h, a->head, &m->g);
   WF_TRY(wf__head_loss_backward(m, a, h.lnf, G_WTE, dloss));
   WF_TRY(wf__zero(m, m->da.dres, (size_t)R * C));
-  m->k->layernorm_backward(m->da.dres, G(m, G_LNFW, 0), G(m, G_LNFB, 0), m->da.dl, x,
-                           P(m, G_LNFW, 0), h.lnf_mean, h.lnf_rstd, R, C, NULL);
+  WF_K(m->k, layernorm)
+      ->backward(m->da.dres, G(m, G_LNFW, 0), G(m, G_LNFB, 0), m->da.dl, x, P(m, G_LNFW, 0),
+                 h.lnf_mean, h.lnf_rstd, R, C, NULL);
 fail:
   return st;
 }
@@ -263,7 +268,13 @@ static wf_status embed_backward(wf_model *m, wf__slot *a)
   return wf__embed_backward(m, a, G_WTE, G_WPE);
 }
 
+/* The ops GPT-2's blocks, embeddings and head call (besides the engine's: model.c). */
+static const wf_op_id kernels[] = {WF_OP_embedding, WF_OP_position, WF_OP_layernorm, WF_OP_matmul,
+                                   WF_OP_attention, WF_OP_gelu,     WF_OP_residual,  WF_OP_xent};
+
 const wf__family_ops wf__gpt2_ops = {
+    .kernels = kernels,
+    .n_kernels = (int)(sizeof kernels / sizeof *kernels),
     .layer_floats = layer_floats,
     .head_floats = head_floats,
     .scratch_floats = scratch_floats,

@@ -132,13 +132,14 @@ static int head_tensor(const wf_model *m) { return m->desc.n > LL_HEAD ? LL_HEAD
 static wf_status attention_forward(wf_model *m, const layer *v, const void *x, int l, int B, int T)
 {
   wf_status st = WF_OK;
-  const wf_ktable *k = m->k;
+  const wf_kset *k = m->k;
   int C = m->d.C, N = B * T, R = (int)wf__rows(m, (size_t)N), hs = (int)hs_of(&m->g);
   int q = (int)q_local(&m->g), qkv = (int)qkv_local(&m->g);
   const void *xin;
-  k->rmsnorm_forward(v->n1, v->n1_rstd, x, P(m, LL_LN1W, l), m->d.norm_eps, R, C, NULL);
+  WF_K(k, rmsnorm)->forward(v->n1, v->n1_rstd, x, P(m, LL_LN1W, l), m->d.norm_eps, R, C, NULL);
   WF_TRY(wf__enter_fwd(m, &xin, v->n1, m->da.full, (size_t)N, (size_t)C));
-  k->matmul_forward(v->qkv, xin, wf__gemm_weight(m, LL_QKVW, l), NULL, N, C, qkv, m->prec, NULL);
+  WF_K(k, matmul)->forward(v->qkv, xin, wf__gemm_weight(m, LL_QKVW, l), NULL, N, C, qkv, m->prec,
+                           NULL);
   wf__rope_forward(m, v->qkv, B, T, hs);
   WF_TRY(wf__attention_forward(m, v->atty, v->att, v->qkv, B, T, q, m->NHl, m->KVl));
   st = wf__row_parallel(m, v->atty, LL_OW, -1, l, N, q);
@@ -151,16 +152,18 @@ fail:
 static wf_status mlp_forward(wf_model *m, const layer *v, const void *x, void *y, int l, int N)
 {
   wf_status st = WF_OK;
-  const wf_ktable *k = m->k;
+  const wf_kset *k = m->k;
   int C = m->d.C, R = (int)wf__rows(m, (size_t)N), F = (int)f_local(&m->g);
   const void *xin;
-  k->residual_rmsnorm_forward(v->res2, v->n2, v->n2_rstd, x, m->da.ysum, P(m, LL_LN2W, l),
-                              m->d.norm_eps, R, C, NULL);
+  WF_K(k, rmsnorm)
+      ->residual_forward(v->res2, v->n2, v->n2_rstd, x, m->da.ysum, P(m, LL_LN2W, l), m->d.norm_eps,
+                         R, C, NULL);
   WF_TRY(wf__enter_fwd(m, &xin, v->n2, m->da.full, (size_t)N, (size_t)C));
-  k->matmul_forward(v->gu, xin, wf__gemm_weight(m, LL_GUW, l), NULL, N, C, 2 * F, m->prec, NULL);
-  k->swiglu_forward(v->h, v->gu, N, F, NULL);
+  WF_K(k, matmul)->forward(v->gu, xin, wf__gemm_weight(m, LL_GUW, l), NULL, N, C, 2 * F, m->prec,
+                           NULL);
+  WF_K(k, swiglu)->forward(v->h, v->gu, N, F, NULL);
   WF_TRY(wf__row_parallel(m, v->h, LL_DOWNW, -1, l, N, F));
-  k->residual_forward(y, v->res2, m->da.ysum, (size_t)R * C, NULL);
+  WF_K(k, residual)->forward(y, v->res2, m->da.ysum, (size_t)R * C, NULL);
 fail:
   return st;
 }
@@ -198,7 +201,7 @@ static wf_status head_forward(wf_model *m, wf__slot *a, const void *x)
   head h;
   int C = m->d.C, R = (int)wf__rows(m, (size_t)a->B * a->T);
   carve_head(&h, a->head, &m->g);
-  m->k->rmsnorm_forward(h.n, h.rstd, x, P(m, LL_NORMW, 0), m->d.norm_eps, R, C, NULL);
+  WF_K(m->k, rmsnorm)->forward(h.n, h.rstd, x, P(m, LL_NORMW, 0), m->d.norm_eps, R, C, NULL);
   return wf__head_loss_forward(m, a, h.n, head_tensor(m));
 }
 
@@ -212,13 +215,15 @@ static wf_status mlp_backward(wf_model *m, const layer *v, const scratch *s, int
   const float *dy;
   const void *xin;
   WF_TRY(wf__leave_bwd(m, &dy, g->dres, g->full, (size_t)N, (size_t)C));
-  m->k->matmul_backward(s->db, G(m, LL_DOWNW, l), NULL, wf__res_grad(m, dy, (size_t)N), v->h,
-                        wf__gemm_weight(m, LL_DOWNW, l), N, F, C, m->prec, NULL);
-  m->k->swiglu_backward(s->da, v->gu, s->db, N, F, NULL);
+  WF_K(m->k, matmul)
+      ->backward(s->db, G(m, LL_DOWNW, l), NULL, wf__res_grad(m, dy, (size_t)N), v->h,
+                 wf__gemm_weight(m, LL_DOWNW, l), N, F, C, m->prec, NULL);
+  WF_K(m->k, swiglu)->backward(s->da, v->gu, s->db, N, F, NULL);
   WF_TRY(wf__enter_fwd(m, &xin, v->n2, g->full, (size_t)N, (size_t)C)); /* re-gathered */
   WF_TRY(wf__column_backward(m, s->da, xin, LL_GUW, -1, l, N, 2 * F));
-  m->k->rmsnorm_backward(g->dres, G(m, LL_LN2W, l), g->dl, v->res2, P(m, LL_LN2W, l), v->n2_rstd, R,
-                         C, NULL);
+  WF_K(m->k, rmsnorm)
+      ->backward(g->dres, G(m, LL_LN2W, l), g->dl, v->res2, P(m, LL_LN2W, l), v->n2_rstd, R, C,
+                 NULL);
 fail:
   return st;
 }
@@ -233,15 +238,16 @@ static wf_status attention_backward(wf_model *m, const layer *v, const scratch *
   const float *dy;
   const void *xin;
   WF_TRY(wf__leave_bwd(m, &dy, g->dres, g->full, (size_t)N, (size_t)C));
-  m->k->matmul_backward(s->db, G(m, LL_OW, l), NULL, wf__res_grad(m, dy, (size_t)N), v->atty,
-                        wf__gemm_weight(m, LL_OW, l), N, q, C, m->prec, NULL);
+  WF_K(m->k, matmul)
+      ->backward(s->db, G(m, LL_OW, l), NULL, wf__res_grad(m, dy, (size_t)N), v->atty,
+                 wf__gemm_weight(m, LL_OW, l), N, q, C, m->prec, NULL);
   WF_TRY(wf__attention_backward(m, s->da, s->scratch, s->db, v->qkv, v->att, v->atty, B, T, q,
                                 m->NHl, m->KVl));
   wf__rope_backward(m, s->da, B, T, hs);
   WF_TRY(wf__enter_fwd(m, &xin, v->n1, g->full, (size_t)N, (size_t)C));
   WF_TRY(wf__column_backward(m, s->da, xin, LL_QKVW, -1, l, N, qkv)); /* stored */
-  m->k->rmsnorm_backward(g->dres, G(m, LL_LN1W, l), g->dl, x, P(m, LL_LN1W, l), v->n1_rstd, R, C,
-                         NULL);
+  WF_K(m->k, rmsnorm)
+      ->backward(g->dres, G(m, LL_LN1W, l), g->dl, x, P(m, LL_LN1W, l), v->n1_rstd, R, C, NULL);
 fail:
   return st;
 }
@@ -266,8 +272,8 @@ static wf_status head_backward(wf_model *m, wf__slot *a, const void *x, float dl
   carve_head(&h, a->head, &m->g);
   WF_TRY(wf__head_loss_backward(m, a, h.n, head_tensor(m), dloss));
   WF_TRY(wf__zero(m, m->da.dres, (size_t)R * C));
-  m->k->rmsnorm_backward(m->da.dres, G(m, LL_NORMW, 0), m->da.dl, x, P(m, LL_NORMW, 0), h.rstd, R,
-                         C, NULL);
+  WF_K(m->k, rmsnorm)
+      ->backward(m->da.dres, G(m, LL_NORMW, 0), m->da.dl, x, P(m, LL_NORMW, 0), h.rstd, R, C, NULL);
 fail:
   return st;
 }
@@ -277,7 +283,13 @@ static wf_status embed_backward(wf_model *m, wf__slot *a)
   return wf__embed_backward(m, a, LL_EMB, -1);
 }
 
+/* The ops Llama's blocks, embedding and head call (besides the engine's: model.c). */
+static const wf_op_id kernels[] = {WF_OP_embedding, WF_OP_rmsnorm, WF_OP_matmul,   WF_OP_attention,
+                                   WF_OP_rope,      WF_OP_swiglu,  WF_OP_residual, WF_OP_xent};
+
 const wf__family_ops wf__llama_ops = {
+    .kernels = kernels,
+    .n_kernels = (int)(sizeof kernels / sizeof *kernels),
     .layer_floats = layer_floats,
     .head_floats = head_floats,
     .scratch_floats = scratch_floats,

@@ -66,7 +66,7 @@ static size_t carve_layer(moe_layer *v, wf__layer_mem mem, const wf__geo *z, siz
   size_t C = z->C, N = z->N, R = z->R, F = wf__moe_f_local(z), M = wf__moe_rows(z);
   size_t E = (size_t)z->d.E, K = (size_t)z->d.K, G = qk_groups(z), Me = wf__moe_expert_rows(z);
   size_t q = wf__moe_q_local(z), kv = (size_t)z->KVl * wf__moe_hs(z), ep = z->ep > 1;
-  size_t att = z->k->attention_saved((int)z->B, (int)z->T, (int)q, z->NHl);
+  size_t att = WF_K(z->k, attention)->saved((int)z->B, (int)z->T, (int)q, z->NHl);
   wf__carve_item t[] = {
       WF__ACT(&v->n1, R * C),
       WF__F32(&v->n1_rstd, R),
@@ -99,7 +99,7 @@ static size_t carve_scratch(moe_scratch *s, void *mem, const wf__geo *z)
   size_t N = z->N, C = z->C, F = wf__moe_f_local(z), M = wf__moe_rows(z);
   size_t q = wf__moe_q_local(z), E = (size_t)z->d.E, K = (size_t)z->d.K;
   size_t Me = wf__moe_expert_rows(z), ep = z->ep > 1;
-  size_t att = z->k->attention_scratch((int)z->B, (int)z->T, (int)q, z->NHl);
+  size_t att = WF_K(z->k, attention)->scratch((int)z->B, (int)z->T, (int)q, z->NHl);
   wf__carve_item t[] = {
       WF__ACT(&s->da, WF_MAX(Me * 2 * F, N * wf__moe_qkv_local(z))),
       WF__ACT(&s->db, WF_MAX(Me * F, N * q)),
@@ -202,10 +202,11 @@ static wf_status qk_forward(wf_model *m, const moe_layer *v, int l, int N)
   float *ss = wf__moe_scratch_at(m).qk_sums;
   if (wf__moe_variant(m)->qk == MOE_QK_NONE)
     return WF_OK;
-  wf_qknorm_sumsq(ss, v->qkv, N, g.ld, g.nq, g.gq, g.nk, g.gk, (int)m->prec);
+  WF_K(m->k, qknorm)->sumsq(ss, v->qkv, N, g.ld, g.nq, g.gq, g.nk, g.gk, (int)m->prec, NULL);
   WF_TRY(qk_reduce(m, ss, N));
-  wf_qknorm_forward(v->qkv, v->qk_raw, v->qk_rstd, ss, P(m, MO_QN, l), P(m, MO_KN, l), N, g.ld,
-                    g.nq, g.gq, g.fq, g.nk, g.gk, g.fk, m->d.norm_eps, (int)m->prec);
+  WF_K(m->k, qknorm)
+      ->forward(v->qkv, v->qk_raw, v->qk_rstd, ss, P(m, MO_QN, l), P(m, MO_KN, l), N, g.ld, g.nq,
+                g.gq, g.fq, g.nk, g.gk, g.fk, m->d.norm_eps, (int)m->prec, NULL);
 fail:
   return st;
 }
@@ -217,12 +218,13 @@ static wf_status qk_backward(wf_model *m, const moe_layer *v, void *dqkv, int l,
   float *dot = wf__moe_scratch_at(m).qk_sums;
   if (wf__moe_variant(m)->qk == MOE_QK_NONE)
     return WF_OK;
-  wf_qknorm_dot(dot, dqkv, v->qk_raw, v->qk_rstd, P(m, MO_QN, l), P(m, MO_KN, l), N, g.ld, g.nq,
-                g.gq, g.nk, g.gk, (int)m->prec);
+  WF_K(m->k, qknorm)
+      ->dot(dot, dqkv, v->qk_raw, v->qk_rstd, P(m, MO_QN, l), P(m, MO_KN, l), N, g.ld, g.nq, g.gq,
+            g.nk, g.gk, (int)m->prec, NULL);
   WF_TRY(qk_reduce(m, dot, N));
-  wf_qknorm_backward(dqkv, G(m, MO_QN, l), G(m, MO_KN, l), v->qk_raw, v->qk_rstd, dot,
-                     P(m, MO_QN, l), P(m, MO_KN, l), N, g.ld, g.nq, g.gq, g.fq, g.nk, g.gk, g.fk,
-                     (int)m->prec);
+  WF_K(m->k, qknorm)
+      ->backward(dqkv, G(m, MO_QN, l), G(m, MO_KN, l), v->qk_raw, v->qk_rstd, dot, P(m, MO_QN, l),
+                 P(m, MO_KN, l), N, g.ld, g.nq, g.gq, g.fq, g.nk, g.gk, g.fk, (int)m->prec, NULL);
 fail:
   return st;
 }
@@ -233,16 +235,16 @@ static wf_status attention_forward(wf_model *m, const moe_layer *v, const void *
                                    int T)
 {
   wf_status st = WF_OK;
-  const wf_ktable *k = m->k;
+  const wf_kset *k = m->k;
   int C = m->d.C, N = B * T, R = (int)wf__rows(m, (size_t)N), hs = (int)wf__moe_hs(&m->g);
   int q = (int)wf__moe_q_local(&m->g), qkv = (int)wf__moe_qkv_local(&m->g);
   const void *xin;
-  k->rmsnorm_forward(v->n1, v->n1_rstd, x, P(m, MO_LN1, l), m->d.norm_eps, R, C, NULL);
+  WF_K(k, rmsnorm)->forward(v->n1, v->n1_rstd, x, P(m, MO_LN1, l), m->d.norm_eps, R, C, NULL);
   WF_TRY(wf__enter_fwd(m, &xin, v->n1, m->da.full, (size_t)N, (size_t)C));
-  k->matmul_forward(v->qkv, xin, W(m, MO_QKV, l), NULL, N, C, qkv, m->prec, NULL);
+  WF_K(k, matmul)->forward(v->qkv, xin, W(m, MO_QKV, l), NULL, N, C, qkv, m->prec, NULL);
   WF_TRY(qk_forward(m, v, l, N));
-  k->rope_forward(v->qkv, m->da.consts, B, T, m->NHl, m->KVl, hs, NULL);
-  k->attention_gqa_forward(v->atty, v->att, v->qkv, B, T, q, m->NHl, m->KVl, NULL);
+  WF_K(k, rope)->forward(v->qkv, m->da.consts, B, T, m->NHl, m->KVl, hs, NULL);
+  WF_K(k, attention)->forward(v->atty, v->att, v->qkv, B, T, q, m->NHl, m->KVl, NULL);
   st = wf__row_parallel(m, v->atty, wf__moe_tensor(m, MO_O), -1, l, N, q);
 fail:
   return st;
@@ -252,16 +254,17 @@ static wf_status mlp_forward(wf_model *m, const moe_layer *v, float *keep, const
                              int l, int N)
 {
   wf_status st = WF_OK;
-  const wf_ktable *k = m->k;
+  const wf_kset *k = m->k;
   int C = m->d.C, R = (int)wf__rows(m, (size_t)N);
   const void *xin;
   float *part = wf__partial(m);
-  k->residual_rmsnorm_forward(v->res2, v->n2, v->n2_rstd, x, m->da.ysum, P(m, MO_LN2, l),
-                              m->d.norm_eps, R, C, NULL);
+  WF_K(k, rmsnorm)
+      ->residual_forward(v->res2, v->n2, v->n2_rstd, x, m->da.ysum, P(m, MO_LN2, l), m->d.norm_eps,
+                         R, C, NULL);
   WF_TRY(wf__enter_fwd(m, &xin, v->n2, m->da.full, (size_t)N, (size_t)C));
   WF_TRY(wf__moe_mlp_forward(m, v, keep, xin, part, l, N));
   WF_TRY(wf__leave_fwd(m, m->da.ysum, part, (size_t)N, (size_t)C));
-  k->residual_forward(y, v->res2, m->da.ysum, (size_t)R * C, NULL);
+  WF_K(k, residual)->forward(y, v->res2, m->da.ysum, (size_t)R * C, NULL);
 fail:
   return st;
 }
@@ -282,8 +285,8 @@ static wf_status core_forward(wf_model *m, wf__layer_mem mem, int l, int B, int 
   moe_layer v = wf__moe_layer_at(m, mem);
   moe_scratch s = wf__moe_scratch_at(m);
   (void)l;
-  m->k->attention_gqa_forward(s.db, v.att, v.qkv, B, T, (int)wf__moe_q_local(&m->g), m->NHl, m->KVl,
-                              NULL);
+  WF_K(m->k, attention)
+      ->forward(s.db, v.att, v.qkv, B, T, (int)wf__moe_q_local(&m->g), m->NHl, m->KVl, NULL);
   return WF_OK;
 }
 
@@ -297,15 +300,16 @@ static wf_status embed_forward(wf_model *m, wf__slot *a)
  * recompute. */
 static wf_status side_forward(wf_model *m, wf__slot *a)
 {
-  const wf_ktable *k = wf_dev_kernels(m->dev); /* fp32: the statistics are not activations */
+  const wf_kset *k =
+      wf_dev_kernels(m->dev, WF_DT_F32); /* fp32: the statistics are not activations */
   float *in = wf__side(m, a->encoded, a->B, a->T);
   float *out = wf__side(m, wf__layer_input(m, a, m->lc), a->B, a->T);
   size_t n = m->keep_floats;
   for (int j = 0; j < m->lc; j++) {
     const float *keep = a->keep + (size_t)j * n;
     float *sum = m->stats + (size_t)(a->chunk * m->lc + j) * n;
-    k->residual_forward(out, j ? out : in, keep, n, NULL);
-    k->residual_forward(sum, sum, keep, n, NULL);
+    WF_K(k, residual)->forward(out, j ? out : in, keep, n, NULL);
+    WF_K(k, residual)->forward(sum, sum, keep, n, NULL);
   }
   return WF_OK;
 }
@@ -318,11 +322,12 @@ static wf_status head_forward(wf_model *m, wf__slot *a, const void *x)
   head h;
   int C = m->d.C, R = (int)wf__rows(m, (size_t)a->B * a->T);
   carve_head(&h, a->head, &m->g);
-  m->k->rmsnorm_forward(h.n, h.rstd, x, P(m, MO_NORM, 0), m->d.norm_eps, R, C, NULL);
+  WF_K(m->k, rmsnorm)->forward(h.n, h.rstd, x, P(m, MO_NORM, 0), m->d.norm_eps, R, C, NULL);
   WF_TRY(wf__head_loss_forward(m, a, h.n, wf__moe_tensor(m, head_x(m))));
   if (a->have_targets)
-    wf_moe_aux_accumulate(m->aux_acc, wf__side(m, x, a->B, a->T), m->d.E,
-                          (double)m->d.L * a->B * a->T);
+    WF_K(m->k, moe_route)
+        ->aux_accumulate(m->aux_acc, wf__side(m, x, a->B, a->T), m->d.E,
+                         (double)m->d.L * a->B * a->T, NULL);
 fail:
   return st;
 }
@@ -339,8 +344,8 @@ static wf_status mlp_backward(wf_model *m, const moe_layer *v, const moe_scratch
   WF_TRY(wf__leave_bwd(m, &dy, g->dres, g->full, (size_t)N, (size_t)C));
   WF_TRY(wf__moe_mlp_backward(m, v, s, v->n2, dy, dx, l, N));
   WF_TRY(wf__enter_bwd(m, g->dl, dx, (size_t)N, (size_t)C));
-  m->k->rmsnorm_backward(g->dres, G(m, MO_LN2, l), g->dl, v->res2, P(m, MO_LN2, l), v->n2_rstd, R,
-                         C, NULL);
+  WF_K(m->k, rmsnorm)
+      ->backward(g->dres, G(m, MO_LN2, l), g->dl, v->res2, P(m, MO_LN2, l), v->n2_rstd, R, C, NULL);
 fail:
   return st;
 }
@@ -355,16 +360,17 @@ static wf_status attention_backward(wf_model *m, const moe_layer *v, const moe_s
   const float *dy;
   const void *xin;
   WF_TRY(wf__leave_bwd(m, &dy, g->dres, g->full, (size_t)N, (size_t)C));
-  m->k->matmul_backward(s->db, G(m, MO_O, l), NULL, wf__res_grad(m, dy, (size_t)N), v->atty,
-                        W(m, MO_O, l), N, q, C, m->prec, NULL);
-  m->k->attention_gqa_backward(s->da, s->scratch, s->db, v->qkv, v->att, B, T, q, m->NHl, m->KVl,
-                               NULL);
-  m->k->rope_backward(s->da, m->da.consts, B, T, m->NHl, m->KVl, hs, NULL);
+  WF_K(m->k, matmul)
+      ->backward(s->db, G(m, MO_O, l), NULL, wf__res_grad(m, dy, (size_t)N), v->atty, W(m, MO_O, l),
+                 N, q, C, m->prec, NULL);
+  WF_K(m->k, attention)
+      ->backward(s->da, s->scratch, s->db, v->qkv, v->att, B, T, q, m->NHl, m->KVl, NULL);
+  WF_K(m->k, rope)->backward(s->da, m->da.consts, B, T, m->NHl, m->KVl, hs, NULL);
   WF_TRY(qk_backward(m, v, s->da, l, N));
   WF_TRY(wf__enter_fwd(m, &xin, v->n1, g->full, (size_t)N, (size_t)C));
   WF_TRY(wf__column_backward(m, s->da, xin, wf__moe_tensor(m, MO_QKV), -1, l, N, qkv));
-  m->k->rmsnorm_backward(g->dres, G(m, MO_LN1, l), g->dl, x, P(m, MO_LN1, l), v->n1_rstd, R, C,
-                         NULL);
+  WF_K(m->k, rmsnorm)
+      ->backward(g->dres, G(m, MO_LN1, l), g->dl, x, P(m, MO_LN1, l), v->n1_rstd, R, C, NULL);
 fail:
   return st;
 }
@@ -388,8 +394,8 @@ static wf_status head_backward(wf_model *m, wf__slot *a, const void *x, float dl
   carve_head(&h, a->head, &m->g);
   WF_TRY(wf__head_loss_backward(m, a, h.n, wf__moe_tensor(m, head_x(m)), dloss));
   WF_TRY(wf__zero(m, m->da.dres, (size_t)R * C));
-  m->k->rmsnorm_backward(m->da.dres, G(m, MO_NORM, 0), m->da.dl, x, P(m, MO_NORM, 0), h.rstd, R, C,
-                         NULL);
+  WF_K(m->k, rmsnorm)
+      ->backward(m->da.dres, G(m, MO_NORM, 0), m->da.dl, x, P(m, MO_NORM, 0), h.rstd, R, C, NULL);
 fail:
   return st;
 }
@@ -399,7 +405,15 @@ static wf_status embed_backward(wf_model *m, wf__slot *a)
   return wf__embed_backward(m, a, wf__moe_tensor(m, MO_EMB), -1);
 }
 
+/* The ops the block calls (checked at set-up for the model's element type and device). */
+static const wf_op_id kernels[] = {WF_OP_embedding,    WF_OP_rmsnorm,     WF_OP_matmul,
+                                   WF_OP_attention,    WF_OP_rope,        WF_OP_swiglu,
+                                   WF_OP_residual,     WF_OP_xent,        WF_OP_moe_route,
+                                   WF_OP_moe_dispatch, WF_OP_moe_combine, WF_OP_qknorm};
+
 const wf__family_ops wf__moe_ops = {
+    .kernels = kernels,
+    .n_kernels = (int)(sizeof kernels / sizeof *kernels),
     .layer_floats = layer_floats,
     .head_floats = head_floats,
     .scratch_floats = scratch_floats,

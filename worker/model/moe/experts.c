@@ -142,16 +142,16 @@ typedef struct side {
 static void expert_forward(wf_model *m, const void *ctx, int l, int i, int off, int n)
 {
   const side *x = ctx;
-  const wf_ktable *k = m->k;
+  const wf_kset *k = m->k;
   int C = m->d.C, F = (int)wf__moe_f_local(&m->g);
   size_t o = (size_t)off;
   void *gu = act_row(x->v->gu, o, 2 * (size_t)F, m->esize);
   void *h = act_row(x->v->h, o, (size_t)F, m->esize);
-  k->matmul_forward(gu, act_row(x->xe, o, (size_t)C, m->esize), expert_weight(m, MO_GU, l, i), NULL,
-                    n, C, 2 * F, m->prec, NULL);
-  k->swiglu_forward(h, gu, n, F, NULL);
-  k->matmul_forward_f32(x->ye + o * C, h, expert_weight(m, MO_DOWN, l, i), NULL, n, F, C, m->prec,
-                        NULL);
+  WF_K(k, matmul)->forward(gu, act_row(x->xe, o, (size_t)C, m->esize),
+                           expert_weight(m, MO_GU, l, i), NULL, n, C, 2 * F, m->prec, NULL);
+  WF_K(k, swiglu)->forward(h, gu, n, F, NULL);
+  WF_K(k, matmul)->forward_f32(x->ye + o * C, h, expert_weight(m, MO_DOWN, l, i), NULL, n, F, C,
+                               m->prec, NULL);
 }
 
 /* The capacity of each expert for N tokens (0: dropless). */
@@ -174,25 +174,27 @@ wf_status wf__moe_mlp_forward(wf_model *m, const moe_layer *v, float *keep, cons
                               float *out, int l, int N)
 {
   wf_status st = WF_OK;
-  const wf_ktable *k = m->k;
+  const wf_kset *k = m->k;
   int C = m->d.C, E = m->d.E, K = m->d.K;
   moe_scratch s = wf__moe_scratch_at(m);
   plan p = {0};
   WF_TRY(plan_alloc(m, &p));
-  k->matmul_forward_f32(v->probs, xin, wf__gemm_weight(m, wf__moe_tensor(m, MO_ROUTER), l), NULL, N,
-                        C, E, m->prec, NULL);
-  wf_moe_route_forward(v->probs, v->lse, v->idx, v->w, keep, v->probs, N, E, K,
-                       m->d.norm_topk == WF_SWITCH_ON);
-  wf_moe_dispatch(v->pos, v->counts, keep + 2 * E + 1, v->idx, N, E, K, capacity(m, N));
+  WF_K(k, matmul)->forward_f32(v->probs, xin, wf__gemm_weight(m, wf__moe_tensor(m, MO_ROUTER), l),
+                               NULL, N, C, E, m->prec, NULL);
+  WF_K(m->k, moe_route)
+      ->forward(v->probs, v->lse, v->idx, v->w, keep, v->probs, N, E, K,
+                m->d.norm_topk == WF_SWITCH_ON, NULL);
+  WF_K(m->k, moe_dispatch)
+      ->dispatch(v->pos, v->counts, keep + 2 * E + 1, v->idx, N, E, K, capacity(m, N), NULL);
   WF_TRY(plan_read(m, v, &p, true));
-  wf_moe_permute(v->xp, xin, v->pos, N, K, C, (int)m->prec);
+  WF_K(m->k, moe_dispatch)->permute(v->xp, xin, v->pos, N, K, C, (int)m->prec, NULL);
   side x = {.v = v, .xe = p.ep > 1 ? v->xr : v->xp, .ye = p.ep > 1 ? s.dxr : v->y};
   if (p.ep > 1) /* every rank's tokens to their experts' ranks */
     WF_TRY(exchange(m, &p, v->xp, v->xr, (int)m->prec, true));
   each_chunk(m, &p, expert_forward, &x, l);
   if (p.ep > 1) /* and the outputs back, in the token side's expert-major order */
     WF_TRY(exchange(m, &p, s.dxr, v->y, WF_PREC_NO, false));
-  wf_moe_combine(out, v->y, v->w, v->pos, N, K, C);
+  WF_K(m->k, moe_combine)->combine(out, v->y, v->w, v->pos, N, K, C, NULL);
 fail:
   plan_free(&p);
   return st;
@@ -203,17 +205,17 @@ fail:
 static void expert_backward(wf_model *m, const void *ctx, int l, int i, int off, int n)
 {
   const side *x = ctx;
-  const wf_ktable *k = m->k;
+  const wf_kset *k = m->k;
   int C = m->d.C, F = (int)wf__moe_f_local(&m->g);
   size_t o = (size_t)off, es = m->esize;
   void *dh = act_row(x->s->db, o, (size_t)F, es), *dgu = act_row(x->s->da, o, 2 * (size_t)F, es);
-  k->matmul_backward(dh, expert_grad(m, MO_DOWN, l, i), NULL, act_row(x->dye, o, (size_t)C, es),
-                     act_row(x->v->h, o, (size_t)F, es), expert_weight(m, MO_DOWN, l, i), n, F, C,
-                     m->prec, NULL);
-  k->swiglu_backward(dgu, act_row(x->v->gu, o, 2 * (size_t)F, es), dh, n, F, NULL);
-  k->matmul_backward_f32(x->dxe + o * C, expert_grad(m, MO_GU, l, i), NULL, dgu,
-                         act_row(x->xe, o, (size_t)C, es), expert_weight(m, MO_GU, l, i), n, C,
-                         2 * F, m->prec, NULL);
+  WF_K(k, matmul)->backward(dh, expert_grad(m, MO_DOWN, l, i), NULL,
+                            act_row(x->dye, o, (size_t)C, es), act_row(x->v->h, o, (size_t)F, es),
+                            expert_weight(m, MO_DOWN, l, i), n, F, C, m->prec, NULL);
+  WF_K(k, swiglu)->backward(dgu, act_row(x->v->gu, o, 2 * (size_t)F, es), dh, n, F, NULL);
+  WF_K(k, matmul)->backward_f32(x->dxe + o * C, expert_grad(m, MO_GU, l, i), NULL, dgu,
+                                act_row(x->xe, o, (size_t)C, es), expert_weight(m, MO_GU, l, i), n,
+                                C, 2 * F, m->prec, NULL);
 }
 
 /* The router's backward into dx (WRITTEN): the routing weights' gradients (dw) with the
@@ -225,11 +227,13 @@ static void router_backward(wf_model *m, const moe_layer *v, const moe_scratch *
   int C = m->d.C, E = m->d.E, K = m->d.K;
   double R = (double)m->d.L * N, one = m->s.tp_rank == 0 ? m->dloss : 0;
   float aux = (float)(one * m->d.aux_coef * E / (R * R)), z = (float)(one * m->d.z_coef * 2 / R);
-  wf_moe_route_backward(s->dlogits, s->dw, v->probs, v->lse, v->idx, v->w, m->da.side, aux, z, N, E,
-                        K, m->d.norm_topk == WF_SWITCH_ON, (int)m->prec);
+  WF_K(m->k, moe_route)
+      ->backward(s->dlogits, s->dw, v->probs, v->lse, v->idx, v->w, m->da.side, aux, z, N, E, K,
+                 m->d.norm_topk == WF_SWITCH_ON, (int)m->prec, NULL);
   int t = wf__moe_tensor(m, MO_ROUTER);
-  m->k->matmul_backward_f32(dx, wf_model_param(m, t, l, 1), NULL, s->dlogits, xin,
-                            wf__gemm_weight(m, t, l), N, C, E, m->prec, NULL);
+  WF_K(m->k, matmul)
+      ->backward_f32(dx, wf_model_param(m, t, l, 1), NULL, s->dlogits, xin,
+                     wf__gemm_weight(m, t, l), N, C, E, m->prec, NULL);
 }
 
 wf_status wf__moe_mlp_backward(wf_model *m, const moe_layer *v, const moe_scratch *s,
@@ -240,7 +244,8 @@ wf_status wf__moe_mlp_backward(wf_model *m, const moe_layer *v, const moe_scratc
   const void *xin;
   plan p = {0};
   WF_TRY(plan_alloc(m, &p));
-  wf_moe_combine_backward(s->dyp, s->dw, dy, v->y, v->w, v->pos, N, K, C, (int)m->prec);
+  WF_K(m->k, moe_combine)
+      ->backward(s->dyp, s->dw, dy, v->y, v->w, v->pos, N, K, C, (int)m->prec, NULL);
   WF_TRY(plan_read(m, v, &p, false));
   bool ep = p.ep > 1;
   side x = {.v = v,
@@ -256,7 +261,7 @@ wf_status wf__moe_mlp_backward(wf_model *m, const moe_layer *v, const moe_scratc
   /* dy is read: the tp region's input may now be gathered again where dy was (da.full) */
   WF_TRY(wf__enter_fwd(m, &xin, n2, m->da.full, (size_t)N, (size_t)C));
   router_backward(m, v, s, xin, dx, l, N);
-  wf_moe_unpermute(dx, s->dxp, v->pos, N, K, C);
+  WF_K(m->k, moe_dispatch)->unpermute(dx, s->dxp, v->pos, N, K, C, NULL);
 fail:
   plan_free(&p);
   return st;

@@ -1,12 +1,13 @@
 /*
- * test_encoder_vp.c - the vocabulary-parallel embedding (wf_encoder_*_vp) against
- * the whole-vocabulary one and against naive loops written here.
+ * test_embedding.c - the embedding and position ops (embedding.h, position.h) as GPT-2
+ * composes them (check.h's encode), split over the vocabulary, against the whole
+ * vocabulary and naive loops written here; and positions given explicitly.
  *
  * wte (V,C) is cut into tp equal slices, rank r holding rows [r V/tp, (r+1) V/tp),
  * for tp in {1, 2, 4}. Every comparison is bit-exact (0 ulp), and why it can be:
  *  - forward: each output element has at most two nonzero terms over all ranks (the
  *    one rank's wte row and rank 0's wpe row), and x + 0 = x, so the sum over ranks
- *    in rank order is the single float add wte + wpe that wf_encoder_forward does;
+ *    in rank order is the single float add wte + wpe that the whole table gives;
  *  - backward: every dwte or dwpe element gets the same dout terms in the same
  *    (b, t) order in the split and the whole kernel, and in the naive loop here.
  * The tokens hit the first and last row of every tp = 4 slice (so every slice of
@@ -144,15 +145,15 @@ static void check_forward(const struct shape *s)
   fix_init(&f, s, 7);
   size_t N = btc(s);
   float *whole = nans(N), *sum = zeros(N), *out = nans(N);
-  wf_encoder_forward(whole, f.inp, f.wte, f.wpe, s->B, s->T, s->C);
-  expect_same("wf_encoder_forward", 0, whole, f.ref_out, N);
+  encode(whole, f.inp, f.wte, 0, INT_MAX, f.wpe, s->B, s->T, s->C);
+  expect_same("whole forward", 0, whole, f.ref_out, N);
   for (int tp = 1; tp <= 4; tp *= 2) {
     int Vl = s->V / tp;
     for (int r = 0; r < tp; r++) {
       for (size_t i = 0; i < N; i++)
         out[i] = NAN; /* an element the kernel leaves unwritten stays NaN and fails */
-      wf_encoder_forward_vp(out, f.inp, f.wte + (size_t)r * Vl * s->C, r * Vl, Vl,
-                            r == 0 ? f.wpe : NULL, s->B, s->T, s->C);
+      encode(out, f.inp, f.wte + (size_t)r * Vl * s->C, r * Vl, Vl, r == 0 ? f.wpe : NULL, s->B,
+             s->T, s->C);
       expect_rank_out(out, &f, tp, r);
       for (size_t i = 0; i < N; i++)
         sum[i] = r == 0 ? out[i] : sum[i] + out[i];
@@ -194,8 +195,8 @@ static void rank_backward(float *cat, const struct fix *f, int tp, int r, bool w
   float *dwte = buf + C;
   memcpy(dwte, f->dwte0 + (size_t)r * VlC, VlC * sizeof *dwte);
   float *dwpe = copy(f->dwpe0, PC);
-  wf_encoder_backward_vp(with_dwte ? dwte : NULL, with_dwpe ? dwpe : NULL, f->dout, f->inp, r * Vl,
-                         Vl, s->B, s->T, C);
+  encode_backward(with_dwte ? dwte : NULL, with_dwpe ? dwpe : NULL, f->dout, f->inp, r * Vl, Vl,
+                  s->B, s->T, C);
   for (int c = 0; c < C; c++) {
     float g = GUARD;
     expect_same("guard row before the slice", tp, &buf[c], &g, 1);
@@ -212,9 +213,9 @@ static void check_backward(const struct shape *s, bool with_dwte, bool with_dwpe
   fix_init(&f, s, 11);
   size_t VC = (size_t)s->V * s->C, PC = (size_t)s->maxT * s->C;
   float *dwte = copy(f.dwte0, VC), *dwpe = copy(f.dwpe0, PC), *cat = nans(VC);
-  wf_encoder_backward(dwte, dwpe, f.dout, f.inp, s->B, s->T, s->C);
-  expect_same("wf_encoder_backward dwte", 0, dwte, f.ref_dwte, VC);
-  expect_same("wf_encoder_backward dwpe", 0, dwpe, f.ref_dwpe, PC);
+  encode_backward(dwte, dwpe, f.dout, f.inp, 0, INT_MAX, s->B, s->T, s->C);
+  expect_same("whole backward dwte", 0, dwte, f.ref_dwte, VC);
+  expect_same("whole backward dwpe", 0, dwpe, f.ref_dwpe, PC);
   for (int tp = 1; tp <= 4; tp *= 2) {
     for (int r = 0; r < tp; r++)
       rank_backward(cat, &f, tp, r, with_dwte, with_dwpe);
@@ -266,17 +267,55 @@ static void test_outside_every_range(void **state)
   before = copy(rows, (VL + 2) * C);
   /* rows [V, V + 8): past the vocabulary, so no token is in range */
   float *out = nans(N), *dwpe = copy(f.dwpe0, PC);
-  wf_encoder_forward_vp(out, f.inp, rows + C, s->V, VL, NULL, s->B, s->T, s->C);
+  encode(out, f.inp, rows + C, s->V, VL, NULL, s->B, s->T, s->C);
   for (size_t i = 0; i < N; i++)
     expect_same("out without wpe or rows", 0, &out[i], &(float){0.0f}, 1);
-  wf_encoder_forward_vp(out, f.inp, rows + C, s->V, VL, f.wpe, s->B, s->T, s->C);
+  encode(out, f.inp, rows + C, s->V, VL, f.wpe, s->B, s->T, s->C);
   for (size_t bt = 0; bt < (size_t)s->B * s->T; bt++)
     expect_same("out with wpe only", 0, out + bt * C, f.wpe + (bt % (size_t)s->T) * C, C);
-  wf_encoder_backward_vp(rows + C, dwpe, f.dout, f.inp, s->V, VL, s->B, s->T, s->C);
+  encode_backward(rows + C, dwpe, f.dout, f.inp, s->V, VL, s->B, s->T, s->C);
   expect_same("dwte rows of a slice no token is in", 0, rows, before, (VL + 2) * C);
   expect_same("dwpe", 0, dwpe, f.ref_dwpe, PC);
   free(out), free(dwpe), free(rows), free(before);
   fix_fini(&f);
+}
+
+/* ---- positions given explicitly ------------------------------------------------
+ * A pos array (packed documents, a context-parallel chunk) picks each row's wpe row:
+ * forward adds exactly that row (one float add onto the embedded token), backward sums
+ * each row of dwpe over the rows whose position it is, in row order. Positions run
+ * backwards here and repeat, so a kernel that used t instead, or wrote instead of
+ * adding, fails. Both compared bit for bit with loops written here. */
+static void check_positions(const struct shape *s)
+{
+  struct fix f;
+  fix_init(&f, s, 17);
+  int BT = s->B * s->T, C = s->C;
+  size_t N = btc(s), PC = (size_t)s->maxT * C;
+  int *pos = malloc((size_t)BT * sizeof *pos);
+  for (int r = 0; r < BT; r++)
+    pos[r] = (s->maxT - 1 - r % s->maxT + (r / 3) % 2) % s->maxT;
+  float *out = copy(f.dout, N), *want = copy(f.dout, N);
+  wf_position_forward(out, f.wpe, pos, s->B, s->T, C);
+  for (int r = 0; r < BT; r++)
+    for (int c = 0; c < C; c++)
+      want[(size_t)r * C + c] += f.wpe[(size_t)pos[r] * C + c];
+  expect_same("positions forward", 0, out, want, N);
+  float *dwpe = copy(f.dwpe0, PC), *ref = copy(f.dwpe0, PC);
+  wf_position_backward(dwpe, f.dout, pos, s->B, s->T, C);
+  for (int r = 0; r < BT; r++)
+    for (int c = 0; c < C; c++)
+      ref[(size_t)pos[r] * C + c] += f.dout[(size_t)r * C + c];
+  expect_same("positions backward", 0, dwpe, ref, PC);
+  free(pos), free(out), free(want), free(dwpe), free(ref);
+  fix_fini(&f);
+}
+
+static void test_positions_given(void **state)
+{
+  (void)state;
+  check_positions(&SMALL);
+  check_positions(&LARGE);
 }
 
 int main(void)
@@ -287,7 +326,7 @@ int main(void)
       cmocka_unit_test(test_forward_split),       cmocka_unit_test(test_forward_split_threaded),
       cmocka_unit_test(test_backward_split),      cmocka_unit_test(test_backward_split_threaded),
       cmocka_unit_test(test_backward_no_dwte),    cmocka_unit_test(test_backward_no_dwpe),
-      cmocka_unit_test(test_outside_every_range),
+      cmocka_unit_test(test_outside_every_range), cmocka_unit_test(test_positions_given),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

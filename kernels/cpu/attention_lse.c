@@ -1,6 +1,6 @@
 /*
- * attention_bf16.c - causal (grouped-query) attention over bf16 tensors: the CPU twin of
- * the tensor-core paths (kernels/cuda/flash_bf16.cu, cudnn_sdpa.cu). attention_bf16.h
+ * attention_lse.c - causal (grouped-query) attention over bf16 tensors: the CPU twin of
+ * the tensor-core paths (kernels/cuda/flash_bf16.cu, cudnn_sdpa.cu). attention_lse.h
  * defines the numerics; this file is their plainest statement, so it favours clarity
  * over speed: a row at a time, scores recomputed rather than kept, fp32 sums in key
  * order. It is the reference the GPU paths are tested against, not a training path.
@@ -224,3 +224,21 @@ void wf_attention_bf16_backward(wf_bf16 *dqkv, float *scratch, const wf_bf16 *do
                     .z = geo_of(B, T, C, NH, NKV)};
   wf__parallel(wf__threads_for((size_t)B * NH * T * T * (C / NH) / 32), backward_share, &a);
 }
+
+/* ---- the op (wf_kreg.h): bf16 only ---------------------------------------------------- */
+
+static void forward(void *out, float *lse, const void *qkv, int B, int T, int C, int NH, int NKV,
+                    wf_stream *s)
+{
+  wf_attention_bf16_forward(out, lse, qkv, B, T, C, NH, NKV);
+}
+
+static void backward(void *dqkv, float *scratch, const void *dout, const void *qkv, const void *out,
+                     const float *lse, int B, int T, int C, int NH, int NKV, wf_stream *s)
+{
+  wf_attention_bf16_backward(dqkv, scratch, dout, qkv, out, lse, B, T, C, NH, NKV);
+}
+
+static const wf_attention_lse_op bf16 = {forward, backward, wf_attention_bf16_scratch};
+const wf_kvariants wf__cpu_attention_lse =
+    WF_KV(attention_lse, WF_OP_VERSION_attention_lse, NULL, &bf16, NULL);

@@ -1,8 +1,8 @@
 /*
- * attention_bf16.h - causal self-attention with bf16 tensors: what tensor cores compute
+ * attention_lse.h - causal self-attention with bf16 tensors: what tensor cores compute
  * (cuDNN's fused attention, weft's own flash kernel in kernels/cuda/flash_bf16.cu).
  * Part of the kernels module; include wf_kernels.h, which states the conventions. The
- * CPU code is kernels/cpu/attention_bf16.c; the CUDA twin has the same arguments plus a
+ * CPU code is kernels/cpu/attention_lse.c; the CUDA twin has the same arguments plus a
  * stream.
  *
  * Layout (grouped-query attention, as attention.h's GQA form): NH query heads share
@@ -27,11 +27,13 @@
  * never an accumulator (FlashAttention and cuDNN write too); whoever needs a sum adds
  * the result into an fp32 buffer.
  */
-#ifndef WF_KERNELS_ATTENTION_BF16_H
-#define WF_KERNELS_ATTENTION_BF16_H
+#ifndef WF_KERNELS_ATTENTION_LSE_H
+#define WF_KERNELS_ATTENTION_LSE_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "wf_kreg.h"
 
 #include "bf16.h"
 
@@ -46,4 +48,15 @@ void wf_attention_bf16_backward(wf_bf16 *dqkv, float *scratch, const wf_bf16 *do
 /* Floats of the CPU backward's scratch: D (B,NH,T) and fp32 accumulators for dqkv. */
 size_t wf_attention_bf16_scratch(int B, int T, int C, int NH, int NKV);
 
-#endif /* WF_KERNELS_ATTENTION_BF16_H */
+/* ---- the op (wf_kreg.h): bf16 only (what tensor cores compute) ---- */
+#define WF_OP_VERSION_attention_lse 1
+typedef struct wf_attention_lse_op {
+  void (*forward)(void *out, float *lse, const void *qkv, int B, int T, int C, int NH, int NKV,
+                  wf_stream *s);
+  void (*backward)(void *dqkv, float *scratch, const void *dout, const void *qkv, const void *out,
+                   const float *lse, int B, int T, int C, int NH, int NKV, wf_stream *s);
+  /* floats of backward's scratch */
+  size_t (*scratch)(int B, int T, int C, int NH, int NKV);
+} wf_attention_lse_op;
+
+#endif /* WF_KERNELS_ATTENTION_LSE_H */

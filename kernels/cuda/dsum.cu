@@ -1,7 +1,7 @@
 /*
- * sumsq.cu - sums in double over float arrays on the GPU, deterministic: the sum of
- * squares for the global gradient norm (twin of wf_sumsq_acc) and the mean of a
- * micro-batch's losses (twin of wf_loss_accumulate, xent.cu's entry calls it).
+ * dsum.cu - sums in double over float arrays on the GPU, deterministic: the sum of
+ * squares for the global gradient norm (norm.cu's sumsq_acc, twin of wf_sumsq_acc) and
+ * the mean of a micro-batch's losses (xent.cu's accumulate, twin of wf_loss_accumulate).
  *
  * Two passes whose order depends on n alone (never on the device, the SM count or
  * timing), so a given input gives the same bits on every run and every GPU: a grid of
@@ -107,16 +107,16 @@ template <int OP> static void sum_acc(double *acc, const float *x, size_t n, cud
   }
 }
 
-extern "C" void wf_cuda_sumsq_acc(double *acc, const float *x, size_t n, wf_stream *stream)
+void wf__sumsq_acc(double *acc, const float *x, size_t n, wf_stream *stream)
 {
   if (n == 0)
     return;
   sum_acc<SUM_SQUARES>(acc, x, n, (cudaStream_t)stream);
 }
 
-extern "C" void wf_cuda_loss_accumulate(double *acc, const float *losses, int N, wf_stream *stream)
+void wf__mean_acc(double *acc, const float *x, int N, wf_stream *stream)
 {
   if (N <= 0)
     return;
-  sum_acc<SUM_MEAN>(acc, losses, (size_t)N, (cudaStream_t)stream);
+  sum_acc<SUM_MEAN>(acc, x, (size_t)N, (cudaStream_t)stream);
 }
