@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "plan_int.h"
+#include "wf_io.h"
 #include "wf_optim.h"
 
 /* The head sizes the GPU's flash and tensor-core kernels take (kernels/cuda/attention.cu's rule).
@@ -133,6 +134,8 @@ wf_status wf_plan_stage_mem_get(const wf_model_dims *d, const wf_plan_mesh *m, i
       gr.scalar + (pipe - tokens) + gm.inbox + wf_cp_scratch_bytes(m->cp_mode, cp, &cg);
   size_t own = k ? k->reg->workspace_bytes() : 0; /* the kernels' workspace (NULL: the CPU's) */
   out->bytes[WF_PM_OTHER] = tokens + seqs + own;  /* + the engine's and the trainer's */
+  if (m->stream) /* the loader's rows of this rank's lanes: whole sequences */
+    out->bytes[WF_PM_OTHER] += wf_data_loader_bytes(m->B * m->M, m->T);
   out->act = gm.slots + gm.recompute;
   for (int i = 0; i < WF_PM_N; i++)
     out->total += out->bytes[i];
@@ -187,7 +190,8 @@ wf_status wf_plan_mesh_from_config(const wf_config *cfg, int world, wf_plan_mesh
       .pp_layers = cfg->parallel.n_pp_layers ? cfg->parallel.pp_layers : NULL,
       .n_pp_layers = cfg->parallel.n_pp_layers,
       .cp = cp,
-      .cp_mode = cfg->parallel.cp_mode};
+      .cp_mode = cfg->parallel.cp_mode,
+      .stream = cfg->data.n_source > 0};
 fail:
   return st;
 }
