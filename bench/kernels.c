@@ -309,7 +309,7 @@ static void *buf(bench *b, role r)
          WF_K(k, matmul)->forward(F(ACT1), F(ACT0), F(WT0), F(WT1), N, C, 3 * C, lowp, s))         \
   KERNEL(att_f, attention, forward, "attention_forward (causal)", 2 * dB * dT * dT * dC,           \
          A * 4 * dN * dC + 4 * (double)WF_K(k, attention)->saved(B, T, C, NH), 0,                  \
-         WF_K(k, attention)->forward(F(ACT2), F(ATT), F(ACT1), B, T, C, NH, NH, s))                \
+         WF_K(k, attention)->forward(F(ACT2), F(ATT), F(ACT1), NULL, B, T, C, NH, NH, s))          \
   KERNEL(att16_f, attention_lse, forward, "attention_bf16_forward (causal)",                       \
          2 * dB * dT * dT * dC, 2 * 4 * dN * dC + 4 * dB * NH * dT, 2,                             \
          WF_K(K16, attention_lse)->forward(H(OUT16), F(LSE), H(QKV16), B, T, C, NH, NH, s))        \
@@ -388,7 +388,7 @@ static void *buf(bench *b, role r)
                   (double)WF_K(k, attention)->scratch(B, T, C, NH)),                               \
          0,                                                                                        \
          WF_K(k, attention)                                                                        \
-             ->backward(F(ACT3), F(SCRATCH), F(ACT2), F(ACT1), F(ATT), B, T, C, NH, NH, s))        \
+             ->backward(F(ACT3), F(SCRATCH), F(ACT2), F(ACT1), F(ATT), NULL, B, T, C, NH, NH, s))  \
   KERNEL(att16_b, attention_lse, backward, "attention_bf16_backward (causal)",                     \
          5 * dB * dT * dT * dC,                                                                    \
          2 * (dN * dC + 3 * dN * dC + dN * dC + 3 * dN * dC) + 4 * dB * NH * dT +                  \
@@ -474,10 +474,10 @@ static void *buf(bench *b, role r)
           ->residual_forward(F(ACT3), F(ACT1), F(POS0), F(ACT0), F(ACT2), F(WT0), 1e-5f, N, C, s)) \
   KERNEL(rope_f, rope, forward, "rope_forward (q, k; NKV = NH/2)", 3 * dQK,                        \
          A * 2 * dQK + 4 * dT * dC / NH, 0,                                                        \
-         WF_K(k, rope)->forward(F(ACT1), F(ACT4), B, T, NH, KV, C / NH, s))                        \
+         WF_K(k, rope)->forward(F(ACT1), F(ACT4), NULL, B, T, NH, KV, C / NH, s))                  \
   KERNEL(gqa_f, attention, forward, "attention_gqa_forward (NKV = NH/2)", 2 * dB * dT * dT * dC,   \
          A * dN * dC * (2 + 2.0 * KV / NH) + 4 * (double)WF_K(k, attention)->saved(B, T, C, NH),   \
-         0, WF_K(k, attention)->forward(F(ACT2), F(ATT), F(ACT1), B, T, C, NH, KV, s))             \
+         0, WF_K(k, attention)->forward(F(ACT2), F(ATT), F(ACT1), NULL, B, T, C, NH, KV, s))       \
   KERNEL(swi_f, swiglu, forward, "swiglu_forward (N, 2C)", 5 * dN * 2 * dC, A * 3 * dN * 2 * dC,   \
          0, WF_K(k, swiglu)->forward(F(ACT1), F(ACT2), N, 2 * C, s))                               \
   KERNEL(swi_b, swiglu, backward, "swiglu_backward (N, 2C)", 10 * dN * 2 * dC,                     \
@@ -489,10 +489,10 @@ static void *buf(bench *b, role r)
                   (double)WF_K(k, attention)->scratch(B, T, C, NH)),                               \
          0,                                                                                        \
          WF_K(k, attention)                                                                        \
-             ->backward(F(ACT3), F(SCRATCH), F(ACT2), F(ACT1), F(ATT), B, T, C, NH, KV, s))        \
+             ->backward(F(ACT3), F(SCRATCH), F(ACT2), F(ACT1), F(ATT), NULL, B, T, C, NH, KV, s))  \
   KERNEL(rope_b, rope, backward, "rope_backward (q, k; NKV = NH/2)", 3 * dQK,                      \
          A * 2 * dQK + 4 * dT * dC / NH, 0,                                                        \
-         WF_K(k, rope)->backward(F(ACT3), F(ACT4), B, T, NH, KV, C / NH, s))                       \
+         WF_K(k, rope)->backward(F(ACT3), F(ACT4), NULL, B, T, NH, KV, C / NH, s))                 \
   KERNEL(rms_b, rmsnorm, backward, "rmsnorm_backward", 8 * dN * dC,                                \
          A * dN * dC + 4 * (3 * dN * dC + dN + 3 * dC), 0,                                         \
          WF_K(k, rmsnorm)->backward(F(GRAD0), F(WT2), F(ACT1), F(ACT0), F(WT0), F(POS0), N, C, s))

@@ -128,6 +128,9 @@ STREAM_MESHES = {
     # whole sequences on every cp rank, and every pipeline stage's loader (the middle
     # and the last stage hold one too)
     "pp2-cp2": (4, ["mesh.pp=2", "mesh.cp=2", "train.microbatches=2"]),
+    # data.document_mask: every slot keeps its rows' document starts and positions, and
+    # every stage's engine its batch's starts
+    "pp2-docs": (2, ["mesh.pp=2", "train.microbatches=2", "data.document_mask=true"]),
 }
 
 

@@ -122,6 +122,7 @@ typedef struct wf_plan_mesh {
   int cp;             /* context parallelism (0 or 1: none): a rank holds T / cp of each
                        * sequence, gradients and ZeRO over dp x cp */
   wf_cp_mode cp_mode; /* parallel.cp_mode: its scratch (ring blocks, or every rank's K/V) */
+  bool docs;          /* data.document_mask: slots keep document starts and positions */
   bool stream;        /* data.source: the loader's ring of rows (wf_data_loader_bytes) */
 } wf_plan_mesh;
 
