@@ -18,9 +18,9 @@ covers GPT-2's tokenizer.
            their queries); every step's loss within 1e-5 relative of the one-rank run
            (tests/mpi/equiv.py's LOSS_RTOL and its derivation: the meshes add the same
            products in other orders), and the one-rank run without masks more than 10x
-           that apart. At dp 2 a resume from step 4 reads the same rows and document starts
-           and computes the same losses bit for bit. mesh.cp=2 with the masks is refused:
-           exit 2, one line.
+           that apart; full recompute gives the same losses bit for bit. At dp 2 a
+           resume from step 4 reads the same rows and document starts and computes the
+           same losses bit for bit. mesh.cp=2 with the masks is refused: exit 2, one line.
   errors   a line that is not JSON at line 60 of a source, found while training by one
            rank's loader: every rank stops at that step, one error line for the job
            naming the file and the line, exit 2; a missing source and a data.mix of the
@@ -169,6 +169,12 @@ def case_docmask(d):
         plain = losses(plain_m)
         apart = max(abs(plain[s] - ref[s]) / abs(ref[s]) for s in ref)
         assert apart > 10 * LOSS_RTOL, (plain, ref)
+        # full recompute runs each layer's forward again from the slot's documents: the
+        # same floats in the same order, so the same losses bit for bit
+        re_m = os.path.join(d, preset + "-recompute.jsonl")
+        rc, out, err = run(0, base + micro + ["parallel.activation_checkpointing=full",
+                                              "train.metrics=" + re_m], env=single)
+        assert rc == 0 and losses(re_m) == ref, err[-3000:]
         for np, mesh in meshes:
             got_m = os.path.join(d, "%s-%s.jsonl" % (preset, "-".join(mesh)))
             resume = preset == "gpt2-tiny" and "mesh.dp=2" in mesh
