@@ -110,6 +110,7 @@ typedef enum role {
   MIDX,
   MPOS,
   MCNT, /* a mixture of experts' (N, K) choices in [0, E), their rows (N, K), E counts: int */
+  DOCS, /* (N) document starts, int: packed documents of DOC_LEN tokens */
   N_ROLES
 } role;
 
@@ -136,12 +137,18 @@ static size_t params_of(const shape *s)
   return (size_t)s->V * C + (size_t)s->T * C + (size_t)s->L * (12 * C * C + 13 * C) + 2 * C;
 }
 
+/* The packed documents' length (data.document_mask): an eighth of the sequence, so each
+ * query attends to at most T/8 keys (attention.h's starts). */
+static int doc_len(const shape *s) { return WF_MAX(s->T / 8, 1); }
+
 /* Elements of a role's buffer, and its element size. */
 static size_t role_elems(const bench *b, role r, size_t *esize)
 {
   const shape *s = &b->sh;
   size_t N = (size_t)s->B * s->T, C = (size_t)s->C;
   *esize = sizeof(float);
+  if (r == DOCS)
+    return *esize = sizeof(int), N;
   if (r <= GRAD1)
     return N * 4 * C;
   if (r <= WT3)
@@ -198,14 +205,18 @@ static void role_range(role r, float *lo, float *hi)
  * up to 1 Mi elements copied over and over: big buffers fill in one pass of copies). */
 static wf_status fill(bench *b, role r, void *p, size_t n, size_t esize)
 {
-  size_t tile = WF_MIN(n, (size_t)1 << 20), done = 0;
+  /* (document starts repeat every T: their one tile is the whole buffer) */
+  size_t tile = r == DOCS ? n : WF_MIN(n, (size_t)1 << 20), done = 0;
   unsigned char *h = malloc(tile * esize);
   float lo, hi;
   wf_status st = h ? WF_OK : WF_ENOMEM;
   role_range(r, &lo, &hi);
   for (size_t i = 0; h && i < tile; i++) {
     float u = wf_rng_uniform(20250101u, (uint64_t)r, i);
-    if (r == TOK || r == BAD) {
+    if (r == DOCS) {
+      int t = (int)(i % (size_t)b->sh.T), st = t - t % doc_len(&b->sh);
+      memcpy(h + i * esize, &st, sizeof st);
+    } else if (r == TOK || r == BAD) {
       int t = (int)(wf_rng_u64(20250101u, (uint64_t)r, i) % (uint64_t)b->sh.V);
       memcpy(h + i * esize, &t, sizeof t);
     } else if (r == MIDX || r == MPOS || r == MCNT) { /* experts; rows in expert order */
@@ -265,7 +276,8 @@ static void *buf(bench *b, role r)
   int Vp = padded_vocab(&(b)->sh), lowp = (b)->sh.lowp, N = B * T;                                 \
   size_t n4 = (size_t)N * 4 * (size_t)C, np = params_of(&(b)->sh);                                 \
   double dB = B, dT = T, dC = C, dV = V, dVp = Vp, dN = N, dP = (double)np;                        \
-  int KV = NH % 2 ? NH : NH / 2;                  /* Llama's rows: kv heads */                     \
+  double dDoc = doc_len(&(b)->sh); /* keys a query of a packed document sees, at most */           \
+  int KV = NH % 2 ? NH : NH / 2;   /* Llama's rows: kv heads */                                    \
   double dQK = dN * (NH + KV) * (double)(C / NH); /* elements of the q and k heads */              \
   const wf_kset *K16 = wf_kset_as(k, WF_DT_BF16); /* the bf16-only ops' */                         \
   /* the whole sequence as one causal block (attention_block.h) */                                 \
@@ -287,7 +299,8 @@ static void *buf(bench *b, role r)
                       .fmt = (int)k->dt};                                                          \
   double A = k->dt == WF_DT_F32 ? 4.0 : 2.0; /* bytes of a stored activation (void *) */           \
   (void)k, (void)K16, (void)AB, (void)s, (void)NH, (void)lowp, (void)n4, (void)dB, (void)dT,       \
-      (void)dC, (void)dV, (void)dN, (void)dP, (void)KV, (void)dQK, (void)Vp, (void)dVp, (void)A
+      (void)dC, (void)dV, (void)dN, (void)dP, (void)KV, (void)dQK, (void)Vp, (void)dVp, (void)A,   \
+      (void)dDoc
 #define F(r) ((float *)buf(b, (r)))
 #define I(r) ((int *)buf(b, (r)))
 #define H(r) ((wf_bf16 *)buf(b, (r)))
@@ -323,7 +336,11 @@ static void *buf(bench *b, role r)
          WF_K(k, matmul)->forward(F(ACT1), F(ACT0), F(WT0), F(WT1), N, C, 3 * C, lowp, s))         \
   KERNEL(att_f, attention, forward, "attention_forward (causal)", 2 * dB * dT * dT * dC,           \
          A * 4 * dN * dC + 4 * (double)WF_K(k, attention)->saved(B, T, C, NH), 0,                  \
-         WF_K(k, attention)->forward(F(ACT2), F(ATT), F(ACT1), B, T, C, NH, NH, s))                \
+         WF_K(k, attention)->forward(F(ACT2), F(ATT), F(ACT1), NULL, B, T, C, NH, NH, s))          \
+  KERNEL(att_fd, attention, forward, "attention_forward (documents of T/8)",                       \
+         2 * dB * dT * dDoc * dC,                                                                  \
+         A * 4 * dN * dC + 4 * (double)WF_K(k, attention)->saved(B, T, C, NH), 0,                  \
+         WF_K(k, attention)->forward(F(ACT2), F(ATT), F(ACT1), I(DOCS), B, T, C, NH, NH, s))       \
   KERNEL(att16_f, attention_lse, forward, "attention_bf16_forward (causal)",                       \
          2 * dB * dT * dT * dC, 2 * 4 * dN * dC + 4 * dB * NH * dT, 2,                             \
          WF_K(K16, attention_lse)->forward(H(OUT16), F(LSE), H(QKV16), B, T, C, NH, NH, s))        \
@@ -402,7 +419,16 @@ static void *buf(bench *b, role r)
                   (double)WF_K(k, attention)->scratch(B, T, C, NH)),                               \
          0,                                                                                        \
          WF_K(k, attention)                                                                        \
-             ->backward(F(ACT3), F(SCRATCH), F(ACT2), F(ACT1), F(ATT), B, T, C, NH, NH, s))        \
+             ->backward(F(ACT3), F(SCRATCH), F(ACT2), F(ACT1), F(ATT), NULL, B, T, C, NH, NH, s))  \
+  KERNEL(                                                                                          \
+      att_bd, attention, backward, "attention_backward (documents of T/8)",                        \
+      5 * dB * dT * dDoc * dC,                                                                     \
+      A * (dN * dC + 3 * dN * dC + 3 * dN * dC) +                                                  \
+          4 * ((double)WF_K(k, attention)->saved(B, T, C, NH) +                                    \
+               (double)WF_K(k, attention)->scratch(B, T, C, NH)),                                  \
+      0,                                                                                           \
+      WF_K(k, attention)                                                                           \
+          ->backward(F(ACT3), F(SCRATCH), F(ACT2), F(ACT1), F(ATT), I(DOCS), B, T, C, NH, NH, s))  \
   KERNEL(att16_b, attention_lse, backward, "attention_bf16_backward (causal)",                     \
          5 * dB * dT * dT * dC,                                                                    \
          2 * (dN * dC + 3 * dN * dC + dN * dC + 3 * dN * dC) + 4 * dB * NH * dT +                  \
@@ -544,10 +570,10 @@ static void *buf(bench *b, role r)
           ->residual_forward(F(ACT3), F(ACT1), F(POS0), F(ACT0), F(ACT2), F(WT0), 1e-5f, N, C, s)) \
   KERNEL(rope_f, rope, forward, "rope_forward (q, k; NKV = NH/2)", 3 * dQK,                        \
          A * 2 * dQK + 4 * dT * dC / NH, 0,                                                        \
-         WF_K(k, rope)->forward(F(ACT1), F(ACT4), B, T, NH, KV, C / NH, s))                        \
+         WF_K(k, rope)->forward(F(ACT1), F(ACT4), NULL, B, T, NH, KV, C / NH, s))                  \
   KERNEL(gqa_f, attention, forward, "attention_gqa_forward (NKV = NH/2)", 2 * dB * dT * dT * dC,   \
          A * dN * dC * (2 + 2.0 * KV / NH) + 4 * (double)WF_K(k, attention)->saved(B, T, C, NH),   \
-         0, WF_K(k, attention)->forward(F(ACT2), F(ATT), F(ACT1), B, T, C, NH, KV, s))             \
+         0, WF_K(k, attention)->forward(F(ACT2), F(ATT), F(ACT1), NULL, B, T, C, NH, KV, s))       \
   KERNEL(swi_f, swiglu, forward, "swiglu_forward (N, 2C)", 5 * dN * 2 * dC, A * 3 * dN * 2 * dC,   \
          0, WF_K(k, swiglu)->forward(F(ACT1), F(ACT2), N, 2 * C, s))                               \
   KERNEL(swi_b, swiglu, backward, "swiglu_backward (N, 2C)", 10 * dN * 2 * dC,                     \
@@ -559,10 +585,10 @@ static void *buf(bench *b, role r)
                   (double)WF_K(k, attention)->scratch(B, T, C, NH)),                               \
          0,                                                                                        \
          WF_K(k, attention)                                                                        \
-             ->backward(F(ACT3), F(SCRATCH), F(ACT2), F(ACT1), F(ATT), B, T, C, NH, KV, s))        \
+             ->backward(F(ACT3), F(SCRATCH), F(ACT2), F(ACT1), F(ATT), NULL, B, T, C, NH, KV, s))  \
   KERNEL(rope_b, rope, backward, "rope_backward (q, k; NKV = NH/2)", 3 * dQK,                      \
          A * 2 * dQK + 4 * dT * dC / NH, 0,                                                        \
-         WF_K(k, rope)->backward(F(ACT3), F(ACT4), B, T, NH, KV, C / NH, s))                       \
+         WF_K(k, rope)->backward(F(ACT3), F(ACT4), NULL, B, T, NH, KV, C / NH, s))                 \
   KERNEL(rms_b, rmsnorm, backward, "rmsnorm_backward", 8 * dN * dC,                                \
          A * dN * dC + 4 * (3 * dN * dC + dN + 3 * dC), 0,                                         \
          WF_K(k, rmsnorm)->backward(F(GRAD0), F(WT2), F(ACT1), F(ACT0), F(WT0), F(POS0), N, C, s))

@@ -3,6 +3,13 @@
  * Part of the kernels module; include wf_kernels.h, which states the conventions
  * (outputs first, backward adds into gradients, shape legend). The CPU code is
  * kernels/cpu/attention.c; the CUDA twin has the same arguments plus a stream.
+ *
+ * Documents: packed rows hold several documents one after another (data.document_mask),
+ * and starts (B,T) says where the document of each position begins in its row: query t
+ * of row b attends to keys [starts[b,t], t] only. starts[b,t] <= t, and along a row it
+ * stays or jumps to t (starts[b,t] is starts[b,t-1] or t): kernels may skip key blocks
+ * before a query block's first start. NULL is one sequence per row (every start 0), the
+ * plain causal attention, computed as it always was.
  */
 #ifndef WF_KERNELS_ATTENTION_H
 #define WF_KERNELS_ATTENTION_H
@@ -45,25 +52,28 @@ void wf_attention_backward16(void *dqkv, float *scratch, const void *dout, const
  * With NKV == NH this is wf_attention_forward, which calls it: the same floats in the
  * same order, bit for bit. The table's attention_saved / attention_scratch size the
  * buffers of both (they depend on the query heads only). */
-void wf_attention_gqa_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
-                              int NKV);
+void wf_attention_gqa_forward(float *out, float *att, const float *qkv, const int *starts, int B,
+                              int T, int C, int NH, int NKV);
 /* dqkv (B,T,C + 2 NKV hs) WRITTEN: dk and dv of a kv head sum over its NH / NKV query
  * heads (in head order, from zero); scratch (B,NH,T,T) is overwritten. */
 void wf_attention_gqa_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                               const float *att, int B, int T, int C, int NH, int NKV);
+                               const float *att, const int *starts, int B, int T, int C, int NH,
+                               int NKV);
 
 /* Grouped-query attention with out, qkv and att stored in 16-bit format fmt, as the
  * multi-head 16-bit forms above (which call these with NKV = NH). */
-void wf_attention_gqa_forward16(void *out, void *att, const void *qkv, int B, int T, int C, int NH,
-                                int NKV, int fmt);
+void wf_attention_gqa_forward16(void *out, void *att, const void *qkv, const int *starts, int B,
+                                int T, int C, int NH, int NKV, int fmt);
 void wf_attention_gqa_backward16(void *dqkv, float *scratch, const void *dout, const void *qkv,
-                                 const void *att, int B, int T, int C, int NH, int NKV, int fmt);
+                                 const void *att, const int *starts, int B, int T, int C, int NH,
+                                 int NKV, int fmt);
 
 /* ---- the op (wf_kreg.h) ----
  * Grouped-query causal attention (NKV == NH: multi-head) as wf_attention_gqa_*: out, qkv,
  * dout, dqkv and what forward keeps in `att` in the variant's element type, scratch fp32.
- * dqkv is WRITTEN: the qkv GEMM's output gradient (through RoPE's in-place map). */
-#define WF_OP_VERSION_attention 1
+ * dqkv is WRITTEN: the qkv GEMM's output gradient (through RoPE's in-place map). starts
+ * (B,T) in device memory, or NULL (the documents above). Version 2: starts. */
+#define WF_OP_VERSION_attention 2
 typedef struct wf_attention_op {
   /* Floats forward keeps in `att` for backward, and floats of backward's scratch, for a
    * (B, T) batch of NH query heads over C channels (the CPU keeps the (T, T)
@@ -71,10 +81,10 @@ typedef struct wf_attention_op {
    * its buffers without knowing which it holds. */
   size_t (*saved)(int B, int T, int C, int NH);
   size_t (*scratch)(int B, int T, int C, int NH);
-  void (*forward)(void *out, void *att, const void *qkv, int B, int T, int C, int NH, int NKV,
-                  wf_stream *s);
+  void (*forward)(void *out, void *att, const void *qkv, const int *starts, int B, int T, int C,
+                  int NH, int NKV, wf_stream *s);
   void (*backward)(void *dqkv, float *scratch, const void *dout, const void *qkv, const void *att,
-                   int B, int T, int C, int NH, int NKV, wf_stream *s);
+                   const int *starts, int B, int T, int C, int NH, int NKV, wf_stream *s);
   /* How attention computes on this device, a wf_attention_impl (wf_config.h): a GPU's
    * fp32 variant runs the fp32 reference kernels (REFERENCE) or converts to bf16 and runs
    * attention_lse's paths (CUDNN, FLASH; AUTO: cuDNN where it loads and accepts the shape,

@@ -20,7 +20,8 @@
  * Sizing and ownership: the table of a model is (T_max, hs) floats (T_max the longest
  * sequence it runs; 8192 x 128 is 4 MiB), built by whoever builds the model, copied to
  * its device once and freed with it; kernels borrow it read-only. Positions are
- * 0..T-1; a caller whose sequence starts at position p passes cs + p * hs.
+ * 0..T-1, or pos (B,T) gives each row's own (packed documents, whose positions restart
+ * at each); a caller whose sequence starts at position p passes cs + p * hs.
  *
  * The rotation is applied in place: the qkv GEMM writes the packed buffer, RoPE turns
  * its q and k heads, attention reads it. Backward needs only the angles (the map is
@@ -51,29 +52,35 @@
 void wf_rope_table(float *cs, int T, int hs, double theta, const wf_rope_scaling *scaling);
 
 /* qkv (B, T, (NH + 2 NKV) hs), in place: the NH q heads and then the NKV k heads of
- * each (b, t) are rotated by row t of cs (T, hs); the NKV v heads are untouched.
- * NH and NKV are the heads this rank holds (local under tensor parallelism), hs even. */
-void wf_rope_forward(float *qkv, const float *cs, int B, int T, int NH, int NKV, int hs);
+ * each (b, t) are rotated by row p of cs (T, hs), p = pos ? pos[b,t] : t (pos (B,T) or
+ * NULL); the NKV v heads are untouched. NH and NKV are the heads this rank holds (local
+ * under tensor parallelism), hs even. */
+void wf_rope_forward(float *qkv, const float *cs, const int *pos, int B, int T, int NH, int NKV,
+                     int hs);
 /* dqkv (B, T, (NH + 2 NKV) hs), in place: the gradient of the rotated q and k heads
  * becomes the gradient of the unrotated ones by the inverse (transposed) rotation,
  *     d1 = d1' cos + d2' sin,   d2 = d2' cos - d1' sin;
  * v heads untouched. The one backward that does not add into its output: it maps a
  * finished gradient (attention's backward has added all of it) to another, in place. */
-void wf_rope_backward(float *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs);
+void wf_rope_backward(float *dqkv, const float *cs, const int *pos, int B, int T, int NH, int NKV,
+                      int hs);
 
 /* The same on qkv (dqkv) stored in 16-bit format fmt (storage.h): rotated in fp32,
  * rounded. */
-void wf_rope_forward16(void *qkv, const float *cs, int B, int T, int NH, int NKV, int hs, int fmt);
-void wf_rope_backward16(void *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs,
-                        int fmt);
+void wf_rope_forward16(void *qkv, const float *cs, const int *pos, int B, int T, int NH, int NKV,
+                       int hs, int fmt);
+void wf_rope_backward16(void *dqkv, const float *cs, const int *pos, int B, int T, int NH, int NKV,
+                        int hs, int fmt);
 
 /* ---- the op (wf_kreg.h): qkv and dqkv in the variant's element type; cs (T, hs) is the
- * device copy of a wf_rope_table, fp32 ---- */
-#define WF_OP_VERSION_rope 1
+ * device copy of a wf_rope_table, fp32; pos (B,T) in device memory or NULL. Version 2:
+ * pos ---- */
+#define WF_OP_VERSION_rope 2
 typedef struct wf_rope_op {
-  void (*forward)(void *qkv, const float *cs, int B, int T, int NH, int NKV, int hs, wf_stream *s);
-  void (*backward)(void *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs,
-                   wf_stream *s);
+  void (*forward)(void *qkv, const float *cs, const int *pos, int B, int T, int NH, int NKV, int hs,
+                  wf_stream *s);
+  void (*backward)(void *dqkv, const float *cs, const int *pos, int B, int T, int NH, int NKV,
+                   int hs, wf_stream *s);
 } wf_rope_op;
 
 #endif /* WF_KERNELS_ROPE_H */

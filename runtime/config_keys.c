@@ -283,6 +283,9 @@ const wf__cfg_key wf__cfg_keys[] = {
      .count_off = OFF(data.n_field),
      .def = "[text]",
      .doc = "the JSON key of a document's text: one for every data.source, or one per source"},
+    K_BOOL("data.document_mask", data.document_mask, "false",
+           "data.source: attention stays inside each packed document and positions restart at "
+           "each"),
     K_INT("optim.zero", optim.zero, "0", 0, 3,
           "1 = shard optimizer state over dp (ZeRO-1), 2 = and gradients (ZeRO-2), 3 = and "
           "parameters (FSDP)"),

@@ -681,6 +681,15 @@ static wf_status rule_stream(vctx *v)
   if (n == 0 && c->data.n_mix > 0)
     return fail(v, "data.mix is set but data.source is empty; data.mix weighs data.source's "
                    "sources, one weight each");
+  if (n == 0 && c->data.document_mask)
+    return fail(v, "data.document_mask=true needs data.source: documents are packed (and kept "
+                   "apart) only from JSON Lines sources");
+  if (c->data.document_mask && c->mesh.cp > 1)
+    return fail(v,
+                "data.document_mask=true with mesh.cp=%d: context parallelism's ring attention "
+                "does not keep to documents; use mesh.cp=1 (tensor, pipeline and data "
+                "parallelism all take document masks)",
+                c->mesh.cp);
   if (c->data.n_mix > 0 && c->data.n_mix != n)
     return fail(v,
                 "data.mix has %d weight%s but data.source has %d source%s; give one weight per "

@@ -161,13 +161,15 @@ typedef struct wf_config {
     char tokenizer[WF_PATH_MAX]; /* tokenizer.json, vocab.json, tokenizer.model or a dir */
     /* streaming JSON Lines corpora (worker/io/stream.c): files or globs, plain or zstd;
      * their mixing weights (n_mix 0: equal); the JSON key of each document's text (one
-     * for every source, or one per source) */
+     * for every source, or one per source); attention kept inside packed documents,
+     * positions restarting at each */
     char source[WF_DATA_MAX_SOURCES][WF_PATH_MAX];
     int n_source;
     double mix[WF_DATA_MAX_SOURCES];
     int n_mix;
     char field[WF_DATA_MAX_SOURCES][WF_DATA_FIELD_MAX];
     int n_field;
+    bool document_mask;
   } data;
   struct {
     int zero; /* 0 or 1 */

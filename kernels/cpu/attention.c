@@ -21,6 +21,12 @@
  * above the diagonal of att are written as 0, so att is a full (T,T) softmax matrix per head, as
  * the CUDA twin and the backward expect.
  *
+ * Documents (attention.h's starts): row i of a sequence attends to keys [starts[i], i], so a
+ * row block [i0, i1) needs keys [min starts, i1) only: its GEMMs start at that key (the
+ * first row's start, starts rising along a sequence), and the probabilities outside each
+ * row's range are written as 0 as above the diagonal. Without starts that key is 0 and
+ * the calls are the plain causal ones, the same floats in the same order.
+ *
  * The 16-bit forms (storage.h) load one (batch, query head) pair's q, k, v into this thread's
  * working memory as a (T, 3 hs) matrix, run the same head functions on it with hs as
  * the width (so every GEMM has the fp32 kernel's shape), and store out and the
@@ -35,48 +41,72 @@
 
 #define BLK 128
 
-/* att rows [i0, i1) of one head: scaled scores in, causal softmax out. */
-WF__CLONES static void softmax_rows(float *A, int T, int i0, int i1)
+/* The first key row i of a sequence attends to: its document's start (st, the sequence's
+ * starts), or 0. */
+static int first_key(const int *st, int i) { return st ? st[i] : 0; }
+
+/* The first key any row of [i0, i1) attends to. */
+static int block_key(const int *st, int i0, int i1)
+{
+  int k0 = i0;
+  for (int i = i0; i < i1; i++)
+    k0 = WF_MIN(k0, first_key(st, i));
+  return k0;
+}
+
+/* att rows [i0, i1) of one head: scaled scores in (keys [first_key, i]), softmax over
+ * them out, 0 at every other key. */
+WF__CLONES static void softmax_rows(float *A, const int *st, int T, int i0, int i1)
 {
   for (int i = i0; i < i1; i++) {
     float *a = A + (size_t)i * T;
-    float mx = wf__maxf(a, i + 1);
+    int lo = first_key(st, i);
+    float mx = wf__maxf(a + lo, i + 1 - lo);
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-    for (int j = 0; j <= i; j++) {
+    for (int j = lo; j <= i; j++) {
       a[j] = wf__expf(a[j] - mx);
       s += a[j];
     }
     float inv = 1.0f / s;
 #pragma omp simd
-    for (int j = 0; j <= i; j++)
+    for (int j = lo; j <= i; j++)
       a[j] *= inv;
+    memset(a, 0, (size_t)lo * sizeof(float));
     memset(a + i + 1, 0, (size_t)(T - i - 1) * sizeof(float));
   }
 }
 
+/* One head; st (T): its sequence's document starts, or NULL. */
 static void head_forward(float *out, float *A, const float *q, const float *k, const float *v,
-                         int T, int C, int ld, int hs)
+                         const int *st, int T, int C, int ld, int hs)
 {
   const float scale = 1.0f / sqrtf((float)hs);
   for (int i0 = 0; i0 < T; i0 += BLK) {
-    int i1 = i0 + BLK < T ? i0 + BLK : T, m = i1 - i0;
+    int i1 = i0 + BLK < T ? i0 + BLK : T, m = i1 - i0, k0 = block_key(st, i0, i1);
     float *Ab = A + (size_t)i0 * T;
-    /* scores (m, i1) = Q[i0:i1] . K[0:i1]^T * scale */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, i1, hs, scale, q + (size_t)i0 * ld, ld,
-                k, ld, 0.0f, Ab, T);
-    softmax_rows(A, T, i0, i1);
-    /* out[i0:i1] (m, hs) = att[i0:i1, 0:i1] . V[0:i1] */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hs, i1, 1.0f, Ab, T, v, ld, 0.0f,
-                out + (size_t)i0 * C, C);
+    /* scores (m, i1 - k0) = Q[i0:i1] . K[k0:i1]^T * scale */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, i1 - k0, hs, scale, q + (size_t)i0 * ld,
+                ld, k + (size_t)k0 * ld, ld, 0.0f, Ab + k0, T);
+    softmax_rows(A, st, T, i0, i1);
+    /* out[i0:i1] (m, hs) = att[i0:i1, k0:i1] . V[k0:i1] */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hs, i1 - k0, 1.0f, Ab + k0, T,
+                v + (size_t)k0 * ld, ld, 0.0f, out + (size_t)i0 * C, C);
   }
 }
 
 struct att {
   float *out, *att, *dqkv, *scratch;
   const float *qkv, *catt, *dout;
+  const int *starts; /* (B, T) or NULL */
   int B, T, C, NH, NKV;
 };
+
+/* Batch b's document starts, or NULL. */
+static const int *starts_of(const int *starts, size_t b, int T)
+{
+  return starts ? starts + b * (size_t)T : NULL;
+}
 
 /* Offsets in a row of qkv of query head h's q, k and v columns. */
 struct cols {
@@ -103,36 +133,50 @@ static void forward_share(void *p, int tid, int nt)
     const float *base = a->qkv + b * T * ld;
     struct cols c = cols_of(a, h);
     head_forward(a->out + b * T * C + h * hs, a->att + bh * T * T, base + c.q, base + c.k,
-                 base + c.v, T, C, ld, hs);
+                 base + c.v, starts_of(a->starts, b, T), T, C, ld, hs);
   }
 }
 
-void wf_attention_gqa_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
-                              int NKV)
+void wf_attention_gqa_forward(float *out, float *att, const float *qkv, const int *starts, int B,
+                              int T, int C, int NH, int NKV)
 {
-  struct att a = {.out = out, .att = att, .qkv = qkv, .B = B, .T = T, .C = C, .NH = NH, .NKV = NKV};
+  struct att a = {.out = out,
+                  .att = att,
+                  .qkv = qkv,
+                  .starts = starts,
+                  .B = B,
+                  .T = T,
+                  .C = C,
+                  .NH = NH,
+                  .NKV = NKV};
   wf__parallel(wf__threads_for((size_t)B * NH * T * T * (C / NH) / 64), forward_share, &a);
 }
 
 void wf_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH)
 {
-  wf_attention_gqa_forward(out, att, qkv, B, T, C, NH, NH);
+  wf_attention_gqa_forward(out, att, qkv, NULL, B, T, C, NH, NH);
 }
 
-/* Rows [i0, i1) of one head: dS = att * (dA - rowsum(att * dA)), in place in D. */
-WF__CLONES static void softmax_backward_rows(float *D, const float *A, int T, int i0, int i1)
+/* Rows [i0, i1) of one head, whose GEMMs computed keys [k0, i1): dS = att * (dA -
+ * rowsum(att * dA)) over each row's keys, in place in D, 0 at the masked keys. */
+WF__CLONES static void softmax_backward_rows(float *D, const float *A, const int *st, int T, int i0,
+                                             int i1, int k0)
 {
   for (int i = i0; i < i1; i++) {
     float *d = D + (size_t)i * T;
     const float *a = A + (size_t)i * T;
+    int lo = first_key(st, i);
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
-    for (int j = 0; j <= i; j++)
+    for (int j = lo; j <= i; j++)
       s += a[j] * d[j];
 #pragma omp simd
-    for (int j = 0; j <= i; j++)
+    for (int j = lo; j <= i; j++)
       d[j] = a[j] * (d[j] - s);
-    /* keys i < j < i1 were computed by the block GEMM but are masked */
+    /* keys the block GEMM computed but the row does not see: before its document, and
+     * i < j < i1 */
+    for (int j = k0; j < lo; j++)
+      d[j] = 0.0f;
     for (int j = i + 1; j < i1; j++)
       d[j] = 0.0f;
   }
@@ -143,26 +187,27 @@ struct head_grad {
   const float *q, *k, *v, *dout;
 };
 
-static void head_backward(const struct head_grad *g, float *D, const float *A, int T, int C, int ld,
-                          int hs)
+static void head_backward(const struct head_grad *g, float *D, const float *A, const int *st, int T,
+                          int C, int ld, int hs)
 {
   const float scale = 1.0f / sqrtf((float)hs);
   for (int i0 = 0; i0 < T; i0 += BLK) {
-    int i1 = i0 + BLK < T ? i0 + BLK : T, m = i1 - i0;
-    const float *Ab = A + (size_t)i0 * T, *dO = g->dout + (size_t)i0 * C;
-    float *Db = D + (size_t)i0 * T;
-    /* dV[0:i1] += att[i0:i1, 0:i1]^T . dout[i0:i1] */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i1, hs, m, 1.0f, Ab, T, dO, C, 1.0f, g->dv,
-                ld);
-    /* datt[i0:i1, 0:i1] = dout[i0:i1] . V[0:i1]^T */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, i1, hs, 1.0f, dO, C, g->v, ld, 0.0f, Db,
-                T);
-    softmax_backward_rows(D, A, T, i0, i1);
-    /* dQ[i0:i1] += scale dS . K[0:i1];  dK[0:i1] += scale dS^T . Q[i0:i1] */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hs, i1, scale, Db, T, g->k, ld, 1.0f,
-                g->dq + (size_t)i0 * ld, ld);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i1, hs, m, scale, Db, T,
-                g->q + (size_t)i0 * ld, ld, 1.0f, g->dk, ld);
+    int i1 = i0 + BLK < T ? i0 + BLK : T, m = i1 - i0, k0 = block_key(st, i0, i1), n = i1 - k0;
+    const float *Ab = A + (size_t)i0 * T + k0, *dO = g->dout + (size_t)i0 * C;
+    float *Db = D + (size_t)i0 * T + k0;
+    size_t kr = (size_t)k0 * ld; /* key row k0 */
+    /* dV[k0:i1] += att[i0:i1, k0:i1]^T . dout[i0:i1] */
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, hs, m, 1.0f, Ab, T, dO, C, 1.0f,
+                g->dv + kr, ld);
+    /* datt[i0:i1, k0:i1] = dout[i0:i1] . V[k0:i1]^T */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, hs, 1.0f, dO, C, g->v + kr, ld, 0.0f,
+                Db, T);
+    softmax_backward_rows(D, A, st, T, i0, i1, k0);
+    /* dQ[i0:i1] += scale dS . K[k0:i1];  dK[k0:i1] += scale dS^T . Q[i0:i1] */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, hs, n, scale, Db, T, g->k + kr, ld,
+                1.0f, g->dq + (size_t)i0 * ld, ld);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, hs, m, scale, Db, T,
+                g->q + (size_t)i0 * ld, ld, 1.0f, g->dk + kr, ld);
   }
 }
 
@@ -181,7 +226,8 @@ static void query_head_backward(const struct att *a, size_t b, size_t h)
       .v = a->qkv + row0 + c.v,
       .dout = a->dout + b * T * C + h * hs,
   };
-  head_backward(&g, a->scratch + bh * T * T, a->catt + bh * T * T, T, C, ld, hs);
+  head_backward(&g, a->scratch + bh * T * T, a->catt + bh * T * T, starts_of(a->starts, b, T), T, C,
+                ld, hs);
 }
 
 /* Zero the columns of dqkv (B, T, ld) that group kvh of batch b writes: its G query
@@ -210,13 +256,15 @@ static void backward_share(void *p, int tid, int nt)
 }
 
 void wf_attention_gqa_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                               const float *att, int B, int T, int C, int NH, int NKV)
+                               const float *att, const int *starts, int B, int T, int C, int NH,
+                               int NKV)
 {
   struct att a = {.dqkv = dqkv,
                   .scratch = scratch,
                   .qkv = qkv,
                   .catt = att,
                   .dout = dout,
+                  .starts = starts,
                   .B = B,
                   .T = T,
                   .C = C,
@@ -230,6 +278,7 @@ void wf_attention_gqa_backward(float *dqkv, float *scratch, const float *dout, c
 struct att16 {
   void *out, *att, *dqkv;
   const void *qkv, *catt, *dout;
+  const int *starts; /* (B, T) or NULL */
   int B, T, C, NH, NKV, fmt;
 };
 
@@ -256,25 +305,34 @@ static void forward16_share(void *p, int tid, int nt)
   for (size_t bh = lo; bh < hi; bh++) {
     size_t b = bh / a->NH, h = bh % a->NH;
     load_head(w, a, b, h);
-    head_forward(o, A, w, w + hs, w + 2 * hs, (int)T, (int)hs, (int)(3 * hs), (int)hs);
+    head_forward(o, A, w, w + hs, w + 2 * hs, starts_of(a->starts, b, (int)T), (int)T, (int)hs,
+                 (int)(3 * hs), (int)hs);
     for (size_t t = 0; t < T; t++)
       wf__store(a->out, (b * T + t) * C + h * hs, o + t * hs, hs, a->fmt);
     wf__store(a->att, bh * T * T, A, T * T, a->fmt);
   }
 }
 
-void wf_attention_gqa_forward16(void *out, void *att, const void *qkv, int B, int T, int C, int NH,
-                                int NKV, int fmt)
+void wf_attention_gqa_forward16(void *out, void *att, const void *qkv, const int *starts, int B,
+                                int T, int C, int NH, int NKV, int fmt)
 {
-  struct att16 a = {
-      .out = out, .att = att, .qkv = qkv, .B = B, .T = T, .C = C, .NH = NH, .NKV = NKV, .fmt = fmt};
+  struct att16 a = {.out = out,
+                    .att = att,
+                    .qkv = qkv,
+                    .starts = starts,
+                    .B = B,
+                    .T = T,
+                    .C = C,
+                    .NH = NH,
+                    .NKV = NKV,
+                    .fmt = fmt};
   wf__parallel(wf__threads_for((size_t)B * NH * T * T * (C / NH) / 64), forward16_share, &a);
 }
 
 void wf_attention_forward16(void *out, void *att, const void *qkv, int B, int T, int C, int NH,
                             int fmt)
 {
-  wf_attention_gqa_forward16(out, att, qkv, B, T, C, NH, NH, fmt);
+  wf_attention_gqa_forward16(out, att, qkv, NULL, B, T, C, NH, NH, fmt);
 }
 
 /* Query head h of batch b: its gradients in working memory; dq stored rounded into dqkv,
@@ -290,7 +348,7 @@ static void head_backward16(const struct att16 *a, size_t b, size_t h, float *w[
     wf__load(dO + t * hs, a->dout, (b * T + t) * C + h * hs, hs, a->fmt);
   memset(dw, 0, T * 3 * hs * sizeof(float));
   struct head_grad g = {dw, dw + hs, dw + 2 * hs, x, x + hs, x + 2 * hs, dO};
-  head_backward(&g, D, A, (int)T, (int)hs, (int)(3 * hs), (int)hs);
+  head_backward(&g, D, A, starts_of(a->starts, b, (int)T), (int)T, (int)hs, (int)(3 * hs), (int)hs);
   for (size_t t = 0; t < T; t++) {
     wf__store(a->dqkv, (b * T + t) * ld + h * hs, dw + t * 3 * hs, hs, a->fmt);
     float *dst = dkv + t * 2 * hs;
@@ -329,13 +387,15 @@ static void backward16_share(void *p, int tid, int nt)
 }
 
 void wf_attention_gqa_backward16(void *dqkv, float *scratch, const void *dout, const void *qkv,
-                                 const void *att, int B, int T, int C, int NH, int NKV, int fmt)
+                                 const void *att, const int *starts, int B, int T, int C, int NH,
+                                 int NKV, int fmt)
 {
   (void)scratch;
   struct att16 a = {.dqkv = dqkv,
                     .qkv = qkv,
                     .catt = att,
                     .dout = dout,
+                    .starts = starts,
                     .B = B,
                     .T = T,
                     .C = C,
@@ -348,13 +408,13 @@ void wf_attention_gqa_backward16(void *dqkv, float *scratch, const void *dout, c
 void wf_attention_backward16(void *dqkv, float *scratch, const void *dout, const void *qkv,
                              const void *att, int B, int T, int C, int NH, int fmt)
 {
-  wf_attention_gqa_backward16(dqkv, scratch, dout, qkv, att, B, T, C, NH, NH, fmt);
+  wf_attention_gqa_backward16(dqkv, scratch, dout, qkv, att, NULL, B, T, C, NH, NH, fmt);
 }
 
 void wf_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
                            const float *att, int B, int T, int C, int NH)
 {
-  wf_attention_gqa_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH, NH);
+  wf_attention_gqa_backward(dqkv, scratch, dout, qkv, att, NULL, B, T, C, NH, NH);
 }
 
 /* ---- the op (wf_kreg.h): one variant per element type, the type bound -----------------
@@ -369,21 +429,22 @@ static void set_impl(int impl) {}
 static int path(int B, int T, int C, int NH, int NKV) { return WF_ATTN_REFERENCE; }
 
 #define ATTENTION_VARIANT(name, fmt, saved, scratch)                                               \
-  static void name##_forward(void *out, void *att, const void *qkv, int B, int T, int C, int NH,   \
-                             int NKV, wf_stream *s)                                                \
+  static void name##_forward(void *out, void *att, const void *qkv, const int *starts, int B,      \
+                             int T, int C, int NH, int NKV, wf_stream *s)                          \
   {                                                                                                \
     if (fmt == WF_DT_F32)                                                                          \
-      wf_attention_gqa_forward(out, att, qkv, B, T, C, NH, NKV);                                   \
+      wf_attention_gqa_forward(out, att, qkv, starts, B, T, C, NH, NKV);                           \
     else                                                                                           \
-      wf_attention_gqa_forward16(out, att, qkv, B, T, C, NH, NKV, fmt);                            \
+      wf_attention_gqa_forward16(out, att, qkv, starts, B, T, C, NH, NKV, fmt);                    \
   }                                                                                                \
   static void name##_backward(void *dqkv, float *scratch_, const void *dout, const void *qkv,      \
-                              const void *att, int B, int T, int C, int NH, int NKV, wf_stream *s) \
+                              const void *att, const int *starts, int B, int T, int C, int NH,     \
+                              int NKV, wf_stream *s)                                               \
   {                                                                                                \
     if (fmt == WF_DT_F32)                                                                          \
-      wf_attention_gqa_backward(dqkv, scratch_, dout, qkv, att, B, T, C, NH, NKV);                 \
+      wf_attention_gqa_backward(dqkv, scratch_, dout, qkv, att, starts, B, T, C, NH, NKV);         \
     else                                                                                           \
-      wf_attention_gqa_backward16(dqkv, scratch_, dout, qkv, att, B, T, C, NH, NKV, fmt);          \
+      wf_attention_gqa_backward16(dqkv, scratch_, dout, qkv, att, starts, B, T, C, NH, NKV, fmt);  \
   }                                                                                                \
   static const wf_attention_op name = {saved,           scratch,  name##_forward,                  \
                                        name##_backward, set_impl, path}

@@ -65,6 +65,7 @@ void wf_rope_table(float *cs, int T, int hs, double theta, const wf_rope_scaling
 struct rope {
   float *x;
   const float *cs;
+  const int *pos; /* (B,T) or NULL: row t's */
   int B, T, NH, NKV, hs;
   float sign; /* +1 rotates forward, -1 backward (the transpose) */
 };
@@ -91,35 +92,40 @@ static void rope_share(void *p, int tid, int nt)
   size_t lo, hi;
   wf__split((size_t)r->B * r->T, tid, nt, 1, &lo, &hi);
   for (size_t bt = lo; bt < hi; bt++) {
-    const float *c = r->cs + (bt % (size_t)r->T) * r->hs;
+    size_t p = r->pos ? (size_t)r->pos[bt] : bt % (size_t)r->T;
+    const float *c = r->cs + p * r->hs;
     rope_rotate_row(r->x + bt * W, c, c + r->hs / 2, r->NH + r->NKV, r->hs, r->sign);
   }
 }
 
-static void rope_apply(float *x, const float *cs, int B, int T, int NH, int NKV, int hs, float sign)
+static void rope_apply(float *x, const float *cs, const int *pos, int B, int T, int NH, int NKV,
+                       int hs, float sign)
 {
-  struct rope r = {x, cs, B, T, NH, NKV, hs, sign};
+  struct rope r = {x, cs, pos, B, T, NH, NKV, hs, sign};
   wf__parallel(wf__threads_for((size_t)B * T * (NH + NKV) * hs), rope_share, &r);
 }
 
-void wf_rope_forward(float *qkv, const float *cs, int B, int T, int NH, int NKV, int hs)
+void wf_rope_forward(float *qkv, const float *cs, const int *pos, int B, int T, int NH, int NKV,
+                     int hs)
 {
-  rope_apply(qkv, cs, B, T, NH, NKV, hs, 1.0f);
+  rope_apply(qkv, cs, pos, B, T, NH, NKV, hs, 1.0f);
 }
 
-void wf_rope_backward(float *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs)
+void wf_rope_backward(float *dqkv, const float *cs, const int *pos, int B, int T, int NH, int NKV,
+                      int hs)
 {
-  rope_apply(dqkv, cs, B, T, NH, NKV, hs, -1.0f);
+  rope_apply(dqkv, cs, pos, B, T, NH, NKV, hs, -1.0f);
 }
 
 /* ---- 16-bit storage: row blocks through this thread's working memory (cpu_int.h) --------- */
 
-typedef void rope_fn(float *qkv, const float *cs, int B, int T, int NH, int NKV, int hs);
+typedef void rope_fn(float *qkv, const float *cs, const int *pos, int B, int T, int NH, int NKV,
+                     int hs);
 
 /* fn (RoPE's forward or backward) on rows [t0, t0 + n) of batch b at a time: a (1, n)
- * batch whose angles start at row t0 of cs. */
-static void rope16(rope_fn *fn, void *qkv, const float *cs, int B, int T, int NH, int NKV, int hs,
-                   int fmt)
+ * batch whose angles start at row t0 of cs, or whose positions are pos's rows. */
+static void rope16(rope_fn *fn, void *qkv, const float *cs, const int *pos, int B, int T, int NH,
+                   int NKV, int hs, int fmt)
 {
   size_t width = (size_t)(NH + 2 * NKV) * hs, blk = wf__block_rows(width);
   for (size_t b = 0; b < (size_t)B; b++)
@@ -128,39 +134,44 @@ static void rope16(rope_fn *fn, void *qkv, const float *cs, int B, int T, int NH
       float *x = wf__widened(WF__W_IN, qkv, r0, n, width, fmt);
       if (!x)
         return;
-      fn(x, cs + t0 * hs, 1, (int)n, NH, NKV, hs);
+      if (pos)
+        fn(x, cs, pos + r0, 1, (int)n, NH, NKV, hs);
+      else
+        fn(x, cs + t0 * hs, NULL, 1, (int)n, NH, NKV, hs);
       wf__store(qkv, r0 * width, x, n * width, fmt);
     }
 }
 
-void wf_rope_forward16(void *qkv, const float *cs, int B, int T, int NH, int NKV, int hs, int fmt)
+void wf_rope_forward16(void *qkv, const float *cs, const int *pos, int B, int T, int NH, int NKV,
+                       int hs, int fmt)
 {
-  rope16(wf_rope_forward, qkv, cs, B, T, NH, NKV, hs, fmt);
+  rope16(wf_rope_forward, qkv, cs, pos, B, T, NH, NKV, hs, fmt);
 }
 
-void wf_rope_backward16(void *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs, int fmt)
+void wf_rope_backward16(void *dqkv, const float *cs, const int *pos, int B, int T, int NH, int NKV,
+                        int hs, int fmt)
 {
-  rope16(wf_rope_backward, dqkv, cs, B, T, NH, NKV, hs, fmt);
+  rope16(wf_rope_backward, dqkv, cs, pos, B, T, NH, NKV, hs, fmt);
 }
 
 /* ---- the op (wf_kreg.h): one variant per element type, the type bound ----------------- */
 
 #define ROPE_VARIANT(name, fmt)                                                                    \
-  static void name##_forward(void *qkv, const float *cs, int B, int T, int NH, int NKV, int hs,    \
-                             wf_stream *s)                                                         \
+  static void name##_forward(void *qkv, const float *cs, const int *pos, int B, int T, int NH,     \
+                             int NKV, int hs, wf_stream *s)                                        \
   {                                                                                                \
     if (fmt == WF_DT_F32)                                                                          \
-      wf_rope_forward(qkv, cs, B, T, NH, NKV, hs);                                                 \
+      wf_rope_forward(qkv, cs, pos, B, T, NH, NKV, hs);                                            \
     else                                                                                           \
-      wf_rope_forward16(qkv, cs, B, T, NH, NKV, hs, fmt);                                          \
+      wf_rope_forward16(qkv, cs, pos, B, T, NH, NKV, hs, fmt);                                     \
   }                                                                                                \
-  static void name##_backward(void *dqkv, const float *cs, int B, int T, int NH, int NKV, int hs,  \
-                              wf_stream *s)                                                        \
+  static void name##_backward(void *dqkv, const float *cs, const int *pos, int B, int T, int NH,   \
+                              int NKV, int hs, wf_stream *s)                                       \
   {                                                                                                \
     if (fmt == WF_DT_F32)                                                                          \
-      wf_rope_backward(dqkv, cs, B, T, NH, NKV, hs);                                               \
+      wf_rope_backward(dqkv, cs, pos, B, T, NH, NKV, hs);                                          \
     else                                                                                           \
-      wf_rope_backward16(dqkv, cs, B, T, NH, NKV, hs, fmt);                                        \
+      wf_rope_backward16(dqkv, cs, pos, B, T, NH, NKV, hs, fmt);                                   \
   }                                                                                                \
   static const wf_rope_op name = {name##_forward, name##_backward}
 

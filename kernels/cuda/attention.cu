@@ -1,6 +1,7 @@
 /*
  * attention.cu - the attention op on the GPU (attention.h's table, twin of
- * kernels/cpu/attention.c): causal grouped-query attention, one variant per element type.
+ * kernels/cpu/attention.c): causal grouped-query attention, one variant per element type,
+ * each keeping to packed documents when given their starts (every path takes them).
  *
  *  - fp32: runtime.attention's path for the shape (attention_impl.cu: cuDNN or weft's
  *    flash kernels on bf16 copies, or the fp32 reference kernels).
@@ -53,15 +54,15 @@ static size_t scratch16(int B, int T, int C, int NH)
 }
 
 template <typename E>
-static void forward16(void *out, void *att, const void *qkv, int B, int T, int C, int NH, int NKV,
-                      wf_stream *stream)
+static void forward16(void *out, void *att, const void *qkv, const int *starts, int B, int T, int C,
+                      int NH, int NKV, wf_stream *stream)
 {
   size_t nq = qkv_floats(B, T, C, NH, NKV), no = (size_t)B * T * C;
   float *w = widened(nq + no, stream);
   if (!w)
     return;
   wf__cast_load<E>(w, qkv, nq, stream);
-  wf__attn_forward(w + nq, (float *)att, w, B, T, C, NH, NKV, stream);
+  wf__attn_forward(w + nq, (float *)att, w, starts, B, T, C, NH, NKV, stream);
   wf__cast_store<E>(out, w + nq, no, stream);
   release(w, stream);
 }
@@ -70,14 +71,15 @@ static void forward16(void *out, void *att, const void *qkv, int B, int T, int C
  * dqkv stored in 16 bits from it. */
 template <typename E>
 static void backward16(void *dqkv, float *scratch, const void *dout, const void *qkv,
-                       const void *att, int B, int T, int C, int NH, int NKV, wf_stream *stream)
+                       const void *att, const int *starts, int B, int T, int C, int NH, int NKV,
+                       wf_stream *stream)
 {
   size_t nx = qkv_floats(B, T, C, NH, NKV), ny = (size_t)B * T * C;
   float *w = scratch + part(wf__attn_scratch(B, T, C, NH));
   float *dw = w + part((size_t)B * T * 3 * C), *dy = dw + part((size_t)B * T * 3 * C);
   wf__cast_load<E>(w, qkv, nx, stream);
   wf__cast_load<E>(dy, dout, ny, stream);
-  wf__attn_backward(dw, scratch, dy, w, (const float *)att, B, T, C, NH, NKV, stream);
+  wf__attn_backward(dw, scratch, dy, w, (const float *)att, starts, B, T, C, NH, NKV, stream);
   wf__cast_store<E>(dqkv, dw, nx, stream);
 }
 
@@ -90,48 +92,53 @@ static size_t scratch_bf16(int B, int T, int C, int NH)
   return tensor_core_heads(C, NH) ? part((size_t)B * NH * T) : scratch16(B, T, C, NH);
 }
 
-static void forward_bf16(void *out, void *att, const void *qkv, int B, int T, int C, int NH,
-                         int NKV, wf_stream *stream)
+static void forward_bf16(void *out, void *att, const void *qkv, const int *starts, int B, int T,
+                         int C, int NH, int NKV, wf_stream *stream)
 {
   if (!tensor_core_heads(C, NH)) {
-    forward16<__nv_bfloat16>(out, att, qkv, B, T, C, NH, NKV, stream);
+    forward16<__nv_bfloat16>(out, att, qkv, starts, B, T, C, NH, NKV, stream);
     return;
   }
   size_t ny = (size_t)B * T * C;
   wf_bf16 *o = wf__attn_saved_out((float *)att, B, T, NH);
-  wf__attention_bf16_forward(o, (float *)att, (const wf_bf16 *)qkv, B, T, C, NH, NKV, stream);
+  wf__attention_bf16_forward(o, (float *)att, (const wf_bf16 *)qkv, starts, B, T, C, NH, NKV,
+                             stream);
   if (ny > 0)
     WF_CUDA_OK(cudaMemcpyAsync(out, o, ny * sizeof(wf_bf16), cudaMemcpyDeviceToDevice,
                                (cudaStream_t)stream));
 }
 
 static void backward_bf16(void *dqkv, float *scratch, const void *dout, const void *qkv,
-                          const void *att, int B, int T, int C, int NH, int NKV, wf_stream *stream)
+                          const void *att, const int *starts, int B, int T, int C, int NH, int NKV,
+                          wf_stream *stream)
 {
   if (!tensor_core_heads(C, NH)) {
-    backward16<__nv_bfloat16>(dqkv, scratch, dout, qkv, att, B, T, C, NH, NKV, stream);
+    backward16<__nv_bfloat16>(dqkv, scratch, dout, qkv, att, starts, B, T, C, NH, NKV, stream);
     return;
   }
   float *lse = (float *)att;
   if (qkv_floats(B, T, C, NH, NKV) == 0)
     return;
   wf__attention_bf16_backward((wf_bf16 *)dqkv, scratch, (const wf_bf16 *)dout, (const wf_bf16 *)qkv,
-                              wf__attn_saved_out(lse, B, T, NH), lse, B, T, C, NH, NKV, stream);
+                              wf__attn_saved_out(lse, B, T, NH), lse, starts, B, T, C, NH, NKV,
+                              stream);
 }
 
 /* ---- fp32 ------------------------------------------------------------------------------ */
 
-static void forward32(void *out, void *att, const void *qkv, int B, int T, int C, int NH, int NKV,
-                      wf_stream *stream)
+static void forward32(void *out, void *att, const void *qkv, const int *starts, int B, int T, int C,
+                      int NH, int NKV, wf_stream *stream)
 {
-  wf__attn_forward((float *)out, (float *)att, (const float *)qkv, B, T, C, NH, NKV, stream);
+  wf__attn_forward((float *)out, (float *)att, (const float *)qkv, starts, B, T, C, NH, NKV,
+                   stream);
 }
 
 static void backward32(void *dqkv, float *scratch, const void *dout, const void *qkv,
-                       const void *att, int B, int T, int C, int NH, int NKV, wf_stream *stream)
+                       const void *att, const int *starts, int B, int T, int C, int NH, int NKV,
+                       wf_stream *stream)
 {
   wf__attn_backward((float *)dqkv, scratch, (const float *)dout, (const float *)qkv,
-                    (const float *)att, B, T, C, NH, NKV, stream);
+                    (const float *)att, starts, B, T, C, NH, NKV, stream);
 }
 
 /* ---- the op (wf_kreg.h) ----------------------------------------------------------------- */

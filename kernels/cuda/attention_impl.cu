@@ -5,7 +5,8 @@
  *
  * Implementations (attn_int.h): cuDNN's fused attention (cudnn_sdpa.cu), weft's bf16
  * flash kernels (flash_bf16.cu), the fp32 reference kernels (flash.cu, attention_tt.cu).
- * The choice for a shape under a setting is made once, logged in one line, and cached:
+ * The choice for a shape (with or without document starts: cuDNN's masked graph is
+ * another graph) under a setting is made once, logged in one line, and cached:
  *   reference -> the fp32 kernels;
  *   cudnn, auto -> cuDNN if it loads and builds both plans for the shape, else
  *   flash, auto -> the flash kernels if they take the shape (head size 64 or 128, sm_80+),
@@ -60,6 +61,7 @@ int wf__cuda_cc_major(void)
 
 struct choice {
   int B, T, C, NH, NKV, impl, path;
+  bool docs;
 };
 
 static std::mutex g_choice_lock; /* guards g_choices (and serialises cuDNN's plan builds) */
@@ -73,8 +75,9 @@ static const char *impl_name(int p)
 
 /* The implementation for a shape under `impl`, with the one line that says so: the
  * path, and why each implementation tried before it could not run the shape. */
-static int decide(int B, int T, int C, int NH, int NKV, int impl)
+static int decide(int B, int T, int C, int NH, int NKV, int impl, bool docs)
 {
+  const char *what = docs ? " with document masks" : "";
   char why_c[256] = "", why_f[256] = "", why[600] = "";
   int hs = C / NH, path = WF_ATTN_REFERENCE;
   if (impl == WF_ATTN_REFERENCE)
@@ -82,7 +85,7 @@ static int decide(int B, int T, int C, int NH, int NKV, int impl)
   if (hs > 128)
     snprintf(why, sizeof why, " (head size %d: above 128 only the fp32 (T, T) kernels)", hs);
   else if ((impl == WF_ATTN_AUTO || impl == WF_ATTN_CUDNN) &&
-           wf__cudnn_sdpa_accepts(B, T, C, NH, NKV, why_c, sizeof why_c))
+           wf__cudnn_sdpa_accepts(B, T, C, NH, NKV, docs, why_c, sizeof why_c))
     path = WF_ATTN_CUDNN;
   else if (wf__flash16_applies(B, T, C, NH, NKV, why_f, sizeof why_f))
     path = WF_ATTN_FLASH;
@@ -91,25 +94,27 @@ static int decide(int B, int T, int C, int NH, int NKV, int impl)
   else if (why_f[0])
     snprintf(why, sizeof why, " (flash: %s)", why_f);
   if (path == impl || (impl == WF_ATTN_AUTO && path == WF_ATTN_CUDNN))
-    WF_INFO("attention, B %d x T %d, %d heads of %d (%d kv): %s", B, T, NH, hs, NKV,
+    WF_INFO("attention, B %d x T %d, %d heads of %d (%d kv)%s: %s", B, T, NH, hs, NKV, what,
             impl_name(path));
   else
-    WF_INFO("attention, B %d x T %d, %d heads of %d (%d kv): runtime.attention=%s runs %s%s", B, T,
-            NH, hs, NKV, impl == WF_ATTN_AUTO ? "auto" : impl_name(impl), impl_name(path), why);
+    WF_INFO("attention, B %d x T %d, %d heads of %d (%d kv)%s: runtime.attention=%s runs %s%s", B,
+            T, NH, hs, NKV, what, impl == WF_ATTN_AUTO ? "auto" : impl_name(impl), impl_name(path),
+            why);
   return path;
 }
 
-static int path_for(int B, int T, int C, int NH, int NKV, int impl)
+static int path_for(int B, int T, int C, int NH, int NKV, int impl, bool docs)
 {
   std::lock_guard<std::mutex> guard(g_choice_lock);
   for (int i = 0; i < g_nchoices; i++) {
     const choice &c = g_choices[i];
-    if (c.B == B && c.T == T && c.C == C && c.NH == NH && c.NKV == NKV && c.impl == impl)
+    if (c.B == B && c.T == T && c.C == C && c.NH == NH && c.NKV == NKV && c.impl == impl &&
+        c.docs == docs)
       return c.path;
   }
-  int path = decide(B, T, C, NH, NKV, impl);
+  int path = decide(B, T, C, NH, NKV, impl, docs);
   if (g_nchoices < MAX_CHOICES) /* past that, decide (and log) again: harmless */
-    g_choices[g_nchoices++] = choice{B, T, C, NH, NKV, impl, path};
+    g_choices[g_nchoices++] = choice{B, T, C, NH, NKV, impl, path, docs};
   return path;
 }
 
@@ -120,7 +125,8 @@ static bool shape_ok(int B, int T, int C, int NH, int NKV)
 
 int wf__attention_path(int B, int T, int C, int NH, int NKV)
 {
-  return shape_ok(B, T, C, NH, NKV) ? path_for(B, T, C, NH, NKV, g_impl.load()) : WF_ATTN_REFERENCE;
+  return shape_ok(B, T, C, NH, NKV) ? path_for(B, T, C, NH, NKV, g_impl.load(), false)
+                                    : WF_ATTN_REFERENCE;
 }
 
 /* ---- conversions ------------------------------------------------------------------- */
@@ -227,15 +233,15 @@ static size_t qkv_elems(int B, int T, int C, int NH, int NKV)
 }
 
 /* The fp32 (grouped-query) kernels on widened copies: out and lse from qkv. */
-static void reference16_forward(wf_bf16 *out, float *lse, const wf_bf16 *qkv, int B, int T, int C,
-                                int NH, int NKV, cudaStream_t s)
+static void reference16_forward(wf_bf16 *out, float *lse, const wf_bf16 *qkv, const int *starts,
+                                int B, int T, int C, int NH, int NKV, cudaStream_t s)
 {
   size_t nx = qkv_elems(B, T, C, NH, NKV), ny = (size_t)B * T * C;
   float *x = (float *)pool_alloc(nx * sizeof(float), s);
   float *y = (float *)pool_alloc(ny * sizeof(float), s);
   if (x && y) {
     widen(x, qkv, nx, s);
-    wf__attn32_forward(y, lse, x, B, T, C, NH, NKV, (wf_stream *)s);
+    wf__attn32_forward(y, lse, x, starts, B, T, C, NH, NKV, (wf_stream *)s);
     narrow(out, y, ny, s);
   }
   pool_free(y, s);
@@ -243,8 +249,8 @@ static void reference16_forward(wf_bf16 *out, float *lse, const wf_bf16 *qkv, in
 }
 
 static void reference16_backward(wf_bf16 *dqkv, float *D, const wf_bf16 *dout, const wf_bf16 *qkv,
-                                 const float *lse, int B, int T, int C, int NH, int NKV,
-                                 cudaStream_t s)
+                                 const float *lse, const int *starts, int B, int T, int C, int NH,
+                                 int NKV, cudaStream_t s)
 {
   size_t nx = qkv_elems(B, T, C, NH, NKV), ny = (size_t)B * T * C;
   float *x = (float *)pool_alloc(nx * sizeof(float), s);
@@ -253,7 +259,7 @@ static void reference16_backward(wf_bf16 *dqkv, float *D, const wf_bf16 *dout, c
   if (x && dx && dy) { /* the fp32 backward writes dx */
     widen(x, qkv, nx, s);
     widen(dy, dout, ny, s);
-    wf__attn32_backward(dx, D, dy, x, lse, B, T, C, NH, NKV, (wf_stream *)s);
+    wf__attn32_backward(dx, D, dy, x, lse, starts, B, T, C, NH, NKV, (wf_stream *)s);
     narrow(dqkv, dx, nx, s);
   }
   pool_free(dy, s);
@@ -274,46 +280,47 @@ static bool reference16_ok(int C, int NH, int NKV)
   return false;
 }
 
-static void forward16(int path, wf_bf16 *out, float *lse, const wf_bf16 *qkv, int B, int T, int C,
-                      int NH, int NKV, cudaStream_t s)
+static void forward16(int path, wf_bf16 *out, float *lse, const wf_bf16 *qkv, const int *starts,
+                      int B, int T, int C, int NH, int NKV, cudaStream_t s)
 {
   if (path == WF_ATTN_CUDNN)
-    wf__cudnn_sdpa_forward(out, lse, qkv, B, T, C, NH, NKV, s);
+    wf__cudnn_sdpa_forward(out, lse, qkv, starts, B, T, C, NH, NKV, s);
   else if (path == WF_ATTN_FLASH)
-    wf__flash16_forward(out, lse, qkv, B, T, C, NH, NKV, s);
+    wf__flash16_forward(out, lse, qkv, starts, B, T, C, NH, NKV, s);
   else if (reference16_ok(C, NH, NKV))
-    reference16_forward(out, lse, qkv, B, T, C, NH, NKV, s);
+    reference16_forward(out, lse, qkv, starts, B, T, C, NH, NKV, s);
 }
 
 static void backward16(int path, wf_bf16 *dqkv, float *D, const wf_bf16 *dout, const wf_bf16 *qkv,
-                       const wf_bf16 *out, const float *lse, int B, int T, int C, int NH, int NKV,
-                       cudaStream_t s)
+                       const wf_bf16 *out, const float *lse, const int *starts, int B, int T, int C,
+                       int NH, int NKV, cudaStream_t s)
 {
   if (path == WF_ATTN_CUDNN)
-    wf__cudnn_sdpa_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, NKV, s);
+    wf__cudnn_sdpa_backward(dqkv, dout, qkv, out, lse, starts, B, T, C, NH, NKV, s);
   else if (path == WF_ATTN_FLASH)
-    wf__flash16_backward(dqkv, D, dout, qkv, out, lse, B, T, C, NH, NKV, s);
+    wf__flash16_backward(dqkv, D, dout, qkv, out, lse, starts, B, T, C, NH, NKV, s);
   else if (reference16_ok(C, NH, NKV))
-    reference16_backward(dqkv, D, dout, qkv, lse, B, T, C, NH, NKV, s);
+    reference16_backward(dqkv, D, dout, qkv, lse, starts, B, T, C, NH, NKV, s);
 }
 
-void wf__attention_bf16_forward(wf_bf16 *out, float *lse, const wf_bf16 *qkv, int B, int T, int C,
-                                int NH, int NKV, wf_stream *stream)
+void wf__attention_bf16_forward(wf_bf16 *out, float *lse, const wf_bf16 *qkv, const int *starts,
+                                int B, int T, int C, int NH, int NKV, wf_stream *stream)
 {
   if (!shape_ok(B, T, C, NH, NKV))
     return;
-  forward16(path_for(B, T, C, NH, NKV, g_impl.load()), out, lse, qkv, B, T, C, NH, NKV,
-            (cudaStream_t)stream);
+  forward16(path_for(B, T, C, NH, NKV, g_impl.load(), starts != NULL), out, lse, qkv, starts, B, T,
+            C, NH, NKV, (cudaStream_t)stream);
 }
 
 void wf__attention_bf16_backward(wf_bf16 *dqkv, float *scratch, const wf_bf16 *dout,
-                                 const wf_bf16 *qkv, const wf_bf16 *out, const float *lse, int B,
-                                 int T, int C, int NH, int NKV, wf_stream *stream)
+                                 const wf_bf16 *qkv, const wf_bf16 *out, const float *lse,
+                                 const int *starts, int B, int T, int C, int NH, int NKV,
+                                 wf_stream *stream)
 {
   if (!shape_ok(B, T, C, NH, NKV))
     return;
-  backward16(path_for(B, T, C, NH, NKV, g_impl.load()), dqkv, scratch, dout, qkv, out, lse, B, T, C,
-             NH, NKV, (cudaStream_t)stream);
+  backward16(path_for(B, T, C, NH, NKV, g_impl.load(), starts != NULL), dqkv, scratch, dout, qkv,
+             out, lse, starts, B, T, C, NH, NKV, (cudaStream_t)stream);
 }
 
 /* D (B,NH,T) for the flash kernels (cuDNN and the reference keep their own). */
@@ -326,16 +333,16 @@ size_t wf__attention_bf16_scratch(int B, int T, int C, int NH, int NKV)
 
 /* The table's fp32 attention entries (grouped-query; multi-head is NKV = NH): the path
  * runtime.attention picks for the shape, on bf16 copies, or the fp32 kernels. */
-void wf__attn_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
-                      int NKV, wf_stream *stream)
+void wf__attn_forward(float *out, float *att, const float *qkv, const int *starts, int B, int T,
+                      int C, int NH, int NKV, wf_stream *stream)
 {
   cudaStream_t s = (cudaStream_t)stream;
   if (!shape_ok(B, T, C, NH, NKV))
     return;
   size_t nx = qkv_elems(B, T, C, NH, NKV), ny = (size_t)B * T * C;
-  int path = path_for(B, T, C, NH, NKV, g_impl.load());
+  int path = path_for(B, T, C, NH, NKV, g_impl.load(), starts != NULL);
   if (path == WF_ATTN_REFERENCE) {
-    wf__attn32_forward(out, att, qkv, B, T, C, NH, NKV, stream);
+    wf__attn32_forward(out, att, qkv, starts, B, T, C, NH, NKV, stream);
     if (bf16_layout(C, NH)) /* O for a bf16 backward, should the setting change */
       narrow(saved_out(att, B, T, NH), out, ny, s);
     return;
@@ -344,21 +351,22 @@ void wf__attn_forward(float *out, float *att, const float *qkv, int B, int T, in
   if (!x)
     return;
   narrow(x, qkv, nx, s);
-  forward16(path, saved_out(att, B, T, NH), att, x, B, T, C, NH, NKV, s);
+  forward16(path, saved_out(att, B, T, NH), att, x, starts, B, T, C, NH, NKV, s);
   widen(out, saved_out(att, B, T, NH), ny, s);
   pool_free(x, s);
 }
 
 void wf__attn_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                       const float *att, int B, int T, int C, int NH, int NKV, wf_stream *stream)
+                       const float *att, const int *starts, int B, int T, int C, int NH, int NKV,
+                       wf_stream *stream)
 {
   cudaStream_t s = (cudaStream_t)stream;
   if (!shape_ok(B, T, C, NH, NKV))
     return;
   size_t nx = qkv_elems(B, T, C, NH, NKV), ny = (size_t)B * T * C;
-  int path = path_for(B, T, C, NH, NKV, g_impl.load());
+  int path = path_for(B, T, C, NH, NKV, g_impl.load(), starts != NULL);
   if (path == WF_ATTN_REFERENCE) {
-    wf__attn32_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH, NKV, stream);
+    wf__attn32_backward(dqkv, scratch, dout, qkv, att, starts, B, T, C, NH, NKV, stream);
     return;
   }
   wf_bf16 *x = (wf_bf16 *)pool_alloc(nx * sizeof(wf_bf16), s);
@@ -367,8 +375,8 @@ void wf__attn_backward(float *dqkv, float *scratch, const float *dout, const flo
   if (x && dx && dy) {
     narrow(x, qkv, nx, s);
     narrow(dy, dout, ny, s);
-    backward16(path, dx, scratch, dy, x, saved_out(const_cast<float *>(att), B, T, NH), att, B, T,
-               C, NH, NKV, s);
+    backward16(path, dx, scratch, dy, x, saved_out(const_cast<float *>(att), B, T, NH), att, starts,
+               B, T, C, NH, NKV, s);
     widen(dqkv, dx, nx, s); /* written (attention.h) */
   }
   pool_free(dy, s);

@@ -9,14 +9,14 @@
 static void forward(void *out, float *lse, const void *qkv, int B, int T, int C, int NH, int NKV,
                     wf_stream *s)
 {
-  wf__attention_bf16_forward((wf_bf16 *)out, lse, (const wf_bf16 *)qkv, B, T, C, NH, NKV, s);
+  wf__attention_bf16_forward((wf_bf16 *)out, lse, (const wf_bf16 *)qkv, NULL, B, T, C, NH, NKV, s);
 }
 
 static void backward(void *dqkv, float *scratch, const void *dout, const void *qkv, const void *out,
                      const float *lse, int B, int T, int C, int NH, int NKV, wf_stream *s)
 {
   wf__attention_bf16_backward((wf_bf16 *)dqkv, scratch, (const wf_bf16 *)dout, (const wf_bf16 *)qkv,
-                              (const wf_bf16 *)out, lse, B, T, C, NH, NKV, s);
+                              (const wf_bf16 *)out, lse, NULL, B, T, C, NH, NKV, s);
 }
 
 /* ---- the op (wf_kreg.h): bf16 only ---------------------------------------------------- */

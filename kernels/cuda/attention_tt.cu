@@ -9,7 +9,9 @@
  * qkv (B,T,ld): q = [0,C), k = [C, C + NKV hs), v = [C + NKV hs, ld); query head h
  * owns columns [h*hs, (h+1)*hs) of q and reads kv head h / G (multi-head attention is
  * NKV == NH, G = 1). att (B,NH,T,T): row (b,h,t) holds softmax over t2 <= t and exact
- * zeros for t2 > t. Scale 1/sqrt(hs).
+ * zeros for t2 > t. Scale 1/sqrt(hs). With document starts (attention.h) row t's keys
+ * begin at its start s: the softmax is over s <= t2 <= t, zeros elsewhere, and so is
+ * the scaled softmax backward, so launch 2's sums need no mask (masked terms are 0).
  *
  * Forward, per row: scores into the att row (each thread owns t2 = tid, tid +
  * blockDim, ...), block max, exp and block sum, normalise, then after a barrier
@@ -46,10 +48,17 @@ __device__ static att_row att_row_of(unsigned block, int T, int heads)
   return r;
 }
 
-/* The sizes every kernel needs. */
+/* The sizes every kernel needs, and the document starts (B,T) or NULL. */
 struct att_dims {
   int T, C, NH, NKV, hs;
+  const int *starts;
 };
+
+/* The first key of row t of batch b. */
+__device__ static int first_key(const att_dims &d, int b, int t)
+{
+  return d.starts ? d.starts[(size_t)b * d.T + t] : 0;
+}
 
 /* Start of query head h's slice of part `part` (0 q, 1 k, 2 v: those of its kv head)
  * at time t. */
@@ -80,27 +89,28 @@ __global__ static void attention_forward_kernel(float *out, float *att, const fl
   att_row r = att_row_of(blockIdx.x, T, d.NH);
   float *a = att + (size_t)blockIdx.x * T;
   const float *q = qkv_at(qkv, r.b, r.t, r.h, 0, d);
+  const int lo = first_key(d, r.b, r.t);
   float mx = -INFINITY;
-  for (int t2 = threadIdx.x; t2 <= r.t; t2 += blockDim.x) {
+  for (int t2 = lo + (int)threadIdx.x; t2 <= r.t; t2 += blockDim.x) {
     float s = dot(q, qkv_at(qkv, r.b, t2, r.h, 1, d), hs) * scale;
     a[t2] = s;
     mx = fmaxf(mx, s);
   }
   mx = wf__block_max(mx, red);
   float sum = 0.0f;
-  for (int t2 = threadIdx.x; t2 <= r.t; t2 += blockDim.x) {
+  for (int t2 = lo + (int)threadIdx.x; t2 <= r.t; t2 += blockDim.x) {
     float e = expf(a[t2] - mx);
     a[t2] = e;
     sum += e;
   }
   float inv = 1.0f / wf__block_sum(sum, red);
   for (int t2 = threadIdx.x; t2 < T; t2 += blockDim.x)
-    a[t2] = t2 <= r.t ? a[t2] * inv : 0.0f;
+    a[t2] = t2 <= r.t && t2 >= lo ? a[t2] * inv : 0.0f;
   __syncthreads();
   float *o = out + ((size_t)r.b * T + r.t) * C + (size_t)r.h * hs;
   for (int i = threadIdx.x; i < hs; i += blockDim.x) {
     float acc = 0.0f;
-    for (int t2 = 0; t2 <= r.t; t2++)
+    for (int t2 = lo; t2 <= r.t; t2++)
       acc += a[t2] * qkv_at(qkv, r.b, t2, r.h, 2, d)[i];
     o[i] = acc;
   }
@@ -118,15 +128,16 @@ __global__ static void attention_backward_scores_kernel(float *scratch, const fl
   const float *a = att + (size_t)blockIdx.x * T;
   float *ds = scratch + (size_t)blockIdx.x * T;
   const float *dy = dout + ((size_t)r.b * T + r.t) * C + (size_t)r.h * hs;
+  const int lo = first_key(d, r.b, r.t);
   float acc = 0.0f;
-  for (int t2 = threadIdx.x; t2 <= r.t; t2 += blockDim.x) {
+  for (int t2 = lo + (int)threadIdx.x; t2 <= r.t; t2 += blockDim.x) {
     float dp = dot(dy, qkv_at(qkv, r.b, t2, r.h, 2, d), hs);
     ds[t2] = dp;
     acc += a[t2] * dp;
   }
   float s = wf__block_sum(acc, red);
   for (int t2 = threadIdx.x; t2 < T; t2 += blockDim.x)
-    ds[t2] = t2 <= r.t ? a[t2] * (ds[t2] - s) * scale : 0.0f;
+    ds[t2] = t2 <= r.t && t2 >= lo ? a[t2] * (ds[t2] - s) * scale : 0.0f;
 }
 
 /* dq of query head h at row j (dq_j: its columns in dqkv) and that head's terms of dk
@@ -175,25 +186,25 @@ static bool attention_shape_ok(int B, int T, int C, int NH, int NKV)
   return B > 0 && T > 0 && NH > 0 && C > 0 && C % NH == 0 && NKV > 0 && NH % NKV == 0;
 }
 
-void wf__cuda_attention_forward_tt(float *out, float *att, const float *qkv, int B, int T, int C,
-                                   int NH, int NKV, wf_stream *stream)
+void wf__cuda_attention_forward_tt(float *out, float *att, const float *qkv, const int *starts,
+                                   int B, int T, int C, int NH, int NKV, wf_stream *stream)
 {
   if (!attention_shape_ok(B, T, C, NH, NKV))
     return;
-  att_dims d = {T, C, NH, NKV, C / NH};
+  att_dims d = {T, C, NH, NKV, C / NH, starts};
   unsigned rows = (unsigned)((size_t)B * NH * T);
   attention_forward_kernel<<<rows, ATT_THREADS, 0, (cudaStream_t)stream>>>(out, att, qkv, d);
   WF_CUDA_LAUNCHED("attention_forward_kernel");
 }
 
 void wf__cuda_attention_backward_tt(float *dqkv, float *scratch, const float *dout,
-                                    const float *qkv, const float *att, int B, int T, int C, int NH,
-                                    int NKV, wf_stream *stream)
+                                    const float *qkv, const float *att, const int *starts, int B,
+                                    int T, int C, int NH, int NKV, wf_stream *stream)
 {
   cudaStream_t s = (cudaStream_t)stream;
   if (!attention_shape_ok(B, T, C, NH, NKV))
     return;
-  att_dims d = {T, C, NH, NKV, C / NH};
+  att_dims d = {T, C, NH, NKV, C / NH, starts};
   unsigned rows = (unsigned)((size_t)B * NH * T), kv_rows = (unsigned)((size_t)B * NKV * T);
   attention_backward_scores_kernel<<<rows, ATT_THREADS, 0, s>>>(scratch, dout, qkv, att, d);
   if (!WF_CUDA_LAUNCHED("attention_backward_scores_kernel"))

@@ -226,11 +226,11 @@ __device__ __forceinline__ void wf__colsum_store(float acc, float *sh, float *ds
 
 /* ---- attention that keeps (T, T) probabilities (attention_tt.cu), the fallback of the
  * flash-style kernels (flash.cu) for heads larger than they handle ------------------- */
-void wf__cuda_attention_forward_tt(float *out, float *att, const float *qkv, int B, int T, int C,
-                                   int NH, int NKV, wf_stream *stream);
+void wf__cuda_attention_forward_tt(float *out, float *att, const float *qkv, const int *starts,
+                                   int B, int T, int C, int NH, int NKV, wf_stream *stream);
 void wf__cuda_attention_backward_tt(float *dqkv, float *scratch, const float *dout,
-                                    const float *qkv, const float *att, int B, int T, int C, int NH,
-                                    int NKV, wf_stream *stream);
+                                    const float *qkv, const float *att, const int *starts, int B,
+                                    int T, int C, int NH, int NKV, wf_stream *stream);
 
 /* ---- the ops (one .cu per op: wf_kreg.h) ---------------------------------------- */
 

@@ -18,7 +18,10 @@
  *
  * Graphs (b batch, h heads, s = T, d head size; every intermediate is a virtual fp32
  * tensor of (b,h,s,s) or (b,h,s,1) unless said):
- *   forward:  S = Q.K^T; S *= scale; causal mask (row >= col, else the lowest float);
+ *   forward:  S = Q.K^T; S *= scale; causal mask (row >= col, else the lowest float;
+ *             with packed documents also col >= START, START the (b,1,s,1) int32 tensor
+ *             of each row's document start, broadcast over heads and keys: another
+ *             graph, planned and cached apart);
  *             M = rowmax S; E = exp(S - M); Z = rowsum E; Stats = M + log Z (the
  *             output lse); P = E / Z (bf16); O = P.V.
  *   backward: Dsum = rowsum(dO * O) (kept in workspace); S as above, masked;
@@ -358,10 +361,11 @@ desc builder::plan(cudnnHandle_t h, int64_t *workspace, const char *what)
 
 /* ---- the two graphs ---------------------------------------------------------------- */
 
-enum uid { Q = 1, K, V, O, STATS, DO, DQ, DK, DV, SCALE, ONE, NEG, DSUM, DQACC };
+enum uid { Q = 1, K, V, O, STATS, DO, DQ, DK, DV, SCALE, ONE, NEG, DSUM, DQACC, START };
 
 struct shape {
   int64_t b, h, s, d, ld, C;
+  bool docs = false;                                /* the document mask too (START) */
   dims qkv() const { return {s * ld, d, ld, 1}; }   /* Q, K, V, dQ, dK, dV: (b,h,s,d) */
   dims qkv_t() const { return {s * ld, d, 1, ld}; } /* K^T, V^T: (b,h,d,s) */
   dims bhsd() const { return {b, h, s, d}; }
@@ -377,7 +381,8 @@ struct shape {
 const cudnnDataType_t T_F32 = CUDNN_DATA_FLOAT, T_BF16 = CUDNN_DATA_BFLOAT16,
                       T_I32 = CUDNN_DATA_INT32, T_BOOL = CUDNN_DATA_BOOLEAN;
 
-/* S = scale Q.K^T with the causal mask applied: the start of both graphs. */
+/* S = scale Q.K^T with the causal mask applied (and the document mask: keys from the
+ * row's START on): the start of both graphs. */
 desc masked_scores(builder &g, const shape &z, desc q, desc kt, desc scale)
 {
   desc s1 = g.tensor(0, T_F32, z.bhss(), z.ss()), s2 = g.tensor(0, T_F32, z.bhss(), z.ss());
@@ -389,6 +394,14 @@ desc masked_scores(builder &g, const shape &z, desc q, desc kt, desc scale)
   g.pointwise(CUDNN_POINTWISE_GEN_INDEX, T_I32, s2, nullptr, row, nullptr, 2);
   g.pointwise(CUDNN_POINTWISE_GEN_INDEX, T_I32, s2, nullptr, col, nullptr, 3);
   g.pointwise(CUDNN_POINTWISE_CMP_GE, T_BOOL, row, col, mask);
+  if (z.docs) { /* and col >= START[b, row] */
+    desc start = g.tensor(START, T_I32, {z.b, 1, z.s, 1}, {z.s, z.s, 1, 1});
+    desc in_doc = g.tensor(0, T_BOOL, z.bhss(), z.ss()),
+         both = g.tensor(0, T_BOOL, z.bhss(), z.ss());
+    g.pointwise(CUDNN_POINTWISE_CMP_GE, T_BOOL, col, start, in_doc);
+    g.pointwise(CUDNN_POINTWISE_LOGICAL_AND, T_BOOL, mask, in_doc, both);
+    mask = both;
+  }
   g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, T_F32, s2, neg, s3, mask);
   return s3;
 }
@@ -464,6 +477,7 @@ void backward_graph(builder &g, const shape &z)
 
 struct plans {
   int dev, B, T, C, NH;
+  bool docs;
   bool ok;
   char why[256];
   builder fwd, bwd;
@@ -490,11 +504,11 @@ void refusal(int T, int C, int NH, int NKV, char *why, size_t len)
              g_api.version / 10000, g_api.version / 100 % 100);
 }
 
-plans *build(int dev, int B, int T, int C, int NH, cudnnHandle_t h)
+plans *build(int dev, int B, int T, int C, int NH, bool docs, cudnnHandle_t h)
 {
   plans *p = new plans();
-  p->dev = dev, p->B = B, p->T = T, p->C = C, p->NH = NH;
-  shape z = {B, NH, T, C / NH, 3 * (int64_t)C, C};
+  p->dev = dev, p->B = B, p->T = T, p->C = C, p->NH = NH, p->docs = docs;
+  shape z = {B, NH, T, C / NH, 3 * (int64_t)C, C, docs};
   forward_graph(p->fwd, z);
   p->fwd_plan = p->fwd.plan(h, &p->fwd_ws, "forward");
   if (p->fwd.ok) {
@@ -513,13 +527,13 @@ plans *build(int dev, int B, int T, int C, int NH, cudnnHandle_t h)
 }
 
 /* The cached plans of a shape on the current device, built if new; g_lock held. */
-plans *plans_of(int B, int T, int C, int NH, char *why, size_t len)
+plans *plans_of(int B, int T, int C, int NH, bool docs, char *why, size_t len)
 {
   int dev = 0;
   cudaGetDevice(&dev);
   for (int i = 0; i < g_nplans; i++) {
     plans *p = g_plans[i];
-    if (p->dev == dev && p->B == B && p->T == T && p->C == C && p->NH == NH)
+    if (p->dev == dev && p->B == B && p->T == T && p->C == C && p->NH == NH && p->docs == docs)
       return p;
   }
   cudnnHandle_t h = handle_of(why, len);
@@ -528,7 +542,7 @@ plans *plans_of(int B, int T, int C, int NH, char *why, size_t len)
       snprintf(why, len, "more than %d attention shapes", MAX_PLANS);
     return nullptr;
   }
-  plans *p = build(dev, B, T, C, NH, h);
+  plans *p = build(dev, B, T, C, NH, docs, h);
   g_plans[g_nplans++] = p;
   return p;
 }
@@ -571,10 +585,10 @@ void run(desc plan, int64_t ws, const int64_t *uids, void *const *ptrs, int n, c
     WF_CUDA_OK(cudaFreeAsync(work, s));
 }
 
-plans *ready(int B, int T, int C, int NH, int NKV, const char *what)
+plans *ready(int B, int T, int C, int NH, int NKV, bool docs, const char *what)
 {
   char why[256] = "kv heads differ from heads";
-  plans *p = NKV == NH ? plans_of(B, T, C, NH, why, sizeof why) : nullptr;
+  plans *p = NKV == NH ? plans_of(B, T, C, NH, docs, why, sizeof why) : nullptr;
   if (!p || !p->ok) { /* attention_impl.cu asked wf__cudnn_sdpa_accepts first */
     WF_ERROR("%s: no cuDNN plan for B %d, T %d, C %d, %d heads: %s", what, B, T, C, NH,
              p ? p->why : why);
@@ -586,38 +600,39 @@ plans *ready(int B, int T, int C, int NH, int NKV, const char *what)
 
 } /* namespace */
 
-bool wf__cudnn_sdpa_accepts(int B, int T, int C, int NH, int NKV, char *why, size_t len)
+bool wf__cudnn_sdpa_accepts(int B, int T, int C, int NH, int NKV, bool docs, char *why, size_t len)
 {
   std::lock_guard<std::mutex> guard(g_lock);
   refusal(T, C, NH, NKV, why, len);
   if (why[0])
     return false;
-  plans *p = plans_of(B, T, C, NH, why, len);
+  plans *p = plans_of(B, T, C, NH, docs, why, len);
   if (p && !p->ok)
     snprintf(why, len, "cuDNN %zu: %s", g_api.version, p->why);
   return p && p->ok;
 }
 
-void wf__cudnn_sdpa_forward(wf_bf16 *out, float *lse, const wf_bf16 *qkv, int B, int T, int C,
-                            int NH, int NKV, cudaStream_t s)
+void wf__cudnn_sdpa_forward(wf_bf16 *out, float *lse, const wf_bf16 *qkv, const int *starts, int B,
+                            int T, int C, int NH, int NKV, cudaStream_t s)
 {
   std::lock_guard<std::mutex> guard(g_lock);
-  plans *p = ready(B, T, C, NH, NKV, "cuDNN attention forward");
+  plans *p = ready(B, T, C, NH, NKV, starts != nullptr, "cuDNN attention forward");
   if (!p)
     return;
   float scale = 1.0f / sqrtf((float)(C / NH)), neg = g_api.version < 91000 ? -FLT_MAX : -INFINITY;
   wf_bf16 *x = const_cast<wf_bf16 *>(qkv);
-  const int64_t uids[] = {Q, K, V, O, STATS, SCALE, NEG};
-  void *const ptrs[] = {x, x + C, x + 2 * (size_t)C, out, lse, &scale, &neg};
-  run(p->fwd_plan, p->fwd_ws, uids, ptrs, 7, s, "cuDNN attention forward");
+  const int64_t uids[] = {Q, K, V, O, STATS, SCALE, NEG, START};
+  void *const ptrs[] = {x,      x + C, x + 2 * (size_t)C,        out, lse,
+                        &scale, &neg,  const_cast<int *>(starts)};
+  run(p->fwd_plan, p->fwd_ws, uids, ptrs, starts ? 8 : 7, s, "cuDNN attention forward");
 }
 
 void wf__cudnn_sdpa_backward(wf_bf16 *dqkv, const wf_bf16 *dout, const wf_bf16 *qkv,
-                             const wf_bf16 *out, const float *lse, int B, int T, int C, int NH,
-                             int NKV, cudaStream_t s)
+                             const wf_bf16 *out, const float *lse, const int *starts, int B, int T,
+                             int C, int NH, int NKV, cudaStream_t s)
 {
   std::lock_guard<std::mutex> guard(g_lock);
-  plans *p = ready(B, T, C, NH, NKV, "cuDNN attention backward");
+  plans *p = ready(B, T, C, NH, NKV, starts != nullptr, "cuDNN attention backward");
   if (!p)
     return;
   size_t rows = (size_t)B * NH * T, dsum_bytes = (rows * sizeof(float) + 255) & ~(size_t)255;
@@ -631,7 +646,7 @@ void wf__cudnn_sdpa_backward(wf_bf16 *dqkv, const wf_bf16 *dout, const wf_bf16 *
     float neg = g_api.version < 91000 ? -FLT_MAX : -INFINITY;
     wf_bf16 *x = const_cast<wf_bf16 *>(qkv), *dy = const_cast<wf_bf16 *>(dout);
     wf_bf16 *y = const_cast<wf_bf16 *>(out);
-    const int64_t uids[] = {Q, K, V, O, STATS, DO, DQ, DK, DV, SCALE, ONE, NEG, DSUM, DQACC};
+    const int64_t uids[] = {Q, K, V, O, STATS, DO, DQ, DK, DV, SCALE, ONE, NEG, DSUM, DQACC, START};
     void *const ptrs[] = {x,
                           x + C,
                           x + 2 * (size_t)C,
@@ -645,8 +660,9 @@ void wf__cudnn_sdpa_backward(wf_bf16 *dqkv, const wf_bf16 *dout, const wf_bf16 *
                           &one,
                           &neg,
                           mem,
-                          mem + dsum_bytes};
-    run(p->bwd_plan, p->bwd_ws, uids, ptrs, 14, s, "cuDNN attention backward");
+                          mem + dsum_bytes,
+                          const_cast<int *>(starts)};
+    run(p->bwd_plan, p->bwd_ws, uids, ptrs, starts ? 15 : 14, s, "cuDNN attention backward");
   }
   WF_CUDA_OK(cudaFreeAsync(mem, s));
 }

@@ -21,6 +21,11 @@
  * D is computed from the probabilities, not from the output (dout . out), so it is exact
  * even where the model rounded the attention output in place for a bf16 GEMM.
  *
+ * Documents (attention.h's starts, (B,T) or NULL): query i attends to keys [start_i, i].
+ * A query block's key tiles begin at the tile of its first row's start (starts rise
+ * along a row), each thread masks the keys before its own start, and backward 2 stops
+ * walking queries once their starts pass the block's last key.
+ *
  * Head sizes up to 128 use these kernels (templated on a bound for the per-thread
  * arrays); larger ones fall back to attention_tt.cu, which keeps (T, T) probabilities, and
  * the buffer sizes below say so.
@@ -56,27 +61,34 @@ size_t wf__attn32_scratch(int B, int T, int C, int NH)
 /* Where the geometry of one (b, h) lives. */
 struct head {
   const float *qkv; /* (T, ld) rows of batch b */
+  const int *st;    /* (T) batch b's document starts, or NULL */
   int T, C, hs, ld; /* ld = C + 2 NKV hs */
   int col[3];       /* first column of query head h's q, of its kv head's k and v */
   int off;          /* col[0] = h * hs, where the head's out and dout live */
 };
 
-__device__ static head head_of(const float *qkv, int T, int C, int NH, int NKV, int b, int h)
+__device__ static head head_of(const float *qkv, const int *starts, int T, int C, int NH, int NKV,
+                               int b, int h)
 {
   head g;
   int hs = C / NH, kvh = h / (NH / NKV);
   g.ld = C + 2 * NKV * hs;
   g.qkv = qkv + (size_t)b * T * g.ld;
+  g.st = starts ? starts + (size_t)b * T : nullptr;
   g.T = T, g.C = C, g.hs = hs, g.off = h * hs;
   g.col[0] = h * hs, g.col[1] = C + kvh * hs, g.col[2] = C + (NKV + kvh) * hs;
   return g;
 }
 
 /* (b, h) of query-head block y of a (B * NH) grid. */
-__device__ static head head_of_block(const float *qkv, int T, int C, int NH, int NKV, unsigned y)
+__device__ static head head_of_block(const float *qkv, const int *starts, int T, int C, int NH,
+                                     int NKV, unsigned y)
 {
-  return head_of(qkv, T, C, NH, NKV, (int)(y / (unsigned)NH), (int)(y % (unsigned)NH));
+  return head_of(qkv, starts, T, C, NH, NKV, (int)(y / (unsigned)NH), (int)(y % (unsigned)NH));
 }
+
+/* The first key query i attends to: its document's start, or 0. */
+__device__ static int first_key(const head &g, int i) { return g.st ? g.st[i] : 0; }
 
 /* Element d of part (0 q, 1 k, 2 v) at time t. */
 __device__ static float at(const head &g, int part, int t, int d)
@@ -107,25 +119,26 @@ __device__ static float dot_row(const float *x, const float (*tile)[HS], int j, 
 
 /* out (B,T,C), lse (B,NH,T); grid (ceil(T / BR), B * NH), block BR */
 template <int HS>
-__global__ static void flash_forward_kernel(float *out, float *lse, const float *qkv, int T, int C,
-                                            int NH, int NKV)
+__global__ static void flash_forward_kernel(float *out, float *lse, const float *qkv,
+                                            const int *starts, int T, int C, int NH, int NKV)
 {
   __shared__ float ks[BC][HS], vs[BC][HS];
-  head g = head_of_block(qkv, T, C, NH, NKV, blockIdx.y);
+  head g = head_of_block(qkv, starts, T, C, NH, NKV, blockIdx.y);
   const float scale = rsqrtf((float)g.hs);
   int q0 = (int)blockIdx.x * BR, i = q0 + (int)threadIdx.x, last = min(q0 + BR, T) - 1;
   bool live = i < T;
+  int lo = live ? first_key(g, i) : 0, k_first = first_key(g, q0) / BC * BC;
   float q[HS], o[HS], m = -INFINITY, l = 0.0f;
   for (int d = 0; d < g.hs; d++) {
     q[d] = live ? at(g, 0, i, d) * scale : 0.0f;
     o[d] = 0.0f;
   }
-  for (int k0 = 0; k0 <= last; k0 += BC) {
+  for (int k0 = k_first; k0 <= last; k0 += BC) {
     load_tiles<HS>(ks, vs, g, 1, 2, k0);
     __syncthreads();
     float s[BC], mt = -INFINITY;
     for (int j = 0; j < BC; j++) {
-      s[j] = live && k0 + j <= i ? dot_row<HS>(q, ks, j, g.hs) : -INFINITY;
+      s[j] = live && k0 + j <= i && k0 + j >= lo ? dot_row<HS>(q, ks, j, g.hs) : -INFINITY;
       mt = fmaxf(mt, s[j]);
     }
     if (mt > -INFINITY) { /* one rescale per tile, then the tile's terms */
@@ -157,15 +170,16 @@ __global__ static void flash_forward_kernel(float *out, float *lse, const float 
 /* Backward 1: D (B,NH,T) and dq; grid and block as the forward. */
 template <int HS>
 __global__ static void flash_backward_dq_kernel(float *dqkv, float *D, const float *dout,
-                                                const float *qkv, const float *lse, int T, int C,
-                                                int NH, int NKV)
+                                                const float *qkv, const float *lse,
+                                                const int *starts, int T, int C, int NH, int NKV)
 {
   __shared__ float ks[BC][HS], vs[BC][HS];
-  head g = head_of_block(qkv, T, C, NH, NKV, blockIdx.y);
+  head g = head_of_block(qkv, starts, T, C, NH, NKV, blockIdx.y);
   const float scale = rsqrtf((float)g.hs);
   int b = (int)(blockIdx.y / (unsigned)NH);
   int q0 = (int)blockIdx.x * BR, i = q0 + (int)threadIdx.x, last = min(q0 + BR, T) - 1;
   bool live = i < T;
+  int lo = live ? first_key(g, i) : 0, k_first = first_key(g, q0) / BC * BC;
   float q[HS], dy[HS], dq[HS], Li = live ? lse[(size_t)blockIdx.y * T + i] : 0.0f, Di = 0.0f;
   for (int d = 0; d < g.hs; d++) {
     q[d] = live ? at(g, 0, i, d) * scale : 0.0f;
@@ -173,10 +187,12 @@ __global__ static void flash_backward_dq_kernel(float *dqkv, float *D, const flo
     dq[d] = 0.0f;
   }
   for (int pass = 0; pass < 2; pass++) { /* pass 0: D_i; pass 1: dq_i */
-    for (int k0 = 0; k0 <= last; k0 += BC) {
+    for (int k0 = k_first; k0 <= last; k0 += BC) {
       load_tiles<HS>(ks, vs, g, 1, 2, k0);
       __syncthreads();
       for (int j = 0; live && j < BC && k0 + j <= i; j++) {
+        if (k0 + j < lo)
+          continue; /* a key of an earlier document */
         float p = expf(dot_row<HS>(q, ks, j, g.hs) - Li), dp = dot_row<HS>(dy, vs, j, g.hs);
         if (pass == 0) {
           Di += p * dp;
@@ -202,11 +218,14 @@ __global__ static void flash_backward_dq_kernel(float *dqkv, float *D, const flo
 template <int HS>
 __device__ __forceinline__ static void
 dkv_of_head(float *dk, float *dv, const float *k, const float *v, float (*qs)[HS], float (*dys)[HS],
-            float *Ls, float *Ds, const head &g, const float *D, const float *dout,
+            float *Ls, float *Ds, int *Ss, const head &g, const float *D, const float *dout,
             const float *lse, size_t bh, int b, int j0, int j, bool live)
 {
   const float scale = rsqrtf((float)g.hs);
+  const int j_last = min(j0 + BR, g.T) - 1;         /* the block's last key */
   for (int i0 = j0 / BC * BC; i0 < g.T; i0 += BC) { /* queries i >= j */
+    if (first_key(g, i0) > j_last)
+      break; /* these queries and all later ones start after every key of the block */
     for (int e = threadIdx.x; e < BC * g.hs; e += blockDim.x) {
       int r = e / g.hs, d = e % g.hs, t = i0 + r;
       qs[r][d] = t < g.T ? at(g, 0, t, d) * scale : 0.0f;
@@ -216,11 +235,12 @@ dkv_of_head(float *dk, float *dv, const float *k, const float *v, float (*qs)[HS
       int t = i0 + r;
       Ls[r] = t < g.T ? lse[bh * g.T + t] : 0.0f;
       Ds[r] = t < g.T ? D[bh * g.T + t] : 0.0f;
+      Ss[r] = t < g.T ? first_key(g, t) : 0;
     }
     __syncthreads();
     for (int r = 0; live && r < BC; r++) {
       int t = i0 + r;
-      if (t < j || t >= g.T)
+      if (t < j || t >= g.T || Ss[r] > j)
         continue;
       float p = expf(dot_row<HS>(k, qs, r, g.hs) - Ls[r]), dp = dot_row<HS>(v, dys, r, g.hs);
       float ds = p * (dp - Ds[r]);
@@ -237,14 +257,15 @@ dkv_of_head(float *dk, float *dv, const float *k, const float *v, float (*qs)[HS
  * heads in head order; grid (ceil(T / BR), B * NKV), block BR. */
 template <int HS>
 __global__ static void flash_backward_dkv_kernel(float *dqkv, const float *D, const float *dout,
-                                                 const float *qkv, const float *lse, int T, int C,
-                                                 int NH, int NKV)
+                                                 const float *qkv, const float *lse,
+                                                 const int *starts, int T, int C, int NH, int NKV)
 {
   __shared__ float qs[BC][HS], dys[BC][HS];
   __shared__ float Ls[BC], Ds[BC];
+  __shared__ int Ss[BC];
   const int G = NH / NKV, b = (int)(blockIdx.y / (unsigned)NKV);
   const int kvh = (int)(blockIdx.y % (unsigned)NKV);
-  head g = head_of(qkv, T, C, NH, NKV, b, kvh * G); /* the group's first query head */
+  head g = head_of(qkv, starts, T, C, NH, NKV, b, kvh * G); /* the group's first query head */
   int j0 = (int)blockIdx.x * BR, j = j0 + (int)threadIdx.x;
   bool live = j < T;
   float k[HS], v[HS], dk[HS], dv[HS];
@@ -254,9 +275,9 @@ __global__ static void flash_backward_dkv_kernel(float *dqkv, const float *D, co
     dk[d] = dv[d] = 0.0f;
   }
   for (int h = kvh * G; h < (kvh + 1) * G; h++) {
-    head gh = head_of(qkv, T, C, NH, NKV, b, h);
-    dkv_of_head<HS>(dk, dv, k, v, qs, dys, Ls, Ds, gh, D, dout, lse, (size_t)b * NH + h, b, j0, j,
-                    live);
+    head gh = head_of(qkv, starts, T, C, NH, NKV, b, h);
+    dkv_of_head<HS>(dk, dv, k, v, qs, dys, Ls, Ds, Ss, gh, D, dout, lse, (size_t)b * NH + h, b, j0,
+                    j, live);
   }
   if (!live)
     return;
@@ -275,40 +296,43 @@ static bool shape_ok(int B, int T, int C, int NH, int NKV)
 /* The smallest instantiated head-size bound that holds hs. */
 static int bound_of(int hs) { return hs <= 32 ? 32 : hs <= 64 ? 64 : 128; }
 
-void wf__attn32_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
-                        int NKV, wf_stream *stream)
+void wf__attn32_forward(float *out, float *att, const float *qkv, const int *starts, int B, int T,
+                        int C, int NH, int NKV, wf_stream *stream)
 {
   cudaStream_t s = (cudaStream_t)stream;
   if (!shape_ok(B, T, C, NH, NKV))
     return;
   if (!flash_fits(C, NH)) {
-    wf__cuda_attention_forward_tt(out, att, qkv, B, T, C, NH, NKV, stream);
+    wf__cuda_attention_forward_tt(out, att, qkv, starts, B, T, C, NH, NKV, stream);
     return;
   }
   dim3 grid((unsigned)((T + BR - 1) / BR), (unsigned)(B * NH));
+  const int *st = starts;
   switch (bound_of(C / NH)) {
-  case 32: flash_forward_kernel<32><<<grid, BR, 0, s>>>(out, att, qkv, T, C, NH, NKV); break;
-  case 64: flash_forward_kernel<64><<<grid, BR, 0, s>>>(out, att, qkv, T, C, NH, NKV); break;
-  default: flash_forward_kernel<128><<<grid, BR, 0, s>>>(out, att, qkv, T, C, NH, NKV); break;
+  case 32: flash_forward_kernel<32><<<grid, BR, 0, s>>>(out, att, qkv, st, T, C, NH, NKV); break;
+  case 64: flash_forward_kernel<64><<<grid, BR, 0, s>>>(out, att, qkv, st, T, C, NH, NKV); break;
+  default: flash_forward_kernel<128><<<grid, BR, 0, s>>>(out, att, qkv, st, T, C, NH, NKV); break;
   }
   WF_CUDA_LAUNCHED("flash_forward_kernel");
 }
 
 template <int HS>
 static bool backward_launch(float *dqkv, float *D, const float *dout, const float *qkv,
-                            const float *lse, int B, int T, int C, int NH, int NKV, cudaStream_t s)
+                            const float *lse, const int *st, int B, int T, int C, int NH, int NKV,
+                            cudaStream_t s)
 {
   dim3 grid_q((unsigned)((T + BR - 1) / BR), (unsigned)(B * NH));
-  flash_backward_dq_kernel<HS><<<grid_q, BR, 0, s>>>(dqkv, D, dout, qkv, lse, T, C, NH, NKV);
+  flash_backward_dq_kernel<HS><<<grid_q, BR, 0, s>>>(dqkv, D, dout, qkv, lse, st, T, C, NH, NKV);
   if (!WF_CUDA_LAUNCHED("flash_backward_dq_kernel"))
     return false;
   dim3 grid_kv((unsigned)((T + BR - 1) / BR), (unsigned)(B * NKV));
-  flash_backward_dkv_kernel<HS><<<grid_kv, BR, 0, s>>>(dqkv, D, dout, qkv, lse, T, C, NH, NKV);
+  flash_backward_dkv_kernel<HS><<<grid_kv, BR, 0, s>>>(dqkv, D, dout, qkv, lse, st, T, C, NH, NKV);
   return WF_CUDA_LAUNCHED("flash_backward_dkv_kernel");
 }
 
 void wf__attn32_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
-                         const float *att, int B, int T, int C, int NH, int NKV, wf_stream *stream)
+                         const float *att, const int *starts, int B, int T, int C, int NH, int NKV,
+                         wf_stream *stream)
 {
   cudaStream_t s = (cudaStream_t)stream;
   if (!shape_ok(B, T, C, NH, NKV))
@@ -317,12 +341,13 @@ void wf__attn32_backward(float *dqkv, float *scratch, const float *dout, const f
   if (!WF_CUDA_OK(cudaMemsetAsync(dqkv, 0, nx * sizeof *dqkv, s)))
     return;
   if (!flash_fits(C, NH)) {
-    wf__cuda_attention_backward_tt(dqkv, scratch, dout, qkv, att, B, T, C, NH, NKV, stream);
+    wf__cuda_attention_backward_tt(dqkv, scratch, dout, qkv, att, starts, B, T, C, NH, NKV, stream);
     return;
   }
+  const int *st = starts;
   switch (bound_of(C / NH)) {
-  case 32: backward_launch<32>(dqkv, scratch, dout, qkv, att, B, T, C, NH, NKV, s); break;
-  case 64: backward_launch<64>(dqkv, scratch, dout, qkv, att, B, T, C, NH, NKV, s); break;
-  default: backward_launch<128>(dqkv, scratch, dout, qkv, att, B, T, C, NH, NKV, s); break;
+  case 32: backward_launch<32>(dqkv, scratch, dout, qkv, att, st, B, T, C, NH, NKV, s); break;
+  case 64: backward_launch<64>(dqkv, scratch, dout, qkv, att, st, B, T, C, NH, NKV, s); break;
+  default: backward_launch<128>(dqkv, scratch, dout, qkv, att, st, B, T, C, NH, NKV, s); break;
   }
 }

@@ -30,7 +30,11 @@
  * gradient depend on the order blocks finish.
  *
  * Bounds: rows at or past T load as zeros and are never stored; scores of keys past T
- * or after the query are -inf in the forward and probabilities 0 in the backward. The
+ * or after the query are -inf in the forward and probabilities 0 in the backward.
+ * Documents (attention.h's starts, (B,T) or NULL): so are keys before the query's
+ * document start; a query tile's key tiles begin at the tile of its first row's start
+ * (starts rise along a row), and kernel 2 stops at the first query tile whose first
+ * row's start is past its keys (every later query starts later still). The
  * launchers check what the kernels assume: hs 64 or 128, NKV dividing NH, B*NH within a
  * grid's y dimension; the caller (attention_impl.cu) asks flash16_applies first.
  *
@@ -100,10 +104,12 @@ __device__ __forceinline__ void softmax_rows(float (&s)[NS][4], float (&o)[NO][4
   }
 }
 
-/* Scores of keys after the query or at/after T become -inf; (row0, col0) is the tile's
- * top-left element in the (T, T) score matrix. */
+/* Scores of keys after the query, at/after T or before the query's document start lo
+ * (the thread's rows g and g + 8) become -inf; (row0, col0) is the tile's top-left element
+ * in the (T, T) score matrix. */
 template <int NS>
-__device__ __forceinline__ void mask_scores(float (&s)[NS][4], int row0, int col0, int T)
+__device__ __forceinline__ void mask_scores(float (&s)[NS][4], int row0, int col0, int T,
+                                            const int (&lo)[2])
 {
   const int l = threadIdx.x % 32, g = l >> 2, q = l & 3;
 #pragma unroll
@@ -111,9 +117,20 @@ __device__ __forceinline__ void mask_scores(float (&s)[NS][4], int row0, int col
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       int row = row0 + g + (e >> 1) * 8, col = col0 + n * 8 + 2 * q + (e & 1);
-      if (col > row || col >= T)
+      if (col > row || col >= T || col < lo[e >> 1])
         s[n][e] = -INFINITY;
     }
+}
+
+/* The document starts of the thread's rows g and g + 8 of the warp's 16 from row0 (0
+ * without documents, or past T). */
+__device__ __forceinline__ void row_starts(int (&lo)[2], const int *st, int row0, int T)
+{
+  const int g = (int)(threadIdx.x % 32) >> 2;
+  for (int r = 0; r < 2; r++) {
+    int row = row0 + g + 8 * r;
+    lo[r] = st && row < T ? st[row] : 0;
+  }
 }
 
 /* s (16 x BC per warp) += A B^T: A (16 x HS) as fragments in registers (Q, dO), B
@@ -181,20 +198,25 @@ __device__ __forceinline__ void forward_store(bf16 *out, float *lse, bf16 *ks,
 /* out (B,T,C), lse (B,NH,T); grid (ceil(T / 64), B * NH), block NTHREADS. */
 template <int HS>
 __global__ void __launch_bounds__(NTHREADS)
-    flash16_forward_kernel(bf16 *out, float *lse, const bf16 *qkv, int T, int C, int NH, int NKV)
+    flash16_forward_kernel(bf16 *out, float *lse, const bf16 *qkv, const int *starts, int T, int C,
+                           int NH, int NKV)
 {
   constexpr int BR = 64, BC = 64, P = HS + WF_TILE_PAD;
   __shared__ __align__(16) bf16 ks[BC * P];
   __shared__ __align__(16) bf16 vs[BC * P]; /* holds Q first */
-  const int h = (int)blockIdx.y % NH;
-  const heads x = heads_of(qkv, T, C, NKV, HS, (int)blockIdx.y / NH, h, h / (NH / NKV));
+  const int h = (int)blockIdx.y % NH, b = (int)blockIdx.y / NH;
+  const heads x = heads_of(qkv, T, C, NKV, HS, b, h, h / (NH / NKV));
   const int q0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR; /* heaviest tiles first */
   const int warp = (int)threadIdx.x / 32, r0 = q0 + warp * 16;
   const float sl2 = rsqrtf((float)HS) * LOG2E;
+  const int *st = starts ? starts + (size_t)b * T : nullptr;
+  const int t0 = st ? st[q0] / BC : 0; /* the first key tile any row of the block sees */
+  int lo[2];
+  row_starts(lo, st, r0, T);
 
   wf__load_rows<BR, HS, NTHREADS>(vs, x.q, x.ld, q0, T);
   wf__cp_commit();
-  wf__load_rows<BC, HS, NTHREADS>(ks, x.k, x.ld, 0, T);
+  wf__load_rows<BC, HS, NTHREADS>(ks, x.k, x.ld, t0 * BC, T);
   wf__cp_commit();
   wf__cp_wait<1>(); /* Q */
   __syncthreads();
@@ -203,12 +225,12 @@ __global__ void __launch_bounds__(NTHREADS)
   for (int kk = 0; kk < HS / 16; kk++)
     wf__ldsm4(qf[kk], wf__frag_a(vs, P, warp * 16, kk * 16));
   __syncthreads(); /* every warp has its Q before V overwrites it */
-  wf__load_rows<BC, HS, NTHREADS>(vs, x.v, x.ld, 0, T);
+  wf__load_rows<BC, HS, NTHREADS>(vs, x.v, x.ld, t0 * BC, T);
   wf__cp_commit();
 
   float o[HS / 8][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const int ntiles = (min(q0 + BR, T) - 1) / BC + 1; /* keys up to the tile's last row */
-  for (int t = 0; t < ntiles; t++) {
+  for (int t = t0; t < ntiles; t++) {
     const int k0 = t * BC;
     wf__cp_wait<1>(); /* K_t (V_t may still be in flight) */
     __syncthreads();
@@ -220,8 +242,8 @@ __global__ void __launch_bounds__(NTHREADS)
       wf__load_rows<BC, HS, NTHREADS>(ks, x.k, x.ld, k0 + BC, T);
       wf__cp_commit();
     }
-    if (k0 + BC - 1 > r0 || k0 + BC > T)
-      mask_scores(s, r0, k0, T);
+    if (st || k0 + BC - 1 > r0 || k0 + BC > T)
+      mask_scores(s, r0, k0, T, lo);
     softmax_rows(s, o, m[0], l[0], 0, sl2);
     softmax_rows(s, o, m[1], l[1], 1, sl2);
     acc_pb<HS, BC>(o, s, vs);
@@ -270,11 +292,12 @@ __global__ void flash16_dot_kernel(float *D, const bf16 *dout, const bf16 *out, 
 }
 
 /* Probabilities p = exp(scale s - lse) of a warp's transposed score tiles sT (rows: keys
- * from row0, columns: queries from col0), 0 where the query precedes the key or is past
- * T; lse_s holds the tile's queries' lse. */
+ * from row0, columns: queries from col0), 0 where the query precedes the key, is past T
+ * or starts its document after the key; lse_s and st_s hold the tile's queries' lse and
+ * document starts. */
 template <int NS>
 __device__ __forceinline__ void probs_t(float (&sT)[NS][4], int row0, int col0, int T,
-                                        const float *lse_s, float sl2)
+                                        const float *lse_s, const int *st_s, float sl2)
 {
   const int l = threadIdx.x % 32, g = l >> 2, q = l & 3;
 #pragma unroll
@@ -282,15 +305,17 @@ __device__ __forceinline__ void probs_t(float (&sT)[NS][4], int row0, int col0, 
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       int key = row0 + g + (e >> 1) * 8, c = n * 8 + 2 * q + (e & 1), query = col0 + c;
-      sT[n][e] = query < key || query >= T ? 0.0f : exp2f(fmaf(sT[n][e], sl2, -lse_s[c] * LOG2E));
+      sT[n][e] = query < key || query >= T || key < st_s[c]
+                     ? 0.0f
+                     : exp2f(fmaf(sT[n][e], sl2, -lse_s[c] * LOG2E));
     }
 }
 
 /* Shared memory of the dK/dV kernel: the block's K and V tiles, the current query
- * tile's Q and dO, its lse and D. */
+ * tile's Q and dO, its lse, D and document starts. */
 template <int HS> struct dkv_smem {
   static constexpr int BC = 64, BQ = HS == 128 ? 32 : 64, P = HS + WF_TILE_PAD;
-  static constexpr size_t bytes = (size_t)(2 * BC + 2 * BQ) * P * sizeof(bf16) + 2 * BQ * 4;
+  static constexpr size_t bytes = (size_t)(2 * BC + 2 * BQ) * P * sizeof(bf16) + 3 * BQ * 4;
 };
 
 /* Products of one query tile for the warp's 16 keys: dV += P^T dO, dK += dS^T Q. */
@@ -298,7 +323,7 @@ template <int HS>
 __device__ __forceinline__ void dkv_tile(float (&dk)[HS / 8][4], float (&dv)[HS / 8][4],
                                          const bf16 *ks, const bf16 *vs, const bf16 *qs,
                                          const bf16 *dos, const float *lse_s, const float *D_s,
-                                         int key0, int q0, int T, float sl2)
+                                         const int *st_s, int key0, int q0, int T, float sl2)
 {
   using S = dkv_smem<HS>;
   constexpr int BQ = S::BQ, P = S::P, NS = BQ / 8;
@@ -320,7 +345,7 @@ __device__ __forceinline__ void dkv_tile(float (&dk)[HS / 8][4], float (&dv)[HS 
       wf__mma(dpT[2 * np + 1], va, df[2], df[3]);
     }
   }
-  probs_t(sT, key0 + warp * 16, q0, T, lse_s, sl2);
+  probs_t(sT, key0 + warp * 16, q0, T, lse_s, st_s, sl2);
 #pragma unroll
   for (int n = 0; n < NS; n++)
 #pragma unroll
@@ -335,7 +360,7 @@ __device__ __forceinline__ void dkv_tile(float (&dk)[HS / 8][4], float (&dv)[HS 
 template <int HS>
 __global__ void __launch_bounds__(NTHREADS)
     flash16_dkv_kernel(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float *lse,
-                       const float *D, int T, int C, int NH, int NKV)
+                       const float *D, const int *starts, int T, int C, int NH, int NKV)
 {
   using S = dkv_smem<HS>;
   constexpr int BC = S::BC, BQ = S::BQ, P = S::P;
@@ -343,7 +368,9 @@ __global__ void __launch_bounds__(NTHREADS)
   bf16 *ks = reinterpret_cast<bf16 *>(smem), *vs = ks + BC * P, *qs = vs + BC * P;
   bf16 *dos = qs + BQ * P;
   float *lse_s = reinterpret_cast<float *>(dos + BQ * P), *D_s = lse_s + BQ;
+  int *st_s = reinterpret_cast<int *>(D_s + BQ);
   const int b = (int)blockIdx.y / NKV, j = (int)blockIdx.y % NKV, G = NH / NKV;
+  const int *st = starts ? starts + (size_t)b * T : nullptr;
   const int key0 = (int)blockIdx.x * BC, warp = (int)threadIdx.x / 32;
   const float scale = rsqrtf((float)HS), sl2 = scale * LOG2E;
   heads x = heads_of(qkv, T, C, NKV, HS, b, j * G, j);
@@ -356,17 +383,20 @@ __global__ void __launch_bounds__(NTHREADS)
     const bf16 *dg = dout + (size_t)b * T * C + (size_t)h * HS;
     const float *lh = lse + ((size_t)b * NH + h) * T, *Dh = D + ((size_t)b * NH + h) * T;
     for (int q0 = key0 / BQ * BQ; q0 < T; q0 += BQ) {
-      __syncthreads(); /* the previous tile's qs, dos, lse_s, D_s are read */
+      if (st && st[q0] > key0 + BC - 1)
+        break;         /* these queries, and every later one, start after all the block's keys */
+      __syncthreads(); /* the previous tile's qs, dos, lse_s, D_s, st_s are read */
       wf__load_rows<BQ, HS, NTHREADS>(qs, qg, x.ld, q0, T);
       wf__load_rows<BQ, HS, NTHREADS>(dos, dg, (size_t)C, q0, T);
       wf__cp_commit();
       for (int r = (int)threadIdx.x; r < BQ; r += NTHREADS) {
         lse_s[r] = q0 + r < T ? lh[q0 + r] : 0.0f;
         D_s[r] = q0 + r < T ? Dh[q0 + r] : 0.0f;
+        st_s[r] = st && q0 + r < T ? st[q0 + r] : 0;
       }
       wf__cp_wait<0>();
       __syncthreads();
-      dkv_tile<HS>(dk, dv, ks, vs, qs, dos, lse_s, D_s, key0, q0, T, sl2);
+      dkv_tile<HS>(dk, dv, ks, vs, qs, dos, lse_s, D_s, st_s, key0, q0, T, sl2);
     }
   }
   __syncthreads(); /* ks and vs become the output tiles; each warp writes its 16 rows */
@@ -390,7 +420,7 @@ template <int HS>
 __device__ __forceinline__ void dq_tile(float (&dq)[HS / 8][4], const unsigned (&qf)[HS / 16][4],
                                         const unsigned (&df)[HS / 16][4], const bf16 *ks,
                                         const bf16 *vs, const float (&L)[2], const float (&Dr)[2],
-                                        int row0, int k0, int T, float sl2)
+                                        const int (&lo)[2], int row0, int k0, int T, float sl2)
 {
   using S = dq_smem<HS>;
   constexpr int BK = S::BK, NS = BK / 8;
@@ -403,7 +433,8 @@ __device__ __forceinline__ void dq_tile(float (&dq)[HS / 8][4], const unsigned (
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       int r = e >> 1, query = row0 + g + 8 * r, key = k0 + n * 8 + 2 * q + (e & 1);
-      float p = key > query || key >= T ? 0.0f : exp2f(fmaf(s[n][e], sl2, -L[r] * LOG2E));
+      float p =
+          key > query || key >= T || key < lo[r] ? 0.0f : exp2f(fmaf(s[n][e], sl2, -L[r] * LOG2E));
       dp[n][e] = p * (dp[n][e] - Dr[r]); /* dS */
     }
   acc_pb<HS, BK>(dq, dp, ks);
@@ -414,7 +445,7 @@ __device__ __forceinline__ void dq_tile(float (&dq)[HS / 8][4], const unsigned (
 template <int HS>
 __global__ void __launch_bounds__(NTHREADS)
     flash16_dq_kernel(bf16 *dqkv, const bf16 *dout, const bf16 *qkv, const float *lse,
-                      const float *D, int T, int C, int NH, int NKV)
+                      const float *D, const int *starts, int T, int C, int NH, int NKV)
 {
   using S = dq_smem<HS>;
   constexpr int BR = S::BR, BK = S::BK, P = S::P;
@@ -427,6 +458,9 @@ __global__ void __launch_bounds__(NTHREADS)
   const int row0 = q0 + warp * 16;
   const float scale = rsqrtf((float)HS), sl2 = scale * LOG2E;
   const heads x = heads_of(qkv, T, C, NKV, HS, b, h, h / (NH / NKV));
+  const int *st = starts ? starts + (size_t)b * T : nullptr;
+  int lo[2];
+  row_starts(lo, st, row0, T);
   wf__load_rows<BR, HS, NTHREADS>(qs, x.q, x.ld, q0, T);
   wf__load_rows<BR, HS, NTHREADS>(dos, dout + (size_t)b * T * C + (size_t)h * HS, (size_t)C, q0, T);
   wf__cp_commit();
@@ -446,14 +480,14 @@ __global__ void __launch_bounds__(NTHREADS)
   }
   float dq[HS / 8][4] = {};
   const int ntiles = (min(q0 + BR, T) - 1) / BK + 1;
-  for (int t = 0; t < ntiles; t++) {
+  for (int t = st ? st[q0] / BK : 0; t < ntiles; t++) {
     __syncthreads(); /* the previous tile's ks and vs are read */
     wf__load_rows<BK, HS, NTHREADS>(ks, x.k, x.ld, t * BK, T);
     wf__load_rows<BK, HS, NTHREADS>(vs, x.v, x.ld, t * BK, T);
     wf__cp_commit();
     wf__cp_wait<0>();
     __syncthreads();
-    dq_tile<HS>(dq, qf, df, ks, vs, L, Dr, row0, t * BK, T, sl2);
+    dq_tile<HS>(dq, qf, df, ks, vs, L, Dr, lo, row0, t * BK, T, sl2);
   }
   __syncthreads(); /* qs becomes the output tile (Q is in registers) */
   wf__acc_to_smem(qs, P, dq, warp * 16, scale, scale);
@@ -470,17 +504,18 @@ template <typename K> bool smem_limit(K kernel, size_t bytes)
 }
 
 template <int HS>
-void forward_launch(bf16 *out, float *lse, const bf16 *qkv, int B, int T, int C, int NH, int NKV,
-                    cudaStream_t s)
+void forward_launch(bf16 *out, float *lse, const bf16 *qkv, const int *st, int B, int T, int C,
+                    int NH, int NKV, cudaStream_t s)
 {
   dim3 grid((unsigned)((T + 63) / 64), (unsigned)(B * NH));
-  flash16_forward_kernel<HS><<<grid, NTHREADS, 0, s>>>(out, lse, qkv, T, C, NH, NKV);
+  flash16_forward_kernel<HS><<<grid, NTHREADS, 0, s>>>(out, lse, qkv, st, T, C, NH, NKV);
   WF_CUDA_LAUNCHED("flash16_forward_kernel");
 }
 
 template <int HS>
 void backward_launch(bf16 *dqkv, float *D, const bf16 *dout, const bf16 *qkv, const bf16 *out,
-                     const float *lse, int B, int T, int C, int NH, int NKV, cudaStream_t s)
+                     const float *lse, const int *st, int B, int T, int C, int NH, int NKV,
+                     cudaStream_t s)
 {
   /* Once per process: weft drives one device per process (backend.cu). */
   static const bool dkv_ok = smem_limit(flash16_dkv_kernel<HS>, dkv_smem<HS>::bytes);
@@ -497,11 +532,11 @@ void backward_launch(bf16 *dqkv, float *D, const bf16 *dout, const bf16 *qkv, co
   dim3 gk((unsigned)((T + 63) / 64), (unsigned)(B * NKV)),
       gq((unsigned)((T + 63) / 64), (unsigned)(B * NH));
   flash16_dkv_kernel<HS>
-      <<<gk, NTHREADS, dkv_smem<HS>::bytes, s>>>(dqkv, dout, qkv, lse, D, T, C, NH, NKV);
+      <<<gk, NTHREADS, dkv_smem<HS>::bytes, s>>>(dqkv, dout, qkv, lse, D, st, T, C, NH, NKV);
   if (!WF_CUDA_LAUNCHED("flash16_dkv_kernel"))
     return;
   flash16_dq_kernel<HS>
-      <<<gq, NTHREADS, dq_smem<HS>::bytes, s>>>(dqkv, dout, qkv, lse, D, T, C, NH, NKV);
+      <<<gq, NTHREADS, dq_smem<HS>::bytes, s>>>(dqkv, dout, qkv, lse, D, st, T, C, NH, NKV);
   WF_CUDA_LAUNCHED("flash16_dq_kernel");
 }
 
@@ -525,26 +560,26 @@ bool wf__flash16_applies(int B, int T, int C, int NH, int NKV, char *why, size_t
   return false;
 }
 
-void wf__flash16_forward(wf_bf16 *out, float *lse, const wf_bf16 *qkv, int B, int T, int C, int NH,
-                         int NKV, cudaStream_t s)
+void wf__flash16_forward(wf_bf16 *out, float *lse, const wf_bf16 *qkv, const int *starts, int B,
+                         int T, int C, int NH, int NKV, cudaStream_t s)
 {
   bf16 *o = reinterpret_cast<bf16 *>(out);
   const bf16 *x = reinterpret_cast<const bf16 *>(qkv);
   if (C / NH == 64)
-    forward_launch<64>(o, lse, x, B, T, C, NH, NKV, s);
+    forward_launch<64>(o, lse, x, starts, B, T, C, NH, NKV, s);
   else
-    forward_launch<128>(o, lse, x, B, T, C, NH, NKV, s);
+    forward_launch<128>(o, lse, x, starts, B, T, C, NH, NKV, s);
 }
 
 void wf__flash16_backward(wf_bf16 *dqkv, float *D, const wf_bf16 *dout, const wf_bf16 *qkv,
-                          const wf_bf16 *out, const float *lse, int B, int T, int C, int NH,
-                          int NKV, cudaStream_t s)
+                          const wf_bf16 *out, const float *lse, const int *starts, int B, int T,
+                          int C, int NH, int NKV, cudaStream_t s)
 {
   bf16 *dx = reinterpret_cast<bf16 *>(dqkv);
   const bf16 *dy = reinterpret_cast<const bf16 *>(dout), *x = reinterpret_cast<const bf16 *>(qkv);
   const bf16 *y = reinterpret_cast<const bf16 *>(out);
   if (C / NH == 64)
-    backward_launch<64>(dx, D, dy, x, y, lse, B, T, C, NH, NKV, s);
+    backward_launch<64>(dx, D, dy, x, y, lse, starts, B, T, C, NH, NKV, s);
   else
-    backward_launch<128>(dx, D, dy, x, y, lse, B, T, C, NH, NKV, s);
+    backward_launch<128>(dx, D, dy, x, y, lse, starts, B, T, C, NH, NKV, s);
 }

@@ -24,6 +24,9 @@
  * (order p v, not u p v) and leaves it. ATT16_SLACK covers the fp32 sums on both sides
  * and the neglected O(u^2) terms: 1e-5 (1 + |reference|).
  *
+ * Packed documents (attention.h's starts): row i's keys are [start_i, i]; every sum
+ * over keys j above runs over them, and the bound is the same argument's.
+ *
  * Multi-head layout: qkv (B,T,3C), out (B,T,C). All arithmetic here is double.
  */
 #ifndef WF_TESTS_ATT16_BOUND_H
@@ -40,32 +43,37 @@ typedef struct att16_bound {
   double *dqkv; /* (B,T,3C) */
 } att16_bound;
 
-/* Scores row i of one head: p[j] for j <= i (softmax of scale q_i . k_j). */
-static inline void att16_probs(double *p, const float *q, const float *k, int i, int hs, int ld,
-                               double scale)
+/* The first key of row i: its document's start (st: the sequence's starts), or 0. */
+static inline int att16_lo(const int *st, int i) { return st ? st[i] : 0; }
+
+/* Scores row i of one head: p[j] for lo <= j <= i (softmax of scale q_i . k_j), 0 below. */
+static inline void att16_probs(double *p, const float *q, const float *k, int i, int lo, int hs,
+                               int ld, double scale)
 {
   double mx = -INFINITY, sum = 0.0;
-  for (int j = 0; j <= i; j++) {
+  for (int j = 0; j < lo; j++)
+    p[j] = 0.0;
+  for (int j = lo; j <= i; j++) {
     double s = 0.0;
     for (int d = 0; d < hs; d++)
       s += (double)q[(size_t)i * ld + d] * k[(size_t)j * ld + d];
     p[j] = s * scale;
     mx = fmax(mx, p[j]);
   }
-  for (int j = 0; j <= i; j++)
+  for (int j = lo; j <= i; j++)
     sum += (p[j] = exp(p[j] - mx));
-  for (int j = 0; j <= i; j++)
+  for (int j = lo; j <= i; j++)
     p[j] /= sum;
 }
 
 /* The forward part of one head: o (T, hs; row stride C), its bound, and A (T). */
 static inline void att16_head_forward(double *o, double *bo, double *A, double *P, const float *qkv,
-                                      const float *dout, int T, int C, int hs)
+                                      const float *dout, const int *st, int T, int C, int hs)
 {
   const int ld = 3 * C;
   for (int i = 0; i < T; i++) {
     double *p = P + (size_t)i * T;
-    att16_probs(p, qkv, qkv + C, i, hs, ld, 1.0 / sqrt((double)hs));
+    att16_probs(p, qkv, qkv + C, i, att16_lo(st, i), hs, ld, 1.0 / sqrt((double)hs));
     A[i] = 0.0;
     for (int d = 0; d < hs; d++) {
       double acc = 0.0, mag = 0.0;
@@ -84,8 +92,8 @@ static inline void att16_head_forward(double *o, double *bo, double *A, double *
 /* The backward part of one head: adds |terms| into the dq, dk, dv bounds (row stride 3C,
  * q at 0, k at C, v at 2C) and the exact gradients into g. */
 static inline void att16_head_backward(double *g, double *bg, const double *o, const double *A,
-                                       const double *P, const float *qkv, const float *dout, int T,
-                                       int C, int hs)
+                                       const double *P, const float *qkv, const float *dout,
+                                       const int *st, int T, int C, int hs)
 {
   const int ld = 3 * C;
   const double scale = 1.0 / sqrt((double)hs);
@@ -94,7 +102,7 @@ static inline void att16_head_backward(double *g, double *bg, const double *o, c
     double D = 0.0;
     for (int d = 0; d < hs; d++)
       D += (double)dout[(size_t)i * C + d] * o[(size_t)i * C + d];
-    for (int j = 0; j <= i; j++) {
+    for (int j = att16_lo(st, i); j <= i; j++) {
       double dp = 0.0;
       for (int d = 0; d < hs; d++)
         dp += (double)dout[(size_t)i * C + d] * qkv[(size_t)j * ld + 2 * C + d];
@@ -113,10 +121,10 @@ static inline void att16_head_backward(double *g, double *bg, const double *o, c
   }
 }
 
-/* The bounds of out and dqkv for qkv, dout (bf16 values held in floats); free with
- * att16_bound_free. NULL members on allocation failure. */
-static inline att16_bound att16_bound_make(const float *qkv, const float *dout, int B, int T, int C,
-                                           int NH)
+/* The bounds of out and dqkv for qkv, dout (bf16 values held in floats) and document
+ * starts (B,T) or NULL; free with att16_bound_free. NULL members on allocation failure. */
+static inline att16_bound att16_bound_make(const float *qkv, const float *dout, const int *starts,
+                                           int B, int T, int C, int NH)
 {
   const int hs = C / NH;
   const size_t n_out = (size_t)B * T * C, n_qkv = 3 * n_out;
@@ -127,8 +135,9 @@ static inline att16_bound att16_bound_make(const float *qkv, const float *dout, 
     for (int b = 0; b < B; b++)
       for (int h = 0; h < NH; h++) {
         size_t xo = (size_t)b * T * 3 * C + (size_t)h * hs, yo = (size_t)b * T * C + (size_t)h * hs;
-        att16_head_forward(o + yo, bd.out + yo, A, P, qkv + xo, dout + yo, T, C, hs);
-        att16_head_backward(g + xo, bd.dqkv + xo, o + yo, A, P, qkv + xo, dout + yo, T, C, hs);
+        const int *st = starts ? starts + (size_t)b * T : NULL;
+        att16_head_forward(o + yo, bd.out + yo, A, P, qkv + xo, dout + yo, st, T, C, hs);
+        att16_head_backward(g + xo, bd.dqkv + xo, o + yo, A, P, qkv + xo, dout + yo, st, T, C, hs);
       }
     for (size_t i = 0; i < n_qkv; i++) /* the output rounding of each gradient */
       bd.dqkv[i] += ATT16_U * fabs(g[i]);

@@ -1,7 +1,7 @@
 /*
  * test_cudnn_graphs.cu - cuDNN takes weft's attention graphs (kernels/cuda/cudnn_sdpa.cu):
- * its fused flash-attention engines recognise the forward and the backward graph, on a
- * machine with a GPU and on one without.
+ * its fused flash-attention engines recognise the forward and the backward graph, plain
+ * and with packed documents' mask, on a machine with a GPU and on one without.
  *
  * The graph builders are the module's own (this file includes cudnn_sdpa.cu, so it tests
  * the code that runs, not a copy). For each shape (head size 64 at T 1024, 128 at T 77;
@@ -256,8 +256,11 @@ int main(void)
     char what[96];
     snprintf(what, sizeof what, "B %d, T %d, %d heads of %d", s[0], s[1], s[2], s[3]);
     printf("%s\n", what);
+    shape zd = z; /* the same with packed documents (the START mask) */
+    zd.docs = true;
     if (gpus) {
       failures += check_device(what, z);
+      failures += check_device("(documents)", zd);
       continue;
     }
     failures += check_offline("forward on an H100", forward_graph, z, h100, true);
@@ -265,6 +268,10 @@ int main(void)
     failures += check_offline("forward on an A100", forward_graph, z, a100, true);
     failures += check_offline("backward on an A100", backward_graph, z, a100, true);
     failures += check_offline("a wrong forward on an H100", wrong_forward, z, h100, false);
+    failures += check_offline("documents: forward on an H100", forward_graph, zd, h100, true);
+    failures += check_offline("documents: backward on an H100", backward_graph, zd, h100, true);
+    failures += check_offline("documents: forward on an A100", forward_graph, zd, a100, true);
+    failures += check_offline("documents: backward on an A100", backward_graph, zd, a100, true);
   }
   pb.release();
   printf("%d failure(s)\n", failures);

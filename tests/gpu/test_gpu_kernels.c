@@ -444,7 +444,7 @@ static void attention_case(ctx *c, int B, int T, int NH, int hs)
   float *d_out = df(c, out, BTC), *d_qkv = df(c, qkv, QKV);
   float *d_att = df(c, hzero(c, saved), saved);
   wf_attention_forward(out, att, qkv, B, T, C, NH);
-  WF_K(c->k, attention)->forward(d_out, d_att, d_qkv, B, T, C, NH, NH, c->stream);
+  WF_K(c->k, attention)->forward(d_out, d_att, d_qkv, NULL, B, T, C, NH, NH, c->stream);
   snprintf(name, sizeof name, "attention_forward hs=%d T=%d", hs, T);
   expect_close(c, name, out, d_out, BTC, TOL_SUM, TOL_SUM);
 
@@ -452,7 +452,8 @@ static void attention_case(ctx *c, int B, int T, int NH, int hs)
   float *d_dqkv = df(c, dqkv, QKV), *d_scratch = df(c, hzero(c, scratch), scratch);
   wf_attention_backward(dqkv, hzero(c, ATT), dout, qkv, att, B, T, C, NH);
   WF_K(c->k, attention)
-      ->backward(d_dqkv, d_scratch, df(c, dout, BTC), d_qkv, d_att, B, T, C, NH, NH, c->stream);
+      ->backward(d_dqkv, d_scratch, df(c, dout, BTC), d_qkv, d_att, NULL, B, T, C, NH, NH,
+                 c->stream);
   snprintf(name, sizeof name, "attention_backward hs=%d dqkv", hs);
   expect_close(c, name, dqkv, d_dqkv, QKV, TOL_SUM, TOL_SUM);
 }
@@ -541,12 +542,13 @@ static void attention_path_case(ctx *c, int B, int T, int NH, int hs, int impl, 
   float *d_dqkv = df(c, dqkv, QKV), *d_scratch = df(c, hzero(c, scratch), scratch);
   wf_attention_forward(out, att, qkv, B, T, C, NH);
   wf_attention_backward(dqkv, hzero(c, ATT), dout, qkv, att, B, T, C, NH);
-  WF_K(c->k, attention)->forward(d_out, d_att, d_qkv, B, T, C, NH, NH, c->stream);
+  WF_K(c->k, attention)->forward(d_out, d_att, d_qkv, NULL, B, T, C, NH, NH, c->stream);
   WF_K(c->k, attention)->set_impl(impl_bwd);
   WF_K(c->k, attention)
-      ->backward(d_dqkv, d_scratch, df(c, dout, BTC), d_qkv, d_att, B, T, C, NH, NH, c->stream);
+      ->backward(d_dqkv, d_scratch, df(c, dout, BTC), d_qkv, d_att, NULL, B, T, C, NH, NH,
+                 c->stream);
   int p2 = WF_K(c->k, attention)->path(B, T, C, NH, NH);
-  att16_bound bd = att16_bound_make(qkv, dout, B, T, C, NH);
+  att16_bound bd = att16_bound_make(qkv, dout, NULL, B, T, C, NH);
   double f_out = path == WF_ATTN_CUDNN ? 2 : 1,
          f_bwd = path == WF_ATTN_CUDNN || p2 == WF_ATTN_CUDNN ? 2 : 1;
   snprintf(name, sizeof name, "attention %s out", path_name(path));
@@ -721,10 +723,10 @@ static void gqa16_case(ctx *c, const wf_kset *k16)
            sx = WF_K(k16, attention)->scratch(B, T, C, NH);
     float *d_ag = df(c, hzero(c, sv), sv), *d_am = df(c, hzero(c, sv), sv);
     float *d_sx = df(c, hzero(c, sx), sx);
-    WF_K(k16, attention)->forward(d_yg, d_ag, d_xg, B, T, C, NH, NKV, c->stream);
-    WF_K(k16, attention)->forward(d_ym, d_am, d_xm, B, T, C, NH, NH, c->stream);
-    WF_K(k16, attention)->backward(d_dg, d_sx, d_dy, d_xg, d_ag, B, T, C, NH, NKV, c->stream);
-    WF_K(k16, attention)->backward(d_dm, d_sx, d_dy, d_xm, d_am, B, T, C, NH, NH, c->stream);
+    WF_K(k16, attention)->forward(d_yg, d_ag, d_xg, NULL, B, T, C, NH, NKV, c->stream);
+    WF_K(k16, attention)->forward(d_ym, d_am, d_xm, NULL, B, T, C, NH, NH, c->stream);
+    WF_K(k16, attention)->backward(d_dg, d_sx, d_dy, d_xg, d_ag, NULL, B, T, C, NH, NKV, c->stream);
+    WF_K(k16, attention)->backward(d_dm, d_sx, d_dy, d_xm, d_am, NULL, B, T, C, NH, NH, c->stream);
     x.lg = d_ag, x.lm = d_am; /* att begins with the lse (B,NH,T) */
   }
   gqa16_compare(c, &x);
@@ -1275,16 +1277,16 @@ static void storage_attention(ctx *c, const tables16 *t, int B, int T, int NH, i
   uint16_t *qkv = hact(c, QKV, t->fmt, -1, 1), *out = hact0(c, BTC);
   float *att = hzero(c, cs), *d_att = df(c, hzero(c, gs), gs);
   void *d_qkv = d16(c, qkv, QKV), *d_out = d16(c, out, BTC);
-  WF_K(t->cpu, attention)->forward(out, att, qkv, B, T, C, NH, NH, NULL);
-  WF_K(t->gpu, attention)->forward(d_out, d_att, d_qkv, B, T, C, NH, NH, c->stream);
+  WF_K(t->cpu, attention)->forward(out, att, qkv, NULL, B, T, C, NH, NH, NULL);
+  WF_K(t->gpu, attention)->forward(d_out, d_att, d_qkv, NULL, B, T, C, NH, NH, c->stream);
   expect_stored16(c, t, "attention_forward out", out, d_out, BTC, TOL_SUM, TOL_SUM);
   uint16_t *dout = hact(c, BTC, t->fmt, -1, 1);
   uint16_t *dqkv = hact(c, QKV, t->fmt, -1, 1); /* written over, in the format */
   void *d_dqkv = d16(c, dqkv, QKV);
-  WF_K(t->cpu, attention)->backward(dqkv, NULL, dout, qkv, att, B, T, C, NH, NH, NULL);
+  WF_K(t->cpu, attention)->backward(dqkv, NULL, dout, qkv, att, NULL, B, T, C, NH, NH, NULL);
   WF_K(t->gpu, attention)
-      ->backward(d_dqkv, df(c, hzero(c, gx), gx), d16(c, dout, BTC), d_qkv, d_att, B, T, C, NH, NH,
-                 c->stream);
+      ->backward(d_dqkv, df(c, hzero(c, gx), gx), d16(c, dout, BTC), d_qkv, d_att, NULL, B, T, C,
+                 NH, NH, c->stream);
   /* the CPU's backward reads the probabilities stored in 16 bits, the GPU's recomputes
    * them in fp32: one rounding of each, 2^-8 (bf16) or 2^-11 (fp16) relative, in sums
    * of T terms of |dout| <= 1 and |q|, |k|, |v| <= 1: step * T absolute; both store
@@ -1320,11 +1322,11 @@ static void storage_attention_tc(ctx *c, const tables16 *t, int B, int T, int NH
     float *d_att = df(c, hzero(c, gs), gs);
     wf_attention_forward(out, att, qkv, B, T, C, NH);
     wf_attention_backward(dqkv, hzero(c, ATT), dout, qkv, att, B, T, C, NH);
-    WF_K(t->gpu, attention)->forward(d_out, d_att, d_qkv, B, T, C, NH, NH, c->stream);
+    WF_K(t->gpu, attention)->forward(d_out, d_att, d_qkv, NULL, B, T, C, NH, NH, c->stream);
     WF_K(t->gpu, attention)
-        ->backward(d_dqkv, df(c, hzero(c, gx), gx), d16(c, dy16, BTC), d_qkv, d_att, B, T, C, NH,
-                   NH, c->stream);
-    att16_bound bd = att16_bound_make(qkv, dout, B, T, C, NH);
+        ->backward(d_dqkv, df(c, hzero(c, gx), gx), d16(c, dy16, BTC), d_qkv, d_att, NULL, B, T, C,
+                   NH, NH, c->stream);
+    att16_bound bd = att16_bound_make(qkv, dout, NULL, B, T, C, NH);
     double f = path == WF_ATTN_CUDNN ? 2 : 1;
     bound_verdict(c, "attention_forward out (bf16)", out, read16(c, d_out, BTC), bd.out, BTC, f);
     bound_verdict(c, "attention_backward dqkv (bf16)", dqkv,
@@ -1442,13 +1444,13 @@ static void storage_llama_exact(ctx *c, const tables16 *t)
   void *q16 = d16(c, q, BTW);
   float *q32 = df(c, hzero(c, BTW), BTW);
   WF_K(t->gpu, cast)->load(q32, q16, BTW, c->stream);
-  WF_K(t->gpu, rope)->forward(q16, d_cs, B, T, NH, NKV, hs, c->stream);
-  WF_K(k32, rope)->forward(q32, d_cs, B, T, NH, NKV, hs, c->stream);
+  WF_K(t->gpu, rope)->forward(q16, d_cs, NULL, B, T, NH, NKV, hs, c->stream);
+  WF_K(k32, rope)->forward(q32, d_cs, NULL, B, T, NH, NKV, hs, c->stream);
   WF_K(t->gpu, cast)->store(want, q32, BTW, c->stream);
   expect_same_bytes(c, "rope_forward", want, q16, BTW * 2);
   WF_K(t->gpu, cast)->load(q32, q16, BTW, c->stream); /* the backward map on the rotated values */
-  WF_K(t->gpu, rope)->backward(q16, d_cs, B, T, NH, NKV, hs, c->stream);
-  WF_K(k32, rope)->backward(q32, d_cs, B, T, NH, NKV, hs, c->stream);
+  WF_K(t->gpu, rope)->backward(q16, d_cs, NULL, B, T, NH, NKV, hs, c->stream);
+  WF_K(k32, rope)->backward(q32, d_cs, NULL, B, T, NH, NKV, hs, c->stream);
   WF_K(t->gpu, cast)->store(want, q32, BTW, c->stream);
   expect_same_bytes(c, "rope_backward", want, q16, BTW * 2);
 }
@@ -1492,8 +1494,8 @@ static void storage_llama(ctx *c, const tables16 *t)
   wf_rope_table(cs, T, hs, 10000.0, NULL);
   uint16_t *qkv = hact(c, BTW, t->fmt, -1, 1);
   void *d_qkv = d16(c, qkv, BTW);
-  WF_K(t->cpu, rope)->forward(qkv, cs, B, T, NH, NKV, hs, NULL);
-  WF_K(t->gpu, rope)->forward(d_qkv, df(c, cs, (size_t)T * hs), B, T, NH, NKV, hs, c->stream);
+  WF_K(t->cpu, rope)->forward(qkv, cs, NULL, B, T, NH, NKV, hs, NULL);
+  WF_K(t->gpu, rope)->forward(d_qkv, df(c, cs, (size_t)T * hs), NULL, B, T, NH, NKV, hs, c->stream);
   expect_stored16(c, t, "rope_forward", qkv, d_qkv, BTW, TOL_ELEM, TOL_ELEM);
 
   size_t as = WF_K(t->cpu, attention)->saved(B, T, NH * hs, NH);
@@ -1503,16 +1505,16 @@ static void storage_llama(ctx *c, const tables16 *t)
   void *d_q = d16(c, q, BTW);
   float *att = hzero(c, as), *d_att = df(c, hzero(c, gs), gs);
   void *d_o = d16(c, o, BTQ);
-  WF_K(t->cpu, attention)->forward(o, att, q, B, T, NH * hs, NH, NKV, NULL);
-  WF_K(t->gpu, attention)->forward(d_o, d_att, d_q, B, T, NH * hs, NH, NKV, c->stream);
+  WF_K(t->cpu, attention)->forward(o, att, q, NULL, B, T, NH * hs, NH, NKV, NULL);
+  WF_K(t->gpu, attention)->forward(d_o, d_att, d_q, NULL, B, T, NH * hs, NH, NKV, c->stream);
   expect_stored16(c, t, "attention_gqa_forward out", o, d_o, BTQ, TOL_SUM, TOL_SUM);
   uint16_t *dat = hact(c, BTQ, t->fmt, -1, 1);
   uint16_t *dq = hact(c, BTW, t->fmt, -1, 1); /* written over, in the format */
   void *d_dq = d16(c, dq, BTW);
-  WF_K(t->cpu, attention)->backward(dq, NULL, dat, q, att, B, T, NH * hs, NH, NKV, NULL);
+  WF_K(t->cpu, attention)->backward(dq, NULL, dat, q, att, NULL, B, T, NH * hs, NH, NKV, NULL);
   WF_K(t->gpu, attention)
-      ->backward(d_dq, df(c, hzero(c, gx), gx), d16(c, dat, BTQ), d_q, d_att, B, T, NH * hs, NH,
-                 NKV, c->stream);
+      ->backward(d_dq, df(c, hzero(c, gx), gx), d16(c, dat, BTQ), d_q, d_att, NULL, B, T, NH * hs,
+                 NH, NKV, c->stream);
   /* as storage_attention: the CPU reads 16-bit probabilities, the GPU recomputes them in
    * fp32; dk and dv sum over the NH / NKV query heads of their group: step * T * G; both
    * store dqkv rounded (expect_stored16's step) */
@@ -1520,8 +1522,8 @@ static void storage_llama(ctx *c, const tables16 *t)
   expect_stored16(c, t, "attention_gqa_backward dqkv", dq, d_dq, BTW, tol, TOL_SUM);
   /* RoPE's backward in place on the same stored gradient (the CPU's) */
   void *d_dr = d16(c, dq, BTW);
-  WF_K(t->cpu, rope)->backward(dq, cs, B, T, NH, NKV, hs, NULL);
-  WF_K(t->gpu, rope)->backward(d_dr, df(c, cs, (size_t)T * hs), B, T, NH, NKV, hs, c->stream);
+  WF_K(t->cpu, rope)->backward(dq, cs, NULL, B, T, NH, NKV, hs, NULL);
+  WF_K(t->gpu, rope)->backward(d_dr, df(c, cs, (size_t)T * hs), NULL, B, T, NH, NKV, hs, c->stream);
   expect_stored16(c, t, "rope_backward", dq, d_dr, BTW, TOL_ELEM, TOL_ELEM);
 }
 
@@ -1656,26 +1658,31 @@ static void test_rmsnorm(ctx *c)
 /* RoPE in place on a packed qkv, forward and backward, with the same table on both
  * sides: each output is two products and a sum of values in [-1, 1] (the GPU may fuse
  * them into an FMA), so TOL_EXACT; v heads must come back untouched, which the same
- * comparison checks. hs = 10 (h2 = 5) and 13 rows are no multiple of anything. */
-static void rope_case(ctx *c, int B, int T, int NH, int NKV, int hs, double theta)
+ * comparison checks. hs = 10 (h2 = 5) and 13 rows are no multiple of anything. pos
+ * (B,T), host, or NULL: each row's own positions (packed documents), the same arithmetic
+ * on another row of the table. */
+static void rope_case(ctx *c, int B, int T, int NH, int NKV, int hs, double theta, const int *pos)
 {
   const size_t n = (size_t)B * T * (NH + 2 * NKV) * hs, ncs = (size_t)T * hs;
   float *cs = hzero(c, ncs), *x = hrand(c, n, -1, 1), *dx = hrand(c, n, -1, 1);
   wf_rope_table(cs, T, hs, theta, NULL);
   float *d_cs = df(c, cs, ncs), *d_x = df(c, x, n), *d_dx = df(c, dx, n);
-  wf_rope_forward(x, cs, B, T, NH, NKV, hs);
-  WF_K(c->k, rope)->forward(d_x, d_cs, B, T, NH, NKV, hs, c->stream);
-  expect_close(c, "rope_forward qkv", x, d_x, n, TOL_EXACT, TOL_EXACT);
-  wf_rope_backward(dx, cs, B, T, NH, NKV, hs);
-  WF_K(c->k, rope)->backward(d_dx, d_cs, B, T, NH, NKV, hs, c->stream);
-  expect_close(c, "rope_backward dqkv", dx, d_dx, n, TOL_EXACT, TOL_EXACT);
+  int *d_pos = pos ? di(c, pos, (size_t)B * T) : NULL;
+  wf_rope_forward(x, cs, pos, B, T, NH, NKV, hs);
+  WF_K(c->k, rope)->forward(d_x, d_cs, d_pos, B, T, NH, NKV, hs, c->stream);
+  expect_close(c, pos ? "documents rope_forward qkv" : "rope_forward qkv", x, d_x, n, TOL_EXACT,
+               TOL_EXACT);
+  wf_rope_backward(dx, cs, pos, B, T, NH, NKV, hs);
+  WF_K(c->k, rope)->backward(d_dx, d_cs, d_pos, B, T, NH, NKV, hs, c->stream);
+  expect_close(c, pos ? "documents rope_backward dqkv" : "rope_backward dqkv", dx, d_dx, n,
+               TOL_EXACT, TOL_EXACT);
 }
 
 static void test_rope(ctx *c)
 {
-  rope_case(c, 3, 13, 6, 2, 10, 500000.0);
+  rope_case(c, 3, 13, 6, 2, 10, 500000.0, NULL);
   end_case(c);
-  rope_case(c, 2, 77, 4, 4, 64, 10000.0); /* multi-head, a Llama head size */
+  rope_case(c, 2, 77, 4, 4, 64, 10000.0, NULL); /* multi-head, a Llama head size */
 }
 
 /* SwiGLU: exp on both sides (TOL_ELEM), tails where exp over/underflows included. */
@@ -1695,6 +1702,105 @@ static void test_swiglu(ctx *c)
   expect_close(c, "swiglu_backward dinp", dinp, d_dinp, NI, TOL_ELEM, TOL_ELEM);
 }
 
+/* ---- packed documents (attention.h's starts) ------------------------------------------ */
+
+/* Random documents: a row starts a new one at position t > 0 with probability 1/8, so
+ * lengths vary from 1 up, and a first row of a single document each time. */
+static int *hstarts(ctx *c, int B, int T)
+{
+  int *s = keep_host(c, calloc((size_t)B * T, sizeof(int)));
+  uint64_t draw = c->draw++;
+  for (int b = 0; b < B; b++)
+    for (int t = 1; t < T; t++) {
+      bool cut = b > 0 && wf_rng_uniform(SEED, draw, (uint64_t)b * T + t) < 0.125f;
+      s[(size_t)b * T + t] = cut ? t : s[(size_t)b * T + t - 1];
+    }
+  return s;
+}
+
+/* Attention kept to documents on the path runtime.attention `impl` picks (the module logs
+ * which; cuDNN refusing its masked graph runs the flash kernels): the fp32 reference
+ * against the CPU within TOL_SUM, as attention_case; cuDNN and flash on bf16 operands
+ * within the bf16 bound (att16_bound.h, with the starts), cuDNN's factor 2 as in
+ * attention_path_case (which path ran is not asked: both bounds hold for either). */
+static void doc_attention_case(ctx *c, int B, int T, int NH, int NKV, int hs, int impl)
+{
+  const int C = NH * hs;
+  const size_t BTC = (size_t)B * T * C, QKV = (size_t)B * T * (C + 2 * NKV * hs);
+  const size_t ATT = (size_t)B * NH * T * T;
+  char name[96];
+  WF_K(c->k, attention)->set_impl(impl);
+  const size_t saved = WF_K(c->k, attention)->saved(B, T, C, NH),
+               scratch = WF_K(c->k, attention)->scratch(B, T, C, NH);
+  int lowp = impl == WF_ATTN_REFERENCE ? WF_PREC_NO : WF_PREC_BF16;
+  int *starts = hstarts(c, B, T), *d_starts = di(c, starts, (size_t)B * T);
+  float *qkv = operand(c, QKV, lowp), *dout = operand(c, BTC, lowp);
+  float *out = hzero(c, BTC), *att = hzero(c, ATT), *dqkv = hzero(c, QKV);
+  float *d_out = df(c, out, BTC), *d_qkv = df(c, qkv, QKV), *d_att = df(c, hzero(c, saved), saved);
+  float *d_dqkv = df(c, dqkv, QKV), *d_scratch = df(c, hzero(c, scratch), scratch);
+  wf_attention_gqa_forward(out, att, qkv, starts, B, T, C, NH, NKV);
+  wf_attention_gqa_backward(dqkv, hzero(c, ATT), dout, qkv, att, starts, B, T, C, NH, NKV);
+  WF_K(c->k, attention)->forward(d_out, d_att, d_qkv, d_starts, B, T, C, NH, NKV, c->stream);
+  WF_K(c->k, attention)
+      ->backward(d_dqkv, d_scratch, df(c, dout, BTC), d_qkv, d_att, d_starts, B, T, C, NH, NKV,
+                 c->stream);
+  printf(" documents, B %d T %d, %d heads of %d (%d kv), runtime.attention=%s\n", B, T, NH, hs, NKV,
+         path_name(impl));
+  if (impl == WF_ATTN_REFERENCE) {
+    snprintf(name, sizeof name, "documents %s out", path_name(impl));
+    expect_close(c, name, out, d_out, BTC, TOL_SUM, TOL_SUM);
+    snprintf(name, sizeof name, "documents %s dqkv", path_name(impl));
+    expect_close(c, name, dqkv, d_dqkv, QKV, TOL_SUM, TOL_SUM);
+  } else { /* multi-head only: the bound's layout (grouped-query: the reference's case) */
+    att16_bound bd = att16_bound_make(qkv, dout, starts, B, T, C, NH);
+    snprintf(name, sizeof name, "documents %s out", path_name(impl));
+    expect_bound(c, name, out, d_out, bd.out, BTC, 2);
+    snprintf(name, sizeof name, "documents %s dqkv", path_name(impl));
+    expect_bound(c, name, dqkv, d_dqkv, bd.dqkv, QKV, 2);
+    att16_bound_free(&bd);
+  }
+  WF_K(c->k, attention)->set_impl(WF_ATTN_REFERENCE);
+}
+
+/* RoPE and learned positions at each row's own position (t - its document's start):
+ * RoPE as rope_case, the position ops' gathered sums as their plain cases. */
+static void doc_positions_case(ctx *c)
+{
+  const int B = 2, T = 77, NH = 4, NKV = 2, hs = 16, C = 24;
+  const size_t BTC = (size_t)B * T * C;
+  int *starts = hstarts(c, B, T), *pos = keep_host(c, calloc((size_t)B * T, sizeof(int)));
+  for (int i = 0; i < B * T; i++)
+    pos[i] = i % T - starts[i];
+  int *d_pos = di(c, pos, (size_t)B * T);
+  rope_case(c, B, T, NH, NKV, hs, 10000.0, pos);
+  float *wpe = hrand(c, (size_t)T * C, -1, 1), *out = hrand(c, BTC, -1, 1);
+  float *d_out = df(c, out, BTC), *d_wpe = df(c, wpe, (size_t)T * C);
+  wf_position_forward(out, wpe, pos, B, T, C);
+  WF_K(c->k, position)->forward(d_out, d_wpe, d_pos, B, T, C, c->stream);
+  expect_close(c, "documents position_forward", out, d_out, BTC, TOL_EXACT, TOL_EXACT);
+  wf_position_backward(wpe, out, pos, B, T, C);
+  WF_K(c->k, position)->backward(d_wpe, d_out, d_pos, B, T, C, c->stream);
+  expect_close(c, "documents position_backward", wpe, d_wpe, (size_t)T * C, TOL_SUM, TOL_SUM);
+}
+
+/* Packed documents on every attention path and the position ops; T = 77 is no multiple
+ * of the tiles, 256 one cuDNN takes on every version. */
+static void test_documents(ctx *c)
+{
+  static const int impls[] = {WF_ATTN_REFERENCE, WF_ATTN_FLASH, WF_ATTN_CUDNN};
+  for (size_t i = 0; i < sizeof impls / sizeof *impls; i++) {
+    doc_attention_case(c, 2, 77, 2, 2, 64, impls[i]);
+    end_case(c);
+    doc_attention_case(c, 2, 256, 2, 2, 128, impls[i]);
+    end_case(c);
+  }
+  doc_attention_case(c, 2, 77, 4, 2, 64, WF_ATTN_REFERENCE); /* grouped-query */
+  end_case(c);
+  doc_attention_case(c, 1, 33, 2, 2, 160, WF_ATTN_REFERENCE); /* the (T, T) fallback */
+  end_case(c);
+  doc_positions_case(c);
+}
+
 /* Grouped-query attention, each side with the buffers its own table sizes (as
  * attention_case): out and dqkv within TOL_SUM. With NKV == NH the GPU's grouped entry
  * must also give exactly what its multi-head entry gives (the same kernels). */
@@ -1709,23 +1815,23 @@ static void gqa_case(ctx *c, int B, int T, int NH, int NKV, int hs)
   float *qkv = hrand(c, QKV, -1, 1), *out = hzero(c, BTC), *att = hzero(c, ATT);
   float *d_out = df(c, out, BTC), *d_qkv = df(c, qkv, QKV);
   float *d_att = df(c, hzero(c, saved), saved);
-  wf_attention_gqa_forward(out, att, qkv, B, T, C, NH, NKV);
-  WF_K(c->k, attention)->forward(d_out, d_att, d_qkv, B, T, C, NH, NKV, c->stream);
+  wf_attention_gqa_forward(out, att, qkv, NULL, B, T, C, NH, NKV);
+  WF_K(c->k, attention)->forward(d_out, d_att, d_qkv, NULL, B, T, C, NH, NKV, c->stream);
   snprintf(name, sizeof name, "gqa_forward %d/%d hs=%d T=%d", NH, NKV, hs, T);
   expect_close(c, name, out, d_out, BTC, TOL_SUM, TOL_SUM);
 
   float *dout = hrand(c, BTC, -1, 1), *dqkv = hrand(c, QKV, -1, 1);
   float *d_dout = df(c, dout, BTC), *d_dqkv = df(c, dqkv, QKV);
   float *d_scratch = df(c, hzero(c, scratch), scratch);
-  wf_attention_gqa_backward(dqkv, hzero(c, ATT), dout, qkv, att, B, T, C, NH, NKV);
+  wf_attention_gqa_backward(dqkv, hzero(c, ATT), dout, qkv, att, NULL, B, T, C, NH, NKV);
   WF_K(c->k, attention)
-      ->backward(d_dqkv, d_scratch, d_dout, d_qkv, d_att, B, T, C, NH, NKV, c->stream);
+      ->backward(d_dqkv, d_scratch, d_dout, d_qkv, d_att, NULL, B, T, C, NH, NKV, c->stream);
   snprintf(name, sizeof name, "gqa_backward %d/%d hs=%d dqkv", NH, NKV, hs);
   expect_close(c, name, dqkv, d_dqkv, QKV, TOL_SUM, TOL_SUM);
   if (NKV != NH)
     return;
   float *d_out2 = df(c, hzero(c, BTC), BTC), *d_att2 = df(c, hzero(c, saved), saved);
-  WF_K(c->k, attention)->forward(d_out2, d_att2, d_qkv, B, T, C, NH, NH, c->stream);
+  WF_K(c->k, attention)->forward(d_out2, d_att2, d_qkv, NULL, B, T, C, NH, NH, c->stream);
   float *got = hzero(c, BTC);
   if (wf_gpu_stream_sync(c->g, c->stream) != WF_OK ||
       wf_gpu_memcpy_d2h(c->g, got, d_out2, BTC * sizeof(float)) != WF_OK)
@@ -1929,6 +2035,7 @@ static const struct {
     {"rope", test_rope},
     {"swiglu", test_swiglu},
     {"attention (grouped-query)", test_gqa},
+    {"packed documents", test_documents},
 };
 
 int main(void)

@@ -76,8 +76,8 @@ static void rope(int B, int T, int NH, int NKV, int hs)
 {
   const size_t n = (size_t)B * T * (NH + 2 * NKV) * hs;
   float *x = load("qkv", n), *cs = load("cs", (size_t)T * hs), *d = load("dout", n);
-  wf_rope_forward(x, cs, B, T, NH, NKV, hs);
-  wf_rope_backward(d, cs, B, T, NH, NKV, hs);
+  wf_rope_forward(x, cs, NULL, B, T, NH, NKV, hs);
+  wf_rope_backward(d, cs, NULL, B, T, NH, NKV, hs);
   save("out", x, n), save("dinp", d, n);
   free(x), free(cs), free(d);
 }
@@ -99,8 +99,8 @@ static void gqa(int B, int T, int NH, int NKV, int hs)
   const size_t na = (size_t)B * NH * T * T;
   float *qkv = load("qkv", nq), *dout = load("dout", no), *out = zeros(no), *att = zeros(na);
   float *scratch = zeros(na), *dqkv = zeros(nq);
-  wf_attention_gqa_forward(out, att, qkv, B, T, C, NH, NKV);
-  wf_attention_gqa_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH, NKV);
+  wf_attention_gqa_forward(out, att, qkv, NULL, B, T, C, NH, NKV);
+  wf_attention_gqa_backward(dqkv, scratch, dout, qkv, att, NULL, B, T, C, NH, NKV);
   save("out", out, no), save("dqkv", dqkv, nq);
   free(qkv), free(dout), free(out), free(att), free(scratch), free(dqkv);
 }

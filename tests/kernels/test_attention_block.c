@@ -91,8 +91,8 @@ static fixture *setup_ref(void)
   fill(f->qkv, B * T * LD, 1);
   fill(f->dout, B * T * C, 2);
   wf_attention_kv_extract(f->kv, f->qkv, B * T, C, KW, WF_PREC_NO);
-  wf_attention_gqa_forward(f->out, f->att, f->qkv, B, T, C, NH, NKV);
-  wf_attention_gqa_backward(f->dqkv, f->scratch, f->dout, f->qkv, f->att, B, T, C, NH, NKV);
+  wf_attention_gqa_forward(f->out, f->att, f->qkv, NULL, B, T, C, NH, NKV);
+  wf_attention_gqa_backward(f->dqkv, f->scratch, f->dout, f->qkv, f->att, NULL, B, T, C, NH, NKV);
   return f;
 }
 

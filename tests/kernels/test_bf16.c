@@ -79,7 +79,7 @@ static void mha_case(int B, int T, int NH, int hs, uint64_t seed)
   wf_attention_backward(dqkv, scr, dout, qkv, att, B, T, C, NH);
   wf_attention_bf16_forward(y16, lse, x16, B, T, C, NH, NH);
   wf_attention_bf16_backward(dx16, scratch, dy16, x16, y16, lse, B, T, C, NH, NH);
-  att16_bound bd = att16_bound_make(qkv, dout, B, T, C, NH);
+  att16_bound bd = att16_bound_make(qkv, dout, NULL, B, T, C, NH);
   assert_non_null(bd.out);
   wf_bf16_to_floats(got, y16, ny);
   assert_int_equal(outside("out", got, out, bd.out, ny), 0);

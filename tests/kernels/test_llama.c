@@ -253,7 +253,7 @@ static void run_rope(int B, int T, int NH, int NKV, int hs, double theta, uint64
   double *ro = malloc(n * sizeof *ro);
   struct rope r = {B, T, NH, NKV, hs, cs, to_double(x, n), ro, w};
   memcpy(y, x, n * sizeof(float));
-  wf_rope_forward(y, cs, B, T, NH, NKV, hs);
+  wf_rope_forward(y, cs, NULL, B, T, NH, NKV, hs);
   rope_loss(&r);
   check_close("rope out", y, ro, n, FWD_RTOL);
   for (size_t i = 0; i < n; i++) { /* v heads untouched, exactly */
@@ -263,11 +263,11 @@ static void run_rope(int B, int T, int NH, int NKV, int hs, double theta, uint64
   }
   /* backward: d = w mapped in place to dL/dx (v columns: w itself) */
   memcpy(d, w, n * sizeof(float));
-  wf_rope_backward(d, cs, B, T, NH, NKV, hs);
+  wf_rope_backward(d, cs, NULL, B, T, NH, NKV, hs);
   check_grad("rope dqkv", rope_loss, &r, r.x, n, d);
   /* the rotation is orthogonal: backward undoes forward, to a few roundings (the pair
    * is turned twice, each output from two rounded products and a rounded sum) */
-  wf_rope_backward(y, cs, B, T, NH, NKV, hs);
+  wf_rope_backward(y, cs, NULL, B, T, NH, NKV, hs);
   double *xd = to_double(x, n);
   check_close("rope backward(forward(x))", y, xd, n, 1e-6);
   free(cs), free(x), free(y), free(w), free(d), free(ro), free(r.x), free(xd);
@@ -353,7 +353,7 @@ static void run_gqa(int B, int T, int NH, int NKV, int hs, uint64_t seed)
   fill(w, no, -1, 1, &s);
   double *ro = malloc(no * sizeof *ro), *ra = malloc(na * sizeof *ra);
   struct gqa a = {B, T, C, NH, NKV, to_double(qkv, nq), ro, ra, w};
-  wf_attention_gqa_forward(out, att, qkv, B, T, C, NH, NKV);
+  wf_attention_gqa_forward(out, att, qkv, NULL, B, T, C, NH, NKV);
   gqa_loss(&a);
   check_close("gqa out", out, ro, no, FWD_RTOL);
   check_close("gqa att", att, ra, na, FWD_RTOL);
@@ -361,10 +361,10 @@ static void run_gqa(int B, int T, int NH, int NKV, int hs, uint64_t seed)
     if ((i % T) > (i / T) % T)
       assert_true(att[i] == 0.0f);
   float *dq = nans(nq), *dq2 = nans(nq), *scratch = zeros(na); /* dqkv is written */
-  wf_attention_gqa_backward(dq, scratch, w, qkv, att, B, T, C, NH, NKV);
+  wf_attention_gqa_backward(dq, scratch, w, qkv, att, NULL, B, T, C, NH, NKV);
   check_grad("gqa dqkv", gqa_loss, &a, a.qkv, nq, dq);
   for (int k = 0; k < 2; k++) /* dk, dv still sum the group's heads, from zero */
-    wf_attention_gqa_backward(dq2, scratch, w, qkv, att, B, T, C, NH, NKV);
+    wf_attention_gqa_backward(dq2, scratch, w, qkv, att, NULL, B, T, C, NH, NKV);
   check_rewritten("gqa dqkv", dq2, dq, nq);
   free(qkv), free(w), free(out), free(att), free(ro), free(ra), free(a.qkv), free(dq);
   free(dq2), free(scratch);
@@ -401,13 +401,13 @@ static void test_gqa_is_repeated_kv(void **state)
     }
   }
   float *og = zeros(no), *om = zeros(no), *ag = zeros(na), *am = zeros(na), *sc = zeros(na);
-  wf_attention_gqa_forward(og, ag, qg, B, T, C, NH, NKV);
+  wf_attention_gqa_forward(og, ag, qg, NULL, B, T, C, NH, NKV);
   wf_attention_forward(om, am, qm, B, T, C, NH);
   double *ref = to_double(om, no);
   check_close("gqa out vs repeated kv", og, ref, no, FWD_RTOL);
   free(ref);
   float *dg = zeros(B * T * ldg), *dm = zeros(B * T * ldm);
-  wf_attention_gqa_backward(dg, sc, w, qg, ag, B, T, C, NH, NKV);
+  wf_attention_gqa_backward(dg, sc, w, qg, ag, NULL, B, T, C, NH, NKV);
   wf_attention_backward(dm, sc, w, qm, am, B, T, C, NH);
   double *sum = calloc((size_t)B * T * ldg, sizeof *sum); /* dm folded back to GQA's layout */
   for (size_t bt = 0; bt < (size_t)B * T; bt++) {

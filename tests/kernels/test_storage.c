@@ -331,8 +331,8 @@ static void test_attention(void **state)
     uint16_t *o16 = calloc(no, 2);
     void *a16 = calloc(WF_K(k, attention)->saved(B, T, CH, NH), sizeof(float));
     assert_true(WF_K(k, attention)->saved(B, T, CH, NH) * 4 >= na * 2);
-    WF_K(k32, attention)->forward(o32, a32, qkv.x, B, T, CH, NH, NH, NULL);
-    WF_K(k, attention)->forward(o16, a16, qkv.h, B, T, CH, NH, NH, NULL);
+    WF_K(k32, attention)->forward(o32, a32, qkv.x, NULL, B, T, CH, NH, NH, NULL);
+    WF_K(k, attention)->forward(o16, a16, qkv.h, NULL, B, T, CH, NH, NH, NULL);
     expect_stored("attention_forward out", fmt, o16, o32, no);
     expect_stored("attention_forward att", fmt, a16, a32, na);
     /* backward from the stored probabilities: the fp32 kernel on them, dqkv stored */
@@ -342,8 +342,8 @@ static void test_attention(void **state)
     float *sc = zeros(WF_K(k32, attention)->scratch(B, T, CH, NH));
     fill(dq32, nq, -1, 1, &s);
     wf_storage_load(a16w, a16, na, fmt);
-    WF_K(k32, attention)->backward(dq32, sc, dout.x, qkv.x, a16w, B, T, CH, NH, NH, NULL);
-    WF_K(k, attention)->backward(dq16, NULL, dout.h, qkv.h, a16, B, T, CH, NH, NH, NULL);
+    WF_K(k32, attention)->backward(dq32, sc, dout.x, qkv.x, a16w, NULL, B, T, CH, NH, NH, NULL);
+    WF_K(k, attention)->backward(dq16, NULL, dout.h, qkv.h, a16, NULL, B, T, CH, NH, NH, NULL);
     expect_stored("attention_backward dqkv", fmt, dq16, dq32, nq);
     act_free(&qkv), act_free(&dout);
     free(o32), free(a32), free(a16w), free(o16), free(a16), free(dq32), free(dq16);
@@ -390,8 +390,8 @@ static void test_llama(void **state)
     act q = act_new(nq, fmt, -2, 2, &s);
     float *cs = zeros((size_t)T * hs);
     wf_rope_table(cs, T, hs, 10000.0, NULL);
-    WF_K(k32, rope)->forward(q.x, cs, B, T, NH, NKV, hs, NULL);
-    WF_K(k, rope)->forward(q.h, cs, B, T, NH, NKV, hs, NULL);
+    WF_K(k32, rope)->forward(q.x, cs, NULL, B, T, NH, NKV, hs, NULL);
+    WF_K(k, rope)->forward(q.h, cs, NULL, B, T, NH, NKV, hs, NULL);
     expect_stored("rope_forward", fmt, q.h, q.x, nq);
     act_free(&x), act_free(&gu), act_free(&q), act_free(&dh);
     free(y32), free(h32), free(y16), free(h16), free(dy), free(dx32), free(dx16);
@@ -408,8 +408,8 @@ static void test_llama(void **state)
     float *o32 = zeros(no), *a32 = zeros(nt), *a16w = zeros(nt);
     uint16_t *o16 = calloc(no, 2);
     void *a16 = calloc(WF_K(k, attention)->saved(B, TA, CH, NH), sizeof(float));
-    WF_K(k32, attention)->forward(o32, a32, qkv.x, B, TA, CH, NH, NKV, NULL);
-    WF_K(k, attention)->forward(o16, a16, qkv.h, B, TA, CH, NH, NKV, NULL);
+    WF_K(k32, attention)->forward(o32, a32, qkv.x, NULL, B, TA, CH, NH, NKV, NULL);
+    WF_K(k, attention)->forward(o16, a16, qkv.h, NULL, B, TA, CH, NH, NKV, NULL);
     expect_stored("attention_gqa_forward out", fmt, o16, o32, no);
     expect_stored("attention_gqa_forward att", fmt, a16, a32, nt);
     /* dk and dv sum the group's query heads in fp32 before they are stored */
@@ -419,15 +419,15 @@ static void test_llama(void **state)
     float *sc = zeros(WF_K(k32, attention)->scratch(B, TA, CH, NH));
     fill(dq32, na, -1, 1, &s);
     wf_storage_load(a16w, a16, nt, fmt);
-    WF_K(k32, attention)->backward(dq32, sc, dout.x, qkv.x, a16w, B, TA, CH, NH, NKV, NULL);
-    WF_K(k, attention)->backward(dq16, NULL, dout.h, qkv.h, a16, B, TA, CH, NH, NKV, NULL);
+    WF_K(k32, attention)->backward(dq32, sc, dout.x, qkv.x, a16w, NULL, B, TA, CH, NH, NKV, NULL);
+    WF_K(k, attention)->backward(dq16, NULL, dout.h, qkv.h, a16, NULL, B, TA, CH, NH, NKV, NULL);
     expect_stored("attention_gqa_backward dqkv", fmt, dq16, dq32, na);
     /* RoPE's backward in place on the stored gradient: rotated in fp32, stored */
     float *cs = zeros((size_t)TA * hs);
     wf_rope_table(cs, TA, hs, 10000.0, NULL);
     wf_storage_load(dq32, dq16, na, fmt);
-    WF_K(k32, rope)->backward(dq32, cs, B, TA, NH, NKV, hs, NULL);
-    WF_K(k, rope)->backward(dq16, cs, B, TA, NH, NKV, hs, NULL);
+    WF_K(k32, rope)->backward(dq32, cs, NULL, B, TA, NH, NKV, hs, NULL);
+    WF_K(k, rope)->backward(dq16, cs, NULL, B, TA, NH, NKV, hs, NULL);
     expect_stored("rope_backward", fmt, dq16, dq32, na);
     free(cs);
     act_free(&qkv), act_free(&dout);

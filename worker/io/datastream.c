@@ -35,6 +35,8 @@ struct wf__dstream {
   char key[32];
 };
 
+size_t wf_data_loader_bytes(int lanes, int T) { return wf__loader_bytes(lanes, T, LOADER_DEPTH); }
+
 /* ---- opening ---------------------------------------------------------------------------- */
 
 static void sources_of(const wf_data_opts *o, wf__stream_src *src)

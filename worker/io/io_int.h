@@ -198,6 +198,8 @@ void wf__stream_file_info(const wf__stream *s, int i, int f, const char **name, 
  * next is asked for. */
 typedef struct wf__loader wf__loader;
 wf_status wf__loader_create(wf__loader **out, wf__stream *s, int n_lanes, int T, int depth);
+/* What create allocates through the runtime's memory layer (the slots' rows). */
+size_t wf__loader_bytes(int n_lanes, int T, int depth);
 void wf__loader_destroy(wf__loader *ld); /* accepts NULL; stops the thread */
 /* Before the first get: the stream to a saved position, whose next step is `index`. */
 wf_status wf__loader_restore(wf__loader *ld, int64_t index, const uint64_t *lanes,

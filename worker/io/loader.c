@@ -81,6 +81,11 @@ static void *produce(void *arg)
   return NULL;
 }
 
+size_t wf__loader_bytes(int n_lanes, int T, int depth)
+{
+  return (size_t)depth * n_lanes * ((size_t)(T + 1) + (size_t)T) * sizeof(int);
+}
+
 wf_status wf__loader_create(wf__loader **out, wf__stream *s, int n_lanes, int T, int depth)
 {
   wf__loader *ld = calloc(1, sizeof *ld);

@@ -118,6 +118,9 @@ int wf_data_rows(const wf_data *d, int dp_size, int micro_count);
  * failure (a bad line) is logged here. */
 wf_status wf_data_batch(wf_data *d, int *inputs, int *targets, int *starts, wf_data_split split,
                         int64_t index, int dp_rank, int dp_size, int micro, int micro_count);
+/* Bytes a data.source stream's loader allocates through the runtime's memory layer for
+ * `lanes` lanes of T tokens (its ring of steps made ahead): what the planner counts. */
+size_t wf_data_loader_bytes(int lanes, int T);
 /* Streams: wait until batch index of split is made, and say why it cannot be into err (a
  * missing file, a line that is not JSON, a document without the data.field key: the file
  * and line named). Every rank calls it before the step and agrees on the outcome, so a

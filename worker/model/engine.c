@@ -14,6 +14,11 @@
  * same bits, so either recompute gives backward exactly what no recompute kept. As each group of
  * gradients becomes final the grad hook hears of it, so data parallelism can start reducing while
  * the rest of backward runs.
+ *
+ * Packed documents: a micro-batch's document starts (host) are checked and moved into its
+ * slot with the positions they give (t - start); while the slot's blocks run, forward or
+ * backward (recompute included), m->mb_starts and m->mb_pos point at them, so attention
+ * and RoPE keep to documents (ops.c) with the family's code unchanged.
  */
 #include "model_int.h"
 
@@ -53,6 +58,52 @@ static wf_status load_tokens(wf_model *m, int *dev, const int *host, size_t n, c
   WF_TRY(wf_dev_copy(m->dev, dev, host, n * sizeof *host, WF_COPY_H2D, NULL));
 fail:
   return st;
+}
+
+/* Row b's starts are a document start's or their own position: starts[0] is 0, and
+ * starts[t] is starts[t-1] (the same document) or t (a new one). -1 when they are, else
+ * the first position that breaks it. */
+static int bad_start(const int *st, int T)
+{
+  for (int t = 0; t < T; t++)
+    if (t == 0 ? st[t] != 0 : st[t] != t && st[t] != st[t - 1])
+      return t;
+  return -1;
+}
+
+/* The micro-batch's document starts checked, and with their positions into the slot. */
+static wf_status load_docs(wf_model *m, wf__slot *a, const int *starts)
+{
+  wf_status st = WF_OK;
+  size_t N = (size_t)a->B * (size_t)a->T;
+  a->has_docs = starts != NULL;
+  if (!starts)
+    return WF_OK;
+  WF_CHECK(m->g.docs && !m->cp.ops, WF_EINVAL,
+           "forward with document starts: the model was made %s",
+           m->cp.ops ? "for context parallelism, whose ring attention does not keep to documents"
+                     : "without documents (wf_model_opts.docs)");
+  for (int b = 0; b < a->B; b++) {
+    const int *row = starts + (size_t)b * a->T;
+    int t = bad_start(row, a->T);
+    WF_CHECK(t < 0, WF_EINVAL,
+             "document starts of row %d: position %d starts at %d, neither its own position "
+             "nor the previous one's start %d",
+             b, t, t >= 0 ? row[t] : 0, t > 0 ? row[t - 1] : 0);
+    for (t = 0; t < a->T; t++)
+      m->host_pos[(size_t)b * a->T + t] = t - row[t];
+  }
+  WF_TRY(wf_dev_copy(m->dev, a->starts, starts, N * sizeof *starts, WF_COPY_H2D, NULL));
+  WF_TRY(wf_dev_copy(m->dev, a->pos, m->host_pos, N * sizeof *starts, WF_COPY_H2D, NULL));
+fail:
+  return st;
+}
+
+/* The slot's documents are the ones the blocks keep to until the next slot runs. */
+static void use_docs(wf_model *m, const wf__slot *a)
+{
+  m->mb_starts = a->has_docs ? a->starts : NULL;
+  m->mb_pos = a->has_docs ? a->pos : NULL;
 }
 
 /* If x is a spare stage input, the slot keeps it as its input (received in place) and
@@ -106,7 +157,7 @@ static wf_status block_forward(wf_model *m, wf__slot *a, int j)
 }
 
 wf_status wf_model_chunk_forward(wf_model *m, int slot, int chunk, const int *inputs, const void *x,
-                                 const int *targets, int B, int T)
+                                 const int *targets, const int *starts, int B, int T)
 {
   wf_status st = WF_OK;
   WF_TRY(check_args(m, slot, chunk, inputs, x, B, T));
@@ -116,6 +167,8 @@ wf_status wf_model_chunk_forward(wf_model *m, int slot, int chunk, const int *in
   a->live = true;
   a->B = B, a->T = T, a->chunk = chunk;
   a->have_targets = wf__chunk_last(m, chunk) && targets;
+  WF_TRY(load_docs(m, a, starts));
+  use_docs(m, a);
   WF_TRY(load_inputs(m, a, inputs, x, targets));
   for (int j = 0; j < m->lc; j++) {
     if (m->unit_hook)
@@ -135,7 +188,7 @@ wf_status wf_model_forward(wf_model *m, const int *inputs, const int *targets, i
                            float *loss)
 {
   double sum = 0;
-  wf_status st = wf_model_chunk_forward(m, 0, 0, inputs, NULL, targets, B, T);
+  wf_status st = wf_model_chunk_forward(m, 0, 0, inputs, NULL, targets, NULL, B, T);
   if (!targets) /* no backward follows: the slot is free again */
     wf_model_stage_release(m, 0);
   if (st == WF_OK)
@@ -180,6 +233,7 @@ static wf_status chunk_backward(wf_model *m, wf__slot *a, const void *dy, float 
 {
   wf_status st = WF_OK;
   int base = a->chunk * m->lc;
+  use_docs(m, a);
   const void *sums = wf__chunk_last(m, a->chunk) ? wf__layer_input(m, a, m->lc) : dy;
   if (m->side_floats) /* the whole model's statistics: the last chunk's output has them */
     WF_TRY(wf_dev_copy(m->dev, m->da.side, wf__side(m, sums, a->B, a->T),

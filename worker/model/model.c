@@ -90,6 +90,7 @@ static wf__geo geometry(const wf_model_opts *o, const wf_kset *k)
                    .tp = tp,
                    .cp = o->shard.cp > 1 ? (size_t)o->shard.cp : 1,
                    .ep = (size_t)(o->shard.ep > 1 ? o->shard.ep : 1),
+                   .docs = o->docs,
                    .Vl = (size_t)(d.Vp / o->shard.tp),
                    .NHl = d.NH / o->shard.tp,
                    .KVl = d.KV / o->shard.tp,
@@ -145,6 +146,8 @@ static size_t carve_slot(wf__slot *a, void *mem, const wf__geo *z, size_t layer,
       WF__F32(&a->losses, last * N),
       WF__F32(&a->inputs, N), /* int and float are both 4 bytes */
       WF__F32(&a->targets, N),
+      WF__F32(&a->starts, z->docs ? N : 0),
+      WF__F32(&a->pos, z->docs ? N : 0),
   };
   return wf__carve(t, WF_ARRAY_LEN(t), &(wf__carve_to){mem, NULL, z->fmt}, NULL);
 }
@@ -344,6 +347,8 @@ wf_status wf_model_create_shard(wf_model **out, const wf_model_opts *o)
   WF_CHECK_ALLOC(m->pptr = calloc(slots, sizeof *m->pptr));
   WF_CHECK_ALLOC(m->lptr = calloc(slots, sizeof *m->lptr));
   WF_TRY(alloc_acts(m, &mp));
+  if (o->docs) /* staging for the positions a micro-batch's starts give */
+    WF_CHECK_ALLOC(m->host_pos = malloc((size_t)o->B * (size_t)o->T * sizeof *m->host_pos));
   if (m->ops->prepare)
     WF_TRY(m->ops->prepare(m));
   *out = m;
@@ -374,6 +379,7 @@ void wf_model_destroy(wf_model *m)
   wf_dev_free(m->dev, m->stats);
   wf_dev_free(m->dev, m->inbox_mem); /* slots and spares may have traded places: both freed */
   free(m->inbox);
+  free(m->host_pos);
   free(m->a);
   free(m->gptr);
   free(m->pptr);

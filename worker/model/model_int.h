@@ -70,6 +70,7 @@ typedef struct wf__geo {
   size_t B, T, N, R, C, tp, Vl;
   size_t cp; /* context-parallel ranks (1: none); T is this rank's rows per sequence */
   size_t ep; /* expert-parallel ranks (1: none) */
+  bool docs; /* slots keep document starts and positions */
   int NHl, KVl;
   int fmt;
   const wf_kset *k;
@@ -102,6 +103,8 @@ typedef struct wf__slot {
   float *target_logit, *losses; /* (N) */
   int *inputs, *targets;        /* (N) this micro-batch's tokens */
   float *keep;                  /* (lc, keep_floats) what each layer keeps (wf__layer_mem) */
+  int *starts, *pos;            /* (N) its document starts and positions (docs models) */
+  bool has_docs;                /* this micro-batch came with starts */
   int B, T, chunk;
   bool live;         /* forward done, backward not */
   bool have_targets; /* computed a loss, so backward may run */
@@ -210,9 +213,13 @@ struct wf_model {
   size_t keep_floats, side_floats; /* the family's per layer and per stage message */
   int *bad_token;                  /* (2) wf_tokens_check's answer */
   wf__slot *a;                     /* n_slots */
-  void *inbox_mem;                 /* the spare stage inputs' allocation */
-  void **inbox;                    /* n_inbox: spare stage inputs (each a slot's input, or one of
-                                    * inbox_mem's: forwards trade them, see wf_model_stage_inbox) */
+  int *host_pos;                   /* docs models: (Bmax Tmax) positions made on the host */
+  /* The micro-batch whose blocks run now (set by the engine for each forward and
+   * backward): its document starts and positions on the device, NULL when it has none */
+  const int *mb_starts, *mb_pos;
+  void *inbox_mem; /* the spare stage inputs' allocation */
+  void **inbox;    /* n_inbox: spare stage inputs (each a slot's input, or one of
+                    * inbox_mem's: forwards trade them, see wf_model_stage_inbox) */
   int n_inbox;
   wf_recompute recompute; /* full: slots keep layer outputs only; selective: no core state */
   float *re_saved;        /* full: one layer's intermediates; selective: one core state */

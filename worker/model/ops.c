@@ -129,15 +129,22 @@ static void rope_apply(wf_model *m, void *qkv, int B, int T, int hs, bool backwa
   span sp[2];
   int n = spans_of(m, T, sp);
   size_t row = qkv_width(m, hs) * m->esize;
+  if (m->mb_pos) { /* packed documents: each row's own position */
+    if (backward)
+      WF_K(m->k, rope)->backward(qkv, m->da.consts, m->mb_pos, B, T, m->NHl, m->KVl, hs, NULL);
+    else
+      WF_K(m->k, rope)->forward(qkv, m->da.consts, m->mb_pos, B, T, m->NHl, m->KVl, hs, NULL);
+    return;
+  }
   for (int b = 0; b < (n > 1 ? B : 1); b++)
     for (int i = 0; i < n; i++) {
       char *x = (char *)qkv + ((size_t)b * T + (size_t)sp[i].row) * row;
       const float *cs = m->da.consts + (size_t)sp[i].pos * hs;
       int nb = n > 1 ? 1 : B, t = n > 1 ? sp[i].n : T; /* one call for all rows without cp */
       if (backward)
-        WF_K(m->k, rope)->backward(x, cs, nb, t, m->NHl, m->KVl, hs, NULL);
+        WF_K(m->k, rope)->backward(x, cs, NULL, nb, t, m->NHl, m->KVl, hs, NULL);
       else
-        WF_K(m->k, rope)->forward(x, cs, nb, t, m->NHl, m->KVl, hs, NULL);
+        WF_K(m->k, rope)->forward(x, cs, NULL, nb, t, m->NHl, m->KVl, hs, NULL);
     }
 }
 
@@ -168,7 +175,7 @@ wf_status wf__attention_forward(wf_model *m, void *out, void *att, const void *q
 {
   if (m->cp.ops)
     return m->cp.ops->forward(m->cp.ctx, out, att, qkv, B, T, Cq, NH, NKV ? NKV : NH, (int)m->prec);
-  WF_K(m->k, attention)->forward(out, att, qkv, B, T, Cq, NH, NKV ? NKV : NH, NULL);
+  WF_K(m->k, attention)->forward(out, att, qkv, m->mb_starts, B, T, Cq, NH, NKV ? NKV : NH, NULL);
   return WF_OK;
 }
 
@@ -180,7 +187,7 @@ wf_status wf__attention_backward(wf_model *m, void *dqkv, float *scratch, const 
     return m->cp.ops->backward(m->cp.ctx, dqkv, dout, qkv, out, att, B, T, Cq, NH, NKV ? NKV : NH,
                                (int)m->prec);
   WF_K(m->k, attention)
-      ->backward(dqkv, scratch, dout, qkv, att, B, T, Cq, NH, NKV ? NKV : NH, NULL);
+      ->backward(dqkv, scratch, dout, qkv, att, m->mb_starts, B, T, Cq, NH, NKV ? NKV : NH, NULL);
   return WF_OK;
 }
 
@@ -242,12 +249,29 @@ fail:
 
 /* The embedding's lookup (backward: its gradients) of a micro-batch, a span of positions
  * at a time: context parallelism's two chunks each read their own rows of wpe (one call
- * for the whole micro-batch without it). */
+ * for the whole micro-batch without it); packed documents give each row its own
+ * position (the slot's, one call). */
 static void embed_spans(wf_model *m, wf__slot *a, float *part, const float *dout, int wte, int wpe)
 {
   span sp[2];
   int n = spans_of(m, a->T, sp), C = m->d.C, T = a->T;
   bool fwd = part != NULL, pos = wpe >= 0 && (!fwd || m->s.tp_rank == 0);
+  if (a->has_docs) {
+    size_t N = (size_t)a->B * T;
+    float *w = wf_model_param(m, wte, 0, fwd ? 0 : 1);
+    float *p = pos ? wf_model_param(m, wpe, 0, fwd ? 0 : 1) : NULL;
+    if (fwd)
+      WF_K(m->k, embedding)
+          ->forward(part, a->inputs, w, m->s.tp_rank * m->Vl, m->Vl, (int)N, C, NULL);
+    else
+      WF_K(m->k, embedding)
+          ->backward(w, dout, a->inputs, m->s.tp_rank * m->Vl, m->Vl, (int)N, C, NULL);
+    if (p && fwd)
+      WF_K(m->k, position)->forward(part, p, a->pos, a->B, T, C, NULL);
+    else if (p)
+      WF_K(m->k, position)->backward(p, dout, a->pos, a->B, T, C, NULL);
+    return;
+  }
   for (int b = 0; b < (n > 1 ? a->B : 1); b++)
     for (int i = 0; i < n; i++) {
       size_t r = (size_t)b * T + (size_t)sp[i].row;

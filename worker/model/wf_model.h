@@ -532,6 +532,9 @@ typedef struct wf_model_opts {
                            * take every gradient), 3 = no flat parameters nor their 16-bit copy
                            * either (ZeRO-3's shard and windows hold them): set-up never holds
                            * the whole shard's vectors; 0 or 1 = both allocated */
+  bool docs;              /* packed documents (data.document_mask): forwards may take each
+                           * row's document starts, which every slot keeps with the positions
+                           * they give (2 x B x T ints more a slot) */
 } wf_model_opts;
 
 /* What a model of options o allocates, in bytes: wf_model_create_shard allocates
@@ -664,9 +667,14 @@ wf_status wf_model_backward(wf_model *m, float dloss_scale);
  * without interleaving): inputs (B,T) (host) are needed by the first chunk, x (the previous stage's
  * output, device) by the others, targets (host) by the last (NULL: no loss). The last chunk's mean
  * loss over the micro-batch is added to the model's loss sum (wf_model_take_loss). Backward knows
- * the slot's chunk. */
+ * the slot's chunk.
+ * starts (B,T) (host, NULL: one sequence per row): where the document of each position
+ * begins in its row (wf_io.h's wf_data_batch; a model made with opts.docs): attention
+ * stays inside documents and positions (learned and rotary) restart at each, in this
+ * chunk's forward and its backward. A start that is neither the previous one nor its own
+ * position is refused (WF_EINVAL). */
 wf_status wf_model_chunk_forward(wf_model *m, int slot, int chunk, const int *inputs, const void *x,
-                                 const int *targets, int B, int T);
+                                 const int *targets, const int *starts, int B, int T);
 /* The sum of the micro-batch losses of the forwards since the last call (0 on a rank
  * without the head), read back from the device; the sum starts again at 0. */
 wf_status wf_model_take_loss(wf_model *m, double *sum);

@@ -56,7 +56,8 @@ struct wf_pipe {
   int *slot_of;                                  /* per key; -1 = none */
   bool *slot_busy;
   int n_slots;
-  int *inputs, *targets;
+  int *inputs, *targets, *starts;
+  bool docs; /* every stage reads the batch's document starts */
   int step;
   wf_pipe_stats st;
   timed *timed; /* this step's compute spans, at most one per action */
@@ -102,7 +103,7 @@ size_t wf_pipe_mem_plan(wf_schedule_kind kind, int pp, int rank, int m, int v, s
 {
   wf_sched_bufs b = wf_pipe_buffers(kind, pp, rank, m, v);
   size_t pools = (size_t)(b.recv_b + b.send_b) * buf_bytes(io);
-  return pools + 2 * (size_t)B * (size_t)T * sizeof(int); /* + the token batch */
+  return pools + 3 * (size_t)B * (size_t)T * sizeof(int); /* + the token batch */
 }
 
 /* n buffers of io_bytes (none when io_bytes is 0: indices only) for m work items. */
@@ -168,6 +169,8 @@ wf_status wf_pipe_create(wf_pipe **out, const wf_pipe_opts *o)
   WF_CHECK_ALLOC(p->slot_busy = calloc((size_t)p->n_slots, sizeof(bool)));
   WF_CHECK_ALLOC(p->inputs = wf_mem_alloc((size_t)o->B * o->T * sizeof(int)));
   WF_CHECK_ALLOC(p->targets = wf_mem_alloc((size_t)o->B * o->T * sizeof(int)));
+  WF_CHECK_ALLOC(p->starts = wf_mem_alloc((size_t)o->B * o->T * sizeof(int)));
+  p->docs = o->docs;
   WF_CHECK_ALLOC(p->timed = calloc((size_t)p->sched.n, sizeof(timed)));
   for (int i = 0; i < p->sched.n; i++) {
     WF_TRY(wf_dev_event_create(p->dev, &p->timed[i].a));
@@ -202,6 +205,7 @@ void wf_pipe_destroy(wf_pipe *p)
   free(p->slot_busy);
   wf_mem_free(p->inputs);
   wf_mem_free(p->targets);
+  wf_mem_free(p->starts);
   for (int i = 0; p->timed && i < p->sched.n; i++) {
     wf_dev_event_destroy(p->dev, p->timed[i].a);
     wf_dev_event_destroy(p->dev, p->timed[i].b);
@@ -338,13 +342,14 @@ static wf_status do_forward(wf_pipe *p, int mb, int chunk, wf_pipe_batch_fn batc
     x = wf_model_stage_inbox(p->model, p->rf.at[k]);
     WF_CHECK(x, WF_EINVAL, "pipeline: forward of work item %d before its receive", k);
   }
-  if (first || last)
-    WF_TRY(batch(user, mb, p->inputs, p->targets));
+  if (first || last || p->docs)
+    WF_TRY(batch(user, mb, p->inputs, p->targets, p->docs ? p->starts : NULL));
   int slot = take_slot(p, k);
   WF_CHECK(slot >= 0, WF_EINVAL, "pipeline: no activation slot for micro-batch %d", mb);
   WF_TRY(span_begin(p));
-  wf_status ran = wf_model_chunk_forward(p->model, slot, chunk, first ? p->inputs : NULL, x,
-                                         last ? p->targets : NULL, p->B, p->T);
+  wf_status ran =
+      wf_model_chunk_forward(p->model, slot, chunk, first ? p->inputs : NULL, x,
+                             last ? p->targets : NULL, p->docs ? p->starts : NULL, p->B, p->T);
   WF_TRY(span_end(p, 'F', mb, chunk));
   st = ran;
   if (!first) /* the forward kept x as the slot's input; the spare is the slot's old one */
@@ -484,10 +489,10 @@ static wf_status forward_chain(wf_pipe *p, int mb, wf_pipe_batch_fn batch, void 
       x = wf_model_stage_inbox(p->model, 0);
       WF_TRY(wf_comm_recv(p->pp, x, p->io, p->dt, prev));
     }
-    if (first || last)
-      WF_TRY(batch(user, mb, p->inputs, p->targets));
+    if (first || last || p->docs)
+      WF_TRY(batch(user, mb, p->inputs, p->targets, p->docs ? p->starts : NULL));
     st = wf_model_chunk_forward(p->model, 0, c, first ? p->inputs : NULL, x,
-                                last ? p->targets : NULL, p->B, p->T);
+                                last ? p->targets : NULL, p->docs ? p->starts : NULL, p->B, p->T);
     wf_model_stage_release(p->model, 0);
     WF_TRY(st);
     if (!last)

@@ -256,10 +256,14 @@ typedef struct wf_pipe_opts {
   int virtual_stages; /* v: model chunks per rank (interleaved); the model holds them */
   int B, T;           /* micro-batch */
   wf_trace *trace;    /* spans of compute and waits; NULL = none */
+  bool docs;          /* packed documents (data.document_mask): every stage reads each
+                       * micro-batch's document starts, which its attention keeps to */
 } wf_pipe_opts;
 
-/* Fills micro-batch mb's inputs and targets (B*T each). */
-typedef wf_status (*wf_pipe_batch_fn)(void *user, int mb, int *inputs, int *targets);
+/* Fills micro-batch mb's inputs, targets and starts (B*T each; starts NULL unless the
+ * pipeline was made with docs): starts[b,t] is where the document of position t begins
+ * in its row (wf_io.h's wf_data_batch). */
+typedef wf_status (*wf_pipe_batch_fn)(void *user, int mb, int *inputs, int *targets, int *starts);
 /* Called once per step right before the rank's last backward (data parallelism arms
  * its overlapped reduction there). */
 typedef void (*wf_pipe_arm_fn)(void *user);
@@ -284,7 +288,7 @@ wf_sched_bufs wf_pipe_buffers(wf_schedule_kind kind, int pp, int rank, int micro
 /* Bytes the engine of pp rank `rank` allocates (wf_pipe_create's own arithmetic): the
  * gradients' receive and send buffers (wf_pipe_buffers), io bytes each (wf_model_mem.io:
  * in the model's storage format, 16 bits under mixed precision) and the token batch of
- * B x T. */
+ * B x T (inputs, targets and document starts). */
 size_t wf_pipe_mem_plan(wf_schedule_kind kind, int pp, int rank, int m, int v, size_t io, int B,
                         int T);
 

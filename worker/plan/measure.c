@@ -39,7 +39,7 @@ static double best_of(bench *b, int what, int m, int n, int k)
     if (what == 0)
       WF_K(b->k, matmul)->forward(y, x, w, NULL, m, k, n, WF_PREC_NO, NULL);
     else /* attention of one batch row over m heads: qkv (T, 3 hs m) */
-      WF_K(b->k, attention)->forward(y, w, x, 1, n, k * m, m, m, NULL);
+      WF_K(b->k, attention)->forward(y, w, x, NULL, 1, n, k * m, m, m, NULL);
     wf_dev_stream_sync(b->dev, NULL);
     t = wf_now() - t;
     if (r > 0 && t < best)
@@ -188,14 +188,14 @@ static void mm_bwd(bench *b, int rows, int C)
 static void att_fwd(bench *b, int T, int hs)
 {
   float *qkv = b->buf, *att = qkv + (size_t)T * 12 * hs, *out = att + (size_t)4 * T * T;
-  WF_K(b->k, attention)->forward(out, att, qkv, 1, T, 4 * hs, 4, 4, NULL);
+  WF_K(b->k, attention)->forward(out, att, qkv, NULL, 1, T, 4 * hs, 4, 4, NULL);
 }
 
 static void att_bwd(bench *b, int T, int hs)
 {
   float *qkv = b->buf, *att = qkv + (size_t)T * 12 * hs, *dout = att + (size_t)4 * T * T,
         *dqkv = dout + (size_t)T * 4 * hs, *scratch = dqkv + (size_t)T * 12 * hs;
-  WF_K(b->k, attention)->backward(dqkv, scratch, dout, qkv, att, 1, T, 4 * hs, 4, 4, NULL);
+  WF_K(b->k, attention)->backward(dqkv, scratch, dout, qkv, att, NULL, 1, T, 4 * hs, 4, 4, NULL);
 }
 
 /* Floats mm_bwd's and att_bwd's buffers take (the forwards take fewer). */

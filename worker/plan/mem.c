@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "plan_int.h"
+#include "wf_io.h"
 #include "wf_optim.h"
 
 /* The head sizes the GPU's flash and tensor-core kernels take (kernels/cuda/attention.cu's rule).
@@ -121,8 +122,12 @@ wf_status wf_plan_stage_mem_get(const wf_model_dims *d, const wf_plan_mesh *m, i
                            .ep_rank = m->ep > 1 ? dp_rank % m->ep : 0, /* ep: consecutive dp */
                            .sequence = m->sp};
   int cp = m->cp > 1 ? m->cp : 1, T = m->T / cp; /* T: this rank's rows of a sequence */
-  wf_model_opts o = {
-      .dims = *d, .B = m->B, .T = T, .recompute = m->recompute, .precision = m->prec};
+  wf_model_opts o = {.dims = *d,
+                     .B = m->B,
+                     .T = T,
+                     .recompute = m->recompute,
+                     .precision = m->prec,
+                     .docs = m->docs};
   memset(out, 0, sizeof *out);
   WF_TRY(wf_pipe_stage_shard(&so, &o.shard));
   o.shard.cp = cp;
@@ -132,9 +137,10 @@ wf_status wf_plan_stage_mem_get(const wf_model_dims *d, const wf_plan_mesh *m, i
   wf_grads_mem gr;
   WF_TRY(wf_grads_mem_plan(d, &o.shard, m->prec, m->dp * cp, dp_rank, m->zero, m->fsdp,
                            m->bucket_bytes, m->keep, &gr));
-  /* inputs and targets: the engine's (this rank's rows), the trainer's (whole sequences;
-   * with cp also the micro-batch it picks this rank's chunks from) */
-  size_t tokens = 2 * (size_t)m->B * (size_t)T * sizeof(int);
+  /* inputs, targets and document starts: the engine's (this rank's rows); inputs and
+   * targets: the trainer's (whole sequences; with cp also the micro-batch it picks this
+   * rank's chunks from) */
+  size_t tokens = 3 * (size_t)m->B * (size_t)T * sizeof(int);
   size_t seqs = 2 * (size_t)m->B * (size_t)m->T * sizeof(int) * (cp > 1 ? 2 : 1);
   size_t pipe = wf_pipe_mem_plan(m->kind, m->pp, pp_rank, m->M, o.shard.chunks, gm.io, m->B, T);
   wf_cp_geo cg = wf_cp_geo_of(d, m->tp, m->B, T, (int)m->prec);
@@ -147,6 +153,8 @@ wf_status wf_plan_stage_mem_get(const wf_model_dims *d, const wf_plan_mesh *m, i
       gr.scalar + (pipe - tokens) + gm.inbox + wf_cp_scratch_bytes(m->cp_mode, cp, &cg);
   size_t own = k ? k->reg->workspace_bytes() : 0; /* the kernels' workspace (NULL: the CPU's) */
   out->bytes[WF_PM_OTHER] = tokens + seqs + own;  /* + the engine's and the trainer's */
+  if (m->stream) /* the loader's rows of this rank's lanes: whole sequences */
+    out->bytes[WF_PM_OTHER] += wf_data_loader_bytes(m->B * m->M, m->T);
   out->act = gm.slots + gm.recompute;
   for (int i = 0; i < WF_PM_N; i++)
     out->total += out->bytes[i];
@@ -203,7 +211,9 @@ wf_status wf_plan_mesh_from_config(const wf_config *cfg, int world, wf_plan_mesh
       .n_pp_layers = cfg->parallel.n_pp_layers,
       .cp = cp,
       .cp_mode = cfg->parallel.cp_mode,
-      .ep = cfg->mesh.ep};
+      .ep = cfg->mesh.ep,
+      .docs = cfg->data.document_mask,
+      .stream = cfg->data.n_source > 0};
 fail:
   return st;
 }

@@ -129,6 +129,8 @@ typedef struct wf_plan_mesh {
   wf_cp_mode cp_mode; /* parallel.cp_mode: its scratch (ring blocks, or every rank's K/V) */
   int ep;             /* expert parallelism (0 or 1: none): groups of ep consecutive dp ranks
                        * each hold E / ep experts; their gradients reduce over dp / ep */
+  bool docs;          /* data.document_mask: slots keep document starts and positions */
+  bool stream;        /* data.source: the loader's ring of rows (wf_data_loader_bytes) */
 } wf_plan_mesh;
 
 /* What a rank holds, in bytes, by kind. */

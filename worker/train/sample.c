@@ -154,8 +154,9 @@ fail:
   return st;
 }
 
-/* The batch of every draw: the context's last T tokens in every row, padded with 0. */
-static wf_status context_cb(void *user, int mb, int *inputs, int *targets)
+/* The batch of every draw: the context's last T tokens in every row, padded with 0; one
+ * document (starts 0) where the pipeline carries documents. */
+static wf_status context_cb(void *user, int mb, int *inputs, int *targets, int *starts)
 {
   context *c = user;
   int T = c->tr->T, first = c->n > T ? c->n - T : 0, len = c->n - first;
@@ -164,6 +165,8 @@ static wf_status context_cb(void *user, int mb, int *inputs, int *targets)
     for (int t = 0; t < T; t++) {
       inputs[b * T + t] = t < len ? c->ids[first + t] : 0;
       targets[b * T + t] = 0;
+      if (starts)
+        starts[b * T + t] = 0;
     }
   }
   return WF_OK;
@@ -303,7 +306,7 @@ wf_status wf_train_generate(const wf_config *cfg, const char *prompt, const wf_t
   *one = *cfg;
   one->train.batch_size = 1;
   one->data.path[0] = one->data.val_path[0] = '\0';
-  one->data.n_source = one->data.n_mix = 0;
+  one->data.n_source = one->data.n_mix = 0, one->data.document_mask = false;
   /* Without the dp group: every dp replica runs the whole context (only dp rank 0's
    * logits count), as the debug state does. */
   st = wf__train_setup(&tr, one, &quiet, 1, false);

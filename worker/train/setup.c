@@ -239,7 +239,8 @@ static wf_status setup_stage(wf__trainer *tr)
                      .T = tr->Tl,
                      .recompute = cfg->parallel.activation_checkpointing,
                      .precision = cfg->precision,
-                     .zero = zero_stage(tr)};
+                     .zero = zero_stage(tr),
+                     .docs = cfg->data.document_mask};
   /* every stage's layers, for the banner; this rank's shard among them */
   for (int s = 0; s < tr->pp; s++) {
     wf_model_shard sh;
@@ -309,8 +310,8 @@ static wf_status setup_model(wf__trainer *tr)
   const wf_config *cfg = tr->cfg;
   WF_TRY(setup_stage(tr));
   tr->flops = wf_model_flops_per_step(&tr->dims, tr->B * tr->M * tr->D, tr->T);
-  wf_pipe_opts po = {tr->pp_comm, tr->model, cfg->train.schedule, tr->M, tr->chunks, tr->B,
-                     tr->Tl,      tr->trace};
+  wf_pipe_opts po = {tr->pp_comm, tr->model, cfg->train.schedule,    tr->M, tr->chunks, tr->B,
+                     tr->Tl,      tr->trace, cfg->data.document_mask};
   WF_TRY(wf_pipe_create(&tr->pipe, &po));
   WF_TRY(setup_optim(tr));
   size_t k = wf_model_stats_floats(tr->model);

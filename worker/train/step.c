@@ -60,13 +60,13 @@ static void cp_rows(const wf__trainer *tr, int *dst, const int *seq)
           seq[(size_t)b * tr->T + wf_cp_position(tr->cp, tr->cp_rank, tr->Tl, t)];
 }
 
-wf_status wf__batch_cb(void *user, int mb, int *inputs, int *targets)
+wf_status wf__batch_cb(void *user, int mb, int *inputs, int *targets, int *starts)
 {
   wf__trainer *tr = user;
   int64_t index = batch_index(tr);
-  if (tr->cp == 1)
-    return wf_data_batch(tr->data, inputs, targets, NULL, tr->split, index, tr->dp_rank, tr->D, mb,
-                         tr->M);
+  if (tr->cp == 1) /* (document starts never meet cp: the config refuses the two) */
+    return wf_data_batch(tr->data, inputs, targets, starts, tr->split, index, tr->dp_rank, tr->D,
+                         mb, tr->M);
   wf_status st = wf_data_batch(tr->data, tr->seq_in, tr->seq_tg, NULL, tr->split, index,
                                tr->dp_rank, tr->D, mb, tr->M);
   if (st != WF_OK)
@@ -80,7 +80,8 @@ wf_status wf__batch_cb(void *user, int mb, int *inputs, int *targets)
 /* A stream's batch made before the schedule asks for it, and the outcome agreed over the
  * job: a bad line that one rank's loader met stops every rank here, together, said once
  * by that rank, instead of one rank leaving its peers in a collective. Only the ranks
- * that read data (the first and last stage) wait for it. */
+ * that read data (the first and last stage; every stage under data.document_mask) wait
+ * for it. */
 static wf_status data_ready(wf__trainer *tr)
 {
   char err[2048] = "";
@@ -88,7 +89,7 @@ static wf_status data_ready(wf__trainer *tr)
   const wf_model_shard *sh = wf_model_get_shard(tr->model);
   if (wf_data_get_kind(tr->data) != WF_DATA_STREAM)
     return WF_OK;
-  wf_status mine = sh->first || sh->last
+  wf_status mine = sh->first || sh->last || tr->cfg->data.document_mask
                        ? wf_data_ready(tr->data, tr->split, batch_index(tr), err, sizeof err)
                        : WF_OK;
   wf_status st = wf_comm_agree(tr->world, mine, &bad);

@@ -103,7 +103,7 @@ wf_status wf__evaluate(wf__trainer *tr, double *val_loss);
 /* A mixture of experts: the figures an evaluation's forwards added, dropped. */
 wf_status wf__discard_expert_figures(wf__trainer *tr);
 wf_status wf__accumulate(wf__trainer *tr, int step, double *loss, wf_pipe_stats *ps);
-wf_status wf__batch_cb(void *user, int mb, int *inputs, int *targets);
+wf_status wf__batch_cb(void *user, int mb, int *inputs, int *targets, int *starts);
 
 /* sample.c: train.sample_tokens tokens after `prompt` ("" = train.sample_prompt's
  * default start) drawn on every rank alike, the text printed by world rank 0 on out: one

@@ -66,7 +66,7 @@ static size_t carve_layer(moe_layer *v, wf__layer_mem mem, const wf__geo *z, siz
   size_t C = z->C, N = z->N, R = z->R, F = wf__moe_f_local(z), M = wf__moe_rows(z);
   size_t E = (size_t)z->d.E, K = (size_t)z->d.K, G = qk_groups(z), Me = wf__moe_expert_rows(z);
   size_t q = wf__moe_q_local(z), kv = (size_t)z->KVl * wf__moe_hs(z), ep = z->ep > 1;
-  size_t att = WF_K(z->k, attention)->saved((int)z->B, (int)z->T, (int)q, z->NHl);
+  size_t att = wf__attention_saved(z, (int)q, z->NHl);
   wf__carve_item t[] = {
       WF__ACT(&v->n1, R * C),
       WF__F32(&v->n1_rstd, R),
@@ -99,7 +99,7 @@ static size_t carve_scratch(moe_scratch *s, void *mem, const wf__geo *z)
   size_t N = z->N, C = z->C, F = wf__moe_f_local(z), M = wf__moe_rows(z);
   size_t q = wf__moe_q_local(z), E = (size_t)z->d.E, K = (size_t)z->d.K;
   size_t Me = wf__moe_expert_rows(z), ep = z->ep > 1;
-  size_t att = WF_K(z->k, attention)->scratch((int)z->B, (int)z->T, (int)q, z->NHl);
+  size_t att = wf__attention_scratch(z, (int)q, z->NHl);
   wf__carve_item t[] = {
       WF__ACT(&s->da, WF_MAX(Me * 2 * F, N * wf__moe_qkv_local(z))),
       WF__ACT(&s->db, WF_MAX(Me * F, N * q)),
@@ -243,8 +243,8 @@ static wf_status attention_forward(wf_model *m, const moe_layer *v, const void *
   WF_TRY(wf__enter_fwd(m, &xin, v->n1, m->da.full, (size_t)N, (size_t)C));
   WF_K(k, matmul)->forward(v->qkv, xin, W(m, MO_QKV, l), NULL, N, C, qkv, m->prec, NULL);
   WF_TRY(qk_forward(m, v, l, N));
-  WF_K(k, rope)->forward(v->qkv, m->da.consts, B, T, m->NHl, m->KVl, hs, NULL);
-  WF_K(k, attention)->forward(v->atty, v->att, v->qkv, B, T, q, m->NHl, m->KVl, NULL);
+  wf__rope_forward(m, v->qkv, B, T, hs);
+  WF_TRY(wf__attention_forward(m, v->atty, v->att, v->qkv, B, T, q, m->NHl, m->KVl));
   st = wf__row_parallel(m, v->atty, wf__moe_tensor(m, MO_O), -1, l, N, q);
 fail:
   return st;
@@ -285,9 +285,8 @@ static wf_status core_forward(wf_model *m, wf__layer_mem mem, int l, int B, int 
   moe_layer v = wf__moe_layer_at(m, mem);
   moe_scratch s = wf__moe_scratch_at(m);
   (void)l;
-  WF_K(m->k, attention)
-      ->forward(s.db, v.att, v.qkv, B, T, (int)wf__moe_q_local(&m->g), m->NHl, m->KVl, NULL);
-  return WF_OK;
+  return wf__attention_forward(m, s.db, v.att, v.qkv, B, T, (int)wf__moe_q_local(&m->g), m->NHl,
+                               m->KVl);
 }
 
 static wf_status embed_forward(wf_model *m, wf__slot *a)
@@ -363,9 +362,9 @@ static wf_status attention_backward(wf_model *m, const moe_layer *v, const moe_s
   WF_K(m->k, matmul)
       ->backward(s->db, G(m, MO_O, l), NULL, wf__res_grad(m, dy, (size_t)N), v->atty, W(m, MO_O, l),
                  N, q, C, m->prec, NULL);
-  WF_K(m->k, attention)
-      ->backward(s->da, s->scratch, s->db, v->qkv, v->att, B, T, q, m->NHl, m->KVl, NULL);
-  WF_K(m->k, rope)->backward(s->da, m->da.consts, B, T, m->NHl, m->KVl, hs, NULL);
+  WF_TRY(wf__attention_backward(m, s->da, s->scratch, s->db, v->qkv, v->att, v->atty, B, T, q,
+                                m->NHl, m->KVl));
+  wf__rope_backward(m, s->da, B, T, hs);
   WF_TRY(qk_backward(m, v, s->da, l, N));
   WF_TRY(wf__enter_fwd(m, &xin, v->n1, g->full, (size_t)N, (size_t)C));
   WF_TRY(wf__column_backward(m, s->da, xin, wf__moe_tensor(m, MO_QKV), -1, l, N, qkv));
