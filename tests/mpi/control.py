@@ -231,7 +231,8 @@ def case_fault(sig, victim, port, needle, mesh=None, also=()):
         line = [l for l in err.splitlines() if needle in l][0]
         errors = [l for l in err.splitlines() if l.startswith("weft: error:")]
         if len(errors) != 1:
-            fail(f"the fault was said {len(errors)} times, want once:\n" + "\n".join(errors))
+            fail(f"the fault was said {len(errors)} times, want once:\n" + "\n".join(errors) +
+                 f"\n-- the job's stderr:\n{err[-3000:]}")
         left = wait_empty(jobdir)
         if left:
             fail(f"the job left {left} in its job directory")
