@@ -10,14 +10,19 @@
  * Threads: the training loop only takes `lock` to post state and wakes the loop
  * with `async`; everything with a libuv handle happens on the control thread.
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <netdb.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "control_int.h"
 
@@ -127,13 +132,28 @@ static void do_abort(wf_control *c, const char *reason, bool said)
 }
 
 /* Whether this rank says that the coordinator is lost (every rank sees it alike): the
- * first rank after rank 0 on rank 0's host (rank 0 is its first under the launchers'
- * mappings), and the first rank of each other host, which may have lost rank 0's host
- * as a whole. The others say it at debug level. */
+ * first rank of each host to find it so (another host may have lost rank 0's host as a
+ * whole). The others say it at debug level. The first rather than a fixed one: the
+ * first to leave makes the launcher kill the rest, and a fixed speaker, judging a tick
+ * later, would be killed before it spoke. The claim is a name in the host's abstract
+ * socket namespace (its network namespace), which only one process can bind and the
+ * kernel frees when the process ends: nothing is left behind. Its descriptor is kept
+ * open on purpose, until the process ends, which this rank is about to do. */
 static bool speaks_for_lost(const wf_control *c)
 {
-  bool here = strcmp(c->coord_host, c->facts.host) == 0;
-  return c->facts.local_rank == (here ? 1 : 0);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  XXH64_hash_t h = XXH64(c->endpoint, strlen(c->endpoint), XXH64(c->job_id, strlen(c->job_id), 0));
+  int n =
+      snprintf(sa.sun_path + 1, sizeof sa.sun_path - 1, "weft-lost-%016llx", (unsigned long long)h);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) /* cannot claim: speaking twice beats nobody speaking */
+    return true;
+  if (bind(fd, (struct sockaddr *)&sa,
+           (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n)) == 0)
+    return true;
+  int err = errno;
+  close(fd);
+  return err != EADDRINUSE;
 }
 
 static void on_abort_msg(wf_control *c, const Weft__Abort *a)

@@ -231,8 +231,8 @@ def case_errors(d):
     print("\n".join(lines))
     assert rc == 2, (rc, err[-3000:])
     assert any("bad.jsonl:60: not JSON" in l for l in lines), lines
-    assert sum("bad.jsonl:60" in l for l in lines) == 1, lines
-    assert "training failed on every rank" in err, err[-3000:]
+    # a user's mistake is said once, where it was found (worker/job.c adds no second line)
+    assert len(lines) == 1, lines
     for args, word in ((["data.source=" + os.path.join(d, "nope.jsonl")], "nope.jsonl"),
                        (src[:1] + ["data.mix=[1, 2]"], "data.mix has 2 weights")):
         rc, out, err = run(2, args + ["train.steps=2"], timeout=120)

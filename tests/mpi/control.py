@@ -63,8 +63,9 @@ def wait_running(job, jobdir, n):
 
 def expect_coords(n, ranks):
     for r in ranks:
-        # dp-only mesh: rank = tp + TP*(dp + DP*pp) with TP = PP = 1 gives dp = rank
-        want = {"pp": 0, "dp": r["rank"], "tp": 0}
+        # dp-only mesh: rank = tp + TP*(dp + DP*pp) with TP = PP = 1 gives dp = rank (and
+        # cp 0: every rank's Hello carries its cp coordinate, 0 without context parallelism)
+        want = {"pp": 0, "dp": r["rank"], "tp": 0, "cp": 0}
         if r["coords"] != want:
             return f"rank {r['rank']} coords {r['coords']} != {want}"
     return None
@@ -126,7 +127,7 @@ def case_console_3d(port):
         _, out, _ = console(jobdir, "--json", "ranks")
         for r in json.loads(out)["ranks"]:
             k = r["rank"]  # rank = tp + 2 * (dp + 2 * pp)
-            want = {"pp": k // 4, "dp": k // 2 % 2, "tp": k % 2}
+            want = {"pp": k // 4, "dp": k // 2 % 2, "tp": k % 2, "cp": 0}
             stage = "layers 0 +emb" if k < 4 else "layers 1-3 +head"
             if r["coords"] != want or r["stage"] != stage:
                 fail(f"rank {k}: coords {r['coords']} stage {r['stage']!r}, want {want} "
@@ -230,7 +231,8 @@ def case_fault(sig, victim, port, needle, mesh=None, also=()):
         line = [l for l in err.splitlines() if needle in l][0]
         errors = [l for l in err.splitlines() if l.startswith("weft: error:")]
         if len(errors) != 1:
-            fail(f"the fault was said {len(errors)} times, want once:\n" + "\n".join(errors))
+            fail(f"the fault was said {len(errors)} times, want once:\n" + "\n".join(errors) +
+                 f"\n-- the job's stderr:\n{err[-3000:]}")
         left = wait_empty(jobdir)
         if left:
             fail(f"the job left {left} in its job directory")

@@ -297,11 +297,12 @@ def num_params(L, C, V, T):
 
 def est_case(worker):
     """One rank, fp32: parameters and gradients are 4 bytes per parameter, AdamW 8, and
-    the token batches 2 x 2 x B*T int32 (the pipeline engine's and the trainer's)."""
+    the token batches 5 x B*T int32 (the pipeline engine's inputs, targets and document
+    starts, and the trainer's inputs and targets)."""
     est = json.loads(run([worker, "--estimate", "--json"] + MODEL).stdout)
     n = num_params(4, 128, 8192, 32)
     b = est["stages"][0]["bytes"]
-    want = {"params": 4 * n, "grads": 4 * n, "optim": 8 * n, "other": 4 * 8 * 32 * 4}
+    want = {"params": 4 * n, "grads": 4 * n, "optim": 8 * n, "other": 5 * 8 * 32 * 4}
     for k, v in want.items():
         if b[k] != v:
             fail(f"--estimate {k} = {b[k]}, want {v}")
@@ -524,7 +525,7 @@ def plan_zero(worker):
 def plan_cp(worker):
     """--plan over 4 ranks of this machine's CPU profile tries context parallelism when the
     sequence is long (4096 tokens: mesh.cp 1, 2 and 4 all ranked) and not when it is short
-    (2048: no plan has mesh.cp); a cp plan's peak is --estimate's for its keys; and with
+    (2048: no plan has mesh.cp), never with data.document_mask; a cp plan's peak is --estimate's for its keys; and with
     the memory per rank between the smallest peak of the plans without cp and the smallest
     with cp 4 (one rank keeps attention's (T, T) probabilities per head, a cp rank T / cp
     rows and their log-sum-exp), only cp plans are ranked."""
@@ -549,6 +550,12 @@ def plan_cp(worker):
         plans = json.loads(run(base + ["model.seq_len=4096"]).stdout)["plans"]
         if cps(plans) != {1, 2, 4}:
             fail(f"at 4096 tokens the ranked plans have mesh.cp {sorted(cps(plans))}, want 1, 2, 4")
+        # data.document_mask refuses mesh.cp, so --plan never proposes it
+        docs = ["model.seq_len=4096", "data.source=[%s]" % os.path.join(tmp, "docs.jsonl"),
+                "data.document_mask=true", "model.vocab=256"]
+        masked = json.loads(run(base + docs).stdout)["plans"]
+        if not masked or cps(masked) != {1}:
+            fail(f"with data.document_mask --plan ranked mesh.cp {sorted(cps(masked))}, want 1")
         for c in (2, 4):
             p = next(p for p in plans if cp_of(p) == c)
             est = json.loads(run([worker, "--estimate", "--json", "--hw", hw] + long +

@@ -199,8 +199,9 @@ static wf_status enumerate(search *s, const wf_plan_mesh *base)
 {
   wf_status st = WF_OK;
   int W = s->world, GB = s->cfg->train.batch_size;
-  /* cp only where its block attention kernels exist (the CPU's; GPU set-up refuses cp) */
-  bool cp_ok = base->T >= CP_MIN_T && !s->hw->gpu;
+  /* cp only where its block attention kernels exist (the CPU's; GPU set-up refuses cp),
+   * and not with document masks (its ring attention does not keep to documents) */
+  bool cp_ok = base->T >= CP_MIN_T && !s->hw->gpu && !base->docs;
   int E = wf_model_dims_resolve(&s->d).E; /* 0: dense, no ep */
   int node = WF_MAX(1, s->hw->gpus_per_node), cpmax = cp_ok ? W : 1;
   for (int tp = 1; tp <= W && tp <= node; tp++) {
