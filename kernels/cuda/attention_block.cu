@@ -19,31 +19,13 @@
 
 #include "attention_block.h"
 #include "cuda_int.h"
+#include "fmt_int.h"
 
 namespace
 {
 
 constexpr int NT = 128;    /* threads per block, and keys (queries) per tile */
 constexpr int MAXHS = 256; /* the largest head size */
-
-__device__ __forceinline__ float ld(const void *p, size_t i, int fmt)
-{
-  if (fmt == WF_PREC_BF16)
-    return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
-  if (fmt == WF_PREC_FP16)
-    return __half2float(((const __half *)p)[i]);
-  return ((const float *)p)[i];
-}
-
-__device__ __forceinline__ void st(void *p, size_t i, float v, int fmt)
-{
-  if (fmt == WF_PREC_BF16)
-    ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
-  else if (fmt == WF_PREC_FP16)
-    ((__half *)p)[i] = __float2half_rn(v);
-  else
-    ((float *)p)[i] = v;
-}
 
 /* Element offsets of row i of head h (q, out) or kv head j's k and v, batch b. */
 __device__ __forceinline__ size_t q_at(const wf_attn_block &g, int b, int i, int h)
@@ -72,7 +54,7 @@ __device__ __forceinline__ float dot(const float *a, const void *x, size_t off, 
 {
   float s = 0.0f;
   for (int d = 0; d < hs; d++)
-    s += a[d] * ld(x, off + d, fmt);
+    s += a[d] * wf__ldf(x, off + d, fmt);
   return s;
 }
 
@@ -84,7 +66,7 @@ __global__ void fwd_kernel(float *out, float *lse, const void *q, const void *kv
   const int kvh = h / (g.NH / g.NKV), n = g.causal ? i + 1 : g.Tk;
   const float scale = rsqrtf((float)hs);
   for (int d = t; d < hs; d += NT)
-    qs[d] = ld(q, q_at(g, b, i, h) + d, g.fmt), acc[d] = 0;
+    qs[d] = wf__ldf(q, q_at(g, b, i, h) + d, g.fmt), acc[d] = 0;
   __syncthreads();
   float m = -INFINITY, l = 0.0f;
   for (int j0 = 0; j0 < n; j0 += NT) {
@@ -97,7 +79,7 @@ __global__ void fwd_kernel(float *out, float *lse, const void *q, const void *kv
     for (int d = t; d < hs; d += NT) {
       float a = acc[d] * corr;
       for (int u = 0; u < NT && j0 + u < n; u++)
-        a += p[u] * ld(kv, v_at(g, b, j0 + u, kvh) + d, g.fmt);
+        a += p[u] * wf__ldf(kv, v_at(g, b, j0 + u, kvh) + d, g.fmt);
       acc[d] = a;
     }
     m = mn;
@@ -137,7 +119,7 @@ __global__ void delta_kernel(float *D, const void *dout, const void *out, wf_att
     size_t o = o_at(g, b, i, h);
     float s = 0.0f;
     for (int d = 0; d < g.hs; d++)
-      s += ld(dout, o + d, g.fmt) * ld(out, o + d, g.fmt);
+      s += wf__ldf(dout, o + d, g.fmt) * wf__ldf(out, o + d, g.fmt);
     D[l_at(g, b, h, i)] = s;
   }
 }
@@ -163,7 +145,8 @@ __global__ void dq_kernel(float *dq, const void *dout, const void *q, const void
   const int kvh = h / (g.NH / g.NKV), n = g.causal ? i + 1 : g.Tk;
   const float li = lse[l_at(g, b, h, i)], Di = D[l_at(g, b, h, i)];
   for (int d = t; d < hs; d += NT)
-    qs[d] = ld(q, q_at(g, b, i, h) + d, g.fmt), dos[d] = ld(dout, o_at(g, b, i, h) + d, g.fmt);
+    qs[d] = wf__ldf(q, q_at(g, b, i, h) + d, g.fmt),
+    dos[d] = wf__ldf(dout, o_at(g, b, i, h) + d, g.fmt);
   __syncthreads();
   float acc[MAXHS / NT] = {0};
   for (int j0 = 0; j0 < n; j0 += NT) {
@@ -172,7 +155,7 @@ __global__ void dq_kernel(float *dq, const void *dout, const void *q, const void
     __syncthreads();
     for (int d = t, k = 0; d < hs; d += NT, k++)
       for (int u = 0; u < NT && j0 + u < n; u++)
-        acc[k] += ds[u] * ld(kv, k_at(g, b, j0 + u, kvh) + d, g.fmt);
+        acc[k] += ds[u] * wf__ldf(kv, k_at(g, b, j0 + u, kvh) + d, g.fmt);
     __syncthreads();
   }
   for (int d = t, k = 0; d < hs; d += NT, k++)
@@ -197,8 +180,8 @@ __global__ void dkv_kernel(float *dkv, const void *dout, const void *q, const vo
         float s = 0.0f, dp = 0.0f;
         size_t qo = q_at(g, b, i, h), oo = o_at(g, b, i, h);
         for (int d = 0; d < hs; d++) {
-          s += ld(q, qo + d, g.fmt) * ld(kv, k_at(g, b, j, kvh) + d, g.fmt);
-          dp += ld(dout, oo + d, g.fmt) * ld(kv, v_at(g, b, j, kvh) + d, g.fmt);
+          s += wf__ldf(q, qo + d, g.fmt) * wf__ldf(kv, k_at(g, b, j, kvh) + d, g.fmt);
+          dp += wf__ldf(dout, oo + d, g.fmt) * wf__ldf(kv, v_at(g, b, j, kvh) + d, g.fmt);
         }
         p = expf(rsqrtf((float)hs) * s - lse[l_at(g, b, h, i)]);
         dsv = p * (dp - D[l_at(g, b, h, i)]);
@@ -207,8 +190,8 @@ __global__ void dkv_kernel(float *dkv, const void *dout, const void *q, const vo
       __syncthreads();
       for (int d = t, k = 0; d < hs; d += NT, k++)
         for (int u = 0; u < NT && i0 + u < g.Tq; u++) {
-          adv[k] += P[u] * ld(dout, o_at(g, b, i0 + u, h) + d, g.fmt);
-          adk[k] += DS[u] * ld(q, q_at(g, b, i0 + u, h) + d, g.fmt);
+          adv[k] += P[u] * wf__ldf(dout, o_at(g, b, i0 + u, h) + d, g.fmt);
+          adk[k] += DS[u] * wf__ldf(q, q_at(g, b, i0 + u, h) + d, g.fmt);
         }
       __syncthreads();
     }
@@ -223,7 +206,8 @@ __global__ void extract_kernel(void *kv, const void *qkv, size_t rows, int C, in
   WF_GRID_STRIDE(e, rows * (size_t)KW)
   {
     size_t r = e / KW, c = e % KW;
-    st(kv, e, ld(qkv, r * (size_t)(C + KW) + (size_t)C + c, fmt), fmt); /* exact: same format */
+    wf__stf(kv, e, wf__ldf(qkv, r * (size_t)(C + KW) + (size_t)C + c, fmt),
+            fmt); /* exact: same format */
   }
 }
 
@@ -234,7 +218,7 @@ __global__ void pack_kernel(void *dqkv, const float *dq, const float *dkv, size_
   WF_GRID_STRIDE(e, rows * ld_)
   {
     size_t r = e / ld_, c = e % ld_;
-    st(dqkv, e, c < (size_t)C ? dq[r * C + c] : dkv[r * KW + (c - C)], fmt);
+    wf__stf(dqkv, e, c < (size_t)C ? dq[r * C + c] : dkv[r * KW + (c - C)], fmt);
   }
 }
 

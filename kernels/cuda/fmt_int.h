@@ -1,8 +1,9 @@
 /*
  * fmt_int.h - private to the weft_cuda module: an activation element in the storage
  * format named at run time (a wf_precision: fp32, bf16, fp16), widened exactly and stored
- * rounded to nearest even, as storage.h's wf_storage_get / wf_storage_store. For ops whose
- * work per element is small beside the moves (the mixture-of-experts ops).
+ * rounded to nearest even (storage.h's wf_storage_get reads the same). For ops whose work
+ * per element is small beside the moves (context parallelism's block attention, the
+ * mixture-of-experts ops).
  */
 #ifndef WF_CUDA_FMT_INT_H
 #define WF_CUDA_FMT_INT_H

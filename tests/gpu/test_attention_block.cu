@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "../../kernels/cuda/attention_block.cu"
+#include "module_stubs.h"
 #include "storage.h"
 
 /* What the module's backend.cu provides, for this test alone. */
@@ -27,34 +28,7 @@ static const wf_attention_block_op *ops(void)
   return (const wf_attention_block_op *)wf__cuda_attention_block.v[WF_DT_F32];
 }
 
-extern "C" void wf_log(int level, const char *file, int line, const char *fmt, ...)
-{
-  (void)level, (void)file, (void)line;
-  va_list ap;
-  va_start(ap, fmt);
-  vprintf(fmt, ap);
-  va_end(ap);
-  printf("\n");
-}
-void wf__cuda_record(int err) { (void)err; }
-void wf__cuda_count_launch(void) {}
-bool wf__cuda_check_launch(const char *file, int line, const char *what)
-{
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess)
-    printf("%s:%d %s: %s\n", file, line, what, cudaGetErrorString(e));
-  return e == cudaSuccess;
-}
-
 #define TOL 1e-4
-#define CK(x)                                                                                      \
-  do {                                                                                             \
-    cudaError_t e_ = (x);                                                                          \
-    if (e_ != cudaSuccess) {                                                                       \
-      printf("FAIL: %s: %s\n", #x, cudaGetErrorString(e_));                                        \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
 
 static int failures;
 

@@ -28,38 +28,11 @@
 #include "../../kernels/cuda/moe_dispatch.cu"
 #include "../../kernels/cuda/moe_route.cu"
 #include "../../kernels/cuda/qknorm.cu"
+#include "module_stubs.h"
 #include "storage.h"
-
-/* What the module's backend.cu provides, for this test alone. */
-extern "C" void wf_log(int level, const char *file, int line, const char *fmt, ...)
-{
-  (void)level, (void)file, (void)line;
-  va_list ap;
-  va_start(ap, fmt);
-  vprintf(fmt, ap);
-  va_end(ap);
-  printf("\n");
-}
-void wf__cuda_record(int err) { (void)err; }
-void wf__cuda_count_launch(void) {}
-bool wf__cuda_check_launch(const char *file, int line, const char *what)
-{
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess)
-    printf("%s:%d %s: %s\n", file, line, what, cudaGetErrorString(e));
-  return e == cudaSuccess;
-}
 
 #define REL   1e-5
 #define REL16 8e-3
-#define CK(x)                                                                                      \
-  do {                                                                                             \
-    cudaError_t e_ = (x);                                                                          \
-    if (e_ != cudaSuccess) {                                                                       \
-      printf("FAIL: %s: %s\n", #x, cudaGetErrorString(e_));                                        \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
 
 static int failures;
 static unsigned seed = 12345;
