@@ -1350,7 +1350,7 @@ static void expect_same_bytes(ctx *c, const char *what, const void *want, const 
   c->failures += !ok;
 }
 
-/* A 16-bit output adds its bias rounded to the format (wf_kset.h), on cuBLASLt's
+/* A 16-bit output adds its bias rounded to the format (kernels/matmul.h), on cuBLASLt's
  * epilogue or its fp32-block fallback alike: tests/kernels/test_storage.c's case (bias
  * 1 + 0.6u, product -u/4: 1 + u rounded, where the exact bias gives 1), the pre of the
  * fused GELU too. */

@@ -123,7 +123,7 @@ static void expect_same(const char *what, int tp, const float *got, const float 
 
 /* ---- forward ------------------------------------------------------------------- */
 
-/* One rank's output by the definition in encoder.h. */
+/* One rank's output by the definition in kernels/embedding.h. */
 static void expect_rank_out(const float *out, const struct fix *f, int tp, int r)
 {
   const struct shape *s = &f->s;

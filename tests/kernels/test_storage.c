@@ -1,6 +1,6 @@
 /*
  * test_storage.c - activations stored in 16 bits (kernels/storage.h) and the CPU's
- * 16-bit kernels, through the CPU device's tables of each format (wf_kset.h).
+ * 16-bit kernels, through the CPU device's tables of each format (wf_dev_kernels, wf_device.h).
  *
  *  - Storing: the 16 bits stored for x widen to exactly what round.h rounds x to (bf16
  *    and fp16; round.h is itself checked against an independent reference in
@@ -452,7 +452,7 @@ static void expect_within_sum_bound(const char *what, int fmt, const float *got,
   }
 }
 
-/* The bias a 16-bit output adds is rounded to the format first (wf_kset.h), so where
+/* The bias a 16-bit output adds is rounded to the format first (kernels/matmul.h), so where
  * the product nearly cancels its rounding the two conventions part: with u the format's
  * step at 1, bias 1 + 0.6u (rounded: 1 + u) and a product of -u/4, the exact bias gives
  * round(1 + 0.35u) = 1, the rounded one round(1 + 0.75u) = 1 + u. Every path: fp16, bf16
@@ -523,7 +523,7 @@ static void test_matmul(void **state)
     WF_K(k32, matmul)->forward(y32, x.x, w.x, bias, M, K, OC, WF_PREC_NO, NULL);
     WF_K(k, matmul)->forward_f32(y, x.h, w.h, bias, M, K, OC, fmt, NULL);
     expect_within_sum_bound("matmul_forward_f32", fmt, y, y32, fs, (size_t)M * OC, K + 1, NULL);
-    /* a 16-bit output adds the bias rounded to the format (wf_kset.h) */
+    /* a 16-bit output adds the bias rounded to the format (kernels/matmul.h) */
     float *rb = zeros(OC), *yr = zeros((size_t)M * OC);
     uint16_t *b16 = calloc(OC, 2);
     wf_storage_store(b16, bias, OC, fmt);

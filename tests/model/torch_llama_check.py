@@ -2,7 +2,7 @@
 """bench/torch_models.py's Llama (the PyTorch peer bench/gpu_train.py times against weft's
 llama-1b) computes what tests/model/llama_ref.py computes: Hugging Face's
 LlamaForCausalLM, written independently (llama_ref is itself checked against weft's CPU
-forward and backward, tests/model/llama_reference.py).
+forward and backward, tests/model/llama_ref_check.py).
 
     /usr/bin/python3 tests/model/torch_llama_check.py
 

@@ -1,5 +1,5 @@
 /*
- * test_trace.c - the Chrome trace recorder (worker/wf_trace.h), run under mpirun (3 ranks).
+ * test_trace.c - the Chrome trace recorder (runtime/wf_trace.h), run under mpirun (3 ranks).
  *
  * Local checks on every rank: dropped-span counting past max_spans, recording only while
  * on, and wf_trace_busy against hand-computed unions. Then the collective write: rank r

@@ -1,5 +1,5 @@
 /*
- * data.c - the data sources behind wf_data.h.
+ * data.c - the data sources behind wf_data_* (wf_io.h).
  *
  * Files are mmap()ed, never copied: llm.c shard sets run to tens of GB. A source is a
  * list of spans (one per file) that together form one token stream; the train split is

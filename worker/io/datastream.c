@@ -4,7 +4,7 @@
  * position as JSON for a checkpoint's manifest.
  *
  * This rank's lanes are the rows its dp rank trains on: [r B/D, (r+1) B/D) of the
- * global batch of B rows (wf_data.h's slicing). Validation (data.val_path, JSON Lines)
+ * global batch of B rows (wf_io.h's wf_data slicing). Validation (data.val_path, JSON Lines)
  * is a second stream over the same lanes, read from its start once, synchronously,
  * and kept: evaluation i is always the same rows, so the curve is comparable.
  *

@@ -15,7 +15,7 @@
 #include "wf_trace.h"
 
 /*
- * wf_data.h - training data: llm.c token shards, raw text bytes, or a synthetic chain.
+ * wf_data - training data: llm.c token shards, raw text bytes, or a synthetic chain.
  *
  * Sources (chosen by data.path):
  *  - ""                 : a built-in synthetic source, a fixed first-order Markov chain

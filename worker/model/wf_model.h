@@ -734,7 +734,7 @@ void wf_model_set_grad_hook(wf_model *m, wf_model_grad_hook fn, void *user); /* 
  * bytes per parameter, and the output gradient in backward) and accumulate in fp32.
  * The fp32 masters, the gradients (parameters' and, inside a stage, the activations'),
  * the norms' statistics, the loss, the tp reductions and the optimizer's state stay
- * fp32. Each kernel computes in fp32 and rounds what it stores (wf_kset.h). With
+ * fp32. Each kernel computes in fp32 and rounds what it stores (kernels/storage.h). With
  * precision no everything is fp32 and nothing is copied.
  *
  * Whoever writes the parameters other than through this header's init, import and

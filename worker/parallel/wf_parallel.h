@@ -97,7 +97,7 @@ void wf_ep_stats(wf_ep *ep, double *seconds, double *bytes);
 wf_status wf_gather_full(wf_model *m, int which, float *full, wf_comm *world, bool contribute);
 
 /*
- * wf_schedule.h - pipeline schedules as data.
+ * wf_schedule - pipeline schedules as data.
  *
  * A schedule is a pure function of (kind, pp size p, pp rank r, micro-batches m,
  * virtual stages v): the list of actions rank r runs in one training step. The
@@ -227,7 +227,7 @@ wf_status wf_schedule_print(FILE *out, const wf_sched_params *prm, char *err, si
 const char *wf_schedule_kind_str(wf_schedule_kind kind);
 
 /*
- * wf_pipe.h - the pipeline engine: runs one rank's schedule (wf_schedule.h) over the
+ * wf_pipe - the pipeline engine: runs one rank's schedule (wf_schedule, above) over the
  * pp group, and the stage partition.
  *
  * One training step on a rank: the schedule's actions in order. FORWARD and BACKWARD

@@ -123,7 +123,7 @@ static double step_flops(const wf_model_dims *d, int B, int T)
   return matmul + attn;
 }
 
-/* One block's forward (forward.c's ops): qkv (N,C)x(C,3C/tp), attproj (N,C/tp)x(C/tp,C),
+/* One block's forward (block.c's ops): qkv (N,C)x(C,3C/tp), attproj (N,C/tp)x(C/tp,C),
  * fc (N,C)x(C,4C/tp), fcproj (N,4C/tp)x(4C/tp,C); attention over the local heads; two
  * layernorms (2RC elements) and a GELU (N 4C/tp) at their measured rates; residuals
  * and the CPU's softmax over T x T at memory bandwidth; two tp all-reduces of (N,C).
