@@ -1,6 +1,7 @@
 /*
  * model_int.h - private to worker/model: the model's struct, its activation slots, the
- * family's compute table, and the helpers both families' blocks are built from.
+ * family's compute table, the helpers both families' blocks are built from, and the
+ * types the safetensors codec's three files share.
  *
  * Error idiom (the worker's): every function that can fail returns a wf_status, logs
  * what failed where it failed, and callers propagate with WF_TRY / goto fail. Kernel
@@ -329,6 +330,76 @@ wf_status wf__attention_backward(wf_model *m, void *dqkv, float *scratch, const 
  * their own position), in place on qkv's q and k heads; backward likewise on dqkv. */
 void wf__rope_forward(wf_model *m, void *qkv, int B, int T, int hs);
 void wf__rope_backward(wf_model *m, void *dqkv, int B, int T, int hs);
+
+/* ---- safetensors (safetensors.c: mapping, names, writer; safetensors_read.c: reader;
+ * safetensors_dims.c: a file's dimensions) ---- */
+
+#define WF_ST_MAX_FILES 4096 /* a sharded model's files */
+
+/* One Hugging Face tensor against the flat array: rows x cols of weft's layout from
+ * `off` (a row group of a tensor, or all of it), the file's shape. */
+typedef struct wf__st_spec {
+  char name[128];
+  int ndim;
+  int64_t shape[2]; /* the file's shape (transposed: (cols, rows)) */
+  bool transpose;
+  size_t off; /* first element in `full` */
+  size_t rows, cols;
+  int tensor;
+} wf__st_spec;
+
+/* One open safetensors file and its parsed header. */
+typedef struct wf__st_file {
+  const char *path;
+  int fd;
+  uint64_t size, data_start; /* file size; first byte after the header */
+  struct json_t *header;
+} wf__st_file;
+
+typedef enum wf__st_dtype { DT_F32 = 0, DT_BF16, DT_F16 } wf__st_dtype;
+
+/* One header entry, checked against the file. */
+typedef struct wf__st_tinfo {
+  wf__st_dtype dt;
+  int ndim;
+  int64_t shape[4];
+  uint64_t begin, end; /* byte range in the data section */
+} wf__st_tinfo;
+
+/* A model's files: one, or a sharded model's (the index's weight_map names each
+ * tensor's); opened on first use. */
+typedef struct wf__st_source {
+  const char *path; /* what the caller named */
+  const wf_family *fam;
+  struct json_t *index; /* the weight_map, or NULL for one file */
+  wf__st_file files[WF_ST_MAX_FILES];
+  char names[WF_ST_MAX_FILES][WF_PATH_MAX];
+  int n;
+} wf__st_source;
+
+/* The error idiom of the codec: the message into err (or logged when err is NULL). */
+wf_status wf__st_fail(char *err, size_t len, wf_status st, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+bool wf__st_ends_with(const char *s, const char *suffix);
+void wf__st_dir_of(char *out, size_t len, const char *path);
+/* The mapping (safetensors.c). */
+size_t wf__st_numel(const wf__st_spec *s);
+bool wf__st_plain(const wf__st_spec *s);
+size_t wf__st_largest(const wf__st_spec *s, int n);
+wf__st_spec *wf__st_alloc_specs(const wf_model_dims *d, wf_model_dims *r, wf_model_desc *desc,
+                                int *n);
+void wf__st_from_file(const wf__st_spec *s, const float *f, float *w);
+double wf__st_json_num(struct json_t *v);
+void wf__st_field_set(wf_model_dims *d, wf_hf_field f, double x);
+/* The files (safetensors_read.c). */
+wf_status wf__st_src_open(wf__st_source **out, const char *path, char *err, size_t len);
+void wf__st_src_close(wf__st_source *s);
+wf_status wf__st_src_file(wf__st_source *s, const char *file, wf__st_file **out, char *err,
+                          size_t len);
+struct json_t *wf__st_src_find(wf__st_source *s, const char *name, wf__st_file **f, char *err,
+                               size_t len);
+wf_status wf__st_parse_info(const wf__st_file *f, const char *name, struct json_t *t,
+                            wf__st_tinfo *ti, char *err, size_t len);
 
 /* The families (gpt2/, llama/). */
 extern const wf_family wf__family_gpt2;
