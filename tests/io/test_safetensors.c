@@ -1,5 +1,5 @@
 /*
- * test_safetensors.c - the safetensors codec (worker/model/safetensors.c) against an
+ * test_safetensors.c - the safetensors codec (worker/model/safetensors*.c) against an
  * independent writer and checker, tests/io/st_ref.py (Python's struct and json): files it
  * writes (F32, BF16, F16; with and without the "transformer." prefix; with the tied
  * lm_head and the attn.bias buffers) read into the llm.c layout this test states on its

@@ -791,7 +791,7 @@ wf_status wf_llmc_write_state(const char *path, const wf_model_dims *d, int B, i
                               const int *inputs, const int *targets, const float *logits,
                               float loss, const float *grads);
 
-/* ---- Hugging Face safetensors (safetensors.c) ----------------------------------------
+/* ---- Hugging Face safetensors (safetensors.c, safetensors_read.c, safetensors_dims.c) -
  * The whole model's flat float32 array `full` (wf_model_num_params(d) floats; padded
  * vocabulary rows zero and not in the file) to and from the family's Hugging Face
  * tensors (wf_tensor_desc.hf: names, row groups, Conv1D transposes, RoPE's q/k row
