@@ -80,15 +80,29 @@ def command(n, args, env_extra):
     return cmd, env
 
 
-def run(n, args, env_extra=None, expect_rc=0):
-    """Run to completion; returns stdout + stderr."""
+def run_rc(n, args, env_extra=None, expect_rc=0):
+    """Run to completion; returns the exit status and stdout + stderr."""
     cmd, env = command(n, args, env_extra or {})
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     out = p.stdout + p.stderr
     if expect_rc is not None and (p.returncode == 0) != (expect_rc == 0):
         fail(f"{' '.join(cmd)} exited {p.returncode}, want {'0' if expect_rc == 0 else 'non-zero'}",
              out)
-    return out
+    return p.returncode, out
+
+
+def run(n, args, env_extra=None, expect_rc=0):
+    """Run to completion; returns stdout + stderr."""
+    return run_rc(n, args, env_extra, expect_rc)[1]
+
+
+def stopped_once(rc, out):
+    """Every rank stopped on an error, said once for the job: a failure (exit 1) gets rank
+    0's one "training failed on every rank" line; a file the user gave that is not what
+    it should be (exit 2: a corrupt shard) gets none, its error said once where it was
+    found, with its fix."""
+    summary = out.count("training failed on every rank")
+    return summary == 0 if rc == 2 else summary == 1
 
 
 def start(n, args, env_extra=None):
@@ -392,12 +406,12 @@ def case_bad_shards():
         shutil.copytree(ck, bad)
         name, needles = how(os.path.join(bad, step))
         for n, extra in ((4, TP2PP2), (1, [])):  # the same mesh; one rank (resharding)
-            out = run(n, extra + ["train.steps=6", f"train.resume={bad}"], expect_rc=1)
+            rc, out = run_rc(n, extra + ["train.steps=6", f"train.resume={bad}"], expect_rc=1)
             want = needles + ([os.path.join(bad, step, name)] if name else [])
             expect_in(out, want, f"{how.__name__} on {n} rank(s)")
             if re.search(r"^step \d+/", out, re.M):
                 fail(f"{how.__name__}: trained from a bad checkpoint", out)
-            if out.count("training failed on every rank") != 1:
+            if not stopped_once(rc, out):
                 fail(f"{how.__name__}: not every rank stopped with the error, said once", out)
         print(f"{how.__name__} shard: refused on tp2 x pp2 and on one rank: "
               f"{[l for l in out.splitlines() if needles[0] in l][0].split('] ', 1)[-1]}")
@@ -466,14 +480,14 @@ def case_corrupt():
         shutil.copytree(src, bad)
         f = os.path.join(bad, "step-000006", name)
         flip_byte(f, at if at >= 0 else os.path.getsize(f) + at)
-        out = run(2, [zero, "train.steps=8", "train.resume=auto", f"train.checkpoint_dir={bad}"],
-                  expect_rc=1)
+        rc, out = run_rc(2, [zero, "train.steps=8", "train.resume=auto",
+                             f"train.checkpoint_dir={bad}"], expect_rc=1)
         expect_in(out, [f, "checksum mismatch"], f"corrupt {name} at {zero}")
         if re.search(r"^step \d+/", out, re.M):
             fail(f"corrupt {name} at {zero}: trained from a bad checkpoint", out)
-        if out.count("training failed on every rank") != 1:
-            fail(f"corrupt {name} at {zero}: not every rank stopped with the error, said once",
-                 out)
+        if rc != 2 or not stopped_once(rc, out):
+            fail(f"corrupt {name} at {zero}: exit {rc} (want 2: a corrupt file), or not every "
+                 "rank stopped with the error, said once", out)
         print(f"corrupt {name} (byte {at}) at dp 2 {zero}: refused by every rank, naming {f}")
 
 
