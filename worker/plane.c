@@ -68,11 +68,16 @@ static double launcher_detect_ms(void)
   return ms > 0 && ms <= 30000 ? ms : 0;
 }
 
+/* Whether this rank speaks for the aborted job (wf_control_abort_spoke): only it says
+ * that it waits for the launcher and that the launcher ended it, which is what the wait
+ * was for, so not an error; the job's reason was said once already. */
+static volatile sig_atomic_t leaving_speaks;
+
 static void on_signal_while_leaving(int sig)
 {
-  static const char msg[] = "weft: error: ended by the launcher while leaving an aborted job\n";
+  static const char msg[] = "weft: ended by the launcher while leaving the aborted job\n";
   (void)sig;
-  if (write(STDERR_FILENO, msg, sizeof msg - 1) < 0) {
+  if (leaving_speaks && write(STDERR_FILENO, msg, sizeof msg - 1) < 0) {
   }
   _exit(3);
 }
@@ -100,13 +105,16 @@ static void leave_after_launcher(const wf_plane *p)
     return;
   /* the launcher's "end now" replaces main's graceful stop, which would wait for a step
    * boundary that will not come */
+  leaving_speaks = wf_control_abort_spoke(p->ctl);
   signal(SIGTERM, on_signal_while_leaving);
   signal(SIGINT, on_signal_while_leaving);
-  fprintf(stderr,
-          "weft: waiting up to %.1f s for mpirun to see the lost host (its daemons' "
-          "keepalive), so that it ends too\n",
-          wait_ms / 1000.0);
-  fflush(stderr);
+  if (leaving_speaks) {
+    fprintf(stderr,
+            "weft: waiting up to %.1f s for mpirun to see the lost host (its daemons' "
+            "keepalive), so that it ends too\n",
+            wait_ms / 1000.0);
+    fflush(stderr);
+  }
   struct timespec ts = {(time_t)(wait_ms / 1000), (long)(fmod(wait_ms, 1000) * 1e6)};
   while (nanosleep(&ts, &ts) != 0) {
   }
