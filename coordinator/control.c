@@ -117,14 +117,17 @@ static void close_all(wf_control *c)
 /* said: the coordinator already logged the reason (once, for the whole job), so this
  * rank ends quietly; a rank that lost the coordinator says why itself. */
 /* The job ends; `said`: the coordinator said why, once for the job. This rank says it
- * when nobody else does, and is then the one that speaks for the job (spoke). */
-static void do_abort(wf_control *c, const char *reason, bool said)
+ * when nobody else does, and is then the one that speaks for the job (spoke); it then
+ * waits hold_ms before the job's end goes on (lost_abort says why). */
+static void do_abort(wf_control *c, const char *reason, bool said, int hold_ms)
 {
   if (atomic_exchange(&c->aborted, true))
     return;
   c->spoke = !said || c->facts.rank == 0;
   if (!said)
     WF_ERROR("job aborted: %s", reason);
+  if (hold_ms > 0)
+    uv_sleep((unsigned)hold_ms);
   else if (c->facts.rank != 0)
     WF_DEBUG("job aborted: %s", reason);
   if (c->on_abort)
@@ -156,6 +159,20 @@ static bool speaks_for_lost(const wf_control *c)
   return err != EADDRINUSE;
 }
 
+/* How long the rank that claimed the loss holds the claim before its end goes on. The
+ * claim ends with the process, and the host's other ranks judge the loss on their own
+ * SILENCE_TICK_MS timers, a tick or a few later under load: one that judged after the
+ * claimant had left would find the name free and say it again. Not a delay of the job's
+ * end: the others leave at once, and the launcher then ends this rank too. */
+#define LOST_HOLD_MS 500
+
+/* The coordinator is lost: the job ends, said once per host. */
+static void lost_abort(wf_control *c, const char *reason)
+{
+  bool speak = speaks_for_lost(c);
+  do_abort(c, reason, !speak, speak ? LOST_HOLD_MS : 0);
+}
+
 static void on_abort_msg(wf_control *c, const Weft__Abort *a)
 {
   char reason[2300], clean[2048];
@@ -163,7 +180,7 @@ static void on_abort_msg(wf_control *c, const Weft__Abort *a)
     c->abort_silent_ms = a->silent_ms > 0 ? a->silent_ms : 1;
   wf__sanitize(clean, sizeof clean, a->reason);
   snprintf(reason, sizeof reason, "the coordinator aborted the job: %s", clean);
-  do_abort(c, reason, true);
+  do_abort(c, reason, true, 0);
 }
 
 #define TRACE_BUF   (32 << 10)
@@ -305,7 +322,7 @@ static void check_coordinator(uv_timer_t *t)
            c->coord_pid, where);
   /* only a silence across hosts may be a partition for the launcher to see too */
   c->abort_silent_ms = here ? 0 : now - c->t_rx;
-  do_abort(c, reason, !speaks_for_lost(c));
+  lost_abort(c, reason);
 }
 
 static void on_heartbeat_timer(uv_timer_t *t) { send_heartbeat(t->data); }
@@ -372,7 +389,7 @@ static void connection_lost(wf_control *c, const char *why)
            "runs it, died or was killed after step %" PRId64
            " (this rank's last), so this rank stops too",
            c->endpoint, why, c->coord_host[0] ? c->coord_host : "?", c->coord_pid, step);
-  do_abort(c, reason, !speaks_for_lost(c));
+  lost_abort(c, reason);
 }
 
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
