@@ -233,10 +233,8 @@ def case_twice_mpirun():
 
 
 def case_during_checkpoint():
-    """Ctrl-C while a checkpoint is being written in the background (seen as its staging
-    directory): that write completes, whole, and the job stops at a step boundary no
-    earlier than its step, with the stop's own checkpoint (training runs on while a write
-    is in flight, so the stop may come a step or more past the one being written)."""
+    """Ctrl-C while a checkpoint is being written (seen as its staging directory): the
+    write completes and the job stops right there, at that checkpoint's step."""
     with tempfile.TemporaryDirectory() as d:
         # d_model 256: a 38 MB checkpoint that takes 0.2-0.4 s to write and fsync here
         job = launch(d, 2, ["model.d_model=256", "model.heads=4", "train.seq_len=16",
@@ -250,16 +248,10 @@ def case_during_checkpoint():
         job.ctrl_c()
         took = job.finish(STOP_BOUND_S)
         n = check_graceful(job, d, took, f"Ctrl-C during the write of {staged}")
-        k = int(staged.split("-")[2])  # .tmp-step-NNNNNN-<nonce>
-        if n < k:
-            fail(f"the stop came after step {n}, before the checkpoint being written "
+        if f"{n:06d}" not in staged:
+            fail(f"the stop came after step {n}, not at the checkpoint being written "
                  f"({staged})", job.text())
-        if not os.path.isdir(os.path.join(ck, f"step-{k:06d}")) or any(
-                x.startswith(".tmp-step-") for x in os.listdir(ck)):
-            fail(f"the write of step {k} under way at the request did not complete "
-                 f"({sorted(os.listdir(ck))})", job.text())
-        print(f"ok: the request during {staged}'s write: step {k}'s checkpoint completed, "
-              f"the job stopped after step {n} with its own")
+        print(f"ok: the request during {staged}'s write stopped the job at that checkpoint")
 
 
 def case_closed_pipe():

@@ -58,10 +58,6 @@ static wf_status checkpoint(wf__trainer *tr, int step, bool stopping)
     st = wf_ckpt_saver_boundary(tr->saver, step, checkpoint_due(tr, step), &started);
   if (last && h && h->on_phase)
     h->on_phase(h->user, "train");
-  if (started && h && h->on_phase) {    /* a snapshot taken, written on in the background: */
-    h->on_phase(h->user, "checkpoint"); /* said as one checkpoint phase, so that the job */
-    h->on_phase(h->user, "train");      /* counts and dates it as it does the last one */
-  }
   if (started || (last && st == WF_OK)) {
     tr->saved_step = step;
     tr->ckpt_t0 = t0;
