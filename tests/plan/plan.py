@@ -72,10 +72,6 @@ MESHES = {
     # from zero.c's plan, the one the trainer allocates by
     "dp2-zero2": (2, ["mesh.dp=2", "optim.zero=2"]),
     "cp2-zero1": (2, ["mesh.cp=2", "optim.zero=1"]),
-    # a checkpoint directory: the writing ranks' snapshots (host memory, resident from
-    # the start: rank 0 the model file and its AdamW shard, rank 1 its shard)
-    "dp2-zero1-ckpt": (2, ["mesh.dp=2", "optim.zero=1", "train.checkpoint_dir={tmp}/ck"]),
-    "pp2-1f1b-ckpt": (2, ["mesh.pp=2", "train.microbatches=4", "train.checkpoint_dir={tmp}/ck"]),
     # one bucket per layer (bucket_mb 0): two windows of four units, or all four kept
     "dp2-zero3": (2, ["mesh.dp=2", "optim.zero=3", "optim.bucket_mb=0"]),
     "dp2-zero3-keep": (2, ["mesh.dp=2", "optim.zero=3", "optim.bucket_mb=0",
@@ -190,7 +186,6 @@ def mem_case(worker, name, tmp):
     meshes, base = {"llama": (LLAMA_MESHES, LLAMA), "moe": (MOE_MESHES, MOE),
                     "stream": (STREAM_MESHES, STREAM)}.get(family, (MESHES, MODEL))
     np, keys = meshes[name[len(family) + 1:] if family else name]
-    keys = [k.format(tmp=tmp) for k in keys]
     args = base + keys + (stream_source(tmp) if family == "stream" else [])
     if "precision=bf16" in keys:
         # oneDNN's bf16 GEMMs (runtime.cpu_bf16_gemm) keep JIT code, a primitive cache and

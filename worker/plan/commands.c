@@ -158,11 +158,10 @@ static json_t *stage_json(int r, const wf_plan_stage_mem *sm)
   for (int i = 0; i < WF_PM_N; i++)
     json_object_set_new(b, wf_plan_mem_kind_name((wf_plan_mem_kind)i),
                         json_integer((json_int_t)sm->bytes[i]));
-  return json_pack("{s:i, s:[i, i], s:i, s:o, s:I, s:i, s:I, s:I, s:I}", "stage", r, "layers",
-                   sm->l0, sm->l1, "chunks", sm->chunks, "bytes", b, "total_bytes",
-                   (json_int_t)sm->total, "slots", sm->slots, "params", (json_int_t)sm->params,
-                   "act_bytes", (json_int_t)sm->act, "host_snapshot_bytes",
-                   (json_int_t)sm->host_snapshot);
+  return json_pack("{s:i, s:[i, i], s:i, s:o, s:I, s:i, s:I, s:I}", "stage", r, "layers", sm->l0,
+                   sm->l1, "chunks", sm->chunks, "bytes", b, "total_bytes", (json_int_t)sm->total,
+                   "slots", sm->slots, "params", (json_int_t)sm->params, "act_bytes",
+                   (json_int_t)sm->act);
 }
 
 static void dump_json(FILE *out, json_t *o)
@@ -190,7 +189,7 @@ static int estimate_out(const wf_config *cfg, const wf_plan_cli *cli, const wf_h
     fprintf(out, "estimate: %s, seq %d, on %s\n", desc, m->T, hw->name);
     fprintf(out, "memory per rank (MiB; dp rank 0, which holds the largest ZeRO shard):\n"
                  "stage  layers     params     grads     optim      acts      comm     other "
-                 "     ckpt      total slots\n");
+                 "     total slots\n");
   }
   for (int r = 0; r < m->pp; r++) {
     wf_plan_stage_mem sm;

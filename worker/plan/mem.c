@@ -15,7 +15,6 @@
 #include <string.h>
 
 #include "plan_int.h"
-#include "wf_ckpt.h"
 #include "wf_io.h"
 #include "wf_optim.h"
 
@@ -102,23 +101,8 @@ static size_t expert_params(const wf_model_dims *d, const wf_model_shard *s)
 
 const char *wf_plan_mem_kind_name(wf_plan_mem_kind k)
 {
-  static const char *names[WF_PM_N] = {"params", "grads", "optim", "acts", "comm", "other", "ckpt"};
+  static const char *names[WF_PM_N] = {"params", "grads", "optim", "acts", "comm", "other"};
   return (unsigned)k < WF_PM_N ? names[k] : "?";
-}
-
-/* The checkpoint snapshot of dp rank dp_rank (over dp x cp), by the saver's own sizing
- * (wf_ckpt_snapshot_bytes, worker/ckpt/saver.c): HSDP's fsdp group 0 writes, its rank 0
- * the model file, and every rank its optimizer shard under ZeRO (else rank 0 the whole). */
-static size_t snapshot_plan(const wf_model_dims *d, const wf_model_shard *s, const wf_plan_mesh *m,
-                            int dp_rank, const wf_grads_mem *gr)
-{
-  int dpc = m->dp * (m->cp > 1 ? m->cp : 1);
-  int f = m->fsdp > 0 && m->fsdp < dpc ? m->fsdp : dpc;
-  bool first = dp_rank / f == 0, lead = dp_rank % f == 0;
-  if (!m->ckpt || !first)
-    return 0;
-  return wf_ckpt_snapshot_bytes(d, s, wf_model_shard_params(d, s), lead, gr->lo, gr->hi,
-                                lead || (m->zero > 0 && dpc > 1));
 }
 
 wf_status wf_plan_stage_mem_get(const wf_model_dims *d, const wf_plan_mesh *m, int pp_rank,
@@ -172,10 +156,6 @@ wf_status wf_plan_stage_mem_get(const wf_model_dims *d, const wf_plan_mesh *m, i
   if (m->stream) /* the loader's rows of this rank's lanes: whole sequences */
     out->bytes[WF_PM_OTHER] += wf_data_loader_bytes(m->B * m->M, m->T);
   out->act = gm.slots + gm.recompute;
-  out->host_snapshot = snapshot_plan(d, &o.shard, m, dp_rank, &gr);
-  /* the device's memory is the host's on the CPU (the CPU's kernels) */
-  bool host = !k || k->reg == wf_dev_kernels(wf_dev_cpu(), WF_DT_F32)->reg;
-  out->bytes[WF_PM_CKPT] = host ? out->host_snapshot : 0;
   for (int i = 0; i < WF_PM_N; i++)
     out->total += out->bytes[i];
   out->slots = o.slots;
@@ -233,8 +213,7 @@ wf_status wf_plan_mesh_from_config(const wf_config *cfg, int world, wf_plan_mesh
       .cp_mode = cfg->parallel.cp_mode,
       .ep = cfg->mesh.ep,
       .docs = cfg->data.document_mask,
-      .stream = cfg->data.n_source > 0,
-      .ckpt = cfg->train.checkpoint_dir[0] != '\0'};
+      .stream = cfg->data.n_source > 0};
 fail:
   return st;
 }

@@ -126,7 +126,6 @@ typedef struct wf_plan_mesh {
   int n_pp_layers;
   int cp;             /* context parallelism (0 or 1: none): a rank holds T / cp of each
                        * sequence, gradients and ZeRO over dp x cp */
-  bool ckpt;          /* train.checkpoint_dir is set: writing ranks hold a snapshot */
   wf_cp_mode cp_mode; /* parallel.cp_mode: its scratch (ring blocks, or every rank's K/V) */
   int ep;             /* expert parallelism (0 or 1: none): groups of ep consecutive dp ranks
                        * each hold E / ep experts; their gradients reduce over dp / ep */
@@ -144,9 +143,6 @@ typedef enum wf_plan_mem_kind {
   WF_PM_ACTS,       /* activation slots in flight, the recompute layer, backward scratch */
   WF_PM_COMM,       /* the pipeline's p2p rings, the norm's scalar */
   WF_PM_OTHER,      /* token batches */
-  WF_PM_CKPT,       /* the checkpoint snapshot (train.checkpoint_dir): host memory, counted
-                     * here where the device's memory is the host's (the CPU); on a GPU 0,
-                     * and in host_snapshot */
   WF_PM_N
 } wf_plan_mem_kind;
 
@@ -160,7 +156,6 @@ typedef struct wf_plan_stage_mem {
   int n_buckets;        /* plain dp's gradient buckets */
   size_t act;           /* the activation slots in flight and the recompute layer: the
                          * trainer's act= (its step line) at the schedule's peak */
-  size_t host_snapshot; /* the checkpoint snapshot in host memory, on any device */
 } wf_plan_stage_mem;
 
 /* Memory of pp rank `pp_rank`, dp rank `dp_rank` (tp ranks all hold the same). k: the
