@@ -140,12 +140,10 @@ typedef struct wf_config {
     char tensorboard[WF_PATH_MAX]; /* event files' directory; "" = none */
     double tensorboard_roll_mb;    /* a file past this is closed, the next one started */
     char checkpoint_dir[WF_PATH_MAX];
-    int checkpoint_every;      /* steps between checkpoints; 0 = not by steps */
-    double checkpoint_minutes; /* minutes of training between checkpoints; 0 = not by time */
-    int keep_checkpoints;      /* step directories kept; 0 = all */
-    char resume[WF_PATH_MAX];  /* "", "auto" or a path */
-    double peak_tflops;        /* for MFU; 0 = measure/unknown */
-    double loss_jump_factor;   /* WARN when loss > this x its running mean; 0 = off */
+    int checkpoint_every, keep;
+    char resume[WF_PATH_MAX]; /* "", "auto" or a path */
+    double peak_tflops;       /* for MFU; 0 = measure/unknown */
+    double loss_jump_factor;  /* WARN when loss > this x its running mean; 0 = off */
     /* samples (worker/train/sample.c): every sample_every steps (0 = never) and for
      * --generate, sample_tokens tokens after sample_prompt, from the top sample_top_k
      * (0 = all) of the logits / sample_temperature, drawn from sample_seed */

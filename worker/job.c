@@ -4,27 +4,22 @@
  * groups without the control plane.
  *
  * Stopping. SIGINT and SIGTERM ask for a graceful stop, as the console's `stop` does:
- * the signal handler only sets a flag, and every rank agrees on it at the next
- * agreement (an all-reduce: a signal reaches ranks at different moments, and one rank
+ * the signal handler only sets a flag, every rank agrees on it at the next step
+ * boundary (an all-reduce: a signal reaches ranks at different moments, and one rank
  * leaving the loop alone would leave the others waiting in the next step's
- * collectives). There are two a step: before the optimizer's update (a stop there ends
- * the run after the previous step, this one's update not made) and at the step's end.
- * The trainer then writes its checkpoint when train.checkpoint_dir is set, and the job
- * exits 0 with its job file and socket removed.
+ * collectives), the trainer writes its checkpoint when train.checkpoint_dir is set,
+ * and the job exits 0 with its job file and socket removed. A request that arrives
+ * while a checkpoint is being written stops the job right after that checkpoint.
  *
  * Launchers do not pass a terminal's Ctrl-C on: mpirun and orted end a job by sending
  * each rank SIGCONT, then SIGTERM a second later (Open MPI's odls_base_sigkill_timeout,
- * 1 s), then SIGKILL to its process group after as long again, whatever the rank is
- * doing; slurmstepd sends SIGCONT and SIGTERM, then SIGKILL after KillWait (30 s). So a
- * SIGCONT from the parent process while this rank was not stopped by job control is the
- * launcher ending the job, and signals from the parent never escalate: they are the
- * launcher's sequence, or srun passing its own on. Each stop request also wakes the
- * checkpoint saver at once (rescue_efd), which snapshots the last step's state while
- * the step under way runs on and hands it to its writer, a process the launcher's kill
- * does not reach: a step and a write longer than the grace still end in a checkpoint
- * (worker/ckpt/saver.c). Any other second SIGINT or SIGTERM (Ctrl-C twice in a terminal,
- * a second `kill`, the launcher's death) stops at once: rank 0 removes the job file and
- * the socket, and the process exits with 128 + the signal.
+ * 1 s), then SIGKILL after as long again; slurmstepd sends SIGCONT and SIGTERM, then
+ * SIGKILL after KillWait (30 s). So a SIGCONT from the parent process while this rank
+ * was not stopped by job control is the launcher ending the job: it starts the graceful
+ * stop at once (under mpirun it has to be done within those 2 s), and what the launcher
+ * sends next belongs to the same request. Any other second SIGINT or SIGTERM (Ctrl-C
+ * twice in a terminal, a second `kill`, the launcher's death) stops at once: rank 0
+ * removes the job file and the socket, and the process exits with 128 + the signal.
  *
  * Rank 0's standard output closed by its reader (`worker ... | head`) stops the job the
  * same graceful way: SIGPIPE is ignored (main.c), the trainer sees the step line's
@@ -32,10 +27,8 @@
  */
 #include <mpi.h>
 #include <signal.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -59,11 +52,12 @@ int wf__exit_status(wf_status st)
 
 /* ---- stop requests ------------------------------------------------------------------ */
 
-static volatile sig_atomic_t stop_sig;    /* the request's signal; 0 = none */
-static volatile sig_atomic_t job_stopped; /* stopped by SIGTSTP: the next SIGCONT resumes */
-static const wf_plane *sig_plane;         /* rank 0: the job file and socket to remove */
+static volatile sig_atomic_t stop_sig;       /* the request's signal; 0 = none */
+static volatile sig_atomic_t job_stopped;    /* stopped by SIGTSTP: the next SIGCONT resumes */
+static volatile sig_atomic_t launcher_asked; /* the request came from the launcher, which
+                                                repeats itself (SIGCONT, SIGTERM, ...) */
+static const wf_plane *sig_plane;            /* rank 0: the job file and socket to remove */
 static int sig_rank = -1;
-static int rescue_efd = -1; /* written on the first request: the checkpoint saver's rescue */
 
 static void say(const char *msg)
 {
@@ -94,16 +88,12 @@ static void on_signal(int sig, siginfo_t *si, void *uc)
     return;
   }
   if (stop_sig) {
-    if (from_launcher)
-      return; /* the launcher's sequence (SIGCONT, SIGTERM, ...): the same request */
+    if (launcher_asked && from_launcher)
+      return; /* the launcher's next signal of the same request */
     stop_at_once(sig);
   }
   stop_sig = sig;
-  if (rescue_efd >= 0) {
-    uint64_t one = 1;
-    ssize_t w = write(rescue_efd, &one, sizeof one);
-    (void)w;
-  }
+  launcher_asked = from_launcher;
   if (sig_rank == 0)
     say(sig == SIGCONT
             ? "weft: the launcher is ending the job: stopping at the next step boundary\n"
@@ -117,7 +107,6 @@ static void install_signals(const wf_plane *plane, int rank, const wf_launch *la
   struct sigaction sa;
   sig_plane = rank == 0 ? plane : NULL;
   sig_rank = rank;
-  rescue_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   /* A rank never outlives its launcher (mpirun, orted, slurmstepd): when it dies (a
    * second Ctrl-C to mpirun, kill -9), the kernel sends SIGTERM, which stops at once if
    * a request came before and gracefully otherwise. Not for a worker started by hand or
@@ -145,9 +134,6 @@ static void restore_signals(void)
   signal(SIGTSTP, SIG_DFL);
   prctl(PR_SET_PDEATHSIG, 0);
   sig_plane = NULL;
-  if (rescue_efd >= 0)
-    close(rescue_efd);
-  rescue_efd = -1;
 }
 
 static const char *stop_reason(int sig)
@@ -185,8 +171,7 @@ typedef struct boundary {
 } boundary;
 
 /* Whether any rank has a stop request (a signal or the console's stop), agreed by all;
- * *checkpoint: whether any rank's console asked for a checkpoint. step: the last step
- * whose update was made. */
+ * *checkpoint: whether any rank's console asked for a checkpoint. */
 static bool agree_stop(boundary *b, int step, bool *checkpoint)
 {
   /* Each rank's signal (the largest wins, for the message; a closed output counts as
@@ -234,13 +219,12 @@ static bool on_step(void *user, const wf_train_step_info *info)
 
 static bool checkpoint_now(void *user) { return ((boundary *)user)->checkpoint; }
 
-/* Before step's update: the stop requests agreed on once more, so that a request made
- * during the step's forward and backward (all a long step's time) stops the job before
- * its state changes, at the state the checkpoint saver's rescue is saving. */
-static bool before_update(void *user, int step)
+/* A checkpoint just written at a step boundary: a request that came in during it stops
+ * the job here, its checkpoint being this one. */
+static bool after_checkpoint(void *user)
 {
   boundary *b = user;
-  return !agree_stop(b, step - 1, NULL);
+  return !agree_stop(b, b->last_step, NULL);
 }
 
 /* The checkpoint phase also covers reading one at start-up; only those after a step are
@@ -392,51 +376,6 @@ static wf_status start_plane(const wf__cmd_ctx *c, wf_plane *plane)
   return st;
 }
 
-/* ---- the launcher's settings ------------------------------------------------------------ */
-
-static int count_hosts(const wf_job *job)
-{
-  const wf_rank_facts *f = wf_job_facts(job);
-  int n = 0, world = wf_job_world(job);
-  for (int r = 0; f && r < world; r++) {
-    bool seen = false;
-    for (int q = 0; q < r && !seen; q++)
-      seen = strcmp(f[q].host, f[r].host) == 0;
-    n += !seen;
-  }
-  return n;
-}
-
-/* Rank 0, once, under mpirun: the Open MPI settings that would cut weft's own handling of
- * a stop or a fault short (wf_launch.h). Returns the launcher's grace before SIGKILL, in
- * seconds (0: not mpirun). */
-static double launcher_advice(const wf__cmd_ctx *c)
-{
-  wf_ompi_limits l;
-  if (c->launch->source != WF_LAUNCH_OMPI)
-    return 0;
-  wf_launch_ompi_limits(&l, wf_launch_getenv, NULL, NULL);
-  int hosts = c->rank == 0 ? count_hosts(c->job) : 0;
-  if (hosts > 1 && (l.keepalive_s <= 0 || l.keepalive_s > 30))
-    WF_WARN("launcher: a partition between this job's %d hosts would keep mpirun up for %.0f s "
-            "or more after weft has ended the job (Open MPI sees a lost host only through "
-            "oob_tcp_keepalive_*); launch with OMPI_MCA_oob_tcp_keepalive_time=1 "
-            "OMPI_MCA_oob_tcp_keepalive_intvl=1 OMPI_MCA_oob_tcp_keepalive_probes=2, as "
-            "scripts/weft-run does (docs/multi-node.md)",
-            hosts, l.keepalive_s > 0 ? l.keepalive_s : 900.0);
-  if (c->rank == 0 && l.sigkill_timeout_s <= 0)
-    WF_WARN("launcher: Open MPI kills the ranks the moment the job is stopped "
-            "(odls_base_sigkill_timeout=%g): a Ctrl-C can save no checkpoint; set "
-            "OMPI_MCA_odls_base_sigkill_timeout=1, as scripts/weft-run does",
-            l.sigkill_timeout_s);
-  else if (c->rank == 0 && l.sigkill_timeout_s > 10)
-    WF_WARN("launcher: after a Ctrl-C mpirun holds the job for %.0f s, whatever its ranks do "
-            "(Open MPI waits out odls_base_sigkill_timeout=%g twice); weft saves its checkpoint "
-            "within Open MPI's default, 1, which scripts/weft-run sets (docs/operations.md)",
-            2 * l.sigkill_timeout_s, l.sigkill_timeout_s);
-  return 2 * l.sigkill_timeout_s;
-}
-
 /* Train on this rank's share of the mesh, with the control plane up so the console can
  * attach and the watchdog can act. */
 int wf__cmd_train(const wf__cmd_ctx *c)
@@ -460,9 +399,7 @@ int wf__cmd_train(const wf__cmd_ctx *c)
   hooks.user = &bd;
   hooks.on_step = on_step;
   hooks.checkpoint_now = checkpoint_now;
-  hooks.before_update = before_update;
-  hooks.rescue_fd = rescue_efd > 0 ? rescue_efd : 0;
-  hooks.kill_grace_s = launcher_advice(c);
+  hooks.after_checkpoint = after_checkpoint;
   hooks.on_phase = on_phase;
   hooks.save_llmc = c->a->save;
   hooks.save_format = c->a->format;

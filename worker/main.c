@@ -880,8 +880,6 @@ int main(int argc, char **argv)
 {
   static early e; /* the config is large */
   int provided, rank = 0, size = 1;
-  if (argc > 1 && strcmp(argv[1], WF_CKPT_WRITER_ARG) == 0)
-    return wf_ckpt_writer_main(argc, argv); /* a rank's checkpoint writer: no MPI, no config */
 #ifdef __GLIBC__
   /* Large blocks stay mmapped, so what is freed goes back to the system: Open MPI's
    * reduction buffers and --save's whole model on rank 0 are freed after use, and glibc's

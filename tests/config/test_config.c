@@ -112,7 +112,7 @@ static void test_defaults(void **state)
   assert_int_equal(c->train.schedule, WF_SCHED_1F1B);
   assert_int_equal(c->train.trace_steps[0], 2);
   assert_int_equal(c->train.trace_steps[1], 3);
-  assert_int_equal(c->train.keep_checkpoints, 3);
+  assert_int_equal(c->train.keep, 3);
   assert_true(c->optim.beta2 == 0.95);
   assert_int_equal(c->optim.bucket_mb, 4);
   assert_int_equal(c->parallel.virtual_stages, 1);

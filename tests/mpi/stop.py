@@ -22,7 +22,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "common"))
-from testlib import await_writers, checkpoint_whole, fail, free_ports  # noqa: E402
+from testlib import fail, free_ports  # noqa: E402
 
 WORKER, CASE = sys.argv[1], sys.argv[2]
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none"]
@@ -159,13 +159,10 @@ def case_signal_mpirun(sig):
 
 
 def case_twice():
-    """Ctrl-C twice: the second stops at once, exit 130, without waiting for a
-    checkpoint, the job file and socket removed. Step 3's data read never returns
+    """Ctrl-C twice: the second stops at once, exit 130, no checkpoint after the first
+    request, the job file and socket removed. Step 3's data read never returns
     (WEFT_TEST_DATA_STALL), and the first Ctrl-C comes once the worker says it is in
-    that read, so no step boundary can come between the two. The first request started
-    saving step 2's state (its writer, a process of its own, completes that checkpoint):
-    once the writer is done, the checkpoint directory holds that one or none, never a
-    later step's, and nothing torn."""
+    that read, so no step boundary can come between the two."""
     with tempfile.TemporaryDirectory() as d:
         job = launch(d, 1, env_extra={"WEFT_TEST_DATA_STALL": "0:3"})
         job.wait_for(r"step 3's read stalls here")
@@ -178,17 +175,12 @@ def case_twice():
             fail(f"a second Ctrl-C: exit {job.rc}, want 130 (128 + SIGINT)", out)
         if "a second SIGINT: stopping at once" not in out or "stopping after step" in out:
             fail("a second Ctrl-C must stop at once, not at a step boundary", out)
+        if os.path.exists(os.path.join(d, "ck", "latest")):
+            fail("a second Ctrl-C wrote a checkpoint", out)
         if os.listdir(os.path.join(d, "jobs")):
             fail(f"left {os.listdir(os.path.join(d, 'jobs'))} behind", out)
-        ck = os.path.join(d, "ck")
-        await_writers(ck, 120)
-        steps = sorted(n for n in os.listdir(ck) if n.startswith("step-"))
-        if steps not in ([], ["step-000002"]) or (steps and checkpoint_whole(os.path.join(
-                ck, steps[0]))):
-            fail(f"after a second Ctrl-C in step 3: checkpoints {steps}, want none or step 2's, "
-                 "whole", out)
-        print(f"ok: a second Ctrl-C stopped the worker at once ({took:.2f} s), exit 130, job "
-              f"file and socket removed; the first one's save of step 2: {steps or 'none'}")
+        print(f"ok: a second Ctrl-C stopped the worker at once ({took:.2f} s), exit 130, no "
+              f"checkpoint, job file and socket removed")
 
 
 def children(pid):
@@ -295,70 +287,6 @@ def case_closed_pipe():
         check_graceful(None, d, took, "the reader of its output gone", out)
 
 
-def case_ctrlc_gpt2_small():
-    """GPT-2 124M at dp 2 under plain mpirun (Open MPI's defaults: SIGCONT, SIGTERM 1 s
-    later, SIGKILL to each rank's process group 1 s after that), Ctrl-C as the step after
-    step 2 begins. A step (about 2 s on a quiet machine, far more on a loaded one) and
-    the 1.5 GB checkpoint (model 0.5 GB, AdamW 1 GB) both outlast the grace, so the
-    ranks are killed: step 2's state is saved by the rescue (worker/ckpt/saver.c) and
-    written by rank 0's checkpoint writer, a process the kill does not reach. Must hold:
-    every rank and mpirun gone within seconds, mpirun within seconds of the ranks, no job
-    file or socket left, and, once the writer is done, `latest` = step-000002, a complete
-    checkpoint (every file's size and XXH3 as the manifest says, hashed by xxhsum), and
-    no step after 2 trained."""
-    with tempfile.TemporaryDirectory() as d:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_MCA_odls")}
-        env.update(WEFT_JOB_DIR=os.path.join(d, "jobs"), MASTER_PORT=str(free_ports(1)[0]))
-        args = [WORKER, "model.preset=gpt2-small", "train.batch_size=4", "train.seq_len=64",
-                "train.steps=1000", "train.eval_every=0", "train.checkpoint_minutes=0",
-                f"train.checkpoint_dir={d}/ck", "mesh.dp=2"]
-        job = Job(MPIRUN + ["-np", "2", "-x", "WEFT_JOB_DIR", "-x", "MASTER_PORT"] + args, env)
-        job.wait_for(r"step 2/\d+ loss=", bound=1200)
-        ranks = children(job.pid)
-        job.ctrl_c()
-        t0, gone = time.monotonic(), {}
-        while job.pump():
-            for r in ranks:
-                if r not in gone and not alive(r):
-                    gone[r] = time.monotonic() - t0
-            if time.monotonic() - t0 > STOP_BOUND_S:
-                job.kill()
-                fail(f"mpirun still running {STOP_BOUND_S} s after Ctrl-C", job.text())
-        t_mpirun = time.monotonic() - t0
-        while len(gone) < len(ranks) and time.monotonic() - t0 < t_mpirun + STOP_BOUND_S:
-            for r in ranks:  # a killed rank of 4 GB takes a while to go on a loaded machine
-                if r not in gone and not alive(r):
-                    gone[r] = time.monotonic() - t0
-            time.sleep(0.05)
-        out = job.text()
-        if len(gone) < len(ranks):
-            fail(f"ranks {set(ranks) - set(gone)} still running {STOP_BOUND_S} s after mpirun "
-                 "exited", out)
-        last_rank = max(gone.values())
-        if abs(t_mpirun - last_rank) > 5:
-            fail(f"mpirun exited {t_mpirun:.2f} s after Ctrl-C, {t_mpirun - last_rank:.2f} s "
-                 "after its last rank", out)
-        left = os.listdir(os.path.join(d, "jobs"))
-        if left:
-            fail(f"the job left {left} in its job directory", out)
-        waited = await_writers(os.path.join(d, "ck"), 900)
-        ck = os.path.join(d, "ck")
-        named = open(os.path.join(ck, "latest")).read().strip()
-        steps = [n for n in os.listdir(ck) if n.startswith("step-")]
-        if named != "step-000002" or steps != ["step-000002"]:
-            fail(f"latest {named}, step directories {steps}: want step 2's alone", out)
-        if max(steps_printed(out)) != 2:
-            fail(f"trained up to step {max(steps_printed(out))} after a Ctrl-C in step 3", out)
-        why = checkpoint_whole(os.path.join(ck, named))
-        if why:
-            fail(f"the checkpoint of step 2 is not whole: {why}", out)
-        rescued = "saving step 2's state now" in out
-        print(f"ok: gpt2-small dp 2, Ctrl-C in step 3: ranks gone {sorted(gone.values())} s "
-              f"after it, mpirun {t_mpirun:.2f} s; no job file; step 2's checkpoint "
-              f"({sum(os.path.getsize(os.path.join(ck, named, f)) for f in os.listdir(os.path.join(ck, named)))} "
-              f"bytes) complete {waited:.1f} s after mpirun, {'by the rescue' if rescued else 'at the boundary'}")
-
-
 CASES = {
     "ctrlc-mpirun": lambda: case_ctrlc(2),
     "ctrlc-np1": lambda: case_ctrlc(1),
@@ -368,7 +296,6 @@ CASES = {
     "ctrlc-twice-mpirun": case_twice_mpirun,
     "ctrlc-during-checkpoint": case_during_checkpoint,
     "closed-pipe": case_closed_pipe,
-    "ctrlc-gpt2-small": case_ctrlc_gpt2_small,
 }
 
 if __name__ == "__main__":

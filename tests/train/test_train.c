@@ -579,7 +579,7 @@ static void test_fp16_resume(void **state)
   c.optim.loss_scale_init = OVERFLOW_INIT;
   c.optim.loss_scale_window = 3;
   snprintf(c.train.checkpoint_dir, sizeof c.train.checkpoint_dir, "%s", dir);
-  c.train.checkpoint_every = RESUME_AT, c.train.keep_checkpoints = 0;
+  c.train.checkpoint_every = RESUME_AT, c.train.keep = 0;
   float *pf = run_params(&c, &full, &n);
   int updates = 0;
   for (int i = 0; i < RESUME_AT; i++)
@@ -602,8 +602,6 @@ static void test_fp16_resume(void **state)
 
 int main(int argc, char **argv)
 {
-  if (argc > 1 && strcmp(argv[1], WF_CKPT_WRITER_ARG) == 0)
-    return wf_ckpt_writer_main(argc, argv); /* test_fp16_resume's checkpoint writer */
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_lr_schedule),
       cmocka_unit_test(test_converges),

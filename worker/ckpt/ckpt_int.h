@@ -105,6 +105,12 @@ typedef struct wf__manifest {
   wf_optim_scaler scaler;
 } wf__manifest;
 
+/* What one rank wrote of a checkpoint. */
+typedef struct wf__shard_rec {
+  bool has_model, has_optim, sharded;
+  uint64_t model_bytes, model_hash, optim_bytes, optim_hash, lo, hi;
+} wf__shard_rec;
+
 /* The part of the optimizer state this rank restores: elements [lo, hi), in host
  * views of m and v. */
 typedef struct wf__span {
@@ -130,9 +136,7 @@ bool wf__is_file(const char *path);
 bool wf__has_manifest(const char *dir);
 /* Publish the staging directory under its final name and point `latest` at it. */
 wf_status wf__publish(const char *root, const char *stage, const char *final);
-/* Prune to the newest `keep` (0: all) and `latest`, and clean up what interrupted writes
- * left, except the staging directories of the job whose nonce is `mine` (NULL: none). */
-void wf__prune(const char *root, int keep, int latest, const char *mine);
+void wf__prune(const char *root, int keep, int latest);
 /* Find the checkpoint train.resume (or `latest` in train.checkpoint_dir) names;
  * *none: train.resume=auto found none yet. Not collective. */
 wf_status wf__locate(const wf_config *cfg, char *dir, size_t len, bool *none);
@@ -150,11 +154,8 @@ void wf__model_name(char *buf, size_t len, int pp, int tp);
 void wf__optim_name(char *buf, size_t len, int pp, int tp, int dp);
 /* This rank's optimizer range and whether it is a dp shard (per-dp-rank files). */
 void wf__optim_range(const wf_ckpt_target *t, uint64_t *lo, uint64_t *hi);
-/* The header of the model file of shard `shard` (n parameters) into dst; its bytes. */
-size_t wf__model_header_put(void *dst, const wf_model_dims *d, const wf_model_shard *shard,
-                            uint64_t n);
-/* The header of this rank's optimizer file of step `step` into dst (WF__OPT_HEADER). */
-void wf__optim_header_put(void *dst, const wf_ckpt_target *t, int step);
+wf_status wf__write_model(const wf_ckpt_target *t, const char *stage, int step, wf__shard_rec *r);
+wf_status wf__write_optim(const wf_ckpt_target *t, const char *stage, int step, wf__shard_rec *r);
 /* The whole model file of entry e into params (its e->hi floats, host memory), hashed
  * and checked, and its header against the manifest's entry. */
 wf_status wf__read_model(const char *dir, const wf__entry *e, const wf_model_dims *d,
@@ -211,18 +212,12 @@ wf_status wf__stream_pieces(wf_comm *c, int root, const wf__piece *mine, wf_dev 
 
 /* ---- the manifest (manifest.c) ---------------------------------------------------------- */
 
+#define WF__REC_LEN 20 /* uint64 per rank in the save gather (see wf__pack_rec) */
 struct json_t;
-/* The manifest of this job's checkpoint of `step`, all but its "files", which the
- * publishing writer adds from every rank's record (writer.c), with a data.source stream's
- * position, merged from the ranks' parts (datastate.c). A rescue builds it on the saver's
- * service thread while the main thread runs the step after `step` (saver.c): what it
- * reads must be step's and must not change before the next update (the config, the
- * dims, the optimizer's host state). */
-struct json_t *wf__manifest_json(const wf_ckpt_target *t, int step);
-/* This rank's files' manifest entries, of `bytes` bytes each; the writer adds the
- * checksum. dp -1: the unsharded optimizer file. */
-struct json_t *wf__model_entry(const wf_ckpt_target *t, const char *name, uint64_t bytes);
-struct json_t *wf__optim_entry(const wf_ckpt_target *t, const char *name, int dp, uint64_t bytes);
+void wf__pack_rec(uint64_t *x, const wf_ckpt_target *t, const wf__shard_rec *r);
+/* stream: the data position's JSON (wf__data_state_capture; NULL: none), taken over. */
+char *wf__manifest_text(const wf_ckpt_target *t, int step, const uint64_t *recs, int n,
+                        struct json_t *stream);
 /* Every config key as a JSON string, as the manifest's "config" holds them. */
 struct json_t *wf__config_json(const wf_config *cfg);
 /* train.resume: "" resumes the run train.checkpoint_dir holds (the same run only),
@@ -256,16 +251,9 @@ wf_status wf__check_optim_cover(const wf__manifest *m, const char *dir);
 
 /* ---- the data position (datastate.c) ------------------------------------------------------ */
 
-/* Not collective: this rank's part of a data.source stream's position after `step`
- * (its lanes; the others zero), as the JSON wf_data_state_json writes, into *part (to
- * json_decref); NULL when it holds no part (another source, another stage or tensor
- * shard). Thread-safe against the trainer (the saver's rescue calls it while the next
- * step runs). */
-wf_status wf__data_state_part(const wf_ckpt_target *t, int step, struct json_t **part);
-/* The whole position from the parts, merged into *whole (NULL: the first part is taken
- * over): every field is a count of what was read and the ranks' lanes are disjoint, so
- * the whole is the element-wise maximum (null below any number). */
-void wf__data_state_merge(struct json_t **whole, struct json_t *part);
+/* Collective over the job: a data.source stream's position before step + 1, as JSON on
+ * rank 0 (*stream, to json_decref; NULL elsewhere, and for other sources). */
+wf_status wf__data_state_capture(const wf_ckpt_target *t, int step, struct json_t **stream);
 /* Collective over the job: every rank's stream to the position in manifest `text` of
  * checkpoint dir (a checkpoint without one: the stream starts over, said once). */
 wf_status wf__data_state_restore(const wf_ckpt_target *t, const char *text, const char *dir);
@@ -286,32 +274,5 @@ wf_status wf__ckpt_model_read(const char *dir, const wf_model_dims *d, float *fu
  * only the range kept. Not collective. */
 wf_status wf__ckpt_model_read_shard(const char *dir, const wf_model_dims *d,
                                     const wf_model_shard *s, size_t lo, size_t hi, float *dst);
-
-/* ---- background writes (saver.c, writer.c, wire.c) ---------------------------------------
- * The rank and its checkpoint writer exchange JSON messages on a stream socket, each a
- * 4-byte little-endian length and the text (at most WF__MSG_MAX bytes):
- *   rank -> writer  {"op": "write", "step", "root", "stage", "files": [{"name", "off",
- *                   "len", "entry"}], "data_stream", "publish" (world rank 0): {"ranks",
- *                   "manifest", "keep"}}: the files are bytes [off, off + len) of the
- *                   snapshot (off a page boundary); entry is the file's manifest entry;
- *                   data_stream this rank's part of a data.source stream's position;
- *                   "inline": true (a rescue of host memory, saver.c): the files' bytes
- *                   follow the message on the socket, in order, instead of the snapshot;
- *                   {"op": "hello", "root", "nonce"} (first), {"op": "abandon"}
- *   writer -> rank  {"op": "wrote" | "published", "step", "ok", "error", "secs"}
- * A rank's record of what it wrote is `stage/.rec-RANK.json`: {"rank", "step", "files":
- * [entries]} or {"rank", "step", "error"}. */
-#define WF__MSG_MAX        (1u << 20)
-#define WF__WRITERS_LOCK   ".writers.lock"
-#define WF__WRITER_SOCK_FD 3
-#define WF__WRITER_SHM_FD  4
-wf_status wf__msg_send(int fd, struct json_t *msg);
-/* 1: a message in *msg (to json_decref); 0: the peer closed; -1: an error. */
-int wf__msg_recv(int fd, struct json_t **msg);
-/* n bytes: 1; 0: the peer closed first; -1: an error. */
-int wf__recv_exact(int fd, void *buf, size_t n);
-void wf__record_path(char *buf, size_t len, const char *stage, int rank);
-/* A writer's life lock file, `root/.writer-NONCE-RANK.lock` (writer.c). */
-void wf__life_path(char *buf, size_t len, const char *root, const char *nonce, int rank);
 
 #endif /* WF_CKPT_INT_H */

@@ -3,13 +3,11 @@
  *
  * A stream is not a function of the step (the other sources are: their position is the
  * step alone): its position is each lane's (wf_io.h's wf_data_state_*). Each dp rank
- * knows its own lanes; the ranks of the first pipeline stage's first tensor shard hand
- * theirs to their checkpoint writers with their files (saver.c), as the JSON of the
- * position with every other lane zero, and world rank 0's writer merges the parts into
- * the whole, element by element by their maximum (the lanes are disjoint and every field
- * is a non-negative count, so that is the JSON of the merged counts), into the manifest
- * as "data": {"stream": ...}. A resume hands every rank the whole position; each takes
- * its own lanes, whatever the dp that saved it.
+ * knows its own lanes; the ranks of the first pipeline stage's first tensor shard pass
+ * theirs, every other rank zeros, and one element-wise maximum over the job is the whole
+ * position (the lanes are disjoint and every field is a non-negative count). Rank 0
+ * writes it into the manifest as "data": {"stream": ...}. A resume hands every rank the
+ * whole position; each takes its own lanes, whatever the dp that saved it.
  */
 #include <stdlib.h>
 
@@ -22,54 +20,32 @@
  * rows, or none). */
 static bool contributes(const wf_ckpt_target *t) { return t->pp_rank == 0 && t->tp_rank == 0; }
 
-wf_status wf__data_state_part(const wf_ckpt_target *t, int step, json_t **part)
+wf_status wf__data_state_capture(const wf_ckpt_target *t, int step, json_t **stream)
 {
-  wf_status st = WF_OK;
+  wf_status st = WF_OK, mine = WF_OK;
   size_t n = t->data ? wf_data_state_len(t->data) : 0; /* alike on every rank */
+  wf_comm *w = wf__ckpt_world(t);
   uint64_t *v = NULL;
   char err[1024] = "", *text = NULL;
-  *part = NULL;
-  if (n == 0 || !contributes(t))
+  *stream = NULL;
+  if (n == 0)
     return WF_OK;
   WF_CHECK_ALLOC(v = calloc(n, sizeof *v));
-  st = wf_data_state_get(t->data, step, v, err, sizeof err);
-  WF_CHECK(st == WF_OK, st, "checkpoint: the data position: %s", err);
-  WF_CHECK_ALLOC(text = wf_data_state_json(t->data, step, v));
-  WF_CHECK_ALLOC(*part = json_loads(text, 0, NULL));
+  if (contributes(t))
+    mine = wf_data_state_get(t->data, step, v, err, sizeof err);
+  if (mine != WF_OK)
+    WF_ERROR("checkpoint: the data position: %s", err);
+  WF_TRY(wf__ckpt_agree(t, mine, "saving the data position"));
+  if (w)
+    WF_TRY(wf_comm_allreduce(w, v, v, n, WF_COMM_U64, WF_COMM_MAX));
+  if (wf__rank_of(w) == 0) {
+    WF_CHECK_ALLOC(text = wf_data_state_json(t->data, step, v));
+    WF_CHECK_ALLOC(*stream = json_loads(text, 0, NULL));
+  }
 fail:
   free(text);
   free(v);
   return st;
-}
-
-/* b into a, field by field (a and b of one shape: the same run's parts). */
-static json_t *max_of(json_t *a, json_t *b)
-{
-  size_t i;
-  const char *k;
-  json_t *x;
-  if (json_is_null(a))
-    return json_incref(b);
-  if (json_is_integer(a) && json_is_integer(b))
-    return json_integer(WF_MAX(json_integer_value(a), json_integer_value(b)));
-  if (json_is_array(a) && json_is_array(b))
-    json_array_foreach(a, i, x) json_array_set_new(a, i, max_of(x, json_array_get(b, i)));
-  else if (json_is_object(a) && json_is_object(b))
-    json_object_foreach(a, k, x) json_object_set_new(a, k, max_of(x, json_object_get(b, k)));
-  return json_incref(a); /* a string, a real: the same on every rank */
-}
-
-void wf__data_state_merge(json_t **whole, json_t *part)
-{
-  if (!part)
-    return;
-  if (!*whole) {
-    *whole = json_incref(part);
-    return;
-  }
-  json_t *m = max_of(*whole, part);
-  json_decref(*whole);
-  *whole = m;
 }
 
 wf_status wf__data_state_restore(const wf_ckpt_target *t, const char *text, const char *dir)

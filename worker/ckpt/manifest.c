@@ -82,24 +82,70 @@ static json_t *model_json(const char *name, int pp, const wf_model_dims *d, cons
   return o;
 }
 
-/* The manifest entry of this rank's model file, of `bytes` bytes; its checksum is the
- * writer's to fill in (writer.c). */
-json_t *wf__model_entry(const wf_ckpt_target *t, const char *name, uint64_t bytes)
+/* What one rank wrote, as WF__REC_LEN uint64: status (unused, 0), pp, tp, dp,
+ * has_model, model bytes, model hash, has_optim, sharded, optim bytes, optim hash, lo,
+ * hi, then its shard's geometry (wf__saved_geo): tp size, l0, l1, chunks,
+ * chunk_stride, first | last << 1, and its parameter count. */
+void wf__pack_rec(uint64_t *x, const wf_ckpt_target *t, const wf__shard_rec *r)
 {
   wf_model_shard g = wf__saved_geo(wf_model_get_shard(t->model));
-  return model_json(name, t->pp_rank, wf_model_get_dims(t->model), &g,
-                    wf_model_local_params(t->model), bytes, 0);
+  uint64_t v[WF__REC_LEN] = {0,
+                             (uint64_t)t->pp_rank,
+                             (uint64_t)t->tp_rank,
+                             (uint64_t)wf__rank_of(t->dp_comm),
+                             r->has_model,
+                             r->model_bytes,
+                             r->model_hash,
+                             r->has_optim,
+                             r->sharded,
+                             r->optim_bytes,
+                             r->optim_hash,
+                             r->lo,
+                             r->hi,
+                             (uint64_t)g.tp,
+                             (uint64_t)g.l0,
+                             (uint64_t)g.l1,
+                             (uint64_t)g.chunks,
+                             (uint64_t)g.chunk_stride,
+                             (uint64_t)g.first | (uint64_t)g.last << 1,
+                             wf_model_local_params(t->model)};
+  memcpy(x, v, sizeof v);
 }
 
-/* The manifest entry of this rank's optimizer file (dp -1: the unsharded one). */
-json_t *wf__optim_entry(const wf_ckpt_target *t, const char *name, int dp, uint64_t bytes)
+static wf_model_shard unpack_geo(const uint64_t *x)
 {
-  uint64_t lo, hi;
-  wf__optim_range(t, &lo, &hi);
-  return file_json(name, "optim", t->pp_rank, t->tp_rank, dp, lo, hi, bytes, 0);
+  return (wf_model_shard){.tp = (int)x[13],
+                          .tp_rank = (int)x[2],
+                          .l0 = (int)x[14],
+                          .l1 = (int)x[15],
+                          .chunks = (int)x[16],
+                          .chunk_stride = (int)x[17],
+                          .first = x[18] & 1,
+                          .last = (x[18] >> 1) & 1};
 }
 
-json_t *wf__manifest_json(const wf_ckpt_target *t, int step)
+static json_t *files_json(const wf_model_dims *d, const uint64_t *recs, int n)
+{
+  json_t *a = json_array();
+  for (int r = 0; a && r < n; r++) {
+    const uint64_t *x = recs + (size_t)r * WF__REC_LEN;
+    int pp = (int)x[1], tp = (int)x[2], dp = x[8] ? (int)x[3] : -1;
+    wf_model_shard g = unpack_geo(x);
+    char name[64];
+    if (x[4]) {
+      wf__model_name(name, sizeof name, pp, tp);
+      json_array_append_new(a, model_json(name, pp, d, &g, x[19], x[5], x[6]));
+    }
+    if (x[7]) {
+      wf__optim_name(name, sizeof name, pp, tp, dp);
+      json_array_append_new(a, file_json(name, "optim", pp, tp, dp, x[11], x[12], x[9], x[10]));
+    }
+  }
+  return a;
+}
+
+char *wf__manifest_text(const wf_ckpt_target *t, int step, const uint64_t *recs, int n,
+                        json_t *stream)
 {
   const wf_config *cfg = t->cfg;
   const wf_model_dims *d = wf_model_get_dims(t->model);
@@ -124,8 +170,12 @@ json_t *wf__manifest_json(const wf_ckpt_target *t, int step)
       "optimizer", "kind", "adamw", "t", step - ls->skipped, "zero", zero, "beta1",
       cfg->optim.beta1, "beta2", cfg->optim.beta2, "eps", cfg->optim.eps, "weight_decay",
       cfg->optim.weight_decay);
-  if (!o)
+  if (!o) {
+    json_decref(stream);
     return NULL;
+  }
+  if (stream) /* a data.source stream's position (datastate.c) */
+    json_object_set_new(json_object_get(o, "data"), "stream", stream);
   /* HSDP: mesh.dp is the fsdp group (the files are a dp = F run's), replicas its copies */
   json_object_set_new(json_object_get(o, "mesh"), "replicas",
                       json_integer(t->replicas > 0 ? t->replicas : 1));
@@ -154,7 +204,10 @@ json_t *wf__manifest_json(const wf_ckpt_target *t, int step)
     json_object_set_new(o, "loss_scaler",
                         json_pack("{s:f, s:i, s:i}", "scale", ls->scale, "good_steps",
                                   ls->good_steps, "skipped", ls->skipped));
-  return o;
+  json_object_set_new(o, "files", files_json(d, recs, n));
+  char *text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+  json_decref(o);
+  return text;
 }
 
 /* ---- reading -----------------------------------------------------------------------------------

@@ -1,7 +1,13 @@
 /*
- * shard.c - the data files of a checkpoint: the shard geometry they record, their
- * headers (which the snapshot puts before the data it copies; saver.c), and reading them
+ * shard.c - the data files of a checkpoint: the shard geometry they record, writing a
+ * rank's model and optimizer files through host views of its device, and reading them
  * back with every byte checked (size, header and XXH3-64 against the manifest).
+ *
+ * Test hooks (read once): WEFT_TEST_CKPT_DELAY_MS sleeps inside each data-file write,
+ * after its first bytes, so a test can kill a rank mid-write; WEFT_TEST_CKPT_FAIL=R:S
+ * makes world rank R's write of the step-S checkpoint fail as a full disk would (its
+ * optimizer file after the header; under ZeRO-3, a model file it writes where the next
+ * dp rank's shard begins, mid-stream).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -14,6 +20,39 @@
 #include <xxhash.h>
 
 #include "ckpt_int.h"
+
+/* ---- test hooks -------------------------------------------------------------------------- */
+
+static int test_delay_ms(void)
+{
+  static int ms = -1; /* environment parameters are read once */
+  if (ms < 0) {
+    const char *s = getenv("WEFT_TEST_CKPT_DELAY_MS");
+    ms = s ? atoi(s) : 0;
+    ms = ms > 0 ? ms : 0;
+  }
+  return ms;
+}
+
+static bool test_fail(int rank, int step)
+{
+  static int r = -2, s = -1;
+  if (r == -2) {
+    const char *e = getenv("WEFT_TEST_CKPT_FAIL");
+    if (!e || sscanf(e, "%d:%d", &r, &s) != 2)
+      r = -1;
+  }
+  return r == rank && s == step;
+}
+
+/* Hold a data file half-written (test hook): its header is out, its data is not. */
+static void test_delay(void)
+{
+  int ms = test_delay_ms();
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  while (ms > 0 && nanosleep(&ts, &ts) != 0 && errno == EINTR)
+    ;
+}
 
 /* ---- geometry ------------------------------------------------------------------------------ */
 
@@ -111,23 +150,114 @@ void wf__optim_range(const wf_ckpt_target *t, uint64_t *lo, uint64_t *hi)
   *lo = a, *hi = b;
 }
 
-/* ---- headers ------------------------------------------------------------------------------ */
+/* ---- writing ----------------------------------------------------------------------------------
+ */
 
-size_t wf__model_header_put(void *dst, const wf_model_dims *d, const wf_model_shard *shard,
-                            uint64_t n)
+/* Write `bytes` of device memory at p through a host view. */
+static wf_status write_dev(wf_afile *f, wf_dev *dev, const float *p, size_t bytes)
 {
-  wf__model_hdr h;
-  wf_model_shard g = wf__saved_geo(shard);
-  size_t hb = model_header(&h, d, &g, n);
-  memcpy(dst, &h, hb);
-  return hb;
+  wf_dev_view v;
+  wf_status st = wf_dev_map(dev, &v, (void *)p, bytes, WF_MAP_READ);
+  if (st == WF_OK)
+    st = wf_afile_write(f, v.host, bytes);
+  wf_status u = wf_dev_unmap(dev, &v);
+  return st == WF_OK ? u : st;
 }
 
-void wf__optim_header_put(void *dst, const wf_ckpt_target *t, int step)
+/* ZeRO-3's dp shards into the model file, in order: they tile its flat vector. */
+typedef struct file_sink {
+  wf_afile *f;
+  uint64_t next; /* the element the next chunk must start at */
+  wf_status st;  /* the first failure; the rest of the stream is skipped */
+  bool fail;     /* test hook: fail where another rank's shard begins */
+} file_sink;
+
+static wf_status to_file(void *user, const wf__piece *p, const float *x, uint64_t lo, uint64_t hi)
 {
-  uint64_t lo, hi;
+  file_sink *s = user;
+  if (s->st == WF_OK && s->fail && lo == p->lo && lo > 0) {
+    WF_ERROR("%s: write failed after %llu bytes: %s (injected by WEFT_TEST_CKPT_FAIL)", s->f->path,
+             (unsigned long long)s->f->bytes, strerror(ENOSPC));
+    s->st = WF_EIO;
+  }
+  if (s->st == WF_OK && lo != s->next) {
+    WF_ERROR("%s: the dp shards do not tile the parameters (element %llu follows %llu)", s->f->path,
+             (unsigned long long)lo, (unsigned long long)s->next);
+    s->st = WF_EINVAL;
+  }
+  if (s->st == WF_OK)
+    s->st = wf_afile_write(s->f, x, (size_t)(hi - lo) * sizeof *x);
+  s->next = hi;
+  return s->st;
+}
+
+/* The parameters after the header: the model's flat vector, or under ZeRO-3 every dp
+ * rank's shard streamed to dp rank 0 (collective over the dp group; f is open on dp rank
+ * 0 alone, when opened is WF_OK), so no rank gathers them whole. */
+static wf_status write_params(const wf_ckpt_target *t, int step, wf_afile *f, wf_status opened,
+                              size_t n)
+{
+  wf_dev *dev = wf_model_dev(t->model);
+  if (!t->param_shard)
+    return opened != WF_OK ? opened
+                           : write_dev(f, dev, wf_model_params(t->model), n * sizeof(float));
+  wf__piece mine = {.geo = wf__saved_geo(wf_model_get_shard(t->model))};
+  wf__optim_range(t, &mine.lo, &mine.hi);
+  file_sink s = {f, 0, opened, test_fail(wf__rank_of(wf__ckpt_world(t)), step)};
+  wf_status st = wf__stream_pieces(t->dp_comm, 0, &mine, dev, t->param_shard, to_file, &s);
+  if (wf__rank_of(t->dp_comm) != 0)
+    return st;
+  st = s.st != WF_OK ? s.st : st;
+  if (st == WF_OK && s.next != n) {
+    WF_ERROR("%s: the dp shards hold %llu of the %zu parameters", f->path,
+             (unsigned long long)s.next, n);
+    st = WF_EINVAL;
+  }
+  return st;
+}
+
+wf_status wf__write_model(const wf_ckpt_target *t, const char *stage, int step, wf__shard_rec *r)
+{
+  wf_status st = WF_OK;
+  const wf_model_dims *d = wf_model_get_dims(t->model);
+  wf_model_shard g = wf__saved_geo(wf_model_get_shard(t->model));
+  size_t n = wf_model_local_params(t->model);
+  bool writer = wf__rank_of(t->dp_comm) == 0;
+  wf__model_hdr h;
+  size_t hb = model_header(&h, d, &g, n);
+  char path[WF__PATH_LEN], name[64];
+  wf_afile f;
+  wf_status opened = WF_OK;
+  if (writer) {
+    wf__model_name(name, sizeof name, t->pp_rank, t->tp_rank);
+    wf__pathf(path, sizeof path, "%s/%s", stage, name);
+    if ((opened = wf_afile_open(&f, path, 0644, WF_AFILE_HASH)) == WF_OK &&
+        (opened = wf_afile_write(&f, &h, hb)) != WF_OK)
+      wf_afile_abort(&f);
+    if (opened == WF_OK)
+      test_delay();
+  }
+  st = write_params(t, step, &f, opened, n); /* every dp rank under ZeRO-3 */
+  if (!writer || opened != WF_OK)
+    return opened != WF_OK ? opened : st;
+  if (st != WF_OK) {
+    wf_afile_abort(&f);
+    return st;
+  }
+  r->has_model = true;
+  return wf_afile_commit(&f, &r->model_bytes, &r->model_hash);
+}
+
+wf_status wf__write_optim(const wf_ckpt_target *t, const char *stage, int step, wf__shard_rec *r)
+{
+  wf_status st = WF_OK;
+  size_t lo, hi;
+  float *m, *v;
   int dpi = t->optim_sharded ? wf__rank_of(t->dp_comm) : -1;
-  wf__optim_range(t, &lo, &hi);
+  wf_optim_state(t->optim, &lo, &hi, &m, &v);
+  r->lo = lo, r->hi = hi;
+  if (dpi < 0 && wf__rank_of(t->dp_comm) != 0)
+    return WF_OK; /* unsharded: dp 0 writes it */
   wf__optim_header h = {WF__OPT_MAGIC,
                         WF__OPT_VERSION,
                         wf_model_local_params(t->model),
@@ -139,7 +269,32 @@ void wf__optim_header_put(void *dst, const wf_ckpt_target *t, int step)
                         dpi < 0 ? WF__OPT_UNSHARDED : (uint32_t)dpi,
                         (uint32_t)wf__size_of(t->dp_comm),
                         {0}};
-  memcpy(dst, &h, sizeof h);
+  char path[WF__PATH_LEN], name[64];
+  wf_afile f;
+  wf_dev *dev = wf_model_dev(t->model);
+  wf__optim_name(name, sizeof name, t->pp_rank, t->tp_rank, dpi);
+  wf__pathf(path, sizeof path, "%s/%s", stage, name);
+  WF_TRY(wf_afile_open(&f, path, 0644, WF_AFILE_HASH));
+  WF_TRY(wf_afile_write(&f, &h, sizeof h));
+  test_delay();
+  if (test_fail(wf__rank_of(wf__ckpt_world(t)), step)) {
+    WF_ERROR("%s: write failed after %zu bytes: %s (injected by WEFT_TEST_CKPT_FAIL)", path,
+             sizeof h, strerror(ENOSPC));
+    st = WF_EIO;
+  }
+  if (st == WF_OK)
+    st = write_dev(&f, dev, m, (hi - lo) * sizeof(float));
+  if (st == WF_OK)
+    st = write_dev(&f, dev, v, (hi - lo) * sizeof(float));
+  if (st != WF_OK) {
+    wf_afile_abort(&f);
+    goto fail;
+  }
+  r->has_optim = true;
+  r->sharded = dpi >= 0;
+  st = wf_afile_commit(&f, &r->optim_bytes, &r->optim_hash);
+fail:
+  return st;
 }
 
 /* ---- reading -----------------------------------------------------------------------------------

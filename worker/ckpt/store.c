@@ -16,7 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -136,30 +135,10 @@ static int cmp_desc(const void *a, const void *b)
   return (x < y) - (x > y);
 }
 
-/* The leftovers of interrupted writes, but not those of the job writing now (`mine`,
- * its nonce: a rescue's staging directory can be under way beside a publication). */
-static bool stale_temp(const char *name, const char *mine)
+static bool stale_temp(const char *name)
 {
-  if (mine && mine[0] && strstr(name, mine))
-    return false;
   return !strncmp(name, ".tmp-step-", 10) || !strncmp(name, ".trash-", 7) ||
          (!strncmp(name, "." WF__LATEST ".tmp.", sizeof WF__LATEST + 5));
-}
-
-/* A checkpoint writer's life lock file whose writer has ended (killed: one that exits
- * removes its own); removed under its lock, so a live writer's is never taken. */
-static void remove_dead_life(const char *root, const char *name)
-{
-  char path[WF__PATH_LEN];
-  size_t n = strlen(name);
-  if (strncmp(name, ".writer-", 8) || n < 5 || strcmp(name + n - 5, ".lock"))
-    return;
-  wf__pathf(path, sizeof path, "%s/%s", root, name);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0)
-    unlink(path);
-  if (fd >= 0)
-    close(fd);
 }
 
 static void remove_entry(const char *root, const char *name, bool via_trash)
@@ -174,9 +153,8 @@ static void remove_entry(const char *root, const char *name, bool via_trash)
 }
 
 /* The step directories under root other than `skip`, newest first; *n of them. clean
- * (pruning): remove the leftovers of interrupted writes on the way, but not those of
- * the job whose nonce is `mine` (NULL: none is writing). */
-static int *list_steps(const char *root, int skip, bool clean, const char *mine, int *n)
+ * (pruning): remove the leftovers of interrupted writes on the way. */
+static int *list_steps(const char *root, int skip, bool clean, int *n)
 {
   DIR *dir = opendir(root);
   int *steps = NULL, cap = 0;
@@ -188,10 +166,8 @@ static int *list_steps(const char *root, int skip, bool clean, const char *mine,
   }
   for (struct dirent *e; (e = readdir(dir)) != NULL;) {
     int s = wf__parse_step_name(e->d_name);
-    if (clean && stale_temp(e->d_name, mine)) /* leftovers of interrupted writes */
+    if (clean && stale_temp(e->d_name)) /* leftovers of interrupted writes */
       remove_entry(root, e->d_name, false);
-    if (clean)
-      remove_dead_life(root, e->d_name);
     if (s < 0 || s == skip)
       continue;
     if (*n == cap) {
@@ -210,9 +186,9 @@ static int *list_steps(const char *root, int skip, bool clean, const char *mine,
 
 /* Keep the newest `keep` step directories (0 = all) and the one `latest` names.
  * Failures are warnings: training goes on. */
-void wf__prune(const char *root, int keep, int latest, const char *mine)
+void wf__prune(const char *root, int keep, int latest)
 {
-  int n = 0, *steps = list_steps(root, latest, true, mine, &n);
+  int n = 0, *steps = list_steps(root, latest, true, &n);
   for (int i = keep > 0 ? keep - 1 : n; i < n; i++) { /* latest counts as one kept */
     char name[32];
     wf__step_name(name, sizeof name, steps[i]);
@@ -228,7 +204,7 @@ void wf__prune(const char *root, int keep, int latest, const char *mine)
 /* The newest step directory under root that has a manifest; -1 when none. */
 static int newest_complete(const char *root)
 {
-  int n = 0, *steps = list_steps(root, -1, false, NULL, &n), best = -1;
+  int n = 0, *steps = list_steps(root, -1, false, &n), best = -1;
   for (int i = 0; i < n && best < 0; i++) { /* newest first */
     char path[WF__PATH_LEN];
     wf__pathf(path, sizeof path, "%s/step-%06d", root, steps[i]);
@@ -273,7 +249,7 @@ static bool verified(const char *dir)
 static bool newer_than_latest(const char *root, int named, long long latest_ns, char *dir,
                               size_t len)
 {
-  int n = 0, *steps = list_steps(root, named, false, NULL, &n);
+  int n = 0, *steps = list_steps(root, named, false, &n);
   bool found = false;
   for (int i = 0; i < n && steps[i] > named && !found; i++) {
     char cand[WF__PATH_LEN], manifest[WF__PATH_LEN];
@@ -398,35 +374,12 @@ fail:
 
 /* ---- before training ------------------------------------------------------------------------ */
 
-/* The checkpoint writers of a job that ended (killed, failed) may still be finishing a
- * checkpoint there: each holds a shared lock on DIR/.writers.lock while it writes
- * (writer.c). Wait for them, so `latest` is read, and leftovers cleaned up, after them. */
-static wf_status await_writers(const char *root)
-{
-  char path[WF__PATH_LEN];
-  wf__pathf(path, sizeof path, "%s/" WF__WRITERS_LOCK, root);
-  int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0)
-    return WF_OK; /* a directory we cannot write to: probe() says so */
-  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    double t0 = wf_now();
-    WF_INFO("checkpoint: the checkpoint writer of an earlier job is still finishing a checkpoint "
-            "in %s; waiting for it",
-            root);
-    while (flock(fd, LOCK_EX) != 0 && errno == EINTR)
-      ;
-    WF_INFO("checkpoint: the earlier job's writer is done (waited %.1f s)", wf_now() - t0);
-  }
-  close(fd);
-  return WF_OK;
-}
-
 /* train.resume=never: the run train.checkpoint_dir holds is over; its step directories
  * and `latest` go (through the trash, as pruning does), so the new run's steps are the
  * only ones there. */
 static wf_status start_over(const char *root)
 {
-  int n = 0, *steps = list_steps(root, -1, true, NULL, &n);
+  int n = 0, *steps = list_steps(root, -1, true, &n);
   char latest[WF__PATH_LEN];
   wf__pathf(latest, sizeof latest, "%s/" WF__LATEST, root);
   if (n == 0 && !wf__is_file(latest)) {
@@ -506,7 +459,6 @@ wf_status wf_ckpt_prepare(const wf_ckpt_target *t)
   wf__pathf(what, sizeof what, "train.checkpoint_dir %s", root);
   WF_TRY(wf__ckpt_agree(t, me == 0 ? wf_file_mkdirs(root, what) : WF_OK,
                         "creating train.checkpoint_dir"));
-  WF_TRY(wf__ckpt_agree(t, me == 0 ? await_writers(root) : WF_OK, "waiting for earlier writers"));
   if (wf__resume_never(cfg))
     WF_TRY(wf__ckpt_agree(t, me == 0 ? start_over(root) : WF_OK, "starting over"));
   WF_TRY(wf__ckpt_agree(t, probe(root, me), "checking train.checkpoint_dir"));

@@ -20,17 +20,12 @@
  *                                  lane's: "data": {"stream": ...}, wf_data_state_json).
  *   latest                         "step-000120": the newest complete checkpoint.
  *
- * Writing: at a step boundary every rank copies what it writes into a snapshot in host
- * memory and training goes on; each rank's checkpoint writer, a process of its own,
- * writes the files from it (wf_ckpt_saver below).
- *
- * Atomicity: the files are written into a staging directory ".tmp-step-000120-NONCE",
- * each with the runtime's atomic writer (wf_file.h); the manifest last, by world rank
- * 0's writer once every rank's files are in. Then the staging directory is renamed to
- * "step-000120" (swapped atomically with an older one of the same name), the parent is
- * fsync()ed, and only then is `latest` replaced the same way. A crash at any moment
- * leaves `latest` naming a complete, checksummed checkpoint. train.keep_checkpoints
- * prunes the oldest step directories but never the one `latest` names.
+ * Atomicity: the files are written into a staging directory ".tmp-step-000120", each
+ * with the runtime's atomic writer (wf_file.h); the manifest last. Then the staging
+ * directory is renamed to "step-000120" (swapped atomically with an older one of the
+ * same name), the parent is fsync()ed, and only then is `latest` replaced the same way.
+ * A crash at any moment leaves `latest` naming a complete, checksummed checkpoint.
+ * train.keep prunes the oldest step directories but never the one `latest` names.
  *
  * HSDP (mesh.fsdp = F < mesh.dp): every fsdp group of F dp ranks holds the whole sharded
  * state, so fsdp group 0 alone writes it, in exactly the files of a dp = F run of the same
@@ -113,66 +108,8 @@ wf_status wf_ckpt_prepare(const wf_ckpt_target *t);
  * position whose files, lanes or tokenizer are not this run's is refused. */
 wf_status wf_ckpt_resume(const wf_ckpt_target *t, int *step);
 
-/* ---- checkpoints written in the background (saver.c, writer.c) -------------------------
- * A saver is this rank's part of the job's checkpoints: the snapshot (host memory, sized
- * by wf_ckpt_snapshot_bytes, counted in the runtime's memory statistics) and the
- * checkpoint writer process that writes from it. Its functions are collective over the
- * job unless they say otherwise, and return the same status on every rank. */
-typedef struct wf_ckpt_saver wf_ckpt_saver;
-
-/* Where the trainer is, for the rescue (saver.c): the state the rank holds is step's
- * (COMPUTE: between updates; HOLD: stopping there for good), or an agreement over every
- * rank is deciding what it will be (AGREE), or the optimizer is changing it (UPDATE). */
-typedef enum wf_ckpt_phase {
-  WF_CKPT_COMPUTE,
-  WF_CKPT_AGREE,
-  WF_CKPT_UPDATE,
-  WF_CKPT_HOLD
-} wf_ckpt_phase;
-
-typedef struct wf_ckpt_saver_opts {
-  /* Readable (an eventfd or a pipe) when a stop request came: snapshot the state at once
-   * (-1: never). Every stop request must also reach the next agreement (see saver.c). */
-  int rescue_fd;
-  /* The launcher's grace before SIGKILL (0: unknown): a rescue that copies from a device
-   * for longer is said once, at creation. */
-  double kill_grace_s;
-} wf_ckpt_saver_opts;
-
-/* After wf_ckpt_prepare and the resume: t (borrowed, outlives the saver) holds step's
- * state, the newest checkpoint on disk (0: none). Starts the writer. */
-wf_status wf_ckpt_saver_create(wf_ckpt_saver **s, const wf_ckpt_target *t, int step,
-                               const wf_ckpt_saver_opts *o);
-/* Not collective. A write still in hand completes on its own. Accepts NULL. */
-void wf_ckpt_saver_destroy(wf_ckpt_saver *s);
-/* Not collective; the main thread's. Accepts NULL. */
-void wf_ckpt_saver_phase(wf_ckpt_saver *s, wf_ckpt_phase phase, int step);
-/* At the boundary after `step`: a write that failed anywhere is an error here (the
- * writer said why; rank 0 names the rank); when `due` (on any rank) and no write is in
- * hand, snapshot step and hand it to the writers (*started), else remember it for the
- * next boundary. */
-wf_status wf_ckpt_saver_boundary(wf_ckpt_saver *s, int step, bool due, bool *started);
-/* The checkpoint of `step` (the state every rank holds now) written and published:
- * waits for the write in hand, snapshots step unless that was it, and waits again. */
-wf_status wf_ckpt_saver_finish(wf_ckpt_saver *s, int step);
-/* Seconds the last snapshot's copy took on this rank. Not collective. */
-double wf_ckpt_saver_snapshot_s(const wf_ckpt_saver *s);
-/* Seconds this rank's writer has held a write (rank 0: until published) since the
- * saver was created, the one in hand included. Not collective. */
-double wf_ckpt_saver_write_s(wf_ckpt_saver *s);
-
-/* The snapshot a rank holds (bytes of host memory): the model file of shard g (n
- * parameters, with its header) when it writes one, and the optimizer file of elements
- * [lo, hi) when it writes one. */
-size_t wf_ckpt_snapshot_bytes(const wf_model_dims *d, const wf_model_shard *g, size_t n,
-                              bool model_writer, size_t lo, size_t hi, bool optim_writer);
-
-/* The checkpoint writer's process (writer.c): the program the rank runs, started again
- * by its saver (/proc/self/exe WF_CKPT_WRITER_ARG RANK). So a program that trains with
- * train.checkpoint_dir (the worker, a test) hands such a command line to
- * wf_ckpt_writer_main first thing in main, before MPI or anything else. */
-#define WF_CKPT_WRITER_ARG "--checkpoint-writer"
-int wf_ckpt_writer_main(int argc, char **argv);
+/* Write the checkpoint of `step` (the last completed step) and prune. */
+wf_status wf_ckpt_save(const wf_ckpt_target *t, int step);
 
 /* --save's whole model (wf_model_num_params floats, the full layout) into *full on rank 0
  * of the job (malloc'd, the caller frees it; NULL on every other rank). Each rank passes

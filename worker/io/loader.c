@@ -9,9 +9,7 @@
  * it likes: every micro-batch, every pipeline stage on this rank), and asking for n + 1
  * releases n's slot to the thread. Each slot keeps the lanes' state after its rows, so
  * the position a checkpoint saves after step n (the state before step n + 1's rows) is
- * the held slot's, whatever the thread has read ahead since; the slot before it, given
- * back, leaves a copy of its state (prev_*): a checkpoint saver that saves step n while
- * step n + 1 runs (a rescue, worker/ckpt/saver.c) finds it there.
+ * the held slot's, whatever the thread has read ahead since.
  *
  * A failure of the thread (a bad line, a missing file) is kept with the step it hit
  * and reported by the call that asks for that step, never before: the rows before it
@@ -38,7 +36,6 @@ struct wf__loader {
   slot *slots;                        /* index i lives in slots[i % depth] */
   uint64_t *base_lanes, *base_docs;   /* the state before index `base` */
   uint64_t *saved_lanes, *saved_docs; /* a restore not done yet (every lane), else NULL */
-  uint64_t *prev_lanes, *prev_docs;   /* the state before the held index (held > base) */
   pthread_t thread;
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -101,9 +98,7 @@ wf_status wf__loader_create(wf__loader **out, wf__stream *s, int n_lanes, int T,
   pthread_cond_init(&ld->cv, NULL);
   bool ok = (ld->slots = calloc((size_t)depth, sizeof *ld->slots)) &&
             (ld->base_lanes = calloc(ld->n_rec, sizeof(uint64_t))) &&
-            (ld->base_docs = calloc(ld->n_docs + 1, sizeof(uint64_t))) &&
-            (ld->prev_lanes = calloc(ld->n_rec, sizeof(uint64_t))) &&
-            (ld->prev_docs = calloc(ld->n_docs + 1, sizeof(uint64_t)));
+            (ld->base_docs = calloc(ld->n_docs + 1, sizeof(uint64_t)));
   for (int i = 0; ok && i < depth; i++) {
     slot *sl = &ld->slots[i];
     ok = (sl->win = wf_mem_alloc((size_t)n_lanes * (T + 1) * sizeof(int))) &&
@@ -138,8 +133,6 @@ void wf__loader_destroy(wf__loader *ld)
   free(ld->slots);
   free(ld->base_lanes);
   free(ld->base_docs);
-  free(ld->prev_lanes);
-  free(ld->prev_docs);
   free(ld->saved_lanes);
   free(ld->saved_docs);
   pthread_cond_destroy(&ld->cv);
@@ -218,10 +211,6 @@ wf_status wf__loader_get(wf__loader *ld, int64_t index, const int **win, const i
     wf_strlcpy(ld->err, err, sizeof ld->err);
   }
   if (st == WF_OK && index == ld->held + 1) {
-    if (ld->held >= ld->base) { /* its state stays: the state before `index` */
-      memcpy(ld->prev_lanes, slot_of(ld, ld->held)->lanes, ld->n_rec * sizeof(uint64_t));
-      memcpy(ld->prev_docs, slot_of(ld, ld->held)->docs, ld->n_docs * sizeof(uint64_t));
-    }
     ld->held = index; /* the previous slot goes back to the thread */
     pthread_cond_broadcast(&ld->cv);
   } else if (st == WF_OK && index != ld->held) {
@@ -247,12 +236,10 @@ wf_status wf__loader_state(wf__loader *ld, int64_t index, uint64_t *lanes, uint6
   if (!ld->based) /* nothing read yet: the state is the stream's, as it stands */
     set_base(ld, index);
   const uint64_t *l = NULL, *d = NULL;
-  if (index == ld->base && ld->held <= ld->base)
+  if (index == ld->base && ld->held < ld->base)
     l = ld->base_lanes, d = ld->base_docs;
   else if (index == ld->held + 1)
     l = slot_of(ld, ld->held)->lanes, d = slot_of(ld, ld->held)->docs;
-  else if (index == ld->held) /* the slot before the held one, given back: its copy */
-    l = ld->prev_lanes, d = ld->prev_docs;
   else
     st = wf__io_failf(err, err_len, WF_EINVAL,
                       "the data stream's position before step %lld is gone (it holds step %lld)",

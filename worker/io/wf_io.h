@@ -129,10 +129,8 @@ wf_status wf_data_ready(wf_data *d, wf_data_split split, int64_t index, char *er
 
 /* The position of a stream, for checkpoints (other sources are pure functions of the
  * step and have none: length 0). wf_data_state_get writes this rank's part of it
- * before step index's batch (the step after the last one trained; while that step's
- * batch is in use, too: a checkpoint taken as it runs) into v (len uint64, zero
- * elsewhere); it may be called from another thread than the batches' (it takes the
- * loader's lock). The element-wise maximum over every rank that read the stream is the
+ * before step index's batch (the step after the last one trained) into v (len uint64,
+ * zero elsewhere): the element-wise maximum over every rank that read the stream is the
  * whole position, which wf_data_state_json writes as JSON (malloc'd; NULL: out of
  * memory). wf_data_state_set, before the first batch, puts a fresh stream there on any
  * dp; WF_ECONFIG (the reason in err) when the JSON's data is not this run's (other

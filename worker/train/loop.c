@@ -3,9 +3,7 @@
  *
  * After every step: evaluate when due, report, let the caller decide whether to go on
  * (on_step: signals and the console's stop, agreed by every rank), and checkpoint when
- * due (a snapshot written in the background; before stopping, written and waited for).
- * A stop agreed before a step's update (before_update) ends the run after the step
- * before it. After the last step: the trace and --save.
+ * due (always before stopping). After the last step: the trace and --save.
  *
  * Invariant: a non-finite loss or norm stops the run with an error before it can
  * poison the weights (the optimizer refuses it, fp16's skipped steps aside).
@@ -22,48 +20,36 @@ static bool eval_due(const wf__trainer *tr, int step)
   return tr->can_eval && (step == tr->steps || (every > 0 && step % every == 0));
 }
 
-/* A checkpoint is due after step: every train.checkpoint_every steps, when
- * train.checkpoint_minutes have passed since the last one began (rank 0's clock; the
- * saver's agreement gives every rank its answer), or when the console asked. */
-static bool checkpoint_due(wf__trainer *tr, int step)
+/* After step's on_step: write a checkpoint when one is due. stopping: on_step ended the
+ * run (SIGTERM, the console's stop), so this is the last chance. */
+static wf_status maybe_checkpoint(wf__trainer *tr, int step, bool stopping, bool *wrote)
 {
   const wf_config *cfg = tr->cfg;
   const wf_train_hooks *h = tr->hooks;
   int every = cfg->train.checkpoint_every;
-  double minutes = cfg->train.checkpoint_minutes;
-  bool by_time = wf_rt_rank() <= 0 && minutes > 0 && wf_now() - tr->ckpt_t0 >= minutes * 60;
-  return (every > 0 && step % every == 0) || by_time ||
-         (h && h->checkpoint_now && h->checkpoint_now(h->user));
-}
-
-/* After step's on_step: the checkpoint, when one is due, snapshotted and written in the
- * background. stopping (on_step or before_update ended the run) or the last step: the
- * run's last checkpoint, written before the run ends. */
-static wf_status checkpoint(wf__trainer *tr, int step, bool stopping)
-{
-  const wf_train_hooks *h = tr->hooks;
-  bool last = stopping || step == tr->steps, started = false;
-  wf_status st = WF_OK;
-  double t0 = wf_now();
-  if (!tr->saver)
+  if (!cfg->train.checkpoint_dir[0])
     return WF_OK;
-  /* The step's tied check is read now, not with the next norm: no checkpoint holds
-   * copies that differ */
-  WF_TRY(wf_grads_check_tied_end(tr->grads));
-  if (last && h && h->on_phase)
+  bool due = stopping || step == tr->steps || (every > 0 && step % every == 0) ||
+             (h && h->checkpoint_now && h->checkpoint_now(h->user));
+  if (!due)
+    return WF_OK;
+  *wrote = true;
+  tr->saved_step = step;
+  if (h && h->on_phase)
     h->on_phase(h->user, "checkpoint");
-  if (last)
-    st = wf_ckpt_saver_finish(tr->saver, step);
-  else
-    st = wf_ckpt_saver_boundary(tr->saver, step, checkpoint_due(tr, step), &started);
-  if (last && h && h->on_phase)
+  /* The step's tied check is read now, not with the next norm: no checkpoint holds
+   * copies that differ. ZeRO-3 stays sharded: each dp rank streams its shard to the
+   * model file's writer (the checkpoint is ZeRO-1/2's format: optimizer shards, whole
+   * model) */
+  wf_status st = wf_grads_check_tied_end(tr->grads);
+  if (st == WF_OK)
+    st = wf_ckpt_save(&tr->ck, step);
+  if (h && h->on_phase)
     h->on_phase(h->user, "train");
-  if (started || (last && st == WF_OK)) {
-    tr->saved_step = step;
-    tr->ckpt_t0 = t0;
-    tr->ckpt_ms = wf_ckpt_saver_snapshot_s(tr->saver) * 1e3;
-  }
-fail:
+  if (st != WF_OK && wf_rt_rank() <= 0)
+    WF_ERROR("step %d: the checkpoint could not be written (see above); training stops here so "
+             "no progress goes unsaved",
+             step);
   return st;
 }
 
@@ -82,35 +68,13 @@ static wf_status sample(wf__trainer *tr, int step)
   return wf__sample(tr, step, tr->cfg->train.sample_prompt, tr->dp_rank, tr->talk ? tr->out : NULL);
 }
 
-/* The agreement at the step boundary (wf_train_hooks.on_step), with the checkpoint
- * saver told where the state stands around it. */
-static bool go_on_after(wf__trainer *tr, int step, const wf_train_step_info *info)
-{
-  const wf_train_hooks *h = tr->hooks;
-  if (!h || !h->on_step)
-    return true;
-  wf_ckpt_saver_phase(tr->saver, WF_CKPT_AGREE, step);
-  bool go_on = h->on_step(h->user, info);
-  wf_ckpt_saver_phase(tr->saver, go_on ? WF_CKPT_COMPUTE : WF_CKPT_HOLD, step);
-  return go_on;
-}
-
-/* One step, its evaluation, its report and its sample; *go_on from the caller's on_step,
- * or false when before_update stopped the run before this step's update. */
+/* One step, its evaluation, its report and its sample; *go_on from the caller's on_step. */
 static wf_status one_step(wf__trainer *tr, int step, bool *go_on)
 {
   wf_status st = WF_OK;
   wf_train_step_info info;
   double eval_ms = 0;
-  bool held = false;
-  double w0 = tr->saver ? wf_ckpt_saver_write_s(tr->saver) : 0;
-  WF_TRY(wf__train_step(tr, step, &info, &held));
-  if (tr->saver) /* for the metrics: the step's overlap with background writes */
-    tr->ckpt_write_ms = (wf_ckpt_saver_write_s(tr->saver) - w0) * 1e3;
-  if (held) { /* the state is step - 1's: its checkpoint is the run's last */
-    *go_on = false;
-    return checkpoint(tr, step - 1, true);
-  }
+  WF_TRY(wf__train_step(tr, step, &info));
   if (eval_due(tr, step)) {
     double t = wf_now();
     wf_trace_set_on(tr->trace, false); /* the trace shows training steps */
@@ -128,9 +92,12 @@ static wf_status one_step(wf__trainer *tr, int step, bool *go_on)
   }
   tr->aside_s += wf_now() - t;
   info.out_closed = tr->out_closed;
-  *go_on = go_on_after(tr, step, &info);
+  *go_on = !tr->hooks || !tr->hooks->on_step || tr->hooks->on_step(tr->hooks->user, &info);
   t = wf_now();
-  st = checkpoint(tr, step, !*go_on);
+  bool wrote = false;
+  st = maybe_checkpoint(tr, step, !*go_on, &wrote);
+  if (st == WF_OK && wrote && *go_on && tr->hooks && tr->hooks->after_checkpoint)
+    *go_on = tr->hooks->after_checkpoint(tr->hooks->user);
   tr->aside_s += wf_now() - t;
 fail:
   return st;
@@ -145,7 +112,6 @@ static wf_status run_loop(wf__trainer *tr)
     fprintf(tr->out, "the checkpoint is at step %d of train.steps %d: nothing to train\n",
             tr->start, tr->steps);
   tr->done = tr->start, tr->first_loss = tr->last_val = NAN;
-  tr->ckpt_t0 = tr->t0;
   for (int step = tr->start + 1; step <= tr->steps && go_on; step++)
     WF_TRY(one_step(tr, step, &go_on));
   tr->stopped = !go_on && tr->done < tr->steps;

@@ -442,12 +442,6 @@ static void write_metrics(wf__trainer *tr, const wf_train_step_info *in, double 
     json_object_set_new(o, "val_loss", real_or_null(in->val_loss));
     json_object_set_new(o, "eval_ms", real_or_null(eval_ms)); /* not in step_ms */
   }
-  if (tr->saver) { /* how much of the step a background write overlapped */
-    json_object_set_new(o, "ckpt_write_ms", real_or_null(tr->ckpt_write_ms));
-    if (tr->ckpt_ms > 0) /* the snapshot taken after the previous step, not in step_ms */
-      json_object_set_new(o, "ckpt_snapshot_ms", real_or_null(tr->ckpt_ms));
-    tr->ckpt_ms = 0;
-  }
   if (tr->tp > 1 || tr->pp > 1 || tr->cp > 1 || tr->epr)
     add_parallel_metrics(o, in);
   if (tr->fp16) {

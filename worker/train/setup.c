@@ -364,18 +364,6 @@ static wf_status setup_checkpoint(wf__trainer *tr)
   return st;
 }
 
-/* train.checkpoint_dir: checkpoints from here on are written in the background, from
- * a snapshot of the state the resume (or the initialisation) left. */
-static wf_status setup_saver(wf__trainer *tr)
-{
-  const wf_train_hooks *h = tr->hooks;
-  wf_ckpt_saver_opts o = {.rescue_fd = h && h->rescue_fd > 0 ? h->rescue_fd : -1,
-                          .kill_grace_s = h ? h->kill_grace_s : 0};
-  if (!tr->cfg->train.checkpoint_dir[0])
-    return WF_OK;
-  return wf_ckpt_saver_create(&tr->saver, &tr->ck, tr->start, &o);
-}
-
 static wf_status setup_data(wf__trainer *tr)
 {
   wf_status st = WF_OK;
@@ -505,8 +493,6 @@ wf_status wf__train_setup(wf__trainer *tr, const wf_config *cfg, const wf_train_
   if (checkpoints)
     WF_TRY(setup_checkpoint(tr));
   WF_TRY(sync_shard(tr));
-  if (checkpoints)
-    WF_TRY(setup_saver(tr));
   /* rank 0 alone opens it: agreed, so its failure stops every rank at once */
   WF_TRY(wf_comm_agree(tr->world, wf__open_metrics(tr), NULL));
   if (checkpoints) /* a training run's; not --generate's or --dump-state's */
@@ -520,7 +506,6 @@ fail:
 
 void wf__train_teardown(wf__trainer *tr)
 {
-  wf_ckpt_saver_destroy(tr->saver);
   if (tr->metrics)
     fclose(tr->metrics);
   wf_tfevents_close(tr->tb);

@@ -119,23 +119,10 @@ fail:
   return st;
 }
 
-/* The agreement before the state changes (wf_train_hooks.before_update), with the
- * checkpoint saver told where the state stands around it (worker/ckpt/saver.c). */
-static bool may_update(wf__trainer *tr, int step)
-{
-  const wf_train_hooks *h = tr->hooks;
-  if (!h || !h->before_update)
-    return true;
-  wf_ckpt_saver_phase(tr->saver, WF_CKPT_AGREE, step - 1);
-  bool go = h->before_update(h->user, step);
-  wf_ckpt_saver_phase(tr->saver, go ? WF_CKPT_UPDATE : WF_CKPT_HOLD, step - 1);
-  return go;
-}
-
 /* Reduce gradients, clip by the global norm, AdamW with the scheduled lr; under fp16 an
- * overflow anywhere skips the update. *held: a stop agreed before the update. */
+ * overflow anywhere skips the update. */
 static wf_status reduce_and_update(wf__trainer *tr, int step, double loss, float *norm,
-                                   wf_optim_step_info *oi, bool *held)
+                                   wf_optim_step_info *oi)
 {
   wf_status st = WF_OK;
   double t0 = wf_now();
@@ -143,8 +130,6 @@ static wf_status reduce_and_update(wf__trainer *tr, int step, double loss, float
   if (wf_trace_on(tr->trace))
     wf_trace_span(tr->trace, "gradient reduction", "comm", t0, wf_now(), step, -1);
   WF_TRY(wf_grads_norm(tr->grads, wf_optim_backward_scale(tr->optim), norm));
-  if ((*held = !may_update(tr, step)))
-    return WF_OK;
   WF_TRY(wf_optim_step(tr->optim, step, loss, *norm, wf_grads_for_update(tr->grads), oi));
   if (!oi->skipped)
     WF_TRY(wf_grads_sync_params(tr->grads, wf_optim_writes_low(tr->optim)));
@@ -340,7 +325,7 @@ static double step_seconds(wf__trainer *tr, double t0, double end)
   return dt > 0 ? dt : end - t0;
 }
 
-wf_status wf__train_step(wf__trainer *tr, int step, wf_train_step_info *info, bool *held)
+wf_status wf__train_step(wf__trainer *tr, int step, wf_train_step_info *info)
 {
   wf_status st = WF_OK;
   double t0 = wf_now(), loss = 0;
@@ -353,11 +338,8 @@ wf_status wf__train_step(wf__trainer *tr, int step, wf_train_step_info *info, bo
   wf_model_set_loss_scale(tr->model, (float)wf_optim_backward_scale(tr->optim));
   WF_TRY(wf__accumulate(tr, step, &loss, &ps));
   double tr0 = wf_now();
-  WF_TRY(reduce_and_update(tr, step, loss, &norm, &oi, held));
-  if (*held)
-    return WF_OK;
+  WF_TRY(reduce_and_update(tr, step, loss, &norm, &oi));
   WF_TRY(wf_grads_check_tied(tr->grads, step));
-  wf_ckpt_saver_phase(tr->saver, WF_CKPT_COMPUTE, step); /* the state is step's */
   double end = wf_now(), dt = step_seconds(tr, t0, end);
   if (tr->trace && wf_trace_on(tr->trace))
     wf_trace_span(tr->trace, "step end (reduction, norm, AdamW)", "optim", tr0, wf_now(), step, -1);

@@ -66,11 +66,6 @@ typedef struct wf__trainer {
   double last_end;         /* when the previous step's work ended; 0 = no previous step */
   double aside_s;          /* since then: evaluation, samples, checkpoints (not the step's) */
   wf_ckpt_target ck;       /* what checkpoints save and restore */
-  wf_ckpt_saver *saver;    /* checkpoints in the background; NULL without checkpoint_dir */
-  double ckpt_t0;          /* rank 0: when the last checkpoint's snapshot was taken (or the
-                            * run began), for train.checkpoint_minutes */
-  double ckpt_ms;          /* the snapshot taken at this boundary, for the metrics (0: none) */
-  double ckpt_write_ms;    /* of the step just run: time a background write was in flight */
   bool fp16;               /* precision=fp16: loss scaling on */
   int start;               /* steps done before this run (a resumed checkpoint's step) */
   double loss_mean;        /* the loss-jump watch's running mean (report.c) */
@@ -100,11 +95,10 @@ wf_status wf__train_setup(wf__trainer *tr, const wf_config *cfg, const wf_train_
                           bool checkpoints);
 void wf__train_teardown(wf__trainer *tr);
 
-/* step.c: one training step and its figures (*held: before_update stopped the run, the
- * step's update not made and nothing to report); evaluation; forward and backward of
- * this rank's micro-batches through the schedule (the step's summed micro-batch losses,
- * the mean over the global batch in *loss); the gradient path's finish. */
-wf_status wf__train_step(wf__trainer *tr, int step, wf_train_step_info *info, bool *held);
+/* step.c: one training step and its figures; evaluation; forward and backward of this
+ * rank's micro-batches through the schedule (the step's summed micro-batch losses, the
+ * mean over the global batch in *loss); the gradient path's finish. */
+wf_status wf__train_step(wf__trainer *tr, int step, wf_train_step_info *info);
 wf_status wf__evaluate(wf__trainer *tr, double *val_loss);
 /* A mixture of experts: the figures an evaluation's forwards added, dropped. */
 wf_status wf__discard_expert_figures(wf__trainer *tr);

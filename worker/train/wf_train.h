@@ -114,29 +114,17 @@ typedef struct wf_train_hooks {
   struct wf_comm *dp;
   const char *save_llmc;      /* write the final model there (world rank 0) ... */
   wf_weights_fmt save_format; /* ... in this format (default: llm.c version 3) */
-  /* Checkpoints (train.checkpoint_dir): a snapshot is taken every train.checkpoint_every
-   * steps and every train.checkpoint_minutes (rank 0's clock) and written in the
-   * background; the last step's, and the one of a run that on_step or before_update
-   * stops, is written before the run ends. checkpoint_now is asked at the other step
-   * boundaries, after on_step; it must answer the same on every rank (NULL = never).
-   * on_phase hears "checkpoint" while the run waits for one (a snapshot, a write) and
+  /* Checkpoints (train.checkpoint_dir): one is written every train.checkpoint_every
+   * steps, after the last step, and when on_step stops the run. checkpoint_now is
+   * asked at the other step boundaries, after on_step; it must answer the same on
+   * every rank (NULL = never). on_phase hears "checkpoint" while one is written and
    * "train" after (NULL = nobody). world is every rank of the job, for agreeing on
    * checkpoint errors (NULL = dp). */
   bool (*checkpoint_now)(void *user);
-  /* Asked on every rank before the optimizer updates the parameters of `step`, once
-   * its gradients are reduced; false stops the run after step - 1, this step's update
-   * not made. It must answer the same on every rank (an agreement: the step's last
-   * chance to stop before the state changes). NULL = go on. */
-  bool (*before_update)(void *user, int step);
-  /* Readable when a stop request came in (an eventfd): the checkpoint of the last
-   * step is snapshotted at once, while the step under way runs on, so it is saved even
-   * if the launcher kills the job before the step ends. The request must also make the
-   * next before_update or on_step stop (see worker/ckpt/saver.c). 0 = none. */
-  int rescue_fd;
-  /* Seconds the launcher gives the ranks between ending the job and SIGKILL (mpirun: 2 x
-   * odls_base_sigkill_timeout; 0 = unknown): a rescue that needs longer is said at
-   * start-up. */
-  double kill_grace_s;
+  /* Asked after a checkpoint written at a step boundary where the run goes on; false
+   * stops the run there (a stop request that came during the write). It must answer
+   * the same on every rank (NULL = go on). */
+  bool (*after_checkpoint)(void *user);
   void (*on_phase)(void *user, const char *phase);
   struct wf_comm *world;
   /* Model parallelism: the tp group (heads, MLP and vocabulary split over it), the pp
