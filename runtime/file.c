@@ -9,7 +9,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -122,7 +121,7 @@ wf_status wf_afile_open(wf_afile *f, const char *path, unsigned mode, int flags)
 {
   wf_status st = WF_OK;
   memset(f, 0, sizeof *f);
-  f->fd = f->dfd = -1;
+  f->fd = -1;
   f->mode = mode;
   WF_TRY(name_parts(f, path));
   WF_TRY(wf_file_make_parent(path, NULL));
@@ -151,8 +150,8 @@ wf_status wf_afile_write(wf_afile *f, const void *buf, size_t n)
     return WF_EINVAL;
   if (f->xx)
     XXH3_64bits_update(f->xx, buf, n);
-  while (n > 0) { /* at the file's end, which direct writes may have moved */
-    ssize_t w = pwrite(f->fd, p, WF_MIN(n, (size_t)CHUNK), (off_t)f->bytes);
+  while (n > 0) {
+    ssize_t w = write(f->fd, p, WF_MIN(n, (size_t)CHUNK));
     if (w < 0 && errno == EINTR)
       continue;
     if (w <= 0) {
@@ -166,69 +165,8 @@ wf_status wf_afile_write(wf_afile *f, const void *buf, size_t n)
   return WF_OK;
 }
 
-/* The O_DIRECT descriptor, opened at the first direct write; false where the file
- * system has none. */
-static bool direct_fd(wf_afile *f)
-{
-  if (f->dfd == -1) {
-    f->dfd = open(f->tmp, O_WRONLY | O_DIRECT | O_CLOEXEC);
-    f->dfd = f->dfd >= 0 ? f->dfd : -2;
-  }
-  return f->dfd >= 0;
-}
-
-static void close_direct(wf_afile *f)
-{
-  if (f->dfd >= 0)
-    close(f->dfd);
-  f->dfd = -2;
-}
-
-/* n bytes (a multiple of the alignment) at the file's end through the O_DIRECT
- * descriptor; *done says how many went. A file system that refuses them (EINVAL) gets
- * the rest as plain writes. */
-static wf_status write_direct(wf_afile *f, const char *p, size_t n, size_t *done)
-{
-  *done = 0;
-  while (*done < n) {
-    ssize_t w = pwrite(f->dfd, p + *done, WF_MIN(n - *done, (size_t)CHUNK), (off_t)f->bytes);
-    if (w < 0 && errno == EINTR)
-      continue;
-    if (w < 0 && errno == EINVAL && *done == 0) {
-      close_direct(f);
-      return WF_OK;
-    }
-    if (w <= 0 || (size_t)w % WF_AFILE_DIRECT_ALIGN) {
-      WF_ERROR("%s: write failed after %llu bytes: %s", f->path, (unsigned long long)f->bytes,
-               w < 0 ? strerror(errno) : "a short write");
-      wf_afile_abort(f);
-      return WF_EIO;
-    }
-    *done += (size_t)w, f->bytes += (uint64_t)w;
-  }
-  return WF_OK;
-}
-
-wf_status wf_afile_write_direct(wf_afile *f, const void *buf, size_t n)
-{
-  const char *p = buf;
-  size_t whole = n & ~(size_t)(WF_AFILE_DIRECT_ALIGN - 1), done = 0;
-  if (f->fd < 0)
-    return WF_EINVAL;
-  if (whole && f->bytes % WF_AFILE_DIRECT_ALIGN == 0 && (uintptr_t)p % WF_AFILE_DIRECT_ALIGN == 0 &&
-      direct_fd(f)) {
-    wf_status st = write_direct(f, p, whole, &done);
-    if (st != WF_OK)
-      return st;
-    if (f->xx)
-      XXH3_64bits_update(f->xx, p, done);
-  }
-  return done < n ? wf_afile_write(f, p + done, n - done) : WF_OK;
-}
-
 void wf_afile_abort(wf_afile *f)
 {
-  close_direct(f);
   if (f->fd >= 0) {
     close(f->fd);
     unlink(f->tmp);
@@ -249,7 +187,6 @@ wf_status wf_afile_commit(wf_afile *f, uint64_t *bytes, uint64_t *hash)
   if (hash)
     *hash = f->xx ? XXH3_64bits_digest(f->xx) : 0;
   WF_CHECK(fsync(f->fd) == 0, WF_EIO, "%s: fsync failed: %s", f->path, strerror(errno));
-  close_direct(f); /* its writes are the inode's, which the fsync covered */
   int fd = f->fd;
   f->fd = -1; /* closed here whatever happens; the temporary file is ours to unlink */
   if (close(fd) != 0) {

@@ -27,8 +27,7 @@
 #define WF_FILE_PATH_MAX 4160
 
 typedef struct wf_afile {
-  int fd;  /* -1 when closed */
-  int dfd; /* the same file opened O_DIRECT (wf_afile_write_direct); -1 none yet, -2 none */
+  int fd; /* -1 when closed */
   unsigned mode;
   char dir[WF_FILE_PATH_MAX], tmp[WF_FILE_PATH_MAX], path[WF_FILE_PATH_MAX];
   void *xx; /* XXH3 state when hashing, else NULL */
@@ -45,14 +44,6 @@ enum {
  * (e.g. 0644; 0600 for files holding secrets). */
 wf_status wf_afile_open(wf_afile *f, const char *path, unsigned mode, int flags);
 wf_status wf_afile_write(wf_afile *f, const void *buf, size_t n);
-/* The same, past the page cache where it can: the whole WF_AFILE_DIRECT_ALIGN-byte blocks
- * of buf go to the disk through an O_DIRECT descriptor of the file, when the file's size
- * so far and buf are at such boundaries (the kernel's copy into its cache and the
- * write-back that follows, most of a large write's CPU time, are skipped); the rest, and
- * everything on a file system without O_DIRECT (tmpfs), as wf_afile_write writes it. The
- * commit's fsync covers both. */
-#define WF_AFILE_DIRECT_ALIGN 4096
-wf_status wf_afile_write_direct(wf_afile *f, const void *buf, size_t n);
 /* fsync, rename into place, fsync the directory. *bytes and *hash (may be NULL) get the
  * size and, with WF_AFILE_HASH, the XXH3-64 of the contents. The writer is closed
  * afterwards whatever the outcome. */

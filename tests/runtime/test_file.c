@@ -3,7 +3,6 @@
  * leaves a temporary file or touches the old file.
  */
 #include <dirent.h>
-#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -96,56 +95,6 @@ static void test_replace_and_abort(void **state)
   assert_int_equal(entries(), 1);
 }
 
-/* Whether dir's file system takes an aligned O_DIRECT write (a disk's does; tmpfs before
- * Linux 6.6 refuses the open). */
-static bool direct_ok(const void *page)
-{
-  char probe[300];
-  snprintf(probe, sizeof probe, "%s/probe", dir);
-  int fd = open(probe, O_WRONLY | O_CREAT | O_DIRECT, 0644);
-  bool ok = fd >= 0 && pwrite(fd, page, WF_AFILE_DIRECT_ALIGN, 0) == WF_AFILE_DIRECT_ALIGN;
-  if (fd >= 0)
-    close(fd);
-  unlink(probe);
-  return ok;
-}
-
-/* Direct writes (O_DIRECT past the page cache) mixed with plain ones, in every order the
- * checkpoint writer uses: whole aligned pages go direct, an unaligned tail or start goes
- * plain, and the file and its checksum are those of the bytes in order. Where the file
- * system takes O_DIRECT the direct descriptor is used; where it does not, every byte
- * goes the plain way, with the same result. */
-static void test_write_direct(void **state)
-{
-  char path[300];
-  size_t n = 3 * WF_AFILE_DIRECT_ALIGN + 100, total = n + 7 + 2 * WF_AFILE_DIRECT_ALIGN;
-  unsigned char *buf = NULL, *back = malloc(total + 1);
-  assert_int_equal(posix_memalign((void **)&buf, WF_AFILE_DIRECT_ALIGN, total), 0);
-  for (size_t i = 0; i < total; i++)
-    buf[i] = (unsigned char)(i * 131 + 7);
-  snprintf(path, sizeof path, "%s/d.bin", dir);
-  wf_afile f;
-  uint64_t bytes = 0, hash = 0;
-  assert_int_equal(wf_afile_open(&f, path, 0644, WF_AFILE_HASH), WF_OK);
-  assert_int_equal(wf_afile_write_direct(&f, buf, n), WF_OK); /* 3 pages direct, 100 plain */
-  assert_int_equal(f.dfd >= 0, direct_ok(buf));
-  assert_int_equal(wf_afile_write(&f, buf + n, 7), WF_OK); /* plain, at the end */
-  /* the file's end is unaligned now: all plain, though buf + n + 7 is not page-aligned
-   * either way */
-  assert_int_equal(wf_afile_write_direct(&f, buf + n + 7, 2 * WF_AFILE_DIRECT_ALIGN), WF_OK);
-  assert_int_equal(wf_afile_commit(&f, &bytes, &hash), WF_OK);
-  assert_int_equal(bytes, total);
-  assert_int_equal(hash, XXH3_64bits(buf, total));
-  FILE *fp = fopen(path, "rb");
-  assert_non_null(fp);
-  assert_int_equal(fread(back, 1, total + 1, fp), total);
-  fclose(fp);
-  assert_memory_equal(back, buf, total);
-  assert_int_equal(entries(), 1);
-  free(buf);
-  free(back);
-}
-
 /* Every output path may be in a new folder: the writer makes the missing ones. */
 static void test_makes_parents(void **state)
 {
@@ -184,7 +133,6 @@ int main(void)
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_write_commit, setup, teardown),
       cmocka_unit_test_setup_teardown(test_replace_and_abort, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_write_direct, setup, teardown),
       cmocka_unit_test_setup_teardown(test_makes_parents, setup, teardown),
       cmocka_unit_test_setup_teardown(test_failures, setup, teardown),
   };
