@@ -26,24 +26,15 @@
 #include <string>
 
 #include "../../kernels/cuda/cudnn_sdpa.cu"
+#include "module_stubs.h"
 
-/* What the module's backend.cu provides, for this test alone. */
-extern "C" void wf_log(int level, const char *file, int line, const char *fmt, ...)
-{
-  (void)level, (void)file, (void)line;
-  va_list ap;
-  va_start(ap, fmt);
-  vprintf(fmt, ap);
-  va_end(ap);
-  printf("\n");
-}
+/* What the module's backend.cu provides besides module_stubs.h's, for cudnn_sdpa.cu. */
 extern "C" void wf_vlog(int level, const char *file, int line, const char *fmt, va_list ap)
 {
   (void)level, (void)file, (void)line;
   vprintf(fmt, ap);
   printf("\n");
 }
-void wf__cuda_record(int err) { (void)err; }
 bool wf__cuda_check(cudaError_t e, const char *file, int line, const char *what)
 {
   (void)file, (void)line;
@@ -51,7 +42,6 @@ bool wf__cuda_check(cudaError_t e, const char *file, int line, const char *what)
     printf("%s: %s\n", what, cudaGetErrorString(e));
   return e == cudaSuccess;
 }
-void wf__cuda_count_launch(void) {}
 
 namespace
 {
