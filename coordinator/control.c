@@ -114,8 +114,6 @@ static void close_all(wf_control *c)
   uv_close((uv_handle_t *)&c->async, NULL);
 }
 
-/* said: the coordinator already logged the reason (once, for the whole job), so this
- * rank ends quietly; a rank that lost the coordinator says why itself. */
 /* The job ends; `said`: the coordinator said why, once for the job. This rank says it
  * when nobody else does, and is then the one that speaks for the job (spoke); it then
  * waits hold_ms before the job's end goes on (lost_abort says why). */
