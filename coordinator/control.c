@@ -157,18 +157,20 @@ static bool speaks_for_lost(const wf_control *c)
   return err != EADDRINUSE;
 }
 
-/* How long the rank that claimed the loss holds the claim before its end goes on. The
- * claim ends with the process, and the host's other ranks judge the loss on their own
- * SILENCE_TICK_MS timers, a tick or a few later under load: one that judged after the
- * claimant had left would find the name free and say it again. Not a delay of the job's
- * end: the others leave at once, and the launcher then ends this rank too. */
+/* How long the rank that claimed the loss holds the claim before its end goes on, when
+ * other ranks share its host. The claim ends with the process, and the host's other
+ * ranks judge the loss on their own SILENCE_TICK_MS timers, a tick or a few later under
+ * load: one that judged after the claimant had left would find the name free and say it
+ * again. Not a delay of the job's end: the others leave at once, and the launcher then
+ * ends this rank too. A rank alone on its host has nobody to hold the claim against. */
 #define LOST_HOLD_MS 500
 
 /* The coordinator is lost: the job ends, said once per host. */
 static void lost_abort(wf_control *c, const char *reason)
 {
   bool speak = speaks_for_lost(c);
-  do_abort(c, reason, !speak, speak ? LOST_HOLD_MS : 0);
+  int hold = speak && c->facts.local_size > 1 ? LOST_HOLD_MS : 0;
+  do_abort(c, reason, !speak, hold);
 }
 
 static void on_abort_msg(wf_control *c, const Weft__Abort *a)

@@ -706,6 +706,7 @@ static void coordinator_fault(bool freeze)
                         .on_abort = on_abort,
                         .user = &fx0.idx[0],
                         .connect_timeout_ms = 2000};
+  co.facts.local_size = 1; /* alone on its host: the rank ends at once (LOST_HOLD_MS) */
   wf_control *ctl;
   assert_int_equal(wf_control_start(&ctl, &co), WF_OK);
   double t0 = wf_now() + (freeze ? 0.0 : 0.3); /* the fake dies 0.3 s after Welcome */
