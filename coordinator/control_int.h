@@ -66,6 +66,91 @@ double wf__now_ms(void);
  * count of lines left out since the last one. */
 bool wf__ratelimit_ok(wf__ratelimit *rl, double now, long *suppressed);
 
+/* ---- the control client (control.c, control_abort.c, control_post.c) ---------------- */
+
+#define WF__REPORTS_QUEUED 64 /* step reports the control thread may fall behind by */
+
+/* A coordinator that stopped talking leaves the connection open: only its silence tells,
+ * judged this often (wf__control_check_coordinator). */
+#define WF__SILENCE_TICK_MS 100
+
+struct wf_control {
+  char endpoint[600], token[WF_TOKEN_HEX + 1], job_id[128], stage[64];
+  char coord_host[64]; /* rank 0's host and pid, from Welcome */
+  int coord_pid;
+  wf_rank_facts facts;
+  wf_control_abort_fn on_abort;
+  void *user;
+  bool is_unix;
+  struct sockaddr_storage addr;
+  char addr_str[80]; /* addr as numbers, "10.0.0.1 port 29500", for errors */
+  double deadline;   /* ms: give up connecting */
+  int connect_timeout_ms;
+  int last_err; /* the last failed connect's libuv error; 0 = none yet */
+
+  uv_loop_t loop;
+  uv_thread_t thread;
+  union {
+    uv_handle_t h;
+    uv_stream_t s;
+    uv_tcp_t tcp;
+    uv_pipe_t pipe;
+  } sock;
+  bool sock_open;
+  uv_connect_t connect_req;
+  uv_timer_t timer, close_timer, deadline_timer, silence_timer;
+  uv_async_t async;
+  wf_proto_reader rd;
+  int heartbeat_ms, silence_ms;
+  double t_rx, t_timer;   /* ms: last message from the coordinator, last timer run */
+  double echo_ms, t_echo; /* the coordinator's last heartbeat stamp, and when it came */
+  bool welcomed, shutdown_seen, closed;
+
+  pthread_mutex_t lock; /* locked: */
+  pthread_cond_t cond;
+  int start; /* 0 pending, 1 registered, < 0 failed */
+  char start_err[1024];
+  int64_t step;
+  char phase[32], coll_op[64];
+  uint64_t coll_seq, mem_bytes;
+  bool coll_active;
+  wf_control_collective_fn coll_fn;
+  void *coll_user;
+  wf_control_trace_fn trace_fn;
+  void *trace_user;
+  bool error_pending, error_sent, closing;
+  /* Step reports not yet sent, oldest first: every step reaches the coordinator (the live
+   * view draws one point per step) unless the control thread falls WF__REPORTS_QUEUED steps
+   * behind, when the oldest give way. */
+  wf_step_report reports[WF__REPORTS_QUEUED];
+  int report_head, n_reports;
+  int err_code;
+  char err_msg[512];
+
+  atomic_bool stop_req, ckpt_req, aborted;
+  bool spoke;             /* this rank said why the job was aborted (do_abort) */
+  double abort_silent_ms; /* > 0: aborted because peers went silent (unreachable); set
+                           * before on_abort runs, on the control thread */
+  wf_nvml *nvml;          /* the rank's GPU, when NVML is there; sampled on the control thread */
+};
+
+/* control.c: registration ends, 1 (welcomed) or a wf_status, with the error when it
+ * failed; wakes wf_control_start. */
+void wf__control_start_done(wf_control *c, int result, const char *err);
+/* control.c: close every handle of the loop, once. */
+void wf__control_close_all(wf_control *c);
+/* control.c: the rank's heartbeat: step, phase, collective, memory, CPU, GPU. */
+void wf__control_send_heartbeat(wf_control *c);
+/* control_abort.c: the coordinator's Abort. */
+void wf__control_on_abort_msg(wf_control *c, const Weft__Abort *a);
+/* control_abort.c: the silence timer: a coordinator silent past silence_ms is lost. */
+void wf__control_check_coordinator(uv_timer_t *t);
+/* control_abort.c: the connection dropped (or sent garbage): before Welcome, registration
+ * fails; after, unless the job is closing, the coordinator is lost. */
+void wf__control_connection_lost(wf_control *c, const char *why);
+/* control_post.c: the control thread's wake-up: send what the training loop posted. */
+void wf__control_on_async(uv_async_t *a);
+
 /* ---- service ------------------------------------------------------------------------ */
 
 typedef enum conn_role {
