@@ -295,11 +295,16 @@ struct wf_service {
 /* service.c */
 /* Bind and listen on bind_addr:port; a libuv error code. */
 int wf__listen_tcp(wf_service *svc, uv_tcp_t *h, int port, int backlog);
+/* conn.c */
 void wf__service_on_connection(uv_stream_t *server, int status);
 void wf__conn_close(wf__conn *c);
 void wf__conn_close_flushed(wf__conn *c);
 void wf__broadcast(wf_service *svc, Weft__Envelope *env);
 void wf__conn_send(wf__conn *c, Weft__Envelope *env);
+/* Tell the peer what was wrong (an Error), then close. */
+void wf__conn_reject(wf__conn *c, const char *msg);
+/* registry.c: one complete message from connection c, by its role. */
+void wf__dispatch(wf__conn *c, const Weft__Envelope *env);
 /* watchdog.c */
 void wf__watchdog_tick(uv_timer_t *t);
 void wf__rank_lost(wf_service *svc, int rank, const char *why);
@@ -315,7 +320,7 @@ char *wf__query_json(wf_service *svc, int kind, char *msg, size_t msg_len);
 void wf__trace_start(wf_service *svc, wf__conn *console);
 void wf__trace_report(wf__conn *c, const Weft__TraceReport *tr);
 void wf__trace_tick(wf_service *svc, double now);
-/* service.c */
+/* registry.c */
 void wf__reply(wf__conn *c, bool ok, const char *json, const char *msg);
 /* jobfile.c */
 wf_status wf__job_dir_prepare(const char *dir);
@@ -348,7 +353,7 @@ json_t *wf__json_status(wf_service *svc, double now);
 json_t *wf__json_ranks(wf_service *svc, double now);
 json_t *wf__json_mesh(wf_service *svc);
 json_t *wf__json_schedule(wf_service *svc);
-/* service.c: a console's (or the page's) STOP or CHECKPOINT, sent to every worker; false
+/* registry.c: a console's (or the page's) STOP or CHECKPOINT, sent to every worker; false
  * with the reason in msg when refused (checkpoint without a checkpoint directory). */
 bool wf__request(wf_service *svc, int kind, char *msg, size_t len);
 /* watchdog.c: the rank missed a heartbeat and a half (WF__LATE_BEATS), the mark by which
