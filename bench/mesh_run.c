@@ -28,6 +28,7 @@ static int env_init(bench_env *e, int *argc, char ***argv)
   MPI_Comm_size(MPI_COMM_WORLD, &e->size);
   wf_rt_set_rank(e->rank);
   wf_log_set_level(WF_LOG_WARN);
+  wf_config_set_model_check(wf_model_config_check);
   MPI_Comm node;
   int lrank = 0, lsize = 1;
   if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, e->rank, MPI_INFO_NULL, &node) ==

@@ -102,7 +102,6 @@ extern const wf__cfg_key wf__cfg_keys[];
 extern const int wf__cfg_nkeys;
 extern const wf__cfg_preset wf__cfg_presets[];
 extern const int wf__cfg_npresets;
-extern const char *const wf__cfg_families[]; /* NULL-terminated */
 
 /* Table look-ups (config_keys.c). */
 int wf__cfg_key_index(const char *name);

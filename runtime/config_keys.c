@@ -409,8 +409,6 @@ const wf__cfg_preset wf__cfg_presets[] = {
      8, 2, 0, WF_SWITCH_ON, 0.02},
     /* clang-format on */
 };
-/* The families worker/model registers (model.family); a new family adds its name. */
-const char *const wf__cfg_families[] = {"gpt2", "llama", "olmoe", "qwen3_moe", "mixtral", NULL};
 const int wf__cfg_npresets = (int)WF_ARRAY_LEN(wf__cfg_presets);
 
 /* The seeds' names (a DistributedConfig) and other spellings users bring along. */

@@ -26,6 +26,12 @@ typedef struct vctx {
 
 typedef wf_status (*rule_fn)(vctx *v);
 
+/* The model's rules on the model.* keys (worker/model's families), set once at start-up:
+ * part of the runtime context, as the runtime sits below the model. */
+static wf_config_model_check model_check;
+
+void wf_config_set_model_check(wf_config_model_check fn) { model_check = fn; }
+
 static wf_status fail(vctx *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static wf_status fail(vctx *v, const char *fmt, ...)
 {
@@ -278,105 +284,6 @@ static wf_status rule_fsdp(vctx *v)
   return WF_OK;
 }
 
-/* ---- the model and its partition ----------------------------------------------------- */
-
-/* model.family names a family worker/model registers; GPT-2's shape is fixed (multi-
- * head attention, a 4 x d_model MLP, the head tied to the embedding). */
-static wf_status rule_family(vctx *v)
-{
-  wf_config *c = v->c;
-  const char *f = c->model.family;
-  bool known = false;
-  char names[128] = "";
-  for (int i = 0; wf__cfg_families[i]; i++) {
-    known = known || !strcmp(wf__cfg_families[i], f);
-    size_t n = strlen(names);
-    snprintf(names + n, sizeof names - n, "%s%s", i ? ", " : "", wf__cfg_families[i]);
-  }
-  if (!known)
-    return fail(v, "model.family=%s is not a model family weft knows; use one of %s", f, names);
-  if (strcmp(f, "gpt2"))
-    return WF_OK;
-  if (c->model.kv_heads && c->model.kv_heads != c->model.heads)
-    return fail(v,
-                "model.kv_heads=%d: GPT-2 has no grouped-query attention (model.family=gpt2); "
-                "leave model.kv_heads at 0, or use model.family=llama",
-                c->model.kv_heads);
-  if (c->model.ffn && c->model.ffn != 4 * c->model.d_model)
-    return fail(v,
-                "model.ffn=%d: GPT-2's MLP is 4 x d_model = %d wide (model.family=gpt2); leave "
-                "model.ffn at 0, or use model.family=llama",
-                c->model.ffn, 4 * c->model.d_model);
-  if (c->model.tie_embeddings == WF_TIE_NO)
-    return fail(v, "model.tie_embeddings=false: GPT-2 ties its head to the embedding "
-                   "(model.family=gpt2); leave it at auto, or use model.family=llama");
-  if (c->model.rope_scaling.rope_type != WF_ROPE_NONE)
-    return fail(v, "model.rope_scaling.rope_type=llama3: GPT-2 has no rotary embeddings "
-                   "(model.family=gpt2); leave it at none, or use model.family=llama");
-  return WF_OK;
-}
-
-static bool moe_family(const char *f)
-{
-  return !strcmp(f, "olmoe") || !strcmp(f, "qwen3_moe") || !strcmp(f, "mixtral");
-}
-
-/* The mixture-of-experts keys: only the MoE families have experts (and an expert axis);
- * each token picks experts_per_token distinct experts, so no more than there are; ep
- * ranks hold equal shares of the experts. The family's own defaults (model.experts and
- * model.experts_per_token 0) are checked with the model (wf_model_dims_check). */
-static wf_status rule_moe(vctx *v)
-{
-  const wf_config *c = v->c;
-  const char *f = c->model.family;
-  int E = c->model.experts, K = c->model.experts_per_token, ep = c->mesh.ep;
-  /* model.init names its own family: the trainer checks these against it once read */
-  bool from_file =
-      c->model.init[0] && c->source[wf_config_key_find("model.family")] == WF_SRC_DEFAULT;
-  if (!moe_family(f)) {
-    if (from_file)
-      return WF_OK;
-    if (E > 0 || K > 0 || ep > 1)
-      return fail(v,
-                  "%s=%d: model.family=%s has no experts; use model.family=olmoe, qwen3_moe or "
-                  "mixtral (or a preset such as olmoe-tiny), or remove it",
-                  E > 0   ? "model.experts"
-                  : K > 0 ? "model.experts_per_token"
-                          : "mesh.ep",
-                  E > 0   ? E
-                  : K > 0 ? K
-                          : ep,
-                  f);
-    if (c->model.head_dim && c->model.head_dim * c->model.heads != c->model.d_model)
-      return fail(v,
-                  "model.head_dim=%d: model.family=%s's heads are d_model / heads = %d wide; "
-                  "leave model.head_dim at 0",
-                  c->model.head_dim, f, c->model.d_model / c->model.heads);
-    return WF_OK;
-  }
-  if (E > 0 && K > E)
-    return fail(v,
-                "model.experts_per_token=%d is more than model.experts=%d: each token is routed "
-                "to that many distinct experts; choose experts_per_token <= %d",
-                K, E, E);
-  if (E > 0 && E % ep != 0)
-    return fail(v,
-                "mesh.ep=%d does not divide model.experts=%d; every expert-parallel rank holds an "
-                "equal share of the experts, so choose an ep that divides %d",
-                ep, E, E);
-  if (c->model.head_dim % 2)
-    return fail(v, "model.head_dim=%d: RoPE needs an even head size", c->model.head_dim);
-  /* The load-balancing loss is a product of two means over a micro-batch's tokens, which
-   * context parallelism would split over its ranks (each would see part of the batch). */
-  if (c->mesh.cp > 1)
-    return fail(v,
-                "mesh.cp=%d with model.family=%s: the routers' load-balancing statistics are not "
-                "yet summed over the context-parallel ranks; set mesh.cp=1 (expert, tensor, "
-                "pipeline and data parallelism all apply)",
-                c->mesh.cp, f);
-  return WF_OK;
-}
-
 /* ---- RoPE scaling (shared with worker/model, which resolves and checks model dims) ---- */
 
 wf_rope_scaling wf_rope_scaling_resolve(const wf_rope_scaling *s)
@@ -423,6 +330,8 @@ static wf_status rule_rope_scaling(vctx *v)
   return WF_OK;
 }
 
+/* ---- the model and its partition ----------------------------------------------------- */
+
 /* Grouped-query attention and the MLP under tensor parallelism: each rank holds whole
  * kv heads (Megatron's num_query_groups % tp) and an equal part of the hidden units. */
 static wf_status rule_gqa(vctx *v)
@@ -448,14 +357,15 @@ static wf_status rule_gqa(vctx *v)
   return WF_OK;
 }
 
+/* Which families exist and what each one's keys allow are the model's to say
+ * (model_check, first: the first failure wins); the rest is what any family needs of
+ * its partition. */
 static wf_status rule_model(vctx *v)
 {
   wf_config *c = v->c;
   int tp = c->mesh.tp, vp = wf__cfg_pad_vocab(c->model.vocab);
   c->model.padded_vocab = vp;
-  wf_status st = rule_family(v);
-  if (st == WF_OK)
-    st = rule_moe(v);
+  wf_status st = model_check(c, v->err, v->err_len);
   if (st == WF_OK)
     st = rule_rope_scaling(v);
   if (st != WF_OK)
@@ -725,6 +635,13 @@ wf_status wf_config_validate(wf_config *cfg, int world_size, char *err, size_t e
 {
   if (!cfg || world_size < 0)
     return WF_EINVAL;
+  if (!model_check) { /* a caller bug: the model's rules would be skipped */
+    if (err && err_len)
+      snprintf(err, err_len,
+               "wf_config_validate: no model check; call "
+               "wf_config_set_model_check(wf_model_config_check) first");
+    return WF_EINVAL;
+  }
   wf_config work = *cfg;
   vctx v = {&work, world_size, err, err_len};
   for (size_t i = 0; i < WF_ARRAY_LEN(rules); i++)

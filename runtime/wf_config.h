@@ -231,8 +231,17 @@ const char *wf_closest_name(const char *typed, const char *const *names, size_t 
 wf_status wf_config_load_env(wf_config *cfg, char *const *envp, char *err, size_t err_len);
 
 /* Check every rule against the world size (0 = do not check world-dependent rules)
- * and fill derived values (mesh.dp, model.padded_vocab, train.seq_len). */
+ * and fill derived values (mesh.dp, model.padded_vocab, train.seq_len). WF_EINVAL when
+ * no model check is set (below). */
 wf_status wf_config_validate(wf_config *cfg, int world_size, char *err, size_t err_len);
+
+/* The model's own rules on the model.* keys: which families exist and the shapes each
+ * allows, which worker/model knows and runtime/ does not. wf_config_validate calls it
+ * among its rules (on its working copy, model.padded_vocab derived); a broken rule writes
+ * its message into err and returns WF_ECONFIG. Every program that validates a config sets
+ * it once at start-up, before the first validation: worker/model's wf_model_config_check. */
+typedef wf_status (*wf_config_model_check)(const wf_config *cfg, char *err, size_t err_len);
+void wf_config_set_model_check(wf_config_model_check fn);
 
 /* Print "key = value   (source)" for every key. */
 void wf_config_print(const wf_config *cfg, FILE *out);

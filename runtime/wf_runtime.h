@@ -7,8 +7,8 @@
  * Invariants:
  *  - Every fallible function returns a wf_status: WF_OK (0) or a negative code.
  *  - Library code never exits; only main() decides to exit.
- *  - The only global state is the runtime context (rank, host, log level and
- *    memory counters), set once at start-up by main().
+ *  - The only global state is the runtime context (rank, host, log level,
+ *    memory counters and the model's config check), set once at start-up by main().
  */
 #ifndef WF_RUNTIME_H
 #define WF_RUNTIME_H

@@ -892,6 +892,7 @@ int main(int argc, char **argv)
    * fails with EPIPE instead of ending the process without a word: training then stops
    * at the step boundary, checkpointed, and says why (job.c). */
   signal(SIGPIPE, SIG_IGN);
+  wf_config_set_model_check(wf_model_config_check);
   /* srun without PMIx: Open MPI would abort in MPI_Init without saying what to do. */
   if (wf_launch_precheck(wf_launch_getenv, NULL, e.err, sizeof e.err) != WF_OK) {
     const char *task = getenv("SLURM_PROCID");

@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include "wf_config.h"
+#include "wf_model.h"
 
 typedef struct fixture {
   char dir[64];
@@ -686,6 +687,8 @@ static void test_print_shows_sources(void **state)
 
 int main(void)
 {
+  /* the model's rules on the model.* keys, as the worker's main sets them */
+  wf_config_set_model_check(wf_model_config_check);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_defaults, setup, teardown),
       cmocka_unit_test_setup_teardown(test_file_nested_and_dotted, setup, teardown),

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "wf_config.h"
+#include "wf_model.h"
 
 typedef struct case_ {
   wf_config cfg;
@@ -456,6 +457,42 @@ static void test_stream_keys(void **state)
   assert_non_null(strstr(err, "expected a number, got 'nan'"));
 }
 
+/* The model's rules on the model keys (worker/model's wf_model_config_check, in
+ * rule_model's place): the family's name, GPT-2's fixed shape, the keys a dense family
+ * has not, the MoE families' expert keys; and no validation without those rules. */
+static void test_family_keys(void **state)
+{
+  case_ t;
+  BAD(1,
+      "model.family=gtp2 is not a model family weft knows; use one of gpt2, llama, olmoe, "
+      "qwen3_moe, mixtral",
+      "model.family=gtp2");
+  GOOD(1, "model.kv_heads=4", "model.ffn=256"); /* GPT-2's own: heads 4, 4 x d_model 64 */
+  BAD(1, "model.kv_heads=2: GPT-2 has no grouped-query attention", "model.kv_heads=2");
+  BAD(1, "model.ffn=128: GPT-2's MLP is 4 x d_model = 256 wide", "model.ffn=128");
+  BAD(1, "model.tie_embeddings=false: GPT-2 ties its head", "model.tie_embeddings=false");
+  GOOD(1, "model.preset=llama-tiny", "model.kv_heads=2", "model.ffn=128");
+  BAD(1, "model.experts=4: model.family=gpt2 has no experts", "model.experts=4");
+  BAD(0, "mesh.ep=2: model.family=llama has no experts", "model.preset=llama-tiny", "mesh.ep=2");
+  BAD(1, "model.head_dim=32: model.family=gpt2's heads are d_model / heads = 16 wide",
+      "model.head_dim=32");
+  GOOD(2, "model.preset=olmoe-tiny", "mesh.ep=2");
+  BAD(1, "model.experts_per_token=5 is more than model.experts=4", "model.preset=olmoe-tiny",
+      "model.experts=4", "model.experts_per_token=5");
+  BAD(2, "mesh.ep=2 does not divide model.experts=3", "model.preset=mixtral-tiny",
+      "model.experts=3", "mesh.ep=2");
+  BAD(1, "model.head_dim=33: RoPE needs an even head size", "model.preset=qwen3-moe-tiny",
+      "model.head_dim=33");
+  BAD(2, "mesh.cp=2 with model.family=olmoe: the routers' load-balancing statistics",
+      "model.preset=olmoe-tiny", "mesh.cp=2");
+  build(&t, NULL);
+  wf_config_set_model_check(NULL);
+  assert_int_equal(check(&t, 1), WF_EINVAL);
+  wf_config_set_model_check(wf_model_config_check);
+  assert_non_null(strstr(t.err, "no model check"));
+  assert_int_equal(check(&t, 1), WF_OK);
+}
+
 static void test_deterministic_and_untouched_on_failure(void **state)
 {
   case_ a, b;
@@ -471,8 +508,11 @@ static void test_deterministic_and_untouched_on_failure(void **state)
 
 int main(void)
 {
+  /* the model's rules on the model.* keys, as the worker's main sets them */
+  wf_config_set_model_check(wf_model_config_check);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_defaults_are_valid),
+      cmocka_unit_test(test_family_keys),
       cmocka_unit_test(test_nodes_times_procs),
       cmocka_unit_test(test_world_size_matches_launcher),
       cmocka_unit_test(test_rank_below_world),

@@ -424,6 +424,8 @@ static void test_train_tiny(void **state)
 int main(void)
 {
   wf_kernels_set_threads(1);
+  /* the model's rules on the model.* keys, as the worker's main sets them */
+  wf_config_set_model_check(wf_model_config_check);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_num_params),
       cmocka_unit_test(test_dims_from_config),

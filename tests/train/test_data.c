@@ -18,6 +18,7 @@
 #include <cmocka.h>
 
 #include "wf_io.h"
+#include "wf_model.h"
 
 static char tmpdir[256];
 
@@ -543,6 +544,8 @@ static void test_config_rules(void **state)
 
 int main(void)
 {
+  /* the model's rules on the model.* keys, as the worker's main sets them */
+  wf_config_set_model_check(wf_model_config_check);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_synthetic_floor),
       cmocka_unit_test(test_small_vocab),

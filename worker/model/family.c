@@ -5,9 +5,13 @@
  *
  * A family is data plus its compute: adding one is a folder under model/ (its
  * wf_family table, its tensors' descriptions, its block's forward and backward) and a
- * line in `families` below. Nothing outside model/ names a family's tensors.
+ * line in `families` below. Nothing outside model/ names a family's tensors, and
+ * runtime/'s config validation asks this registry (wf_model_config_check) which
+ * families exist and what each one's keys allow.
  */
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "model_int.h"
@@ -115,6 +119,59 @@ const char *wf_model_dims_check(const wf_model_dims *dd)
   if (d->Vp < d->V)
     return "padded vocab must be at least the vocab";
   return d->fam->check(d);
+}
+
+/* ---- a config's model keys (wf_config_validate's model check) ------------------------ */
+
+wf_status wf__keys_fail(char *err, size_t len, const char *fmt, ...)
+{
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, err ? len : 0, fmt, ap);
+  va_end(ap);
+  return WF_ECONFIG;
+}
+
+/* The keys of a family with neither experts nor a head size of its own (GPT-2, Llama).
+ * A model.init whose family the config leaves at its default names its own family: the
+ * trainer checks these against it once read (wf_model_dims_meet_config). */
+wf_status wf__family_dense_keys(const wf_config *c, char *err, size_t len)
+{
+  const char *f = c->model.family;
+  int E = c->model.experts, K = c->model.experts_per_token, ep = c->mesh.ep;
+  if (c->model.init[0] && c->source[wf_config_key_find("model.family")] == WF_SRC_DEFAULT)
+    return WF_OK;
+  if (E > 0 || K > 0 || ep > 1)
+    return wf__keys_fail(err, len,
+                         "%s=%d: model.family=%s has no experts; use model.family=olmoe, "
+                         "qwen3_moe or mixtral (or a preset such as olmoe-tiny), or remove it",
+                         E > 0   ? "model.experts"
+                         : K > 0 ? "model.experts_per_token"
+                                 : "mesh.ep",
+                         E > 0   ? E
+                         : K > 0 ? K
+                                 : ep,
+                         f);
+  if (c->model.head_dim && c->model.head_dim * c->model.heads != c->model.d_model)
+    return wf__keys_fail(err, len,
+                         "model.head_dim=%d: model.family=%s's heads are d_model / heads = %d "
+                         "wide; leave model.head_dim at 0",
+                         c->model.head_dim, f, c->model.d_model / c->model.heads);
+  return WF_OK;
+}
+
+wf_status wf_model_config_check(const wf_config *c, char *err, size_t len)
+{
+  const wf_family *fam = wf_model_family_find(c->model.family);
+  char names[128] = "";
+  if (fam)
+    return fam->check_keys(c, err, len);
+  for (size_t i = 0; i < WF_ARRAY_LEN(families); i++) {
+    size_t n = strlen(names);
+    snprintf(names + n, sizeof names - n, "%s%s", i ? ", " : "", families[i]->name);
+  }
+  return wf__keys_fail(err, len, "model.family=%s is not a model family weft knows; use one of %s",
+                       c->model.family, names);
 }
 
 bool wf_model_dims_same(const wf_model_dims *a, const wf_model_dims *b, const char **field,

@@ -402,6 +402,12 @@ wf_status wf__st_parse_info(const wf__st_file *f, const char *name, struct json_
                             wf__st_tinfo *ti, char *err, size_t len);
 
 /* The families (gpt2/, llama/). */
+/* A config's model keys (family.c): the message in err (err NULL: none), WF_ECONFIG; the
+ * rules of a family with neither experts nor a head size of its own (a check_keys). */
+wf_status wf__keys_fail(char *err, size_t len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+wf_status wf__family_dense_keys(const wf_config *c, char *err, size_t len);
+
 extern const wf_family wf__family_gpt2;
 extern const wf_family wf__family_llama;
 extern const wf_family wf__family_olmoe;

@@ -87,6 +87,10 @@ wf_model_dims wf_model_dims_resolve(const wf_model_dims *d);
 wf_model_dims wf_model_dims_from_config(const wf_config *cfg);
 /* NULL when the dims are usable, else what is wrong with them. */
 const char *wf_model_dims_check(const wf_model_dims *d);
+/* The model's rules on a config's model.* keys (wf_config_set_model_check's function):
+ * model.family names a registered family, and the family's own keys rules hold. Each
+ * message names the keys, their values and what to change; WF_ECONFIG. */
+wf_status wf_model_config_check(const wf_config *cfg, char *err, size_t len);
 /* Whether two dims describe the same model (after resolving), and if not the first
  * field that differs with both values (for messages). */
 bool wf_model_dims_same(const wf_model_dims *a, const wf_model_dims *b, const char **field,
@@ -256,7 +260,7 @@ typedef struct wf_hf_key {
 
 /* ---- the family table -------------------------------------------------------------- */
 
-#define WF_FAMILY_VERSION 1
+#define WF_FAMILY_VERSION 2
 
 struct wf__family_ops; /* model_int.h: the family's compute (block, embedding, head) */
 
@@ -268,9 +272,12 @@ struct wf_family {
   bool llmc;                   /* llm.c's GPT-2 files hold it */
   bool own_head_dim;           /* its head size is a dimension of its own (head_dim), not
                                 * d_model / heads */
-  /* defaults and checks */
+  /* defaults and checks: check's reason is about dims alone (a file's, a checkpoint's);
+   * check_keys checks a config's model.* keys (model.family this family) before any
+   * dims are made of them, and says which key to change (wf_model_config_check) */
   void (*resolve)(wf_model_dims *d);
   const char *(*check)(const wf_model_dims *d);
+  wf_status (*check_keys)(const wf_config *cfg, char *err, size_t len);
   /* its tensors for dims d (resolved), in layout order */
   void (*describe)(const wf_model_dims *d, wf_model_desc *out);
   /* forward FLOPs per token of one layer over T positions (the stage partition's cost),

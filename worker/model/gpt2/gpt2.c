@@ -87,15 +87,47 @@ static void resolve(wf_model_dims *d)
     d->tie = WF_TIE_YES;
 }
 
-static const char *check(const wf_model_dims *d)
+/* The rule broken, when one is: its reason in the dims' words, and in err (when err is
+ * given) in the config's, naming the key, its value and the way out. */
+static const char *broken(const wf_model_dims *d, char *err, size_t len)
 {
-  if (d->KV != d->NH)
+  if (d->KV != d->NH) {
+    wf__keys_fail(err, len,
+                  "model.kv_heads=%d: GPT-2 has no grouped-query attention (model.family=gpt2); "
+                  "leave model.kv_heads at 0, or use model.family=llama",
+                  d->KV);
     return "GPT-2 has no grouped-query attention (kv heads must equal the heads)";
-  if (d->F != 4 * d->C)
+  }
+  if (d->F != 4 * d->C) {
+    wf__keys_fail(err, len,
+                  "model.ffn=%d: GPT-2's MLP is 4 x d_model = %d wide (model.family=gpt2); leave "
+                  "model.ffn at 0, or use model.family=llama",
+                  d->F, 4 * d->C);
     return "GPT-2's MLP is 4 x d_model wide";
-  if (d->tie != WF_TIE_YES)
+  }
+  if (d->tie != WF_TIE_YES) {
+    wf__keys_fail(err, len,
+                  "model.tie_embeddings=false: GPT-2 ties its head to the embedding "
+                  "(model.family=gpt2); leave it at auto, or use model.family=llama");
     return "GPT-2 ties its head to the embedding";
+  }
+  if (d->rope_scaling.rope_type != WF_ROPE_NONE) {
+    wf__keys_fail(err, len,
+                  "model.rope_scaling.rope_type=llama3: GPT-2 has no rotary embeddings "
+                  "(model.family=gpt2); leave it at none, or use model.family=llama");
+    return "GPT-2 has no rotary embeddings";
+  }
   return NULL;
+}
+
+/* GPT-2's shape is fixed: multi-head attention, a 4 x d_model MLP, the head tied to the
+ * embedding, learned positions. A file's dims and a config's keys meet the same rules. */
+static const char *check(const wf_model_dims *d) { return broken(d, NULL, 0); }
+
+static wf_status check_keys(const wf_config *c, char *err, size_t len)
+{
+  wf_model_dims d = wf_model_dims_from_config(c);
+  return broken(&d, err, len) ? WF_ECONFIG : wf__family_dense_keys(c, err, len);
 }
 
 /* Forward FLOPs per token of a layer: 24 C^2 in the four matmuls (12 C^2 weights),
@@ -157,6 +189,7 @@ const wf_family wf__family_gpt2 = {
     .llmc = true,
     .resolve = resolve,
     .check = check,
+    .check_keys = check_keys,
     .describe = describe,
     .layer_flops = layer_flops,
     .step_flops = step_flops,

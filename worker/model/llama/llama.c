@@ -167,6 +167,7 @@ const wf_family wf__family_llama = {
     .llmc = false,
     .resolve = resolve,
     .check = check,
+    .check_keys = wf__family_dense_keys,
     .describe = describe,
     .layer_flops = layer_flops,
     .step_flops = step_flops,

@@ -200,6 +200,36 @@ static const char *check(const wf_model_dims *d)
   return wf_rope_scaling_check(&d->rope_scaling);
 }
 
+/* A config's expert keys: each token picks experts_per_token distinct experts, so no more
+ * than there are; ep ranks hold equal shares of the experts. The family's own defaults
+ * (model.experts and model.experts_per_token 0) are checked with the model (check). */
+static wf_status check_keys(const wf_config *c, char *err, size_t len)
+{
+  int E = c->model.experts, K = c->model.experts_per_token, ep = c->mesh.ep;
+  if (E > 0 && K > E)
+    return wf__keys_fail(err, len,
+                         "model.experts_per_token=%d is more than model.experts=%d: each token "
+                         "is routed to that many distinct experts; choose experts_per_token <= %d",
+                         K, E, E);
+  if (E > 0 && E % ep != 0)
+    return wf__keys_fail(err, len,
+                         "mesh.ep=%d does not divide model.experts=%d; every expert-parallel rank "
+                         "holds an equal share of the experts, so choose an ep that divides %d",
+                         ep, E, E);
+  if (c->model.head_dim % 2)
+    return wf__keys_fail(err, len, "model.head_dim=%d: RoPE needs an even head size",
+                         c->model.head_dim);
+  /* The load-balancing loss is a product of two means over a micro-batch's tokens, which
+   * context parallelism would split over its ranks (each would see part of the batch). */
+  if (c->mesh.cp > 1)
+    return wf__keys_fail(err, len,
+                         "mesh.cp=%d with model.family=%s: the routers' load-balancing statistics "
+                         "are not yet summed over the context-parallel ranks; set mesh.cp=1 "
+                         "(expert, tensor, pipeline and data parallelism all apply)",
+                         c->mesh.cp, c->model.family);
+  return WF_OK;
+}
+
 /* Per token and layer, the GEMM weights a token meets: attention's C (q + 2 kv) + q C, the
  * router's E C and K experts' 3 F C. */
 static double layer_weights(const wf_model_dims *d)
@@ -298,6 +328,7 @@ const wf_family wf__family_olmoe = {
     .hf_architecture = "OlmoeForCausalLM",
     .resolve = resolve,
     .check = check,
+    .check_keys = check_keys,
     .describe = describe,
     .layer_flops = layer_flops,
     .step_flops = step_flops,
@@ -325,6 +356,7 @@ const wf_family wf__family_qwen3_moe = {
     .own_head_dim = true,
     .resolve = resolve,
     .check = check,
+    .check_keys = check_keys,
     .describe = describe,
     .layer_flops = layer_flops,
     .step_flops = step_flops,
@@ -357,6 +389,7 @@ const wf_family wf__family_mixtral = {
     .hf_architecture = "MixtralForCausalLM",
     .resolve = resolve,
     .check = check,
+    .check_keys = check_keys,
     .describe = describe,
     .layer_flops = layer_flops,
     .step_flops = step_flops,
