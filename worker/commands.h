@@ -1,8 +1,8 @@
 /*
- * commands.h - private to the worker binary: its commands, one table (main.c), and the
- * exit statuses they end with.
+ * commands.h - private to the worker binary: its commands, one table (commands.c), and
+ * the exit statuses they end with.
  *
- * A command is a row of main.c's table: its flag, its values, the world its config is
+ * A command is a row of commands.c's table: its flag, its values, the world its config is
  * validated against, whether it needs the mesh (device, binding, bootstrap), the
  * checks it makes before that, and its run function. The run functions are thin: the
  * work is in the folder of each concern (ckpt/ converts weights, io/ tokenizes, plan/
@@ -17,6 +17,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 
 #include "device.h"
 #include "wf_ckpt.h"
@@ -38,7 +39,18 @@ enum {
 /* The exit status of a failure with status st (WF_EXIT_INPUT for the user's errors). */
 int wf__exit_status(wf_status st);
 
-/* The command line, as parsed by main.c's tables. */
+/* The world a command's config is validated against. */
+typedef enum cmd_world {
+  W_LAUNCH,  /* the ranks launched (MPI's size) */
+  W_MESH,    /* the mesh the keys describe, launched or not (--print-schedule) */
+  W_PLANNED, /* the world the config plans for, nothing launched (--estimate) */
+  W_ANY,     /* any: the command chooses the mesh (--plan) */
+} cmd_world;
+
+/* What a mesh command checks before the device and the mesh, once for the job. */
+enum { C_INIT = 1, C_NEED_INIT = 2, C_DATA = 4, C_SAMPLE = 8, C_PROMPT = 16, C_PLANE = 32 };
+
+/* The command line, as parsed by commands.c's tables. */
 typedef struct wf__args {
   const struct wf__command *cmd; /* what to run (training unless a command flag is given) */
   const char *val[2];            /* the command's values, e.g. --export's FORMAT and FILE */
@@ -61,6 +73,24 @@ typedef struct wf__cmd_ctx {
   const wf_job *job;
   const wf__rank_device *rd;
 } wf__cmd_ctx;
+
+/* A row of the table (commands.c). */
+typedef struct wf__command {
+  const char *flag; /* NULL: training, the default */
+  int nargs;        /* values after the flag; -1: one optional value */
+  const char *vals; /* their names in --help */
+  cmd_world world;
+  bool mesh;  /* runs on the mesh (device, binding, bootstrap) */
+  int checks; /* C_* before the mesh */
+  int (*run)(const wf__cmd_ctx *c);
+  const char *help;
+} wf__command;
+
+/* commands.c: the command line against the tables (the last row, training, when no
+ * command flag is given); -1 with the reason in err. */
+int wf__parse_args(int argc, char **argv, wf__args *a, char *err, size_t len);
+/* commands.c: --help. */
+void wf__print_usage(FILE *out);
 
 /* job.c: train on the mesh with the control plane up and SIGINT/SIGTERM turned into a
  * stop at a step boundary (the default command); and the mesh's groups as the trainer's
