@@ -221,8 +221,11 @@ const wf__cfg_key wf__cfg_keys[] = {
      .doc = "[first, last] step traced"},
     K_STR("train.checkpoint_dir", train.checkpoint_dir, "", "checkpoint directory"),
     K_INT("train.checkpoint_every", train.checkpoint_every, "0", 0, INT_MAX,
-          "steps between checkpoints; 0 = only at the end"),
-    K_INT("train.keep", train.keep, "3", 0, 1 << 20, "checkpoints kept; 0 = all"),
+          "steps between checkpoints; 0 = by train.checkpoint_minutes alone"),
+    K_DBL("train.checkpoint_minutes", train.checkpoint_minutes, "15", 0, 1e6, 0,
+          "minutes of training between checkpoints (rank 0's clock); 0 = by steps alone"),
+    K_INT("train.keep_checkpoints", train.keep, "3", 0, 1 << 20,
+          "checkpoints kept, the newest; 0 = all"),
     K_STR("train.resume", train.resume, "",
           "\"\" (resume the run train.checkpoint_dir holds, if any), \"never\" (start over "
           "there), \"auto\" or a checkpoint path"),
@@ -439,6 +442,7 @@ static const alias aliases[] = {
     {"model.num_local_experts", "model.experts", WF__SP_NONE},
     {"model.num_experts_per_tok", "model.experts_per_token", WF__SP_NONE},
     {"model.mesh_shape", NULL, WF__SP_MESH_SHAPE},
+    {"train.keep", "train.keep_checkpoints", WF__SP_NONE}, /* its earlier name */
 };
 
 /* Seed names weft deliberately does not take, with the reason, so a config copied

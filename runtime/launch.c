@@ -328,3 +328,61 @@ void wf_launch_default_master(wf_launch *l, const char *rank0_host)
     l->master_port = id >= 0 ? 20000 + (int)(id % 20000) : DEFAULT_MASTER_PORT;
   }
 }
+
+/* ---- Open MPI's settings ------------------------------------------------------------------ */
+
+/* `name` in an Open MPI parameter file ("name = value" lines, '#' comments). */
+static bool param_in_file(const char *path, const char *name, char *val, size_t len)
+{
+  char line[1024];
+  bool found = false;
+  FILE *f = path ? fopen(path, "r") : NULL;
+  while (f && fgets(line, sizeof line, f)) {
+    char *k = line + strspn(line, " \t"), *eq = strchr(k, '=');
+    size_t n = strcspn(k, " \t=");
+    if (*k == '#' || !eq || n != strlen(name) || strncmp(k, name, n))
+      continue;
+    char *v = eq + 1 + strspn(eq + 1, " \t");
+    v[strcspn(v, " \t\r\n#")] = '\0';
+    snprintf(val, len, "%s", v);
+    found = true; /* the last setting wins, as in Open MPI */
+  }
+  if (f)
+    fclose(f);
+  return found;
+}
+
+bool wf_launch_ompi_param(const char *name, wf_getenv_fn getenv_fn, void *ctx, const char *sysconf,
+                          char *val, size_t len)
+{
+  char var[256], user[4096];
+  snprintf(var, sizeof var, "OMPI_MCA_%s", name);
+  const char *v = getenv_fn(ctx, var), *home = getenv_fn(ctx, "HOME");
+  if (v) {
+    snprintf(val, len, "%s", v);
+    return true;
+  }
+  snprintf(user, sizeof user, "%s/.openmpi/mca-params.conf", home ? home : "");
+  return (home && param_in_file(user, name, val, len)) ||
+         param_in_file(sysconf ? sysconf : WF_OMPI_SYSCONF, name, val, len);
+}
+
+static double param_or(const char *name, double def, wf_getenv_fn g, void *ctx, const char *sc)
+{
+  char v[64], *end;
+  if (!wf_launch_ompi_param(name, g, ctx, sc, v, sizeof v))
+    return def;
+  double x = strtod(v, &end);
+  return end != v ? x : def;
+}
+
+void wf_launch_ompi_limits(wf_ompi_limits *out, wf_getenv_fn getenv_fn, void *ctx,
+                           const char *sysconf)
+{
+  /* Open MPI 4.1's defaults (ompi_info --param odls base / oob tcp --level 9) */
+  double t = param_or("oob_tcp_keepalive_time", 300, getenv_fn, ctx, sysconf);
+  double i = param_or("oob_tcp_keepalive_intvl", 20, getenv_fn, ctx, sysconf);
+  double n = param_or("oob_tcp_keepalive_probes", 9, getenv_fn, ctx, sysconf);
+  out->sigkill_timeout_s = param_or("odls_base_sigkill_timeout", 1, getenv_fn, ctx, sysconf);
+  out->keepalive_s = t > 0 ? t + i * n : 0;
+}

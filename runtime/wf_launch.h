@@ -70,6 +70,28 @@ bool wf_launch_is_singleton(wf_getenv_fn getenv_fn, void *ctx);
  * set it). The fork costs seconds beside busy ranks and needs orted installed. */
 void wf_launch_isolate_singleton(void);
 
+/* ---- Open MPI's settings that bound weft's own handling ----------------------------------
+ * How long mpirun gives the ranks when it ends a job (a Ctrl-C, a failed rank): SIGCONT,
+ * SIGTERM sigkill_timeout_s later, SIGKILL to each rank's process group as long again,
+ * and mpirun exits only after both waits, whatever the ranks did (odls_base_sigkill_timeout,
+ * default 1). And how long it takes to see, by itself, that a host it cannot reach is
+ * gone: oob_tcp_keepalive_time + _intvl x _probes (300 + 20 x 9 s by default).
+ * mpirun passes its --mca settings and its OMPI_MCA_* variables to the ranks as OMPI_MCA_*
+ * variables, which are read first; then the parameter files, the user's
+ * ($HOME/.openmpi/mca-params.conf) before the system's (`sysconf`, NULL: Debian's
+ * /etc/openmpi/openmpi-mca-params.conf); then Open MPI's defaults. */
+typedef struct wf_ompi_limits {
+  double sigkill_timeout_s; /* odls_base_sigkill_timeout */
+  double keepalive_s;       /* time + intvl x probes; 0: keepalive off (time <= 0) */
+} wf_ompi_limits;
+#define WF_OMPI_SYSCONF "/etc/openmpi/openmpi-mca-params.conf"
+void wf_launch_ompi_limits(wf_ompi_limits *out, wf_getenv_fn getenv_fn, void *ctx,
+                           const char *sysconf);
+/* One Open MPI parameter's value as above (without the default), into val; false when
+ * nothing sets it. */
+bool wf_launch_ompi_param(const char *name, wf_getenv_fn getenv_fn, void *ctx, const char *sysconf,
+                          char *val, size_t len);
+
 /* Compare with MPI's view. mpi_local_rank/size come from
  * MPI_Comm_split_type(MPI_COMM_TYPE_SHARED). Fills unknown fields from MPI.
  * Returns WF_ELAUNCH with a message naming the variables and the fix. */

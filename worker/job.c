@@ -25,9 +25,11 @@
  * same graceful way: SIGPIPE is ignored (main.c), the trainer sees the step line's
  * write fail with EPIPE, and this rank asks for the stop as a signal would.
  */
+#include <math.h>
 #include <mpi.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -36,6 +38,7 @@
 #include "plane.h"
 #include "wf_control.h"
 #include "wf_kernels.h"
+#include "wf_launch.h"
 #include "wf_train.h"
 
 int wf__exit_status(wf_status st)
@@ -162,6 +165,12 @@ typedef struct boundary {
   bool in_ckpt;     /* inside the "checkpoint" phase */
   double ckpt_wall; /* when the last checkpoint after a step ended (wall time); 0 = none */
   int64_t checkpoints;
+  /* train.checkpoint_minutes, by rank 0's clock: the period runs from the first step's
+   * end, then from each checkpoint's end */
+  double period_s, period_from; /* 0 = no periodic checkpoints; not started */
+  double ckpt_from, step_ms;    /* the checkpoint under way began; the last step took */
+  double kill_after_s;          /* mpirun kills the ranks this long after a stop; < 0: no mpirun */
+  bool grace_said;
   /* --check-estimate: after the first step (with train.checkpoint_every, the first that
    * follows a checkpoint, whose peak it then includes), predicted beside measured memory */
   const wf_config *check_cfg; /* NULL = no check */
@@ -170,15 +179,22 @@ typedef struct boundary {
   wf_plan_rss base;
 } boundary;
 
+/* Rank 0: train.checkpoint_minutes have passed since the period began. Rank 0's clock
+ * alone, so the ranks cannot disagree; the step boundary's all-reduce carries it. */
+static bool period_due(const boundary *b)
+{
+  return b->period_s > 0 && b->period_from > 0 && wf_now() - b->period_from >= b->period_s;
+}
+
 /* Whether any rank has a stop request (a signal or the console's stop), agreed by all;
- * *checkpoint: whether any rank's console asked for a checkpoint. */
+ * *checkpoint: whether any rank's console asked for a checkpoint, or the period is due. */
 static bool agree_stop(boundary *b, int step, bool *checkpoint)
 {
   /* Each rank's signal (the largest wins, for the message; a closed output counts as
    * SIGPIPE), the console's stop and its checkpoint. */
   int32_t sig = stop_sig ? stop_sig : b->out_closed ? SIGPIPE : 0;
   int32_t req[3] = {sig, wf_control_stop_requested(b->ctl),
-                    checkpoint ? wf_control_checkpoint_requested(b->ctl) : 0};
+                    checkpoint ? wf_control_checkpoint_requested(b->ctl) || period_due(b) : 0};
   if (wf_comm_allreduce(b->world, req, req, 3, WF_COMM_I32, WF_COMM_MAX) != WF_OK) {
     b->failed = true; /* logged where it failed */
     return true;
@@ -208,6 +224,9 @@ static bool on_step(void *user, const wf_train_step_info *info)
   boundary *b = user;
   b->last_step = info->step;
   b->out_closed = info->out_closed;
+  b->step_ms = info->step_ms;
+  if (b->period_from <= 0)
+    b->period_from = wf_now();
   wf_plane_report_step(b->plane, b->job, info, b->ckpt_wall, b->checkpoints);
   if (b->check_cfg && !check_waits(b, info->step)) {
     wf_plan_check_print(b->check_cfg, b->pp_rank, b->dp_rank, b->rank, b->k, &b->base,
@@ -227,15 +246,40 @@ static bool after_checkpoint(void *user)
   return !agree_stop(b, b->last_step, NULL);
 }
 
+/* Rank 0, once, under mpirun: a stop needs a step and a checkpoint, and mpirun's kill
+ * would come first. mpirun ends a job (Ctrl-C, a failed rank's peers) with SIGCONT,
+ * SIGTERM and SIGKILL, odls_base_sigkill_timeout apart, and every rank stops at its
+ * step boundary and writes the checkpoint within those two graces. A longer grace holds
+ * mpirun's own exit as long whatever the ranks do, so the console's stop, which no
+ * launcher times, is the way to stop a job whose checkpoint takes longer. Said after
+ * the first checkpoint, which is when both times are known. */
+static void say_kill_grace(boundary *b, double ckpt_s)
+{
+  double need_s = b->step_ms * 1e-3 + ckpt_s;
+  if (b->grace_said || b->kill_after_s < 0 || need_s <= b->kill_after_s || wf_rt_rank() != 0)
+    return;
+  b->grace_said = true;
+  WF_WARN("a stop takes about %.1f s here (a step, %.1f s, and a checkpoint, %.1f s), but mpirun "
+          "kills the ranks %.0f s after it asks them to stop (Open MPI's "
+          "odls_base_sigkill_timeout): a Ctrl-C to mpirun would end the job without its last "
+          "checkpoint. Stop it with `coordinator stop` (docs/operations.md), or launch with "
+          "OMPI_MCA_odls_base_sigkill_timeout=%.0f (mpirun then takes twice that to exit)",
+          need_s, b->step_ms * 1e-3, ckpt_s, b->kill_after_s, ceil(need_s));
+}
+
 /* The checkpoint phase also covers reading one at start-up; only those after a step are
  * written ones, whose age /metrics reports. */
 static void on_phase(void *user, const char *phase)
 {
   boundary *b = user;
   bool ckpt = strcmp(phase, "checkpoint") == 0;
+  if (ckpt && !b->in_ckpt)
+    b->ckpt_from = wf_now();
   if (b->in_ckpt && !ckpt && b->last_step > 0) {
     b->ckpt_wall = wf_wall_time();
     b->checkpoints++;
+    b->period_from = wf_now();
+    say_kill_grace(b, b->period_from - b->ckpt_from);
   }
   b->in_ckpt = ckpt;
   wf_control_set_phase(b->ctl, phase);
@@ -388,6 +432,14 @@ int wf__cmd_train(const wf__cmd_ctx *c)
   install_signals(&plane, c->rank, c->launch);
   wf_control_set_phase(plane.ctl, "train");
   boundary bd = {.plane = &plane, .job = job, .ctl = plane.ctl, .world = wf_job_world_comm(job)};
+  if (c->cfg->train.checkpoint_dir[0])
+    bd.period_s = c->cfg->train.checkpoint_minutes * 60;
+  bd.kill_after_s = -1;
+  if (getenv("OMPI_COMM_WORLD_SIZE")) { /* under mpirun (srun's KillWait is 30 s) */
+    wf_ompi_limits lim;
+    wf_launch_ompi_limits(&lim, wf_launch_getenv, NULL, NULL);
+    bd.kill_after_s = 2 * lim.sigkill_timeout_s;
+  }
   if (c->a->check_estimate) {
     bd.check_cfg = c->cfg, bd.rank = c->rank, bd.k = wf_dev_kernels(c->rd->dev, WF_DT_F32);
     bd.pp_rank = wf_comm_rank(wf_job_comm(job, WF_AXIS_PP));

@@ -26,6 +26,7 @@
 #include "wf_collectives.h"
 #include "wf_ckpt.h"
 #include "wf_control.h"
+#include "wf_launch.h"
 #include "wf_model.h"
 #include "wf_parallel.h"
 #include "plane.h"
@@ -57,15 +58,38 @@ typedef struct plane_facts {
  * same way, kills its own. mpirun passes its --mca settings to the ranks as
  * OMPI_MCA_* variables, which is where they are read. Under srun (no OMPI_COMM_WORLD_*)
  * Slurm's own node health checks decide, and nothing is waited for. */
+#define LAUNCHER_DETECT_MAX_MS 30000
+
 static double launcher_detect_ms(void)
 {
   if (!getenv("OMPI_COMM_WORLD_SIZE"))
     return 0;
-  const char *t = getenv("OMPI_MCA_oob_tcp_keepalive_time");
-  const char *i = getenv("OMPI_MCA_oob_tcp_keepalive_intvl");
-  const char *n = getenv("OMPI_MCA_oob_tcp_keepalive_probes");
-  double ms = ((t ? atof(t) : 300) + (i ? atof(i) : 20) * (n ? atof(n) : 9)) * 1000.0;
-  return ms > 0 && ms <= 30000 ? ms : 0;
+  wf_ompi_limits lim;
+  wf_launch_ompi_limits(&lim, wf_launch_getenv, NULL, NULL);
+  double ms = lim.keepalive_s * 1000.0;
+  return ms > 0 && ms <= LAUNCHER_DETECT_MAX_MS ? ms : 0;
+}
+
+/* Rank 0 at start-up, once: mpirun over several hosts whose keepalive would keep it up
+ * for minutes after a host is lost or cut off (weft-run and the Slurm scripts set it). */
+static void say_launcher_settings(const wf_job *job)
+{
+  const wf_rank_facts *f = wf_job_my_facts(job);
+  if (!getenv("OMPI_COMM_WORLD_SIZE") || f->local_size <= 0 || f->local_size >= wf_job_world(job))
+    return;
+  if (launcher_detect_ms() > 0)
+    return;
+  wf_ompi_limits lim;
+  wf_launch_ompi_limits(&lim, wf_launch_getenv, NULL, NULL);
+  char how_long[64] = "minutes (its TCP keepalive is off)";
+  if (lim.keepalive_s > 0)
+    snprintf(how_long, sizeof how_long, "%.0f s", lim.keepalive_s);
+  WF_WARN("mpirun would stay up for %s after a host is lost or cut off (Open MPI's "
+          "oob_tcp_keepalive_time + _intvl x _probes), though weft ends the job within its "
+          "hang window: launch with scripts/weft-run, or with OMPI_MCA_oob_tcp_keepalive_time=1 "
+          "OMPI_MCA_oob_tcp_keepalive_intvl=1 OMPI_MCA_oob_tcp_keepalive_probes=2 "
+          "(docs/multi-node.md)",
+          how_long);
 }
 
 /* Whether this rank speaks for the aborted job (wf_control_abort_spoke): only it says
@@ -379,8 +403,10 @@ wf_status wf_plane_start(wf_plane *p, const wf_plane_opts *o, char *err, size_t 
   memset(&pf, 0, sizeof pf);
   p->job = o->job;
   p->local_rank = wf_job_my_facts(o->job)->local_rank;
-  if (wf_job_rank(o->job) == 0)
+  if (wf_job_rank(o->job) == 0) {
+    say_launcher_settings(o->job);
     start_service(p, o, &pf);
+  }
   MPI_Bcast(&pf, sizeof pf, MPI_BYTE, 0, MPI_COMM_WORLD);
   if (!pf.ok) {
     err[0] = '\0'; /* rank 0 said why */

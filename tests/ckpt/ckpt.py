@@ -201,7 +201,7 @@ def reference(n, extra, tag, steps=20, every=10, keep=0):
     ck = path(tag)
     run(n, extra + [f"train.steps={steps}", f"train.metrics={path(tag + '.jsonl')}",
                     f"train.checkpoint_dir={ck}", f"train.checkpoint_every={every}",
-                    f"train.keep={keep}"])
+                    f"train.keep_checkpoints={keep}"])
     return losses(path(tag + ".jsonl")), ck
 
 
@@ -423,7 +423,7 @@ def case_bad_shards():
 def kill_mid_write(n, extra, victim_rank, tmp_glob):
     ref, _ = reference(n, extra, "ref", every=20)
     ck = path("ck")
-    args = extra + ["train.steps=20", "train.checkpoint_every=5", "train.keep=0",
+    args = extra + ["train.steps=20", "train.checkpoint_every=5", "train.keep_checkpoints=0",
                     f"train.checkpoint_dir={ck}", f"train.metrics={path('killed.jsonl')}"]
     p = start(n, args, {"WEFT_TEST_CKPT_DELAY_MS": "1500"})
     stage = os.path.join(ck, ".tmp-step-000010")
@@ -574,14 +574,14 @@ def case_write_fail_zero3():
 def case_keep():
     ck = path("ck")
     os.makedirs(os.path.join(ck, ".tmp-step-000003"))  # leftover of a killed write
-    run(1, ["train.steps=10", "train.checkpoint_every=2", "train.keep=2",
+    run(1, ["train.steps=10", "train.checkpoint_every=2", "train.keep_checkpoints=2",
             f"train.checkpoint_dir={ck}"])
     have = sorted(os.listdir(ck))
     if have != ["latest", "step-000008", "step-000010"] or latest(ck) != "step-000010":
         fail(f"keep=2 left {have}, latest {latest(ck)}")
     # Resume from an older checkpoint: the new one becomes `latest` and is kept although
     # step-000010 (of the first run) has a higher number; keep=1 keeps only it.
-    run(1, ["train.steps=9", "train.keep=1", f"train.resume={ck}/step-000008",
+    run(1, ["train.steps=9", "train.keep_checkpoints=1", f"train.resume={ck}/step-000008",
             f"train.checkpoint_dir={ck}"])
     have = sorted(os.listdir(ck))
     if have != ["latest", "step-000009"] or latest(ck) != "step-000009":
@@ -589,12 +589,71 @@ def case_keep():
     print("keep: pruned to the newest checkpoints, never the one latest names")
 
 
+def case_every_minutes():
+    """train.checkpoint_minutes: rank 0's clock, agreed at a step boundary. With a period of
+    0.6 s and steps of ~0.1 s at dp 2, a checkpoint is due every few steps; each comes at
+    the first boundary at least a period after the previous one ended. The metrics' `time`
+    is taken at the step's report, just before the boundary's check (the same step's
+    agreement, milliseconds here), so consecutive checkpoints' times are at least the
+    period apart less that (0.1 s is ample); and never more than the period plus the steps
+    and checkpoint in between (2 s covers a loaded machine). 0 minutes: the last step's
+    checkpoint alone."""
+    period = 0.6
+    ck, m = path("ck"), path("m.jsonl")
+    out = run(2, ["train.steps=100", f"train.checkpoint_minutes={period / 60}",
+                  "train.keep_checkpoints=0", f"train.checkpoint_dir={ck}",
+                  f"train.metrics={m}", "train.log_every=50"])
+    saved = [int(x) for x in re.findall(r"checkpoint: step (\d+) saved", out)]
+    times = {}
+    for line in open(m):
+        r = json.loads(line)
+        times[r["step"]] = r["time"]
+    periodic = [s for s in saved if s < 100]
+    if len(periodic) < 5 or saved[-1] != 100 or latest(ck) != "step-000100":
+        fail(f"a {period} s period over 100 steps saved {saved}", out)
+    for a, b in zip(periodic, periodic[1:]):
+        gap = times[b] - times[a]
+        if not period - 0.1 <= gap <= period + 2.0:
+            fail(f"checkpoints of steps {a} and {b} came {gap:.3f} s apart, period {period} s",
+                 out)
+    dirs = sorted(d for d in os.listdir(ck) if d.startswith("step-"))
+    if dirs != [f"step-{s:06d}" for s in saved]:
+        fail(f"saved {saved}, directories {dirs}")
+    ck0 = path("ck0")
+    run(1, ["train.steps=30", "train.checkpoint_minutes=0", f"train.checkpoint_dir={ck0}"])
+    if sorted(os.listdir(ck0)) != ["latest", "step-000030"]:
+        fail(f"train.checkpoint_minutes=0 left {sorted(os.listdir(ck0))}")
+    print(f"every-minutes: {len(periodic)} periodic checkpoints at steps {periodic}, "
+          f"gaps {min(times[b] - times[a] for a, b in zip(periodic, periodic[1:])):.2f}-"
+          f"{max(times[b] - times[a] for a, b in zip(periodic, periodic[1:])):.2f} s")
+
+
+def case_kill_grace():
+    """Under mpirun, rank 0 says once, after the first checkpoint, when a step and a
+    checkpoint take longer than mpirun waits before SIGKILL (2 x odls_base_sigkill_timeout,
+    read from the OMPI_MCA_* variable mpirun passes on). A grace of 0 s is shorter than any
+    step; Open MPI's default (1 s, so 2 s) is far longer than gpt2-tiny's (milliseconds)."""
+    args = ["train.steps=6", "train.checkpoint_every=2", f"train.checkpoint_dir={path('ckg')}",
+            "train.resume=never"]
+    out = run(2, args, {"OMPI_MCA_odls_base_sigkill_timeout": "0"})
+    said = out.count("a Ctrl-C to mpirun would end the job without its last checkpoint")
+    if said != 1 or "coordinator stop" not in out:
+        fail(f"a 0 s kill grace: the warning said {said} times, want once", out)
+    env = {k: v for k, v in os.environ.items() if k != "OMPI_MCA_odls_base_sigkill_timeout"}
+    os.environ.clear()
+    os.environ.update(env)
+    out = run(2, args)
+    if "would end the job without its last checkpoint" in out:
+        fail("Open MPI's default kill grace (2 s) warned for millisecond steps", out)
+    print("kill-grace: said once at a 0 s grace, not at the default")
+
+
 def case_auto():
     """train.resume=auto: an empty directory is a fresh start, said once (by rank 0);
     without a `latest` (a crash after publishing a step, before the pointer) the newest
     complete step directory is used."""
     ck = path("ck")
-    out = run(2, ["train.steps=4", "train.checkpoint_every=2", "train.keep=0",
+    out = run(2, ["train.steps=4", "train.checkpoint_every=2", "train.keep_checkpoints=0",
                   "train.resume=auto", f"train.checkpoint_dir={ck}"])
     if out.count("starting fresh") != 1:
         fail("a fresh start under train.resume=auto is not said exactly once", out)
@@ -624,7 +683,7 @@ def case_auto_lag():
     written after the newer steps (a run resumed from an earlier step since) is obeyed."""
     ck = path("ck")
     metrics = path("m.jsonl")
-    common = ["train.checkpoint_every=2", "train.keep=0", f"train.checkpoint_dir={ck}",
+    common = ["train.checkpoint_every=2", "train.keep_checkpoints=0", f"train.checkpoint_dir={ck}",
               f"train.metrics={metrics}", "train.resume=auto", "train.steps=8"]
     run(2, common)
     ref = losses(metrics)
@@ -765,6 +824,8 @@ CASES = {
     "reshard-cp2zero-np1": lambda: case_reshard(2, ["mesh.cp=2", "optim.zero=1"], 1, []),
     "reshard-np1-cp4": lambda: case_reshard(1, [], 4, ["mesh.cp=4"]),
     "schedule": case_schedule,
+    "every-minutes": case_every_minutes,
+    "kill-grace": case_kill_grace,
     "reshard-dp2zero-dp4zero": lambda: case_reshard(2, ["optim.zero=1"], 4, ["optim.zero=1"]),
     "reshard-dp2zero-dp2": lambda: case_reshard(2, ["optim.zero=1"], 2, []),
     "reshard-dp1-dp2zero": lambda: case_reshard(1, [], 2, ["optim.zero=1"]),

@@ -83,10 +83,15 @@ def per_node_lines(c, text, nodes, per_node):
 
 
 def case_dp(c, ctx):
-    """dp 4 over 2 nodes (2 ranks each) matches one rank; hosts, local ranks, node lines."""
+    """dp 4 over 2 nodes (2 ranks each) matches one rank; hosts, local ranks, node lines;
+    the start-up line about mpirun's keepalive, which this plain launch leaves at Open MPI's
+    defaults."""
     text = train(c, ctx, "dp", ["node0", "node1"], 2, [], master="node0")
     hosts_line(text, 2, [("node0", "0-1"), ("node1", "2-3")])
     per_node_lines(c, text, ["node0", "node1"], 2)
+    # Open MPI's defaults: 300 s + 9 x 20 s of keepalive; said once, by rank 0
+    warn = re.findall(r"mpirun would stay up for 480 s after a host is lost or cut off", text)
+    check(len(warn) == 1, f"one start-up line about the missing keepalive, got {len(warn)}", text)
     check(re.search(rf"coordinator for job \S+ listening on node0:{PORT} ", text),
           "the coordinator listens on MASTER_ADDR=node0", text)
     r = c.run("node0", mpirun(c, WORKER, c.hostfile(["node0", "node1"], 2, "hosts-dp"), 4, 2,

@@ -114,6 +114,8 @@ static void test_defaults(void **state)
   assert_int_equal(c->train.trace_steps[0], 2);
   assert_int_equal(c->train.trace_steps[1], 3);
   assert_int_equal(c->train.keep, 3);
+  assert_true(c->train.checkpoint_minutes == 15); /* periodic whenever a directory is set */
+  assert_int_equal(c->train.checkpoint_every, 0);
   assert_true(c->optim.beta2 == 0.95);
   assert_int_equal(c->optim.bucket_mb, 4);
   assert_int_equal(c->parallel.virtual_stages, 1);
@@ -638,6 +640,10 @@ static void test_aliases_and_distributed_block(void **state)
   assert_int_equal(f->cfg.mesh.tp, 4);
   assert_int_equal(set(f, "mixed_precision", "fp16", WF_SRC_CLI), WF_OK);
   assert_int_equal(f->cfg.precision, WF_PREC_FP16);
+  /* train.keep, the earlier name of train.keep_checkpoints */
+  assert_int_equal(set(f, "train.keep", "7", WF_SRC_CLI), WF_OK);
+  assert_int_equal(f->cfg.train.keep, 7);
+  assert_int_equal(source_of(c, "train.keep_checkpoints"), WF_SRC_CLI);
   assert_int_equal(source_of(c, "precision"), WF_SRC_CLI);
 }
 

@@ -5,7 +5,11 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -266,6 +270,53 @@ static void test_slurm_batch_step(void **state)
   assert_false(l.slurm_batch);
 }
 
+static void write_text(const char *path, const char *text)
+{
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+/* Open MPI's settings: the ranks' OMPI_MCA_* variables (mpirun's --mca and environment),
+ * then the user's parameter file, then the system's, then Open MPI 4.1's defaults
+ * (ompi_info: odls_base_sigkill_timeout 1, oob_tcp_keepalive_time 300, _intvl 20,
+ * _probes 9, so 300 + 20 x 9 = 480 s). */
+static void test_ompi_limits(void **state)
+{
+  char dir[] = "/tmp/weft-test-ompi-XXXXXX", home[128], sys[128], user[160], val[64];
+  assert_non_null(mkdtemp(dir));
+  snprintf(home, sizeof home, "HOME=%s", dir);
+  snprintf(sys, sizeof sys, "%s/system.conf", dir);
+  snprintf(user, sizeof user, "%s/.openmpi", dir);
+  const char *none[] = {home, NULL};
+  wf_ompi_limits l;
+  wf_launch_ompi_limits(&l, wf_launch_getenv, (void *)none, sys); /* no file at all */
+  assert_true(l.sigkill_timeout_s == 1 && l.keepalive_s == 480);
+  write_text(sys, "# site\nodls_base_sigkill_timeout = 60\noob_tcp_keepalive_time=0 # off\n");
+  wf_launch_ompi_limits(&l, wf_launch_getenv, (void *)none, sys);
+  assert_true(l.sigkill_timeout_s == 60 && l.keepalive_s == 0);
+  assert_int_equal(mkdir(user, 0755), 0);
+  strcat(user, "/mca-params.conf");
+  write_text(user, "oob_tcp_keepalive_time = 5\nodls_base_sigkill_timeout = 2\n");
+  wf_launch_ompi_limits(&l, wf_launch_getenv, (void *)none, sys); /* the user's wins */
+  assert_true(l.sigkill_timeout_s == 2 && l.keepalive_s == 5 + 20 * 9);
+  const char *env[] = {home, "OMPI_MCA_oob_tcp_keepalive_time=1",
+                       "OMPI_MCA_oob_tcp_keepalive_intvl=1", "OMPI_MCA_oob_tcp_keepalive_probes=2",
+                       NULL};
+  wf_launch_ompi_limits(&l, wf_launch_getenv, (void *)env, sys); /* mpirun's win */
+  assert_true(l.sigkill_timeout_s == 2 && l.keepalive_s == 1 + 1 * 2);
+  assert_true(wf_launch_ompi_param("oob_tcp_keepalive_probes", wf_launch_getenv, (void *)env, sys,
+                                   val, sizeof val));
+  assert_string_equal(val, "2");
+  assert_false(wf_launch_ompi_param("btl", wf_launch_getenv, (void *)env, sys, val, sizeof val));
+  unlink(user);
+  unlink(sys);
+  user[strlen(user) - strlen("/mca-params.conf")] = '\0';
+  rmdir(user);
+  rmdir(dir);
+}
+
 int main(void)
 {
   const struct CMUnitTest tests[] = {
@@ -281,6 +332,7 @@ int main(void)
       cmocka_unit_test(test_slurm_precheck),
       cmocka_unit_test(test_singleton_mpi_init),
       cmocka_unit_test(test_slurm_batch_step),
+      cmocka_unit_test(test_ompi_limits),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

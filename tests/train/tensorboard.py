@@ -329,7 +329,7 @@ def case_roll():
 def case_resume():
     tb, ck = os.path.join(TMP, "tb"), os.path.join(TMP, "ck")
     run(1, ["train.steps=10", "train.checkpoint_every=6", "train.checkpoint_dir=" + ck,
-            "train.keep=0", "train.tensorboard=" + tb])
+            "train.keep_checkpoints=0", "train.tensorboard=" + tb])
     first = event_files(tb)
     shutil.rmtree(os.path.join(ck, "step-000010"))
     with open(os.path.join(ck, "latest"), "w") as f:

@@ -25,7 +25,7 @@
  * directory is renamed to "step-000120" (swapped atomically with an older one of the
  * same name), the parent is fsync()ed, and only then is `latest` replaced the same way.
  * A crash at any moment leaves `latest` naming a complete, checksummed checkpoint.
- * train.keep prunes the oldest step directories but never the one `latest` names.
+ * train.keep_checkpoints prunes the oldest step directories but never the one `latest` names.
  *
  * HSDP (mesh.fsdp = F < mesh.dp): every fsdp group of F dp ranks holds the whole sharded
  * state, so fsdp group 0 alone writes it, in exactly the files of a dp = F run of the same
