@@ -142,9 +142,9 @@ typedef struct wf_config {
     char checkpoint_dir[WF_PATH_MAX];
     int checkpoint_every, keep;
     double checkpoint_minutes; /* of training, by rank 0's clock, between checkpoints */
-    char resume[WF_PATH_MAX]; /* "", "auto" or a path */
-    double peak_tflops;       /* for MFU; 0 = measure/unknown */
-    double loss_jump_factor;  /* WARN when loss > this x its running mean; 0 = off */
+    char resume[WF_PATH_MAX];  /* "", "auto" or a path */
+    double peak_tflops;        /* for MFU; 0 = measure/unknown */
+    double loss_jump_factor;   /* WARN when loss > this x its running mean; 0 = off */
     /* samples (worker/train/sample.c): every sample_every steps (0 = never) and for
      * --generate, sample_tokens tokens after sample_prompt, from the top sample_top_k
      * (0 = all) of the logits / sample_temperature, drawn from sample_seed */
