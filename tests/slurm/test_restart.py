@@ -8,7 +8,10 @@ parameters (worker --save) must equal, byte for byte, those of the same job run
 without interruption (resume on the same mesh is bit-exact). Also: WEFT_MAX_RESTARTS=0
 gives up at the first failure, with the job's status. Prints the figures.
 """
-import json, os, re, shutil, signal, socket, subprocess, sys, tempfile, time
+import json, os, re, shutil, signal, subprocess, sys, tempfile, time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from testlib import free_ports  # noqa: E402
 
 mpirun, worker, coordinator, weft_run = (os.path.abspath(a) for a in sys.argv[1:5])
 STEPS, EVERY = 160, 20
@@ -17,15 +20,9 @@ KILL_AT = 50  # mid-way between the checkpoints at 40 and 60
 tmp = tempfile.mkdtemp(prefix="weft-restart-")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def job_env(name):
     return dict(os.environ, WEFT_JOB_DIR=os.path.join(tmp, "jobs-" + name),
-                MASTER_PORT=str(free_port()), MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(free_ports(1)[0]), MASTER_ADDR="127.0.0.1",
                 WEFT_RESTART_BACKOFF="1")
 
 
