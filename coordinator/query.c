@@ -33,6 +33,9 @@ static const char *job_state(wf_service *svc, char *reason, size_t len)
   return svc->registered < svc->world ? "starting" : "running";
 }
 
+/* cp and ep are 0 or 1 when the axis is not used. */
+static int axis_size(int n) { return n > 1 ? n : 1; }
+
 json_t *wf__json_status(wf_service *svc, double now)
 {
   char reason[2048] = "";
@@ -44,11 +47,12 @@ json_t *wf__json_status(wf_service *svc, double now)
   for (int i = 0; i < svc->world; i++)
     alive += svc->ranks[i].state == WF__RANK_ALIVE;
   json_t *j = json_pack(
-      "{s:s, s:s, s:s, s:i, s:{s:i, s:i, s:i}, s:I, s:I, s:o, s:o, s:o, s:o, "
+      "{s:s, s:s, s:s, s:i, s:{s:i, s:i, s:i, s:i, s:i}, s:I, s:I, s:o, s:o, s:o, s:o, "
       "s:i, s:i, s:f, s:s}",
       "job", svc->job_id, "model", svc->model, "state", state, "world_size", svc->world, "mesh",
-      "dp", svc->mesh.dp, "tp", svc->mesh.tp, "pp", svc->mesh.pp, "step", (json_int_t)svc->step,
-      "total_steps", (json_int_t)svc->total_steps, "loss", num_or_null(svc->loss), "tokens_per_s",
+      "dp", svc->mesh.dp, "tp", svc->mesh.tp, "pp", svc->mesh.pp, "cp", axis_size(svc->mesh.cp),
+      "ep", axis_size(svc->mesh.ep), "step", (json_int_t)svc->step, "total_steps",
+      (json_int_t)svc->total_steps, "loss", num_or_null(svc->loss), "tokens_per_s",
       num_or_null(svc->tokens_per_s), "step_ms", num_or_null(svc->step_ms), "eta_s",
       num_or_null(eta), "registered", svc->registered, "alive", alive, "uptime_s",
       (now - svc->t_start) / 1000.0, "endpoint", svc->endpoint);
@@ -162,12 +166,12 @@ json_t *wf__json_mesh(wf_service *svc)
     json_array_append_new(stages, json_pack("{s:i, s:o}", "pp", pp, "grid", grid));
   }
   /* the grid shows cp rank 0 of each (pp, dp, tp); the cp groups list the rest */
-  return json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:o, s:{s:o, s:o, s:o, s:o, s:o}}", "job",
-                   svc->job_id, "world_size", svc->world, "dp", m->dp, "tp", m->tp, "pp", m->pp,
-                   "cp", m->cp > 0 ? m->cp : 1, "stages", stages, "groups", "tp",
-                   groups_json(svc, WF_AXIS_TP), "dp", groups_json(svc, WF_AXIS_DP), "pp",
-                   groups_json(svc, WF_AXIS_PP), "emb", groups_json(svc, WF_AXIS_EMB), "cp",
-                   groups_json(svc, WF_AXIS_CP));
+  return json_pack("{s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:o, s:{s:o, s:o, s:o, s:o, s:o, s:o}}",
+                   "job", svc->job_id, "world_size", svc->world, "dp", m->dp, "tp", m->tp, "pp",
+                   m->pp, "cp", axis_size(m->cp), "ep", axis_size(m->ep), "stages", stages,
+                   "groups", "tp", groups_json(svc, WF_AXIS_TP), "dp", groups_json(svc, WF_AXIS_DP),
+                   "pp", groups_json(svc, WF_AXIS_PP), "emb", groups_json(svc, WF_AXIS_EMB), "cp",
+                   groups_json(svc, WF_AXIS_CP), "ep", groups_json(svc, WF_AXIS_EP));
 }
 
 json_t *wf__json_schedule(wf_service *svc)

@@ -8,6 +8,7 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -45,16 +46,30 @@ static const char *bytes_s(char *buf, size_t len, double b)
   return buf;
 }
 
+/* "dp 2 x cp 2 x tp 1 x pp 1, ep 2 inside dp": cp and ep only when the job uses them. */
+static const char *mesh_axes(char *buf, size_t len, json_t *m)
+{
+  int cp = (int)num_i(m, "cp"), ep = (int)num_i(m, "ep");
+  char cps[32] = "", eps[32] = "";
+  if (cp > 1)
+    snprintf(cps, sizeof cps, " x cp %d", cp);
+  if (ep > 1)
+    snprintf(eps, sizeof eps, ", ep %d inside dp", ep);
+  snprintf(buf, len, "dp %d%s x tp %d x pp %d%s", (int)num_i(m, "dp"), cps, (int)num_i(m, "tp"),
+           (int)num_i(m, "pp"), eps);
+  return buf;
+}
+
 static void render_status(json_t *j, FILE *out)
 {
-  char a[64], b[64], c[64], d[64];
+  char a[64], b[64], c[64], d[64], axes[128];
   json_t *mesh = json_object_get(j, "mesh");
   double eta = json_number_value(json_object_get(j, "eta_s"));
   fprintf(out, "job      %s (%s)\n", str(j, "job"), str(j, "state"));
   fprintf(out, "model    %s\n", str(j, "model"));
-  fprintf(out, "mesh     dp %d x tp %d x pp %d = %d ranks (%d registered, %d alive)\n",
-          (int)num_i(mesh, "dp"), (int)num_i(mesh, "tp"), (int)num_i(mesh, "pp"),
-          (int)num_i(j, "world_size"), (int)num_i(j, "registered"), (int)num_i(j, "alive"));
+  fprintf(out, "mesh     %s = %d ranks (%d registered, %d alive)\n",
+          mesh_axes(axes, sizeof axes, mesh), (int)num_i(j, "world_size"),
+          (int)num_i(j, "registered"), (int)num_i(j, "alive"));
   json_int_t step = num_i(j, "step"), total = num_i(j, "total_steps");
   if (step < 0)
     fprintf(out, "step     - (no step finished yet)\n");
@@ -163,8 +178,12 @@ static void render_mesh(json_t *j, FILE *out)
   size_t s, row, col;
   json_t *stage, *r, *cell;
   int tp = (int)num_i(j, "tp");
-  fprintf(out, "mesh dp %d x tp %d x pp %d (rank = tp + TP*(dp + DP*pp))\n", (int)num_i(j, "dp"),
-          tp, (int)num_i(j, "pp"));
+  bool cp = num_i(j, "cp") > 1;
+  char axes[128];
+  fprintf(out, "mesh %s (rank = tp + TP*(%s))%s\n", mesh_axes(axes, sizeof axes, j),
+          cp ? "cp + CP*(dp + DP*pp)" : "dp + DP*pp",
+          cp ? "; each grid cell is the (pp, dp, tp) rank of cp 0, the cp groups hold the rest"
+             : "");
   json_array_foreach(json_object_get(j, "stages"), s, stage)
   {
     fprintf(out, "\npipeline stage pp=%d\n       ", (int)num_i(stage, "pp"));
@@ -184,6 +203,10 @@ static void render_mesh(json_t *j, FILE *out)
   print_groups(groups, "dp", out);
   print_groups(groups, "pp", out);
   print_groups(groups, "emb", out);
+  if (cp)
+    print_groups(groups, "cp", out);
+  if (num_i(j, "ep") > 1)
+    print_groups(groups, "ep", out);
 }
 
 static void render_trace(json_t *j, FILE *out)

@@ -34,7 +34,7 @@ grep -q "dp 2 x tp 2 x pp 2 = 8 ranks (8 registered, 8 alive)" <<<"$out" || fail
 "$con" --json status | $PY -c '
 import json, sys
 d = json.load(sys.stdin)
-assert d["world_size"] == 8 and d["mesh"] == {"dp": 2, "tp": 2, "pp": 2}, d
+assert d["world_size"] == 8 and d["mesh"] == {"dp": 2, "tp": 2, "pp": 2, "cp": 1, "ep": 1}, d
 assert d["step"] >= 1 and d["loss"] is not None and d["eta_s"] > 0, d
 '
 

@@ -75,7 +75,7 @@ def case_console(n, port):
     with tempfile.TemporaryDirectory() as jobdir:
         job = start(n, jobdir, port)
         st = wait_running(job, jobdir, n)
-        if st["world_size"] != n or st["mesh"] != {"dp": n, "tp": 1, "pp": 1}:
+        if st["world_size"] != n or st["mesh"] != {"dp": n, "tp": 1, "pp": 1, "cp": 1, "ep": 1}:
             fail(f"status mesh {st['mesh']} world {st['world_size']}", job)
         rc, out, _ = console(jobdir, "--json", "ranks")
         ranks = json.loads(out)["ranks"]
@@ -122,7 +122,7 @@ def case_console_3d(port):
     with tempfile.TemporaryDirectory() as jobdir:
         job = start(8, jobdir, port, mesh=mesh)
         st = wait_running(job, jobdir, 8)
-        if st["mesh"] != {"dp": 2, "tp": 2, "pp": 2}:
+        if st["mesh"] != {"dp": 2, "tp": 2, "pp": 2, "cp": 1, "ep": 1}:
             fail(f"status mesh {st['mesh']}", job)
         _, out, _ = console(jobdir, "--json", "ranks")
         for r in json.loads(out)["ranks"]:
@@ -408,10 +408,46 @@ def case_hang_hsdp(port):
         print(f"ok: {len(lines)} ranks aborted every communicator, e.g.\n  {lines[0]}")
 
 
+def case_console_axes(port, mesh, want, groups, lines):
+    """A job on the context or expert axis: `status` and `mesh` name it (the JSON and the
+    text), and `mesh` lists its groups, as rank = tp + TP*(cp + CP*(dp + DP*pp)) places
+    them (docs/architecture.md) and ep groups of ep consecutive dp ranks."""
+    with tempfile.TemporaryDirectory() as jobdir:
+        job = start(4, jobdir, port, mesh=mesh)
+        st = wait_running(job, jobdir, 4)
+        if st["mesh"] != want:
+            fail(f"status mesh {st['mesh']}, want {want}", job)
+        _, out, _ = console(jobdir, "--json", "mesh")
+        got = json.loads(out)["groups"]
+        for axis, g in groups.items():
+            if got[axis] != g:
+                fail(f"mesh {axis} groups {got[axis]}, want {g}", job)
+        text = console(jobdir, "status")[1] + console(jobdir, "mesh")[1]
+        for line in lines:
+            if line not in text:
+                fail(f"want {line!r} in the console's text:\n{text}", job)
+        print(text)
+        console(jobdir, "stop")
+        out, err = job.communicate(timeout=60)
+        if job.returncode != 0:
+            fail(f"stop: exit {job.returncode}\n{err[-2000:]}")
+        print(f"ok: {' '.join(mesh)}: status and mesh name the axis and its groups")
+
+
 CASES = {
     "console-np4": lambda: case_console(4, 29611),
     "console-np8": lambda: case_console(8, 29612),
     "console-3d": lambda: case_console_3d(29617),
+    "console-cp": lambda: case_console_axes(
+        29627, ["mesh.dp=2", "mesh.cp=2"], {"dp": 2, "tp": 1, "pp": 1, "cp": 2, "ep": 1},
+        {"cp": [[0, 1], [2, 3]], "dp": [[0, 2], [1, 3]]},
+        ["mesh     dp 2 x cp 2 x tp 1 x pp 1 = 4 ranks", "rank = tp + TP*(cp + CP*(dp + DP*pp))",
+         "  cp   groups: [0 1] [2 3]"]),
+    "console-ep": lambda: case_console_axes(
+        29628, ["mesh.dp=4", "mesh.ep=2", "model.preset=olmoe-tiny"],
+        {"dp": 4, "tp": 1, "pp": 1, "cp": 1, "ep": 2},
+        {"ep": [[0, 1], [2, 3]]}, ["mesh     dp 4 x tp 1 x pp 1, ep 2 inside dp = 4 ranks",
+                                   "  ep   groups: [0 1] [2 3]"]),
     "console-mem-zero1": lambda: case_console_mem(29623),
     "fault-kill": lambda: case_fault(signal.SIGKILL, 2, 29613, "rank 2"),
     "fault-stop": lambda: case_fault(signal.SIGSTOP, 1, 29614, "rank 1"),
