@@ -144,11 +144,15 @@ typedef struct wf__dacts {
  * attention core state (selective recompute) from what the slot kept.
  * Every op computes through m->k, the kernels of the model's storage format: a family
  * has one code path for every precision. */
+/* The normalisation a family's blocks and head use (prenorm.c). */
+typedef enum wf__norm_kind { WF__LAYERNORM, WF__RMSNORM } wf__norm_kind;
+
 typedef struct wf__family_ops {
   /* the kernel ops the family calls (wf_kreg.h), checked at set-up for the model's
    * element type and device */
   const wf_op_id *kernels;
   int n_kernels;
+  wf__norm_kind norm;
   /* floats of one layer's saved activations besides attention's core state, and those
    * of the core state (*core) */
   size_t (*layer_floats)(const wf__geo *g, size_t *core);
@@ -402,6 +406,40 @@ wf_status wf__st_parse_info(const wf__st_file *f, const char *name, struct json_
                             wf__st_tinfo *ti, char *err, size_t len);
 
 /* The families (gpt2/, llama/). */
+/* prenorm.c: the pre-norm residual sublayer and the normalised head, shared by the
+ * families (the file's comment walks through a sublayer). A norm is its tensors (weight
+ * w, bias b, -1 none: RMSNorm has none) and what its forward saved: its output (R, C) in
+ * the activation format, LayerNorm's means (R, NULL under RMSNorm) and the rstds (R). */
+typedef struct wf__norm {
+  int w, b;
+  void *out;
+  float *mean, *rstd;
+} wf__norm;
+/* A sublayer's way in: n->out = norm(x), or with res, res = x + da.ysum (the previous
+ * sublayer's output) and n->out = norm(res) in one op; then into the tp region: *xin is
+ * what the sublayer reads (N, C). */
+wf_status wf__prenorm_forward(wf_model *m, const wf__norm *n, const void **xin, void *res,
+                              const void *x, int l, int N);
+/* Its way out, backward: the residual stream's gradient out of the tp region, and the
+ * backward of the row-parallel product (weight w, bias b, -1 none) that ended it, whose
+ * input was x (N, IC): the weight's and bias's gradients, and x's into dx (N, IC) in the
+ * activation format. */
+wf_status wf__row_parallel_backward(wf_model *m, void *dx, const void *x, int w, int b, int l,
+                                    int N, int IC);
+/* Its way in, backward: the column-parallel product (w, b, OC outputs) that began it from
+ * its output gradient dout (N, OC) and n->out re-gathered, then the norm's backward from
+ * its input x into da.dres. */
+wf_status wf__prenorm_backward(wf_model *m, const wf__norm *n, const void *dout, int w, int b,
+                               int OC, const void *x, int l, int N);
+/* The norm's backward alone: da.dres gets the gradient of its input x (R rows) from da.dl. */
+void wf__norm_backward(wf_model *m, const wf__norm *n, const void *x, int l, int R);
+/* The head: the final norm (w, b) of the stage output x, the logits of tensor `head` and
+ * the loss; backward back to da.dres. Its saved state is wf__head_floats in the slot. */
+size_t wf__head_floats(const wf__geo *z);
+wf_status wf__head_forward(wf_model *m, wf__slot *a, const void *x, int w, int b, int head);
+wf_status wf__head_backward(wf_model *m, wf__slot *a, const void *x, int w, int b, int head,
+                            float dloss);
+
 /* A config's model keys (family.c): the message in err (err NULL: none), WF_ECONFIG; the
  * rules of a family with neither experts nor a head size of its own (a check_keys). */
 wf_status wf__keys_fail(char *err, size_t len, const char *fmt, ...)

@@ -13,6 +13,9 @@
  * tp in fp32 (da.ysum) and added to the residual in fp32 before it is stored. The
  * statistics (means, rstds) stay fp32.
  *
+ * Each sublayer's way in (its layernorm, entering the tp region) and out (the row-parallel
+ * product), and their backward, are prenorm.c's, as is the head's layernorm.
+ *
  * Backward copies no big tensor: the residual stream's gradient is one (R,C) buffer
  * (da.dres) that each layernorm backward adds into, and the outputs of the two
  * projections go through one (N,C) scratch buffer because backward never needs them.
@@ -23,21 +26,14 @@
  * them or in the shared core buffer: wf__layer_mem); the backward scratch, from da.fam.
  * Activations (void *) are stored in the model's format. */
 typedef struct layer {
-  void *ln1;                  /* (R,C) */
-  float *ln1_mean, *ln1_rstd; /* (R), (R) */
-  void *qkv;                  /* (N,3C/tp) */
-  void *atty;                 /* (N,C/tp) */
-  void *att;                  /* (attention_saved floats): the core state, as the table keeps it */
-  void *res2;                 /* (R,C) the residual after attention */
-  void *ln2;                  /* (R,C) */
-  float *ln2_mean, *ln2_rstd; /* (R), (R) */
-  void *fch, *fchg;           /* (N,4C/tp) fc's output and its GELU */
+  wf__norm ln1;     /* (R,C), its means and rstds (R) */
+  void *qkv;        /* (N,3C/tp) */
+  void *atty;       /* (N,C/tp) */
+  void *att;        /* (attention_saved floats): the core state, as the table keeps it */
+  void *res2;       /* (R,C) the residual after attention */
+  wf__norm ln2;     /* (R,C), its means and rstds (R) */
+  void *fch, *fchg; /* (N,4C/tp) fc's output and its GELU */
 } layer;
-
-typedef struct head {
-  void *lnf;                  /* (R,C) */
-  float *lnf_mean, *lnf_rstd; /* (R), (R) */
-} head;
 
 typedef struct scratch {
   void *d4a;      /* (N,4C/tp) in the activation format: dfchg, then dqkv (N,3C/tp) */
@@ -55,21 +51,14 @@ static size_t carve_layer(layer *v, wf__layer_mem mem, const wf__geo *z, size_t 
 {
   size_t C = z->C, tp = z->tp, N = z->N, R = z->R;
   wf__carve_item t[] = {
-      WF__ACT(&v->ln1, R * C),          WF__F32(&v->ln1_mean, R),
-      WF__F32(&v->ln1_rstd, R),         WF__ACT(&v->qkv, N * 3 * C / tp),
+      WF__ACT(&v->ln1.out, R * C),      WF__F32(&v->ln1.mean, R),
+      WF__F32(&v->ln1.rstd, R),         WF__ACT(&v->qkv, N * 3 * C / tp),
       WF__ACT(&v->atty, N * C / tp),    WF__CORE(&v->att, att_saved(z)),
-      WF__ACT(&v->res2, R * C),         WF__ACT(&v->ln2, R * C),
-      WF__F32(&v->ln2_mean, R),         WF__F32(&v->ln2_rstd, R),
+      WF__ACT(&v->res2, R * C),         WF__ACT(&v->ln2.out, R * C),
+      WF__F32(&v->ln2.mean, R),         WF__F32(&v->ln2.rstd, R),
       WF__ACT(&v->fch, N * 4 * C / tp), WF__ACT(&v->fchg, N * 4 * C / tp),
   };
   return wf__carve(t, WF_ARRAY_LEN(t), &(wf__carve_to){mem.saved, mem.core, z->fmt}, core);
-}
-
-static size_t carve_head(head *h, void *mem, const wf__geo *z)
-{
-  wf__carve_item t[] = {WF__ACT(&h->lnf, z->R * z->C), WF__F32(&h->lnf_mean, z->R),
-                        WF__F32(&h->lnf_rstd, z->R)};
-  return wf__carve(t, WF_ARRAY_LEN(t), &(wf__carve_to){mem, NULL, z->fmt}, NULL);
 }
 
 static size_t carve_scratch(scratch *s, void *mem, const wf__geo *z)
@@ -85,21 +74,21 @@ static size_t layer_floats(const wf__geo *z, size_t *core)
   return carve_layer(&(layer){0}, (wf__layer_mem){NULL, NULL, NULL}, z, core);
 }
 
-static size_t head_floats(const wf__geo *z) { return carve_head(&(head){0}, NULL, z); }
 static size_t scratch_floats(const wf__geo *z) { return carve_scratch(&(scratch){0}, NULL, z); }
 static size_t const_floats(const wf__geo *z) { return (void)z, 0; }
 
 /* The carves at the model's geometry (Bmax x Tmax: a smaller micro-batch uses the first
- * rows of each). */
+ * rows of each), and the norms' tensors. */
 static layer layer_at(const wf_model *m, wf__layer_mem mem)
 {
   layer v;
   carve_layer(&v, mem, &m->g, NULL);
+  v.ln1.w = G_LN1W, v.ln1.b = G_LN1B;
+  v.ln2.w = G_LN2W, v.ln2.b = G_LN2B;
   return v;
 }
 
 static float *P(wf_model *m, int t, int l) { return wf_model_param(m, t, l, 0); }
-static float *G(wf_model *m, int t, int l) { return wf_model_param(m, t, l, 1); }
 
 /* ---- forward ------------------------------------------------------------------------ */
 
@@ -108,12 +97,9 @@ static wf_status attention_forward(wf_model *m, const layer *v, const void *resi
 {
   wf_status st = WF_OK;
   const wf_kset *k = m->k;
-  int C = m->d.C, tp = m->s.tp, N = B * T, R = (int)wf__rows(m, (size_t)N);
+  int C = m->d.C, tp = m->s.tp, N = B * T;
   const void *x;
-  WF_K(k, layernorm)
-      ->forward(v->ln1, v->ln1_mean, v->ln1_rstd, residual, P(m, G_LN1W, l), P(m, G_LN1B, l), R, C,
-                NULL);
-  WF_TRY(wf__enter_fwd(m, &x, v->ln1, m->da.full, (size_t)N, (size_t)C));
+  WF_TRY(wf__prenorm_forward(m, &v->ln1, &x, NULL, residual, l, N));
   WF_K(k, matmul)->forward(v->qkv, x, wf__gemm_weight(m, G_QKVW, l), P(m, G_QKVB, l), N, C,
                            3 * C / tp, m->prec, NULL);
   WF_TRY(wf__attention_forward(m, v->atty, v->att, v->qkv, B, T, C / tp, m->NHl, 0));
@@ -131,10 +117,7 @@ static wf_status mlp_forward(wf_model *m, const layer *v, const void *residual, 
   const wf_kset *k = m->k;
   int C = m->d.C, tp = m->s.tp, R = (int)wf__rows(m, (size_t)N);
   const void *x;
-  WF_K(k, layernorm)
-      ->residual_forward(v->res2, v->ln2, v->ln2_mean, v->ln2_rstd, residual, m->da.ysum,
-                         P(m, G_LN2W, l), P(m, G_LN2B, l), R, C, NULL);
-  WF_TRY(wf__enter_fwd(m, &x, v->ln2, m->da.full, (size_t)N, (size_t)C));
+  WF_TRY(wf__prenorm_forward(m, &v->ln2, &x, v->res2, residual, l, N));
   WF_K(k, matmul)->gelu_forward(v->fchg, v->fch, x, wf__gemm_weight(m, G_FCW, l), P(m, G_FCB, l), N,
                                 C, 4 * C / tp, m->prec, NULL);
   WF_TRY(wf__row_parallel(m, v->fchg, G_FCPROJW, G_FCPROJB, l, N, 4 * C / tp));
@@ -176,12 +159,7 @@ static wf_status embed_forward(wf_model *m, wf__slot *a)
 /* Final layernorm, then the tied wte's logits and the loss. */
 static wf_status head_forward(wf_model *m, wf__slot *a, const void *x)
 {
-  head h;
-  int C = m->d.C, R = (int)wf__rows(m, (size_t)a->B * a->T);
-  carve_head(&h, a->head, &m->g);
-  WF_K(m->k, layernorm)
-      ->forward(h.lnf, h.lnf_mean, h.lnf_rstd, x, P(m, G_LNFW, 0), P(m, G_LNFB, 0), R, C, NULL);
-  return wf__head_loss_forward(m, a, h.lnf, G_WTE);
+  return wf__head_forward(m, a, x, G_LNFW, G_LNFB, G_WTE);
 }
 
 /* ---- backward ------------------------------------------------------------------------ */
@@ -190,21 +168,10 @@ static wf_status head_forward(wf_model *m, wf__slot *a, const void *x)
 static wf_status mlp_backward(wf_model *m, const layer *v, const scratch *s, int l, int N)
 {
   wf_status st = WF_OK;
-  wf__dacts *g = &m->da;
-  int C = m->d.C, tp = m->s.tp, R = (int)wf__rows(m, (size_t)N);
-  size_t n4 = (size_t)N * 4 * C / tp;
-  const float *dy;
-  const void *x;
-  WF_TRY(wf__leave_bwd(m, &dy, g->dres, g->full, (size_t)N, (size_t)C));
-  WF_K(m->k, matmul)
-      ->backward(s->d4a, G(m, G_FCPROJW, l), G(m, G_FCPROJB, l), wf__res_grad(m, dy, (size_t)N),
-                 v->fchg, wf__gemm_weight(m, G_FCPROJW, l), N, 4 * C / tp, C, m->prec, NULL);
-  WF_K(m->k, gelu)->backward(s->d4b, v->fch, s->d4a, n4, NULL); /* in the activation format */
-  WF_TRY(wf__enter_fwd(m, &x, v->ln2, g->full, (size_t)N, (size_t)C)); /* re-gathered */
-  WF_TRY(wf__column_backward(m, s->d4b, x, G_FCW, G_FCB, l, N, 4 * C / tp));
-  WF_K(m->k, layernorm)
-      ->backward(g->dres, G(m, G_LN2W, l), G(m, G_LN2B, l), g->dl, v->res2, P(m, G_LN2W, l),
-                 v->ln2_mean, v->ln2_rstd, R, C, NULL);
+  int F = 4 * m->d.C / m->s.tp;
+  WF_TRY(wf__row_parallel_backward(m, s->d4a, v->fchg, G_FCPROJW, G_FCPROJB, l, N, F));
+  WF_K(m->k, gelu)->backward(s->d4b, v->fch, s->d4a, (size_t)N * F, NULL); /* activation format */
+  st = wf__prenorm_backward(m, &v->ln2, s->d4b, G_FCW, G_FCB, F, v->res2, l, N);
 fail:
   return st;
 }
@@ -213,22 +180,12 @@ static wf_status attention_backward(wf_model *m, const layer *v, const scratch *
                                     const void *residual, int l, int B, int T)
 {
   wf_status st = WF_OK;
-  wf__dacts *g = &m->da;
-  int C = m->d.C, tp = m->s.tp, N = B * T, R = (int)wf__rows(m, (size_t)N);
-  const float *dy;
-  const void *x;
+  int C = m->d.C, tp = m->s.tp;
   void *datty = s->d4b;
-  WF_TRY(wf__leave_bwd(m, &dy, g->dres, g->full, (size_t)N, (size_t)C));
-  WF_K(m->k, matmul)
-      ->backward(datty, G(m, G_ATTPROJW, l), G(m, G_ATTPROJB, l), wf__res_grad(m, dy, (size_t)N),
-                 v->atty, wf__gemm_weight(m, G_ATTPROJW, l), N, C / tp, C, m->prec, NULL);
+  WF_TRY(wf__row_parallel_backward(m, datty, v->atty, G_ATTPROJW, G_ATTPROJB, l, B * T, C / tp));
   WF_TRY(wf__attention_backward(m, s->d4a, s->scratch, datty, v->qkv, v->att, v->atty, B, T, C / tp,
                                 m->NHl, 0));
-  WF_TRY(wf__enter_fwd(m, &x, v->ln1, g->full, (size_t)N, (size_t)C));
-  WF_TRY(wf__column_backward(m, s->d4a, x, G_QKVW, G_QKVB, l, N, 3 * C / tp)); /* stored */
-  WF_K(m->k, layernorm)
-      ->backward(g->dres, G(m, G_LN1W, l), G(m, G_LN1B, l), g->dl, residual, P(m, G_LN1W, l),
-                 v->ln1_mean, v->ln1_rstd, R, C, NULL);
+  st = wf__prenorm_backward(m, &v->ln1, s->d4a, G_QKVW, G_QKVB, 3 * C / tp, residual, l, B * T);
 fail:
   return st;
 }
@@ -248,17 +205,7 @@ fail:
 /* Loss -> logits -> (tied wte, enter's backward) -> final layernorm -> dres. */
 static wf_status head_backward(wf_model *m, wf__slot *a, const void *x, float dloss)
 {
-  wf_status st = WF_OK;
-  head h;
-  int C = m->d.C, R = (int)wf__rows(m, (size_t)a->B * a->T);
-  carve_head(&h, a->head, &m->g);
-  WF_TRY(wf__head_loss_backward(m, a, h.lnf, G_WTE, dloss));
-  WF_TRY(wf__zero(m, m->da.dres, (size_t)R * C));
-  WF_K(m->k, layernorm)
-      ->backward(m->da.dres, G(m, G_LNFW, 0), G(m, G_LNFB, 0), m->da.dl, x, P(m, G_LNFW, 0),
-                 h.lnf_mean, h.lnf_rstd, R, C, NULL);
-fail:
-  return st;
+  return wf__head_backward(m, a, x, G_LNFW, G_LNFB, G_WTE, dloss);
 }
 
 /* The embeddings' backward (first chunk): the residual gradient leaves the tp region
@@ -275,8 +222,9 @@ static const wf_op_id kernels[] = {WF_OP_embedding, WF_OP_position, WF_OP_layern
 const wf__family_ops wf__gpt2_ops = {
     .kernels = kernels,
     .n_kernels = (int)(sizeof kernels / sizeof *kernels),
+    .norm = WF__LAYERNORM,
     .layer_floats = layer_floats,
-    .head_floats = head_floats,
+    .head_floats = wf__head_floats,
     .scratch_floats = scratch_floats,
     .const_floats = const_floats,
     .embed_forward = embed_forward,

@@ -13,6 +13,9 @@
  * stream; each row-parallel output is summed over tp in fp32 (da.ysum) and added to the
  * residual in fp32 before it is stored. The rstds stay fp32.
  *
+ * Each sublayer's way in (its RMSNorm, entering the tp region) and out (the row-parallel
+ * product), and their backward, are prenorm.c's, as is the head's RMSNorm.
+ *
  * RoPE's angles are one table (T, hs) for the model (wf_rope_table, Hugging Face's
  * fp32 rounding), made on the host at creation and kept on the device (the family's
  * constant floats); backward needs only the angles, so the saved qkv is the rotated one
@@ -27,22 +30,15 @@
  * them or in the shared core buffer: wf__layer_mem), the head's, backward's scratch.
  * Activations (void *) are stored in the model's format (storage.h), the rest fp32. */
 typedef struct layer {
-  void *n1;       /* (R,C) */
-  float *n1_rstd; /* (R) */
-  void *qkv;      /* (N, (NH + 2 KV) hs / tp), q and k rotated */
-  void *atty;     /* (N, NH hs / tp) */
-  void *att;      /* (attention_saved floats): the core state, as the table keeps it */
-  void *res2;     /* (R,C) the residual after attention */
-  void *n2;       /* (R,C) */
-  float *n2_rstd; /* (R) */
-  void *gu;       /* (N, 2F/tp) [gate | up] */
-  void *h;        /* (N, F/tp) silu(gate) * up */
+  wf__norm n1; /* (R,C), its rstds (R) */
+  void *qkv;   /* (N, (NH + 2 KV) hs / tp), q and k rotated */
+  void *atty;  /* (N, NH hs / tp) */
+  void *att;   /* (attention_saved floats): the core state, as the table keeps it */
+  void *res2;  /* (R,C) the residual after attention */
+  wf__norm n2; /* (R,C), its rstds (R) */
+  void *gu;    /* (N, 2F/tp) [gate | up] */
+  void *h;     /* (N, F/tp) silu(gate) * up */
 } layer;
-
-typedef struct head {
-  void *n;     /* (R,C) */
-  float *rstd; /* (R) */
-} head;
 
 typedef struct scratch {
   void *da;       /* (N, max(2F, (NH + 2 KV) hs) / tp): dgu, then dqkv */
@@ -60,24 +56,18 @@ static size_t carve_layer(layer *v, wf__layer_mem mem, const wf__geo *z, size_t 
   size_t C = z->C, N = z->N, R = z->R, F = f_local(z);
   size_t att = wf__attention_saved(z, (int)q_local(z), z->NHl);
   wf__carve_item t[] = {
-      WF__ACT(&v->n1, R * C),
-      WF__F32(&v->n1_rstd, R),
+      WF__ACT(&v->n1.out, R * C),
+      WF__F32(&v->n1.rstd, R),
       WF__ACT(&v->qkv, N * qkv_local(z)),
       WF__ACT(&v->atty, N * q_local(z)),
       WF__CORE(&v->att, att),
       WF__ACT(&v->res2, R * C),
-      WF__ACT(&v->n2, R * C),
-      WF__F32(&v->n2_rstd, R),
+      WF__ACT(&v->n2.out, R * C),
+      WF__F32(&v->n2.rstd, R),
       WF__ACT(&v->gu, N * 2 * F),
       WF__ACT(&v->h, N * F),
   };
   return wf__carve(t, WF_ARRAY_LEN(t), &(wf__carve_to){mem.saved, mem.core, z->fmt}, core);
-}
-
-static size_t carve_head(head *h, void *mem, const wf__geo *z)
-{
-  wf__carve_item t[] = {WF__ACT(&h->n, z->R * z->C), WF__F32(&h->rstd, z->R)};
-  return wf__carve(t, WF_ARRAY_LEN(t), &(wf__carve_to){mem, NULL, z->fmt}, NULL);
 }
 
 static size_t carve_scratch(scratch *s, void *mem, const wf__geo *z)
@@ -93,7 +83,6 @@ static size_t layer_floats(const wf__geo *z, size_t *core)
 {
   return carve_layer(&(layer){0}, (wf__layer_mem){NULL, NULL, NULL}, z, core);
 }
-static size_t head_floats(const wf__geo *z) { return carve_head(&(head){0}, NULL, z); }
 static size_t scratch_floats(const wf__geo *z) { return carve_scratch(&(scratch){0}, NULL, z); }
 /* RoPE's (T, hs) table for the longest micro-batch (its whole sequence under context
  * parallelism, whose rows sit anywhere in it). */
@@ -114,16 +103,16 @@ fail:
 }
 
 /* The carves at the model's geometry (Bmax x Tmax: a smaller micro-batch uses the first
- * rows of each). */
+ * rows of each), and the norms' tensors. */
 static layer layer_at(const wf_model *m, wf__layer_mem mem)
 {
   layer v;
   carve_layer(&v, mem, &m->g, NULL);
+  v.n1.w = LL_LN1W, v.n1.b = -1;
+  v.n2.w = LL_LN2W, v.n2.b = -1;
   return v;
 }
 
-static float *P(wf_model *m, int t, int l) { return wf_model_param(m, t, l, 0); }
-static float *G(wf_model *m, int t, int l) { return wf_model_param(m, t, l, 1); }
 /* The tensor the head multiplies by: its own, or the tied embedding. */
 static int head_tensor(const wf_model *m) { return m->desc.n > LL_HEAD ? LL_HEAD : LL_EMB; }
 
@@ -133,11 +122,10 @@ static wf_status attention_forward(wf_model *m, const layer *v, const void *x, i
 {
   wf_status st = WF_OK;
   const wf_kset *k = m->k;
-  int C = m->d.C, N = B * T, R = (int)wf__rows(m, (size_t)N), hs = (int)hs_of(&m->g);
+  int C = m->d.C, N = B * T, hs = (int)hs_of(&m->g);
   int q = (int)q_local(&m->g), qkv = (int)qkv_local(&m->g);
   const void *xin;
-  WF_K(k, rmsnorm)->forward(v->n1, v->n1_rstd, x, P(m, LL_LN1W, l), m->d.norm_eps, R, C, NULL);
-  WF_TRY(wf__enter_fwd(m, &xin, v->n1, m->da.full, (size_t)N, (size_t)C));
+  WF_TRY(wf__prenorm_forward(m, &v->n1, &xin, NULL, x, l, N));
   WF_K(k, matmul)->forward(v->qkv, xin, wf__gemm_weight(m, LL_QKVW, l), NULL, N, C, qkv, m->prec,
                            NULL);
   wf__rope_forward(m, v->qkv, B, T, hs);
@@ -155,10 +143,7 @@ static wf_status mlp_forward(wf_model *m, const layer *v, const void *x, void *y
   const wf_kset *k = m->k;
   int C = m->d.C, R = (int)wf__rows(m, (size_t)N), F = (int)f_local(&m->g);
   const void *xin;
-  WF_K(k, rmsnorm)
-      ->residual_forward(v->res2, v->n2, v->n2_rstd, x, m->da.ysum, P(m, LL_LN2W, l), m->d.norm_eps,
-                         R, C, NULL);
-  WF_TRY(wf__enter_fwd(m, &xin, v->n2, m->da.full, (size_t)N, (size_t)C));
+  WF_TRY(wf__prenorm_forward(m, &v->n2, &xin, v->res2, x, l, N));
   WF_K(k, matmul)->forward(v->gu, xin, wf__gemm_weight(m, LL_GUW, l), NULL, N, C, 2 * F, m->prec,
                            NULL);
   WF_K(k, swiglu)->forward(v->h, v->gu, N, F, NULL);
@@ -198,11 +183,7 @@ static wf_status embed_forward(wf_model *m, wf__slot *a)
 
 static wf_status head_forward(wf_model *m, wf__slot *a, const void *x)
 {
-  head h;
-  int C = m->d.C, R = (int)wf__rows(m, (size_t)a->B * a->T);
-  carve_head(&h, a->head, &m->g);
-  WF_K(m->k, rmsnorm)->forward(h.n, h.rstd, x, P(m, LL_NORMW, 0), m->d.norm_eps, R, C, NULL);
-  return wf__head_loss_forward(m, a, h.n, head_tensor(m));
+  return wf__head_forward(m, a, x, LL_NORMW, -1, head_tensor(m));
 }
 
 /* ---- backward ------------------------------------------------------------------------ */
@@ -210,20 +191,10 @@ static wf_status head_forward(wf_model *m, wf__slot *a, const void *x)
 static wf_status mlp_backward(wf_model *m, const layer *v, const scratch *s, int l, int N)
 {
   wf_status st = WF_OK;
-  wf__dacts *g = &m->da;
-  int C = m->d.C, R = (int)wf__rows(m, (size_t)N), F = (int)f_local(&m->g);
-  const float *dy;
-  const void *xin;
-  WF_TRY(wf__leave_bwd(m, &dy, g->dres, g->full, (size_t)N, (size_t)C));
-  WF_K(m->k, matmul)
-      ->backward(s->db, G(m, LL_DOWNW, l), NULL, wf__res_grad(m, dy, (size_t)N), v->h,
-                 wf__gemm_weight(m, LL_DOWNW, l), N, F, C, m->prec, NULL);
+  int F = (int)f_local(&m->g);
+  WF_TRY(wf__row_parallel_backward(m, s->db, v->h, LL_DOWNW, -1, l, N, F));
   WF_K(m->k, swiglu)->backward(s->da, v->gu, s->db, N, F, NULL);
-  WF_TRY(wf__enter_fwd(m, &xin, v->n2, g->full, (size_t)N, (size_t)C)); /* re-gathered */
-  WF_TRY(wf__column_backward(m, s->da, xin, LL_GUW, -1, l, N, 2 * F));
-  WF_K(m->k, rmsnorm)
-      ->backward(g->dres, G(m, LL_LN2W, l), g->dl, v->res2, P(m, LL_LN2W, l), v->n2_rstd, R, C,
-                 NULL);
+  st = wf__prenorm_backward(m, &v->n2, s->da, LL_GUW, -1, 2 * F, v->res2, l, N);
 fail:
   return st;
 }
@@ -232,22 +203,13 @@ static wf_status attention_backward(wf_model *m, const layer *v, const scratch *
                                     int l, int B, int T)
 {
   wf_status st = WF_OK;
-  wf__dacts *g = &m->da;
-  int C = m->d.C, N = B * T, R = (int)wf__rows(m, (size_t)N), hs = (int)hs_of(&m->g);
+  int N = B * T, hs = (int)hs_of(&m->g);
   int q = (int)q_local(&m->g), qkv = (int)qkv_local(&m->g);
-  const float *dy;
-  const void *xin;
-  WF_TRY(wf__leave_bwd(m, &dy, g->dres, g->full, (size_t)N, (size_t)C));
-  WF_K(m->k, matmul)
-      ->backward(s->db, G(m, LL_OW, l), NULL, wf__res_grad(m, dy, (size_t)N), v->atty,
-                 wf__gemm_weight(m, LL_OW, l), N, q, C, m->prec, NULL);
+  WF_TRY(wf__row_parallel_backward(m, s->db, v->atty, LL_OW, -1, l, N, q));
   WF_TRY(wf__attention_backward(m, s->da, s->scratch, s->db, v->qkv, v->att, v->atty, B, T, q,
                                 m->NHl, m->KVl));
   wf__rope_backward(m, s->da, B, T, hs);
-  WF_TRY(wf__enter_fwd(m, &xin, v->n1, g->full, (size_t)N, (size_t)C));
-  WF_TRY(wf__column_backward(m, s->da, xin, LL_QKVW, -1, l, N, qkv)); /* stored */
-  WF_K(m->k, rmsnorm)
-      ->backward(g->dres, G(m, LL_LN1W, l), g->dl, x, P(m, LL_LN1W, l), v->n1_rstd, R, C, NULL);
+  st = wf__prenorm_backward(m, &v->n1, s->da, LL_QKVW, -1, qkv, x, l, N);
 fail:
   return st;
 }
@@ -266,16 +228,7 @@ fail:
 
 static wf_status head_backward(wf_model *m, wf__slot *a, const void *x, float dloss)
 {
-  wf_status st = WF_OK;
-  head h;
-  int C = m->d.C, R = (int)wf__rows(m, (size_t)a->B * a->T);
-  carve_head(&h, a->head, &m->g);
-  WF_TRY(wf__head_loss_backward(m, a, h.n, head_tensor(m), dloss));
-  WF_TRY(wf__zero(m, m->da.dres, (size_t)R * C));
-  WF_K(m->k, rmsnorm)
-      ->backward(m->da.dres, G(m, LL_NORMW, 0), m->da.dl, x, P(m, LL_NORMW, 0), h.rstd, R, C, NULL);
-fail:
-  return st;
+  return wf__head_backward(m, a, x, LL_NORMW, -1, head_tensor(m), dloss);
 }
 
 static wf_status embed_backward(wf_model *m, wf__slot *a)
@@ -290,8 +243,9 @@ static const wf_op_id kernels[] = {WF_OP_embedding, WF_OP_rmsnorm, WF_OP_matmul,
 const wf__family_ops wf__llama_ops = {
     .kernels = kernels,
     .n_kernels = (int)(sizeof kernels / sizeof *kernels),
+    .norm = WF__RMSNORM,
     .layer_floats = layer_floats,
-    .head_floats = head_floats,
+    .head_floats = wf__head_floats,
     .scratch_floats = scratch_floats,
     .const_floats = const_floats,
     .prepare = prepare,

@@ -25,11 +25,6 @@
 #include "moe_int.h"
 #include "wf_kernels.h" /* wf_rope_table, the MoE and q/k-norm ops (CPU) */
 
-typedef struct head {
-  void *n;     /* (R,C) */
-  float *rstd; /* (R) */
-} head;
-
 size_t wf__moe_hs(const wf__geo *z) { return (size_t)z->d.HD; }
 size_t wf__moe_q_local(const wf__geo *z) { return (size_t)z->NHl * wf__moe_hs(z); }
 size_t wf__moe_qkv_local(const wf__geo *z) { return (size_t)(z->NHl + 2 * z->KVl) * wf__moe_hs(z); }
@@ -68,16 +63,16 @@ static size_t carve_layer(moe_layer *v, wf__layer_mem mem, const wf__geo *z, siz
   size_t q = wf__moe_q_local(z), kv = (size_t)z->KVl * wf__moe_hs(z), ep = z->ep > 1;
   size_t att = wf__attention_saved(z, (int)q, z->NHl);
   wf__carve_item t[] = {
-      WF__ACT(&v->n1, R * C),
-      WF__F32(&v->n1_rstd, R),
+      WF__ACT(&v->n1.out, R * C),
+      WF__F32(&v->n1.rstd, R),
       WF__ACT(&v->qkv, N * wf__moe_qkv_local(z)),
       WF__ACT(&v->qk_raw, G ? N * (q + kv) : 0),
       WF__F32(&v->qk_rstd, N * G),
       WF__ACT(&v->atty, N * q),
       WF__CORE(&v->att, att),
       WF__ACT(&v->res2, R * C),
-      WF__ACT(&v->n2, R * C),
-      WF__F32(&v->n2_rstd, R),
+      WF__ACT(&v->n2.out, R * C),
+      WF__F32(&v->n2.rstd, R),
       WF__F32(&v->probs, N * E),
       WF__F32(&v->lse, N),
       WF__F32(&v->idx, N * K), /* int and float are both 4 bytes */
@@ -115,17 +110,10 @@ static size_t carve_scratch(moe_scratch *s, void *mem, const wf__geo *z)
   return wf__carve(t, WF_ARRAY_LEN(t), &(wf__carve_to){mem, NULL, z->fmt}, NULL);
 }
 
-static size_t carve_head(head *h, void *mem, const wf__geo *z)
-{
-  wf__carve_item t[] = {WF__ACT(&h->n, z->R * z->C), WF__F32(&h->rstd, z->R)};
-  return wf__carve(t, WF_ARRAY_LEN(t), &(wf__carve_to){mem, NULL, z->fmt}, NULL);
-}
-
 static size_t layer_floats(const wf__geo *z, size_t *core)
 {
   return carve_layer(&(moe_layer){0}, (wf__layer_mem){NULL, NULL, NULL}, z, core);
 }
-static size_t head_floats(const wf__geo *z) { return carve_head(&(head){0}, NULL, z); }
 static size_t scratch_floats(const wf__geo *z) { return carve_scratch(&(moe_scratch){0}, NULL, z); }
 static size_t const_floats(const wf__geo *z) { return z->T * wf__moe_hs(z); }
 static size_t stats_floats(const wf__geo *z) { return WF_MOE_STATS(z->d.E); }
@@ -134,6 +122,8 @@ moe_layer wf__moe_layer_at(const wf_model *m, wf__layer_mem mem)
 {
   moe_layer v;
   carve_layer(&v, mem, &m->g, NULL);
+  v.n1.w = wf__moe_tensor(m, MO_LN1), v.n1.b = -1;
+  v.n2.w = wf__moe_tensor(m, MO_LN2), v.n2.b = -1;
   return v;
 }
 
@@ -236,11 +226,10 @@ static wf_status attention_forward(wf_model *m, const moe_layer *v, const void *
 {
   wf_status st = WF_OK;
   const wf_kset *k = m->k;
-  int C = m->d.C, N = B * T, R = (int)wf__rows(m, (size_t)N), hs = (int)wf__moe_hs(&m->g);
+  int C = m->d.C, N = B * T, hs = (int)wf__moe_hs(&m->g);
   int q = (int)wf__moe_q_local(&m->g), qkv = (int)wf__moe_qkv_local(&m->g);
   const void *xin;
-  WF_K(k, rmsnorm)->forward(v->n1, v->n1_rstd, x, P(m, MO_LN1, l), m->d.norm_eps, R, C, NULL);
-  WF_TRY(wf__enter_fwd(m, &xin, v->n1, m->da.full, (size_t)N, (size_t)C));
+  WF_TRY(wf__prenorm_forward(m, &v->n1, &xin, NULL, x, l, N));
   WF_K(k, matmul)->forward(v->qkv, xin, W(m, MO_QKV, l), NULL, N, C, qkv, m->prec, NULL);
   WF_TRY(qk_forward(m, v, l, N));
   wf__rope_forward(m, v->qkv, B, T, hs);
@@ -258,10 +247,7 @@ static wf_status mlp_forward(wf_model *m, const moe_layer *v, float *keep, const
   int C = m->d.C, R = (int)wf__rows(m, (size_t)N);
   const void *xin;
   float *part = wf__partial(m);
-  WF_K(k, rmsnorm)
-      ->residual_forward(v->res2, v->n2, v->n2_rstd, x, m->da.ysum, P(m, MO_LN2, l), m->d.norm_eps,
-                         R, C, NULL);
-  WF_TRY(wf__enter_fwd(m, &xin, v->n2, m->da.full, (size_t)N, (size_t)C));
+  WF_TRY(wf__prenorm_forward(m, &v->n2, &xin, v->res2, x, l, N));
   WF_TRY(wf__moe_mlp_forward(m, v, keep, xin, part, l, N));
   WF_TRY(wf__leave_fwd(m, m->da.ysum, part, (size_t)N, (size_t)C));
   WF_K(k, residual)->forward(y, v->res2, m->da.ysum, (size_t)R * C, NULL);
@@ -318,11 +304,7 @@ static wf_status side_forward(wf_model *m, wf__slot *a)
 static wf_status head_forward(wf_model *m, wf__slot *a, const void *x)
 {
   wf_status st = WF_OK;
-  head h;
-  int C = m->d.C, R = (int)wf__rows(m, (size_t)a->B * a->T);
-  carve_head(&h, a->head, &m->g);
-  WF_K(m->k, rmsnorm)->forward(h.n, h.rstd, x, P(m, MO_NORM, 0), m->d.norm_eps, R, C, NULL);
-  WF_TRY(wf__head_loss_forward(m, a, h.n, wf__moe_tensor(m, head_x(m))));
+  WF_TRY(wf__head_forward(m, a, x, wf__moe_tensor(m, MO_NORM), -1, wf__moe_tensor(m, head_x(m))));
   if (a->have_targets)
     WF_K(m->k, moe_route)
         ->aux_accumulate(m->aux_acc, wf__side(m, x, a->B, a->T), m->d.E,
@@ -341,10 +323,9 @@ static wf_status mlp_backward(wf_model *m, const moe_layer *v, const moe_scratch
   const float *dy;
   float *dx = m->tp.ops ? g->dc : g->dl;
   WF_TRY(wf__leave_bwd(m, &dy, g->dres, g->full, (size_t)N, (size_t)C));
-  WF_TRY(wf__moe_mlp_backward(m, v, s, v->n2, dy, dx, l, N));
+  WF_TRY(wf__moe_mlp_backward(m, v, s, v->n2.out, dy, dx, l, N));
   WF_TRY(wf__enter_bwd(m, g->dl, dx, (size_t)N, (size_t)C));
-  WF_K(m->k, rmsnorm)
-      ->backward(g->dres, G(m, MO_LN2, l), g->dl, v->res2, P(m, MO_LN2, l), v->n2_rstd, R, C, NULL);
+  wf__norm_backward(m, &v->n2, v->res2, l, R);
 fail:
   return st;
 }
@@ -353,23 +334,14 @@ static wf_status attention_backward(wf_model *m, const moe_layer *v, const moe_s
                                     const void *x, int l, int B, int T)
 {
   wf_status st = WF_OK;
-  wf__dacts *g = &m->da;
-  int C = m->d.C, N = B * T, R = (int)wf__rows(m, (size_t)N), hs = (int)wf__moe_hs(&m->g);
+  int N = B * T, hs = (int)wf__moe_hs(&m->g);
   int q = (int)wf__moe_q_local(&m->g), qkv = (int)wf__moe_qkv_local(&m->g);
-  const float *dy;
-  const void *xin;
-  WF_TRY(wf__leave_bwd(m, &dy, g->dres, g->full, (size_t)N, (size_t)C));
-  WF_K(m->k, matmul)
-      ->backward(s->db, G(m, MO_O, l), NULL, wf__res_grad(m, dy, (size_t)N), v->atty, W(m, MO_O, l),
-                 N, q, C, m->prec, NULL);
+  WF_TRY(wf__row_parallel_backward(m, s->db, v->atty, wf__moe_tensor(m, MO_O), -1, l, N, q));
   WF_TRY(wf__attention_backward(m, s->da, s->scratch, s->db, v->qkv, v->att, v->atty, B, T, q,
                                 m->NHl, m->KVl));
   wf__rope_backward(m, s->da, B, T, hs);
   WF_TRY(qk_backward(m, v, s->da, l, N));
-  WF_TRY(wf__enter_fwd(m, &xin, v->n1, g->full, (size_t)N, (size_t)C));
-  WF_TRY(wf__column_backward(m, s->da, xin, wf__moe_tensor(m, MO_QKV), -1, l, N, qkv));
-  WF_K(m->k, rmsnorm)
-      ->backward(g->dres, G(m, MO_LN1, l), g->dl, x, P(m, MO_LN1, l), v->n1_rstd, R, C, NULL);
+  st = wf__prenorm_backward(m, &v->n1, s->da, wf__moe_tensor(m, MO_QKV), -1, qkv, x, l, N);
 fail:
   return st;
 }
@@ -387,16 +359,8 @@ fail:
 
 static wf_status head_backward(wf_model *m, wf__slot *a, const void *x, float dloss)
 {
-  wf_status st = WF_OK;
-  head h;
-  int C = m->d.C, R = (int)wf__rows(m, (size_t)a->B * a->T);
-  carve_head(&h, a->head, &m->g);
-  WF_TRY(wf__head_loss_backward(m, a, h.n, wf__moe_tensor(m, head_x(m)), dloss));
-  WF_TRY(wf__zero(m, m->da.dres, (size_t)R * C));
-  WF_K(m->k, rmsnorm)
-      ->backward(m->da.dres, G(m, MO_NORM, 0), m->da.dl, x, P(m, MO_NORM, 0), h.rstd, R, C, NULL);
-fail:
-  return st;
+  return wf__head_backward(m, a, x, wf__moe_tensor(m, MO_NORM), -1, wf__moe_tensor(m, head_x(m)),
+                           dloss);
 }
 
 static wf_status embed_backward(wf_model *m, wf__slot *a)
@@ -413,8 +377,9 @@ static const wf_op_id kernels[] = {WF_OP_embedding,    WF_OP_rmsnorm,     WF_OP_
 const wf__family_ops wf__moe_ops = {
     .kernels = kernels,
     .n_kernels = (int)(sizeof kernels / sizeof *kernels),
+    .norm = WF__RMSNORM,
     .layer_floats = layer_floats,
-    .head_floats = head_floats,
+    .head_floats = wf__head_floats,
     .scratch_floats = scratch_floats,
     .const_floats = const_floats,
     .prepare = prepare,

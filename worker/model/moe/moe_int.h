@@ -64,16 +64,14 @@ int wf__moe_tensor(const wf_model *m, int x);
  * capacity, each expert takes at most its capacity from each rank (ep El cap). Without it
  * the expert side is the token side (xr, dyr, dxr unused: xp, dyp, dxp serve). */
 typedef struct moe_layer {
-  void *n1;       /* (R,C) */
-  float *n1_rstd; /* (R) */
+  wf__norm n1;    /* (R,C), its rstds (R) */
   void *qkv;      /* (N, qkv_l) q and k normalised and rotated */
   void *qk_raw;   /* (N, q_l + kv_l) q and k before their norm */
   float *qk_rstd; /* (N, G) */
   void *atty;     /* (N, q_l) */
   void *att;      /* attention's core state */
   void *res2;     /* (R,C) the residual after attention */
-  void *n2;       /* (R,C) */
-  float *n2_rstd; /* (R) */
+  wf__norm n2;    /* (R,C), its rstds (R) */
   float *probs;   /* (N,E) the router's softmax */
   float *lse;     /* (N) its logsumexp */
   int *idx;       /* (N K) the chosen experts */
