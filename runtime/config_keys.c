@@ -226,6 +226,9 @@ const wf__cfg_key wf__cfg_keys[] = {
           "minutes of training between checkpoints (rank 0's clock); 0 = by steps alone"),
     K_INT("train.keep_checkpoints", train.keep, "3", 0, 1 << 20,
           "checkpoints kept, the newest; 0 = all"),
+    K_BOOL("train.checkpoint_async", train.checkpoint_async, "false",
+           "write periodic checkpoints in the background from a snapshot in host memory "
+           "(the last one, and a stop's, are written at once)"),
     K_STR("train.resume", train.resume, "",
           "\"\" (resume the run train.checkpoint_dir holds, if any), \"never\" (start over "
           "there), \"auto\" or a checkpoint path"),

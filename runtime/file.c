@@ -117,6 +117,8 @@ static wf_status name_parts(wf_afile *f, const char *path)
   return WF_OK;
 }
 
+static wf_status create_tmp(wf_afile *f);
+
 wf_status wf_afile_open(wf_afile *f, const char *path, unsigned mode, int flags)
 {
   wf_status st = WF_OK;
@@ -130,12 +132,11 @@ wf_status wf_afile_open(wf_afile *f, const char *path, unsigned mode, int flags)
     WF_CHECK(f->xx && XXH3_64bits_reset(f->xx) == XXH_OK, WF_ENOMEM,
              "%s: out of memory for the checksum state", f->path);
   }
-  f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
-  WF_CHECK(f->fd >= 0, WF_EIO, "%s: cannot create its temporary file %s: %s", f->path, f->tmp,
-           strerror(errno));
-  /* open() applies the umask; a file holding a secret must have exactly `mode`. */
-  WF_CHECK(fchmod(f->fd, mode) == 0, WF_EIO, "%s: cannot set mode %o: %s", f->tmp, mode,
-           strerror(errno));
+  if (flags & WF_AFILE_MEMORY) {
+    f->cap = 1u << 16;
+    WF_CHECK(f->mem = malloc(f->cap), WF_ENOMEM, "%s: out of memory for its snapshot", f->path);
+  } else
+    WF_TRY(create_tmp(f));
 exit:
   return st;
 fail:
@@ -143,13 +144,65 @@ fail:
   goto exit;
 }
 
+static wf_status create_tmp(wf_afile *f)
+{
+  wf_status st = WF_OK;
+  f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, f->mode);
+  WF_CHECK(f->fd >= 0, WF_EIO, "%s: cannot create its temporary file %s: %s", f->path, f->tmp,
+           strerror(errno));
+  /* open() applies the umask; a file holding a secret must have exactly `mode`. */
+  WF_CHECK(fchmod(f->fd, f->mode) == 0, WF_EIO, "%s: cannot set mode %o: %s", f->tmp, f->mode,
+           strerror(errno));
+fail:
+  return st;
+}
+
+wf_status wf_afile_reserve(wf_afile *f, size_t bytes)
+{
+  if (!f->mem || bytes <= f->cap)
+    return f->mem ? WF_OK : WF_EINVAL;
+  char *m = realloc(f->mem, bytes);
+  if (!m) {
+    WF_ERROR("%s: out of memory for its snapshot (%zu bytes)", f->path, bytes);
+    wf_afile_abort(f);
+    return WF_ENOMEM;
+  }
+  f->mem = m, f->cap = bytes;
+  return WF_OK;
+}
+
+static wf_status gather(wf_afile *f, const void *buf, size_t n)
+{
+  if (f->bytes + n > f->cap) {
+    size_t cap = f->cap;
+    while (cap < f->bytes + n)
+      cap *= 2;
+    wf_status st = wf_afile_reserve(f, cap);
+    if (st != WF_OK)
+      return st;
+  }
+  memcpy(f->mem + f->bytes, buf, n);
+  f->bytes += n;
+  return WF_OK;
+}
+
+void wf_afile_sum(const wf_afile *f, uint64_t *bytes, uint64_t *hash)
+{
+  if (bytes)
+    *bytes = f->bytes;
+  if (hash)
+    *hash = f->xx ? XXH3_64bits_digest(f->xx) : 0;
+}
+
 wf_status wf_afile_write(wf_afile *f, const void *buf, size_t n)
 {
   const char *p = buf;
-  if (f->fd < 0)
+  if (f->fd < 0 && !f->mem)
     return WF_EINVAL;
   if (f->xx)
     XXH3_64bits_update(f->xx, buf, n);
+  if (f->mem)
+    return gather(f, buf, n);
   while (n > 0) {
     ssize_t w = write(f->fd, p, WF_MIN(n, (size_t)CHUNK));
     if (w < 0 && errno == EINTR)
@@ -165,8 +218,29 @@ wf_status wf_afile_write(wf_afile *f, const void *buf, size_t n)
   return WF_OK;
 }
 
+wf_status wf_afile_spill(wf_afile *f)
+{
+  wf_status st = WF_OK;
+  char *mem = f->mem;
+  uint64_t n = f->bytes;
+  WF_CHECK(mem && f->fd < 0, WF_EINVAL, "%s: nothing gathered to write", f->path);
+  f->mem = NULL, f->bytes = 0;
+  void *xx = f->xx; /* already holds the contents' hash */
+  f->xx = NULL;
+  if ((st = create_tmp(f)) == WF_OK)
+    st = wf_afile_write(f, mem, n);
+  f->xx = xx;
+  free(mem);
+  if (st != WF_OK)
+    wf_afile_abort(f);
+fail:
+  return st;
+}
+
 void wf_afile_abort(wf_afile *f)
 {
+  free(f->mem);
+  f->mem = NULL;
   if (f->fd >= 0) {
     close(f->fd);
     unlink(f->tmp);

@@ -142,6 +142,7 @@ typedef struct wf_config {
     char checkpoint_dir[WF_PATH_MAX];
     int checkpoint_every, keep;
     double checkpoint_minutes; /* of training, by rank 0's clock, between checkpoints */
+    bool checkpoint_async;     /* written in the background from a snapshot */
     char resume[WF_PATH_MAX];  /* "", "auto" or a path */
     double peak_tflops;        /* for MFU; 0 = measure/unknown */
     double loss_jump_factor;   /* WARN when loss > this x its running mean; 0 = off */

@@ -32,11 +32,15 @@ typedef struct wf_afile {
   char dir[WF_FILE_PATH_MAX], tmp[WF_FILE_PATH_MAX], path[WF_FILE_PATH_MAX];
   void *xx; /* XXH3 state when hashing, else NULL */
   uint64_t bytes;
+  char *mem; /* WF_AFILE_MEMORY: the contents so far (cap bytes), until wf_afile_spill */
+  size_t cap;
 } wf_afile;
 
 /* Flags of wf_afile_open. */
 enum {
-  WF_AFILE_HASH = 1, /* hash the contents (wf_afile_commit's *hash) */
+  WF_AFILE_HASH = 1,   /* hash the contents (wf_afile_commit's *hash) */
+  WF_AFILE_MEMORY = 2, /* gather the contents in memory: no file until wf_afile_spill, so
+                        * the writing can happen later, on another thread (a snapshot) */
 };
 
 /* Start writing `path` (its directory and the missing parents are created) with
@@ -48,8 +52,16 @@ wf_status wf_afile_write(wf_afile *f, const void *buf, size_t n);
  * size and, with WF_AFILE_HASH, the XXH3-64 of the contents. The writer is closed
  * afterwards whatever the outcome. */
 wf_status wf_afile_commit(wf_afile *f, uint64_t *bytes, uint64_t *hash);
-/* Drop the temporary file; a no-op on a closed writer. */
+/* Drop the temporary file (and the gathered contents); a no-op on a closed writer. */
 void wf_afile_abort(wf_afile *f);
+
+/* WF_AFILE_MEMORY: room for `bytes` in all, allocated at once (else it grows by doubling). */
+wf_status wf_afile_reserve(wf_afile *f, size_t bytes);
+/* WF_AFILE_MEMORY: the size and hash of what was gathered, as wf_afile_commit gives them. */
+void wf_afile_sum(const wf_afile *f, uint64_t *bytes, uint64_t *hash);
+/* WF_AFILE_MEMORY: create the temporary file and write the gathered contents into it,
+ * freeing them; the writer is then an ordinary one, for wf_afile_commit. */
+wf_status wf_afile_spill(wf_afile *f);
 
 /* The whole file at once. */
 wf_status wf_file_write_atomic(const char *path, const void *buf, size_t n, unsigned mode);

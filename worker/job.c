@@ -252,7 +252,8 @@ static bool after_checkpoint(void *user)
  * step boundary and writes the checkpoint within those two graces. A longer grace holds
  * mpirun's own exit as long whatever the ranks do, so the console's stop, which no
  * launcher times, is the way to stop a job whose checkpoint takes longer. Said after
- * the first checkpoint, which is when both times are known. */
+ * the first checkpoint, which is when both times are known (a checkpoint written in the
+ * background shows only its snapshot here, so the warning then errs towards silence). */
 static void say_kill_grace(boundary *b, double ckpt_s)
 {
   double need_s = b->step_ms * 1e-3 + ckpt_s;

@@ -7,15 +7,17 @@ stop needs.
 `periodic.py WORKER COORDINATOR CASE`, with ckpt.py's helpers (each case in its own
 temporary directory).
 """
+import glob
 import json
 import os
 import re
 import shutil
+import signal
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ckpt import (CASE, TMP, expect_in, fail, latest, losses, path, run,  # noqa: E402
-                  same_losses)
+from ckpt import (CASE, TMP, expect_in, fail, finish, latest, losses, path,  # noqa: E402
+                  reference, run, same_losses, start, wait_for, worker_pid)
 
 
 def case_keep():
@@ -95,6 +97,80 @@ def case_kill_grace():
     print("kill-grace: said once at a 0 s grace, not at the default")
 
 
+def data_files(step_dir):
+    """name -> bytes of a checkpoint's model and optimizer files."""
+    return {f: open(os.path.join(step_dir, f), "rb").read() for f in sorted(os.listdir(step_dir))
+            if f.endswith(".bin")}
+
+
+ASYNC = ["optim.zero=1", "train.checkpoint_async=true"]
+
+
+def case_async():
+    """train.checkpoint_async: the checkpoint of step 10 is held 1.5 s per file while it is
+    written (a test hook), and training goes on meanwhile: step 11 follows step 10 by far
+    less than the write takes (a step is ~10 ms here; a synchronous write would put 1.5 s
+    or more between them). The checkpoint of step 15 comes due while that write is under
+    way on rank 0 and is deferred, never written over it; the last step's is written at
+    once after it. Training is not changed by it (the same losses, bit for bit, as the
+    synchronous run), and every file of every checkpoint equals the synchronous run's byte
+    for byte: the snapshot is the step's state."""
+    extra = ["optim.zero=1"]
+    ref, ref_ck = reference(2, extra, "sync", steps=20, every=5)
+    ck, m = path("async"), path("async.jsonl")
+    out = run(2, ASYNC + ["train.steps=20", "train.checkpoint_every=5",
+                          "train.keep_checkpoints=0", f"train.checkpoint_dir={ck}",
+                          f"train.metrics={m}"], {"WEFT_TEST_CKPT_DELAY_MS": "1500:10"})
+    saved = [int(x) for x in re.findall(r"checkpoint: step (\d+) saved", out)]
+    times = {}
+    for line in open(m):
+        r = json.loads(line)
+        times[r["step"]] = r["time"]
+    gap = times[11] - times[10]
+    if gap >= 1.0:
+        fail(f"step 11 came {gap:.2f} s after step 10: training waited for the write", out)
+    if sorted(saved) != [5, 10, 20] or "in the background" not in out:
+        fail(f"saved {saved}, want 5, 10 (in the background) and 20 (15 deferred)", out)
+    same_losses(ref, losses(m), 1, 20, "background checkpoints")
+    for step in (5, 10, 20):
+        name = f"step-{step:06d}"
+        a, b = data_files(os.path.join(ck, name)), data_files(os.path.join(ref_ck, name))
+        if a != b or not a:
+            fail(f"{name}: the background checkpoint's files {sorted(a)} differ from the "
+                 f"synchronous run's {sorted(b)}")
+    print(f"async: step 11 {gap * 1e3:.0f} ms after step 10 while its checkpoint was written "
+          f"(held 2 x 1.5 s); saved {sorted(saved)}; files equal the synchronous run's")
+
+
+def case_async_kill():
+    """A rank killed while its part of a background checkpoint is being written (its
+    optimizer file held half-written): the job ends, `latest` stays on the checkpoint
+    before, no step directory of the killed write exists, and the relaunch resumes from
+    `latest` and trains what the uninterrupted run trained, bit for bit."""
+    ref, _ = reference(2, ["optim.zero=1"], "ref", steps=20, every=5)
+    ck = path("ck")
+    args = ASYNC + ["train.steps=20", "train.checkpoint_every=5", "train.keep_checkpoints=0",
+                    f"train.checkpoint_dir={ck}", f"train.metrics={path('killed.jsonl')}"]
+    p = start(2, args, {"WEFT_TEST_CKPT_DELAY_MS": "1500:10"})
+    stage = os.path.join(ck, ".tmp-step-000010")
+    wait_for(lambda: glob.glob(os.path.join(stage, ".optim-pp00-tp00-dp01.bin.tmp.*")),
+             "rank 1's background write of step 10", p)
+    pid = worker_pid(1, ck)
+    if pid is None:
+        p.kill()
+        fail("cannot find rank 1's process")
+    os.kill(pid, signal.SIGKILL)
+    rc, out = finish(p)
+    if rc == 0 or latest(ck) != "step-000005" or os.path.exists(os.path.join(ck, "step-000010")):
+        fail(f"after the kill: exit {rc}, latest {latest(ck)}, step-000010 "
+             f"{'exists' if os.path.exists(os.path.join(ck, 'step-000010')) else 'absent'}", out)
+    out = run(2, args + ["train.resume=auto"])
+    expect_in(out, ["resumed from", "step-000005 at step 5"], "resume after the kill")
+    same_losses(ref, losses(path("killed.jsonl")), 1, 20, "resume after a killed background write")
+    print("async-kill: rank 1 killed mid-write of step 10: latest step-000005, resumed, "
+          "steps 1-20 equal the uninterrupted run's")
+
+
 def case_auto():
     """train.resume=auto: an empty directory is a fresh start, said once (by rank 0);
     without a `latest` (a crash after publishing a step, before the pointer) the newest
@@ -172,6 +248,8 @@ CASES = {
     "keep": case_keep,
     "every-minutes": case_every_minutes,
     "kill-grace": case_kill_grace,
+    "async": case_async,
+    "async-kill": case_async_kill,
     "auto": case_auto,
     "auto-lag": case_auto_lag,
 }

@@ -77,6 +77,43 @@ static void test_write_commit(void **state)
   assert_int_equal(entries(), 1);            /* a.txt only: no temporary file left */
 }
 
+/* WF_AFILE_MEMORY: nothing on disk until spilled, growing past the first buffer (64 KiB)
+ * by doubling; the size and hash before the spill are the file's; the commit as above. */
+static void test_memory_then_spill(void **state)
+{
+  char path[300];
+  snprintf(path, sizeof path, "%s/m.bin", dir);
+  size_t n = 300000; /* past 64 KiB twice over */
+  unsigned char *data = malloc(n), *got = malloc(n);
+  for (size_t i = 0; i < n; i++)
+    data[i] = (unsigned char)(i * 131 + 7);
+  wf_afile f;
+  assert_int_equal(wf_afile_open(&f, path, 0644, WF_AFILE_HASH | WF_AFILE_MEMORY), WF_OK);
+  assert_int_equal(wf_afile_write(&f, data, 1000), WF_OK);
+  assert_int_equal(wf_afile_write(&f, data + 1000, n - 1000), WF_OK);
+  assert_int_equal(entries(), 0); /* no temporary file yet */
+  uint64_t bytes = 0, hash = 0, bytes2 = 0, hash2 = 0;
+  wf_afile_sum(&f, &bytes, &hash);
+  assert_int_equal(bytes, n);
+  assert_int_equal(hash, XXH3_64bits(data, n));
+  assert_int_equal(wf_afile_commit(&f, NULL, NULL), WF_EINVAL); /* not spilled */
+  assert_int_equal(wf_afile_open(&f, path, 0644, WF_AFILE_HASH | WF_AFILE_MEMORY), WF_OK);
+  assert_int_equal(wf_afile_reserve(&f, n), WF_OK);
+  assert_int_equal(wf_afile_write(&f, data, n), WF_OK);
+  assert_int_equal(wf_afile_spill(&f), WF_OK);
+  assert_int_equal(entries(), 1); /* the temporary file */
+  assert_int_equal(wf_afile_commit(&f, &bytes2, &hash2), WF_OK);
+  assert_int_equal(bytes2, n);
+  assert_int_equal(hash2, hash);
+  FILE *in = fopen(path, "rb");
+  assert_non_null(in);
+  assert_int_equal(fread(got, 1, n, in), n);
+  fclose(in);
+  assert_memory_equal(got, data, n);
+  free(data);
+  free(got);
+}
+
 static void test_replace_and_abort(void **state)
 {
   char path[300], got[64];
@@ -132,6 +169,7 @@ int main(void)
 {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_write_commit, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_memory_then_spill, setup, teardown),
       cmocka_unit_test_setup_teardown(test_replace_and_abort, setup, teardown),
       cmocka_unit_test_setup_teardown(test_makes_parents, setup, teardown),
       cmocka_unit_test_setup_teardown(test_failures, setup, teardown),

@@ -154,8 +154,34 @@ void wf__model_name(char *buf, size_t len, int pp, int tp);
 void wf__optim_name(char *buf, size_t len, int pp, int tp, int dp);
 /* This rank's optimizer range and whether it is a dp shard (per-dp-rank files). */
 void wf__optim_range(const wf_ckpt_target *t, uint64_t *lo, uint64_t *hi);
-wf_status wf__write_model(const wf_ckpt_target *t, const char *stage, int step, wf__shard_rec *r);
-wf_status wf__write_optim(const wf_ckpt_target *t, const char *stage, int step, wf__shard_rec *r);
+/* This rank's model file and optimizer file of the checkpoint of `step` into stage; keep
+ * (a snapshot) NULL: written at once, else gathered in memory and handed over in *keep
+ * (not committed; the saver writes it), its size and hash in r as for a written file. */
+wf_status wf__write_model(const wf_ckpt_target *t, const char *stage, int step, wf__shard_rec *r,
+                          wf_afile *keep);
+wf_status wf__write_optim(const wf_ckpt_target *t, const char *stage, int step, wf__shard_rec *r,
+                          wf_afile *keep);
+/* ---- saving (save.c), at once or from a snapshot (saver.c) ------------------------------
+ * Each step is collective and agreed, as wf_ckpt_save is. */
+/* A fresh staging directory for `step` (its path into stage). */
+wf_status wf__save_begin(const wf_ckpt_target *t, int step, char *stage, size_t len);
+/* This rank's files into the stage, its record of them into *rec; keep (a snapshot): the
+ * files gathered in memory into keep[*kept...] instead (2 at most), for the saver. A
+ * failure anywhere drops them and the stage. */
+wf_status wf__save_files(const wf_ckpt_target *t, int step, const char *stage, wf__shard_rec *rec,
+                         wf_afile *keep, int *kept);
+/* Every rank's record and the data position: the manifest's text on rank 0 (*text, to
+ * free; NULL elsewhere). */
+wf_status wf__save_manifest(const wf_ckpt_target *t, int step, const wf__shard_rec *rec,
+                            char **text);
+/* Not collective (rank 0, once every file is in the stage): the manifest, the step
+ * published and `latest` replaced, then the oldest beyond `keep` pruned. */
+wf_status wf__save_publish(const char *root, int keep, int step, const char *stage,
+                           const char *text);
+
+/* Test hook (WEFT_TEST_CKPT_DELAY_MS): hold a file of the checkpoint of `step`
+ * half-written. */
+void wf__ckpt_test_delay(int step);
 /* The whole model file of entry e into params (its e->hi floats, host memory), hashed
  * and checked, and its header against the manifest's entry. */
 wf_status wf__read_model(const char *dir, const wf__entry *e, const wf_model_dims *d,

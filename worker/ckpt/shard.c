@@ -23,15 +23,18 @@
 
 /* ---- test hooks -------------------------------------------------------------------------- */
 
-static int test_delay_ms(void)
+/* WEFT_TEST_CKPT_DELAY_MS: "MS" holds every data file MS ms half-written; "MS:STEP" only
+ * the files of the checkpoint of STEP. */
+static int test_delay_ms(int step)
 {
-  static int ms = -1; /* environment parameters are read once */
+  static int ms = -1, only = 0; /* environment parameters are read once */
   if (ms < 0) {
     const char *s = getenv("WEFT_TEST_CKPT_DELAY_MS");
-    ms = s ? atoi(s) : 0;
+    if (!s || sscanf(s, "%d:%d", &ms, &only) < 1)
+      ms = 0;
     ms = ms > 0 ? ms : 0;
   }
-  return ms;
+  return only <= 0 || only == step ? ms : 0;
 }
 
 static bool test_fail(int rank, int step)
@@ -45,10 +48,11 @@ static bool test_fail(int rank, int step)
   return r == rank && s == step;
 }
 
-/* Hold a data file half-written (test hook): its header is out, its data is not. */
-static void test_delay(void)
+/* Hold a data file half-written (test hook): its header is out, its data is not. A
+ * snapshot's files are held when the saver writes them (saver.c). */
+void wf__ckpt_test_delay(int step)
 {
-  int ms = test_delay_ms();
+  int ms = test_delay_ms(step);
   struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
   while (ms > 0 && nanosleep(&ts, &ts) != 0 && errno == EINTR)
     ;
@@ -216,7 +220,32 @@ static wf_status write_params(const wf_ckpt_target *t, int step, wf_afile *f, wf
   return st;
 }
 
-wf_status wf__write_model(const wf_ckpt_target *t, const char *stage, int step, wf__shard_rec *r)
+/* The file written (into the stage), or, for a snapshot (keep), gathered in memory and
+ * handed over whole in *keep, its size and hash already known. */
+static wf_status finish(wf_afile *f, wf_afile *keep, uint64_t *bytes, uint64_t *hash)
+{
+  if (!keep)
+    return wf_afile_commit(f, bytes, hash);
+  wf_afile_sum(f, bytes, hash);
+  *keep = *f;
+  return WF_OK;
+}
+
+/* Open the file `name` of the stage: written at once, or gathered into memory for a
+ * snapshot, with room for all of its bytes. */
+static wf_status open_file(wf_afile *f, const char *stage, const char *name, size_t bytes,
+                           bool snapshot)
+{
+  char path[WF__PATH_LEN];
+  wf__pathf(path, sizeof path, "%s/%s", stage, name);
+  wf_status st = wf_afile_open(f, path, 0644, WF_AFILE_HASH | (snapshot ? WF_AFILE_MEMORY : 0));
+  if (st == WF_OK && snapshot)
+    st = wf_afile_reserve(f, bytes); /* closes f on failure */
+  return st;
+}
+
+wf_status wf__write_model(const wf_ckpt_target *t, const char *stage, int step, wf__shard_rec *r,
+                          wf_afile *keep)
 {
   wf_status st = WF_OK;
   const wf_model_dims *d = wf_model_get_dims(t->model);
@@ -225,17 +254,16 @@ wf_status wf__write_model(const wf_ckpt_target *t, const char *stage, int step, 
   bool writer = wf__rank_of(t->dp_comm) == 0;
   wf__model_hdr h;
   size_t hb = model_header(&h, d, &g, n);
-  char path[WF__PATH_LEN], name[64];
+  char name[64];
   wf_afile f;
   wf_status opened = WF_OK;
   if (writer) {
     wf__model_name(name, sizeof name, t->pp_rank, t->tp_rank);
-    wf__pathf(path, sizeof path, "%s/%s", stage, name);
-    if ((opened = wf_afile_open(&f, path, 0644, WF_AFILE_HASH)) == WF_OK &&
+    if ((opened = open_file(&f, stage, name, hb + n * sizeof(float), keep)) == WF_OK &&
         (opened = wf_afile_write(&f, &h, hb)) != WF_OK)
       wf_afile_abort(&f);
-    if (opened == WF_OK)
-      test_delay();
+    if (opened == WF_OK && !keep)
+      wf__ckpt_test_delay(step);
   }
   st = write_params(t, step, &f, opened, n); /* every dp rank under ZeRO-3 */
   if (!writer || opened != WF_OK)
@@ -245,10 +273,11 @@ wf_status wf__write_model(const wf_ckpt_target *t, const char *stage, int step, 
     return st;
   }
   r->has_model = true;
-  return wf_afile_commit(&f, &r->model_bytes, &r->model_hash);
+  return finish(&f, keep, &r->model_bytes, &r->model_hash);
 }
 
-wf_status wf__write_optim(const wf_ckpt_target *t, const char *stage, int step, wf__shard_rec *r)
+wf_status wf__write_optim(const wf_ckpt_target *t, const char *stage, int step, wf__shard_rec *r,
+                          wf_afile *keep)
 {
   wf_status st = WF_OK;
   size_t lo, hi;
@@ -269,16 +298,16 @@ wf_status wf__write_optim(const wf_ckpt_target *t, const char *stage, int step, 
                         dpi < 0 ? WF__OPT_UNSHARDED : (uint32_t)dpi,
                         (uint32_t)wf__size_of(t->dp_comm),
                         {0}};
-  char path[WF__PATH_LEN], name[64];
+  char name[64];
   wf_afile f;
   wf_dev *dev = wf_model_dev(t->model);
   wf__optim_name(name, sizeof name, t->pp_rank, t->tp_rank, dpi);
-  wf__pathf(path, sizeof path, "%s/%s", stage, name);
-  WF_TRY(wf_afile_open(&f, path, 0644, WF_AFILE_HASH));
+  WF_TRY(open_file(&f, stage, name, sizeof h + 2 * (hi - lo) * sizeof(float), keep));
   WF_TRY(wf_afile_write(&f, &h, sizeof h));
-  test_delay();
+  if (!keep)
+    wf__ckpt_test_delay(step);
   if (test_fail(wf__rank_of(wf__ckpt_world(t)), step)) {
-    WF_ERROR("%s: write failed after %zu bytes: %s (injected by WEFT_TEST_CKPT_FAIL)", path,
+    WF_ERROR("%s: write failed after %zu bytes: %s (injected by WEFT_TEST_CKPT_FAIL)", f.path,
              sizeof h, strerror(ENOSPC));
     st = WF_EIO;
   }
@@ -292,7 +321,7 @@ wf_status wf__write_optim(const wf_ckpt_target *t, const char *stage, int step, 
   }
   r->has_optim = true;
   r->sharded = dpi >= 0;
-  st = wf_afile_commit(&f, &r->optim_bytes, &r->optim_hash);
+  st = finish(&f, keep, &r->optim_bytes, &r->optim_hash);
 fail:
   return st;
 }

@@ -85,6 +85,7 @@ typedef struct wf_ckpt_target {
   int pp_rank, tp_rank;  /* this rank's pipeline stage and tensor shard (0, 0 = the whole model) */
   struct wf_data *data;  /* the training data: a stream's position is saved and restored
                           * (datastate.c); NULL or another source: none */
+  struct wf_ckpt_saver *saver; /* background writes (wf_ckpt_save_async); NULL: none */
 } wf_ckpt_target;
 
 /* Before training: when train.checkpoint_dir is set, create it and prove every rank can
@@ -108,8 +109,32 @@ wf_status wf_ckpt_prepare(const wf_ckpt_target *t);
  * position whose files, lanes or tokenizer are not this run's is refused. */
 wf_status wf_ckpt_resume(const wf_ckpt_target *t, int *step);
 
-/* Write the checkpoint of `step` (the last completed step) and prune. */
+/* Write the checkpoint of `step` (the last completed step) and prune; a background write
+ * still under way ends first (wf_ckpt_settle). */
 wf_status wf_ckpt_save(const wf_ckpt_target *t, int step);
+
+/* ---- background writes (saver.c) ---------------------------------------------------------
+ * train.checkpoint_async: at the step boundary every rank gathers the files it writes into
+ * host memory (a snapshot: the parameters and the AdamW state of that step, hashed as they
+ * are copied), rank 0 builds the manifest from every rank's record, and training goes on;
+ * a thread per rank writes its files into the staging directory, and rank 0's, once every
+ * file is there, writes the manifest, publishes the step and `latest`, and prunes, as
+ * wf_ckpt_save does. A crash before that leaves `latest` on the previous checkpoint; a
+ * staging directory left behind is removed by the next save. One write at a time: a
+ * checkpoint that comes due while one is under way on any rank is deferred. A failed
+ * write is agreed at the next checkpoint (or the end) and stops the run there. */
+typedef struct wf_ckpt_saver wf_ckpt_saver;
+wf_status wf_ckpt_saver_new(wf_ckpt_saver **out);
+/* Not collective: a write under way is given up (rank 0's stops waiting for the others'
+ * files and removes the stage), its thread joined. NULL is fine. */
+void wf_ckpt_saver_free(wf_ckpt_saver *s);
+/* Snapshot the checkpoint of `step` and start writing it; *deferred when a write is
+ * still under way on some rank (nothing done: call again at a later boundary). An error
+ * of the previous background write is returned here, agreed. */
+wf_status wf_ckpt_save_async(const wf_ckpt_target *t, int step, bool *deferred);
+/* Wait for the background write under way to be published (or to fail, agreed); WF_OK at
+ * once when none is. */
+wf_status wf_ckpt_settle(const wf_ckpt_target *t);
 
 /* --save's whole model (wf_model_num_params floats, the full layout) into *full on rank 0
  * of the job (malloc'd, the caller frees it; NULL on every other rank). Each rank passes

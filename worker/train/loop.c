@@ -29,21 +29,27 @@ static wf_status maybe_checkpoint(wf__trainer *tr, int step, bool stopping, bool
   int every = cfg->train.checkpoint_every;
   if (!cfg->train.checkpoint_dir[0])
     return WF_OK;
-  bool due = stopping || step == tr->steps || (every > 0 && step % every == 0) ||
+  bool last = stopping || step == tr->steps;
+  bool due = last || tr->ckpt_deferred || (every > 0 && step % every == 0) ||
              (h && h->checkpoint_now && h->checkpoint_now(h->user));
   if (!due)
     return WF_OK;
-  *wrote = true;
-  tr->saved_step = step;
   if (h && h->on_phase)
     h->on_phase(h->user, "checkpoint");
   /* The step's tied check is read now, not with the next norm: no checkpoint holds
    * copies that differ. ZeRO-3 stays sharded: each dp rank streams its shard to the
    * model file's writer (the checkpoint is ZeRO-1/2's format: optimizer shards, whole
-   * model) */
+   * model). The last checkpoint, and a stop's, are written at once: the job ends next. */
   wf_status st = wf_grads_check_tied_end(tr->grads);
-  if (st == WF_OK)
+  bool deferred = false;
+  if (st == WF_OK && tr->ck.saver && !last)
+    st = wf_ckpt_save_async(&tr->ck, step, &deferred);
+  else if (st == WF_OK)
     st = wf_ckpt_save(&tr->ck, step);
+  tr->ckpt_deferred = deferred;
+  *wrote = !deferred;
+  if (!deferred)
+    tr->saved_step = step;
   if (h && h->on_phase)
     h->on_phase(h->user, "train");
   if (st != WF_OK && wf_rt_rank() <= 0)

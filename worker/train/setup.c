@@ -354,6 +354,8 @@ static wf_status setup_checkpoint(wf__trainer *tr)
                             .pp_rank = tr->pp_rank,
                             .tp_rank = wf__comm_rank(tr->tp_comm),
                             .data = tr->data};
+  if (tr->cfg->train.checkpoint_dir[0] && tr->cfg->train.checkpoint_async)
+    WF_TRY(wf_ckpt_saver_new(&tr->ck.saver));
   if (h && h->on_phase) /* reading a big checkpoint is not a hang */
     h->on_phase(h->user, "checkpoint");
   st = wf_ckpt_prepare(&tr->ck);
@@ -361,6 +363,7 @@ static wf_status setup_checkpoint(wf__trainer *tr)
     st = wf_ckpt_resume(&tr->ck, &tr->start); /* ZeRO-3: into the shard (sync_shard follows) */
   if (h && h->on_phase)
     h->on_phase(h->user, "train");
+fail:
   return st;
 }
 
@@ -506,6 +509,7 @@ fail:
 
 void wf__train_teardown(wf__trainer *tr)
 {
+  wf_ckpt_saver_free(tr->ck.saver); /* a write under way when training failed is given up */
   if (tr->metrics)
     fclose(tr->metrics);
   wf_tfevents_close(tr->tb);

@@ -78,6 +78,7 @@ typedef struct wf__trainer {
   double last_loss;    /* the last step's */
   double last_val;     /* the last evaluation's; NAN when none ran */
   int saved_step;      /* the last checkpoint written this run; 0 = none */
+  bool ckpt_deferred;  /* a checkpoint came due while a background write was under way */
   uint64_t launches;   /* the device's launch count at the last metrics line */
   float *router_stats; /* (L, wf_model_stats_floats) a step's routers' statistics (MoE) */
   float *expert_load;  /* (L, 3) the step's min, max and imbalance of each layer's experts */
