@@ -254,8 +254,10 @@ void wf_afile_abort(wf_afile *f)
 wf_status wf_afile_commit(wf_afile *f, uint64_t *bytes, uint64_t *hash)
 {
   wf_status st = WF_OK;
-  if (f->fd < 0)
+  if (f->fd < 0) { /* closed, or gathered in memory and never spilled: closed now */
+    wf_afile_abort(f);
     return WF_EINVAL;
+  }
   if (bytes)
     *bytes = f->bytes;
   if (hash)
