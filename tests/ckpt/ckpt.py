@@ -121,6 +121,15 @@ def finish(p, timeout=120):
     return p.returncode, out
 
 
+def run_case(cases):
+    """Run the case the command line names, in TMP, which goes afterwards."""
+    try:
+        cases[CASE]()
+    finally:
+        shutil.rmtree(TMP, ignore_errors=True)
+    print("PASS", CASE)
+
+
 def path(*parts):
     return os.path.join(TMP, *parts)
 
@@ -740,8 +749,4 @@ CASES = {
 }
 
 if __name__ == "__main__":
-    try:
-        CASES[CASE]()
-    finally:
-        shutil.rmtree(TMP, ignore_errors=True)
-    print("PASS", CASE)
+    run_case(CASES)

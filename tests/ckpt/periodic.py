@@ -16,8 +16,9 @@ import signal
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ckpt import (CASE, TMP, expect_in, fail, finish, latest, losses, path,  # noqa: E402
-                  reference, run, same_losses, start, wait_for, worker_pid)
+from ckpt import (expect_in, fail, finish, latest, losses, path,  # noqa: E402
+                  reference, run, run_case, same_losses, start, wait_for,
+                  worker_pid)
 
 
 def case_keep():
@@ -255,8 +256,4 @@ CASES = {
 }
 
 if __name__ == "__main__":
-    try:
-        CASES[CASE]()
-    finally:
-        shutil.rmtree(TMP, ignore_errors=True)
-    print("PASS", CASE)
+    run_case(CASES)
