@@ -144,6 +144,13 @@ static void leave_after_launcher(const wf_plane *p)
   }
 }
 
+/* How much later than the rank that speaks for an aborted job the others end. The first
+ * rank to exit makes the launcher kill the rest within milliseconds, and the speaker,
+ * rank 0, is told last: the coordinator shares its process, so it tells rank 0's worker
+ * 300 ms after the others (WF__RANK0_ABORT_DELAY_MS, coordinator/control_int.h), and
+ * rank 0 would be killed before it said what it aborted. */
+#define QUIET_LAG_MS 500
+
 static void on_abort(void *user, const char *reason)
 {
   wf_plane *p = user;
@@ -153,7 +160,11 @@ static void on_abort(void *user, const char *reason)
    * abort every communicator of the job (NCCL's ncclCommAbort), so that no NCCL kernel
    * keeps this GPU, or a peer's, waiting for a rank that is gone. On rank 0 that skips
    * wf_service_destroy(), so remove the job file (it holds the token) and the socket
-   * here: an aborted job leaves nothing behind for a console to find. */
+   * here: an aborted job leaves nothing behind for a console to find. A rank that does
+   * not speak for the job waits first, its main thread still held in whatever it was
+   * waiting in (aborting the communicators would free it to report its own error). */
+  if (p && p->ctl && !wf_control_abort_spoke(p->ctl))
+    usleep(QUIET_LAG_MS * 1000);
   if (p && p->job) {
     char names[1024];
     int n = wf_comm_abort_all(wf_job_world_comm(p->job), names, sizeof names);
