@@ -35,7 +35,7 @@
 #define WF__MAX_QUEUED           (16u << 20) /* unsent bytes before a slow reader is dropped */
 #define WF__CONSOLE_MAX_IN       (64u << 10) /* largest frame accepted from any peer */
 #define WF__WATCHDOG_MS          100
-#define WF__RANK0_ABORT_DELAY_MS 300  /* see wf__abort_job() */
+#define WF__RANK0_ABORT_DELAY_MS 100  /* see wf__abort_job() */
 #define WF__STALL_AFTERMATH_MS   1000 /* see wf__stalled_ms() */
 
 /* ---- shared helpers (util.c) ------------------------------------------------------ */

@@ -158,7 +158,9 @@ static void on_abort_rank0(uv_timer_t *t) { send_abort(t->data, true); }
 
 /* Rank 0's worker shares this process, and its abort handler ends the process: tell
  * it last, once the others have had time to read their Abort, or they would only
- * see the connection drop and not learn why. `silent_ms` > 0: the lost ranks went
+ * see the connection drop and not learn why. They wait longer than that before they end
+ * (worker/plane.c, QUIET_LAG_MS), so that rank 0, which speaks for the job, is not
+ * killed by the launcher before it has. `silent_ms` > 0: the lost ranks went
  * silent rather than closing their connections (unreachable), for that long. */
 /* said_elsewhere: the ranks that left already said why (the coordinator was frozen, and
  * the first rank after it on its host said so): logged as information, not again as an

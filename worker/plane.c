@@ -147,9 +147,9 @@ static void leave_after_launcher(const wf_plane *p)
 /* How much later than the rank that speaks for an aborted job the others end. The first
  * rank to exit makes the launcher kill the rest within milliseconds, and the speaker,
  * rank 0, is told last: the coordinator shares its process, so it tells rank 0's worker
- * 300 ms after the others (WF__RANK0_ABORT_DELAY_MS, coordinator/control_int.h), and
+ * 100 ms after the others (WF__RANK0_ABORT_DELAY_MS, coordinator/control_int.h), and
  * rank 0 would be killed before it said what it aborted. */
-#define QUIET_LAG_MS 500
+#define QUIET_LAG_MS 250
 
 static void on_abort(void *user, const char *reason)
 {

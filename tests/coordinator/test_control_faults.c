@@ -44,7 +44,7 @@ void test_silent_worker(void **state)
   double dt = fx->abort_at[0] - t0;
   fprintf(stderr, "silent worker: declared dead and rank 0 told after %.3f s\n", dt);
   assert_int_equal(atomic_load(&fx->aborts), 1);
-  /* dead_after 2 s + the 100 ms watchdog tick + 300 ms: rank 0 is told last */
+  /* dead_after 2 s + the 100 ms watchdog tick + 100 ms: rank 0 is told last */
   assert_true(dt > 1.9 && dt < 3.0);
   assert_non_null(strstr(fx->abort_reason[0], "no heartbeat"));
   close(fd);
