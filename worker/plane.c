@@ -60,14 +60,19 @@ typedef struct plane_facts {
  * Slurm's own node health checks decide, and nothing is waited for. */
 #define LAUNCHER_DETECT_MAX_MS 30000
 
+static double detect_ms_of(const wf_ompi_limits *lim)
+{
+  double ms = lim->keepalive_s * 1000.0;
+  return ms > 0 && ms <= LAUNCHER_DETECT_MAX_MS ? ms : 0;
+}
+
 static double launcher_detect_ms(void)
 {
   if (!getenv("OMPI_COMM_WORLD_SIZE"))
     return 0;
   wf_ompi_limits lim;
   wf_launch_ompi_limits(&lim, wf_launch_getenv, NULL, NULL);
-  double ms = lim.keepalive_s * 1000.0;
-  return ms > 0 && ms <= LAUNCHER_DETECT_MAX_MS ? ms : 0;
+  return detect_ms_of(&lim);
 }
 
 /* Rank 0 at start-up, once: mpirun over several hosts whose keepalive would keep it up
@@ -77,10 +82,10 @@ static void say_launcher_settings(const wf_job *job)
   const wf_rank_facts *f = wf_job_my_facts(job);
   if (!getenv("OMPI_COMM_WORLD_SIZE") || f->local_size <= 0 || f->local_size >= wf_job_world(job))
     return;
-  if (launcher_detect_ms() > 0)
-    return;
   wf_ompi_limits lim;
   wf_launch_ompi_limits(&lim, wf_launch_getenv, NULL, NULL);
+  if (detect_ms_of(&lim) > 0)
+    return;
   char how_long[64] = "minutes (its TCP keepalive is off)";
   if (lim.keepalive_s > 0)
     snprintf(how_long, sizeof how_long, "%.0f s", lim.keepalive_s);

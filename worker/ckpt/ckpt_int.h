@@ -123,6 +123,8 @@ typedef struct wf__span {
 /* snprintf for paths and names, which are bounded and would only be cut. */
 void wf__pathf(char *buf, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void wf__step_name(char *buf, size_t len, int step);
+/* "the checkpoint of step N", what a save's agreement names (wf__ckpt_agree). */
+void wf__ckpt_what(char *buf, size_t len, int step);
 int wf__parse_step_name(const char *name);
 wf_comm *wf__ckpt_world(const wf_ckpt_target *t);
 int wf__rank_of(wf_comm *c);

@@ -31,7 +31,7 @@ wf_status wf__save_begin(const wf_ckpt_target *t, int step, char *stage, size_t 
   const char *root = t->cfg->train.checkpoint_dir;
   char what[64];
   wf__pathf(stage, len, "%s/.tmp-step-%06d", root, step);
-  wf__pathf(what, sizeof what, "the checkpoint of step %d", step);
+  wf__ckpt_what(what, sizeof what, step);
   bool me0 = wf__rank_of(wf__ckpt_world(t)) == 0;
   return wf__ckpt_agree(t, me0 ? make_stage(root, stage) : WF_OK, what);
 }
@@ -41,7 +41,7 @@ wf_status wf__save_files(const wf_ckpt_target *t, int step, const char *stage, w
 {
   wf_status st = WF_OK;
   char what[64];
-  wf__pathf(what, sizeof what, "the checkpoint of step %d", step);
+  wf__ckpt_what(what, sizeof what, step);
   *rec = (wf__shard_rec){0};
   /* dp rank 0 writes the model file; under ZeRO-3 every dp rank streams its shard to it */
   if (t->replica == 0 && (wf__rank_of(t->dp_comm) == 0 || t->param_shard)) {
@@ -112,7 +112,7 @@ wf_status wf_ckpt_save(const wf_ckpt_target *t, int step)
   wf__shard_rec rec;
   int none = 0;
   double t0 = wf_now();
-  wf__pathf(what, sizeof what, "the checkpoint of step %d", step);
+  wf__ckpt_what(what, sizeof what, step);
   WF_TRY(wf_ckpt_settle(t)); /* a background write still under way ends first */
   WF_TRY(wf__save_begin(t, step, stage, sizeof stage));
   WF_TRY(wf__save_files(t, step, stage, &rec, NULL, &none));

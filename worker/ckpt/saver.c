@@ -15,7 +15,6 @@
  * and the values copied into the saver. `local_done`, `failed` and `cancel` cross between
  * them under `lock`.
  */
-#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,19 +57,29 @@ wf_status wf_ckpt_saver_new(wf_ckpt_saver **out)
   return WF_OK;
 }
 
-static bool cancelled(wf_ckpt_saver *s)
+/* Give the write under way up: wakes rank 0's thread if it is waiting for files. */
+static void cancel(wf_ckpt_saver *s)
 {
   pthread_mutex_lock(&s->lock);
+  s->cancel = true;
+  pthread_cond_broadcast(&s->cond);
+  pthread_mutex_unlock(&s->lock);
+}
+
+/* Wait up to ms for a cancel; whether there was one. */
+static bool cancelled_within(wf_ckpt_saver *s, int ms)
+{
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_nsec += (long)ms * 1000000L;
+  until.tv_sec += until.tv_nsec / 1000000000L;
+  until.tv_nsec %= 1000000000L;
+  pthread_mutex_lock(&s->lock);
+  while (!s->cancel && pthread_cond_timedwait(&s->cond, &s->lock, &until) == 0)
+    ;
   bool c = s->cancel;
   pthread_mutex_unlock(&s->lock);
   return c;
-}
-
-static void sleep_ms(int ms)
-{
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-    ;
 }
 
 /* This rank's files into the stage. */
@@ -109,11 +118,10 @@ static wf_status publish(wf_ckpt_saver *s)
   memset(&m, 0, sizeof m);
   WF_TRY(wf__manifest_parse(s->manifest, s->stage, &m));
   while (!all_in(s, &m)) {
-    if (cancelled(s)) {
+    if (cancelled_within(s, POLL_MS)) {
       st = WF_EABORTED;
       goto fail;
     }
-    sleep_ms(POLL_MS);
   }
   WF_TRY(wf__save_publish(s->root, s->keep, s->step, s->stage, s->manifest));
   WF_INFO("checkpoint: step %d saved to %s/step-%06d in %.2f s (in the background; the step "
@@ -182,9 +190,7 @@ static wf_status agree_state(const wf_ckpt_target *t, int32_t v[2])
 static wf_status give_up(const wf_ckpt_target *t)
 {
   wf_ckpt_saver *s = t->saver;
-  pthread_mutex_lock(&s->lock);
-  s->cancel = true;
-  pthread_mutex_unlock(&s->lock);
+  cancel(s);
   join(s);
   if (wf__rank_of(wf__ckpt_world(t)) == 0)
     WF_ERROR("checkpoint: the background write of step %d failed (see above)", s->step);
@@ -209,7 +215,7 @@ wf_status wf_ckpt_settle(const wf_ckpt_target *t)
     return give_up(t);
   /* every file is in: rank 0 publishes now, and says if that failed */
   char what[64];
-  wf__pathf(what, sizeof what, "the checkpoint of step %d", s->step);
+  wf__ckpt_what(what, sizeof what, s->step);
   return wf__ckpt_agree(t, join(s) ? WF_EIO : WF_OK, what);
 }
 
@@ -225,7 +231,7 @@ static wf_status snapshot(const wf_ckpt_target *t, int step)
   WF_TRY(wf__save_files(t, step, s->stage, &rec, s->files, &s->n_files));
   st = wf__save_manifest(t, step, &rec, &s->manifest);
   char what[64];
-  wf__pathf(what, sizeof what, "the checkpoint of step %d", step);
+  wf__ckpt_what(what, sizeof what, step);
   if ((st = wf__ckpt_agree(t, st, what)) != WF_OK) {
     for (int i = 0; i < s->n_files; i++)
       wf_afile_abort(&s->files[i]);
@@ -273,9 +279,7 @@ void wf_ckpt_saver_free(wf_ckpt_saver *s)
 {
   if (!s)
     return;
-  pthread_mutex_lock(&s->lock);
-  s->cancel = true;
-  pthread_mutex_unlock(&s->lock);
+  cancel(s);
   join(s);
   for (int i = 0; i < s->n_files; i++)
     wf_afile_abort(&s->files[i]);

@@ -33,6 +33,10 @@ void wf__pathf(char *buf, size_t len, const char *fmt, ...)
 }
 
 void wf__step_name(char *buf, size_t len, int step) { wf__pathf(buf, len, "step-%06d", step); }
+void wf__ckpt_what(char *buf, size_t len, int step)
+{
+  wf__pathf(buf, len, "the checkpoint of step %d", step);
+}
 
 /* Parse "step-NNNNNN" exactly (as wf__step_name writes it); -1 otherwise. */
 int wf__parse_step_name(const char *name)
