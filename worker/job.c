@@ -91,12 +91,16 @@ static void on_signal(int sig, siginfo_t *si, void *uc)
     return;
   }
   if (stop_sig) {
-    if (launcher_asked && from_launcher)
-      return; /* the launcher's next signal of the same request */
+    if (launcher_asked && from_launcher) { /* the launcher's next signal of the request */
+      wf_train_rescue_request();
+      return;
+    }
     stop_at_once(sig);
   }
   stop_sig = sig;
   launcher_asked = from_launcher;
+  if (from_launcher) /* a SIGKILL follows: the writers of a stop's checkpoint (rescue.c) */
+    wf_train_rescue_request();
   if (sig_rank == 0)
     say(sig == SIGCONT
             ? "weft: the launcher is ending the job: stopping at the next step boundary\n"
@@ -160,6 +164,7 @@ typedef struct boundary {
   wf_comm *world;   /* the agreement is a collective like any other: flight-recorded */
   bool checkpoint;  /* the console asked for a checkpoint */
   bool failed;      /* the agreement itself failed: stop, and exit non-zero */
+  bool by_launcher; /* the stop agreed on is the launcher's (it reached some rank) */
   bool out_closed;  /* this rank's step lines go to a pipe whose reader has gone */
   int last_step;    /* the last step reported (0 before the first) */
   bool in_ckpt;     /* inside the "checkpoint" phase */
@@ -193,15 +198,17 @@ static bool agree_stop(boundary *b, int step, bool *checkpoint)
   /* Each rank's signal (the largest wins, for the message; a closed output counts as
    * SIGPIPE), the console's stop and its checkpoint. */
   int32_t sig = stop_sig ? stop_sig : b->out_closed ? SIGPIPE : 0;
-  int32_t req[3] = {sig, wf_control_stop_requested(b->ctl),
-                    checkpoint ? wf_control_checkpoint_requested(b->ctl) || period_due(b) : 0};
-  if (wf_comm_allreduce(b->world, req, req, 3, WF_COMM_I32, WF_COMM_MAX) != WF_OK) {
+  int32_t req[4] = {sig, wf_control_stop_requested(b->ctl),
+                    checkpoint ? wf_control_checkpoint_requested(b->ctl) || period_due(b) : 0,
+                    launcher_asked};
+  if (wf_comm_allreduce(b->world, req, req, 4, WF_COMM_I32, WF_COMM_MAX) != WF_OK) {
     b->failed = true; /* logged where it failed */
     return true;
   }
   if (checkpoint)
     *checkpoint = req[2] > 0;
   bool stop = req[0] > 0 || req[1] > 0;
+  b->by_launcher = stop && req[3] > 0;
   if (stop && wf_rt_rank() == 0)
     WF_INFO("stopping after step %d: %s", step,
             req[0] > 0 ? stop_reason(req[0]) : "the console asked");
@@ -238,6 +245,8 @@ static bool on_step(void *user, const wf_train_step_info *info)
 
 static bool checkpoint_now(void *user) { return ((boundary *)user)->checkpoint; }
 
+static bool stop_by_launcher(void *user) { return ((boundary *)user)->by_launcher; }
+
 /* A checkpoint just written at a step boundary: a request that came in during it stops
  * the job here, its checkpoint being this one. */
 static bool after_checkpoint(void *user)
@@ -257,7 +266,8 @@ static bool after_checkpoint(void *user)
 static void say_kill_grace(boundary *b, double ckpt_s)
 {
   double need_s = b->step_ms * 1e-3 + ckpt_s;
-  if (b->grace_said || b->kill_after_s < 0 || need_s <= b->kill_after_s || wf_rt_rank() != 0)
+  if (b->grace_said || b->kill_after_s < 0 || need_s <= b->kill_after_s || wf_rt_rank() != 0 ||
+      wf_train_rescue_ready()) /* its writers outlive the kill */
     return;
   b->grace_said = true;
   WF_WARN("a stop takes about %.1f s here (a step, %.1f s, and a checkpoint, %.1f s), but mpirun "
@@ -454,6 +464,9 @@ int wf__cmd_train(const wf__cmd_ctx *c)
   hooks.checkpoint_now = checkpoint_now;
   hooks.after_checkpoint = after_checkpoint;
   hooks.on_phase = on_phase;
+  hooks.stop_by_launcher = stop_by_launcher;
+  if (!getenv("SLURM_JOB_ID")) /* a Slurm step's cgroup ends the writers with it */
+    hooks.kill_grace_s = bd.kill_after_s;
   hooks.save_llmc = c->a->save;
   hooks.save_format = c->a->format;
   st = wf_train_run(c->cfg, &hooks);

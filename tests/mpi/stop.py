@@ -11,6 +11,7 @@ gone, and the job ends within STOP_BOUND_S of the request. mpirun itself exits 1
 signal whatever its ranks did (Open MPI's rule), so under mpirun the test checks what
 the ranks did; alone, the worker exits 0 (a graceful stop) or 130 (a second Ctrl-C).
 """
+import json
 import os
 import pty
 import re
@@ -113,6 +114,7 @@ def check_graceful(job, d, took, how, out=None):
     no job file or socket left."""
     steps_in_out = out is None
     out = job.text() if out is None else out
+    wait_for_writers(d, 60)  # none unless a step and a checkpoint outlast mpirun's grace
     stops = re.findall(r"stopping after step (\d+): (.*)", out)
     if len(stops) != 1:
         fail(f"{how}: want one 'stopping after step N' line, got {stops}", out)
@@ -246,6 +248,103 @@ def case_during_checkpoint():
         print(f"ok: the request during {staged}'s write stopped the job at that checkpoint")
 
 
+def wait_for_writers(d, bound):
+    """Until no writer of a stop holds its lock (as the next job waits); seconds taken."""
+    import fcntl
+    t = time.monotonic()
+    path = os.path.join(d, "ck", ".stop-writers.lock")
+    if not os.path.exists(path):
+        return 0.0
+    with open(path) as f:
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return time.monotonic() - t
+            except BlockingIOError:
+                if time.monotonic() - t > bound:
+                    fail(f"the stop's writers still run {bound} s after the job ended")
+                time.sleep(0.05)
+
+
+def case_slow_stop(extra, ctrl_c_at, how):
+    """Ctrl-C to mpirun when a step and a checkpoint outlast Open MPI's 2 s before
+    SIGKILL: mpirun and the ranks are gone within seconds; the checkpoint of the last
+    completed step is finished afterwards by the writers that outlive the job
+    (rescue.c), complete, named by latest, no job file left, and its files equal byte
+    for byte the ones an uninterrupted run writes at that step. ctrl_c_at: the step line
+    after which, plus a pause (seconds), the Ctrl-C comes."""
+    line, pause = ctrl_c_at
+    with tempfile.TemporaryDirectory() as data, tempfile.TemporaryDirectory() as d:
+        extra = [a.replace("{data}", data) for a in extra]
+        write_corpus(os.path.join(data, "corpus.jsonl"))
+        job = launch(d, 2, extra, env_extra={"WEFT_TEST_CKPT_DELAY_MS": "2500"})
+        job.wait_for(r"checkpoint: step 3 saved", bound=180)
+        job.wait_for(rf"step {line}/", bound=180)
+        time.sleep(pause)
+        job.ctrl_c()
+        took = job.finish(STOP_BOUND_S)
+        ended, out = time.time(), job.text()
+        print("\n".join(out.replace("\r", "\n").splitlines()[-6:]))
+        m = re.search(r"the checkpoint of step (\d+) is written by processes that outlive", out)
+        if not m:
+            fail(f"{how}: the stop did not go to the writers that outlive the job", out)
+        n = int(m.group(1))
+        stops = [int(x) for x in re.findall(r"stopping after step (\d+)", out)]
+        if stops not in ([], [n]) or max(steps_printed(out)) > n + 1:
+            fail(f"{how}: the writers have step {n}, the job says it stopped after {stops} "
+                 f"and printed step {max(steps_printed(out))}", out)
+        left = os.listdir(os.path.join(d, "jobs"))
+        if left:
+            fail(f"{how}: the job left {left} in its job directory", out)
+        waited = wait_for_writers(d, 60)
+        log = open(os.path.join(d, "ck", "stop-writers.log")).read()
+        if not re.search(rf"checkpoint: step {n} saved to .*by the stop's writers", log):
+            fail(f"{how}: the writers' log does not say step {n} was saved", out + log)
+        latest = open(os.path.join(d, "ck", "latest")).read().strip()
+        step_dir = os.path.join(d, "ck", f"step-{n:06d}")
+        if latest != f"step-{n:06d}":
+            fail(f"{how}: latest names {latest}, not the writers' step {n}", log)
+        if os.path.getmtime(os.path.join(step_dir, "manifest.json")) < ended:
+            fail(f"{how}: the checkpoint was finished before mpirun exited: nothing outlived "
+                 "the job", log)
+        print(f"ok: {how}: mpirun gone {took:.2f} s after Ctrl-C (exit {job.rc}), stopped "
+              f"after step {stops or '(killed first)'}; the writers published step {n} "
+              f"{waited:.2f} s later; no job file left")
+        # the same steps uninterrupted, stopped after a checkpoint at step n
+        with tempfile.TemporaryDirectory() as r:
+            ref = launch(r, 2, extra + [f"train.checkpoint_every={n}"])
+            ref.wait_for(rf"checkpoint: step {n} saved", bound=180)
+            ref.ctrl_c()
+            ref.finish(STOP_BOUND_S)
+            ref_dir = os.path.join(r, "ck", f"step-{n:06d}")
+            names = sorted(f for f in os.listdir(ref_dir) if f.endswith(".bin"))
+            if sorted(f for f in os.listdir(step_dir) if f.endswith(".bin")) != names:
+                fail(f"{how}: files {os.listdir(step_dir)} against the uninterrupted {names}")
+            for f in names:
+                with open(os.path.join(step_dir, f), "rb") as a, \
+                        open(os.path.join(ref_dir, f), "rb") as b:
+                    if a.read() != b.read():
+                        fail(f"{how}: {f} of step {n} differs from the uninterrupted run's")
+            got, want = (json.load(open(os.path.join(x, "manifest.json")))
+                         for x in (step_dir, ref_dir))
+            streamed = any(a.startswith("data.source=") for a in extra)
+            if streamed and "stream" not in (got.get("data") or {}):
+                fail(f"{how}: no data.source position in the manifest: {got.get('data')}")
+            if got.get("data") != want.get("data"):
+                fail(f"{how}: the data position {got.get('data')} differs from the "
+                     f"uninterrupted run's {want.get('data')}")
+            print(f"ok: {', '.join(names)} of step {n} and the data position equal the "
+                  "uninterrupted run's byte for byte")
+
+
+def write_corpus(path):
+    """A JSON Lines corpus: one document per fortune."""
+    docs = open("/usr/share/games/fortunes/fortunes", encoding="utf-8").read().split("\n%\n")
+    with open(path, "w") as f:
+        for i, t in enumerate(docs):
+            f.write(json.dumps({"id": i, "text": t}) + "\n")
+
+
 def case_closed_pipe():
     """`worker ... | head`: the reader of the worker's standard output reads two step
     lines and exits. The worker must not die of SIGPIPE (silently, with its job file
@@ -296,6 +395,21 @@ CASES = {
     "ctrlc-twice-mpirun": case_twice_mpirun,
     "ctrlc-during-checkpoint": case_during_checkpoint,
     "closed-pipe": case_closed_pipe,
+    # a checkpoint of 2 x 2.5 s: Ctrl-C between two 50 ms steps
+    "slow-checkpoint-mpirun": lambda: case_slow_stop(
+        ["train.checkpoint_every=3"], (6, 0.0), "a 5 s checkpoint"),
+    # ZeRO-1 (a file per rank) on a JSON Lines stream (its position in the manifest)
+    "slow-checkpoint-zero1-stream": lambda: case_slow_stop(
+        ["train.checkpoint_every=3", "optim.zero=1", "data.source={data}/corpus.jsonl"],
+        (6, 0.0), "a 5 s checkpoint, ZeRO-1, data.source"),
+    # two pipeline stages, each its own files
+    "slow-checkpoint-pp": lambda: case_slow_stop(
+        ["train.checkpoint_every=3", "mesh.dp=1", "mesh.pp=2", "train.microbatches=2"],
+        (6, 0.0), "a 5 s checkpoint, pp 2"),
+    # and steps of about 0.5 s: Ctrl-C in the middle of one
+    "slow-step-mpirun": lambda: case_slow_stop(
+        ["train.checkpoint_every=3", "model.d_model=512", "model.heads=8", "model.seq_len=256",
+         "train.batch_size=8"], (4, 0.2), "a 5 s checkpoint, 0.5 s steps"),
 }
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@
 
 #define WF__MANIFEST       "manifest.json"
 #define WF__LATEST         "latest"
+#define WF__STOP_STAGE     "-stop-" /* in a stop's writers' staging directory (detached.c) */
 #define WF__FORMAT_NAME    "weft-checkpoint"
 #define WF__FORMAT_VERSION 1
 #define WF__OPT_MAGIC      0x504f4657u /* "WFOP" little-endian */
@@ -180,6 +181,10 @@ wf_status wf__save_manifest(const wf_ckpt_target *t, int step, const wf__shard_r
  * published and `latest` replaced, then the oldest beyond `keep` pruned. */
 wf_status wf__save_publish(const char *root, int keep, int step, const char *stage,
                            const char *text);
+
+/* Rank 0, before anything reads or prunes root: wait for a stop's writers (detached.c)
+ * of the last job there to finish. Not collective. */
+wf_status wf__wait_for_writers(const char *root);
 
 /* Test hook (WEFT_TEST_CKPT_DELAY_MS): hold a file of the checkpoint of `step`
  * half-written. */

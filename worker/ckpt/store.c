@@ -141,7 +141,9 @@ static int cmp_desc(const void *a, const void *b)
 
 static bool stale_temp(const char *name)
 {
-  return !strncmp(name, ".tmp-step-", 10) || !strncmp(name, ".trash-", 7) ||
+  /* a stop's writers' stage (detached.c) may still be written: the next job removes it */
+  return (!strncmp(name, ".tmp-step-", 10) && !strstr(name, WF__STOP_STAGE)) ||
+         !strncmp(name, ".trash-", 7) ||
          (!strncmp(name, "." WF__LATEST ".tmp.", sizeof WF__LATEST + 5));
 }
 
@@ -463,6 +465,8 @@ wf_status wf_ckpt_prepare(const wf_ckpt_target *t)
   wf__pathf(what, sizeof what, "train.checkpoint_dir %s", root);
   WF_TRY(wf__ckpt_agree(t, me == 0 ? wf_file_mkdirs(root, what) : WF_OK,
                         "creating train.checkpoint_dir"));
+  WF_TRY(wf__ckpt_agree(t, me == 0 ? wf__wait_for_writers(root) : WF_OK,
+                        "waiting for the last job's stop writers"));
   if (wf__resume_never(cfg))
     WF_TRY(wf__ckpt_agree(t, me == 0 ? start_over(root) : WF_OK, "starting over"));
   WF_TRY(wf__ckpt_agree(t, probe(root, me), "checking train.checkpoint_dir"));

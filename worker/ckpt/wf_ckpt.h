@@ -136,6 +136,25 @@ wf_status wf_ckpt_save_async(const wf_ckpt_target *t, int step, bool *deferred);
  * once when none is. */
 wf_status wf_ckpt_settle(const wf_ckpt_target *t);
 
+/* ---- a stop's writer (detached.c) --------------------------------------------------------
+ * When a launcher ends the job (mpirun: SIGCONT, SIGTERM, then SIGKILL two seconds after the
+ * first) and the step and the checkpoint would not fit before the SIGKILL, each rank forks
+ * a process in a session of its own, which the launcher's kill does not reach, holding the
+ * rank's memory at its last completed step; the rank itself goes on to end with the job.
+ * These writers write that step's checkpoint as wf_ckpt_save would, agreeing through the
+ * staging directory (no MPI after fork), and world rank 0's publishes it. Each holds
+ * wf_ckpt_writers_lock while it runs; wf_ckpt_prepare waits for them. Their lines go to
+ * WF_CKPT_WRITERS_LOG in train.checkpoint_dir (mpirun and the terminal may be gone). */
+#define WF_CKPT_WRITERS_LOG "stop-writers.log"
+/* Not collective: in the forked writer, the host memory of the step `step`; tag is the
+ * same on every rank of the job and on none of another job's; pos: this rank's share of
+ * the data position (wf_data_state_get of `step`; zeros for a rank that does not carry
+ * one), npos long. */
+wf_status wf_ckpt_write_detached(const wf_ckpt_target *t, int step, uint64_t tag,
+                                 const uint64_t *pos, size_t npos);
+/* The shared lock a writer holds (a descriptor, inherited across fork); -1 on failure. */
+int wf_ckpt_writers_lock(const char *root);
+
 /* --save's whole model (wf_model_num_params floats, the full layout) into *full on rank 0
  * of the job (malloc'd, the caller frees it; NULL on every other rank). Each rank passes
  * its parameters to rank 0 in bounded chunks: under ZeRO-3 its dp shard (HSDP: fsdp group

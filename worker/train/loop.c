@@ -34,6 +34,8 @@ static wf_status maybe_checkpoint(wf__trainer *tr, int step, bool stopping, bool
              (h && h->checkpoint_now && h->checkpoint_now(h->user));
   if (!due)
     return WF_OK;
+  if (stopping && wf__rescue_at_stop(tr))
+    return WF_OK; /* the launcher's stop: its writers write it */
   if (h && h->on_phase)
     h->on_phase(h->user, "checkpoint");
   /* The step's tied check is read now, not with the next norm: no checkpoint holds
@@ -42,14 +44,16 @@ static wf_status maybe_checkpoint(wf__trainer *tr, int step, bool stopping, bool
    * model). The last checkpoint, and a stop's, are written at once: the job ends next. */
   wf_status st = wf_grads_check_tied_end(tr->grads);
   bool deferred = false;
+  wf__rescue_checkpoint(tr, true); /* its time counts in the rescue's estimate */
   if (st == WF_OK && tr->ck.saver && !last)
     st = wf_ckpt_save_async(&tr->ck, step, &deferred);
   else if (st == WF_OK)
     st = wf_ckpt_save(&tr->ck, step);
   tr->ckpt_deferred = deferred;
   *wrote = !deferred;
-  if (!deferred)
+  if (!deferred && st == WF_OK)
     tr->saved_step = step;
+  wf__rescue_checkpoint(tr, false);
   if (h && h->on_phase)
     h->on_phase(h->user, "train");
   if (st != WF_OK && wf_rt_rank() <= 0)
@@ -81,6 +85,14 @@ static wf_status one_step(wf__trainer *tr, int step, bool *go_on)
   wf_train_step_info info;
   double eval_ms = 0;
   WF_TRY(wf__train_step(tr, step, &info));
+  if (tr->abandoned) { /* the launcher is ending the job: the writers have step - 1 */
+    if (wf_rt_rank() <= 0)
+      WF_INFO("stopping after step %d: the launcher is ending the job (step %d is dropped "
+              "before its update)",
+              step - 1, step);
+    *go_on = false;
+    return WF_OK;
+  }
   if (eval_due(tr, step)) {
     double t = wf_now();
     wf_trace_set_on(tr->trace, false); /* the trace shows training steps */

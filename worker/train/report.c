@@ -758,7 +758,12 @@ void wf__print_summary(const wf__trainer *tr)
     fprintf(tr->out, "%s %d steps in %s, %.0f tokens/s; loss %.4f (first %.4f)%s\n", what, n, took,
             wall > 0 ? tokens / wall : 0.0, tr->last_loss, tr->first_loss, val);
   }
-  if (tr->saved_step > 0)
+  if (tr->rescued_step > 0)
+    fprintf(tr->out,
+            "  checkpoint: %s/step-%06d, written by the stop's writers after the job (their "
+            "log: %s/" WF_CKPT_WRITERS_LOG ")\n",
+            cfg->train.checkpoint_dir, tr->rescued_step, cfg->train.checkpoint_dir);
+  else if (tr->saved_step > 0)
     fprintf(tr->out,
             "  checkpoint: %s/step-%06d (train.resume=auto, or the same command, "
             "continues from it)\n",

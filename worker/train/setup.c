@@ -496,6 +496,8 @@ wf_status wf__train_setup(wf__trainer *tr, const wf_config *cfg, const wf_train_
   if (checkpoints)
     WF_TRY(setup_checkpoint(tr));
   WF_TRY(sync_shard(tr));
+  if (checkpoints)
+    WF_TRY(wf__rescue_setup(tr));
   /* rank 0 alone opens it: agreed, so its failure stops every rank at once */
   WF_TRY(wf_comm_agree(tr->world, wf__open_metrics(tr), NULL));
   if (checkpoints) /* a training run's; not --generate's or --dump-state's */
@@ -509,6 +511,7 @@ fail:
 
 void wf__train_teardown(wf__trainer *tr)
 {
+  wf__rescue_teardown(tr);          /* before what a writer would copy goes */
   wf_ckpt_saver_free(tr->ck.saver); /* a write under way when training failed is given up */
   if (tr->metrics)
     fclose(tr->metrics);

@@ -120,7 +120,8 @@ fail:
 }
 
 /* Reduce gradients, clip by the global norm, AdamW with the scheduled lr; under fp16 an
- * overflow anywhere skips the update. */
+ * overflow anywhere skips the update. The launcher's stop may drop the step before its
+ * update instead (tr->abandoned; rescue.c). */
 static wf_status reduce_and_update(wf__trainer *tr, int step, double loss, float *norm,
                                    wf_optim_step_info *oi)
 {
@@ -129,11 +130,15 @@ static wf_status reduce_and_update(wf__trainer *tr, int step, double loss, float
   WF_TRY(wf_grads_finish(tr->grads));
   if (wf_trace_on(tr->trace))
     wf_trace_span(tr->trace, "gradient reduction", "comm", t0, wf_now(), step, -1);
+  WF_TRY(wf__rescue_enter(tr, &tr->abandoned)); /* the update's window (rescue.c) */
+  if (tr->abandoned)
+    goto fail;
   WF_TRY(wf_grads_norm(tr->grads, wf_optim_backward_scale(tr->optim), norm));
   WF_TRY(wf_optim_step(tr->optim, step, loss, *norm, wf_grads_for_update(tr->grads), oi));
   if (!oi->skipped)
     WF_TRY(wf_grads_sync_params(tr->grads, wf_optim_writes_low(tr->optim)));
 fail:
+  wf__rescue_leave(tr, step, st == WF_OK && !tr->abandoned);
   return st;
 }
 
@@ -339,6 +344,8 @@ wf_status wf__train_step(wf__trainer *tr, int step, wf_train_step_info *info)
   WF_TRY(wf__accumulate(tr, step, &loss, &ps));
   double tr0 = wf_now();
   WF_TRY(reduce_and_update(tr, step, loss, &norm, &oi));
+  if (tr->abandoned)
+    goto fail;
   WF_TRY(wf_grads_check_tied(tr->grads, step));
   double end = wf_now(), dt = step_seconds(tr, t0, end);
   if (tr->trace && wf_trace_on(tr->trace))

@@ -72,16 +72,19 @@ typedef struct wf__trainer {
   int loss_n;              /* steps in it */
   wf_tokenizer *tok;       /* data.tokenizer, loaded by the first sample; NULL = bytes */
   /* for the end-of-run summary (report.c): */
-  int done;            /* the last step trained (tr->start before the first) */
-  bool stopped;        /* on_step stopped the run before train.steps */
-  double first_loss;   /* the first step's loss this run; NAN before it */
-  double last_loss;    /* the last step's */
-  double last_val;     /* the last evaluation's; NAN when none ran */
-  int saved_step;      /* the last checkpoint written this run; 0 = none */
-  bool ckpt_deferred;  /* a checkpoint came due while a background write was under way */
-  uint64_t launches;   /* the device's launch count at the last metrics line */
-  float *router_stats; /* (L, wf_model_stats_floats) a step's routers' statistics (MoE) */
-  float *expert_load;  /* (L, 3) the step's min, max and imbalance of each layer's experts */
+  int done;                  /* the last step trained (tr->start before the first) */
+  bool stopped;              /* on_step stopped the run before train.steps */
+  double first_loss;         /* the first step's loss this run; NAN before it */
+  double last_loss;          /* the last step's */
+  double last_val;           /* the last evaluation's; NAN when none ran */
+  int saved_step;            /* the last checkpoint written this run; 0 = none */
+  bool ckpt_deferred;        /* a checkpoint came due while a background write was under way */
+  uint64_t launches;         /* the device's launch count at the last metrics line */
+  float *router_stats;       /* (L, wf_model_stats_floats) a step's routers' statistics (MoE) */
+  float *expert_load;        /* (L, 3) the step's min, max and imbalance of each layer's experts */
+  struct wf__rescue *rescue; /* a stop's writer (rescue.c); NULL = none */
+  bool abandoned;            /* the launcher's stop dropped this step before its update */
+  int rescued_step;          /* the step the stop's writers write; 0 = none */
 } wf__trainer;
 
 /* Hooks for a one-off run inside the job (--dump-state, --generate): comms' groups and
@@ -89,6 +92,21 @@ typedef struct wf__trainer {
 wf_train_hooks wf__quiet_hooks(const wf_train_hooks *comms);
 int wf__comm_size(wf_comm *c);
 int wf__comm_rank(wf_comm *c);
+
+/* rescue.c: a stop the launcher would cut short, written by processes that outlive the
+ * job. setup (collective) arms it where it can work: under mpirun (hooks->kill_grace_s),
+ * with train.checkpoint_dir, the state in host memory and written without collectives (no
+ * ZeRO-3). enter and leave bracket the optimizer's update (enter is collective; *skip:
+ * drop this step, the launcher is ending the job); checkpoint brackets a checkpoint
+ * written at a step boundary (its time, for the estimate). at_stop: the stop on_step agreed is the
+ * launcher's, and the writers (started here if need be) write its checkpoint: skip the graceful
+ * one. */
+wf_status wf__rescue_setup(wf__trainer *tr);
+void wf__rescue_teardown(wf__trainer *tr);
+wf_status wf__rescue_enter(wf__trainer *tr, bool *skip);
+void wf__rescue_leave(wf__trainer *tr, int step, bool updated);
+void wf__rescue_checkpoint(wf__trainer *tr, bool begin);
+bool wf__rescue_at_stop(wf__trainer *tr);
 
 /* setup.c: everything before the first step, and after the last. M micro-batches;
  * checkpoints: honour train.checkpoint_dir and train.resume. */

@@ -145,7 +145,20 @@ typedef struct wf_train_hooks {
    * is measured; train.peak_tflops overrides both). */
   double peak_tflops;
   const char *peak_source;
+  /* > 0: the launcher kills the ranks this long after it begins ending the job (mpirun
+   * outside Slurm): where a step and a checkpoint take longer, the launcher's stop is
+   * written by processes that outlive the job (rescue.c; wf_train_rescue_request).
+   * stop_by_launcher: whether the stop on_step agreed is the launcher's (NULL = never). */
+  double kill_grace_s;
+  bool (*stop_by_launcher)(void *user);
 } wf_train_hooks;
+
+/* Async-signal-safe: the launcher is ending the job (its first signal, and each one
+ * after). */
+void wf_train_rescue_request(void);
+/* Whether this process's training has a stop's writer ready (its stop does not depend on
+ * the kill grace). */
+bool wf_train_rescue_ready(void);
 
 /* Build the model (random init from train.seed, or model.init, or the checkpoint
  * train.resume names), open the data and run train.steps steps (those the checkpoint
