@@ -102,7 +102,10 @@ static void on_signal(int sig, siginfo_t *si, void *uc)
   if (from_launcher) /* a SIGKILL follows: the writers of a stop's checkpoint (rescue.c) */
     wf_train_rescue_request();
   if (sig_rank == 0)
-    say(sig == SIGCONT
+    say(sig == SIGCONT && wf_train_rescue_armed()
+            ? "weft: the launcher is ending the job, and would kill it before a step and a "
+              "checkpoint: stopping after the last completed step\n"
+        : sig == SIGCONT
             ? "weft: the launcher is ending the job: stopping at the next step boundary\n"
         : sig == SIGINT
             ? "weft: SIGINT: stopping at the next step boundary (Ctrl-C again stops at once)\n"

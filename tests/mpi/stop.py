@@ -337,6 +337,46 @@ def case_slow_stop(extra, ctrl_c_at, how):
                   "uninterrupted run's byte for byte")
 
 
+def world_rank(pid):
+    env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    return next(int(v.split(b"=")[1]) for v in env if v.startswith(b"OMPI_COMM_WORLD_RANK="))
+
+
+def case_slow_fault():
+    """A rank killed (SIGKILL) while a stop would go to the writers: mpirun ends the others
+    as it ends a job, their writers start, and rank 0's finds that rank 1's never will:
+    it gives up, leaving latest on the previous checkpoint and its stage for the next
+    job. The next job waits for the writers, removes the stage, and resumes from that
+    checkpoint."""
+    delay = {"WEFT_TEST_CKPT_DELAY_MS": "2500"}
+    with tempfile.TemporaryDirectory() as d:
+        job = launch(d, 2, ["train.checkpoint_every=3"], env_extra=delay)
+        job.wait_for(r"checkpoint: step 3 saved", bound=180)
+        job.wait_for(r"step 5/", bound=180)
+        victim = next(p for p in children(job.pid) if world_rank(p) == 1)
+        os.kill(victim, signal.SIGKILL)
+        job.finish(STOP_BOUND_S)
+        ck = os.path.join(d, "ck")
+        again = launch(d, 2, ["train.checkpoint_every=3"])
+        again.wait_for(r"waiting for the writers of the last job's stop", bound=30)
+        again.wait_for(r"resumed from", bound=120)
+        again.kill()
+        log = open(os.path.join(ck, "stop-writers.log")).read()
+        if "rank 1's writer never started" not in log:
+            fail("rank 0's writer did not find that rank 1 had none", job.text() + log)
+        latest = open(os.path.join(ck, "latest")).read().strip()
+        stages = [n for n in os.listdir(ck) if "-stop-" in n]
+        if latest != "step-000003" or stages:
+            fail(f"latest {latest} (want step-000003), stages left {stages}",
+                 again.text() + log)
+        m = re.search(r"resumed from \S*step-(\d+) at step", again.text())
+        if not m or int(m.group(1)) != 3:
+            fail("the next job did not resume from step 3", again.text())
+        print("ok: rank 1 killed: rank 0's writer gave up (\"rank 1's writer never started\"),"
+              " latest stayed step-000003; the next job waited for the writers, removed their"
+              " stage and resumed from step 3")
+
+
 def write_corpus(path):
     """A JSON Lines corpus: one document per fortune."""
     docs = open("/usr/share/games/fortunes/fortunes", encoding="utf-8").read().split("\n%\n")
@@ -406,6 +446,8 @@ CASES = {
     "slow-checkpoint-pp": lambda: case_slow_stop(
         ["train.checkpoint_every=3", "mesh.dp=1", "mesh.pp=2", "train.microbatches=2"],
         (6, 0.0), "a 5 s checkpoint, pp 2"),
+    # a rank killed instead: no writer of its own, so no checkpoint; the next job waits
+    "slow-checkpoint-fault": case_slow_fault,
     # and steps of about 0.5 s: Ctrl-C in the middle of one
     "slow-step-mpirun": lambda: case_slow_stop(
         ["train.checkpoint_every=3", "model.d_model=512", "model.heads=8", "model.seq_len=256",

@@ -68,7 +68,8 @@ static volatile sig_atomic_t g_asked; /* the launcher's request reached this ran
 static sem_t g_sem;
 static volatile sig_atomic_t g_sem_ready;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-static volatile bool g_ready; /* a rescue is set up in this process */
+static volatile bool g_ready;         /* a rescue is set up in this process */
+static volatile sig_atomic_t g_armed; /* ... and armed (a copy for signal handlers) */
 
 static void init_sem(void) { g_sem_ready = sem_init(&g_sem, 0, 0) == 0; }
 
@@ -220,7 +221,7 @@ void wf__rescue_teardown(wf__trainer *tr)
   wf__rescue *r = tr->rescue;
   if (!r)
     return;
-  g_ready = false;
+  g_ready = false, g_armed = 0;
   pthread_mutex_lock(&r->lock);
   r->active = false;
   pthread_cond_broadcast(&r->cond);
@@ -237,6 +238,8 @@ void wf__rescue_teardown(wf__trainer *tr)
 }
 
 bool wf_train_rescue_ready(void) { return g_ready; }
+
+bool wf_train_rescue_armed(void) { return g_armed; }
 
 wf_status wf__rescue_enter(wf__trainer *tr, bool *skip)
 {
@@ -273,6 +276,7 @@ void wf__rescue_leave(wf__trainer *tr, int step, bool updated)
   if (updated)
     r->state_step = step;
   r->armed = r->armed_next;
+  g_armed = r->armed;
   r->in_window = r->entered_asked = false;
   if (r->last_leave > 0)
     r->step_s = now - r->last_leave;

@@ -159,6 +159,9 @@ void wf_train_rescue_request(void);
 /* Whether this process's training has a stop's writer ready (its stop does not depend on
  * the kill grace). */
 bool wf_train_rescue_ready(void);
+/* Async-signal-safe: whether the launcher's stop would go to the writers now (a step and
+ * a checkpoint outlast the kill grace). */
+bool wf_train_rescue_armed(void);
 
 /* Build the model (random init from train.seed, or model.init, or the checkpoint
  * train.resume names), open the data and run train.steps steps (those the checkpoint
