@@ -287,9 +287,12 @@ static void on_phase(void *user, const char *phase)
 {
   boundary *b = user;
   bool ckpt = strcmp(phase, "checkpoint") == 0;
+  bool deferred = strcmp(phase, WF_TRAIN_PHASE_DEFERRED) == 0; /* not written: not counted */
+  if (deferred)
+    phase = "train";
   if (ckpt && !b->in_ckpt)
     b->ckpt_from = wf_now();
-  if (b->in_ckpt && !ckpt && b->last_step > 0) {
+  if (b->in_ckpt && !ckpt && !deferred && b->last_step > 0) {
     b->ckpt_wall = wf_wall_time();
     b->checkpoints++;
     b->period_from = wf_now();

@@ -54,8 +54,8 @@ static wf_status maybe_checkpoint(wf__trainer *tr, int step, bool stopping, bool
   if (!deferred && st == WF_OK)
     tr->saved_step = step;
   wf__rescue_checkpoint(tr, false);
-  if (h && h->on_phase)
-    h->on_phase(h->user, "train");
+  if (h && h->on_phase) /* a deferred one was not written: "train" alone ends the phase */
+    h->on_phase(h->user, deferred ? WF_TRAIN_PHASE_DEFERRED : "train");
   if (st != WF_OK && wf_rt_rank() <= 0)
     WF_ERROR("step %d: the checkpoint could not be written (see above); training stops here so "
              "no progress goes unsaved",

@@ -126,6 +126,8 @@ typedef struct wf_train_hooks {
    * the same on every rank (NULL = go on). */
   bool (*after_checkpoint)(void *user);
   void (*on_phase)(void *user, const char *phase);
+/* on_phase's phase after a checkpoint that was deferred, not written (back to training) */
+#define WF_TRAIN_PHASE_DEFERRED "train (checkpoint deferred)"
   struct wf_comm *world;
   /* Model parallelism: the tp group (heads, MLP and vocabulary split over it), the pp
    * group (pipeline stages) and the embedding group (first and last stage, which both
