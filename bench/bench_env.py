@@ -31,3 +31,12 @@ def for_torch(env):
     out["LD_LIBRARY_PATH"] = ":".join(d for d in out.get("LD_LIBRARY_PATH", "").split(":")
                                       if d and d not in cuda)
     return out
+
+
+def emit(lines, out=None):
+    """A bench's report: printed, and written to out (a results file) when given."""
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    if out:
+        with open(out, "w") as f:
+            f.write(text)

@@ -30,6 +30,8 @@ import sys
 import tempfile
 import time
 
+from bench_env import emit
+
 SAVED = re.compile(r"checkpoint: step (\d+) saved to \S+ in ([0-9.]+) s"
                    r"(?: \(in the background; the step paused ([0-9.]+) s)?")
 
@@ -106,11 +108,7 @@ def main():
         if paused is not None:
             lines.append(f"in the background, step {k}: training waited {paused:.2f} s for the "
                          f"snapshot; the write took {x:.2f} s")
-    text = "\n".join(lines) + "\n"
-    print(text, end="")
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text)
+    emit(lines, a.out)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ import sys
 import tempfile
 import time
 
+from bench_env import emit
+
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2",
           "-x", "WEFT_JOB_DIR"]
 MODEL = ["model.preset=gpt2-small", "model.seq_len=256", "train.batch_size=2",
@@ -149,11 +151,7 @@ def main():
                   f"{n + 1} loss={want.get(n + 1)}: {'equal' if same else 'DIFFERENT'}"]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    text = "\n".join(lines) + "\n"
-    print(text, end="")
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text)
+    emit(lines, a.out)
 
 
 if __name__ == "__main__":
