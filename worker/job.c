@@ -16,10 +16,12 @@
  * 1 s), then SIGKILL after as long again; slurmstepd sends SIGCONT and SIGTERM, then
  * SIGKILL after KillWait (30 s). So a SIGCONT from the parent process while this rank
  * was not stopped by job control is the launcher ending the job: it starts the graceful
- * stop at once (under mpirun it has to be done within those 2 s), and what the launcher
- * sends next belongs to the same request. Any other second SIGINT or SIGTERM (Ctrl-C
- * twice in a terminal, a second `kill`, the launcher's death) stops at once: rank 0
- * removes the job file and the socket, and the process exits with 128 + the signal.
+ * stop at once (under mpirun it has to be done within those 2 s; where a step and a
+ * checkpoint take longer, the ranks leave the checkpoint to writers that outlive the job,
+ * worker/train/rescue.c), and what the launcher sends next belongs to the same request. Any other
+ * second SIGINT or SIGTERM (Ctrl-C twice in a terminal, a second `kill`, the launcher's death)
+ * stops at once: rank 0 removes the job file and the socket, and the process exits with 128 + the
+ * signal.
  *
  * Rank 0's standard output closed by its reader (`worker ... | head`) stops the job the
  * same graceful way: SIGPIPE is ignored (main.c), the trainer sees the step line's
@@ -265,7 +267,8 @@ static bool after_checkpoint(void *user)
  * mpirun's own exit as long whatever the ranks do, so the console's stop, which no
  * launcher times, is the way to stop a job whose checkpoint takes longer. Said after
  * the first checkpoint, which is when both times are known (a checkpoint written in the
- * background shows only its snapshot here, so the warning then errs towards silence). */
+ * background shows only its snapshot here, so the warning then errs towards silence).
+ * Not where the stop's writers (rescue.c) take over: their checkpoint outlives the kill. */
 static void say_kill_grace(boundary *b, double ckpt_s)
 {
   double need_s = b->step_ms * 1e-3 + ckpt_s;
