@@ -92,17 +92,15 @@ static void on_signal(int sig, siginfo_t *si, void *uc)
     job_stopped = 0;
     return;
   }
+  if (from_launcher) /* a SIGKILL follows: the writers of a stop's checkpoint (rescue.c) */
+    wf_train_rescue_request();
   if (stop_sig) {
-    if (launcher_asked && from_launcher) { /* the launcher's next signal of the request */
-      wf_train_rescue_request();
-      return;
-    }
+    if (launcher_asked && from_launcher)
+      return; /* the launcher's next signal of the same request */
     stop_at_once(sig);
   }
   stop_sig = sig;
   launcher_asked = from_launcher;
-  if (from_launcher) /* a SIGKILL follows: the writers of a stop's checkpoint (rescue.c) */
-    wf_train_rescue_request();
   if (sig_rank == 0)
     say(sig == SIGCONT && wf_train_rescue_armed()
             ? "weft: the launcher is ending the job, and would kill it before a step and a "

@@ -140,6 +140,8 @@ bool wf__has_manifest(const char *dir);
 /* Publish the staging directory under its final name and point `latest` at it. */
 wf_status wf__publish(const char *root, const char *stage, const char *final);
 void wf__prune(const char *root, int keep, int latest);
+/* The staging directories a stop's writers left (detached.c; once none runs). */
+void wf__remove_stop_stages(const char *root);
 /* Find the checkpoint train.resume (or `latest` in train.checkpoint_dir) names;
  * *none: train.resume=auto found none yet. Not collective. */
 wf_status wf__locate(const wf_config *cfg, char *dir, size_t len, bool *none);
@@ -169,8 +171,11 @@ wf_status wf__write_optim(const wf_ckpt_target *t, const char *stage, int step, 
 /* A fresh staging directory for `step` (its path into stage). */
 wf_status wf__save_begin(const wf_ckpt_target *t, int step, char *stage, size_t len);
 /* This rank's files into the stage, its record of them into *rec; keep (a snapshot): the
- * files gathered in memory into keep[*kept...] instead (2 at most), for the saver. A
- * failure anywhere drops them and the stage. */
+ * files gathered in memory into keep[*kept...] instead (2 at most), for the saver. Not
+ * agreed, and collective only under ZeRO-3 (every dp rank streams its shard). */
+wf_status wf__write_mine(const wf_ckpt_target *t, int step, const char *stage, wf__shard_rec *rec,
+                         wf_afile *keep, int *kept);
+/* wf__write_mine, agreed: a failure anywhere drops the files and the stage. */
 wf_status wf__save_files(const wf_ckpt_target *t, int step, const char *stage, wf__shard_rec *rec,
                          wf_afile *keep, int *kept);
 /* Every rank's record and the data position: the manifest's text on rank 0 (*text, to

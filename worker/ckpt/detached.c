@@ -11,7 +11,6 @@
  * manifest from them, and publishes exactly as wf_ckpt_save does. A writer that fails,
  * or a rank that never wrote its record, leaves `latest` on the previous checkpoint.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
@@ -173,6 +172,7 @@ wf_status wf_ckpt_write_detached(const wf_ckpt_target *t, int step, uint64_t tag
   int me = wf__rank_of(wf__ckpt_world(t)), n = wf__size_of(wf__ckpt_world(t));
   char stage[WF__PATH_LEN];
   wf__shard_rec rec = {0};
+  int none = 0;
   uint64_t *recs = NULL, *all = NULL;
   double t0 = wf_now();
   /* the job's tag: no writer of another job's stop shares it */
@@ -185,10 +185,8 @@ wf_status wf_ckpt_write_detached(const wf_ckpt_target *t, int step, uint64_t tag
   }
   if (st == WF_OK)
     st = wf_file_write_atomic(mark, "", 0, 0644);
-  if (st == WF_OK && t->replica == 0 && wf__rank_of(t->dp_comm) == 0)
-    st = wf__write_model(t, stage, step, &rec, NULL);
-  if (st == WF_OK && t->replica == 0)
-    st = wf__write_optim(t, stage, step, &rec, NULL);
+  if (st == WF_OK) /* no ZeRO-3 here (rescue.c): nothing collective */
+    st = wf__write_mine(t, step, stage, &rec, NULL, &none);
   rec_head h = {REC_MAGIC, (int32_t)st, step, (uint32_t)npos, {0}};
   wf__pack_rec(h.rec, t, &rec);
   wf_status put = put_rec(stage, me, &h, pos);
@@ -230,20 +228,6 @@ int wf_ckpt_writers_lock(const char *root)
   return fd;
 }
 
-static void remove_stages(const char *root)
-{
-  DIR *dir = opendir(root);
-  for (struct dirent *e; dir && (e = readdir(dir)) != NULL;) {
-    if (strncmp(e->d_name, ".tmp-step-", 10) || !strstr(e->d_name, WF__STOP_STAGE))
-      continue;
-    char path[WF__PATH_LEN];
-    wf__pathf(path, sizeof path, "%s/%s", root, e->d_name);
-    wf__remove_tree(path);
-  }
-  if (dir)
-    closedir(dir);
-}
-
 wf_status wf__wait_for_writers(const char *root)
 {
   char path[WF__PATH_LEN];
@@ -271,7 +255,7 @@ wf_status wf__wait_for_writers(const char *root)
   }
   if (said)
     WF_INFO("checkpoint: the last job's writers are done (%.1f s)", wf_now() - t0);
-  remove_stages(root); /* of writers that failed or were killed */
-  close(fd);           /* unlocks */
+  wf__remove_stop_stages(root); /* of writers that failed or were killed */
+  close(fd);                    /* unlocks */
   return WF_OK;
 }

@@ -36,12 +36,10 @@ wf_status wf__save_begin(const wf_ckpt_target *t, int step, char *stage, size_t 
   return wf__ckpt_agree(t, me0 ? make_stage(root, stage) : WF_OK, what);
 }
 
-wf_status wf__save_files(const wf_ckpt_target *t, int step, const char *stage, wf__shard_rec *rec,
+wf_status wf__write_mine(const wf_ckpt_target *t, int step, const char *stage, wf__shard_rec *rec,
                          wf_afile *keep, int *kept)
 {
   wf_status st = WF_OK;
-  char what[64];
-  wf__ckpt_what(what, sizeof what, step);
   *rec = (wf__shard_rec){0};
   /* dp rank 0 writes the model file; under ZeRO-3 every dp rank streams its shard to it */
   if (t->replica == 0 && (wf__rank_of(t->dp_comm) == 0 || t->param_shard)) {
@@ -52,6 +50,15 @@ wf_status wf__save_files(const wf_ckpt_target *t, int step, const char *stage, w
     st = wf__write_optim(t, stage, step, rec, keep ? &keep[*kept] : NULL);
     *kept += keep && st == WF_OK && rec->has_optim;
   }
+  return st;
+}
+
+wf_status wf__save_files(const wf_ckpt_target *t, int step, const char *stage, wf__shard_rec *rec,
+                         wf_afile *keep, int *kept)
+{
+  wf_status st = wf__write_mine(t, step, stage, rec, keep, kept);
+  char what[64];
+  wf__ckpt_what(what, sizeof what, step);
   if ((st = wf__ckpt_agree(t, st, what)) != WF_OK) {
     for (int i = 0; keep && i < *kept; i++)
       wf_afile_abort(&keep[i]);

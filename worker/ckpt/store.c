@@ -139,11 +139,16 @@ static int cmp_desc(const void *a, const void *b)
   return (x < y) - (x > y);
 }
 
+/* A stop's writers' staging directory (detached.c). */
+static bool stop_stage(const char *name)
+{
+  return !strncmp(name, ".tmp-step-", 10) && strstr(name, WF__STOP_STAGE);
+}
+
 static bool stale_temp(const char *name)
 {
-  /* a stop's writers' stage (detached.c) may still be written: the next job removes it */
-  return (!strncmp(name, ".tmp-step-", 10) && !strstr(name, WF__STOP_STAGE)) ||
-         !strncmp(name, ".trash-", 7) ||
+  /* a stop's writers' stage may still be written: the next job removes it */
+  return (!strncmp(name, ".tmp-step-", 10) && !stop_stage(name)) || !strncmp(name, ".trash-", 7) ||
          (!strncmp(name, "." WF__LATEST ".tmp.", sizeof WF__LATEST + 5));
 }
 
@@ -156,6 +161,16 @@ static void remove_entry(const char *root, const char *name, bool via_trash)
     wf_strlcpy(path, trash, sizeof path);
   if (wf__remove_tree(path) != 0)
     WF_WARN("checkpoint: cannot remove %s: %s", path, strerror(errno));
+}
+
+void wf__remove_stop_stages(const char *root)
+{
+  DIR *dir = opendir(root);
+  for (struct dirent *e; dir && (e = readdir(dir)) != NULL;)
+    if (stop_stage(e->d_name))
+      remove_entry(root, e->d_name, false);
+  if (dir)
+    closedir(dir);
 }
 
 /* The step directories under root other than `skip`, newest first; *n of them. clean
